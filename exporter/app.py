@@ -1,0 +1,58 @@
+"""Wires configuration to collectors, sampler, watcher and registry (serve and check share it)."""
+from __future__ import annotations
+
+from typing import List
+
+from prometheus_client import ProcessCollector
+from prometheus_client.registry import CollectorRegistry
+
+from .collectors.cgroup import CgroupCollector
+from .collectors.gpu import GpuCollector
+from .collectors.host_memory import HostMemoryCollector
+from .collectors.segments import SegmentsCollector
+from .collectors.shm_mount import ShmMountCollector
+from .collectors.sysv import SysvCollector
+from .config import Config
+from .events import MountWatcher
+from .metrics import SnapshotCollector
+from .paths import Paths
+from .sampler import Sampler
+
+
+def build_collectors(cfg: Config, paths: Paths) -> List[object]:
+    makers = {
+        "shm_mount": lambda: ShmMountCollector(paths, cfg.shm_mounts),
+        "segments": lambda: SegmentsCollector(paths, cfg.shm_mounts),
+        "sysv": lambda: SysvCollector(paths),
+        "host_memory": lambda: HostMemoryCollector(paths),
+        "cgroup": lambda: CgroupCollector(paths, cfg.cgroup_path, cfg.cgroup_target_process,
+                                          cfg.memory_limit_bytes),
+        "gpu": lambda: GpuCollector(paths),
+    }
+    return [make() for name, make in makers.items() if cfg.collectors.get(name, True)]
+
+
+class App:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.paths = Paths(cfg.procfs, cfg.sysfs, cfg.rootfs)
+        self.collectors = build_collectors(cfg, self.paths)
+        self.sampler = Sampler(self.collectors, cfg.poll_interval, cfg.inventory_interval, cfg.peak_window,
+                               timeouts={"gpu": cfg.gpu_timeout}, default_timeout=cfg.collector_timeout)
+        self.watcher = MountWatcher(self.sampler, self.paths, cfg.shm_mounts, enabled=cfg.inotify)
+        self.sampler.listeners.append(self.watcher.on_result)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(SnapshotCollector(self.sampler, cfg.shm_size_limit, cfg.top_k))
+        ProcessCollector(registry=self.registry)
+
+    def start(self) -> None:
+        self.watcher.start()
+        self.sampler.start()
+
+    def stop(self) -> None:
+        self.watcher.stop()
+        self.sampler.stop()
+        for collector in self.collectors:
+            close = getattr(collector, "close", None)
+            if close is not None:
+                close()

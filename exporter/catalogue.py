@@ -1,0 +1,127 @@
+"""The metric catalogue: every metric shmwatch exports, in one place.
+
+Rules (deploy/), the dashboard (grafana/), the README and the tests all read this
+table; a test fails when /metrics emits a name that is not here or with another
+type, and when a rule or panel uses a name that is not here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    type: str  # "gauge" | "counter" (exposition name of a counter drops "_total")
+    unit: str  # "bytes", "seconds", "ratio", "" (a count or an info metric)
+    labels: Tuple[str, ...]
+    help: str
+
+
+M = Metric
+MOUNT = ("mount",)
+SEG = ("mount", "class", "state")
+GPU = ("gpu", "uuid")
+
+CATALOGUE: Tuple[Metric, ...] = (
+    # --- shm mounts (collector shm_mount) -------------------------------------------
+    M("shmwatch_mount_info", "gauge", "", ("mount", "fstype", "source"),
+      "Always 1; the filesystem type and source of a monitored mount."),
+    M("shmwatch_mount_error", "gauge", "", MOUNT,
+      "1 when the mount could not be measured (missing, not a directory, statvfs failed)."),
+    M("shmwatch_mount_size_bytes", "gauge", "bytes", MOUNT, "Size of the mount (statvfs)."),
+    M("shmwatch_mount_used_bytes", "gauge", "bytes", MOUNT, "Bytes used on the mount (statvfs)."),
+    M("shmwatch_mount_available_bytes", "gauge", "bytes", MOUNT,
+      "Bytes available to unprivileged users on the mount (statvfs)."),
+    M("shmwatch_mount_usage_ratio", "gauge", "ratio", MOUNT, "Used / size, 0 to 1."),
+    M("shmwatch_mount_peak_used_bytes", "gauge", "bytes", MOUNT,
+      "Highest used bytes seen by polls and inotify events within the peak window."),
+    M("shmwatch_mount_inodes", "gauge", "", MOUNT, "Inodes on the mount."),
+    M("shmwatch_mount_inodes_free", "gauge", "", MOUNT, "Free inodes on the mount."),
+    # --- segment inventory (collector segments) -----------------------------------
+    M("shmwatch_segments", "gauge", "", SEG, "Segments by owner class and state (linked, hidden, orphan)."),
+    M("shmwatch_segment_bytes", "gauge", "bytes", SEG,
+      "Allocated bytes of segments (st_blocks x 512: what tmpfs charges)."),
+    M("shmwatch_segment_apparent_bytes", "gauge", "bytes", SEG,
+      "Apparent size of segments (st_size: what was asked for; sparse files allocate less)."),
+    M("shmwatch_top_segment_bytes", "gauge", "bytes", ("mount", "name", "class", "state", "owner"),
+      "Allocated bytes of the largest segments (top K)."),
+    M("shmwatch_process_shm_bytes", "gauge", "bytes", ("mount", "pid", "comm"),
+      "Allocated bytes of the segments a process maps or holds open (top K processes)."),
+    M("shmwatch_orphan_oldest_age_seconds", "gauge", "seconds", MOUNT,
+      "Age (since last modification) of the oldest orphan segment; 0 when there is none."),
+    M("shmwatch_mount_unattributed_bytes", "gauge", "bytes", MOUNT,
+      "Used bytes not accounted for by any segment we could see (other users' or the kernel's)."),
+    M("shmwatch_mount_other_entries", "gauge", "", ("mount", "type"),
+      "Entries that are not regular files (directory, symlink, fifo, socket, device); never opened."),
+    M("shmwatch_proc_unreadable", "gauge", "", (),
+      "Processes whose /proc maps or fd entries we were not allowed to read in the last inventory."),
+    # --- events (sampler + watchdog) ------------------------------------------------
+    M("shmwatch_segment_events_total", "counter", "", ("mount", "class", "event"),
+      "Segments created and deleted, seen by inotify (or by inventory diffs when polling)."),
+    M("shmwatch_inotify_active", "gauge", "", MOUNT, "1 when the mount is watched by inotify, 0 when polled."),
+    # --- SysV shm (collector sysv) --------------------------------------------------
+    M("shmwatch_sysv_segments", "gauge", "", (), "SysV shared memory segments (/proc/sysvipc/shm)."),
+    M("shmwatch_sysv_bytes", "gauge", "bytes", (), "Total size of SysV shared memory segments."),
+    M("shmwatch_sysv_resident_bytes", "gauge", "bytes", (), "Resident bytes of SysV shared memory segments."),
+    M("shmwatch_sysv_orphan_segments", "gauge", "", (), "SysV segments with no process attached (nattch 0)."),
+    M("shmwatch_sysv_limit_shmmax_bytes", "gauge", "bytes", (), "kernel.shmmax: largest SysV segment."),
+    M("shmwatch_sysv_limit_shmall_bytes", "gauge", "bytes", (), "kernel.shmall in bytes: SysV shm in total."),
+    M("shmwatch_sysv_limit_shmmni", "gauge", "", (), "kernel.shmmni: most SysV segments."),
+    # --- host memory (collector host_memory) ---------------------------------------
+    M("shmwatch_host_memory_total_bytes", "gauge", "bytes", (), "MemTotal from meminfo."),
+    M("shmwatch_host_memory_available_bytes", "gauge", "bytes", (), "MemAvailable from meminfo."),
+    M("shmwatch_host_memory_shmem_bytes", "gauge", "bytes", (), "Shmem from meminfo (tmpfs, shm, SysV)."),
+    # --- memory cgroup (collector cgroup) ----------------------------------------------
+    M("shmwatch_cgroup_memory_usage_bytes", "gauge", "bytes", ("cgroup",), "Memory charged to the cgroup."),
+    M("shmwatch_cgroup_memory_limit_bytes", "gauge", "bytes", ("cgroup",),
+      "Memory limit of the cgroup (or --memory.limit-bytes); absent when unlimited."),
+    M("shmwatch_cgroup_memory_working_set_bytes", "gauge", "bytes", ("cgroup",),
+      "Usage minus inactive file cache, floored at 0 (what the OOM killer looks at)."),
+    M("shmwatch_cgroup_memory_shmem_bytes", "gauge", "bytes", ("cgroup",),
+      "tmpfs and shm pages charged to the cgroup."),
+    M("shmwatch_cgroup_oom_kills_total", "counter", "", ("cgroup",), "OOM kills in the cgroup."),
+    M("shmwatch_oom_risk_ratio", "gauge", "ratio", ("cgroup",), "Working set / limit; absent when unlimited."),
+    M("shmwatch_shm_oom_projection_ratio", "gauge", "ratio", ("mount", "cgroup"),
+      "(working set - shm used + shm size) / limit: above 1, filling the mount OOM-kills the pod first."),
+    M("shmwatch_mount_effective_size_bytes", "gauge", "bytes", MOUNT,
+      "min(tmpfs size, --shm.size-limit, what the memory limit leaves for shm)."),
+    # --- GPU (collector gpu) ---------------------------------------------------------
+    M("shmwatch_gpu_info", "gauge", "", ("gpu", "uuid", "name", "driver_version"), "Always 1; one per GPU."),
+    M("shmwatch_gpu_memory_total_bytes", "gauge", "bytes", GPU, "GPU memory in total (NVML)."),
+    M("shmwatch_gpu_memory_used_bytes", "gauge", "bytes", GPU, "GPU memory used (NVML)."),
+    M("shmwatch_gpu_memory_free_bytes", "gauge", "bytes", GPU, "GPU memory free (NVML)."),
+    M("shmwatch_gpu_memory_reserved_bytes", "gauge", "bytes", GPU,
+      "GPU memory reserved by the driver (NVML memory info v2 only)."),
+    M("shmwatch_gpu_process_memory_bytes", "gauge", "bytes", ("gpu", "uuid", "pid", "comm"),
+      "GPU memory used by a process (compute and graphics)."),
+    # --- the exporter itself -----------------------------------------------------------
+    M("shmwatch_collector_success", "gauge", "", ("collector",), "1 when the collector's last run succeeded."),
+    M("shmwatch_collector_duration_seconds", "gauge", "seconds", ("collector",),
+      "Duration of the collector's last run."),
+    M("shmwatch_build_info", "gauge", "", ("version",), "Always 1; the shmwatch version."),
+    # prometheus_client's ProcessCollector (the exporter's own process)
+    M("process_virtual_memory_bytes", "gauge", "bytes", (), "Virtual memory size in bytes."),
+    M("process_resident_memory_bytes", "gauge", "bytes", (), "Resident memory size in bytes."),
+    M("process_start_time_seconds", "gauge", "seconds", (), "Start time of the process since unix epoch in seconds."),
+    M("process_cpu_seconds_total", "counter", "seconds", (), "Total user and system CPU time spent in seconds."),
+    M("process_open_fds", "gauge", "", (), "Number of open file descriptors."),
+    M("process_max_fds", "gauge", "", (), "Maximum number of open file descriptors."),
+)
+
+BY_NAME: Dict[str, Metric] = {m.name: m for m in CATALOGUE}
+
+
+def family_name(metric: Metric) -> str:
+    """The name prometheus_client gives the family (counters lose their _total suffix)."""
+    if metric.type == "counter" and metric.name.endswith("_total"):
+        return metric.name[: -len("_total")]
+    return metric.name
+
+
+def lookup(name: str) -> Metric:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"metric {name} is not in exporter/catalogue.py") from None

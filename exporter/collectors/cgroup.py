@@ -1,0 +1,180 @@
+"""The memory cgroup the shm is charged to: usage, limit, shmem, OOM kills (v1 and v2).
+
+A memory-backed emptyDir is tmpfs whose pages are charged to the pod's memory cgroup:
+filling a large /dev/shm can OOM-kill the pod before tmpfs ever says ENOSPC.
+
+Which cgroup: --cgroup.path, else the cgroup of the first process matching
+--cgroup.target-process, else our own. Which limit: --memory.limit-bytes when given
+(the workload's limit from the Downward API is the number that matters when the
+cgroup we can read is the sidecar's own), else the cgroup's.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+from ..paths import Paths, read_text
+
+# cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 bytes
+# with 4 KiB pages); anything this large is not a real limit.
+V1_UNLIMITED = 1 << 62
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    cgroup: str  # the path as in /proc/<pid>/cgroup, e.g. /kubepods/burstable/pod…
+    version: int  # 1 or 2
+    usage_bytes: int
+    limit_bytes: Optional[int]  # None: unlimited
+    working_set_bytes: int
+    shmem_bytes: Optional[int]
+    oom_kills: Optional[int]  # None where the kernel does not count them (v1 before 4.13)
+    limit_source: str  # "cgroup", "flag" or "none"
+
+
+def parse_proc_cgroup(text: str) -> Dict[str, str]:
+    """/proc/<pid>/cgroup -> {controller: path}; the v2 line '0::/path' has controller ''."""
+    result: Dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        for controller in parts[1].split(",") if parts[1] else [""]:
+            result[controller] = parts[2]
+    return result
+
+
+def parse_flat_keyed(text: str) -> Dict[str, int]:
+    """'anon 123\\nfile 456' (memory.stat, memory.events, oom_control) -> dict; bad lines skipped."""
+    values: Dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            try:
+                values[parts[0]] = int(parts[1])
+            except ValueError:
+                continue
+    return values
+
+
+def parse_limit(text: str) -> Optional[int]:
+    value = text.strip()
+    if value == "max":
+        return None
+    number = int(value)
+    return None if number >= V1_UNLIMITED else number
+
+
+def _read(path: str) -> str:
+    return read_text(path)
+
+
+def read_v2(directory: str) -> Tuple[int, Optional[int], Dict[str, int], Dict[str, int]]:
+    usage = int(_read(os.path.join(directory, "memory.current")).strip())
+    try:
+        limit = parse_limit(_read(os.path.join(directory, "memory.max")))
+    except FileNotFoundError:
+        limit = None  # the root cgroup has no memory.max
+    stat = parse_flat_keyed(_read(os.path.join(directory, "memory.stat")))
+    try:
+        events = parse_flat_keyed(_read(os.path.join(directory, "memory.events")))
+    except FileNotFoundError:
+        events = {}
+    return usage, limit, stat, events
+
+
+def read_v1(directory: str) -> Tuple[int, Optional[int], Dict[str, int], Dict[str, int]]:
+    usage = int(_read(os.path.join(directory, "memory.usage_in_bytes")).strip())
+    limit = parse_limit(_read(os.path.join(directory, "memory.limit_in_bytes")))
+    stat = parse_flat_keyed(_read(os.path.join(directory, "memory.stat")))
+    # A parent's limit binds too: memory.stat says the tightest one up the tree.
+    hierarchical = stat.get("hierarchical_memory_limit")
+    if hierarchical is not None and hierarchical < V1_UNLIMITED:
+        limit = hierarchical if limit is None else min(limit, hierarchical)
+    try:
+        oom = parse_flat_keyed(_read(os.path.join(directory, "memory.oom_control")))
+    except FileNotFoundError:
+        oom = {}
+    return usage, limit, stat, oom
+
+
+class CgroupCollector:
+    name = "cgroup"
+    schedule = "poll"
+
+    def __init__(self, paths: Paths, cgroup_path: Optional[str] = None, target_process: Optional[str] = None,
+                 limit_override: Optional[int] = None):
+        self.paths = paths
+        self.cgroup_path = cgroup_path
+        self.target = re.compile(target_process) if target_process else None
+        self.limit_override = limit_override
+
+    # --- which cgroup ---------------------------------------------------------------
+    def find_target_pid(self) -> int:
+        own = os.getpid()
+        for entry in sorted((int(e.name) for e in os.scandir(self.paths.procfs) if e.name.isdigit())):
+            if entry == own:
+                continue
+            try:
+                comm = read_text(self.paths.proc(entry, "comm")).strip()
+                with open(self.paths.proc(entry, "cmdline"), "rb") as handle:
+                    cmdline = handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+            except OSError:
+                continue
+            if self.target.search(comm) or (cmdline and self.target.search(cmdline)):
+                return entry
+        raise LookupError(f"no process matches --cgroup.target-process {self.target.pattern!r}")
+
+    def cgroup_of(self, pid: object) -> Dict[str, str]:
+        return parse_proc_cgroup(read_text(self.paths.proc(pid, "cgroup")))
+
+    def resolve(self) -> Tuple[str, int, str]:
+        """-> (cgroup path, version, directory to read)."""
+        root = self.paths.sys("fs", "cgroup")
+        if self.cgroup_path and os.path.isabs(self.cgroup_path) and self.cgroup_path.startswith(root + "/"):
+            directory = self.cgroup_path
+            version = 2 if os.path.exists(os.path.join(directory, "memory.current")) else 1
+            rel = directory[len(root):]
+            if version == 1 and rel.startswith("/memory"):
+                rel = rel[len("/memory"):] or "/"
+            return rel, version, directory
+        if self.cgroup_path:
+            candidates = {"memory": self.cgroup_path, "": self.cgroup_path}
+        else:
+            pid = self.find_target_pid() if self.target else "self"
+            candidates = self.cgroup_of(pid)
+        tried = []
+        if "memory" in candidates:  # v1 (or hybrid) memory controller
+            path = candidates["memory"]
+            directory = os.path.join(root, "memory", path.lstrip("/"))
+            tried.append(directory)
+            if os.path.exists(os.path.join(directory, "memory.usage_in_bytes")):
+                return path, 1, directory
+        if "" in candidates:
+            path = candidates[""]
+            for base in (root, os.path.join(root, "unified")):
+                directory = os.path.join(base, path.lstrip("/"))
+                tried.append(directory)
+                if os.path.exists(os.path.join(directory, "memory.current")):
+                    return path, 2, directory
+        raise FileNotFoundError(f"no memory cgroup found (tried {', '.join(tried) or 'nothing'})")
+
+    def collect(self) -> CgroupMemory:
+        path, version, directory = self.resolve()
+        if version == 2:
+            usage, limit, stat, events = read_v2(directory)
+            inactive_file = stat.get("inactive_file", 0)
+            shmem = stat.get("shmem")
+            oom_kills = events.get("oom_kill")
+        else:
+            usage, limit, stat, oom = read_v1(directory)
+            # total_* fields include descendants (use_hierarchy, always on since 5.x).
+            inactive_file = stat.get("total_inactive_file", stat.get("inactive_file", 0))
+            shmem = stat.get("total_shmem", stat.get("shmem"))
+            oom_kills = oom.get("oom_kill")
+        source = "cgroup" if limit is not None else "none"
+        if self.limit_override is not None:
+            limit, source = self.limit_override, "flag"
+        return CgroupMemory(path, version, usage, limit, max(0, usage - inactive_file), shmem, oom_kills, source)

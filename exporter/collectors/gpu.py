@@ -1,0 +1,177 @@
+"""GPU memory through NVML (nvidia-ml-py, imported as pynvml).
+
+NVML is initialised once and kept; after a driver-level error it is shut down and
+initialised again on the next run. One GPU failing (lost, not supported) skips that
+GPU only. A call that hangs is bounded by the sampler: this collector runs on its own
+thread with --collector.gpu.timeout, and a stuck thread is never started twice.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+from ..paths import Paths, read_text
+
+log = logging.getLogger(__name__)
+
+# After "no library" / "no driver", try again this much later, not on every poll.
+MISSING_DRIVER_RETRY_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    comm: str
+    used_bytes: int
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    gpu: str  # NVML index; "<index>/<mig index>" for a MIG instance
+    uuid: str
+    name: str
+    total_bytes: int
+    used_bytes: int
+    free_bytes: int
+    reserved_bytes: Optional[int]  # None where memory info v2 is not supported
+    processes: Tuple[GpuProcess, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    driver_version: str
+    devices: List[GpuDevice]
+    errors: List[str] = field(default_factory=list)  # GPUs skipped, and why
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _load_pynvml():
+    import pynvml  # nvidia-ml-py
+    return pynvml
+
+
+class GpuCollector:
+    name = "gpu"
+    schedule = "poll"
+
+    def __init__(self, paths: Paths, load_nvml: Callable[[], object] = _load_pynvml,
+                 clock: Callable[[], float] = time.monotonic):
+        self.paths = paths
+        self.load_nvml = load_nvml
+        self.clock = clock
+        self.nvml = None
+        self.initialised = False
+        self.driver_version = ""
+        self._missing: Optional[Tuple[float, str]] = None  # (when, why) the driver was absent
+
+    # --- NVML life cycle ----------------------------------------------------------------
+    def _init(self):
+        if self._missing and self.clock() - self._missing[0] < MISSING_DRIVER_RETRY_SECONDS:
+            raise RuntimeError(self._missing[1])
+        try:
+            nvml = self.nvml or self.load_nvml()
+        except ImportError as err:
+            self._missing = (self.clock(), f"nvidia-ml-py is not installed ({err})")
+            raise RuntimeError(self._missing[1]) from None
+        self.nvml = nvml
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as err:
+            code = getattr(err, "value", None)
+            if code in (nvml.NVML_ERROR_LIBRARY_NOT_FOUND, nvml.NVML_ERROR_DRIVER_NOT_LOADED):
+                why = ("no NVIDIA driver: libnvidia-ml.so.1 not found" if code == nvml.NVML_ERROR_LIBRARY_NOT_FOUND
+                       else "the NVIDIA driver is not loaded")
+                self._missing = (self.clock(), why)
+                raise RuntimeError(why) from None
+            raise RuntimeError(f"nvmlInit failed: {err}") from None
+        self._missing = None
+        self.initialised = True
+        self.driver_version = _text(nvml.nvmlSystemGetDriverVersion())
+
+    def close(self) -> None:
+        if self.initialised and self.nvml is not None:
+            try:
+                self.nvml.nvmlShutdown()
+            except Exception:  # shutting down after a driver error may fail too
+                pass
+        self.initialised = False
+
+    # --- one sweep --------------------------------------------------------------------
+    def collect(self) -> GpuSnapshot:
+        if not self.initialised:
+            self._init()
+        nvml = self.nvml
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as err:
+            self.close()  # driver-level trouble: start afresh next time
+            raise RuntimeError(f"nvmlDeviceGetCount failed: {err}") from None
+        devices: List[GpuDevice] = []
+        errors: List[str] = []
+        for index in range(count):
+            try:
+                devices.extend(self._device(index))
+            except nvml.NVMLError as err:
+                errors.append(f"gpu {index}: {err}")
+        if count and not devices:
+            self.close()
+            raise RuntimeError("every GPU failed: " + "; ".join(errors))
+        return GpuSnapshot(self.driver_version, devices, errors)
+
+    def _device(self, index: int) -> List[GpuDevice]:
+        nvml = self.nvml
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        name = _text(nvml.nvmlDeviceGetName(handle))
+        devices = [self._measure(handle, str(index), name)]
+        try:
+            current_mode, _pending = nvml.nvmlDeviceGetMigMode(handle)
+        except nvml.NVMLError:
+            current_mode = 0  # NotSupported on GPUs without MIG
+        if current_mode == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1):
+            for mig_index in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+                try:
+                    mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, mig_index)
+                except nvml.NVMLError:
+                    continue  # that MIG slot is not populated
+                devices.append(self._measure(mig, f"{index}/{mig_index}", name))
+        return devices
+
+    def _measure(self, handle, gpu: str, name: str) -> GpuDevice:
+        nvml = self.nvml
+        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        reserved: Optional[int]
+        try:
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
+            reserved = int(memory.reserved)
+        except nvml.NVMLError:
+            # Drivers before R510 have no v2: reserved is then unknown, not 0.
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            reserved = None
+        return GpuDevice(gpu, uuid, name, int(memory.total), int(memory.used), int(memory.free), reserved,
+                         self._processes(handle))
+
+    def _processes(self, handle) -> Tuple[GpuProcess, ...]:
+        nvml = self.nvml
+        used: Dict[int, int] = {}
+        for getter in (nvml.nvmlDeviceGetComputeRunningProcesses, nvml.nvmlDeviceGetGraphicsRunningProcesses):
+            try:
+                infos = getter(handle)
+            except nvml.NVMLError:
+                continue  # NotSupported for graphics on many data-centre GPUs
+            for info in infos:
+                if info.usedGpuMemory is None:
+                    continue  # not available (WDDM, or no permission)
+                used[int(info.pid)] = max(used.get(int(info.pid), 0), int(info.usedGpuMemory))
+        return tuple(GpuProcess(pid, self._comm(pid), b) for pid, b in sorted(used.items()))
+
+    def _comm(self, pid: int) -> str:
+        # NVML reports host PIDs; from another PID namespace they do not resolve here.
+        try:
+            return read_text(self.paths.proc(pid, "comm")).strip() or "unknown"
+        except OSError:
+            return "unknown"

@@ -1,0 +1,48 @@
+"""Host memory from /proc/meminfo (MemTotal, MemAvailable, Shmem)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict
+
+from ..paths import Paths, read_text
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    total_bytes: int
+    available_bytes: int
+    shmem_bytes: int
+
+
+def parse_meminfo(text: str) -> Dict[str, int]:
+    """'MemTotal:  24683568 kB' lines -> {'MemTotal': bytes}. Malformed lines are skipped."""
+    values: Dict[str, int] = {}
+    for line in text.splitlines():
+        key, sep, rest = line.partition(":")
+        fields = rest.split()
+        if not sep or not fields:
+            continue
+        try:
+            number = int(fields[0])
+        except ValueError:
+            continue
+        if len(fields) > 1 and fields[1].lower() == "kb":
+            number *= 1024
+        values[key.strip()] = number
+    return values
+
+
+class HostMemoryCollector:
+    name = "host_memory"
+    schedule = "poll"
+
+    def __init__(self, paths: Paths):
+        self.paths = paths
+
+    def collect(self) -> HostMemory:
+        info = parse_meminfo(read_text(self.paths.proc("meminfo")))
+        if "MemTotal" not in info:
+            raise ValueError(f"{self.paths.proc('meminfo')}: no MemTotal line")
+        # MemAvailable exists since Linux 3.14; before that MemFree is the closest thing.
+        available = info.get("MemAvailable", info.get("MemFree", 0))
+        return HostMemory(info["MemTotal"], available, info.get("Shmem", 0))

@@ -1,0 +1,396 @@
+"""Segment inventory: what is in each shm mount, who holds it, what is hidden or leaked.
+
+Two views are joined by (device, inode), never by path text (the same tmpfs is
+/dev/shm in the workload and /host/var/lib/kubelet/... here):
+- the directory, walked with lstat only: linked and orphan segments;
+- every process's /proc/<pid>/maps and /proc/<pid>/fd: who holds what, and what is
+  held but unlinked ('... (deleted)'): hidden segments, which `df` counts and `ls`
+  does not (NCCL >= 2.19 unlinks after attach, UCX with UCX_POSIX_USE_PROC_LINK=y,
+  torch's file_descriptor strategy, Ray plasma).
+
+Safety: nothing under a mount is opened except directories (for listing); symlinks
+are never followed, FIFOs, sockets and devices are only counted.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat as stat_mod
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+from ..paths import Paths
+from ..segment_classes import classify
+
+DELETED = " (deleted)"
+MAX_DEPTH = 8  # tools that make sub-directories in /dev/shm nest one or two levels
+MAX_ENTRIES = 250_000  # a bound on one walk, so a hostile mount cannot stall us
+PF_KTHREAD = 0x00200000  # include/linux/sched.h: kernel threads map no files
+
+Key = Tuple[int, int]  # (st_dev, st_ino)
+
+
+@dataclass
+class Segment:
+    name: str  # basename as found (may hold any bytes, as surrogates)
+    cls: str
+    state: str  # linked | hidden | orphan
+    allocated_bytes: int
+    apparent_bytes: int
+    mtime: float = 0.0
+    holders: Tuple[int, ...] = ()
+    key: Key = (0, 0)
+
+
+@dataclass
+class MountInventory:
+    mount: str
+    error: Optional[str] = None
+    segments: List[Segment] = field(default_factory=list)
+    other_entries: Dict[str, int] = field(default_factory=dict)
+    used_bytes: int = 0
+    unattributed_bytes: int = 0
+    process_bytes: Dict[int, int] = field(default_factory=dict)
+    truncated: bool = False
+
+
+@dataclass
+class Inventory:
+    mounts: List[MountInventory]
+    comms: Dict[int, str]
+    proc_unreadable: int
+    processes_scanned: int
+    wall_time: float = field(default_factory=time.time)
+
+
+@dataclass
+class Holding:
+    """One process's hold on one inode of a watched mount."""
+    pid: int
+    path: str
+    deleted: bool
+    extent: int = 0  # bytes the mapping reaches into the file
+    allocated: Optional[int] = None  # from fstat of the fd / map_files, when we could
+    apparent: Optional[int] = None
+    mtime: float = 0.0
+
+
+# --- pure parsers ---------------------------------------------------------------------
+
+def parse_stat(text: str) -> Tuple[str, int, int]:
+    """/proc/<pid>/stat -> (comm, flags, starttime). comm may hold spaces and ')'."""
+    open_paren, close_paren = text.index("("), text.rindex(")")
+    comm = text[open_paren + 1:close_paren]
+    rest = text[close_paren + 2:].split()
+    # rest[0] is field 3 (state); flags is field 9, starttime field 22.
+    return comm, int(rest[6]), int(rest[19])
+
+
+def dev_token(dev: int) -> str:
+    """st_dev -> ' 00:1a ' as /proc/<pid>/maps prints it (hex, at least two digits)."""
+    return " %02x:%02x " % (os.major(dev), os.minor(dev))
+
+
+def parse_maps(text: str, tokens: Dict[str, int]) -> List[Tuple[int, int, str, int]]:
+    """Lines of maps on the watched devices -> [(dev, inode, path, extent)].
+
+    `tokens` maps dev_token(dev) to dev. Lines of other devices are skipped before
+    being split, which keeps the common case (a process that maps no shm) cheap.
+    """
+    found = []
+    for token, dev in tokens.items():
+        if token not in text:
+            continue
+        for line in text.splitlines():
+            if token not in line:
+                continue
+            parts = line.split(None, 5)
+            if len(parts) < 6:
+                continue
+            try:
+                start, end = (int(x, 16) for x in parts[0].split("-"))
+                offset, inode = int(parts[2], 16), int(parts[4])
+            except ValueError:
+                continue
+            found.append((dev, inode, parts[5], offset + end - start))
+    return found
+
+
+# --- the collector ---------------------------------------------------------------------
+
+class ProcScanner:
+    """Walks /proc once per inventory; remembers comm and kernel-thread-ness per (pid, start)."""
+
+    def __init__(self, paths: Paths):
+        self.paths = paths
+        self._identity: Dict[int, Tuple[int, str, bool]] = {}  # pid -> (starttime, comm, kthread)
+
+    def pids(self) -> List[int]:
+        try:
+            return [int(e.name) for e in os.scandir(self.paths.procfs) if e.name.isdigit()]
+        except OSError:
+            return []
+
+    def identity(self, pid: int) -> Optional[Tuple[str, bool]]:
+        """(comm, is_kernel_thread), or None when the process is gone."""
+        try:
+            with open(self.paths.proc(pid, "stat"), "rb") as handle:
+                raw = handle.read().decode("utf-8", "surrogateescape")
+            comm, flags, start = parse_stat(raw)
+        except (OSError, ValueError, IndexError):
+            return None
+        cached = self._identity.get(pid)
+        if cached and cached[0] == start:
+            return cached[1], cached[2]
+        self._identity[pid] = (start, comm, bool(flags & PF_KTHREAD))
+        return comm, bool(flags & PF_KTHREAD)
+
+    def forget_except(self, alive: Set[int]) -> None:
+        for pid in list(self._identity):
+            if pid not in alive:
+                del self._identity[pid]
+
+    def scan(self, devs: Set[int]) -> Tuple[Dict[Key, List[Holding]], Dict[int, str], int, int]:
+        """-> (holdings by inode, comm by pid of holders, unreadable count, processes scanned)."""
+        tokens = {dev_token(d): d for d in devs}
+        holdings: Dict[Key, List[Holding]] = {}
+        comms: Dict[int, str] = {}
+        unreadable = scanned = 0
+        pids = self.pids()
+        for pid in pids:
+            ident = self.identity(pid)
+            if ident is None or ident[1]:
+                continue  # gone, or a kernel thread
+            scanned += 1
+            denied = False
+            held_here = False
+            try:
+                with open(self.paths.proc(pid, "maps"), "rb") as handle:
+                    maps = handle.read().decode("utf-8", "surrogateescape")
+                for dev, inode, path, extent in parse_maps(maps, tokens):
+                    held_here = True
+                    deleted = path.endswith(DELETED)
+                    self._add(holdings, (dev, inode), pid, path, deleted, extent=extent)
+            except OSError as err:
+                denied |= err.errno in (errno.EACCES, errno.EPERM)
+            fd_dir = self.paths.proc(pid, "fd")
+            try:
+                fds = os.listdir(fd_dir)
+            except OSError as err:
+                denied |= err.errno in (errno.EACCES, errno.EPERM)
+                fds = []
+            for fd in fds:
+                link = os.path.join(fd_dir, fd)
+                try:
+                    target = os.readlink(link)
+                    if not target.startswith("/"):
+                        continue  # socket:[…], pipe:[…], anon_inode:…
+                    st = os.stat(link)  # the open file itself; opens nothing
+                except OSError:
+                    continue
+                if st.st_dev in devs and stat_mod.S_ISREG(st.st_mode):
+                    held_here = True
+                    self._add(holdings, (st.st_dev, st.st_ino), pid, target, target.endswith(DELETED),
+                              allocated=st.st_blocks * 512, apparent=st.st_size, mtime=st.st_mtime)
+            if denied:
+                unreadable += 1
+            if held_here:
+                comms[pid] = ident[0]
+        self.forget_except(set(pids))
+        self._fill_mapping_sizes(holdings)
+        return holdings, comms, unreadable, scanned
+
+    @staticmethod
+    def _add(holdings: Dict[Key, List[Holding]], key: Key, pid: int, path: str, deleted: bool,
+             extent: int = 0, allocated: Optional[int] = None, apparent: Optional[int] = None,
+             mtime: float = 0.0) -> None:
+        for h in holdings.setdefault(key, []):
+            if h.pid == pid:
+                h.extent = max(h.extent, extent)
+                h.deleted |= deleted
+                if allocated is not None:
+                    h.allocated, h.apparent, h.mtime = allocated, apparent, mtime
+                return
+        holdings[key].append(Holding(pid, path, deleted, extent, allocated, apparent, mtime))
+
+    def _fill_mapping_sizes(self, holdings: Dict[Key, List[Holding]]) -> None:
+        """For deleted inodes held only by a mapping, stat it through map_files.
+
+        /proc/<pid>/map_files/<start>-<end> needs CAP_SYS_ADMIN; without it the mapping's
+        extent stands in for the size (an upper bound for a sparse file).
+        """
+        for key, hs in holdings.items():
+            if any(h.allocated is not None for h in hs) or not any(h.deleted for h in hs):
+                continue
+            for h in hs:
+                st = self._stat_map_file(h.pid, key)
+                if st is not None:
+                    h.allocated, h.apparent, h.mtime = st.st_blocks * 512, st.st_size, st.st_mtime
+                    break
+
+    def _stat_map_file(self, pid: int, key: Key) -> Optional[os.stat_result]:
+        try:
+            with open(self.paths.proc(pid, "maps"), "rb") as handle:
+                maps = handle.read().decode("utf-8", "surrogateescape")
+        except OSError:
+            return None
+        token = dev_token(key[0])
+        for line in maps.splitlines():
+            parts = line.split(None, 5)
+            if len(parts) >= 5 and f" {parts[3]} " == token and parts[4] == str(key[1]):
+                try:
+                    st = os.stat(self.paths.proc(pid, "map_files", parts[0]))
+                except OSError:
+                    return None
+                return st if (st.st_dev, st.st_ino) == key else None
+        return None
+
+
+def walk(root: str, dev: int, limit: int = MAX_ENTRIES
+         ) -> Tuple[Dict[Key, Tuple[str, os.stat_result]], Dict[str, int], bool]:
+    """List a mount with lstat only -> (regular files by inode, other entries by type, truncated).
+
+    Hard links to one inode count once (the first name seen). Entries on another
+    device (something mounted inside) are skipped. Files that vanish mid-walk are skipped.
+    """
+    files: Dict[Key, Tuple[str, os.stat_result]] = {}
+    others: Dict[str, int] = {}
+    seen = 0
+    stack = [(root, 0)]
+    while stack:
+        directory, depth = stack.pop()
+        try:
+            entries = os.scandir(directory)
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                seen += 1
+                if seen > limit:
+                    return files, others, True
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # deleted between readdir and lstat
+                if st.st_dev != dev:
+                    continue
+                mode = st.st_mode
+                if stat_mod.S_ISREG(mode):
+                    files.setdefault((st.st_dev, st.st_ino), (entry.name, st))
+                    continue
+                kind = ("directory" if stat_mod.S_ISDIR(mode) else "symlink" if stat_mod.S_ISLNK(mode)
+                        else "fifo" if stat_mod.S_ISFIFO(mode) else "socket" if stat_mod.S_ISSOCK(mode)
+                        else "device")
+                others[kind] = others.get(kind, 0) + 1
+                if kind == "directory" and depth < MAX_DEPTH:
+                    stack.append((entry.path, depth + 1))
+    return files, others, False
+
+
+class SegmentsCollector:
+    name = "segments"
+    schedule = "inventory"
+
+    def __init__(self, paths: Paths, mounts: Sequence[str],
+                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
+                 clock: Callable[[], float] = time.time):
+        self.paths = paths
+        self.mounts = list(mounts)
+        self.statvfs = statvfs
+        self.clock = clock
+        self.procs = ProcScanner(paths)
+        # From the last full run, for event-driven quick runs that skip /proc.
+        self._holdings: Dict[Key, List[Holding]] = {}
+        self._comms: Dict[int, str] = {}
+        self._unreadable = 0
+        self._scanned = 0
+
+    def _mount_dev(self, mount: str) -> int:
+        st = os.stat(self.paths.host(mount))
+        if not stat_mod.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", mount)
+        return st.st_dev
+
+    def collect(self) -> Inventory:
+        return self._collect(full=True)
+
+    def collect_quick(self) -> Inventory:
+        """Re-list the mounts and re-measure, reusing owners from the last full run."""
+        return self._collect(full=False)
+
+    def _collect(self, full: bool) -> Inventory:
+        devs: Dict[str, int] = {}
+        errors: Dict[str, str] = {}
+        for mount in self.mounts:
+            try:
+                devs[mount] = self._mount_dev(mount)
+            except OSError as err:
+                errors[mount] = err.strerror or str(err)
+        # The directory first, then /proc: a segment unlinked in between is still
+        # listed (so not called hidden), and one created in between is found held
+        # but not '(deleted)', so it is linked, not hidden.
+        listings = {}
+        for mount, dev in devs.items():
+            listings[mount] = walk(self.paths.host(mount), dev)
+        if full:
+            holdings, comms, unreadable, scanned = self.procs.scan(set(devs.values()))
+            self._holdings, self._comms, self._unreadable, self._scanned = holdings, comms, unreadable, scanned
+        mounts = []
+        for mount in self.mounts:
+            if mount in errors:
+                mounts.append(MountInventory(mount, error=errors[mount]))
+                continue
+            files, others, truncated = listings[mount]
+            inv = self._assemble(mount, devs[mount], files, others, provisional=not full)
+            inv.truncated = truncated
+            mounts.append(inv)
+        return Inventory(mounts, dict(self._comms), self._unreadable, self._scanned, self.clock())
+
+    def _assemble(self, mount: str, dev: int, files: Dict[Key, Tuple[str, os.stat_result]],
+                  others: Dict[str, int], provisional: bool) -> MountInventory:
+        inv = MountInventory(mount, other_entries=others)
+        accounted = 0
+        for key, (name, st) in files.items():
+            holders = tuple(sorted({h.pid for h in self._holdings.get(key, ())}))
+            # A file new since the last full run is taken as held by its creator until
+            # the follow-up full run says otherwise: no orphan flapping on every create.
+            known = key in self._holdings or not provisional
+            state = "linked" if holders or not known else "orphan"
+            seg = Segment(name, classify(name), state, st.st_blocks * 512, st.st_size, st.st_mtime, holders, key)
+            inv.segments.append(seg)
+            accounted += seg.allocated_bytes
+        for key, hs in self._holdings.items():
+            if key[0] != dev or key in files:
+                continue
+            if not any(h.deleted for h in hs):
+                continue  # created after our listing: the next run lists it
+            best = next((h for h in hs if h.allocated is not None), None)
+            extent = max(h.extent for h in hs)
+            allocated = best.allocated if best else extent
+            apparent = best.apparent if best else extent
+            name = os.path.basename(hs[0].path[: -len(DELETED)] if hs[0].path.endswith(DELETED) else hs[0].path)
+            seg = Segment(name, classify(name), "hidden", allocated, apparent, best.mtime if best else 0.0,
+                          tuple(sorted({h.pid for h in hs})), key)
+            inv.segments.append(seg)
+            accounted += allocated
+        for seg in inv.segments:
+            for pid in seg.holders:
+                inv.process_bytes[pid] = inv.process_bytes.get(pid, 0) + seg.allocated_bytes
+        try:
+            st = self.statvfs(self.paths.host(mount))
+            inv.used_bytes = (st.f_blocks - st.f_bfree) * st.f_frsize
+        except OSError as err:
+            inv.error = err.strerror or str(err)
+        inv.unattributed_bytes = max(0, inv.used_bytes - accounted)
+        return inv
+
+
+def owner_label(holders: Iterable[int], comms: Dict[int, str]) -> str:
+    """'python[1234]', 'python[1234]+3' for four holders, '' for none."""
+    holders = list(holders)
+    if not holders:
+        return ""
+    first = holders[0]
+    text = f"{comms.get(first, 'unknown')}[{first}]"
+    return text + (f"+{len(holders) - 1}" if len(holders) > 1 else "")

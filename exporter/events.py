@@ -1,0 +1,175 @@
+"""React within a second: inotify (through watchdog) on every monitored mount.
+
+Prometheus scrapes every 15-60 s; NCCL allocates its segments and crashes in less.
+On each create/grow/delete we take a statvfs at once (it feeds the peak window, so a
+2 s spike stays on the graph) and wake the segment inventory, which debounces bursts.
+
+Where inotify cannot be had (no support, fs.inotify.max_user_instances or
+max_user_watches exhausted) the mount is polled instead, said once in the log, and
+shmwatch_inotify_active{mount} is 0; created/deleted then come from inventory diffs.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Callable, Dict, Optional, Set, Tuple
+
+from .collectors.segments import Inventory
+from .paths import Paths
+from .sampler import Sampler
+from .segment_classes import classify
+
+log = logging.getLogger(__name__)
+
+# Only what changes a mount's contents. opened / closed_no_write are left out: our own
+# directory listings cause them, and reacting to them would loop.
+RELEVANT = ("created", "deleted", "modified", "moved", "closed")
+
+
+def _make_handler(watcher: "MountWatcher", mount: str):
+    from watchdog.events import FileSystemEventHandler
+
+    class Handler(FileSystemEventHandler):
+        def on_any_event(self, event) -> None:
+            if event.event_type not in RELEVANT:
+                return
+            watcher.on_event(mount, event)
+
+    return Handler()
+
+
+class MountWatcher:
+    def __init__(self, sampler: Sampler, paths: Paths, mounts, enabled: bool = True,
+                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
+                 observer_factory: Optional[Callable[[], object]] = None):
+        self.sampler = sampler
+        self.paths = paths
+        self.mounts = list(mounts)
+        self.enabled = enabled
+        self.statvfs = statvfs
+        self.observer_factory = observer_factory
+        self.observer = None
+        self.watches: Dict[str, Tuple[object, int]] = {}  # mount -> (watch, st_dev watched)
+        self._said: Dict[str, str] = {}
+        self._lock = threading.Lock()
+        # Inventory diffs, for mounts that are polled.
+        self._previous: Dict[str, Set[Tuple[int, int]]] = {}
+        self._previous_class: Dict[str, Dict[Tuple[int, int], str]] = {}
+
+    # --- set-up -----------------------------------------------------------------------
+    def start(self) -> None:
+        for mount in self.mounts:
+            self.sampler.set_inotify(mount, False)
+        if not self.enabled:
+            for mount in self.mounts:
+                self._say(mount, "inotify disabled (--no-inotify): polling")
+            return
+        try:
+            if self.observer_factory is not None:
+                self.observer = self.observer_factory()
+            else:
+                from watchdog.observers.inotify import InotifyObserver
+                self.observer = InotifyObserver()
+            self.observer.daemon = True
+            self.observer.start()
+        except Exception as err:  # ImportError off Linux, OSError from inotify_init
+            self.observer = None
+            for mount in self.mounts:
+                self._say(mount, f"inotify unavailable ({err}): polling every inventory interval")
+            return
+        for mount in self.mounts:
+            self._watch(mount)
+
+    def stop(self) -> None:
+        if self.observer is not None:
+            try:
+                self.observer.stop()
+                self.observer.join(1.0)
+            except Exception:
+                pass
+
+    def _say(self, mount: str, message: str) -> None:
+        if self._said.get(mount) != message:
+            self._said[mount] = message
+            (log.info if "inotify on" in message else log.warning)("mount %s: %s", mount, message)
+
+    def _watch(self, mount: str) -> None:
+        path = self.paths.host(mount)
+        try:
+            dev = os.stat(path).st_dev
+            watch = self.observer.schedule(_make_handler(self, mount), path, recursive=False)
+        except Exception as err:  # OSError: ENOSPC (max_user_watches), EMFILE (instances), ENOENT
+            self.sampler.set_inotify(mount, False)
+            self._say(mount, f"cannot watch with inotify ({err}): polling")
+            return
+        with self._lock:
+            self.watches[mount] = (watch, dev)
+        self.sampler.set_inotify(mount, True)
+        self._say(mount, "inotify on")
+
+    def refresh(self) -> None:
+        """Re-watch a mount that was missing, or was unmounted and mounted again."""
+        if self.observer is None:
+            return
+        for mount in self.mounts:
+            try:
+                dev = os.stat(self.paths.host(mount)).st_dev
+            except OSError:
+                dev = None
+            current = self.watches.get(mount)
+            if current is not None and current[1] == dev and self.observer.is_alive():
+                continue
+            if current is not None:
+                try:
+                    self.observer.unschedule(current[0])
+                except Exception:
+                    pass
+                with self._lock:
+                    self.watches.pop(mount, None)
+                self.sampler.set_inotify(mount, False)
+            if dev is not None:
+                self._watch(mount)
+
+    # --- events -------------------------------------------------------------------------
+    def on_event(self, mount: str, event) -> None:
+        kind = event.event_type
+        if not event.is_directory:
+            if kind in ("created", "deleted"):
+                self.sampler.count_event(mount, classify(os.path.basename(event.src_path)), kind)
+            elif kind == "moved":
+                self.sampler.count_event(mount, classify(os.path.basename(event.src_path)), "deleted")
+                self.sampler.count_event(mount, classify(os.path.basename(event.dest_path)), "created")
+        try:
+            st = self.statvfs(self.paths.host(mount))
+            self.sampler.record_used(mount, (st.f_blocks - st.f_bfree) * st.f_frsize)
+        except OSError:
+            pass  # the poll will report the mount's error
+        self.sampler.request_inventory()
+
+    def on_result(self, collector: str, result: object) -> None:
+        """Sampler listener: peaks from polls, event counts from diffs on polled mounts."""
+        if collector == "shm_mount":
+            for m in result:
+                if not m.error:
+                    self.sampler.record_used(m.mount, m.used_bytes)
+            self.refresh()
+        elif collector == "segments" and isinstance(result, Inventory):
+            self._diff(result)
+
+    def _diff(self, inv: Inventory) -> None:
+        with self.sampler.lock:
+            active = dict(self.sampler.inotify)
+        for m in inv.mounts:
+            if m.error:
+                continue
+            keys = {s.key: s.cls for s in m.segments if s.state != "hidden"}
+            previous = self._previous.get(m.mount)
+            if previous is not None and not active.get(m.mount):
+                old_classes = self._previous_class[m.mount]
+                for key in keys.keys() - previous:
+                    self.sampler.count_event(m.mount, keys[key], "created")
+                for key in previous - keys.keys():
+                    self.sampler.count_event(m.mount, old_classes[key], "deleted")
+            self._previous[m.mount] = set(keys)
+            self._previous_class[m.mount] = keys

@@ -1,0 +1,211 @@
+"""Turns the sampler's snapshot into metric families, on a private registry.
+
+Fresh families on every collect(), nothing kept between scrapes (client_python's
+custom-collector pattern). Each source renders under its own guard, so a bug in one
+renderer drops that source's series and marks it failed instead of failing the scrape.
+Every family is built from the catalogue, so names, types and help cannot drift.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from . import __version__
+from .catalogue import lookup
+from .collectors.cgroup import CgroupMemory
+from .collectors.segments import Inventory, owner_label
+from .labels import clean
+from .sampler import Sampler, Snapshot
+
+log = logging.getLogger(__name__)
+STATES = ("linked", "hidden", "orphan")
+
+
+class Families:
+    """Families by metric name, created on first use from the catalogue."""
+
+    def __init__(self) -> None:
+        self._families: Dict[str, Metric] = {}
+
+    def add(self, name: str, labels: Sequence[str], value: float) -> None:
+        family = self._families.get(name)
+        if family is None:
+            entry = lookup(name)
+            kind = CounterMetricFamily if entry.type == "counter" else GaugeMetricFamily
+            family = self._families[name] = kind(name, entry.help, labels=list(entry.labels))
+        family.add_metric(list(labels), value)
+
+    def merge(self, other: "Families") -> None:
+        for name, family in other._families.items():
+            mine = self._families.setdefault(name, family)
+            if mine is not family:
+                mine.samples.extend(family.samples)
+
+    def __iter__(self) -> Iterator[Metric]:
+        return iter(self._families.values())
+
+
+class SnapshotCollector(Collector):
+    def __init__(self, sampler: Sampler, shm_size_limit: Optional[int] = None, top_k: int = 10):
+        self.sampler = sampler
+        self.shm_size_limit = shm_size_limit
+        self.top_k = top_k
+
+    def describe(self) -> List[Metric]:
+        return []  # no auto-describe: registering must not trigger a collect
+
+    def collect(self) -> Iterable[Metric]:
+        snap = self.sampler.snapshot()
+        out = Families()
+        out.add("shmwatch_build_info", [__version__], 1)
+        renderers = {
+            "shm_mount": self._shm_mount, "segments": self._segments, "sysv": self._sysv,
+            "host_memory": self._host_memory, "cgroup": self._cgroup, "gpu": self._gpu,
+        }
+        for name, state in snap.states.items():
+            ok = state.success
+            if ok and state.result is not None and name in renderers:
+                staged = Families()
+                try:
+                    renderers[name](state.result, staged, snap)
+                except Exception:
+                    log.exception("rendering %s failed", name)
+                    ok = False
+                else:
+                    out.merge(staged)
+            out.add("shmwatch_collector_success", [name], 1 if ok else 0)
+            out.add("shmwatch_collector_duration_seconds", [name], state.duration)
+        try:
+            self._derived(snap, out)
+        except Exception:
+            log.exception("rendering derived metrics failed")
+        self._events(snap, out)
+        return list(out)
+
+    # --- one renderer per source ---------------------------------------------------------
+    def _shm_mount(self, mounts, out: Families, snap: Snapshot) -> None:
+        for m in mounts:
+            out.add("shmwatch_mount_info", [m.mount, m.fstype, clean(m.source)], 1)
+            out.add("shmwatch_mount_error", [m.mount], 1 if m.error else 0)
+            if m.error:
+                continue
+            out.add("shmwatch_mount_size_bytes", [m.mount], m.size_bytes)
+            out.add("shmwatch_mount_used_bytes", [m.mount], m.used_bytes)
+            out.add("shmwatch_mount_available_bytes", [m.mount], m.available_bytes)
+            out.add("shmwatch_mount_usage_ratio", [m.mount], m.usage_ratio)
+            out.add("shmwatch_mount_inodes", [m.mount], m.inodes)
+            out.add("shmwatch_mount_inodes_free", [m.mount], m.inodes_free)
+            peak = max(snap.peaks.get(m.mount, m.used_bytes), m.used_bytes)
+            out.add("shmwatch_mount_peak_used_bytes", [m.mount], peak)
+
+    def _segments(self, inv: Inventory, out: Families, snap: Snapshot) -> None:
+        out.add("shmwatch_proc_unreadable", [], inv.proc_unreadable)
+        for m in inv.mounts:
+            if m.error:
+                continue
+            totals: Dict[tuple, List[int]] = {}
+            oldest_orphan: Optional[float] = None
+            for seg in m.segments:
+                acc = totals.setdefault((seg.cls, seg.state), [0, 0, 0])
+                acc[0] += 1
+                acc[1] += seg.allocated_bytes
+                acc[2] += seg.apparent_bytes
+                if seg.state == "orphan" and (oldest_orphan is None or seg.mtime < oldest_orphan):
+                    oldest_orphan = seg.mtime
+            for (cls, state), (count, allocated, apparent) in sorted(totals.items()):
+                out.add("shmwatch_segments", [m.mount, cls, state], count)
+                out.add("shmwatch_segment_bytes", [m.mount, cls, state], allocated)
+                out.add("shmwatch_segment_apparent_bytes", [m.mount, cls, state], apparent)
+            top = sorted(m.segments, key=lambda s: (-s.allocated_bytes, s.name))[: self.top_k]
+            seen_names = set()
+            for seg in top:
+                label = clean(seg.name)
+                if (label, seg.state) in seen_names:
+                    label = f"{label} (inode {seg.key[1]})"  # two names that clean to the same text
+                seen_names.add((label, seg.state))
+                out.add("shmwatch_top_segment_bytes",
+                        [m.mount, label, seg.cls, seg.state, clean(owner_label(seg.holders, inv.comms))],
+                        seg.allocated_bytes)
+            procs = sorted(m.process_bytes.items(), key=lambda kv: (-kv[1], kv[0]))[: self.top_k]
+            for pid, size in procs:
+                out.add("shmwatch_process_shm_bytes", [m.mount, str(pid), clean(inv.comms.get(pid, "unknown"))], size)
+            age = 0.0 if oldest_orphan is None else max(0.0, inv.wall_time - oldest_orphan)
+            out.add("shmwatch_orphan_oldest_age_seconds", [m.mount], age)
+            out.add("shmwatch_mount_unattributed_bytes", [m.mount], m.unattributed_bytes)
+            for kind, count in sorted(m.other_entries.items()):
+                out.add("shmwatch_mount_other_entries", [m.mount, kind], count)
+
+    def _sysv(self, shm, out: Families, snap: Snapshot) -> None:
+        out.add("shmwatch_sysv_segments", [], len(shm.segments))
+        out.add("shmwatch_sysv_bytes", [], shm.total_bytes)
+        out.add("shmwatch_sysv_resident_bytes", [], shm.resident_bytes)
+        out.add("shmwatch_sysv_orphan_segments", [], shm.orphans)
+        if shm.shmmax_bytes is not None:
+            out.add("shmwatch_sysv_limit_shmmax_bytes", [], shm.shmmax_bytes)
+        if shm.shmall_bytes is not None:
+            out.add("shmwatch_sysv_limit_shmall_bytes", [], shm.shmall_bytes)
+        if shm.shmmni is not None:
+            out.add("shmwatch_sysv_limit_shmmni", [], shm.shmmni)
+
+    def _host_memory(self, mem, out: Families, snap: Snapshot) -> None:
+        out.add("shmwatch_host_memory_total_bytes", [], mem.total_bytes)
+        out.add("shmwatch_host_memory_available_bytes", [], mem.available_bytes)
+        out.add("shmwatch_host_memory_shmem_bytes", [], mem.shmem_bytes)
+
+    def _cgroup(self, cg: CgroupMemory, out: Families, snap: Snapshot) -> None:
+        label = [clean(cg.cgroup, 256)]
+        out.add("shmwatch_cgroup_memory_usage_bytes", label, cg.usage_bytes)
+        out.add("shmwatch_cgroup_memory_working_set_bytes", label, cg.working_set_bytes)
+        if cg.limit_bytes is not None:
+            out.add("shmwatch_cgroup_memory_limit_bytes", label, cg.limit_bytes)
+            out.add("shmwatch_oom_risk_ratio", label, cg.working_set_bytes / cg.limit_bytes)
+        if cg.shmem_bytes is not None:
+            out.add("shmwatch_cgroup_memory_shmem_bytes", label, cg.shmem_bytes)
+        if cg.oom_kills is not None:
+            out.add("shmwatch_cgroup_oom_kills_total", label, cg.oom_kills)
+
+    def _gpu(self, gpus, out: Families, snap: Snapshot) -> None:
+        for d in gpus.devices:
+            ids = [d.gpu, clean(d.uuid)]
+            out.add("shmwatch_gpu_info", ids + [clean(d.name), clean(gpus.driver_version)], 1)
+            out.add("shmwatch_gpu_memory_total_bytes", ids, d.total_bytes)
+            out.add("shmwatch_gpu_memory_used_bytes", ids, d.used_bytes)
+            out.add("shmwatch_gpu_memory_free_bytes", ids, d.free_bytes)
+            if d.reserved_bytes is not None:
+                out.add("shmwatch_gpu_memory_reserved_bytes", ids, d.reserved_bytes)
+            for p in d.processes:
+                out.add("shmwatch_gpu_process_memory_bytes", ids + [str(p.pid), clean(p.comm)], p.used_bytes)
+
+    # --- across sources --------------------------------------------------------------------
+    def _derived(self, snap: Snapshot, out: Families) -> None:
+        """Effective shm size and the OOM projection: shm usage joined with the cgroup."""
+        mounts_state = snap.states.get("shm_mount")
+        if not mounts_state or not mounts_state.success or not mounts_state.result:
+            return
+        cg_state = snap.states.get("cgroup")
+        cg: Optional[CgroupMemory] = cg_state.result if cg_state and cg_state.success else None
+        for m in mounts_state.result:
+            if m.error:
+                continue
+            # What the mount can really hold: tmpfs size, the emptyDir sizeLimit (older
+            # kubelets leave tmpfs at half of node RAM and enforce sizeLimit by eviction),
+            # and what the memory limit leaves once everything but shm is counted.
+            candidates = [m.size_bytes]
+            if self.shm_size_limit:
+                candidates.append(self.shm_size_limit)
+            fillable = min(candidates)
+            if cg is not None and cg.limit_bytes:
+                non_shm = max(0, cg.working_set_bytes - m.used_bytes)
+                candidates.append(max(0, cg.limit_bytes - non_shm))
+                projection = (non_shm + fillable) / cg.limit_bytes
+                out.add("shmwatch_shm_oom_projection_ratio", [m.mount, clean(cg.cgroup, 256)], projection)
+            out.add("shmwatch_mount_effective_size_bytes", [m.mount], min(candidates))
+
+    def _events(self, snap: Snapshot, out: Families) -> None:
+        for (mount, cls, event), count in sorted(snap.events.items()):
+            out.add("shmwatch_segment_events_total", [mount, cls, event], count)
+        for mount, active in sorted(snap.inotify.items()):
+            out.add("shmwatch_inotify_active", [mount], 1 if active else 0)

@@ -1,0 +1,45 @@
+"""Who made this segment? Basename pattern -> owner class, one table.
+
+Matched on the basename only, also for '/name (deleted)' paths from maps and fds.
+The first matching row wins, so the more specific MPI rows come before python_shm's
+'psm_*' (PSM's 'psm_shm.*' and PSM2's 'psm2_shm.*' are MPI transports, not Python).
+"""
+from __future__ import annotations
+
+import re
+from typing import Pattern, Tuple
+
+CLASSES: Tuple[Tuple[str, str, str], ...] = (
+    # (class, regex on the basename, where the name comes from)
+    ("mpi", r"vader_segment\..*", "Open MPI vader/sm BTL: vader_segment.<host>.<jobid>.<rank>"),
+    ("mpi", r"sm_segment\..*", "Open MPI 5 sm BTL (vader renamed)"),
+    ("mpi", r"mpich_shar_tmp.*", "MPICH shared-memory temp files"),
+    ("mpi", r"shm-col-space.*", "Intel MPI / MPICH collectives"),
+    ("mpi", r"psm_shm\..*", "Intel PSM (InfiniPath) shared memory"),
+    ("mpi", r"psm2_shm\..*", "Intel PSM2 (Omni-Path) shared memory"),
+    ("nccl", r"nccl-.*", "NCCL >= 2.12 /dev/shm/nccl-XXXXXX; <= 2.11 nccl-shm-recv-*/nccl-shm-send-*"),
+    ("ucx", r"ucx_shm_posix_.*", "UCX posix transport (uct/sm/mm/posix)"),
+    ("torch", r"torch_.*", "PyTorch multiprocessing file_system strategy: /torch_<pid>_<rand>[_<n>]"),
+    ("python_shm", r"psm_.*", "multiprocessing.shared_memory (vLLM/SGLang MessageQueue, mm caches)"),
+    ("semaphore", r"sem\..*", "glibc sem_open(): /dev/shm/sem.<name>"),
+    ("vllm_offload", r"vllm_offload_.*", "vLLM CPU KV-cache offload (*.mmap)"),
+    ("ray", r"plasma.*", "Ray plasma object store"),
+    ("nixl", r"nixl_.*", "NVIDIA NIXL (disaggregated KV transfer)"),
+    ("dali", r"nvidia_dali_.*", "NVIDIA DALI shared memory"),
+    ("triton", r"triton_python_backend_shm_region_.*", "Triton python backend"),
+    ("cuda", r"cuda\.shm\..*", "CUDA IPC / MPS"),
+)
+
+CLASS_NAMES: Tuple[str, ...] = tuple(dict.fromkeys(c for c, _, _ in CLASSES)) + ("other",)
+
+_MATCHERS: Tuple[Tuple[str, Pattern[str]], ...] = tuple((c, re.compile(p, re.S)) for c, p, _ in CLASSES)
+
+
+def classify(basename: str) -> str:
+    """Owner class of a segment basename; 'other' when no row matches."""
+    if basename.endswith(" (deleted)"):
+        basename = basename[: -len(" (deleted)")]
+    for cls, matcher in _MATCHERS:
+        if matcher.fullmatch(basename):
+            return cls
+    return "other"

@@ -1,0 +1,15 @@
+"""Run collectors once against a tree and read the values back from a fresh registry."""
+from prometheus_client.registry import CollectorRegistry
+
+from exporter.metrics import SnapshotCollector
+from exporter.sampler import Sampler
+
+
+def registry_for(*collectors, shm_size_limit=None, top_k=10, sampler_hook=None):
+    sampler = Sampler(list(collectors))
+    if sampler_hook:
+        sampler_hook(sampler)
+    sampler.run_once()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(sampler, shm_size_limit, top_k))
+    return registry, sampler

@@ -1,0 +1,111 @@
+"""Each collector on the fixture trees, values read back from a fresh registry."""
+import os
+from collections import namedtuple
+
+import pytest
+from prometheus_client import generate_latest
+
+from exporter.catalogue import BY_NAME
+from exporter.collectors.cgroup import CgroupCollector
+from exporter.collectors.host_memory import HostMemoryCollector
+from exporter.collectors.shm_mount import ShmMountCollector
+from exporter.collectors.sysv import SysvCollector
+from exporter.paths import Paths
+from tests.conftest import FIXTURES, parse_exposition, promtool_check_metrics
+from tests.helpers import registry_for
+
+PATHS = Paths(procfs=os.path.join(FIXTURES, "proc"), sysfs=os.path.join(FIXTURES, "sys"), rootfs="/")
+StatVfs = namedtuple("StatVfs", "f_bsize f_frsize f_blocks f_bfree f_bavail f_files f_ffree")
+
+
+def fake_statvfs(path):
+    if path == "/dev/shm":
+        return StatVfs(4096, 4096, 16384, 4096, 4096, 1000, 990)  # 64 MiB, 48 MiB used
+    raise FileNotFoundError(2, "No such file or directory", path)
+
+
+def test_host_memory():
+    reg, _ = registry_for(HostMemoryCollector(PATHS))
+    assert reg.get_sample_value("shmwatch_host_memory_total_bytes") == 24683568 * 1024
+    assert reg.get_sample_value("shmwatch_host_memory_available_bytes") == 24276128 * 1024
+    assert reg.get_sample_value("shmwatch_host_memory_shmem_bytes") == 64 << 20
+    assert reg.get_sample_value("shmwatch_collector_success", {"collector": "host_memory"}) == 1
+
+
+def test_shm_mount_and_a_missing_one():
+    collector = ShmMountCollector(PATHS, ["/dev/shm", "/no/such/mount"], statvfs=fake_statvfs)
+    reg, _ = registry_for(collector)
+    m = {"mount": "/dev/shm"}
+    assert reg.get_sample_value("shmwatch_mount_size_bytes", m) == 64 << 20
+    assert reg.get_sample_value("shmwatch_mount_used_bytes", m) == 48 << 20
+    assert reg.get_sample_value("shmwatch_mount_available_bytes", m) == 16 << 20
+    assert reg.get_sample_value("shmwatch_mount_usage_ratio", m) == 0.75
+    assert reg.get_sample_value("shmwatch_mount_inodes_free", m) == 990
+    assert reg.get_sample_value("shmwatch_mount_peak_used_bytes", m) == 48 << 20
+    assert reg.get_sample_value("shmwatch_mount_info", {**m, "fstype": "tmpfs", "source": "shm"}) == 1
+    assert reg.get_sample_value("shmwatch_mount_error", m) == 0
+    # A missing mount is reported, not fatal: the collector still succeeds.
+    assert reg.get_sample_value("shmwatch_mount_error", {"mount": "/no/such/mount"}) == 1
+    assert reg.get_sample_value("shmwatch_mount_size_bytes", {"mount": "/no/such/mount"}) is None
+    assert reg.get_sample_value("shmwatch_collector_success", {"collector": "shm_mount"}) == 1
+
+
+def test_sysv():
+    reg, _ = registry_for(SysvCollector(PATHS, page_size=4096))
+    assert reg.get_sample_value("shmwatch_sysv_segments") == 2
+    assert reg.get_sample_value("shmwatch_sysv_bytes") == 24 << 20
+    assert reg.get_sample_value("shmwatch_sysv_orphan_segments") == 1
+    assert reg.get_sample_value("shmwatch_sysv_limit_shmall_bytes") == 4194304 * 4096
+    assert reg.get_sample_value("shmwatch_sysv_limit_shmmni") == 4096
+
+
+def test_cgroup_v1_fixture_and_projection():
+    shm = ShmMountCollector(PATHS, ["/dev/shm"], statvfs=fake_statvfs)
+    reg, _ = registry_for(shm, CgroupCollector(PATHS))
+    cg = {"cgroup": "/kubepods/burstable/pod0f1e/abc"}
+    assert reg.get_sample_value("shmwatch_cgroup_memory_usage_bytes", cg) == 1 << 30
+    assert reg.get_sample_value("shmwatch_cgroup_memory_limit_bytes", cg) == 2 << 30
+    assert reg.get_sample_value("shmwatch_cgroup_memory_working_set_bytes", cg) == (1 << 30) - (128 << 20)
+    assert reg.get_sample_value("shmwatch_cgroup_memory_shmem_bytes", cg) == 256 << 20
+    assert reg.get_sample_value("shmwatch_cgroup_oom_kills_total", cg) == 2
+    assert reg.get_sample_value("shmwatch_oom_risk_ratio", cg) == pytest.approx(896 / 2048)
+    # (working set - shm used + shm size) / limit = (896 - 48 + 64) MiB / 2 GiB
+    assert reg.get_sample_value("shmwatch_shm_oom_projection_ratio", {"mount": "/dev/shm", **cg}) == \
+        pytest.approx((896 - 48 + 64) / 2048)
+    assert reg.get_sample_value("shmwatch_mount_effective_size_bytes", {"mount": "/dev/shm"}) == 64 << 20
+
+
+def test_failing_collector_is_isolated():
+    class Broken:
+        name, schedule = "sysv", "poll"
+
+        def collect(self):
+            raise OSError(13, "Permission denied", "/proc/sysvipc/shm")
+
+    reg, _ = registry_for(Broken(), HostMemoryCollector(PATHS))
+    assert reg.get_sample_value("shmwatch_collector_success", {"collector": "sysv"}) == 0
+    assert reg.get_sample_value("shmwatch_collector_success", {"collector": "host_memory"}) == 1
+    assert reg.get_sample_value("shmwatch_host_memory_total_bytes") > 0
+
+
+def test_every_emitted_metric_is_in_the_catalogue_with_its_type():
+    shm = ShmMountCollector(PATHS, ["/dev/shm", "/missing"], statvfs=fake_statvfs)
+    reg, sampler = registry_for(shm, HostMemoryCollector(PATHS), SysvCollector(PATHS), CgroupCollector(PATHS))
+    sampler.count_event("/dev/shm", "nccl", "created")
+    sampler.set_inotify("/dev/shm", True)
+    from prometheus_client import ProcessCollector
+    ProcessCollector(registry=reg)
+    text = generate_latest(reg).decode()
+    from prometheus_client.parser import text_string_to_metric_families
+    seen = 0
+    for family in text_string_to_metric_families(text):
+        entry = BY_NAME.get(family.name) or BY_NAME.get(family.name + "_total")
+        assert entry is not None, f"{family.name} is emitted but not in exporter/catalogue.py"
+        assert entry.type == family.type, f"{family.name}: catalogue says {entry.type}, emitted {family.type}"
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            assert set(sample.labels) == set(entry.labels), f"{sample.name}: labels {sorted(sample.labels)}"
+        seen += 1
+    assert seen > 20
+    assert promtool_check_metrics(text).returncode == 0

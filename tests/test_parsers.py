@@ -1,0 +1,79 @@
+"""Pure parsers over text, on fixtures and on corrupt input."""
+import os
+
+from exporter.collectors.cgroup import parse_flat_keyed, parse_limit, parse_proc_cgroup
+from exporter.collectors.host_memory import parse_meminfo
+from exporter.collectors.segments import parse_maps, parse_stat
+from exporter.collectors.shm_mount import find_mount, parse_mountinfo, size_option
+from exporter.collectors.sysv import parse_sysvipc_shm
+from tests.conftest import FIXTURES
+
+
+def fixture(*parts):
+    with open(os.path.join(FIXTURES, *parts)) as f:
+        return f.read()
+
+
+def test_meminfo():
+    info = parse_meminfo(fixture("proc", "meminfo"))
+    assert info["MemTotal"] == 24683568 * 1024
+    assert info["MemAvailable"] == 24276128 * 1024
+    assert info["Shmem"] == 64 << 20
+    assert info["HugePages_Total"] == 0  # no unit: not scaled
+    assert "garbage line without colon" not in info
+
+
+def test_meminfo_corrupt():
+    assert parse_meminfo("") == {}
+    assert parse_meminfo("MemTotal: lots kB\nShmem:\n:::\n") == {}
+
+
+def test_mountinfo():
+    entries = parse_mountinfo(fixture("proc", "self", "mountinfo"))
+    shm = find_mount(entries, "/dev/shm")
+    assert (shm.mount_point, shm.fstype, shm.source) == ("/dev/shm", "tmpfs", "shm")
+    assert size_option(shm.options) == 64 << 20
+    spaced = find_mount(entries, "/mnt/with space")
+    assert spaced.fstype == "tmpfs" and size_option(spaced.options) == 1 << 30
+    # A directory that is not a mount point resolves to the filesystem holding it.
+    assert find_mount(entries, "/var/tmp").mount_point == "/"
+    assert find_mount(entries, "/dev/shmx").mount_point == "/dev"
+    assert len(entries) == 6  # the malformed line is skipped
+
+
+def test_mountinfo_stacked_mounts_take_the_top_one():
+    text = ("24 23 0:26 / /dev/shm rw - tmpfs shm rw,size=65536k\n"
+            "99 24 0:99 / /dev/shm rw - tmpfs shm rw,size=16777216k\n")
+    assert size_option(find_mount(parse_mountinfo(text), "/dev/shm").options) == 16 << 30
+
+
+def test_sysvipc():
+    segments = parse_sysvipc_shm(fixture("proc", "sysvipc", "shm"))
+    assert [(s.shmid, s.size_bytes, s.nattch) for s in segments] == [(3, 8 << 20, 2), (4, 16 << 20, 0)]
+    assert segments[0].rss_bytes == 8 << 20
+    assert parse_sysvipc_shm("") == []
+
+
+def test_proc_stat_with_hostile_comm():
+    text = "1234 (we ird) (name) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 100"
+    comm, flags, start = parse_stat(text)
+    assert comm == "we ird) (name" and flags == 4194560 and start == 98765
+
+
+def test_maps_matches_device_and_inode_only():
+    tokens = {" 00:1a ": 26}
+    text = ("7f0000000000-7f0000400000 rw-s 00000000 00:1a 1234 /dev/shm/nccl-AbCdEf\n"
+            "7f0000400000-7f0000600000 rw-s 00200000 00:1a 1235 /nccl-xyz (deleted)\n"
+            "7f0000600000-7f0000700000 r--p 00000000 fd:01 1234 /usr/lib/libc.so\n"
+            "garbage 00:1a line\n")
+    found = parse_maps(text, tokens)
+    assert found == [(26, 1234, "/dev/shm/nccl-AbCdEf", 4 << 20), (26, 1235, "/nccl-xyz (deleted)", 4 << 20)]
+
+
+def test_cgroup_parsers():
+    assert parse_proc_cgroup("12:memory:/a/b\n3:cpu,cpuacct:/c\n0::/d\n") == {
+        "memory": "/a/b", "cpu": "/c", "cpuacct": "/c", "": "/d"}
+    assert parse_limit("max\n") is None
+    assert parse_limit("9223372036854771712\n") is None  # v1's "unlimited"
+    assert parse_limit("2147483648") == 2 << 30
+    assert parse_flat_keyed("anon 1\nfile x\nbad\n\nshmem 3") == {"anon": 1, "shmem": 3}
