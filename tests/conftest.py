@@ -63,14 +63,14 @@ def parse_exposition(text: str) -> Samples:
     return samples
 
 
-def value(samples: Samples, name: str, **labels: str) -> Optional[float]:
+def value(samples: Samples, name: str, /, **labels: str) -> Optional[float]:
     """The one sample of `name` whose labels include `labels`; None when there is none."""
     found = [v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls)]
     assert len(found) <= 1, f"{name} {labels}: {len(found)} samples"
     return found[0] if found else None
 
 
-def select(samples: Samples, name: str, **labels: str) -> List[Tuple[Dict[str, str], float]]:
+def select(samples: Samples, name: str, /, **labels: str) -> List[Tuple[Dict[str, str], float]]:
     return [(dict(ls), v) for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls)]
 
 
@@ -169,3 +169,50 @@ def fallocate(path: str, size: int) -> None:
         os.posix_fallocate(fd, 0, size)
     finally:
         os.close(fd)
+
+
+PEER = os.path.join(REPO, "tests", "peers", "shm_peer.py")
+
+
+def in_shm_namespace(tmpfs: str, argv: List[str]) -> List[str]:
+    """argv run in a private mount namespace where `tmpfs` is bind-mounted at /dev/shm.
+
+    shm_open() always uses /dev/shm: this puts a real peer's segments in the test's
+    tmpfs, seen there under another path, as a sidecar sees the workload's volume.
+    """
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            'mount --bind "$0" /dev/shm && exec "$@"', tmpfs, *argv]
+
+
+class Peer:
+    """A shm_peer.py process; holds its segment until closed."""
+
+    def __init__(self, tmpfs: str, *args: str):
+        self.proc = subprocess.Popen(in_shm_namespace(tmpfs, [sys.executable, PEER, *args]),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        line = self.proc.stdout.readline().decode().split()
+        if not line or line[0] != "ready":
+            self.proc.kill()
+            raise RuntimeError(f"peer {args} failed: {self.proc.stderr.read().decode()[-2000:]}")
+        self.info = line[1] if len(line) > 1 else ""
+        self.pid = self.proc.pid
+
+    @property
+    def comm(self) -> str:
+        with open(f"/proc/{self.pid}/comm") as f:
+            return f.read().strip()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> "Peer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -120,11 +120,15 @@ def parse_maps(text: str, tokens: Dict[str, int]) -> List[Tuple[int, int, str, i
 # --- the collector ---------------------------------------------------------------------
 
 class ProcScanner:
-    """Walks /proc once per inventory; remembers comm and kernel-thread-ness per (pid, start)."""
+    """Walks /proc once per inventory: who maps or holds open which inode of the watched mounts.
+
+    comm is read afresh each time from /proc/<pid>/stat (an exec changes it, the
+    start time does not); kernel threads (PF_KTHREAD) are skipped before their maps
+    and fds are read.
+    """
 
     def __init__(self, paths: Paths):
         self.paths = paths
-        self._identity: Dict[int, Tuple[int, str, bool]] = {}  # pid -> (starttime, comm, kthread)
 
     def pids(self) -> List[int]:
         try:
@@ -137,19 +141,10 @@ class ProcScanner:
         try:
             with open(self.paths.proc(pid, "stat"), "rb") as handle:
                 raw = handle.read().decode("utf-8", "surrogateescape")
-            comm, flags, start = parse_stat(raw)
+            comm, flags, _start = parse_stat(raw)
         except (OSError, ValueError, IndexError):
             return None
-        cached = self._identity.get(pid)
-        if cached and cached[0] == start:
-            return cached[1], cached[2]
-        self._identity[pid] = (start, comm, bool(flags & PF_KTHREAD))
         return comm, bool(flags & PF_KTHREAD)
-
-    def forget_except(self, alive: Set[int]) -> None:
-        for pid in list(self._identity):
-            if pid not in alive:
-                del self._identity[pid]
 
     def scan(self, devs: Set[int]) -> Tuple[Dict[Key, List[Holding]], Dict[int, str], int, int]:
         """-> (holdings by inode, comm by pid of holders, unreadable count, processes scanned)."""
@@ -197,7 +192,6 @@ class ProcScanner:
                 unreadable += 1
             if held_here:
                 comms[pid] = ident[0]
-        self.forget_except(set(pids))
         self._fill_mapping_sizes(holdings)
         return holdings, comms, unreadable, scanned
 

@@ -1,0 +1,73 @@
+"""A real process that creates, maps, unlinks or leaks shared memory, as LLM servers do.
+
+Run it in a mount namespace where the test's tmpfs is bind-mounted at /dev/shm, so
+shm_open() and SharedMemory land there. It prints one line 'ready <info>' when the
+segment is in place, then holds it until stdin closes.
+
+modes:
+  psm SIZE           multiprocessing.shared_memory.SharedMemory, held (vLLM MessageQueue)
+  mapped NAME SIZE   fallocate'd /dev/shm/NAME, mmap'ed, fd closed (NCCL < 2.19)
+  hidden NAME SIZE   as mapped, then unlinked: still mapped (NCCL >= 2.19 after attach)
+  fdonly NAME SIZE   created, written, unlinked, fd kept open, not mapped (torch file_descriptor)
+  leak SIZE          SharedMemory created, untracked, process exits: an orphan
+  sparse NAME SIZE   ftruncate'd only (apparent SIZE, nothing allocated), mapped
+"""
+import mmap
+import os
+import sys
+
+
+def wait_for_stdin_close():
+    sys.stdout.flush()
+    sys.stdin.read()
+
+
+def make(name, size, allocate=True):
+    path = os.path.join("/dev/shm", name)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_EXCL, 0o600)
+    if allocate:
+        os.posix_fallocate(fd, 0, size)
+    else:
+        os.ftruncate(fd, size)
+    return path, fd
+
+
+def main(argv):
+    mode = argv[0]
+    if mode in ("psm", "leak"):
+        from multiprocessing import resource_tracker, shared_memory
+        size = int(argv[1])
+        shm = shared_memory.SharedMemory(create=True, size=size)
+        shm.buf[:size] = b"\1" * size  # touch every page: allocated == size
+        if mode == "leak":
+            # What a crashed engine leaves: nobody will unlink it.
+            resource_tracker.unregister(shm._name, "shared_memory")
+            shm.close()
+            print("ready", shm.name, flush=True)
+            return
+        print("ready", shm.name, flush=True)
+        wait_for_stdin_close()
+        shm.close()
+        shm.unlink()
+        return
+    name, size = argv[1], int(argv[2])
+    path, fd = make(name, size, allocate=(mode != "sparse"))
+    if mode == "fdonly":
+        os.unlink(path)
+        print("ready", name, flush=True)
+        wait_for_stdin_close()
+        os.close(fd)
+        return
+    mapping = mmap.mmap(fd, size)
+    os.close(fd)
+    if mode == "hidden":
+        os.unlink(path)
+    print("ready", name, flush=True)
+    wait_for_stdin_close()
+    mapping.close()
+    if mode in ("mapped", "sparse"):
+        os.unlink(path)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

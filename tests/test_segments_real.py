@@ -1,0 +1,120 @@
+"""Segment inventory against real processes that create, map, unlink and leak segments."""
+import os
+import time
+
+import pytest
+
+from exporter.collectors.segments import SegmentsCollector, owner_label
+from exporter.paths import Paths
+from tests.conftest import Exporter, Peer, fallocate, needs_root, value
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+MiB = 1 << 20
+
+pytestmark = needs_root
+
+
+def inventory(tmpfs):
+    inv = SegmentsCollector(Paths(), [tmpfs]).collect()
+    return inv, inv.mounts[0]
+
+
+def find(mount_inv, name):
+    found = [s for s in mount_inv.segments if s.name == name]
+    assert len(found) == 1, f"{name}: {[(s.name, s.state) for s in mount_inv.segments]}"
+    return found[0]
+
+
+def test_python_shared_memory_is_linked_and_owned(tmpfs):
+    with Peer(tmpfs, "psm", str(2 * MiB)) as peer:
+        inv, m = inventory(tmpfs)
+        seg = find(m, peer.info)
+        assert (seg.cls, seg.state) == ("python_shm", "linked")
+        assert seg.allocated_bytes == seg.apparent_bytes == 2 * MiB
+        assert seg.holders == (peer.pid,)
+        assert owner_label(seg.holders, inv.comms) == f"{peer.comm}[{peer.pid}]"
+        assert m.process_bytes[peer.pid] == 2 * MiB
+
+
+def test_mapped_nccl_segment_in_another_mount_namespace(tmpfs):
+    # The peer sees /dev/shm/nccl-...; we see <tmpfs>/nccl-...: matched by device and inode.
+    with Peer(tmpfs, "mapped", "nccl-Ab12Cd", str(4 * MiB)) as peer:
+        _, m = inventory(tmpfs)
+        seg = find(m, "nccl-Ab12Cd")
+        assert (seg.cls, seg.state, seg.allocated_bytes, seg.holders) == ("nccl", "linked", 4 * MiB, (peer.pid,))
+
+
+def test_unlinked_but_mapped_is_hidden_with_its_real_size(tmpfs):
+    with Peer(tmpfs, "hidden", "nccl-Hid3en", str(3 * MiB)) as peer:
+        assert "nccl-Hid3en" not in os.listdir(tmpfs)  # invisible to ls ...
+        _, m = inventory(tmpfs)
+        seg = find(m, "nccl-Hid3en")  # ... but found through /proc/<pid>/maps
+        assert (seg.cls, seg.state, seg.holders) == ("nccl", "hidden", (peer.pid,))
+        assert seg.allocated_bytes == 3 * MiB
+        assert m.unattributed_bytes <= 4 * PAGE
+
+
+def test_unlinked_fd_only_is_hidden(tmpfs):
+    with Peer(tmpfs, "fdonly", "torch_123_456", str(MiB)) as peer:
+        _, m = inventory(tmpfs)
+        seg = find(m, "torch_123_456")
+        assert (seg.cls, seg.state, seg.allocated_bytes, seg.holders) == ("torch", "hidden", MiB, (peer.pid,))
+
+
+def test_leaked_segment_is_orphan_with_age(tmpfs):
+    with Peer(tmpfs, "leak", str(MiB)) as peer:
+        peer.proc.wait(10)
+    name = peer.info
+    hour_ago = time.time() - 3600
+    os.utime(os.path.join(tmpfs, name), (hour_ago, hour_ago))
+    _, m = inventory(tmpfs)
+    seg = find(m, name)
+    assert (seg.cls, seg.state, seg.allocated_bytes, seg.holders) == ("python_shm", "orphan", MiB, ())
+    with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu") as exporter:
+        samples = exporter.scrape()
+    age = value(samples, "shmwatch_orphan_oldest_age_seconds", mount=tmpfs)
+    assert 3600 <= age < 3700
+    assert value(samples, "shmwatch_segments", mount=tmpfs, **{"class": "python_shm", "state": "orphan"}) == 1
+
+
+def test_sparse_segment_apparent_versus_allocated(tmpfs):
+    with Peer(tmpfs, "sparse", "vllm_offload_kv.mmap", str(8 * MiB)):
+        _, m = inventory(tmpfs)
+        seg = find(m, "vllm_offload_kv.mmap")
+        assert seg.cls == "vllm_offload" and seg.apparent_bytes == 8 * MiB and seg.allocated_bytes == 0
+
+
+def test_hard_links_count_once(tmpfs):
+    fallocate(os.path.join(tmpfs, "psm_one"), MiB)
+    os.link(os.path.join(tmpfs, "psm_one"), os.path.join(tmpfs, "psm_two"))
+    _, m = inventory(tmpfs)
+    assert len(m.segments) == 1 and m.segments[0].allocated_bytes == MiB
+
+
+def test_accounting_adds_up(tmpfs):
+    """statvfs used == linked + orphan + hidden + unattributed, and unattributed ~ 0."""
+    with Peer(tmpfs, "psm", str(2 * MiB)), Peer(tmpfs, "hidden", "nccl-aaaaaa", str(3 * MiB)), \
+            Peer(tmpfs, "mapped", "nccl-bbbbbb", str(MiB)), Peer(tmpfs, "fdonly", "torch_1_2", str(MiB)):
+        with Peer(tmpfs, "leak", str(MiB)) as leak:
+            leak.proc.wait(10)
+        _, m = inventory(tmpfs)
+        st = os.statvfs(tmpfs)
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        by_state = {}
+        for seg in m.segments:
+            by_state[seg.state] = by_state.get(seg.state, 0) + seg.allocated_bytes
+        assert by_state == {"linked": 3 * MiB, "hidden": 4 * MiB, "orphan": MiB}
+        assert abs(used - sum(by_state.values()) - m.unattributed_bytes) <= 4 * PAGE
+        assert m.unattributed_bytes <= 4 * PAGE
+
+
+def test_scrape_shows_owner_and_top_segments(tmpfs):
+    with Peer(tmpfs, "mapped", "nccl-T0pSeg", str(4 * MiB)) as peer, \
+            Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu") as exporter:
+        samples = exporter.scrape()
+        owner = f"{peer.comm}[{peer.pid}]"
+        assert value(samples, "shmwatch_top_segment_bytes", mount=tmpfs, name="nccl-T0pSeg", state="linked",
+                     owner=owner, **{"class": "nccl"}) == 4 * MiB
+        assert value(samples, "shmwatch_process_shm_bytes", mount=tmpfs, pid=str(peer.pid),
+                     comm=peer.comm) == 4 * MiB
+        assert value(samples, "shmwatch_segment_bytes", mount=tmpfs, state="linked", **{"class": "nccl"}) == 4 * MiB
