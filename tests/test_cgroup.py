@@ -1,0 +1,190 @@
+"""Memory cgroup: v2 on fixture trees; v1 with a real cgroup, a real tmpfs fill and a real OOM kill."""
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from exporter.collectors.cgroup import CgroupCollector
+from exporter.paths import Paths
+from tests.conftest import Exporter, mounted_tmpfs, needs_root, value
+
+MiB = 1 << 20
+V1_ROOT = "/sys/fs/cgroup/memory"
+
+
+def v2_tree(tmp_path, cgroup, files, proc_cgroup=None):
+    proc = tmp_path / "proc" / "self"
+    proc.mkdir(parents=True)
+    (proc / "cgroup").write_text(proc_cgroup or f"0::{cgroup}\n")
+    directory = tmp_path / "sys" / "fs" / "cgroup" / cgroup.lstrip("/")
+    directory.mkdir(parents=True)
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    return Paths(procfs=str(tmp_path / "proc"), sysfs=str(tmp_path / "sys"))
+
+
+V2_FILES = {
+    "memory.current": "3221225472\n",
+    "memory.max": "8589934592\n",
+    "memory.stat": "anon 2147483648\nfile 1073741824\nshmem 805306368\ninactive_file 268435456\n",
+    "memory.events": "low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\n",
+}
+
+
+@pytest.mark.parametrize("cgroup", [
+    # systemd driver (kubelet --cgroup-driver=systemd, the default since 1.22)
+    "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0f1e2d3c.slice/cri-containerd-abc.scope",
+    # cgroupfs driver
+    "/kubepods/burstable/pod0f1e2d3c/abc",
+])
+def test_v2_layouts(tmp_path, cgroup):
+    result = CgroupCollector(v2_tree(tmp_path, cgroup, V2_FILES)).collect()
+    assert (result.cgroup, result.version) == (cgroup, 2)
+    assert result.usage_bytes == 3 << 30 and result.limit_bytes == 8 << 30
+    assert result.working_set_bytes == (3 << 30) - (256 << 20)
+    assert result.shmem_bytes == 768 << 20 and result.oom_kills == 1 and result.limit_source == "cgroup"
+
+
+def test_v2_unlimited_and_missing_files(tmp_path):
+    files = {"memory.current": "1000\n", "memory.max": "max\n", "memory.stat": "anon 1000\n"}
+    result = CgroupCollector(v2_tree(tmp_path, "/a", files)).collect()
+    assert result.limit_bytes is None and result.limit_source == "none"
+    assert result.oom_kills is None and result.shmem_bytes is None and result.working_set_bytes == 1000
+
+
+def test_flag_supplies_the_limit(tmp_path):
+    files = {"memory.current": "1000\n", "memory.max": "max\n", "memory.stat": "inactive_file 0\n"}
+    result = CgroupCollector(v2_tree(tmp_path, "/a", files), limit_override=4000).collect()
+    assert result.limit_bytes == 4000 and result.limit_source == "flag"
+
+
+def test_v2_without_memory_controller_is_an_error(tmp_path):
+    paths = v2_tree(tmp_path, "/a", {"cgroup.procs": ""})
+    with pytest.raises(FileNotFoundError, match="no memory cgroup"):
+        CgroupCollector(paths).collect()
+
+
+def test_no_limit_exports_no_ratio(tmp_path):
+    from exporter.collectors.cgroup import CgroupCollector as C
+    from tests.helpers import registry_for
+    files = {"memory.current": "1000\n", "memory.max": "max\n", "memory.stat": "inactive_file 0\n"}
+    reg, _ = registry_for(C(v2_tree(tmp_path, "/a", files)))
+    assert reg.get_sample_value("shmwatch_cgroup_memory_usage_bytes", {"cgroup": "/a"}) == 1000
+    assert reg.get_sample_value("shmwatch_oom_risk_ratio", {"cgroup": "/a"}) is None
+    assert reg.get_sample_value("shmwatch_cgroup_memory_limit_bytes", {"cgroup": "/a"}) is None
+
+
+# --- real v1 cgroup -----------------------------------------------------------------------
+
+FILLER = r"""
+import os, sys
+with open(sys.argv[1] + "/cgroup.procs", "w") as f:
+    f.write(str(os.getpid()))
+print("ready", flush=True)
+step = 0
+for line in sys.stdin:
+    fd = os.open(os.path.join(sys.argv[2], "psm_fill_%d" % step), os.O_CREAT | os.O_WRONLY, 0o600)
+    chunk = b"\1" * (1 << 20)
+    for _ in range(8):
+        os.write(fd, chunk)
+    os.close(fd)
+    step += 1
+    print("done", step, flush=True)
+"""
+
+
+@pytest.fixture
+def v1_cgroup():
+    if not os.path.exists(os.path.join(V1_ROOT, "memory.usage_in_bytes")):
+        pytest.skip("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
+    name = f"shmwatch-test-{uuid.uuid4().hex[:8]}"
+    directory = os.path.join(V1_ROOT, name)
+    os.mkdir(directory)
+    with open(os.path.join(directory, "memory.limit_in_bytes"), "w") as f:
+        f.write(str(64 * MiB))
+    try:
+        yield "/" + name, directory
+    finally:
+        for _ in range(50):
+            try:
+                os.rmdir(directory)
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def ratio(samples, name, **labels):
+    v = value(samples, name, **labels)
+    assert v is not None, f"{name} {labels} missing"
+    return v
+
+
+@needs_root
+def test_real_fill_and_oom_kill(v1_cgroup):
+    cgroup, directory = v1_cgroup
+    with mounted_tmpfs("128m") as shm:
+        filler = subprocess.Popen([sys.executable, "-c", FILLER, directory, shm], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE)
+        assert filler.stdout.readline().startswith(b"ready")
+        with Exporter(f"--shm.mount={shm}", f"--cgroup.path={cgroup}", "--no-collector.gpu",
+                      "--poll-interval=100ms") as exporter:
+            base = exporter.scrape()
+            shmem0 = ratio(base, "shmwatch_cgroup_memory_shmem_bytes", cgroup=cgroup)
+            kills0 = ratio(base, "shmwatch_cgroup_oom_kills_total", cgroup=cgroup)
+            assert ratio(base, "shmwatch_cgroup_memory_limit_bytes", cgroup=cgroup) == 64 * MiB
+            for step in (1, 2, 3, 4):
+                filler.stdin.write(b"go\n")
+                filler.stdin.flush()
+                assert filler.stdout.readline().split() == [b"done", str(step).encode()]
+
+                def caught_up(s, step=step):
+                    got = value(s, "shmwatch_cgroup_memory_shmem_bytes", cgroup=cgroup) or 0
+                    return abs(got - shmem0 - step * 8 * MiB) <= MiB
+                s = exporter.wait_for(caught_up, timeout=10)
+                usage = ratio(s, "shmwatch_cgroup_memory_usage_bytes", cgroup=cgroup)
+                ws = ratio(s, "shmwatch_cgroup_memory_working_set_bytes", cgroup=cgroup)
+                used = ratio(s, "shmwatch_mount_used_bytes", mount=shm)
+                assert usage >= step * 8 * MiB and abs(used - step * 8 * MiB) <= MiB
+                # Filling the 128 MiB mount would need more than the 64 MiB limit: above 1.
+                projection = ratio(s, "shmwatch_shm_oom_projection_ratio", mount=shm, cgroup=cgroup)
+                assert projection == pytest.approx((max(0, ws - used) + 128 * MiB) / (64 * MiB), rel=0.1)
+                assert projection > 1
+                assert ratio(s, "shmwatch_oom_risk_ratio", cgroup=cgroup) == pytest.approx(ws / (64 * MiB), rel=0.1)
+                # What the limit leaves for shm is less than the tmpfs size.
+                assert ratio(s, "shmwatch_mount_effective_size_bytes", mount=shm) < 128 * MiB
+            # Keep filling: the cgroup runs out before the tmpfs does, and the OOM killer acts.
+            for _ in range(10):
+                try:
+                    filler.stdin.write(b"go\n")
+                    filler.stdin.flush()
+                except BrokenPipeError:
+                    break
+                if not filler.stdout.readline():
+                    break
+            assert filler.wait(10) == -9  # SIGKILL from the OOM killer
+            s = exporter.wait_for(
+                lambda s: (value(s, "shmwatch_cgroup_oom_kills_total", cgroup=cgroup) or 0) > kills0, timeout=10)
+            assert ratio(s, "shmwatch_mount_used_bytes", mount=shm) < 128 * MiB  # tmpfs never said ENOSPC
+        for name in os.listdir(shm):
+            os.unlink(os.path.join(shm, name))
+
+
+@needs_root
+def test_target_process_in_another_cgroup(v1_cgroup):
+    cgroup, directory = v1_cgroup
+    marker = f"vllm-serve-{uuid.uuid4().hex[:6]}"
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(60)", marker])
+    try:
+        with open(os.path.join(directory, "cgroup.procs"), "w") as f:
+            f.write(str(child.pid))
+        with mounted_tmpfs("16m") as shm, Exporter(f"--shm.mount={shm}", f"--cgroup.target-process={marker}",
+                                                   "--no-collector.gpu") as exporter:
+            s = exporter.scrape()
+        assert value(s, "shmwatch_cgroup_memory_limit_bytes", cgroup=cgroup) == 64 * MiB
+        assert value(s, "shmwatch_cgroup_memory_usage_bytes", cgroup=cgroup) > 0
+    finally:
+        child.kill()
+        child.wait()
