@@ -244,8 +244,9 @@ class Sampler:
             self.inotify[mount] = active
 
     def request_inventory(self) -> None:
+        """An inotify event: re-measure the mounts and re-list their segments soon (debounced)."""
         for runner in self.runners.values():
-            if runner.collector.schedule == "inventory":
+            if runner.collector.schedule == "inventory" or runner.collector.name == "shm_mount":
                 runner.request_quick()
 
     def snapshot(self) -> Snapshot:

@@ -29,13 +29,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def mounted_tmpfs(size: str = "16m", parent: Optional[str] = None, path: Optional[str] = None) -> Iterator[str]:
+def mounted_tmpfs(size: str = "16m", parent: Optional[str] = None, path: Optional[str] = None,
+                  options: str = "") -> Iterator[str]:
     """A real tmpfs, unmounted (lazily, so a leftover holder cannot wedge the suite) at the end."""
     made = path is None
     if path is None:
         path = tempfile.mkdtemp(prefix="shmwatch-tmpfs-", dir=parent)
     os.makedirs(path, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=1777", "tmpfs", path], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=1777{options}", "tmpfs", path], check=True)
     try:
         yield path
     finally:

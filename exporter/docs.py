@@ -1,0 +1,55 @@
+"""The README's flags and metrics tables, generated from config.FLAGS and the catalogue.
+
+    python3 -m exporter.docs README.md     # rewrite the tables in place
+tests/test_docs.py fails when the README's tables differ from what this prints.
+"""
+from __future__ import annotations
+
+import re
+import sys
+
+from .catalogue import CATALOGUE
+from .config import COLLECTORS, FLAGS, _env_name
+
+
+def flags_table() -> str:
+    rows = ["| flag | env | default | what |", "|---|---|---|---|"]
+    for flag, _dest, _kind, default, text, repeatable in FLAGS:
+        shown = "/dev/shm" if flag == "--shm.mount" else (default if default is not None else "")
+        rows.append(f"| `{flag}`{' (repeatable)' if repeatable else ''} | `{_env_name(flag)}` | "
+                    f"{f'`{shown}`' if shown else '—'} | {text} |")
+    for name in COLLECTORS:
+        flag = f"--collector.{name}"
+        rows.append(f"| `{flag}` / `--no-collector.{name}` | `{_env_name(flag)}` | on | "
+                    f"Enable or disable the {name} collector. |")
+    rows.append("| `--no-inotify` | `SHMWATCH_INOTIFY=false` | inotify on | Poll mounts instead of watching them. |")
+    return "\n".join(rows)
+
+
+def metrics_table() -> str:
+    rows = ["| metric | type | labels | what |", "|---|---|---|---|"]
+    for m in CATALOGUE:
+        labels = ", ".join(m.labels) if m.labels else "—"
+        rows.append(f"| `{m.name}` | {m.type} | {labels} | {m.help} |")
+    return "\n".join(rows)
+
+
+def replace_block(text: str, name: str, body: str) -> str:
+    pattern = re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
+    if not pattern.search(text):
+        raise ValueError(f"no <!-- {name}:begin/end --> markers")
+    return pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+
+
+def main(argv) -> int:
+    path = argv[0] if argv else "README.md"
+    with open(path) as f:
+        text = f.read()
+    text = replace_block(replace_block(text, "flags", flags_table()), "metrics", metrics_table())
+    with open(path, "w") as f:
+        f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,45 @@
+"""The README is the front door: its tables, commands and file references stay true."""
+import os
+import re
+
+from exporter.docs import flags_table, metrics_table
+from tests.conftest import REPO
+
+
+def readme():
+    with open(os.path.join(REPO, "README.md")) as f:
+        return f.read()
+
+
+def block(text, name):
+    return re.search(rf"<!-- {name}:begin -->\n(.*?)\n<!-- {name}:end -->", text, re.S).group(1)
+
+
+def test_flags_table_is_current():
+    assert block(readme(), "flags") == flags_table(), "run: python3 -m exporter.docs README.md"
+
+
+def test_metrics_table_is_current():
+    assert block(readme(), "metrics") == metrics_table(), "run: python3 -m exporter.docs README.md"
+
+
+def test_every_cli_flag_is_documented():
+    from exporter.config import build_parser
+    documented = block(readme(), "flags")
+    for action in build_parser()._actions:
+        for option in action.option_strings:
+            if option in ("-h", "--help", "--version"):
+                continue
+            assert f"`{option}`" in documented, f"{option} missing from the README flags table"
+
+
+def test_ci_runs_the_readme_test_command():
+    command = re.search(r"## Test\n\n```sh\n(.*?)\n```", readme(), re.S).group(1).strip()
+    with open(os.path.join(REPO, ".ci", "run")) as f:
+        lines = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    assert lines[-1] == command
+
+
+def test_files_named_in_the_readme_exist():
+    for path in re.findall(r"`((?:exporter|tests|bench|deploy|grafana)/[\w./-]+)`", readme()):
+        assert os.path.exists(os.path.join(REPO, path.rstrip("/"))), path
