@@ -32,14 +32,23 @@ CLASSES: Tuple[Tuple[str, str, str], ...] = (
 
 CLASS_NAMES: Tuple[str, ...] = tuple(dict.fromkeys(c for c, _, _ in CLASSES)) + ("other",)
 
-_MATCHERS: Tuple[Tuple[str, Pattern[str]], ...] = tuple((c, re.compile(p, re.S)) for c, p, _ in CLASSES)
+# One alternation, one fullmatch per name: the first row that matches names its group.
+_COMBINED: Pattern[str] = re.compile("|".join(f"(?P<r{i}>{p})" for i, (_, p, _) in enumerate(CLASSES)), re.S)
+_GROUP_CLASS = {f"r{i}": c for i, (c, _, _) in enumerate(CLASSES)}
+# Names repeat from one inventory to the next: remember them (bounded).
+_CACHE: dict = {}
+_CACHE_MAX = 200_000
 
 
 def classify(basename: str) -> str:
     """Owner class of a segment basename; 'other' when no row matches."""
-    if basename.endswith(" (deleted)"):
-        basename = basename[: -len(" (deleted)")]
-    for cls, matcher in _MATCHERS:
-        if matcher.fullmatch(basename):
-            return cls
-    return "other"
+    cls = _CACHE.get(basename)
+    if cls is not None:
+        return cls
+    name = basename[: -len(" (deleted)")] if basename.endswith(" (deleted)") else basename
+    match = _COMBINED.fullmatch(name)
+    cls = _GROUP_CLASS[match.lastgroup] if match else "other"
+    if len(_CACHE) >= _CACHE_MAX:
+        _CACHE.clear()
+    _CACHE[basename] = cls
+    return cls

@@ -31,7 +31,7 @@ PF_KTHREAD = 0x00200000  # include/linux/sched.h: kernel threads map no files
 Key = Tuple[int, int]  # (st_dev, st_ino)
 
 
-@dataclass
+@dataclass(slots=True)
 class Segment:
     name: str  # basename as found (may hold any bytes, as surrogates)
     cls: str
@@ -299,6 +299,7 @@ class SegmentsCollector:
         self._comms: Dict[int, str] = {}
         self._unreadable = 0
         self._scanned = 0
+        self._known_files: Set[Key] = set()  # inodes listed by the last full run
 
     def _mount_dev(self, mount: str) -> int:
         st = os.stat(self.paths.host(mount))
@@ -330,6 +331,7 @@ class SegmentsCollector:
         if full:
             holdings, comms, unreadable, scanned = self.procs.scan(set(devs.values()))
             self._holdings, self._comms, self._unreadable, self._scanned = holdings, comms, unreadable, scanned
+            self._known_files = {key for files, _, _ in listings.values() for key in files}
         mounts = []
         for mount in self.mounts:
             if mount in errors:
@@ -345,15 +347,23 @@ class SegmentsCollector:
                   others: Dict[str, int], provisional: bool) -> MountInventory:
         inv = MountInventory(mount, other_entries=others)
         accounted = 0
+        holdings = self._holdings
+        # A file new since the last full run is taken as held by its creator until the
+        # follow-up full run says otherwise: no orphan flapping on every create.
+        unknown_state = "linked" if provisional else "orphan"
+        known_files = self._known_files
+        append = inv.segments.append
         for key, (name, st) in files.items():
-            holders = tuple(sorted({h.pid for h in self._holdings.get(key, ())}))
-            # A file new since the last full run is taken as held by its creator until
-            # the follow-up full run says otherwise: no orphan flapping on every create.
-            known = key in self._holdings or not provisional
-            state = "linked" if holders or not known else "orphan"
-            seg = Segment(name, classify(name), state, st.st_blocks * 512, st.st_size, st.st_mtime, holders, key)
-            inv.segments.append(seg)
-            accounted += seg.allocated_bytes
+            held = holdings.get(key)
+            if held:
+                holders = tuple(sorted({h.pid for h in held}))
+                state = "linked"
+            else:
+                holders = ()
+                state = "orphan" if key in known_files else unknown_state
+            allocated = st.st_blocks * 512
+            append(Segment(name, classify(name), state, allocated, st.st_size, st.st_mtime, holders, key))
+            accounted += allocated
         for key, hs in self._holdings.items():
             if key[0] != dev or key in files:
                 continue
