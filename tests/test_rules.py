@@ -1,0 +1,180 @@
+"""Alert rules: promtool check, promtool unit tests (a firing and a quiet case per alert),
+the metric catalogue, the runbook, and the PrometheusRule copy."""
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from exporter.catalogue import BY_NAME
+from tests.conftest import REPO
+
+RULES = os.path.join(REPO, "deploy", "prometheus", "shmwatch-rules.yml")
+RUNBOOK = os.path.join(REPO, "deploy", "prometheus", "runbook.md")
+OPERATOR_RULE = os.path.join(REPO, "deploy", "kubernetes", "prometheusrule.yaml")
+
+L = 'instance="a", job="shmwatch"'
+M = L + ', mount="/dev/shm"'
+LM = {"instance": "a", "job": "shmwatch", "mount": "/dev/shm"}
+LI = {"instance": "a", "job": "shmwatch"}
+CG = L + ', cgroup="/kubepods/pod1"'
+LCG = {**LI, "cgroup": "/kubepods/pod1"}
+GPU = L + ', gpu="0", uuid="GPU-1"'
+LGPU = {**LI, "gpu": "0", "uuid": "GPU-1"}
+MiB = 1 << 20
+
+# alert: (series for the firing case, series for the quiet case, eval time, labels of the firing alert)
+CASES = {
+    "ShmUsageHigh": ({f"shmwatch_mount_usage_ratio{{{M}}}": "0.85x10"},
+                     {f"shmwatch_mount_usage_ratio{{{M}}}": "0.75x10"}, "10m", LM),
+    "ShmUsageCritical": ({f"shmwatch_mount_usage_ratio{{{M}}}": "0.97x10"},
+                         {f"shmwatch_mount_usage_ratio{{{M}}}": "0.9x10"}, "10m", LM),
+    "ShmFillingUp": ({f"shmwatch_mount_available_bytes{{{M}}}": f"{1000 * MiB}-{20 * MiB}x45",
+                      f"shmwatch_mount_usage_ratio{{{M}}}": "0.6x45"},
+                     {f"shmwatch_mount_available_bytes{{{M}}}": f"{500 * MiB}+0x45",
+                      f"shmwatch_mount_usage_ratio{{{M}}}": "0.6x45"}, "45m", LM),
+    "ShmPeakNearFull": ({f"shmwatch_mount_peak_used_bytes{{{M}}}": "97x5", f"shmwatch_mount_size_bytes{{{M}}}": "100x5",
+                         f"shmwatch_mount_usage_ratio{{{M}}}": "0.5x5"},
+                        {f"shmwatch_mount_peak_used_bytes{{{M}}}": "90x5", f"shmwatch_mount_size_bytes{{{M}}}": "100x5",
+                         f"shmwatch_mount_usage_ratio{{{M}}}": "0.5x5"}, "2m", LM),
+    "ShmDockerDefaultSize": ({f"shmwatch_mount_size_bytes{{{M}}}": f"{64 * MiB}x10",
+                              f'shmwatch_segments{{{M}, class="nccl", state="linked"}}': "3x10"},
+                             {f"shmwatch_mount_size_bytes{{{M}}}": f"{16 << 30}x10",
+                              f'shmwatch_segments{{{M}, class="nccl", state="linked"}}': "3x10"}, "10m", LM),
+    "ShmLeakedSegments": ({f'shmwatch_segment_bytes{{{M}, class="python_shm", state="orphan"}}': "20x20",
+                           f"shmwatch_mount_size_bytes{{{M}}}": "100x20"},
+                          {f'shmwatch_segment_bytes{{{M}, class="semaphore", state="orphan"}}': "20x20",
+                           f"shmwatch_mount_size_bytes{{{M}}}": "100x20"}, "20m", LM),
+    "ShmLeakedSegmentsOld": ({f"shmwatch_orphan_oldest_age_seconds{{{M}}}": "30000x20"},
+                             {f"shmwatch_orphan_oldest_age_seconds{{{M}}}": "3600x20"}, "20m", LM),
+    "ShmHiddenSegmentsLarge": ({f'shmwatch_segment_bytes{{{M}, class="nccl", state="hidden"}}': "60x40",
+                                f"shmwatch_mount_size_bytes{{{M}}}": "100x40"},
+                               {f'shmwatch_segment_bytes{{{M}, class="nccl", state="hidden"}}': "30x40",
+                                f"shmwatch_mount_size_bytes{{{M}}}": "100x40"}, "40m", LM),
+    "ShmMountMissing": ({f"shmwatch_mount_error{{{M}}}": "1x10"}, {f"shmwatch_mount_error{{{M}}}": "0x10"}, "10m",
+                        LM),
+    "PodOomRiskHigh": ({f"shmwatch_oom_risk_ratio{{{CG}}}": "0.95x10"}, {f"shmwatch_oom_risk_ratio{{{CG}}}": "0.5x10"},
+                       "10m", LCG),
+    "ShmSizeExceedsMemoryLimit": ({f'shmwatch_shm_oom_projection_ratio{{{CG}, mount="/dev/shm"}}': "1.3x20"},
+                                  {f'shmwatch_shm_oom_projection_ratio{{{CG}, mount="/dev/shm"}}': "0.8x20"}, "20m",
+                                  {**LCG, "mount": "/dev/shm"}),
+    "PodOomKilled": ({f"shmwatch_cgroup_oom_kills_total{{{CG}}}": "0 0 0 1 1 1"},
+                     {f"shmwatch_cgroup_oom_kills_total{{{CG}}}": "2x10"}, "5m", LCG),
+    "HostMemoryLow": ({f"shmwatch_host_memory_available_bytes{{{L}}}": "1x10",
+                       f"shmwatch_host_memory_total_bytes{{{L}}}": "20x10"},
+                      {f"shmwatch_host_memory_available_bytes{{{L}}}": "10x10",
+                       f"shmwatch_host_memory_total_bytes{{{L}}}": "20x10"}, "10m", LI),
+    "SysvSegmentsNearLimit": ({f"shmwatch_sysv_segments{{{L}}}": "4000x10", f"shmwatch_sysv_limit_shmmni{{{L}}}": "4096x10"},
+                              {f"shmwatch_sysv_segments{{{L}}}": "10x10", f"shmwatch_sysv_limit_shmmni{{{L}}}": "4096x10"},
+                              "10m", LI),
+    "SysvBytesNearLimit": ({f"shmwatch_sysv_bytes{{{L}}}": "95x10", f"shmwatch_sysv_limit_shmall_bytes{{{L}}}": "100x10"},
+                           {f"shmwatch_sysv_bytes{{{L}}}": "10x10", f"shmwatch_sysv_limit_shmall_bytes{{{L}}}": "100x10"},
+                           "10m", LI),
+    # 92 % is vLLM's normal preallocation (--gpu-memory-utilization 0.9): quiet.
+    "GpuMemoryNearlyFull": ({f"shmwatch_gpu_memory_used_bytes{{{GPU}}}": "79.5x15",
+                             f"shmwatch_gpu_memory_total_bytes{{{GPU}}}": "80x15"},
+                            {f"shmwatch_gpu_memory_used_bytes{{{GPU}}}": "73.6x15",
+                             f"shmwatch_gpu_memory_total_bytes{{{GPU}}}": "80x15"}, "15m", LGPU),
+    "ShmwatchDown": ({f"up{{{L}}}": "0x10"}, {f"up{{{L}}}": "1x10"}, "10m", LI),
+    "ShmwatchCollectorFailing": ({f'shmwatch_collector_success{{{L}, collector="segments"}}': "0x15"},
+                                 {f'shmwatch_collector_success{{{L}, collector="gpu"}}': "0x15"}, "15m",
+                                 {**LI, "collector": "segments"}),
+    # GPUs were seen, then NVML failed: fire. A CPU-only node (never a GPU): quiet.
+    "ShmwatchGpuCollectorFailing": ({f'shmwatch_collector_success{{{L}, collector="gpu"}}': "1x10 0x20",
+                                     f'shmwatch_gpu_info{{{GPU}, name="H100", driver_version="550"}}': "1x10 _x20"},
+                                    {f'shmwatch_collector_success{{{L}, collector="gpu"}}': "0x30"}, "30m",
+                                    {**LI, "collector": "gpu"}),
+}
+
+
+def load_rules():
+    with open(RULES) as f:
+        return yaml.safe_load(f)
+
+
+def alerts():
+    return [r for g in load_rules()["groups"] for r in g["rules"] if "alert" in r]
+
+
+def promtool():
+    return shutil.which("promtool") or pytest.fail("promtool not installed (Debian 'prometheus')")
+
+
+def test_promtool_check_rules_is_clean():
+    result = subprocess.run([promtool(), "check", "rules", RULES], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout and "WARNING" not in (result.stdout + result.stderr).upper()
+
+
+def test_every_alert_has_cases_severity_annotations_and_runbook():
+    with open(RUNBOOK) as f:
+        headings = {line[3:].strip().lower() for line in f if line.startswith("## ")}
+    names = [a["alert"] for a in alerts()]
+    assert sorted(names) == sorted(CASES), "every alert needs a firing and a quiet case in CASES"
+    groups = {g["name"] for g in load_rules()["groups"]}
+    assert {"shmwatch-shm", "shmwatch-memory", "shmwatch-sysv", "shmwatch-gpu", "shmwatch-exporter"} <= groups
+    for a in alerts():
+        assert a["labels"]["severity"] in ("warning", "critical"), a["alert"]
+        ann = a["annotations"]
+        # The current value in the description, unless the expression is a 0/1 state.
+        is_state = re.search(r"== [01](\s|$)", a["expr"]) is not None
+        assert ann["summary"] and ("$value" in ann["description"] or is_state), a["alert"]
+        anchor = ann["runbook_url"].rsplit("#", 1)[1]
+        assert anchor == a["alert"].lower() and anchor in headings, f"{a['alert']}: runbook section missing"
+
+
+def metric_names(expr):
+    without_strings = re.sub(r'"[^"]*"', '""', expr)
+    names = set(re.findall(r"\b([a-z_][a-z0-9_]*)\s*(?:\{|\[|\)|\s|$|>|<|/|==)", without_strings + " "))
+    functions_and_keywords = {"sum", "by", "on", "and", "or", "unless", "predict_linear", "increase", "count",
+                              "max_over_time", "group_left", "ignoring", "without", "max", "min", "rate"}
+    return {n for n in names if n not in functions_and_keywords and ("_" in n or n == "up")}
+
+
+def test_every_metric_in_the_rules_is_in_the_catalogue():
+    used = set()
+    for a in alerts():
+        used |= metric_names(a["expr"])
+    assert "shmwatch_mount_usage_ratio" in used and "shmwatch_cgroup_oom_kills_total" in used
+    unknown = sorted(n for n in used if n != "up" and n not in BY_NAME)
+    assert not unknown, f"rules use metrics that are not in exporter/catalogue.py: {unknown}"
+
+
+def unit_tests_yaml(rules_file):
+    tests = []
+    for alert, (firing, quiet, at, labels) in CASES.items():
+        for series, expected in ((firing, [{"exp_labels": {**labels, "severity": severity(alert)}}]), (quiet, [])):
+            tests.append({
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series.items()],
+                "alert_rule_test": [{"eval_time": at, "alertname": alert, "exp_alerts": expected}],
+            })
+    return {"rule_files": [rules_file], "evaluation_interval": "1m", "tests": tests}
+
+
+def severity(alert):
+    return next(a["labels"]["severity"] for a in alerts() if a["alert"] == alert)
+
+
+def test_promtool_unit_tests(tmp_path):
+    # promtool compares annotations too; they are checked rendered in the live test
+    # (tests/test_alerting_live.py). Here: the firing logic, on a copy without them.
+    rules = load_rules()
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(unit_tests_yaml(str(tmp_path / "rules.yml"))))
+    result = subprocess.run([promtool(), "test", "rules", str(tmp_path / "tests.yml")], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    assert "SUCCESS" in result.stdout
+
+
+def test_prometheusrule_carries_the_same_groups():
+    with open(OPERATOR_RULE) as f:
+        manifest = yaml.safe_load(f)
+    assert manifest["apiVersion"] == "monitoring.coreos.com/v1" and manifest["kind"] == "PrometheusRule"
+    assert manifest["spec"] == load_rules(), "regenerate: python3 deploy/prometheus/make_prometheusrule.py"
