@@ -1,0 +1,112 @@
+"""The Grafana dashboard: well-formed, held to the metric catalogue, every panel live."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from exporter.catalogue import BY_NAME
+from tests.conftest import REPO, Exporter, Peer, fallocate, mounted_tmpfs, needs_root
+from tests.live import Prometheus, fast_rules
+
+DASHBOARD = os.path.join(REPO, "grafana", "shmwatch.json")
+# Panels whose source this machine does not have: no GPU, so NVML reports nothing.
+NO_SOURCE_HERE = {"GPU memory used", "GPU memory per GPU", "GPU memory per process"}
+FUNCTIONS = {"sum", "by", "max", "min", "rate", "increase", "sort_desc", "clamp_max", "count", "label_values",
+             "on", "and", "or", "without", "avg"}
+
+
+def load():
+    with open(DASHBOARD) as f:
+        return json.load(f)
+
+
+def panels(d=None):
+    return [p for p in (d or load())["panels"] if p["type"] != "row"]
+
+
+def exprs(d=None):
+    return [(p["title"], t["expr"]) for p in panels(d) for t in p["targets"]]
+
+
+def metric_names(expr):
+    cleaned = re.sub(r'"[^"]*"', '""', expr)
+    cleaned = re.sub(r"\{[^}]*\}", "{}", cleaned)
+    return {n for n in re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\b", cleaned)
+            if n not in FUNCTIONS and not n.startswith("__") and ("_" in n or n == "ALERTS")
+            and not re.fullmatch(r"\d+\w*", n)}
+
+
+def test_generated_json_is_current():
+    before = open(DASHBOARD).read()
+    subprocess.run([sys.executable, os.path.join(REPO, "grafana", "make_dashboard.py")], check=True)
+    assert open(DASHBOARD).read() == before, "grafana/shmwatch.json is stale: run python3 grafana/make_dashboard.py"
+
+
+def test_structure():
+    d = load()
+    assert d["schemaVersion"] >= 39 and d["uid"] == "shmwatch"
+    ids = [p["id"] for p in d["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    names = {v["name"] for v in d["templating"]["list"]}
+    assert {"datasource", "job", "instance", "namespace", "pod", "mount"} <= names
+    rows = [p["title"] for p in d["panels"] if p["type"] == "row"]
+    assert len(rows) == 7
+    for p in panels(d):
+        assert p["description"], p["title"]
+        assert p["datasource"]["uid"] == "${datasource}", p["title"]
+        assert all(t["datasource"]["uid"] == "${datasource}" for t in p["targets"]), p["title"]
+    # No hard-coded datasource uid anywhere.
+    uids = set(re.findall(r'"uid": "([^"]*)"', json.dumps(d)))
+    assert uids == {"${datasource}", "shmwatch"}
+    gauge = next(p for p in panels(d) if p["title"] == "/dev/shm usage")
+    steps = [s["value"] for s in gauge["fieldConfig"]["defaults"]["thresholds"]["steps"]]
+    assert steps == [None, 0.8, 0.95] and gauge["fieldConfig"]["defaults"]["unit"] == "percentunit"
+
+
+def test_every_metric_is_in_the_catalogue():
+    d = load()
+    used = set()
+    for _, expr in exprs(d):
+        used |= metric_names(expr)
+    for v in d["templating"]["list"]:
+        if v["type"] == "query":
+            used |= metric_names(v["query"]["query"])
+    unknown = sorted(n for n in used - {"ALERTS"} if n not in BY_NAME)
+    assert not unknown, f"dashboard uses metrics not in exporter/catalogue.py: {unknown}"
+    assert "shmwatch_top_segment_bytes" in used
+
+
+def substitute(expr, mount):
+    return (expr.replace("$job", "shmwatch").replace("$instance", ".*").replace("$namespace", ".*")
+            .replace("$pod", ".*").replace("$mount", mount).replace("$__rate_interval", "1m"))
+
+
+@needs_root
+def test_every_panel_returns_data_from_a_live_prometheus(tmp_path):
+    rules = str(tmp_path / "rules.yml")
+    fast_rules(rules)
+    with mounted_tmpfs("16m") as shm, \
+            Peer(shm, "psm", str(1 << 20)), Peer(shm, "hidden", "nccl-dashbd", str(2 << 20)), \
+            Peer(shm, "mapped", "torch_1_2", str(1 << 20)), \
+            Exporter(f"--shm.mount={shm}", "--no-collector.gpu", "--memory.limit-bytes=24Gi",
+                     "--poll-interval=250ms", "--inventory-interval=1s") as exporter:
+        with Peer(shm, "leak", str(1 << 20)) as leak:
+            leak.proc.wait(10)
+        fallocate(os.path.join(shm, "sem.mp-dash"), 4096)
+        fallocate(os.path.join(shm, "psm_filler"), 9 << 20)  # ~88 %: ShmUsageHigh fires, ALERTS has a series
+        with Prometheus(str(tmp_path), [f"127.0.0.1:{exporter.port}"], rules=rules) as prom:
+            assert prom.wait_query('ALERTS{alertname="ShmUsageHigh", alertstate="firing"}', timeout=30)
+            prom.wait_query(f'rate(shmwatch_segment_events_total{{mount="{shm}"}}[1m]) > 0', timeout=10)
+            empty = []
+            for title, expr in exprs():
+                result = prom.query(substitute(expr, shm))
+                if not result and title not in NO_SOURCE_HERE:
+                    empty.append((title, expr))
+            for v in load()["templating"]["list"]:
+                if v["type"] == "query" and v["name"] in ("job", "instance", "mount"):
+                    selector = re.match(r"label_values\((.*), \w+\)", v["query"]["query"]).group(1)
+                    assert prom.query(substitute(selector, shm)), v["name"]
+    assert not empty, f"panels with no data: {empty}"
