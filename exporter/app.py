@@ -42,7 +42,7 @@ class App:
         self.watcher = MountWatcher(self.sampler, self.paths, cfg.shm_mounts, enabled=cfg.inotify)
         self.sampler.listeners.append(self.watcher.on_result)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotCollector(self.sampler, cfg.shm_size_limit, cfg.top_k))
+        self.registry.register(SnapshotCollector(self.sampler, cfg.shm_size_limit, cfg.top_k, cfg.memory_limit_bytes))
         ProcessCollector(registry=self.registry)
 
     def start(self) -> None:

@@ -49,8 +49,11 @@ class Families:
 
 
 class SnapshotCollector(Collector):
-    def __init__(self, sampler: Sampler, shm_size_limit: Optional[int] = None, top_k: int = 10):
+    def __init__(self, sampler: Sampler, shm_size_limit: Optional[int] = None, top_k: int = 10,
+                 memory_limit: Optional[int] = None):
         self.sampler = sampler
+        # --memory.limit-bytes: bounds the effective shm size even when no cgroup can be read.
+        self.memory_limit = memory_limit
         self.shm_size_limit = shm_size_limit
         self.top_k = top_k
 
@@ -202,6 +205,8 @@ class SnapshotCollector(Collector):
                 candidates.append(max(0, cg.limit_bytes - non_shm))
                 projection = (non_shm + fillable) / cg.limit_bytes
                 out.add("shmwatch_shm_oom_projection_ratio", [m.mount, clean(cg.cgroup, 256)], projection)
+            elif self.memory_limit:
+                candidates.append(self.memory_limit)  # no usage known: the limit alone bounds it
             out.add("shmwatch_mount_effective_size_bytes", [m.mount], min(candidates))
 
     def _events(self, snap: Snapshot, out: Families) -> None:

@@ -188,3 +188,9 @@ def test_target_process_in_another_cgroup(v1_cgroup):
     finally:
         child.kill()
         child.wait()
+
+
+def test_cgroup_outside_our_namespace_is_refused(tmp_path):
+    paths = v2_tree(tmp_path, "/a", V2_FILES, proc_cgroup="0::/../cri-containerd-other.scope\n")
+    with pytest.raises(LookupError, match="outside this container's cgroup namespace"):
+        CgroupCollector(paths).collect()

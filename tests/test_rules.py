@@ -13,7 +13,7 @@ from tests.conftest import REPO
 
 RULES = os.path.join(REPO, "deploy", "prometheus", "shmwatch-rules.yml")
 RUNBOOK = os.path.join(REPO, "deploy", "prometheus", "runbook.md")
-OPERATOR_RULE = os.path.join(REPO, "deploy", "kubernetes", "prometheusrule.yaml")
+OPERATOR_RULE = os.path.join(REPO, "deploy", "kubernetes", "rules", "prometheusrule.yaml")
 
 L = 'instance="a", job="shmwatch"'
 M = L + ', mount="/dev/shm"'

@@ -146,6 +146,12 @@ class CgroupCollector:
             pid = self.find_target_pid() if self.target else "self"
             candidates = self.cgroup_of(pid)
         tried = []
+        for path in candidates.values():
+            if path.startswith("/..") or "/../" in path:
+                # In a private cgroup namespace another container's cgroup reads as
+                # /../<id>: it is outside what is mounted here, and we never read outside sysfs.
+                raise LookupError(f"cgroup {path} is outside this container's cgroup namespace; run shmwatch "
+                                  f"per node (DaemonSet) or mount the host's /sys/fs/cgroup to watch it")
         if "memory" in candidates:  # v1 (or hybrid) memory controller
             path = candidates["memory"]
             directory = os.path.join(root, "memory", path.lstrip("/"))
