@@ -96,9 +96,11 @@ class FlagError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    usage_exit_code = 2
+
     def error(self, message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
         # One line, no usage dump: the message already names the flag.
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(self.usage_exit_code, f"{self.prog}: error: {message}\n")
 
 
 def _typed(kind, flag: str):
@@ -186,8 +188,10 @@ def build_parser(prog: str = "shmwatch") -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv: Optional[Sequence[str]] = None, prog: str = "shmwatch") -> Config:
-    parser = build_parser(prog)
+def parse_args(argv: Optional[Sequence[str]] = None, prog: str = "shmwatch", parser=None):
+    """-> Config; with a parser of the caller's (which may add arguments): (Config, namespace)."""
+    own_parser = parser is None
+    parser = parser or build_parser(prog)
     ns = parser.parse_args(argv)
     # Env defaults bypass argparse's type conversion for repeatables and are strings
     # for the others: convert them here so a bad env value fails like a bad flag.
@@ -232,7 +236,7 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = "shmwatch") -> 
             re.compile(cfg.cgroup_target_process)
         except re.error as err:
             parser.error(f"argument --cgroup.target-process: invalid regex: {err}")
-    return cfg
+    return cfg if own_parser else (cfg, ns)
 
 
 def fail(flag: str, message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821

@@ -1,0 +1,150 @@
+"""`shmwatch check` on real tmpfs mounts, its JSON shape, exit codes, and log signatures."""
+import json
+import os
+import resource
+import subprocess
+import sys
+
+import jsonschema
+import pytest
+
+from tests.conftest import REPO, Peer, mounted_tmpfs, needs_root
+
+# The documented, stable shape of `shmwatch check --output json` (README: "shmwatch check").
+FINDING = {"type": "object", "required": ["severity", "area", "subject", "message", "remedy"],
+           "additionalProperties": False,
+           "properties": {"severity": {"enum": ["fail", "warn", "info", "ok"]},
+                          "area": {"enum": ["gpu", "shm", "memory", "sysv", "log"]},
+                          "subject": {"type": "string"}, "message": {"type": "string"},
+                          "remedy": {"type": "string"}}}
+SHM = {"type": "object",
+       "required": ["mount", "fstype", "size_bytes", "used_bytes", "available_bytes", "effective_size_bytes"],
+       "properties": {"mount": {"type": "string"}, "size_bytes": {"type": "integer"},
+                      "used_bytes": {"type": "integer"}, "effective_size_bytes": {"type": "integer"},
+                      "bytes_by_class": {"type": "object", "additionalProperties": {"type": "integer"}},
+                      "orphans": {"type": "array", "items": {
+                          "type": "object", "required": ["name", "class", "bytes", "age_seconds"]}},
+                      "hidden_bytes": {"type": "integer"}, "segments": {"type": "integer"}}}
+SCHEMA = {"type": "object",
+          "required": ["version", "shmwatch_version", "status", "exit_code", "findings", "shm", "gpus",
+                       "host_memory", "cgroup", "sysv"],
+          "properties": {"version": {"const": 1}, "status": {"enum": ["ok", "warn", "fail"]},
+                         "exit_code": {"enum": [0, 1, 2]}, "findings": {"type": "array", "items": FINDING},
+                         "shm": {"type": "array", "items": SHM}, "gpus": {"type": "array"},
+                         "host_memory": {"type": ["object", "null"]}, "cgroup": {"type": ["object", "null"]},
+                         "sysv": {"type": ["object", "null"]}}}
+
+
+def check(*args):
+    return subprocess.run([sys.executable, "-m", "exporter", "check", "--no-collector.gpu", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+
+
+@needs_root
+def test_docker_default_is_named_and_require_fails():
+    with mounted_tmpfs("64m") as shm:
+        plain = check(f"--shm.mount={shm}")
+        required = check(f"--shm.mount={shm}", "--require-shm", "1Gi")
+        as_json = check(f"--shm.mount={shm}", "--require-shm", "1Gi", "--output", "json")
+    assert plain.returncode == 1, plain.stdout + plain.stderr
+    first = plain.stdout.splitlines()[3]
+    assert first.startswith("WARN") and "Docker's 64 MiB default" in first
+    assert "--shm-size=16g" in plain.stdout and "sizeLimit: 16Gi" in plain.stdout
+    assert required.returncode == 2
+    assert required.stdout.splitlines()[3].startswith("FAIL") and "1.0 GiB required" in required.stdout
+    doc = json.loads(as_json.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["exit_code"] == as_json.returncode == 2 and doc["status"] == "fail"
+    assert doc["findings"][0]["severity"] == "fail"  # worst first
+    assert doc["shm"][0]["size_bytes"] == 64 << 20 and doc["shm"][0]["mount"] == shm
+
+
+@needs_root
+def test_backend_vllm_warns_under_16gi():
+    with mounted_tmpfs("2g") as shm:
+        result = check(f"--shm.mount={shm}", "--backend", "vllm")
+        trt = check(f"--shm.mount={shm}", "--backend", "trtllm", "--output", "json")
+    assert result.returncode == 1, result.stdout
+    assert "under the 16.0 GiB recommended for vllm" in result.stdout
+    assert "Docker's" not in result.stdout
+    warnings = [f for f in json.loads(trt.stdout)["findings"] if f["severity"] == "warn"]
+    assert any("80.0 GiB recommended for trtllm" in f["message"] for f in warnings)
+
+
+@needs_root
+def test_large_enough_is_ok():
+    with mounted_tmpfs("20g") as shm:
+        result = check(f"--shm.mount={shm}", "--backend", "vllm", "--require-shm", "16Gi")
+    assert result.returncode == 0, result.stdout
+    assert "OK     shm" in result.stdout
+
+
+@needs_root
+def test_leaked_segments_are_named_with_their_removal():
+    with mounted_tmpfs("64m") as shm:
+        with Peer(shm, "leak", str(4 << 20)) as leak:
+            leak.proc.wait(10)
+        doc = json.loads(check(f"--shm.mount={shm}", "--output", "json").stdout)
+    leaked = next(f for f in doc["findings"] if "leaked segment" in f["message"])
+    path = os.path.join(shm, leak.info)
+    assert path in leaked["message"] and leaked["remedy"].endswith(f"rm {path}")
+    assert doc["shm"][0]["orphans"][0]["name"] == leak.info and doc["shm"][0]["orphans"][0]["bytes"] == 4 << 20
+
+
+def test_usage_errors_are_64_not_2():
+    assert check("--no-such-flag").returncode == 64
+    assert check("--require-shm", "lots").returncode == 64
+    assert check("--backend", "tgi").returncode == 64
+    assert check("--log", "/nonexistent/server.log").returncode == 64
+
+
+# Sample lines in the real formats (sources cited in exporter/check.py's SIGNATURES).
+SAMPLES = {
+    "nccl_shm_create": "node1:9621:9688 [3] misc/shmutils.cc:132 NCCL WARN Error while creating shared memory "
+                       "segment /dev/shm/nccl-KWfVyt (size 9637888), error: No space left on device (28)",
+    "nccl_shm_extend": "node1:9621:9691 [6] misc/shmutils.cc:88 NCCL WARN Error: failed to extend "
+                       "/dev/shm/nccl-fjwOOB to 9637892 bytes, error: No space left on device (28)",
+    "ucx_shmget": "[1693920302.521306] [node1:15407:0] sys.c:915 UCX ERROR shmget(size=134221824 flags=0x7b0) for "
+                  "mm_recv_desc failed: No space left on device, please check shared memory limits by 'ipcs -l'",
+    "ucx_posix": "[1475682365.444036] [pod9:11912:0] mm_posix.c:88 UCX ERROR Not enough memory to write total of "
+                 "4208440835 bytes. Please check that /dev/shm or the directory you specified has more available memory.",
+    "shm_alloc": "ERROR 2026-11-30 12:00:01 Failed to allocate shared memory for the input tensor",
+    "vllm_insufficient_shm": "RuntimeError: Insufficient space in /dev/shm: 12.0 MiB free, 64.0 MiB needed",
+    "bus_error": "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared "
+                 "memory (shm).",
+    "cuda_oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+                "of 79.10 GiB of which 1.02 GiB is free.",
+    "leaked_shared_memory": "/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: "
+                            "resource_tracker: There appear to be 3 leaked shared_memory objects to clean up at shutdown",
+}
+
+
+def test_log_signatures(tmp_path):
+    from exporter.check import SIGNATURES, scan_log
+    assert set(SAMPLES) == {name for name, _, _, _ in SIGNATURES}
+    log = tmp_path / "server.log"
+    log.write_text("INFO starting\n" + "\n".join(SAMPLES.values()) + "\nINFO fine\n")
+    hits = scan_log(str(log))
+    assert set(hits) == set(SAMPLES)
+    assert hits["ucx_shmget"][0].line == 4
+    result = check("--shm.mount=/dev/shm", f"--log={log}", "--output", "json")
+    logs = [f for f in json.loads(result.stdout)["findings"] if f["area"] == "log"]
+    assert len(logs) == len(SAMPLES) and all(f["remedy"] for f in logs)
+    assert result.returncode >= 1
+
+
+def test_large_logs_are_streamed(tmp_path):
+    log = tmp_path / "big.log"
+    line = ("INFO 2026-11-30 12:00:00 engine step: batch of 64 requests, 4096 tokens, all fine " * 3 + "\n").encode()
+    with open(log, "wb") as f:
+        for _ in range(20):
+            f.write(line * 40000)  # 20 x ~10 MB
+        f.write((SAMPLES["nccl_shm_create"] + "\n").encode())
+    size = os.path.getsize(log)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    result = check("--shm.mount=/dev/shm", f"--log={log}", "--no-collector.segments")
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    assert "NCCL could not create" in result.stdout
+    print(f"\nscanned {size / 2**20:.0f} MiB of log; child peak RSS {peak_kib / 1024:.0f} MiB")
+    assert size > 150 << 20
+    assert peak_kib * 1024 < size / 2 or before * 1024 >= size / 2  # not loaded whole
