@@ -112,6 +112,22 @@ CATALOGUE: Tuple[Metric, ...] = (
 
 BY_NAME: Dict[str, Metric] = {m.name: m for m in CATALOGUE}
 
+# Node mode (--mode=node) adds labels: which pod or container a mount belongs to, which
+# pod a cgroup is, and which pod a process holding shm runs in. Empty where not known.
+NODE_MOUNT_LABELS: Tuple[str, ...] = ("pod_uid", "volume", "container_id")
+
+
+def node_labels(metric: Metric) -> Tuple[str, ...]:
+    """The labels node mode adds to `metric`."""
+    extra: Tuple[str, ...] = ()
+    if "mount" in metric.labels:
+        extra += NODE_MOUNT_LABELS
+    elif "cgroup" in metric.labels:
+        extra += ("pod_uid",)
+    if metric.name == "shmwatch_process_shm_bytes":
+        extra += ("process_pod_uid",)
+    return extra
+
 
 def family_name(metric: Metric) -> str:
     """The name prometheus_client gives the family (counters lose their _total suffix)."""

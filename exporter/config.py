@@ -89,6 +89,7 @@ class Config:
     tls_key_file: Optional[str] = None
     tls_client_ca_file: Optional[str] = None
     log_level: str = "info"
+    mode: str = "sidecar"
 
 
 class FlagError(Exception):
@@ -131,6 +132,9 @@ FLAGS = (
     ("--web.tls-key-file", "tls_key_file", str, None, "TLS private key (PEM).", False),
     ("--web.tls-client-ca-file", "tls_client_ca_file", str, None,
      "CA bundle (PEM) to verify client certificates: enables mTLS.", False),
+    ("--mode", "mode", str, "sidecar",
+     "sidecar: watch --shm.mount; node: also discover every pod's and container's shm from the host's mountinfo.",
+     False),
     ("--path.procfs", "procfs", str, "/proc", "procfs mount point.", False),
     ("--path.sysfs", "sysfs", str, "/sys", "sysfs mount point.", False),
     ("--path.rootfs", "rootfs", str, "/", "Root of the filesystem the shm mounts are found under.", False),
@@ -213,7 +217,7 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = "shmwatch", par
     for key in ("telemetry_path", "tls_cert_file", "tls_key_file", "tls_client_ca_file", "procfs", "sysfs",
                 "rootfs", "shm_size_limit", "poll_interval", "inventory_interval", "peak_window", "top_k",
                 "collector_timeout", "gpu_timeout", "cgroup_path", "cgroup_target_process",
-                "memory_limit_bytes", "log_level"):
+                "memory_limit_bytes", "log_level", "mode"):
         setattr(cfg, key, values[key])
     if values["shm_mounts"]:
         cfg.shm_mounts = list(dict.fromkeys(m.rstrip("/") or "/" for m in values["shm_mounts"]))
@@ -221,6 +225,8 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = "shmwatch", par
     cfg.inotify = ns.inotify
     if not cfg.telemetry_path.startswith("/"):
         parser.error(f"argument --web.telemetry-path: must start with '/', got {cfg.telemetry_path!r}")
+    if cfg.mode not in ("sidecar", "node"):
+        parser.error(f"argument --mode: {cfg.mode!r} is not one of sidecar, node")
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
         parser.error(f"argument --log.level: unknown level {cfg.log_level!r}")
     if cfg.tls_key_file and not cfg.tls_cert_file:

@@ -53,7 +53,8 @@ class MountWatcher:
                  observer_factory: Optional[Callable[[], object]] = None):
         self.sampler = sampler
         self.paths = paths
-        self.mounts = list(mounts)
+        # A list, or (node mode) a callable returning the mounts discovered right now.
+        self._mounts = mounts if callable(mounts) else (lambda fixed=list(mounts): fixed)
         self.enabled = enabled
         self.statvfs = statvfs
         self.observer_factory = observer_factory
@@ -66,6 +67,10 @@ class MountWatcher:
         self._previous_class: Dict[str, Dict[Tuple[int, int], str]] = {}
 
     # --- set-up -----------------------------------------------------------------------
+    @property
+    def mounts(self):
+        return self._mounts()
+
     def start(self) -> None:
         for mount in self.mounts:
             self.sampler.set_inotify(mount, False)
@@ -73,21 +78,25 @@ class MountWatcher:
             for mount in self.mounts:
                 self._say(mount, "inotify disabled (--no-inotify): polling")
             return
+        if self._start_observer():
+            for mount in self.mounts:
+                self._watch(mount)
+
+    def _start_observer(self) -> bool:
         try:
             if self.observer_factory is not None:
-                self.observer = self.observer_factory()
+                observer = self.observer_factory()
             else:
                 from watchdog.observers.inotify import InotifyObserver
-                self.observer = InotifyObserver()
-            self.observer.daemon = True
-            self.observer.start()
-        except Exception as err:  # ImportError off Linux, OSError from inotify_init
-            self.observer = None
+                observer = InotifyObserver()
+            observer.daemon = True
+            observer.start()
+        except Exception as err:  # ImportError off Linux, OSError from inotify_init (EMFILE: instances)
             for mount in self.mounts:
                 self._say(mount, f"inotify unavailable ({err}): polling every inventory interval")
-            return
-        for mount in self.mounts:
-            self._watch(mount)
+            return False
+        self.observer = observer
+        return True
 
     def stop(self) -> None:
         if self.observer is not None:
@@ -118,20 +127,35 @@ class MountWatcher:
         self._say(mount, "inotify on")
 
     def refresh(self) -> None:
-        """Re-watch a mount that was missing, or was unmounted and mounted again."""
-        if self.observer is None:
+        """Re-watch a mount that was missing, or was unmounted and mounted again; forget gone ones."""
+        current = set(self.mounts)
+        self.sampler.forget_mounts_except(current)
+        for mount in list(self.watches):
+            if mount not in current:
+                watch, _ = self.watches.pop(mount)
+                try:
+                    self.observer.unschedule(watch)
+                except Exception:
+                    pass
+        for gone in [m for m in self._previous if m not in current]:
+            self._previous.pop(gone, None)
+            self._previous_class.pop(gone, None)
+        if self.observer is None and not (self.enabled and self._start_observer()):
+            # Polling; inotify is tried again on the next refresh (limits can be raised live).
+            for mount in current - set(self.sampler.snapshot().inotify):
+                self.sampler.set_inotify(mount, False)
             return
-        for mount in self.mounts:
+        for mount in sorted(current):
             try:
                 dev = os.stat(self.paths.host(mount)).st_dev
             except OSError:
                 dev = None
-            current = self.watches.get(mount)
-            if current is not None and current[1] == dev and self.observer.is_alive():
+            watched = self.watches.get(mount)
+            if watched is not None and watched[1] == dev and self.observer.is_alive():
                 continue
-            if current is not None:
+            if watched is not None:
                 try:
-                    self.observer.unschedule(current[0])
+                    self.observer.unschedule(watched[0])
                 except Exception:
                     pass
                 with self._lock:

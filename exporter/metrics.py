@@ -8,13 +8,13 @@ Every family is built from the catalogue, so names, types and help cannot drift.
 from __future__ import annotations
 
 import logging
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from . import __version__
-from .catalogue import lookup
+from .catalogue import lookup, node_labels
 from .collectors.cgroup import CgroupMemory
 from .collectors.segments import Inventory, owner_label
 from .labels import clean
@@ -25,18 +25,33 @@ STATES = ("linked", "hidden", "orphan")
 
 
 class Families:
-    """Families by metric name, created on first use from the catalogue."""
+    """Families by metric name, created on first use from the catalogue.
 
-    def __init__(self) -> None:
+    In node mode every mount-level series also carries pod_uid/volume/container_id (from
+    `mount_labels`), cgroup series their pod_uid, as catalogue.node_labels says.
+    """
+
+    def __init__(self, node_mode: bool = False,
+                 mount_labels: Optional[Callable[[str], Dict[str, str]]] = None) -> None:
         self._families: Dict[str, Metric] = {}
+        self.node_mode = node_mode
+        self.mount_labels = mount_labels or (lambda mount: {})
 
-    def add(self, name: str, labels: Sequence[str], value: float) -> None:
+    def add(self, name: str, labels: Sequence[str], value: float, extra: Optional[Dict[str, str]] = None) -> None:
+        entry = lookup(name)
+        added = node_labels(entry) if self.node_mode else ()
         family = self._families.get(name)
         if family is None:
-            entry = lookup(name)
             kind = CounterMetricFamily if entry.type == "counter" else GaugeMetricFamily
-            family = self._families[name] = kind(name, entry.help, labels=list(entry.labels))
-        family.add_metric(list(labels), value)
+            family = self._families[name] = kind(name, entry.help, labels=list(entry.labels + added))
+        values = list(labels)
+        if added:
+            from_mount = self.mount_labels(labels[entry.labels.index("mount")]) if "mount" in entry.labels else {}
+            values += [from_mount.get(label) or (extra or {}).get(label, "") for label in added]
+        family.add_metric(values, value)
+
+    def child(self) -> "Families":
+        return Families(self.node_mode, self.mount_labels)
 
     def merge(self, other: "Families") -> None:
         for name, family in other._families.items():
@@ -50,8 +65,9 @@ class Families:
 
 class SnapshotCollector(Collector):
     def __init__(self, sampler: Sampler, shm_size_limit: Optional[int] = None, top_k: int = 10,
-                 memory_limit: Optional[int] = None):
+                 memory_limit: Optional[int] = None, discovery=None):
         self.sampler = sampler
+        self.discovery = discovery  # node mode: labels of each discovered mount
         # --memory.limit-bytes: bounds the effective shm size even when no cgroup can be read.
         self.memory_limit = memory_limit
         self.shm_size_limit = shm_size_limit
@@ -62,7 +78,8 @@ class SnapshotCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         snap = self.sampler.snapshot()
-        out = Families()
+        node_mode = bool(self.discovery is not None and self.discovery.node_mode)
+        out = Families(node_mode, self.discovery.labels if node_mode else None)
         out.add("shmwatch_build_info", [__version__], 1)
         renderers = {
             "shm_mount": self._shm_mount, "segments": self._segments, "sysv": self._sysv,
@@ -71,7 +88,7 @@ class SnapshotCollector(Collector):
         for name, state in snap.states.items():
             ok = state.success
             if ok and state.result is not None and name in renderers:
-                staged = Families()
+                staged = out.child()
                 try:
                     renderers[name](state.result, staged, snap)
                 except Exception:
@@ -106,8 +123,10 @@ class SnapshotCollector(Collector):
 
     def _segments(self, inv: Inventory, out: Families, snap: Snapshot) -> None:
         out.add("shmwatch_proc_unreadable", [], inv.proc_unreadable)
+        # Node mode: a pod deleted since the last inventory is gone now, not at the next one.
+        present = set(self.discovery.mounts()) if self.discovery is not None and self.discovery.node_mode else None
         for m in inv.mounts:
-            if m.error:
+            if m.error or (present is not None and m.mount not in present):
                 continue
             totals: Dict[tuple, List[int]] = {}
             oldest_orphan: Optional[float] = None
@@ -134,7 +153,8 @@ class SnapshotCollector(Collector):
                         seg.allocated_bytes)
             procs = sorted(m.process_bytes.items(), key=lambda kv: (-kv[1], kv[0]))[: self.top_k]
             for pid, size in procs:
-                out.add("shmwatch_process_shm_bytes", [m.mount, str(pid), clean(inv.comms.get(pid, "unknown"))], size)
+                out.add("shmwatch_process_shm_bytes", [m.mount, str(pid), clean(inv.comms.get(pid, "unknown"))], size,
+                        extra={"process_pod_uid": inv.pods.get(pid, "")})
             age = 0.0 if oldest_orphan is None else max(0.0, inv.wall_time - oldest_orphan)
             out.add("shmwatch_orphan_oldest_age_seconds", [m.mount], age)
             out.add("shmwatch_mount_unattributed_bytes", [m.mount], m.unattributed_bytes)
@@ -158,17 +178,21 @@ class SnapshotCollector(Collector):
         out.add("shmwatch_host_memory_available_bytes", [], mem.available_bytes)
         out.add("shmwatch_host_memory_shmem_bytes", [], mem.shmem_bytes)
 
-    def _cgroup(self, cg: CgroupMemory, out: Families, snap: Snapshot) -> None:
+    def _cgroup(self, result, out: Families, snap: Snapshot) -> None:
+        for cg in result if isinstance(result, list) else [result]:
+            self._one_cgroup(cg, out)
+
+    def _one_cgroup(self, cg: CgroupMemory, out: Families) -> None:
         label = [clean(cg.cgroup, 256)]
-        out.add("shmwatch_cgroup_memory_usage_bytes", label, cg.usage_bytes)
-        out.add("shmwatch_cgroup_memory_working_set_bytes", label, cg.working_set_bytes)
+        out.add("shmwatch_cgroup_memory_usage_bytes", label, cg.usage_bytes, extra={"pod_uid": cg.pod_uid})
+        out.add("shmwatch_cgroup_memory_working_set_bytes", label, cg.working_set_bytes, extra={"pod_uid": cg.pod_uid})
         if cg.limit_bytes is not None:
-            out.add("shmwatch_cgroup_memory_limit_bytes", label, cg.limit_bytes)
-            out.add("shmwatch_oom_risk_ratio", label, cg.working_set_bytes / cg.limit_bytes)
+            out.add("shmwatch_cgroup_memory_limit_bytes", label, cg.limit_bytes, extra={"pod_uid": cg.pod_uid})
+            out.add("shmwatch_oom_risk_ratio", label, cg.working_set_bytes / cg.limit_bytes, extra={"pod_uid": cg.pod_uid})
         if cg.shmem_bytes is not None:
-            out.add("shmwatch_cgroup_memory_shmem_bytes", label, cg.shmem_bytes)
+            out.add("shmwatch_cgroup_memory_shmem_bytes", label, cg.shmem_bytes, extra={"pod_uid": cg.pod_uid})
         if cg.oom_kills is not None:
-            out.add("shmwatch_cgroup_oom_kills_total", label, cg.oom_kills)
+            out.add("shmwatch_cgroup_oom_kills_total", label, cg.oom_kills, extra={"pod_uid": cg.pod_uid})
 
     def _gpu(self, gpus, out: Families, snap: Snapshot) -> None:
         for d in gpus.devices:
@@ -189,10 +213,18 @@ class SnapshotCollector(Collector):
         if not mounts_state or not mounts_state.success or not mounts_state.result:
             return
         cg_state = snap.states.get("cgroup")
-        cg: Optional[CgroupMemory] = cg_state.result if cg_state and cg_state.success else None
+        cg_result = cg_state.result if cg_state and cg_state.success else None
+        node_mode = isinstance(cg_result, list)
+        by_pod = {c.pod_uid: c for c in cg_result} if node_mode else {}
         for m in mounts_state.result:
             if m.error:
                 continue
+            cg: Optional[CgroupMemory]
+            if node_mode:  # a pod's emptyDir is charged to that pod's cgroup
+                pod = self.discovery.labels(m.mount).get("pod_uid") if self.discovery else ""
+                cg = by_pod.get(pod) if pod else None
+            else:
+                cg = cg_result
             # What the mount can really hold: tmpfs size, the emptyDir sizeLimit (older
             # kubelets leave tmpfs at half of node RAM and enforce sizeLimit by eviction),
             # and what the memory limit leaves once everything but shm is counted.
@@ -205,7 +237,7 @@ class SnapshotCollector(Collector):
                 candidates.append(max(0, cg.limit_bytes - non_shm))
                 projection = (non_shm + fillable) / cg.limit_bytes
                 out.add("shmwatch_shm_oom_projection_ratio", [m.mount, clean(cg.cgroup, 256)], projection)
-            elif self.memory_limit:
+            elif self.memory_limit and not node_mode:
                 candidates.append(self.memory_limit)  # no usage known: the limit alone bounds it
             out.add("shmwatch_mount_effective_size_bytes", [m.mount], min(candidates))
 

@@ -239,6 +239,16 @@ class Sampler:
         with self.lock:
             self.events[key] = self.events.get(key, 0) + n
 
+    def forget_mounts_except(self, mounts) -> None:
+        """A mount that went away (a pod deleted) takes its peaks, counters and flags with it."""
+        with self.lock:
+            for mount in [m for m in self.peaks if m not in mounts]:
+                del self.peaks[mount]
+            for key in [k for k in self.events if k[0] not in mounts]:
+                del self.events[key]
+            for mount in [m for m in self.inotify if m not in mounts]:
+                del self.inotify[mount]
+
     def set_inotify(self, mount: str, active: bool) -> None:
         with self.lock:
             self.inotify[mount] = active

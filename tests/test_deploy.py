@@ -48,11 +48,29 @@ def test_manifest_validates(path, doc):
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
-def test_kustomize_renders_everything():
-    result = subprocess.run([tool("kubectl"), "kustomize", SIDECAR], capture_output=True, text=True, timeout=60)
+@pytest.mark.parametrize("directory,kinds", [
+    ("sidecar", ["Deployment", "PodMonitor", "PrometheusRule", "Service"]),
+    ("daemonset", ["DaemonSet", "PodMonitor", "PrometheusRule", "PrometheusRule"]),
+])
+def test_kustomize_renders_everything(directory, kinds):
+    path = os.path.join(DEPLOY, "kubernetes", directory)
+    result = subprocess.run([tool("kubectl"), "kustomize", path], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    kinds = sorted(d["kind"] for d in yaml.safe_load_all(result.stdout) if d)
-    assert kinds == ["Deployment", "PodMonitor", "PrometheusRule", "Service"]
+    assert sorted(d["kind"] for d in yaml.safe_load_all(result.stdout) if d) == kinds
+
+
+def test_daemonset_reads_the_host_read_only():
+    ds = next(d for d in documents(os.path.join(DEPLOY, "kubernetes", "daemonset", "daemonset.yaml")))
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["hostPID"] is True and spec["tolerations"] and spec["nodeSelector"]
+    container = spec["containers"][0]
+    assert "--mode=node" in container["args"] and "--path.rootfs=/host" in container["args"]
+    assert all(m["readOnly"] for m in container["volumeMounts"])
+    ctx = container["securityContext"]
+    assert ctx["readOnlyRootFilesystem"] and not ctx["allowPrivilegeEscalation"]
+    assert ctx["capabilities"]["drop"] == ["ALL"] and set(ctx["capabilities"]["add"]) == {"SYS_PTRACE",
+                                                                                         "DAC_READ_SEARCH"}
+    assert container["resources"]["limits"]["memory"]
 
 
 def test_yamllint_clean():

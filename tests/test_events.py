@@ -94,21 +94,21 @@ def test_inotify_instances_exhausted_falls_back_to_polling(tmpfs):
     try:
         with open(knob, "w") as f:
             f.write("0")
-        exporter = Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", "--inventory-interval=200ms")
-        exporter.__enter__()
+        with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", "--inventory-interval=200ms") as exporter:
+            s = exporter.scrape()
+            assert value(s, "shmwatch_inotify_active", mount=tmpfs) == 0
+            fallocate(os.path.join(tmpfs, "nccl-polled"), MiB)
+            s = exporter.wait_for(lambda s: (value(s, "shmwatch_segment_events_total", mount=tmpfs,
+                                                   event="created", **{"class": "nccl"}) or 0) == 1, timeout=5)
+            assert value(s, "shmwatch_segment_bytes", mount=tmpfs, state="orphan", **{"class": "nccl"}) == MiB
+            assert exporter.log().count("polling") == 1  # said once
+            # Once inotify can be had again, the mount is watched again.
+            with open(knob, "w") as f:
+                f.write(saved)
+            exporter.wait_for(lambda s: value(s, "shmwatch_inotify_active", mount=tmpfs) == 1, timeout=5)
     finally:
         with open(knob, "w") as f:
             f.write(saved)
-    try:
-        s = exporter.scrape()
-        assert value(s, "shmwatch_inotify_active", mount=tmpfs) == 0
-        fallocate(os.path.join(tmpfs, "nccl-polled"), MiB)
-        s = exporter.wait_for(lambda s: (value(s, "shmwatch_segment_events_total", mount=tmpfs, event="created",
-                                               **{"class": "nccl"}) or 0) == 1, timeout=5)
-        assert value(s, "shmwatch_segment_bytes", mount=tmpfs, state="orphan", **{"class": "nccl"}) == MiB
-        assert exporter.log().count("polling") == 1  # said once
-    finally:
-        exporter.__exit__(None, None, None)
 
 
 def cpu_seconds(pid):

@@ -126,11 +126,15 @@ def test_every_alert_has_cases_severity_annotations_and_runbook():
 
 
 def metric_names(expr):
-    without_strings = re.sub(r'"[^"]*"', '""', expr)
-    names = set(re.findall(r"\b([a-z_][a-z0-9_]*)\s*(?:\{|\[|\)|\s|$|>|<|/|==)", without_strings + " "))
-    functions_and_keywords = {"sum", "by", "on", "and", "or", "unless", "predict_linear", "increase", "count",
-                              "max_over_time", "group_left", "ignoring", "without", "max", "min", "rate"}
-    return {n for n in names if n not in functions_and_keywords and ("_" in n or n == "up")}
+    """Metric names in a PromQL expression (label lists, strings and functions removed)."""
+    cleaned = re.sub(r'"[^"]*"', '""', expr)
+    cleaned = re.sub(r"\b(by|on|without|ignoring|group_left|group_right)\s*\([^)]*\)", " ", cleaned)
+    cleaned = re.sub(r"\{[^}]*\}", " ", cleaned)
+    cleaned = re.sub(r"\[[^\]]*\]", " ", cleaned)
+    words = {m.group(1) for m in re.finditer(r"(?<![\w:.])([a-zA-Z_:][a-zA-Z0-9_:]*)", cleaned)
+             if not cleaned[m.end():].lstrip().startswith("(")}  # a name followed by "(" is a function
+    keywords = {"and", "or", "unless", "by", "on", "without", "ignoring", "group_left", "group_right", "bool"}
+    return {w for w in words if w not in keywords}
 
 
 def test_every_metric_in_the_rules_is_in_the_catalogue():
@@ -178,3 +182,43 @@ def test_prometheusrule_carries_the_same_groups():
         manifest = yaml.safe_load(f)
     assert manifest["apiVersion"] == "monitoring.coreos.com/v1" and manifest["kind"] == "PrometheusRule"
     assert manifest["spec"] == load_rules(), "regenerate: python3 deploy/prometheus/make_prometheusrule.py"
+
+
+NODE_RULES = os.path.join(REPO, "deploy", "prometheus", "shmwatch-node-rules.yml")
+NODE_OPERATOR_RULE = os.path.join(REPO, "deploy", "kubernetes", "daemonset", "node-recording-rules.yaml")
+
+
+def test_node_recording_rules_join_pod_names(tmp_path):
+    result = subprocess.run([promtool(), "check", "rules", NODE_RULES], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    mount = "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~empty-dir/dshm"
+    tests = {"rule_files": [NODE_RULES], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [
+            {"series": f'shmwatch_mount_usage_ratio{{instance="n1", job="shmwatch-node", mount="{mount}", '
+                       f'pod_uid="u1", volume="dshm", container_id=""}}', "values": "0.5x5"},
+            {"series": f'shmwatch_mount_usage_ratio{{instance="n1", job="shmwatch-node", mount="/dev/shm", '
+                       f'pod_uid="", volume="", container_id=""}}', "values": "0.1x5"},
+            {"series": 'kube_pod_info{namespace="ml", pod="vllm-0", uid="u1", node="n1", job="ksm"}',
+             "values": "1x5"},
+        ],
+        "promql_expr_test": [{
+            "expr": "shmwatch:pod_mount_usage_ratio", "eval_time": "5m",
+            "exp_samples": [{"labels": f'shmwatch:pod_mount_usage_ratio{{instance="n1", job="shmwatch-node", '
+                                       f'mount="{mount}", pod_uid="u1", volume="dshm", container_id="", '
+                                       f'namespace="ml", pod="vllm-0"}}', "value": 0.5}],
+        }],
+    }]}
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(tests))
+    result = subprocess.run([promtool(), "test", "rules", str(tmp_path / "t.yml")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    with open(NODE_RULES) as f:
+        rules = yaml.safe_load(f)
+    recorded = {r["record"] for g in rules["groups"] for r in g["rules"]}
+    for g in rules["groups"]:
+        for r in g["rules"]:
+            unknown = {n for n in metric_names(r["expr"]) - recorded - {"kube_pod_info"} if n not in BY_NAME}
+            assert not unknown, f"{r['record']}: {unknown}"
+    with open(NODE_OPERATOR_RULE) as f:
+        manifest = next(d for d in yaml.safe_load_all(f) if d)
+    assert manifest["spec"] == rules, "regenerate: python3 deploy/prometheus/make_prometheusrule.py"

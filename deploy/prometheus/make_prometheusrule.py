@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
-"""Write deploy/kubernetes/prometheusrule.yaml (Prometheus Operator) from shmwatch-rules.yml.
+"""Write the Prometheus Operator PrometheusRule manifests from the plain rule files:
+
+    shmwatch-rules.yml      -> deploy/kubernetes/rules/prometheusrule.yaml
+    shmwatch-node-rules.yml -> deploy/kubernetes/daemonset/node-recording-rules.yaml
 
     python3 deploy/prometheus/make_prometheusrule.py
-tests/test_rules.py fails when the two differ.
+tests/test_rules.py fails when they differ.
 """
 import os
 
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(HERE, "..", "kubernetes", "rules", "prometheusrule.yaml")
+OUTPUTS = (("shmwatch-rules.yml", os.path.join(HERE, "..", "kubernetes", "rules", "prometheusrule.yaml"), "shmwatch"),
+           ("shmwatch-node-rules.yml", os.path.join(HERE, "..", "kubernetes", "daemonset", "node-recording-rules.yaml"),
+            "shmwatch-node"))
 
 
 class Dumper(yaml.SafeDumper):
@@ -27,20 +32,24 @@ def _str(dumper, value):
 Dumper.add_representer(str, _str)
 
 
-def main():
-    with open(os.path.join(HERE, "shmwatch-rules.yml")) as f:
+def write(source, out, name):
+    with open(os.path.join(HERE, source)) as f:
         rules = yaml.safe_load(f)
     manifest = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": {"name": "shmwatch", "labels": {"app.kubernetes.io/name": "shmwatch", "release": "prometheus"}},
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "shmwatch", "release": "prometheus"}},
         "spec": rules,
     }
-    os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    with open(OUT, "w") as f:
-        f.write("# Generated from deploy/prometheus/shmwatch-rules.yml by deploy/prometheus/make_prometheusrule.py;\n"
+    with open(out, "w") as f:
+        f.write(f"# Generated from deploy/prometheus/{source} by deploy/prometheus/make_prometheusrule.py;\n"
                 "# edit the rules file, not this one.\n---\n")
         yaml.dump(manifest, f, Dumper=Dumper, sort_keys=False, width=110)
+
+
+def main():
+    for source, out, name in OUTPUTS:
+        write(source, out, name)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,11 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..paths import Paths, read_text
+
+POD_DIR = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(\.slice)?$")
 
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 bytes
 # with 4 KiB pages); anything this large is not a real limit.
@@ -32,6 +34,7 @@ class CgroupMemory:
     shmem_bytes: Optional[int]
     oom_kills: Optional[int]  # None where the kernel does not count them (v1 before 4.13)
     limit_source: str  # "cgroup", "flag" or "none"
+    pod_uid: str = ""  # node mode: the pod this cgroup belongs to
 
 
 def parse_proc_cgroup(text: str) -> Dict[str, str]:
@@ -105,8 +108,9 @@ class CgroupCollector:
     schedule = "poll"
 
     def __init__(self, paths: Paths, cgroup_path: Optional[str] = None, target_process: Optional[str] = None,
-                 limit_override: Optional[int] = None):
+                 limit_override: Optional[int] = None, node_mode: bool = False):
         self.paths = paths
+        self.node_mode = node_mode  # every pod's cgroup on the host, not one
         self.cgroup_path = cgroup_path
         self.target = re.compile(target_process) if target_process else None
         self.limit_override = limit_override
@@ -167,8 +171,45 @@ class CgroupCollector:
                     return path, 2, directory
         raise FileNotFoundError(f"no memory cgroup found (tried {', '.join(tried) or 'nothing'})")
 
-    def collect(self) -> CgroupMemory:
+    def collect(self):
+        if self.node_mode:
+            return self.collect_pods()
         path, version, directory = self.resolve()
+        return self.read(path, version, directory, self.limit_override)
+
+    def pod_cgroups(self) -> List[Tuple[str, int, str, str]]:
+        """Every pod's memory cgroup on the host -> [(path, version, directory, pod uid)].
+
+        Both drivers: cgroupfs (kubepods/burstable/pod<uid>) and systemd
+        (kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_underscored>.slice),
+        on v1 (under memory/) and v2.
+        """
+        root = self.paths.sys("fs", "cgroup")
+        found = []
+        for base, version, marker in ((os.path.join(root, "memory"), 1, "memory.usage_in_bytes"),
+                                      (root, 2, "memory.current"), (os.path.join(root, "unified"), 2, "memory.current")):
+            for top in ("kubepods", "kubepods.slice"):
+                start = os.path.join(base, top)
+                if not os.path.isdir(start):
+                    continue
+                for directory, subdirs, files in os.walk(start):
+                    depth = directory[len(start):].count(os.sep)
+                    match = POD_DIR.search(os.path.basename(directory))
+                    if match and marker in files:
+                        found.append(("/" + os.path.relpath(directory, base), version, directory,
+                                      match.group(1).replace("_", "-")))
+                        subdirs[:] = []  # containers below the pod are not pods
+                    elif depth >= 2:
+                        subdirs[:] = []
+            if found:
+                break  # one hierarchy holds the memory controller
+        return sorted(found)
+
+    def collect_pods(self) -> List[CgroupMemory]:
+        return [self.read(path, version, directory, None, uid) for path, version, directory, uid in self.pod_cgroups()]
+
+    def read(self, path: str, version: int, directory: str, limit_override: Optional[int],
+             pod_uid: str = "") -> CgroupMemory:
         if version == 2:
             usage, limit, stat, events = read_v2(directory)
             inactive_file = stat.get("inactive_file", 0)
@@ -181,6 +222,7 @@ class CgroupCollector:
             shmem = stat.get("total_shmem", stat.get("shmem"))
             oom_kills = oom.get("oom_kill")
         source = "cgroup" if limit is not None else "none"
-        if self.limit_override is not None:
-            limit, source = self.limit_override, "flag"
-        return CgroupMemory(path, version, usage, limit, max(0, usage - inactive_file), shmem, oom_kills, source)
+        if limit_override is not None:
+            limit, source = limit_override, "flag"
+        return CgroupMemory(path, version, usage, limit, max(0, usage - inactive_file), shmem, oom_kills, source,
+                            pod_uid)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat as stat_mod
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ DELETED = " (deleted)"
 MAX_DEPTH = 8  # tools that make sub-directories in /dev/shm nest one or two levels
 MAX_ENTRIES = 250_000  # a bound on one walk, so a hostile mount cannot stall us
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: kernel threads map no files
+# A pod's UID in a cgroup path: cgroupfs ".../pod<uid>/...", systemd "...-pod<uid_with_underscores>.slice".
+POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 
 Key = Tuple[int, int]  # (st_dev, st_ino)
 
@@ -62,6 +65,7 @@ class Inventory:
     proc_unreadable: int
     processes_scanned: int
     wall_time: float = field(default_factory=time.time)
+    pods: Dict[int, str] = field(default_factory=dict)  # pid -> pod UID, in node mode
 
 
 @dataclass
@@ -95,26 +99,50 @@ def dev_token(dev: int) -> str:
 def parse_maps(text: str, tokens: Dict[str, int]) -> List[Tuple[int, int, str, int]]:
     """Lines of maps on the watched devices -> [(dev, inode, path, extent)].
 
-    `tokens` maps dev_token(dev) to dev. Lines of other devices are skipped before
-    being split, which keeps the common case (a process that maps no shm) cheap.
+    `tokens` maps dev_token(dev) to dev. Most lines are anonymous (device 00:00) or
+    libraries on a disk; only lines on a watched device are split. tmpfs devices all
+    have major 0, so one pass finds every " 00:" that is not " 00:00 " and checks the
+    minor against the watched set, however many mounts are watched (200 pods' emptyDirs
+    in node mode): a per-mount substring search would cost a pass per mount.
     """
-    found = []
-    for token, dev in tokens.items():
-        if token not in text:
-            continue
-        for line in text.splitlines():
-            if token not in line:
-                continue
-            parts = line.split(None, 5)
-            if len(parts) < 6:
-                continue
-            try:
-                start, end = (int(x, 16) for x in parts[0].split("-"))
-                offset, inode = int(parts[2], 16), int(parts[4])
-            except ValueError:
-                continue
-            found.append((dev, inode, parts[5], offset + end - start))
+    found: List[Tuple[int, int, str, int]] = []
+    major0 = {tok: dev for tok, dev in tokens.items() if tok.startswith(" 00:")}
+    others = {tok: dev for tok, dev in tokens.items() if not tok.startswith(" 00:")}
+    if major0:
+        pos = text.find(" 00:")
+        while pos != -1:
+            end_token = text.find(" ", pos + 4)
+            token = text[pos:end_token + 1]
+            if token in major0:
+                line_start = text.rfind("\n", 0, pos) + 1
+                line_end = text.find("\n", pos)
+                line = text[line_start:line_end if line_end != -1 else len(text)]
+                parsed = _parse_maps_line(line, major0[token])
+                if parsed:
+                    found.append(parsed)
+                pos = text.find(" 00:", line_end) if line_end != -1 else -1
+            else:
+                pos = text.find(" 00:", pos + 4)
+    for token, dev in others.items():  # a watched directory on a real disk: rare
+        if token in text:
+            for line in text.splitlines():
+                if token in line:
+                    parsed = _parse_maps_line(line, dev)
+                    if parsed:
+                        found.append(parsed)
     return found
+
+
+def _parse_maps_line(line: str, dev: int) -> Optional[Tuple[int, int, str, int]]:
+    parts = line.split(None, 5)
+    if len(parts) < 6:
+        return None
+    try:
+        start, end = (int(x, 16) for x in parts[0].split("-"))
+        offset, inode = int(parts[2], 16), int(parts[4])
+    except ValueError:
+        return None
+    return dev, inode, parts[5], offset + end - start
 
 
 # --- the collector ---------------------------------------------------------------------
@@ -286,11 +314,13 @@ class SegmentsCollector:
     name = "segments"
     schedule = "inventory"
 
-    def __init__(self, paths: Paths, mounts: Sequence[str],
+    def __init__(self, paths: Paths, mounts: "Sequence[str] | Callable[[], List[str]]",
                  statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, pod_of_pid: bool = False):
         self.paths = paths
-        self.mounts = list(mounts)
+        # A list, or (node mode) a callable returning the mounts discovered right now.
+        self._mounts = mounts if callable(mounts) else (lambda fixed=list(mounts): fixed)
+        self.pod_of_pid = pod_of_pid
         self.statvfs = statvfs
         self.clock = clock
         self.procs = ProcScanner(paths)
@@ -300,6 +330,7 @@ class SegmentsCollector:
         self._unreadable = 0
         self._scanned = 0
         self._known_files: Set[Key] = set()  # inodes listed by the last full run
+        self._pod_cache: Dict[int, str] = {}
 
     def _mount_dev(self, mount: str) -> int:
         st = os.stat(self.paths.host(mount))
@@ -317,7 +348,8 @@ class SegmentsCollector:
     def _collect(self, full: bool) -> Inventory:
         devs: Dict[str, int] = {}
         errors: Dict[str, str] = {}
-        for mount in self.mounts:
+        mount_list = self._mounts()
+        for mount in mount_list:
             try:
                 devs[mount] = self._mount_dev(mount)
             except OSError as err:
@@ -333,7 +365,7 @@ class SegmentsCollector:
             self._holdings, self._comms, self._unreadable, self._scanned = holdings, comms, unreadable, scanned
             self._known_files = {key for files, _, _ in listings.values() for key in files}
         mounts = []
-        for mount in self.mounts:
+        for mount in mount_list:
             if mount in errors:
                 mounts.append(MountInventory(mount, error=errors[mount]))
                 continue
@@ -341,7 +373,26 @@ class SegmentsCollector:
             inv = self._assemble(mount, devs[mount], files, others, provisional=not full)
             inv.truncated = truncated
             mounts.append(inv)
-        return Inventory(mounts, dict(self._comms), self._unreadable, self._scanned, self.clock())
+        pods = self._pods_of(self._comms) if self.pod_of_pid else {}
+        return Inventory(mounts, dict(self._comms), self._unreadable, self._scanned, self.clock(), pods)
+
+    def _pods_of(self, pids) -> Dict[int, str]:
+        """pid -> pod UID from /proc/<pid>/cgroup (node mode: holders across all host processes)."""
+        pods = {}
+        for pid in pids:
+            if pid in self._pod_cache:  # a process stays in its pod; pids die before reuse
+                pods[pid] = self._pod_cache[pid]
+                continue
+            try:
+                with open(self.paths.proc(pid, "cgroup"), "rb") as handle:
+                    text = handle.read().decode("utf-8", "replace")
+            except OSError:
+                continue
+            match = POD_UID.search(text)
+            pods[pid] = self._pod_cache[pid] = match.group(1).replace("_", "-") if match else ""
+        for pid in [p for p in self._pod_cache if p not in pids]:
+            del self._pod_cache[pid]  # gone (or no longer holding): a reused pid is read afresh
+        return {pid: pod for pid, pod in pods.items() if pod}
 
     def _assemble(self, mount: str, dev: int, files: Dict[Key, Tuple[str, os.stat_result]],
                   others: Dict[str, int], provisional: bool) -> MountInventory:

@@ -115,10 +115,11 @@ class ShmMountCollector:
     schedule = "poll"
 
     def __init__(self, paths: Paths, mounts: Sequence[str],
-                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs):
+                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs, discovery=None):
         self.paths = paths
         self.mounts = list(mounts)
         self.statvfs = statvfs
+        self.discovery = discovery  # node mode: the mounts are re-discovered on every poll
         self._warned: Dict[str, str] = {}
 
     def mountinfo(self) -> List[MountEntry]:
@@ -157,4 +158,7 @@ class ShmMountCollector:
 
     def collect(self) -> List[MountUsage]:
         entries = self.mountinfo()
-        return [self.measure_one(mount, entries) for mount in self.mounts]
+        mounts = self.mounts
+        if self.discovery is not None:
+            mounts = [t.mount for t in self.discovery.refresh(entries)]
+        return [self.measure_one(mount, entries) for mount in mounts]

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Node mode at scale: 200 pod shm mounts and 2,000 processes (run as root).
+
+Mounts 200 real tmpfs at kubelet emptyDir paths under a temporary root, creates 5
+segments in each and a memory cgroup per pod (cgroup v1 here), starts 2,000 real
+processes (bench/map_hold.c) that map some of them, then times one full cycle of what
+a DaemonSet does on every poll and inventory: discovery + statvfs of every mount, the
+segment inventory across all host processes, and every pod's cgroup.
+
+    sudo python3 bench/node_mode.py [--pods 200] [--processes 2000]
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from exporter.collectors.cgroup import CgroupCollector  # noqa: E402
+from exporter.collectors.segments import SegmentsCollector  # noqa: E402
+from exporter.collectors.shm_mount import ShmMountCollector  # noqa: E402
+from exporter.discovery import MountDiscovery  # noqa: E402
+from exporter.paths import Paths  # noqa: E402
+
+V1 = "/sys/fs/cgroup/memory"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pods", type=int, default=200)
+    parser.add_argument("--processes", type=int, default=2000)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run as root: the benchmark mounts tmpfs and creates cgroups")
+    work = tempfile.mkdtemp(prefix="shmwatch-node-bench-")
+    mounts, cgroups, holders = [], [], []
+    try:
+        uids = [str(uuid.uuid4()) for _ in range(args.pods)]
+        for uid in uids:
+            path = f"{work}/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/dshm"
+            os.makedirs(path)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", path], check=True)
+            mounts.append(path)
+            for i in range(5):
+                fd = os.open(os.path.join(path, f"psm_{i:02d}"), os.O_CREAT | os.O_RDWR, 0o600)
+                os.posix_fallocate(fd, 0, 65536)
+                os.close(fd)
+            if os.path.exists(os.path.join(V1, "memory.usage_in_bytes")):
+                cg = os.path.join(V1, "kubepods", "burstable", f"pod{uid}")
+                os.makedirs(cg)
+                cgroups.append(cg)
+        binary = os.path.join(work, "map_hold")
+        subprocess.run(["gcc", "-O1", "-o", binary, os.path.join(os.path.dirname(__file__), "map_hold.c")],
+                       check=True)
+        for p in range(args.processes):
+            mount = mounts[p % len(mounts)]
+            holders.append(subprocess.Popen([binary, os.path.join(mount, f"psm_{p % 5:02d}"),
+                                             os.path.join(mount, f"psm_{(p + 1) % 5:02d}")],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+        for proc in holders:
+            proc.stdout.readline()
+
+        paths = Paths()
+        discovery = MountDiscovery(paths, ["/dev/shm"], node_mode=True)
+        shm = ShmMountCollector(paths, ["/dev/shm"], discovery=discovery)
+        segments = SegmentsCollector(paths, discovery.mounts, pod_of_pid=True)
+        cgroup = CgroupCollector(paths, node_mode=True)
+        times = {"discovery + statvfs": [], "segment inventory": [], "pod cgroups": []}
+        for _ in range(args.runs + 1):
+            for name, collect in (("discovery + statvfs", shm.collect), ("segment inventory", segments.collect),
+                                  ("pod cgroups", cgroup.collect)):
+                started = time.perf_counter()
+                result = collect()
+                times[name].append(time.perf_counter() - started)
+                if name == "segment inventory":
+                    inv = result
+        found = len([m for m in discovery.mounts() if "/kubelet/pods/" in m])
+        held = sum(1 for m in inv.mounts for s in m.segments if s.state == "linked")
+        print(f"node mode: {found} pod mounts discovered, {inv.processes_scanned} processes scanned, "
+              f"{held} held segments, {len(cgroup.pod_cgroups())} pod cgroups")
+        total = 0.0
+        for name, values in times.items():
+            med = statistics.median(values[1:])
+            total += med
+            print(f"  {name:<22} median {med * 1000:6.0f} ms   max {max(values[1:]) * 1000:6.0f} ms")
+        print(f"  {'full cycle':<22} median {total * 1000:6.0f} ms")
+    finally:
+        for proc in holders:
+            proc.stdin.close()
+        for proc in holders:
+            proc.wait()
+        for path in mounts:
+            subprocess.run(["umount", "-l", path], check=False)
+        for cg in cgroups:
+            try:
+                os.rmdir(cg)
+            except OSError:
+                pass
+        for parent in ("kubepods/burstable", "kubepods"):
+            try:
+                os.rmdir(os.path.join(V1, parent))
+            except OSError:
+                pass
+        subprocess.run(["rm", "-rf", work], check=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Node mode: one shmwatch per node finds every pod's and container's shm and memory cgroup."""
+import os
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from exporter.catalogue import BY_NAME, node_labels
+from exporter.collectors.cgroup import CgroupCollector
+from exporter.collectors.shm_mount import parse_mountinfo
+from exporter.discovery import discover
+from exporter.paths import Paths
+from tests.conftest import FIXTURES, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, select, value
+
+POD1, POD2 = "0f1e2d3c-aaaa-bbbb-cccc-000000000001", "0f1e2d3c-aaaa-bbbb-cccc-000000000002"
+
+
+def test_discovery_on_a_host_with_every_runtime_layout():
+    with open(os.path.join(FIXTURES, "node", "mountinfo")) as f:
+        targets = {t.mount: t.labels for t in discover(parse_mountinfo(f.read()))}
+    kubelet = "/var/lib/kubelet/pods/{}/volumes/kubernetes.io~empty-dir/{}"
+    assert targets[kubelet.format(POD1, "dshm")] == {"pod_uid": POD1, "volume": "dshm", "container_id": ""}
+    assert targets[kubelet.format(POD2, "shm")]["volume"] == "shm"
+    assert kubelet.format(POD2, "cache") not in targets  # a disk-backed emptyDir is no shm
+    containerd = [m for m in targets if "/io.containerd.grpc.v1.cri/sandboxes/" in m]
+    assert len(containerd) == 2 and all(targets[m]["container_id"] for m in containerd)
+    assert targets["/run/containers/storage/overlay-containers/" + "c0ffee00" * 8 + "/userdata/shm"][
+        "container_id"] == "c0ffee00" * 8
+    docker = [m for m in targets if m.startswith("/var/lib/docker/")]
+    assert docker == ["/var/lib/docker/containers/" + "d0d0d0d0e1e1e1e1f2f2f2f2a3a3a3a3b4b4b4b4c5c5c5c5d6d6d6d6e7e7e7e7"
+                      "/mounts/shm"]
+    assert targets["/dev/shm"] == {"pod_uid": "", "volume": "", "container_id": ""}
+    assert "/run" not in targets and not [m for m in targets if "projected" in m]
+    assert len(targets) == 7  # 2 emptyDirs, 2 containerd, 1 CRI-O, 1 Docker, the host's /dev/shm
+
+
+def cgroup_tree(root, layout, version, uids):
+    """Pods' memory cgroups in one layout: cgroupfs or systemd, v1 or v2."""
+    base = os.path.join(root, "fs", "cgroup", "memory") if version == 1 else os.path.join(root, "fs", "cgroup")
+    made = []
+    for i, uid in enumerate(uids):
+        qos = ("burstable", "besteffort", "")[i % 3]
+        if layout == "cgroupfs":
+            path = os.path.join(base, "kubepods", qos, f"pod{uid}") if qos else os.path.join(base, "kubepods", f"pod{uid}")
+        else:
+            u = uid.replace("-", "_")
+            parts = ["kubepods.slice"] + ([f"kubepods-{qos}.slice", f"kubepods-{qos}-pod{u}.slice"] if qos
+                                           else [f"kubepods-pod{u}.slice"])
+            path = os.path.join(base, *parts)
+        os.makedirs(os.path.join(path, "cri-containerd-abc.scope"))  # a container below the pod
+        files = ({"memory.usage_in_bytes": "1000", "memory.limit_in_bytes": "4000",
+                  "memory.stat": "total_inactive_file 100\ntotal_shmem 300\n", "memory.oom_control": "oom_kill 1\n"}
+                 if version == 1 else
+                 {"memory.current": "1000", "memory.max": "4000", "memory.stat": "inactive_file 100\nshmem 300\n",
+                  "memory.events": "oom_kill 1\n"})
+        for target in (path, os.path.join(path, "cri-containerd-abc.scope")):
+            for name, text in files.items():
+                with open(os.path.join(target, name), "w") as f:
+                    f.write(text)
+        made.append(path)
+    return made
+
+
+@pytest.mark.parametrize("layout", ["cgroupfs", "systemd"])
+@pytest.mark.parametrize("version", [1, 2])
+def test_pod_cgroups_in_each_layout(tmp_path, layout, version):
+    uids = [str(uuid.UUID(int=i + 1)) for i in range(3)]
+    cgroup_tree(str(tmp_path / "sys"), layout, version, uids)
+    pods = CgroupCollector(Paths(sysfs=str(tmp_path / "sys")), node_mode=True).collect()
+    assert sorted(p.pod_uid for p in pods) == sorted(uids)  # pods only, not their containers
+    assert all(p.version == version and p.working_set_bytes == 900 and p.limit_bytes == 4000
+               and p.shmem_bytes == 300 and p.oom_kills == 1 for p in pods)
+
+
+def test_node_labels_in_the_catalogue():
+    assert node_labels(BY_NAME["shmwatch_mount_used_bytes"]) == ("pod_uid", "volume", "container_id")
+    assert node_labels(BY_NAME["shmwatch_oom_risk_ratio"]) == ("pod_uid",)
+    assert node_labels(BY_NAME["shmwatch_sysv_bytes"]) == ()
+
+
+# --- real mounts, a real exporter -----------------------------------------------------------
+def check_node_exposition(text):
+    """Every family in the catalogue, with exactly its labels plus node mode's; promtool-clean."""
+    from prometheus_client.parser import text_string_to_metric_families
+    from tests.conftest import promtool_check_metrics
+    for family in text_string_to_metric_families(text):
+        entry = BY_NAME.get(family.name) or BY_NAME.get(family.name + "_total")
+        assert entry is not None, family.name
+        for sample in family.samples:
+            assert set(sample.labels) == set(entry.labels + node_labels(entry)), (sample.name, sorted(sample.labels))
+    result = promtool_check_metrics(text)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+V1_MEMORY = "/sys/fs/cgroup/memory"
+
+
+@needs_root
+def test_real_node_mode(tmp_path):
+    root = str(tmp_path)
+    uid1, uid2 = str(uuid.uuid4()), str(uuid.uuid4())
+    sandbox, docker_id = uuid.uuid4().hex * 2, uuid.uuid4().hex * 2
+    paths = {
+        "pod1": f"{root}/var/lib/kubelet/pods/{uid1}/volumes/kubernetes.io~empty-dir/dshm",
+        "pod2": f"{root}/var/lib/kubelet/pods/{uid2}/volumes/kubernetes.io~empty-dir/shm",
+        "containerd": f"{root}/run/containerd/io.containerd.grpc.v1.cri/sandboxes/{sandbox}/shm",
+        "docker": f"{root}/var/lib/docker/containers/{docker_id}/mounts/shm",
+    }
+    # The pods' memory cgroups, real ones, where the v1 memory controller is mounted.
+    cgroups = []
+    if os.path.exists(os.path.join(V1_MEMORY, "memory.usage_in_bytes")):
+        for uid in (uid1, uid2):
+            path = os.path.join(V1_MEMORY, "kubepods", "burstable", f"pod{uid}")
+            os.makedirs(path)
+            with open(os.path.join(path, "memory.limit_in_bytes"), "w") as f:
+                f.write(str(256 << 20))
+            cgroups.append(path)
+    mounts = {name: mounted_tmpfs("32m", path=path) for name, path in paths.items()}
+    for cm in mounts.values():
+        cm.__enter__()
+    try:
+        fallocate(os.path.join(paths["pod1"], "psm_pod1"), 4 << 20)
+        with Peer(paths["pod2"], "mapped", "nccl-pod2ab", str(2 << 20)) as peer, \
+                Exporter("--mode=node", "--no-collector.gpu", "--poll-interval=200ms",
+                         "--inventory-interval=500ms") as exporter:
+            text = exporter.scrape_text()
+            s = exporter.scrape()
+            check_node_exposition(text)
+            assert value(s, "shmwatch_mount_size_bytes", mount=paths["pod1"], pod_uid=uid1, volume="dshm",
+                         container_id="") == 32 << 20
+            assert value(s, "shmwatch_mount_used_bytes", mount=paths["pod1"], pod_uid=uid1) == 4 << 20
+            assert value(s, "shmwatch_mount_size_bytes", mount=paths["containerd"], container_id=sandbox,
+                         pod_uid="") == 32 << 20
+            assert value(s, "shmwatch_mount_size_bytes", mount=paths["docker"], container_id=docker_id) == 32 << 20
+            assert value(s, "shmwatch_segment_bytes", mount=paths["pod2"], pod_uid=uid2, state="linked",
+                         **{"class": "nccl"}) == 2 << 20
+            assert value(s, "shmwatch_process_shm_bytes", mount=paths["pod2"], pid=str(peer.pid)) == 2 << 20
+            if cgroups:
+                cg = f"/kubepods/burstable/pod{uid1}"
+                assert value(s, "shmwatch_cgroup_memory_limit_bytes", cgroup=cg, pod_uid=uid1) == 256 << 20
+                # pod1's 32 MiB emptyDir against its 256 MiB limit: its own projection, joined by pod UID.
+                assert value(s, "shmwatch_shm_oom_projection_ratio", mount=paths["pod1"], cgroup=cg) is not None
+            # A pod goes away: its series go with it.
+            mounts.pop("pod1").__exit__(None, None, None)
+            s = exporter.wait_for(lambda s: not select(s, "shmwatch_mount_size_bytes", pod_uid=uid1), timeout=10)
+            assert not [k for k in s if dict(k[1]).get("mount") == paths["pod1"]]
+            assert value(s, "shmwatch_mount_size_bytes", mount=paths["pod2"], pod_uid=uid2) == 32 << 20
+    finally:
+        for cm in mounts.values():
+            cm.__exit__(None, None, None)
+        for path in cgroups:
+            for _ in range(50):
+                try:
+                    os.rmdir(path)
+                    break
+                except OSError:
+                    time.sleep(0.1)
+        for parent in ("kubepods/burstable", "kubepods"):
+            try:
+                os.rmdir(os.path.join(V1_MEMORY, parent))
+            except OSError:
+                pass
