@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..paths import Paths
-from ..segment_classes import classify
+from ..segment_classes import _CACHE as CLASS_CACHE, classify
 
 DELETED = " (deleted)"
 MAX_DEPTH = 8  # tools that make sub-directories in /dev/shm nest one or two levels
@@ -269,6 +269,10 @@ class ProcScanner:
         return None
 
 
+_KINDS = {stat_mod.S_IFDIR: "directory", stat_mod.S_IFLNK: "symlink", stat_mod.S_IFIFO: "fifo",
+          stat_mod.S_IFSOCK: "socket"}
+
+
 def walk(root: str, dev: int, limit: int = MAX_ENTRIES
          ) -> Tuple[Dict[Key, Tuple[str, os.stat_result]], Dict[str, int], bool]:
     """List a mount with lstat only -> (regular files by inode, other entries by type, truncated).
@@ -280,6 +284,10 @@ def walk(root: str, dev: int, limit: int = MAX_ENTRIES
     others: Dict[str, int] = {}
     seen = 0
     stack = [(root, 0)]
+    # The loop body runs once per segment (10,000s on a busy node): locals and inline
+    # S_IFMT tests instead of attribute lookups and stat.S_IS* calls.
+    ifmt, ifreg, ifdir = stat_mod.S_IFMT(0o177777), stat_mod.S_IFREG, stat_mod.S_IFDIR
+    setdefault = files.setdefault
     while stack:
         directory, depth = stack.pop()
         try:
@@ -295,17 +303,15 @@ def walk(root: str, dev: int, limit: int = MAX_ENTRIES
                     st = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue  # deleted between readdir and lstat
+                kind_bits = st.st_mode & ifmt
                 if st.st_dev != dev:
+                    continue  # something mounted inside: not this mount's
+                if kind_bits == ifreg:
+                    setdefault((dev, st.st_ino), (entry.name, st))
                     continue
-                mode = st.st_mode
-                if stat_mod.S_ISREG(mode):
-                    files.setdefault((st.st_dev, st.st_ino), (entry.name, st))
-                    continue
-                kind = ("directory" if stat_mod.S_ISDIR(mode) else "symlink" if stat_mod.S_ISLNK(mode)
-                        else "fifo" if stat_mod.S_ISFIFO(mode) else "socket" if stat_mod.S_ISSOCK(mode)
-                        else "device")
+                kind = _KINDS.get(kind_bits, "device")
                 others[kind] = others.get(kind, 0) + 1
-                if kind == "directory" and depth < MAX_DEPTH:
+                if kind_bits == ifdir and depth < MAX_DEPTH:
                     stack.append((entry.path, depth + 1))
     return files, others, False
 
@@ -404,6 +410,7 @@ class SegmentsCollector:
         unknown_state = "linked" if provisional else "orphan"
         known_files = self._known_files
         append = inv.segments.append
+        classes = CLASS_CACHE
         for key, (name, st) in files.items():
             held = holdings.get(key)
             if held:
@@ -413,7 +420,8 @@ class SegmentsCollector:
                 holders = ()
                 state = "orphan" if key in known_files else unknown_state
             allocated = st.st_blocks * 512
-            append(Segment(name, classify(name), state, allocated, st.st_size, st.st_mtime, holders, key))
+            append(Segment(name, classes.get(name) or classify(name), state, allocated, st.st_size, st.st_mtime,
+                           holders, key))
             accounted += allocated
         for key, hs in self._holdings.items():
             if key[0] != dev or key in files:
