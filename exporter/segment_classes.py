@@ -35,9 +35,10 @@ CLASS_NAMES: Tuple[str, ...] = tuple(dict.fromkeys(c for c, _, _ in CLASSES)) + 
 # One alternation, one fullmatch per name: the first row that matches names its group.
 _COMBINED: Pattern[str] = re.compile("|".join(f"(?P<r{i}>{p})" for i, (_, p, _) in enumerate(CLASSES)), re.S)
 _GROUP_CLASS = {f"r{i}": c for i, (c, _, _) in enumerate(CLASSES)}
-# Names repeat from one inventory to the next: remember them (bounded).
+# Names repeat from one inventory to the next: remember them. Bounded, and cleared when
+# full, because churn (every NCCL init makes new random names) would grow it forever.
 _CACHE: dict = {}
-_CACHE_MAX = 200_000
+_CACHE_MAX = 50_000
 
 
 def classify(basename: str) -> str:

@@ -61,6 +61,9 @@ def bind(host: str, port: int, app, context: Optional[ssl.SSLContext] = None) ->
 
     class Server(ThreadingWSGIServer):
         address_family = family
+        # socketserver's default backlog of 5 drops SYNs under 50 concurrent scrapers, and
+        # a dropped SYN costs the client a 1 s retransmit: p99 of 1.25 s where p50 is 15 ms.
+        request_queue_size = 128
 
     httpd = Server((host, port), _QuietHandler)
     httpd.set_app(app)

@@ -78,12 +78,13 @@ def select(samples: Samples, name: str, /, **labels: str) -> List[Tuple[Dict[str
 class Exporter:
     """A real `shmwatch` process on a free loopback port."""
 
-    def __init__(self, *args: str, env: Optional[Dict[str, str]] = None, scheme: str = "http"):
+    def __init__(self, *args: str, env: Optional[Dict[str, str]] = None, scheme: str = "http", context=None):
         self.port = free_port()
         self.url = f"{scheme}://127.0.0.1:{self.port}/metrics"
         self.args = [sys.executable, "-m", "exporter", f"--web.listen-address=127.0.0.1:{self.port}", *args]
         self.env = {**os.environ, **(env or {})}
         self.proc: Optional[subprocess.Popen] = None
+        self.context = context  # an SSLContext for https
         self.stderr_path = tempfile.mktemp(prefix="shmwatch-stderr-")
 
     def __enter__(self) -> "Exporter":
@@ -116,7 +117,7 @@ class Exporter:
         return bool(durations) and all(v > 0 for _, v in durations)
 
     def scrape_text(self, context=None) -> str:
-        with urllib.request.urlopen(self.url, timeout=5, context=context) as response:
+        with urllib.request.urlopen(self.url, timeout=5, context=context or self.context) as response:
             return response.read().decode()
 
     def scrape(self) -> Samples:
