@@ -17,6 +17,11 @@ S = 'job=~"$job", instance=~"$instance", namespace=~"$namespace", pod=~"$pod"'
 SM = S + ', mount=~"$mount"'
 
 
+# Instant-query tables: hide the bookkeeping columns, call the value what it is.
+BYTES_TABLE = [{"id": "organize", "options": {"excludeByName": {"Time": True, "__name__": True, "job": True},
+                                              "renameByName": {"Value": "bytes"}}}]
+
+
 class Layout:
     def __init__(self):
         self.panels, self.next_id, self.y, self.x, self.row_h = [], 1, 0, 0, 0
@@ -131,16 +136,12 @@ def build():
             "remove once no server can attach (rm /dev/shm/<name>).",
             [q(f"sort_desc(shmwatch_top_segment_bytes{{{SM}}})", instant=True, table=True)],
             w=12, h=10, unit="bytes",
-            transformations=[{"id": "organize", "options": {
-                "excludeByName": {"Time": True, "__name__": True, "job": True},
-                "renameByName": {"Value": "bytes"}}}])
+            transformations=BYTES_TABLE)
     d.panel("table", "Processes holding shm",
             "Processes by the shm they map or hold open: the ones to restart when hidden segments pile up.",
             [q(f"sort_desc(shmwatch_process_shm_bytes{{{SM}}})", instant=True, table=True)],
             w=12, h=10, unit="bytes",
-            transformations=[{"id": "organize", "options": {
-                "excludeByName": {"Time": True, "__name__": True, "job": True},
-                "renameByName": {"Value": "bytes"}}}])
+            transformations=BYTES_TABLE)
     d.panel("stat", "Leaked and hidden",
             "Orphan segments and their bytes, the age of the oldest, and hidden bytes. Orphans older than a few hours "
             "will not go away by themselves.",
@@ -203,9 +204,7 @@ def build():
             "Who uses each GPU: pid and comm (unknown for a pid in another PID namespace).",
             [q(f"sort_desc(shmwatch_gpu_process_memory_bytes{{{S}}})", instant=True, table=True)],
             w=12, unit="bytes",
-            transformations=[{"id": "organize", "options": {
-                "excludeByName": {"Time": True, "__name__": True, "job": True},
-                "renameByName": {"Value": "bytes"}}}])
+            transformations=BYTES_TABLE)
 
     d.row("Exporter health")
     d.panel("stat", "Collectors",

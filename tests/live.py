@@ -52,7 +52,28 @@ def fast_rules(path: str, for_duration: str = "1s") -> None:
         yaml.safe_dump(rules, f)
 
 
-class Prometheus:
+class _Service:
+    """A server process with a log file, ready when `ready_url` answers; stopped on exit."""
+    args: List[str]
+    log = None
+    ready_url = ""
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=self.log)
+        wait_http(self.ready_url)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+class Prometheus(_Service):
     def __init__(self, workdir: str, targets: List[str], rules: Optional[str] = None,
                  alertmanager: Optional[str] = None):
         self.port = free_port()
@@ -73,20 +94,7 @@ class Prometheus:
                      f"--web.listen-address=127.0.0.1:{self.port}", "--rules.alert.resend-delay=1s",
                      "--log.level=warn"]
         self.log = open(os.path.join(workdir, "prometheus.log"), "wb")
-
-    def __enter__(self) -> "Prometheus":
-        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=self.log)
-        wait_http(self.url + "/-/ready")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
+        self.ready_url = self.url + "/-/ready"
 
     def query(self, expr: str) -> List[Dict]:
         url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
@@ -149,7 +157,7 @@ class Webhook:
         raise AssertionError(f"no matching notification at {path} in {timeout}s; received: {seen}")
 
 
-class Alertmanager:
+class Alertmanager(_Service):
     def __init__(self, workdir: str, config: Dict):
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -160,17 +168,4 @@ class Alertmanager:
                      f"--storage.path={os.path.join(workdir, 'am')}", f"--web.listen-address={self.address}",
                      "--cluster.listen-address=", "--log.level=warn"]
         self.log = open(os.path.join(workdir, "alertmanager.log"), "wb")
-
-    def __enter__(self) -> "Alertmanager":
-        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=self.log)
-        wait_http(f"http://{self.address}/-/ready")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
+        self.ready_url = f"http://{self.address}/-/ready"
