@@ -15,7 +15,7 @@ from .collectors.sysv import SysvCollector
 from .config import Config
 from .discovery import MountDiscovery
 from .events import MountWatcher
-from .metrics import SnapshotCollector
+from .metrics import CachedCollector, SnapshotCollector
 from .paths import Paths
 from .sampler import Sampler
 
@@ -25,7 +25,8 @@ def build_collectors(cfg: Config, paths: Paths, discovery: Optional[MountDiscove
     discovery = discovery or MountDiscovery(paths, cfg.shm_mounts, node_mode=node)
     makers = {
         "shm_mount": lambda: ShmMountCollector(paths, cfg.shm_mounts, discovery=discovery if node else None),
-        "segments": lambda: SegmentsCollector(paths, discovery.mounts if node else cfg.shm_mounts, pod_of_pid=node),
+        "segments": lambda: SegmentsCollector(paths, discovery.mounts if node else cfg.shm_mounts, pod_of_pid=node,
+                                              top_k=cfg.top_k),
         "sysv": lambda: SysvCollector(paths),
         "host_memory": lambda: HostMemoryCollector(paths),
         "cgroup": lambda: CgroupCollector(paths, cfg.cgroup_path, cfg.cgroup_target_process,
@@ -47,9 +48,9 @@ class App:
         self.watcher = MountWatcher(self.sampler, self.paths, self.discovery.mounts, enabled=cfg.inotify)
         self.sampler.listeners.append(self.watcher.on_result)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotCollector(self.sampler, cfg.shm_size_limit, cfg.top_k, cfg.memory_limit_bytes,
+        self.registry.register(SnapshotCollector(self.sampler, cfg.shm_size_limit, cfg.memory_limit_bytes,
                                                  self.discovery))
-        ProcessCollector(registry=self.registry)
+        self.registry.register(CachedCollector(ProcessCollector(registry=None)))
 
     def start(self) -> None:
         self.watcher.start()

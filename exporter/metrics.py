@@ -8,6 +8,8 @@ Every family is built from the catalogue, so names, types and help cannot drift.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -63,15 +65,34 @@ class Families:
         return iter(self._families.values())
 
 
+class CachedCollector(Collector):
+    """Wraps a collector that reads files at collect() (prometheus_client's ProcessCollector
+    reads /proc/self): at most one real read per `ttl`, however many scrapers there are."""
+
+    def __init__(self, inner: Collector, ttl: float = 1.0):
+        self.inner, self.ttl = inner, ttl
+        self._lock = threading.Lock()
+        self._cached: List[Metric] = []
+        self._at = float("-inf")
+
+    def describe(self) -> List[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        with self._lock:
+            if time.monotonic() - self._at >= self.ttl:
+                self._cached, self._at = list(self.inner.collect()), time.monotonic()
+            return list(self._cached)
+
+
 class SnapshotCollector(Collector):
-    def __init__(self, sampler: Sampler, shm_size_limit: Optional[int] = None, top_k: int = 10,
+    def __init__(self, sampler: Sampler, shm_size_limit: Optional[int] = None,
                  memory_limit: Optional[int] = None, discovery=None):
         self.sampler = sampler
         self.discovery = discovery  # node mode: labels of each discovered mount
         # --memory.limit-bytes: bounds the effective shm size even when no cgroup can be read.
         self.memory_limit = memory_limit
         self.shm_size_limit = shm_size_limit
-        self.top_k = top_k
 
     def describe(self) -> List[Metric]:
         return []  # no auto-describe: registering must not trigger a collect
@@ -128,22 +149,12 @@ class SnapshotCollector(Collector):
         for m in inv.mounts:
             if m.error or (present is not None and m.mount not in present):
                 continue
-            totals: Dict[tuple, List[int]] = {}
-            oldest_orphan: Optional[float] = None
-            for seg in m.segments:
-                acc = totals.setdefault((seg.cls, seg.state), [0, 0, 0])
-                acc[0] += 1
-                acc[1] += seg.allocated_bytes
-                acc[2] += seg.apparent_bytes
-                if seg.state == "orphan" and (oldest_orphan is None or seg.mtime < oldest_orphan):
-                    oldest_orphan = seg.mtime
-            for (cls, state), (count, allocated, apparent) in sorted(totals.items()):
+            for (cls, state), (count, allocated, apparent) in sorted(m.totals.items()):
                 out.add("shmwatch_segments", [m.mount, cls, state], count)
                 out.add("shmwatch_segment_bytes", [m.mount, cls, state], allocated)
                 out.add("shmwatch_segment_apparent_bytes", [m.mount, cls, state], apparent)
-            top = sorted(m.segments, key=lambda s: (-s.allocated_bytes, s.name))[: self.top_k]
             seen_names = set()
-            for seg in top:
+            for seg in m.top:
                 label = clean(seg.name)
                 if (label, seg.state) in seen_names:
                     label = f"{label} (inode {seg.key[1]})"  # two names that clean to the same text
@@ -151,10 +162,10 @@ class SnapshotCollector(Collector):
                 out.add("shmwatch_top_segment_bytes",
                         [m.mount, label, seg.cls, seg.state, clean(owner_label(seg.holders, inv.comms))],
                         seg.allocated_bytes)
-            procs = sorted(m.process_bytes.items(), key=lambda kv: (-kv[1], kv[0]))[: self.top_k]
-            for pid, size in procs:
+            for pid, size in m.top_processes:
                 out.add("shmwatch_process_shm_bytes", [m.mount, str(pid), clean(inv.comms.get(pid, "unknown"))], size,
                         extra={"process_pod_uid": inv.pods.get(pid, "")})
+            oldest_orphan = m.oldest_orphan_mtime
             age = 0.0 if oldest_orphan is None else max(0.0, inv.wall_time - oldest_orphan)
             out.add("shmwatch_orphan_oldest_age_seconds", [m.mount], age)
             out.add("shmwatch_mount_unattributed_bytes", [m.mount], m.unattributed_bytes)

@@ -5,11 +5,11 @@ from exporter.metrics import SnapshotCollector
 from exporter.sampler import Sampler
 
 
-def registry_for(*collectors, shm_size_limit=None, top_k=10, sampler_hook=None):
+def registry_for(*collectors, shm_size_limit=None, sampler_hook=None):
     sampler = Sampler(list(collectors))
     if sampler_hook:
         sampler_hook(sampler)
     sampler.run_once()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(sampler, shm_size_limit, top_k))
+    registry.register(SnapshotCollector(sampler, shm_size_limit))
     return registry, sampler

@@ -14,6 +14,7 @@ are never followed, FIFOs, sockets and devices are only counted.
 from __future__ import annotations
 
 import errno
+import heapq
 import os
 import re
 import stat as stat_mod
@@ -56,6 +57,30 @@ class MountInventory:
     unattributed_bytes: int = 0
     process_bytes: Dict[int, int] = field(default_factory=dict)
     truncated: bool = False
+    # Computed once per inventory (in the collector's thread), so a scrape renders a
+    # handful of numbers instead of walking 10,000 segments.
+    totals: Dict[Tuple[str, str], Tuple[int, int, int]] = field(default_factory=dict)  # count, alloc, apparent
+    top: List[Segment] = field(default_factory=list)
+    top_processes: List[Tuple[int, int]] = field(default_factory=list)
+    oldest_orphan_mtime: Optional[float] = None
+
+
+def summarise(inv: MountInventory, top_k: int) -> None:
+    totals: Dict[Tuple[str, str], List[int]] = {}
+    oldest: Optional[float] = None
+    for seg in inv.segments:
+        acc = totals.get((seg.cls, seg.state))
+        if acc is None:
+            acc = totals[(seg.cls, seg.state)] = [0, 0, 0]
+        acc[0] += 1
+        acc[1] += seg.allocated_bytes
+        acc[2] += seg.apparent_bytes
+        if seg.state == "orphan" and (oldest is None or seg.mtime < oldest):
+            oldest = seg.mtime
+    inv.totals = {key: (c, a, p) for key, (c, a, p) in totals.items()}
+    inv.oldest_orphan_mtime = oldest
+    inv.top = heapq.nsmallest(top_k, inv.segments, key=lambda s: (-s.allocated_bytes, s.name))
+    inv.top_processes = heapq.nsmallest(top_k, inv.process_bytes.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
 @dataclass
@@ -322,8 +347,9 @@ class SegmentsCollector:
 
     def __init__(self, paths: Paths, mounts: "Sequence[str] | Callable[[], List[str]]",
                  statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
-                 clock: Callable[[], float] = time.time, pod_of_pid: bool = False):
+                 clock: Callable[[], float] = time.time, pod_of_pid: bool = False, top_k: int = 10):
         self.paths = paths
+        self.top_k = top_k
         # A list, or (node mode) a callable returning the mounts discovered right now.
         self._mounts = mounts if callable(mounts) else (lambda fixed=list(mounts): fixed)
         self.pod_of_pid = pod_of_pid
@@ -446,6 +472,7 @@ class SegmentsCollector:
         except OSError as err:
             inv.error = err.strerror or str(err)
         inv.unattributed_bytes = max(0, inv.used_bytes - accounted)
+        summarise(inv, self.top_k)
         return inv
 
 
