@@ -159,3 +159,19 @@ def test_hanging_driver_is_bounded(stub_dir, tmp_path):
         hang.unlink()
         s = exporter.wait_for(lambda s: value(s, "shmwatch_collector_success", collector="gpu") == 1, timeout=10)
         assert value(s, "shmwatch_gpu_memory_used_bytes", gpu="0") == 72 * GiB
+
+
+@needs_root
+def test_driver_error_reinitialises_nvml(stub_dir, tmp_path):
+    stats = tmp_path / "stats"
+    conf_text = TWO_GPUS + f"stats_file={stats}\n"
+    conf = config(tmp_path, conf_text)
+    with mounted_tmpfs("16m") as shm, Exporter(*exporter_args(shm), env=gpu_env(stub_dir, conf)) as exporter:
+        assert value(exporter.scrape(), "shmwatch_collector_success", collector="gpu") == 1
+        (tmp_path / "nvml.conf").write_text(conf_text + "count_error=15\n")  # the driver loses the GPUs
+        exporter.wait_for(lambda s: value(s, "shmwatch_collector_success", collector="gpu") == 0, timeout=5)
+        (tmp_path / "nvml.conf").write_text(conf_text)
+        s = exporter.wait_for(lambda s: value(s, "shmwatch_collector_success", collector="gpu") == 1, timeout=5)
+        assert value(s, "shmwatch_gpu_memory_used_bytes", gpu="0") == 72 * GiB
+        _, _, inits, shutdowns = map(int, stats.read_text().split())
+    assert inits >= 2 and shutdowns >= 1  # shut down after the error, initialised afresh

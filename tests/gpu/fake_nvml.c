@@ -10,6 +10,7 @@
  *   driver=550.54.15
  *   count=2
  *   hang_file=/tmp/x             while this file exists, nvmlDeviceGetCount_v2 blocks
+ *   count_error=15               nvmlDeviceGetCount_v2 returns this (15: GPU is lost)
  *   stats_file=/tmp/stats        "<calls in the hang now> <most at once> <inits> <shutdowns>"
  *   gpu0.name=NVIDIA H100 80GB HBM3
  *   gpu0.uuid=GPU-...
@@ -130,6 +131,8 @@ int nvmlDeviceGetCount_v2(unsigned int *count) {
         write_stats();
         pthread_mutex_unlock(&lock);
     }
+    int err = atoi(get("count_error", "0"));
+    if (err) return err;
     *count = (unsigned)atoi(get("count", "0"));
     return OK;
 }
