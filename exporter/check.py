@@ -163,8 +163,14 @@ def diagnose(states: Dict[str, object], cfg: Config, required: Optional[int], re
     cgroup = ok.get("cgroup")
     mounts = ok.get("shm_mount") or []
     inventory = ok.get("segments")
+    pods = cgroup if isinstance(cgroup, list) else None  # node mode: every pod's cgroup
     for m in mounts:
-        _shm(report, m, inventory, cgroup, cfg, required, required_by)
+        # In node mode a pod's emptyDir is charged to that pod's cgroup (its UID is in the path).
+        own = next((c for c in pods if c.pod_uid and c.pod_uid in m.mount), None) if pods is not None else cgroup
+        _shm(report, m, inventory, own, cfg, required, required_by)
+    if pods is not None:
+        _pod_memory(report, pods)
+        cgroup = None
     _memory(report, ok.get("host_memory"), cgroup, mounts, cfg, errors.get("cgroup"))
     _sysv(report, ok.get("sysv"))
     for name, hits in log_hits.items():
@@ -297,6 +303,22 @@ def _memory(report: Report, host, cgroup, mounts, cfg: Config, cgroup_error: Opt
                        " or raise the memory limit")
 
 
+def _pod_memory(report: Report, pods) -> None:
+    report.facts["pod_cgroups"] = [asdict(c) for c in pods]
+    risky = 0
+    for c in pods:
+        if c.limit_bytes and c.working_set_bytes / c.limit_bytes > 0.9:
+            risky += 1
+            report.add("warn", "memory", f"pod {c.pod_uid}", f"working set {human(c.working_set_bytes)} of "
+                       f"{human(c.limit_bytes)} limit ({c.working_set_bytes / c.limit_bytes:.0%})",
+                       "raise the pod's memory limit or free its shm")
+        if c.oom_kills:
+            report.add("warn", "memory", f"pod {c.pod_uid}", f"{c.oom_kills} OOM kill(s) so far",
+                       "count /dev/shm in the memory budget")
+    if not risky:
+        report.add("ok", "memory", "pods", f"{len(pods)} pod cgroup(s), none above 90 % of its limit")
+
+
 def _sysv(report: Report, sysv) -> None:
     if sysv is None:
         return
@@ -339,6 +361,7 @@ def render_json(report: Report) -> str:
         "gpus": report.facts.get("gpus", []),
         "host_memory": report.facts.get("host_memory"),
         "cgroup": report.facts.get("cgroup"),
+        "pod_cgroups": report.facts.get("pod_cgroups", []),
         "sysv": report.facts.get("sysv"),
     }
     return json.dumps(doc, indent=2, default=str) + "\n"

@@ -27,11 +27,12 @@ SHM = {"type": "object",
                       "hidden_bytes": {"type": "integer"}, "segments": {"type": "integer"}}}
 SCHEMA = {"type": "object",
           "required": ["version", "shmwatch_version", "status", "exit_code", "findings", "shm", "gpus",
-                       "host_memory", "cgroup", "sysv"],
+                       "host_memory", "cgroup", "pod_cgroups", "sysv"],
           "properties": {"version": {"const": 1}, "status": {"enum": ["ok", "warn", "fail"]},
                          "exit_code": {"enum": [0, 1, 2]}, "findings": {"type": "array", "items": FINDING},
                          "shm": {"type": "array", "items": SHM}, "gpus": {"type": "array"},
                          "host_memory": {"type": ["object", "null"]}, "cgroup": {"type": ["object", "null"]},
+                         "pod_cgroups": {"type": "array"},
                          "sysv": {"type": ["object", "null"]}}}
 
 
@@ -89,6 +90,34 @@ def test_leaked_segments_are_named_with_their_removal():
     path = os.path.join(shm, leak.info)
     assert path in leaked["message"] and leaked["remedy"].endswith(f"rm {path}")
     assert doc["shm"][0]["orphans"][0]["name"] == leak.info and doc["shm"][0]["orphans"][0]["bytes"] == 4 << 20
+
+
+@needs_root
+def test_node_mode_check_reports_pod_cgroups(tmp_path):
+    import uuid
+    uid = str(uuid.uuid4())
+    v1 = "/sys/fs/cgroup/memory"
+    if not os.path.exists(os.path.join(v1, "memory.usage_in_bytes")):
+        pytest.skip("no cgroup v1 memory controller")
+    cg = os.path.join(v1, "kubepods", "burstable", f"pod{uid}")
+    os.makedirs(cg)
+    path = str(tmp_path / "var/lib/kubelet/pods" / uid / "volumes/kubernetes.io~empty-dir/dshm")
+    try:
+        with open(os.path.join(cg, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(64 << 20))
+        with mounted_tmpfs("128m", path=path):
+            result = check("--mode=node", "--output", "json")
+        doc = json.loads(result.stdout)
+        jsonschema.validate(doc, SCHEMA)
+        assert [c["pod_uid"] for c in doc["pod_cgroups"]] == [uid]
+        shm = next(m for m in doc["shm"] if m["mount"] == path)
+        assert shm["effective_size_bytes"] <= 64 << 20  # the pod's limit caps its emptyDir
+    finally:
+        for d in (cg, os.path.dirname(cg), os.path.dirname(os.path.dirname(cg))):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
 
 
 def test_usage_errors_are_64_not_2():
