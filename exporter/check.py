@@ -17,7 +17,7 @@ import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from . import __version__
 from .config import Config, build_parser, parse_args, parse_size
@@ -178,10 +178,11 @@ def diagnose(states: Dict[str, object], cfg: Config, required: Optional[int], re
         first = hits[0]
         report.add("warn", "log", f"{os.path.basename(first.file)}:{first.line}",
                    f"{explanation} Seen: {first.text}", remedy)
+    areas = {"sysv": "sysv", "host_memory": "memory", "shm_mount": "shm", "segments": "shm"}
     for name, error in errors.items():
-        if name != "gpu":
-            report.add("warn", name if name in ("sysv",) else "memory" if name in ("cgroup", "host_memory")
-                       else "shm", f"collector {name}", f"could not be read: {error}")
+        # gpu and cgroup are reported above, as info: no driver, or no readable cgroup, is normal
+        if name not in ("gpu", "cgroup"):
+            report.add("warn", areas.get(name, "shm"), f"collector {name}", f"could not be read: {error}")
     return report
 
 
@@ -395,9 +396,8 @@ def main(argv: Sequence[str]) -> int:
     sampler.start()
     timeout = extra.timeout if extra.timeout is not None else max(cfg.gpu_timeout, cfg.collector_timeout) + 1
     sampler.wait_for_first_run(timeout)
-    time.sleep(0)  # let a run that just finished store its result
     snapshot = sampler.snapshot()
-    for name, state in snapshot.states.items():
+    for state in snapshot.states.values():
         if state.runs == 0 and state.error is None:
             state.success, state.error = False, f"no result within {timeout:g}s"
     sampler.stopping.set()

@@ -47,7 +47,7 @@ def scenario(shm):
     holders.append(Peer(shm, "hidden", "nccl-d4e5f6", str(6 * MiB)))
     holders.append(Peer(shm, "mapped", "torch_4242_77", str(3 * MiB)))
     time.sleep(10)
-    for i in range(3):
+    for _ in range(3):
         with Peer(shm, "leak", str(2 * MiB)) as leak:  # a crashed engine's leftovers
             leak.proc.wait(10)
         time.sleep(3)
@@ -105,7 +105,7 @@ def main():
         if stacked and series:
             times = [float(t) - start for t, _ in series[0][1]]
             ys = []
-            for name, vals in series:
+            for _name, vals in series:
                 lookup = {float(t): float(v) / scale for t, v in vals}
                 ys.append([lookup.get(float(t) , 0.0) for t, _ in series[0][1]])
             ax.stackplot(times, ys, labels=[n for n, _ in series], alpha=0.7)

@@ -11,7 +11,7 @@ from exporter.collectors.host_memory import HostMemoryCollector
 from exporter.collectors.shm_mount import ShmMountCollector
 from exporter.collectors.sysv import SysvCollector
 from exporter.paths import Paths
-from tests.conftest import FIXTURES, parse_exposition, promtool_check_metrics
+from tests.conftest import FIXTURES, promtool_check_metrics
 from tests.helpers import registry_for
 
 PATHS = Paths(procfs=os.path.join(FIXTURES, "proc"), sysfs=os.path.join(FIXTURES, "sys"), rootfs="/")

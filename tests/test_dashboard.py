@@ -5,7 +5,6 @@ import re
 import subprocess
 import sys
 
-import pytest
 
 from exporter.catalogue import BY_NAME
 from tests.conftest import REPO, Exporter, Peer, fallocate, mounted_tmpfs, needs_root

@@ -2,7 +2,6 @@
 import os
 import time
 
-import pytest
 
 from exporter.events import MountWatcher
 from exporter.collectors.segments import SegmentsCollector
@@ -42,7 +41,7 @@ def test_created_and_deleted_counters(tmpfs):
         os.rename(os.path.join(tmpfs, "psm_2"), os.path.join(tmpfs, "torch_2"))
         want = {("nccl", "created"): 3, ("nccl", "deleted"): 1, ("python_shm", "created"): 2,
                 ("python_shm", "deleted"): 1, ("torch", "created"): 1, ("semaphore", "created"): 1}
-        s = exporter.wait_for(lambda s: counters(s, tmpfs) == want, timeout=5)
+        exporter.wait_for(lambda s: counters(s, tmpfs) == want, timeout=5)
         # The inventory follows the events (debounced): linked at first, then orphan once
         # the follow-up full inventory finds that nobody holds them.
         exporter.wait_for(lambda s: sum(v for _, v in select(s, "shmwatch_segments", mount=tmpfs,
@@ -126,7 +125,7 @@ def test_storm_of_creates_costs_bounded_cpu():
         for i in range(10000):
             os.close(os.open(os.path.join(shm, f"psm_storm_{i}"), os.O_CREAT | os.O_WRONLY, 0o600))
         created = time.monotonic() - started
-        s = exporter.wait_for(lambda s: value(s, "shmwatch_segments", mount=shm, state="linked",
+        exporter.wait_for(lambda s: value(s, "shmwatch_segments", mount=shm, state="linked",
                                               **{"class": "python_shm"}) == 10000
                               or value(s, "shmwatch_segments", mount=shm, state="orphan",
                                        **{"class": "python_shm"}) == 10000, timeout=30)

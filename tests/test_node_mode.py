@@ -1,6 +1,5 @@
 """Node mode: one shmwatch per node finds every pod's and container's shm and memory cgroup."""
 import os
-import subprocess
 import time
 import uuid
 

@@ -197,8 +197,8 @@ def test_node_recording_rules_join_pod_names(tmp_path):
         "input_series": [
             {"series": f'shmwatch_mount_usage_ratio{{instance="n1", job="shmwatch-node", mount="{mount}", '
                        f'pod_uid="u1", volume="dshm", container_id=""}}', "values": "0.5x5"},
-            {"series": f'shmwatch_mount_usage_ratio{{instance="n1", job="shmwatch-node", mount="/dev/shm", '
-                       f'pod_uid="", volume="", container_id=""}}', "values": "0.1x5"},
+            {"series": 'shmwatch_mount_usage_ratio{instance="n1", job="shmwatch-node", mount="/dev/shm", '
+                       'pod_uid="", volume="", container_id=""}', "values": "0.1x5"},
             {"series": 'kube_pod_info{namespace="ml", pod="vllm-0", uid="u1", node="n1", job="ksm"}',
              "values": "1x5"},
         ],

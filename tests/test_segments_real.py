@@ -2,7 +2,6 @@
 import os
 import time
 
-import pytest
 
 from exporter.collectors.segments import SegmentsCollector, owner_label
 from exporter.paths import Paths
