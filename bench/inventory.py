@@ -72,7 +72,15 @@ def main():
             collector = SegmentsCollector(Paths(), [shm])
             collector.collect()  # warm caches, as a running exporter's are
             full, inv = timed(collector.collect, args.runs)
-            quick, _ = timed(collector.collect_quick, args.runs)
+            def one_event():
+                # What a quick run does after inotify reports one new segment.
+                name = f"nccl-bench{time.monotonic_ns()}"
+                fd = os.open(os.path.join(shm, name), os.O_CREAT | os.O_RDWR, 0o600)
+                os.close(fd)
+                collector.changes.add(shm, name)
+                return collector.collect_quick()
+
+            quick, _ = timed(one_event, args.runs)
             cpu_started = time.process_time()
             collector.collect()
             cpu = time.process_time() - cpu_started
@@ -88,7 +96,7 @@ def main():
     print(f"inventory of {len(m.segments):,} segments ({states}) with {inv.processes_scanned} processes scanned:")
     print(f"  full  (directory + /proc maps and fds): median {statistics.median(full) * 1000:.0f} ms, "
           f"max {max(full) * 1000:.0f} ms, CPU {cpu * 1000:.0f} ms (target <= 200 ms)")
-    print(f"  quick (directory only, on inotify events): median {statistics.median(quick) * 1000:.0f} ms, "
+    print(f"  quick (the one segment inotify reported): median {statistics.median(quick) * 1000:.0f} ms, "
           f"max {max(quick) * 1000:.0f} ms")
 
 

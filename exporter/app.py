@@ -45,7 +45,9 @@ class App:
         self.collectors = build_collectors(cfg, self.paths, self.discovery)
         self.sampler = Sampler(self.collectors, cfg.poll_interval, cfg.inventory_interval, cfg.peak_window,
                                timeouts={"gpu": cfg.gpu_timeout}, default_timeout=cfg.collector_timeout)
-        self.watcher = MountWatcher(self.sampler, self.paths, self.discovery.mounts, enabled=cfg.inotify)
+        segments = next((c for c in self.collectors if isinstance(c, SegmentsCollector)), None)
+        self.watcher = MountWatcher(self.sampler, self.paths, self.discovery.mounts, enabled=cfg.inotify,
+                                    changes=segments.changes if segments else None)
         self.sampler.listeners.append(self.watcher.on_result)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(self.sampler, cfg.shm_size_limit, cfg.memory_limit_bytes,

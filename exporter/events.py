@@ -50,7 +50,7 @@ def _make_handler(watcher: "MountWatcher", mount: str):
 class MountWatcher:
     def __init__(self, sampler: Sampler, paths: Paths, mounts, enabled: bool = True,
                  statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
-                 observer_factory: Optional[Callable[[], object]] = None):
+                 observer_factory: Optional[Callable[[], object]] = None, changes=None):
         self.sampler = sampler
         self.paths = paths
         # A list, or (node mode) a callable returning the mounts discovered right now.
@@ -58,6 +58,7 @@ class MountWatcher:
         self.enabled = enabled
         self.statvfs = statvfs
         self.observer_factory = observer_factory
+        self.changes = changes  # segments.ChangeLog: names for the next quick inventory
         self.observer = None
         self.watches: Dict[str, Tuple[object, int]] = {}  # mount -> (watch, st_dev watched)
         self._said: Dict[str, str] = {}
@@ -167,6 +168,15 @@ class MountWatcher:
     # --- events -------------------------------------------------------------------------
     def on_event(self, mount: str, event) -> None:
         kind = event.event_type
+        if self.changes is not None:
+            root = self.paths.host(mount)
+            for path in (event.src_path, getattr(event, "dest_path", "") or ""):
+                if not path or os.path.normpath(path) == os.path.normpath(root):
+                    continue
+                if event.is_directory:
+                    self.changes.unknown(mount)  # what is below a new directory: re-list
+                else:
+                    self.changes.add(mount, os.path.basename(path))
         if not event.is_directory:
             if kind in ("created", "deleted"):
                 self.sampler.count_event(mount, classify(os.path.basename(event.src_path)), kind)

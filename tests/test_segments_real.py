@@ -117,3 +117,25 @@ def test_scrape_shows_owner_and_top_segments(tmpfs):
         assert value(samples, "shmwatch_process_shm_bytes", mount=tmpfs, pid=str(peer.pid),
                      comm=peer.comm) == 4 * MiB
         assert value(samples, "shmwatch_segment_bytes", mount=tmpfs, state="linked", **{"class": "nccl"}) == 4 * MiB
+
+
+def test_quick_inventory_patches_only_what_inotify_reported(tmpfs):
+    collector = SegmentsCollector(Paths(), [tmpfs])
+    for name in ("nccl-aaaaaa", "psm_keep", "psm_gone"):
+        fallocate(os.path.join(tmpfs, name), MiB)
+    collector.collect()
+    fallocate(os.path.join(tmpfs, "nccl-new000"), 2 * MiB)      # reported
+    os.unlink(os.path.join(tmpfs, "psm_gone"))                    # reported
+    os.rename(os.path.join(tmpfs, "nccl-aaaaaa"), os.path.join(tmpfs, "torch_1_2"))  # reported (both names)
+    with open(os.path.join(tmpfs, "psm_keep"), "ab") as f:        # reported: it grew
+        f.write(b"\1" * MiB)
+    fallocate(os.path.join(tmpfs, "psm_unreported"), MiB)        # not reported
+    for name in ("nccl-new000", "psm_gone", "nccl-aaaaaa", "torch_1_2", "psm_keep"):
+        collector.changes.add(tmpfs, name)
+    quick = {s.name: s.allocated_bytes for s in collector.collect_quick().mounts[0].segments}
+    assert quick == {"nccl-new000": 2 * MiB, "torch_1_2": MiB, "psm_keep": 2 * MiB}  # no re-list: no psm_unreported
+    full = {s.name: s.allocated_bytes for s in collector.collect().mounts[0].segments}
+    assert full == {**quick, "psm_unreported": MiB}
+    collector.changes.unknown(tmpfs)  # e.g. a directory appeared: the quick run re-lists
+    fallocate(os.path.join(tmpfs, "psm_other"), MiB)
+    assert "psm_other" in {s.name for s in collector.collect_quick().mounts[0].segments}
