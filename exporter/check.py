@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from . import __version__
-from .config import Config, build_parser, parse_args, parse_size
+from .config import Config, _typed, build_parser, parse_args, parse_size
 
 EXIT_OK, EXIT_WARN, EXIT_FAIL, EXIT_USAGE = 0, 1, 2, 64
 SEVERITY_ORDER = {"fail": 0, "warn": 1, "info": 2, "ok": 3}
@@ -371,7 +371,7 @@ def render_json(report: Report) -> str:
 def main(argv: Sequence[str]) -> int:
     parser = build_parser(prog="shmwatch check")
     parser.usage_exit_code = EXIT_USAGE
-    parser.add_argument("--require-shm", type=_size_arg, default=None,
+    parser.add_argument("--require-shm", type=_typed(parse_size, "--require-shm"), default=None,
                         help="Fail (exit 2) when the shm mount can hold less than this, e.g. 16Gi.")
     parser.add_argument("--backend", choices=sorted(BACKEND_SHM), default=None,
                         help="Warn when shm is below what this serving engine needs (vllm/sglang 16Gi, trtllm 80Gi).")
@@ -421,10 +421,3 @@ def main(argv: Sequence[str]) -> int:
     sys.stdout.write(render_json(report) if extra.output == "json" else render_text(report))
     return report.exit_code
 
-
-def _size_arg(text: str) -> int:
-    import argparse
-    try:
-        return parse_size(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None

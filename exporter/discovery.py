@@ -20,8 +20,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .collectors.shm_mount import MountEntry, parse_mountinfo
-from .paths import Paths, read_text
+from .collectors.shm_mount import MountEntry, read_mountinfo
+from .paths import Paths
 
 NODE_LABELS: Tuple[str, ...] = ("pod_uid", "volume", "container_id")
 
@@ -76,20 +76,11 @@ class MountDiscovery:
         self._lock = threading.Lock()
         self._current: List[Target] = list(self._static)
 
-    def mountinfo(self) -> List[MountEntry]:
-        # The host's view is pid 1's; with hidepid we may only see our own (the DaemonSet
-        # runs with hostPID, where ours is the host's too).
-        for pid in ("1", "self"):
-            try:
-                return parse_mountinfo(read_text(self.paths.proc(pid, "mountinfo")))
-            except OSError:
-                continue
-        return []
-
     def refresh(self, entries: Optional[Sequence[MountEntry]] = None) -> List[Target]:
         if not self.node_mode:
             return self.current()
-        found = discover(self.mountinfo() if entries is None else entries)
+        # The host's view is pid 1's (the DaemonSet runs with hostPID).
+        found = discover(read_mountinfo(self.paths, host_first=True) if entries is None else entries)
         seen = {t.mount for t in found}
         targets = found + [t for t in self._static if t.mount not in seen]
         with self._lock:

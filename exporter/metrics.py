@@ -23,7 +23,6 @@ from .labels import clean
 from .sampler import Sampler, Snapshot
 
 log = logging.getLogger(__name__)
-STATES = ("linked", "hidden", "orphan")
 
 
 class Families:

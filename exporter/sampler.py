@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,6 @@ class CollectorState:
     success: bool = False
     duration: float = 0.0
     error: Optional[str] = None
-    finished_at: float = 0.0
     running_since: Optional[float] = None
     runs: int = 0
 
@@ -76,7 +75,6 @@ class Snapshot:
     peaks: Dict[str, int]
     events: Dict[Tuple[str, str, str], int]
     inotify: Dict[str, bool]
-    taken_at: float = field(default_factory=time.time)
 
 
 class _Runner(threading.Thread):
@@ -209,7 +207,6 @@ class Sampler:
             state = self.states[name]
             state.result, state.error, state.duration = result, error, duration
             state.success = error is None
-            state.finished_at = time.monotonic()
             state.running_since = None
             state.runs += 1
         self._log_change(name, error)

@@ -70,34 +70,30 @@ def parse_limit(text: str) -> Optional[int]:
     return None if number >= V1_UNLIMITED else number
 
 
-def _read(path: str) -> str:
-    return read_text(path)
-
-
 def read_v2(directory: str) -> Tuple[int, Optional[int], Dict[str, int], Dict[str, int]]:
-    usage = int(_read(os.path.join(directory, "memory.current")).strip())
+    usage = int(read_text(os.path.join(directory, "memory.current")).strip())
     try:
-        limit = parse_limit(_read(os.path.join(directory, "memory.max")))
+        limit = parse_limit(read_text(os.path.join(directory, "memory.max")))
     except FileNotFoundError:
         limit = None  # the root cgroup has no memory.max
-    stat = parse_flat_keyed(_read(os.path.join(directory, "memory.stat")))
+    stat = parse_flat_keyed(read_text(os.path.join(directory, "memory.stat")))
     try:
-        events = parse_flat_keyed(_read(os.path.join(directory, "memory.events")))
+        events = parse_flat_keyed(read_text(os.path.join(directory, "memory.events")))
     except FileNotFoundError:
         events = {}
     return usage, limit, stat, events
 
 
 def read_v1(directory: str) -> Tuple[int, Optional[int], Dict[str, int], Dict[str, int]]:
-    usage = int(_read(os.path.join(directory, "memory.usage_in_bytes")).strip())
-    limit = parse_limit(_read(os.path.join(directory, "memory.limit_in_bytes")))
-    stat = parse_flat_keyed(_read(os.path.join(directory, "memory.stat")))
+    usage = int(read_text(os.path.join(directory, "memory.usage_in_bytes")).strip())
+    limit = parse_limit(read_text(os.path.join(directory, "memory.limit_in_bytes")))
+    stat = parse_flat_keyed(read_text(os.path.join(directory, "memory.stat")))
     # A parent's limit binds too: memory.stat says the tightest one up the tree.
     hierarchical = stat.get("hierarchical_memory_limit")
     if hierarchical is not None and hierarchical < V1_UNLIMITED:
         limit = hierarchical if limit is None else min(limit, hierarchical)
     try:
-        oom = parse_flat_keyed(_read(os.path.join(directory, "memory.oom_control")))
+        oom = parse_flat_keyed(read_text(os.path.join(directory, "memory.oom_control")))
     except FileNotFoundError:
         oom = {}
     return usage, limit, stat, oom

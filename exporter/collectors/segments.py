@@ -14,6 +14,7 @@ are never followed, FIFOs, sockets and devices are only counted.
 from __future__ import annotations
 
 import errno
+import logging
 import heapq
 import os
 import re
@@ -25,6 +26,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tupl
 
 from ..paths import Paths
 from ..segment_classes import _CACHE as CLASS_CACHE, classify
+
+log = logging.getLogger(__name__)
 
 DELETED = " (deleted)"
 MAX_DEPTH = 8  # tools that make sub-directories in /dev/shm nest one or two levels
@@ -57,7 +60,6 @@ class MountInventory:
     used_bytes: int = 0
     unattributed_bytes: int = 0
     process_bytes: Dict[int, int] = field(default_factory=dict)
-    truncated: bool = False
     # Computed once per inventory (in the collector's thread), so a scrape renders a
     # handful of numbers instead of walking 10,000 segments.
     totals: Dict[Tuple[str, str], Tuple[int, int, int]] = field(default_factory=dict)  # count, alloc, apparent
@@ -355,6 +357,7 @@ class SegmentsCollector:
         # The last listing of each mount, and its name -> inode index, for quick runs to patch.
         self._listings: Dict[str, Tuple[Dict[Key, Tuple[str, os.stat_result]], Dict[str, int], bool]] = {}
         self._indexes: Dict[str, Dict[str, Key]] = {}
+        self._said_truncated: Set[str] = set()
         # A list, or (node mode) a callable returning the mounts discovered right now.
         self._mounts = mounts if callable(mounts) else (lambda fixed=list(mounts): fixed)
         self.pod_of_pid = pod_of_pid
@@ -425,9 +428,11 @@ class SegmentsCollector:
                 mounts.append(MountInventory(mount, error=errors[mount]))
                 continue
             files, others, truncated = listings[mount]
-            inv = self._assemble(mount, devs[mount], files, others, provisional=not full)
-            inv.truncated = truncated
-            mounts.append(inv)
+            if truncated and mount not in self._said_truncated:
+                self._said_truncated.add(mount)
+                log.warning("mount %s: more than %d entries; the inventory counts the first %d",
+                            mount, MAX_ENTRIES, MAX_ENTRIES)
+            mounts.append(self._assemble(mount, devs[mount], files, others, provisional=not full))
         pods = self._pods_of(self._comms) if self.pod_of_pid else {}
         return Inventory(mounts, dict(self._comms), self._unreadable, self._scanned, self.clock(), pods)
 

@@ -81,6 +81,17 @@ def find_mount(entries: Sequence[MountEntry], path: str) -> Optional[MountEntry]
     return best
 
 
+def read_mountinfo(paths: Paths, host_first: bool) -> List[MountEntry]:
+    """Our own mountinfo or pid 1's (the host's), whichever is asked for first; hidepid
+    may hide pid 1's, and then ours is what there is."""
+    for pid in ("1", "self") if host_first else ("self", "1"):
+        try:
+            return parse_mountinfo(read_text(paths.proc(pid, "mountinfo")))
+        except OSError:
+            continue
+    return []
+
+
 @dataclass(frozen=True)
 class MountUsage:
     mount: str  # as configured (the path the workload sees)
@@ -123,15 +134,9 @@ class ShmMountCollector:
         self._warned: Dict[str, str] = {}
 
     def mountinfo(self) -> List[MountEntry]:
-        # In a container our own mountinfo is the workload's view; on a host mounted at
-        # --path.rootfs pid 1's is the host's (hidepid may hide it: fall back to self).
-        order = ("self", "1") if self.paths.rootfs in ("", "/") else ("1", "self")
-        for pid in order:
-            try:
-                return parse_mountinfo(read_text(self.paths.proc(pid, "mountinfo")))
-            except OSError:
-                continue
-        return []
+        # In a container our own mountinfo is the workload's view; with a host at --path.rootfs,
+        # pid 1's is the host's.
+        return read_mountinfo(self.paths, host_first=self.paths.rootfs not in ("", "/"))
 
     def _warn_once(self, mount: str, message: str) -> None:
         if self._warned.get(mount) != message:
