@@ -67,7 +67,8 @@ def test_maps_matches_device_and_inode_only():
             "7f0000600000-7f0000700000 r--p 00000000 fd:01 1234 /usr/lib/libc.so\n"
             "garbage 00:1a line\n")
     found = parse_maps(text, tokens)
-    assert found == [(26, 1234, "/dev/shm/nccl-AbCdEf", 4 << 20), (26, 1235, "/nccl-xyz (deleted)", 4 << 20)]
+    assert found == [(26, 1234, "/dev/shm/nccl-AbCdEf", 4 << 20, "7f0000000000-7f0000400000"),
+                     (26, 1235, "/nccl-xyz (deleted)", 4 << 20, "7f0000400000-7f0000600000")]
 
 
 def test_cgroup_parsers():

@@ -106,6 +106,7 @@ class Holding:
     allocated: Optional[int] = None  # from fstat of the fd / map_files, when we could
     apparent: Optional[int] = None
     mtime: float = 0.0
+    map_range: str = ""  # one mapping's "start-end", to stat it through /proc/<pid>/map_files
 
 
 # --- pure parsers ---------------------------------------------------------------------
@@ -124,8 +125,11 @@ def dev_token(dev: int) -> str:
     return " %02x:%02x " % (os.major(dev), os.minor(dev))
 
 
-def parse_maps(text: str, tokens: Dict[str, int]) -> List[Tuple[int, int, str, int]]:
-    """Lines of maps on the watched devices -> [(dev, inode, path, extent)].
+MapsLine = Tuple[int, int, str, int, str]  # dev, inode, path, extent, address range
+
+
+def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
+    """Lines of maps on the watched devices -> [(dev, inode, path, extent, address range)].
 
     `tokens` maps dev_token(dev) to dev. Most lines are anonymous (device 00:00) or
     libraries on a disk; only lines on a watched device are split. tmpfs devices all
@@ -133,7 +137,7 @@ def parse_maps(text: str, tokens: Dict[str, int]) -> List[Tuple[int, int, str, i
     minor against the watched set, however many mounts are watched (200 pods' emptyDirs
     in node mode): a per-mount substring search would cost a pass per mount.
     """
-    found: List[Tuple[int, int, str, int]] = []
+    found: List[MapsLine] = []
     major0 = {tok: dev for tok, dev in tokens.items() if tok.startswith(" 00:")}
     others = {tok: dev for tok, dev in tokens.items() if not tok.startswith(" 00:")}
     if major0:
@@ -161,7 +165,7 @@ def parse_maps(text: str, tokens: Dict[str, int]) -> List[Tuple[int, int, str, i
     return found
 
 
-def _parse_maps_line(line: str, dev: int) -> Optional[Tuple[int, int, str, int]]:
+def _parse_maps_line(line: str, dev: int) -> Optional[MapsLine]:
     parts = line.split(None, 5)
     if len(parts) < 6:
         return None
@@ -170,7 +174,8 @@ def _parse_maps_line(line: str, dev: int) -> Optional[Tuple[int, int, str, int]]
         offset, inode = int(parts[2], 16), int(parts[4])
     except ValueError:
         return None
-    return dev, inode, parts[5], offset + end - start
+    # map_files/ names a mapping "%lx-%lx", without the zero padding maps uses.
+    return dev, inode, parts[5], offset + end - start, f"{start:x}-{end:x}"
 
 
 # --- the collector ---------------------------------------------------------------------
@@ -219,10 +224,10 @@ class ProcScanner:
             try:
                 with open(self.paths.proc(pid, "maps"), "rb") as handle:
                     maps = handle.read().decode("utf-8", "surrogateescape")
-                for dev, inode, path, extent in parse_maps(maps, tokens):
+                for dev, inode, path, extent, map_range in parse_maps(maps, tokens):
                     held_here = True
                     deleted = path.endswith(DELETED)
-                    self._add(holdings, (dev, inode), pid, path, deleted, extent=extent)
+                    self._add(holdings, (dev, inode), pid, path, deleted, extent=extent, map_range=map_range)
             except OSError as err:
                 denied |= err.errno in (errno.EACCES, errno.EPERM)
             fd_dir = self.paths.proc(pid, "fd")
@@ -254,15 +259,16 @@ class ProcScanner:
     @staticmethod
     def _add(holdings: Dict[Key, List[Holding]], key: Key, pid: int, path: str, deleted: bool,
              extent: int = 0, allocated: Optional[int] = None, apparent: Optional[int] = None,
-             mtime: float = 0.0) -> None:
+             mtime: float = 0.0, map_range: str = "") -> None:
         for h in holdings.setdefault(key, []):
             if h.pid == pid:
                 h.extent = max(h.extent, extent)
                 h.deleted |= deleted
+                h.map_range = h.map_range or map_range
                 if allocated is not None:
                     h.allocated, h.apparent, h.mtime = allocated, apparent, mtime
                 return
-        holdings[key].append(Holding(pid, path, deleted, extent, allocated, apparent, mtime))
+        holdings[key].append(Holding(pid, path, deleted, extent, allocated, apparent, mtime, map_range))
 
     def _fill_mapping_sizes(self, holdings: Dict[Key, List[Holding]]) -> None:
         """For deleted inodes held only by a mapping, stat it through map_files.
@@ -274,27 +280,15 @@ class ProcScanner:
             if any(h.allocated is not None for h in hs) or not any(h.deleted for h in hs):
                 continue
             for h in hs:
-                st = self._stat_map_file(h.pid, key)
-                if st is not None:
+                if not h.map_range:
+                    continue
+                try:
+                    st = os.stat(self.paths.proc(h.pid, "map_files", h.map_range))
+                except OSError:
+                    continue
+                if (st.st_dev, st.st_ino) == key:
                     h.allocated, h.apparent, h.mtime = st.st_blocks * 512, st.st_size, st.st_mtime
                     break
-
-    def _stat_map_file(self, pid: int, key: Key) -> Optional[os.stat_result]:
-        try:
-            with open(self.paths.proc(pid, "maps"), "rb") as handle:
-                maps = handle.read().decode("utf-8", "surrogateescape")
-        except OSError:
-            return None
-        token = dev_token(key[0])
-        for line in maps.splitlines():
-            parts = line.split(None, 5)
-            if len(parts) >= 5 and f" {parts[3]} " == token and parts[4] == str(key[1]):
-                try:
-                    st = os.stat(self.paths.proc(pid, "map_files", parts[0]))
-                except OSError:
-                    return None
-                return st if (st.st_dev, st.st_ino) == key else None
-        return None
 
 
 _KINDS = {stat_mod.S_IFDIR: "directory", stat_mod.S_IFLNK: "symlink", stat_mod.S_IFIFO: "fifo",
