@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from . import __version__
+from .budget import cgroup_for_mount, shm_budget
 from .config import Config, _typed, build_parser, parse_args, parse_size
 
 EXIT_OK, EXIT_WARN, EXIT_FAIL, EXIT_USAGE = 0, 1, 2, 64
@@ -165,9 +166,8 @@ def diagnose(states: Dict[str, object], cfg: Config, required: Optional[int], re
     inventory = ok.get("segments")
     pods = cgroup if isinstance(cgroup, list) else None  # node mode: every pod's cgroup
     for m in mounts:
-        # In node mode a pod's emptyDir is charged to that pod's cgroup (its UID is in the path).
-        own = next((c for c in pods if c.pod_uid and c.pod_uid in m.mount), None) if pods is not None else cgroup
-        _shm(report, m, inventory, own, cfg, required, required_by)
+        _shm(report, m, inventory, cgroup_for_mount(m.mount, cgroup), cfg, required, required_by,
+             memory_limit=None if pods is not None else cfg.memory_limit_bytes)
     if pods is not None:
         _pod_memory(report, pods)
         cgroup = None
@@ -204,18 +204,13 @@ def _gpu(report: Report, gpus, error: Optional[str]) -> None:
         report.add("warn", "gpu", "NVML", f"GPU skipped: {skipped}", "nvidia-smi; dmesg | grep -i xid")
 
 
-def _shm(report: Report, m, inventory, cgroup, cfg: Config, required: Optional[int], required_by: str) -> None:
+def _shm(report: Report, m, inventory, cgroup, cfg: Config, required: Optional[int], required_by: str,
+         memory_limit: Optional[int]) -> None:
     if m.error:
         report.add("fail" if required else "warn", "shm", m.mount, f"cannot be measured: {m.error}",
                    "mount the workload's shm volume at this path")
         return
-    effective = m.size_bytes
-    if cfg.shm_size_limit:
-        effective = min(effective, cfg.shm_size_limit)
-    limit = cgroup.limit_bytes if cgroup is not None and cgroup.limit_bytes else cfg.memory_limit_bytes
-    if limit:
-        non_shm = max(0, (cgroup.working_set_bytes if cgroup else 0) - m.used_bytes)
-        effective = min(effective, max(0, limit - non_shm))
+    effective = shm_budget(m, cgroup, cfg.shm_size_limit, memory_limit).effective_bytes
     size_text = human(m.size_bytes)
     if m.size_bytes <= DOCKER_DEFAULT_SHM:
         size_text += " (Docker's 64 MiB default)" if m.size_bytes == DOCKER_DEFAULT_SHM else " (below Docker's 64 MiB default)"
@@ -295,13 +290,11 @@ def _memory(report: Report, host, cgroup, mounts, cfg: Config, cgroup_error: Opt
     for m in mounts:
         if m.error:
             continue
-        fillable = min(m.size_bytes, cfg.shm_size_limit or m.size_bytes)
-        projection = (max(0, cgroup.working_set_bytes - m.used_bytes) + fillable) / cgroup.limit_bytes
-        if projection > 1:
-            report.add("warn", "memory", m.mount, f"filling it ({human(fillable)}) would need {projection:.0%} of the "
-                       "memory limit: the pod is OOM-killed before tmpfs says ENOSPC",
-                       f"lower sizeLimit to at most {human(max(0, cgroup.limit_bytes - (cgroup.working_set_bytes - m.used_bytes)))}"
-                       " or raise the memory limit")
+        budget = shm_budget(m, cgroup, cfg.shm_size_limit)
+        if budget.projection is not None and budget.projection > 1:
+            report.add("warn", "memory", m.mount, f"filling it ({human(budget.fillable_bytes)}) would need "
+                       f"{budget.projection:.0%} of the memory limit: the pod is OOM-killed before tmpfs says ENOSPC",
+                       f"lower sizeLimit to at most {human(budget.room_bytes)} or raise the memory limit")
 
 
 def _pod_memory(report: Report, pods) -> None:

@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from . import __version__
+from .budget import cgroup_for_mount, shm_budget
 from .catalogue import lookup, node_labels
 from .collectors.cgroup import CgroupMemory
 from .collectors.segments import Inventory, owner_label
@@ -223,33 +224,16 @@ class SnapshotCollector(Collector):
         if not mounts_state or not mounts_state.success or not mounts_state.result:
             return
         cg_state = snap.states.get("cgroup")
-        cg_result = cg_state.result if cg_state and cg_state.success else None
-        node_mode = isinstance(cg_result, list)
-        by_pod = {c.pod_uid: c for c in cg_result} if node_mode else {}
+        cgroups = cg_state.result if cg_state and cg_state.success else None
+        node_mode = isinstance(cgroups, list)
         for m in mounts_state.result:
             if m.error:
                 continue
-            cg: Optional[CgroupMemory]
-            if node_mode:  # a pod's emptyDir is charged to that pod's cgroup
-                pod = self.discovery.labels(m.mount).get("pod_uid") if self.discovery else ""
-                cg = by_pod.get(pod) if pod else None
-            else:
-                cg = cg_result
-            # What the mount can really hold: tmpfs size, the emptyDir sizeLimit (older
-            # kubelets leave tmpfs at half of node RAM and enforce sizeLimit by eviction),
-            # and what the memory limit leaves once everything but shm is counted.
-            candidates = [m.size_bytes]
-            if self.shm_size_limit:
-                candidates.append(self.shm_size_limit)
-            fillable = min(candidates)
-            if cg is not None and cg.limit_bytes:
-                non_shm = max(0, cg.working_set_bytes - m.used_bytes)
-                candidates.append(max(0, cg.limit_bytes - non_shm))
-                projection = (non_shm + fillable) / cg.limit_bytes
-                out.add("shmwatch_shm_oom_projection_ratio", [m.mount, clean(cg.cgroup, 256)], projection)
-            elif self.memory_limit and not node_mode:
-                candidates.append(self.memory_limit)  # no usage known: the limit alone bounds it
-            out.add("shmwatch_mount_effective_size_bytes", [m.mount], min(candidates))
+            cg = cgroup_for_mount(m.mount, cgroups)
+            budget = shm_budget(m, cg, self.shm_size_limit, None if node_mode else self.memory_limit)
+            if budget.projection is not None:
+                out.add("shmwatch_shm_oom_projection_ratio", [m.mount, clean(cg.cgroup, 256)], budget.projection)
+            out.add("shmwatch_mount_effective_size_bytes", [m.mount], budget.effective_bytes)
 
     def _events(self, snap: Snapshot, out: Families) -> None:
         for (mount, cls, event), count in sorted(snap.events.items()):
