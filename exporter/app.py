@@ -3,19 +3,19 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from prometheus_client import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
 from .collectors.cgroup import CgroupCollector
 from .collectors.gpu import GpuCollector
 from .collectors.host_memory import HostMemoryCollector
 from .collectors.segments import SegmentsCollector
+from .collectors.self_process import SelfProcessCollector
 from .collectors.shm_mount import ShmMountCollector
 from .collectors.sysv import SysvCollector
 from .config import Config
 from .discovery import MountDiscovery
 from .events import MountWatcher
-from .metrics import CachedCollector, SnapshotCollector
+from .metrics import SnapshotCollector
 from .paths import Paths
 from .sampler import Sampler
 
@@ -42,7 +42,8 @@ class App:
         self.paths = Paths(cfg.procfs, cfg.sysfs, cfg.rootfs)
         self.discovery = MountDiscovery(self.paths, cfg.shm_mounts, node_mode=cfg.mode == "node")
         self.discovery.refresh()
-        self.collectors = build_collectors(cfg, self.paths, self.discovery)
+        # The exporter's own process_* metrics are always on, read on the poll like the rest.
+        self.collectors = build_collectors(cfg, self.paths, self.discovery) + [SelfProcessCollector()]
         self.sampler = Sampler(self.collectors, cfg.poll_interval, cfg.inventory_interval, cfg.peak_window,
                                timeouts={"gpu": cfg.gpu_timeout}, default_timeout=cfg.collector_timeout)
         segments = next((c for c in self.collectors if isinstance(c, SegmentsCollector)), None)
@@ -52,7 +53,6 @@ class App:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(self.sampler, cfg.shm_size_limit, cfg.memory_limit_bytes,
                                                  self.discovery))
-        self.registry.register(CachedCollector(ProcessCollector(registry=None)))
 
     def start(self) -> None:
         self.watcher.start()

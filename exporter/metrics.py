@@ -8,8 +8,6 @@ Every family is built from the catalogue, so names, types and help cannot drift.
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -65,26 +63,6 @@ class Families:
         return iter(self._families.values())
 
 
-class CachedCollector(Collector):
-    """Wraps a collector that reads files at collect() (prometheus_client's ProcessCollector
-    reads /proc/self): at most one real read per `ttl`, however many scrapers there are."""
-
-    def __init__(self, inner: Collector, ttl: float = 1.0):
-        self.inner, self.ttl = inner, ttl
-        self._lock = threading.Lock()
-        self._cached: List[Metric] = []
-        self._at = float("-inf")
-
-    def describe(self) -> List[Metric]:
-        return []
-
-    def collect(self) -> Iterable[Metric]:
-        with self._lock:
-            if time.monotonic() - self._at >= self.ttl:
-                self._cached, self._at = list(self.inner.collect()), time.monotonic()
-            return list(self._cached)
-
-
 class SnapshotCollector(Collector):
     def __init__(self, sampler: Sampler, shm_size_limit: Optional[int] = None,
                  memory_limit: Optional[int] = None, discovery=None):
@@ -105,6 +83,7 @@ class SnapshotCollector(Collector):
         renderers = {
             "shm_mount": self._shm_mount, "segments": self._segments, "sysv": self._sysv,
             "host_memory": self._host_memory, "cgroup": self._cgroup, "gpu": self._gpu,
+            "process": self._process,
         }
         for name, state in snap.states.items():
             ok = state.success
@@ -183,6 +162,10 @@ class SnapshotCollector(Collector):
             out.add("shmwatch_sysv_limit_shmall_bytes", [], shm.shmall_bytes)
         if shm.shmmni is not None:
             out.add("shmwatch_sysv_limit_shmmni", [], shm.shmmni)
+
+    def _process(self, samples, out: Families, snap: Snapshot) -> None:
+        for name, value in samples:
+            out.add(name, [], value)
 
     def _host_memory(self, mem, out: Families, snap: Snapshot) -> None:
         out.add("shmwatch_host_memory_total_bytes", [], mem.total_bytes)
