@@ -164,6 +164,18 @@ def promtool_check_metrics(text: str) -> subprocess.CompletedProcess:
     return subprocess.run([promtool, "check", "metrics"], input=text.encode(), capture_output=True, timeout=30)
 
 
+def remove_cgroup(path: str, tries: int = 50) -> None:
+    """rmdir a cgroup, waiting for its killed processes to be gone (the kernel says EBUSY until then)."""
+    for _ in range(tries):
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
 def fallocate(path: str, size: int) -> None:
     """A file whose pages are all allocated, as NCCL's segments are after creation."""
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)

@@ -2,14 +2,13 @@
 import os
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
 
 from exporter.collectors.cgroup import CgroupCollector
 from exporter.paths import Paths
-from tests.conftest import Exporter, mounted_tmpfs, needs_root, value
+from tests.conftest import Exporter, mounted_tmpfs, needs_root, remove_cgroup, value
 
 MiB = 1 << 20
 V1_ROOT = "/sys/fs/cgroup/memory"
@@ -108,12 +107,7 @@ def v1_cgroup():
     try:
         yield "/" + name, directory
     finally:
-        for _ in range(50):
-            try:
-                os.rmdir(directory)
-                break
-            except OSError:
-                time.sleep(0.1)
+        remove_cgroup(directory)
 
 
 def ratio(samples, name, **labels):

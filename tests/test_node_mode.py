@@ -1,6 +1,5 @@
 """Node mode: one shmwatch per node finds every pod's and container's shm and memory cgroup."""
 import os
-import time
 import uuid
 
 import pytest
@@ -10,7 +9,8 @@ from exporter.collectors.cgroup import CgroupCollector
 from exporter.collectors.shm_mount import parse_mountinfo
 from exporter.discovery import discover
 from exporter.paths import Paths
-from tests.conftest import FIXTURES, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, select, value
+from tests.conftest import (FIXTURES, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, remove_cgroup, select,
+                            value)
 
 POD1, POD2 = "0f1e2d3c-aaaa-bbbb-cccc-000000000001", "0f1e2d3c-aaaa-bbbb-cccc-000000000002"
 
@@ -149,12 +149,7 @@ def test_real_node_mode(tmp_path):
         for cm in mounts.values():
             cm.__exit__(None, None, None)
         for path in cgroups:
-            for _ in range(50):
-                try:
-                    os.rmdir(path)
-                    break
-                except OSError:
-                    time.sleep(0.1)
+            remove_cgroup(path)
         for parent in ("kubepods/burstable", "kubepods"):
             try:
                 os.rmdir(os.path.join(V1_MEMORY, parent))
