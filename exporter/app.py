@@ -1,7 +1,16 @@
-"""Wires configuration to collectors, sampler, watcher and registry (serve and check share it)."""
+"""Wires configuration to sources, sampler, model step, watcher and registry.
+
+    discovery ─┐
+    sources ───┴─▶ sampler ─▶ observations ─▶ model step ─▶ /metrics, shmwatch check
+                                  │                ▲
+    watcher (inotify) ─▶ state store (peaks, counters, inotify flags)
+
+serve and check build the same thing; check runs every source once instead of starting
+the threads.
+"""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List
 
 from prometheus_client.registry import CollectorRegistry
 
@@ -15,53 +24,71 @@ from .collectors.sysv import SysvCollector
 from .config import Config
 from .discovery import MountDiscovery
 from .events import MountWatcher
-from .metrics import SnapshotCollector
+from .inventory.changes import ChangeLog
+from .metrics import ModelCollector
+from .model import ModelStep
 from .paths import Paths
+from .proctable import ProcessTable
 from .sampler import Sampler
+from .state import StateStore
 
 
-def build_collectors(cfg: Config, paths: Paths, discovery: Optional[MountDiscovery] = None) -> List[object]:
+def build_sources(cfg: Config, paths: Paths, discovery: MountDiscovery, table: ProcessTable,
+                  changes: ChangeLog) -> List[object]:
+    """Discovery first (the others read its mounts), then the collectors that are on."""
     node = cfg.mode == "node"
-    discovery = discovery or MountDiscovery(paths, cfg.shm_mounts, node_mode=node)
     makers = {
-        "shm_mount": lambda: ShmMountCollector(paths, cfg.shm_mounts, discovery=discovery if node else None),
-        "segments": lambda: SegmentsCollector(paths, discovery.mounts if node else cfg.shm_mounts, pod_of_pid=node,
-                                              top_k=cfg.top_k),
+        "shm_mount": lambda: ShmMountCollector(paths, discovery.mounts),
+        "segments": lambda: SegmentsCollector(paths, discovery.mounts, table, pod_of_pid=node,
+                                              changes=changes),
         "sysv": lambda: SysvCollector(paths),
         "host_memory": lambda: HostMemoryCollector(paths),
         "cgroup": lambda: CgroupCollector(paths, cfg.cgroup_path, cfg.cgroup_target_process,
-                                          cfg.memory_limit_bytes, node_mode=node),
-        "gpu": lambda: GpuCollector(paths),
+                                          cfg.memory_limit_bytes, node_mode=node, table=table),
+        "gpu": lambda: GpuCollector(paths, table=table),
     }
-    return [make() for name, make in makers.items() if cfg.collectors.get(name, True)]
+    sources = [discovery] + [make() for name, make in makers.items() if cfg.collectors.get(name, True)]
+    # The exporter's own process_* metrics are always on, read on the poll like the rest.
+    return sources + [SelfProcessCollector()]
 
 
 class App:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.paths = Paths(cfg.procfs, cfg.sysfs, cfg.rootfs)
+        self.table = ProcessTable(self.paths)
         self.discovery = MountDiscovery(self.paths, cfg.shm_mounts, node_mode=cfg.mode == "node")
-        self.discovery.refresh()
-        # The exporter's own process_* metrics are always on, read on the poll like the rest.
-        self.collectors = build_collectors(cfg, self.paths, self.discovery) + [SelfProcessCollector()]
-        self.sampler = Sampler(self.collectors, cfg.poll_interval, cfg.inventory_interval, cfg.peak_window,
+        self.state = StateStore(cfg.peak_window)
+        self.changes = ChangeLog()  # names the watcher saw change, for the next quick inventory
+        self.sources = build_sources(cfg, self.paths, self.discovery, self.table, self.changes)
+        self.sampler = Sampler(self.sources, cfg.poll_interval, cfg.inventory_interval,
                                timeouts={"gpu": cfg.gpu_timeout}, default_timeout=cfg.collector_timeout)
-        segments = next((c for c in self.collectors if isinstance(c, SegmentsCollector)), None)
-        self.watcher = MountWatcher(self.sampler, self.paths, self.discovery.mounts, enabled=cfg.inotify,
-                                    changes=segments.changes if segments else None)
-        self.sampler.listeners.append(self.watcher.on_result)
+        self.step = ModelStep(self.sources, self.discovery, self.state, cfg.top_k, cfg.shm_size_limit,
+                              cfg.memory_limit_bytes)
+        self.watcher = MountWatcher(self.state, self.paths, self.discovery.mounts, wake=self.sampler.request_quick,
+                                    enabled=cfg.inotify, changes=self.changes)
+        self.discovery.subscribe(self.watcher.on_mounts)
+        self.sampler.subscribe(self.watcher.on_observation)
+        self.sampler.subscribe(self.step.accept)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotCollector(self.sampler, cfg.shm_size_limit, cfg.memory_limit_bytes,
-                                                 self.discovery))
+        self.registry.register(ModelCollector(self.step))
 
     def start(self) -> None:
+        try:
+            self.discovery.collect()  # the first mount set, before anything is watched
+        except (OSError, ValueError):
+            pass  # the sampler runs it again, and reports it failed
         self.watcher.start()
         self.sampler.start()
+
+    def run_once(self) -> None:
+        """Every source once, in this thread (`shmwatch check`, tests)."""
+        self.sampler.run_once()
 
     def stop(self) -> None:
         self.watcher.stop()
         self.sampler.stop()
-        for collector in self.collectors:
-            close = getattr(collector, "close", None)
+        for source in self.sources:
+            close = getattr(source, "close", None)
             if close is not None:
                 close()

@@ -6,11 +6,10 @@ shmwatch_shm_oom_projection_ratio) and `shmwatch check` both report.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Optional, Sequence
 
 from .collectors.cgroup import CgroupMemory
 from .collectors.shm_mount import MountUsage
-from .discovery import LAYOUTS
 
 
 @dataclass(frozen=True)
@@ -39,20 +38,12 @@ def shm_budget(m: MountUsage, cgroup: Optional[CgroupMemory], size_limit: Option
     return ShmBudget(fillable, fillable, None, None)
 
 
-def pod_uid_of_mount(mount: str) -> str:
-    """The pod UID in a kubelet emptyDir path; '' for any other mount."""
-    for pattern, _ in LAYOUTS:
-        match = pattern.search(mount)
-        if match and "pod_uid" in match.groupdict():
-            return match.group("pod_uid")
-    return ""
-
-
-def cgroup_for_mount(mount: str, cgroups) -> Optional[CgroupMemory]:
-    """The cgroup a mount's pages are charged to: the one watched cgroup, or (node mode, a
-    list of every pod's) the cgroup of the pod whose emptyDir it is."""
-    if not isinstance(cgroups, list):
-        return cgroups
-    pod = pod_uid_of_mount(mount)
-    pods: List[CgroupMemory] = [c for c in cgroups if pod and c.pod_uid == pod]
-    return pods[0] if pods else None
+def cgroup_for_mount(pod_uid: str, cgroups: Sequence[CgroupMemory]) -> Optional[CgroupMemory]:
+    """The cgroup a mount's pages are charged to: a pod's emptyDir to its pod's cgroup, any
+    other mount to the one watched cgroup that belongs to no pod (the sidecar's workload).
+    The same rule in both modes: in node mode every cgroup is a pod's, so the host's own
+    /dev/shm is charged to none of them."""
+    for cgroup in cgroups:
+        if cgroup.pod_uid == pod_uid:
+            return cgroup
+    return None

@@ -1,39 +1,31 @@
 """Which mounts to watch: the configured ones, and in node mode every pod's shm.
 
+Discovery is its own job. It runs on the poll interval and publishes the mount set to
+its subscribers (the watcher, the state store); the collectors read `mounts()` at the
+start of each run. No collector drives it, so turning one off freezes nothing.
+
 Node mode (`--mode=node`, one shmwatch per node as a DaemonSet) reads the host's
 mountinfo (`--path.procfs=/host/proc`, pid 1, or our own under hidepid) and picks the
-tmpfs mounts that are some pod's or container's shared memory:
+tmpfs mounts that are some pod's or container's shared memory (kube.MOUNT_LAYOUTS):
+memory-backed emptyDirs, containerd and CRI-O sandbox shm, Docker container shm, and
+the host's /dev/shm. node_exporter's defaults drop exactly these (`^/(dev|...)`,
+`/var/lib/kubelet/pods/.+`, `/run/containerd/.+`).
 
-- memory-backed emptyDirs:  /var/lib/kubelet/pods/<uid>/volumes/kubernetes.io~empty-dir/<volume>
-- containerd sandbox shm:   /run/containerd/io.containerd.grpc.v1.cri/sandboxes/<id>/shm
-- CRI-O sandbox shm:        /run/containers/storage/overlay-containers/<id>/userdata/shm
-- Docker container shm:     /var/lib/docker/containers/<id>/mounts/shm
-- the host's /dev/shm
-
-node_exporter's defaults drop exactly these (`^/(dev|...)`, `/var/lib/kubelet/pods/.+`,
-`/run/containerd/.+`). Discovery runs on every poll, so mounts come and go with pods.
+When mountinfo cannot be read, the last good set is kept (and the run fails): an
+unreadable file must not forget every pod and reset its counters.
 """
 from __future__ import annotations
 
-import re
+import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence
 
-from .collectors.shm_mount import MountEntry, read_mountinfo
-from .paths import Paths
+from .kube import NODE_LABELS, mount_labels
+from .mountinfo import MountEntry, parse_mountinfo
+from .paths import Paths, read_text
 
-NODE_LABELS: Tuple[str, ...] = ("pod_uid", "volume", "container_id")
-
-# (regex searched in the mount point, which labels it yields). Searched, not anchored, so a
-# test may mount the same layout under a temporary directory.
-LAYOUTS = (
-    (re.compile(r"/var/lib/kubelet/pods/(?P<pod_uid>[^/]+)/volumes/kubernetes\.io~empty-dir/(?P<volume>[^/]+)$"),
-     "emptydir"),
-    (re.compile(r"/io\.containerd\.grpc\.v1\.cri/sandboxes/(?P<container_id>[0-9a-f]{12,})/shm$"), "containerd"),
-    (re.compile(r"/overlay-containers/(?P<container_id>[0-9a-f]{12,})/userdata/shm$"), "crio"),
-    (re.compile(r"/var/lib/docker/containers/(?P<container_id>[0-9a-f]{12,})/mounts/shm$"), "docker"),
-)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -42,14 +34,30 @@ class Target:
     labels: Dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class MountSet:
+    """What discovery published: the mounts, in order, with their node labels."""
+    targets: List[Target]
+
+    def mounts(self) -> List[str]:
+        return [t.mount for t in self.targets]
+
+
+def live_mounts(mounts: "Sequence[str] | Callable[[], List[str]]") -> Callable[[], List[str]]:
+    """What collectors take: discovery's `mounts` callable, or (tests, benchmarks) a fixed list."""
+    if callable(mounts):
+        return mounts
+    fixed = list(mounts)
+    return lambda: fixed
+
+
 def classify_mount(entry: MountEntry) -> Optional[Dict[str, str]]:
     """Labels for a pod/container shm mount; None for any other mount."""
     if entry.fstype != "tmpfs":
         return None
-    for pattern, _ in LAYOUTS:
-        match = pattern.search(entry.mount_point)
-        if match:
-            return {name: match.groupdict().get(name) or "" for name in NODE_LABELS}
+    labels = mount_labels(entry.mount_point)
+    if labels is not None:
+        return labels
     if entry.mount_point == "/dev/shm":
         return {name: "" for name in NODE_LABELS}
     return None
@@ -67,35 +75,53 @@ def discover(entries: Sequence[MountEntry]) -> List[Target]:
 
 
 class MountDiscovery:
-    """The current list of mounts; static in sidecar mode, re-read from mountinfo in node mode."""
+    """The current mount set; static in sidecar mode, re-read from the host's mountinfo in node mode."""
+
+    name = "discovery"
+    schedule = "poll"
 
     def __init__(self, paths: Paths, static_mounts: Sequence[str], node_mode: bool = False):
         self.paths = paths
         self.node_mode = node_mode
+        # In sidecar mode the set never changes and nothing can fail: no status series.
+        self.reports_status = node_mode
         self._static = [Target(m, {n: "" for n in NODE_LABELS} if node_mode else {}) for m in static_mounts]
         self._lock = threading.Lock()
-        self._current: List[Target] = list(self._static)
+        self._current = MountSet(list(self._static))
+        self._subscribers: List[Callable[[MountSet], None]] = []
 
-    def refresh(self, entries: Optional[Sequence[MountEntry]] = None) -> List[Target]:
-        if not self.node_mode:
-            return self.current()
-        # The host's view is pid 1's (the DaemonSet runs with hostPID).
-        found = discover(read_mountinfo(self.paths, host_first=True) if entries is None else entries)
-        seen = {t.mount for t in found}
-        targets = found + [t for t in self._static if t.mount not in seen]
-        with self._lock:
-            self._current = targets
-        return targets
+    def subscribe(self, subscriber: Callable[[MountSet], None]) -> None:
+        self._subscribers.append(subscriber)
 
-    def current(self) -> List[Target]:
+    def read_host_mountinfo(self) -> List[MountEntry]:
+        # The host's view is pid 1's (the DaemonSet runs with hostPID); under hidepid ours.
+        errors = []
+        for pid in ("1", "self"):
+            try:
+                return parse_mountinfo(read_text(self.paths.proc(pid, "mountinfo")))
+            except OSError as err:
+                errors.append(f"{self.paths.proc(pid, 'mountinfo')}: {err.strerror or err}")
+        raise OSError("; ".join(errors))
+
+    def collect(self) -> MountSet:
+        """Re-discover (node mode) and publish. Raises, keeping the last good set, when the
+        host's mountinfo cannot be read."""
+        if self.node_mode:
+            entries = self.read_host_mountinfo()
+            if not entries:
+                raise ValueError("mountinfo is empty: keeping the last mount set")
+            found = discover(entries)
+            seen = {t.mount for t in found}
+            current = MountSet(found + [t for t in self._static if t.mount not in seen])
+            with self._lock:
+                self._current = current
+        for subscriber in self._subscribers:
+            subscriber(self.current())
+        return self.current()
+
+    def current(self) -> MountSet:
         with self._lock:
-            return list(self._current)
+            return self._current
 
     def mounts(self) -> List[str]:
-        return [t.mount for t in self.current()]
-
-    def labels(self, mount: str) -> Dict[str, str]:
-        for target in self.current():
-            if target.mount == mount:
-                return target.labels
-        return {n: "" for n in NODE_LABELS} if self.node_mode else {}
+        return self.current().mounts()

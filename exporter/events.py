@@ -13,12 +13,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Callable, Dict, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from .collectors.segments import Inventory
+from .discovery import MountSet, live_mounts
+from .inventory.changes import ChangeLog
 from .paths import Paths
-from .sampler import Sampler
+from .sampler import Observation
 from .segment_classes import classify
+from .state import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +50,24 @@ def _make_handler(watcher: "MountWatcher", mount: str):
 
 
 class MountWatcher:
-    def __init__(self, sampler: Sampler, paths: Paths, mounts, enabled: bool = True,
+    """Watches the mounts discovery publishes. Talks to the state store (peaks, counters,
+    inotify flags), to the change log (names for the next quick inventory) and to
+    `wake` (the sampler's request for an event-driven run)."""
+
+    def __init__(self, state: StateStore, paths: Paths, mounts: "Sequence[str] | Callable[[], List[str]]",
+                 wake: Callable[[], None] = lambda: None, enabled: bool = True,
                  statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
-                 observer_factory: Optional[Callable[[], object]] = None, changes=None):
-        self.sampler = sampler
+                 observer_factory: Optional[Callable[[], object]] = None, changes: Optional[ChangeLog] = None):
+        self.state = state
+        self.wake = wake
         self.paths = paths
-        # A list, or (node mode) a callable returning the mounts discovered right now.
-        self._mounts = mounts if callable(mounts) else (lambda fixed=list(mounts): fixed)
+        self._mounts = live_mounts(mounts)  # discovery's current mounts
         self.enabled = enabled
         self.statvfs = statvfs
         self.observer_factory = observer_factory
         self.changes = changes  # segments.ChangeLog: names for the next quick inventory
         self.observer = None
+        self._started = False
         self.watches: Dict[str, Tuple[object, int]] = {}  # mount -> (watch, st_dev watched)
         self._said: Dict[str, str] = {}
         self._lock = threading.Lock()
@@ -73,8 +81,9 @@ class MountWatcher:
         return self._mounts()
 
     def start(self) -> None:
+        self._started = True
         for mount in self.mounts:
-            self.sampler.set_inotify(mount, False)
+            self.state.set_inotify(mount, False)
         if not self.enabled:
             for mount in self.mounts:
                 self._say(mount, "inotify disabled (--no-inotify): polling")
@@ -119,18 +128,18 @@ class MountWatcher:
             watch = self.observer.schedule(_make_handler(self, mount), path, recursive=False,
                                            event_filter=_event_filter())
         except Exception as err:  # OSError: ENOSPC (max_user_watches), EMFILE (instances), ENOENT
-            self.sampler.set_inotify(mount, False)
+            self.state.set_inotify(mount, False)
             self._say(mount, f"cannot watch with inotify ({err}): polling")
             return
         with self._lock:
             self.watches[mount] = (watch, dev)
-        self.sampler.set_inotify(mount, True)
+        self.state.set_inotify(mount, True)
         self._say(mount, "inotify on")
 
     def refresh(self) -> None:
         """Re-watch a mount that was missing, or was unmounted and mounted again; forget gone ones."""
         current = set(self.mounts)
-        self.sampler.forget_mounts_except(current)
+        self.state.forget_mounts_except(current)
         for mount in list(self.watches):
             if mount not in current:
                 watch, _ = self.watches.pop(mount)
@@ -143,8 +152,8 @@ class MountWatcher:
             self._previous_class.pop(gone, None)
         if self.observer is None and not (self.enabled and self._start_observer()):
             # Polling; inotify is tried again on the next refresh (limits can be raised live).
-            for mount in current - set(self.sampler.snapshot().inotify):
-                self.sampler.set_inotify(mount, False)
+            for mount in current - set(self.state.known_inotify()):
+                self.state.set_inotify(mount, False)
             return
         for mount in sorted(current):
             try:
@@ -161,7 +170,7 @@ class MountWatcher:
                     pass
                 with self._lock:
                     self.watches.pop(mount, None)
-                self.sampler.set_inotify(mount, False)
+                self.state.set_inotify(mount, False)
             if dev is not None:
                 self._watch(mount)
 
@@ -179,40 +188,38 @@ class MountWatcher:
                     self.changes.add(mount, os.path.basename(path))
         if not event.is_directory:
             if kind in ("created", "deleted"):
-                self.sampler.count_event(mount, classify(os.path.basename(event.src_path)), kind)
+                self.state.count_event(mount, classify(os.path.basename(event.src_path)), kind)
             elif kind == "moved":
-                self.sampler.count_event(mount, classify(os.path.basename(event.src_path)), "deleted")
-                self.sampler.count_event(mount, classify(os.path.basename(event.dest_path)), "created")
+                self.state.count_event(mount, classify(os.path.basename(event.src_path)), "deleted")
+                self.state.count_event(mount, classify(os.path.basename(event.dest_path)), "created")
         try:
             st = self.statvfs(self.paths.host(mount))
-            self.sampler.record_used(mount, (st.f_blocks - st.f_bfree) * st.f_frsize)
+            self.state.record_used(mount, (st.f_blocks - st.f_bfree) * st.f_frsize)
         except OSError:
             pass  # the poll will report the mount's error
-        self.sampler.request_inventory()
+        self.wake()
 
-    def on_result(self, collector: str, result: object) -> None:
-        """Sampler listener: peaks from polls, event counts from diffs on polled mounts."""
-        if collector == "shm_mount":
-            for m in result:
-                if not m.error:
-                    self.sampler.record_used(m.mount, m.used_bytes)
+    def on_mounts(self, mount_set: MountSet) -> None:
+        """Discovery subscriber: watch new mounts, re-watch remounted ones, forget gone ones."""
+        if self._started:
             self.refresh()
-        elif collector == "segments" and isinstance(result, Inventory):
-            self._diff(result)
 
-    def _diff(self, inv: Inventory) -> None:
-        with self.sampler.lock:
-            active = dict(self.sampler.inotify)
+    def on_observation(self, obs: Observation) -> None:
+        """Sampler subscriber: on polled mounts, created/deleted come from inventory diffs."""
+        if obs.source == "segments" and obs.success:
+            self._diff(obs.result)
+
+    def _diff(self, inv) -> None:
         for m in inv.mounts:
             if m.error:
                 continue
             keys = {s.key: s.cls for s in m.segments if s.state != "hidden"}
             previous = self._previous.get(m.mount)
-            if previous is not None and not active.get(m.mount):
+            if previous is not None and not self.state.inotify_active(m.mount):
                 old_classes = self._previous_class[m.mount]
                 for key in keys.keys() - previous:
-                    self.sampler.count_event(m.mount, keys[key], "created")
+                    self.state.count_event(m.mount, keys[key], "created")
                 for key in previous - keys.keys():
-                    self.sampler.count_event(m.mount, old_classes[key], "deleted")
+                    self.state.count_event(m.mount, old_classes[key], "deleted")
             self._previous[m.mount] = set(keys)
             self._previous_class[m.mount] = keys

@@ -1,4 +1,4 @@
-"""Turns the sampler's snapshot into metric families, on a private registry.
+"""Turns the model into metric families, on a private registry.
 
 Fresh families on every collect(), nothing kept between scrapes (client_python's
 custom-collector pattern). Each source renders under its own guard, so a bug in one
@@ -14,12 +14,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from . import __version__
-from .budget import cgroup_for_mount, shm_budget
 from .catalogue import lookup, node_labels
 from .collectors.cgroup import CgroupMemory
-from .collectors.segments import Inventory, owner_label
+from .inventory.summary import owner_label
 from .labels import clean
-from .sampler import Sampler, Snapshot
+from .model import Model, ModelStep
 
 log = logging.getLogger(__name__)
 
@@ -63,51 +62,51 @@ class Families:
         return iter(self._families.values())
 
 
-class SnapshotCollector(Collector):
-    def __init__(self, sampler: Sampler, shm_size_limit: Optional[int] = None,
-                 memory_limit: Optional[int] = None, discovery=None):
-        self.sampler = sampler
-        self.discovery = discovery  # node mode: labels of each discovered mount
-        # --memory.limit-bytes: bounds the effective shm size even when no cgroup can be read.
-        self.memory_limit = memory_limit
-        self.shm_size_limit = shm_size_limit
+class ModelCollector(Collector):
+    """Renders the model step's current Model; reads nothing else."""
+
+    def __init__(self, step: ModelStep):
+        self.step = step
 
     def describe(self) -> List[Metric]:
         return []  # no auto-describe: registering must not trigger a collect
 
     def collect(self) -> Iterable[Metric]:
-        snap = self.sampler.snapshot()
-        node_mode = bool(self.discovery is not None and self.discovery.node_mode)
-        out = Families(node_mode, self.discovery.labels if node_mode else None)
+        model = self.step.current()
+        labels_by_mount = {v.mount: v.labels for v in model.mounts}
+        out = Families(model.node_mode, lambda mount: labels_by_mount.get(mount, {}))
         out.add("shmwatch_build_info", [__version__], 1)
         renderers = {
             "shm_mount": self._shm_mount, "segments": self._segments, "sysv": self._sysv,
             "host_memory": self._host_memory, "cgroup": self._cgroup, "gpu": self._gpu,
             "process": self._process,
         }
-        for name, state in snap.states.items():
-            ok = state.success
-            if ok and state.result is not None and name in renderers:
+        for status in model.statuses:
+            ok = status.success
+            if ok and status.name in renderers:
                 staged = out.child()
                 try:
-                    renderers[name](state.result, staged, snap)
+                    renderers[status.name](model, staged)
                 except Exception:
-                    log.exception("rendering %s failed", name)
+                    log.exception("rendering %s failed", status.name)
                     ok = False
                 else:
                     out.merge(staged)
-            out.add("shmwatch_collector_success", [name], 1 if ok else 0)
-            out.add("shmwatch_collector_duration_seconds", [name], state.duration)
+            out.add("shmwatch_collector_success", [status.name], 1 if ok else 0)
+            out.add("shmwatch_collector_duration_seconds", [status.name], status.duration)
         try:
-            self._derived(snap, out)
+            self._derived(model, out)
         except Exception:
             log.exception("rendering derived metrics failed")
-        self._events(snap, out)
+        self._events(model, out)
         return list(out)
 
     # --- one renderer per source ---------------------------------------------------------
-    def _shm_mount(self, mounts, out: Families, snap: Snapshot) -> None:
-        for m in mounts:
+    def _shm_mount(self, model: Model, out: Families) -> None:
+        for view in model.mounts:
+            m = view.usage
+            if m is None:
+                continue
             out.add("shmwatch_mount_info", [m.mount, m.fstype, clean(m.source)], 1)
             out.add("shmwatch_mount_error", [m.mount], 1 if m.error else 0)
             if m.error:
@@ -118,22 +117,21 @@ class SnapshotCollector(Collector):
             out.add("shmwatch_mount_usage_ratio", [m.mount], m.usage_ratio)
             out.add("shmwatch_mount_inodes", [m.mount], m.inodes)
             out.add("shmwatch_mount_inodes_free", [m.mount], m.inodes_free)
-            peak = max(snap.peaks.get(m.mount, m.used_bytes), m.used_bytes)
-            out.add("shmwatch_mount_peak_used_bytes", [m.mount], peak)
+            out.add("shmwatch_mount_peak_used_bytes", [m.mount], view.peak_bytes)
 
-    def _segments(self, inv: Inventory, out: Families, snap: Snapshot) -> None:
+    def _segments(self, model: Model, out: Families) -> None:
+        inv = model.inventory
         out.add("shmwatch_proc_unreadable", [], inv.proc_unreadable)
-        # Node mode: a pod deleted since the last inventory is gone now, not at the next one.
-        present = set(self.discovery.mounts()) if self.discovery is not None and self.discovery.node_mode else None
-        for m in inv.mounts:
-            if m.error or (present is not None and m.mount not in present):
+        for view in model.mounts:
+            m, summary = view.inventory, view.summary
+            if m is None or m.error or summary is None:
                 continue
-            for (cls, state), (count, allocated, apparent) in sorted(m.totals.items()):
+            for (cls, state), (count, allocated, apparent) in sorted(summary.totals.items()):
                 out.add("shmwatch_segments", [m.mount, cls, state], count)
                 out.add("shmwatch_segment_bytes", [m.mount, cls, state], allocated)
                 out.add("shmwatch_segment_apparent_bytes", [m.mount, cls, state], apparent)
             seen_names = set()
-            for seg in m.top:
+            for seg in summary.top:
                 label = clean(seg.name)
                 if (label, seg.state) in seen_names:
                     label = f"{label} (inode {seg.key[1]})"  # two names that clean to the same text
@@ -141,17 +139,18 @@ class SnapshotCollector(Collector):
                 out.add("shmwatch_top_segment_bytes",
                         [m.mount, label, seg.cls, seg.state, clean(owner_label(seg.holders, inv.comms))],
                         seg.allocated_bytes)
-            for pid, size in m.top_processes:
+            for pid, size in summary.top_processes:
                 out.add("shmwatch_process_shm_bytes", [m.mount, str(pid), clean(inv.comms.get(pid, "unknown"))], size,
                         extra={"process_pod_uid": inv.pods.get(pid, "")})
-            oldest_orphan = m.oldest_orphan_mtime
+            oldest_orphan = summary.oldest_orphan_mtime
             age = 0.0 if oldest_orphan is None else max(0.0, inv.wall_time - oldest_orphan)
             out.add("shmwatch_orphan_oldest_age_seconds", [m.mount], age)
             out.add("shmwatch_mount_unattributed_bytes", [m.mount], m.unattributed_bytes)
             for kind, count in sorted(m.other_entries.items()):
                 out.add("shmwatch_mount_other_entries", [m.mount, kind], count)
 
-    def _sysv(self, shm, out: Families, snap: Snapshot) -> None:
+    def _sysv(self, model: Model, out: Families) -> None:
+        shm = model.sysv
         out.add("shmwatch_sysv_segments", [], len(shm.segments))
         out.add("shmwatch_sysv_bytes", [], shm.total_bytes)
         out.add("shmwatch_sysv_resident_bytes", [], shm.resident_bytes)
@@ -163,32 +162,36 @@ class SnapshotCollector(Collector):
         if shm.shmmni is not None:
             out.add("shmwatch_sysv_limit_shmmni", [], shm.shmmni)
 
-    def _process(self, samples, out: Families, snap: Snapshot) -> None:
-        for name, value in samples:
+    def _process(self, model: Model, out: Families) -> None:
+        for name, value in model.process_samples:
             out.add(name, [], value)
 
-    def _host_memory(self, mem, out: Families, snap: Snapshot) -> None:
+    def _host_memory(self, model: Model, out: Families) -> None:
+        mem = model.host_memory
         out.add("shmwatch_host_memory_total_bytes", [], mem.total_bytes)
         out.add("shmwatch_host_memory_available_bytes", [], mem.available_bytes)
         out.add("shmwatch_host_memory_shmem_bytes", [], mem.shmem_bytes)
 
-    def _cgroup(self, result, out: Families, snap: Snapshot) -> None:
-        for cg in result if isinstance(result, list) else [result]:
+    def _cgroup(self, model: Model, out: Families) -> None:
+        for cg in model.cgroups:
             self._one_cgroup(cg, out)
 
     def _one_cgroup(self, cg: CgroupMemory, out: Families) -> None:
         label = [clean(cg.cgroup, 256)]
-        out.add("shmwatch_cgroup_memory_usage_bytes", label, cg.usage_bytes, extra={"pod_uid": cg.pod_uid})
-        out.add("shmwatch_cgroup_memory_working_set_bytes", label, cg.working_set_bytes, extra={"pod_uid": cg.pod_uid})
+        pod = {"pod_uid": cg.pod_uid}
+        out.add("shmwatch_cgroup_memory_usage_bytes", label, cg.usage_bytes, extra=pod)
+        out.add("shmwatch_cgroup_memory_working_set_bytes", label, cg.working_set_bytes, extra=pod)
         if cg.limit_bytes is not None:
-            out.add("shmwatch_cgroup_memory_limit_bytes", label, cg.limit_bytes, extra={"pod_uid": cg.pod_uid})
-            out.add("shmwatch_oom_risk_ratio", label, cg.working_set_bytes / cg.limit_bytes, extra={"pod_uid": cg.pod_uid})
+            out.add("shmwatch_cgroup_memory_limit_bytes", label, cg.limit_bytes, extra=pod)
+        if cg.oom_risk_ratio is not None:
+            out.add("shmwatch_oom_risk_ratio", label, cg.oom_risk_ratio, extra=pod)
         if cg.shmem_bytes is not None:
-            out.add("shmwatch_cgroup_memory_shmem_bytes", label, cg.shmem_bytes, extra={"pod_uid": cg.pod_uid})
+            out.add("shmwatch_cgroup_memory_shmem_bytes", label, cg.shmem_bytes, extra=pod)
         if cg.oom_kills is not None:
-            out.add("shmwatch_cgroup_oom_kills_total", label, cg.oom_kills, extra={"pod_uid": cg.pod_uid})
+            out.add("shmwatch_cgroup_oom_kills_total", label, cg.oom_kills, extra=pod)
 
-    def _gpu(self, gpus, out: Families, snap: Snapshot) -> None:
+    def _gpu(self, model: Model, out: Families) -> None:
+        gpus = model.gpu
         for d in gpus.devices:
             ids = [d.gpu, clean(d.uuid)]
             out.add("shmwatch_gpu_info", ids + [clean(d.name), clean(gpus.driver_version)], 1)
@@ -201,25 +204,21 @@ class SnapshotCollector(Collector):
                 out.add("shmwatch_gpu_process_memory_bytes", ids + [str(p.pid), clean(p.comm)], p.used_bytes)
 
     # --- across sources --------------------------------------------------------------------
-    def _derived(self, snap: Snapshot, out: Families) -> None:
+    def _derived(self, model: Model, out: Families) -> None:
         """Effective shm size and the OOM projection: shm usage joined with the cgroup."""
-        mounts_state = snap.states.get("shm_mount")
-        if not mounts_state or not mounts_state.success or not mounts_state.result:
+        if not model.result_ok("shm_mount"):
             return
-        cg_state = snap.states.get("cgroup")
-        cgroups = cg_state.result if cg_state and cg_state.success else None
-        node_mode = isinstance(cgroups, list)
-        for m in mounts_state.result:
-            if m.error:
+        for view in model.mounts:
+            budget = view.budget
+            if budget is None:
                 continue
-            cg = cgroup_for_mount(m.mount, cgroups)
-            budget = shm_budget(m, cg, self.shm_size_limit, None if node_mode else self.memory_limit)
             if budget.projection is not None:
-                out.add("shmwatch_shm_oom_projection_ratio", [m.mount, clean(cg.cgroup, 256)], budget.projection)
-            out.add("shmwatch_mount_effective_size_bytes", [m.mount], budget.effective_bytes)
+                out.add("shmwatch_shm_oom_projection_ratio", [view.mount, clean(view.cgroup.cgroup, 256)],
+                        budget.projection)
+            out.add("shmwatch_mount_effective_size_bytes", [view.mount], budget.effective_bytes)
 
-    def _events(self, snap: Snapshot, out: Families) -> None:
-        for (mount, cls, event), count in sorted(snap.events.items()):
+    def _events(self, model: Model, out: Families) -> None:
+        for (mount, cls, event), count in sorted(model.states.events.items()):
             out.add("shmwatch_segment_events_total", [mount, cls, event], count)
-        for mount, active in sorted(snap.inotify.items()):
+        for mount, active in sorted(model.states.inotify.items()):
             out.add("shmwatch_inotify_active", [mount], 1 if active else 0)

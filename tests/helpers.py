@@ -1,15 +1,34 @@
-"""Run collectors once against a tree and read the values back from a fresh registry."""
+"""Run sources once against a tree and read the values back from a fresh registry."""
+from dataclasses import dataclass
+
 from prometheus_client.registry import CollectorRegistry
 
-from exporter.metrics import SnapshotCollector
+from exporter.discovery import MountDiscovery
+from exporter.metrics import ModelCollector
+from exporter.model import ModelStep
+from exporter.paths import Paths
 from exporter.sampler import Sampler
+from exporter.state import StateStore
 
 
-def registry_for(*collectors, shm_size_limit=None, sampler_hook=None):
-    sampler = Sampler(list(collectors))
-    if sampler_hook:
-        sampler_hook(sampler)
+@dataclass
+class Harness:
+    sampler: Sampler
+    state: StateStore
+    step: ModelStep
+
+
+def registry_for(*sources, shm_size_limit=None, memory_limit=None, mounts=None):
+    """The serve path without threads: sampler -> model step -> ModelCollector. The mounts
+    are the first source's that has any (or `mounts`)."""
+    if mounts is None:
+        mounts = next((s.mounts() for s in sources if callable(getattr(s, "mounts", None))), [])
+    discovery = MountDiscovery(Paths(), mounts)
+    state = StateStore()
+    sampler = Sampler(list(sources))
+    step = ModelStep(sources, discovery, state, shm_size_limit=shm_size_limit, memory_limit=memory_limit)
+    sampler.subscribe(step.accept)
     sampler.run_once()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(sampler, shm_size_limit))
-    return registry, sampler
+    registry.register(ModelCollector(step))
+    return registry, Harness(sampler, state, step)

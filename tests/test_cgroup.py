@@ -40,7 +40,7 @@ V2_FILES = {
     "/kubepods/burstable/pod0f1e2d3c/abc",
 ])
 def test_v2_layouts(tmp_path, cgroup):
-    result = CgroupCollector(v2_tree(tmp_path, cgroup, V2_FILES)).collect()
+    result = CgroupCollector(v2_tree(tmp_path, cgroup, V2_FILES)).collect()[0]
     assert (result.cgroup, result.version) == (cgroup, 2)
     assert result.usage_bytes == 3 << 30 and result.limit_bytes == 8 << 30
     assert result.working_set_bytes == (3 << 30) - (256 << 20)
@@ -49,14 +49,14 @@ def test_v2_layouts(tmp_path, cgroup):
 
 def test_v2_unlimited_and_missing_files(tmp_path):
     files = {"memory.current": "1000\n", "memory.max": "max\n", "memory.stat": "anon 1000\n"}
-    result = CgroupCollector(v2_tree(tmp_path, "/a", files)).collect()
+    result = CgroupCollector(v2_tree(tmp_path, "/a", files)).collect()[0]
     assert result.limit_bytes is None and result.limit_source == "none"
     assert result.oom_kills is None and result.shmem_bytes is None and result.working_set_bytes == 1000
 
 
 def test_flag_supplies_the_limit(tmp_path):
     files = {"memory.current": "1000\n", "memory.max": "max\n", "memory.stat": "inactive_file 0\n"}
-    result = CgroupCollector(v2_tree(tmp_path, "/a", files), limit_override=4000).collect()
+    result = CgroupCollector(v2_tree(tmp_path, "/a", files), limit_override=4000).collect()[0]
     assert result.limit_bytes == 4000 and result.limit_source == "flag"
 
 

@@ -149,7 +149,7 @@ SAMPLES = {
 
 
 def test_log_signatures(tmp_path):
-    from exporter.check import SIGNATURES, scan_log
+    from exporter.logscan import SIGNATURES, scan_log
     assert set(SAMPLES) == {name for name, _, _, _ in SIGNATURES}
     log = tmp_path / "server.log"
     log.write_text("INFO starting\n" + "\n".join(SAMPLES.values()) + "\nINFO fine\n")

@@ -91,8 +91,8 @@ def test_failing_collector_is_isolated():
 def test_every_emitted_metric_is_in_the_catalogue_with_its_type():
     shm = ShmMountCollector(PATHS, ["/dev/shm", "/missing"], statvfs=fake_statvfs)
     reg, sampler = registry_for(shm, HostMemoryCollector(PATHS), SysvCollector(PATHS), CgroupCollector(PATHS))
-    sampler.count_event("/dev/shm", "nccl", "created")
-    sampler.set_inotify("/dev/shm", True)
+    sampler.state.count_event("/dev/shm", "nccl", "created")
+    sampler.state.set_inotify("/dev/shm", True)
     from prometheus_client import ProcessCollector
     ProcessCollector(registry=reg)
     text = generate_latest(reg).decode()

@@ -6,7 +6,8 @@ import time
 from exporter.events import MountWatcher
 from exporter.collectors.segments import SegmentsCollector
 from exporter.paths import Paths
-from exporter.sampler import PeakWindow, Sampler
+from exporter.sampler import Sampler
+from exporter.state import PeakWindow, StateStore
 from tests.conftest import Exporter, fallocate, mounted_tmpfs, needs_root, select, value
 
 MiB = 1 << 20
@@ -73,18 +74,19 @@ def test_polling_fallback_when_the_observer_cannot_start(tmp_path):
 
     collector = SegmentsCollector(Paths(), [mount])
     sampler = Sampler([collector])
-    watcher = MountWatcher(sampler, Paths(), [mount], observer_factory=broken_observer)
-    sampler.listeners.append(watcher.on_result)
+    state = StateStore()
+    watcher = MountWatcher(state, Paths(), [mount], observer_factory=broken_observer)
+    sampler.subscribe(watcher.on_observation)
     watcher.start()
-    assert sampler.snapshot().inotify == {mount: False}
+    assert state.snapshot().inotify == {mount: False}
     sampler.run_once()
     fallocate(os.path.join(mount, "nccl-polled"), 4096)
     fallocate(os.path.join(mount, "psm_polled"), 4096)
     sampler.run_once()
     os.unlink(os.path.join(mount, "psm_polled"))
     sampler.run_once()
-    assert sampler.snapshot().events == {(mount, "nccl", "created"): 1, (mount, "python_shm", "created"): 1,
-                                         (mount, "python_shm", "deleted"): 1}
+    assert state.snapshot().events == {(mount, "nccl", "created"): 1, (mount, "python_shm", "created"): 1,
+                                       (mount, "python_shm", "deleted"): 1}
 
 
 @needs_root

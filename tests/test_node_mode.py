@@ -6,7 +6,7 @@ import pytest
 
 from exporter.catalogue import BY_NAME, node_labels
 from exporter.collectors.cgroup import CgroupCollector
-from exporter.collectors.shm_mount import parse_mountinfo
+from exporter.mountinfo import parse_mountinfo
 from exporter.discovery import discover
 from exporter.paths import Paths
 from tests.conftest import (FIXTURES, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, remove_cgroup, select,

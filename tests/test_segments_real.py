@@ -3,7 +3,8 @@ import os
 import time
 
 
-from exporter.collectors.segments import SegmentsCollector, owner_label
+from exporter.collectors.segments import SegmentsCollector
+from exporter.inventory.summary import owner_label
 from exporter.paths import Paths
 from tests.conftest import Exporter, Peer, fallocate, needs_root, value
 

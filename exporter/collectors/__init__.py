@@ -1,8 +1,11 @@
-"""Sources. One module per source; each returns plain dataclasses, never metric objects.
+"""Sources. One module per source; each returns one dataclass type in every mode, never
+metric objects.
 
-A collector is any object with a `name`, a `schedule` ("poll": every --poll-interval,
-"inventory": every --inventory-interval and on inotify events) and a `collect()`
-that returns its result or raises. The sampler runs it; metrics.py renders it.
+A source is any object with a `name`, a `schedule` ("poll": every --poll-interval,
+"inventory": every --inventory-interval) and a `collect()` that returns its result or
+raises; `event_driven = True` also runs it early when inotify sees a mount change
+(`collect_quick()` when it has one). The sampler runs it; the model step joins what it
+returned; metrics.py and check.py render the model.
 """
 from __future__ import annotations
 

@@ -15,9 +15,10 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
+from ..kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS
 from ..paths import Paths, read_text
+from ..proctable import ProcessTable, parse_proc_cgroup  # noqa: F401 - parse_proc_cgroup re-exported
 
-POD_DIR = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(\.slice)?$")
 
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 bytes
 # with 4 KiB pages); anything this large is not a real limit.
@@ -36,17 +37,10 @@ class CgroupMemory:
     limit_source: str  # "cgroup", "flag" or "none"
     pod_uid: str = ""  # node mode: the pod this cgroup belongs to
 
-
-def parse_proc_cgroup(text: str) -> Dict[str, str]:
-    """/proc/<pid>/cgroup -> {controller: path}; the v2 line '0::/path' has controller ''."""
-    result: Dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        for controller in parts[1].split(",") if parts[1] else [""]:
-            result[controller] = parts[2]
-    return result
+    @property
+    def oom_risk_ratio(self) -> Optional[float]:
+        """Working set / limit: what the OOM killer compares; None without a limit."""
+        return self.working_set_bytes / self.limit_bytes if self.limit_bytes else None
 
 
 def parse_flat_keyed(text: str) -> Dict[str, int]:
@@ -104,8 +98,10 @@ class CgroupCollector:
     schedule = "poll"
 
     def __init__(self, paths: Paths, cgroup_path: Optional[str] = None, target_process: Optional[str] = None,
-                 limit_override: Optional[int] = None, node_mode: bool = False):
+                 limit_override: Optional[int] = None, node_mode: bool = False,
+                 table: Optional[ProcessTable] = None):
         self.paths = paths
+        self.table = table or ProcessTable(paths)
         self.node_mode = node_mode  # every pod's cgroup on the host, not one
         self.cgroup_path = cgroup_path
         self.target = re.compile(target_process) if target_process else None
@@ -113,22 +109,10 @@ class CgroupCollector:
 
     # --- which cgroup ---------------------------------------------------------------
     def find_target_pid(self) -> int:
-        own = os.getpid()
-        for entry in sorted((int(e.name) for e in os.scandir(self.paths.procfs) if e.name.isdigit())):
-            if entry == own:
-                continue
-            try:
-                comm = read_text(self.paths.proc(entry, "comm")).strip()
-                with open(self.paths.proc(entry, "cmdline"), "rb") as handle:
-                    cmdline = handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-            except OSError:
-                continue
-            if self.target.search(comm) or (cmdline and self.target.search(cmdline)):
-                return entry
-        raise LookupError(f"no process matches --cgroup.target-process {self.target.pattern!r}")
-
-    def cgroup_of(self, pid: object) -> Dict[str, str]:
-        return parse_proc_cgroup(read_text(self.paths.proc(pid, "cgroup")))
+        pid = self.table.find(self.target, exclude=os.getpid())
+        if pid is None:
+            raise LookupError(f"no process matches --cgroup.target-process {self.target.pattern!r}")
+        return pid
 
     def resolve(self) -> Tuple[str, int, str]:
         """-> (cgroup path, version, directory to read)."""
@@ -144,7 +128,7 @@ class CgroupCollector:
             candidates = {"memory": self.cgroup_path, "": self.cgroup_path}
         else:
             pid = self.find_target_pid() if self.target else "self"
-            candidates = self.cgroup_of(pid)
+            candidates = self.table.cgroups(pid)
         tried = []
         for path in candidates.values():
             if path.startswith("/..") or "/../" in path:
@@ -167,11 +151,12 @@ class CgroupCollector:
                     return path, 2, directory
         raise FileNotFoundError(f"no memory cgroup found (tried {', '.join(tried) or 'nothing'})")
 
-    def collect(self):
+    def collect(self) -> List[CgroupMemory]:
+        """Every pod's cgroup in node mode; the one watched cgroup otherwise (a list of one)."""
         if self.node_mode:
             return self.collect_pods()
         path, version, directory = self.resolve()
-        return self.read(path, version, directory, self.limit_override)
+        return [self.read(path, version, directory, self.limit_override)]
 
     def pod_cgroups(self) -> List[Tuple[str, int, str, str]]:
         """Every pod's memory cgroup on the host -> [(path, version, directory, pod uid)].
@@ -184,13 +169,13 @@ class CgroupCollector:
         found = []
         for base, version, marker in ((os.path.join(root, "memory"), 1, "memory.usage_in_bytes"),
                                       (root, 2, "memory.current"), (os.path.join(root, "unified"), 2, "memory.current")):
-            for top in ("kubepods", "kubepods.slice"):
+            for top in POD_CGROUP_ROOTS:
                 start = os.path.join(base, top)
                 if not os.path.isdir(start):
                     continue
                 for directory, subdirs, files in os.walk(start):
                     depth = directory[len(start):].count(os.sep)
-                    match = POD_DIR.search(os.path.basename(directory))
+                    match = POD_CGROUP_DIR.search(os.path.basename(directory))
                     if match and marker in files:
                         found.append(("/" + os.path.relpath(directory, base), version, directory,
                                       match.group(1).replace("_", "-")))
@@ -202,7 +187,13 @@ class CgroupCollector:
         return sorted(found)
 
     def collect_pods(self) -> List[CgroupMemory]:
-        return [self.read(path, version, directory, None, uid) for path, version, directory, uid in self.pod_cgroups()]
+        found = []
+        for path, version, directory, uid in self.pod_cgroups():
+            try:
+                found.append(self.read(path, version, directory, None, uid))
+            except FileNotFoundError:
+                continue  # the pod was deleted between the walk and the read: the others stand
+        return found
 
     def read(self, path: str, version: int, directory: str, limit_override: Optional[int],
              pod_uid: str = "") -> CgroupMemory:

@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ..paths import Paths, read_text
+from ..paths import Paths
+from ..proctable import ProcessTable
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,9 @@ class GpuCollector:
     schedule = "poll"
 
     def __init__(self, paths: Paths, load_nvml: Callable[[], object] = _load_pynvml,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, table: Optional[ProcessTable] = None):
         self.paths = paths
+        self.table = table or ProcessTable(paths)
         self.load_nvml = load_nvml
         self.clock = clock
         self.nvml = None
@@ -171,7 +173,4 @@ class GpuCollector:
 
     def _comm(self, pid: int) -> str:
         # NVML reports host PIDs; from another PID namespace they do not resolve here.
-        try:
-            return read_text(self.paths.proc(pid, "comm")).strip() or "unknown"
-        except OSError:
-            return "unknown"
+        return self.table.comm(pid)

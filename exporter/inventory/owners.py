@@ -1,0 +1,193 @@
+"""Who maps or holds open which inode of the watched mounts: one pass over /proc.
+
+Joined with the directory by (device, inode), never by path text (the same tmpfs is
+/dev/shm in the workload and /host/var/lib/kubelet/... here). What is held but unlinked
+('... (deleted)') is a hidden segment, which `df` counts and `ls` does not (NCCL >= 2.19
+unlinks after attach, UCX with UCX_POSIX_USE_PROC_LINK=y, torch's file_descriptor
+strategy, Ray plasma).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat as stat_mod
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Set, Tuple
+
+from ..proctable import Process, ProcessTable
+from .walk import Key
+
+DELETED = " (deleted)"
+MapsLine = Tuple[int, int, str, int, str]  # dev, inode, path, extent, address range
+
+
+@dataclass
+class Holding:
+    """One process's hold on one inode of a watched mount."""
+    pid: int
+    path: str
+    deleted: bool
+    extent: int = 0  # bytes the mapping reaches into the file
+    allocated: Optional[int] = None  # from fstat of the fd / map_files, when we could
+    apparent: Optional[int] = None
+    mtime: float = 0.0
+    map_range: str = ""  # one mapping's "start-end", to stat it through /proc/<pid>/map_files
+
+
+@dataclass
+class Owners:
+    """What one owner scan found."""
+    holdings: Dict[Key, List[Holding]] = field(default_factory=dict)
+    comms: Dict[int, str] = field(default_factory=dict)  # comm of each holder
+    holders: Dict[int, Process] = field(default_factory=dict)
+    unreadable: int = 0  # processes whose stat, maps or fds we were not allowed to read
+    scanned: int = 0
+
+
+def dev_token(dev: int) -> str:
+    """st_dev -> ' 00:1a ' as /proc/<pid>/maps prints it (hex, at least two digits)."""
+    return " %02x:%02x " % (os.major(dev), os.minor(dev))
+
+
+def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
+    """Lines of maps on the watched devices -> [(dev, inode, path, extent, address range)].
+
+    `tokens` maps dev_token(dev) to dev. Most lines are anonymous (device 00:00) or
+    libraries on a disk; only lines on a watched device are split. tmpfs devices all
+    have major 0, so one pass finds every " 00:" that is not " 00:00 " and checks the
+    minor against the watched set, however many mounts are watched (200 pods' emptyDirs
+    in node mode): a per-mount substring search would cost a pass per mount.
+    """
+    found: List[MapsLine] = []
+    major0 = {tok: dev for tok, dev in tokens.items() if tok.startswith(" 00:")}
+    others = {tok: dev for tok, dev in tokens.items() if not tok.startswith(" 00:")}
+    if major0:
+        pos = text.find(" 00:")
+        while pos != -1:
+            end_token = text.find(" ", pos + 4)
+            token = text[pos:end_token + 1]
+            if token in major0:
+                line_start = text.rfind("\n", 0, pos) + 1
+                line_end = text.find("\n", pos)
+                line = text[line_start:line_end if line_end != -1 else len(text)]
+                parsed = _parse_maps_line(line, major0[token])
+                if parsed:
+                    found.append(parsed)
+                pos = text.find(" 00:", line_end) if line_end != -1 else -1
+            else:
+                pos = text.find(" 00:", pos + 4)
+    for token, dev in others.items():  # a watched directory on a real disk: rare
+        if token in text:
+            for line in text.splitlines():
+                if token in line:
+                    parsed = _parse_maps_line(line, dev)
+                    if parsed:
+                        found.append(parsed)
+    return found
+
+
+def _parse_maps_line(line: str, dev: int) -> Optional[MapsLine]:
+    parts = line.split(None, 5)
+    if len(parts) < 6:
+        return None
+    try:
+        start, end = (int(x, 16) for x in parts[0].split("-"))
+        offset, inode = int(parts[2], 16), int(parts[4])
+    except ValueError:
+        return None
+    # map_files/ names a mapping "%lx-%lx", without the zero padding maps uses.
+    return dev, inode, parts[5], offset + end - start, f"{start:x}-{end:x}"
+
+
+def _denied(err: OSError) -> bool:
+    return err.errno in (errno.EACCES, errno.EPERM)
+
+
+class OwnerScan:
+    """Reads the maps and fds of the processes the table lists; comm comes from the table
+    (read afresh each walk: an exec changes comm, the start time does not)."""
+
+    def __init__(self, table: ProcessTable):
+        self.table = table
+
+    def scan(self, devs: Set[int]) -> Owners:
+        walked = self.table.walk()
+        out = Owners(unreadable=walked.unreadable)
+        tokens = {dev_token(d): d for d in devs}
+        for proc in walked.processes:
+            out.scanned += 1
+            if self._scan_one(proc, devs, tokens, out):
+                # comm read after the maps, not from the walk: a holder that exec'ed in
+                # between (sh -> ucx_perftest) is named by what it is now.
+                comm = self.table.comm(proc.pid)
+                out.comms[proc.pid] = proc.comm if comm == "unknown" else comm
+                out.holders[proc.pid] = proc
+        self._fill_mapping_sizes(out.holdings)
+        return out
+
+    def _scan_one(self, proc: Process, devs: Set[int], tokens: Dict[str, int], out: Owners) -> bool:
+        pid = proc.pid
+        denied = held_here = False
+        try:
+            for dev, inode, path, extent, map_range in parse_maps(self.table.maps(pid), tokens):
+                held_here = True
+                self._add(out.holdings, (dev, inode), pid, path, path.endswith(DELETED), extent=extent,
+                          map_range=map_range)
+        except OSError as err:
+            denied |= _denied(err)
+        fd_dir = self.table.fd_dir(pid)
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError as err:
+            denied |= _denied(err)
+            fds = []
+        for fd in fds:
+            link = os.path.join(fd_dir, fd)
+            try:
+                target = os.readlink(link)
+                if not target.startswith("/"):
+                    continue  # socket:[…], pipe:[…], anon_inode:…
+                st = os.stat(link)  # the open file itself; opens nothing
+            except OSError:
+                continue
+            if st.st_dev in devs and stat_mod.S_ISREG(st.st_mode):
+                held_here = True
+                self._add(out.holdings, (st.st_dev, st.st_ino), pid, target, target.endswith(DELETED),
+                          allocated=st.st_blocks * 512, apparent=st.st_size, mtime=st.st_mtime)
+        if denied:
+            out.unreadable += 1
+        return held_here
+
+    @staticmethod
+    def _add(holdings: Dict[Key, List[Holding]], key: Key, pid: int, path: str, deleted: bool,
+             extent: int = 0, allocated: Optional[int] = None, apparent: Optional[int] = None,
+             mtime: float = 0.0, map_range: str = "") -> None:
+        for h in holdings.setdefault(key, []):
+            if h.pid == pid:
+                h.extent = max(h.extent, extent)
+                h.deleted |= deleted
+                h.map_range = h.map_range or map_range
+                if allocated is not None:
+                    h.allocated, h.apparent, h.mtime = allocated, apparent, mtime
+                return
+        holdings[key].append(Holding(pid, path, deleted, extent, allocated, apparent, mtime, map_range))
+
+    def _fill_mapping_sizes(self, holdings: Dict[Key, List[Holding]]) -> None:
+        """For deleted inodes held only by a mapping, stat it through map_files.
+
+        /proc/<pid>/map_files/<start>-<end> needs CAP_SYS_ADMIN; without it the mapping's
+        extent stands in for the size (an upper bound for a sparse file).
+        """
+        for key, hs in holdings.items():
+            if any(h.allocated is not None for h in hs) or not any(h.deleted for h in hs):
+                continue
+            for h in hs:
+                if not h.map_range:
+                    continue
+                try:
+                    st = os.stat(self.table.map_file(h.pid, h.map_range))
+                except OSError:
+                    continue
+                if (st.st_dev, st.st_ino) == key:
+                    h.allocated, h.apparent, h.mtime = st.st_blocks * 512, st.st_size, st.st_mtime
+                    break

@@ -1,0 +1,104 @@
+"""The inventory's data, and the per-mount summaries the model computes from it once per
+inventory: totals by class and state, top K segments and processes, the oldest orphan,
+leak candidates. Scrapes and `shmwatch check` render these; neither walks segments."""
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from ..segment_classes import counts_as_leak
+from .walk import Key
+
+
+@dataclass(slots=True)
+class Segment:
+    name: str  # basename as found (may hold any bytes, as surrogates)
+    cls: str
+    state: str  # linked | hidden | orphan
+    allocated_bytes: int
+    apparent_bytes: int
+    mtime: float = 0.0
+    holders: Tuple[int, ...] = ()
+    key: Key = (0, 0)
+
+
+@dataclass
+class MountInventory:
+    mount: str
+    error: Optional[str] = None
+    segments: List[Segment] = field(default_factory=list)
+    other_entries: Dict[str, int] = field(default_factory=dict)
+    used_bytes: int = 0
+    unattributed_bytes: int = 0
+    process_bytes: Dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class Inventory:
+    mounts: List[MountInventory]
+    comms: Dict[int, str]
+    proc_unreadable: int
+    processes_scanned: int
+    wall_time: float = field(default_factory=time.time)
+    pods: Dict[int, str] = field(default_factory=dict)  # pid -> pod UID, in node mode
+
+
+@dataclass(frozen=True)
+class SegmentSummary:
+    totals: Dict[Tuple[str, str], Tuple[int, int, int]]  # (class, state) -> count, allocated, apparent
+    bytes_by_class: Dict[str, int]
+    hidden_bytes: int
+    hidden_count: int
+    top: List[Segment]
+    top_processes: List[Tuple[int, int]]  # (pid, bytes)
+    oldest_orphan_mtime: Optional[float]
+    leaked: List[Segment]  # orphans that count as leaks, largest first
+
+
+def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
+    totals: Dict[Tuple[str, str], List[int]] = {}
+    by_class: Dict[str, int] = {}
+    oldest: Optional[float] = None
+    leaked: List[Segment] = []
+    for seg in inv.segments:
+        acc = totals.get((seg.cls, seg.state))
+        if acc is None:
+            acc = totals[(seg.cls, seg.state)] = [0, 0, 0]
+        acc[0] += 1
+        acc[1] += seg.allocated_bytes
+        acc[2] += seg.apparent_bytes
+        by_class[seg.cls] = by_class.get(seg.cls, 0) + seg.allocated_bytes
+        if seg.state == "orphan":
+            if oldest is None or seg.mtime < oldest:
+                oldest = seg.mtime
+            if counts_as_leak(seg.cls):
+                leaked.append(seg)
+    hidden = totals_for_state(totals, "hidden")
+    leaked.sort(key=lambda s: (-s.allocated_bytes, s.name))
+    return SegmentSummary(
+        totals={key: (c, a, p) for key, (c, a, p) in totals.items()},
+        bytes_by_class=by_class, hidden_bytes=hidden[1], hidden_count=hidden[0],
+        top=heapq.nsmallest(top_k, inv.segments, key=lambda s: (-s.allocated_bytes, s.name)),
+        top_processes=heapq.nsmallest(top_k, inv.process_bytes.items(), key=lambda kv: (-kv[1], kv[0])),
+        oldest_orphan_mtime=oldest, leaked=leaked)
+
+
+def totals_for_state(totals, state: str) -> Tuple[int, int]:
+    """(count, allocated bytes) of every class in one state."""
+    count = allocated = 0
+    for (_, st), (c, a, *_rest) in totals.items():
+        if st == state:
+            count, allocated = count + c, allocated + a
+    return count, allocated
+
+
+def owner_label(holders: Iterable[int], comms: Dict[int, str]) -> str:
+    """'python[1234]', 'python[1234]+3' for four holders, '' for none."""
+    holders = list(holders)
+    if not holders:
+        return ""
+    first = holders[0]
+    text = f"{comms.get(first, 'unknown')}[{first}]"
+    return text + (f"+{len(holders) - 1}" if len(holders) > 1 else "")

@@ -1,0 +1,84 @@
+"""Listing a shm mount with lstat only, and patching a listing with the names that changed.
+
+Safety: nothing under a mount is opened except directories (for listing); symlinks are
+never followed, FIFOs, sockets and devices are only counted.
+"""
+from __future__ import annotations
+
+import os
+import stat as stat_mod
+from typing import Dict, Iterable, Tuple
+
+MAX_DEPTH = 8  # tools that make sub-directories in /dev/shm nest one or two levels
+MAX_ENTRIES = 250_000  # a bound on one walk, so a hostile mount cannot stall us
+
+Key = Tuple[int, int]  # (st_dev, st_ino)
+Files = Dict[Key, Tuple[str, os.stat_result]]
+
+_KINDS = {stat_mod.S_IFDIR: "directory", stat_mod.S_IFLNK: "symlink", stat_mod.S_IFIFO: "fifo",
+          stat_mod.S_IFSOCK: "socket"}
+
+
+def walk(root: str, dev: int, limit: int = MAX_ENTRIES) -> Tuple[Files, Dict[str, int], bool]:
+    """List a mount with lstat only -> (regular files by inode, other entries by type, truncated).
+
+    Hard links to one inode count once (the first name seen). Entries on another
+    device (something mounted inside) are skipped. Files that vanish mid-walk are skipped.
+    """
+    files: Files = {}
+    others: Dict[str, int] = {}
+    seen = 0
+    stack = [(root, 0)]
+    # The loop body runs once per segment (10,000s on a busy node): locals and inline
+    # S_IFMT tests instead of attribute lookups and stat.S_IS* calls.
+    ifmt, ifreg, ifdir = stat_mod.S_IFMT(0o177777), stat_mod.S_IFREG, stat_mod.S_IFDIR
+    setdefault = files.setdefault
+    while stack:
+        directory, depth = stack.pop()
+        try:
+            entries = os.scandir(directory)
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                seen += 1
+                if seen > limit:
+                    return files, others, True
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # deleted between readdir and lstat
+                kind_bits = st.st_mode & ifmt
+                if st.st_dev != dev:
+                    continue  # something mounted inside: not this mount's
+                if kind_bits == ifreg:
+                    setdefault((dev, st.st_ino), (entry.name, st))
+                    continue
+                kind = _KINDS.get(kind_bits, "device")
+                others[kind] = others.get(kind, 0) + 1
+                if kind_bits == ifdir and depth < MAX_DEPTH:
+                    stack.append((entry.path, depth + 1))
+    return files, others, False
+
+
+def patch_listing(root: str, dev: int, files: Files, index: Dict[str, Key], names: Iterable[str]) -> None:
+    """Bring a listing up to date for the names that changed: lstat each, add, update or drop it.
+
+    All changed names are dropped first, then the ones still there added: a rename is two
+    names for one inode, and must not lose it to the old name's removal.
+    """
+    names = list(names)
+    for name in names:
+        old = index.pop(name, None)
+        if old is not None:
+            files.pop(old, None)
+    for name in names:
+        try:
+            st = os.lstat(os.path.join(root, name))
+        except OSError:
+            continue  # deleted (or renamed away)
+        if stat_mod.S_ISREG(st.st_mode) and st.st_dev == dev:
+            key = (dev, st.st_ino)
+            if key not in files:  # a hard link to a listed inode counts once
+                files[key] = (name, st)
+                index[name] = key

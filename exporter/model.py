@@ -1,0 +1,149 @@
+"""The model step: observations in, one joined picture out.
+
+Each source's latest observation is kept here. When one arrives, what depends only on it
+is computed at once, in the source's own thread (segment summaries: totals by class and
+state, top K, leak candidates). The join — mounts with their usage, inventory, peak,
+inotify flag, pod labels and the cgroup they are charged to, and the shm budget — is
+rebuilt once per change, on first use. /metrics renders the Model and `shmwatch check`
+reports from it; neither recomputes what is here.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .budget import ShmBudget, cgroup_for_mount, shm_budget
+from .collectors.cgroup import CgroupMemory
+from .collectors.gpu import GpuSnapshot
+from .collectors.host_memory import HostMemory
+from .collectors.shm_mount import MountUsage
+from .collectors.sysv import SysvShm
+from .discovery import MountDiscovery
+from .inventory.summary import Inventory, MountInventory, SegmentSummary, summarise
+from .kube import pod_uid_of_mount
+from .sampler import Observation
+from .state import MountStates, StateStore
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    name: str
+    success: bool
+    duration: float
+    error: Optional[str]
+    ran: bool  # False until the first observation (or timeout) arrived
+
+
+@dataclass(frozen=True)
+class MountView:
+    mount: str
+    labels: Dict[str, str]  # node mode: pod_uid, volume, container_id; {} in sidecar mode
+    usage: Optional[MountUsage]  # None when shm_mount is off, failed, or has not run
+    peak_bytes: Optional[int]
+    inventory: Optional[MountInventory]  # None when segments is off, failed, or has not run
+    summary: Optional[SegmentSummary]
+    cgroup: Optional[CgroupMemory]  # the memory cgroup its pages are charged to
+    budget: Optional[ShmBudget]  # None without usage
+
+
+@dataclass(frozen=True)
+class Model:
+    built_at: float  # wall clock
+    node_mode: bool
+    statuses: List[SourceStatus]  # in source order
+    mounts: List[MountView]
+    inventory: Optional[Inventory]  # process-level facts: comms, pods, unreadable, wall time
+    cgroups: List[CgroupMemory]
+    host_memory: Optional[HostMemory]
+    sysv: Optional[SysvShm]
+    gpu: Optional[GpuSnapshot]
+    process_samples: List[Tuple[str, float]]
+    states: MountStates
+
+    def result_ok(self, source: str) -> bool:
+        return any(s.name == source and s.success for s in self.statuses)
+
+
+@dataclass
+class _Latest:
+    obs: Optional[Observation] = None
+    summaries: Dict[str, SegmentSummary] = field(default_factory=dict)  # segments only
+
+
+class ModelStep:
+    def __init__(self, sources: Sequence, discovery: MountDiscovery, state: StateStore, top_k: int = 10,
+                 shm_size_limit: Optional[int] = None, memory_limit: Optional[int] = None):
+        # Sources in the order their series are rendered; discovery's status only in node mode.
+        self.source_names = [s.name for s in sources if getattr(s, "reports_status", True)]
+        self.discovery = discovery
+        self.state = state
+        self.node_mode = discovery.node_mode
+        self.top_k = top_k
+        self.shm_size_limit = shm_size_limit
+        # --memory.limit-bytes is the one workload's limit: it means nothing per pod.
+        self.memory_limit = None if self.node_mode else memory_limit
+        self._lock = threading.Lock()
+        self._latest: Dict[str, _Latest] = {name: _Latest() for name in self.source_names}
+        self._model: Optional[Model] = None
+        self._stale = True
+        state.on_change(self.mark_stale)
+
+    def mark_stale(self) -> None:
+        self._stale = True
+
+    def accept(self, obs: Observation) -> None:
+        """Sampler subscriber: keep the observation, compute what depends on it alone."""
+        latest = _Latest(obs)
+        if obs.success and obs.source == "segments":
+            latest.summaries = {m.mount: summarise(m, self.top_k) for m in obs.result.mounts if not m.error}
+        if obs.success and obs.source == "shm_mount":
+            for usage in obs.result:
+                if not usage.error:
+                    self.state.record_used(usage.mount, usage.used_bytes)
+        with self._lock:
+            if obs.source in self._latest:
+                self._latest[obs.source] = latest
+            self._stale = True
+
+    def current(self) -> Model:
+        """The model, rebuilt first if anything changed since it was built."""
+        with self._lock:
+            if self._stale or self._model is None:
+                self._stale = False
+                self._model = self._build()
+            return self._model
+
+    # --- the join -----------------------------------------------------------------------
+    def _result(self, name: str):
+        latest = self._latest.get(name)
+        return latest.obs.result if latest and latest.obs and latest.obs.success else None
+
+    def _build(self) -> Model:
+        statuses = []
+        for name in self.source_names:
+            obs = self._latest[name].obs
+            statuses.append(SourceStatus(name, bool(obs and obs.success), obs.duration if obs else 0.0,
+                                         obs.error if obs else None, obs is not None))
+        states = self.state.snapshot()
+        usages = {u.mount: u for u in self._result("shm_mount") or []}
+        inventory: Optional[Inventory] = self._result("segments")
+        inv_mounts = {m.mount: m for m in inventory.mounts} if inventory else {}
+        summaries = self._latest["segments"].summaries if "segments" in self._latest else {}
+        cgroups: List[CgroupMemory] = self._result("cgroup") or []
+        mounts = []
+        for target in self.discovery.current().targets:
+            usage = usages.get(target.mount)
+            cgroup = cgroup_for_mount(pod_uid_of_mount(target.mount), cgroups)
+            budget = None
+            if usage is not None and not usage.error:
+                budget = shm_budget(usage, cgroup, self.shm_size_limit, self.memory_limit)
+            peak = None
+            if usage is not None and not usage.error:
+                peak = max(states.peaks.get(target.mount, usage.used_bytes), usage.used_bytes)
+            mounts.append(MountView(target.mount, target.labels, usage, peak, inv_mounts.get(target.mount),
+                                    summaries.get(target.mount), cgroup, budget))
+        return Model(time.time(), self.node_mode, statuses, mounts, inventory, cgroups,
+                     self._result("host_memory"), self._result("sysv"), self._result("gpu"),
+                     self._result("process") or [], states)

@@ -1,0 +1,154 @@
+"""One process table: pid -> comm, uid, start time, cgroup and pod, maps and fds on demand.
+
+Every reader of /proc/<pid> goes through here: the segment owner scan, the cgroup
+collector's target process, GPU process names and node mode's pod of a process. A
+process is known by (pid, start time), so a reused pid is never taken for the old one.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Pattern, Tuple
+
+from .kube import pod_uid_in_cgroup
+from .paths import Paths, read_text
+
+PF_KTHREAD = 0x00200000  # include/linux/sched.h: kernel threads map no files
+
+
+def parse_stat(text: str) -> Tuple[str, int, int]:
+    """/proc/<pid>/stat -> (comm, flags, starttime). comm may hold spaces and ')'."""
+    open_paren, close_paren = text.index("("), text.rindex(")")
+    comm = text[open_paren + 1:close_paren]
+    rest = text[close_paren + 2:].split()
+    # rest[0] is field 3 (state); flags is field 9, starttime field 22.
+    return comm, int(rest[6]), int(rest[19])
+
+
+def parse_proc_cgroup(text: str) -> Dict[str, str]:
+    """/proc/<pid>/cgroup -> {controller: path}; the v2 line '0::/path' has controller ''."""
+    result: Dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        for controller in parts[1].split(",") if parts[1] else [""]:
+            result[controller] = parts[2]
+    return result
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    comm: str
+    start_time: int  # clock ticks after boot: with pid, identifies the process
+    uid: int  # owner of /proc/<pid>: the process's effective UID
+
+
+@dataclass(frozen=True)
+class ProcessWalk:
+    """One pass over /proc: the user processes we could identify, and how many we could not."""
+    processes: List[Process]
+    unreadable: int  # listed, but /proc/<pid>/stat could not be read (permission, hidepid=1)
+
+
+class ProcessTable:
+    def __init__(self, paths: Paths):
+        self.paths = paths
+        self._lock = threading.Lock()
+        self._pods: Dict[Tuple[int, int], str] = {}  # (pid, start) -> pod UID ('' when none)
+
+    # --- identity -------------------------------------------------------------------------
+    def pids(self) -> List[int]:
+        try:
+            return [int(e.name) for e in os.scandir(self.paths.procfs) if e.name.isdigit()]
+        except OSError:
+            return []
+
+    def identify(self, pid: int) -> "Optional[Tuple[Process, bool]]":
+        """(process, is_kernel_thread); None when it is gone. PermissionError when not ours to read."""
+        try:
+            with open(self.paths.proc(pid, "stat"), "rb") as handle:
+                raw = handle.read().decode("utf-8", "surrogateescape")
+            uid = os.stat(self.paths.proc(pid)).st_uid
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+        comm, flags, start = parse_stat(raw)
+        return Process(pid, comm, start, uid), bool(flags & PF_KTHREAD)
+
+    def walk(self) -> ProcessWalk:
+        """Every user process (kernel threads skipped). A process gone mid-walk holds nothing
+        any more and is simply left out; one we may not read is counted."""
+        found: List[Process] = []
+        unreadable = 0
+        for pid in self.pids():
+            try:
+                ident = self.identify(pid)
+            except (OSError, ValueError, IndexError):
+                unreadable += 1
+                continue
+            if ident is not None and not ident[1]:
+                found.append(ident[0])
+        self._forget_except({(p.pid, p.start_time) for p in found})
+        return ProcessWalk(found, unreadable)
+
+    def comm(self, pid: int) -> str:
+        try:
+            return read_text(self.paths.proc(pid, "comm")).strip() or "unknown"
+        except OSError:
+            return "unknown"
+
+    def cmdline(self, pid: int) -> str:
+        with open(self.paths.proc(pid, "cmdline"), "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+
+    def find(self, pattern: Pattern[str], exclude: int = -1) -> Optional[int]:
+        """The lowest pid whose comm or command line matches `pattern`."""
+        for pid in sorted(self.pids()):
+            if pid == exclude:
+                continue
+            try:
+                comm = read_text(self.paths.proc(pid, "comm")).strip()
+                cmdline = self.cmdline(pid)
+            except OSError:
+                continue
+            if pattern.search(comm) or (cmdline and pattern.search(cmdline)):
+                return pid
+        return None
+
+    # --- cgroup and pod -------------------------------------------------------------------
+    def cgroups(self, pid: object) -> Dict[str, str]:
+        return parse_proc_cgroup(read_text(self.paths.proc(pid, "cgroup")))
+
+    def pod_uid(self, proc: Process) -> str:
+        """The pod a process runs in ('' outside Kubernetes); a process never changes pod."""
+        key = (proc.pid, proc.start_time)
+        with self._lock:
+            cached = self._pods.get(key)
+        if cached is not None:
+            return cached
+        try:
+            with open(self.paths.proc(proc.pid, "cgroup"), "rb") as handle:
+                pod = pod_uid_in_cgroup(handle.read().decode("utf-8", "replace"))
+        except OSError:
+            return ""
+        with self._lock:
+            self._pods[key] = pod
+        return pod
+
+    def _forget_except(self, alive) -> None:
+        with self._lock:
+            for key in [k for k in self._pods if k not in alive]:
+                del self._pods[key]
+
+    # --- what a process holds (read on demand by the owner scan) -----------------------------
+    def maps(self, pid: int) -> str:
+        with open(self.paths.proc(pid, "maps"), "rb") as handle:
+            return handle.read().decode("utf-8", "surrogateescape")
+
+    def fd_dir(self, pid: int) -> str:
+        return self.paths.proc(pid, "fd")
+
+    def map_file(self, pid: int, map_range: str) -> str:
+        return self.paths.proc(pid, "map_files", map_range)

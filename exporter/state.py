@@ -1,0 +1,112 @@
+"""Per-mount state that outlives one observation: peaks, event counters, inotify flags.
+
+Fed by polls (through the model step) and by the inotify watcher (events.py), read by
+the model step. One lock, a small API; nobody reaches into its dictionaries.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Deque, Dict, Iterable, List, Optional, Tuple
+
+
+class PeakWindow:
+    """Sliding-window maximum (monotonic deque): O(1) amortised per sample."""
+
+    def __init__(self, window: float):
+        self.window = window
+        self._samples: Deque[Tuple[float, int]] = deque()
+
+    def add(self, now: float, value: int) -> None:
+        while self._samples and self._samples[-1][1] <= value:
+            self._samples.pop()
+        self._samples.append((now, value))
+        self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        while len(self._samples) > 1 and self._samples[0][0] < now - self.window:
+            self._samples.popleft()
+
+    def peak(self, now: float) -> Optional[int]:
+        self._expire(now)
+        if not self._samples:
+            return None
+        if self._samples[0][0] < now - self.window:
+            # Only an old sample is left: it is still the latest value we know.
+            return self._samples[-1][1]
+        return self._samples[0][1]
+
+
+@dataclass(frozen=True)
+class MountStates:
+    """A copy of the store, for one model step."""
+    peaks: Dict[str, int]
+    events: Dict[Tuple[str, str, str], int]  # (mount, class, event) -> count
+    inotify: Dict[str, bool]
+
+
+class StateStore:
+    def __init__(self, peak_window: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        self.peak_window = peak_window
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._peaks: Dict[str, PeakWindow] = {}
+        self._events: Dict[Tuple[str, str, str], int] = {}
+        self._inotify: Dict[str, bool] = {}
+        self._listeners: List[Callable[[], None]] = []
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Called after every change (the model step marks itself stale)."""
+        self._listeners.append(listener)
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+    def record_used(self, mount: str, used_bytes: int) -> None:
+        with self._lock:
+            window = self._peaks.get(mount)
+            if window is None:
+                window = self._peaks[mount] = PeakWindow(self.peak_window)
+            window.add(self.clock(), used_bytes)
+        self._changed()
+
+    def count_event(self, mount: str, segment_class: str, event: str, n: int = 1) -> None:
+        key = (mount, segment_class, event)
+        with self._lock:
+            self._events[key] = self._events.get(key, 0) + n
+        self._changed()
+
+    def set_inotify(self, mount: str, active: bool) -> None:
+        with self._lock:
+            if self._inotify.get(mount) == active:
+                return
+            self._inotify[mount] = active
+        self._changed()
+
+    def inotify_active(self, mount: str) -> bool:
+        with self._lock:
+            return self._inotify.get(mount, False)
+
+    def known_inotify(self) -> Iterable[str]:
+        with self._lock:
+            return list(self._inotify)
+
+    def forget_mounts_except(self, mounts: Iterable[str]) -> None:
+        """A mount that went away (a pod deleted) takes its peaks, counters and flags with it."""
+        keep = set(mounts)
+        with self._lock:
+            for mount in [m for m in self._peaks if m not in keep]:
+                del self._peaks[mount]
+            for key in [k for k in self._events if k[0] not in keep]:
+                del self._events[key]
+            for mount in [m for m in self._inotify if m not in keep]:
+                del self._inotify[mount]
+
+    def snapshot(self) -> MountStates:
+        now = self.clock()
+        with self._lock:
+            peaks = {m: p for m, w in self._peaks.items() if (p := w.peak(now)) is not None}
+            return MountStates(peaks, dict(self._events), dict(self._inotify))

@@ -1,0 +1,115 @@
+"""One model step: /metrics and `shmwatch check` report the same numbers from the same model,
+and discovery is a job of its own."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+
+from exporter.discovery import MountDiscovery
+from exporter.paths import Paths
+from tests.conftest import REPO, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, select, value
+
+MiB = 1 << 20
+
+
+def check_json(*args):
+    done = subprocess.run([sys.executable, "-m", "exporter", "check", "--no-collector.gpu", "--output=json", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode in (0, 1, 2), done.stderr
+    return json.loads(done.stdout)
+
+
+@needs_root
+def test_check_and_metrics_agree_on_the_same_state():
+    with mounted_tmpfs("64m") as shm:
+        # A leak: a python_shm segment nobody holds.
+        fallocate(os.path.join(shm, "psm_leaked01"), 3 * MiB)
+        with Peer(shm, "mapped", "nccl-model01", str(5 * MiB)), Peer(shm, "fdonly", "torch_9_hidden", str(2 * MiB)):
+            # 40 MiB of limit: the effective size is bounded by it, below the 64 MiB tmpfs.
+            args = (f"--shm.mount={shm}", "--memory.limit-bytes=40Mi", "--no-collector.cgroup")
+            report = check_json(*args)
+            with Exporter(*args, "--no-collector.gpu", "--no-inotify") as exporter:
+                s = exporter.scrape()
+    [facts] = [f for f in report["shm"] if f["mount"] == shm]
+    assert facts["used_bytes"] == value(s, "shmwatch_mount_used_bytes", mount=shm) >= 10 * MiB
+    assert facts["effective_size_bytes"] == value(s, "shmwatch_mount_effective_size_bytes", mount=shm) == 40 * MiB
+    by_class = {}
+    for labels, v in select(s, "shmwatch_segment_bytes", mount=shm):
+        by_class[labels["class"]] = by_class.get(labels["class"], 0) + v
+    assert facts["bytes_by_class"] == {k: v for k, v in by_class.items()}
+    assert by_class == {"nccl": 5 * MiB, "torch": 2 * MiB, "python_shm": 3 * MiB}
+    assert facts["hidden_bytes"] == value(s, "shmwatch_segment_bytes", mount=shm, state="hidden",
+                                          **{"class": "torch"}) == 2 * MiB
+    assert [o["name"] for o in facts["orphans"]] == ["psm_leaked01"]
+    assert value(s, "shmwatch_segments", mount=shm, state="orphan", **{"class": "python_shm"}) == 1
+    assert value(s, "shmwatch_segment_bytes", mount=shm, state="orphan", **{"class": "python_shm"}) == \
+        facts["orphans"][0]["bytes"] == 3 * MiB
+    assert value(s, "shmwatch_segments", mount=shm, state="linked", **{"class": "nccl"}) == 1
+
+
+def pod_mount(root: str, uid: str, volume: str = "dshm") -> str:
+    return f"{root}/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/{volume}"
+
+
+@needs_root
+def test_node_mode_discovers_without_the_shm_mount_collector(tmp_path):
+    """Discovery is its own job: with shm_mount off, a pod mounted later is inventoried, and
+    forgotten once unmounted."""
+    root = str(tmp_path)
+    uid = str(uuid.uuid4())
+    path = pod_mount(root, uid)
+    with Exporter("--mode=node", "--no-collector.gpu", "--no-collector.shm_mount", "--no-collector.cgroup",
+                  "--poll-interval=200ms", "--inventory-interval=300ms") as exporter:
+        assert not select(exporter.scrape(), "shmwatch_segments", pod_uid=uid)
+        with mounted_tmpfs("16m", path=path):
+            fallocate(os.path.join(path, "psm_late01"), MiB)
+            s = exporter.wait_for(lambda s: value(s, "shmwatch_segment_bytes", mount=path, pod_uid=uid,
+                                                  state="orphan", **{"class": "python_shm"}) == MiB, timeout=10)
+            assert value(s, "shmwatch_inotify_active", mount=path) == 1
+            assert value(s, "shmwatch_collector_success", collector="discovery") == 1
+        exporter.wait_for(lambda s: not [k for k in s if dict(k[1]).get("mount") == path], timeout=10)
+
+
+def test_unreadable_mountinfo_keeps_the_last_mount_set(tmp_path):
+    proc = tmp_path / "proc"
+    (proc / "1").mkdir(parents=True)
+    uid = str(uuid.uuid4())
+    point = pod_mount("", uid)
+    (proc / "1" / "mountinfo").write_text(f"99 1 0:50 / {point} rw,nosuid - tmpfs tmpfs rw,size=16384k\n")
+    discovery = MountDiscovery(Paths(procfs=str(proc)), ["/dev/shm"], node_mode=True)
+    published = []
+    discovery.subscribe(published.append)
+    assert point in discovery.collect().mounts()
+    shutil.rmtree(proc / "1")
+    try:
+        discovery.collect()
+    except OSError as err:
+        assert "mountinfo" in str(err)
+    else:
+        raise AssertionError("an unreadable mountinfo must fail the discovery run")
+    assert point in discovery.mounts()  # the last good set stands
+    assert len(published) == 1  # and nothing new was published
+
+
+def test_check_judges_by_the_rules_thresholds():
+    """`shmwatch check` and the alert rules say the same thing at the same numbers."""
+    import re
+
+    import yaml
+
+    from exporter import thresholds as T
+
+    with open(os.path.join(REPO, "deploy", "prometheus", "shmwatch-rules.yml")) as f:
+        rules = {r["alert"]: r["expr"] for g in yaml.safe_load(f)["groups"] for r in g["rules"] if "alert" in r}
+    expected = {
+        "ShmUsageHigh": (">", T.SHM_USAGE_WARNING_RATIO), "ShmUsageCritical": (">", T.SHM_USAGE_CRITICAL_RATIO),
+        "PodOomRiskHigh": (">", T.OOM_RISK_RATIO), "ShmSizeExceedsMemoryLimit": (">", T.SHM_OOM_PROJECTION_RATIO),
+        "HostMemoryLow": ("<", T.HOST_MEMORY_AVAILABLE_LOW_RATIO), "SysvSegmentsNearLimit": (">", T.SYSV_NEAR_LIMIT_RATIO),
+        "SysvBytesNearLimit": (">", T.SYSV_NEAR_LIMIT_RATIO), "GpuMemoryNearlyFull": (">", T.GPU_MEMORY_FULL_RATIO),
+        "ShmDockerDefaultSize": ("<=", T.DOCKER_DEFAULT_SHM_BYTES),
+    }
+    for alert, (op, number) in expected.items():
+        found = [float(x) for x in re.findall(re.escape(op) + r"\s*([0-9.]+)", rules[alert])]
+        assert number in found, f"{alert}: rule says {rules[alert]!r}, exporter/thresholds.py says {op} {number}"
