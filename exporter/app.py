@@ -10,6 +10,7 @@ the threads.
 """
 from __future__ import annotations
 
+import re
 from typing import List
 
 from prometheus_client.registry import CollectorRegistry
@@ -39,8 +40,9 @@ def build_sources(cfg: Config, paths: Paths, discovery: MountDiscovery, table: P
     node = cfg.mode == "node"
     makers = {
         "shm_mount": lambda: ShmMountCollector(paths, discovery.mounts),
-        "segments": lambda: SegmentsCollector(paths, discovery.mounts, table, pod_of_pid=node,
-                                              changes=changes),
+        "segments": lambda: SegmentsCollector(paths, discovery.mounts, table, pod_of_pid=node, changes=changes,
+                                              ignore_unreadable=re.compile(cfg.ignore_unreadable)
+                                              if cfg.ignore_unreadable else None),
         "sysv": lambda: SysvCollector(paths),
         "host_memory": lambda: HostMemoryCollector(paths),
         "cgroup": lambda: CgroupCollector(paths, cfg.cgroup_path, cfg.cgroup_target_process,

@@ -40,7 +40,9 @@ CATALOGUE: Tuple[Metric, ...] = (
     M("shmwatch_mount_inodes", "gauge", "", MOUNT, "Inodes on the mount."),
     M("shmwatch_mount_inodes_free", "gauge", "", MOUNT, "Free inodes on the mount."),
     # --- segment inventory (collector segments) -----------------------------------
-    M("shmwatch_segments", "gauge", "", SEG, "Segments by owner class and state (linked, hidden, orphan)."),
+    M("shmwatch_segments", "gauge", "", SEG,
+      "Segments by owner class and state: linked, hidden (unlinked, still mapped or open), orphan (held by no "
+      "process, and every process was inspected), unverified (held by no process we could inspect)."),
     M("shmwatch_segment_bytes", "gauge", "bytes", SEG,
       "Allocated bytes of segments (st_blocks x 512: what tmpfs charges)."),
     M("shmwatch_segment_apparent_bytes", "gauge", "bytes", SEG,
@@ -56,7 +58,11 @@ CATALOGUE: Tuple[Metric, ...] = (
     M("shmwatch_mount_other_entries", "gauge", "", ("mount", "type"),
       "Entries that are not regular files (directory, symlink, fifo, socket, device); never opened."),
     M("shmwatch_proc_unreadable", "gauge", "", (),
-      "Processes whose /proc maps or fd entries we were not allowed to read in the last inventory."),
+      "Processes we could not inspect in the last inventory: /proc stat, maps or fd denied, or hidden by "
+      "hidepid; absent when hidden processes exist but could not be counted."),
+    M("shmwatch_mount_owners_verified", "gauge", "", MOUNT,
+      "1 when every process that could hold a segment of the mount was inspected (segments held by nobody are "
+      "orphan); 0 when some could not be (they are unverified: grant the server's UID or CAP_SYS_PTRACE)."),
     # --- events (sampler + watchdog) ------------------------------------------------
     M("shmwatch_segment_events_total", "counter", "", ("mount", "class", "event"),
       "Segments created and deleted, seen by inotify (or by inventory diffs when polling)."),

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from . import __version__
+from . import segment_classes
 from . import thresholds as T
 from .config import Config, _typed, build_parser, parse_args, parse_size
 from .logscan import SIGNATURES, LogHit, scan_log
@@ -157,18 +158,15 @@ def _shm(report: Report, view: MountView, model: Model, required: Optional[int],
         facts.update(bytes_by_class=dict(by_class),
                      orphans=[{"name": s.name, "class": s.cls, "bytes": s.allocated_bytes,
                                "age_seconds": max(0, int(wall - s.mtime))} for s in leaked],
+                     unverified=[{"name": s.name, "class": s.cls, "bytes": s.allocated_bytes}
+                                 for s in summary.unverified],
                      hidden_bytes=summary.hidden_bytes, segments=len(inv.segments),
                      unattributed_bytes=inv.unattributed_bytes)
         classes = ", ".join(f"{c} {human(b)}" for c, b in sorted(by_class.items(), key=lambda kv: -kv[1]) if b)
         if not any(f.area == "shm" and f.subject == m.mount and f.severity in ("fail", "warn")
                    for f in report.findings):
             report.add("ok", "shm", m.mount, usage + (f"; by class: {classes}" if classes else ""))
-        if leaked:
-            names = " ".join(os.path.join(m.mount, s.name) for s in leaked[:5])
-            more = f" (+{len(leaked) - 5} more)" if len(leaked) > 5 else ""
-            report.add("warn", "shm", m.mount, f"{len(leaked)} leaked segment(s) held by no process, "
-                       f"{human(sum(s.allocated_bytes for s in leaked))}: {names}{more}",
-                       f"once no server can attach to them: rm {names}")
+        _unowned(report, m.mount, leaked, summary.unverified, model.inventory.proc_unreadable)
         if summary.hidden_count:
             report.add("info", "shm", m.mount, f"{summary.hidden_count} unlinked-but-mapped segment(s), "
                        f"{human(summary.hidden_bytes)}: counted by df, invisible to ls "
@@ -176,6 +174,34 @@ def _shm(report: Report, view: MountView, model: Model, required: Optional[int],
     elif not any(f.subject == m.mount for f in report.findings):
         report.add("ok", "shm", m.mount, usage)
     report.facts.setdefault("shm", []).append(facts)
+
+
+def _names(mount: str, segments) -> str:
+    names = " ".join(os.path.join(mount, s.name) for s in segments[:5])
+    return names + (f" (+{len(segments) - 5} more)" if len(segments) > 5 else "")
+
+
+def _unowned(report: Report, mount: str, leaked, unverified, unreadable: Optional[int]) -> None:
+    """Segments held by no process. `rm` is advised only where nothing can still attach: an
+    orphan (every process inspected) of a class whose segments belong to one process."""
+    removable = [s for s in leaked if segment_classes.removable(s.cls)]
+    foreign = [s for s in leaked if not segment_classes.removable(s.cls)]
+    if removable:
+        names = _names(mount, removable)
+        report.add("warn", "shm", mount, f"{len(removable)} leaked segment(s) held by no process, "
+                   f"{human(sum(s.allocated_bytes for s in removable))}: {names}",
+                   f"once no server can attach to them: rm {names}")
+    if foreign:
+        report.add("info", "shm", mount, f"{len(foreign)} file(s) of no known owner class held by no process, "
+                   f"{human(sum(s.allocated_bytes for s in foreign))}: {_names(mount, foreign)}",
+                   "find which tool made them before removing anything (a container engine's lock file is one)")
+    if unverified:
+        who = f"{unreadable} process(es)" if unreadable is not None else "processes hidden by hidepid"
+        report.add("info", "shm", mount, f"{len(unverified)} segment(s), "
+                   f"{human(sum(s.allocated_bytes for s in unverified))}, held by no process shmwatch could inspect "
+                   f"({who} could not be read): not called leaked, they may be live",
+                   "to tell live from leaked, run shmwatch as the server's UID or with CAP_SYS_PTRACE "
+                   "(README: Deploy); never remove them on this report's word")
 
 
 def _memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:

@@ -83,6 +83,7 @@ class Config:
     gpu_timeout: float = 5.0
     cgroup_path: Optional[str] = None
     cgroup_target_process: Optional[str] = None
+    ignore_unreadable: Optional[str] = None
     memory_limit_bytes: Optional[int] = None
     inotify: bool = True
     tls_cert_file: Optional[str] = None
@@ -147,6 +148,9 @@ FLAGS = (
     ("--peak-window", "peak_window", parse_duration, "60s", "Window of shmwatch_mount_peak_used_bytes.", False),
     ("--segments.top-k", "top_k", _positive_int, "10", "How many segments and processes get their own series.",
      False),
+    ("--segments.ignore-unreadable", "ignore_unreadable", str, None,
+     "Regex on comm: processes whose /proc entries cannot be read but that hold no shm (a VM agent as pid 1 "
+     "that even root cannot inspect) do not make held-by-nobody segments unverified.", False),
     ("--collector.timeout", "collector_timeout", parse_duration, "10s",
      "A collector run longer than this is marked failed.", False),
     ("--collector.gpu.timeout", "gpu_timeout", parse_duration, "5s", "Bound on one NVML sweep.", False),
@@ -217,7 +221,7 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = "shmwatch", par
     for key in ("telemetry_path", "tls_cert_file", "tls_key_file", "tls_client_ca_file", "procfs", "sysfs",
                 "rootfs", "shm_size_limit", "poll_interval", "inventory_interval", "peak_window", "top_k",
                 "collector_timeout", "gpu_timeout", "cgroup_path", "cgroup_target_process",
-                "memory_limit_bytes", "log_level", "mode"):
+                "memory_limit_bytes", "log_level", "mode", "ignore_unreadable"):
         setattr(cfg, key, values[key])
     if values["shm_mounts"]:
         cfg.shm_mounts = list(dict.fromkeys(m.rstrip("/") or "/" for m in values["shm_mounts"]))
@@ -237,11 +241,13 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = "shmwatch", par
         parser.error("argument --web.tls-client-ca-file: mTLS needs --web.tls-cert-file and --web.tls-key-file")
     if cfg.cgroup_path and cfg.cgroup_target_process:
         parser.error("arguments --cgroup.path and --cgroup.target-process: give one, not both")
-    if cfg.cgroup_target_process:
-        try:
-            re.compile(cfg.cgroup_target_process)
-        except re.error as err:
-            parser.error(f"argument --cgroup.target-process: invalid regex: {err}")
+    for flag, pattern in (("--cgroup.target-process", cfg.cgroup_target_process),
+                          ("--segments.ignore-unreadable", cfg.ignore_unreadable)):
+        if pattern:
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                parser.error(f"argument {flag}: invalid regex: {err}")
     return cfg if own_parser else (cfg, ns)
 
 

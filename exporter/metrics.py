@@ -121,7 +121,8 @@ class ModelCollector(Collector):
 
     def _segments(self, model: Model, out: Families) -> None:
         inv = model.inventory
-        out.add("shmwatch_proc_unreadable", [], inv.proc_unreadable)
+        if inv.proc_unreadable is not None:  # None: hidden processes exist, uncounted
+            out.add("shmwatch_proc_unreadable", [], inv.proc_unreadable)
         for view in model.mounts:
             m, summary = view.inventory, view.summary
             if m is None or m.error or summary is None:
@@ -146,6 +147,7 @@ class ModelCollector(Collector):
             age = 0.0 if oldest_orphan is None else max(0.0, inv.wall_time - oldest_orphan)
             out.add("shmwatch_orphan_oldest_age_seconds", [m.mount], age)
             out.add("shmwatch_mount_unattributed_bytes", [m.mount], m.unattributed_bytes)
+            out.add("shmwatch_mount_owners_verified", [m.mount], 1 if inv.owners_complete else 0)
             for kind, count in sorted(m.other_entries.items()):
                 out.add("shmwatch_mount_other_entries", [m.mount, kind], count)
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Pattern, Tuple
+from typing import Dict, List, Optional, Pattern, Set, Tuple
 
 from .kube import pod_uid_in_cgroup
+from .mountinfo import parse_mountinfo
 from .paths import Paths, read_text
 
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: kernel threads map no files
@@ -48,9 +49,29 @@ class Process:
 
 @dataclass(frozen=True)
 class ProcessWalk:
-    """One pass over /proc: the user processes we could identify, and how many we could not."""
+    """One pass over /proc: the user processes we could identify, and those we could not."""
     processes: List[Process]
     unreadable: int  # listed, but /proc/<pid>/stat could not be read (permission, hidepid=1)
+    # Processes that exist but /proc does not list (hidepid=2/invisible, ptraceable);
+    # None when they exist but could not be counted (too many pids to probe).
+    invisible: Optional[int] = 0
+
+
+# Probing every pid up to ns_last_pid costs one pidfd_open per pid: fine in a pod's PID
+# namespace (hundreds), not in a host's (millions). Past this, invisible processes are
+# known to exist but not counted.
+MAX_PROBE_PIDS = 1 << 16
+
+
+def parse_hidepid(options: str) -> str:
+    """procfs mount options -> 'off', 'noaccess', 'invisible' or 'ptraceable'.
+
+    Kernels before 5.8 print hidepid=0/1/2; later ones the names (fs/proc/root.c)."""
+    for option in options.split(","):
+        if option.startswith("hidepid="):
+            value = option[len("hidepid="):]
+            return {"0": "off", "1": "noaccess", "2": "invisible", "4": "ptraceable"}.get(value, value)
+    return "off"
 
 
 class ProcessTable:
@@ -61,10 +82,8 @@ class ProcessTable:
 
     # --- identity -------------------------------------------------------------------------
     def pids(self) -> List[int]:
-        try:
-            return [int(e.name) for e in os.scandir(self.paths.procfs) if e.name.isdigit()]
-        except OSError:
-            return []
+        """The pids /proc lists. Raises OSError when it cannot be listed at all."""
+        return [int(e.name) for e in os.scandir(self.paths.procfs) if e.name.isdigit()]
 
     def identify(self, pid: int) -> "Optional[Tuple[Process, bool]]":
         """(process, is_kernel_thread); None when it is gone. PermissionError when not ours to read."""
@@ -79,10 +98,15 @@ class ProcessTable:
 
     def walk(self) -> ProcessWalk:
         """Every user process (kernel threads skipped). A process gone mid-walk holds nothing
-        any more and is simply left out; one we may not read is counted."""
+        any more and is simply left out; one we may not read is counted, and so is one that
+        /proc hides from us (hidepid)."""
         found: List[Process] = []
         unreadable = 0
-        for pid in self.pids():
+        try:
+            listed = self.pids()
+        except OSError:
+            return ProcessWalk([], 0, None)  # no process could be seen: none is proven absent
+        for pid in listed:
             try:
                 ident = self.identify(pid)
             except (OSError, ValueError, IndexError):
@@ -91,7 +115,42 @@ class ProcessTable:
             if ident is not None and not ident[1]:
                 found.append(ident[0])
         self._forget_except({(p.pid, p.start_time) for p in found})
-        return ProcessWalk(found, unreadable)
+        invisible = self.count_invisible(set(listed)) if self.hidepid() in ("invisible", "ptraceable") else 0
+        return ProcessWalk(found, unreadable, invisible)
+
+    def hidepid(self) -> str:
+        """How our procfs hides processes, from its mount options ('off' when unknown)."""
+        try:
+            entries = parse_mountinfo(read_text(os.path.join(self.paths.procfs, "self", "mountinfo")))
+        except OSError:
+            return "off"
+        where = os.path.realpath(self.paths.procfs)
+        for entry in reversed(entries):
+            if entry.fstype == "proc" and entry.mount_point == where:
+                return parse_hidepid(entry.options)
+        return "off"
+
+    def count_invisible(self, listed: Set[int]) -> Optional[int]:
+        """Processes (thread-group leaders) that exist in our PID namespace but are not listed.
+
+        pidfd_open() needs no permission and refuses a thread that is not a group leader
+        (EINVAL), so it counts processes, not threads, whatever /proc lets us see."""
+        try:
+            last = int(read_text(os.path.join(self.paths.procfs, "sys", "kernel", "ns_last_pid")).strip())
+        except (OSError, ValueError):
+            return None
+        if last > MAX_PROBE_PIDS or not hasattr(os, "pidfd_open"):
+            return None
+        hidden = 0
+        for pid in range(1, last + 1):
+            if pid in listed:
+                continue
+            try:
+                os.close(os.pidfd_open(pid))
+            except OSError:
+                continue  # ESRCH: no such process; EINVAL: a thread, not a process
+            hidden += 1
+        return hidden
 
     def comm(self, pid: int) -> str:
         try:
@@ -105,7 +164,11 @@ class ProcessTable:
 
     def find(self, pattern: Pattern[str], exclude: int = -1) -> Optional[int]:
         """The lowest pid whose comm or command line matches `pattern`."""
-        for pid in sorted(self.pids()):
+        try:
+            pids = sorted(self.pids())
+        except OSError:
+            return None
+        for pid in pids:
             if pid == exclude:
                 continue
             try:

@@ -63,3 +63,15 @@ NOT_LEAKS = frozenset({"semaphore"})
 
 def counts_as_leak(cls: str) -> bool:
     return cls not in NOT_LEAKS
+
+
+# An orphan of these classes is removable: each segment belongs to one process (one NCCL
+# rank's buffer, one torch tensor, one Python SharedMemory, one vLLM offload file, one UCX
+# or MPI endpoint), so once that process is gone nothing can attach to it again. `shmwatch
+# check` advises `rm` for orphans of these classes only: never for `other` (a container
+# engine's lock file is not ours to judge) and never for a segment that is `unverified`.
+REMOVABLE = frozenset({"nccl", "torch", "python_shm", "vllm_offload", "ucx", "mpi"})
+
+
+def removable(cls: str) -> bool:
+    return cls in REMOVABLE

@@ -8,7 +8,7 @@ from exporter.collectors.segments import SegmentsCollector
 from exporter.paths import Paths
 from exporter.sampler import Sampler
 from exporter.state import PeakWindow, StateStore
-from tests.conftest import Exporter, fallocate, mounted_tmpfs, needs_root, select, value
+from tests.conftest import HOST_EXCUSED_RE, Exporter, fallocate, mounted_tmpfs, needs_root, select, value
 
 MiB = 1 << 20
 
@@ -72,7 +72,7 @@ def test_polling_fallback_when_the_observer_cannot_start(tmp_path):
     def broken_observer():
         raise OSError(24, "inotify instance limit reached")
 
-    collector = SegmentsCollector(Paths(), [mount])
+    collector = SegmentsCollector(Paths(), [mount], ignore_unreadable=HOST_EXCUSED_RE)
     sampler = Sampler([collector])
     state = StateStore()
     watcher = MountWatcher(state, Paths(), [mount], observer_factory=broken_observer)

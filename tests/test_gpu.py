@@ -27,8 +27,12 @@ def stub_dir(tmp_path_factory):
 
 
 def config(tmp_path, text):
+    """Write the stub's configuration atomically: the stub re-reads it on every NVML call, and
+    a half-written file (a GPU count of 0) would be a fake driver state, not the one tested."""
     path = tmp_path / "nvml.conf"
-    path.write_text(text)
+    staged = tmp_path / "nvml.conf.new"
+    staged.write_text(text)
+    os.replace(staged, path)
     return str(path)
 
 
@@ -167,9 +171,9 @@ def test_driver_error_reinitialises_nvml(stub_dir, tmp_path):
     conf = config(tmp_path, conf_text)
     with mounted_tmpfs("16m") as shm, Exporter(*exporter_args(shm), env=gpu_env(stub_dir, conf)) as exporter:
         assert value(exporter.scrape(), "shmwatch_collector_success", collector="gpu") == 1
-        (tmp_path / "nvml.conf").write_text(conf_text + "count_error=15\n")  # the driver loses the GPUs
+        config(tmp_path, conf_text + "count_error=15\n")  # the driver loses the GPUs
         exporter.wait_for(lambda s: value(s, "shmwatch_collector_success", collector="gpu") == 0, timeout=5)
-        (tmp_path / "nvml.conf").write_text(conf_text)
+        config(tmp_path, conf_text)
         s = exporter.wait_for(lambda s: value(s, "shmwatch_collector_success", collector="gpu") == 1, timeout=5)
         assert value(s, "shmwatch_gpu_memory_used_bytes", gpu="0") == 72 * GiB
         _, _, inits, shutdowns = map(int, stats.read_text().split())

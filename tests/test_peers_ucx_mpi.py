@@ -13,7 +13,7 @@ import pytest
 from exporter.collectors.segments import SegmentsCollector
 from exporter.collectors.sysv import SysvCollector
 from exporter.paths import Paths
-from tests.conftest import REPO, free_port, in_shm_namespace, needs_root
+from tests.conftest import HOST_EXCUSED_RE, REPO, free_port, in_shm_namespace, needs_root
 
 pytestmark = needs_root
 
@@ -43,7 +43,7 @@ def wait_listening(port, timeout=15.0):
 
 
 def wait_inventory(tmpfs, predicate, timeout=20.0):
-    collector = SegmentsCollector(Paths(), [tmpfs])
+    collector = SegmentsCollector(Paths(), [tmpfs], ignore_unreadable=HOST_EXCUSED_RE)
     deadline = time.monotonic() + timeout
     while True:
         inv = collector.collect()

@@ -6,7 +6,7 @@ import time
 from exporter.collectors.segments import SegmentsCollector
 from exporter.inventory.summary import owner_label
 from exporter.paths import Paths
-from tests.conftest import Exporter, Peer, fallocate, needs_root, value
+from tests.conftest import HOST_EXCUSED_RE, Exporter, Peer, fallocate, needs_root, value
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MiB = 1 << 20
@@ -15,7 +15,7 @@ pytestmark = needs_root
 
 
 def inventory(tmpfs):
-    inv = SegmentsCollector(Paths(), [tmpfs]).collect()
+    inv = SegmentsCollector(Paths(), [tmpfs], ignore_unreadable=HOST_EXCUSED_RE).collect()
     return inv, inv.mounts[0]
 
 
@@ -121,7 +121,7 @@ def test_scrape_shows_owner_and_top_segments(tmpfs):
 
 
 def test_quick_inventory_patches_only_what_inotify_reported(tmpfs):
-    collector = SegmentsCollector(Paths(), [tmpfs])
+    collector = SegmentsCollector(Paths(), [tmpfs], ignore_unreadable=HOST_EXCUSED_RE)
     for name in ("nccl-aaaaaa", "psm_keep", "psm_gone"):
         fallocate(os.path.join(tmpfs, name), MiB)
     collector.collect()

@@ -13,7 +13,7 @@ import logging
 import os
 import stat as stat_mod
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
 from ..discovery import live_mounts
 from ..inventory.changes import ChangeLog
@@ -38,11 +38,11 @@ class SegmentsCollector:
                  table: Optional[ProcessTable] = None,
                  statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
                  clock: Callable[[], float] = time.time, pod_of_pid: bool = False,
-                 changes: Optional[ChangeLog] = None):
+                 changes: Optional[ChangeLog] = None, ignore_unreadable: Optional[Pattern[str]] = None):
         self.paths = paths
         self.mounts = live_mounts(mounts)  # discovery's current mounts
         self.table = table or ProcessTable(paths)
-        self.owner_scan = OwnerScan(self.table)
+        self.owner_scan = OwnerScan(self.table, ignore_unreadable)
         self.changes = changes or ChangeLog()  # filled by events.MountWatcher
         self.pod_of_pid = pod_of_pid
         self.statvfs = statvfs
@@ -116,16 +116,20 @@ class SegmentsCollector:
         pods = {}
         if self.pod_of_pid:
             pods = {pid: pod for pid, proc in owners.holders.items() if (pod := self.table.pod_uid(proc))}
-        return Inventory(mounts, dict(owners.comms), owners.unreadable, owners.scanned, self.clock(), pods)
+        return Inventory(mounts, dict(owners.comms), owners.unreadable, owners.scanned, self.clock(), pods,
+                         owners_complete=owners.complete)
 
     def _assemble(self, mount: str, dev: int, files: Files, others: Dict[str, int],
                   provisional: bool) -> MountInventory:
         inv = MountInventory(mount, other_entries=others)
         accounted = 0
         holdings = self._owners.holdings
+        # Held by nobody we could inspect: an orphan only when we inspected everybody who
+        # could hold it; otherwise unverified (never called leaked, never advised for rm).
+        unheld_state = "orphan" if self._owners.complete else "unverified"
         # A file new since the last full run is taken as held by its creator until the
         # follow-up full run says otherwise: no orphan flapping on every create.
-        unknown_state = "linked" if provisional else "orphan"
+        unknown_state = "linked" if provisional else unheld_state
         known_files = self._known_files
         append = inv.segments.append
         classes = CLASS_CACHE
@@ -136,7 +140,7 @@ class SegmentsCollector:
                 state = "linked"
             else:
                 holders = ()
-                state = "orphan" if key in known_files else unknown_state
+                state = unheld_state if key in known_files else unknown_state
             allocated = st.st_blocks * 512
             append(Segment(name, classes.get(name) or classify(name), state, allocated, st.st_size, st.st_mtime,
                            holders, key))

@@ -12,7 +12,7 @@ import errno
 import os
 import stat as stat_mod
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Pattern, Set, Tuple
 
 from ..proctable import Process, ProcessTable
 from .walk import Key
@@ -40,8 +40,17 @@ class Owners:
     holdings: Dict[Key, List[Holding]] = field(default_factory=dict)
     comms: Dict[int, str] = field(default_factory=dict)  # comm of each holder
     holders: Dict[int, Process] = field(default_factory=dict)
-    unreadable: int = 0  # processes whose stat, maps or fds we were not allowed to read
+    # Processes we could not inspect: stat, maps or fds denied (another UID without ptrace
+    # access, hidepid=1), or not even listed (hidepid=2). None: some exist, uncounted.
+    unreadable: Optional[int] = 0
+    # Of those, the ones that could hold a segment (not excused by --segments.ignore-unreadable).
+    unverifiable: Optional[int] = 0
     scanned: int = 0
+
+    @property
+    def complete(self) -> bool:
+        """Every process that could hold a segment was inspected: 'held by nobody' is proven."""
+        return self.unverifiable == 0
 
 
 def dev_token(dev: int) -> str:
@@ -107,16 +116,30 @@ class OwnerScan:
     """Reads the maps and fds of the processes the table lists; comm comes from the table
     (read afresh each walk: an exec changes comm, the start time does not)."""
 
-    def __init__(self, table: ProcessTable):
+    def __init__(self, table: ProcessTable, ignore_unreadable: Optional[Pattern[str]] = None):
         self.table = table
+        self.ignore_unreadable = ignore_unreadable
 
     def scan(self, devs: Set[int]) -> Owners:
         walked = self.table.walk()
-        out = Owners(unreadable=walked.unreadable)
+        # Whoever we could not even identify could hold anything.
+        out = Owners(unreadable=walked.unreadable, unverifiable=walked.unreadable)
+        if walked.invisible is None:
+            out.unreadable = out.unverifiable = None
+        elif walked.invisible:
+            out.unreadable += walked.invisible
+            out.unverifiable += walked.invisible
         tokens = {dev_token(d): d for d in devs}
         for proc in walked.processes:
             out.scanned += 1
-            if self._scan_one(proc, devs, tokens, out):
+            held, denied = self._scan_one(proc, devs, tokens, out)
+            if denied:
+                if out.unreadable is not None:
+                    out.unreadable += 1
+                excused = self.ignore_unreadable is not None and self.ignore_unreadable.search(proc.comm)
+                if not excused and out.unverifiable is not None:
+                    out.unverifiable += 1
+            if held:
                 # comm read after the maps, not from the walk: a holder that exec'ed in
                 # between (sh -> ucx_perftest) is named by what it is now.
                 comm = self.table.comm(proc.pid)
@@ -125,7 +148,8 @@ class OwnerScan:
         self._fill_mapping_sizes(out.holdings)
         return out
 
-    def _scan_one(self, proc: Process, devs: Set[int], tokens: Dict[str, int], out: Owners) -> bool:
+    def _scan_one(self, proc: Process, devs: Set[int], tokens: Dict[str, int], out: Owners) -> Tuple[bool, bool]:
+        """-> (holds something on a watched mount, some of its /proc entries were denied)."""
         pid = proc.pid
         denied = held_here = False
         try:
@@ -154,9 +178,7 @@ class OwnerScan:
                 held_here = True
                 self._add(out.holdings, (st.st_dev, st.st_ino), pid, target, target.endswith(DELETED),
                           allocated=st.st_blocks * 512, apparent=st.st_size, mtime=st.st_mtime)
-        if denied:
-            out.unreadable += 1
-        return held_here
+        return held_here, denied
 
     @staticmethod
     def _add(holdings: Dict[Key, List[Holding]], key: Key, pid: int, path: str, deleted: bool,

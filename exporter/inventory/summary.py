@@ -16,7 +16,7 @@ from .walk import Key
 class Segment:
     name: str  # basename as found (may hold any bytes, as surrogates)
     cls: str
-    state: str  # linked | hidden | orphan
+    state: str  # linked | hidden | orphan | unverified (DESIGN.md, "Segment states")
     allocated_bytes: int
     apparent_bytes: int
     mtime: float = 0.0
@@ -39,10 +39,11 @@ class MountInventory:
 class Inventory:
     mounts: List[MountInventory]
     comms: Dict[int, str]
-    proc_unreadable: int
+    proc_unreadable: Optional[int]  # None: processes hidden from us exist, but could not be counted
     processes_scanned: int
     wall_time: float = field(default_factory=time.time)
     pods: Dict[int, str] = field(default_factory=dict)  # pid -> pod UID, in node mode
+    owners_complete: bool = True  # every process that could hold a segment was inspected
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class SegmentSummary:
     top_processes: List[Tuple[int, int]]  # (pid, bytes)
     oldest_orphan_mtime: Optional[float]
     leaked: List[Segment]  # orphans that count as leaks, largest first
+    unverified: List[Segment]  # held by nobody we could inspect, largest first
 
 
 def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
@@ -62,6 +64,7 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
     by_class: Dict[str, int] = {}
     oldest: Optional[float] = None
     leaked: List[Segment] = []
+    unverified: List[Segment] = []
     for seg in inv.segments:
         acc = totals.get((seg.cls, seg.state))
         if acc is None:
@@ -75,14 +78,17 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
                 oldest = seg.mtime
             if counts_as_leak(seg.cls):
                 leaked.append(seg)
+        elif seg.state == "unverified" and counts_as_leak(seg.cls):
+            unverified.append(seg)
     hidden = totals_for_state(totals, "hidden")
     leaked.sort(key=lambda s: (-s.allocated_bytes, s.name))
+    unverified.sort(key=lambda s: (-s.allocated_bytes, s.name))
     return SegmentSummary(
         totals={key: (c, a, p) for key, (c, a, p) in totals.items()},
         bytes_by_class=by_class, hidden_bytes=hidden[1], hidden_count=hidden[0],
         top=heapq.nsmallest(top_k, inv.segments, key=lambda s: (-s.allocated_bytes, s.name)),
         top_processes=heapq.nsmallest(top_k, inv.process_bytes.items(), key=lambda kv: (-kv[1], kv[0])),
-        oldest_orphan_mtime=oldest, leaked=leaked)
+        oldest_orphan_mtime=oldest, leaked=leaked, unverified=unverified)
 
 
 def totals_for_state(totals, state: str) -> Tuple[int, int]:

@@ -1,0 +1,109 @@
+"""Ownership we can prove: a segment is `orphan` only when every process that could hold it
+was inspected. Run as the image's user (65534, no capabilities) beside root processes, in
+the host's namespaces; the container tier runs the same shapes in real containers."""
+import json
+import os
+import subprocess
+import tempfile
+
+from tests.conftest import REPO, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, select, value
+
+MiB = 1 << 20
+
+
+def leak_and_live(shm):
+    """A leak (nobody holds it) and live root-owned segments beside it."""
+    fallocate(os.path.join(shm, "psm_leaked02"), 2 * MiB)
+    os.chmod(os.path.join(shm, "psm_leaked02"), 0o600)
+    return [Peer(shm, "mapped", "nccl-live0002", str(3 * MiB)), Peer(shm, "fdonly", "torch_1_live", str(MiB))]
+
+
+def states(samples, mount):
+    found = {}
+    for labels, v in select(samples, "shmwatch_segments", mount=mount):
+        found[(labels["class"], labels["state"])] = v
+    return found
+
+
+@needs_root
+def test_another_uid_without_ptrace_calls_nothing_leaked(nonroot_python):
+    with mounted_tmpfs("32m") as shm:
+        peers = leak_and_live(shm)
+        try:
+            with Exporter(f"--shm.mount={shm}", "--no-collector.gpu", "--no-collector.cgroup", "--no-inotify",
+                          run_as=nonroot_python, env={"SHMWATCH_SEGMENTS_IGNORE_UNREADABLE": ""}) as exporter:
+                s = exporter.scrape()
+            check = subprocess.run([*nonroot_python, "-m", "exporter", "check", f"--shm.mount={shm}", "--output=json",
+                                    "--no-collector.gpu", "--no-collector.cgroup"], cwd=REPO, capture_output=True,
+                                   text=True, timeout=60, env={**os.environ, "SHMWATCH_SEGMENTS_IGNORE_UNREADABLE": ""})
+        finally:
+            for peer in peers:
+                peer.close()
+    # The live nccl segment and the leak are both listed and held by nobody we could read:
+    # unverified, never orphan.
+    assert states(s, shm) == {("nccl", "unverified"): 1, ("python_shm", "unverified"): 1}
+    assert not select(s, "shmwatch_top_segment_bytes", mount=shm, state="orphan")
+    assert value(s, "shmwatch_orphan_oldest_age_seconds", mount=shm) == 0
+    assert value(s, "shmwatch_mount_owners_verified", mount=shm) == 0
+    assert value(s, "shmwatch_proc_unreadable") >= 2  # at least the two root peers
+    doc = json.loads(check.stdout)
+    [facts] = doc["shm"]
+    assert facts["orphans"] == []
+    assert {u["name"] for u in facts["unverified"]} == {"nccl-live0002", "psm_leaked02"}
+    assert not [f for f in doc["findings"] if "rm " in f["remedy"]], doc["findings"]
+    assert [f for f in doc["findings"] if "may be live" in f["message"] and "CAP_SYS_PTRACE" in f["remedy"]]
+
+
+@needs_root
+def test_hidepid_hidden_processes_are_counted(nonroot_python):
+    """hidepid=2 on the exporter's /proc: root's processes are not even listed; they are
+    counted (pidfd_open needs no permission) and the leak stays unverified."""
+    with mounted_tmpfs("32m") as shm:
+        peers = leak_and_live(shm)
+        proc = tempfile.mkdtemp(prefix="shmwatch-proc-")  # reachable by 65534, unlike tmp_path
+        os.chmod(proc, 0o755)
+        subprocess.run(["mount", "-t", "proc", "-o", "hidepid=2", "proc", proc], check=True)
+        try:
+            with Exporter(f"--shm.mount={shm}", f"--path.procfs={proc}", "--no-collector.gpu", "--no-collector.cgroup",
+                          "--no-inotify", run_as=nonroot_python,
+                          env={"SHMWATCH_SEGMENTS_IGNORE_UNREADABLE": ""}) as exporter:
+                s = exporter.scrape()
+        finally:
+            subprocess.run(["umount", "-l", proc], check=False)
+            os.rmdir(proc)
+            for peer in peers:
+                peer.close()
+    hidden_root_processes = sum(1 for p in os.listdir("/proc") if p.isdigit() and os.stat(f"/proc/{p}").st_uid == 0)
+    assert value(s, "shmwatch_proc_unreadable") >= min(hidden_root_processes, 10)
+    assert states(s, shm) == {("nccl", "unverified"): 1, ("python_shm", "unverified"): 1}
+    assert value(s, "shmwatch_mount_owners_verified", mount=shm) == 0
+
+
+@needs_root
+def test_root_sees_every_owner_and_the_real_leak(tmpfs):
+    """The same state read by root: the live segments are attributed, the leak is an orphan."""
+    peers = leak_and_live(tmpfs)
+    try:
+        with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", "--no-collector.cgroup") as exporter:
+            s = exporter.scrape()
+    finally:
+        for peer in peers:
+            peer.close()
+    assert states(s, tmpfs) == {("nccl", "linked"): 1, ("python_shm", "orphan"): 1, ("torch", "hidden"): 1}
+    assert value(s, "shmwatch_mount_owners_verified", mount=tmpfs) == 1
+    [(labels, _)] = select(s, "shmwatch_top_segment_bytes", mount=tmpfs, state="linked")
+    assert labels["owner"].endswith(f"[{peers[0].pid}]")
+
+
+def test_a_procfs_that_cannot_be_listed_proves_nothing(tmp_path):
+    """No process seen is not 'no process holds it': the leak stays unverified, and the
+    count of uninspected processes is unknown, so it is absent rather than 0."""
+    from exporter.collectors.segments import SegmentsCollector
+    from exporter.paths import Paths
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    fallocate(str(shm / "psm_maybe"), 4096)
+    inv = SegmentsCollector(Paths(procfs=str(tmp_path / "no-proc")), [str(shm)]).collect()
+    assert [(s.name, s.state) for s in inv.mounts[0].segments] == [("psm_maybe", "unverified")]
+    assert inv.proc_unreadable is None and not inv.owners_complete
