@@ -78,10 +78,14 @@ def select(samples: Samples, name: str, /, **labels: str) -> List[Tuple[Dict[str
 class Exporter:
     """A real `shmwatch` process on a free loopback port."""
 
-    def __init__(self, *args: str, env: Optional[Dict[str, str]] = None, scheme: str = "http", context=None):
+    def __init__(self, *args: str, env: Optional[Dict[str, str]] = None, scheme: str = "http", context=None,
+                 headers: Optional[Dict[str, str]] = None, listen: str = "127.0.0.1"):
         self.port = free_port()
-        self.url = f"{scheme}://127.0.0.1:{self.port}/metrics"
-        self.args = [sys.executable, "-m", "exporter", f"--web.listen-address=127.0.0.1:{self.port}", *args]
+        # listen: the host part of --web.listen-address ("" for ":PORT", "[::1]", ...).
+        host = "127.0.0.1" if listen in ("", "[::]", "0.0.0.0") else listen
+        self.url = f"{scheme}://{host}:{self.port}/metrics"
+        self.headers = headers or {}  # e.g. Authorization for a web config with basic auth
+        self.args = [sys.executable, "-m", "exporter", f"--web.listen-address={listen}:{self.port}", *args]
         self.env = {**os.environ, **(env or {})}
         self.proc: Optional[subprocess.Popen] = None
         self.context = context  # an SSLContext for https
@@ -117,7 +121,8 @@ class Exporter:
         return bool(durations) and all(v > 0 for _, v in durations)
 
     def scrape_text(self, context=None) -> str:
-        with urllib.request.urlopen(self.url, timeout=5, context=context or self.context) as response:
+        request = urllib.request.Request(self.url, headers=self.headers)
+        with urllib.request.urlopen(request, timeout=5, context=context or self.context) as response:
             return response.read().decode()
 
     def scrape(self) -> Samples:

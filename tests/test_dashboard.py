@@ -2,8 +2,6 @@
 import json
 import os
 import re
-import subprocess
-import sys
 
 
 from exporter.catalogue import BY_NAME
