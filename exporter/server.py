@@ -24,11 +24,30 @@ from .webconfig import WebConfigSource, wrap_app
 LOG = logging.getLogger("shmwatch.web")
 
 
+class _LogStream:
+    """wsgiref prints an application's traceback to the handler's stderr, line by line:
+    collect it and log it as one record, so stderr stays valid logfmt/JSON."""
+
+    def __init__(self) -> None:
+        self.parts = []
+
+    def write(self, text: str) -> None:
+        self.parts.append(text)
+
+    def flush(self) -> None:
+        if self.parts:
+            LOG.error("request failed: %s", "".join(self.parts).rstrip())
+            self.parts = []
+
+
 class _QuietHandler(WSGIRequestHandler):
     timeout = 10  # a client that connects and says nothing is dropped, not waited on
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib's name
         pass  # one line per scrape on stderr helps nobody
+
+    def get_stderr(self):
+        return _LogStream()
 
 
 def make_app(registry: CollectorRegistry, telemetry_path: str = "/metrics",

@@ -4,14 +4,17 @@ import json
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
 from exporter.logs import logfmt_value
 from tests.conftest import REPO, free_port
+from tests.test_security import make_cert, write_pem
 
 _UNESCAPE = {"\\": "\\", '"': '"', "n": "\n", "r": "\r", "t": "\t"}
 
@@ -70,26 +73,38 @@ def test_logfmt_values_round_trip(text):
 
 
 def run(tmp_path, fmt):
-    """A short real run that logs warnings, errors, debug lines, a traceback-carrying line
-    (a refused TLS handshake is logged at debug) and shutdown; returns its stderr lines."""
+    """A short real run over TLS that logs warnings, errors, debug lines, refused handshakes
+    (plain HTTP and garbage to the TLS port), a web config reload that fails, and shutdown;
+    returns its stderr lines."""
     weird = tmp_path / 'no such "mount"=here\tx'
+    cert, key = write_pem(str(tmp_path), "server", *make_cert("127.0.0.1", san_ip="127.0.0.1"))
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "exporter", f"--web.listen-address=127.0.0.1:{port}",
                              f"--shm.mount={weird}", f"--shm.mount={tmp_path}", "--log.level=debug",
-                             f"--log.format={fmt}", "--cgroup.path=/nonexistent", "--poll-interval=100ms"],
+                             f"--log.format={fmt}", "--cgroup.path=/nonexistent", "--poll-interval=100ms",
+                             f"--web.config.file={web}"],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    insecure = ssl.create_default_context(cafile=cert)
     try:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                    s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+                    s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")  # plain HTTP to TLS: refused
                     s.recv(1 << 16)
-                    s.sendall(b"\x16\x03\x01garbage")  # a client gone wrong
                 break
             except OSError:
                 time.sleep(0.1)
-        time.sleep(1)
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            s.sendall(b"\x16\x03\x01\x00\x05garbage")
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=insecure, timeout=5) as r:
+            assert b"shmwatch_build_info" in r.read()
+        web.write_text("tls_server_config: [\n")  # a broken edit: kept the old, logged
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=insecure, timeout=5) as r:
+            assert r.status == 200
+        time.sleep(0.5)
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=15)
@@ -108,7 +123,9 @@ def test_every_logfmt_line_parses(tmp_path):
         assert record["level"] in ("debug", "info", "warn", "error"), record
     assert any(weird in r["msg"] for r in records), "the mount name with quotes, '=' and a tab came back whole"
     assert any(r["msg"].startswith("received SIGTERM") for r in records)
-    assert {"info", "warn", "error"} <= {r["level"] for r in records}
+    assert any(r["msg"].startswith("connection from 127.0.0.1 failed") for r in records)
+    assert any("web config not reloaded" in r["msg"] for r in records)
+    assert {"debug", "info", "warn", "error"} <= {r["level"] for r in records}
 
 
 def test_every_json_line_parses(tmp_path):
