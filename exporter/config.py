@@ -131,7 +131,8 @@ def _env_name(flag: str) -> str:
 
 # (flag, dest, converter, default, help, repeatable)
 FLAGS = (
-    ("--web.listen-address", "listen", parse_listen_address, ":9841", "Address to serve /metrics on.", False),
+    ("--web.listen-address", "listen", parse_listen_address, ":9841",
+     "Address to serve /metrics on; ':9841' and '[::]:9841' are every address, IPv6 and IPv4.", False),
     ("--web.telemetry-path", "telemetry_path", str, "/metrics", "Path of the metrics page.", False),
     ("--web.config.file", "web_config_file", str, None,
      "exporter-toolkit web config (YAML): TLS, client certificates, basic auth, headers; re-read on change.",
