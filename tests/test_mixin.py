@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -40,7 +41,7 @@ def all_rules(mixin):
 
 def test_committed_files_are_the_rendered_mixin(tmp_path):
     render = render_module()
-    result = subprocess.run(["python3", os.path.join(MIXIN, "render.py"), str(tmp_path)], capture_output=True,
+    result = subprocess.run([sys.executable, os.path.join(MIXIN, "render.py"), str(tmp_path)], capture_output=True,
                             text=True)
     assert result.returncode == 0, result.stderr
     paths = sorted(render.files(render.evaluate(jsonnet())))
