@@ -108,3 +108,11 @@ def test_no_threshold_literal_left_in_alert_expressions():
     # These compare a state or a count to 0/1, not a threshold.
     assert unchanged == {"ShmMountMissing", "PodOomKilled", "ShmwatchDown", "ShmwatchCollectorFailing",
                          "ShmwatchGpuCollectorFailing"}
+
+
+def test_mixin_is_jsonnetfmt_clean():
+    fmt = shutil.which("jsonnetfmt") or pytest.fail("jsonnetfmt not installed (Debian 'jsonnet')")
+    sources = sorted(f for f in os.listdir(MIXIN) if f.endswith((".jsonnet", ".libsonnet")))
+    assert "mixin.libsonnet" in sources
+    unformatted = [f for f in sources if subprocess.run([fmt, "--test", os.path.join(MIXIN, f)]).returncode != 0]
+    assert not unformatted, f"run: jsonnetfmt -i deploy/mixin/{{{','.join(unformatted)}}}"
