@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import ssl
 import sys
 import threading
 from typing import List, Optional
@@ -13,39 +12,53 @@ from . import __version__
 from .config import fail, parse_args
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(stream=sys.stderr, level=getattr(logging, level.upper(), logging.INFO),
-                        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s")
-
-
 def _check_readable(flag: str, path: Optional[str]) -> None:
     if path and not os.access(path, os.R_OK):
         reason = "does not exist" if not os.path.exists(path) else "is not readable"
         fail(flag, f"{path} {reason}")
 
 
-def serve(argv: List[str]) -> int:
-    cfg = parse_args(argv)
-    _setup_logging(cfg.log_level)
-    from .app import App
-    from .server import bind, bound_address, make_app, serve_in_thread, tls_context
+def _web_config(cfg):
+    """-> WebConfigSource or None; a bad config ends start-up with one line naming the flag."""
+    from .webconfig import TlsSettings, WebConfig, WebConfigError, WebConfigSource
 
+    if cfg.web_config_file:
+        _check_readable("--web.config.file", cfg.web_config_file)
+        try:
+            return WebConfigSource(path=cfg.web_config_file)
+        except WebConfigError as err:
+            fail("--web.config.file", f"{cfg.web_config_file}: {err}")
+    if not cfg.tls_cert_file:
+        return None
+    # The old flags are aliases of a web config with only tls_server_config (reloaded too).
     _check_readable("--web.tls-cert-file", cfg.tls_cert_file)
     _check_readable("--web.tls-key-file", cfg.tls_key_file)
     _check_readable("--web.tls-client-ca-file", cfg.tls_client_ca_file)
-    context = None
-    if cfg.tls_cert_file:
-        try:
-            context = tls_context(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file)
-        except (ssl.SSLError, OSError) as err:
-            flag = "--web.tls-client-ca-file" if cfg.tls_client_ca_file and "verify" in str(err) else \
-                "--web.tls-cert-file"
-            fail(flag, f"cannot load TLS certificate/key: {err}")
+    tls = TlsSettings(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file,
+                      "RequireAndVerifyClientCert" if cfg.tls_client_ca_file else "NoClientCert")
+    try:
+        source = WebConfigSource(fixed=WebConfig(tls=tls))
+    except WebConfigError as err:
+        flag = "--web.tls-client-ca-file" if "client_ca_file" in str(err) else "--web.tls-cert-file"
+        fail(flag, f"cannot load TLS certificate/key: {err}")
+    logging.getLogger("shmwatch").warning("--web.tls-* flags are deprecated: use --web.config.file "
+                                          "(tls_server_config)")
+    return source
+
+
+def serve(argv: List[str]) -> int:
+    cfg = parse_args(argv)
+    from . import logs
+    logs.setup(cfg.log_level, cfg.log_format)
+    from .app import App
+    from .server import bind, bound_address, make_app, serve_in_thread, url_host
+
+    web = _web_config(cfg)
     app = App(cfg)
     try:
-        httpd = bind(cfg.listen_host, cfg.listen_port, make_app(app.registry, cfg.telemetry_path), context)
+        httpd = bind(cfg.listen_host, cfg.listen_port, make_app(app.registry, cfg.telemetry_path, web), web)
     except OSError as err:
-        fail("--web.listen-address", f"cannot listen on {cfg.listen_host}:{cfg.listen_port}: "
+        fail("--web.listen-address", f"cannot listen on {url_host(cfg.listen_host)}:{cfg.listen_port}: "
                                      f"{err.strerror or err}")
     done = threading.Event()
 
@@ -59,8 +72,8 @@ def serve(argv: List[str]) -> int:
     serve_in_thread(httpd)
     host, port = bound_address(httpd)
     logging.getLogger("shmwatch").info(
-        "shmwatch %s listening on %s://%s:%d%s, watching %s", __version__, "https" if context else "http",
-        host, port, cfg.telemetry_path, ", ".join(cfg.shm_mounts))
+        "shmwatch %s listening on %s://%s:%d%s, watching %s", __version__, "https" if web and web.tls else "http",
+        url_host(host), port, cfg.telemetry_path, ", ".join(cfg.shm_mounts))
     while not done.wait(3600):
         pass
     httpd.shutdown()

@@ -56,17 +56,20 @@ def parse_size(text: str) -> int:
 
 
 def parse_listen_address(text: str) -> "tuple[str, int]":
-    """':9841', '0.0.0.0:9841', '127.0.0.1:0', '[::1]:9841' -> (host, port)."""
+    """':9841', '[::]:9841', '0.0.0.0:9841', '127.0.0.1:0', '[::1]:9841' -> (host, port).
+
+    An empty host (':9841') means every address, IPv6 and IPv4 (server.listen_family)."""
     host, sep, port = str(text).rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"invalid address {text!r} (use host:port, e.g. :9841)")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
+    if host.startswith("[") != host.endswith("]") or (":" in host and not host.startswith("[")):
+        raise ValueError(f"invalid address {text!r} (an IPv6 host goes in brackets: [::1]:9841)")
+    return host[1:-1] if host.startswith("[") else host, int(port)
 
 
 @dataclass
 class Config:
-    listen_host: str = "0.0.0.0"
+    listen_host: str = ""  # every address, IPv6 and IPv4
     listen_port: int = 9841
     telemetry_path: str = "/metrics"
     procfs: str = "/proc"
@@ -89,7 +92,9 @@ class Config:
     tls_cert_file: Optional[str] = None
     tls_key_file: Optional[str] = None
     tls_client_ca_file: Optional[str] = None
+    web_config_file: Optional[str] = None
     log_level: str = "info"
+    log_format: str = "logfmt"
     mode: str = "sidecar"
 
 
@@ -127,12 +132,18 @@ def _env_name(flag: str) -> str:
 
 # (flag, dest, converter, default, help, repeatable)
 FLAGS = (
-    ("--web.listen-address", "listen", parse_listen_address, ":9841", "Address to serve /metrics on.", False),
+    ("--web.listen-address", "listen", parse_listen_address, ":9841",
+     "Address to serve /metrics on; ':9841' and '[::]:9841' are every address, IPv6 and IPv4.", False),
     ("--web.telemetry-path", "telemetry_path", str, "/metrics", "Path of the metrics page.", False),
-    ("--web.tls-cert-file", "tls_cert_file", str, None, "TLS certificate (PEM); enables HTTPS.", False),
-    ("--web.tls-key-file", "tls_key_file", str, None, "TLS private key (PEM).", False),
+    ("--web.config.file", "web_config_file", str, None,
+     "exporter-toolkit web config (YAML): TLS, client certificates, basic auth, headers; re-read on change.",
+     False),
+    ("--web.tls-cert-file", "tls_cert_file", str, None,
+     "Deprecated alias of tls_server_config.cert_file in --web.config.file: enables HTTPS.", False),
+    ("--web.tls-key-file", "tls_key_file", str, None,
+     "Deprecated alias of tls_server_config.key_file in --web.config.file.", False),
     ("--web.tls-client-ca-file", "tls_client_ca_file", str, None,
-     "CA bundle (PEM) to verify client certificates: enables mTLS.", False),
+     "Deprecated alias of client_ca_file with client_auth_type RequireAndVerifyClientCert: mTLS.", False),
     ("--mode", "mode", str, "sidecar",
      "sidecar: watch --shm.mount; node: also discover every pod's and container's shm from the host's mountinfo.",
      False),
@@ -161,6 +172,7 @@ FLAGS = (
     ("--memory.limit-bytes", "memory_limit_bytes", parse_size, None,
      "Memory limit of the workload (Downward API limits.memory); used when the cgroup has none.", False),
     ("--log.level", "log_level", str, "info", "debug, info, warning or error.", False),
+    ("--log.format", "log_format", str, "logfmt", "logfmt or json (one JSON object a line).", False),
 )
 
 
@@ -218,7 +230,8 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = "shmwatch", par
         values[dest] = value
     cfg = Config()
     cfg.listen_host, cfg.listen_port = values["listen"]
-    for key in ("telemetry_path", "tls_cert_file", "tls_key_file", "tls_client_ca_file", "procfs", "sysfs",
+    for key in ("telemetry_path", "tls_cert_file", "tls_key_file", "tls_client_ca_file", "web_config_file",
+                "log_format", "procfs", "sysfs",
                 "rootfs", "shm_size_limit", "poll_interval", "inventory_interval", "peak_window", "top_k",
                 "collector_timeout", "gpu_timeout", "cgroup_path", "cgroup_target_process",
                 "memory_limit_bytes", "log_level", "mode", "ignore_unreadable"):
@@ -233,6 +246,11 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = "shmwatch", par
         parser.error(f"argument --mode: {cfg.mode!r} is not one of sidecar, node")
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
         parser.error(f"argument --log.level: unknown level {cfg.log_level!r}")
+    if cfg.log_format not in ("logfmt", "json"):
+        parser.error(f"argument --log.format: {cfg.log_format!r} is not one of logfmt, json")
+    if cfg.web_config_file and (cfg.tls_cert_file or cfg.tls_key_file or cfg.tls_client_ca_file):
+        parser.error("argument --web.config.file: give it or the deprecated --web.tls-* flags, not both "
+                     "(move them to tls_server_config)")
     if cfg.tls_key_file and not cfg.tls_cert_file:
         parser.error("argument --web.tls-key-file: needs --web.tls-cert-file too")
     if cfg.tls_cert_file and not cfg.tls_key_file:

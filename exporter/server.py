@@ -1,12 +1,15 @@
 """The HTTP(S) endpoint: /metrics (or --web.telemetry-path), a landing page, /-/healthy.
 
-prometheus_client's WSGI app does the exposition (content negotiation, gzip); TLS and
-mTLS wrap the listening socket with an SSLContext we build from the flags.
+prometheus_client's WSGI app does the exposition (content negotiation, gzip). TLS, client
+certificates, basic auth and response headers come from a WebConfigSource
+(exporter/webconfig.py): each accepted connection is wrapped with the SSLContext current at
+that moment, so a rotated certificate serves from the next connection on.
 """
 from __future__ import annotations
 
+import errno
+import logging
 import socket
-import ssl
 import threading
 from typing import Optional, Tuple
 from wsgiref.simple_server import WSGIRequestHandler
@@ -16,6 +19,25 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import CollectorRegistry
 
 from . import __version__
+from .webconfig import WebConfigSource, wrap_app
+
+LOG = logging.getLogger("shmwatch.web")
+
+
+class _LogStream:
+    """wsgiref prints an application's traceback to the handler's stderr, line by line:
+    collect it and log it as one record, so stderr stays valid logfmt/JSON."""
+
+    def __init__(self) -> None:
+        self.parts = []
+
+    def write(self, text: str) -> None:
+        self.parts.append(text)
+
+    def flush(self) -> None:
+        if self.parts:
+            LOG.error("request failed: %s", "".join(self.parts).rstrip())
+            self.parts = []
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -24,8 +46,12 @@ class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib's name
         pass  # one line per scrape on stderr helps nobody
 
+    def get_stderr(self):
+        return _LogStream()
 
-def make_app(registry: CollectorRegistry, telemetry_path: str = "/metrics"):
+
+def make_app(registry: CollectorRegistry, telemetry_path: str = "/metrics",
+             web: Optional[WebConfigSource] = None):
     metrics_app = make_wsgi_app(registry)
     landing = (f"<html><head><title>shmwatch</title></head><body><h1>shmwatch {__version__}</h1>"
                f"<p><a href=\"{telemetry_path}\">Metrics</a></p></body></html>").encode()
@@ -43,21 +69,24 @@ def make_app(registry: CollectorRegistry, telemetry_path: str = "/metrics"):
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"Not Found\n"]
 
-    return app
+    return wrap_app(app, web) if web is not None else app
 
 
-def tls_context(cert_file: str, key_file: str, client_ca_file: Optional[str] = None) -> ssl.SSLContext:
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(cert_file, key_file)
-    if client_ca_file:
-        context.load_verify_locations(cafile=client_ca_file)
-        context.verify_mode = ssl.CERT_REQUIRED  # mTLS: no client certificate, no metrics
-    return context
+def listen_family(host: str) -> Tuple[int, str, bool]:
+    """-> (address family, address to bind, dual-stack?) as node_exporter (Go) listens:
+    '' (':9841') and '::' take IPv6 and IPv4 both; '0.0.0.0' IPv4 only; '::1' IPv6 only;
+    a name its first address."""
+    if host in ("", "::"):
+        return socket.AF_INET6, "::", True
+    family = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][0]
+    return family, host, False
 
 
-def bind(host: str, port: int, app, context: Optional[ssl.SSLContext] = None) -> ThreadingWSGIServer:
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+def bind(host: str, port: int, app, web: Optional[WebConfigSource] = None) -> ThreadingWSGIServer:
+    family, address, dual = listen_family(host)
+    if dual and not socket.has_ipv6:
+        family, address, dual = socket.AF_INET, "0.0.0.0", False
+    tls = web is not None and web.tls
 
     class Server(ThreadingWSGIServer):
         address_family = family
@@ -65,12 +94,36 @@ def bind(host: str, port: int, app, context: Optional[ssl.SSLContext] = None) ->
         # a dropped SYN costs the client a 1 s retransmit: p99 of 1.25 s where p50 is 15 ms.
         request_queue_size = 128
 
-    httpd = Server((host, port), _QuietHandler)
+        def server_bind(self):
+            if self.address_family == socket.AF_INET6:
+                self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if dual else 1)
+            super().server_bind()
+
+        def get_request(self):
+            sock, peer = self.socket.accept()
+            if tls:
+                # The context current now (rebuilt when the certificate changed); the
+                # handshake happens in the request's own thread, so a client that stalls
+                # mid-handshake cannot block accept() for everyone else.
+                _, context = web.current()
+                sock = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            return sock, peer
+
+        def handle_error(self, request, client_address):
+            # A refused handshake or a client gone mid-answer is the client's problem: one
+            # debug line, not socketserver's traceback on stderr.
+            import sys
+            err = sys.exc_info()[1]
+            LOG.debug("connection from %s failed: %s", client_address[0], err)
+
+    try:
+        httpd = Server((address, port), _QuietHandler)
+    except OSError as err:
+        if not dual or err.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+            raise
+        # A kernel without IPv6 (ipv6.disable=1): all of IPv4 is what ':port' can mean.
+        return bind("0.0.0.0", port, app, web)
     httpd.set_app(app)
-    if context is not None:
-        # The handshake happens in the request's own thread, so a client that stalls
-        # mid-handshake cannot block accept() for everyone else.
-        httpd.socket = context.wrap_socket(httpd.socket, server_side=True, do_handshake_on_connect=False)
     return httpd
 
 
@@ -82,3 +135,8 @@ def serve_in_thread(httpd: ThreadingWSGIServer) -> threading.Thread:
 
 def bound_address(httpd: ThreadingWSGIServer) -> Tuple[str, int]:
     return httpd.server_address[0], httpd.server_address[1]
+
+
+def url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+

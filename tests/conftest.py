@@ -115,11 +115,15 @@ class Exporter:
     """A real `shmwatch` process on a free loopback port."""
 
     def __init__(self, *args: str, env: Optional[Dict[str, str]] = None, scheme: str = "http", context=None,
+                 headers: Optional[Dict[str, str]] = None, listen: str = "127.0.0.1",
                  run_as: Optional[List[str]] = None):
         """`run_as`: the command prefix that starts Python, e.g. nonroot_python's (another UID)."""
         self.port = free_port()
-        self.url = f"{scheme}://127.0.0.1:{self.port}/metrics"
-        self.args = [*(run_as or [sys.executable]), "-m", "exporter", f"--web.listen-address=127.0.0.1:{self.port}",
+        # listen: the host part of --web.listen-address ("" for ":PORT", "[::1]", ...).
+        host = "127.0.0.1" if listen in ("", "[::]", "0.0.0.0") else listen
+        self.url = f"{scheme}://{host}:{self.port}/metrics"
+        self.headers = headers or {}  # e.g. Authorization for a web config with basic auth
+        self.args = [*(run_as or [sys.executable]), "-m", "exporter", f"--web.listen-address={listen}:{self.port}",
                      *args]
         self.env = {**os.environ, **(env or {})}
         self.proc: Optional[subprocess.Popen] = None
@@ -156,7 +160,8 @@ class Exporter:
         return bool(durations) and all(v > 0 for _, v in durations)
 
     def scrape_text(self, context=None) -> str:
-        with urllib.request.urlopen(self.url, timeout=5, context=context or self.context) as response:
+        request = urllib.request.Request(self.url, headers=self.headers)
+        with urllib.request.urlopen(request, timeout=5, context=context or self.context) as response:
             return response.read().decode()
 
     def scrape(self) -> Samples:
@@ -271,7 +276,13 @@ class Peer:
         self.close()
 
 
-RUNTIME_DEPS = ("prometheus-client>=0.17", "psutil>=5.9", "nvidia-ml-py>=12.535", "watchdog>=3.0")
+def _runtime_deps() -> List[str]:
+    import tomllib
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        return list(tomllib.load(f)["project"]["dependencies"])
+
+
+RUNTIME_DEPS = _runtime_deps()
 NOBODY = 65534
 
 

@@ -30,16 +30,19 @@ def test_sizes(text, size):
 
 
 def test_listen_address():
-    assert parse_listen_address(":9841") == ("0.0.0.0", 9841)
+    assert parse_listen_address(":9841") == ("", 9841)  # every address, IPv6 and IPv4
+    assert parse_listen_address("[::]:9841") == ("::", 9841)
+    assert parse_listen_address("0.0.0.0:9841") == ("0.0.0.0", 9841)
     assert parse_listen_address("127.0.0.1:0") == ("127.0.0.1", 0)
     assert parse_listen_address("[::1]:9841") == ("::1", 9841)
-    with pytest.raises(ValueError):
-        parse_listen_address("9841x")
+    for bad in ("9841x", "::1:9841", "[::1:9841", "localhost:99999"):
+        with pytest.raises(ValueError):
+            parse_listen_address(bad)
 
 
 def test_defaults():
     cfg = parse_args([])
-    assert (cfg.listen_host, cfg.listen_port, cfg.telemetry_path) == ("0.0.0.0", 9841, "/metrics")
+    assert (cfg.listen_host, cfg.listen_port, cfg.telemetry_path) == ("", 9841, "/metrics")
     assert cfg.shm_mounts == ["/dev/shm"]
     assert (cfg.poll_interval, cfg.inventory_interval, cfg.peak_window) == (1.0, 15.0, 60.0)
     assert all(cfg.collectors.values())

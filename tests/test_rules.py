@@ -81,10 +81,11 @@ CASES = {
     "ShmwatchCollectorFailing": ({f'shmwatch_collector_success{{{L}, collector="segments"}}': "0x15"},
                                  {f'shmwatch_collector_success{{{L}, collector="gpu"}}': "0x15"}, "15m",
                                  {**LI, "collector": "segments"}),
-    # GPUs were seen, then NVML failed: fire. A CPU-only node (never a GPU): quiet.
-    "ShmwatchGpuCollectorFailing": ({f'shmwatch_collector_success{{{L}, collector="gpu"}}': "1x10 0x20",
-                                     f'shmwatch_gpu_info{{{GPU}, name="H100", driver_version="550"}}': "1x10 _x20"},
-                                    {f'shmwatch_collector_success{{{L}, collector="gpu"}}': "0x30"}, "30m",
+    # GPUs were seen, then NVML failed, and they stay gone for three hours: still firing (a
+    # look-back window of an hour would have let it resolve). A CPU-only node (never a GPU): quiet.
+    "ShmwatchGpuCollectorFailing": ({f'shmwatch_collector_success{{{L}, collector="gpu"}}': "1x10 0x200",
+                                     f'shmwatch_gpu_info{{{GPU}, name="H100", driver_version="550"}}': "1x10 _x200"},
+                                    {f'shmwatch_collector_success{{{L}, collector="gpu"}}': "0x200"}, "3h",
                                     {**LI, "collector": "gpu"}),
 }
 
@@ -139,10 +140,12 @@ def metric_names(expr):
 
 def test_every_metric_in_the_rules_is_in_the_catalogue():
     used = set()
-    for a in alerts():
-        used |= metric_names(a["expr"])
+    rules = [r for g in load_rules()["groups"] for r in g["rules"]]
+    for r in rules:
+        used |= metric_names(r["expr"])
     assert "shmwatch_mount_usage_ratio" in used and "shmwatch_cgroup_oom_kills_total" in used
-    unknown = sorted(n for n in used if n != "up" and n not in BY_NAME)
+    recorded = {r["record"] for r in rules if "record" in r}
+    unknown = sorted(n for n in used - recorded if n != "up" and n not in BY_NAME)
     assert not unknown, f"rules use metrics that are not in exporter/catalogue.py: {unknown}"
 
 
@@ -177,11 +180,38 @@ def test_promtool_unit_tests(tmp_path):
     assert "SUCCESS" in result.stdout
 
 
+def test_gpu_collector_failing_fires_for_as_long_as_the_gpu_is_gone(tmp_path):
+    """Seen for 10 minutes, then NVML fails for three hours, then answers again."""
+    firing = [{"exp_labels": {**LI, "collector": "gpu", "severity": "warning"}}]
+    test = {"interval": "1m", "input_series": [
+        {"series": f'shmwatch_collector_success{{{L}, collector="gpu"}}', "values": "1x10 0x180 1x20"},
+        {"series": f'shmwatch_gpu_info{{{GPU}, name="H100", driver_version="550"}}', "values": "1x10 _x200"},
+        # Another exporter that never had a GPU: its latch stays empty.
+        {"series": 'shmwatch_collector_success{instance="b", job="shmwatch", collector="gpu"}', "values": "0x210"},
+    ], "alert_rule_test": [
+        {"eval_time": "5m", "alertname": "ShmwatchGpuCollectorFailing", "exp_alerts": []},
+        {"eval_time": "30m", "alertname": "ShmwatchGpuCollectorFailing", "exp_alerts": firing},
+        {"eval_time": "75m", "alertname": "ShmwatchGpuCollectorFailing", "exp_alerts": firing},
+        {"eval_time": "3h", "alertname": "ShmwatchGpuCollectorFailing", "exp_alerts": firing},
+        {"eval_time": "3h25m", "alertname": "ShmwatchGpuCollectorFailing", "exp_alerts": []},
+    ]}
+    rules = load_rules()
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(
+        {"rule_files": [str(tmp_path / "rules.yml")], "evaluation_interval": "1m", "tests": [test]}))
+    result = subprocess.run([promtool(), "test", "rules", str(tmp_path / "tests.yml")], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
 def test_prometheusrule_carries_the_same_groups():
     with open(OPERATOR_RULE) as f:
         manifest = yaml.safe_load(f)
     assert manifest["apiVersion"] == "monitoring.coreos.com/v1" and manifest["kind"] == "PrometheusRule"
-    assert manifest["spec"] == load_rules(), "regenerate: python3 deploy/prometheus/make_prometheusrule.py"
+    assert manifest["spec"] == load_rules(), "regenerate: python3 deploy/mixin/render.py"
 
 
 NODE_RULES = os.path.join(REPO, "deploy", "prometheus", "shmwatch-node-rules.yml")
@@ -221,4 +251,4 @@ def test_node_recording_rules_join_pod_names(tmp_path):
             assert not unknown, f"{r['record']}: {unknown}"
     with open(NODE_OPERATOR_RULE) as f:
         manifest = next(d for d in yaml.safe_load_all(f) if d)
-    assert manifest["spec"] == rules, "regenerate: python3 deploy/prometheus/make_prometheusrule.py"
+    assert manifest["spec"] == rules, "regenerate: python3 deploy/mixin/render.py"
