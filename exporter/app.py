@@ -68,7 +68,7 @@ class App:
         self.step = ModelStep(self.sources, self.discovery, self.state, cfg.top_k, cfg.shm_size_limit,
                               cfg.memory_limit_bytes)
         self.watcher = MountWatcher(self.state, self.paths, self.discovery.mounts, wake=self.sampler.request_quick,
-                                    enabled=cfg.inotify, changes=self.changes)
+                                    enabled=cfg.inotify, changes=self.changes, wake_full=self.sampler.request_full)
         self.discovery.subscribe(self.watcher.on_mounts)
         self.sampler.subscribe(self.watcher.on_observation)
         self.sampler.subscribe(self.step.accept)

@@ -65,7 +65,11 @@ CATALOGUE: Tuple[Metric, ...] = (
       "orphan); 0 when some could not be (they are unverified: grant the server's UID or CAP_SYS_PTRACE)."),
     # --- events (sampler + watchdog) ------------------------------------------------
     M("shmwatch_segment_events_total", "counter", "", ("mount", "class", "event"),
-      "Segments created and deleted, seen by inotify (or by inventory diffs when polling)."),
+      "Segments created and deleted, seen by inotify (or by inventory diffs when polling); may undercount when "
+      "the inotify queue overflows (shmwatch_inotify_overflows_total)."),
+    M("shmwatch_inotify_overflows_total", "counter", "", MOUNT,
+      "Times the kernel's inotify queue overflowed while the mount was watched: events were lost, and a full "
+      "inventory ran at once."),
     M("shmwatch_inotify_active", "gauge", "", MOUNT, "1 when the mount is watched by inotify, 0 when polled."),
     # --- SysV shm (collector sysv) --------------------------------------------------
     M("shmwatch_sysv_segments", "gauge", "", (), "SysV shared memory segments (/proc/sysvipc/shm)."),

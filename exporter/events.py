@@ -37,6 +37,22 @@ def _event_filter():
     return [FileCreatedEvent, FileDeletedEvent, FileModifiedEvent, FileMovedEvent]
 
 
+# watchdog (>= 7) shares one inotify instance between all watches and, on IN_Q_OVERFLOW,
+# drops its pending events and says so in its log only (observers/inotify_c.py: "Inotify
+# queue overflowed; filesystem events were lost"): that record is our signal.
+WATCHDOG_INOTIFY_LOGGER = "watchdog.observers.inotify_c"
+
+
+class _OverflowSignal(logging.Handler):
+    def __init__(self, watcher: "MountWatcher"):
+        super().__init__(logging.WARNING)
+        self.watcher = watcher
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "queue overflow" in record.getMessage().lower():
+            self.watcher.on_overflow()
+
+
 def _make_handler(watcher: "MountWatcher", mount: str):
     from watchdog.events import FileSystemEventHandler
 
@@ -57,9 +73,12 @@ class MountWatcher:
     def __init__(self, state: StateStore, paths: Paths, mounts: "Sequence[str] | Callable[[], List[str]]",
                  wake: Callable[[], None] = lambda: None, enabled: bool = True,
                  statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
-                 observer_factory: Optional[Callable[[], object]] = None, changes: Optional[ChangeLog] = None):
+                 observer_factory: Optional[Callable[[], object]] = None, changes: Optional[ChangeLog] = None,
+                 wake_full: Callable[[], None] = lambda: None):
         self.state = state
         self.wake = wake
+        self.wake_full = wake_full
+        self._overflow_signal = _OverflowSignal(self)
         self.paths = paths
         self._mounts = live_mounts(mounts)  # discovery's current mounts
         self.enabled = enabled
@@ -82,6 +101,10 @@ class MountWatcher:
 
     def start(self) -> None:
         self._started = True
+        inotify_log = logging.getLogger(WATCHDOG_INOTIFY_LOGGER)
+        inotify_log.addHandler(self._overflow_signal)
+        if inotify_log.getEffectiveLevel() > logging.WARNING:
+            inotify_log.setLevel(logging.WARNING)  # --log.level=error must not hide the signal from us
         for mount in self.mounts:
             self.state.set_inotify(mount, False)
         if not self.enabled:
@@ -109,6 +132,7 @@ class MountWatcher:
         return True
 
     def stop(self) -> None:
+        logging.getLogger(WATCHDOG_INOTIFY_LOGGER).removeHandler(self._overflow_signal)
         if self.observer is not None:
             try:
                 self.observer.stop()
@@ -198,6 +222,19 @@ class MountWatcher:
         except OSError:
             pass  # the poll will report the mount's error
         self.wake()
+
+    def on_overflow(self) -> None:
+        """The kernel dropped events: count it on every watched mount (one queue serves them
+        all), and re-list every mount at once instead of patching what the events said."""
+        with self._lock:
+            watched = list(self.watches)
+        for mount in watched:
+            self.state.count_overflow(mount)
+            if self.changes is not None:
+                self.changes.unknown(mount)
+        log.warning("inotify queue overflowed: events were lost on %d mount(s); running a full inventory",
+                    len(watched))
+        self.wake_full()
 
     def on_mounts(self, mount_set: MountSet) -> None:
         """Discovery subscriber: watch new mounts, re-watch remounted ones, forget gone ones."""

@@ -224,3 +224,5 @@ class ModelCollector(Collector):
             out.add("shmwatch_segment_events_total", [mount, cls, event], count)
         for mount, active in sorted(model.states.inotify.items()):
             out.add("shmwatch_inotify_active", [mount], 1 if active else 0)
+            if active:
+                out.add("shmwatch_inotify_overflows_total", [mount], model.states.overflows.get(mount, 0))

@@ -59,6 +59,11 @@ class _Runner(threading.Thread):
         self.running_since: Optional[float] = None
         self.timed_out = False
         self.runs = 0
+        self.full_now = False
+
+    def request_full(self) -> None:
+        self.full_now = True
+        self.wake.set()
 
     def request_quick(self) -> None:
         if self.first_event_at is None:
@@ -71,6 +76,9 @@ class _Runner(threading.Thread):
         next_full = time.monotonic()
         while not stop.is_set():
             now = time.monotonic()
+            if self.full_now:
+                self.full_now = False
+                next_full = now
             if now >= next_full:
                 self.run_once(full=True)
                 next_full = max(next_full + self.interval, time.monotonic())
@@ -173,6 +181,12 @@ class Sampler:
     def stuck(self) -> List[str]:
         """Sources whose current run has overrun its timeout."""
         return [name for name, r in self.runners.items() if r.running_since is not None and r.timed_out]
+
+    def request_full(self) -> None:
+        """Events were lost (inotify queue overflow): event-driven sources run a full run now."""
+        for runner in self.runners.values():
+            if getattr(runner.source, "event_driven", False):
+                runner.request_full()
 
     def request_quick(self) -> None:
         """A watched mount changed: event-driven sources run soon (debounced)."""

@@ -45,6 +45,7 @@ class MountStates:
     peaks: Dict[str, int]
     events: Dict[Tuple[str, str, str], int]  # (mount, class, event) -> count
     inotify: Dict[str, bool]
+    overflows: Dict[str, int]  # mount -> inotify queue overflows while it was watched
 
 
 class StateStore:
@@ -55,6 +56,7 @@ class StateStore:
         self._peaks: Dict[str, PeakWindow] = {}
         self._events: Dict[Tuple[str, str, str], int] = {}
         self._inotify: Dict[str, bool] = {}
+        self._overflows: Dict[str, int] = {}
         self._listeners: List[Callable[[], None]] = []
 
     def on_change(self, listener: Callable[[], None]) -> None:
@@ -77,6 +79,11 @@ class StateStore:
         key = (mount, segment_class, event)
         with self._lock:
             self._events[key] = self._events.get(key, 0) + n
+        self._changed()
+
+    def count_overflow(self, mount: str) -> None:
+        with self._lock:
+            self._overflows[mount] = self._overflows.get(mount, 0) + 1
         self._changed()
 
     def set_inotify(self, mount: str, active: bool) -> None:
@@ -104,9 +111,11 @@ class StateStore:
                 del self._events[key]
             for mount in [m for m in self._inotify if m not in keep]:
                 del self._inotify[mount]
+            for mount in [m for m in self._overflows if m not in keep]:
+                del self._overflows[mount]
 
     def snapshot(self) -> MountStates:
         now = self.clock()
         with self._lock:
             peaks = {m: p for m, w in self._peaks.items() if (p := w.peak(now)) is not None}
-            return MountStates(peaks, dict(self._events), dict(self._inotify))
+            return MountStates(peaks, dict(self._events), dict(self._inotify), dict(self._overflows))

@@ -144,3 +144,30 @@ def test_storm_of_creates_costs_bounded_cpu():
     else:
         assert events == 10000
     assert spent < wall  # never a whole core for the whole storm
+
+
+@needs_root
+def test_queue_overflow_is_counted_and_the_inventory_catches_up(tmpfs):
+    """A queue of 16 events and 2,000 creates at once: the kernel drops events; the overflow
+    is counted and a full inventory right after finds every segment."""
+    knob = "/proc/sys/fs/inotify/max_queued_events"
+    with open(knob) as f:
+        saved = f.read().strip()
+    try:
+        with open(knob, "w") as f:
+            f.write("16")  # read at inotify_init: the exporter started below gets this queue
+        with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", "--inventory-interval=60s") as exporter:
+            with open(knob, "w") as f:
+                f.write(saved)  # only the exporter's instance needs the small queue
+            for i in range(2000):
+                with open(os.path.join(tmpfs, f"psm_flood{i:05d}"), "wb"):
+                    pass
+            started = time.monotonic()
+            s = exporter.wait_for(lambda s: value(s, "shmwatch_segments", mount=tmpfs, **{"class": "python_shm"})
+                                  == 2000, timeout=4)
+            assert time.monotonic() - started <= 4
+            assert value(s, "shmwatch_inotify_overflows_total", mount=tmpfs) >= 1
+            assert "inotify queue overflowed" in exporter.log()
+    finally:
+        with open(knob, "w") as f:
+            f.write(saved)
