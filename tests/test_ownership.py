@@ -4,6 +4,7 @@ the host's namespaces; the container tier runs the same shapes in real container
 import json
 import os
 import subprocess
+import sys
 import tempfile
 
 from tests.conftest import REPO, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, select, value
@@ -107,3 +108,20 @@ def test_a_procfs_that_cannot_be_listed_proves_nothing(tmp_path):
     inv = SegmentsCollector(Paths(procfs=str(tmp_path / "no-proc")), [str(shm)]).collect()
     assert [(s.name, s.state) for s in inv.mounts[0].segments] == [("psm_maybe", "unverified")]
     assert inv.proc_unreadable is None and not inv.owners_complete
+
+
+@needs_root
+def test_rm_is_advised_only_for_orphans_of_single_owner_classes(tmpfs):
+    """podman's lock file (class other) is nobody's to delete; a leaked NCCL segment is."""
+    fallocate(os.path.join(tmpfs, "libpod_lock"), 4096)
+    fallocate(os.path.join(tmpfs, "nccl-Gone01"), MiB)
+    fallocate(os.path.join(tmpfs, "sem.mp-lock"), 4096)
+    done = subprocess.run([sys.executable, "-m", "exporter", "check", f"--shm.mount={tmpfs}", "--output=json",
+                           "--no-collector.gpu", "--no-collector.cgroup"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    doc = json.loads(done.stdout)
+    advice = [f for f in doc["findings"] if "rm " in f["remedy"]]
+    assert len(advice) == 1 and "nccl-Gone01" in advice[0]["remedy"], doc["findings"]
+    assert "libpod_lock" not in advice[0]["remedy"] and "sem.mp-lock" not in advice[0]["remedy"]
+    [foreign] = [f for f in doc["findings"] if "libpod_lock" in f["message"]]
+    assert foreign["severity"] == "info" and "rm" not in foreign["remedy"]
