@@ -3,9 +3,10 @@
 
     shmwatch-rules.yml      -> deploy/kubernetes/rules/prometheusrule.yaml
     shmwatch-node-rules.yml -> deploy/kubernetes/daemonset/node-recording-rules.yaml
+    shmwatch-recommend-rules.yml -> deploy/kubernetes/rules/recommend-rules.yaml
 
     python3 deploy/prometheus/make_prometheusrule.py
-tests/test_rules.py fails when they differ.
+tests/test_rules.py and tests/test_recommend.py fail when they differ.
 """
 import os
 
@@ -14,7 +15,9 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUTPUTS = (("shmwatch-rules.yml", os.path.join(HERE, "..", "kubernetes", "rules", "prometheusrule.yaml"), "shmwatch"),
            ("shmwatch-node-rules.yml", os.path.join(HERE, "..", "kubernetes", "daemonset", "node-recording-rules.yaml"),
-            "shmwatch-node"))
+            "shmwatch-node"),
+           ("shmwatch-recommend-rules.yml", os.path.join(HERE, "..", "kubernetes", "rules", "recommend-rules.yaml"),
+            "shmwatch-recommend"))
 
 
 class Dumper(yaml.SafeDumper):
