@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
@@ -176,3 +177,95 @@ def recommend(view, peak: Optional[Tuple[float, int]], source: str, window: Opti
     settings = settings_for(size, volume, needed if fits is False else None)
     return Recommendation(usage.mount, observed, size, window, source, usage.size_bytes, limit, needed, fits,
                           settings, notes)
+
+
+# --- `shmwatch check --recommend` --------------------------------------------------------------
+PROM_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+
+
+def add_arguments(parser, typed) -> None:
+    parser.add_argument("--recommend", action="store_true",
+                        help="Recommend a shm size per mount from the observed peak, with the settings to apply.")
+    parser.add_argument("--prometheus.url", dest="prometheus_url", default=None, metavar="URL",
+                        help="Prometheus to read the peak over --recommend.window from (HTTP API /api/v1/query).")
+    parser.add_argument("--prometheus.selector", dest="prometheus_selector", default="", metavar="MATCHERS",
+                        help='Label matchers that pick this workload\'s series, e.g. instance="10.0.0.5:9841".')
+    parser.add_argument("--exporter.url", dest="exporter_url", default=None, metavar="URL",
+                        help="A running shmwatch's /metrics: its high-water mark, when Prometheus has none.")
+    parser.add_argument("--recommend.window", dest="recommend_window", default=DEFAULT_WINDOW,
+                        type=typed(_window, "--recommend.window"), help="How far back to look in Prometheus.")
+    parser.add_argument("--recommend.headroom", dest="recommend_headroom", default=DEFAULT_HEADROOM,
+                        type=typed(_headroom, "--recommend.headroom"), help="Factor on top of the peak.")
+
+
+def _window(text: str) -> str:
+    if not PROM_DURATION.match(text):
+        raise ValueError(f"not a Prometheus duration: {text!r} (e.g. 7d, 36h)")
+    return text
+
+
+def _headroom(text: str) -> float:
+    value = float(text)
+    if not 1.0 <= value <= 10.0:
+        raise ValueError("must be between 1 and 10")
+    return value
+
+
+def recommendations(model, extra) -> Tuple[List[Recommendation], List[str]]:
+    """Per measured mount, from the best source that answered; notes say what fell through."""
+    views = [v for v in model.mounts if v.usage is not None and not v.usage.error]
+    notes: List[str] = []
+    answers: List[Tuple[str, Optional[str], Dict[str, Tuple[float, int]]]] = []
+    if extra.prometheus_url:
+        try:
+            answers.append(("prometheus", extra.recommend_window,
+                            peaks_from_prometheus(extra.prometheus_url, [v.mount for v in views],
+                                                  extra.recommend_window, extra.prometheus_selector)))
+        except SourceError as err:
+            notes.append(f"Prometheus not used: {err}")
+    if extra.exporter_url:
+        try:
+            answers.append(("exporter", None, peaks_from_exporter(extra.exporter_url)))
+        except SourceError as err:
+            notes.append(f"exporter not used: {err}")
+    out = []
+    for view in views:
+        # Preferred order; a mount a source has no series for falls through to the next.
+        found = next(((name, window, peaks[view.mount]) for name, window, peaks in answers
+                      if view.mount in peaks), None)
+        current = view.max_used_bytes if view.max_used_bytes is not None else view.usage.used_bytes
+        if found is None:
+            rec = recommend(view, None, "current", None, extra.recommend_headroom)
+            rec.notes.append("no recorded peak: this is the current use only, a spike that is over is not seen")
+        else:
+            name, window, peak = found
+            rec = recommend(view, peak, name, window, extra.recommend_headroom)
+            if current > rec.observed_peak_bytes:
+                rec = recommend(view, (current, 1), "current", None, extra.recommend_headroom)
+                rec.notes.append(f"the current use is above what {name} recorded: it is the peak")
+        out.append(rec)
+    return out, notes
+
+
+def render_text(recs: List[Recommendation], notes: List[str], headroom: float) -> str:
+    from .check import human
+
+    lines = ["", f"RECOMMENDATIONS (highest observed peak x {headroom:g}, rounded up to a whole GiB, MiB below 1 GiB)"]
+    for r in recs:
+        where = {"prometheus": f"Prometheus, max over {r.window}", "exporter": "a running shmwatch's high-water mark",
+                 "current": "current use: no history"}[r.source]
+        lines.append(f"{r.mount}: observed peak {human(r.observed_peak_bytes)} ({where}) -> recommended "
+                     f"{human(r.recommended_size_bytes)} (now {human(r.current_size_bytes)})")
+        if r.memory_limit_fits is False:
+            lines.append(f"  memory: the limit of {human(r.memory_limit_bytes)} cannot hold it: raise the limit to "
+                         f"{human(r.memory_limit_bytes_needed)}, not only the shm size")
+        elif r.memory_limit_fits:
+            lines.append(f"  memory: the limit of {human(r.memory_limit_bytes)} holds it (needs "
+                         f"{human(r.memory_limit_bytes_needed)})")
+        else:
+            lines.append("  memory: no memory limit known (pass --memory.limit-bytes or read the cgroup)")
+        for key, setting in r.settings.items():
+            lines.append(f"  {key + ':':<25}{setting}")
+        lines.extend(f"  note: {n}" for n in r.notes)
+    lines.extend(f"note: {n}" for n in notes)
+    return "\n".join(lines) + "\n"
