@@ -37,6 +37,10 @@ CATALOGUE: Tuple[Metric, ...] = (
     M("shmwatch_mount_usage_ratio", "gauge", "ratio", MOUNT, "Used / size, 0 to 1."),
     M("shmwatch_mount_peak_used_bytes", "gauge", "bytes", MOUNT,
       "Highest used bytes seen by polls and inotify events within the peak window."),
+    M("shmwatch_mount_max_used_bytes", "gauge", "bytes", MOUNT,
+      "High-water mark: highest used bytes seen by polls and inotify events since the mount was first seen."),
+    M("shmwatch_mount_max_used_timestamp_seconds", "gauge", "seconds", MOUNT,
+      "When shmwatch_mount_max_used_bytes was first reached (Unix time)."),
     M("shmwatch_mount_inodes", "gauge", "", MOUNT, "Inodes on the mount."),
     M("shmwatch_mount_inodes_free", "gauge", "", MOUNT, "Free inodes on the mount."),
     # --- segment inventory (collector segments) -----------------------------------

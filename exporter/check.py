@@ -23,6 +23,7 @@ from . import thresholds as T
 from .config import Config, _typed, build_parser, parse_args, parse_size
 from .logscan import SIGNATURES, LogHit, scan_log
 from .model import Model, MountView
+from . import recommend as R
 
 EXIT_OK, EXIT_WARN, EXIT_FAIL, EXIT_USAGE = 0, 1, 2, 64
 SEVERITY_ORDER = {"fail": 0, "warn": 1, "info": 2, "ok": 3}
@@ -305,6 +306,8 @@ def render_json(report: Report) -> str:
         "cgroup": report.facts.get("cgroup"),
         "pod_cgroups": report.facts.get("pod_cgroups", []),
         "sysv": report.facts.get("sysv"),
+        "recommendations": report.facts.get("recommendations", []),  # --recommend
+        "recommendation_notes": report.facts.get("recommendation_notes", []),
     }
     return json.dumps(doc, indent=2, default=str) + "\n"
 
@@ -320,6 +323,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--log", action="append", default=[], metavar="FILE",
                         help="Scan a server log for known shared-memory and OOM failure signatures (repeatable).")
     parser.add_argument("--timeout", type=float, default=None, help="Seconds to wait for all collectors.")
+    R.add_arguments(parser, _typed)
     cfg, extra = parse_args(list(argv), parser=parser)
     import logging
     logging.basicConfig(level=logging.CRITICAL)  # failures are in the report, not on stderr
@@ -359,6 +363,21 @@ def main(argv: Sequence[str]) -> int:
                 report.add("warn", "shm", facts["mount"],
                            f"can hold {human(facts['effective_size_bytes'])}, under the {human(need)} recommended "
                            f"for {extra.backend}", shm_remedy(need))
-    sys.stdout.write(render_json(report) if extra.output == "json" else render_text(report))
+    recs: List[R.Recommendation] = []
+    if extra.recommend:
+        recs, notes = R.recommendations(model, extra)
+        for r in recs:
+            if r.memory_limit_fits is False:
+                report.add("warn", "memory", r.mount, f"the recommended {human(r.recommended_size_bytes)} of shm does "
+                           f"not fit in what the {human(r.memory_limit_bytes)} memory limit leaves",
+                           f"raise the memory limit to {human(r.memory_limit_bytes_needed)}, then the shm size")
+        report.facts["recommendations"] = [asdict(r) for r in recs]
+        report.facts["recommendation_notes"] = notes
+    if extra.output == "json":
+        sys.stdout.write(render_json(report))
+    else:
+        sys.stdout.write(render_text(report))
+        if extra.recommend:
+            sys.stdout.write(R.render_text(recs, notes, extra.recommend_headroom))
     return report.exit_code
 

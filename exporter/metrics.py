@@ -118,6 +118,8 @@ class ModelCollector(Collector):
             out.add("shmwatch_mount_inodes", [m.mount], m.inodes)
             out.add("shmwatch_mount_inodes_free", [m.mount], m.inodes_free)
             out.add("shmwatch_mount_peak_used_bytes", [m.mount], view.peak_bytes)
+            out.add("shmwatch_mount_max_used_bytes", [m.mount], view.max_used_bytes)
+            out.add("shmwatch_mount_max_used_timestamp_seconds", [m.mount], view.max_used_at)
 
     def _segments(self, model: Model, out: Families) -> None:
         inv = model.inventory

@@ -42,6 +42,8 @@ class MountView:
     labels: Dict[str, str]  # node mode: pod_uid, volume, container_id; {} in sidecar mode
     usage: Optional[MountUsage]  # None when shm_mount is off, failed, or has not run
     peak_bytes: Optional[int]
+    max_used_bytes: Optional[int]  # high-water mark since the mount was first seen; None without usage
+    max_used_at: Optional[float]  # wall clock when it was first reached
     inventory: Optional[MountInventory]  # None when segments is off, failed, or has not run
     summary: Optional[SegmentSummary]
     cgroup: Optional[CgroupMemory]  # the memory cgroup its pages are charged to
@@ -139,10 +141,12 @@ class ModelStep:
             budget = None
             if usage is not None and not usage.error:
                 budget = shm_budget(usage, cgroup, self.shm_size_limit, self.memory_limit)
-            peak = None
+            peak = max_used = max_used_at = None
             if usage is not None and not usage.error:
                 peak = max(states.peaks.get(target.mount, usage.used_bytes), usage.used_bytes)
-            mounts.append(MountView(target.mount, target.labels, usage, peak, inv_mounts.get(target.mount),
+                max_used, max_used_at = states.max_used.get(target.mount, (usage.used_bytes, time.time()))
+            mounts.append(MountView(target.mount, target.labels, usage, peak, max_used, max_used_at,
+                                    inv_mounts.get(target.mount),
                                     summaries.get(target.mount), cgroup, budget))
         return Model(time.time(), self.node_mode, statuses, mounts, inventory, cgroups,
                      self._result("host_memory"), self._result("sysv"), self._result("gpu"),

@@ -1,4 +1,5 @@
-"""Per-mount state that outlives one observation: peaks, event counters, inotify flags.
+"""Per-mount state that outlives one observation: peaks, high-water marks, event counters,
+inotify flags.
 
 Fed by polls (through the model step) and by the inotify watcher (events.py), read by
 the model step. One lock, a small API; nobody reaches into its dictionaries.
@@ -43,17 +44,21 @@ class PeakWindow:
 class MountStates:
     """A copy of the store, for one model step."""
     peaks: Dict[str, int]
+    max_used: Dict[str, Tuple[int, float]]  # mount -> (highest used bytes since first seen, wall clock)
     events: Dict[Tuple[str, str, str], int]  # (mount, class, event) -> count
     inotify: Dict[str, bool]
     overflows: Dict[str, int]  # mount -> inotify queue overflows while it was watched
 
 
 class StateStore:
-    def __init__(self, peak_window: float = 60.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, peak_window: float = 60.0, clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time):
         self.peak_window = peak_window
         self.clock = clock
+        self.wall_clock = wall_clock  # the high-water mark's timestamp is for humans and PromQL's time()
         self._lock = threading.Lock()
         self._peaks: Dict[str, PeakWindow] = {}
+        self._max_used: Dict[str, Tuple[int, float]] = {}
         self._events: Dict[Tuple[str, str, str], int] = {}
         self._inotify: Dict[str, bool] = {}
         self._overflows: Dict[str, int] = {}
@@ -73,6 +78,9 @@ class StateStore:
             if window is None:
                 window = self._peaks[mount] = PeakWindow(self.peak_window)
             window.add(self.clock(), used_bytes)
+            # The high-water mark keeps the first time the highest value was reached.
+            if mount not in self._max_used or used_bytes > self._max_used[mount][0]:
+                self._max_used[mount] = (used_bytes, self.wall_clock())
         self._changed()
 
     def count_event(self, mount: str, segment_class: str, event: str, n: int = 1) -> None:
@@ -107,6 +115,8 @@ class StateStore:
         with self._lock:
             for mount in [m for m in self._peaks if m not in keep]:
                 del self._peaks[mount]
+            for mount in [m for m in self._max_used if m not in keep]:
+                del self._max_used[mount]
             for key in [k for k in self._events if k[0] not in keep]:
                 del self._events[key]
             for mount in [m for m in self._inotify if m not in keep]:
@@ -118,4 +128,5 @@ class StateStore:
         now = self.clock()
         with self._lock:
             peaks = {m: p for m, w in self._peaks.items() if (p := w.peak(now)) is not None}
-            return MountStates(peaks, dict(self._events), dict(self._inotify), dict(self._overflows))
+            return MountStates(peaks, dict(self._max_used), dict(self._events), dict(self._inotify),
+                               dict(self._overflows))

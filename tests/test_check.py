@@ -25,15 +25,31 @@ SHM = {"type": "object",
                       "orphans": {"type": "array", "items": {
                           "type": "object", "required": ["name", "class", "bytes", "age_seconds"]}},
                       "hidden_bytes": {"type": "integer"}, "segments": {"type": "integer"}}}
+NULLABLE_INT = {"type": ["integer", "null"]}
+RECOMMENDATION = {
+    "type": "object",
+    "required": ["mount", "observed_peak_bytes", "recommended_size_bytes", "window", "source",
+                 "memory_limit_bytes_needed", "settings"],
+    "properties": {"mount": {"type": "string"}, "observed_peak_bytes": {"type": "integer"},
+                   "recommended_size_bytes": {"type": "integer", "minimum": 1 << 20},
+                   "window": {"type": ["string", "null"]}, "source": {"enum": ["prometheus", "exporter", "current"]},
+                   "current_size_bytes": {"type": "integer"}, "memory_limit_bytes": NULLABLE_INT,
+                   "memory_limit_bytes_needed": NULLABLE_INT, "memory_limit_fits": {"type": ["boolean", "null"]},
+                   "settings": {"type": "object", "required": ["docker_run", "compose", "kubernetes_volume",
+                                                               "kubectl_patch"],
+                                "additionalProperties": {"type": "string"}},
+                   "notes": {"type": "array", "items": {"type": "string"}}}}
 SCHEMA = {"type": "object",
           "required": ["version", "shmwatch_version", "status", "exit_code", "findings", "shm", "gpus",
-                       "host_memory", "cgroup", "pod_cgroups", "sysv"],
+                       "host_memory", "cgroup", "pod_cgroups", "sysv", "recommendations"],
           "properties": {"version": {"const": 1}, "status": {"enum": ["ok", "warn", "fail"]},
                          "exit_code": {"enum": [0, 1, 2]}, "findings": {"type": "array", "items": FINDING},
                          "shm": {"type": "array", "items": SHM}, "gpus": {"type": "array"},
                          "host_memory": {"type": ["object", "null"]}, "cgroup": {"type": ["object", "null"]},
                          "pod_cgroups": {"type": "array"},
-                         "sysv": {"type": ["object", "null"]}}}
+                         "sysv": {"type": ["object", "null"]},
+                         "recommendations": {"type": "array", "items": RECOMMENDATION},
+                         "recommendation_notes": {"type": "array", "items": {"type": "string"}}}}
 
 
 def check(*args):
@@ -109,7 +125,8 @@ def test_node_mode_check_reports_pod_cgroups(tmp_path):
             result = check("--mode=node", "--output", "json")
         doc = json.loads(result.stdout)
         jsonschema.validate(doc, SCHEMA)
-        assert [c["pod_uid"] for c in doc["pod_cgroups"]] == [uid]
+        # Only our pod among them (other tests on this machine may have pods of their own).
+        assert [c["pod_uid"] for c in doc["pod_cgroups"] if c["pod_uid"] == uid] == [uid]
         shm = next(m for m in doc["shm"] if m["mount"] == path)
         assert shm["effective_size_bytes"] <= 64 << 20  # the pod's limit caps its emptyDir
     finally:
@@ -120,7 +137,36 @@ def test_node_mode_check_reports_pod_cgroups(tmp_path):
                 pass
 
 
+@needs_root
+def test_recommend_says_when_the_memory_limit_must_grow():
+    """60 MiB in use under a 64 MiB limit: 75 MiB of shm cannot fit, the limit must grow."""
+    with mounted_tmpfs("256m") as shm:
+        with open(os.path.join(shm, "psm_load"), "wb") as f:
+            f.write(b"\1" * (60 << 20))
+        result = check(f"--shm.mount={shm}", "--memory.limit-bytes=64Mi", "--recommend", "--output", "json")
+        text = check(f"--shm.mount={shm}", "--memory.limit-bytes=64Mi", "--recommend")
+        plain = check(f"--shm.mount={shm}", "--output", "json")
+    doc = json.loads(result.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    jsonschema.validate(json.loads(plain.stdout), SCHEMA)
+    assert json.loads(plain.stdout)["recommendations"] == []  # only with --recommend
+    rec = doc["recommendations"][0]
+    assert rec["source"] == "current" and rec["observed_peak_bytes"] == 60 << 20
+    assert rec["recommended_size_bytes"] == 75 << 20 and rec["memory_limit_fits"] is False
+    assert rec["memory_limit_bytes"] == 64 << 20 and rec["memory_limit_bytes_needed"] >= 75 << 20
+    need_mi = rec["memory_limit_bytes_needed"] >> 20
+    assert rec["settings"]["kubernetes_memory_limit"].endswith(f"--limits=memory={need_mi}Mi")
+    assert rec["settings"]["docker_run_memory"] == f"docker run --memory={need_mi}m"
+    assert '"sizeLimit":"75Mi"' in rec["settings"]["kubectl_patch"]
+    warning = next(f for f in doc["findings"] if "does not fit" in f["message"])
+    assert warning["severity"] == "warn" and f"raise the memory limit to {need_mi}.0 MiB" in warning["remedy"]
+    assert result.returncode == 1
+    assert "cannot hold it: raise the limit to" in text.stdout and "--shm-size=75m" in text.stdout
+
+
 def test_usage_errors_are_64_not_2():
+    assert check("--recommend", "--recommend.window", "a week").returncode == 64
+    assert check("--recommend", "--recommend.headroom", "0.5").returncode == 64
     assert check("--no-such-flag").returncode == 64
     assert check("--require-shm", "lots").returncode == 64
     assert check("--backend", "tgi").returncode == 64

@@ -48,8 +48,8 @@ def test_manifest_validates(path, doc):
 
 
 @pytest.mark.parametrize("directory,kinds", [
-    ("sidecar", ["Deployment", "PodMonitor", "PrometheusRule", "Service"]),
-    ("daemonset", ["DaemonSet", "PodMonitor", "PrometheusRule", "PrometheusRule"]),
+    ("sidecar", ["Deployment", "PodMonitor", "PrometheusRule", "PrometheusRule", "Service"]),
+    ("daemonset", ["DaemonSet", "PodMonitor", "PrometheusRule", "PrometheusRule", "PrometheusRule"]),
 ])
 def test_kustomize_renders_everything(directory, kinds):
     path = os.path.join(DEPLOY, "kubernetes", directory)

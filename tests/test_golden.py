@@ -17,7 +17,8 @@ from tests.conftest import FIXTURES, Exporter, fallocate, mounted_tmpfs, needs_r
 
 GOLDEN = os.path.join(FIXTURES, "golden.prom")
 # Values that depend on the clock or on this process, not on the fixtures.
-VOLATILE = re.compile(r"^(shmwatch_collector_duration_seconds|shmwatch_orphan_oldest_age_seconds|process_)")
+VOLATILE = re.compile(r"^(shmwatch_collector_duration_seconds|shmwatch_orphan_oldest_age_seconds|"
+                      r"shmwatch_mount_max_used_timestamp_seconds|process_)")
 MiB = 1 << 20
 
 

@@ -105,9 +105,9 @@ def test_no_threshold_literal_left_in_alert_expressions():
     tuned = all_rules(evaluate(SNIPPET % ("{ %s, orphanMaxAgeSeconds: 7, shmDockerDefaultSizeBytes: 9 }"
                                           % ", ".join(f"{r}: 0.123" for r in ratios))))
     unchanged = {name for name, rule in default.items() if "alert" in rule and rule["expr"] == tuned[name]["expr"]}
-    # These compare a state or a count to 0/1, not a threshold.
+    # These compare a state or a count to 0/1, or one series to another, not a threshold.
     assert unchanged == {"ShmMountMissing", "PodOomKilled", "ShmwatchDown", "ShmwatchCollectorFailing",
-                         "ShmwatchGpuCollectorFailing"}
+                         "ShmwatchGpuCollectorFailing", "ShmRecommendationExceedsMemoryLimit"}
 
 
 def test_mixin_is_jsonnetfmt_clean():

@@ -59,12 +59,15 @@
       ShmwatchDown: '5m',
       ShmwatchCollectorFailing: '10m',
       ShmwatchGpuCollectorFailing: '5m',
+      ShmRecommendationExceedsMemoryLimit: '30m',
     },
 
-    // For the shm size recommendation recording rule (coming): the peak over this window,
-    // times this headroom.
+    // The shm size recommendation: the highest peak over this window, times this headroom
+    // (exporter/recommend.py's defaults for `shmwatch check --recommend` are the same), and
+    // how often its rules are evaluated.
     recommendationWindow: '7d',
     recommendationHeadroom: 1.25,
+    recommendationInterval: '5m',
 
     runbookUrlPrefix: 'https://github.com/shmwatch/shmwatch/blob/main/deploy/prometheus/runbook.md#',
 

@@ -5,4 +5,5 @@
 (import 'config.libsonnet') +
 (import 'alerts.libsonnet') +
 (import 'rules.libsonnet') +
+(import 'recommend.libsonnet') +
 (import 'dashboards.libsonnet')

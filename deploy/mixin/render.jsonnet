@@ -2,10 +2,17 @@
 // _config, split the way the repository ships it.
 local mixin = import 'mixin.libsonnet';
 local node = [g for g in mixin.prometheusRules.groups if g.name == 'shmwatch-node'];
-local rest = [g for g in mixin.prometheusRules.groups if g.name != 'shmwatch-node'];
+local isRecommend(g) = std.member(['shmwatch-recommend', 'shmwatch-recommend-alerts'], g.name);
+// The recommendation's records, then its alert (evaluated after them, on the same tick).
+local recommend = [g for g in mixin.prometheusRules.groups if isRecommend(g)]
+                  + [g for g in mixin.prometheusAlerts.groups if isRecommend(g)];
+local rest = [g for g in mixin.prometheusRules.groups if g.name != 'shmwatch-node' && !isRecommend(g)];
+local alerts = [g for g in mixin.prometheusAlerts.groups if !isRecommend(g)];
 {
   // Sidecar and node mode alike: the alerts and the recording rules they use.
-  'deploy/prometheus/shmwatch-rules.yml': { groups: rest + mixin.prometheusAlerts.groups },
+  'deploy/prometheus/shmwatch-rules.yml': { groups: rest + alerts },
+  // The shm size recommendation and the alert that says the memory limit must grow for it.
+  'deploy/prometheus/shmwatch-recommend-rules.yml': { groups: recommend },
   // Node mode only: needs kube-state-metrics' kube_pod_info.
   'deploy/prometheus/shmwatch-node-rules.yml': { groups: node },
   'grafana/shmwatch.json': mixin.grafanaDashboards['shmwatch.json'],

@@ -3,6 +3,7 @@
 
     deploy/prometheus/shmwatch-rules.yml                (alerts + the recording rules they use)
     deploy/prometheus/shmwatch-node-rules.yml           (node mode's pod-name joins)
+    deploy/prometheus/shmwatch-recommend-rules.yml      (the shm size recommendation)
     deploy/kubernetes/rules/prometheusrule.yaml         (the first, as a PrometheusRule)
     deploy/kubernetes/daemonset/node-recording-rules.yaml  (the second, as a PrometheusRule)
     grafana/shmwatch.json                               (the dashboard)
@@ -29,7 +30,9 @@ HEADER = ("# Generated from deploy/mixin/ by deploy/mixin/render.py: edit the mi
 # (plain rules file, PrometheusRule manifest, its metadata.name)
 OPERATOR = (("deploy/prometheus/shmwatch-rules.yml", "deploy/kubernetes/rules/prometheusrule.yaml", "shmwatch"),
             ("deploy/prometheus/shmwatch-node-rules.yml", "deploy/kubernetes/daemonset/node-recording-rules.yaml",
-             "shmwatch-node"))
+             "shmwatch-node"),
+            ("deploy/prometheus/shmwatch-recommend-rules.yml", "deploy/kubernetes/rules/recommend-rules.yaml",
+             "shmwatch-recommend"))
 RULE_KEYS = ("record", "alert", "expr", "for", "keep_firing_for", "labels", "annotations")
 ANNOTATION_KEYS = ("summary", "description", "runbook_url")
 
