@@ -18,6 +18,7 @@ import yaml
 from tests.conftest import REPO, free_port
 
 RULES = os.path.join(REPO, "deploy", "prometheus", "shmwatch-rules.yml")
+RECOMMEND_RULES = os.path.join(REPO, "deploy", "prometheus", "shmwatch-recommend-rules.yml")
 
 
 def binary(*names: str) -> str:
@@ -40,9 +41,12 @@ def wait_http(url: str, timeout: float = 30.0) -> None:
 
 
 def fast_rules(path: str, for_duration: str = "1s") -> None:
-    """The shipped rules with short `for:` so a live test does not wait minutes."""
-    with open(RULES) as f:
-        rules = yaml.safe_load(f)
+    """The shipped rules (alerts and the shm size recommendation) with short `for:` so a live
+    test does not wait minutes."""
+    rules = {"groups": []}
+    for source in (RULES, RECOMMEND_RULES):
+        with open(source) as f:
+            rules["groups"] += yaml.safe_load(f)["groups"]
     for group in rules["groups"]:
         group["interval"] = "1s"
         for rule in group["rules"]:

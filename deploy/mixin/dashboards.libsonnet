@@ -1,5 +1,6 @@
 // The shmwatch dashboard (grafana/shmwatch.json), in plain jsonnet: one row per question,
 // panels laid out left to right, 24 columns wide, like Grafana's own auto-layout.
+local lib = import 'lib.libsonnet';
 local DS = { type: 'prometheus', uid: '${datasource}' };
 
 // A panel or row description; `layout` below gives it an id and a place on the grid.
@@ -156,6 +157,33 @@ local panels(c) = [
         'Used bytes no segment we could see accounts for: held by processes shmwatch may not read '
         + "(see Exporter health: unreadable processes) or by the kernel. Run shmwatch as the workload's user.",
         [q('shmwatch_mount_unattributed_bytes{%s}' % SM, '{{mount}}')],
+        w=8,
+        unit='bytes'),
+
+  row('Right-sizing: how big should shm be?'),
+  panel('timeseries',
+        'Recommended vs configured size',
+        'Recommended: the highest peak over %s x %s, rounded up to a whole GiB (MiB below 1 GiB); the peak '
+        % [c.recommendationWindow, lib.num(c.recommendationHeadroom)]
+        + 'that drove it, and the high-water mark since shmwatch first saw the mount. A peak that never happened '
+        + 'while shmwatch watched is not in it. shmwatch check --recommend prints the settings to apply.',
+        [
+          q('shmwatch:mount_recommended_size_bytes{%s}' % SM, 'recommended {{mount}}'),
+          q('shmwatch_mount_size_bytes{%s}' % SM, 'configured {{mount}}'),
+          q('shmwatch:mount_observed_peak_bytes{%s}' % SM, 'peak over %s {{mount}}' % c.recommendationWindow),
+          q('shmwatch_mount_max_used_bytes{%s}' % SM, 'high-water mark {{mount}}'),
+        ],
+        w=16,
+        unit='bytes'),
+  panel('timeseries',
+        'Memory limit the recommendation needs',
+        'The memory limit that holds a full recommended mount besides the rest of the working set (tmpfs pages '
+        + 'are charged to the pod), against the limit now. Above it, the limit must grow, not only the shm size '
+        + '(ShmRecommendationExceedsMemoryLimit).',
+        [
+          q('shmwatch:mount_recommended_memory_limit_bytes{%s}' % SM, 'needed {{mount}}'),
+          q('shmwatch_cgroup_memory_limit_bytes{%s}' % S, 'limit {{cgroup}}'),
+        ],
         w=8,
         unit='bytes'),
 
