@@ -14,12 +14,12 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
 import yaml
 
-from tests.conftest import REPO, parse_exposition, select
+from tests.conftest import REPO, parse_exposition, select, value
 from tests.containers import engine as eng
 
 SERVER_IMAGE = "shmwatch-test-server:latest"
@@ -101,8 +101,8 @@ class Server(Container):
     """tests/containers/server/workload.py in its own container with a shareable IPC namespace;
     `info` is what it made (segment names, its pid inside the container, sizes)."""
 
-    def __init__(self, user: Optional[str] = None, tag: str = "s"):
-        super().__init__(SERVER_IMAGE, tag, run=["--ipc=shareable", *(["--user", user] if user else [])],
+    def __init__(self, user: Optional[str] = None, tag: str = "s", run: List[str] = ()):
+        super().__init__(SERVER_IMAGE, tag, run=["--ipc=shareable", *(["--user", user] if user else []), *run],
                          prefix="server")
         self.info: Dict = {}
 
@@ -154,7 +154,7 @@ def wait_for_inventory(container: Container, segments: int, timeout: float = 30.
 def run_check(run: List[str], *args: str, entry: Optional[List[str]] = None) -> Dict:
     """`shmwatch check --output json` in a one-off container; its JSON report."""
     done = eng.docker("run", "--rm", "--label", eng.LABEL, *run, eng.PROJECT_IMAGE, *(entry or []), "check",
-                      "--output", "json", "--no-collector.gpu", *args, check=False, timeout=60)
+                      "--output", "json", *args, check=False, timeout=60)
     assert done.returncode in (0, 1, 2), done.stderr.decode()[-2000:]
     return json.loads(done.stdout)
 
@@ -189,6 +189,67 @@ def leak_alert_test(text: str, expected: List[Dict[str, str]]) -> subprocess.Com
                               timeout=60)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+DROP_TO_NOBODY = ('import os, sys; os.setgroups([]); os.setgid(65534); os.setuid(65534); '
+                  'os.execvp(sys.argv[1], sys.argv[1:])')
+HIDEPID_CMD = ["-c", f'mount -t proc -o hidepid=2 proc /proc && exec python3 -c "{DROP_TO_NOBODY}" "$@"', "--"]
+
+_views: Dict[Tuple[str, str], Tuple[str, Dict, str]] = {}
+
+
+def view(server: Server, key: str, run: List[str], hidepid: bool = False,
+         args: Optional[List[str]] = None) -> Tuple[str, Dict, str]:
+    """(exposition, check JSON, /proc pids the sidecar's exporter can list) of a sidecar run
+    one way; cached per server and way, since every test of it reads the same state."""
+    if (server.name, key) in _views:
+        return _views[(server.name, key)]
+    base = [*server.sidecar_args(), "--read-only", *run]
+    args = [*(args or []), "--no-collector.gpu"]
+    entry = HIDEPID_CMD + ["shmwatch"] if hidepid else []
+    with Container(eng.PROJECT_IMAGE, *entry, *args, "--inventory-interval=1s", run=base,
+                   prefix="sidecar") as sidecar:
+        text = wait_for_inventory(sidecar, segments=3)
+        user = ["-u", "65534"] if hidepid or not run else []
+        pids = eng.docker("exec", *user, sidecar.name, "sh", "-c", "ls /proc | grep -E '^[0-9]+$'",
+                          check=False).stdout.decode().split()
+    report = run_check(base, *args, entry=entry)
+    _views[(server.name, key)] = (text, report, " ".join(pids))
+    return _views[(server.name, key)]
+
+
+def top(samples, name: str) -> Dict[str, str]:
+    found = [labels for labels, _ in select(samples, "shmwatch_top_segment_bytes", name=name)]
+    assert len(found) == 1, f"{name}: {found}"
+    return found[0]
+
+
+def rm_advice(report: Dict) -> str:
+    return " ".join(f.get("remedy", "") + " " + f.get("message", "") for f in report["findings"])
+
+
+def assert_full_attribution(server: Server, text: str, report: Dict) -> None:
+    """Every live segment attributed to the server's process, the real leak `orphan` with its age."""
+    samples = parse_exposition(text)
+    info, sizes = server.info, server.info["sizes"]
+    owner = f"python3[{info['pid']}]"
+    assert top(samples, info["nccl"])["state"] == "linked" and top(samples, info["nccl"])["owner"] == owner
+    assert top(samples, info["psm"])["state"] == "linked" and top(samples, info["psm"])["owner"] == owner
+    assert top(samples, info["torch"])["state"] == "hidden" and top(samples, info["torch"])["owner"] == owner
+    assert value(samples, "shmwatch_process_shm_bytes", pid=str(info["pid"])) == \
+        sizes["nccl"] + sizes["psm"] + sizes["torch"]
+    # The real leak: listed, held by nobody, an hour old (the workload set its mtime back).
+    assert top(samples, info["leak"])["state"] == "orphan" and top(samples, info["leak"])["owner"] == ""
+    assert value(samples, "shmwatch_orphan_oldest_age_seconds", mount="/dev/shm") >= 3600
+    assert value(samples, "shmwatch_mount_unattributed_bytes", mount="/dev/shm") == 0
+    assert value(samples, "shmwatch_proc_unreadable") == 0
+    assert value(samples, "shmwatch_sysv_segments") >= 1 and value(samples, "shmwatch_sysv_orphan_segments") == 0
+    # check: the leak and only the leak, with its age and the rm that removes it.
+    orphans = report["shm"][0]["orphans"]
+    assert [o["name"] for o in orphans] == [info["leak"]] and orphans[0]["age_seconds"] >= 3600
+    advice = rm_advice(report)
+    assert f"rm /dev/shm/{info['leak']}" in advice
+    assert info["nccl"] not in advice and info["psm"] not in advice
 
 
 @pytest.fixture(scope="session")

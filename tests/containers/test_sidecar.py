@@ -8,13 +8,12 @@ segment crashes the server.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import List
 
 import pytest
 
 from tests.conftest import parse_exposition, select, value
-from tests.containers import engine as eng
-from tests.containers.conftest import Container, Server, leak_alert_test, run_check, wait_for_inventory
+from tests.containers.conftest import Server, assert_full_attribution, leak_alert_test, rm_advice, top, view
 
 NEEDS_CORE = pytest.mark.xfail(strict=True, reason="needs unverified state (issue 16 core)")
 
@@ -33,41 +32,8 @@ OWN_USER: List[str] = []
 # hidepid=2 on the sidecar's /proc: mounted by root (SYS_ADMIN, this run only), then the
 # exporter is exec'd as 65534 with no capability left. A read-only root filesystem still
 # lets a mount cover /proc.
-DROP_TO_NOBODY = ('import os, sys; os.setgroups([]); os.setgid(65534); os.setuid(65534); '
-                  'os.execvp(sys.argv[1], sys.argv[1:])')
 HIDEPID = ["--user", "0:0", "--cap-drop", "ALL", "--cap-add", "SYS_ADMIN", "--cap-add", "SETUID",
            "--cap-add", "SETGID", "--entrypoint", "sh"]
-HIDEPID_CMD = ["-c", f'mount -t proc -o hidepid=2 proc /proc && exec python3 -c "{DROP_TO_NOBODY}" "$@"', "--"]
-
-_views: Dict[Tuple[str, str], Tuple[str, Dict, str]] = {}
-
-
-def view(server: Server, key: str, run: List[str], hidepid: bool = False) -> Tuple[str, Dict, str]:
-    """(exposition, check JSON, /proc pids the sidecar's exporter can list) of a sidecar run
-    one way; cached per server and way, since every test of it reads the same state."""
-    if (server.name, key) in _views:
-        return _views[(server.name, key)]
-    base = [*server.sidecar_args(), "--read-only", *run]
-    args = ["--no-collector.gpu", "--inventory-interval=1s"]
-    with Container(eng.PROJECT_IMAGE, *(HIDEPID_CMD + ["shmwatch"] if hidepid else []), *args, run=base,
-                   prefix="sidecar") as sidecar:
-        text = wait_for_inventory(sidecar, segments=3)
-        user = ["-u", "65534"] if hidepid or not run else []
-        pids = eng.docker("exec", *user, sidecar.name, "sh", "-c", "ls /proc | grep -E '^[0-9]+$'",
-                          check=False).stdout.decode().split()
-    report = run_check(base, entry=HIDEPID_CMD + ["shmwatch"] if hidepid else None)
-    _views[(server.name, key)] = (text, report, " ".join(pids))
-    return _views[(server.name, key)]
-
-
-def top(samples, name: str) -> Dict[str, str]:
-    found = [labels for labels, _ in select(samples, "shmwatch_top_segment_bytes", name=name)]
-    assert len(found) == 1, f"{name}: {found}"
-    return found[0]
-
-
-def rm_advice(report: Dict) -> str:
-    return " ".join(f.get("remedy", "") + " " + f.get("message", "") for f in report["findings"])
 
 
 # ---- full access -------------------------------------------------------------------------
@@ -77,26 +43,7 @@ def test_full_access_attributes_every_live_segment(way, request):
     fixture, run = FULL_ACCESS[way]
     server: Server = request.getfixturevalue(fixture)
     text, report, _ = view(server, way, run)
-    samples = parse_exposition(text)
-    info, sizes = server.info, server.info["sizes"]
-    owner = f"python3[{info['pid']}]"
-    assert top(samples, info["nccl"])["state"] == "linked" and top(samples, info["nccl"])["owner"] == owner
-    assert top(samples, info["psm"])["state"] == "linked" and top(samples, info["psm"])["owner"] == owner
-    assert top(samples, info["torch"])["state"] == "hidden" and top(samples, info["torch"])["owner"] == owner
-    assert value(samples, "shmwatch_process_shm_bytes", pid=str(info["pid"])) == \
-        sizes["nccl"] + sizes["psm"] + sizes["torch"]
-    # The real leak: listed, held by nobody, an hour old (the workload set its mtime back).
-    assert top(samples, info["leak"])["state"] == "orphan" and top(samples, info["leak"])["owner"] == ""
-    assert value(samples, "shmwatch_orphan_oldest_age_seconds", mount="/dev/shm") >= 3600
-    assert value(samples, "shmwatch_mount_unattributed_bytes", mount="/dev/shm") == 0
-    assert value(samples, "shmwatch_proc_unreadable") == 0
-    assert value(samples, "shmwatch_sysv_segments") >= 1 and value(samples, "shmwatch_sysv_orphan_segments") == 0
-    # check: the leak and only the leak, with its age and the rm that removes it.
-    orphans = report["shm"][0]["orphans"]
-    assert [o["name"] for o in orphans] == [info["leak"]] and orphans[0]["age_seconds"] >= 3600
-    advice = rm_advice(report)
-    assert f"rm /dev/shm/{info['leak']}" in advice
-    assert info["nccl"] not in advice and info["psm"] not in advice
+    assert_full_attribution(server, text, report)
 
 
 def test_full_access_leak_fires_the_alert(root_server):
