@@ -45,6 +45,7 @@ def images() -> Iterator[None]:
         message = f"CONTAINER TIER NOT RUN: no container engine: {err}"
         if eng.IN_CI:
             pytest.fail(message + " (CI=true: .ci/run must install docker.io and mmdebstrap)")
+        FIGURES["tier"] = message  # repeated in the terminal summary, not only behind -rs
         pytest.skip(message)
     try:
         if eng.image_exists(eng.BASE_IMAGE):

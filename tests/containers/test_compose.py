@@ -16,6 +16,9 @@ from tests.conftest import REPO, free_port, parse_exposition, select, value
 from tests.containers import engine as eng
 from tests.containers.conftest import scrape
 
+# The first test of the session also waits for the base image and the project image.
+pytestmark = pytest.mark.timeout(600)
+
 COMPOSE_FILE = os.path.join(REPO, "deploy", "docker-compose.yml")
 
 

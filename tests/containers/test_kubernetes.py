@@ -20,6 +20,9 @@ import yaml
 from tests.conftest import REPO
 from tests.containers.conftest import Server, assert_full_attribution, view
 
+# The first test of the session also waits for the base image and the project image.
+pytestmark = pytest.mark.timeout(600)
+
 KUBERNETES = os.path.join(REPO, "deploy", "kubernetes")
 VARIANTS = {"sidecar": 0, "sidecar-nonroot": 1000}  # -> the UID the server runs as
 

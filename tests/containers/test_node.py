@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.conftest import parse_exposition, select
 from tests.containers import engine as eng
 from tests.containers.conftest import Container, scrape
+
+# The first test of the session also waits for the base image and the project image.
+pytestmark = pytest.mark.timeout(600)
 
 NODE_RUN = ["--pid=host", "-v", "/:/host:ro", "--read-only", "--user", "0:0", "--cap-drop", "ALL",
             "--cap-add", "SYS_PTRACE", "--cap-add", "DAC_READ_SEARCH"]

@@ -15,6 +15,9 @@ import pytest
 from tests.conftest import parse_exposition, select, value
 from tests.containers.conftest import Server, assert_full_attribution, leak_alert_test, rm_advice, top, view
 
+# The first test of the session also waits for the base image and the project image.
+pytestmark = pytest.mark.timeout(600)
+
 NEEDS_CORE = pytest.mark.xfail(strict=True, reason="needs unverified state (issue 16 core)")
 
 # How the sidecar is run, beside which server. Each gives full access to the server's /proc.
