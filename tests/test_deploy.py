@@ -160,6 +160,12 @@ def test_sidecar_variants_can_read_the_server(directory):
         env = {e["name"]: e.get("value") for e in containers["vllm"]["env"]}
         mounts = {m["mountPath"] for m in containers["vllm"]["volumeMounts"]}
         assert env["HOME"] in mounts and env["XDG_CACHE_HOME"].startswith(env["HOME"])
+        # and the pod fits Pod Security "restricted" (which is why this variant exists).
+        assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+        for c in spec["containers"] + spec.get("initContainers", []):
+            ctx = {**spec["securityContext"], **c.get("securityContext", {})}
+            assert ctx["runAsNonRoot"] and ctx["allowPrivilegeEscalation"] is False, c["name"]
+            assert ctx["capabilities"]["drop"] == ["ALL"] and not ctx["capabilities"].get("add"), c["name"]
     images = {c["image"] for c in spec["containers"] + spec.get("initContainers", []) if "vllm" not in c["image"]}
     assert images == {"registry.example.com/shmwatch:0.1.0"}  # kustomization.yaml's images: entry
 
