@@ -65,9 +65,9 @@ def test_compose_v1_runs_workload_and_shmwatch(images):
         logs = compose("logs", "--no-color", "shmwatch", project=project, env=env).stdout[-2000:]
         # The workload's /dev/shm (shm_size: 256mb), seen through its IPC namespace.
         assert value(samples, "shmwatch_mount_size_bytes", mount="/dev/shm") == 256 * 2**20, logs
-        # Its unlinked-but-mapped NCCL-like segment, attributed to the workload (pid 1 of
-        # its PID namespace, which shmwatch shares).
-        assert [labels["owner"] for labels in hidden] == ["python3[1]"], logs
+        # Its unlinked-but-mapped NCCL-like segments (one at start, more now and then),
+        # attributed to the workload: pid 1 of its PID namespace, which shmwatch shares.
+        assert hidden and {labels["owner"] for labels in hidden} == {"python3[1]"}, logs
         assert value(samples, "shmwatch_proc_unreadable") == 0
         if eng.docker("info", "--format", "{{.CgroupVersion}}").stdout.decode().strip() == "1":
             # cgroup v1: the workload's memory cgroup, found through --cgroup.target-process.
