@@ -35,7 +35,7 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{name}: {figure}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def images() -> Iterator[None]:
     started = time.monotonic()
     engine = eng.Engine()
@@ -253,14 +253,14 @@ def assert_full_attribution(server: Server, text: str, report: Dict) -> None:
     assert info["nccl"] not in advice and info["psm"] not in advice
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def root_server(images) -> Iterator[Server]:
     """The server as its image's user: root (as vLLM's image runs)."""
     with Server(tag="r") as server:
         yield server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def uid_server(images) -> Iterator[Server]:
     """The server at a chosen UID (1000), as the Kubernetes non-root variant runs vLLM."""
     with Server(user="1000:1000", tag="u") as server:
