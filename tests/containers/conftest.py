@@ -192,6 +192,8 @@ def leak_alert_test(text: str, expected: List[Dict[str, str]]) -> subprocess.Com
         shutil.rmtree(work, ignore_errors=True)
 
 
+# Runs as root with SYS_ADMIN only long enough to mount a hidepid=2 /proc over its own, then
+# becomes 65534 with no capability left (python, since the bookworm base lacks setpriv).
 DROP_TO_NOBODY = ('import os, sys; os.setgroups([]); os.setgid(65534); os.setuid(65534); '
                   'os.execvp(sys.argv[1], sys.argv[1:])')
 HIDEPID_CMD = ["-c", f'mount -t proc -o hidepid=2 proc /proc && exec python3 -c "{DROP_TO_NOBODY}" "$@"', "--"]
@@ -211,6 +213,8 @@ def view(server: Server, key: str, run: List[str], hidepid: bool = False,
     with Container(eng.PROJECT_IMAGE, *entry, *args, "--inventory-interval=1s", run=base,
                    prefix="sidecar") as sidecar:
         text = wait_for_inventory(sidecar, segments=3)
+        # The pids the exporter's user can list: 65534 when it runs as the image's user or
+        # drops to it under hidepid, else the container's own user.
         user = ["-u", "65534"] if hidepid or not run else []
         pids = eng.docker("exec", *user, sidecar.name, "sh", "-c", "ls /proc | grep -E '^[0-9]+$'",
                           check=False).stdout.decode().split()
