@@ -199,7 +199,9 @@ local panels(c) = [
   panel('timeseries',
         'Bytes by state',
         'linked: in the directory and held; hidden: unlinked but still mapped (df counts it, ls does not); '
-        + 'orphan: held by nobody, leaked by a crashed engine. Orphans above zero for long: remove them.',
+        + 'orphan: held by nobody (every process inspected), leaked by a crashed engine; unverified: held by '
+        + 'nobody shmwatch could inspect, may be live (see /proc access below). Orphans above zero for long: '
+        + 'remove them.',
         [q('sum by (state) (shmwatch_segment_bytes{%s})' % SM, '{{state}}')],
         w=12,
         unit='bytes',
@@ -207,7 +209,8 @@ local panels(c) = [
   panel('table',
         'Largest segments',
         'The top segments by allocated bytes, with their owner (comm[pid], +N more holders). State orphan: safe to '
-        + 'remove once no server can attach (rm /dev/shm/<name>).',
+        + 'remove once no server can attach (rm /dev/shm/<name>), unless its class is other. State unverified: '
+        + 'never remove: shmwatch could not inspect every process, so it may be live.',
         [q('sort_desc(shmwatch_top_segment_bytes{%s})' % SM, instant=true, table=true)],
         w=12,
         h=10,
@@ -340,10 +343,12 @@ local panels(c) = [
   panel('stat',
         'inotify and /proc access',
         'inotify 1: new segments seen within milliseconds; 0: polled. Unreadable processes: owners shmwatch '
-        + "cannot see (run it as the workload's user or root).",
+        + 'cannot see. Owners verified 0: segments held by nobody it could inspect are unverified, not orphan; '
+        + "run shmwatch as the server's UID or with CAP_SYS_PTRACE.",
         [
           q('min(shmwatch_inotify_active{%s})' % SM, 'inotify', instant=true),
           q('max(shmwatch_proc_unreadable{%s})' % S, 'unreadable processes', instant=true),
+          q('min(shmwatch_mount_owners_verified{%s})' % SM, 'owners verified', instant=true),
         ],
         w=8),
 ];
