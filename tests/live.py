@@ -105,13 +105,14 @@ class Prometheus(_Service):
         return body["data"]["result"]
 
     def wait_query(self, expr: str, timeout: float = 30.0) -> List[Dict]:
+        """The first non-empty result of `expr`; an AssertionError when none came in time."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             result = self.query(expr)
             if result:
                 return result
             time.sleep(0.5)
-        return []
+        raise AssertionError(f"{expr!r}: no result from Prometheus in {timeout:.0f}s")
 
 
 class Webhook:

@@ -5,7 +5,6 @@ The unit cases pin the formulas (exporter/budget.py); the end-to-end cases check
 flag reaches them, through /metrics and through `shmwatch check`.
 """
 import json
-import os
 import subprocess
 import sys
 

@@ -5,6 +5,7 @@ The parsers are imported by name from where they live today; if one moves (the l
 moving mountinfo, the process table and owners into new modules), only these imports change.
 """
 import math
+import os
 import re
 import string
 
@@ -22,9 +23,13 @@ from exporter.config import parse_duration, parse_size
 from exporter.labels import MAX_LABEL_CHARS, clean
 from exporter.segment_classes import CLASS_NAMES, CLASSES, classify
 
-settings.register_profile("shmwatch", max_examples=150, deadline=None,
+# database=None: Hypothesis would otherwise keep its examples in .hypothesis/ in the
+# checkout. Under mutmut (MUTANT_UNDER_TEST set) each mutant reruns these: fewer examples.
+settings.register_profile("shmwatch", max_examples=150, deadline=None, database=None,
                           suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("shmwatch")
+settings.register_profile("mutmut", max_examples=40, deadline=None, database=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("mutmut" if os.environ.get("MUTANT_UNDER_TEST") else "shmwatch")
 
 # Any text a hostile or broken /proc file could hand us (lone surrogates: what
 # surrogateescape makes of bytes that are not UTF-8).
@@ -123,7 +128,6 @@ def test_maps_any_text(text, watched):
 
 
 def test_dev_token_matches_maps():
-    import os
     assert dev_token(os.makedev(0, 0x1a)) == " 00:1a "
     assert dev_token(os.makedev(0x103, 0x1ff)) == " 103:1ff "
 
