@@ -157,7 +157,7 @@ def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
                 pos = text.find(" 00:", pos + 4)
     for token, dev in others.items():  # a watched directory on a real disk: rare
         if token in text:
-            for line in text.splitlines():
+            for line in text.split("\n"):  # not splitlines(): "\x1e" or "\x85" may be in a path
                 if token in line:
                     parsed = _parse_maps_line(line, dev, token)
                     if parsed:
