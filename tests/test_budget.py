@@ -63,12 +63,12 @@ def test_working_set_below_shm_used_clamps_at_zero():
 
 def test_without_a_cgroup_the_flag_limit_alone_bounds_it():
     b = shm_budget(mount(16 * GiB, GiB), None, memory_limit=4 * GiB)
-    assert (b.effective_bytes, b.room_bytes, b.projection) == (4 * GiB, 4 * GiB, None)
+    assert (b.fillable_bytes, b.effective_bytes, b.room_bytes, b.projection) == (16 * GiB, 4 * GiB, 4 * GiB, None)
     b = shm_budget(mount(2 * GiB, GiB), None, memory_limit=4 * GiB)
     assert b.effective_bytes == 2 * GiB
     # An unlimited cgroup: the tmpfs alone, no projection.
     b = shm_budget(mount(2 * GiB, GiB), cgroup(None, GiB), memory_limit=GiB)
-    assert (b.effective_bytes, b.room_bytes, b.projection) == (2 * GiB, None, None)
+    assert (b.fillable_bytes, b.effective_bytes, b.room_bytes, b.projection) == (2 * GiB, 2 * GiB, None, None)
     assert shm_budget(mount(2 * GiB, 0), None).effective_bytes == 2 * GiB
 
 

@@ -69,7 +69,7 @@ def test_churn_soak_has_bounded_rss_and_fds():
     even 100 bytes per created segment (an inode kept in a set, an event kept in a list)
     shows as several MiB. Names cycle through 1,000, as NCCL's do across restarts only in
     their count: the class cache, bounded by its own size and tested in
-    test_class_cache_is_bounded, would otherwise add up to 50,000 names to the growth."""
+    tests/test_pure_units.py, would otherwise add up to 50,000 names to the growth."""
     seconds = float(os.environ.get("SHMWATCH_SOAK_SECONDS", "30"))
     warm_up = 10000
     with mounted_tmpfs("64m") as shm, Exporter(f"--shm.mount={shm}", "--no-collector.gpu",
@@ -95,13 +95,6 @@ def test_churn_soak_has_bounded_rss_and_fds():
     assert churned >= 20000, "too little churn to see a leak: a slower machine needs SHMWATCH_SOAK_SECONDS"
     assert rss1 - rss0 < MiB + 48 * churned, f"RSS grew {(rss1 - rss0) / churned:.0f} bytes per segment"
     assert fds1 <= fds0 + 5
-
-
-def test_class_cache_is_bounded():
-    from exporter import segment_classes
-    for n in range(segment_classes._CACHE_MAX + 10000):
-        segment_classes.classify(f"nccl-{n:08x}")
-    assert 0 < len(segment_classes._CACHE) <= segment_classes._CACHE_MAX
 
 
 @needs_root
