@@ -5,7 +5,7 @@
 mutmut mutates whole files (pyproject.toml [tool.mutmut] only_mutate), and some of those
 files also hold collectors that read /proc; the pure functions whose score counts are
 listed in [tool.shmwatch.mutation] pure. A mutant with no covering test counts as
-surviving. Prints a table per function and the total; exits 1 below --min.
+surviving, and so does one that times out (the score below --min does not count them). Prints a table per function and the total; exits 1 below --min.
 """
 import argparse
 import collections
@@ -52,7 +52,9 @@ def main() -> int:
               + "  ".join(f"{s}: {c}" for s, c in sorted(counts.items()) if s != "killed"))
     n = sum(total.values())
     score = 100.0 * total["killed"] / n if n else 0.0
-    print(f"\n{total['killed']}/{n} mutants killed over {len(by_function)} pure functions: {score:.1f} %")
+    print(f"\n{total['killed']}/{n} mutants killed over {len(by_function)} pure functions: {score:.1f} %"
+          f" ({100.0 * (total['killed'] + total['timeout']) / n if n else 0:.1f} % with the {total['timeout']}"
+          f" that time out, an endless loop, counted as killed)")
     if total["not checked"]:
         print(f"{total['not checked']} not checked: the run did not finish", file=sys.stderr)
     if missing:
