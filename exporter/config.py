@@ -9,10 +9,12 @@ names the flag, and exit code 2.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Dict, List, Optional, Sequence
 
 from . import __version__
@@ -30,6 +32,8 @@ def parse_duration(text: str) -> float:
     if not match:
         raise ValueError(f"invalid duration {text!r} (use e.g. 500ms, 15s, 1m)")
     seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if not math.isfinite(seconds):  # 400 digits make inf, and sleep(inf) raises
+        raise ValueError(f"invalid duration {text!r}: too large")
     if seconds <= 0:
         raise ValueError(f"invalid duration {text!r}: must be above 0")
     return seconds
@@ -44,7 +48,9 @@ def parse_size(text: str) -> int:
     match = _SIZE.match(str(text))
     if not match:
         raise ValueError(f"invalid size {text!r} (use e.g. 64Mi, 16Gi, 2g)")
-    number, suffix = float(match.group(1)), (match.group(2) or "")
+    # Exact arithmetic: a float would round 2363E (and any size above 2**53) and make inf
+    # (then OverflowError) of a long digit string.
+    number, suffix = Fraction(match.group(1)), (match.group(2) or "")
     letters = "kmgtpe"
     if not suffix:
         return int(number)

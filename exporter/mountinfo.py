@@ -38,7 +38,9 @@ def _unescape(field: str) -> str:
 def parse_mountinfo(text: str) -> List[MountEntry]:
     """/proc/<pid>/mountinfo -> entries in file order. Malformed lines are skipped."""
     entries = []
-    for line in text.splitlines():
+    # "\n" only: the kernel escapes it in paths, but not "\r", "\x85" or "\u2028", which
+    # splitlines() would also break a line at.
+    for line in text.split("\n"):
         fields = line.split(" ")
         try:
             sep = fields.index("-", 6)

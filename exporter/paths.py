@@ -29,5 +29,6 @@ class Paths:
 
 
 def read_text(path: str) -> str:
-    with open(path, "r", encoding="utf-8", errors="surrogateescape") as handle:
+    # newline="": no universal-newline translation, so a "\r" in a path stays in its line.
+    with open(path, "r", encoding="utf-8", errors="surrogateescape", newline="") as handle:
         return handle.read()

@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, NoReturn, Optional, Tuple
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -20,7 +20,24 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
 IS_ROOT = os.geteuid() == 0
 
-needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root to mount tmpfs / create cgroups")
+UNDER_CI = os.environ.get("CI") == "true"
+
+
+def prerequisite_missing(why: str) -> NoReturn:
+    """A check that cannot run here: a skip that says why, and under CI (CI=true, where
+    .ci/run installs everything) a failure, so nothing is silently left untested there."""
+    if UNDER_CI:
+        pytest.fail(f"prerequisite missing under CI: {why}", pytrace=False)
+    pytest.skip(why)
+
+
+@pytest.fixture
+def _root() -> None:
+    if not IS_ROOT:
+        prerequisite_missing("needs root to mount tmpfs / create cgroups")
+
+
+needs_root = pytest.mark.usefixtures("_root")
 
 
 def _uninspectable_comms() -> List[str]:
@@ -84,7 +101,7 @@ def mounted_tmpfs(size: str = "16m", parent: Optional[str] = None, path: Optiona
 @pytest.fixture
 def tmpfs() -> Iterator[str]:
     if not IS_ROOT:
-        pytest.skip("needs root to mount tmpfs")
+        prerequisite_missing("needs root to mount tmpfs")
     with mounted_tmpfs("16m") as path:
         yield path
 
@@ -209,15 +226,19 @@ def promtool_check_metrics(text: str) -> subprocess.CompletedProcess:
 
 
 def remove_cgroup(path: str, tries: int = 50) -> None:
-    """rmdir a cgroup, waiting for its killed processes to be gone (the kernel says EBUSY until then)."""
+    """rmdir a cgroup, waiting for its killed processes to be gone (the kernel says EBUSY
+    until then); a cgroup still there after `tries` is a failure, not a leftover."""
+    error: Optional[OSError] = None
     for _ in range(tries):
         try:
             os.rmdir(path)
             return
         except FileNotFoundError:
             return
-        except OSError:
+        except OSError as err:
+            error = err
             time.sleep(0.1)
+    raise AssertionError(f"cgroup {path} could not be removed after {tries} tries: {error}")
 
 
 def fallocate(path: str, size: int) -> None:

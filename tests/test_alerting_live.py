@@ -1,14 +1,16 @@
 """Live: shmwatch -> Prometheus (the shipped rules) -> Alertmanager (the example routing) -> webhook.
 
 A 16 MiB tmpfs filled to 85 % pages chat with a warning, to 97 % pages the pager with a
-critical, and freeing it sends the resolved notification.
+critical, and freeing it sends the resolved notification. ShmUsageCritical keeps its real
+`for:` (the others are cut to 1 s): the page must not come before it.
 """
 import os
+import time
 
 import yaml
 
 from tests.conftest import REPO, Exporter, mounted_tmpfs, needs_root
-from tests.live import Alertmanager, Prometheus, Webhook, fast_rules
+from tests.live import RULES, Alertmanager, Prometheus, Webhook, fast_rules
 
 MiB = 1 << 20
 
@@ -53,7 +55,13 @@ def resolved(name):
 @needs_root
 def test_shm_exhaustion_pages_end_to_end(tmp_path):
     rules = str(tmp_path / "rules.yml")
-    fast_rules(rules)
+    with open(RULES) as f:
+        real_for = next(r["for"] for g in yaml.safe_load(f)["groups"] for r in g["rules"]
+                        if r.get("alert") == "ShmUsageCritical")
+    real_for_s = {"s": 1, "m": 60}[real_for[-1]] * int(real_for[:-1])
+    # Long enough to mean something, short enough for the suite.
+    assert 30 <= real_for_s <= 120, f"ShmUsageCritical for: {real_for}: pick another alert for this test"
+    fast_rules(rules, keep=("ShmUsageCritical",))
     with mounted_tmpfs("16m") as shm, Webhook() as hook, \
             Exporter(f"--shm.mount={shm}", "--no-collector.gpu", "--poll-interval=200ms",
                      "--peak-window=5s") as exporter, \
@@ -70,7 +78,9 @@ def test_shm_exhaustion_pages_end_to_end(tmp_path):
         assert "--shm-size" in alert["annotations"]["description"]
 
         fill(data, 15.5)  # 97 %
-        body = hook.wait("/pager", firing("ShmUsageCritical"))
+        filled = time.monotonic()
+        body = hook.wait("/pager", firing("ShmUsageCritical"), timeout=real_for_s + 60)
+        assert time.monotonic() - filled >= real_for_s, f"paged before its for: {real_for}"
         alert = next(a for a in body["alerts"] if a["labels"]["alertname"] == "ShmUsageCritical")
         assert alert["labels"]["severity"] == "critical" and "96.88% full" in alert["annotations"]["summary"]
         assert "NCCL_SHM_DISABLE=1 only as a last resort" in alert["annotations"]["description"]

@@ -8,7 +8,7 @@ import pytest
 
 from exporter.collectors.cgroup import CgroupCollector
 from exporter.paths import Paths
-from tests.conftest import Exporter, mounted_tmpfs, needs_root, remove_cgroup, value
+from tests.conftest import Exporter, mounted_tmpfs, needs_root, prerequisite_missing, remove_cgroup, value
 
 MiB = 1 << 20
 V1_ROOT = "/sys/fs/cgroup/memory"
@@ -98,7 +98,7 @@ for line in sys.stdin:
 @pytest.fixture
 def v1_cgroup():
     if not os.path.exists(os.path.join(V1_ROOT, "memory.usage_in_bytes")):
-        pytest.skip("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
+        prerequisite_missing("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
     name = f"shmwatch-test-{uuid.uuid4().hex[:8]}"
     directory = os.path.join(V1_ROOT, name)
     os.mkdir(directory)

@@ -102,7 +102,10 @@ def test_every_panel_returns_data_from_a_live_prometheus(tmp_path):
         fallocate(os.path.join(shm, "psm_filler"), 9 << 20)  # ~88 %: ShmUsageHigh fires, ALERTS has a series
         with Prometheus(str(tmp_path), [f"127.0.0.1:{exporter.port}"], rules=rules) as prom:
             assert prom.wait_query('ALERTS{alertname="ShmUsageHigh", alertstate="firing"}', timeout=30)
-            prom.wait_query(f'rate(shmwatch_segment_events_total{{mount="{shm}"}}[1m]) > 0', timeout=10)
+            # A create while Prometheus scrapes, so the event-rate panels show a rate above 0,
+            # not a flat counter's 0.
+            fallocate(os.path.join(shm, "psm_late"), 4096)
+            prom.wait_query(f'rate(shmwatch_segment_events_total{{mount="{shm}"}}[1m]) > 0', timeout=15)
             empty = []
             for title, expr in exprs():
                 result = prom.query(substitute(expr, shm))

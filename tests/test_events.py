@@ -139,8 +139,12 @@ def test_storm_of_creates_costs_bounded_cpu():
     print(f"\nstorm: 10,000 creates in {created:.2f}s; exporter CPU {spent:.2f}s over {wall:.2f}s wall "
           f"({100 * spent / wall:.0f}% of one core); created events counted: {events:.0f}")
     if "queue overflowed" in log:
-        # The kernel dropped events: said in the log, and the inventory still has all files.
-        assert events < 10000
+        # The kernel dropped events (each create is three: IN_CREATE, IN_OPEN, IN_CLOSE_WRITE,
+        # against max_queued_events 16384): said in the log, the inventory still has all
+        # files (waited for above), and what was counted is a real part of the storm, never
+        # more: the counter undercounts by the dropped events and does not make any up.
+        assert 0 < events < 10000, events
+        assert log.count("queue overflowed") <= 3, log  # said, not repeated per dropped event
     else:
         assert events == 10000
     assert spent < wall  # never a whole core for the whole storm

@@ -64,9 +64,12 @@ def test_golden_exposition(tmp_path):
     result = promtool_check_metrics(text)
     assert result.returncode == 0, result.stdout + result.stderr
     got = normalise(text)
-    if os.environ.get("SHMWATCH_UPDATE_GOLDEN"):
+    with open(GOLDEN) as f:
+        want = f.read()  # read before any rewrite: the comparison is always against the old file
+    if got != want and os.environ.get("SHMWATCH_UPDATE_GOLDEN"):
         with open(GOLDEN, "w") as f:
             f.write(got)
-    with open(GOLDEN) as f:
-        want = f.read()
+        changed = sum(1 for a, b in zip(got.splitlines(), want.splitlines()) if a != b)
+        changed += abs(len(got.splitlines()) - len(want.splitlines()))
+        assert False, f"tests/fixtures/golden.prom rewritten ({changed} lines differ): review `git diff`, rerun"
     assert got == want, "exposition differs from tests/fixtures/golden.prom (SHMWATCH_UPDATE_GOLDEN=1 rewrites it)"

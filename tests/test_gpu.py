@@ -55,8 +55,11 @@ gpu1.total={t}
 gpu1.used={u1}
 gpu1.free={f1}
 gpu1.reserved={r}
-""".format(t=80 * GiB, u0=72 * GiB, f0=8 * GiB - 512 << 20, r=512 << 20, u1=GiB, f1=79 * GiB - (512 << 20),
+""".format(t=80 * GiB, u0=72 * GiB, f0=8 * GiB - (512 << 20), r=512 << 20, u1=GiB, f1=79 * GiB - (512 << 20),
            pid=os.getpid(), p0=70 * GiB)
+# NVML's memory info v2: total = reserved + used + free, on both GPUs.
+assert all(80 * GiB == (512 << 20) + used + free
+           for used, free in ((72 * GiB, 8 * GiB - (512 << 20)), (GiB, 79 * GiB - (512 << 20))))
 
 
 def exporter_args(shm):
@@ -74,7 +77,14 @@ def test_two_gpus_and_processes(stub_dir, tmp_path):
     assert value(s, "shmwatch_gpu_memory_total_bytes", **g0) == 80 * GiB
     assert value(s, "shmwatch_gpu_memory_used_bytes", **g0) == 72 * GiB
     assert value(s, "shmwatch_gpu_memory_reserved_bytes", **g0) == 512 << 20
+    assert value(s, "shmwatch_gpu_memory_free_bytes", **g0) == 8 * GiB - (512 << 20)
     assert value(s, "shmwatch_gpu_memory_used_bytes", gpu="1") == GiB
+    assert value(s, "shmwatch_gpu_memory_free_bytes", gpu="1") == 79 * GiB - (512 << 20)
+    for gpu in ("0", "1"):
+        total, used, free, reserved = (value(s, f"shmwatch_gpu_memory_{kind}_bytes", gpu=gpu)
+                                       for kind in ("total", "used", "free", "reserved"))
+        assert total == used + free + reserved, gpu
+        assert free < total and used < total
     me = open(f"/proc/{os.getpid()}/comm").read().strip()
     assert value(s, "shmwatch_gpu_process_memory_bytes", pid=str(os.getpid()), comm=me, **g0) == 70 * GiB
     # A pid from another PID namespace does not resolve here.

@@ -9,8 +9,8 @@ from exporter.collectors.cgroup import CgroupCollector
 from exporter.mountinfo import parse_mountinfo
 from exporter.discovery import discover
 from exporter.paths import Paths
-from tests.conftest import (FIXTURES, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, remove_cgroup, select,
-                            value)
+from tests.conftest import (FIXTURES, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, prerequisite_missing,
+                            remove_cgroup, select, value)
 
 POD1, POD2 = "0f1e2d3c-aaaa-bbbb-cccc-000000000001", "0f1e2d3c-aaaa-bbbb-cccc-000000000002"
 
@@ -108,6 +108,8 @@ def test_real_node_mode(tmp_path):
     }
     # The pods' memory cgroups, real ones, where the v1 memory controller is mounted.
     cgroups = []
+    # Without v1 the pod-cgroup join below cannot be checked: said at the end (a skip, a
+    # failure under CI), after the mount checks have run.
     if os.path.exists(os.path.join(V1_MEMORY, "memory.usage_in_bytes")):
         for uid in (uid1, uid2):
             path = os.path.join(V1_MEMORY, "kubepods", "burstable", f"pod{uid}")
@@ -154,4 +156,7 @@ def test_real_node_mode(tmp_path):
             try:
                 os.rmdir(os.path.join(V1_MEMORY, parent))
             except OSError:
-                pass
+                pass  # absent, or another test's pod cgroups are still in it
+    if not cgroups:
+        prerequisite_missing(f"no cgroup v1 memory controller at {V1_MEMORY}: node mode's pod-cgroup join "
+                             f"was not checked (the mount checks passed)")

@@ -79,3 +79,34 @@ def test_cgroup_parsers():
     assert parse_limit("9223372036854771712\n") is None  # v1's "unlimited"
     assert parse_limit("2147483648") == 2 << 30
     assert parse_flat_keyed("anon 1\nfile x\nbad\n\nshmem 3") == {"anon": 1, "shmem": 3}
+
+
+# --- exact edges the properties do not reach (found surviving mutation testing) ---------
+
+def test_error_messages_name_the_value():
+    import pytest
+    from exporter.config import parse_duration, parse_size
+    with pytest.raises(ValueError, match=r"^invalid duration '0': must be above 0$"):
+        parse_duration("0")
+    with pytest.raises(ValueError, match=r"^invalid duration '9{400}': too large$"):
+        parse_duration("9" * 400)
+    with pytest.raises(ValueError, match=r"^invalid size 'lots' \(use e.g. 64Mi, 16Gi, 2g\)$"):
+        parse_size("lots")
+    with pytest.raises(ValueError, match=r"^sysvipc/shm: unexpected header a b c d e f g h$"):
+        parse_sysvipc_shm("a b c d e f g h i j\n")
+
+
+def test_malformed_lines_in_the_middle_are_skipped():
+    assert parse_meminfo("MemTotal: 2 kB\nbroken\nShmem: x kB\nMemFree: 1 kB\n") == {"MemTotal": 2048,
+                                                                                       "MemFree": 1024}
+    assert parse_meminfo("X: 5 kB: y\n") == {"X": 5}  # the first colon ends the key
+    assert parse_proc_cgroup("12:memory:/a\ngarbage\n0::/b\n") == {"memory": "/a", "": "/b"}
+    assert parse_proc_cgroup("3:memory:\n") == {"memory": ""}
+    text = "key shmid size nattch\n1 2 3 4\n5 6\n7 8 9 10\n"  # only the four columns needed
+    assert [(s.key, s.nattch) for s in parse_sysvipc_shm(text)] == [(1, 4), (7, 10)]
+
+
+def test_v1_unlimited_boundary():
+    from exporter.collectors.cgroup import V1_UNLIMITED
+    assert parse_limit(str(V1_UNLIMITED)) is None
+    assert parse_limit(str(V1_UNLIMITED - 1)) == V1_UNLIMITED - 1

@@ -54,6 +54,19 @@ def test_unlinked_but_mapped_is_hidden_with_its_real_size(tmpfs):
         assert m.unattributed_bytes <= 4 * PAGE
 
 
+def test_hidden_partial_mapping_reports_the_allocation_not_the_extent(tmpfs):
+    """A segment mapped only in part, sparse beyond its first MiB, then unlinked: only
+    /proc/<pid>/map_files (readable as root) gives its real size; maps gives the extent."""
+    assert os.geteuid() == 0, "map_files needs CAP_SYS_ADMIN"
+    with Peer(tmpfs, "partial", "nccl-Part1al", str(8 * MiB), str(MiB), str(4 * MiB)) as peer:
+        _, m = inventory(tmpfs)
+        seg = find(m, "nccl-Part1al")
+        assert (seg.state, seg.holders) == ("hidden", (peer.pid,))
+        assert seg.allocated_bytes == MiB  # not the 4 MiB mapping extent
+        assert seg.apparent_bytes == 8 * MiB
+        assert m.unattributed_bytes <= 4 * PAGE
+
+
 def test_unlinked_fd_only_is_hidden(tmpfs):
     with Peer(tmpfs, "fdonly", "torch_123_456", str(MiB)) as peer:
         _, m = inventory(tmpfs)

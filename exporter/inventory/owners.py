@@ -79,7 +79,7 @@ def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
                 line_start = text.rfind("\n", 0, pos) + 1
                 line_end = text.find("\n", pos)
                 line = text[line_start:line_end if line_end != -1 else len(text)]
-                parsed = _parse_maps_line(line, major0[token])
+                parsed = _parse_maps_line(line, major0[token], token)
                 if parsed:
                     found.append(parsed)
                 pos = text.find(" 00:", line_end) if line_end != -1 else -1
@@ -87,17 +87,19 @@ def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
                 pos = text.find(" 00:", pos + 4)
     for token, dev in others.items():  # a watched directory on a real disk: rare
         if token in text:
-            for line in text.splitlines():
+            for line in text.split("\n"):  # not splitlines(): "\x1e" or "\x85" may be in a path
                 if token in line:
-                    parsed = _parse_maps_line(line, dev)
+                    parsed = _parse_maps_line(line, dev, token)
                     if parsed:
                         found.append(parsed)
     return found
 
 
-def _parse_maps_line(line: str, dev: int) -> Optional[MapsLine]:
+def _parse_maps_line(line: str, dev: int, token: str) -> Optional[MapsLine]:
     parts = line.split(None, 5)
-    if len(parts) < 6:
+    # The token must be the device field, not text in a path on another device
+    # ("/tmp/x 00:1a y (deleted)" would otherwise fake a hidden segment on 00:1a).
+    if len(parts) < 6 or parts[3] != token.strip():
         return None
     try:
         start, end = (int(x, 16) for x in parts[0].split("-"))

@@ -11,10 +11,30 @@ modes:
   fdonly NAME SIZE   created, written, unlinked, fd kept open, not mapped (torch file_descriptor)
   leak SIZE          SharedMemory created, untracked, process exits: an orphan
   sparse NAME SIZE   ftruncate'd only (apparent SIZE, nothing allocated), mapped
+  partial NAME SIZE ALLOC MAP
+                     ftruncate'd to SIZE, ALLOC bytes at its start allocated, its first MAP
+                     bytes mapped, then unlinked: a hidden segment whose mapping extent
+                     (MAP) is neither its real allocation (ALLOC) nor its size (SIZE)
 """
+import ctypes
 import mmap
 import os
 import sys
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC.mmap.restype = ctypes.c_void_p
+LIBC.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+LIBC.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+
+
+def map_shared(fd, length):
+    """mmap(2) itself: Python's mmap.mmap dup()s the fd and keeps it open, so a peer built
+    on it would hold an fd as well as the mapping, and never test the mapping-only path
+    (NCCL and UCX close the fd once mapped)."""
+    address = LIBC.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    if address in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "mmap failed")
+    return address
 
 
 def wait_for_stdin_close():
@@ -51,6 +71,17 @@ def main(argv):
         shm.unlink()
         return
     name, size = argv[1], int(argv[2])
+    if mode == "partial":
+        alloc, map_len = int(argv[3]), int(argv[4])
+        path, fd = make(name, size, allocate=False)
+        os.posix_fallocate(fd, 0, alloc)
+        address = map_shared(fd, map_len)
+        os.close(fd)
+        os.unlink(path)
+        print("ready", name, flush=True)
+        wait_for_stdin_close()
+        LIBC.munmap(address, map_len)
+        return
     path, fd = make(name, size, allocate=(mode != "sparse"))
     if mode == "fdonly":
         os.unlink(path)
@@ -58,13 +89,13 @@ def main(argv):
         wait_for_stdin_close()
         os.close(fd)
         return
-    mapping = mmap.mmap(fd, size)
+    address = map_shared(fd, size)
     os.close(fd)
     if mode == "hidden":
         os.unlink(path)
     print("ready", name, flush=True)
     wait_for_stdin_close()
-    mapping.close()
+    LIBC.munmap(address, size)
     if mode in ("mapped", "sparse"):
         os.unlink(path)
 

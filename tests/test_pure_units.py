@@ -1,0 +1,111 @@
+"""Small exact cases for the pure helpers that the parser properties do not pin: the
+catalogue's lookups, the derived values of the collector dataclasses, mount lookup.
+Part of the mutation-testing selection (pyproject.toml [tool.mutmut])."""
+import pytest
+
+from exporter.catalogue import BY_NAME, CATALOGUE, NODE_MOUNT_LABELS, family_name, lookup, node_labels
+from exporter.collectors.shm_mount import MountUsage
+from exporter.mountinfo import MountEntry, find_mount
+from exporter.collectors.sysv import SysvSegment, SysvShm
+from exporter.labels import basename
+
+
+def test_family_name_drops_total_of_counters_only():
+    assert family_name(lookup("shmwatch_segment_events_total")) == "shmwatch_segment_events"
+    assert family_name(lookup("process_cpu_seconds_total")) == "process_cpu_seconds"
+    assert family_name(lookup("shmwatch_mount_size_bytes")) == "shmwatch_mount_size_bytes"
+    gauge_total = BY_NAME["shmwatch_mount_size_bytes"].__class__("x_total", "gauge", "", (), "")
+    assert family_name(gauge_total) == "x_total"
+
+
+def test_lookup_names_the_catalogue():
+    assert lookup("shmwatch_mount_usage_ratio").unit == "ratio"
+    with pytest.raises(KeyError, match="shmwatch_nope is not in exporter/catalogue.py"):
+        lookup("shmwatch_nope")
+
+
+def test_node_labels():
+    assert node_labels(lookup("shmwatch_mount_size_bytes")) == NODE_MOUNT_LABELS == ("pod_uid", "volume",
+                                                                                       "container_id")
+    assert node_labels(lookup("shmwatch_cgroup_memory_usage_bytes")) == ("pod_uid",)
+    assert node_labels(lookup("shmwatch_process_shm_bytes")) == NODE_MOUNT_LABELS + ("process_pod_uid",)
+    assert node_labels(lookup("shmwatch_build_info")) == ()
+    # A metric with both a mount and a cgroup label is labelled as a mount's.
+    oom = lookup("shmwatch_shm_oom_projection_ratio")
+    assert {"mount", "cgroup"} <= set(oom.labels) and node_labels(oom) == NODE_MOUNT_LABELS
+
+
+def test_catalogue_is_consistent():
+    assert len(BY_NAME) == len(CATALOGUE)
+    for m in CATALOGUE:
+        assert m.type in ("gauge", "counter") and (m.type == "counter") == m.name.endswith("_total"), m.name
+        assert m.help.strip(), m.name
+
+
+def test_usage_ratio():
+    assert MountUsage("/m", "tmpfs", "s", True, size_bytes=200, used_bytes=50).usage_ratio == 0.25
+    assert MountUsage("/m", "tmpfs", "s", True, size_bytes=0, used_bytes=50).usage_ratio == 0.0
+
+
+def test_sysv_totals():
+    shm = SysvShm([SysvSegment(1, 1, 100, 0, 9, 40), SysvSegment(2, 2, 300, 2, 9, 300),
+                   SysvSegment(3, 3, 5, 0, 9, 0)], None, None, None)
+    assert (shm.total_bytes, shm.resident_bytes, shm.orphans) == (405, 340, 2)
+
+
+def test_find_mount_longest_prefix_on_component_boundaries():
+    entries = [MountEntry("/", "ext4", "/dev/sda", "rw,"), MountEntry("/dev", "devtmpfs", "udev", "rw,"),
+               MountEntry("/dev/shm", "tmpfs", "shm", "rw,size=64k")]
+    assert find_mount(entries, "/dev/shm").fstype == "tmpfs"
+    assert find_mount(entries, "/dev/shm/").fstype == "tmpfs"
+    assert find_mount(entries, "/dev/shm/sub/dir").fstype == "tmpfs"
+    assert find_mount(entries, "/dev/shmx").mount_point == "/dev"
+    assert find_mount(entries, "/var").mount_point == "/"
+    assert find_mount([], "/x") is None
+    # Trailing spaces and capital X are part of a name: only "/" is stripped.
+    odd = entries + [MountEntry("/mnt/x ", "tmpfs", "a", "rw,"), MountEntry("/mnt/dataX", "tmpfs", "b", "rw,")]
+    assert find_mount(odd, "/mnt/x ").source == "a"
+    assert find_mount(odd, "/mnt/x /seg").source == "a"
+    assert find_mount(odd, "/mnt/dataX").source == "b"
+    assert find_mount(odd, "/mnt/dataX/seg").source == "b"
+    assert find_mount(entries[1:], "/var") is None
+
+
+def test_basename():
+    assert basename("/dev/shm/nccl-x") == "nccl-x"
+    assert basename("/dev/shm/dir/") == "dir"
+    assert basename("/") == "/"
+    assert basename("name") == "name"
+    assert basename("/dev/shm/psm_X") == "psm_X"
+    assert basename("/dev/shm/psm_ ") == "psm_ "
+
+
+def test_clean_exact_forms():
+    from exporter.labels import MAX_LABEL_CHARS, clean
+    assert clean("psm_\udcff\udcfe") == "psm_\ufffd\ufffd"  # undecodable bytes from os.scandir
+    assert clean(b"psm_\xff") == "psm_\ufffd"
+    assert clean("esc\x1b[31m\x7f\x9b") == "esc\\x1b[31m\\x7f\\x9b"  # lower-case hex, C0, DEL and C1
+    assert clean("a\nb") == "a\\x0ab"
+    assert clean("x" * MAX_LABEL_CHARS) == "x" * MAX_LABEL_CHARS  # at the limit: whole
+    assert clean("x" * (MAX_LABEL_CHARS + 1)) == "x" * (MAX_LABEL_CHARS - 1) + "\u2026"
+    assert clean("abcdef", 4) == "abc\u2026"
+
+
+def test_mountinfo_without_super_options():
+    from exporter.mountinfo import parse_mountinfo
+    (entry,) = parse_mountinfo("1 1 0:1 / /m rw,nosuid - tmpfs shm\n")
+    assert (entry.mount_point, entry.options, entry.source) == ("/m", "rw,nosuid,", "shm")
+
+
+def test_class_cache_remembers_and_is_bounded():
+    from exporter import segment_classes
+    segment_classes._CACHE.clear()
+    assert segment_classes.classify("nccl-remember") == "nccl"
+    assert segment_classes._CACHE["nccl-remember"] == "nccl"  # names repeat between inventories
+    segment_classes._CACHE["nccl-remember"] = "torch"
+    assert segment_classes.classify("nccl-remember") == "torch"  # read from the cache, not re-matched
+    segment_classes._CACHE.clear()
+    for n in range(segment_classes._CACHE_MAX + 1):
+        segment_classes.classify(f"psm_{n:08x}")
+        assert len(segment_classes._CACHE) <= segment_classes._CACHE_MAX
+    segment_classes._CACHE.clear()
