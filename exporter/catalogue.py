@@ -56,7 +56,8 @@ CATALOGUE: Tuple[Metric, ...] = (
     M("shmwatch_process_shm_bytes", "gauge", "bytes", ("mount", "pid", "comm"),
       "Allocated bytes of the segments a process maps or holds open (top K processes)."),
     M("shmwatch_orphan_oldest_age_seconds", "gauge", "seconds", MOUNT,
-      "Age (since last modification) of the oldest orphan segment; 0 when there is none."),
+      "Age (since last modification) of the oldest orphan segment of a class whose segments belong to one "
+      "process (nccl, torch, python_shm, vllm_offload, ucx, mpi): one to remove; 0 when there is none."),
     M("shmwatch_mount_unattributed_bytes", "gauge", "bytes", MOUNT,
       "Used bytes not accounted for by any segment we could see (other users' or the kernel's)."),
     M("shmwatch_mount_other_entries", "gauge", "", ("mount", "type"),
@@ -100,7 +101,8 @@ CATALOGUE: Tuple[Metric, ...] = (
     M("shmwatch_shm_oom_projection_ratio", "gauge", "ratio", ("mount", "cgroup"),
       "(working set - shm used + shm size) / limit: above 1, filling the mount OOM-kills the pod first."),
     M("shmwatch_mount_effective_size_bytes", "gauge", "bytes", MOUNT,
-      "min(tmpfs size, --shm.size-limit, what the memory limit leaves for shm)."),
+      "min(tmpfs size, --shm.size-limit, what the memory limit leaves for shm); absent while the memory limit is "
+      "unknown (cgroup unreadable, no --memory.limit-bytes)."),
     # --- GPU (collector gpu) ---------------------------------------------------------
     M("shmwatch_gpu_info", "gauge", "", ("gpu", "uuid", "name", "driver_version"), "Always 1; one per GPU."),
     M("shmwatch_gpu_memory_total_bytes", "gauge", "bytes", GPU, "GPU memory in total (NVML)."),

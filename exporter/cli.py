@@ -69,13 +69,18 @@ def serve(argv: List[str]) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     app.start()
-    serve_in_thread(httpd)
+    http_thread = serve_in_thread(httpd)
     host, port = bound_address(httpd)
     logging.getLogger("shmwatch").info(
         "shmwatch %s listening on %s://%s:%d%s, watching %s", __version__, "https" if web and web.tls else "http",
         url_host(host), port, cfg.telemetry_path, ", ".join(cfg.shm_mounts))
-    while not done.wait(3600):
-        pass
+    while not done.wait(1):
+        if not http_thread.is_alive():
+            # A listener that died leaves a process that answers nothing: exit, so the
+            # orchestrator restarts it, instead of hanging with the port still bound.
+            logging.getLogger("shmwatch").error("the HTTP server stopped unexpectedly; exiting")
+            app.stop()
+            return 1
     httpd.shutdown()
     httpd.server_close()
     app.stop()

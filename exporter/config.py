@@ -166,8 +166,8 @@ FLAGS = (
     ("--segments.top-k", "top_k", _positive_int, "10", "How many segments and processes get their own series.",
      False),
     ("--segments.ignore-unreadable", "ignore_unreadable", str, None,
-     "Regex on comm: processes whose /proc entries cannot be read but that hold no shm (a VM agent as pid 1 "
-     "that even root cannot inspect) do not make held-by-nobody segments unverified.", False),
+     "Regex on comm: root-owned processes whose /proc entries cannot be read but that hold no shm (a VM agent "
+     "as pid 1 that even root cannot inspect) do not make held-by-nobody segments unverified.", False),
     ("--collector.timeout", "collector_timeout", parse_duration, "10s",
      "A collector run longer than this is marked failed.", False),
     ("--collector.gpu.timeout", "gpu_timeout", parse_duration, "5s", "Bound on one NVML sweep.", False),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .discovery import MountSet, live_mounts
 from .inventory.changes import ChangeLog
@@ -91,8 +91,7 @@ class MountWatcher:
         self._said: Dict[str, str] = {}
         self._lock = threading.Lock()
         # Inventory diffs, for mounts that are polled.
-        self._previous: Dict[str, Set[Tuple[int, int]]] = {}
-        self._previous_class: Dict[str, Dict[Tuple[int, int], str]] = {}
+        self._previous: Dict[str, Dict[Tuple[int, int], str]] = {}  # mount -> listed inode -> class
 
     # --- set-up -----------------------------------------------------------------------
     @property
@@ -171,9 +170,11 @@ class MountWatcher:
                     self.observer.unschedule(watch)
                 except Exception:
                     pass
-        for gone in [m for m in self._previous if m not in current]:
-            self._previous.pop(gone, None)
-            self._previous_class.pop(gone, None)
+        with self._lock:
+            for gone in [m for m in self._previous if m not in current]:
+                del self._previous[gone]
+            for gone in [m for m in self._said if m not in current]:
+                del self._said[gone]  # node mode: pods come and go; their log state goes with them
         if self.observer is None and not (self.enabled and self._start_observer()):
             # Polling; inotify is tried again on the next refresh (limits can be raised live).
             for mount in current - set(self.state.known_inotify()):
@@ -251,12 +252,11 @@ class MountWatcher:
             if m.error:
                 continue
             keys = {s.key: s.cls for s in m.segments if s.state != "hidden"}
-            previous = self._previous.get(m.mount)
+            with self._lock:  # refresh() forgets gone mounts from the discovery thread
+                previous = self._previous.get(m.mount)
+                self._previous[m.mount] = keys
             if previous is not None and not self.state.inotify_active(m.mount):
-                old_classes = self._previous_class[m.mount]
-                for key in keys.keys() - previous:
+                for key in keys.keys() - previous.keys():
                     self.state.count_event(m.mount, keys[key], "created")
-                for key in previous - keys.keys():
-                    self.state.count_event(m.mount, old_classes[key], "deleted")
-            self._previous[m.mount] = set(keys)
-            self._previous_class[m.mount] = keys
+                for key in previous.keys() - keys.keys():
+                    self.state.count_event(m.mount, previous[key], "deleted")

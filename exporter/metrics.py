@@ -219,7 +219,8 @@ class ModelCollector(Collector):
             if budget.projection is not None:
                 out.add("shmwatch_shm_oom_projection_ratio", [view.mount, clean(view.cgroup.cgroup, 256)],
                         budget.projection)
-            out.add("shmwatch_mount_effective_size_bytes", [view.mount], budget.effective_bytes)
+            if view.budget_complete:
+                out.add("shmwatch_mount_effective_size_bytes", [view.mount], budget.effective_bytes)
 
     def _events(self, model: Model, out: Families) -> None:
         for (mount, cls, event), count in sorted(model.states.events.items()):

@@ -48,6 +48,10 @@ class MountView:
     summary: Optional[SegmentSummary]
     cgroup: Optional[CgroupMemory]  # the memory cgroup its pages are charged to
     budget: Optional[ShmBudget]  # None without usage
+    # False when the memory limit that bounds the budget is unknown: the cgroup collector is
+    # on but failed, and no --memory.limit-bytes was given. The budget is then only the tmpfs
+    # side, an upper bound: /metrics leaves the effective size out rather than overstate it.
+    budget_complete: bool = True
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,8 @@ class ModelStep:
         inv_mounts = {m.mount: m for m in inventory.mounts} if inventory else {}
         summaries = self._latest["segments"].summaries if "segments" in self._latest else {}
         cgroups: List[CgroupMemory] = self._result("cgroup") or []
+        limit_unknown = ("cgroup" in self._latest and self._result("cgroup") is None
+                         and self.memory_limit is None)
         mounts = []
         for target in self.discovery.current().targets:
             usage = usages.get(target.mount)
@@ -147,7 +153,7 @@ class ModelStep:
                 max_used, max_used_at = states.max_used.get(target.mount, (usage.used_bytes, time.time()))
             mounts.append(MountView(target.mount, target.labels, usage, peak, max_used, max_used_at,
                                     inv_mounts.get(target.mount),
-                                    summaries.get(target.mount), cgroup, budget))
+                                    summaries.get(target.mount), cgroup, budget, not limit_unknown))
         return Model(time.time(), self.node_mode, statuses, mounts, inventory, cgroups,
                      self._result("host_memory"), self._result("sysv"), self._result("gpu"),
                      self._result("process") or [], states)

@@ -45,6 +45,7 @@ class Process:
     comm: str
     start_time: int  # clock ticks after boot: with pid, identifies the process
     uid: int  # owner of /proc/<pid>: the process's effective UID
+    ppid: int = 0
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,10 @@ class ProcessWalk:
     # Processes that exist but /proc does not list (hidepid=2/invisible, ptraceable);
     # None when they exist but could not be counted (too many pids to probe).
     invisible: Optional[int] = 0
+    # False when every process /proc shows is shmwatch itself or its parents: a sidecar in a
+    # PID namespace of its own (no --pid=container:, no shareProcessNamespace) sees none of
+    # the workload's processes, and "no holder found" then proves nothing.
+    workload_visible: bool = True
 
 
 # Probing every pid up to ns_last_pid costs one pidfd_open per pid: fine in a pod's PID
@@ -94,7 +99,8 @@ class ProcessTable:
         except (FileNotFoundError, ProcessLookupError):
             return None
         comm, flags, start = parse_stat(raw)
-        return Process(pid, comm, start, uid), bool(flags & PF_KTHREAD)
+        ppid = int(raw[raw.rindex(")") + 2:].split()[1])
+        return Process(pid, comm, start, uid, ppid), bool(flags & PF_KTHREAD)
 
     def walk(self) -> ProcessWalk:
         """Every user process (kernel threads skipped). A process gone mid-walk holds nothing
@@ -116,7 +122,22 @@ class ProcessTable:
                 found.append(ident[0])
         self._forget_except({(p.pid, p.start_time) for p in found})
         invisible = self.count_invisible(set(listed)) if self.hidepid() in ("invisible", "ptraceable") else 0
-        return ProcessWalk(found, unreadable, invisible)
+        visible = bool(unreadable) or bool(invisible) or self._others_visible(found)
+        return ProcessWalk(found, unreadable, invisible, visible)
+
+    def _others_visible(self, found: List[Process]) -> bool:
+        """Does /proc show any process besides shmwatch and the processes that started it?"""
+        try:
+            own = int(os.readlink(self.paths.proc("self")))
+        except (OSError, ValueError):
+            return bool(found)  # a fixture tree, or a procfs of a namespace we are not in
+        parents = {p.pid: p.ppid for p in found}
+        ours = set()
+        pid = own
+        while pid and pid not in ours:
+            ours.add(pid)
+            pid = parents.get(pid, 0)
+        return any(p.pid not in ours and p.ppid != own for p in found)
 
     def hidepid(self) -> str:
         """How our procfs hides processes, from its mount options ('off' when unknown)."""
@@ -135,14 +156,24 @@ class ProcessTable:
 
         pidfd_open() needs no permission and refuses a thread that is not a group leader
         (EINVAL), so it counts processes, not threads, whatever /proc lets us see."""
+        kernel = os.path.join(self.paths.procfs, "sys", "kernel")
         try:
-            last = int(read_text(os.path.join(self.paths.procfs, "sys", "kernel", "ns_last_pid")).strip())
+            last = int(read_text(os.path.join(kernel, "ns_last_pid")).strip())
+            pid_max = int(read_text(os.path.join(kernel, "pid_max")).strip())
         except (OSError, ValueError):
             return None
-        if last > MAX_PROBE_PIDS or not hasattr(os, "pidfd_open"):
+        if not hasattr(os, "pidfd_open"):
             return None
+        if pid_max <= MAX_PROBE_PIDS:
+            top = pid_max  # every pid there can be
+        elif last <= MAX_PROBE_PIDS and max(listed, default=0) <= last:
+            # Pids are handed out upwards from 1 until they wrap at pid_max; with no listed pid
+            # above the last one handed out, nothing wrapped, and nothing lives above it.
+            top = last
+        else:
+            return None  # wrapped, or too many to probe: hidden processes may exist, uncounted
         hidden = 0
-        for pid in range(1, last + 1):
+        for pid in range(1, top + 1):
             if pid in listed:
                 continue
             try:

@@ -230,9 +230,19 @@ def recommendations(model, extra) -> Tuple[List[Recommendation], List[str]]:
             notes.append(f"exporter not used: {err}")
     out = []
     for view in views:
-        # Preferred order; a mount a source has no series for falls through to the next.
-        found = next(((name, window, peaks[view.mount]) for name, window, peaks in answers
-                      if view.mount in peaks), None)
+        # Preferred order; a mount a source has no series for falls through to the next, and so
+        # does Prometheus when several series match without --prometheus.selector: /dev/shm
+        # exists in every pod, and another workload's peak is not this one's.
+        found = None
+        for name, window, peaks in answers:
+            if view.mount not in peaks:
+                continue
+            if name == "prometheus" and peaks[view.mount][1] > 1 and not extra.prometheus_selector:
+                notes.append(f"Prometheus not used for {view.mount}: {peaks[view.mount][1]} series match; "
+                             "name this workload's with --prometheus.selector")
+                continue
+            found = (name, window, peaks[view.mount])
+            break
         current = view.max_used_bytes if view.max_used_bytes is not None else view.usage.used_bytes
         if found is None:
             rec = recommend(view, None, "current", None, extra.recommend_headroom)

@@ -198,7 +198,10 @@ class Sampler:
     def publish(self, obs: Observation) -> None:
         self._log_change(obs.source, obs.error)
         for subscriber in self._subscribers:
-            subscriber(obs)
+            try:
+                subscriber(obs)
+            except Exception:  # a bug in one subscriber must not end a source's thread
+                log.exception("handling %s's observation failed", obs.source)
 
     def _watch_timeouts(self) -> None:
         while not self.stopping.wait(0.1):

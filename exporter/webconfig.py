@@ -177,10 +177,12 @@ def parse(text: str, base: str = ".") -> WebConfig:
 
 def load(path: str) -> WebConfig:
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as err:
         raise WebConfigError(f"cannot read {path}: {err.strerror or err}") from None
+    except ValueError as err:  # UnicodeDecodeError: an editor saved it in another encoding
+        raise WebConfigError(f"cannot read {path}: {err}") from None
     return parse(text, os.path.dirname(os.path.abspath(path)))
 
 
@@ -206,6 +208,10 @@ class WebConfigSource:
         self.path, self._fixed = path, fixed
         self._lock = threading.Lock()
         self._auth_cache: Dict[bytes, bool] = {}
+        # bcrypt is slow on purpose: a client guessing passwords gets at most this many
+        # checks at once, so it cannot take every core from the collectors.
+        self._bcrypt_slots = threading.BoundedSemaphore(2)
+        self._dummies: Dict[bytes, bytes] = {}  # cost -> a hash of that cost, for unknown users
         self._failed_stamp = None
         self.config = self._read()
         self.context = self.config.tls.context() if self.config.tls else None
@@ -231,15 +237,18 @@ class WebConfigSource:
             config = self._read()
             if (config.tls is not None) != self.tls:
                 raise WebConfigError("turning TLS on or off needs a restart")
+            # Stamped before the certificate is loaded: a file replaced while we load it
+            # differs from this stamp, and is loaded again on the next connection.
+            new_stamp = self._current_stamp(config)
             context = config.tls.context() if config.tls else None
-        except WebConfigError as err:
+        except Exception as err:  # WebConfigError, and anything unforeseen: never stop serving
             # A rotation in progress (key written, certificate not yet) fails here once;
             # the next change tries again. Until then the last good config serves.
             self._failed_stamp = stamp
             LOG.warning("web config not reloaded, keeping the previous one: %s", err)
             return
         self.config, self.context = config, context
-        self._stamp = self._current_stamp(config)
+        self._stamp = new_stamp
         self._failed_stamp = None
         self._auth_cache.clear()
         LOG.info("web config reloaded")
@@ -258,16 +267,38 @@ class WebConfigSource:
             cached = self._auth_cache.get(key)
         if cached is None:
             import bcrypt
+            if not self._bcrypt_slots.acquire(timeout=10):
+                return False  # too many checks queued: refuse rather than pile up threads
             try:
-                ok = bcrypt.checkpw(password.encode(), hashed or _DUMMY_HASH) and hashed is not None
+                ok = bcrypt.checkpw(password.encode(), hashed or self._dummy(config)) and hashed is not None
             except ValueError:
                 ok = False
+            finally:
+                self._bcrypt_slots.release()
             with self._lock:
                 if len(self._auth_cache) > 1024:
                     self._auth_cache.clear()  # bounded: a password-guessing client cannot grow it
                 self._auth_cache[key] = ok
             cached = ok
         return cached
+
+
+    def _dummy(self, config: WebConfig) -> bytes:
+        """A hash of the highest cost among the configured users: an unknown user name costs
+        what a wrong password does, so timing does not tell which users exist."""
+        import bcrypt
+        costs = [h.split(b"$")[2] for h in config.users.values() if h.count(b"$") >= 3]
+        cost = max(costs, default=b"10")
+        with self._lock:
+            dummy = self._dummies.get(cost)
+        if dummy is None:
+            try:
+                dummy = bcrypt.hashpw(b"no such user", bcrypt.gensalt(int(cost)))
+            except ValueError:
+                dummy = _DUMMY_HASH
+            with self._lock:
+                self._dummies[cost] = dummy
+        return dummy
 
 
 def _basic_credentials(header: Optional[str]) -> Tuple[Optional[str], str]:

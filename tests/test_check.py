@@ -228,4 +228,6 @@ def test_large_logs_are_streamed(tmp_path):
     assert "NCCL could not create" in stdout
     print(f"\nscanned {size / 2**20:.0f} MiB of log; check's peak RSS {peak / 2**20:.0f} MiB")
     assert size > 150 << 20
-    assert peak < 96 << 20, f"peak RSS {peak >> 20} MiB for {size >> 20} MiB of log: not streamed"
+    # About 50 MiB here when the machine is quiet, up to 100 under a loaded suite; reading the
+    # log whole would need more than its 188 MiB.
+    assert peak < 150 << 20, f"peak RSS {peak >> 20} MiB for {size >> 20} MiB of log: not streamed"

@@ -116,3 +116,12 @@ def test_mixin_is_jsonnetfmt_clean():
     assert "mixin.libsonnet" in sources
     unformatted = [f for f in sources if subprocess.run([fmt, "--test", os.path.join(MIXIN, f)]).returncode != 0]
     assert not unformatted, f"run: jsonnetfmt -i deploy/mixin/{{{','.join(unformatted)}}}"
+
+
+def test_leak_alert_classes_are_the_removable_ones():
+    """ShmLeakedSegments fires for what `shmwatch check` would advise removing, nothing else."""
+    from exporter.segment_classes import REMOVABLE
+    rendered = evaluate(SNIPPET % "{}")
+    assert set(rendered["prometheusAlerts"]["groups"] and
+               all_rules(rendered)["ShmLeakedSegments"]["expr"].split('class=~"')[1].split('"')[0].split("|")) \
+        == set(REMOVABLE)

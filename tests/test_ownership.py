@@ -125,3 +125,17 @@ def test_rm_is_advised_only_for_orphans_of_single_owner_classes(tmpfs):
     assert "libpod_lock" not in advice[0]["remedy"] and "sem.mp-lock" not in advice[0]["remedy"]
     [foreign] = [f for f in doc["findings"] if "libpod_lock" in f["message"]]
     assert foreign["severity"] == "info" and "rm" not in foreign["remedy"]
+
+
+@needs_root
+def test_a_pid_namespace_of_its_own_proves_nothing(tmpfs):
+    """A sidecar given the server's IPC namespace but not its PID namespace (no --pid, no
+    shareProcessNamespace) sees only itself: a live segment must not look leaked."""
+    with Peer(tmpfs, "mapped", "nccl-elsewhere", str(MiB)):
+        done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "exporter",
+                               "check", f"--shm.mount={tmpfs}", "--output=json", "--no-collector.gpu",
+                               "--no-collector.cgroup"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    doc = json.loads(done.stdout)
+    [facts] = doc["shm"]
+    assert facts["orphans"] == [] and [u["name"] for u in facts["unverified"]] == ["nccl-elsewhere"], facts
+    assert not [f for f in doc["findings"] if "rm " in f["remedy"]], doc["findings"]

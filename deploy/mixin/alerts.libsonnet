@@ -111,9 +111,9 @@ local oneLine = lib.oneLine;
           {
             alert: 'ShmLeakedSegments',
             expr: std.format(
-              'sum by (%s) (shmwatch_segment_bytes{state="orphan", class!="semaphore"}) '
+              'sum by (%s) (shmwatch_segment_bytes{state="orphan", class=~"%s"}) '
               + '/ on (instance, job, mount) shmwatch_mount_size_bytes > %s',
-              [mountLabels, num(c.shmLeakedRatio)]
+              [mountLabels, c.removableClasses, num(c.shmLeakedRatio)]
             ),
             'for': c.alertFor.ShmLeakedSegments,
             labels: { severity: 'warning' },

@@ -17,6 +17,11 @@
     // Docker's and containerd's default /dev/shm (64 MiB), while these classes use it.
     shmDockerDefaultSizeBytes: 64 * 1024 * 1024,
     shmDockerDefaultClasses: 'nccl|torch|python_shm|mpi',
+    // Classes whose segments belong to one process: an orphan of one of them is a leak to
+    // remove (exporter/segment_classes.py REMOVABLE; tests/test_mixin.py holds them equal).
+    // Not semaphores (meant to outlive their creator), not `other` (a container engine's
+    // lock file is not ours to judge).
+    removableClasses: 'nccl|torch|python_shm|vllm_offload|ucx|mpi',
     // Leaked (orphan) and hidden segments, as a share of the mount.
     shmLeakedRatio: 0.1,
     orphanMaxAgeSeconds: 6 * 3600,

@@ -89,4 +89,7 @@ class ShmMountCollector:
 
     def collect(self) -> List[MountUsage]:
         entries = self.mountinfo()
-        return [self.measure_one(mount, entries) for mount in self.mounts()]
+        mounts = self.mounts()
+        for gone in [m for m in self._warned if m not in mounts]:
+            del self._warned[gone]  # node mode: a deleted pod's warning is not kept forever
+        return [self.measure_one(mount, entries) for mount in mounts]

@@ -122,33 +122,67 @@ class OwnerScan:
         self.table = table
         self.ignore_unreadable = ignore_unreadable
 
+    # A holder may fork and exit while we read the others: its child, started after /proc was
+    # listed, holds the segment. Processes that appeared during a pass are read in another,
+    # up to this many; still new ones after that leave the scan unproven.
+    MAX_PASSES = 4
+
     def scan(self, devs: Set[int]) -> Owners:
         walked = self.table.walk()
         # Whoever we could not even identify could hold anything.
         out = Owners(unreadable=walked.unreadable, unverifiable=walked.unreadable)
-        if walked.invisible is None:
+        if walked.invisible is None or not walked.workload_visible:
             out.unreadable = out.unverifiable = None
         elif walked.invisible:
             out.unreadable += walked.invisible
             out.unverifiable += walked.invisible
         tokens = {dev_token(d): d for d in devs}
-        for proc in walked.processes:
-            out.scanned += 1
-            held, denied = self._scan_one(proc, devs, tokens, out)
-            if denied:
-                if out.unreadable is not None:
-                    out.unreadable += 1
-                excused = self.ignore_unreadable is not None and self.ignore_unreadable.search(proc.comm)
-                if not excused and out.unverifiable is not None:
-                    out.unverifiable += 1
-            if held:
-                # comm read after the maps, not from the walk: a holder that exec'ed in
-                # between (sh -> ucx_perftest) is named by what it is now.
-                comm = self.table.comm(proc.pid)
-                out.comms[proc.pid] = proc.comm if comm == "unknown" else comm
-                out.holders[proc.pid] = proc
+        processes = walked.processes
+        seen = {p.pid for p in processes}
+        for _ in range(self.MAX_PASSES):
+            for proc in processes:
+                self._scan_process(proc, devs, tokens, out)
+            processes = self._started_since(seen)
+            if not processes:
+                break
+            seen |= {p.pid for p in processes}
+        else:
+            out.unverifiable = None  # processes kept appearing: some were never read
         self._fill_mapping_sizes(out.holdings)
         return out
+
+    def _started_since(self, seen: Set[int]) -> List[Process]:
+        try:
+            new = [pid for pid in self.table.pids() if pid not in seen]
+        except OSError:
+            return []
+        found = []
+        for pid in new:
+            try:
+                ident = self.table.identify(pid)
+            except (OSError, ValueError, IndexError):
+                continue  # counted as unreadable by the next walk; this one is short-lived
+            if ident is not None and not ident[1]:
+                found.append(ident[0])
+        return found
+
+    def _scan_process(self, proc: Process, devs: Set[int], tokens: Dict[str, int], out: Owners) -> None:
+        out.scanned += 1
+        held, denied = self._scan_one(proc, devs, tokens, out)
+        if denied:
+            if out.unreadable is not None:
+                out.unreadable += 1
+            # Excused only when root's: any process can name itself anything (PR_SET_NAME).
+            excused = (self.ignore_unreadable is not None and proc.uid == 0
+                       and self.ignore_unreadable.search(proc.comm))
+            if not excused and out.unverifiable is not None:
+                out.unverifiable += 1
+        if held:
+            # comm read after the maps, not from the walk: a holder that exec'ed in
+            # between (sh -> ucx_perftest) is named by what it is now.
+            comm = self.table.comm(proc.pid)
+            out.comms[proc.pid] = proc.comm if comm == "unknown" else comm
+            out.holders[proc.pid] = proc
 
     def _scan_one(self, proc: Process, devs: Set[int], tokens: Dict[str, int], out: Owners) -> Tuple[bool, bool]:
         """-> (holds something on a watched mount, some of its /proc entries were denied)."""

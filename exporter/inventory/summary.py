@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from ..segment_classes import counts_as_leak
+from ..segment_classes import counts_as_leak, removable
 from .walk import Key
 
 
@@ -74,7 +74,8 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
         acc[2] += seg.apparent_bytes
         by_class[seg.cls] = by_class.get(seg.cls, 0) + seg.allocated_bytes
         if seg.state == "orphan":
-            if oldest is None or seg.mtime < oldest:
+            # The age alert says "remove it": only for what may be removed.
+            if removable(seg.cls) and (oldest is None or seg.mtime < oldest):
                 oldest = seg.mtime
             if counts_as_leak(seg.cls):
                 leaked.append(seg)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
-from typing import Dict, Iterable, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 MAX_DEPTH = 8  # tools that make sub-directories in /dev/shm nest one or two levels
 MAX_ENTRIES = 250_000  # a bound on one walk, so a hostile mount cannot stall us
@@ -28,21 +28,26 @@ def walk(root: str, dev: int, limit: int = MAX_ENTRIES) -> Tuple[Files, Dict[str
     files: Files = {}
     others: Dict[str, int] = {}
     seen = 0
-    stack = [(root, 0)]
+    stack: List[Tuple[str, ...]] = [()]  # sub-directories, as names below the root
     # The loop body runs once per segment (10,000s on a busy node): locals and inline
     # S_IFMT tests instead of attribute lookups and stat.S_IS* calls.
     ifmt, ifreg, ifdir = stat_mod.S_IFMT(0o177777), stat_mod.S_IFREG, stat_mod.S_IFDIR
     setdefault = files.setdefault
     while stack:
-        directory, depth = stack.pop()
+        names = stack.pop()
+        fd = _open_below(root, names, dev)
+        if fd is None:
+            continue
         try:
-            entries = os.scandir(directory)
+            entries = os.scandir(fd)
         except OSError:
+            os.close(fd)
             continue
         with entries:
             for entry in entries:
                 seen += 1
                 if seen > limit:
+                    os.close(fd)
                     return files, others, True
                 try:
                     st = entry.stat(follow_symlinks=False)
@@ -56,9 +61,35 @@ def walk(root: str, dev: int, limit: int = MAX_ENTRIES) -> Tuple[Files, Dict[str
                     continue
                 kind = _KINDS.get(kind_bits, "device")
                 others[kind] = others.get(kind, 0) + 1
-                if kind_bits == ifdir and depth < MAX_DEPTH:
-                    stack.append((entry.path, depth + 1))
+                if kind_bits == ifdir and len(names) < MAX_DEPTH:
+                    stack.append(names + (entry.name,))
+        os.close(fd)
     return files, others, False
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_below(root: str, names: Tuple[str, ...], dev: int) -> Optional[int]:
+    """A directory below the root, opened one name at a time without following a symlink:
+    a directory swapped for a symlink between our lstat and our listing fails here (ELOOP,
+    ENOTDIR) instead of taking the walk outside the mount. None when it cannot be opened."""
+    try:
+        fd = os.open(root, _DIR_FLAGS)
+    except OSError:
+        return None
+    for name in names:
+        try:
+            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+        except OSError:
+            os.close(fd)
+            return None
+        os.close(fd)
+        fd = child
+    if os.fstat(fd).st_dev != dev:  # something mounted over it since we looked
+        os.close(fd)
+        return None
+    return fd
 
 
 def patch_listing(root: str, dev: int, files: Files, index: Dict[str, Key], names: Iterable[str]) -> None:
