@@ -113,3 +113,53 @@ def test_check_judges_by_the_rules_thresholds():
     for alert, (op, number) in expected.items():
         found = [float(x) for x in re.findall(re.escape(op) + r"\s*([0-9.]+)", rules[alert])]
         assert number in found, f"{alert}: rule says {rules[alert]!r}, exporter/thresholds.py says {op} {number}"
+
+
+def test_a_failing_subscriber_does_not_stop_a_source():
+    """An exception in one subscriber (a bug in the watcher, say) must not end the source's
+    thread, nor keep the other subscribers from the observation."""
+    from exporter.sampler import Sampler
+
+    class Counter:
+        name, schedule = "counter", "poll"
+        runs = 0
+
+        def collect(self):
+            Counter.runs += 1
+            return Counter.runs
+
+    seen = []
+    sampler = Sampler([Counter()], poll_interval=0.05)
+
+    def broken(obs):
+        raise RuntimeError("subscriber bug")
+
+    sampler.subscribe(broken)
+    sampler.subscribe(seen.append)
+    sampler.start()
+    try:
+        import time
+        deadline = time.monotonic() + 5
+        while len(seen) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        sampler.stop()
+    assert len(seen) >= 3 and all(o.success for o in seen)
+
+
+def test_effective_size_is_absent_while_the_memory_limit_is_unknown(tmp_path):
+    """The cgroup collector on but failing, and no --memory.limit-bytes: the tmpfs size alone
+    would overstate what can be filled, so no effective size is exported."""
+    from exporter.collectors.cgroup import CgroupCollector
+    from exporter.collectors.shm_mount import ShmMountCollector
+    from tests.helpers import registry_for
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    broken = CgroupCollector(Paths(procfs=str(tmp_path / "proc"), sysfs=str(tmp_path / "sys")))
+    reg, _ = registry_for(ShmMountCollector(Paths(), [str(shm)]), broken)
+    assert reg.get_sample_value("shmwatch_collector_success", {"collector": "cgroup"}) == 0
+    assert reg.get_sample_value("shmwatch_mount_size_bytes", {"mount": str(shm)}) > 0
+    assert reg.get_sample_value("shmwatch_mount_effective_size_bytes", {"mount": str(shm)}) is None
+    reg, _ = registry_for(ShmMountCollector(Paths(), [str(shm)]), broken, memory_limit=1 << 20)
+    assert reg.get_sample_value("shmwatch_mount_effective_size_bytes", {"mount": str(shm)}) == 1 << 20
