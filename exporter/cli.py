@@ -43,7 +43,7 @@ def serve(argv: List[str]) -> int:
             fail(flag, f"cannot load TLS certificate/key: {err}")
     app = App(cfg)
     try:
-        httpd = bind(cfg.listen_host, cfg.listen_port, make_app(app.registry, cfg.telemetry_path), context)
+        httpd = bind(cfg.listen_host, cfg.listen_port, make_app(app.registry, cfg.telemetry_path, app.exposition.wsgi_app), context)
     except OSError as err:
         fail("--web.listen-address", f"cannot listen on {cfg.listen_host}:{cfg.listen_port}: "
                                      f"{err.strerror or err}")

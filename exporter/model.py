@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .budget import ShmBudget, cgroup_for_mount, shm_budget
 from .collectors.cgroup import CgroupMemory
@@ -88,10 +88,17 @@ class ModelStep:
         self._latest: Dict[str, _Latest] = {name: _Latest() for name in self.source_names}
         self._model: Optional[Model] = None
         self._stale = True
+        self._listeners: List[Callable[[], None]] = []
         state.on_change(self.mark_stale)
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Called after every change (the exposition renders again, coalesced)."""
+        self._listeners.append(listener)
 
     def mark_stale(self) -> None:
         self._stale = True
+        for listener in self._listeners:
+            listener()
 
     def accept(self, obs: Observation) -> None:
         """Sampler subscriber: keep the observation, compute what depends on it alone."""
@@ -106,6 +113,8 @@ class ModelStep:
             if obs.source in self._latest:
                 self._latest[obs.source] = latest
             self._stale = True
+        for listener in self._listeners:
+            listener()
 
     def current(self) -> Model:
         """The model, rebuilt first if anything changed since it was built."""

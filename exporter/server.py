@@ -1,6 +1,6 @@
 """The HTTP(S) endpoint: /metrics (or --web.telemetry-path), a landing page, /-/healthy.
 
-prometheus_client's WSGI app does the exposition (content negotiation, gzip); TLS and
+exposition.py serves the pre-rendered exposition (content negotiation, gzip); TLS and
 mTLS wrap the listening socket with an SSLContext we build from the flags.
 """
 from __future__ import annotations
@@ -25,8 +25,9 @@ class _QuietHandler(WSGIRequestHandler):
         pass  # one line per scrape on stderr helps nobody
 
 
-def make_app(registry: CollectorRegistry, telemetry_path: str = "/metrics"):
-    metrics_app = make_wsgi_app(registry)
+def make_app(registry: CollectorRegistry, telemetry_path: str = "/metrics", metrics_app=None):
+    # serve passes the exposition's app (pre-rendered bytes); the registry's is the fallback.
+    metrics_app = metrics_app or make_wsgi_app(registry)
     landing = (f"<html><head><title>shmwatch</title></head><body><h1>shmwatch {__version__}</h1>"
                f"<p><a href=\"{telemetry_path}\">Metrics</a></p></body></html>").encode()
 
