@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..discovery import live_mounts
-from ..mountinfo import MountEntry, find_mount, read_mountinfo
+from ..mountinfo import MountEntry, MountIndex, read_mountinfo
 from ..paths import Paths
 
 log = logging.getLogger(__name__)
@@ -69,8 +69,8 @@ class ShmMountCollector:
             self._warned[mount] = message
             log.warning("mount %s: %s", mount, message)
 
-    def measure_one(self, mount: str, entries: Sequence[MountEntry]) -> MountUsage:
-        entry = find_mount(entries, mount)
+    def measure_one(self, mount: str, index: MountIndex) -> MountUsage:
+        entry = index.find(mount)
         fstype = entry.fstype if entry else "unknown"
         source = entry.source if entry else ""
         is_point = bool(entry and (entry.mount_point.rstrip("/") or "/") == mount)
@@ -88,5 +88,5 @@ class ShmMountCollector:
         return MountUsage(mount, fstype, source, is_point, **values)
 
     def collect(self) -> List[MountUsage]:
-        entries = self.mountinfo()
-        return [self.measure_one(mount, entries) for mount in self.mounts()]
+        index = MountIndex(self.mountinfo())  # once per poll, not once per mount
+        return [self.measure_one(mount, index) for mount in self.mounts()]
