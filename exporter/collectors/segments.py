@@ -4,7 +4,8 @@ Joins two views by (device, inode): the directory, listed with lstat only
 (inventory/walk.py), and every process's maps and fds (inventory/owners.py). A full run
 does both; an event-driven quick run patches the last listing with the names inotify
 reported (inventory/changes.py) and reuses the owners of the last full run, which follows
-within a second.
+within a second; in node mode it rescans the owners in the changed mounts' pods instead,
+and the full run keeps to the inventory interval.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..discovery import live_mounts
+from ..kube import pod_uid_of_mount
 from ..inventory.changes import ChangeLog
 from ..inventory.owners import DELETED, Owners, OwnerScan
 from ..inventory.summary import Inventory, MountInventory, Segment
@@ -53,6 +55,8 @@ class SegmentsCollector:
         self._said_truncated: Set[str] = set()
         self._owners = Owners()  # from the last full run, for quick runs that skip /proc
         self._known_files: Set[Key] = set()  # inodes listed by the last full run
+        # Read by the sampler after a quick run: whether owners need the full follow-up run.
+        self.wants_follow_up = True
 
     def _mount_dev(self, mount: str) -> int:
         st = os.stat(self.paths.host(mount))
@@ -101,6 +105,9 @@ class SegmentsCollector:
         if full:
             self._owners = self.owner_scan.scan(set(devs.values()))
             self._known_files = {key for files, _, _ in listings.values() for key in files}
+            self.wants_follow_up = False
+        else:
+            self._scoped_owners(changes, set(devs.values()))
         mounts = []
         for mount in mount_list:
             if mount in errors:
@@ -117,6 +124,19 @@ class SegmentsCollector:
         if self.pod_of_pid:
             pods = {pid: pod for pid, proc in owners.holders.items() if (pod := self.table.pod_uid(proc))}
         return Inventory(mounts, dict(owners.comms), owners.unreadable, owners.scanned, self.clock(), pods)
+
+    def _scoped_owners(self, changes: Dict[str, Optional[Set[str]]], devs: Set[int]) -> None:
+        """Node mode: rescan the processes of the pods whose mounts changed, not the node's
+        (0.2 ms a process: 2,000 processes cost 450 ms per event). A change in a mount with
+        no pod (the host's /dev/shm, a runtime's sandbox shm) asks for the full follow-up run
+        instead, as in sidecar mode, where the quick run reuses the last full run's owners."""
+        pods = {pod_uid_of_mount(mount) for mount in changes}
+        if not self.pod_of_pid or not self._owners.processes or "" in pods:
+            self.wants_follow_up = True
+            return
+        if pods:
+            self._owners = self.owner_scan.scan_pods(devs, pods, self._owners)
+        self.wants_follow_up = False
 
     def _assemble(self, mount: str, dev: int, files: Files, others: Dict[str, int],
                   provisional: bool) -> MountInventory:

@@ -14,6 +14,7 @@ import stat as stat_mod
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
+from ..paths import read_text
 from ..proctable import Process, ProcessTable
 from .walk import Key
 
@@ -42,6 +43,7 @@ class Owners:
     holders: Dict[int, Process] = field(default_factory=dict)
     unreadable: int = 0  # processes whose stat, maps or fds we were not allowed to read
     scanned: int = 0
+    processes: Dict[int, Process] = field(default_factory=dict)  # every process walked (scoped scans)
 
 
 def dev_token(dev: int) -> str:
@@ -109,12 +111,53 @@ class OwnerScan:
 
     def __init__(self, table: ProcessTable):
         self.table = table
+        # mount namespace -> mount IDs of watched devices in it; rebuilt on every scan
+        self._ns_mounts: Dict[str, Optional[Set[int]]] = {}
 
     def scan(self, devs: Set[int]) -> Owners:
         walked = self.table.walk()
         out = Owners(unreadable=walked.unreadable)
+        out.processes = {p.pid: p for p in walked.processes}
+        self._scan(walked.processes, devs, out)
+        return out
+
+    def scan_pods(self, devs: Set[int], pods: Set[str], previous: Owners) -> Owners:
+        """Rescan only the processes of `pods` (node mode: an event in a pod's mount); every
+        other process's holdings carry over from `previous`, so a segment another pod holds
+        never turns orphan because it was not looked at. New processes are identified (their
+        pod read from their cgroup); processes gone are dropped with their holdings only
+        when in scope: the next full scan settles the rest."""
+        alive = set(self.table.pids())
+        processes = {pid: p for pid, p in previous.processes.items() if pid in alive}
+        for pid in alive - processes.keys():
+            try:
+                ident = self.table.identify(pid)
+            except (OSError, ValueError, IndexError):
+                continue
+            if ident is not None and not ident[1]:
+                processes[pid] = ident[0]
+        scope = [p for p in processes.values() if self.table.pod_uid(p) in pods]
+        fresh = Owners()
+        self._scan(scope, devs, fresh)
+        was_in_scope = {pid for pid, p in previous.processes.items() if self.table.pod_uid(p) in pods}
+        replaced = was_in_scope | {p.pid for p in scope}
+        out = Owners(unreadable=previous.unreadable, scanned=previous.scanned, processes=processes)
+        for key, hs in previous.holdings.items():
+            kept = [h for h in hs if h.pid not in replaced]
+            if kept:
+                out.holdings[key] = kept
+        for key, hs in fresh.holdings.items():
+            out.holdings.setdefault(key, []).extend(hs)
+        out.comms = {pid: c for pid, c in previous.comms.items() if pid not in replaced}
+        out.comms.update(fresh.comms)
+        out.holders = {pid: p for pid, p in previous.holders.items() if pid not in replaced}
+        out.holders.update(fresh.holders)
+        return out
+
+    def _scan(self, processes: List[Process], devs: Set[int], out: Owners) -> None:
         tokens = {dev_token(d): d for d in devs}
-        for proc in walked.processes:
+        self._ns_mounts = {}
+        for proc in processes:
             out.scanned += 1
             if self._scan_one(proc, devs, tokens, out):
                 # comm read after the maps, not from the walk: a holder that exec'ed in
@@ -123,7 +166,51 @@ class OwnerScan:
                 out.comms[proc.pid] = proc.comm if comm == "unknown" else comm
                 out.holders[proc.pid] = proc
         self._fill_mapping_sizes(out.holdings)
-        return out
+
+    def _watched_mount_ids(self, pid: int, devs: Set[int]) -> Optional[Set[int]]:
+        """IDs of the mounts of watched devices in the process's mount namespace (read once
+        per namespace and scan); None when we may not read its mountinfo. Mount IDs are unique
+        across namespaces; an fd passed in from another namespace (SCM_RIGHTS) is on a mount
+        its own mountinfo does not list, and is not looked at."""
+        try:
+            namespace = os.readlink(self.table.paths.proc(pid, "ns", "mnt"))
+        except OSError:
+            namespace = None
+        if namespace is not None and namespace in self._ns_mounts:
+            return self._ns_mounts[namespace]
+        try:
+            text = read_text(self.table.paths.proc(pid, "mountinfo"))
+        except OSError as err:
+            return None if _denied(err) else set()  # gone (or a fixture without one): no fds
+        ids: Set[int] = set()
+        for line in text.splitlines():
+            fields = line.split(" ", 3)
+            try:
+                major, minor = fields[2].split(":")
+                if os.makedev(int(major), int(minor)) in devs:
+                    ids.add(int(fields[0]))
+            except (IndexError, ValueError):
+                continue
+        if namespace is not None:
+            self._ns_mounts[namespace] = ids
+        return ids
+
+    def _on_watched_mount(self, pid: int, fd: str, mount_ids: Set[int]) -> bool:
+        """Whether an fd is on a watched mount, from fdinfo's mnt_id: never a stat, which on a
+        hung FUSE or NFS file blocks for good. Kernels before 3.15 have no mnt_id: stat then."""
+        try:
+            with open(self.table.paths.proc(pid, "fdinfo", fd), "rb") as handle:
+                info = handle.read()
+        except OSError:
+            return False  # closed since listdir
+        at = info.find(b"mnt_id:")
+        if at == -1:
+            return True
+        end = info.find(b"\n", at)
+        try:
+            return int(info[at + 7:end if end != -1 else len(info)]) in mount_ids
+        except ValueError:
+            return False
 
     def _scan_one(self, proc: Process, devs: Set[int], tokens: Dict[str, int], out: Owners) -> bool:
         pid = proc.pid
@@ -136,18 +223,24 @@ class OwnerScan:
         except OSError as err:
             denied |= _denied(err)
         fd_dir = self.table.fd_dir(pid)
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError as err:
-            denied |= _denied(err)
-            fds = []
+        mount_ids = self._watched_mount_ids(pid, devs)
+        fds: List[str] = []
+        if mount_ids is None:
+            denied = True  # without its mountinfo we cannot tell which fds are safe to stat
+        elif mount_ids:  # none: no watched mount in its namespace, nothing to look at
+            try:
+                fds = os.listdir(fd_dir)
+            except OSError as err:
+                denied |= _denied(err)
         for fd in fds:
             link = os.path.join(fd_dir, fd)
             try:
                 target = os.readlink(link)
                 if not target.startswith("/"):
                     continue  # socket:[…], pipe:[…], anon_inode:…
-                st = os.stat(link)  # the open file itself; opens nothing
+                if not self._on_watched_mount(pid, fd, mount_ids):
+                    continue
+                st = os.stat(link)  # the open file itself, known to be on a watched tmpfs
             except OSError:
                 continue
             if st.st_dev in devs and stat_mod.S_ISREG(st.st_mode):
