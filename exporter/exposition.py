@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import re
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Tuple
@@ -21,14 +22,62 @@ from urllib.parse import parse_qs
 
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, gzip_accepted, generate_latest
 from prometheus_client.registry import CollectorRegistry
+from prometheus_client.utils import floatToGoString
 
 log = logging.getLogger(__name__)
 
 # A burst of inotify events (or a poll that updates 200 mounts one by one) costs one render
 # per this much time at most; it is also the most a change waits before it is visible.
 RENDER_COALESCE_SECONDS = 0.05
+# A render costs its duration again in idle time at least this many times over, so a
+# storm of changes on a big node costs a bounded share of a core (at most 1/(1+factor)).
+RENDER_DUTY_FACTOR = 10.0
 # Level 6 compresses a 500 kB exposition ~6x, at a third of level 9's time.
 GZIP_LEVEL = 6
+
+
+_LEGACY_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def _escape_value(value: str) -> str:
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+    return value
+
+
+def text_format(metrics: List[object]) -> bytes:
+    """The text format 0.0.4, byte for byte what prometheus_client's generate_latest writes
+    for gauges and counters without timestamps (all this exporter makes), at a fraction of
+    its cost: label names are checked and sorted once per family, not once per sample, and
+    a value is escaped only when it holds something to escape. Anything else goes to
+    generate_latest."""
+    out: List[str] = []
+    append = out.append
+    for metric in metrics:
+        mtype = metric.type
+        if mtype not in ("gauge", "counter"):
+            return generate_latest(_Frozen(metrics))
+        mname = metric.name + "_total" if mtype == "counter" else metric.name
+        doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        append(f"# HELP {mname} {doc}\n# TYPE {mname} {mtype}\n")
+        order: Optional[List[str]] = None
+        for sample in metric.samples:
+            if sample.timestamp is not None or sample.exemplar is not None or not _LEGACY_NAME.match(sample.name):
+                return generate_latest(_Frozen(metrics))
+            labels = sample.labels
+            if order is None or len(order) != len(labels):
+                order = sorted(labels)
+                if not all(_LEGACY_NAME.match(k) for k in order):
+                    return generate_latest(_Frozen(metrics))
+            if order:
+                try:
+                    text = ",".join([f'{k}="{_escape_value(labels[k])}"' for k in order])
+                except KeyError:  # another set of label names in the same family
+                    return generate_latest(_Frozen(metrics))
+                append(f"{sample.name}{{{text}}} {floatToGoString(sample.value)}\n")
+            else:
+                append(f"{sample.name} {floatToGoString(sample.value)}\n")
+    return "".join(out).encode("utf-8")
 
 
 class _Frozen:
@@ -91,22 +140,26 @@ class Exposition:
             self._thread.join(1.0)
 
     def _run(self) -> None:
+        spent = 0.0
         while not self._stopping.is_set():
             self._wake.wait()
             if self._stopping.is_set():
                 return
-            self._stopping.wait(self.coalesce)  # let the burst land
+            # Let the burst land; after a slow render, wait longer (the duty factor).
+            self._stopping.wait(max(self.coalesce, spent * RENDER_DUTY_FACTOR))
             self._wake.clear()  # a change after this point wakes us again
+            started = time.monotonic()
             try:
                 self.render()
             except Exception:  # a broken render must not end the thread: the next one may work
                 log.exception("rendering /metrics failed")
+            spent = time.monotonic() - started
 
     def render(self) -> _Render:
         with self._render_lock:
             version = self._version
             metrics = list(self.registry.collect())
-            done = _Render(version, metrics, generate_latest(_Frozen(metrics)))
+            done = _Render(version, metrics, text_format(metrics))
             self._current = done
             self.renders += 1
             return done

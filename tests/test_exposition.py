@@ -5,10 +5,13 @@ import threading
 import urllib.request
 from wsgiref.util import setup_testing_defaults
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 
 from exporter.collectors.host_memory import HostMemoryCollector
-from exporter.exposition import Exposition, wait_rendered
+from exporter.exposition import Exposition, _Frozen, text_format, wait_rendered
 from exporter.paths import Paths
 from tests.conftest import FIXTURES, Exporter
 from tests.helpers import registry_for
@@ -99,3 +102,25 @@ def test_served_over_http_with_gzip():
         assert "shmwatch_host_memory_total_bytes" in text
         plain = exporter.scrape_text()
         assert plain.startswith("# HELP") and "shmwatch_build_info" in plain
+
+
+label_values = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12) | \
+    st.sampled_from(['a"b', "back\\slash", "new\nline", "\\n", '"', "ü€", ""])
+numbers = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-2**63, 2**63)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 3), st.lists(st.tuples(st.lists(label_values, min_size=3,
+                                                                                      max_size=3), numbers),
+                                                                      max_size=4)), max_size=4),
+       st.text(max_size=20))
+def test_text_format_is_generate_latest_byte_for_byte(families, doc):
+    metrics = []
+    for i, (counter, nlabels, samples) in enumerate(families):
+        names = ["mount", "class", "a_label"][:nlabels]
+        kind = CounterMetricFamily if counter else GaugeMetricFamily
+        family = kind(f"m{i}_bytes", doc, labels=names)
+        for values, value in samples:
+            family.add_metric(values[:nlabels], value)
+        metrics.append(family)
+    assert text_format(metrics) == generate_latest(_Frozen(metrics))
