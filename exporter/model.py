@@ -104,7 +104,18 @@ class ModelStep:
         """Sampler subscriber: keep the observation, compute what depends on it alone."""
         latest = _Latest(obs)
         if obs.success and obs.source == "segments":
-            latest.summaries = {m.mount: summarise(m, self.top_k) for m in obs.result.mounts if not m.error}
+            # A quick run hands back the same inventory object for a mount it did not touch:
+            # its summary is the one already made (200 pods, one changed: one summary).
+            before = self._latest.get("segments")
+            made = {}
+            if before is not None and before.obs is not None and before.obs.success:
+                made = {m.mount: (m, before.summaries.get(m.mount)) for m in before.obs.result.mounts}
+            latest.summaries = {}
+            for m in obs.result.mounts:
+                if m.error:
+                    continue
+                old, summary = made.get(m.mount, (None, None))
+                latest.summaries[m.mount] = summary if old is m and summary is not None else summarise(m, self.top_k)
         if obs.success and obs.source == "shm_mount":
             for usage in obs.result:
                 if not usage.error:

@@ -52,6 +52,7 @@ def test_an_event_rescans_only_its_pods_processes(tmp_path):
             inv = collector.collect()
             assert segment(inv, a, "nccl-a") == ("linked", (pa.pid,))
             assert segment(inv, b, "nccl-b") == ("linked", (pb.pid,))
+            b_before = next(m for m in inv.mounts if m.mount == b)
             with Peer(a, "mapped", "nccl-a2", str(MiB)) as pa2, Peer(b, "hidden", "nccl-b2", str(MiB)) as pb2:
                 into_pod(cgroups[uid_a], pa2.pid)
                 into_pod(cgroups[uid_b], pb2.pid)
@@ -65,6 +66,7 @@ def test_an_event_rescans_only_its_pods_processes(tmp_path):
                 # new process hides is not seen yet ...
                 assert segment(inv, b, "nccl-b") == ("linked", (pb.pid,))
                 assert segment(inv, b, "nccl-b2") is None
+                assert next(m for m in inv.mounts if m.mount == b) is b_before  # not assembled again
                 # ... until the full scan of the inventory interval.
                 inv = collector.collect()
                 assert segment(inv, b, "nccl-b2") == ("hidden", (pb2.pid,))
