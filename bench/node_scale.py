@@ -217,11 +217,13 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--scrapes", type=int, default=300)
+    parser.add_argument("--only", choices=("scrape", "cpu"))
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the benchmark mounts tmpfs and creates cgroups")
     sys.path.insert(0, HERE)
-    for row in scrape_rows(args.scrapes) + cpu_rows(args.seconds):
+    rows = [] if args.only == "cpu" else scrape_rows(args.scrapes)
+    for row in rows + ([] if args.only == "scrape" else cpu_rows(args.seconds)):
         print(" | ".join(row))
 
 

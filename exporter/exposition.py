@@ -45,6 +45,15 @@ def _escape_value(value: str) -> str:
     return value
 
 
+def sample_line(sample, order: List[str]) -> str:
+    """One sample as generate_latest writes it; `order` is its label names, sorted."""
+    if order:
+        labels = sample.labels
+        text = ",".join([f'{k}="{_escape_value(labels[k])}"' for k in order])
+        return f"{sample.name}{{{text}}} {floatToGoString(sample.value)}\n"
+    return f"{sample.name} {floatToGoString(sample.value)}\n"
+
+
 def text_format(metrics: List[object]) -> bytes:
     """The text format 0.0.4, byte for byte what prometheus_client's generate_latest writes
     for gauges and counters without timestamps (all this exporter makes), at a fraction of
@@ -60,6 +69,10 @@ def text_format(metrics: List[object]) -> bytes:
         mname = metric.name + "_total" if mtype == "counter" else metric.name
         doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
         append(f"# HELP {mname} {doc}\n# TYPE {mname} {mtype}\n")
+        lines = getattr(metric, "lines", None)  # formatted by metrics.Families as it went
+        if lines is not None and len(lines) == len(metric.samples):
+            append("".join(lines))
+            continue
         order: Optional[List[str]] = None
         for sample in metric.samples:
             if sample.timestamp is not None or sample.exemplar is not None or not _LEGACY_NAME.match(sample.name):
@@ -69,14 +82,10 @@ def text_format(metrics: List[object]) -> bytes:
                 order = sorted(labels)
                 if not all(_LEGACY_NAME.match(k) for k in order):
                     return generate_latest(_Frozen(metrics))
-            if order:
-                try:
-                    text = ",".join([f'{k}="{_escape_value(labels[k])}"' for k in order])
-                except KeyError:  # another set of label names in the same family
-                    return generate_latest(_Frozen(metrics))
-                append(f"{sample.name}{{{text}}} {floatToGoString(sample.value)}\n")
-            else:
-                append(f"{sample.name} {floatToGoString(sample.value)}\n")
+            try:
+                append(sample_line(sample, order))
+            except KeyError:  # another set of label names in the same family
+                return generate_latest(_Frozen(metrics))
     return "".join(out).encode("utf-8")
 
 
