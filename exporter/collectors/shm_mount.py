@@ -58,6 +58,7 @@ class ShmMountCollector:
         self.mounts = live_mounts(mounts)  # discovery's current mounts
         self.statvfs = statvfs
         self._warned: Dict[str, str] = {}
+        self._index: Optional[MountIndex] = None  # the last poll's mountinfo, for quick runs
 
     def mountinfo(self) -> List[MountEntry]:
         # In a container our own mountinfo is the workload's view; with a host at --path.rootfs,
@@ -88,5 +89,12 @@ class ShmMountCollector:
         return MountUsage(mount, fstype, source, is_point, **values)
 
     def collect(self) -> List[MountUsage]:
-        index = MountIndex(self.mountinfo())  # once per poll, not once per mount
-        return [self.measure_one(mount, index) for mount in self.mounts()]
+        self._index = MountIndex(self.mountinfo())  # once per poll, not once per mount
+        return [self.measure_one(mount, self._index) for mount in self.mounts()]
+
+    def collect_quick(self) -> List[MountUsage]:
+        """On an inotify event: statvfs again, with the last poll's mountinfo (a node's runs
+        to 2,000 lines, and an event does not mount anything)."""
+        if self._index is None:
+            return self.collect()
+        return [self.measure_one(mount, self._index) for mount in self.mounts()]
