@@ -110,7 +110,7 @@ class Pods:
 
 
 def node_exporter_cls():
-    import compare  # noqa: E402 - the same node_exporter set-up as the sidecar rows
+    import compare  # the same node_exporter set-up as the sidecar rows (imported late: it imports us)
     return compare.NodeExporter
 
 
