@@ -195,14 +195,20 @@ class OwnerScan:
             self._ns_mounts[namespace] = ids
         return ids
 
-    def _on_watched_mount(self, pid: int, fd: str, mount_ids: Set[int]) -> bool:
+    @staticmethod
+    def _on_watched_mount(fdinfo: str, mount_ids: Set[int]) -> bool:
         """Whether an fd is on a watched mount, from fdinfo's mnt_id: never a stat, which on a
         hung FUSE or NFS file blocks for good. Kernels before 3.15 have no mnt_id: stat then."""
         try:
-            with open(self.table.paths.proc(pid, "fdinfo", fd), "rb") as handle:
-                info = handle.read()
+            handle = os.open(fdinfo, os.O_RDONLY)
         except OSError:
             return False  # closed since listdir
+        try:
+            info = os.read(handle, 4096)  # pos, flags, mnt_id, ino come first; raw: thousands per scan
+        except OSError:
+            return False
+        finally:
+            os.close(handle)
         at = info.find(b"mnt_id:")
         if at == -1:
             return True
@@ -232,13 +238,14 @@ class OwnerScan:
                 fds = os.listdir(fd_dir)
             except OSError as err:
                 denied |= _denied(err)
+        info_dir = self.table.paths.proc(pid, "fdinfo")
         for fd in fds:
-            link = os.path.join(fd_dir, fd)
+            link = f"{fd_dir}/{fd}"  # not os.path.join: thousands per scan
             try:
                 target = os.readlink(link)
                 if not target.startswith("/"):
                     continue  # socket:[…], pipe:[…], anon_inode:…
-                if not self._on_watched_mount(pid, fd, mount_ids):
+                if not self._on_watched_mount(f"{info_dir}/{fd}", mount_ids):
                     continue
                 st = os.stat(link)  # the open file itself, known to be on a watched tmpfs
             except OSError:
