@@ -52,6 +52,20 @@ def missing(reason):
     pytest.skip(reason)
 
 
+def wait_stopped(pid, timeout=5.0):
+    """SIGSTOP lands asynchronously: until every thread is stopped, one may still answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the FUSE server {pid} did not stop")
+
+
 @needs_root
 def test_an_fd_on_a_hung_fuse_mount_does_not_block_the_inventory(tmp_path):
     try:
@@ -78,6 +92,7 @@ def test_an_fd_on_a_hung_fuse_mount_does_not_block_the_inventory(tmp_path):
         fd = int(holder.stdout.readline())
         os.kill(server.pid, signal.SIGSTOP)  # the server stops answering
         stopped = True
+        wait_stopped(server.pid)
         # The hang is real: a stat() of the held file does not come back.
         probe = threading.Thread(target=lambda: os.stat(f"/proc/{holder.pid}/fd/{fd}"), daemon=True)
         probe.start()
