@@ -1,7 +1,7 @@
 """/metrics bytes, rendered once per model update and served as they are.
 
 The model step says when it changed (an observation, a state change); a render thread
-waits for that, lets a burst settle for at most RENDER_COALESCE_SECONDS, rebuilds the
+waits for that, lets a burst settle for RENDER_COALESCE_SECONDS, rebuilds the
 model and renders it once, in the text format (0.0.4). A scrape only picks the bytes:
 rendering 4,000 node-mode samples per scrape cost 90 ms, while a DaemonSet's model changes
 once per poll. The gzip body and other formats (OpenMetrics, negotiated as prometheus_client
@@ -26,9 +26,9 @@ from prometheus_client.utils import floatToGoString
 
 log = logging.getLogger(__name__)
 
-# A burst of inotify events (or a poll that updates 200 mounts one by one) costs one render
-# per this much time at most; it is also the most a change waits before it is visible.
-RENDER_COALESCE_SECONDS = 0.05
+# A burst of inotify events, or one poll's sources finishing one after another, costs one
+# render per this much time at most; it is also the least a change waits to be visible.
+RENDER_COALESCE_SECONDS = 0.1
 # A render costs its duration again in idle time at least this many times over, so a
 # storm of changes on a big node costs a bounded share of a core (at most 1/(1+factor)).
 RENDER_DUTY_FACTOR = 4.0

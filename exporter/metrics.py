@@ -36,9 +36,10 @@ class LineCache:
     def __init__(self) -> None:
         self.previous: Dict[tuple, Tuple[object, str]] = {}
         self.current: Dict[tuple, Tuple[object, str]] = {}
+        self.tails: Dict[tuple, tuple] = {}  # (mount, node labels) -> their values, per render
 
     def next_render(self) -> None:
-        self.previous, self.current = self.current, {}
+        self.previous, self.current, self.tails = self.current, {}, {}
 
 
 class Families:
@@ -70,14 +71,23 @@ class Families:
             self._shape[name] = (added, entry.labels.index("mount") if "mount" in entry.labels else -1,
                                  sorted(entry.labels + added))
         added, mount_at, order = self._shape[name]
-        values = list(labels)
-        if added:
+        if not added:
+            values = tuple(labels)
+        elif extra is None and mount_at >= 0:
+            # A mount's node labels, looked up once per render and mount, not once per sample.
+            tail_key = (labels[mount_at], added)
+            tail = self.cache.tails.get(tail_key)
+            if tail is None:
+                from_mount = self.mount_labels(labels[mount_at])
+                tail = self.cache.tails[tail_key] = tuple(from_mount.get(label) or "" for label in added)
+            values = (*labels, *tail)
+        else:
             from_mount = self.mount_labels(labels[mount_at]) if mount_at >= 0 else {}
-            values += [from_mount.get(label) or (extra or {}).get(label, "") for label in added]
-        key = (name, tuple(values), value or repr(value))  # 0.0 and -0.0 are equal, not written alike
+            values = (*labels, *(from_mount.get(label) or (extra or {}).get(label, "") for label in added))
+        key = (name, values, value or repr(value))  # 0.0 and -0.0 are equal, not written alike
         known = self.cache.previous.get(key)
         if known is None:
-            family.add_metric(values, value)
+            family.add_metric(list(values), value)
             known = (family.samples[-1], sample_line(family.samples[-1], order))
         else:
             family.samples.append(known[0])
