@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 # A burst of inotify events, or one poll's sources finishing one after another, costs one
 # render per this much time at most; it is also the least a change waits to be visible.
 RENDER_COALESCE_SECONDS = 0.1
+# What an event-driven run found (a new segment) waits only this long: detection latency.
+URGENT_COALESCE_SECONDS = 0.02
 # A render costs its duration again in idle time at least this many times over, so a
 # storm of changes on a big node costs a bounded share of a core (at most 1/(1+factor)).
 RENDER_DUTY_FACTOR = 4.0
@@ -126,6 +128,7 @@ class Exposition:
         self.registry = registry
         self.coalesce = coalesce
         self._wake = threading.Event()
+        self._urgent = threading.Event()
         self._stopping = threading.Event()
         self._current: Optional[_Render] = None
         self._version = 0  # bumped by every changed()
@@ -133,9 +136,11 @@ class Exposition:
         self._thread: Optional[threading.Thread] = None
         self.renders = 0
 
-    def changed(self) -> None:
-        """The model changed: render soon. Cheap; called from any thread."""
+    def changed(self, urgent: bool = False) -> None:
+        """The model changed: render soon (sooner when urgent). Cheap; called from any thread."""
         self._version += 1
+        if urgent:
+            self._urgent.set()
         self._wake.set()
 
     def start(self) -> None:
@@ -154,9 +159,20 @@ class Exposition:
             self._wake.wait()
             if self._stopping.is_set():
                 return
-            # Let the burst land; and after a slow render, keep to the duty factor.
-            self._stopping.wait(max(self.coalesce, not_before - time.monotonic()))
+            # Let the burst land (briefly when urgent); after a slow render, keep to the duty factor.
+            woken = time.monotonic()
+            while not self._stopping.is_set():
+                urgent = self._urgent.is_set()
+                coalesce = min(self.coalesce, URGENT_COALESCE_SECONDS) if urgent else self.coalesce
+                left = max(woken + coalesce, not_before) - time.monotonic()
+                if left <= 0:
+                    break
+                if urgent:
+                    self._stopping.wait(left)
+                else:
+                    self._urgent.wait(left)  # an urgent change cuts the wait short
             self._wake.clear()  # a change after this point wakes us again
+            self._urgent.clear()
             started = time.thread_time()  # CPU, not wall time: waiting for the GIL costs nothing
             try:
                 self.render()

@@ -88,17 +88,18 @@ class ModelStep:
         self._latest: Dict[str, _Latest] = {name: _Latest() for name in self.source_names}
         self._model: Optional[Model] = None
         self._stale = True
-        self._listeners: List[Callable[[], None]] = []
+        self._listeners: List[Callable[[bool], None]] = []
         state.on_change(self.mark_stale)
 
-    def on_change(self, listener: Callable[[], None]) -> None:
-        """Called after every change (the exposition renders again, coalesced)."""
+    def on_change(self, listener: Callable[[bool], None]) -> None:
+        """Called after every change (the exposition renders again, coalesced), with whether
+        it is urgent: an event-driven run's result, which someone is waiting to see."""
         self._listeners.append(listener)
 
     def mark_stale(self) -> None:
         self._stale = True
         for listener in self._listeners:
-            listener()
+            listener(False)
 
     def accept(self, obs: Observation) -> None:
         """Sampler subscriber: keep the observation, compute what depends on it alone."""
@@ -125,7 +126,7 @@ class ModelStep:
                 self._latest[obs.source] = latest
             self._stale = True
         for listener in self._listeners:
-            listener()
+            listener(not obs.full)
 
     def current(self) -> Model:
         """The model, rebuilt first if anything changed since it was built."""

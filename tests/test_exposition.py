@@ -2,6 +2,7 @@
 gzip are negotiated as prometheus_client does, and a change shows up without a scrape's help."""
 import gzip
 import threading
+import time
 import urllib.request
 from wsgiref.util import setup_testing_defaults
 
@@ -126,3 +127,19 @@ def test_text_format_is_generate_latest_byte_for_byte(families, doc):
             family.add_metric(values[:nlabels], value)
         metrics.append(family)
     assert text_format(metrics) == generate_latest(_Frozen(metrics))
+
+
+def test_an_urgent_change_is_rendered_sooner():
+    _, _, exposition = fixture_exposition()
+    exposition.coalesce = 2.0  # a poll's changes wait this long; an event-driven run's do not
+    exposition.start()
+    try:
+        exposition.changed()
+        time.sleep(0.1)
+        assert exposition.renders == 0
+        started = time.monotonic()
+        exposition.changed(urgent=True)
+        assert wait_rendered(exposition, timeout=1.5)
+        assert time.monotonic() - started < 1.0
+    finally:
+        exposition.stop()
