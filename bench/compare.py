@@ -114,7 +114,7 @@ def sidecar_rows(args):
                      f"p50 {percentile(a, 50) * 1000:.2f} ms, p99 {percentile(a, 99) * 1000:.2f} ms",
                      f"p50 {percentile(b, 50) * 1000:.2f} ms, p99 {percentile(b, 99) * 1000:.2f} ms",
                      f"p50 x{percentile(a, 50) / percentile(b, 50):.2f}, p99 x{percentile(a, 99) / percentile(b, 99):.2f}",
-                     "<= 1.0"))
+                     "p50 <= 0.8"))
 
     with tempfile.TemporaryDirectory() as work, mounted_tmpfs("256m") as shm:
         names = inventory.build(shm, 10000)
