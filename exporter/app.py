@@ -25,6 +25,7 @@ from .collectors.sysv import SysvCollector
 from .config import Config
 from .discovery import MountDiscovery
 from .events import MountWatcher
+from .exposition import Exposition
 from .inventory.changes import ChangeLog
 from .metrics import ModelCollector
 from .model import ModelStep
@@ -74,6 +75,9 @@ class App:
         self.sampler.subscribe(self.step.accept)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ModelCollector(self.step))
+        # /metrics serves bytes rendered once per model change, not per scrape.
+        self.exposition = Exposition(self.registry)
+        self.step.on_change(self.exposition.changed)
 
     def start(self) -> None:
         try:
@@ -81,6 +85,7 @@ class App:
         except (OSError, ValueError):
             pass  # the sampler runs it again, and reports it failed
         self.watcher.start()
+        self.exposition.start()
         self.sampler.start()
 
     def run_once(self) -> None:
@@ -90,6 +95,7 @@ class App:
     def stop(self) -> None:
         self.watcher.stop()
         self.sampler.stop()
+        self.exposition.stop()
         for source in self.sources:
             close = getattr(source, "close", None)
             if close is not None:

@@ -56,7 +56,8 @@ def serve(argv: List[str]) -> int:
     web = _web_config(cfg)
     app = App(cfg)
     try:
-        httpd = bind(cfg.listen_host, cfg.listen_port, make_app(app.registry, cfg.telemetry_path, web), web)
+        httpd = bind(cfg.listen_host, cfg.listen_port,
+                     make_app(app.registry, cfg.telemetry_path, web, metrics_app=app.exposition.wsgi_app), web)
     except OSError as err:
         fail("--web.listen-address", f"cannot listen on {url_host(cfg.listen_host)}:{cfg.listen_port}: "
                                      f"{err.strerror or err}")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .kube import NODE_LABELS, mount_labels
-from .mountinfo import MountEntry, parse_mountinfo
+from .mountinfo import MountEntry, parse_mountinfo, strip_rootfs
 from .paths import Paths, read_text
 
 log = logging.getLogger(__name__)
@@ -94,11 +94,12 @@ class MountDiscovery:
         self._subscribers.append(subscriber)
 
     def read_host_mountinfo(self) -> List[MountEntry]:
-        # The host's view is pid 1's (the DaemonSet runs with hostPID); under hidepid ours.
+        # The host's view is pid 1's (the DaemonSet runs with hostPID); under hidepid ours,
+        # with --path.rootfs stripped from its mount points.
         errors = []
         for pid in ("1", "self"):
             try:
-                return parse_mountinfo(read_text(self.paths.proc(pid, "mountinfo")))
+                return strip_rootfs(parse_mountinfo(read_text(self.paths.proc(pid, "mountinfo"))), self.paths.rootfs)
             except OSError as err:
                 errors.append(f"{self.paths.proc(pid, 'mountinfo')}: {err.strerror or err}")
         raise OSError("; ".join(errors))

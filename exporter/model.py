@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .budget import ShmBudget, cgroup_for_mount, shm_budget
 from .collectors.cgroup import CgroupMemory
@@ -94,16 +94,35 @@ class ModelStep:
         self._latest: Dict[str, _Latest] = {name: _Latest() for name in self.source_names}
         self._model: Optional[Model] = None
         self._stale = True
+        self._listeners: List[Callable[[bool], None]] = []
         state.on_change(self.mark_stale)
+
+    def on_change(self, listener: Callable[[bool], None]) -> None:
+        """Called after every change (the exposition renders again, coalesced), with whether
+        it is urgent: an event-driven run's result, which someone is waiting to see."""
+        self._listeners.append(listener)
 
     def mark_stale(self) -> None:
         self._stale = True
+        for listener in self._listeners:
+            listener(False)
 
     def accept(self, obs: Observation) -> None:
         """Sampler subscriber: keep the observation, compute what depends on it alone."""
         latest = _Latest(obs)
         if obs.success and obs.source == "segments":
-            latest.summaries = {m.mount: summarise(m, self.top_k) for m in obs.result.mounts if not m.error}
+            # A quick run hands back the same inventory object for a mount it did not touch:
+            # its summary is the one already made (200 pods, one changed: one summary).
+            before = self._latest.get("segments")
+            made = {}
+            if before is not None and before.obs is not None and before.obs.success:
+                made = {m.mount: (m, before.summaries.get(m.mount)) for m in before.obs.result.mounts}
+            latest.summaries = {}
+            for m in obs.result.mounts:
+                if m.error:
+                    continue
+                old, summary = made.get(m.mount, (None, None))
+                latest.summaries[m.mount] = summary if old is m and summary is not None else summarise(m, self.top_k)
         if obs.success and obs.source == "shm_mount":
             for usage in obs.result:
                 if not usage.error:
@@ -112,6 +131,8 @@ class ModelStep:
             if obs.source in self._latest:
                 self._latest[obs.source] = latest
             self._stale = True
+        for listener in self._listeners:
+            listener(not obs.full)
 
     def current(self) -> Model:
         """The model, rebuilt first if anything changed since it was built."""

@@ -104,7 +104,10 @@ class _Runner(threading.Thread):
                 self.run_once(full=False)
                 spent = time.monotonic() - started
                 self.next_quick_at = time.monotonic() + spent * QUICK_SCAN_DUTY_FACTOR
-                self.follow_up_at = time.monotonic() + FOLLOW_UP_SECONDS
+                # A source that settled the run itself (node mode's pod-scoped owner scan)
+                # needs no full follow-up; the others get one.
+                if getattr(self.source, "wants_follow_up", True):
+                    self.follow_up_at = time.monotonic() + FOLLOW_UP_SECONDS
                 continue
             if self.follow_up_at is not None and now >= self.follow_up_at:
                 next_full = now

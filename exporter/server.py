@@ -1,9 +1,10 @@
 """The HTTP(S) endpoint: /metrics (or --web.telemetry-path), a landing page, /-/healthy.
 
-prometheus_client's WSGI app does the exposition (content negotiation, gzip). TLS, client
-certificates, basic auth and response headers come from a WebConfigSource
-(exporter/webconfig.py): each accepted connection is wrapped with the SSLContext current at
-that moment, so a rotated certificate serves from the next connection on.
+The exposition is rendered once per model change (exporter/exposition.py) and served as
+bytes, with content negotiation and gzip. TLS, client certificates, basic auth and response
+headers come from a WebConfigSource (exporter/webconfig.py): each accepted connection is
+wrapped with the SSLContext current at that moment, so a rotated certificate serves from
+the next connection on.
 """
 from __future__ import annotations
 
@@ -51,8 +52,9 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 def make_app(registry: CollectorRegistry, telemetry_path: str = "/metrics",
-             web: Optional[WebConfigSource] = None):
-    metrics_app = make_wsgi_app(registry)
+             web: Optional[WebConfigSource] = None, metrics_app=None):
+    # serve passes the exposition's app (pre-rendered bytes); the registry's is the fallback.
+    metrics_app = metrics_app or make_wsgi_app(registry)
     landing = (f"<html><head><title>shmwatch</title></head><body><h1>shmwatch {__version__}</h1>"
                f"<p><a href=\"{telemetry_path}\">Metrics</a></p></body></html>").encode()
 

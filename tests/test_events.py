@@ -1,4 +1,5 @@
 """Event-driven sampling: inotify counters, peaks between polls, polling fallback, storms."""
+import contextlib
 import os
 import time
 
@@ -175,3 +176,25 @@ def test_queue_overflow_is_counted_and_the_inventory_catches_up(tmpfs):
     finally:
         with open(knob, "w") as f:
             f.write(saved)
+
+
+@needs_root
+def test_200_watched_mounts_use_one_inotify_instance():
+    # fs.inotify.max_user_instances is 128 per user by default, shared with the kubelet and
+    # containerd: one instance per watch (watchdog < 7) would run out at 200 pods.
+    with contextlib.ExitStack() as stack:
+        mounts = [stack.enter_context(mounted_tmpfs("1m")) for _ in range(200)]
+        args = [f"--shm.mount={m}" for m in mounts]
+        with Exporter(*args, "--no-collector.gpu", "--no-collector.cgroup", "--no-collector.sysv") as exporter:
+            s = exporter.wait_for(lambda s: len([v for _, v in select(s, "shmwatch_inotify_active") if v == 1]) == 200)
+            fd_dir = f"/proc/{exporter.proc.pid}/fd"
+            instances = [fd for fd in os.listdir(fd_dir) if _readlink(os.path.join(fd_dir, fd)) == "anon_inode:inotify"]
+            assert len(instances) == 1, f"{len(instances)} inotify instances for 200 watched mounts"
+            assert value(s, "shmwatch_inotify_active", mount=mounts[-1]) == 1
+
+
+def _readlink(path):
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""

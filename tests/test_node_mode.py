@@ -1,4 +1,5 @@
 """Node mode: one shmwatch per node finds every pod's and container's shm and memory cgroup."""
+import contextlib
 import os
 import uuid
 
@@ -6,8 +7,9 @@ import pytest
 
 from exporter.catalogue import BY_NAME, node_labels
 from exporter.collectors.cgroup import CgroupCollector
-from exporter.mountinfo import parse_mountinfo
-from exporter.discovery import discover
+from exporter.collectors.shm_mount import ShmMountCollector
+from exporter.mountinfo import MountIndex, parse_mountinfo, strip_rootfs
+from exporter.discovery import MountDiscovery, discover
 from exporter.paths import Paths
 from tests.conftest import (FIXTURES, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, prerequisite_missing,
                             remove_cgroup, select, value)
@@ -160,3 +162,46 @@ def test_real_node_mode(tmp_path):
     if not cgroups:
         prerequisite_missing(f"no cgroup v1 memory controller at {V1_MEMORY}: node mode's pod-cgroup join "
                              f"was not checked (the mount checks passed)")
+
+
+def test_rootfs_prefix_is_stripped_from_our_own_mountinfo():
+    # Our own view (the fallback): the host's / is mounted at /host, its mounts below it;
+    # the DaemonSet container's own /dev/shm is not the host's and is left out.
+    text = (f"20 1 0:30 / / rw - overlay overlay rw\n"
+            f"21 20 8:1 / /host ro - ext4 /dev/sda1 ro\n"
+            f"22 21 0:40 / /host/var/lib/kubelet/pods/{POD1}/volumes/kubernetes.io~empty-dir/dshm rw - tmpfs tmpfs rw\n"
+            f"23 20 0:41 / /dev/shm rw - tmpfs shm rw,size=65536k\n")
+    stripped = strip_rootfs(parse_mountinfo(text), "/host/")
+    assert [e.mount_point for e in stripped] == ["/", f"/var/lib/kubelet/pods/{POD1}/volumes/kubernetes.io~empty-dir/dshm"]
+    host_view = parse_mountinfo("22 1 0:40 / /dev/shm rw - tmpfs tmpfs rw\n")  # pid 1's: as it is
+    assert strip_rootfs(host_view, "/host") == host_view
+    index = MountIndex(stripped)
+    assert index.find(f"/var/lib/kubelet/pods/{POD1}/volumes/kubernetes.io~empty-dir/dshm/x").device == "0:40"
+    assert index.find("/etc/hostname").mount_point == "/"
+
+
+@needs_root
+def test_every_pod_mount_found_through_a_rootfs_prefixed_mountinfo(tmp_path):
+    """pid 1's mountinfo unreadable: discovery falls back to ours, whose points start with
+    --path.rootfs; every pod mount is still found, named as the host names it, and measured."""
+    rootfs = str(tmp_path / "host")
+    procfs = tmp_path / "proc"
+    procfs.mkdir()
+    os.symlink("/proc/self", procfs / "self")  # and no procfs/1: pid 1's cannot be read
+    uids = [str(uuid.uuid4()) for _ in range(5)]
+    points = [f"/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/dshm" for uid in uids]
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mounted_tmpfs("4m", path=rootfs))  # the host's / at --path.rootfs
+        for point in points:
+            stack.enter_context(mounted_tmpfs("8m", path=rootfs + point))
+        paths = Paths(procfs=str(procfs), rootfs=rootfs)
+        discovery = MountDiscovery(paths, [], node_mode=True)
+        found = discovery.collect().mounts()
+        assert sorted(m for m in found if "/kubelet/pods/" in m) == sorted(points)
+        assert not [m for m in found if m.startswith(rootfs)]
+        usages = ShmMountCollector(paths, discovery.mounts).collect()
+        by_mount = {u.mount: u for u in usages}
+        for point in points:
+            usage = by_mount[point]
+            assert usage.error is None and usage.fstype == "tmpfs" and usage.is_mount_point, usage
+            assert usage.size_bytes == 8 << 20

@@ -14,6 +14,7 @@ import stat as stat_mod
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Pattern, Set, Tuple
 
+from ..paths import read_text
 from ..proctable import Process, ProcessTable
 from .walk import Key
 
@@ -46,6 +47,7 @@ class Owners:
     # Of those, the ones that could hold a segment (not excused by --segments.ignore-unreadable).
     unverifiable: Optional[int] = 0
     scanned: int = 0
+    processes: Dict[int, Process] = field(default_factory=dict)  # every process walked (scoped scans)
 
     @property
     def complete(self) -> bool:
@@ -121,6 +123,8 @@ class OwnerScan:
     def __init__(self, table: ProcessTable, ignore_unreadable: Optional[Pattern[str]] = None):
         self.table = table
         self.ignore_unreadable = ignore_unreadable
+        # mount namespace -> mount IDs of watched devices in it; rebuilt on every scan
+        self._ns_mounts: Dict[str, Optional[Set[int]]] = {}
 
     # A holder may fork and exit while we read the others: its child, started after /proc was
     # listed, holds the segment. Processes that appeared during a pass are read in another,
@@ -136,20 +140,112 @@ class OwnerScan:
         elif walked.invisible:
             out.unreadable += walked.invisible
             out.unverifiable += walked.invisible
+        out.processes = {p.pid: p for p in walked.processes}
         tokens = {dev_token(d): d for d in devs}
+        self._ns_mounts = {}
         processes = walked.processes
-        seen = {p.pid for p in processes}
         for _ in range(self.MAX_PASSES):
             for proc in processes:
                 self._scan_process(proc, devs, tokens, out)
-            processes = self._started_since(seen)
+            processes = self._started_since(set(out.processes))
             if not processes:
                 break
-            seen |= {p.pid for p in processes}
+            out.processes.update({p.pid: p for p in processes})
         else:
             out.unverifiable = None  # processes kept appearing: some were never read
         self._fill_mapping_sizes(out.holdings)
         return out
+
+    def scan_pods(self, devs: Set[int], pods: Set[str], previous: Owners) -> Owners:
+        """Rescan only the processes of `pods` (node mode: an event in a pod's mount); every
+        other process's holdings carry over from `previous`, so a segment another pod holds
+        never turns orphan because it was not looked at. New processes are identified (their
+        pod read from their cgroup); processes gone are dropped with their holdings only
+        when in scope: the next full scan settles the rest."""
+        alive = set(self.table.pids())
+        processes = {pid: p for pid, p in previous.processes.items() if pid in alive}
+        for pid in alive - processes.keys():
+            try:
+                ident = self.table.identify(pid)
+            except (OSError, ValueError, IndexError):
+                continue
+            if ident is not None and not ident[1]:
+                processes[pid] = ident[0]
+        scope = [p for p in processes.values() if self.table.pod_uid(p) in pods]
+        fresh = Owners()
+        tokens = {dev_token(d): d for d in devs}
+        self._ns_mounts = {}
+        for proc in scope:
+            self._scan_process(proc, devs, tokens, fresh)
+        self._fill_mapping_sizes(fresh.holdings)
+        was_in_scope = {pid for pid, p in previous.processes.items() if self.table.pod_uid(p) in pods}
+        replaced = was_in_scope | {p.pid for p in scope}
+        # A process of the pod we could not read now leaves the proof to the next full scan.
+        unverifiable = previous.unverifiable if not fresh.unverifiable else None
+        out = Owners(unreadable=previous.unreadable, unverifiable=unverifiable, scanned=previous.scanned,
+                     processes=processes)
+        for key, hs in previous.holdings.items():
+            kept = [h for h in hs if h.pid not in replaced]
+            if kept:
+                out.holdings[key] = kept
+        for key, hs in fresh.holdings.items():
+            out.holdings.setdefault(key, []).extend(hs)
+        out.comms = {pid: c for pid, c in previous.comms.items() if pid not in replaced}
+        out.comms.update(fresh.comms)
+        out.holders = {pid: p for pid, p in previous.holders.items() if pid not in replaced}
+        out.holders.update(fresh.holders)
+        return out
+
+    def _watched_mount_ids(self, pid: int, devs: Set[int]) -> Optional[Set[int]]:
+        """IDs of the mounts of watched devices in the process's mount namespace (read once
+        per namespace and scan); None when we may not read its mountinfo. Mount IDs are unique
+        across namespaces; an fd passed in from another namespace (SCM_RIGHTS) is on a mount
+        its own mountinfo does not list, and is not looked at."""
+        try:
+            namespace = os.readlink(self.table.paths.proc(pid, "ns", "mnt"))
+        except OSError:
+            namespace = None
+        if namespace is not None and namespace in self._ns_mounts:
+            return self._ns_mounts[namespace]
+        try:
+            text = read_text(self.table.paths.proc(pid, "mountinfo"))
+        except OSError as err:
+            return None if _denied(err) else set()  # gone (or a fixture without one): no fds
+        ids: Set[int] = set()
+        for line in text.splitlines():
+            fields = line.split(" ", 3)
+            try:
+                major, minor = fields[2].split(":")
+                if os.makedev(int(major), int(minor)) in devs:
+                    ids.add(int(fields[0]))
+            except (IndexError, ValueError):
+                continue
+        if namespace is not None:
+            self._ns_mounts[namespace] = ids
+        return ids
+
+    @staticmethod
+    def _on_watched_mount(fdinfo: str, mount_ids: Set[int]) -> bool:
+        """Whether an fd is on a watched mount, from fdinfo's mnt_id: never a stat, which on a
+        hung FUSE or NFS file blocks for good. Kernels before 3.15 have no mnt_id: stat then."""
+        try:
+            handle = os.open(fdinfo, os.O_RDONLY)
+        except OSError:
+            return False  # closed since listdir
+        try:
+            info = os.read(handle, 4096)  # pos, flags, mnt_id, ino come first; raw: thousands per scan
+        except OSError:
+            return False
+        finally:
+            os.close(handle)
+        at = info.find(b"mnt_id:")
+        if at == -1:
+            return True
+        end = info.find(b"\n", at)
+        try:
+            return int(info[at + 7:end if end != -1 else len(info)]) in mount_ids
+        except ValueError:
+            return False
 
     def _started_since(self, seen: Set[int]) -> List[Process]:
         try:
@@ -196,18 +292,25 @@ class OwnerScan:
         except OSError as err:
             denied |= _denied(err)
         fd_dir = self.table.fd_dir(pid)
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError as err:
-            denied |= _denied(err)
-            fds = []
+        mount_ids = self._watched_mount_ids(pid, devs)
+        fds: List[str] = []
+        if mount_ids is None:
+            denied = True  # without its mountinfo we cannot tell which fds are safe to stat
+        elif mount_ids:  # none: no watched mount in its namespace, nothing to look at
+            try:
+                fds = os.listdir(fd_dir)
+            except OSError as err:
+                denied |= _denied(err)
+        info_dir = self.table.paths.proc(pid, "fdinfo")
         for fd in fds:
-            link = os.path.join(fd_dir, fd)
+            link = f"{fd_dir}/{fd}"  # not os.path.join: thousands per scan
             try:
                 target = os.readlink(link)
                 if not target.startswith("/"):
                     continue  # socket:[…], pipe:[…], anon_inode:…
-                st = os.stat(link)  # the open file itself; opens nothing
+                if not self._on_watched_mount(f"{info_dir}/{fd}", mount_ids):
+                    continue
+                st = os.stat(link)  # the open file itself, known to be on a watched tmpfs
             except OSError:
                 continue
             if st.st_dev in devs and stat_mod.S_ISREG(st.st_mode):

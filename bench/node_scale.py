@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Node mode at cluster scale, beside node_exporter (run as root; compare.py prints the rows).
+
+- scrape p50/p99 of `shmwatch --mode=node` and of node_exporter (filesystem + meminfo,
+  exclude emptied: it reports the same tmpfs) at 50, 200 and 500 pod emptyDirs, 5 segments each
+- idle CPU at 200 pods with 2,000 real processes (bench/map_hold.c) mapping their segments,
+  each in its pod's memory cgroup (cgroup v1 here), so the process table knows its pod
+- churn: 10 creates/s spread over the 200 pods (each deleted 10 s later): CPU, and the p99
+  from a create to its segment's name in /metrics (shmwatch_top_segment_bytes)
+
+    sudo python3 bench/node_scale.py [--seconds 30]
+"""
+import argparse
+import gzip
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.conftest import Exporter  # noqa: E402
+
+V1 = "/sys/fs/cgroup/memory"
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def percentile(values, p):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def segment_file(path, size=65536):
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    os.posix_fallocate(fd, 0, size)
+    os.close(fd)
+
+
+class Pods:
+    """`count` pod emptyDirs (real tmpfs at kubelet paths), 5 segments each, a memory cgroup each."""
+
+    def __init__(self, count):
+        self.count = count
+        self.work = tempfile.mkdtemp(prefix="shmwatch-node-scale-")
+        self.uids = [str(uuid.uuid4()) for _ in range(count)]
+        self.mounts, self.cgroups, self.holders = [], [], []
+
+    def __enter__(self):
+        for uid in self.uids:
+            path = f"{self.work}/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/dshm"
+            os.makedirs(path)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", path], check=True)
+            self.mounts.append(path)
+            for i in range(5):
+                segment_file(os.path.join(path, f"psm_{i:02d}"))
+            if os.path.exists(os.path.join(V1, "memory.usage_in_bytes")):
+                cg = os.path.join(V1, "kubepods", "burstable", f"pod{uid}")
+                os.makedirs(cg, exist_ok=True)
+                self.cgroups.append(cg)
+        return self
+
+    def start_processes(self, count):
+        binary = os.path.join(self.work, "map_hold")
+        subprocess.run(["gcc", "-O1", "-o", binary, os.path.join(HERE, "map_hold.c")], check=True)
+        for p in range(count):
+            pod = p % self.count
+            mount = self.mounts[pod]
+            proc = subprocess.Popen([binary, os.path.join(mount, f"psm_{p % 5:02d}"),
+                                     os.path.join(mount, f"psm_{(p + 1) % 5:02d}")],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            self.holders.append(proc)
+            if self.cgroups:
+                with open(os.path.join(self.cgroups[pod], "cgroup.procs"), "w") as f:
+                    f.write(str(proc.pid))
+        for proc in self.holders:
+            proc.stdout.readline()
+
+    def __exit__(self, *exc):
+        for proc in self.holders:
+            proc.stdin.close()
+        for proc in self.holders:
+            proc.wait()
+        for path in self.mounts:
+            subprocess.run(["umount", "-l", path], check=False)
+        for cg in self.cgroups:
+            for _ in range(50):
+                try:
+                    os.rmdir(cg)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.05)
+        for parent in ("kubepods/burstable", "kubepods"):
+            try:
+                os.rmdir(os.path.join(V1, parent))
+            except OSError:
+                pass
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def node_exporter_cls():
+    import compare  # the same node_exporter set-up as the sidecar rows (imported late: it imports us)
+    return compare.NodeExporter
+
+
+def ours():
+    return Exporter("--mode=node", "--no-collector.gpu", "--log.level=error")
+
+
+def scrape_times(url, n):
+    times = []
+    for _ in range(n):
+        started = time.perf_counter()
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"Accept-Encoding": "gzip"}),
+                                    timeout=10) as response:
+            response.read()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def scrape_rows(scrapes):
+    rows = []
+    NodeExporter = node_exporter_cls()
+    for count in (50, 200, 500):
+        with Pods(count) as pods, ours() as a, NodeExporter() as b:
+            text = a.scrape_text()
+            assert text.count("shmwatch_mount_size_bytes{") >= count, "not every pod mount discovered"
+            assert pods.mounts[0] in urllib.request.urlopen(b.url).read().decode()
+            time.sleep(2)
+            ta, tb = scrape_times(a.url, scrapes), scrape_times(b.url, scrapes)
+            samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+        rows.append((f"node mode scrape, {count} pod mounts ({samples:,} samples, gzip)",
+                     f"p50 {percentile(ta, 50) * 1000:.2f} ms, p99 {percentile(ta, 99) * 1000:.2f} ms",
+                     f"p50 {percentile(tb, 50) * 1000:.2f} ms, p99 {percentile(tb, 99) * 1000:.2f} ms",
+                     f"p50 x{percentile(ta, 50) / percentile(tb, 50):.2f}, "
+                     f"p99 x{percentile(ta, 99) / percentile(tb, 99):.2f}", "p50 <= 1.0"))
+    return rows
+
+
+def churn(pods, exporter, seconds, rate=10.0, watch=None):
+    """Creates `rate` segments/s round-robin over the pods, each deleted 10 s later. With
+    `watch` (a list), also records each create's latency to /metrics (a gzip scrape every 25 ms)."""
+    live, latencies, stop = [], [], threading.Event()
+    pending = {}  # name -> created at
+    lock = threading.Lock()
+
+    def scraper():
+        request = urllib.request.Request(exporter.url, headers={"Accept-Encoding": "gzip"})
+        while not stop.is_set():
+            with urllib.request.urlopen(request, timeout=10) as response:
+                text = gzip.decompress(response.read()).decode()
+            now = time.monotonic()
+            with lock:
+                for name in [n for n in pending if f'name="{n}"' in text]:
+                    latencies.append(now - pending.pop(name))
+            time.sleep(0.025)
+
+    thread = threading.Thread(target=scraper, daemon=True) if watch is not None else None
+    if thread:
+        thread.start()
+    started, i = time.monotonic(), 0
+    while time.monotonic() - started < seconds:
+        mount = pods.mounts[i % len(pods.mounts)]
+        name = f"psm_churn{i:06d}"
+        path = os.path.join(mount, name)
+        with lock:
+            pending[name] = time.monotonic()
+        segment_file(path)
+        live.append((time.monotonic(), path))
+        while live and live[0][0] < time.monotonic() - 10:
+            os.unlink(live.pop(0)[1])
+        i += 1
+        time.sleep(max(0.0, started + i / rate - time.monotonic()))
+    time.sleep(1.0)
+    stop.set()
+    if thread:
+        thread.join()
+        watch.extend(latencies)
+        watch.append(float("inf")) if pending else None  # a create never seen counts as missed
+    for _, path in live:
+        os.unlink(path)
+
+
+def cpu_rows(seconds):
+    rows = []
+    with Pods(200) as pods:
+        pods.start_processes(2000)
+        with ours() as exporter:
+            time.sleep(20)  # past the first inventory intervals
+            c0, t0 = cpu_seconds(exporter.proc.pid), time.monotonic()
+            time.sleep(seconds)
+            idle = 100 * (cpu_seconds(exporter.proc.pid) - c0) / (time.monotonic() - t0)
+            rows.append((f"node mode idle CPU over {seconds:.0f} s, 200 pods, 2,000 processes",
+                         f"{idle:.2f} % of a core", "-", "-", "<= 1.5 %"))
+            c0, t0 = cpu_seconds(exporter.proc.pid), time.monotonic()
+            churn(pods, exporter, seconds)
+            busy = 100 * (cpu_seconds(exporter.proc.pid) - c0) / (time.monotonic() - t0)
+            rows.append(("node mode churn CPU, 10 creates/s over 200 pods, 2,000 processes",
+                         f"{busy:.2f} % of a core", "-", "-", "<= 5 %"))
+            lat = []
+            churn(pods, exporter, min(seconds, 20), watch=lat)
+            rows.append(("node mode churn detection, create -> name in /metrics",
+                         f"p50 {percentile(lat, 50) * 1000:.0f} ms, p99 {percentile(lat, 99) * 1000:.0f} ms "
+                         f"({len(lat)} creates)", "-", "-", "p99 <= 250 ms"))
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=30)
+    parser.add_argument("--scrapes", type=int, default=300)
+    parser.add_argument("--only", choices=("scrape", "cpu"))
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run as root: the benchmark mounts tmpfs and creates cgroups")
+    sys.path.insert(0, HERE)
+    rows = [] if args.only == "cpu" else scrape_rows(args.scrapes)
+    for row in rows + ([] if args.only == "scrape" else cpu_rows(args.seconds)):
+        print(" | ".join(row))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""/metrics serves bytes rendered once per model change: scrapes do not render, formats and
+gzip are negotiated as prometheus_client does, and a change shows up without a scrape's help."""
+import gzip
+import threading
+import time
+import urllib.request
+from wsgiref.util import setup_testing_defaults
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import generate_latest
+
+from exporter.collectors.host_memory import HostMemoryCollector
+from exporter.exposition import Exposition, _Frozen, text_format, wait_rendered
+from exporter.paths import Paths
+from tests.conftest import FIXTURES, Exporter
+from tests.helpers import registry_for
+
+
+def get(app, accept=None, encoding=None, query=""):
+    environ = {}
+    setup_testing_defaults(environ)
+    environ["QUERY_STRING"] = query
+    if accept:
+        environ["HTTP_ACCEPT"] = accept
+    if encoding:
+        environ["HTTP_ACCEPT_ENCODING"] = encoding
+    seen = {}
+
+    def start_response(status, headers):
+        seen["status"], seen["headers"] = status, dict(headers)
+
+    body = b"".join(app(environ, start_response))
+    return seen["status"], seen["headers"], body
+
+
+def fixture_exposition():
+    registry, harness = registry_for(HostMemoryCollector(Paths(procfs=f"{FIXTURES}/proc")))
+    exposition = Exposition(registry, coalesce=0.01)
+    harness.step.on_change(exposition.changed)
+    return registry, harness, exposition
+
+
+def test_scrapes_serve_one_render_until_the_model_changes():
+    registry, harness, exposition = fixture_exposition()
+    exposition.start()
+    try:
+        exposition.changed()
+        assert wait_rendered(exposition)
+        renders = exposition.renders
+        bodies = {get(exposition.wsgi_app)[2] for _ in range(20)}
+        assert exposition.renders == renders, "a scrape rendered"
+        assert bodies == {generate_latest(registry)}
+        harness.state.count_event("/dev/shm", "nccl", "created")  # a state change: rendered without a scrape
+        assert wait_rendered(exposition)
+        assert exposition.renders == renders + 1
+        body = get(exposition.wsgi_app)[2]
+        assert b'shmwatch_segment_events_total{class="nccl",event="created",mount="/dev/shm"} 1.0' in body
+        # Lines reused from the last render (metrics.LineCache) still make generate_latest's bytes.
+        assert body == generate_latest(_Frozen(list(exposition.latest().frozen.collect())))
+    finally:
+        exposition.stop()
+
+
+def test_a_burst_of_changes_costs_few_renders():
+    _, harness, exposition = fixture_exposition()
+    exposition.coalesce = 0.1
+    exposition.start()
+    try:
+        threads = [threading.Thread(target=lambda: [harness.state.count_event("/dev/shm", "nccl", "created")
+                                                    for _ in range(200)]) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert wait_rendered(exposition)
+        assert exposition.renders <= 3, f"{exposition.renders} renders for one burst of 800 changes"
+        assert b"event=\"created\",mount=\"/dev/shm\"} 800.0" in get(exposition.wsgi_app)[2]
+    finally:
+        exposition.stop()
+
+
+def test_negotiation_gzip_and_openmetrics():
+    registry, _, exposition = fixture_exposition()
+    plain = generate_latest(registry)
+    status, headers, body = get(exposition.wsgi_app, encoding="gzip, deflate")
+    assert status == "200 OK" and headers["Content-Encoding"] == "gzip"
+    assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert gzip.decompress(body) == plain
+    _, headers, body = get(exposition.wsgi_app, accept="application/openmetrics-text; version=1.0.0")
+    assert headers["Content-Type"].startswith("application/openmetrics-text")
+    assert body.endswith(b"# EOF\n") and b"shmwatch_host_memory_total_bytes" in body
+    _, _, body = get(exposition.wsgi_app, query="name[]=shmwatch_host_memory_total_bytes")
+    assert body.count(b"# HELP") == 1
+
+
+def test_served_over_http_with_gzip():
+    with Exporter(f"--path.procfs={FIXTURES}/proc", f"--path.sysfs={FIXTURES}/sys", "--shm.mount=/dev/shm",
+                  "--no-collector.gpu", "--no-collector.segments") as exporter:
+        request = urllib.request.Request(exporter.url, headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.headers["Content-Encoding"] == "gzip"
+            text = gzip.decompress(response.read()).decode()
+        assert "shmwatch_host_memory_total_bytes" in text
+        plain = exporter.scrape_text()
+        assert plain.startswith("# HELP") and "shmwatch_build_info" in plain
+
+
+label_values = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12) | \
+    st.sampled_from(['a"b', "back\\slash", "new\nline", "\\n", '"', "ü€", ""])
+numbers = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-2**63, 2**63)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 3), st.lists(st.tuples(st.lists(label_values, min_size=3,
+                                                                                      max_size=3), numbers),
+                                                                      max_size=4)), max_size=4),
+       st.text(max_size=20))
+def test_text_format_is_generate_latest_byte_for_byte(families, doc):
+    metrics = []
+    for i, (counter, nlabels, samples) in enumerate(families):
+        names = ["mount", "class", "a_label"][:nlabels]
+        kind = CounterMetricFamily if counter else GaugeMetricFamily
+        family = kind(f"m{i}_bytes", doc, labels=names)
+        for values, value in samples:
+            family.add_metric(values[:nlabels], value)
+        metrics.append(family)
+    assert text_format(metrics) == generate_latest(_Frozen(metrics))
+
+
+def test_an_urgent_change_is_rendered_sooner():
+    _, _, exposition = fixture_exposition()
+    exposition.coalesce = 2.0  # a poll's changes wait this long; an event-driven run's do not
+    exposition.start()
+    try:
+        exposition.changed()
+        time.sleep(0.1)
+        assert exposition.renders == 0
+        started = time.monotonic()
+        exposition.changed(urgent=True)
+        assert wait_rendered(exposition, timeout=1.5)
+        assert time.monotonic() - started < 1.0
+    finally:
+        exposition.stop()
