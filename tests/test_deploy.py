@@ -29,9 +29,22 @@ def documents(path):
         return [d for d in yaml.safe_load_all(f) if d]
 
 
+def kustomize_patches():
+    """Files a kustomization applies as patches: partial objects, validated once rendered."""
+    out = set()
+    for path in glob.glob(os.path.join(DEPLOY, "kubernetes", "**", "kustomization.yaml"), recursive=True):
+        for patch in documents(path)[0].get("patches", []):
+            if "path" in patch:
+                out.add(os.path.normpath(os.path.join(os.path.dirname(path), patch["path"])))
+    return out
+
+
 def all_manifests():
     out = []
+    patches = kustomize_patches()
     for path in sorted(glob.glob(os.path.join(DEPLOY, "kubernetes", "**", "*.yaml"), recursive=True)):
+        if os.path.normpath(path) in patches:
+            continue
         for doc in documents(path):
             if doc.get("kind") != "Kustomization":
                 out.append((os.path.relpath(path, REPO), doc))
@@ -49,6 +62,7 @@ def test_manifest_validates(path, doc):
 
 @pytest.mark.parametrize("directory,kinds", [
     ("sidecar", ["Deployment", "PodMonitor", "PrometheusRule", "Service"]),
+    ("sidecar-nonroot", ["Deployment", "PodMonitor", "PrometheusRule", "Service"]),
     ("daemonset", ["DaemonSet", "PodMonitor", "PrometheusRule", "PrometheusRule"]),
 ])
 def test_kustomize_renders_everything(directory, kinds):
@@ -107,13 +121,53 @@ def test_sidecar_is_safe_and_wired_to_the_workload():
     assert any(m["name"] == "dshm" and m["mountPath"] == "/dev/shm" for m in server["volumeMounts"])
     ctx = sidecar["securityContext"]
     assert ctx["readOnlyRootFilesystem"] and not ctx["allowPrivilegeEscalation"] and ctx["capabilities"]["drop"] == ["ALL"]
-    assert ctx["runAsNonRoot"] and spec["securityContext"]["runAsUser"] != 0
+    # The server runs as its image's user (vLLM's is root): nothing forces a UID on it.
+    assert "runAsUser" not in spec.get("securityContext", {}) and "runAsUser" not in server.get("securityContext", {})
     env = {e["name"]: e for e in sidecar["env"]}
     ref = env["SHMWATCH_MEMORY_LIMIT_BYTES"]["valueFrom"]["resourceFieldRef"]
     assert ref == {"containerName": "vllm", "resource": "limits.memory"}
     size_flag = next(a for a in sidecar["args"] if a.startswith("--shm.size-limit="))
     assert size_flag.split("=", 1)[1] == volume["emptyDir"]["sizeLimit"]
     assert sidecar["ports"][0]["name"] == "metrics" and sidecar["resources"]["limits"]["memory"]
+
+
+def rendered_pod_spec(directory):
+    result = subprocess.run([tool("kubectl"), "kustomize", os.path.join(DEPLOY, "kubernetes", directory)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    deployment = next(d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "Deployment")
+    kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)  # patched: valid as a whole
+    return deployment["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("directory", ["sidecar", "sidecar-nonroot"])
+def test_sidecar_variants_can_read_the_server(directory):
+    """Owners come from /proc/<pid>/maps and fd, which need ptrace access: the kernel grants
+    it to the same UID when the reader's capabilities cover the target's (a non-root server
+    has none), or with SYS_PTRACE. tests/containers/test_kubernetes.py runs both for real."""
+    spec = rendered_pod_spec(directory)
+    containers = {c["name"]: c for c in spec["containers"]}
+
+    def context(name):
+        return {**spec.get("securityContext", {}), **containers[name].get("securityContext", {})}
+    sidecar, server = context("shmwatch"), context("vllm")
+    server_uid = server.get("runAsUser", 0)  # vLLM's image runs as root
+    added = set(sidecar["capabilities"].get("add") or [])
+    assert added <= {"SYS_PTRACE"} and sidecar["capabilities"]["drop"] == ["ALL"]
+    assert sidecar["readOnlyRootFilesystem"] and sidecar["allowPrivilegeEscalation"] is False
+    assert sidecar.get("runAsUser") == server_uid and (server_uid != 0 or "SYS_PTRACE" in added)
+    if server_uid != 0:  # a non-root server keeps a writable HOME and cache directory
+        env = {e["name"]: e.get("value") for e in containers["vllm"]["env"]}
+        mounts = {m["mountPath"] for m in containers["vllm"]["volumeMounts"]}
+        assert env["HOME"] in mounts and env["XDG_CACHE_HOME"].startswith(env["HOME"])
+        # and the pod fits Pod Security "restricted" (which is why this variant exists).
+        assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+        for c in spec["containers"] + spec.get("initContainers", []):
+            ctx = {**spec["securityContext"], **c.get("securityContext", {})}
+            assert ctx["runAsNonRoot"] and ctx["allowPrivilegeEscalation"] is False, c["name"]
+            assert ctx["capabilities"]["drop"] == ["ALL"] and not ctx["capabilities"].get("add"), c["name"]
+    images = {c["image"] for c in spec["containers"] + spec.get("initContainers", []) if "vllm" not in c["image"]}
+    assert images == {"registry.example.com/shmwatch:0.1.0"}  # kustomization.yaml's images: entry
 
 
 def dockerfile():
