@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence
 
@@ -90,8 +91,9 @@ def diagnose(model: Model, cfg: Config, required: Optional[int], required_by: st
         if view.usage is not None:
             _shm(report, view, model, required, required_by)
     if model.node_mode:
-        _pod_memory(report, model.cgroups)
+        _pod_memory(report, model.cgroups, {c.cgroup: c.kills for c in model.oom_kills})
     _memory(report, model, errors.get("cgroup"))
+    _oom_kills(report, model, errors.get("oom"))
     _sysv(report, model.sysv)
     for name, hits in log_hits.items():
         _, _, explanation, remedy = next(s for s in SIGNATURES if s[0] == name)
@@ -101,7 +103,7 @@ def diagnose(model: Model, cfg: Config, required: Optional[int], required_by: st
     areas = {"sysv": "sysv", "host_memory": "memory", "shm_mount": "shm", "segments": "shm", "discovery": "shm"}
     for name, error in errors.items():
         # gpu and cgroup are reported above, as info: no driver, or no readable cgroup, is normal
-        if name not in ("gpu", "cgroup", "process"):
+        if name not in ("gpu", "cgroup", "process", "oom"):
             report.add("warn", areas.get(name, "shm"), f"collector {name}", f"could not be read: {error}")
     return report
 
@@ -232,8 +234,9 @@ def _memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
     high = risk > T.OOM_RISK_RATIO
     report.add("warn" if high else "ok", "memory", cgroup.cgroup, text,
                "raise the memory limit or free shm" if high else "")
-    if cgroup.oom_kills:
-        report.add("warn", "memory", cgroup.cgroup, f"{cgroup.oom_kills} OOM kill(s) so far",
+    kills = next((c.kills for c in model.oom_kills if c.cgroup == cgroup.cgroup), cgroup.oom_kills)
+    if kills:
+        report.add("warn", "memory", cgroup.cgroup, f"{kills} OOM kill(s) so far",
                    "count /dev/shm in the memory budget")
     for view in model.mounts:
         budget = view.budget
@@ -244,7 +247,7 @@ def _memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
                        f"lower sizeLimit to at most {human(budget.room_bytes)} or raise the memory limit")
 
 
-def _pod_memory(report: Report, pods) -> None:
+def _pod_memory(report: Report, pods, kills: Dict[str, int]) -> None:
     report.facts["pod_cgroups"] = [asdict(c) for c in pods]
     risky = 0
     for c in pods:
@@ -253,12 +256,38 @@ def _pod_memory(report: Report, pods) -> None:
             report.add("warn", "memory", f"pod {c.pod_uid}", f"working set {human(c.working_set_bytes)} of "
                        f"{human(c.limit_bytes)} limit ({c.working_set_bytes / c.limit_bytes:.0%})",
                        "raise the pod's memory limit or free its shm")
-        if c.oom_kills:
-            report.add("warn", "memory", f"pod {c.pod_uid}", f"{c.oom_kills} OOM kill(s) so far",
+        if kills.get(c.cgroup):
+            report.add("warn", "memory", f"pod {c.pod_uid}", f"{kills[c.cgroup]} OOM kill(s) so far",
                        "count /dev/shm in the memory budget")
     if not risky:
         report.add("ok", "memory", "pods", f"{len(pods)} pod cgroup(s), none above "
                    f"{T.OOM_RISK_RATIO:.0%} of its limit")
+
+
+def _oom_kills(report: Report, model: Model, error: Optional[str]) -> None:
+    """The kernel log's recent OOM kills: victim, cgroups, its shmem RSS, the pod's shm use."""
+    if error:
+        report.add("info", "memory", "OOM kills", f"kernel log not read: {error}")
+        return
+    if not model.result_ok("oom"):
+        return
+    now_usec = time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6  # kmsg stamps: the kernel's clock since boot
+    listed = []
+    for kill, shm_used in model.recent_oom_kills:
+        age = max(0, int((now_usec - kill.boot_usec) / 1e6))
+        listed.append({"pid": kill.pid, "comm": kill.comm, "task_memcg": kill.task_memcg,
+                       "oom_memcg": kill.oom_memcg, "pod_uid": kill.pod_uid, "age_seconds": age,
+                       "anon_rss_bytes": kill.anon_rss_bytes, "shmem_rss_bytes": kill.shmem_rss_bytes,
+                       "file_rss_bytes": kill.file_rss_bytes, "pod_shm_used_bytes": shm_used})
+        rss = "unknown" if kill.shmem_rss_bytes is None else human(kill.shmem_rss_bytes)
+        anon = "unknown" if kill.anon_rss_bytes is None else human(kill.anon_rss_bytes)
+        shm = "" if shm_used is None else f"; its pod's shm holds {human(shm_used)} now"
+        report.add("warn" if age < T.OOM_KILL_RECENT_SECONDS else "info", "memory",
+                   f"OOM kill pid {kill.pid}",
+                   f"{kill.comm} in {kill.task_memcg or '?'} killed {age} s ago (limit of "
+                   f"{kill.oom_memcg or 'the host'}): anon-rss {anon}, shmem-rss {rss}{shm}",
+                   "count /dev/shm in the memory budget (shmem-rss and shm use are charged to the limit)")
+    report.facts["oom_kills"] = listed
 
 
 def _sysv(report: Report, sysv) -> None:
@@ -305,6 +334,7 @@ def render_json(report: Report) -> str:
         "cgroup": report.facts.get("cgroup"),
         "pod_cgroups": report.facts.get("pod_cgroups", []),
         "sysv": report.facts.get("sysv"),
+        "oom_kills": report.facts.get("oom_kills", []),
     }
     return json.dumps(doc, indent=2, default=str) + "\n"
 
@@ -329,7 +359,7 @@ def main(argv: Sequence[str]) -> int:
             return EXIT_USAGE
     from .app import App
 
-    app = App(cfg)
+    app = App(cfg, kmsg_from_start=True)  # recent kills: the kernel log ring from its start
     # One run of every source (each on its own thread, so a hung GPU is bounded by its
     # timeout), then the model, then the report. No inotify: nothing here waits for events.
     try:

@@ -98,6 +98,10 @@ class ModelCollector(Collector):
             self._derived(model, out)
         except Exception:
             log.exception("rendering derived metrics failed")
+        try:
+            self._oom_kills(model, out)
+        except Exception:
+            log.exception("rendering OOM kills failed")
         self._events(model, out)
         return list(out)
 
@@ -189,8 +193,6 @@ class ModelCollector(Collector):
             out.add("shmwatch_oom_risk_ratio", label, cg.oom_risk_ratio, extra=pod)
         if cg.shmem_bytes is not None:
             out.add("shmwatch_cgroup_memory_shmem_bytes", label, cg.shmem_bytes, extra=pod)
-        if cg.oom_kills is not None:
-            out.add("shmwatch_cgroup_oom_kills_total", label, cg.oom_kills, extra=pod)
 
     def _gpu(self, model: Model, out: Families) -> None:
         gpus = model.gpu
@@ -218,6 +220,12 @@ class ModelCollector(Collector):
                 out.add("shmwatch_shm_oom_projection_ratio", [view.mount, clean(view.cgroup.cgroup, 256)],
                         budget.projection)
             out.add("shmwatch_mount_effective_size_bytes", [view.mount], budget.effective_bytes)
+
+    def _oom_kills(self, model: Model, out: Families) -> None:
+        """From the model's counts, not the cgroup renderer: a pod's kills outlive its cgroup."""
+        for count in model.oom_kills:
+            out.add("shmwatch_cgroup_oom_kills_total", [clean(count.cgroup, 256)], count.kills,
+                    extra={"pod_uid": count.pod_uid})
 
     def _events(self, model: Model, out: Families) -> None:
         for (mount, cls, event), count in sorted(model.states.events.items()):
