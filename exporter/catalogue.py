@@ -91,7 +91,9 @@ CATALOGUE: Tuple[Metric, ...] = (
       "Usage minus inactive file cache, floored at 0 (what the OOM killer looks at)."),
     M("shmwatch_cgroup_memory_shmem_bytes", "gauge", "bytes", ("cgroup",),
       "tmpfs and shm pages charged to the cgroup."),
-    M("shmwatch_cgroup_oom_kills_total", "counter", "", ("cgroup",), "OOM kills in the cgroup."),
+    M("shmwatch_cgroup_oom_kills_total", "counter", "", ("cgroup",),
+      "OOM kills in the cgroup and below it: the kernel log's reports (collector oom) or the cgroup's own counter, "
+      "whichever is higher; never goes down, and in node mode a pod's stays after its cgroup is gone."),
     M("shmwatch_oom_risk_ratio", "gauge", "ratio", ("cgroup",), "Working set / limit; absent when unlimited."),
     M("shmwatch_shm_oom_projection_ratio", "gauge", "ratio", ("mount", "cgroup"),
       "(working set - shm used + shm size) / limit: above 1, filling the mount OOM-kills the pod first."),

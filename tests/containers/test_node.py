@@ -17,7 +17,10 @@ from tests.containers.conftest import Container, scrape
 pytestmark = pytest.mark.timeout(600)
 
 NODE_RUN = ["--pid=host", "-v", "/:/host:ro", "--read-only", "--user", "0:0", "--cap-drop", "ALL",
-            "--cap-add", "SYS_PTRACE", "--cap-add", "DAC_READ_SEARCH"]
+            "--cap-add", "SYS_PTRACE", "--cap-add", "DAC_READ_SEARCH",
+            # The kernel log for OOM kills: the device itself (a bind mount of it is refused by
+            # the device cgroup) and CAP_SYSLOG (kernel.dmesg_restrict=1).
+            "--device", "/dev/kmsg:/dev/kmsg:r", "--cap-add", "SYSLOG"]
 NODE_ARGS = ["--mode=node", "--path.procfs=/host/proc", "--path.sysfs=/host/sys", "--path.rootfs=/host",
              "--no-collector.gpu", "--inventory-interval=1s"]
 
@@ -37,6 +40,8 @@ def test_node_mode_finds_each_container_shm_and_its_owners(root_server, uid_serv
                 break
             time.sleep(0.3)
         logs = node.logs()
+    assert select(samples, "shmwatch_collector_success", collector="oom") == [({"collector": "oom"}, 1.0)], \
+        logs[-2000:]
     for server in servers:
         mount = f"/var/lib/docker/containers/{server.id}/mounts/shm"
         sizes = select(samples, "shmwatch_mount_size_bytes", container_id=server.id)
