@@ -47,7 +47,8 @@ def build_sources(cfg: Config, paths: Paths, discovery: MountDiscovery, table: P
         "sysv": lambda: SysvCollector(paths),
         "host_memory": lambda: HostMemoryCollector(paths),
         "cgroup": lambda: CgroupCollector(paths, cfg.cgroup_path, cfg.cgroup_target_process,
-                                          cfg.memory_limit_bytes, node_mode=node, table=table),
+                                          cfg.memory_limit_bytes, node_mode=node, table=table,
+                                          mounts=discovery.mounts),
         "gpu": lambda: GpuCollector(paths, table=table),
         # serve: kills from now on; check: the kernel log ring from its start (recent kills)
         "oom": lambda: OomCollector(cfg.kmsg, from_start=kmsg_from_start),

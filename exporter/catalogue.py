@@ -94,6 +94,10 @@ CATALOGUE: Tuple[Metric, ...] = (
     M("shmwatch_cgroup_oom_kills_total", "counter", "", ("cgroup",),
       "OOM kills in the cgroup and below it: the kernel log's reports (collector oom) or the cgroup's own counter, "
       "whichever is higher; never goes down, and in node mode a pod's stays after its cgroup is gone."),
+    M("shmwatch_cgroup_memory_estimated", "gauge", "", ("cgroup",),
+      "1 when the cgroup's numbers are an estimate (cgroup=\"estimate:workload\"): a sidecar that cannot read the "
+      "workload's cgroup sums its processes' resident anon and file memory (smaps_rollup Pss) and the shm mounts' "
+      "used bytes; 0 when read from the cgroup."),
     M("shmwatch_oom_risk_ratio", "gauge", "ratio", ("cgroup",), "Working set / limit; absent when unlimited."),
     M("shmwatch_shm_oom_projection_ratio", "gauge", "ratio", ("mount", "cgroup"),
       "(working set - shm used + shm size) / limit: above 1, filling the mount OOM-kills the pod first."),

@@ -187,6 +187,7 @@ class ModelCollector(Collector):
         pod = {"pod_uid": cg.pod_uid}
         out.add("shmwatch_cgroup_memory_usage_bytes", label, cg.usage_bytes, extra=pod)
         out.add("shmwatch_cgroup_memory_working_set_bytes", label, cg.working_set_bytes, extra=pod)
+        out.add("shmwatch_cgroup_memory_estimated", label, 1 if cg.estimated else 0, extra=pod)
         if cg.limit_bytes is not None:
             out.add("shmwatch_cgroup_memory_limit_bytes", label, cg.limit_bytes, extra=pod)
         if cg.oom_risk_ratio is not None:
