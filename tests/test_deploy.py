@@ -61,10 +61,10 @@ def test_manifest_validates(path, doc):
 
 
 @pytest.mark.parametrize("directory,kinds", [
-    ("sidecar", ["Deployment", "PodMonitor", "PrometheusRule", "Service"]),
-    ("sidecar-nonroot", ["Deployment", "PodMonitor", "PrometheusRule", "Service"]),
-    ("daemonset", ["DaemonSet", "PodMonitor", "PrometheusRule", "PrometheusRule"]),
-    ("daemonset-privileged", ["DaemonSet", "PodMonitor", "PrometheusRule", "PrometheusRule"]),
+    ("sidecar", ["Deployment", "PodMonitor", "PrometheusRule", "PrometheusRule", "Service"]),
+    ("sidecar-nonroot", ["Deployment", "PodMonitor", "PrometheusRule", "PrometheusRule", "Service"]),
+    ("daemonset", ["DaemonSet", "PodMonitor", "PrometheusRule", "PrometheusRule", "PrometheusRule"]),
+    ("daemonset-privileged", ["DaemonSet", "PodMonitor", "PrometheusRule", "PrometheusRule", "PrometheusRule"]),
 ])
 def test_kustomize_renders_everything(directory, kinds):
     path = os.path.join(DEPLOY, "kubernetes", directory)

@@ -5,6 +5,8 @@
     deploy/prometheus/shmwatch-node-rules.yml           (node mode's pod-name joins)
     deploy/kubernetes/rules/prometheusrule.yaml         (the first, as a PrometheusRule)
     deploy/kubernetes/daemonset/node-recording-rules.yaml  (the second, as a PrometheusRule)
+    deploy/prometheus/shmwatch-kube-rules.yml           (kube-prometheus joins: cAdvisor, kube-state-metrics)
+    deploy/kubernetes/rules/kube-recording-rules.yaml   (the third, as a PrometheusRule)
     grafana/shmwatch.json                               (the dashboard)
 
     python3 deploy/mixin/render.py [OUTPUT_ROOT]        # default: the repository
@@ -29,7 +31,9 @@ HEADER = ("# Generated from deploy/mixin/ by deploy/mixin/render.py: edit the mi
 # (plain rules file, PrometheusRule manifest, its metadata.name)
 OPERATOR = (("deploy/prometheus/shmwatch-rules.yml", "deploy/kubernetes/rules/prometheusrule.yaml", "shmwatch"),
             ("deploy/prometheus/shmwatch-node-rules.yml", "deploy/kubernetes/daemonset/node-recording-rules.yaml",
-             "shmwatch-node"))
+             "shmwatch-node"),
+            ("deploy/prometheus/shmwatch-kube-rules.yml", "deploy/kubernetes/rules/kube-recording-rules.yaml",
+             "shmwatch-kube"))
 RULE_KEYS = ("record", "alert", "expr", "for", "keep_firing_for", "labels", "annotations")
 ANNOTATION_KEYS = ("summary", "description", "runbook_url")
 
