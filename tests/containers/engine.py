@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import configparser
 import glob
+import hashlib
 import json
 import os
 import shlex
@@ -15,14 +16,19 @@ import shutil
 import subprocess
 import tempfile
 import time
+import uuid
 from typing import Dict, List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE_IMAGE = "python:3.11-slim"  # what the Dockerfile's FROM names
-PROJECT_IMAGE = "shmwatch:test"
+# Several checkouts may run the tier on one engine at once: each builds its own image tag,
+# and labels its containers with its own run, so cleanup removes this run's only.
+_CHECKOUT = hashlib.sha1(REPO.encode()).hexdigest()[:8]
+PROJECT_IMAGE = f"shmwatch:test-{_CHECKOUT}"
+SERVER_IMAGE = f"shmwatch-test-server:{_CHECKOUT}"
 SUITE = "bookworm"
-# Every container and image the tier makes carries this label, so cleanup removes ours only.
-LABEL = "org.shmwatch.test=container-tier"
+IMAGE_LABEL = "org.shmwatch.test=container-tier"
+LABEL = f"org.shmwatch.test.run={uuid.uuid4().hex[:12]}"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
@@ -182,7 +188,7 @@ def build_base_image(timeout: float = 900) -> float:
                 '--aptopt=Acquire::Check-Valid-Until "false"',  # snapshot mirrors have old Release dates
                 *(f"--customize-hook={hook}" for hook in hooks), SUITE, "-", *sources]
         changes = ["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "ENV LANG=C.UTF-8",
-                   'CMD ["python3"]', f"LABEL {LABEL}"]
+                   'CMD ["python3"]', f"LABEL {IMAGE_LABEL}"]
         started = time.monotonic()
         strap = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         imported = subprocess.run([docker_bin(), "import", *(a for c in changes for a in ("--change", c)), "-",
@@ -210,12 +216,12 @@ def build_args() -> List[str]:
 def build_project_image(tag: str = PROJECT_IMAGE, timeout: float = 900) -> float:
     """`docker build` of the repository's Dockerfile, as a user would run it. Seconds taken."""
     started = time.monotonic()
-    docker("build", "--label", LABEL, *build_args(), "-t", tag, REPO, timeout=timeout)
+    docker("build", "--label", IMAGE_LABEL, *build_args(), "-t", tag, REPO, timeout=timeout)
     return time.monotonic() - started
 
 
 def build_context_image(tag: str, context: str, timeout: float = 600) -> None:
-    docker("build", "--label", LABEL, *build_args(), "-t", tag, context, timeout=timeout)
+    docker("build", "--label", IMAGE_LABEL, *build_args(), "-t", tag, context, timeout=timeout)
 
 
 def image_size(name: str) -> int:

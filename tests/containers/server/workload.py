@@ -6,7 +6,9 @@ one real leak, prints what it made as one JSON line, then waits to be stopped.
 - psm_*: multiprocessing.shared_memory, mapped (vLLM's MessageQueue);
 - a SysV segment, attached (UCX's sysv transport), through libc shmget/shmat;
 - nccl-leak*: written by a child process that exited without unlinking (a crashed worker),
-  its mtime set an hour back so its age is unmistakable.
+  its mtime set an hour back so its age is unmistakable;
+- libpod_lock: a file of class `other` that nobody maps (podman's lock file has this name):
+  not ours to judge, so never to be advised for removal.
 """
 import ctypes
 import json
@@ -71,9 +73,10 @@ def main():
     shmid = sysv_segment(SIZES["sysv"])
     leak = f"/dev/shm/nccl-leak{tag}"
     leak_from_child(leak, SIZES["leak"])
+    os.close(fallocated("/dev/shm/libpod_lock", 64 << 10))
 
     print(json.dumps({"pid": os.getpid(), "uid": os.getuid(), "nccl": os.path.basename(nccl),
-                      "torch": os.path.basename(torch), "psm": psm.name.lstrip("/"), "leak": os.path.basename(leak),
+                      "torch": os.path.basename(torch), "psm": psm.name.lstrip("/"), "leak": os.path.basename(leak), "other": "libpod_lock",
                       "shmid": shmid, "sizes": SIZES}), flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     held = (nccl_map, torch_fd, psm)  # noqa: F841 (what the server holds until it is stopped)
