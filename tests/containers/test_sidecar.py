@@ -19,7 +19,6 @@ from tests.containers.conftest import (Server, assert_full_attribution, leak_ale
 # The first test of the session also waits for the base image and the project image.
 pytestmark = pytest.mark.timeout(600)
 
-NEEDS_CORE = pytest.mark.xfail(strict=True, reason="needs unverified state (issue 16 core)")
 
 # How the sidecar is run, beside which server. Each gives full access to the server's /proc.
 FULL_ACCESS = {
@@ -58,7 +57,6 @@ def test_full_access_leak_fires_the_alert(root_server):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
 
 
-@NEEDS_CORE
 def test_full_access_advises_no_rm_for_a_file_of_class_other(root_server):
     """libpod_lock (class other) is held by nobody, yet not ours to judge: `rm` advice is
     for orphans of classes whose owner is one process (the nccl leak here), never other."""
@@ -74,7 +72,6 @@ def test_own_user_counts_the_processes_it_cannot_read(root_server):
     assert value(parse_exposition(text), "shmwatch_proc_unreadable") > 0
 
 
-@NEEDS_CORE
 def test_own_user_calls_no_live_segment_orphan(root_server):
     text, _, _ = view(root_server, "own-user", OWN_USER)
     samples = parse_exposition(text)
@@ -86,7 +83,6 @@ def test_own_user_calls_no_live_segment_orphan(root_server):
     assert not [labels for labels, v in select(samples, "shmwatch_segments", state="orphan") if v]
 
 
-@NEEDS_CORE
 def test_own_user_check_names_no_live_segment_and_advises_no_rm(root_server):
     _, report, _ = view(root_server, "own-user", OWN_USER)
     info = root_server.info
@@ -95,7 +91,6 @@ def test_own_user_check_names_no_live_segment_and_advises_no_rm(root_server):
     assert not rm_targets(report), rm_advice(report)
 
 
-@NEEDS_CORE
 def test_own_user_leak_alert_stays_quiet(root_server):
     text, _, _ = view(root_server, "own-user", OWN_USER)
     result = leak_alert_test(text, [])
@@ -110,13 +105,11 @@ def test_hidepid_hides_the_server_from_the_sidecar(root_server):
     assert pids and str(root_server.info["pid"]) not in pids.split()
 
 
-@NEEDS_CORE
 def test_hidepid_counts_the_hidden_processes(root_server):
     text, _, _ = view(root_server, "hidepid", HIDEPID, hidepid=True)
     assert value(parse_exposition(text), "shmwatch_proc_unreadable") > 0
 
 
-@NEEDS_CORE
 def test_hidepid_calls_no_live_segment_orphan(root_server):
     text, report, _ = view(root_server, "hidepid", HIDEPID, hidepid=True)
     samples = parse_exposition(text)
