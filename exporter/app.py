@@ -44,7 +44,7 @@ def build_sources(cfg: Config, paths: Paths, discovery: MountDiscovery, table: P
         "segments": lambda: SegmentsCollector(paths, discovery.mounts, table, pod_of_pid=node, changes=changes,
                                               ignore_unreadable=re.compile(cfg.ignore_unreadable)
                                               if cfg.ignore_unreadable else None),
-        "sysv": lambda: SysvCollector(paths),
+        "sysv": lambda: SysvCollector(paths, node_mode=node, table=table),
         "host_memory": lambda: HostMemoryCollector(paths),
         "cgroup": lambda: CgroupCollector(paths, cfg.cgroup_path, cfg.cgroup_target_process,
                                           cfg.memory_limit_bytes, node_mode=node, table=table,

@@ -79,6 +79,9 @@ CATALOGUE: Tuple[Metric, ...] = (
     M("shmwatch_sysv_limit_shmmax_bytes", "gauge", "bytes", (), "kernel.shmmax: largest SysV segment."),
     M("shmwatch_sysv_limit_shmall_bytes", "gauge", "bytes", (), "kernel.shmall in bytes: SysV shm in total."),
     M("shmwatch_sysv_limit_shmmni", "gauge", "", (), "kernel.shmmni: most SysV segments."),
+    M("shmwatch_sysv_namespace_readable", "gauge", "", (),
+      "1 when the IPC namespace's SysV segments and limits could be read; 0 (and no other SysV series for it) when "
+      "not: node mode enters each pod's IPC namespace with setns, which needs CAP_SYS_ADMIN."),
     # --- host memory (collector host_memory) ---------------------------------------
     M("shmwatch_host_memory_total_bytes", "gauge", "bytes", (), "MemTotal from meminfo."),
     M("shmwatch_host_memory_available_bytes", "gauge", "bytes", (), "MemAvailable from meminfo."),
@@ -131,6 +134,7 @@ BY_NAME: Dict[str, Metric] = {m.name: m for m in CATALOGUE}
 # Node mode (--mode=node) adds labels: which pod or container a mount belongs to, which
 # pod a cgroup is, and which pod a process holding shm runs in. Empty where not known.
 NODE_MOUNT_LABELS: Tuple[str, ...] = ("pod_uid", "volume", "container_id")
+SYSV_NODE_LABELS: Tuple[str, ...] = ("ipc_namespace", "pod_uid", "container_id")
 
 
 def node_labels(metric: Metric) -> Tuple[str, ...]:
@@ -142,6 +146,8 @@ def node_labels(metric: Metric) -> Tuple[str, ...]:
         extra += ("pod_uid",)
     if metric.name == "shmwatch_process_shm_bytes":
         extra += ("process_pod_uid",)
+    if metric.name.startswith("shmwatch_sysv_"):
+        extra += SYSV_NODE_LABELS  # SysV is per IPC namespace: one per pod (or container)
     return extra
 
 

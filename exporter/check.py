@@ -94,7 +94,7 @@ def diagnose(model: Model, cfg: Config, required: Optional[int], required_by: st
         _pod_memory(report, model.cgroups, {c.cgroup: c.kills for c in model.oom_kills})
     _memory(report, model, errors.get("cgroup"))
     _oom_kills(report, model, errors.get("oom"))
-    _sysv(report, model.sysv)
+    _sysv(report, model.sysv, model.node_mode)
     for name, hits in log_hits.items():
         _, _, explanation, remedy = next(s for s in SIGNATURES if s[0] == name)
         first = hits[0]
@@ -290,22 +290,37 @@ def _oom_kills(report: Report, model: Model, error: Optional[str]) -> None:
     report.facts["oom_kills"] = listed
 
 
-def _sysv(report: Report, sysv) -> None:
-    if sysv is None:
-        return
-    report.facts["sysv"] = {"segments": len(sysv.segments), "bytes": sysv.total_bytes, "orphans": sysv.orphans,
-                            "shmmax_bytes": sysv.shmmax_bytes, "shmall_bytes": sysv.shmall_bytes,
-                            "shmmni": sysv.shmmni}
-    text = f"{len(sysv.segments)} segment(s), {human(sysv.total_bytes)}"
-    if sysv.shmmni and len(sysv.segments) > T.SYSV_NEAR_LIMIT_RATIO * sysv.shmmni:
-        report.add("warn", "sysv", "kernel.shmmni", f"{text}: near the limit of {sysv.shmmni}",
-                   "ipcs -m; ipcrm -m <id> for orphans; sysctl -w kernel.shmmni=8192")
-    elif sysv.shmall_bytes and sysv.total_bytes > T.SYSV_NEAR_LIMIT_RATIO * sysv.shmall_bytes:
-        report.add("warn", "sysv", "kernel.shmall", f"{text}: near the limit of {human(sysv.shmall_bytes)}",
-                   "ipcs -m; ipcrm -m <id>; sysctl kernel.shmall")
-    else:
-        report.add("ok", "sysv", "SysV shm", text + (f", {sysv.orphans} with nothing attached" if sysv.orphans else ""),
-                   "ipcs -m; ipcrm -m <id>" if sysv.orphans else "")
+def _sysv(report: Report, namespaces, node_mode: bool) -> None:
+    listed = []
+    for sysv in namespaces:
+        whose = f"pod {sysv.pod_uid}" if sysv.pod_uid else f"container {sysv.container_id[:12]}" \
+            if sysv.container_id else sysv.namespace
+        facts = {"ipc_namespace": sysv.namespace, "pod_uid": sysv.pod_uid, "container_id": sysv.container_id,
+                 "readable": sysv.readable}
+        if not sysv.readable:
+            listed.append(facts)
+            report.add("info", "sysv", whose, f"SysV shm not visible ({sysv.error}): entering an IPC namespace "
+                       "needs CAP_SYS_ADMIN", "deploy/kubernetes/daemonset-privileged, or run on the host as root")
+            continue
+        facts.update({"segments": len(sysv.segments), "bytes": sysv.total_bytes, "orphans": sysv.orphans,
+                      "shmmax_bytes": sysv.shmmax_bytes, "shmall_bytes": sysv.shmall_bytes, "shmmni": sysv.shmmni})
+        listed.append(facts)
+        prefix = f"{whose}: " if node_mode else ""
+        text = f"{prefix}{len(sysv.segments)} segment(s), {human(sysv.total_bytes)}"
+        if sysv.shmmni and len(sysv.segments) > T.SYSV_NEAR_LIMIT_RATIO * sysv.shmmni:
+            report.add("warn", "sysv", "kernel.shmmni", f"{text}: near the limit of {sysv.shmmni}",
+                       "ipcs -m; ipcrm -m <id> for orphans; sysctl -w kernel.shmmni=8192")
+        elif sysv.shmall_bytes and sysv.total_bytes > T.SYSV_NEAR_LIMIT_RATIO * sysv.shmall_bytes:
+            report.add("warn", "sysv", "kernel.shmall", f"{text}: near the limit of {human(sysv.shmall_bytes)}",
+                       "ipcs -m; ipcrm -m <id>; sysctl kernel.shmall")
+        elif sysv.segments or not node_mode:
+            report.add("ok", "sysv", "SysV shm", text + (f", {sysv.orphans} with nothing attached"
+                                                         if sysv.orphans else ""),
+                       "ipcs -m; ipcrm -m <id>" if sysv.orphans else "")
+    if node_mode:
+        report.facts["sysv_namespaces"] = listed
+    elif listed:
+        report.facts["sysv"] = listed[0]
 
 
 # --- output -----------------------------------------------------------------------------------
@@ -335,6 +350,7 @@ def render_json(report: Report) -> str:
         "pod_cgroups": report.facts.get("pod_cgroups", []),
         "sysv": report.facts.get("sysv"),
         "oom_kills": report.facts.get("oom_kills", []),
+        "sysv_namespaces": report.facts.get("sysv_namespaces", []),
     }
     return json.dumps(doc, indent=2, default=str) + "\n"
 

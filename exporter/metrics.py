@@ -156,17 +156,23 @@ class ModelCollector(Collector):
                 out.add("shmwatch_mount_other_entries", [m.mount, kind], count)
 
     def _sysv(self, model: Model, out: Families) -> None:
-        shm = model.sysv
-        out.add("shmwatch_sysv_segments", [], len(shm.segments))
-        out.add("shmwatch_sysv_bytes", [], shm.total_bytes)
-        out.add("shmwatch_sysv_resident_bytes", [], shm.resident_bytes)
-        out.add("shmwatch_sysv_orphan_segments", [], shm.orphans)
-        if shm.shmmax_bytes is not None:
-            out.add("shmwatch_sysv_limit_shmmax_bytes", [], shm.shmmax_bytes)
-        if shm.shmall_bytes is not None:
-            out.add("shmwatch_sysv_limit_shmall_bytes", [], shm.shmall_bytes)
-        if shm.shmmni is not None:
-            out.add("shmwatch_sysv_limit_shmmni", [], shm.shmmni)
+        for shm in model.sysv:
+            # Node mode: which IPC namespace and whose; a namespace we could not enter says
+            # so and nothing else (an empty list of segments would read as "all clear").
+            ns = {"ipc_namespace": shm.namespace, "pod_uid": shm.pod_uid, "container_id": shm.container_id}
+            out.add("shmwatch_sysv_namespace_readable", [], 1 if shm.readable else 0, extra=ns)
+            if not shm.readable:
+                continue
+            out.add("shmwatch_sysv_segments", [], len(shm.segments), extra=ns)
+            out.add("shmwatch_sysv_bytes", [], shm.total_bytes, extra=ns)
+            out.add("shmwatch_sysv_resident_bytes", [], shm.resident_bytes, extra=ns)
+            out.add("shmwatch_sysv_orphan_segments", [], shm.orphans, extra=ns)
+            if shm.shmmax_bytes is not None:
+                out.add("shmwatch_sysv_limit_shmmax_bytes", [], shm.shmmax_bytes, extra=ns)
+            if shm.shmall_bytes is not None:
+                out.add("shmwatch_sysv_limit_shmall_bytes", [], shm.shmall_bytes, extra=ns)
+            if shm.shmmni is not None:
+                out.add("shmwatch_sysv_limit_shmmni", [], shm.shmmni, extra=ns)
 
     def _process(self, model: Model, out: Families) -> None:
         for name, value in model.process_samples:

@@ -68,7 +68,7 @@ class Model:
     inventory: Optional[Inventory]  # process-level facts: comms, pods, unreadable, wall time
     cgroups: List[CgroupMemory]
     host_memory: Optional[HostMemory]
-    sysv: Optional[SysvShm]
+    sysv: List[SysvShm]  # one per IPC namespace (one in a sidecar); [] when not read
     gpu: Optional[GpuSnapshot]
     process_samples: List[Tuple[str, float]]
     states: MountStates
@@ -183,7 +183,7 @@ class ModelStep:
             mounts.append(MountView(target.mount, target.labels, usage, peak, inv_mounts.get(target.mount),
                                     summaries.get(target.mount), cgroup, budget))
         return Model(time.time(), self.node_mode, statuses, mounts, inventory, cgroups,
-                     self._result("host_memory"), self._result("sysv"), self._result("gpu"),
+                     self._result("host_memory"), self._result("sysv") or [], self._result("gpu"),
                      self._result("process") or [], states, self._oom_counts(cgroups, states),
                      list(states.recent_oom_kills))
 
