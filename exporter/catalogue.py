@@ -109,10 +109,11 @@ CATALOGUE: Tuple[Metric, ...] = (
     # --- GPU (collector gpu) ---------------------------------------------------------
     M("shmwatch_gpu_info", "gauge", "", ("gpu", "uuid", "name", "driver_version"), "Always 1; one per GPU."),
     M("shmwatch_gpu_memory_total_bytes", "gauge", "bytes", GPU, "GPU memory in total (NVML)."),
-    M("shmwatch_gpu_memory_used_bytes", "gauge", "bytes", GPU, "GPU memory used (NVML)."),
+    M("shmwatch_gpu_memory_used_bytes", "gauge", "bytes", GPU,
+      "GPU memory not free (NVML), the driver's reserve included: memory info v1's used, v2's used + reserved."),
     M("shmwatch_gpu_memory_free_bytes", "gauge", "bytes", GPU, "GPU memory free (NVML)."),
     M("shmwatch_gpu_memory_reserved_bytes", "gauge", "bytes", GPU,
-      "GPU memory reserved by the driver (NVML memory info v2 only)."),
+      "GPU memory reserved by the driver, part of used (NVML memory info v2 only)."),
     M("shmwatch_gpu_process_memory_bytes", "gauge", "bytes", ("gpu", "uuid", "pid", "comm"),
       "GPU memory used by a process (compute and graphics)."),
     # --- the exporter itself -----------------------------------------------------------
