@@ -217,12 +217,18 @@ class CgroupCollector:
         return sorted(found)
 
     def collect_pods(self) -> List[CgroupMemory]:
+        return self.read_pods(self.pod_cgroups())
+
+    def read_pods(self, listed: List[Tuple[str, int, str, str]]) -> List[CgroupMemory]:
+        """Each listed pod's cgroup; one that cannot be read is left out and the others stand:
+        a pod deleted between the walk and the read (ENOENT; ENODEV when its directory goes
+        while a file of it is open), or a file cut short (ValueError)."""
         found = []
-        for path, version, directory, uid in self.pod_cgroups():
+        for path, version, directory, uid in listed:
             try:
                 found.append(self.read(path, version, directory, None, uid))
-            except FileNotFoundError:
-                continue  # the pod was deleted between the walk and the read: the others stand
+            except (OSError, ValueError):
+                continue
         return found
 
     def read(self, path: str, version: int, directory: str, limit_override: Optional[int],
