@@ -229,6 +229,8 @@ def _memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
                    "OOM ratios not computed (pass --memory.limit-bytes)")
         return
     text = f"working set {human(cgroup.working_set_bytes)} of {human(cgroup.limit_bytes)} limit ({risk:.0%})"
+    if cgroup.estimated:
+        text += " (estimated: the workload's resident memory and shm; its cgroup is not readable here)"
     if cgroup.shmem_bytes is not None:
         text += f", shmem {human(cgroup.shmem_bytes)}"
     high = risk > T.OOM_RISK_RATIO
