@@ -76,7 +76,11 @@ def below(path: str, root: str) -> Optional[List[str]]:
                 out.append(part)
         return out
     p, r = resolve(_components(path)), resolve(_components(root))
-    return p[len(r):] if p[:len(r)] == r else None
+    if p[:len(r)] != r or any(part.startswith("\0") for part in p[len(r):]):
+        # Not below the mount, or below it through directories whose names this namespace
+        # cannot tell (a v2 path /../<id> under a mount rooted at /../..): not guessed.
+        return None
+    return p[len(r):]
 
 
 def cgroup_directories(entries: Iterable[MountEntry], path: str, version: int) -> List[str]:
