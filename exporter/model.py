@@ -138,12 +138,12 @@ class ModelStep:
         if self.node_mode:
             usages = [u for u in usages if kill.pod_uid and pod_uid_of_mount(u.mount) == kill.pod_uid]
         shm_used = sum(u.used_bytes for u in usages) if usages else None
-        self.state.count_oom_kill(key, kill, shm_used)
         mib = (lambda n: "unknown" if n is None else f"{n / 2**20:.1f}MiB")
         log.warning("OOM kill: pid %d (%s) in %s (limit of %s hit): anon-rss %s, shmem-rss %s; shm used %s%s",
                     kill.pid, kill.comm, kill.task_memcg or "?", kill.oom_memcg or "the whole host",
                     mib(kill.anon_rss_bytes), mib(kill.shmem_rss_bytes), mib(shm_used),
                     f" (pod {kill.pod_uid})" if kill.pod_uid else "")
+        self.state.count_oom_kill(key, kill, shm_used)  # after the log line: a scrape that counts it finds it logged
 
     def current(self) -> Model:
         """The model, rebuilt first if anything changed since it was built."""
