@@ -120,6 +120,8 @@ class ModelStep:
             for cgroup in obs.result:
                 if cgroup.oom_kills is not None:
                     self.state.record_cgroup_oom(cgroup.cgroup, cgroup.oom_kills)
+                for child, count in cgroup.child_oom_kills:
+                    self.state.record_cgroup_oom(child, count)
         if obs.success and obs.source == "oom":
             for kill in obs.result.new:
                 self._count_kill(kill)
@@ -199,7 +201,11 @@ class ModelStep:
             own = states.oom_cgroup_max.get(c.cgroup)
             if own is None and not watching_log:
                 continue  # neither source counts kills here: no series rather than a confident 0
-            counts[c.cgroup] = OomCount(c.cgroup, c.pod_uid, max(logged, own or 0))
+            # v1 counts a kill in the victim's memcg only: the pod's own plus each container's
+            # highest count ever seen (kept after the container's cgroup is gone). v2 records
+            # no children: its pod counter is hierarchical already.
+            below = sum(n for key, n in states.oom_cgroup_max.items() if key.startswith(prefix))
+            counts[c.cgroup] = OomCount(c.cgroup, c.pod_uid, max(logged, (own or 0) + below))
         if self.node_mode:
             for key, n in sorted(states.oom_kills.items()):
                 pod = pod_uid_in_cgroup(key)

@@ -4,6 +4,7 @@ container's cgroup is gone."""
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -185,3 +186,41 @@ def test_real_kill_counts_for_the_pod_after_the_container_cgroup_is_gone():
         for directory in reversed(made):
             remove_cgroup(directory)
 
+
+
+@needs_root
+def test_without_the_kernel_log_container_counts_are_kept_for_the_pod():
+    """--no-collector.oom (the unprivileged DaemonSet): the container cgroup's own v1 counter,
+    seen while it exists, is kept for the pod after the container's cgroup is removed."""
+    if not os.path.exists(os.path.join(V1_ROOT, "memory.usage_in_bytes")):
+        pytest.skip("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
+    uid = str(uuid.uuid4())
+    pod_dir = os.path.join(V1_ROOT, "kubepods", "burstable", f"pod{uid}")
+    ctr_dir = os.path.join(pod_dir, "c0ffee" + uuid.uuid4().hex[:10])
+    made = [d for d in (os.path.join(V1_ROOT, "kubepods"), os.path.join(V1_ROOT, "kubepods", "burstable"))
+            if not os.path.isdir(d)]
+    os.makedirs(ctr_dir)
+    with open(os.path.join(ctr_dir, "memory.limit_in_bytes"), "w") as f:
+        f.write(str(32 * MiB))
+    pod_cgroup = f"/kubepods/burstable/pod{uid}"
+    try:
+        with Exporter("--mode=node", "--no-collector.gpu", "--no-collector.segments", "--no-collector.oom",
+                      "--poll-interval=200ms") as ex:
+            ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 0, timeout=10)
+            hog = subprocess.Popen([sys.executable, "-c", HOG, ctr_dir], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE)
+            assert hog.stdout.readline() == b"in\n"
+            hog.stdin.write(b"go\n")
+            hog.stdin.flush()
+            assert hog.wait(20) == -9
+            ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 1, timeout=5)
+            remove_cgroup(ctr_dir)
+            assert not os.path.exists(ctr_dir)
+            for _ in range(5):  # polls after the container's cgroup is gone
+                time.sleep(0.25)
+                assert value(ex.scrape(), "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 1
+    finally:
+        remove_cgroup(ctr_dir)
+        remove_cgroup(pod_dir)
+        for directory in reversed(made):
+            remove_cgroup(directory)

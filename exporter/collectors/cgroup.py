@@ -40,6 +40,10 @@ class CgroupMemory:
     limit_source: str  # "cgroup", "flag" or "none"
     pod_uid: str = ""  # node mode: the pod this cgroup belongs to
     estimated: bool = False  # True: no cgroup was read; the workload's processes and shm (workload.py)
+    # Node mode on v1: each container cgroup's own OOM kill count (path, count). v1 counts a
+    # kill only in the victim's memcg, and the container's cgroup goes with the container:
+    # the model keeps each one's highest count, so the pod's total survives it.
+    child_oom_kills: Tuple[Tuple[str, int], ...] = ()
 
     @property
     def oom_risk_ratio(self) -> Optional[float]:
@@ -247,5 +251,23 @@ class CgroupCollector:
         source = "cgroup" if limit is not None else "none"
         if limit_override is not None:
             limit, source = limit_override, "flag"
+        children = self._child_oom_kills(path, directory) if pod_uid and version == 1 else ()
         return CgroupMemory(path, version, usage, limit, max(0, usage - inactive_file), shmem, oom_kills, source,
-                            pod_uid)
+                            pod_uid, child_oom_kills=children)
+
+    @staticmethod
+    def _child_oom_kills(path: str, directory: str) -> Tuple[Tuple[str, int], ...]:
+        """The OOM kill counts of a v1 pod cgroup's containers (one level down), as they are now."""
+        found = []
+        try:
+            entries = [e for e in os.scandir(directory) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return ()
+        for entry in entries:
+            try:
+                count = parse_flat_keyed(read_text(os.path.join(entry.path, "memory.oom_control"))).get("oom_kill")
+            except OSError:
+                continue  # gone already
+            if count is not None:
+                found.append((path.rstrip("/") + "/" + entry.name, count))
+        return tuple(sorted(found))
