@@ -42,11 +42,9 @@ def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
         own = table.cgroups("self")
     except OSError:
         return []  # without our own cgroup, ours cannot be told from the workload's
-    own_comm = table.comm("self")
     found = []
     for proc in table.walk().processes:
-        # Another shmwatch beside the same server (a second sidecar) is not the workload either.
-        if proc.pid == own_pid or proc.comm in SANDBOX_COMMS or proc.comm == own_comm:
+        if proc.pid == own_pid or proc.comm in SANDBOX_COMMS or _is_shmwatch(table, proc.pid):
             continue
         try:
             if table.cgroups(proc.pid) == own:
@@ -55,6 +53,17 @@ def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
             continue  # gone, or not ours to read: not known to be the workload
         found.append(proc)
     return sorted(found, key=lambda p: p.pid)
+
+
+def _is_shmwatch(table: ProcessTable, pid: int) -> bool:
+    """Another shmwatch beside the same server (a second sidecar) is not the workload either:
+    its command is `shmwatch ...` (the console script, under its interpreter or not) or
+    `python3 -m exporter ...`. Not by comm: a `python3 -m exporter` and a Python server share it."""
+    try:
+        words = table.cmdline(pid).split()
+    except OSError:
+        return False
+    return any(os.path.basename(w) == "shmwatch" for w in words[:2]) or words[1:3] == ["-m", "exporter"]
 
 
 def _components(path: str) -> List[str]:
