@@ -172,13 +172,23 @@ class SysvCollector:
             pod = pods.pop() if len(pods) == 1 else ""
             labels = dict(namespace=namespace, pod_uid=pod, container_id="" if pod else self._container(procs))
             try:
-                shm = self.read() if namespace == own else \
-                    in_ipc_namespace(self.paths.proc(procs[0].pid, "ns", "ipc"), self.read)
+                shm = self.read() if namespace == own else self._enter(procs)
             except (OSError, TimeoutError, ValueError) as err:
                 out.append(SysvShm([], None, None, None, readable=False, error=str(err), **labels))
                 continue
+            if shm is None:
+                continue  # every process of the namespace exited: so did the namespace
             out.append(SysvShm(shm.segments, shm.shmmax_bytes, shm.shmall_bytes, shm.shmmni, **labels))
         return out
+
+    def _enter(self, procs: List[Process]) -> Optional[SysvShm]:
+        """Read the namespace through the first of its processes still there."""
+        for proc in procs:
+            try:
+                return in_ipc_namespace(self.paths.proc(proc.pid, "ns", "ipc"), self.read)
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+        return None
 
     def _container(self, procs: List[Process]) -> str:
         """The container ID of a namespace's first process, when its cgroup names one."""
