@@ -14,10 +14,16 @@ MiB = 1 << 20
 V1_ROOT = "/sys/fs/cgroup/memory"
 
 
+KTHREADD_STAT = "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 2 0 0\n"  # flags: PF_KTHREAD
+
+
 def v2_tree(tmp_path, cgroup, files, proc_cgroup=None):
     proc = tmp_path / "proc" / "self"
     proc.mkdir(parents=True)
     (proc / "cgroup").write_text(proc_cgroup or f"0::{cgroup}\n")
+    # kthreadd listed: the host's PID namespace, where "our own cgroup" is the default.
+    (tmp_path / "proc" / "2").mkdir()
+    (tmp_path / "proc" / "2" / "stat").write_text(KTHREADD_STAT)
     directory = tmp_path / "sys" / "fs" / "cgroup" / cgroup.lstrip("/")
     directory.mkdir(parents=True)
     for name, text in files.items():
@@ -230,3 +236,12 @@ def test_a_pod_removed_mid_walk_leaves_the_others(tmp_path):
             remove_cgroup(d)
         for d in reversed(made):
             remove_cgroup(d)
+
+
+def test_alone_in_a_container_no_cgroup_is_passed_off_as_the_workloads(tmp_path):
+    """No kernel thread listed (a container's PID namespace) and no other process in it: the
+    only cgroup in sight is shmwatch's own, which is not exported under OOM-risk names."""
+    paths = v2_tree(tmp_path, "/a", V2_FILES)
+    os.unlink(tmp_path / "proc" / "2" / "stat")
+    with pytest.raises(LookupError, match="no workload shares this PID namespace"):
+        CgroupCollector(paths).collect()

@@ -172,11 +172,20 @@ class CgroupCollector:
             return self.collect_pods()
         if self.cgroup_path:
             return [self.read(*self.resolve(), self.limit_override)]
-        processes = workload.workload_processes(self.table, os.getpid())
+        host = self.table.kernel_threads_visible()  # the host's PID namespace: nobody's workload
+        processes = [] if host else workload.workload_processes(self.table, os.getpid())
         if self.target:
             pid = self.find_target_pid()
+        elif processes:
+            pid = processes[0].pid
+        elif host:
+            pid = "self"  # on a host without --cgroup.path: the cgroup shmwatch runs in
         else:
-            pid = processes[0].pid if processes else "self"  # never our own beside a workload
+            # A container alone in its PID namespace: its own cgroup is the exporter's, and
+            # exporting that under OOM-risk names would be the wrong pod's numbers.
+            raise LookupError("no workload shares this PID namespace (docker --pid=container:<server>, Kubernetes "
+                              "shareProcessNamespace), and shmwatch's own cgroup is not the workload's: share it, "
+                              "or name the cgroup with --cgroup.path")
         try:
             return [self.read(*self.resolve(pid), self.limit_override)]
         except (LookupError, FileNotFoundError):

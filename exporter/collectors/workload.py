@@ -34,10 +34,8 @@ SANDBOX_COMMS = ("pause",)
 
 
 def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
-    """The processes of our PID namespace that are not ours, lowest pid first; [] on a host
-    (kernel threads listed: the host's namespace is nobody's workload)."""
-    if table.kernel_threads_visible():
-        return []
+    """The processes of our PID namespace that are not ours, lowest pid first (the caller
+    asks only outside the host's namespace, which is nobody's workload)."""
     try:
         own = table.cgroups("self")
     except OSError:
