@@ -18,6 +18,7 @@ from prometheus_client.registry import CollectorRegistry
 from .collectors.cgroup import CgroupCollector
 from .collectors.gpu import GpuCollector
 from .collectors.host_memory import HostMemoryCollector
+from .collectors.oom import OomCollector
 from .collectors.segments import SegmentsCollector
 from .collectors.self_process import SelfProcessCollector
 from .collectors.shm_mount import ShmMountCollector
@@ -36,7 +37,7 @@ from .state import StateStore
 
 
 def build_sources(cfg: Config, paths: Paths, discovery: MountDiscovery, table: ProcessTable,
-                  changes: ChangeLog) -> List[object]:
+                  changes: ChangeLog, kmsg_from_start: bool = False) -> List[object]:
     """Discovery first (the others read its mounts), then the collectors that are on."""
     node = cfg.mode == "node"
     makers = {
@@ -44,11 +45,14 @@ def build_sources(cfg: Config, paths: Paths, discovery: MountDiscovery, table: P
         "segments": lambda: SegmentsCollector(paths, discovery.mounts, table, pod_of_pid=node, changes=changes,
                                               ignore_unreadable=re.compile(cfg.ignore_unreadable)
                                               if cfg.ignore_unreadable else None),
-        "sysv": lambda: SysvCollector(paths),
+        "sysv": lambda: SysvCollector(paths, node_mode=node, table=table),
         "host_memory": lambda: HostMemoryCollector(paths),
         "cgroup": lambda: CgroupCollector(paths, cfg.cgroup_path, cfg.cgroup_target_process,
-                                          cfg.memory_limit_bytes, node_mode=node, table=table),
+                                          cfg.memory_limit_bytes, node_mode=node, table=table,
+                                          mounts=discovery.mounts),
         "gpu": lambda: GpuCollector(paths, table=table),
+        # serve: kills from now on; check: the kernel log ring from its start (recent kills)
+        "oom": lambda: OomCollector(cfg.kmsg, from_start=kmsg_from_start),
     }
     sources = [discovery] + [make() for name, make in makers.items() if cfg.collectors.get(name, True)]
     # The exporter's own process_* metrics are always on, read on the poll like the rest.
@@ -56,14 +60,14 @@ def build_sources(cfg: Config, paths: Paths, discovery: MountDiscovery, table: P
 
 
 class App:
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, kmsg_from_start: bool = False):
         self.cfg = cfg
         self.paths = Paths(cfg.procfs, cfg.sysfs, cfg.rootfs)
         self.table = ProcessTable(self.paths)
         self.discovery = MountDiscovery(self.paths, cfg.shm_mounts, node_mode=cfg.mode == "node")
         self.state = StateStore(cfg.peak_window)
         self.changes = ChangeLog()  # names the watcher saw change, for the next quick inventory
-        self.sources = build_sources(cfg, self.paths, self.discovery, self.table, self.changes)
+        self.sources = build_sources(cfg, self.paths, self.discovery, self.table, self.changes, kmsg_from_start)
         self.sampler = Sampler(self.sources, cfg.poll_interval, cfg.inventory_interval,
                                timeouts={"gpu": cfg.gpu_timeout}, default_timeout=cfg.collector_timeout)
         self.step = ModelStep(self.sources, self.discovery, self.state, cfg.top_k, cfg.shm_size_limit,

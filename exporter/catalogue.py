@@ -84,6 +84,9 @@ CATALOGUE: Tuple[Metric, ...] = (
     M("shmwatch_sysv_limit_shmmax_bytes", "gauge", "bytes", (), "kernel.shmmax: largest SysV segment."),
     M("shmwatch_sysv_limit_shmall_bytes", "gauge", "bytes", (), "kernel.shmall in bytes: SysV shm in total."),
     M("shmwatch_sysv_limit_shmmni", "gauge", "", (), "kernel.shmmni: most SysV segments."),
+    M("shmwatch_sysv_namespace_readable", "gauge", "", (),
+      "1 when the IPC namespace's SysV segments and limits could be read; 0 (and no other SysV series for it) when "
+      "not: node mode enters each pod's IPC namespace with setns, which needs CAP_SYS_ADMIN."),
     # --- host memory (collector host_memory) ---------------------------------------
     M("shmwatch_host_memory_total_bytes", "gauge", "bytes", (), "MemTotal from meminfo."),
     M("shmwatch_host_memory_available_bytes", "gauge", "bytes", (), "MemAvailable from meminfo."),
@@ -96,7 +99,13 @@ CATALOGUE: Tuple[Metric, ...] = (
       "Usage minus inactive file cache, floored at 0 (what the OOM killer looks at)."),
     M("shmwatch_cgroup_memory_shmem_bytes", "gauge", "bytes", ("cgroup",),
       "tmpfs and shm pages charged to the cgroup."),
-    M("shmwatch_cgroup_oom_kills_total", "counter", "", ("cgroup",), "OOM kills in the cgroup."),
+    M("shmwatch_cgroup_oom_kills_total", "counter", "", ("cgroup",),
+      "OOM kills in the cgroup and below it: the kernel log's reports (collector oom) or the cgroup's own counter, "
+      "whichever is higher; never goes down, and in node mode a pod's stays after its cgroup is gone."),
+    M("shmwatch_cgroup_memory_estimated", "gauge", "", ("cgroup",),
+      "1 when the cgroup's numbers are an estimate (cgroup=\"estimate:workload\"): a sidecar that cannot read the "
+      "workload's cgroup sums its processes' resident anon and file memory (smaps_rollup Pss) and the shm mounts' "
+      "used bytes; 0 when read from the cgroup."),
     M("shmwatch_oom_risk_ratio", "gauge", "ratio", ("cgroup",), "Working set / limit; absent when unlimited."),
     M("shmwatch_shm_oom_projection_ratio", "gauge", "ratio", ("mount", "cgroup"),
       "(working set - shm used + shm size) / limit: above 1, filling the mount OOM-kills the pod first."),
@@ -106,10 +115,11 @@ CATALOGUE: Tuple[Metric, ...] = (
     # --- GPU (collector gpu) ---------------------------------------------------------
     M("shmwatch_gpu_info", "gauge", "", ("gpu", "uuid", "name", "driver_version"), "Always 1; one per GPU."),
     M("shmwatch_gpu_memory_total_bytes", "gauge", "bytes", GPU, "GPU memory in total (NVML)."),
-    M("shmwatch_gpu_memory_used_bytes", "gauge", "bytes", GPU, "GPU memory used (NVML)."),
+    M("shmwatch_gpu_memory_used_bytes", "gauge", "bytes", GPU,
+      "GPU memory not free (NVML), the driver's reserve included: memory info v1's used, v2's used + reserved."),
     M("shmwatch_gpu_memory_free_bytes", "gauge", "bytes", GPU, "GPU memory free (NVML)."),
     M("shmwatch_gpu_memory_reserved_bytes", "gauge", "bytes", GPU,
-      "GPU memory reserved by the driver (NVML memory info v2 only)."),
+      "GPU memory reserved by the driver, part of used (NVML memory info v2 only)."),
     M("shmwatch_gpu_process_memory_bytes", "gauge", "bytes", ("gpu", "uuid", "pid", "comm"),
       "GPU memory used by a process (compute and graphics)."),
     # --- the exporter itself -----------------------------------------------------------
@@ -131,6 +141,7 @@ BY_NAME: Dict[str, Metric] = {m.name: m for m in CATALOGUE}
 # Node mode (--mode=node) adds labels: which pod or container a mount belongs to, which
 # pod a cgroup is, and which pod a process holding shm runs in. Empty where not known.
 NODE_MOUNT_LABELS: Tuple[str, ...] = ("pod_uid", "volume", "container_id")
+SYSV_NODE_LABELS: Tuple[str, ...] = ("ipc_namespace", "pod_uid", "container_id")
 
 
 def node_labels(metric: Metric) -> Tuple[str, ...]:
@@ -142,6 +153,8 @@ def node_labels(metric: Metric) -> Tuple[str, ...]:
         extra += ("pod_uid",)
     if metric.name == "shmwatch_process_shm_bytes":
         extra += ("process_pod_uid",)
+    if metric.name.startswith("shmwatch_sysv_"):
+        extra += SYSV_NODE_LABELS  # SysV is per IPC namespace: one per pod (or container)
     return extra
 
 

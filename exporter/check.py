@@ -21,6 +21,7 @@ from . import __version__
 from . import segment_classes
 from . import thresholds as T
 from .config import Config, _typed, build_parser, parse_args, parse_size
+from .check_kernel import oom_kills as _oom_kills, sysv as _sysv
 from .logscan import SIGNATURES, LogHit, scan_log
 from .model import Model, MountView
 from . import recommend as R
@@ -91,9 +92,10 @@ def diagnose(model: Model, cfg: Config, required: Optional[int], required_by: st
         if view.usage is not None:
             _shm(report, view, model, required, required_by)
     if model.node_mode:
-        _pod_memory(report, model.cgroups)
+        _pod_memory(report, model.cgroups, {c.cgroup: c.kills for c in model.oom_kills})
     _memory(report, model, errors.get("cgroup"))
-    _sysv(report, model.sysv)
+    _oom_kills(report, model, errors.get("oom"))
+    _sysv(report, model.sysv, model.node_mode)
     for name, hits in log_hits.items():
         _, _, explanation, remedy = next(s for s in SIGNATURES if s[0] == name)
         first = hits[0]
@@ -102,7 +104,7 @@ def diagnose(model: Model, cfg: Config, required: Optional[int], required_by: st
     areas = {"sysv": "sysv", "host_memory": "memory", "shm_mount": "shm", "segments": "shm", "discovery": "shm"}
     for name, error in errors.items():
         # gpu and cgroup are reported above, as info: no driver, or no readable cgroup, is normal
-        if name not in ("gpu", "cgroup", "process"):
+        if name not in ("gpu", "cgroup", "process", "oom"):
             report.add("warn", areas.get(name, "shm"), f"collector {name}", f"could not be read: {error}")
     return report
 
@@ -228,13 +230,16 @@ def _memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
                    "OOM ratios not computed (pass --memory.limit-bytes)")
         return
     text = f"working set {human(cgroup.working_set_bytes)} of {human(cgroup.limit_bytes)} limit ({risk:.0%})"
+    if cgroup.estimated:
+        text += " (estimated: the workload's resident memory and shm; its cgroup is not readable here)"
     if cgroup.shmem_bytes is not None:
         text += f", shmem {human(cgroup.shmem_bytes)}"
     high = risk > T.OOM_RISK_RATIO
     report.add("warn" if high else "ok", "memory", cgroup.cgroup, text,
                "raise the memory limit or free shm" if high else "")
-    if cgroup.oom_kills:
-        report.add("warn", "memory", cgroup.cgroup, f"{cgroup.oom_kills} OOM kill(s) so far",
+    kills = next((c.kills for c in model.oom_kills if c.cgroup == cgroup.cgroup), cgroup.oom_kills)
+    if kills:
+        report.add("warn", "memory", cgroup.cgroup, f"{kills} OOM kill(s) so far",
                    "count /dev/shm in the memory budget")
     for view in model.mounts:
         budget = view.budget
@@ -245,7 +250,7 @@ def _memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
                        f"lower sizeLimit to at most {human(budget.room_bytes)} or raise the memory limit")
 
 
-def _pod_memory(report: Report, pods) -> None:
+def _pod_memory(report: Report, pods, kills: Dict[str, int]) -> None:
     report.facts["pod_cgroups"] = [asdict(c) for c in pods]
     risky = 0
     for c in pods:
@@ -254,30 +259,12 @@ def _pod_memory(report: Report, pods) -> None:
             report.add("warn", "memory", f"pod {c.pod_uid}", f"working set {human(c.working_set_bytes)} of "
                        f"{human(c.limit_bytes)} limit ({c.working_set_bytes / c.limit_bytes:.0%})",
                        "raise the pod's memory limit or free its shm")
-        if c.oom_kills:
-            report.add("warn", "memory", f"pod {c.pod_uid}", f"{c.oom_kills} OOM kill(s) so far",
+        if kills.get(c.cgroup):
+            report.add("warn", "memory", f"pod {c.pod_uid}", f"{kills[c.cgroup]} OOM kill(s) so far",
                        "count /dev/shm in the memory budget")
     if not risky:
         report.add("ok", "memory", "pods", f"{len(pods)} pod cgroup(s), none above "
                    f"{T.OOM_RISK_RATIO:.0%} of its limit")
-
-
-def _sysv(report: Report, sysv) -> None:
-    if sysv is None:
-        return
-    report.facts["sysv"] = {"segments": len(sysv.segments), "bytes": sysv.total_bytes, "orphans": sysv.orphans,
-                            "shmmax_bytes": sysv.shmmax_bytes, "shmall_bytes": sysv.shmall_bytes,
-                            "shmmni": sysv.shmmni}
-    text = f"{len(sysv.segments)} segment(s), {human(sysv.total_bytes)}"
-    if sysv.shmmni and len(sysv.segments) > T.SYSV_NEAR_LIMIT_RATIO * sysv.shmmni:
-        report.add("warn", "sysv", "kernel.shmmni", f"{text}: near the limit of {sysv.shmmni}",
-                   "ipcs -m; ipcrm -m <id> for orphans; sysctl -w kernel.shmmni=8192")
-    elif sysv.shmall_bytes and sysv.total_bytes > T.SYSV_NEAR_LIMIT_RATIO * sysv.shmall_bytes:
-        report.add("warn", "sysv", "kernel.shmall", f"{text}: near the limit of {human(sysv.shmall_bytes)}",
-                   "ipcs -m; ipcrm -m <id>; sysctl kernel.shmall")
-    else:
-        report.add("ok", "sysv", "SysV shm", text + (f", {sysv.orphans} with nothing attached" if sysv.orphans else ""),
-                   "ipcs -m; ipcrm -m <id>" if sysv.orphans else "")
 
 
 # --- output -----------------------------------------------------------------------------------
@@ -308,6 +295,8 @@ def render_json(report: Report) -> str:
         "sysv": report.facts.get("sysv"),
         "recommendations": report.facts.get("recommendations", []),  # --recommend
         "recommendation_notes": report.facts.get("recommendation_notes", []),
+        "oom_kills": report.facts.get("oom_kills", []),
+        "sysv_namespaces": report.facts.get("sysv_namespaces", []),
     }
     return json.dumps(doc, indent=2, default=str) + "\n"
 
@@ -333,7 +322,7 @@ def main(argv: Sequence[str]) -> int:
             return EXIT_USAGE
     from .app import App
 
-    app = App(cfg)
+    app = App(cfg, kmsg_from_start=True)  # recent kills: the kernel log ring from its start
     # One run of every source (each on its own thread, so a hung GPU is bounded by its
     # timeout), then the model, then the report. No inotify: nothing here waits for events.
     try:

@@ -19,7 +19,10 @@ from typing import Dict, List, Optional, Sequence
 
 from . import __version__
 
-COLLECTORS = ("shm_mount", "segments", "sysv", "host_memory", "cgroup", "gpu")
+COLLECTORS = ("shm_mount", "segments", "sysv", "host_memory", "cgroup", "gpu", "oom")
+# Collectors whose default depends on --mode: on in node mode, off in a sidecar (/dev/kmsg
+# is not in a container unless given to it, and reading it needs CAP_SYSLOG).
+NODE_DEFAULT_COLLECTORS = ("oom",)
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -81,6 +84,7 @@ class Config:
     procfs: str = "/proc"
     sysfs: str = "/sys"
     rootfs: str = "/"
+    kmsg: str = "/dev/kmsg"
     shm_mounts: List[str] = field(default_factory=lambda: ["/dev/shm"])
     shm_size_limit: Optional[int] = None
     poll_interval: float = 1.0
@@ -156,6 +160,9 @@ FLAGS = (
     ("--path.procfs", "procfs", str, "/proc", "procfs mount point.", False),
     ("--path.sysfs", "sysfs", str, "/sys", "sysfs mount point.", False),
     ("--path.rootfs", "rootfs", str, "/", "Root of the filesystem the shm mounts are found under.", False),
+    ("--path.kmsg", "kmsg", str, "/dev/kmsg",
+     "The kernel log device the oom collector reads OOM kill reports from (not under --path.rootfs: in a "
+     "container it is a device given to it, e.g. docker --device /dev/kmsg).", False),
     ("--shm.mount", "shm_mounts", str, None, "tmpfs mount to watch (repeatable; default /dev/shm).", True),
     ("--shm.size-limit", "shm_size_limit", parse_size, None,
      "Configured size limit of the shm volume (emptyDir sizeLimit), e.g. 16Gi.", False),
@@ -202,9 +209,11 @@ def build_parser(prog: str = "shmwatch") -> argparse.ArgumentParser:
     for name in COLLECTORS:
         flag = f"--collector.{name}"
         env = os.environ.get(_env_name(flag))
-        default = True if env is None else env.strip().lower() not in ("0", "false", "no", "off")
+        on_by_default: Optional[bool] = None if name in NODE_DEFAULT_COLLECTORS else True
+        default = on_by_default if env is None else env.strip().lower() not in ("0", "false", "no", "off")
         parser.add_argument(flag, dest=f"collector_{name}", action="store_true", default=default,
-                            help=f"Enable the {name} collector (default on) [env {_env_name(flag)}].")
+                            help=f"Enable the {name} collector (default "
+                                 f"{'on' if on_by_default else 'on in node mode'}) [env {_env_name(flag)}].")
         parser.add_argument(f"--no-collector.{name}", dest=f"collector_{name}", action="store_false",
                             help=f"Disable the {name} collector.")
     inotify_env = os.environ.get("SHMWATCH_INOTIFY")
@@ -237,7 +246,7 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = "shmwatch", par
     cfg = Config()
     cfg.listen_host, cfg.listen_port = values["listen"]
     for key in ("telemetry_path", "tls_cert_file", "tls_key_file", "tls_client_ca_file", "web_config_file",
-                "log_format", "procfs", "sysfs",
+                "log_format", "procfs", "sysfs", "kmsg",
                 "rootfs", "shm_size_limit", "poll_interval", "inventory_interval", "peak_window", "top_k",
                 "collector_timeout", "gpu_timeout", "cgroup_path", "cgroup_target_process",
                 "memory_limit_bytes", "log_level", "mode", "ignore_unreadable"):
@@ -245,6 +254,9 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = "shmwatch", par
     if values["shm_mounts"]:
         cfg.shm_mounts = list(dict.fromkeys(m.rstrip("/") or "/" for m in values["shm_mounts"]))
     cfg.collectors = {name: getattr(ns, f"collector_{name}") for name in COLLECTORS}
+    for name in NODE_DEFAULT_COLLECTORS:
+        if cfg.collectors[name] is None:
+            cfg.collectors[name] = cfg.mode == "node"
     cfg.inotify = ns.inotify
     if not cfg.telemetry_path.startswith("/"):
         parser.error(f"argument --web.telemetry-path: must start with '/', got {cfg.telemetry_path!r}")

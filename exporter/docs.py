@@ -9,7 +9,7 @@ import re
 import sys
 
 from .catalogue import CATALOGUE
-from .config import COLLECTORS, FLAGS, _env_name
+from .config import COLLECTORS, FLAGS, NODE_DEFAULT_COLLECTORS, _env_name
 
 
 def flags_table() -> str:
@@ -20,7 +20,8 @@ def flags_table() -> str:
                     f"{f'`{shown}`' if shown else '—'} | {text} |")
     for name in COLLECTORS:
         flag = f"--collector.{name}"
-        rows.append(f"| `{flag}` / `--no-collector.{name}` | `{_env_name(flag)}` | on | "
+        default = "on in node mode" if name in NODE_DEFAULT_COLLECTORS else "on"
+        rows.append(f"| `{flag}` / `--no-collector.{name}` | `{_env_name(flag)}` | {default} | "
                     f"Enable or disable the {name} collector. |")
     rows.append("| `--no-inotify` | `SHMWATCH_INOTIFY=false` | inotify on | Poll mounts instead of watching them. |")
     return "\n".join(rows)

@@ -152,6 +152,10 @@ class ModelCollector(Collector):
             self._derived(model, out)
         except Exception:
             log.exception("rendering derived metrics failed")
+        try:
+            self._oom_kills(model, out)
+        except Exception:
+            log.exception("rendering OOM kills failed")
         self._events(model, out)
         return list(out)
 
@@ -208,17 +212,23 @@ class ModelCollector(Collector):
                 out.add("shmwatch_mount_other_entries", [m.mount, kind], count)
 
     def _sysv(self, model: Model, out: Families) -> None:
-        shm = model.sysv
-        out.add("shmwatch_sysv_segments", [], len(shm.segments))
-        out.add("shmwatch_sysv_bytes", [], shm.total_bytes)
-        out.add("shmwatch_sysv_resident_bytes", [], shm.resident_bytes)
-        out.add("shmwatch_sysv_orphan_segments", [], shm.orphans)
-        if shm.shmmax_bytes is not None:
-            out.add("shmwatch_sysv_limit_shmmax_bytes", [], shm.shmmax_bytes)
-        if shm.shmall_bytes is not None:
-            out.add("shmwatch_sysv_limit_shmall_bytes", [], shm.shmall_bytes)
-        if shm.shmmni is not None:
-            out.add("shmwatch_sysv_limit_shmmni", [], shm.shmmni)
+        for shm in model.sysv:
+            # Node mode: which IPC namespace and whose; a namespace we could not enter says
+            # so and nothing else (an empty list of segments would read as "all clear").
+            ns = {"ipc_namespace": shm.namespace, "pod_uid": shm.pod_uid, "container_id": shm.container_id}
+            out.add("shmwatch_sysv_namespace_readable", [], 1 if shm.readable else 0, extra=ns)
+            if not shm.readable:
+                continue
+            out.add("shmwatch_sysv_segments", [], len(shm.segments), extra=ns)
+            out.add("shmwatch_sysv_bytes", [], shm.total_bytes, extra=ns)
+            out.add("shmwatch_sysv_resident_bytes", [], shm.resident_bytes, extra=ns)
+            out.add("shmwatch_sysv_orphan_segments", [], shm.orphans, extra=ns)
+            if shm.shmmax_bytes is not None:
+                out.add("shmwatch_sysv_limit_shmmax_bytes", [], shm.shmmax_bytes, extra=ns)
+            if shm.shmall_bytes is not None:
+                out.add("shmwatch_sysv_limit_shmall_bytes", [], shm.shmall_bytes, extra=ns)
+            if shm.shmmni is not None:
+                out.add("shmwatch_sysv_limit_shmmni", [], shm.shmmni, extra=ns)
 
     def _process(self, model: Model, out: Families) -> None:
         for name, value in model.process_samples:
@@ -239,14 +249,13 @@ class ModelCollector(Collector):
         pod = {"pod_uid": cg.pod_uid}
         out.add("shmwatch_cgroup_memory_usage_bytes", label, cg.usage_bytes, extra=pod)
         out.add("shmwatch_cgroup_memory_working_set_bytes", label, cg.working_set_bytes, extra=pod)
+        out.add("shmwatch_cgroup_memory_estimated", label, 1 if cg.estimated else 0, extra=pod)
         if cg.limit_bytes is not None:
             out.add("shmwatch_cgroup_memory_limit_bytes", label, cg.limit_bytes, extra=pod)
         if cg.oom_risk_ratio is not None:
             out.add("shmwatch_oom_risk_ratio", label, cg.oom_risk_ratio, extra=pod)
         if cg.shmem_bytes is not None:
             out.add("shmwatch_cgroup_memory_shmem_bytes", label, cg.shmem_bytes, extra=pod)
-        if cg.oom_kills is not None:
-            out.add("shmwatch_cgroup_oom_kills_total", label, cg.oom_kills, extra=pod)
 
     def _gpu(self, model: Model, out: Families) -> None:
         gpus = model.gpu
@@ -275,6 +284,12 @@ class ModelCollector(Collector):
                         budget.projection)
             if view.budget_complete:
                 out.add("shmwatch_mount_effective_size_bytes", [view.mount], budget.effective_bytes)
+
+    def _oom_kills(self, model: Model, out: Families) -> None:
+        """From the model's counts, not the cgroup renderer: a pod's kills outlive its cgroup."""
+        for count in model.oom_kills:
+            out.add("shmwatch_cgroup_oom_kills_total", [clean(count.cgroup, 256)], count.kills,
+                    extra={"pod_uid": count.pod_uid})
 
     def _events(self, model: Model, out: Families) -> None:
         for (mount, cls, event), count in sorted(model.states.events.items()):

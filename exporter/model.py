@@ -9,6 +9,7 @@ reports from it; neither recomputes what is here.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,13 +19,16 @@ from .budget import ShmBudget, cgroup_for_mount, shm_budget
 from .collectors.cgroup import CgroupMemory
 from .collectors.gpu import GpuSnapshot
 from .collectors.host_memory import HostMemory
+from .collectors.oom import OomKill
 from .collectors.shm_mount import MountUsage
 from .collectors.sysv import SysvShm
 from .discovery import MountDiscovery
 from .inventory.summary import Inventory, MountInventory, SegmentSummary, summarise
-from .kube import pod_uid_of_mount
+from .kube import pod_uid_in_cgroup, pod_uid_of_mount
 from .sampler import Observation
 from .state import MountStates, StateStore
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,13 @@ class MountView:
 
 
 @dataclass(frozen=True)
+class OomCount:
+    cgroup: str
+    pod_uid: str
+    kills: int  # max(kills in the kernel log under the cgroup, the cgroup's own counter): never down
+
+
+@dataclass(frozen=True)
 class Model:
     built_at: float  # wall clock
     node_mode: bool
@@ -63,10 +74,13 @@ class Model:
     inventory: Optional[Inventory]  # process-level facts: comms, pods, unreadable, wall time
     cgroups: List[CgroupMemory]
     host_memory: Optional[HostMemory]
-    sysv: Optional[SysvShm]
+    sysv: List[SysvShm]  # one per IPC namespace (one in a sidecar); [] when not read
     gpu: Optional[GpuSnapshot]
     process_samples: List[Tuple[str, float]]
     states: MountStates
+    oom_kills: List[OomCount] = field(default_factory=list)
+    # The newest OOM kills (oldest first), each with its pod's shm use when it was seen.
+    recent_oom_kills: List[Tuple[OomKill, Optional[int]]] = field(default_factory=list)
 
     def result_ok(self, source: str) -> bool:
         return any(s.name == source and s.success for s in self.statuses)
@@ -127,12 +141,38 @@ class ModelStep:
             for usage in obs.result:
                 if not usage.error:
                     self.state.record_used(usage.mount, usage.used_bytes)
+        if obs.success and obs.source == "cgroup":
+            for cgroup in obs.result:
+                if cgroup.oom_kills is not None:
+                    self.state.record_cgroup_oom(cgroup.cgroup, cgroup.oom_kills)
+                for child, count in cgroup.child_oom_kills:
+                    self.state.record_cgroup_oom(child, count)
+        if obs.success and obs.source == "oom":
+            for kill in obs.result.new:
+                self._count_kill(kill)
         with self._lock:
             if obs.source in self._latest:
                 self._latest[obs.source] = latest
             self._stale = True
         for listener in self._listeners:
             listener(not obs.full)
+
+    def _count_kill(self, kill: OomKill) -> None:
+        """Count one kill under its pod's cgroup (node mode) or its own, and log it once with
+        what was in the pod's shm then: a kill with a large shmem-rss, or a full shm beside
+        it, is the shm filling the memory limit."""
+        key = kill.pod_cgroup if self.node_mode and kill.pod_cgroup else kill.task_memcg
+        with self._lock:
+            usages = [u for u in self._result("shm_mount") or [] if not u.error]
+        if self.node_mode:
+            usages = [u for u in usages if kill.pod_uid and pod_uid_of_mount(u.mount) == kill.pod_uid]
+        shm_used = sum(u.used_bytes for u in usages) if usages else None
+        mib = (lambda n: "unknown" if n is None else f"{n / 2**20:.1f}MiB")
+        log.warning("OOM kill: pid %d (%s) in %s (limit of %s hit): anon-rss %s, shmem-rss %s; shm used %s%s",
+                    kill.pid, kill.comm, kill.task_memcg or "?", kill.oom_memcg or "the whole host",
+                    mib(kill.anon_rss_bytes), mib(kill.shmem_rss_bytes), mib(shm_used),
+                    f" (pod {kill.pod_uid})" if kill.pod_uid else "")
+        self.state.count_oom_kill(key, kill, shm_used)  # after the log line: a scrape that counts it finds it logged
 
     def current(self) -> Model:
         """The model, rebuilt first if anything changed since it was built."""
@@ -176,5 +216,30 @@ class ModelStep:
                                     inv_mounts.get(target.mount),
                                     summaries.get(target.mount), cgroup, budget, not limit_unknown))
         return Model(time.time(), self.node_mode, statuses, mounts, inventory, cgroups,
-                     self._result("host_memory"), self._result("sysv"), self._result("gpu"),
-                     self._result("process") or [], states)
+                     self._result("host_memory"), self._result("sysv") or [], self._result("gpu"),
+                     self._result("process") or [], states, self._oom_counts(cgroups, states),
+                     list(states.recent_oom_kills))
+
+    def _oom_counts(self, cgroups: List[CgroupMemory], states: MountStates) -> List[OomCount]:
+        """Per cgroup: the kills the kernel log showed in its subtree, or its own counter if
+        higher (a kill before we started, or while the log could not be read). In node mode
+        also every pod that had a kill and whose cgroup is gone (or was never seen)."""
+        watching_log = "oom" in self._latest
+        counts: Dict[str, OomCount] = {}
+        for c in cgroups:
+            prefix = c.cgroup.rstrip("/") + "/"
+            logged = sum(n for key, n in states.oom_kills.items() if key == c.cgroup or key.startswith(prefix))
+            own = states.oom_cgroup_max.get(c.cgroup)
+            if own is None and not watching_log:
+                continue  # neither source counts kills here: no series rather than a confident 0
+            # v1 counts a kill in the victim's memcg only: the pod's own plus each container's
+            # highest count ever seen (kept after the container's cgroup is gone). v2 records
+            # no children: its pod counter is hierarchical already.
+            below = sum(n for key, n in states.oom_cgroup_max.items() if key.startswith(prefix))
+            counts[c.cgroup] = OomCount(c.cgroup, c.pod_uid, max(logged, (own or 0) + below))
+        if self.node_mode:
+            for key, n in sorted(states.oom_kills.items()):
+                pod = pod_uid_in_cgroup(key)
+                if key not in counts and pod:
+                    counts[key] = OomCount(key, pod, max(n, states.oom_cgroup_max.get(key, 0)))
+        return list(counts.values())

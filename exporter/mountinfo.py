@@ -19,6 +19,7 @@ class MountEntry:
     source: str
     options: str  # per-mount and superblock options, comma-separated
     device: str = ""  # major:minor
+    root: str = "/"  # the directory of the filesystem mounted here (a bind mount's or a cgroup namespace's root)
 
 
 def _unescape(field: str) -> str:
@@ -48,7 +49,7 @@ def parse_mountinfo(text: str) -> List[MountEntry]:
             entries.append(MountEntry(
                 mount_point=_unescape(fields[4]), fstype=fields[sep + 1], source=_unescape(fields[sep + 2]),
                 options=fields[5] + "," + (fields[sep + 3] if len(fields) > sep + 3 else ""),
-                device=fields[2]))
+                device=fields[2], root=_unescape(fields[3])))
         except (ValueError, IndexError):
             continue
     return entries

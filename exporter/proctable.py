@@ -39,6 +39,16 @@ def parse_proc_cgroup(text: str) -> Dict[str, str]:
     return result
 
 
+def parse_smaps_rollup(text: str) -> Dict[str, int]:
+    """/proc/<pid>/smaps_rollup -> {field: bytes} ('Pss_Anon:  112 kB' -> {'Pss_Anon': 114688})."""
+    values: Dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0].endswith(":") and parts[2] == "kB" and parts[1].isdigit():
+            values[parts[0][:-1]] = int(parts[1]) * 1024
+    return values
+
+
 @dataclass(frozen=True)
 class Process:
     pid: int
@@ -235,6 +245,19 @@ class ProcessTable:
         with self._lock:
             for key in [k for k in self._pods if k not in alive]:
                 del self._pods[key]
+
+    def kernel_threads_visible(self) -> bool:
+        """True in the host's PID namespace: kthreadd (pid 2) is listed in no other."""
+        try:
+            ident = self.identify(2)
+        except (OSError, ValueError, IndexError):
+            return False
+        return bool(ident and ident[1])
+
+    def smaps_rollup(self, pid: int) -> Dict[str, int]:
+        """What a process has resident, by kind (Pss_Anon, Pss_File, Pss_Shmem...): needs the
+        same access as maps (same UID or CAP_SYS_PTRACE)."""
+        return parse_smaps_rollup(read_text(self.paths.proc(pid, "smaps_rollup")))
 
     # --- what a process holds (read on demand by the owner scan) -----------------------------
     def maps(self, pid: int) -> str:

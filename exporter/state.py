@@ -9,8 +9,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Deque, Dict, Iterable, List, Optional, Tuple
+
+# How many OOM kills `shmwatch check` and the model remember (the newest).
+RECENT_OOM_KILLS = 50
 
 
 class PeakWindow:
@@ -48,6 +51,12 @@ class MountStates:
     events: Dict[Tuple[str, str, str], int]  # (mount, class, event) -> count
     inotify: Dict[str, bool]
     overflows: Dict[str, int]  # mount -> inotify queue overflows while it was watched
+    # OOM kills: cgroup (a pod's in node mode, else the victim's) -> kills in the kernel log
+    # since start; cgroup -> the highest count its own counter showed; the newest kills,
+    # each with its pod's shm use when it was seen (None: not known).
+    oom_kills: Dict[str, int] = field(default_factory=dict)
+    oom_cgroup_max: Dict[str, int] = field(default_factory=dict)
+    recent_oom_kills: Tuple[Tuple[object, Optional[int]], ...] = ()
 
 
 class StateStore:
@@ -62,6 +71,9 @@ class StateStore:
         self._events: Dict[Tuple[str, str, str], int] = {}
         self._inotify: Dict[str, bool] = {}
         self._overflows: Dict[str, int] = {}
+        self._oom: Dict[str, int] = {}
+        self._oom_cgroup: Dict[str, int] = {}
+        self._recent_oom: Deque[Tuple[object, Optional[int]]] = deque(maxlen=RECENT_OOM_KILLS)
         self._listeners: List[Callable[[], None]] = []
 
     def on_change(self, listener: Callable[[], None]) -> None:
@@ -92,6 +104,22 @@ class StateStore:
     def count_overflow(self, mount: str) -> None:
         with self._lock:
             self._overflows[mount] = self._overflows.get(mount, 0) + 1
+        self._changed()
+
+    def count_oom_kill(self, cgroup: str, kill: object, shm_used: Optional[int]) -> None:
+        """One kill from the kernel log, counted under `cgroup` for good: it outlives the
+        victim's cgroup (and a pod's mounts), so it is never forgotten with them."""
+        with self._lock:
+            self._oom[cgroup] = self._oom.get(cgroup, 0) + 1
+            self._recent_oom.append((kill, shm_used))
+        self._changed()
+
+    def record_cgroup_oom(self, cgroup: str, count: int) -> None:
+        """A cgroup's own counter: kept as the highest value seen, so it never goes down."""
+        with self._lock:
+            if count <= self._oom_cgroup.get(cgroup, -1):
+                return
+            self._oom_cgroup[cgroup] = count
         self._changed()
 
     def set_inotify(self, mount: str, active: bool) -> None:
@@ -129,4 +157,5 @@ class StateStore:
         with self._lock:
             peaks = {m: p for m, w in self._peaks.items() if (p := w.peak(now)) is not None}
             return MountStates(peaks, dict(self._max_used), dict(self._events), dict(self._inotify),
-                               dict(self._overflows))
+                               dict(self._overflows), dict(self._oom), dict(self._oom_cgroup),
+                               tuple(self._recent_oom))

@@ -14,10 +14,16 @@ MiB = 1 << 20
 V1_ROOT = "/sys/fs/cgroup/memory"
 
 
+KTHREADD_STAT = "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 2 0 0\n"  # flags: PF_KTHREAD
+
+
 def v2_tree(tmp_path, cgroup, files, proc_cgroup=None):
     proc = tmp_path / "proc" / "self"
     proc.mkdir(parents=True)
     (proc / "cgroup").write_text(proc_cgroup or f"0::{cgroup}\n")
+    # kthreadd listed: the host's PID namespace, where "our own cgroup" is the default.
+    (tmp_path / "proc" / "2").mkdir()
+    (tmp_path / "proc" / "2" / "stat").write_text(KTHREADD_STAT)
     directory = tmp_path / "sys" / "fs" / "cgroup" / cgroup.lstrip("/")
     directory.mkdir(parents=True)
     for name, text in files.items():
@@ -187,4 +193,55 @@ def test_target_process_in_another_cgroup(v1_cgroup):
 def test_cgroup_outside_our_namespace_is_refused(tmp_path):
     paths = v2_tree(tmp_path, "/a", V2_FILES, proc_cgroup="0::/../cri-containerd-other.scope\n")
     with pytest.raises(LookupError, match="outside this container's cgroup namespace"):
+        CgroupCollector(paths).collect()
+
+
+@needs_root
+def test_a_pod_removed_mid_walk_leaves_the_others(tmp_path):
+    """Real v1 pod cgroups. One is removed after the walk listed it and before it was read:
+    the collector still succeeds with the other pods. Then the same race for real: a pod
+    created and removed in a loop while node mode collects over and over; the stable pods
+    are in every result and no collect fails."""
+    import threading
+    from exporter.paths import Paths
+    if not os.path.exists(os.path.join(V1_ROOT, "memory.usage_in_bytes")):
+        pytest.skip("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
+    base = os.path.join(V1_ROOT, "kubepods", "burstable")
+    made = [d for d in (os.path.join(V1_ROOT, "kubepods"), base) if not os.path.isdir(d)]
+    uids = [str(uuid.uuid4()) for _ in range(3)]
+    dirs = [os.path.join(base, f"pod{u}") for u in uids]
+    flapping = os.path.join(base, f"pod{uuid.uuid4()}")
+    stop = threading.Event()
+    try:
+        for d in dirs:
+            os.makedirs(d)
+        collector = CgroupCollector(Paths(), node_mode=True)
+        listed = [p for p in collector.pod_cgroups() if p[3] in uids]
+        assert [p[3] for p in listed] == sorted(uids)
+        remove_cgroup(dirs[1])
+        assert [c.pod_uid for c in collector.read_pods(listed)] == [u for u in sorted(uids) if u != uids[1]]
+
+        def flap():
+            while not stop.is_set():
+                os.mkdir(flapping)
+                remove_cgroup(flapping)
+        thread = threading.Thread(target=flap, daemon=True)
+        thread.start()
+        stable = {uids[0], uids[2]}
+        for _ in range(300):
+            assert stable <= {c.pod_uid for c in collector.collect()}
+    finally:
+        stop.set()
+        for d in dirs + [flapping]:
+            remove_cgroup(d)
+        for d in reversed(made):
+            remove_cgroup(d)
+
+
+def test_alone_in_a_container_no_cgroup_is_passed_off_as_the_workloads(tmp_path):
+    """No kernel thread listed (a container's PID namespace) and no other process in it: the
+    only cgroup in sight is shmwatch's own, which is not exported under OOM-risk names."""
+    paths = v2_tree(tmp_path, "/a", V2_FILES)
+    os.unlink(tmp_path / "proc" / "2" / "stat")
+    with pytest.raises(LookupError, match="no workload shares this PID namespace"):
         CgroupCollector(paths).collect()

@@ -45,7 +45,11 @@ def test_defaults():
     assert (cfg.listen_host, cfg.listen_port, cfg.telemetry_path) == ("", 9841, "/metrics")
     assert cfg.shm_mounts == ["/dev/shm"]
     assert (cfg.poll_interval, cfg.inventory_interval, cfg.peak_window) == (1.0, 15.0, 60.0)
-    assert all(cfg.collectors.values())
+    # Every collector on, but the kernel log's: a sidecar has no /dev/kmsg. Node mode reads it.
+    assert {name for name, on in cfg.collectors.items() if not on} == {"oom"}
+    assert parse_args(["--mode=node"]).collectors["oom"] is True
+    assert parse_args(["--mode=node", "--no-collector.oom"]).collectors["oom"] is False
+    assert parse_args(["--collector.oom"]).collectors["oom"] is True
 
 
 def test_flags_and_env(monkeypatch):

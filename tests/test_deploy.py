@@ -61,9 +61,11 @@ def test_manifest_validates(path, doc):
 
 
 @pytest.mark.parametrize("directory,kinds", [
-    ("sidecar", ["Deployment", "PodMonitor", "PrometheusRule", "PrometheusRule", "Service"]),
-    ("sidecar-nonroot", ["Deployment", "PodMonitor", "PrometheusRule", "PrometheusRule", "Service"]),
-    ("daemonset", ["DaemonSet", "PodMonitor", "PrometheusRule", "PrometheusRule", "PrometheusRule"]),
+    ("sidecar", ["Deployment", "PodMonitor", "PrometheusRule", "PrometheusRule", "PrometheusRule", "Service"]),
+    ("sidecar-nonroot", ["Deployment", "PodMonitor", "PrometheusRule", "PrometheusRule", "PrometheusRule",
+                         "Service"]),
+    ("daemonset", ["DaemonSet", "PodMonitor"] + ["PrometheusRule"] * 4),
+    ("daemonset-privileged", ["DaemonSet", "PodMonitor"] + ["PrometheusRule"] * 4),
 ])
 def test_kustomize_renders_everything(directory, kinds):
     path = os.path.join(DEPLOY, "kubernetes", directory)
@@ -84,6 +86,24 @@ def test_daemonset_reads_the_host_read_only():
     assert ctx["capabilities"]["drop"] == ["ALL"] and set(ctx["capabilities"]["add"]) == {"SYS_PTRACE",
                                                                                          "DAC_READ_SEARCH"}
     assert container["resources"]["limits"]["memory"]
+    assert "--no-collector.oom" in container["args"]  # /dev/kmsg needs the privileged variant
+
+
+def test_daemonset_privileged_reads_the_kernel_log():
+    """The explicit choice: privileged (the runtime's device cgroup admits /dev/kmsg to
+    nothing less), the device read-only, and the oom collector on."""
+    result = subprocess.run([tool("kubectl"), "kustomize", os.path.join(DEPLOY, "kubernetes", "daemonset-privileged")],
+                            capture_output=True, text=True, timeout=60)
+    ds = next(d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    assert "--no-collector.oom" not in container["args"] and "--mode=node" in container["args"]
+    assert container["securityContext"]["privileged"] is True
+    kmsg = next(m for m in container["volumeMounts"] if m["mountPath"] == "/dev/kmsg")
+    assert kmsg["readOnly"] and all(m["readOnly"] for m in container["volumeMounts"])
+    volume = next(v for v in spec["volumes"] if v["name"] == kmsg["name"])
+    assert volume["hostPath"] == {"path": "/dev/kmsg", "type": "CharDevice"}
+    kubernetes_validate.validate(ds, K8S_VERSION, strict=True)
 
 
 def test_yamllint_clean():

@@ -68,7 +68,9 @@ def test_config_overrides_reach_alerts_and_dashboard(tmp_path):
     assert after["ShmUsageHigh"]["for"] == "2m" and after["ShmUsageCritical"]["for"] == "1m"
     # Nothing else moved.
     changed = {name for name in before if before[name] != after[name]}
-    assert changed == {"ShmUsageHigh", "ShmUsageCritical", "ShmPeakNearFull", "ShmwatchDown"}
+    # (shmwatchSelector also picks the sidecar's mount series in the kube-prometheus join.)
+    assert changed == {"ShmUsageHigh", "ShmUsageCritical", "ShmPeakNearFull", "ShmwatchDown",
+                       "shmwatch:kube_pod_shm_oom_projection_ratio"}
     # The dashboard's gauge follows the alert thresholds.
     for mixin, steps in ((default, [None, 0.8, 0.95]), (tuned, [None, 0.7, 0.9])):
         gauge = next(p for p in mixin["grafanaDashboards"]["shmwatch.json"]["panels"] if p["title"] == "/dev/shm usage")

@@ -77,7 +77,8 @@ def test_pod_cgroups_in_each_layout(tmp_path, layout, version):
 def test_node_labels_in_the_catalogue():
     assert node_labels(BY_NAME["shmwatch_mount_used_bytes"]) == ("pod_uid", "volume", "container_id")
     assert node_labels(BY_NAME["shmwatch_oom_risk_ratio"]) == ("pod_uid",)
-    assert node_labels(BY_NAME["shmwatch_sysv_bytes"]) == ()
+    # SysV is per IPC namespace in node mode: which one, and whose.
+    assert node_labels(BY_NAME["shmwatch_sysv_bytes"]) == ("ipc_namespace", "pod_uid", "container_id")
 
 
 # --- real mounts, a real exporter -----------------------------------------------------------

@@ -97,12 +97,12 @@ def test_ucx_posix_segments(tmpfs, proc_link, state):
 
 def test_ucx_sysv_segments(tmpfs):
     collector = SysvCollector(Paths())
-    before = {s.shmid for s in collector.collect().segments}
+    before = {s.shmid for s in collector.collect()[0].segments}
     pair = UcxPair(tmpfs, {"UCX_TLS": "sysv,self"})
     try:
         deadline = time.monotonic() + 20
         while True:
-            mine = [s for s in collector.collect().segments if s.shmid not in before and s.cpid in pair.pids]
+            mine = [s for s in collector.collect()[0].segments if s.shmid not in before and s.cpid in pair.pids]
             if {s.cpid for s in mine} == pair.pids or time.monotonic() > deadline:
                 break
             time.sleep(0.2)

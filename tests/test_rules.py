@@ -252,3 +252,66 @@ def test_node_recording_rules_join_pod_names(tmp_path):
     with open(NODE_OPERATOR_RULE) as f:
         manifest = next(d for d in yaml.safe_load_all(f) if d)
     assert manifest["spec"] == rules, "regenerate: python3 deploy/mixin/render.py"
+
+
+KUBE_RULES = os.path.join(REPO, "deploy", "prometheus", "shmwatch-kube-rules.yml")
+KUBE_OPERATOR_RULE = os.path.join(REPO, "deploy", "kubernetes", "rules", "kube-recording-rules.yaml")
+
+
+def test_kube_prometheus_rules_join_cadvisor_ksm_and_the_sidecar(tmp_path):
+    """A vLLM pod (vllm 300 MiB working set of 512 MiB, the shmwatch sidecar 20 of 96) whose
+    /dev/shm (1 GiB) holds 200 MiB: risk 320/608, projection (320 - 200 + 1024)/608. The
+    pod-level cgroup series (container="") and the pause container (image="") are not
+    counted twice. A pod with an unlimited container has no limit, so no ratio."""
+    result = subprocess.run([promtool(), "check", "rules", KUBE_RULES], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    cad = 'job="kubelet", metrics_path="/metrics/cadvisor"'
+    ksm = 'job="kube-state-metrics"'
+    sidecar = 'job="ml/shmwatch", instance="10.0.0.7:9841", container="shmwatch", mount="/dev/shm"'
+    series = {
+        f'container_memory_working_set_bytes{{{cad}, namespace="ml", pod="vllm-0", container="vllm", image="v"}}': 300,
+        f'container_memory_working_set_bytes{{{cad}, namespace="ml", pod="vllm-0", container="shmwatch", '
+        f'image="s"}}': 20,
+        f'container_memory_working_set_bytes{{{cad}, namespace="ml", pod="vllm-0", container="", image=""}}': 321,
+        f'container_memory_working_set_bytes{{{cad}, namespace="ml", pod="vllm-0", container="POD", image=""}}': 1,
+        f'kube_pod_container_resource_limits{{{ksm}, namespace="ml", pod="vllm-0", container="vllm", '
+        f'resource="memory", unit="byte"}}': 512,
+        f'kube_pod_container_resource_limits{{{ksm}, namespace="ml", pod="vllm-0", container="shmwatch", '
+        f'resource="memory", unit="byte"}}': 96,
+        f'kube_pod_container_info{{{ksm}, namespace="ml", pod="vllm-0", container="vllm"}}': 1 / MiB,
+        f'kube_pod_container_info{{{ksm}, namespace="ml", pod="vllm-0", container="shmwatch"}}': 1 / MiB,
+        f'shmwatch_mount_used_bytes{{{sidecar}, namespace="ml", pod="vllm-0"}}': 200,
+        f'shmwatch_mount_size_bytes{{{sidecar}, namespace="ml", pod="vllm-0"}}': 1024,
+        # A second pod: one of its two containers has no memory limit.
+        f'container_memory_working_set_bytes{{{cad}, namespace="ml", pod="open-0", container="a", image="a"}}': 10,
+        f'kube_pod_container_resource_limits{{{ksm}, namespace="ml", pod="open-0", container="a", '
+        f'resource="memory", unit="byte"}}': 64,
+        f'kube_pod_container_info{{{ksm}, namespace="ml", pod="open-0", container="a"}}': 1 / MiB,
+        f'kube_pod_container_info{{{ksm}, namespace="ml", pod="open-0", container="b"}}': 1 / MiB,
+        f'shmwatch_mount_used_bytes{{{sidecar}, namespace="ml", pod="open-0"}}': 1,
+        f'shmwatch_mount_size_bytes{{{sidecar}, namespace="ml", pod="open-0"}}': 64,
+    }
+    pod = 'namespace="ml", pod="vllm-0"'
+    tests = {"rule_files": [KUBE_RULES], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [{"series": k, "values": f"{v * MiB:.0f}x5"} for k, v in series.items()],
+        "promql_expr_test": [
+            {"expr": "shmwatch:kube_pod_memory_working_set_bytes", "eval_time": "5m",
+             "exp_samples": [{"labels": f"shmwatch:kube_pod_memory_working_set_bytes{{{pod}}}", "value": 320 * MiB},
+                             {"labels": 'shmwatch:kube_pod_memory_working_set_bytes{namespace="ml", pod="open-0"}',
+                              "value": 10 * MiB}]},
+            {"expr": "shmwatch:kube_pod_oom_risk_ratio", "eval_time": "5m",
+             "exp_samples": [{"labels": f"shmwatch:kube_pod_oom_risk_ratio{{{pod}}}", "value": 320 / 608}]},
+            {"expr": "shmwatch:kube_pod_shm_oom_projection_ratio", "eval_time": "5m",
+             "exp_samples": [{"labels": f'shmwatch:kube_pod_shm_oom_projection_ratio{{{pod}, mount="/dev/shm"}}',
+                              "value": (320 - 200 + 1024) / 608}]},
+        ],
+    }]}
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(tests))
+    result = subprocess.run([promtool(), "test", "rules", str(tmp_path / "t.yml")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    with open(KUBE_RULES) as f:
+        rules = yaml.safe_load(f)
+    with open(KUBE_OPERATOR_RULE) as f:
+        manifest = next(d for d in yaml.safe_load_all(f) if d)
+    assert manifest["spec"] == rules, "regenerate: python3 deploy/mixin/render.py"

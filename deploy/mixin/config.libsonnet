@@ -5,6 +5,10 @@
   _config+:: {
     // Which scrape jobs are shmwatch (the ShmwatchDown alert looks at their `up`).
     shmwatchSelector: 'job=~".*shmwatch.*"',
+    // kube-prometheus' scrape jobs (kubernetes-mixin's defaults): the kubelet's cAdvisor
+    // endpoint and kube-state-metrics, for the shmwatch-kube recording rules.
+    cadvisorSelector: 'job="kubelet", metrics_path="/metrics/cadvisor"',
+    kubeStateMetricsSelector: 'job="kube-state-metrics"',
 
     // /dev/shm (and every watched tmpfs): used / size.
     shmUsageWarningRatio: 0.8,

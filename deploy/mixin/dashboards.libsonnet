@@ -253,18 +253,20 @@ local panels(c) = [
   panel('timeseries',
         'Container memory: usage vs limit, with the shm part',
         "The memory cgroup's usage, working set and limit, and the tmpfs (shmem) part of it: memory-backed /dev/shm "
-        + 'counts against the limit.',
+        + "counts against the limit. A sidecar that cannot read the workload's cgroup estimates it from the "
+        + "workload's processes and the shm used: cgroup \"estimate:workload\" (shmwatch_cgroup_memory_estimated 1).",
         [
-          q('shmwatch_cgroup_memory_usage_bytes{%s}' % S, 'usage'),
-          q('shmwatch_cgroup_memory_working_set_bytes{%s}' % S, 'working set'),
-          q('shmwatch_cgroup_memory_shmem_bytes{%s}' % S, 'shmem'),
-          q('shmwatch_cgroup_memory_limit_bytes{%s}' % S, 'limit'),
+          q('shmwatch_cgroup_memory_usage_bytes{%s}' % S, 'usage {{cgroup}}'),
+          q('shmwatch_cgroup_memory_working_set_bytes{%s}' % S, 'working set {{cgroup}}'),
+          q('shmwatch_cgroup_memory_shmem_bytes{%s}' % S, 'shmem {{cgroup}}'),
+          q('shmwatch_cgroup_memory_limit_bytes{%s}' % S, 'limit {{cgroup}}'),
         ],
         w=12,
         unit='bytes'),
   panel('timeseries',
         'OOM kills and projection',
-        'OOM kills in the last hour, and (working set - shm used + shm size) / limit: above 1 (red), filling /dev/shm '
+        'OOM kills in the last hour (node mode: from the kernel log, per pod, also after the container is gone), and '
+        + '(working set - shm used + shm size) / limit: above 1 (red), filling /dev/shm '
         + 'OOM-kills the pod before tmpfs says ENOSPC: lower sizeLimit or raise the memory limit.',
         [
           q('increase(shmwatch_cgroup_oom_kills_total{%s}[1h])' % S, 'OOM kills (1h)'),
@@ -287,11 +289,15 @@ local panels(c) = [
   panel('stat',
         'SysV segments vs kernel.shmmni',
         "shmget() segments (UCX sysv transport, older MPI) against the kernel's limit. Near the limit: ipcs -m, "
-        + 'ipcrm -m <id> for orphans, or raise kernel.shmmni.',
+        + 'ipcrm -m <id> for orphans, or raise kernel.shmmni. Node mode reads each IPC namespace (pod); those it '
+        + 'could not enter (no CAP_SYS_ADMIN) are counted as not readable, not as empty.',
         [
           q('sum(shmwatch_sysv_segments{%s})' % S, 'segments', instant=true),
           q('sum(shmwatch_sysv_orphan_segments{%s})' % S, 'orphans (nattch 0)', instant=true),
           q('max(shmwatch_sysv_limit_shmmni{%s})' % S, 'shmmni', instant=true),
+          q('count(shmwatch_sysv_namespace_readable{%s} == 0) or vector(0)' % S,
+            'namespaces not readable',
+            instant=true),
         ],
         w=12),
   panel('timeseries',

@@ -2,11 +2,16 @@
 // _config, split the way the repository ships it.
 local mixin = import 'mixin.libsonnet';
 local node = [g for g in mixin.prometheusRules.groups if g.name == 'shmwatch-node'];
+local kube = [g for g in mixin.prometheusRules.groups if g.name == 'shmwatch-kube'];
 local isRecommend(g) = std.member(['shmwatch-recommend', 'shmwatch-recommend-alerts'], g.name);
 // The recommendation's records, then its alert (evaluated after them, on the same tick).
 local recommend = [g for g in mixin.prometheusRules.groups if isRecommend(g)]
                   + [g for g in mixin.prometheusAlerts.groups if isRecommend(g)];
-local rest = [g for g in mixin.prometheusRules.groups if g.name != 'shmwatch-node' && !isRecommend(g)];
+local rest = [
+  g
+  for g in mixin.prometheusRules.groups
+  if g.name != 'shmwatch-node' && g.name != 'shmwatch-kube' && !isRecommend(g)
+];
 local alerts = [g for g in mixin.prometheusAlerts.groups if !isRecommend(g)];
 {
   // Sidecar and node mode alike: the alerts and the recording rules they use.
@@ -15,5 +20,7 @@ local alerts = [g for g in mixin.prometheusAlerts.groups if !isRecommend(g)];
   'deploy/prometheus/shmwatch-recommend-rules.yml': { groups: recommend },
   // Node mode only: needs kube-state-metrics' kube_pod_info.
   'deploy/prometheus/shmwatch-node-rules.yml': { groups: node },
+  // kube-prometheus: cAdvisor's and kube-state-metrics' series joined with shmwatch's.
+  'deploy/prometheus/shmwatch-kube-rules.yml': { groups: kube },
   'grafana/shmwatch.json': mixin.grafanaDashboards['shmwatch.json'],
 }

@@ -6,6 +6,8 @@
     deploy/prometheus/shmwatch-recommend-rules.yml      (the shm size recommendation)
     deploy/kubernetes/rules/prometheusrule.yaml         (the first, as a PrometheusRule)
     deploy/kubernetes/daemonset/node-recording-rules.yaml  (the second, as a PrometheusRule)
+    deploy/prometheus/shmwatch-kube-rules.yml           (kube-prometheus joins: cAdvisor, kube-state-metrics)
+    deploy/kubernetes/rules/kube-recording-rules.yaml   (the third, as a PrometheusRule)
     grafana/shmwatch.json                               (the dashboard)
 
     python3 deploy/mixin/render.py [OUTPUT_ROOT]        # default: the repository
@@ -32,7 +34,9 @@ OPERATOR = (("deploy/prometheus/shmwatch-rules.yml", "deploy/kubernetes/rules/pr
             ("deploy/prometheus/shmwatch-node-rules.yml", "deploy/kubernetes/daemonset/node-recording-rules.yaml",
              "shmwatch-node"),
             ("deploy/prometheus/shmwatch-recommend-rules.yml", "deploy/kubernetes/rules/recommend-rules.yaml",
-             "shmwatch-recommend"))
+             "shmwatch-recommend"),
+            ("deploy/prometheus/shmwatch-kube-rules.yml", "deploy/kubernetes/rules/kube-recording-rules.yaml",
+             "shmwatch-kube"))
 RULE_KEYS = ("record", "alert", "expr", "for", "keep_firing_for", "labels", "annotations")
 ANNOTATION_KEYS = ("summary", "description", "runbook_url")
 

@@ -21,6 +21,51 @@
           },
         ],
       },
+      // kube-prometheus users: the pod's exact working set (cAdvisor) and memory limit
+      // (kube-state-metrics), joined with a sidecar's mount series by the namespace and pod
+      // labels its PodMonitor adds, into the OOM-risk and projection ratios shmwatch itself
+      // can only estimate from inside the pod. The pod is what tmpfs pages are charged to:
+      // its containers' working sets and limits, summed (a pod with an unlimited container
+      // has no limit, and no ratio).
+      {
+        name: 'shmwatch-kube',
+        rules: [
+          {
+            record: 'shmwatch:kube_pod_memory_working_set_bytes',
+            expr: 'sum by (namespace, pod) (container_memory_working_set_bytes{%s, container!="", image!=""})'
+                  % c.cadvisorSelector,
+          },
+          {
+            record: 'shmwatch:kube_pod_memory_limit_bytes',
+            expr: |||
+              sum by (namespace, pod) (kube_pod_container_resource_limits{%(ksm)s, resource="memory"})
+              unless on (namespace, pod)
+                (count by (namespace, pod) (kube_pod_container_info{%(ksm)s})
+                 > count by (namespace, pod) (kube_pod_container_resource_limits{%(ksm)s, resource="memory"}))
+            ||| % { ksm: c.kubeStateMetricsSelector },
+          },
+          {
+            record: 'shmwatch:kube_pod_oom_risk_ratio',
+            expr: 'shmwatch:kube_pod_memory_working_set_bytes / on (namespace, pod) shmwatch:kube_pod_memory_limit_bytes',
+          },
+          {
+            // (working set - shm used + shm size) / limit, per mount, as shmwatch_shm_oom_projection_ratio.
+            record: 'shmwatch:kube_pod_shm_oom_projection_ratio',
+            expr: |||
+              (
+                clamp_min(
+                  shmwatch:kube_pod_memory_working_set_bytes
+                  - on (namespace, pod) group_right
+                    max by (namespace, pod, mount) (shmwatch_mount_used_bytes{%(sel)s, namespace!="", pod!=""}),
+                  0)
+                + on (namespace, pod, mount)
+                  max by (namespace, pod, mount) (shmwatch_mount_size_bytes{%(sel)s, namespace!="", pod!=""})
+              )
+              / on (namespace, pod) group_left shmwatch:kube_pod_memory_limit_bytes
+            ||| % { sel: c.shmwatchSelector },
+          },
+        ],
+      },
       // Node mode (the DaemonSet): shmwatch knows a pod by its UID (pod_uid, from the
       // kubelet's volume path and the pod's cgroup); kube-state-metrics' kube_pod_info knows
       // its namespace and name (label uid). These join the two.

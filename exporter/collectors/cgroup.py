@@ -4,20 +4,23 @@ A memory-backed emptyDir is tmpfs whose pages are charged to the pod's memory cg
 filling a large /dev/shm can OOM-kill the pod before tmpfs ever says ENOSPC.
 
 Which cgroup: --cgroup.path, else the cgroup of the first process matching
---cgroup.target-process, else our own. Which limit: --memory.limit-bytes when given
-(the workload's limit from the Downward API is the number that matters when the
-cgroup we can read is the sidecar's own), else the cgroup's.
+--cgroup.target-process, else — beside a workload in a shared PID namespace — the
+workload's (workload.py), else (on a host) our own. Where the workload's cgroup cannot be
+read, its charge is estimated from its processes (workload.py), labelled as an estimate.
+Which limit: --memory.limit-bytes when given (the workload's limit from the Downward API),
+else the cgroup's.
 """
 from __future__ import annotations
 
 import os
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS
 from ..paths import Paths, read_text
 from ..proctable import ProcessTable, parse_proc_cgroup  # noqa: F401 - parse_proc_cgroup re-exported
+from . import workload
 
 
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 bytes
@@ -36,6 +39,11 @@ class CgroupMemory:
     oom_kills: Optional[int]  # None where the kernel does not count them (v1 before 4.13)
     limit_source: str  # "cgroup", "flag" or "none"
     pod_uid: str = ""  # node mode: the pod this cgroup belongs to
+    estimated: bool = False  # True: no cgroup was read; the workload's processes and shm (workload.py)
+    # Node mode on v1: each container cgroup's own OOM kill count (path, count). v1 counts a
+    # kill only in the victim's memcg, and the container's cgroup goes with the container:
+    # the model keeps each one's highest count, so the pod's total survives it.
+    child_oom_kills: Tuple[Tuple[str, int], ...] = ()
 
     @property
     def oom_risk_ratio(self) -> Optional[float]:
@@ -99,13 +107,16 @@ class CgroupCollector:
 
     def __init__(self, paths: Paths, cgroup_path: Optional[str] = None, target_process: Optional[str] = None,
                  limit_override: Optional[int] = None, node_mode: bool = False,
-                 table: Optional[ProcessTable] = None):
+                 table: Optional[ProcessTable] = None, mounts: Optional[Callable[[], Sequence[str]]] = None,
+                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs):
         self.paths = paths
         self.table = table or ProcessTable(paths)
         self.node_mode = node_mode  # every pod's cgroup on the host, not one
         self.cgroup_path = cgroup_path
         self.target = re.compile(target_process) if target_process else None
         self.limit_override = limit_override
+        self.mounts = mounts or (lambda: [])  # the watched shm mounts: what an estimate adds
+        self.statvfs = statvfs
 
     # --- which cgroup ---------------------------------------------------------------
     def find_target_pid(self) -> int:
@@ -114,8 +125,8 @@ class CgroupCollector:
             raise LookupError(f"no process matches --cgroup.target-process {self.target.pattern!r}")
         return pid
 
-    def resolve(self) -> Tuple[str, int, str]:
-        """-> (cgroup path, version, directory to read)."""
+    def resolve(self, pid: object = None) -> Tuple[str, int, str]:
+        """-> (cgroup path, version, directory to read) of --cgroup.path, or of `pid`'s cgroup."""
         root = self.paths.sys("fs", "cgroup")
         if self.cgroup_path and os.path.isabs(self.cgroup_path) and self.cgroup_path.startswith(root + "/"):
             directory = self.cgroup_path
@@ -127,36 +138,68 @@ class CgroupCollector:
         if self.cgroup_path:
             candidates = {"memory": self.cgroup_path, "": self.cgroup_path}
         else:
-            pid = self.find_target_pid() if self.target else "self"
+            if pid is None:
+                pid = self.find_target_pid() if self.target else "self"
             candidates = self.table.cgroups(pid)
         tried = []
-        for path in candidates.values():
-            if path.startswith("/..") or "/../" in path:
-                # In a private cgroup namespace another container's cgroup reads as
-                # /../<id>: it is outside what is mounted here, and we never read outside sysfs.
-                raise LookupError(f"cgroup {path} is outside this container's cgroup namespace; run shmwatch "
-                                  f"per node (DaemonSet) or mount the host's /sys/fs/cgroup to watch it")
-        if "memory" in candidates:  # v1 (or hybrid) memory controller
+        # In a private cgroup namespace another container's cgroup reads as /../<id>: only a
+        # mount of the host's cgroupfs shows it (below), never a path joined onto ours.
+        outside = any(path.startswith("/..") or "/../" in path for path in candidates.values())
+        if "memory" in candidates and not outside:  # v1 (or hybrid) memory controller
             path = candidates["memory"]
             directory = os.path.join(root, "memory", path.lstrip("/"))
             tried.append(directory)
             if os.path.exists(os.path.join(directory, "memory.usage_in_bytes")):
                 return path, 1, directory
-        if "" in candidates:
+        if "" in candidates and not outside:
             path = candidates[""]
             for base in (root, os.path.join(root, "unified")):
                 directory = os.path.join(base, path.lstrip("/"))
                 tried.append(directory)
                 if os.path.exists(os.path.join(directory, "memory.current")):
                     return path, 2, directory
+        found = workload.find_through_mounts(self.paths, candidates)
+        if found is not None:
+            return found
+        if outside:
+            raise LookupError(f"cgroup {next(iter(candidates.values()))} is outside this container's cgroup "
+                              f"namespace; run shmwatch per node (DaemonSet) or mount the host's /sys/fs/cgroup")
         raise FileNotFoundError(f"no memory cgroup found (tried {', '.join(tried) or 'nothing'})")
 
     def collect(self) -> List[CgroupMemory]:
         """Every pod's cgroup in node mode; the one watched cgroup otherwise (a list of one)."""
         if self.node_mode:
             return self.collect_pods()
-        path, version, directory = self.resolve()
-        return [self.read(path, version, directory, self.limit_override)]
+        if self.cgroup_path:
+            return [self.read(*self.resolve(), self.limit_override)]
+        host = self.table.kernel_threads_visible()  # the host's PID namespace: nobody's workload
+        processes = [] if host else workload.workload_processes(self.table, os.getpid())
+        if self.target:
+            pid = self.find_target_pid()
+        elif processes:
+            pid = processes[0].pid
+        elif host:
+            pid = "self"  # on a host without --cgroup.path: the cgroup shmwatch runs in
+        else:
+            # A container alone in its PID namespace: its own cgroup is the exporter's, and
+            # exporting that under OOM-risk names would be the wrong pod's numbers.
+            raise LookupError("no workload shares this PID namespace (docker --pid=container:<server>, Kubernetes "
+                              "shareProcessNamespace), and shmwatch's own cgroup is not the workload's: share it, "
+                              "or name the cgroup with --cgroup.path")
+        try:
+            return [self.read(*self.resolve(pid), self.limit_override)]
+        except (LookupError, FileNotFoundError):
+            if not processes:
+                raise
+        return [self.estimate(processes)]
+
+    def estimate(self, processes) -> CgroupMemory:
+        """The workload's charge from what it has resident and what it wrote to shm."""
+        shm = workload.shm_used(self.paths, self.mounts(), self.statvfs)
+        working_set = workload.resident(self.table, processes) + shm
+        limit = self.limit_override
+        return CgroupMemory(workload.ESTIMATE_CGROUP, 0, working_set, limit, working_set, shm, None,
+                            "flag" if limit is not None else "none", "", estimated=True)
 
     def pod_cgroups(self) -> List[Tuple[str, int, str, str]]:
         """Every pod's memory cgroup on the host -> [(path, version, directory, pod uid)].
@@ -187,12 +230,18 @@ class CgroupCollector:
         return sorted(found)
 
     def collect_pods(self) -> List[CgroupMemory]:
+        return self.read_pods(self.pod_cgroups())
+
+    def read_pods(self, listed: List[Tuple[str, int, str, str]]) -> List[CgroupMemory]:
+        """Each listed pod's cgroup; one that cannot be read is left out and the others stand:
+        a pod deleted between the walk and the read (ENOENT; ENODEV when its directory goes
+        while a file of it is open), or a file cut short (ValueError)."""
         found = []
-        for path, version, directory, uid in self.pod_cgroups():
+        for path, version, directory, uid in listed:
             try:
                 found.append(self.read(path, version, directory, None, uid))
-            except FileNotFoundError:
-                continue  # the pod was deleted between the walk and the read: the others stand
+            except (OSError, ValueError):
+                continue
         return found
 
     def read(self, path: str, version: int, directory: str, limit_override: Optional[int],
@@ -211,5 +260,23 @@ class CgroupCollector:
         source = "cgroup" if limit is not None else "none"
         if limit_override is not None:
             limit, source = limit_override, "flag"
+        children = self._child_oom_kills(path, directory) if pod_uid and version == 1 else ()
         return CgroupMemory(path, version, usage, limit, max(0, usage - inactive_file), shmem, oom_kills, source,
-                            pod_uid)
+                            pod_uid, child_oom_kills=children)
+
+    @staticmethod
+    def _child_oom_kills(path: str, directory: str) -> Tuple[Tuple[str, int], ...]:
+        """The OOM kill counts of a v1 pod cgroup's containers (one level down), as they are now."""
+        found = []
+        try:
+            entries = [e for e in os.scandir(directory) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return ()
+        for entry in entries:
+            try:
+                count = parse_flat_keyed(read_text(os.path.join(entry.path, "memory.oom_control"))).get("oom_kill")
+            except OSError:
+                continue  # gone already
+            if count is not None:
+                found.append((path.rstrip("/") + "/" + entry.name, count))
+        return tuple(sorted(found))

@@ -147,14 +147,20 @@ class GpuCollector:
         nvml = self.nvml
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
         reserved: Optional[int]
+        # One definition of "used" in both paths: everything that is not free, the driver's
+        # reserve included. That is v1's used (total - free); v2 splits the reserve out of
+        # used, so it is added back. Only this definition is computable on both: v1 cannot
+        # tell the reserve apart.
         try:
             memory = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
             reserved = int(memory.reserved)
+            used = int(memory.used) + reserved
         except nvml.NVMLError:
             # Drivers before R510 have no v2: reserved is then unknown, not 0.
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             reserved = None
-        return GpuDevice(gpu, uuid, name, int(memory.total), int(memory.used), int(memory.free), reserved,
+            used = int(memory.used)
+        return GpuDevice(gpu, uuid, name, int(memory.total), used, int(memory.free), reserved,
                          self._processes(handle))
 
     def _processes(self, handle) -> Tuple[GpuProcess, ...]:

@@ -1,16 +1,33 @@
-"""SysV shared memory: /proc/sysvipc/shm and the kernel.shm* limits.
+"""SysV shared memory: /proc/sysvipc/shm and the kernel.shm* limits, per IPC namespace.
 
 UCX's sysv transport (UCX_TLS=sysv) and older MPI/NCCL builds use shmget(); those
 segments never appear in /dev/shm, and no common exporter reports them (node_exporter
 issue 754).
+
+Both files show the *reader's* IPC namespace, whatever procfs they are read through. A
+sidecar shares the server's (`--ipc=container:S`): one namespace, read directly. Node mode
+groups the host's processes by /proc/<pid>/ns/ipc and reads each namespace from a
+short-lived thread that has joined it with setns(CLONE_NEWIPC) — per thread, so the rest of
+the exporter stays where it is. Joining needs CAP_SYS_ADMIN (the privileged DaemonSet);
+without it a namespace is reported as not readable (shmwatch_sysv_namespace_readable 0) and
+nothing else: never an empty "all clear".
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import re
+import threading
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, TypeVar
 
 from ..paths import Paths, read_text
+from ..proctable import Process, ProcessTable
+
+CLONE_NEWIPC = 0x08000000
+# A container's ID in its cgroup path (Docker, containerd, CRI-O: 64 hex digits).
+_CONTAINER_ID = re.compile(r"([0-9a-f]{64})")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -29,6 +46,14 @@ class SysvShm:
     shmmax_bytes: Optional[int]
     shmall_bytes: Optional[int]
     shmmni: Optional[int]
+    # Node mode: which IPC namespace ("ipc:[4026531839]"), whose (a pod's, or a container's
+    # outside Kubernetes), and whether it could be read at all (when not, nothing above is
+    # known: segments empty, limits None). A sidecar's one namespace: "" and readable.
+    namespace: str = ""
+    pod_uid: str = ""
+    container_id: str = ""
+    readable: bool = True
+    error: Optional[str] = None
 
     @property
     def total_bytes(self) -> int:
@@ -73,15 +98,52 @@ def _read_int(path: str) -> Optional[int]:
         return None
 
 
+def _setns_ipc(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, CLONE_NEWIPC) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def in_ipc_namespace(ns_path: str, read: Callable[[], T], timeout: float = 5.0) -> T:
+    """`read()` run on a short-lived thread that first joins the IPC namespace at `ns_path`.
+    An IPC namespace is per thread (nsproxy): the thread's ends with it."""
+    result: Dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            fd = os.open(ns_path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                _setns_ipc(fd)
+            finally:
+                os.close(fd)
+            result["value"] = read()
+        except BaseException as err:  # handed to the caller's thread
+            result["error"] = err
+    thread = threading.Thread(target=run, name="shmwatch-sysv-ns", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"reading IPC namespace {ns_path} took over {timeout:g}s")
+    if "error" in result:
+        raise result["error"]  # type: ignore[misc]
+    return result["value"]  # type: ignore[return-value]
+
+
 class SysvCollector:
     name = "sysv"
-    schedule = "poll"
 
-    def __init__(self, paths: Paths, page_size: int = os.sysconf("SC_PAGE_SIZE")):
+    def __init__(self, paths: Paths, page_size: int = os.sysconf("SC_PAGE_SIZE"), node_mode: bool = False,
+                 table: Optional[ProcessTable] = None):
         self.paths = paths
         self.page_size = page_size
+        self.node_mode = node_mode
+        self.table = table or ProcessTable(paths)
+        # Node mode walks every process for its namespace: at the inventory's pace, not every poll.
+        self.schedule = "inventory" if node_mode else "poll"
 
-    def collect(self) -> SysvShm:
+    def read(self) -> SysvShm:
+        """The calling thread's IPC namespace."""
         segments = parse_sysvipc_shm(read_text(self.paths.proc("sysvipc", "shm")))
         shmall = _read_int(self.paths.proc("sys", "kernel", "shmall"))
         return SysvShm(
@@ -90,3 +152,49 @@ class SysvCollector:
             shmall_bytes=None if shmall is None else shmall * self.page_size,
             shmmni=_read_int(self.paths.proc("sys", "kernel", "shmmni")),
         )
+
+    def collect(self) -> List[SysvShm]:
+        """One namespace per element: ours in a sidecar; every process's in node mode."""
+        if not self.node_mode:
+            return [self.read()]
+        own = os.readlink(self.paths.proc("self", "ns", "ipc"))
+        groups: Dict[str, List[Process]] = {}
+        for proc in self.table.walk().processes:
+            try:
+                groups.setdefault(os.readlink(self.paths.proc(proc.pid, "ns", "ipc")), []).append(proc)
+            except OSError:
+                continue  # gone, or not ours to inspect (counted by the inventory)
+        out = []
+        for namespace, procs in sorted(groups.items()):
+            if namespace == own and all(p.pid == os.getpid() for p in procs):
+                continue  # shmwatch's own private namespace holds nobody's segments
+            pods = {self.table.pod_uid(p) for p in procs}
+            pod = pods.pop() if len(pods) == 1 else ""
+            labels = dict(namespace=namespace, pod_uid=pod, container_id="" if pod else self._container(procs))
+            try:
+                shm = self.read() if namespace == own else self._enter(procs)
+            except (OSError, TimeoutError, ValueError) as err:
+                out.append(SysvShm([], None, None, None, readable=False, error=str(err), **labels))
+                continue
+            if shm is None:
+                continue  # every process of the namespace exited: so did the namespace
+            out.append(SysvShm(shm.segments, shm.shmmax_bytes, shm.shmall_bytes, shm.shmmni, **labels))
+        return out
+
+    def _enter(self, procs: List[Process]) -> Optional[SysvShm]:
+        """Read the namespace through the first of its processes still there."""
+        for proc in procs:
+            try:
+                return in_ipc_namespace(self.paths.proc(proc.pid, "ns", "ipc"), self.read)
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+        return None
+
+    def _container(self, procs: List[Process]) -> str:
+        """The container ID of a namespace's first process, when its cgroup names one."""
+        try:
+            cgroups = self.table.cgroups(procs[0].pid)
+        except OSError:
+            return ""
+        found = _CONTAINER_ID.search(cgroups.get("memory", cgroups.get("", "")))
+        return found.group(1) if found else ""

@@ -17,7 +17,10 @@ from tests.containers.conftest import Container, scrape
 pytestmark = pytest.mark.timeout(600)
 
 NODE_RUN = ["--pid=host", "-v", "/:/host:ro", "--read-only", "--user", "0:0", "--cap-drop", "ALL",
-            "--cap-add", "SYS_PTRACE", "--cap-add", "DAC_READ_SEARCH"]
+            "--cap-add", "SYS_PTRACE", "--cap-add", "DAC_READ_SEARCH",
+            # The kernel log for OOM kills: the device itself (a bind mount of it is refused by
+            # the device cgroup) and CAP_SYSLOG (kernel.dmesg_restrict=1).
+            "--device", "/dev/kmsg:/dev/kmsg:r", "--cap-add", "SYSLOG"]
 NODE_ARGS = ["--mode=node", "--path.procfs=/host/proc", "--path.sysfs=/host/sys", "--path.rootfs=/host",
              "--no-collector.gpu", "--inventory-interval=1s"]
 
@@ -37,6 +40,8 @@ def test_node_mode_finds_each_container_shm_and_its_owners(root_server, uid_serv
                 break
             time.sleep(0.3)
         logs = node.logs()
+    assert select(samples, "shmwatch_collector_success", collector="oom") == [({"collector": "oom"}, 1.0)], \
+        logs[-2000:]
     for server in servers:
         mount = f"/var/lib/docker/containers/{server.id}/mounts/shm"
         sizes = select(samples, "shmwatch_mount_size_bytes", container_id=server.id)
@@ -48,3 +53,45 @@ def test_node_mode_finds_each_container_shm_and_its_owners(root_server, uid_serv
             assert [(f["state"], f["owner"]) for f in found] == [(state, owner)], (segment, found)
         held = select(samples, "shmwatch_process_shm_bytes", container_id=server.id, pid=str(server.host_pid))
         assert [v for _, v in held] == [sum(server.info["sizes"][k] for k in ("nccl", "psm", "torch"))]
+
+
+def node_scrape(run, until, timeout=30):
+    with Container(eng.PROJECT_IMAGE, *NODE_ARGS, run=run, prefix="node") as node:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                samples = parse_exposition(scrape(f"http://{node.ip}:9841/metrics"))
+            except OSError:
+                samples = {}
+            if until(samples) or time.monotonic() > deadline:
+                return samples, node.logs()
+            time.sleep(0.3)
+
+
+@pytest.mark.parametrize("cap_sys_admin", [True, False], ids=["with-SYS_ADMIN", "without"])
+def test_node_mode_reads_sysv_per_ipc_namespace(root_server, uid_server, cap_sys_admin):
+    """Two servers, each in its own IPC namespace with its own 2 MiB SysV segment. With
+    CAP_SYS_ADMIN (setns into each namespace) node mode reports each segment for its own
+    container; without it, each namespace is reported as not readable and nothing else —
+    never an empty "all clear"."""
+    servers = [root_server, uid_server]
+    run = NODE_RUN + (["--cap-add", "SYS_ADMIN"] if cap_sys_admin else [])
+
+    def seen(samples):
+        return all(select(samples, "shmwatch_sysv_namespace_readable", container_id=s.id) for s in servers)
+    samples, logs = node_scrape(run, seen)
+    for server in servers:
+        readable = select(samples, "shmwatch_sysv_namespace_readable", container_id=server.id)
+        assert [v for _, v in readable] == [1.0 if cap_sys_admin else 0.0], (readable, logs[-2000:])
+        namespace = readable[0][0]["ipc_namespace"]
+        assert namespace.startswith("ipc:[") and readable[0][0]["pod_uid"] == ""
+        mine = select(samples, "shmwatch_sysv_bytes", container_id=server.id)
+        if cap_sys_admin:
+            # The workload's segment (2 MiB) is in its own namespace, and only there.
+            assert [v for _, v in mine] == [server.info["sizes"]["sysv"]], mine
+            assert [v for _, v in select(samples, "shmwatch_sysv_segments", container_id=server.id)] == [1]
+        else:
+            assert mine == [] and select(samples, "shmwatch_sysv_segments", container_id=server.id) == []
+    namespaces = {select(samples, "shmwatch_sysv_namespace_readable", container_id=s.id)[0][0]["ipc_namespace"]
+                  for s in servers}
+    assert len(namespaces) == 2

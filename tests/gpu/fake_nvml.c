@@ -164,7 +164,9 @@ int nvmlDeviceGetMemoryInfo(void *device, mem_v1_t *memory) {
     LOST_CHECK(h);
     memory->total = num(h, "total");
     memory->free = num(h, "free");
-    memory->used = num(h, "used");
+    /* As the driver does: v1's used counts the memory the driver reserves, which v2 splits
+       out as reserved (gpu0.used= is v2's). */
+    memory->used = num(h, "used") + num(h, "reserved");
     return OK;
 }
 

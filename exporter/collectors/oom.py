@@ -1,0 +1,205 @@
+"""OOM kills from the kernel's own reports (/dev/kmsg), as cAdvisor's utils/oomparser reads them.
+
+Why not the cgroup counters alone: on cgroup v1 the kernel counts a kill only in the
+victim's own memcg (`memory.oom_control` oom_kill), so a container killed by its own limit
+leaves its pod cgroup's count at 0, and the container's cgroup — with its count — vanishes
+when the container is removed. The kernel log names both cgroups of every kill (the one
+whose limit was hit, the victim's) and outlives them: the kubelet counts OOM kills the same
+way.
+
+A kill is reported as (kernel >= 4.19; mm/oom_kill.c dump_oom_summary, __oom_kill_process):
+
+    oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,
+        oom_memcg=/kubepods/burstable/pod<uid>/<id>,task_memcg=/kubepods/.../<id>,task=python3,pid=9008,uid=0
+    Memory cgroup out of memory: Killed process 9008 (python3) total-vm:18700kB,
+        anon-rss:8976kB, file-rss:6636kB, shmem-rss:0kB, UID:0 pgtables:84kB oom_score_adj:0
+
+and before 4.19 the cgroups come in "Task in <task memcg> killed as a result of limit of
+<oom memcg>". The parser is pure (text in, kills out); the reader opens /dev/kmsg read-only
+and non-blocking. Serving seeks to the end first (only kills from now on: the ring holds
+kills from before the exporter started, which a restart must not count twice);
+`shmwatch check` reads the ring from its start to list recent kills.
+Reading /dev/kmsg needs CAP_SYSLOG when kernel.dmesg_restrict=1, and in a container the
+device itself (docker --device /dev/kmsg; Kubernetes: a hostPath char device, which the
+runtime's device cgroup admits only to a privileged container).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from ..kube import POD_UID_IN_CGROUP, pod_uid_in_cgroup
+
+# cAdvisor's containerRegexp, with the cgroup fields taken from the end: cpuset and
+# nodemask may hold commas, task and the memcg paths come last in a fixed order.
+# A system-wide OOM says global_oom where a memcg OOM names its oom_memcg.
+_OOM_KILL = re.compile(r"oom-kill:constraint=(?P<constraint>[^,]*),.*?(?:oom_memcg=(?P<oom_memcg>.*)|global_oom),"
+                       r"task_memcg=(?P<task_memcg>.*),task=(?P<task>.*),pid=(?P<pid>\d+),uid=(?P<uid>\d+)")
+# Before 4.19 (cAdvisor's legacyContainerRegexp).
+_LEGACY = re.compile(r"Task in (?P<task_memcg>\S+) killed as a result of limit of (?P<oom_memcg>\S+)")
+# cAdvisor's lastLineRegexp, and the victim's RSS by kind (mm/oom_kill.c).
+# comm may hold spaces and parentheses: it ends at the last ')' (nothing after it has one).
+_KILLED = re.compile(r"Killed process (?P<pid>\d+) \((?P<comm>.*)\)(?P<rest>[^()]*)$")
+_RSS = re.compile(r"(anon|file|shmem)-rss:(\d+)kB")
+
+KMSG_RECORD_MAX = 8192  # one read() returns one record; the kernel's limit is about 1 KiB + dict
+
+
+@dataclass(frozen=True)
+class OomKill:
+    seq: int  # the kernel log's sequence number of the "Killed process" record
+    boot_usec: int  # microseconds after boot
+    pid: int  # as the host sees it
+    comm: str
+    task_memcg: str  # the victim's cgroup ('' when the kernel did not say)
+    oom_memcg: str  # the cgroup whose limit was hit ('' for a system-wide OOM)
+    constraint: str  # CONSTRAINT_MEMCG, CONSTRAINT_NONE (system), ...
+    anon_rss_bytes: Optional[int]
+    file_rss_bytes: Optional[int]
+    shmem_rss_bytes: Optional[int]
+
+    @property
+    def pod_uid(self) -> str:
+        return pod_uid_in_cgroup(self.task_memcg)
+
+    @property
+    def pod_cgroup(self) -> str:
+        """The victim's pod cgroup (its path up to the pod's own directory); '' outside a pod."""
+        match = POD_UID_IN_CGROUP.search(self.task_memcg)
+        if not match:
+            return ""
+        end = self.task_memcg.find("/", match.end())
+        return self.task_memcg if end < 0 else self.task_memcg[:end]
+
+
+def parse_kmsg_record(record: str) -> Optional[Tuple[int, int, str]]:
+    """One /dev/kmsg record ('prio,seq,usec,flags[,...];message' then ' KEY=value' lines)
+    -> (seq, usec, message); None for what is not a record."""
+    head, sep, rest = record.partition(";")
+    if not sep:
+        return None
+    fields = head.split(",")
+    try:
+        seq, usec = int(fields[1]), int(fields[2])
+    except (IndexError, ValueError):
+        return None
+    return seq, usec, rest.split("\n", 1)[0]
+
+
+class OomParser:
+    """Feeds on kernel log messages in order; returns an OomKill when a report completes.
+
+    The cgroup line comes before the "Killed process" line of the same kill; it is kept by
+    pid until then (bounded: a kill whose last line was lost to an overrun is dropped)."""
+
+    def __init__(self) -> None:
+        self._pending: Dict[int, Tuple[str, str, str]] = {}  # pid -> (task_memcg, oom_memcg, constraint)
+        self._legacy: Optional[Tuple[str, str]] = None
+
+    def feed(self, seq: int, usec: int, message: str) -> Optional[OomKill]:
+        match = _OOM_KILL.search(message)
+        if match:
+            if len(self._pending) > 64:
+                self._pending.clear()
+            self._pending[int(match["pid"])] = (match["task_memcg"], match["oom_memcg"] or "", match["constraint"])
+            return None
+        match = _LEGACY.search(message)
+        if match:
+            self._legacy = (match["task_memcg"], match["oom_memcg"])
+            return None
+        match = _KILLED.search(message)
+        if not match or "reaped process" in message:
+            return None
+        pid = int(match["pid"])
+        task_memcg, oom_memcg, constraint = self._pending.pop(pid, None) or (*(self._legacy or ("", "")), "")
+        self._legacy = None
+        rss = {kind: int(kb) * 1024 for kind, kb in _RSS.findall(match["rest"])}
+        return OomKill(seq, usec, pid, match["comm"], task_memcg, oom_memcg,
+                       constraint or ("CONSTRAINT_MEMCG" if message.startswith("Memory cgroup") else ""),
+                       rss.get("anon"), rss.get("file"), rss.get("shmem"))
+
+
+def kmsg_records(text: str) -> List[str]:
+    """Text as `cat /dev/kmsg` prints it -> records (a line starting with a space continues one)."""
+    records: List[str] = []
+    for line in text.splitlines():
+        if line.startswith(" ") and records:
+            records[-1] += "\n" + line
+        elif line.strip():
+            records.append(line)
+    return records
+
+
+def parse_oom_kills(records: Iterable[str]) -> List[OomKill]:
+    """Every completed OOM report in a sequence of /dev/kmsg records."""
+    parser, kills = OomParser(), []
+    for record in records:
+        parsed = parse_kmsg_record(record)
+        if parsed is not None:
+            kill = parser.feed(*parsed)
+            if kill is not None:
+                kills.append(kill)
+    return kills
+
+
+@dataclass(frozen=True)
+class OomReports:
+    new: Tuple[OomKill, ...]  # kills reported since the last run (in order)
+    lost: int  # records the kernel overwrote before we read them (EPIPE): kills may be missing
+
+
+class OomCollector:
+    """Drains /dev/kmsg on each poll. The kills go to the model step, which counts them per
+    cgroup in the state store; this collector keeps nothing but its file position."""
+    name = "oom"
+    schedule = "poll"
+
+    def __init__(self, kmsg_path: str = "/dev/kmsg", from_start: bool = False):
+        self.kmsg_path = kmsg_path
+        self.from_start = from_start
+        self._fd: Optional[int] = None
+        self._parser = OomParser()
+
+    def _open(self) -> int:
+        fd = os.open(self.kmsg_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        if not self.from_start:
+            os.lseek(fd, 0, os.SEEK_END)  # kmsg: the next record written from now on
+        return fd
+
+    def collect(self) -> OomReports:
+        if self._fd is None:
+            try:
+                self._fd = self._open()
+            except PermissionError as err:
+                raise PermissionError(f"{self.kmsg_path}: {err.strerror} (needs CAP_SYSLOG when "
+                                      f"kernel.dmesg_restrict=1, and the device in a container)") from None
+        new: List[OomKill] = []
+        lost = 0
+        while True:
+            try:
+                raw = os.read(self._fd, KMSG_RECORD_MAX)
+            except BlockingIOError:
+                break  # EAGAIN: nothing more for now
+            except OSError as err:
+                if err.errno == errno.EPIPE:
+                    lost += 1  # the ring wrapped past us; reading goes on from the oldest record left
+                    continue
+                if err.errno == errno.EINVAL:
+                    continue  # a record larger than our buffer: skipped (never an OOM report line)
+                raise
+            if not raw:
+                break
+            parsed = parse_kmsg_record(raw.decode("utf-8", "replace"))
+            if parsed is not None:
+                kill = self._parser.feed(*parsed)
+                if kill is not None:
+                    new.append(kill)
+        return OomReports(tuple(new), lost)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,162 @@
+"""The sidecar's workload: which processes it is, where its memory cgroup can be read, and,
+where it cannot, an estimate of what the cgroup is charged.
+
+A sidecar shares the server's PID namespace (`docker --pid=container:S`, Kubernetes
+`shareProcessNamespace`), not its cgroup: Docker on cgroup v1 mounts only the sidecar's own
+cgroup at /sys/fs/cgroup/memory, and cgroup v2 namespaces hide every other. The workload is
+every process of the namespace that is not shmwatch's (not in shmwatch's own cgroup, not a
+pod's pause process); its cgroup is read where a cgroupfs mount shows it (the host's, given
+read-only, as cAdvisor finds cgroups: the path in /proc/<pid>/cgroup is relative to the
+cgroup namespace's root, a mount shows the subtree below its mountinfo root).
+
+Otherwise its working set is estimated from what it has resident — proportional anonymous
+and file-backed memory from /proc/<pid>/smaps_rollup — plus what it wrote to the shm
+mounts (tmpfs pages are charged to the cgroup of the process that writes them; the mount's
+used bytes, so mapped shm is not counted twice: Pss_Shmem is left out). What it cannot see:
+unmapped page cache, kernel memory, and shared anonymous mappings (MAP_SHARED|MAP_ANONYMOUS
+is shmem too, but not in any mount). What it may overcount: file pages it maps that another
+cgroup read first (shared libraries of a common base image are charged to whoever faulted
+them in). The result is labelled `cgroup="estimate:workload"`
+and carries `estimated=True` (shmwatch_cgroup_memory_estimated 1).
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple
+
+from ..mountinfo import MountEntry, parse_mountinfo
+from ..paths import Paths, read_text
+from ..proctable import Process, ProcessTable
+
+ESTIMATE_CGROUP = "estimate:workload"
+# A pod's sandbox process: in the shared PID namespace of a Kubernetes pod, but not the workload.
+SANDBOX_COMMS = ("pause",)
+
+
+def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
+    """The processes of our PID namespace that are not ours, lowest pid first (the caller
+    asks only outside the host's namespace, which is nobody's workload)."""
+    try:
+        own = table.cgroups("self")
+    except OSError:
+        return []  # without our own cgroup, ours cannot be told from the workload's
+    found = []
+    for proc in table.walk().processes:
+        if proc.pid == own_pid or proc.comm in SANDBOX_COMMS or _is_shmwatch(table, proc.pid):
+            continue
+        try:
+            if table.cgroups(proc.pid) == own:
+                continue  # shmwatch's own processes (a shell exec'd into the sidecar)
+        except OSError:
+            continue  # gone, or not ours to read: not known to be the workload
+        found.append(proc)
+    return sorted(found, key=lambda p: p.pid)
+
+
+def _is_shmwatch(table: ProcessTable, pid: int) -> bool:
+    """Another shmwatch beside the same server (a second sidecar) is not the workload either:
+    its command is `shmwatch ...` (the console script, under its interpreter or not) or
+    `python3 -m exporter ...`. Not by comm: a `python3 -m exporter` and a Python server share it."""
+    try:
+        words = table.cmdline(pid).split()
+    except OSError:
+        return False
+    return any(os.path.basename(w) == "shmwatch" for w in words[:2]) or words[1:3] == ["-m", "exporter"]
+
+
+def _components(path: str) -> List[str]:
+    return [c for c in path.split("/") if c and c != "."]
+
+
+def below(path: str, root: str) -> Optional[List[str]]:
+    """`path`'s components below `root`, both relative to one cgroup namespace root (either may
+    climb out of it with leading '..'); None when `path` is not at or below `root`."""
+    base = [f"\0{i}" for i in range(64)]  # a stand-in for the directories above the namespace
+
+    def resolve(parts: Sequence[str]) -> List[str]:
+        out = list(base)
+        for part in parts:
+            if part == "..":
+                if out:
+                    out.pop()
+            else:
+                out.append(part)
+        return out
+    p, r = resolve(_components(path)), resolve(_components(root))
+    if p[:len(r)] != r or any(part.startswith("\0") for part in p[len(r):]):
+        # Not below the mount, or below it through directories whose names this namespace
+        # cannot tell (a v2 path /../<id> under a mount rooted at /../..): not guessed.
+        return None
+    return p[len(r):]
+
+
+def cgroup_directories(entries: Iterable[MountEntry], path: str, version: int) -> List[str]:
+    """Every directory a mounted cgroupfs shows `path` at (v1: a memory hierarchy; v2: cgroup2)."""
+    out = []
+    for entry in entries:
+        if version == 1 and not (entry.fstype == "cgroup" and "memory" in entry.options.split(",")):
+            continue
+        if version == 2 and entry.fstype != "cgroup2":
+            continue
+        rest = below(path, entry.root)
+        if rest is not None:
+            out.append(os.path.join(entry.mount_point, *rest))
+    return out
+
+
+def find_through_mounts(paths: Paths, candidates: dict) -> Optional[Tuple[str, int, str]]:
+    """(path, version, directory) of the first readable memory cgroup among `candidates`
+    ({controller: path} from /proc/<pid>/cgroup) under any cgroupfs mount we can see."""
+    try:
+        entries = parse_mountinfo(read_text(paths.proc("self", "mountinfo")))
+    except OSError:
+        return None
+    for controller, version, marker in (("memory", 1, "memory.usage_in_bytes"), ("", 2, "memory.current")):
+        path = candidates.get(controller)
+        if path is None:
+            continue
+        for directory in cgroup_directories(entries, path, version):
+            if os.path.exists(os.path.join(directory, marker)):
+                return path, version, directory
+    return None
+
+
+def shm_used(paths: Paths, mounts: Iterable[str], statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> int:
+    """Bytes used on the watched mounts, each filesystem once (one tmpfs may be watched twice)."""
+    seen, total = set(), 0
+    for mount in mounts:
+        where = paths.host(mount)
+        try:
+            device = os.stat(where).st_dev
+            if device in seen:
+                continue
+            st = statvfs(where)
+        except OSError:
+            continue
+        seen.add(device)
+        total += (st.f_blocks - st.f_bfree) * st.f_frsize
+    return total
+
+
+def resident(table: ProcessTable, processes: Sequence[Process]) -> int:
+    """Proportional anonymous + file-backed resident bytes of `processes` (shm left out)."""
+    total = 0
+    unreadable = []
+    for proc in processes:
+        try:
+            rollup = table.smaps_rollup(proc.pid)
+        except FileNotFoundError:
+            continue  # exited: it holds nothing now
+        except OSError:
+            unreadable.append(f"{proc.comm}[{proc.pid}]")
+            continue
+        if "Pss_Anon" in rollup:
+            total += rollup["Pss_Anon"] + rollup.get("Pss_File", 0)
+        else:  # before Linux 5.? smaps_rollup has no Pss_Anon: Pss less what is shm
+            total += max(0, rollup.get("Pss", 0) - rollup.get("Pss_Shmem", 0))
+    if unreadable:
+        # Part of the picture would be a confident understatement: no estimate at all.
+        raise PermissionError(f"cannot estimate the workload's memory: smaps_rollup of {', '.join(unreadable[:5])} "
+                              f"not readable (run shmwatch as the server's UID or with CAP_SYS_PTRACE, or give it "
+                              f"the host's cgroupfs read-only)")
+    return total
