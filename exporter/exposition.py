@@ -178,6 +178,9 @@ class Exposition:
                 self.render()
             except Exception:  # a broken render must not end the thread: the next one may work
                 log.exception("rendering /metrics failed")
+                # Never serve the last good bytes as if they were current: the next scrape
+                # renders itself, and fails visibly (a 500, up=0) if the render still does.
+                self._current = None
             not_before = time.monotonic() + (time.thread_time() - started) * RENDER_DUTY_FACTOR
 
     def render(self) -> _Render:

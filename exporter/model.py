@@ -106,6 +106,10 @@ class ModelStep:
         self.memory_limit = None if self.node_mode else memory_limit
         self._lock = threading.Lock()
         self._latest: Dict[str, _Latest] = {name: _Latest() for name in self.source_names}
+        # The highest OOM count each cgroup series has shown (a counter never goes down: a
+        # cgroup read that failed once, or a container's count gone with its cgroup, must not
+        # make Prometheus see a reset and PodOomKilled fire on it).
+        self._oom_floor: Dict[str, OomCount] = {}
         self._model: Optional[Model] = None
         self._stale = True
         self._listeners: List[Callable[[bool], None]] = []
@@ -217,10 +221,11 @@ class ModelStep:
                                     summaries.get(target.mount), cgroup, budget, not limit_unknown))
         return Model(time.time(), self.node_mode, statuses, mounts, inventory, cgroups,
                      self._result("host_memory"), self._result("sysv") or [], self._result("gpu"),
-                     self._result("process") or [], states, self._oom_counts(cgroups, states),
+                     self._result("process") or [], states, self._oom_counts(cgroups, states, mounts),
                      list(states.recent_oom_kills))
 
-    def _oom_counts(self, cgroups: List[CgroupMemory], states: MountStates) -> List[OomCount]:
+    def _oom_counts(self, cgroups: List[CgroupMemory], states: MountStates,
+                    mounts: List[MountView]) -> List[OomCount]:
         """Per cgroup: the kills the kernel log showed in its subtree, or its own counter if
         higher (a kill before we started, or while the log could not be read). In node mode
         also every pod that had a kill and whose cgroup is gone (or was never seen)."""
@@ -242,4 +247,25 @@ class ModelStep:
                 pod = pod_uid_in_cgroup(key)
                 if key not in counts and pod:
                     counts[key] = OomCount(key, pod, max(n, states.oom_cgroup_max.get(key, 0)))
+        # A pod is there while its cgroup was read or discovery still sees its mounts: one
+        # failed cgroup read does not end its series.
+        live = {c.pod_uid for c in cgroups} | {v.labels.get("pod_uid", "") for v in mounts}
+        return self._never_down(counts, live)
+
+    def _never_down(self, counts: Dict[str, OomCount], live_pods) -> List[OomCount]:
+        """Each series at least as high as it ever was; a series whose cgroup was not read this
+        time stays while its pod (or, outside node mode, the workload) is still there."""
+        floor = self._oom_floor
+        for key, count in counts.items():
+            known = floor.get(key)
+            if known is not None and known.kills > count.kills:
+                counts[key] = known
+            floor[key] = counts[key]
+        for key, known in list(floor.items()):
+            if key in counts:
+                continue
+            if known.pod_uid in live_pods or not self.node_mode:
+                counts[key] = known
+            else:
+                del floor[key]  # the pod is gone: its series goes with it
         return list(counts.values())

@@ -224,3 +224,21 @@ def test_without_the_kernel_log_container_counts_are_kept_for_the_pod():
         remove_cgroup(pod_dir)
         for directory in reversed(made):
             remove_cgroup(directory)
+
+
+def test_oom_series_never_go_down_while_the_pod_is_there():
+    """A container's count gone with its cgroup, or one failed read of the pod's cgroup, must
+    not lower the series: Prometheus would take 2 -> 1 for a reset and PodOomKilled would fire."""
+    from exporter.discovery import MountDiscovery
+    from exporter.model import ModelStep, OomCount
+    from exporter.paths import Paths
+    from exporter.state import StateStore
+
+    step = ModelStep([], MountDiscovery(Paths(), [], node_mode=True), StateStore())
+    first = step._never_down({"/kubepods/podp": OomCount("/kubepods/podp", "p", 2)}, {"p"})
+    assert [c.kills for c in first] == [2]
+    lower = step._never_down({"/kubepods/podp": OomCount("/kubepods/podp", "p", 1)}, {"p"})
+    assert [c.kills for c in lower] == [2]
+    unread = step._never_down({}, {"p"})  # the pod's cgroup failed to read, its mount is still there
+    assert [c.kills for c in unread] == [2]
+    assert step._never_down({}, set()) == []  # the pod is gone: so is its series

@@ -54,7 +54,7 @@ def mangle(text):
 
 mount_entries = st.builds(
     lambda mid, parent, major, minor, root, point, opts, optional, fstype, source, super_opts: (
-        MountEntry(point, fstype, source, f"{opts},{super_opts}", f"{major}:{minor}"),
+        MountEntry(point, fstype, source, f"{opts},{super_opts}", f"{major}:{minor}", root),
         " ".join([str(mid), str(parent), f"{major}:{minor}", mangle(root), mangle(point), opts, *optional, "-",
                   fstype, mangle(source), super_opts])),
     st.integers(1, 10 ** 6), st.integers(0, 10 ** 6), st.integers(0, 4095), st.integers(0, 2 ** 20), paths, paths,

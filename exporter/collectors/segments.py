@@ -55,6 +55,7 @@ class SegmentsCollector:
         self._said_truncated: Set[str] = set()
         self._owners = Owners()  # from the last full run, for quick runs that skip /proc
         self._known_files: Set[Key] = set()  # inodes listed by the last full run
+        self._held_at_full: Set[Key] = set()  # inodes some process held at the last full run
         self._last: Dict[str, MountInventory] = {}  # the last run's inventory of each mount
         # Read by the sampler after a quick run: whether owners need the full follow-up run.
         self.wants_follow_up = True
@@ -106,6 +107,7 @@ class SegmentsCollector:
         if full:
             self._owners = self.owner_scan.scan(set(devs.values()))
             self._known_files = {key for files, _, _ in listings.values() for key in files}
+            self._held_at_full = set(self._owners.holdings)
             self.wants_follow_up = False
         else:
             self._scoped_owners(changes, set(devs.values()))
@@ -176,6 +178,10 @@ class SegmentsCollector:
             else:
                 holders = ()
                 state = unheld_state if key in known_files else unknown_state
+                if provisional and state == "orphan" and key in self._held_at_full:
+                    # Held at the last full scan, unheld in a quick (pod-scoped) one: only a
+                    # full scan, with its re-reads of new processes, may call it leaked.
+                    state = "unverified"
             allocated = st.st_blocks * 512
             append(Segment(name, classes.get(name) or classify(name), state, allocated, st.st_size, st.st_mtime,
                            holders, key))

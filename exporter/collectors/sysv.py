@@ -173,7 +173,7 @@ class SysvCollector:
             labels = dict(namespace=namespace, pod_uid=pod, container_id="" if pod else self._container(procs))
             try:
                 shm = self.read() if namespace == own else self._enter(procs)
-            except (OSError, TimeoutError, ValueError) as err:
+            except (OSError, TimeoutError, ValueError, RuntimeError) as err:  # RuntimeError: no thread (pids.max)
                 out.append(SysvShm([], None, None, None, readable=False, error=str(err), **labels))
                 continue
             if shm is None:

@@ -33,6 +33,10 @@ ESTIMATE_CGROUP = "estimate:workload"
 SANDBOX_COMMS = ("pause",)
 
 
+class IncompleteView(LookupError):
+    """Some of the workload's processes could not be read: no estimate rather than a low one."""
+
+
 def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
     """The processes of our PID namespace that are not ours, lowest pid first (the caller
     asks only outside the host's namespace, which is nobody's workload)."""
@@ -41,14 +45,25 @@ def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
     except OSError:
         return []  # without our own cgroup, ours cannot be told from the workload's
     found = []
-    for proc in table.walk().processes:
+    walked = table.walk()
+    # Processes we cannot read (another UID, hidepid) may be the workload's: an estimate
+    # without them would be low, and unmarked as such. Say so instead.
+    if walked.unreadable or walked.invisible is None or walked.invisible:
+        raise IncompleteView(f"{walked.unreadable or 0} process(es) in this PID namespace could not be read"
+                             + ("" if walked.invisible == 0 else " and some are hidden by hidepid")
+                             + ": the workload's memory cannot be estimated (give shmwatch the server's UID or "
+                               "CAP_SYS_PTRACE, or the host's cgroupfs)")
+    for proc in walked.processes:
         if proc.pid == own_pid or proc.comm in SANDBOX_COMMS or _is_shmwatch(table, proc.pid):
             continue
         try:
             if table.cgroups(proc.pid) == own:
                 continue  # shmwatch's own processes (a shell exec'd into the sidecar)
-        except OSError:
-            continue  # gone, or not ours to read: not known to be the workload
+        except FileNotFoundError:
+            continue  # gone since the walk
+        except OSError as err:
+            raise IncompleteView(f"the cgroup of process {proc.pid} could not be read ({err.strerror or err}): "
+                                 "the workload's memory cannot be estimated") from None
         found.append(proc)
     return sorted(found, key=lambda p: p.pid)
 

@@ -125,6 +125,7 @@ class OwnerScan:
         self.ignore_unreadable = ignore_unreadable
         # mount namespace -> mount IDs of watched devices in it; rebuilt on every scan
         self._ns_mounts: Dict[str, Optional[Set[int]]] = {}
+        self._all_mount_ids: Set[int] = set()  # their union (_learn_mount_ids)
 
     # A holder may fork and exit while we read the others: its child, started after /proc was
     # listed, holds the segment. Processes that appeared during a pass are read in another,
@@ -142,7 +143,7 @@ class OwnerScan:
             out.unverifiable += walked.invisible
         out.processes = {p.pid: p for p in walked.processes}
         tokens = {dev_token(d): d for d in devs}
-        self._ns_mounts = {}
+        self._learn_mount_ids(walked.processes, devs)
         processes = walked.processes
         for _ in range(self.MAX_PASSES):
             for proc in processes:
@@ -164,25 +165,28 @@ class OwnerScan:
         when in scope: the next full scan settles the rest."""
         alive = set(self.table.pids())
         processes = {pid: p for pid, p in previous.processes.items() if pid in alive}
+        unidentified = 0
         for pid in alive - processes.keys():
             try:
                 ident = self.table.identify(pid)
             except (OSError, ValueError, IndexError):
+                unidentified += 1  # a new process we cannot read could hold anything
                 continue
             if ident is not None and not ident[1]:
                 processes[pid] = ident[0]
         scope = [p for p in processes.values() if self.table.pod_uid(p) in pods]
         fresh = Owners()
         tokens = {dev_token(d): d for d in devs}
-        self._ns_mounts = {}
+        self._learn_mount_ids(list(processes.values()), devs)
         for proc in scope:
             self._scan_process(proc, devs, tokens, fresh)
         self._fill_mapping_sizes(fresh.holdings)
         was_in_scope = {pid for pid, p in previous.processes.items() if self.table.pod_uid(p) in pods}
         replaced = was_in_scope | {p.pid for p in scope}
         # A process of the pod we could not read now leaves the proof to the next full scan.
-        unverifiable = previous.unverifiable if not fresh.unverifiable else None
-        out = Owners(unreadable=previous.unreadable, unverifiable=unverifiable, scanned=previous.scanned,
+        unverifiable = previous.unverifiable if not (fresh.unverifiable or unidentified) else None
+        unreadable = previous.unreadable if not fresh.unreadable else None
+        out = Owners(unreadable=unreadable, unverifiable=unverifiable, scanned=previous.scanned,
                      processes=processes)
         for key, hs in previous.holdings.items():
             kept = [h for h in hs if h.pid not in replaced]
@@ -195,6 +199,16 @@ class OwnerScan:
         out.holders = {pid: p for pid, p in previous.holders.items() if pid not in replaced}
         out.holders.update(fresh.holders)
         return out
+
+    def _learn_mount_ids(self, processes: List[Process], devs: Set[int]) -> None:
+        """Every namespace's watched mount IDs, before any fd is looked at. An fd passed from
+        another namespace (SCM_RIGHTS between a pod's containers, a file opened through
+        /proc/<pid>/root) is on a mount its holder's own mountinfo does not list; mount IDs are
+        unique across namespaces, so the union of all of them still tells it is ours."""
+        self._ns_mounts = {}
+        self._all_mount_ids: Set[int] = set()
+        for proc in processes:
+            self._all_mount_ids |= self._watched_mount_ids(proc.pid, devs) or set()
 
     def _watched_mount_ids(self, pid: int, devs: Set[int]) -> Optional[Set[int]]:
         """IDs of the mounts of watched devices in the process's mount namespace (read once
@@ -296,19 +310,20 @@ class OwnerScan:
         fds: List[str] = []
         if mount_ids is None:
             denied = True  # without its mountinfo we cannot tell which fds are safe to stat
-        elif mount_ids:  # none: no watched mount in its namespace, nothing to look at
+        elif mount_ids or self._all_mount_ids:  # an fd may come from another namespace's mount
             try:
                 fds = os.listdir(fd_dir)
             except OSError as err:
                 denied |= _denied(err)
         info_dir = self.table.paths.proc(pid, "fdinfo")
+        ours = self._all_mount_ids | (mount_ids or set())
         for fd in fds:
             link = f"{fd_dir}/{fd}"  # not os.path.join: thousands per scan
             try:
                 target = os.readlink(link)
                 if not target.startswith("/"):
                     continue  # socket:[…], pipe:[…], anon_inode:…
-                if not self._on_watched_mount(f"{info_dir}/{fd}", mount_ids):
+                if not self._on_watched_mount(f"{info_dir}/{fd}", ours):
                     continue
                 st = os.stat(link)  # the open file itself, known to be on a watched tmpfs
             except OSError:
