@@ -232,4 +232,5 @@ def test_alert_edges_with_promtool(tmp_path):
         one.write_text(yaml.safe_dump({**doc, "tests": [c]}))
         if subprocess.run([promtool(), "test", "rules", str(one)], capture_output=True, timeout=60).returncode:
             broken.append(name)
-    pytest.fail("edges broken:\n  " + "\n  ".join(broken or ["(none alone)"]) + "\n" + result.stdout[-3000:])
+    pytest.fail("edges broken:\n  " + "\n  ".join(broken or ["(none alone)"]) + "\n" + result.stdout[-3000:]
+                + result.stderr[-3000:])

@@ -37,18 +37,8 @@ local MiB = 1048576;
                    + '(shmwatch_cgroup_memory_working_set_bytes) - on (instance, job, pod_uid) group_right () '
                    + 'shmwatch_mount_used_bytes, 0)) / %d) * %d') % [MiB, MiB],
           },
-        ],
-      },
-    ],
-  },
-
-  prometheusAlerts+:: {
-    local c = $._config,
-    groups+: [
-      {
-        name: 'shmwatch-recommend-alerts',
-        interval: c.recommendationInterval,
-        rules: [
+          // In the records' group, not prometheusAlerts: rules of one group are evaluated in
+          // order, so the alert always reads this tick's recommendation (two groups race).
           {
             alert: 'ShmRecommendationExceedsMemoryLimit',
             expr: 'shmwatch:mount_recommended_memory_limit_bytes > on (instance, job, pod_uid) group_left () '

@@ -3,16 +3,15 @@
 local mixin = import 'mixin.libsonnet';
 local node = [g for g in mixin.prometheusRules.groups if g.name == 'shmwatch-node'];
 local kube = [g for g in mixin.prometheusRules.groups if g.name == 'shmwatch-kube'];
-local isRecommend(g) = std.member(['shmwatch-recommend', 'shmwatch-recommend-alerts'], g.name);
-// The recommendation's records, then its alert (evaluated after them, on the same tick).
-local recommend = [g for g in mixin.prometheusRules.groups if isRecommend(g)]
-                  + [g for g in mixin.prometheusAlerts.groups if isRecommend(g)];
+local isRecommend(g) = g.name == 'shmwatch-recommend';
+// The recommendation's records and its alert, in one group (evaluated in that order).
+local recommend = [g for g in mixin.prometheusRules.groups if isRecommend(g)];
 local rest = [
   g
   for g in mixin.prometheusRules.groups
   if g.name != 'shmwatch-node' && g.name != 'shmwatch-kube' && !isRecommend(g)
 ];
-local alerts = [g for g in mixin.prometheusAlerts.groups if !isRecommend(g)];
+local alerts = mixin.prometheusAlerts.groups;
 {
   // Sidecar and node mode alike: the alerts and the recording rules they use.
   'deploy/prometheus/shmwatch-rules.yml': { groups: rest + alerts },
