@@ -1,6 +1,8 @@
 """OOM kills from the kernel log: the parser on text fixtures, the per-pod count in the model,
 and a real kill in a real v1 pod/container cgroup pair counted for the pod after the
 container's cgroup is gone."""
+import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -130,13 +132,10 @@ HOG = ("import os, sys\n"
        "while True: hog.append(bytearray(1 << 20))\n")
 
 
-@needs_root
-def test_real_kill_counts_for_the_pod_after_the_container_cgroup_is_gone():
-    """A pod cgroup and a container cgroup below it (as the kubelet's cgroupfs driver lays
-    them out), a process in the container over its 32 MiB limit: the kernel kills it and
-    counts it in the container's memcg only; the container's cgroup is removed. Node mode
-    (a process on the host, reading /dev/kmsg) counts the kill for the pod, logs it, and
-    `shmwatch check` lists it."""
+@contextlib.contextmanager
+def pod_with_a_container():
+    """A pod cgroup and a container cgroup below it with a 32 MiB limit, as the kubelet's
+    cgroupfs driver lays them out -> (pod uid, pod dir, container dir, pod cgroup path)."""
     if not os.path.exists(os.path.join(V1_ROOT, "memory.usage_in_bytes")):
         pytest.skip("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
     uid = str(uuid.uuid4())
@@ -147,17 +146,41 @@ def test_real_kill_counts_for_the_pod_after_the_container_cgroup_is_gone():
     os.makedirs(ctr_dir)
     with open(os.path.join(ctr_dir, "memory.limit_in_bytes"), "w") as f:
         f.write(str(32 * MiB))
-    pod_cgroup = f"/kubepods/burstable/pod{uid}"
-    hog = None
     try:
+        yield uid, pod_dir, ctr_dir, f"/kubepods/burstable/pod{uid}"
+    finally:
+        remove_cgroup(ctr_dir)
+        remove_cgroup(pod_dir)
+        for directory in reversed(made):
+            remove_cgroup(directory)
+
+
+def kill_a_hog_in(ctr_dir: str) -> subprocess.Popen:
+    """A process that joins the container's cgroup and allocates until the kernel kills it."""
+    hog = subprocess.Popen([sys.executable, "-c", HOG, ctr_dir], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert hog.stdout.readline() == b"in\n"
+        hog.stdin.write(b"go\n")
+        hog.stdin.flush()
+        assert hog.wait(20) == -9
+    finally:
+        if hog.poll() is None:  # not killed: do not leave it in the cgroup we remove
+            hog.kill()
+            hog.wait()
+    return hog
+
+
+@needs_root
+def test_real_kill_counts_for_the_pod_after_the_container_cgroup_is_gone():
+    """A pod cgroup and a container cgroup below it (as the kubelet's cgroupfs driver lays
+    them out), a process in the container over its 32 MiB limit: the kernel kills it and
+    counts it in the container's memcg only; the container's cgroup is removed. Node mode
+    (a process on the host, reading /dev/kmsg) counts the kill for the pod, logs it, and
+    `shmwatch check` lists it."""
+    with pod_with_a_container() as (uid, pod_dir, ctr_dir, pod_cgroup):
         with Exporter("--mode=node", "--no-collector.gpu", "--no-collector.segments", "--poll-interval=200ms") as ex:
             ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 0, timeout=10)
-            hog = subprocess.Popen([sys.executable, "-c", HOG, ctr_dir], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE)
-            assert hog.stdout.readline() == b"in\n"
-            hog.stdin.write(b"go\n")
-            hog.stdin.flush()
-            assert hog.wait(20) == -9
+            hog = kill_a_hog_in(ctr_dir)
             remove_cgroup(ctr_dir)
             assert not os.path.exists(ctr_dir)
             s = ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 1,
@@ -173,57 +196,26 @@ def test_real_kill_counts_for_the_pod_after_the_container_cgroup_is_gone():
         report = subprocess.run([sys.executable, "-m", "exporter", "check", "--mode=node", "--no-collector.gpu",
                                  "--no-collector.segments", "--output=json"], cwd=REPO, capture_output=True,
                                 text=True, timeout=60)
-        import json
         kills = [k for k in json.loads(report.stdout)["oom_kills"] if k["pid"] == hog.pid]
         assert len(kills) == 1 and kills[0]["pod_uid"] == uid and kills[0]["task_memcg"].startswith(pod_cgroup)
         assert kills[0]["anon_rss_bytes"] > 16 * MiB and kills[0]["age_seconds"] < 60
-    finally:
-        if hog is not None and hog.poll() is None:
-            hog.kill()
-            hog.wait()
-        remove_cgroup(ctr_dir)
-        remove_cgroup(pod_dir)
-        for directory in reversed(made):
-            remove_cgroup(directory)
-
 
 
 @needs_root
 def test_without_the_kernel_log_container_counts_are_kept_for_the_pod():
     """--no-collector.oom (the unprivileged DaemonSet): the container cgroup's own v1 counter,
     seen while it exists, is kept for the pod after the container's cgroup is removed."""
-    if not os.path.exists(os.path.join(V1_ROOT, "memory.usage_in_bytes")):
-        pytest.skip("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
-    uid = str(uuid.uuid4())
-    pod_dir = os.path.join(V1_ROOT, "kubepods", "burstable", f"pod{uid}")
-    ctr_dir = os.path.join(pod_dir, "c0ffee" + uuid.uuid4().hex[:10])
-    made = [d for d in (os.path.join(V1_ROOT, "kubepods"), os.path.join(V1_ROOT, "kubepods", "burstable"))
-            if not os.path.isdir(d)]
-    os.makedirs(ctr_dir)
-    with open(os.path.join(ctr_dir, "memory.limit_in_bytes"), "w") as f:
-        f.write(str(32 * MiB))
-    pod_cgroup = f"/kubepods/burstable/pod{uid}"
-    try:
-        with Exporter("--mode=node", "--no-collector.gpu", "--no-collector.segments", "--no-collector.oom",
-                      "--poll-interval=200ms") as ex:
-            ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 0, timeout=10)
-            hog = subprocess.Popen([sys.executable, "-c", HOG, ctr_dir], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE)
-            assert hog.stdout.readline() == b"in\n"
-            hog.stdin.write(b"go\n")
-            hog.stdin.flush()
-            assert hog.wait(20) == -9
-            ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 1, timeout=5)
-            remove_cgroup(ctr_dir)
-            assert not os.path.exists(ctr_dir)
-            for _ in range(5):  # polls after the container's cgroup is gone
-                time.sleep(0.25)
-                assert value(ex.scrape(), "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 1
-    finally:
+    with pod_with_a_container() as (_, _, ctr_dir, pod_cgroup), \
+            Exporter("--mode=node", "--no-collector.gpu", "--no-collector.segments", "--no-collector.oom",
+                     "--poll-interval=200ms") as ex:
+        ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 0, timeout=10)
+        kill_a_hog_in(ctr_dir)
+        ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 1, timeout=5)
         remove_cgroup(ctr_dir)
-        remove_cgroup(pod_dir)
-        for directory in reversed(made):
-            remove_cgroup(directory)
+        assert not os.path.exists(ctr_dir)
+        for _ in range(5):  # polls after the container's cgroup is gone
+            time.sleep(0.25)
+            assert value(ex.scrape(), "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 1
 
 
 def test_oom_series_never_go_down_while_the_pod_is_there():

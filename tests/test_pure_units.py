@@ -109,3 +109,31 @@ def test_class_cache_remembers_and_is_bounded():
         segment_classes.classify(f"psm_{n:08x}")
         assert len(segment_classes._CACHE) <= segment_classes._CACHE_MAX
     segment_classes._CACHE.clear()
+
+
+def test_pod_uid_in_cgroup_both_drivers():
+    from exporter.kube import pod_uid_in_cgroup
+    uid = "0f1e2d3c-aaaa-bbbb-cccc-000000000001"
+    assert pod_uid_in_cgroup(f"/kubepods/burstable/pod{uid}/cri-containerd-abc.scope") == uid
+    systemd = "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" + uid.replace("-", "_") + ".slice"
+    assert pod_uid_in_cgroup(systemd) == uid  # underscores back to dashes
+    text = f"12:memory:/kubepods/pod{uid}/c1\n11:cpu:/kubepods/pod{uid}/c1\n0::/\n"
+    assert pod_uid_in_cgroup(text) == uid  # /proc/<pid>/cgroup, several lines
+    assert pod_uid_in_cgroup("/system.slice/docker-abc.scope") == ""
+    assert pod_uid_in_cgroup("/kubepods/pod0F1E2D3C-AAAA-BBBB-CCCC-000000000001") == ""  # not a kubelet UID
+    assert pod_uid_in_cgroup(f"/kubepods/pod{uid[:-1]}") == ""  # one hex digit short
+    assert pod_uid_in_cgroup(f"/kubepods/{uid}") == ""  # no "pod" prefix
+
+
+def test_parse_hidepid_old_and_new_spellings():
+    from exporter.proctable import parse_hidepid
+    assert parse_hidepid("rw,nosuid,nodev,noexec,relatime") == "off"
+    assert parse_hidepid("rw,hidepid=0") == "off"
+    assert parse_hidepid("rw,hidepid=1,gid=5") == "noaccess"
+    assert parse_hidepid("rw,nosuid,hidepid=2") == "invisible"
+    assert parse_hidepid("hidepid=4") == "ptraceable"
+    assert parse_hidepid("rw,hidepid=invisible") == "invisible"
+    assert parse_hidepid("rw,hidepid=noaccess") == "noaccess"
+    assert parse_hidepid("rw,hidepid=ptraceable,subset=pid") == "ptraceable"
+    assert parse_hidepid("rw,xhidepid=2") == "off"  # an option must start with the name
+    assert parse_hidepid("") == "off"

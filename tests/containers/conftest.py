@@ -161,36 +161,40 @@ def run_check(run: List[str], *args: str, entry: Optional[List[str]] = None) -> 
     return json.loads(done.stdout)
 
 
-def leak_alert_test(text: str, expected: List[Dict[str, str]]) -> subprocess.CompletedProcess:
-    """promtool unit test of ShmLeakedSegments on a scrape held for 20 minutes: does it fire
-    with exactly `expected` (label sets; [] = stays quiet)?"""
+def promtool_unit_test(input_series: List[Dict[str, str]], alert_tests: List[Dict]) -> subprocess.CompletedProcess:
+    """promtool test rules over the shipped alert rules (annotations dropped: promtool would
+    compare them too; this checks the firing logic only), scraped every minute."""
     promtool = shutil.which("promtool") or pytest.fail("promtool not installed (Debian 'prometheus'; .ci/run)")
-    target = {"instance": "sidecar:9841", "job": "shmwatch"}
-    series = []
-    for (metric, labels), v in parse_exposition(text).items():
-        if metric in ("shmwatch_segment_bytes", "shmwatch_mount_size_bytes"):
-            pairs = ", ".join(f'{k}="{val}"' for k, val in sorted({**dict(labels), **target}.items()))
-            series.append({"series": f"{metric}{{{pairs}}}", "values": f"{v:.0f}x30"})
     with open(RULES) as f:
         rules = yaml.safe_load(f)
-    for group in rules["groups"]:  # promtool compares annotations too: the firing logic only
+    for group in rules["groups"]:
         for rule in group["rules"]:
             rule.pop("annotations", None)
     work = tempfile.mkdtemp(prefix="shmwatch-promtool-")
     try:
         with open(os.path.join(work, "rules.yml"), "w") as f:
             yaml.safe_dump(rules, f)
-        exp = [{"exp_labels": {**target, "severity": "warning", **labels}} for labels in expected]
         tests = {"rule_files": ["rules.yml"], "evaluation_interval": "1m",
-                 "tests": [{"interval": "1m", "input_series": series,
-                            "alert_rule_test": [{"eval_time": "20m", "alertname": "ShmLeakedSegments",
-                                                 "exp_alerts": exp}]}]}
+                 "tests": [{"interval": "1m", "input_series": input_series, "alert_rule_test": alert_tests}]}
         with open(os.path.join(work, "tests.yml"), "w") as f:
             yaml.safe_dump(tests, f)
         return subprocess.run([promtool, "test", "rules", "tests.yml"], cwd=work, capture_output=True, text=True,
                               timeout=60)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def leak_alert_test(text: str, expected: List[Dict[str, str]]) -> subprocess.CompletedProcess:
+    """promtool unit test of ShmLeakedSegments on a scrape held for 20 minutes: does it fire
+    with exactly `expected` (label sets; [] = stays quiet)?"""
+    target = {"instance": "sidecar:9841", "job": "shmwatch"}
+    series = []
+    for (metric, labels), v in parse_exposition(text).items():
+        if metric in ("shmwatch_segment_bytes", "shmwatch_mount_size_bytes"):
+            pairs = ", ".join(f'{k}="{val}"' for k, val in sorted({**dict(labels), **target}.items()))
+            series.append({"series": f"{metric}{{{pairs}}}", "values": f"{v:.0f}x30"})
+    exp = [{"exp_labels": {**target, "severity": "warning", **labels}} for labels in expected]
+    return promtool_unit_test(series, [{"eval_time": "20m", "alertname": "ShmLeakedSegments", "exp_alerts": exp}])
 
 
 # Runs as root with SYS_ADMIN only long enough to mount a hidepid=2 /proc over its own, then

@@ -9,9 +9,7 @@ log, within 5 s, and PodOomKilled must fire on the series it exported.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 import uuid
 
@@ -19,7 +17,7 @@ import pytest
 import yaml
 
 from tests.conftest import Exporter, remove_cgroup, select, value
-from tests.containers.conftest import FIGURES, RULES, SERVER_IMAGE, Container
+from tests.containers.conftest import FIGURES, SERVER_IMAGE, Container, promtool_unit_test
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -29,29 +27,11 @@ HOG = "hog = []\nwhile True: hog.append(bytearray(1 << 20))\n"
 
 def pod_oom_killed_test(series: str, values: str) -> subprocess.CompletedProcess:
     """promtool unit test of PodOomKilled on one exported series: fires 1 minute after the step."""
-    promtool = shutil.which("promtool") or pytest.fail("promtool not installed (Debian 'prometheus'; .ci/run)")
-    with open(RULES) as f:
-        rules = yaml.safe_load(f)
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            rule.pop("annotations", None)  # promtool compares annotations too: the firing logic only
     labels = yaml.safe_load("{" + series[series.index("{") + 1:-1].replace('="', ': "') + "}")
-    work = tempfile.mkdtemp(prefix="shmwatch-promtool-")
-    try:
-        with open(os.path.join(work, "rules.yml"), "w") as f:
-            yaml.safe_dump(rules, f)
-        tests = {"rule_files": ["rules.yml"], "evaluation_interval": "1m",
-                 "tests": [{"interval": "1m", "input_series": [{"series": series, "values": values}],
-                            "alert_rule_test": [
-                                {"eval_time": "2m", "alertname": "PodOomKilled", "exp_alerts": []},
-                                {"eval_time": "4m", "alertname": "PodOomKilled",
-                                 "exp_alerts": [{"exp_labels": {**labels, "severity": "critical"}}]}]}]}
-        with open(os.path.join(work, "tests.yml"), "w") as f:
-            yaml.safe_dump(tests, f)
-        return subprocess.run([promtool, "test", "rules", "tests.yml"], cwd=work, capture_output=True, text=True,
-                              timeout=60)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    return promtool_unit_test([{"series": series, "values": values}], [
+        {"eval_time": "2m", "alertname": "PodOomKilled", "exp_alerts": []},
+        {"eval_time": "4m", "alertname": "PodOomKilled",
+         "exp_alerts": [{"exp_labels": {**labels, "severity": "critical"}}]}])
 
 
 def test_node_mode_counts_a_container_oom_kill_for_its_pod(images):
