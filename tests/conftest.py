@@ -75,6 +75,18 @@ if HOST_EXCUSED:
 HOST_EXCUSED_RE = re.compile(HOST_EXCUSED) if HOST_EXCUSED else None
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 5.0) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within `timeout`."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -202,13 +214,8 @@ class Exporter:
             return ""
 
     def stop(self, sig_timeout: float = 5.0) -> int:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(sig_timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            stop_process(self.proc, sig_timeout)
         return self.proc.returncode if self.proc else 0
 
     def __exit__(self, *exc) -> None:

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional
 import pytest
 import yaml
 
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, free_port, stop_process
 
 RULES = os.path.join(REPO, "deploy", "prometheus", "shmwatch-rules.yml")
 RECOMMEND_RULES = os.path.join(REPO, "deploy", "prometheus", "shmwatch-recommend-rules.yml")
@@ -69,12 +69,7 @@ class _Service:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, 10)
         self.log.close()
 
 

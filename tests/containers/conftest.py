@@ -133,6 +133,14 @@ def scrape(url: str) -> str:
         return response.read().decode()
 
 
+def samples_at(url: str):
+    """The exposition at `url` parsed, or no samples while it does not answer yet."""
+    try:
+        return parse_exposition(scrape(url))
+    except OSError:
+        return {}
+
+
 def wait_for_inventory(container: Container, segments: int, timeout: float = 30.0) -> str:
     """The exposition once every collector has run and the inventory lists `segments` files."""
     deadline = time.monotonic() + timeout

@@ -19,6 +19,8 @@ import time
 import uuid
 from typing import Dict, List, Optional
 
+from tests.conftest import stop_process
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE_IMAGE = "python:3.11-slim"  # what the Dockerfile's FROM names
 # Several checkouts may run the tier on one engine at once: each builds its own image tag,
@@ -96,14 +98,8 @@ class Engine:
             return ""
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc, 30)
 
 
 def image_exists(name: str) -> bool:

@@ -12,9 +12,9 @@ import uuid
 
 import pytest
 
-from tests.conftest import REPO, free_port, parse_exposition, select, value
+from tests.conftest import REPO, free_port, select, value
 from tests.containers import engine as eng
-from tests.containers.conftest import scrape
+from tests.containers.conftest import samples_at
 
 # The first test of the session also waits for the base image and the project image.
 pytestmark = pytest.mark.timeout(600)
@@ -53,10 +53,7 @@ def test_compose_v1_runs_workload_and_shmwatch(images):
         deadline = time.monotonic() + 60
         samples = {}
         while time.monotonic() < deadline:
-            try:
-                samples = parse_exposition(scrape(f"http://127.0.0.1:{env['SHMWATCH_PORT']}/metrics"))
-            except OSError:
-                samples = {}
+            samples = samples_at(f"http://127.0.0.1:{env['SHMWATCH_PORT']}/metrics")
             hidden = [labels for labels, _ in select(samples, "shmwatch_top_segment_bytes", state="hidden",
                                                      **{"class": "nccl"}) if labels["owner"]]
             if hidden:

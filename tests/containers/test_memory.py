@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import parse_exposition, value
 from tests.containers import engine as eng
-from tests.containers.conftest import FIGURES, SERVER_IMAGE, Container, scrape
+from tests.containers.conftest import FIGURES, SERVER_IMAGE, Container, samples_at, scrape
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -66,10 +66,7 @@ def settled(sidecar: Container, cgroup: str, shm_used: int) -> Dict:
     """A scrape in which the sidecar has seen the mount at `shm_used` (the step is done)."""
     deadline = time.monotonic() + 30
     while True:
-        try:
-            samples = parse_exposition(scrape(f"http://{sidecar.ip}:9841/metrics"))
-        except OSError:
-            samples = {}
+        samples = samples_at(f"http://{sidecar.ip}:9841/metrics")
         shm = value(samples, "shmwatch_mount_used_bytes", mount="/dev/shm") or 0
         ws = value(samples, "shmwatch_cgroup_memory_working_set_bytes", cgroup=cgroup)
         if ws is not None and shm >= shm_used:

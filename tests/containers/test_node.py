@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from tests.conftest import parse_exposition, select
+from tests.conftest import select
 from tests.containers import engine as eng
-from tests.containers.conftest import Container, scrape
+from tests.containers.conftest import Container, samples_at
 
 # The first test of the session also waits for the base image and the project image.
 pytestmark = pytest.mark.timeout(600)
@@ -30,10 +30,7 @@ def test_node_mode_finds_each_container_shm_and_its_owners(root_server, uid_serv
     with Container(eng.PROJECT_IMAGE, *NODE_ARGS, run=NODE_RUN, prefix="node") as node:
         deadline = time.monotonic() + 30
         while True:
-            try:
-                samples = parse_exposition(scrape(f"http://{node.ip}:9841/metrics"))
-            except OSError:
-                samples = {}
+            samples = samples_at(f"http://{node.ip}:9841/metrics")
             owned = [labels for labels, _ in select(samples, "shmwatch_top_segment_bytes")
                      if labels.get("owner") and labels["name"] in {s.info["nccl"] for s in servers}]
             if len(owned) == len(servers) or time.monotonic() > deadline:
@@ -59,10 +56,7 @@ def node_scrape(run, until, timeout=30):
     with Container(eng.PROJECT_IMAGE, *NODE_ARGS, run=run, prefix="node") as node:
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                samples = parse_exposition(scrape(f"http://{node.ip}:9841/metrics"))
-            except OSError:
-                samples = {}
+            samples = samples_at(f"http://{node.ip}:9841/metrics")
             if until(samples) or time.monotonic() > deadline:
                 return samples, node.logs()
             time.sleep(0.3)
