@@ -169,7 +169,7 @@ def _shm(report: Report, view: MountView, model: Model, required: Optional[int],
         if not any(f.area == "shm" and f.subject == m.mount and f.severity in ("fail", "warn")
                    for f in report.findings):
             report.add("ok", "shm", m.mount, usage + (f"; by class: {classes}" if classes else ""))
-        _unowned(report, m.mount, leaked, summary.unverified, model.inventory.proc_unreadable)
+        _unowned(report, m.mount, leaked, summary.unverified, model.inventory.unproven)
         if summary.hidden_count:
             report.add("info", "shm", m.mount, f"{summary.hidden_count} unlinked-but-mapped segment(s), "
                        f"{human(summary.hidden_bytes)}: counted by df, invisible to ls "
@@ -184,7 +184,7 @@ def _names(mount: str, segments) -> str:
     return names + (f" (+{len(segments) - 5} more)" if len(segments) > 5 else "")
 
 
-def _unowned(report: Report, mount: str, leaked, unverified, unreadable: Optional[int]) -> None:
+def _unowned(report: Report, mount: str, leaked, unverified, unproven: List[str]) -> None:
     """Segments held by no process. `rm` is advised only where nothing can still attach: an
     orphan (every process inspected) of a class whose segments belong to one process."""
     removable = [s for s in leaked if segment_classes.removable(s.cls)]
@@ -199,10 +199,9 @@ def _unowned(report: Report, mount: str, leaked, unverified, unreadable: Optiona
                    f"{human(sum(s.allocated_bytes for s in foreign))}: {_names(mount, foreign)}",
                    "find which tool made them before removing anything (a container engine's lock file is one)")
     if unverified:
-        who = f"{unreadable} process(es)" if unreadable is not None else "processes hidden by hidepid"
         report.add("info", "shm", mount, f"{len(unverified)} segment(s), "
                    f"{human(sum(s.allocated_bytes for s in unverified))}, held by no process shmwatch could inspect "
-                   f"({who} could not be read): not called leaked, they may be live",
+                   f"(could not read: {'; '.join(unproven) or 'some processes'}): not called leaked, they may be live",
                    "to tell live from leaked, run shmwatch as the server's UID or with CAP_SYS_PTRACE "
                    "(README: Deploy); never remove them on this report's word")
 

@@ -3,6 +3,7 @@ was inspected. Run as the image's user (65534, no capabilities) beside root proc
 the host's namespaces; the container tier runs the same shapes in real containers."""
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,7 @@ def test_another_uid_without_ptrace_calls_nothing_leaked(nonroot_python):
             with Exporter(f"--shm.mount={shm}", "--no-collector.gpu", "--no-collector.cgroup", "--no-inotify",
                           run_as=nonroot_python, env={"SHMWATCH_SEGMENTS_IGNORE_UNREADABLE": ""}) as exporter:
                 s = exporter.scrape()
+                log = exporter.log()
             check = subprocess.run([*nonroot_python, "-m", "exporter", "check", f"--shm.mount={shm}", "--output=json",
                                     "--no-collector.gpu", "--no-collector.cgroup"], cwd=REPO, capture_output=True,
                                    text=True, timeout=60, env={**os.environ, "SHMWATCH_SEGMENTS_IGNORE_UNREADABLE": ""})
@@ -53,6 +55,10 @@ def test_another_uid_without_ptrace_calls_nothing_leaked(nonroot_python):
     assert {u["name"] for u in facts["unverified"]} == {"nccl-live0002", "psm_leaked02"}
     assert not [f for f in doc["findings"] if "rm " in f["remedy"]], doc["findings"]
     assert [f for f in doc["findings"] if "may be live" in f["message"] and "CAP_SYS_PTRACE" in f["remedy"]]
+    # Both say which processes they could not read (root's: the peers among them).
+    said = next(f["message"] for f in doc["findings"] if "may be live" in f["message"])
+    assert re.search(r"could not read: \S+ \(pid \d+, uid 0\)", said), said
+    assert re.search(r"'unverified', not 'orphan': could not read \S+ \(pid \d+, uid 0\)", log), log
 
 
 @needs_root

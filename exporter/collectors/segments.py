@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import stat as stat_mod
 import time
 from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
@@ -19,7 +20,7 @@ from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
 from ..discovery import live_mounts
 from ..kube import pod_uid_of_mount
 from ..inventory.changes import ChangeLog
-from ..inventory.owners import DELETED, Owners, OwnerScan
+from ..inventory.owners import DELETED, MAX_UNPROVEN, Owners, OwnerScan
 from ..inventory.summary import Inventory, MountInventory, Segment
 from ..inventory.walk import MAX_ENTRIES, Files, Key, patch_listing, walk
 from ..paths import Paths
@@ -53,6 +54,7 @@ class SegmentsCollector:
         self._listings: Dict[str, Listing] = {}
         self._indexes: Dict[str, Dict[str, Key]] = {}
         self._said_truncated: Set[str] = set()
+        self._said_unproven: Tuple[str, ...] = ()  # the reasons last logged
         self._owners = Owners()  # from the last full run, for quick runs that skip /proc
         self._known_files: Set[Key] = set()  # inodes listed by the last full run
         self._held_at_full: Set[Key] = set()  # inodes some process held at the last full run
@@ -106,6 +108,7 @@ class SegmentsCollector:
             self._indexes.pop(gone, None)
         if full:
             self._owners = self.owner_scan.scan(set(devs.values()))
+            self._say_why_unproven(self._owners)
             self._known_files = {key for files, _, _ in listings.values() for key in files}
             self._held_at_full = set(self._owners.holdings)
             self.wants_follow_up = False
@@ -141,7 +144,22 @@ class SegmentsCollector:
         if self.pod_of_pid:
             pods = {pid: pod for pid, proc in owners.holders.items() if (pod := self.table.pod_uid(proc))}
         return Inventory(mounts, dict(owners.comms), owners.unreadable, owners.scanned, self.clock(), pods,
-                         owners_complete=owners.complete)
+                         owners_complete=owners.complete, unproven=list(owners.unproven))
+
+    def _say_why_unproven(self, owners: Owners) -> None:
+        """Log, when it changes, why segments held by nobody we could read are 'unverified'
+        rather than 'orphan': the first thing an operator asks when no leak is ever reported.
+        Pids are left out of the comparison (a transient helper gets a new one every time)."""
+        said = tuple(sorted({re.sub(r"pid \d+, ", "", why) for why in owners.unproven}))
+        if said == self._said_unproven:
+            return
+        self._said_unproven = said
+        if said:
+            log.info("segments held by no readable process are 'unverified', not 'orphan': could not read %s "
+                     "(--segments.ignore-unreadable excuses root's processes by name)",
+                     "; ".join(owners.unproven[:MAX_UNPROVEN]))
+        else:
+            log.info("every process could be read: segments held by nobody are orphans again")
 
     def _scoped_owners(self, changes: Dict[str, Optional[Set[str]]], devs: Set[int]) -> None:
         """Node mode: rescan the processes of the pods whose mounts changed, not the node's

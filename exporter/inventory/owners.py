@@ -19,6 +19,7 @@ from ..proctable import Process, ProcessTable
 from .walk import Key
 
 DELETED = " (deleted)"
+MAX_UNPROVEN = 20  # reasons kept for the log
 MapsLine = Tuple[int, int, str, int, str]  # dev, inode, path, extent, address range
 
 
@@ -46,8 +47,14 @@ class Owners:
     unreadable: Optional[int] = 0
     # Of those, the ones that could hold a segment (not excused by --segments.ignore-unreadable).
     unverifiable: Optional[int] = 0
+    # Why 'held by nobody' is not proven, for the log: "process_api (pid 1, uid 0)", ...
+    unproven: List[str] = field(default_factory=list)
     scanned: int = 0
     processes: Dict[int, Process] = field(default_factory=dict)  # every process walked (scoped scans)
+
+    def unproven_because(self, why: str) -> None:
+        if len(self.unproven) < MAX_UNPROVEN:  # thousands of unreadable processes under hidepid=1
+            self.unproven.append(why)
 
     @property
     def complete(self) -> bool:
@@ -136,11 +143,16 @@ class OwnerScan:
         walked = self.table.walk()
         # Whoever we could not even identify could hold anything.
         out = Owners(unreadable=walked.unreadable, unverifiable=walked.unreadable)
+        if walked.unreadable:
+            out.unproven_because(f"{walked.unreadable} process(es) whose stat could not be read")
         if walked.invisible is None or not walked.workload_visible:
             out.unreadable = out.unverifiable = None
+            out.unproven_because("hidden processes (hidepid), uncounted" if walked.invisible is None
+                                else "no process besides shmwatch is visible")
         elif walked.invisible:
             out.unreadable += walked.invisible
             out.unverifiable += walked.invisible
+            out.unproven_because(f"{walked.invisible} process(es) hidden by hidepid")
         out.processes = {p.pid: p for p in walked.processes}
         tokens = {dev_token(d): d for d in devs}
         self._learn_mount_ids(walked.processes, devs)
@@ -154,6 +166,7 @@ class OwnerScan:
             out.processes.update({p.pid: p for p in processes})
         else:
             out.unverifiable = None  # processes kept appearing: some were never read
+            out.unproven_because(f"processes kept starting over {self.MAX_PASSES} passes")
         self._fill_mapping_sizes(out.holdings)
         return out
 
@@ -186,8 +199,12 @@ class OwnerScan:
         # A process of the pod we could not read now leaves the proof to the next full scan.
         unverifiable = previous.unverifiable if not (fresh.unverifiable or unidentified) else None
         unreadable = previous.unreadable if not fresh.unreadable else None
-        out = Owners(unreadable=unreadable, unverifiable=unverifiable, scanned=previous.scanned,
-                     processes=processes)
+        unproven = previous.unproven + fresh.unproven
+        if unidentified:
+            unproven.append(f"{unidentified} new process(es) whose stat could not be read")
+        unproven = list(dict.fromkeys(unproven))[:MAX_UNPROVEN]  # scoped scans chain: no growth
+        out = Owners(unreadable=unreadable, unverifiable=unverifiable, unproven=unproven,
+                     scanned=previous.scanned, processes=processes)
         for key, hs in previous.holdings.items():
             kept = [h for h in hs if h.pid not in replaced]
             if kept:
@@ -285,8 +302,10 @@ class OwnerScan:
             # Excused only when root's: any process can name itself anything (PR_SET_NAME).
             excused = (self.ignore_unreadable is not None and proc.uid == 0
                        and self.ignore_unreadable.search(proc.comm))
-            if not excused and out.unverifiable is not None:
-                out.unverifiable += 1
+            if not excused:
+                if out.unverifiable is not None:
+                    out.unverifiable += 1
+                out.unproven_because(f"{proc.comm} (pid {proc.pid}, uid {proc.uid})")
         if held:
             # comm read after the maps, not from the walk: a holder that exec'ed in
             # between (sh -> ucx_perftest) is named by what it is now.

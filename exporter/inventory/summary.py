@@ -44,6 +44,7 @@ class Inventory:
     wall_time: float = field(default_factory=time.time)
     pods: Dict[int, str] = field(default_factory=dict)  # pid -> pod UID, in node mode
     owners_complete: bool = True  # every process that could hold a segment was inspected
+    unproven: List[str] = field(default_factory=list)  # why not, for the log and `check`
 
 
 @dataclass(frozen=True)
