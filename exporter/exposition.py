@@ -24,6 +24,8 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encode
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
+from .scrape_clock import ScrapeClock
+
 log = logging.getLogger(__name__)
 
 # A burst of inotify events, or one poll's sources finishing one after another, costs one
@@ -34,6 +36,13 @@ URGENT_COALESCE_SECONDS = 0.02
 # A render costs its duration again in idle time at least this many times over, so a
 # storm of changes on a big node costs a bounded share of a core (at most 1/(1+factor)).
 RENDER_DUTY_FACTOR = 4.0
+# A change waiting for the next scrape is rendered this long before it is due
+# at least (more when renders take longer: RENDER_LEAD_FACTOR times the last one's time).
+RENDER_LEAD_SECONDS = 0.3
+RENDER_LEAD_FACTOR = 3.0
+# A scrape that finds bytes older than this behind a change (it came early: a new scraper,
+# a changed interval) renders them afresh rather than serve data that old.
+STALE_AFTER_SECONDS = 2.0
 # Level 6 compresses a 500 kB exposition ~6x, at a third of level 9's time.
 GZIP_LEVEL = 6
 
@@ -104,6 +113,7 @@ class _Frozen:
 class _Render:
     def __init__(self, version: int, metrics: List[object], plain: bytes):
         self.version = version
+        self.made = time.monotonic()
         self.frozen = _Frozen(metrics)
         # (content type, gzip) -> body; filled on first use
         self.bodies: Dict[Tuple[str, bool], bytes] = {(CONTENT_TYPE_PLAIN_0_0_4, False): plain}
@@ -135,6 +145,9 @@ class Exposition:
         self._render_lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self.renders = 0
+        self.clock = ScrapeClock()  # when the next scrape is due: non-urgent changes wait for it
+        self._render_seconds = 0.0  # wall time of the last render
+        self._rendered_for = 0.0  # the due time of the scrape the last held render was for
 
     def changed(self, urgent: bool = False) -> None:
         """The model changed: render soon (sooner when urgent). Cheap; called from any thread."""
@@ -171,6 +184,7 @@ class Exposition:
                     self._stopping.wait(left)
                 else:
                     self._urgent.wait(left)  # an urgent change cuts the wait short
+            self._wait_for_the_next_scrape()
             self._wake.clear()  # a change after this point wakes us again
             self._urgent.clear()
             started = time.thread_time()  # CPU, not wall time: waiting for the GIL costs nothing
@@ -183,18 +197,38 @@ class Exposition:
                 self._current = None
             not_before = time.monotonic() + (time.thread_time() - started) * RENDER_DUTY_FACTOR
 
+    def _wait_for_the_next_scrape(self) -> None:
+        """Hold a change until just before the next scrape is due: the model of a big node
+        changes every poll, and only what a scrape reads is worth rendering. An urgent change
+        (a new segment) waits too: rendered sooner, nobody would see it sooner."""
+        due = self.clock.next_due(after=self._rendered_for)
+        if due is None:
+            self._rendered_for = 0.0
+            return  # no steady scraper known (or one hammering): render every change
+        lead = max(RENDER_LEAD_SECONDS, RENDER_LEAD_FACTOR * self._render_seconds)
+        left = due - lead - time.monotonic()
+        if left > 0:
+            self._stopping.wait(left)
+        self._rendered_for = due  # changes from here on wait for the scrape after it
+
     def render(self) -> _Render:
         with self._render_lock:
+            started = time.monotonic()
             version = self._version
             metrics = list(self.registry.collect())
             done = _Render(version, metrics, text_format(metrics))
             self._current = done
             self.renders += 1
+            self._render_seconds = time.monotonic() - started
             return done
 
     def latest(self) -> _Render:
         current = self._current
-        return current if current is not None else self.render()
+        if current is None:
+            return self.render()
+        if current.version != self._version and time.monotonic() - current.made > STALE_AFTER_SECONDS:
+            return self.render()  # early for the schedule, and what we have is too old
+        return current
 
     # --- HTTP ---------------------------------------------------------------------------
     def wsgi_app(self, environ, start_response):
@@ -205,6 +239,7 @@ class Exposition:
         if method != "GET":
             start_response("405 Method Not Allowed", [("Allow", "OPTIONS,GET")])
             return [f"# HTTP 405 Method Not Allowed: {method}; use OPTIONS or GET\n".encode()]
+        self.clock.scraped(f'{environ.get("REMOTE_ADDR", "")} {environ.get("HTTP_USER_AGENT", "")}')
         encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT"))
         gzipped = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING"))
         names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")

@@ -18,9 +18,11 @@ from tests.conftest import FIXTURES, Exporter
 from tests.helpers import registry_for
 
 
-def get(app, accept=None, encoding=None, query=""):
+def get(app, accept=None, encoding=None, query="", client=None):
     environ = {}
     setup_testing_defaults(environ)
+    if client:
+        environ["REMOTE_ADDR"], environ["HTTP_USER_AGENT"] = client
     environ["QUERY_STRING"] = query
     if accept:
         environ["HTTP_ACCEPT"] = accept
@@ -141,5 +143,64 @@ def test_an_urgent_change_is_rendered_sooner():
         exposition.changed(urgent=True)
         assert wait_rendered(exposition, timeout=1.5)
         assert time.monotonic() - started < 1.0
+    finally:
+        exposition.stop()
+
+
+def test_a_steady_scraper_gets_one_render_per_scrape_not_one_per_change():
+    """A DaemonSet's model changes every poll; Prometheus reads it every 15 s. Renders follow
+    the scrapes (just before each is due), and what a scrape reads is still fresh."""
+    _, harness, exposition = fixture_exposition()
+    exposition.start()
+    stop = threading.Event()
+    changed_at = []  # (time, count) of each change
+
+    def change():
+        count = 0
+        while not stop.wait(0.05):  # 20 changes a second
+            count += 1
+            harness.state.count_event("/dev/shm", "nccl", "created")
+            changed_at.append((time.monotonic(), count))
+
+    worker = threading.Thread(target=change)
+    worker.start()
+    prometheus = ("10.0.0.7", "Prometheus/2.45.3")
+    try:
+        time.sleep(0.2)
+        scrapes, stale = 0, []
+        for _ in range(8):
+            body = get(exposition.wsgi_app, client=prometheus)[2]
+            scrapes += 1
+            seen = int(float(body.split(b'event="created",mount="/dev/shm"} ')[1].split(b"\n")[0]))
+            # What had changed by a second before this scrape is in it.
+            behind = [n for t, n in changed_at if t < time.monotonic() - 1.0]
+            if behind and seen < behind[-1]:
+                stale.append((seen, behind[-1]))
+            if scrapes == 3:
+                renders_after_learning = exposition.renders
+            time.sleep(0.75)
+        renders = exposition.renders - renders_after_learning
+    finally:
+        stop.set()
+        worker.join()
+        exposition.stop()
+    assert not stale, f"scrapes read stale bytes: {stale}"
+    # 5 scrapes once the interval is known: about one render each, against ~75 changes.
+    assert renders <= 5 + 2, f"{renders} renders for 5 scrapes and {len(changed_at)} changes"
+
+
+def test_a_scraper_that_hammers_gets_every_change():
+    """Intervals below half a second (a human, a benchmark, a detection test): every change is
+    rendered as it comes, as before."""
+    _, harness, exposition = fixture_exposition()
+    exposition.start()
+    client = ("127.0.0.1", "curl/8.5.0")
+    try:
+        for i in range(1, 11):
+            get(exposition.wsgi_app, client=client)
+            harness.state.count_event("/dev/shm", "nccl", "created")
+            assert wait_rendered(exposition, timeout=1.0)
+            assert f'event="created",mount="/dev/shm"}} {i}.0'.encode() in get(exposition.wsgi_app, client=client)[2]
+            time.sleep(0.05)
     finally:
         exposition.stop()

@@ -1,0 +1,98 @@
+"""When the next scrape is due, learned from the scrapes seen so far.
+
+A DaemonSet's model changes every poll (a pod's memory usage moves by a page), but
+Prometheus reads it every 15 to 60 s: rendering every change (65 ms at 200 pods) would
+spend most of the exporter's CPU on bytes nobody reads. Prometheus scrapes each target
+on a fixed ticker, so the next scrape of each scraper (an HA pair is two) is predictable
+from its last ones; the render thread renders a non-urgent change just before the
+earliest one is due, and right away when nothing can be predicted.
+"""
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import deque
+from typing import Callable, Deque, Dict, Optional
+
+# Intervals remembered per scraper: the median of these is its interval.
+INTERVALS_KEPT = 5
+# A scraper counts once it has shown this many intervals that agree within TOLERANCE.
+INTERVALS_NEEDED = 2
+TOLERANCE = 0.25
+# Scrapers come and go (a Prometheus restarts, an operator curls once): one not seen for
+# this many of its intervals no longer sets the schedule.
+FORGET_AFTER_INTERVALS = 3.0
+# Shorter intervals than this are a human or a benchmark hammering: render every change.
+MIN_INTERVAL = 0.5
+
+
+class _Scraper:
+    __slots__ = ("last", "intervals")
+
+    def __init__(self, now: float):
+        self.last = now
+        self.intervals: Deque[float] = deque(maxlen=INTERVALS_KEPT)
+
+    def interval(self) -> Optional[float]:
+        """The scraper's steady interval; None until it has shown one."""
+        if len(self.intervals) < INTERVALS_NEEDED:
+            return None
+        median = statistics.median(self.intervals)
+        recent = list(self.intervals)[-INTERVALS_NEEDED:]
+        if median < MIN_INTERVAL or any(abs(i - median) > TOLERANCE * median for i in recent):
+            return None
+        return median
+
+
+class ScrapeClock:
+    """Scrape times by scraper (address and user agent); thread-safe."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._scrapers: Dict[str, _Scraper] = {}
+
+    def scraped(self, who: str) -> None:
+        now = self.clock()
+        with self._lock:
+            scraper = self._scrapers.get(who)
+            if scraper is None:
+                if len(self._scrapers) >= 64:  # a scan of the port must not grow this without end
+                    self._forget(now, everyone_irregular=True)
+                self._scrapers[who] = _Scraper(now)
+                return
+            scraper.intervals.append(now - scraper.last)
+            scraper.last = now
+
+    def next_due(self, after: float = 0.0) -> Optional[float]:
+        """When (on `clock`) the earliest scrape due later than `after` is (the render thread
+        passes the one it last rendered for); None when some scraper's is not known (none
+        seen yet, or one irregular): then every change is rendered at once."""
+        now = self.clock()
+        with self._lock:
+            self._forget(now)
+            if not self._scrapers:
+                return None
+            due = []
+            for scraper in self._scrapers.values():
+                interval = scraper.interval()
+                if interval is None:
+                    return None
+                when = scraper.last + interval
+                # Rendered for already (give or take jitter: the time `after` was projected from
+                # an earlier scrape): the one after it (the scrape itself may be late).
+                if when <= after + TOLERANCE * interval:
+                    when += max(1, int((after - when) // interval) + 1) * interval
+                due.append(when)
+            return min(due)
+
+    def _forget(self, now: float, everyone_irregular: bool = False) -> None:
+        for who, scraper in list(self._scrapers.items()):
+            interval = scraper.interval()
+            if interval is None:
+                # Irregular or new: forgotten after a minute of silence (or at once when full).
+                if everyone_irregular or now - scraper.last > 60.0:
+                    del self._scrapers[who]
+            elif now - scraper.last > FORGET_AFTER_INTERVALS * interval:
+                del self._scrapers[who]
