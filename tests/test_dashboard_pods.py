@@ -196,6 +196,13 @@ def test_pod_filter_names_the_workload_in_sidecar_and_node_mode(tmp_path):
                 got, want = answer(proms["full"], substitute(expr, pod)), answer(proms[world], substitute(expr, pod))
                 if got != want or not want:
                     wrong.append(f"{title} ($pod={pod}): {expr}\n  got  {got}\n  want {want}")
+                # A pod's series are labelled with the workload, not the DaemonSet (node series,
+                # which no pod_uid names, keep their exporter's labels).
+                for labels, _ in got:
+                    labels = dict(labels)
+                    if (labels.get("pod_uid") or world == "sidecar") and "pod" in labels \
+                            and (labels["pod"], labels.get("namespace")) != (pod, "llm"):
+                        wrong.append(f"{title} ($pod={pod}): labelled {labels}")
         assert not wrong, "\n".join(wrong)
         # And the old bug: the DaemonSet's pod, selected by hand, is not what a node-mode pod panel shows.
         ratio = next(e for t, e in targets if t == "/dev/shm usage")
