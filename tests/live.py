@@ -75,13 +75,15 @@ class _Service:
 
 class Prometheus(_Service):
     def __init__(self, workdir: str, targets: List[str], rules: Optional[str] = None,
-                 alertmanager: Optional[str] = None):
+                 alertmanager: Optional[str] = None, honor_labels: bool = False):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
             "scrape_configs": [{"job_name": "shmwatch", "static_configs": [{"targets": targets}]}],
         }
+        if honor_labels:  # targets that name their own job and instance (several exporters' series in one)
+            config["scrape_configs"][0]["honor_labels"] = True
         if rules:
             config["rule_files"] = [rules]
         if alertmanager:

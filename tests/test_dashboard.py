@@ -12,7 +12,7 @@ DASHBOARD = os.path.join(REPO, "grafana", "shmwatch.json")
 # Panels whose source this machine does not have: no GPU, so NVML reports nothing.
 NO_SOURCE_HERE = {"GPU memory used", "GPU memory per GPU", "GPU memory per process"}
 FUNCTIONS = {"sum", "by", "max", "min", "rate", "increase", "sort_desc", "clamp_max", "count", "label_values",
-             "on", "and", "or", "without", "avg"}
+             "on", "and", "or", "without", "avg", "group", "group_left", "unless", "query_result"}
 
 
 def load():
@@ -30,6 +30,7 @@ def exprs(d=None):
 
 def metric_names(expr):
     cleaned = re.sub(r'"[^"]*"', '""', expr)
+    cleaned = re.sub(r"\b(by|on|without|ignoring|group_left|group_right)\s*\([^)]*\)", " ", cleaned)  # label lists
     cleaned = re.sub(r"\{[^}]*\}", "{}", cleaned)
     return {n for n in re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\b", cleaned)
             if n not in FUNCTIONS and not n.startswith("__") and ("_" in n or n == "ALERTS")

@@ -81,9 +81,41 @@ local layout(items) =
       };
   std.foldl(step, items, { x: 0, y: 0, rowH: 0, id: 1, panels: [] }).panels;
 
-// Every query carries these; namespace/pod match series without those labels too (".*").
-local S = 'job=~"$job", instance=~"$instance", namespace=~"$namespace", pod=~"$pod"';
-local SM = S + ', mount=~"$mount"';
+// Which pod a series is about depends on how shmwatch runs. Sidecar: the scrape's namespace
+// and pod target labels are the workload's, and no series has a pod_uid. Node mode (the
+// DaemonSet): the target labels are the DaemonSet's own pod; a pod's series carry pod_uid,
+// which shmwatch:pod_info (deploy/prometheus/shmwatch-node-rules.yml, from kube_pod_info)
+// names. One dashboard serves both: each query is an `or` of the two shapes. group_left
+// (namespace, pod) overwrites the DaemonSet's labels with the workload's (Prometheus sets the
+// listed labels from the one side). "All" is ".*", which matches series without those labels.
+local T = 'job=~"$job", instance=~"$instance"';
+local WORKLOAD = 'namespace=~"$namespace", pod=~"$pod"';
+local named(expr, workload=WORKLOAD) =
+  '%s * on (pod_uid) group_left (namespace, pod) shmwatch:pod_info%s'
+  % [expr, if workload == '' then '' else '{%s}' % workload];
+// Node mode: the pods an exporter watches (a memory emptyDir, a memory cgroup or an IPC
+// namespace of theirs), by pod_uid.
+local watched(sel) =
+  'group by (job, instance, pod_uid) (%s)'
+  % std.join(' or ', [
+    '%s{%s, pod_uid!=""}' % [m, sel]
+    for m in ['shmwatch_mount_info', 'shmwatch_cgroup_memory_usage_bytes', 'shmwatch_sysv_segments']
+  ]);
+local matchers(list) = std.join(', ', [m for m in list if m != '']);
+// A series, in the shapes it comes in: the sidecar's by its target labels; node mode's
+// pod series (pod=true) by pod_uid; node mode's node series (node=true: host memory, GPUs,
+// the exporter's own, which no pod_uid names) from the exporter that watches the selected
+// pod, i.e. the node the pod runs on. `over` wraps each selector (rate, increase) before the
+// join: a range function needs the bare selector. `nodeOnly`: more matchers for node series.
+local series(metric, mount=false, extra='', over='%s', pod=true, node=false, nodeOnly='') =
+  local m = matchers([if mount then 'mount=~"$mount"' else '', extra]);
+  local s(list) = over % ('%s{%s}' % [metric, matchers(list + [m])]);
+  '(%s)' % std.join(' or ', [s([T, WORKLOAD, 'pod_uid=""'])]
+                            + (if pod then [named(s([T, 'pod_uid!=""']))] else [])
+                            + (if node then ['%s and on (job, instance) group by (job, instance) (%s)'
+                                             % [s([T, 'pod_uid=""', nodeOnly]), named(watched(T))]] else []));
+local P(metric, mount=false, extra='', over='%s') = series(metric, mount, extra, over);
+local N(metric) = series(metric, pod=false, node=true);
 
 // Instant-query tables: hide the bookkeeping columns, call the value what it is.
 local BYTES_TABLE = [{ id: 'organize', options: {
@@ -103,7 +135,7 @@ local panels(c) = [
         'Used / size of each watched tmpfs. Red (95 %): the next NCCL/UCX/vLLM segment fails with ENOSPC or '
         + 'SIGBUS. Look at the Segments row for who holds it; clean leaked segments or raise --shm-size / '
         + 'shm_size / the emptyDir sizeLimit.',
-        [q('max by (mount) (shmwatch_mount_usage_ratio{%s})' % SM, '{{mount}}', instant=true)],
+        [q('max by (mount) (%s)' % P('shmwatch_mount_usage_ratio', mount=true), '{{mount}}', instant=true)],
         w=6,
         unit='percentunit',
         thresholds=[[c.shmUsageWarningRatio, 'orange'], [c.shmUsageCriticalRatio, 'red']],
@@ -113,8 +145,8 @@ local panels(c) = [
         'Working set of the watched memory cgroup over its limit; tmpfs pages count in it. Red (90 %): the OOM '
         + 'killer is close. Empty when there is no limit.',
         [
-          q('max by (cgroup) (shmwatch_oom_risk_ratio{%s})' % S, 'risk', instant=true),
-          q('max by (mount) (shmwatch_shm_oom_projection_ratio{%s})' % SM, 'if shm filled', instant=true),
+          q('max by (cgroup) (%s)' % P('shmwatch_oom_risk_ratio'), 'risk', instant=true),
+          q('max by (mount) (%s)' % P('shmwatch_shm_oom_projection_ratio', mount=true), 'if shm filled', instant=true),
         ],
         w=6,
         unit='percentunit',
@@ -123,7 +155,7 @@ local panels(c) = [
         'GPU memory used',
         'Used / total per GPU. Serving engines preallocate ~90 % (vLLM --gpu-memory-utilization): that is normal; '
         + 'red is the last 2 %, where CUDA out of memory follows.',
-        [q('shmwatch_gpu_memory_used_bytes{%s} / shmwatch_gpu_memory_total_bytes{%s}' % [S, S],
+        [q('%s / %s' % [N('shmwatch_gpu_memory_used_bytes'), N('shmwatch_gpu_memory_total_bytes')],
            'GPU {{gpu}}',
            instant=true)],
         w=6,
@@ -133,8 +165,15 @@ local panels(c) = [
   panel('table',
         'Firing alerts',
         "shmwatch alerts firing now (from Prometheus' ALERTS series). Each alert's runbook_url explains the fix.",
-        [q('sum by (alertname, severity, mount) (ALERTS{alertstate="firing", '
-           + 'alertname=~"Shm.*|Pod.*|Sysv.*|Gpu.*|HostMemory.*|Shmwatch.*"})', instant=true, table=true)],
+        [q('sum by (alertname, severity, mount) (%s)'
+           % series('ALERTS',
+                    extra='alertstate="firing", alertname=~"Shm.*|Pod.*|Sysv.*|Gpu.*|HostMemory.*|Shmwatch.*"',
+                    // Of a node-mode exporter's other alerts, the node's own (not its
+                    // host /dev/shm's or other pods' ones) concern the pod on that node.
+                    node=true,
+                    nodeOnly='alertname=~"HostMemory.*|Gpu.*|Shmwatch.*"'),
+           instant=true,
+           table=true)],
         w=6,
         transformations=[{ id: 'organize', options: { excludeByName: { Time: true, Value: true } } }]),
 
@@ -145,10 +184,10 @@ local panels(c) = [
         + 'scrapes shows here. Effective size: what can really be filled (tmpfs size, sizeLimit, what the memory '
         + 'limit leaves). Used reaching effective size is a crash.',
         [
-          q('shmwatch_mount_used_bytes{%s}' % SM, 'used {{mount}}'),
-          q('shmwatch_mount_peak_used_bytes{%s}' % SM, 'peak {{mount}}'),
-          q('shmwatch_mount_size_bytes{%s}' % SM, 'size {{mount}}'),
-          q('shmwatch_mount_effective_size_bytes{%s}' % SM, 'effective size {{mount}}'),
+          q(P('shmwatch_mount_used_bytes', mount=true), 'used {{mount}}'),
+          q(P('shmwatch_mount_peak_used_bytes', mount=true), 'peak {{mount}}'),
+          q(P('shmwatch_mount_size_bytes', mount=true), 'size {{mount}}'),
+          q(P('shmwatch_mount_effective_size_bytes', mount=true), 'effective size {{mount}}'),
         ],
         w=16,
         unit='bytes'),
@@ -156,7 +195,7 @@ local panels(c) = [
         'Unattributed bytes',
         'Used bytes no segment we could see accounts for: held by processes shmwatch may not read '
         + "(see Exporter health: unreadable processes) or by the kernel. Run shmwatch as the workload's user.",
-        [q('shmwatch_mount_unattributed_bytes{%s}' % SM, '{{mount}}')],
+        [q(P('shmwatch_mount_unattributed_bytes', mount=true), '{{mount}}')],
         w=8,
         unit='bytes'),
 
@@ -168,10 +207,10 @@ local panels(c) = [
         + 'that drove it, and the high-water mark since shmwatch first saw the mount. A peak that never happened '
         + 'while shmwatch watched is not in it. shmwatch check --recommend prints the settings to apply.',
         [
-          q('shmwatch:mount_recommended_size_bytes{%s}' % SM, 'recommended {{mount}}'),
-          q('shmwatch_mount_size_bytes{%s}' % SM, 'configured {{mount}}'),
-          q('shmwatch:mount_observed_peak_bytes{%s}' % SM, 'peak over %s {{mount}}' % c.recommendationWindow),
-          q('shmwatch_mount_max_used_bytes{%s}' % SM, 'high-water mark {{mount}}'),
+          q(P('shmwatch:mount_recommended_size_bytes', mount=true), 'recommended {{mount}}'),
+          q(P('shmwatch_mount_size_bytes', mount=true), 'configured {{mount}}'),
+          q(P('shmwatch:mount_observed_peak_bytes', mount=true), 'peak over %s {{mount}}' % c.recommendationWindow),
+          q(P('shmwatch_mount_max_used_bytes', mount=true), 'high-water mark {{mount}}'),
         ],
         w=16,
         unit='bytes'),
@@ -181,8 +220,8 @@ local panels(c) = [
         + 'are charged to the pod), against the limit now. Above it, the limit must grow, not only the shm size '
         + '(ShmRecommendationExceedsMemoryLimit).',
         [
-          q('shmwatch:mount_recommended_memory_limit_bytes{%s}' % SM, 'needed {{mount}}'),
-          q('shmwatch_cgroup_memory_limit_bytes{%s}' % S, 'limit {{cgroup}}'),
+          q(P('shmwatch:mount_recommended_memory_limit_bytes', mount=true), 'needed {{mount}}'),
+          q(P('shmwatch_cgroup_memory_limit_bytes'), 'limit {{cgroup}}'),
         ],
         w=8,
         unit='bytes'),
@@ -192,7 +231,7 @@ local panels(c) = [
         'Bytes by owner class',
         'Allocated bytes (what tmpfs charges) by who made the segment: nccl, ucx, torch, python_shm (vLLM/SGLang '
         + 'MessageQueue), mpi, ... A class that only grows is a leak.',
-        [q('sum by (class) (shmwatch_segment_bytes{%s})' % SM, '{{class}}')],
+        [q('sum by (class) (%s)' % P('shmwatch_segment_bytes', mount=true), '{{class}}')],
         w=12,
         unit='bytes',
         stack=true),
@@ -202,7 +241,7 @@ local panels(c) = [
         + 'orphan: held by nobody (every process inspected), leaked by a crashed engine; unverified: held by '
         + 'nobody shmwatch could inspect, may be live (see /proc access below). Orphans above zero for long: '
         + 'remove them.',
-        [q('sum by (state) (shmwatch_segment_bytes{%s})' % SM, '{{state}}')],
+        [q('sum by (state) (%s)' % P('shmwatch_segment_bytes', mount=true), '{{state}}')],
         w=12,
         unit='bytes',
         stack=true),
@@ -211,7 +250,7 @@ local panels(c) = [
         'The top segments by allocated bytes, with their owner (comm[pid], +N more holders). State orphan: safe to '
         + 'remove once no server can attach (rm /dev/shm/<name>), unless its class is other. State unverified: '
         + 'never remove: shmwatch could not inspect every process, so it may be live.',
-        [q('sort_desc(shmwatch_top_segment_bytes{%s})' % SM, instant=true, table=true)],
+        [q('sort_desc(%s)' % P('shmwatch_top_segment_bytes', mount=true), instant=true, table=true)],
         w=12,
         h=10,
         unit='bytes',
@@ -219,7 +258,7 @@ local panels(c) = [
   panel('table',
         'Processes holding shm',
         'Processes by the shm they map or hold open: the ones to restart when hidden segments pile up.',
-        [q('sort_desc(shmwatch_process_shm_bytes{%s})' % SM, instant=true, table=true)],
+        [q('sort_desc(%s)' % P('shmwatch_process_shm_bytes', mount=true), instant=true, table=true)],
         w=12,
         h=10,
         unit='bytes',
@@ -229,10 +268,10 @@ local panels(c) = [
         'Orphan segments and their bytes, the age of the oldest, and hidden bytes. Orphans older than a few hours '
         + 'will not go away by themselves.',
         [
-          q('sum(shmwatch_segments{%s, state="orphan"})' % SM, 'orphan segments', instant=true),
-          q('sum(shmwatch_segment_bytes{%s, state="orphan"})' % SM, 'orphan bytes', instant=true),
-          q('max(shmwatch_orphan_oldest_age_seconds{%s})' % SM, 'oldest orphan', instant=true),
-          q('sum(shmwatch_segment_bytes{%s, state="hidden"})' % SM, 'hidden bytes', instant=true),
+          q('sum(%s)' % P('shmwatch_segments', mount=true, extra='state="orphan"'), 'orphan segments', instant=true),
+          q('sum(%s)' % P('shmwatch_segment_bytes', mount=true, extra='state="orphan"'), 'orphan bytes', instant=true),
+          q('max(%s)' % P('shmwatch_orphan_oldest_age_seconds', mount=true), 'oldest orphan', instant=true),
+          q('sum(%s)' % P('shmwatch_segment_bytes', mount=true, extra='state="hidden"'), 'hidden bytes', instant=true),
         ],
         w=12,
         overrides=[
@@ -244,7 +283,8 @@ local panels(c) = [
         'Segments created / deleted',
         'Seen by inotify within milliseconds (or by inventory diffs when polling). Creates with no deletes: a leak '
         + 'in the making.',
-        [q('sum by (class, event) (rate(shmwatch_segment_events_total{%s}[$__rate_interval]))' % SM,
+        [q('sum by (class, event) (%s)'
+           % P('shmwatch_segment_events_total', mount=true, over='rate(%s[$__rate_interval])'),
            '{{class}} {{event}}')],
         w=12,
         unit='ops'),
@@ -256,10 +296,10 @@ local panels(c) = [
         + "counts against the limit. A sidecar that cannot read the workload's cgroup estimates it from the "
         + "workload's processes and the shm used: cgroup \"estimate:workload\" (shmwatch_cgroup_memory_estimated 1).",
         [
-          q('shmwatch_cgroup_memory_usage_bytes{%s}' % S, 'usage {{cgroup}}'),
-          q('shmwatch_cgroup_memory_working_set_bytes{%s}' % S, 'working set {{cgroup}}'),
-          q('shmwatch_cgroup_memory_shmem_bytes{%s}' % S, 'shmem {{cgroup}}'),
-          q('shmwatch_cgroup_memory_limit_bytes{%s}' % S, 'limit {{cgroup}}'),
+          q(P('shmwatch_cgroup_memory_usage_bytes'), 'usage {{cgroup}}'),
+          q(P('shmwatch_cgroup_memory_working_set_bytes'), 'working set {{cgroup}}'),
+          q(P('shmwatch_cgroup_memory_shmem_bytes'), 'shmem {{cgroup}}'),
+          q(P('shmwatch_cgroup_memory_limit_bytes'), 'limit {{cgroup}}'),
         ],
         w=12,
         unit='bytes'),
@@ -269,8 +309,8 @@ local panels(c) = [
         + '(working set - shm used + shm size) / limit: above 1 (red), filling /dev/shm '
         + 'OOM-kills the pod before tmpfs says ENOSPC: lower sizeLimit or raise the memory limit.',
         [
-          q('increase(shmwatch_cgroup_oom_kills_total{%s}[1h])' % S, 'OOM kills (1h)'),
-          q('shmwatch_shm_oom_projection_ratio{%s}' % SM, 'projection {{mount}}'),
+          q(P('shmwatch_cgroup_oom_kills_total', over='increase(%s[1h])'), 'OOM kills (1h)'),
+          q(P('shmwatch_shm_oom_projection_ratio', mount=true), 'projection {{mount}}'),
         ],
         w=6,
         thresholds=[[c.shmOomProjectionRatio, 'red']]),
@@ -278,9 +318,9 @@ local panels(c) = [
         'Host memory',
         'Host RAM total, available and Shmem (all tmpfs and shm on the node). Available below 10 %: trouble.',
         [
-          q('shmwatch_host_memory_total_bytes{%s}' % S, 'total'),
-          q('shmwatch_host_memory_available_bytes{%s}' % S, 'available'),
-          q('shmwatch_host_memory_shmem_bytes{%s}' % S, 'shmem'),
+          q(N('shmwatch_host_memory_total_bytes'), 'total'),
+          q(N('shmwatch_host_memory_available_bytes'), 'available'),
+          q(N('shmwatch_host_memory_shmem_bytes'), 'shmem'),
         ],
         w=6,
         unit='bytes'),
@@ -292,10 +332,10 @@ local panels(c) = [
         + 'ipcrm -m <id> for orphans, or raise kernel.shmmni. Node mode reads each IPC namespace (pod); those it '
         + 'could not enter (no CAP_SYS_ADMIN) are counted as not readable, not as empty.',
         [
-          q('sum(shmwatch_sysv_segments{%s})' % S, 'segments', instant=true),
-          q('sum(shmwatch_sysv_orphan_segments{%s})' % S, 'orphans (nattch 0)', instant=true),
-          q('max(shmwatch_sysv_limit_shmmni{%s})' % S, 'shmmni', instant=true),
-          q('count(shmwatch_sysv_namespace_readable{%s} == 0) or vector(0)' % S,
+          q('sum(%s)' % P('shmwatch_sysv_segments'), 'segments', instant=true),
+          q('sum(%s)' % P('shmwatch_sysv_orphan_segments'), 'orphans (nattch 0)', instant=true),
+          q('max(%s)' % P('shmwatch_sysv_limit_shmmni'), 'shmmni', instant=true),
+          q('count(%s == 0) or vector(0)' % P('shmwatch_sysv_namespace_readable'),
             'namespaces not readable',
             instant=true),
         ],
@@ -304,9 +344,9 @@ local panels(c) = [
         'SysV bytes vs kernel.shmall',
         'Total size of SysV segments; beyond kernel.shmall shmget() fails with ENOSPC.',
         [
-          q('shmwatch_sysv_bytes{%s}' % S, 'bytes'),
-          q('shmwatch_sysv_resident_bytes{%s}' % S, 'resident'),
-          q('clamp_max(shmwatch_sysv_limit_shmall_bytes{%s}, 1e15)' % S, 'shmall'),
+          q(P('shmwatch_sysv_bytes'), 'bytes'),
+          q(P('shmwatch_sysv_resident_bytes'), 'resident'),
+          q('clamp_max(%s, 1e15)' % P('shmwatch_sysv_limit_shmall_bytes'), 'shmall'),
         ],
         w=12,
         unit='bytes'),
@@ -316,16 +356,16 @@ local panels(c) = [
         'GPU memory per GPU',
         'Used, reserved and total memory per GPU (NVML). vLLM preallocates --gpu-memory-utilization of total.',
         [
-          q('shmwatch_gpu_memory_used_bytes{%s}' % S, 'used GPU {{gpu}}'),
-          q('shmwatch_gpu_memory_reserved_bytes{%s}' % S, 'reserved GPU {{gpu}}'),
-          q('shmwatch_gpu_memory_total_bytes{%s}' % S, 'total GPU {{gpu}}'),
+          q(N('shmwatch_gpu_memory_used_bytes'), 'used GPU {{gpu}}'),
+          q(N('shmwatch_gpu_memory_reserved_bytes'), 'reserved GPU {{gpu}}'),
+          q(N('shmwatch_gpu_memory_total_bytes'), 'total GPU {{gpu}}'),
         ],
         w=12,
         unit='bytes'),
   panel('table',
         'GPU memory per process',
         'Who uses each GPU: pid and comm (unknown for a pid in another PID namespace).',
-        [q('sort_desc(shmwatch_gpu_process_memory_bytes{%s})' % S, instant=true, table=true)],
+        [q('sort_desc(%s)' % N('shmwatch_gpu_process_memory_bytes'), instant=true, table=true)],
         w=12,
         unit='bytes',
         transformations=BYTES_TABLE),
@@ -335,7 +375,7 @@ local panels(c) = [
         'Collectors',
         "1 = the collector's last run succeeded. A 0 means its metrics are missing: the exporter's log says why "
         + 'once (GPU: no driver is normal on CPU nodes).',
-        [q('min by (collector) (shmwatch_collector_success{%s})' % S, '{{collector}}', instant=true)],
+        [q('min by (collector) (%s)' % N('shmwatch_collector_success'), '{{collector}}', instant=true)],
         w=8,
         thresholds=[[0, 'red'], [1, 'green']],
         overrides=[],
@@ -343,7 +383,7 @@ local panels(c) = [
   panel('timeseries',
         'Collector duration',
         "Time of each collector's last run. The segment inventory grows with segments x processes.",
-        [q('max by (collector) (shmwatch_collector_duration_seconds{%s})' % S, '{{collector}}')],
+        [q('max by (collector) (%s)' % N('shmwatch_collector_duration_seconds'), '{{collector}}')],
         w=8,
         unit='s'),
   panel('stat',
@@ -352,28 +392,42 @@ local panels(c) = [
         + 'cannot see. Owners verified 0: segments held by nobody it could inspect are unverified, not orphan; '
         + "run shmwatch as the server's UID or with CAP_SYS_PTRACE.",
         [
-          q('min(shmwatch_inotify_active{%s})' % SM, 'inotify', instant=true),
-          q('max(shmwatch_proc_unreadable{%s})' % S, 'unreadable processes', instant=true),
-          q('min(shmwatch_mount_owners_verified{%s})' % SM, 'owners verified', instant=true),
+          q('min(%s)' % P('shmwatch_inotify_active', mount=true), 'inotify', instant=true),
+          q('max(%s)' % N('shmwatch_proc_unreadable'), 'unreadable processes', instant=true),
+          q('min(%s)' % P('shmwatch_mount_owners_verified', mount=true), 'owners verified', instant=true),
         ],
         w=8),
 ];
 
-local variable(name, label, query, includeAll=false, hide=0) = {
-  name: name,
-  label: label,
-  type: 'query',
-  datasource: DS,
-  refresh: 2,
-  sort: 1,
-  hide: hide,
-  query: { query: query, refId: name + '-query' },
-  definition: query,
-  multi: includeAll,
-  includeAll: includeAll,
-  current: {},
-  options: [],
-} + (if includeAll then { allValue: '.*' } else {});
+local variable(name, label, query, includeAll=false, hide=0, regex='') = {
+                                                                           name: name,
+                                                                           label: label,
+                                                                           type: 'query',
+                                                                           datasource: DS,
+                                                                           refresh: 2,
+                                                                           sort: 1,
+                                                                           hide: hide,
+                                                                           query: { query: query, refId: name + '-query' },
+                                                                           definition: query,
+                                                                           multi: includeAll,
+                                                                           includeAll: includeAll,
+                                                                           current: {},
+                                                                           options: [],
+                                                                         } + (if includeAll then { allValue: '.*' } else {})
+                                                                         + (if regex != '' then { regex: regex } else {});
+
+// The workload pods of both shapes, for the namespace and pod lists: a sidecar's target
+// labels (an exporter that watches no pod_uid is a sidecar), and in node mode the pods each
+// exporter watches, named by shmwatch:pod_info (never the DaemonSet's own target labels).
+// query_result, not label_values: label_values takes one series selector, and this is an
+// expression; the regex picks the label out of each result line.
+local workloads(label, sel) =
+  'query_result(group by (%s) (' % label
+  + '(group by (job, instance, namespace, pod) (shmwatch_build_info{%s}) unless on (job, instance) %s)'
+    % [matchers(['job=~"$job"', sel]), watched('job=~"$job"')]
+  + ' or %s))' % named(watched('job=~"$job"'), sel);
+local workloadVariable(name, label, sel) =
+  variable(name, label, workloads(name, sel), includeAll=true, regex='/%s="([^"]+)"/' % name);
 
 {
   grafanaDashboards+:: {
@@ -409,14 +463,8 @@ local variable(name, label, query, includeAll=false, hide=0) = {
                  'Instance',
                  'label_values(shmwatch_build_info{job=~"$job"}, instance)',
                  includeAll=true),
-        variable('namespace',
-                 'Namespace',
-                 'label_values(shmwatch_build_info{job=~"$job"}, namespace)',
-                 includeAll=true),
-        variable('pod',
-                 'Pod',
-                 'label_values(shmwatch_build_info{job=~"$job", namespace=~"$namespace"}, pod)',
-                 includeAll=true),
+        workloadVariable('namespace', 'Namespace', ''),
+        workloadVariable('pod', 'Pod', 'namespace=~"$namespace"'),
         variable('mount',
                  'Mount',
                  'label_values(shmwatch_mount_size_bytes{job=~"$job", instance=~"$instance"}, mount)',
