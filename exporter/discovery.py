@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .kube import NODE_LABELS, mount_labels
-from .mountinfo import MountEntry, parse_mountinfo, strip_rootfs
-from .paths import Paths, read_text
+from .mountinfo import MountEntry, MountTableWatch, parse_mountinfo, strip_rootfs
+from .paths import Paths
 
 log = logging.getLogger(__name__)
 
@@ -89,19 +89,33 @@ class MountDiscovery:
         self._lock = threading.Lock()
         self._current = MountSet(list(self._static))
         self._subscribers: List[Callable[[MountSet], None]] = []
+        # One per candidate file: each re-read only when its mount table changed.
+        self._watches = {pid: MountTableWatch(self.paths.proc(pid, "mountinfo")) for pid in ("1", "self")}
+        self._read_from: Optional[str] = None  # the candidate the current set came from
 
     def subscribe(self, subscriber: Callable[[MountSet], None]) -> None:
         self._subscribers.append(subscriber)
 
-    def read_host_mountinfo(self) -> List[MountEntry]:
-        # The host's view is pid 1's (the DaemonSet runs with hostPID); under hidepid ours,
-        # with --path.rootfs stripped from its mount points.
+    def read_host_mountinfo(self) -> Optional[List[MountEntry]]:
+        """The host's mounts; None when its mount table has not changed since the last read.
+
+        The host's view is pid 1's (the DaemonSet runs with hostPID); under hidepid ours,
+        with --path.rootfs stripped from its mount points."""
         errors = []
         for pid in ("1", "self"):
             try:
-                return strip_rootfs(parse_mountinfo(read_text(self.paths.proc(pid, "mountinfo"))), self.paths.rootfs)
+                text = self._watches[pid].read_if_changed()
             except OSError as err:
                 errors.append(f"{self.paths.proc(pid, 'mountinfo')}: {err.strerror or err}")
+                continue
+            if text is None and self._read_from == pid:
+                return None
+            if text is None:  # unchanged, but the set came from the other file: read it whole
+                self._watches[pid].close()
+                text = self._watches[pid].read_if_changed()
+            self._read_from = pid
+            return strip_rootfs(parse_mountinfo(text), self.paths.rootfs)
+        self._read_from = None
         raise OSError("; ".join(errors))
 
     def collect(self) -> MountSet:
@@ -109,6 +123,8 @@ class MountDiscovery:
         host's mountinfo cannot be read."""
         if self.node_mode:
             entries = self.read_host_mountinfo()
+            if entries is None:  # the mount table did not change: neither did the set
+                return self._publish()
             if not entries:
                 raise ValueError("mountinfo is empty: keeping the last mount set")
             found = discover(entries)
@@ -116,6 +132,9 @@ class MountDiscovery:
             current = MountSet(found + [t for t in self._static if t.mount not in seen])
             with self._lock:
                 self._current = current
+        return self._publish()
+
+    def _publish(self) -> MountSet:
         for subscriber in self._subscribers:
             subscriber(self.current())
         return self.current()
