@@ -9,6 +9,7 @@ reports from it; neither recomputes what is here.
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
@@ -231,16 +232,18 @@ class ModelStep:
         also every pod that had a kill and whose cgroup is gone (or was never seen)."""
         watching_log = "oom" in self._latest
         counts: Dict[str, OomCount] = {}
+        logged_below, max_below = _Subtrees(states.oom_kills), _Subtrees(states.oom_cgroup_max)
         for c in cgroups:
             prefix = c.cgroup.rstrip("/") + "/"
-            logged = sum(n for key, n in states.oom_kills.items() if key == c.cgroup or key.startswith(prefix))
+            # (the root cgroup "/" is its own prefix: counted once)
+            logged = logged_below.total(prefix) + (0 if c.cgroup.startswith(prefix) else states.oom_kills.get(c.cgroup, 0))
             own = states.oom_cgroup_max.get(c.cgroup)
             if own is None and not watching_log:
                 continue  # neither source counts kills here: no series rather than a confident 0
             # v1 counts a kill in the victim's memcg only: the pod's own plus each container's
             # highest count ever seen (kept after the container's cgroup is gone). v2 records
             # no children: its pod counter is hierarchical already.
-            below = sum(n for key, n in states.oom_cgroup_max.items() if key.startswith(prefix))
+            below = max_below.total(prefix)
             counts[c.cgroup] = OomCount(c.cgroup, c.pod_uid, max(logged, (own or 0) + below))
         if self.node_mode:
             for key, n in sorted(states.oom_kills.items()):
@@ -269,3 +272,19 @@ class ModelStep:
             else:
                 del floor[key]  # the pod is gone: its series goes with it
         return list(counts.values())
+
+
+class _Subtrees:
+    """Sums of counts below a cgroup path, by binary search over the sorted paths: 200 pods
+    against every cgroup that ever had a kill, every model build, without a scan per pod."""
+
+    def __init__(self, counts: Dict[str, int]):
+        self._keys = sorted(counts)
+        self._counts = counts
+
+    def total(self, prefix: str) -> int:
+        keys, at, found = self._keys, bisect.bisect_left(self._keys, prefix), 0
+        while at < len(keys) and keys[at].startswith(prefix):
+            found += self._counts[keys[at]]
+            at += 1
+        return found

@@ -245,3 +245,43 @@ def test_alone_in_a_container_no_cgroup_is_passed_off_as_the_workloads(tmp_path)
     os.unlink(tmp_path / "proc" / "2" / "stat")
     with pytest.raises(LookupError, match="no workload shares this PID namespace"):
         CgroupCollector(paths).collect()
+
+
+@needs_root
+def test_node_mode_walks_the_pod_cgroups_again_only_when_it_must(tmp_path, monkeypatch):
+    """The listing of pod cgroups is kept between polls (walking 200 pods' trees each second
+    cost more than reading them); a pod whose shm mount appeared, or one that went away,
+    makes the next poll walk again."""
+    from exporter.collectors import cgroup as cgroup_mod
+    from exporter.paths import Paths
+    if not os.path.exists(os.path.join(V1_ROOT, "memory.usage_in_bytes")):
+        pytest.skip("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
+    monkeypatch.setattr(cgroup_mod, "MISSING_REWALK_SECONDS", 0.0)
+    base = os.path.join(V1_ROOT, "kubepods", "burstable")
+    made = [d for d in (os.path.join(V1_ROOT, "kubepods"), base) if not os.path.isdir(d)]
+    first, later, quiet = (str(uuid.uuid4()) for _ in range(3))
+    mounts = [f"/var/lib/kubelet/pods/{first}/volumes/kubernetes.io~empty-dir/dshm"]
+    try:
+        os.makedirs(os.path.join(base, f"pod{first}"))
+        collector = CgroupCollector(Paths(), node_mode=True, mounts=lambda: list(mounts))
+        walks = []
+        walk = collector.pod_cgroups
+        monkeypatch.setattr(collector, "pod_cgroups", lambda: walks.append(1) or walk())
+        ours = lambda: sorted(c.pod_uid for c in collector.collect() if c.pod_uid in (first, later, quiet))  # noqa: E731
+        assert ours() == [first] and len(walks) == 1
+        os.makedirs(os.path.join(base, f"pod{quiet}"))  # no shm volume: found by the periodic walk
+        assert ours() == [first] and len(walks) == 1, "walked again with nothing missing"
+        os.makedirs(os.path.join(base, f"pod{later}"))
+        mounts.append(f"/var/lib/kubelet/pods/{later}/volumes/kubernetes.io~empty-dir/dshm")
+        assert ours() == sorted([first, later, quiet]) and len(walks) == 2
+        assert len(walks) == 2 and ours() == sorted([first, later, quiet]) and len(walks) == 2
+        remove_cgroup(os.path.join(base, f"pod{quiet}"))
+        assert ours() == sorted([first, later])  # the read failed: left out, and listed afresh next
+        ours()
+        assert len(walks) == 3
+    finally:
+        for uid in (first, later, quiet):
+            if os.path.isdir(os.path.join(base, f"pod{uid}")):
+                remove_cgroup(os.path.join(base, f"pod{uid}"))
+        for d in reversed(made):
+            os.rmdir(d)

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from ..kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS
+from ..kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_mount
 from ..paths import Paths, read_text
 from ..proctable import ProcessTable, parse_proc_cgroup  # noqa: F401 - parse_proc_cgroup re-exported
 from . import workload
@@ -101,6 +102,12 @@ def read_v1(directory: str) -> Tuple[int, Optional[int], Dict[str, int], Dict[st
     return usage, limit, stat, oom
 
 
+# Node mode lists the pod cgroups again this often (a pod with no shm volume shows up within
+# it); a pod whose shm mount discovery found but which is not listed asks sooner.
+REWALK_SECONDS = 10.0
+MISSING_REWALK_SECONDS = 2.0
+
+
 class CgroupCollector:
     name = "cgroup"
     schedule = "poll"
@@ -117,6 +124,10 @@ class CgroupCollector:
         self.limit_override = limit_override
         self.mounts = mounts or (lambda: [])  # the watched shm mounts: what an estimate adds
         self.statvfs = statvfs
+        # Node mode: the last walk's pod cgroups, their UIDs, and when it was made.
+        self._listed: Optional[List[Tuple[str, int, str, str]]] = None
+        self._listed_uids: Set[str] = set()
+        self._walked_at = float("-inf")
 
     # --- which cgroup ---------------------------------------------------------------
     def find_target_pid(self) -> int:
@@ -230,7 +241,20 @@ class CgroupCollector:
         return sorted(found)
 
     def collect_pods(self) -> List[CgroupMemory]:
-        return self.read_pods(self.pod_cgroups())
+        """Every pod's cgroup, from a listing walked again every REWALK_SECONDS, when a listed
+        pod is gone, or (at most every MISSING_REWALK_SECONDS) when a watched mount's pod is
+        not listed: walking 200 pods' cgroup trees every second cost more than reading them."""
+        now = time.monotonic()
+        watched = {pod_uid_of_mount(m) for m in self.mounts()} - {""}
+        missing = not watched <= self._listed_uids and now - self._walked_at > MISSING_REWALK_SECONDS
+        if self._listed is None or now - self._walked_at > REWALK_SECONDS or missing:
+            self._listed = self.pod_cgroups()
+            self._listed_uids = {uid for _, _, _, uid in self._listed}
+            self._walked_at = now
+        found = self.read_pods(self._listed)
+        if len(found) < len(self._listed):
+            self._listed = None  # a pod went away (or cannot be read): list again next time
+        return found
 
     def read_pods(self, listed: List[Tuple[str, int, str, str]]) -> List[CgroupMemory]:
         """Each listed pod's cgroup; one that cannot be read is left out and the others stand:
