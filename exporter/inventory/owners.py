@@ -67,6 +67,20 @@ def dev_token(dev: int) -> str:
     return " %02x:%02x " % (os.major(dev), os.minor(dev))
 
 
+class DeviceTokens(Dict[str, int]):
+    """dev_token(dev) -> dev for the watched devices, split once per scan (not once per
+    process: 2,000 processes x 200 devices) into tmpfs devices (major 0) and the rest."""
+
+    def __init__(self, tokens: Dict[str, int]):
+        super().__init__(tokens)
+        self.major0 = {tok: dev for tok, dev in tokens.items() if tok.startswith(" 00:")}
+        self.others = {tok: dev for tok, dev in tokens.items() if not tok.startswith(" 00:")}
+
+    @classmethod
+    def of(cls, devs: Set[int]) -> "DeviceTokens":
+        return cls({dev_token(d): d for d in devs})
+
+
 def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
     """Lines of maps on the watched devices -> [(dev, inode, path, extent, address range)].
 
@@ -77,8 +91,8 @@ def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
     in node mode): a per-mount substring search would cost a pass per mount.
     """
     found: List[MapsLine] = []
-    major0 = {tok: dev for tok, dev in tokens.items() if tok.startswith(" 00:")}
-    others = {tok: dev for tok, dev in tokens.items() if not tok.startswith(" 00:")}
+    split = tokens if isinstance(tokens, DeviceTokens) else DeviceTokens(tokens)
+    major0, others = split.major0, split.others
     if major0:
         pos = text.find(" 00:")
         while pos != -1:
@@ -154,7 +168,7 @@ class OwnerScan:
             out.unverifiable += walked.invisible
             out.unproven_because(f"{walked.invisible} process(es) hidden by hidepid")
         out.processes = {p.pid: p for p in walked.processes}
-        tokens = {dev_token(d): d for d in devs}
+        tokens = DeviceTokens.of(devs)
         self._learn_mount_ids(walked.processes, devs)
         processes = walked.processes
         for _ in range(self.MAX_PASSES):
@@ -189,7 +203,7 @@ class OwnerScan:
                 processes[pid] = ident[0]
         scope = [p for p in processes.values() if self.table.pod_uid(p) in pods]
         fresh = Owners()
-        tokens = {dev_token(d): d for d in devs}
+        tokens = DeviceTokens.of(devs)
         self._learn_mount_ids(list(processes.values()), devs)
         for proc in scope:
             self._scan_process(proc, devs, tokens, fresh)
