@@ -192,21 +192,42 @@ def churn(pods, exporter, seconds, rate=10.0, watch=None):
         os.unlink(path)
 
 
+def prometheus_scraping(exporter, interval=15.0):
+    """A Prometheus-like scraper in the background (its user agent, its interval): the
+    exporter renders for the scrapes that read it, so idle CPU is measured as deployed."""
+    stop = threading.Event()
+    request = urllib.request.Request(exporter.url, headers={"Accept-Encoding": "gzip",
+                                                            "User-Agent": "Prometheus/2.45.3"})
+
+    def scrape():
+        while True:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                response.read()
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=scrape, daemon=True)
+    thread.start()
+    return stop
+
+
 def cpu_rows(seconds):
     rows = []
     with Pods(200) as pods:
         pods.start_processes(2000)
         with ours() as exporter:
-            time.sleep(20)  # past the first inventory intervals
+            scraping = prometheus_scraping(exporter)
+            time.sleep(35)  # past the first inventory intervals, and the scrape interval learnt
             c0, t0 = cpu_seconds(exporter.proc.pid), time.monotonic()
             time.sleep(seconds)
             idle = 100 * (cpu_seconds(exporter.proc.pid) - c0) / (time.monotonic() - t0)
-            rows.append((f"node mode idle CPU over {seconds:.0f} s, 200 pods, 2,000 processes",
+            rows.append((f"node mode idle CPU over {seconds:.0f} s, 200 pods, 2,000 processes, scraped every 15 s",
                          f"{idle:.2f} % of a core", "-", "-", "<= 1.5 %"))
             c0, t0 = cpu_seconds(exporter.proc.pid), time.monotonic()
             churn(pods, exporter, seconds)
             busy = 100 * (cpu_seconds(exporter.proc.pid) - c0) / (time.monotonic() - t0)
-            rows.append(("node mode churn CPU, 10 creates/s over 200 pods, 2,000 processes",
+            scraping.set()
+            rows.append(("node mode churn CPU, 10 creates/s over 200 pods, 2,000 processes, scraped every 15 s",
                          f"{busy:.2f} % of a core", "-", "-", "<= 5 %"))
             lat = []
             churn(pods, exporter, min(seconds, 20), watch=lat)

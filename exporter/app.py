@@ -11,7 +11,7 @@ the threads.
 from __future__ import annotations
 
 import re
-from typing import List
+from typing import List, Optional
 
 from prometheus_client.registry import CollectorRegistry
 
@@ -37,11 +37,13 @@ from .state import StateStore
 
 
 def build_sources(cfg: Config, paths: Paths, discovery: MountDiscovery, table: ProcessTable,
-                  changes: ChangeLog, kmsg_from_start: bool = False) -> List[object]:
+                  changes: ChangeLog, kmsg_from_start: bool = False,
+                  state: Optional[StateStore] = None) -> List[object]:
     """Discovery first (the others read its mounts), then the collectors that are on."""
     node = cfg.mode == "node"
     makers = {
-        "shm_mount": lambda: ShmMountCollector(paths, discovery.mounts),
+        "shm_mount": lambda: ShmMountCollector(paths, discovery.mounts,
+                                               touched=state.drain_touched if state is not None else None),
         "segments": lambda: SegmentsCollector(paths, discovery.mounts, table, pod_of_pid=node, changes=changes,
                                               ignore_unreadable=re.compile(cfg.ignore_unreadable)
                                               if cfg.ignore_unreadable else None),
@@ -67,7 +69,8 @@ class App:
         self.discovery = MountDiscovery(self.paths, cfg.shm_mounts, node_mode=cfg.mode == "node")
         self.state = StateStore(cfg.peak_window)
         self.changes = ChangeLog()  # names the watcher saw change, for the next quick inventory
-        self.sources = build_sources(cfg, self.paths, self.discovery, self.table, self.changes, kmsg_from_start)
+        self.sources = build_sources(cfg, self.paths, self.discovery, self.table, self.changes, kmsg_from_start,
+                                     self.state)
         self.sampler = Sampler(self.sources, cfg.poll_interval, cfg.inventory_interval,
                                timeouts={"gpu": cfg.gpu_timeout}, default_timeout=cfg.collector_timeout)
         self.step = ModelStep(self.sources, self.discovery, self.state, cfg.top_k, cfg.shm_size_limit,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .kube import NODE_LABELS, mount_labels
-from .mountinfo import MountEntry, MountTableWatch, parse_mountinfo, strip_rootfs
+from .mountinfo import MountEntry, WatchedMountinfo
 from .paths import Paths
 
 log = logging.getLogger(__name__)
@@ -89,34 +89,16 @@ class MountDiscovery:
         self._lock = threading.Lock()
         self._current = MountSet(list(self._static))
         self._subscribers: List[Callable[[MountSet], None]] = []
-        # One per candidate file: each re-read only when its mount table changed.
-        self._watches = {pid: MountTableWatch(self.paths.proc(pid, "mountinfo")) for pid in ("1", "self")}
-        self._read_from: Optional[str] = None  # the candidate the current set came from
+        # The host's view is pid 1's (the DaemonSet runs with hostPID); under hidepid ours.
+        self._mountinfo = WatchedMountinfo(paths, ("1", "self"))
 
     def subscribe(self, subscriber: Callable[[MountSet], None]) -> None:
         self._subscribers.append(subscriber)
 
     def read_host_mountinfo(self) -> Optional[List[MountEntry]]:
-        """The host's mounts; None when its mount table has not changed since the last read.
-
-        The host's view is pid 1's (the DaemonSet runs with hostPID); under hidepid ours,
-        with --path.rootfs stripped from its mount points."""
-        errors = []
-        for pid in ("1", "self"):
-            try:
-                text = self._watches[pid].read_if_changed()
-            except OSError as err:
-                errors.append(f"{self.paths.proc(pid, 'mountinfo')}: {err.strerror or err}")
-                continue
-            if text is None and self._read_from == pid:
-                return None
-            if text is None:  # unchanged, but the set came from the other file: read it whole
-                self._watches[pid].close()
-                text = self._watches[pid].read_if_changed()
-            self._read_from = pid
-            return strip_rootfs(parse_mountinfo(text), self.paths.rootfs)
-        self._read_from = None
-        raise OSError("; ".join(errors))
+        """The host's mounts, with --path.rootfs stripped from our own view's mount points;
+        None when its mount table has not changed since the last read."""
+        return self._mountinfo.read()
 
     def collect(self) -> MountSet:
         """Re-discover (node mode) and publish. Raises, keeping the last good set, when the

@@ -217,6 +217,7 @@ class MountWatcher:
             elif kind == "moved":
                 self.state.count_event(mount, classify(os.path.basename(event.src_path)), "deleted")
                 self.state.count_event(mount, classify(os.path.basename(event.dest_path)), "created")
+        self.state.touch(mount)
         try:
             st = self.statvfs(self.paths.host(mount))
             self.state.record_used(mount, (st.f_blocks - st.f_bfree) * st.f_frsize)

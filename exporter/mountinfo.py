@@ -75,6 +75,7 @@ class MountIndex:
     mounts against 2,000 mountinfo lines cost 200 lookups, not 400,000 prefix tests."""
 
     def __init__(self, entries: Sequence[MountEntry]):
+        self.entries = entries
         self._by_point: Dict[str, MountEntry] = {}
         for entry in entries:  # the last (topmost) entry on a mount point wins
             self._by_point[entry.mount_point.rstrip("/") or "/"] = entry
@@ -169,3 +170,35 @@ class MountTableWatch:
         if self._file is not None:
             self._file.close()
         self._file = self._poller = None
+
+
+class WatchedMountinfo:
+    """The first readable of the candidate mountinfo files ('1': the host's, 'self': ours),
+    parsed with --path.rootfs stripped, and read again only when its mount table changed."""
+
+    def __init__(self, paths: Paths, order: Sequence[str] = ("1", "self")):
+        self.paths = paths
+        self.order = tuple(order)
+        self._watches = {pid: MountTableWatch(paths.proc(pid, "mountinfo")) for pid in self.order}
+        self._read_from: Optional[str] = None  # the candidate the last entries came from
+
+    def read(self) -> Optional[List[MountEntry]]:
+        """The entries; None when unchanged since the last read. Raises OSError, naming each
+        file tried, when none can be read."""
+        errors = []
+        for pid in self.order:
+            watch = self._watches[pid]
+            try:
+                text = watch.read_if_changed()
+                if text is None and self._read_from != pid:
+                    watch.close()  # unchanged, but the last entries came from another file
+                    text = watch.read_if_changed()
+            except OSError as err:
+                errors.append(f"{watch.path}: {err.strerror or err}")
+                continue
+            if text is None:
+                return None
+            self._read_from = pid
+            return strip_rootfs(parse_mountinfo(text), self.paths.rootfs)
+        self._read_from = None
+        raise OSError("; ".join(errors))

@@ -10,7 +10,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Deque, Dict, Iterable, List, Optional, Set, Tuple
 
 # How many OOM kills `shmwatch check` and the model remember (the newest).
 RECENT_OOM_KILLS = 50
@@ -75,6 +75,17 @@ class StateStore:
         self._oom_cgroup: Dict[str, int] = {}
         self._recent_oom: Deque[Tuple[object, Optional[int]]] = deque(maxlen=RECENT_OOM_KILLS)
         self._listeners: List[Callable[[], None]] = []
+        self._touched: Set[str] = set()  # mounts inotify saw change, for the next quick statvfs
+
+    def touch(self, mount: str) -> None:
+        """inotify saw `mount` change (the watcher); drained by shm_mount's next run."""
+        with self._lock:
+            self._touched.add(mount)
+
+    def drain_touched(self) -> Set[str]:
+        with self._lock:
+            touched, self._touched = self._touched, set()
+        return touched
 
     def on_change(self, listener: Callable[[], None]) -> None:
         """Called after every change (the model step marks itself stale)."""

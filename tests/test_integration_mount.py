@@ -1,7 +1,9 @@
 """A real tmpfs, a real shmwatch process, a real scrape over HTTP, promtool on the text."""
 import os
 
-from tests.conftest import Exporter, fallocate, needs_root, promtool_check_metrics, value
+from tests.conftest import Exporter, fallocate, mounted_tmpfs, needs_root, promtool_check_metrics, value
+
+MiB = 1 << 20
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -33,3 +35,25 @@ def test_sigterm_exits_cleanly_and_quickly(tmpfs):
         started = time.monotonic()
         code = exporter.stop()
         assert code == 0 and time.monotonic() - started < 2.0, exporter.log()
+
+
+@needs_root
+def test_a_quick_run_measures_only_the_mounts_inotify_saw_change():
+    """200 pods, 10 events a second: statvfs of every mount per event cost 5 % of a core.
+    The mount an event touched is measured again; the others keep the poll's figures until
+    the next poll."""
+    from exporter.collectors.shm_mount import ShmMountCollector
+    from exporter.paths import Paths
+    from exporter.state import StateStore
+    state = StateStore()
+    with mounted_tmpfs("8m") as a, mounted_tmpfs("8m") as b:
+        collector = ShmMountCollector(Paths(), [a, b], touched=state.drain_touched)
+        before = {u.mount: u.used_bytes for u in collector.collect()}
+        fallocate(os.path.join(a, "nccl-a"), MiB)
+        fallocate(os.path.join(b, "nccl-b"), MiB)
+        state.touch(a)
+        quick = {u.mount: u.used_bytes for u in collector.collect_quick()}
+        assert quick[a] == before[a] + MiB
+        assert quick[b] == before[b], "an untouched mount was measured again"
+        polled = {u.mount: u.used_bytes for u in collector.collect()}
+        assert polled[b] == before[b] + MiB

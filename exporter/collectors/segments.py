@@ -142,7 +142,9 @@ class SegmentsCollector:
         owners = self._owners
         pods = {}
         if self.pod_of_pid:
-            pods = {pid: pod for pid, proc in owners.holders.items() if (pod := self.table.pod_uid(proc))}
+            pod_of = owners.pod_of
+            pods = {pid: pod for pid, proc in owners.holders.items()
+                    if (pod := pod_of.get(pid) or self.table.pod_uid(proc))}
         return Inventory(mounts, dict(owners.comms), owners.unreadable, owners.scanned, self.clock(), pods,
                          owners_complete=owners.complete, unproven=list(owners.unproven))
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Set
 
 from ..discovery import live_mounts
-from ..mountinfo import MountEntry, MountIndex, read_mountinfo
+from ..mountinfo import MountEntry, MountIndex, WatchedMountinfo
 from ..paths import Paths
 
 log = logging.getLogger(__name__)
@@ -53,17 +53,29 @@ class ShmMountCollector:
     event_driven = True  # re-run early when inotify sees the mount change
 
     def __init__(self, paths: Paths, mounts: "Sequence[str] | Callable[[], List[str]]",
-                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs):
+                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
+                 touched: Optional[Callable[[], Set[str]]] = None):
         self.paths = paths
         self.mounts = live_mounts(mounts)  # discovery's current mounts
         self.statvfs = statvfs
+        # The mounts inotify saw change since the last call (state store): a quick run
+        # measures those, not all 200 of a node's.
+        self.touched = touched
         self._warned: Dict[str, str] = {}
         self._index: Optional[MountIndex] = None  # the last poll's mountinfo, for quick runs
-
-    def mountinfo(self) -> List[MountEntry]:
+        self._last: Dict[str, MountUsage] = {}
         # In a container our own mountinfo is the workload's view; with a host at --path.rootfs,
         # pid 1's is the host's.
-        return read_mountinfo(self.paths, host_first=self.paths.rootfs not in ("", "/"))
+        host_first = self.paths.rootfs not in ("", "/")
+        self._mountinfo = WatchedMountinfo(paths, ("1", "self") if host_first else ("self", "1"))
+
+    def mountinfo(self) -> List[MountEntry]:
+        """The mount table when it changed since the last call; the last one otherwise."""
+        try:
+            entries = self._mountinfo.read()
+        except OSError:
+            return []  # measured anyway, reported as not a mount point
+        return self._index.entries if entries is None and self._index is not None else (entries or [])
 
     def _warn_once(self, mount: str, message: str) -> None:
         if self._warned.get(mount) != message:
@@ -89,15 +101,30 @@ class ShmMountCollector:
         return MountUsage(mount, fstype, source, is_point, **values)
 
     def collect(self) -> List[MountUsage]:
-        self._index = MountIndex(self.mountinfo())  # once per poll, not once per mount
+        entries = self.mountinfo()
+        if self._index is None or entries is not self._index.entries:
+            self._index = MountIndex(entries)  # when the table changed, not once per mount
         mounts = self.mounts()
         for gone in [m for m in self._warned if m not in mounts]:
             del self._warned[gone]  # node mode: a deleted pod's warning is not kept forever
-        return [self.measure_one(mount, self._index) for mount in mounts]
+        if self.touched is not None:
+            self.touched()  # all measured now
+        usages = [self.measure_one(mount, self._index) for mount in mounts]
+        self._last = {u.mount: u for u in usages}
+        return usages
 
     def collect_quick(self) -> List[MountUsage]:
-        """On an inotify event: statvfs again, with the last poll's mountinfo (a node's runs
-        to 2,000 lines, and an event does not mount anything)."""
+        """On an inotify event: statvfs again the mounts that changed, with the last poll's
+        mountinfo (a node's runs to 2,000 lines, and an event does not mount anything)."""
         if self._index is None:
             return self.collect()
-        return [self.measure_one(mount, self._index) for mount in self.mounts()]
+        touched = self.touched() if self.touched is not None else None
+        usages = []
+        for mount in self.mounts():
+            last = self._last.get(mount)
+            if touched is not None and mount not in touched and last is not None:
+                usages.append(last)
+            else:
+                usages.append(self.measure_one(mount, self._index))
+        self._last = {u.mount: u for u in usages}
+        return usages
