@@ -85,6 +85,8 @@ class App:
         # /metrics serves bytes rendered once per model change, not per scrape.
         self.exposition = Exposition(self.registry)
         self.step.on_change(self.exposition.changed)
+        # Event-driven runs, like renders, are for the scrapes that read them.
+        self.sampler.scrape_due = self.exposition.clock.next_due
 
     def start(self) -> None:
         try:

@@ -29,6 +29,10 @@ DEBOUNCE_MAX_SECONDS = 0.1
 QUICK_SCAN_DUTY_FACTOR = 4.0
 # After a burst, a full run (owners from /proc) follows this soon.
 FOLLOW_UP_SECONDS = 1.0
+# With a steady scraper, an event-driven run waits until this long (or four of its own
+# durations, if more) before the next scrape is due: what it finds is read by nobody
+# sooner, and a node's creates then cost one run per scrape, not one per burst.
+QUICK_LEAD_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ class _Runner(threading.Thread):
         self.first_event_at: Optional[float] = None
         self.follow_up_at: Optional[float] = None
         self.next_quick_at = 0.0
+        self.quick_spent = 0.0  # the last event-driven run's duration
         self.running_since: Optional[float] = None
         self.timed_out = False
         self.runs = 0
@@ -96,13 +101,22 @@ class _Runner(threading.Thread):
                 wait_more = self.next_quick_at - time.monotonic()
                 if wait_more > 0:
                     stop.wait(wait_more)
+                due = self.sampler.scrape_due()
+                if due is not None:
+                    hold = due - max(QUICK_LEAD_SECONDS, QUICK_SCAN_DUTY_FACTOR * self.quick_spent)
+                    if hold > time.monotonic():
+                        # Held for the scrape (a full run due before then runs first; more
+                        # events only add names to the same run).
+                        stop.wait(min(hold, next_full) - time.monotonic())
+                        self.first_event_at = self.first_event_at or time.monotonic()
+                        continue
                 # This order loses no event: one that lands in between leaves
                 # quick_pending set (first_event_at None is handled above).
                 self.quick_pending = False
                 self.first_event_at = None
                 started = time.monotonic()
                 self.run_once(full=False)
-                spent = time.monotonic() - started
+                spent = self.quick_spent = time.monotonic() - started
                 self.next_quick_at = time.monotonic() + spent * QUICK_SCAN_DUTY_FACTOR
                 # A source that settled the run itself (node mode's pod-scoped owner scan)
                 # needs no full follow-up; the others get one.
@@ -136,6 +150,8 @@ class Sampler:
     def __init__(self, sources: Sequence, poll_interval: float = 1.0, inventory_interval: float = 15.0,
                  timeouts: Optional[Dict[str, float]] = None, default_timeout: float = 10.0):
         self.stopping = threading.Event()
+        # When the next scrape is due (the exposition's scrape clock); None: not known.
+        self.scrape_due: Callable[[], Optional[float]] = lambda: None
         self._subscribers: List[Callable[[Observation], None]] = []
         self._logged_errors: Dict[str, Optional[str]] = {}
         self._log_lock = threading.Lock()
