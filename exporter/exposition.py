@@ -2,12 +2,12 @@
 
 The model step says when it changed (an observation, a state change); a render thread
 waits for that, lets a burst settle for RENDER_COALESCE_SECONDS, rebuilds the
-model and renders it once: the text format (0.0.4) and, once a scraper has asked for it,
-OpenMetrics (what Prometheus asks for first; negotiated as prometheus_client does), both
-joined from one set of sample lines. A scrape only picks the bytes: rendering 4,000 node-mode samples per scrape cost 90 ms (prometheus_client's
-OpenMetrics encoder 79 ms for 5,000), while a DaemonSet's model changes once per poll.
-A format nobody asked for yet is made by the first scrape that wants it; gzip by the
-first scrape of a render that wants it (both once per render at most).
+model and renders it once: the text format (0.0.4) and, once a scraper has asked for
+them, OpenMetrics (what Prometheus asks for first; negotiated as prometheus_client does),
+both joined from one set of sample lines, and their gzip. A scrape only picks the bytes:
+rendering 4,000 node-mode samples per scrape cost 90 ms (prometheus_client's OpenMetrics
+encoder 79 ms for 5,000), while a DaemonSet's model changes once per poll.
+A body nobody asked for yet is made by the first scrape that wants it (once per render).
 
 A scrape that arrives before the first render renders in its own thread (nothing cached
 yet); a `name[]`-filtered scrape encodes the chosen families of the last render.
@@ -201,8 +201,8 @@ class Exposition:
         self._render_lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self.renders = 0
-        # content type -> encoder, of every format a scrape asked for: made by each render.
-        self._wanted: Dict[str, Callable] = {}
+        # (content type, gzip) -> encoder, of every body a scrape asked for: made by each render.
+        self._wanted: Dict[Tuple[str, bool], Callable] = {}
 
     def changed(self, urgent: bool = False) -> None:
         """The model changed: render soon (sooner when urgent). Cheap; called from any thread."""
@@ -255,15 +255,15 @@ class Exposition:
         with self._render_lock:
             version = self._version
             done = _Render(version, list(self.registry.collect()))
-            # Every format a scraper has asked for is made here, before the render is served:
-            # the text format always, OpenMetrics (what Prometheus asks for) once someone
-            # wanted it (0.3 ms for 5,000 samples: joined from the same sample lines).
-            # Not gzip: at 5 ms per 5,000 samples and a render per 1 s poll, compressing every
-            # render would cost 15-60x what compressing once for the first scrape of a render
-            # does when Prometheus scrapes every 15-60 s.
+            # Every body a scraper has asked for is made here, before the render is served:
+            # the text format always; OpenMetrics (what Prometheus asks for; 0.3 ms for 5,000
+            # samples, joined from the same sample lines) and gzip once someone asked. Gzip
+            # costs 5 ms per 5,000 samples and render (0.5 % of a core at one render per 1 s
+            # poll), but left to the first scrape of each render, Prometheus's scrapes (each
+            # meets a new render) took 20 ms at p50 instead of 2 ms (200 pods, bench/node_scale.py).
             done.body(generate_latest, CONTENT_TYPE_PLAIN_0_0_4, False)
-            for content_type, encoder in list(self._wanted.items()):
-                done.body(encoder, content_type, False)
+            for (content_type, gzipped), encoder in list(self._wanted.items()):
+                done.body(encoder, content_type, gzipped)
             self._current = done
             self.renders += 1
             return done
@@ -292,12 +292,12 @@ class Exposition:
             body = _Render(0, chosen).encode(encoder)
             body = gzip.compress(body, GZIP_LEVEL) if gzipped else body
         else:
-            # The first scrape to want a format makes it from the render's sample lines (once
+            # The first scrape to want a body makes it from the render's sample lines (once
             # for this render); later renders make it before they are served. Only formats of
             # our own formatters are remembered: a bounded set (the content type carries the
             # Accept header's version, which a client could vary without end).
             if _fast_kind(encoder) is not None:
-                self._wanted.setdefault(content_type, encoder)
+                self._wanted.setdefault((content_type, gzipped), encoder)
             body = self.latest().body(encoder, content_type, gzipped)
         headers = [("Content-Type", content_type)]
         if gzipped:
