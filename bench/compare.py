@@ -39,16 +39,6 @@ def percentile(values, p):
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
-def scrape_times(url, n):
-    times = []
-    for _ in range(n):
-        started = time.perf_counter()
-        with urllib.request.urlopen(url, timeout=10) as response:
-            response.read()
-        times.append(time.perf_counter() - started)
-    return times
-
-
 class NodeExporter:
     def __init__(self):
         self.port = free_port()
@@ -108,13 +98,14 @@ def sidecar_rows(args):
             with Exporter(f"--shm.mount={shm}") as ours, NodeExporter() as theirs:
                 assert f'mountpoint="{shm}"' in urllib.request.urlopen(theirs.url).read().decode()
                 time.sleep(1)
-                a = scrape_times(ours.url, args.scrapes)
-                b = scrape_times(theirs.url, args.scrapes)
-        rows.append((f"scrape latency, {count:,} segments",
-                     f"p50 {percentile(a, 50) * 1000:.2f} ms, p99 {percentile(a, 99) * 1000:.2f} ms",
-                     f"p50 {percentile(b, 50) * 1000:.2f} ms, p99 {percentile(b, 99) * 1000:.2f} ms",
-                     f"p50 x{percentile(a, 50) / percentile(b, 50):.2f}, p99 x{percentile(a, 99) / percentile(b, 99):.2f}",
-                     "p50 <= 0.8"))
+                # Prometheus's own Accept and Accept-Encoding first (what it really fetches),
+                # then a text-format scraper's; the cell says which format was served.
+                for asked, headers in node_scale.FORMATS:
+                    a, served_a = node_scale.scrape_times(ours.url, args.scrapes, headers)
+                    b, served_b = node_scale.scrape_times(theirs.url, args.scrapes, headers)
+                    rows.append((f"scrape latency, {count:,} segments, {asked} asked, gzip",
+                                 f"{node_scale.latency(a)} ({served_a})", f"{node_scale.latency(b)} ({served_b})",
+                                 node_scale.ratio(a, b), "p50 <= 0.8"))
 
     with tempfile.TemporaryDirectory() as work, mounted_tmpfs("256m") as shm:
         names = inventory.build(shm, 10000)

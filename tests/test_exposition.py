@@ -1,21 +1,31 @@
 """/metrics serves bytes rendered once per model change: scrapes do not render, formats and
 gzip are negotiated as prometheus_client does, and a change shows up without a scrape's help."""
 import gzip
+import json
 import threading
 import time
+import urllib.parse
 import urllib.request
 from wsgiref.util import setup_testing_defaults
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.exposition import generate_latest
+from prometheus_client.exposition import choose_encoder, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from exporter.collectors.host_memory import HostMemoryCollector
-from exporter.exposition import Exposition, _Frozen, text_format, wait_rendered
+from exporter.exposition import Exposition, _Frozen, openmetrics_format, text_format, wait_rendered
 from exporter.paths import Paths
 from tests.conftest import FIXTURES, Exporter
 from tests.helpers import registry_for
+from tests.live import Prometheus
+
+# What Debian bookworm's Prometheus (2.42) sends on every scrape, captured from a real one.
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 
 def get(app, accept=None, encoding=None, query="", client=None):
@@ -33,8 +43,9 @@ def get(app, accept=None, encoding=None, query="", client=None):
     def start_response(status, headers):
         seen["status"], seen["headers"] = status, dict(headers)
 
-    body = b"".join(app(environ, start_response))
-    return seen["status"], seen["headers"], body
+    body = app(environ, start_response)
+    # The body object itself when there is one: tests tell a served body from a rebuilt one.
+    return seen["status"], seen["headers"], body[0] if len(body) == 1 else b"".join(body)
 
 
 def fixture_exposition():
@@ -59,8 +70,11 @@ def test_scrapes_serve_one_render_until_the_model_changes():
         assert exposition.renders == renders + 1
         body = get(exposition.wsgi_app)[2]
         assert b'shmwatch_segment_events_total{class="nccl",event="created",mount="/dev/shm"} 1.0' in body
-        # Lines reused from the last render (metrics.LineCache) still make generate_latest's bytes.
-        assert body == generate_latest(_Frozen(list(exposition.latest().frozen.collect())))
+        # Lines reused from the last render (metrics.LineCache) still make generate_latest's bytes,
+        # in both formats.
+        frozen = _Frozen(list(exposition.latest().frozen.collect()))
+        assert body == generate_latest(frozen)
+        assert get(exposition.wsgi_app, accept=PROMETHEUS_ACCEPT)[2] == openmetrics.generate_latest(frozen)
     finally:
         exposition.stop()
 
@@ -93,6 +107,8 @@ def test_negotiation_gzip_and_openmetrics():
     _, headers, body = get(exposition.wsgi_app, accept="application/openmetrics-text; version=1.0.0")
     assert headers["Content-Type"].startswith("application/openmetrics-text")
     assert body.endswith(b"# EOF\n") and b"shmwatch_host_memory_total_bytes" in body
+    _, _, body = get(exposition.wsgi_app, accept=PROMETHEUS_ACCEPT, query="name[]=shmwatch_build_info")
+    assert body.count(b"# HELP") == 1 and body.endswith(b"# EOF\n")
     _, _, body = get(exposition.wsgi_app, query="name[]=shmwatch_host_memory_total_bytes")
     assert body.count(b"# HELP") == 1
 
@@ -129,6 +145,110 @@ def test_text_format_is_generate_latest_byte_for_byte(families, doc):
             family.add_metric(values[:nlabels], value)
         metrics.append(family)
     assert text_format(metrics) == generate_latest(_Frozen(metrics))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 3), st.lists(st.tuples(st.lists(label_values, min_size=3,
+                                                                                      max_size=3), numbers),
+                                                                      max_size=4)), max_size=4),
+       st.text(max_size=20) | st.sampled_from(['say "hi"', "a\\b\nc", ""]))
+def test_openmetrics_format_is_generate_latest_byte_for_byte(families, doc):
+    metrics = []
+    for i, (counter, nlabels, samples) in enumerate(families):
+        names = ["mount", "class", "a_label"][:nlabels]
+        kind = CounterMetricFamily if counter else GaugeMetricFamily
+        family = kind(f"m{i}_bytes", doc, labels=names)
+        for values, value in samples:
+            family.add_metric(values[:nlabels], value)
+        metrics.append(family)
+    assert openmetrics_format(metrics) == openmetrics.generate_latest(_Frozen(metrics))
+    assert text_format(metrics) == generate_latest(_Frozen(metrics))
+
+
+ACCEPTS = [None, "", "*/*", PROMETHEUS_ACCEPT, "application/openmetrics-text", "application/openmetrics-text; version=1.0.0",
+           "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8", "application/openmetrics-text;version=0.0.1",
+           "application/openmetrics-text;version=1.0.0;escaping=dots", "application/openmetrics-text;version=2.0.0",
+           "text/plain;version=0.0.4", "text/plain;version=1.0.0;escaping=allow-utf-8", "text/plain;version=1.0.0",
+           "application/json, text/plain;version=0.0.4;q=0.5"]
+
+
+def test_every_accept_header_gets_what_prometheus_client_would_send():
+    """Content type and bytes as prometheus_client's own handler: the formats this module makes
+    from its sample lines, and those it leaves to prometheus_client (escaping=dots rewrites
+    names), gzipped or not."""
+    registry, _, exposition = fixture_exposition()
+    for accept in ACCEPTS:
+        encoder, content_type = choose_encoder(accept)
+        for encoding in (None, "gzip"):
+            status, headers, body = get(exposition.wsgi_app, accept=accept, encoding=encoding)
+            assert status == "200 OK"
+            assert headers["Content-Type"] == content_type, accept
+            assert (gzip.decompress(body) if encoding else body) == encoder(registry), accept
+    # Only the formats it makes itself are made again by every render (a bounded set).
+    assert (OPENMETRICS + "; escaping=underscores", True) in exposition._wanted
+    assert not any("dots" in content_type or "2.0.0" in content_type for content_type, _ in exposition._wanted)
+
+
+def test_openmetrics_and_its_gzip_are_made_by_the_render_not_by_scrapes():
+    _, harness, exposition = fixture_exposition()
+    exposition.start()
+    try:
+        exposition.changed()
+        assert wait_rendered(exposition)
+        for encoding in (None, "gzip"):  # now Prometheus (and a scraper without gzip) want them
+            get(exposition.wsgi_app, accept=PROMETHEUS_ACCEPT, encoding=encoding)
+        harness.state.count_event("/dev/shm", "nccl", "created")
+        assert wait_rendered(exposition)
+        render = exposition.latest()
+        content_type = OPENMETRICS + "; escaping=underscores"
+        made = {encoding: render.bodies.get((content_type, encoding == "gzip")) for encoding in (None, "gzip")}
+        assert None not in made.values(), "the render did not make the bodies before any scrape"
+        built = render.built
+        for encoding in (None, "gzip") * 5:
+            status, headers, body = get(exposition.wsgi_app, accept=PROMETHEUS_ACCEPT, encoding=encoding)
+            assert headers["Content-Type"] == content_type
+            assert body is made[encoding], "a scrape built the body again"
+        assert render.built == built and exposition.latest() is render
+        assert gzip.decompress(made["gzip"]) == made[None]
+        assert b'shmwatch_segment_events_total{class="nccl",event="created",mount="/dev/shm"} 1.0' in made[None]
+    finally:
+        exposition.stop()
+
+
+def test_a_real_scrape_with_prometheus_accept_header_gets_openmetrics():
+    with Exporter(f"--path.procfs={FIXTURES}/proc", f"--path.sysfs={FIXTURES}/sys", "--shm.mount=/dev/shm",
+                  "--no-collector.gpu", "--no-collector.segments") as exporter:
+        request = urllib.request.Request(exporter.url, headers={"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"})
+        for _ in range(2):  # the first asks for it; the second is made by a render
+            with urllib.request.urlopen(request, timeout=5) as response:
+                assert response.headers["Content-Type"] == OPENMETRICS + "; escaping=underscores"
+                assert response.headers["Content-Encoding"] == "gzip"
+                text = gzip.decompress(response.read()).decode()
+            assert text.endswith("# EOF\n")
+            families = {f.name: f for f in text_string_to_metric_families(text)}  # raises on bad OpenMetrics
+            assert families["shmwatch_host_memory_total_bytes"].type == "gauge"
+            assert families["shmwatch_host_memory_total_bytes"].samples[0].value > 0
+            assert families["shmwatch_cgroup_oom_kills"].type == "counter"
+
+
+def test_real_prometheus_scrapes_openmetrics(tmp_path):
+    with Exporter(f"--path.procfs={FIXTURES}/proc", f"--path.sysfs={FIXTURES}/sys", "--shm.mount=/dev/shm",
+                  "--no-collector.gpu", "--no-collector.segments") as exporter, \
+            Prometheus(str(tmp_path), [f"127.0.0.1:{exporter.port}"]) as prom:
+        value = float(prom.wait_query("shmwatch_host_memory_total_bytes")[0]["value"][1])
+        assert value == float(prom.wait_query("up")[0]["value"][1]) * value > 0
+        with urllib.request.urlopen(f"{prom.url}/api/v1/targets", timeout=10) as response:
+            target = json.load(response)["data"]["activeTargets"][0]
+        assert target["health"] == "up" and target["lastError"] == "", target
+        # A counter's family is named without _total only in OpenMetrics (# TYPE
+        # shmwatch_cgroup_oom_kills counter); from the text format Prometheus would keep
+        # shmwatch_cgroup_oom_kills_total: it parsed what Prometheus really asks for.
+        query = urllib.parse.urlencode({"match_target": '{job="shmwatch"}'})
+        with urllib.request.urlopen(f"{prom.url}/api/v1/targets/metadata?{query}", timeout=10) as response:
+            metadata = {m["metric"]: m["type"] for m in json.load(response)["data"]}
+        assert metadata.get("shmwatch_cgroup_oom_kills") == "counter", metadata
+        assert "shmwatch_cgroup_oom_kills_total" not in metadata
+        assert prom.wait_query("shmwatch_cgroup_oom_kills_total")
 
 
 def test_an_urgent_change_is_rendered_sooner():
