@@ -85,8 +85,12 @@ class App:
         # /metrics serves bytes rendered once per model change, not per scrape.
         self.exposition = Exposition(self.registry)
         self.step.on_change(self.exposition.changed)
-        # Event-driven runs, like renders, are for the scrapes that read them.
+        # Event-driven runs, like renders, are for the scrapes that read them; so are the
+        # sources whose figures nothing keeps between scrapes.
         self.sampler.scrape_due = self.exposition.clock.next_due
+        for source in self.sources:
+            if source.name == "cgroup":
+                source.scrape_aligned = lambda: self.sampler.last_ok("oom")
 
     def start(self) -> None:
         try:

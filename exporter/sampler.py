@@ -33,6 +33,9 @@ FOLLOW_UP_SECONDS = 1.0
 # durations, if more) before the next scrape is due: what it finds is read by nobody
 # sooner, and a node's creates then cost one run per scrape, not one per burst.
 QUICK_LEAD_SECONDS = 1.0
+# A scrape-aligned source (`scrape_aligned`: host memory, the process's own figures, cgroups
+# while the kernel log counts the OOM kills) runs this long before each scrape is due.
+SCRAPE_LEAD_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class _Runner(threading.Thread):
         self.running_since: Optional[float] = None
         self.timed_out = False
         self.runs = 0
+        self.last_ok: Optional[bool] = None  # the last run's outcome
         self.full_now = False
 
     def request_full(self) -> None:
@@ -86,7 +90,7 @@ class _Runner(threading.Thread):
                 next_full = now
             if now >= next_full:
                 self.run_once(full=True)
-                next_full = max(next_full + self.interval, time.monotonic())
+                next_full = self._next_full_after(next_full)
                 self.follow_up_at = None
                 continue
             if self.quick_pending:
@@ -130,6 +134,17 @@ class _Runner(threading.Thread):
             self.wake.wait(max(0.0, deadline - now))
             self.wake.clear()
 
+    def _next_full_after(self, last: float) -> float:
+        """The interval on; for a source whose figures matter only when scraped (no peaks kept
+        from it between scrapes), once per scrape instead, just before it is due."""
+        now = time.monotonic()
+        planned = max(last + self.interval, now)
+        aligned = getattr(self.source, "scrape_aligned", False)
+        if not (aligned() if callable(aligned) else aligned):
+            return planned
+        due = self.sampler.scrape_due(now + SCRAPE_LEAD_SECONDS)
+        return planned if due is None else max(planned, due - SCRAPE_LEAD_SECONDS)
+
     def run_once(self, full: bool) -> None:
         started = time.monotonic()
         self.running_since, self.timed_out = started, False
@@ -143,6 +158,7 @@ class _Runner(threading.Thread):
             result, error = None, f"{type(err).__name__}: {err}"
         self.running_since = None
         self.runs += 1
+        self.last_ok = error is None
         self.sampler.publish(Observation(self.source.name, result, error, time.monotonic() - started, full))
 
 
@@ -150,8 +166,9 @@ class Sampler:
     def __init__(self, sources: Sequence, poll_interval: float = 1.0, inventory_interval: float = 15.0,
                  timeouts: Optional[Dict[str, float]] = None, default_timeout: float = 10.0):
         self.stopping = threading.Event()
-        # When the next scrape is due (the exposition's scrape clock); None: not known.
-        self.scrape_due: Callable[[], Optional[float]] = lambda: None
+        # When the next scrape (after a time, if given) is due: the exposition's scrape
+        # clock. None: not known, and every source keeps to its interval.
+        self.scrape_due: Callable[..., Optional[float]] = lambda after=0.0: None
         self._subscribers: List[Callable[[Observation], None]] = []
         self._logged_errors: Dict[str, Optional[str]] = {}
         self._log_lock = threading.Lock()
@@ -161,6 +178,11 @@ class Sampler:
             interval = inventory_interval if source.schedule == "inventory" else poll_interval
             self.runners[source.name] = _Runner(self, source, interval, timeouts.get(source.name, default_timeout))
         self._watchdog = threading.Thread(target=self._watch_timeouts, name="shmwatch-watchdog", daemon=True)
+
+    def last_ok(self, name: str) -> bool:
+        """Whether source `name` is on and its last run succeeded."""
+        runner = self.runners.get(name)
+        return runner is not None and bool(runner.last_ok)
 
     @property
     def sources(self) -> List[object]:

@@ -111,6 +111,10 @@ MISSING_REWALK_SECONDS = 2.0
 class CgroupCollector:
     name = "cgroup"
     schedule = "poll"
+    # Read for the scrapes (sampler.py) only while the kernel log counts the OOM kills: a
+    # container's own counter is read each poll otherwise, before a restart takes it away.
+    # App sets this to "the oom source's last run succeeded".
+    scrape_aligned: "bool | Callable[[], bool]" = False
 
     def __init__(self, paths: Paths, cgroup_path: Optional[str] = None, target_process: Optional[str] = None,
                  limit_override: Optional[int] = None, node_mode: bool = False,

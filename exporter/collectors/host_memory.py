@@ -35,6 +35,7 @@ def parse_meminfo(text: str) -> Dict[str, int]:
 class HostMemoryCollector:
     name = "host_memory"
     schedule = "poll"
+    scrape_aligned = True  # no peaks are kept from it: read for the scrapes (sampler.py)
 
     def __init__(self, paths: Paths):
         self.paths = paths

@@ -13,6 +13,7 @@ from prometheus_client import ProcessCollector
 class SelfProcessCollector:
     name = "process"
     schedule = "poll"
+    scrape_aligned = True  # read for the scrapes (sampler.py), as ProcessCollector would per scrape
 
     def __init__(self) -> None:
         self._inner = ProcessCollector(registry=None)

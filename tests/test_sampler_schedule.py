@@ -1,0 +1,86 @@
+"""The sampler keeps to the scrapes when it knows them: sources whose figures nothing keeps
+between scrapes run once per scrape, event-driven runs wait for it; with no steady scraper
+every source keeps its interval and every event its prompt run."""
+import threading
+import time
+
+from exporter.sampler import Sampler
+
+
+class Counting:
+    """A source that counts its runs (and quick runs)."""
+
+    def __init__(self, name, aligned=False, event_driven=False):
+        self.name = name
+        self.schedule = "poll"
+        self.scrape_aligned = aligned
+        self.event_driven = event_driven
+        self.runs = []
+        self.quick = []
+        self.lock = threading.Lock()
+
+    def collect(self):
+        with self.lock:
+            self.runs.append(time.monotonic())
+        return []
+
+    def collect_quick(self):
+        with self.lock:
+            self.quick.append(time.monotonic())
+        return []
+
+
+def every(period, start):
+    """A steady scraper's schedule: scrapes at start + k * period."""
+    def due(after=0.0):
+        now = max(time.monotonic(), after + 0.01)
+        return start + (int((now - start) // period) + 1) * period
+    return due
+
+
+def run_for(sampler, seconds):
+    sampler.start()
+    try:
+        time.sleep(seconds)
+    finally:
+        sampler.stop()
+
+
+def test_a_scrape_aligned_source_runs_once_per_scrape():
+    aligned, plain, gated = Counting("a", aligned=True), Counting("b"), Counting("c", aligned=lambda: False)
+    sampler = Sampler([aligned, plain, gated], poll_interval=0.05)
+    sampler.scrape_due = every(0.6, time.monotonic())
+    run_for(sampler, 2.5)
+    assert len(plain.runs) >= 25 and len(gated.runs) >= 25  # the interval: 0.05 s
+    assert 2 <= len(aligned.runs) <= 6, aligned.runs  # about one per 0.6 s scrape
+
+
+def test_without_a_known_scraper_everything_keeps_its_interval():
+    aligned = Counting("a", aligned=True)
+    sampler = Sampler([aligned], poll_interval=0.05)
+    run_for(sampler, 1.0)
+    assert len(aligned.runs) >= 10
+
+
+def test_event_driven_runs_wait_for_the_scrape_when_one_is_known():
+    held, prompt = Counting("held", event_driven=True), Counting("prompt", event_driven=True)
+    held.schedule = prompt.schedule = "inventory"
+    slow = Sampler([held], poll_interval=0.05, inventory_interval=60)
+    fast = Sampler([prompt], poll_interval=0.05, inventory_interval=60)
+    start = time.monotonic()
+    slow.scrape_due = every(3.0, start)  # the next scrape at start + 3 s; runs held until 2 s
+    slow.start()
+    fast.start()
+    try:
+        time.sleep(0.3)  # past the first full runs
+        for _ in range(10):
+            slow.request_quick()
+            fast.request_quick()
+            time.sleep(0.1)
+        assert not held.quick, "an event-driven run went ahead of the scrape it was held for"
+        assert prompt.quick and prompt.quick[0] - start < 0.6
+        time.sleep(start + 2.6 - time.monotonic())
+        assert len(held.quick) == 1 and held.quick[0] - start >= 1.9  # one run, for all ten events
+    finally:
+        slow.stop()
+        fast.stop()
