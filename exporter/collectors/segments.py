@@ -36,6 +36,9 @@ class SegmentsCollector:
     name = "segments"
     schedule = "inventory"
     event_driven = True  # re-run early when inotify sees the mount change
+    # Its verdicts (orphan, hidden) are read only by scrapes: with scrapes rarer than the
+    # inventory interval (kube-prometheus scrapes every 30 s), one full run per scrape.
+    scrape_aligned = True
 
     def __init__(self, paths: Paths, mounts: "Sequence[str] | Callable[[], List[str]]",
                  table: Optional[ProcessTable] = None,

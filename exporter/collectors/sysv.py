@@ -141,6 +141,7 @@ class SysvCollector:
         self.table = table or ProcessTable(paths)
         # Node mode walks every process for its namespace: at the inventory's pace, not every poll.
         self.schedule = "inventory" if node_mode else "poll"
+        self.scrape_aligned = True  # nothing is kept from it between scrapes (sampler.py)
 
     def read(self) -> SysvShm:
         """The calling thread's IPC namespace."""
