@@ -46,6 +46,8 @@ RENDER_LEAD_FACTOR = 3.0
 # A scrape that finds bytes older than this behind a change (it came early: a new scraper,
 # a changed interval) renders them afresh rather than serve data that old.
 STALE_AFTER_SECONDS = 2.0
+# A held render looks at the schedule again this often.
+HOLD_SLICE_SECONDS = 0.25
 # Level 6 compresses a 500 kB exposition ~6x, at a third of level 9's time.
 GZIP_LEVEL = 6
 
@@ -269,15 +271,19 @@ class Exposition:
         """Hold a change until just before the next scrape is due: the model of a big node
         changes every poll, and only what a scrape reads is worth rendering. An urgent change
         (a new segment) waits too: rendered sooner, nobody would see it sooner."""
-        due = self.clock.next_due(after=self._rendered_for)
-        if due is None:
-            self._rendered_for = 0.0
-            return  # no steady scraper known (or one hammering): render every change
-        lead = max(RENDER_LEAD_SECONDS, RENDER_LEAD_FACTOR * self._render_seconds)
-        left = due - lead - time.monotonic()
-        if left > 0:
-            self._stopping.wait(left)
-        self._rendered_for = due  # changes from here on wait for the scrape after it
+        while not self._stopping.is_set():
+            due = self.clock.next_due(after=self._rendered_for)
+            if due is None:
+                self._rendered_for = 0.0
+                return  # no steady scraper known (or one hammering): render every change
+            lead = max(RENDER_LEAD_SECONDS, RENDER_LEAD_FACTOR * self._render_seconds)
+            left = due - lead - time.monotonic()
+            if left <= 0:
+                self._rendered_for = due  # changes from here on wait for the scrape after it
+                return
+            # In slices: a scraper that turns up meanwhile (a human, a benchmark) may move
+            # the schedule, or end it.
+            self._stopping.wait(min(left, HOLD_SLICE_SECONDS))
 
     def render(self) -> _Render:
         with self._render_lock:

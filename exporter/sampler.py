@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,8 @@ FOLLOW_UP_SECONDS = 1.0
 # durations, if more) before the next scrape is due: what it finds is read by nobody
 # sooner, and a node's creates then cost one run per scrape, not one per burst.
 QUICK_LEAD_SECONDS = 1.0
+# A held run looks at the schedule again this often.
+HOLD_SLICE_SECONDS = 0.25
 # A scrape-aligned source (`scrape_aligned`: host memory, the process's own figures, cgroups
 # while the kernel log counts the OOM kills) runs this long before each scrape is due.
 SCRAPE_LEAD_SECONDS = 1.0
@@ -68,6 +70,7 @@ class _Runner(threading.Thread):
         self.timed_out = False
         self.runs = 0
         self.last_ok: Optional[bool] = None  # the last run's outcome
+        self._last_full: Optional[Tuple[float, float]] = None  # (planned at, ran at) of the last full run
         self.full_now = False
 
     def request_full(self) -> None:
@@ -89,8 +92,9 @@ class _Runner(threading.Thread):
                 self.full_now = False
                 next_full = now
             if now >= next_full:
+                self._last_full = (next_full, now)
                 self.run_once(full=True)
-                next_full = self._next_full_after(next_full)
+                next_full = self._next_full_after(*self._last_full)
                 self.follow_up_at = None
                 continue
             if self.quick_pending:
@@ -110,8 +114,9 @@ class _Runner(threading.Thread):
                     hold = due - max(QUICK_LEAD_SECONDS, QUICK_SCAN_DUTY_FACTOR * self.quick_spent)
                     if hold > time.monotonic():
                         # Held for the scrape (a full run due before then runs first; more
-                        # events only add names to the same run).
-                        stop.wait(min(hold, next_full) - time.monotonic())
+                        # events only add names to the same run), in slices: a scraper that
+                        # turns up meanwhile may move the schedule, or end it.
+                        stop.wait(min(hold, next_full, time.monotonic() + HOLD_SLICE_SECONDS) - time.monotonic())
                         self.first_event_at = self.first_event_at or time.monotonic()
                         continue
                 # This order loses no event: one that lands in between leaves
@@ -131,18 +136,29 @@ class _Runner(threading.Thread):
                 next_full = now
                 continue
             deadline = min(next_full, self.follow_up_at or next_full)
+            may_align = bool(getattr(self.source, "scrape_aligned", False))  # True, or a callable
+            if may_align:
+                deadline = min(deadline, now + HOLD_SLICE_SECONDS)  # the schedule may change
             self.wake.wait(max(0.0, deadline - now))
             self.wake.clear()
+            if may_align and self._last_full is not None:
+                # A scraper that turned up hammering, the last steady one gone, or the OOM log
+                # failing (cgroups) ends the wait for a scrape: back to the interval.
+                next_full = min(next_full, self._next_full_after(*self._last_full))
 
-    def _next_full_after(self, last: float) -> float:
-        """The interval on; for a source whose figures matter only when scraped (no peaks kept
-        from it between scrapes), once per scrape instead, just before it is due."""
-        now = time.monotonic()
-        planned = max(last + self.interval, now)
+    def _aligned(self) -> bool:
         aligned = getattr(self.source, "scrape_aligned", False)
-        if not (aligned() if callable(aligned) else aligned):
+        return bool(aligned() if callable(aligned) else aligned)
+
+    def _next_full_after(self, planned_at: float, ran_at: float) -> float:
+        """The interval on; for a source whose figures matter only when scraped (no peaks kept
+        from it between scrapes), once per scrape instead, just before it is due. Reckoned
+        from the last run, so asking again while waiting gives the same answer."""
+        planned = max(planned_at + self.interval, ran_at)
+        if not self._aligned():
             return planned
-        due = self.sampler.scrape_due(now + SCRAPE_LEAD_SECONDS)
+        # The first scrape due after the one the last run was for.
+        due = self.sampler.scrape_due(ran_at + SCRAPE_LEAD_SECONDS)
         return planned if due is None else max(planned, due - SCRAPE_LEAD_SECONDS)
 
     def run_once(self, full: bool) -> None:

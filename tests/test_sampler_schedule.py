@@ -84,3 +84,29 @@ def test_event_driven_runs_wait_for_the_scrape_when_one_is_known():
     finally:
         slow.stop()
         fast.stop()
+
+
+def test_a_hammering_scraper_ends_the_wait_at_once():
+    """A human or a benchmark starts scraping every 25 ms while Prometheus scrapes every
+    minute: held runs go ahead, and scrape-aligned sources return to their interval."""
+    aligned = Counting("a", aligned=True)
+    held = Counting("held", event_driven=True)
+    held.schedule = "inventory"
+    sampler = Sampler([aligned, held], poll_interval=0.05, inventory_interval=60)
+    steady = every(60.0, time.monotonic())
+    schedule = {"due": steady}
+    sampler.scrape_due = lambda after=0.0: schedule["due"](after)
+    sampler.start()
+    try:
+        time.sleep(0.3)
+        runs_while_held = len(aligned.runs)
+        sampler.request_quick()
+        time.sleep(0.5)
+        assert runs_while_held <= 2 and len(aligned.runs) == runs_while_held and not held.quick
+        schedule["due"] = lambda after=0.0: None  # the hammering scraper: no schedule
+        switched = time.monotonic()
+        time.sleep(0.8)
+        assert held.quick and held.quick[0] - switched < 0.5
+        assert len(aligned.runs) >= runs_while_held + 5
+    finally:
+        sampler.stop()
