@@ -76,6 +76,8 @@ class ScrapeClock:
                 return None
             due = []
             for scraper in self._scrapers.values():
+                if not scraper.intervals:
+                    continue  # one scrape so far (a curl, a probe): it sets no schedule yet
                 interval = scraper.interval()
                 if interval is None:
                     return None
@@ -85,14 +87,16 @@ class ScrapeClock:
                 if when <= after + TOLERANCE * interval:
                     when += max(1, int((after - when) // interval) + 1) * interval
                 due.append(when)
-            return min(due)
+            return min(due) if due else None
 
     def _forget(self, now: float, everyone_irregular: bool = False) -> None:
         for who, scraper in list(self._scrapers.items()):
             interval = scraper.interval()
             if interval is None:
-                # Irregular or new: forgotten after a minute of silence (or at once when full).
-                if everyone_irregular or now - scraper.last > 60.0:
+                # Irregular, hammering or new: forgotten after ten of its typical gaps of
+                # silence, between 5 s and a minute (or at once when the table is full).
+                typical = statistics.median(scraper.intervals) if scraper.intervals else 6.0
+                if everyone_irregular or now - scraper.last > min(60.0, max(5.0, 10 * typical)):
                     del self._scrapers[who]
             elif now - scraper.last > FORGET_AFTER_INTERVALS * interval:
                 del self._scrapers[who]

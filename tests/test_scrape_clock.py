@@ -85,3 +85,19 @@ def test_a_port_scan_does_not_grow_the_table_without_end():
     for i in range(1000):
         sc.scraped(f"10.0.{i // 256}.{i % 256} scanner")
     assert len(sc._scrapers) <= 64
+
+
+def test_a_one_off_scrape_keeps_the_schedule_and_a_burst_is_soon_forgotten():
+    """An operator's curl does not end Prometheus's schedule (the stale guard keeps what it
+    reads fresh); a readiness loop hammering at start-up stops counting 5 s after it ends."""
+    clock = Clock()
+    sc = ScrapeClock(clock)
+    scrape_every(clock, sc, "prom", 15, 4)
+    expected = clock.now + 15
+    clock.now += 1
+    sc.scraped("curl")
+    assert sc.next_due() == expected
+    scrape_every(clock, sc, "ready-loop", 0.05, 20)
+    assert sc.next_due() is None  # while it hammers, every change renders
+    clock.now += 5.1
+    assert sc.next_due() == expected
