@@ -89,8 +89,18 @@ class App:
         # sources whose figures nothing keeps between scrapes.
         self.sampler.scrape_due = self.exposition.clock.next_due
         for source in self.sources:
-            if source.name == "cgroup":
-                source.scrape_aligned = lambda: self.sampler.last_ok("oom")
+            if source.name == "cgroup" and cfg.mode == "node":
+                source.scrape_aligned = self._kill_log_complete
+            elif source.name == "segments":
+                source.scrape_aligned = self.state.all_inotify
+
+    def _kill_log_complete(self) -> bool:
+        """The kernel log is read, and its last read lost nothing: it counts every OOM kill."""
+        runner = self.sampler.runners.get("oom")
+        if runner is None or not runner.last_ok or runner.timed_out:
+            return False
+        reports = runner.last_result
+        return reports is not None and reports.lost == 0
 
     def start(self) -> None:
         try:

@@ -169,7 +169,8 @@ def _shm(report: Report, view: MountView, model: Model, required: Optional[int],
         if not any(f.area == "shm" and f.subject == m.mount and f.severity in ("fail", "warn")
                    for f in report.findings):
             report.add("ok", "shm", m.mount, usage + (f"; by class: {classes}" if classes else ""))
-        _unowned(report, m.mount, leaked, summary.unverified, model.inventory.unproven)
+        _unowned(report, m.mount, leaked, summary.unverified, model.inventory.unproven,
+                 model.inventory.proc_unreadable)
         if summary.hidden_count:
             report.add("info", "shm", m.mount, f"{summary.hidden_count} unlinked-but-mapped segment(s), "
                        f"{human(summary.hidden_bytes)}: counted by df, invisible to ls "
@@ -184,7 +185,11 @@ def _names(mount: str, segments) -> str:
     return names + (f" (+{len(segments) - 5} more)" if len(segments) > 5 else "")
 
 
-def _unowned(report: Report, mount: str, leaked, unverified, unproven: List[str]) -> None:
+MAX_NAMED = 5  # processes named in a finding (of the 20 the scan keeps)
+
+
+def _unowned(report: Report, mount: str, leaked, unverified, unproven: List[str],
+             unreadable: Optional[int]) -> None:
     """Segments held by no process. `rm` is advised only where nothing can still attach: an
     orphan (every process inspected) of a class whose segments belong to one process."""
     removable = [s for s in leaked if segment_classes.removable(s.cls)]
@@ -201,9 +206,17 @@ def _unowned(report: Report, mount: str, leaked, unverified, unproven: List[str]
     if unverified:
         report.add("info", "shm", mount, f"{len(unverified)} segment(s), "
                    f"{human(sum(s.allocated_bytes for s in unverified))}, held by no process shmwatch could inspect "
-                   f"(could not read: {'; '.join(unproven) or 'some processes'}): not called leaked, they may be live",
+                   f"(could not read {_unreadable(unreadable, unproven)}): not called leaked, they may be live",
                    "to tell live from leaked, run shmwatch as the server's UID or with CAP_SYS_PTRACE "
                    "(README: Deploy); never remove them on this report's word")
+
+
+def _unreadable(count: Optional[int], unproven: List[str]) -> str:
+    """'3 process(es): python3 (pid 7, uid 0); ...': how many, and the first few by name."""
+    total = "processes hidden by hidepid, uncounted" if count is None else f"{count} process(es)"
+    named = "; ".join(unproven[:MAX_NAMED])
+    more = " and more" if len(unproven) > MAX_NAMED or (count or 0) > len(unproven) else ""
+    return f"{total}: {named}{more}" if named else total
 
 
 def _memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:

@@ -46,6 +46,8 @@ RENDER_LEAD_FACTOR = 3.0
 # A scrape that finds bytes older than this behind a change (it came early: a new scraper,
 # a changed interval) renders them afresh rather than serve data that old.
 STALE_AFTER_SECONDS = 2.0
+# Changes after the render for a coming scrape are rendered again this long before it.
+CATCH_UP_SECONDS = 0.1
 # A held render looks at the schedule again this often.
 HOLD_SLICE_SECONDS = 0.25
 # Level 6 compresses a 500 kB exposition ~6x, at a third of level 9's time.
@@ -271,6 +273,14 @@ class Exposition:
         """Hold a change until just before the next scrape is due: the model of a big node
         changes every poll, and only what a scrape reads is worth rendering. An urgent change
         (a new segment) waits too: rendered sooner, nobody would see it sooner."""
+        left = self._rendered_for - time.monotonic()
+        if left > 0:
+            # Before the scrape the last render was for: what changed since (a scrape-aligned
+            # source finishing late) is rendered once more just before it, all together.
+            catch_up = max(CATCH_UP_SECONDS, 1.5 * self._render_seconds)
+            if left > catch_up:
+                self._stopping.wait(left - catch_up)
+            return
         while not self._stopping.is_set():
             due = self.clock.next_due(after=self._rendered_for)
             if due is None:
@@ -306,11 +316,18 @@ class Exposition:
 
     def latest(self) -> _Render:
         current = self._current
-        if current is None:
-            return self.render()
-        if current.version != self._version and time.monotonic() - current.made > STALE_AFTER_SECONDS:
-            return self.render()  # early for the schedule, and what we have is too old
-        return current
+        if current is not None and not self._stale(current):
+            return current
+        with self._render_lock:  # concurrent scrapes that find it stale render it once
+            current = self._current
+            if current is not None and not self._stale(current):
+                return current
+        return self.render()
+
+    def _stale(self, current: _Render) -> bool:
+        """Behind a change and older than STALE_AFTER_SECONDS: a scrape that came early for
+        the schedule (another scraper, a changed interval) renders afresh."""
+        return current.version != self._version and time.monotonic() - current.made > STALE_AFTER_SECONDS
 
     # --- HTTP ---------------------------------------------------------------------------
     def wsgi_app(self, environ, start_response):

@@ -96,15 +96,17 @@ class ProcessTable:
         self._lock = threading.Lock()
         self._pods: Dict[Tuple[int, int], str] = {}  # (pid, start) -> pod UID ('' when none)
         self._last_walk: Optional[Tuple[float, ProcessWalk]] = None  # (when, walk)
+        self._walk_lock = threading.Lock()
 
     def recent_walk(self, max_age: float) -> ProcessWalk:
         """The last walk if it is younger than `max_age` seconds, else a new one: the SysV
-        namespaces and the owner scan run together once per scrape, and a node's 2,000
-        processes cost 60 ms to walk."""
-        last = self._last_walk
-        if last is not None and time.monotonic() - last[0] < max_age:
-            return last[1]
-        return self.walk()
+        namespaces and the owner scan run together once per scrape, on their own threads,
+        and a node's 2,000 processes cost 60 ms to walk."""
+        with self._walk_lock:  # a walk under way for the other thread is waited for, not repeated
+            last = self._last_walk
+            if last is not None and time.monotonic() - last[0] < max_age:
+                return last[1]
+            return self.walk()
 
     # --- identity -------------------------------------------------------------------------
     def pids(self) -> List[int]:

@@ -35,8 +35,9 @@ FOLLOW_UP_SECONDS = 1.0
 QUICK_LEAD_SECONDS = 1.0
 # A held run looks at the schedule again this often.
 HOLD_SLICE_SECONDS = 0.25
-# A scrape-aligned source (`scrape_aligned`: host memory, the process's own figures, cgroups
-# while the kernel log counts the OOM kills) runs this long before each scrape is due.
+# A scrape-aligned source (`scrape_aligned`: host memory, the process's own figures, SysV,
+# cgroups while the kernel log counts the OOM kills, the inventory while inotify watches
+# every mount) runs this long (or four of its durations, if more) before a scrape is due.
 SCRAPE_LEAD_SECONDS = 1.0
 
 
@@ -66,10 +67,12 @@ class _Runner(threading.Thread):
         self.follow_up_at: Optional[float] = None
         self.next_quick_at = 0.0
         self.quick_spent = 0.0  # the last event-driven run's duration
+        self.full_spent = 0.0  # the last full run's
         self.running_since: Optional[float] = None
         self.timed_out = False
         self.runs = 0
         self.last_ok: Optional[bool] = None  # the last run's outcome
+        self.last_result: object = None
         self._last_full: Optional[Tuple[float, float]] = None  # (planned at, ran at) of the last full run
         self.full_now = False
 
@@ -94,6 +97,7 @@ class _Runner(threading.Thread):
             if now >= next_full:
                 self._last_full = (next_full, now)
                 self.run_once(full=True)
+                self.full_spent = time.monotonic() - now
                 next_full = self._next_full_after(*self._last_full)
                 self.follow_up_at = None
                 continue
@@ -157,9 +161,11 @@ class _Runner(threading.Thread):
         planned = max(planned_at + self.interval, ran_at)
         if not self._aligned():
             return planned
-        # The first scrape due after the one the last run was for.
-        due = self.sampler.scrape_due(ran_at + SCRAPE_LEAD_SECONDS)
-        return planned if due is None else max(planned, due - SCRAPE_LEAD_SECONDS)
+        # The first scrape due after the one the last run was for; started early enough that
+        # it is done, and rendered, before the scrape (a node's full inventory takes 0.5 s).
+        lead = max(SCRAPE_LEAD_SECONDS, QUICK_SCAN_DUTY_FACTOR * self.full_spent)
+        due = self.sampler.scrape_due(ran_at + lead)
+        return planned if due is None else max(planned, due - lead)
 
     def run_once(self, full: bool) -> None:
         started = time.monotonic()
@@ -175,6 +181,7 @@ class _Runner(threading.Thread):
         self.running_since = None
         self.runs += 1
         self.last_ok = error is None
+        self.last_result = result
         self.sampler.publish(Observation(self.source.name, result, error, time.monotonic() - started, full))
 
 

@@ -23,6 +23,9 @@ TOLERANCE = 0.25
 # Scrapers come and go (a Prometheus restarts, an operator curls once): one not seen for
 # this many of its intervals no longer sets the schedule.
 FORGET_AFTER_INTERVALS = 3.0
+# A scraper's due time projected from its last scrape and from the one before agree within
+# this (Prometheus's ticker jitters by milliseconds).
+JITTER_SECONDS = 0.2
 # Shorter intervals than this are a human or a benchmark hammering: render every change.
 MIN_INTERVAL = 0.5
 
@@ -82,9 +85,11 @@ class ScrapeClock:
                 if interval is None:
                     return None
                 when = scraper.last + interval
-                # Rendered for already (give or take jitter: the time `after` was projected from
-                # an earlier scrape): the one after it (the scrape itself may be late).
-                if when <= after + TOLERANCE * interval:
+                # Rendered for already (give or take a scrape's jitter: `after` was projected
+                # from an earlier scrape): the one after it (the scrape itself may be late).
+                # Not a fraction of the interval: an HA pair's second replica scrapes seconds
+                # after the first, and needs a render of its own.
+                if when <= after + JITTER_SECONDS:
                     when += max(1, int((after - when) // interval) + 1) * interval
                 due.append(when)
             return min(due) if due else None

@@ -101,3 +101,16 @@ def test_a_one_off_scrape_keeps_the_schedule_and_a_burst_is_soon_forgotten():
     assert sc.next_due() is None  # while it hammers, every change renders
     clock.now += 5.1
     assert sc.next_due() == expected
+
+
+def test_an_ha_replica_a_few_seconds_behind_gets_a_render_of_its_own():
+    clock = Clock()
+    sc = ScrapeClock(clock)
+    for _ in range(4):
+        sc.scraped("prom-0")
+        clock.now += 3
+        sc.scraped("prom-1")
+        clock.now += 12
+    a_due = clock.now  # prom-0 last scraped 15 s ago
+    assert sc.next_due() == a_due
+    assert sc.next_due(after=a_due) == a_due + 3  # not taken as served by prom-0's render

@@ -113,7 +113,8 @@ class CgroupCollector:
     schedule = "poll"
     # Read for the scrapes (sampler.py) only while the kernel log counts the OOM kills: a
     # container's own counter is read each poll otherwise, before a restart takes it away.
-    # App sets this to "the oom source's last run succeeded".
+    # App sets this in node mode (a sidecar's kill reports name host paths its cgroup is not
+    # matched by) to "the oom source's last run succeeded and lost no record".
     scrape_aligned: "bool | Callable[[], bool]" = False
 
     def __init__(self, paths: Paths, cgroup_path: Optional[str] = None, target_process: Optional[str] = None,

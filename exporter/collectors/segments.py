@@ -37,8 +37,10 @@ class SegmentsCollector:
     schedule = "inventory"
     event_driven = True  # re-run early when inotify sees the mount change
     # Its verdicts (orphan, hidden) are read only by scrapes: with scrapes rarer than the
-    # inventory interval (kube-prometheus scrapes every 30 s), one full run per scrape.
-    scrape_aligned = True
+    # inventory interval (kube-prometheus scrapes every 30 s), one full run per scrape. App
+    # makes it "while inotify watches every mount": a polled mount's created/deleted counts
+    # come from the diffs between full runs, which must keep to the interval.
+    scrape_aligned: "bool | Callable[[], bool]" = False
 
     def __init__(self, paths: Paths, mounts: "Sequence[str] | Callable[[], List[str]]",
                  table: Optional[ProcessTable] = None,
@@ -154,8 +156,9 @@ class SegmentsCollector:
     def _say_why_unproven(self, owners: Owners) -> None:
         """Log, when it changes, why segments held by nobody we could read are 'unverified'
         rather than 'orphan': the first thing an operator asks when no leak is ever reported.
-        Pids are left out of the comparison (a transient helper gets a new one every time)."""
-        said = tuple(sorted({re.sub(r"pid \d+, ", "", why) for why in owners.unproven}))
+        Numbers are left out of the comparison (a transient helper gets a new pid every time,
+        a churning node a new count of hidden processes)."""
+        said = tuple(sorted({re.sub(r"\d+", "#", why) for why in owners.unproven}))
         if said == self._said_unproven:
             return
         self._said_unproven = said

@@ -160,7 +160,7 @@ class SysvCollector:
             return [self.read()]
         own = os.readlink(self.paths.proc("self", "ns", "ipc"))
         groups: Dict[str, List[Process]] = {}
-        for proc in self.table.recent_walk(max_age=5.0).processes:
+        for proc in self.table.recent_walk(max_age=1.0).processes:
             try:
                 groups.setdefault(os.readlink(self.paths.proc(proc.pid, "ns", "ipc")), []).append(proc)
             except OSError:

@@ -156,7 +156,9 @@ class OwnerScan:
     MAX_PASSES = 4
 
     def scan(self, devs: Set[int]) -> Owners:
-        walked = self.table.walk()
+        # SysV's walk of the same moment is reused (both run once per scrape); whoever
+        # started since is read by the passes below, as after a walk of our own.
+        walked = self.table.recent_walk(max_age=1.0)
         # Whoever we could not even identify could hold anything.
         out = Owners(unreadable=walked.unreadable, unverifiable=walked.unreadable)
         if walked.unreadable:
@@ -214,10 +216,14 @@ class OwnerScan:
         scope = [processes[pid] for pid, pod in pod_of.items() if pod in pods]
         fresh = Owners()
         tokens = DeviceTokens.of(devs)
-        if devs == self._learned_devs:
+        if devs == self._learned_devs and previous.processes.keys() <= alive:
             self._learn_mount_ids(new, devs, again=False)  # the others' namespaces are known
         else:
-            self._learn_mount_ids(list(processes.values()), devs)  # a mount came or went
+            # A mount came or went, or a process exited: its namespace (and a bind mount's
+            # ID in it) may be gone, and the kernel hands freed namespace inodes and mount
+            # IDs out again; a stale ID could name a FUSE mount whose files must never be
+            # stat'ed. Learnt afresh.
+            self._learn_mount_ids(list(processes.values()), devs)
         for proc in scope:
             self._scan_process(proc, devs, tokens, fresh)
         self._fill_mapping_sizes(fresh.holdings)
