@@ -168,7 +168,8 @@ FLAGS = (
      "Configured size limit of the shm volume (emptyDir sizeLimit), e.g. 16Gi.", False),
     ("--poll-interval", "poll_interval", parse_duration, "1s", "How often cheap sources are polled.", False),
     ("--inventory-interval", "inventory_interval", parse_duration, "15s",
-     "How often the full segment inventory runs (also on inotify events).", False),
+     "How often the full segment inventory runs (also on inotify events; once per scrape when scrapes are "
+     "rarer and inotify watches every mount).", False),
     ("--peak-window", "peak_window", parse_duration, "60s", "Window of shmwatch_mount_peak_used_bytes.", False),
     ("--segments.top-k", "top_k", _positive_int, "10", "How many segments and processes get their own series.",
      False),

@@ -151,8 +151,10 @@ class MountTableWatch:
             events = self._poller.poll(0)
             if not events:
                 return None
-            if events[0][1] & (select.POLLHUP | select.POLLNVAL):
-                self.close()  # the process is gone: open afresh (and fail if it must)
+            if events[0][1] & select.POLLNVAL:
+                self.close()  # the fd went bad: open afresh (and fail if it must)
+            # (An open mountinfo keeps its mount namespace alive: pid 1's, or our own, is
+            # all this reads, so the namespace never goes from under it.)
         if self._file is None:
             handle = open(self.path, "r", encoding="utf-8", errors="surrogateescape", newline="")
             poller = select.poll()

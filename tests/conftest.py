@@ -81,7 +81,7 @@ HOST_EXCUSED_RE = re.compile(HOST_EXCUSED) if HOST_EXCUSED else None
 
 @pytest.fixture(scope="session", autouse=True)
 def _watch_uninspectable() -> Iterator[None]:
-    """Records, once a second, the processes root could not read during the run: the terminal
+    """Records, every 2 s, the processes root could not read during the run: the terminal
     summary lists them, so a CI machine's surprises reach whoever reads its output."""
     if not IS_ROOT:
         yield
@@ -90,7 +90,7 @@ def _watch_uninspectable() -> Iterator[None]:
     stop = threading.Event()
 
     def watch() -> None:
-        while not stop.wait(1.0):
+        while not stop.wait(2.0):
             SEEN_UNINSPECTABLE.update(_uninspectable())
 
     worker = threading.Thread(target=watch, daemon=True, name="uninspectable-watch")

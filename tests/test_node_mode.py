@@ -1,6 +1,8 @@
 """Node mode: one shmwatch per node finds every pod's and container's shm and memory cgroup."""
 import contextlib
 import os
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -11,7 +13,7 @@ from exporter.collectors.shm_mount import ShmMountCollector
 from exporter.discovery import MountDiscovery, discover
 from exporter.mountinfo import MountIndex, MountTableWatch, parse_mountinfo, strip_rootfs
 from exporter.paths import Paths
-from tests.conftest import (FIXTURES, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, prerequisite_missing,
+from tests.conftest import (FIXTURES, REPO, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, prerequisite_missing,
                             remove_cgroup, select, value)
 
 POD1, POD2 = "0f1e2d3c-aaaa-bbbb-cccc-000000000001", "0f1e2d3c-aaaa-bbbb-cccc-000000000002"
@@ -211,19 +213,28 @@ def test_every_pod_mount_found_through_a_rootfs_prefixed_mountinfo(tmp_path):
 @needs_root
 def test_mountinfo_is_read_again_only_when_the_mount_table_changed(tmp_path):
     """procfs says when a mount table changed (POLLPRI): an unchanged one is not re-read and
-    parsed every poll (10 ms at 2,000 mounts); a fixture file, which cannot say, is."""
-    watch = MountTableWatch("/proc/self/mountinfo")
-    first = watch.read_if_changed()
-    assert first and watch.read_if_changed() is None
+    parsed every poll (10 ms at 2,000 mounts); a fixture file, which cannot say, is. In a
+    mount namespace of its own: the host's changes whenever docker or another test mounts."""
     point = str(tmp_path / "new")
     os.mkdir(point)
-    with mounted_tmpfs("1m", path=point):
-        changed = watch.read_if_changed()
-        assert changed is not None and f" {point} " in changed
-        assert watch.read_if_changed() is None
-    after = watch.read_if_changed()
-    assert after is not None and f" {point} " not in after
-    watch.close()
+    script = f"""
+import subprocess
+from exporter.mountinfo import MountTableWatch
+watch = MountTableWatch("/proc/self/mountinfo")
+first = watch.read_if_changed()
+assert first and watch.read_if_changed() is None, "read again unchanged"
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", {point!r}], check=True)
+changed = watch.read_if_changed()
+assert changed is not None and " {point} " in changed, "a mount not seen"
+assert watch.read_if_changed() is None, "read again unchanged after a mount"
+subprocess.run(["umount", {point!r}], check=True)
+after = watch.read_if_changed()
+assert after is not None and " {point} " not in after, "an unmount not seen"
+print("ok")
+"""
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, "-c", script],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "ok", done.stderr
     fixture = tmp_path / "mountinfo"
     fixture.write_text("1 0 0:1 / / rw - tmpfs tmpfs rw\n")
     plain = MountTableWatch(str(fixture))

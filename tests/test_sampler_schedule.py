@@ -49,10 +49,10 @@ def run_for(sampler, seconds):
 def test_a_scrape_aligned_source_runs_once_per_scrape():
     aligned, plain, gated = Counting("a", aligned=True), Counting("b"), Counting("c", aligned=lambda: False)
     sampler = Sampler([aligned, plain, gated], poll_interval=0.05)
-    sampler.scrape_due = every(0.6, time.monotonic())
-    run_for(sampler, 2.5)
-    assert len(plain.runs) >= 25 and len(gated.runs) >= 25  # the interval: 0.05 s
-    assert 2 <= len(aligned.runs) <= 6, aligned.runs  # about one per 0.6 s scrape
+    sampler.scrape_due = every(1.5, time.monotonic())
+    run_for(sampler, 4.0)
+    assert len(plain.runs) >= 30 and len(gated.runs) >= 30  # the interval: 0.05 s (80 at most)
+    assert 2 <= len(aligned.runs) <= 5, aligned.runs  # about one per 1.5 s scrape
 
 
 def test_without_a_known_scraper_everything_keeps_its_interval():
@@ -78,8 +78,8 @@ def test_event_driven_runs_wait_for_the_scrape_when_one_is_known():
             fast.request_quick()
             time.sleep(0.1)
         assert not held.quick, "an event-driven run went ahead of the scrape it was held for"
-        assert prompt.quick and prompt.quick[0] - start < 0.6
-        time.sleep(start + 2.6 - time.monotonic())
+        assert prompt.quick and prompt.quick[0] - start < 1.5
+        time.sleep(start + 2.8 - time.monotonic())
         assert len(held.quick) == 1 and held.quick[0] - start >= 1.9  # one run, for all ten events
     finally:
         slow.stop()
@@ -106,7 +106,7 @@ def test_a_hammering_scraper_ends_the_wait_at_once():
         schedule["due"] = lambda after=0.0: None  # the hammering scraper: no schedule
         switched = time.monotonic()
         time.sleep(0.8)
-        assert held.quick and held.quick[0] - switched < 0.5
+        assert held.quick and held.quick[0] - switched < 1.0
         assert len(aligned.runs) >= runs_while_held + 5
     finally:
         sampler.stop()
