@@ -134,25 +134,8 @@ numbers = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-2**63, 2
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 3), st.lists(st.tuples(st.lists(label_values, min_size=3,
                                                                                       max_size=3), numbers),
                                                                       max_size=4)), max_size=4),
-       st.text(max_size=20))
-def test_text_format_is_generate_latest_byte_for_byte(families, doc):
-    metrics = []
-    for i, (counter, nlabels, samples) in enumerate(families):
-        names = ["mount", "class", "a_label"][:nlabels]
-        kind = CounterMetricFamily if counter else GaugeMetricFamily
-        family = kind(f"m{i}_bytes", doc, labels=names)
-        for values, value in samples:
-            family.add_metric(values[:nlabels], value)
-        metrics.append(family)
-    assert text_format(metrics) == generate_latest(_Frozen(metrics))
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.booleans(), st.integers(0, 3), st.lists(st.tuples(st.lists(label_values, min_size=3,
-                                                                                      max_size=3), numbers),
-                                                                      max_size=4)), max_size=4),
        st.text(max_size=20) | st.sampled_from(['say "hi"', "a\\b\nc", ""]))
-def test_openmetrics_format_is_generate_latest_byte_for_byte(families, doc):
+def test_both_formats_are_generate_latest_byte_for_byte(families, doc):
     metrics = []
     for i, (counter, nlabels, samples) in enumerate(families):
         names = ["mount", "class", "a_label"][:nlabels]
