@@ -48,8 +48,9 @@ RENDER_LEAD_FACTOR = 3.0
 STALE_AFTER_SECONDS = 2.0
 # Changes after the render for a coming scrape are rendered again this long before it.
 CATCH_UP_SECONDS = 0.1
-# A held render looks at the schedule again this often.
-HOLD_SLICE_SECONDS = 0.25
+# A held render looks at the schedule again this often (a scraper that turns up meanwhile
+# finds bytes at most STALE_AFTER_SECONDS behind in any case).
+HOLD_SLICE_SECONDS = 1.0
 # Level 6 compresses a 500 kB exposition ~6x, at a third of level 9's time.
 GZIP_LEVEL = 6
 

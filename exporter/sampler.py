@@ -27,14 +27,17 @@ DEBOUNCE_MAX_SECONDS = 0.1
 # An event-driven run costs its duration again in idle time at least this many times
 # over, so a storm of creates costs a bounded share of a core.
 QUICK_SCAN_DUTY_FACTOR = 4.0
+# How often the watchdog looks for runs over their timeout (timeouts are seconds long).
+WATCHDOG_SECONDS = 0.5
 # After a burst, a full run (owners from /proc) follows this soon.
 FOLLOW_UP_SECONDS = 1.0
 # With a steady scraper, an event-driven run waits until this long (or four of its own
 # durations, if more) before the next scrape is due: what it finds is read by nobody
 # sooner, and a node's creates then cost one run per scrape, not one per burst.
 QUICK_LEAD_SECONDS = 1.0
-# A held run looks at the schedule again this often.
-HOLD_SLICE_SECONDS = 0.25
+# A held run, or a scrape-aligned source waiting, looks at the schedule again this often
+# (each look costs a little: five sources at 4 Hz were a tenth of a sidecar's idle CPU).
+HOLD_SLICE_SECONDS = 1.0
 # A scrape-aligned source (`scrape_aligned`: host memory, the process's own figures, SysV,
 # cgroups while the kernel log counts the OOM kills, the inventory while inotify watches
 # every mount) runs this long (or four of its durations, if more) before a scrape is due.
@@ -268,7 +271,7 @@ class Sampler:
                 log.exception("handling %s's observation failed", obs.source)
 
     def _watch_timeouts(self) -> None:
-        while not self.stopping.wait(0.1):
+        while not self.stopping.wait(WATCHDOG_SECONDS):
             now = time.monotonic()
             for runner in self.runners.values():
                 since = runner.running_since

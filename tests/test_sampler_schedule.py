@@ -105,8 +105,8 @@ def test_a_hammering_scraper_ends_the_wait_at_once():
         assert runs_while_held <= 2 and len(aligned.runs) == runs_while_held and not held.quick
         schedule["due"] = lambda after=0.0: None  # the hammering scraper: no schedule
         switched = time.monotonic()
-        time.sleep(0.8)
-        assert held.quick and held.quick[0] - switched < 1.0
+        time.sleep(2.0)
+        assert held.quick and held.quick[0] - switched < 1.8  # one look at the schedule, 1 s
         assert len(aligned.runs) >= runs_while_held + 5
     finally:
         sampler.stop()
