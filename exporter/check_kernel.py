@@ -64,7 +64,7 @@ def sysv(report, namespaces, node_mode: bool) -> None:
             report.add("warn", "sysv", "kernel.shmall", f"{text}: near the limit of {human(sysv.shmall_bytes)}",
                        "ipcs -m; ipcrm -m <id>; sysctl kernel.shmall")
         elif sysv.segments or not node_mode:
-            report.add("ok", "sysv", "SysV shm", text + (f", {sysv.orphans} with nothing attached"
+            report.add("ok", "sysv", "SysV shm", text + (f", {sysv.orphans} with nothing attached and their creators gone"
                                                          if sysv.orphans else ""),
                        "ipcs -m; ipcrm -m <id>" if sysv.orphans else "")
     if node_mode:

@@ -1,5 +1,7 @@
 """Each collector on the fixture trees, values read back from a fresh registry."""
 import os
+import subprocess
+import sys
 from collections import namedtuple
 
 import pytest
@@ -11,7 +13,7 @@ from exporter.collectors.host_memory import HostMemoryCollector
 from exporter.collectors.shm_mount import ShmMountCollector
 from exporter.collectors.sysv import SysvCollector
 from exporter.paths import Paths
-from tests.conftest import FIXTURES, promtool_check_metrics
+from tests.conftest import FIXTURES, REPO, promtool_check_metrics
 from tests.helpers import registry_for
 
 PATHS = Paths(procfs=os.path.join(FIXTURES, "proc"), sysfs=os.path.join(FIXTURES, "sys"), rootfs="/")
@@ -109,3 +111,39 @@ def test_every_emitted_metric_is_in_the_catalogue_with_its_type():
         seen += 1
     assert seen > 20
     assert promtool_check_metrics(text).returncode == 0
+
+
+SHM_CREATOR = r"""
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+shmid = libc.shmget(0, 65536, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600; never attached
+assert shmid >= 0, ctypes.get_errno()
+print(shmid, flush=True)
+sys.stdin.read()  # alive until the test closes stdin
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for an IPC namespace of its own (unshare --ipc)")
+def test_sysv_orphan_only_once_its_creator_is_gone():
+    """A segment with nothing attached may be about to be attached (created, not yet
+    shmat'ed): not an orphan, and not for ipcrm, while its creator lives. In an IPC namespace
+    of its own, with a real creator process."""
+    script = f"""
+import os, subprocess, sys
+from exporter.collectors.sysv import SysvCollector
+from exporter.paths import Paths
+creator = subprocess.Popen([sys.executable, "-c", {SHM_CREATOR!r}], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           text=True)
+shmid = int(creator.stdout.readline())
+[shm] = SysvCollector(Paths()).collect()
+seg = next(s for s in shm.segments if s.shmid == shmid)
+assert seg.nattch == 0 and seg.cpid == creator.pid and shm.orphans == 0, (seg, shm.orphans)
+creator.stdin.close()
+creator.wait()
+[shm] = SysvCollector(Paths()).collect()
+assert shm.orphans == 1 and next(s for s in shm.segments if s.shmid == shmid).orphan
+print("ok")
+"""
+    done = subprocess.run(["unshare", "--ipc", sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.strip() == "ok", done.stderr

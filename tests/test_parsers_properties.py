@@ -244,8 +244,8 @@ def test_sysvipc_round_trip_in_any_column_order(columns, rows, with_rss):
     columns = [c for c in columns if with_rss or c not in ("rss", "cpid")]
     text = " ".join(f"{c:>10}" for c in columns) + "\n" + "".join(
         " ".join(f"{row[c]:>10}" for c in columns) + "\n" for row in rows)
-    got = [(s.key, s.shmid, s.size_bytes, s.nattch, s.cpid, s.rss_bytes) for s in parse_sysvipc_shm(text)]
-    assert got == [(r["key"], r["shmid"], r["size"], r["nattch"], r["cpid"] if with_rss else 0,
+    got = [(s.key, s.shmid, s.size_bytes, s.nattch, s.cpid, s.lpid, s.rss_bytes) for s in parse_sysvipc_shm(text)]
+    assert got == [(r["key"], r["shmid"], r["size"], r["nattch"], r["cpid"] if with_rss else 0, r["lpid"],
                     r["rss"] if with_rss else 0) for r in rows]
 
 

@@ -261,8 +261,9 @@ local oneLine = lib.oneLine;
               summary: 'SysV shm segments at {{ $value | humanizePercentage }} of kernel.shmmni',
               description: oneLine(|||
                 {{ $labels.instance }} uses {{ $value | humanizePercentage }} of kernel.shmmni; the next shmget()
-                (UCX sysv transport, older MPI) fails with ENOSPC. List them with ipcs -m, remove orphans (nattch 0:
-                shmwatch_sysv_orphan_segments) with ipcrm -m <id>, or raise it: sysctl -w kernel.shmmni=8192.
+                (UCX sysv transport, older MPI) fails with ENOSPC. List them with ipcs -m, remove orphans (nattch 0,
+                creator and last user exited: shmwatch_sysv_orphan_segments) with ipcrm -m <id>, or raise it:
+                sysctl -w kernel.shmmni=8192.
               |||),
               runbook_url: runbook('SysvSegmentsNearLimit'),
             },

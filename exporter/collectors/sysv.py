@@ -18,7 +18,7 @@ import ctypes
 import os
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional, TypeVar
 
 from ..paths import Paths, read_text
@@ -38,6 +38,11 @@ class SysvSegment:
     nattch: int
     cpid: int
     rss_bytes: int
+    lpid: int = 0
+    # Nothing attached, and its creator and last user (if any) have exited: nobody is about to attach
+    # again. Set by the collector (it needs /proc); a pid we cannot see (0: outside our PID
+    # namespace) or that is still there leaves it False, never the other way.
+    orphan: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,7 @@ class SysvShm:
 
     @property
     def orphans(self) -> int:
-        return sum(1 for s in self.segments if s.nattch == 0)
+        return sum(1 for s in self.segments if s.orphan)
 
 
 def parse_sysvipc_shm(text: str) -> List[SysvSegment]:
@@ -85,7 +90,8 @@ def parse_sysvipc_shm(text: str) -> List[SysvSegment]:
                 key=int(fields[col["key"]]), shmid=int(fields[col["shmid"]]), size_bytes=int(fields[col["size"]]),
                 nattch=int(fields[col["nattch"]]),
                 cpid=int(fields[col["cpid"]]) if "cpid" in col else 0,
-                rss_bytes=int(fields[col["rss"]]) if "rss" in col else 0))
+                rss_bytes=int(fields[col["rss"]]) if "rss" in col else 0,
+                lpid=int(fields[col["lpid"]]) if "lpid" in col else 0))
         except (ValueError, IndexError):
             continue  # a truncated line
     return segments
@@ -145,7 +151,9 @@ class SysvCollector:
 
     def read(self) -> SysvShm:
         """The calling thread's IPC namespace."""
-        segments = parse_sysvipc_shm(read_text(self.paths.proc("sysvipc", "shm")))
+        segments = [replace(seg, orphan=True) if seg.nattch == 0 and self._gone(seg.cpid)
+                    and (seg.lpid == 0 or self._gone(seg.lpid)) else seg
+                    for seg in parse_sysvipc_shm(read_text(self.paths.proc("sysvipc", "shm")))]
         shmall = _read_int(self.paths.proc("sys", "kernel", "shmall"))
         return SysvShm(
             segments=segments,
@@ -181,6 +189,12 @@ class SysvCollector:
                 continue  # every process of the namespace exited: so did the namespace
             out.append(SysvShm(shm.segments, shm.shmmax_bytes, shm.shmall_bytes, shm.shmmni, **labels))
         return out
+
+    def _gone(self, pid: int) -> bool:
+        """The process has exited. The kernel prints pids in the reader's PID namespace (ours:
+        setns moves only the IPC namespace), and 0 for one outside it: unknown, so not gone.
+        (A last user of 0 beside a creator we can see is read as none: never attached.)"""
+        return pid > 0 and not os.path.exists(self.paths.proc(pid))
 
     def _enter(self, procs: List[Process]) -> Optional[SysvShm]:
         """Read the namespace through the first of its processes still there."""
