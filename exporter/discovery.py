@@ -95,16 +95,12 @@ class MountDiscovery:
     def subscribe(self, subscriber: Callable[[MountSet], None]) -> None:
         self._subscribers.append(subscriber)
 
-    def read_host_mountinfo(self) -> Optional[List[MountEntry]]:
-        """The host's mounts, with --path.rootfs stripped from our own view's mount points;
-        None when its mount table has not changed since the last read."""
-        return self._mountinfo.read()
-
     def collect(self) -> MountSet:
         """Re-discover (node mode) and publish. Raises, keeping the last good set, when the
         host's mountinfo cannot be read."""
         if self.node_mode:
-            entries = self.read_host_mountinfo()
+            # The host's mounts, --path.rootfs stripped from our own view's; None: unchanged.
+            entries = self._mountinfo.read()
             if entries is None:  # the mount table did not change: neither did the set
                 return self._publish()
             if not entries:

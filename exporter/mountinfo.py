@@ -9,7 +9,7 @@ import posixpath
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence
 
-from .paths import Paths, read_text
+from .paths import Paths
 
 
 @dataclass(frozen=True)
@@ -116,17 +116,6 @@ def strip_rootfs(entries: Sequence[MountEntry], rootfs: str) -> List[MountEntry]
         elif not ours:
             out.append(entry)
     return out
-
-
-def read_mountinfo(paths: Paths, host_first: bool) -> List[MountEntry]:
-    """Our own mountinfo or pid 1's (the host's), whichever is asked for first; hidepid
-    may hide pid 1's, and then ours is what there is. Mount points as the host names them."""
-    for pid in ("1", "self") if host_first else ("self", "1"):
-        try:
-            return strip_rootfs(parse_mountinfo(read_text(paths.proc(pid, "mountinfo"))), paths.rootfs)
-        except OSError:
-            continue
-    return []
 
 
 class MountTableWatch:

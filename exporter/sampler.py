@@ -205,11 +205,6 @@ class Sampler:
             self.runners[source.name] = _Runner(self, source, interval, timeouts.get(source.name, default_timeout))
         self._watchdog = threading.Thread(target=self._watch_timeouts, name="shmwatch-watchdog", daemon=True)
 
-    def last_ok(self, name: str) -> bool:
-        """Whether source `name` is on and its last run succeeded."""
-        runner = self.runners.get(name)
-        return runner is not None and bool(runner.last_ok)
-
     @property
     def sources(self) -> List[object]:
         return [r.source for r in self.runners.values()]

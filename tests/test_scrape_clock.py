@@ -31,14 +31,19 @@ def test_unknown_until_a_scraper_shows_a_steady_interval():
     assert sc.next_due() == clock.now + 15
 
 
+def ha_pair(clock, sc, first, second, offset, interval=15.0, times=4):
+    """Two replicas on the same interval, the second `offset` seconds behind the first."""
+    for _ in range(times):
+        sc.scraped(first)
+        clock.now += offset
+        sc.scraped(second)
+        clock.now += interval - offset
+
+
 def test_the_earliest_of_an_ha_pair_is_due_first():
     clock = Clock()
     sc = ScrapeClock(clock)
-    for i in range(4):
-        sc.scraped("prom-a")
-        clock.now += 5
-        sc.scraped("prom-b")
-        clock.now += 10
+    ha_pair(clock, sc, "prom-a", "prom-b", 5)
     a_last, b_last = clock.now - 15, clock.now - 10
     assert sc.next_due() == a_last + 15
     # Rendered for a's: the next is b's; rendered for that too: a's one after, then b's.
@@ -106,11 +111,7 @@ def test_a_one_off_scrape_keeps_the_schedule_and_a_burst_is_soon_forgotten():
 def test_an_ha_replica_a_few_seconds_behind_gets_a_render_of_its_own():
     clock = Clock()
     sc = ScrapeClock(clock)
-    for _ in range(4):
-        sc.scraped("prom-0")
-        clock.now += 3
-        sc.scraped("prom-1")
-        clock.now += 12
+    ha_pair(clock, sc, "prom-0", "prom-1", 3)
     a_due = clock.now  # prom-0 last scraped 15 s ago
     assert sc.next_due() == a_due
     assert sc.next_due(after=a_due) == a_due + 3  # not taken as served by prom-0's render
