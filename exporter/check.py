@@ -213,9 +213,11 @@ def _unowned(report: Report, mount: str, leaked, unverified, unproven: List[str]
 
 def _unreadable(count: Optional[int], unproven: List[str]) -> str:
     """'3 process(es): python3 (pid 7, uid 0); ...': how many, and the first few by name."""
-    total = "processes hidden by hidepid, uncounted" if count is None else f"{count} process(es)"
     named = "; ".join(unproven[:MAX_NAMED])
-    more = " and more" if len(unproven) > MAX_NAMED or (count or 0) > len(unproven) else ""
+    if count is None:  # the reasons say what could not be counted (hidepid, a PID namespace of its own)
+        return named or "processes hidden from shmwatch, uncounted"
+    total = f"{count} process(es)"
+    more = " and more" if len(unproven) > MAX_NAMED or count > len(unproven) else ""
     return f"{total}: {named}{more}" if named else total
 
 

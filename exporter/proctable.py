@@ -67,11 +67,15 @@ class ProcessWalk:
     # Processes that exist but /proc does not list (hidepid=2/invisible, ptraceable);
     # None when they exist but could not be counted (too many pids to probe).
     invisible: Optional[int] = 0
-    # False when every process /proc shows is shmwatch itself or its parents: a sidecar in a
-    # PID namespace of its own (no --pid=container:, no shareProcessNamespace) sees none of
+    # False when every process /proc shows is shmwatch itself or its parents, outside the
+    # initial PID namespace: a sidecar in a PID namespace of its own (no --pid=container:, no shareProcessNamespace) sees none of
     # the workload's processes, and "no holder found" then proves nothing.
     workload_visible: bool = True
 
+
+# The kernel's fixed inode for the initial PID namespace (PROC_PID_INIT_INO in
+# include/linux/proc_ns.h); a namespace made later gets another.
+INITIAL_PID_NAMESPACE = f"pid:[{0xEFFFFFFC}]"
 
 # Probing every pid up to ns_last_pid costs one pidfd_open per pid: fine in a pod's PID
 # namespace (hundreds), not in a host's (millions). Past this, invisible processes are
@@ -145,10 +149,20 @@ class ProcessTable:
                 found.append(ident[0])
         self._forget_except({(p.pid, p.start_time) for p in found})
         invisible = self.count_invisible(set(listed)) if self.hidepid() in ("invisible", "ptraceable") else 0
-        visible = bool(unreadable) or bool(invisible) or self._others_visible(found)
+        visible = (bool(unreadable) or bool(invisible) or self._in_initial_pid_namespace()
+                   or self._others_visible(found))
         done = ProcessWalk(found, unreadable, invisible, visible)
         self._last_walk = (time.monotonic(), done)
         return done
+
+    def _in_initial_pid_namespace(self) -> bool:
+        """Is our procfs the machine's own, read from the initial PID namespace? Then it lists
+        every process there is (hidepid aside, counted apart), and a machine whose only
+        processes are shmwatch's parents (a CI runner writing to a file) hides no workload."""
+        try:
+            return os.readlink(self.paths.proc("self", "ns", "pid")) == INITIAL_PID_NAMESPACE
+        except OSError:
+            return False  # a fixture tree, or a procfs of a namespace we are not in
 
     def _others_visible(self, found: List[Process]) -> bool:
         """Does /proc show any process besides shmwatch and the processes that started it?"""

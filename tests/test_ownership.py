@@ -146,3 +146,31 @@ def test_a_pid_namespace_of_its_own_proves_nothing(tmpfs):
     [facts] = doc["shm"]
     assert facts["orphans"] == [] and [u["name"] for u in facts["unverified"]] == ["nccl-elsewhere"], facts
     assert not [f for f in doc["findings"] if "rm " in f["remedy"]], doc["findings"]
+    [why] = [f["message"] for f in doc["findings"] if "held by no process shmwatch could inspect" in f["message"]]
+    assert "only shmwatch and its parents are visible (a PID namespace of its own)" in why, why
+
+
+def _procfs_of_parents_only(root, pid_namespace: str) -> str:
+    """A /proc that lists only init and shmwatch (its child): what a CI machine shows a
+    test run whose output goes to a file. Its ns/pid link names the PID namespace."""
+    procfs = os.path.join(root, "proc")
+    for pid, comm, ppid in ((1, "init", 0), (300, "shmwatch", 1)):
+        os.makedirs(os.path.join(procfs, str(pid), "ns"))
+        with open(os.path.join(procfs, str(pid), "stat"), "w") as f:
+            f.write(f"{pid} ({comm}) S {ppid} {pid} {pid} 0 -1 4194304" + " 0" * 13 + " 100 0\n")
+        os.symlink(pid_namespace, os.path.join(procfs, str(pid), "ns", "pid"))
+    os.symlink("300", os.path.join(procfs, "self"))
+    return procfs
+
+
+def test_the_initial_pid_namespace_hides_no_workload(tmp_path):
+    """A machine whose only processes are shmwatch's parents (a CI runner writing to a file,
+    not to a pipe) hides nothing when it is the initial PID namespace: the kernel's fixed
+    inode for it says so. A PID namespace made later, with the same processes, is a sidecar
+    that sees none of the workload. Both must hold; the first failed CI twice."""
+    from exporter.paths import Paths
+    from exporter.proctable import ProcessTable
+    initial = ProcessTable(Paths(procfs=_procfs_of_parents_only(tmp_path / "a", "pid:[4026531836]"))).walk()
+    assert sorted(p.comm for p in initial.processes) == ["init", "shmwatch"] and initial.workload_visible
+    later = ProcessTable(Paths(procfs=_procfs_of_parents_only(tmp_path / "b", "pid:[4026532198]"))).walk()
+    assert sorted(p.comm for p in later.processes) == ["init", "shmwatch"] and not later.workload_visible

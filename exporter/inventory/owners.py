@@ -166,7 +166,8 @@ class OwnerScan:
         if walked.invisible is None or not walked.workload_visible:
             out.unreadable = out.unverifiable = None
             out.unproven_because("hidden processes (hidepid), uncounted" if walked.invisible is None
-                                else "no process besides shmwatch is visible")
+                                else "the workload's processes: only shmwatch and its parents are visible "
+                                "(a PID namespace of its own)")
         elif walked.invisible:
             out.unreadable += walked.invisible
             out.unverifiable += walked.invisible
