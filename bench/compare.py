@@ -86,7 +86,7 @@ def main():
         sys.exit("run as root: the benchmark mounts tmpfs")
     rows = [] if args.only == "node" else sidecar_rows(args)
     if args.only != "sidecar":
-        rows += node_scale.scrape_rows(args.scrapes) + node_scale.cpu_rows(args.idle_seconds)
+        rows += node_scale.scrape_rows(args.scrapes) + node_scale.cpu_rows(30, max(120.0, args.idle_seconds))  # node idle: whole full-scan intervals
     print_table(rows)
 
 

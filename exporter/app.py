@@ -46,7 +46,8 @@ def build_sources(cfg: Config, paths: Paths, discovery: MountDiscovery, table: P
                                                touched=state.drain_touched if state is not None else None),
         "segments": lambda: SegmentsCollector(paths, discovery.mounts, table, pod_of_pid=node, changes=changes,
                                               ignore_unreadable=re.compile(cfg.ignore_unreadable)
-                                              if cfg.ignore_unreadable else None),
+                                              if cfg.ignore_unreadable else None,
+                                              full_scan_interval=cfg.full_scan_interval),
         "sysv": lambda: SysvCollector(paths, node_mode=node, table=table),
         "host_memory": lambda: HostMemoryCollector(paths),
         "cgroup": lambda: CgroupCollector(paths, cfg.cgroup_path, cfg.cgroup_target_process,

@@ -42,6 +42,13 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
+def parse_duration_or_zero(text: str) -> float:
+    """As parse_duration, and 0 (or 0s): "never wait", e.g. a full scan on every run."""
+    if re.fullmatch(r"\s*0+(?:\.0*)?\s*(?:ms|s|m|h)?\s*", str(text)):
+        return 0.0
+    return parse_duration(text)
+
+
 def parse_size(text: str) -> int:
     """'64Mi', '16Gi', '2g', '512k', '1048576' -> bytes.
 
@@ -97,6 +104,7 @@ class Config:
     cgroup_path: Optional[str] = None
     cgroup_target_process: Optional[str] = None
     ignore_unreadable: Optional[str] = None
+    full_scan_interval: float = 120.0
     memory_limit_bytes: Optional[int] = None
     inotify: bool = True
     tls_cert_file: Optional[str] = None
@@ -176,6 +184,11 @@ FLAGS = (
     ("--segments.ignore-unreadable", "ignore_unreadable", str, None,
      "Regex on comm: root-owned processes whose /proc entries cannot be read but that hold no shm (a VM agent "
      "as pid 1 that even root cannot inspect) do not make held-by-nobody segments unverified.", False),
+    ("--segments.full-scan-interval", "full_scan_interval", parse_duration_or_zero, "2m",
+     "Node mode: how often every process on the node is read for the segments it holds. In between, the "
+     "inventory reads only new processes and the pods of holders that exited, and a segment nobody holds is "
+     "'unverified' until the next full scan calls it 'orphan'. 0: every inventory run reads every process.",
+     False),
     ("--collector.timeout", "collector_timeout", parse_duration, "10s",
      "A collector run longer than this is marked failed.", False),
     ("--collector.gpu.timeout", "gpu_timeout", parse_duration, "5s", "Bound on one NVML sweep.", False),
@@ -250,7 +263,7 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = "shmwatch", par
                 "log_format", "procfs", "sysfs", "kmsg",
                 "rootfs", "shm_size_limit", "poll_interval", "inventory_interval", "peak_window", "top_k",
                 "collector_timeout", "gpu_timeout", "cgroup_path", "cgroup_target_process",
-                "memory_limit_bytes", "log_level", "mode", "ignore_unreadable"):
+                "memory_limit_bytes", "log_level", "mode", "ignore_unreadable", "full_scan_interval"):
         setattr(cfg, key, values[key])
     if values["shm_mounts"]:
         cfg.shm_mounts = list(dict.fromkeys(m.rstrip("/") or "/" for m in values["shm_mounts"]))

@@ -38,6 +38,10 @@ class Target:
 class MountSet:
     """What discovery published: the mounts, in order, with their node labels."""
     targets: List[Target]
+    # Node mode: the set follows a mount table watched for changes (mountinfo's POLLPRI), and
+    # is a new object whenever it changed; while the same object is published, no mount was
+    # unmounted or mounted again.
+    follows_mount_table: bool = False
 
     def mounts(self) -> List[str]:
         return [t.mount for t in self.targets]
@@ -107,7 +111,7 @@ class MountDiscovery:
                 raise ValueError("mountinfo is empty: keeping the last mount set")
             found = discover(entries)
             seen = {t.mount for t in found}
-            current = MountSet(found + [t for t in self._static if t.mount not in seen])
+            current = MountSet(found + [t for t in self._static if t.mount not in seen], follows_mount_table=True)
             with self._lock:
                 self._current = current
         return self._publish()

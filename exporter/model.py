@@ -143,9 +143,7 @@ class ModelStep:
                 old, summary = made.get(m.mount, (None, None))
                 latest.summaries[m.mount] = summary if old is m and summary is not None else summarise(m, self.top_k)
         if obs.success and obs.source == "shm_mount":
-            for usage in obs.result:
-                if not usage.error:
-                    self.state.record_used(usage.mount, usage.used_bytes)
+            self.state.record_used_many([(u.mount, u.used_bytes) for u in obs.result if not u.error])
         if obs.success and obs.source == "cgroup":
             for cgroup in obs.result:
                 if cgroup.oom_kills is not None:

@@ -96,15 +96,22 @@ class StateStore:
             listener()
 
     def record_used(self, mount: str, used_bytes: int) -> None:
+        self.record_used_many([(mount, used_bytes)])
+
+    def record_used_many(self, usages: "List[Tuple[str, int]]") -> None:
+        """One poll's mounts under one lock and one change notice (a node polls 200 a second)."""
+        now = self.clock()
         with self._lock:
-            window = self._peaks.get(mount)
-            if window is None:
-                window = self._peaks[mount] = PeakWindow(self.peak_window)
-            window.add(self.clock(), used_bytes)
-            # The high-water mark keeps the first time the highest value was reached.
-            if mount not in self._max_used or used_bytes > self._max_used[mount][0]:
-                self._max_used[mount] = (used_bytes, self.wall_clock())
-        self._changed()
+            for mount, used_bytes in usages:
+                window = self._peaks.get(mount)
+                if window is None:
+                    window = self._peaks[mount] = PeakWindow(self.peak_window)
+                window.add(now, used_bytes)
+                # The high-water mark keeps the first time the highest value was reached.
+                if mount not in self._max_used or used_bytes > self._max_used[mount][0]:
+                    self._max_used[mount] = (used_bytes, self.wall_clock())
+        if usages:
+            self._changed()
 
     def count_event(self, mount: str, segment_class: str, event: str, n: int = 1) -> None:
         key = (mount, segment_class, event)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from exporter.config import parse_args, parse_duration, parse_listen_address, parse_size
+from exporter.config import parse_args, parse_duration, parse_duration_or_zero, parse_listen_address, parse_size
 from tests.conftest import REPO, free_port
 
 
@@ -19,6 +19,15 @@ def test_durations(text, seconds):
 def test_bad_durations(text):
     with pytest.raises(ValueError):
         parse_duration(text)
+
+
+def test_a_full_scan_interval_may_be_zero_and_nothing_below():
+    assert parse_duration_or_zero("0s") == parse_duration_or_zero("0") == 0
+    assert parse_duration_or_zero("2m") == 120
+    for bad in ("-1s", "abc", ""):
+        with pytest.raises(ValueError):
+            parse_duration_or_zero(bad)
+    assert parse_args(["--segments.full-scan-interval=0s"]).full_scan_interval == 0
 
 
 @pytest.mark.parametrize("text,size", [

@@ -3,6 +3,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -239,3 +240,57 @@ print("ok")
     fixture.write_text("1 0 0:1 / / rw - tmpfs tmpfs rw\n")
     plain = MountTableWatch(str(fixture))
     assert plain.read_if_changed() == plain.read_if_changed() == fixture.read_text()
+
+
+UNSHARE_LATER = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+print("ready", flush=True)
+sys.stdin.readline()
+assert libc.unshare(0x08000000) == 0  # CLONE_NEWIPC, after shmwatch has seen it in the host's
+shmid = libc.shmget(0, 3 << 20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+print(shmid, flush=True)
+sys.stdin.readline()
+"""
+
+
+@needs_root
+def test_node_mode_sysv_follows_a_process_into_an_ipc_namespace_it_made_after_being_seen():
+    """A process's namespace is read twice before it is trusted: `unshare --ipc` runs in the
+    pid that started in the host's namespace, and a namespace read once would hide its SysV."""
+    from exporter.collectors.sysv import SysvCollector
+    collector = SysvCollector(Paths(), node_mode=True)
+    proc = subprocess.Popen([sys.executable, "-c", UNSHARE_LATER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        host = os.readlink(f"/proc/{proc.pid}/ns/ipc")
+        assert host in {shm.namespace for shm in collector.collect()}
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert int(proc.stdout.readline()) >= 0
+        own = os.readlink(f"/proc/{proc.pid}/ns/ipc")
+        assert own != host
+        [shm] = [shm for shm in collector.collect() if shm.namespace == own]
+        assert shm.readable and [s.size_bytes for s in shm.segments] == [3 << 20]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@needs_root
+def test_node_mode_watches_a_pod_volume_mounted_over_its_old_one(tmp_path):
+    """The watcher skips its per-mount stat while the mount table is unchanged; a tmpfs
+    mounted over a watched one changes the table, and the new one is watched at once."""
+    path = f"{tmp_path}/var/lib/kubelet/pods/{uuid.uuid4()}/volumes/kubernetes.io~empty-dir/dshm"
+    with mounted_tmpfs("16m", path=path), \
+            Exporter("--mode=node", "--no-collector.gpu", "--no-collector.cgroup", "--no-collector.sysv",
+                     "--poll-interval=200ms") as exporter:
+        exporter.wait_for(lambda s: value(s, "shmwatch_inotify_active", mount=path) == 1, timeout=5)
+        time.sleep(1)  # discovery publishes the unchanged set a few times
+        with mounted_tmpfs("32m", path=path):  # stacked: same path, new device
+            exporter.wait_for(lambda s: value(s, "shmwatch_mount_size_bytes", mount=path) == 32 << 20, timeout=5)
+            time.sleep(0.5)
+            fallocate(os.path.join(path, "nccl-on-top"), 1 << 20)
+            exporter.wait_for(lambda s: (value(s, "shmwatch_segment_events_total", mount=path, event="created",
+                                               **{"class": "nccl"}) or 0) >= 1, timeout=5)

@@ -9,7 +9,7 @@ from exporter.collectors.segments import SegmentsCollector
 from exporter.inventory.changes import ChangeLog
 from exporter.paths import Paths
 from exporter.proctable import ProcessTable
-from tests.conftest import Peer, mounted_tmpfs, needs_root, remove_cgroup
+from tests.conftest import HOST_EXCUSED_RE, Peer, mounted_tmpfs, needs_root, remove_cgroup
 
 V1_MEMORY = "/sys/fs/cgroup/memory"
 MiB = 1 << 20
@@ -91,3 +91,113 @@ def test_a_change_outside_any_pod_asks_for_the_full_follow_up(tmp_path):
         changes.add(shm, "psm_x")
         collector.collect_quick()
         assert collector.wants_follow_up is True
+
+
+class Clock:
+    """The collector's monotonic clock, moved by the test: when the next full scan is due."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def two_pods(tmp_path):
+    """Two pods' emptyDirs (real tmpfs at kubelet paths) and their memory cgroups."""
+    if not os.path.exists(os.path.join(V1_MEMORY, "cgroup.procs")):
+        missing(f"needs the cgroup v1 memory controller at {V1_MEMORY} to put processes in pod cgroups")
+    uids = [str(uuid.uuid4()), str(uuid.uuid4())]
+    cgroups = [os.path.join(V1_MEMORY, "kubepods", "burstable", f"pod{uid}") for uid in uids]
+    paths = [f"{tmp_path}/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/dshm" for uid in uids]
+    for path in cgroups:
+        os.makedirs(path)
+    try:
+        with mounted_tmpfs("16m", path=paths[0]) as a, mounted_tmpfs("16m", path=paths[1]) as b:
+            yield [a, b], cgroups
+    finally:
+        for path in cgroups:
+            remove_cgroup(path)
+        for parent in ("kubepods/burstable", "kubepods"):
+            try:
+                os.rmdir(os.path.join(V1_MEMORY, parent))
+            except OSError:
+                pass
+
+
+def killed(peer):
+    """SIGKILL: the peer dies holding its segment and never unlinks it (a crashed engine)."""
+    peer.proc.kill()
+    peer.proc.wait()
+
+
+@needs_root
+def test_between_full_scans_a_refresh_reads_new_processes_and_the_pods_of_exited_holders(two_pods):
+    (a, b), (cg_a, cg_b) = two_pods
+    clock = Clock()
+    collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), pod_of_pid=True,
+                                  full_scan_interval=120.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
+    with Peer(a, "mapped", "nccl-a", str(MiB)) as pa, Peer(b, "mapped", "nccl-b", str(MiB)) as pb:
+        into_pod(cg_a, pa.pid)
+        into_pod(cg_b, pb.pid)
+        inv = collector.collect()  # the full scan
+        assert segment(inv, a, "nccl-a") == ("linked", (pa.pid,))
+        with Peer(b, "hidden", "nccl-b2", str(MiB)) as pb2:
+            into_pod(cg_b, pb2.pid)
+            killed(pa)
+            clock.now += 60
+            inv = collector.collect()  # a refresh: no event told of either
+            # A process started since is read: the segment it hides is found.
+            assert segment(inv, b, "nccl-b2") == ("hidden", (pb2.pid,))
+            # The holder that died left its segment held by nobody in its pod, which was read
+            # again; but only a full scan, with every process read, may call it leaked.
+            assert segment(inv, a, "nccl-a") == ("unverified", ())
+            assert segment(inv, b, "nccl-b") == ("linked", (pb.pid,))  # carried over
+            # A leak left since the full scan (nobody created it that we saw hold it).
+            with open(os.path.join(b, "psm_left"), "wb") as f:
+                f.write(b"x" * 4096)
+            inv = collector.collect()
+            assert segment(inv, b, "psm_left") == ("unverified", ())
+            clock.now += 61  # the full scan is due
+            inv = collector.collect()
+            assert segment(inv, a, "nccl-a") == ("orphan", ())
+            assert segment(inv, b, "psm_left") == ("orphan", ())
+            assert segment(inv, b, "nccl-b2") == ("hidden", (pb2.pid,))
+            assert inv.pods[pb2.pid] == os.path.basename(cg_b)[3:]
+
+
+@needs_root
+def test_a_holder_outside_any_pod_that_exits_brings_the_full_scan_forward(two_pods):
+    """Its segment may be held by anyone on the node: no pod to read again instead."""
+    (a, _), _ = two_pods
+    clock = Clock()
+    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True,
+                                  full_scan_interval=120.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
+    with Peer(a, "mapped", "nccl-host", str(MiB)) as host_process:  # left in the host's cgroups
+        assert segment(collector.collect(), a, "nccl-host") == ("linked", (host_process.pid,))
+        killed(host_process)
+        clock.now += 1
+        assert segment(collector.collect(), a, "nccl-host") == ("orphan", ())
+
+
+@needs_root
+def test_a_refresh_forgets_the_mount_ids_of_a_namespace_whose_last_process_exited(two_pods):
+    """Mount IDs and namespace inodes are handed out again once freed: a stale one could
+    name a FUSE mount, whose files an fd check must never stat."""
+    (a, _), (cg_a, _) = two_pods
+    clock = Clock()
+    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True,
+                                  full_scan_interval=120.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
+    scan = collector.owner_scan
+    with Peer(a, "fdonly", "torch_1", str(MiB)) as peer:  # a mount namespace of its own
+        into_pod(cg_a, peer.pid)
+        collector.collect()
+        namespace = os.readlink(f"/proc/{peer.pid}/ns/mnt")
+        assert scan._ns_mounts[namespace] and scan._ns_mounts[namespace] <= scan._all_mount_ids
+        gone = set(scan._ns_mounts[namespace])
+    clock.now += 1
+    collector.collect()
+    assert namespace not in scan._ns_mounts
+    others = set().union(*(ids for ids in scan._ns_mounts.values() if ids))
+    assert scan._all_mount_ids == others and not (gone - others) & scan._all_mount_ids

@@ -5,7 +5,9 @@ Joins two views by (device, inode): the directory, listed with lstat only
 does both; an event-driven quick run patches the last listing with the names inotify
 reported (inventory/changes.py) and reuses the owners of the last full run, which follows
 within a second; in node mode it rescans the owners in the changed mounts' pods instead,
-and the full run keeps to the inventory interval.
+and the full run keeps to the inventory interval. In node mode a full run reads every
+process only every --segments.full-scan-interval; in between it refreshes the owners (new
+processes, and the pods of holders that exited), and only a full scan calls a segment leaked.
 """
 from __future__ import annotations
 
@@ -46,7 +48,8 @@ class SegmentsCollector:
                  table: Optional[ProcessTable] = None,
                  statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
                  clock: Callable[[], float] = time.time, pod_of_pid: bool = False,
-                 changes: Optional[ChangeLog] = None, ignore_unreadable: Optional[Pattern[str]] = None):
+                 changes: Optional[ChangeLog] = None, ignore_unreadable: Optional[Pattern[str]] = None,
+                 full_scan_interval: float = 0.0, monotonic: Callable[[], float] = time.monotonic):
         self.paths = paths
         self.mounts = live_mounts(mounts)  # discovery's current mounts
         self.table = table or ProcessTable(paths)
@@ -55,6 +58,11 @@ class SegmentsCollector:
         self.pod_of_pid = pod_of_pid
         self.statvfs = statvfs
         self.clock = clock
+        # Node mode: how long the owners of a full scan are refreshed (owner_scan.refresh)
+        # before every process is read again, which alone may call a segment leaked.
+        self.full_scan_interval = full_scan_interval if pod_of_pid else 0.0
+        self.monotonic = monotonic
+        self._scanned_at = float("-inf")  # when the last full owner scan ran
         # The last listing of each mount, and its name -> inode index, for quick runs to patch.
         self._listings: Dict[str, Listing] = {}
         self._indexes: Dict[str, Dict[str, Key]] = {}
@@ -111,11 +119,20 @@ class SegmentsCollector:
         for gone in [m for m in self._listings if m not in devs]:
             del self._listings[gone]  # a mount that went away (node mode: a deleted pod)
             self._indexes.pop(gone, None)
+        settled = False  # owners from a full scan of every process, this run
         if full:
-            self._owners = self.owner_scan.scan(set(devs.values()))
-            self._say_why_unproven(self._owners)
-            self._known_files = {key for files, _, _ in listings.values() for key in files}
-            self._held_at_full = set(self._owners.holdings)
+            refreshed = None
+            if self._owners.processes and self.monotonic() - self._scanned_at < self.full_scan_interval:
+                refreshed = self.owner_scan.refresh(set(devs.values()), self._owners)
+            if refreshed is not None:
+                self._owners = refreshed
+            else:
+                self._owners = self.owner_scan.scan(set(devs.values()), pods=self.pod_of_pid)
+                self._scanned_at = self.monotonic()
+                self._say_why_unproven(self._owners)
+                self._known_files = {key for files, _, _ in listings.values() for key in files}
+                self._held_at_full = set(self._owners.holdings)
+                settled = True
             self.wants_follow_up = False
         else:
             self._scoped_owners(changes, set(devs.values()))
@@ -142,7 +159,7 @@ class SegmentsCollector:
                 log.warning("mount %s: more than %d entries; the inventory counts the first %d",
                             mount, MAX_ENTRIES, MAX_ENTRIES)
             mounts.append(self._assemble(mount, devs[mount], files, others, held_on.get(devs[mount], []),
-                                         provisional=not full))
+                                         quick=not full, settled=settled))
         self._last = {m.mount: m for m in mounts}
         owners = self._owners
         pods = {}
@@ -183,16 +200,20 @@ class SegmentsCollector:
         self.wants_follow_up = False
 
     def _assemble(self, mount: str, dev: int, files: Files, others: Dict[str, int], held_keys: List[Key],
-                  provisional: bool) -> MountInventory:
+                  quick: bool, settled: bool) -> MountInventory:
+        """`settled`: the owners come from a full scan this run; otherwise from a quick run
+        (the last scan's owners, or a pod's rescan) or a refresh, and only a full scan, with
+        every process read, may call a segment leaked."""
         inv = MountInventory(mount, other_entries=others)
         accounted = 0
         holdings = self._owners.holdings
         # Held by nobody we could inspect: an orphan only when we inspected everybody who
         # could hold it; otherwise unverified (never called leaked, never advised for rm).
         unheld_state = "orphan" if self._owners.complete else "unverified"
-        # A file new since the last full run is taken as held by its creator until the
-        # follow-up full run says otherwise: no orphan flapping on every create.
-        unknown_state = "linked" if provisional else unheld_state
+        # A file new since the last full scan is taken as held by its creator until the
+        # follow-up full run says otherwise: no orphan flapping on every create. A refresh
+        # read its new processes, and found nobody holding it: unverified until a full scan.
+        unknown_state = "linked" if quick else unheld_state if settled else "unverified"
         known_files = self._known_files
         append = inv.segments.append
         classes = CLASS_CACHE
@@ -204,9 +225,9 @@ class SegmentsCollector:
             else:
                 holders = ()
                 state = unheld_state if key in known_files else unknown_state
-                if provisional and state == "orphan" and key in self._held_at_full:
-                    # Held at the last full scan, unheld in a quick (pod-scoped) one: only a
-                    # full scan, with its re-reads of new processes, may call it leaked.
+                if not settled and state == "orphan" and key in self._held_at_full:
+                    # Held at the last full scan, unheld in a pod-scoped scan or a refresh:
+                    # only a full scan, with its re-reads of new processes, may call it leaked.
                     state = "unverified"
             allocated = st.st_blocks * 512
             append(Segment(name, classes.get(name) or classify(name), state, allocated, st.st_size, st.st_mtime,

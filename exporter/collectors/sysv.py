@@ -18,8 +18,9 @@ import ctypes
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass, replace
-from typing import Callable, Dict, List, Optional, TypeVar
+from typing import Callable, Dict, List, Optional, Set, Tuple, TypeVar
 
 from ..paths import Paths, read_text
 from ..proctable import Process, ProcessTable
@@ -111,29 +112,45 @@ def _setns_ipc(fd: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
-def in_ipc_namespace(ns_path: str, read: Callable[[], T], timeout: float = 5.0) -> T:
-    """`read()` run on a short-lived thread that first joins the IPC namespace at `ns_path`.
-    An IPC namespace is per thread (nsproxy): the thread's ends with it."""
-    result: Dict[str, object] = {}
+def in_ipc_namespaces(namespaces: List[Tuple[str, List[str]]], read: Callable[[], T],
+                      timeout: float = 5.0) -> Dict[str, "T | BaseException"]:
+    """`read()` in each IPC namespace: [(namespace, [paths that may join it])] -> namespace ->
+    its result, or the error that kept it unread. One short-lived thread joins them in turn
+    with setns(CLONE_NEWIPC), which moves only that thread (an IPC namespace is per thread,
+    nsproxy) and may be called again and again; the thread ends in the last one. A path whose
+    process exited, or whose pid now names a process in another namespace (pids are reused),
+    gives way to the next path of the same namespace."""
+    results: Dict[str, "T | BaseException"] = {}
 
-    def run() -> None:
-        try:
-            fd = os.open(ns_path, os.O_RDONLY | os.O_CLOEXEC)
+    def join(namespace: str, paths: List[str]) -> bool:
+        for path in paths:
             try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            try:
+                if f"ipc:[{os.fstat(fd).st_ino}]" != namespace:
+                    continue
                 _setns_ipc(fd)
+                return True
             finally:
                 os.close(fd)
-            result["value"] = read()
-        except BaseException as err:  # handed to the caller's thread
-            result["error"] = err
+        return False  # every process of it exited: so did the namespace
+
+    def run() -> None:
+        for namespace, paths in namespaces:
+            try:
+                if join(namespace, paths):
+                    results[namespace] = read()
+            except BaseException as err:  # handed to the caller's thread
+                results[namespace] = err
     thread = threading.Thread(target=run, name="shmwatch-sysv-ns", daemon=True)
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
-        raise TimeoutError(f"reading IPC namespace {ns_path} took over {timeout:g}s")
-    if "error" in result:
-        raise result["error"]  # type: ignore[misc]
-    return result["value"]  # type: ignore[return-value]
+        for namespace, _ in namespaces:
+            results.setdefault(namespace, TimeoutError(f"reading IPC namespace {namespace} took over {timeout:g}s"))
+    return dict(results)
 
 
 class SysvCollector:
@@ -148,6 +165,9 @@ class SysvCollector:
         # Node mode walks every process for its namespace: at the inventory's pace, not every poll.
         self.schedule = "inventory" if node_mode else "poll"
         self.scrape_aligned = True  # nothing is kept from it between scrapes (sampler.py)
+        self._ns_of: Dict[int, Tuple[Process, str, bool]] = {}  # node mode: _namespaces()
+        self._kernel_threads: Set[int] = set()
+        self._read_at = float("-inf")
 
     def read(self) -> SysvShm:
         """The calling thread's IPC namespace."""
@@ -168,42 +188,84 @@ class SysvCollector:
             return [self.read()]
         own = os.readlink(self.paths.proc("self", "ns", "ipc"))
         groups: Dict[str, List[Process]] = {}
-        for proc in self.table.recent_walk(max_age=1.0).processes:
-            try:
-                groups.setdefault(os.readlink(self.paths.proc(proc.pid, "ns", "ipc")), []).append(proc)
-            except OSError:
-                continue  # gone, or not ours to inspect (counted by the inventory)
+        for proc, namespace, _ in self._namespaces().values():
+            groups.setdefault(namespace, []).append(proc)
+        shown = [(namespace, procs) for namespace, procs in sorted(groups.items())
+                 # shmwatch's own private namespace holds nobody's segments
+                 if not (namespace == own and all(p.pid == os.getpid() for p in procs))]
+        joined = [(n, [self.paths.proc(p.pid, "ns", "ipc") for p in procs]) for n, procs in shown if n != own]
+        try:
+            read: Dict[str, object] = in_ipc_namespaces(joined, self.read)
+        except RuntimeError as err:  # no thread to be had (pids.max)
+            read = {n: err for n, _ in joined}
         out = []
-        for namespace, procs in sorted(groups.items()):
-            if namespace == own and all(p.pid == os.getpid() for p in procs):
-                continue  # shmwatch's own private namespace holds nobody's segments
+        for namespace, procs in shown:
             pods = {self.table.pod_uid(p) for p in procs}
             pod = pods.pop() if len(pods) == 1 else ""
             labels = dict(namespace=namespace, pod_uid=pod, container_id="" if pod else self._container(procs))
             try:
-                shm = self.read() if namespace == own else self._enter(procs)
-            except (OSError, TimeoutError, ValueError, RuntimeError) as err:  # RuntimeError: no thread (pids.max)
-                out.append(SysvShm([], None, None, None, readable=False, error=str(err), **labels))
+                shm = self.read() if namespace == own else read.get(namespace)
+            except (OSError, ValueError) as err:
+                shm = err
+            if isinstance(shm, (OSError, TimeoutError, ValueError, RuntimeError)):
+                out.append(SysvShm([], None, None, None, readable=False, error=str(shm), **labels))
                 continue
+            if isinstance(shm, BaseException):
+                raise shm
             if shm is None:
                 continue  # every process of the namespace exited: so did the namespace
             out.append(SysvShm(shm.segments, shm.shmmax_bytes, shm.shmall_bytes, shm.shmmni, **labels))
         return out
+
+    # A process's IPC namespace is read when it is new and once more a scrape later (`unshare
+    # --ipc` execs in the pid that ran in the old one), then trusted: a live process moves
+    # only by setns or unshare, rare past its start, and 2,000 processes walked and
+    # readlink'ed every scrape were most of node mode's SysV cost. All are read again now
+    # and then.
+    REREAD_NAMESPACES = 120.0
+
+    def _namespaces(self) -> Dict[int, Tuple[Process, str, bool]]:
+        """pid -> (process, its IPC namespace, read twice), for the processes /proc lists
+        now: new ones identified, exited ones dropped. A pid reused since is caught when its
+        namespace is joined (in_ipc_namespaces compares the inode)."""
+        now = time.monotonic()
+        if now - self._read_at > self.REREAD_NAMESPACES:
+            self._ns_of, self._kernel_threads, self._read_at = {}, set(), now
+        try:
+            alive = set(self.table.pids())
+        except OSError:
+            alive = set()
+        known: Dict[int, Tuple[Process, str, bool]] = {}
+        for pid, (proc, namespace, confirmed) in self._ns_of.items():
+            if pid not in alive:
+                continue
+            if not confirmed:
+                try:
+                    again = os.readlink(self.paths.proc(pid, "ns", "ipc"))
+                except OSError:
+                    continue
+                namespace, confirmed = again, again == namespace
+            known[pid] = (proc, namespace, confirmed)
+        self._kernel_threads &= alive
+        for pid in alive - known.keys() - self._kernel_threads:
+            try:
+                ident = self.table.identify(pid)
+                if ident is None:
+                    continue
+                if ident[1]:
+                    self._kernel_threads.add(pid)
+                    continue
+                known[pid] = (ident[0], os.readlink(self.paths.proc(pid, "ns", "ipc")), False)
+            except (OSError, ValueError, IndexError):
+                continue  # gone, or not ours to inspect (counted by the inventory)
+        self._ns_of = known
+        return known
 
     def _gone(self, pid: int) -> bool:
         """The process has exited. The kernel prints pids in the reader's PID namespace (ours:
         setns moves only the IPC namespace), and 0 for one outside it: unknown, so not gone.
         (A last user of 0 beside a creator we can see is read as none: never attached.)"""
         return pid > 0 and not os.path.exists(self.paths.proc(pid))
-
-    def _enter(self, procs: List[Process]) -> Optional[SysvShm]:
-        """Read the namespace through the first of its processes still there."""
-        for proc in procs:
-            try:
-                return in_ipc_namespace(self.paths.proc(proc.pid, "ns", "ipc"), self.read)
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-        return None
 
     def _container(self, procs: List[Process]) -> str:
         """The container ID of a namespace's first process, when its cgroup names one."""

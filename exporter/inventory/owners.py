@@ -145,17 +145,21 @@ class OwnerScan:
     def __init__(self, table: ProcessTable, ignore_unreadable: Optional[Pattern[str]] = None):
         self.table = table
         self.ignore_unreadable = ignore_unreadable
-        # mount namespace -> mount IDs of watched devices in it; rebuilt on every scan
+        # mount namespace -> mount IDs of watched devices in it, and which namespace each
+        # process was learnt in (a process whose namespace we cannot name: "pid:<pid>"), so
+        # that a namespace's IDs leave with its last process (_forget_mount_ids)
         self._ns_mounts: Dict[str, Optional[Set[int]]] = {}
+        self._ns_of: Dict[int, str] = {}
         self._all_mount_ids: Set[int] = set()  # their union (_learn_mount_ids)
         self._learned_devs: Set[int] = set()  # the watched devices they were learnt for
+        self._kernel_threads: Set[int] = set()  # pids a scoped scan need not identify again
 
     # A holder may fork and exit while we read the others: its child, started after /proc was
     # listed, holds the segment. Processes that appeared during a pass are read in another,
     # up to this many; still new ones after that leave the scan unproven.
     MAX_PASSES = 4
 
-    def scan(self, devs: Set[int]) -> Owners:
+    def scan(self, devs: Set[int], pods: bool = False) -> Owners:
         # SysV's walk of the same moment is reused (both run once per scrape); whoever
         # started since is read by the passes below, as after a walk of our own.
         walked = self.table.recent_walk(max_age=1.0)
@@ -187,44 +191,77 @@ class OwnerScan:
             out.unverifiable = None  # processes kept appearing: some were never read
             out.unproven_because(f"processes kept starting over {self.MAX_PASSES} passes")
         self._fill_mapping_sizes(out.holdings)
+        if pods:  # node mode: the holders' pods, for the inventory and for refresh() once they exit
+            out.pod_of = {pid: self.table.pod_uid(p) for pid, p in out.holders.items()}
         return out
 
-    def scan_pods(self, devs: Set[int], pods: Set[str], previous: Owners) -> Owners:
-        """Rescan only the processes of `pods` (node mode: an event in a pod's mount); every
-        other process's holdings carry over from `previous`, so a segment another pod holds
-        never turns orphan because it was not looked at. New processes are identified (their
-        pod read from their cgroup); processes gone are dropped with their holdings only
-        when in scope: the next full scan settles the rest."""
-        alive = set(self.table.pids())
+    def refresh(self, devs: Set[int], previous: Owners) -> Optional[Owners]:
+        """Node mode between full scans: read only what may have changed since `previous`.
+        A process started since is read; a holder that exited has its pod read again (a
+        pod-mate may have attached since, or nobody holds the segment now); everyone else's
+        holdings carry over. A process exiting that held nothing changes no holding. None
+        when that cannot be scoped (a holder outside any pod exited): scan in full."""
+        try:
+            alive = set(self.table.pids())
+        except OSError:
+            return None
+        pods = set()
+        for pid in previous.holders.keys() - alive:
+            pod = previous.pod_of.get(pid)
+            if not pod:
+                return None
+            pods.add(pod)
+        return self.scan_pods(devs, pods, previous, new_too=True, alive=alive)
+
+    def scan_pods(self, devs: Set[int], pods: Set[str], previous: Owners, new_too: bool = False,
+                  alive: Optional[Set[int]] = None) -> Owners:
+        """Rescan only the processes of `pods` (node mode: an event in a pod's mount), and
+        with `new_too` every process started since `previous`; every other process's
+        holdings carry over from `previous`, so a segment another pod holds never turns
+        orphan because it was not looked at. New processes are identified (their pod read
+        from their cgroup); processes gone are dropped with their holdings only when in
+        scope: the next full scan settles the rest."""
+        alive = set(self.table.pids()) if alive is None else alive
         processes = {pid: p for pid, p in previous.processes.items() if pid in alive}
+        self._kernel_threads &= alive
         unidentified = 0
         new: List[Process] = []
-        for pid in alive - processes.keys():
+        for pid in alive - processes.keys() - self._kernel_threads:
             try:
                 ident = self.table.identify(pid)
             except (OSError, ValueError, IndexError):
                 unidentified += 1  # a new process we cannot read could hold anything
                 continue
-            if ident is not None and not ident[1]:
+            if ident is None:
+                continue
+            if ident[1]:
+                self._kernel_threads.add(pid)  # not asked again while it lives
+            else:
                 processes[pid] = ident[0]
                 new.append(ident[0])
-        # Each process's pod, looked up once per full scan's processes and then per new one:
-        # 10 events a second on a 2,000-process node asked 6,000 times a run.
-        if not previous.pod_of and previous.processes:
-            previous.pod_of = {pid: self.table.pod_uid(p) for pid, p in previous.processes.items()}
+        # Each process's pod, looked up once per process (holders' at the full scan, the
+        # others' when a pod is first rescanned) and then per new one: 10 events a second
+        # on a 2,000-process node asked 6,000 times a run.
         pod_of = {pid: previous.pod_of[pid] for pid in processes if pid in previous.pod_of}
-        pod_of.update({p.pid: self.table.pod_uid(p) for p in new})
+        if pods:
+            pod_of.update({pid: self.table.pod_uid(p) for pid, p in processes.items() if pid not in pod_of})
+            previous.pod_of.update(pod_of)
+        else:
+            pod_of.update({p.pid: self.table.pod_uid(p) for p in new})
         scope = [processes[pid] for pid, pod in pod_of.items() if pod in pods]
+        if new_too:
+            scope += [p for p in new if pod_of.get(p.pid) not in pods]
         fresh = Owners()
         tokens = DeviceTokens.of(devs)
-        if devs == self._learned_devs and previous.processes.keys() <= alive:
-            self._learn_mount_ids(new, devs, again=False)  # the others' namespaces are known
+        if devs == self._learned_devs:
+            # The others' namespaces are known. An exited process's namespace leaves with
+            # the last of its processes: the kernel hands freed namespace inodes and mount
+            # IDs out again, and a stale ID could name a FUSE mount whose files must never
+            # be stat'ed.
+            self._forget_mount_ids(previous.processes.keys() - alive)
+            self._learn_mount_ids(new, devs, again=False)
         else:
-            # A mount came or went, or a process exited: its namespace (and a bind mount's
-            # ID in it) may be gone, and the kernel hands freed namespace inodes and mount
-            # IDs out again; a stale ID could name a FUSE mount whose files must never be
-            # stat'ed. Learnt afresh.
-            self._learn_mount_ids(list(processes.values()), devs)
+            self._learn_mount_ids(list(processes.values()), devs)  # a watched mount came or went
         for proc in scope:
             self._scan_process(proc, devs, tokens, fresh)
         self._fill_mapping_sizes(fresh.holdings)
@@ -260,10 +297,20 @@ class OwnerScan:
         ones) are added to what the last scan learnt; a new tmpfs is a new device."""
         if again:
             self._ns_mounts = {}
+            self._ns_of = {}
             self._all_mount_ids = set()
             self._learned_devs = set(devs)
         for proc in processes:
             self._all_mount_ids |= self._watched_mount_ids(proc.pid, devs) or set()
+
+    def _forget_mount_ids(self, gone: Set[int]) -> None:
+        """Drop the namespaces no process is left in, and their mount IDs from the union."""
+        left = {self._ns_of.pop(pid) for pid in gone if pid in self._ns_of} - set(self._ns_of.values())
+        if not left:
+            return
+        for namespace in left:
+            self._ns_mounts.pop(namespace, None)
+        self._all_mount_ids = set().union(*(ids for ids in self._ns_mounts.values() if ids))
 
     def _watched_mount_ids(self, pid: int, devs: Set[int]) -> Optional[Set[int]]:
         """IDs of the mounts of watched devices in the process's mount namespace (read once
@@ -273,8 +320,9 @@ class OwnerScan:
         try:
             namespace = os.readlink(self.table.paths.proc(pid, "ns", "mnt"))
         except OSError:
-            namespace = None
-        if namespace is not None and namespace in self._ns_mounts:
+            namespace = f"pid:{pid}"  # its own entry, forgotten with it
+        self._ns_of[pid] = namespace
+        if namespace in self._ns_mounts:
             return self._ns_mounts[namespace]
         try:
             text = read_text(self.table.paths.proc(pid, "mountinfo"))
@@ -289,8 +337,7 @@ class OwnerScan:
                     ids.add(int(fields[0]))
             except (IndexError, ValueError):
                 continue
-        if namespace is not None:
-            self._ns_mounts[namespace] = ids
+        self._ns_mounts[namespace] = ids
         return ids
 
     @staticmethod
