@@ -42,6 +42,31 @@ class LineCache:
         self.previous, self.current, self.tails = self.current, {}, {}
 
 
+class FragmentCache:
+    """Per mount and renderer, the samples it rendered last and what they were made from.
+    Objects in `same` are compared by identity (the cache holds them, so an id is never
+    reused while it is compared); `equal` by value. Only what the current render used is
+    kept for the next."""
+
+    def __init__(self) -> None:
+        self.previous: Dict[tuple, tuple] = {}
+        self.current: Dict[tuple, tuple] = {}
+
+    def next_render(self) -> None:
+        self.previous, self.current = self.current, {}
+
+    def get(self, where: tuple, same: tuple, equal: tuple):
+        known = self.previous.get(where)
+        if known is None or len(known[0]) != len(same) or known[1] != equal \
+                or any(a is not b for a, b in zip(known[0], same)):
+            return None
+        self.current[where] = known
+        return known[2]
+
+    def put(self, where: tuple, same: tuple, equal: tuple, recorded: list) -> None:
+        self.current[where] = (same, equal, recorded)
+
+
 class Families:
     """Families by metric name, created on first use from the catalogue.
 
@@ -59,7 +84,7 @@ class Families:
         self.mount_labels = mount_labels or (lambda mount: {})
         self.cache = cache or LineCache()
 
-    def add(self, name: str, labels: Sequence[str], value: float, extra: Optional[Dict[str, str]] = None) -> None:
+    def _family(self, name: str) -> Metric:
         family = self._families.get(name)
         if family is None:
             entry = lookup(name)
@@ -70,6 +95,26 @@ class Families:
             # Looked up once per family, not once per sample (10,000s in node mode).
             self._shape[name] = (added, entry.labels.index("mount") if "mount" in entry.labels else -1,
                                  sorted(entry.labels + added))
+        return family
+
+    def fragment(self, cache: "FragmentCache", where: tuple, same: tuple, equal: tuple,
+                 render: Callable[["Families"], None]) -> None:
+        """What `render` adds for one mount, replayed from the last render when its inputs
+        are the same objects (`same`) and equal values (`equal`): a node's 200 mounts, of
+        which an event changed one, cost one mount's samples, not 6,000."""
+        recorded = cache.get(where, same, equal)
+        if recorded is None:
+            staged = self.child()
+            render(staged)
+            recorded = [(name, family.samples, family.lines) for name, family in staged._families.items()]
+            cache.put(where, same, equal, recorded)
+        for name, samples, lines in recorded:
+            family = self._family(name)
+            family.samples.extend(samples)
+            family.lines.extend(lines)
+
+    def add(self, name: str, labels: Sequence[str], value: float, extra: Optional[Dict[str, str]] = None) -> None:
+        family = self._family(name)
         added, mount_at, order = self._shape[name]
         if not added:
             values = tuple(labels)
@@ -115,6 +160,7 @@ class ModelCollector(Collector):
     def __init__(self, step: ModelStep):
         self.step = step
         self._cache = LineCache()
+        self._fragments = FragmentCache()
         self._lock = threading.Lock()  # one render at a time: they share the line cache
 
     def describe(self) -> List[Metric]:
@@ -123,6 +169,7 @@ class ModelCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         with self._lock:
             self._cache.next_render()
+            self._fragments.next_render()
             return self._collect()
 
     def _collect(self) -> List[Metric]:
@@ -162,22 +209,28 @@ class ModelCollector(Collector):
     # --- one renderer per source ---------------------------------------------------------
     def _shm_mount(self, model: Model, out: Families) -> None:
         for view in model.mounts:
-            m = view.usage
-            if m is None:
+            if view.usage is None:
                 continue
-            out.add("shmwatch_mount_info", [m.mount, m.fstype, clean(m.source)], 1)
-            out.add("shmwatch_mount_error", [m.mount], 1 if m.error else 0)
-            if m.error:
-                continue
-            out.add("shmwatch_mount_size_bytes", [m.mount], m.size_bytes)
-            out.add("shmwatch_mount_used_bytes", [m.mount], m.used_bytes)
-            out.add("shmwatch_mount_available_bytes", [m.mount], m.available_bytes)
-            out.add("shmwatch_mount_usage_ratio", [m.mount], m.usage_ratio)
-            out.add("shmwatch_mount_inodes", [m.mount], m.inodes)
-            out.add("shmwatch_mount_inodes_free", [m.mount], m.inodes_free)
-            out.add("shmwatch_mount_peak_used_bytes", [m.mount], view.peak_bytes)
-            out.add("shmwatch_mount_max_used_bytes", [m.mount], view.max_used_bytes)
-            out.add("shmwatch_mount_max_used_timestamp_seconds", [m.mount], view.max_used_at)
+            out.fragment(self._fragments, ("shm_mount", view.mount), (),
+                         (view.usage, view.peak_bytes, view.max_used_bytes, view.max_used_at, view.labels),
+                         lambda staged, view=view: self._one_mount_usage(view, staged))
+
+    @staticmethod
+    def _one_mount_usage(view, out: Families) -> None:
+        m = view.usage
+        out.add("shmwatch_mount_info", [m.mount, m.fstype, clean(m.source)], 1)
+        out.add("shmwatch_mount_error", [m.mount], 1 if m.error else 0)
+        if m.error:
+            return
+        out.add("shmwatch_mount_size_bytes", [m.mount], m.size_bytes)
+        out.add("shmwatch_mount_used_bytes", [m.mount], m.used_bytes)
+        out.add("shmwatch_mount_available_bytes", [m.mount], m.available_bytes)
+        out.add("shmwatch_mount_usage_ratio", [m.mount], m.usage_ratio)
+        out.add("shmwatch_mount_inodes", [m.mount], m.inodes)
+        out.add("shmwatch_mount_inodes_free", [m.mount], m.inodes_free)
+        out.add("shmwatch_mount_peak_used_bytes", [m.mount], view.peak_bytes)
+        out.add("shmwatch_mount_max_used_bytes", [m.mount], view.max_used_bytes)
+        out.add("shmwatch_mount_max_used_timestamp_seconds", [m.mount], view.max_used_at)
 
     def _segments(self, model: Model, out: Families) -> None:
         inv = model.inventory
@@ -187,29 +240,46 @@ class ModelCollector(Collector):
             m, summary = view.inventory, view.summary
             if m is None or m.error or summary is None:
                 continue
-            for (cls, state), (count, allocated, apparent) in sorted(summary.totals.items()):
-                out.add("shmwatch_segments", [m.mount, cls, state], count)
-                out.add("shmwatch_segment_bytes", [m.mount, cls, state], allocated)
-                out.add("shmwatch_segment_apparent_bytes", [m.mount, cls, state], apparent)
-            seen_names = set()
-            for seg in summary.top:
-                label = clean(seg.name)
-                if (label, seg.state) in seen_names:
-                    label = f"{label} (inode {seg.key[1]})"  # two names that clean to the same text
-                seen_names.add((label, seg.state))
-                out.add("shmwatch_top_segment_bytes",
-                        [m.mount, label, seg.cls, seg.state, clean(owner_label(seg.holders, inv.comms))],
-                        seg.allocated_bytes)
-            for pid, size in summary.top_processes:
-                out.add("shmwatch_process_shm_bytes", [m.mount, str(pid), clean(inv.comms.get(pid, "unknown"))], size,
-                        extra={"process_pod_uid": inv.pods.get(pid, "")})
+            # Owner labels and pods come from the whole inventory's tables: those of this
+            # mount's holders are part of what its samples were made from.
+            holders = [pid for seg in summary.top for pid in seg.holders] + [pid for pid, _ in summary.top_processes]
+            out.fragment(self._fragments, ("segments", view.mount), (m, summary),
+                         (view.labels, tuple(inv.comms.get(pid) for pid in holders),
+                          tuple(inv.pods.get(pid) for pid in holders)),
+                         lambda staged, m=m, summary=summary: self._one_mount_segments(inv, m, summary, staged))
+            # Not replayed: an orphan's age moves on with every inventory, and most mounts
+            # of a node with a leak would be rendered again for it.
             oldest_orphan = summary.oldest_orphan_mtime
             age = 0.0 if oldest_orphan is None else max(0.0, inv.wall_time - oldest_orphan)
             out.add("shmwatch_orphan_oldest_age_seconds", [m.mount], age)
-            out.add("shmwatch_mount_unattributed_bytes", [m.mount], m.unattributed_bytes)
-            out.add("shmwatch_mount_owners_verified", [m.mount], 1 if inv.owners_complete else 0)
-            for kind, count in sorted(m.other_entries.items()):
-                out.add("shmwatch_mount_other_entries", [m.mount, kind], count)
+            out.fragment(self._fragments, ("entries", view.mount), (m,), (view.labels, inv.owners_complete),
+                         lambda staged, m=m: self._one_mount_entries(inv, m, staged))
+
+    @staticmethod
+    def _one_mount_segments(inv, m, summary, out: Families) -> None:
+        for (cls, state), (count, allocated, apparent) in sorted(summary.totals.items()):
+            out.add("shmwatch_segments", [m.mount, cls, state], count)
+            out.add("shmwatch_segment_bytes", [m.mount, cls, state], allocated)
+            out.add("shmwatch_segment_apparent_bytes", [m.mount, cls, state], apparent)
+        seen_names = set()
+        for seg in summary.top:
+            label = clean(seg.name)
+            if (label, seg.state) in seen_names:
+                label = f"{label} (inode {seg.key[1]})"  # two names that clean to the same text
+            seen_names.add((label, seg.state))
+            out.add("shmwatch_top_segment_bytes",
+                    [m.mount, label, seg.cls, seg.state, clean(owner_label(seg.holders, inv.comms))],
+                    seg.allocated_bytes)
+        for pid, size in summary.top_processes:
+            out.add("shmwatch_process_shm_bytes", [m.mount, str(pid), clean(inv.comms.get(pid, "unknown"))], size,
+                    extra={"process_pod_uid": inv.pods.get(pid, "")})
+
+    @staticmethod
+    def _one_mount_entries(inv, m, out: Families) -> None:
+        out.add("shmwatch_mount_unattributed_bytes", [m.mount], m.unattributed_bytes)
+        out.add("shmwatch_mount_owners_verified", [m.mount], 1 if inv.owners_complete else 0)
+        for kind, count in sorted(m.other_entries.items()):
+            out.add("shmwatch_mount_other_entries", [m.mount, kind], count)
 
     def _sysv(self, model: Model, out: Families) -> None:
         for shm in model.sysv:

@@ -1,0 +1,63 @@
+"""A render replays each mount's samples from the last one when what they were made from is
+unchanged (metrics.FragmentCache). What it serves must be, byte for byte, what a render
+from nothing makes of the same model: through new, held, leaked and removed segments, an
+orphan ageing, and a mount that stays as it was."""
+import os
+import time
+
+from exporter.collectors.segments import SegmentsCollector
+from exporter.collectors.shm_mount import ShmMountCollector
+from exporter.exposition import text_format
+from exporter.inventory.changes import ChangeLog
+from exporter.metrics import ModelCollector
+from exporter.paths import Paths
+from exporter.proctable import ProcessTable
+from tests.conftest import HOST_EXCUSED_RE, Peer, fallocate, mounted_tmpfs, needs_root
+from tests.helpers import registry_for
+
+MiB = 1 << 20
+
+
+def rendered(collector: ModelCollector) -> bytes:
+    return text_format(list(collector.collect()))
+
+
+@needs_root
+def test_a_render_from_its_cache_is_a_render_from_nothing():
+    with mounted_tmpfs("16m") as a, mounted_tmpfs("16m") as b:
+        changes = ChangeLog()
+        segments = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), changes=changes,
+                                     ignore_unreadable=HOST_EXCUSED_RE)
+        _, harness = registry_for(ShmMountCollector(Paths(), [a, b]), segments, mounts=[a, b])
+        cached = ModelCollector(harness.step)
+        runners = harness.sampler.runners
+
+        def same(quick: bool = False) -> bytes:
+            runners["shm_mount"].run_once(full=True)
+            runners["segments"].run_once(full=not quick)
+            mine = rendered(cached)
+            assert mine == rendered(ModelCollector(harness.step))
+            return mine
+
+        first = same()
+        untouched = cached._fragments.current[("segments", b)][2]
+        with Peer(a, "mapped", "nccl-held", str(2 * MiB)), Peer(b, "hidden", "nccl-hidden", str(MiB)):
+            fallocate(os.path.join(a, "psm_leaked"), MiB)
+            changes.add(a, "nccl-held")
+            changes.add(a, "psm_leaked")
+            quick = same(quick=True)  # mount b not touched by the quick run
+            assert quick != first and b'name="psm_leaked"' in quick
+            assert cached._fragments.current[("segments", b)][2] is untouched  # replayed, not rendered
+            full = same()
+            assert b'state="hidden"' in full and b'state="orphan"' in full
+            time.sleep(1.1)
+            fallocate(os.path.join(b, "psm_b"), MiB)
+            changes.add(b, "psm_b")
+            # A quick run in mount b only: mount a's inventory is the same object, but its
+            # orphan's age moved on, and its samples are rendered again.
+            aged = same(quick=True)
+            assert aged != full
+        same()
+        os.unlink(os.path.join(a, "psm_leaked"))
+        changes.add(a, "psm_leaked")
+        assert b"psm_leaked" not in same(quick=True)
