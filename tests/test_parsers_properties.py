@@ -18,7 +18,7 @@ from exporter.collectors.cgroup import V1_UNLIMITED, parse_flat_keyed, parse_lim
 from exporter.collectors.host_memory import parse_meminfo
 from exporter.collectors.sysv import parse_sysvipc_shm
 from exporter.config import parse_duration, parse_size
-from exporter.inventory.owners import dev_token, parse_maps
+from exporter.inventory.maps import dev_token, parse_maps
 from exporter.labels import MAX_LABEL_CHARS, clean
 from exporter.mountinfo import MountEntry, parse_mountinfo, size_option
 from exporter.proctable import parse_proc_cgroup, parse_stat

@@ -189,15 +189,15 @@ def test_a_refresh_forgets_the_mount_ids_of_a_namespace_whose_last_process_exite
     clock = Clock()
     collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True,
                                   full_scan_interval=120.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
-    scan = collector.owner_scan
+    ids = collector.owner_scan._mount_ids
     with Peer(a, "fdonly", "torch_1", str(MiB)) as peer:  # a mount namespace of its own
         into_pod(cg_a, peer.pid)
         collector.collect()
         namespace = os.readlink(f"/proc/{peer.pid}/ns/mnt")
-        assert scan._ns_mounts[namespace] and scan._ns_mounts[namespace] <= scan._all_mount_ids
-        gone = set(scan._ns_mounts[namespace])
+        assert ids._ns_mounts[namespace] and ids._ns_mounts[namespace] <= ids.union
+        gone = set(ids._ns_mounts[namespace])
     clock.now += 1
     collector.collect()
-    assert namespace not in scan._ns_mounts
-    others = set().union(*(ids for ids in scan._ns_mounts.values() if ids))
-    assert scan._all_mount_ids == others and not (gone - others) & scan._all_mount_ids
+    assert namespace not in ids._ns_mounts
+    others = set().union(*(found for found in ids._ns_mounts.values() if found))
+    assert ids.union == others and not (gone - others) & ids.union

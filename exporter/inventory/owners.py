@@ -8,19 +8,19 @@ strategy, Ray plasma).
 """
 from __future__ import annotations
 
-import errno
 import os
 import stat as stat_mod
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Pattern, Set, Tuple
 
-from ..paths import read_text
 from ..proctable import Process, ProcessTable
+from .maps import DeviceTokens, parse_maps
+from .mount_ids import WatchedMountIds
+from .mount_ids import denied as denied_by
 from .walk import Key
 
 DELETED = " (deleted)"
 MAX_UNPROVEN = 20  # reasons kept for the log
-MapsLine = Tuple[int, int, str, int, str]  # dev, inode, path, extent, address range
 
 
 @dataclass
@@ -63,81 +63,6 @@ class Owners:
         return self.unverifiable == 0
 
 
-def dev_token(dev: int) -> str:
-    """st_dev -> ' 00:1a ' as /proc/<pid>/maps prints it (hex, at least two digits)."""
-    return " %02x:%02x " % (os.major(dev), os.minor(dev))
-
-
-class DeviceTokens(Dict[str, int]):
-    """dev_token(dev) -> dev for the watched devices, split once per scan (not once per
-    process: 2,000 processes x 200 devices) into tmpfs devices (major 0) and the rest."""
-
-    def __init__(self, tokens: Dict[str, int]):
-        super().__init__(tokens)
-        self.major0 = {tok: dev for tok, dev in tokens.items() if tok.startswith(" 00:")}
-        self.others = {tok: dev for tok, dev in tokens.items() if not tok.startswith(" 00:")}
-
-    @classmethod
-    def of(cls, devs: Set[int]) -> "DeviceTokens":
-        return cls({dev_token(d): d for d in devs})
-
-
-def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
-    """Lines of maps on the watched devices -> [(dev, inode, path, extent, address range)].
-
-    `tokens` maps dev_token(dev) to dev. Most lines are anonymous (device 00:00) or
-    libraries on a disk; only lines on a watched device are split. tmpfs devices all
-    have major 0, so one pass finds every " 00:" that is not " 00:00 " and checks the
-    minor against the watched set, however many mounts are watched (200 pods' emptyDirs
-    in node mode): a per-mount substring search would cost a pass per mount.
-    """
-    found: List[MapsLine] = []
-    split = tokens if isinstance(tokens, DeviceTokens) else DeviceTokens(tokens)
-    major0, others = split.major0, split.others
-    if major0:
-        pos = text.find(" 00:")
-        while pos != -1:
-            end_token = text.find(" ", pos + 4)
-            token = text[pos:end_token + 1]
-            if token in major0:
-                line_start = text.rfind("\n", 0, pos) + 1
-                line_end = text.find("\n", pos)
-                line = text[line_start:line_end if line_end != -1 else len(text)]
-                parsed = _parse_maps_line(line, major0[token], token)
-                if parsed:
-                    found.append(parsed)
-                pos = text.find(" 00:", line_end) if line_end != -1 else -1
-            else:
-                pos = text.find(" 00:", pos + 4)
-    for token, dev in others.items():  # a watched directory on a real disk: rare
-        if token in text:
-            for line in text.split("\n"):  # not splitlines(): "\x1e" or "\x85" may be in a path
-                if token in line:
-                    parsed = _parse_maps_line(line, dev, token)
-                    if parsed:
-                        found.append(parsed)
-    return found
-
-
-def _parse_maps_line(line: str, dev: int, token: str) -> Optional[MapsLine]:
-    parts = line.split(None, 5)
-    # The token must be the device field, not text in a path on another device
-    # ("/tmp/x 00:1a y (deleted)" would otherwise fake a hidden segment on 00:1a).
-    if len(parts) < 6 or parts[3] != token.strip():
-        return None
-    try:
-        start, end = (int(x, 16) for x in parts[0].split("-"))
-        offset, inode = int(parts[2], 16), int(parts[4])
-    except ValueError:
-        return None
-    # map_files/ names a mapping "%lx-%lx", without the zero padding maps uses.
-    return dev, inode, parts[5], offset + end - start, f"{start:x}-{end:x}"
-
-
-def _denied(err: OSError) -> bool:
-    return err.errno in (errno.EACCES, errno.EPERM)
-
-
 class OwnerScan:
     """Reads the maps and fds of the processes the table lists; comm comes from the table
     (read afresh each walk: an exec changes comm, the start time does not)."""
@@ -145,13 +70,7 @@ class OwnerScan:
     def __init__(self, table: ProcessTable, ignore_unreadable: Optional[Pattern[str]] = None):
         self.table = table
         self.ignore_unreadable = ignore_unreadable
-        # mount namespace -> mount IDs of watched devices in it, and which namespace each
-        # process was learnt in (a process whose namespace we cannot name: "pid:<pid>"), so
-        # that a namespace's IDs leave with its last process (_forget_mount_ids)
-        self._ns_mounts: Dict[str, Optional[Set[int]]] = {}
-        self._ns_of: Dict[int, str] = {}
-        self._all_mount_ids: Set[int] = set()  # their union (_learn_mount_ids)
-        self._learned_devs: Set[int] = set()  # the watched devices they were learnt for
+        self._mount_ids = WatchedMountIds(table.paths)
         self._kernel_threads: Set[int] = set()  # pids a scoped scan need not identify again
 
     # A holder may fork and exit while we read the others: its child, started after /proc was
@@ -178,7 +97,7 @@ class OwnerScan:
             out.unproven_because(f"{walked.invisible} process(es) hidden by hidepid")
         out.processes = {p.pid: p for p in walked.processes}
         tokens = DeviceTokens.of(devs)
-        self._learn_mount_ids(walked.processes, devs)
+        self._mount_ids.learn(walked.processes, devs)
         processes = walked.processes
         for _ in range(self.MAX_PASSES):
             for proc in processes:
@@ -253,15 +172,13 @@ class OwnerScan:
             scope += [p for p in new if pod_of.get(p.pid) not in pods]
         fresh = Owners()
         tokens = DeviceTokens.of(devs)
-        if devs == self._learned_devs:
-            # The others' namespaces are known. An exited process's namespace leaves with
-            # the last of its processes: the kernel hands freed namespace inodes and mount
-            # IDs out again, and a stale ID could name a FUSE mount whose files must never
-            # be stat'ed.
-            self._forget_mount_ids(previous.processes.keys() - alive)
-            self._learn_mount_ids(new, devs, again=False)
+        if devs == self._mount_ids.learned_devs:
+            # The others' namespaces are known; an exited process's namespace leaves with
+            # the last of its processes.
+            self._mount_ids.forget(previous.processes.keys() - alive)
+            self._mount_ids.learn(new, devs, again=False)
         else:
-            self._learn_mount_ids(list(processes.values()), devs)  # a watched mount came or went
+            self._mount_ids.learn(processes.values(), devs)  # a watched mount came or went
         for proc in scope:
             self._scan_process(proc, devs, tokens, fresh)
         self._fill_mapping_sizes(fresh.holdings)
@@ -287,81 +204,6 @@ class OwnerScan:
         out.holders = {pid: p for pid, p in previous.holders.items() if pid not in replaced}
         out.holders.update(fresh.holders)
         return out
-
-    def _learn_mount_ids(self, processes: List[Process], devs: Set[int], again: bool = True) -> None:
-        """Every namespace's watched mount IDs, before any fd is looked at. An fd passed from
-        another namespace (SCM_RIGHTS between a pod's containers, a file opened through
-        /proc/<pid>/root) is on a mount its holder's own mountinfo does not list; mount IDs are
-        unique across namespaces, so the union of all of them still tells it is ours.
-        `again=False` (a pod-scoped scan, the same watched devices): only `processes` (the new
-        ones) are added to what the last scan learnt; a new tmpfs is a new device."""
-        if again:
-            self._ns_mounts = {}
-            self._ns_of = {}
-            self._all_mount_ids = set()
-            self._learned_devs = set(devs)
-        for proc in processes:
-            self._all_mount_ids |= self._watched_mount_ids(proc.pid, devs) or set()
-
-    def _forget_mount_ids(self, gone: Set[int]) -> None:
-        """Drop the namespaces no process is left in, and their mount IDs from the union."""
-        left = {self._ns_of.pop(pid) for pid in gone if pid in self._ns_of} - set(self._ns_of.values())
-        if not left:
-            return
-        for namespace in left:
-            self._ns_mounts.pop(namespace, None)
-        self._all_mount_ids = set().union(*(ids for ids in self._ns_mounts.values() if ids))
-
-    def _watched_mount_ids(self, pid: int, devs: Set[int]) -> Optional[Set[int]]:
-        """IDs of the mounts of watched devices in the process's mount namespace (read once
-        per namespace and scan); None when we may not read its mountinfo. Mount IDs are unique
-        across namespaces; an fd passed in from another namespace (SCM_RIGHTS) is on a mount
-        its own mountinfo does not list, and is not looked at."""
-        try:
-            namespace = os.readlink(self.table.paths.proc(pid, "ns", "mnt"))
-        except OSError:
-            namespace = f"pid:{pid}"  # its own entry, forgotten with it
-        self._ns_of[pid] = namespace
-        if namespace in self._ns_mounts:
-            return self._ns_mounts[namespace]
-        try:
-            text = read_text(self.table.paths.proc(pid, "mountinfo"))
-        except OSError as err:
-            return None if _denied(err) else set()  # gone (or a fixture without one): no fds
-        ids: Set[int] = set()
-        for line in text.splitlines():
-            fields = line.split(" ", 3)
-            try:
-                major, minor = fields[2].split(":")
-                if os.makedev(int(major), int(minor)) in devs:
-                    ids.add(int(fields[0]))
-            except (IndexError, ValueError):
-                continue
-        self._ns_mounts[namespace] = ids
-        return ids
-
-    @staticmethod
-    def _on_watched_mount(fdinfo: str, mount_ids: Set[int]) -> bool:
-        """Whether an fd is on a watched mount, from fdinfo's mnt_id: never a stat, which on a
-        hung FUSE or NFS file blocks for good. Kernels before 3.15 have no mnt_id: stat then."""
-        try:
-            handle = os.open(fdinfo, os.O_RDONLY)
-        except OSError:
-            return False  # closed since listdir
-        try:
-            info = os.read(handle, 4096)  # pos, flags, mnt_id, ino come first; raw: thousands per scan
-        except OSError:
-            return False
-        finally:
-            os.close(handle)
-        at = info.find(b"mnt_id:")
-        if at == -1:
-            return True
-        end = info.find(b"\n", at)
-        try:
-            return int(info[at + 7:end if end != -1 else len(info)]) in mount_ids
-        except ValueError:
-            return False
 
     def _started_since(self, seen: Set[int]) -> List[Process]:
         try:
@@ -408,26 +250,26 @@ class OwnerScan:
                 self._add(out.holdings, (dev, inode), pid, path, path.endswith(DELETED), extent=extent,
                           map_range=map_range)
         except OSError as err:
-            denied |= _denied(err)
+            denied |= denied_by(err)
         fd_dir = self.table.fd_dir(pid)
-        mount_ids = self._watched_mount_ids(pid, devs)
+        mount_ids = self._mount_ids.of(pid, devs)
         fds: List[str] = []
         if mount_ids is None:
             denied = True  # without its mountinfo we cannot tell which fds are safe to stat
-        elif mount_ids or self._all_mount_ids:  # an fd may come from another namespace's mount
+        elif mount_ids or self._mount_ids.union:  # an fd may come from another namespace's mount
             try:
                 fds = os.listdir(fd_dir)
             except OSError as err:
-                denied |= _denied(err)
+                denied |= denied_by(err)
         info_dir = self.table.paths.proc(pid, "fdinfo")
-        ours = self._all_mount_ids | (mount_ids or set())
+        ours = self._mount_ids.union | (mount_ids or set())
         for fd in fds:
             link = f"{fd_dir}/{fd}"  # not os.path.join: thousands per scan
             try:
                 target = os.readlink(link)
                 if not target.startswith("/"):
                     continue  # socket:[…], pipe:[…], anon_inode:…
-                if not self._on_watched_mount(f"{info_dir}/{fd}", ours):
+                if not self._mount_ids.holds_fd(f"{info_dir}/{fd}", ours):
                     continue
                 st = os.stat(link)  # the open file itself, known to be on a watched tmpfs
             except OSError:

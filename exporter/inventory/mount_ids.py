@@ -1,0 +1,106 @@
+"""Which mount IDs are the watched mounts, in every mount namespace a process is in.
+
+An fd is ours when fdinfo's mnt_id names a watched mount: this is how the owner scan tells
+which fds to stat without ever stat'ing a file on another filesystem (an fd on a hung FUSE
+or NFS mount blocks a stat for good; model weights on gcsfuse or s3 mounts are common).
+"""
+from __future__ import annotations
+
+import errno
+import os
+from typing import Dict, Iterable, Optional, Set
+
+from ..paths import Paths, read_text
+from ..proctable import Process
+
+
+def denied(err: OSError) -> bool:
+    return err.errno in (errno.EACCES, errno.EPERM)
+
+
+class WatchedMountIds:
+    """Mount namespace -> mount IDs of watched devices in it, and which namespace each
+    process was learnt in (a process whose namespace we cannot name: "pid:<pid>"), so that a
+    namespace's IDs leave with its last process (forget)."""
+
+    def __init__(self, paths: Paths):
+        self.paths = paths
+        self._ns_mounts: Dict[str, Optional[Set[int]]] = {}
+        self._ns_of: Dict[int, str] = {}
+        self.union: Set[int] = set()  # every namespace's IDs (learn)
+        self.learned_devs: Set[int] = set()  # the watched devices they were learnt for
+
+    def learn(self, processes: Iterable[Process], devs: Set[int], again: bool = True) -> None:
+        """Every namespace's watched mount IDs, before any fd is looked at. An fd passed from
+        another namespace (SCM_RIGHTS between a pod's containers, a file opened through
+        /proc/<pid>/root) is on a mount its holder's own mountinfo does not list; mount IDs are
+        unique across namespaces, so the union of all of them still tells it is ours.
+        `again=False` (a pod-scoped scan, the same watched devices): only `processes` (the new
+        ones) are added to what the last scan learnt; a new tmpfs is a new device."""
+        if again:
+            self._ns_mounts = {}
+            self._ns_of = {}
+            self.union = set()
+            self.learned_devs = set(devs)
+        for proc in processes:
+            self.union |= self.of(proc.pid, devs) or set()
+
+    def forget(self, gone: Set[int]) -> None:
+        """Drop the namespaces no process is left in, and their mount IDs from the union: the
+        kernel hands freed namespace inodes and mount IDs out again, and a stale ID could name
+        a FUSE mount whose files must never be stat'ed."""
+        left = {self._ns_of.pop(pid) for pid in gone if pid in self._ns_of} - set(self._ns_of.values())
+        if not left:
+            return
+        for namespace in left:
+            self._ns_mounts.pop(namespace, None)
+        self.union = set().union(*(ids for ids in self._ns_mounts.values() if ids))
+
+    def of(self, pid: int, devs: Set[int]) -> Optional[Set[int]]:
+        """IDs of the mounts of watched devices in the process's mount namespace (read once
+        per namespace and scan); None when we may not read its mountinfo."""
+        try:
+            namespace = os.readlink(self.paths.proc(pid, "ns", "mnt"))
+        except OSError:
+            namespace = f"pid:{pid}"  # its own entry, forgotten with it
+        self._ns_of[pid] = namespace
+        if namespace in self._ns_mounts:
+            return self._ns_mounts[namespace]
+        try:
+            text = read_text(self.paths.proc(pid, "mountinfo"))
+        except OSError as err:
+            return None if denied(err) else set()  # gone (or a fixture without one): no fds
+        ids: Set[int] = set()
+        for line in text.splitlines():
+            fields = line.split(" ", 3)
+            try:
+                major, minor = fields[2].split(":")
+                if os.makedev(int(major), int(minor)) in devs:
+                    ids.add(int(fields[0]))
+            except (IndexError, ValueError):
+                continue
+        self._ns_mounts[namespace] = ids
+        return ids
+
+    @staticmethod
+    def holds_fd(fdinfo: str, mount_ids: Set[int]) -> bool:
+        """Whether an fd is on a watched mount, from fdinfo's mnt_id: never a stat. Kernels
+        before 3.15 have no mnt_id: stat then."""
+        try:
+            handle = os.open(fdinfo, os.O_RDONLY)
+        except OSError:
+            return False  # closed since listdir
+        try:
+            info = os.read(handle, 4096)  # pos, flags, mnt_id, ino come first; raw: thousands per scan
+        except OSError:
+            return False
+        finally:
+            os.close(handle)
+        at = info.find(b"mnt_id:")
+        if at == -1:
+            return True
+        end = info.find(b"\n", at)
+        try:
+            return int(info[at + 7:end if end != -1 else len(info)]) in mount_ids
+        except ValueError:
+            return False
