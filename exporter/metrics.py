@@ -243,7 +243,9 @@ class ModelCollector(Collector):
             # Owner labels and pods come from the whole inventory's tables: those of this
             # mount's holders are part of what its samples were made from.
             holders = [pid for seg in summary.top for pid in seg.holders] + [pid for pid, _ in summary.top_processes]
-            out.fragment(self._fragments, ("segments", view.mount), (m, summary),
+            # Keyed on the summary (kept by the model step while the mount's inventory is
+            # equal), not the inventory object: a full run makes every mount's inventory anew.
+            out.fragment(self._fragments, ("segments", view.mount), (summary,),
                          (view.labels, tuple(inv.comms.get(pid) for pid in holders),
                           tuple(inv.pods.get(pid) for pid in holders)),
                          lambda staged, m=m, summary=summary: self._one_mount_segments(inv, m, summary, staged))
@@ -252,7 +254,8 @@ class ModelCollector(Collector):
             oldest_orphan = summary.oldest_orphan_mtime
             age = 0.0 if oldest_orphan is None else max(0.0, inv.wall_time - oldest_orphan)
             out.add("shmwatch_orphan_oldest_age_seconds", [m.mount], age)
-            out.fragment(self._fragments, ("entries", view.mount), (m,), (view.labels, inv.owners_complete),
+            out.fragment(self._fragments, ("entries", view.mount), (),
+                         (view.labels, inv.owners_complete, m.unattributed_bytes, tuple(sorted(m.other_entries.items()))),
                          lambda staged, m=m: self._one_mount_entries(inv, m, staged))
 
     @staticmethod

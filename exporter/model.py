@@ -141,7 +141,10 @@ class ModelStep:
                 if m.error:
                     continue
                 old, summary = made.get(m.mount, (None, None))
-                latest.summaries[m.mount] = summary if old is m and summary is not None else summarise(m, self.top_k)
+                # A full run makes every mount's inventory anew; one equal to the last (most of
+                # a node's, most of the time) keeps its summary, and with it its rendered lines.
+                reuse = summary is not None and (old is m or old == m)
+                latest.summaries[m.mount] = summary if reuse else summarise(m, self.top_k)
         if obs.success and obs.source == "shm_mount":
             self.state.record_used_many([(u.mount, u.used_bytes) for u in obs.result if not u.error])
         if obs.success and obs.source == "cgroup":
