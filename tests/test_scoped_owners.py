@@ -201,3 +201,49 @@ def test_a_refresh_forgets_the_mount_ids_of_a_namespace_whose_last_process_exite
     assert namespace not in ids._ns_mounts
     others = set().union(*(found for found in ids._ns_mounts.values() if found))
     assert ids.union == others and not (gone - others) & ids.union
+
+
+def test_a_refresh_walks_only_the_directories_that_changed(two_pods, monkeypatch):
+    """A watched mount with no inotify event and the same statvfs is not walked by a refresh;
+    pages written through a mapping (no event) move statvfs, and an event names a rename
+    (which moves neither blocks nor inodes), so both are walked. A full scan walks all."""
+    import mmap
+
+    from exporter.collectors import segments as segments_module
+    (a, b), _ = two_pods
+    walked = []
+    real_walk = segments_module.walk
+    monkeypatch.setattr(segments_module, "walk", lambda path, dev: walked.append(path) or real_walk(path, dev))
+    clock, changes = Clock(), ChangeLog()
+    collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+                                  full_scan_interval=120.0, monotonic=clock, watched=lambda mount: True,
+                                  ignore_unreadable=HOST_EXCUSED_RE)
+    with open(os.path.join(a, "psm_grows"), "wb+") as f, open(os.path.join(b, "psm_b"), "wb") as g:
+        f.truncate(4 * MiB)  # sparse: no pages yet
+        g.write(b"x" * MiB)
+        g.flush()
+        collector.collect()
+        assert sorted(walked) == sorted([a, b])
+        walked.clear()
+        clock.now += 15
+        collector.collect()
+        assert walked == []  # a refresh of two quiet mounts
+        with mmap.mmap(f.fileno(), 4 * MiB) as view:
+            view[:2 * MiB] = b"y" * (2 * MiB)  # two MiB of pages, and no inotify event
+            clock.now += 15
+            inv = collector.collect()
+        assert walked == [a]
+        [grown] = [s for m in inv.mounts for s in m.segments if s.name == "psm_grows"]
+        assert grown.allocated_bytes == 2 * MiB
+        walked.clear()
+        os.rename(os.path.join(b, "psm_b"), os.path.join(b, "nccl-b"))
+        changes.add(b, "psm_b")
+        changes.add(b, "nccl-b")  # what the watcher records for the rename
+        clock.now += 15
+        inv = collector.collect()
+        assert walked == [b]
+        assert {s.name for m in inv.mounts for s in m.segments} == {"psm_grows", "nccl-b"}
+        walked.clear()
+        clock.now += 120  # the full scan walks every directory
+        collector.collect()
+        assert sorted(walked) == sorted([a, b])

@@ -49,7 +49,8 @@ class SegmentsCollector:
                  statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
                  clock: Callable[[], float] = time.time, pod_of_pid: bool = False,
                  changes: Optional[ChangeLog] = None, ignore_unreadable: Optional[Pattern[str]] = None,
-                 full_scan_interval: float = 0.0, monotonic: Callable[[], float] = time.monotonic):
+                 full_scan_interval: float = 0.0, monotonic: Callable[[], float] = time.monotonic,
+                 watched: Optional[Callable[[str], bool]] = None):
         self.paths = paths
         self.mounts = live_mounts(mounts)  # discovery's current mounts
         self.table = table or ProcessTable(paths)
@@ -62,6 +63,10 @@ class SegmentsCollector:
         # before every process is read again, which alone may call a segment leaked.
         self.full_scan_interval = full_scan_interval if pod_of_pid else 0.0
         self.monotonic = monotonic
+        # Whether inotify watches a mount (state store): a watched mount with no event and the
+        # same statvfs since it was last walked is not walked again by a refresh.
+        self.watched = watched
+        self._walked_as: Dict[str, Tuple[int, int, int, int]] = {}  # statvfs when last walked
         self._scanned_at = float("-inf")  # when the last full owner scan ran
         # The last listing of each mount, and its name -> inode index, for quick runs to patch.
         self._listings: Dict[str, Listing] = {}
@@ -89,18 +94,41 @@ class SegmentsCollector:
         from the last full run (which follows within a second)."""
         return self._collect(full=False)
 
-    def _list(self, mount: str, dev: int, full: bool, changes: Dict[str, Optional[Set[str]]]) -> Listing:
+    def _list(self, mount: str, dev: int, full: bool, changes: Dict[str, Optional[Set[str]]],
+              quiet_ok: bool = False) -> Listing:
         previous = self._listings.get(mount)
         index = self._indexes.get(mount)
+        if quiet_ok and previous is not None and self._quiet(mount, changes):
+            return previous
         if full or previous is None or index is None or (mount in changes and changes[mount] is None):
+            # statvfs before the walk: a change while it runs shows at the next comparison.
+            self._walked_as[mount] = self._statvfs_signature(mount)
             files, others, truncated = walk(self.paths.host(mount), dev)
             self._indexes[mount] = {name: key for key, (name, _) in files.items()}
         else:
+            self._walked_as.pop(mount, None)  # patched: walked again by the next full run
             files, others, truncated = previous
             if changes.get(mount):
                 patch_listing(self.paths.host(mount), dev, files, index, changes[mount])
         self._listings[mount] = (files, others, truncated)
         return files, others, truncated
+
+    def _quiet(self, mount: str, changes: Dict[str, Optional[Set[str]]]) -> bool:
+        """Nothing in the mount changed since it was walked: inotify watches it and saw
+        nothing, and statvfs is the same (a create or unlink moves the free inodes; pages
+        written through a mapping, which inotify never sees, move the free blocks). 200
+        quiet pods' directories are walked by full scans, not by every refresh."""
+        if self.watched is None or mount in changes or not self.watched(mount):
+            return False
+        walked_as = self._walked_as.get(mount)
+        return walked_as is not None and walked_as == self._statvfs_signature(mount)
+
+    def _statvfs_signature(self, mount: str) -> Tuple[int, int, int, int]:
+        try:
+            st = self.statvfs(self.paths.host(mount))
+        except OSError:
+            return (-1, -1, -1, -1)  # never equal to a real one: walked again
+        return st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
 
     def _collect(self, full: bool) -> Inventory:
         devs: Dict[str, int] = {}
@@ -115,14 +143,18 @@ class SegmentsCollector:
         # listed (so not called hidden), and one created in between is found held
         # but not '(deleted)', so it is linked, not hidden.
         changes = self.changes.drain()
-        listings = {mount: self._list(mount, dev, full, changes) for mount, dev in devs.items()}
+        refresh = full and bool(self._owners.processes) and \
+            self.monotonic() - self._scanned_at < self.full_scan_interval
+        # A full scan walks every directory; a refresh only those that changed.
+        listings = {mount: self._list(mount, dev, full, changes, quiet_ok=refresh) for mount, dev in devs.items()}
         for gone in [m for m in self._listings if m not in devs]:
             del self._listings[gone]  # a mount that went away (node mode: a deleted pod)
             self._indexes.pop(gone, None)
+            self._walked_as.pop(gone, None)
         settled = False  # owners from a full scan of every process, this run
         if full:
             refreshed = None
-            if self._owners.processes and self.monotonic() - self._scanned_at < self.full_scan_interval:
+            if refresh:
                 refreshed = self.owner_scan.refresh(set(devs.values()), self._owners)
             if refreshed is not None:
                 self._owners = refreshed
