@@ -315,7 +315,10 @@ class ModelCollector(Collector):
 
     def _cgroup(self, model: Model, out: Families) -> None:
         for cg in model.cgroups:
-            self._one_cgroup(cg, out)
+            # By value: the series are made from the cgroup's figures alone (a node's 200
+            # pods, of which a quiet one renders nothing anew).
+            out.fragment(self._fragments, ("cgroup", cg.cgroup), (), (cg,),
+                         lambda staged, cg=cg: self._one_cgroup(cg, staged))
 
     def _one_cgroup(self, cg: CgroupMemory, out: Families) -> None:
         label = [clean(cg.cgroup, 256)]

@@ -1,7 +1,7 @@
 """A render replays each mount's samples from the last one when what they were made from is
 unchanged (metrics.FragmentCache). What it serves must be, byte for byte, what a render
 from nothing makes of the same model: through new, held, leaked and removed segments, an
-orphan ageing, and a mount that stays as it was."""
+orphan ageing, a mount that stays as it was, and a cgroup whose limit moved."""
 import os
 import time
 
@@ -64,3 +64,39 @@ def test_a_render_from_its_cache_is_a_render_from_nothing():
         os.unlink(os.path.join(a, "psm_leaked"))
         changes.add(a, "psm_leaked")
         assert b"psm_leaked" not in same(quick=True)
+
+
+@needs_root
+def test_a_cgroup_whose_figures_moved_is_rendered_again():
+    """Cgroup series are replayed by value: a limit changed between two renders shows."""
+    import uuid
+
+    from exporter.collectors.cgroup import CgroupCollector
+    from tests.conftest import remove_cgroup
+    root = "/sys/fs/cgroup/memory"
+    if not os.path.exists(os.path.join(root, "cgroup.procs")):
+        if os.environ.get("CI") == "true":
+            raise AssertionError(f"CI: needs the cgroup v1 memory controller at {root}")
+        import pytest
+        pytest.skip(f"needs the cgroup v1 memory controller at {root}")
+    name = f"shmwatch-render-{uuid.uuid4().hex[:8]}"
+    path = os.path.join(root, name)
+    os.makedirs(path)
+    try:
+        def limit(size):
+            with open(os.path.join(path, "memory.limit_in_bytes"), "w") as f:
+                f.write(str(size))
+        limit(64 * MiB)
+        _, harness = registry_for(CgroupCollector(Paths(), "/" + name, None, None), mounts=[])
+        cached = ModelCollector(harness.step)
+        first = rendered(cached)
+        assert b"shmwatch_cgroup_memory_limit_bytes{" in first and b" 6.7108864e+07\n" in first
+        harness.sampler.runners["cgroup"].run_once(full=True)
+        assert rendered(cached) == rendered(ModelCollector(harness.step))
+        limit(32 * MiB)
+        harness.sampler.runners["cgroup"].run_once(full=True)
+        moved = rendered(cached)
+        assert moved == rendered(ModelCollector(harness.step))
+        assert b" 3.3554432e+07\n" in moved and b" 6.7108864e+07\n" not in moved
+    finally:
+        remove_cgroup(path)
