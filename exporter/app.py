@@ -48,7 +48,7 @@ def build_sources(cfg: Config, paths: Paths, discovery: MountDiscovery, table: P
                                               ignore_unreadable=re.compile(cfg.ignore_unreadable)
                                               if cfg.ignore_unreadable else None,
                                               full_scan_interval=cfg.full_scan_interval,
-                                              watched=state.inotify_active if state is not None else None),
+                                              watch_epoch=state.watch_epoch if state is not None else None),
         "sysv": lambda: SysvCollector(paths, node_mode=node, table=table),
         "host_memory": lambda: HostMemoryCollector(paths),
         "cgroup": lambda: CgroupCollector(paths, cfg.cgroup_path, cfg.cgroup_target_process,

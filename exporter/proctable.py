@@ -112,7 +112,19 @@ class ProcessTable:
                 return last[1]
             return self.walk()
 
+    def pid_wrap_watch(self) -> "PidWrapWatch":
+        return PidWrapWatch(self)
+
     # --- identity -------------------------------------------------------------------------
+    def last_pid(self) -> Optional[int]:
+        """The last pid handed out in this PID namespace; None when it cannot be read. Who
+        caches what it learnt of a pid compares it between looks: only after it went down
+        (wrapped at pid_max) can a pid it knows be another process."""
+        try:
+            return int(read_text(self.paths.proc("sys", "kernel", "ns_last_pid")))
+        except (OSError, ValueError):
+            return None
+
     def pids(self) -> List[int]:
         """The pids /proc lists. Raises OSError when it cannot be listed at all."""
         return [int(e.name) for e in os.scandir(self.paths.procfs) if e.name.isdigit()]
@@ -298,3 +310,20 @@ class ProcessTable:
 
     def map_file(self, pid: int, map_range: str) -> str:
         return self.paths.proc(pid, "map_files", map_range)
+
+
+class PidWrapWatch:
+    """For a cache of what was learnt per pid: the kernel hands pids out in rising order and
+    reuses one only after wrapping at pid_max, so a pid it knows can be another process only
+    once ns_last_pid went down since the last look."""
+
+    def __init__(self, table: ProcessTable):
+        self.table = table
+        self._last: Optional[int] = None
+
+    def wrapped(self) -> bool:
+        """Whether pids may have been reused since the last call (also when unreadable)."""
+        last = self.table.last_pid()
+        wrapped = last is None or (self._last is not None and last < self._last)
+        self._last = last
+        return wrapped

@@ -71,6 +71,9 @@ class StateStore:
         self._events: Dict[Tuple[str, str, str], int] = {}
         self._inotify: Dict[str, bool] = {}
         self._overflows: Dict[str, int] = {}
+        # Bumped when a watch starts and when its queue overflows: inotify saw everything
+        # in a mount between two looks only if the epoch is the same at both.
+        self._watch_epochs: Dict[str, int] = {}
         self._oom: Dict[str, int] = {}
         self._oom_cgroup: Dict[str, int] = {}
         self._recent_oom: Deque[Tuple[object, Optional[int]]] = deque(maxlen=RECENT_OOM_KILLS)
@@ -122,6 +125,7 @@ class StateStore:
     def count_overflow(self, mount: str) -> None:
         with self._lock:
             self._overflows[mount] = self._overflows.get(mount, 0) + 1
+            self._watch_epochs[mount] = self._watch_epochs.get(mount, 0) + 1
         self._changed()
 
     def count_oom_kill(self, cgroup: str, kill: object, shm_used: Optional[int]) -> None:
@@ -145,7 +149,15 @@ class StateStore:
             if self._inotify.get(mount) == active:
                 return
             self._inotify[mount] = active
+            if active:
+                self._watch_epochs[mount] = self._watch_epochs.get(mount, 0) + 1
         self._changed()
+
+    def watch_epoch(self, mount: str) -> Optional[int]:
+        """None while inotify does not watch the mount; otherwise a number that moves when the
+        watch (re)starts or its queue overflows: events may have been lost in between."""
+        with self._lock:
+            return self._watch_epochs.get(mount, 0) if self._inotify.get(mount) else None
 
     def inotify_active(self, mount: str) -> bool:
         with self._lock:
@@ -174,6 +186,8 @@ class StateStore:
                 del self._inotify[mount]
             for mount in [m for m in self._overflows if m not in keep]:
                 del self._overflows[mount]
+            for mount in [m for m in self._watch_epochs if m not in keep]:
+                del self._watch_epochs[mount]
 
     def snapshot(self) -> MountStates:
         now = self.clock()

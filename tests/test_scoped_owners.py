@@ -200,50 +200,75 @@ def test_a_refresh_forgets_the_mount_ids_of_a_namespace_whose_last_process_exite
     collector.collect()
     assert namespace not in ids._ns_mounts
     others = set().union(*(found for found in ids._ns_mounts.values() if found))
-    assert ids.union == others and not (gone - others) & ids.union
+    assert ids.union == others and gone and not gone & ids.union
 
 
+
+@needs_root
 def test_a_refresh_walks_only_the_directories_that_changed(two_pods, monkeypatch):
-    """A watched mount with no inotify event and the same statvfs is not walked by a refresh;
-    pages written through a mapping (no event) move statvfs, and an event names a rename
-    (which moves neither blocks nor inodes), so both are walked. A full scan walks all."""
+    """A mount inotify watched since its last walk, with no event and the same statvfs, is
+    not walked by a refresh. Walked again: pages written through a mapping (no event, statvfs
+    moves), a rename (an event), a queue overflow (the watch epoch moves), a tmpfs mounted
+    over it (another device), pids that wrapped, and every directory before a full scan,
+    also one a refresh brought forward (a holder outside any pod exited)."""
     import mmap
 
     from exporter.collectors import segments as segments_module
-    (a, b), _ = two_pods
+    from exporter.state import StateStore
+    (a, b), (cg_a, _) = two_pods
     walked = []
     real_walk = segments_module.walk
     monkeypatch.setattr(segments_module, "walk", lambda path, dev: walked.append(path) or real_walk(path, dev))
-    clock, changes = Clock(), ChangeLog()
+    clock, changes, state = Clock(), ChangeLog(), StateStore()
+    for mount in (a, b):
+        state.set_inotify(mount, True)
     collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
-                                  full_scan_interval=120.0, monotonic=clock, watched=lambda mount: True,
+                                  full_scan_interval=600.0, monotonic=clock, watch_epoch=state.watch_epoch,
                                   ignore_unreadable=HOST_EXCUSED_RE)
+
+    def walks():
+        walked.clear()
+        clock.now += 15
+        inv = collector.collect()
+        return sorted(walked), inv
+
     with open(os.path.join(a, "psm_grows"), "wb+") as f, open(os.path.join(b, "psm_b"), "wb") as g:
         f.truncate(4 * MiB)  # sparse: no pages yet
         g.write(b"x" * MiB)
         g.flush()
-        collector.collect()
-        assert sorted(walked) == sorted([a, b])
-        walked.clear()
-        clock.now += 15
-        collector.collect()
-        assert walked == []  # a refresh of two quiet mounts
+        assert walks()[0] == sorted([a, b])
+        assert walks()[0] == []  # a refresh of two quiet mounts
         with mmap.mmap(f.fileno(), 4 * MiB) as view:
             view[:2 * MiB] = b"y" * (2 * MiB)  # two MiB of pages, and no inotify event
-            clock.now += 15
-            inv = collector.collect()
-        assert walked == [a]
+            found, inv = walks()
+        assert found == [a]
         [grown] = [s for m in inv.mounts for s in m.segments if s.name == "psm_grows"]
         assert grown.allocated_bytes == 2 * MiB
-        walked.clear()
         os.rename(os.path.join(b, "psm_b"), os.path.join(b, "nccl-b"))
         changes.add(b, "psm_b")
         changes.add(b, "nccl-b")  # what the watcher records for the rename
-        clock.now += 15
-        inv = collector.collect()
-        assert walked == [b]
+        found, inv = walks()
+        assert found == [b]
         assert {s.name for m in inv.mounts for s in m.segments} == {"psm_grows", "nccl-b"}
-        walked.clear()
-        clock.now += 120  # the full scan walks every directory
-        collector.collect()
-        assert sorted(walked) == sorted([a, b])
+        state.count_overflow(a)  # events may have been lost
+        assert walks()[0] == [a]
+        with mounted_tmpfs("16m", path=b):  # another tmpfs over the same path, statvfs alike
+            with open(os.path.join(b, "psm_over"), "wb") as h:
+                h.write(b"z" * MiB)
+            assert walks()[0] == [b]
+        assert walks()[0] == [b]  # and the first one again once it is gone
+        assert walks()[0] == []
+        with open("/proc/sys/kernel/ns_last_pid", "w") as last:
+            last.write("300")  # as after wrapping at pid_max: a known pid may be another process
+        assert walks()[0] == sorted([a, b])  # a full scan
+        with Peer(a, "mapped", "psm_outside", str(MiB)) as outside:  # in no pod's cgroup
+            assert walks()[0] == [a]
+            assert walks()[0] == []
+            killed(outside)
+            found, inv = walks()  # the holder outside any pod exited: a full scan, and its walks
+        assert found == sorted([a, b])
+        [gone] = [s for m in inv.mounts for s in m.segments if s.name == "psm_outside"]
+        assert gone.state == "orphan"
+        assert walks()[0] == []
+        clock.now += 600
+        assert walks()[0] == sorted([a, b])  # the full scan of the interval

@@ -50,7 +50,7 @@ class SegmentsCollector:
                  clock: Callable[[], float] = time.time, pod_of_pid: bool = False,
                  changes: Optional[ChangeLog] = None, ignore_unreadable: Optional[Pattern[str]] = None,
                  full_scan_interval: float = 0.0, monotonic: Callable[[], float] = time.monotonic,
-                 watched: Optional[Callable[[str], bool]] = None):
+                 watch_epoch: Optional[Callable[[str], Optional[int]]] = None):
         self.paths = paths
         self.mounts = live_mounts(mounts)  # discovery's current mounts
         self.table = table or ProcessTable(paths)
@@ -63,10 +63,12 @@ class SegmentsCollector:
         # before every process is read again, which alone may call a segment leaked.
         self.full_scan_interval = full_scan_interval if pod_of_pid else 0.0
         self.monotonic = monotonic
-        # Whether inotify watches a mount (state store): a watched mount with no event and the
-        # same statvfs since it was last walked is not walked again by a refresh.
-        self.watched = watched
-        self._walked_as: Dict[str, Tuple[int, int, int, int]] = {}  # statvfs when last walked
+        # The state store's watch epoch of a mount (None: not watched): a mount watched since
+        # it was last walked, with no event and the same statvfs, is not walked by a refresh.
+        self.watch_epoch = watch_epoch
+        self._walked_as: Dict[str, tuple] = {}  # _signature() when last walked
+        self._walked_now: Set[str] = set()  # walked by this run
+        self._kept_now: Set[str] = set()  # listing kept as quiet by this run
         self._scanned_at = float("-inf")  # when the last full owner scan ran
         # The last listing of each mount, and its name -> inode index, for quick runs to patch.
         self._listings: Dict[str, Listing] = {}
@@ -98,37 +100,46 @@ class SegmentsCollector:
               quiet_ok: bool = False) -> Listing:
         previous = self._listings.get(mount)
         index = self._indexes.get(mount)
-        if quiet_ok and previous is not None and self._quiet(mount, changes):
+        if quiet_ok and previous is not None and self._quiet(mount, dev, changes):
+            self._kept_now.add(mount)
             return previous
         if full or previous is None or index is None or (mount in changes and changes[mount] is None):
-            # statvfs before the walk: a change while it runs shows at the next comparison.
-            self._walked_as[mount] = self._statvfs_signature(mount)
+            # The signature before the walk: a change while it runs shows at the next look.
+            self._walked_as[mount] = self._signature(mount, dev)
+            self._walked_now.add(mount)
             files, others, truncated = walk(self.paths.host(mount), dev)
             self._indexes[mount] = {name: key for key, (name, _) in files.items()}
         else:
-            self._walked_as.pop(mount, None)  # patched: walked again by the next full run
             files, others, truncated = previous
             if changes.get(mount):
+                self._walked_as.pop(mount, None)  # patched: walked again by the next full run
                 patch_listing(self.paths.host(mount), dev, files, index, changes[mount])
         self._listings[mount] = (files, others, truncated)
         return files, others, truncated
 
-    def _quiet(self, mount: str, changes: Dict[str, Optional[Set[str]]]) -> bool:
-        """Nothing in the mount changed since it was walked: inotify watches it and saw
-        nothing, and statvfs is the same (a create or unlink moves the free inodes; pages
-        written through a mapping, which inotify never sees, move the free blocks). 200
-        quiet pods' directories are walked by full scans, not by every refresh."""
-        if self.watched is None or mount in changes or not self.watched(mount):
+    def _quiet(self, mount: str, dev: int, changes: Dict[str, Optional[Set[str]]]) -> bool:
+        """Nothing in the mount changed since it was walked: the same device (not a tmpfs
+        mounted over it), inotify watching it all along (the same watch epoch: not restarted,
+        no queue overflow) and seeing nothing, and the same statvfs (a create or unlink moves
+        the free inodes; pages written or punched through a mapping, which inotify never sees,
+        move the free blocks). 200 quiet pods' directories are walked by full scans, not by
+        every refresh."""
+        if self.watch_epoch is None or mount in changes:
             return False
         walked_as = self._walked_as.get(mount)
-        return walked_as is not None and walked_as == self._statvfs_signature(mount)
+        return walked_as is not None and walked_as == self._signature(mount, dev)
 
-    def _statvfs_signature(self, mount: str) -> Tuple[int, int, int, int]:
+    def _signature(self, mount: str, dev: int) -> Optional[tuple]:
+        epoch = self.watch_epoch(mount) if self.watch_epoch is not None else None
+        if epoch is None:
+            return None  # not watched: a change may have gone unseen
         try:
             st = self.statvfs(self.paths.host(mount))
         except OSError:
-            return (-1, -1, -1, -1)  # never equal to a real one: walked again
-        return st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
+            return None
+        if not st.f_blocks or not st.f_files:
+            return None  # size=0 or nr_inodes=0: statvfs says nothing of what is used
+        return dev, epoch, st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
 
     def _collect(self, full: bool) -> Inventory:
         devs: Dict[str, int] = {}
@@ -146,6 +157,7 @@ class SegmentsCollector:
         refresh = full and bool(self._owners.processes) and \
             self.monotonic() - self._scanned_at < self.full_scan_interval
         # A full scan walks every directory; a refresh only those that changed.
+        self._walked_now, self._kept_now = set(), set()
         listings = {mount: self._list(mount, dev, full, changes, quiet_ok=refresh) for mount, dev in devs.items()}
         for gone in [m for m in self._listings if m not in devs]:
             del self._listings[gone]  # a mount that went away (node mode: a deleted pod)
@@ -155,10 +167,16 @@ class SegmentsCollector:
         if full:
             refreshed = None
             if refresh:
-                refreshed = self.owner_scan.refresh(set(devs.values()), self._owners)
+                # A directory that moved (pages written through a mapping: no event) has its
+                # pod's processes read again too: what they hold, and how big, moved with it.
+                moved = {pod_uid_of_mount(m) for m in self._walked_now} - {""}
+                refreshed = self.owner_scan.refresh(set(devs.values()), self._owners, also=moved)
             if refreshed is not None:
                 self._owners = refreshed
             else:
+                # Only a scan after a walk of every directory may call a segment leaked.
+                for mount in self._kept_now:
+                    listings[mount] = self._list(mount, devs[mount], True, changes)
                 self._owners = self.owner_scan.scan(set(devs.values()), pods=self.pod_of_pid)
                 self._scanned_at = self.monotonic()
                 self._say_why_unproven(self._owners)

@@ -166,6 +166,7 @@ class SysvCollector:
         self.schedule = "inventory" if node_mode else "poll"
         self.scrape_aligned = True  # nothing is kept from it between scrapes (sampler.py)
         self._ns_of: Dict[int, Tuple[Process, str, bool]] = {}  # node mode: _namespaces()
+        self._pid_wrap = self.table.pid_wrap_watch()  # a reused pid is another process
         self._kernel_threads: Set[int] = set()
         self._read_at = float("-inf")
 
@@ -226,10 +227,11 @@ class SysvCollector:
 
     def _namespaces(self) -> Dict[int, Tuple[Process, str, bool]]:
         """pid -> (process, its IPC namespace, read twice), for the processes /proc lists
-        now: new ones identified, exited ones dropped. A pid reused since is caught when its
-        namespace is joined (in_ipc_namespaces compares the inode)."""
+        now: new ones identified, exited ones dropped; all read again once pids wrapped (a
+        pid we know may be another process). in_ipc_namespaces compares each namespace's
+        inode when it joins it."""
         now = time.monotonic()
-        if now - self._read_at > self.REREAD_NAMESPACES:
+        if self._pid_wrap.wrapped() or now - self._read_at > self.REREAD_NAMESPACES:
             self._ns_of, self._kernel_threads, self._read_at = {}, set(), now
         try:
             alive = set(self.table.pids())

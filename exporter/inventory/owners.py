@@ -72,6 +72,7 @@ class OwnerScan:
         self.ignore_unreadable = ignore_unreadable
         self._mount_ids = WatchedMountIds(table.paths)
         self._kernel_threads: Set[int] = set()  # pids a scoped scan need not identify again
+        self._pid_wrap = table.pid_wrap_watch()  # a refresh trusts what it knows of a pid until pids wrap
 
     # A holder may fork and exit while we read the others: its child, started after /proc was
     # listed, holds the segment. Processes that appeared during a pass are read in another,
@@ -81,6 +82,7 @@ class OwnerScan:
     def scan(self, devs: Set[int], pods: bool = False) -> Owners:
         # SysV's walk of the same moment is reused (both run once per scrape); whoever
         # started since is read by the passes below, as after a walk of our own.
+        self._pid_wrap.wrapped()  # from here on
         walked = self.table.recent_walk(max_age=1.0)
         # Whoever we could not even identify could hold anything.
         out = Owners(unreadable=walked.unreadable, unverifiable=walked.unreadable)
@@ -114,17 +116,21 @@ class OwnerScan:
             out.pod_of = {pid: self.table.pod_uid(p) for pid, p in out.holders.items()}
         return out
 
-    def refresh(self, devs: Set[int], previous: Owners) -> Optional[Owners]:
+    def refresh(self, devs: Set[int], previous: Owners, also: Set[str] = frozenset()) -> Optional[Owners]:
         """Node mode between full scans: read only what may have changed since `previous`.
         A process started since is read; a holder that exited has its pod read again (a
         pod-mate may have attached since, or nobody holds the segment now); everyone else's
-        holdings carry over. A process exiting that held nothing changes no holding. None
-        when that cannot be scoped (a holder outside any pod exited): scan in full."""
+        holdings carry over. A process exiting that held nothing changes no holding. The
+        pods in `also` are read again too. None when that cannot be scoped (a holder outside
+        any pod exited, or pids wrapped: a pid we know may be another process now): scan in
+        full."""
+        if self._pid_wrap.wrapped():
+            return None
         try:
             alive = set(self.table.pids())
         except OSError:
             return None
-        pods = set()
+        pods = set(also)
         for pid in previous.holders.keys() - alive:
             pod = previous.pod_of.get(pid)
             if not pod:
