@@ -81,12 +81,16 @@ def main():
     parser.add_argument("--idle-seconds", type=float, default=60)
     parser.add_argument("--scrapes", type=int, default=300)
     parser.add_argument("--only", choices=("sidecar", "node"))
+    parser.add_argument("--churn-seconds", type=float, default=120,
+                        help="node mode: how long the churn and detection rows create (whole full-scan intervals)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the benchmark mounts tmpfs")
     rows = [] if args.only == "node" else sidecar_rows(args)
     if args.only != "sidecar":
-        rows += node_scale.scrape_rows(args.scrapes) + node_scale.cpu_rows(30, max(120.0, args.idle_seconds))  # node idle: whole full-scan intervals
+        # Node idle over a whole full-scan interval (2m) at least.
+        rows += node_scale.scrape_rows(args.scrapes) + node_scale.cpu_rows(args.churn_seconds,
+                                                                           max(120.0, args.idle_seconds))
     print_table(rows)
 
 

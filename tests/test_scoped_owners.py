@@ -272,3 +272,49 @@ def test_a_refresh_walks_only_the_directories_that_changed(two_pods, monkeypatch
         assert walks()[0] == []
         clock.now += 600
         assert walks()[0] == sorted([a, b])  # the full scan of the interval
+
+
+ATTACH_LATER = """
+import mmap, os, sys
+sys.stdin.readline()  # attach when told: a process already running, already read
+fd = os.open(sys.argv[1], os.O_RDWR)
+view = mmap.mmap(fd, 4 << 20)
+view[:1 << 20] = b"w" * (1 << 20)  # pages through the mapping: no inotify event
+print("attached", flush=True)
+sys.stdin.readline()
+"""
+
+
+@needs_root
+def test_a_running_process_that_attaches_to_an_orphan_and_writes_is_seen_by_the_next_refresh(two_pods):
+    """Open and mmap raise no inotify event, but pages written move statvfs: the refresh walks
+    the mount and reads its pod's processes again, so the orphan turns linked before the
+    next full scan."""
+    import subprocess
+    import sys
+
+    from exporter.state import StateStore
+    (a, _), (cg_a, _) = two_pods
+    clock, state = Clock(), StateStore()
+    state.set_inotify(a, True)
+    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True,
+                                  full_scan_interval=600.0, monotonic=clock, watch_epoch=state.watch_epoch,
+                                  ignore_unreadable=HOST_EXCUSED_RE)
+    path = os.path.join(a, "psm_known")
+    with open(path, "wb") as f:
+        f.truncate(4 * MiB)
+    child = subprocess.Popen([sys.executable, "-c", ATTACH_LATER, path], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        into_pod(cg_a, child.pid)
+        inv = collector.collect()
+        assert segment(inv, a, "psm_known") == ("orphan", ())
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "attached"
+        clock.now += 15
+        inv = collector.collect()  # a refresh, long before the full scan
+        assert segment(inv, a, "psm_known") == ("linked", (child.pid,))
+    finally:
+        child.kill()
+        child.wait()

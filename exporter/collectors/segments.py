@@ -67,7 +67,7 @@ class SegmentsCollector:
         # it was last walked, with no event and the same statvfs, is not walked by a refresh.
         self.watch_epoch = watch_epoch
         self._walked_as: Dict[str, tuple] = {}  # _signature() when last walked
-        self._walked_now: Set[str] = set()  # walked by this run
+        self._moved_now: Set[str] = set()  # walked by this run, its statvfs moved
         self._kept_now: Set[str] = set()  # listing kept as quiet by this run
         self._scanned_at = float("-inf")  # when the last full owner scan ran
         # The last listing of each mount, and its name -> inode index, for quick runs to patch.
@@ -105,8 +105,10 @@ class SegmentsCollector:
             return previous
         if full or previous is None or index is None or (mount in changes and changes[mount] is None):
             # The signature before the walk: a change while it runs shows at the next look.
-            self._walked_as[mount] = self._signature(mount, dev)
-            self._walked_now.add(mount)
+            before, now = self._walked_as.get(mount), self._signature(mount, dev)
+            self._walked_as[mount] = now
+            if before is None or now is None or before[0] != now[0] or before[2:] != now[2:]:
+                self._moved_now.add(mount)  # its statvfs moved (or we cannot tell)
             files, others, truncated = walk(self.paths.host(mount), dev)
             self._indexes[mount] = {name: key for key, (name, _) in files.items()}
         else:
@@ -127,18 +129,18 @@ class SegmentsCollector:
         if self.watch_epoch is None or mount in changes:
             return False
         walked_as = self._walked_as.get(mount)
-        return walked_as is not None and walked_as == self._signature(mount, dev)
+        if walked_as is None or walked_as[1] is None or not walked_as[2] or not walked_as[4]:
+            return False  # not watched then (a change may have gone unseen), or size=0 / nr_inodes=0
+        return walked_as == self._signature(mount, dev)
 
     def _signature(self, mount: str, dev: int) -> Optional[tuple]:
+        """(device, watch epoch or None when not watched, statvfs blocks, free blocks, files,
+        free inodes); None when statvfs fails."""
         epoch = self.watch_epoch(mount) if self.watch_epoch is not None else None
-        if epoch is None:
-            return None  # not watched: a change may have gone unseen
         try:
             st = self.statvfs(self.paths.host(mount))
         except OSError:
             return None
-        if not st.f_blocks or not st.f_files:
-            return None  # size=0 or nr_inodes=0: statvfs says nothing of what is used
         return dev, epoch, st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
 
     def _collect(self, full: bool) -> Inventory:
@@ -157,7 +159,7 @@ class SegmentsCollector:
         refresh = full and bool(self._owners.processes) and \
             self.monotonic() - self._scanned_at < self.full_scan_interval
         # A full scan walks every directory; a refresh only those that changed.
-        self._walked_now, self._kept_now = set(), set()
+        self._moved_now, self._kept_now = set(), set()
         listings = {mount: self._list(mount, dev, full, changes, quiet_ok=refresh) for mount, dev in devs.items()}
         for gone in [m for m in self._listings if m not in devs]:
             del self._listings[gone]  # a mount that went away (node mode: a deleted pod)
@@ -169,7 +171,7 @@ class SegmentsCollector:
             if refresh:
                 # A directory that moved (pages written through a mapping: no event) has its
                 # pod's processes read again too: what they hold, and how big, moved with it.
-                moved = {pod_uid_of_mount(m) for m in self._walked_now} - {""}
+                moved = {pod_uid_of_mount(m) for m in self._moved_now} - {""}
                 refreshed = self.owner_scan.refresh(set(devs.values()), self._owners, also=moved)
             if refreshed is not None:
                 self._owners = refreshed
