@@ -186,8 +186,9 @@ FLAGS = (
      "as pid 1 that even root cannot inspect) do not make held-by-nobody segments unverified.", False),
     ("--segments.full-scan-interval", "full_scan_interval", parse_duration_or_zero, "2m",
      "Node mode: how often every process on the node is read for the segments it holds. In between, the "
-     "inventory reads only new processes and the pods of holders that exited, and a segment nobody holds is "
-     "'unverified' until the next full scan calls it 'orphan'. 0: every inventory run reads every process.",
+     "inventory reads only new processes, the pods of holders that exited and the pods whose mount moved; a "
+     "segment nobody holds that is new, or was held at the last full scan, is 'unverified' until the next "
+     "full scan may call it 'orphan'. 0: every inventory run reads every process.",
      False),
     ("--collector.timeout", "collector_timeout", parse_duration, "10s",
      "A collector run longer than this is marked failed.", False),

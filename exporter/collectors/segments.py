@@ -107,8 +107,10 @@ class SegmentsCollector:
             # The signature before the walk: a change while it runs shows at the next look.
             before, now = self._walked_as.get(mount), self._signature(mount, dev)
             self._walked_as[mount] = now
-            if before is None or now is None or before[0] != now[0] or before[2:] != now[2:]:
-                self._moved_now.add(mount)  # its statvfs moved (or we cannot tell)
+            # Moved with no event to say so. After a quick run's patch (no signature kept)
+            # the pod was read by that run's pod-scoped scan already.
+            if before is not None and now is not None and (before[0] != now[0] or before[2:] != now[2:]):
+                self._moved_now.add(mount)
             files, others, truncated = walk(self.paths.host(mount), dev)
             self._indexes[mount] = {name: key for key, (name, _) in files.items()}
         else:
