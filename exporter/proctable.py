@@ -6,6 +6,7 @@ process is known by (pid, start time), so a reused pid is never taken for the ol
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -16,7 +17,10 @@ from .kube import pod_uid_in_cgroup
 from .mountinfo import parse_mountinfo
 from .paths import Paths, read_text
 
+log = logging.getLogger(__name__)
+
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: kernel threads map no files
+RESERVED_PIDS = 300  # kernel/pid.c: after a wrap, pids start again above these
 
 
 def parse_stat(text: str) -> Tuple[str, int, int]:
@@ -116,14 +120,19 @@ class ProcessTable:
         return PidWrapWatch(self)
 
     # --- identity -------------------------------------------------------------------------
-    def last_pid(self) -> Optional[int]:
-        """The last pid handed out in this PID namespace; None when it cannot be read. Who
-        caches what it learnt of a pid compares it between looks: only after it went down
-        (wrapped at pid_max) can a pid it knows be another process."""
+    def pid_counters(self) -> Optional[Tuple[int, int, int]]:
+        """(ns_last_pid, processes forked since boot, pid_max), for PidWrapWatch; None when
+        any cannot be read (ns_last_pid needs CONFIG_CHECKPOINT_RESTORE)."""
         try:
-            return int(read_text(self.paths.proc("sys", "kernel", "ns_last_pid")))
+            last = int(read_text(self.paths.proc("sys", "kernel", "ns_last_pid")))
+            pid_max = int(read_text(self.paths.proc("sys", "kernel", "pid_max")))
+            with open(self.paths.proc("stat"), "rb") as handle:
+                stat = handle.read()
+            at = stat.index(b"\nprocesses ") + len(b"\nprocesses ")
+            forks = int(stat[at:stat.index(b"\n", at)])
         except (OSError, ValueError):
             return None
+        return last, forks, pid_max
 
     def pids(self) -> List[int]:
         """The pids /proc lists. Raises OSError when it cannot be listed at all."""
@@ -315,15 +324,23 @@ class ProcessTable:
 class PidWrapWatch:
     """For a cache of what was learnt per pid: the kernel hands pids out in rising order and
     reuses one only after wrapping at pid_max, so a pid it knows can be another process only
-    once ns_last_pid went down since the last look."""
+    once ns_last_pid went down since the last look, or more processes were forked since than
+    there are pids (a wrap that climbed back past the last value)."""
+
+    said_unreadable = False  # logged once per process
 
     def __init__(self, table: ProcessTable):
         self.table = table
-        self._last: Optional[int] = None
+        self._last: Optional[Tuple[int, int, int]] = None  # ns_last_pid, forks, pid_max
 
     def wrapped(self) -> bool:
-        """Whether pids may have been reused since the last call (also when unreadable)."""
-        last = self.table.last_pid()
-        wrapped = last is None or (self._last is not None and last < self._last)
-        self._last = last
-        return wrapped
+        """Whether pids may have been reused since the last call (also when we cannot tell)."""
+        now = self.table.pid_counters()
+        last, self._last = self._last, now
+        if now is None:
+            if not PidWrapWatch.said_unreadable:
+                PidWrapWatch.said_unreadable = True
+                log.info("cannot read ns_last_pid or the fork count: node mode reads every process at each "
+                         "inventory run (a pid it knows may be another process)")
+            return True
+        return last is not None and (now[0] < last[0] or now[1] - last[1] >= now[2] - RESERVED_PIDS)

@@ -74,6 +74,7 @@ class StateStore:
         # Bumped when a watch starts and when its queue overflows: inotify saw everything
         # in a mount between two looks only if the epoch is the same at both.
         self._watch_epochs: Dict[str, int] = {}
+        self._epoch = 0  # one counter for all: a mount forgotten and seen again never repeats one
         self._oom: Dict[str, int] = {}
         self._oom_cgroup: Dict[str, int] = {}
         self._recent_oom: Deque[Tuple[object, Optional[int]]] = deque(maxlen=RECENT_OOM_KILLS)
@@ -125,7 +126,8 @@ class StateStore:
     def count_overflow(self, mount: str) -> None:
         with self._lock:
             self._overflows[mount] = self._overflows.get(mount, 0) + 1
-            self._watch_epochs[mount] = self._watch_epochs.get(mount, 0) + 1
+            self._epoch += 1
+            self._watch_epochs[mount] = self._epoch
         self._changed()
 
     def count_oom_kill(self, cgroup: str, kill: object, shm_used: Optional[int]) -> None:
@@ -150,7 +152,8 @@ class StateStore:
                 return
             self._inotify[mount] = active
             if active:
-                self._watch_epochs[mount] = self._watch_epochs.get(mount, 0) + 1
+                self._epoch += 1
+                self._watch_epochs[mount] = self._epoch
         self._changed()
 
     def watch_epoch(self, mount: str) -> Optional[int]:

@@ -250,6 +250,10 @@ def test_a_refresh_walks_only_the_directories_that_changed(two_pods, monkeypatch
         found, inv = walks()
         assert found == [b]
         assert {s.name for m in inv.mounts for s in m.segments} == {"psm_grows", "nccl-b"}
+        os.rename(os.path.join(b, "nccl-b"), os.path.join(b, "ucx_b"))  # its event still on its way
+        found, inv = walks()
+        assert found == [b]  # the directory's mtime moved
+        assert {s.name for m in inv.mounts for s in m.segments} == {"psm_grows", "ucx_b"}
         state.count_overflow(a)  # events may have been lost
         assert walks()[0] == [a]
         with mounted_tmpfs("16m", path=b):  # another tmpfs over the same path, statvfs alike
@@ -258,8 +262,10 @@ def test_a_refresh_walks_only_the_directories_that_changed(two_pods, monkeypatch
             assert walks()[0] == [b]
         assert walks()[0] == [b]  # and the first one again once it is gone
         assert walks()[0] == []
-        with open("/proc/sys/kernel/ns_last_pid", "w") as last:
-            last.write("300")  # as after wrapping at pid_max: a known pid may be another process
+        with open("/proc/sys/kernel/ns_last_pid", "r+") as last:
+            below = max(1, min(300, int(last.read()) // 2))
+            last.seek(0)
+            last.write(str(below))  # as after wrapping at pid_max: a known pid may be another process
         assert walks()[0] == sorted([a, b])  # a full scan
         with Peer(a, "mapped", "psm_outside", str(MiB)) as outside:  # in no pod's cgroup
             assert walks()[0] == [a]
@@ -270,6 +276,9 @@ def test_a_refresh_walks_only_the_directories_that_changed(two_pods, monkeypatch
         [gone] = [s for m in inv.mounts for s in m.segments if s.name == "psm_outside"]
         assert gone.state == "orphan"
         assert walks()[0] == []
+        os.mkdir(os.path.join(a, "sub"))  # inotify watches the top directory only
+        assert walks()[0] == [a]
+        assert walks()[0] == [a]  # and so on, while it has one
         clock.now += 600
         assert walks()[0] == sorted([a, b])  # the full scan of the interval
 
@@ -318,3 +327,100 @@ def test_a_running_process_that_attaches_to_an_orphan_and_writes_is_seen_by_the_
     finally:
         child.kill()
         child.wait()
+
+
+@needs_root
+def test_a_refresh_after_a_quick_run_still_sees_an_attach_that_wrote(two_pods):
+    """The quick run read the pod when it patched the mount: pages written after it still
+    count as a move at the next refresh, which reads the pod again."""
+    import subprocess
+    import sys
+
+    from exporter.state import StateStore
+    (a, _), (cg_a, _) = two_pods
+    clock, state, changes = Clock(), StateStore(), ChangeLog()
+    state.set_inotify(a, True)
+    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+                                  full_scan_interval=600.0, monotonic=clock, watch_epoch=state.watch_epoch,
+                                  ignore_unreadable=HOST_EXCUSED_RE)
+    path = os.path.join(a, "psm_known")
+    with open(path, "wb") as f:
+        f.truncate(4 * MiB)
+    child = subprocess.Popen([sys.executable, "-c", ATTACH_LATER, path], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        into_pod(cg_a, child.pid)
+        assert segment(collector.collect(), a, "psm_known") == ("orphan", ())
+        open(os.path.join(a, "psm_other"), "wb").close()
+        changes.add(a, "psm_other")
+        collector.collect_quick()  # a create in the pod: the listing patched, the pod read
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "attached"
+        clock.now += 15
+        assert segment(collector.collect(), a, "psm_known") == ("linked", (child.pid,))
+    finally:
+        child.kill()
+        child.wait()
+
+
+HOLD_LATER = """
+import mmap, os, sys
+sys.stdin.readline()
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+os.ftruncate(fd, 1 << 20)
+view = mmap.mmap(fd, 1 << 20)
+view[:4096] = b"w" * 4096
+print("held", os.fstat(fd).st_dev, os.fstat(fd).st_ino, flush=True)
+sys.stdin.readline()
+"""
+
+
+@needs_root
+def test_a_deleted_pods_device_number_handed_to_a_new_pod_proves_nothing(tmp_path):
+    """The kernel hands a freed device number out again and tmpfs numbers inodes from 1 per
+    instance: the new pod's first file has the deleted pod's first file's (device, inode).
+    Known from the last full scan only on the same mount and device, or it is new:
+    'unverified' until a full scan, never 'orphan' from a refresh."""
+    import subprocess
+    import sys
+
+    from tests.conftest import remove_cgroup
+    if not os.path.exists(os.path.join(V1_MEMORY, "cgroup.procs")):
+        missing(f"needs the cgroup v1 memory controller at {V1_MEMORY} to put processes in pod cgroups")
+    old_uid, new_uid = str(uuid.uuid4()), str(uuid.uuid4())
+    old_pod = f"{tmp_path}/var/lib/kubelet/pods/{old_uid}/volumes/kubernetes.io~empty-dir/dshm"
+    new_pod = f"{tmp_path}/var/lib/kubelet/pods/{new_uid}/volumes/kubernetes.io~empty-dir/dshm"
+    cgroup = os.path.join(V1_MEMORY, "kubepods", "burstable", f"pod{new_uid}")
+    os.makedirs(cgroup)
+    mounts = [old_pod]
+    child = None
+    try:
+        with mounted_tmpfs("16m", path=old_pod) as old:
+            with open(os.path.join(old, "psm_old"), "wb") as f:
+                f.write(b"x" * 4096)
+            before = os.stat(os.path.join(old, "psm_old"))
+            os.makedirs(new_pod)
+            child = subprocess.Popen([sys.executable, "-c", HOLD_LATER, os.path.join(new_pod, "psm_new")],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            into_pod(cgroup, child.pid)  # read by the full scan, holding nothing yet
+            clock = Clock()
+            collector = SegmentsCollector(Paths(), lambda: list(mounts), ProcessTable(Paths()), pod_of_pid=True,
+                                          full_scan_interval=600.0, monotonic=clock,
+                                          ignore_unreadable=HOST_EXCUSED_RE)
+            assert segment(collector.collect(), old, "psm_old") == ("orphan", ())
+        with mounted_tmpfs("16m", path=new_pod) as new:
+            mounts[:] = [new]
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            dev, ino = map(int, child.stdout.readline().split()[1:])
+            reused = (dev, ino) == (before.st_dev, before.st_ino)
+            clock.now += 15
+            state, holders = segment(collector.collect(), new, "psm_new")  # a refresh: nothing read the child
+            assert state == "unverified" and holders == ()
+            print(f"device number reused: {reused}")
+    finally:
+        if child:
+            child.kill()
+            child.wait()
+        remove_cgroup(cgroup)

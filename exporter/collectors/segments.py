@@ -67,7 +67,9 @@ class SegmentsCollector:
         # it was last walked, with no event and the same statvfs, is not walked by a refresh.
         self.watch_epoch = watch_epoch
         self._walked_as: Dict[str, tuple] = {}  # _signature() when last walked
-        self._moved_now: Set[str] = set()  # walked by this run, its statvfs moved
+        self._dir_times: Dict[str, Tuple[int, int]] = {}  # the mount directory's mtime and ctime, this run
+        self._sig_now: Dict[str, tuple] = {}  # _signature() of this run, where taken
+        self._pod_read_as: Dict[str, tuple] = {}  # _signature() when the mount's pod was last read
         self._kept_now: Set[str] = set()  # listing kept as quiet by this run
         self._scanned_at = float("-inf")  # when the last full owner scan ran
         # The last listing of each mount, and its name -> inode index, for quick runs to patch.
@@ -77,6 +79,10 @@ class SegmentsCollector:
         self._said_unproven: Tuple[str, ...] = ()  # the reasons last logged
         self._owners = Owners()  # from the last full run, for quick runs that skip /proc
         self._known_files: Set[Key] = set()  # inodes listed by the last full run
+        # Each mount's device at the last full run: a key (device, inode) counts as known only
+        # on the same mount and device (a deleted pod's device number is handed out again,
+        # and tmpfs numbers its inodes from 1 per instance).
+        self._full_devs: Dict[str, int] = {}
         self._held_at_full: Set[Key] = set()  # inodes some process held at the last full run
         self._last: Dict[str, MountInventory] = {}  # the last run's inventory of each mount
         # Read by the sampler after a quick run: whether owners need the full follow-up run.
@@ -86,6 +92,7 @@ class SegmentsCollector:
         st = os.stat(self.paths.host(mount))
         if not stat_mod.S_ISDIR(st.st_mode):
             raise NotADirectoryError(errno.ENOTDIR, "not a directory", mount)
+        self._dir_times[mount] = (st.st_mtime_ns, st.st_ctime_ns)  # a create, unlink or rename moves them
         return st.st_dev
 
     def collect(self) -> Inventory:
@@ -100,19 +107,18 @@ class SegmentsCollector:
               quiet_ok: bool = False) -> Listing:
         previous = self._listings.get(mount)
         index = self._indexes.get(mount)
-        if quiet_ok and previous is not None and self._quiet(mount, dev, changes):
+        if full or mount in changes:
+            # Before the listing: a change while it is read shows at the next look.
+            self._sig_now[mount] = self._signature(mount, dev)
+        if quiet_ok and previous is not None and self._quiet(mount, changes):
             self._kept_now.add(mount)
             return previous
         if full or previous is None or index is None or (mount in changes and changes[mount] is None):
-            # The signature before the walk: a change while it runs shows at the next look.
-            before, now = self._walked_as.get(mount), self._signature(mount, dev)
-            self._walked_as[mount] = now
-            # Moved with no event to say so. After a quick run's patch (no signature kept)
-            # the pod was read by that run's pod-scoped scan already.
-            if before is not None and now is not None and (before[0] != now[0] or before[2:] != now[2:]):
-                self._moved_now.add(mount)
+            self._walked_as[mount] = self._sig_now.get(mount)
             files, others, truncated = walk(self.paths.host(mount), dev)
             self._indexes[mount] = {name: key for key, (name, _) in files.items()}
+            if others.get("directory"):
+                self._walked_as[mount] = None  # inotify watches the top directory only
         else:
             files, others, truncated = previous
             if changes.get(mount):
@@ -121,29 +127,35 @@ class SegmentsCollector:
         self._listings[mount] = (files, others, truncated)
         return files, others, truncated
 
-    def _quiet(self, mount: str, dev: int, changes: Dict[str, Optional[Set[str]]]) -> bool:
+    def _quiet(self, mount: str, changes: Dict[str, Optional[Set[str]]]) -> bool:
         """Nothing in the mount changed since it was walked: the same device (not a tmpfs
         mounted over it), inotify watching it all along (the same watch epoch: not restarted,
-        no queue overflow) and seeing nothing, and the same statvfs (a create or unlink moves
-        the free inodes; pages written or punched through a mapping, which inotify never sees,
-        move the free blocks). 200 quiet pods' directories are walked by full scans, not by
-        every refresh."""
+        no queue overflow) and seeing nothing, the directory's mtime and ctime the same (a
+        create, unlink or rename, also one whose event is still on its way), no
+        sub-directories (inotify watches the top one only), and the same statvfs (pages
+        written or punched through a mapping, which inotify never sees, move the free
+        blocks). 200 quiet pods' directories are walked by full scans, not by every refresh."""
         if self.watch_epoch is None or mount in changes:
             return False
         walked_as = self._walked_as.get(mount)
-        if walked_as is None or walked_as[1] is None or not walked_as[2] or not walked_as[4]:
+        if walked_as is None or walked_as[1] is None or not walked_as[3] or not walked_as[5]:
             return False  # not watched then (a change may have gone unseen), or size=0 / nr_inodes=0
-        return walked_as == self._signature(mount, dev)
+        return walked_as == self._sig_now.get(mount)
 
     def _signature(self, mount: str, dev: int) -> Optional[tuple]:
-        """(device, watch epoch or None when not watched, statvfs blocks, free blocks, files,
-        free inodes); None when statvfs fails."""
+        """(device, watch epoch or None when not watched, directory times, statvfs blocks,
+        free blocks, files, free inodes); None when statvfs fails."""
         epoch = self.watch_epoch(mount) if self.watch_epoch is not None else None
         try:
             st = self.statvfs(self.paths.host(mount))
         except OSError:
             return None
-        return dev, epoch, st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
+        return dev, epoch, self._dir_times.get(mount), st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
+
+    @staticmethod
+    def _moved(before: Optional[tuple], now: Optional[tuple]) -> bool:
+        """Device or statvfs moved (not the watch or the directory: those have events)."""
+        return before is not None and now is not None and (before[0] != now[0] or before[3:] != now[3:])
 
     def _collect(self, full: bool) -> Inventory:
         devs: Dict[str, int] = {}
@@ -161,7 +173,7 @@ class SegmentsCollector:
         refresh = full and bool(self._owners.processes) and \
             self.monotonic() - self._scanned_at < self.full_scan_interval
         # A full scan walks every directory; a refresh only those that changed.
-        self._moved_now, self._kept_now = set(), set()
+        self._kept_now, self._sig_now = set(), {}
         listings = {mount: self._list(mount, dev, full, changes, quiet_ok=refresh) for mount, dev in devs.items()}
         for gone in [m for m in self._listings if m not in devs]:
             del self._listings[gone]  # a mount that went away (node mode: a deleted pod)
@@ -171,10 +183,15 @@ class SegmentsCollector:
         if full:
             refreshed = None
             if refresh:
-                # A directory that moved (pages written through a mapping: no event) has its
-                # pod's processes read again too: what they hold, and how big, moved with it.
-                moved = {pod_uid_of_mount(m) for m in self._moved_now} - {""}
-                refreshed = self.owner_scan.refresh(set(devs.values()), self._owners, also=moved)
+                # A mount that moved since its pod was last read (pages written through a
+                # mapping: no event) has its pod's processes read again: what they hold, and
+                # how big, moved with it. So has one whose events no quick run handled.
+                moved = [m for m in devs if m in changes or
+                         self._moved(self._pod_read_as.get(m), self._sig_now.get(m))]
+                also = {pod_uid_of_mount(m) for m in moved} - {""}
+                refreshed = self.owner_scan.refresh(set(devs.values()), self._owners, also=also)
+                if refreshed is not None:
+                    self._pod_read_as.update({m: self._sig_now[m] for m in moved if self._sig_now.get(m)})
             if refreshed is not None:
                 self._owners = refreshed
             else:
@@ -185,11 +202,15 @@ class SegmentsCollector:
                 self._scanned_at = self.monotonic()
                 self._say_why_unproven(self._owners)
                 self._known_files = {key for files, _, _ in listings.values() for key in files}
+                self._full_devs = dict(devs)
+                self._pod_read_as = {m: sig for m in devs if (sig := self._sig_now.get(m)) is not None}
                 self._held_at_full = set(self._owners.holdings)
                 settled = True
             self.wants_follow_up = False
         else:
-            self._scoped_owners(changes, set(devs.values()))
+            if self._scoped_owners(changes, set(devs.values())):
+                # Those mounts' pods were read just now: "moved" counts from here.
+                self._pod_read_as.update({m: sig for m in changes if (sig := self._sig_now.get(m)) is not None})
         touched_pods = {pod_uid_of_mount(m) for m in changes} - {""} if self.pod_of_pid else set()
         mounts = []
         held_on: Dict[int, List[Key]] = {}  # the held inodes by device, once, not once per mount
@@ -240,18 +261,20 @@ class SegmentsCollector:
         else:
             log.info("every process could be read: segments held by nobody are orphans again")
 
-    def _scoped_owners(self, changes: Dict[str, Optional[Set[str]]], devs: Set[int]) -> None:
+    def _scoped_owners(self, changes: Dict[str, Optional[Set[str]]], devs: Set[int]) -> bool:
         """Node mode: rescan the processes of the pods whose mounts changed, not the node's
         (0.2 ms a process: 2,000 processes cost 450 ms per event). A change in a mount with
         no pod (the host's /dev/shm, a runtime's sandbox shm) asks for the full follow-up run
-        instead, as in sidecar mode, where the quick run reuses the last full run's owners."""
+        instead, as in sidecar mode, where the quick run reuses the last full run's owners.
+        -> whether the changed mounts' pods were read."""
         pods = {pod_uid_of_mount(mount) for mount in changes}
         if not self.pod_of_pid or not self._owners.processes or "" in pods:
             self.wants_follow_up = True
-            return
+            return False
         if pods:
             self._owners = self.owner_scan.scan_pods(devs, pods, self._owners)
         self.wants_follow_up = False
+        return bool(pods)
 
     def _assemble(self, mount: str, dev: int, files: Files, others: Dict[str, int], held_keys: List[Key],
                   quick: bool, settled: bool) -> MountInventory:
@@ -268,7 +291,7 @@ class SegmentsCollector:
         # follow-up full run says otherwise: no orphan flapping on every create. A refresh
         # read its new processes, and found nobody holding it: unverified until a full scan.
         unknown_state = "linked" if quick else unheld_state if settled else "unverified"
-        known_files = self._known_files
+        known_files = self._known_files if self._full_devs.get(mount) == dev else frozenset()
         append = inv.segments.append
         classes = CLASS_CACHE
         for key, (name, st) in files.items():
