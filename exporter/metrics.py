@@ -255,7 +255,8 @@ class ModelCollector(Collector):
             age = 0.0 if oldest_orphan is None else max(0.0, inv.wall_time - oldest_orphan)
             out.add("shmwatch_orphan_oldest_age_seconds", [m.mount], age)
             out.fragment(self._fragments, ("entries", view.mount), (),
-                         (view.labels, inv.owners_complete, m.unattributed_bytes, tuple(sorted(m.other_entries.items()))),
+                         (view.labels, inv.owners_complete, m.unattributed_bytes,
+                          tuple(sorted(m.other_entries.items()))),
                          lambda staged, m=m: self._one_mount_entries(inv, m, staged))
 
     @staticmethod
