@@ -295,44 +295,13 @@ sys.stdin.readline()
 
 
 @needs_root
-def test_a_running_process_that_attaches_to_an_orphan_and_writes_is_seen_by_the_next_refresh(two_pods):
+@pytest.mark.parametrize("quick_run_first", [False, True], ids=["refresh", "quick-run-then-refresh"])
+def test_a_running_process_that_attaches_to_an_orphan_and_writes_is_seen_by_the_next_refresh(two_pods,
+                                                                                             quick_run_first):
     """Open and mmap raise no inotify event, but pages written move statvfs: the refresh walks
     the mount and reads its pod's processes again, so the orphan turns linked before the
-    next full scan."""
-    import subprocess
-    import sys
-
-    from exporter.state import StateStore
-    (a, _), (cg_a, _) = two_pods
-    clock, state = Clock(), StateStore()
-    state.set_inotify(a, True)
-    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True,
-                                  full_scan_interval=600.0, monotonic=clock, watch_epoch=state.watch_epoch,
-                                  ignore_unreadable=HOST_EXCUSED_RE)
-    path = os.path.join(a, "psm_known")
-    with open(path, "wb") as f:
-        f.truncate(4 * MiB)
-    child = subprocess.Popen([sys.executable, "-c", ATTACH_LATER, path], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
-    try:
-        into_pod(cg_a, child.pid)
-        inv = collector.collect()
-        assert segment(inv, a, "psm_known") == ("orphan", ())
-        child.stdin.write("go\n")
-        child.stdin.flush()
-        assert child.stdout.readline().strip() == "attached"
-        clock.now += 15
-        inv = collector.collect()  # a refresh, long before the full scan
-        assert segment(inv, a, "psm_known") == ("linked", (child.pid,))
-    finally:
-        child.kill()
-        child.wait()
-
-
-@needs_root
-def test_a_refresh_after_a_quick_run_still_sees_an_attach_that_wrote(two_pods):
-    """The quick run read the pod when it patched the mount: pages written after it still
-    count as a move at the next refresh, which reads the pod again."""
+    next full scan. Also when a quick run read the pod (a create) just before the attach:
+    the move counts from that read."""
     import subprocess
     import sys
 
@@ -351,14 +320,15 @@ def test_a_refresh_after_a_quick_run_still_sees_an_attach_that_wrote(two_pods):
     try:
         into_pod(cg_a, child.pid)
         assert segment(collector.collect(), a, "psm_known") == ("orphan", ())
-        open(os.path.join(a, "psm_other"), "wb").close()
-        changes.add(a, "psm_other")
-        collector.collect_quick()  # a create in the pod: the listing patched, the pod read
+        if quick_run_first:
+            open(os.path.join(a, "psm_other"), "wb").close()
+            changes.add(a, "psm_other")
+            collector.collect_quick()  # a create in the pod: the listing patched, the pod read
         child.stdin.write("go\n")
         child.stdin.flush()
         assert child.stdout.readline().strip() == "attached"
         clock.now += 15
-        assert segment(collector.collect(), a, "psm_known") == ("linked", (child.pid,))
+        assert segment(collector.collect(), a, "psm_known") == ("linked", (child.pid,))  # a refresh
     finally:
         child.kill()
         child.wait()
