@@ -179,6 +179,8 @@ class SegmentsCollector:
             del self._listings[gone]  # a mount that went away (node mode: a deleted pod)
             self._indexes.pop(gone, None)
             self._walked_as.pop(gone, None)
+            self._dir_times.pop(gone, None)
+            self._pod_read_as.pop(gone, None)
         settled = False  # owners from a full scan of every process, this run
         if full:
             refreshed = None
