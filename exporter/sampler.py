@@ -99,6 +99,11 @@ class _Runner(threading.Thread):
                 next_full = now
             if now >= next_full:
                 self._last_full = (next_full, now)
+                # A full run does all a pending event-driven run would (it drains the same
+                # change log): the events so far are its own. One landing from here on asks
+                # for a quick run again.
+                self.quick_pending = False
+                self.first_event_at = None
                 self.run_once(full=True)
                 self.full_spent = time.monotonic() - now
                 next_full = self._next_full_after(*self._last_full)
@@ -119,6 +124,11 @@ class _Runner(threading.Thread):
                 due = self.sampler.scrape_due()
                 if due is not None:
                     hold = due - max(QUICK_LEAD_SECONDS, QUICK_SCAN_DUTY_FACTOR * self.quick_spent)
+                    if next_full <= due:
+                        # The full run for the same scrape (a scrape-aligned source's) takes these
+                        # events: one run before the scrape, not a quick run and a full run back
+                        # to back (a node's 150 changed pods read twice per scrape).
+                        hold = next_full
                     if hold > time.monotonic():
                         # Held for the scrape (a full run due before then runs first; more
                         # events only add names to the same run), in slices: a scraper that

@@ -110,3 +110,35 @@ def test_a_hammering_scraper_ends_the_wait_at_once():
         assert len(aligned.runs) >= runs_while_held + 5
     finally:
         sampler.stop()
+
+
+def test_events_held_for_a_scrape_are_left_to_the_full_run_before_it():
+    """A scrape-aligned, event-driven source (node mode's inventory): the events held for a
+    scrape are taken by the full run made for that scrape, not by a quick run just before it
+    (a slow quick run starts earlier than the full run: node mode read 150 pods twice)."""
+
+    class SlowQuick(Counting):
+        def collect_quick(self):
+            time.sleep(0.35)  # its lead before a scrape: 4 x 0.35 s, more than a full run's 1 s
+            return super().collect_quick()
+
+    both = SlowQuick("both", aligned=True, event_driven=True)
+    both.schedule = "inventory"
+    sampler = Sampler([both], poll_interval=0.05, inventory_interval=1.0)
+    start = time.monotonic()
+    sampler.start()
+    try:
+        sampler.request_quick()  # no scraper known yet: runs at once, and is timed
+        time.sleep(start + 0.7 - time.monotonic())
+        assert len(both.quick) == 1
+        sampler.scrape_due = every(3.0, start)  # scrapes at 3 s, 6 s
+        time.sleep(start + 1.15 - time.monotonic())  # past the full run of the interval (1 s)
+        runs, quick = len(both.runs), len(both.quick)
+        for _ in range(3):
+            sampler.request_quick()
+            time.sleep(0.05)
+        time.sleep(start + 2.8 - time.monotonic())  # the quick run would be due at 1.6 s, the full at 2 s
+        assert len(both.quick) == quick, "a quick run went ahead of the full run for the same scrape"
+        assert len(both.runs) == runs + 1, both.runs
+    finally:
+        sampler.stop()
