@@ -6,7 +6,7 @@ shmwatch_shm_oom_projection_ratio) and `shmwatch check` both report.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 from .collectors.cgroup import CgroupMemory
 from .collectors.shm_mount import MountUsage
@@ -38,12 +38,13 @@ def shm_budget(m: MountUsage, cgroup: Optional[CgroupMemory], size_limit: Option
     return ShmBudget(fillable, fillable, None, None)
 
 
-def cgroup_for_mount(pod_uid: str, cgroups: Sequence[CgroupMemory]) -> Optional[CgroupMemory]:
-    """The cgroup a mount's pages are charged to: a pod's emptyDir to its pod's cgroup, any
-    other mount to the one watched cgroup that belongs to no pod (the sidecar's workload).
-    The same rule in both modes: in node mode every cgroup is a pod's, so the host's own
-    /dev/shm is charged to none of them."""
+def cgroups_by_pod(cgroups: Sequence[CgroupMemory]) -> Dict[str, CgroupMemory]:
+    """The cgroup a mount's pages are charged to, by the mount's pod UID: a pod's emptyDir to
+    its pod's cgroup, any other mount ("") to the one watched cgroup that belongs to no pod
+    (the sidecar's workload). The same rule in both modes: in node mode every cgroup is a
+    pod's, so the host's own /dev/shm is charged to none of them. The first wins, as listed.
+    Indexed once per model build, not searched per mount (200 pods: 40,000 comparisons)."""
+    by_pod: Dict[str, CgroupMemory] = {}
     for cgroup in cgroups:
-        if cgroup.pod_uid == pod_uid:
-            return cgroup
-    return None
+        by_pod.setdefault(cgroup.pod_uid, cgroup)
+    return by_pod

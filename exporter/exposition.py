@@ -14,12 +14,13 @@ yet); a `name[]`-filtered scrape encodes the chosen families of the last render.
 """
 from __future__ import annotations
 
+import functools
 import gzip
 import logging
 import re
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import parse_qs
 
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, gzip_accepted, generate_latest
@@ -66,13 +67,29 @@ def _escape_value(value: str) -> str:
     return value
 
 
+@functools.lru_cache(maxsize=1024)
+def line_template(sample_name: str, names: Tuple[str, ...]) -> str:
+    """A str.format template for one sample line with labels `names` (values given in that
+    order), written as generate_latest writes them: sorted by label name. Names are legacy
+    names (no braces); a line is then one format call, not a join per label."""
+    if not names:
+        return sample_name + " {v}\n"
+    inner = ",".join(names[i] + '="{' + str(i) + '}"' for i in sorted(range(len(names)), key=names.__getitem__))
+    return sample_name + "{{" + inner + "}} {v}\n"
+
+
+def format_line(template: str, values: Sequence[str], value: float) -> str:
+    """One sample line from its template (line_template) and label values."""
+    joined = "".join(values)
+    if "\\" in joined or "\n" in joined or '"' in joined:  # rare: escape value by value
+        values = [_escape_value(v) for v in values]
+    return template.format(*values, v=floatToGoString(value))
+
+
 def sample_line(sample, order: List[str]) -> str:
     """One sample as generate_latest writes it; `order` is its label names, sorted."""
-    if order:
-        labels = sample.labels
-        text = ",".join([f'{k}="{_escape_value(labels[k])}"' for k in order])
-        return f"{sample.name}{{{text}}} {floatToGoString(sample.value)}\n"
-    return f"{sample.name} {floatToGoString(sample.value)}\n"
+    labels = sample.labels
+    return format_line(line_template(sample.name, tuple(order)), [labels[k] for k in order], sample.value)
 
 
 def _sample_chunks(metrics: List[object]) -> Optional[List[str]]:

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.samples import Sample
 from prometheus_client.registry import Collector
 
 from . import __version__
 from .catalogue import lookup, node_labels
-from .exposition import sample_line
+from .exposition import format_line, line_template
 from .collectors.cgroup import CgroupMemory
 from .inventory.summary import owner_label
 from .labels import clean
@@ -67,8 +68,38 @@ class FragmentCache:
         self.current[where] = (same, equal, recorded)
 
 
+class _Shape(NamedTuple):
+    """What every sample of one family needs, looked up once per family name and mode."""
+    kind: type
+    help: str
+    labelnames: Tuple[str, ...]
+    added: Tuple[str, ...]  # node labels
+    mount_at: int  # index of the mount label, or -1
+    sample_name: str  # a counter's with _total
+    template: str  # exposition.line_template
+
+
+_SHAPES: Dict[Tuple[str, bool], _Shape] = {}
+
+
+def _shape(name: str, node_mode: bool) -> _Shape:
+    shape = _SHAPES.get((name, node_mode))
+    if shape is None:
+        entry = lookup(name)
+        added = node_labels(entry) if node_mode else ()
+        kind = CounterMetricFamily if entry.type == "counter" else GaugeMetricFamily
+        labelnames = tuple(entry.labels) + tuple(added)
+        family_name = kind(name, entry.help, labels=list(labelnames)).name  # validated; a counter's without _total
+        sample_name = family_name + "_total" if entry.type == "counter" else family_name
+        shape = _SHAPES[(name, node_mode)] = _Shape(
+            kind, entry.help, labelnames, tuple(added), entry.labels.index("mount") if "mount" in entry.labels else -1,
+            sample_name, line_template(sample_name, labelnames))
+    return shape
+
+
 class Families:
-    """Families by metric name, created on first use from the catalogue.
+    """Samples and their text lines by family name, families made from the catalogue when
+    iterated (not per fragment: a node's 600 fragments each made a dozen).
 
     In node mode every mount-level series also carries pod_uid/volume/container_id (from
     `mount_labels`), cgroup series their pod_uid, as catalogue.node_labels says.
@@ -77,25 +108,16 @@ class Families:
     def __init__(self, node_mode: bool = False,
                  mount_labels: Optional[Callable[[str], Dict[str, str]]] = None,
                  cache: Optional[LineCache] = None) -> None:
-        self._families: Dict[str, Metric] = {}
-        # name -> (node labels, index of mount, label names sorted as the text format has them)
-        self._shape: Dict[str, Tuple[Tuple[str, ...], int, List[str]]] = {}
+        self._parts: Dict[str, Tuple[list, list]] = {}  # name -> (samples, their lines)
         self.node_mode = node_mode
         self.mount_labels = mount_labels or (lambda mount: {})
         self.cache = cache or LineCache()
 
-    def _family(self, name: str) -> Metric:
-        family = self._families.get(name)
-        if family is None:
-            entry = lookup(name)
-            added = node_labels(entry) if self.node_mode else ()
-            kind = CounterMetricFamily if entry.type == "counter" else GaugeMetricFamily
-            family = self._families[name] = kind(name, entry.help, labels=list(entry.labels + added))
-            family.lines = []  # the text format's line of each sample (exposition.text_format)
-            # Looked up once per family, not once per sample (10,000s in node mode).
-            self._shape[name] = (added, entry.labels.index("mount") if "mount" in entry.labels else -1,
-                                 sorted(entry.labels + added))
-        return family
+    def _lists(self, name: str) -> Tuple[list, list]:
+        parts = self._parts.get(name)
+        if parts is None:
+            parts = self._parts[name] = ([], [])
+        return parts
 
     def fragment(self, cache: "FragmentCache", where: tuple, same: tuple, equal: tuple,
                  render: Callable[["Families"], None]) -> None:
@@ -106,16 +128,20 @@ class Families:
         if recorded is None:
             staged = self.child()
             render(staged)
-            recorded = [(name, family.samples, family.lines) for name, family in staged._families.items()]
+            recorded = [(name, samples, lines) for name, (samples, lines) in staged._parts.items()]
             cache.put(where, same, equal, recorded)
+        parts = self._parts
         for name, samples, lines in recorded:
-            family = self._family(name)
-            family.samples.extend(samples)
-            family.lines.extend(lines)
+            mine = parts.get(name)
+            if mine is None:
+                parts[name] = (samples[:], lines[:])  # the recorded lists are replayed again
+            else:
+                mine[0].extend(samples)
+                mine[1].extend(lines)
 
     def add(self, name: str, labels: Sequence[str], value: float, extra: Optional[Dict[str, str]] = None) -> None:
-        family = self._family(name)
-        added, mount_at, order = self._shape[name]
+        shape = _SHAPES.get((name, self.node_mode)) or _shape(name, self.node_mode)
+        added, mount_at = shape.added, shape.mount_at
         if not added:
             values = tuple(labels)
         elif extra is None and mount_at >= 0:
@@ -132,26 +158,33 @@ class Families:
         key = (name, values, value or repr(value))  # 0.0 and -0.0 are equal, not written alike
         known = self.cache.previous.get(key)
         if known is None:
-            family.add_metric(list(values), value)
-            known = (family.samples[-1], sample_line(family.samples[-1], order))
-        else:
-            family.samples.append(known[0])
+            known = (Sample(shape.sample_name, dict(zip(shape.labelnames, values)), value),
+                     format_line(shape.template, values, value))
         self.cache.current[key] = known
-        family.lines.append(known[1])
+        samples, lines = self._parts.get(name) or self._lists(name)
+        samples.append(known[0])
+        lines.append(known[1])
 
     def child(self) -> "Families":
         return Families(self.node_mode, self.mount_labels, self.cache)
 
     def merge(self, other: "Families") -> None:
-        for name, family in other._families.items():
-            mine = self._families.setdefault(name, family)
-            self._shape.setdefault(name, other._shape[name])
-            if mine is not family:
-                mine.samples.extend(family.samples)
-                mine.lines.extend(family.lines)
+        parts = self._parts
+        for name, (samples, lines) in other._parts.items():
+            mine = parts.get(name)
+            if mine is None:
+                parts[name] = (samples, lines)  # the other is discarded
+            else:
+                mine[0].extend(samples)
+                mine[1].extend(lines)
 
     def __iter__(self) -> Iterator[Metric]:
-        return iter(self._families.values())
+        for name, (samples, lines) in self._parts.items():
+            shape = _shape(name, self.node_mode)
+            family = shape.kind(name, shape.help, labels=list(shape.labelnames))
+            family.samples = samples
+            family.lines = lines  # the text format's line of each sample (exposition.text_format)
+            yield family
 
 
 class ModelCollector(Collector):

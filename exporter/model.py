@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .budget import ShmBudget, cgroup_for_mount, shm_budget
+from .budget import ShmBudget, cgroups_by_pod, shm_budget
 from .collectors.cgroup import CgroupMemory
 from .collectors.gpu import GpuSnapshot
 from .collectors.host_memory import HostMemory
@@ -208,9 +208,10 @@ class ModelStep:
         limit_unknown = ("cgroup" in self._latest and self._result("cgroup") is None
                          and self.memory_limit is None)
         mounts = []
+        charged_to = cgroups_by_pod(cgroups)
         for target in self.discovery.current().targets:
             usage = usages.get(target.mount)
-            cgroup = cgroup_for_mount(pod_uid_of_mount(target.mount), cgroups)
+            cgroup = charged_to.get(pod_uid_of_mount(target.mount))
             budget = None
             if usage is not None and not usage.error:
                 budget = shm_budget(usage, cgroup, self.shm_size_limit, self.memory_limit)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from exporter.budget import cgroup_for_mount, shm_budget
+from exporter.budget import cgroups_by_pod, shm_budget
 from exporter.collectors.cgroup import CgroupCollector, CgroupMemory
 from exporter.collectors.shm_mount import MountUsage
 from exporter.kube import pod_uid_of_mount
@@ -81,10 +81,10 @@ def test_node_mode_charges_a_mount_to_its_pod():
     assert pod_uid_of_mount(mount_path) == UID
     assert pod_uid_of_mount("/dev/shm") == ""
     mine, other = cgroup(GiB, 0, UID), cgroup(2 * GiB, 0, "ffffffff-4b5a-6978-8796-a5b4c3d2e1f0")
-    assert cgroup_for_mount(pod_uid_of_mount(mount_path), [other, mine]) is mine
-    assert cgroup_for_mount(pod_uid_of_mount("/dev/shm"), [other, mine]) is None
-    sidecar = cgroup(GiB, 0)
-    assert cgroup_for_mount(pod_uid_of_mount("/dev/shm"), [sidecar]) is sidecar  # the one watched cgroup
+    assert cgroups_by_pod([other, mine]).get(pod_uid_of_mount(mount_path)) is mine
+    assert cgroups_by_pod([other, mine]).get(pod_uid_of_mount("/dev/shm")) is None
+    sidecar, second = cgroup(GiB, 0), cgroup(2 * GiB, 0)
+    assert cgroups_by_pod([sidecar, second]).get(pod_uid_of_mount("/dev/shm")) is sidecar  # the first watched cgroup
 
 
 def test_v1_parent_limit_binds(tmp_path):

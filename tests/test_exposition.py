@@ -16,7 +16,8 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from exporter.collectors.host_memory import HostMemoryCollector
-from exporter.exposition import Exposition, _Frozen, openmetrics_format, text_format, wait_rendered
+from exporter.exposition import (Exposition, _Frozen, format_line, line_template, openmetrics_format, text_format,
+                                 wait_rendered)
 from exporter.paths import Paths
 from tests.conftest import FIXTURES, Exporter
 from tests.helpers import registry_for
@@ -147,6 +148,22 @@ def test_both_formats_are_generate_latest_byte_for_byte(families, doc):
     assert openmetrics_format(metrics) == openmetrics.generate_latest(_Frozen(metrics))
     assert text_format(metrics) == generate_latest(_Frozen(metrics))
 
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.permutations(["mount", "class", "a_label", "pod_uid"]), st.booleans(),
+       st.lists(st.tuples(st.lists(label_values, min_size=4, max_size=4), numbers), max_size=4))
+def test_a_line_from_its_template_is_generate_latests_whatever_the_label_order(names, counter, samples):
+    """metrics.Families writes each line from a template in the catalogue's label order
+    (node labels last), not sorted: generate_latest sorts them."""
+    kind = CounterMetricFamily if counter else GaugeMetricFamily
+    family = kind("m_bytes", "doc", labels=names)
+    lines = []
+    for values, value in samples:
+        family.add_metric(values, value)
+        lines.append(format_line(line_template(family.samples[-1].name, tuple(names)), values, value))
+    header = "".join(generate_latest(_Frozen([kind("m_bytes", "doc", labels=names)])).decode())
+    assert (header + "".join(lines)).encode() == generate_latest(_Frozen([family]))
 
 ACCEPTS = [None, "", "*/*", PROMETHEUS_ACCEPT, "application/openmetrics-text", "application/openmetrics-text; version=1.0.0",
            "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8", "application/openmetrics-text;version=0.0.1",
