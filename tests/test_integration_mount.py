@@ -57,3 +57,19 @@ def test_a_quick_run_measures_only_the_mounts_inotify_saw_change():
         assert quick[b] == before[b], "an untouched mount was measured again"
         polled = {u.mount: u.used_bytes for u in collector.collect()}
         assert polled[b] == before[b] + MiB
+
+
+@needs_root
+def test_a_poll_keeps_an_unchanged_mounts_usage_and_measures_a_changed_one_again(tmpfs):
+    """Node mode polls 200 mounts a second: one whose statvfs (and mount entry) did not
+    move keeps its usage object; a write shows at the next poll all the same."""
+    from exporter.collectors.shm_mount import ShmMountCollector
+    from exporter.paths import Paths
+    collector = ShmMountCollector(Paths(), [tmpfs])
+    [first] = collector.collect()
+    [again] = collector.collect()
+    assert again is first
+    fallocate(os.path.join(tmpfs, "psm_grow"), 4 << 20)
+    [grown] = collector.collect()
+    assert grown is not first and grown.used_bytes - first.used_bytes >= 4 << 20
+    assert grown.inodes_free == first.inodes_free - 1

@@ -64,6 +64,7 @@ class ShmMountCollector:
         self._warned: Dict[str, str] = {}
         self._index: Optional[MountIndex] = None  # the last poll's mountinfo, for quick runs
         self._last: Dict[str, MountUsage] = {}
+        self._measured: Dict[str, tuple] = {}  # mount -> (mountinfo entry, statvfs) its _last was made from
         # In a container our own mountinfo is the workload's view; with a host at --path.rootfs,
         # pid 1's is the host's.
         host_first = self.paths.rootfs not in ("", "/")
@@ -88,11 +89,19 @@ class ShmMountCollector:
         source = entry.source if entry else ""
         is_point = bool(entry and (entry.mount_point.rstrip("/") or "/") == mount)
         try:
-            values = measure(self.paths.host(mount), self.statvfs)
+            st = self.statvfs(self.paths.host(mount))
         except OSError as err:
             reason = err.strerror or str(err)
             self._warn_once(mount, f"cannot be measured: {reason}")
+            self._measured.pop(mount, None)
             return MountUsage(mount, fstype, source, is_point, error=reason)
+        last, measured = self._last.get(mount), self._measured.get(mount)
+        if last is not None and measured is not None and measured[0] is entry and measured[1] == st:
+            # Unchanged (most of a node's 200 mounts, every second): the same object, which the
+            # render recognises at once.
+            return last
+        self._measured[mount] = (entry, st)
+        values = measure(self.paths.host(mount), lambda _path: st)
         if fstype != "tmpfs" or not is_point:
             where = "is not a mount point" if not is_point else f"is {fstype}, not tmpfs"
             self._warn_once(mount, f"{where}; reporting the filesystem that holds it")
@@ -111,6 +120,8 @@ class ShmMountCollector:
             self.touched()  # all measured now
         usages = [self.measure_one(mount, self._index) for mount in mounts]
         self._last = {u.mount: u for u in usages}
+        for gone in [m for m in self._measured if m not in self._last]:
+            del self._measured[gone]
         return usages
 
     def collect_quick(self) -> List[MountUsage]:
