@@ -273,14 +273,10 @@ class ModelCollector(Collector):
             m, summary = view.inventory, view.summary
             if m is None or m.error or summary is None:
                 continue
-            # Owner labels and pods come from the whole inventory's tables: those of this
-            # mount's holders are part of what its samples were made from.
-            holders = [pid for seg in summary.top for pid in seg.holders] + [pid for pid, _ in summary.top_processes]
-            # Keyed on the summary (kept by the model step while the mount's inventory is
-            # equal), not the inventory object: a full run makes every mount's inventory anew.
-            out.fragment(self._fragments, ("segments", view.mount), (summary,),
-                         (view.labels, tuple(inv.comms.get(pid) for pid in holders),
-                          tuple(inv.pods.get(pid) for pid in holders)),
+            # Keyed on the summary, not the inventory object (a full run makes every mount's
+            # inventory anew): the model step keeps it while the mount's inventory is equal and
+            # the processes its series name (summary.named_pids) kept their comm and pod.
+            out.fragment(self._fragments, ("segments", view.mount), (summary,), (view.labels,),
                          lambda staged, m=m, summary=summary: self._one_mount_segments(inv, m, summary, staged))
             # Not replayed: an orphan's age moves on with every inventory, and most mounts
             # of a node with a leak would be rendered again for it.

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from .budget import ShmBudget, cgroups_by_pod, shm_budget
 from .collectors.cgroup import CgroupMemory
@@ -134,16 +134,20 @@ class ModelStep:
             # its summary is the one already made (200 pods, one changed: one summary).
             before = self._latest.get("segments")
             made = {}
+            renamed: Set[int] = set()
             if before is not None and before.obs is not None and before.obs.success:
                 made = {m.mount: (m, before.summaries.get(m.mount)) for m in before.obs.result.mounts}
+                renamed = _renamed(before.obs.result, obs.result)
             latest.summaries = {}
             for m in obs.result.mounts:
                 if m.error:
                     continue
                 old, summary = made.get(m.mount, (None, None))
                 # A full run makes every mount's inventory anew; one equal to the last (most of
-                # a node's, most of the time) keeps its summary, and with it its rendered lines.
-                reuse = summary is not None and (old is m or old == m)
+                # a node's, most of the time) keeps its summary, and with it its rendered lines,
+                # unless a process its series name changed its comm or pod (the render keys a
+                # mount's lines on the summary alone).
+                reuse = summary is not None and (old is m or old == m) and summary.named_pids.isdisjoint(renamed)
                 latest.summaries[m.mount] = summary if reuse else summarise(m, self.top_k)
         if obs.success and obs.source == "shm_mount":
             self.state.record_used_many([(u.mount, u.used_bytes) for u in obs.result if not u.error])
@@ -274,6 +278,18 @@ class ModelStep:
             else:
                 del floor[key]  # the pod is gone: its series goes with it
         return list(counts.values())
+
+
+def _renamed(before: Inventory, now: Inventory) -> Set[int]:
+    """The pids whose comm or pod differs between two inventories (gone ones included): once
+    per inventory, not once per mount and render (200 mounts' holders, 12,000 look-ups)."""
+    renamed: Set[int] = set()
+    for old, new in ((before.comms, now.comms), (before.pods, now.pods)):
+        if old is new:
+            continue
+        renamed.update(pid for pid, value in new.items() if old.get(pid) != value)
+        renamed.update(old.keys() - new.keys())
+    return renamed
 
 
 class _Subtrees:

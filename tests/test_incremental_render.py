@@ -100,3 +100,47 @@ def test_a_cgroup_whose_figures_moved_is_rendered_again():
         assert b" 3.3554432e+07\n" in moved and b" 6.7108864e+07\n" not in moved
     finally:
         remove_cgroup(path)
+
+
+RENAMES_ITSELF = """
+import ctypes, mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+os.ftruncate(fd, 1 << 20)
+view = mmap.mmap(fd, 1 << 20)
+view[:4096] = b"w" * 4096
+print("held", flush=True)
+sys.stdin.readline()
+ctypes.CDLL(None).prctl(15, b"renamed-holder", 0, 0, 0)  # PR_SET_NAME: its comm
+print("renamed", flush=True)
+sys.stdin.readline()
+"""
+
+
+@needs_root
+def test_a_holder_that_renames_itself_is_rendered_under_its_new_name():
+    """The mount's inventory stays equal (the same segment, the same holder), so the model
+    keeps its summary, and the render its lines: unless a process they name changed its
+    comm, which the series carry (top_segment_bytes' owner, process_shm_bytes' comm)."""
+    import subprocess
+    import sys
+    with mounted_tmpfs("16m") as a:
+        segments = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), ignore_unreadable=HOST_EXCUSED_RE)
+        _, harness = registry_for(ShmMountCollector(Paths(), [a]), segments, mounts=[a])
+        cached = ModelCollector(harness.step)
+        child = subprocess.Popen([sys.executable, "-c", RENAMES_ITSELF, os.path.join(a, "psm_named")],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout.readline().strip() == "held"
+            harness.sampler.runners["segments"].run_once(full=True)
+            assert b'comm="python' in rendered(cached)
+            child.stdin.write("\n")
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == "renamed"
+            harness.sampler.runners["segments"].run_once(full=True)
+            mine = rendered(cached)
+            assert mine == rendered(ModelCollector(harness.step))
+            assert f'comm="renamed-holder",mount="{a}",pid="{child.pid}"'.encode() in mine
+            assert f'owner="renamed-holder[{child.pid}]"'.encode() in mine
+        finally:
+            child.kill()
+            child.wait()

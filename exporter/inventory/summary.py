@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from ..segment_classes import counts_as_leak, removable
 from .walk import Key
@@ -58,6 +58,9 @@ class SegmentSummary:
     oldest_orphan_mtime: Optional[float]
     leaked: List[Segment]  # orphans that count as leaks, largest first
     unverified: List[Segment]  # held by nobody we could inspect, largest first
+    # The pids whose comm (and pod) the mount's series name: each top segment's first holder
+    # (owner_label), each top process. The model makes the summary again when one changes.
+    named_pids: FrozenSet[int] = frozenset()
 
 
 def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
@@ -85,12 +88,13 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
     hidden = totals_for_state(totals, "hidden")
     leaked.sort(key=lambda s: (-s.allocated_bytes, s.name))
     unverified.sort(key=lambda s: (-s.allocated_bytes, s.name))
+    top = heapq.nsmallest(top_k, inv.segments, key=lambda s: (-s.allocated_bytes, s.name))
+    top_processes = heapq.nsmallest(top_k, inv.process_bytes.items(), key=lambda kv: (-kv[1], kv[0]))
     return SegmentSummary(
         totals={key: (c, a, p) for key, (c, a, p) in totals.items()},
         bytes_by_class=by_class, hidden_bytes=hidden[1], hidden_count=hidden[0],
-        top=heapq.nsmallest(top_k, inv.segments, key=lambda s: (-s.allocated_bytes, s.name)),
-        top_processes=heapq.nsmallest(top_k, inv.process_bytes.items(), key=lambda kv: (-kv[1], kv[0])),
-        oldest_orphan_mtime=oldest, leaked=leaked, unverified=unverified)
+        top=top, top_processes=top_processes, oldest_orphan_mtime=oldest, leaked=leaked, unverified=unverified,
+        named_pids=frozenset([seg.holders[0] for seg in top if seg.holders] + [pid for pid, _ in top_processes]))
 
 
 def totals_for_state(totals, state: str) -> Tuple[int, int]:
