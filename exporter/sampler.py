@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 # be pushed back by a burst that never settles.
 DEBOUNCE_SECONDS = 0.02
 DEBOUNCE_MAX_SECONDS = 0.1
-# An event-driven run costs its duration again in idle time at least this many times
+# An event-driven run costs its CPU time again in idle time at least this many times
 # over, so a storm of creates costs a bounded share of a core.
 QUICK_SCAN_DUTY_FACTOR = 4.0
 # How often the watchdog looks for runs over their timeout (timeouts are seconds long).
@@ -140,10 +140,13 @@ class _Runner(threading.Thread):
                 # quick_pending set (first_event_at None is handled above).
                 self.quick_pending = False
                 self.first_event_at = None
-                started = time.monotonic()
+                started, cpu = time.monotonic(), time.thread_time()
                 self.run_once(full=False)
-                spent = self.quick_spent = time.monotonic() - started
-                self.next_quick_at = time.monotonic() + spent * QUICK_SCAN_DUTY_FACTOR
+                self.quick_spent = time.monotonic() - started  # wall time: the lead a held run needs
+                # The duty factor bounds the share of a core: CPU time, as the render's. Waiting
+                # for the GIL or the disk made a node's 15 ms runs 40 ms, and the next event
+                # wait 160 ms.
+                self.next_quick_at = time.monotonic() + (time.thread_time() - cpu) * QUICK_SCAN_DUTY_FACTOR
                 # A source that settled the run itself (node mode's pod-scoped owner scan)
                 # needs no full follow-up; the others get one.
                 if getattr(self.source, "wants_follow_up", True):

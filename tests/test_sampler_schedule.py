@@ -142,3 +142,35 @@ def test_events_held_for_a_scrape_are_left_to_the_full_run_before_it():
         assert len(both.runs) == runs + 1, both.runs
     finally:
         sampler.stop()
+
+
+def test_a_storm_of_events_costs_a_bounded_share_of_a_core_not_of_the_clock():
+    """Event-driven runs are spaced by four times their CPU time: a run that burns the CPU
+    is held back, one that waits (the GIL, a slow disk) is not."""
+
+    class Burns(Counting):
+        def collect_quick(self):
+            end = time.thread_time() + 0.05
+            while time.thread_time() < end:
+                pass
+            return super().collect_quick()
+
+    class Waits(Counting):
+        def collect_quick(self):
+            time.sleep(0.05)
+            return super().collect_quick()
+
+    burns, waits = Burns("burns", event_driven=True), Waits("waits", event_driven=True)
+    burns.schedule = waits.schedule = "inventory"
+    sampler = Sampler([burns, waits], poll_interval=0.05, inventory_interval=60)
+    sampler.start()
+    try:
+        time.sleep(0.2)
+        stop = time.monotonic() + 2.0
+        while time.monotonic() < stop:
+            sampler.request_quick()
+            time.sleep(0.01)
+    finally:
+        sampler.stop()
+    assert len(burns.quick) <= 10, burns.quick  # 50 ms of CPU, then 200 ms idle: 8 in 2 s
+    assert len(waits.quick) >= 12, waits.quick  # 50 ms waiting, then the debounce: ~25 in 2 s
