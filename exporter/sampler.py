@@ -124,11 +124,11 @@ class _Runner(threading.Thread):
                 due = self.sampler.scrape_due()
                 if due is not None:
                     hold = due - max(QUICK_LEAD_SECONDS, QUICK_SCAN_DUTY_FACTOR * self.quick_spent)
-                    if next_full <= due:
-                        # The full run for the same scrape (a scrape-aligned source's) takes these
-                        # events: one run before the scrape, not a quick run and a full run back
+                    if next_full + 2 * self.full_spent < due:
+                        # A full run done well before the scrape (a scrape-aligned source's, made
+                        # for it) takes these events: one run, not a quick run and a full run back
                         # to back (a node's 150 changed pods read twice per scrape).
-                        hold = next_full
+                        hold = max(hold, next_full)
                     if hold > time.monotonic():
                         # Held for the scrape (a full run due before then runs first; more
                         # events only add names to the same run), in slices: a scraper that
