@@ -35,6 +35,11 @@ FOLLOW_UP_SECONDS = 1.0
 # durations, if more) before the next scrape is due: what it finds is read by nobody
 # sooner, and a node's creates then cost one run per scrape, not one per burst.
 QUICK_LEAD_SECONDS = 1.0
+# Events held for a scrape are left to the full run due before it only when that run ends
+# (at twice its last duration) this long before the scrape at least: the render after it
+# (coalesced for 0.1 s, then rendered; exposition.py) must be done by then, or the events
+# miss the scrape they were held for and wait for the next one.
+FULL_RUN_MARGIN_SECONDS = 0.4
 # A held run, or a scrape-aligned source waiting, looks at the schedule again this often
 # (each look costs a little: five sources at 4 Hz were a tenth of a sidecar's idle CPU).
 HOLD_SLICE_SECONDS = 1.0
@@ -124,7 +129,7 @@ class _Runner(threading.Thread):
                 due = self.sampler.scrape_due()
                 if due is not None:
                     hold = due - max(QUICK_LEAD_SECONDS, QUICK_SCAN_DUTY_FACTOR * self.quick_spent)
-                    if next_full + 2 * self.full_spent < due:
+                    if next_full + 2 * self.full_spent + FULL_RUN_MARGIN_SECONDS < due:
                         # A full run done well before the scrape (a scrape-aligned source's, made
                         # for it) takes these events: one run, not a quick run and a full run back
                         # to back (a node's 150 changed pods read twice per scrape).

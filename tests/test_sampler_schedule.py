@@ -174,3 +174,23 @@ def test_a_storm_of_events_costs_a_bounded_share_of_a_core_not_of_the_clock():
         sampler.stop()
     assert len(burns.quick) <= 10, burns.quick  # 50 ms of CPU, then 200 ms idle: 8 in 2 s
     assert len(waits.quick) >= 12, waits.quick  # 50 ms waiting, then the debounce: ~25 in 2 s
+
+
+def test_events_are_not_left_to_a_full_run_that_ends_just_before_the_scrape():
+    """A source on its own interval (not scrape-aligned) whose full run falls 0.1 s before
+    the scrape: the render after it (coalesced 0.1 s) would come after the scrape, and the
+    events held for that scrape would miss it. The quick run keeps its lead instead."""
+    late = Counting("late", event_driven=True)
+    late.schedule = "inventory"
+    sampler = Sampler([late], poll_interval=0.05, inventory_interval=1.0)  # full runs at 0, 1, 2 s
+    start = time.monotonic()
+    sampler.scrape_due = every(2.0, start + 0.1)  # scrapes at 2.1 s, 4.1 s
+    sampler.start()
+    try:
+        time.sleep(start + 1.05 - time.monotonic())  # just after the full run at 1 s
+        sampler.request_quick()
+        time.sleep(start + 1.9 - time.monotonic())
+        assert late.quick, "the events were left to the full run at 2 s, 0.1 s before the scrape"
+        assert late.quick[0] - start <= 2.1 - 0.9  # the quick run's lead: 1 s before the scrape
+    finally:
+        sampler.stop()
