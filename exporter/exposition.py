@@ -14,21 +14,19 @@ yet); a `name[]`-filtered scrape encodes the chosen families of the last render.
 """
 from __future__ import annotations
 
-import functools
 import gzip
 import logging
-import re
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 from urllib.parse import parse_qs
 
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, gzip_accepted, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import CollectorRegistry
-from prometheus_client.utils import floatToGoString
 
 from .gzip_blocks import GzipBlocks, blocks_of
+from .sample_lines import LEGACY_NAME, sample_line
 from .scrape_clock import ScrapeClock
 
 log = logging.getLogger(__name__)
@@ -59,40 +57,6 @@ HOLD_SLICE_SECONDS = 1.0
 GZIP_LEVEL = 1
 
 
-_LEGACY_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-
-
-def _escape_value(value: str) -> str:
-    if "\\" in value or "\n" in value or '"' in value:
-        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
-    return value
-
-
-@functools.lru_cache(maxsize=1024)
-def line_template(sample_name: str, names: Tuple[str, ...]) -> str:
-    """A str.format template for one sample line with labels `names` (values given in that
-    order), written as generate_latest writes them: sorted by label name. Names are legacy
-    names (no braces); a line is then one format call, not a join per label."""
-    if not names:
-        return sample_name + " {v}\n"
-    inner = ",".join(names[i] + '="{' + str(i) + '}"' for i in sorted(range(len(names)), key=names.__getitem__))
-    return sample_name + "{{" + inner + "}} {v}\n"
-
-
-def format_line(template: str, values: Sequence[str], value: float) -> str:
-    """One sample line from its template (line_template) and label values."""
-    joined = "".join(values)
-    if "\\" in joined or "\n" in joined or '"' in joined:  # rare: escape value by value
-        values = [_escape_value(v) for v in values]
-    return template.format(*values, v=floatToGoString(value))
-
-
-def sample_line(sample, order: List[str]) -> str:
-    """One sample as generate_latest writes it; `order` is its label names, sorted."""
-    labels = sample.labels
-    return format_line(line_template(sample.name, tuple(order)), [labels[k] for k in order], sample.value)
-
-
 def _sample_chunks(metrics: List[object]) -> Optional[List[List[str]]]:
     """Each family's sample lines, joined into blocks (gzip_blocks.blocks_of): the same in the text format 0.0.4 and in
     OpenMetrics 1.0.0 for gauges and counters without timestamps, exemplars or units with
@@ -102,9 +66,9 @@ def _sample_chunks(metrics: List[object]) -> Optional[List[List[str]]]:
     chunks: List[List[str]] = []
     for metric in metrics:
         mtype = metric.type
-        if mtype not in ("gauge", "counter") or metric.unit or not _LEGACY_NAME.match(metric.name):
+        if mtype not in ("gauge", "counter") or metric.unit or not LEGACY_NAME.match(metric.name):
             return None
-        lines = getattr(metric, "lines", None)  # formatted by metrics.Families as it went
+        lines = getattr(metric, "lines", None)  # formatted by families.Families as it went
         if lines is not None and len(lines) == len(metric.samples):
             chunks.append(blocks_of(lines))
             continue
@@ -118,7 +82,7 @@ def _sample_chunks(metrics: List[object]) -> Optional[List[List[str]]]:
             labels = sample.labels
             if order is None or len(order) != len(labels):
                 order = sorted(labels)
-                if not all(_LEGACY_NAME.match(k) for k in order):
+                if not all(LEGACY_NAME.match(k) for k in order):
                     return None
             try:
                 out.append(sample_line(sample, order))
@@ -209,32 +173,36 @@ class _Render:
         self.chunks = _sample_chunks(metrics)
         self.blocks = blocks
         self.bodies: Dict[Tuple[str, bool], bytes] = {}
-        self.pieces: Dict[str, List[str]] = {}  # content type -> the pieces of its body, when ours
         self.built = 0  # bodies made (a test asserts scrapes make none)
         self.lock = threading.Lock()
 
-    def encode(self, encoder: Callable, content_type: str = "") -> bytes:
-        metrics = self.frozen._metrics
+    def pieces(self, encoder: Callable) -> Optional[List[str]]:
+        """The body `encoder` would write, in pieces (each family's blocks), when our own
+        formatters make it; None when prometheus_client's encoder must."""
         kind = _fast_kind(encoder) if self.chunks is not None else None
         if kind is None:
-            return encoder(self.frozen)
-        pieces = (_text_pieces if kind == "text" else _openmetrics_pieces)(metrics, self.chunks)
-        self.pieces[content_type] = pieces
-        return "".join(pieces).encode("utf-8")
+            return None
+        return (_text_pieces if kind == "text" else _openmetrics_pieces)(self.frozen._metrics, self.chunks)
+
+    def encode(self, encoder: Callable) -> bytes:
+        pieces = self.pieces(encoder)
+        return encoder(self.frozen) if pieces is None else "".join(pieces).encode("utf-8")
 
     def body(self, encoder: Callable, content_type: str, gzipped: bool) -> bytes:
         key = (content_type, gzipped)
         with self.lock:
             cached = self.bodies.get(key)
             if cached is None:
+                pieces = self.pieces(encoder)
                 raw = self.bodies.get((content_type, False))
                 if raw is None:
-                    raw = self.bodies[(content_type, False)] = self.encode(encoder, content_type)
+                    raw = encoder(self.frozen) if pieces is None else "".join(pieces).encode("utf-8")
+                    self.bodies[(content_type, False)] = raw
                     self.built += 1
                 if not gzipped:
                     cached = raw
-                elif self.blocks is not None and content_type in self.pieces:
-                    cached = self.blocks.gzip(self.pieces[content_type], raw)
+                elif self.blocks is not None and pieces is not None:
+                    cached = self.blocks.gzip(pieces, raw)
                 else:
                     cached = gzip.compress(raw, GZIP_LEVEL)
                 self.bodies[key] = cached

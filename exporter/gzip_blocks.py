@@ -18,7 +18,8 @@ from typing import Dict, List
 # lines alone (content-defined, as rsync's and borg's chunks), so a line added to one pod's
 # series changes the block it falls in, not every block after it.
 BLOCK_MASK = 63
-_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x04\xff"  # deflate; no name, no mtime; fastest; OS unknown
+# deflate; no name, no mtime; XFL (2: best compression, 4: fastest, as gzip.compress says); OS unknown
+_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00%c\xff"
 _FINAL = b"\x03\x00"  # an empty final block (fixed Huffman codes)
 
 
@@ -41,6 +42,7 @@ class GzipBlocks:
 
     def __init__(self, level: int):
         self.level = level
+        self._header = _HEADER % (2 if level == 9 else 4 if level == 1 else 0)
         self._previous: Dict[str, bytes] = {}
         self._current: Dict[str, bytes] = {}
         self.compressed = 0  # blocks compressed (tests: an unchanged block is not)
@@ -50,7 +52,7 @@ class GzipBlocks:
 
     def gzip(self, pieces: List[str], raw: bytes) -> bytes:
         """A gzip member of `raw`, which must be "".join(pieces) in UTF-8."""
-        out = [_HEADER]
+        out = [self._header]
         current, previous = self._current, self._previous
         for piece in pieces:
             block = current.get(piece) or previous.get(piece)

@@ -74,7 +74,7 @@ class _Runner(threading.Thread):
         self.first_event_at: Optional[float] = None
         self.follow_up_at: Optional[float] = None
         self.next_quick_at = 0.0
-        self.quick_spent = 0.0  # the last event-driven run's duration
+        self.quick_wall = 0.0  # the last event-driven run's wall time (its CPU time spaces the runs)
         self.full_spent = 0.0  # the last full run's
         self.running_since: Optional[float] = None
         self.timed_out = False
@@ -128,7 +128,7 @@ class _Runner(threading.Thread):
                     stop.wait(wait_more)
                 due = self.sampler.scrape_due()
                 if due is not None:
-                    hold = due - max(QUICK_LEAD_SECONDS, QUICK_SCAN_DUTY_FACTOR * self.quick_spent)
+                    hold = due - max(QUICK_LEAD_SECONDS, QUICK_SCAN_DUTY_FACTOR * self.quick_wall)
                     if next_full + 2 * self.full_spent + FULL_RUN_MARGIN_SECONDS < due:
                         # A full run done well before the scrape (a scrape-aligned source's, made
                         # for it) takes these events: one run, not a quick run and a full run back
@@ -147,7 +147,7 @@ class _Runner(threading.Thread):
                 self.first_event_at = None
                 started, cpu = time.monotonic(), time.thread_time()
                 self.run_once(full=False)
-                self.quick_spent = time.monotonic() - started  # wall time: the lead a held run needs
+                self.quick_wall = time.monotonic() - started  # wall time: the lead a held run needs
                 # The duty factor bounds the share of a core: CPU time, as the render's. Waiting
                 # for the GIL or the disk made a node's 15 ms runs 40 ms, and the next event
                 # wait 160 ms.

@@ -16,9 +16,9 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from exporter.collectors.host_memory import HostMemoryCollector
-from exporter.exposition import (Exposition, _Frozen, format_line, line_template, openmetrics_format, text_format,
-                                 wait_rendered)
+from exporter.exposition import Exposition, _Frozen, openmetrics_format, text_format, wait_rendered
 from exporter.paths import Paths
+from exporter.sample_lines import format_line, line_template
 from tests.conftest import FIXTURES, Exporter
 from tests.helpers import registry_for
 from tests.live import Prometheus
@@ -71,7 +71,7 @@ def test_scrapes_serve_one_render_until_the_model_changes():
         assert exposition.renders == renders + 1
         body = get(exposition.wsgi_app)[2]
         assert b'shmwatch_segment_events_total{class="nccl",event="created",mount="/dev/shm"} 1.0' in body
-        # Lines reused from the last render (metrics.LineCache) still make generate_latest's bytes,
+        # Lines reused from the last render (families.LineCache) still make generate_latest's bytes,
         # in both formats.
         frozen = _Frozen(list(exposition.latest().frozen.collect()))
         assert body == generate_latest(frozen)
@@ -154,7 +154,7 @@ def test_both_formats_are_generate_latest_byte_for_byte(families, doc):
 @given(st.permutations(["mount", "class", "a_label", "pod_uid"]), st.booleans(),
        st.lists(st.tuples(st.lists(label_values, min_size=4, max_size=4), numbers), max_size=4))
 def test_a_line_from_its_template_is_generate_latests_whatever_the_label_order(names, counter, samples):
-    """metrics.Families writes each line from a template in the catalogue's label order
+    """families.Families writes each line from a template in the catalogue's label order
     (node labels last), not sorted: generate_latest sorts them."""
     kind = CounterMetricFamily if counter else GaugeMetricFamily
     family = kind("m_bytes", "doc", labels=names)

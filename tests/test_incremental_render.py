@@ -1,5 +1,5 @@
 """A render replays each mount's samples from the last one when what they were made from is
-unchanged (metrics.FragmentCache). What it serves must be, byte for byte, what a render
+unchanged (families.FragmentCache). What it serves must be, byte for byte, what a render
 from nothing makes of the same model: through new, held, leaked and removed segments, an
 orphan ageing, a mount that stays as it was, and a cgroup whose limit moved."""
 import os

@@ -77,11 +77,14 @@ class UcxPair:
 def test_ucx_posix_segments(tmpfs, proc_link, state):
     pair = UcxPair(tmpfs, {"UCX_TLS": "posix,self", "UCX_POSIX_USE_PROC_LINK": proc_link})
     try:
-        def both_hold(m):
+        def both_hold_their_fifos(m):
+            # UCX creates and maps a segment before it writes its ~4 MiB receive FIFOs: under
+            # load (CI) an inventory can fall in between and find 12 KiB allocated.
             ucx = [s for s in m.segments if s.cls == "ucx"]
-            return ucx and pair.pids <= {pid for s in ucx for pid in s.holders}
+            return ucx and pair.pids <= {pid for s in ucx for pid in s.holders} and \
+                max(s.allocated_bytes for s in ucx) >= 1 << 20
 
-        inv, m = wait_inventory(tmpfs, both_hold)
+        inv, m = wait_inventory(tmpfs, both_hold_their_fifos)
         ucx = [s for s in m.segments if s.cls == "ucx"]
         assert ucx, [(s.name, s.state) for s in m.segments]
         assert all(s.name.startswith("ucx_shm_posix_") for s in ucx)

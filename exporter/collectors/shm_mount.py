@@ -96,9 +96,10 @@ class ShmMountCollector:
             self._measured.pop(mount, None)
             return MountUsage(mount, fstype, source, is_point, error=reason)
         last, measured = self._last.get(mount), self._measured.get(mount)
-        if last is not None and measured is not None and measured[0] is entry and measured[1] == st:
+        if last is not None and measured is not None and measured[1] == st and measured[0] == entry:
             # Unchanged (most of a node's 200 mounts, every second): the same object, which the
-            # render recognises at once.
+            # render recognises at once. The entry by value: a pod mounted elsewhere makes
+            # every entry anew.
             return last
         self._measured[mount] = (entry, st)
         values = measure(self.paths.host(mount), lambda _path: st)
