@@ -35,3 +35,11 @@ def test_a_render_compresses_only_the_blocks_that_changed():
     body = blocks.gzip(second, "".join(second).encode())
     assert gzip.decompress(body) == "".join(family).encode()
     assert blocks.compressed - compressed <= 2, "the cuts moved: blocks after the new line were compressed again"
+
+
+@given(st.integers(1, 9))
+def test_the_header_says_the_level_as_gzip_compress_does(level):
+    """XFL (RFC 1952: 2 for the best compression, 4 for the fastest) as Python's gzip writes it."""
+    header = GzipBlocks(level).gzip(["x\n"], b"x\n")[:10]
+    assert header[8] == gzip.compress(b"x\n", level)[8]
+    assert header[:4] == b"\x1f\x8b\x08\x00" and header[4:8] == b"\x00\x00\x00\x00"  # no flags, no mtime
