@@ -189,8 +189,9 @@ class _Render:
             return None
         return (_text_pieces if kind == "text" else _openmetrics_pieces)(self.frozen._metrics, self.chunks)
 
-    def encode(self, encoder: Callable) -> bytes:
-        pieces = self.pieces(encoder)
+    def encode(self, encoder: Callable, pieces: Optional[List[str]] = None) -> bytes:
+        """The body `encoder` would write; `pieces` when already asked for."""
+        pieces = self.pieces(encoder) if pieces is None else pieces
         return encoder(self.frozen) if pieces is None else "".join(pieces).encode("utf-8")
 
     def body(self, encoder: Callable, content_type: str, gzipped: bool) -> bytes:
@@ -201,8 +202,7 @@ class _Render:
                 pieces = self.pieces(encoder)
                 raw = self.bodies.get((content_type, False))
                 if raw is None:
-                    raw = encoder(self.frozen) if pieces is None else "".join(pieces).encode("utf-8")
-                    self.bodies[(content_type, False)] = raw
+                    raw = self.bodies[(content_type, False)] = self.encode(encoder, pieces)
                     self.built += 1
                 if not gzipped:
                     cached = raw

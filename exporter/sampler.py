@@ -148,9 +148,8 @@ class _Runner(threading.Thread):
                 started, cpu = time.monotonic(), time.thread_time()
                 self.run_once(full=False)
                 self.quick_wall = time.monotonic() - started  # wall time: the lead a held run needs
-                # The duty factor bounds the share of a core: CPU time, as the render's. Waiting
-                # for the GIL or the disk made a node's 15 ms runs 40 ms, and the next event
-                # wait 160 ms.
+                # The duty factor bounds the share of a core, so it counts CPU time: waiting for
+                # the GIL or the disk made a node's 15 ms runs 40 ms, and the next event wait 160 ms.
                 self.next_quick_at = time.monotonic() + (time.thread_time() - cpu) * QUICK_SCAN_DUTY_FACTOR
                 # A source that settled the run itself (node mode's pod-scoped owner scan)
                 # needs no full follow-up; the others get one.

@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
 
 from exporter.collectors.host_memory import HostMemoryCollector
 from exporter.exposition import Exposition, _Frozen, openmetrics_format, text_format, wait_rendered
@@ -100,7 +101,6 @@ class Burning:
 
 
 def burning_exposition(costs):
-    from prometheus_client.registry import CollectorRegistry
     registry = CollectorRegistry(auto_describe=False)
     burning = Burning(costs)
     registry.register(burning)
@@ -118,7 +118,7 @@ def test_one_slow_render_does_not_hold_up_the_next_change():
         exposition.changed(urgent=True)
         started = time.monotonic()
         assert wait_rendered(exposition)
-        assert time.monotonic() - started < 0.3  # held 0.6 s by a duty factor of 4
+        assert time.monotonic() - started < 0.45  # held 0.6 s by a duty factor of 4
     finally:
         exposition.stop()
 
@@ -136,6 +136,7 @@ def test_a_storm_of_changes_gets_at_most_a_fifth_of_a_core_for_renders():
         exposition.stop()
     # 2 s at a fifth of a core, plus the credit, at 30 ms a render: 21 (40 unbounded).
     assert renders <= 24, renders
+
 
 def test_a_burst_of_changes_costs_few_renders():
     _, harness, exposition = fixture_exposition()
