@@ -40,6 +40,9 @@ QUICK_LEAD_SECONDS = 1.0
 # (coalesced for 0.1 s, then rendered; exposition.py) must be done by then, or the events
 # miss the scrape they were held for and wait for the next one.
 FULL_RUN_MARGIN_SECONDS = 0.4
+# Two due times this close are the same scrape (scrape_clock.py: Prometheus's ticker
+# jitters by milliseconds; a steady scraper's intervals are 0.5 s or more).
+SAME_SCRAPE_SECONDS = 0.2
 # A held run, or a scrape-aligned source waiting, looks at the schedule again this often
 # (each look costs a little: five sources at 4 Hz were a tenth of a sidecar's idle CPU).
 HOLD_SLICE_SECONDS = 1.0
@@ -83,6 +86,9 @@ class _Runner(threading.Thread):
         self.last_result: object = None
         self._last_full: Optional[Tuple[float, float]] = None  # (planned at, ran at) of the last full run
         self.full_now = False
+        # The scrape the last quick run was made for (started in its lead): events after it wait
+        # for the next scrape's, so a scrape costs its full run and one quick run at most.
+        self.ran_for: Optional[float] = None
 
     def request_full(self) -> None:
         self.full_now = True
@@ -127,6 +133,11 @@ class _Runner(threading.Thread):
                 if wait_more > 0:
                     stop.wait(wait_more)
                 due = self.sampler.scrape_due()
+                if due is not None and self.ran_for is not None and abs(due - self.ran_for) < SAME_SCRAPE_SECONDS:
+                    # This scrape had its quick run: these events wait for the next scrape's. Under
+                    # churn, a quick run for each burst in the last second before every scrape (after
+                    # the full run made for it) cost 2.5 runs a scrape.
+                    due = self.sampler.scrape_due(after=due) or due
                 if due is not None:
                     hold = due - max(QUICK_LEAD_SECONDS, QUICK_SCAN_DUTY_FACTOR * self.quick_wall)
                     if next_full + 2 * self.full_spent + FULL_RUN_MARGIN_SECONDS < due:
@@ -145,6 +156,7 @@ class _Runner(threading.Thread):
                 # quick_pending set (first_event_at None is handled above).
                 self.quick_pending = False
                 self.first_event_at = None
+                self.ran_for = self._serving(max(QUICK_LEAD_SECONDS, QUICK_SCAN_DUTY_FACTOR * self.quick_wall))
                 started, cpu = time.monotonic(), time.thread_time()
                 self.run_once(full=False)
                 self.quick_wall = time.monotonic() - started  # wall time: the lead a held run needs
@@ -169,6 +181,12 @@ class _Runner(threading.Thread):
                 # A scraper that turned up hammering, the last steady one gone, or the OOM log
                 # failing (cgroups) ends the wait for a scrape: back to the interval.
                 next_full = min(next_full, self._next_full_after(*self._last_full))
+
+    def _serving(self, lead: float) -> Optional[float]:
+        """The scrape a quick run starting now is made for: the next one, when it is due within
+        the run's lead (and a little more); None otherwise (no steady scraper)."""
+        due = self.sampler.scrape_due()
+        return due if due is not None and due - time.monotonic() <= lead + SAME_SCRAPE_SECONDS else None
 
     def _aligned(self) -> bool:
         aligned = getattr(self.source, "scrape_aligned", False)

@@ -194,3 +194,28 @@ def test_events_are_not_left_to_a_full_run_that_ends_just_before_the_scrape():
         assert late.quick[0] - start <= 2.1 - 0.9  # the quick run's lead: 1 s before the scrape
     finally:
         sampler.stop()
+
+
+def test_a_scrape_gets_one_quick_run_and_later_events_wait_for_the_next():
+    """Under churn, every burst in the last second before a scrape ran its own quick run (a
+    node: 2.5 a scrape, each reading the changed pods). One quick run per scrape; events
+    after it are the next scrape's."""
+    held = Counting("held", event_driven=True)
+    held.schedule = "inventory"
+    sampler = Sampler([held], poll_interval=0.05, inventory_interval=60)
+    start = time.monotonic()
+    sampler.scrape_due = every(2.0, start)  # scrapes at 2, 4 s: quick runs held until 1, 3 s
+    sampler.start()
+    try:
+        time.sleep(start + 1.2 - time.monotonic())
+        sampler.request_quick()  # in the scrape's lead: runs at once, for the scrape at 2 s
+        time.sleep(start + 1.5 - time.monotonic())
+        for _ in range(3):
+            sampler.request_quick()
+            time.sleep(0.1)
+        time.sleep(start + 2.5 - time.monotonic())
+        assert len(held.quick) == 1, [q - start for q in held.quick]
+        time.sleep(start + 3.6 - time.monotonic())
+        assert len(held.quick) == 2 and held.quick[1] - start >= 2.9, [q - start for q in held.quick]
+    finally:
+        sampler.stop()
