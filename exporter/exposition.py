@@ -36,14 +36,9 @@ log = logging.getLogger(__name__)
 RENDER_COALESCE_SECONDS = 0.1
 # What an event-driven run found (a new segment) waits only this long: detection latency.
 URGENT_COALESCE_SECONDS = 0.02
-# Renders take at most this share of a core over time (their CPU time, once it exceeds the
-# credit below, is followed by four times as much idle), so a storm of changes on a big node
-# costs a bounded share of a core.
-RENDER_CPU_SHARE = 0.2
-# The CPU seconds a render may draw ahead of that share: a render after quiet time goes at
-# once, and one slow render (every mount changed by a full scan: 116 ms at 2,000
-# processes) does not hold the next change for four times its cost (detection's p99).
-RENDER_CPU_CREDIT = 0.25
+# A render costs its duration again in idle time at least this many times over, so a
+# storm of changes on a big node costs a bounded share of a core (at most 1/(1+factor)).
+RENDER_DUTY_FACTOR = 4.0
 # A change waiting for the next scrape is rendered this long before it is due
 # at least (more when renders take longer: RENDER_LEAD_FACTOR times the last one's time).
 RENDER_LEAD_SECONDS = 0.3
@@ -255,12 +250,11 @@ class Exposition:
 
     def _run(self) -> None:
         not_before = 0.0
-        credit, credited_at = RENDER_CPU_CREDIT, time.monotonic()  # CPU seconds renders may spend now
         while not self._stopping.is_set():
             self._wake.wait()
             if self._stopping.is_set():
                 return
-            # Let the burst land (briefly when urgent); past the credit, keep to the CPU share.
+            # Let the burst land (briefly when urgent); after a slow render, keep to the duty factor.
             woken = time.monotonic()
             while not self._stopping.is_set():
                 urgent = self._urgent.is_set()
@@ -283,11 +277,7 @@ class Exposition:
                 # Never serve the last good bytes as if they were current: the next scrape
                 # renders itself, and fails visibly (a 500, up=0) if the render still does.
                 self._current = None
-            now = time.monotonic()
-            credit = min(RENDER_CPU_CREDIT, credit + (now - credited_at) * RENDER_CPU_SHARE)
-            credit -= time.thread_time() - started
-            credited_at = now
-            not_before = now + max(0.0, -credit) / RENDER_CPU_SHARE
+            not_before = time.monotonic() + (time.thread_time() - started) * RENDER_DUTY_FACTOR
 
     def _wait_for_the_next_scrape(self) -> None:
         """Hold a change until just before the next scrape is due: the model of a big node

@@ -107,22 +107,6 @@ def burning_exposition(costs):
     return burning, Exposition(registry, coalesce=0.01)
 
 
-def test_one_slow_render_does_not_hold_up_the_next_change():
-    """After a full scan every mount changed: a render of 116 ms at 2,000 processes held the
-    next change for four times that (detection's p99). Renders keep a CPU credit instead."""
-    _, exposition = burning_exposition([0.15, 0.0])
-    exposition.start()
-    try:
-        exposition.changed(urgent=True)
-        assert wait_rendered(exposition)  # the slow one
-        exposition.changed(urgent=True)
-        started = time.monotonic()
-        assert wait_rendered(exposition)
-        assert time.monotonic() - started < 0.45  # held 0.6 s by a duty factor of 4
-    finally:
-        exposition.stop()
-
-
 def test_a_storm_of_changes_gets_at_most_a_fifth_of_a_core_for_renders():
     burning, exposition = burning_exposition([0.03])
     exposition.start()
@@ -134,8 +118,9 @@ def test_a_storm_of_changes_gets_at_most_a_fifth_of_a_core_for_renders():
         renders = burning.calls
     finally:
         exposition.stop()
-    # 2 s at a fifth of a core, plus the credit, at 30 ms a render: 21 (40 unbounded).
-    assert renders <= 24, renders
+    # 2 s at a fifth of a core at 30 ms a render (its CPU time, then four times as much
+    # idle): 13 (40 unbounded).
+    assert renders <= 16, renders
 
 
 def test_a_burst_of_changes_costs_few_renders():
