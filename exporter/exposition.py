@@ -58,8 +58,8 @@ GZIP_LEVEL = 1
 
 
 def _sample_chunks(metrics: List[object]) -> Optional[List[List[str]]]:
-    """Each family's sample lines, joined into blocks (gzip_blocks.blocks_of): the same in the text format 0.0.4 and in
-    OpenMetrics 1.0.0 for gauges and counters without timestamps, exemplars or units with
+    """Each family's sample lines, joined into blocks (gzip_blocks.blocks_of): the same in
+    the text format 0.0.4 and in OpenMetrics 1.0.0 for gauges and counters without timestamps, exemplars or units with
     legacy names (all this exporter makes). None for anything else: the caller falls back
     to prometheus_client's encoders. Label names are checked and sorted once per family, not
     once per sample, and a value is escaped only when it holds something to escape."""
@@ -115,26 +115,20 @@ def _openmetrics_pieces(metrics: List[object], chunks: List[List[str]]) -> List[
     return out
 
 
-def _text_from(metrics: List[object], chunks: List[List[str]]) -> bytes:
-    return "".join(_text_pieces(metrics, chunks)).encode("utf-8")
-
-
-def _openmetrics_from(metrics: List[object], chunks: List[List[str]]) -> bytes:
-    return "".join(_openmetrics_pieces(metrics, chunks)).encode("utf-8")
-
-
 def text_format(metrics: List[object]) -> bytes:
     """The text format 0.0.4, byte for byte what prometheus_client's generate_latest writes,
     at a fraction of its cost (see _sample_chunks)."""
     chunks = _sample_chunks(metrics)
-    return generate_latest(_Frozen(metrics)) if chunks is None else _text_from(metrics, chunks)
+    return generate_latest(_Frozen(metrics)) if chunks is None else "".join(_text_pieces(metrics, chunks)).encode()
 
 
 def openmetrics_format(metrics: List[object]) -> bytes:
     """OpenMetrics 1.0.0, byte for byte what prometheus_client.openmetrics's generate_latest
     writes (escaping underscores or allow-utf-8: the same for legacy names)."""
     chunks = _sample_chunks(metrics)
-    return openmetrics.generate_latest(_Frozen(metrics)) if chunks is None else _openmetrics_from(metrics, chunks)
+    if chunks is None:
+        return openmetrics.generate_latest(_Frozen(metrics))
+    return "".join(_openmetrics_pieces(metrics, chunks)).encode()
 
 
 def _fast_kind(encoder: Callable) -> Optional[str]:

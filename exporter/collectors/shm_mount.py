@@ -35,8 +35,8 @@ class MountUsage:
         return self.used_bytes / self.size_bytes if self.size_bytes else 0.0
 
 
-def measure(path: str, statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> Dict[str, int]:
-    st = statvfs(path)
+def usage_values(st: os.statvfs_result) -> Dict[str, int]:
+    """MountUsage's figures from one statvfs."""
     return {
         "size_bytes": st.f_blocks * st.f_frsize,
         "used_bytes": (st.f_blocks - st.f_bfree) * st.f_frsize,
@@ -102,7 +102,7 @@ class ShmMountCollector:
             # every entry anew.
             return last
         self._measured[mount] = (entry, st)
-        values = measure(self.paths.host(mount), lambda _path: st)
+        values = usage_values(st)
         if fstype != "tmpfs" or not is_point:
             where = "is not a mount point" if not is_point else f"is {fstype}, not tmpfs"
             self._warn_once(mount, f"{where}; reporting the filesystem that holds it")
