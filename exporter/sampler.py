@@ -120,6 +120,9 @@ class _Runner(threading.Thread):
                 next_full = self._next_full_after(*self._last_full)
                 self.follow_up_at = None
                 continue
+            if self.quick_pending and self.follow_up_at is not None and now >= self.follow_up_at:
+                next_full = now  # the follow-up of an earlier quick run: a full run takes these events too
+                continue
             if self.quick_pending:
                 # Debounce: run once the burst has been quiet for DEBOUNCE_SECONDS, or
                 # DEBOUNCE_MAX_SECONDS after its first event, whichever comes first.
@@ -149,7 +152,8 @@ class _Runner(threading.Thread):
                         # Held for the scrape (a full run due before then runs first; more
                         # events only add names to the same run), in slices: a scraper that
                         # turns up meanwhile may move the schedule, or end it.
-                        stop.wait(min(hold, next_full, time.monotonic() + HOLD_SLICE_SECONDS) - time.monotonic())
+                        wake_at = min(hold, next_full, self.follow_up_at or hold, time.monotonic() + HOLD_SLICE_SECONDS)
+                        stop.wait(wake_at - time.monotonic())
                         self.first_event_at = self.first_event_at or time.monotonic()
                         continue
                 # This order loses no event: one that lands in between leaves
@@ -186,7 +190,8 @@ class _Runner(threading.Thread):
         """The scrape a quick run starting now is made for: the next one, when it is due within
         the run's lead (and a little more); None otherwise (no steady scraper)."""
         due = self.sampler.scrape_due()
-        return due if due is not None and due - time.monotonic() <= lead + SAME_SCRAPE_SECONDS else None
+        # An overdue scrape (late, or dropped) is served by no run yet: events keep running at once.
+        return due if due is not None and 0 < due - time.monotonic() <= lead + SAME_SCRAPE_SECONDS else None
 
     def _aligned(self) -> bool:
         aligned = getattr(self.source, "scrape_aligned", False)

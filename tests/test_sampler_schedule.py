@@ -199,7 +199,7 @@ def test_events_are_not_left_to_a_full_run_that_ends_just_before_the_scrape():
 def test_a_scrape_gets_one_quick_run_and_later_events_wait_for_the_next():
     """Under churn, every burst in the last second before a scrape ran its own quick run (a
     node: 2.5 a scrape, each reading the changed pods). One quick run per scrape; events
-    after it are the next scrape's."""
+    after it are the next scrape's, or its follow-up full run's."""
     held = Counting("held", event_driven=True)
     held.schedule = "inventory"
     sampler = Sampler([held], poll_interval=0.05, inventory_interval=60)
@@ -208,6 +208,7 @@ def test_a_scrape_gets_one_quick_run_and_later_events_wait_for_the_next():
     sampler.start()
     try:
         time.sleep(start + 1.2 - time.monotonic())
+        full_before = len(held.runs)
         sampler.request_quick()  # in the scrape's lead: runs at once, for the scrape at 2 s
         time.sleep(start + 1.5 - time.monotonic())
         for _ in range(3):
@@ -216,6 +217,29 @@ def test_a_scrape_gets_one_quick_run_and_later_events_wait_for_the_next():
         time.sleep(start + 2.5 - time.monotonic())
         assert len(held.quick) == 1, [q - start for q in held.quick]
         time.sleep(start + 3.6 - time.monotonic())
-        assert len(held.quick) == 2 and held.quick[1] - start >= 2.9, [q - start for q in held.quick]
+        # Taken by the first quick run's follow-up full run (1 s after it), not by a quick run.
+        assert len(held.quick) == 1 and len(held.runs) == full_before + 1, [q - start for q in held.quick]
+    finally:
+        sampler.stop()
+
+
+def test_events_held_for_the_next_scrape_do_not_put_off_the_follow_up_full_run():
+    """A quick run's follow-up full run (owners from /proc, 1 s later) still runs while
+    later events are held for the next scrape."""
+    held = Counting("held", event_driven=True)
+    held.schedule = "inventory"
+    sampler = Sampler([held], poll_interval=0.05, inventory_interval=60)
+    start = time.monotonic()
+    sampler.scrape_due = every(3.0, start)  # scrapes at 3, 6 s
+    sampler.start()
+    try:
+        time.sleep(0.3)
+        full_before = len(held.runs)
+        sampler.request_quick()  # held until 2 s; its follow-up at about 3 s
+        time.sleep(start + 2.4 - time.monotonic())
+        assert len(held.quick) == 1
+        sampler.request_quick()  # after the quick run made for the scrape at 3 s: held for 6 s
+        time.sleep(start + 4.0 - time.monotonic())
+        assert len(held.runs) == full_before + 1, "the follow-up full run was put off"
     finally:
         sampler.stop()
