@@ -89,6 +89,8 @@ class _Runner(threading.Thread):
         # The scrape the last quick run was made for (started in its lead): events after it wait
         # for the next scrape's, so a scrape costs its full run and one quick run at most.
         self.ran_for: Optional[float] = None
+        if hasattr(source, "collect_interim"):
+            source.interim_hook = self._interim
 
     def request_full(self) -> None:
         self.full_now = True
@@ -119,6 +121,10 @@ class _Runner(threading.Thread):
                 self.full_spent = time.monotonic() - now
                 next_full = self._next_full_after(*self._last_full)
                 self.follow_up_at = None
+                if getattr(self.source, "changes_pending", lambda: False)():
+                    # Names its interim runs published, given back for their owners, or names
+                    # they could not patch: a quick run, as for events during any full run.
+                    self.request_quick()
                 continue
             if self.quick_pending and self.follow_up_at is not None and now >= self.follow_up_at:
                 next_full = now  # the follow-up of an earlier quick run: a full run takes these events too
@@ -185,6 +191,28 @@ class _Runner(threading.Thread):
                 # A scraper that turned up hammering, the last steady one gone, or the OOM log
                 # failing (cgroups) ends the wait for a scrape: back to the interval.
                 next_full = min(next_full, self._next_full_after(*self._last_full))
+
+    def _interim(self) -> None:
+        """Called by a full run between its reads of /proc: publish the events so far (the
+        listings patched, collect_interim) rather than hold them for the whole read, with no
+        steady scraper (one reads the full run made for it) and within the duty factor."""
+        if not self.quick_pending:
+            return
+        now = time.monotonic()
+        if now < self.next_quick_at or now - (self.first_event_at or now) < DEBOUNCE_SECONDS or \
+                self.sampler.scrape_due() is not None:
+            return
+        self.quick_pending = False
+        self.first_event_at = None
+        cpu = time.thread_time()
+        try:
+            result = self.source.collect_interim()
+        except Exception:  # the full run goes on; its walk of every mount is due anyway
+            log.exception("%s: interim run failed", self.source.name)
+            result = None
+        if result is not None:
+            self.sampler.publish(Observation(self.source.name, result, None, time.monotonic() - now, full=False))
+        self.next_quick_at = time.monotonic() + (time.thread_time() - cpu) * QUICK_SCAN_DUTY_FACTOR
 
     def _serving(self, lead: float) -> Optional[float]:
         """The scrape a quick run starting now is made for: the next one, when it is due within

@@ -243,3 +243,72 @@ def test_events_held_for_the_next_scrape_do_not_put_off_the_follow_up_full_run()
         assert len(held.runs) == full_before + 1, "the follow-up full run was put off"
     finally:
         sampler.stop()
+
+
+class LongFullRun(Counting):
+    """A full run that reads /proc for a while (a node's full scan), calling the sampler's
+    interim hook between processes as the owner scan does."""
+
+    interim_hook = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.published = []  # (full, when)
+        self.given_back = False
+
+    def collect(self):
+        super().collect()
+        end = time.monotonic() + 0.6
+        while time.monotonic() < end:
+            self.interim_hook()
+            time.sleep(0.002)
+        return []
+
+    def collect_interim(self):
+        self.given_back = True  # the collector gives the names back for the quick run after
+        return []
+
+    def changes_pending(self):
+        given_back, self.given_back = self.given_back, False
+        return given_back
+
+    def observe(self, obs):
+        self.published.append((obs.full, time.monotonic()))
+
+
+def test_events_during_a_long_full_run_are_published_before_it_ends():
+    """With no steady scraper, an event during a full run is published by an interim run
+    within the debounce, not after the whole run; a quick run follows the full run (owners)."""
+    long = LongFullRun("long", event_driven=True)
+    long.schedule = "inventory"
+    sampler = Sampler([long], poll_interval=0.05, inventory_interval=60)
+    sampler.subscribe(long.observe)
+    start = time.monotonic()
+    sampler.start()
+    try:
+        time.sleep(0.1)
+        sampler.request_quick()
+        time.sleep(start + 1.0 - time.monotonic())
+    finally:
+        sampler.stop()
+    assert [full for full, _ in long.published] == [False, True, False], long.published
+    interim_at = long.published[0][1]
+    assert interim_at - start < 0.3, "the event waited for the full run"
+    assert len(long.quick) == 1, "no quick run after the full run for the interim run's names"
+
+
+def test_a_steady_scraper_gets_no_interim_runs():
+    """With a steady scraper the events wait for the run made for its scrape, as before."""
+    long = LongFullRun("long", event_driven=True)
+    long.schedule = "inventory"
+    sampler = Sampler([long], poll_interval=0.05, inventory_interval=60)
+    sampler.subscribe(long.observe)
+    sampler.scrape_due = every(30.0, time.monotonic())
+    sampler.start()
+    try:
+        time.sleep(0.1)
+        sampler.request_quick()
+        time.sleep(0.8)
+    finally:
+        sampler.stop()
+    assert [full for full, _ in long.published] == [True], long.published

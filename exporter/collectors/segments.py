@@ -87,6 +87,12 @@ class SegmentsCollector:
         self._last: Dict[str, MountInventory] = {}  # the last run's inventory of each mount
         # Read by the sampler after a quick run: whether owners need the full follow-up run.
         self.wants_follow_up = True
+        # Interim runs (collect_interim): set by the sampler, called while a full run reads
+        # /proc. `_run_devs` is that run's mounts; `_interim_changes` what they patched in.
+        self.interim_hook: Optional[Callable[[], None]] = None
+        self._run_devs: Dict[str, int] = {}
+        self._interim_changes = ChangeLog()
+        self._interim_keys: Set[Key] = set()
 
     def _mount_dev(self, mount: str) -> int:
         st = os.stat(self.paths.host(mount))
@@ -102,6 +108,37 @@ class SegmentsCollector:
         """Patch the listings with what inotify saw change and re-measure, reusing owners
         from the last full run (which follows within a second)."""
         return self._collect(full=False)
+
+    def changes_pending(self) -> bool:
+        return self.changes.pending()
+
+    def collect_interim(self) -> Optional[Inventory]:
+        """While a full run reads /proc (interim_hook): patch its listings with the names
+        inotify reported since, and assemble those mounts with the last run's owners, as a
+        quick run would. Only the listing moves forward: the full run then assembles with
+        the patched listings (counting what it did not walk as its creator's), and gives
+        the names back to the change log, so the quick run after it reads their owners
+        (node mode: their pods) as it would have without this. A node's full scan reads
+        /proc for a second under load; a segment created meanwhile waited that long.
+        None when nothing could be patched (a mount re-listed whole waits for the quick run)."""
+        changes = self.changes.drain()
+        patch = {m: names for m, names in changes.items()
+                 if names and m in self._last and m in self._indexes and self._run_devs.get(m) is not None}
+        self.changes.put_back({m: names for m, names in changes.items() if m not in patch})
+        if not patch:
+            return None
+        self._interim_changes.put_back(patch)
+        held_on = self._held_on()
+        for mount, names in patch.items():
+            dev = self._run_devs[mount]
+            files, others, truncated = self._listings[mount]
+            index = self._indexes[mount]
+            patch_listing(self.paths.host(mount), dev, files, index, names)
+            self._interim_keys.update(key for name in names if (key := index.get(name)) is not None)
+            self._walked_as.pop(mount, None)  # patched: walked again by the next full run
+            self._last[mount] = self._assemble(mount, dev, files, others, held_on.get(dev, []),
+                                               quick=True, settled=False)
+        return self._inventory(list(self._last.values()))
 
     def _list(self, mount: str, dev: int, full: bool, changes: Dict[str, Optional[Set[str]]],
               quiet_ok: bool = False) -> Listing:
@@ -169,6 +206,8 @@ class SegmentsCollector:
         # The directory first, then /proc: a segment unlinked in between is still
         # listed (so not called hidden), and one created in between is found held
         # but not '(deleted)', so it is linked, not hidden.
+        # Names an interim run patched in, left by a run that failed: this run's too.
+        self.changes.put_back(self._interim_changes.drain())
         changes = self.changes.drain()
         refresh = full and bool(self._owners.processes) and \
             self.monotonic() - self._scanned_at < self.full_scan_interval
@@ -183,6 +222,7 @@ class SegmentsCollector:
             self._pod_read_as.pop(gone, None)
         settled = False  # owners from a full scan of every process, this run
         if full:
+            self._run_devs = devs  # interim runs may patch these while /proc is read
             refreshed = None
             if refresh:
                 # A mount that moved since its pod was last read (pages written through a
@@ -191,7 +231,8 @@ class SegmentsCollector:
                 moved = [m for m in devs if m in changes or
                          self._moved(self._pod_read_as.get(m), self._sig_now.get(m))]
                 also = {pod_uid_of_mount(m) for m in moved} - {""}
-                refreshed = self.owner_scan.refresh(set(devs.values()), self._owners, also=also)
+                refreshed = self.owner_scan.refresh(set(devs.values()), self._owners, also=also,
+                                                    between=self.interim_hook)
                 if refreshed is not None:
                     self._pod_read_as.update({m: self._sig_now[m] for m in moved if self._sig_now.get(m)})
             if refreshed is not None:
@@ -200,24 +241,29 @@ class SegmentsCollector:
                 # Only a scan after a walk of every directory may call a segment leaked.
                 for mount in self._kept_now:
                     listings[mount] = self._list(mount, devs[mount], True, changes)
-                self._owners = self.owner_scan.scan(set(devs.values()), pods=self.pod_of_pid)
+                # What this run walked, before interim runs patch the listings in place: only
+                # these were listed before /proc was read, so only these may be called leaked.
+                walked = {key for files, _, _ in listings.values() for key in files}
+                self._owners = self.owner_scan.scan(set(devs.values()), pods=self.pod_of_pid,
+                                                    between=self.interim_hook)
                 self._scanned_at = self.monotonic()
                 self._say_why_unproven(self._owners)
-                self._known_files = {key for files, _, _ in listings.values() for key in files}
+                self._known_files = walked
                 self._full_devs = dict(devs)
                 self._pod_read_as = {m: sig for m in devs if (sig := self._sig_now.get(m)) is not None}
                 self._held_at_full = set(self._owners.holdings)
                 settled = True
             self.wants_follow_up = False
+            self._run_devs = {}
+            # The names interim runs patched in are the next quick run's again: their owners.
+            self.changes.put_back(self._interim_changes.drain())
         else:
             if self._scoped_owners(changes, set(devs.values())):
                 # Those mounts' pods were read just now: "moved" counts from here.
                 self._pod_read_as.update({m: sig for m in changes if (sig := self._sig_now.get(m)) is not None})
         touched_pods = {pod_uid_of_mount(m) for m in changes} - {""} if self.pod_of_pid else set()
         mounts = []
-        held_on: Dict[int, List[Key]] = {}  # the held inodes by device, once, not once per mount
-        for key in self._owners.holdings:
-            held_on.setdefault(key[0], []).append(key)
+        held_on = self._held_on()
         for mount in mount_list:
             if mount in errors:
                 mounts.append(MountInventory(mount, error=errors[mount]))
@@ -238,6 +284,18 @@ class SegmentsCollector:
             mounts.append(self._assemble(mount, devs[mount], files, others, held_on.get(devs[mount], []),
                                          quick=not full, settled=settled))
         self._last = {m.mount: m for m in mounts}
+        if full:
+            self._interim_keys = set()
+        return self._inventory(mounts)
+
+    def _held_on(self) -> Dict[int, List[Key]]:
+        """The held inodes by device: once a run, not once per mount."""
+        held_on: Dict[int, List[Key]] = {}
+        for key in self._owners.holdings:
+            held_on.setdefault(key[0], []).append(key)
+        return held_on
+
+    def _inventory(self, mounts: List[MountInventory]) -> Inventory:
         owners = self._owners
         pods = {}
         if self.pod_of_pid:
@@ -294,6 +352,7 @@ class SegmentsCollector:
         # read its new processes, and found nobody holding it: unverified until a full scan.
         unknown_state = "linked" if quick else unheld_state if settled else "unverified"
         known_files = self._known_files if self._full_devs.get(mount) == dev else frozenset()
+        patched_in = self._interim_keys
         append = inv.segments.append
         classes = CLASS_CACHE
         for key, (name, st) in files.items():
@@ -304,6 +363,11 @@ class SegmentsCollector:
             else:
                 holders = ()
                 state = unheld_state if key in known_files else unknown_state
+                if key in patched_in:
+                    # Not walked by this run but patched in while it read /proc (an interim run):
+                    # its creator may have been read before it made it. The quick run after
+                    # this one reads its owners; until then it is its creator's, as there.
+                    state = "linked"
                 if not settled and state == "orphan" and key in self._held_at_full:
                     # Held at the last full scan, unheld in a pod-scoped scan or a refresh:
                     # only a full scan, with its re-reads of new processes, may call it leaked.

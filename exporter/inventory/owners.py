@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import stat as stat_mod
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Pattern, Set, Tuple
+from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
 from ..proctable import Process, ProcessTable
 from .maps import DeviceTokens, parse_maps
@@ -21,6 +21,10 @@ from .walk import Key
 
 DELETED = " (deleted)"
 MAX_UNPROVEN = 20  # reasons kept for the log
+# A long read of /proc (a node's full scan: 2,000 processes, a second under load) calls
+# its `between` callback every this many processes: the collector patches its listings
+# with what inotify saw meanwhile, so new segments are not held back for the whole read.
+BETWEEN_EVERY = 16
 
 
 @dataclass
@@ -79,7 +83,7 @@ class OwnerScan:
     # up to this many; still new ones after that leave the scan unproven.
     MAX_PASSES = 4
 
-    def scan(self, devs: Set[int], pods: bool = False) -> Owners:
+    def scan(self, devs: Set[int], pods: bool = False, between: Optional[Callable[[], None]] = None) -> Owners:
         # SysV's walk of the same moment is reused (both run once per scrape); whoever
         # started since is read by the passes below, as after a walk of our own.
         self._pid_wrap.wrapped()  # from here on
@@ -102,8 +106,7 @@ class OwnerScan:
         self._mount_ids.learn(walked.processes, devs)
         processes = walked.processes
         for _ in range(self.MAX_PASSES):
-            for proc in processes:
-                self._scan_process(proc, devs, tokens, out)
+            self._scan_processes(processes, devs, tokens, out, between)
             processes = self._started_since(set(out.processes))
             if not processes:
                 break
@@ -116,7 +119,8 @@ class OwnerScan:
             out.pod_of = {pid: self.table.pod_uid(p) for pid, p in out.holders.items()}
         return out
 
-    def refresh(self, devs: Set[int], previous: Owners, also: Set[str] = frozenset()) -> Optional[Owners]:
+    def refresh(self, devs: Set[int], previous: Owners, also: Set[str] = frozenset(),
+                between: Optional[Callable[[], None]] = None) -> Optional[Owners]:
         """Node mode between full scans: read only what may have changed since `previous`.
         A process started since is read; a holder that exited has its pod read again (a
         pod-mate may have attached since, or nobody holds the segment now); everyone else's
@@ -136,10 +140,10 @@ class OwnerScan:
             if not pod:
                 return None
             pods.add(pod)
-        return self.scan_pods(devs, pods, previous, new_too=True, alive=alive)
+        return self.scan_pods(devs, pods, previous, new_too=True, alive=alive, between=between)
 
     def scan_pods(self, devs: Set[int], pods: Set[str], previous: Owners, new_too: bool = False,
-                  alive: Optional[Set[int]] = None) -> Owners:
+                  alive: Optional[Set[int]] = None, between: Optional[Callable[[], None]] = None) -> Owners:
         """Rescan only the processes of `pods` (node mode: an event in a pod's mount), and
         with `new_too` every process started since `previous`; every other process's
         holdings carry over from `previous`, so a segment another pod holds never turns
@@ -185,8 +189,7 @@ class OwnerScan:
             self._mount_ids.learn(new, devs, again=False)
         else:
             self._mount_ids.learn(processes.values(), devs)  # a watched mount came or went
-        for proc in scope:
-            self._scan_process(proc, devs, tokens, fresh)
+        self._scan_processes(scope, devs, tokens, fresh, between)
         self._fill_mapping_sizes(fresh.holdings)
         was_in_scope = {pid for pid, pod in previous.pod_of.items() if pod in pods}
         replaced = was_in_scope | {p.pid for p in scope}
@@ -225,6 +228,13 @@ class OwnerScan:
             if ident is not None and not ident[1]:
                 found.append(ident[0])
         return found
+
+    def _scan_processes(self, processes: Sequence[Process], devs: Set[int], tokens: Dict[str, int], out: Owners,
+                        between: Optional[Callable[[], None]]) -> None:
+        for i, proc in enumerate(processes):
+            if between is not None and i % BETWEEN_EVERY == BETWEEN_EVERY - 1:
+                between()
+            self._scan_process(proc, devs, tokens, out)
 
     def _scan_process(self, proc: Process, devs: Set[int], tokens: Dict[str, int], out: Owners) -> None:
         out.scanned += 1
