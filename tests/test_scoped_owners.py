@@ -394,3 +394,22 @@ def test_a_deleted_pods_device_number_handed_to_a_new_pod_proves_nothing(tmp_pat
             child.kill()
             child.wait()
         remove_cgroup(cgroup)
+
+
+@needs_root
+def test_a_quick_run_that_read_the_pod_calls_an_unheld_new_segment_what_the_refresh_will(two_pods):
+    """A quick run that read the pod's processes knows what the refresh after it will: a new
+    segment none of them holds is unverified at once, and stays so, rather than linked
+    ("its creator's") until the refresh: one state, and one series, for each create."""
+    (a, _), _ = two_pods
+    clock, changes = Clock(), ChangeLog()
+    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+                                  full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
+    collector.collect()
+    open(os.path.join(a, "psm_made_and_closed"), "wb").close()
+    changes.add(a, "psm_made_and_closed")
+    assert segment(collector.collect_quick(), a, "psm_made_and_closed") == ("unverified", ())
+    clock.now += 15
+    assert segment(collector.collect(), a, "psm_made_and_closed") == ("unverified", ())  # a refresh
+    clock.now += 600
+    assert segment(collector.collect(), a, "psm_made_and_closed") == ("orphan", ())  # the full scan

@@ -257,8 +257,10 @@ class SegmentsCollector:
             self._run_devs = {}
             # The names interim runs patched in are the next quick run's again: their owners.
             self.changes.put_back(self._interim_changes.drain())
-        else:
-            if self._scoped_owners(changes, set(devs.values())):
+        pods_read = False  # a quick run read the changed mounts' pods (node mode)
+        if not full:
+            pods_read = self._scoped_owners(changes, set(devs.values()))
+            if pods_read:
                 # Those mounts' pods were read just now: "moved" counts from here.
                 self._pod_read_as.update({m: sig for m in changes if (sig := self._sig_now.get(m)) is not None})
         touched_pods = {pod_uid_of_mount(m) for m in changes} - {""} if self.pod_of_pid else set()
@@ -281,8 +283,12 @@ class SegmentsCollector:
                 self._said_truncated.add(mount)
                 log.warning("mount %s: more than %d entries; the inventory counts the first %d",
                             mount, MAX_ENTRIES, MAX_ENTRIES)
+            # A quick run that read the mount's pod knows what a refresh would: a new segment
+            # none of the pod's processes holds is unverified now, not "its creator's" until
+            # the refresh says otherwise (the state, and its series, flipped for every create).
+            quick = not full and not (pods_read and pod_uid_of_mount(mount) in touched_pods)
             mounts.append(self._assemble(mount, devs[mount], files, others, held_on.get(devs[mount], []),
-                                         quick=not full, settled=settled))
+                                         quick=quick, settled=settled))
         self._last = {m.mount: m for m in mounts}
         if full:
             self._interim_keys = set()
@@ -338,7 +344,8 @@ class SegmentsCollector:
 
     def _assemble(self, mount: str, dev: int, files: Files, others: Dict[str, int], held_keys: List[Key],
                   quick: bool, settled: bool) -> MountInventory:
-        """`settled`: the owners come from a full scan this run; otherwise from a quick run
+        """`quick`: nobody was read for this mount's changes (the last scan's owners reused).
+        `settled`: the owners come from a full scan this run; otherwise from a quick run
         (the last scan's owners, or a pod's rescan) or a refresh, and only a full scan, with
         every process read, may call a segment leaked."""
         inv = MountInventory(mount, other_entries=others)
