@@ -1,8 +1,13 @@
-"""React within a second: inotify (through watchdog) on every monitored mount.
+"""React within a second: inotify on every monitored mount, one instance for them all.
 
 Prometheus scrapes every 15-60 s; NCCL allocates its segments and crashes in less.
 On each create/grow/delete we take a statvfs at once (it feeds the peak window, so a
 2 s spike stays on the graph) and wake the segment inventory, which debounces bursts.
+
+The inotify instance is watchdog's InotifyFD: one thread reads it and calls us with each
+raw event. Not watchdog's Observer, which adds a thread per watch and a dispatch thread
+(202 threads at 200 pods, three hand-offs and an event object per event: 0.7 % of a core
+under a node's churn), for move pairing and recursion we do not use.
 
 Where inotify cannot be had (no support, fs.inotify.max_user_instances or
 max_user_watches exhausted) the mount is polled instead, said once in the log, and
@@ -10,9 +15,11 @@ shmwatch_inotify_active{mount} is 0; created/deleted then come from inventory di
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
+import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .discovery import MountSet, live_mounts
@@ -24,45 +31,26 @@ from .state import StateStore
 
 log = logging.getLogger(__name__)
 
-# Only what changes a mount's contents. opened / closed_no_write are left out: our own
-# directory listings cause them, and reacting to them would loop.
-RELEVANT = ("created", "deleted", "modified", "moved")
+# Only what changes a mount's contents (IN_CREATE, IN_DELETE, IN_MOVED_*, IN_MODIFY,
+# IN_ATTRIB): no IN_OPEN/IN_CLOSE, which our own directory listings cause (reacting to them
+# would loop). A create-and-close is then one queued event, not three, so a storm of 10,000
+# creates fits the default 16,384-event queue. The mount's top directory only.
+IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM, IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
+IN_CREATE, IN_DELETE, IN_ONLYDIR, IN_DONT_FOLLOW, IN_ISDIR = 0x100, 0x200, 0x01000000, 0x02000000, 0x40000000
+WATCH_MASK = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_MODIFY | IN_ATTRIB | IN_ONLYDIR | IN_DONT_FOLLOW
+# A move within the mount is a delete of one name and a create of another; one in from
+# elsewhere, a create; one out, a delete.
+KINDS = ((IN_CREATE, "created"), (IN_MOVED_TO, "created"), (IN_DELETE, "deleted"), (IN_MOVED_FROM, "deleted"),
+         (IN_MODIFY | IN_ATTRIB, "modified"))
+CALLBACK_ID = 0  # one callback per watch: ours
 
 
-def _event_filter():
-    # Ask the kernel only for what we count (IN_CREATE, IN_DELETE, IN_MOVED_*, IN_MODIFY,
-    # IN_ATTRIB): no IN_OPEN/IN_CLOSE. A create-and-close is then one queued event, not
-    # three, so a storm of 10,000 creates fits the default 16,384-event queue.
-    from watchdog.events import FileCreatedEvent, FileDeletedEvent, FileModifiedEvent, FileMovedEvent
-    return [FileCreatedEvent, FileDeletedEvent, FileModifiedEvent, FileMovedEvent]
-
-
-# watchdog (>= 7) shares one inotify instance between all watches and, on IN_Q_OVERFLOW,
-# drops its pending events and says so in its log only (observers/inotify_c.py: "Inotify
-# queue overflowed; filesystem events were lost"): that record is our signal.
-WATCHDOG_INOTIFY_LOGGER = "watchdog.observers.inotify_c"
-
-
-class _OverflowSignal(logging.Handler):
-    def __init__(self, watcher: "MountWatcher"):
-        super().__init__(logging.WARNING)
-        self.watcher = watcher
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "queue overflow" in record.getMessage().lower():
-            self.watcher.on_overflow()
-
-
-def _make_handler(watcher: "MountWatcher", mount: str):
-    from watchdog.events import FileSystemEventHandler
-
-    class Handler(FileSystemEventHandler):
-        def on_any_event(self, event) -> None:
-            if event.event_type not in RELEVANT:
-                return
-            watcher.on_event(mount, event)
-
-    return Handler()
+def _inotify():
+    """watchdog's inotify instance and its reading thread (not started)."""
+    from watchdog.observers.inotify_c import InotifyFD  # ImportError off Linux
+    reader = InotifyFD()  # OSError from inotify_init: EMFILE when max_user_instances is reached
+    reader.name = "shmwatch-inotify"
+    return reader
 
 
 class MountWatcher:
@@ -73,22 +61,24 @@ class MountWatcher:
     def __init__(self, state: StateStore, paths: Paths, mounts: "Sequence[str] | Callable[[], List[str]]",
                  wake: Callable[[], None] = lambda: None, enabled: bool = True,
                  statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
-                 observer_factory: Optional[Callable[[], object]] = None, changes: Optional[ChangeLog] = None,
+                 inotify_factory: Callable[[], object] = _inotify, changes: Optional[ChangeLog] = None,
                  wake_full: Callable[[], None] = lambda: None):
         self.state = state
         self.wake = wake
         self.wake_full = wake_full
-        self._overflow_signal = _OverflowSignal(self)
         self.paths = paths
         self._mounts = live_mounts(mounts)  # discovery's current mounts
         self.enabled = enabled
         self.statvfs = statvfs
-        self.observer_factory = observer_factory
+        self.inotify_factory = inotify_factory
         self.changes = changes  # segments.ChangeLog: names for the next quick inventory
-        self.observer = None
+        self.inotify = None  # the inotify instance's reader (watchdog's InotifyFD), once started
         self._started = False
         self._last_set: Optional[MountSet] = None  # what discovery published last (on_mounts)
-        self.watches: Dict[str, Tuple[object, int]] = {}  # mount -> (watch, st_dev watched)
+        self.watches: Dict[str, Tuple[int, int]] = {}  # mount -> (watch descriptor, st_dev watched)
+        # Watch descriptor -> its mounts, for the reader thread: two paths to one directory (a
+        # bind mount) are one watch, as inotify makes them.
+        self._mounts_on: Dict[int, Tuple[str, ...]] = {}
         self._said: Dict[str, str] = {}
         self._lock = threading.Lock()
         # Inventory diffs, for mounts that are polled.
@@ -101,42 +91,33 @@ class MountWatcher:
 
     def start(self) -> None:
         self._started = True
-        inotify_log = logging.getLogger(WATCHDOG_INOTIFY_LOGGER)
-        inotify_log.addHandler(self._overflow_signal)
-        if inotify_log.getEffectiveLevel() > logging.WARNING:
-            inotify_log.setLevel(logging.WARNING)  # --log.level=error must not hide the signal from us
         for mount in self.mounts:
             self.state.set_inotify(mount, False)
         if not self.enabled:
             for mount in self.mounts:
                 self._say(mount, "inotify disabled (--no-inotify): polling")
             return
-        if self._start_observer():
+        if self._start_inotify():
             for mount in self.mounts:
                 self._watch(mount)
 
-    def _start_observer(self) -> bool:
+    def _start_inotify(self) -> bool:
         try:
-            if self.observer_factory is not None:
-                observer = self.observer_factory()
-            else:
-                from watchdog.observers.inotify import InotifyObserver
-                observer = InotifyObserver()
-            observer.daemon = True
-            observer.start()
+            reader = self.inotify_factory()
+            reader.start()
         except Exception as err:  # ImportError off Linux, OSError from inotify_init (EMFILE: instances)
             for mount in self.mounts:
                 self._say(mount, f"inotify unavailable ({err}): polling every inventory interval")
             return False
-        self.observer = observer
+        self.inotify = reader
         return True
 
     def stop(self) -> None:
-        logging.getLogger(WATCHDOG_INOTIFY_LOGGER).removeHandler(self._overflow_signal)
-        if self.observer is not None:
+        reader, self.inotify = self.inotify, None  # the watches it drops on closing are not lost ones
+        if reader is not None:
             try:
-                self.observer.stop()
-                self.observer.join(1.0)
+                reader.stop()
+                reader.join(1.0)
             except Exception:
                 pass
 
@@ -149,14 +130,21 @@ class MountWatcher:
         path = self.paths.host(mount)
         try:
             dev = os.stat(path).st_dev
-            watch = self.observer.schedule(_make_handler(self, mount), path, recursive=False,
-                                           event_filter=_event_filter())
-        except Exception as err:  # OSError: ENOSPC (max_user_watches), EMFILE (instances), ENOENT
+            with warnings.catch_warnings():
+                # A directory already watched for another path (a bind mount): the same watch and
+                # callback, which watchdog warns it "overwrites".
+                warnings.simplefilter("ignore", RuntimeWarning)
+                wd = self.inotify.add_callback(os.fsencode(path), WATCH_MASK, self, CALLBACK_ID)
+            if wd < 0:  # InotifyFD does not raise EACCES
+                self.inotify.remove_callbacks([(wd, CALLBACK_ID)])
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        except Exception as err:  # OSError: ENOSPC (max_user_watches), ENOENT, ENOTDIR
             self.state.set_inotify(mount, False)
             self._say(mount, f"cannot watch with inotify ({err}): polling")
             return
         with self._lock:
-            self.watches[mount] = (watch, dev)
+            self.watches[mount] = (wd, dev)
+            self._mounts_on[wd] = (*self._mounts_on.get(wd, ()), mount)
         self.state.set_inotify(mount, True)
         self._say(mount, "inotify on")
 
@@ -167,22 +155,18 @@ class MountWatcher:
         self.state.forget_mounts_except(current)
         for mount in list(self.watches):
             if mount not in current:
-                watch, _ = self.watches.pop(mount)
-                try:
-                    self.observer.unschedule(watch)
-                except Exception:
-                    pass
+                self._unwatch(mount)
         with self._lock:
             for gone in [m for m in self._previous if m not in current]:
                 del self._previous[gone]
             for gone in [m for m in self._said if m not in current]:
                 del self._said[gone]  # node mode: pods come and go; their log state goes with them
-        if self.observer is None and not (self.enabled and self._start_observer()):
+        if self.inotify is None and not (self.enabled and self._start_inotify()):
             # Polling; inotify is tried again on the next refresh (limits can be raised live).
             for mount in current - set(self.state.known_inotify()):
                 self.state.set_inotify(mount, False)
             return
-        alive = self.observer.is_alive()
+        alive = self.inotify.is_alive()
         for mount in sorted(current):
             watched = self.watches.get(mount)
             if watched is not None and not recheck_watched and alive:
@@ -194,34 +178,41 @@ class MountWatcher:
             if watched is not None and watched[1] == dev and alive:
                 continue
             if watched is not None:
-                try:
-                    self.observer.unschedule(watched[0])
-                except Exception:
-                    pass
-                with self._lock:
-                    self.watches.pop(mount, None)
+                self._unwatch(mount)
                 self.state.set_inotify(mount, False)
             if dev is not None:
                 self._watch(mount)
 
-    # --- events -------------------------------------------------------------------------
-    def on_event(self, mount: str, event) -> None:
-        kind = event.event_type
-        if self.changes is not None:
-            root = self.paths.host(mount)
-            for path in (event.src_path, getattr(event, "dest_path", "") or ""):
-                if not path or os.path.normpath(path) == os.path.normpath(root):
-                    continue
-                if event.is_directory:
-                    self.changes.unknown(mount)  # what is below a new directory: re-list
-                else:
-                    self.changes.add(mount, os.path.basename(path))
-        if not event.is_directory:
-            if kind in ("created", "deleted"):
-                self.state.count_event(mount, classify(os.path.basename(event.src_path)), kind)
-            elif kind == "moved":
-                self.state.count_event(mount, classify(os.path.basename(event.src_path)), "deleted")
-                self.state.count_event(mount, classify(os.path.basename(event.dest_path)), "created")
+    def _unwatch(self, mount: str) -> None:
+        with self._lock:
+            wd, _ = self.watches.pop(mount, (None, None))
+            others = tuple(m for m in self._mounts_on.pop(wd, ()) if m != mount)
+            if others:
+                self._mounts_on[wd] = others  # the watch stays theirs
+        if wd is not None and not others and self.inotify is not None:
+            try:
+                self.inotify.remove_callbacks([(wd, CALLBACK_ID)])
+            except Exception:
+                pass  # the mount went away first: so did its watch
+
+    # --- events (the inotify thread; watchdog's WatchCallback) ------------------------------
+    def on_event(self, event) -> None:
+        """One raw inotify event on a watched mount's top directory."""
+        if event.name:  # not the directory itself (its attributes, unmounted)
+            for mount in self._mounts_on.get(event.wd, ()):
+                self._on_event(mount, event.mask, event.name)
+
+    def _on_event(self, mount: str, mask: int, name_bytes: bytes) -> None:
+        name = os.fsdecode(name_bytes)
+        kind = next((kind for bits, kind in KINDS if mask & bits), "modified")
+        if mask & IN_ISDIR:
+            if self.changes is not None:
+                self.changes.unknown(mount)  # what is below a new directory: re-list
+        else:
+            if self.changes is not None:
+                self.changes.add(mount, name)
+            if kind != "modified":
+                self.state.count_event(mount, classify(name), kind)
         self.state.touch(mount)
         try:
             st = self.statvfs(self.paths.host(mount))
@@ -230,7 +221,18 @@ class MountWatcher:
             pass  # the poll will report the mount's error
         self.wake()
 
-    def on_overflow(self) -> None:
+    def on_watch_deleted(self, wd: int) -> None:
+        """The kernel dropped a watch (its mount unmounted, its directory deleted): polled until
+        the next refresh watches it again."""
+        with self._lock:
+            mounts = [m for m in self._mounts_on.pop(wd, ()) if self.watches.get(m, (None,))[0] == wd]
+            for mount in mounts:
+                del self.watches[mount]
+        if self.inotify is not None:  # not stopping
+            for mount in mounts:
+                self.state.set_inotify(mount, False)
+
+    def on_queue_overflow(self) -> None:
         """The kernel dropped events: count it on every watched mount (one queue serves them
         all), and re-list every mount at once instead of patching what the events said."""
         with self._lock:

@@ -66,17 +66,17 @@ def test_spike_between_polls_stays_in_the_peak(tmpfs):
     assert value(s, "shmwatch_mount_peak_used_bytes", mount=tmpfs) >= 14 * MiB
 
 
-def test_polling_fallback_when_the_observer_cannot_start(tmp_path):
-    """In-process: an observer that fails to start -> polling, inotify_active 0, diffs count events."""
+def test_polling_fallback_when_inotify_cannot_start(tmp_path):
+    """In-process: an inotify instance that fails to start -> polling, inotify_active 0, diffs count events."""
     mount = str(tmp_path)
 
-    def broken_observer():
+    def broken_inotify():
         raise OSError(24, "inotify instance limit reached")
 
     collector = SegmentsCollector(Paths(), [mount], ignore_unreadable=HOST_EXCUSED_RE)
     sampler = Sampler([collector])
     state = StateStore()
-    watcher = MountWatcher(state, Paths(), [mount], observer_factory=broken_observer)
+    watcher = MountWatcher(state, Paths(), [mount], inotify_factory=broken_inotify)
     sampler.subscribe(watcher.on_observation)
     watcher.start()
     assert state.snapshot().inotify == {mount: False}
@@ -190,6 +190,10 @@ def test_200_watched_mounts_use_one_inotify_instance():
             fd_dir = f"/proc/{exporter.proc.pid}/fd"
             instances = [fd for fd in os.listdir(fd_dir) if _readlink(os.path.join(fd_dir, fd)) == "anon_inode:inotify"]
             assert len(instances) == 1, f"{len(instances)} inotify instances for 200 watched mounts"
+            # One thread reads the instance: watchdog's Observer ran one per watch, 200 more.
+            with open(f"/proc/{exporter.proc.pid}/status") as f:
+                threads = int(next(line for line in f if line.startswith("Threads:")).split()[1])
+            assert threads < 30, f"{threads} threads for 200 watched mounts"
             assert value(s, "shmwatch_inotify_active", mount=mounts[-1]) == 1
 
 
@@ -198,3 +202,59 @@ def _readlink(path):
         return os.readlink(path)
     except OSError:
         return ""
+
+
+def _wait(predicate, timeout=3.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@needs_root
+def test_one_directory_at_two_paths_is_one_watch_that_serves_both(tmpfs, tmp_path):
+    """A bind mount puts one directory at two paths: inotify gives both one watch; each path
+    counts the events, and dropping one leaves the other watched."""
+    import subprocess
+
+    bound = str(tmp_path / "bound")
+    os.makedirs(bound)
+    subprocess.run(["mount", "--bind", tmpfs, bound], check=True)
+    state = StateStore()
+    watcher = MountWatcher(state, Paths(), lambda: mounts)
+    mounts = [tmpfs, bound]
+    watcher.start()
+    try:
+        assert watcher.watches[tmpfs][0] == watcher.watches[bound][0]
+        fallocate(os.path.join(tmpfs, "nccl-twice"), 4096)
+        _wait(lambda: state.snapshot().events.get((bound, "nccl", "created")) == 1)
+        _wait(lambda: state.snapshot().events.get((tmpfs, "nccl", "created")) == 1)
+        mounts = [bound]
+        watcher.refresh()
+        fallocate(os.path.join(tmpfs, "nccl-once"), 4096)
+        _wait(lambda: state.snapshot().events.get((bound, "nccl", "created")) == 2)
+        assert state.snapshot().inotify == {bound: True}
+    finally:
+        watcher.stop()
+        subprocess.run(["umount", "-l", bound], check=False)
+
+
+@needs_root
+def test_an_unmounted_mount_is_polled_then_watched_again_when_it_is_back(tmp_path):
+    """The kernel drops the watch of an unmounted directory: the mount is polled (inotify_active
+    0) until a refresh finds it mounted again and watches the new one."""
+    path = str(tmp_path / "dshm")
+    state = StateStore()
+    watcher = MountWatcher(state, Paths(), [path])
+    with mounted_tmpfs("1m", path=path):
+        watcher.start()
+        assert state.snapshot().inotify == {path: True}
+    try:
+        _wait(lambda: state.snapshot().inotify == {path: False})
+        with mounted_tmpfs("1m", path=path):
+            watcher.refresh()
+            assert state.snapshot().inotify == {path: True}
+            fallocate(os.path.join(path, "psm_back"), 4096)
+            _wait(lambda: state.snapshot().events.get((path, "python_shm", "created")) == 1)
+    finally:
+        watcher.stop()
