@@ -15,7 +15,7 @@ from exporter.collectors.cgroup import CgroupCollector, CgroupMemory
 from exporter.collectors.shm_mount import MountUsage
 from exporter.kube import pod_uid_of_mount
 from exporter.paths import Paths
-from tests.conftest import REPO, Exporter, mounted_tmpfs, needs_root, value
+from tests.conftest import REPO, Exporter, mounted_tmpfs, needs_root, remove_cgroup, value
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -99,9 +99,33 @@ def test_v1_parent_limit_binds(tmp_path):
     [result] = CgroupCollector(paths, cgroup_path="/kubepods/pod1/c").collect()
     assert (result.version, result.limit_bytes, result.limit_source) == (1, 512 * MiB, "cgroup")
     assert result.working_set_bytes == 90 * MiB
-    # Its own limit, when tighter, wins over the parent's.
-    (leaf / "memory.limit_in_bytes").write_text(f"{256 * MiB}\n")
-    assert CgroupCollector(paths, cgroup_path="/kubepods/pod1/c").collect()[0].limit_bytes == 256 * MiB
+
+
+@needs_root
+def test_v1_limit_is_the_tightest_up_the_tree_on_a_real_kernel():
+    """memory.stat's hierarchical_memory_limit is the kernel's min over the cgroup and its
+    ancestors, so the collector reads it instead of memory.limit_in_bytes: the parent's
+    limit when the child has none, the child's own when tighter."""
+    import os
+    import uuid
+
+    root = "/sys/fs/cgroup/memory"
+    if not os.path.exists(os.path.join(root, "cgroup.procs")):
+        pytest.skip("needs the cgroup v1 memory controller")
+    parent = f"shmwatch-test-{uuid.uuid4().hex[:8]}"
+    child = os.path.join(root, parent, "c")
+    os.makedirs(child)
+    try:
+        with open(os.path.join(root, parent, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(512 * MiB))
+        paths = Paths()
+        assert CgroupCollector(paths, cgroup_path=f"/{parent}/c").collect()[0].limit_bytes == 512 * MiB
+        with open(os.path.join(child, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(256 * MiB))
+        assert CgroupCollector(paths, cgroup_path=f"/{parent}/c").collect()[0].limit_bytes == 256 * MiB
+    finally:
+        remove_cgroup(child)
+        remove_cgroup(os.path.join(root, parent))
 
 
 @needs_root

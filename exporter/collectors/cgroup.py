@@ -89,12 +89,15 @@ def read_v2(directory: str) -> Tuple[int, Optional[int], Dict[str, int], Dict[st
 
 def read_v1(directory: str) -> Tuple[int, Optional[int], Dict[str, int], Dict[str, int]]:
     usage = int(read_text(os.path.join(directory, "memory.usage_in_bytes")).strip())
-    limit = parse_limit(read_text(os.path.join(directory, "memory.limit_in_bytes")))
     stat = parse_flat_keyed(read_text(os.path.join(directory, "memory.stat")))
-    # A parent's limit binds too: memory.stat says the tightest one up the tree.
+    # A parent's limit binds too: memory.stat says the tightest one up the tree, its own
+    # included (the kernel's min over the cgroup and its ancestors), so limit_in_bytes is
+    # read only when memory.stat does not say (a node reads 200 pods' cgroups per scrape).
     hierarchical = stat.get("hierarchical_memory_limit")
-    if hierarchical is not None and hierarchical < V1_UNLIMITED:
-        limit = hierarchical if limit is None else min(limit, hierarchical)
+    if hierarchical is not None:
+        limit = None if hierarchical >= V1_UNLIMITED else hierarchical
+    else:
+        limit = parse_limit(read_text(os.path.join(directory, "memory.limit_in_bytes")))
     try:
         oom = parse_flat_keyed(read_text(os.path.join(directory, "memory.oom_control")))
     except FileNotFoundError:
