@@ -7,6 +7,7 @@ collector, the process table and the model all read them from here.
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Dict, Optional, Tuple
 
@@ -48,6 +49,7 @@ def mount_labels(mount_point: str) -> Optional[Dict[str, str]]:
     return None
 
 
+@functools.lru_cache(maxsize=8192)  # the segments thread and every render ask for 200 mounts' pods
 def pod_uid_of_mount(mount: str) -> str:
     """The pod UID in a kubelet emptyDir path; '' for any other mount."""
     labels = mount_labels(mount)
