@@ -57,7 +57,7 @@ HOLD_SLICE_SECONDS = 1.0
 GZIP_LEVEL = 1
 
 
-def _sample_chunks(metrics: List[object]) -> Optional[List[List[str]]]:
+def _sample_chunks(metrics: List[object], blocks: Optional[GzipBlocks] = None) -> Optional[List[List[str]]]:
     """Each family's sample lines, joined into blocks (gzip_blocks.blocks_of): the same in
     the text format 0.0.4 and in OpenMetrics 1.0.0 for gauges and counters without timestamps, exemplars or units with
     legacy names (all this exporter makes). None for anything else: the caller falls back
@@ -70,7 +70,7 @@ def _sample_chunks(metrics: List[object]) -> Optional[List[List[str]]]:
             return None
         lines = getattr(metric, "lines", None)  # formatted by families.Families as it went
         if lines is not None and len(lines) == len(metric.samples):
-            chunks.append(blocks_of(lines))
+            chunks.append(blocks_of(lines) if blocks is None else blocks.blocks(metric.name, lines))
             continue
         # A sample of another name (a counter's _created) is placed apart by the text format.
         sname = metric.name + "_total" if mtype == "counter" else metric.name
@@ -93,13 +93,13 @@ def _sample_chunks(metrics: List[object]) -> Optional[List[List[str]]]:
 
 
 def _text_pieces(metrics: List[object], chunks: List[List[str]]) -> List[str]:
-    """The text format 0.0.4, in pieces: each family's first block with its HELP and TYPE."""
+    """The text format 0.0.4, in pieces: each family's HELP and TYPE, then its blocks."""
     out: List[str] = []
     for metric, blocks in zip(metrics, chunks):
         mname = metric.name + "_total" if metric.type == "counter" else metric.name
         doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
-        out.append(f"# HELP {mname} {doc}\n# TYPE {mname} {metric.type}\n{blocks[0]}")
-        out.extend(blocks[1:])
+        out.append(f"# HELP {mname} {doc}\n# TYPE {mname} {metric.type}\n")
+        out.extend(blocks)  # apart from the header: the same objects as the last render's (GzipBlocks.blocks)
     return out
 
 
@@ -109,8 +109,8 @@ def _openmetrics_pieces(metrics: List[object], chunks: List[List[str]]) -> List[
     for metric, blocks in zip(metrics, chunks):
         name = metric.name
         doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
-        out.append(f"# HELP {name} {doc}\n# TYPE {name} {metric.type}\n{blocks[0]}")
-        out.extend(blocks[1:])
+        out.append(f"# HELP {name} {doc}\n# TYPE {name} {metric.type}\n")
+        out.extend(blocks)
     out.append("# EOF\n")
     return out
 
@@ -164,7 +164,7 @@ class _Render:
         self.version = version
         self.made = time.monotonic()
         self.frozen = _Frozen(metrics)
-        self.chunks = _sample_chunks(metrics)
+        self.chunks = _sample_chunks(metrics, blocks)
         self.blocks = blocks
         self.bodies: Dict[Tuple[str, bool], bytes] = {}
         self.built = 0  # bodies made (a test asserts scrapes make none)

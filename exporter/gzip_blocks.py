@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 # A family's lines are cut into blocks after each line whose hash has these bits clear:
 # about one block per 64 lines (17 KB at a node's 270 bytes a line). The cuts depend on the
@@ -45,10 +45,24 @@ class GzipBlocks:
         self._header = _HEADER % (2 if level == 9 else 4 if level == 1 else 0)
         self._previous: Dict[str, bytes] = {}
         self._current: Dict[str, bytes] = {}
+        # Each family's lines and their blocks, by family name, from the last render and this one.
+        self._cut_previous: Dict[str, Tuple[List[str], List[str]]] = {}
+        self._cut_current: Dict[str, Tuple[List[str], List[str]]] = {}
         self.compressed = 0  # blocks compressed (tests: an unchanged block is not)
 
     def next_render(self) -> None:
         self._previous, self._current = self._current, {}
+        self._cut_previous, self._cut_current = self._cut_current, {}
+
+    def blocks(self, name: str, lines: List[str]) -> List[str]:
+        """blocks_of(lines); the last render's blocks when the family's lines are the same
+        (most of a node's families, between two renders). They are then the same string
+        objects, whose hashes Python keeps: finding their compressed bytes takes no pass
+        over the 2 MB of text, nor does cutting them again."""
+        known = self._cut_previous.get(name)
+        blocks = known[1] if known is not None and known[0] == lines else blocks_of(lines)
+        self._cut_current[name] = (lines, blocks)
+        return blocks
 
     def gzip(self, pieces: List[str], raw: bytes) -> bytes:
         """A gzip member of `raw`, which must be "".join(pieces) in UTF-8."""
