@@ -147,8 +147,13 @@ class ModelStep:
                 # a node's, most of the time) keeps its summary, and with it its rendered lines,
                 # unless a process its series name changed its comm or pod (the render keys a
                 # mount's lines on the summary alone).
-                reuse = summary is not None and (old is m or old == m) and summary.named_pids.isdisjoint(renamed)
-                latest.summaries[m.mount] = summary if reuse else summarise(m, self.top_k)
+                reuse = summary is not None and summary.named_pids.isdisjoint(renamed)
+                if not (reuse and (old is m or old == m)):
+                    made_now = summarise(m, self.top_k)
+                    # An inventory that differs only where its summary does not (a refresh walks a
+                    # directory in another order than quick runs patched it) keeps the summary too.
+                    summary = summary if reuse and made_now == summary else made_now
+                latest.summaries[m.mount] = summary
         if obs.success and obs.source == "shm_mount":
             self.state.record_used_many([(u.mount, u.used_bytes) for u in obs.result if not u.error])
         if obs.success and obs.source == "cgroup":
