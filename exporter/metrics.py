@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Iterable, List
+from typing import Dict, Iterable, List, Optional
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
@@ -218,26 +218,56 @@ class ModelCollector(Collector):
         """Effective shm size and the OOM projection: shm usage joined with the cgroup."""
         if not model.result_ok("shm_mount"):
             return
+        # Per mount, replayed while its budget is equal (a node's 200 mounts each render).
         for view in model.mounts:
             budget = view.budget
             if budget is None:
                 continue
-            if budget.projection is not None:
-                out.add("shmwatch_shm_oom_projection_ratio", [view.mount, clean(view.cgroup.cgroup, 256)],
-                        budget.projection)
-            if view.budget_complete:
-                out.add("shmwatch_mount_effective_size_bytes", [view.mount], budget.effective_bytes)
+            cgroup = view.cgroup.cgroup if budget.projection is not None else None
+            out.fragment(self._fragments, ("derived", view.mount), (),
+                         (budget, view.budget_complete, cgroup, view.labels),
+                         lambda staged, view=view, cgroup=cgroup: self._one_mount_derived(view, cgroup, staged))
+
+    @staticmethod
+    def _one_mount_derived(view, cgroup: Optional[str], out: Families) -> None:
+        if cgroup is not None:
+            out.add("shmwatch_shm_oom_projection_ratio", [view.mount, clean(cgroup, 256)], view.budget.projection)
+        if view.budget_complete:
+            out.add("shmwatch_mount_effective_size_bytes", [view.mount], view.budget.effective_bytes)
 
     def _oom_kills(self, model: Model, out: Families) -> None:
         """From the model's counts, not the cgroup renderer: a pod's kills outlive its cgroup."""
         for count in model.oom_kills:
-            out.add("shmwatch_cgroup_oom_kills_total", [clean(count.cgroup, 256)], count.kills,
-                    extra={"pod_uid": count.pod_uid})
+            out.fragment(self._fragments, ("oom_kills", count.cgroup), (), (count,),
+                         lambda staged, count=count: staged.add(
+                             "shmwatch_cgroup_oom_kills_total", [clean(count.cgroup, 256)], count.kills,
+                             extra={"pod_uid": count.pod_uid}))
 
     def _events(self, model: Model, out: Families) -> None:
-        for (mount, cls, event), count in sorted(model.states.events.items()):
+        """Per mount, replayed while its counts (then its inotify flag) are equal: a node's 200
+        mounts' counters were a thousand samples made again on every render. Each family in
+        the order of its mounts, as before."""
+        states = model.states
+        by_mount: Dict[str, list] = {}
+        for (mount, cls, event), count in states.events.items():
+            by_mount.setdefault(mount, []).append((cls, event, count))
+        for mount in sorted(by_mount):
+            counts = tuple(sorted(by_mount[mount]))
+            out.fragment(self._fragments, ("events", mount), (), (counts, out.mount_labels(mount)),
+                         lambda staged, mount=mount, counts=counts: self._one_mount_events(mount, counts, staged))
+        for mount, active in sorted(states.inotify.items()):
+            overflows = states.overflows.get(mount, 0) if active else None
+            out.fragment(self._fragments, ("inotify", mount), (), (active, overflows, out.mount_labels(mount)),
+                         lambda staged, mount=mount, active=active, overflows=overflows:
+                         self._one_mount_inotify(mount, active, overflows, staged))
+
+    @staticmethod
+    def _one_mount_events(mount: str, counts: tuple, out: Families) -> None:
+        for cls, event, count in counts:
             out.add("shmwatch_segment_events_total", [mount, cls, event], count)
-        for mount, active in sorted(model.states.inotify.items()):
-            out.add("shmwatch_inotify_active", [mount], 1 if active else 0)
-            if active:
-                out.add("shmwatch_inotify_overflows_total", [mount], model.states.overflows.get(mount, 0))
+
+    @staticmethod
+    def _one_mount_inotify(mount: str, active: bool, overflows: Optional[int], out: Families) -> None:
+        out.add("shmwatch_inotify_active", [mount], 1 if active else 0)
+        if active:
+            out.add("shmwatch_inotify_overflows_total", [mount], overflows)

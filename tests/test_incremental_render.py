@@ -53,6 +53,16 @@ def test_a_render_from_its_cache_is_a_render_from_nothing():
             assert cached._fragments.current[("segments", b)][2] is untouched  # replayed, not rendered
             full = same()
             assert b'state="hidden"' in full and b'state="orphan"' in full
+            # Event counters and inotify flags, per mount: one mount's moved, the other's replayed.
+            harness.state.set_inotify(a, True)
+            harness.state.set_inotify(b, True)
+            harness.state.count_event(a, "nccl", "created")
+            counted = same()
+            assert b'shmwatch_segment_events_total{class="nccl",event="created"' in counted
+            harness.state.count_event(b, "python_shm", "created")
+            harness.state.count_overflow(a)
+            harness.state.set_inotify(b, False)
+            assert same() != counted
             time.sleep(1.1)
             fallocate(os.path.join(b, "psm_b"), MiB)
             changes.add(b, "psm_b")
