@@ -74,6 +74,7 @@ class MountWatcher:
         self.changes = changes  # segments.ChangeLog: names for the next quick inventory
         self.inotify = None  # the inotify instance's reader (watchdog's InotifyFD), once started
         self._started = False
+        self._stopped = False  # for good: a refresh after stop() must not start inotify again
         self._last_set: Optional[MountSet] = None  # what discovery published last (on_mounts)
         self.watches: Dict[str, Tuple[int, int]] = {}  # mount -> (watch descriptor, st_dev watched)
         # Watch descriptor -> its mounts, for the reader thread: two paths to one directory (a
@@ -113,6 +114,8 @@ class MountWatcher:
         return True
 
     def stop(self) -> None:
+        # App.stop() stops us before the sampler, whose discovery may still publish a mount set.
+        self._stopped = True
         reader, self.inotify = self.inotify, None  # the watches it drops on closing are not lost ones
         if reader is not None:
             try:
@@ -151,6 +154,8 @@ class MountWatcher:
     def refresh(self, recheck_watched: bool = True) -> None:
         """Re-watch a mount that was missing, or (`recheck_watched`) was unmounted and mounted
         again; forget gone ones."""
+        if self._stopped:
+            return
         current = set(self.mounts)
         self.state.forget_mounts_except(current)
         for mount in list(self.watches):

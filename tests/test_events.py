@@ -258,3 +258,28 @@ def test_an_unmounted_mount_is_polled_then_watched_again_when_it_is_back(tmp_pat
             _wait(lambda: state.snapshot().events.get((path, "python_shm", "created")) == 1)
     finally:
         watcher.stop()
+
+
+def _inotify_fds():
+    fd_dir = "/proc/self/fd"
+    return [fd for fd in os.listdir(fd_dir) if _readlink(os.path.join(fd_dir, fd)) == "anon_inode:inotify"]
+
+
+@needs_root
+def test_a_mount_set_published_after_stop_starts_no_new_inotify(tmpfs):
+    """App.stop() stops the watcher before the sampler, whose discovery runner may still
+    publish a mount set: that must not start a new inotify instance and reading thread
+    (an fd and a thread left behind by every stop, against max_user_instances' 128)."""
+    import threading
+
+    state = StateStore()
+    watcher = MountWatcher(state, Paths(), [tmpfs])
+    before = len(_inotify_fds())
+    watcher.start()
+    assert len(_inotify_fds()) == before + 1
+    watcher.stop()
+    _wait(lambda: len(_inotify_fds()) == before)
+    watcher.refresh()  # what on_mounts does when discovery publishes
+    assert watcher.inotify is None
+    assert len(_inotify_fds()) == before
+    assert not [t for t in threading.enumerate() if t.name == "shmwatch-inotify" and t.is_alive()]
