@@ -148,7 +148,9 @@ class MountWatcher:
         with self._lock:
             self.watches[mount] = (wd, dev)
             self._mounts_on[wd] = (*self._mounts_on.get(wd, ()), mount)
-        self.state.set_inotify(mount, True)
+            # Under the lock, as on_watch_deleted says False: the flag follows the books, not
+            # whichever thread happened to run last.
+            self.state.set_inotify(mount, True)
         self._say(mount, "inotify on")
 
     def refresh(self, recheck_watched: bool = True) -> None:
@@ -233,9 +235,11 @@ class MountWatcher:
             mounts = [m for m in self._mounts_on.pop(wd, ()) if self.watches.get(m, (None,))[0] == wd]
             for mount in mounts:
                 del self.watches[mount]
-        if self.inotify is not None:  # not stopping
-            for mount in mounts:
-                self.state.set_inotify(mount, False)
+            # Under the lock: said after a refresh watched the mount again (it sets True under
+            # it), it would leave the mount polled for good with a live watch.
+            if self.inotify is not None:  # not stopping
+                for mount in mounts:
+                    self.state.set_inotify(mount, False)
 
     def on_queue_overflow(self) -> None:
         """The kernel dropped events: count it on every watched mount (one queue serves them

@@ -283,3 +283,39 @@ def test_a_mount_set_published_after_stop_starts_no_new_inotify(tmpfs):
     assert watcher.inotify is None
     assert len(_inotify_fds()) == before
     assert not [t for t in threading.enumerate() if t.name == "shmwatch-inotify" and t.is_alive()]
+
+
+class _SlowToSayUnwatched(StateStore):
+    """The inotify thread preempted between dropping a watch from its books and saying the
+    mount is polled (a GIL switch; under load, milliseconds), made long enough to see."""
+
+    def set_inotify(self, mount, active):
+        import threading
+
+        if not active and threading.current_thread().name == "shmwatch-inotify":
+            time.sleep(0.5)
+        super().set_inotify(mount, active)
+
+
+@needs_root
+def test_a_dropped_watch_never_marks_the_remounted_mount_polled(tmp_path):
+    """The kernel drops an unmounted directory's watch (the inotify thread's on_watch_deleted)
+    while discovery's refresh watches the mount mounted again: the mount ends watched and
+    inotify_active 1, not polled for good with a live watch (its events then counted twice,
+    from inotify and from inventory diffs, and no refresh ever looking at it again)."""
+    path = str(tmp_path / "dshm")
+    state = _SlowToSayUnwatched()
+    watcher = MountWatcher(state, Paths(), [path])
+    try:
+        with mounted_tmpfs("1m", path=path):
+            watcher.start()
+            assert state.snapshot().inotify == {path: True}
+        _wait(lambda: path not in watcher.watches)  # the thread has it off its books
+        with mounted_tmpfs("1m", path=path):
+            watcher.refresh()
+            time.sleep(0.8)  # the slow thread has said what it had to
+            watcher.refresh()
+            assert path in watcher.watches
+            assert state.snapshot().inotify == {path: True}
+    finally:
+        watcher.stop()
