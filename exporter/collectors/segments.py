@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import re
 import stat as stat_mod
 import time
 from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
@@ -22,7 +21,7 @@ from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
 from ..discovery import live_mounts
 from ..kube import pod_uid_of_mount
 from ..inventory.changes import ChangeLog
-from ..inventory.owners import DELETED, MAX_UNPROVEN, Owners, OwnerScan
+from ..inventory.owners import DELETED, Owners, OwnerScan, UnprovenLog
 from ..inventory.summary import Inventory, MountInventory, Segment
 from ..inventory.walk import MAX_ENTRIES, Files, Key, patch_listing, walk
 from ..paths import Paths
@@ -76,7 +75,7 @@ class SegmentsCollector:
         self._listings: Dict[str, Listing] = {}
         self._indexes: Dict[str, Dict[str, Key]] = {}
         self._said_truncated: Set[str] = set()
-        self._said_unproven: Tuple[str, ...] = ()  # the reasons last logged
+        self._unproven_log = UnprovenLog(log)  # why nothing is called orphan, when that changes
         self._owners = Owners()  # from the last full run, for quick runs that skip /proc
         self._known_files: Set[Key] = set()  # inodes listed by the last full run
         # Each mount's device at the last full run: a key (device, inode) counts as known only
@@ -247,7 +246,7 @@ class SegmentsCollector:
                 self._owners = self.owner_scan.scan(set(devs.values()), pods=self.pod_of_pid,
                                                     between=self.interim_hook)
                 self._scanned_at = self.monotonic()
-                self._say_why_unproven(self._owners)
+                self._unproven_log.say(self._owners)
                 self._known_files = walked
                 self._full_devs = dict(devs)
                 self._pod_read_as = {m: sig for m in devs if (sig := self._sig_now.get(m)) is not None}
@@ -310,22 +309,6 @@ class SegmentsCollector:
                     if (pod := pod_of.get(pid) or self.table.pod_uid(proc))}
         return Inventory(mounts, dict(owners.comms), owners.unreadable, owners.scanned, self.clock(), pods,
                          owners_complete=owners.complete, unproven=list(owners.unproven))
-
-    def _say_why_unproven(self, owners: Owners) -> None:
-        """Log, when it changes, why segments held by nobody we could read are 'unverified'
-        rather than 'orphan': the first thing an operator asks when no leak is ever reported.
-        Numbers are left out of the comparison (a transient helper gets a new pid every time,
-        a churning node a new count of hidden processes)."""
-        said = tuple(sorted({re.sub(r"\d+", "#", why) for why in owners.unproven}))
-        if said == self._said_unproven:
-            return
-        self._said_unproven = said
-        if said:
-            log.info("segments held by no readable process are 'unverified', not 'orphan': could not read %s "
-                     "(--segments.ignore-unreadable excuses root's processes by name)",
-                     "; ".join(owners.unproven[:MAX_UNPROVEN]))
-        else:
-            log.info("every process could be read: segments held by nobody are orphans again")
 
     def _scoped_owners(self, changes: Dict[str, Optional[Set[str]]], devs: Set[int]) -> bool:
         """Node mode: rescan the processes of the pods whose mounts changed, not the node's

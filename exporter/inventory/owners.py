@@ -8,7 +8,9 @@ strategy, Ray plasma).
 """
 from __future__ import annotations
 
+import logging
 import os
+import re
 import stat as stat_mod
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
@@ -25,6 +27,29 @@ MAX_UNPROVEN = 20  # reasons kept for the log
 # its `between` callback every this many processes: the collector patches its listings
 # with what inotify saw meanwhile, so new segments are not held back for the whole read.
 BETWEEN_EVERY = 16
+
+
+class UnprovenLog:
+    """Logs, when it changes, why segments held by nobody we could read are 'unverified'
+    rather than 'orphan': the first thing an operator asks when no leak is ever reported.
+    Numbers are left out of the comparison (a transient helper gets a new pid every time,
+    a churning node a new count of hidden processes). `log`: the collector's logger."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self._log = log
+        self._said: Tuple[str, ...] = ()  # the reasons last logged
+
+    def say(self, owners: "Owners") -> None:
+        said = tuple(sorted({re.sub(r"\d+", "#", why) for why in owners.unproven}))
+        if said == self._said:
+            return
+        self._said = said
+        if said:
+            self._log.info("segments held by no readable process are 'unverified', not 'orphan': could not read %s "
+                           "(--segments.ignore-unreadable excuses root's processes by name)",
+                           "; ".join(owners.unproven[:MAX_UNPROVEN]))
+        else:
+            self._log.info("every process could be read: segments held by nobody are orphans again")
 
 
 @dataclass
