@@ -131,15 +131,18 @@ class MountWatcher:
 
     def _watch(self, mount: str) -> None:
         path = self.paths.host(mount)
+        reader = self.inotify  # once: stop() may clear it meanwhile
+        if reader is None:
+            return
         try:
             dev = os.stat(path).st_dev
             with warnings.catch_warnings():
                 # A directory already watched for another path (a bind mount): the same watch and
                 # callback, which watchdog warns it "overwrites".
                 warnings.simplefilter("ignore", RuntimeWarning)
-                wd = self.inotify.add_callback(os.fsencode(path), WATCH_MASK, self, CALLBACK_ID)
+                wd = reader.add_callback(os.fsencode(path), WATCH_MASK, self, CALLBACK_ID)
             if wd < 0:  # InotifyFD does not raise EACCES
-                self.inotify.remove_callbacks([(wd, CALLBACK_ID)])
+                reader.remove_callbacks([(wd, CALLBACK_ID)])
                 raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
         except Exception as err:  # OSError: ENOSPC (max_user_watches), ENOENT, ENOTDIR
             self.state.set_inotify(mount, False)
@@ -168,27 +171,44 @@ class MountWatcher:
                 del self._previous[gone]
             for gone in [m for m in self._said if m not in current]:
                 del self._said[gone]  # node mode: pods come and go; their log state goes with them
+        reader = self.inotify
+        if reader is not None and not reader.is_alive():
+            # Its thread ended (reading the instance failed): nobody reads these watches. Every
+            # mount is polled until a new instance watches it, below.
+            log.warning("the inotify reader stopped: watching every mount again on a new instance")
+            self._drop_reader(reader)
         if self.inotify is None and not (self.enabled and self._start_inotify()):
             # Polling; inotify is tried again on the next refresh (limits can be raised live).
             for mount in current - set(self.state.known_inotify()):
                 self.state.set_inotify(mount, False)
             return
-        alive = self.inotify.is_alive()
         for mount in sorted(current):
             watched = self.watches.get(mount)
-            if watched is not None and not recheck_watched and alive:
+            if watched is not None and not recheck_watched:
                 continue
             try:
                 dev = os.stat(self.paths.host(mount)).st_dev
             except OSError:
                 dev = None
-            if watched is not None and watched[1] == dev and alive:
+            if watched is not None and watched[1] == dev:
                 continue
             if watched is not None:
                 self._unwatch(mount)
                 self.state.set_inotify(mount, False)
             if dev is not None:
                 self._watch(mount)
+
+    def _drop_reader(self, reader) -> None:
+        with self._lock:
+            self.inotify = None
+            for mount in self.watches:
+                self.state.set_inotify(mount, False)
+            self.watches.clear()
+            self._mounts_on.clear()
+        try:
+            reader.stop()
+        except Exception:
+            pass
 
     def _unwatch(self, mount: str) -> None:
         with self._lock:
@@ -205,9 +225,13 @@ class MountWatcher:
     # --- events (the inotify thread; watchdog's WatchCallback) ------------------------------
     def on_event(self, event) -> None:
         """One raw inotify event on a watched mount's top directory."""
-        if event.name:  # not the directory itself (its attributes, unmounted)
-            for mount in self._mounts_on.get(event.wd, ()):
+        if not event.name:
+            return  # the directory itself (its attributes, unmounted)
+        for mount in self._mounts_on.get(event.wd, ()):
+            try:
                 self._on_event(mount, event.mask, event.name)
+            except Exception:  # an exception here would end the thread that reads every mount's events
+                log.exception("mount %s: handling an inotify event failed", mount)
 
     def _on_event(self, mount: str, mask: int, name_bytes: bytes) -> None:
         name = os.fsdecode(name_bytes)

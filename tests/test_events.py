@@ -319,3 +319,40 @@ def test_a_dropped_watch_never_marks_the_remounted_mount_polled(tmp_path):
             assert state.snapshot().inotify == {path: True}
     finally:
         watcher.stop()
+
+
+class _FailsOnce(StateStore):
+    """A state store whose first event count raises (a bug of ours in the callback)."""
+
+    failed = False
+
+    def count_event(self, *args):
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("a bug in handling one event")
+        super().count_event(*args)
+
+
+@needs_root
+def test_a_failing_event_or_a_dead_reader_never_leaves_the_mounts_unread(tmpfs):
+    """One inotify thread reads every mount's events: an exception in handling one event is
+    logged and the thread reads on; a thread that ended anyway (its instance closed under it)
+    is replaced by a new instance at the next refresh, and every mount watched again."""
+    state = _FailsOnce()
+    watcher = MountWatcher(state, Paths(), [tmpfs])
+    watcher.start()
+    try:
+        fallocate(os.path.join(tmpfs, "nccl-first"), 4096)  # its count raises
+        _wait(lambda: state.failed)
+        fallocate(os.path.join(tmpfs, "nccl-second"), 4096)
+        _wait(lambda: state.snapshot().events.get((tmpfs, "nccl", "created")) == 1)
+        dead = watcher.inotify
+        dead.stop()
+        dead.join(2)
+        watcher.refresh(recheck_watched=False)
+        assert watcher.inotify is not dead and watcher.inotify.is_alive()
+        assert state.snapshot().inotify == {tmpfs: True}
+        fallocate(os.path.join(tmpfs, "nccl-third"), 4096)
+        _wait(lambda: state.snapshot().events.get((tmpfs, "nccl", "created")) == 2)
+    finally:
+        watcher.stop()

@@ -222,6 +222,7 @@ class SegmentsCollector:
         settled = False  # owners from a full scan of every process, this run
         if full:
             self._run_devs = devs  # interim runs may patch these while /proc is read
+            self._interim_keys = set()  # a failed run's, if any: its names were given back above
             refreshed = None
             if refresh:
                 # A mount that moved since its pod was last read (pages written through a
