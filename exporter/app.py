@@ -90,6 +90,7 @@ class App:
         # Event-driven runs, like renders, are for the scrapes that read them; so are the
         # sources whose figures nothing keeps between scrapes.
         self.sampler.scrape_due = self.exposition.clock.next_due
+        self.exposition.clock.on_unknown(self.sampler.schedule_ended)
         for source in self.sources:
             if source.name == "cgroup" and cfg.mode == "node":
                 source.scrape_aligned = self._kill_log_complete

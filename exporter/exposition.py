@@ -219,6 +219,10 @@ class Exposition:
         self._thread: Optional[threading.Thread] = None
         self.renders = 0
         self.clock = ScrapeClock()  # when the next scrape is due: changes wait for it
+        # A wait for a scrape ends early when a scrape ends the schedule (a scraper that
+        # turned up hammering: rendered at once, not at the next slice), or when stopping.
+        self._look_again = threading.Event()
+        self.clock.on_unknown(self._look_again.set)
         self._render_seconds = 0.0  # wall time of the last render
         self._rendered_for = 0.0  # the due time of the scrape the last held render was for
         # (content type, gzip) -> encoder, of every body a scrape asked for: made by each render.
@@ -239,6 +243,7 @@ class Exposition:
     def stop(self) -> None:
         self._stopping.set()
         self._wake.set()
+        self._look_again.set()
         if self._thread is not None:
             self._thread.join(1.0)
 
@@ -277,13 +282,14 @@ class Exposition:
         """Hold a change until just before the next scrape is due: the model of a big node
         changes every poll, and only what a scrape reads is worth rendering. An urgent change
         (a new segment) waits too: rendered sooner, nobody would see it sooner."""
+        self._look_again.clear()
         left = self._rendered_for - time.monotonic()
         if left > 0:
             # Before the scrape the last render was for: what changed since (a scrape-aligned
             # source finishing late) is rendered once more just before it, all together.
             catch_up = max(CATCH_UP_SECONDS, 1.5 * self._render_seconds)
-            if left > catch_up:
-                self._stopping.wait(left - catch_up)
+            if left > catch_up and self.clock.next_due() is not None:
+                self._look_again.wait(left - catch_up)
             return
         while not self._stopping.is_set():
             due = self.clock.next_due(after=self._rendered_for)
@@ -297,7 +303,8 @@ class Exposition:
                 return
             # In slices: a scraper that turns up meanwhile (a human, a benchmark) may move
             # the schedule, or end it.
-            self._stopping.wait(min(left, HOLD_SLICE_SECONDS))
+            self._look_again.wait(min(left, HOLD_SLICE_SECONDS))
+            self._look_again.clear()
 
     def render(self) -> _Render:
         with self._render_lock:

@@ -73,6 +73,7 @@ class _Runner(threading.Thread):
         self.interval = interval
         self.timeout = timeout
         self.wake = threading.Event()
+        self.look_again = threading.Event()  # a held run: the schedule ended, or stopping
         self.quick_pending = False
         self.first_event_at: Optional[float] = None
         self.follow_up_at: Optional[float] = None
@@ -159,7 +160,8 @@ class _Runner(threading.Thread):
                         # events only add names to the same run), in slices: a scraper that
                         # turns up meanwhile may move the schedule, or end it.
                         wake_at = min(hold, next_full, self.follow_up_at or hold, time.monotonic() + HOLD_SLICE_SECONDS)
-                        stop.wait(wake_at - time.monotonic())
+                        self.look_again.wait(wake_at - time.monotonic())
+                        self.look_again.clear()
                         self.first_event_at = self.first_event_at or time.monotonic()
                         continue
                 # This order loses no event: one that lands in between leaves
@@ -290,6 +292,7 @@ class Sampler:
         self.stopping.set()
         for runner in self.runners.values():
             runner.wake.set()
+            runner.look_again.set()
         deadline = time.monotonic() + timeout
         for runner in self.runners.values():
             if runner.is_alive():
@@ -317,6 +320,13 @@ class Sampler:
         for runner in self.runners.values():
             if getattr(runner.source, "event_driven", False):
                 runner.request_full()
+
+    def schedule_ended(self) -> None:
+        """A scrape ended the schedule (scrape_clock.ScrapeClock.on_unknown): runs held for a
+        scrape, and sources waiting for one, look again now rather than at their next slice."""
+        for runner in self.runners.values():
+            runner.look_again.set()
+            runner.wake.set()
 
     def request_quick(self) -> None:
         """A watched mount changed: event-driven sources run soon (debounced)."""

@@ -13,7 +13,7 @@ import statistics
 import threading
 import time
 from collections import deque
-from typing import Callable, Deque, Dict, Optional
+from typing import Callable, Deque, Dict, List, Optional
 
 # Intervals remembered per scraper: the median of these is its interval.
 INTERVALS_KEPT = 5
@@ -55,10 +55,18 @@ class ScrapeClock:
         self.clock = clock
         self._lock = threading.Lock()
         self._scrapers: Dict[str, _Scraper] = {}
+        self._on_unknown: List[Callable[[], None]] = []
+
+    def on_unknown(self, listener: Callable[[], None]) -> None:
+        """Called when a scrape ends the schedule (a scraper shows it is irregular or
+        hammering): what waits for a scrape (held renders, held event-driven runs) looks
+        again at once instead of at its next slice, up to a second later."""
+        self._on_unknown.append(listener)
 
     def scraped(self, who: str) -> None:
         now = self.clock()
         with self._lock:
+            known = self._due(now) is not None
             scraper = self._scrapers.get(who)
             if scraper is None:
                 if len(self._scrapers) >= 64:  # a scan of the port must not grow this without end
@@ -67,6 +75,10 @@ class ScrapeClock:
                 return
             scraper.intervals.append(now - scraper.last)
             scraper.last = now
+            ended = known and self._due(now) is None
+        if ended:
+            for listener in self._on_unknown:
+                listener()
 
     def next_due(self, after: float = 0.0) -> Optional[float]:
         """When (on `clock`) the earliest scrape due later than `after` is (the render thread
@@ -74,25 +86,28 @@ class ScrapeClock:
         seen yet, or one irregular): then every change is rendered at once."""
         now = self.clock()
         with self._lock:
-            self._forget(now)
-            if not self._scrapers:
+            return self._due(now, after)
+
+    def _due(self, now: float, after: float = 0.0) -> Optional[float]:
+        self._forget(now)
+        if not self._scrapers:
+            return None
+        due = []
+        for scraper in self._scrapers.values():
+            if not scraper.intervals:
+                continue  # one scrape so far (a curl, a probe): it sets no schedule yet
+            interval = scraper.interval()
+            if interval is None:
                 return None
-            due = []
-            for scraper in self._scrapers.values():
-                if not scraper.intervals:
-                    continue  # one scrape so far (a curl, a probe): it sets no schedule yet
-                interval = scraper.interval()
-                if interval is None:
-                    return None
-                when = scraper.last + interval
-                # Rendered for already (give or take a scrape's jitter: `after` was projected
-                # from an earlier scrape): the one after it (the scrape itself may be late).
-                # Not a fraction of the interval: an HA pair's second replica scrapes seconds
-                # after the first, and needs a render of its own.
-                if when <= after + JITTER_SECONDS:
-                    when += max(1, int((after - when) // interval) + 1) * interval
-                due.append(when)
-            return min(due) if due else None
+            when = scraper.last + interval
+            # Rendered for already (give or take a scrape's jitter: `after` was projected
+            # from an earlier scrape): the one after it (the scrape itself may be late).
+            # Not a fraction of the interval: an HA pair's second replica scrapes seconds
+            # after the first, and needs a render of its own.
+            if when <= after + JITTER_SECONDS:
+                when += max(1, int((after - when) // interval) + 1) * interval
+            due.append(when)
+        return min(due) if due else None
 
     def _forget(self, now: float, everyone_irregular: bool = False) -> None:
         for who, scraper in list(self._scrapers.items()):

@@ -369,3 +369,30 @@ def test_a_scraper_that_hammers_gets_every_change():
             time.sleep(0.05)
     finally:
         exposition.stop()
+
+
+def test_a_scraper_that_starts_hammering_ends_the_hold_at_once():
+    """Renders held for a steady scraper's next scrape are made as soon as another scraper
+    shows it hammers (its second scrape), not at the hold's next one-second slice: a human
+    or a detection benchmark beside Prometheus sees every change from its second scrape."""
+    _, harness, exposition = fixture_exposition()
+    exposition.start()
+    prometheus, bench = ("10.0.0.7", "Prometheus/2.45.3"), ("127.0.0.1", "bench")
+    try:
+        for _ in range(3):
+            get(exposition.wsgi_app, client=prometheus)  # steady, every 2 s: renders wait for it
+            time.sleep(2.0)
+        get(exposition.wsgi_app, client=prometheus)
+        exposition.render()  # as made for that scrape: what the next scrapes find is recent
+        time.sleep(0.1)
+        harness.state.count_event("/dev/shm", "nccl", "created")
+        time.sleep(0.05)
+        assert not wait_rendered(exposition, timeout=0.05), "not held for the next scrape"
+        get(exposition.wsgi_app, client=bench)
+        time.sleep(0.025)
+        get(exposition.wsgi_app, client=bench)  # the schedule ends here
+        ended = time.monotonic()
+        assert wait_rendered(exposition, timeout=2.0)
+        assert time.monotonic() - ended < 0.3, "the held render waited for its slice"
+    finally:
+        exposition.stop()

@@ -312,3 +312,27 @@ def test_a_steady_scraper_gets_no_interim_runs():
     finally:
         sampler.stop()
     assert [full for full, _ in long.published] == [True], long.published
+
+
+def test_a_held_run_runs_as_soon_as_a_scrape_ends_the_schedule():
+    """Events held for a steady scraper's scrape run when a scrape ends the schedule (a
+    scraper hammering), not at the hold's next one-second slice."""
+    held = Counting("held", event_driven=True)
+    held.schedule = "inventory"
+    sampler = Sampler([held], poll_interval=0.05, inventory_interval=60)
+    sampler.scrape_due = every(30.0, time.monotonic() + 20)
+    sampler.start()
+    try:
+        time.sleep(0.3)
+        sampler.request_quick()
+        time.sleep(0.3)
+        assert held.quick == [], "not held for the scrape"
+        sampler.scrape_due = lambda after=0.0: None
+        ended = time.monotonic()
+        sampler.schedule_ended()
+        deadline = time.monotonic() + 2
+        while not held.quick and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert held.quick and held.quick[0] - ended < 0.3, "the held run waited for its slice"
+    finally:
+        sampler.stop()

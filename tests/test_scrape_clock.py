@@ -115,3 +115,22 @@ def test_an_ha_replica_a_few_seconds_behind_gets_a_render_of_its_own():
     a_due = clock.now  # prom-0 last scraped 15 s ago
     assert sc.next_due() == a_due
     assert sc.next_due(after=a_due) == a_due + 3  # not taken as served by prom-0's render
+
+
+def test_a_scrape_that_ends_the_schedule_says_so_once():
+    """What waits for a scrape (held renders and runs) is told when a scrape ends the
+    schedule: a second scraper's second scrape, 25 ms after its first (a benchmark or a
+    human hammering), not its first (a one-off curl keeps the schedule), and only once."""
+    clock = Clock()
+    sc = ScrapeClock(clock)
+    ended = []
+    sc.on_unknown(lambda: ended.append(clock.now))
+    scrape_every(clock, sc, "prom", 15, 4)
+    assert ended == [] and sc.next_due() is not None
+    clock.now += 1
+    sc.scraped("bench")
+    assert ended == []  # one scrape: no schedule of its own yet, and none ended
+    for _ in range(5):
+        clock.now += 0.025
+        sc.scraped("bench")
+    assert ended == [1000.0 + 45 + 1 + 0.025] and sc.next_due() is None
