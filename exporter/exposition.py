@@ -283,6 +283,8 @@ class Exposition:
         changes every poll, and only what a scrape reads is worth rendering. An urgent change
         (a new segment) waits too: rendered sooner, nobody would see it sooner."""
         self._look_again.clear()
+        if self._stopping.is_set():  # stop() set _stopping before _look_again: no wait is lost
+            return
         left = self._rendered_for - time.monotonic()
         if left > 0:
             # Before the scrape the last render was for: what changed since (a scrape-aligned
