@@ -110,13 +110,20 @@ class MountWatcher:
             for mount in self.mounts:
                 self._say(mount, f"inotify unavailable ({err}): polling every inventory interval")
             return False
-        self.inotify = reader
-        return True
+        with self._lock:  # with stop(): a stop() landing during a refresh gets this one, or none starts
+            stopped = self._stopped
+            if not stopped:
+                self.inotify = reader
+        if stopped:
+            reader.stop()
+            reader.join(1.0)
+        return not stopped
 
     def stop(self) -> None:
         # App.stop() stops us before the sampler, whose discovery may still publish a mount set.
-        self._stopped = True
-        reader, self.inotify = self.inotify, None  # the watches it drops on closing are not lost ones
+        with self._lock:
+            self._stopped = True
+            reader, self.inotify = self.inotify, None  # the watches it drops on closing are not lost ones
         if reader is not None:
             try:
                 reader.stop()

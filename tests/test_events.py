@@ -356,3 +356,33 @@ def test_a_failing_event_or_a_dead_reader_never_leaves_the_mounts_unread(tmpfs):
         _wait(lambda: state.snapshot().events.get((tmpfs, "nccl", "created")) == 2)
     finally:
         watcher.stop()
+
+
+class _StopsDuringRefresh(StateStore):
+    """App.stop() landing while discovery's refresh runs (past its check of _stopped): made
+    deterministic by stopping the watcher from the refresh's first call into the state."""
+
+    watcher = None
+
+    def forget_mounts_except(self, mounts):
+        if self.watcher is not None:
+            self.watcher.stop()
+        super().forget_mounts_except(mounts)
+
+
+def test_a_stop_during_a_refresh_leaves_no_new_inotify_behind(tmpfs):
+    """The refresh sees the reader stop() ended as dead and drops it: it must not start a
+    new instance for a stopped watcher (an fd and a thread left behind per stop)."""
+    import threading
+
+    state = _StopsDuringRefresh()
+    watcher = MountWatcher(state, Paths(), [tmpfs])
+    before = len(_inotify_fds())
+    watcher.start()
+    assert len(_inotify_fds()) == before + 1
+    state.watcher = watcher
+    watcher.refresh()
+    state.watcher = None
+    assert watcher.inotify is None
+    _wait(lambda: len(_inotify_fds()) == before)
+    assert not [t for t in threading.enumerate() if t.name == "shmwatch-inotify" and t.is_alive()]
