@@ -78,12 +78,11 @@ class ModelCollector(Collector):
 
     # --- one renderer per source ---------------------------------------------------------
     def _shm_mount(self, model: Model, out: Families) -> None:
-        for view in model.mounts:
-            if view.usage is None:
-                continue
-            out.fragment(self._fragments, ("shm_mount", view.mount), (),
-                         (view.usage, view.peak_bytes, view.max_used_bytes, view.max_used_at, view.labels),
-                         lambda staged, view=view: self._one_mount_usage(view, staged))
+        out.fragments(self._fragments, (
+            (("shm_mount", view.mount), (),
+             (view.usage, view.peak_bytes, view.max_used_bytes, view.max_used_at, view.labels),
+             lambda staged, view=view: self._one_mount_usage(view, staged))
+            for view in model.mounts if view.usage is not None))
 
     @staticmethod
     def _one_mount_usage(view, out: Families) -> None:
@@ -106,24 +105,27 @@ class ModelCollector(Collector):
         inv = model.inventory
         if inv.proc_unreadable is not None:  # None: hidden processes exist, uncounted
             out.add("shmwatch_proc_unreadable", [], inv.proc_unreadable)
-        for view in model.mounts:
-            m, summary = view.inventory, view.summary
-            if m is None or m.error or summary is None:
-                continue
-            # Keyed on the summary, not the inventory object (a full run makes every mount's
-            # inventory anew): the model step keeps it while the mount's inventory is equal and
-            # the processes its series name (summary.named_pids) kept their comm and pod.
-            out.fragment(self._fragments, ("segments", view.mount), (summary,), (view.labels,),
-                         lambda staged, m=m, summary=summary: self._one_mount_segments(inv, m, summary, staged))
-            # Not replayed: an orphan's age moves on with every inventory, and most mounts
-            # of a node with a leak would be rendered again for it.
-            oldest_orphan = summary.oldest_orphan_mtime
+        listed = [view for view in model.mounts
+                  if view.inventory is not None and not view.inventory.error and view.summary is not None]
+        # Keyed on the summary, not the inventory object (a full run makes every mount's
+        # inventory anew): the model step keeps it while the mount's inventory is equal and
+        # the processes its series name (summary.named_pids) kept their comm and pod.
+        out.fragments(self._fragments, (
+            (("segments", view.mount), (view.summary,), (view.labels,),
+             lambda staged, m=view.inventory, summary=view.summary: self._one_mount_segments(inv, m, summary, staged))
+            for view in listed))
+        # Not replayed: an orphan's age moves on with every inventory, and most mounts
+        # of a node with a leak would be rendered again for it.
+        for view in listed:
+            oldest_orphan = view.summary.oldest_orphan_mtime
             age = 0.0 if oldest_orphan is None else max(0.0, inv.wall_time - oldest_orphan)
-            out.add("shmwatch_orphan_oldest_age_seconds", [m.mount], age)
-            out.fragment(self._fragments, ("entries", view.mount), (),
-                         (view.labels, inv.owners_complete, m.unattributed_bytes,
-                          tuple(sorted(m.other_entries.items()))),
-                         lambda staged, m=m: self._one_mount_entries(inv, m, staged))
+            out.add("shmwatch_orphan_oldest_age_seconds", [view.mount], age)
+        out.fragments(self._fragments, (
+            (("entries", view.mount), (),
+             (view.labels, inv.owners_complete, view.inventory.unattributed_bytes,
+              tuple(sorted(view.inventory.other_entries.items()))),
+             lambda staged, m=view.inventory: self._one_mount_entries(inv, m, staged))
+            for view in listed))
 
     @staticmethod
     def _one_mount_segments(inv, m, summary, out: Families) -> None:
@@ -181,11 +183,11 @@ class ModelCollector(Collector):
         out.add("shmwatch_host_memory_shmem_bytes", [], mem.shmem_bytes)
 
     def _cgroup(self, model: Model, out: Families) -> None:
-        for cg in model.cgroups:
-            # By value: the series are made from the cgroup's figures alone (a node's 200
-            # pods, of which a quiet one renders nothing anew).
-            out.fragment(self._fragments, ("cgroup", cg.cgroup), (), (cg,),
-                         lambda staged, cg=cg: self._one_cgroup(cg, staged))
+        # By value: the series are made from the cgroup's figures alone (a node's 200
+        # pods, of which a quiet one renders nothing anew).
+        out.fragments(self._fragments, ((("cgroup", cg.cgroup), (), (cg,),
+                                         lambda staged, cg=cg: self._one_cgroup(cg, staged))
+                                        for cg in model.cgroups))
 
     def _one_cgroup(self, cg: CgroupMemory, out: Families) -> None:
         label = [clean(cg.cgroup, 256)]
@@ -219,14 +221,15 @@ class ModelCollector(Collector):
         if not model.result_ok("shm_mount"):
             return
         # Per mount, replayed while its budget is equal (a node's 200 mounts each render).
-        for view in model.mounts:
-            budget = view.budget
-            if budget is None:
-                continue
-            cgroup = view.cgroup.cgroup if budget.projection is not None else None
-            out.fragment(self._fragments, ("derived", view.mount), (),
-                         (budget, view.budget_complete, cgroup, view.labels),
-                         lambda staged, view=view, cgroup=cgroup: self._one_mount_derived(view, cgroup, staged))
+        def items():
+            for view in model.mounts:
+                budget = view.budget
+                if budget is None:
+                    continue
+                cgroup = view.cgroup.cgroup if budget.projection is not None else None
+                yield (("derived", view.mount), (), (budget, view.budget_complete, cgroup, view.labels),
+                       lambda staged, view=view, cgroup=cgroup: self._one_mount_derived(view, cgroup, staged))
+        out.fragments(self._fragments, items())
 
     @staticmethod
     def _one_mount_derived(view, cgroup: Optional[str], out: Families) -> None:
@@ -237,11 +240,11 @@ class ModelCollector(Collector):
 
     def _oom_kills(self, model: Model, out: Families) -> None:
         """From the model's counts, not the cgroup renderer: a pod's kills outlive its cgroup."""
-        for count in model.oom_kills:
-            out.fragment(self._fragments, ("oom_kills", count.cgroup), (), (count,),
-                         lambda staged, count=count: staged.add(
-                             "shmwatch_cgroup_oom_kills_total", [clean(count.cgroup, 256)], count.kills,
-                             extra={"pod_uid": count.pod_uid}))
+        out.fragments(self._fragments, (
+            (("oom_kills", count.cgroup), (), (count,),
+             lambda staged, count=count: staged.add("shmwatch_cgroup_oom_kills_total", [clean(count.cgroup, 256)],
+                                                    count.kills, extra={"pod_uid": count.pod_uid}))
+            for count in model.oom_kills))
 
     def _events(self, model: Model, out: Families) -> None:
         """Per mount, replayed while its counts (then its inotify flag) are equal: a node's 200
@@ -251,15 +254,18 @@ class ModelCollector(Collector):
         by_mount: Dict[str, list] = {}
         for (mount, cls, event), count in states.events.items():
             by_mount.setdefault(mount, []).append((cls, event, count))
-        for mount in sorted(by_mount):
-            counts = tuple(sorted(by_mount[mount]))
-            out.fragment(self._fragments, ("events", mount), (), (counts, out.mount_labels(mount)),
-                         lambda staged, mount=mount, counts=counts: self._one_mount_events(mount, counts, staged))
-        for mount, active in sorted(states.inotify.items()):
-            overflows = states.overflows.get(mount, 0) if active else None
-            out.fragment(self._fragments, ("inotify", mount), (), (active, overflows, out.mount_labels(mount)),
-                         lambda staged, mount=mount, active=active, overflows=overflows:
-                         self._one_mount_inotify(mount, active, overflows, staged))
+        counted = [(mount, tuple(sorted(by_mount[mount]))) for mount in sorted(by_mount)]
+        out.fragments(self._fragments, (
+            (("events", mount), (), (counts, out.mount_labels(mount)),
+             lambda staged, mount=mount, counts=counts: self._one_mount_events(mount, counts, staged))
+            for mount, counts in counted))
+        flags = [(mount, active, states.overflows.get(mount, 0) if active else None)
+                 for mount, active in sorted(states.inotify.items())]
+        out.fragments(self._fragments, (
+            (("inotify", mount), (), (active, overflows, out.mount_labels(mount)),
+             lambda staged, mount=mount, active=active, overflows=overflows:
+             self._one_mount_inotify(mount, active, overflows, staged))
+            for mount, active, overflows in flags))
 
     @staticmethod
     def _one_mount_events(mount: str, counts: tuple, out: Families) -> None:

@@ -185,3 +185,42 @@ def test_a_holder_that_renames_itself_is_rendered_under_its_new_name():
         finally:
             child.kill()
             child.wait()
+
+
+def test_fragments_replay_by_runs_and_make_what_a_render_from_nothing_makes():
+    """Families.fragments merges runs of RUN unchanged fragments once and replays them
+    whole: a render that one mount's change touched merges only that mount's run again,
+    and makes what a render from an empty cache makes, through a change, a mount gone from
+    the front (every run shifts) and a fragment that adds a family the others lack."""
+    from exporter.exposition import text_format
+    from exporter.families import RUN, Families, FragmentCache, LineCache
+
+    def one(out, mount, value):
+        out.add("shmwatch_mount_used_bytes", [mount], value)
+        if value % 7 == 0:
+            out.add("shmwatch_mount_inodes", [mount], value // 7)
+
+    def render(mounts, cache):
+        out = Families(cache=LineCache())
+        out.fragments(cache, ((("usage", m), (), (v,), lambda staged, m=m, v=v: one(staged, m, v)) for m, v in mounts))
+        return text_format(list(out))
+
+    def fresh(mounts):  # no fragments at all
+        out = Families(cache=LineCache())
+        for mount, value in mounts:
+            one(out, mount, value)
+        return text_format(list(out))
+
+    cache = FragmentCache()
+    mounts = [(f"/m/{i:03d}", i + 1) for i in range(3 * RUN + 5)]
+    assert render(mounts, cache) == fresh(mounts)
+    runs = dict(cache.runs_current)
+    cache.next_render()
+    mounts[RUN + 3] = (mounts[RUN + 3][0], 7000)  # the second run's fourth mount, and a family only it adds
+    changed = render(mounts, cache)
+    assert changed == fresh(mounts) and b'shmwatch_mount_inodes{mount="/m/019"} 1000.0' in changed
+    kept = [first for first, known in cache.runs_current.items() if known is runs[first]]
+    assert sorted(kept) == sorted(set(runs) - {("usage", mounts[RUN][0])})  # one run merged again
+    cache.next_render()
+    del mounts[0]  # every run starts one mount later now
+    assert render(mounts, cache) == fresh(mounts)
