@@ -56,7 +56,7 @@ CATALOGUE: Tuple[Metric, ...] = (
     M("shmwatch_process_shm_bytes", "gauge", "bytes", ("mount", "pid", "comm"),
       "Allocated bytes of the segments a process maps or holds open (top K processes)."),
     M("shmwatch_orphan_oldest_age_seconds", "gauge", "seconds", MOUNT,
-      "Age (since last modification) of the oldest orphan segment of a class whose segments belong to one "
+      "Age in whole seconds (since last modification) of the oldest orphan segment of a class whose segments belong to one "
       "process (nccl, torch, python_shm, vllm_offload, ucx, mpi): one to remove; 0 when there is none."),
     M("shmwatch_mount_unattributed_bytes", "gauge", "bytes", MOUNT,
       "Used bytes not accounted for by any segment we could see (other users' or the kernel's)."),

@@ -114,11 +114,12 @@ class ModelCollector(Collector):
             (("segments", view.mount), (view.summary,), (view.labels,),
              lambda staged, m=view.inventory, summary=view.summary: self._one_mount_segments(inv, m, summary, staged))
             for view in listed))
-        # Not replayed: an orphan's age moves on with every inventory, and most mounts
-        # of a node with a leak would be rendered again for it.
+        # Not replayed: an orphan's age moves on with every inventory. In whole seconds (a
+        # leak is hours old), so the renders of one second find their lines made: a node
+        # whose mounts all hold an orphan made 200 lines anew in every event's render.
         for view in listed:
             oldest_orphan = view.summary.oldest_orphan_mtime
-            age = 0.0 if oldest_orphan is None else max(0.0, inv.wall_time - oldest_orphan)
+            age = 0.0 if oldest_orphan is None else float(max(0, int(inv.wall_time - oldest_orphan)))
             out.add("shmwatch_orphan_oldest_age_seconds", [view.mount], age)
         out.fragments(self._fragments, (
             (("entries", view.mount), (),
