@@ -252,14 +252,10 @@ class ModelCollector(Collector):
         mounts' counters were a thousand samples made again on every render. Each family in
         the order of its mounts, as before."""
         states = model.states
-        by_mount: Dict[str, list] = {}
-        for (mount, cls, event), count in states.events.items():
-            by_mount.setdefault(mount, []).append((cls, event, count))
-        counted = [(mount, tuple(sorted(by_mount[mount]))) for mount in sorted(by_mount)]
         out.fragments(self._fragments, (
             (("events", mount), (), (counts, out.mount_labels(mount)),
              lambda staged, mount=mount, counts=counts: self._one_mount_events(mount, counts, staged))
-            for mount, counts in counted))
+            for mount, counts in sorted(states.event_rows.items())))
         flags = [(mount, active, states.overflows.get(mount, 0) if active else None)
                  for mount, active in sorted(states.inotify.items())]
         out.fragments(self._fragments, (
