@@ -234,3 +234,25 @@ def test_oom_series_never_go_down_while_the_pod_is_there():
     unread = step._never_down({}, {"p"})  # the pod's cgroup failed to read, its mount is still there
     assert [c.kills for c in unread] == [2]
     assert step._never_down({}, set()) == []  # the pod is gone: so is its series
+
+
+def test_oom_counts_made_again_when_a_count_moves_while_the_cgroups_stand():
+    """The model step keeps its last counts while the cgroup reading and the kill counts are
+    the same (a node's model is built for every event's render): a kill counted since, with
+    the same cgroup reading, still shows at the next build."""
+    from types import SimpleNamespace
+
+    from exporter.discovery import MountDiscovery
+    from exporter.model import ModelStep
+    from exporter.paths import Paths
+    from exporter.state import StateStore
+
+    state = StateStore()
+    step = ModelStep([], MountDiscovery(Paths(), [], node_mode=True), state)
+    cgroups = [SimpleNamespace(cgroup="/kubepods/podp", pod_uid="p")]
+    state.record_cgroup_oom("/kubepods/podp", 1)
+    first = step._oom_counts(cgroups, state.snapshot(), [])
+    assert [c.kills for c in first] == [1]
+    assert step._oom_counts(cgroups, state.snapshot(), []) is first  # nothing moved: kept
+    state.record_cgroup_oom("/kubepods/podp", 3)
+    assert [c.kills for c in step._oom_counts(cgroups, state.snapshot(), [])] == [3]
