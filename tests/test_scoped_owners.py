@@ -413,3 +413,41 @@ def test_a_quick_run_that_read_the_pod_calls_an_unheld_new_segment_what_the_refr
     assert segment(collector.collect(), a, "psm_made_and_closed") == ("unverified", ())  # a refresh
     clock.now += 600
     assert segment(collector.collect(), a, "psm_made_and_closed") == ("orphan", ())  # the full scan
+
+
+def keys_by_pid(owners):
+    out = {}
+    for key, hs in owners.holdings.items():
+        for h in hs:
+            out.setdefault(h.pid, set()).add(key)
+    return out
+
+
+@needs_root
+def test_a_scoped_scan_leaves_the_last_owners_as_they_were_and_its_index_true(two_pods):
+    """A pod-scoped scan shares the last scan's holding lists (copied in C, not rebuilt
+    per holding): it must make those it changes anew, never edit them, and its index of
+    keys by pid must say what its holdings say."""
+    import copy
+    (a, b), (cg_a, cg_b) = two_pods
+    changes = ChangeLog()
+    collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+                                  ignore_unreadable=HOST_EXCUSED_RE)
+    with Peer(a, "mapped", "nccl-a", str(MiB)) as pa, Peer(a, "mapped", "nccl-a1", str(MiB)) as pa1, \
+            Peer(b, "mapped", "nccl-b", str(MiB)) as pb:
+        for cg, peer in ((cg_a, pa), (cg_a, pa1), (cg_b, pb)):
+            into_pod(cg, peer.pid)
+        collector.collect()
+        full = collector._owners
+        before = copy.deepcopy(full.holdings)
+        assert {k: set(v) for k, v in full.keys_of.items()} == keys_by_pid(full)
+        with Peer(a, "mapped", "nccl-a2", str(MiB)) as pa2:
+            into_pod(cg_a, pa2.pid)
+            killed(pa1)  # pod A's rescan drops its holding: the shared list must not lose it
+            changes.add(a, "nccl-a2")
+            inv = collector.collect_quick()
+            scoped = collector._owners
+            assert scoped is not full and full.holdings == before  # the last scan's, untouched
+            assert {k: set(v) for k, v in scoped.keys_of.items()} == keys_by_pid(scoped)
+            assert segment(inv, a, "nccl-a2") == ("linked", (pa2.pid,))
+            assert pa1.pid not in keys_by_pid(scoped) and pb.pid in keys_by_pid(scoped)
