@@ -136,7 +136,8 @@ class ProcessTable:
 
     def pids(self) -> List[int]:
         """The pids /proc lists. Raises OSError when it cannot be listed at all."""
-        return [int(e.name) for e in os.scandir(self.paths.procfs) if e.name.isdigit()]
+        # In C, not a Python loop over 2,000 names (a node's quick run lists /proc every event).
+        return list(map(int, filter(str.isdigit, os.listdir(self.paths.procfs))))
 
     def identify(self, pid: int) -> "Optional[Tuple[Process, bool]]":
         """(process, is_kernel_thread); None when it is gone. PermissionError when not ours to read."""
