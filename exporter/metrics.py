@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Dict, Iterable, List, Optional
+from typing import Iterable, List, Optional
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
