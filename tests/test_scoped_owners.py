@@ -451,3 +451,47 @@ def test_a_scoped_scan_leaves_the_last_owners_as_they_were_and_its_index_true(tw
             assert {k: set(v) for k, v in scoped.keys_of.items()} == keys_by_pid(scoped)
             assert segment(inv, a, "nccl-a2") == ("linked", (pa2.pid,))
             assert pa1.pid not in keys_by_pid(scoped) and pb.pid in keys_by_pid(scoped)
+
+
+@needs_root
+def test_a_holder_that_exits_while_another_pod_is_read_keeps_its_pod(two_pods):
+    """A holder of pod A exits; pod B's event is read first. The scan of pod B must not lose
+    which pod the dead holder was in: pod A's next event drops its holding (not 'linked' to
+    a dead pid), and the refresh reads pod A again rather than scanning the whole node."""
+    (a, b), (cg_a, cg_b) = two_pods
+    clock = Clock()
+    changes = ChangeLog()
+    collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+                                  full_scan_interval=120.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
+    with Peer(a, "mapped", "nccl-a", str(MiB)) as pa, Peer(b, "mapped", "nccl-b", str(MiB)) as pb:
+        into_pod(cg_a, pa.pid)
+        into_pod(cg_b, pb.pid)
+        assert segment(collector.collect(), a, "nccl-a") == ("linked", (pa.pid,))  # the full scan
+        scanned_at = collector._scanned_at
+        killed(pa)
+        changes.add(b, "nccl-b")
+        collector.collect_quick()  # pod B's processes read; pa is gone from the process table
+        clock.now += 60
+        inv = collector.collect()  # a refresh: pa's pod is known, so it is scoped
+        assert collector._scanned_at == scanned_at  # no full scan
+        assert segment(inv, a, "nccl-a") == ("unverified", ())
+        assert segment(inv, b, "nccl-b") == ("linked", (pb.pid,))
+
+
+@needs_root
+def test_a_dead_holders_pod_event_drops_its_holding_after_another_pod_was_read(two_pods):
+    (a, b), (cg_a, cg_b) = two_pods
+    changes = ChangeLog()
+    collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+                                  ignore_unreadable=HOST_EXCUSED_RE)
+    with Peer(a, "mapped", "nccl-a", str(MiB)) as pa, Peer(b, "mapped", "nccl-b", str(MiB)) as pb:
+        into_pod(cg_a, pa.pid)
+        into_pod(cg_b, pb.pid)
+        collector.collect()
+        killed(pa)
+        changes.add(b, "nccl-b")
+        collector.collect_quick()  # pod B read first
+        changes.add(a, "nccl-a")
+        inv = collector.collect_quick()  # then pod A: its dead holder's hold goes
+        assert segment(inv, a, "nccl-a") == ("unverified", ())
+        assert segment(inv, b, "nccl-b") == ("linked", (pb.pid,))

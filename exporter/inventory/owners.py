@@ -83,7 +83,7 @@ class Owners:
     # pid -> the keys it holds (each once): a scoped scan replaces a pod's holdings without
     # a pass over the node's (4,000 at 200 pods, 10 events a second).
     keys_of: Dict[int, List[Key]] = field(default_factory=dict)
-    pod_of: Dict[int, str] = field(default_factory=dict)  # pid -> pod UID of `processes`, once known
+    pod_of: Dict[int, str] = field(default_factory=dict)  # pid -> pod UID of `processes` (once known) and holders
 
     def unproven_because(self, why: str) -> None:
         if len(self.unproven) < MAX_UNPROVEN:  # thousands of unreadable processes under hidepid=1
@@ -202,16 +202,21 @@ class OwnerScan:
         # Each process's pod, looked up once per process (holders' at the full scan, the
         # others' when a pod is first rescanned) and then per new one: 10 events a second
         # on a 2,000-process node asked 6,000 times a run.
+        # A holder that exited keeps its pod while its holdings carry over: the next scan of
+        # its pod, or the refresh, drops them by it (else they stayed 'linked' to a dead pid
+        # and the refresh, not knowing its pod, became a full scan). A pid handed on is new.
         pod_of = dict(previous.pod_of)
-        for pid in pod_of.keys() - processes.keys():
+        for pid in pod_of.keys() - processes.keys() - previous.holders.keys():
             del pod_of[pid]
+        for p in new:
+            pod_of.pop(p.pid, None)
         if pods:
             unknown = {pid: self.table.pod_uid(processes[pid]) for pid in processes.keys() - pod_of.keys()}
             pod_of.update(unknown)
             previous.pod_of.update(unknown)
         else:
             pod_of.update({p.pid: self.table.pod_uid(p) for p in new})
-        scope = [processes[pid] for pid, pod in pod_of.items() if pod in pods]
+        scope = [p for pid, pod in pod_of.items() if pod in pods and (p := processes.get(pid)) is not None]
         if new_too:
             scope += [p for p in new if pod_of.get(p.pid) not in pods]
         fresh = Owners()
