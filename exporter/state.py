@@ -48,7 +48,6 @@ class MountStates:
     """A copy of the store, for one model step."""
     peaks: Dict[str, int]
     max_used: Dict[str, Tuple[int, float]]  # mount -> (highest used bytes since first seen, wall clock)
-    events: Dict[Tuple[str, str, str], int]  # (mount, class, event) -> count
     # mount -> its ((class, event, count), ...) sorted: the same tuple while its counts stand
     # (a render replays a mount's counters by them; regrouping a node's ~1,000 counts cost 2 ms).
     event_rows: Dict[str, Tuple[Tuple[str, str, int], ...]]
@@ -61,6 +60,12 @@ class MountStates:
     oom_cgroup_max: Dict[str, int] = field(default_factory=dict)
     recent_oom_kills: Tuple[Tuple[object, Optional[int]], ...] = ()
 
+    @property
+    def events(self) -> Dict[Tuple[str, str, str], int]:
+        """(mount, class, event) -> count: made when asked (tests, not renders), so the store
+        keeps one copy of the counts, not two kept in step."""
+        return {(mount, cls, event): n for mount, rows in self.event_rows.items() for cls, event, n in rows}
+
 
 class StateStore:
     def __init__(self, peak_window: float = 60.0, clock: Callable[[], float] = time.monotonic,
@@ -71,8 +76,7 @@ class StateStore:
         self._lock = threading.Lock()
         self._peaks: Dict[str, PeakWindow] = {}
         self._max_used: Dict[str, Tuple[int, float]] = {}
-        self._events: Dict[Tuple[str, str, str], int] = {}
-        self._events_of: Dict[str, Dict[Tuple[str, str], int]] = {}  # the same counts by mount
+        self._events_of: Dict[str, Dict[Tuple[str, str], int]] = {}  # mount -> (class, event) -> count
         self._event_rows: Dict[str, Tuple[Tuple[str, str, int], ...]] = {}  # made by snapshot()
         self._inotify: Dict[str, bool] = {}
         self._overflows: Dict[str, int] = {}
@@ -123,11 +127,10 @@ class StateStore:
             self._changed()
 
     def count_event(self, mount: str, segment_class: str, event: str, n: int = 1) -> None:
-        key = (mount, segment_class, event)
+        key = (segment_class, event)
         with self._lock:
-            self._events[key] = self._events.get(key, 0) + n
             of_mount = self._events_of.setdefault(mount, {})
-            of_mount[key[1:]] = of_mount.get(key[1:], 0) + n
+            of_mount[key] = of_mount.get(key, 0) + n
             self._event_rows.pop(mount, None)
         self._changed()
 
@@ -191,8 +194,6 @@ class StateStore:
                 del self._peaks[mount]
             for mount in [m for m in self._max_used if m not in keep]:
                 del self._max_used[mount]
-            for key in [k for k in self._events if k[0] not in keep]:
-                del self._events[key]
             for mount in [m for m in self._events_of if m not in keep]:
                 del self._events_of[mount]
                 self._event_rows.pop(mount, None)
@@ -211,6 +212,6 @@ class StateStore:
             for mount, counts in self._events_of.items():
                 if mount not in rows:
                     rows[mount] = tuple(sorted((cls, event, n) for (cls, event), n in counts.items()))
-            return MountStates(peaks, dict(self._max_used), dict(self._events), dict(rows), dict(self._inotify),
+            return MountStates(peaks, dict(self._max_used), dict(rows), dict(self._inotify),
                                dict(self._overflows), dict(self._oom), dict(self._oom_cgroup),
                                tuple(self._recent_oom))
