@@ -240,8 +240,7 @@ def test_oom_counts_made_again_when_a_count_moves_while_the_cgroups_stand():
     """The model step keeps its last counts while the cgroup reading and the kill counts are
     the same (a node's model is built for every event's render): a kill counted since, with
     the same cgroup reading, still shows at the next build."""
-    from types import SimpleNamespace
-
+    from exporter.collectors.cgroup import CgroupMemory
     from exporter.discovery import MountDiscovery
     from exporter.model import ModelStep
     from exporter.paths import Paths
@@ -249,7 +248,7 @@ def test_oom_counts_made_again_when_a_count_moves_while_the_cgroups_stand():
 
     state = StateStore()
     step = ModelStep([], MountDiscovery(Paths(), [], node_mode=True), state)
-    cgroups = [SimpleNamespace(cgroup="/kubepods/podp", pod_uid="p")]
+    cgroups = [CgroupMemory("/kubepods/podp", 2, 0, None, 0, None, None, "none", pod_uid="p")]
     state.record_cgroup_oom("/kubepods/podp", 1)
     first = step._oom_counts(cgroups, state.snapshot(), [])
     assert [c.kills for c in first] == [1]
