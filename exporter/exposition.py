@@ -25,6 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encode
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import CollectorRegistry
 
+from .duty_cycle import DutyCycle
 from .gzip_blocks import GzipBlocks, blocks_of
 from .sample_lines import LEGACY_NAME, sample_line
 from .scrape_clock import ScrapeClock
@@ -36,8 +37,9 @@ log = logging.getLogger(__name__)
 RENDER_COALESCE_SECONDS = 0.1
 # What an event-driven run found (a new segment) waits only this long: detection latency.
 URGENT_COALESCE_SECONDS = 0.02
-# A render costs its duration again in idle time at least this many times over, so a
-# storm of changes on a big node costs a bounded share of a core (at most 1/(1+factor)).
+# A render costs its CPU time again in idle time at least this many times over (less what
+# it had to spare before: duty_cycle.py), so a storm of changes on a big node costs a
+# bounded share of a core (at most 1/(1+factor)).
 RENDER_DUTY_FACTOR = 4.0
 # A change waiting for the next scrape is rendered this long before it is due
 # at least (more when renders take longer: RENDER_LEAD_FACTOR times the last one's time).
@@ -248,7 +250,7 @@ class Exposition:
             self._thread.join(1.0)
 
     def _run(self) -> None:
-        not_before = 0.0
+        duty = DutyCycle(RENDER_DUTY_FACTOR)
         while not self._stopping.is_set():
             self._wake.wait()
             if self._stopping.is_set():
@@ -258,7 +260,7 @@ class Exposition:
             while not self._stopping.is_set():
                 urgent = self._urgent.is_set()
                 coalesce = min(self.coalesce, URGENT_COALESCE_SECONDS) if urgent else self.coalesce
-                left = max(woken + coalesce, not_before) - time.monotonic()
+                left = max(woken + coalesce, duty.not_before) - time.monotonic()
                 if left <= 0:
                     break
                 if urgent:
@@ -268,7 +270,7 @@ class Exposition:
             self._wait_for_the_next_scrape()
             self._wake.clear()  # a change after this point wakes us again
             self._urgent.clear()
-            started = time.thread_time()  # CPU, not wall time: waiting for the GIL costs nothing
+            began, started = time.monotonic(), time.thread_time()  # CPU, not wall time: waiting for the GIL costs nothing
             try:
                 self.render()
             except Exception:  # a broken render must not end the thread: the next one may work
@@ -276,7 +278,7 @@ class Exposition:
                 # Never serve the last good bytes as if they were current: the next scrape
                 # renders itself, and fails visibly (a 500, up=0) if the render still does.
                 self._current = None
-            not_before = time.monotonic() + (time.thread_time() - started) * RENDER_DUTY_FACTOR
+            duty.ran(began, time.thread_time() - started)
 
     def _wait_for_the_next_scrape(self) -> None:
         """Hold a change until just before the next scrape is due: the model of a big node

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from .duty_cycle import DutyCycle
+
 log = logging.getLogger(__name__)
 
 # How long an event-driven run waits for an inotify burst to settle, and how far it may
@@ -25,7 +27,8 @@ log = logging.getLogger(__name__)
 DEBOUNCE_SECONDS = 0.02
 DEBOUNCE_MAX_SECONDS = 0.1
 # An event-driven run costs its CPU time again in idle time at least this many times
-# over, so a storm of creates costs a bounded share of a core.
+# over (less what it had to spare before: duty_cycle.py), so a storm of creates costs a
+# bounded share of a core.
 QUICK_SCAN_DUTY_FACTOR = 4.0
 # How often the watchdog looks for runs over their timeout (timeouts are seconds long).
 WATCHDOG_SECONDS = 0.5
@@ -77,7 +80,7 @@ class _Runner(threading.Thread):
         self.quick_pending = False
         self.first_event_at: Optional[float] = None
         self.follow_up_at: Optional[float] = None
-        self.next_quick_at = 0.0
+        self.duty = DutyCycle(QUICK_SCAN_DUTY_FACTOR)  # quick and interim runs: a bounded share of a core
         self.quick_wall = 0.0  # the last event-driven run's wall time (its CPU time spaces the runs)
         self.full_spent = 0.0  # the last full run's
         self.running_since: Optional[float] = None
@@ -139,7 +142,7 @@ class _Runner(threading.Thread):
                     left = first + DEBOUNCE_MAX_SECONDS - time.monotonic()
                     if left <= 0 or not self.wake.wait(min(DEBOUNCE_SECONDS, left)):
                         break
-                wait_more = self.next_quick_at - time.monotonic()
+                wait_more = self.duty.wait_left()
                 if wait_more > 0:
                     stop.wait(wait_more)
                 due = self.sampler.scrape_due()
@@ -174,7 +177,7 @@ class _Runner(threading.Thread):
                 self.quick_wall = time.monotonic() - started  # wall time: the lead a held run needs
                 # The duty factor bounds the share of a core, so it counts CPU time: waiting for
                 # the GIL or the disk made a node's 15 ms runs 40 ms, and the next event wait 160 ms.
-                self.next_quick_at = time.monotonic() + (time.thread_time() - cpu) * QUICK_SCAN_DUTY_FACTOR
+                self.duty.ran(started, time.thread_time() - cpu)
                 # A source that settled the run itself (node mode's pod-scoped owner scan)
                 # needs no full follow-up; the others get one.
                 if getattr(self.source, "wants_follow_up", True):
@@ -201,7 +204,7 @@ class _Runner(threading.Thread):
         if not self.quick_pending:
             return
         now = time.monotonic()
-        if now < self.next_quick_at or now - (self.first_event_at or now) < DEBOUNCE_SECONDS or \
+        if now < self.duty.not_before or now - (self.first_event_at or now) < DEBOUNCE_SECONDS or \
                 self.sampler.scrape_due() is not None:
             return
         self.quick_pending = False
@@ -214,7 +217,7 @@ class _Runner(threading.Thread):
             result = None
         if result is not None:
             self.sampler.publish(Observation(self.source.name, result, None, time.monotonic() - now, full=False))
-        self.next_quick_at = time.monotonic() + (time.thread_time() - cpu) * QUICK_SCAN_DUTY_FACTOR
+        self.duty.ran(now, time.thread_time() - cpu)
 
     def _serving(self, lead: float) -> Optional[float]:
         """The scrape a quick run starting now is made for: the next one, when it is due within

@@ -336,3 +336,29 @@ def test_a_held_run_runs_as_soon_as_a_scrape_ends_the_schedule():
         assert held.quick and held.quick[0] - ended < 0.3, "the held run waited for its slice"
     finally:
         sampler.stop()
+
+
+def test_a_duty_cycle_counts_the_idle_before_a_run_once_and_bounds_the_share_of_a_core():
+    """A run after a quiet spell (events held for a scrape) owes no hold for what that
+    spell already paid; runs back to back owe four times their CPU time each; and however
+    runs fall, their CPU stays within 1/(1+factor) of the time, less one credit."""
+    import random
+
+    from exporter.duty_cycle import DutyCycle
+
+    now = [100.0]
+    duty = DutyCycle(4.0, credit=2.0, clock=lambda: now[0])
+    now[0] += 0.45
+    duty.ran(100.0, 0.45)  # 0.45 s of CPU after 100 s of quiet: 1.8 s owed, all spared before
+    assert duty.wait_left() == 0.0
+    now[0] += 0.05
+    duty.ran(now[0] - 0.05, 0.05)  # straight after: nothing spare, 0.2 s owed
+    assert abs(duty.wait_left() - 0.2) < 1e-9
+    rng, start, busy = random.Random(7), now[0], 0.0
+    for _ in range(2000):  # runs as soon as allowed, or later, of random cost
+        now[0] = max(now[0], duty.not_before) + rng.choice([0.0, 0.0, rng.uniform(0, 0.3)])
+        began, cpu = now[0], rng.uniform(0.001, 0.2)
+        now[0] += cpu
+        busy += cpu
+        duty.ran(began, cpu)
+    assert busy <= (now[0] - start) / 5.0 + 2.0
