@@ -118,8 +118,8 @@ class Families:
         """What each item's `render` adds for one mount (items: where, same, equal, render),
         in order; replayed from the last render when its inputs are the same objects (`same`)
         and equal values (`equal`): a node's 200 mounts, of which an event changed one, cost
-        one mount's samples, not 6,000. Replayed by runs of RUN, merged once while each of
-        the run's records is the last render's."""
+        one mount's samples, not 6,000. Replayed by runs of RUN, merged once the run's
+        records are the last render's again."""
         run: List[tuple] = []
         first: Optional[tuple] = None
         for where, same, equal, render in items:
@@ -127,10 +127,10 @@ class Families:
                 first = where
             run.append(self._record(cache, where, same, equal, render))
             if len(run) == RUN:
-                self._replay(self._merged(cache, first, run))
+                self._replay_run(cache, first, run)
                 run = []
         if run:
-            self._replay(self._merged(cache, first, run))
+            self._replay_run(cache, first, run)
 
     def _record(self, cache: "FragmentCache", where: tuple, same: tuple, equal: tuple,
                 render: Callable[["Families"], None]) -> tuple:
@@ -142,23 +142,34 @@ class Families:
         cache.current[where] = known
         return known
 
-    @staticmethod
-    def _merged(cache: "FragmentCache", first: tuple, run: List[tuple]) -> list:
-        """The run's records as one: each family's samples and lines in the run's order."""
+    def _replay_run(self, cache: "FragmentCache", first: tuple, run: List[tuple]) -> None:
+        """Replays the run merged when it is the last render's run again (merged then, once),
+        else fragment by fragment: a render after a full scan, where every run is new, does
+        not pay for merging on top of replaying."""
         known = cache.runs_previous.get(first)
         if known is None or not _identical(known[0], run):
-            merged: Dict[str, Tuple[list, list]] = {}
+            cache.runs_current[first] = (tuple(run), None)
             for record in run:
-                for name, samples, lines in record[2]:
-                    mine = merged.get(name)
-                    if mine is None:
-                        merged[name] = (samples[:], lines[:])
-                    else:
-                        mine[0].extend(samples)
-                        mine[1].extend(lines)
-            known = (tuple(run), [(name, samples, lines) for name, (samples, lines) in merged.items()])
+                self._replay(record[2])
+            return
+        if known[1] is None:
+            known = (known[0], self._merged(run))
         cache.runs_current[first] = known
-        return known[1]
+        self._replay(known[1])
+
+    @staticmethod
+    def _merged(run: List[tuple]) -> list:
+        """The run's records as one: each family's samples and lines in the run's order."""
+        merged: Dict[str, Tuple[list, list]] = {}
+        for record in run:
+            for name, samples, lines in record[2]:
+                mine = merged.get(name)
+                if mine is None:
+                    merged[name] = (samples[:], lines[:])
+                else:
+                    mine[0].extend(samples)
+                    mine[1].extend(lines)
+        return [(name, samples, lines) for name, (samples, lines) in merged.items()]
 
     def _replay(self, recorded: list) -> None:
         parts = self._parts

@@ -188,8 +188,9 @@ def test_a_holder_that_renames_itself_is_rendered_under_its_new_name():
 
 
 def test_fragments_replay_by_runs_and_make_what_a_render_from_nothing_makes():
-    """Families.fragments merges runs of RUN unchanged fragments once and replays them
-    whole: a render that one mount's change touched merges only that mount's run again,
+    """Families.fragments merges runs of RUN unchanged fragments once (when a run is the
+    last render's again) and replays them whole: a render that one mount's change touched
+    replays that mount's run fragment by fragment and keeps the others merged,
     and makes what a render from an empty cache makes, through a change, a mount gone from
     the front (every run shifts) and a fragment that adds a family the others lack."""
     from exporter.exposition import text_format
@@ -214,13 +215,17 @@ def test_fragments_replay_by_runs_and_make_what_a_render_from_nothing_makes():
     cache = FragmentCache()
     mounts = [(f"/m/{i:03d}", i + 1) for i in range(3 * RUN + 5)]
     assert render(mounts, cache) == fresh(mounts)
+    assert all(merged is None for _, merged in cache.runs_current.values())  # a first render merges nothing
+    cache.next_render()
+    assert render(mounts, cache) == fresh(mounts)  # the same runs again: merged now, once
     runs = dict(cache.runs_current)
+    assert all(merged is not None for _, merged in runs.values())
     cache.next_render()
     mounts[RUN + 3] = (mounts[RUN + 3][0], 7000)  # the second run's fourth mount, and a family only it adds
     changed = render(mounts, cache)
     assert changed == fresh(mounts) and b'shmwatch_mount_inodes{mount="/m/019"} 1000.0' in changed
     kept = [first for first, known in cache.runs_current.items() if known is runs[first]]
-    assert sorted(kept) == sorted(set(runs) - {("usage", mounts[RUN][0])})  # one run merged again
+    assert sorted(kept) == sorted(set(runs) - {("usage", mounts[RUN][0])})  # one run not replayed merged
     cache.next_render()
     del mounts[0]  # every run starts one mount later now
     assert render(mounts, cache) == fresh(mounts)
