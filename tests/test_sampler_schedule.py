@@ -354,6 +354,9 @@ def test_a_duty_cycle_counts_the_idle_before_a_run_once_and_bounds_the_share_of_
     now[0] += 0.05
     duty.ran(now[0] - 0.05, 0.05)  # straight after: nothing spare, 0.2 s owed
     assert abs(duty.wait_left() - 0.2) < 1e-9
+    now[0] += 100.6  # 100 s of quiet, then a run of 0.6 s
+    duty.ran(now[0] - 0.6, 0.6)  # after 100 s of quiet: 2.4 s owed, of which the credit pays 2 s only
+    assert abs(duty.wait_left() - 0.4) < 1e-9
     rng, start, busy = random.Random(7), now[0], 0.0
     for _ in range(2000):  # runs as soon as allowed, or later, of random cost
         now[0] = max(now[0], duty.not_before) + rng.choice([0.0, 0.0, rng.uniform(0, 0.3)])
