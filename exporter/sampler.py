@@ -145,6 +145,8 @@ class _Runner(threading.Thread):
                 wait_more = self.duty.wait_left()
                 if wait_more > 0:
                     stop.wait(wait_more)
+                if stop.is_set():  # not a run the duty cycle held back, now that nothing reads it
+                    break
                 due = self.sampler.scrape_due()
                 if due is not None and self.ran_for is not None and abs(due - self.ran_for) < SAME_SCRAPE_SECONDS:
                     # This scrape had its quick run: these events wait for the next scrape's. Under

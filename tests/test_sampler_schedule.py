@@ -172,7 +172,10 @@ def test_a_storm_of_events_costs_a_bounded_share_of_a_core_not_of_the_clock():
             time.sleep(0.01)
     finally:
         sampler.stop()
-    assert len(burns.quick) <= 10, burns.quick  # 50 ms of CPU, then 200 ms idle: 8 in 2 s
+    # 50 ms of CPU, then 200 ms idle: 8 in 2 s, and one more on the idle banked before the
+    # storm (duty_cycle.py's credit). Counted in the storm: not the runs at the stop.
+    storm = [t for t in burns.quick if t < stop]
+    assert len(storm) <= 10, burns.quick
     assert len(waits.quick) >= 12, waits.quick  # 50 ms waiting, then the debounce: ~25 in 2 s
 
 
@@ -365,3 +368,36 @@ def test_a_duty_cycle_counts_the_idle_before_a_run_once_and_bounds_the_share_of_
         busy += cpu
         duty.ran(began, cpu)
     assert busy <= (now[0] - start) / 5.0 + 2.0
+
+
+def test_stopping_ends_a_duty_wait_without_a_last_quick_run():
+    """Events that wait out a run's duty cycle when the sampler stops are dropped: the stop
+    ended the wait, and a run then (a node's 0.45 s) held up the stop, over the duty cycle."""
+
+    class Burns(Counting):
+        started = []
+
+        def collect_quick(self):
+            self.started.append(time.monotonic())
+            end = time.thread_time() + 0.1
+            while time.thread_time() < end:
+                pass
+            return super().collect_quick()
+
+    burns = Burns("burns", event_driven=True)
+    burns.schedule = "inventory"
+    sampler = Sampler([burns], poll_interval=0.05, inventory_interval=60)
+    sampler.start()
+    try:
+        time.sleep(0.2)
+        deadline = time.monotonic() + 5.0
+        while len(burns.quick) < 3 and time.monotonic() < deadline:  # past the credit: 0.4 s owed
+            sampler.request_quick()
+            time.sleep(0.01)
+        assert len(burns.quick) >= 3, "no storm of quick runs"
+        sampler.request_quick()
+        time.sleep(0.15)  # the debounce is over: the runner waits out the 0.4 s it owes
+    finally:
+        stopped = time.monotonic()
+        sampler.stop()
+    assert all(t < stopped for t in burns.started), (stopped, burns.started)
