@@ -6,7 +6,9 @@ run's CPU time is followed by `factor` times as much idle, so the stage takes at
 that, up to `credit` seconds: a run after a quiet spell (events held for a steady
 scraper's next scrape, then a scraper that starts hammering) does not hold the next events
 for four times its cost. Idle time counts once: only what came after the last run's own
-share, so the bound holds over any stretch longer than `credit`.
+share, so the bound holds over any stretch longer than `credit`. Idle means outside the
+stage's own runs: a source's full run on the same thread (governed by its interval) counts
+as spare time for the quick run after it, as it did towards the idle owed before.
 """
 from __future__ import annotations
 
