@@ -121,7 +121,8 @@ class ModelStep:
 
     def on_change(self, listener: Callable[[bool], None]) -> None:
         """Called after every change (the exposition renders again, coalesced), with whether
-        it is urgent: an event-driven run's result, which someone is waiting to see."""
+        it is urgent: an event-driven run's result, which someone is waiting to see (not one
+        that settles what an early publish showed)."""
         self._listeners.append(listener)
 
     def mark_stale(self) -> None:
@@ -173,7 +174,7 @@ class ModelStep:
                 self._latest[obs.source] = latest
             self._stale = True
         for listener in self._listeners:
-            listener(not obs.full)
+            listener(not obs.full and not obs.settling)
 
     def _count_kill(self, kill: OomKill) -> None:
         """Count one kill under its pod's cgroup (node mode) or its own, and log it once with

@@ -401,3 +401,60 @@ def test_stopping_ends_a_duty_wait_without_a_last_quick_run():
         stopped = time.monotonic()
         sampler.stop()
     assert all(t < stopped for t in burns.started), (stopped, burns.started)
+
+
+class PodScoped(Counting):
+    """Node mode: a quick run that reads the changed pods' processes (burns 60 ms of CPU),
+    and the early publish the sampler makes before it (collect_interim(early=True))."""
+
+    pod_of_pid = True
+    interim_hook = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.published = []  # (kind, settling, when)
+
+    def collect_quick(self):
+        end = time.thread_time() + 0.06
+        while time.thread_time() < end:
+            pass
+        return super().collect_quick()
+
+    def collect_interim(self, early=False):
+        assert early, "no full run is under way"
+        return ["patched"]
+
+    def observe(self, obs):
+        kind = "full" if obs.full else "early" if obs.result == ["patched"] else "quick"
+        self.published.append((kind, obs.settling, time.monotonic()))
+
+
+def test_a_pod_scoped_quick_run_is_preceded_by_an_early_publish_it_then_settles():
+    """With no steady scraper, the names of an event are published before the quick run
+    reads their pods; that run then settles them (not urgent for the render). Between
+    storms' runs, held by the duty cycle, each burst is published early at once."""
+    scoped = PodScoped("scoped", event_driven=True)
+    scoped.schedule = "inventory"
+    sampler = Sampler([scoped], poll_interval=0.05, inventory_interval=60)
+    sampler.subscribe(scoped.observe)
+    sampler.start()
+    try:
+        time.sleep(0.15)
+        asked = time.monotonic()
+        sampler.request_quick()
+        time.sleep(0.12)  # the first run, after a quiet spell, owes no hold (duty_cycle.py)
+        sampler.request_quick()
+        time.sleep(0.1)  # the second, straight after it, holds the next for ~0.2 s
+        third = time.monotonic()
+        sampler.request_quick()
+        time.sleep(0.5)
+    finally:
+        sampler.stop()
+    kinds = [(kind, settling) for kind, settling, _ in scoped.published if kind != "full"]
+    assert kinds[:6] == [("early", False), ("quick", True)] * 3, scoped.published
+    early = [when for kind, _, when in scoped.published if kind == "early"]
+    quick = [when for kind, _, when in scoped.published if kind == "quick"]
+    assert early[0] - asked < 0.1 and early[0] < quick[0]
+    # The third burst, under the second run's duty cycle: published early within the
+    # debounce, its quick run after the hold.
+    assert early[2] - third < 0.15 and quick[2] - third > 0.12 and early[2] < quick[2]

@@ -495,3 +495,21 @@ def test_a_dead_holders_pod_event_drops_its_holding_after_another_pod_was_read(t
         inv = collector.collect_quick()  # then pod A: its dead holder's hold goes
         assert segment(inv, a, "nccl-a") == ("unverified", ())
         assert segment(inv, b, "nccl-b") == ("linked", (pb.pid,))
+
+
+@needs_root
+def test_an_early_publish_shows_a_new_segment_and_the_quick_run_after_it_settles_its_state(two_pods):
+    """Node mode, before the quick run reads a pod: the early publish (collect_interim,
+    early) shows the new name with the last owners, taken as its creator's; the quick run
+    then reads the pod and says what it found (unverified: nobody holds it), not 'linked'
+    as a name an interim run patched during a full run stays until the quick run after."""
+    (a, _), _ = two_pods
+    changes = ChangeLog()
+    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+                                  ignore_unreadable=HOST_EXCUSED_RE)
+    collector.collect()
+    open(os.path.join(a, "psm_early"), "wb").close()
+    changes.add(a, "psm_early")
+    assert segment(collector.collect_interim(early=True), a, "psm_early") == ("linked", ())
+    assert segment(collector.collect_quick(), a, "psm_early") == ("unverified", ())
+    assert collector.collect_interim(early=True) is None  # nothing new since

@@ -90,6 +90,7 @@ class SegmentsCollector:
         # /proc. `_run_devs` is that run's mounts; `_interim_changes` what they patched in.
         self.interim_hook: Optional[Callable[[], None]] = None
         self._run_devs: Dict[str, int] = {}
+        self._devs: Dict[str, int] = {}  # the last run's mounts, for collect_interim(early=True)
         self._interim_changes = ChangeLog()
         self._interim_keys: Set[Key] = set()
 
@@ -111,7 +112,7 @@ class SegmentsCollector:
     def changes_pending(self) -> bool:
         return self.changes.pending()
 
-    def collect_interim(self) -> Optional[Inventory]:
+    def collect_interim(self, early: bool = False) -> Optional[Inventory]:
         """While a full run reads /proc (interim_hook): patch its listings with the names
         inotify reported since, and assemble those mounts with the last run's owners, as a
         quick run would. Only the listing moves forward: the full run then assembles with
@@ -119,21 +120,25 @@ class SegmentsCollector:
         the names back to the change log, so the quick run after it reads their owners
         (node mode: their pods) as it would have without this. A node's full scan reads
         /proc for a second under load; a segment created meanwhile waited that long.
-        None when nothing could be patched (a mount re-listed whole waits for the quick run)."""
+        None when nothing could be patched (a mount re-listed whole waits for the quick run).
+        `early`: outside a full run, before a quick run that waits for its duty cycle (node
+        mode: it reads the changed mounts' pods); that run settles the states, as it would."""
         changes = self.changes.drain()
+        devs = self._devs if early else self._run_devs
         patch = {m: names for m, names in changes.items()
-                 if names and m in self._last and m in self._indexes and self._run_devs.get(m) is not None}
+                 if names and m in self._last and m in self._indexes and devs.get(m) is not None}
         self.changes.put_back({m: names for m, names in changes.items() if m not in patch})
         if not patch:
             return None
         self._interim_changes.put_back(patch)
         held_on = self._held_on()
         for mount, names in patch.items():
-            dev = self._run_devs[mount]
+            dev = devs[mount]
             files, others, truncated = self._listings[mount]
             index = self._indexes[mount]
             patch_listing(self.paths.host(mount), dev, files, index, names)
-            self._interim_keys.update(key for name in names if (key := index.get(name)) is not None)
+            if not early:  # taken as linked by the full run: a quick run reads their pods instead
+                self._interim_keys.update(key for name in names if (key := index.get(name)) is not None)
             self._walked_as.pop(mount, None)  # patched: walked again by the next full run
             self._last[mount] = self._assemble(mount, dev, files, others, held_on.get(dev, []),
                                                quick=True, settled=False)
@@ -202,6 +207,7 @@ class SegmentsCollector:
                 devs[mount] = self._mount_dev(mount)
             except OSError as err:
                 errors[mount] = err.strerror or str(err)
+        self._devs = devs
         # The directory first, then /proc: a segment unlinked in between is still
         # listed (so not called hidden), and one created in between is found held
         # but not '(deleted)', so it is linked, not hidden.
