@@ -62,8 +62,7 @@ class Observation:
     error: Optional[str]
     duration: float
     full: bool = True  # False for an event-driven quick run
-    # A quick run whose names an early publish showed already (Runner._early): it settles
-    # their states, and nobody waits for it (rendered with the next change).
+    # A quick run settling states an early publish showed (_Runner._early): nobody waits for it.
     settling: bool = False
 
     @property
@@ -149,9 +148,10 @@ class _Runner(threading.Thread):
                     if left <= 0 or not self.wake.wait(min(DEBOUNCE_SECONDS, left)):
                         break
                 self._early()
-                wait_more = self.duty.wait_left()
-                if wait_more > 0:
-                    stop.wait(wait_more)
+                while not stop.is_set() and self.duty.wait_left() > 0:
+                    self.wake.clear()  # held by the duty cycle: later bursts are published early
+                    if self.wake.wait(self.duty.wait_left()) and not stop.wait(DEBOUNCE_SECONDS):
+                        self._early()
                 if stop.is_set():  # not a run the duty cycle held back, now that nothing reads it
                     break
                 due = self.sampler.scrape_due()

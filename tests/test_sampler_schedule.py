@@ -431,8 +431,8 @@ class PodScoped(Counting):
 
 def test_a_pod_scoped_quick_run_is_preceded_by_an_early_publish_it_then_settles():
     """With no steady scraper, the names of an event are published before the quick run
-    reads their pods; that run then settles them (not urgent for the render). Between
-    storms' runs, held by the duty cycle, each burst is published early at once."""
+    reads their pods; that run then settles them (not urgent for the render). While the
+    duty cycle holds the next run, each burst is published early at once."""
     scoped = PodScoped("scoped", event_driven=True)
     scoped.schedule = "inventory"
     sampler = Sampler([scoped], poll_interval=0.05, inventory_interval=60)
@@ -447,14 +447,19 @@ def test_a_pod_scoped_quick_run_is_preceded_by_an_early_publish_it_then_settles(
         time.sleep(0.1)  # the second, straight after it, holds the next for ~0.2 s
         third = time.monotonic()
         sampler.request_quick()
+        time.sleep(0.06)
+        fourth = time.monotonic()  # in the same hold, after the third's early publish
+        sampler.request_quick()
         time.sleep(0.5)
     finally:
         sampler.stop()
     kinds = [(kind, settling) for kind, settling, _ in scoped.published if kind != "full"]
-    assert kinds[:6] == [("early", False), ("quick", True)] * 3, scoped.published
+    assert kinds[:7] == [("early", False), ("quick", True)] * 2 + [("early", False)] * 2 + [("quick", True)], \
+        scoped.published
     early = [when for kind, _, when in scoped.published if kind == "early"]
     quick = [when for kind, _, when in scoped.published if kind == "quick"]
     assert early[0] - asked < 0.1 and early[0] < quick[0]
     # The third burst, under the second run's duty cycle: published early within the
     # debounce, its quick run after the hold.
     assert early[2] - third < 0.15 and quick[2] - third > 0.12 and early[2] < quick[2]
+    assert early[3] - fourth < 0.1 and early[3] < quick[2]  # one quick run settles both bursts
