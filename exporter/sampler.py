@@ -229,9 +229,8 @@ class _Runner(threading.Thread):
         self.duty.ran(now, time.thread_time() - cpu)
 
     def _early(self) -> None:
-        """Before a quick run that reads the changed mounts' pods (node mode, ~3 ms a pod, then
-        4x that idle): the names inotify reported, with the last owners, published while it
-        reads who holds them. Not with a steady scraper; within a duty cycle of its own."""
+        """Before a quick run that reads the changed pods (node mode): the names inotify reported,
+        with the last owners, published while it reads them. No steady scraper; its own duty cycle."""
         if not getattr(self.source, "pod_of_pid", False) or self.sampler.scrape_due() is not None \
                 or time.monotonic() < self.early_duty.not_before:
             return
@@ -242,9 +241,10 @@ class _Runner(threading.Thread):
         except Exception:  # the quick run goes on, and publishes what it finds
             log.exception("%s: early publish failed", self.source.name)
             result = None
-        self.early_shown = self.early_shown and result is not None
         if result is not None:
             self.sampler.publish(Observation(self.source.name, result, None, time.monotonic() - started, full=False))
+        if result is None or getattr(self.source, "changes_pending", lambda: False)():  # names given back
+            self.early_shown = False  # nobody saw those; only set False: a request_quick meanwhile stands
         self.early_duty.ran(started, time.thread_time() - cpu)
 
     def _serving(self, lead: float) -> Optional[float]:

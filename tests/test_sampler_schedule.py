@@ -463,3 +463,28 @@ def test_a_pod_scoped_quick_run_is_preceded_by_an_early_publish_it_then_settles(
     # debounce, its quick run after the hold.
     assert early[2] - third < 0.15 and quick[2] - third > 0.12 and early[2] < quick[2]
     assert early[3] - fourth < 0.1 and early[3] < quick[2]  # one quick run settles both bursts
+
+
+class PartlyPatched(PodScoped):
+    """An early publish that patched one mount but gave another's names back (a new pod's
+    mount, not listed by a run yet, or one to re-list whole): the quick run shows those."""
+
+    def changes_pending(self):
+        return True
+
+
+def test_a_quick_run_with_names_the_early_publish_could_not_patch_is_urgent():
+    """Names nobody has seen yet make the quick run urgent for the render, not settling."""
+    scoped = PartlyPatched("scoped", event_driven=True)
+    scoped.schedule = "inventory"
+    sampler = Sampler([scoped], poll_interval=0.05, inventory_interval=60)
+    sampler.subscribe(scoped.observe)
+    sampler.start()
+    try:
+        time.sleep(0.15)
+        sampler.request_quick()
+        time.sleep(0.3)
+    finally:
+        sampler.stop()
+    kinds = [(kind, settling) for kind, settling, _ in scoped.published if kind != "full"]
+    assert kinds[:2] == [("early", False), ("quick", False)], scoped.published
