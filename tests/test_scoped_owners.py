@@ -513,3 +513,21 @@ def test_an_early_publish_shows_a_new_segment_and_the_quick_run_after_it_settles
     assert segment(collector.collect_interim(early=True), a, "psm_early") == ("linked", ())
     assert segment(collector.collect_quick(), a, "psm_early") == ("unverified", ())
     assert collector.collect_interim(early=True) is None  # nothing new since
+
+
+@needs_root
+def test_an_early_publish_leaves_a_mount_on_a_new_device_to_the_quick_run(two_pods):
+    """A tmpfs mounted anew over a pod's volume since the last run: the early publish may not
+    patch the old instance's listing with the new one's names (lstat says another device, so
+    the new segment would be left out while the publish counts as showing it); it gives them
+    back, and the quick run, which stats the mount again, shows the segment."""
+    (a, _), _ = two_pods
+    changes = ChangeLog()
+    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+                                  ignore_unreadable=HOST_EXCUSED_RE)
+    collector.collect()
+    with mounted_tmpfs("16m", path=a):
+        open(os.path.join(a, "psm_anew"), "wb").close()
+        changes.add(a, "psm_anew")
+        assert collector.collect_interim(early=True) is None and collector.changes_pending()
+        assert segment(collector.collect_quick(), a, "psm_anew") is not None

@@ -23,7 +23,7 @@ from ..kube import pod_uid_of_mount
 from ..inventory.changes import ChangeLog
 from ..inventory.owners import DELETED, Owners, OwnerScan, UnprovenLog
 from ..inventory.summary import Inventory, MountInventory, Segment
-from ..inventory.walk import MAX_ENTRIES, Files, Key, patch_listing, walk
+from ..inventory.walk import MAX_ENTRIES, Files, Key, patch_listing, same_dev, walk
 from ..paths import Paths
 from ..proctable import ProcessTable
 from ..segment_classes import _CACHE as CLASS_CACHE, classify
@@ -124,7 +124,8 @@ class SegmentsCollector:
         `early`: outside a full run, before a quick run that waits for its duty cycle (node
         mode: it reads the changed mounts' pods); that run settles the states, as it would."""
         changes = self.changes.drain()
-        devs = self._devs if early else self._run_devs
+        devs = self._run_devs if not early else {  # the last run's, and still the same file system
+            m: d for m, d in self._devs.items() if m in changes and same_dev(self.paths.host(m), d)}
         patch = {m: names for m, names in changes.items()
                  if names and m in self._last and m in self._indexes and devs.get(m) is not None}
         self.changes.put_back({m: names for m, names in changes.items() if m not in patch})
