@@ -1,6 +1,7 @@
 """The sampler keeps to the scrapes when it knows them: sources whose figures nothing keeps
 between scrapes run once per scrape, event-driven runs wait for it; with no steady scraper
 every source keeps its interval and every event its prompt run."""
+import contextlib
 import threading
 import time
 
@@ -429,16 +430,25 @@ class PodScoped(Counting):
         self.published.append((kind, obs.settling, time.monotonic()))
 
 
+@contextlib.contextmanager
+def sampling(kind):
+    """A sampler running one event-driven `kind` of source, its observations recorded."""
+    source = kind("scoped", event_driven=True)
+    source.schedule = "inventory"
+    sampler = Sampler([source], poll_interval=0.05, inventory_interval=60)
+    sampler.subscribe(source.observe)
+    sampler.start()
+    try:
+        yield source, sampler
+    finally:
+        sampler.stop()
+
+
 def test_a_pod_scoped_quick_run_is_preceded_by_an_early_publish_it_then_settles():
     """With no steady scraper, the names of an event are published before the quick run
     reads their pods; that run then settles them (not urgent for the render). While the
     duty cycle holds the next run, each burst is published early at once."""
-    scoped = PodScoped("scoped", event_driven=True)
-    scoped.schedule = "inventory"
-    sampler = Sampler([scoped], poll_interval=0.05, inventory_interval=60)
-    sampler.subscribe(scoped.observe)
-    sampler.start()
-    try:
+    with sampling(PodScoped) as (scoped, sampler):
         time.sleep(0.15)
         asked = time.monotonic()
         sampler.request_quick()
@@ -451,8 +461,6 @@ def test_a_pod_scoped_quick_run_is_preceded_by_an_early_publish_it_then_settles(
         fourth = time.monotonic()  # in the same hold, after the third's early publish
         sampler.request_quick()
         time.sleep(0.5)
-    finally:
-        sampler.stop()
     kinds = [(kind, settling) for kind, settling, _ in scoped.published if kind != "full"]
     assert kinds[:7] == [("early", False), ("quick", True)] * 2 + [("early", False)] * 2 + [("quick", True)], \
         scoped.published
@@ -475,16 +483,9 @@ class PartlyPatched(PodScoped):
 
 def test_a_quick_run_with_names_the_early_publish_could_not_patch_is_urgent():
     """Names nobody has seen yet make the quick run urgent for the render, not settling."""
-    scoped = PartlyPatched("scoped", event_driven=True)
-    scoped.schedule = "inventory"
-    sampler = Sampler([scoped], poll_interval=0.05, inventory_interval=60)
-    sampler.subscribe(scoped.observe)
-    sampler.start()
-    try:
+    with sampling(PartlyPatched) as (scoped, sampler):
         time.sleep(0.15)
         sampler.request_quick()
         time.sleep(0.3)
-    finally:
-        sampler.stop()
     kinds = [(kind, settling) for kind, settling, _ in scoped.published if kind != "full"]
     assert kinds[:2] == [("early", False), ("quick", False)], scoped.published
