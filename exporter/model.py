@@ -121,8 +121,12 @@ class ModelStep:
 
     def on_change(self, listener: Callable[[bool], None]) -> None:
         """Called after every change (the exposition renders again, coalesced), with whether
-        it is urgent: an event-driven run's result, which someone is waiting to see (not one
-        that settles what an early publish showed)."""
+        it is urgent: an event-driven segments run's result, new names someone is waiting to
+        see (not one that settles what an early publish showed). The mounts' statvfs after the
+        same events is not: it rides on that render, or the next within the coalesce time. As
+        a render of its own, it came on top of each event's (10 creates a second over 200 pods:
+        13.8 renders a second, past the render duty cycle, and detection p99 303 ms; 149 ms
+        without)."""
         self._listeners.append(listener)
 
     def mark_stale(self) -> None:
@@ -174,7 +178,7 @@ class ModelStep:
                 self._latest[obs.source] = latest
             self._stale = True
         for listener in self._listeners:
-            listener(not obs.full and not obs.settling)
+            listener(obs.source == "segments" and not obs.full and not obs.settling)
 
     def _count_kill(self, kill: OomKill) -> None:
         """Count one kill under its pod's cgroup (node mode) or its own, and log it once with

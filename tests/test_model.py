@@ -165,3 +165,29 @@ def test_effective_size_is_absent_while_the_memory_limit_is_unknown(tmp_path):
     assert reg.get_sample_value("shmwatch_mount_effective_size_bytes", {"mount": str(shm)}) is None
     reg, _ = registry_for(ShmMountCollector(Paths(), [str(shm)]), broken, memory_limit=1 << 20)
     assert reg.get_sample_value("shmwatch_mount_effective_size_bytes", {"mount": str(shm)}) == 1 << 20
+
+
+def test_only_new_names_make_an_urgent_render(tmp_path):
+    """Urgent (rendered within 20 ms, not coalesced for 100 ms): what an event-driven segments
+    run found. The same events' statvfs run, a full run and a run settling an early publish
+    ride on some other render: as renders of their own they doubled the renders per event."""
+    from exporter.collectors.segments import SegmentsCollector
+    from exporter.collectors.shm_mount import ShmMountCollector
+    from tests.helpers import registry_for
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    (shm / "psm_new").write_bytes(b"x" * 4096)
+    _, harness = registry_for(SegmentsCollector(Paths(), [str(shm)]), ShmMountCollector(Paths(), [str(shm)]))
+    flags = []
+    harness.step.on_change(flags.append)
+    urgent = {}
+    for name, full, settling in (("segments", False, False), ("shm_mount", False, False), ("segments", True, False),
+                                 ("shm_mount", True, False), ("segments", False, True)):
+        flags.clear()
+        harness.sampler.runners[name].run_once(full=full, settling=settling)
+        assert flags, f"{name}: no change reported"
+        urgent[(name, full, settling)] = any(flags)
+    assert urgent == {("segments", False, False): True, ("shm_mount", False, False): False,
+                      ("segments", True, False): False, ("shm_mount", True, False): False,
+                      ("segments", False, True): False}
