@@ -50,9 +50,11 @@ def serve(argv: List[str]) -> int:
     cfg = parse_args(argv)
     from . import logs
     logs.setup(cfg.log_level, cfg.log_format)
+    from . import gc_tuning
     from .app import App
     from .server import bind, bound_address, make_app, serve_in_thread, url_host
 
+    gc_tuning.tune()
     web = _web_config(cfg)
     app = App(cfg)
     try:
