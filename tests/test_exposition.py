@@ -11,13 +11,14 @@ from wsgiref.util import setup_testing_defaults
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.exposition import choose_encoder, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4 as CONTENT_TYPE_TEXT, choose_encoder, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.collectors.host_memory import HostMemoryCollector
-from exporter.exposition import Exposition, _Frozen, openmetrics_format, text_format, wait_rendered
+from exporter.bodies import Frozen, openmetrics_format, text_format
+from exporter.exposition import Exposition, wait_rendered
 from exporter.paths import Paths
 from exporter.sample_lines import format_line, line_template
 from tests.conftest import FIXTURES, Exporter
@@ -74,7 +75,7 @@ def test_scrapes_serve_one_render_until_the_model_changes():
         assert b'shmwatch_segment_events_total{class="nccl",event="created",mount="/dev/shm"} 1.0' in body
         # Lines reused from the last render (families.LineCache) still make generate_latest's bytes,
         # in both formats.
-        frozen = _Frozen(list(exposition.latest().frozen.collect()))
+        frozen = Frozen(list(exposition.latest().frozen.collect()))
         assert body == generate_latest(frozen)
         assert get(exposition.wsgi_app, accept=PROMETHEUS_ACCEPT)[2] == openmetrics.generate_latest(frozen)
     finally:
@@ -188,8 +189,8 @@ def test_both_formats_are_generate_latest_byte_for_byte(families, doc):
         for values, value in samples:
             family.add_metric(values[:nlabels], value)
         metrics.append(family)
-    assert openmetrics_format(metrics) == openmetrics.generate_latest(_Frozen(metrics))
-    assert text_format(metrics) == generate_latest(_Frozen(metrics))
+    assert openmetrics_format(metrics) == openmetrics.generate_latest(Frozen(metrics))
+    assert text_format(metrics) == generate_latest(Frozen(metrics))
 
 
 
@@ -205,8 +206,8 @@ def test_a_line_from_its_template_is_generate_latests_whatever_the_label_order(n
     for values, value in samples:
         family.add_metric(values, value)
         lines.append(format_line(line_template(family.samples[-1].name, tuple(names)), values, value))
-    header = "".join(generate_latest(_Frozen([kind("m_bytes", "doc", labels=names)])).decode())
-    assert (header + "".join(lines)).encode() == generate_latest(_Frozen([family]))
+    header = "".join(generate_latest(Frozen([kind("m_bytes", "doc", labels=names)])).decode())
+    assert (header + "".join(lines)).encode() == generate_latest(Frozen([family]))
 
 ACCEPTS = [None, "", "*/*", PROMETHEUS_ACCEPT, "application/openmetrics-text", "application/openmetrics-text; version=1.0.0",
            "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8", "application/openmetrics-text;version=0.0.1",
@@ -229,7 +230,7 @@ def test_every_accept_header_gets_what_prometheus_client_would_send():
             assert (gzip.decompress(body) if encoding else body) == encoder(registry), accept
     # Only the formats it makes itself are made again by every render (a bounded set).
     assert (OPENMETRICS + "; escaping=underscores", True) in exposition._wanted
-    assert not any("dots" in content_type or "2.0.0" in content_type for content_type, _ in exposition._wanted)
+    assert not any("dots" in content_type or "2.0.0" in content_type for content_type, _ in exposition._wanted.keys())
 
 
 def test_openmetrics_and_its_gzip_are_made_by_the_render_not_by_scrapes():
@@ -254,6 +255,62 @@ def test_openmetrics_and_its_gzip_are_made_by_the_render_not_by_scrapes():
         assert render.built == built and exposition.latest() is render
         assert gzip.decompress(made["gzip"]) == made[None]
         assert b'shmwatch_segment_events_total{class="nccl",event="created",mount="/dev/shm"} 1.0' in made[None]
+    finally:
+        exposition.stop()
+
+
+def test_renders_stop_making_a_body_nobody_asks_for_any_more(monkeypatch):
+    """A human's one curl for the text format beside a scraper of gzip'd OpenMetrics: once the
+    text body has gone unasked for WANTED_GAPS of its intervals (WANTED_FOR_SECONDS at least),
+    renders make only what is still asked for; the next scrape that wants it makes it and
+    asks for it again."""
+    from exporter import bodies
+    monkeypatch.setattr(bodies, "WANTED_FOR_SECONDS", 0.5)
+    _, harness, exposition = fixture_exposition()
+    exposition.start()
+    text, openmetrics_gzip = (CONTENT_TYPE_TEXT, False), (OPENMETRICS + "; escaping=underscores", True)
+
+    def render_after_a_change():
+        harness.state.count_event("/dev/shm", "nccl", "created")
+        assert wait_rendered(exposition)
+        return exposition.latest()
+
+    try:
+        get(exposition.wsgi_app)  # the curl, once
+        get(exposition.wsgi_app, accept=PROMETHEUS_ACCEPT, encoding="gzip")
+        assert set(render_after_a_change().bodies) >= {text, openmetrics_gzip}
+        deadline = time.monotonic() + 0.7  # past the text body's 0.5 s; the scraper goes on
+        while time.monotonic() < deadline:
+            get(exposition.wsgi_app, accept=PROMETHEUS_ACCEPT, encoding="gzip")
+            time.sleep(0.1)
+        bodies = render_after_a_change().bodies
+        assert openmetrics_gzip in bodies and text not in bodies
+        assert text not in exposition._wanted
+        time.sleep(0.6)  # the scraper gone too: renders make the default, the text format
+        assert set(render_after_a_change().bodies) == {text}
+        status, headers, body = get(exposition.wsgi_app, accept=PROMETHEUS_ACCEPT, encoding="gzip")
+        assert status == "200 OK" and gzip.decompress(body).endswith(b"# EOF\n")
+        assert openmetrics_gzip in render_after_a_change().bodies
+    finally:
+        exposition.stop()
+
+
+def test_a_body_is_kept_for_three_of_its_scrapers_intervals(monkeypatch):
+    """A scraper every 0.4 s (a 5-minute one, scaled down) keeps its body made for 1.2 s after
+    its last scrape, past WANTED_FOR_SECONDS."""
+    from exporter import bodies
+    monkeypatch.setattr(bodies, "WANTED_FOR_SECONDS", 0.2)
+    _, harness, exposition = fixture_exposition()
+    exposition.start()
+    openmetrics_gzip = (OPENMETRICS + "; escaping=underscores", True)
+    try:
+        for _ in range(2):
+            get(exposition.wsgi_app, accept=PROMETHEUS_ACCEPT, encoding="gzip")
+            time.sleep(0.4)
+        time.sleep(0.3)  # 0.7 s after its last scrape: past 0.2 s, within 3 x 0.4 s
+        harness.state.count_event("/dev/shm", "nccl", "created")
+        assert wait_rendered(exposition)
+        assert openmetrics_gzip in exposition.latest().bodies
     finally:
         exposition.stop()
 

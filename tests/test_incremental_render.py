@@ -7,7 +7,7 @@ import time
 
 from exporter.collectors.segments import SegmentsCollector
 from exporter.collectors.shm_mount import ShmMountCollector
-from exporter.exposition import text_format
+from exporter.bodies import text_format
 from exporter.inventory.changes import ChangeLog
 from exporter.metrics import ModelCollector
 from exporter.paths import Paths
@@ -193,7 +193,7 @@ def test_fragments_replay_by_runs_and_make_what_a_render_from_nothing_makes():
     replays that mount's run fragment by fragment and keeps the others merged,
     and makes what a render from an empty cache makes, through a change, a mount gone from
     the front (every run shifts) and a fragment that adds a family the others lack."""
-    from exporter.exposition import text_format
+    from exporter.bodies import text_format
     from exporter.families import RUN, Families, FragmentCache, LineCache
 
     def one(out, mount, value):
