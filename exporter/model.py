@@ -117,6 +117,9 @@ class ModelStep:
         self._model: Optional[Model] = None
         self._stale = True
         self._listeners: List[Callable[[bool], None]] = []
+        # Whose event-driven runs are urgent: the segments inventory's (new names); without it
+        # (--no-collector.segments) the statvfs run's, then all there is to see of an event.
+        self._urgent_source = "segments" if "segments" in self.source_names else "shm_mount"
         state.on_change(self.mark_stale)
 
     def on_change(self, listener: Callable[[bool], None]) -> None:
@@ -178,7 +181,7 @@ class ModelStep:
                 self._latest[obs.source] = latest
             self._stale = True
         for listener in self._listeners:
-            listener(obs.source == "segments" and not obs.full and not obs.settling)
+            listener(obs.source == self._urgent_source and not obs.full and not obs.settling)
 
     def _count_kill(self, kill: OomKill) -> None:
         """Count one kill under its pod's cgroup (node mode) or its own, and log it once with

@@ -191,3 +191,21 @@ def test_only_new_names_make_an_urgent_render(tmp_path):
     assert urgent == {("segments", False, False): True, ("shm_mount", False, False): False,
                       ("segments", True, False): False, ("shm_mount", True, False): False,
                       ("segments", False, True): False}
+
+
+def test_without_the_segments_collector_the_statvfs_event_run_is_urgent(tmp_path):
+    """--no-collector.segments: the mount's statvfs after an event is all there is to see (a
+    filled /dev/shm), and no segments run will bring it to a render within 20 ms."""
+    from exporter.collectors.shm_mount import ShmMountCollector
+    from tests.helpers import registry_for
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    _, harness = registry_for(ShmMountCollector(Paths(), [str(shm)]))
+    flags = []
+    harness.step.on_change(flags.append)
+    harness.sampler.runners["shm_mount"].run_once(full=False)
+    assert any(flags), "an event-driven statvfs run with no segments collector was not urgent"
+    flags.clear()
+    harness.sampler.runners["shm_mount"].run_once(full=True)
+    assert flags and not any(flags)
