@@ -30,6 +30,8 @@ GZIP_LEVEL = 1
 # wants it makes it, as the first one did.
 WANTED_GAPS = 3.0
 WANTED_FOR_SECONDS = 30.0
+# Scrapers remembered per body (as scrape_clock.py's table): a scan of the port must not grow it.
+MAX_SCRAPERS = 64
 
 
 def _sample_chunks(metrics: List[object], blocks: Optional[GzipBlocks] = None) -> Optional[List[List[str]]]:
@@ -183,11 +185,13 @@ class WantedBodies:
     """(content type, gzip) -> encoder of each body a scrape asked for lately (WANTED_GAPS):
     each render makes these. Only formats of our own formatters are remembered: a bounded
     set (the content type carries the Accept header's version, which a client could vary
-    without end)."""
+    without end). Lately is by scraper (address and user agent, as scrape_clock.py): an HA
+    pair's replicas ask seconds apart, and that gap is not either one's interval."""
 
     def __init__(self) -> None:
         self._encoders: Dict[Tuple[str, bool], Callable] = {}
-        self._asked: Dict[Tuple[str, bool], Tuple[float, float]] = {}  # when last, and the gap before
+        # by body, by scraper: when it last asked, and the gap before
+        self._asked: Dict[Tuple[str, bool], Dict[str, Tuple[float, float]]] = {}
         self._lock = threading.Lock()  # scrapes ask from their threads; the render thread forgets
 
     def __contains__(self, key: Tuple[str, bool]) -> bool:
@@ -196,20 +200,26 @@ class WantedBodies:
     def keys(self) -> List[Tuple[str, bool]]:
         return list(self._encoders)
 
-    def asked(self, key: Tuple[str, bool], encoder: Callable) -> None:
+    def asked(self, key: Tuple[str, bool], encoder: Callable, who: str = "") -> None:
         if fast_kind(encoder) is None:
             return
         now = time.monotonic()
         with self._lock:
-            last = self._asked.get(key)
-            self._asked[key] = (now, now - last[0] if last else 0.0)
+            scrapers = self._asked.setdefault(key, {})
+            last = scrapers.get(who)
+            if last is None and len(scrapers) >= MAX_SCRAPERS:  # a scan of the port: the stalest goes
+                del scrapers[min(scrapers, key=lambda w: scrapers[w][0])]
+            scrapers[who] = (now, now - last[0] if last else 0.0)
             self._encoders.setdefault(key, encoder)
 
     def current(self) -> List[Tuple[Tuple[str, bool], Callable]]:
         """The bodies asked for lately; the others are forgotten."""
         now = time.monotonic()
         with self._lock:
-            for key, (at, gap) in list(self._asked.items()):
-                if now - at > max(WANTED_FOR_SECONDS, WANTED_GAPS * gap):
+            for key, scrapers in list(self._asked.items()):
+                for who, (at, gap) in list(scrapers.items()):
+                    if now - at > max(WANTED_FOR_SECONDS, WANTED_GAPS * gap):
+                        del scrapers[who]
+                if not scrapers:
                     del self._asked[key], self._encoders[key]
             return list(self._encoders.items())

@@ -203,7 +203,8 @@ class Exposition:
         if method != "GET":
             start_response("405 Method Not Allowed", [("Allow", "OPTIONS,GET")])
             return [f"# HTTP 405 Method Not Allowed: {method}; use OPTIONS or GET\n".encode()]
-        self.clock.scraped(f'{environ.get("REMOTE_ADDR", "")} {environ.get("HTTP_USER_AGENT", "")}')
+        scraper = f'{environ.get("REMOTE_ADDR", "")} {environ.get("HTTP_USER_AGENT", "")}'
+        self.clock.scraped(scraper)
         encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT"))
         gzipped = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING"))
         names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
@@ -217,7 +218,7 @@ class Exposition:
         else:
             # The first scrape to want a body makes it from the render's sample lines (once
             # for this render); later renders make it before they are served.
-            self._wanted.asked((content_type, gzipped), encoder)
+            self._wanted.asked((content_type, gzipped), encoder, scraper)
             body = self.latest().body(encoder, content_type, gzipped)
         headers = [("Content-Type", content_type)]
         if gzipped:

@@ -315,6 +315,31 @@ def test_a_body_is_kept_for_three_of_its_scrapers_intervals(monkeypatch):
         exposition.stop()
 
 
+def test_an_ha_pairs_body_is_kept_between_its_scrapes(monkeypatch):
+    """Two Prometheus replicas scrape every 0.6 s (a 1-minute interval, scaled down), the
+    second 0.05 s after the first. Each keeps the body for three of its own intervals: the
+    gap between the pair's last two asks (0.05 s) let it be forgotten before every scrape of
+    the first replica, which then made it itself."""
+    from exporter import bodies
+    monkeypatch.setattr(bodies, "WANTED_FOR_SECONDS", 0.3)
+    _, harness, exposition = fixture_exposition()
+    exposition.start()
+    openmetrics_gzip = (OPENMETRICS + "; escaping=underscores", True)
+    replicas = [("10.0.0.1", "Prometheus/2.45.0"), ("10.0.0.2", "Prometheus/2.45.0")]
+    try:
+        start = time.monotonic()
+        for at in (0.0, 0.6):
+            for offset, client in zip((0.0, 0.05), replicas):
+                time.sleep(max(0.0, start + at + offset - time.monotonic()))
+                get(exposition.wsgi_app, accept=PROMETHEUS_ACCEPT, encoding="gzip", client=client)
+        time.sleep(max(0.0, start + 1.15 - time.monotonic()))  # just before the first replica's next scrape
+        harness.state.count_event("/dev/shm", "nccl", "created")
+        assert wait_rendered(exposition)
+        assert openmetrics_gzip in exposition.latest().bodies
+    finally:
+        exposition.stop()
+
+
 def test_a_real_scrape_with_prometheus_accept_header_gets_openmetrics():
     with Exporter(f"--path.procfs={FIXTURES}/proc", f"--path.sysfs={FIXTURES}/sys", "--shm.mount=/dev/shm",
                   "--no-collector.gpu", "--no-collector.segments") as exporter:
