@@ -225,5 +225,5 @@ class Families:
             shape = _shape(name, self.node_mode)
             family = shape.kind(name, shape.help, labels=list(shape.labelnames))
             family.samples = samples
-            family.lines = lines  # the text format's line of each sample (exposition.text_format)
+            family.lines = lines  # the text format's line of each sample (bodies.text_format)
             yield family

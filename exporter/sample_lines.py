@@ -1,7 +1,7 @@
 """One sample line of the text format (0.0.4), as prometheus_client's generate_latest
 writes it: the same line in OpenMetrics 1.0.0 for the gauges and counters (legacy names, no
 timestamps, exemplars or units) this exporter makes. Shared by the renderer
-(families.Families, which formats as it goes) and the encoders (exposition.py)."""
+(families.Families, which formats as it goes) and the encoders (bodies.py)."""
 from __future__ import annotations
 
 import functools
