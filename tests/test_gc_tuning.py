@@ -60,3 +60,29 @@ def test_serving_makes_no_garbage_cycles(tmpfs):
         httpd.server_close()
     assert app.exposition.renders > 5
     assert garbage == 0, f"{garbage} objects in garbage cycles: gc_tuning's threshold assumes none"
+
+
+@needs_root
+def test_an_ipc_namespace_that_cannot_be_read_makes_no_garbage_cycle():
+    """Node mode's SysV run reads each pod's IPC namespace in a thread of its own; one it
+    cannot read (setns refused, /proc/sysvipc unreadable) is handed back as its error. Kept
+    with its traceback, that error held the thread's frame, and so the results holding it:
+    a cycle per namespace and run."""
+    from exporter.collectors.sysv import in_ipc_namespaces
+
+    def refused():
+        raise PermissionError(13, "Permission denied")
+
+    own = os.readlink("/proc/self/ns/ipc")
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        gc.collect()
+        read = in_ipc_namespaces([(own, ["/proc/self/ns/ipc"])], refused)
+        assert isinstance(read[own], PermissionError)
+        del read
+        garbage = gc.collect()
+    finally:
+        if enabled:
+            gc.enable()
+    assert garbage == 0, f"{garbage} objects in garbage cycles"

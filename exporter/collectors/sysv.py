@@ -15,6 +15,7 @@ nothing else: never an empty "all clear".
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
 import threading
@@ -105,9 +106,15 @@ def _read_int(path: str) -> Optional[int]:
         return None
 
 
+@functools.lru_cache(maxsize=None)
+def _libc() -> ctypes.CDLL:
+    # Loaded once: each CDLL makes a class of its own, a garbage cycle per namespace joined
+    # (a node's 200 every inventory run), left to the cyclic collector (gc_tuning.py).
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def _setns_ipc(fd: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.setns(fd, CLONE_NEWIPC) != 0:
+    if _libc().setns(fd, CLONE_NEWIPC) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
 
@@ -143,7 +150,9 @@ def in_ipc_namespaces(namespaces: List[Tuple[str, List[str]]], read: Callable[[]
                 if join(namespace, paths):
                     results[namespace] = read()
             except BaseException as err:  # handed to the caller's thread
-                results[namespace] = err
+                # without its traceback: that holds this frame, and so `results` (a cycle per
+                # namespace and run, left to the cyclic collector: gc_tuning.py)
+                results[namespace] = err.with_traceback(None)
     thread = threading.Thread(target=run, name="shmwatch-sysv-ns", daemon=True)
     thread.start()
     thread.join(timeout)
@@ -207,7 +216,7 @@ class SysvCollector:
             try:
                 shm = self.read() if namespace == own else read.get(namespace)
             except (OSError, ValueError) as err:
-                shm = err
+                shm = err.with_traceback(None)  # kept past the except: its traceback would hold this frame
             if isinstance(shm, (OSError, TimeoutError, ValueError, RuntimeError)):
                 out.append(SysvShm([], None, None, None, readable=False, error=str(shm), **labels))
                 continue
