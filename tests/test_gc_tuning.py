@@ -3,15 +3,19 @@ safe because serving makes no garbage cycles: this checks it on the real serve p
 its HTTP server, inotify events and quick runs on a real tmpfs, a peer holding segments,
 scrapes in both formats), with automatic collection off so nothing hides a cycle."""
 import gc
+import gzip
 import os
+import subprocess
 import time
+import uuid
 import urllib.request
 
 from exporter import gc_tuning
 from exporter.app import App
 from exporter.config import parse_args
 from exporter.server import bind, bound_address, make_app, serve_in_thread
-from tests.conftest import Peer, needs_root
+from tests.conftest import Peer, mounted_tmpfs, needs_root, remove_cgroup, stop_process
+from tests.test_scoped_owners import V1_MEMORY, into_pod, missing
 
 ACCEPTS = ("text/plain;version=0.0.4", "application/openmetrics-text;version=1.0.0")
 
@@ -28,27 +32,71 @@ def test_tune_raises_only_the_youngest_generations_threshold():
 
 @needs_root
 def test_serving_makes_no_garbage_cycles(tmpfs):
-    app = App(parse_args([f"--shm.mount={tmpfs}", "--no-collector.gpu", "--log.level=error"]))
+    serve_and_count_garbage(tmpfs, [f"--shm.mount={tmpfs}"], None)
+
+
+@needs_root
+def test_serving_a_node_makes_no_garbage_cycles(tmp_path):
+    """Node mode's own paths: discovery of a pod's volume, pod-scoped quick runs (the peer in
+    the pod's memory cgroup), full scans every second (with the early publishes of events
+    landing during them), SysV read in each IPC namespace (the pod's own, made by
+    `unshare --ipc`: 2226ecf's sidecar-only test missed a cycle per setns), cgroups and the
+    kernel log."""
+    if not os.path.exists(os.path.join(V1_MEMORY, "cgroup.procs")):
+        missing(f"needs the cgroup v1 memory controller at {V1_MEMORY} to put the peer in a pod cgroup")
+    uid = str(uuid.uuid4())
+    cgroup = os.path.join(V1_MEMORY, "kubepods", "burstable", f"pod{uid}")
+    path = f"{tmp_path}/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/dshm"
+    os.makedirs(cgroup)
+    try:
+        with mounted_tmpfs("16m", path=path), subprocess.Popen(["unshare", "--ipc", "sleep", "60"]) as sandbox:
+            try:
+                into_pod(cgroup, sandbox.pid)
+                host, deadline = os.readlink("/proc/self/ns/ipc"), time.monotonic() + 5
+                while (namespace := os.readlink(f"/proc/{sandbox.pid}/ns/ipc")) == host:  # unshare(2) not yet run
+                    assert time.monotonic() < deadline, "unshare --ipc made no namespace"
+                    time.sleep(0.01)
+                body, runs = serve_and_count_garbage(path, ["--mode=node", "--segments.full-scan-interval=1s",
+                                                      "--inventory-interval=1s"], cgroup)
+                # what it served came from those paths: the pod's volume, its own namespace, quick
+                # runs and early publishes (each settled by a quick run)
+                assert {(True, False), (False, False), (False, True)} <= runs, runs
+                assert (f'shmwatch_segments{{class="nccl",container_id="",mount="{path}",pod_uid="{uid}",'
+                        'state="linked"') in body
+                assert f'ipc_namespace="{namespace}",pod_uid="{uid}"' in body
+            finally:
+                stop_process(sandbox)
+    finally:
+        remove_cgroup(cgroup)
+
+
+def serve_and_count_garbage(mount, args, cgroup):
+    app = App(parse_args(args + ["--no-collector.gpu", "--log.level=error"]))
+    runs = set()  # what kinds of segments runs served
+    app.sampler.subscribe(lambda obs: runs.add((obs.full, obs.settling)) if obs.source == "segments" else None)
     httpd = bind("127.0.0.1", 0, make_app(app.registry, "/metrics", None, metrics_app=app.exposition.wsgi_app))
     serve_in_thread(httpd)
     url = "http://127.0.0.1:%d/metrics" % bound_address(httpd)[1]
     enabled = gc.isenabled()
     app.start()
     try:
-        with Peer(tmpfs, "mapped", "nccl-gc01", str(1 << 20)):
+        with Peer(mount, "mapped", "nccl-gc01", str(1 << 20)) as peer:
+            if cgroup:
+                into_pod(cgroup, peer.pid)
             assert app.sampler.wait_for_first_run(10)
             time.sleep(1.0)  # past start-up: the first runs and renders
             gc.disable()
             gc.collect()
             for i in range(40):  # creates and deletes: quick runs, renders, scrapes
-                path = os.path.join(tmpfs, f"psm_gc{i:03d}")
+                path = os.path.join(mount, f"psm_gc{i:03d}")
                 with open(path, "wb") as f:
                     f.write(b"x" * 4096)
                 if i % 3 == 0:
                     os.unlink(path)
                 request = urllib.request.Request(url, headers={"Accept": ACCEPTS[i % 2], "Accept-Encoding": "gzip"})
                 with urllib.request.urlopen(request, timeout=5) as response:
-                    assert response.status == 200 and response.read()
+                    assert response.status == 200
+                    body = gzip.decompress(response.read()).decode()
                 time.sleep(0.05)
             time.sleep(1.5)  # a poll, its render and a full inventory at least
             garbage = gc.collect()
@@ -60,6 +108,7 @@ def test_serving_makes_no_garbage_cycles(tmpfs):
         httpd.server_close()
     assert app.exposition.renders > 5
     assert garbage == 0, f"{garbage} objects in garbage cycles: gc_tuning's threshold assumes none"
+    return body, runs
 
 
 @needs_root
