@@ -186,12 +186,14 @@ class WantedBodies:
     each render makes these. Only formats of our own formatters are remembered: a bounded
     set (the content type carries the Accept header's version, which a client could vary
     without end). Lately is by scraper (address and user agent, as scrape_clock.py): an HA
-    pair's replicas ask seconds apart, and that gap is not either one's interval."""
+    pair's replicas ask seconds apart, and that gap is not either one's interval. And by the
+    longer of a scraper's last two gaps: a pair that looks like one (a proxy's address, one
+    Prometheus version) alternates the short gap with the long one."""
 
     def __init__(self) -> None:
         self._encoders: Dict[Tuple[str, bool], Callable] = {}
-        # by body, by scraper: when it last asked, and the gap before
-        self._asked: Dict[Tuple[str, bool], Dict[str, Tuple[float, float]]] = {}
+        # by body, by scraper: when it last asked, the gap before, and the gap before that
+        self._asked: Dict[Tuple[str, bool], Dict[str, Tuple[float, float, float]]] = {}
         self._lock = threading.Lock()  # scrapes ask from their threads; the render thread forgets
 
     def __contains__(self, key: Tuple[str, bool]) -> bool:
@@ -206,10 +208,10 @@ class WantedBodies:
         now = time.monotonic()
         with self._lock:
             scrapers = self._asked.setdefault(key, {})
-            last = scrapers.get(who)
+            last = scrapers.get(who)  # (at, gap before it, the gap before that)
             if last is None and len(scrapers) >= MAX_SCRAPERS:  # a scan of the port: the stalest goes
                 del scrapers[min(scrapers, key=lambda w: scrapers[w][0])]
-            scrapers[who] = (now, now - last[0] if last else 0.0)
+            scrapers[who] = (now, now - last[0], last[1]) if last else (now, 0.0, 0.0)
             self._encoders.setdefault(key, encoder)
 
     def current(self) -> List[Tuple[Tuple[str, bool], Callable]]:
@@ -217,8 +219,8 @@ class WantedBodies:
         now = time.monotonic()
         with self._lock:
             for key, scrapers in list(self._asked.items()):
-                for who, (at, gap) in list(scrapers.items()):
-                    if now - at > max(WANTED_FOR_SECONDS, WANTED_GAPS * gap):
+                for who, (at, gap, gap_before) in list(scrapers.items()):
+                    if now - at > max(WANTED_FOR_SECONDS, WANTED_GAPS * max(gap, gap_before)):
                         del scrapers[who]
                 if not scrapers:
                     del self._asked[key], self._encoders[key]

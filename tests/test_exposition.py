@@ -8,6 +8,7 @@ import urllib.parse
 import urllib.request
 from wsgiref.util import setup_testing_defaults
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -315,17 +316,20 @@ def test_a_body_is_kept_for_three_of_its_scrapers_intervals(monkeypatch):
         exposition.stop()
 
 
-def test_an_ha_pairs_body_is_kept_between_its_scrapes(monkeypatch):
+@pytest.mark.parametrize("second", [("10.0.0.2", "Prometheus/2.45.0"), ("10.0.0.1", "Prometheus/2.45.0")],
+                         ids=["apart", "behind-one-address"])
+def test_an_ha_pairs_body_is_kept_between_its_scrapes(monkeypatch, second):
     """Two Prometheus replicas scrape every 0.6 s (a 1-minute interval, scaled down), the
     second 0.05 s after the first. Each keeps the body for three of its own intervals: the
     gap between the pair's last two asks (0.05 s) let it be forgotten before every scrape of
-    the first replica, which then made it itself."""
+    the first replica, which then made it itself. Replicas that look like one scraper (one
+    address and version: a proxy, SNAT) keep it for three of the longer of its last two gaps."""
     from exporter import bodies
     monkeypatch.setattr(bodies, "WANTED_FOR_SECONDS", 0.3)
     _, harness, exposition = fixture_exposition()
     exposition.start()
     openmetrics_gzip = (OPENMETRICS + "; escaping=underscores", True)
-    replicas = [("10.0.0.1", "Prometheus/2.45.0"), ("10.0.0.2", "Prometheus/2.45.0")]
+    replicas = [("10.0.0.1", "Prometheus/2.45.0"), second]
     try:
         start = time.monotonic()
         for at in (0.0, 0.6):
