@@ -30,6 +30,9 @@ GZIP_LEVEL = 1
 # wants it makes it, as the first one did.
 WANTED_GAPS = 3.0
 WANTED_FOR_SECONDS = 30.0
+# And this long at most: a human's two curls an hour apart are not a scraper whose body
+# every render should make for three hours (three of the longest usual interval, 5 min).
+WANTED_AT_MOST_SECONDS = 900.0
 # Scrapers remembered per body (as scrape_clock.py's table): a scan of the port must not grow it.
 MAX_SCRAPERS = 64
 
@@ -220,7 +223,8 @@ class WantedBodies:
         with self._lock:
             for key, scrapers in list(self._asked.items()):
                 for who, (at, gap, gap_before) in list(scrapers.items()):
-                    if now - at > max(WANTED_FOR_SECONDS, WANTED_GAPS * max(gap, gap_before)):
+                    kept = min(WANTED_AT_MOST_SECONDS, max(WANTED_FOR_SECONDS, WANTED_GAPS * max(gap, gap_before)))
+                    if now - at > kept:
                         del scrapers[who]
                 if not scrapers:
                     del self._asked[key], self._encoders[key]

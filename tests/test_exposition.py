@@ -312,6 +312,12 @@ def test_a_body_is_kept_for_three_of_its_scrapers_intervals(monkeypatch):
         harness.state.count_event("/dev/shm", "nccl", "created")
         assert wait_rendered(exposition)
         assert openmetrics_gzip in exposition.latest().bodies
+        # WANTED_AT_MOST_SECONDS bounds it: two curls an hour apart are not a scraper.
+        monkeypatch.setattr(bodies, "WANTED_AT_MOST_SECONDS", 0.6)
+        time.sleep(0.1)  # 0.8 s after the last scrape
+        harness.state.count_event("/dev/shm", "nccl", "created")
+        assert wait_rendered(exposition)
+        assert openmetrics_gzip not in exposition.latest().bodies
     finally:
         exposition.stop()
 
