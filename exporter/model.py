@@ -126,10 +126,10 @@ class ModelStep:
         """Called after every change (the exposition renders again, coalesced), with whether
         it is urgent: an event-driven segments run's result, new names someone is waiting to
         see (not one that settles what an early publish showed). The mounts' statvfs after the
-        same events is not: it rides on that render, or the next within the coalesce time. As
-        a render of its own, it came on top of each event's (10 creates a second over 200 pods:
-        13.8 renders a second, past the render duty cycle, and detection p99 303 ms; 149 ms
-        without)."""
+        same events is not (unless it is all there is: _urgent_source): it rides on that
+        render, or the next within the coalesce time. As a render of its own, it came on top
+        of each event's (10 creates a second over 200 pods: 13.8 renders a second, past the
+        render duty cycle; detection p99 303 ms in an in-process harness, 149 ms without)."""
         self._listeners.append(listener)
 
     def mark_stale(self) -> None:
