@@ -216,16 +216,9 @@ class _Runner(threading.Thread):
         if now < self.duty.not_before or now - (self.first_event_at or now) < DEBOUNCE_SECONDS or \
                 self.sampler.scrape_due() is not None:
             return
-        self.quick_pending = False
-        self.first_event_at = None
+        self.quick_pending, self.first_event_at = False, None
         cpu = time.thread_time()
-        try:
-            result = self.source.collect_interim()
-        except Exception:  # the full run goes on; its walk of every mount is due anyway
-            log.exception("%s: interim run failed", self.source.name)
-            result = None
-        if result is not None:
-            self.sampler.publish(Observation(self.source.name, result, None, time.monotonic() - now, full=False))
+        self._publish_patched("interim run", self.source.collect_interim)
         self.duty.ran(now, time.thread_time() - cpu)
 
     def _early(self) -> None:
@@ -236,16 +229,23 @@ class _Runner(threading.Thread):
             return
         started, cpu = time.monotonic(), time.thread_time()
         self.early_shown = True  # before the drain: an event during it says otherwise
-        try:
-            result = self.source.collect_interim(early=True)
-        except Exception:  # the quick run goes on, and publishes what it finds
-            log.exception("%s: early publish failed", self.source.name)
-            result = None
-        if result is not None:
-            self.sampler.publish(Observation(self.source.name, result, None, time.monotonic() - started, full=False))
+        result = self._publish_patched("early publish", lambda: self.source.collect_interim(early=True))
         if result is None or getattr(self.source, "changes_pending", lambda: False)():  # names given back
             self.early_shown = False  # nobody saw those; only set False: a request_quick meanwhile stands
         self.early_duty.ran(started, time.thread_time() - cpu)
+
+    def _publish_patched(self, what: str, collect: Callable[[], object]) -> object:
+        """collect_interim's patched listings, published as an event-driven run's; None when nothing
+        could be patched, or it failed (logged; the full or quick run after it goes on regardless)."""
+        started = time.monotonic()
+        try:
+            result = collect()
+        except Exception:
+            log.exception("%s: %s failed", self.source.name, what)
+            return None
+        if result is not None:
+            self.sampler.publish(Observation(self.source.name, result, None, time.monotonic() - started, full=False))
+        return result
 
     def _serving(self, lead: float) -> Optional[float]:
         """The scrape a quick run starting now is made for: the next one, when it is due within
