@@ -116,7 +116,7 @@ def sidecar_rows(args):
         holders = inventory.start_holders(shm, names, 300, 10, work)
         try:
             from exporter.collectors.segments import SegmentsCollector
-            from exporter.paths import Paths
+            from exporter.host.paths import Paths
             collector = SegmentsCollector(Paths(), [shm])
             collector.collect()
             full, _ = inventory.timed(collector.collect, 10)

@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from exporter.collectors.segments import SegmentsCollector  # noqa: E402
-from exporter.paths import Paths  # noqa: E402
+from exporter.host.paths import Paths  # noqa: E402
 from tests.conftest import mounted_tmpfs  # noqa: E402
 
 PREFIXES = ("nccl-", "psm_", "torch_", "ucx_shm_posix_", "sem.", "vader_segment.", "plasma", "misc")

@@ -22,8 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from exporter.collectors.cgroup import CgroupCollector  # noqa: E402
 from exporter.collectors.segments import SegmentsCollector  # noqa: E402
 from exporter.collectors.shm_mount import ShmMountCollector  # noqa: E402
-from exporter.discovery import MountDiscovery  # noqa: E402
-from exporter.paths import Paths  # noqa: E402
+from exporter.collectors.discovery import MountDiscovery  # noqa: E402
+from exporter.host.paths import Paths  # noqa: E402
 
 V1 = "/sys/fs/cgroup/memory"
 

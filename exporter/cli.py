@@ -1,4 +1,5 @@
 """`shmwatch` (serve /metrics) and `shmwatch check` (one-shot diagnosis)."""
+
 from __future__ import annotations
 
 import logging
@@ -8,8 +9,8 @@ import sys
 import threading
 from typing import List, Optional
 
-from . import __version__
-from .config import fail, parse_args
+from exporter import __version__
+from exporter.config import fail, parse_args
 
 
 def _check_readable(flag: str, path: Optional[str]) -> None:
@@ -20,7 +21,12 @@ def _check_readable(flag: str, path: Optional[str]) -> None:
 
 def _web_config(cfg):
     """-> WebConfigSource or None; a bad config ends start-up with one line naming the flag."""
-    from .webconfig import TlsSettings, WebConfig, WebConfigError, WebConfigSource
+    from exporter.exposition.webconfig import (
+        TlsSettings,
+        WebConfig,
+        WebConfigError,
+        WebConfigSource,
+    )
 
     if cfg.web_config_file:
         _check_readable("--web.config.file", cfg.web_config_file)
@@ -34,39 +40,69 @@ def _web_config(cfg):
     _check_readable("--web.tls-cert-file", cfg.tls_cert_file)
     _check_readable("--web.tls-key-file", cfg.tls_key_file)
     _check_readable("--web.tls-client-ca-file", cfg.tls_client_ca_file)
-    tls = TlsSettings(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file,
-                      "RequireAndVerifyClientCert" if cfg.tls_client_ca_file else "NoClientCert")
+    tls = TlsSettings(
+        cfg.tls_cert_file,
+        cfg.tls_key_file,
+        cfg.tls_client_ca_file,
+        "RequireAndVerifyClientCert" if cfg.tls_client_ca_file else "NoClientCert",
+    )
     try:
         source = WebConfigSource(fixed=WebConfig(tls=tls))
     except WebConfigError as err:
-        flag = "--web.tls-client-ca-file" if "client_ca_file" in str(err) else "--web.tls-cert-file"
+        flag = (
+            "--web.tls-client-ca-file"
+            if "client_ca_file" in str(err)
+            else "--web.tls-cert-file"
+        )
         fail(flag, f"cannot load TLS certificate/key: {err}")
-    logging.getLogger("shmwatch").warning("--web.tls-* flags are deprecated: use --web.config.file "
-                                          "(tls_server_config)")
+    logging.getLogger("shmwatch").warning(
+        "--web.tls-* flags are deprecated: use --web.config.file (tls_server_config)"
+    )
     return source
 
 
 def serve(argv: List[str]) -> int:
     cfg = parse_args(argv)
-    from . import logs
+    from exporter.runtime import logs
+
     logs.setup(cfg.log_level, cfg.log_format)
-    from . import gc_tuning
-    from .app import App
-    from .server import bind, bound_address, make_app, serve_in_thread, url_host
+    from exporter.runtime import gc_tuning
+    from exporter.app import App
+    from exporter.exposition.http import (
+        bind,
+        bound_address,
+        make_app,
+        serve_in_thread,
+        url_host,
+    )
 
     gc_tuning.tune()
     web = _web_config(cfg)
     app = App(cfg)
     try:
-        httpd = bind(cfg.listen_host, cfg.listen_port,
-                     make_app(app.registry, cfg.telemetry_path, web, metrics_app=app.exposition.wsgi_app), web)
+        httpd = bind(
+            cfg.listen_host,
+            cfg.listen_port,
+            make_app(
+                app.registry,
+                cfg.telemetry_path,
+                web,
+                metrics_app=app.exposition.wsgi_app,
+            ),
+            web,
+        )
     except OSError as err:
-        fail("--web.listen-address", f"cannot listen on {url_host(cfg.listen_host)}:{cfg.listen_port}: "
-                                     f"{err.strerror or err}")
+        fail(
+            "--web.listen-address",
+            f"cannot listen on {url_host(cfg.listen_host)}:{cfg.listen_port}: "
+            f"{err.strerror or err}",
+        )
     done = threading.Event()
 
     def on_signal(signum, _frame) -> None:
-        logging.getLogger("shmwatch").info("received %s, shutting down", signal.Signals(signum).name)
+        logging.getLogger("shmwatch").info(
+            "received %s, shutting down", signal.Signals(signum).name
+        )
         done.set()
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -75,13 +111,21 @@ def serve(argv: List[str]) -> int:
     http_thread = serve_in_thread(httpd)
     host, port = bound_address(httpd)
     logging.getLogger("shmwatch").info(
-        "shmwatch %s listening on %s://%s:%d%s, watching %s", __version__, "https" if web and web.tls else "http",
-        url_host(host), port, cfg.telemetry_path, ", ".join(cfg.shm_mounts))
+        "shmwatch %s listening on %s://%s:%d%s, watching %s",
+        __version__,
+        "https" if web and web.tls else "http",
+        url_host(host),
+        port,
+        cfg.telemetry_path,
+        ", ".join(cfg.shm_mounts),
+    )
     while not done.wait(1):
         if not http_thread.is_alive():
             # A listener that died leaves a process that answers nothing: exit, so the
             # orchestrator restarts it, instead of hanging with the port still bound.
-            logging.getLogger("shmwatch").error("the HTTP server stopped unexpectedly; exiting")
+            logging.getLogger("shmwatch").error(
+                "the HTTP server stopped unexpectedly; exiting"
+            )
             app.stop()
             return 1
     httpd.shutdown()
@@ -93,7 +137,8 @@ def serve(argv: List[str]) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "check":
-        from .check import main as check_main
+        from exporter.check.report import main as check_main
+
         return check_main(argv[1:])
     return serve(argv)
 

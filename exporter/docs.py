@@ -3,27 +3,38 @@
     python3 -m exporter.docs README.md     # rewrite the tables in place
 tests/test_docs.py fails when the README's tables differ from what this prints.
 """
+
 from __future__ import annotations
 
 import re
 import sys
 
-from .catalogue import CATALOGUE
-from .config import COLLECTORS, FLAGS, NODE_DEFAULT_COLLECTORS, _env_name
+from exporter.model.catalogue import CATALOGUE
+from exporter.config import COLLECTORS, FLAGS, NODE_DEFAULT_COLLECTORS, _env_name
 
 
 def flags_table() -> str:
     rows = ["| flag | env | default | what |", "|---|---|---|---|"]
     for flag, _dest, _kind, default, text, repeatable in FLAGS:
-        shown = "/dev/shm" if flag == "--shm.mount" else (default if default is not None else "")
-        rows.append(f"| `{flag}`{' (repeatable)' if repeatable else ''} | `{_env_name(flag)}` | "
-                    f"{f'`{shown}`' if shown else '—'} | {text} |")
+        shown = (
+            "/dev/shm"
+            if flag == "--shm.mount"
+            else (default if default is not None else "")
+        )
+        rows.append(
+            f"| `{flag}`{' (repeatable)' if repeatable else ''} | `{_env_name(flag)}` | "
+            f"{f'`{shown}`' if shown else '—'} | {text} |"
+        )
     for name in COLLECTORS:
         flag = f"--collector.{name}"
         default = "on in node mode" if name in NODE_DEFAULT_COLLECTORS else "on"
-        rows.append(f"| `{flag}` / `--no-collector.{name}` | `{_env_name(flag)}` | {default} | "
-                    f"Enable or disable the {name} collector. |")
-    rows.append("| `--no-inotify` | `SHMWATCH_INOTIFY=false` | inotify on | Poll mounts instead of watching them. |")
+        rows.append(
+            f"| `{flag}` / `--no-collector.{name}` | `{_env_name(flag)}` | {default} | "
+            f"Enable or disable the {name} collector. |"
+        )
+    rows.append(
+        "| `--no-inotify` | `SHMWATCH_INOTIFY=false` | inotify on | Poll mounts instead of watching them. |"
+    )
     return "\n".join(rows)
 
 
@@ -46,7 +57,9 @@ def main(argv) -> int:
     path = argv[0] if argv else "README.md"
     with open(path) as f:
         text = f.read()
-    text = replace_block(replace_block(text, "flags", flags_table()), "metrics", metrics_table())
+    text = replace_block(
+        replace_block(text, "flags", flags_table()), "metrics", metrics_table()
+    )
     with open(path, "w") as f:
         f.write(text)
     return 0

@@ -3,12 +3,12 @@ from dataclasses import dataclass
 
 from prometheus_client.registry import CollectorRegistry
 
-from exporter.discovery import MountDiscovery
-from exporter.metrics import ModelCollector
-from exporter.model import ModelStep
-from exporter.paths import Paths
-from exporter.sampler import Sampler
-from exporter.state import StateStore
+from exporter.collectors.discovery import MountDiscovery
+from exporter.exposition.metrics import ModelCollector
+from exporter.model.step import ModelStep
+from exporter.host.paths import Paths
+from exporter.runtime.scheduler import Sampler
+from exporter.runtime.state import StateStore
 
 
 @dataclass

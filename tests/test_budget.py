@@ -1,7 +1,7 @@
 """The shm budget: what a mount can really hold once --shm.size-limit and the memory limit
 are counted, each bound tested on both sides so that dropping or double-counting one fails.
 
-The unit cases pin the formulas (exporter/budget.py); the end-to-end cases check that the
+The unit cases pin the formulas (exporter/model/budget.py); the end-to-end cases check that the
 flag reaches them, through /metrics and through `shmwatch check`.
 """
 import json
@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from exporter.budget import cgroups_by_pod, shm_budget
+from exporter.model.budget import cgroups_by_pod, shm_budget
 from exporter.collectors.cgroup import CgroupCollector, CgroupMemory
 from exporter.collectors.shm_mount import MountUsage
-from exporter.kube import pod_uid_of_mount
-from exporter.paths import Paths
+from exporter.host.kube import pod_uid_of_mount
+from exporter.host.paths import Paths
 from tests.conftest import REPO, Exporter, mounted_tmpfs, needs_root, remove_cgroup, value
 
 GiB, MiB = 1 << 30, 1 << 20

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from exporter.collectors.cgroup import CgroupCollector
-from exporter.paths import Paths
+from exporter.host.paths import Paths
 from tests.conftest import Exporter, mounted_tmpfs, needs_root, prerequisite_missing, remove_cgroup, value
 
 MiB = 1 << 20
@@ -203,7 +203,7 @@ def test_a_pod_removed_mid_walk_leaves_the_others(tmp_path):
     created and removed in a loop while node mode collects over and over; the stable pods
     are in every result and no collect fails."""
     import threading
-    from exporter.paths import Paths
+    from exporter.host.paths import Paths
     if not os.path.exists(os.path.join(V1_ROOT, "memory.usage_in_bytes")):
         pytest.skip("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
     base = os.path.join(V1_ROOT, "kubepods", "burstable")
@@ -253,7 +253,7 @@ def test_node_mode_walks_the_pod_cgroups_again_only_when_it_must(tmp_path, monke
     cost more than reading them); a pod whose shm mount appeared, or one that went away,
     makes the next poll walk again."""
     from exporter.collectors import cgroup as cgroup_mod
-    from exporter.paths import Paths
+    from exporter.host.paths import Paths
     if not os.path.exists(os.path.join(V1_ROOT, "memory.usage_in_bytes")):
         pytest.skip("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
     monkeypatch.setattr(cgroup_mod, "MISSING_REWALK_SECONDS", 0.0)

@@ -171,7 +171,7 @@ def test_usage_errors_are_64_not_2():
     assert check("--log", "/nonexistent/server.log").returncode == 64
 
 
-# Sample lines in the real formats (sources cited in exporter/check.py's SIGNATURES).
+# Sample lines in the real formats (sources cited in exporter/check/report.py's SIGNATURES).
 SAMPLES = {
     "nccl_shm_create": "node1:9621:9688 [3] misc/shmutils.cc:132 NCCL WARN Error while creating shared memory "
                        "segment /dev/shm/nccl-KWfVyt (size 9637888), error: No space left on device (28)",
@@ -193,7 +193,7 @@ SAMPLES = {
 
 
 def test_log_signatures(tmp_path):
-    from exporter.logscan import SIGNATURES, scan_log
+    from exporter.check.logscan import SIGNATURES, scan_log
     assert set(SAMPLES) == {name for name, _, _, _ in SIGNATURES}
     log = tmp_path / "server.log"
     log.write_text("INFO starting\n" + "\n".join(SAMPLES.values()) + "\nINFO fine\n")

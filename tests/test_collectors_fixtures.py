@@ -7,12 +7,12 @@ from collections import namedtuple
 import pytest
 from prometheus_client import generate_latest
 
-from exporter.catalogue import BY_NAME
+from exporter.model.catalogue import BY_NAME
 from exporter.collectors.cgroup import CgroupCollector
 from exporter.collectors.host_memory import HostMemoryCollector
 from exporter.collectors.shm_mount import ShmMountCollector
 from exporter.collectors.sysv import SysvCollector
-from exporter.paths import Paths
+from exporter.host.paths import Paths
 from tests.conftest import FIXTURES, REPO, promtool_check_metrics
 from tests.helpers import registry_for
 
@@ -102,7 +102,7 @@ def test_every_emitted_metric_is_in_the_catalogue_with_its_type():
     seen = 0
     for family in text_string_to_metric_families(text):
         entry = BY_NAME.get(family.name) or BY_NAME.get(family.name + "_total")
-        assert entry is not None, f"{family.name} is emitted but not in exporter/catalogue.py"
+        assert entry is not None, f"{family.name} is emitted but not in exporter/model/catalogue.py"
         assert entry.type == family.type, f"{family.name}: catalogue says {entry.type}, emitted {family.type}"
         for sample in family.samples:
             if sample.name.endswith("_created"):
@@ -131,7 +131,7 @@ def test_sysv_orphan_only_once_its_creator_is_gone():
     script = f"""
 import os, subprocess, sys
 from exporter.collectors.sysv import SysvCollector
-from exporter.paths import Paths
+from exporter.host.paths import Paths
 creator = subprocess.Popen([sys.executable, "-c", {SHM_CREATOR!r}], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                            text=True)
 shmid = int(creator.stdout.readline())

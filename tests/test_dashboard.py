@@ -4,7 +4,7 @@ import os
 import re
 
 
-from exporter.catalogue import BY_NAME
+from exporter.model.catalogue import BY_NAME
 from tests.conftest import REPO, Exporter, Peer, fallocate, mounted_tmpfs, needs_root
 from tests.live import Prometheus, fast_rules
 
@@ -79,7 +79,7 @@ def test_every_metric_is_in_the_catalogue():
         if v["type"] == "query":
             used |= metric_names(v["query"]["query"])
     unknown = sorted(n for n in used - {"ALERTS"} - recorded() if n not in BY_NAME)
-    assert not unknown, f"dashboard uses metrics not in exporter/catalogue.py nor recorded by our rules: {unknown}"
+    assert not unknown, f"dashboard uses metrics not in exporter/model/catalogue.py nor recorded by our rules: {unknown}"
     assert "shmwatch_top_segment_bytes" in used
 
 

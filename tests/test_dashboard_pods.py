@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from exporter.catalogue import CATALOGUE, node_labels
+from exporter.model.catalogue import CATALOGUE, node_labels
 from tests.conftest import REPO
 from tests.live import Prometheus
 from tests.test_dashboard import load, panels

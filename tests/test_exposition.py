@@ -18,10 +18,10 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.collectors.host_memory import HostMemoryCollector
-from exporter.bodies import Frozen, openmetrics_format, text_format
-from exporter.exposition import Exposition, wait_rendered
-from exporter.paths import Paths
-from exporter.sample_lines import format_line, line_template
+from exporter.exposition.bodies import Frozen, openmetrics_format, text_format
+from exporter.exposition.render import Exposition, wait_rendered
+from exporter.host.paths import Paths
+from exporter.exposition.sample_lines import format_line, line_template
 from tests.conftest import FIXTURES, Exporter
 from tests.helpers import registry_for
 from tests.live import Prometheus
@@ -265,7 +265,7 @@ def test_renders_stop_making_a_body_nobody_asks_for_any_more(monkeypatch):
     text body has gone unasked for WANTED_GAPS of its intervals (WANTED_FOR_SECONDS at least),
     renders make only what is still asked for; the next scrape that wants it makes it and
     asks for it again."""
-    from exporter import bodies
+    from exporter.exposition import bodies
     monkeypatch.setattr(bodies, "WANTED_FOR_SECONDS", 0.5)
     _, harness, exposition = fixture_exposition()
     exposition.start()
@@ -299,7 +299,7 @@ def test_renders_stop_making_a_body_nobody_asks_for_any_more(monkeypatch):
 def test_a_body_is_kept_for_three_of_its_scrapers_intervals(monkeypatch):
     """A scraper every 0.4 s (a 5-minute one, scaled down) keeps its body made for 1.2 s after
     its last scrape, past WANTED_FOR_SECONDS."""
-    from exporter import bodies
+    from exporter.exposition import bodies
     monkeypatch.setattr(bodies, "WANTED_FOR_SECONDS", 0.2)
     _, harness, exposition = fixture_exposition()
     exposition.start()
@@ -330,7 +330,7 @@ def test_an_ha_pairs_body_is_kept_between_its_scrapes(monkeypatch, second):
     gap between the pair's last two asks (0.05 s) let it be forgotten before every scrape of
     the first replica, which then made it itself. Replicas that look like one scraper (one
     address and version: a proxy, SNAT) keep it for three of the longer of its last two gaps."""
-    from exporter import bodies
+    from exporter.exposition import bodies
     monkeypatch.setattr(bodies, "WANTED_FOR_SECONDS", 0.3)
     _, harness, exposition = fixture_exposition()
     exposition.start()

@@ -1,4 +1,4 @@
-"""exporter/gc_tuning.py runs the cyclic collector only after 50,000 net new objects. That is
+"""exporter/runtime/gc_tuning.py runs the cyclic collector only after 50,000 net new objects. That is
 safe because serving makes no garbage cycles: this checks it on the real serve path (an App,
 its HTTP server, inotify events and quick runs on a real tmpfs, a peer holding segments,
 scrapes in both formats), with automatic collection off so nothing hides a cycle."""
@@ -10,10 +10,10 @@ import time
 import uuid
 import urllib.request
 
-from exporter import gc_tuning
+from exporter.runtime import gc_tuning
 from exporter.app import App
 from exporter.config import parse_args
-from exporter.server import bind, bound_address, make_app, serve_in_thread
+from exporter.exposition.http import bind, bound_address, make_app, serve_in_thread
 from tests.conftest import Peer, mounted_tmpfs, needs_root, remove_cgroup, stop_process
 from tests.test_scoped_owners import V1_MEMORY, into_pod, missing
 

@@ -1,4 +1,4 @@
-"""Gzip from blocks compressed once (exporter/gzip_blocks.py): what any gzip reader gets is
+"""Gzip from blocks compressed once (exporter/exposition/gzip_blocks.py): what any gzip reader gets is
 the body, and a render compresses only the blocks that changed since the last one."""
 import gzip
 import zlib
@@ -6,7 +6,7 @@ import zlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.gzip_blocks import GzipBlocks, blocks_of
+from exporter.exposition.gzip_blocks import GzipBlocks, blocks_of
 
 lines = st.lists(st.text(max_size=40).map(lambda t: t.replace("\n", "") + "\n"), max_size=300)
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from exporter.collectors.segments import SegmentsCollector
-from exporter.paths import Paths
+from exporter.host.paths import Paths
 from tests.conftest import (HOST_EXCUSED_RE, Exporter, fallocate, mounted_tmpfs, needs_root, promtool_check_metrics,
                             select, value)
 

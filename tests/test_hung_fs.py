@@ -12,7 +12,7 @@ import time
 import pytest
 
 from exporter.collectors.segments import SegmentsCollector
-from exporter.paths import Paths
+from exporter.host.paths import Paths
 from tests.conftest import Peer, mounted_tmpfs, needs_root
 
 SERVER = r'''

@@ -7,11 +7,11 @@ import time
 
 from exporter.collectors.segments import SegmentsCollector
 from exporter.collectors.shm_mount import ShmMountCollector
-from exporter.bodies import text_format
+from exporter.exposition.bodies import text_format
 from exporter.inventory.changes import ChangeLog
-from exporter.metrics import ModelCollector
-from exporter.paths import Paths
-from exporter.proctable import ProcessTable
+from exporter.exposition.metrics import ModelCollector
+from exporter.host.paths import Paths
+from exporter.host.proctable import ProcessTable
 from tests.conftest import HOST_EXCUSED_RE, Peer, fallocate, mounted_tmpfs, needs_root
 from tests.helpers import registry_for
 
@@ -193,8 +193,8 @@ def test_fragments_replay_by_runs_and_make_what_a_render_from_nothing_makes():
     replays that mount's run fragment by fragment and keeps the others merged,
     and makes what a render from an empty cache makes, through a change, a mount gone from
     the front (every run shifts) and a fragment that adds a family the others lack."""
-    from exporter.bodies import text_format
-    from exporter.families import RUN, Families, FragmentCache, LineCache
+    from exporter.exposition.bodies import text_format
+    from exporter.exposition.families import RUN, Families, FragmentCache, LineCache
 
     def one(out, mount, value):
         out.add("shmwatch_mount_used_bytes", [mount], value)

@@ -43,8 +43,8 @@ def test_a_quick_run_measures_only_the_mounts_inotify_saw_change():
     The mount an event touched is measured again; the others keep the poll's figures until
     the next poll."""
     from exporter.collectors.shm_mount import ShmMountCollector
-    from exporter.paths import Paths
-    from exporter.state import StateStore
+    from exporter.host.paths import Paths
+    from exporter.runtime.state import StateStore
     state = StateStore()
     with mounted_tmpfs("8m") as a, mounted_tmpfs("8m") as b:
         collector = ShmMountCollector(Paths(), [a, b], touched=state.drain_touched)
@@ -65,7 +65,7 @@ def test_a_poll_keeps_an_unchanged_mounts_usage_and_measures_a_changed_one_again
     keeps its usage object, also when other mounts came or went; a write shows at the next
     poll all the same."""
     from exporter.collectors.shm_mount import ShmMountCollector
-    from exporter.paths import Paths
+    from exporter.host.paths import Paths
     collector = ShmMountCollector(Paths(), [tmpfs])
     [first] = collector.collect()
     with mounted_tmpfs("1m"):  # the mount table changed (a pod came): this mount's entry did not

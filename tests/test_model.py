@@ -7,8 +7,8 @@ import subprocess
 import sys
 import uuid
 
-from exporter.discovery import MountDiscovery
-from exporter.paths import Paths
+from exporter.collectors.discovery import MountDiscovery
+from exporter.host.paths import Paths
 from tests.conftest import REPO, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, select, value
 
 MiB = 1 << 20
@@ -101,8 +101,7 @@ def test_check_judges_by_the_rules_thresholds():
 
     import yaml
 
-    from exporter import thresholds as T
-
+    from exporter.check import thresholds as T
     with open(os.path.join(REPO, "deploy", "prometheus", "shmwatch-rules.yml")) as f:
         rules = {r["alert"]: r["expr"] for g in yaml.safe_load(f)["groups"] for r in g["rules"] if "alert" in r}
     expected = {
@@ -114,13 +113,13 @@ def test_check_judges_by_the_rules_thresholds():
     }
     for alert, (op, number) in expected.items():
         found = [float(x) for x in re.findall(re.escape(op) + r"\s*([0-9.]+)", rules[alert])]
-        assert number in found, f"{alert}: rule says {rules[alert]!r}, exporter/thresholds.py says {op} {number}"
+        assert number in found, f"{alert}: rule says {rules[alert]!r}, exporter/check/thresholds.py says {op} {number}"
 
 
 def test_a_failing_subscriber_does_not_stop_a_source():
     """An exception in one subscriber (a bug in the watcher, say) must not end the source's
     thread, nor keep the other subscribers from the observation."""
-    from exporter.sampler import Sampler
+    from exporter.runtime.scheduler import Sampler
 
     class Counter:
         name, schedule = "counter", "poll"

@@ -8,12 +8,12 @@ import uuid
 
 import pytest
 
-from exporter.catalogue import BY_NAME, node_labels
+from exporter.model.catalogue import BY_NAME, node_labels
 from exporter.collectors.cgroup import CgroupCollector
 from exporter.collectors.shm_mount import ShmMountCollector
-from exporter.discovery import MountDiscovery, discover
-from exporter.mountinfo import MountIndex, MountTableWatch, parse_mountinfo, strip_rootfs
-from exporter.paths import Paths
+from exporter.collectors.discovery import MountDiscovery, discover
+from exporter.host.mountinfo import MountIndex, MountTableWatch, parse_mountinfo, strip_rootfs
+from exporter.host.paths import Paths
 from tests.conftest import (FIXTURES, REPO, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, prerequisite_missing,
                             remove_cgroup, select, value)
 
@@ -220,7 +220,7 @@ def test_mountinfo_is_read_again_only_when_the_mount_table_changed(tmp_path):
     os.mkdir(point)
     script = f"""
 import subprocess
-from exporter.mountinfo import MountTableWatch
+from exporter.host.mountinfo import MountTableWatch
 watch = MountTableWatch("/proc/self/mountinfo")
 first = watch.read_if_changed()
 assert first and watch.read_if_changed() is None, "read again unchanged"

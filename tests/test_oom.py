@@ -13,7 +13,7 @@ import pytest
 
 from exporter.collectors.cgroup import CgroupCollector
 from exporter.collectors.oom import OomReports, kmsg_records, parse_kmsg_record, parse_oom_kills
-from exporter.paths import Paths
+from exporter.host.paths import Paths
 from tests.conftest import REPO, Exporter, needs_root, remove_cgroup, select, value
 from tests.helpers import registry_for
 
@@ -221,10 +221,10 @@ def test_without_the_kernel_log_container_counts_are_kept_for_the_pod():
 def test_oom_series_never_go_down_while_the_pod_is_there():
     """A container's count gone with its cgroup, or one failed read of the pod's cgroup, must
     not lower the series: Prometheus would take 2 -> 1 for a reset and PodOomKilled would fire."""
-    from exporter.discovery import MountDiscovery
-    from exporter.model import ModelStep, OomCount
-    from exporter.paths import Paths
-    from exporter.state import StateStore
+    from exporter.collectors.discovery import MountDiscovery
+    from exporter.model.step import ModelStep, OomCount
+    from exporter.host.paths import Paths
+    from exporter.runtime.state import StateStore
 
     step = ModelStep([], MountDiscovery(Paths(), [], node_mode=True), StateStore())
     first = step._never_down({"/kubepods/podp": OomCount("/kubepods/podp", "p", 2)}, {"p"})
@@ -241,10 +241,10 @@ def test_oom_counts_made_again_when_a_count_moves_while_the_cgroups_stand():
     the same (a node's model is built for every event's render): a kill counted since, with
     the same cgroup reading, still shows at the next build."""
     from exporter.collectors.cgroup import CgroupMemory
-    from exporter.discovery import MountDiscovery
-    from exporter.model import ModelStep
-    from exporter.paths import Paths
-    from exporter.state import StateStore
+    from exporter.collectors.discovery import MountDiscovery
+    from exporter.model.step import ModelStep
+    from exporter.host.paths import Paths
+    from exporter.runtime.state import StateStore
 
     state = StateStore()
     step = ModelStep([], MountDiscovery(Paths(), [], node_mode=True), state)

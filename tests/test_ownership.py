@@ -107,7 +107,7 @@ def test_a_procfs_that_cannot_be_listed_proves_nothing(tmp_path):
     """No process seen is not 'no process holds it': the leak stays unverified, and the
     count of uninspected processes is unknown, so it is absent rather than 0."""
     from exporter.collectors.segments import SegmentsCollector
-    from exporter.paths import Paths
+    from exporter.host.paths import Paths
 
     shm = tmp_path / "shm"
     shm.mkdir()
@@ -168,8 +168,8 @@ def test_the_initial_pid_namespace_hides_no_workload(tmp_path):
     not to a pipe) hides nothing when it is the initial PID namespace: the kernel's fixed
     inode for it says so. A PID namespace made later, with the same processes, is a sidecar
     that sees none of the workload. Both must hold; the first failed CI twice."""
-    from exporter.paths import Paths
-    from exporter.proctable import ProcessTable
+    from exporter.host.paths import Paths
+    from exporter.host.proctable import ProcessTable
     initial = ProcessTable(Paths(procfs=_procfs_of_parents_only(tmp_path / "a", "pid:[4026531836]"))).walk()
     assert sorted(p.comm for p in initial.processes) == ["init", "shmwatch"] and initial.workload_visible
     later = ProcessTable(Paths(procfs=_procfs_of_parents_only(tmp_path / "b", "pid:[4026532198]"))).walk()

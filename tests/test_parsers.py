@@ -4,8 +4,8 @@ import os
 from exporter.collectors.cgroup import parse_flat_keyed, parse_limit, parse_proc_cgroup
 from exporter.collectors.host_memory import parse_meminfo
 from exporter.inventory.maps import parse_maps
-from exporter.proctable import parse_stat
-from exporter.mountinfo import find_mount, parse_mountinfo, size_option
+from exporter.host.proctable import parse_stat
+from exporter.host.mountinfo import find_mount, parse_mountinfo, size_option
 from exporter.collectors.sysv import parse_sysvipc_shm
 from tests.conftest import FIXTURES
 

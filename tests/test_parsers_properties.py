@@ -13,16 +13,16 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from exporter.check import human, k8s_size
+from exporter.check.report import human, k8s_size
 from exporter.collectors.cgroup import V1_UNLIMITED, parse_flat_keyed, parse_limit
 from exporter.collectors.host_memory import parse_meminfo
 from exporter.collectors.sysv import parse_sysvipc_shm
 from exporter.config import parse_duration, parse_size
 from exporter.inventory.maps import dev_token, parse_maps
-from exporter.labels import MAX_LABEL_CHARS, clean
-from exporter.mountinfo import MountEntry, parse_mountinfo, size_option
-from exporter.proctable import parse_proc_cgroup, parse_stat
-from exporter.segment_classes import CLASS_NAMES, CLASSES, classify
+from exporter.exposition.labels import MAX_LABEL_CHARS, clean
+from exporter.host.mountinfo import MountEntry, parse_mountinfo, size_option
+from exporter.host.proctable import parse_proc_cgroup, parse_stat
+from exporter.inventory.classes import CLASS_NAMES, CLASSES, classify
 
 # database=None: Hypothesis would otherwise keep its examples in .hypothesis/ in the
 # checkout. Under mutmut (MUTANT_UNDER_TEST set) each mutant reruns these: fewer examples.

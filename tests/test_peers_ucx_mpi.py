@@ -12,7 +12,7 @@ import pytest
 
 from exporter.collectors.segments import SegmentsCollector
 from exporter.collectors.sysv import SysvCollector
-from exporter.paths import Paths
+from exporter.host.paths import Paths
 from tests.conftest import HOST_EXCUSED_RE, REPO, free_port, in_shm_namespace, needs_root
 
 pytestmark = needs_root

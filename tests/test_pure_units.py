@@ -3,11 +3,11 @@ catalogue's lookups, the derived values of the collector dataclasses, mount look
 Part of the mutation-testing selection (pyproject.toml [tool.mutmut])."""
 import pytest
 
-from exporter.catalogue import BY_NAME, CATALOGUE, NODE_MOUNT_LABELS, family_name, lookup, node_labels
+from exporter.model.catalogue import BY_NAME, CATALOGUE, NODE_MOUNT_LABELS, family_name, lookup, node_labels
 from exporter.collectors.shm_mount import MountUsage
-from exporter.mountinfo import MountEntry, find_mount
+from exporter.host.mountinfo import MountEntry, find_mount
 from exporter.collectors.sysv import SysvSegment, SysvShm
-from exporter.labels import basename
+from exporter.exposition.labels import basename
 
 
 def test_family_name_drops_total_of_counters_only():
@@ -20,7 +20,7 @@ def test_family_name_drops_total_of_counters_only():
 
 def test_lookup_names_the_catalogue():
     assert lookup("shmwatch_mount_usage_ratio").unit == "ratio"
-    with pytest.raises(KeyError, match="shmwatch_nope is not in exporter/catalogue.py"):
+    with pytest.raises(KeyError, match="shmwatch_nope is not in exporter/model/catalogue.py"):
         lookup("shmwatch_nope")
 
 
@@ -82,7 +82,7 @@ def test_basename():
 
 
 def test_clean_exact_forms():
-    from exporter.labels import MAX_LABEL_CHARS, clean
+    from exporter.exposition.labels import MAX_LABEL_CHARS, clean
     assert clean("psm_\udcff\udcfe") == "psm_\ufffd\ufffd"  # undecodable bytes from os.scandir
     assert clean(b"psm_\xff") == "psm_\ufffd"
     assert clean("esc\x1b[31m\x7f\x9b") == "esc\\x1b[31m\\x7f\\x9b"  # lower-case hex, C0, DEL and C1
@@ -93,13 +93,13 @@ def test_clean_exact_forms():
 
 
 def test_mountinfo_without_super_options():
-    from exporter.mountinfo import parse_mountinfo
+    from exporter.host.mountinfo import parse_mountinfo
     (entry,) = parse_mountinfo("1 1 0:1 / /m rw,nosuid - tmpfs shm\n")
     assert (entry.mount_point, entry.options, entry.source) == ("/m", "rw,nosuid,", "shm")
 
 
 def test_class_cache_remembers_and_is_bounded():
-    from exporter import segment_classes
+    from exporter.inventory import classes as segment_classes
     segment_classes._CACHE.clear()
     assert segment_classes.classify("nccl-remember") == "nccl"
     assert segment_classes._CACHE["nccl-remember"] == "nccl"  # names repeat between inventories
@@ -113,7 +113,7 @@ def test_class_cache_remembers_and_is_bounded():
 
 
 def test_pod_uid_in_cgroup_both_drivers():
-    from exporter.kube import pod_uid_in_cgroup
+    from exporter.host.kube import pod_uid_in_cgroup
     uid = "0f1e2d3c-aaaa-bbbb-cccc-000000000001"
     assert pod_uid_in_cgroup(f"/kubepods/burstable/pod{uid}/cri-containerd-abc.scope") == uid
     systemd = "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" + uid.replace("-", "_") + ".slice"
@@ -127,7 +127,7 @@ def test_pod_uid_in_cgroup_both_drivers():
 
 
 def test_parse_hidepid_old_and_new_spellings():
-    from exporter.proctable import parse_hidepid
+    from exporter.host.proctable import parse_hidepid
     assert parse_hidepid("rw,nosuid,nodev,noexec,relatime") == "off"
     assert parse_hidepid("rw,hidepid=0") == "off"
     assert parse_hidepid("rw,hidepid=1,gid=5") == "noaccess"

@@ -12,9 +12,9 @@ import time
 import pytest
 import yaml
 
-from exporter.catalogue import BY_NAME
-from exporter.recommend import memory_limit_needed, recommended_size, rule_exprs
-from exporter.state import StateStore
+from exporter.model.catalogue import BY_NAME
+from exporter.check.recommend import memory_limit_needed, recommended_size, rule_exprs
+from exporter.runtime.state import StateStore
 from tests.conftest import REPO, Exporter, mounted_tmpfs, needs_root, value
 from tests.live import Prometheus, fast_rules
 
@@ -99,7 +99,7 @@ def test_rules_file_is_the_python_formula_and_is_valid():
     rules = [r for g in load_rules()["groups"] for r in g["rules"]]
     recorded = {r["record"]: r["expr"] for r in rules if "record" in r}
     assert {k: squeeze(v) for k, v in recorded.items()} == {k: squeeze(v) for k, v in rule_exprs().items()}, \
-        "deploy/prometheus/shmwatch-recommend-rules.yml and exporter/recommend.py rule_exprs() differ"
+        "deploy/prometheus/shmwatch-recommend-rules.yml and exporter/check/recommend.py rule_exprs() differ"
     from tests.test_rules import metric_names
     for rule in rules:
         unknown = {n for n in metric_names(rule["expr"]) - set(recorded) if n not in BY_NAME}
@@ -128,7 +128,7 @@ PEAKS = [0, 1, 4096, 40 * MiB, 40 * MiB + 1, 819 * MiB, 820 * MiB, 858993459, Gi
 
 
 def test_rules_and_python_agree(tmp_path):
-    """The same peaks through promtool and through exporter/recommend.py give the same bytes."""
+    """The same peaks through promtool and through exporter/check/recommend.py give the same bytes."""
     series, expected_size, expected_limit = [], [], []
     working_set, used = 3 * GiB + 7 * MiB, GiB
     for i, peak in enumerate(PEAKS):

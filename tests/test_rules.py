@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import yaml
 
-from exporter.catalogue import BY_NAME
+from exporter.model.catalogue import BY_NAME
 from tests.conftest import REPO
 
 RULES = os.path.join(REPO, "deploy", "prometheus", "shmwatch-rules.yml")
@@ -146,7 +146,7 @@ def test_every_metric_in_the_rules_is_in_the_catalogue():
     assert "shmwatch_mount_usage_ratio" in used and "shmwatch_cgroup_oom_kills_total" in used
     recorded = {r["record"] for r in rules if "record" in r}
     unknown = sorted(n for n in used - recorded if n != "up" and n not in BY_NAME)
-    assert not unknown, f"rules use metrics that are not in exporter/catalogue.py: {unknown}"
+    assert not unknown, f"rules use metrics that are not in exporter/model/catalogue.py: {unknown}"
 
 
 def unit_tests_yaml(rules_file):

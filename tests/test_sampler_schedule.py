@@ -5,7 +5,7 @@ import contextlib
 import threading
 import time
 
-from exporter.sampler import Sampler
+from exporter.runtime.scheduler import Sampler
 
 
 class Counting:
@@ -348,7 +348,7 @@ def test_a_duty_cycle_counts_the_idle_before_a_run_once_and_bounds_the_share_of_
     runs fall, their CPU stays within 1/(1+factor) of the time, less one credit."""
     import random
 
-    from exporter.duty_cycle import DutyCycle
+    from exporter.runtime.duty_cycle import DutyCycle
 
     now = [100.0]
     duty = DutyCycle(4.0, credit=2.0, clock=lambda: now[0])

@@ -7,8 +7,8 @@ import pytest
 
 from exporter.collectors.segments import SegmentsCollector
 from exporter.inventory.changes import ChangeLog
-from exporter.paths import Paths
-from exporter.proctable import ProcessTable
+from exporter.host.paths import Paths
+from exporter.host.proctable import ProcessTable
 from tests.conftest import HOST_EXCUSED_RE, Peer, mounted_tmpfs, needs_root, remove_cgroup
 
 V1_MEMORY = "/sys/fs/cgroup/memory"
@@ -214,7 +214,7 @@ def test_a_refresh_walks_only_the_directories_that_changed(two_pods, monkeypatch
     import mmap
 
     from exporter.collectors import segments as segments_module
-    from exporter.state import StateStore
+    from exporter.runtime.state import StateStore
     (a, b), (cg_a, _) = two_pods
     walked = []
     real_walk = segments_module.walk
@@ -305,7 +305,7 @@ def test_a_running_process_that_attaches_to_an_orphan_and_writes_is_seen_by_the_
     import subprocess
     import sys
 
-    from exporter.state import StateStore
+    from exporter.runtime.state import StateStore
     (a, _), (cg_a, _) = two_pods
     clock, state, changes = Clock(), StateStore(), ChangeLog()
     state.set_inotify(a, True)

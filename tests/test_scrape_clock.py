@@ -1,5 +1,5 @@
 """The next scrape's due time, learned per scraper (pure; a fake clock)."""
-from exporter.scrape_clock import ScrapeClock
+from exporter.exposition.scrape_clock import ScrapeClock
 
 
 class Clock:

@@ -7,7 +7,7 @@ import time
 from exporter.collectors.segments import SegmentsCollector
 from exporter.inventory.owners import BETWEEN_EVERY
 from exporter.inventory.summary import owner_label
-from exporter.paths import Paths
+from exporter.host.paths import Paths
 from tests.conftest import HOST_EXCUSED_RE, Exporter, Peer, fallocate, needs_root, value
 
 PAGE = os.sysconf("SC_PAGE_SIZE")

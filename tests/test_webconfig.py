@@ -14,7 +14,7 @@ import bcrypt
 import pytest
 from cryptography import x509
 
-from exporter import webconfig
+from exporter.exposition import webconfig
 from tests.conftest import REPO, Exporter, needs_root
 from tests.test_security import make_cert, write_pem
 

@@ -1,4 +1,4 @@
-// Alert rules for shmwatch. Every metric used here is in exporter/catalogue.py
+// Alert rules for shmwatch. Every metric used here is in exporter/model/catalogue.py
 // (tests/test_rules.py checks it); each alert has a firing and a not-firing case in
 // tests/test_rules.py (promtool test rules) and a section in deploy/prometheus/runbook.md.
 local lib = import 'lib.libsonnet';

@@ -22,7 +22,7 @@
     shmDockerDefaultSizeBytes: 64 * 1024 * 1024,
     shmDockerDefaultClasses: 'nccl|torch|python_shm|mpi',
     // Classes whose segments belong to one process: an orphan of one of them is a leak to
-    // remove (exporter/segment_classes.py REMOVABLE; tests/test_mixin.py holds them equal).
+    // remove (exporter/inventory/classes.py REMOVABLE; tests/test_mixin.py holds them equal).
     // Not semaphores (meant to outlive their creator), not `other` (a container engine's
     // lock file is not ours to judge).
     removableClasses: 'nccl|torch|python_shm|vllm_offload|ucx|mpi',
@@ -72,7 +72,7 @@
     },
 
     // The shm size recommendation: the highest peak over this window, times this headroom
-    // (exporter/recommend.py's defaults for `shmwatch check --recommend` are the same), and
+    // (exporter/check/recommend.py's defaults for `shmwatch check --recommend` are the same), and
     // how often its rules are evaluated.
     recommendationWindow: '7d',
     recommendationHeadroom: 1.25,

@@ -7,6 +7,7 @@ raises; `event_driven = True` also runs it early when inotify sees a mount chang
 (`collect_quick()` when it has one). The sampler runs it; the model step joins what it
 returned; metrics.py and check.py render the model.
 """
+
 from __future__ import annotations
 
 from typing import Protocol

@@ -10,6 +10,7 @@ read, its charge is estimated from its processes (workload.py), labelled as an e
 Which limit: --memory.limit-bytes when given (the workload's limit from the Downward API),
 else the cgroup's.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,10 +19,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from ..kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_mount
-from ..paths import Paths, read_text
-from ..proctable import ProcessTable, parse_proc_cgroup  # noqa: F401 - parse_proc_cgroup re-exported
-from . import workload
+from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_mount
+from exporter.host.paths import Paths, read_text
+from exporter.host.proctable import ProcessTable, parse_proc_cgroup  # noqa: F401 - parse_proc_cgroup re-exported
+from exporter.collectors import workload
 
 
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 bytes
@@ -37,7 +38,9 @@ class CgroupMemory:
     limit_bytes: Optional[int]  # None: unlimited
     working_set_bytes: int
     shmem_bytes: Optional[int]
-    oom_kills: Optional[int]  # None where the kernel does not count them (v1 before 4.13)
+    oom_kills: Optional[
+        int
+    ]  # None where the kernel does not count them (v1 before 4.13)
     limit_source: str  # "cgroup", "flag" or "none"
     pod_uid: str = ""  # node mode: the pod this cgroup belongs to
     estimated: bool = False  # True: no cgroup was read; the workload's processes and shm (workload.py)
@@ -73,7 +76,9 @@ def parse_limit(text: str) -> Optional[int]:
     return None if number >= V1_UNLIMITED else number
 
 
-def read_v2(directory: str) -> Tuple[int, Optional[int], Dict[str, int], Dict[str, int]]:
+def read_v2(
+    directory: str,
+) -> Tuple[int, Optional[int], Dict[str, int], Dict[str, int]]:
     usage = int(read_text(os.path.join(directory, "memory.current")).strip())
     try:
         limit = parse_limit(read_text(os.path.join(directory, "memory.max")))
@@ -87,7 +92,9 @@ def read_v2(directory: str) -> Tuple[int, Optional[int], Dict[str, int], Dict[st
     return usage, limit, stat, events
 
 
-def read_v1(directory: str) -> Tuple[int, Optional[int], Dict[str, int], Dict[str, int]]:
+def read_v1(
+    directory: str,
+) -> Tuple[int, Optional[int], Dict[str, int], Dict[str, int]]:
     usage = int(read_text(os.path.join(directory, "memory.usage_in_bytes")).strip())
     stat = parse_flat_keyed(read_text(os.path.join(directory, "memory.stat")))
     # A parent's limit binds too: memory.stat says the tightest one up the tree, its own
@@ -120,17 +127,26 @@ class CgroupCollector:
     # matched by) to "the oom source's last run succeeded and lost no record".
     scrape_aligned: "bool | Callable[[], bool]" = False
 
-    def __init__(self, paths: Paths, cgroup_path: Optional[str] = None, target_process: Optional[str] = None,
-                 limit_override: Optional[int] = None, node_mode: bool = False,
-                 table: Optional[ProcessTable] = None, mounts: Optional[Callable[[], Sequence[str]]] = None,
-                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs):
+    def __init__(
+        self,
+        paths: Paths,
+        cgroup_path: Optional[str] = None,
+        target_process: Optional[str] = None,
+        limit_override: Optional[int] = None,
+        node_mode: bool = False,
+        table: Optional[ProcessTable] = None,
+        mounts: Optional[Callable[[], Sequence[str]]] = None,
+        statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
+    ):
         self.paths = paths
         self.table = table or ProcessTable(paths)
         self.node_mode = node_mode  # every pod's cgroup on the host, not one
         self.cgroup_path = cgroup_path
         self.target = re.compile(target_process) if target_process else None
         self.limit_override = limit_override
-        self.mounts = mounts or (lambda: [])  # the watched shm mounts: what an estimate adds
+        self.mounts = mounts or (
+            lambda: []
+        )  # the watched shm mounts: what an estimate adds
         self.statvfs = statvfs
         # Node mode: the last walk's pod cgroups, their UIDs, and when it was made.
         self._listed: Optional[List[Tuple[str, int, str, str]]] = None
@@ -141,18 +157,26 @@ class CgroupCollector:
     def find_target_pid(self) -> int:
         pid = self.table.find(self.target, exclude=os.getpid())
         if pid is None:
-            raise LookupError(f"no process matches --cgroup.target-process {self.target.pattern!r}")
+            raise LookupError(
+                f"no process matches --cgroup.target-process {self.target.pattern!r}"
+            )
         return pid
 
     def resolve(self, pid: object = None) -> Tuple[str, int, str]:
         """-> (cgroup path, version, directory to read) of --cgroup.path, or of `pid`'s cgroup."""
         root = self.paths.sys("fs", "cgroup")
-        if self.cgroup_path and os.path.isabs(self.cgroup_path) and self.cgroup_path.startswith(root + "/"):
+        if (
+            self.cgroup_path
+            and os.path.isabs(self.cgroup_path)
+            and self.cgroup_path.startswith(root + "/")
+        ):
             directory = self.cgroup_path
-            version = 2 if os.path.exists(os.path.join(directory, "memory.current")) else 1
-            rel = directory[len(root):]
+            version = (
+                2 if os.path.exists(os.path.join(directory, "memory.current")) else 1
+            )
+            rel = directory[len(root) :]
             if version == 1 and rel.startswith("/memory"):
-                rel = rel[len("/memory"):] or "/"
+                rel = rel[len("/memory") :] or "/"
             return rel, version, directory
         if self.cgroup_path:
             candidates = {"memory": self.cgroup_path, "": self.cgroup_path}
@@ -163,7 +187,9 @@ class CgroupCollector:
         tried = []
         # In a private cgroup namespace another container's cgroup reads as /../<id>: only a
         # mount of the host's cgroupfs shows it (below), never a path joined onto ours.
-        outside = any(path.startswith("/..") or "/../" in path for path in candidates.values())
+        outside = any(
+            path.startswith("/..") or "/../" in path for path in candidates.values()
+        )
         if "memory" in candidates and not outside:  # v1 (or hybrid) memory controller
             path = candidates["memory"]
             directory = os.path.join(root, "memory", path.lstrip("/"))
@@ -181,9 +207,13 @@ class CgroupCollector:
         if found is not None:
             return found
         if outside:
-            raise LookupError(f"cgroup {next(iter(candidates.values()))} is outside this container's cgroup "
-                              f"namespace; run shmwatch per node (DaemonSet) or mount the host's /sys/fs/cgroup")
-        raise FileNotFoundError(f"no memory cgroup found (tried {', '.join(tried) or 'nothing'})")
+            raise LookupError(
+                f"cgroup {next(iter(candidates.values()))} is outside this container's cgroup "
+                f"namespace; run shmwatch per node (DaemonSet) or mount the host's /sys/fs/cgroup"
+            )
+        raise FileNotFoundError(
+            f"no memory cgroup found (tried {', '.join(tried) or 'nothing'})"
+        )
 
     def collect(self) -> List[CgroupMemory]:
         """Every pod's cgroup in node mode; the one watched cgroup otherwise (a list of one)."""
@@ -191,7 +221,9 @@ class CgroupCollector:
             return self.collect_pods()
         if self.cgroup_path:
             return [self.read(*self.resolve(), self.limit_override)]
-        host = self.table.kernel_threads_visible()  # the host's PID namespace: nobody's workload
+        host = (
+            self.table.kernel_threads_visible()
+        )  # the host's PID namespace: nobody's workload
         processes = [] if host else workload.workload_processes(self.table, os.getpid())
         if self.target:
             pid = self.find_target_pid()
@@ -202,9 +234,11 @@ class CgroupCollector:
         else:
             # A container alone in its PID namespace: its own cgroup is the exporter's, and
             # exporting that under OOM-risk names would be the wrong pod's numbers.
-            raise LookupError("no workload shares this PID namespace (docker --pid=container:<server>, Kubernetes "
-                              "shareProcessNamespace), and shmwatch's own cgroup is not the workload's: share it, "
-                              "or name the cgroup with --cgroup.path")
+            raise LookupError(
+                "no workload shares this PID namespace (docker --pid=container:<server>, Kubernetes "
+                "shareProcessNamespace), and shmwatch's own cgroup is not the workload's: share it, "
+                "or name the cgroup with --cgroup.path"
+            )
         try:
             return [self.read(*self.resolve(pid), self.limit_override)]
         except (LookupError, FileNotFoundError):
@@ -217,8 +251,18 @@ class CgroupCollector:
         shm = workload.shm_used(self.paths, self.mounts(), self.statvfs)
         working_set = workload.resident(self.table, processes) + shm
         limit = self.limit_override
-        return CgroupMemory(workload.ESTIMATE_CGROUP, 0, working_set, limit, working_set, shm, None,
-                            "flag" if limit is not None else "none", "", estimated=True)
+        return CgroupMemory(
+            workload.ESTIMATE_CGROUP,
+            0,
+            working_set,
+            limit,
+            working_set,
+            shm,
+            None,
+            "flag" if limit is not None else "none",
+            "",
+            estimated=True,
+        )
 
     def pod_cgroups(self) -> List[Tuple[str, int, str, str]]:
         """Every pod's memory cgroup on the host -> [(path, version, directory, pod uid)].
@@ -229,18 +273,27 @@ class CgroupCollector:
         """
         root = self.paths.sys("fs", "cgroup")
         found = []
-        for base, version, marker in ((os.path.join(root, "memory"), 1, "memory.usage_in_bytes"),
-                                      (root, 2, "memory.current"), (os.path.join(root, "unified"), 2, "memory.current")):
+        for base, version, marker in (
+            (os.path.join(root, "memory"), 1, "memory.usage_in_bytes"),
+            (root, 2, "memory.current"),
+            (os.path.join(root, "unified"), 2, "memory.current"),
+        ):
             for top in POD_CGROUP_ROOTS:
                 start = os.path.join(base, top)
                 if not os.path.isdir(start):
                     continue
                 for directory, subdirs, files in os.walk(start):
-                    depth = directory[len(start):].count(os.sep)
+                    depth = directory[len(start) :].count(os.sep)
                     match = POD_CGROUP_DIR.search(os.path.basename(directory))
                     if match and marker in files:
-                        found.append(("/" + os.path.relpath(directory, base), version, directory,
-                                      match.group(1).replace("_", "-")))
+                        found.append(
+                            (
+                                "/" + os.path.relpath(directory, base),
+                                version,
+                                directory,
+                                match.group(1).replace("_", "-"),
+                            )
+                        )
                         subdirs[:] = []  # containers below the pod are not pods
                     elif depth >= 2:
                         subdirs[:] = []
@@ -254,14 +307,19 @@ class CgroupCollector:
         not listed: walking 200 pods' cgroup trees every second cost more than reading them."""
         now = time.monotonic()
         watched = {pod_uid_of_mount(m) for m in self.mounts()} - {""}
-        missing = not watched <= self._listed_uids and now - self._walked_at > MISSING_REWALK_SECONDS
+        missing = (
+            not watched <= self._listed_uids
+            and now - self._walked_at > MISSING_REWALK_SECONDS
+        )
         if self._listed is None or now - self._walked_at > REWALK_SECONDS or missing:
             self._listed = self.pod_cgroups()
             self._listed_uids = {uid for _, _, _, uid in self._listed}
             self._walked_at = now
         found = self.read_pods(self._listed)
         if len(found) < len(self._listed):
-            self._listed = None  # a pod went away (or cannot be read): list again next time
+            self._listed = (
+                None  # a pod went away (or cannot be read): list again next time
+            )
         return found
 
     def read_pods(self, listed: List[Tuple[str, int, str, str]]) -> List[CgroupMemory]:
@@ -276,8 +334,14 @@ class CgroupCollector:
                 continue
         return found
 
-    def read(self, path: str, version: int, directory: str, limit_override: Optional[int],
-             pod_uid: str = "") -> CgroupMemory:
+    def read(
+        self,
+        path: str,
+        version: int,
+        directory: str,
+        limit_override: Optional[int],
+        pod_uid: str = "",
+    ) -> CgroupMemory:
         if version == 2:
             usage, limit, stat, events = read_v2(directory)
             inactive_file = stat.get("inactive_file", 0)
@@ -286,27 +350,45 @@ class CgroupCollector:
         else:
             usage, limit, stat, oom = read_v1(directory)
             # total_* fields include descendants (use_hierarchy, always on since 5.x).
-            inactive_file = stat.get("total_inactive_file", stat.get("inactive_file", 0))
+            inactive_file = stat.get(
+                "total_inactive_file", stat.get("inactive_file", 0)
+            )
             shmem = stat.get("total_shmem", stat.get("shmem"))
             oom_kills = oom.get("oom_kill")
         source = "cgroup" if limit is not None else "none"
         if limit_override is not None:
             limit, source = limit_override, "flag"
-        children = self._child_oom_kills(path, directory) if pod_uid and version == 1 else ()
-        return CgroupMemory(path, version, usage, limit, max(0, usage - inactive_file), shmem, oom_kills, source,
-                            pod_uid, child_oom_kills=children)
+        children = (
+            self._child_oom_kills(path, directory) if pod_uid and version == 1 else ()
+        )
+        return CgroupMemory(
+            path,
+            version,
+            usage,
+            limit,
+            max(0, usage - inactive_file),
+            shmem,
+            oom_kills,
+            source,
+            pod_uid,
+            child_oom_kills=children,
+        )
 
     @staticmethod
     def _child_oom_kills(path: str, directory: str) -> Tuple[Tuple[str, int], ...]:
         """The OOM kill counts of a v1 pod cgroup's containers (one level down), as they are now."""
         found = []
         try:
-            entries = [e for e in os.scandir(directory) if e.is_dir(follow_symlinks=False)]
+            entries = [
+                e for e in os.scandir(directory) if e.is_dir(follow_symlinks=False)
+            ]
         except OSError:
             return ()
         for entry in entries:
             try:
-                count = parse_flat_keyed(read_text(os.path.join(entry.path, "memory.oom_control"))).get("oom_kill")
+                count = parse_flat_keyed(
+                    read_text(os.path.join(entry.path, "memory.oom_control"))
+                ).get("oom_kill")
             except OSError:
                 continue  # gone already
             if count is not None:

@@ -5,6 +5,7 @@ initialised again on the next run. One GPU failing (lost, not supported) skips t
 GPU only. A call that hangs is bounded by the sampler: this collector runs on its own
 thread with --collector.gpu.timeout, and a stuck thread is never started twice.
 """
+
 from __future__ import annotations
 
 import logging
@@ -12,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ..paths import Paths
-from ..proctable import ProcessTable
+from exporter.host.paths import Paths
+from exporter.host.proctable import ProcessTable
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ def _text(value: object) -> str:
 
 def _load_pynvml():
     import pynvml  # nvidia-ml-py
+
     return pynvml
 
 
@@ -60,8 +62,13 @@ class GpuCollector:
     name = "gpu"
     schedule = "poll"
 
-    def __init__(self, paths: Paths, load_nvml: Callable[[], object] = _load_pynvml,
-                 clock: Callable[[], float] = time.monotonic, table: Optional[ProcessTable] = None):
+    def __init__(
+        self,
+        paths: Paths,
+        load_nvml: Callable[[], object] = _load_pynvml,
+        clock: Callable[[], float] = time.monotonic,
+        table: Optional[ProcessTable] = None,
+    ):
         self.paths = paths
         self.table = table or ProcessTable(paths)
         self.load_nvml = load_nvml
@@ -69,11 +76,16 @@ class GpuCollector:
         self.nvml = None
         self.initialised = False
         self.driver_version = ""
-        self._missing: Optional[Tuple[float, str]] = None  # (when, why) the driver was absent
+        self._missing: Optional[Tuple[float, str]] = (
+            None  # (when, why) the driver was absent
+        )
 
     # --- NVML life cycle ----------------------------------------------------------------
     def _init(self):
-        if self._missing and self.clock() - self._missing[0] < MISSING_DRIVER_RETRY_SECONDS:
+        if (
+            self._missing
+            and self.clock() - self._missing[0] < MISSING_DRIVER_RETRY_SECONDS
+        ):
             raise RuntimeError(self._missing[1])
         try:
             nvml = self.nvml or self.load_nvml()
@@ -85,9 +97,15 @@ class GpuCollector:
             nvml.nvmlInit()
         except nvml.NVMLError as err:
             code = getattr(err, "value", None)
-            if code in (nvml.NVML_ERROR_LIBRARY_NOT_FOUND, nvml.NVML_ERROR_DRIVER_NOT_LOADED):
-                why = ("no NVIDIA driver: libnvidia-ml.so.1 not found" if code == nvml.NVML_ERROR_LIBRARY_NOT_FOUND
-                       else "the NVIDIA driver is not loaded")
+            if code in (
+                nvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+                nvml.NVML_ERROR_DRIVER_NOT_LOADED,
+            ):
+                why = (
+                    "no NVIDIA driver: libnvidia-ml.so.1 not found"
+                    if code == nvml.NVML_ERROR_LIBRARY_NOT_FOUND
+                    else "the NVIDIA driver is not loaded"
+                )
                 self._missing = (self.clock(), why)
                 raise RuntimeError(why) from None
             raise RuntimeError(f"nvmlInit failed: {err}") from None
@@ -160,13 +178,24 @@ class GpuCollector:
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             reserved = None
             used = int(memory.used)
-        return GpuDevice(gpu, uuid, name, int(memory.total), used, int(memory.free), reserved,
-                         self._processes(handle))
+        return GpuDevice(
+            gpu,
+            uuid,
+            name,
+            int(memory.total),
+            used,
+            int(memory.free),
+            reserved,
+            self._processes(handle),
+        )
 
     def _processes(self, handle) -> Tuple[GpuProcess, ...]:
         nvml = self.nvml
         used: Dict[int, int] = {}
-        for getter in (nvml.nvmlDeviceGetComputeRunningProcesses, nvml.nvmlDeviceGetGraphicsRunningProcesses):
+        for getter in (
+            nvml.nvmlDeviceGetComputeRunningProcesses,
+            nvml.nvmlDeviceGetGraphicsRunningProcesses,
+        ):
             try:
                 infos = getter(handle)
             except nvml.NVMLError:
@@ -174,8 +203,12 @@ class GpuCollector:
             for info in infos:
                 if info.usedGpuMemory is None:
                     continue  # not available (WDDM, or no permission)
-                used[int(info.pid)] = max(used.get(int(info.pid), 0), int(info.usedGpuMemory))
-        return tuple(GpuProcess(pid, self._comm(pid), b) for pid, b in sorted(used.items()))
+                used[int(info.pid)] = max(
+                    used.get(int(info.pid), 0), int(info.usedGpuMemory)
+                )
+        return tuple(
+            GpuProcess(pid, self._comm(pid), b) for pid, b in sorted(used.items())
+        )
 
     def _comm(self, pid: int) -> str:
         # NVML reports host PIDs; from another PID namespace they do not resolve here.

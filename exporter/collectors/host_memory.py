@@ -1,10 +1,11 @@
 """Host memory from /proc/meminfo (MemTotal, MemAvailable, Shmem)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict
 
-from ..paths import Paths, read_text
+from exporter.host.paths import Paths, read_text
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,9 @@ def parse_meminfo(text: str) -> Dict[str, int]:
 class HostMemoryCollector:
     name = "host_memory"
     schedule = "poll"
-    scrape_aligned = True  # no peaks are kept from it: read for the scrapes (sampler.py)
+    scrape_aligned = (
+        True  # no peaks are kept from it: read for the scrapes (sampler.py)
+    )
 
     def __init__(self, paths: Paths):
         self.paths = paths

@@ -23,6 +23,7 @@ Reading /dev/kmsg needs CAP_SYSLOG when kernel.dmesg_restrict=1, and in a contai
 device itself (docker --device /dev/kmsg; Kubernetes: a hostPath char device, which the
 runtime's device cgroup admits only to a privileged container).
 """
+
 from __future__ import annotations
 
 import errno
@@ -31,21 +32,27 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from ..kube import POD_UID_IN_CGROUP, pod_uid_in_cgroup
+from exporter.host.kube import POD_UID_IN_CGROUP, pod_uid_in_cgroup
 
 # cAdvisor's containerRegexp, with the cgroup fields taken from the end: cpuset and
 # nodemask may hold commas, task and the memcg paths come last in a fixed order.
 # A system-wide OOM says global_oom where a memcg OOM names its oom_memcg.
-_OOM_KILL = re.compile(r"oom-kill:constraint=(?P<constraint>[^,]*),.*?(?:oom_memcg=(?P<oom_memcg>.*)|global_oom),"
-                       r"task_memcg=(?P<task_memcg>.*),task=(?P<task>.*),pid=(?P<pid>\d+),uid=(?P<uid>\d+)")
+_OOM_KILL = re.compile(
+    r"oom-kill:constraint=(?P<constraint>[^,]*),.*?(?:oom_memcg=(?P<oom_memcg>.*)|global_oom),"
+    r"task_memcg=(?P<task_memcg>.*),task=(?P<task>.*),pid=(?P<pid>\d+),uid=(?P<uid>\d+)"
+)
 # Before 4.19 (cAdvisor's legacyContainerRegexp).
-_LEGACY = re.compile(r"Task in (?P<task_memcg>\S+) killed as a result of limit of (?P<oom_memcg>\S+)")
+_LEGACY = re.compile(
+    r"Task in (?P<task_memcg>\S+) killed as a result of limit of (?P<oom_memcg>\S+)"
+)
 # cAdvisor's lastLineRegexp, and the victim's RSS by kind (mm/oom_kill.c).
 # comm may hold spaces and parentheses: it ends at the last ')' (nothing after it has one).
 _KILLED = re.compile(r"Killed process (?P<pid>\d+) \((?P<comm>.*)\)(?P<rest>[^()]*)$")
 _RSS = re.compile(r"(anon|file|shmem)-rss:(\d+)kB")
 
-KMSG_RECORD_MAX = 8192  # one read() returns one record; the kernel's limit is about 1 KiB + dict
+KMSG_RECORD_MAX = (
+    8192  # one read() returns one record; the kernel's limit is about 1 KiB + dict
+)
 
 
 @dataclass(frozen=True)
@@ -96,7 +103,9 @@ class OomParser:
     pid until then (bounded: a kill whose last line was lost to an overrun is dropped)."""
 
     def __init__(self) -> None:
-        self._pending: Dict[int, Tuple[str, str, str]] = {}  # pid -> (task_memcg, oom_memcg, constraint)
+        self._pending: Dict[
+            int, Tuple[str, str, str]
+        ] = {}  # pid -> (task_memcg, oom_memcg, constraint)
         self._legacy: Optional[Tuple[str, str]] = None
 
     def feed(self, seq: int, usec: int, message: str) -> Optional[OomKill]:
@@ -104,7 +113,11 @@ class OomParser:
         if match:
             if len(self._pending) > 64:
                 self._pending.clear()
-            self._pending[int(match["pid"])] = (match["task_memcg"], match["oom_memcg"] or "", match["constraint"])
+            self._pending[int(match["pid"])] = (
+                match["task_memcg"],
+                match["oom_memcg"] or "",
+                match["constraint"],
+            )
             return None
         match = _LEGACY.search(message)
         if match:
@@ -114,12 +127,25 @@ class OomParser:
         if not match or "reaped process" in message:
             return None
         pid = int(match["pid"])
-        task_memcg, oom_memcg, constraint = self._pending.pop(pid, None) or (*(self._legacy or ("", "")), "")
+        task_memcg, oom_memcg, constraint = self._pending.pop(pid, None) or (
+            *(self._legacy or ("", "")),
+            "",
+        )
         self._legacy = None
         rss = {kind: int(kb) * 1024 for kind, kb in _RSS.findall(match["rest"])}
-        return OomKill(seq, usec, pid, match["comm"], task_memcg, oom_memcg,
-                       constraint or ("CONSTRAINT_MEMCG" if message.startswith("Memory cgroup") else ""),
-                       rss.get("anon"), rss.get("file"), rss.get("shmem"))
+        return OomKill(
+            seq,
+            usec,
+            pid,
+            match["comm"],
+            task_memcg,
+            oom_memcg,
+            constraint
+            or ("CONSTRAINT_MEMCG" if message.startswith("Memory cgroup") else ""),
+            rss.get("anon"),
+            rss.get("file"),
+            rss.get("shmem"),
+        )
 
 
 def kmsg_records(text: str) -> List[str]:
@@ -154,6 +180,7 @@ class OomReports:
 class OomCollector:
     """Drains /dev/kmsg on each poll. The kills go to the model step, which counts them per
     cgroup in the state store; this collector keeps nothing but its file position."""
+
     name = "oom"
     schedule = "poll"
 
@@ -174,8 +201,10 @@ class OomCollector:
             try:
                 self._fd = self._open()
             except PermissionError as err:
-                raise PermissionError(f"{self.kmsg_path}: {err.strerror} (needs CAP_SYSLOG when "
-                                      f"kernel.dmesg_restrict=1, and the device in a container)") from None
+                raise PermissionError(
+                    f"{self.kmsg_path}: {err.strerror} (needs CAP_SYSLOG when "
+                    f"kernel.dmesg_restrict=1, and the device in a container)"
+                ) from None
         new: List[OomKill] = []
         lost = 0
         while True:

@@ -9,6 +9,7 @@ and the full run keeps to the inventory interval. In node mode a full run reads 
 process only every --segments.full-scan-interval; in between it refreshes the owners (new
 processes, and the pods of holders that exited), and only a full scan calls a segment leaked.
 """
+
 from __future__ import annotations
 
 import errno
@@ -18,15 +19,22 @@ import stat as stat_mod
 import time
 from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
-from ..discovery import live_mounts
-from ..kube import pod_uid_of_mount
-from ..inventory.changes import ChangeLog
-from ..inventory.owners import DELETED, Owners, OwnerScan, UnprovenLog
-from ..inventory.summary import Inventory, MountInventory, Segment
-from ..inventory.walk import MAX_ENTRIES, Files, Key, patch_listing, same_dev, walk
-from ..paths import Paths
-from ..proctable import ProcessTable
-from ..segment_classes import _CACHE as CLASS_CACHE, classify
+from exporter.collectors.discovery import live_mounts
+from exporter.host.kube import pod_uid_of_mount
+from exporter.inventory.changes import ChangeLog
+from exporter.inventory.owners import DELETED, Owners, OwnerScan, UnprovenLog
+from exporter.inventory.summary import Inventory, MountInventory, Segment
+from exporter.inventory.walk import (
+    MAX_ENTRIES,
+    Files,
+    Key,
+    patch_listing,
+    same_dev,
+    walk,
+)
+from exporter.host.paths import Paths
+from exporter.host.proctable import ProcessTable
+from exporter.inventory.classes import _CACHE as CLASS_CACHE, classify
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +51,20 @@ class SegmentsCollector:
     # come from the diffs between full runs, which must keep to the interval.
     scrape_aligned: "bool | Callable[[], bool]" = False
 
-    def __init__(self, paths: Paths, mounts: "Sequence[str] | Callable[[], List[str]]",
-                 table: Optional[ProcessTable] = None,
-                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
-                 clock: Callable[[], float] = time.time, pod_of_pid: bool = False,
-                 changes: Optional[ChangeLog] = None, ignore_unreadable: Optional[Pattern[str]] = None,
-                 full_scan_interval: float = 0.0, monotonic: Callable[[], float] = time.monotonic,
-                 watch_epoch: Optional[Callable[[str], Optional[int]]] = None):
+    def __init__(
+        self,
+        paths: Paths,
+        mounts: "Sequence[str] | Callable[[], List[str]]",
+        table: Optional[ProcessTable] = None,
+        statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
+        clock: Callable[[], float] = time.time,
+        pod_of_pid: bool = False,
+        changes: Optional[ChangeLog] = None,
+        ignore_unreadable: Optional[Pattern[str]] = None,
+        full_scan_interval: float = 0.0,
+        monotonic: Callable[[], float] = time.monotonic,
+        watch_epoch: Optional[Callable[[str], Optional[int]]] = None,
+    ):
         self.paths = paths
         self.mounts = live_mounts(mounts)  # discovery's current mounts
         self.table = table or ProcessTable(paths)
@@ -66,31 +81,45 @@ class SegmentsCollector:
         # it was last walked, with no event and the same statvfs, is not walked by a refresh.
         self.watch_epoch = watch_epoch
         self._walked_as: Dict[str, tuple] = {}  # _signature() when last walked
-        self._dir_times: Dict[str, Tuple[int, int]] = {}  # the mount directory's mtime and ctime, this run
+        self._dir_times: Dict[
+            str, Tuple[int, int]
+        ] = {}  # the mount directory's mtime and ctime, this run
         self._sig_now: Dict[str, tuple] = {}  # _signature() of this run, where taken
-        self._pod_read_as: Dict[str, tuple] = {}  # _signature() when the mount's pod was last read
+        self._pod_read_as: Dict[
+            str, tuple
+        ] = {}  # _signature() when the mount's pod was last read
         self._kept_now: Set[str] = set()  # listing kept as quiet by this run
         self._scanned_at = float("-inf")  # when the last full owner scan ran
         # The last listing of each mount, and its name -> inode index, for quick runs to patch.
         self._listings: Dict[str, Listing] = {}
         self._indexes: Dict[str, Dict[str, Key]] = {}
         self._said_truncated: Set[str] = set()
-        self._unproven_log = UnprovenLog(log)  # why nothing is called orphan, when that changes
-        self._owners = Owners()  # from the last full run, for quick runs that skip /proc
+        self._unproven_log = UnprovenLog(
+            log
+        )  # why nothing is called orphan, when that changes
+        self._owners = (
+            Owners()
+        )  # from the last full run, for quick runs that skip /proc
         self._known_files: Set[Key] = set()  # inodes listed by the last full run
         # Each mount's device at the last full run: a key (device, inode) counts as known only
         # on the same mount and device (a deleted pod's device number is handed out again,
         # and tmpfs numbers its inodes from 1 per instance).
         self._full_devs: Dict[str, int] = {}
-        self._held_at_full: Set[Key] = set()  # inodes some process held at the last full run
-        self._last: Dict[str, MountInventory] = {}  # the last run's inventory of each mount
+        self._held_at_full: Set[Key] = (
+            set()
+        )  # inodes some process held at the last full run
+        self._last: Dict[
+            str, MountInventory
+        ] = {}  # the last run's inventory of each mount
         # Read by the sampler after a quick run: whether owners need the full follow-up run.
         self.wants_follow_up = True
         # Interim runs (collect_interim): set by the sampler, called while a full run reads
         # /proc. `_run_devs` is that run's mounts; `_interim_changes` what they patched in.
         self.interim_hook: Optional[Callable[[], None]] = None
         self._run_devs: Dict[str, int] = {}
-        self._devs: Dict[str, int] = {}  # the last run's mounts, for collect_interim(early=True)
+        self._devs: Dict[
+            str, int
+        ] = {}  # the last run's mounts, for collect_interim(early=True)
         self._interim_changes = ChangeLog()
         self._interim_keys: Set[Key] = set()
 
@@ -98,7 +127,10 @@ class SegmentsCollector:
         st = os.stat(self.paths.host(mount))
         if not stat_mod.S_ISDIR(st.st_mode):
             raise NotADirectoryError(errno.ENOTDIR, "not a directory", mount)
-        self._dir_times[mount] = (st.st_mtime_ns, st.st_ctime_ns)  # a create, unlink or rename moves them
+        self._dir_times[mount] = (
+            st.st_mtime_ns,
+            st.st_ctime_ns,
+        )  # a create, unlink or rename moves them
         return st.st_dev
 
     def collect(self) -> Inventory:
@@ -124,11 +156,26 @@ class SegmentsCollector:
         `early`: outside a full run, before a quick run that waits for its duty cycle (node
         mode: it reads the changed mounts' pods); that run settles the states, as it would."""
         changes = self.changes.drain()
-        devs = self._run_devs if not early else {  # the last run's, and still the same file system
-            m: d for m, d in self._devs.items() if m in changes and same_dev(self.paths.host(m), d)}
-        patch = {m: names for m, names in changes.items()
-                 if names and m in self._last and m in self._indexes and devs.get(m) is not None}
-        self.changes.put_back({m: names for m, names in changes.items() if m not in patch})
+        devs = (
+            self._run_devs
+            if not early
+            else {  # the last run's, and still the same file system
+                m: d
+                for m, d in self._devs.items()
+                if m in changes and same_dev(self.paths.host(m), d)
+            }
+        )
+        patch = {
+            m: names
+            for m, names in changes.items()
+            if names
+            and m in self._last
+            and m in self._indexes
+            and devs.get(m) is not None
+        }
+        self.changes.put_back(
+            {m: names for m, names in changes.items() if m not in patch}
+        )
         if not patch:
             return None
         self._interim_changes.put_back(patch)
@@ -138,15 +185,34 @@ class SegmentsCollector:
             files, others, truncated = self._listings[mount]
             index = self._indexes[mount]
             patch_listing(self.paths.host(mount), dev, files, index, names)
-            if not early:  # taken as linked by the full run: a quick run reads their pods instead
-                self._interim_keys.update(key for name in names if (key := index.get(name)) is not None)
-            self._walked_as.pop(mount, None)  # patched: walked again by the next full run
-            self._last[mount] = self._assemble(mount, dev, files, others, held_on.get(dev, []),
-                                               quick=True, settled=False)
+            if (
+                not early
+            ):  # taken as linked by the full run: a quick run reads their pods instead
+                self._interim_keys.update(
+                    key for name in names if (key := index.get(name)) is not None
+                )
+            self._walked_as.pop(
+                mount, None
+            )  # patched: walked again by the next full run
+            self._last[mount] = self._assemble(
+                mount,
+                dev,
+                files,
+                others,
+                held_on.get(dev, []),
+                quick=True,
+                settled=False,
+            )
         return self._inventory(list(self._last.values()))
 
-    def _list(self, mount: str, dev: int, full: bool, changes: Dict[str, Optional[Set[str]]],
-              quiet_ok: bool = False) -> Listing:
+    def _list(
+        self,
+        mount: str,
+        dev: int,
+        full: bool,
+        changes: Dict[str, Optional[Set[str]]],
+        quiet_ok: bool = False,
+    ) -> Listing:
         previous = self._listings.get(mount)
         index = self._indexes.get(mount)
         if full or mount in changes:
@@ -155,7 +221,12 @@ class SegmentsCollector:
         if quiet_ok and previous is not None and self._quiet(mount, changes):
             self._kept_now.add(mount)
             return previous
-        if full or previous is None or index is None or (mount in changes and changes[mount] is None):
+        if (
+            full
+            or previous is None
+            or index is None
+            or (mount in changes and changes[mount] is None)
+        ):
             self._walked_as[mount] = self._sig_now.get(mount)
             files, others, truncated = walk(self.paths.host(mount), dev)
             self._indexes[mount] = {name: key for key, (name, _) in files.items()}
@@ -164,7 +235,9 @@ class SegmentsCollector:
         else:
             files, others, truncated = previous
             if changes.get(mount):
-                self._walked_as.pop(mount, None)  # patched: walked again by the next full run
+                self._walked_as.pop(
+                    mount, None
+                )  # patched: walked again by the next full run
                 patch_listing(self.paths.host(mount), dev, files, index, changes[mount])
         self._listings[mount] = (files, others, truncated)
         return files, others, truncated
@@ -180,7 +253,12 @@ class SegmentsCollector:
         if self.watch_epoch is None or mount in changes:
             return False
         walked_as = self._walked_as.get(mount)
-        if walked_as is None or walked_as[1] is None or not walked_as[3] or not walked_as[5]:
+        if (
+            walked_as is None
+            or walked_as[1] is None
+            or not walked_as[3]
+            or not walked_as[5]
+        ):
             return False  # not watched then (a change may have gone unseen), or size=0 / nr_inodes=0
         return walked_as == self._sig_now.get(mount)
 
@@ -192,12 +270,24 @@ class SegmentsCollector:
             st = self.statvfs(self.paths.host(mount))
         except OSError:
             return None
-        return dev, epoch, self._dir_times.get(mount), st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
+        return (
+            dev,
+            epoch,
+            self._dir_times.get(mount),
+            st.f_blocks,
+            st.f_bfree,
+            st.f_files,
+            st.f_ffree,
+        )
 
     @staticmethod
     def _moved(before: Optional[tuple], now: Optional[tuple]) -> bool:
         """Device or statvfs moved (not the watch or the directory: those have events)."""
-        return before is not None and now is not None and (before[0] != now[0] or before[3:] != now[3:])
+        return (
+            before is not None
+            and now is not None
+            and (before[0] != now[0] or before[3:] != now[3:])
+        )
 
     def _collect(self, full: bool) -> Inventory:
         devs: Dict[str, int] = {}
@@ -215,13 +305,21 @@ class SegmentsCollector:
         # Names an interim run patched in, left by a run that failed: this run's too.
         self.changes.put_back(self._interim_changes.drain())
         changes = self.changes.drain()
-        refresh = full and bool(self._owners.processes) and \
-            self.monotonic() - self._scanned_at < self.full_scan_interval
+        refresh = (
+            full
+            and bool(self._owners.processes)
+            and self.monotonic() - self._scanned_at < self.full_scan_interval
+        )
         # A full scan walks every directory; a refresh only those that changed.
         self._kept_now, self._sig_now = set(), {}
-        listings = {mount: self._list(mount, dev, full, changes, quiet_ok=refresh) for mount, dev in devs.items()}
+        listings = {
+            mount: self._list(mount, dev, full, changes, quiet_ok=refresh)
+            for mount, dev in devs.items()
+        }
         for gone in [m for m in self._listings if m not in devs]:
-            del self._listings[gone]  # a mount that went away (node mode: a deleted pod)
+            del self._listings[
+                gone
+            ]  # a mount that went away (node mode: a deleted pod)
             self._indexes.pop(gone, None)
             self._walked_as.pop(gone, None)
             self._dir_times.pop(gone, None)
@@ -229,19 +327,31 @@ class SegmentsCollector:
         settled = False  # owners from a full scan of every process, this run
         if full:
             self._run_devs = devs  # interim runs may patch these while /proc is read
-            self._interim_keys = set()  # a failed run's, if any: its names were given back above
+            self._interim_keys = (
+                set()
+            )  # a failed run's, if any: its names were given back above
             refreshed = None
             if refresh:
                 # A mount that moved since its pod was last read (pages written through a
                 # mapping: no event) has its pod's processes read again: what they hold, and
                 # how big, moved with it. So has one whose events no quick run handled.
-                moved = [m for m in devs if m in changes or
-                         self._moved(self._pod_read_as.get(m), self._sig_now.get(m))]
+                moved = [
+                    m
+                    for m in devs
+                    if m in changes
+                    or self._moved(self._pod_read_as.get(m), self._sig_now.get(m))
+                ]
                 also = {pod_uid_of_mount(m) for m in moved} - {""}
-                refreshed = self.owner_scan.refresh(set(devs.values()), self._owners, also=also,
-                                                    between=self.interim_hook)
+                refreshed = self.owner_scan.refresh(
+                    set(devs.values()),
+                    self._owners,
+                    also=also,
+                    between=self.interim_hook,
+                )
                 if refreshed is not None:
-                    self._pod_read_as.update({m: self._sig_now[m] for m in moved if self._sig_now.get(m)})
+                    self._pod_read_as.update(
+                        {m: self._sig_now[m] for m in moved if self._sig_now.get(m)}
+                    )
             if refreshed is not None:
                 self._owners = refreshed
             else:
@@ -251,13 +361,16 @@ class SegmentsCollector:
                 # What this run walked, before interim runs patch the listings in place: only
                 # these were listed before /proc was read, so only these may be called leaked.
                 walked = {key for files, _, _ in listings.values() for key in files}
-                self._owners = self.owner_scan.scan(set(devs.values()), pods=self.pod_of_pid,
-                                                    between=self.interim_hook)
+                self._owners = self.owner_scan.scan(
+                    set(devs.values()), pods=self.pod_of_pid, between=self.interim_hook
+                )
                 self._scanned_at = self.monotonic()
                 self._unproven_log.say(self._owners)
                 self._known_files = walked
                 self._full_devs = dict(devs)
-                self._pod_read_as = {m: sig for m in devs if (sig := self._sig_now.get(m)) is not None}
+                self._pod_read_as = {
+                    m: sig for m in devs if (sig := self._sig_now.get(m)) is not None
+                }
                 self._held_at_full = set(self._owners.holdings)
                 settled = True
             self.wants_follow_up = False
@@ -269,8 +382,16 @@ class SegmentsCollector:
             pods_read = self._scoped_owners(changes, set(devs.values()))
             if pods_read:
                 # Those mounts' pods were read just now: "moved" counts from here.
-                self._pod_read_as.update({m: sig for m in changes if (sig := self._sig_now.get(m)) is not None})
-        touched_pods = {pod_uid_of_mount(m) for m in changes} - {""} if self.pod_of_pid else set()
+                self._pod_read_as.update(
+                    {
+                        m: sig
+                        for m in changes
+                        if (sig := self._sig_now.get(m)) is not None
+                    }
+                )
+        touched_pods = (
+            {pod_uid_of_mount(m) for m in changes} - {""} if self.pod_of_pid else set()
+        )
         mounts = []
         held_on = self._held_on()
         for mount in mount_list:
@@ -278,8 +399,13 @@ class SegmentsCollector:
                 mounts.append(MountInventory(mount, error=errors[mount]))
                 continue
             last = self._last.get(mount)
-            if not full and mount not in changes and last is not None and not last.error and \
-                    (not touched_pods or pod_uid_of_mount(mount) not in touched_pods):
+            if (
+                not full
+                and mount not in changes
+                and last is not None
+                and not last.error
+                and (not touched_pods or pod_uid_of_mount(mount) not in touched_pods)
+            ):
                 # Nothing changed in it, and no owner of it was rescanned (another volume of a
                 # rescanned pod is assembled again): the same inventory object, which the model
                 # step recognises and does not summarise again.
@@ -288,14 +414,29 @@ class SegmentsCollector:
             files, others, truncated = listings[mount]
             if truncated and mount not in self._said_truncated:
                 self._said_truncated.add(mount)
-                log.warning("mount %s: more than %d entries; the inventory counts the first %d",
-                            mount, MAX_ENTRIES, MAX_ENTRIES)
+                log.warning(
+                    "mount %s: more than %d entries; the inventory counts the first %d",
+                    mount,
+                    MAX_ENTRIES,
+                    MAX_ENTRIES,
+                )
             # A quick run that read the mount's pod knows what a refresh would: a new segment
             # none of the pod's processes holds is unverified now, not "its creator's" until
             # the refresh says otherwise (the state, and its series, flipped for every create).
-            quick = not full and not (pods_read and pod_uid_of_mount(mount) in touched_pods)
-            mounts.append(self._assemble(mount, devs[mount], files, others, held_on.get(devs[mount], []),
-                                         quick=quick, settled=settled))
+            quick = not full and not (
+                pods_read and pod_uid_of_mount(mount) in touched_pods
+            )
+            mounts.append(
+                self._assemble(
+                    mount,
+                    devs[mount],
+                    files,
+                    others,
+                    held_on.get(devs[mount], []),
+                    quick=quick,
+                    settled=settled,
+                )
+            )
         self._last = {m.mount: m for m in mounts}
         if full:
             self._interim_keys = set()
@@ -313,12 +454,25 @@ class SegmentsCollector:
         pods = {}
         if self.pod_of_pid:
             pod_of = owners.pod_of
-            pods = {pid: pod for pid, proc in owners.holders.items()
-                    if (pod := pod_of.get(pid) or self.table.pod_uid(proc))}
-        return Inventory(mounts, dict(owners.comms), owners.unreadable, owners.scanned, self.clock(), pods,
-                         owners_complete=owners.complete, unproven=list(owners.unproven))
+            pods = {
+                pid: pod
+                for pid, proc in owners.holders.items()
+                if (pod := pod_of.get(pid) or self.table.pod_uid(proc))
+            }
+        return Inventory(
+            mounts,
+            dict(owners.comms),
+            owners.unreadable,
+            owners.scanned,
+            self.clock(),
+            pods,
+            owners_complete=owners.complete,
+            unproven=list(owners.unproven),
+        )
 
-    def _scoped_owners(self, changes: Dict[str, Optional[Set[str]]], devs: Set[int]) -> bool:
+    def _scoped_owners(
+        self, changes: Dict[str, Optional[Set[str]]], devs: Set[int]
+    ) -> bool:
         """Node mode: rescan the processes of the pods whose mounts changed, not the node's
         (0.2 ms a process: 2,000 processes cost 450 ms per event). A change in a mount with
         no pod (the host's /dev/shm, a runtime's sandbox shm) asks for the full follow-up run
@@ -333,8 +487,16 @@ class SegmentsCollector:
         self.wants_follow_up = False
         return bool(pods)
 
-    def _assemble(self, mount: str, dev: int, files: Files, others: Dict[str, int], held_keys: List[Key],
-                  quick: bool, settled: bool) -> MountInventory:
+    def _assemble(
+        self,
+        mount: str,
+        dev: int,
+        files: Files,
+        others: Dict[str, int],
+        held_keys: List[Key],
+        quick: bool,
+        settled: bool,
+    ) -> MountInventory:
         """`quick`: nobody was read for this mount's changes (the last scan's owners reused).
         `settled`: the owners come from a full scan this run; otherwise from a quick run
         (the last scan's owners, or a pod's rescan) or a refresh, and only a full scan, with
@@ -349,7 +511,9 @@ class SegmentsCollector:
         # follow-up full run says otherwise: no orphan flapping on every create. A refresh
         # read its new processes, and found nobody holding it: unverified until a full scan.
         unknown_state = "linked" if quick else unheld_state if settled else "unverified"
-        known_files = self._known_files if self._full_devs.get(mount) == dev else frozenset()
+        known_files = (
+            self._known_files if self._full_devs.get(mount) == dev else frozenset()
+        )
         patched_in = self._interim_keys
         append = inv.segments.append
         classes = CLASS_CACHE
@@ -371,8 +535,18 @@ class SegmentsCollector:
                     # only a full scan, with its re-reads of new processes, may call it leaked.
                     state = "unverified"
             allocated = st.st_blocks * 512
-            append(Segment(name, classes.get(name) or classify(name), state, allocated, st.st_size, st.st_mtime,
-                           holders, key))
+            append(
+                Segment(
+                    name,
+                    classes.get(name) or classify(name),
+                    state,
+                    allocated,
+                    st.st_size,
+                    st.st_mtime,
+                    holders,
+                    key,
+                )
+            )
             accounted += allocated
         for key in held_keys:
             if key in files:
@@ -384,13 +558,29 @@ class SegmentsCollector:
             extent = max(h.extent for h in hs)
             allocated = best.allocated if best else extent
             apparent = best.apparent if best else extent
-            name = os.path.basename(hs[0].path[: -len(DELETED)] if hs[0].path.endswith(DELETED) else hs[0].path)
-            append(Segment(name, classify(name), "hidden", allocated, apparent, best.mtime if best else 0.0,
-                           tuple(sorted({h.pid for h in hs})), key))
+            name = os.path.basename(
+                hs[0].path[: -len(DELETED)]
+                if hs[0].path.endswith(DELETED)
+                else hs[0].path
+            )
+            append(
+                Segment(
+                    name,
+                    classify(name),
+                    "hidden",
+                    allocated,
+                    apparent,
+                    best.mtime if best else 0.0,
+                    tuple(sorted({h.pid for h in hs})),
+                    key,
+                )
+            )
             accounted += allocated
         for seg in inv.segments:
             for pid in seg.holders:
-                inv.process_bytes[pid] = inv.process_bytes.get(pid, 0) + seg.allocated_bytes
+                inv.process_bytes[pid] = (
+                    inv.process_bytes.get(pid, 0) + seg.allocated_bytes
+                )
         try:
             st = self.statvfs(self.paths.host(mount))
             inv.used_bytes = (st.f_blocks - st.f_bfree) * st.f_frsize

@@ -3,6 +3,7 @@
 Registered on the registry, ProcessCollector would read /proc/self on every scrape;
 run here, it is read once per --poll-interval and scrapes only render what it found.
 """
+
 from __future__ import annotations
 
 from typing import List, Tuple
@@ -13,11 +14,17 @@ from prometheus_client import ProcessCollector
 class SelfProcessCollector:
     name = "process"
     schedule = "poll"
-    scrape_aligned = True  # read for the scrapes (sampler.py), as ProcessCollector would per scrape
+    scrape_aligned = (
+        True  # read for the scrapes (sampler.py), as ProcessCollector would per scrape
+    )
 
     def __init__(self) -> None:
         self._inner = ProcessCollector(registry=None)
 
     def collect(self) -> List[Tuple[str, float]]:
         """-> [(sample name, value)], e.g. ("process_resident_memory_bytes", 3.1e7)."""
-        return [(s.name, s.value) for family in self._inner.collect() for s in family.samples]
+        return [
+            (s.name, s.value)
+            for family in self._inner.collect()
+            for s in family.samples
+        ]

@@ -3,6 +3,7 @@
 Why not leave this to node_exporter: its default mount-points-exclude matches ^/(dev|...)
 so /dev/shm is never reported, and kube-prometheus drops the kubelet's emptyDir paths.
 """
+
 from __future__ import annotations
 
 import logging
@@ -10,9 +11,9 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
-from ..discovery import live_mounts
-from ..mountinfo import MountEntry, MountIndex, WatchedMountinfo
-from ..paths import Paths
+from exporter.collectors.discovery import live_mounts
+from exporter.host.mountinfo import MountEntry, MountIndex, WatchedMountinfo
+from exporter.host.paths import Paths
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +49,18 @@ def usage_values(st: os.statvfs_result) -> Dict[str, int]:
 
 class ShmMountCollector:
     """statvfs of every mount discovery publishes, with its type and source from mountinfo."""
+
     name = "shm_mount"
     schedule = "poll"
     event_driven = True  # re-run early when inotify sees the mount change
 
-    def __init__(self, paths: Paths, mounts: "Sequence[str] | Callable[[], List[str]]",
-                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
-                 touched: Optional[Callable[[], Set[str]]] = None):
+    def __init__(
+        self,
+        paths: Paths,
+        mounts: "Sequence[str] | Callable[[], List[str]]",
+        statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
+        touched: Optional[Callable[[], Set[str]]] = None,
+    ):
         self.paths = paths
         self.mounts = live_mounts(mounts)  # discovery's current mounts
         self.statvfs = statvfs
@@ -62,13 +68,19 @@ class ShmMountCollector:
         # measures those, not all 200 of a node's.
         self.touched = touched
         self._warned: Dict[str, str] = {}
-        self._index: Optional[MountIndex] = None  # the last poll's mountinfo, for quick runs
+        self._index: Optional[MountIndex] = (
+            None  # the last poll's mountinfo, for quick runs
+        )
         self._last: Dict[str, MountUsage] = {}
-        self._measured: Dict[str, tuple] = {}  # mount -> (mountinfo entry, statvfs) its _last was made from
+        self._measured: Dict[
+            str, tuple
+        ] = {}  # mount -> (mountinfo entry, statvfs) its _last was made from
         # In a container our own mountinfo is the workload's view; with a host at --path.rootfs,
         # pid 1's is the host's.
         host_first = self.paths.rootfs not in ("", "/")
-        self._mountinfo = WatchedMountinfo(paths, ("1", "self") if host_first else ("self", "1"))
+        self._mountinfo = WatchedMountinfo(
+            paths, ("1", "self") if host_first else ("self", "1")
+        )
 
     def mountinfo(self) -> List[MountEntry]:
         """The mount table when it changed since the last call; the last one otherwise."""
@@ -76,7 +88,11 @@ class ShmMountCollector:
             entries = self._mountinfo.read()
         except OSError:
             return []  # measured anyway, reported as not a mount point
-        return self._index.entries if entries is None and self._index is not None else (entries or [])
+        return (
+            self._index.entries
+            if entries is None and self._index is not None
+            else (entries or [])
+        )
 
     def _warn_once(self, mount: str, message: str) -> None:
         if self._warned.get(mount) != message:
@@ -96,7 +112,12 @@ class ShmMountCollector:
             self._measured.pop(mount, None)
             return MountUsage(mount, fstype, source, is_point, error=reason)
         last, measured = self._last.get(mount), self._measured.get(mount)
-        if last is not None and measured is not None and measured[1] == st and measured[0] == entry:
+        if (
+            last is not None
+            and measured is not None
+            and measured[1] == st
+            and measured[0] == entry
+        ):
             # Unchanged (most of a node's 200 mounts, every second): the same object, which the
             # render recognises at once. The entry by value: a pod mounted elsewhere makes
             # every entry anew.
@@ -104,7 +125,9 @@ class ShmMountCollector:
         self._measured[mount] = (entry, st)
         values = usage_values(st)
         if fstype != "tmpfs" or not is_point:
-            where = "is not a mount point" if not is_point else f"is {fstype}, not tmpfs"
+            where = (
+                "is not a mount point" if not is_point else f"is {fstype}, not tmpfs"
+            )
             self._warn_once(mount, f"{where}; reporting the filesystem that holds it")
         else:
             self._warned.pop(mount, None)
@@ -113,10 +136,14 @@ class ShmMountCollector:
     def collect(self) -> List[MountUsage]:
         entries = self.mountinfo()
         if self._index is None or entries is not self._index.entries:
-            self._index = MountIndex(entries)  # when the table changed, not once per mount
+            self._index = MountIndex(
+                entries
+            )  # when the table changed, not once per mount
         mounts = self.mounts()
         for gone in [m for m in self._warned if m not in mounts]:
-            del self._warned[gone]  # node mode: a deleted pod's warning is not kept forever
+            del self._warned[
+                gone
+            ]  # node mode: a deleted pod's warning is not kept forever
         if self.touched is not None:
             self.touched()  # all measured now
         usages = [self.measure_one(mount, self._index) for mount in mounts]

@@ -12,6 +12,7 @@ the exporter stays where it is. Joining needs CAP_SYS_ADMIN (the privileged Daem
 without it a namespace is reported as not readable (shmwatch_sysv_namespace_readable 0) and
 nothing else: never an empty "all clear".
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -23,8 +24,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional, Set, Tuple, TypeVar
 
-from ..paths import Paths, read_text
-from ..proctable import Process, ProcessTable
+from exporter.host.paths import Paths, read_text
+from exporter.host.proctable import Process, ProcessTable
 
 CLONE_NEWIPC = 0x08000000
 # A container's ID in its cgroup path (Docker, containerd, CRI-O: 64 hex digits).
@@ -88,12 +89,17 @@ def parse_sysvipc_shm(text: str) -> List[SysvSegment]:
     for line in lines[1:]:
         fields = line.split()
         try:
-            segments.append(SysvSegment(
-                key=int(fields[col["key"]]), shmid=int(fields[col["shmid"]]), size_bytes=int(fields[col["size"]]),
-                nattch=int(fields[col["nattch"]]),
-                cpid=int(fields[col["cpid"]]) if "cpid" in col else 0,
-                rss_bytes=int(fields[col["rss"]]) if "rss" in col else 0,
-                lpid=int(fields[col["lpid"]]) if "lpid" in col else 0))
+            segments.append(
+                SysvSegment(
+                    key=int(fields[col["key"]]),
+                    shmid=int(fields[col["shmid"]]),
+                    size_bytes=int(fields[col["size"]]),
+                    nattch=int(fields[col["nattch"]]),
+                    cpid=int(fields[col["cpid"]]) if "cpid" in col else 0,
+                    rss_bytes=int(fields[col["rss"]]) if "rss" in col else 0,
+                    lpid=int(fields[col["lpid"]]) if "lpid" in col else 0,
+                )
+            )
         except (ValueError, IndexError):
             continue  # a truncated line
     return segments
@@ -119,8 +125,9 @@ def _setns_ipc(fd: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
-def in_ipc_namespaces(namespaces: List[Tuple[str, List[str]]], read: Callable[[], T],
-                      timeout: float = 5.0) -> Dict[str, "T | BaseException"]:
+def in_ipc_namespaces(
+    namespaces: List[Tuple[str, List[str]]], read: Callable[[], T], timeout: float = 5.0
+) -> Dict[str, "T | BaseException"]:
     """`read()` in each IPC namespace: [(namespace, [paths that may join it])] -> namespace ->
     its result, or the error that kept it unread. One short-lived thread joins them in turn
     with setns(CLONE_NEWIPC), which moves only that thread (an IPC namespace is per thread,
@@ -153,37 +160,57 @@ def in_ipc_namespaces(namespaces: List[Tuple[str, List[str]]], read: Callable[[]
                 # without its traceback: that holds this frame, and so `results` (a cycle per
                 # namespace and run, left to the cyclic collector: gc_tuning.py)
                 results[namespace] = err.with_traceback(None)
+
     thread = threading.Thread(target=run, name="shmwatch-sysv-ns", daemon=True)
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
         for namespace, _ in namespaces:
-            results.setdefault(namespace, TimeoutError(f"reading IPC namespace {namespace} took over {timeout:g}s"))
+            results.setdefault(
+                namespace,
+                TimeoutError(
+                    f"reading IPC namespace {namespace} took over {timeout:g}s"
+                ),
+            )
     return dict(results)
 
 
 class SysvCollector:
     name = "sysv"
 
-    def __init__(self, paths: Paths, page_size: int = os.sysconf("SC_PAGE_SIZE"), node_mode: bool = False,
-                 table: Optional[ProcessTable] = None):
+    def __init__(
+        self,
+        paths: Paths,
+        page_size: int = os.sysconf("SC_PAGE_SIZE"),
+        node_mode: bool = False,
+        table: Optional[ProcessTable] = None,
+    ):
         self.paths = paths
         self.page_size = page_size
         self.node_mode = node_mode
         self.table = table or ProcessTable(paths)
         # Node mode walks every process for its namespace: at the inventory's pace, not every poll.
         self.schedule = "inventory" if node_mode else "poll"
-        self.scrape_aligned = True  # nothing is kept from it between scrapes (sampler.py)
-        self._ns_of: Dict[int, Tuple[Process, str, bool]] = {}  # node mode: _namespaces()
+        self.scrape_aligned = (
+            True  # nothing is kept from it between scrapes (sampler.py)
+        )
+        self._ns_of: Dict[
+            int, Tuple[Process, str, bool]
+        ] = {}  # node mode: _namespaces()
         self._pid_wrap = self.table.pid_wrap_watch()  # a reused pid is another process
         self._kernel_threads: Set[int] = set()
         self._read_at = float("-inf")
 
     def read(self) -> SysvShm:
         """The calling thread's IPC namespace."""
-        segments = [replace(seg, orphan=True) if seg.nattch == 0 and self._gone(seg.cpid)
-                    and (seg.lpid == 0 or self._gone(seg.lpid)) else seg
-                    for seg in parse_sysvipc_shm(read_text(self.paths.proc("sysvipc", "shm")))]
+        segments = [
+            replace(seg, orphan=True)
+            if seg.nattch == 0
+            and self._gone(seg.cpid)
+            and (seg.lpid == 0 or self._gone(seg.lpid))
+            else seg
+            for seg in parse_sysvipc_shm(read_text(self.paths.proc("sysvipc", "shm")))
+        ]
         shmall = _read_int(self.paths.proc("sys", "kernel", "shmall"))
         return SysvShm(
             segments=segments,
@@ -200,10 +227,17 @@ class SysvCollector:
         groups: Dict[str, List[Process]] = {}
         for proc, namespace, _ in self._namespaces().values():
             groups.setdefault(namespace, []).append(proc)
-        shown = [(namespace, procs) for namespace, procs in sorted(groups.items())
-                 # shmwatch's own private namespace holds nobody's segments
-                 if not (namespace == own and all(p.pid == os.getpid() for p in procs))]
-        joined = [(n, [self.paths.proc(p.pid, "ns", "ipc") for p in procs]) for n, procs in shown if n != own]
+        shown = [
+            (namespace, procs)
+            for namespace, procs in sorted(groups.items())
+            # shmwatch's own private namespace holds nobody's segments
+            if not (namespace == own and all(p.pid == os.getpid() for p in procs))
+        ]
+        joined = [
+            (n, [self.paths.proc(p.pid, "ns", "ipc") for p in procs])
+            for n, procs in shown
+            if n != own
+        ]
         try:
             read: Dict[str, object] = in_ipc_namespaces(joined, self.read)
         except RuntimeError as err:  # no thread to be had (pids.max)
@@ -212,19 +246,37 @@ class SysvCollector:
         for namespace, procs in shown:
             pods = {self.table.pod_uid(p) for p in procs}
             pod = pods.pop() if len(pods) == 1 else ""
-            labels = dict(namespace=namespace, pod_uid=pod, container_id="" if pod else self._container(procs))
+            labels = dict(
+                namespace=namespace,
+                pod_uid=pod,
+                container_id="" if pod else self._container(procs),
+            )
             try:
                 shm = self.read() if namespace == own else read.get(namespace)
             except (OSError, ValueError) as err:
-                shm = err.with_traceback(None)  # kept past the except: its traceback would hold this frame
+                shm = err.with_traceback(
+                    None
+                )  # kept past the except: its traceback would hold this frame
             if isinstance(shm, (OSError, TimeoutError, ValueError, RuntimeError)):
-                out.append(SysvShm([], None, None, None, readable=False, error=str(shm), **labels))
+                out.append(
+                    SysvShm(
+                        [], None, None, None, readable=False, error=str(shm), **labels
+                    )
+                )
                 continue
             if isinstance(shm, BaseException):
                 raise shm
             if shm is None:
                 continue  # every process of the namespace exited: so did the namespace
-            out.append(SysvShm(shm.segments, shm.shmmax_bytes, shm.shmall_bytes, shm.shmmni, **labels))
+            out.append(
+                SysvShm(
+                    shm.segments,
+                    shm.shmmax_bytes,
+                    shm.shmall_bytes,
+                    shm.shmmni,
+                    **labels,
+                )
+            )
         return out
 
     # A process's IPC namespace is read when it is new and once more a scrape later (`unshare
@@ -266,7 +318,11 @@ class SysvCollector:
                 if ident[1]:
                     self._kernel_threads.add(pid)
                     continue
-                known[pid] = (ident[0], os.readlink(self.paths.proc(pid, "ns", "ipc")), False)
+                known[pid] = (
+                    ident[0],
+                    os.readlink(self.paths.proc(pid, "ns", "ipc")),
+                    False,
+                )
             except (OSError, ValueError, IndexError):
                 continue  # gone, or not ours to inspect (counted by the inventory)
         self._ns_of = known

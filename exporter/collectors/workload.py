@@ -19,14 +19,15 @@ cgroup read first (shared libraries of a common base image are charged to whoeve
 them in). The result is labelled `cgroup="estimate:workload"`
 and carries `estimated=True` (shmwatch_cgroup_memory_estimated 1).
 """
+
 from __future__ import annotations
 
 import os
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
-from ..mountinfo import MountEntry, parse_mountinfo
-from ..paths import Paths, read_text
-from ..proctable import Process, ProcessTable
+from exporter.host.mountinfo import MountEntry, parse_mountinfo
+from exporter.host.paths import Paths, read_text
+from exporter.host.proctable import Process, ProcessTable
 
 ESTIMATE_CGROUP = "estimate:workload"
 # A pod's sandbox process: in the shared PID namespace of a Kubernetes pod, but not the workload.
@@ -49,12 +50,18 @@ def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
     # Processes we cannot read (another UID, hidepid) may be the workload's: an estimate
     # without them would be low, and unmarked as such. Say so instead.
     if walked.unreadable or walked.invisible is None or walked.invisible:
-        raise IncompleteView(f"{walked.unreadable or 0} process(es) in this PID namespace could not be read"
-                             + ("" if walked.invisible == 0 else " and some are hidden by hidepid")
-                             + ": the workload's memory cannot be estimated (give shmwatch the server's UID or "
-                               "CAP_SYS_PTRACE, or the host's cgroupfs)")
+        raise IncompleteView(
+            f"{walked.unreadable or 0} process(es) in this PID namespace could not be read"
+            + ("" if walked.invisible == 0 else " and some are hidden by hidepid")
+            + ": the workload's memory cannot be estimated (give shmwatch the server's UID or "
+            "CAP_SYS_PTRACE, or the host's cgroupfs)"
+        )
     for proc in walked.processes:
-        if proc.pid == own_pid or proc.comm in SANDBOX_COMMS or _is_shmwatch(table, proc.pid):
+        if (
+            proc.pid == own_pid
+            or proc.comm in SANDBOX_COMMS
+            or _is_shmwatch(table, proc.pid)
+        ):
             continue
         try:
             if table.cgroups(proc.pid) == own:
@@ -62,8 +69,10 @@ def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
         except FileNotFoundError:
             continue  # gone since the walk
         except OSError as err:
-            raise IncompleteView(f"the cgroup of process {proc.pid} could not be read ({err.strerror or err}): "
-                                 "the workload's memory cannot be estimated") from None
+            raise IncompleteView(
+                f"the cgroup of process {proc.pid} could not be read ({err.strerror or err}): "
+                "the workload's memory cannot be estimated"
+            ) from None
         found.append(proc)
     return sorted(found, key=lambda p: p.pid)
 
@@ -76,7 +85,10 @@ def _is_shmwatch(table: ProcessTable, pid: int) -> bool:
         words = table.cmdline(pid).split()
     except OSError:
         return False
-    return any(os.path.basename(w) == "shmwatch" for w in words[:2]) or words[1:3] == ["-m", "exporter"]
+    return any(os.path.basename(w) == "shmwatch" for w in words[:2]) or words[1:3] == [
+        "-m",
+        "exporter",
+    ]
 
 
 def _components(path: str) -> List[str]:
@@ -86,7 +98,9 @@ def _components(path: str) -> List[str]:
 def below(path: str, root: str) -> Optional[List[str]]:
     """`path`'s components below `root`, both relative to one cgroup namespace root (either may
     climb out of it with leading '..'); None when `path` is not at or below `root`."""
-    base = [f"\0{i}" for i in range(64)]  # a stand-in for the directories above the namespace
+    base = [
+        f"\0{i}" for i in range(64)
+    ]  # a stand-in for the directories above the namespace
 
     def resolve(parts: Sequence[str]) -> List[str]:
         out = list(base)
@@ -97,19 +111,24 @@ def below(path: str, root: str) -> Optional[List[str]]:
             else:
                 out.append(part)
         return out
+
     p, r = resolve(_components(path)), resolve(_components(root))
-    if p[:len(r)] != r or any(part.startswith("\0") for part in p[len(r):]):
+    if p[: len(r)] != r or any(part.startswith("\0") for part in p[len(r) :]):
         # Not below the mount, or below it through directories whose names this namespace
         # cannot tell (a v2 path /../<id> under a mount rooted at /../..): not guessed.
         return None
-    return p[len(r):]
+    return p[len(r) :]
 
 
-def cgroup_directories(entries: Iterable[MountEntry], path: str, version: int) -> List[str]:
+def cgroup_directories(
+    entries: Iterable[MountEntry], path: str, version: int
+) -> List[str]:
     """Every directory a mounted cgroupfs shows `path` at (v1: a memory hierarchy; v2: cgroup2)."""
     out = []
     for entry in entries:
-        if version == 1 and not (entry.fstype == "cgroup" and "memory" in entry.options.split(",")):
+        if version == 1 and not (
+            entry.fstype == "cgroup" and "memory" in entry.options.split(",")
+        ):
             continue
         if version == 2 and entry.fstype != "cgroup2":
             continue
@@ -119,14 +138,19 @@ def cgroup_directories(entries: Iterable[MountEntry], path: str, version: int) -
     return out
 
 
-def find_through_mounts(paths: Paths, candidates: dict) -> Optional[Tuple[str, int, str]]:
+def find_through_mounts(
+    paths: Paths, candidates: dict
+) -> Optional[Tuple[str, int, str]]:
     """(path, version, directory) of the first readable memory cgroup among `candidates`
     ({controller: path} from /proc/<pid>/cgroup) under any cgroupfs mount we can see."""
     try:
         entries = parse_mountinfo(read_text(paths.proc("self", "mountinfo")))
     except OSError:
         return None
-    for controller, version, marker in (("memory", 1, "memory.usage_in_bytes"), ("", 2, "memory.current")):
+    for controller, version, marker in (
+        ("memory", 1, "memory.usage_in_bytes"),
+        ("", 2, "memory.current"),
+    ):
         path = candidates.get(controller)
         if path is None:
             continue
@@ -136,7 +160,11 @@ def find_through_mounts(paths: Paths, candidates: dict) -> Optional[Tuple[str, i
     return None
 
 
-def shm_used(paths: Paths, mounts: Iterable[str], statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> int:
+def shm_used(
+    paths: Paths,
+    mounts: Iterable[str],
+    statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
+) -> int:
     """Bytes used on the watched mounts, each filesystem once (one tmpfs may be watched twice)."""
     seen, total = set(), 0
     for mount in mounts:
@@ -171,7 +199,9 @@ def resident(table: ProcessTable, processes: Sequence[Process]) -> int:
             total += max(0, rollup.get("Pss", 0) - rollup.get("Pss_Shmem", 0))
     if unreadable:
         # Part of the picture would be a confident understatement: no estimate at all.
-        raise PermissionError(f"cannot estimate the workload's memory: smaps_rollup of {', '.join(unreadable[:5])} "
-                              f"not readable (run shmwatch as the server's UID or with CAP_SYS_PTRACE, or give it "
-                              f"the host's cgroupfs read-only)")
+        raise PermissionError(
+            f"cannot estimate the workload's memory: smaps_rollup of {', '.join(unreadable[:5])} "
+            f"not readable (run shmwatch as the server's UID or with CAP_SYS_PTRACE, or give it "
+            f"the host's cgroupfs read-only)"
+        )
     return total

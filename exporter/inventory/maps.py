@@ -4,6 +4,7 @@ A node has thousands of processes with hundreds of lines each, and most lines ar
 or libraries on a disk: the parser looks for the watched devices' tokens and splits only
 the lines they are on.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,12 @@ class DeviceTokens(Dict[str, int]):
 
     def __init__(self, tokens: Dict[str, int]):
         super().__init__(tokens)
-        self.major0 = {tok: dev for tok, dev in tokens.items() if tok.startswith(" 00:")}
-        self.others = {tok: dev for tok, dev in tokens.items() if not tok.startswith(" 00:")}
+        self.major0 = {
+            tok: dev for tok, dev in tokens.items() if tok.startswith(" 00:")
+        }
+        self.others = {
+            tok: dev for tok, dev in tokens.items() if not tok.startswith(" 00:")
+        }
 
     @classmethod
     def of(cls, devs: Set[int]) -> "DeviceTokens":
@@ -47,11 +52,11 @@ def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
         pos = text.find(" 00:")
         while pos != -1:
             end_token = text.find(" ", pos + 4)
-            token = text[pos:end_token + 1]
+            token = text[pos : end_token + 1]
             if token in major0:
                 line_start = text.rfind("\n", 0, pos) + 1
                 line_end = text.find("\n", pos)
-                line = text[line_start:line_end if line_end != -1 else len(text)]
+                line = text[line_start : line_end if line_end != -1 else len(text)]
                 parsed = _parse_maps_line(line, major0[token], token)
                 if parsed:
                     found.append(parsed)
@@ -60,7 +65,9 @@ def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
                 pos = text.find(" 00:", pos + 4)
     for token, dev in others.items():  # a watched directory on a real disk: rare
         if token in text:
-            for line in text.split("\n"):  # not splitlines(): "\x1e" or "\x85" may be in a path
+            for line in text.split(
+                "\n"
+            ):  # not splitlines(): "\x1e" or "\x85" may be in a path
                 if token in line:
                     parsed = _parse_maps_line(line, dev, token)
                     if parsed:

@@ -4,14 +4,15 @@ An fd is ours when fdinfo's mnt_id names a watched mount: this is how the owner 
 which fds to stat without ever stat'ing a file on another filesystem (an fd on a hung FUSE
 or NFS mount blocks a stat for good; model weights on gcsfuse or s3 mounts are common).
 """
+
 from __future__ import annotations
 
 import errno
 import os
 from typing import Dict, Iterable, Optional, Set
 
-from ..paths import Paths, read_text
-from ..proctable import Process
+from exporter.host.paths import Paths, read_text
+from exporter.host.proctable import Process
 
 
 def denied(err: OSError) -> bool:
@@ -30,7 +31,9 @@ class WatchedMountIds:
         self.union: Set[int] = set()  # every namespace's IDs (learn)
         self.learned_devs: Set[int] = set()  # the watched devices they were learnt for
 
-    def learn(self, processes: Iterable[Process], devs: Set[int], again: bool = True) -> None:
+    def learn(
+        self, processes: Iterable[Process], devs: Set[int], again: bool = True
+    ) -> None:
         """Every namespace's watched mount IDs, before any fd is looked at. An fd passed from
         another namespace (SCM_RIGHTS between a pod's containers, a file opened through
         /proc/<pid>/root) is on a mount its holder's own mountinfo does not list; mount IDs are
@@ -49,7 +52,9 @@ class WatchedMountIds:
         """Drop the namespaces no process is left in, and their mount IDs from the union: the
         kernel hands freed namespace inodes and mount IDs out again, and a stale ID could name
         a FUSE mount whose files must never be stat'ed."""
-        left = {self._ns_of.pop(pid) for pid in gone if pid in self._ns_of} - set(self._ns_of.values())
+        left = {self._ns_of.pop(pid) for pid in gone if pid in self._ns_of} - set(
+            self._ns_of.values()
+        )
         if not left:
             return
         for namespace in left:
@@ -69,7 +74,9 @@ class WatchedMountIds:
         try:
             text = read_text(self.paths.proc(pid, "mountinfo"))
         except OSError as err:
-            return None if denied(err) else set()  # gone (or a fixture without one): no fds
+            return (
+                None if denied(err) else set()
+            )  # gone (or a fixture without one): no fds
         ids: Set[int] = set()
         for line in text.splitlines():
             fields = line.split(" ", 3)
@@ -91,7 +98,9 @@ class WatchedMountIds:
         except OSError:
             return False  # closed since listdir
         try:
-            info = os.read(handle, 4096)  # pos, flags, mnt_id, ino come first; raw: thousands per scan
+            info = os.read(
+                handle, 4096
+            )  # pos, flags, mnt_id, ino come first; raw: thousands per scan
         except OSError:
             return False
         finally:
@@ -101,6 +110,6 @@ class WatchedMountIds:
             return True
         end = info.find(b"\n", at)
         try:
-            return int(info[at + 7:end if end != -1 else len(info)]) in mount_ids
+            return int(info[at + 7 : end if end != -1 else len(info)]) in mount_ids
         except ValueError:
             return False

@@ -6,6 +6,7 @@ Joined with the directory by (device, inode), never by path text (the same tmpfs
 unlinks after attach, UCX with UCX_POSIX_USE_PROC_LINK=y, torch's file_descriptor
 strategy, Ray plasma).
 """
+
 from __future__ import annotations
 
 import logging
@@ -15,11 +16,11 @@ import stat as stat_mod
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
-from ..proctable import Process, ProcessTable
-from .maps import DeviceTokens, parse_maps
-from .mount_ids import WatchedMountIds
-from .mount_ids import denied as denied_by
-from .walk import Key
+from exporter.host.proctable import Process, ProcessTable
+from exporter.inventory.maps import DeviceTokens, parse_maps
+from exporter.inventory.mount_ids import WatchedMountIds
+from exporter.inventory.mount_ids import denied as denied_by
+from exporter.inventory.walk import Key
 
 DELETED = " (deleted)"
 MAX_UNPROVEN = 20  # reasons kept for the log
@@ -45,16 +46,21 @@ class UnprovenLog:
             return
         self._said = said
         if said:
-            self._log.info("segments held by no readable process are 'unverified', not 'orphan': could not read %s "
-                           "(--segments.ignore-unreadable excuses root's processes by name)",
-                           "; ".join(owners.unproven[:MAX_UNPROVEN]))
+            self._log.info(
+                "segments held by no readable process are 'unverified', not 'orphan': could not read %s "
+                "(--segments.ignore-unreadable excuses root's processes by name)",
+                "; ".join(owners.unproven[:MAX_UNPROVEN]),
+            )
         else:
-            self._log.info("every process could be read: segments held by nobody are orphans again")
+            self._log.info(
+                "every process could be read: segments held by nobody are orphans again"
+            )
 
 
 @dataclass
 class Holding:
     """One process's hold on one inode of a watched mount."""
+
     pid: int
     path: str
     deleted: bool
@@ -62,12 +68,15 @@ class Holding:
     allocated: Optional[int] = None  # from fstat of the fd / map_files, when we could
     apparent: Optional[int] = None
     mtime: float = 0.0
-    map_range: str = ""  # one mapping's "start-end", to stat it through /proc/<pid>/map_files
+    map_range: str = (
+        ""  # one mapping's "start-end", to stat it through /proc/<pid>/map_files
+    )
 
 
 @dataclass
 class Owners:
     """What one owner scan found."""
+
     holdings: Dict[Key, List[Holding]] = field(default_factory=dict)
     comms: Dict[int, str] = field(default_factory=dict)  # comm of each holder
     holders: Dict[int, Process] = field(default_factory=dict)
@@ -79,14 +88,20 @@ class Owners:
     # Why 'held by nobody' is not proven, for the log: "process_api (pid 1, uid 0)", ...
     unproven: List[str] = field(default_factory=list)
     scanned: int = 0
-    processes: Dict[int, Process] = field(default_factory=dict)  # every process walked (scoped scans)
+    processes: Dict[int, Process] = field(
+        default_factory=dict
+    )  # every process walked (scoped scans)
     # pid -> the keys it holds (each once): a scoped scan replaces a pod's holdings without
     # a pass over the node's (4,000 at 200 pods, 10 events a second).
     keys_of: Dict[int, List[Key]] = field(default_factory=dict)
-    pod_of: Dict[int, str] = field(default_factory=dict)  # pid -> pod UID of `processes` (once known) and holders
+    pod_of: Dict[int, str] = field(
+        default_factory=dict
+    )  # pid -> pod UID of `processes` (once known) and holders
 
     def unproven_because(self, why: str) -> None:
-        if len(self.unproven) < MAX_UNPROVEN:  # thousands of unreadable processes under hidepid=1
+        if (
+            len(self.unproven) < MAX_UNPROVEN
+        ):  # thousands of unreadable processes under hidepid=1
             self.unproven.append(why)
 
     @property
@@ -99,19 +114,30 @@ class OwnerScan:
     """Reads the maps and fds of the processes the table lists; comm comes from the table
     (read afresh each walk: an exec changes comm, the start time does not)."""
 
-    def __init__(self, table: ProcessTable, ignore_unreadable: Optional[Pattern[str]] = None):
+    def __init__(
+        self, table: ProcessTable, ignore_unreadable: Optional[Pattern[str]] = None
+    ):
         self.table = table
         self.ignore_unreadable = ignore_unreadable
         self._mount_ids = WatchedMountIds(table.paths)
-        self._kernel_threads: Set[int] = set()  # pids a scoped scan need not identify again
-        self._pid_wrap = table.pid_wrap_watch()  # a refresh trusts what it knows of a pid until pids wrap
+        self._kernel_threads: Set[int] = (
+            set()
+        )  # pids a scoped scan need not identify again
+        self._pid_wrap = (
+            table.pid_wrap_watch()
+        )  # a refresh trusts what it knows of a pid until pids wrap
 
     # A holder may fork and exit while we read the others: its child, started after /proc was
     # listed, holds the segment. Processes that appeared during a pass are read in another,
     # up to this many; still new ones after that leave the scan unproven.
     MAX_PASSES = 4
 
-    def scan(self, devs: Set[int], pods: bool = False, between: Optional[Callable[[], None]] = None) -> Owners:
+    def scan(
+        self,
+        devs: Set[int],
+        pods: bool = False,
+        between: Optional[Callable[[], None]] = None,
+    ) -> Owners:
         # SysV's walk of the same moment is reused (both run once per scrape); whoever
         # started since is read by the passes below, as after a walk of our own.
         self._pid_wrap.wrapped()  # from here on
@@ -119,12 +145,17 @@ class OwnerScan:
         # Whoever we could not even identify could hold anything.
         out = Owners(unreadable=walked.unreadable, unverifiable=walked.unreadable)
         if walked.unreadable:
-            out.unproven_because(f"{walked.unreadable} process(es) whose stat could not be read")
+            out.unproven_because(
+                f"{walked.unreadable} process(es) whose stat could not be read"
+            )
         if walked.invisible is None or not walked.workload_visible:
             out.unreadable = out.unverifiable = None
-            out.unproven_because("hidden processes (hidepid), uncounted" if walked.invisible is None
-                                else "the workload's processes: only shmwatch and its parents are visible "
-                                "(a PID namespace of its own)")
+            out.unproven_because(
+                "hidden processes (hidepid), uncounted"
+                if walked.invisible is None
+                else "the workload's processes: only shmwatch and its parents are visible "
+                "(a PID namespace of its own)"
+            )
         elif walked.invisible:
             out.unreadable += walked.invisible
             out.unverifiable += walked.invisible
@@ -141,14 +172,21 @@ class OwnerScan:
             out.processes.update({p.pid: p for p in processes})
         else:
             out.unverifiable = None  # processes kept appearing: some were never read
-            out.unproven_because(f"processes kept starting over {self.MAX_PASSES} passes")
+            out.unproven_because(
+                f"processes kept starting over {self.MAX_PASSES} passes"
+            )
         self._fill_mapping_sizes(out.holdings)
         if pods:  # node mode: the holders' pods, for the inventory and for refresh() once they exit
             out.pod_of = {pid: self.table.pod_uid(p) for pid, p in out.holders.items()}
         return out
 
-    def refresh(self, devs: Set[int], previous: Owners, also: Set[str] = frozenset(),
-                between: Optional[Callable[[], None]] = None) -> Optional[Owners]:
+    def refresh(
+        self,
+        devs: Set[int],
+        previous: Owners,
+        also: Set[str] = frozenset(),
+        between: Optional[Callable[[], None]] = None,
+    ) -> Optional[Owners]:
         """Node mode between full scans: read only what may have changed since `previous`.
         A process started since is read; a holder that exited has its pod read again (a
         pod-mate may have attached since, or nobody holds the segment now); everyone else's
@@ -168,10 +206,19 @@ class OwnerScan:
             if not pod:
                 return None
             pods.add(pod)
-        return self.scan_pods(devs, pods, previous, new_too=True, alive=alive, between=between)
+        return self.scan_pods(
+            devs, pods, previous, new_too=True, alive=alive, between=between
+        )
 
-    def scan_pods(self, devs: Set[int], pods: Set[str], previous: Owners, new_too: bool = False,
-                  alive: Optional[Set[int]] = None, between: Optional[Callable[[], None]] = None) -> Owners:
+    def scan_pods(
+        self,
+        devs: Set[int],
+        pods: Set[str],
+        previous: Owners,
+        new_too: bool = False,
+        alive: Optional[Set[int]] = None,
+        between: Optional[Callable[[], None]] = None,
+    ) -> Owners:
         """Rescan only the processes of `pods` (node mode: an event in a pod's mount), and
         with `new_too` every process started since `previous`; every other process's
         holdings carry over from `previous`, so a segment another pod holds never turns
@@ -211,12 +258,19 @@ class OwnerScan:
         for p in new:
             pod_of.pop(p.pid, None)
         if pods:
-            unknown = {pid: self.table.pod_uid(processes[pid]) for pid in processes.keys() - pod_of.keys()}
+            unknown = {
+                pid: self.table.pod_uid(processes[pid])
+                for pid in processes.keys() - pod_of.keys()
+            }
             pod_of.update(unknown)
             previous.pod_of.update(unknown)
         else:
             pod_of.update({p.pid: self.table.pod_uid(p) for p in new})
-        scope = [p for pid, pod in pod_of.items() if pod in pods and (p := processes.get(pid)) is not None]
+        scope = [
+            p
+            for pid, pod in pod_of.items()
+            if pod in pods and (p := processes.get(pid)) is not None
+        ]
         if new_too:
             scope += [p for p in new if pod_of.get(p.pid) not in pods]
         fresh = Owners()
@@ -227,20 +281,34 @@ class OwnerScan:
             self._mount_ids.forget(previous.processes.keys() - alive)
             self._mount_ids.learn(new, devs, again=False)
         else:
-            self._mount_ids.learn(processes.values(), devs)  # a watched mount came or went
+            self._mount_ids.learn(
+                processes.values(), devs
+            )  # a watched mount came or went
         self._scan_processes(scope, devs, tokens, fresh, between)
         self._fill_mapping_sizes(fresh.holdings)
         was_in_scope = {pid for pid, pod in previous.pod_of.items() if pod in pods}
         replaced = was_in_scope | {p.pid for p in scope}
         # A process of the pod we could not read now leaves the proof to the next full scan.
-        unverifiable = previous.unverifiable if not (fresh.unverifiable or unidentified) else None
+        unverifiable = (
+            previous.unverifiable if not (fresh.unverifiable or unidentified) else None
+        )
         unreadable = previous.unreadable if not fresh.unreadable else None
         unproven = previous.unproven + fresh.unproven
         if unidentified:
-            unproven.append(f"{unidentified} new process(es) whose stat could not be read")
-        unproven = list(dict.fromkeys(unproven))[:MAX_UNPROVEN]  # scoped scans chain: no growth
-        out = Owners(unreadable=unreadable, unverifiable=unverifiable, unproven=unproven,
-                     scanned=previous.scanned, processes=processes, pod_of=pod_of)
+            unproven.append(
+                f"{unidentified} new process(es) whose stat could not be read"
+            )
+        unproven = list(dict.fromkeys(unproven))[
+            :MAX_UNPROVEN
+        ]  # scoped scans chain: no growth
+        out = Owners(
+            unreadable=unreadable,
+            unverifiable=unverifiable,
+            unproven=unproven,
+            scanned=previous.scanned,
+            processes=processes,
+            pod_of=pod_of,
+        )
         # Everyone else's holdings carry over: the lists are shared with `previous`, so those
         # touched are made anew, never edited.
         holdings, keys_of = dict(previous.holdings), dict(previous.keys_of)
@@ -279,22 +347,33 @@ class OwnerScan:
                 found.append(ident[0])
         return found
 
-    def _scan_processes(self, processes: Sequence[Process], devs: Set[int], tokens: Dict[str, int], out: Owners,
-                        between: Optional[Callable[[], None]]) -> None:
+    def _scan_processes(
+        self,
+        processes: Sequence[Process],
+        devs: Set[int],
+        tokens: Dict[str, int],
+        out: Owners,
+        between: Optional[Callable[[], None]],
+    ) -> None:
         for i, proc in enumerate(processes):
             if between is not None and i % BETWEEN_EVERY == BETWEEN_EVERY - 1:
                 between()
             self._scan_process(proc, devs, tokens, out)
 
-    def _scan_process(self, proc: Process, devs: Set[int], tokens: Dict[str, int], out: Owners) -> None:
+    def _scan_process(
+        self, proc: Process, devs: Set[int], tokens: Dict[str, int], out: Owners
+    ) -> None:
         out.scanned += 1
         held, denied = self._scan_one(proc, devs, tokens, out)
         if denied:
             if out.unreadable is not None:
                 out.unreadable += 1
             # Excused only when root's: any process can name itself anything (PR_SET_NAME).
-            excused = (self.ignore_unreadable is not None and proc.uid == 0
-                       and self.ignore_unreadable.search(proc.comm))
+            excused = (
+                self.ignore_unreadable is not None
+                and proc.uid == 0
+                and self.ignore_unreadable.search(proc.comm)
+            )
             if not excused:
                 if out.unverifiable is not None:
                     out.unverifiable += 1
@@ -306,23 +385,38 @@ class OwnerScan:
             out.comms[proc.pid] = proc.comm if comm == "unknown" else comm
             out.holders[proc.pid] = proc
 
-    def _scan_one(self, proc: Process, devs: Set[int], tokens: Dict[str, int], out: Owners) -> Tuple[bool, bool]:
+    def _scan_one(
+        self, proc: Process, devs: Set[int], tokens: Dict[str, int], out: Owners
+    ) -> Tuple[bool, bool]:
         """-> (holds something on a watched mount, some of its /proc entries were denied)."""
         pid = proc.pid
         denied = held_here = False
         try:
-            for dev, inode, path, extent, map_range in parse_maps(self.table.maps(pid), tokens):
+            for dev, inode, path, extent, map_range in parse_maps(
+                self.table.maps(pid), tokens
+            ):
                 held_here = True
-                self._add(out, (dev, inode), pid, path, path.endswith(DELETED), extent=extent,
-                          map_range=map_range)
+                self._add(
+                    out,
+                    (dev, inode),
+                    pid,
+                    path,
+                    path.endswith(DELETED),
+                    extent=extent,
+                    map_range=map_range,
+                )
         except OSError as err:
             denied |= denied_by(err)
         fd_dir = self.table.fd_dir(pid)
         mount_ids = self._mount_ids.of(pid, devs)
         fds: List[str] = []
         if mount_ids is None:
-            denied = True  # without its mountinfo we cannot tell which fds are safe to stat
-        elif mount_ids or self._mount_ids.union:  # an fd may come from another namespace's mount
+            denied = (
+                True  # without its mountinfo we cannot tell which fds are safe to stat
+            )
+        elif (
+            mount_ids or self._mount_ids.union
+        ):  # an fd may come from another namespace's mount
             try:
                 fds = os.listdir(fd_dir)
             except OSError as err:
@@ -337,19 +431,38 @@ class OwnerScan:
                     continue  # socket:[…], pipe:[…], anon_inode:…
                 if not self._mount_ids.holds_fd(f"{info_dir}/{fd}", ours):
                     continue
-                st = os.stat(link)  # the open file itself, known to be on a watched tmpfs
+                st = os.stat(
+                    link
+                )  # the open file itself, known to be on a watched tmpfs
             except OSError:
                 continue
             if st.st_dev in devs and stat_mod.S_ISREG(st.st_mode):
                 held_here = True
-                self._add(out, (st.st_dev, st.st_ino), pid, target, target.endswith(DELETED),
-                          allocated=st.st_blocks * 512, apparent=st.st_size, mtime=st.st_mtime)
+                self._add(
+                    out,
+                    (st.st_dev, st.st_ino),
+                    pid,
+                    target,
+                    target.endswith(DELETED),
+                    allocated=st.st_blocks * 512,
+                    apparent=st.st_size,
+                    mtime=st.st_mtime,
+                )
         return held_here, denied
 
     @staticmethod
-    def _add(out: Owners, key: Key, pid: int, path: str, deleted: bool,
-             extent: int = 0, allocated: Optional[int] = None, apparent: Optional[int] = None,
-             mtime: float = 0.0, map_range: str = "") -> None:
+    def _add(
+        out: Owners,
+        key: Key,
+        pid: int,
+        path: str,
+        deleted: bool,
+        extent: int = 0,
+        allocated: Optional[int] = None,
+        apparent: Optional[int] = None,
+        mtime: float = 0.0,
+        map_range: str = "",
+    ) -> None:
         holdings = out.holdings
         for h in holdings.setdefault(key, []):
             if h.pid == pid:
@@ -359,7 +472,9 @@ class OwnerScan:
                 if allocated is not None:
                     h.allocated, h.apparent, h.mtime = allocated, apparent, mtime
                 return
-        holdings[key].append(Holding(pid, path, deleted, extent, allocated, apparent, mtime, map_range))
+        holdings[key].append(
+            Holding(pid, path, deleted, extent, allocated, apparent, mtime, map_range)
+        )
         out.keys_of.setdefault(pid, []).append(key)
 
     def _fill_mapping_sizes(self, holdings: Dict[Key, List[Holding]]) -> None:
@@ -369,7 +484,9 @@ class OwnerScan:
         extent stands in for the size (an upper bound for a sparse file).
         """
         for key, hs in holdings.items():
-            if any(h.allocated is not None for h in hs) or not any(h.deleted for h in hs):
+            if any(h.allocated is not None for h in hs) or not any(
+                h.deleted for h in hs
+            ):
                 continue
             for h in hs:
                 if not h.map_range:
@@ -379,5 +496,9 @@ class OwnerScan:
                 except OSError:
                     continue
                 if (st.st_dev, st.st_ino) == key:
-                    h.allocated, h.apparent, h.mtime = st.st_blocks * 512, st.st_size, st.st_mtime
+                    h.allocated, h.apparent, h.mtime = (
+                        st.st_blocks * 512,
+                        st.st_size,
+                        st.st_mtime,
+                    )
                     break

@@ -1,6 +1,7 @@
 """The inventory's data, and the per-mount summaries the model computes from it once per
 inventory: totals by class and state, top K segments and processes, the oldest orphan,
 leak candidates. Scrapes and `shmwatch check` render these; neither walks segments."""
+
 from __future__ import annotations
 
 import heapq
@@ -8,8 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 
-from ..segment_classes import counts_as_leak, removable
-from .walk import Key
+from exporter.inventory.classes import counts_as_leak, removable
+from exporter.inventory.walk import Key
 
 
 @dataclass(slots=True)
@@ -39,17 +40,25 @@ class MountInventory:
 class Inventory:
     mounts: List[MountInventory]
     comms: Dict[int, str]
-    proc_unreadable: Optional[int]  # None: processes hidden from us exist, but could not be counted
+    proc_unreadable: Optional[
+        int
+    ]  # None: processes hidden from us exist, but could not be counted
     processes_scanned: int
     wall_time: float = field(default_factory=time.time)
     pods: Dict[int, str] = field(default_factory=dict)  # pid -> pod UID, in node mode
-    owners_complete: bool = True  # every process that could hold a segment was inspected
-    unproven: List[str] = field(default_factory=list)  # why not, for the log and `check`
+    owners_complete: bool = (
+        True  # every process that could hold a segment was inspected
+    )
+    unproven: List[str] = field(
+        default_factory=list
+    )  # why not, for the log and `check`
 
 
 @dataclass(frozen=True)
 class SegmentSummary:
-    totals: Dict[Tuple[str, str], Tuple[int, int, int]]  # (class, state) -> count, allocated, apparent
+    totals: Dict[
+        Tuple[str, str], Tuple[int, int, int]
+    ]  # (class, state) -> count, allocated, apparent
     bytes_by_class: Dict[str, int]
     hidden_bytes: int
     hidden_count: int
@@ -88,13 +97,27 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
     hidden = totals_for_state(totals, "hidden")
     leaked.sort(key=lambda s: (-s.allocated_bytes, s.name))
     unverified.sort(key=lambda s: (-s.allocated_bytes, s.name))
-    top = heapq.nsmallest(top_k, inv.segments, key=lambda s: (-s.allocated_bytes, s.name))
-    top_processes = heapq.nsmallest(top_k, inv.process_bytes.items(), key=lambda kv: (-kv[1], kv[0]))
+    top = heapq.nsmallest(
+        top_k, inv.segments, key=lambda s: (-s.allocated_bytes, s.name)
+    )
+    top_processes = heapq.nsmallest(
+        top_k, inv.process_bytes.items(), key=lambda kv: (-kv[1], kv[0])
+    )
     return SegmentSummary(
         totals={key: (c, a, p) for key, (c, a, p) in totals.items()},
-        bytes_by_class=by_class, hidden_bytes=hidden[1], hidden_count=hidden[0],
-        top=top, top_processes=top_processes, oldest_orphan_mtime=oldest, leaked=leaked, unverified=unverified,
-        named_pids=frozenset([seg.holders[0] for seg in top if seg.holders] + [pid for pid, _ in top_processes]))
+        bytes_by_class=by_class,
+        hidden_bytes=hidden[1],
+        hidden_count=hidden[0],
+        top=top,
+        top_processes=top_processes,
+        oldest_orphan_mtime=oldest,
+        leaked=leaked,
+        unverified=unverified,
+        named_pids=frozenset(
+            [seg.holders[0] for seg in top if seg.holders]
+            + [pid for pid, _ in top_processes]
+        ),
+    )
 
 
 def totals_for_state(totals, state: str) -> Tuple[int, int]:

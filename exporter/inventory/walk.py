@@ -3,6 +3,7 @@
 Safety: nothing under a mount is opened except directories (for listing); symlinks are
 never followed, FIFOs, sockets and devices are only counted.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,11 +16,17 @@ MAX_ENTRIES = 250_000  # a bound on one walk, so a hostile mount cannot stall us
 Key = Tuple[int, int]  # (st_dev, st_ino)
 Files = Dict[Key, Tuple[str, os.stat_result]]
 
-_KINDS = {stat_mod.S_IFDIR: "directory", stat_mod.S_IFLNK: "symlink", stat_mod.S_IFIFO: "fifo",
-          stat_mod.S_IFSOCK: "socket"}
+_KINDS = {
+    stat_mod.S_IFDIR: "directory",
+    stat_mod.S_IFLNK: "symlink",
+    stat_mod.S_IFIFO: "fifo",
+    stat_mod.S_IFSOCK: "socket",
+}
 
 
-def walk(root: str, dev: int, limit: int = MAX_ENTRIES) -> Tuple[Files, Dict[str, int], bool]:
+def walk(
+    root: str, dev: int, limit: int = MAX_ENTRIES
+) -> Tuple[Files, Dict[str, int], bool]:
     """List a mount with lstat only -> (regular files by inode, other entries by type, truncated).
 
     Hard links to one inode count once (the first name seen). Entries on another
@@ -101,7 +108,9 @@ def same_dev(path: str, dev: int) -> bool:
         return False
 
 
-def patch_listing(root: str, dev: int, files: Files, index: Dict[str, Key], names: Iterable[str]) -> None:
+def patch_listing(
+    root: str, dev: int, files: Files, index: Dict[str, Key], names: Iterable[str]
+) -> None:
     """Bring a listing up to date for the names that changed: lstat each, add, update or drop it.
 
     All changed names are dropped first, then the ones still there added: a rename is two

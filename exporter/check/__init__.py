@@ -1,0 +1,1 @@
+"""`shmwatch check`: the operator's questions answered from the model, with advice."""

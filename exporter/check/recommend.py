@@ -1,0 +1,401 @@
+"""Right-sizing the shm volume from what the workload really used (`shmwatch check --recommend`).
+
+One place for the formula: recommended = observed peak x headroom, rounded up to a whole GiB
+(a whole MiB below 1 GiB), at least 1 MiB; the memory limit that holds it = what the cgroup
+uses besides this mount's shm + the recommendation, rounded up to a whole MiB. The recording
+rules in deploy/prometheus/shmwatch-recommend-rules.yml are rendered from the same template
+(`rule_exprs`); tests/test_recommend.py holds the file to it and runs both on the same numbers.
+
+Where the observed peak comes from, best first:
+  prometheus  max_over_time(shmwatch_mount_peak_used_bytes[window]) from --prometheus.url
+  exporter    a running exporter's high-water mark (shmwatch_mount_max_used_bytes) from --exporter.url
+  current     this run's own reading: `check` runs the collectors once, so its high-water mark
+              is the current use; the weakest source, and the report says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+GiB, MiB = 1 << 30, 1 << 20
+DEFAULT_WINDOW = "7d"
+DEFAULT_HEADROOM = 1.25
+
+
+def round_up_size(n: float) -> int:
+    """Whole GiB from 1 GiB up, whole MiB below; never below 1 MiB."""
+    unit = GiB if n >= GiB else MiB
+    return max(MiB, int(math.ceil(n / unit)) * unit)
+
+
+def recommended_size(peak: float, headroom: float = DEFAULT_HEADROOM) -> int:
+    return round_up_size(peak * headroom)
+
+
+def memory_limit_needed(recommended: int, working_set: int, shm_used: int) -> int:
+    """The memory limit that holds everything else the cgroup uses plus a full recommended mount."""
+    non_shm = max(0, working_set - shm_used)
+    return int(math.ceil((non_shm + recommended) / MiB)) * MiB
+
+
+# --- the recording rules, from the same formula ------------------------------------------------
+def rule_exprs(
+    window: str = DEFAULT_WINDOW, headroom: float = DEFAULT_HEADROOM
+) -> Dict[str, str]:
+    """record name -> PromQL, as deploy/prometheus/shmwatch-recommend-rules.yml carries them."""
+    x = f"shmwatch:mount_observed_peak_bytes * {headroom:g}"
+    return {
+        "shmwatch:mount_observed_peak_bytes": f"max_over_time(shmwatch_mount_peak_used_bytes[{window}])",
+        "shmwatch:mount_recommended_size_bytes": (
+            f"clamp_min((ceil({x} / {GiB}) * {GiB} and {x} >= {GiB}) or ceil({x} / {MiB}) * {MiB}, {MiB})"
+        ),
+        # The mount's pod (node mode) or the one workload (sidecar: no pod_uid on either side).
+        "shmwatch:mount_recommended_memory_limit_bytes": (
+            "ceil((shmwatch:mount_recommended_size_bytes + clamp_min(max by (instance, job, pod_uid) "
+            "(shmwatch_cgroup_memory_working_set_bytes) - on (instance, job, pod_uid) group_right () "
+            f"shmwatch_mount_used_bytes, 0)) / {MiB}) * {MiB}"
+        ),
+    }
+
+
+# --- where the observed peak comes from --------------------------------------------------------
+class SourceError(Exception):
+    pass
+
+
+def peaks_from_prometheus(
+    url: str, mounts: List[str], window: str, selector: str = "", timeout: float = 10.0
+) -> Dict[str, Tuple[float, int]]:
+    """mount -> (highest peak over the window, how many series matched), via /api/v1/query."""
+    matchers = ", ".join(filter(None, [selector.strip().strip("{}")]))
+    out: Dict[str, Tuple[float, int]] = {}
+    for mount in mounts:
+        labels = ", ".join(filter(None, [f'mount="{_escape(mount)}"', matchers]))
+        expr = f"max_over_time(shmwatch_mount_peak_used_bytes{{{labels}}}[{window}])"
+        query = (
+            url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        )
+        try:
+            with urllib.request.urlopen(query, timeout=timeout) as response:
+                body = json.load(response)
+        except (OSError, ValueError) as err:
+            raise SourceError(f"{url}: {err}") from None
+        if body.get("status") != "success":
+            raise SourceError(f"{url}: {body.get('error', body)}")
+        values = [float(r["value"][1]) for r in body["data"]["result"]]
+        if values:
+            out[mount] = (max(values), len(values))
+    return out
+
+
+def peaks_from_exporter(
+    url: str, timeout: float = 10.0
+) -> Dict[str, Tuple[float, int]]:
+    """mount -> (a running exporter's high-water mark, 1), from its /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            text = response.read().decode()
+    except (OSError, ValueError) as err:
+        raise SourceError(f"{url}: {err}") from None
+    out: Dict[str, Tuple[float, int]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "shmwatch_mount_max_used_bytes" and "mount" in s.labels:
+                out[s.labels["mount"]] = (s.value, 1)
+    if not out:
+        raise SourceError(
+            f"{url}: no shmwatch_mount_max_used_bytes (an older shmwatch?)"
+        )
+    return out
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+# --- the recommendation ------------------------------------------------------------------------
+@dataclass
+class Recommendation:
+    mount: str
+    observed_peak_bytes: int
+    recommended_size_bytes: int
+    window: Optional[
+        str
+    ]  # the Prometheus window; None for the exporter's or this run's reading
+    source: str  # prometheus | exporter | current
+    current_size_bytes: int
+    memory_limit_bytes: Optional[
+        int
+    ]  # the cgroup's limit now; None when unknown or unlimited
+    memory_limit_bytes_needed: Optional[int]  # None when the cgroup's use is unknown
+    memory_limit_fits: Optional[bool]  # None when there is no limit to compare with
+    settings: Dict[str, str] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
+
+
+def size_flag(n: int) -> str:
+    """docker --shm-size / compose shm_size: g or m, whichever is exact."""
+    return f"{n // GiB}g" if n % GiB == 0 else f"{-(-n // MiB)}m"
+
+
+def k8s_quantity(n: int) -> str:
+    return f"{n // GiB}Gi" if n % GiB == 0 else f"{-(-n // MiB)}Mi"
+
+
+def settings_for(size: int, volume: str, memory_limit: Optional[int]) -> Dict[str, str]:
+    patch = {
+        "spec": {
+            "template": {
+                "spec": {
+                    "volumes": [
+                        {
+                            "name": volume,
+                            "emptyDir": {
+                                "medium": "Memory",
+                                "sizeLimit": k8s_quantity(size),
+                            },
+                        }
+                    ]
+                }
+            }
+        }
+    }
+    out = {
+        "docker_run": f"docker run --shm-size={size_flag(size)}",
+        "compose": f"shm_size: {size_flag(size)}",
+        "kubernetes_volume": (
+            f"volumes: [{{name: {volume}, emptyDir: {{medium: Memory, "
+            f"sizeLimit: {k8s_quantity(size)}}}}}]"
+        ),
+        "kubectl_patch": f"kubectl patch deployment <name> --type=strategic -p '{json.dumps(patch, separators=(',', ':'))}'",
+    }
+    if memory_limit is not None:
+        out.update(
+            {
+                "docker_run_memory": f"docker run --memory={size_flag(memory_limit)}",
+                "compose_memory": f"mem_limit: {size_flag(memory_limit)}",
+                "kubernetes_memory_limit": f"kubectl set resources deployment <name> -c <container> "
+                f"--limits=memory={k8s_quantity(memory_limit)}",
+            }
+        )
+    return out
+
+
+def recommend(
+    view,
+    peak: Optional[Tuple[float, int]],
+    source: str,
+    window: Optional[str],
+    headroom: float = DEFAULT_HEADROOM,
+) -> Recommendation:
+    """One mount's recommendation (`view`: a model MountView with usage)."""
+    usage = view.usage
+    notes = []
+    if peak is None:
+        observed, source, window = usage.used_bytes, "current", None
+    else:
+        observed = max(int(peak[0]), 0)
+        if peak[1] > 1:
+            notes.append(
+                f"{peak[1]} series matched this mount; the highest was taken "
+                "(narrow them with --prometheus.selector)"
+            )
+    size = recommended_size(observed, headroom)
+    cgroup = view.cgroup
+    needed = limit = fits = None
+    if cgroup is not None:
+        needed = memory_limit_needed(size, cgroup.working_set_bytes, usage.used_bytes)
+        limit = cgroup.limit_bytes
+        fits = None if not limit else needed <= limit
+    volume = view.labels.get("volume") or "dshm"
+    settings = settings_for(size, volume, needed if fits is False else None)
+    return Recommendation(
+        usage.mount,
+        observed,
+        size,
+        window,
+        source,
+        usage.size_bytes,
+        limit,
+        needed,
+        fits,
+        settings,
+        notes,
+    )
+
+
+# --- `shmwatch check --recommend` --------------------------------------------------------------
+PROM_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+
+
+def add_arguments(parser, typed) -> None:
+    parser.add_argument(
+        "--recommend",
+        action="store_true",
+        help="Recommend a shm size per mount from the observed peak, with the settings to apply.",
+    )
+    parser.add_argument(
+        "--prometheus.url",
+        dest="prometheus_url",
+        default=None,
+        metavar="URL",
+        help="Prometheus to read the peak over --recommend.window from (HTTP API /api/v1/query).",
+    )
+    parser.add_argument(
+        "--prometheus.selector",
+        dest="prometheus_selector",
+        default="",
+        metavar="MATCHERS",
+        help='Label matchers that pick this workload\'s series, e.g. instance="10.0.0.5:9841".',
+    )
+    parser.add_argument(
+        "--exporter.url",
+        dest="exporter_url",
+        default=None,
+        metavar="URL",
+        help="A running shmwatch's /metrics: its high-water mark, when Prometheus has none.",
+    )
+    parser.add_argument(
+        "--recommend.window",
+        dest="recommend_window",
+        default=DEFAULT_WINDOW,
+        type=typed(_window, "--recommend.window"),
+        help="How far back to look in Prometheus.",
+    )
+    parser.add_argument(
+        "--recommend.headroom",
+        dest="recommend_headroom",
+        default=DEFAULT_HEADROOM,
+        type=typed(_headroom, "--recommend.headroom"),
+        help="Factor on top of the peak.",
+    )
+
+
+def _window(text: str) -> str:
+    if not PROM_DURATION.match(text):
+        raise ValueError(f"not a Prometheus duration: {text!r} (e.g. 7d, 36h)")
+    return text
+
+
+def _headroom(text: str) -> float:
+    value = float(text)
+    if not 1.0 <= value <= 10.0:
+        raise ValueError("must be between 1 and 10")
+    return value
+
+
+def recommendations(model, extra) -> Tuple[List[Recommendation], List[str]]:
+    """Per measured mount, from the best source that answered; notes say what fell through."""
+    views = [v for v in model.mounts if v.usage is not None and not v.usage.error]
+    notes: List[str] = []
+    answers: List[Tuple[str, Optional[str], Dict[str, Tuple[float, int]]]] = []
+    if extra.prometheus_url:
+        try:
+            answers.append(
+                (
+                    "prometheus",
+                    extra.recommend_window,
+                    peaks_from_prometheus(
+                        extra.prometheus_url,
+                        [v.mount for v in views],
+                        extra.recommend_window,
+                        extra.prometheus_selector,
+                    ),
+                )
+            )
+        except SourceError as err:
+            notes.append(f"Prometheus not used: {err}")
+    if extra.exporter_url:
+        try:
+            answers.append(("exporter", None, peaks_from_exporter(extra.exporter_url)))
+        except SourceError as err:
+            notes.append(f"exporter not used: {err}")
+    out = []
+    for view in views:
+        # Preferred order; a mount a source has no series for falls through to the next, and so
+        # does Prometheus when several series match without --prometheus.selector: /dev/shm
+        # exists in every pod, and another workload's peak is not this one's.
+        found = None
+        for name, window, peaks in answers:
+            if view.mount not in peaks:
+                continue
+            if (
+                name == "prometheus"
+                and peaks[view.mount][1] > 1
+                and not extra.prometheus_selector
+            ):
+                notes.append(
+                    f"Prometheus not used for {view.mount}: {peaks[view.mount][1]} series match; "
+                    "name this workload's with --prometheus.selector"
+                )
+                continue
+            found = (name, window, peaks[view.mount])
+            break
+        current = (
+            view.max_used_bytes
+            if view.max_used_bytes is not None
+            else view.usage.used_bytes
+        )
+        if found is None:
+            rec = recommend(view, None, "current", None, extra.recommend_headroom)
+            rec.notes.append(
+                "no recorded peak: this is the current use only, a spike that is over is not seen"
+            )
+        else:
+            name, window, peak = found
+            rec = recommend(view, peak, name, window, extra.recommend_headroom)
+            if current > rec.observed_peak_bytes:
+                rec = recommend(
+                    view, (current, 1), "current", None, extra.recommend_headroom
+                )
+                rec.notes.append(
+                    f"the current use is above what {name} recorded: it is the peak"
+                )
+        out.append(rec)
+    return out, notes
+
+
+def render_text(recs: List[Recommendation], notes: List[str], headroom: float) -> str:
+    from exporter.check.report import human
+
+    lines = [
+        "",
+        f"RECOMMENDATIONS (highest observed peak x {headroom:g}, rounded up to a whole GiB, MiB below 1 GiB)",
+    ]
+    for r in recs:
+        where = {
+            "prometheus": f"Prometheus, max over {r.window}",
+            "exporter": "a running shmwatch's high-water mark",
+            "current": "current use: no history",
+        }[r.source]
+        lines.append(
+            f"{r.mount}: observed peak {human(r.observed_peak_bytes)} ({where}) -> recommended "
+            f"{human(r.recommended_size_bytes)} (now {human(r.current_size_bytes)})"
+        )
+        if r.memory_limit_fits is False:
+            lines.append(
+                f"  memory: the limit of {human(r.memory_limit_bytes)} cannot hold it: raise the limit to "
+                f"{human(r.memory_limit_bytes_needed)}, not only the shm size"
+            )
+        elif r.memory_limit_fits:
+            lines.append(
+                f"  memory: the limit of {human(r.memory_limit_bytes)} holds it (needs "
+                f"{human(r.memory_limit_bytes_needed)})"
+            )
+        else:
+            lines.append(
+                "  memory: no memory limit known (pass --memory.limit-bytes or read the cgroup)"
+            )
+        for key, setting in r.settings.items():
+            lines.append(f"  {key + ':':<25}{setting}")
+        lines.extend(f"  note: {n}" for n in r.notes)
+    lines.extend(f"note: {n}" for n in notes)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,423 @@
+"""`--web.config.file`: exporter-toolkit's web configuration (TLS, client certificates, basic
+auth with bcrypt hashes, response headers), re-read when it or the files it names change.
+
+The format is the one every Go exporter takes (prometheus/exporter-toolkit,
+docs/web-configuration.md), so one file serves node_exporter and shmwatch alike. What
+Python's ssl module cannot do is refused at start-up with a message, not ignored:
+`RequestClientCert`/`RequireAnyClientCert` (a client certificate taken without verifying
+it), cipher and curve lists, `client_allowed_sans`, inline PEM, `rate_limit`.
+
+Reloading: exporter-toolkit re-reads the file on every connection. Here `WebConfigSource`
+stats the file and every file it names on each new connection (four stat calls) and
+rebuilds the SSLContext when an mtime, size or inode changed, so a certificate cert-manager
+rotated is served from the next connection on. A change that does not load (a key written
+before its certificate) keeps the last good configuration and logs once.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import os
+import ssl
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+import yaml
+
+LOG = logging.getLogger("shmwatch.web")
+
+# Go's tls.ClientAuthType names -> what Python's ssl can do with them.
+CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+UNVERIFIED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
+TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+# exporter-toolkit accepts exactly these response headers, some with fixed values.
+HEADERS = {
+    "Content-Security-Policy": None,
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-Content-Type-Options": ("nosniff",),
+    "X-XSS-Protection": None,
+    "Strict-Transport-Security": None,
+}
+TLS_KEYS = {
+    "cert_file",
+    "key_file",
+    "client_ca_file",
+    "client_auth_type",
+    "min_version",
+    "max_version",
+}
+TLS_UNSUPPORTED = {
+    "cert",
+    "key",
+    "client_ca",
+    "client_allowed_sans",
+    "cipher_suites",
+    "prefer_server_cipher_suites",
+    "curve_preferences",
+}
+# Checked against for unknown users, so a wrong user name costs what a wrong password does.
+_DUMMY_HASH = b"$2b$10$4KrXhNFlzYDN0LgKx7ks8eZTE1wMT0mRSeSTKTrhq7xlAJ3xLPdHO"
+
+
+class WebConfigError(ValueError):
+    """The web config is invalid; the message says where."""
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    cert_file: str
+    key_file: str
+    client_ca_file: Optional[str] = None
+    client_auth_type: str = "NoClientCert"
+    min_version: str = "TLS12"
+    max_version: str = "TLS13"
+
+    def files(self) -> List[str]:
+        return [f for f in (self.cert_file, self.key_file, self.client_ca_file) if f]
+
+    def context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = TLS_VERSIONS[self.min_version]
+        context.maximum_version = TLS_VERSIONS[self.max_version]
+        try:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        except (ssl.SSLError, OSError) as err:
+            raise WebConfigError(
+                f"tls_server_config: cannot load cert_file/key_file: {err}"
+            ) from None
+        if self.client_ca_file:
+            try:
+                context.load_verify_locations(cafile=self.client_ca_file)
+            except (ssl.SSLError, OSError) as err:
+                raise WebConfigError(
+                    f"tls_server_config: cannot load client_ca_file: {err}"
+                ) from None
+        context.verify_mode = CLIENT_AUTH[self.client_auth_type]
+        return context
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    tls: Optional[TlsSettings] = None
+    users: Dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
+    headers: Tuple[Tuple[str, str], ...] = ()
+
+
+def _mapping(value, where: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise WebConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _resolve(path: str, base: str) -> str:
+    # exporter-toolkit resolves relative file names against the web config's directory.
+    return path if os.path.isabs(path) else os.path.join(base, path)
+
+
+def parse_tls(raw: dict, base: str) -> TlsSettings:
+    unsupported = sorted(set(raw) & TLS_UNSUPPORTED)
+    if unsupported:
+        raise WebConfigError(
+            f"tls_server_config: {', '.join(unsupported)} not supported by shmwatch "
+            "(use cert_file, key_file, client_ca_file, client_auth_type, min_version, max_version)"
+        )
+    unknown = sorted(set(raw) - TLS_KEYS)
+    if unknown:
+        raise WebConfigError(f"tls_server_config: unknown field {', '.join(unknown)}")
+    if not raw.get("cert_file") or not raw.get("key_file"):
+        raise WebConfigError("tls_server_config: needs both cert_file and key_file")
+    auth = raw.get("client_auth_type") or "NoClientCert"
+    if auth in UNVERIFIED_CLIENT_AUTH:
+        raise WebConfigError(
+            f"tls_server_config: client_auth_type {auth} (a client certificate accepted without "
+            "verification) is not supported: use RequireAndVerifyClientCert"
+        )
+    if auth not in CLIENT_AUTH:
+        raise WebConfigError(
+            f"tls_server_config: invalid client_auth_type {auth!r} "
+            f"(one of {', '.join(CLIENT_AUTH)})"
+        )
+    ca = raw.get("client_ca_file")
+    if auth != "NoClientCert" and not ca:
+        raise WebConfigError(
+            f"tls_server_config: client_auth_type {auth} needs client_ca_file"
+        )
+    if ca and auth == "NoClientCert":
+        raise WebConfigError(
+            "tls_server_config: client_ca_file is set but client_auth_type is NoClientCert "
+            "(set client_auth_type: RequireAndVerifyClientCert)"
+        )
+    versions = {}
+    for key, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
+        version = raw.get(key) or default
+        if version not in TLS_VERSIONS:
+            raise WebConfigError(
+                f"tls_server_config: invalid {key} {version!r} (one of {', '.join(TLS_VERSIONS)})"
+            )
+        versions[key] = version
+    if TLS_VERSIONS[versions["min_version"]] > TLS_VERSIONS[versions["max_version"]]:
+        raise WebConfigError("tls_server_config: min_version is above max_version")
+    return TlsSettings(
+        _resolve(str(raw["cert_file"]), base),
+        _resolve(str(raw["key_file"]), base),
+        _resolve(str(ca), base) if ca else None,
+        auth,
+        versions["min_version"],
+        versions["max_version"],
+    )
+
+
+def parse(text: str, base: str = ".") -> WebConfig:
+    """The web config's YAML -> WebConfig; WebConfigError names the offending field."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise WebConfigError(f"not valid YAML: {str(err).splitlines()[0]}") from None
+    raw = _mapping(raw, "top level")
+    if "rate_limit" in raw:
+        raise WebConfigError("rate_limit is not supported by shmwatch")
+    unknown = sorted(
+        set(raw) - {"tls_server_config", "http_server_config", "basic_auth_users"}
+    )
+    if unknown:
+        raise WebConfigError(f"unknown field {', '.join(unknown)}")
+    tls_raw = _mapping(raw.get("tls_server_config"), "tls_server_config")
+    tls = parse_tls(tls_raw, base) if tls_raw else None
+
+    users = {}
+    for user, hashed in _mapping(
+        raw.get("basic_auth_users"), "basic_auth_users"
+    ).items():
+        hashed = str(hashed or "")
+        if not hashed.startswith(("$2a$", "$2b$", "$2y$")) or len(hashed) != 60:
+            raise WebConfigError(
+                f"basic_auth_users: the password of {user!r} is not a bcrypt hash "
+                "(make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n')"
+            )
+        users[str(user)] = hashed.encode()
+
+    http = _mapping(raw.get("http_server_config"), "http_server_config")
+    unknown = sorted(set(http) - {"headers", "http2"})
+    if unknown:
+        raise WebConfigError(f"http_server_config: unknown field {', '.join(unknown)}")
+    if "http2" in http and not isinstance(http["http2"], bool):
+        raise WebConfigError(
+            "http_server_config: http2 must be true or false"
+        )  # accepted; HTTP/1.1 is served
+    headers = []
+    for name, value in _mapping(
+        http.get("headers"), "http_server_config.headers"
+    ).items():
+        if name not in HEADERS:
+            raise WebConfigError(
+                f"http_server_config.headers: {name} is not one of {', '.join(HEADERS)}"
+            )
+        allowed = HEADERS[name]
+        value = "" if value is None else str(value)
+        if allowed and value and value.lower() not in allowed:
+            raise WebConfigError(
+                f"http_server_config.headers: {name} must be one of {', '.join(allowed)}"
+            )
+        if value:
+            headers.append((name, value))
+    return WebConfig(tls=tls, users=users, headers=tuple(headers))
+
+
+def load(path: str) -> WebConfig:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as err:
+        raise WebConfigError(f"cannot read {path}: {err.strerror or err}") from None
+    except (
+        ValueError
+    ) as err:  # UnicodeDecodeError: an editor saved it in another encoding
+        raise WebConfigError(f"cannot read {path}: {err}") from None
+    return parse(text, os.path.dirname(os.path.abspath(path)))
+
+
+def _stamp(paths: List[str]) -> tuple:
+    stamps = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+            stamps.append((path, st.st_mtime_ns, st.st_size, st.st_ino))
+        except OSError:
+            stamps.append((path, None))
+    return tuple(stamps)
+
+
+class WebConfigSource:
+    """The current web config and its SSLContext, rebuilt when a file behind them changes.
+
+    Either from --web.config.file (`path`) or from a fixed WebConfig (the old --web.tls-*
+    flags, whose files are watched the same way).
+    """
+
+    def __init__(self, path: Optional[str] = None, fixed: Optional[WebConfig] = None):
+        self.path, self._fixed = path, fixed
+        self._lock = threading.Lock()
+        self._auth_cache: Dict[bytes, bool] = {}
+        # bcrypt is slow on purpose: a client guessing passwords gets at most this many
+        # checks at once, so it cannot take every core from the collectors.
+        self._bcrypt_slots = threading.BoundedSemaphore(2)
+        self._dummies: Dict[
+            bytes, bytes
+        ] = {}  # cost -> a hash of that cost, for unknown users
+        self._failed_stamp = None
+        self.config = self._read()
+        self.context = self.config.tls.context() if self.config.tls else None
+        self._stamp = self._current_stamp(self.config)
+        self.tls = self.config.tls is not None  # fixed for the life of the listener
+
+    def _read(self) -> WebConfig:
+        return load(self.path) if self.path else self._fixed
+
+    def _current_stamp(self, config: WebConfig) -> tuple:
+        return _stamp(
+            ([self.path] if self.path else [])
+            + (config.tls.files() if config.tls else [])
+        )
+
+    def current(self) -> Tuple[WebConfig, Optional[ssl.SSLContext]]:
+        """The config and context to use for a new connection (re-read when files changed)."""
+        with self._lock:
+            stamp = self._current_stamp(self.config)
+            if stamp != self._stamp and stamp != self._failed_stamp:
+                self._reload(stamp)
+            return self.config, self.context
+
+    def _reload(self, stamp) -> None:
+        try:
+            config = self._read()
+            if (config.tls is not None) != self.tls:
+                raise WebConfigError("turning TLS on or off needs a restart")
+            # Stamped before the certificate is loaded: a file replaced while we load it
+            # differs from this stamp, and is loaded again on the next connection.
+            new_stamp = self._current_stamp(config)
+            context = config.tls.context() if config.tls else None
+        except (
+            Exception
+        ) as err:  # WebConfigError, and anything unforeseen: never stop serving
+            # A rotation in progress (key written, certificate not yet) fails here once;
+            # the next change tries again. Until then the last good config serves.
+            self._failed_stamp = stamp
+            LOG.warning("web config not reloaded, keeping the previous one: %s", err)
+            return
+        self.config, self.context = config, context
+        self._stamp = new_stamp
+        self._failed_stamp = None
+        self._auth_cache.clear()
+        LOG.info("web config reloaded")
+
+    def authorized(self, config: WebConfig, header: Optional[str]) -> bool:
+        if not config.users:
+            return True
+        user, password = _basic_credentials(header)
+        if user is None:
+            return False
+        hashed = config.users.get(user)
+        # bcrypt costs ~70 ms at cost 10: remember outcomes (keyed by a digest, never the
+        # password itself), as exporter-toolkit does, so a scrape every 15 s pays it once.
+        key = hashlib.sha256(
+            b"\0".join((user.encode(), hashed or b"", password.encode()))
+        ).digest()
+        with self._lock:
+            cached = self._auth_cache.get(key)
+        if cached is None:
+            import bcrypt
+
+            if not self._bcrypt_slots.acquire(timeout=10):
+                return (
+                    False  # too many checks queued: refuse rather than pile up threads
+                )
+            try:
+                ok = (
+                    bcrypt.checkpw(password.encode(), hashed or self._dummy(config))
+                    and hashed is not None
+                )
+            except ValueError:
+                ok = False
+            finally:
+                self._bcrypt_slots.release()
+            with self._lock:
+                if len(self._auth_cache) > 1024:
+                    self._auth_cache.clear()  # bounded: a password-guessing client cannot grow it
+                self._auth_cache[key] = ok
+            cached = ok
+        return cached
+
+    def _dummy(self, config: WebConfig) -> bytes:
+        """A hash of the highest cost among the configured users: an unknown user name costs
+        what a wrong password does, so timing does not tell which users exist."""
+        import bcrypt
+
+        costs = [h.split(b"$")[2] for h in config.users.values() if h.count(b"$") >= 3]
+        cost = max(costs, default=b"10")
+        with self._lock:
+            dummy = self._dummies.get(cost)
+        if dummy is None:
+            try:
+                dummy = bcrypt.hashpw(b"no such user", bcrypt.gensalt(int(cost)))
+            except ValueError:
+                dummy = _DUMMY_HASH
+            with self._lock:
+                self._dummies[cost] = dummy
+        return dummy
+
+
+def _basic_credentials(header: Optional[str]) -> Tuple[Optional[str], str]:
+    if not header or not header[:6].lower() == "basic ":
+        return None, ""
+    try:
+        decoded = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return None, ""
+    user, sep, password = decoded.partition(":")
+    return (user, password) if sep else (None, "")
+
+
+# Paths that answer without credentials: a readiness probe has none, and "OK" tells nothing.
+OPEN_PATHS = ("/-/healthy",)
+
+
+def wrap_app(app: Callable, source: WebConfigSource) -> Callable:
+    """WSGI middleware: the configured response headers on every answer, basic auth on all
+    but OPEN_PATHS (401 with a WWW-Authenticate challenge when it fails)."""
+
+    def guarded(environ, start_response):
+        config, _ = source.current()
+
+        def with_headers(status, headers, exc_info=None):
+            return start_response(
+                status, list(headers) + list(config.headers), exc_info
+            )
+
+        if environ.get("PATH_INFO", "/") not in OPEN_PATHS and not source.authorized(
+            config, environ.get("HTTP_AUTHORIZATION")
+        ):
+            with_headers(
+                "401 Unauthorized",
+                [
+                    ("Content-Type", "text/plain; charset=utf-8"),
+                    ("WWW-Authenticate", 'Basic realm="shmwatch"'),
+                ],
+            )
+            return [b"Unauthorized\n"]
+        return app(environ, with_headers)
+
+    return guarded

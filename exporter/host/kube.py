@@ -1,0 +1,78 @@
+"""Where Kubernetes and the container runtimes put things: one place for their path patterns.
+
+Pod UIDs appear in cgroup paths (cgroupfs `.../pod<uid>/...`, systemd
+`...-pod<uid_with_underscores>.slice`) and in kubelet emptyDir mount points; container
+IDs in the runtimes' sandbox and container shm mount points. Discovery, the cgroup
+collector, the process table and the model all read them from here.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Dict, Optional, Tuple
+
+_UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
+# A pod's UID anywhere in a cgroup path (/proc/<pid>/cgroup, a cgroupfs directory).
+POD_UID_IN_CGROUP = re.compile(r"pod(" + _UID + r")")
+# A directory that is a pod's cgroup: its name ends with the pod UID (systemd adds .slice).
+POD_CGROUP_DIR = re.compile(r"pod(" + _UID + r")(\.slice)?$")
+
+# Where the kubelet puts pods' cgroups: cgroupfs driver, systemd driver.
+POD_CGROUP_ROOTS: Tuple[str, ...] = ("kubepods", "kubepods.slice")
+
+# The labels node mode adds to a mount's series.
+NODE_LABELS: Tuple[str, ...] = ("pod_uid", "volume", "container_id")
+
+# (regex searched in a mount point, which runtime). Searched, not anchored, so a test may
+# mount the same layout under a temporary directory.
+MOUNT_LAYOUTS = (
+    (
+        re.compile(
+            r"/var/lib/kubelet/pods/(?P<pod_uid>[^/]+)/volumes/kubernetes\.io~empty-dir/(?P<volume>[^/]+)$"
+        ),
+        "emptydir",
+    ),
+    (
+        re.compile(
+            r"/io\.containerd\.grpc\.v1\.cri/sandboxes/(?P<container_id>[0-9a-f]{12,})/shm$"
+        ),
+        "containerd",
+    ),
+    (
+        re.compile(
+            r"/overlay-containers/(?P<container_id>[0-9a-f]{12,})/userdata/shm$"
+        ),
+        "crio",
+    ),
+    (
+        re.compile(
+            r"/var/lib/docker/containers/(?P<container_id>[0-9a-f]{12,})/mounts/shm$"
+        ),
+        "docker",
+    ),
+)
+
+
+def pod_uid_in_cgroup(text: str) -> str:
+    """The pod UID in a cgroup path or /proc/<pid>/cgroup text (dashes restored); '' if none."""
+    match = POD_UID_IN_CGROUP.search(text)
+    return match.group(1).replace("_", "-") if match else ""
+
+
+def mount_labels(mount_point: str) -> Optional[Dict[str, str]]:
+    """Node labels of a pod's or container's shm mount point; None for any other path."""
+    for pattern, _ in MOUNT_LAYOUTS:
+        match = pattern.search(mount_point)
+        if match:
+            return {name: match.groupdict().get(name) or "" for name in NODE_LABELS}
+    return None
+
+
+@functools.lru_cache(
+    maxsize=8192
+)  # the segments thread and every render ask for 200 mounts' pods
+def pod_uid_of_mount(mount: str) -> str:
+    """The pod UID in a kubelet emptyDir path; '' for any other mount."""
+    labels = mount_labels(mount)
+    return labels["pod_uid"] if labels else ""

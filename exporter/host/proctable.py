@@ -1,0 +1,386 @@
+"""One process table: pid -> comm, uid, start time, cgroup and pod, maps and fds on demand.
+
+Every reader of /proc/<pid> goes through here: the segment owner scan, the cgroup
+collector's target process, GPU process names and node mode's pod of a process. A
+process is known by (pid, start time), so a reused pid is never taken for the old one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Pattern, Set, Tuple
+
+from exporter.host.kube import pod_uid_in_cgroup
+from exporter.host.mountinfo import parse_mountinfo
+from exporter.host.paths import Paths, read_text
+
+log = logging.getLogger(__name__)
+
+PF_KTHREAD = 0x00200000  # include/linux/sched.h: kernel threads map no files
+RESERVED_PIDS = 300  # kernel/pid.c: after a wrap, pids start again above these
+
+
+def parse_stat(text: str) -> Tuple[str, int, int]:
+    """/proc/<pid>/stat -> (comm, flags, starttime). comm may hold spaces and ')'."""
+    open_paren, close_paren = text.index("("), text.rindex(")")
+    comm = text[open_paren + 1 : close_paren]
+    rest = text[close_paren + 2 :].split()
+    # rest[0] is field 3 (state); flags is field 9, starttime field 22.
+    return comm, int(rest[6]), int(rest[19])
+
+
+def parse_proc_cgroup(text: str) -> Dict[str, str]:
+    """/proc/<pid>/cgroup -> {controller: path}; the v2 line '0::/path' has controller ''."""
+    result: Dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        for controller in parts[1].split(",") if parts[1] else [""]:
+            result[controller] = parts[2]
+    return result
+
+
+def parse_smaps_rollup(text: str) -> Dict[str, int]:
+    """/proc/<pid>/smaps_rollup -> {field: bytes} ('Pss_Anon:  112 kB' -> {'Pss_Anon': 114688})."""
+    values: Dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if (
+            len(parts) == 3
+            and parts[0].endswith(":")
+            and parts[2] == "kB"
+            and parts[1].isdigit()
+        ):
+            values[parts[0][:-1]] = int(parts[1]) * 1024
+    return values
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    comm: str
+    start_time: int  # clock ticks after boot: with pid, identifies the process
+    uid: int  # owner of /proc/<pid>: the process's effective UID
+    ppid: int = 0
+
+
+@dataclass(frozen=True)
+class ProcessWalk:
+    """One pass over /proc: the user processes we could identify, and those we could not."""
+
+    processes: List[Process]
+    unreadable: (
+        int  # listed, but /proc/<pid>/stat could not be read (permission, hidepid=1)
+    )
+    # Processes that exist but /proc does not list (hidepid=2/invisible, ptraceable);
+    # None when they exist but could not be counted (too many pids to probe).
+    invisible: Optional[int] = 0
+    # False when every process /proc shows is shmwatch itself or its parents, outside the
+    # initial PID namespace: a sidecar in a PID namespace of its own (no --pid=container:, no shareProcessNamespace) sees none of
+    # the workload's processes, and "no holder found" then proves nothing.
+    workload_visible: bool = True
+
+
+# The kernel's fixed inode for the initial PID namespace (PROC_PID_INIT_INO in
+# include/linux/proc_ns.h); a namespace made later gets another.
+INITIAL_PID_NAMESPACE = f"pid:[{0xEFFFFFFC}]"
+
+# Probing every pid up to ns_last_pid costs one pidfd_open per pid: fine in a pod's PID
+# namespace (hundreds), not in a host's (millions). Past this, invisible processes are
+# known to exist but not counted.
+MAX_PROBE_PIDS = 1 << 16
+
+
+def parse_hidepid(options: str) -> str:
+    """procfs mount options -> 'off', 'noaccess', 'invisible' or 'ptraceable'.
+
+    Kernels before 5.8 print hidepid=0/1/2; later ones the names (fs/proc/root.c)."""
+    for option in options.split(","):
+        if option.startswith("hidepid="):
+            value = option[len("hidepid=") :]
+            return {
+                "0": "off",
+                "1": "noaccess",
+                "2": "invisible",
+                "4": "ptraceable",
+            }.get(value, value)
+    return "off"
+
+
+class ProcessTable:
+    def __init__(self, paths: Paths):
+        self.paths = paths
+        self._lock = threading.Lock()
+        self._pods: Dict[
+            Tuple[int, int], str
+        ] = {}  # (pid, start) -> pod UID ('' when none)
+        self._last_walk: Optional[Tuple[float, ProcessWalk]] = None  # (when, walk)
+        self._walk_lock = threading.Lock()
+
+    def recent_walk(self, max_age: float) -> ProcessWalk:
+        """The last walk if it is younger than `max_age` seconds, else a new one: the SysV
+        namespaces and the owner scan run together once per scrape, on their own threads,
+        and a node's 2,000 processes cost 60 ms to walk."""
+        with (
+            self._walk_lock
+        ):  # a walk under way for the other thread is waited for, not repeated
+            last = self._last_walk
+            if last is not None and time.monotonic() - last[0] < max_age:
+                return last[1]
+            return self.walk()
+
+    def pid_wrap_watch(self) -> "PidWrapWatch":
+        return PidWrapWatch(self)
+
+    # --- identity -------------------------------------------------------------------------
+    def pid_counters(self) -> Optional[Tuple[int, int, int]]:
+        """(ns_last_pid, processes forked since boot, pid_max), for PidWrapWatch; None when
+        any cannot be read (ns_last_pid needs CONFIG_CHECKPOINT_RESTORE)."""
+        try:
+            last = int(read_text(self.paths.proc("sys", "kernel", "ns_last_pid")))
+            pid_max = int(read_text(self.paths.proc("sys", "kernel", "pid_max")))
+            with open(self.paths.proc("stat"), "rb") as handle:
+                stat = handle.read()
+            at = stat.index(b"\nprocesses ") + len(b"\nprocesses ")
+            forks = int(stat[at : stat.index(b"\n", at)])
+        except (OSError, ValueError):
+            return None
+        return last, forks, pid_max
+
+    def pids(self) -> List[int]:
+        """The pids /proc lists. Raises OSError when it cannot be listed at all."""
+        # In C, not a Python loop over 2,000 names (a node's quick run lists /proc every event).
+        return list(map(int, filter(str.isdigit, os.listdir(self.paths.procfs))))
+
+    def identify(self, pid: int) -> "Optional[Tuple[Process, bool]]":
+        """(process, is_kernel_thread); None when it is gone. PermissionError when not ours to read."""
+        try:
+            with open(self.paths.proc(pid, "stat"), "rb") as handle:
+                raw = handle.read().decode("utf-8", "surrogateescape")
+            uid = os.stat(self.paths.proc(pid)).st_uid
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+        comm, flags, start = parse_stat(raw)
+        ppid = int(raw[raw.rindex(")") + 2 :].split()[1])
+        return Process(pid, comm, start, uid, ppid), bool(flags & PF_KTHREAD)
+
+    def walk(self) -> ProcessWalk:
+        """Every user process (kernel threads skipped). A process gone mid-walk holds nothing
+        any more and is simply left out; one we may not read is counted, and so is one that
+        /proc hides from us (hidepid)."""
+        found: List[Process] = []
+        unreadable = 0
+        try:
+            listed = self.pids()
+        except OSError:
+            return ProcessWalk(
+                [], 0, None
+            )  # no process could be seen: none is proven absent
+        for pid in listed:
+            try:
+                ident = self.identify(pid)
+            except (OSError, ValueError, IndexError):
+                unreadable += 1
+                continue
+            if ident is not None and not ident[1]:
+                found.append(ident[0])
+        self._forget_except({(p.pid, p.start_time) for p in found})
+        invisible = (
+            self.count_invisible(set(listed))
+            if self.hidepid() in ("invisible", "ptraceable")
+            else 0
+        )
+        visible = (
+            bool(unreadable)
+            or bool(invisible)
+            or self._in_initial_pid_namespace()
+            or self._others_visible(found)
+        )
+        done = ProcessWalk(found, unreadable, invisible, visible)
+        self._last_walk = (time.monotonic(), done)
+        return done
+
+    def _in_initial_pid_namespace(self) -> bool:
+        """Is our procfs the machine's own, read from the initial PID namespace? Then it lists
+        every process there is (hidepid aside, counted apart), and a machine whose only
+        processes are shmwatch's parents (a CI runner writing to a file) hides no workload."""
+        try:
+            return (
+                os.readlink(self.paths.proc("self", "ns", "pid"))
+                == INITIAL_PID_NAMESPACE
+            )
+        except OSError:
+            return False  # a fixture tree, or a procfs of a namespace we are not in
+
+    def _others_visible(self, found: List[Process]) -> bool:
+        """Does /proc show any process besides shmwatch and the processes that started it?"""
+        try:
+            own = int(os.readlink(self.paths.proc("self")))
+        except (OSError, ValueError):
+            return bool(
+                found
+            )  # a fixture tree, or a procfs of a namespace we are not in
+        parents = {p.pid: p.ppid for p in found}
+        ours = set()
+        pid = own
+        while pid and pid not in ours:
+            ours.add(pid)
+            pid = parents.get(pid, 0)
+        return any(p.pid not in ours and p.ppid != own for p in found)
+
+    def hidepid(self) -> str:
+        """How our procfs hides processes, from its mount options ('off' when unknown)."""
+        try:
+            entries = parse_mountinfo(
+                read_text(os.path.join(self.paths.procfs, "self", "mountinfo"))
+            )
+        except OSError:
+            return "off"
+        where = os.path.realpath(self.paths.procfs)
+        for entry in reversed(entries):
+            if entry.fstype == "proc" and entry.mount_point == where:
+                return parse_hidepid(entry.options)
+        return "off"
+
+    def count_invisible(self, listed: Set[int]) -> Optional[int]:
+        """Processes (thread-group leaders) that exist in our PID namespace but are not listed.
+
+        pidfd_open() needs no permission and refuses a thread that is not a group leader
+        (EINVAL), so it counts processes, not threads, whatever /proc lets us see."""
+        kernel = os.path.join(self.paths.procfs, "sys", "kernel")
+        try:
+            last = int(read_text(os.path.join(kernel, "ns_last_pid")).strip())
+            pid_max = int(read_text(os.path.join(kernel, "pid_max")).strip())
+        except (OSError, ValueError):
+            return None
+        if not hasattr(os, "pidfd_open"):
+            return None
+        if pid_max <= MAX_PROBE_PIDS:
+            top = pid_max  # every pid there can be
+        elif last <= MAX_PROBE_PIDS and max(listed, default=0) <= last:
+            # Pids are handed out upwards from 1 until they wrap at pid_max; with no listed pid
+            # above the last one handed out, nothing wrapped, and nothing lives above it.
+            top = last
+        else:
+            return None  # wrapped, or too many to probe: hidden processes may exist, uncounted
+        hidden = 0
+        for pid in range(1, top + 1):
+            if pid in listed:
+                continue
+            try:
+                os.close(os.pidfd_open(pid))
+            except OSError:
+                continue  # ESRCH: no such process; EINVAL: a thread, not a process
+            hidden += 1
+        return hidden
+
+    def comm(self, pid: int) -> str:
+        try:
+            return read_text(self.paths.proc(pid, "comm")).strip() or "unknown"
+        except OSError:
+            return "unknown"
+
+    def cmdline(self, pid: int) -> str:
+        with open(self.paths.proc(pid, "cmdline"), "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+
+    def find(self, pattern: Pattern[str], exclude: int = -1) -> Optional[int]:
+        """The lowest pid whose comm or command line matches `pattern`."""
+        try:
+            pids = sorted(self.pids())
+        except OSError:
+            return None
+        for pid in pids:
+            if pid == exclude:
+                continue
+            try:
+                comm = read_text(self.paths.proc(pid, "comm")).strip()
+                cmdline = self.cmdline(pid)
+            except OSError:
+                continue
+            if pattern.search(comm) or (cmdline and pattern.search(cmdline)):
+                return pid
+        return None
+
+    # --- cgroup and pod -------------------------------------------------------------------
+    def cgroups(self, pid: object) -> Dict[str, str]:
+        return parse_proc_cgroup(read_text(self.paths.proc(pid, "cgroup")))
+
+    def pod_uid(self, proc: Process) -> str:
+        """The pod a process runs in ('' outside Kubernetes); a process never changes pod."""
+        key = (proc.pid, proc.start_time)
+        with self._lock:
+            cached = self._pods.get(key)
+        if cached is not None:
+            return cached
+        try:
+            with open(self.paths.proc(proc.pid, "cgroup"), "rb") as handle:
+                pod = pod_uid_in_cgroup(handle.read().decode("utf-8", "replace"))
+        except OSError:
+            return ""
+        with self._lock:
+            self._pods[key] = pod
+        return pod
+
+    def _forget_except(self, alive) -> None:
+        with self._lock:
+            for key in [k for k in self._pods if k not in alive]:
+                del self._pods[key]
+
+    def kernel_threads_visible(self) -> bool:
+        """True in the host's PID namespace: kthreadd (pid 2) is listed in no other."""
+        try:
+            ident = self.identify(2)
+        except (OSError, ValueError, IndexError):
+            return False
+        return bool(ident and ident[1])
+
+    def smaps_rollup(self, pid: int) -> Dict[str, int]:
+        """What a process has resident, by kind (Pss_Anon, Pss_File, Pss_Shmem...): needs the
+        same access as maps (same UID or CAP_SYS_PTRACE)."""
+        return parse_smaps_rollup(read_text(self.paths.proc(pid, "smaps_rollup")))
+
+    # --- what a process holds (read on demand by the owner scan) -----------------------------
+    def maps(self, pid: int) -> str:
+        with open(self.paths.proc(pid, "maps"), "rb") as handle:
+            return handle.read().decode("utf-8", "surrogateescape")
+
+    def fd_dir(self, pid: int) -> str:
+        return self.paths.proc(pid, "fd")
+
+    def map_file(self, pid: int, map_range: str) -> str:
+        return self.paths.proc(pid, "map_files", map_range)
+
+
+class PidWrapWatch:
+    """For a cache of what was learnt per pid: the kernel hands pids out in rising order and
+    reuses one only after wrapping at pid_max, so a pid it knows can be another process only
+    once ns_last_pid went down since the last look, or more processes were forked since than
+    there are pids (a wrap that climbed back past the last value)."""
+
+    said_unreadable = False  # logged once per process
+
+    def __init__(self, table: ProcessTable):
+        self.table = table
+        self._last: Optional[Tuple[int, int, int]] = None  # ns_last_pid, forks, pid_max
+
+    def wrapped(self) -> bool:
+        """Whether pids may have been reused since the last call (also when we cannot tell)."""
+        now = self.table.pid_counters()
+        last, self._last = self._last, now
+        if now is None:
+            if not PidWrapWatch.said_unreadable:
+                PidWrapWatch.said_unreadable = True
+                log.info(
+                    "cannot read ns_last_pid or the fork count: node mode reads every process at each "
+                    "inventory run (a pid it knows may be another process)"
+                )
+            return True
+        return last is not None and (
+            now[0] < last[0] or now[1] - last[1] >= now[2] - RESERVED_PIDS
+        )

@@ -1,0 +1,100 @@
+"""Who made this segment? Basename pattern -> owner class, one table.
+
+Matched on the basename only, also for '/name (deleted)' paths from maps and fds.
+The first matching row wins, so the more specific MPI rows come before python_shm's
+'psm_*' (PSM's 'psm_shm.*' and PSM2's 'psm2_shm.*' are MPI transports, not Python).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Pattern, Tuple
+
+CLASSES: Tuple[Tuple[str, str, str], ...] = (
+    # (class, regex on the basename, where the name comes from)
+    (
+        "mpi",
+        r"vader_segment\..*",
+        "Open MPI vader/sm BTL: vader_segment.<host>.<jobid>.<rank>",
+    ),
+    ("mpi", r"sm_segment\..*", "Open MPI 5 sm BTL (vader renamed)"),
+    ("mpi", r"mpich_shar_tmp.*", "MPICH shared-memory temp files"),
+    ("mpi", r"shm-col-space.*", "Intel MPI / MPICH collectives"),
+    ("mpi", r"psm_shm\..*", "Intel PSM (InfiniPath) shared memory"),
+    ("mpi", r"psm2_shm\..*", "Intel PSM2 (Omni-Path) shared memory"),
+    (
+        "nccl",
+        r"nccl-.*",
+        "NCCL >= 2.12 /dev/shm/nccl-XXXXXX; <= 2.11 nccl-shm-recv-*/nccl-shm-send-*",
+    ),
+    ("ucx", r"ucx_shm_posix_.*", "UCX posix transport (uct/sm/mm/posix)"),
+    (
+        "torch",
+        r"torch_.*",
+        "PyTorch multiprocessing file_system strategy: /torch_<pid>_<rand>[_<n>]",
+    ),
+    (
+        "python_shm",
+        r"psm_.*",
+        "multiprocessing.shared_memory (vLLM/SGLang MessageQueue, mm caches)",
+    ),
+    ("semaphore", r"sem\..*", "glibc sem_open(): /dev/shm/sem.<name>"),
+    ("vllm_offload", r"vllm_offload_.*", "vLLM CPU KV-cache offload (*.mmap)"),
+    ("ray", r"plasma.*", "Ray plasma object store"),
+    ("nixl", r"nixl_.*", "NVIDIA NIXL (disaggregated KV transfer)"),
+    ("dali", r"nvidia_dali_.*", "NVIDIA DALI shared memory"),
+    ("triton", r"triton_python_backend_shm_region_.*", "Triton python backend"),
+    ("cuda", r"cuda\.shm\..*", "CUDA IPC / MPS"),
+)
+
+CLASS_NAMES: Tuple[str, ...] = tuple(dict.fromkeys(c for c, _, _ in CLASSES)) + (
+    "other",
+)
+
+# One alternation, one fullmatch per name: the first row that matches names its group.
+_COMBINED: Pattern[str] = re.compile(
+    "|".join(f"(?P<r{i}>{p})" for i, (_, p, _) in enumerate(CLASSES)), re.S
+)
+_GROUP_CLASS = {f"r{i}": c for i, (c, _, _) in enumerate(CLASSES)}
+# Names repeat from one inventory to the next: remember them. Bounded, and cleared when
+# full, because churn (every NCCL init makes new random names) would grow it forever.
+_CACHE: dict = {}
+_CACHE_MAX = 50_000
+
+
+def classify(basename: str) -> str:
+    """Owner class of a segment basename; 'other' when no row matches."""
+    cls = _CACHE.get(basename)
+    if cls is not None:
+        return cls
+    name = (
+        basename[: -len(" (deleted)")] if basename.endswith(" (deleted)") else basename
+    )
+    match = _COMBINED.fullmatch(name)
+    cls = _GROUP_CLASS[match.lastgroup] if match else "other"
+    if len(_CACHE) >= _CACHE_MAX:
+        _CACHE.clear()
+    _CACHE[basename] = cls
+    return cls
+
+
+# Orphans of these classes are not leaks: glibc's sem_open() semaphores are tiny and are
+# meant to outlive their creator (sem_unlink is the owner's call). The ShmLeakedSegments
+# rule carries the same exclusion (class!="semaphore").
+NOT_LEAKS = frozenset({"semaphore"})
+
+
+def counts_as_leak(cls: str) -> bool:
+    return cls not in NOT_LEAKS
+
+
+# An orphan of these classes is removable: each segment belongs to one process (one NCCL
+# rank's buffer, one torch tensor, one Python SharedMemory, one vLLM offload file, one UCX
+# or MPI endpoint), so once that process is gone nothing can attach to it again. `shmwatch
+# check` advises `rm` for orphans of these classes only: never for `other` (a container
+# engine's lock file is not ours to judge) and never for a segment that is `unverified`.
+REMOVABLE = frozenset({"nccl", "torch", "python_shm", "vllm_offload", "ucx", "mpi"})
+
+
+def removable(cls: str) -> bool:
+    return cls in REMOVABLE

@@ -1,0 +1,1 @@
+"""The model: observations joined into budgets, summaries, peaks; the metric catalogue."""

@@ -1,0 +1,93 @@
+"""Log lines as the Prometheus ecosystem writes them (`--log.format=logfmt|json`).
+
+logfmt as go-kit/log and Go's slog write it: `ts=2026-12-02T14:20:25.612Z level=info
+logger=shmwatch msg="mount /dev/shm: inotify on"`; a value is quoted when it is empty or
+holds a space, `=`, `"` or a control character, with `\\`, `"` and control characters
+escaped, so every line parses. json: one object a line with the same keys. Uncaught
+exceptions (also in threads) go through the same formatter instead of a bare traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+
+_LEVELS = {"WARNING": "warn", "CRITICAL": "error"}
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def logfmt_value(value: object) -> str:
+    text = str(value)
+    if text and not any(c in ' ="\\' or ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+        return text
+    out = []
+    for c in text:
+        if c in _ESCAPES:
+            out.append(_ESCAPES[c])
+        elif ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
+def _timestamp(created: float) -> str:
+    seconds = int(created)
+    return (
+        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+        + f".{int((created - seconds) * 1000):03d}Z"
+    )
+
+
+def _fields(record: logging.LogRecord, formatter: logging.Formatter) -> list:
+    fields = [
+        ("ts", _timestamp(record.created)),
+        ("level", _LEVELS.get(record.levelname, record.levelname.lower())),
+        ("logger", record.name),
+        ("msg", record.getMessage()),
+    ]
+    if record.exc_info:
+        fields.append(("err", formatter.formatException(record.exc_info)))
+    return fields
+
+
+class LogfmtFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return " ".join(
+            f"{key}={logfmt_value(value)}" for key, value in _fields(record, self)
+        )
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(dict(_fields(record, self)))
+
+
+def setup(level: str = "info", fmt: str = "logfmt", stream=None) -> None:
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else LogfmtFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    logging.captureWarnings(True)  # warnings.warn() as log lines too
+    log = logging.getLogger("shmwatch")
+
+    def thread_hook(args) -> None:
+        if args.exc_type is SystemExit:
+            return
+        log.error(
+            "uncaught exception in thread %s",
+            args.thread.name if args.thread else "?",
+            exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+        )
+
+    def main_hook(exc_type, exc_value, exc_traceback) -> None:
+        log.error("uncaught exception", exc_info=(exc_type, exc_value, exc_traceback))
+
+    threading.excepthook = thread_hook
+    sys.excepthook = main_hook
