@@ -2,6 +2,11 @@
 import json
 import os
 import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
 
 
 from exporter.model.catalogue import BY_NAME
@@ -117,3 +122,41 @@ def test_every_panel_returns_data_from_a_live_prometheus(tmp_path):
                     selector = re.match(r"label_values\((.*), \w+\)", v["query"]["query"]).group(1)
                     assert prom.query(substitute(selector, shm)), v["name"]
     assert not empty, f"panels with no data: {empty}"
+
+
+# Panels that show the worst of several series: which way is worse for each metric. Two
+# sidecars' series of known values must give the worse one (a `max` turned `min` shows the
+# least-full pod, and the gauge would look fine while one pod is at 90 %).
+WORST_OF = {
+    ("/dev/shm usage", "shmwatch_mount_usage_ratio"): ("mount", max),
+    ("OOM risk (working set / limit)", "shmwatch_oom_risk_ratio"): ("cgroup", max),
+    ("OOM risk (working set / limit)", "shmwatch_shm_oom_projection_ratio"): ("mount", max),
+    ("Collectors", "shmwatch_collector_success"): ("collector", min),
+    ("Collector duration", "shmwatch_collector_duration_seconds"): ("collector", max),
+    ("inotify and /proc access", "shmwatch_inotify_active"): (None, min),
+    ("inotify and /proc access", "shmwatch_proc_unreadable"): (None, max),
+    ("inotify and /proc access", "shmwatch_mount_owners_verified"): (None, min),
+}
+
+
+@pytest.mark.parametrize("title,metric", sorted(WORST_OF))
+def test_worst_of_panels_show_the_worst_series(tmp_path, title, metric):
+    label, worse = WORST_OF[(title, metric)]
+    expr = next(e for t, e in exprs() if t == title and e.split("{")[0].split("((")[-1] == metric)
+    values = (0.25, 1.0) if worse is min else (0.25, 0.75)
+    series = []
+    for instance, value in zip(("a:9841", "b:9841"), values):
+        labels = {"job": "shmwatch", "instance": instance, "namespace": "ml", "pod": f"vllm-{instance[0]}",
+                  "pod_uid": "", "mount": "/dev/shm", "cgroup": "/", "collector": "segments"}
+        text = ", ".join(f'{k}="{v}"' for k, v in labels.items())
+        series.append({"series": f"{metric}{{{text}}}", "values": f"{value}x5"})
+    out = f'{{{label}="{ {"mount": "/dev/shm", "cgroup": "/", "collector": "segments"}[label] }"}}' if label else "{}"
+    tests = {"evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "promql_expr_test": [{"expr": substitute(expr, ".*"), "eval_time": "4m",
+                              "exp_samples": [{"labels": out, "value": worse(values)}]}],
+    }]}
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(tests))
+    promtool = shutil.which("promtool") or pytest.fail("promtool not installed (Debian 'prometheus')")
+    result = subprocess.run([promtool, "test", "rules", str(tmp_path / "t.yml")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
