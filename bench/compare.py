@@ -6,7 +6,7 @@
   same tmpfs) at 0, 1,000 and 10,000 segments; ratio shmwatch / node_exporter (goal <= 1.0)
 - inventory cycle at 10,000 segments x 300 processes (goal <= 200 ms)
 - idle CPU (% of one core) and RSS over 60 s at default intervals (goals <= 0.5 %, <= 40 MiB)
-- detection latency p99 of a new nccl segment (goal <= 250 ms)
+- detection latency p99 of a new nccl segment (goal <= 1 s: the first scrape after the debounce)
 - node mode (bench/node_scale.py): scrape p50/p99 beside node_exporter at 50, 200 and 500
   pod mounts; idle CPU, CPU under churn (10 creates/s over 200 pods, 2,000 processes) and
   detection p99 under that churn
@@ -151,7 +151,7 @@ def sidecar_rows(args):
         lat = detection.detection(shm, ours)
     rows.append(("detection latency, new 4 MiB nccl segment -> /metrics",
                  f"p50 {percentile(lat, 50) * 1000:.0f} ms, p99 {percentile(lat, 99) * 1000:.0f} ms",
-                 "never (scrape-time only; no per-segment view)", "-", "p99 <= 250 ms"))
+                 "never (scrape-time only; no per-segment view)", "-", "p99 <= 1 s"))
     return rows
 
 

@@ -2,7 +2,8 @@
 """Detection latency and peak capture (run as root: it mounts tmpfs).
 
 1. 100 times: create a 4 MiB fallocate'd nccl-XXXXXX file and time until a scrape of
-   /metrics shows it (segment count and bytes); print p50 / p99 (target p99 <= 250 ms).
+   /metrics shows it (segment count and bytes); print p50 / p99 (target p99 <= 1 s: the
+   first scrape after the debounced event-driven run).
 2. A 2 s fill of a 32 MiB tmpfs to 90 % and back, with no scrape during it; then read
    shmwatch_mount_peak_used_bytes (target >= 90 %).
 
@@ -74,7 +75,7 @@ def main():
     with mounted_tmpfs("64m") as shm, Exporter(f"--shm.mount={shm}", "--no-collector.gpu") as exporter:
         lat = detection(shm, exporter)
     print(f"detection latency, 100 x 4 MiB nccl-XXXXXX: p50 {percentile(lat, 50) * 1000:.0f} ms, "
-          f"p99 {percentile(lat, 99) * 1000:.0f} ms, max {max(lat) * 1000:.0f} ms (target p99 <= 250 ms)")
+          f"p99 {percentile(lat, 99) * 1000:.0f} ms, max {max(lat) * 1000:.0f} ms (target p99 <= 1 s)")
     with mounted_tmpfs("32m") as shm, Exporter(f"--shm.mount={shm}", "--no-collector.gpu") as exporter:
         size, peak, used = spike(shm, exporter)
     print(f"2 s spike to 90 % of a 32 MiB tmpfs, no scrape during it: peak {peak / size:.1%} of size, "
