@@ -29,6 +29,10 @@ DEFAULT_WINDOW = "7d"
 DEFAULT_HEADROOM = 1.25
 PROM_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 Peaks = Dict[str, Tuple[float, int]]  # mount -> (peak, how many series matched)
+SERIES = "{} series matched this mount; the highest was taken (narrow them with --prometheus.selector)"
+NO_PEAK = (
+    "no recorded peak: this is the current use only, a spike that is over is not seen"
+)
 
 
 def recommended_size(peak: float, headroom: float = DEFAULT_HEADROOM) -> int:
@@ -116,18 +120,19 @@ def peaks_from_exporter(url: str, timeout: float = 10.0) -> Peaks:
 # --- the recommendation ------------------------------------------------------------------------
 @dataclass
 class Recommendation:
+    """`window`: Prometheus' window, None for an exporter's or this run's reading. The memory
+    limit: the cgroup's now (None: unknown or unlimited), the one needed (None: the cgroup's
+    use is unknown), and whether the first holds the second (None: no limit to compare)."""
+
     mount: str
     observed_peak_bytes: int
     recommended_size_bytes: int
-    # the Prometheus window; None for the exporter's or this run's reading
     window: Optional[str]
     source: str  # prometheus | exporter | current
     current_size_bytes: int
-    memory_limit_bytes: Optional[
-        int
-    ]  # the cgroup's limit now; None: unknown or unlimited
-    memory_limit_bytes_needed: Optional[int]  # None when the cgroup's use is unknown
-    memory_limit_fits: Optional[bool]  # None when there is no limit to compare with
+    memory_limit_bytes: Optional[int] = None
+    memory_limit_bytes_needed: Optional[int] = None
+    memory_limit_fits: Optional[bool] = None
     settings: Dict[str, str] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
 
@@ -155,32 +160,21 @@ def settings_for(size: int, volume: str, memory_limit: Optional[int]) -> Dict[st
     return out
 
 
-def recommend(
-    view, observed: float, source: str, window: Optional[str], headroom: float
-) -> Recommendation:
+def recommend(view, observed: float, source: str, window, headroom: float, note=""):
     """One mount's recommendation (`view`: a model MountView with usage)."""
-    usage, cgroup = view.usage, view.cgroup
-    observed = max(int(observed), 0)
+    usage, cgroup, observed = view.usage, view.cgroup, max(int(observed), 0)
     size = recommended_size(observed, headroom)
-    needed = limit = fits = None
+    r = Recommendation(usage.mount, observed, size, window, source, usage.size_bytes)
+    r.notes = [note] if note else []
     if cgroup is not None:
         needed = memory_limit_needed(size, cgroup.working_set_bytes, usage.used_bytes)
-        limit = cgroup.limit_bytes
-        fits = None if not limit else needed <= limit
-    volume = view.labels.get("volume") or "dshm"
-    settings = settings_for(size, volume, needed if fits is False else None)
-    return Recommendation(
-        usage.mount,
-        observed,
-        size,
-        window,
-        source,
-        usage.size_bytes,
-        limit,
-        needed,
-        fits,
-        settings,
-    )
+        r.memory_limit_bytes, r.memory_limit_bytes_needed = cgroup.limit_bytes, needed
+        r.memory_limit_fits = (
+            needed <= cgroup.limit_bytes if cgroup.limit_bytes else None
+        )
+    memory = r.memory_limit_bytes_needed if r.memory_limit_fits is False else None
+    r.settings = settings_for(size, view.labels.get("volume") or "dshm", memory)
+    return r
 
 
 # --- `shmwatch check --recommend` --------------------------------------------------------------
@@ -263,14 +257,8 @@ def recommendations(model, extra) -> Tuple[List[Recommendation], List[str]]:
             answers.append(("exporter", None, peaks_from_exporter(extra.exporter_url)))
         except SourceError as err:
             notes.append(f"exporter not used: {err}")
-    headroom = extra.recommend_headroom
-    out = []
+    headroom, out = extra.recommend_headroom, []
     for view in views:
-        current = (
-            view.usage.used_bytes
-            if view.max_used_bytes is None
-            else view.max_used_bytes
-        )
         rec = None
         # Preferred order; a mount a source has no series for falls through to the next, and so
         # does Prometheus when several series match without --prometheus.selector: /dev/shm
@@ -285,24 +273,21 @@ def recommendations(model, extra) -> Tuple[List[Recommendation], List[str]]:
                     "name this workload's with --prometheus.selector"
                 )
                 continue
-            rec = recommend(view, peak, name, window, headroom)
-            if series > 1:
-                rec.notes.append(
-                    f"{series} series matched this mount; the highest was taken "
-                    "(narrow them with --prometheus.selector)"
-                )
+            note = SERIES.format(series) if series > 1 else ""
+            rec = recommend(view, peak, name, window, headroom, note)
             break
+        current = view.max_used_bytes
+        if current is None:
+            current = view.usage.used_bytes
         if rec is None:
-            rec = recommend(view, view.usage.used_bytes, "current", None, headroom)
-            rec.notes.append(
-                "no recorded peak: this is the current use only, a spike that is over is not seen"
+            rec = recommend(
+                view, view.usage.used_bytes, "current", None, headroom, NO_PEAK
             )
         elif current > rec.observed_peak_bytes:
-            source = rec.source
-            rec = recommend(view, current, "current", None, headroom)
-            rec.notes.append(
-                f"the current use is above what {source} recorded: it is the peak"
+            note = (
+                f"the current use is above what {rec.source} recorded: it is the peak"
             )
+            rec = recommend(view, current, "current", None, headroom, note)
         out.append(rec)
     return out, notes
 

@@ -14,6 +14,9 @@ from exporter.model.step import Model, MountView
 
 DOCKER_DEFAULT_SHM = T.DOCKER_DEFAULT_SHM_BYTES
 MAX_NAMED = 5  # segments, and processes, named in a finding
+REMOUNT = "mount the workload's shm volume at this path"
+CLEAN_UP = "remove leaked segments"
+HIDDEN_BY = "NCCL >= 2.19, UCX proc link, torch file_descriptor"
 
 
 def shm_remedy(required: int) -> str:
@@ -26,27 +29,21 @@ def shm_remedy(required: int) -> str:
 
 
 def shm(report: Report, view: MountView, model: Model, required: Optional[int]) -> None:
-    m = view.usage
-    mount = m.mount
+    m, mount = view.usage, view.usage.mount
 
     def add(severity: str, message: str, remedy: str = "") -> None:
         report.add(severity, "shm", mount, message, remedy)
 
+    must = "fail" if required else "warn"  # what a required mount's trouble is
     if m.error:
-        severity = "fail" if required else "warn"
-        add(
-            severity,
-            f"cannot be measured: {m.error}",
-            "mount the workload's shm volume at this path",
-        )
+        add(must, f"cannot be measured: {m.error}", REMOUNT)
         return
     effective = view.budget.effective_bytes
-    size_text = human(m.size_bytes)
-    if m.size_bytes == DOCKER_DEFAULT_SHM:
-        size_text += " (Docker's 64 MiB default)"
-    elif m.size_bytes < DOCKER_DEFAULT_SHM:
-        size_text += " (below Docker's 64 MiB default)"
-    usage = f"{size_text}, {human(m.used_bytes)} used ({m.usage_ratio:.0%})"
+    size = human(m.size_bytes)
+    if m.size_bytes <= DOCKER_DEFAULT_SHM:
+        below = "" if m.size_bytes == DOCKER_DEFAULT_SHM else "below "
+        size += f" ({below}Docker's 64 MiB default)"
+    usage = f"{size}, {human(m.used_bytes)} used ({m.usage_ratio:.0%})"
     facts = {
         "mount": mount,
         "fstype": m.fstype,
@@ -66,15 +63,10 @@ def shm(report: Report, view: MountView, model: Model, required: Optional[int]) 
             shm_remedy(16 << 30),
         )
     if m.usage_ratio > T.SHM_USAGE_CRITICAL_RATIO:
-        severity = "fail" if required else "warn"
-        add(
-            severity,
-            f"{usage}: about to be full",
-            "remove leaked segments (below) or raise the size",
-        )
+        add(must, f"{usage}: about to be full", f"{CLEAN_UP} (below) or raise the size")
     elif m.usage_ratio > T.SHM_USAGE_WARNING_RATIO:
         above = f"above {T.SHM_USAGE_WARNING_RATIO * 100:g} %"
-        add("warn", f"{usage}: {above}", "remove leaked segments or raise the size")
+        add("warn", f"{usage}: {above}", f"{CLEAN_UP} or raise the size")
     if m.fstype != "tmpfs":
         add(
             "warn",
@@ -93,18 +85,10 @@ def shm(report: Report, view: MountView, model: Model, required: Optional[int]) 
     facts.update(
         bytes_by_class=dict(summary.bytes_by_class),
         orphans=[
-            {
-                "name": s.name,
-                "class": s.cls,
-                "bytes": s.allocated_bytes,
-                "age_seconds": max(0, int(wall - s.mtime)),
-            }
+            dict(_facts(s), age_seconds=max(0, int(wall - s.mtime)))
             for s in summary.leaked
         ],
-        unverified=[
-            {"name": s.name, "class": s.cls, "bytes": s.allocated_bytes}
-            for s in summary.unverified
-        ],
+        unverified=[_facts(s) for s in summary.unverified],
         hidden_bytes=summary.hidden_bytes,
         segments=len(inv.segments),
         unattributed_bytes=inv.unattributed_bytes,
@@ -115,12 +99,16 @@ def shm(report: Report, view: MountView, model: Model, required: Optional[int]) 
         add("ok", usage + (f"; by class: {classes}" if classes else ""))
     unowned(add, mount, summary.leaked, summary.unverified, model.inventory)
     if summary.hidden_count:
-        add(
-            "info",
-            f"{summary.hidden_count} unlinked-but-mapped segment(s), "
-            f"{human(summary.hidden_bytes)}: counted by df, invisible to ls "
-            f"(NCCL >= 2.19, UCX proc link, torch file_descriptor)",
-        )
+        hidden = f"{summary.hidden_count} unlinked-but-mapped segment(s), {human(summary.hidden_bytes)}"
+        add("info", f"{hidden}: counted by df, invisible to ls ({HIDDEN_BY})")
+
+
+def _facts(segment) -> dict:
+    return {
+        "name": segment.name,
+        "class": segment.cls,
+        "bytes": segment.allocated_bytes,
+    }
 
 
 def _names(mount: str, segments) -> str:
