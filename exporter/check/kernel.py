@@ -11,8 +11,8 @@ from exporter.check.findings import Report
 from exporter.check.sizes import human
 from exporter.model.step import Model
 
-OOM_FACTS = ("pid", "comm", "task_memcg", "oom_memcg", "pod_uid")
-OOM_RSS = ("anon_rss_bytes", "shmem_rss_bytes", "file_rss_bytes")
+OOM_FACTS = ("pid", "comm", "task_memcg", "oom_memcg", "pod_uid", "anon_rss_bytes")
+OOM_FACTS += ("shmem_rss_bytes", "file_rss_bytes")
 SYSV_LIMITS = ("shmmax_bytes", "shmall_bytes", "shmmni")
 
 
@@ -29,8 +29,7 @@ def oom_kills(report: Report, model: Model, error: Optional[str]) -> None:
     for kill, shm_used in model.recent_oom_kills:
         age = max(0, int((now_usec - kill.boot_usec) / 1e6))
         facts = {name: getattr(kill, name) for name in OOM_FACTS}
-        facts.update(age_seconds=age, **{n: getattr(kill, n) for n in OOM_RSS})
-        listed.append(dict(facts, pod_shm_used_bytes=shm_used))
+        listed.append(dict(facts, age_seconds=age, pod_shm_used_bytes=shm_used))
         anon, rss = (
             "unknown" if n is None else human(n)
             for n in (kill.anon_rss_bytes, kill.shmem_rss_bytes)

@@ -207,13 +207,11 @@ def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
     parser.add_argument(
         "--require-shm",
         type=typed(parse_size, "--require-shm"),
-        default=None,
         help="Fail (exit 2) when the shm mount can hold less than this, e.g. 16Gi.",
     )
     parser.add_argument(
         "--backend",
         choices=sorted(BACKEND_SHM),
-        default=None,
         help="Warn when shm is below what this serving engine needs (vllm/sglang 16Gi, trtllm 80Gi).",
     )
     parser.add_argument("--output", choices=("text", "json"), default="text")
@@ -225,10 +223,7 @@ def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
         help="Scan a server log for known shared-memory and OOM failure signatures (repeatable).",
     )
     parser.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        help="Seconds to wait for all collectors.",
+        "--timeout", type=float, help="Seconds to wait for all collectors."
     )
     R.add_arguments(parser)
     try:
