@@ -139,9 +139,8 @@ def collect_once(cfg, timeout: float):
     GPU is bounded by its timeout), then the model. No inotify: nothing here waits for events."""
     from exporter.app import App
 
-    app = App(
-        cfg, kmsg_from_start=True
-    )  # recent kills: the kernel log ring from its start
+    # recent kills: the kernel log ring from its start
+    app = App(cfg, kmsg_from_start=True)
     try:
         app.discovery.collect()
     except (OSError, ValueError):

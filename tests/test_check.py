@@ -216,7 +216,7 @@ def test_usage_errors_are_64_not_2():
     assert check("--log", "/nonexistent/server.log").returncode == 64
 
 
-# Sample lines in the real formats (sources cited in exporter/check/report.py's SIGNATURES).
+# Sample lines in the real formats (sources cited in exporter/check/logscan.py's SIGNATURES).
 SAMPLES = {
     "nccl_shm_create": "node1:9621:9688 [3] misc/shmutils.cc:132 NCCL WARN Error while creating shared memory "
                        "segment /dev/shm/nccl-KWfVyt (size 9637888), error: No space left on device (28)",
