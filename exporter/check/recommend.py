@@ -307,20 +307,17 @@ def render_text(recs: List[Recommendation], notes: List[str], headroom: float) -
             f"{r.mount}: observed peak {human(r.observed_peak_bytes)} ({where}) -> recommended "
             f"{at_least(r.recommended_size_bytes)} (now {human(r.current_size_bytes)})"
         )
-        limit, needed = r.memory_limit_bytes, r.memory_limit_bytes_needed
-        if r.memory_limit_fits is False:
-            lines.append(
-                f"  memory: the limit of {human(limit)} cannot hold it: raise the limit to "
+        # both are known when there is a limit to compare with
+        limit, needed = r.memory_limit_bytes or 0, r.memory_limit_bytes_needed or 0
+        memory = {
+            False: (
+                f"the limit of {human(limit)} cannot hold it: raise the limit to "
                 f"{at_least(needed)}, not only the shm size"
-            )
-        elif r.memory_limit_fits:
-            lines.append(
-                f"  memory: the limit of {human(limit)} holds it (needs {at_least(needed)})"
-            )
-        else:
-            lines.append(
-                "  memory: no memory limit known (pass --memory.limit-bytes or read the cgroup)"
-            )
+            ),
+            True: f"the limit of {human(limit)} holds it (needs {at_least(needed)})",
+            None: "no memory limit known (pass --memory.limit-bytes or read the cgroup)",
+        }
+        lines.append(f"  memory: {memory[r.memory_limit_fits]}")
         lines.extend(
             f"  {key + ':':<25}{setting}" for key, setting in r.settings.items()
         )
