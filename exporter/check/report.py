@@ -119,15 +119,13 @@ def _memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
             report.add("info", "memory", "cgroup", f"not read: {cgroup_error}")
         return
     report.facts["cgroup"] = asdict(cgroup)
-    name, risk = cgroup.cgroup, cgroup.oom_risk_ratio
-    text = f"working set {human(cgroup.working_set_bytes)}"
+    name, risk, text = cgroup.cgroup, cgroup.oom_risk_ratio, _working_set(cgroup)
     if risk is None:
         no_limit = (
             "no memory limit: OOM ratios not computed (pass --memory.limit-bytes)"
         )
         report.add("info", "memory", name, f"{text}, {no_limit}")
         return
-    text += f" of {human(cgroup.limit_bytes)} limit ({risk:.0%})"
     if cgroup.estimated:
         text += " (estimated: the workload's resident memory and shm; its cgroup is not readable here)"
     if cgroup.shmem_bytes is not None:
@@ -142,9 +140,9 @@ def _memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
         _kills(report, name, kills)
     for view in model.mounts:
         budget = view.budget
-        if view.cgroup is not cgroup or budget is None or budget.projection is None:
+        if view.cgroup is not cgroup or budget is None:
             continue
-        if budget.projection > T.SHM_OOM_PROJECTION_RATIO:
+        if (budget.projection or 0) > T.SHM_OOM_PROJECTION_RATIO:
             report.add(
                 "warn",
                 "memory",
@@ -153,6 +151,14 @@ def _memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
                 "of the memory limit: the pod is OOM-killed before tmpfs says ENOSPC",
                 f"lower sizeLimit to at most {at_most(budget.room_bytes)} or raise the memory limit",
             )
+
+
+def _working_set(c) -> str:
+    """'working set 1.0 GiB of 2.0 GiB limit (50%)'; without a limit, its first part."""
+    text = f"working set {human(c.working_set_bytes)}"
+    if c.oom_risk_ratio is None:
+        return text
+    return f"{text} of {human(c.limit_bytes)} limit ({c.oom_risk_ratio:.0%})"
 
 
 def _kills(report: Report, subject: str, kills: int) -> None:
@@ -170,8 +176,7 @@ def _pod_memory(report: Report, pods, kills: Dict[str, int]) -> None:
                 "warn",
                 "memory",
                 f"pod {c.pod_uid}",
-                f"working set {human(c.working_set_bytes)} of {human(c.limit_bytes)} "
-                f"limit ({c.working_set_bytes / c.limit_bytes:.0%})",
+                _working_set(c),
                 "raise the pod's memory limit or free its shm",
             )
         if kills.get(c.cgroup):
