@@ -134,12 +134,35 @@ def serve(argv: List[str]) -> int:
     return 0
 
 
+def collect_once(cfg, timeout: float):
+    """`shmwatch check`'s model: one run of every source (each on its own thread, so a hung
+    GPU is bounded by its timeout), then the model. No inotify: nothing here waits for events."""
+    from exporter.app import App
+
+    # recent kills: the kernel log ring from its start
+    app = App(cfg, kmsg_from_start=True)
+    try:
+        app.discovery.collect()
+    except (OSError, ValueError):
+        pass  # reported by the discovery source's own run
+    app.sampler.start()
+    app.sampler.wait_for_first_run(timeout)
+    model = app.step.current()
+    app.sampler.stopping.set()
+    stuck = set(app.sampler.stuck())
+    for source in app.sources:
+        close = getattr(source, "close", None)
+        if close and source.name not in stuck:
+            close()
+    return model
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "check":
         from exporter.check.report import main as check_main
 
-        return check_main(argv[1:])
+        return check_main(argv[1:], collect_once)
     return serve(argv)
 
 

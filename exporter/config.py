@@ -135,7 +135,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(self.usage_exit_code, f"{self.prog}: error: {message}\n")
 
 
-def _typed(kind, flag: str):
+def typed(kind, flag: str):
     def convert(text: str):
         try:
             return kind(text)
@@ -374,7 +374,7 @@ def build_parser(prog: str = "shmwatch") -> argparse.ArgumentParser:
             parser.add_argument(
                 flag,
                 dest=dest,
-                type=_typed(kind, flag),
+                type=typed(kind, flag),
                 action="append",
                 default=None,
                 help=help_text,
@@ -384,7 +384,7 @@ def build_parser(prog: str = "shmwatch") -> argparse.ArgumentParser:
             parser.add_argument(
                 flag,
                 dest=dest,
-                type=_typed(kind, flag),
+                type=typed(kind, flag),
                 default=default,
                 help=help_text,
             )

@@ -1,11 +1,18 @@
 """`shmwatch check` on real tmpfs mounts, its JSON shape, exit codes, and log signatures."""
 import json
 import os
+import re
 import subprocess
 import sys
 
 import jsonschema
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
+from exporter.check.recommend import memory_limit_needed, settings_for
+from exporter.check.shm import shm_remedy
+from exporter.check.sizes import at_least, at_most, docker, k8s, round_up
+from exporter.config import parse_size
 from tests.conftest import REPO, Peer, mounted_tmpfs, needs_root, prerequisite_missing
 
 # The documented, stable shape of `shmwatch check --output json` (README: "shmwatch check").
@@ -162,6 +169,44 @@ def test_recommend_says_when_the_memory_limit_must_grow():
     assert "cannot hold it: raise the limit to" in text.stdout and "--shm-size=75m" in text.stdout
 
 
+# Every size a piece of advice names, as a user would copy it: docker's --shm-size and
+# --memory, compose's shm_size and mem_limit, a Kubernetes sizeLimit or memory limit.
+ADVISED = re.compile(r"(?:--shm-size=|--memory=|shm_size: |mem_limit: |sizeLimit: |memory=|\"sizeLimit\":\")(\w+)")
+REQUIREMENTS = st.one_of(
+    st.integers(1, 1 << 50),
+    st.builds(lambda n, p: n * 1000**p, st.integers(1, 999_999), st.integers(0, 4)),  # 16G, 300M
+    st.builds(lambda n, p: n * 1024**p, st.integers(1, 999_999), st.integers(0, 4)),  # 16Gi, 2g
+    st.builds(lambda n, p: parse_size(f"{n / 10}{p}"), st.integers(1, 99_999), st.sampled_from("KMGTkmgt")),
+)
+
+
+@settings(max_examples=500, deadline=None, database=None)
+@given(REQUIREMENTS, st.integers(0, 1 << 40))
+@example(16_000_000_000, 0)  # --require-shm 16G once advised 15258Mi: 15,999,172,608 bytes
+def test_advice_is_never_below_the_requirement(required, other_use):
+    assert round_up(required) >= required
+    for text in (k8s(required), docker(required), at_least(required).replace(" ", "")):
+        assert parse_size(text) >= required, text
+    assert parse_size(at_most(required).replace(" ", "")) <= required
+    limit = memory_limit_needed(round_up(required), other_use + 5, 5)
+    assert limit >= other_use + round_up(required)
+    remedy = shm_remedy(required)
+    advice = " ".join([remedy, *settings_for(round_up(required), "dshm", limit).values()])
+    sizes = ADVISED.findall(advice)
+    assert len(sizes) == 10, advice  # 3 in the remedy; 4 shm and 3 memory settings
+    assert all(parse_size(s) >= required for s in sizes), advice
+
+
+@needs_root
+def test_require_16g_decimal_is_advised_at_least_16g():
+    with mounted_tmpfs("8m") as shm:
+        result = check(f"--shm.mount={shm}", "--require-shm", "16G")
+    assert result.returncode == 2, result.stdout + result.stderr
+    remedy = next(line for line in result.stdout.splitlines() if "sizeLimit" in line)
+    assert "--shm-size=15g" in remedy and "sizeLimit: 15Gi" in remedy, remedy  # was sizeLimit: 15258Mi
+    assert all(parse_size(s) >= 16_000_000_000 for s in ADVISED.findall(remedy))
+
+
 def test_usage_errors_are_64_not_2():
     assert check("--recommend", "--recommend.window", "a week").returncode == 64
     assert check("--recommend", "--recommend.headroom", "0.5").returncode == 64
@@ -171,7 +216,7 @@ def test_usage_errors_are_64_not_2():
     assert check("--log", "/nonexistent/server.log").returncode == 64
 
 
-# Sample lines in the real formats (sources cited in exporter/check/report.py's SIGNATURES).
+# Sample lines in the real formats (sources cited in exporter/check/logscan.py's SIGNATURES).
 SAMPLES = {
     "nccl_shm_create": "node1:9621:9688 [3] misc/shmutils.cc:132 NCCL WARN Error while creating shared memory "
                        "segment /dev/shm/nccl-KWfVyt (size 9637888), error: No space left on device (28)",

@@ -1,5 +1,5 @@
-"""`shmwatch check`'s report on what the kernel tells: recent OOM kills (its log) and SysV shm
-(per IPC namespace in node mode). Split from check.py, which holds the report itself."""
+"""`shmwatch check`'s findings on what the kernel tells: recent OOM kills (its log) and SysV
+shm (per IPC namespace in node mode)."""
 
 from __future__ import annotations
 
@@ -7,46 +7,33 @@ import time
 from typing import Optional
 
 from exporter.check import thresholds as T
+from exporter.check.findings import Report
+from exporter.check.sizes import human
 from exporter.model.step import Model
 
-
-def human(n: float) -> str:
-    from exporter.check.report import (
-        human as _human,
-    )  # check.py imports this module: resolved at call time
-
-    return _human(n)
+OOM_FACTS = ("pid", "comm", "task_memcg", "oom_memcg", "pod_uid", "anon_rss_bytes")
+OOM_FACTS += ("shmem_rss_bytes", "file_rss_bytes")
+SYSV_LIMITS = ("shmmax_bytes", "shmall_bytes", "shmmni")
 
 
-def oom_kills(report, model: Model, error: Optional[str]) -> None:
+def oom_kills(report: Report, model: Model, error: Optional[str]) -> None:
     """The kernel log's recent OOM kills: victim, cgroups, its shmem RSS, the pod's shm use."""
     if error:
         report.add("info", "memory", "OOM kills", f"kernel log not read: {error}")
         return
     if not model.result_ok("oom"):
         return
-    now_usec = (
-        time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6
-    )  # kmsg stamps: the kernel's clock since boot
+    # kmsg stamps are the kernel's clock since boot
+    now_usec = time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6
     listed = []
     for kill, shm_used in model.recent_oom_kills:
         age = max(0, int((now_usec - kill.boot_usec) / 1e6))
-        listed.append(
-            {
-                "pid": kill.pid,
-                "comm": kill.comm,
-                "task_memcg": kill.task_memcg,
-                "oom_memcg": kill.oom_memcg,
-                "pod_uid": kill.pod_uid,
-                "age_seconds": age,
-                "anon_rss_bytes": kill.anon_rss_bytes,
-                "shmem_rss_bytes": kill.shmem_rss_bytes,
-                "file_rss_bytes": kill.file_rss_bytes,
-                "pod_shm_used_bytes": shm_used,
-            }
+        facts = {name: getattr(kill, name) for name in OOM_FACTS}
+        listed.append(dict(facts, age_seconds=age, pod_shm_used_bytes=shm_used))
+        anon, rss = (
+            "unknown" if n is None else human(n)
+            for n in (kill.anon_rss_bytes, kill.shmem_rss_bytes)
         )
-        rss = "unknown" if kill.shmem_rss_bytes is None else human(kill.shmem_rss_bytes)
-        anon = "unknown" if kill.anon_rss_bytes is None else human(kill.anon_rss_bytes)
         shm = "" if shm_used is None else f"; its pod's shm holds {human(shm_used)} now"
         report.add(
             "warn" if age < T.OOM_KILL_RECENT_SECONDS else "info",
@@ -59,78 +46,59 @@ def oom_kills(report, model: Model, error: Optional[str]) -> None:
     report.facts["oom_kills"] = listed
 
 
-def sysv(report, namespaces, node_mode: bool) -> None:
+def sysv(report: Report, namespaces, node_mode: bool) -> None:
     listed = []
-    for sysv in namespaces:
+    for ns in namespaces:
         whose = (
-            f"pod {sysv.pod_uid}"
-            if sysv.pod_uid
-            else f"container {sysv.container_id[:12]}"
-            if sysv.container_id
-            else sysv.namespace
+            f"pod {ns.pod_uid}"
+            if ns.pod_uid
+            else f"container {ns.container_id[:12]}"
+            if ns.container_id
+            else ns.namespace
         )
         facts = {
-            "ipc_namespace": sysv.namespace,
-            "pod_uid": sysv.pod_uid,
-            "container_id": sysv.container_id,
-            "readable": sysv.readable,
+            "ipc_namespace": ns.namespace,
+            "pod_uid": ns.pod_uid,
+            "container_id": ns.container_id,
+            "readable": ns.readable,
         }
-        if not sysv.readable:
-            listed.append(facts)
+        listed.append(facts)
+        if not ns.readable:
             report.add(
                 "info",
                 "sysv",
                 whose,
-                f"SysV shm not visible ({sysv.error}): entering an IPC namespace "
+                f"SysV shm not visible ({ns.error}): entering an IPC namespace "
                 "needs CAP_SYS_ADMIN",
                 "deploy/kubernetes/daemonset-privileged, or run on the host as root",
             )
             continue
-        facts.update(
-            {
-                "segments": len(sysv.segments),
-                "bytes": sysv.total_bytes,
-                "orphans": sysv.orphans,
-                "shmmax_bytes": sysv.shmmax_bytes,
-                "shmall_bytes": sysv.shmall_bytes,
-                "shmmni": sysv.shmmni,
-            }
-        )
-        listed.append(facts)
-        prefix = f"{whose}: " if node_mode else ""
-        text = f"{prefix}{len(sysv.segments)} segment(s), {human(sysv.total_bytes)}"
-        if sysv.shmmni and len(sysv.segments) > T.SYSV_NEAR_LIMIT_RATIO * sysv.shmmni:
+        count, total = len(ns.segments), ns.total_bytes
+        facts.update(segments=count, bytes=total, orphans=ns.orphans)
+        facts.update({name: getattr(ns, name) for name in SYSV_LIMITS})
+        text = f"{whose + ': ' if node_mode else ''}{count} segment(s), {human(total)}"
+        near = T.SYSV_NEAR_LIMIT_RATIO
+        if ns.shmmni and count > near * ns.shmmni:
             report.add(
                 "warn",
                 "sysv",
                 "kernel.shmmni",
-                f"{text}: near the limit of {sysv.shmmni}",
+                f"{text}: near the limit of {ns.shmmni}",
                 "ipcs -m; ipcrm -m <id> for orphans; sysctl -w kernel.shmmni=8192",
             )
-        elif (
-            sysv.shmall_bytes
-            and sysv.total_bytes > T.SYSV_NEAR_LIMIT_RATIO * sysv.shmall_bytes
-        ):
+        elif ns.shmall_bytes and total > near * ns.shmall_bytes:
             report.add(
                 "warn",
                 "sysv",
                 "kernel.shmall",
-                f"{text}: near the limit of {human(sysv.shmall_bytes)}",
+                f"{text}: near the limit of {human(ns.shmall_bytes)}",
                 "ipcs -m; ipcrm -m <id>; sysctl kernel.shmall",
             )
-        elif sysv.segments or not node_mode:
-            report.add(
-                "ok",
-                "sysv",
-                "SysV shm",
-                text
-                + (
-                    f", {sysv.orphans} with nothing attached and their creators gone"
-                    if sysv.orphans
-                    else ""
-                ),
-                "ipcs -m; ipcrm -m <id>" if sysv.orphans else "",
-            )
+        elif ns.segments or not node_mode:
+            if ns.orphans:
+                text += f", {ns.orphans} with nothing attached and their creators gone"
+            remedy = "ipcs -m; ipcrm -m <id>" if ns.orphans else ""
+            report.add("ok", "sysv", "SysV shm", text, remedy)
     if node_mode:
         report.facts["sysv_namespaces"] = listed
     elif listed:

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List
 
-# Each: (name, regex, explanation, remedy). The formats are quoted from the libraries.
+# Each: (name, regex, explanation, remedy).
 SIGNATURES = (
     # NCCL src/misc/shmutils.cc: "Error while creating shared memory segment /dev/shm/nccl-XXXXXX
     # (size N), error: No space left on device (28)"; older builds: "include/shm.h ... Error while

@@ -16,35 +16,35 @@ Where the observed peak comes from, best first:
 from __future__ import annotations
 
 import json
-import math
 import re
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-GiB, MiB = 1 << 30, 1 << 20
+from exporter.check.sizes import GiB, MiB, at_least, docker, human, k8s, round_up
+from exporter.config import typed
+
 DEFAULT_WINDOW = "7d"
 DEFAULT_HEADROOM = 1.25
-
-
-def round_up_size(n: float) -> int:
-    """Whole GiB from 1 GiB up, whole MiB below; never below 1 MiB."""
-    unit = GiB if n >= GiB else MiB
-    return max(MiB, int(math.ceil(n / unit)) * unit)
+PROM_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+Peaks = Dict[str, Tuple[float, int]]  # mount -> (peak, how many series matched)
+SERIES = "{} series matched this mount; the highest was taken (narrow them with --prometheus.selector)"
+NO_PEAK = (
+    "no recorded peak: this is the current use only, a spike that is over is not seen"
+)
 
 
 def recommended_size(peak: float, headroom: float = DEFAULT_HEADROOM) -> int:
-    return round_up_size(peak * headroom)
+    return round_up(peak * headroom)
 
 
 def memory_limit_needed(recommended: int, working_set: int, shm_used: int) -> int:
     """The memory limit that holds everything else the cgroup uses plus a full recommended mount."""
     non_shm = max(0, working_set - shm_used)
-    return int(math.ceil((non_shm + recommended) / MiB)) * MiB
+    return -(-(non_shm + recommended) // MiB) * MiB
 
 
-# --- the recording rules, from the same formula ------------------------------------------------
 def rule_exprs(
     window: str = DEFAULT_WINDOW, headroom: float = DEFAULT_HEADROOM
 ) -> Dict[str, str]:
@@ -69,22 +69,29 @@ class SourceError(Exception):
     pass
 
 
+def _get(url: str, timeout: float) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.read().decode()
+    except (OSError, ValueError) as err:
+        raise SourceError(f"{url}: {err}") from None
+
+
 def peaks_from_prometheus(
     url: str, mounts: List[str], window: str, selector: str = "", timeout: float = 10.0
-) -> Dict[str, Tuple[float, int]]:
+) -> Peaks:
     """mount -> (highest peak over the window, how many series matched), via /api/v1/query."""
-    matchers = ", ".join(filter(None, [selector.strip().strip("{}")]))
-    out: Dict[str, Tuple[float, int]] = {}
+    out: Peaks = {}
     for mount in mounts:
-        labels = ", ".join(filter(None, [f'mount="{_escape(mount)}"', matchers]))
-        expr = f"max_over_time(shmwatch_mount_peak_used_bytes{{{labels}}}[{window}])"
-        query = (
-            url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        escaped = mount.replace("\\", "\\\\").replace('"', '\\"')
+        labels = ", ".join(
+            filter(None, [f'mount="{escaped}"', selector.strip().strip("{}")])
         )
+        expr = f"max_over_time(shmwatch_mount_peak_used_bytes{{{labels}}}[{window}])"
+        query = urllib.parse.urlencode({"query": expr})
         try:
-            with urllib.request.urlopen(query, timeout=timeout) as response:
-                body = json.load(response)
-        except (OSError, ValueError) as err:
+            body = json.loads(_get(f"{url.rstrip('/')}/api/v1/query?{query}", timeout))
+        except ValueError as err:
             raise SourceError(f"{url}: {err}") from None
         if body.get("status") != "success":
             raise SourceError(f"{url}: {body.get('error', body)}")
@@ -94,19 +101,12 @@ def peaks_from_prometheus(
     return out
 
 
-def peaks_from_exporter(
-    url: str, timeout: float = 10.0
-) -> Dict[str, Tuple[float, int]]:
+def peaks_from_exporter(url: str, timeout: float = 10.0) -> Peaks:
     """mount -> (a running exporter's high-water mark, 1), from its /metrics."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            text = response.read().decode()
-    except (OSError, ValueError) as err:
-        raise SourceError(f"{url}: {err}") from None
-    out: Dict[str, Tuple[float, int]] = {}
-    for family in text_string_to_metric_families(text):
+    out: Peaks = {}
+    for family in text_string_to_metric_families(_get(url, timeout)):
         for s in family.samples:
             if s.name == "shmwatch_mount_max_used_bytes" and "mount" in s.labels:
                 out[s.labels["mount"]] = (s.value, 1)
@@ -117,152 +117,110 @@ def peaks_from_exporter(
     return out
 
 
-def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"')
-
-
 # --- the recommendation ------------------------------------------------------------------------
 @dataclass
 class Recommendation:
+    """`window`: Prometheus' window, None for an exporter's or this run's reading. The memory
+    limit: the cgroup's now (None: unknown or unlimited), the one needed (None: the cgroup's
+    use is unknown), and whether the first holds the second (None: no limit to compare)."""
+
     mount: str
     observed_peak_bytes: int
     recommended_size_bytes: int
-    window: Optional[
-        str
-    ]  # the Prometheus window; None for the exporter's or this run's reading
+    window: Optional[str]
     source: str  # prometheus | exporter | current
     current_size_bytes: int
-    memory_limit_bytes: Optional[
-        int
-    ]  # the cgroup's limit now; None when unknown or unlimited
-    memory_limit_bytes_needed: Optional[int]  # None when the cgroup's use is unknown
-    memory_limit_fits: Optional[bool]  # None when there is no limit to compare with
+    memory_limit_bytes: Optional[int] = None
+    memory_limit_bytes_needed: Optional[int] = None
+    memory_limit_fits: Optional[bool] = None
     settings: Dict[str, str] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
 
 
-def size_flag(n: int) -> str:
-    """docker --shm-size / compose shm_size: g or m, whichever is exact."""
-    return f"{n // GiB}g" if n % GiB == 0 else f"{-(-n // MiB)}m"
-
-
-def k8s_quantity(n: int) -> str:
-    return f"{n // GiB}Gi" if n % GiB == 0 else f"{-(-n // MiB)}Mi"
-
-
 def settings_for(size: int, volume: str, memory_limit: Optional[int]) -> Dict[str, str]:
+    empty_dir = {"medium": "Memory", "sizeLimit": k8s(size)}
     patch = {
         "spec": {
-            "template": {
-                "spec": {
-                    "volumes": [
-                        {
-                            "name": volume,
-                            "emptyDir": {
-                                "medium": "Memory",
-                                "sizeLimit": k8s_quantity(size),
-                            },
-                        }
-                    ]
-                }
-            }
+            "template": {"spec": {"volumes": [{"name": volume, "emptyDir": empty_dir}]}}
         }
     }
     out = {
-        "docker_run": f"docker run --shm-size={size_flag(size)}",
-        "compose": f"shm_size: {size_flag(size)}",
-        "kubernetes_volume": (
-            f"volumes: [{{name: {volume}, emptyDir: {{medium: Memory, "
-            f"sizeLimit: {k8s_quantity(size)}}}}}]"
-        ),
+        "docker_run": f"docker run --shm-size={docker(size)}",
+        "compose": f"shm_size: {docker(size)}",
+        "kubernetes_volume": f"volumes: [{{name: {volume}, emptyDir: {{medium: Memory, sizeLimit: {k8s(size)}}}}}]",
         "kubectl_patch": f"kubectl patch deployment <name> --type=strategic -p '{json.dumps(patch, separators=(',', ':'))}'",
     }
     if memory_limit is not None:
-        out.update(
-            {
-                "docker_run_memory": f"docker run --memory={size_flag(memory_limit)}",
-                "compose_memory": f"mem_limit: {size_flag(memory_limit)}",
-                "kubernetes_memory_limit": f"kubectl set resources deployment <name> -c <container> "
-                f"--limits=memory={k8s_quantity(memory_limit)}",
-            }
+        out["docker_run_memory"] = f"docker run --memory={docker(memory_limit)}"
+        out["compose_memory"] = f"mem_limit: {docker(memory_limit)}"
+        out["kubernetes_memory_limit"] = (
+            "kubectl set resources deployment <name> -c <container> "
+            f"--limits=memory={k8s(memory_limit)}"
         )
     return out
 
 
-def recommend(
-    view,
-    peak: Optional[Tuple[float, int]],
-    source: str,
-    window: Optional[str],
-    headroom: float = DEFAULT_HEADROOM,
-) -> Recommendation:
+def recommend(view, observed: float, source: str, window, headroom: float, note=""):
     """One mount's recommendation (`view`: a model MountView with usage)."""
-    usage = view.usage
-    notes = []
-    if peak is None:
-        observed, source, window = usage.used_bytes, "current", None
-    else:
-        observed = max(int(peak[0]), 0)
-        if peak[1] > 1:
-            notes.append(
-                f"{peak[1]} series matched this mount; the highest was taken "
-                "(narrow them with --prometheus.selector)"
-            )
+    usage, cgroup, observed = view.usage, view.cgroup, max(int(observed), 0)
     size = recommended_size(observed, headroom)
-    cgroup = view.cgroup
-    needed = limit = fits = None
+    r = Recommendation(usage.mount, observed, size, window, source, usage.size_bytes)
+    r.notes = [note] if note else []
     if cgroup is not None:
         needed = memory_limit_needed(size, cgroup.working_set_bytes, usage.used_bytes)
-        limit = cgroup.limit_bytes
-        fits = None if not limit else needed <= limit
-    volume = view.labels.get("volume") or "dshm"
-    settings = settings_for(size, volume, needed if fits is False else None)
-    return Recommendation(
-        usage.mount,
-        observed,
-        size,
-        window,
-        source,
-        usage.size_bytes,
-        limit,
-        needed,
-        fits,
-        settings,
-        notes,
-    )
+        r.memory_limit_bytes, r.memory_limit_bytes_needed = cgroup.limit_bytes, needed
+        r.memory_limit_fits = (
+            needed <= cgroup.limit_bytes if cgroup.limit_bytes else None
+        )
+    memory = r.memory_limit_bytes_needed if r.memory_limit_fits is False else None
+    r.settings = settings_for(size, view.labels.get("volume") or "dshm", memory)
+    return r
 
 
 # --- `shmwatch check --recommend` --------------------------------------------------------------
-PROM_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+def _window(text: str) -> str:
+    if not PROM_DURATION.match(text):
+        raise ValueError(f"not a Prometheus duration: {text!r} (e.g. 7d, 36h)")
+    return text
 
 
-def add_arguments(parser, typed) -> None:
+def _headroom(text: str) -> float:
+    value = float(text)
+    if not 1.0 <= value <= 10.0:
+        raise ValueError("must be between 1 and 10")
+    return value
+
+
+def add_arguments(parser) -> None:
     parser.add_argument(
         "--recommend",
         action="store_true",
         help="Recommend a shm size per mount from the observed peak, with the settings to apply.",
     )
-    parser.add_argument(
-        "--prometheus.url",
-        dest="prometheus_url",
-        default=None,
-        metavar="URL",
-        help="Prometheus to read the peak over --recommend.window from (HTTP API /api/v1/query).",
-    )
-    parser.add_argument(
-        "--prometheus.selector",
-        dest="prometheus_selector",
-        default="",
-        metavar="MATCHERS",
-        help='Label matchers that pick this workload\'s series, e.g. instance="10.0.0.5:9841".',
-    )
-    parser.add_argument(
-        "--exporter.url",
-        dest="exporter_url",
-        default=None,
-        metavar="URL",
-        help="A running shmwatch's /metrics: its high-water mark, when Prometheus has none.",
-    )
+    for flag, metavar, default, help_text in (
+        (
+            "--prometheus.url",
+            "URL",
+            None,
+            "Prometheus to read the peak over --recommend.window from (HTTP API /api/v1/query).",
+        ),
+        (
+            "--prometheus.selector",
+            "MATCHERS",
+            "",
+            'Label matchers that pick this workload\'s series, e.g. instance="10.0.0.5:9841".',
+        ),
+        (
+            "--exporter.url",
+            "URL",
+            None,
+            "A running shmwatch's /metrics: its high-water mark, when Prometheus has none.",
+        ),
+    ):
+        dest = flag[2:].replace(".", "_")
+        parser.add_argument(
+            flag, dest=dest, default=default, metavar=metavar, help=help_text
+        )
     parser.add_argument(
         "--recommend.window",
         dest="recommend_window",
@@ -279,38 +237,19 @@ def add_arguments(parser, typed) -> None:
     )
 
 
-def _window(text: str) -> str:
-    if not PROM_DURATION.match(text):
-        raise ValueError(f"not a Prometheus duration: {text!r} (e.g. 7d, 36h)")
-    return text
-
-
-def _headroom(text: str) -> float:
-    value = float(text)
-    if not 1.0 <= value <= 10.0:
-        raise ValueError("must be between 1 and 10")
-    return value
-
-
 def recommendations(model, extra) -> Tuple[List[Recommendation], List[str]]:
     """Per measured mount, from the best source that answered; notes say what fell through."""
     views = [v for v in model.mounts if v.usage is not None and not v.usage.error]
     notes: List[str] = []
-    answers: List[Tuple[str, Optional[str], Dict[str, Tuple[float, int]]]] = []
+    answers: List[Tuple[str, Optional[str], Peaks]] = []
     if extra.prometheus_url:
+        window = extra.recommend_window
         try:
-            answers.append(
-                (
-                    "prometheus",
-                    extra.recommend_window,
-                    peaks_from_prometheus(
-                        extra.prometheus_url,
-                        [v.mount for v in views],
-                        extra.recommend_window,
-                        extra.prometheus_selector,
-                    ),
-                )
+            mounts = [v.mount for v in views]
+            peaks = peaks_from_prometheus(
+                extra.prometheus_url, mounts, window, extra.prometheus_selector
             )
+            answers.append(("prometheus", window, peaks))
         except SourceError as err:
             notes.append(f"Prometheus not used: {err}")
     if extra.exporter_url:
@@ -318,54 +257,42 @@ def recommendations(model, extra) -> Tuple[List[Recommendation], List[str]]:
             answers.append(("exporter", None, peaks_from_exporter(extra.exporter_url)))
         except SourceError as err:
             notes.append(f"exporter not used: {err}")
-    out = []
+    headroom, out = extra.recommend_headroom, []
     for view in views:
+        rec = None
         # Preferred order; a mount a source has no series for falls through to the next, and so
         # does Prometheus when several series match without --prometheus.selector: /dev/shm
         # exists in every pod, and another workload's peak is not this one's.
-        found = None
         for name, window, peaks in answers:
-            if view.mount not in peaks:
+            peak, series = peaks.get(view.mount, (None, 0))
+            if peak is None:
                 continue
-            if (
-                name == "prometheus"
-                and peaks[view.mount][1] > 1
-                and not extra.prometheus_selector
-            ):
+            if name == "prometheus" and series > 1 and not extra.prometheus_selector:
                 notes.append(
-                    f"Prometheus not used for {view.mount}: {peaks[view.mount][1]} series match; "
+                    f"Prometheus not used for {view.mount}: {series} series match; "
                     "name this workload's with --prometheus.selector"
                 )
                 continue
-            found = (name, window, peaks[view.mount])
+            note = SERIES.format(series) if series > 1 else ""
+            rec = recommend(view, peak, name, window, headroom, note)
             break
-        current = (
-            view.max_used_bytes
-            if view.max_used_bytes is not None
-            else view.usage.used_bytes
-        )
-        if found is None:
-            rec = recommend(view, None, "current", None, extra.recommend_headroom)
-            rec.notes.append(
-                "no recorded peak: this is the current use only, a spike that is over is not seen"
+        current = view.max_used_bytes
+        if current is None:
+            current = view.usage.used_bytes
+        if rec is None:
+            rec = recommend(
+                view, view.usage.used_bytes, "current", None, headroom, NO_PEAK
             )
-        else:
-            name, window, peak = found
-            rec = recommend(view, peak, name, window, extra.recommend_headroom)
-            if current > rec.observed_peak_bytes:
-                rec = recommend(
-                    view, (current, 1), "current", None, extra.recommend_headroom
-                )
-                rec.notes.append(
-                    f"the current use is above what {name} recorded: it is the peak"
-                )
+        elif current > rec.observed_peak_bytes:
+            note = (
+                f"the current use is above what {rec.source} recorded: it is the peak"
+            )
+            rec = recommend(view, current, "current", None, headroom, note)
         out.append(rec)
     return out, notes
 
 
 def render_text(recs: List[Recommendation], notes: List[str], headroom: float) -> str:
-    from exporter.check.report import human
-
     lines = [
         "",
         f"RECOMMENDATIONS (highest observed peak x {headroom:g}, rounded up to a whole GiB, MiB below 1 GiB)",
@@ -378,24 +305,22 @@ def render_text(recs: List[Recommendation], notes: List[str], headroom: float) -
         }[r.source]
         lines.append(
             f"{r.mount}: observed peak {human(r.observed_peak_bytes)} ({where}) -> recommended "
-            f"{human(r.recommended_size_bytes)} (now {human(r.current_size_bytes)})"
+            f"{at_least(r.recommended_size_bytes)} (now {human(r.current_size_bytes)})"
         )
-        if r.memory_limit_fits is False:
-            lines.append(
-                f"  memory: the limit of {human(r.memory_limit_bytes)} cannot hold it: raise the limit to "
-                f"{human(r.memory_limit_bytes_needed)}, not only the shm size"
-            )
-        elif r.memory_limit_fits:
-            lines.append(
-                f"  memory: the limit of {human(r.memory_limit_bytes)} holds it (needs "
-                f"{human(r.memory_limit_bytes_needed)})"
-            )
-        else:
-            lines.append(
-                "  memory: no memory limit known (pass --memory.limit-bytes or read the cgroup)"
-            )
-        for key, setting in r.settings.items():
-            lines.append(f"  {key + ':':<25}{setting}")
+        # both are known when there is a limit to compare with
+        limit, needed = r.memory_limit_bytes or 0, r.memory_limit_bytes_needed or 0
+        memory = {
+            False: (
+                f"the limit of {human(limit)} cannot hold it: raise the limit to "
+                f"{at_least(needed)}, not only the shm size"
+            ),
+            True: f"the limit of {human(limit)} holds it (needs {at_least(needed)})",
+            None: "no memory limit known (pass --memory.limit-bytes or read the cgroup)",
+        }
+        lines.append(f"  memory: {memory[r.memory_limit_fits]}")
+        lines.extend(
+            f"  {key + ':':<25}{setting}" for key, setting in r.settings.items()
+        )
         lines.extend(f"  note: {n}" for n in r.notes)
     lines.extend(f"note: {n}" for n in notes)
     return "\n".join(lines) + "\n"

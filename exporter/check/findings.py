@@ -1,0 +1,92 @@
+"""What `shmwatch check` found, worst first, as text or as the documented JSON document.
+
+Exit codes: 0 all good, 1 warnings, 2 a requirement failed (--require-shm, --backend),
+64 a usage error (EX_USAGE: kept apart from 2 on purpose, so an initContainer can tell
+"this pod's shm is too small" from "the command line is wrong").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List
+
+from exporter import __version__
+
+EXIT_OK, EXIT_WARN, EXIT_FAIL, EXIT_USAGE = 0, 1, 2, 64
+SEVERITY_ORDER = {"fail": 0, "warn": 1, "info": 2, "ok": 3}
+STATUS = {EXIT_OK: "ok", EXIT_WARN: "warn", EXIT_FAIL: "fail"}
+# The JSON document's facts, in its order, and what each is when nothing reported it.
+FACTS = {
+    "shm": [],
+    "gpus": [],
+    "host_memory": None,
+    "cgroup": None,
+    "pod_cgroups": [],
+    "sysv": None,
+    "recommendations": [],  # --recommend
+    "recommendation_notes": [],
+    "oom_kills": [],
+    "sysv_namespaces": [],
+}
+
+
+@dataclass
+class Finding:
+    severity: str  # fail | warn | info | ok
+    area: str  # gpu | shm | memory | sysv | log
+    subject: str
+    message: str
+    remedy: str = ""
+
+
+@dataclass
+class Report:
+    findings: List[Finding] = field(default_factory=list)
+    facts: Dict[str, object] = field(default_factory=dict)
+
+    def add(self, *args, **kwargs) -> None:
+        self.findings.append(Finding(*args, **kwargs))
+
+    @property
+    def exit_code(self) -> int:
+        severities = {f.severity for f in self.findings}
+        if "fail" in severities:
+            return EXIT_FAIL
+        return EXIT_WARN if "warn" in severities else EXIT_OK
+
+    def sorted(self) -> List[Finding]:
+        def order(f: Finding):
+            return SEVERITY_ORDER[f.severity], f.area, f.subject
+
+        return sorted(self.findings, key=order)
+
+
+def render_text(report: Report) -> str:
+    findings = report.sorted()
+    problems = sum(f.severity in ("fail", "warn") for f in findings)
+    lines = [
+        f"shmwatch check {__version__}: {problems} problem(s), worst first",
+        "",
+        f"{'STATUS':<7}{'AREA':<8}{'SUBJECT':<28}WHAT",
+    ]
+    for f in findings:
+        lines.append(
+            f"{f.severity.upper():<7}{f.area:<8}{f.subject[:27]:<28}{f.message}"
+        )
+        if f.remedy:
+            lines.append(f"{'':<43}-> {f.remedy}")
+    return "\n".join(lines) + "\n"
+
+
+def render_json(report: Report) -> str:
+    code = report.exit_code
+    doc = {
+        "version": 1,
+        "shmwatch_version": __version__,
+        "status": STATUS[code],
+        "exit_code": code,
+        "findings": [asdict(f) for f in report.sorted()],
+    }
+    doc.update((name, report.facts.get(name, empty)) for name, empty in FACTS.items())
+    return json.dumps(doc, indent=2, default=str) + "\n"

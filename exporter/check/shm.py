@@ -1,0 +1,162 @@
+"""`shmwatch check`'s findings on a shm mount: its size against what is required, its use,
+its classes, and the segments nobody holds (leaked, of no known owner, or unverified)."""
+
+from __future__ import annotations
+
+import os
+from typing import List, Optional
+
+from exporter.check import thresholds as T
+from exporter.check.findings import Report
+from exporter.check.sizes import docker, human, k8s, round_up
+from exporter.inventory.classes import removable
+from exporter.model.step import Model, MountView
+
+DOCKER_DEFAULT_SHM = T.DOCKER_DEFAULT_SHM_BYTES
+MAX_NAMED = 5  # segments, and processes, named in a finding
+REMOUNT = "mount the workload's shm volume at this path"
+CLEAN_UP = "remove leaked segments"
+HIDDEN_BY = "NCCL >= 2.19, UCX proc link, torch file_descriptor"
+
+
+def shm_remedy(required: int) -> str:
+    """How to get a mount that holds `required` bytes, in the size recommendations round to."""
+    size = round_up(required)
+    return (
+        f"docker run --shm-size={docker(size)} (or --ipc=host); compose shm_size: {docker(size)}b; "
+        f"Kubernetes: an emptyDir {{medium: Memory, sizeLimit: {k8s(size)}}} mounted at /dev/shm"
+    )
+
+
+def shm(report: Report, view: MountView, model: Model, required: Optional[int]) -> None:
+    m, mount = view.usage, view.usage.mount
+
+    def add(severity: str, message: str, remedy: str = "") -> None:
+        report.add(severity, "shm", mount, message, remedy)
+
+    must = "fail" if required else "warn"  # what a required mount's trouble is
+    if m.error:
+        add(must, f"cannot be measured: {m.error}", REMOUNT)
+        return
+    effective = view.budget.effective_bytes
+    size = human(m.size_bytes)
+    if m.size_bytes <= DOCKER_DEFAULT_SHM:
+        below = "" if m.size_bytes == DOCKER_DEFAULT_SHM else "below "
+        size += f" ({below}Docker's 64 MiB default)"
+    usage = f"{size}, {human(m.used_bytes)} used ({m.usage_ratio:.0%})"
+    facts = {
+        "mount": mount,
+        "fstype": m.fstype,
+        "size_bytes": m.size_bytes,
+        "used_bytes": m.used_bytes,
+        "available_bytes": m.available_bytes,
+        "effective_size_bytes": effective,
+    }
+    report.facts.setdefault("shm", []).append(facts)
+    if required and effective < required:
+        held = f"can hold {human(effective)}, below the {human(required)} required"
+        add("fail", f"{usage}: {held} (--require-shm)", shm_remedy(required))
+    elif m.size_bytes <= DOCKER_DEFAULT_SHM:
+        add(
+            "warn",
+            f"{usage}: far too small for NCCL, torch or vLLM",
+            shm_remedy(16 << 30),
+        )
+    if m.usage_ratio > T.SHM_USAGE_CRITICAL_RATIO:
+        add(must, f"{usage}: about to be full", f"{CLEAN_UP} (below) or raise the size")
+    elif m.usage_ratio > T.SHM_USAGE_WARNING_RATIO:
+        above = f"above {T.SHM_USAGE_WARNING_RATIO * 100:g} %"
+        add("warn", f"{usage}: {above}", f"{CLEAN_UP} or raise the size")
+    if m.fstype != "tmpfs":
+        add(
+            "warn",
+            f"is {m.fstype}, not tmpfs",
+            "mount a tmpfs (or memory emptyDir) here",
+        )
+    problem = any(
+        f.subject == mount and f.severity in ("fail", "warn") for f in report.findings
+    )
+    inv, summary = view.inventory, view.summary
+    if inv is None or inv.error or summary is None:
+        if not problem:
+            add("ok", usage)
+        return
+    wall = model.inventory.wall_time
+    facts.update(
+        bytes_by_class=dict(summary.bytes_by_class),
+        orphans=[
+            dict(_facts(s), age_seconds=max(0, int(wall - s.mtime)))
+            for s in summary.leaked
+        ],
+        unverified=[_facts(s) for s in summary.unverified],
+        hidden_bytes=summary.hidden_bytes,
+        segments=len(inv.segments),
+        unattributed_bytes=inv.unattributed_bytes,
+    )
+    if not problem:
+        by_class = sorted(summary.bytes_by_class.items(), key=lambda kv: -kv[1])
+        classes = ", ".join(f"{c} {human(b)}" for c, b in by_class if b)
+        add("ok", usage + (f"; by class: {classes}" if classes else ""))
+    unowned(add, mount, summary.leaked, summary.unverified, model.inventory)
+    if summary.hidden_count:
+        hidden = f"{summary.hidden_count} unlinked-but-mapped segment(s), {human(summary.hidden_bytes)}"
+        add("info", f"{hidden}: counted by df, invisible to ls ({HIDDEN_BY})")
+
+
+def _facts(segment) -> dict:
+    return {
+        "name": segment.name,
+        "class": segment.cls,
+        "bytes": segment.allocated_bytes,
+    }
+
+
+def _names(mount: str, segments) -> str:
+    names = " ".join(os.path.join(mount, s.name) for s in segments[:MAX_NAMED])
+    more = len(segments) - MAX_NAMED
+    return names + (f" (+{more} more)" if more > 0 else "")
+
+
+def _total(segments) -> str:
+    return human(sum(s.allocated_bytes for s in segments))
+
+
+def unowned(add, mount: str, leaked, unverified, inventory) -> None:
+    """Segments held by no process. `rm` is advised only where nothing can still attach: an
+    orphan (every process inspected) of a class whose segments belong to one process."""
+    ours = [s for s in leaked if removable(s.cls)]
+    foreign = [s for s in leaked if not removable(s.cls)]
+    if ours:
+        names = _names(mount, ours)
+        add(
+            "warn",
+            f"{len(ours)} leaked segment(s) held by no process, {_total(ours)}: {names}",
+            f"once no server can attach to them: rm {names}",
+        )
+    if foreign:
+        add(
+            "info",
+            f"{len(foreign)} file(s) of no known owner class held by no process, "
+            f"{_total(foreign)}: {_names(mount, foreign)}",
+            "find which tool made them before removing anything (a container engine's lock file is one)",
+        )
+    if unverified:
+        total = _total(unverified)
+        unreadable = _unreadable(inventory.proc_unreadable, inventory.unproven)
+        add(
+            "info",
+            f"{len(unverified)} segment(s), {total}, held by no process shmwatch could "
+            f"inspect (could not read {unreadable}): not called leaked, they may be live",
+            "to tell live from leaked, run shmwatch as the server's UID or with CAP_SYS_PTRACE "
+            "(README: Deploy); never remove them on this report's word",
+        )
+
+
+def _unreadable(count: Optional[int], unproven: List[str]) -> str:
+    """'3 process(es): python3 (pid 7, uid 0); ...': how many, and the first few by name."""
+    named = "; ".join(unproven[:MAX_NAMED])
+    if count is None:
+        # the reasons say what could not be counted (hidepid, a PID namespace of its own)
+        return named or "processes hidden from shmwatch, uncounted"
+    more = " and more" if len(unproven) > MAX_NAMED or count > len(unproven) else ""
+    return f"{count} process(es): {named}{more}" if named else f"{count} process(es)"
