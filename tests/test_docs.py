@@ -54,6 +54,29 @@ def test_ci_runs_the_readme_test_command():
     assert lines[-1] == command
 
 
-def test_files_named_in_the_readme_exist():
-    for path in re.findall(r"`((?:exporter|tests|bench|deploy|grafana)/[\w./-]+)`", readme()):
-        assert os.path.exists(os.path.join(REPO, path.rstrip("/"))), path
+def test_the_readme_is_at_most_300_lines():
+    # For users: development notes live in CONTRIBUTING.md, measurements in docs/performance.md.
+    assert len(readme().splitlines()) <= 300
+
+
+DOCUMENTS = ["README.md", "CONTRIBUTING.md", "CHANGELOG.md", "docs/architecture.md", "docs/performance.md",
+             "docs/check.md", "docs/web-config.md"]
+
+
+def test_files_named_in_the_documents_exist():
+    for document in DOCUMENTS:
+        with open(os.path.join(REPO, document)) as f:
+            text = f.read()
+        named = re.findall(r"`((?:exporter|tests|bench|deploy|grafana|docs|\.ci)/[\w./-]+)`", text)
+        named += re.findall(r"`([A-Z]+\.md)`", text)
+        for path in named:
+            assert os.path.exists(os.path.join(REPO, path.rstrip("/"))), f"{document} names {path}"
+
+
+def test_the_documents_name_no_deleted_machinery():
+    # Render on demand: nothing is learned from scrapers, no render thread, no duty cycles.
+    for document in DOCUMENTS:
+        with open(os.path.join(REPO, document)) as f:
+            text = f.read().lower()
+        for gone in ("scrape_clock", "scrape clock", "duty cycle", "duty_cycle", "gzip_blocks", "interim run"):
+            assert gone not in text, f"{document} describes {gone!r}"
