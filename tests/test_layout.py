@@ -292,3 +292,19 @@ def test_the_readme_names_the_packages_and_what_each_imports():
     for package, allowed in listed:
         said = set() if allowed.strip() == "nothing" else {a.strip() for a in allowed.split(",")}
         assert said == LAYERS[package], f"README: {package} imports {sorted(said)}; LAYERS: {sorted(LAYERS[package])}"
+
+
+def test_mutation_testing_names_modules_and_functions_that_exist():
+    # pyproject.toml's [tool.mutmut] only_mutate and [tool.shmwatch.mutation] pure follow moves.
+    import tomllib
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        tool = tomllib.load(f)["tool"]
+    missing = [p for p in tool["mutmut"]["only_mutate"] if not os.path.exists(os.path.join(REPO, p))]
+    for qualified in tool["shmwatch"]["mutation"]["pure"]:
+        module, _, function = qualified.rpartition(".")
+        tree = TREES.get(module)
+        defined = tree and any(isinstance(n, ast.FunctionDef) and n.name == function for n in tree.body)
+        if not defined:
+            missing.append(qualified)
+    assert not missing, f"pyproject.toml's mutation testing names what is gone: {missing}"
