@@ -2,6 +2,8 @@
 lowest version of every runtime dependency that pyproject.toml allows
 (.ci/lowest-constraints.txt), in a fresh venv with packages from the package index."""
 
+import base64
+import gzip
 import os
 import re
 import shutil
@@ -101,20 +103,33 @@ def test_the_lowest_versions_are_the_ones_installed(lowest_python):
 
 
 def test_shmwatch_serves_a_scrape_on_the_lowest_versions(lowest_python, tmp_path):
-    # A plain directory as the mount: no tmpfs, no root needed; every collector runs once
-    # (the GPU one fails without a driver, as it should) before the scrapes.
-    with Exporter(f"--shm.mount={tmp_path}", run_as=[lowest_python]) as exporter:
+    # A plain directory as the mount: no tmpfs, no root needed. Every dependency is used:
+    # watchdog's inotify on the directory, nvidia-ml-py (the GPU collector fails without a
+    # driver, as it should), PyYAML and bcrypt through a web config with a basic-auth user.
+    mount = tmp_path / "shm"
+    mount.mkdir()
+    hashed = subprocess.run([lowest_python, "-c", "import bcrypt; print(bcrypt.hashpw(b'floor', bcrypt.gensalt(4)).decode())"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    web_config = tmp_path / "web.yml"
+    web_config.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    auth = {"Authorization": "Basic " + base64.b64encode(b"prometheus:floor").decode()}
+    with Exporter(f"--shm.mount={mount}", f"--web.config.file={web_config}", run_as=[lowest_python],
+                  headers=auth) as exporter:
         text = exporter.scrape_text()
         request = urllib.request.Request(exporter.url, headers={
-            "Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+            **auth, "Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
             "Accept-Encoding": "gzip"})
         with urllib.request.urlopen(request, timeout=5) as response:
             openmetrics = response.read()
             content_type = response.headers["Content-Type"]
             encoding = response.headers.get("Content-Encoding")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(exporter.url, timeout=5)
+    assert refused.value.code == 401
     assert re.search(r'^shmwatch_build_info\{version="[^"]+"\} 1', text, re.M), text[-2000:]
+    assert re.search(r'^shmwatch_inotify_active\{mount="[^"]+"\} 1', text, re.M), "inotify (watchdog) not active"
+    assert re.search(r'^shmwatch_collector_success\{collector="gpu"\} 0', text, re.M)
     assert content_type.startswith("application/openmetrics-text")
     if encoding == "gzip":
-        import gzip
         openmetrics = gzip.decompress(openmetrics)
     assert b"shmwatch_build_info" in openmetrics and openmetrics.rstrip().endswith(b"# EOF")
