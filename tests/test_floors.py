@@ -15,7 +15,8 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import REPO, Exporter, prerequisite_missing
+from tests.conftest import REPO, Exporter, prerequisite_missing, value
+from tests.test_gpu import TWO_GPUS, GiB, config, gpu_env, stub_dir  # noqa: F401 (stub_dir: a fixture)
 
 CONSTRAINTS = os.path.join(REPO, ".ci", "lowest-constraints.txt")
 
@@ -133,3 +134,18 @@ def test_shmwatch_serves_a_scrape_on_the_lowest_versions(lowest_python, tmp_path
     if encoding == "gzip":
         openmetrics = gzip.decompress(openmetrics)
     assert b"shmwatch_build_info" in openmetrics and openmetrics.rstrip().endswith(b"# EOF")
+
+
+def test_gpu_memory_and_processes_on_the_lowest_nvidia_ml_py(lowest_python, stub_dir, tmp_path):  # noqa: F811
+    # nvidia-ml-py 12.535.77 read NVML's process list with a struct 8 bytes too long: every
+    # process after the first was garbage. The fake NVML (tests/gpu) has two on GPU 0.
+    mount = tmp_path / "shm"
+    mount.mkdir()
+    conf = config(tmp_path, TWO_GPUS)
+    with Exporter(f"--shm.mount={mount}", env=gpu_env(stub_dir, conf), run_as=[lowest_python]) as exporter:
+        samples = exporter.scrape()
+    gpu0 = {"gpu": "0", "uuid": "GPU-11111111-2222-3333-4444-555555555555"}
+    assert value(samples, "shmwatch_collector_success", collector="gpu") == 1
+    assert value(samples, "shmwatch_gpu_memory_reserved_bytes", **gpu0) == 512 << 20
+    assert value(samples, "shmwatch_gpu_process_memory_bytes", pid=str(os.getpid()), **gpu0) == 70 * GiB
+    assert value(samples, "shmwatch_gpu_process_memory_bytes", pid="999999", comm="unknown", **gpu0) == 1 << 20
