@@ -64,8 +64,15 @@ def test_constraints_pin_every_floor_of_pyproject():
         assert _same_version(floor, pins[name]), f"{name}: pyproject allows >={floor}, constraints pin {pins[name]}"
 
 
+def _index_url() -> str:
+    """The index pip is configured for (environment, then its configuration files), else PyPI."""
+    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    configured = re.findall(r"^[^=\s]*\.index-url='([^']+)'", listed, re.M)
+    return os.environ.get("PIP_INDEX_URL") or (configured[0] if configured else "https://pypi.org/simple/")
+
+
 def _index_reachable() -> bool:
-    index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple/").rstrip("/")
+    index = _index_url().rstrip("/")
     try:
         with urllib.request.urlopen(f"{index}/prometheus-client/", timeout=20) as response:
             return response.status == 200
