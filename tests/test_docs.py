@@ -80,3 +80,16 @@ def test_the_documents_name_no_deleted_machinery():
             text = f.read().lower()
         for gone in ("scrape_clock", "scrape clock", "duty cycle", "duty_cycle", "gzip_blocks", "interim run"):
             assert gone not in text, f"{document} describes {gone!r}"
+
+
+def test_performance_has_one_dated_table_per_release():
+    with open(os.path.join(REPO, "docs", "performance.md")) as f:
+        text = f.read()
+    releases = re.split(r"^## ", text, flags=re.M)[1:]
+    assert releases, "docs/performance.md: no release sections"
+    for release in releases:
+        heading = release.splitlines()[0]
+        assert re.fullmatch(r"\d+\.\d+\.\d+ — \d{4}-\d{2}-\d{2}", heading), f"not '<version> — <date>': {heading}"
+        header = next(line for line in release.splitlines() if line.startswith("| figure"))
+        for column in ("command", "machine", "peer"):
+            assert f"| {column} |" in header + " |", f"{heading}: no {column} column"
