@@ -1,16 +1,27 @@
 """The README's flags and metrics tables, generated from config.FLAGS and the catalogue.
 
-    python3 -m exporter.docs README.md     # rewrite the tables in place
-tests/test_docs.py fails when the README's tables differ from what this prints.
+    python3 docs/generate.py README.md     # rewrite the tables in place
+
+tests/test_docs.py fails when the README's tables differ from what this prints. It lives
+outside the package: the exporter never needs it.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 
-from exporter.model.catalogue import CATALOGUE
-from exporter.config import COLLECTORS, FLAGS, NODE_DEFAULT_COLLECTORS, _env_name
+# Run as a script from anywhere: the checkout's package, not an installed one.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from exporter.config import COLLECTORS, FLAGS, NODE_DEFAULT_COLLECTORS  # noqa: E402
+from exporter.model.catalogue import CATALOGUE  # noqa: E402
+
+
+def env_name(flag: str) -> str:
+    """The environment variable a flag also reads (config.py's rule, as the README states)."""
+    return "SHMWATCH_" + re.sub(r"[.\-]", "_", flag.lstrip("-")).upper()
 
 
 def flags_table() -> str:
@@ -22,14 +33,14 @@ def flags_table() -> str:
             else (default if default is not None else "")
         )
         rows.append(
-            f"| `{flag}`{' (repeatable)' if repeatable else ''} | `{_env_name(flag)}` | "
+            f"| `{flag}`{' (repeatable)' if repeatable else ''} | `{env_name(flag)}` | "
             f"{f'`{shown}`' if shown else '—'} | {text} |"
         )
     for name in COLLECTORS:
         flag = f"--collector.{name}"
         default = "on in node mode" if name in NODE_DEFAULT_COLLECTORS else "on"
         rows.append(
-            f"| `{flag}` / `--no-collector.{name}` | `{_env_name(flag)}` | {default} | "
+            f"| `{flag}` / `--no-collector.{name}` | `{env_name(flag)}` | {default} | "
             f"Enable or disable the {name} collector. |"
         )
     rows.append(

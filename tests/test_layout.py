@@ -1,0 +1,326 @@
+"""The package layout shows the design, and stays that way.
+
+- Layering: a package under exporter/ imports only the packages LAYERS allows it (plus
+  itself, `exporter` for __version__ and `exporter.config`); the top-level modules app,
+  cli, config and __main__ may import anything. The README's "How it works" names the same
+  packages in the same order.
+- No import cycles between modules; no private name (`_x`) of one module used in another.
+- Size: no module over 400 lines, exporter/ at most 7,500 in all, counted as committed
+  (tests/test_lint.py holds the code to `ruff format`, so these are formatted lines).
+- At most 12 named timing constants (see `timing_constants`).
+
+Imports are read from the source (ast), wherever they are: at the top, in a function, or
+under `if TYPE_CHECKING:` (a type is a dependency too).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from typing import Dict, Iterator, List, Optional, Set, Tuple
+
+import pytest
+
+from tests.conftest import REPO
+
+PACKAGE = os.path.join(REPO, "exporter")
+
+# Each package and what it may import besides itself, in the README's order (top first).
+LAYERS: Dict[str, Set[str]] = {
+    "host": set(),
+    "model": {"host"},
+    "inventory": {"host", "model"},
+    "collectors": {"host", "model", "inventory"},
+    "runtime": {"host", "model", "inventory", "collectors"},
+    "exposition": {"host", "model"},
+    "check": {"host", "model", "exposition"},
+}
+SHARED = {"exporter", "exporter.config"}  # every package may import these
+TOP_LEVEL = {"exporter", "exporter.__main__", "exporter.app", "exporter.cli", "exporter.config"}
+
+MAX_MODULE_LINES = 400
+MAX_TOTAL_LINES = 7500
+MAX_TIMING_CONSTANTS = 12
+
+
+def _module_name(path: str) -> str:
+    parts = os.path.relpath(path, REPO)[: -len(".py")].split(os.sep)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> Dict[str, str]:
+    """exporter's module name -> path, e.g. exporter.host.paths, exporter.host (its __init__)."""
+    found = {}
+    for directory, subdirs, files in os.walk(PACKAGE):
+        subdirs[:] = sorted(d for d in subdirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(directory, name)
+                found[_module_name(path)] = path
+    return found
+
+
+MODULES = _modules()
+TREES = {}
+for _name, _path in MODULES.items():
+    with open(_path, encoding="utf-8") as _f:
+        TREES[_name] = ast.parse(_f.read(), _path)
+
+
+def _is_package(module: str) -> bool:
+    return MODULES.get(module, "").endswith("__init__.py")
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    """The absolute module a `from … import` names (relative imports resolved)."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if _is_package(module) else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(module: str) -> Iterator[Tuple[str, Optional[str], int]]:
+    """(imported exporter module, the name taken from it or None, line) for every import
+    of one of ours in `module`; `from pkg import sub` yields the submodule pkg.sub."""
+    for node in ast.walk(TREES[module]):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "exporter":
+                    yield alias.name, None, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            source = _resolve(module, node)
+            if source.split(".")[0] != "exporter":
+                continue
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                if submodule in MODULES:
+                    yield submodule, None, node.lineno
+                else:
+                    yield source, alias.name, node.lineno
+
+
+def _where(module: str) -> str:
+    return os.path.relpath(MODULES[module], REPO)
+
+
+def _owner(module: str) -> Optional[str]:
+    """The layer a module belongs to: its package under exporter/, or None at the top level."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_every_module_has_a_place_in_the_layering():
+    homeless = [m for m in MODULES if m not in TOP_LEVEL and _owner(m) is None]
+    assert not homeless, f"modules outside the packages of LAYERS (add the package to LAYERS and the README): {homeless}"
+
+
+def test_packages_import_only_what_their_layer_allows():
+    wrong = []
+    for module in MODULES:
+        layer = _owner(module)
+        if layer is None:
+            continue  # app, cli, config, __main__, exporter/__init__ may import anything
+        allowed = LAYERS[layer] | {layer}
+        for target, _name, line in imports(module):
+            if target in SHARED or _owner(target) in allowed:
+                continue
+            wrong.append(f"{_where(module)}:{line}: {layer} imports {target}")
+    assert not wrong, "imports against the layering:\n" + "\n".join(sorted(set(wrong)))
+
+
+def _cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """Strongly connected components with more than one module (Tarjan), or a self-import."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    found: List[List[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for successor in sorted(graph[node]):
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in on_stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph[node]:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _one_cycle(graph: Dict[str, Set[str]], component: List[str]) -> List[str]:
+    """A path that comes back to its start within `component`, to name in the failure."""
+    start, members = component[0], set(component)
+    path, seen = [start], {start}
+    while True:
+        step = next((m for m in sorted(graph[path[-1]]) if m in members and (m == start or m not in seen)), None)
+        if step is None or step == start:
+            return path + [start]
+        path.append(step)
+        seen.add(step)
+
+
+def test_no_import_cycles_between_modules():
+    # A package's __init__ that imports its own submodules while they import it (a registry
+    # filled on import) is a cycle too: keep what they share in a module of its own.
+    graph = {m: {target for target, _name, _line in imports(m) if target in MODULES} for m in MODULES}
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles (modules that import each other, e.g. " + \
+        "; ".join(" -> ".join(_one_cycle(graph, c)) for c in cycles) + "):\n" + \
+        "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def _private(name: Optional[str]) -> bool:
+    return bool(name) and name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _dotted(node: ast.expr) -> Optional[str]:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return f"{base}.{node.attr}" if base else None
+    return None
+
+
+def test_no_private_names_across_modules():
+    wrong = []
+    for module, tree in TREES.items():
+        aliases: Dict[str, str] = {}  # local name -> an exporter module it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "exporter":
+                        aliases[alias.asname or alias.name] = alias.name
+                        aliases.setdefault("exporter", "exporter")
+            elif isinstance(node, ast.ImportFrom):
+                source = _resolve(module, node)
+                if source.split(".")[0] != "exporter":
+                    continue
+                for alias in node.names:
+                    if _private(alias.name):
+                        wrong.append(f"{_where(module)}:{node.lineno}: from {source} import {alias.name}")
+                    if f"{source}.{alias.name}" in MODULES:
+                        aliases[alias.asname or alias.name] = f"{source}.{alias.name}"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                base = _dotted(node.value)
+                if base is None:
+                    continue
+                head, _, rest = base.partition(".")
+                target = aliases.get(head)
+                if target and (f"{target}.{rest}" if rest else target) in MODULES:
+                    wrong.append(f"{_where(module)}:{node.lineno}: {base}.{node.attr}")
+    assert not wrong, "private names used across modules:\n" + "\n".join(wrong)
+
+
+def _lines(path: str) -> int:
+    with open(path, encoding="utf-8") as f:
+        return len(f.read().splitlines())
+
+
+def test_no_module_over_400_lines():
+    long = {os.path.relpath(p, REPO): _lines(p) for p in MODULES.values() if _lines(p) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} formatted lines: {long}"
+
+
+def test_the_package_stays_within_its_line_budget():
+    total = sum(_lines(p) for p in MODULES.values())
+    assert total <= MAX_TOTAL_LINES, f"exporter/ is {total} formatted lines, the budget {MAX_TOTAL_LINES}"
+
+
+# A timing constant: a module- or class-level UPPER_CASE name bound to a number whose name
+# has one of these words (split at `_`): a unit of time, or a word for when work runs.
+TIME_WORDS = {"SECONDS", "SECS", "SEC", "MS", "MILLISECONDS", "MINUTES", "INTERVAL", "TIMEOUT", "DELAY",
+              "PERIOD", "TTL", "DEBOUNCE", "COALESCE", "BACKOFF", "DUTY", "LEAD", "HOLD"}
+
+
+def _number(node: ast.expr) -> bool:
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
+    if isinstance(node, ast.UnaryOp):
+        return _number(node.operand)
+    if isinstance(node, ast.BinOp):
+        return _number(node.left) and _number(node.right)
+    return isinstance(node, (ast.Name, ast.Attribute))  # a number made from another constant
+
+
+def timing_constants() -> List[str]:
+    found = []
+    for module, tree in TREES.items():
+        scopes = [tree.body] + [n.body for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+        for body in scopes:
+            for node in body:
+                if isinstance(node, ast.Assign):
+                    targets, value = node.targets, node.value
+                elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                    targets, value = [node.target], node.value
+                else:
+                    continue
+                for target in targets:
+                    if (isinstance(target, ast.Name) and re.fullmatch(r"[A-Z][A-Z0-9_]*", target.id)
+                            and set(target.id.split("_")) & TIME_WORDS and _number(value)):
+                        found.append(f"{module}.{target.id}")
+    return found
+
+
+def test_at_most_12_timing_constants():
+    found = timing_constants()
+    assert len(found) <= MAX_TIMING_CONSTANTS, f"{len(found)} timing constants: {found}"
+
+
+def _readme_section(title: str) -> str:
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    if not match:
+        pytest.fail(f'README.md has no "## {title}" section')
+    return match.group(1)
+
+
+def test_the_readme_names_the_packages_and_what_each_imports():
+    # Lines such as: 2. `model/` (imports: host) — what it holds
+    section = _readme_section("How it works")
+    listed = re.findall(r"^\s*\d+\.\s+`(\w+)/`\s+\(imports:\s*([^)]*)\)", section, re.M)
+    named = [package for package, _ in listed]
+    existing = sorted(m.split(".")[1] for m in MODULES if m.count(".") == 1 and _is_package(m))
+    assert named == list(LAYERS), f'README "How it works" lists {named}; the layering is {list(LAYERS)}'
+    assert sorted(named) == existing, f"packages under exporter/: {existing}; README: {named}"
+    for package, allowed in listed:
+        said = set() if allowed.strip() == "nothing" else {a.strip() for a in allowed.split(",")}
+        assert said == LAYERS[package], f"README: {package} imports {sorted(said)}; LAYERS: {sorted(LAYERS[package])}"
+
+
+def test_mutation_testing_names_modules_and_functions_that_exist():
+    # pyproject.toml's [tool.mutmut] only_mutate and [tool.shmwatch.mutation] pure follow moves.
+    import tomllib
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        tool = tomllib.load(f)["tool"]
+    missing = [p for p in tool["mutmut"]["only_mutate"] if not os.path.exists(os.path.join(REPO, p))]
+    for qualified in tool["shmwatch"]["mutation"]["pure"]:
+        module, _, function = qualified.rpartition(".")
+        tree = TREES.get(module)
+        defined = tree and any(isinstance(n, ast.FunctionDef) and n.name == function for n in tree.body)
+        if not defined:
+            missing.append(qualified)
+    assert not missing, f"pyproject.toml's mutation testing names what is gone: {missing}"
