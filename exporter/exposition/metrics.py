@@ -1,9 +1,11 @@
 """Turns the model into metric families, on a private registry.
 
-Fresh families on every collect(), nothing kept between scrapes (client_python's
-custom-collector pattern). Each source renders under its own guard, so a bug in one
-renderer drops that source's series and marks it failed instead of failing the scrape.
-Every family is built from the catalogue, so names, types and help cannot drift.
+Families are made anew from the model on every collect() (client_python's custom-collector
+pattern); a mount's or a cgroup's series are added again as they were while the inputs
+they are made from are equal (families.Families.part). Each source renders under its own
+guard, so a bug in one renderer drops that source's series and marks it failed instead of
+failing the scrape. Every family is built from the catalogue, so names, types and help
+cannot drift.
 """
 
 from __future__ import annotations
@@ -16,10 +18,9 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from exporter import __version__
-from exporter.exposition.families import Families, FragmentCache, LineCache
-from exporter.collectors.cgroup import CgroupMemory
-from exporter.inventory.summary import owner_label
+from exporter.exposition.families import Families, Memo
 from exporter.exposition.labels import clean
+from exporter.inventory.summary import owner_label
 from exporter.model.step import Model, ModelStep
 
 log = logging.getLogger(__name__)
@@ -30,24 +31,22 @@ class ModelCollector(Collector):
 
     def __init__(self, step: ModelStep):
         self.step = step
-        self._cache = LineCache()
-        self._fragments = FragmentCache()
-        self._lock = threading.Lock()  # one render at a time: they share the line cache
+        self.memo = Memo()
+        self._lock = threading.Lock()  # one render at a time: they share the memo
 
     def describe(self) -> List[Metric]:
         return []  # no auto-describe: registering must not trigger a collect
 
     def collect(self) -> Iterable[Metric]:
         with self._lock:
-            self._cache.next_render()
-            self._fragments.next_render()
+            self.memo.next_render()
             return self._collect()
 
     def _collect(self) -> List[Metric]:
         model = self.step.current()
         labels_by_mount = {v.mount: v.labels for v in model.mounts}
         out = Families(
-            model.node_mode, lambda mount: labels_by_mount.get(mount, {}), self._cache
+            model.node_mode, lambda mount: labels_by_mount.get(mount, {}), self.memo
         )
         out.add("shmwatch_build_info", [__version__], 1)
         renderers = {
@@ -69,7 +68,7 @@ class ModelCollector(Collector):
                     log.exception("rendering %s failed", status.name)
                     ok = False
                 else:
-                    out.merge(staged)
+                    out.merge(staged.parts)
             out.add("shmwatch_collector_success", [status.name], 1 if ok else 0)
             out.add(
                 "shmwatch_collector_duration_seconds", [status.name], status.duration
@@ -87,25 +86,14 @@ class ModelCollector(Collector):
 
     # --- one renderer per source ---------------------------------------------------------
     def _shm_mount(self, model: Model, out: Families) -> None:
-        out.fragments(
-            self._fragments,
-            (
-                (
+        for view in model.mounts:
+            if view.usage is not None:
+                out.part(
                     ("shm_mount", view.mount),
-                    (),
-                    (
-                        view.usage,
-                        view.peak_bytes,
-                        view.max_used_bytes,
-                        view.max_used_at,
-                        view.labels,
-                    ),
+                    (view.usage, view.peak_bytes, view.max_used_bytes)
+                    + (view.max_used_at, view.labels),
                     lambda staged, view=view: self._one_mount_usage(view, staged),
                 )
-                for view in model.mounts
-                if view.usage is not None
-            ),
-        )
 
     @staticmethod
     def _one_mount_usage(view, out: Families) -> None:
@@ -137,26 +125,18 @@ class ModelCollector(Collector):
             and not view.inventory.error
             and view.summary is not None
         ]
-        # Keyed on the summary, not the inventory object (a full run makes every mount's
-        # inventory anew): the model step keeps it while the mount's inventory is equal and
-        # the processes its series name (summary.named_pids) kept their comm and pod.
-        out.fragments(
-            self._fragments,
-            (
-                (
-                    ("segments", view.mount),
-                    (view.summary,),
-                    (view.labels,),
-                    lambda staged, m=view.inventory, summary=view.summary: (
-                        self._one_mount_segments(inv, m, summary, staged)
-                    ),
-                )
-                for view in listed
-            ),
-        )
-        # Not replayed: an orphan's age moves on with every inventory. In whole seconds (a
-        # leak is hours old), so the renders of one second find their lines made: a node
-        # whose mounts all hold an orphan made 200 lines anew in every event's render.
+        # The summary, and the comm and pod of each process its series name.
+        for view in listed:
+            named = sorted(view.summary.named_pids)
+            out.part(
+                ("segments", view.mount),
+                (view.summary, view.labels)
+                + tuple((pid, inv.comms.get(pid), inv.pods.get(pid)) for pid in named),
+                lambda staged, m=view.inventory, summary=view.summary: (
+                    self._one_mount_segments(inv, m, summary, staged)
+                ),
+            )
+        # An orphan's age moves on with every inventory (in whole seconds: a leak is hours old).
         for view in listed:
             oldest_orphan = view.summary.oldest_orphan_mtime
             age = (
@@ -165,25 +145,14 @@ class ModelCollector(Collector):
                 else float(max(0, int(inv.wall_time - oldest_orphan)))
             )
             out.add("shmwatch_orphan_oldest_age_seconds", [view.mount], age)
-        out.fragments(
-            self._fragments,
-            (
-                (
-                    ("entries", view.mount),
-                    (),
-                    (
-                        view.labels,
-                        inv.owners_complete,
-                        view.inventory.unattributed_bytes,
-                        tuple(sorted(view.inventory.other_entries.items())),
-                    ),
-                    lambda staged, m=view.inventory: self._one_mount_entries(
-                        inv, m, staged
-                    ),
-                )
-                for view in listed
-            ),
-        )
+        for view in listed:
+            m = view.inventory
+            out.part(
+                ("entries", view.mount),
+                (view.labels, inv.owners_complete, m.unattributed_bytes)
+                + tuple(sorted(m.other_entries.items())),
+                lambda staged, m=m: self._one_mount_entries(inv, m, staged),
+            )
 
     @staticmethod
     def _one_mount_segments(inv, m, summary, out: Families) -> None:
@@ -270,22 +239,15 @@ class ModelCollector(Collector):
         out.add("shmwatch_host_memory_shmem_bytes", [], mem.shmem_bytes)
 
     def _cgroup(self, model: Model, out: Families) -> None:
-        # By value: the series are made from the cgroup's figures alone (a node's 200
-        # pods, of which a quiet one renders nothing anew).
-        out.fragments(
-            self._fragments,
-            (
-                (
-                    ("cgroup", cg.cgroup),
-                    (),
-                    (cg,),
-                    lambda staged, cg=cg: self._one_cgroup(cg, staged),
-                )
-                for cg in model.cgroups
-            ),
-        )
+        for cg in model.cgroups:
+            out.part(
+                ("cgroup", cg.cgroup),
+                (cg,),
+                lambda staged, cg=cg: self._one_cgroup(cg, staged),
+            )
 
-    def _one_cgroup(self, cg: CgroupMemory, out: Families) -> None:
+    @staticmethod
+    def _one_cgroup(cg, out: Families) -> None:
         label = [clean(cg.cgroup, 256)]
         pod = {"pod_uid": cg.pod_uid}
         out.add("shmwatch_cgroup_memory_usage_bytes", label, cg.usage_bytes, extra=pod)
@@ -339,23 +301,18 @@ class ModelCollector(Collector):
         if not model.result_ok("shm_mount"):
             return
 
-        # Per mount, replayed while its budget is equal (a node's 200 mounts each render).
-        def items():
-            for view in model.mounts:
-                budget = view.budget
-                if budget is None:
-                    continue
-                cgroup = view.cgroup.cgroup if budget.projection is not None else None
-                yield (
-                    ("derived", view.mount),
-                    (),
-                    (budget, view.budget_complete, cgroup, view.labels),
-                    lambda staged, view=view, cgroup=cgroup: self._one_mount_derived(
-                        view, cgroup, staged
-                    ),
-                )
-
-        out.fragments(self._fragments, items())
+        for view in model.mounts:
+            budget = view.budget
+            if budget is None:
+                continue
+            cgroup = view.cgroup.cgroup if budget.projection is not None else None
+            out.part(
+                ("derived", view.mount),
+                (budget, view.budget_complete, cgroup, view.labels),
+                lambda staged, view=view, cgroup=cgroup: self._one_mount_derived(
+                    view, cgroup, staged
+                ),
+            )
 
     @staticmethod
     def _one_mount_derived(view, cgroup: Optional[str], out: Families) -> None:
@@ -374,61 +331,38 @@ class ModelCollector(Collector):
 
     def _oom_kills(self, model: Model, out: Families) -> None:
         """From the model's counts, not the cgroup renderer: a pod's kills outlive its cgroup."""
-        out.fragments(
-            self._fragments,
-            (
-                (
-                    ("oom_kills", count.cgroup),
-                    (),
-                    (count,),
-                    lambda staged, count=count: staged.add(
-                        "shmwatch_cgroup_oom_kills_total",
-                        [clean(count.cgroup, 256)],
-                        count.kills,
-                        extra={"pod_uid": count.pod_uid},
-                    ),
-                )
-                for count in model.oom_kills
-            ),
-        )
+        for count in model.oom_kills:
+            out.part(
+                ("oom_kills", count.cgroup),
+                (count,),
+                lambda staged, count=count: staged.add(
+                    "shmwatch_cgroup_oom_kills_total",
+                    [clean(count.cgroup, 256)],
+                    count.kills,
+                    extra={"pod_uid": count.pod_uid},
+                ),
+            )
 
     def _events(self, model: Model, out: Families) -> None:
-        """Per mount, replayed while its counts (then its inotify flag) are equal: a node's 200
-        mounts' counters were a thousand samples made again on every render. Each family in
-        the order of its mounts, as before."""
+        """Per mount: its event counters, then (all mounts') inotify flags."""
         states = model.states
-        out.fragments(
-            self._fragments,
-            (
-                (
-                    ("events", mount),
-                    (),
-                    (counts, out.mount_labels(mount)),
-                    lambda staged, mount=mount, counts=counts: self._one_mount_events(
-                        mount, counts, staged
-                    ),
-                )
-                for mount, counts in sorted(states.event_rows.items())
-            ),
-        )
-        flags = [
-            (mount, active, states.overflows.get(mount, 0) if active else None)
-            for mount, active in sorted(states.inotify.items())
-        ]
-        out.fragments(
-            self._fragments,
-            (
-                (
-                    ("inotify", mount),
-                    (),
-                    (active, overflows, out.mount_labels(mount)),
-                    lambda staged, mount=mount, active=active, overflows=overflows: (
-                        self._one_mount_inotify(mount, active, overflows, staged)
-                    ),
-                )
-                for mount, active, overflows in flags
-            ),
-        )
+        for mount, counts in sorted(states.event_rows.items()):
+            out.part(
+                ("events", mount),
+                (counts, out.mount_labels(mount)),
+                lambda staged, mount=mount, counts=counts: self._one_mount_events(
+                    mount, counts, staged
+                ),
+            )
+        for mount, active in sorted(states.inotify.items()):
+            overflows = states.overflows.get(mount, 0) if active else None
+            out.part(
+                ("inotify", mount),
+                (active, overflows, out.mount_labels(mount)),
+                lambda staged, mount=mount, active=active, overflows=overflows: (
+                    self._one_mount_inotify(mount, active, overflows, staged)
+                ),
+            )
 
     @staticmethod
     def _one_mount_events(mount: str, counts: tuple, out: Families) -> None:
