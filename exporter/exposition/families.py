@@ -88,20 +88,20 @@ class Memo:
 class Families:
     """Samples and their lines by family name, in the order they were first added.
 
-    In node mode every mount-level series also carries the mount's pod_uid, volume and
-    container_id (`mount_labels`), cgroup series their pod_uid (catalogue.node_labels);
-    `extra` gives what a sample has of its own.
+    In node mode a mount's series also carry its pod_uid, volume and container_id, a
+    cgroup's its pod_uid (catalogue.node_labels): from `labels`, the labels every sample
+    added here carries where its family has them, and from a sample's own `extra`.
     """
 
     def __init__(
         self,
         node_mode: bool = False,
-        mount_labels: Optional[Callable[[str], Dict[str, str]]] = None,
         memo: Optional[Memo] = None,
+        labels: Optional[Dict[str, str]] = None,
     ) -> None:
         self.node_mode = node_mode
-        self.mount_labels = mount_labels or (lambda mount: {})
         self.memo = memo or Memo()
+        self.labels = labels or {}
         self.parts: Parts = {}
 
     def add(
@@ -114,30 +114,26 @@ class Families:
         form = shape(name, self.node_mode)
         values = tuple(labels)
         if form.added:
-            mine = (
-                self.mount_labels(labels[form.mount_at]) if form.mount_at >= 0 else {}
-            )
-            extra = extra or {}
-            values += tuple(mine.get(k) or extra.get(k, "") for k in form.added)
+            given = {**self.labels, **extra} if extra else self.labels
+            values += tuple(given.get(k, "") for k in form.added)
         samples, lines = self.parts.setdefault(name, ([], []))
         samples.append(
             Sample(form.sample_name, dict(zip(form.labelnames, values)), value)
         )
         lines.append(format_line(form.template, values, value))
 
-    def child(self) -> "Families":
-        return Families(self.node_mode, self.mount_labels, self.memo)
+    def child(self, labels: Optional[Dict[str, str]] = None) -> "Families":
+        return Families(self.node_mode, self.memo, labels)
 
-    def part(
-        self, key: tuple, inputs: tuple, make: Callable[["Families"], None]
-    ) -> None:
-        """Adds what `make` adds to a child, or what it added for `key` in the last render
-        when `inputs` (frozen values the series are made from alone) are equal."""
+    def part(self, key: tuple, labels: Dict[str, str], make: Callable, *inputs) -> None:
+        """Adds what `make(child, *inputs)` adds to a child carrying `labels`, or what it
+        added for `key` in the last render when `labels` and `inputs` are equal: `make`
+        makes its series from them alone."""
         known = self.memo.last.get(key)
-        if known is None or known[0] != inputs:
-            staged = self.child()
-            make(staged)
-            known = (inputs, staged.parts)
+        if known is None or known[0] != (labels, *inputs):
+            staged = self.child(labels)
+            make(staged, *inputs)
+            known = ((labels, *inputs), staged.parts)
         self.memo.now[key] = known
         self.merge(known[1])
 
