@@ -19,9 +19,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.collectors.host_memory import HostMemoryCollector
-from exporter.exposition.bodies import Frozen, encode
-from exporter.exposition.families import format_line, line_template
-from exporter.exposition.render import MAX_BODIES, Exposition
+from exporter.exposition.families import LineFormat
+from exporter.exposition.render import MAX_BODIES, Exposition, encode
 from exporter.host.paths import Paths
 from tests.conftest import FIXTURES, Exporter
 from tests.helpers import registry_for
@@ -50,6 +49,16 @@ def get(app, accept=None, encoding=None, query=""):
     body = app(environ, start_response)
     # The body object itself when there is one: tests tell a served body from a rebuilt one.
     return seen["status"], seen["headers"], body[0] if len(body) == 1 else b"".join(body)
+
+
+class Frozen:
+    """Families, for the encoders (they take anything with collect())."""
+
+    def __init__(self, metrics):
+        self.metrics = metrics
+
+    def collect(self):
+        return iter(self.metrics)
 
 
 class Changes:
@@ -186,9 +195,9 @@ numbers = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-2**63, 2
 
 
 def with_lines(family, names):
-    """`family` as families.Families makes them: each sample's line from the family's template."""
-    template = line_template(family.samples[0].name if family.samples else family.name, tuple(names))
-    family.lines = [format_line(template, [s.labels[n] for n in names], s.value) for s in family.samples]
+    """`family` as families.Families makes them: each sample's line from the family's LineFormat."""
+    line = LineFormat(family.samples[0].name, names)
+    family.lines = [line.format([s.labels[n] for n in names], s.value) for s in family.samples]
     return family
 
 

@@ -10,7 +10,7 @@ from exporter.collectors.segments import SegmentsCollector
 from exporter.collectors.shm_mount import ShmMountCollector
 from prometheus_client.exposition import generate_latest
 
-from exporter.exposition.bodies import encode
+from exporter.exposition.render import encode
 from exporter.inventory.changes import ChangeLog
 from exporter.exposition.metrics import ModelCollector
 from exporter.host.paths import Paths

@@ -2,7 +2,7 @@
 
 A line is written as prometheus_client's generate_latest writes it (labels sorted by name,
 values escaped, the value by floatToGoString), from one template per family, so a body is
-the families' lines joined (bodies.py). The same line serves OpenMetrics 1.0.0 for the
+the families' lines joined (render.py). The same line serves OpenMetrics 1.0.0 for the
 gauges and counters made here (legacy names, no timestamps, exemplars or units).
 
 A node's render has thousands of samples, and between two renders most mounts and cgroups
@@ -24,25 +24,25 @@ from exporter.model.catalogue import lookup, node_labels
 Parts = Dict[str, Tuple[List[Sample], List[str]]]  # family name -> samples, their lines
 
 
-def line_template(sample_name: str, names: Sequence[str]) -> str:
-    """A str.format template of one sample line whose label values come in `names`' order
-    (the catalogue's), written sorted by label name as generate_latest writes them."""
-    if not names:
-        return sample_name + " {v}\n"
-    order = sorted(range(len(names)), key=names.__getitem__)
-    inner = ",".join(f'{names[i]}="{{{i}}}"' for i in order)
-    return sample_name + "{{" + inner + "}} {v}\n"
+class LineFormat:
+    """One family's sample lines: `format(values, value)` with label values in the order
+    of `names` (the catalogue's, node labels last) writes them sorted by label name."""
+
+    def __init__(self, sample_name: str, names: Sequence[str]):
+        self.order = sorted(range(len(names)), key=names.__getitem__)
+        pairs = ",".join(f'{names[i]}="%s"' for i in self.order)
+        self.template = sample_name + ("{" + pairs + "}" if names else "") + " %s\n"
+
+    def format(self, values: Sequence[str], value: float) -> str:
+        joined = "".join(values)
+        if "\\" in joined or "\n" in joined or '"' in joined:  # rare: escape each
+            values = [escape(v) for v in values]
+        ordered = [values[i] for i in self.order]
+        return self.template % (*ordered, floatToGoString(value))
 
 
 def escape(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-
-
-def format_line(template: str, values: Sequence[str], value: float) -> str:
-    joined = "".join(values)
-    if "\\" in joined or "\n" in joined or '"' in joined:  # rare: escape value by value
-        values = [escape(v) for v in values]
-    return template.format(*values, v=floatToGoString(value))
 
 
 class Shape(NamedTuple):
@@ -52,9 +52,8 @@ class Shape(NamedTuple):
     help: str
     labelnames: Tuple[str, ...]
     added: Tuple[str, ...]  # the labels node mode adds
-    mount_at: int  # index of the mount label, or -1
     sample_name: str  # a counter's with _total
-    template: str
+    line: LineFormat
 
 
 @functools.lru_cache(maxsize=None)
@@ -63,14 +62,10 @@ def shape(name: str, node_mode: bool) -> Shape:
     added = node_labels(entry) if node_mode else ()
     kind = CounterMetricFamily if entry.type == "counter" else GaugeMetricFamily
     labelnames = tuple(entry.labels) + tuple(added)
-    sample_name = kind(name, entry.help).name + (
-        "_total" if kind is CounterMetricFamily else ""
-    )
-    mount_at = entry.labels.index("mount") if "mount" in entry.labels else -1
-    template = line_template(sample_name, labelnames)
-    return Shape(
-        kind, entry.help, labelnames, tuple(added), mount_at, sample_name, template
-    )
+    sample_name = kind(name, entry.help).name
+    sample_name += "_total" if kind is CounterMetricFamily else ""
+    line = LineFormat(sample_name, labelnames)
+    return Shape(kind, entry.help, labelnames, tuple(added), sample_name, line)
 
 
 class Memo:
@@ -112,15 +107,15 @@ class Families:
         extra: Optional[Dict[str, str]] = None,
     ) -> None:
         form = shape(name, self.node_mode)
-        values = tuple(labels)
         if form.added:
             given = {**self.labels, **extra} if extra else self.labels
-            values += tuple(given.get(k, "") for k in form.added)
-        samples, lines = self.parts.setdefault(name, ([], []))
-        samples.append(
-            Sample(form.sample_name, dict(zip(form.labelnames, values)), value)
-        )
-        lines.append(format_line(form.template, values, value))
+            labels = (*labels, *[given.get(k, "") for k in form.added])
+        parts = self.parts.get(name)
+        if parts is None:
+            parts = self.parts[name] = ([], [])
+        labelset = dict(zip(form.labelnames, labels))
+        parts[0].append(Sample(form.sample_name, labelset, value))
+        parts[1].append(form.line.format(labels, value))
 
     def child(self, labels: Optional[Dict[str, str]] = None) -> "Families":
         return Families(self.node_mode, self.memo, labels)
@@ -151,5 +146,5 @@ class Families:
             form = shape(name, self.node_mode)
             family = form.kind(name, form.help, labels=form.labelnames)
             family.samples = samples
-            family.lines = lines  # read by bodies.encode
+            family.lines = lines  # read by render.encode
             yield family

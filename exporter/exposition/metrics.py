@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Iterable, List
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
@@ -110,45 +110,29 @@ class ModelCollector(Collector):
         inv = model.inventory
         if inv.proc_unreadable is not None:  # None: hidden processes exist, uncounted
             out.add("shmwatch_proc_unreadable", [], inv.proc_unreadable)
-        listed = [
-            v
-            for v in model.mounts
-            if v.inventory is not None
-            and not v.inventory.error
-            and v.summary is not None
-        ]
+        # A mount has a summary when its inventory was read without an error.
+        listed = [v for v in model.mounts if v.summary is not None]
         for v in listed:
             pids = v.summary.named_pids  # those whose comm (and pod) its series carry
             comms = {pid: inv.comms.get(pid, "unknown") for pid in pids}
             pods = {pid: inv.pods.get(pid, "") for pid in pids}
-            key = ("segments", v.mount)
-            out.part(
-                key, v.labels, self._one_mount_segments, v.mount, v.summary, comms, pods
-            )
+            inputs = (v.mount, v.summary, comms, pods)
+            out.part(("segments", v.mount), v.labels, self._one_mount_segments, *inputs)
         # An orphan's age moves on with every inventory (in whole seconds: a leak is hours old).
         for v in listed:
             oldest = v.summary.oldest_orphan_mtime
-            age = 0 if oldest is None else max(0, int(inv.wall_time - oldest))
-            out.add(
-                "shmwatch_orphan_oldest_age_seconds", [v.mount], float(age), v.labels
-            )
+            age = 0.0 if oldest is None else float(max(0, int(inv.wall_time - oldest)))
+            out.add("shmwatch_orphan_oldest_age_seconds", [v.mount], age, v.labels)
+        complete = inv.owners_complete
         for v in listed:
-            m = v.inventory
-            entries = (
-                m.mount,
-                m.unattributed_bytes,
-                inv.owners_complete,
-                m.other_entries,
-            )
+            i = v.inventory
+            entries = (v.mount, i.unattributed_bytes, complete, i.other_entries)
             out.part(("entries", v.mount), v.labels, self._one_mount_entries, *entries)
 
     @staticmethod
-    def _one_mount_segments(
-        out: Families, mount: str, summary, comms: Dict[int, str], pods: Dict[int, str]
-    ) -> None:
-        for (cls, state), (count, allocated, apparent) in sorted(
-            summary.totals.items()
-        ):
+    def _one_mount_segments(out: Families, mount, summary, comms, pods) -> None:
+        totals = sorted(summary.totals.items())
+        for (cls, state), (count, allocated, apparent) in totals:
             out.add("shmwatch_segments", [mount, cls, state], count)
             out.add("shmwatch_segment_bytes", [mount, cls, state], allocated)
             out.add("shmwatch_segment_apparent_bytes", [mount, cls, state], apparent)
@@ -167,9 +151,7 @@ class ModelCollector(Collector):
             out.add("shmwatch_process_shm_bytes", labels, size, process_pod)
 
     @staticmethod
-    def _one_mount_entries(
-        out: Families, mount: str, unattributed: int, verified: bool, other: Dict
-    ) -> None:
+    def _one_mount_entries(out: Families, mount, unattributed, verified, other) -> None:
         out.add("shmwatch_mount_unattributed_bytes", [mount], unattributed)
         out.add("shmwatch_mount_owners_verified", [mount], 1 if verified else 0)
         for kind, count in sorted(other.items()):
@@ -184,9 +166,8 @@ class ModelCollector(Collector):
                 "pod_uid": shm.pod_uid,
                 "container_id": shm.container_id,
             }
-            out.add(
-                "shmwatch_sysv_namespace_readable", [], 1 if shm.readable else 0, ns
-            )
+            readable = 1 if shm.readable else 0
+            out.add("shmwatch_sysv_namespace_readable", [], readable, ns)
             if not shm.readable:
                 continue
             for name, value in (
@@ -254,21 +235,17 @@ class ModelCollector(Collector):
             if v.budget is not None:
                 cgroup = v.cgroup.cgroup if v.budget.projection is not None else None
                 inputs = (v.mount, v.budget, v.budget_complete, cgroup)
-                out.part(
-                    ("derived", v.mount), v.labels, self._one_mount_derived, *inputs
-                )
+                key = ("derived", v.mount)
+                out.part(key, v.labels, self._one_mount_derived, *inputs)
 
     @staticmethod
-    def _one_mount_derived(
-        out: Families, mount: str, budget, complete: bool, cgroup: Optional[str]
-    ) -> None:
+    def _one_mount_derived(out: Families, mount, budget, complete, cgroup) -> None:
         if cgroup is not None:
             labels = [mount, clean(cgroup, 256)]
             out.add("shmwatch_shm_oom_projection_ratio", labels, budget.projection)
         if complete:
-            out.add(
-                "shmwatch_mount_effective_size_bytes", [mount], budget.effective_bytes
-            )
+            size = budget.effective_bytes
+            out.add("shmwatch_mount_effective_size_bytes", [mount], size)
 
     def _oom_kills(self, model: Model, out: Families) -> None:
         """From the model's counts, not the cgroup renderer: a pod's kills outlive its cgroup."""
@@ -295,14 +272,12 @@ class ModelCollector(Collector):
             out.part(("inotify", mount), mine, self._one_mount_inotify, *inputs)
 
     @staticmethod
-    def _one_mount_events(out: Families, mount: str, counts: Tuple) -> None:
+    def _one_mount_events(out: Families, mount, counts) -> None:
         for cls, event, count in counts:
             out.add("shmwatch_segment_events_total", [mount, cls, event], count)
 
     @staticmethod
-    def _one_mount_inotify(
-        out: Families, mount: str, active: bool, overflows: Optional[int]
-    ) -> None:
+    def _one_mount_inotify(out: Families, mount, active, overflows) -> None:
         out.add("shmwatch_inotify_active", [mount], 1 if active else 0)
         if active:
             out.add("shmwatch_inotify_overflows_total", [mount], overflows)

@@ -4,27 +4,71 @@ A scrape reads the model's version: when it moved since the last render, the scr
 collects the registry once; otherwise it reuses that render. Each body (format and
 encoding, negotiated as prometheus_client's own handler does) is made at most once per
 render and kept until the next. Concurrent scrapes wait for one render under one lock.
+
+The text format 0.0.4 and OpenMetrics 1.0.0 are each family's HELP and TYPE lines and its
+sample lines (families.py), joined: byte for byte what prometheus_client's encoders write,
+without formatting every sample again. Whatever else `choose_encoder` picks (a later
+OpenMetrics, an escaping that rewrites names) is left to the encoder.
 """
 
 from __future__ import annotations
 
 import gzip
 import threading
+from types import SimpleNamespace
 from typing import Callable, Dict, Hashable, List, Optional, Set, Tuple
 from urllib.parse import parse_qs
 
 from prometheus_client.core import Metric
-from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.exposition import choose_encoder, generate_latest, gzip_accepted
+from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import CollectorRegistry
-
-from exporter.exposition.bodies import encode
 
 # Level 1 compresses a node's exposition 9x (level 6: 11x) in half level 6's time: a
 # DaemonSet's CPU is worth more than a fifth more bytes per scrape.
 GZIP_LEVEL = 1
 # Bodies kept per render: an Accept header can name endless versions, each its own type.
 MAX_BODIES = 8
+# Escapings (prometheus-client >= 0.22) that leave legacy names as they are.
+LEGACY_SAFE_ESCAPINGS = ("underscores", "allow-utf-8")
 _NOTHING = object()
+
+
+def joined_format(encoder: Callable) -> Optional[str]:
+    """ "text" or "openmetrics" when joining lines makes what `encoder` (from choose_encoder)
+    writes: a function in old prometheus-client, a partial with keywords in newer ones."""
+    func = getattr(encoder, "func", encoder)
+    keywords = getattr(encoder, "keywords", None) or {}
+    if keywords.get("escaping", "underscores") not in LEGACY_SAFE_ESCAPINGS:
+        return None
+    if func is generate_latest:
+        return "text"
+    if (
+        func is openmetrics.generate_latest
+        and keywords.get("version", "1.0.0") == "1.0.0"
+    ):
+        return "openmetrics"
+    return None
+
+
+def encode(metrics: List[Metric], encoder: Callable) -> bytes:
+    """The body `encoder` writes for `metrics`."""
+    kind = joined_format(encoder)
+    if kind is None or not all(hasattr(m, "lines") for m in metrics):
+        return encoder(SimpleNamespace(collect=lambda: iter(metrics)))
+    out: List[str] = []
+    for metric in metrics:
+        name = metric.name
+        doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        if kind == "openmetrics":
+            doc = doc.replace('"', r"\"")
+        elif metric.type == "counter":
+            name += "_total"  # the text format names a counter's family by its sample
+        out.append(f"# HELP {name} {doc}\n# TYPE {name} {metric.type}\n")
+        out.extend(metric.lines)
+    if kind == "openmetrics":
+        out.append("# EOF\n")
+    return "".join(out).encode("utf-8")
 
 
 class Exposition:
@@ -40,31 +84,22 @@ class Exposition:
         self._metrics: List[Metric] = []
         self._bodies: Dict[Tuple[str, bool], bytes] = {}
 
-    def metrics(self) -> List[Metric]:
-        """The families of the current model; call with the lock held."""
-        version = self.version()
-        if version != self._rendered:
-            self._metrics = list(self.registry.collect())
-            self._bodies = {}
-            self._rendered = version
-            self.renders += 1
-        return self._metrics
-
     def body(
-        self,
-        encoder: Callable,
-        content_type: str,
-        gzipped: bool,
-        names: Optional[Set[str]] = None,
+        self, encoder: Callable, content_type: str, gzipped: bool, names: Set[str]
     ) -> bytes:
-        """What `encoder` writes for the current model (gzipped), or for the families
-        named in `names` (a family's name or one of its samples')."""
+        """What `encoder` writes for the current model (gzipped), or for the families named
+        in `names` (by a family's name or one of its samples') when there are any."""
         with self._lock:
-            metrics = self.metrics()
+            version = self.version()
+            if version != self._rendered:
+                self._metrics = list(self.registry.collect())
+                self._bodies = {}
+                self._rendered = version
+                self.renders += 1
             if names:
                 chosen = [
                     m
-                    for m in metrics
+                    for m in self._metrics
                     if m.name in names or any(s.name in names for s in m.samples)
                 ]
                 raw = encode(chosen, encoder)
@@ -72,9 +107,8 @@ class Exposition:
             key = (content_type, gzipped)
             body = self._bodies.get(key)
             if body is None:
-                raw = self._bodies.get((content_type, False)) or encode(
-                    metrics, encoder
-                )
+                raw = self._bodies.get((content_type, False))
+                raw = raw or encode(self._metrics, encoder)
                 body = gzip.compress(raw, GZIP_LEVEL) if gzipped else raw
                 if len(self._bodies) < MAX_BODIES:
                     self._bodies[(content_type, False)] = raw
@@ -93,8 +127,8 @@ class Exposition:
             ]
         encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT"))
         gzipped = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING"))
-        names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
-        body = self.body(encoder, content_type, gzipped, set(names or ()))
+        names = set(parse_qs(environ.get("QUERY_STRING", "")).get("name[]", ()))
+        body = self.body(encoder, content_type, gzipped, names)
         headers = [("Content-Type", content_type)]
         if gzipped:
             headers.append(("Content-Encoding", "gzip"))
