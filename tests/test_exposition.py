@@ -19,7 +19,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.collectors.host_memory import HostMemoryCollector
-from exporter.exposition.families import LineFormat
+from exporter.exposition.families import Shape
 from exporter.exposition.render import MAX_BODIES, Exposition, encode
 from exporter.host.paths import Paths
 from tests.conftest import FIXTURES, Exporter
@@ -195,9 +195,9 @@ numbers = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-2**63, 2
 
 
 def with_lines(family, names):
-    """`family` as families.Families makes them: each sample's line from the family's LineFormat."""
-    line = LineFormat(family.samples[0].name, names)
-    family.lines = [line.format([s.labels[n] for n in names], s.value) for s in family.samples]
+    """`family` as families.Families makes them: each sample's line from the family's Shape."""
+    shape = Shape(family.samples[0].name, names)
+    family.lines = [shape.line([s.labels[n] for n in names], s.value) for s in family.samples]
     return family
 
 

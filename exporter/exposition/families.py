@@ -13,7 +13,7 @@ made from (`Memo`), and adds it again while the inputs are equal.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
@@ -24,16 +24,21 @@ from exporter.model.catalogue import lookup, node_labels
 Parts = Dict[str, Tuple[List[Sample], List[str]]]  # family name -> samples, their lines
 
 
-class LineFormat:
-    """One family's sample lines: `format(values, value)` with label values in the order
-    of `names` (the catalogue's, node labels last) writes them sorted by label name."""
+class Shape:
+    """What every sample of one family needs: its kind, help and label names (those node
+    mode adds last), and the template of its lines, which takes label values in that order
+    and writes them sorted by name, as generate_latest does."""
 
-    def __init__(self, sample_name: str, names: Sequence[str]):
+    def __init__(
+        self, sample_name: str, names: Sequence[str], kind=None, doc="", added=()
+    ):
+        self.sample_name, self.labelnames = sample_name, tuple(names)
+        self.kind, self.help, self.added = kind, doc, tuple(added)
         self.order = sorted(range(len(names)), key=names.__getitem__)
         pairs = ",".join(f'{names[i]}="%s"' for i in self.order)
         self.template = sample_name + ("{" + pairs + "}" if names else "") + " %s\n"
 
-    def format(self, values: Sequence[str], value: float) -> str:
+    def line(self, values: Sequence[str], value: float) -> str:
         joined = "".join(values)
         if "\\" in joined or "\n" in joined or '"' in joined:  # rare: escape each
             values = [escape(v) for v in values]
@@ -45,27 +50,15 @@ def escape(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-class Shape(NamedTuple):
-    """What every sample of one family needs, looked up once per name and mode."""
-
-    kind: type
-    help: str
-    labelnames: Tuple[str, ...]
-    added: Tuple[str, ...]  # the labels node mode adds
-    sample_name: str  # a counter's with _total
-    line: LineFormat
-
-
 @functools.lru_cache(maxsize=None)
 def shape(name: str, node_mode: bool) -> Shape:
+    """The catalogue's family `name`, with the labels node mode adds when in node mode."""
     entry = lookup(name)
     added = node_labels(entry) if node_mode else ()
     kind = CounterMetricFamily if entry.type == "counter" else GaugeMetricFamily
-    labelnames = tuple(entry.labels) + tuple(added)
     sample_name = kind(name, entry.help).name
     sample_name += "_total" if kind is CounterMetricFamily else ""
-    line = LineFormat(sample_name, labelnames)
-    return Shape(kind, entry.help, labelnames, tuple(added), sample_name, line)
+    return Shape(sample_name, entry.labels + tuple(added), kind, entry.help, added)
 
 
 class Memo:
@@ -88,24 +81,14 @@ class Families:
     added here carries where its family has them, and from a sample's own `extra`.
     """
 
-    def __init__(
-        self,
-        node_mode: bool = False,
-        memo: Optional[Memo] = None,
-        labels: Optional[Dict[str, str]] = None,
-    ) -> None:
+    def __init__(self, node_mode=False, memo: Optional[Memo] = None, labels=None):
         self.node_mode = node_mode
         self.memo = memo or Memo()
         self.labels = labels or {}
         self.parts: Parts = {}
+        self.kept: Dict[tuple, tuple] = {}  # the memo's records of the parts added here
 
-    def add(
-        self,
-        name: str,
-        labels: Sequence[str],
-        value: float,
-        extra: Optional[Dict[str, str]] = None,
-    ) -> None:
+    def add(self, name: str, labels: Sequence[str], value: float, extra=None) -> None:
         form = shape(name, self.node_mode)
         if form.added:
             given = {**self.labels, **extra} if extra else self.labels
@@ -115,7 +98,7 @@ class Families:
             parts = self.parts[name] = ([], [])
         labelset = dict(zip(form.labelnames, labels))
         parts[0].append(Sample(form.sample_name, labelset, value))
-        parts[1].append(form.line.format(labels, value))
+        parts[1].append(form.line(labels, value))
 
     def child(self, labels: Optional[Dict[str, str]] = None) -> "Families":
         return Families(self.node_mode, self.memo, labels)
@@ -128,9 +111,21 @@ class Families:
         if known is None or known[0] != (labels, *inputs):
             staged = self.child(labels)
             make(staged, *inputs)
-            known = ((labels, *inputs), staged.parts)
-        self.memo.now[key] = known
+            known = ((labels, *inputs), staged.parts, staged.kept)
+        for kept in (self.memo.now, self.kept):
+            kept.update(known[2])  # the parts it was made of, for when it is made again
+            kept[key] = known
         self.merge(known[1])
+
+    def parts_of(self, key: tuple, make: Callable, rows: Iterable[tuple]) -> None:
+        """A part for each row (its key, labels, *inputs) by `make`, in order; while every
+        row is as it was in the last render, they are added as one (a node's 200 mounts)."""
+
+        def each(out: Families, rows: tuple) -> None:
+            for row_key, labels, *inputs in rows:
+                out.part(row_key, labels, make, *inputs)
+
+        self.part(key, {}, each, tuple(rows))
 
     def merge(self, parts: Parts) -> None:
         for name, (samples, lines) in parts.items():
@@ -141,7 +136,7 @@ class Families:
                 mine[0].extend(samples)
                 mine[1].extend(lines)
 
-    def __iter__(self) -> Iterator[Metric]:
+    def __iter__(self) -> Iterable[Metric]:
         for name, (samples, lines) in self.parts.items():
             form = shape(name, self.node_mode)
             family = form.kind(name, form.help, labels=form.labelnames)

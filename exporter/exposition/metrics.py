@@ -78,14 +78,13 @@ class ModelCollector(Collector):
 
     # --- one renderer per source ---------------------------------------------------------
     def _shm_mount(self, model: Model, out: Families) -> None:
-        for v in model.mounts:
-            if v.usage is not None:
-                out.part(
-                    ("shm_mount", v.mount),
-                    v.labels,
-                    self._one_mount_usage,
-                    *(v.usage, v.peak_bytes, v.max_used_bytes, v.max_used_at),
-                )
+        rows = (
+            (("shm_mount", v.mount), v.labels, v.usage, v.peak_bytes)
+            + (v.max_used_bytes, v.max_used_at)
+            for v in model.mounts
+            if v.usage is not None
+        )
+        out.parts_of(("shm_mount",), self._one_mount_usage, rows)
 
     @staticmethod
     def _one_mount_usage(out: Families, m, peak, max_used, max_used_at) -> None:
@@ -112,22 +111,28 @@ class ModelCollector(Collector):
             out.add("shmwatch_proc_unreadable", [], inv.proc_unreadable)
         # A mount has a summary when its inventory was read without an error.
         listed = [v for v in model.mounts if v.summary is not None]
-        for v in listed:
-            pids = v.summary.named_pids  # those whose comm (and pod) its series carry
+
+        def named(pids):  # the comm and the pod of each process a mount's series name
             comms = {pid: inv.comms.get(pid, "unknown") for pid in pids}
-            pods = {pid: inv.pods.get(pid, "") for pid in pids}
-            inputs = (v.mount, v.summary, comms, pods)
-            out.part(("segments", v.mount), v.labels, self._one_mount_segments, *inputs)
+            return comms, {pid: inv.pods.get(pid, "") for pid in pids}
+
+        rows = (
+            (("segments", v.mount), v.labels, v.mount, v.summary)
+            + named(v.summary.named_pids)
+            for v in listed
+        )
+        out.parts_of(("segments",), self._one_mount_segments, rows)
         # An orphan's age moves on with every inventory (in whole seconds: a leak is hours old).
         for v in listed:
             oldest = v.summary.oldest_orphan_mtime
             age = 0.0 if oldest is None else float(max(0, int(inv.wall_time - oldest)))
             out.add("shmwatch_orphan_oldest_age_seconds", [v.mount], age, v.labels)
-        complete = inv.owners_complete
-        for v in listed:
-            i = v.inventory
-            entries = (v.mount, i.unattributed_bytes, complete, i.other_entries)
-            out.part(("entries", v.mount), v.labels, self._one_mount_entries, *entries)
+        rows = (
+            (("entries", v.mount), v.labels, v.mount, v.inventory.unattributed_bytes)
+            + (inv.owners_complete, v.inventory.other_entries)
+            for v in listed
+        )
+        out.parts_of(("entries",), self._one_mount_entries, rows)
 
     @staticmethod
     def _one_mount_segments(out: Families, mount, summary, comms, pods) -> None:
@@ -193,9 +198,10 @@ class ModelCollector(Collector):
         out.add("shmwatch_host_memory_shmem_bytes", [], mem.shmem_bytes)
 
     def _cgroup(self, model: Model, out: Families) -> None:
-        for cg in model.cgroups:
-            pod = {"pod_uid": cg.pod_uid}
-            out.part(("cgroup", cg.cgroup), pod, self._one_cgroup, cg)
+        rows = (
+            (("cgroup", c.cgroup), {"pod_uid": c.pod_uid}, c) for c in model.cgroups
+        )
+        out.parts_of(("cgroup",), self._one_cgroup, rows)
 
     @staticmethod
     def _one_cgroup(out: Families, cg) -> None:
@@ -231,12 +237,13 @@ class ModelCollector(Collector):
         """Effective shm size and the OOM projection: shm usage joined with the cgroup."""
         if not model.result_ok("shm_mount"):
             return
-        for v in model.mounts:
-            if v.budget is not None:
-                cgroup = v.cgroup.cgroup if v.budget.projection is not None else None
-                inputs = (v.mount, v.budget, v.budget_complete, cgroup)
-                key = ("derived", v.mount)
-                out.part(key, v.labels, self._one_mount_derived, *inputs)
+        rows = (
+            (("derived", v.mount), v.labels, v.mount, v.budget, v.budget_complete)
+            + (v.cgroup.cgroup if v.budget.projection is not None else None,)
+            for v in model.mounts
+            if v.budget is not None
+        )
+        out.parts_of(("derived",), self._one_mount_derived, rows)
 
     @staticmethod
     def _one_mount_derived(out: Families, mount, budget, complete, cgroup) -> None:
@@ -249,9 +256,8 @@ class ModelCollector(Collector):
 
     def _oom_kills(self, model: Model, out: Families) -> None:
         """From the model's counts, not the cgroup renderer: a pod's kills outlive its cgroup."""
-        for count in model.oom_kills:
-            pod = {"pod_uid": count.pod_uid}
-            out.part(("oom_kills", count.cgroup), pod, self._one_oom_count, count)
+        rows = ((("oom", c.cgroup), {"pod_uid": c.pod_uid}, c) for c in model.oom_kills)
+        out.parts_of(("oom",), self._one_oom_count, rows)
 
     @staticmethod
     def _one_oom_count(out: Families, count) -> None:
@@ -262,14 +268,17 @@ class ModelCollector(Collector):
         """Per mount: its event counters, then (all mounts') inotify flags."""
         states = model.states
         labels = {v.mount: v.labels for v in model.mounts}
-        for mount, counts in sorted(states.event_rows.items()):
-            mine = labels.get(mount, {})
-            out.part(("events", mount), mine, self._one_mount_events, mount, counts)
-        for mount, active in sorted(states.inotify.items()):
-            overflows = states.overflows.get(mount, 0) if active else None
-            inputs = (mount, active, overflows)
-            mine = labels.get(mount, {})
-            out.part(("inotify", mount), mine, self._one_mount_inotify, *inputs)
+        rows = (
+            (("events", mount), labels.get(mount, {}), mount, counts)
+            for mount, counts in sorted(states.event_rows.items())
+        )
+        out.parts_of(("events",), self._one_mount_events, rows)
+        rows = (
+            (("inotify", mount), labels.get(mount, {}), mount, active)
+            + (states.overflows.get(mount, 0) if active else None,)
+            for mount, active in sorted(states.inotify.items())
+        )
+        out.parts_of(("inotify",), self._one_mount_inotify, rows)
 
     @staticmethod
     def _one_mount_events(out: Families, mount, counts) -> None:
