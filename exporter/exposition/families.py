@@ -1,9 +1,7 @@
-"""Metric families from the catalogue, with each sample's line of the text format.
-
-A line is written as prometheus_client's generate_latest writes it (labels sorted by name,
-values escaped, the value by floatToGoString), from one template per family, so a body is
-the families' lines joined (render.py). The same line serves OpenMetrics 1.0.0 for the
-gauges and counters made here (legacy names, no timestamps, exemplars or units).
+"""Metric families from the catalogue, with each sample's line of the text format as
+prometheus_client writes it, so a body is the lines joined (render.py). The same line
+serves OpenMetrics 1.0.0 for these gauges and counters (legacy names, no timestamps,
+exemplars or units).
 
 A node's render has thousands of samples, and between two renders most mounts and cgroups
 are as they were: `Families.part` keeps what each of them added, with the inputs it was
@@ -66,8 +64,8 @@ class Memo:
     Only what the current render used is kept for the next."""
 
     def __init__(self) -> None:
-        self.last: Dict[tuple, Tuple[tuple, Parts]] = {}
-        self.now: Dict[tuple, Tuple[tuple, Parts]] = {}
+        self.last: Dict[tuple, tuple] = {}  # key -> (inputs, Parts, its parts' records)
+        self.now: Dict[tuple, tuple] = {}
 
     def next_render(self) -> None:
         self.last, self.now = self.now, {}
@@ -100,16 +98,13 @@ class Families:
         parts[0].append(Sample(form.sample_name, labelset, value))
         parts[1].append(form.line(labels, value))
 
-    def child(self, labels: Optional[Dict[str, str]] = None) -> "Families":
-        return Families(self.node_mode, self.memo, labels)
-
     def part(self, key: tuple, labels: Dict[str, str], make: Callable, *inputs) -> None:
         """Adds what `make(child, *inputs)` adds to a child carrying `labels`, or what it
         added for `key` in the last render when `labels` and `inputs` are equal: `make`
         makes its series from them alone."""
         known = self.memo.last.get(key)
         if known is None or known[0] != (labels, *inputs):
-            staged = self.child(labels)
+            staged = Families(self.node_mode, self.memo, labels)
             make(staged, *inputs)
             known = ((labels, *inputs), staged.parts, staged.kept)
         for kept in (self.memo.now, self.kept):

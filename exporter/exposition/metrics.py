@@ -1,11 +1,9 @@
-"""Turns the model into metric families, on a private registry.
+"""Turns the model into metric families from the catalogue, on a private registry.
 
 Families are made from the model on every collect() (client_python's custom-collector
-pattern); each mount's and cgroup's series are a part made from frozen inputs alone, and
-added as the last render made them while those are equal (families.Families.part). Each
-source renders under its own guard, so a bug in one renderer drops that source's series and
-marks it failed instead of failing the scrape. Every family is built from the catalogue, so
-names, types and help cannot drift.
+pattern); each mount's and cgroup's series are a part made from its inputs alone, reused
+while those are equal (families.Families.part). Each source renders under its own guard:
+a bug in one renderer drops that source's series and marks it failed, not the scrape.
 """
 
 from __future__ import annotations
@@ -67,7 +65,7 @@ class ModelCollector(Collector):
     @staticmethod
     def _guarded(what: str, render, model: Model, out: Families) -> bool:
         """`render`'s series, or none of them (logged) when it fails."""
-        staged = out.child()
+        staged = Families(out.node_mode, out.memo)
         try:
             render(model, staged)
         except Exception:

@@ -1,14 +1,11 @@
-"""/metrics, rendered when a scrape finds the model changed, and served as bytes.
-
-A scrape reads the model's version: when it moved since the last render, the scrape
-collects the registry once; otherwise it reuses that render. Each body (format and
-encoding, negotiated as prometheus_client's own handler does) is made at most once per
-render and kept until the next. Concurrent scrapes wait for one render under one lock.
+"""/metrics, rendered when a scrape finds that the model's version moved since the last
+render (concurrent scrapes wait for one render). Each body, negotiated as prometheus_client
+does, is made once per render and kept until the next.
 
 The text format 0.0.4 and OpenMetrics 1.0.0 are each family's HELP and TYPE lines and its
-sample lines (families.py), joined: byte for byte what prometheus_client's encoders write,
-without formatting every sample again. Whatever else `choose_encoder` picks (a later
-OpenMetrics, an escaping that rewrites names) is left to the encoder.
+sample lines (families.py) joined: byte for byte what prometheus_client's encoders write.
+Whatever else `choose_encoder` picks (a later OpenMetrics, an escaping that rewrites
+names) is left to the encoder.
 """
 
 from __future__ import annotations
@@ -31,7 +28,6 @@ GZIP_LEVEL = 1
 MAX_BODIES = 8
 # Escapings (prometheus-client >= 0.22) that leave legacy names as they are.
 LEGACY_SAFE_ESCAPINGS = ("underscores", "allow-utf-8")
-_NOTHING = object()
 
 
 def joined_format(encoder: Callable) -> Optional[str]:
@@ -80,7 +76,7 @@ class Exposition:
         self.version = version
         self.renders = 0
         self._lock = threading.Lock()
-        self._rendered: object = _NOTHING  # the version _metrics are of
+        self._rendered = object()  # the version _metrics are of: none yet
         self._metrics: List[Metric] = []
         self._bodies: Dict[Tuple[str, bool], bytes] = {}
 
