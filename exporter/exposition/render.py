@@ -31,8 +31,8 @@ LEGACY_SAFE_ESCAPINGS = ("underscores", "allow-utf-8")
 
 
 def joined_format(encoder: Callable) -> Optional[str]:
-    """ "text" or "openmetrics" when joining lines makes what `encoder` (from choose_encoder)
-    writes: a function in old prometheus-client, a partial with keywords in newer ones."""
+    """The body joined lines make as `encoder` (choose_encoder's: a function in old
+    prometheus-client, a partial in newer ones) writes it: "text", "openmetrics" or None."""
     func = getattr(encoder, "func", encoder)
     keywords = getattr(encoder, "keywords", None) or {}
     if keywords.get("escaping", "underscores") not in LEGACY_SAFE_ESCAPINGS:
