@@ -11,6 +11,7 @@ the threads.
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import List, Optional
 
@@ -138,13 +139,12 @@ class App:
         self.sampler.subscribe(self.step.accept)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ModelCollector(self.step))
-        # /metrics serves bytes rendered once per model change, not per scrape.
-        self.exposition = Exposition(self.registry)
-        self.step.on_change(self.exposition.changed)
-        # Event-driven runs, like renders, are for the scrapes that read them; so are the
-        # sources whose figures nothing keeps between scrapes.
-        self.sampler.scrape_due = self.exposition.clock.next_due
-        self.exposition.clock.on_unknown(self.sampler.schedule_ended)
+        # /metrics renders when a scrape finds the model changed. Until ModelStep has a
+        # version of its own: the number of its last change.
+        changes = itertools.count(1)
+        version = [0]
+        self.step.on_change(lambda urgent: version.__setitem__(0, next(changes)))
+        self.exposition = Exposition(self.registry, version=lambda: version[0])
         for source in self.sources:
             if source.name == "cgroup" and cfg.mode == "node":
                 source.scrape_aligned = self._kill_log_complete
@@ -165,7 +165,6 @@ class App:
         except (OSError, ValueError):
             pass  # the sampler runs it again, and reports it failed
         self.watcher.start()
-        self.exposition.start()
         self.sampler.start()
 
     def run_once(self) -> None:
@@ -175,7 +174,6 @@ class App:
     def stop(self) -> None:
         self.watcher.stop()
         self.sampler.stop()
-        self.exposition.stop()
         for source in self.sources:
             close = getattr(source, "close", None)
             if close is not None:

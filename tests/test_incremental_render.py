@@ -1,13 +1,16 @@
-"""A render replays each mount's samples from the last one when what they were made from is
-unchanged (families.FragmentCache). What it serves must be, byte for byte, what a render
-from nothing makes of the same model: through new, held, leaked and removed segments, an
-orphan ageing, a mount that stays as it was, and a cgroup whose limit moved."""
+"""A render adds each mount's and cgroup's series as the last render made them while the
+inputs they are made from are equal (families.Families.part). What it serves must be, byte
+for byte, what a render from nothing makes of the same model: through new, held, leaked and
+removed segments, an orphan ageing, a mount that stays as it was, and a cgroup whose limit
+moved."""
 import os
 import time
 
 from exporter.collectors.segments import SegmentsCollector
 from exporter.collectors.shm_mount import ShmMountCollector
-from exporter.exposition.bodies import text_format
+from prometheus_client.exposition import generate_latest
+
+from exporter.exposition.render import encode
 from exporter.inventory.changes import ChangeLog
 from exporter.exposition.metrics import ModelCollector
 from exporter.host.paths import Paths
@@ -19,7 +22,7 @@ MiB = 1 << 20
 
 
 def rendered(collector: ModelCollector) -> bytes:
-    return text_format(list(collector.collect()))
+    return encode(list(collector.collect()), generate_latest)
 
 
 @needs_root
@@ -40,17 +43,17 @@ def test_a_render_from_its_cache_is_a_render_from_nothing():
             return mine
 
         first = same()
-        untouched = cached._fragments.current[("segments", b)][2]
+        untouched = cached.memo.now[("segments", b)][1]
         # A full run makes every mount's inventory anew: one equal to the last is not rendered again.
         same()
-        assert cached._fragments.current[("segments", b)][2] is untouched
+        assert cached.memo.now[("segments", b)][1] is untouched
         with Peer(a, "mapped", "nccl-held", str(2 * MiB)), Peer(b, "hidden", "nccl-hidden", str(MiB)):
             fallocate(os.path.join(a, "psm_leaked"), MiB)
             changes.add(a, "nccl-held")
             changes.add(a, "psm_leaked")
             quick = same(quick=True)  # mount b not touched by the quick run
             assert quick != first and b'name="psm_leaked"' in quick
-            assert cached._fragments.current[("segments", b)][2] is untouched  # replayed, not rendered
+            assert cached.memo.now[("segments", b)][1] is untouched  # reused, not made again
             full = same()
             assert b'state="hidden"' in full and b'state="orphan"' in full
             # Event counters and inotify flags, per mount: one mount's moved, the other's replayed.
@@ -80,8 +83,7 @@ def test_a_render_from_its_cache_is_a_render_from_nothing():
 def test_an_inventory_in_another_order_keeps_its_summary_and_its_samples():
     """A quick run patches a name to the end of the listing; the next full run walks the
     directory in the kernel's order. The inventories differ in order only: the summary is
-    kept, and with it the mount's samples, replayed rather than rendered again (a refresh
-    re-rendered every mount with a segment patched in since the last walk)."""
+    kept, and with it the mount's samples, reused rather than made again."""
     with mounted_tmpfs("16m") as a:
         changes = ChangeLog()
         segments = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), changes=changes,
@@ -101,15 +103,15 @@ def test_an_inventory_in_another_order_keeps_its_summary_and_its_samples():
         changes.add(a, walked[0])  # reported (its attributes changed, say): patched to the end
         patched = run(full=False)
         summary = latest["segments"].summaries[a]
-        lines = cached._fragments.current[("segments", a)][2]
+        lines = cached.memo.now[("segments", a)][1]
         assert run(full=True) == walked != patched  # the premise: the walk's order is not the patch's
         assert latest["segments"].summaries[a] is summary
-        assert cached._fragments.current[("segments", a)][2] is lines
+        assert cached.memo.now[("segments", a)][1] is lines
 
 
 @needs_root
 def test_a_cgroup_whose_figures_moved_is_rendered_again():
-    """Cgroup series are replayed by value: a limit changed between two renders shows."""
+    """Cgroup series are reused by value: a limit changed between two renders shows."""
     import uuid
 
     from exporter.collectors.cgroup import CgroupCollector
@@ -187,45 +189,42 @@ def test_a_holder_that_renames_itself_is_rendered_under_its_new_name():
             child.wait()
 
 
-def test_fragments_replay_by_runs_and_make_what_a_render_from_nothing_makes():
-    """Families.fragments merges runs of RUN unchanged fragments once (when a run is the
-    last render's again) and replays them whole: a render that one mount's change touched
-    replays that mount's run fragment by fragment and keeps the others merged,
-    and makes what a render from an empty cache makes, through a change, a mount gone from
-    the front (every run shifts) and a fragment that adds a family the others lack."""
-    from exporter.exposition.bodies import text_format
-    from exporter.exposition.families import RUN, Families, FragmentCache, LineCache
+def test_parts_reused_make_what_a_render_from_nothing_makes():
+    """Rows of parts (Families.parts_of): added as one while every row is as it was, else
+    part by part, reusing the rows that are; through a changed row, one that adds a family
+    the others lack, and a mount gone from the front. Only what the current render used is
+    kept for the next."""
+    from exporter.exposition.families import Families, Memo
 
     def one(out, mount, value):
         out.add("shmwatch_mount_used_bytes", [mount], value)
         if value % 7 == 0:
             out.add("shmwatch_mount_inodes", [mount], value // 7)
 
-    def render(mounts, cache):
-        out = Families(cache=LineCache())
-        out.fragments(cache, ((("usage", m), (), (v,), lambda staged, m=m, v=v: one(staged, m, v)) for m, v in mounts))
-        return text_format(list(out))
+    def render(mounts, memo):
+        memo.next_render()
+        out = Families(memo=memo)
+        out.parts_of(("usage",), one, ((("usage", m), {}, m, v) for m, v in mounts))
+        return encode(list(out), generate_latest)
 
-    def fresh(mounts):  # no fragments at all
-        out = Families(cache=LineCache())
+    def fresh(mounts):
+        out = Families()
         for mount, value in mounts:
             one(out, mount, value)
-        return text_format(list(out))
+        return encode(list(out), generate_latest)
 
-    cache = FragmentCache()
-    mounts = [(f"/m/{i:03d}", i + 1) for i in range(3 * RUN + 5)]
-    assert render(mounts, cache) == fresh(mounts)
-    assert all(merged is None for _, merged in cache.runs_current.values())  # a first render merges nothing
-    cache.next_render()
-    assert render(mounts, cache) == fresh(mounts)  # the same runs again: merged now, once
-    runs = dict(cache.runs_current)
-    assert all(merged is not None for _, merged in runs.values())
-    cache.next_render()
-    mounts[RUN + 3] = (mounts[RUN + 3][0], 7000)  # the second run's fourth mount, and a family only it adds
-    changed = render(mounts, cache)
-    assert changed == fresh(mounts) and b'shmwatch_mount_inodes{mount="/m/019"} 1000.0' in changed
-    kept = [first for first, known in cache.runs_current.items() if known is runs[first]]
-    assert sorted(kept) == sorted(set(runs) - {("usage", mounts[RUN][0])})  # one run not replayed merged
-    cache.next_render()
-    del mounts[0]  # every run starts one mount later now
-    assert render(mounts, cache) == fresh(mounts)
+    memo = Memo()
+    mounts = [(f"/m/{i:03d}", i + 1) for i in range(20)]
+    assert render(mounts, memo) == fresh(mounts)
+    made = {key: known[1] for key, known in memo.now.items()}
+    assert len(made) == 21  # the rows, and the run of them
+    assert render(mounts, memo) == fresh(mounts)
+    assert all(memo.now[key][1] is parts for key, parts in made.items())  # reused, not made again
+    mounts[3] = (mounts[3][0], 7000)  # and a family only it adds
+    changed = render(mounts, memo)
+    assert changed == fresh(mounts) and b'shmwatch_mount_inodes{mount="/m/003"} 1000.0' in changed
+    again = [key for key, known in memo.now.items() if known[1] is not made[key]]
+    assert sorted(again) == [("usage",), ("usage", "/m/003")]
+    del mounts[0]
+    assert render(mounts, memo) == fresh(mounts)
+    assert ("usage", "/m/000") not in memo.now and len(memo.now) == 20

@@ -1,10 +1,9 @@
 """The HTTP(S) endpoint: /metrics (or --web.telemetry-path), a landing page, /-/healthy.
 
-The exposition is rendered once per model change (exporter/exposition/render.py) and served as
-bytes, with content negotiation and gzip. TLS, client certificates, basic auth and response
-headers come from a WebConfigSource (exporter/exposition/webconfig.py): each accepted connection is
-wrapped with the SSLContext current at that moment, so a rotated certificate serves from
-the next connection on.
+/metrics is the exposition's (render.py). TLS, client certificates, basic auth and response
+headers come from a WebConfigSource (webconfig.py): each accepted connection is wrapped
+with the SSLContext current at that moment, so a rotated certificate serves from the next
+connection on.
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import sys
 import threading
 from typing import Optional, Tuple
 from wsgiref.simple_server import WSGIRequestHandler
@@ -58,7 +58,7 @@ def make_app(
     web: Optional[WebConfigSource] = None,
     metrics_app=None,
 ):
-    # serve passes the exposition's app (pre-rendered bytes); the registry's is the fallback.
+    # serve passes the exposition's app; prometheus_client's for the registry otherwise.
     metrics_app = metrics_app or make_wsgi_app(registry)
     landing = (
         f"<html><head><title>shmwatch</title></head><body><h1>shmwatch {__version__}</h1>"
@@ -127,8 +127,6 @@ def bind(
         def handle_error(self, request, client_address):
             # A refused handshake or a client gone mid-answer is the client's problem: one
             # debug line, not socketserver's traceback on stderr.
-            import sys
-
             err = sys.exc_info()[1]
             LOG.debug("connection from %s failed: %s", client_address[0], err)
 
