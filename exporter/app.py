@@ -46,7 +46,6 @@ def build_sources(
         table,
         changes,
         touched=state.drain_touched if state is not None else None,
-        watch_epoch=state.watch_epoch if state is not None else None,
         kmsg_from_start=kmsg_from_start,
     )
     return [discovery] + [

@@ -207,82 +207,49 @@ def test_a_refresh_forgets_the_mount_ids_of_a_namespace_whose_last_process_exite
 
 
 @needs_root
-def test_a_refresh_walks_only_the_directories_that_changed(two_pods, monkeypatch):
-    """A mount inotify watched since its last walk, with no event and the same statvfs, is
-    not walked by a refresh. Walked again: pages written through a mapping (no event, statvfs
-    moves), a rename (an event), a queue overflow (the watch epoch moves), a tmpfs mounted
-    over it (another device), pids that wrapped, and every directory before a full scan,
-    also one a refresh brought forward (a holder outside any pod exited)."""
+def test_a_refresh_sees_what_changed_with_and_without_events(two_pods):
+    """Between full scans, a refresh lists every directory again: pages written through a
+    mapping (no event), renames (with an event, or with it still on its way), a tmpfs mounted
+    over a volume; a holder outside any pod that exited brings a full scan forward."""
     import mmap
 
-    from exporter.collectors import segments as segments_module
-    from exporter.model.state import StateStore
-    (a, b), (cg_a, _) = two_pods
-    walked = []
-    real_walk = segments_module.walk
-    monkeypatch.setattr(segments_module, "walk", lambda path, dev: walked.append(path) or real_walk(path, dev))
-    clock, changes, state = Clock(), ChangeLog(), StateStore()
-    for mount in (a, b):
-        state.set_inotify(mount, True)
+    (a, b), _ = two_pods
+    clock, changes = Clock(), ChangeLog()
     collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
-                                  full_scan_interval=600.0, monotonic=clock, watch_epoch=state.watch_epoch,
-                                  ignore_unreadable=HOST_EXCUSED_RE)
+                                  full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
 
-    def walks():
-        walked.clear()
+    def names():
         clock.now += 15
         inv = collector.collect()
-        return sorted(walked), inv
+        return inv, {s.name for m in inv.mounts for s in m.segments}
 
     with open(os.path.join(a, "psm_grows"), "wb+") as f, open(os.path.join(b, "psm_b"), "wb") as g:
         f.truncate(4 * MiB)  # sparse: no pages yet
         g.write(b"x" * MiB)
         g.flush()
-        assert walks()[0] == sorted([a, b])
-        assert walks()[0] == []  # a refresh of two quiet mounts
+        assert names()[1] == {"psm_grows", "psm_b"}
         with mmap.mmap(f.fileno(), 4 * MiB) as view:
             view[:2 * MiB] = b"y" * (2 * MiB)  # two MiB of pages, and no inotify event
-            found, inv = walks()
-        assert found == [a]
+            inv, _ = names()
         [grown] = [s for m in inv.mounts for s in m.segments if s.name == "psm_grows"]
         assert grown.allocated_bytes == 2 * MiB
         os.rename(os.path.join(b, "psm_b"), os.path.join(b, "nccl-b"))
         changes.add(b, "psm_b")
         changes.add(b, "nccl-b")  # what the watcher records for the rename
-        found, inv = walks()
-        assert found == [b]
-        assert {s.name for m in inv.mounts for s in m.segments} == {"psm_grows", "nccl-b"}
+        assert names()[1] == {"psm_grows", "nccl-b"}
         os.rename(os.path.join(b, "nccl-b"), os.path.join(b, "ucx_b"))  # its event still on its way
-        found, inv = walks()
-        assert found == [b]  # the directory's mtime moved
-        assert {s.name for m in inv.mounts for s in m.segments} == {"psm_grows", "ucx_b"}
-        state.count_overflow(a)  # events may have been lost
-        assert walks()[0] == [a]
-        with mounted_tmpfs("16m", path=b):  # another tmpfs over the same path, statvfs alike
+        assert names()[1] == {"psm_grows", "ucx_b"}
+        with mounted_tmpfs("16m", path=b):  # another tmpfs over the same path
             with open(os.path.join(b, "psm_over"), "wb") as h:
                 h.write(b"z" * MiB)
-            assert walks()[0] == [b]
-        assert walks()[0] == [b]  # and the first one again once it is gone
-        assert walks()[0] == []
-        with open("/proc/sys/kernel/ns_last_pid", "r+") as last:
-            below = max(1, min(300, int(last.read()) // 2))
-            last.seek(0)
-            last.write(str(below))  # as after wrapping at pid_max: a known pid may be another process
-        assert walks()[0] == sorted([a, b])  # a full scan
+            assert names()[1] == {"psm_grows", "psm_over"}
+        assert names()[1] == {"psm_grows", "ucx_b"}  # and the first one again once it is gone
         with Peer(a, "mapped", "psm_outside", str(MiB)) as outside:  # in no pod's cgroup
-            assert walks()[0] == [a]
-            assert walks()[0] == []
+            names()
             killed(outside)
-            found, inv = walks()  # the holder outside any pod exited: a full scan, and its walks
-        assert found == sorted([a, b])
+            inv, _ = names()  # the holder outside any pod exited: a full scan
         [gone] = [s for m in inv.mounts for s in m.segments if s.name == "psm_outside"]
         assert gone.state == "orphan"
-        assert walks()[0] == []
-        os.mkdir(os.path.join(a, "sub"))  # inotify watches the top directory only
-        assert walks()[0] == [a]
-        assert walks()[0] == [a]  # and so on, while it has one
-        clock.now += 600
-        assert walks()[0] == sorted([a, b])  # the full scan of the interval
 
 
 ATTACH_LATER = """
@@ -307,13 +274,10 @@ def test_a_running_process_that_attaches_to_an_orphan_and_writes_is_seen_by_the_
     import subprocess
     import sys
 
-    from exporter.model.state import StateStore
     (a, _), (cg_a, _) = two_pods
-    clock, state, changes = Clock(), StateStore(), ChangeLog()
-    state.set_inotify(a, True)
+    clock, changes = Clock(), ChangeLog()
     collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
-                                  full_scan_interval=600.0, monotonic=clock, watch_epoch=state.watch_epoch,
-                                  ignore_unreadable=HOST_EXCUSED_RE)
+                                  full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
     path = os.path.join(a, "psm_known")
     with open(path, "wb") as f:
         f.truncate(4 * MiB)

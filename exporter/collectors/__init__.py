@@ -63,7 +63,6 @@ class Context:
     table: ProcessTable
     changes: ChangeLog  # names the watcher saw change
     touched: Optional[Callable[[], Set[str]]] = None  # mounts the watcher saw change
-    watch_epoch: Optional[Callable[[str], Optional[int]]] = None
     kmsg_from_start: bool = False  # check: the kernel log from its start
 
     @property

@@ -83,34 +83,27 @@ class StateStore:
     ):
         self.peak_window = peak_window
         self.clock = clock
-        self.wall_clock = wall_clock  # the high-water mark's timestamp is for humans and PromQL's time()
+        self.wall_clock = (
+            wall_clock  # the high-water mark's time is for humans and time()
+        )
         self._lock = threading.Lock()
+        self._version = 0
         self._peaks: Dict[str, PeakWindow] = {}
         self._max_used: Dict[str, Tuple[int, float]] = {}
-        self._events_of: Dict[
-            str, Dict[Tuple[str, str], int]
-        ] = {}  # mount -> (class, event) -> count
-        self._event_rows: Dict[
-            str, Tuple[Tuple[str, str, int], ...]
-        ] = {}  # by snapshot()
+        # mount -> (class, event) -> count, and the rows snapshot() made of them
+        self._events_of: Dict[str, Dict[Tuple[str, str], int]] = {}
+        self._event_rows: Dict[str, Tuple[Tuple[str, str, int], ...]] = {}
         self._inotify: Dict[str, bool] = {}
         self._overflows: Dict[str, int] = {}
-        # Bumped when a watch starts and when its queue overflows: inotify saw everything
-        # in a mount between two looks only if the epoch is the same at both.
-        self._watch_epochs: Dict[str, int] = {}
-        self._epoch = 0  # one counter for all: a mount seen again never repeats one
         self._oom: Dict[str, int] = {}
         self._oom_cgroup: Dict[str, int] = {}
         self._recent_oom: Deque[Tuple[object, Optional[int]]] = deque(
             maxlen=RECENT_OOM_KILLS
         )
-        self._touched: Set[str] = (
-            set()
-        )  # mounts inotify saw change, for the next quick statvfs
-        self._version = 0
+        self._touched: Set[str] = set()  # mounts inotify saw change, for shm_mount
 
     def version(self) -> int:
-        """Moves with every change to what snapshot() returns (peaks also age out)."""
+        """Moves with every change to what snapshot() holds."""
         return self._version
 
     def touch(self, mount: str) -> None:
@@ -126,7 +119,7 @@ class StateStore:
     def record_used(self, mount: str, used_bytes: int) -> None:
         self.record_used_many([(mount, used_bytes)])
 
-    def record_used_many(self, usages: "List[Tuple[str, int]]") -> None:
+    def record_used_many(self, usages: List[Tuple[str, int]]) -> None:
         """One poll's mounts under one lock (a node polls 200 a second)."""
         now = self.clock()
         with self._lock:
@@ -138,7 +131,7 @@ class StateStore:
                 # The high-water mark keeps the first time the highest value was reached.
                 if mount not in self._max_used or used_bytes > self._max_used[mount][0]:
                     self._max_used[mount] = (used_bytes, self.wall_clock())
-            self._version += bool(usages)
+            self._version += 1
 
     def count_event(
         self, mount: str, segment_class: str, event: str, n: int = 1
@@ -153,8 +146,6 @@ class StateStore:
     def count_overflow(self, mount: str) -> None:
         with self._lock:
             self._overflows[mount] = self._overflows.get(mount, 0) + 1
-            self._epoch += 1
-            self._watch_epochs[mount] = self._epoch
             self._version += 1
 
     def count_oom_kill(
@@ -170,34 +161,21 @@ class StateStore:
     def record_cgroup_oom(self, cgroup: str, count: int) -> None:
         """A cgroup's own counter: kept as the highest value seen, so it never goes down."""
         with self._lock:
-            if count <= self._oom_cgroup.get(cgroup, -1):
-                return
-            self._oom_cgroup[cgroup] = count
-            self._version += 1
+            if count > self._oom_cgroup.get(cgroup, -1):
+                self._oom_cgroup[cgroup] = count
+                self._version += 1
 
     def set_inotify(self, mount: str, active: bool) -> None:
         with self._lock:
-            if self._inotify.get(mount) == active:
-                return
-            self._inotify[mount] = active
-            if active:
-                self._epoch += 1
-                self._watch_epochs[mount] = self._epoch
-            self._version += 1
-
-    def watch_epoch(self, mount: str) -> Optional[int]:
-        """None while inotify does not watch the mount; otherwise a number that moves when the
-        watch (re)starts or its queue overflows: events may have been lost in between."""
-        with self._lock:
-            return (
-                self._watch_epochs.get(mount, 0) if self._inotify.get(mount) else None
-            )
+            if self._inotify.get(mount) != active:
+                self._inotify[mount] = active
+                self._version += 1
 
     def inotify_active(self, mount: str) -> bool:
         with self._lock:
             return self._inotify.get(mount, False)
 
-    def known_inotify(self) -> Iterable[str]:
+    def known_inotify(self) -> List[str]:
         with self._lock:
             return list(self._inotify)
 
@@ -212,7 +190,6 @@ class StateStore:
                 self._event_rows,
                 self._inotify,
                 self._overflows,
-                self._watch_epochs,
             ):
                 for mount in [m for m in books if m not in keep]:
                     del books[mount]
