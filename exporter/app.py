@@ -11,7 +11,7 @@ the threads. /metrics renders on demand, when the model's version moved.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List
 
 from prometheus_client.registry import CollectorRegistry
 
@@ -27,32 +27,6 @@ from exporter.model.state import StateStore
 from exporter.model.step import ModelStep
 from exporter.runtime.scheduler import Sampler
 from exporter.runtime.watcher import MountWatcher
-
-
-def build_sources(
-    cfg: Config,
-    paths: Paths,
-    discovery: MountDiscovery,
-    table: ProcessTable,
-    changes: ChangeLog,
-    kmsg_from_start: bool = False,
-    state: Optional[StateStore] = None,
-) -> List[Source]:
-    """Discovery first (the others read its mounts), then the collectors that are on."""
-    context = Context(
-        cfg,
-        paths,
-        discovery.mounts,
-        table,
-        changes,
-        touched=state.drain_touched if state is not None else None,
-        kmsg_from_start=kmsg_from_start,
-    )
-    return [discovery] + [
-        r.factory(context)
-        for r in registered()
-        if not r.flag or cfg.collectors.get(r.name, True)
-    ]
 
 
 class _OnDemand(Exposition):
@@ -81,18 +55,22 @@ class App:
             self.paths, cfg.shm_mounts, node_mode=cfg.mode == "node"
         )
         self.state = StateStore(cfg.peak_window)
-        self.changes = (
-            ChangeLog()
-        )  # names the watcher saw change, for quick inventories
-        self.sources = build_sources(
+        self.changes = ChangeLog()  # names the watcher saw change
+        context = Context(
             cfg,
             self.paths,
-            self.discovery,
+            self.discovery.mounts,
             self.table,
             self.changes,
+            self.state.drain_touched,
             kmsg_from_start,
-            self.state,
         )
+        # Discovery first (the others read its mounts), then the collectors that are on.
+        self.sources: List[Source] = [self.discovery] + [
+            r.factory(context)
+            for r in registered()
+            if not r.flag or cfg.collectors.get(r.name, True)
+        ]
         self.sampler = Sampler(
             self.sources,
             cfg.poll_interval,

@@ -239,10 +239,7 @@ def test_oom_series_never_go_down_while_the_pod_is_there():
 
 
 def test_oom_counts_made_again_when_a_count_moves_while_the_cgroups_stand():
-    """The model step keeps its last counts while the cgroup reading and the kill counts are
-    the same (a node's model is built for every event's render): a kill counted since, with
-    the same cgroup reading, still shows at the next build."""
-    
+    """A kill counted since the last build, with the same cgroup reading, shows at the next."""
     from exporter.collectors.discovery import MountDiscovery
     from exporter.model.step import ModelStep
     from exporter.host.paths import Paths
@@ -254,6 +251,6 @@ def test_oom_counts_made_again_when_a_count_moves_while_the_cgroups_stand():
     state.record_cgroup_oom("/kubepods/podp", 1)
     first = step._oom_counts(cgroups, state.snapshot(), [])
     assert [c.kills for c in first] == [1]
-    assert step._oom_counts(cgroups, state.snapshot(), []) is first  # nothing moved: kept
+    assert [c.kills for c in step._oom_counts(cgroups, state.snapshot(), [])] == [1]
     state.record_cgroup_oom("/kubepods/podp", 3)
     assert [c.kills for c in step._oom_counts(cgroups, state.snapshot(), [])] == [3]

@@ -5,9 +5,7 @@ import pytest
 
 from exporter.model.types import MountUsage, SysvSegment, SysvShm
 from exporter.model.catalogue import BY_NAME, CATALOGUE, NODE_MOUNT_LABELS, family_name, lookup, node_labels
-
 from exporter.host.mountinfo import MountEntry, find_mount
-
 from exporter.exposition.labels import basename
 
 

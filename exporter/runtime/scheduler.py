@@ -150,10 +150,6 @@ class Sampler:
             target=self._watch_timeouts, name="shmwatch-watchdog", daemon=True
         )
 
-    @property
-    def sources(self) -> List[Source]:
-        return [r.source for r in self.runners.values()]
-
     def subscribe(self, subscriber: Callable[[Observation], None]) -> None:
         self._subscribers.append(subscriber)
 
