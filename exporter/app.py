@@ -63,6 +63,7 @@ class App:
             self.table,
             self.changes,
             self.state.drain_touched,
+            self.state.all_inotify,
             kmsg_from_start,
         )
         # Discovery first (the others read its mounts), then the collectors that are on.

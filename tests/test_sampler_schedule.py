@@ -149,3 +149,16 @@ def test_stopping_ends_every_runner_promptly():
     sampler.stop()
     assert time.monotonic() - started < 0.5
     assert not any(r.is_alive() for r in sampler.runners.values())
+
+
+def test_segments_stretch_only_in_node_mode_while_inotify_watches_every_mount():
+    """A polled mount changes unseen: its full runs keep to the interval."""
+    from exporter.collectors.segments import SegmentsCollector
+    from exporter.host.paths import Paths
+
+    watched = {"all": False}
+    node = SegmentsCollector(Paths(), [], pod_of_pid=True, all_watched=lambda: watched["all"])
+    assert not node.stretches
+    watched["all"] = True
+    assert node.stretches
+    assert not SegmentsCollector(Paths(), [], all_watched=lambda: True).stretches

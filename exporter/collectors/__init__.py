@@ -63,6 +63,7 @@ class Context:
     table: ProcessTable
     changes: ChangeLog  # names the watcher saw change
     touched: Optional[Callable[[], Set[str]]] = None  # mounts the watcher saw change
+    all_watched: Callable[[], bool] = lambda: False  # inotify watches every mount
     kmsg_from_start: bool = False  # check: the kernel log from its start
 
     @property

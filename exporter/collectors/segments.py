@@ -54,6 +54,7 @@ class SegmentsCollector(BaseSource):
         ignore_unreadable: Optional[Pattern[str]] = None,
         full_scan_interval: float = 0.0,
         monotonic: Callable[[], float] = time.monotonic,
+        all_watched: Callable[[], bool] = lambda: False,
     ):
         self.paths = paths
         self.mounts = live_mounts(mounts)
@@ -61,7 +62,7 @@ class SegmentsCollector(BaseSource):
         self.owner_scan = OwnerScan(self.table, ignore_unreadable)
         self.changes = changes or ChangeLog()  # filled by the watcher
         self.pod_of_pid = pod_of_pid
-        self.stretches = pod_of_pid  # node mode: every process, every pod's directory
+        self.all_watched = all_watched  # inotify watches every mount
         self.statvfs = statvfs
         self.clock = clock
         # Node mode: how long the owners of a full scan are refreshed (owner_scan.refresh)
@@ -85,6 +86,12 @@ class SegmentsCollector(BaseSource):
         self._last: Dict[str, MountInventory] = {}  # the last run's, by mount
         # Node mode: each mount's _signature() when its pod's processes were last read.
         self._pod_read_as: Dict[str, tuple] = {}
+
+    @property
+    def stretches(self) -> bool:
+        """Node mode reads every process and every pod's directory: less often while nothing
+        changes, as long as inotify watches every mount (a polled one changes unseen)."""
+        return self.pod_of_pid and self.all_watched()
 
     def collect(self) -> Inventory:
         return self._collect(full=True)
@@ -386,6 +393,7 @@ def _make(c: Context) -> SegmentsCollector:
         changes=c.changes,
         ignore_unreadable=re.compile(ignore) if ignore else None,
         full_scan_interval=c.cfg.full_scan_interval,
+        all_watched=c.all_watched,
     )
 
 

@@ -175,6 +175,11 @@ class StateStore:
         with self._lock:
             return self._inotify.get(mount, False)
 
+    def all_inotify(self) -> bool:
+        """Every mount we know of is watched by inotify (none polled)."""
+        with self._lock:
+            return bool(self._inotify) and all(self._inotify.values())
+
     def known_inotify(self) -> List[str]:
         with self._lock:
             return list(self._inotify)
