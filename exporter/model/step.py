@@ -141,19 +141,24 @@ class ModelStep:
         """Scheduler subscriber: keep the observation, compute what depends on it alone."""
         latest = _Latest(obs)
         if obs.success and obs.source == "segments":
-            # A quick run hands back the same inventory object for a mount it did not touch:
-            # its summary is the one already made (200 pods, one changed: one summary).
+            # A quick run hands back the same inventory object for a mount it did not touch,
+            # and a full run's inventory often equals the last: the summary already made is
+            # kept, so a render's memo of the mount's series finds it the same at once.
             before = self._latest.get("segments")
             made = {}
             if before is not None and before.obs is not None and before.obs.success:
                 made = {
-                    id(m): before.summaries.get(m.mount)
+                    m.mount: (m, before.summaries.get(m.mount))
                     for m in before.obs.result.mounts
                 }
             for m in obs.result.mounts:
-                if not m.error:
-                    summary = made.get(id(m))
-                    latest.summaries[m.mount] = summary or summarise(m, self.top_k)
+                if m.error:
+                    continue
+                old, summary = made.get(m.mount, (None, None))
+                if old is not m or summary is None:
+                    made_now = summarise(m, self.top_k)
+                    summary = summary if made_now == summary else made_now
+                latest.summaries[m.mount] = summary
         if obs.success and obs.source == "shm_mount":
             self.state.record_used_many(
                 [(u.mount, u.used_bytes) for u in obs.result if not u.error]
