@@ -186,4 +186,4 @@ def test_the_model_is_rebuilt_only_when_its_version_moved(tmp_path):
     version = step.version()
     harness.state.count_event(str(shm), "nccl", "created")  # the watcher, say
     assert step.version() != version
-    assert step.current().states.events == {(str(shm), "nccl", "created"): 1}
+    assert step.current().states.event_rows == {str(shm): (("nccl", "created", 1),)}

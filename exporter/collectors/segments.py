@@ -275,11 +275,9 @@ class SegmentsCollector(BaseSource):
     def _scoped_owners(
         self, changes: Dict[str, Optional[Set[str]]], devs: Set[int]
     ) -> bool:
-        """Node mode: rescan the processes of the pods whose mounts changed, not the node's
-        (0.2 ms a process: 2,000 processes cost 450 ms per event). A change in a mount with
-        no pod (the host's /dev/shm, a runtime's sandbox shm) asks for the full follow-up run
-        instead, as in sidecar mode, where the quick run reuses the last full run's owners.
-        -> whether the changed mounts' pods were read."""
+        """Node mode: rescan the processes of the pods whose mounts changed, not the node's.
+        A change in a mount with no pod (the host's /dev/shm, a runtime's sandbox shm) is left
+        to the full follow-up run, as in sidecar mode. -> whether the pods were read."""
         pods = {pod_uid_of_mount(mount) for mount in changes}
         if not self.pod_of_pid or not self._owners.processes or "" in pods:
             return False
@@ -351,10 +349,9 @@ class SegmentsCollector(BaseSource):
             extent = max(h.extent for h in hs)
             allocated = best.allocated if best else extent
             apparent = best.apparent if best else extent
+            path = hs[0].path
             name = os.path.basename(
-                hs[0].path[: -len(DELETED)]
-                if hs[0].path.endswith(DELETED)
-                else hs[0].path
+                path[: -len(DELETED)] if path.endswith(DELETED) else path
             )
             append(
                 Segment(
@@ -369,11 +366,10 @@ class SegmentsCollector(BaseSource):
                 )
             )
             accounted += allocated
+        bytes_of = inv.process_bytes
         for seg in inv.segments:
             for pid in seg.holders:
-                inv.process_bytes[pid] = (
-                    inv.process_bytes.get(pid, 0) + seg.allocated_bytes
-                )
+                bytes_of[pid] = bytes_of.get(pid, 0) + seg.allocated_bytes
         try:
             st = self.statvfs(self.paths.host(mount))
             inv.used_bytes = (st.f_blocks - st.f_bfree) * st.f_frsize

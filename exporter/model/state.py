@@ -64,15 +64,6 @@ class MountStates:
     oom_cgroup_max: Dict[str, int] = field(default_factory=dict)
     recent_oom_kills: Tuple[Tuple[object, Optional[int]], ...] = ()
 
-    @property
-    def events(self) -> Dict[Tuple[str, str, str], int]:
-        """(mount, class, event) -> count, made when asked."""
-        return {
-            (mount, cls, event): n
-            for mount, rows in self.event_rows.items()
-            for cls, event, n in rows
-        }
-
 
 class StateStore:
     def __init__(
