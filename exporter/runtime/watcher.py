@@ -81,7 +81,7 @@ class MountWatcher:
         self.enabled = enabled
         self.statvfs = statvfs
         self.inotify_factory = inotify_factory
-        self.changes = changes  # names for the next quick inventory
+        self.changes = changes or ChangeLog()  # names for the next quick inventory
         self.inotify = None  # watchdog's InotifyFD, once started
         self._started = False
         self._stopped = False  # for good: a refresh after stop() must not start inotify
@@ -265,11 +265,9 @@ class MountWatcher:
             "created" if mask & CREATED else "deleted" if mask & DELETED else "modified"
         )
         if mask & IN_ISDIR:
-            if self.changes is not None:
-                self.changes.unknown(mount)  # what is below a new directory: re-list
+            self.changes.unknown(mount)  # what is below a new directory: re-list
         else:
-            if self.changes is not None:
-                self.changes.add(mount, name)
+            self.changes.add(mount, name)
             if kind != "modified":
                 self.state.count_event(mount, classify(name), kind)
         self.state.touch(mount)
@@ -304,8 +302,7 @@ class MountWatcher:
             watched = list(self.watches)
         for mount in watched:
             self.state.count_overflow(mount)
-            if self.changes is not None:
-                self.changes.unknown(mount)
+            self.changes.unknown(mount)
         log.warning(
             "inotify queue overflowed: events were lost on %d mount(s); running a full inventory",
             len(watched),
