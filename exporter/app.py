@@ -1,92 +1,32 @@
-"""Wires configuration to sources, sampler, model step, watcher and registry.
+"""Wires configuration to sources, scheduler, model step, watcher and registry.
 
     discovery ─┐
-    sources ───┴─▶ sampler ─▶ observations ─▶ model step ─▶ /metrics, shmwatch check
-                                  │                ▲
+    sources ───┴─▶ scheduler ─▶ observations ─▶ model step ─▶ /metrics, shmwatch check
+                                                    ▲
     watcher (inotify) ─▶ state store (peaks, counters, inotify flags)
 
 serve and check build the same thing; check runs every source once instead of starting
-the threads.
+the threads. /metrics renders on demand, when the model's version moved.
 """
 
 from __future__ import annotations
 
-import itertools
-import re
-from typing import List, Optional
+from typing import List
 
 from prometheus_client.registry import CollectorRegistry
 
-from exporter.collectors.cgroup import CgroupCollector
-from exporter.collectors.gpu import GpuCollector
-from exporter.collectors.host_memory import HostMemoryCollector
-from exporter.collectors.oom import OomCollector
-from exporter.collectors.segments import SegmentsCollector
-from exporter.collectors.self_process import SelfProcessCollector
-from exporter.collectors.shm_mount import ShmMountCollector
-from exporter.collectors.sysv import SysvCollector
-from exporter.config import Config
+from exporter.collectors import Context, Source, registered
 from exporter.collectors.discovery import MountDiscovery
-from exporter.runtime.watcher import MountWatcher
-from exporter.exposition.render import Exposition
-from exporter.inventory.changes import ChangeLog
+from exporter.config import Config
 from exporter.exposition.metrics import ModelCollector
-from exporter.model.step import ModelStep
+from exporter.exposition.render import Exposition
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
+from exporter.inventory.changes import ChangeLog
+from exporter.model.state import StateStore
+from exporter.model.step import ModelStep
 from exporter.runtime.scheduler import Sampler
-from exporter.runtime.state import StateStore
-
-
-def build_sources(
-    cfg: Config,
-    paths: Paths,
-    discovery: MountDiscovery,
-    table: ProcessTable,
-    changes: ChangeLog,
-    kmsg_from_start: bool = False,
-    state: Optional[StateStore] = None,
-) -> List[object]:
-    """Discovery first (the others read its mounts), then the collectors that are on."""
-    node = cfg.mode == "node"
-    makers = {
-        "shm_mount": lambda: ShmMountCollector(
-            paths,
-            discovery.mounts,
-            touched=state.drain_touched if state is not None else None,
-        ),
-        "segments": lambda: SegmentsCollector(
-            paths,
-            discovery.mounts,
-            table,
-            pod_of_pid=node,
-            changes=changes,
-            ignore_unreadable=re.compile(cfg.ignore_unreadable)
-            if cfg.ignore_unreadable
-            else None,
-            full_scan_interval=cfg.full_scan_interval,
-            watch_epoch=state.watch_epoch if state is not None else None,
-        ),
-        "sysv": lambda: SysvCollector(paths, node_mode=node, table=table),
-        "host_memory": lambda: HostMemoryCollector(paths),
-        "cgroup": lambda: CgroupCollector(
-            paths,
-            cfg.cgroup_path,
-            cfg.cgroup_target_process,
-            cfg.memory_limit_bytes,
-            node_mode=node,
-            table=table,
-            mounts=discovery.mounts,
-        ),
-        "gpu": lambda: GpuCollector(paths, table=table),
-        # serve: kills from now on; check: the kernel log ring from its start (recent kills)
-        "oom": lambda: OomCollector(cfg.kmsg, from_start=kmsg_from_start),
-    }
-    sources = [discovery] + [
-        make() for name, make in makers.items() if cfg.collectors.get(name, True)
-    ]
-    # The exporter's own process_* metrics are always on, read on the poll like the rest.
-    return sources + [SelfProcessCollector()]
+from exporter.runtime.watcher import MountWatcher
 
 
 class App:
@@ -98,18 +38,23 @@ class App:
             self.paths, cfg.shm_mounts, node_mode=cfg.mode == "node"
         )
         self.state = StateStore(cfg.peak_window)
-        self.changes = (
-            ChangeLog()
-        )  # names the watcher saw change, for the next quick inventory
-        self.sources = build_sources(
+        self.changes = ChangeLog()  # names the watcher saw change
+        context = Context(
             cfg,
             self.paths,
-            self.discovery,
+            self.discovery.mounts,
             self.table,
             self.changes,
+            self.state.drain_touched,
+            self.state.all_inotify,
             kmsg_from_start,
-            self.state,
         )
+        # Discovery first (the others read its mounts), then the collectors that are on.
+        self.sources: List[Source] = [self.discovery] + [
+            r.factory(context)
+            for r in registered()
+            if not r.flag or cfg.collectors.get(r.name, True)
+        ]
         self.sampler = Sampler(
             self.sources,
             cfg.poll_interval,
@@ -139,31 +84,14 @@ class App:
         self.sampler.subscribe(self.step.accept)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ModelCollector(self.step))
-        # /metrics renders when a scrape finds the model changed. Until ModelStep has a
-        # version of its own: the number of its last change.
-        changes = itertools.count(1)
-        version = [0]
-        self.step.on_change(lambda urgent: version.__setitem__(0, next(changes)))
-        self.exposition = Exposition(self.registry, version=lambda: version[0])
-        for source in self.sources:
-            if source.name == "cgroup" and cfg.mode == "node":
-                source.scrape_aligned = self._kill_log_complete
-            elif source.name == "segments":
-                source.scrape_aligned = self.state.all_inotify
-
-    def _kill_log_complete(self) -> bool:
-        """The kernel log is read, and its last read lost nothing: it counts every OOM kill."""
-        runner = self.sampler.runners.get("oom")
-        if runner is None or not runner.last_ok or runner.timed_out:
-            return False
-        reports = runner.last_result
-        return reports is not None and reports.lost == 0
+        # /metrics renders when a scrape finds the model's version moved.
+        self.exposition = Exposition(self.registry, version=self.step.version)
 
     def start(self) -> None:
         try:
             self.discovery.collect()  # the first mount set, before anything is watched
         except (OSError, ValueError):
-            pass  # the sampler runs it again, and reports it failed
+            pass  # the scheduler runs it again, and reports it failed
         self.watcher.start()
         self.sampler.start()
 
@@ -175,6 +103,4 @@ class App:
         self.watcher.stop()
         self.sampler.stop()
         for source in self.sources:
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()
+            source.close()

@@ -151,9 +151,8 @@ def collect_once(cfg, timeout: float):
     app.sampler.stopping.set()
     stuck = set(app.sampler.stuck())
     for source in app.sources:
-        close = getattr(source, "close", None)
-        if close and source.name not in stuck:
-            close()
+        if source.name not in stuck:
+            source.close()
     return model
 
 

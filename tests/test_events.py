@@ -8,10 +8,16 @@ from exporter.runtime.watcher import MountWatcher
 from exporter.collectors.segments import SegmentsCollector
 from exporter.host.paths import Paths
 from exporter.runtime.scheduler import Sampler
-from exporter.runtime.state import PeakWindow, StateStore
+from exporter.model.state import PeakWindow, StateStore
 from tests.conftest import HOST_EXCUSED_RE, Exporter, fallocate, mounted_tmpfs, needs_root, select, value
 
 MiB = 1 << 20
+
+
+def events(state):
+    """(mount, class, event) -> count."""
+    rows = state.snapshot().event_rows
+    return {(mount, cls, event): n for mount, of in rows.items() for cls, event, n in of}
 
 
 def test_peak_window_is_a_sliding_maximum():
@@ -86,7 +92,7 @@ def test_polling_fallback_when_inotify_cannot_start(tmp_path):
     sampler.run_once()
     os.unlink(os.path.join(mount, "psm_polled"))
     sampler.run_once()
-    assert state.snapshot().events == {(mount, "nccl", "created"): 1, (mount, "python_shm", "created"): 1,
+    assert events(state) == {(mount, "nccl", "created"): 1, (mount, "python_shm", "created"): 1,
                                        (mount, "python_shm", "deleted"): 1}
 
 
@@ -227,12 +233,12 @@ def test_one_directory_at_two_paths_is_one_watch_that_serves_both(tmpfs, tmp_pat
     try:
         assert watcher.watches[tmpfs][0] == watcher.watches[bound][0]
         fallocate(os.path.join(tmpfs, "nccl-twice"), 4096)
-        _wait(lambda: state.snapshot().events.get((bound, "nccl", "created")) == 1)
-        _wait(lambda: state.snapshot().events.get((tmpfs, "nccl", "created")) == 1)
+        _wait(lambda: events(state).get((bound, "nccl", "created")) == 1)
+        _wait(lambda: events(state).get((tmpfs, "nccl", "created")) == 1)
         mounts = [bound]
         watcher.refresh()
         fallocate(os.path.join(tmpfs, "nccl-once"), 4096)
-        _wait(lambda: state.snapshot().events.get((bound, "nccl", "created")) == 2)
+        _wait(lambda: events(state).get((bound, "nccl", "created")) == 2)
         assert state.snapshot().inotify == {bound: True}
     finally:
         watcher.stop()
@@ -255,7 +261,7 @@ def test_an_unmounted_mount_is_polled_then_watched_again_when_it_is_back(tmp_pat
             watcher.refresh()
             assert state.snapshot().inotify == {path: True}
             fallocate(os.path.join(path, "psm_back"), 4096)
-            _wait(lambda: state.snapshot().events.get((path, "python_shm", "created")) == 1)
+            _wait(lambda: events(state).get((path, "python_shm", "created")) == 1)
     finally:
         watcher.stop()
 
@@ -345,7 +351,7 @@ def test_a_failing_event_or_a_dead_reader_never_leaves_the_mounts_unread(tmpfs):
         fallocate(os.path.join(tmpfs, "nccl-first"), 4096)  # its count raises
         _wait(lambda: state.failed)
         fallocate(os.path.join(tmpfs, "nccl-second"), 4096)
-        _wait(lambda: state.snapshot().events.get((tmpfs, "nccl", "created")) == 1)
+        _wait(lambda: events(state).get((tmpfs, "nccl", "created")) == 1)
         dead = watcher.inotify
         dead.stop()
         dead.join(2)
@@ -353,7 +359,7 @@ def test_a_failing_event_or_a_dead_reader_never_leaves_the_mounts_unread(tmpfs):
         assert watcher.inotify is not dead and watcher.inotify.is_alive()
         assert state.snapshot().inotify == {tmpfs: True}
         fallocate(os.path.join(tmpfs, "nccl-third"), 4096)
-        _wait(lambda: state.snapshot().events.get((tmpfs, "nccl", "created")) == 2)
+        _wait(lambda: events(state).get((tmpfs, "nccl", "created")) == 2)
     finally:
         watcher.stop()
 
@@ -391,7 +397,7 @@ def test_a_stop_during_a_refresh_leaves_no_new_inotify_behind(tmpfs):
 def test_event_rows_per_mount_stay_the_same_object_while_their_counts_stand():
     """A render replays a mount's counters while its rows are equal: a count in one mount
     makes that mount's rows anew, sorted, and keeps the other's; a forgotten mount's go."""
-    from exporter.runtime.state import StateStore
+    from exporter.model.state import StateStore
     state = StateStore()
     state.count_event("/a", "nccl", "created")
     state.count_event("/a", "psm", "created")

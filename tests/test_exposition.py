@@ -2,7 +2,6 @@
 however many scrape it, formats and gzip negotiated as prometheus_client does, and bytes
 that are prometheus_client's own."""
 import gzip
-import itertools
 import json
 import threading
 import time
@@ -60,23 +59,9 @@ class Frozen:
         return iter(self.metrics)
 
 
-class Changes:
-    """The model's version as app.py makes it: the number of the model step's last change."""
-
-    def __init__(self, step):
-        self.count, self.numbers = 0, itertools.count(1)
-        step.on_change(self.changed)
-
-    def changed(self, urgent=False):
-        self.count = next(self.numbers)
-
-    def __call__(self):
-        return self.count
-
-
 def fixture_exposition():
     registry, harness = registry_for(HostMemoryCollector(Paths(procfs=f"{FIXTURES}/proc")))
-    return registry, harness, Exposition(registry, Changes(harness.step))
+    return registry, harness, Exposition(registry, harness.step.version)
 
 
 def test_scrapes_serve_one_render_until_the_model_changes():

@@ -11,8 +11,10 @@ import uuid
 
 import pytest
 
+from exporter.model.types import CgroupMemory, OomReports
+from exporter.collectors import BaseSource
 from exporter.collectors.cgroup import CgroupCollector
-from exporter.collectors.oom import OomReports, kmsg_records, parse_kmsg_record, parse_oom_kills
+from exporter.collectors.oom import kmsg_records, parse_kmsg_record, parse_oom_kills
 from exporter.host.paths import Paths
 from tests.conftest import REPO, Exporter, needs_root, remove_cgroup, select, value
 from tests.helpers import registry_for
@@ -63,9 +65,9 @@ def test_kmsg_records_and_what_is_not_one():
     assert [(k.pid, k.task_memcg, k.shmem_rss_bytes) for k in lone] == [(5, "", 8192)]
 
 
-class Replay:
+class Replay(BaseSource):
     """The kernel log's kills, replayed: the oom source with the log's text as its input."""
-    name, schedule = "oom", "poll"
+    name = "oom"
 
     def __init__(self):
         self.batches = []
@@ -224,7 +226,7 @@ def test_oom_series_never_go_down_while_the_pod_is_there():
     from exporter.collectors.discovery import MountDiscovery
     from exporter.model.step import ModelStep, OomCount
     from exporter.host.paths import Paths
-    from exporter.runtime.state import StateStore
+    from exporter.model.state import StateStore
 
     step = ModelStep([], MountDiscovery(Paths(), [], node_mode=True), StateStore())
     first = step._never_down({"/kubepods/podp": OomCount("/kubepods/podp", "p", 2)}, {"p"})
@@ -237,14 +239,11 @@ def test_oom_series_never_go_down_while_the_pod_is_there():
 
 
 def test_oom_counts_made_again_when_a_count_moves_while_the_cgroups_stand():
-    """The model step keeps its last counts while the cgroup reading and the kill counts are
-    the same (a node's model is built for every event's render): a kill counted since, with
-    the same cgroup reading, still shows at the next build."""
-    from exporter.collectors.cgroup import CgroupMemory
+    """A kill counted since the last build, with the same cgroup reading, shows at the next."""
     from exporter.collectors.discovery import MountDiscovery
     from exporter.model.step import ModelStep
     from exporter.host.paths import Paths
-    from exporter.runtime.state import StateStore
+    from exporter.model.state import StateStore
 
     state = StateStore()
     step = ModelStep([], MountDiscovery(Paths(), [], node_mode=True), state)
@@ -252,6 +251,6 @@ def test_oom_counts_made_again_when_a_count_moves_while_the_cgroups_stand():
     state.record_cgroup_oom("/kubepods/podp", 1)
     first = step._oom_counts(cgroups, state.snapshot(), [])
     assert [c.kills for c in first] == [1]
-    assert step._oom_counts(cgroups, state.snapshot(), []) is first  # nothing moved: kept
+    assert [c.kills for c in step._oom_counts(cgroups, state.snapshot(), [])] == [1]
     state.record_cgroup_oom("/kubepods/podp", 3)
     assert [c.kills for c in step._oom_counts(cgroups, state.snapshot(), [])] == [3]

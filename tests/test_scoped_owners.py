@@ -58,7 +58,6 @@ def test_an_event_rescans_only_its_pods_processes(tmp_path):
                 into_pod(cgroups[uid_b], pb2.pid)
                 changes.add(a, "nccl-a2")  # what the watcher records for a create in pod A's mount
                 inv = collector.collect_quick()
-                assert collector.wants_follow_up is False  # settled by the scoped scan
                 # Pod A was rescanned: its new process is found, holding its new segment.
                 assert segment(inv, a, "nccl-a2") == ("linked", (pa2.pid,))
                 assert segment(inv, a, "nccl-a") == ("linked", (pa.pid,))
@@ -83,14 +82,17 @@ def test_an_event_rescans_only_its_pods_processes(tmp_path):
 
 
 @needs_root
-def test_a_change_outside_any_pod_asks_for_the_full_follow_up(tmp_path):
-    with mounted_tmpfs("16m") as shm:  # not a kubelet path: no pod to scope to
+def test_a_change_outside_any_pod_is_left_to_the_full_follow_up(tmp_path):
+    """No pod to scope to: the quick run reads nobody, and takes the new segment as its
+    creator's until the full run that follows it reads every process."""
+    with mounted_tmpfs("16m") as shm:  # not a kubelet path
         changes = ChangeLog()
         collector = SegmentsCollector(Paths(), [shm], ProcessTable(Paths()), pod_of_pid=True, changes=changes)
         collector.collect()
+        open(os.path.join(shm, "psm_x"), "wb").close()
         changes.add(shm, "psm_x")
-        collector.collect_quick()
-        assert collector.wants_follow_up is True
+        assert segment(collector.collect_quick(), shm, "psm_x") == ("linked", ())
+        assert segment(collector.collect(), shm, "psm_x")[0] in ("orphan", "unverified")
 
 
 class Clock:
@@ -205,82 +207,49 @@ def test_a_refresh_forgets_the_mount_ids_of_a_namespace_whose_last_process_exite
 
 
 @needs_root
-def test_a_refresh_walks_only_the_directories_that_changed(two_pods, monkeypatch):
-    """A mount inotify watched since its last walk, with no event and the same statvfs, is
-    not walked by a refresh. Walked again: pages written through a mapping (no event, statvfs
-    moves), a rename (an event), a queue overflow (the watch epoch moves), a tmpfs mounted
-    over it (another device), pids that wrapped, and every directory before a full scan,
-    also one a refresh brought forward (a holder outside any pod exited)."""
+def test_a_refresh_sees_what_changed_with_and_without_events(two_pods):
+    """Between full scans, a refresh lists every directory again: pages written through a
+    mapping (no event), renames (with an event, or with it still on its way), a tmpfs mounted
+    over a volume; a holder outside any pod that exited brings a full scan forward."""
     import mmap
 
-    from exporter.collectors import segments as segments_module
-    from exporter.runtime.state import StateStore
-    (a, b), (cg_a, _) = two_pods
-    walked = []
-    real_walk = segments_module.walk
-    monkeypatch.setattr(segments_module, "walk", lambda path, dev: walked.append(path) or real_walk(path, dev))
-    clock, changes, state = Clock(), ChangeLog(), StateStore()
-    for mount in (a, b):
-        state.set_inotify(mount, True)
+    (a, b), _ = two_pods
+    clock, changes = Clock(), ChangeLog()
     collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
-                                  full_scan_interval=600.0, monotonic=clock, watch_epoch=state.watch_epoch,
-                                  ignore_unreadable=HOST_EXCUSED_RE)
+                                  full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
 
-    def walks():
-        walked.clear()
+    def names():
         clock.now += 15
         inv = collector.collect()
-        return sorted(walked), inv
+        return inv, {s.name for m in inv.mounts for s in m.segments}
 
     with open(os.path.join(a, "psm_grows"), "wb+") as f, open(os.path.join(b, "psm_b"), "wb") as g:
         f.truncate(4 * MiB)  # sparse: no pages yet
         g.write(b"x" * MiB)
         g.flush()
-        assert walks()[0] == sorted([a, b])
-        assert walks()[0] == []  # a refresh of two quiet mounts
+        assert names()[1] == {"psm_grows", "psm_b"}
         with mmap.mmap(f.fileno(), 4 * MiB) as view:
             view[:2 * MiB] = b"y" * (2 * MiB)  # two MiB of pages, and no inotify event
-            found, inv = walks()
-        assert found == [a]
+            inv, _ = names()
         [grown] = [s for m in inv.mounts for s in m.segments if s.name == "psm_grows"]
         assert grown.allocated_bytes == 2 * MiB
         os.rename(os.path.join(b, "psm_b"), os.path.join(b, "nccl-b"))
         changes.add(b, "psm_b")
         changes.add(b, "nccl-b")  # what the watcher records for the rename
-        found, inv = walks()
-        assert found == [b]
-        assert {s.name for m in inv.mounts for s in m.segments} == {"psm_grows", "nccl-b"}
+        assert names()[1] == {"psm_grows", "nccl-b"}
         os.rename(os.path.join(b, "nccl-b"), os.path.join(b, "ucx_b"))  # its event still on its way
-        found, inv = walks()
-        assert found == [b]  # the directory's mtime moved
-        assert {s.name for m in inv.mounts for s in m.segments} == {"psm_grows", "ucx_b"}
-        state.count_overflow(a)  # events may have been lost
-        assert walks()[0] == [a]
-        with mounted_tmpfs("16m", path=b):  # another tmpfs over the same path, statvfs alike
+        assert names()[1] == {"psm_grows", "ucx_b"}
+        with mounted_tmpfs("16m", path=b):  # another tmpfs over the same path
             with open(os.path.join(b, "psm_over"), "wb") as h:
                 h.write(b"z" * MiB)
-            assert walks()[0] == [b]
-        assert walks()[0] == [b]  # and the first one again once it is gone
-        assert walks()[0] == []
-        with open("/proc/sys/kernel/ns_last_pid", "r+") as last:
-            below = max(1, min(300, int(last.read()) // 2))
-            last.seek(0)
-            last.write(str(below))  # as after wrapping at pid_max: a known pid may be another process
-        assert walks()[0] == sorted([a, b])  # a full scan
+            assert names()[1] == {"psm_grows", "psm_over"}
+        assert names()[1] == {"psm_grows", "ucx_b"}  # and the first one again once it is gone
         with Peer(a, "mapped", "psm_outside", str(MiB)) as outside:  # in no pod's cgroup
-            assert walks()[0] == [a]
-            assert walks()[0] == []
+            names()
             killed(outside)
-            found, inv = walks()  # the holder outside any pod exited: a full scan, and its walks
-        assert found == sorted([a, b])
+            inv, _ = names()  # the holder outside any pod exited: a full scan
         [gone] = [s for m in inv.mounts for s in m.segments if s.name == "psm_outside"]
         assert gone.state == "orphan"
-        assert walks()[0] == []
-        os.mkdir(os.path.join(a, "sub"))  # inotify watches the top directory only
-        assert walks()[0] == [a]
-        assert walks()[0] == [a]  # and so on, while it has one
-        clock.now += 600
-        assert walks()[0] == sorted([a, b])  # the full scan of the interval
 
 
 ATTACH_LATER = """
@@ -305,13 +274,10 @@ def test_a_running_process_that_attaches_to_an_orphan_and_writes_is_seen_by_the_
     import subprocess
     import sys
 
-    from exporter.runtime.state import StateStore
     (a, _), (cg_a, _) = two_pods
-    clock, state, changes = Clock(), StateStore(), ChangeLog()
-    state.set_inotify(a, True)
+    clock, changes = Clock(), ChangeLog()
     collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
-                                  full_scan_interval=600.0, monotonic=clock, watch_epoch=state.watch_epoch,
-                                  ignore_unreadable=HOST_EXCUSED_RE)
+                                  full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
     path = os.path.join(a, "psm_known")
     with open(path, "wb") as f:
         f.truncate(4 * MiB)
@@ -498,29 +464,23 @@ def test_a_dead_holders_pod_event_drops_its_holding_after_another_pod_was_read(t
 
 
 @needs_root
-def test_an_early_publish_shows_a_new_segment_and_the_quick_run_after_it_settles_its_state(two_pods):
-    """Node mode, before the quick run reads a pod: the early publish (collect_interim,
-    early) shows the new name with the last owners, taken as its creator's; the quick run
-    then reads the pod and says what it found (unverified: nobody holds it), not 'linked'
-    as a name an interim run patched during a full run stays until the quick run after."""
+def test_a_pod_scoped_quick_run_settles_a_new_segments_state(two_pods):
+    """Node mode: the quick run reads the changed mount's pod and says what it found
+    (unverified: nobody holds it), not 'its creator's' until a full run."""
     (a, _), _ = two_pods
     changes = ChangeLog()
     collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
                                   ignore_unreadable=HOST_EXCUSED_RE)
     collector.collect()
-    open(os.path.join(a, "psm_early"), "wb").close()
-    changes.add(a, "psm_early")
-    assert segment(collector.collect_interim(early=True), a, "psm_early") == ("linked", ())
-    assert segment(collector.collect_quick(), a, "psm_early") == ("unverified", ())
-    assert collector.collect_interim(early=True) is None  # nothing new since
+    open(os.path.join(a, "psm_new"), "wb").close()
+    changes.add(a, "psm_new")
+    assert segment(collector.collect_quick(), a, "psm_new") == ("unverified", ())
 
 
 @needs_root
-def test_an_early_publish_leaves_a_mount_on_a_new_device_to_the_quick_run(two_pods):
-    """A tmpfs mounted anew over a pod's volume since the last run: the early publish may not
-    patch the old instance's listing with the new one's names (lstat says another device, so
-    the new segment would be left out while the publish counts as showing it); it gives them
-    back, and the quick run, which stats the mount again, shows the segment."""
+def test_a_quick_run_shows_a_segment_on_a_tmpfs_mounted_anew(two_pods):
+    """A tmpfs mounted anew over a pod's volume since the last run: the quick run stats the
+    mount again and lists the new instance, not the old one's listing patched."""
     (a, _), _ = two_pods
     changes = ChangeLog()
     collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
@@ -529,5 +489,4 @@ def test_an_early_publish_leaves_a_mount_on_a_new_device_to_the_quick_run(two_po
     with mounted_tmpfs("16m", path=a):
         open(os.path.join(a, "psm_anew"), "wb").close()
         changes.add(a, "psm_anew")
-        assert collector.collect_interim(early=True) is None and collector.changes_pending()
         assert segment(collector.collect_quick(), a, "psm_anew") is not None

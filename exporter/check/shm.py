@@ -9,7 +9,7 @@ from typing import List, Optional
 from exporter.check import thresholds as T
 from exporter.check.findings import Report
 from exporter.check.sizes import docker, human, k8s, round_up
-from exporter.inventory.classes import removable
+from exporter.model.classes import removable
 from exporter.model.step import Model, MountView
 
 DOCKER_DEFAULT_SHM = T.DOCKER_DEFAULT_SHM_BYTES

@@ -16,43 +16,18 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from exporter.model.types import CgroupMemory
 from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_mount
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import ProcessTable, parse_proc_cgroup  # noqa: F401 - parse_proc_cgroup re-exported
-from exporter.collectors import workload
+from exporter.collectors import BaseSource, register, workload
 
 
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 bytes
 # with 4 KiB pages); anything this large is not a real limit.
 V1_UNLIMITED = 1 << 62
-
-
-@dataclass(frozen=True)
-class CgroupMemory:
-    cgroup: str  # the path as in /proc/<pid>/cgroup, e.g. /kubepods/burstable/pod…
-    version: int  # 1 or 2
-    usage_bytes: int
-    limit_bytes: Optional[int]  # None: unlimited
-    working_set_bytes: int
-    shmem_bytes: Optional[int]
-    oom_kills: Optional[
-        int
-    ]  # None where the kernel does not count them (v1 before 4.13)
-    limit_source: str  # "cgroup", "flag" or "none"
-    pod_uid: str = ""  # node mode: the pod this cgroup belongs to
-    estimated: bool = False  # True: no cgroup was read; the workload's processes and shm (workload.py)
-    # Node mode on v1: each container cgroup's own OOM kill count (path, count). v1 counts a
-    # kill only in the victim's memcg, and the container's cgroup goes with the container:
-    # the model keeps each one's highest count, so the pod's total survives it.
-    child_oom_kills: Tuple[Tuple[str, int], ...] = ()
-
-    @property
-    def oom_risk_ratio(self) -> Optional[float]:
-        """Working set / limit: what the OOM killer compares; None without a limit."""
-        return self.working_set_bytes / self.limit_bytes if self.limit_bytes else None
 
 
 def parse_flat_keyed(text: str) -> Dict[str, int]:
@@ -118,14 +93,8 @@ REWALK_SECONDS = 10.0
 MISSING_REWALK_SECONDS = 2.0
 
 
-class CgroupCollector:
+class CgroupCollector(BaseSource):
     name = "cgroup"
-    schedule = "poll"
-    # Read for the scrapes (sampler.py) only while the kernel log counts the OOM kills: a
-    # container's own counter is read each poll otherwise, before a restart takes it away.
-    # App sets this in node mode (a sidecar's kill reports name host paths its cgroup is not
-    # matched by) to "the oom source's last run succeeded and lost no record".
-    scrape_aligned: "bool | Callable[[], bool]" = False
 
     def __init__(
         self,
@@ -141,6 +110,7 @@ class CgroupCollector:
         self.paths = paths
         self.table = table or ProcessTable(paths)
         self.node_mode = node_mode  # every pod's cgroup on the host, not one
+        self.stretches = node_mode  # 200 pods' cgroups: read less often while unchanged
         self.cgroup_path = cgroup_path
         self.target = re.compile(target_process) if target_process else None
         self.limit_override = limit_override
@@ -394,3 +364,17 @@ class CgroupCollector:
             if count is not None:
                 found.append((path.rstrip("/") + "/" + entry.name, count))
         return tuple(sorted(found))
+
+
+register(
+    "cgroup",
+    lambda c: CgroupCollector(
+        c.paths,
+        c.cfg.cgroup_path,
+        c.cfg.cgroup_target_process,
+        c.cfg.memory_limit_bytes,
+        node_mode=c.node,
+        table=c.table,
+        mounts=c.mounts,
+    ),
+)

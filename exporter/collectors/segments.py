@@ -4,10 +4,10 @@ Joins two views by (device, inode): the directory, listed with lstat only
 (inventory/walk.py), and every process's maps and fds (inventory/owners.py). A full run
 does both; an event-driven quick run patches the last listing with the names inotify
 reported (inventory/changes.py) and reuses the owners of the last full run, which follows
-within a second; in node mode it rescans the owners in the changed mounts' pods instead,
-and the full run keeps to the inventory interval. In node mode a full run reads every
-process only every --segments.full-scan-interval; in between it refreshes the owners (new
-processes, and the pods of holders that exited), and only a full scan calls a segment leaked.
+within a second; in node mode it rescans the owners in the changed mounts' pods instead.
+In node mode a full run reads every process only every --segments.full-scan-interval; in
+between it refreshes the owners (new processes, the pods of holders that exited, the pods
+whose mounts moved), and only a full scan calls a segment leaked.
 """
 
 from __future__ import annotations
@@ -15,41 +15,32 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import stat as stat_mod
 import time
 from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
-from exporter.collectors.discovery import live_mounts
+from exporter.collectors import BaseSource, Context, register
 from exporter.host.kube import pod_uid_of_mount
-from exporter.inventory.changes import ChangeLog
-from exporter.inventory.owners import DELETED, Owners, OwnerScan, UnprovenLog
-from exporter.inventory.summary import Inventory, MountInventory, Segment
-from exporter.inventory.walk import (
-    MAX_ENTRIES,
-    Files,
-    Key,
-    patch_listing,
-    same_dev,
-    walk,
-)
+from exporter.host.mountinfo import live_mounts
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
-from exporter.inventory.classes import _CACHE as CLASS_CACHE, classify
+from exporter.inventory.changes import ChangeLog
+from exporter.inventory.owners import DELETED, Owners, OwnerScan, UnprovenLog
+from exporter.inventory.walk import MAX_ENTRIES, Files, Key, patch_listing, walk
+from exporter.model.classes import classify
+from exporter.model.types import Inventory, MountInventory, Segment
 
 log = logging.getLogger(__name__)
 
 Listing = Tuple[Files, Dict[str, int], bool]  # files, other entries by type, truncated
+Changes = Dict[str, Optional[Set[str]]]  # mount -> names changed; None: re-list it all
 
 
-class SegmentsCollector:
+class SegmentsCollector(BaseSource):
     name = "segments"
     schedule = "inventory"
-    event_driven = True  # re-run early when inotify sees the mount change
-    # Its verdicts (orphan, hidden) are read only by scrapes: with scrapes rarer than the
-    # inventory interval (kube-prometheus scrapes every 30 s), one full run per scrape. App
-    # makes it "while inotify watches every mount": a polled mount's created/deleted counts
-    # come from the diffs between full runs, which must keep to the interval.
-    scrape_aligned: "bool | Callable[[], bool]" = False
+    event_driven = True
 
     def __init__(
         self,
@@ -63,231 +54,79 @@ class SegmentsCollector:
         ignore_unreadable: Optional[Pattern[str]] = None,
         full_scan_interval: float = 0.0,
         monotonic: Callable[[], float] = time.monotonic,
-        watch_epoch: Optional[Callable[[str], Optional[int]]] = None,
+        all_watched: Callable[[], bool] = lambda: False,
     ):
         self.paths = paths
-        self.mounts = live_mounts(mounts)  # discovery's current mounts
+        self.mounts = live_mounts(mounts)
         self.table = table or ProcessTable(paths)
         self.owner_scan = OwnerScan(self.table, ignore_unreadable)
-        self.changes = changes or ChangeLog()  # filled by events.MountWatcher
+        self.changes = changes or ChangeLog()  # filled by the watcher
         self.pod_of_pid = pod_of_pid
+        self.all_watched = all_watched  # inotify watches every mount
         self.statvfs = statvfs
         self.clock = clock
         # Node mode: how long the owners of a full scan are refreshed (owner_scan.refresh)
         # before every process is read again, which alone may call a segment leaked.
         self.full_scan_interval = full_scan_interval if pod_of_pid else 0.0
         self.monotonic = monotonic
-        # The state store's watch epoch of a mount (None: not watched): a mount watched since
-        # it was last walked, with no event and the same statvfs, is not walked by a refresh.
-        self.watch_epoch = watch_epoch
-        self._walked_as: Dict[str, tuple] = {}  # _signature() when last walked
-        self._dir_times: Dict[
-            str, Tuple[int, int]
-        ] = {}  # the mount directory's mtime and ctime, this run
-        self._sig_now: Dict[str, tuple] = {}  # _signature() of this run, where taken
-        self._pod_read_as: Dict[
-            str, tuple
-        ] = {}  # _signature() when the mount's pod was last read
-        self._kept_now: Set[str] = set()  # listing kept as quiet by this run
         self._scanned_at = float("-inf")  # when the last full owner scan ran
-        # The last listing of each mount, and its name -> inode index, for quick runs to patch.
+        # Each mount's last listing, and its name -> inode index, for quick runs to patch.
         self._listings: Dict[str, Listing] = {}
         self._indexes: Dict[str, Dict[str, Key]] = {}
         self._said_truncated: Set[str] = set()
-        self._unproven_log = UnprovenLog(
-            log
-        )  # why nothing is called orphan, when that changes
-        self._owners = (
-            Owners()
-        )  # from the last full run, for quick runs that skip /proc
-        self._known_files: Set[Key] = set()  # inodes listed by the last full run
-        # Each mount's device at the last full run: a key (device, inode) counts as known only
+        # Why nothing is called orphan, logged when that changes.
+        self._unproven_log = UnprovenLog(log)
+        self._owners = Owners()  # the last scan's, for quick runs that skip /proc
+        self._known_files: Set[Key] = set()  # inodes listed by the last full scan
+        # Each mount's device at the last full scan: a key (device, inode) counts as known only
         # on the same mount and device (a deleted pod's device number is handed out again,
         # and tmpfs numbers its inodes from 1 per instance).
         self._full_devs: Dict[str, int] = {}
-        self._held_at_full: Set[Key] = (
-            set()
-        )  # inodes some process held at the last full run
-        self._last: Dict[
-            str, MountInventory
-        ] = {}  # the last run's inventory of each mount
-        # Read by the sampler after a quick run: whether owners need the full follow-up run.
-        self.wants_follow_up = True
-        # Interim runs (collect_interim): set by the sampler, called while a full run reads
-        # /proc. `_run_devs` is that run's mounts; `_interim_changes` what they patched in.
-        self.interim_hook: Optional[Callable[[], None]] = None
-        self._run_devs: Dict[str, int] = {}
-        self._devs: Dict[
-            str, int
-        ] = {}  # the last run's mounts, for collect_interim(early=True)
-        self._interim_changes = ChangeLog()
-        self._interim_keys: Set[Key] = set()
+        self._held_at_full: Set[Key] = set()  # inodes held at the last full scan
+        self._last: Dict[str, MountInventory] = {}  # the last run's, by mount
+        # Node mode: each mount's _signature() when its pod's processes were last read.
+        self._pod_read_as: Dict[str, tuple] = {}
 
-    def _mount_dev(self, mount: str) -> int:
-        st = os.stat(self.paths.host(mount))
-        if not stat_mod.S_ISDIR(st.st_mode):
-            raise NotADirectoryError(errno.ENOTDIR, "not a directory", mount)
-        self._dir_times[mount] = (
-            st.st_mtime_ns,
-            st.st_ctime_ns,
-        )  # a create, unlink or rename moves them
-        return st.st_dev
+    @property
+    def stretches(self) -> bool:
+        """Node mode reads every process and every pod's directory: less often while nothing
+        changes, as long as inotify watches every mount (a polled one changes unseen)."""
+        return self.pod_of_pid and self.all_watched()
 
     def collect(self) -> Inventory:
         return self._collect(full=True)
 
     def collect_quick(self) -> Inventory:
         """Patch the listings with what inotify saw change and re-measure, reusing owners
-        from the last full run (which follows within a second)."""
+        from the last full run (node mode: reading the changed mounts' pods)."""
         return self._collect(full=False)
 
-    def changes_pending(self) -> bool:
-        return self.changes.pending()
+    def _mount_dev(self, mount: str) -> int:
+        st = os.stat(self.paths.host(mount))
+        if not stat_mod.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", mount)
+        return st.st_dev
 
-    def collect_interim(self, early: bool = False) -> Optional[Inventory]:
-        """While a full run reads /proc (interim_hook): patch its listings with the names
-        inotify reported since, and assemble those mounts with the last run's owners, as a
-        quick run would. Only the listing moves forward: the full run then assembles with
-        the patched listings (counting what it did not walk as its creator's), and gives
-        the names back to the change log, so the quick run after it reads their owners
-        (node mode: their pods) as it would have without this. A node's full scan reads
-        /proc for a second under load; a segment created meanwhile waited that long.
-        None when nothing could be patched (a mount re-listed whole waits for the quick run).
-        `early`: outside a full run, before a quick run that waits for its duty cycle (node
-        mode: it reads the changed mounts' pods); that run settles the states, as it would."""
-        changes = self.changes.drain()
-        devs = (
-            self._run_devs
-            if not early
-            else {  # the last run's, and still the same file system
-                m: d
-                for m, d in self._devs.items()
-                if m in changes and same_dev(self.paths.host(m), d)
-            }
-        )
-        patch = {
-            m: names
-            for m, names in changes.items()
-            if names
-            and m in self._last
-            and m in self._indexes
-            and devs.get(m) is not None
-        }
-        self.changes.put_back(
-            {m: names for m, names in changes.items() if m not in patch}
-        )
-        if not patch:
-            return None
-        self._interim_changes.put_back(patch)
-        held_on = self._held_on()
-        for mount, names in patch.items():
-            dev = devs[mount]
-            files, others, truncated = self._listings[mount]
-            index = self._indexes[mount]
-            patch_listing(self.paths.host(mount), dev, files, index, names)
-            if (
-                not early
-            ):  # taken as linked by the full run: a quick run reads their pods instead
-                self._interim_keys.update(
-                    key for name in names if (key := index.get(name)) is not None
-                )
-            self._walked_as.pop(
-                mount, None
-            )  # patched: walked again by the next full run
-            self._last[mount] = self._assemble(
-                mount,
-                dev,
-                files,
-                others,
-                held_on.get(dev, []),
-                quick=True,
-                settled=False,
-            )
-        return self._inventory(list(self._last.values()))
-
-    def _list(
-        self,
-        mount: str,
-        dev: int,
-        full: bool,
-        changes: Dict[str, Optional[Set[str]]],
-        quiet_ok: bool = False,
-    ) -> Listing:
-        previous = self._listings.get(mount)
-        index = self._indexes.get(mount)
-        if full or mount in changes:
-            # Before the listing: a change while it is read shows at the next look.
-            self._sig_now[mount] = self._signature(mount, dev)
-        if quiet_ok and previous is not None and self._quiet(mount, changes):
-            self._kept_now.add(mount)
-            return previous
-        if (
-            full
-            or previous is None
-            or index is None
-            or (mount in changes and changes[mount] is None)
-        ):
-            self._walked_as[mount] = self._sig_now.get(mount)
+    def _list(self, mount: str, dev: int, full: bool, changes: Changes) -> Listing:
+        previous, index = self._listings.get(mount), self._indexes.get(mount)
+        if full or previous is None or index is None or changes.get(mount, ()) is None:
             files, others, truncated = walk(self.paths.host(mount), dev)
             self._indexes[mount] = {name: key for key, (name, _) in files.items()}
-            if others.get("directory"):
-                self._walked_as[mount] = None  # inotify watches the top directory only
         else:
             files, others, truncated = previous
             if changes.get(mount):
-                self._walked_as.pop(
-                    mount, None
-                )  # patched: walked again by the next full run
                 patch_listing(self.paths.host(mount), dev, files, index, changes[mount])
         self._listings[mount] = (files, others, truncated)
         return files, others, truncated
 
-    def _quiet(self, mount: str, changes: Dict[str, Optional[Set[str]]]) -> bool:
-        """Nothing in the mount changed since it was walked: the same device (not a tmpfs
-        mounted over it), inotify watching it all along (the same watch epoch: not restarted,
-        no queue overflow) and seeing nothing, the directory's mtime and ctime the same (a
-        create, unlink or rename, also one whose event is still on its way), no
-        sub-directories (inotify watches the top one only), and the same statvfs (pages
-        written or punched through a mapping, which inotify never sees, move the free
-        blocks). 200 quiet pods' directories are walked by full scans, not by every refresh."""
-        if self.watch_epoch is None or mount in changes:
-            return False
-        walked_as = self._walked_as.get(mount)
-        if (
-            walked_as is None
-            or walked_as[1] is None
-            or not walked_as[3]
-            or not walked_as[5]
-        ):
-            return False  # not watched then (a change may have gone unseen), or size=0 / nr_inodes=0
-        return walked_as == self._sig_now.get(mount)
-
     def _signature(self, mount: str, dev: int) -> Optional[tuple]:
-        """(device, watch epoch or None when not watched, directory times, statvfs blocks,
-        free blocks, files, free inodes); None when statvfs fails."""
-        epoch = self.watch_epoch(mount) if self.watch_epoch is not None else None
+        """(device, statvfs blocks, free blocks, files, free inodes); None when statvfs fails.
+        Pages written or punched through a mapping, which inotify never sees, move it."""
         try:
             st = self.statvfs(self.paths.host(mount))
         except OSError:
             return None
-        return (
-            dev,
-            epoch,
-            self._dir_times.get(mount),
-            st.f_blocks,
-            st.f_bfree,
-            st.f_files,
-            st.f_ffree,
-        )
-
-    @staticmethod
-    def _moved(before: Optional[tuple], now: Optional[tuple]) -> bool:
-        """Device or statvfs moved (not the watch or the directory: those have events)."""
-        return (
-            before is not None
-            and now is not None
-            and (before[0] != now[0] or before[3:] != now[3:])
-        )
+        return dev, st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
 
     def _collect(self, full: bool) -> Inventory:
         devs: Dict[str, int] = {}
@@ -298,97 +137,69 @@ class SegmentsCollector:
                 devs[mount] = self._mount_dev(mount)
             except OSError as err:
                 errors[mount] = err.strerror or str(err)
-        self._devs = devs
         # The directory first, then /proc: a segment unlinked in between is still
         # listed (so not called hidden), and one created in between is found held
         # but not '(deleted)', so it is linked, not hidden.
-        # Names an interim run patched in, left by a run that failed: this run's too.
-        self.changes.put_back(self._interim_changes.drain())
         changes = self.changes.drain()
-        refresh = (
-            full
-            and bool(self._owners.processes)
-            and self.monotonic() - self._scanned_at < self.full_scan_interval
-        )
-        # A full scan walks every directory; a refresh only those that changed.
-        self._kept_now, self._sig_now = set(), {}
-        listings = {
-            mount: self._list(mount, dev, full, changes, quiet_ok=refresh)
-            for mount, dev in devs.items()
-        }
+        sigs = {}
+        if (
+            self.pod_of_pid
+        ):  # before the listing: a change while it is read shows next time
+            sigs = {
+                m: sig
+                for m, dev in devs.items()
+                if (full or m in changes) and (sig := self._signature(m, dev))
+            }
+        listings = {m: self._list(m, dev, full, changes) for m, dev in devs.items()}
         for gone in [m for m in self._listings if m not in devs]:
             del self._listings[
                 gone
             ]  # a mount that went away (node mode: a deleted pod)
             self._indexes.pop(gone, None)
-            self._walked_as.pop(gone, None)
-            self._dir_times.pop(gone, None)
             self._pod_read_as.pop(gone, None)
         settled = False  # owners from a full scan of every process, this run
         if full:
-            self._run_devs = devs  # interim runs may patch these while /proc is read
-            self._interim_keys = (
-                set()
-            )  # a failed run's, if any: its names were given back above
             refreshed = None
-            if refresh:
-                # A mount that moved since its pod was last read (pages written through a
-                # mapping: no event) has its pod's processes read again: what they hold, and
-                # how big, moved with it. So has one whose events no quick run handled.
+            if (
+                self._owners.processes
+                and self.monotonic() - self._scanned_at < self.full_scan_interval
+            ):
+                # A mount that moved since its pod was last read has its pod's processes read
+                # again: what they hold, and how big, moved with it. So has one whose events
+                # no quick run handled.
                 moved = [
                     m
                     for m in devs
                     if m in changes
-                    or self._moved(self._pod_read_as.get(m), self._sig_now.get(m))
+                    or (
+                        (before := self._pod_read_as.get(m))
+                        and sigs.get(m, before) != before
+                    )
                 ]
                 also = {pod_uid_of_mount(m) for m in moved} - {""}
                 refreshed = self.owner_scan.refresh(
-                    set(devs.values()),
-                    self._owners,
-                    also=also,
-                    between=self.interim_hook,
+                    set(devs.values()), self._owners, also=also
                 )
                 if refreshed is not None:
-                    self._pod_read_as.update(
-                        {m: self._sig_now[m] for m in moved if self._sig_now.get(m)}
-                    )
-            if refreshed is not None:
-                self._owners = refreshed
-            else:
-                # Only a scan after a walk of every directory may call a segment leaked.
-                for mount in self._kept_now:
-                    listings[mount] = self._list(mount, devs[mount], True, changes)
-                # What this run walked, before interim runs patch the listings in place: only
-                # these were listed before /proc was read, so only these may be called leaked.
-                walked = {key for files, _, _ in listings.values() for key in files}
+                    self._owners = refreshed
+                    self._pod_read_as.update({m: sigs[m] for m in moved if m in sigs})
+            if refreshed is None:
                 self._owners = self.owner_scan.scan(
-                    set(devs.values()), pods=self.pod_of_pid, between=self.interim_hook
+                    set(devs.values()), pods=self.pod_of_pid
                 )
                 self._scanned_at = self.monotonic()
                 self._unproven_log.say(self._owners)
-                self._known_files = walked
-                self._full_devs = dict(devs)
-                self._pod_read_as = {
-                    m: sig for m in devs if (sig := self._sig_now.get(m)) is not None
+                # Only what was listed before /proc was read may be called leaked.
+                self._known_files = {
+                    k for files, _, _ in listings.values() for k in files
                 }
+                self._full_devs = dict(devs)
+                self._pod_read_as = sigs
                 self._held_at_full = set(self._owners.holdings)
                 settled = True
-            self.wants_follow_up = False
-            self._run_devs = {}
-            # The names interim runs patched in are the next quick run's again: their owners.
-            self.changes.put_back(self._interim_changes.drain())
-        pods_read = False  # a quick run read the changed mounts' pods (node mode)
-        if not full:
-            pods_read = self._scoped_owners(changes, set(devs.values()))
-            if pods_read:
-                # Those mounts' pods were read just now: "moved" counts from here.
-                self._pod_read_as.update(
-                    {
-                        m: sig
-                        for m in changes
-                        if (sig := self._sig_now.get(m)) is not None
-                    }
-                )
+        pods_read = not full and self._scoped_owners(changes, set(devs.values()))
+        if pods_read:
+            self._pod_read_as.update({m: sigs[m] for m in changes if m in sigs})
         touched_pods = (
             {pod_uid_of_mount(m) for m in changes} - {""} if self.pod_of_pid else set()
         )
@@ -399,16 +210,17 @@ class SegmentsCollector:
                 mounts.append(MountInventory(mount, error=errors[mount]))
                 continue
             last = self._last.get(mount)
+            pod = pod_uid_of_mount(mount)
             if (
                 not full
                 and mount not in changes
                 and last is not None
                 and not last.error
-                and (not touched_pods or pod_uid_of_mount(mount) not in touched_pods)
+                and pod not in touched_pods
             ):
                 # Nothing changed in it, and no owner of it was rescanned (another volume of a
-                # rescanned pod is assembled again): the same inventory object, which the model
-                # step recognises and does not summarise again.
+                # rescanned pod is assembled again): the same object, which the model step
+                # recognises and does not summarise again.
                 mounts.append(last)
                 continue
             files, others, truncated = listings[mount]
@@ -421,25 +233,15 @@ class SegmentsCollector:
                     MAX_ENTRIES,
                 )
             # A quick run that read the mount's pod knows what a refresh would: a new segment
-            # none of the pod's processes holds is unverified now, not "its creator's" until
-            # the refresh says otherwise (the state, and its series, flipped for every create).
-            quick = not full and not (
-                pods_read and pod_uid_of_mount(mount) in touched_pods
-            )
+            # none of the pod's processes holds is unverified now, not "its creator's".
+            quick = not full and not (pods_read and pod in touched_pods)
+            dev = devs[mount]
             mounts.append(
                 self._assemble(
-                    mount,
-                    devs[mount],
-                    files,
-                    others,
-                    held_on.get(devs[mount], []),
-                    quick=quick,
-                    settled=settled,
+                    mount, dev, files, others, held_on.get(dev, []), quick, settled
                 )
             )
         self._last = {m.mount: m for m in mounts}
-        if full:
-            self._interim_keys = set()
         return self._inventory(mounts)
 
     def _held_on(self) -> Dict[int, List[Key]]:
@@ -473,18 +275,14 @@ class SegmentsCollector:
     def _scoped_owners(
         self, changes: Dict[str, Optional[Set[str]]], devs: Set[int]
     ) -> bool:
-        """Node mode: rescan the processes of the pods whose mounts changed, not the node's
-        (0.2 ms a process: 2,000 processes cost 450 ms per event). A change in a mount with
-        no pod (the host's /dev/shm, a runtime's sandbox shm) asks for the full follow-up run
-        instead, as in sidecar mode, where the quick run reuses the last full run's owners.
-        -> whether the changed mounts' pods were read."""
+        """Node mode: rescan the processes of the pods whose mounts changed, not the node's.
+        A change in a mount with no pod (the host's /dev/shm, a runtime's sandbox shm) is left
+        to the full follow-up run, as in sidecar mode. -> whether the pods were read."""
         pods = {pod_uid_of_mount(mount) for mount in changes}
         if not self.pod_of_pid or not self._owners.processes or "" in pods:
-            self.wants_follow_up = True
             return False
         if pods:
             self._owners = self.owner_scan.scan_pods(devs, pods, self._owners)
-        self.wants_follow_up = False
         return bool(pods)
 
     def _assemble(
@@ -514,9 +312,7 @@ class SegmentsCollector:
         known_files = (
             self._known_files if self._full_devs.get(mount) == dev else frozenset()
         )
-        patched_in = self._interim_keys
         append = inv.segments.append
-        classes = CLASS_CACHE
         for key, (name, st) in files.items():
             held = holdings.get(key)
             if held:
@@ -525,11 +321,6 @@ class SegmentsCollector:
             else:
                 holders = ()
                 state = unheld_state if key in known_files else unknown_state
-                if key in patched_in:
-                    # Not walked by this run but patched in while it read /proc (an interim run):
-                    # its creator may have been read before it made it. The quick run after
-                    # this one reads its owners; until then it is its creator's, as there.
-                    state = "linked"
                 if not settled and state == "orphan" and key in self._held_at_full:
                     # Held at the last full scan, unheld in a pod-scoped scan or a refresh:
                     # only a full scan, with its re-reads of new processes, may call it leaked.
@@ -538,7 +329,7 @@ class SegmentsCollector:
             append(
                 Segment(
                     name,
-                    classes.get(name) or classify(name),
+                    classify(name),
                     state,
                     allocated,
                     st.st_size,
@@ -558,10 +349,9 @@ class SegmentsCollector:
             extent = max(h.extent for h in hs)
             allocated = best.allocated if best else extent
             apparent = best.apparent if best else extent
+            path = hs[0].path
             name = os.path.basename(
-                hs[0].path[: -len(DELETED)]
-                if hs[0].path.endswith(DELETED)
-                else hs[0].path
+                path[: -len(DELETED)] if path.endswith(DELETED) else path
             )
             append(
                 Segment(
@@ -576,11 +366,10 @@ class SegmentsCollector:
                 )
             )
             accounted += allocated
+        bytes_of = inv.process_bytes
         for seg in inv.segments:
             for pid in seg.holders:
-                inv.process_bytes[pid] = (
-                    inv.process_bytes.get(pid, 0) + seg.allocated_bytes
-                )
+                bytes_of[pid] = bytes_of.get(pid, 0) + seg.allocated_bytes
         try:
             st = self.statvfs(self.paths.host(mount))
             inv.used_bytes = (st.f_blocks - st.f_bfree) * st.f_frsize
@@ -588,3 +377,20 @@ class SegmentsCollector:
             inv.error = err.strerror or str(err)
         inv.unattributed_bytes = max(0, inv.used_bytes - accounted)
         return inv
+
+
+def _make(c: Context) -> SegmentsCollector:
+    ignore = c.cfg.ignore_unreadable
+    return SegmentsCollector(
+        c.paths,
+        c.mounts,
+        c.table,
+        pod_of_pid=c.node,
+        changes=c.changes,
+        ignore_unreadable=re.compile(ignore) if ignore else None,
+        full_scan_interval=c.cfg.full_scan_interval,
+        all_watched=c.all_watched,
+    )
+
+
+register("segments", _make)

@@ -8,51 +8,27 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
-from exporter.collectors.discovery import live_mounts
-from exporter.host.mountinfo import MountEntry, MountIndex, WatchedMountinfo
+from exporter.collectors import BaseSource, register
+from exporter.host.mountinfo import (
+    MountEntry,
+    MountIndex,
+    WatchedMountinfo,
+    live_mounts,
+)
 from exporter.host.paths import Paths
+from exporter.model.types import MountUsage
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class MountUsage:
-    mount: str  # as configured (the path the workload sees)
-    fstype: str
-    source: str
-    is_mount_point: bool
-    error: Optional[str] = None
-    size_bytes: int = 0
-    used_bytes: int = 0
-    available_bytes: int = 0
-    inodes: int = 0
-    inodes_free: int = 0
-
-    @property
-    def usage_ratio(self) -> float:
-        return self.used_bytes / self.size_bytes if self.size_bytes else 0.0
-
-
-def usage_values(st: os.statvfs_result) -> Dict[str, int]:
-    """MountUsage's figures from one statvfs."""
-    return {
-        "size_bytes": st.f_blocks * st.f_frsize,
-        "used_bytes": (st.f_blocks - st.f_bfree) * st.f_frsize,
-        "available_bytes": st.f_bavail * st.f_frsize,
-        "inodes": st.f_files,
-        "inodes_free": st.f_ffree,
-    }
-
-
-class ShmMountCollector:
+class ShmMountCollector(BaseSource):
     """statvfs of every mount discovery publishes, with its type and source from mountinfo."""
 
     name = "shm_mount"
     schedule = "poll"
-    event_driven = True  # re-run early when inotify sees the mount change
+    event_driven = True
 
     def __init__(
         self,
@@ -68,13 +44,8 @@ class ShmMountCollector:
         # measures those, not all 200 of a node's.
         self.touched = touched
         self._warned: Dict[str, str] = {}
-        self._index: Optional[MountIndex] = (
-            None  # the last poll's mountinfo, for quick runs
-        )
-        self._last: Dict[str, MountUsage] = {}
-        self._measured: Dict[
-            str, tuple
-        ] = {}  # mount -> (mountinfo entry, statvfs) its _last was made from
+        self._index: Optional[MountIndex] = None  # the last poll's, for quick runs
+        self._last: Dict[str, MountUsage] = {}  # for quick runs
         # In a container our own mountinfo is the workload's view; with a host at --path.rootfs,
         # pid 1's is the host's.
         host_first = self.paths.rootfs not in ("", "/")
@@ -109,21 +80,7 @@ class ShmMountCollector:
         except OSError as err:
             reason = err.strerror or str(err)
             self._warn_once(mount, f"cannot be measured: {reason}")
-            self._measured.pop(mount, None)
             return MountUsage(mount, fstype, source, is_point, error=reason)
-        last, measured = self._last.get(mount), self._measured.get(mount)
-        if (
-            last is not None
-            and measured is not None
-            and measured[1] == st
-            and measured[0] == entry
-        ):
-            # Unchanged (most of a node's 200 mounts, every second): the same object, which the
-            # render recognises at once. The entry by value: a pod mounted elsewhere makes
-            # every entry anew.
-            return last
-        self._measured[mount] = (entry, st)
-        values = usage_values(st)
         if fstype != "tmpfs" or not is_point:
             where = (
                 "is not a mount point" if not is_point else f"is {fstype}, not tmpfs"
@@ -131,25 +88,30 @@ class ShmMountCollector:
             self._warn_once(mount, f"{where}; reporting the filesystem that holds it")
         else:
             self._warned.pop(mount, None)
-        return MountUsage(mount, fstype, source, is_point, **values)
+        return MountUsage(
+            mount,
+            fstype,
+            source,
+            is_point,
+            size_bytes=st.f_blocks * st.f_frsize,
+            used_bytes=(st.f_blocks - st.f_bfree) * st.f_frsize,
+            available_bytes=st.f_bavail * st.f_frsize,
+            inodes=st.f_files,
+            inodes_free=st.f_ffree,
+        )
 
     def collect(self) -> List[MountUsage]:
         entries = self.mountinfo()
         if self._index is None or entries is not self._index.entries:
-            self._index = MountIndex(
-                entries
-            )  # when the table changed, not once per mount
+            self._index = MountIndex(entries)  # when the table changed, not per mount
         mounts = self.mounts()
+        # Node mode: a deleted pod's warning is not kept forever.
         for gone in [m for m in self._warned if m not in mounts]:
-            del self._warned[
-                gone
-            ]  # node mode: a deleted pod's warning is not kept forever
+            del self._warned[gone]
         if self.touched is not None:
             self.touched()  # all measured now
         usages = [self.measure_one(mount, self._index) for mount in mounts]
         self._last = {u.mount: u for u in usages}
-        for gone in [m for m in self._measured if m not in self._last]:
-            del self._measured[gone]
         return usages
 
     def collect_quick(self) -> List[MountUsage]:
@@ -167,3 +129,6 @@ class ShmMountCollector:
                 usages.append(self.measure_one(mount, self._index))
         self._last = {u.mount: u for u in usages}
         return usages
+
+
+register("shm_mount", lambda c: ShmMountCollector(c.paths, c.mounts, touched=c.touched))

@@ -17,8 +17,8 @@ from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.exposition.families import Families, Memo
+from exporter.model.summary import owner_label
 from exporter.exposition.labels import clean
-from exporter.inventory.summary import owner_label
 from exporter.model.step import Model, ModelStep
 
 log = logging.getLogger(__name__)

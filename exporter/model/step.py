@@ -4,36 +4,34 @@ Each source's latest observation is kept here. When one arrives, what depends on
 is computed at once, in the source's own thread (segment summaries: totals by class and
 state, top K, leak candidates). The join — mounts with their usage, inventory, peak,
 inotify flag, pod labels and the cgroup they are charged to, and the shm budget — is
-rebuilt once per change, on first use. /metrics renders the Model and `shmwatch check`
-reports from it; neither recomputes what is here.
+rebuilt on first use after the version moved (an observation accepted, or the state store
+changed). /metrics renders the Model and `shmwatch check` reports from it; neither
+recomputes what is here.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
+from exporter.host.kube import pod_uid_in_cgroup, pod_uid_of_mount
 from exporter.model.budget import ShmBudget, cgroups_by_pod, shm_budget
-from exporter.collectors.cgroup import CgroupMemory
-from exporter.collectors.gpu import GpuSnapshot
-from exporter.collectors.host_memory import HostMemory
-from exporter.collectors.oom import OomKill
-from exporter.collectors.shm_mount import MountUsage
-from exporter.collectors.sysv import SysvShm
-from exporter.collectors.discovery import MountDiscovery
-from exporter.inventory.summary import (
+from exporter.model.state import MountStates, StateStore
+from exporter.model.summary import SegmentSummary, summarise
+from exporter.model.types import (
+    CgroupMemory,
+    GpuSnapshot,
+    HostMemory,
     Inventory,
     MountInventory,
-    SegmentSummary,
-    summarise,
+    MountUsage,
+    Observation,
+    OomKill,
+    SysvShm,
 )
-from exporter.host.kube import pod_uid_in_cgroup, pod_uid_of_mount
-from exporter.runtime.scheduler import Observation
-from exporter.runtime.state import MountStates, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +53,11 @@ class MountView:
     ]  # node mode: pod_uid, volume, container_id; {} in sidecar mode
     usage: Optional[MountUsage]  # None when shm_mount is off, failed, or has not run
     peak_bytes: Optional[int]
-    max_used_bytes: Optional[
-        int
-    ]  # high-water mark since the mount was first seen; None without usage
-    max_used_at: Optional[float]  # wall clock when it was first reached
-    inventory: Optional[
-        MountInventory
-    ]  # None when segments is off, failed, or has not run
+    # The high-water mark since the mount was first seen (None without usage), and the wall
+    # clock when it was first reached.
+    max_used_bytes: Optional[int]
+    max_used_at: Optional[float]
+    inventory: Optional[MountInventory]  # None when segments is off, failed, or not run
     summary: Optional[SegmentSummary]
     cgroup: Optional[CgroupMemory]  # the memory cgroup its pages are charged to
     budget: Optional[ShmBudget]  # None without usage
@@ -75,7 +71,8 @@ class MountView:
 class OomCount:
     cgroup: str
     pod_uid: str
-    kills: int  # max(kills in the kernel log under the cgroup, the cgroup's own counter): never down
+    # max(kills in the kernel log under the cgroup, the cgroup's own counter): never down
+    kills: int
 
 
 @dataclass(frozen=True)
@@ -84,9 +81,7 @@ class Model:
     node_mode: bool
     statuses: List[SourceStatus]  # in source order
     mounts: List[MountView]
-    inventory: Optional[
-        Inventory
-    ]  # process-level facts: comms, pods, unreadable, wall time
+    inventory: Optional[Inventory]  # process-level facts: comms, pods, unreadable, time
     cgroups: List[CgroupMemory]
     host_memory: Optional[HostMemory]
     sysv: List[SysvShm]  # one per IPC namespace (one in a sidecar); [] when not read
@@ -111,16 +106,14 @@ class ModelStep:
     def __init__(
         self,
         sources: Sequence,
-        discovery: MountDiscovery,
+        discovery,
         state: StateStore,
         top_k: int = 10,
         shm_size_limit: Optional[int] = None,
         memory_limit: Optional[int] = None,
     ):
         # Sources in the order their series are rendered; discovery's status only in node mode.
-        self.source_names = [
-            s.name for s in sources if getattr(s, "reports_status", True)
-        ]
+        self.source_names = [s.name for s in sources if s.reports_status]
         self.discovery = discovery
         self.state = state
         self.node_mode = discovery.node_mode
@@ -136,64 +129,35 @@ class ModelStep:
         # cgroup read that failed once, or a container's count gone with its cgroup, must not
         # make Prometheus see a reset and PodOomKilled fire on it).
         self._oom_floor: Dict[str, OomCount] = {}
-        # The last counts and what they were made from: a node's model is built for every
-        # event's render, and its 200 cgroups' kills change rarely (1 ms a build).
-        self._oom_made: Optional[Tuple[object, tuple, List[OomCount]]] = None
         self._model: Optional[Model] = None
-        self._stale = True
-        self._listeners: List[Callable[[bool], None]] = []
-        # Whose event-driven runs are urgent: the segments inventory's (new names); without it
-        # (--no-collector.segments) the statvfs run's, then all there is to see of an event.
-        self._urgent_source = (
-            "segments" if "segments" in self.source_names else "shm_mount"
-        )
-        state.on_change(self.mark_stale)
+        self._accepted = 0  # observations accepted
+        self._built_for: object = None  # the version() _model was built for
 
-    def on_change(self, listener: Callable[[bool], None]) -> None:
-        """Called after every change (the exposition renders again, coalesced), with whether
-        it is urgent: an event-driven segments run's result, new names someone is waiting to
-        see (not one that settles what an early publish showed). The mounts' statvfs after the
-        same events is not (unless it is all there is: _urgent_source): it rides on that
-        render, or the next within the coalesce time. As a render of its own, it came on top
-        of each event's (10 creates a second over 200 pods: 13.8 renders a second, past the
-        render duty cycle; detection p99 303 ms in an in-process harness, 149 ms without)."""
-        self._listeners.append(listener)
-
-    def mark_stale(self) -> None:
-        self._stale = True
-        for listener in self._listeners:
-            listener(False)
+    def version(self) -> Tuple[int, int]:
+        """Moves whenever the model would differ: an observation accepted, or the state changed."""
+        return self._accepted, self.state.version()
 
     def accept(self, obs: Observation) -> None:
-        """Sampler subscriber: keep the observation, compute what depends on it alone."""
+        """Scheduler subscriber: keep the observation, compute what depends on it alone."""
         latest = _Latest(obs)
         if obs.success and obs.source == "segments":
-            # A quick run hands back the same inventory object for a mount it did not touch:
-            # its summary is the one already made (200 pods, one changed: one summary).
+            # A quick run hands back the same inventory object for a mount it did not touch,
+            # and a full run's inventory often equals the last: the summary already made is
+            # kept, so a render's memo of the mount's series finds it the same at once.
             before = self._latest.get("segments")
             made = {}
-            renamed: Set[int] = set()
             if before is not None and before.obs is not None and before.obs.success:
                 made = {
                     m.mount: (m, before.summaries.get(m.mount))
                     for m in before.obs.result.mounts
                 }
-                renamed = _renamed(before.obs.result, obs.result)
-            latest.summaries = {}
             for m in obs.result.mounts:
                 if m.error:
                     continue
                 old, summary = made.get(m.mount, (None, None))
-                # A full run makes every mount's inventory anew; one equal to the last (most of
-                # a node's, most of the time) keeps its summary, and with it its rendered lines,
-                # unless a process its series name changed its comm or pod (the render keys a
-                # mount's lines on the summary alone).
-                reuse = summary is not None and summary.named_pids.isdisjoint(renamed)
-                if not (reuse and (old is m or old == m)):
+                if old is not m or summary is None:
                     made_now = summarise(m, self.top_k)
-                    # An inventory that differs only where its summary does not (a refresh walks a
-                    # directory in another order than quick runs patched it) keeps the summary too.
-                    summary = summary if reuse and made_now == summary else made_now
+                    summary = summary if made_now == summary else made_now
                 latest.summaries[m.mount] = summary
         if obs.success and obs.source == "shm_mount":
             self.state.record_used_many(
@@ -211,11 +175,7 @@ class ModelStep:
         with self._lock:
             if obs.source in self._latest:
                 self._latest[obs.source] = latest
-            self._stale = True
-        for listener in self._listeners:
-            listener(
-                obs.source == self._urgent_source and not obs.full and not obs.settling
-            )
+            self._accepted += 1
 
     def _count_kill(self, kill: OomKill) -> None:
         """Count one kill under its pod's cgroup (node mode) or its own, and log it once with
@@ -243,15 +203,16 @@ class ModelStep:
             mib(shm_used),
             f" (pod {kill.pod_uid})" if kill.pod_uid else "",
         )
-        self.state.count_oom_kill(
-            key, kill, shm_used
-        )  # after the log line: a scrape that counts it finds it logged
+        # After the log line: a scrape that counts it finds it logged.
+        self.state.count_oom_kill(key, kill, shm_used)
 
     def current(self) -> Model:
         """The model, rebuilt first if anything changed since it was built."""
         with self._lock:
-            if self._stale or self._model is None:
-                self._stale = False
+            version = self.version()
+            if self._model is None or version != self._built_for:
+                # Before the build: a change during it moves the version on.
+                self._built_for = version
                 self._model = self._build()
             return self._model
 
@@ -293,13 +254,11 @@ class ModelStep:
         for target in self.discovery.current().targets:
             usage = usages.get(target.mount)
             cgroup = charged_to.get(pod_uid_of_mount(target.mount))
-            budget = None
+            budget = peak = max_used = max_used_at = None
             if usage is not None and not usage.error:
                 budget = shm_budget(
                     usage, cgroup, self.shm_size_limit, self.memory_limit
                 )
-            peak = max_used = max_used_at = None
-            if usage is not None and not usage.error:
                 peak = max(
                     states.peaks.get(target.mount, usage.used_bytes), usage.used_bytes
                 )
@@ -349,19 +308,11 @@ class ModelStep:
         live = {c.pod_uid for c in cgroups} | {
             v.labels.get("pod_uid", "") for v in mounts
         }
-        inputs = (watching_log, states.oom_kills, states.oom_cgroup_max, live)
-        made = self._oom_made
-        if made is not None and made[0] is cgroups and made[1] == inputs:
-            return made[2]  # the same again: _never_down's floor is what it returned
         counts: Dict[str, OomCount] = {}
-        logged_below, max_below = (
-            _Subtrees(states.oom_kills),
-            _Subtrees(states.oom_cgroup_max),
-        )
         for c in cgroups:
             prefix = c.cgroup.rstrip("/") + "/"
             # (the root cgroup "/" is its own prefix: counted once)
-            logged = logged_below.total(prefix) + (
+            logged = _below(states.oom_kills, prefix) + (
                 0 if c.cgroup.startswith(prefix) else states.oom_kills.get(c.cgroup, 0)
             )
             own = states.oom_cgroup_max.get(c.cgroup)
@@ -370,7 +321,7 @@ class ModelStep:
             # v1 counts a kill in the victim's memcg only: the pod's own plus each container's
             # highest count ever seen (kept after the container's cgroup is gone). v2 records
             # no children: its pod counter is hierarchical already.
-            below = max_below.total(prefix)
+            below = _below(states.oom_cgroup_max, prefix)
             counts[c.cgroup] = OomCount(
                 c.cgroup, c.pod_uid, max(logged, (own or 0) + below)
             )
@@ -381,9 +332,7 @@ class ModelStep:
                     counts[key] = OomCount(
                         key, pod, max(n, states.oom_cgroup_max.get(key, 0))
                     )
-        found = self._never_down(counts, live)
-        self._oom_made = (cgroups, inputs, found)
-        return found
+        return self._never_down(counts, live)
 
     def _never_down(self, counts: Dict[str, OomCount], live_pods) -> List[OomCount]:
         """Each series at least as high as it ever was; a series whose cgroup was not read this
@@ -404,30 +353,6 @@ class ModelStep:
         return list(counts.values())
 
 
-def _renamed(before: Inventory, now: Inventory) -> Set[int]:
-    """The pids whose comm or pod differs between two inventories (gone ones included): once
-    per inventory, not once per mount and render (200 mounts' holders, 12,000 look-ups)."""
-    renamed: Set[int] = set()
-    for old, new in ((before.comms, now.comms), (before.pods, now.pods)):
-        if old is new:
-            continue
-        # Set operations on the views, in C: a node's quick runs share most of these dicts' items.
-        renamed.update(pid for pid, _ in new.items() - old.items())
-        renamed.update(old.keys() - new.keys())
-    return renamed
-
-
-class _Subtrees:
-    """Sums of counts below a cgroup path, by binary search over the sorted paths: 200 pods
-    against every cgroup that ever had a kill, every model build, without a scan per pod."""
-
-    def __init__(self, counts: Dict[str, int]):
-        self._keys = sorted(counts)
-        self._counts = counts
-
-    def total(self, prefix: str) -> int:
-        keys, at, found = self._keys, bisect.bisect_left(self._keys, prefix), 0
-        while at < len(keys) and keys[at].startswith(prefix):
-            found += self._counts[keys[at]]
-            at += 1
-        return found
+def _below(counts: Dict[str, int], prefix: str) -> int:
+    """The sum of the counts of the cgroups below a path."""
+    return sum(n for cgroup, n in counts.items() if cgroup.startswith(prefix))

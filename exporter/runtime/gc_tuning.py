@@ -2,13 +2,11 @@
 
 CPython collects its youngest generation each time 700 more container objects have been
 made than freed. A node's render or owner scan makes tens of thousands for a moment, so
-with that default the collector ran 30 times a second, and every 4 s traversed the whole
-heap (100,000 objects: 50-120 ms during which no thread runs, detection included). In a
-120 s churn at 200 pods (3,952 collections) it found no garbage at all, and cost 4.7 % of
-a core. So it runs only after GEN0_THRESHOLD net new objects: a steady state that makes and
-frees its objects, cycles or not, rarely reaches it, while garbage cycles still end in a
+with that default the collector runs many times a second and often traverses the whole
+heap, while finding no garbage: our objects die by reference counting. So it runs only
+after GEN0_THRESHOLD net new objects; garbage cycles, should any appear, still end in a
 collection once that many pile up. tests/test_gc_tuning.py checks that serving, as a
-sidecar and as a node, makes none (it found SysV's setns making some: fixed in sysv.py).
+sidecar and as a node, makes none.
 """
 
 from __future__ import annotations

@@ -5,9 +5,8 @@ On each create/grow/delete we take a statvfs at once (it feeds the peak window, 
 2 s spike stays on the graph) and wake the segment inventory, which debounces bursts.
 
 The inotify instance is watchdog's InotifyFD: one thread reads it and calls us with each
-raw event. Not watchdog's Observer, which adds a thread per watch and a dispatch thread
-(202 threads at 200 pods, three hand-offs and an event object per event: 0.7 % of a core
-under a node's churn), for move pairing and recursion we do not use.
+raw event. Not watchdog's Observer, which adds a thread per watch and a dispatch thread,
+for move pairing and recursion we do not use.
 
 Where inotify cannot be had (no support, fs.inotify.max_user_instances or
 max_user_watches exhausted) the mount is polled instead, said once in the log, and
@@ -23,12 +22,12 @@ import threading
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from exporter.collectors.discovery import MountSet, live_mounts
-from exporter.inventory.changes import ChangeLog
+from exporter.host.mountinfo import live_mounts
 from exporter.host.paths import Paths
-from exporter.runtime.scheduler import Observation
-from exporter.inventory.classes import classify
-from exporter.runtime.state import StateStore
+from exporter.inventory.changes import ChangeLog
+from exporter.model.classes import classify
+from exporter.model.state import StateStore
+from exporter.model.types import MountSet, Observation
 
 log = logging.getLogger(__name__)
 
@@ -37,32 +36,13 @@ log = logging.getLogger(__name__)
 # would loop). A create-and-close is then one queued event, not three, so a storm of 10,000
 # creates fits the default 16,384-event queue. The mount's top directory only.
 IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM, IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
-IN_CREATE, IN_DELETE, IN_ONLYDIR, IN_DONT_FOLLOW, IN_ISDIR = (
-    0x100,
-    0x200,
-    0x01000000,
-    0x02000000,
-    0x40000000,
-)
-WATCH_MASK = (
-    IN_CREATE
-    | IN_DELETE
-    | IN_MOVED_FROM
-    | IN_MOVED_TO
-    | IN_MODIFY
-    | IN_ATTRIB
-    | IN_ONLYDIR
-    | IN_DONT_FOLLOW
-)
+IN_CREATE, IN_DELETE = 0x100, 0x200
+IN_ONLYDIR, IN_DONT_FOLLOW, IN_ISDIR = 0x01000000, 0x02000000, 0x40000000
+CHANGES = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_MODIFY | IN_ATTRIB
+WATCH_MASK = CHANGES | IN_ONLYDIR | IN_DONT_FOLLOW
 # A move within the mount is a delete of one name and a create of another; one in from
 # elsewhere, a create; one out, a delete.
-KINDS = (
-    (IN_CREATE, "created"),
-    (IN_MOVED_TO, "created"),
-    (IN_DELETE, "deleted"),
-    (IN_MOVED_FROM, "deleted"),
-    (IN_MODIFY | IN_ATTRIB, "modified"),
-)
+CREATED, DELETED = IN_CREATE | IN_MOVED_TO, IN_DELETE | IN_MOVED_FROM
 CALLBACK_ID = 0  # one callback per watch: ours
 
 
@@ -70,9 +50,8 @@ def _inotify():
     """watchdog's inotify instance and its reading thread (not started)."""
     from watchdog.observers.inotify_c import InotifyFD  # ImportError off Linux
 
-    reader = (
-        InotifyFD()
-    )  # OSError from inotify_init: EMFILE when max_user_instances is reached
+    # OSError from inotify_init: EMFILE when max_user_instances is reached
+    reader = InotifyFD()
     reader.name = "shmwatch-inotify"
     return reader
 
@@ -80,7 +59,7 @@ def _inotify():
 class MountWatcher:
     """Watches the mounts discovery publishes. Talks to the state store (peaks, counters,
     inotify flags), to the change log (names for the next quick inventory) and to
-    `wake` (the sampler's request for an event-driven run)."""
+    `wake` (the scheduler's request for an event-driven run)."""
 
     def __init__(
         self,
@@ -102,29 +81,19 @@ class MountWatcher:
         self.enabled = enabled
         self.statvfs = statvfs
         self.inotify_factory = inotify_factory
-        self.changes = changes  # segments.ChangeLog: names for the next quick inventory
-        self.inotify = (
-            None  # the inotify instance's reader (watchdog's InotifyFD), once started
-        )
+        self.changes = changes or ChangeLog()  # names for the next quick inventory
+        self.inotify = None  # watchdog's InotifyFD, once started
         self._started = False
-        self._stopped = (
-            False  # for good: a refresh after stop() must not start inotify again
-        )
-        self._last_set: Optional[MountSet] = (
-            None  # what discovery published last (on_mounts)
-        )
-        self.watches: Dict[
-            str, Tuple[int, int]
-        ] = {}  # mount -> (watch descriptor, st_dev watched)
+        self._stopped = False  # for good: a refresh after stop() must not start inotify
+        self._last_set: Optional[MountSet] = None  # what discovery published last
+        self.watches: Dict[str, Tuple[int, int]] = {}  # mount -> (wd, st_dev watched)
         # Watch descriptor -> its mounts, for the reader thread: two paths to one directory (a
         # bind mount) are one watch, as inotify makes them.
         self._mounts_on: Dict[int, Tuple[str, ...]] = {}
         self._said: Dict[str, str] = {}
         self._lock = threading.Lock()
-        # Inventory diffs, for mounts that are polled.
-        self._previous: Dict[
-            str, Dict[Tuple[int, int], str]
-        ] = {}  # mount -> listed inode -> class
+        # Inventory diffs, for mounts that are polled: mount -> listed inode -> class.
+        self._previous: Dict[str, Dict[Tuple[int, int], str]] = {}
 
     # --- set-up -----------------------------------------------------------------------
     @property
@@ -164,13 +133,11 @@ class MountWatcher:
         return not stopped
 
     def stop(self) -> None:
-        # App.stop() stops us before the sampler, whose discovery may still publish a mount set.
+        # App.stop() stops us before the scheduler, whose discovery may still publish a
+        # mount set. The watches the reader drops on closing are not lost ones.
         with self._lock:
             self._stopped = True
-            reader, self.inotify = (
-                self.inotify,
-                None,
-            )  # the watches it drops on closing are not lost ones
+            reader, self.inotify = self.inotify, None
         if reader is not None:
             try:
                 reader.stop()
@@ -227,17 +194,14 @@ class MountWatcher:
         with self._lock:
             for gone in [m for m in self._previous if m not in current]:
                 del self._previous[gone]
+            # Node mode: pods come and go; their log state goes with them.
             for gone in [m for m in self._said if m not in current]:
-                del self._said[
-                    gone
-                ]  # node mode: pods come and go; their log state goes with them
+                del self._said[gone]
         reader = self.inotify
         if reader is not None and not reader.is_alive():
             # Its thread ended (reading the instance failed): nobody reads these watches. Every
             # mount is polled until a new instance watches it, below.
-            log.warning(
-                "the inotify reader stopped: watching every mount again on a new instance"
-            )
+            log.warning("the inotify reader stopped: watching every mount anew")
             self._drop_reader(reader)
         if self.inotify is None and not (self.enabled and self._start_inotify()):
             # Polling; inotify is tried again on the next refresh (limits can be raised live).
@@ -292,20 +256,18 @@ class MountWatcher:
         for mount in self._mounts_on.get(event.wd, ()):
             try:
                 self._on_event(mount, event.mask, event.name)
-            except (
-                Exception
-            ):  # an exception here would end the thread that reads every mount's events
+            except Exception:  # would end the thread that reads every mount's events
                 log.exception("mount %s: handling an inotify event failed", mount)
 
     def _on_event(self, mount: str, mask: int, name_bytes: bytes) -> None:
         name = os.fsdecode(name_bytes)
-        kind = next((kind for bits, kind in KINDS if mask & bits), "modified")
+        kind = (
+            "created" if mask & CREATED else "deleted" if mask & DELETED else "modified"
+        )
         if mask & IN_ISDIR:
-            if self.changes is not None:
-                self.changes.unknown(mount)  # what is below a new directory: re-list
+            self.changes.unknown(mount)  # what is below a new directory: re-list
         else:
-            if self.changes is not None:
-                self.changes.add(mount, name)
+            self.changes.add(mount, name)
             if kind != "modified":
                 self.state.count_event(mount, classify(name), kind)
         self.state.touch(mount)
@@ -340,8 +302,7 @@ class MountWatcher:
             watched = list(self.watches)
         for mount in watched:
             self.state.count_overflow(mount)
-            if self.changes is not None:
-                self.changes.unknown(mount)
+            self.changes.unknown(mount)
         log.warning(
             "inotify queue overflowed: events were lost on %d mount(s); running a full inventory",
             len(watched),
@@ -358,7 +319,7 @@ class MountWatcher:
             self.refresh(recheck_watched=not unchanged)
 
     def on_observation(self, obs: Observation) -> None:
-        """Sampler subscriber: on polled mounts, created/deleted come from inventory diffs."""
+        """Scheduler subscriber: on polled mounts, created/deleted come from inventory diffs."""
         if obs.source == "segments" and obs.success:
             self._diff(obs.result)
 
