@@ -10,7 +10,7 @@ import re
 import sys
 
 from exporter.model.catalogue import CATALOGUE
-from exporter.config import COLLECTORS, FLAGS, NODE_DEFAULT_COLLECTORS, _env_name
+from exporter.config import COLLECTORS, FLAGS, NODE_DEFAULT_COLLECTORS, env_name
 
 
 def flags_table() -> str:
@@ -22,14 +22,14 @@ def flags_table() -> str:
             else (default if default is not None else "")
         )
         rows.append(
-            f"| `{flag}`{' (repeatable)' if repeatable else ''} | `{_env_name(flag)}` | "
+            f"| `{flag}`{' (repeatable)' if repeatable else ''} | `{env_name(flag)}` | "
             f"{f'`{shown}`' if shown else '—'} | {text} |"
         )
     for name in COLLECTORS:
         flag = f"--collector.{name}"
         default = "on in node mode" if name in NODE_DEFAULT_COLLECTORS else "on"
         rows.append(
-            f"| `{flag}` / `--no-collector.{name}` | `{_env_name(flag)}` | {default} | "
+            f"| `{flag}` / `--no-collector.{name}` | `{env_name(flag)}` | {default} | "
             f"Enable or disable the {name} collector. |"
         )
     rows.append(

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence
 from exporter import __version__
 from exporter.inventory import classes as segment_classes
 from exporter.check import thresholds as T
-from exporter.config import Config, _typed, build_parser, parse_args, parse_size
+from exporter.config import Config, typed, build_parser, parse_args, parse_size
 from exporter.check.kernel import oom_kills as _oom_kills, sysv as _sysv
 from exporter.check.logscan import SIGNATURES, LogHit, scan_log
 from exporter.model.step import Model, MountView
@@ -525,7 +525,7 @@ def main(argv: Sequence[str]) -> int:
     parser.usage_exit_code = EXIT_USAGE
     parser.add_argument(
         "--require-shm",
-        type=_typed(parse_size, "--require-shm"),
+        type=typed(parse_size, "--require-shm"),
         default=None,
         help="Fail (exit 2) when the shm mount can hold less than this, e.g. 16Gi.",
     )
@@ -549,7 +549,7 @@ def main(argv: Sequence[str]) -> int:
         default=None,
         help="Seconds to wait for all collectors.",
     )
-    R.add_arguments(parser, _typed)
+    R.add_arguments(parser, typed)
     cfg, extra = parse_args(list(argv), parser=parser)
     import logging
 
