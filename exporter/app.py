@@ -34,7 +34,7 @@ from exporter.model.step import ModelStep
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from exporter.runtime.scheduler import Sampler
-from exporter.runtime.state import StateStore
+from exporter.model.state import StateStore
 
 
 def build_sources(

@@ -8,7 +8,7 @@ from exporter.exposition.metrics import ModelCollector
 from exporter.model.step import ModelStep
 from exporter.host.paths import Paths
 from exporter.runtime.scheduler import Sampler
-from exporter.runtime.state import StateStore
+from exporter.model.state import StateStore
 
 
 @dataclass

@@ -10,9 +10,10 @@ import sys
 
 import pytest
 
+from exporter.model.types import CgroupMemory, MountUsage
 from exporter.model.budget import cgroups_by_pod, shm_budget
-from exporter.collectors.cgroup import CgroupCollector, CgroupMemory
-from exporter.collectors.shm_mount import MountUsage
+from exporter.collectors.cgroup import CgroupCollector
+
 from exporter.host.kube import pod_uid_of_mount
 from exporter.host.paths import Paths
 from tests.conftest import REPO, Exporter, mounted_tmpfs, needs_root, remove_cgroup, value

@@ -8,7 +8,7 @@ from exporter.runtime.watcher import MountWatcher
 from exporter.collectors.segments import SegmentsCollector
 from exporter.host.paths import Paths
 from exporter.runtime.scheduler import Sampler
-from exporter.runtime.state import PeakWindow, StateStore
+from exporter.model.state import PeakWindow, StateStore
 from tests.conftest import HOST_EXCUSED_RE, Exporter, fallocate, mounted_tmpfs, needs_root, select, value
 
 MiB = 1 << 20
@@ -391,7 +391,7 @@ def test_a_stop_during_a_refresh_leaves_no_new_inotify_behind(tmpfs):
 def test_event_rows_per_mount_stay_the_same_object_while_their_counts_stand():
     """A render replays a mount's counters while its rows are equal: a count in one mount
     makes that mount's rows anew, sorted, and keeps the other's; a forgotten mount's go."""
-    from exporter.runtime.state import StateStore
+    from exporter.model.state import StateStore
     state = StateStore()
     state.count_event("/a", "nccl", "created")
     state.count_event("/a", "psm", "created")

@@ -44,7 +44,7 @@ def test_a_quick_run_measures_only_the_mounts_inotify_saw_change():
     the next poll."""
     from exporter.collectors.shm_mount import ShmMountCollector
     from exporter.host.paths import Paths
-    from exporter.runtime.state import StateStore
+    from exporter.model.state import StateStore
     state = StateStore()
     with mounted_tmpfs("8m") as a, mounted_tmpfs("8m") as b:
         collector = ShmMountCollector(Paths(), [a, b], touched=state.drain_touched)

@@ -122,7 +122,7 @@ def test_mixin_is_jsonnetfmt_clean():
 
 def test_leak_alert_classes_are_the_removable_ones():
     """ShmLeakedSegments fires for what `shmwatch check` would advise removing, nothing else."""
-    from exporter.inventory.classes import REMOVABLE
+    from exporter.model.classes import REMOVABLE
     rendered = evaluate(SNIPPET % "{}")
     assert set(rendered["prometheusAlerts"]["groups"] and
                all_rules(rendered)["ShmLeakedSegments"]["expr"].split('class=~"')[1].split('"')[0].split("|")) \

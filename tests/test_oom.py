@@ -11,8 +11,9 @@ import uuid
 
 import pytest
 
+from exporter.model.types import CgroupMemory, OomReports
 from exporter.collectors.cgroup import CgroupCollector
-from exporter.collectors.oom import OomReports, kmsg_records, parse_kmsg_record, parse_oom_kills
+from exporter.collectors.oom import kmsg_records, parse_kmsg_record, parse_oom_kills
 from exporter.host.paths import Paths
 from tests.conftest import REPO, Exporter, needs_root, remove_cgroup, select, value
 from tests.helpers import registry_for
@@ -224,7 +225,7 @@ def test_oom_series_never_go_down_while_the_pod_is_there():
     from exporter.collectors.discovery import MountDiscovery
     from exporter.model.step import ModelStep, OomCount
     from exporter.host.paths import Paths
-    from exporter.runtime.state import StateStore
+    from exporter.model.state import StateStore
 
     step = ModelStep([], MountDiscovery(Paths(), [], node_mode=True), StateStore())
     first = step._never_down({"/kubepods/podp": OomCount("/kubepods/podp", "p", 2)}, {"p"})
@@ -240,11 +241,11 @@ def test_oom_counts_made_again_when_a_count_moves_while_the_cgroups_stand():
     """The model step keeps its last counts while the cgroup reading and the kill counts are
     the same (a node's model is built for every event's render): a kill counted since, with
     the same cgroup reading, still shows at the next build."""
-    from exporter.collectors.cgroup import CgroupMemory
+    
     from exporter.collectors.discovery import MountDiscovery
     from exporter.model.step import ModelStep
     from exporter.host.paths import Paths
-    from exporter.runtime.state import StateStore
+    from exporter.model.state import StateStore
 
     state = StateStore()
     step = ModelStep([], MountDiscovery(Paths(), [], node_mode=True), state)

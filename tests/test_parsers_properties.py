@@ -22,7 +22,7 @@ from exporter.inventory.maps import dev_token, parse_maps
 from exporter.exposition.labels import MAX_LABEL_CHARS, clean
 from exporter.host.mountinfo import MountEntry, parse_mountinfo, size_option
 from exporter.host.proctable import parse_proc_cgroup, parse_stat
-from exporter.inventory.classes import CLASS_NAMES, CLASSES, classify
+from exporter.model.classes import CLASS_NAMES, CLASSES, classify
 
 # database=None: Hypothesis would otherwise keep its examples in .hypothesis/ in the
 # checkout. Under mutmut (MUTANT_UNDER_TEST set) each mutant reruns these: fewer examples.

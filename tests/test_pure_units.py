@@ -3,10 +3,11 @@ catalogue's lookups, the derived values of the collector dataclasses, mount look
 Part of the mutation-testing selection (pyproject.toml [tool.mutmut])."""
 import pytest
 
+from exporter.model.types import MountUsage, SysvSegment, SysvShm
 from exporter.model.catalogue import BY_NAME, CATALOGUE, NODE_MOUNT_LABELS, family_name, lookup, node_labels
-from exporter.collectors.shm_mount import MountUsage
+
 from exporter.host.mountinfo import MountEntry, find_mount
-from exporter.collectors.sysv import SysvSegment, SysvShm
+
 from exporter.exposition.labels import basename
 
 
@@ -99,7 +100,7 @@ def test_mountinfo_without_super_options():
 
 
 def test_class_cache_remembers_and_is_bounded():
-    from exporter.inventory import classes as segment_classes
+    from exporter.model import classes as segment_classes
     segment_classes._CACHE.clear()
     assert segment_classes.classify("nccl-remember") == "nccl"
     assert segment_classes._CACHE["nccl-remember"] == "nccl"  # names repeat between inventories

@@ -14,7 +14,7 @@ import yaml
 
 from exporter.model.catalogue import BY_NAME
 from exporter.check.recommend import memory_limit_needed, recommended_size, rule_exprs
-from exporter.runtime.state import StateStore
+from exporter.model.state import StateStore
 from tests.conftest import REPO, Exporter, mounted_tmpfs, needs_root, value
 from tests.live import Prometheus, fast_rules
 

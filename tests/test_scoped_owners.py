@@ -214,7 +214,7 @@ def test_a_refresh_walks_only_the_directories_that_changed(two_pods, monkeypatch
     import mmap
 
     from exporter.collectors import segments as segments_module
-    from exporter.runtime.state import StateStore
+    from exporter.model.state import StateStore
     (a, b), (cg_a, _) = two_pods
     walked = []
     real_walk = segments_module.walk
@@ -305,7 +305,7 @@ def test_a_running_process_that_attaches_to_an_orphan_and_writes_is_seen_by_the_
     import subprocess
     import sys
 
-    from exporter.runtime.state import StateStore
+    from exporter.model.state import StateStore
     (a, _), (cg_a, _) = two_pods
     clock, state, changes = Clock(), StateStore(), ChangeLog()
     state.set_inotify(a, True)

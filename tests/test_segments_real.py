@@ -6,7 +6,7 @@ import time
 
 from exporter.collectors.segments import SegmentsCollector
 from exporter.inventory.owners import BETWEEN_EVERY
-from exporter.inventory.summary import owner_label
+from exporter.model.summary import owner_label
 from exporter.host.paths import Paths
 from tests.conftest import HOST_EXCUSED_RE, Exporter, Peer, fallocate, needs_root, value
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from exporter import __version__
-from exporter.inventory import classes as segment_classes
+from exporter.model import classes as segment_classes
 from exporter.check import thresholds as T
 from exporter.config import Config, typed, build_parser, parse_args, parse_size
 from exporter.check.kernel import oom_kills as _oom_kills, sysv as _sysv

@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from exporter.model.types import CgroupMemory
 from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_mount
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import ProcessTable, parse_proc_cgroup  # noqa: F401 - parse_proc_cgroup re-exported
@@ -28,31 +28,6 @@ from exporter.collectors import workload
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 bytes
 # with 4 KiB pages); anything this large is not a real limit.
 V1_UNLIMITED = 1 << 62
-
-
-@dataclass(frozen=True)
-class CgroupMemory:
-    cgroup: str  # the path as in /proc/<pid>/cgroup, e.g. /kubepods/burstable/pod…
-    version: int  # 1 or 2
-    usage_bytes: int
-    limit_bytes: Optional[int]  # None: unlimited
-    working_set_bytes: int
-    shmem_bytes: Optional[int]
-    oom_kills: Optional[
-        int
-    ]  # None where the kernel does not count them (v1 before 4.13)
-    limit_source: str  # "cgroup", "flag" or "none"
-    pod_uid: str = ""  # node mode: the pod this cgroup belongs to
-    estimated: bool = False  # True: no cgroup was read; the workload's processes and shm (workload.py)
-    # Node mode on v1: each container cgroup's own OOM kill count (path, count). v1 counts a
-    # kill only in the victim's memcg, and the container's cgroup goes with the container:
-    # the model keeps each one's highest count, so the pod's total survives it.
-    child_oom_kills: Tuple[Tuple[str, int], ...] = ()
-
-    @property
-    def oom_risk_ratio(self) -> Optional[float]:
-        """Working set / limit: what the OOM killer compares; None without a limit."""
-        return self.working_set_bytes / self.limit_bytes if self.limit_bytes else None
 
 
 def parse_flat_keyed(text: str) -> Dict[str, int]:

@@ -19,44 +19,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
+from exporter.model.types import MountSet, Target
 from exporter.host.kube import NODE_LABELS, mount_labels
 from exporter.host.mountinfo import MountEntry, WatchedMountinfo
 from exporter.host.paths import Paths
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Target:
-    mount: str  # the mount point as the host sees it (read through --path.rootfs)
-    labels: Dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class MountSet:
-    """What discovery published: the mounts, in order, with their node labels."""
-
-    targets: List[Target]
-    # Node mode: the set follows a mount table watched for changes (mountinfo's POLLPRI), and
-    # is a new object whenever it changed; while the same object is published, no mount was
-    # unmounted or mounted again.
-    follows_mount_table: bool = False
-
-    def mounts(self) -> List[str]:
-        return [t.mount for t in self.targets]
-
-
-def live_mounts(
-    mounts: "Sequence[str] | Callable[[], List[str]]",
-) -> Callable[[], List[str]]:
-    """What collectors take: discovery's `mounts` callable, or (tests, benchmarks) a fixed list."""
-    if callable(mounts):
-        return mounts
-    fixed = list(mounts)
-    return lambda: fixed
 
 
 def classify_mount(entry: MountEntry) -> Optional[Dict[str, str]]:

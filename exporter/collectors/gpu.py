@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
+from exporter.model.types import GpuDevice, GpuProcess, GpuSnapshot
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 
@@ -20,32 +20,6 @@ log = logging.getLogger(__name__)
 
 # After "no library" / "no driver", try again this much later, not on every poll.
 MISSING_DRIVER_RETRY_SECONDS = 60.0
-
-
-@dataclass(frozen=True)
-class GpuProcess:
-    pid: int
-    comm: str
-    used_bytes: int
-
-
-@dataclass(frozen=True)
-class GpuDevice:
-    gpu: str  # NVML index; "<index>/<mig index>" for a MIG instance
-    uuid: str
-    name: str
-    total_bytes: int
-    used_bytes: int
-    free_bytes: int
-    reserved_bytes: Optional[int]  # None where memory info v2 is not supported
-    processes: Tuple[GpuProcess, ...] = ()
-
-
-@dataclass(frozen=True)
-class GpuSnapshot:
-    driver_version: str
-    devices: List[GpuDevice]
-    errors: List[str] = field(default_factory=list)  # GPUs skipped, and why
 
 
 def _text(value: object) -> str:

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict
 
+from exporter.model.types import HostMemory
 from exporter.host.paths import Paths, read_text
-
-
-@dataclass(frozen=True)
-class HostMemory:
-    total_bytes: int
-    available_bytes: int
-    shmem_bytes: int
 
 
 def parse_meminfo(text: str) -> Dict[str, int]:

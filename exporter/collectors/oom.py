@@ -29,10 +29,9 @@ from __future__ import annotations
 import errno
 import os
 import re
-from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from exporter.host.kube import POD_UID_IN_CGROUP, pod_uid_in_cgroup
+from exporter.model.types import OomKill, OomReports
 
 # cAdvisor's containerRegexp, with the cgroup fields taken from the end: cpuset and
 # nodemask may hold commas, task and the memcg paths come last in a fixed order.
@@ -53,33 +52,6 @@ _RSS = re.compile(r"(anon|file|shmem)-rss:(\d+)kB")
 KMSG_RECORD_MAX = (
     8192  # one read() returns one record; the kernel's limit is about 1 KiB + dict
 )
-
-
-@dataclass(frozen=True)
-class OomKill:
-    seq: int  # the kernel log's sequence number of the "Killed process" record
-    boot_usec: int  # microseconds after boot
-    pid: int  # as the host sees it
-    comm: str
-    task_memcg: str  # the victim's cgroup ('' when the kernel did not say)
-    oom_memcg: str  # the cgroup whose limit was hit ('' for a system-wide OOM)
-    constraint: str  # CONSTRAINT_MEMCG, CONSTRAINT_NONE (system), ...
-    anon_rss_bytes: Optional[int]
-    file_rss_bytes: Optional[int]
-    shmem_rss_bytes: Optional[int]
-
-    @property
-    def pod_uid(self) -> str:
-        return pod_uid_in_cgroup(self.task_memcg)
-
-    @property
-    def pod_cgroup(self) -> str:
-        """The victim's pod cgroup (its path up to the pod's own directory); '' outside a pod."""
-        match = POD_UID_IN_CGROUP.search(self.task_memcg)
-        if not match:
-            return ""
-        end = self.task_memcg.find("/", match.end())
-        return self.task_memcg if end < 0 else self.task_memcg[:end]
 
 
 def parse_kmsg_record(record: str) -> Optional[Tuple[int, int, str]]:
@@ -169,12 +141,6 @@ def parse_oom_kills(records: Iterable[str]) -> List[OomKill]:
             if kill is not None:
                 kills.append(kill)
     return kills
-
-
-@dataclass(frozen=True)
-class OomReports:
-    new: Tuple[OomKill, ...]  # kills reported since the last run (in order)
-    lost: int  # records the kernel overwrote before we read them (EPIPE): kills may be missing
 
 
 class OomCollector:

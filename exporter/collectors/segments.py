@@ -19,11 +19,13 @@ import stat as stat_mod
 import time
 from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
-from exporter.collectors.discovery import live_mounts
+
+from exporter.model.types import Inventory, MountInventory, Segment
+from exporter.host.mountinfo import live_mounts
 from exporter.host.kube import pod_uid_of_mount
 from exporter.inventory.changes import ChangeLog
 from exporter.inventory.owners import DELETED, Owners, OwnerScan, UnprovenLog
-from exporter.inventory.summary import Inventory, MountInventory, Segment
+
 from exporter.inventory.walk import (
     MAX_ENTRIES,
     Files,
@@ -34,7 +36,7 @@ from exporter.inventory.walk import (
 )
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
-from exporter.inventory.classes import _CACHE as CLASS_CACHE, classify
+from exporter.model.classes import classify
 
 log = logging.getLogger(__name__)
 
@@ -516,7 +518,6 @@ class SegmentsCollector:
         )
         patched_in = self._interim_keys
         append = inv.segments.append
-        classes = CLASS_CACHE
         for key, (name, st) in files.items():
             held = holdings.get(key)
             if held:
@@ -538,7 +539,7 @@ class SegmentsCollector:
             append(
                 Segment(
                     name,
-                    classes.get(name) or classify(name),
+                    classify(name),
                     state,
                     allocated,
                     st.st_size,

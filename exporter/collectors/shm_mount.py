@@ -8,32 +8,15 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
-from exporter.collectors.discovery import live_mounts
+
+from exporter.model.types import MountUsage
+from exporter.host.mountinfo import live_mounts
 from exporter.host.mountinfo import MountEntry, MountIndex, WatchedMountinfo
 from exporter.host.paths import Paths
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class MountUsage:
-    mount: str  # as configured (the path the workload sees)
-    fstype: str
-    source: str
-    is_mount_point: bool
-    error: Optional[str] = None
-    size_bytes: int = 0
-    used_bytes: int = 0
-    available_bytes: int = 0
-    inodes: int = 0
-    inodes_free: int = 0
-
-    @property
-    def usage_ratio(self) -> float:
-        return self.used_bytes / self.size_bytes if self.size_bytes else 0.0
 
 
 def usage_values(st: os.statvfs_result) -> Dict[str, int]:

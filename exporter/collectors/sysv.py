@@ -21,9 +21,10 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Set, Tuple, TypeVar
 
+from exporter.model.types import SysvSegment, SysvShm
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import Process, ProcessTable
 
@@ -31,49 +32,6 @@ CLONE_NEWIPC = 0x08000000
 # A container's ID in its cgroup path (Docker, containerd, CRI-O: 64 hex digits).
 _CONTAINER_ID = re.compile(r"([0-9a-f]{64})")
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class SysvSegment:
-    key: int
-    shmid: int
-    size_bytes: int
-    nattch: int
-    cpid: int
-    rss_bytes: int
-    lpid: int = 0
-    # Nothing attached, and its creator and last user (if any) have exited: nobody is about to attach
-    # again. Set by the collector (it needs /proc); a pid we cannot see (0: outside our PID
-    # namespace) or that is still there leaves it False, never the other way.
-    orphan: bool = False
-
-
-@dataclass(frozen=True)
-class SysvShm:
-    segments: List[SysvSegment]
-    shmmax_bytes: Optional[int]
-    shmall_bytes: Optional[int]
-    shmmni: Optional[int]
-    # Node mode: which IPC namespace ("ipc:[4026531839]"), whose (a pod's, or a container's
-    # outside Kubernetes), and whether it could be read at all (when not, nothing above is
-    # known: segments empty, limits None). A sidecar's one namespace: "" and readable.
-    namespace: str = ""
-    pod_uid: str = ""
-    container_id: str = ""
-    readable: bool = True
-    error: Optional[str] = None
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(s.size_bytes for s in self.segments)
-
-    @property
-    def resident_bytes(self) -> int:
-        return sum(s.rss_bytes for s in self.segments)
-
-    @property
-    def orphans(self) -> int:
-        return sum(1 for s in self.segments if s.orphan)
 
 
 def parse_sysvipc_shm(text: str) -> List[SysvSegment]:

@@ -17,8 +17,8 @@ from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.exposition.families import Families, FragmentCache, LineCache
-from exporter.collectors.cgroup import CgroupMemory
-from exporter.inventory.summary import owner_label
+from exporter.model.summary import owner_label
+from exporter.model.types import CgroupMemory
 from exporter.exposition.labels import clean
 from exporter.model.step import Model, ModelStep
 

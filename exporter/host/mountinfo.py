@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass, replace
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from exporter.host.paths import Paths
 
@@ -209,3 +209,13 @@ class WatchedMountinfo:
             return strip_rootfs(parse_mountinfo(text), self.paths.rootfs)
         self._read_from = None
         raise OSError("; ".join(errors))
+
+
+def live_mounts(
+    mounts: "Sequence[str] | Callable[[], List[str]]",
+) -> Callable[[], List[str]]:
+    """What collectors take: discovery's `mounts` callable, or (tests, benchmarks) a fixed list."""
+    if callable(mounts):
+        return mounts
+    fixed = list(mounts)
+    return lambda: fixed

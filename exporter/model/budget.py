@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
-
-from exporter.collectors.cgroup import CgroupMemory
-from exporter.collectors.shm_mount import MountUsage
+from exporter.model.types import CgroupMemory, MountUsage
 
 
 @dataclass(frozen=True)

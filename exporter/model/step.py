@@ -17,23 +17,24 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from exporter.model.budget import ShmBudget, cgroups_by_pod, shm_budget
-from exporter.collectors.cgroup import CgroupMemory
-from exporter.collectors.gpu import GpuSnapshot
-from exporter.collectors.host_memory import HostMemory
-from exporter.collectors.oom import OomKill
-from exporter.collectors.shm_mount import MountUsage
-from exporter.collectors.sysv import SysvShm
-from exporter.collectors.discovery import MountDiscovery
-from exporter.inventory.summary import (
+from exporter.model.types import (
+    CgroupMemory,
+    GpuSnapshot,
+    HostMemory,
     Inventory,
     MountInventory,
-    SegmentSummary,
-    summarise,
+    MountUsage,
+    Observation,
+    OomKill,
+    SysvShm,
 )
+from exporter.model.budget import ShmBudget, cgroups_by_pod, shm_budget
+
+
+from exporter.model.summary import SegmentSummary, summarise
 from exporter.host.kube import pod_uid_in_cgroup, pod_uid_of_mount
-from exporter.runtime.scheduler import Observation
-from exporter.runtime.state import MountStates, StateStore
+
+from exporter.model.state import MountStates, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ class ModelStep:
     def __init__(
         self,
         sources: Sequence,
-        discovery: MountDiscovery,
+        discovery,
         state: StateStore,
         top_k: int = 10,
         shm_size_limit: Optional[int] = None,

@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from exporter.model.types import Observation
 from exporter.runtime.duty_cycle import DutyCycle
 
 log = logging.getLogger(__name__)
@@ -54,21 +54,6 @@ HOLD_SLICE_SECONDS = 1.0
 # cgroups while the kernel log counts the OOM kills, the inventory while inotify watches
 # every mount) runs this long (or four of its durations, if more) before a scrape is due.
 SCRAPE_LEAD_SECONDS = 1.0
-
-
-@dataclass(frozen=True)
-class Observation:
-    source: str
-    result: object  # the source's typed result; None when the run failed
-    error: Optional[str]
-    duration: float
-    full: bool = True  # False for an event-driven quick run
-    # A quick run settling states an early publish showed (_Runner._early): nobody waits for it.
-    settling: bool = False
-
-    @property
-    def success(self) -> bool:
-        return self.error is None
 
 
 class _Runner(threading.Thread):

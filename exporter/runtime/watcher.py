@@ -23,12 +23,14 @@ import threading
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from exporter.collectors.discovery import MountSet, live_mounts
+
+from exporter.model.types import MountSet, Observation
+from exporter.host.mountinfo import live_mounts
 from exporter.inventory.changes import ChangeLog
 from exporter.host.paths import Paths
-from exporter.runtime.scheduler import Observation
-from exporter.inventory.classes import classify
-from exporter.runtime.state import StateStore
+
+from exporter.model.classes import classify
+from exporter.model.state import StateStore
 
 log = logging.getLogger(__name__)
 

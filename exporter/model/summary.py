@@ -5,53 +5,11 @@ leak candidates. Scrapes and `shmwatch check` render these; neither walks segmen
 from __future__ import annotations
 
 import heapq
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 
-from exporter.inventory.classes import counts_as_leak, removable
-from exporter.inventory.walk import Key
-
-
-@dataclass(slots=True)
-class Segment:
-    name: str  # basename as found (may hold any bytes, as surrogates)
-    cls: str
-    state: str  # linked | hidden | orphan | unverified (DESIGN.md, "Segment states")
-    allocated_bytes: int
-    apparent_bytes: int
-    mtime: float = 0.0
-    holders: Tuple[int, ...] = ()
-    key: Key = (0, 0)
-
-
-@dataclass
-class MountInventory:
-    mount: str
-    error: Optional[str] = None
-    segments: List[Segment] = field(default_factory=list)
-    other_entries: Dict[str, int] = field(default_factory=dict)
-    used_bytes: int = 0
-    unattributed_bytes: int = 0
-    process_bytes: Dict[int, int] = field(default_factory=dict)
-
-
-@dataclass
-class Inventory:
-    mounts: List[MountInventory]
-    comms: Dict[int, str]
-    proc_unreadable: Optional[
-        int
-    ]  # None: processes hidden from us exist, but could not be counted
-    processes_scanned: int
-    wall_time: float = field(default_factory=time.time)
-    pods: Dict[int, str] = field(default_factory=dict)  # pid -> pod UID, in node mode
-    owners_complete: bool = (
-        True  # every process that could hold a segment was inspected
-    )
-    unproven: List[str] = field(
-        default_factory=list
-    )  # why not, for the log and `check`
+from exporter.model.types import MountInventory, Segment
+from exporter.model.classes import counts_as_leak, removable
 
 
 @dataclass(frozen=True)
