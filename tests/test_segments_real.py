@@ -1,11 +1,9 @@
 """Segment inventory against real processes that create, map, unlink and leak segments."""
 import os
-import subprocess
 import time
 
 
 from exporter.collectors.segments import SegmentsCollector
-from exporter.inventory.owners import BETWEEN_EVERY
 from exporter.model.summary import owner_label
 from exporter.host.paths import Paths
 from tests.conftest import HOST_EXCUSED_RE, Exporter, Peer, fallocate, needs_root, value
@@ -133,42 +131,6 @@ def test_scrape_shows_owner_and_top_segments(tmpfs):
         assert value(samples, "shmwatch_process_shm_bytes", mount=tmpfs, pid=str(peer.pid),
                      comm=peer.comm) == 4 * MiB
         assert value(samples, "shmwatch_segment_bytes", mount=tmpfs, state="linked", **{"class": "nccl"}) == 4 * MiB
-
-
-def test_a_segment_made_while_proc_is_read_is_published_at_once_and_never_called_leaked(tmpfs):
-    """A node's full run reads /proc for a second under load. A segment made meanwhile is
-    patched in and published by an interim run; the full run, which never walked it and may
-    have read its creator before it made it, keeps it as its creator's (linked), never
-    orphan, and gives its name back so the quick run after it reads its owners. Only the
-    next full run, which walks it before reading /proc, may call it leaked."""
-    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(2 * BETWEEN_EVERY)]  # a /proc long enough
-    try:
-        collector = SegmentsCollector(Paths(), [tmpfs], ignore_unreadable=HOST_EXCUSED_RE)
-        fallocate(os.path.join(tmpfs, "psm_before"), MiB)  # held by nobody: orphan, owners complete
-        collector.collect()
-        interim = []
-
-        def during_the_read():
-            if not interim:
-                fallocate(os.path.join(tmpfs, "psm_during"), MiB)  # made and closed: nobody holds it
-                collector.changes.add(tmpfs, "psm_during")  # what the watcher records
-                interim.append(collector.collect_interim())
-
-        collector.interim_hook = during_the_read
-        full = collector.collect()
-        collector.interim_hook = None
-        [patched] = interim
-        assert find(patched.mounts[0], "psm_during").state == "linked"
-        assert find(full.mounts[0], "psm_before").state == "orphan"  # every process was read ...
-        assert (find(full.mounts[0], "psm_during").state, find(full.mounts[0], "psm_during").allocated_bytes) == \
-            ("linked", MiB)  # ... yet not called leaked: it was not listed before /proc was read
-        assert collector.changes_pending(), "the interim run's names were not given back"
-        assert find(collector.collect_quick().mounts[0], "psm_during").state == "linked"
-        assert find(collector.collect().mounts[0], "psm_during").state == "orphan"  # walked, then /proc
-    finally:
-        for sleeper in sleepers:
-            sleeper.kill()
-            sleeper.wait()
 
 
 def test_quick_inventory_patches_only_what_inotify_reported(tmpfs):

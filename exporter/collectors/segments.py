@@ -348,7 +348,6 @@ class SegmentsCollector:
                     set(devs.values()),
                     self._owners,
                     also=also,
-                    between=self.interim_hook,
                 )
                 if refreshed is not None:
                     self._pod_read_as.update(
@@ -364,7 +363,7 @@ class SegmentsCollector:
                 # these were listed before /proc was read, so only these may be called leaked.
                 walked = {key for files, _, _ in listings.values() for key in files}
                 self._owners = self.owner_scan.scan(
-                    set(devs.values()), pods=self.pod_of_pid, between=self.interim_hook
+                    set(devs.values()), pods=self.pod_of_pid
                 )
                 self._scanned_at = self.monotonic()
                 self._unproven_log.say(self._owners)
