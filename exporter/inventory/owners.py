@@ -123,10 +123,8 @@ class OwnerScan:
     MAX_PASSES = 4
 
     def scan(self, devs: Set[int], pods: bool = False) -> Owners:
-        # SysV's walk of the same moment is reused; whoever started since is read by the
-        # passes below, as after a walk of our own.
         self._pid_wrap.wrapped()  # from here on
-        walked = self.table.recent_walk(max_age=1.0)
+        walked = self.table.walk()
         # Whoever we could not even identify could hold anything.
         out = Owners(unreadable=walked.unreadable, unverifiable=walked.unreadable)
         if walked.unreadable:
