@@ -1,7 +1,8 @@
 """Pure parsers over text, on fixtures and on corrupt input."""
 import os
 
-from exporter.collectors.cgroup import parse_flat_keyed, parse_limit, parse_proc_cgroup
+from exporter.collectors.cgroup import parse_flat_keyed, parse_limit
+from exporter.host.proctable import parse_proc_cgroup
 from exporter.collectors.host_memory import parse_meminfo
 from exporter.inventory.maps import parse_maps
 from exporter.host.proctable import parse_stat
