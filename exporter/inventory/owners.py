@@ -144,11 +144,10 @@ class OwnerScan:
             out.unverifiable += walked.invisible
             out.unproven_because(f"{walked.invisible} process(es) hidden by hidepid")
         out.processes = {p.pid: p for p in walked.processes}
-        tokens = DeviceTokens.of(devs)
         self._mount_ids.learn(walked.processes, devs)
         processes = walked.processes
         for _ in range(self.MAX_PASSES):
-            self._scan_processes(processes, devs, tokens, out)
+            self._scan_processes(processes, devs, out)
             processes = self._started_since(set(out.processes))
             if not processes:
                 break
@@ -159,17 +158,13 @@ class OwnerScan:
                 f"processes kept starting over {self.MAX_PASSES} passes"
             )
         self._fill_mapping_sizes(out.holdings)
-        if (
-            pods
-        ):  # node mode: holders' pods, for the inventory and refresh() once they exit
+        # Node mode: holders' pods, for the inventory and for refresh() once they exit.
+        if pods:
             out.pod_of = {pid: self.table.pod_uid(p) for pid, p in out.holders.items()}
         return out
 
     def refresh(
-        self,
-        devs: Set[int],
-        previous: Owners,
-        also: Set[str] = frozenset(),
+        self, devs: Set[int], previous: Owners, also: Set[str] = frozenset()
     ) -> Optional[Owners]:
         """Node mode between full scans: read only what may have changed since `previous`.
         A process started since is read; a holder that exited has its pod read again (a
@@ -212,21 +207,9 @@ class OwnerScan:
         for pid in previous.processes.keys() - alive:
             del processes[pid]
         self._kernel_threads &= alive
-        unidentified = 0
-        new: List[Process] = []
-        for pid in alive - processes.keys() - self._kernel_threads:
-            try:
-                ident = self.table.identify(pid)
-            except (OSError, ValueError, IndexError):
-                unidentified += 1  # a new process we cannot read could hold anything
-                continue
-            if ident is None:
-                continue
-            if ident[1]:
-                self._kernel_threads.add(pid)  # not asked again while it lives
-            else:
-                processes[pid] = ident[0]
-                new.append(ident[0])
+        # A new process we cannot read (unidentified) could hold anything.
+        new, unidentified = self._identify(alive - processes.keys())
+        processes.update({p.pid: p for p in new})
         # Each process's pod, looked up once per process (holders' at the full scan, the
         # others' when a pod is first rescanned) and then per new one.
         # A holder that exited keeps its pod while its holdings carry over: the next scan of
@@ -254,7 +237,6 @@ class OwnerScan:
         if new_too:
             scope += [p for p in new if pod_of.get(p.pid) not in pods]
         fresh = Owners()
-        tokens = DeviceTokens.of(devs)
         if devs == self._mount_ids.learned_devs:
             # The others' namespaces are known; an exited process's namespace leaves with
             # the last of its processes.
@@ -262,23 +244,20 @@ class OwnerScan:
             self._mount_ids.learn(new, devs, again=False)
         else:  # a watched mount came or went
             self._mount_ids.learn(processes.values(), devs)
-        self._scan_processes(scope, devs, tokens, fresh)
+        self._scan_processes(scope, devs, fresh)
         self._fill_mapping_sizes(fresh.holdings)
         was_in_scope = {pid for pid, pod in previous.pod_of.items() if pod in pods}
         replaced = was_in_scope | {p.pid for p in scope}
         # A process of the pod we could not read now leaves the proof to the next full scan.
-        unverifiable = (
-            previous.unverifiable if not (fresh.unverifiable or unidentified) else None
-        )
-        unreadable = previous.unreadable if not fresh.unreadable else None
+        proven = not (fresh.unverifiable or unidentified)
         unproven = previous.unproven + fresh.unproven
         if unidentified:
             unproven.append(
                 f"{unidentified} new process(es) whose stat could not be read"
             )
         out = Owners(
-            unreadable=unreadable,
-            unverifiable=unverifiable,
+            unreadable=None if fresh.unreadable else previous.unreadable,
+            unverifiable=previous.unverifiable if proven else None,
             # Scoped scans chain: no growth.
             unproven=list(dict.fromkeys(unproven))[:MAX_UNPROVEN],
             scanned=previous.scanned,
@@ -309,27 +288,33 @@ class OwnerScan:
         return out
 
     def _started_since(self, seen: Set[int]) -> List[Process]:
+        """User processes /proc lists now that are not in `seen`; one that cannot be read
+        is counted as unreadable by the next walk (this one is short-lived)."""
         try:
-            new = [pid for pid in self.table.pids() if pid not in seen]
+            return self._identify(set(self.table.pids()) - seen)[0]
         except OSError:
             return []
-        found = []
-        for pid in new:
+
+    def _identify(self, pids: Set[int]) -> Tuple[List[Process], int]:
+        """(the user processes among `pids`, how many could not be read). Kernel threads
+        are remembered and not asked again while they live."""
+        found, unreadable = [], 0
+        for pid in sorted(pids - self._kernel_threads):
             try:
                 ident = self.table.identify(pid)
             except (OSError, ValueError, IndexError):
-                continue  # counted as unreadable by the next walk; this one is short-lived
-            if ident is not None and not ident[1]:
+                unreadable += 1
+                continue
+            if ident is not None and ident[1]:
+                self._kernel_threads.add(pid)
+            elif ident is not None:
                 found.append(ident[0])
-        return found
+        return found, unreadable
 
     def _scan_processes(
-        self,
-        processes: Sequence[Process],
-        devs: Set[int],
-        tokens: Dict[str, int],
-        out: Owners,
+        self, processes: Sequence[Process], devs: Set[int], out: Owners
     ) -> None:
+        tokens = DeviceTokens.of(devs)
         for proc in processes:
             out.scanned += 1
             held, denied = self._scan_one(proc, devs, tokens, out)
