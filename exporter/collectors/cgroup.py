@@ -87,6 +87,14 @@ def read_v1(directory: str) -> CgroupFiles:
     return usage, limit, stat, _read_keyed(directory, "memory.oom_control")
 
 
+# Where the memory controller's files are below /sys/fs/cgroup: (directory, cgroup version,
+# the file only a memory cgroup has). v1 (or hybrid) first.
+HIERARCHIES = (
+    ("memory", 1, "memory.usage_in_bytes"),
+    ("", 2, "memory.current"),
+    ("unified", 2, "memory.current"),
+)
+
 # Node mode lists the pod cgroups again this often (a pod with no shm volume shows up within
 # it); a pod whose shm mount discovery found but which is not listed asks sooner.
 REWALK_SECONDS = 10.0
@@ -145,9 +153,8 @@ class CgroupCollector:
             and self.cgroup_path.startswith(root + "/")
         ):
             directory = self.cgroup_path
-            version = (
-                2 if os.path.exists(os.path.join(directory, "memory.current")) else 1
-            )
+            v2 = os.path.exists(os.path.join(directory, "memory.current"))
+            version = 2 if v2 else 1
             rel = directory[len(root) :]
             if version == 1 and rel.startswith("/memory"):
                 rel = rel[len("/memory") :] or "/"
@@ -164,19 +171,13 @@ class CgroupCollector:
         outside = any(
             path.startswith("/..") or "/../" in path for path in candidates.values()
         )
-        if "memory" in candidates and not outside:  # v1 (or hybrid) memory controller
-            path = candidates["memory"]
-            directory = os.path.join(root, "memory", path.lstrip("/"))
-            tried.append(directory)
-            if os.path.exists(os.path.join(directory, "memory.usage_in_bytes")):
-                return path, 1, directory
-        if "" in candidates and not outside:
-            path = candidates[""]
-            for base in (root, os.path.join(root, "unified")):
-                directory = os.path.join(base, path.lstrip("/"))
+        for base, version, marker in () if outside else HIERARCHIES:
+            path = candidates.get("memory" if version == 1 else "")
+            if path is not None:
+                directory = os.path.join(root, base, path.lstrip("/"))
                 tried.append(directory)
-                if os.path.exists(os.path.join(directory, "memory.current")):
-                    return path, 2, directory
+                if os.path.exists(os.path.join(directory, marker)):
+                    return path, version, directory
         found = workload.find_through_mounts(self.paths, candidates)
         if found is not None:
             return found
@@ -246,11 +247,8 @@ class CgroupCollector:
         """
         root = self.paths.sys("fs", "cgroup")
         found = []
-        for base, version, marker in (
-            (os.path.join(root, "memory"), 1, "memory.usage_in_bytes"),
-            (root, 2, "memory.current"),
-            (os.path.join(root, "unified"), 2, "memory.current"),
-        ):
+        for below_root, version, marker in HIERARCHIES:
+            base = os.path.join(root, below_root)
             for top in POD_CGROUP_ROOTS:
                 start = os.path.join(base, top)
                 if not os.path.isdir(start):
