@@ -24,7 +24,8 @@ from exporter.model.types import Inventory, MountInventory, Segment
 from exporter.host.mountinfo import live_mounts
 from exporter.host.kube import pod_uid_of_mount
 from exporter.inventory.changes import ChangeLog
-from exporter.inventory.owners import DELETED, Owners, OwnerScan, UnprovenLog
+from exporter.inventory.holdings import DELETED, Owners, UnprovenLog
+from exporter.inventory.owners import OwnerScan
 
 from exporter.inventory.walk import (
     MAX_ENTRIES,
