@@ -1,40 +1,32 @@
-"""Wires configuration to sources, sampler, model step, watcher and registry.
+"""Wires configuration to sources, scheduler, model step, watcher and registry.
 
     discovery ─┐
-    sources ───┴─▶ sampler ─▶ observations ─▶ model step ─▶ /metrics, shmwatch check
-                                  │                ▲
+    sources ───┴─▶ scheduler ─▶ observations ─▶ model step ─▶ /metrics, shmwatch check
+                                                    ▲
     watcher (inotify) ─▶ state store (peaks, counters, inotify flags)
 
 serve and check build the same thing; check runs every source once instead of starting
-the threads.
+the threads. /metrics renders on demand, when the model's version moved.
 """
 
 from __future__ import annotations
 
-import re
 from typing import List, Optional
 
 from prometheus_client.registry import CollectorRegistry
 
-from exporter.collectors.cgroup import CgroupCollector
-from exporter.collectors.gpu import GpuCollector
-from exporter.collectors.host_memory import HostMemoryCollector
-from exporter.collectors.oom import OomCollector
-from exporter.collectors.segments import SegmentsCollector
-from exporter.collectors.self_process import SelfProcessCollector
-from exporter.collectors.shm_mount import ShmMountCollector
-from exporter.collectors.sysv import SysvCollector
-from exporter.config import Config
+from exporter.collectors import Context, Source, registered
 from exporter.collectors.discovery import MountDiscovery
-from exporter.runtime.watcher import MountWatcher
-from exporter.exposition.render import Exposition
-from exporter.inventory.changes import ChangeLog
+from exporter.config import Config
 from exporter.exposition.metrics import ModelCollector
-from exporter.model.step import ModelStep
+from exporter.exposition.render import Exposition
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
-from exporter.runtime.scheduler import Sampler
+from exporter.inventory.changes import ChangeLog
 from exporter.model.state import StateStore
+from exporter.model.step import ModelStep
+from exporter.runtime.scheduler import Sampler
+from exporter.runtime.watcher import MountWatcher
 
 
 def build_sources(
@@ -45,47 +37,40 @@ def build_sources(
     changes: ChangeLog,
     kmsg_from_start: bool = False,
     state: Optional[StateStore] = None,
-) -> List[object]:
+) -> List[Source]:
     """Discovery first (the others read its mounts), then the collectors that are on."""
-    node = cfg.mode == "node"
-    makers = {
-        "shm_mount": lambda: ShmMountCollector(
-            paths,
-            discovery.mounts,
-            touched=state.drain_touched if state is not None else None,
-        ),
-        "segments": lambda: SegmentsCollector(
-            paths,
-            discovery.mounts,
-            table,
-            pod_of_pid=node,
-            changes=changes,
-            ignore_unreadable=re.compile(cfg.ignore_unreadable)
-            if cfg.ignore_unreadable
-            else None,
-            full_scan_interval=cfg.full_scan_interval,
-            watch_epoch=state.watch_epoch if state is not None else None,
-        ),
-        "sysv": lambda: SysvCollector(paths, node_mode=node, table=table),
-        "host_memory": lambda: HostMemoryCollector(paths),
-        "cgroup": lambda: CgroupCollector(
-            paths,
-            cfg.cgroup_path,
-            cfg.cgroup_target_process,
-            cfg.memory_limit_bytes,
-            node_mode=node,
-            table=table,
-            mounts=discovery.mounts,
-        ),
-        "gpu": lambda: GpuCollector(paths, table=table),
-        # serve: kills from now on; check: the kernel log ring from its start (recent kills)
-        "oom": lambda: OomCollector(cfg.kmsg, from_start=kmsg_from_start),
-    }
-    sources = [discovery] + [
-        make() for name, make in makers.items() if cfg.collectors.get(name, True)
+    context = Context(
+        cfg,
+        paths,
+        discovery.mounts,
+        table,
+        changes,
+        touched=state.drain_touched if state is not None else None,
+        watch_epoch=state.watch_epoch if state is not None else None,
+        kmsg_from_start=kmsg_from_start,
+    )
+    return [discovery] + [
+        r.factory(context)
+        for r in registered()
+        if not r.flag or cfg.collectors.get(r.name, True)
     ]
-    # The exporter's own process_* metrics are always on, read on the poll like the rest.
-    return sources + [SelfProcessCollector()]
+
+
+class _OnDemand(Exposition):
+    """ADAPTER until the exposition branch's Exposition(registry, version) is merged: the
+    old render-thread Exposition, rendering in the scrape when the version moved."""
+
+    def __init__(self, registry, version) -> None:
+        super().__init__(registry)
+        self._model_version, self._seen = version, None
+
+    def latest(self):
+        version = self._model_version()
+        if version != self._seen:
+            self._seen = version
+            self.changed()
+            return self.render()
+        return super().latest()
 
 
 class App:
@@ -99,7 +84,7 @@ class App:
         self.state = StateStore(cfg.peak_window)
         self.changes = (
             ChangeLog()
-        )  # names the watcher saw change, for the next quick inventory
+        )  # names the watcher saw change, for quick inventories
         self.sources = build_sources(
             cfg,
             self.paths,
@@ -138,34 +123,17 @@ class App:
         self.sampler.subscribe(self.step.accept)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ModelCollector(self.step))
-        # /metrics serves bytes rendered once per model change, not per scrape.
-        self.exposition = Exposition(self.registry)
-        self.step.on_change(self.exposition.changed)
-        # Event-driven runs, like renders, are for the scrapes that read them; so are the
-        # sources whose figures nothing keeps between scrapes.
-        self.sampler.scrape_due = self.exposition.clock.next_due
-        self.exposition.clock.on_unknown(self.sampler.schedule_ended)
-        for source in self.sources:
-            if source.name == "cgroup" and cfg.mode == "node":
-                source.scrape_aligned = self._kill_log_complete
-            elif source.name == "segments":
-                source.scrape_aligned = self.state.all_inotify
-
-    def _kill_log_complete(self) -> bool:
-        """The kernel log is read, and its last read lost nothing: it counts every OOM kill."""
-        runner = self.sampler.runners.get("oom")
-        if runner is None or not runner.last_ok or runner.timed_out:
-            return False
-        reports = runner.last_result
-        return reports is not None and reports.lost == 0
+        try:
+            self.exposition = Exposition(self.registry, version=self.step.version)
+        except TypeError:  # ADAPTER: delete once the exposition branch is merged
+            self.exposition = _OnDemand(self.registry, self.step.version)
 
     def start(self) -> None:
         try:
             self.discovery.collect()  # the first mount set, before anything is watched
         except (OSError, ValueError):
-            pass  # the sampler runs it again, and reports it failed
+            pass  # the scheduler runs it again, and reports it failed
         self.watcher.start()
-        self.exposition.start()
         self.sampler.start()
 
     def run_once(self) -> None:
@@ -175,8 +143,5 @@ class App:
     def stop(self) -> None:
         self.watcher.stop()
         self.sampler.stop()
-        self.exposition.stop()
         for source in self.sources:
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()
+            source.close()

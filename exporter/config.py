@@ -18,11 +18,14 @@ from fractions import Fraction
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from exporter import __version__
+from exporter.collectors import registered
 
-COLLECTORS = ("shm_mount", "segments", "sysv", "host_memory", "cgroup", "gpu", "oom")
-# Collectors whose default depends on --mode: on in node mode, off in a sidecar (/dev/kmsg
-# is not in a container unless given to it, and reading it needs CAP_SYSLOG).
-NODE_DEFAULT_COLLECTORS = ("oom",)
+# The collectors with a --[no-]collector.<name> flag, as registered (collectors/__init__.py);
+# those whose default depends on --mode: on in node mode, off in a sidecar.
+COLLECTORS = tuple(r.name for r in registered() if r.flag)
+NODE_DEFAULT_COLLECTORS = tuple(
+    r.name for r in registered() if r.flag and "sidecar" not in r.modes
+)
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}

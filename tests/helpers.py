@@ -22,7 +22,7 @@ def registry_for(*sources, shm_size_limit=None, memory_limit=None, mounts=None):
     """The serve path without threads: sampler -> model step -> ModelCollector. The mounts
     are the first source's that has any (or `mounts`)."""
     if mounts is None:
-        mounts = next((s.mounts() for s in sources if callable(getattr(s, "mounts", None))), [])
+        mounts = next((s.mounts() for s in sources if s.name in ("shm_mount", "segments")), [])
     discovery = MountDiscovery(Paths(), mounts)
     state = StateStore()
     sampler = Sampler(list(sources))

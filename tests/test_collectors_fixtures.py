@@ -78,8 +78,10 @@ def test_cgroup_v1_fixture_and_projection():
 
 
 def test_failing_collector_is_isolated():
-    class Broken:
-        name, schedule = "sysv", "poll"
+    from exporter.collectors import BaseSource
+
+    class Broken(BaseSource):
+        name = "sysv"
 
         def collect(self):
             raise OSError(13, "Permission denied", "/proc/sysvipc/shm")

@@ -58,9 +58,9 @@ def test_serving_a_node_makes_no_garbage_cycles(tmp_path):
                     time.sleep(0.01)
                 body, runs = serve_and_count_garbage(path, ["--mode=node", "--segments.full-scan-interval=1s",
                                                       "--inventory-interval=1s"], cgroup)
-                # what it served came from those paths: the pod's volume, its own namespace, quick
-                # runs and early publishes (each settled by a quick run)
-                assert {(True, False), (False, False), (False, True)} <= runs, runs
+                # what it served came from those paths: the pod's volume, its own namespace, full
+                # and quick runs
+                assert {True, False} <= runs, runs
                 assert (f'shmwatch_segments{{class="nccl",container_id="",mount="{path}",pod_uid="{uid}",'
                         'state="linked"') in body
                 assert f'ipc_namespace="{namespace}",pod_uid="{uid}"' in body
@@ -73,7 +73,7 @@ def test_serving_a_node_makes_no_garbage_cycles(tmp_path):
 def serve_and_count_garbage(mount, args, cgroup):
     app = App(parse_args(args + ["--no-collector.gpu", "--log.level=error"]))
     runs = set()  # what kinds of segments runs served
-    app.sampler.subscribe(lambda obs: runs.add((obs.full, obs.settling)) if obs.source == "segments" else None)
+    app.sampler.subscribe(lambda obs: runs.add(obs.full) if obs.source == "segments" else None)
     httpd = bind("127.0.0.1", 0, make_app(app.registry, "/metrics", None, metrics_app=app.exposition.wsgi_app))
     serve_in_thread(httpd)
     url = "http://127.0.0.1:%d/metrics" % bound_address(httpd)[1]

@@ -119,10 +119,11 @@ def test_check_judges_by_the_rules_thresholds():
 def test_a_failing_subscriber_does_not_stop_a_source():
     """An exception in one subscriber (a bug in the watcher, say) must not end the source's
     thread, nor keep the other subscribers from the observation."""
+    from exporter.collectors import BaseSource
     from exporter.runtime.scheduler import Sampler
 
-    class Counter:
-        name, schedule = "counter", "poll"
+    class Counter(BaseSource):
+        name = "counter"
         runs = 0
 
         def collect(self):
@@ -166,45 +167,23 @@ def test_effective_size_is_absent_while_the_memory_limit_is_unknown(tmp_path):
     assert reg.get_sample_value("shmwatch_mount_effective_size_bytes", {"mount": str(shm)}) == 1 << 20
 
 
-def test_only_new_names_make_an_urgent_render(tmp_path):
-    """Urgent (rendered within 20 ms, not coalesced for 100 ms): what an event-driven segments
-    run found. The same events' statvfs run, a full run and a run settling an early publish
-    ride on some other render: as renders of their own they doubled the renders per event."""
-    from exporter.collectors.segments import SegmentsCollector
-    from exporter.collectors.shm_mount import ShmMountCollector
-    from tests.helpers import registry_for
-
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    (shm / "psm_new").write_bytes(b"x" * 4096)
-    _, harness = registry_for(SegmentsCollector(Paths(), [str(shm)]), ShmMountCollector(Paths(), [str(shm)]))
-    flags = []
-    harness.step.on_change(flags.append)
-    urgent = {}
-    for name, full, settling in (("segments", False, False), ("shm_mount", False, False), ("segments", True, False),
-                                 ("shm_mount", True, False), ("segments", False, True)):
-        flags.clear()
-        harness.sampler.runners[name].run_once(full=full, settling=settling)
-        assert flags, f"{name}: no change reported"
-        urgent[(name, full, settling)] = any(flags)
-    assert urgent == {("segments", False, False): True, ("shm_mount", False, False): False,
-                      ("segments", True, False): False, ("shm_mount", True, False): False,
-                      ("segments", False, True): False}
-
-
-def test_without_the_segments_collector_the_statvfs_event_run_is_urgent(tmp_path):
-    """--no-collector.segments: the mount's statvfs after an event is all there is to see (a
-    filled /dev/shm), and no segments run will bring it to a render within 20 ms."""
+def test_the_model_is_rebuilt_only_when_its_version_moved(tmp_path):
+    """The version moves with every accepted observation and every change to the state store
+    (nobody is called back); current() builds the model again only then."""
     from exporter.collectors.shm_mount import ShmMountCollector
     from tests.helpers import registry_for
 
     shm = tmp_path / "shm"
     shm.mkdir()
     _, harness = registry_for(ShmMountCollector(Paths(), [str(shm)]))
-    flags = []
-    harness.step.on_change(flags.append)
+    step = harness.step
+    model, version = step.current(), step.version()
+    assert step.current() is model and step.version() == version  # nothing happened
     harness.sampler.runners["shm_mount"].run_once(full=False)
-    assert any(flags), "an event-driven statvfs run with no segments collector was not urgent"
-    flags.clear()
-    harness.sampler.runners["shm_mount"].run_once(full=True)
-    assert flags and not any(flags)
+    assert step.version() != version
+    rebuilt = step.current()
+    assert rebuilt is not model and step.current() is rebuilt
+    version = step.version()
+    harness.state.count_event(str(shm), "nccl", "created")  # the watcher, say
+    assert step.version() != version
+    assert step.current().states.events == {(str(shm), "nccl", "created"): 1}

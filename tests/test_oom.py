@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from exporter.model.types import CgroupMemory, OomReports
+from exporter.collectors import BaseSource
 from exporter.collectors.cgroup import CgroupCollector
 from exporter.collectors.oom import kmsg_records, parse_kmsg_record, parse_oom_kills
 from exporter.host.paths import Paths
@@ -64,9 +65,9 @@ def test_kmsg_records_and_what_is_not_one():
     assert [(k.pid, k.task_memcg, k.shmem_rss_bytes) for k in lone] == [(5, "", 8192)]
 
 
-class Replay:
+class Replay(BaseSource):
     """The kernel log's kills, replayed: the oom source with the log's text as its input."""
-    name, schedule = "oom", "poll"
+    name = "oom"
 
     def __init__(self):
         self.batches = []

@@ -58,7 +58,6 @@ def test_an_event_rescans_only_its_pods_processes(tmp_path):
                 into_pod(cgroups[uid_b], pb2.pid)
                 changes.add(a, "nccl-a2")  # what the watcher records for a create in pod A's mount
                 inv = collector.collect_quick()
-                assert collector.wants_follow_up is False  # settled by the scoped scan
                 # Pod A was rescanned: its new process is found, holding its new segment.
                 assert segment(inv, a, "nccl-a2") == ("linked", (pa2.pid,))
                 assert segment(inv, a, "nccl-a") == ("linked", (pa.pid,))
@@ -83,14 +82,17 @@ def test_an_event_rescans_only_its_pods_processes(tmp_path):
 
 
 @needs_root
-def test_a_change_outside_any_pod_asks_for_the_full_follow_up(tmp_path):
-    with mounted_tmpfs("16m") as shm:  # not a kubelet path: no pod to scope to
+def test_a_change_outside_any_pod_is_left_to_the_full_follow_up(tmp_path):
+    """No pod to scope to: the quick run reads nobody, and takes the new segment as its
+    creator's until the full run that follows it reads every process."""
+    with mounted_tmpfs("16m") as shm:  # not a kubelet path
         changes = ChangeLog()
         collector = SegmentsCollector(Paths(), [shm], ProcessTable(Paths()), pod_of_pid=True, changes=changes)
         collector.collect()
+        open(os.path.join(shm, "psm_x"), "wb").close()
         changes.add(shm, "psm_x")
-        collector.collect_quick()
-        assert collector.wants_follow_up is True
+        assert segment(collector.collect_quick(), shm, "psm_x") == ("linked", ())
+        assert segment(collector.collect(), shm, "psm_x")[0] in ("orphan", "unverified")
 
 
 class Clock:
@@ -498,29 +500,23 @@ def test_a_dead_holders_pod_event_drops_its_holding_after_another_pod_was_read(t
 
 
 @needs_root
-def test_an_early_publish_shows_a_new_segment_and_the_quick_run_after_it_settles_its_state(two_pods):
-    """Node mode, before the quick run reads a pod: the early publish (collect_interim,
-    early) shows the new name with the last owners, taken as its creator's; the quick run
-    then reads the pod and says what it found (unverified: nobody holds it), not 'linked'
-    as a name an interim run patched during a full run stays until the quick run after."""
+def test_a_pod_scoped_quick_run_settles_a_new_segments_state(two_pods):
+    """Node mode: the quick run reads the changed mount's pod and says what it found
+    (unverified: nobody holds it), not 'its creator's' until a full run."""
     (a, _), _ = two_pods
     changes = ChangeLog()
     collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
                                   ignore_unreadable=HOST_EXCUSED_RE)
     collector.collect()
-    open(os.path.join(a, "psm_early"), "wb").close()
-    changes.add(a, "psm_early")
-    assert segment(collector.collect_interim(early=True), a, "psm_early") == ("linked", ())
-    assert segment(collector.collect_quick(), a, "psm_early") == ("unverified", ())
-    assert collector.collect_interim(early=True) is None  # nothing new since
+    open(os.path.join(a, "psm_new"), "wb").close()
+    changes.add(a, "psm_new")
+    assert segment(collector.collect_quick(), a, "psm_new") == ("unverified", ())
 
 
 @needs_root
-def test_an_early_publish_leaves_a_mount_on_a_new_device_to_the_quick_run(two_pods):
-    """A tmpfs mounted anew over a pod's volume since the last run: the early publish may not
-    patch the old instance's listing with the new one's names (lstat says another device, so
-    the new segment would be left out while the publish counts as showing it); it gives them
-    back, and the quick run, which stats the mount again, shows the segment."""
+def test_a_quick_run_shows_a_segment_on_a_tmpfs_mounted_anew(two_pods):
+    """A tmpfs mounted anew over a pod's volume since the last run: the quick run stats the
+    mount again and lists the new instance, not the old one's listing patched."""
     (a, _), _ = two_pods
     changes = ChangeLog()
     collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
@@ -529,5 +525,4 @@ def test_an_early_publish_leaves_a_mount_on_a_new_device_to_the_quick_run(two_po
     with mounted_tmpfs("16m", path=a):
         open(os.path.join(a, "psm_anew"), "wb").close()
         changes.add(a, "psm_anew")
-        assert collector.collect_interim(early=True) is None and collector.changes_pending()
         assert segment(collector.collect_quick(), a, "psm_anew") is not None

@@ -133,6 +133,29 @@ def test_scrape_shows_owner_and_top_segments(tmpfs):
         assert value(samples, "shmwatch_segment_bytes", mount=tmpfs, state="linked", **{"class": "nccl"}) == 4 * MiB
 
 
+def test_a_segment_made_while_proc_is_read_is_never_called_leaked_before_it_is_walked(tmpfs):
+    """A full run lists the directory, then reads /proc. A segment made in between is not in
+    that run's listing; the quick run for its event takes it as its creator's (linked), and
+    only the next full run, which walks it before reading /proc, may call it leaked."""
+    collector = SegmentsCollector(Paths(), [tmpfs], ignore_unreadable=HOST_EXCUSED_RE)
+    fallocate(os.path.join(tmpfs, "psm_before"), MiB)  # held by nobody: orphan, owners complete
+    collector.collect()
+    scan = collector.owner_scan.scan
+
+    def made_during_the_read(*args, **kwargs):
+        fallocate(os.path.join(tmpfs, "psm_during"), MiB)  # made and closed: nobody holds it
+        collector.changes.add(tmpfs, "psm_during")  # what the watcher records
+        return scan(*args, **kwargs)
+
+    collector.owner_scan.scan = made_during_the_read
+    full = collector.collect()
+    collector.owner_scan.scan = scan
+    assert find(full.mounts[0], "psm_before").state == "orphan"  # every process was read ...
+    assert "psm_during" not in {s.name for s in full.mounts[0].segments}  # ... but it was not listed
+    assert find(collector.collect_quick().mounts[0], "psm_during").state == "linked"
+    assert find(collector.collect().mounts[0], "psm_during").state == "orphan"  # walked, then /proc
+
+
 def test_quick_inventory_patches_only_what_inotify_reported(tmpfs):
     collector = SegmentsCollector(Paths(), [tmpfs], ignore_unreadable=HOST_EXCUSED_RE)
     for name in ("nccl-aaaaaa", "psm_keep", "psm_gone"):

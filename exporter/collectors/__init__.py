@@ -1,20 +1,110 @@
-"""Sources. One module per source; each returns one dataclass type in every mode, never
-metric objects.
+"""Sources: one module per source, each returning one model type (model/types.py) in every
+mode, never metric objects.
 
-A source is any object with a `name`, a `schedule` ("poll": every --poll-interval,
-"inventory": every --inventory-interval) and a `collect()` that returns its result or
-raises; `event_driven = True` also runs it early when inotify sees a mount change
-(`collect_quick()` when it has one). The sampler runs it; the model step joins what it
-returned; metrics.py and check.py render the model.
+Every source implements `Source` whole (BaseSource gives the defaults) and registers once,
+at the bottom of its module: its name, the modes it is on in by default, and a factory.
+The scheduler runs sources; the model step joins what they return.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Protocol, Set, Tuple
+
+from exporter.host.paths import Paths
+from exporter.host.proctable import ProcessTable
+from exporter.inventory.changes import ChangeLog
+
+MODES = ("sidecar", "node")
 
 
-class Collector(Protocol):
+class Source(Protocol):
     name: str
-    schedule: str
+    schedule: (
+        str  # "poll": every --poll-interval; "inventory": every --inventory-interval
+    )
+    event_driven: (
+        bool  # also runs collect_quick() soon after inotify sees a mount change
+    )
+    stretches: bool  # heavy: its interval doubles while its result stays the same
+    reports_status: bool  # has shmwatch_collector_* series
 
     def collect(self) -> object: ...
+
+    def collect_quick(self) -> object: ...
+
+    def close(self) -> None: ...
+
+
+class BaseSource:
+    name = ""
+    schedule = "poll"
+    event_driven = False
+    stretches = False
+    reports_status = True
+
+    def collect(self) -> object:
+        raise NotImplementedError
+
+    def collect_quick(self) -> object:
+        return self.collect()
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a factory builds its source from."""
+
+    cfg: object  # exporter.config.Config
+    paths: Paths
+    mounts: Callable[[], List[str]]  # discovery's current mounts
+    table: ProcessTable
+    changes: ChangeLog  # names the watcher saw change
+    touched: Optional[Callable[[], Set[str]]] = None  # mounts the watcher saw change
+    watch_epoch: Optional[Callable[[str], Optional[int]]] = None
+    kmsg_from_start: bool = False  # check: the kernel log from its start
+
+    @property
+    def node(self) -> bool:
+        return self.cfg.mode == "node"
+
+
+@dataclass(frozen=True)
+class Registration:
+    name: str
+    factory: Callable[[Context], Source]
+    modes: Tuple[str, ...] = MODES  # on by default in these modes
+    flag: bool = True  # switched by --[no-]collector.<name>
+
+
+REGISTRY: Dict[str, Registration] = {}
+
+
+def register(
+    name: str,
+    factory: Callable[[Context], Source],
+    modes: Tuple[str, ...] = MODES,
+    flag: bool = True,
+) -> None:
+    REGISTRY[name] = Registration(name, factory, modes, flag)
+
+
+def registered() -> List[Registration]:
+    """In the order their series are rendered."""
+    return list(REGISTRY.values())
+
+
+# Each module registers itself on import, in this order (any first import of one of them
+# runs this package first).
+from exporter.collectors import (  # noqa: E402, F401
+    shm_mount,
+    segments,
+    sysv,
+    host_memory,
+    cgroup,
+    gpu,
+    oom,
+    self_process,
+)

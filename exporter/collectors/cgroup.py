@@ -22,7 +22,7 @@ from exporter.model.types import CgroupMemory
 from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_mount
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import ProcessTable
-from exporter.collectors import workload
+from exporter.collectors import BaseSource, register, workload
 
 
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 bytes
@@ -101,14 +101,8 @@ REWALK_SECONDS = 10.0
 MISSING_REWALK_SECONDS = 2.0
 
 
-class CgroupCollector:
+class CgroupCollector(BaseSource):
     name = "cgroup"
-    schedule = "poll"
-    # Read for the scrapes (sampler.py) only while the kernel log counts the OOM kills: a
-    # container's own counter is read each poll otherwise, before a restart takes it away.
-    # App sets this in node mode (a sidecar's kill reports name host paths its cgroup is not
-    # matched by) to "the oom source's last run succeeded and lost no record".
-    scrape_aligned: "bool | Callable[[], bool]" = False
 
     def __init__(
         self,
@@ -124,6 +118,7 @@ class CgroupCollector:
         self.paths = paths
         self.table = table or ProcessTable(paths)
         self.node_mode = node_mode  # every pod's cgroup on the host, not one
+        self.stretches = node_mode  # 200 pods' cgroups: read less often while unchanged
         self.cgroup_path = cgroup_path
         self.target = re.compile(target_process) if target_process else None
         self.limit_override = limit_override
@@ -356,3 +351,17 @@ class CgroupCollector:
             if count is not None:
                 found.append((path.rstrip("/") + "/" + entry.name, count))
         return tuple(sorted(found))
+
+
+register(
+    "cgroup",
+    lambda c: CgroupCollector(
+        c.paths,
+        c.cfg.cgroup_path,
+        c.cfg.cgroup_target_process,
+        c.cfg.memory_limit_bytes,
+        node_mode=c.node,
+        table=c.table,
+        mounts=c.mounts,
+    ),
+)

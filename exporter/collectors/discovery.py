@@ -22,6 +22,7 @@ import threading
 from typing import Callable, Dict, List, Optional, Sequence
 
 from exporter.model.types import MountSet, Target
+from exporter.collectors import BaseSource
 from exporter.host.kube import NODE_LABELS, mount_labels
 from exporter.host.mountinfo import MountEntry, WatchedMountinfo
 from exporter.host.paths import Paths
@@ -52,11 +53,10 @@ def discover(entries: Sequence[MountEntry]) -> List[Target]:
     return sorted(found.values(), key=lambda t: t.mount)
 
 
-class MountDiscovery:
+class MountDiscovery(BaseSource):
     """The current mount set; static in sidecar mode, re-read from the host's mountinfo in node mode."""
 
     name = "discovery"
-    schedule = "poll"
 
     def __init__(
         self, paths: Paths, static_mounts: Sequence[str], node_mode: bool = False

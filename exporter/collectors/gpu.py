@@ -13,6 +13,7 @@ import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 from exporter.model.types import GpuDevice, GpuProcess, GpuSnapshot
+from exporter.collectors import BaseSource, register
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 
@@ -32,7 +33,7 @@ def _load_pynvml():
     return pynvml
 
 
-class GpuCollector:
+class GpuCollector(BaseSource):
     name = "gpu"
     schedule = "poll"
 
@@ -173,3 +174,6 @@ class GpuCollector:
         # NVML reports host PIDs; from another PID namespace they do not resolve here.
         comm = self.table.comm
         return tuple(GpuProcess(pid, comm(pid), b) for pid, b in sorted(used.items()))
+
+
+register("gpu", lambda c: GpuCollector(c.paths, table=c.table))

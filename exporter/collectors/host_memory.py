@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Dict
 
 from exporter.model.types import HostMemory
+from exporter.collectors import BaseSource, register
 from exporter.host.paths import Paths, read_text
 
 
@@ -26,12 +27,8 @@ def parse_meminfo(text: str) -> Dict[str, int]:
     return values
 
 
-class HostMemoryCollector:
+class HostMemoryCollector(BaseSource):
     name = "host_memory"
-    schedule = "poll"
-    scrape_aligned = (
-        True  # no peaks are kept from it: read for the scrapes (sampler.py)
-    )
 
     def __init__(self, paths: Paths):
         self.paths = paths
@@ -43,3 +40,6 @@ class HostMemoryCollector:
         # MemAvailable exists since Linux 3.14; before that MemFree is the closest thing.
         available = info.get("MemAvailable", info.get("MemFree", 0))
         return HostMemory(info["MemTotal"], available, info.get("Shmem", 0))
+
+
+register("host_memory", lambda c: HostMemoryCollector(c.paths))

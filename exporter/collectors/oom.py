@@ -31,6 +31,7 @@ import os
 import re
 from typing import Dict, Iterable, List, Optional, Tuple
 
+from exporter.collectors import BaseSource, register
 from exporter.model.types import OomKill, OomReports
 
 # cAdvisor's containerRegexp, with the cgroup fields taken from the end: cpuset and
@@ -145,7 +146,7 @@ def parse_oom_kills(
     return kills
 
 
-class OomCollector:
+class OomCollector(BaseSource):
     """Drains /dev/kmsg on each poll. The kills go to the model step, which counts them per
     cgroup in the state store; this collector keeps nothing but its file position."""
 
@@ -198,3 +199,12 @@ class OomCollector:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+# serve: kills from now on; check: the kernel log ring from its start (recent kills). Off by
+# default in a sidecar: /dev/kmsg is not in a container unless given, and needs CAP_SYSLOG.
+register(
+    "oom",
+    lambda c: OomCollector(c.cfg.kmsg, from_start=c.kmsg_from_start),
+    modes=("node",),
+)

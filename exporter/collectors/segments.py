@@ -15,12 +15,14 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import stat as stat_mod
 import time
 from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
 
 from exporter.model.types import Inventory, MountInventory, Segment
+from exporter.collectors import BaseSource, Context, register
 from exporter.host.mountinfo import live_mounts
 from exporter.host.kube import pod_uid_of_mount
 from exporter.inventory.changes import ChangeLog
@@ -32,7 +34,6 @@ from exporter.inventory.walk import (
     Files,
     Key,
     patch_listing,
-    same_dev,
     walk,
 )
 from exporter.host.paths import Paths
@@ -44,15 +45,10 @@ log = logging.getLogger(__name__)
 Listing = Tuple[Files, Dict[str, int], bool]  # files, other entries by type, truncated
 
 
-class SegmentsCollector:
+class SegmentsCollector(BaseSource):
     name = "segments"
     schedule = "inventory"
     event_driven = True  # re-run early when inotify sees the mount change
-    # Its verdicts (orphan, hidden) are read only by scrapes: with scrapes rarer than the
-    # inventory interval (kube-prometheus scrapes every 30 s), one full run per scrape. App
-    # makes it "while inotify watches every mount": a polled mount's created/deleted counts
-    # come from the diffs between full runs, which must keep to the interval.
-    scrape_aligned: "bool | Callable[[], bool]" = False
 
     def __init__(
         self,
@@ -74,6 +70,7 @@ class SegmentsCollector:
         self.owner_scan = OwnerScan(self.table, ignore_unreadable)
         self.changes = changes or ChangeLog()  # filled by events.MountWatcher
         self.pod_of_pid = pod_of_pid
+        self.stretches = pod_of_pid  # node mode: every process, every pod's directory
         self.statvfs = statvfs
         self.clock = clock
         # Node mode: how long the owners of a full scan are refreshed (owner_scan.refresh)
@@ -114,17 +111,6 @@ class SegmentsCollector:
         self._last: Dict[
             str, MountInventory
         ] = {}  # the last run's inventory of each mount
-        # Read by the sampler after a quick run: whether owners need the full follow-up run.
-        self.wants_follow_up = True
-        # Interim runs (collect_interim): set by the sampler, called while a full run reads
-        # /proc. `_run_devs` is that run's mounts; `_interim_changes` what they patched in.
-        self.interim_hook: Optional[Callable[[], None]] = None
-        self._run_devs: Dict[str, int] = {}
-        self._devs: Dict[
-            str, int
-        ] = {}  # the last run's mounts, for collect_interim(early=True)
-        self._interim_changes = ChangeLog()
-        self._interim_keys: Set[Key] = set()
 
     def _mount_dev(self, mount: str) -> int:
         st = os.stat(self.paths.host(mount))
@@ -143,70 +129,6 @@ class SegmentsCollector:
         """Patch the listings with what inotify saw change and re-measure, reusing owners
         from the last full run (which follows within a second)."""
         return self._collect(full=False)
-
-    def changes_pending(self) -> bool:
-        return self.changes.pending()
-
-    def collect_interim(self, early: bool = False) -> Optional[Inventory]:
-        """While a full run reads /proc (interim_hook): patch its listings with the names
-        inotify reported since, and assemble those mounts with the last run's owners, as a
-        quick run would. Only the listing moves forward: the full run then assembles with
-        the patched listings (counting what it did not walk as its creator's), and gives
-        the names back to the change log, so the quick run after it reads their owners
-        (node mode: their pods) as it would have without this. A node's full scan reads
-        /proc for a second under load; a segment created meanwhile waited that long.
-        None when nothing could be patched (a mount re-listed whole waits for the quick run).
-        `early`: outside a full run, before a quick run that waits for its duty cycle (node
-        mode: it reads the changed mounts' pods); that run settles the states, as it would."""
-        changes = self.changes.drain()
-        devs = (
-            self._run_devs
-            if not early
-            else {  # the last run's, and still the same file system
-                m: d
-                for m, d in self._devs.items()
-                if m in changes and same_dev(self.paths.host(m), d)
-            }
-        )
-        patch = {
-            m: names
-            for m, names in changes.items()
-            if names
-            and m in self._last
-            and m in self._indexes
-            and devs.get(m) is not None
-        }
-        self.changes.put_back(
-            {m: names for m, names in changes.items() if m not in patch}
-        )
-        if not patch:
-            return None
-        self._interim_changes.put_back(patch)
-        held_on = self._held_on()
-        for mount, names in patch.items():
-            dev = devs[mount]
-            files, others, truncated = self._listings[mount]
-            index = self._indexes[mount]
-            patch_listing(self.paths.host(mount), dev, files, index, names)
-            if (
-                not early
-            ):  # taken as linked by the full run: a quick run reads their pods instead
-                self._interim_keys.update(
-                    key for name in names if (key := index.get(name)) is not None
-                )
-            self._walked_as.pop(
-                mount, None
-            )  # patched: walked again by the next full run
-            self._last[mount] = self._assemble(
-                mount,
-                dev,
-                files,
-                others,
-                held_on.get(dev, []),
-                quick=True,
-                settled=False,
-            )
-        return self._inventory(list(self._last.values()))
 
     def _list(
         self,
@@ -301,12 +223,9 @@ class SegmentsCollector:
                 devs[mount] = self._mount_dev(mount)
             except OSError as err:
                 errors[mount] = err.strerror or str(err)
-        self._devs = devs
         # The directory first, then /proc: a segment unlinked in between is still
         # listed (so not called hidden), and one created in between is found held
         # but not '(deleted)', so it is linked, not hidden.
-        # Names an interim run patched in, left by a run that failed: this run's too.
-        self.changes.put_back(self._interim_changes.drain())
         changes = self.changes.drain()
         refresh = (
             full
@@ -329,10 +248,6 @@ class SegmentsCollector:
             self._pod_read_as.pop(gone, None)
         settled = False  # owners from a full scan of every process, this run
         if full:
-            self._run_devs = devs  # interim runs may patch these while /proc is read
-            self._interim_keys = (
-                set()
-            )  # a failed run's, if any: its names were given back above
             refreshed = None
             if refresh:
                 # A mount that moved since its pod was last read (pages written through a
@@ -360,8 +275,7 @@ class SegmentsCollector:
                 # Only a scan after a walk of every directory may call a segment leaked.
                 for mount in self._kept_now:
                     listings[mount] = self._list(mount, devs[mount], True, changes)
-                # What this run walked, before interim runs patch the listings in place: only
-                # these were listed before /proc was read, so only these may be called leaked.
+                # Only what was listed before /proc was read may be called leaked.
                 walked = {key for files, _, _ in listings.values() for key in files}
                 self._owners = self.owner_scan.scan(
                     set(devs.values()), pods=self.pod_of_pid
@@ -375,10 +289,6 @@ class SegmentsCollector:
                 }
                 self._held_at_full = set(self._owners.holdings)
                 settled = True
-            self.wants_follow_up = False
-            self._run_devs = {}
-            # The names interim runs patched in are the next quick run's again: their owners.
-            self.changes.put_back(self._interim_changes.drain())
         pods_read = False  # a quick run read the changed mounts' pods (node mode)
         if not full:
             pods_read = self._scoped_owners(changes, set(devs.values()))
@@ -440,8 +350,6 @@ class SegmentsCollector:
                 )
             )
         self._last = {m.mount: m for m in mounts}
-        if full:
-            self._interim_keys = set()
         return self._inventory(mounts)
 
     def _held_on(self) -> Dict[int, List[Key]]:
@@ -482,11 +390,9 @@ class SegmentsCollector:
         -> whether the changed mounts' pods were read."""
         pods = {pod_uid_of_mount(mount) for mount in changes}
         if not self.pod_of_pid or not self._owners.processes or "" in pods:
-            self.wants_follow_up = True
             return False
         if pods:
             self._owners = self.owner_scan.scan_pods(devs, pods, self._owners)
-        self.wants_follow_up = False
         return bool(pods)
 
     def _assemble(
@@ -516,7 +422,6 @@ class SegmentsCollector:
         known_files = (
             self._known_files if self._full_devs.get(mount) == dev else frozenset()
         )
-        patched_in = self._interim_keys
         append = inv.segments.append
         for key, (name, st) in files.items():
             held = holdings.get(key)
@@ -526,11 +431,6 @@ class SegmentsCollector:
             else:
                 holders = ()
                 state = unheld_state if key in known_files else unknown_state
-                if key in patched_in:
-                    # Not walked by this run but patched in while it read /proc (an interim run):
-                    # its creator may have been read before it made it. The quick run after
-                    # this one reads its owners; until then it is its creator's, as there.
-                    state = "linked"
                 if not settled and state == "orphan" and key in self._held_at_full:
                     # Held at the last full scan, unheld in a pod-scoped scan or a refresh:
                     # only a full scan, with its re-reads of new processes, may call it leaked.
@@ -589,3 +489,20 @@ class SegmentsCollector:
             inv.error = err.strerror or str(err)
         inv.unattributed_bytes = max(0, inv.used_bytes - accounted)
         return inv
+
+
+def _make(c: Context) -> SegmentsCollector:
+    ignore = c.cfg.ignore_unreadable
+    return SegmentsCollector(
+        c.paths,
+        c.mounts,
+        c.table,
+        pod_of_pid=c.node,
+        changes=c.changes,
+        ignore_unreadable=re.compile(ignore) if ignore else None,
+        full_scan_interval=c.cfg.full_scan_interval,
+        watch_epoch=c.watch_epoch,
+    )
+
+
+register("segments", _make)

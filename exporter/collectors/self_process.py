@@ -10,13 +10,11 @@ from typing import List, Tuple
 
 from prometheus_client import ProcessCollector
 
+from exporter.collectors import BaseSource, register
 
-class SelfProcessCollector:
+
+class SelfProcessCollector(BaseSource):
     name = "process"
-    schedule = "poll"
-    scrape_aligned = (
-        True  # read for the scrapes (sampler.py), as ProcessCollector would per scrape
-    )
 
     def __init__(self) -> None:
         self._inner = ProcessCollector(registry=None)
@@ -28,3 +26,7 @@ class SelfProcessCollector:
             for family in self._inner.collect()
             for s in family.samples
         ]
+
+
+# Always on (no flag): the exporter's own process_* series.
+register("process", lambda c: SelfProcessCollector(), flag=False)

@@ -12,6 +12,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Set
 
 
 from exporter.model.types import MountUsage
+from exporter.collectors import BaseSource, register
 from exporter.host.mountinfo import live_mounts
 from exporter.host.mountinfo import MountEntry, MountIndex, WatchedMountinfo
 from exporter.host.paths import Paths
@@ -30,7 +31,7 @@ def usage_values(st: os.statvfs_result) -> Dict[str, int]:
     }
 
 
-class ShmMountCollector:
+class ShmMountCollector(BaseSource):
     """statvfs of every mount discovery publishes, with its type and source from mountinfo."""
 
     name = "shm_mount"
@@ -150,3 +151,6 @@ class ShmMountCollector:
                 usages.append(self.measure_one(mount, self._index))
         self._last = {u.mount: u for u in usages}
         return usages
+
+
+register("shm_mount", lambda c: ShmMountCollector(c.paths, c.mounts, touched=c.touched))

@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 from exporter.model.types import SysvSegment, SysvShm
+from exporter.collectors import BaseSource, register
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import Process, ProcessTable
 
@@ -132,7 +133,7 @@ def in_ipc_namespaces(
     return dict(results)
 
 
-class SysvCollector:
+class SysvCollector(BaseSource):
     name = "sysv"
 
     def __init__(
@@ -148,9 +149,6 @@ class SysvCollector:
         self.table = table or ProcessTable(paths)
         # Node mode walks every process for its namespace: at the inventory's pace, not every poll.
         self.schedule = "inventory" if node_mode else "poll"
-        self.scrape_aligned = (
-            True  # nothing is kept from it between scrapes (sampler.py)
-        )
 
     def read(self) -> SysvShm:
         """The calling thread's IPC namespace."""
@@ -246,3 +244,6 @@ class SysvCollector:
             return ""
         found = _CONTAINER_ID.search(cgroups.get("memory", cgroups.get("", "")))
         return found.group(1) if found else ""
+
+
+register("sysv", lambda c: SysvCollector(c.paths, node_mode=c.node, table=c.table))

@@ -1,8 +1,9 @@
-"""Per-mount state that outlives one observation: peaks, high-water marks, event counters,
-inotify flags.
+"""What outlives one observation: per-mount peaks, high-water marks, event counters and
+inotify flags, and the OOM kills counted since start.
 
-Fed by polls (through the model step) and by the inotify watcher (events.py), read by
-the model step. One lock, a small API; nobody reaches into its dictionaries.
+Fed by the model step (polls, the kernel log) and by the inotify watcher, read by the
+model step. One lock, a small API; nobody reaches into its dictionaries. `version` moves
+with every change; nobody is called back.
 """
 
 from __future__ import annotations
@@ -49,11 +50,10 @@ class MountStates:
     """A copy of the store, for one model step."""
 
     peaks: Dict[str, int]
-    max_used: Dict[
-        str, Tuple[int, float]
-    ]  # mount -> (highest used bytes since first seen, wall clock)
-    # mount -> its ((class, event, count), ...) sorted: the same tuple while its counts stand
-    # (a render replays a mount's counters by them; regrouping a node's ~1,000 counts cost 2 ms).
+    # mount -> (highest used bytes since first seen, wall clock)
+    max_used: Dict[str, Tuple[int, float]]
+    # mount -> its ((class, event, count), ...) sorted: the same tuple while its counts stand,
+    # so a render's memo of a mount's counter lines can key on it.
     event_rows: Dict[str, Tuple[Tuple[str, str, int], ...]]
     inotify: Dict[str, bool]
     overflows: Dict[str, int]  # mount -> inotify queue overflows while it was watched
@@ -66,8 +66,7 @@ class MountStates:
 
     @property
     def events(self) -> Dict[Tuple[str, str, str], int]:
-        """(mount, class, event) -> count: made when asked (tests, not renders), so the store
-        keeps one copy of the counts, not two kept in step."""
+        """(mount, class, event) -> count, made when asked."""
         return {
             (mount, cls, event): n
             for mount, rows in self.event_rows.items()
@@ -93,24 +92,26 @@ class StateStore:
         ] = {}  # mount -> (class, event) -> count
         self._event_rows: Dict[
             str, Tuple[Tuple[str, str, int], ...]
-        ] = {}  # made by snapshot()
+        ] = {}  # by snapshot()
         self._inotify: Dict[str, bool] = {}
         self._overflows: Dict[str, int] = {}
         # Bumped when a watch starts and when its queue overflows: inotify saw everything
         # in a mount between two looks only if the epoch is the same at both.
         self._watch_epochs: Dict[str, int] = {}
-        self._epoch = (
-            0  # one counter for all: a mount forgotten and seen again never repeats one
-        )
+        self._epoch = 0  # one counter for all: a mount seen again never repeats one
         self._oom: Dict[str, int] = {}
         self._oom_cgroup: Dict[str, int] = {}
         self._recent_oom: Deque[Tuple[object, Optional[int]]] = deque(
             maxlen=RECENT_OOM_KILLS
         )
-        self._listeners: List[Callable[[], None]] = []
         self._touched: Set[str] = (
             set()
         )  # mounts inotify saw change, for the next quick statvfs
+        self._version = 0
+
+    def version(self) -> int:
+        """Moves with every change to what snapshot() returns (peaks also age out)."""
+        return self._version
 
     def touch(self, mount: str) -> None:
         """inotify saw `mount` change (the watcher); drained by shm_mount's next run."""
@@ -122,19 +123,11 @@ class StateStore:
             touched, self._touched = self._touched, set()
         return touched
 
-    def on_change(self, listener: Callable[[], None]) -> None:
-        """Called after every change (the model step marks itself stale)."""
-        self._listeners.append(listener)
-
-    def _changed(self) -> None:
-        for listener in self._listeners:
-            listener()
-
     def record_used(self, mount: str, used_bytes: int) -> None:
         self.record_used_many([(mount, used_bytes)])
 
     def record_used_many(self, usages: "List[Tuple[str, int]]") -> None:
-        """One poll's mounts under one lock and one change notice (a node polls 200 a second)."""
+        """One poll's mounts under one lock (a node polls 200 a second)."""
         now = self.clock()
         with self._lock:
             for mount, used_bytes in usages:
@@ -145,8 +138,7 @@ class StateStore:
                 # The high-water mark keeps the first time the highest value was reached.
                 if mount not in self._max_used or used_bytes > self._max_used[mount][0]:
                     self._max_used[mount] = (used_bytes, self.wall_clock())
-        if usages:
-            self._changed()
+            self._version += bool(usages)
 
     def count_event(
         self, mount: str, segment_class: str, event: str, n: int = 1
@@ -156,14 +148,14 @@ class StateStore:
             of_mount = self._events_of.setdefault(mount, {})
             of_mount[key] = of_mount.get(key, 0) + n
             self._event_rows.pop(mount, None)
-        self._changed()
+            self._version += 1
 
     def count_overflow(self, mount: str) -> None:
         with self._lock:
             self._overflows[mount] = self._overflows.get(mount, 0) + 1
             self._epoch += 1
             self._watch_epochs[mount] = self._epoch
-        self._changed()
+            self._version += 1
 
     def count_oom_kill(
         self, cgroup: str, kill: object, shm_used: Optional[int]
@@ -173,7 +165,7 @@ class StateStore:
         with self._lock:
             self._oom[cgroup] = self._oom.get(cgroup, 0) + 1
             self._recent_oom.append((kill, shm_used))
-        self._changed()
+            self._version += 1
 
     def record_cgroup_oom(self, cgroup: str, count: int) -> None:
         """A cgroup's own counter: kept as the highest value seen, so it never goes down."""
@@ -181,7 +173,7 @@ class StateStore:
             if count <= self._oom_cgroup.get(cgroup, -1):
                 return
             self._oom_cgroup[cgroup] = count
-        self._changed()
+            self._version += 1
 
     def set_inotify(self, mount: str, active: bool) -> None:
         with self._lock:
@@ -191,7 +183,7 @@ class StateStore:
             if active:
                 self._epoch += 1
                 self._watch_epochs[mount] = self._epoch
-        self._changed()
+            self._version += 1
 
     def watch_epoch(self, mount: str) -> Optional[int]:
         """None while inotify does not watch the mount; otherwise a number that moves when the
@@ -205,11 +197,6 @@ class StateStore:
         with self._lock:
             return self._inotify.get(mount, False)
 
-    def all_inotify(self) -> bool:
-        """Every mount we know of is watched by inotify (none polled)."""
-        with self._lock:
-            return bool(self._inotify) and all(self._inotify.values())
-
     def known_inotify(self) -> Iterable[str]:
         with self._lock:
             return list(self._inotify)
@@ -218,19 +205,18 @@ class StateStore:
         """A mount that went away (a pod deleted) takes its peaks, counters and flags with it."""
         keep = set(mounts)
         with self._lock:
-            for mount in [m for m in self._peaks if m not in keep]:
-                del self._peaks[mount]
-            for mount in [m for m in self._max_used if m not in keep]:
-                del self._max_used[mount]
-            for mount in [m for m in self._events_of if m not in keep]:
-                del self._events_of[mount]
-                self._event_rows.pop(mount, None)
-            for mount in [m for m in self._inotify if m not in keep]:
-                del self._inotify[mount]
-            for mount in [m for m in self._overflows if m not in keep]:
-                del self._overflows[mount]
-            for mount in [m for m in self._watch_epochs if m not in keep]:
-                del self._watch_epochs[mount]
+            for books in (
+                self._peaks,
+                self._max_used,
+                self._events_of,
+                self._event_rows,
+                self._inotify,
+                self._overflows,
+                self._watch_epochs,
+            ):
+                for mount in [m for m in books if m not in keep]:
+                    del books[mount]
+                    self._version += 1
 
     def snapshot(self) -> MountStates:
         now = self.clock()

@@ -4,8 +4,9 @@ Each source's latest observation is kept here. When one arrives, what depends on
 is computed at once, in the source's own thread (segment summaries: totals by class and
 state, top K, leak candidates). The join — mounts with their usage, inventory, peak,
 inotify flag, pod labels and the cgroup they are charged to, and the shm budget — is
-rebuilt once per change, on first use. /metrics renders the Model and `shmwatch check`
-reports from it; neither recomputes what is here.
+rebuilt on first use after the version moved (an observation accepted, or the state store
+changed). /metrics renders the Model and `shmwatch check` reports from it; neither
+recomputes what is here.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from exporter.model.types import (
     CgroupMemory,
@@ -119,9 +120,7 @@ class ModelStep:
         memory_limit: Optional[int] = None,
     ):
         # Sources in the order their series are rendered; discovery's status only in node mode.
-        self.source_names = [
-            s.name for s in sources if getattr(s, "reports_status", True)
-        ]
+        self.source_names = [s.name for s in sources if s.reports_status]
         self.discovery = discovery
         self.state = state
         self.node_mode = discovery.node_mode
@@ -141,29 +140,12 @@ class ModelStep:
         # event's render, and its 200 cgroups' kills change rarely (1 ms a build).
         self._oom_made: Optional[Tuple[object, tuple, List[OomCount]]] = None
         self._model: Optional[Model] = None
-        self._stale = True
-        self._listeners: List[Callable[[bool], None]] = []
-        # Whose event-driven runs are urgent: the segments inventory's (new names); without it
-        # (--no-collector.segments) the statvfs run's, then all there is to see of an event.
-        self._urgent_source = (
-            "segments" if "segments" in self.source_names else "shm_mount"
-        )
-        state.on_change(self.mark_stale)
+        self._accepted = 0  # observations accepted
+        self._built_for: object = None  # the version() _model was built for
 
-    def on_change(self, listener: Callable[[bool], None]) -> None:
-        """Called after every change (the exposition renders again, coalesced), with whether
-        it is urgent: an event-driven segments run's result, new names someone is waiting to
-        see (not one that settles what an early publish showed). The mounts' statvfs after the
-        same events is not (unless it is all there is: _urgent_source): it rides on that
-        render, or the next within the coalesce time. As a render of its own, it came on top
-        of each event's (10 creates a second over 200 pods: 13.8 renders a second, past the
-        render duty cycle; detection p99 303 ms in an in-process harness, 149 ms without)."""
-        self._listeners.append(listener)
-
-    def mark_stale(self) -> None:
-        self._stale = True
-        for listener in self._listeners:
-            listener(False)
+    def version(self) -> Tuple[int, int]:
+        """Moves whenever the model would differ: an observation accepted, or the state changed."""
+        return self._accepted, self.state.version()
 
     def accept(self, obs: Observation) -> None:
         """Sampler subscriber: keep the observation, compute what depends on it alone."""
@@ -212,11 +194,7 @@ class ModelStep:
         with self._lock:
             if obs.source in self._latest:
                 self._latest[obs.source] = latest
-            self._stale = True
-        for listener in self._listeners:
-            listener(
-                obs.source == self._urgent_source and not obs.full and not obs.settling
-            )
+            self._accepted += 1
 
     def _count_kill(self, kill: OomKill) -> None:
         """Count one kill under its pod's cgroup (node mode) or its own, and log it once with
@@ -251,8 +229,11 @@ class ModelStep:
     def current(self) -> Model:
         """The model, rebuilt first if anything changed since it was built."""
         with self._lock:
-            if self._stale or self._model is None:
-                self._stale = False
+            version = self.version()
+            if self._model is None or version != self._built_for:
+                self._built_for = (
+                    version  # before the build: a change during it moves it on
+                )
                 self._model = self._build()
             return self._model
 

@@ -214,11 +214,11 @@ class MountInventory:
 class Inventory:
     mounts: List[MountInventory]
     comms: Dict[int, str]
-    proc_unreadable: Optional[
-        int
-    ]  # None: processes hidden from us exist, but could not be counted
+    # None: processes hidden from us exist, but could not be counted
+    proc_unreadable: Optional[int]
     processes_scanned: int
-    wall_time: float = field(default_factory=time.time)
+    # When it was made; not compared: two inventories of the same segments are equal.
+    wall_time: float = field(default_factory=time.time, compare=False)
     pods: Dict[int, str] = field(default_factory=dict)  # pid -> pod UID, in node mode
     owners_complete: bool = (
         True  # every process that could hold a segment was inspected
@@ -235,8 +235,6 @@ class Observation:
     error: Optional[str]
     duration: float
     full: bool = True  # False for an event-driven quick run
-    # A quick run settling states an early publish showed (_Runner._early): nobody waits for it.
-    settling: bool = False
 
     @property
     def success(self) -> bool:
