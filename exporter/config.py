@@ -245,8 +245,7 @@ _TABLE = """
 --poll-interval                poll_interval          duration       1s
     How often cheap sources are polled.
 --inventory-interval           inventory_interval     duration       15s
-    How often the full segment inventory runs (also on inotify events; once per scrape
-    when scrapes are rarer and inotify watches every mount).
+    How often the full segment inventory runs (also on inotify events).
 --peak-window                  peak_window            duration       60s
     Window of shmwatch_mount_peak_used_bytes.
 --segments.top-k               top_k                  count          10

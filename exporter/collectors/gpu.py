@@ -2,7 +2,7 @@
 
 NVML is initialised once and kept; after a driver-level error it is shut down and
 initialised again on the next run. One GPU failing (lost, not supported) skips that
-GPU only. A call that hangs is bounded by the sampler: this collector runs on its own
+GPU only. A call that hangs is bounded by the scheduler: this collector runs on its own
 thread with --collector.gpu.timeout, and a stuck thread is never started twice.
 """
 

@@ -120,17 +120,6 @@ class OomParser:
         )
 
 
-def kmsg_records(text: str) -> List[str]:
-    """Text as `cat /dev/kmsg` prints it -> records (a line starting with a space continues one)."""
-    records: List[str] = []
-    for line in text.splitlines():
-        if line.startswith(" ") and records:
-            records[-1] += "\n" + line
-        elif line.strip():
-            records.append(line)
-    return records
-
-
 def parse_oom_kills(
     records: Iterable[str], parser: Optional["OomParser"] = None
 ) -> List[OomKill]:

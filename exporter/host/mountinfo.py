@@ -59,21 +59,6 @@ def parse_mountinfo(text: str) -> List[MountEntry]:
     return entries
 
 
-def size_option(options: str) -> Optional[int]:
-    """'rw,size=65536k' -> 67108864: the tmpfs size the mount was asked for."""
-    for option in options.split(","):
-        if option.startswith("size="):
-            value = option[5:]
-            units = {"k": 1024, "m": 1024**2, "g": 1024**3}
-            try:
-                if value and value[-1].lower() in units:
-                    return int(value[:-1]) * units[value[-1].lower()]
-                return int(value)
-            except ValueError:
-                return None
-    return None
-
-
 class MountIndex:
     """Mount entries by mount point: the mount holding a path in O(path depth), so 200 pod
     mounts against 2,000 mountinfo lines cost 200 lookups, not 400,000 prefix tests."""
@@ -91,11 +76,6 @@ class MountIndex:
             if entry is not None or point == "/" or not point.startswith("/"):
                 return entry
             point = posixpath.dirname(point)
-
-
-def find_mount(entries: Sequence[MountEntry], path: str) -> Optional[MountEntry]:
-    """The mount that holds `path`: the last (topmost) entry with the longest matching prefix."""
-    return MountIndex(entries).find(path)
 
 
 def strip_rootfs(entries: Sequence[MountEntry], rootfs: str) -> List[MountEntry]:

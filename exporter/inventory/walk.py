@@ -94,15 +94,6 @@ def _open_below(root: str, names: Tuple[str, ...], dev: int) -> Optional[int]:
     return fd
 
 
-def same_dev(path: str, dev: int) -> bool:
-    """Whether `path` is still on device `dev`: not gone, nor a file system mounted anew over it
-    (whose names a listing of the old one must not take: lstat would drop them as elsewhere)."""
-    try:
-        return os.stat(path).st_dev == dev
-    except OSError:
-        return False
-
-
 def patch_listing(
     root: str, dev: int, files: Files, index: Dict[str, Key], names: Iterable[str]
 ) -> None:
