@@ -124,12 +124,8 @@ def in_ipc_namespaces(
     thread.join(timeout)
     if thread.is_alive():
         for namespace, _ in namespaces:
-            results.setdefault(
-                namespace,
-                TimeoutError(
-                    f"reading IPC namespace {namespace} took over {timeout:g}s"
-                ),
-            )
+            late = f"reading IPC namespace {namespace} took over {timeout:g}s"
+            results.setdefault(namespace, TimeoutError(late))
     return dict(results)
 
 
@@ -152,14 +148,8 @@ class SysvCollector(BaseSource):
 
     def read(self) -> SysvShm:
         """The calling thread's IPC namespace."""
-        segments = [
-            replace(seg, orphan=True)
-            if seg.nattch == 0
-            and self._gone(seg.cpid)
-            and (seg.lpid == 0 or self._gone(seg.lpid))
-            else seg
-            for seg in parse_sysvipc_shm(read_text(self.paths.proc("sysvipc", "shm")))
-        ]
+        segments = parse_sysvipc_shm(read_text(self.paths.proc("sysvipc", "shm")))
+        segments = [replace(s, orphan=True) if self._orphan(s) else s for s in segments]
         shmall = _read_int(self.paths.proc("sys", "kernel", "shmall"))
         return SysvShm(
             segments=segments,
@@ -229,6 +219,12 @@ class SysvCollector(BaseSource):
             except OSError:
                 continue  # gone, or not ours to inspect (counted by the inventory)
         return found
+
+    def _orphan(self, seg: SysvSegment) -> bool:
+        """Attached by nobody, and its creator and last user have exited."""
+        if seg.nattch or not self._gone(seg.cpid):
+            return False
+        return seg.lpid == 0 or self._gone(seg.lpid)
 
     def _gone(self, pid: int) -> bool:
         """The process has exited. The kernel prints pids in the reader's PID namespace (ours:
