@@ -125,53 +125,50 @@ def _resolve(path: str, base: str) -> str:
 
 
 def parse_tls(raw: dict, base: str) -> TlsSettings:
+    def bad(message: str) -> WebConfigError:
+        return WebConfigError("tls_server_config: " + message)
+
     unsupported = sorted(set(raw) & TLS_UNSUPPORTED)
     if unsupported:
-        raise WebConfigError(
-            f"tls_server_config: {', '.join(unsupported)} not supported by shmwatch "
-            "(use cert_file, key_file, client_ca_file, client_auth_type, min_version, max_version)"
+        raise bad(
+            f"{', '.join(unsupported)} not supported by shmwatch (use cert_file, "
+            "key_file, client_ca_file, client_auth_type, min_version, max_version)"
         )
     _no_unknown(raw, TLS_KEYS, "tls_server_config: ")
     if not raw.get("cert_file") or not raw.get("key_file"):
-        raise WebConfigError("tls_server_config: needs both cert_file and key_file")
+        raise bad("needs both cert_file and key_file")
     auth = raw.get("client_auth_type") or "NoClientCert"
     if auth in UNVERIFIED_CLIENT_AUTH:
-        raise WebConfigError(
-            f"tls_server_config: client_auth_type {auth} (a client certificate accepted without "
+        raise bad(
+            f"client_auth_type {auth} (a client certificate accepted without "
             "verification) is not supported: use RequireAndVerifyClientCert"
         )
     if auth not in CLIENT_AUTH:
-        raise WebConfigError(
-            f"tls_server_config: invalid client_auth_type {auth!r} "
-            f"(one of {', '.join(CLIENT_AUTH)})"
+        raise bad(
+            f"invalid client_auth_type {auth!r} (one of {', '.join(CLIENT_AUTH)})"
         )
     ca = raw.get("client_ca_file")
     if auth != "NoClientCert" and not ca:
-        raise WebConfigError(
-            f"tls_server_config: client_auth_type {auth} needs client_ca_file"
-        )
+        raise bad(f"client_auth_type {auth} needs client_ca_file")
     if ca and auth == "NoClientCert":
-        raise WebConfigError(
-            "tls_server_config: client_ca_file is set but client_auth_type is NoClientCert "
+        raise bad(
+            "client_ca_file is set but client_auth_type is NoClientCert "
             "(set client_auth_type: RequireAndVerifyClientCert)"
         )
-    versions = {}
+    versions = []
     for key, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
         version = raw.get(key) or default
         if version not in TLS_VERSIONS:
-            raise WebConfigError(
-                f"tls_server_config: invalid {key} {version!r} (one of {', '.join(TLS_VERSIONS)})"
-            )
-        versions[key] = version
-    if TLS_VERSIONS[versions["min_version"]] > TLS_VERSIONS[versions["max_version"]]:
-        raise WebConfigError("tls_server_config: min_version is above max_version")
+            raise bad(f"invalid {key} {version!r} (one of {', '.join(TLS_VERSIONS)})")
+        versions.append(version)
+    if TLS_VERSIONS[versions[0]] > TLS_VERSIONS[versions[1]]:
+        raise bad("min_version is above max_version")
     return TlsSettings(
         _resolve(str(raw["cert_file"]), base),
         _resolve(str(raw["key_file"]), base),
         _resolve(str(ca), base) if ca else None,
         auth,
-        versions["min_version"],
-        versions["max_version"],
+        *versions,
     )
 
 
