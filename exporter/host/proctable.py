@@ -123,8 +123,7 @@ class ProcessTable:
         """(ns_last_pid, processes forked since boot, pid_max), for PidWrapWatch; None when
         any cannot be read (ns_last_pid needs CONFIG_CHECKPOINT_RESTORE)."""
         try:
-            last = int(read_text(self.paths.proc("sys", "kernel", "ns_last_pid")))
-            pid_max = int(read_text(self.paths.proc("sys", "kernel", "pid_max")))
+            last, pid_max = self._last_pid_and_max()
             with open(self.paths.proc("stat"), "rb") as handle:
                 stat = handle.read()
             at = stat.index(b"\nprocesses ") + len(b"\nprocesses ")
@@ -132,6 +131,12 @@ class ProcessTable:
         except (OSError, ValueError):
             return None
         return last, forks, pid_max
+
+    def _last_pid_and_max(self) -> Tuple[int, int]:
+        """(ns_last_pid, pid_max); ns_last_pid needs CONFIG_CHECKPOINT_RESTORE."""
+        kernel = ("sys", "kernel")
+        last = int(read_text(self.paths.proc(*kernel, "ns_last_pid")))
+        return last, int(read_text(self.paths.proc(*kernel, "pid_max")))
 
     def pids(self) -> List[int]:
         """The pids /proc lists. Raises OSError when it cannot be listed at all."""
@@ -226,10 +231,8 @@ class ProcessTable:
 
         pidfd_open() needs no permission and refuses a thread that is not a group leader
         (EINVAL), so it counts processes, not threads, whatever /proc lets us see."""
-        kernel = os.path.join(self.paths.procfs, "sys", "kernel")
         try:
-            last = int(read_text(os.path.join(kernel, "ns_last_pid")).strip())
-            pid_max = int(read_text(os.path.join(kernel, "pid_max")).strip())
+            last, pid_max = self._last_pid_and_max()
         except (OSError, ValueError):
             return None
         if not hasattr(os, "pidfd_open"):
@@ -266,12 +269,10 @@ class ProcessTable:
     def find(self, pattern: Pattern[str], exclude: int = -1) -> Optional[int]:
         """The lowest pid whose comm or command line matches `pattern`."""
         try:
-            pids = sorted(self.pids())
+            pids = sorted(set(self.pids()) - {exclude})
         except OSError:
             return None
         for pid in pids:
-            if pid == exclude:
-                continue
             try:
                 comm = read_text(self.paths.proc(pid, "comm")).strip()
                 cmdline = self.cmdline(pid)
