@@ -15,13 +15,8 @@ import sys
 # Run as a script from anywhere: the checkout's package, not an installed one.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from exporter.config import COLLECTORS, FLAGS, NODE_DEFAULT_COLLECTORS  # noqa: E402
+from exporter.config import COLLECTORS, FLAGS, NODE_DEFAULT_COLLECTORS, env_name  # noqa: E402
 from exporter.model.catalogue import CATALOGUE  # noqa: E402
-
-
-def env_name(flag: str) -> str:
-    """The environment variable a flag also reads (config.py's rule, as the README states)."""
-    return "SHMWATCH_" + re.sub(r"[.\-]", "_", flag.lstrip("-")).upper()
 
 
 def flags_table() -> str:

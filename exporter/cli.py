@@ -7,10 +7,16 @@ import os
 import signal
 import sys
 import threading
-from typing import List, Optional
+from typing import List, NoReturn, Optional
 
 from exporter import __version__
-from exporter.config import fail, parse_args
+from exporter.config import parse_args
+
+
+def fail(flag: str, message: str) -> NoReturn:
+    """End start-up with one line naming the flag (for errors found after parsing)."""
+    sys.stderr.write(f"shmwatch: error: argument {flag}: {message}\n")
+    sys.exit(2)
 
 
 def _check_readable(flag: str, path: Optional[str]) -> None:
@@ -28,6 +34,23 @@ def _web_config(cfg):
         WebConfigSource,
     )
 
+    if cfg.web_config_file and (
+        cfg.tls_cert_file or cfg.tls_key_file or cfg.tls_client_ca_file
+    ):
+        fail(
+            "--web.config.file",
+            "give it or the deprecated --web.tls-* flags, not both "
+            "(move them to tls_server_config)",
+        )
+    if cfg.tls_key_file and not cfg.tls_cert_file:
+        fail("--web.tls-key-file", "needs --web.tls-cert-file too")
+    if cfg.tls_cert_file and not cfg.tls_key_file:
+        fail("--web.tls-cert-file", "needs --web.tls-key-file too")
+    if cfg.tls_client_ca_file and not cfg.tls_cert_file:
+        fail(
+            "--web.tls-client-ca-file",
+            "mTLS needs --web.tls-cert-file and --web.tls-key-file",
+        )
     if cfg.web_config_file:
         _check_readable("--web.config.file", cfg.web_config_file)
         try:

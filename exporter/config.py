@@ -13,10 +13,9 @@ import argparse
 import math
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from exporter import __version__
 from exporter.collectors import registered
@@ -106,9 +105,7 @@ class Config:
     inventory_interval: float = 15.0
     peak_window: float = 60.0
     top_k: int = 10
-    collectors: Dict[str, bool] = field(
-        default_factory=lambda: {c: True for c in COLLECTORS}
-    )
+    collectors: Dict[str, bool] = field(default_factory=dict)  # name -> on
     collector_timeout: float = 10.0
     gpu_timeout: float = 5.0
     cgroup_path: Optional[str] = None
@@ -126,10 +123,6 @@ class Config:
     mode: str = "sidecar"
 
 
-class FlagError(Exception):
-    """A bad flag value; the message names the flag."""
-
-
 class _Parser(argparse.ArgumentParser):
     usage_exit_code = 2
 
@@ -139,6 +132,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def typed(kind, flag: str):
+    """`kind` (text -> value, ValueError on bad text) as an argparse type for `flag`."""
+
     def convert(text: str):
         try:
             return kind(text)
@@ -149,212 +144,168 @@ def typed(kind, flag: str):
     return convert
 
 
+def env_name(flag: str) -> str:
+    """The environment variable a flag is also read from: SHMWATCH_<FLAG>."""
+    return "SHMWATCH_" + re.sub(r"[.\-]", "_", flag.lstrip("-")).upper()
+
+
 def _positive_int(text: str) -> int:
     if not str(text).isdigit() or int(text) < 1:
         raise ValueError(f"invalid count {text!r}: a whole number above 0")
     return int(text)
 
 
-def _env_name(flag: str) -> str:
-    return "SHMWATCH_" + re.sub(r"[.\-]", "_", flag.lstrip("-")).upper()
+def _one_of(*choices: str):
+    def convert(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"{text!r} is not one of {', '.join(choices)}")
+        return text
+
+    return convert
 
 
-# (flag, dest, converter, default, help, repeatable)
-FLAGS = (
-    (
-        "--web.listen-address",
-        "listen",
-        parse_listen_address,
-        ":9841",
-        "Address to serve /metrics on; ':9841' and '[::]:9841' are every address, IPv6 and IPv4.",
-        False,
-    ),
-    (
-        "--web.telemetry-path",
-        "telemetry_path",
-        str,
-        "/metrics",
-        "Path of the metrics page.",
-        False,
-    ),
-    (
-        "--web.config.file",
-        "web_config_file",
-        str,
-        None,
-        "exporter-toolkit web config (YAML): TLS, client certificates, basic auth, headers; re-read on change.",
-        False,
-    ),
-    (
-        "--web.tls-cert-file",
-        "tls_cert_file",
-        str,
-        None,
-        "Deprecated alias of tls_server_config.cert_file in --web.config.file: enables HTTPS.",
-        False,
-    ),
-    (
-        "--web.tls-key-file",
-        "tls_key_file",
-        str,
-        None,
-        "Deprecated alias of tls_server_config.key_file in --web.config.file.",
-        False,
-    ),
-    (
-        "--web.tls-client-ca-file",
-        "tls_client_ca_file",
-        str,
-        None,
-        "Deprecated alias of client_ca_file with client_auth_type RequireAndVerifyClientCert: mTLS.",
-        False,
-    ),
-    (
-        "--mode",
-        "mode",
-        str,
-        "sidecar",
-        "sidecar: watch --shm.mount; node: also discover every pod's and container's shm from the host's mountinfo.",
-        False,
-    ),
-    ("--path.procfs", "procfs", str, "/proc", "procfs mount point.", False),
-    ("--path.sysfs", "sysfs", str, "/sys", "sysfs mount point.", False),
-    (
-        "--path.rootfs",
-        "rootfs",
-        str,
-        "/",
-        "Root of the filesystem the shm mounts are found under.",
-        False,
-    ),
-    (
-        "--path.kmsg",
-        "kmsg",
-        str,
-        "/dev/kmsg",
-        "The kernel log device the oom collector reads OOM kill reports from (not under --path.rootfs: in a "
-        "container it is a device given to it, e.g. docker --device /dev/kmsg).",
-        False,
-    ),
-    (
-        "--shm.mount",
-        "shm_mounts",
-        str,
-        None,
-        "tmpfs mount to watch (repeatable; default /dev/shm).",
-        True,
-    ),
-    (
-        "--shm.size-limit",
-        "shm_size_limit",
-        parse_size,
-        None,
-        "Configured size limit of the shm volume (emptyDir sizeLimit), e.g. 16Gi.",
-        False,
-    ),
-    (
-        "--poll-interval",
-        "poll_interval",
-        parse_duration,
-        "1s",
-        "How often cheap sources are polled.",
-        False,
-    ),
-    (
-        "--inventory-interval",
-        "inventory_interval",
-        parse_duration,
-        "15s",
-        "How often the full segment inventory runs (also on inotify events; once per scrape when scrapes are "
-        "rarer and inotify watches every mount).",
-        False,
-    ),
-    (
-        "--peak-window",
-        "peak_window",
-        parse_duration,
-        "60s",
-        "Window of shmwatch_mount_peak_used_bytes.",
-        False,
-    ),
-    (
-        "--segments.top-k",
-        "top_k",
-        _positive_int,
-        "10",
-        "How many segments and processes get their own series.",
-        False,
-    ),
-    (
-        "--segments.ignore-unreadable",
-        "ignore_unreadable",
-        str,
-        None,
-        "Regex on comm: root-owned processes whose /proc entries cannot be read but that hold no shm (a VM agent "
-        "as pid 1 that even root cannot inspect) do not make held-by-nobody segments unverified.",
-        False,
-    ),
-    (
-        "--segments.full-scan-interval",
-        "full_scan_interval",
-        parse_duration_or_zero,
-        "2m",
-        "Node mode: how often every process on the node is read for the segments it holds. In between, the "
-        "inventory reads only new processes, the pods of holders that exited and the pods whose mount moved; a "
-        "segment nobody holds that is new, or was held at the last full scan, is 'unverified' until the next "
-        "full scan may call it 'orphan'. 0: every inventory run reads every process.",
-        False,
-    ),
-    (
-        "--collector.timeout",
-        "collector_timeout",
-        parse_duration,
-        "10s",
-        "A collector run longer than this is marked failed.",
-        False,
-    ),
-    (
-        "--collector.gpu.timeout",
-        "gpu_timeout",
-        parse_duration,
-        "5s",
-        "Bound on one NVML sweep.",
-        False,
-    ),
-    (
-        "--cgroup.path",
-        "cgroup_path",
-        str,
-        None,
-        "Memory cgroup to watch, as in /proc/<pid>/cgroup (e.g. /kubepods/pod1) or a directory under sysfs.",
-        False,
-    ),
-    (
-        "--cgroup.target-process",
-        "cgroup_target_process",
-        str,
-        None,
-        "Watch the cgroup of the first process whose comm or cmdline matches this regex.",
-        False,
-    ),
-    (
-        "--memory.limit-bytes",
-        "memory_limit_bytes",
-        parse_size,
-        None,
-        "Memory limit of the workload (Downward API limits.memory); used when the cgroup has none.",
-        False,
-    ),
-    ("--log.level", "log_level", str, "info", "debug, info, warning or error.", False),
-    (
-        "--log.format",
-        "log_format",
-        str,
-        "logfmt",
-        "logfmt or json (one JSON object a line).",
-        False,
-    ),
-)
+def _log_level(text: str) -> str:
+    if text.lower() not in ("debug", "info", "warning", "error"):
+        raise ValueError(f"unknown level {text!r}")
+    return text
+
+
+def _regex(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as err:
+        raise ValueError(f"invalid regex: {err}") from None
+    return text
+
+
+def _url_path(text: str) -> str:
+    if not text.startswith("/"):
+        raise ValueError(f"must start with '/', got {text!r}")
+    return text
+
+
+class Flag(NamedTuple):
+    flag: str
+    dest: str  # the Config field (but "listen": listen_host and listen_port)
+    kind: Callable[[str], object]  # text -> value; ValueError names what is wrong
+    default: Optional[str]  # as text, converted like a given value
+    help: str
+    repeatable: bool = False
+
+
+KINDS: Dict[str, Callable[[str], object]] = {
+    "text": str,
+    "address": parse_listen_address,
+    "url-path": _url_path,
+    "size": parse_size,
+    "duration": parse_duration,
+    "duration-or-0": parse_duration_or_zero,
+    "count": _positive_int,
+    "regex": _regex,
+    "mode": _one_of("sidecar", "node"),
+    "log-level": _log_level,
+    "log-format": _one_of("logfmt", "json"),
+}
+
+# Every flag once: name, Config field, kind (KINDS; "..." repeatable), default ("-": none),
+# then its help text on the indented lines below.
+_TABLE = """
+--web.listen-address           listen                 address        :9841
+    Address to serve /metrics on; ':9841' and '[::]:9841' are every address, IPv6 and
+    IPv4.
+--web.telemetry-path           telemetry_path         url-path       /metrics
+    Path of the metrics page.
+--web.config.file              web_config_file        text           -
+    exporter-toolkit web config (YAML): TLS, client certificates, basic auth, headers;
+    re-read on change.
+--web.tls-cert-file            tls_cert_file          text           -
+    Deprecated alias of tls_server_config.cert_file in --web.config.file: enables HTTPS.
+--web.tls-key-file             tls_key_file           text           -
+    Deprecated alias of tls_server_config.key_file in --web.config.file.
+--web.tls-client-ca-file       tls_client_ca_file     text           -
+    Deprecated alias of client_ca_file with client_auth_type RequireAndVerifyClientCert:
+    mTLS.
+--mode                         mode                   mode           sidecar
+    sidecar: watch --shm.mount; node: also discover every pod's and container's shm from
+    the host's mountinfo.
+--path.procfs                  procfs                 text           /proc
+    procfs mount point.
+--path.sysfs                   sysfs                  text           /sys
+    sysfs mount point.
+--path.rootfs                  rootfs                 text           /
+    Root of the filesystem the shm mounts are found under.
+--path.kmsg                    kmsg                   text           /dev/kmsg
+    The kernel log device the oom collector reads OOM kill reports from (not under
+    --path.rootfs: in a container it is a device given to it, e.g. docker --device
+    /dev/kmsg).
+--shm.mount                    shm_mounts             text...        -
+    tmpfs mount to watch (repeatable; default /dev/shm).
+--shm.size-limit               shm_size_limit         size           -
+    Configured size limit of the shm volume (emptyDir sizeLimit), e.g. 16Gi.
+--poll-interval                poll_interval          duration       1s
+    How often cheap sources are polled.
+--inventory-interval           inventory_interval     duration       15s
+    How often the full segment inventory runs (also on inotify events).
+--peak-window                  peak_window            duration       60s
+    Window of shmwatch_mount_peak_used_bytes.
+--segments.top-k               top_k                  count          10
+    How many segments and processes get their own series.
+--segments.ignore-unreadable   ignore_unreadable      regex          -
+    Regex on comm: root-owned processes whose /proc entries cannot be read but that hold
+    no shm (a VM agent as pid 1 that even root cannot inspect) do not make
+    held-by-nobody segments unverified.
+--segments.full-scan-interval  full_scan_interval     duration-or-0  2m
+    Node mode: how often every process on the node is read for the segments it holds. In
+    between, the inventory reads only new processes, the pods of holders that exited and
+    the pods whose mount moved; a segment nobody holds that is new, or was held at the
+    last full scan, is 'unverified' until the next full scan may call it 'orphan'. 0:
+    every inventory run reads every process.
+--collector.timeout            collector_timeout      duration       10s
+    A collector run longer than this is marked failed.
+--collector.gpu.timeout        gpu_timeout            duration       5s
+    Bound on one NVML sweep.
+--cgroup.path                  cgroup_path            text           -
+    Memory cgroup to watch, as in /proc/<pid>/cgroup (e.g. /kubepods/pod1) or a
+    directory under sysfs.
+--cgroup.target-process        cgroup_target_process  regex          -
+    Watch the cgroup of the first process whose comm or cmdline matches this regex.
+--memory.limit-bytes           memory_limit_bytes     size           -
+    Memory limit of the workload (Downward API limits.memory); used when the cgroup has
+    none.
+--log.level                    log_level              log-level      info
+    debug, info, warning or error.
+--log.format                   log_format             log-format     logfmt
+    logfmt or json (one JSON object a line).
+"""
+
+
+def _read_table(text: str) -> Tuple[Flag, ...]:
+    flags = []
+    for entry in re.split(r"\n(?=\S)", text.strip()):
+        head, *help_lines = entry.split("\n")
+        flag, dest, kind, default = head.split()
+        flags.append(
+            Flag(
+                flag,
+                dest,
+                KINDS[kind.rstrip(".")],
+                None if default == "-" else default,
+                " ".join(line.strip() for line in help_lines),
+                kind.endswith("..."),
+            )
+        )
+    return tuple(flags)
+
+
+FLAGS = _read_table(_TABLE)
+
+
+def _switch(env: str, default: Optional[bool]) -> Optional[bool]:
+    """A switch's default: from SHMWATCH_<FLAG> when set ("0", "false", "no", "off": off)."""
+    text = os.environ.get(env)
+    if text is None:
+        return default
+    return text.strip().lower() not in ("0", "false", "no", "off")
 
 
 def build_parser(prog: str = "shmwatch") -> argparse.ArgumentParser:
@@ -367,48 +318,32 @@ def build_parser(prog: str = "shmwatch") -> argparse.ArgumentParser:
         "--version", action="version", version=f"shmwatch {__version__}"
     )
     for flag, dest, kind, default, text, repeatable in FLAGS:
-        env = os.environ.get(_env_name(flag))
+        env = os.environ.get(env_name(flag))
         if env is not None:
             default = env.split(",") if repeatable else env
         elif repeatable:
             default = None
-        help_text = f"{text} [env {_env_name(flag)}]"
+        # A repeatable flag's list from the environment is kept apart: given flags replace it.
+        parser.add_argument(
+            flag,
+            dest=dest,
+            type=typed(kind, flag),
+            action="append" if repeatable else "store",
+            default=None if repeatable else default,
+            help=f"{text} [env {env_name(flag)}]",
+        )
         if repeatable:
-            parser.add_argument(
-                flag,
-                dest=dest,
-                type=typed(kind, flag),
-                action="append",
-                default=None,
-                help=help_text,
-            )
             parser.set_defaults(**{dest + "_env": default})
-        else:
-            parser.add_argument(
-                flag,
-                dest=dest,
-                type=typed(kind, flag),
-                default=default,
-                help=help_text,
-            )
     for name in COLLECTORS:
         flag = f"--collector.{name}"
-        env = os.environ.get(_env_name(flag))
-        on_by_default: Optional[bool] = (
-            None if name in NODE_DEFAULT_COLLECTORS else True
-        )
-        default = (
-            on_by_default
-            if env is None
-            else env.strip().lower() not in ("0", "false", "no", "off")
-        )
+        on_by_default = None if name in NODE_DEFAULT_COLLECTORS else True
         parser.add_argument(
             flag,
             dest=f"collector_{name}",
             action="store_true",
-            default=default,
+            default=_switch(env_name(flag), on_by_default),
             help=f"Enable the {name} collector (default "
-            f"{'on' if on_by_default else 'on in node mode'}) [env {_env_name(flag)}].",
+            f"{'on' if on_by_default else 'on in node mode'}) [env {env_name(flag)}].",
         )
         parser.add_argument(
             f"--no-collector.{name}",
@@ -416,13 +351,11 @@ def build_parser(prog: str = "shmwatch") -> argparse.ArgumentParser:
             action="store_false",
             help=f"Disable the {name} collector.",
         )
-    inotify_env = os.environ.get("SHMWATCH_INOTIFY")
     parser.add_argument(
         "--no-inotify",
         dest="inotify",
         action="store_false",
-        default=inotify_env is None
-        or inotify_env.lower() not in ("0", "false", "no", "off"),
+        default=_switch("SHMWATCH_INOTIFY", True),
         help="Poll instead of watching mounts with inotify [env SHMWATCH_INOTIFY=false].",
     )
     return parser
@@ -435,103 +368,31 @@ def parse_args(
     own_parser = parser is None
     parser = parser or build_parser(prog)
     ns = parser.parse_args(argv)
-    # Env defaults bypass argparse's type conversion for repeatables and are strings
-    # for the others: convert them here so a bad env value fails like a bad flag.
-    values = {}
+    cfg = Config()
     for flag, dest, kind, _default, _text, repeatable in FLAGS:
         value = getattr(ns, dest)
-        if repeatable and value is None:
-            value = getattr(ns, dest + "_env")
-        try:
-            if isinstance(value, str) and not repeatable:
-                value = kind(value)
-            elif repeatable and value is not None:
-                value = [kind(v) if isinstance(v, str) else v for v in value]
-        except ValueError as err:
-            parser.error(f"argument {flag} (from {_env_name(flag)}): {err}")
-        values[dest] = value
-    cfg = Config()
-    cfg.listen_host, cfg.listen_port = values["listen"]
-    for key in (
-        "telemetry_path",
-        "tls_cert_file",
-        "tls_key_file",
-        "tls_client_ca_file",
-        "web_config_file",
-        "log_format",
-        "procfs",
-        "sysfs",
-        "kmsg",
-        "rootfs",
-        "shm_size_limit",
-        "poll_interval",
-        "inventory_interval",
-        "peak_window",
-        "top_k",
-        "collector_timeout",
-        "gpu_timeout",
-        "cgroup_path",
-        "cgroup_target_process",
-        "memory_limit_bytes",
-        "log_level",
-        "mode",
-        "ignore_unreadable",
-        "full_scan_interval",
-    ):
-        setattr(cfg, key, values[key])
-    if values["shm_mounts"]:
-        cfg.shm_mounts = list(
-            dict.fromkeys(m.rstrip("/") or "/" for m in values["shm_mounts"])
-        )
+        if repeatable and value is None and getattr(ns, dest + "_env"):
+            # argparse converts given values and string defaults, not a list from the env.
+            try:
+                value = [kind(v) for v in getattr(ns, dest + "_env")]
+            except ValueError as err:
+                parser.error(f"argument {flag} (from {env_name(flag)}): {err}")
+        if dest == "listen":
+            cfg.listen_host, cfg.listen_port = value
+        elif dest == "shm_mounts":
+            if value:
+                cfg.shm_mounts = list(
+                    dict.fromkeys(m.rstrip("/") or "/" for m in value)
+                )
+        else:
+            setattr(cfg, dest, value)
     cfg.collectors = {name: getattr(ns, f"collector_{name}") for name in COLLECTORS}
     for name in NODE_DEFAULT_COLLECTORS:
         if cfg.collectors[name] is None:
             cfg.collectors[name] = cfg.mode == "node"
     cfg.inotify = ns.inotify
-    if not cfg.telemetry_path.startswith("/"):
-        parser.error(
-            f"argument --web.telemetry-path: must start with '/', got {cfg.telemetry_path!r}"
-        )
-    if cfg.mode not in ("sidecar", "node"):
-        parser.error(f"argument --mode: {cfg.mode!r} is not one of sidecar, node")
-    if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
-        parser.error(f"argument --log.level: unknown level {cfg.log_level!r}")
-    if cfg.log_format not in ("logfmt", "json"):
-        parser.error(
-            f"argument --log.format: {cfg.log_format!r} is not one of logfmt, json"
-        )
-    if cfg.web_config_file and (
-        cfg.tls_cert_file or cfg.tls_key_file or cfg.tls_client_ca_file
-    ):
-        parser.error(
-            "argument --web.config.file: give it or the deprecated --web.tls-* flags, not both "
-            "(move them to tls_server_config)"
-        )
-    if cfg.tls_key_file and not cfg.tls_cert_file:
-        parser.error("argument --web.tls-key-file: needs --web.tls-cert-file too")
-    if cfg.tls_cert_file and not cfg.tls_key_file:
-        parser.error("argument --web.tls-cert-file: needs --web.tls-key-file too")
-    if cfg.tls_client_ca_file and not cfg.tls_cert_file:
-        parser.error(
-            "argument --web.tls-client-ca-file: mTLS needs --web.tls-cert-file and --web.tls-key-file"
-        )
     if cfg.cgroup_path and cfg.cgroup_target_process:
         parser.error(
             "arguments --cgroup.path and --cgroup.target-process: give one, not both"
         )
-    for flag, pattern in (
-        ("--cgroup.target-process", cfg.cgroup_target_process),
-        ("--segments.ignore-unreadable", cfg.ignore_unreadable),
-    ):
-        if pattern:
-            try:
-                re.compile(pattern)
-            except re.error as err:
-                parser.error(f"argument {flag}: invalid regex: {err}")
     return cfg if own_parser else (cfg, ns)
-
-
-def fail(flag: str, message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
-    """End start-up with one line naming the flag (for errors found after parsing)."""
-    sys.stderr.write(f"shmwatch: error: argument {flag}: {message}\n")
-    sys.exit(2)

@@ -14,7 +14,7 @@ import pytest
 from exporter.model.types import CgroupMemory, OomReports
 from exporter.collectors import BaseSource
 from exporter.collectors.cgroup import CgroupCollector
-from exporter.collectors.oom import kmsg_records, parse_kmsg_record, parse_oom_kills
+from exporter.collectors.oom import parse_kmsg_record, parse_oom_kills
 from exporter.host.paths import Paths
 from tests.conftest import REPO, Exporter, needs_root, remove_cgroup, select, value
 from tests.helpers import registry_for
@@ -23,6 +23,18 @@ FIXTURE = os.path.join(REPO, "tests", "fixtures", "kmsg", "oom.txt")
 POD = "3c1f5a2e-8b7d-4e6f-9a01-23456789abcd"
 MiB = 1 << 20
 V1_ROOT = "/sys/fs/cgroup/memory"
+
+
+
+def kmsg_records(text):
+    """Text as `cat /dev/kmsg` prints it -> records (a line starting with a space continues one)."""
+    records = []
+    for line in text.splitlines():
+        if line.startswith(" ") and records:
+            records[-1] += "\n" + line
+        elif line.strip():
+            records.append(line)
+    return records
 
 
 def fixture_kills():

@@ -20,7 +20,7 @@ from exporter.collectors.sysv import parse_sysvipc_shm
 from exporter.config import parse_duration, parse_size
 from exporter.inventory.maps import dev_token, parse_maps
 from exporter.exposition.labels import MAX_LABEL_CHARS, clean
-from exporter.host.mountinfo import MountEntry, parse_mountinfo, size_option
+from exporter.host.mountinfo import MountEntry, parse_mountinfo
 from exporter.host.proctable import parse_proc_cgroup, parse_stat
 from exporter.model.classes import CLASS_NAMES, CLASSES, classify
 
@@ -84,17 +84,6 @@ def test_mountinfo_malformed_lines_are_skipped_not_fatal(entries, garbage):
 def test_mountinfo_any_text(text):
     for entry in parse_mountinfo(text):
         assert isinstance(entry.mount_point, str)
-
-
-@given(st.integers(0, 1 << 40), st.sampled_from(["", "k", "K", "m", "M", "g", "G"]))
-def test_size_option(number, unit):
-    factor = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit.lower()]
-    assert size_option(f"rw,nosuid,size={number}{unit},mode=1777") == number * factor
-
-
-@given(token)
-def test_size_option_any(options):
-    size_option(options)  # None or an int; never raises
 
 
 # --- maps ------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ import pytest
 
 from exporter.model.types import MountUsage, SysvSegment, SysvShm
 from exporter.model.catalogue import BY_NAME, CATALOGUE, NODE_MOUNT_LABELS, family_name, lookup, node_labels
-from exporter.host.mountinfo import MountEntry, find_mount
+from exporter.host.mountinfo import MountEntry, MountIndex
 from exporter.exposition.labels import basename
 
 
@@ -51,6 +51,10 @@ def test_sysv_totals():
                    SysvSegment(3, 3, 5, 0, 9, 0)], None, None, None)
     # Only what the collector found unattached with its creator and last user gone counts.
     assert (shm.total_bytes, shm.resident_bytes, shm.orphans) == (405, 340, 1)
+
+
+def find_mount(entries, path):
+    return MountIndex(entries).find(path)
 
 
 def test_find_mount_longest_prefix_on_component_boundaries():

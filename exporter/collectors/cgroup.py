@@ -21,13 +21,17 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 from exporter.model.types import CgroupMemory
 from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_mount
 from exporter.host.paths import Paths, read_text
-from exporter.host.proctable import ProcessTable, parse_proc_cgroup  # noqa: F401 - parse_proc_cgroup re-exported
+from exporter.host.proctable import ProcessTable
 from exporter.collectors import BaseSource, register, workload
 
 
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 bytes
 # with 4 KiB pages); anything this large is not a real limit.
 V1_UNLIMITED = 1 << 62
+
+# What a cgroup's files say: usage, limit (None: none), memory.stat, and the OOM kill
+# counters (v2 memory.events, v1 memory.oom_control).
+CgroupFiles = Tuple[int, Optional[int], Dict[str, int], Dict[str, int]]
 
 
 def parse_flat_keyed(text: str) -> Dict[str, int]:
@@ -51,41 +55,45 @@ def parse_limit(text: str) -> Optional[int]:
     return None if number >= V1_UNLIMITED else number
 
 
-def read_v2(
-    directory: str,
-) -> Tuple[int, Optional[int], Dict[str, int], Dict[str, int]]:
+def _read_keyed(directory: str, name: str) -> Dict[str, int]:
+    """A flat-keyed file of the cgroup; {} when it has none (a root, an older kernel)."""
+    try:
+        return parse_flat_keyed(read_text(os.path.join(directory, name)))
+    except FileNotFoundError:
+        return {}
+
+
+def read_v2(directory: str) -> CgroupFiles:
     usage = int(read_text(os.path.join(directory, "memory.current")).strip())
     try:
         limit = parse_limit(read_text(os.path.join(directory, "memory.max")))
     except FileNotFoundError:
         limit = None  # the root cgroup has no memory.max
     stat = parse_flat_keyed(read_text(os.path.join(directory, "memory.stat")))
-    try:
-        events = parse_flat_keyed(read_text(os.path.join(directory, "memory.events")))
-    except FileNotFoundError:
-        events = {}
-    return usage, limit, stat, events
+    return usage, limit, stat, _read_keyed(directory, "memory.events")
 
 
-def read_v1(
-    directory: str,
-) -> Tuple[int, Optional[int], Dict[str, int], Dict[str, int]]:
+def read_v1(directory: str) -> CgroupFiles:
     usage = int(read_text(os.path.join(directory, "memory.usage_in_bytes")).strip())
     stat = parse_flat_keyed(read_text(os.path.join(directory, "memory.stat")))
     # A parent's limit binds too: memory.stat says the tightest one up the tree, its own
     # included (the kernel's min over the cgroup and its ancestors), so limit_in_bytes is
-    # read only when memory.stat does not say (a node reads 200 pods' cgroups per scrape).
+    # read only when memory.stat does not say.
     hierarchical = stat.get("hierarchical_memory_limit")
     if hierarchical is not None:
         limit = None if hierarchical >= V1_UNLIMITED else hierarchical
     else:
         limit = parse_limit(read_text(os.path.join(directory, "memory.limit_in_bytes")))
-    try:
-        oom = parse_flat_keyed(read_text(os.path.join(directory, "memory.oom_control")))
-    except FileNotFoundError:
-        oom = {}
-    return usage, limit, stat, oom
+    return usage, limit, stat, _read_keyed(directory, "memory.oom_control")
 
+
+# Where the memory controller's files are below /sys/fs/cgroup: (directory, cgroup version,
+# the file only a memory cgroup has). v1 (or hybrid) first.
+HIERARCHIES = (
+    ("memory", 1, "memory.usage_in_bytes"),
+    ("", 2, "memory.current"),
+    ("unified", 2, "memory.current"),
+)
 
 # Node mode lists the pod cgroups again this often (a pod with no shm volume shows up within
 # it); a pod whose shm mount discovery found but which is not listed asks sooner.
@@ -114,9 +122,8 @@ class CgroupCollector(BaseSource):
         self.cgroup_path = cgroup_path
         self.target = re.compile(target_process) if target_process else None
         self.limit_override = limit_override
-        self.mounts = mounts or (
-            lambda: []
-        )  # the watched shm mounts: what an estimate adds
+        # The watched shm mounts: what an estimate adds.
+        self.mounts = mounts or (lambda: [])
         self.statvfs = statvfs
         # Node mode: the last walk's pod cgroups, their UIDs, and when it was made.
         self._listed: Optional[List[Tuple[str, int, str, str]]] = None
@@ -141,9 +148,8 @@ class CgroupCollector(BaseSource):
             and self.cgroup_path.startswith(root + "/")
         ):
             directory = self.cgroup_path
-            version = (
-                2 if os.path.exists(os.path.join(directory, "memory.current")) else 1
-            )
+            v2 = os.path.exists(os.path.join(directory, "memory.current"))
+            version = 2 if v2 else 1
             rel = directory[len(root) :]
             if version == 1 and rel.startswith("/memory"):
                 rel = rel[len("/memory") :] or "/"
@@ -160,19 +166,13 @@ class CgroupCollector(BaseSource):
         outside = any(
             path.startswith("/..") or "/../" in path for path in candidates.values()
         )
-        if "memory" in candidates and not outside:  # v1 (or hybrid) memory controller
-            path = candidates["memory"]
-            directory = os.path.join(root, "memory", path.lstrip("/"))
-            tried.append(directory)
-            if os.path.exists(os.path.join(directory, "memory.usage_in_bytes")):
-                return path, 1, directory
-        if "" in candidates and not outside:
-            path = candidates[""]
-            for base in (root, os.path.join(root, "unified")):
-                directory = os.path.join(base, path.lstrip("/"))
+        for base, version, marker in () if outside else HIERARCHIES:
+            path = candidates.get("memory" if version == 1 else "")
+            if path is not None:
+                directory = os.path.join(root, base, path.lstrip("/"))
                 tried.append(directory)
-                if os.path.exists(os.path.join(directory, "memory.current")):
-                    return path, 2, directory
+                if os.path.exists(os.path.join(directory, marker)):
+                    return path, version, directory
         found = workload.find_through_mounts(self.paths, candidates)
         if found is not None:
             return found
@@ -191,9 +191,8 @@ class CgroupCollector(BaseSource):
             return self.collect_pods()
         if self.cgroup_path:
             return [self.read(*self.resolve(), self.limit_override)]
-        host = (
-            self.table.kernel_threads_visible()
-        )  # the host's PID namespace: nobody's workload
+        # In the host's PID namespace the processes are nobody's workload.
+        host = self.table.kernel_threads_visible()
         processes = [] if host else workload.workload_processes(self.table, os.getpid())
         if self.target:
             pid = self.find_target_pid()
@@ -243,11 +242,8 @@ class CgroupCollector(BaseSource):
         """
         root = self.paths.sys("fs", "cgroup")
         found = []
-        for base, version, marker in (
-            (os.path.join(root, "memory"), 1, "memory.usage_in_bytes"),
-            (root, 2, "memory.current"),
-            (os.path.join(root, "unified"), 2, "memory.current"),
-        ):
+        for below_root, version, marker in HIERARCHIES:
+            base = os.path.join(root, below_root)
             for top in POD_CGROUP_ROOTS:
                 start = os.path.join(base, top)
                 if not os.path.isdir(start):
@@ -256,14 +252,9 @@ class CgroupCollector(BaseSource):
                     depth = directory[len(start) :].count(os.sep)
                     match = POD_CGROUP_DIR.search(os.path.basename(directory))
                     if match and marker in files:
-                        found.append(
-                            (
-                                "/" + os.path.relpath(directory, base),
-                                version,
-                                directory,
-                                match.group(1).replace("_", "-"),
-                            )
-                        )
+                        path = "/" + os.path.relpath(directory, base)
+                        uid = match.group(1).replace("_", "-")
+                        found.append((path, version, directory, uid))
                         subdirs[:] = []  # containers below the pod are not pods
                     elif depth >= 2:
                         subdirs[:] = []
@@ -286,10 +277,8 @@ class CgroupCollector(BaseSource):
             self._listed_uids = {uid for _, _, _, uid in self._listed}
             self._walked_at = now
         found = self.read_pods(self._listed)
-        if len(found) < len(self._listed):
-            self._listed = (
-                None  # a pod went away (or cannot be read): list again next time
-            )
+        if len(found) < len(self._listed):  # a pod went away (or cannot be read)
+            self._listed = None  # list again next time
         return found
 
     def read_pods(self, listed: List[Tuple[str, int, str, str]]) -> List[CgroupMemory]:
@@ -356,9 +345,7 @@ class CgroupCollector(BaseSource):
             return ()
         for entry in entries:
             try:
-                count = parse_flat_keyed(
-                    read_text(os.path.join(entry.path, "memory.oom_control"))
-                ).get("oom_kill")
+                count = _read_keyed(entry.path, "memory.oom_control").get("oom_kill")
             except OSError:
                 continue  # gone already
             if count is not None:

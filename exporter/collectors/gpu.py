@@ -2,7 +2,7 @@
 
 NVML is initialised once and kept; after a driver-level error it is shut down and
 initialised again on the next run. One GPU failing (lost, not supported) skips that
-GPU only. A call that hangs is bounded by the sampler: this collector runs on its own
+GPU only. A call that hangs is bounded by the scheduler: this collector runs on its own
 thread with --collector.gpu.timeout, and a stuck thread is never started twice.
 """
 
@@ -51,17 +51,13 @@ class GpuCollector(BaseSource):
         self.nvml = None
         self.initialised = False
         self.driver_version = ""
-        self._missing: Optional[Tuple[float, str]] = (
-            None  # (when, why) the driver was absent
-        )
+        self._missing: Optional[Tuple[float, str]] = None  # (when, why) no driver
 
     # --- NVML life cycle ----------------------------------------------------------------
     def _init(self):
-        if (
-            self._missing
-            and self.clock() - self._missing[0] < MISSING_DRIVER_RETRY_SECONDS
-        ):
-            raise RuntimeError(self._missing[1])
+        missing = self._missing
+        if missing and self.clock() - missing[0] < MISSING_DRIVER_RETRY_SECONDS:
+            raise RuntimeError(missing[1])
         try:
             nvml = self.nvml or self.load_nvml()
         except ImportError as err:
@@ -71,16 +67,11 @@ class GpuCollector(BaseSource):
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as err:
-            code = getattr(err, "value", None)
-            if code in (
-                nvml.NVML_ERROR_LIBRARY_NOT_FOUND,
-                nvml.NVML_ERROR_DRIVER_NOT_LOADED,
-            ):
-                why = (
-                    "no NVIDIA driver: libnvidia-ml.so.1 not found"
-                    if code == nvml.NVML_ERROR_LIBRARY_NOT_FOUND
-                    else "the NVIDIA driver is not loaded"
-                )
+            why = {
+                nvml.NVML_ERROR_LIBRARY_NOT_FOUND: "no NVIDIA driver: libnvidia-ml.so.1 not found",
+                nvml.NVML_ERROR_DRIVER_NOT_LOADED: "the NVIDIA driver is not loaded",
+            }.get(getattr(err, "value", None))
+            if why:
                 self._missing = (self.clock(), why)
                 raise RuntimeError(why) from None
             raise RuntimeError(f"nvmlInit failed: {err}") from None
@@ -178,16 +169,11 @@ class GpuCollector(BaseSource):
             for info in infos:
                 if info.usedGpuMemory is None:
                     continue  # not available (WDDM, or no permission)
-                used[int(info.pid)] = max(
-                    used.get(int(info.pid), 0), int(info.usedGpuMemory)
-                )
-        return tuple(
-            GpuProcess(pid, self._comm(pid), b) for pid, b in sorted(used.items())
-        )
-
-    def _comm(self, pid: int) -> str:
+                pid = int(info.pid)
+                used[pid] = max(used.get(pid, 0), int(info.usedGpuMemory))
         # NVML reports host PIDs; from another PID namespace they do not resolve here.
-        return self.table.comm(pid)
+        comm = self.table.comm
+        return tuple(GpuProcess(pid, comm(pid), b) for pid, b in sorted(used.items()))
 
 
 register("gpu", lambda c: GpuCollector(c.paths, table=c.table))

@@ -50,9 +50,8 @@ _LEGACY = re.compile(
 _KILLED = re.compile(r"Killed process (?P<pid>\d+) \((?P<comm>.*)\)(?P<rest>[^()]*)$")
 _RSS = re.compile(r"(anon|file|shmem)-rss:(\d+)kB")
 
-KMSG_RECORD_MAX = (
-    8192  # one read() returns one record; the kernel's limit is about 1 KiB + dict
-)
+# One read() returns one record; the kernel's limit is about 1 KiB + dict.
+KMSG_RECORD_MAX = 8192
 
 
 def parse_kmsg_record(record: str) -> Optional[Tuple[int, int, str]]:
@@ -76,9 +75,8 @@ class OomParser:
     pid until then (bounded: a kill whose last line was lost to an overrun is dropped)."""
 
     def __init__(self) -> None:
-        self._pending: Dict[
-            int, Tuple[str, str, str]
-        ] = {}  # pid -> (task_memcg, oom_memcg, constraint)
+        # pid -> (task_memcg, oom_memcg, constraint)
+        self._pending: Dict[int, Tuple[str, str, str]] = {}
         self._legacy: Optional[Tuple[str, str]] = None
 
     def feed(self, seq: int, usec: int, message: str) -> Optional[OomKill]:
@@ -100,11 +98,13 @@ class OomParser:
         if not match or "reaped process" in message:
             return None
         pid = int(match["pid"])
+        legacy, self._legacy = self._legacy or ("", ""), None
         task_memcg, oom_memcg, constraint = self._pending.pop(pid, None) or (
-            *(self._legacy or ("", "")),
+            *legacy,
             "",
         )
-        self._legacy = None
+        if not constraint and message.startswith("Memory cgroup"):
+            constraint = "CONSTRAINT_MEMCG"
         rss = {kind: int(kb) * 1024 for kind, kb in _RSS.findall(match["rest"])}
         return OomKill(
             seq,
@@ -113,28 +113,19 @@ class OomParser:
             match["comm"],
             task_memcg,
             oom_memcg,
-            constraint
-            or ("CONSTRAINT_MEMCG" if message.startswith("Memory cgroup") else ""),
+            constraint,
             rss.get("anon"),
             rss.get("file"),
             rss.get("shmem"),
         )
 
 
-def kmsg_records(text: str) -> List[str]:
-    """Text as `cat /dev/kmsg` prints it -> records (a line starting with a space continues one)."""
-    records: List[str] = []
-    for line in text.splitlines():
-        if line.startswith(" ") and records:
-            records[-1] += "\n" + line
-        elif line.strip():
-            records.append(line)
-    return records
-
-
-def parse_oom_kills(records: Iterable[str]) -> List[OomKill]:
-    """Every completed OOM report in a sequence of /dev/kmsg records."""
-    parser, kills = OomParser(), []
+def parse_oom_kills(
+    records: Iterable[str], parser: Optional["OomParser"] = None
+) -> List[OomKill]:
+    """Every OOM report completed by a sequence of /dev/kmsg records (with `parser`: one
+    that holds the first lines of reports begun in earlier records)."""
+    parser, kills = parser or OomParser(), []
     for record in records:
         parsed = parse_kmsg_record(record)
         if parsed is not None:
@@ -172,7 +163,7 @@ class OomCollector(BaseSource):
                     f"{self.kmsg_path}: {err.strerror} (needs CAP_SYSLOG when "
                     f"kernel.dmesg_restrict=1, and the device in a container)"
                 ) from None
-        new: List[OomKill] = []
+        records: List[str] = []
         lost = 0
         while True:
             try:
@@ -180,20 +171,18 @@ class OomCollector(BaseSource):
             except BlockingIOError:
                 break  # EAGAIN: nothing more for now
             except OSError as err:
+                # EPIPE: the ring wrapped past us; reading goes on from the oldest record
+                # left. EINVAL: a record larger than our buffer (never an OOM report line).
                 if err.errno == errno.EPIPE:
-                    lost += 1  # the ring wrapped past us; reading goes on from the oldest record left
+                    lost += 1
                     continue
                 if err.errno == errno.EINVAL:
-                    continue  # a record larger than our buffer: skipped (never an OOM report line)
+                    continue
                 raise
             if not raw:
                 break
-            parsed = parse_kmsg_record(raw.decode("utf-8", "replace"))
-            if parsed is not None:
-                kill = self._parser.feed(*parsed)
-                if kill is not None:
-                    new.append(kill)
-        return OomReports(tuple(new), lost)
+            records.append(raw.decode("utf-8", "replace"))
+        return OomReports(tuple(parse_oom_kills(records, self._parser)), lost)
 
     def close(self) -> None:
         if self._fd is not None:

@@ -26,7 +26,8 @@ from exporter.host.mountinfo import live_mounts
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from exporter.inventory.changes import ChangeLog
-from exporter.inventory.owners import DELETED, Owners, OwnerScan, UnprovenLog
+from exporter.inventory.holdings import DELETED, Owners, UnprovenLog
+from exporter.inventory.owners import OwnerScan
 from exporter.inventory.walk import MAX_ENTRIES, Files, Key, patch_listing, walk
 from exporter.model.classes import classify
 from exporter.model.types import Inventory, MountInventory, Segment

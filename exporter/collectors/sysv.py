@@ -20,9 +20,8 @@ import functools
 import os
 import re
 import threading
-import time
 from dataclasses import replace
-from typing import Callable, Dict, List, Optional, Set, Tuple, TypeVar
+from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 from exporter.model.types import SysvSegment, SysvShm
 from exporter.collectors import BaseSource, register
@@ -125,12 +124,8 @@ def in_ipc_namespaces(
     thread.join(timeout)
     if thread.is_alive():
         for namespace, _ in namespaces:
-            results.setdefault(
-                namespace,
-                TimeoutError(
-                    f"reading IPC namespace {namespace} took over {timeout:g}s"
-                ),
-            )
+            late = f"reading IPC namespace {namespace} took over {timeout:g}s"
+            results.setdefault(namespace, TimeoutError(late))
     return dict(results)
 
 
@@ -150,23 +145,11 @@ class SysvCollector(BaseSource):
         self.table = table or ProcessTable(paths)
         # Node mode walks every process for its namespace: at the inventory's pace, not every poll.
         self.schedule = "inventory" if node_mode else "poll"
-        self._ns_of: Dict[
-            int, Tuple[Process, str, bool]
-        ] = {}  # node mode: _namespaces()
-        self._pid_wrap = self.table.pid_wrap_watch()  # a reused pid is another process
-        self._kernel_threads: Set[int] = set()
-        self._read_at = float("-inf")
 
     def read(self) -> SysvShm:
         """The calling thread's IPC namespace."""
-        segments = [
-            replace(seg, orphan=True)
-            if seg.nattch == 0
-            and self._gone(seg.cpid)
-            and (seg.lpid == 0 or self._gone(seg.lpid))
-            else seg
-            for seg in parse_sysvipc_shm(read_text(self.paths.proc("sysvipc", "shm")))
-        ]
+        segments = parse_sysvipc_shm(read_text(self.paths.proc("sysvipc", "shm")))
+        segments = [replace(s, orphan=True) if self._orphan(s) else s for s in segments]
         shmall = _read_int(self.paths.proc("sys", "kernel", "shmall"))
         return SysvShm(
             segments=segments,
@@ -181,7 +164,7 @@ class SysvCollector(BaseSource):
             return [self.read()]
         own = os.readlink(self.paths.proc("self", "ns", "ipc"))
         groups: Dict[str, List[Process]] = {}
-        for proc, namespace, _ in self._namespaces().values():
+        for proc, namespace in self._namespaces():
             groups.setdefault(namespace, []).append(proc)
         shown = [
             (namespace, procs)
@@ -210,79 +193,38 @@ class SysvCollector(BaseSource):
             try:
                 shm = self.read() if namespace == own else read.get(namespace)
             except (OSError, ValueError) as err:
-                shm = err.with_traceback(
-                    None
-                )  # kept past the except: its traceback would hold this frame
+                # Kept past the except: its traceback would hold this frame.
+                shm = err.with_traceback(None)
             if isinstance(shm, (OSError, TimeoutError, ValueError, RuntimeError)):
-                out.append(
-                    SysvShm(
-                        [], None, None, None, readable=False, error=str(shm), **labels
-                    )
-                )
+                unread = SysvShm([], None, None, None, readable=False, error=str(shm))
+                out.append(replace(unread, **labels))
                 continue
             if isinstance(shm, BaseException):
                 raise shm
             if shm is None:
                 continue  # every process of the namespace exited: so did the namespace
-            out.append(
-                SysvShm(
-                    shm.segments,
-                    shm.shmmax_bytes,
-                    shm.shmall_bytes,
-                    shm.shmmni,
-                    **labels,
-                )
-            )
+            out.append(replace(shm, **labels))
         return out
 
-    # A process's IPC namespace is read when it is new and once more a scrape later (`unshare
-    # --ipc` execs in the pid that ran in the old one), then trusted: a live process moves
-    # only by setns or unshare, rare past its start, and 2,000 processes walked and
-    # readlink'ed every scrape were most of node mode's SysV cost. All are read again now
-    # and then.
-    REREAD_NAMESPACES = 120.0
-
-    def _namespaces(self) -> Dict[int, Tuple[Process, str, bool]]:
-        """pid -> (process, its IPC namespace, read twice), for the processes /proc lists
-        now: new ones identified, exited ones dropped; all read again once pids wrapped (a
-        pid we know may be another process). in_ipc_namespaces compares each namespace's
-        inode when it joins it."""
-        now = time.monotonic()
-        if self._pid_wrap.wrapped() or now - self._read_at > self.REREAD_NAMESPACES:
-            self._ns_of, self._kernel_threads, self._read_at = {}, set(), now
-        try:
-            alive = set(self.table.pids())
-        except OSError:
-            alive = set()
-        known: Dict[int, Tuple[Process, str, bool]] = {}
-        for pid, (proc, namespace, confirmed) in self._ns_of.items():
-            if pid not in alive:
-                continue
-            if not confirmed:
-                try:
-                    again = os.readlink(self.paths.proc(pid, "ns", "ipc"))
-                except OSError:
-                    continue
-                namespace, confirmed = again, again == namespace
-            known[pid] = (proc, namespace, confirmed)
-        self._kernel_threads &= alive
-        for pid in alive - known.keys() - self._kernel_threads:
+    def _namespaces(self) -> List[Tuple[Process, str]]:
+        """Every user process with its IPC namespace, read afresh each run: `unshare --ipc`
+        moves a process after it started. in_ipc_namespaces compares each namespace's
+        inode when it joins it (the pid may be another process by then)."""
+        found = []
+        for proc in self.table.walk().processes:
             try:
-                ident = self.table.identify(pid)
-                if ident is None:
-                    continue
-                if ident[1]:
-                    self._kernel_threads.add(pid)
-                    continue
-                known[pid] = (
-                    ident[0],
-                    os.readlink(self.paths.proc(pid, "ns", "ipc")),
-                    False,
+                found.append(
+                    (proc, os.readlink(self.paths.proc(proc.pid, "ns", "ipc")))
                 )
-            except (OSError, ValueError, IndexError):
+            except OSError:
                 continue  # gone, or not ours to inspect (counted by the inventory)
-        self._ns_of = known
-        return known
+        return found
+
+    def _orphan(self, seg: SysvSegment) -> bool:
+        """Attached by nobody, and its creator and last user have exited."""
+        if seg.nattch or not self._gone(seg.cpid):
+            return False
+        return seg.lpid == 0 or self._gone(seg.lpid)
 
     def _gone(self, pid: int) -> bool:
         """The process has exited. The kernel prints pids in the reader's PID namespace (ours:

@@ -57,11 +57,9 @@ def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
             "CAP_SYS_PTRACE, or the host's cgroupfs)"
         )
     for proc in walked.processes:
-        if (
-            proc.pid == own_pid
-            or proc.comm in SANDBOX_COMMS
-            or _is_shmwatch(table, proc.pid)
-        ):
+        if proc.pid == own_pid or proc.comm in SANDBOX_COMMS:
+            continue
+        if _is_shmwatch(table, proc.pid):
             continue
         try:
             if table.cgroups(proc.pid) == own:
@@ -85,10 +83,8 @@ def _is_shmwatch(table: ProcessTable, pid: int) -> bool:
         words = table.cmdline(pid).split()
     except OSError:
         return False
-    return any(os.path.basename(w) == "shmwatch" for w in words[:2]) or words[1:3] == [
-        "-m",
-        "exporter",
-    ]
+    module = words[1:3] == ["-m", "exporter"]
+    return module or any(os.path.basename(w) == "shmwatch" for w in words[:2])
 
 
 def _components(path: str) -> List[str]:
@@ -98,9 +94,7 @@ def _components(path: str) -> List[str]:
 def below(path: str, root: str) -> Optional[List[str]]:
     """`path`'s components below `root`, both relative to one cgroup namespace root (either may
     climb out of it with leading '..'); None when `path` is not at or below `root`."""
-    base = [
-        f"\0{i}" for i in range(64)
-    ]  # a stand-in for the directories above the namespace
+    base = [f"\0{i}" for i in range(64)]  # stand-ins for the directories above it
 
     def resolve(parts: Sequence[str]) -> List[str]:
         out = list(base)

@@ -50,23 +50,13 @@ HEADERS = {
     "X-XSS-Protection": None,
     "Strict-Transport-Security": None,
 }
-TLS_KEYS = {
-    "cert_file",
-    "key_file",
-    "client_ca_file",
-    "client_auth_type",
-    "min_version",
-    "max_version",
-}
-TLS_UNSUPPORTED = {
-    "cert",
-    "key",
-    "client_ca",
-    "client_allowed_sans",
-    "cipher_suites",
-    "prefer_server_cipher_suites",
-    "curve_preferences",
-}
+TLS_KEYS = set(
+    "cert_file key_file client_ca_file client_auth_type min_version max_version".split()
+)
+TLS_UNSUPPORTED = set(
+    "cert key client_ca client_allowed_sans cipher_suites prefer_server_cipher_suites "
+    "curve_preferences".split()
+)
 # Checked against for unknown users, so a wrong user name costs what a wrong password does.
 _DUMMY_HASH = b"$2b$10$4KrXhNFlzYDN0LgKx7ks8eZTE1wMT0mRSeSTKTrhq7xlAJ3xLPdHO"
 
@@ -123,61 +113,62 @@ def _mapping(value, where: str) -> dict:
     return value
 
 
+def _no_unknown(raw: dict, allowed, where: str) -> None:
+    unknown = sorted(set(raw) - set(allowed))
+    if unknown:
+        raise WebConfigError(f"{where}unknown field {', '.join(unknown)}")
+
+
 def _resolve(path: str, base: str) -> str:
     # exporter-toolkit resolves relative file names against the web config's directory.
     return path if os.path.isabs(path) else os.path.join(base, path)
 
 
 def parse_tls(raw: dict, base: str) -> TlsSettings:
+    def bad(message: str) -> WebConfigError:
+        return WebConfigError("tls_server_config: " + message)
+
     unsupported = sorted(set(raw) & TLS_UNSUPPORTED)
     if unsupported:
-        raise WebConfigError(
-            f"tls_server_config: {', '.join(unsupported)} not supported by shmwatch "
-            "(use cert_file, key_file, client_ca_file, client_auth_type, min_version, max_version)"
+        raise bad(
+            f"{', '.join(unsupported)} not supported by shmwatch (use cert_file, "
+            "key_file, client_ca_file, client_auth_type, min_version, max_version)"
         )
-    unknown = sorted(set(raw) - TLS_KEYS)
-    if unknown:
-        raise WebConfigError(f"tls_server_config: unknown field {', '.join(unknown)}")
+    _no_unknown(raw, TLS_KEYS, "tls_server_config: ")
     if not raw.get("cert_file") or not raw.get("key_file"):
-        raise WebConfigError("tls_server_config: needs both cert_file and key_file")
+        raise bad("needs both cert_file and key_file")
     auth = raw.get("client_auth_type") or "NoClientCert"
     if auth in UNVERIFIED_CLIENT_AUTH:
-        raise WebConfigError(
-            f"tls_server_config: client_auth_type {auth} (a client certificate accepted without "
+        raise bad(
+            f"client_auth_type {auth} (a client certificate accepted without "
             "verification) is not supported: use RequireAndVerifyClientCert"
         )
     if auth not in CLIENT_AUTH:
-        raise WebConfigError(
-            f"tls_server_config: invalid client_auth_type {auth!r} "
-            f"(one of {', '.join(CLIENT_AUTH)})"
+        raise bad(
+            f"invalid client_auth_type {auth!r} (one of {', '.join(CLIENT_AUTH)})"
         )
     ca = raw.get("client_ca_file")
     if auth != "NoClientCert" and not ca:
-        raise WebConfigError(
-            f"tls_server_config: client_auth_type {auth} needs client_ca_file"
-        )
+        raise bad(f"client_auth_type {auth} needs client_ca_file")
     if ca and auth == "NoClientCert":
-        raise WebConfigError(
-            "tls_server_config: client_ca_file is set but client_auth_type is NoClientCert "
+        raise bad(
+            "client_ca_file is set but client_auth_type is NoClientCert "
             "(set client_auth_type: RequireAndVerifyClientCert)"
         )
-    versions = {}
+    versions = []
     for key, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
         version = raw.get(key) or default
         if version not in TLS_VERSIONS:
-            raise WebConfigError(
-                f"tls_server_config: invalid {key} {version!r} (one of {', '.join(TLS_VERSIONS)})"
-            )
-        versions[key] = version
-    if TLS_VERSIONS[versions["min_version"]] > TLS_VERSIONS[versions["max_version"]]:
-        raise WebConfigError("tls_server_config: min_version is above max_version")
+            raise bad(f"invalid {key} {version!r} (one of {', '.join(TLS_VERSIONS)})")
+        versions.append(version)
+    if TLS_VERSIONS[versions[0]] > TLS_VERSIONS[versions[1]]:
+        raise bad("min_version is above max_version")
     return TlsSettings(
         _resolve(str(raw["cert_file"]), base),
         _resolve(str(raw["key_file"]), base),
         _resolve(str(ca), base) if ca else None,
         auth,
-        versions["min_version"],
-        versions["max_version"],
+        *versions,
     )
 
 
@@ -190,18 +181,15 @@ def parse(text: str, base: str = ".") -> WebConfig:
     raw = _mapping(raw, "top level")
     if "rate_limit" in raw:
         raise WebConfigError("rate_limit is not supported by shmwatch")
-    unknown = sorted(
-        set(raw) - {"tls_server_config", "http_server_config", "basic_auth_users"}
+    _no_unknown(
+        raw, ("tls_server_config", "http_server_config", "basic_auth_users"), ""
     )
-    if unknown:
-        raise WebConfigError(f"unknown field {', '.join(unknown)}")
     tls_raw = _mapping(raw.get("tls_server_config"), "tls_server_config")
     tls = parse_tls(tls_raw, base) if tls_raw else None
 
     users = {}
-    for user, hashed in _mapping(
-        raw.get("basic_auth_users"), "basic_auth_users"
-    ).items():
+    raw_users = _mapping(raw.get("basic_auth_users"), "basic_auth_users")
+    for user, hashed in raw_users.items():
         hashed = str(hashed or "")
         if not hashed.startswith(("$2a$", "$2b$", "$2y$")) or len(hashed) != 60:
             raise WebConfigError(
@@ -211,17 +199,12 @@ def parse(text: str, base: str = ".") -> WebConfig:
         users[str(user)] = hashed.encode()
 
     http = _mapping(raw.get("http_server_config"), "http_server_config")
-    unknown = sorted(set(http) - {"headers", "http2"})
-    if unknown:
-        raise WebConfigError(f"http_server_config: unknown field {', '.join(unknown)}")
-    if "http2" in http and not isinstance(http["http2"], bool):
-        raise WebConfigError(
-            "http_server_config: http2 must be true or false"
-        )  # accepted; HTTP/1.1 is served
+    _no_unknown(http, ("headers", "http2"), "http_server_config: ")
+    if "http2" in http and not isinstance(http["http2"], bool):  # HTTP/1.1 is served
+        raise WebConfigError("http_server_config: http2 must be true or false")
     headers = []
-    for name, value in _mapping(
-        http.get("headers"), "http_server_config.headers"
-    ).items():
+    raw_headers = _mapping(http.get("headers"), "http_server_config.headers")
+    for name, value in raw_headers.items():
         if name not in HEADERS:
             raise WebConfigError(
                 f"http_server_config.headers: {name} is not one of {', '.join(HEADERS)}"
@@ -243,9 +226,7 @@ def load(path: str) -> WebConfig:
             text = f.read()
     except OSError as err:
         raise WebConfigError(f"cannot read {path}: {err.strerror or err}") from None
-    except (
-        ValueError
-    ) as err:  # UnicodeDecodeError: an editor saved it in another encoding
+    except ValueError as err:  # UnicodeDecodeError: saved in another encoding
         raise WebConfigError(f"cannot read {path}: {err}") from None
     return parse(text, os.path.dirname(os.path.abspath(path)))
 
@@ -275,9 +256,7 @@ class WebConfigSource:
         # bcrypt is slow on purpose: a client guessing passwords gets at most this many
         # checks at once, so it cannot take every core from the collectors.
         self._bcrypt_slots = threading.BoundedSemaphore(2)
-        self._dummies: Dict[
-            bytes, bytes
-        ] = {}  # cost -> a hash of that cost, for unknown users
+        self._dummies: Dict[bytes, bytes] = {}  # cost -> a hash for unknown users
         self._failed_stamp = None
         self.config = self._read()
         self.context = self.config.tls.context() if self.config.tls else None
@@ -288,10 +267,8 @@ class WebConfigSource:
         return load(self.path) if self.path else self._fixed
 
     def _current_stamp(self, config: WebConfig) -> tuple:
-        return _stamp(
-            ([self.path] if self.path else [])
-            + (config.tls.files() if config.tls else [])
-        )
+        files = config.tls.files() if config.tls else []
+        return _stamp(([self.path] if self.path else []) + files)
 
     def current(self) -> Tuple[WebConfig, Optional[ssl.SSLContext]]:
         """The config and context to use for a new connection (re-read when files changed)."""
@@ -312,7 +289,7 @@ class WebConfigSource:
             context = config.tls.context() if config.tls else None
         except (
             Exception
-        ) as err:  # WebConfigError, and anything unforeseen: never stop serving
+        ) as err:  # anything, not only WebConfigError: never stop serving
             # A rotation in progress (key written, certificate not yet) fails here once;
             # the next change tries again. Until then the last good config serves.
             self._failed_stamp = stamp
@@ -338,28 +315,26 @@ class WebConfigSource:
         ).digest()
         with self._lock:
             cached = self._auth_cache.get(key)
-        if cached is None:
-            import bcrypt
+        if cached is not None:
+            return cached
+        import bcrypt
 
-            if not self._bcrypt_slots.acquire(timeout=10):
-                return (
-                    False  # too many checks queued: refuse rather than pile up threads
-                )
-            try:
-                ok = (
-                    bcrypt.checkpw(password.encode(), hashed or self._dummy(config))
-                    and hashed is not None
-                )
-            except ValueError:
-                ok = False
-            finally:
-                self._bcrypt_slots.release()
-            with self._lock:
-                if len(self._auth_cache) > 1024:
-                    self._auth_cache.clear()  # bounded: a password-guessing client cannot grow it
-                self._auth_cache[key] = ok
-            cached = ok
-        return cached
+        # Too many checks queued: refuse rather than pile up threads.
+        if not self._bcrypt_slots.acquire(timeout=10):
+            return False
+        try:
+            dummy = hashed or self._dummy(config)
+            ok = bcrypt.checkpw(password.encode(), dummy) and hashed is not None
+        except ValueError:
+            ok = False
+        finally:
+            self._bcrypt_slots.release()
+        with self._lock:
+            # Bounded: a password-guessing client cannot grow it.
+            if len(self._auth_cache) > 1024:
+                self._auth_cache.clear()
+            self._auth_cache[key] = ok
+        return ok
 
     def _dummy(self, config: WebConfig) -> bytes:
         """A hash of the highest cost among the configured users: an unknown user name costs
@@ -368,15 +343,13 @@ class WebConfigSource:
 
         costs = [h.split(b"$")[2] for h in config.users.values() if h.count(b"$") >= 3]
         cost = max(costs, default=b"10")
-        with self._lock:
-            dummy = self._dummies.get(cost)
+        dummy = self._dummies.get(cost)  # two threads may both make it: no harm
         if dummy is None:
             try:
                 dummy = bcrypt.hashpw(b"no such user", bcrypt.gensalt(int(cost)))
             except ValueError:
                 dummy = _DUMMY_HASH
-            with self._lock:
-                self._dummies[cost] = dummy
+            self._dummies[cost] = dummy
         return dummy
 
 

@@ -26,32 +26,13 @@ NODE_LABELS: Tuple[str, ...] = ("pod_uid", "volume", "container_id")
 
 # (regex searched in a mount point, which runtime). Searched, not anchored, so a test may
 # mount the same layout under a temporary directory.
-MOUNT_LAYOUTS = (
-    (
-        re.compile(
-            r"/var/lib/kubelet/pods/(?P<pod_uid>[^/]+)/volumes/kubernetes\.io~empty-dir/(?P<volume>[^/]+)$"
-        ),
-        "emptydir",
-    ),
-    (
-        re.compile(
-            r"/io\.containerd\.grpc\.v1\.cri/sandboxes/(?P<container_id>[0-9a-f]{12,})/shm$"
-        ),
-        "containerd",
-    ),
-    (
-        re.compile(
-            r"/overlay-containers/(?P<container_id>[0-9a-f]{12,})/userdata/shm$"
-        ),
-        "crio",
-    ),
-    (
-        re.compile(
-            r"/var/lib/docker/containers/(?P<container_id>[0-9a-f]{12,})/mounts/shm$"
-        ),
-        "docker",
-    ),
-)
+_LAYOUTS = {
+    "emptydir": r"/var/lib/kubelet/pods/(?P<pod_uid>[^/]+)/volumes/kubernetes\.io~empty-dir/(?P<volume>[^/]+)$",
+    "containerd": r"/io\.containerd\.grpc\.v1\.cri/sandboxes/(?P<container_id>[0-9a-f]{12,})/shm$",
+    "crio": r"/overlay-containers/(?P<container_id>[0-9a-f]{12,})/userdata/shm$",
+    "docker": r"/var/lib/docker/containers/(?P<container_id>[0-9a-f]{12,})/mounts/shm$",
+}
+MOUNT_LAYOUTS = tuple((re.compile(p), runtime) for runtime, p in _LAYOUTS.items())
 
 
 def pod_uid_in_cgroup(text: str) -> str:
@@ -69,9 +50,7 @@ def mount_labels(mount_point: str) -> Optional[Dict[str, str]]:
     return None
 
 
-@functools.lru_cache(
-    maxsize=8192
-)  # the segments thread and every render ask for 200 mounts' pods
+@functools.lru_cache(maxsize=8192)  # asked for every mount by collectors and renders
 def pod_uid_of_mount(mount: str) -> str:
     """The pod UID in a kubelet emptyDir path; '' for any other mount."""
     labels = mount_labels(mount)

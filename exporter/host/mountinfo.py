@@ -7,6 +7,7 @@ discovery (node mode: every pod's and container's shm on the host).
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -20,22 +21,17 @@ class MountEntry:
     source: str
     options: str  # per-mount and superblock options, comma-separated
     device: str = ""  # major:minor
-    root: str = "/"  # the directory of the filesystem mounted here (a bind mount's or a cgroup namespace's root)
+    # The directory of the filesystem mounted here (a bind mount's or a cgroup namespace's root).
+    root: str = "/"
+
+
+_OCTAL_ESCAPE = re.compile(r"\\(\d{3})")
 
 
 def _unescape(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as octal (\040 ...).
-    if "\\" not in field:
-        return field
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
+    """mountinfo escapes space, tab, newline and backslash as octal (\\040 ...); ValueError
+    on a three-digit escape that is not octal."""
+    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m[1], 8)), field)
 
 
 def parse_mountinfo(text: str) -> List[MountEntry]:
@@ -47,14 +43,13 @@ def parse_mountinfo(text: str) -> List[MountEntry]:
         fields = line.split(" ")
         try:
             sep = fields.index("-", 6)
+            super_options = fields[sep + 3] if len(fields) > sep + 3 else ""
             entries.append(
                 MountEntry(
                     mount_point=_unescape(fields[4]),
                     fstype=fields[sep + 1],
                     source=_unescape(fields[sep + 2]),
-                    options=fields[5]
-                    + ","
-                    + (fields[sep + 3] if len(fields) > sep + 3 else ""),
+                    options=fields[5] + "," + super_options,
                     device=fields[2],
                     root=_unescape(fields[3]),
                 )
@@ -62,21 +57,6 @@ def parse_mountinfo(text: str) -> List[MountEntry]:
         except (ValueError, IndexError):
             continue
     return entries
-
-
-def size_option(options: str) -> Optional[int]:
-    """'rw,size=65536k' -> 67108864: the tmpfs size the mount was asked for."""
-    for option in options.split(","):
-        if option.startswith("size="):
-            value = option[5:]
-            units = {"k": 1024, "m": 1024**2, "g": 1024**3}
-            try:
-                if value and value[-1].lower() in units:
-                    return int(value[:-1]) * units[value[-1].lower()]
-                return int(value)
-            except ValueError:
-                return None
-    return None
 
 
 class MountIndex:
@@ -96,11 +76,6 @@ class MountIndex:
             if entry is not None or point == "/" or not point.startswith("/"):
                 return entry
             point = posixpath.dirname(point)
-
-
-def find_mount(entries: Sequence[MountEntry], path: str) -> Optional[MountEntry]:
-    """The mount that holds `path`: the last (topmost) entry with the longest matching prefix."""
-    return MountIndex(entries).find(path)
 
 
 def strip_rootfs(entries: Sequence[MountEntry], rootfs: str) -> List[MountEntry]:
@@ -185,9 +160,7 @@ class WatchedMountinfo:
         self._watches = {
             pid: MountTableWatch(paths.proc(pid, "mountinfo")) for pid in self.order
         }
-        self._read_from: Optional[str] = (
-            None  # the candidate the last entries came from
-        )
+        self._read_from: Optional[str] = None  # where the last entries came from
 
     def read(self) -> Optional[List[MountEntry]]:
         """The entries; None when unchanged since the last read. Raises OSError, naming each

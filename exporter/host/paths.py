@@ -17,7 +17,7 @@ class Paths:
     rootfs: str = "/"
 
     def proc(self, *parts: object) -> str:
-        # Not os.path.join: a node's owner scan builds 12,000 of these (parts are never absolute).
+        # Not os.path.join: the owner scan builds thousands (parts are never absolute).
         return "/".join((self.procfs.rstrip("/"), *map(str, parts)))
 
     def sys(self, *parts: object) -> str:
@@ -32,7 +32,5 @@ class Paths:
 
 def read_text(path: str) -> str:
     # newline="": no universal-newline translation, so a "\r" in a path stays in its line.
-    with open(
-        path, "r", encoding="utf-8", errors="surrogateescape", newline=""
-    ) as handle:
-        return handle.read()
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+        return f.read()

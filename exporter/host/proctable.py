@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Pattern, Set, Tuple
 
@@ -74,15 +73,15 @@ class ProcessWalk:
     """One pass over /proc: the user processes we could identify, and those we could not."""
 
     processes: List[Process]
-    unreadable: (
-        int  # listed, but /proc/<pid>/stat could not be read (permission, hidepid=1)
-    )
+    # Listed, but /proc/<pid>/stat could not be read (permission, hidepid=1).
+    unreadable: int
     # Processes that exist but /proc does not list (hidepid=2/invisible, ptraceable);
     # None when they exist but could not be counted (too many pids to probe).
     invisible: Optional[int] = 0
     # False when every process /proc shows is shmwatch itself or its parents, outside the
-    # initial PID namespace: a sidecar in a PID namespace of its own (no --pid=container:, no shareProcessNamespace) sees none of
-    # the workload's processes, and "no holder found" then proves nothing.
+    # initial PID namespace: a sidecar in a PID namespace of its own (no --pid=container:,
+    # no shareProcessNamespace) sees none of the workload's processes, and "no holder
+    # found" then proves nothing.
     workload_visible: bool = True
 
 
@@ -96,19 +95,16 @@ INITIAL_PID_NAMESPACE = f"pid:[{0xEFFFFFFC}]"
 MAX_PROBE_PIDS = 1 << 16
 
 
-def parse_hidepid(options: str) -> str:
-    """procfs mount options -> 'off', 'noaccess', 'invisible' or 'ptraceable'.
+# Kernels before 5.8 print hidepid=0/1/2(/4); later ones the names (fs/proc/root.c).
+HIDEPID_NAMES = {"0": "off", "1": "noaccess", "2": "invisible", "4": "ptraceable"}
 
-    Kernels before 5.8 print hidepid=0/1/2; later ones the names (fs/proc/root.c)."""
+
+def parse_hidepid(options: str) -> str:
+    """procfs mount options -> 'off', 'noaccess', 'invisible' or 'ptraceable'."""
     for option in options.split(","):
         if option.startswith("hidepid="):
             value = option[len("hidepid=") :]
-            return {
-                "0": "off",
-                "1": "noaccess",
-                "2": "invisible",
-                "4": "ptraceable",
-            }.get(value, value)
+            return HIDEPID_NAMES.get(value, value)
     return "off"
 
 
@@ -116,23 +112,8 @@ class ProcessTable:
     def __init__(self, paths: Paths):
         self.paths = paths
         self._lock = threading.Lock()
-        self._pods: Dict[
-            Tuple[int, int], str
-        ] = {}  # (pid, start) -> pod UID ('' when none)
-        self._last_walk: Optional[Tuple[float, ProcessWalk]] = None  # (when, walk)
-        self._walk_lock = threading.Lock()
-
-    def recent_walk(self, max_age: float) -> ProcessWalk:
-        """The last walk if it is younger than `max_age` seconds, else a new one: the SysV
-        namespaces and the owner scan run together once per scrape, on their own threads,
-        and a node's 2,000 processes cost 60 ms to walk."""
-        with (
-            self._walk_lock
-        ):  # a walk under way for the other thread is waited for, not repeated
-            last = self._last_walk
-            if last is not None and time.monotonic() - last[0] < max_age:
-                return last[1]
-            return self.walk()
+        # (pid, start time) -> pod UID ('' when none); a process never changes pod.
+        self._pods: Dict[Tuple[int, int], str] = {}
 
     def pid_wrap_watch(self) -> "PidWrapWatch":
         return PidWrapWatch(self)
@@ -142,8 +123,7 @@ class ProcessTable:
         """(ns_last_pid, processes forked since boot, pid_max), for PidWrapWatch; None when
         any cannot be read (ns_last_pid needs CONFIG_CHECKPOINT_RESTORE)."""
         try:
-            last = int(read_text(self.paths.proc("sys", "kernel", "ns_last_pid")))
-            pid_max = int(read_text(self.paths.proc("sys", "kernel", "pid_max")))
+            last, pid_max = self._last_pid_and_max()
             with open(self.paths.proc("stat"), "rb") as handle:
                 stat = handle.read()
             at = stat.index(b"\nprocesses ") + len(b"\nprocesses ")
@@ -152,9 +132,14 @@ class ProcessTable:
             return None
         return last, forks, pid_max
 
+    def _last_pid_and_max(self) -> Tuple[int, int]:
+        """(ns_last_pid, pid_max); ns_last_pid needs CONFIG_CHECKPOINT_RESTORE."""
+        kernel = ("sys", "kernel")
+        last = int(read_text(self.paths.proc(*kernel, "ns_last_pid")))
+        return last, int(read_text(self.paths.proc(*kernel, "pid_max")))
+
     def pids(self) -> List[int]:
         """The pids /proc lists. Raises OSError when it cannot be listed at all."""
-        # In C, not a Python loop over 2,000 names (a node's quick run lists /proc every event).
         return list(map(int, filter(str.isdigit, os.listdir(self.paths.procfs))))
 
     def identify(self, pid: int) -> "Optional[Tuple[Process, bool]]":
@@ -177,10 +162,8 @@ class ProcessTable:
         unreadable = 0
         try:
             listed = self.pids()
-        except OSError:
-            return ProcessWalk(
-                [], 0, None
-            )  # no process could be seen: none is proven absent
+        except OSError:  # no process could be seen: none is proven absent
+            return ProcessWalk([], 0, None)
         for pid in listed:
             try:
                 ident = self.identify(pid)
@@ -201,9 +184,7 @@ class ProcessTable:
             or self._in_initial_pid_namespace()
             or self._others_visible(found)
         )
-        done = ProcessWalk(found, unreadable, invisible, visible)
-        self._last_walk = (time.monotonic(), done)
-        return done
+        return ProcessWalk(found, unreadable, invisible, visible)
 
     def _in_initial_pid_namespace(self) -> bool:
         """Is our procfs the machine's own, read from the initial PID namespace? Then it lists
@@ -221,10 +202,8 @@ class ProcessTable:
         """Does /proc show any process besides shmwatch and the processes that started it?"""
         try:
             own = int(os.readlink(self.paths.proc("self")))
-        except (OSError, ValueError):
-            return bool(
-                found
-            )  # a fixture tree, or a procfs of a namespace we are not in
+        except (OSError, ValueError):  # a fixture tree, or another namespace's procfs
+            return bool(found)
         parents = {p.pid: p.ppid for p in found}
         ours = set()
         pid = own
@@ -252,10 +231,8 @@ class ProcessTable:
 
         pidfd_open() needs no permission and refuses a thread that is not a group leader
         (EINVAL), so it counts processes, not threads, whatever /proc lets us see."""
-        kernel = os.path.join(self.paths.procfs, "sys", "kernel")
         try:
-            last = int(read_text(os.path.join(kernel, "ns_last_pid")).strip())
-            pid_max = int(read_text(os.path.join(kernel, "pid_max")).strip())
+            last, pid_max = self._last_pid_and_max()
         except (OSError, ValueError):
             return None
         if not hasattr(os, "pidfd_open"):
@@ -292,12 +269,10 @@ class ProcessTable:
     def find(self, pattern: Pattern[str], exclude: int = -1) -> Optional[int]:
         """The lowest pid whose comm or command line matches `pattern`."""
         try:
-            pids = sorted(self.pids())
+            pids = sorted(set(self.pids()) - {exclude})
         except OSError:
             return None
         for pid in pids:
-            if pid == exclude:
-                continue
             try:
                 comm = read_text(self.paths.proc(pid, "comm")).strip()
                 cmdline = self.cmdline(pid)

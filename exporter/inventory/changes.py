@@ -35,15 +35,6 @@ class ChangeLog:
             drained, self._names = self._names, {}
         return drained
 
-    def put_back(self, drained: Dict[str, Optional[Set[str]]]) -> None:
-        """Return names drained but not settled, merged with any that came since."""
-        for mount, names in drained.items():
-            if names is None:
-                self.unknown(mount)
-            else:
-                for name in names:
-                    self.add(mount, name)
-
     def pending(self) -> bool:
         with self._lock:
             return bool(self._names)

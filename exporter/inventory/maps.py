@@ -24,12 +24,8 @@ class DeviceTokens(Dict[str, int]):
 
     def __init__(self, tokens: Dict[str, int]):
         super().__init__(tokens)
-        self.major0 = {
-            tok: dev for tok, dev in tokens.items() if tok.startswith(" 00:")
-        }
-        self.others = {
-            tok: dev for tok, dev in tokens.items() if not tok.startswith(" 00:")
-        }
+        self.major0 = {t: dev for t, dev in tokens.items() if t.startswith(" 00:")}
+        self.others = {t: dev for t, dev in tokens.items() if t not in self.major0}
 
     @classmethod
     def of(cls, devs: Set[int]) -> "DeviceTokens":
@@ -65,9 +61,8 @@ def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
                 pos = text.find(" 00:", pos + 4)
     for token, dev in others.items():  # a watched directory on a real disk: rare
         if token in text:
-            for line in text.split(
-                "\n"
-            ):  # not splitlines(): "\x1e" or "\x85" may be in a path
+            # Not splitlines(): "\x1e" or "\x85" may be in a path.
+            for line in text.split("\n"):
                 if token in line:
                     parsed = _parse_maps_line(line, dev, token)
                     if parsed:

@@ -52,9 +52,8 @@ class WatchedMountIds:
         """Drop the namespaces no process is left in, and their mount IDs from the union: the
         kernel hands freed namespace inodes and mount IDs out again, and a stale ID could name
         a FUSE mount whose files must never be stat'ed."""
-        left = {self._ns_of.pop(pid) for pid in gone if pid in self._ns_of} - set(
-            self._ns_of.values()
-        )
+        left = {self._ns_of.pop(pid) for pid in gone if pid in self._ns_of}
+        left -= set(self._ns_of.values())
         if not left:
             return
         for namespace in left:
@@ -73,10 +72,8 @@ class WatchedMountIds:
             return self._ns_mounts[namespace]
         try:
             text = read_text(self.paths.proc(pid, "mountinfo"))
-        except OSError as err:
-            return (
-                None if denied(err) else set()
-            )  # gone (or a fixture without one): no fds
+        except OSError as err:  # gone (or a fixture without one): no fds
+            return None if denied(err) else set()
         ids: Set[int] = set()
         for line in text.splitlines():
             fields = line.split(" ", 3)
@@ -98,9 +95,7 @@ class WatchedMountIds:
         except OSError:
             return False  # closed since listdir
         try:
-            info = os.read(
-                handle, 4096
-            )  # pos, flags, mnt_id, ino come first; raw: thousands per scan
+            info = os.read(handle, 4096)  # pos, flags, mnt_id and ino come first
         except OSError:
             return False
         finally:

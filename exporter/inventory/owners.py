@@ -9,105 +9,16 @@ strategy, Ray plasma).
 
 from __future__ import annotations
 
-import logging
 import os
-import re
 import stat as stat_mod
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
 from exporter.host.proctable import Process, ProcessTable
+from exporter.inventory.holdings import DELETED, MAX_UNPROVEN, Holding, Owners
 from exporter.inventory.maps import DeviceTokens, parse_maps
 from exporter.inventory.mount_ids import WatchedMountIds
 from exporter.inventory.mount_ids import denied as denied_by
 from exporter.inventory.walk import Key
-
-DELETED = " (deleted)"
-MAX_UNPROVEN = 20  # reasons kept for the log
-# A long read of /proc (a node's full scan: 2,000 processes, a second under load) calls
-# its `between` callback every this many processes: the collector patches its listings
-# with what inotify saw meanwhile, so new segments are not held back for the whole read.
-BETWEEN_EVERY = 16
-
-
-class UnprovenLog:
-    """Logs, when it changes, why segments held by nobody we could read are 'unverified'
-    rather than 'orphan': the first thing an operator asks when no leak is ever reported.
-    Numbers are left out of the comparison (a transient helper gets a new pid every time,
-    a churning node a new count of hidden processes). `log`: the collector's logger."""
-
-    def __init__(self, log: logging.Logger) -> None:
-        self._log = log
-        self._said: Tuple[str, ...] = ()  # the reasons last logged
-
-    def say(self, owners: "Owners") -> None:
-        said = tuple(sorted({re.sub(r"\d+", "#", why) for why in owners.unproven}))
-        if said == self._said:
-            return
-        self._said = said
-        if said:
-            self._log.info(
-                "segments held by no readable process are 'unverified', not 'orphan': could not read %s "
-                "(--segments.ignore-unreadable excuses root's processes by name)",
-                "; ".join(owners.unproven[:MAX_UNPROVEN]),
-            )
-        else:
-            self._log.info(
-                "every process could be read: segments held by nobody are orphans again"
-            )
-
-
-@dataclass
-class Holding:
-    """One process's hold on one inode of a watched mount."""
-
-    pid: int
-    path: str
-    deleted: bool
-    extent: int = 0  # bytes the mapping reaches into the file
-    allocated: Optional[int] = None  # from fstat of the fd / map_files, when we could
-    apparent: Optional[int] = None
-    mtime: float = 0.0
-    map_range: str = (
-        ""  # one mapping's "start-end", to stat it through /proc/<pid>/map_files
-    )
-
-
-@dataclass
-class Owners:
-    """What one owner scan found."""
-
-    holdings: Dict[Key, List[Holding]] = field(default_factory=dict)
-    comms: Dict[int, str] = field(default_factory=dict)  # comm of each holder
-    holders: Dict[int, Process] = field(default_factory=dict)
-    # Processes we could not inspect: stat, maps or fds denied (another UID without ptrace
-    # access, hidepid=1), or not even listed (hidepid=2). None: some exist, uncounted.
-    unreadable: Optional[int] = 0
-    # Of those, the ones that could hold a segment (not excused by --segments.ignore-unreadable).
-    unverifiable: Optional[int] = 0
-    # Why 'held by nobody' is not proven, for the log: "process_api (pid 1, uid 0)", ...
-    unproven: List[str] = field(default_factory=list)
-    scanned: int = 0
-    processes: Dict[int, Process] = field(
-        default_factory=dict
-    )  # every process walked (scoped scans)
-    # pid -> the keys it holds (each once): a scoped scan replaces a pod's holdings without
-    # a pass over the node's (4,000 at 200 pods, 10 events a second).
-    keys_of: Dict[int, List[Key]] = field(default_factory=dict)
-    pod_of: Dict[int, str] = field(
-        default_factory=dict
-    )  # pid -> pod UID of `processes` (once known) and holders
-
-    def unproven_because(self, why: str) -> None:
-        if (
-            len(self.unproven) < MAX_UNPROVEN
-        ):  # thousands of unreadable processes under hidepid=1
-            self.unproven.append(why)
-
-    @property
-    def complete(self) -> bool:
-        """Every process that could hold a segment was inspected: 'held by nobody' is proven."""
-        return self.unverifiable == 0
 
 
 class OwnerScan:
@@ -120,28 +31,19 @@ class OwnerScan:
         self.table = table
         self.ignore_unreadable = ignore_unreadable
         self._mount_ids = WatchedMountIds(table.paths)
-        self._kernel_threads: Set[int] = (
-            set()
-        )  # pids a scoped scan need not identify again
-        self._pid_wrap = (
-            table.pid_wrap_watch()
-        )  # a refresh trusts what it knows of a pid until pids wrap
+        # Pids a scoped scan need not identify again.
+        self._kernel_threads: Set[int] = set()
+        # A refresh trusts what it knows of a pid until pids wrap.
+        self._pid_wrap = table.pid_wrap_watch()
 
     # A holder may fork and exit while we read the others: its child, started after /proc was
     # listed, holds the segment. Processes that appeared during a pass are read in another,
     # up to this many; still new ones after that leave the scan unproven.
     MAX_PASSES = 4
 
-    def scan(
-        self,
-        devs: Set[int],
-        pods: bool = False,
-        between: Optional[Callable[[], None]] = None,
-    ) -> Owners:
-        # SysV's walk of the same moment is reused (both run once per scrape); whoever
-        # started since is read by the passes below, as after a walk of our own.
+    def scan(self, devs: Set[int], pods: bool = False) -> Owners:
         self._pid_wrap.wrapped()  # from here on
-        walked = self.table.recent_walk(max_age=1.0)
+        walked = self.table.walk()
         # Whoever we could not even identify could hold anything.
         out = Owners(unreadable=walked.unreadable, unverifiable=walked.unreadable)
         if walked.unreadable:
@@ -161,11 +63,10 @@ class OwnerScan:
             out.unverifiable += walked.invisible
             out.unproven_because(f"{walked.invisible} process(es) hidden by hidepid")
         out.processes = {p.pid: p for p in walked.processes}
-        tokens = DeviceTokens.of(devs)
         self._mount_ids.learn(walked.processes, devs)
         processes = walked.processes
         for _ in range(self.MAX_PASSES):
-            self._scan_processes(processes, devs, tokens, out, between)
+            self._scan_processes(processes, devs, out)
             processes = self._started_since(set(out.processes))
             if not processes:
                 break
@@ -176,16 +77,13 @@ class OwnerScan:
                 f"processes kept starting over {self.MAX_PASSES} passes"
             )
         self._fill_mapping_sizes(out.holdings)
-        if pods:  # node mode: the holders' pods, for the inventory and for refresh() once they exit
+        # Node mode: holders' pods, for the inventory and for refresh() once they exit.
+        if pods:
             out.pod_of = {pid: self.table.pod_uid(p) for pid, p in out.holders.items()}
         return out
 
     def refresh(
-        self,
-        devs: Set[int],
-        previous: Owners,
-        also: Set[str] = frozenset(),
-        between: Optional[Callable[[], None]] = None,
+        self, devs: Set[int], previous: Owners, also: Set[str] = frozenset()
     ) -> Optional[Owners]:
         """Node mode between full scans: read only what may have changed since `previous`.
         A process started since is read; a holder that exited has its pod read again (a
@@ -206,9 +104,7 @@ class OwnerScan:
             if not pod:
                 return None
             pods.add(pod)
-        return self.scan_pods(
-            devs, pods, previous, new_too=True, alive=alive, between=between
-        )
+        return self.scan_pods(devs, pods, previous, new_too=True, alive=alive)
 
     def scan_pods(
         self,
@@ -217,7 +113,6 @@ class OwnerScan:
         previous: Owners,
         new_too: bool = False,
         alive: Optional[Set[int]] = None,
-        between: Optional[Callable[[], None]] = None,
     ) -> Owners:
         """Rescan only the processes of `pods` (node mode: an event in a pod's mount), and
         with `new_too` every process started since `previous`; every other process's
@@ -231,24 +126,11 @@ class OwnerScan:
         for pid in previous.processes.keys() - alive:
             del processes[pid]
         self._kernel_threads &= alive
-        unidentified = 0
-        new: List[Process] = []
-        for pid in alive - processes.keys() - self._kernel_threads:
-            try:
-                ident = self.table.identify(pid)
-            except (OSError, ValueError, IndexError):
-                unidentified += 1  # a new process we cannot read could hold anything
-                continue
-            if ident is None:
-                continue
-            if ident[1]:
-                self._kernel_threads.add(pid)  # not asked again while it lives
-            else:
-                processes[pid] = ident[0]
-                new.append(ident[0])
+        # A new process we cannot read (unidentified) could hold anything.
+        new, unidentified = self._identify(alive - processes.keys())
+        processes.update({p.pid: p for p in new})
         # Each process's pod, looked up once per process (holders' at the full scan, the
-        # others' when a pod is first rescanned) and then per new one: 10 events a second
-        # on a 2,000-process node asked 6,000 times a run.
+        # others' when a pod is first rescanned) and then per new one.
         # A holder that exited keeps its pod while its holdings carry over: the next scan of
         # its pod, or the refresh, drops them by it (else they stayed 'linked' to a dead pid
         # and the refresh, not knowing its pod, became a full scan). A pid handed on is new.
@@ -274,37 +156,29 @@ class OwnerScan:
         if new_too:
             scope += [p for p in new if pod_of.get(p.pid) not in pods]
         fresh = Owners()
-        tokens = DeviceTokens.of(devs)
         if devs == self._mount_ids.learned_devs:
             # The others' namespaces are known; an exited process's namespace leaves with
             # the last of its processes.
             self._mount_ids.forget(previous.processes.keys() - alive)
             self._mount_ids.learn(new, devs, again=False)
-        else:
-            self._mount_ids.learn(
-                processes.values(), devs
-            )  # a watched mount came or went
-        self._scan_processes(scope, devs, tokens, fresh, between)
+        else:  # a watched mount came or went
+            self._mount_ids.learn(processes.values(), devs)
+        self._scan_processes(scope, devs, fresh)
         self._fill_mapping_sizes(fresh.holdings)
         was_in_scope = {pid for pid, pod in previous.pod_of.items() if pod in pods}
         replaced = was_in_scope | {p.pid for p in scope}
         # A process of the pod we could not read now leaves the proof to the next full scan.
-        unverifiable = (
-            previous.unverifiable if not (fresh.unverifiable or unidentified) else None
-        )
-        unreadable = previous.unreadable if not fresh.unreadable else None
+        proven = not (fresh.unverifiable or unidentified)
         unproven = previous.unproven + fresh.unproven
         if unidentified:
             unproven.append(
                 f"{unidentified} new process(es) whose stat could not be read"
             )
-        unproven = list(dict.fromkeys(unproven))[
-            :MAX_UNPROVEN
-        ]  # scoped scans chain: no growth
         out = Owners(
-            unreadable=unreadable,
-            unverifiable=unverifiable,
-            unproven=unproven,
+            unreadable=None if fresh.unreadable else previous.unreadable,
+            unverifiable=previous.unverifiable if proven else None,
+            # Scoped scans chain: no growth.
+            unproven=list(dict.fromkeys(unproven))[:MAX_UNPROVEN],
             scanned=previous.scanned,
             processes=processes,
             pod_of=pod_of,
@@ -333,38 +207,39 @@ class OwnerScan:
         return out
 
     def _started_since(self, seen: Set[int]) -> List[Process]:
+        """User processes /proc lists now that are not in `seen`; one that cannot be read
+        is counted as unreadable by the next walk (this one is short-lived)."""
         try:
-            new = [pid for pid in self.table.pids() if pid not in seen]
+            return self._identify(set(self.table.pids()) - seen)[0]
         except OSError:
             return []
-        found = []
-        for pid in new:
+
+    def _identify(self, pids: Set[int]) -> Tuple[List[Process], int]:
+        """(the user processes among `pids`, how many could not be read). Kernel threads
+        are remembered and not asked again while they live."""
+        found, unreadable = [], 0
+        for pid in sorted(pids - self._kernel_threads):
             try:
                 ident = self.table.identify(pid)
             except (OSError, ValueError, IndexError):
-                continue  # counted as unreadable by the next walk; this one is short-lived
-            if ident is not None and not ident[1]:
+                unreadable += 1
+                continue
+            if ident is not None and ident[1]:
+                self._kernel_threads.add(pid)
+            elif ident is not None:
                 found.append(ident[0])
-        return found
+        return found, unreadable
 
     def _scan_processes(
-        self,
-        processes: Sequence[Process],
-        devs: Set[int],
-        tokens: Dict[str, int],
-        out: Owners,
-        between: Optional[Callable[[], None]],
+        self, processes: Sequence[Process], devs: Set[int], out: Owners
     ) -> None:
-        for i, proc in enumerate(processes):
-            if between is not None and i % BETWEEN_EVERY == BETWEEN_EVERY - 1:
-                between()
-            self._scan_process(proc, devs, tokens, out)
+        tokens = DeviceTokens.of(devs)
+        for proc in processes:
+            out.scanned += 1
+            held, denied = self._scan_one(proc, devs, tokens, out)
+            self._account(proc, held, denied, out)
 
-    def _scan_process(
-        self, proc: Process, devs: Set[int], tokens: Dict[str, int], out: Owners
-    ) -> None:
-        out.scanned += 1
-        held, denied = self._scan_one(proc, devs, tokens, out)
+    def _account(self, proc: Process, held: bool, denied: bool, out: Owners) -> None:
         if denied:
             if out.unreadable is not None:
                 out.unreadable += 1
@@ -396,27 +271,19 @@ class OwnerScan:
                 self.table.maps(pid), tokens
             ):
                 held_here = True
-                self._add(
-                    out,
-                    (dev, inode),
-                    pid,
-                    path,
-                    path.endswith(DELETED),
-                    extent=extent,
-                    map_range=map_range,
-                )
+                deleted = path.endswith(DELETED)
+                held = Holding(pid, path, deleted, extent, map_range=map_range)
+                self._add(out, (dev, inode), held)
         except OSError as err:
             denied |= denied_by(err)
         fd_dir = self.table.fd_dir(pid)
         mount_ids = self._mount_ids.of(pid, devs)
         fds: List[str] = []
         if mount_ids is None:
-            denied = (
-                True  # without its mountinfo we cannot tell which fds are safe to stat
-            )
-        elif (
-            mount_ids or self._mount_ids.union
-        ):  # an fd may come from another namespace's mount
+            # Without its mountinfo we cannot tell which fds are safe to stat.
+            denied = True
+        elif mount_ids or self._mount_ids.union:
+            # (an fd may come from another namespace's mount)
             try:
                 fds = os.listdir(fd_dir)
             except OSError as err:
@@ -431,51 +298,34 @@ class OwnerScan:
                     continue  # socket:[…], pipe:[…], anon_inode:…
                 if not self._mount_ids.holds_fd(f"{info_dir}/{fd}", ours):
                     continue
-                st = os.stat(
-                    link
-                )  # the open file itself, known to be on a watched tmpfs
+                # The open file itself, known to be on a watched tmpfs.
+                st = os.stat(link)
             except OSError:
                 continue
             if st.st_dev in devs and stat_mod.S_ISREG(st.st_mode):
                 held_here = True
-                self._add(
-                    out,
-                    (st.st_dev, st.st_ino),
-                    pid,
-                    target,
-                    target.endswith(DELETED),
-                    allocated=st.st_blocks * 512,
-                    apparent=st.st_size,
-                    mtime=st.st_mtime,
-                )
+                deleted = target.endswith(DELETED)
+                held = Holding(pid, target, deleted, 0, *_sizes(st))
+                self._add(out, (st.st_dev, st.st_ino), held)
         return held_here, denied
 
     @staticmethod
-    def _add(
-        out: Owners,
-        key: Key,
-        pid: int,
-        path: str,
-        deleted: bool,
-        extent: int = 0,
-        allocated: Optional[int] = None,
-        apparent: Optional[int] = None,
-        mtime: float = 0.0,
-        map_range: str = "",
-    ) -> None:
-        holdings = out.holdings
-        for h in holdings.setdefault(key, []):
-            if h.pid == pid:
-                h.extent = max(h.extent, extent)
-                h.deleted |= deleted
-                h.map_range = h.map_range or map_range
-                if allocated is not None:
-                    h.allocated, h.apparent, h.mtime = allocated, apparent, mtime
+    def _add(out: Owners, key: Key, new: Holding) -> None:
+        """Record `new`, merged into the process's hold on `key` if it has one already."""
+        for h in out.holdings.setdefault(key, []):
+            if h.pid == new.pid:
+                h.extent = max(h.extent, new.extent)
+                h.deleted |= new.deleted
+                h.map_range = h.map_range or new.map_range
+                if new.allocated is not None:
+                    h.allocated, h.apparent, h.mtime = (
+                        new.allocated,
+                        new.apparent,
+                        new.mtime,
+                    )
                 return
-        holdings[key].append(
-            Holding(pid, path, deleted, extent, allocated, apparent, mtime, map_range)
-        )
-        out.keys_of.setdefault(pid, []).append(key)
+        out.holdings[key].append(new)
+        out.keys_of.setdefault(new.pid, []).append(key)
 
     def _fill_mapping_sizes(self, holdings: Dict[Key, List[Holding]]) -> None:
         """For deleted inodes held only by a mapping, stat it through map_files.
@@ -496,9 +346,10 @@ class OwnerScan:
                 except OSError:
                     continue
                 if (st.st_dev, st.st_ino) == key:
-                    h.allocated, h.apparent, h.mtime = (
-                        st.st_blocks * 512,
-                        st.st_size,
-                        st.st_mtime,
-                    )
+                    h.allocated, h.apparent, h.mtime = _sizes(st)
                     break
+
+
+def _sizes(st: os.stat_result) -> Tuple[int, int, float]:
+    """(allocated, apparent, mtime): st_blocks x 512 is what tmpfs charges."""
+    return st.st_blocks * 512, st.st_size, st.st_mtime

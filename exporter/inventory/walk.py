@@ -36,10 +36,6 @@ def walk(
     others: Dict[str, int] = {}
     seen = 0
     stack: List[Tuple[str, ...]] = [()]  # sub-directories, as names below the root
-    # The loop body runs once per segment (10,000s on a busy node): locals and inline
-    # S_IFMT tests instead of attribute lookups and stat.S_IS* calls.
-    ifmt, ifreg, ifdir = stat_mod.S_IFMT(0o177777), stat_mod.S_IFREG, stat_mod.S_IFDIR
-    setdefault = files.setdefault
     while stack:
         names = stack.pop()
         fd = _open_below(root, names, dev)
@@ -60,15 +56,14 @@ def walk(
                     st = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue  # deleted between readdir and lstat
-                kind_bits = st.st_mode & ifmt
                 if st.st_dev != dev:
                     continue  # something mounted inside: not this mount's
-                if kind_bits == ifreg:
-                    setdefault((dev, st.st_ino), (entry.name, st))
+                if stat_mod.S_ISREG(st.st_mode):
+                    files.setdefault((dev, st.st_ino), (entry.name, st))
                     continue
-                kind = _KINDS.get(kind_bits, "device")
+                kind = _KINDS.get(stat_mod.S_IFMT(st.st_mode), "device")
                 others[kind] = others.get(kind, 0) + 1
-                if kind_bits == ifdir and len(names) < MAX_DEPTH:
+                if stat_mod.S_ISDIR(st.st_mode) and len(names) < MAX_DEPTH:
                     stack.append(names + (entry.name,))
         os.close(fd)
     return files, others, False
@@ -97,15 +92,6 @@ def _open_below(root: str, names: Tuple[str, ...], dev: int) -> Optional[int]:
         os.close(fd)
         return None
     return fd
-
-
-def same_dev(path: str, dev: int) -> bool:
-    """Whether `path` is still on device `dev`: not gone, nor a file system mounted anew over it
-    (whose names a listing of the old one must not take: lstat would drop them as elsewhere)."""
-    try:
-        return os.stat(path).st_dev == dev
-    except OSError:
-        return False
 
 
 def patch_listing(

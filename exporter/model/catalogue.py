@@ -7,6 +7,7 @@ type, and when a rule or panel uses a name that is not here.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Dict, Tuple
 
@@ -20,416 +21,185 @@ class Metric:
     help: str
 
 
-M = Metric
-MOUNT = ("mount",)
-SEG = ("mount", "class", "state")
-GPU = ("gpu", "uuid")
+def _metric(name: str, labels: Tuple[str, ...], help: str) -> Metric:
+    """A catalogue entry; its type and unit follow from the name, as Prometheus' naming
+    rules have them: `_total` is a counter, `_bytes`/`_seconds`/`_ratio` the unit."""
+    base = name[: -len("_total")] if name.endswith("_total") else name
+    unit = next(
+        (u for u in ("bytes", "seconds", "ratio") if base.endswith("_" + u)), ""
+    )
+    return Metric(name, "counter" if base != name else "gauge", unit, labels, help)
 
-CATALOGUE: Tuple[Metric, ...] = (
-    # --- shm mounts (collector shm_mount) -------------------------------------------
-    M(
-        "shmwatch_mount_info",
-        "gauge",
-        "",
-        ("mount", "fstype", "source"),
-        "Always 1; the filesystem type and source of a monitored mount.",
-    ),
-    M(
-        "shmwatch_mount_error",
-        "gauge",
-        "",
-        MOUNT,
-        "1 when the mount could not be measured (missing, not a directory, statvfs failed).",
-    ),
-    M(
-        "shmwatch_mount_size_bytes",
-        "gauge",
-        "bytes",
-        MOUNT,
-        "Size of the mount (statvfs).",
-    ),
-    M(
-        "shmwatch_mount_used_bytes",
-        "gauge",
-        "bytes",
-        MOUNT,
-        "Bytes used on the mount (statvfs).",
-    ),
-    M(
-        "shmwatch_mount_available_bytes",
-        "gauge",
-        "bytes",
-        MOUNT,
-        "Bytes available to unprivileged users on the mount (statvfs).",
-    ),
-    M("shmwatch_mount_usage_ratio", "gauge", "ratio", MOUNT, "Used / size, 0 to 1."),
-    M(
-        "shmwatch_mount_peak_used_bytes",
-        "gauge",
-        "bytes",
-        MOUNT,
-        "Highest used bytes seen by polls and inotify events within the peak window.",
-    ),
-    M(
-        "shmwatch_mount_max_used_bytes",
-        "gauge",
-        "bytes",
-        MOUNT,
-        "High-water mark: highest used bytes seen by polls and inotify events since the mount was first seen.",
-    ),
-    M(
-        "shmwatch_mount_max_used_timestamp_seconds",
-        "gauge",
-        "seconds",
-        MOUNT,
-        "When shmwatch_mount_max_used_bytes was first reached (Unix time).",
-    ),
-    M("shmwatch_mount_inodes", "gauge", "", MOUNT, "Inodes on the mount."),
-    M("shmwatch_mount_inodes_free", "gauge", "", MOUNT, "Free inodes on the mount."),
-    # --- segment inventory (collector segments) -----------------------------------
-    M(
-        "shmwatch_segments",
-        "gauge",
-        "",
-        SEG,
-        "Segments by owner class and state: linked, hidden (unlinked, still mapped or open), orphan (held by no "
-        "process, and every process was inspected), unverified (held by no process we could inspect).",
-    ),
-    M(
-        "shmwatch_segment_bytes",
-        "gauge",
-        "bytes",
-        SEG,
-        "Allocated bytes of segments (st_blocks x 512: what tmpfs charges).",
-    ),
-    M(
-        "shmwatch_segment_apparent_bytes",
-        "gauge",
-        "bytes",
-        SEG,
-        "Apparent size of segments (st_size: what was asked for; sparse files allocate less).",
-    ),
-    M(
-        "shmwatch_top_segment_bytes",
-        "gauge",
-        "bytes",
-        ("mount", "name", "class", "state", "owner"),
-        "Allocated bytes of the largest segments (top K).",
-    ),
-    M(
-        "shmwatch_process_shm_bytes",
-        "gauge",
-        "bytes",
-        ("mount", "pid", "comm"),
-        "Allocated bytes of the segments a process maps or holds open (top K processes).",
-    ),
-    M(
-        "shmwatch_orphan_oldest_age_seconds",
-        "gauge",
-        "seconds",
-        MOUNT,
-        "Age in whole seconds (since last modification) of the oldest orphan segment of a class whose segments belong to one "
-        "process (nccl, torch, python_shm, vllm_offload, ucx, mpi): one to remove; 0 when there is none.",
-    ),
-    M(
-        "shmwatch_mount_unattributed_bytes",
-        "gauge",
-        "bytes",
-        MOUNT,
-        "Used bytes not accounted for by any segment we could see (other users' or the kernel's).",
-    ),
-    M(
-        "shmwatch_mount_other_entries",
-        "gauge",
-        "",
-        ("mount", "type"),
-        "Entries that are not regular files (directory, symlink, fifo, socket, device); never opened.",
-    ),
-    M(
-        "shmwatch_proc_unreadable",
-        "gauge",
-        "",
-        (),
-        "Processes we could not inspect in the last inventory: /proc stat, maps or fd denied, or hidden by "
-        "hidepid; absent when hidden processes exist but could not be counted.",
-    ),
-    M(
-        "shmwatch_mount_owners_verified",
-        "gauge",
-        "",
-        MOUNT,
-        "1 when every process that could hold a segment of the mount was inspected (segments held by nobody are "
-        "orphan); 0 when some could not be (they are unverified: grant the server's UID or CAP_SYS_PTRACE).",
-    ),
-    # --- events (sampler + watchdog) ------------------------------------------------
-    M(
-        "shmwatch_segment_events_total",
-        "counter",
-        "",
-        ("mount", "class", "event"),
-        "Segments created and deleted, seen by inotify (or by inventory diffs when polling); may undercount when "
-        "the inotify queue overflows (shmwatch_inotify_overflows_total).",
-    ),
-    M(
-        "shmwatch_inotify_overflows_total",
-        "counter",
-        "",
-        MOUNT,
-        "Times the kernel's inotify queue overflowed while the mount was watched: events were lost, and a full "
-        "inventory ran at once.",
-    ),
-    M(
-        "shmwatch_inotify_active",
-        "gauge",
-        "",
-        MOUNT,
-        "1 when the mount is watched by inotify, 0 when polled.",
-    ),
-    # --- SysV shm (collector sysv) --------------------------------------------------
-    M(
-        "shmwatch_sysv_segments",
-        "gauge",
-        "",
-        (),
-        "SysV shared memory segments (/proc/sysvipc/shm).",
-    ),
-    M(
-        "shmwatch_sysv_bytes",
-        "gauge",
-        "bytes",
-        (),
-        "Total size of SysV shared memory segments.",
-    ),
-    M(
-        "shmwatch_sysv_resident_bytes",
-        "gauge",
-        "bytes",
-        (),
-        "Resident bytes of SysV shared memory segments.",
-    ),
-    M(
-        "shmwatch_sysv_orphan_segments",
-        "gauge",
-        "",
-        (),
-        "SysV segments with no process attached (nattch 0) whose creator and last user have exited.",
-    ),
-    M(
-        "shmwatch_sysv_limit_shmmax_bytes",
-        "gauge",
-        "bytes",
-        (),
-        "kernel.shmmax: largest SysV segment.",
-    ),
-    M(
-        "shmwatch_sysv_limit_shmall_bytes",
-        "gauge",
-        "bytes",
-        (),
-        "kernel.shmall in bytes: SysV shm in total.",
-    ),
-    M(
-        "shmwatch_sysv_limit_shmmni",
-        "gauge",
-        "",
-        (),
-        "kernel.shmmni: most SysV segments.",
-    ),
-    M(
-        "shmwatch_sysv_namespace_readable",
-        "gauge",
-        "",
-        (),
-        "1 when the IPC namespace's SysV segments and limits could be read; 0 (and no other SysV series for it) when "
-        "not: node mode enters each pod's IPC namespace with setns, which needs CAP_SYS_ADMIN.",
-    ),
-    # --- host memory (collector host_memory) ---------------------------------------
-    M(
-        "shmwatch_host_memory_total_bytes",
-        "gauge",
-        "bytes",
-        (),
-        "MemTotal from meminfo.",
-    ),
-    M(
-        "shmwatch_host_memory_available_bytes",
-        "gauge",
-        "bytes",
-        (),
-        "MemAvailable from meminfo.",
-    ),
-    M(
-        "shmwatch_host_memory_shmem_bytes",
-        "gauge",
-        "bytes",
-        (),
-        "Shmem from meminfo (tmpfs, shm, SysV).",
-    ),
-    # --- memory cgroup (collector cgroup) ----------------------------------------------
-    M(
-        "shmwatch_cgroup_memory_usage_bytes",
-        "gauge",
-        "bytes",
-        ("cgroup",),
-        "Memory charged to the cgroup.",
-    ),
-    M(
-        "shmwatch_cgroup_memory_limit_bytes",
-        "gauge",
-        "bytes",
-        ("cgroup",),
-        "Memory limit of the cgroup (or --memory.limit-bytes); absent when unlimited.",
-    ),
-    M(
-        "shmwatch_cgroup_memory_working_set_bytes",
-        "gauge",
-        "bytes",
-        ("cgroup",),
-        "Usage minus inactive file cache, floored at 0 (what the OOM killer looks at).",
-    ),
-    M(
-        "shmwatch_cgroup_memory_shmem_bytes",
-        "gauge",
-        "bytes",
-        ("cgroup",),
-        "tmpfs and shm pages charged to the cgroup.",
-    ),
-    M(
-        "shmwatch_cgroup_oom_kills_total",
-        "counter",
-        "",
-        ("cgroup",),
-        "OOM kills in the cgroup and below it: the kernel log's reports (collector oom) or the cgroup's own counter, "
-        "whichever is higher; never goes down, and in node mode a pod's stays after its cgroup is gone.",
-    ),
-    M(
-        "shmwatch_cgroup_memory_estimated",
-        "gauge",
-        "",
-        ("cgroup",),
-        '1 when the cgroup\'s numbers are an estimate (cgroup="estimate:workload"): a sidecar that cannot read the '
-        "workload's cgroup sums its processes' resident anon and file memory (smaps_rollup Pss) and the shm mounts' "
-        "used bytes; 0 when read from the cgroup.",
-    ),
-    M(
-        "shmwatch_oom_risk_ratio",
-        "gauge",
-        "ratio",
-        ("cgroup",),
-        "Working set / limit; absent when unlimited.",
-    ),
-    M(
-        "shmwatch_shm_oom_projection_ratio",
-        "gauge",
-        "ratio",
-        ("mount", "cgroup"),
-        "(working set - shm used + shm size) / limit: above 1, filling the mount OOM-kills the pod first.",
-    ),
-    M(
-        "shmwatch_mount_effective_size_bytes",
-        "gauge",
-        "bytes",
-        MOUNT,
-        "min(tmpfs size, --shm.size-limit, what the memory limit leaves for shm); absent while the memory limit is "
-        "unknown (cgroup unreadable, no --memory.limit-bytes).",
-    ),
-    # --- GPU (collector gpu) ---------------------------------------------------------
-    M(
-        "shmwatch_gpu_info",
-        "gauge",
-        "",
-        ("gpu", "uuid", "name", "driver_version"),
-        "Always 1; one per GPU.",
-    ),
-    M(
-        "shmwatch_gpu_memory_total_bytes",
-        "gauge",
-        "bytes",
-        GPU,
-        "GPU memory in total (NVML).",
-    ),
-    M(
-        "shmwatch_gpu_memory_used_bytes",
-        "gauge",
-        "bytes",
-        GPU,
-        "GPU memory not free (NVML), the driver's reserve included: memory info v1's used, v2's used + reserved.",
-    ),
-    M(
-        "shmwatch_gpu_memory_free_bytes",
-        "gauge",
-        "bytes",
-        GPU,
-        "GPU memory free (NVML).",
-    ),
-    M(
-        "shmwatch_gpu_memory_reserved_bytes",
-        "gauge",
-        "bytes",
-        GPU,
-        "GPU memory reserved by the driver, part of used (NVML memory info v2 only).",
-    ),
-    M(
-        "shmwatch_gpu_process_memory_bytes",
-        "gauge",
-        "bytes",
-        ("gpu", "uuid", "pid", "comm"),
-        "GPU memory used by a process (compute and graphics).",
-    ),
-    # --- the exporter itself -----------------------------------------------------------
-    M(
-        "shmwatch_collector_success",
-        "gauge",
-        "",
-        ("collector",),
-        "1 when the collector's last run succeeded.",
-    ),
-    M(
-        "shmwatch_collector_duration_seconds",
-        "gauge",
-        "seconds",
-        ("collector",),
-        "Duration of the collector's last run.",
-    ),
-    M(
-        "shmwatch_build_info",
-        "gauge",
-        "",
-        ("version",),
-        "Always 1; the shmwatch version.",
-    ),
-    # prometheus_client's ProcessCollector (the exporter's own process)
-    M(
-        "process_virtual_memory_bytes",
-        "gauge",
-        "bytes",
-        (),
-        "Virtual memory size in bytes.",
-    ),
-    M(
-        "process_resident_memory_bytes",
-        "gauge",
-        "bytes",
-        (),
-        "Resident memory size in bytes.",
-    ),
-    M(
-        "process_start_time_seconds",
-        "gauge",
-        "seconds",
-        (),
-        "Start time of the process since unix epoch in seconds.",
-    ),
-    M(
-        "process_cpu_seconds_total",
-        "counter",
-        "seconds",
-        (),
-        "Total user and system CPU time spent in seconds.",
-    ),
-    M("process_open_fds", "gauge", "", (), "Number of open file descriptors."),
-    M("process_max_fds", "gauge", "", (), "Maximum number of open file descriptors."),
-)
+
+# Every metric: its name and labels ("-": none), then its help text on the indented lines
+# below. A line starting with '#' is a comment.
+_TABLE = """
+# --- shm mounts (collector shm_mount) -------------------------------------------
+shmwatch_mount_info  mount fstype source
+    Always 1; the filesystem type and source of a monitored mount.
+shmwatch_mount_error  mount
+    1 when the mount could not be measured (missing, not a directory, statvfs failed).
+shmwatch_mount_size_bytes  mount
+    Size of the mount (statvfs).
+shmwatch_mount_used_bytes  mount
+    Bytes used on the mount (statvfs).
+shmwatch_mount_available_bytes  mount
+    Bytes available to unprivileged users on the mount (statvfs).
+shmwatch_mount_usage_ratio  mount
+    Used / size, 0 to 1.
+shmwatch_mount_peak_used_bytes  mount
+    Highest used bytes seen by polls and inotify events within the peak window.
+shmwatch_mount_max_used_bytes  mount
+    High-water mark: highest used bytes seen by polls and inotify events since the mount
+    was first seen.
+shmwatch_mount_max_used_timestamp_seconds  mount
+    When shmwatch_mount_max_used_bytes was first reached (Unix time).
+shmwatch_mount_inodes  mount
+    Inodes on the mount.
+shmwatch_mount_inodes_free  mount
+    Free inodes on the mount.
+# --- segment inventory (collector segments) -----------------------------------
+shmwatch_segments  mount class state
+    Segments by owner class and state: linked, hidden (unlinked, still mapped or open),
+    orphan (held by no process, and every process was inspected), unverified (held by no
+    process we could inspect).
+shmwatch_segment_bytes  mount class state
+    Allocated bytes of segments (st_blocks x 512: what tmpfs charges).
+shmwatch_segment_apparent_bytes  mount class state
+    Apparent size of segments (st_size: what was asked for; sparse files allocate less).
+shmwatch_top_segment_bytes  mount name class state owner
+    Allocated bytes of the largest segments (top K).
+shmwatch_process_shm_bytes  mount pid comm
+    Allocated bytes of the segments a process maps or holds open (top K processes).
+shmwatch_orphan_oldest_age_seconds  mount
+    Age in whole seconds (since last modification) of the oldest orphan segment of a
+    class whose segments belong to one process (nccl, torch, python_shm, vllm_offload,
+    ucx, mpi): one to remove; 0 when there is none.
+shmwatch_mount_unattributed_bytes  mount
+    Used bytes not accounted for by any segment we could see (other users' or the
+    kernel's).
+shmwatch_mount_other_entries  mount type
+    Entries that are not regular files (directory, symlink, fifo, socket, device); never
+    opened.
+shmwatch_proc_unreadable  -
+    Processes we could not inspect in the last inventory: /proc stat, maps or fd denied,
+    or hidden by hidepid; absent when hidden processes exist but could not be counted.
+shmwatch_mount_owners_verified  mount
+    1 when every process that could hold a segment of the mount was inspected (segments
+    held by nobody are orphan); 0 when some could not be (they are unverified: grant the
+    server's UID or CAP_SYS_PTRACE).
+# --- events (sampler + watchdog) ------------------------------------------------
+shmwatch_segment_events_total  mount class event
+    Segments created and deleted, seen by inotify (or by inventory diffs when polling);
+    may undercount when the inotify queue overflows (shmwatch_inotify_overflows_total).
+shmwatch_inotify_overflows_total  mount
+    Times the kernel's inotify queue overflowed while the mount was watched: events were
+    lost, and a full inventory ran at once.
+shmwatch_inotify_active  mount
+    1 when the mount is watched by inotify, 0 when polled.
+# --- SysV shm (collector sysv) --------------------------------------------------
+shmwatch_sysv_segments  -
+    SysV shared memory segments (/proc/sysvipc/shm).
+shmwatch_sysv_bytes  -
+    Total size of SysV shared memory segments.
+shmwatch_sysv_resident_bytes  -
+    Resident bytes of SysV shared memory segments.
+shmwatch_sysv_orphan_segments  -
+    SysV segments with no process attached (nattch 0) whose creator and last user have
+    exited.
+shmwatch_sysv_limit_shmmax_bytes  -
+    kernel.shmmax: largest SysV segment.
+shmwatch_sysv_limit_shmall_bytes  -
+    kernel.shmall in bytes: SysV shm in total.
+shmwatch_sysv_limit_shmmni  -
+    kernel.shmmni: most SysV segments.
+shmwatch_sysv_namespace_readable  -
+    1 when the IPC namespace's SysV segments and limits could be read; 0 (and no other
+    SysV series for it) when not: node mode enters each pod's IPC namespace with setns,
+    which needs CAP_SYS_ADMIN.
+# --- host memory (collector host_memory) ---------------------------------------
+shmwatch_host_memory_total_bytes  -
+    MemTotal from meminfo.
+shmwatch_host_memory_available_bytes  -
+    MemAvailable from meminfo.
+shmwatch_host_memory_shmem_bytes  -
+    Shmem from meminfo (tmpfs, shm, SysV).
+# --- memory cgroup (collector cgroup) ----------------------------------------------
+shmwatch_cgroup_memory_usage_bytes  cgroup
+    Memory charged to the cgroup.
+shmwatch_cgroup_memory_limit_bytes  cgroup
+    Memory limit of the cgroup (or --memory.limit-bytes); absent when unlimited.
+shmwatch_cgroup_memory_working_set_bytes  cgroup
+    Usage minus inactive file cache, floored at 0 (what the OOM killer looks at).
+shmwatch_cgroup_memory_shmem_bytes  cgroup
+    tmpfs and shm pages charged to the cgroup.
+shmwatch_cgroup_oom_kills_total  cgroup
+    OOM kills in the cgroup and below it: the kernel log's reports (collector oom) or
+    the cgroup's own counter, whichever is higher; never goes down, and in node mode a
+    pod's stays after its cgroup is gone.
+shmwatch_cgroup_memory_estimated  cgroup
+    1 when the cgroup's numbers are an estimate (cgroup="estimate:workload"): a sidecar
+    that cannot read the workload's cgroup sums its processes' resident anon and file
+    memory (smaps_rollup Pss) and the shm mounts' used bytes; 0 when read from the
+    cgroup.
+shmwatch_oom_risk_ratio  cgroup
+    Working set / limit; absent when unlimited.
+shmwatch_shm_oom_projection_ratio  mount cgroup
+    (working set - shm used + shm size) / limit: above 1, filling the mount OOM-kills
+    the pod first.
+shmwatch_mount_effective_size_bytes  mount
+    min(tmpfs size, --shm.size-limit, what the memory limit leaves for shm); absent
+    while the memory limit is unknown (cgroup unreadable, no --memory.limit-bytes).
+# --- GPU (collector gpu) ---------------------------------------------------------
+shmwatch_gpu_info  gpu uuid name driver_version
+    Always 1; one per GPU.
+shmwatch_gpu_memory_total_bytes  gpu uuid
+    GPU memory in total (NVML).
+shmwatch_gpu_memory_used_bytes  gpu uuid
+    GPU memory not free (NVML), the driver's reserve included: memory info v1's used,
+    v2's used + reserved.
+shmwatch_gpu_memory_free_bytes  gpu uuid
+    GPU memory free (NVML).
+shmwatch_gpu_memory_reserved_bytes  gpu uuid
+    GPU memory reserved by the driver, part of used (NVML memory info v2 only).
+shmwatch_gpu_process_memory_bytes  gpu uuid pid comm
+    GPU memory used by a process (compute and graphics).
+# --- the exporter itself -----------------------------------------------------------
+shmwatch_collector_success  collector
+    1 when the collector's last run succeeded.
+shmwatch_collector_duration_seconds  collector
+    Duration of the collector's last run.
+shmwatch_build_info  version
+    Always 1; the shmwatch version.
+# prometheus_client's ProcessCollector (the exporter's own process)
+process_virtual_memory_bytes  -
+    Virtual memory size in bytes.
+process_resident_memory_bytes  -
+    Resident memory size in bytes.
+process_start_time_seconds  -
+    Start time of the process since unix epoch in seconds.
+process_cpu_seconds_total  -
+    Total user and system CPU time spent in seconds.
+process_open_fds  -
+    Number of open file descriptors.
+process_max_fds  -
+    Maximum number of open file descriptors.
+"""
+
+
+def _read_table(text: str) -> Tuple[Metric, ...]:
+    metrics = []
+    for entry in re.split(r"\n(?=\S)", text.strip()):
+        if not entry.startswith("#"):
+            head, *help_lines = entry.split("\n")
+            name, *labels = head.split()
+            labels = [label for label in labels if label != "-"]
+            help_text = " ".join(line.strip() for line in help_lines)
+            metrics.append(_metric(name, tuple(labels), help_text))
+    return tuple(metrics)
+
+
+CATALOGUE: Tuple[Metric, ...] = _read_table(_TABLE)
 
 BY_NAME: Dict[str, Metric] = {m.name: m for m in CATALOGUE}
 
