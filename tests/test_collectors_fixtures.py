@@ -78,7 +78,7 @@ def test_cgroup_v1_fixture_and_projection():
 
 
 def test_failing_collector_is_isolated():
-    from exporter.collectors import BaseSource
+    from exporter.collectors.source import BaseSource
 
     class Broken(BaseSource):
         name = "sysv"

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from exporter.model.types import CgroupMemory, OomReports
-from exporter.collectors import BaseSource
+from exporter.collectors.source import BaseSource
 from exporter.collectors.cgroup import CgroupCollector
 from exporter.collectors.oom import parse_kmsg_record, parse_oom_kills
 from exporter.host.paths import Paths

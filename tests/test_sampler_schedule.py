@@ -4,7 +4,7 @@ its interval while its result does not change."""
 import threading
 import time
 
-from exporter.collectors import BaseSource
+from exporter.collectors.source import BaseSource
 from exporter.runtime import scheduler as scheduler_mod
 from exporter.runtime.scheduler import Sampler
 

@@ -1,103 +1,13 @@
 """Sources: one module per source, each returning one model type (model/types.py) in every
 mode, never metric objects.
 
-Every source implements `Source` whole (BaseSource gives the defaults) and registers once,
-at the bottom of its module: its name, the modes it is on in by default, and a factory.
-The scheduler runs sources; the model step joins what they return.
+Every source implements `source.Source` whole and registers once, at the bottom of its
+module (`source.register`). The scheduler runs sources; the model step joins what they return.
 """
 
-from __future__ import annotations
+from exporter.collectors.source import Context, Source, registered
 
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Protocol, Set, Tuple
-
-from exporter.host.paths import Paths
-from exporter.host.proctable import ProcessTable
-from exporter.inventory.changes import ChangeLog
-
-MODES = ("sidecar", "node")
-
-
-class Source(Protocol):
-    name: str
-    schedule: (
-        str  # "poll": every --poll-interval; "inventory": every --inventory-interval
-    )
-    event_driven: (
-        bool  # also runs collect_quick() soon after inotify sees a mount change
-    )
-    stretches: bool  # heavy: its interval doubles while its result stays the same
-    reports_status: bool  # has shmwatch_collector_* series
-
-    def collect(self) -> object: ...
-
-    def collect_quick(self) -> object: ...
-
-    def close(self) -> None: ...
-
-
-class BaseSource:
-    name = ""
-    schedule = "poll"
-    event_driven = False
-    stretches = False
-    reports_status = True
-
-    def collect(self) -> object:
-        raise NotImplementedError
-
-    def collect_quick(self) -> object:
-        return self.collect()
-
-    def close(self) -> None:
-        pass
-
-
-@dataclass(frozen=True)
-class Context:
-    """What a factory builds its source from."""
-
-    cfg: object  # exporter.config.Config
-    paths: Paths
-    mounts: Callable[[], List[str]]  # discovery's current mounts
-    table: ProcessTable
-    changes: ChangeLog  # names the watcher saw change
-    touched: Optional[Callable[[], Set[str]]] = None  # mounts the watcher saw change
-    all_watched: Callable[[], bool] = lambda: False  # inotify watches every mount
-    kmsg_from_start: bool = False  # check: the kernel log from its start
-
-    @property
-    def node(self) -> bool:
-        return self.cfg.mode == "node"
-
-
-@dataclass(frozen=True)
-class Registration:
-    name: str
-    factory: Callable[[Context], Source]
-    modes: Tuple[str, ...] = MODES  # on by default in these modes
-    flag: bool = True  # switched by --[no-]collector.<name>
-
-
-REGISTRY: Dict[str, Registration] = {}
-
-
-def register(
-    name: str,
-    factory: Callable[[Context], Source],
-    modes: Tuple[str, ...] = MODES,
-    flag: bool = True,
-) -> None:
-    REGISTRY[name] = Registration(name, factory, modes, flag)
-
-
-def registered() -> List[Registration]:
-    """In the order their series are rendered."""
-    return list(REGISTRY.values())
-
-
-# Each module registers itself on import, in this order (any first import of one of them
-# runs this package first).
+# Each module registers itself on import, in this order (the order their series are rendered).
 from exporter.collectors import (  # noqa: E402, F401
     shm_mount,
     segments,
@@ -108,3 +18,5 @@ from exporter.collectors import (  # noqa: E402, F401
     oom,
     self_process,
 )
+
+__all__ = ["Context", "Source", "registered"]

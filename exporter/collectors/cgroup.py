@@ -22,7 +22,8 @@ from exporter.model.types import CgroupMemory
 from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_mount
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import ProcessTable
-from exporter.collectors import BaseSource, register, workload
+from exporter.collectors import workload
+from exporter.collectors.source import BaseSource, register
 
 
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 bytes

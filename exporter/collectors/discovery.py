@@ -22,7 +22,7 @@ import threading
 from typing import Callable, Dict, List, Optional, Sequence
 
 from exporter.model.types import MountSet, Target
-from exporter.collectors import BaseSource
+from exporter.collectors.source import BaseSource
 from exporter.host.kube import NODE_LABELS, mount_labels
 from exporter.host.mountinfo import MountEntry, WatchedMountinfo
 from exporter.host.paths import Paths

@@ -13,7 +13,7 @@ import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 from exporter.model.types import GpuDevice, GpuProcess, GpuSnapshot
-from exporter.collectors import BaseSource, register
+from exporter.collectors.source import BaseSource, register
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 

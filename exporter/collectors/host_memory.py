@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Dict
 
 from exporter.model.types import HostMemory
-from exporter.collectors import BaseSource, register
+from exporter.collectors.source import BaseSource, register
 from exporter.host.paths import Paths, read_text
 
 

@@ -31,7 +31,7 @@ import os
 import re
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from exporter.collectors import BaseSource, register
+from exporter.collectors.source import BaseSource, register
 from exporter.model.types import OomKill, OomReports
 
 # cAdvisor's containerRegexp, with the cgroup fields taken from the end: cpuset and

@@ -20,7 +20,7 @@ import stat as stat_mod
 import time
 from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
-from exporter.collectors import BaseSource, Context, register
+from exporter.collectors.source import BaseSource, Context, register
 from exporter.host.kube import pod_uid_of_mount
 from exporter.host.mountinfo import live_mounts
 from exporter.host.paths import Paths

@@ -10,7 +10,7 @@ from typing import List, Tuple
 
 from prometheus_client import ProcessCollector
 
-from exporter.collectors import BaseSource, register
+from exporter.collectors.source import BaseSource, register
 
 
 class SelfProcessCollector(BaseSource):

@@ -10,7 +10,7 @@ import logging
 import os
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
-from exporter.collectors import BaseSource, register
+from exporter.collectors.source import BaseSource, register
 from exporter.host.mountinfo import (
     MountEntry,
     MountIndex,

@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 from exporter.model.types import SysvSegment, SysvShm
-from exporter.collectors import BaseSource, register
+from exporter.collectors.source import BaseSource, register
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import Process, ProcessTable
 

@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
-from exporter.collectors import Source
+from exporter.collectors.source import Source
 from exporter.model.types import Observation
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,91 @@
+"""What every source is (`Source`, whole; `BaseSource` gives the defaults) and the one
+registration point: name, the modes it is on in by default, a factory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Protocol, Set, Tuple
+
+from exporter.host.paths import Paths
+from exporter.host.proctable import ProcessTable
+from exporter.inventory.changes import ChangeLog
+
+MODES = ("sidecar", "node")
+
+
+class Source(Protocol):
+    name: str
+    schedule: (
+        str  # "poll": every --poll-interval; "inventory": every --inventory-interval
+    )
+    event_driven: (
+        bool  # also runs collect_quick() soon after inotify sees a mount change
+    )
+    stretches: bool  # heavy: its interval doubles while its result stays the same
+    reports_status: bool  # has shmwatch_collector_* series
+
+    def collect(self) -> object: ...
+
+    def collect_quick(self) -> object: ...
+
+    def close(self) -> None: ...
+
+
+class BaseSource:
+    name = ""
+    schedule = "poll"
+    event_driven = False
+    stretches = False
+    reports_status = True
+
+    def collect(self) -> object:
+        raise NotImplementedError
+
+    def collect_quick(self) -> object:
+        return self.collect()
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a factory builds its source from."""
+
+    cfg: object  # exporter.config.Config
+    paths: Paths
+    mounts: Callable[[], List[str]]  # discovery's current mounts
+    table: ProcessTable
+    changes: ChangeLog  # names the watcher saw change
+    touched: Optional[Callable[[], Set[str]]] = None  # mounts the watcher saw change
+    all_watched: Callable[[], bool] = lambda: False  # inotify watches every mount
+    kmsg_from_start: bool = False  # check: the kernel log from its start
+
+    @property
+    def node(self) -> bool:
+        return self.cfg.mode == "node"
+
+
+@dataclass(frozen=True)
+class Registration:
+    name: str
+    factory: Callable[[Context], Source]
+    modes: Tuple[str, ...] = MODES  # on by default in these modes
+    flag: bool = True  # switched by --[no-]collector.<name>
+
+
+REGISTRY: Dict[str, Registration] = {}
+
+
+def register(
+    name: str,
+    factory: Callable[[Context], Source],
+    modes: Tuple[str, ...] = MODES,
+    flag: bool = True,
+) -> None:
+    REGISTRY[name] = Registration(name, factory, modes, flag)
+
+
+def registered() -> List[Registration]:
+    """In the order their series are rendered."""
+    return list(REGISTRY.values())
