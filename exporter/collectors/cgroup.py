@@ -1,14 +1,10 @@
 """The memory cgroup the shm is charged to: usage, limit, shmem, OOM kills (v1 and v2).
 
-A memory-backed emptyDir is tmpfs whose pages are charged to the pod's memory cgroup:
-filling a large /dev/shm can OOM-kill the pod before tmpfs ever says ENOSPC.
-
-Which cgroup: --cgroup.path, else the cgroup of the first process matching
---cgroup.target-process, else — beside a workload in a shared PID namespace — the
-workload's (workload.py), else (on a host) our own. Where the workload's cgroup cannot be
-read, its charge is estimated from its processes (workload.py), labelled as an estimate.
-Which limit: --memory.limit-bytes when given (the workload's limit from the Downward API),
-else the cgroup's.
+A memory-backed emptyDir's pages are charged to the pod's memory cgroup: filling /dev/shm
+can OOM-kill the pod before tmpfs ever says ENOSPC. Which cgroup: --cgroup.path, else the
+first process matching --cgroup.target-process, else the workload's in a shared PID
+namespace (workload.py; estimated from its processes where unreadable), else (on a host)
+our own. Which limit: --memory.limit-bytes (the Downward API's), else the cgroup's.
 """
 
 from __future__ import annotations
@@ -23,16 +19,13 @@ from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_moun
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import ProcessTable
 from exporter.collectors import workload
+from exporter.collectors.workload import HIERARCHIES
 from exporter.collectors.source import BaseSource, register
 
 
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 bytes
 # with 4 KiB pages); anything this large is not a real limit.
 V1_UNLIMITED = 1 << 62
-
-# What a cgroup's files say: usage, limit (None: none), memory.stat, and the OOM kill
-# counters (v2 memory.events, v1 memory.oom_control).
-CgroupFiles = Tuple[int, Optional[int], Dict[str, int], Dict[str, int]]
 
 
 def parse_flat_keyed(text: str) -> Dict[str, int]:
@@ -57,44 +50,39 @@ def parse_limit(text: str) -> Optional[int]:
 
 
 def _read_keyed(directory: str, name: str) -> Dict[str, int]:
-    """A flat-keyed file of the cgroup; {} when it has none (a root, an older kernel)."""
+    """{} when the cgroup has no such file (a root, an older kernel)."""
     try:
         return parse_flat_keyed(read_text(os.path.join(directory, name)))
     except FileNotFoundError:
         return {}
 
 
-def read_v2(directory: str) -> CgroupFiles:
-    usage = int(read_text(os.path.join(directory, "memory.current")).strip())
-    try:
-        limit = parse_limit(read_text(os.path.join(directory, "memory.max")))
-    except FileNotFoundError:
-        limit = None  # the root cgroup has no memory.max
+def read_files(
+    directory: str, version: int
+) -> Tuple[int, Optional[int], int, Optional[int], Optional[int]]:
+    """-> (usage, limit (None: none), inactive file, shmem, OOM kills) of a cgroup."""
     stat = parse_flat_keyed(read_text(os.path.join(directory, "memory.stat")))
-    return usage, limit, stat, _read_keyed(directory, "memory.events")
-
-
-def read_v1(directory: str) -> CgroupFiles:
-    usage = int(read_text(os.path.join(directory, "memory.usage_in_bytes")).strip())
-    stat = parse_flat_keyed(read_text(os.path.join(directory, "memory.stat")))
-    # A parent's limit binds too: memory.stat says the tightest one up the tree, its own
-    # included (the kernel's min over the cgroup and its ancestors), so limit_in_bytes is
-    # read only when memory.stat does not say.
-    hierarchical = stat.get("hierarchical_memory_limit")
-    if hierarchical is not None:
-        limit = None if hierarchical >= V1_UNLIMITED else hierarchical
-    else:
+    if version == 2:
+        usage = int(read_text(os.path.join(directory, "memory.current")))
+        try:
+            limit = parse_limit(read_text(os.path.join(directory, "memory.max")))
+        except FileNotFoundError:
+            limit = None  # the root cgroup has no memory.max
+        oom = _read_keyed(directory, "memory.events").get("oom_kill")
+        return usage, limit, stat.get("inactive_file", 0), stat.get("shmem"), oom
+    usage = int(read_text(os.path.join(directory, "memory.usage_in_bytes")))
+    # A parent's limit binds too: memory.stat's hierarchical limit is the tightest one up
+    # the tree, its own included; limit_in_bytes only where memory.stat does not say.
+    limit = stat.get("hierarchical_memory_limit")
+    if limit is None:
         limit = parse_limit(read_text(os.path.join(directory, "memory.limit_in_bytes")))
-    return usage, limit, stat, _read_keyed(directory, "memory.oom_control")
+    elif limit >= V1_UNLIMITED:
+        limit = None
+    oom = _read_keyed(directory, "memory.oom_control").get("oom_kill")
+    # total_* fields include descendants (use_hierarchy, always on since 5.x).
+    inactive = stat.get("total_inactive_file", stat.get("inactive_file", 0))
+    return usage, limit, inactive, stat.get("total_shmem", stat.get("shmem")), oom
 
-
-# Where the memory controller's files are below /sys/fs/cgroup: (directory, cgroup version,
-# the file only a memory cgroup has). v1 (or hybrid) first.
-HIERARCHIES = (
-    ("memory", 1, "memory.usage_in_bytes"),
-    ("", 2, "memory.current"),
-    ("unified", 2, "memory.current"),
-)
 
 # Node mode lists the pod cgroups again this often (a pod with no shm volume shows up within
 # it); a pod whose shm mount discovery found but which is not listed asks sooner.
@@ -235,12 +223,8 @@ class CgroupCollector(BaseSource):
         )
 
     def pod_cgroups(self) -> List[Tuple[str, int, str, str]]:
-        """Every pod's memory cgroup on the host -> [(path, version, directory, pod uid)].
-
-        Both drivers: cgroupfs (kubepods/burstable/pod<uid>) and systemd
-        (kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_underscored>.slice),
-        on v1 (under memory/) and v2.
-        """
+        """Every pod's memory cgroup on the host -> [(path, version, directory, pod uid)],
+        under either cgroup driver (kube.POD_CGROUP_DIR), on v1 and v2."""
         root = self.paths.sys("fs", "cgroup")
         found = []
         for below_root, version, marker in HIERARCHIES:
@@ -264,9 +248,8 @@ class CgroupCollector(BaseSource):
         return sorted(found)
 
     def collect_pods(self) -> List[CgroupMemory]:
-        """Every pod's cgroup, from a listing walked again every REWALK_SECONDS, when a listed
-        pod is gone, or (at most every MISSING_REWALK_SECONDS) when a watched mount's pod is
-        not listed: walking 200 pods' cgroup trees every second cost more than reading them."""
+        """Every pod's cgroup, from a listing walked again (REWALK_SECONDS) rather than every
+        run: walking 200 pods' cgroup trees costs more than reading them."""
         now = time.monotonic()
         watched = {pod_uid_of_mount(m) for m in self.mounts()} - {""}
         missing = (
@@ -283,9 +266,8 @@ class CgroupCollector(BaseSource):
         return found
 
     def read_pods(self, listed: List[Tuple[str, int, str, str]]) -> List[CgroupMemory]:
-        """Each listed pod's cgroup; one that cannot be read is left out and the others stand:
-        a pod deleted between the walk and the read (ENOENT; ENODEV when its directory goes
-        while a file of it is open), or a file cut short (ValueError)."""
+        """Each listed pod's cgroup; one that cannot be read (deleted since the walk: ENOENT,
+        ENODEV; a file cut short) is left out and the others stand."""
         found = []
         for path, version, directory, uid in listed:
             try:
@@ -302,25 +284,13 @@ class CgroupCollector(BaseSource):
         limit_override: Optional[int],
         pod_uid: str = "",
     ) -> CgroupMemory:
-        if version == 2:
-            usage, limit, stat, events = read_v2(directory)
-            inactive_file = stat.get("inactive_file", 0)
-            shmem = stat.get("shmem")
-            oom_kills = events.get("oom_kill")
-        else:
-            usage, limit, stat, oom = read_v1(directory)
-            # total_* fields include descendants (use_hierarchy, always on since 5.x).
-            inactive_file = stat.get(
-                "total_inactive_file", stat.get("inactive_file", 0)
-            )
-            shmem = stat.get("total_shmem", stat.get("shmem"))
-            oom_kills = oom.get("oom_kill")
+        usage, limit, inactive_file, shmem, oom_kills = read_files(directory, version)
         source = "cgroup" if limit is not None else "none"
         if limit_override is not None:
             limit, source = limit_override, "flag"
-        children = (
-            self._child_oom_kills(path, directory) if pod_uid and version == 1 else ()
-        )
+        children = ()
+        if pod_uid and version == 1:
+            children = self._child_oom_kills(path, directory)
         return CgroupMemory(
             path,
             version,
@@ -339,18 +309,15 @@ class CgroupCollector(BaseSource):
         """The OOM kill counts of a v1 pod cgroup's containers (one level down), as they are now."""
         found = []
         try:
-            entries = [
-                e for e in os.scandir(directory) if e.is_dir(follow_symlinks=False)
-            ]
+            for entry in os.scandir(directory):
+                if entry.is_dir(follow_symlinks=False):
+                    count = _read_keyed(entry.path, "memory.oom_control").get(
+                        "oom_kill"
+                    )
+                    if count is not None:
+                        found.append((path.rstrip("/") + "/" + entry.name, count))
         except OSError:
-            return ()
-        for entry in entries:
-            try:
-                count = _read_keyed(entry.path, "memory.oom_control").get("oom_kill")
-            except OSError:
-                continue  # gone already
-            if count is not None:
-                found.append((path.rstrip("/") + "/" + entry.name, count))
+            pass  # gone already: the pod's own count stands
         return tuple(sorted(found))
 
 

@@ -1,23 +1,17 @@
-"""The sidecar's workload: which processes it is, where its memory cgroup can be read, and,
-where it cannot, an estimate of what the cgroup is charged.
+"""The sidecar's workload: its processes, where its memory cgroup can be read, and, where it
+cannot, an estimate of what the cgroup is charged.
 
-A sidecar shares the server's PID namespace (`docker --pid=container:S`, Kubernetes
-`shareProcessNamespace`), not its cgroup: Docker on cgroup v1 mounts only the sidecar's own
-cgroup at /sys/fs/cgroup/memory, and cgroup v2 namespaces hide every other. The workload is
-every process of the namespace that is not shmwatch's (not in shmwatch's own cgroup, not a
-pod's pause process); its cgroup is read where a cgroupfs mount shows it (the host's, given
-read-only, as cAdvisor finds cgroups: the path in /proc/<pid>/cgroup is relative to the
+A sidecar shares the server's PID namespace, not its cgroup (Docker on v1 mounts only the
+sidecar's own; v2 namespaces hide every other). The workload is every process of the
+namespace that is not shmwatch's nor a pod's pause process; its cgroup is read where a
+cgroupfs mount shows it (the host's, read-only: /proc/<pid>/cgroup is relative to the
 cgroup namespace's root, a mount shows the subtree below its mountinfo root).
 
-Otherwise its working set is estimated from what it has resident — proportional anonymous
-and file-backed memory from /proc/<pid>/smaps_rollup — plus what it wrote to the shm
-mounts (tmpfs pages are charged to the cgroup of the process that writes them; the mount's
-used bytes, so mapped shm is not counted twice: Pss_Shmem is left out). What it cannot see:
-unmapped page cache, kernel memory, and shared anonymous mappings (MAP_SHARED|MAP_ANONYMOUS
-is shmem too, but not in any mount). What it may overcount: file pages it maps that another
-cgroup read first (shared libraries of a common base image are charged to whoever faulted
-them in). The result is labelled `cgroup="estimate:workload"`
-and carries `estimated=True` (shmwatch_cgroup_memory_estimated 1).
+Otherwise it is estimated: proportional anon + file resident memory (smaps_rollup) plus the
+shm mounts' used bytes (tmpfs pages are charged to their writer's cgroup; Pss_Shmem left
+out, not to count mapped shm twice). Unseen: unmapped page cache, kernel memory, shared
+anonymous mappings; overcounted: file pages another cgroup faulted in first. Labelled
+`cgroup="estimate:workload"`, shmwatch_cgroup_memory_estimated 1.
 """
 
 from __future__ import annotations
@@ -30,6 +24,13 @@ from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import Process, ProcessTable
 
 ESTIMATE_CGROUP = "estimate:workload"
+# Where the memory controller's files are below /sys/fs/cgroup: (directory, cgroup version,
+# the file only a memory cgroup has). v1 (or hybrid) first.
+HIERARCHIES = (
+    ("memory", 1, "memory.usage_in_bytes"),
+    ("", 2, "memory.current"),
+    ("unified", 2, "memory.current"),
+)
 # A pod's sandbox process: in the shared PID namespace of a Kubernetes pod, but not the workload.
 SANDBOX_COMMS = ("pause",)
 
@@ -141,10 +142,7 @@ def find_through_mounts(
         entries = parse_mountinfo(read_text(paths.proc("self", "mountinfo")))
     except OSError:
         return None
-    for controller, version, marker in (
-        ("memory", 1, "memory.usage_in_bytes"),
-        ("", 2, "memory.current"),
-    ):
+    for controller, version, marker in HIERARCHIES[:2]:
         path = candidates.get(controller)
         if path is None:
             continue
