@@ -1,18 +1,15 @@
 """Segment inventory: what is in each shm mount, who holds it, what is hidden or leaked.
 
-Joins two views by (device, inode): the directory, listed with lstat only
-(inventory/walk.py), and every process's maps and fds (inventory/owners.py). A full run
-does both; an event-driven quick run patches the last listing with the names inotify
-reported (inventory/changes.py) and reuses the owners of the last full run, which follows
-within a second; in node mode it rescans the owners in the changed mounts' pods instead.
-In node mode a full run reads every process only every --segments.full-scan-interval; in
-between it refreshes the owners (new processes, the pods of holders that exited, the pods
-whose mounts moved), and only a full scan calls a segment leaked.
+Joins the directory, listed with lstat only (inventory/walk.py), and every process's maps
+and fds (inventory/owners.py) by (device, inode). An event-driven quick run patches the last
+listing with the names inotify reported and reuses the last full run's owners (node mode:
+rescans the changed mounts' pods). In node mode a full run reads every process only every
+--segments.full-scan-interval and refreshes the owners in between; only a full scan calls a
+segment leaked.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import re
@@ -90,23 +87,15 @@ class SegmentsCollector(BaseSource):
 
     @property
     def stretches(self) -> bool:
-        """Node mode reads every process and every pod's directory: less often while nothing
-        changes, as long as inotify watches every mount (a polled one changes unseen)."""
+        """Less often while nothing changes, as long as inotify watches every mount (a polled
+        one changes unseen)."""
         return self.pod_of_pid and self.all_watched()
 
     def collect(self) -> Inventory:
         return self._collect(full=True)
 
     def collect_quick(self) -> Inventory:
-        """Patch the listings with what inotify saw change and re-measure, reusing owners
-        from the last full run (node mode: reading the changed mounts' pods)."""
         return self._collect(full=False)
-
-    def _mount_dev(self, mount: str) -> int:
-        st = os.stat(self.paths.host(mount))
-        if not stat_mod.S_ISDIR(st.st_mode):
-            raise NotADirectoryError(errno.ENOTDIR, "not a directory", mount)
-        return st.st_dev
 
     def _list(self, mount: str, dev: int, full: bool, changes: Changes) -> Listing:
         previous, index = self._listings.get(mount), self._indexes.get(mount)
@@ -135,9 +124,14 @@ class SegmentsCollector(BaseSource):
         mount_list = self.mounts()
         for mount in mount_list:
             try:
-                devs[mount] = self._mount_dev(mount)
+                st = os.stat(self.paths.host(mount))
             except OSError as err:
                 errors[mount] = err.strerror or str(err)
+                continue
+            if stat_mod.S_ISDIR(st.st_mode):
+                devs[mount] = st.st_dev
+            else:
+                errors[mount] = "not a directory"
         # The directory first, then /proc: a segment unlinked in between is still
         # listed (so not called hidden), and one created in between is found held
         # but not '(deleted)', so it is linked, not hidden.
@@ -153,9 +147,8 @@ class SegmentsCollector(BaseSource):
             }
         listings = {m: self._list(m, dev, full, changes) for m, dev in devs.items()}
         for gone in [m for m in self._listings if m not in devs]:
-            del self._listings[
-                gone
-            ]  # a mount that went away (node mode: a deleted pod)
+            # a mount that went away (node mode: a deleted pod)
+            del self._listings[gone]
             self._indexes.pop(gone, None)
             self._pod_read_as.pop(gone, None)
         settled = False  # owners from a full scan of every process, this run
@@ -198,14 +191,23 @@ class SegmentsCollector(BaseSource):
                 self._pod_read_as = sigs
                 self._held_at_full = set(self._owners.holdings)
                 settled = True
-        pods_read = not full and self._scoped_owners(changes, set(devs.values()))
-        if pods_read:
-            self._pod_read_as.update({m: sigs[m] for m in changes if m in sigs})
-        touched_pods = (
-            {pod_uid_of_mount(m) for m in changes} - {""} if self.pod_of_pid else set()
+        pods = {pod_uid_of_mount(m) for m in changes}
+        touched_pods = pods - {""} if self.pod_of_pid else set()
+        # Node mode: a quick run rescans the processes of the pods whose mounts changed, not
+        # the node's. A change in a mount with no pod (the host's /dev/shm, a sandbox shm) is
+        # left to the full follow-up run, as in sidecar mode.
+        pods_read = bool(
+            not full and touched_pods and self._owners.processes and "" not in pods
         )
+        if pods_read:
+            self._owners = self.owner_scan.scan_pods(
+                set(devs.values()), pods, self._owners
+            )
+            self._pod_read_as.update({m: sigs[m] for m in changes if m in sigs})
+        held_on: Dict[int, List[Key]] = {}
+        for key in self._owners.holdings:
+            held_on.setdefault(key[0], []).append(key)
         mounts = []
-        held_on = self._held_on()
         for mount in mount_list:
             if mount in errors:
                 mounts.append(MountInventory(mount, error=errors[mount]))
@@ -243,24 +245,13 @@ class SegmentsCollector(BaseSource):
                 )
             )
         self._last = {m.mount: m for m in mounts}
-        return self._inventory(mounts)
-
-    def _held_on(self) -> Dict[int, List[Key]]:
-        """The held inodes by device: once a run, not once per mount."""
-        held_on: Dict[int, List[Key]] = {}
-        for key in self._owners.holdings:
-            held_on.setdefault(key[0], []).append(key)
-        return held_on
-
-    def _inventory(self, mounts: List[MountInventory]) -> Inventory:
         owners = self._owners
-        pods = {}
+        pod_of = {}
         if self.pod_of_pid:
-            pod_of = owners.pod_of
-            pods = {
+            pod_of = {
                 pid: pod
                 for pid, proc in owners.holders.items()
-                if (pod := pod_of.get(pid) or self.table.pod_uid(proc))
+                if (pod := owners.pod_of.get(pid) or self.table.pod_uid(proc))
             }
         return Inventory(
             mounts,
@@ -268,23 +259,10 @@ class SegmentsCollector(BaseSource):
             owners.unreadable,
             owners.scanned,
             self.clock(),
-            pods,
+            pod_of,
             owners_complete=owners.complete,
             unproven=list(owners.unproven),
         )
-
-    def _scoped_owners(
-        self, changes: Dict[str, Optional[Set[str]]], devs: Set[int]
-    ) -> bool:
-        """Node mode: rescan the processes of the pods whose mounts changed, not the node's.
-        A change in a mount with no pod (the host's /dev/shm, a runtime's sandbox shm) is left
-        to the full follow-up run, as in sidecar mode. -> whether the pods were read."""
-        pods = {pod_uid_of_mount(mount) for mount in changes}
-        if not self.pod_of_pid or not self._owners.processes or "" in pods:
-            return False
-        if pods:
-            self._owners = self.owner_scan.scan_pods(devs, pods, self._owners)
-        return bool(pods)
 
     def _assemble(
         self,
@@ -297,11 +275,8 @@ class SegmentsCollector(BaseSource):
         settled: bool,
     ) -> MountInventory:
         """`quick`: nobody was read for this mount's changes (the last scan's owners reused).
-        `settled`: the owners come from a full scan this run; otherwise from a quick run
-        (the last scan's owners, or a pod's rescan) or a refresh, and only a full scan, with
-        every process read, may call a segment leaked."""
-        inv = MountInventory(mount, other_entries=others)
-        accounted = 0
+        `settled`: the owners come from a full scan this run, which alone may call a segment
+        leaked (not a quick run, a pod's rescan, or a refresh)."""
         holdings = self._owners.holdings
         # Held by nobody we could inspect: an orphan only when we inspected everybody who
         # could hold it; otherwise unverified (never called leaked, never advised for rm).
@@ -313,64 +288,44 @@ class SegmentsCollector(BaseSource):
         known_files = (
             self._known_files if self._full_devs.get(mount) == dev else frozenset()
         )
-        append = inv.segments.append
+        rows = []  # (name, state, allocated, apparent, mtime, holders, key)
         for key, (name, st) in files.items():
             held = holdings.get(key)
             if held:
-                holders = tuple(sorted({h.pid for h in held}))
                 state = "linked"
             else:
-                holders = ()
                 state = unheld_state if key in known_files else unknown_state
                 if not settled and state == "orphan" and key in self._held_at_full:
                     # Held at the last full scan, unheld in a pod-scoped scan or a refresh:
                     # only a full scan, with its re-reads of new processes, may call it leaked.
                     state = "unverified"
-            allocated = st.st_blocks * 512
-            append(
-                Segment(
-                    name,
-                    classify(name),
-                    state,
-                    allocated,
-                    st.st_size,
-                    st.st_mtime,
-                    holders,
-                    key,
-                )
+            size = (st.st_blocks * 512, st.st_size, st.st_mtime)
+            rows.append(
+                (name, state, *size, tuple(sorted({h.pid for h in held or ()})), key)
             )
-            accounted += allocated
         for key in held_keys:
-            if key in files:
-                continue
             hs = holdings[key]
-            if not any(h.deleted for h in hs):
-                continue  # created after our listing: the next run lists it
+            if key in files or not any(h.deleted for h in hs):
+                continue  # linked, or created after our listing: the next run lists it
             best = next((h for h in hs if h.allocated is not None), None)
             extent = max(h.extent for h in hs)
-            allocated = best.allocated if best else extent
-            apparent = best.apparent if best else extent
+            size = (
+                (best.allocated, best.apparent, best.mtime)
+                if best
+                else (extent, extent, 0.0)
+            )
             path = hs[0].path
-            name = os.path.basename(
-                path[: -len(DELETED)] if path.endswith(DELETED) else path
+            name = os.path.basename(path.removesuffix(DELETED))
+            rows.append(
+                (name, "hidden", *size, tuple(sorted({h.pid for h in hs})), key)
             )
-            append(
-                Segment(
-                    name,
-                    classify(name),
-                    "hidden",
-                    allocated,
-                    apparent,
-                    best.mtime if best else 0.0,
-                    tuple(sorted({h.pid for h in hs})),
-                    key,
-                )
-            )
-            accounted += allocated
+        inv = MountInventory(mount, other_entries=others)
+        inv.segments = [Segment(row[0], classify(row[0]), *row[1:]) for row in rows]
         bytes_of = inv.process_bytes
         for seg in inv.segments:
             for pid in seg.holders:
                 bytes_of[pid] = bytes_of.get(pid, 0) + seg.allocated_bytes
+        accounted = sum(seg.allocated_bytes for seg in inv.segments)
         try:
             st = self.statvfs(self.paths.host(mount))
             inv.used_bytes = (st.f_blocks - st.f_bfree) * st.f_frsize
