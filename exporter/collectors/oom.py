@@ -1,27 +1,13 @@
 """OOM kills from the kernel's own reports (/dev/kmsg), as cAdvisor's utils/oomparser reads them.
 
-Why not the cgroup counters alone: on cgroup v1 the kernel counts a kill only in the
-victim's own memcg (`memory.oom_control` oom_kill), so a container killed by its own limit
-leaves its pod cgroup's count at 0, and the container's cgroup — with its count — vanishes
-when the container is removed. The kernel log names both cgroups of every kill (the one
-whose limit was hit, the victim's) and outlives them: the kubelet counts OOM kills the same
-way.
-
-A kill is reported as (kernel >= 4.19; mm/oom_kill.c dump_oom_summary, __oom_kill_process):
-
-    oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,
-        oom_memcg=/kubepods/burstable/pod<uid>/<id>,task_memcg=/kubepods/.../<id>,task=python3,pid=9008,uid=0
-    Memory cgroup out of memory: Killed process 9008 (python3) total-vm:18700kB,
-        anon-rss:8976kB, file-rss:6636kB, shmem-rss:0kB, UID:0 pgtables:84kB oom_score_adj:0
-
-and before 4.19 the cgroups come in "Task in <task memcg> killed as a result of limit of
-<oom memcg>". The parser is pure (text in, kills out); the reader opens /dev/kmsg read-only
-and non-blocking. Serving seeks to the end first (only kills from now on: the ring holds
-kills from before the exporter started, which a restart must not count twice);
-`shmwatch check` reads the ring from its start to list recent kills.
-Reading /dev/kmsg needs CAP_SYSLOG when kernel.dmesg_restrict=1, and in a container the
-device itself (docker --device /dev/kmsg; Kubernetes: a hostPath char device, which the
-runtime's device cgroup admits only to a privileged container).
+Why not the cgroup counters alone: v1 counts a kill only in the victim's own memcg, which
+goes with its container; the kernel log names both cgroups of every kill (the one whose limit
+was hit, the victim's) and outlives them. From 4.19 a kill is an "oom-kill:constraint=...,
+oom_memcg=...,task_memcg=...,task=...,pid=..." line and then "Killed process <pid> (<comm>)
+... anon-rss:..kB, file-rss:..kB, shmem-rss:..kB"; before, "Task in <memcg> killed as a
+result of limit of <memcg>". Serving seeks to the end first (a restart must not count the
+ring's kills twice); `shmwatch check` reads the ring from its start. Needs CAP_SYSLOG under
+kernel.dmesg_restrict=1, and in a container the device itself.
 """
 
 from __future__ import annotations
@@ -55,8 +41,7 @@ KMSG_RECORD_MAX = 8192
 
 
 def parse_kmsg_record(record: str) -> Optional[Tuple[int, int, str]]:
-    """One /dev/kmsg record ('prio,seq,usec,flags[,...];message' then ' KEY=value' lines)
-    -> (seq, usec, message); None for what is not a record."""
+    """'prio,seq,usec,flags[,...];message' (then ' KEY=value' lines) -> (seq, usec, message)."""
     head, sep, rest = record.partition(";")
     if not sep:
         return None
@@ -69,10 +54,8 @@ def parse_kmsg_record(record: str) -> Optional[Tuple[int, int, str]]:
 
 
 class OomParser:
-    """Feeds on kernel log messages in order; returns an OomKill when a report completes.
-
-    The cgroup line comes before the "Killed process" line of the same kill; it is kept by
-    pid until then (bounded: a kill whose last line was lost to an overrun is dropped)."""
+    """Kernel log messages in order -> an OomKill when a report completes. A cgroup line is
+    kept by pid until its "Killed process" line (bounded: that line may be lost to an overrun)."""
 
     def __init__(self) -> None:
         # pid -> (task_memcg, oom_memcg, constraint)
@@ -98,11 +81,9 @@ class OomParser:
         if not match or "reaped process" in message:
             return None
         pid = int(match["pid"])
-        legacy, self._legacy = self._legacy or ("", ""), None
-        task_memcg, oom_memcg, constraint = self._pending.pop(pid, None) or (
-            *legacy,
-            "",
-        )
+        legacy = (*(self._legacy or ("", "")), "")
+        self._legacy = None
+        task_memcg, oom_memcg, constraint = self._pending.pop(pid, None) or legacy
         if not constraint and message.startswith("Memory cgroup"):
             constraint = "CONSTRAINT_MEMCG"
         rss = {kind: int(kb) * 1024 for kind, kb in _RSS.findall(match["rest"])}
@@ -123,8 +104,8 @@ class OomParser:
 def parse_oom_kills(
     records: Iterable[str], parser: Optional["OomParser"] = None
 ) -> List[OomKill]:
-    """Every OOM report completed by a sequence of /dev/kmsg records (with `parser`: one
-    that holds the first lines of reports begun in earlier records)."""
+    """Every OOM report completed by these /dev/kmsg records (`parser`: holding reports
+    begun in earlier records)."""
     parser, kills = parser or OomParser(), []
     for record in records:
         parsed = parse_kmsg_record(record)
@@ -136,8 +117,7 @@ def parse_oom_kills(
 
 
 class OomCollector(BaseSource):
-    """Drains /dev/kmsg on each poll. The kills go to the model step, which counts them per
-    cgroup in the state store; this collector keeps nothing but its file position."""
+    """Drains /dev/kmsg on each poll; the model counts the kills. Keeps only its position."""
 
     name = "oom"
     schedule = "poll"
@@ -148,21 +128,20 @@ class OomCollector(BaseSource):
         self._fd: Optional[int] = None
         self._parser = OomParser()
 
-    def _open(self) -> int:
-        fd = os.open(self.kmsg_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        if not self.from_start:
-            os.lseek(fd, 0, os.SEEK_END)  # kmsg: the next record written from now on
-        return fd
-
     def collect(self) -> OomReports:
         if self._fd is None:
             try:
-                self._fd = self._open()
+                flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+                self._fd = os.open(self.kmsg_path, flags)
             except PermissionError as err:
                 raise PermissionError(
                     f"{self.kmsg_path}: {err.strerror} (needs CAP_SYSLOG when "
                     f"kernel.dmesg_restrict=1, and the device in a container)"
                 ) from None
+            if not self.from_start:
+                os.lseek(
+                    self._fd, 0, os.SEEK_END
+                )  # the next record written from now on
         records: List[str] = []
         lost = 0
         while True:
@@ -173,12 +152,10 @@ class OomCollector(BaseSource):
             except OSError as err:
                 # EPIPE: the ring wrapped past us; reading goes on from the oldest record
                 # left. EINVAL: a record larger than our buffer (never an OOM report line).
-                if err.errno == errno.EPIPE:
-                    lost += 1
-                    continue
-                if err.errno == errno.EINVAL:
-                    continue
-                raise
+                if err.errno not in (errno.EPIPE, errno.EINVAL):
+                    raise
+                lost += err.errno == errno.EPIPE
+                continue
             if not raw:
                 break
             records.append(raw.decode("utf-8", "replace"))
