@@ -1,23 +1,18 @@
 """GPU memory through NVML (nvidia-ml-py, imported as pynvml).
 
 NVML is initialised once and kept; after a driver-level error it is shut down and
-initialised again on the next run. One GPU failing (lost, not supported) skips that
-GPU only. A call that hangs is bounded by the scheduler: this collector runs on its own
-thread with --collector.gpu.timeout, and a stuck thread is never started twice.
+initialised again on the next run. One GPU failing (lost, not supported) skips that GPU
+only. A hanging call is bounded by the scheduler (--collector.gpu.timeout).
 """
 
 from __future__ import annotations
 
-import logging
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
-from exporter.model.types import GpuDevice, GpuProcess, GpuSnapshot
 from exporter.collectors.source import BaseSource, register
-from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
-
-log = logging.getLogger(__name__)
+from exporter.model.types import GpuDevice, GpuProcess, GpuSnapshot
 
 # After "no library" / "no driver", try again this much later, not on every poll.
 MISSING_DRIVER_RETRY_SECONDS = 60.0
@@ -27,41 +22,24 @@ def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def _load_pynvml():
-    import pynvml  # nvidia-ml-py
-
-    return pynvml
-
-
 class GpuCollector(BaseSource):
     name = "gpu"
-    schedule = "poll"
 
-    def __init__(
-        self,
-        paths: Paths,
-        load_nvml: Callable[[], object] = _load_pynvml,
-        clock: Callable[[], float] = time.monotonic,
-        table: Optional[ProcessTable] = None,
-    ):
-        self.paths = paths
-        self.table = table or ProcessTable(paths)
-        self.load_nvml = load_nvml
-        self.clock = clock
+    def __init__(self, table: ProcessTable):
+        self.table = table
         self.nvml = None
         self.initialised = False
         self.driver_version = ""
         self._missing: Optional[Tuple[float, str]] = None  # (when, why) no driver
 
-    # --- NVML life cycle ----------------------------------------------------------------
     def _init(self):
         missing = self._missing
-        if missing and self.clock() - missing[0] < MISSING_DRIVER_RETRY_SECONDS:
+        if missing and time.monotonic() - missing[0] < MISSING_DRIVER_RETRY_SECONDS:
             raise RuntimeError(missing[1])
         try:
-            nvml = self.nvml or self.load_nvml()
+            import pynvml as nvml  # nvidia-ml-py
         except ImportError as err:
-            self._missing = (self.clock(), f"nvidia-ml-py is not installed ({err})")
+            self._missing = (time.monotonic(), f"nvidia-ml-py is not installed ({err})")
             raise RuntimeError(self._missing[1]) from None
         self.nvml = nvml
         try:
@@ -72,7 +50,7 @@ class GpuCollector(BaseSource):
                 nvml.NVML_ERROR_DRIVER_NOT_LOADED: "the NVIDIA driver is not loaded",
             }.get(getattr(err, "value", None))
             if why:
-                self._missing = (self.clock(), why)
+                self._missing = (time.monotonic(), why)
                 raise RuntimeError(why) from None
             raise RuntimeError(f"nvmlInit failed: {err}") from None
         self._missing = None
@@ -87,7 +65,6 @@ class GpuCollector(BaseSource):
                 pass
         self.initialised = False
 
-    # --- one sweep --------------------------------------------------------------------
     def collect(self) -> GpuSnapshot:
         if not self.initialised:
             self._init()
@@ -176,4 +153,4 @@ class GpuCollector(BaseSource):
         return tuple(GpuProcess(pid, comm(pid), b) for pid, b in sorted(used.items()))
 
 
-register("gpu", lambda c: GpuCollector(c.paths, table=c.table))
+register("gpu", lambda c: GpuCollector(c.table))
