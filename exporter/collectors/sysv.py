@@ -1,16 +1,10 @@
 """SysV shared memory: /proc/sysvipc/shm and the kernel.shm* limits, per IPC namespace.
 
-UCX's sysv transport (UCX_TLS=sysv) and older MPI/NCCL builds use shmget(); those
-segments never appear in /dev/shm, and no common exporter reports them (node_exporter
-issue 754).
-
-Both files show the *reader's* IPC namespace, whatever procfs they are read through. A
-sidecar shares the server's (`--ipc=container:S`): one namespace, read directly. Node mode
-groups the host's processes by /proc/<pid>/ns/ipc and reads each namespace from a
-short-lived thread that has joined it with setns(CLONE_NEWIPC) — per thread, so the rest of
-the exporter stays where it is. Joining needs CAP_SYS_ADMIN (the privileged DaemonSet);
-without it a namespace is reported as not readable (shmwatch_sysv_namespace_readable 0) and
-nothing else: never an empty "all clear".
+UCX's sysv transport and older MPI/NCCL builds use shmget(); those segments never appear in
+/dev/shm, and no common exporter reports them (node_exporter issue 754). Both files show the
+*reader's* IPC namespace, whatever procfs they are read through: a sidecar shares the
+server's; node mode joins each namespace from a short-lived thread (setns, CAP_SYS_ADMIN),
+and without the capability reports it unreadable (never an empty "all clear").
 """
 
 from __future__ import annotations
@@ -77,21 +71,13 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _setns_ipc(fd: int) -> None:
-    if _libc().setns(fd, CLONE_NEWIPC) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
 def in_ipc_namespaces(
     namespaces: List[Tuple[str, List[str]]], read: Callable[[], T], timeout: float = 5.0
 ) -> Dict[str, "T | BaseException"]:
     """`read()` in each IPC namespace: [(namespace, [paths that may join it])] -> namespace ->
     its result, or the error that kept it unread. One short-lived thread joins them in turn
-    with setns(CLONE_NEWIPC), which moves only that thread (an IPC namespace is per thread,
-    nsproxy) and may be called again and again; the thread ends in the last one. A path whose
-    process exited, or whose pid now names a process in another namespace (pids are reused),
-    gives way to the next path of the same namespace."""
+    (setns moves only the calling thread). A path whose process exited or whose pid was reused
+    in another namespace gives way to the next path of the same namespace."""
     results: Dict[str, "T | BaseException"] = {}
 
     def join(namespace: str, paths: List[str]) -> bool:
@@ -103,7 +89,9 @@ def in_ipc_namespaces(
             try:
                 if f"ipc:[{os.fstat(fd).st_ino}]" != namespace:
                     continue
-                _setns_ipc(fd)
+                if _libc().setns(fd, CLONE_NEWIPC) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, os.strerror(err))
                 return True
             finally:
                 os.close(fd)
@@ -164,7 +152,12 @@ class SysvCollector(BaseSource):
             return [self.read()]
         own = os.readlink(self.paths.proc("self", "ns", "ipc"))
         groups: Dict[str, List[Process]] = {}
-        for proc, namespace in self._namespaces():
+        # Read afresh each run: `unshare --ipc` moves a process after it started.
+        for proc in self.table.walk().processes:
+            try:
+                namespace = os.readlink(self.paths.proc(proc.pid, "ns", "ipc"))
+            except OSError:
+                continue  # gone, or not ours to inspect (counted by the inventory)
             groups.setdefault(namespace, []).append(proc)
         shown = [
             (namespace, procs)
@@ -181,44 +174,33 @@ class SysvCollector(BaseSource):
             read: Dict[str, object] = in_ipc_namespaces(joined, self.read)
         except RuntimeError as err:  # no thread to be had (pids.max)
             read = {n: err for n, _ in joined}
+        if own in dict(shown):
+            try:
+                read[own] = self.read()
+            except (OSError, ValueError) as err:
+                read[own] = err.with_traceback(None)  # its traceback holds this frame
         out = []
         for namespace, procs in shown:
-            pods = {self.table.pod_uid(p) for p in procs}
-            pod = pods.pop() if len(pods) == 1 else ""
-            labels = dict(
-                namespace=namespace,
-                pod_uid=pod,
-                container_id="" if pod else self._container(procs),
-            )
-            try:
-                shm = self.read() if namespace == own else read.get(namespace)
-            except (OSError, ValueError) as err:
-                # Kept past the except: its traceback would hold this frame.
-                shm = err.with_traceback(None)
-            if isinstance(shm, (OSError, TimeoutError, ValueError, RuntimeError)):
-                unread = SysvShm([], None, None, None, readable=False, error=str(shm))
-                out.append(replace(unread, **labels))
-                continue
-            if isinstance(shm, BaseException):
-                raise shm
+            shm = read.get(namespace)
             if shm is None:
                 continue  # every process of the namespace exited: so did the namespace
-            out.append(replace(shm, **labels))
-        return out
-
-    def _namespaces(self) -> List[Tuple[Process, str]]:
-        """Every user process with its IPC namespace, read afresh each run: `unshare --ipc`
-        moves a process after it started. in_ipc_namespaces compares each namespace's
-        inode when it joins it (the pid may be another process by then)."""
-        found = []
-        for proc in self.table.walk().processes:
-            try:
-                found.append(
-                    (proc, os.readlink(self.paths.proc(proc.pid, "ns", "ipc")))
+            if isinstance(
+                shm, (OSError, ValueError, RuntimeError)
+            ):  # OSError: timeouts too
+                shm = SysvShm([], None, None, None, readable=False, error=str(shm))
+            elif isinstance(shm, BaseException):
+                raise shm
+            pods = {self.table.pod_uid(p) for p in procs}
+            pod = pods.pop() if len(pods) == 1 else ""
+            out.append(
+                replace(
+                    shm,
+                    namespace=namespace,
+                    pod_uid=pod,
+                    container_id="" if pod else self._container(procs),
                 )
-            except OSError:
-                continue  # gone, or not ours to inspect (counted by the inventory)
-        return found
+            )
+        return out
 
     def _orphan(self, seg: SysvSegment) -> bool:
         """Attached by nobody, and its creator and last user have exited."""
