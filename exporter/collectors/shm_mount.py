@@ -27,7 +27,6 @@ class ShmMountCollector(BaseSource):
     """statvfs of every mount discovery publishes, with its type and source from mountinfo."""
 
     name = "shm_mount"
-    schedule = "poll"
     event_driven = True
 
     def __init__(
@@ -40,9 +39,8 @@ class ShmMountCollector(BaseSource):
         self.paths = paths
         self.mounts = live_mounts(mounts)  # discovery's current mounts
         self.statvfs = statvfs
-        # The mounts inotify saw change since the last call (state store): a quick run
-        # measures those, not all 200 of a node's.
-        self.touched = touched
+        # The mounts inotify saw change since the last call: a quick run measures those.
+        self.touched = touched or (lambda: None)
         self._warned: Dict[str, str] = {}
         self._index: Optional[MountIndex] = None  # the last poll's, for quick runs
         self._last: Dict[str, MountUsage] = {}  # for quick runs
@@ -51,18 +49,6 @@ class ShmMountCollector(BaseSource):
         host_first = self.paths.rootfs not in ("", "/")
         self._mountinfo = WatchedMountinfo(
             paths, ("1", "self") if host_first else ("self", "1")
-        )
-
-    def mountinfo(self) -> List[MountEntry]:
-        """The mount table when it changed since the last call; the last one otherwise."""
-        try:
-            entries = self._mountinfo.read()
-        except OSError:
-            return []  # measured anyway, reported as not a mount point
-        return (
-            self._index.entries
-            if entries is None and self._index is not None
-            else (entries or [])
         )
 
     def _warn_once(self, mount: str, message: str) -> None:
@@ -101,29 +87,38 @@ class ShmMountCollector(BaseSource):
         )
 
     def collect(self) -> List[MountUsage]:
-        entries = self.mountinfo()
-        if self._index is None or entries is not self._index.entries:
-            self._index = MountIndex(entries)  # when the table changed, not per mount
+        try:
+            entries = self._mountinfo.read()  # None: unchanged
+        except OSError:
+            entries = []  # measured anyway, reported as not a mount point
+        if self._index is None or entries is not None:
+            self._index = MountIndex(
+                entries or []
+            )  # when the table changed, not per mount
         mounts = self.mounts()
         # Node mode: a deleted pod's warning is not kept forever.
         for gone in [m for m in self._warned if m not in mounts]:
             del self._warned[gone]
-        if self.touched is not None:
-            self.touched()  # all measured now
-        usages = [self.measure_one(mount, self._index) for mount in mounts]
-        self._last = {u.mount: u for u in usages}
-        return usages
+        return self._measure(mounts, quick=False)
 
     def collect_quick(self) -> List[MountUsage]:
-        """On an inotify event: statvfs again the mounts that changed, with the last poll's
-        mountinfo (a node's runs to 2,000 lines, and an event does not mount anything)."""
+        """The mounts inotify saw change, with the last poll's mountinfo (an event mounts
+        nothing, and a node's runs to 2,000 lines)."""
         if self._index is None:
             return self.collect()
-        touched = self.touched() if self.touched is not None else None
+        return self._measure(self.mounts(), quick=True)
+
+    def _measure(self, mounts: List[str], quick: bool) -> List[MountUsage]:
+        touched = self.touched()  # drained on every run: all measured now
         usages = []
-        for mount in self.mounts():
+        for mount in mounts:
             last = self._last.get(mount)
-            if touched is not None and mount not in touched and last is not None:
+            if (
+                quick
+                and touched is not None
+                and mount not in touched
+                and last is not None
+            ):
                 usages.append(last)
             else:
                 usages.append(self.measure_one(mount, self._index))
