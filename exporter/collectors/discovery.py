@@ -1,25 +1,17 @@
 """Which mounts to watch: the configured ones, and in node mode every pod's shm.
 
-Discovery is its own job. It runs on the poll interval and publishes the mount set to
-its subscribers (the watcher, the state store); the collectors read `mounts()` at the
-start of each run. No collector drives it, so turning one off freezes nothing.
-
-Node mode (`--mode=node`, one shmwatch per node as a DaemonSet) reads the host's
-mountinfo (`--path.procfs=/host/proc`, pid 1, or our own under hidepid) and picks the
-tmpfs mounts that are some pod's or container's shared memory (kube.MOUNT_LAYOUTS):
-memory-backed emptyDirs, containerd and CRI-O sandbox shm, Docker container shm, and
-the host's /dev/shm. node_exporter's defaults drop exactly these (`^/(dev|...)`,
-`/var/lib/kubelet/pods/.+`, `/run/containerd/.+`).
-
-When mountinfo cannot be read, the last good set is kept (and the run fails): an
+Discovery runs on the poll interval and publishes the mount set to its subscribers (the
+watcher); collectors read `mounts()` at the start of each run, so none of them drives it.
+Node mode picks from the host's mountinfo the tmpfs mounts that are a pod's or container's
+shared memory (kube.MOUNT_LAYOUTS) and the host's /dev/shm: what node_exporter's defaults
+drop. When mountinfo cannot be read the last good set is kept (and the run fails): an
 unreadable file must not forget every pod and reset its counters.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Sequence
 
 from exporter.model.types import MountSet, Target
 from exporter.collectors.source import BaseSource
@@ -27,25 +19,15 @@ from exporter.host.kube import NODE_LABELS, mount_labels
 from exporter.host.mountinfo import MountEntry, WatchedMountinfo
 from exporter.host.paths import Paths
 
-log = logging.getLogger(__name__)
-
-
-def classify_mount(entry: MountEntry) -> Optional[Dict[str, str]]:
-    """Labels for a pod/container shm mount; None for any other mount."""
-    if entry.fstype != "tmpfs":
-        return None
-    labels = mount_labels(entry.mount_point)
-    if labels is not None:
-        return labels
-    if entry.mount_point == "/dev/shm":
-        return {name: "" for name in NODE_LABELS}
-    return None
-
 
 def discover(entries: Sequence[MountEntry]) -> List[Target]:
     found: Dict[str, Target] = {}
     for entry in entries:  # later entries stack on earlier ones: the last one wins
-        labels = classify_mount(entry)
+        labels = None
+        if entry.fstype == "tmpfs":
+            labels = mount_labels(entry.mount_point)
+            if labels is None and entry.mount_point == "/dev/shm":  # the host's
+                labels = {name: "" for name in NODE_LABELS}
         if labels is not None:
             found[entry.mount_point] = Target(entry.mount_point, labels)
         elif entry.mount_point in found:
@@ -79,26 +61,22 @@ class MountDiscovery(BaseSource):
         self._subscribers.append(subscriber)
 
     def collect(self) -> MountSet:
-        """Re-discover (node mode) and publish. Raises, keeping the last good set, when the
-        host's mountinfo cannot be read."""
         if self.node_mode:
             # The host's mounts, --path.rootfs stripped from our own view's; None: unchanged.
             entries = self._mountinfo.read()
-            if entries is None:  # the mount table did not change: neither did the set
-                return self._publish()
-            if not entries:
+            if entries is None:
+                pass  # the mount table did not change: neither did the set
+            elif not entries:
                 raise ValueError("mountinfo is empty: keeping the last mount set")
-            found = discover(entries)
-            seen = {t.mount for t in found}
-            current = MountSet(
-                found + [t for t in self._static if t.mount not in seen],
-                follows_mount_table=True,
-            )
-            with self._lock:
-                self._current = current
-        return self._publish()
-
-    def _publish(self) -> MountSet:
+            else:
+                found = discover(entries)
+                seen = {t.mount for t in found}
+                current = MountSet(
+                    found + [t for t in self._static if t.mount not in seen],
+                    follows_mount_table=True,
+                )
+                with self._lock:
+                    self._current = current
         for subscriber in self._subscribers:
             subscriber(self.current())
         return self.current()

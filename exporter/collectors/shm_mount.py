@@ -12,7 +12,6 @@ from typing import Callable, Dict, List, Optional, Sequence, Set
 
 from exporter.collectors.source import BaseSource, register
 from exporter.host.mountinfo import (
-    MountEntry,
     MountIndex,
     WatchedMountinfo,
     live_mounts,
