@@ -102,7 +102,6 @@ class CgroupCollector(BaseSource):
         node_mode: bool = False,
         table: Optional[ProcessTable] = None,
         mounts: Optional[Callable[[], Sequence[str]]] = None,
-        statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
     ):
         self.paths = paths
         self.table = table or ProcessTable(paths)
@@ -113,13 +112,11 @@ class CgroupCollector(BaseSource):
         self.limit_override = limit_override
         # The watched shm mounts: what an estimate adds.
         self.mounts = mounts or (lambda: [])
-        self.statvfs = statvfs
         # Node mode: the last walk's pod cgroups, their UIDs, and when it was made.
         self._listed: Optional[List[Tuple[str, int, str, str]]] = None
         self._listed_uids: Set[str] = set()
         self._walked_at = float("-inf")
 
-    # --- which cgroup ---------------------------------------------------------------
     def find_target_pid(self) -> int:
         pid = self.table.find(self.target, exclude=os.getpid())
         if pid is None:
@@ -179,7 +176,7 @@ class CgroupCollector(BaseSource):
         if self.node_mode:
             return self.collect_pods()
         if self.cgroup_path:
-            return [self.read(*self.resolve(), self.limit_override)]
+            return [self.read(*self.resolve())]
         # In the host's PID namespace the processes are nobody's workload.
         host = self.table.kernel_threads_visible()
         processes = [] if host else workload.workload_processes(self.table, os.getpid())
@@ -198,7 +195,7 @@ class CgroupCollector(BaseSource):
                 "or name the cgroup with --cgroup.path"
             )
         try:
-            return [self.read(*self.resolve(pid), self.limit_override)]
+            return [self.read(*self.resolve(pid))]
         except (LookupError, FileNotFoundError):
             if not processes:
                 raise
@@ -206,7 +203,7 @@ class CgroupCollector(BaseSource):
 
     def estimate(self, processes) -> CgroupMemory:
         """The workload's charge from what it has resident and what it wrote to shm."""
-        shm = workload.shm_used(self.paths, self.mounts(), self.statvfs)
+        shm = workload.shm_used(self.paths, self.mounts())
         working_set = workload.resident(self.table, processes) + shm
         limit = self.limit_override
         return CgroupMemory(
@@ -271,7 +268,7 @@ class CgroupCollector(BaseSource):
         found = []
         for path, version, directory, uid in listed:
             try:
-                found.append(self.read(path, version, directory, None, uid))
+                found.append(self.read(path, version, directory, uid))
             except (OSError, ValueError):
                 continue
         return found
@@ -281,13 +278,13 @@ class CgroupCollector(BaseSource):
         path: str,
         version: int,
         directory: str,
-        limit_override: Optional[int],
         pod_uid: str = "",
     ) -> CgroupMemory:
+        """`pod_uid`: node mode's, where --memory.limit-bytes (one workload's) does not apply."""
         usage, limit, inactive_file, shmem, oom_kills = read_files(directory, version)
         source = "cgroup" if limit is not None else "none"
-        if limit_override is not None:
-            limit, source = limit_override, "flag"
+        if self.limit_override is not None and not pod_uid:
+            limit, source = self.limit_override, "flag"
         children = ()
         if pod_uid and version == 1:
             children = self._child_oom_kills(path, directory)

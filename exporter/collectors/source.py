@@ -15,12 +15,9 @@ MODES = ("sidecar", "node")
 
 class Source(Protocol):
     name: str
-    schedule: (
-        str  # "poll": every --poll-interval; "inventory": every --inventory-interval
-    )
-    event_driven: (
-        bool  # also runs collect_quick() soon after inotify sees a mount change
-    )
+    # "poll": every --poll-interval; "inventory": every --inventory-interval
+    schedule: str
+    event_driven: bool  # collect_quick() soon after inotify sees a mount change
     stretches: bool  # heavy: its interval doubles while its result stays the same
     reports_status: bool  # has shmwatch_collector_* series
 
@@ -77,13 +74,9 @@ class Registration:
 REGISTRY: Dict[str, Registration] = {}
 
 
-def register(
-    name: str,
-    factory: Callable[[Context], Source],
-    modes: Tuple[str, ...] = MODES,
-    flag: bool = True,
-) -> None:
-    REGISTRY[name] = Registration(name, factory, modes, flag)
+def register(name: str, factory: Callable[[Context], Source], **options) -> None:
+    """`options`: Registration's modes and flag."""
+    REGISTRY[name] = Registration(name, factory, **options)
 
 
 def registered() -> List[Registration]:

@@ -17,7 +17,7 @@ anonymous mappings; overcounted: file pages another cgroup faulted in first. Lab
 from __future__ import annotations
 
 import os
-from typing import Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence, Tuple
 
 from exporter.host.mountinfo import MountEntry, parse_mountinfo
 from exporter.host.paths import Paths, read_text
@@ -58,9 +58,11 @@ def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
             "CAP_SYS_PTRACE, or the host's cgroupfs)"
         )
     for proc in walked.processes:
-        if proc.pid == own_pid or proc.comm in SANDBOX_COMMS:
-            continue
-        if _is_shmwatch(table, proc.pid):
+        if (
+            proc.pid == own_pid
+            or proc.comm in SANDBOX_COMMS
+            or _is_shmwatch(table, proc)
+        ):
             continue
         try:
             if table.cgroups(proc.pid) == own:
@@ -76,38 +78,34 @@ def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
     return sorted(found, key=lambda p: p.pid)
 
 
-def _is_shmwatch(table: ProcessTable, pid: int) -> bool:
-    """Another shmwatch beside the same server (a second sidecar) is not the workload either:
-    its command is `shmwatch ...` (the console script, under its interpreter or not) or
-    `python3 -m exporter ...`. Not by comm: a `python3 -m exporter` and a Python server share it."""
+def _is_shmwatch(table: ProcessTable, proc: Process) -> bool:
+    """A second sidecar: `[python] shmwatch ...` or `python3 -m exporter ...` (not by comm,
+    which a Python server shares)."""
     try:
-        words = table.cmdline(pid).split()
+        words = table.cmdline(proc.pid).split()
     except OSError:
         return False
     module = words[1:3] == ["-m", "exporter"]
     return module or any(os.path.basename(w) == "shmwatch" for w in words[:2])
 
 
-def _components(path: str) -> List[str]:
-    return [c for c in path.split("/") if c and c != "."]
-
-
 def below(path: str, root: str) -> Optional[List[str]]:
     """`path`'s components below `root`, both relative to one cgroup namespace root (either may
     climb out of it with leading '..'); None when `path` is not at or below `root`."""
-    base = [f"\0{i}" for i in range(64)]  # stand-ins for the directories above it
 
-    def resolve(parts: Sequence[str]) -> List[str]:
-        out = list(base)
-        for part in parts:
+    def resolve(text: str) -> List[str]:
+        out = [
+            f"\0{i}" for i in range(64)
+        ]  # stand-ins for the directories above the root
+        for part in text.split("/"):
             if part == "..":
                 if out:
                     out.pop()
-            else:
+            elif part not in ("", "."):
                 out.append(part)
         return out
 
-    p, r = resolve(_components(path)), resolve(_components(root))
+    p, r = resolve(path), resolve(root)
     if p[: len(r)] != r or any(part.startswith("\0") for part in p[len(r) :]):
         # Not below the mount, or below it through directories whose names this namespace
         # cannot tell (a v2 path /../<id> under a mount rooted at /../..): not guessed.
@@ -121,13 +119,11 @@ def cgroup_directories(
     """Every directory a mounted cgroupfs shows `path` at (v1: a memory hierarchy; v2: cgroup2)."""
     out = []
     for entry in entries:
-        if version == 1 and not (
-            entry.fstype == "cgroup" and "memory" in entry.options.split(",")
-        ):
-            continue
-        if version == 2 and entry.fstype != "cgroup2":
-            continue
-        rest = below(path, entry.root)
+        if version == 1:
+            shown = entry.fstype == "cgroup" and "memory" in entry.options.split(",")
+        else:
+            shown = entry.fstype == "cgroup2"
+        rest = below(path, entry.root) if shown else None
         if rest is not None:
             out.append(os.path.join(entry.mount_point, *rest))
     return out
@@ -152,11 +148,7 @@ def find_through_mounts(
     return None
 
 
-def shm_used(
-    paths: Paths,
-    mounts: Iterable[str],
-    statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
-) -> int:
+def shm_used(paths: Paths, mounts: Iterable[str]) -> int:
     """Bytes used on the watched mounts, each filesystem once (one tmpfs may be watched twice)."""
     seen, total = set(), 0
     for mount in mounts:
@@ -165,7 +157,7 @@ def shm_used(
             device = os.stat(where).st_dev
             if device in seen:
                 continue
-            st = statvfs(where)
+            st = os.statvfs(where)
         except OSError:
             continue
         seen.add(device)
