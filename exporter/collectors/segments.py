@@ -45,8 +45,6 @@ class SegmentsCollector(BaseSource):
         paths: Paths,
         mounts: "Sequence[str] | Callable[[], List[str]]",
         table: Optional[ProcessTable] = None,
-        statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
-        clock: Callable[[], float] = time.time,
         pod_of_pid: bool = False,
         changes: Optional[ChangeLog] = None,
         ignore_unreadable: Optional[Pattern[str]] = None,
@@ -61,8 +59,6 @@ class SegmentsCollector(BaseSource):
         self.changes = changes or ChangeLog()  # filled by the watcher
         self.pod_of_pid = pod_of_pid
         self.all_watched = all_watched  # inotify watches every mount
-        self.statvfs = statvfs
-        self.clock = clock
         # Node mode: how long the owners of a full scan are refreshed (owner_scan.refresh)
         # before every process is read again, which alone may call a segment leaked.
         self.full_scan_interval = full_scan_interval if pod_of_pid else 0.0
@@ -72,8 +68,7 @@ class SegmentsCollector(BaseSource):
         self._listings: Dict[str, Listing] = {}
         self._indexes: Dict[str, Dict[str, Key]] = {}
         self._said_truncated: Set[str] = set()
-        # Why nothing is called orphan, logged when that changes.
-        self._unproven_log = UnprovenLog(log)
+        self._unproven_log = UnprovenLog(log)  # why nothing is called orphan
         self._owners = Owners()  # the last scan's, for quick runs that skip /proc
         self._known_files: Set[Key] = set()  # inodes listed by the last full scan
         # Each mount's device at the last full scan: a key (device, inode) counts as known only
@@ -110,10 +105,9 @@ class SegmentsCollector(BaseSource):
         return files, others, truncated
 
     def _signature(self, mount: str, dev: int) -> Optional[tuple]:
-        """(device, statvfs blocks, free blocks, files, free inodes); None when statvfs fails.
-        Pages written or punched through a mapping, which inotify never sees, move it."""
+        """What moves when pages are written or punched through a mapping (unseen by inotify)."""
         try:
-            st = self.statvfs(self.paths.host(mount))
+            st = os.statvfs(self.paths.host(mount))
         except OSError:
             return None
         return dev, st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
@@ -258,7 +252,7 @@ class SegmentsCollector(BaseSource):
             dict(owners.comms),
             owners.unreadable,
             owners.scanned,
-            self.clock(),
+            time.time(),
             pod_of,
             owners_complete=owners.complete,
             unproven=list(owners.unproven),
@@ -288,7 +282,7 @@ class SegmentsCollector(BaseSource):
         known_files = (
             self._known_files if self._full_devs.get(mount) == dev else frozenset()
         )
-        rows = []  # (name, state, allocated, apparent, mtime, holders, key)
+        rows = []  # (name, state, (allocated, apparent, mtime), holdings, key)
         for key, (name, st) in files.items():
             held = holdings.get(key)
             if held:
@@ -300,9 +294,7 @@ class SegmentsCollector(BaseSource):
                     # only a full scan, with its re-reads of new processes, may call it leaked.
                     state = "unverified"
             size = (st.st_blocks * 512, st.st_size, st.st_mtime)
-            rows.append(
-                (name, state, *size, tuple(sorted({h.pid for h in held or ()})), key)
-            )
+            rows.append((name, state, size, held or (), key))
         for key in held_keys:
             hs = holdings[key]
             if key in files or not any(h.deleted for h in hs):
@@ -314,20 +306,18 @@ class SegmentsCollector(BaseSource):
                 if best
                 else (extent, extent, 0.0)
             )
-            path = hs[0].path
-            name = os.path.basename(path.removesuffix(DELETED))
-            rows.append(
-                (name, "hidden", *size, tuple(sorted({h.pid for h in hs})), key)
-            )
+            name = os.path.basename(hs[0].path.removesuffix(DELETED))
+            rows.append((name, "hidden", size, hs, key))
         inv = MountInventory(mount, other_entries=others)
-        inv.segments = [Segment(row[0], classify(row[0]), *row[1:]) for row in rows]
         bytes_of = inv.process_bytes
-        for seg in inv.segments:
-            for pid in seg.holders:
-                bytes_of[pid] = bytes_of.get(pid, 0) + seg.allocated_bytes
-        accounted = sum(seg.allocated_bytes for seg in inv.segments)
+        for name, state, size, hs, key in rows:
+            pids = tuple(sorted({h.pid for h in hs}))
+            inv.segments.append(Segment(name, classify(name), state, *size, pids, key))
+            for pid in pids:
+                bytes_of[pid] = bytes_of.get(pid, 0) + size[0]
+        accounted = sum(size[0] for _, _, size, _, _ in rows)
         try:
-            st = self.statvfs(self.paths.host(mount))
+            st = os.statvfs(self.paths.host(mount))
             inv.used_bytes = (st.f_blocks - st.f_bfree) * st.f_frsize
         except OSError as err:
             inv.error = err.strerror or str(err)
