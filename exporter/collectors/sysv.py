@@ -37,23 +37,16 @@ def parse_sysvipc_shm(text: str) -> List[SysvSegment]:
     col: Dict[str, int] = {name: i for i, name in enumerate(header)}
     if not {"key", "shmid", "size", "nattch"} <= col.keys():
         raise ValueError("sysvipc/shm: unexpected header " + " ".join(header[:8]))
+    # SysvSegment's fields in order; a kernel without cpid, rss or lpid reads 0.
+    names = ("key", "shmid", "size", "nattch", "cpid", "rss", "lpid")
     segments = []
     for line in lines[1:]:
         fields = line.split()
         try:
-            segments.append(
-                SysvSegment(
-                    key=int(fields[col["key"]]),
-                    shmid=int(fields[col["shmid"]]),
-                    size_bytes=int(fields[col["size"]]),
-                    nattch=int(fields[col["nattch"]]),
-                    cpid=int(fields[col["cpid"]]) if "cpid" in col else 0,
-                    rss_bytes=int(fields[col["rss"]]) if "rss" in col else 0,
-                    lpid=int(fields[col["lpid"]]) if "lpid" in col else 0,
-                )
-            )
+            values = [int(fields[col[n]]) if n in col else 0 for n in names]
         except (ValueError, IndexError):
             continue  # a truncated line
+        segments.append(SysvSegment(*values))
     return segments
 
 
@@ -184,9 +177,8 @@ class SysvCollector(BaseSource):
             shm = read.get(namespace)
             if shm is None:
                 continue  # every process of the namespace exited: so did the namespace
-            if isinstance(
-                shm, (OSError, ValueError, RuntimeError)
-            ):  # OSError: timeouts too
+            # not read (OSError: a timeout too); any other error is a bug, raised here
+            if isinstance(shm, (OSError, ValueError, RuntimeError)):
                 shm = SysvShm([], None, None, None, readable=False, error=str(shm))
             elif isinstance(shm, BaseException):
                 raise shm
