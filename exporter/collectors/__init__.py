@@ -1,9 +1,5 @@
-"""Sources: one module per source, each returning one model type (model/types.py) in every
-mode, never metric objects.
-
-Every source implements `source.Source` whole and registers once, at the bottom of its
-module (`source.register`). The scheduler runs sources; the model step joins what they return.
-"""
+"""Sources: one module each, returning one model type (model/types.py), never metric
+objects; each implements `source.Source` whole and registers once (`source.register`)."""
 
 from exporter.collectors.source import Context, Source, registered
 

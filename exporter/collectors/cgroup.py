@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from exporter.model.types import CgroupMemory
 from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_mount
@@ -112,9 +112,8 @@ class CgroupCollector(BaseSource):
         self.limit_override = limit_override
         # The watched shm mounts: what an estimate adds.
         self.mounts = mounts or (lambda: [])
-        # Node mode: the last walk's pod cgroups, their UIDs, and when it was made.
+        # Node mode: the last walk's pod cgroups, and when it was made.
         self._listed: Optional[List[Tuple[str, int, str, str]]] = None
-        self._listed_uids: Set[str] = set()
         self._walked_at = float("-inf")
 
     def find_target_pid(self) -> int:
@@ -128,18 +127,11 @@ class CgroupCollector(BaseSource):
     def resolve(self, pid: object = None) -> Tuple[str, int, str]:
         """-> (cgroup path, version, directory to read) of --cgroup.path, or of `pid`'s cgroup."""
         root = self.paths.sys("fs", "cgroup")
-        if (
-            self.cgroup_path
-            and os.path.isabs(self.cgroup_path)
-            and self.cgroup_path.startswith(root + "/")
-        ):
-            directory = self.cgroup_path
-            v2 = os.path.exists(os.path.join(directory, "memory.current"))
-            version = 2 if v2 else 1
-            rel = directory[len(root) :]
-            if version == 1 and rel.startswith("/memory"):
-                rel = rel[len("/memory") :] or "/"
-            return rel, version, directory
+        if self.cgroup_path and self.cgroup_path.startswith(root + "/"):  # a directory
+            directory, rel = self.cgroup_path, self.cgroup_path[len(root) :]
+            if os.path.exists(os.path.join(directory, "memory.current")):
+                return rel, 2, directory
+            return rel.removeprefix("/memory") or "/", 1, directory
         if self.cgroup_path:
             candidates = {"memory": self.cgroup_path, "": self.cgroup_path}
         else:
@@ -249,13 +241,13 @@ class CgroupCollector(BaseSource):
         run: walking 200 pods' cgroup trees costs more than reading them."""
         now = time.monotonic()
         watched = {pod_uid_of_mount(m) for m in self.mounts()} - {""}
+        listed_uids = {uid for *_, uid in self._listed or ()}
         missing = (
-            not watched <= self._listed_uids
+            not watched <= listed_uids
             and now - self._walked_at > MISSING_REWALK_SECONDS
         )
         if self._listed is None or now - self._walked_at > REWALK_SECONDS or missing:
             self._listed = self.pod_cgroups()
-            self._listed_uids = {uid for _, _, _, uid in self._listed}
             self._walked_at = now
         found = self.read_pods(self._listed)
         if len(found) < len(self._listed):  # a pod went away (or cannot be read)
@@ -274,11 +266,7 @@ class CgroupCollector(BaseSource):
         return found
 
     def read(
-        self,
-        path: str,
-        version: int,
-        directory: str,
-        pod_uid: str = "",
+        self, path: str, version: int, directory: str, pod_uid: str = ""
     ) -> CgroupMemory:
         """`pod_uid`: node mode's, where --memory.limit-bytes (one workload's) does not apply."""
         usage, limit, inactive_file, shmem, oom_kills = read_files(directory, version)

@@ -106,12 +106,8 @@ class GpuCollector(BaseSource):
 
     def _measure(self, handle, gpu: str, name: str) -> GpuDevice:
         nvml = self.nvml
-        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-        reserved: Optional[int]
-        # One definition of "used" in both paths: everything that is not free, the driver's
-        # reserve included. That is v1's used (total - free); v2 splits the reserve out of
-        # used, so it is added back. Only this definition is computable on both: v1 cannot
-        # tell the reserve apart.
+        # "Used" is everything not free, the driver's reserve included: v1's used; v2 splits
+        # the reserve out, so it is added back (v1 cannot tell it apart).
         try:
             memory = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
             reserved = int(memory.reserved)
@@ -123,7 +119,7 @@ class GpuCollector(BaseSource):
             used = int(memory.used)
         return GpuDevice(
             gpu,
-            uuid,
+            _text(nvml.nvmlDeviceGetUUID(handle)),
             name,
             int(memory.total),
             used,

@@ -1,8 +1,5 @@
-"""The exporter's own process: prometheus_client's process_* metrics, read on the poll.
-
-Registered on the registry, ProcessCollector would read /proc/self on every scrape;
-run here, it is read once per --poll-interval and scrapes only render what it found.
-"""
+"""The exporter's own process_* metrics (prometheus_client's), read once per --poll-interval
+rather than on every scrape."""
 
 from __future__ import annotations
 

@@ -11,11 +11,7 @@ import os
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
 from exporter.collectors.source import BaseSource, register
-from exporter.host.mountinfo import (
-    MountIndex,
-    WatchedMountinfo,
-    live_mounts,
-)
+from exporter.host.mountinfo import MountIndex, WatchedMountinfo, live_mounts
 from exporter.host.paths import Paths
 from exporter.model.types import MountUsage
 
