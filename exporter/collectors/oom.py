@@ -106,21 +106,16 @@ def parse_oom_kills(
 ) -> List[OomKill]:
     """Every OOM report completed by these /dev/kmsg records (`parser`: holding reports
     begun in earlier records)."""
-    parser, kills = parser or OomParser(), []
-    for record in records:
-        parsed = parse_kmsg_record(record)
-        if parsed is not None:
-            kill = parser.feed(*parsed)
-            if kill is not None:
-                kills.append(kill)
-    return kills
+    parser = parser or OomParser()
+    parsed = (parse_kmsg_record(record) for record in records)
+    kills = [parser.feed(*message) for message in parsed if message is not None]
+    return [kill for kill in kills if kill is not None]
 
 
 class OomCollector(BaseSource):
     """Drains /dev/kmsg on each poll; the model counts the kills. Keeps only its position."""
 
     name = "oom"
-    schedule = "poll"
 
     def __init__(self, kmsg_path: str = "/dev/kmsg", from_start: bool = False):
         self.kmsg_path = kmsg_path
@@ -138,10 +133,8 @@ class OomCollector(BaseSource):
                     f"{self.kmsg_path}: {err.strerror} (needs CAP_SYSLOG when "
                     f"kernel.dmesg_restrict=1, and the device in a container)"
                 ) from None
-            if not self.from_start:
-                os.lseek(
-                    self._fd, 0, os.SEEK_END
-                )  # the next record written from now on
+            if not self.from_start:  # the next record written from now on
+                os.lseek(self._fd, 0, os.SEEK_END)
         records: List[str] = []
         lost = 0
         while True:
