@@ -116,15 +116,7 @@ class CgroupCollector(BaseSource):
         self._listed: Optional[List[Tuple[str, int, str, str]]] = None
         self._walked_at = float("-inf")
 
-    def find_target_pid(self) -> int:
-        pid = self.table.find(self.target, exclude=os.getpid())
-        if pid is None:
-            raise LookupError(
-                f"no process matches --cgroup.target-process {self.target.pattern!r}"
-            )
-        return pid
-
-    def resolve(self, pid: object = None) -> Tuple[str, int, str]:
+    def resolve(self, pid: object = "self") -> Tuple[str, int, str]:
         """-> (cgroup path, version, directory to read) of --cgroup.path, or of `pid`'s cgroup."""
         root = self.paths.sys("fs", "cgroup")
         if self.cgroup_path and self.cgroup_path.startswith(root + "/"):  # a directory
@@ -135,8 +127,6 @@ class CgroupCollector(BaseSource):
         if self.cgroup_path:
             candidates = {"memory": self.cgroup_path, "": self.cgroup_path}
         else:
-            if pid is None:
-                pid = self.find_target_pid() if self.target else "self"
             candidates = self.table.cgroups(pid)
         tried = []
         # In a private cgroup namespace another container's cgroup reads as /../<id>: only a
@@ -173,7 +163,11 @@ class CgroupCollector(BaseSource):
         host = self.table.kernel_threads_visible()
         processes = [] if host else workload.workload_processes(self.table, os.getpid())
         if self.target:
-            pid = self.find_target_pid()
+            pid = self.table.find(self.target, exclude=os.getpid())
+            if pid is None:
+                raise LookupError(
+                    f"no process matches --cgroup.target-process {self.target.pattern!r}"
+                )
         elif processes:
             pid = processes[0].pid
         elif host:

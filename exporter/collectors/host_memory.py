@@ -13,13 +13,11 @@ def parse_meminfo(text: str) -> Dict[str, int]:
     """'MemTotal:  24683568 kB' lines -> {'MemTotal': bytes}. Malformed lines are skipped."""
     values: Dict[str, int] = {}
     for line in text.splitlines():
-        key, sep, rest = line.partition(":")
+        key, _, rest = line.partition(":")
         fields = rest.split()
-        if not sep or not fields:
-            continue
         try:
             number = int(fields[0])
-        except ValueError:
+        except (IndexError, ValueError):
             continue
         if len(fields) > 1 and fields[1].lower() == "kb":
             number *= 1024

@@ -39,20 +39,18 @@ class ShmMountCollector(BaseSource):
         self._warned: Dict[str, str] = {}
         self._index: Optional[MountIndex] = None  # the last poll's, for quick runs
         self._last: Dict[str, MountUsage] = {}  # for quick runs
-        # In a container our own mountinfo is the workload's view; with a host at --path.rootfs,
-        # pid 1's is the host's.
-        host_first = self.paths.rootfs not in ("", "/")
-        self._mountinfo = WatchedMountinfo(
-            paths, ("1", "self") if host_first else ("self", "1")
-        )
+        # In a container our own mountinfo is the workload's view; with a host at
+        # --path.rootfs, pid 1's is the host's.
+        order = ("1", "self") if paths.rootfs not in ("", "/") else ("self", "1")
+        self._mountinfo = WatchedMountinfo(paths, order)
 
     def _warn_once(self, mount: str, message: str) -> None:
         if self._warned.get(mount) != message:
             self._warned[mount] = message
             log.warning("mount %s: %s", mount, message)
 
-    def measure_one(self, mount: str, index: MountIndex) -> MountUsage:
-        entry = index.find(mount)
+    def measure_one(self, mount: str) -> MountUsage:
+        entry = self._index.find(mount)
         fstype = entry.fstype if entry else "unknown"
         source = entry.source if entry else ""
         is_point = bool(entry and (entry.mount_point.rstrip("/") or "/") == mount)
@@ -116,7 +114,7 @@ class ShmMountCollector(BaseSource):
             ):
                 usages.append(last)
             else:
-                usages.append(self.measure_one(mount, self._index))
+                usages.append(self.measure_one(mount))
         self._last = {u.mount: u for u in usages}
         return usages
 

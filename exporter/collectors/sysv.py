@@ -195,15 +195,15 @@ class SysvCollector(BaseSource):
         return out
 
     def _orphan(self, seg: SysvSegment) -> bool:
-        """Attached by nobody, and its creator and last user have exited."""
+        """Attached by nobody, and its creator and last user (0: none, never attached) have
+        exited."""
         if seg.nattch or not self._gone(seg.cpid):
             return False
         return seg.lpid == 0 or self._gone(seg.lpid)
 
     def _gone(self, pid: int) -> bool:
-        """The process has exited. The kernel prints pids in the reader's PID namespace (ours:
-        setns moves only the IPC namespace), and 0 for one outside it: unknown, so not gone.
-        (A last user of 0 beside a creator we can see is read as none: never attached.)"""
+        """The process has exited. The kernel prints pids in our PID namespace (setns moves only
+        the IPC namespace), and 0 for one outside it: unknown, so not gone."""
         return pid > 0 and not os.path.exists(self.paths.proc(pid))
 
     def _container(self, procs: List[Process]) -> str:
