@@ -35,6 +35,37 @@ BACKEND_SHM = {"vllm": 16 << 30, "sglang": 16 << 30, "trtllm": 80 << 30}
 # "process" is shmwatch's own process metrics, nothing `check` reports on.
 FAILURE_AREAS = {"sysv": "sysv", "host_memory": "memory"}
 QUIET_FAILURES = ("gpu", "cgroup", "process", "oom")
+# `shmwatch check`'s own flags (the exporter's are in exporter/config.py); dest: the flag's name
+# with _ for . and -, as in --prometheus.url -> prometheus_url.
+FLAGS = {
+    "--require-shm": dict(type=typed(parse_size, "--require-shm")),
+    "--backend": dict(choices=sorted(BACKEND_SHM)),
+    "--output": dict(choices=("text", "json"), default="text"),
+    "--log": dict(action="append", default=[], metavar="FILE"),
+    "--timeout": dict(type=float),
+    "--recommend": dict(action="store_true"),
+    "--prometheus.url": dict(metavar="URL"),
+    "--prometheus.selector": dict(metavar="MATCHERS", default=""),
+    "--exporter.url": dict(metavar="URL"),
+    "--recommend.window": dict(
+        default=R.DEFAULT_WINDOW, type=typed(R.parse_window, "--recommend.window")
+    ),
+    "--recommend.headroom": dict(
+        default=R.DEFAULT_HEADROOM, type=typed(R.parse_headroom, "--recommend.headroom")
+    ),
+}
+HELP = {
+    "--require-shm": "Fail (exit 2) when the shm mount can hold less than this, e.g. 16Gi.",
+    "--backend": "Warn when shm is below what this serving engine needs (vllm/sglang 16Gi, trtllm 80Gi).",
+    "--log": "Scan a server log for known shared-memory and OOM failure signatures (repeatable).",
+    "--timeout": "Seconds to wait for all collectors.",
+    "--recommend": "Recommend a shm size per mount from the observed peak, with the settings to apply.",
+    "--prometheus.url": "Prometheus to read the peak over --recommend.window from (HTTP API /api/v1/query).",
+    "--prometheus.selector": 'Label matchers that pick this workload\'s series, e.g. instance="10.0.0.5:9841".',
+    "--exporter.url": "A running shmwatch's /metrics: its high-water mark, when Prometheus has none.",
+    "--recommend.window": "How far back to look in Prometheus.",
+    "--recommend.headroom": "Factor on top of the peak.",
+}
 
 
 def diagnose(
@@ -188,57 +219,18 @@ def _pod_memory(report: Report, pods, kills: Dict[str, int]) -> None:
         )
 
 
-def _recommend(report: Report, model: Model, extra) -> str:
-    """Adds what --recommend finds to the report; returns its text part."""
-    recs, notes = R.recommendations(model, extra)
-    for r in recs:
-        if r.memory_limit_fits is False:
-            report.add(
-                "warn",
-                "memory",
-                r.mount,
-                f"the recommended {human(r.recommended_size_bytes)} of shm does not fit "
-                f"in what the {human(r.memory_limit_bytes)} memory limit leaves",
-                f"raise the memory limit to {at_least(r.memory_limit_bytes_needed)}, then the shm size",
-            )
-    report.facts["recommendations"] = [asdict(r) for r in recs]
-    report.facts["recommendation_notes"] = notes
-    return R.render_text(recs, notes, extra.recommend_headroom)
-
-
 def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
     """`collect(cfg, timeout)`: one run of every source, and the model made of it."""
     parser = build_parser(prog="shmwatch check")
-    parser.add_argument(
-        "--require-shm",
-        type=typed(parse_size, "--require-shm"),
-        help="Fail (exit 2) when the shm mount can hold less than this, e.g. 16Gi.",
-    )
-    parser.add_argument(
-        "--backend",
-        choices=sorted(BACKEND_SHM),
-        help="Warn when shm is below what this serving engine needs (vllm/sglang 16Gi, trtllm 80Gi).",
-    )
-    parser.add_argument("--output", choices=("text", "json"), default="text")
-    parser.add_argument(
-        "--log",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="Scan a server log for known shared-memory and OOM failure signatures (repeatable).",
-    )
-    parser.add_argument(
-        "--timeout", type=float, help="Seconds to wait for all collectors."
-    )
-    R.add_arguments(parser)
+    for flag, options in FLAGS.items():
+        dest = flag[2:].replace(".", "_").replace("-", "_")
+        parser.add_argument(flag, dest=dest, help=HELP.get(flag), **options)
     try:
         cfg, extra = parse_args(list(argv), parser=parser)
     except SystemExit as err:
         # argparse and a bad flag value exit 2, which here means "a requirement failed"
         raise SystemExit(EXIT_USAGE if err.code == 2 else err.code) from None
-    logging.basicConfig(
-        level=logging.CRITICAL
-    )  # failures are in the report, not on stderr
+    logging.basicConfig(level=logging.CRITICAL)  # failures are in the report
     for path in extra.log:
         if not os.access(path, os.R_OK):
             sys.stderr.write(
@@ -254,7 +246,24 @@ def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
         for name, hits in scan_log(path).items():
             log_hits.setdefault(name, []).extend(hits)
     report = diagnose(model, extra.require_shm, extra.backend, log_hits)
-    advice = _recommend(report, model, extra) if extra.recommend else ""
+    advice = ""
+    if extra.recommend:
+        recs, notes = R.recommendations(model, extra)
+        for r in recs:
+            if r.memory_limit_fits is False:
+                shm = human(r.recommended_size_bytes)
+                limit = human(r.memory_limit_bytes)
+                needed = at_least(r.memory_limit_bytes_needed)
+                report.add(
+                    "warn",
+                    "memory",
+                    r.mount,
+                    f"the recommended {shm} of shm does not fit in what the {limit} memory limit leaves",
+                    f"raise the memory limit to {needed}, then the shm size",
+                )
+        report.facts["recommendations"] = [asdict(r) for r in recs]
+        report.facts["recommendation_notes"] = notes
+        advice = R.render_text(recs, notes, extra.recommend_headroom)
     if extra.output == "json":
         sys.stdout.write(render_json(report))
     else:
