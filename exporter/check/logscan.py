@@ -101,24 +101,21 @@ SIGNATURES = (
 class LogHit:
     file: str
     line: int
-    signature: str
-    text: str
+    text: str  # the line, and how many lines matched when more than one
 
 
-def scan_log(path: str, max_hits_per_signature: int = 5) -> Dict[str, List[LogHit]]:
-    """Stream a log line by line (large logs are never loaded whole)."""
+def scan_log(path: str) -> Dict[str, List[LogHit]]:
+    """signature name -> [its first hit]. Streams the log line by line (large logs are never
+    loaded whole)."""
     hits: Dict[str, List[LogHit]] = {}
     counts: Dict[str, int] = {}
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, 1):
-            line = raw.decode("utf-8", "replace").rstrip("\n")
+            line = raw.decode("utf-8", "replace").strip()
             for name, pattern, _, _ in SIGNATURES:
                 if pattern.search(line):
                     counts[name] = counts.get(name, 0) + 1
-                    if counts[name] <= max_hits_per_signature:
-                        hits.setdefault(name, []).append(
-                            LogHit(path, number, name, line.strip()[:300])
-                        )
+                    hits.setdefault(name, [LogHit(path, number, line[:300])])
     for name, n in counts.items():
         hits[name][0].text += f"  [{n} matching line(s)]" if n > 1 else ""
     return hits

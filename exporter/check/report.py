@@ -68,22 +68,19 @@ HELP = {
 }
 
 
-def diagnose(
-    model: Model,
-    required: Optional[int] = None,
-    backend: Optional[str] = None,
-    log_hits: Optional[Dict[str, List[LogHit]]] = None,
-) -> Report:
-    """The report, from the model alone: no totals, thresholds or class rules of its own."""
+def diagnose(model: Model, required=None, backend=None, log_hits=None) -> Report:
+    """The report, from the model alone: no totals, thresholds or class rules of its own.
+    `required`: --require-shm's bytes; `log_hits`: signature name -> hits, first hit first."""
     report = Report()
     errors = {s.name: s.error or "no result" for s in model.statuses if not s.success}
     _gpu(report, model.gpu, errors.get("gpu"))
     for view in model.mounts:
         if view.usage is not None:
             shm(report, view, model, required)
+    kills = {c.cgroup: c.kills for c in model.oom_kills}
     if model.node_mode:
-        _pod_memory(report, model.cgroups, {c.cgroup: c.kills for c in model.oom_kills})
-    _memory(report, model, errors.get("cgroup"))
+        _pod_memory(report, model.cgroups, kills)
+    _memory(report, model, kills, errors.get("cgroup"))
     oom_kills(report, model, errors.get("oom"))
     sysv(report, model.sysv, model.node_mode)
     for name, hits in (log_hits or {}).items():
@@ -98,13 +95,8 @@ def diagnose(
     for facts in report.facts.get("shm", []) if need else ():
         effective = facts["effective_size_bytes"]
         if effective < need and not (required and required >= need):
-            report.add(
-                "warn",
-                "shm",
-                facts["mount"],
-                f"can hold {human(effective)}, under the {human(need)} recommended for {backend}",
-                shm_remedy(need),
-            )
+            text = f"can hold {human(effective)}, under the {human(need)} recommended for {backend}"
+            report.add("warn", "shm", facts["mount"], text, shm_remedy(need))
     return report
 
 
@@ -128,20 +120,18 @@ def _gpu(report: Report, gpus, error: Optional[str]) -> None:
         report.add("warn", "gpu", "NVML", f"GPU skipped: {skipped}", remedy)
 
 
-def _memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
+def _memory(report: Report, model: Model, kills, cgroup_error: Optional[str]) -> None:
     host = model.host_memory
     if host is not None:
         ratio = host.available_bytes / host.total_bytes if host.total_bytes else 1
         report.facts["host_memory"] = asdict(host)
         low = ratio < T.HOST_MEMORY_AVAILABLE_LOW_RATIO
-        report.add(
-            "warn" if low else "ok",
-            "memory",
-            "host",
+        text = (
             f"{human(host.available_bytes)} of {human(host.total_bytes)} available "
-            f"({ratio:.0%}), shmem {human(host.shmem_bytes)}",
-            "free leaked shm, move workloads" if low else "",
+            f"({ratio:.0%}), shmem {human(host.shmem_bytes)}"
         )
+        remedy = "free leaked shm, move workloads" if low else ""
+        report.add("warn" if low else "ok", "memory", "host", text, remedy)
     if model.node_mode:
         return  # every pod's cgroup is reported by _pod_memory
     cgroup = model.cgroups[0] if model.cgroups else None
@@ -152,10 +142,8 @@ def _memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
     report.facts["cgroup"] = asdict(cgroup)
     name, risk, text = cgroup.cgroup, cgroup.oom_risk_ratio, _working_set(cgroup)
     if risk is None:
-        no_limit = (
-            "no memory limit: OOM ratios not computed (pass --memory.limit-bytes)"
-        )
-        report.add("info", "memory", name, f"{text}, {no_limit}")
+        text += ", no memory limit: OOM ratios not computed (pass --memory.limit-bytes)"
+        report.add("info", "memory", name, text)
         return
     if cgroup.estimated:
         text += " (estimated: the workload's resident memory and shm; its cgroup is not readable here)"
@@ -164,24 +152,19 @@ def _memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
     high = risk > T.OOM_RISK_RATIO
     remedy = "raise the memory limit or free shm" if high else ""
     report.add("warn" if high else "ok", "memory", name, text, remedy)
-    kills = next(
-        (c.kills for c in model.oom_kills if c.cgroup == name), cgroup.oom_kills
-    )
-    if kills:
-        _kills(report, name, kills)
+    if kills.get(name, cgroup.oom_kills):
+        _kills(report, name, kills.get(name, cgroup.oom_kills))
     for view in model.mounts:
         budget = view.budget
         if view.cgroup is not cgroup or budget is None:
             continue
         if (budget.projection or 0) > T.SHM_OOM_PROJECTION_RATIO:
-            report.add(
-                "warn",
-                "memory",
-                view.mount,
+            text = (
                 f"filling it ({human(budget.fillable_bytes)}) would need {budget.projection:.0%} "
-                "of the memory limit: the pod is OOM-killed before tmpfs says ENOSPC",
-                f"lower sizeLimit to at most {at_most(budget.room_bytes)} or raise the memory limit",
+                "of the memory limit: the pod is OOM-killed before tmpfs says ENOSPC"
             )
+            remedy = f"lower sizeLimit to at most {at_most(budget.room_bytes)} or raise the memory limit"
+            report.add("warn", "memory", view.mount, text, remedy)
 
 
 def _working_set(c) -> str:
@@ -201,22 +184,18 @@ def _pod_memory(report: Report, pods, kills: Dict[str, int]) -> None:
     report.facts["pod_cgroups"] = [asdict(c) for c in pods]
     risky = 0
     for c in pods:
+        subject = f"pod {c.pod_uid}"
         if (c.oom_risk_ratio or 0) > T.OOM_RISK_RATIO:
             risky += 1
-            report.add(
-                "warn",
-                "memory",
-                f"pod {c.pod_uid}",
-                _working_set(c),
-                "raise the pod's memory limit or free its shm",
-            )
+            remedy = "raise the pod's memory limit or free its shm"
+            report.add("warn", "memory", subject, _working_set(c), remedy)
         if kills.get(c.cgroup):
-            _kills(report, f"pod {c.pod_uid}", kills[c.cgroup])
+            _kills(report, subject, kills[c.cgroup])
     if not risky:
-        limit = f"{T.OOM_RISK_RATIO:.0%} of its limit"
-        report.add(
-            "ok", "memory", "pods", f"{len(pods)} pod cgroup(s), none above {limit}"
+        text = (
+            f"{len(pods)} pod cgroup(s), none above {T.OOM_RISK_RATIO:.0%} of its limit"
         )
+        report.add("ok", "memory", "pods", text)
 
 
 def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
@@ -233,9 +212,8 @@ def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
     logging.basicConfig(level=logging.CRITICAL)  # failures are in the report
     for path in extra.log:
         if not os.access(path, os.R_OK):
-            sys.stderr.write(
-                f"shmwatch check: error: argument --log: cannot read {path}\n"
-            )
+            error = f"shmwatch check: error: argument --log: cannot read {path}\n"
+            sys.stderr.write(error)
             return EXIT_USAGE
     timeout = extra.timeout
     if timeout is None:
@@ -251,16 +229,11 @@ def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
         recs, notes = R.recommendations(model, extra)
         for r in recs:
             if r.memory_limit_fits is False:
-                shm = human(r.recommended_size_bytes)
+                size = human(r.recommended_size_bytes)
                 limit = human(r.memory_limit_bytes)
-                needed = at_least(r.memory_limit_bytes_needed)
-                report.add(
-                    "warn",
-                    "memory",
-                    r.mount,
-                    f"the recommended {shm} of shm does not fit in what the {limit} memory limit leaves",
-                    f"raise the memory limit to {needed}, then the shm size",
-                )
+                text = f"the recommended {size} of shm does not fit in what the {limit} memory limit leaves"
+                remedy = f"raise the memory limit to {at_least(r.memory_limit_bytes_needed)}, then the shm size"
+                report.add("warn", "memory", r.mount, text, remedy)
         report.facts["recommendations"] = [asdict(r) for r in recs]
         report.facts["recommendation_notes"] = notes
         advice = R.render_text(recs, notes, extra.recommend_headroom)
