@@ -22,6 +22,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from exporter.check.sizes import GiB, MiB, at_least, docker, human, k8s, round_up
 
 DEFAULT_WINDOW, DEFAULT_HEADROOM = "7d", 1.25
@@ -47,9 +49,7 @@ def memory_limit_needed(recommended: int, working_set: int, shm_used: int) -> in
     return -(-(non_shm + recommended) // MiB) * MiB
 
 
-def rule_exprs(
-    window: str = DEFAULT_WINDOW, headroom: float = DEFAULT_HEADROOM
-) -> Dict[str, str]:
+def rule_exprs(window=DEFAULT_WINDOW, headroom=DEFAULT_HEADROOM) -> Dict[str, str]:
     """record name -> PromQL, as deploy/prometheus/shmwatch-recommend-rules.yml carries them."""
     x = f"shmwatch:mount_observed_peak_bytes * {headroom:g}"
     return {
@@ -99,8 +99,6 @@ def peaks_from_prometheus(url: str, mounts, window: str, selector: str) -> Peaks
 
 def peaks_from_exporter(url: str) -> Peaks:
     """mount -> (a running exporter's high-water mark, 1), from its /metrics."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     out: Peaks = {
         s.labels["mount"]: (s.value, 1)
         for family in _get(url, lambda text: list(text_string_to_metric_families(text)))
@@ -137,8 +135,9 @@ class Recommendation:
 def settings_for(size: int, volume: str, memory_limit: Optional[int]) -> Dict[str, str]:
     empty_dir = {"medium": "Memory", "sizeLimit": k8s(size)}
     volumes = [{"name": volume, "emptyDir": empty_dir}]
-    patch = {"spec": {"template": {"spec": {"volumes": volumes}}}}
-    patch = json.dumps(patch, separators=(",", ":"))
+    patch = json.dumps(
+        {"spec": {"template": {"spec": {"volumes": volumes}}}}, separators=(",", ":")
+    )
     out = {
         "docker_run": f"docker run --shm-size={docker(size)}",
         "compose": f"shm_size: {docker(size)}",
