@@ -210,7 +210,7 @@ def recommendations(model, extra) -> Tuple[List[Recommendation], List[str]]:
         # Preferred order; a mount a source has no series for falls through to the next, and so
         # does Prometheus when several series match without --prometheus.selector: /dev/shm
         # exists in every pod, and another workload's peak is not this one's.
-        for name, span, peaks in answers:
+        for name, window, peaks in answers:
             peak, series = peaks.get(view.mount, (None, 0))
             if peak is None:
                 continue
@@ -221,7 +221,7 @@ def recommendations(model, extra) -> Tuple[List[Recommendation], List[str]]:
                 )
                 continue
             note = SERIES.format(series) if series > 1 else ""
-            rec = recommend(view, peak, name, span, headroom, note)
+            rec = recommend(view, peak, name, window, headroom, note)
             break
         used = view.usage.used_bytes
         current = used if view.max_used_bytes is None else view.max_used_bytes
