@@ -14,8 +14,7 @@ from typing import Dict, List
 from exporter import __version__
 
 EXIT_OK, EXIT_WARN, EXIT_FAIL, EXIT_USAGE = 0, 1, 2, 64
-SEVERITY_ORDER = {"fail": 0, "warn": 1, "info": 2, "ok": 3}
-STATUS = {EXIT_OK: "ok", EXIT_WARN: "warn", EXIT_FAIL: "fail"}
+SEVERITIES = ("fail", "warn", "info", "ok")  # worst first
 # The JSON document's facts, in its order, and what each is when nothing reported it.
 FACTS = {
     "shm": [],
@@ -56,10 +55,10 @@ class Report:
         return EXIT_WARN if "warn" in severities else EXIT_OK
 
     def sorted(self) -> List[Finding]:
-        def order(f: Finding):
-            return SEVERITY_ORDER[f.severity], f.area, f.subject
-
-        return sorted(self.findings, key=order)
+        return sorted(
+            self.findings,
+            key=lambda f: (SEVERITIES.index(f.severity), f.area, f.subject),
+        )
 
 
 def render_text(report: Report) -> str:
@@ -84,7 +83,7 @@ def render_json(report: Report) -> str:
     doc = {
         "version": 1,
         "shmwatch_version": __version__,
-        "status": STATUS[code],
+        "status": ("ok", "warn", "fail")[code],
         "exit_code": code,
         "findings": [asdict(f) for f in report.sorted()],
     }

@@ -14,6 +14,7 @@ from exporter.model.step import Model
 OOM_FACTS = ("pid", "comm", "task_memcg", "oom_memcg", "pod_uid", "anon_rss_bytes")
 OOM_FACTS += ("shmem_rss_bytes", "file_rss_bytes")
 SYSV_LIMITS = ("shmmax_bytes", "shmall_bytes", "shmmni")
+OOM_REMEDY = "count /dev/shm in the memory budget (shmem-rss and shm use are charged to the limit)"
 
 
 def oom_kills(report: Report, model: Model, error: Optional[str]) -> None:
@@ -35,27 +36,21 @@ def oom_kills(report: Report, model: Model, error: Optional[str]) -> None:
             for n in (kill.anon_rss_bytes, kill.shmem_rss_bytes)
         )
         shm = "" if shm_used is None else f"; its pod's shm holds {human(shm_used)} now"
-        report.add(
-            "warn" if age < T.OOM_KILL_RECENT_SECONDS else "info",
-            "memory",
-            f"OOM kill pid {kill.pid}",
+        text = (
             f"{kill.comm} in {kill.task_memcg or '?'} killed {age} s ago (limit of "
-            f"{kill.oom_memcg or 'the host'}): anon-rss {anon}, shmem-rss {rss}{shm}",
-            "count /dev/shm in the memory budget (shmem-rss and shm use are charged to the limit)",
+            f"{kill.oom_memcg or 'the host'}): anon-rss {anon}, shmem-rss {rss}{shm}"
         )
+        severity = "warn" if age < T.OOM_KILL_RECENT_SECONDS else "info"
+        report.add(severity, "memory", f"OOM kill pid {kill.pid}", text, OOM_REMEDY)
     report.facts["oom_kills"] = listed
 
 
 def sysv(report: Report, namespaces, node_mode: bool) -> None:
     listed = []
     for ns in namespaces:
-        whose = (
-            f"pod {ns.pod_uid}"
-            if ns.pod_uid
-            else f"container {ns.container_id[:12]}"
-            if ns.container_id
-            else ns.namespace
-        )
+        whose = f"pod {ns.pod_uid}" if ns.pod_uid else ns.namespace
+        if ns.container_id and not ns.pod_uid:
+            whose = f"container {ns.container_id[:12]}"
         facts = {
             "ipc_namespace": ns.namespace,
             "pod_uid": ns.pod_uid,
@@ -64,14 +59,11 @@ def sysv(report: Report, namespaces, node_mode: bool) -> None:
         }
         listed.append(facts)
         if not ns.readable:
-            report.add(
-                "info",
-                "sysv",
-                whose,
-                f"SysV shm not visible ({ns.error}): entering an IPC namespace "
-                "needs CAP_SYS_ADMIN",
-                "deploy/kubernetes/daemonset-privileged, or run on the host as root",
+            text = f"SysV shm not visible ({ns.error}): entering an IPC namespace needs CAP_SYS_ADMIN"
+            remedy = (
+                "deploy/kubernetes/daemonset-privileged, or run on the host as root"
             )
+            report.add("info", "sysv", whose, text, remedy)
             continue
         count, total = len(ns.segments), ns.total_bytes
         facts.update(segments=count, bytes=total, orphans=ns.orphans)
@@ -79,21 +71,13 @@ def sysv(report: Report, namespaces, node_mode: bool) -> None:
         text = f"{whose + ': ' if node_mode else ''}{count} segment(s), {human(total)}"
         near = T.SYSV_NEAR_LIMIT_RATIO
         if ns.shmmni and count > near * ns.shmmni:
-            report.add(
-                "warn",
-                "sysv",
-                "kernel.shmmni",
-                f"{text}: near the limit of {ns.shmmni}",
-                "ipcs -m; ipcrm -m <id> for orphans; sysctl -w kernel.shmmni=8192",
-            )
+            remedy = "ipcs -m; ipcrm -m <id> for orphans; sysctl -w kernel.shmmni=8192"
+            text += f": near the limit of {ns.shmmni}"
+            report.add("warn", "sysv", "kernel.shmmni", text, remedy)
         elif ns.shmall_bytes and total > near * ns.shmall_bytes:
-            report.add(
-                "warn",
-                "sysv",
-                "kernel.shmall",
-                f"{text}: near the limit of {human(ns.shmall_bytes)}",
-                "ipcs -m; ipcrm -m <id>; sysctl kernel.shmall",
-            )
+            remedy = "ipcs -m; ipcrm -m <id>; sysctl kernel.shmall"
+            text += f": near the limit of {human(ns.shmall_bytes)}"
+            report.add("warn", "sysv", "kernel.shmall", text, remedy)
         elif ns.segments or not node_mode:
             if ns.orphans:
                 text += f", {ns.orphans} with nothing attached and their creators gone"

@@ -17,9 +17,7 @@ SIGNATURES = (
     # creating shared memory segment nccl-shm-recv-... (size N)".
     (
         "nccl_shm_create",
-        re.compile(
-            r"NCCL WARN Error while (creating|attaching to) shared memory segment (\S+)"
-        ),
+        r"NCCL WARN Error while (creating|attaching to) shared memory segment (\S+)",
         "NCCL could not create or attach a shared-memory segment: /dev/shm is too small or full.",
         "raise the shm size (--shm-size / shm_size / emptyDir sizeLimit) or remove leaked nccl-* segments; "
         "NCCL_SHM_DISABLE=1 only as a last resort",
@@ -28,9 +26,7 @@ SIGNATURES = (
     # include/shm.h: "Call to posix_fallocate failed : No space left on device".
     (
         "nccl_shm_extend",
-        re.compile(
-            r"failed to extend (/dev/shm/nccl-\S+)|Call to posix_fallocate failed"
-        ),
+        r"failed to extend (/dev/shm/nccl-\S+)|Call to posix_fallocate failed",
         "NCCL ran out of /dev/shm while sizing a segment.",
         "raise the shm size; Docker's 64 MiB default is far too small for NCCL",
     ),
@@ -38,10 +34,8 @@ SIGNATURES = (
     # device, please check shared memory limits by 'ipcs -l'"
     (
         "ucx_shmget",
-        re.compile(
-            r"shmget\(size=(\d+) flags=0x[0-9a-f]+\) for \S+ failed: (No space left on device|"
-            r"Cannot allocate memory|Operation not permitted|Invalid argument)"
-        ),
+        r"shmget\(size=(\d+) flags=0x[0-9a-f]+\) for \S+ failed: (No space left on device|"
+        r"Cannot allocate memory|Operation not permitted|Invalid argument)",
         "UCX's SysV transport hit a SysV shared-memory limit (kernel.shmmni / shmall / shmmax).",
         "ipcs -m and ipcrm -m <id> for orphans; sysctl kernel.shmmni / kernel.shmall; or UCX_TLS without sysv",
     ),
@@ -49,21 +43,21 @@ SIGNATURES = (
     # /dev/shm or the directory you specified has more available memory."
     (
         "ucx_posix",
-        re.compile(r"Not enough memory to write total of (\d+) bytes"),
+        r"Not enough memory to write total of (\d+) bytes",
         "UCX's posix transport could not size a segment in /dev/shm.",
         "raise the shm size",
     ),
     # Generic wording used by several runtimes (DALI, Triton python backend, custom allocators).
     (
         "shm_alloc",
-        re.compile(r"Failed to allocate shared memory", re.I),
+        r"(?i)Failed to allocate shared memory",
         "A shared-memory allocation failed.",
         "check /dev/shm size and use; raise it or remove leaked segments",
     ),
     # vLLM's shm checks before starting workers.
     (
         "vllm_insufficient_shm",
-        re.compile(r"Insufficient space in /dev/shm", re.I),
+        r"(?i)Insufficient space in /dev/shm",
         "vLLM found too little free space in /dev/shm (often leaked segments from a crashed run).",
         "remove leaked segments (shmwatch check lists them) or raise the shm size",
     ),
@@ -72,7 +66,7 @@ SIGNATURES = (
     # insufficient shared memory (shm)"; a plain process dies with "Bus error (core dumped)".
     (
         "bus_error",
-        re.compile(r"Bus error|bus error encountered in worker", re.I),
+        r"(?i)Bus error|bus error encountered in worker",
         "SIGBUS: a mapped shm page could not be backed — /dev/shm filled while in use.",
         "raise the shm size; find what filled it with shmwatch_top_segment_bytes",
     ),
@@ -80,7 +74,7 @@ SIGNATURES = (
     # CUDA runtime: "CUDA error: out of memory".
     (
         "cuda_oom",
-        re.compile(r"CUDA out of memory|CUDA error: out of memory"),
+        r"CUDA out of memory|CUDA error: out of memory",
         "The GPU ran out of memory (not shared memory).",
         "lower --gpu-memory-utilization / max batch or context; check other GPU processes",
     ),
@@ -88,37 +82,35 @@ SIGNATURES = (
     # shared_memory objects to clean up at shutdown"
     (
         "leaked_shared_memory",
-        re.compile(
-            r"resource_tracker: There appear to be (\d+) leaked shared_memory objects"
-        ),
+        r"resource_tracker: There appear to be (\d+) leaked shared_memory objects",
         "Python's resource tracker found shared_memory segments nobody unlinked: a process exited uncleanly.",
         "check /dev/shm for leftover psm_* segments and remove them",
     ),
 )
 
 
+PATTERNS = [(name, re.compile(regex)) for name, regex, _, _ in SIGNATURES]
+
+
 @dataclass
 class LogHit:
     file: str
     line: int
-    signature: str
-    text: str
+    text: str  # the line, and how many lines matched when more than one
 
 
-def scan_log(path: str, max_hits_per_signature: int = 5) -> Dict[str, List[LogHit]]:
-    """Stream a log line by line (large logs are never loaded whole)."""
+def scan_log(path: str) -> Dict[str, List[LogHit]]:
+    """signature name -> [its first hit]. Streams the log line by line (large logs are never
+    loaded whole)."""
     hits: Dict[str, List[LogHit]] = {}
     counts: Dict[str, int] = {}
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, 1):
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            for name, pattern, _, _ in SIGNATURES:
+            line = raw.decode("utf-8", "replace").strip()
+            for name, pattern in PATTERNS:
                 if pattern.search(line):
                     counts[name] = counts.get(name, 0) + 1
-                    if counts[name] <= max_hits_per_signature:
-                        hits.setdefault(name, []).append(
-                            LogHit(path, number, name, line.strip()[:300])
-                        )
+                    hits.setdefault(name, [LogHit(path, number, line[:300])])
     for name, n in counts.items():
         hits[name][0].text += f"  [{n} matching line(s)]" if n > 1 else ""
     return hits

@@ -22,17 +22,21 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from exporter.check.sizes import GiB, MiB, at_least, docker, human, k8s, round_up
-from exporter.config import typed
+from prometheus_client.parser import text_string_to_metric_families
 
-DEFAULT_WINDOW = "7d"
-DEFAULT_HEADROOM = 1.25
-PROM_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+from exporter.check.sizes import GiB, MiB, at_least, docker, human, k8s, round_up
+
+DEFAULT_WINDOW, DEFAULT_HEADROOM = "7d", 1.25
 Peaks = Dict[str, Tuple[float, int]]  # mount -> (peak, how many series matched)
 SERIES = "{} series matched this mount; the highest was taken (narrow them with --prometheus.selector)"
 NO_PEAK = (
     "no recorded peak: this is the current use only, a spike that is over is not seen"
 )
+WHERE = {
+    "prometheus": "Prometheus, max over {}",
+    "exporter": "a running shmwatch's high-water mark",
+    "current": "current use: no history",
+}
 
 
 def recommended_size(peak: float, headroom: float = DEFAULT_HEADROOM) -> int:
@@ -45,9 +49,7 @@ def memory_limit_needed(recommended: int, working_set: int, shm_used: int) -> in
     return -(-(non_shm + recommended) // MiB) * MiB
 
 
-def rule_exprs(
-    window: str = DEFAULT_WINDOW, headroom: float = DEFAULT_HEADROOM
-) -> Dict[str, str]:
+def rule_exprs(window=DEFAULT_WINDOW, headroom=DEFAULT_HEADROOM) -> Dict[str, str]:
     """record name -> PromQL, as deploy/prometheus/shmwatch-recommend-rules.yml carries them."""
     x = f"shmwatch:mount_observed_peak_bytes * {headroom:g}"
     return {
@@ -69,30 +71,24 @@ class SourceError(Exception):
     pass
 
 
-def _get(url: str, timeout: float) -> str:
+def _get(url: str, parse):
+    """parse(the body at url); any failure to fetch or parse it is a SourceError."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.read().decode()
+        with urllib.request.urlopen(url, timeout=10.0) as response:
+            return parse(response.read().decode())
     except (OSError, ValueError) as err:
         raise SourceError(f"{url}: {err}") from None
 
 
-def peaks_from_prometheus(
-    url: str, mounts: List[str], window: str, selector: str = "", timeout: float = 10.0
-) -> Peaks:
+def peaks_from_prometheus(url: str, mounts, window: str, selector: str) -> Peaks:
     """mount -> (highest peak over the window, how many series matched), via /api/v1/query."""
     out: Peaks = {}
     for mount in mounts:
         escaped = mount.replace("\\", "\\\\").replace('"', '\\"')
-        labels = ", ".join(
-            filter(None, [f'mount="{escaped}"', selector.strip().strip("{}")])
-        )
+        labels = ", ".join(filter(None, [f'mount="{escaped}"', selector.strip("{} ")]))
         expr = f"max_over_time(shmwatch_mount_peak_used_bytes{{{labels}}}[{window}])"
         query = urllib.parse.urlencode({"query": expr})
-        try:
-            body = json.loads(_get(f"{url.rstrip('/')}/api/v1/query?{query}", timeout))
-        except ValueError as err:
-            raise SourceError(f"{url}: {err}") from None
+        body = _get(f"{url.rstrip('/')}/api/v1/query?{query}", json.loads)
         if body.get("status") != "success":
             raise SourceError(f"{url}: {body.get('error', body)}")
         values = [float(r["value"][1]) for r in body["data"]["result"]]
@@ -101,15 +97,14 @@ def peaks_from_prometheus(
     return out
 
 
-def peaks_from_exporter(url: str, timeout: float = 10.0) -> Peaks:
+def peaks_from_exporter(url: str) -> Peaks:
     """mount -> (a running exporter's high-water mark, 1), from its /metrics."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: Peaks = {}
-    for family in text_string_to_metric_families(_get(url, timeout)):
-        for s in family.samples:
-            if s.name == "shmwatch_mount_max_used_bytes" and "mount" in s.labels:
-                out[s.labels["mount"]] = (s.value, 1)
+    out: Peaks = {
+        s.labels["mount"]: (s.value, 1)
+        for family in _get(url, lambda text: list(text_string_to_metric_families(text)))
+        for s in family.samples
+        if s.name == "shmwatch_mount_max_used_bytes" and "mount" in s.labels
+    }
     if not out:
         raise SourceError(
             f"{url}: no shmwatch_mount_max_used_bytes (an older shmwatch?)"
@@ -139,16 +134,15 @@ class Recommendation:
 
 def settings_for(size: int, volume: str, memory_limit: Optional[int]) -> Dict[str, str]:
     empty_dir = {"medium": "Memory", "sizeLimit": k8s(size)}
-    patch = {
-        "spec": {
-            "template": {"spec": {"volumes": [{"name": volume, "emptyDir": empty_dir}]}}
-        }
-    }
+    volumes = [{"name": volume, "emptyDir": empty_dir}]
+    patch = json.dumps(
+        {"spec": {"template": {"spec": {"volumes": volumes}}}}, separators=(",", ":")
+    )
     out = {
         "docker_run": f"docker run --shm-size={docker(size)}",
         "compose": f"shm_size: {docker(size)}",
         "kubernetes_volume": f"volumes: [{{name: {volume}, emptyDir: {{medium: Memory, sizeLimit: {k8s(size)}}}}}]",
-        "kubectl_patch": f"kubectl patch deployment <name> --type=strategic -p '{json.dumps(patch, separators=(',', ':'))}'",
+        "kubectl_patch": f"kubectl patch deployment <name> --type=strategic -p '{patch}'",
     }
     if memory_limit is not None:
         out["docker_run_memory"] = f"docker run --memory={docker(memory_limit)}"
@@ -178,63 +172,18 @@ def recommend(view, observed: float, source: str, window, headroom: float, note=
 
 
 # --- `shmwatch check --recommend` --------------------------------------------------------------
-def _window(text: str) -> str:
-    if not PROM_DURATION.match(text):
+def parse_window(text: str) -> str:
+    """--recommend.window: a Prometheus duration."""
+    if not re.fullmatch(r"([0-9]+(ms|s|m|h|d|w|y))+", text):
         raise ValueError(f"not a Prometheus duration: {text!r} (e.g. 7d, 36h)")
     return text
 
 
-def _headroom(text: str) -> float:
-    value = float(text)
-    if not 1.0 <= value <= 10.0:
+def parse_headroom(text: str) -> float:
+    """--recommend.headroom: a factor from 1 to 10."""
+    if not 1.0 <= float(text) <= 10.0:
         raise ValueError("must be between 1 and 10")
-    return value
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument(
-        "--recommend",
-        action="store_true",
-        help="Recommend a shm size per mount from the observed peak, with the settings to apply.",
-    )
-    for flag, metavar, default, help_text in (
-        (
-            "--prometheus.url",
-            "URL",
-            None,
-            "Prometheus to read the peak over --recommend.window from (HTTP API /api/v1/query).",
-        ),
-        (
-            "--prometheus.selector",
-            "MATCHERS",
-            "",
-            'Label matchers that pick this workload\'s series, e.g. instance="10.0.0.5:9841".',
-        ),
-        (
-            "--exporter.url",
-            "URL",
-            None,
-            "A running shmwatch's /metrics: its high-water mark, when Prometheus has none.",
-        ),
-    ):
-        dest = flag[2:].replace(".", "_")
-        parser.add_argument(
-            flag, dest=dest, default=default, metavar=metavar, help=help_text
-        )
-    parser.add_argument(
-        "--recommend.window",
-        dest="recommend_window",
-        default=DEFAULT_WINDOW,
-        type=typed(_window, "--recommend.window"),
-        help="How far back to look in Prometheus.",
-    )
-    parser.add_argument(
-        "--recommend.headroom",
-        dest="recommend_headroom",
-        default=DEFAULT_HEADROOM,
-        type=typed(_headroom, "--recommend.headroom"),
-        help="Factor on top of the peak.",
-    )
+    return float(text)
 
 
 def recommendations(model, extra) -> Tuple[List[Recommendation], List[str]]:
@@ -242,22 +191,20 @@ def recommendations(model, extra) -> Tuple[List[Recommendation], List[str]]:
     views = [v for v in model.mounts if v.usage is not None and not v.usage.error]
     notes: List[str] = []
     answers: List[Tuple[str, Optional[str], Peaks]] = []
-    if extra.prometheus_url:
-        window = extra.recommend_window
-        try:
+    selector, span = extra.prometheus_selector, extra.recommend_window
+    try:
+        if extra.prometheus_url:
             mounts = [v.mount for v in views]
-            peaks = peaks_from_prometheus(
-                extra.prometheus_url, mounts, window, extra.prometheus_selector
-            )
-            answers.append(("prometheus", window, peaks))
-        except SourceError as err:
-            notes.append(f"Prometheus not used: {err}")
-    if extra.exporter_url:
-        try:
+            peaks = peaks_from_prometheus(extra.prometheus_url, mounts, span, selector)
+            answers.append(("prometheus", span, peaks))
+    except SourceError as err:
+        notes.append(f"Prometheus not used: {err}")
+    try:
+        if extra.exporter_url:
             answers.append(("exporter", None, peaks_from_exporter(extra.exporter_url)))
-        except SourceError as err:
-            notes.append(f"exporter not used: {err}")
-    headroom, out = extra.recommend_headroom, []
+    except SourceError as err:
+        notes.append(f"exporter not used: {err}")
+    out, headroom = [], extra.recommend_headroom
     for view in views:
         rec = None
         # Preferred order; a mount a source has no series for falls through to the next, and so
@@ -267,7 +214,7 @@ def recommendations(model, extra) -> Tuple[List[Recommendation], List[str]]:
             peak, series = peaks.get(view.mount, (None, 0))
             if peak is None:
                 continue
-            if name == "prometheus" and series > 1 and not extra.prometheus_selector:
+            if name == "prometheus" and series > 1 and not selector:
                 notes.append(
                     f"Prometheus not used for {view.mount}: {series} series match; "
                     "name this workload's with --prometheus.selector"
@@ -276,13 +223,10 @@ def recommendations(model, extra) -> Tuple[List[Recommendation], List[str]]:
             note = SERIES.format(series) if series > 1 else ""
             rec = recommend(view, peak, name, window, headroom, note)
             break
-        current = view.max_used_bytes
-        if current is None:
-            current = view.usage.used_bytes
+        used = view.usage.used_bytes
+        current = used if view.max_used_bytes is None else view.max_used_bytes
         if rec is None:
-            rec = recommend(
-                view, view.usage.used_bytes, "current", None, headroom, NO_PEAK
-            )
+            rec = recommend(view, used, "current", None, headroom, NO_PEAK)
         elif current > rec.observed_peak_bytes:
             note = (
                 f"the current use is above what {rec.source} recorded: it is the peak"
@@ -298,29 +242,20 @@ def render_text(recs: List[Recommendation], notes: List[str], headroom: float) -
         f"RECOMMENDATIONS (highest observed peak x {headroom:g}, rounded up to a whole GiB, MiB below 1 GiB)",
     ]
     for r in recs:
-        where = {
-            "prometheus": f"Prometheus, max over {r.window}",
-            "exporter": "a running shmwatch's high-water mark",
-            "current": "current use: no history",
-        }[r.source]
+        where = WHERE[r.source].format(r.window)
         lines.append(
             f"{r.mount}: observed peak {human(r.observed_peak_bytes)} ({where}) -> recommended "
             f"{at_least(r.recommended_size_bytes)} (now {human(r.current_size_bytes)})"
         )
-        # both are known when there is a limit to compare with
-        limit, needed = r.memory_limit_bytes or 0, r.memory_limit_bytes_needed or 0
+        limit = human(r.memory_limit_bytes or 0)
+        needed = at_least(r.memory_limit_bytes_needed or 0)
         memory = {
-            False: (
-                f"the limit of {human(limit)} cannot hold it: raise the limit to "
-                f"{at_least(needed)}, not only the shm size"
-            ),
-            True: f"the limit of {human(limit)} holds it (needs {at_least(needed)})",
+            False: f"the limit of {limit} cannot hold it: raise the limit to {needed}, not only the shm size",
+            True: f"the limit of {limit} holds it (needs {needed})",
             None: "no memory limit known (pass --memory.limit-bytes or read the cgroup)",
         }
         lines.append(f"  memory: {memory[r.memory_limit_fits]}")
-        lines.extend(
-            f"  {key + ':':<25}{setting}" for key, setting in r.settings.items()
-        )
+        lines.extend(f"  {key + ':':<25}{value}" for key, value in r.settings.items())
         lines.extend(f"  note: {n}" for n in r.notes)
     lines.extend(f"note: {n}" for n in notes)
     return "\n".join(lines) + "\n"

@@ -35,24 +35,52 @@ BACKEND_SHM = {"vllm": 16 << 30, "sglang": 16 << 30, "trtllm": 80 << 30}
 # "process" is shmwatch's own process metrics, nothing `check` reports on.
 FAILURE_AREAS = {"sysv": "sysv", "host_memory": "memory"}
 QUIET_FAILURES = ("gpu", "cgroup", "process", "oom")
+# `shmwatch check`'s own flags (the exporter's are in exporter/config.py); dest: the flag's name
+# with _ for . and -, as in --prometheus.url -> prometheus_url.
+FLAGS = {
+    "--require-shm": dict(type=typed(parse_size, "--require-shm")),
+    "--backend": dict(choices=sorted(BACKEND_SHM)),
+    "--output": dict(choices=("text", "json"), default="text"),
+    "--log": dict(action="append", default=[], metavar="FILE"),
+    "--timeout": dict(type=float),
+    "--recommend": dict(action="store_true"),
+    "--prometheus.url": dict(metavar="URL"),
+    "--prometheus.selector": dict(metavar="MATCHERS", default=""),
+    "--exporter.url": dict(metavar="URL"),
+    "--recommend.window": dict(
+        default=R.DEFAULT_WINDOW, type=typed(R.parse_window, "--recommend.window")
+    ),
+    "--recommend.headroom": dict(
+        default=R.DEFAULT_HEADROOM, type=typed(R.parse_headroom, "--recommend.headroom")
+    ),
+}
+HELP = {
+    "--require-shm": "Fail (exit 2) when the shm mount can hold less than this, e.g. 16Gi.",
+    "--backend": "Warn when shm is below what this serving engine needs (vllm/sglang 16Gi, trtllm 80Gi).",
+    "--log": "Scan a server log for known shared-memory and OOM failure signatures (repeatable).",
+    "--timeout": "Seconds to wait for all collectors.",
+    "--recommend": "Recommend a shm size per mount from the observed peak, with the settings to apply.",
+    "--prometheus.url": "Prometheus to read the peak over --recommend.window from (HTTP API /api/v1/query).",
+    "--prometheus.selector": 'Label matchers that pick this workload\'s series, e.g. instance="10.0.0.5:9841".',
+    "--exporter.url": "A running shmwatch's /metrics: its high-water mark, when Prometheus has none.",
+    "--recommend.window": "How far back to look in Prometheus.",
+    "--recommend.headroom": "Factor on top of the peak.",
+}
 
 
-def diagnose(
-    model: Model,
-    required: Optional[int] = None,
-    backend: Optional[str] = None,
-    log_hits: Optional[Dict[str, List[LogHit]]] = None,
-) -> Report:
-    """The report, from the model alone: no totals, thresholds or class rules of its own."""
+def diagnose(model: Model, required=None, backend=None, log_hits=None) -> Report:
+    """The report, from the model alone: no totals, thresholds or class rules of its own.
+    `required`: --require-shm's bytes; `log_hits`: signature name -> hits, first hit first."""
     report = Report()
     errors = {s.name: s.error or "no result" for s in model.statuses if not s.success}
     _gpu(report, model.gpu, errors.get("gpu"))
     for view in model.mounts:
         if view.usage is not None:
             shm(report, view, model, required)
+    kills = {c.cgroup: c.kills for c in model.oom_kills}
     if model.node_mode:
-        _pod_memory(report, model.cgroups, {c.cgroup: c.kills for c in model.oom_kills})
-    _memory(report, model, errors.get("cgroup"))
+        _pod_memory(report, model.cgroups, kills)
+    _memory(report, model, kills, errors.get("cgroup"))
     oom_kills(report, model, errors.get("oom"))
     sysv(report, model.sysv, model.node_mode)
     for name, hits in (log_hits or {}).items():
@@ -67,13 +95,8 @@ def diagnose(
     for facts in report.facts.get("shm", []) if need else ():
         effective = facts["effective_size_bytes"]
         if effective < need and not (required and required >= need):
-            report.add(
-                "warn",
-                "shm",
-                facts["mount"],
-                f"can hold {human(effective)}, under the {human(need)} recommended for {backend}",
-                shm_remedy(need),
-            )
+            text = f"can hold {human(effective)}, under the {human(need)} recommended for {backend}"
+            report.add("warn", "shm", facts["mount"], text, shm_remedy(need))
     return report
 
 
@@ -97,20 +120,18 @@ def _gpu(report: Report, gpus, error: Optional[str]) -> None:
         report.add("warn", "gpu", "NVML", f"GPU skipped: {skipped}", remedy)
 
 
-def _memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
+def _memory(report: Report, model: Model, kills, cgroup_error: Optional[str]) -> None:
     host = model.host_memory
     if host is not None:
         ratio = host.available_bytes / host.total_bytes if host.total_bytes else 1
         report.facts["host_memory"] = asdict(host)
         low = ratio < T.HOST_MEMORY_AVAILABLE_LOW_RATIO
-        report.add(
-            "warn" if low else "ok",
-            "memory",
-            "host",
+        text = (
             f"{human(host.available_bytes)} of {human(host.total_bytes)} available "
-            f"({ratio:.0%}), shmem {human(host.shmem_bytes)}",
-            "free leaked shm, move workloads" if low else "",
+            f"({ratio:.0%}), shmem {human(host.shmem_bytes)}"
         )
+        remedy = "free leaked shm, move workloads" if low else ""
+        report.add("warn" if low else "ok", "memory", "host", text, remedy)
     if model.node_mode:
         return  # every pod's cgroup is reported by _pod_memory
     cgroup = model.cgroups[0] if model.cgroups else None
@@ -121,10 +142,8 @@ def _memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
     report.facts["cgroup"] = asdict(cgroup)
     name, risk, text = cgroup.cgroup, cgroup.oom_risk_ratio, _working_set(cgroup)
     if risk is None:
-        no_limit = (
-            "no memory limit: OOM ratios not computed (pass --memory.limit-bytes)"
-        )
-        report.add("info", "memory", name, f"{text}, {no_limit}")
+        text += ", no memory limit: OOM ratios not computed (pass --memory.limit-bytes)"
+        report.add("info", "memory", name, text)
         return
     if cgroup.estimated:
         text += " (estimated: the workload's resident memory and shm; its cgroup is not readable here)"
@@ -133,24 +152,19 @@ def _memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
     high = risk > T.OOM_RISK_RATIO
     remedy = "raise the memory limit or free shm" if high else ""
     report.add("warn" if high else "ok", "memory", name, text, remedy)
-    kills = next(
-        (c.kills for c in model.oom_kills if c.cgroup == name), cgroup.oom_kills
-    )
-    if kills:
-        _kills(report, name, kills)
+    if kills.get(name, cgroup.oom_kills):
+        _kills(report, name, kills.get(name, cgroup.oom_kills))
     for view in model.mounts:
         budget = view.budget
         if view.cgroup is not cgroup or budget is None:
             continue
         if (budget.projection or 0) > T.SHM_OOM_PROJECTION_RATIO:
-            report.add(
-                "warn",
-                "memory",
-                view.mount,
+            text = (
                 f"filling it ({human(budget.fillable_bytes)}) would need {budget.projection:.0%} "
-                "of the memory limit: the pod is OOM-killed before tmpfs says ENOSPC",
-                f"lower sizeLimit to at most {at_most(budget.room_bytes)} or raise the memory limit",
+                "of the memory limit: the pod is OOM-killed before tmpfs says ENOSPC"
             )
+            remedy = f"lower sizeLimit to at most {at_most(budget.room_bytes)} or raise the memory limit"
+            report.add("warn", "memory", view.mount, text, remedy)
 
 
 def _working_set(c) -> str:
@@ -170,80 +184,36 @@ def _pod_memory(report: Report, pods, kills: Dict[str, int]) -> None:
     report.facts["pod_cgroups"] = [asdict(c) for c in pods]
     risky = 0
     for c in pods:
+        subject = f"pod {c.pod_uid}"
         if (c.oom_risk_ratio or 0) > T.OOM_RISK_RATIO:
             risky += 1
-            report.add(
-                "warn",
-                "memory",
-                f"pod {c.pod_uid}",
-                _working_set(c),
-                "raise the pod's memory limit or free its shm",
-            )
+            remedy = "raise the pod's memory limit or free its shm"
+            report.add("warn", "memory", subject, _working_set(c), remedy)
         if kills.get(c.cgroup):
-            _kills(report, f"pod {c.pod_uid}", kills[c.cgroup])
+            _kills(report, subject, kills[c.cgroup])
     if not risky:
-        limit = f"{T.OOM_RISK_RATIO:.0%} of its limit"
-        report.add(
-            "ok", "memory", "pods", f"{len(pods)} pod cgroup(s), none above {limit}"
+        text = (
+            f"{len(pods)} pod cgroup(s), none above {T.OOM_RISK_RATIO:.0%} of its limit"
         )
-
-
-def _recommend(report: Report, model: Model, extra) -> str:
-    """Adds what --recommend finds to the report; returns its text part."""
-    recs, notes = R.recommendations(model, extra)
-    for r in recs:
-        if r.memory_limit_fits is False:
-            report.add(
-                "warn",
-                "memory",
-                r.mount,
-                f"the recommended {human(r.recommended_size_bytes)} of shm does not fit "
-                f"in what the {human(r.memory_limit_bytes)} memory limit leaves",
-                f"raise the memory limit to {at_least(r.memory_limit_bytes_needed)}, then the shm size",
-            )
-    report.facts["recommendations"] = [asdict(r) for r in recs]
-    report.facts["recommendation_notes"] = notes
-    return R.render_text(recs, notes, extra.recommend_headroom)
+        report.add("ok", "memory", "pods", text)
 
 
 def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
     """`collect(cfg, timeout)`: one run of every source, and the model made of it."""
     parser = build_parser(prog="shmwatch check")
-    parser.add_argument(
-        "--require-shm",
-        type=typed(parse_size, "--require-shm"),
-        help="Fail (exit 2) when the shm mount can hold less than this, e.g. 16Gi.",
-    )
-    parser.add_argument(
-        "--backend",
-        choices=sorted(BACKEND_SHM),
-        help="Warn when shm is below what this serving engine needs (vllm/sglang 16Gi, trtllm 80Gi).",
-    )
-    parser.add_argument("--output", choices=("text", "json"), default="text")
-    parser.add_argument(
-        "--log",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="Scan a server log for known shared-memory and OOM failure signatures (repeatable).",
-    )
-    parser.add_argument(
-        "--timeout", type=float, help="Seconds to wait for all collectors."
-    )
-    R.add_arguments(parser)
+    for flag, options in FLAGS.items():
+        dest = flag[2:].replace(".", "_").replace("-", "_")
+        parser.add_argument(flag, dest=dest, help=HELP.get(flag), **options)
     try:
         cfg, extra = parse_args(list(argv), parser=parser)
     except SystemExit as err:
         # argparse and a bad flag value exit 2, which here means "a requirement failed"
         raise SystemExit(EXIT_USAGE if err.code == 2 else err.code) from None
-    logging.basicConfig(
-        level=logging.CRITICAL
-    )  # failures are in the report, not on stderr
+    logging.basicConfig(level=logging.CRITICAL)  # failures are in the report
     for path in extra.log:
         if not os.access(path, os.R_OK):
-            sys.stderr.write(
-                f"shmwatch check: error: argument --log: cannot read {path}\n"
-            )
+            error = f"shmwatch check: error: argument --log: cannot read {path}\n"
+            sys.stderr.write(error)
             return EXIT_USAGE
     timeout = extra.timeout
     if timeout is None:
@@ -254,7 +224,19 @@ def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
         for name, hits in scan_log(path).items():
             log_hits.setdefault(name, []).extend(hits)
     report = diagnose(model, extra.require_shm, extra.backend, log_hits)
-    advice = _recommend(report, model, extra) if extra.recommend else ""
+    advice = ""
+    if extra.recommend:
+        recs, notes = R.recommendations(model, extra)
+        for r in recs:
+            if r.memory_limit_fits is False:
+                size = human(r.recommended_size_bytes)
+                limit = human(r.memory_limit_bytes)
+                text = f"the recommended {size} of shm does not fit in what the {limit} memory limit leaves"
+                remedy = f"raise the memory limit to {at_least(r.memory_limit_bytes_needed)}, then the shm size"
+                report.add("warn", "memory", r.mount, text, remedy)
+        report.facts["recommendations"] = [asdict(r) for r in recs]
+        report.facts["recommendation_notes"] = notes
+        advice = R.render_text(recs, notes, extra.recommend_headroom)
     if extra.output == "json":
         sys.stdout.write(render_json(report))
     else:

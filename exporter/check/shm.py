@@ -12,7 +12,6 @@ from exporter.check.sizes import docker, human, k8s, round_up
 from exporter.model.classes import removable
 from exporter.model.step import Model, MountView
 
-DOCKER_DEFAULT_SHM = T.DOCKER_DEFAULT_SHM_BYTES
 MAX_NAMED = 5  # segments, and processes, named in a finding
 REMOUNT = "mount the workload's shm volume at this path"
 CLEAN_UP = "remove leaked segments"
@@ -38,10 +37,10 @@ def shm(report: Report, view: MountView, model: Model, required: Optional[int]) 
     if m.error:
         add(must, f"cannot be measured: {m.error}", REMOUNT)
         return
-    effective = view.budget.effective_bytes
+    effective, default = view.budget.effective_bytes, T.DOCKER_DEFAULT_SHM_BYTES
     size = human(m.size_bytes)
-    if m.size_bytes <= DOCKER_DEFAULT_SHM:
-        below = "" if m.size_bytes == DOCKER_DEFAULT_SHM else "below "
+    if m.size_bytes <= default:
+        below = "" if m.size_bytes == default else "below "
         size += f" ({below}Docker's 64 MiB default)"
     usage = f"{size}, {human(m.used_bytes)} used ({m.usage_ratio:.0%})"
     facts = {
@@ -56,12 +55,9 @@ def shm(report: Report, view: MountView, model: Model, required: Optional[int]) 
     if required and effective < required:
         held = f"can hold {human(effective)}, below the {human(required)} required"
         add("fail", f"{usage}: {held} (--require-shm)", shm_remedy(required))
-    elif m.size_bytes <= DOCKER_DEFAULT_SHM:
-        add(
-            "warn",
-            f"{usage}: far too small for NCCL, torch or vLLM",
-            shm_remedy(16 << 30),
-        )
+    elif m.size_bytes <= default:
+        small = f"{usage}: far too small for NCCL, torch or vLLM"
+        add("warn", small, shm_remedy(16 << 30))
     if m.usage_ratio > T.SHM_USAGE_CRITICAL_RATIO:
         add(must, f"{usage}: about to be full", f"{CLEAN_UP} (below) or raise the size")
     elif m.usage_ratio > T.SHM_USAGE_WARNING_RATIO:
@@ -73,22 +69,25 @@ def shm(report: Report, view: MountView, model: Model, required: Optional[int]) 
             f"is {m.fstype}, not tmpfs",
             "mount a tmpfs (or memory emptyDir) here",
         )
-    problem = any(
-        f.subject == mount and f.severity in ("fail", "warn") for f in report.findings
-    )
+    problems = [f for f in report.findings if f.severity in ("fail", "warn")]
+    problem = any(f.subject == mount for f in problems)
     inv, summary = view.inventory, view.summary
     if inv is None or inv.error or summary is None:
         if not problem:
             add("ok", usage)
         return
+
+    def listed(s) -> dict:
+        return {"name": s.name, "class": s.cls, "bytes": s.allocated_bytes}
+
     wall = model.inventory.wall_time
     facts.update(
         bytes_by_class=dict(summary.bytes_by_class),
         orphans=[
-            dict(_facts(s), age_seconds=max(0, int(wall - s.mtime)))
+            dict(listed(s), age_seconds=max(0, int(wall - s.mtime)))
             for s in summary.leaked
         ],
-        unverified=[_facts(s) for s in summary.unverified],
+        unverified=[listed(s) for s in summary.unverified],
         hidden_bytes=summary.hidden_bytes,
         segments=len(inv.segments),
         unattributed_bytes=inv.unattributed_bytes,
@@ -103,49 +102,38 @@ def shm(report: Report, view: MountView, model: Model, required: Optional[int]) 
         add("info", f"{hidden}: counted by df, invisible to ls ({HIDDEN_BY})")
 
 
-def _facts(segment) -> dict:
-    return {
-        "name": segment.name,
-        "class": segment.cls,
-        "bytes": segment.allocated_bytes,
-    }
-
-
-def _names(mount: str, segments) -> str:
-    names = " ".join(os.path.join(mount, s.name) for s in segments[:MAX_NAMED])
-    more = len(segments) - MAX_NAMED
-    return names + (f" (+{more} more)" if more > 0 else "")
-
-
-def _total(segments) -> str:
-    return human(sum(s.allocated_bytes for s in segments))
-
-
 def unowned(add, mount: str, leaked, unverified, inventory) -> None:
     """Segments held by no process. `rm` is advised only where nothing can still attach: an
     orphan (every process inspected) of a class whose segments belong to one process."""
+
+    def names(segments) -> str:
+        paths = " ".join(os.path.join(mount, s.name) for s in segments[:MAX_NAMED])
+        more = len(segments) - MAX_NAMED
+        return paths + (f" (+{more} more)" if more > 0 else "")
+
+    def total(segments) -> str:
+        return human(sum(s.allocated_bytes for s in segments))
+
     ours = [s for s in leaked if removable(s.cls)]
     foreign = [s for s in leaked if not removable(s.cls)]
     if ours:
-        names = _names(mount, ours)
-        add(
-            "warn",
-            f"{len(ours)} leaked segment(s) held by no process, {_total(ours)}: {names}",
-            f"once no server can attach to them: rm {names}",
+        paths = names(ours)
+        text = (
+            f"{len(ours)} leaked segment(s) held by no process, {total(ours)}: {paths}"
         )
+        add("warn", text, f"once no server can attach to them: rm {paths}")
     if foreign:
         add(
             "info",
             f"{len(foreign)} file(s) of no known owner class held by no process, "
-            f"{_total(foreign)}: {_names(mount, foreign)}",
+            f"{total(foreign)}: {names(foreign)}",
             "find which tool made them before removing anything (a container engine's lock file is one)",
         )
     if unverified:
-        total = _total(unverified)
         unreadable = _unreadable(inventory.proc_unreadable, inventory.unproven)
         add(
             "info",
-            f"{len(unverified)} segment(s), {total}, held by no process shmwatch could "
+            f"{len(unverified)} segment(s), {total(unverified)}, held by no process shmwatch could "
             f"inspect (could not read {unreadable}): not called leaked, they may be live",
             "to tell live from leaked, run shmwatch as the server's UID or with CAP_SYS_PTRACE "
             "(README: Deploy); never remove them on this report's word",
