@@ -1,22 +1,18 @@
 """`--web.config.file`: exporter-toolkit's web configuration (TLS, client certificates, basic
-auth with bcrypt hashes, response headers), re-read when it or the files it names change.
+auth with bcrypt hashes, response headers), the format every Go exporter takes, so one file
+serves node_exporter and shmwatch alike. What Python's ssl module cannot do (a client
+certificate taken unverified, cipher and curve lists, client_allowed_sans, inline PEM,
+rate_limit) is refused at start-up with a message, not ignored.
 
-The format is the one every Go exporter takes (prometheus/exporter-toolkit,
-docs/web-configuration.md), so one file serves node_exporter and shmwatch alike. What
-Python's ssl module cannot do is refused at start-up with a message, not ignored:
-`RequestClientCert`/`RequireAnyClientCert` (a client certificate taken without verifying
-it), cipher and curve lists, `client_allowed_sans`, inline PEM, `rate_limit`.
-
-Reloading: exporter-toolkit re-reads the file on every connection. Here `WebConfigSource`
-stats the file and every file it names on each new connection (four stat calls) and
-rebuilds the SSLContext when an mtime, size or inode changed, so a certificate cert-manager
-rotated is served from the next connection on. A change that does not load (a key written
-before its certificate) keeps the last good configuration and logs once.
+The file and the files it names are stat'ed on each new connection; a change rebuilds the
+SSLContext, so a certificate cert-manager rotated serves from the next connection on. A
+change that does not load (a key written before its certificate) keeps the last good one.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import logging
 import os
@@ -81,19 +77,16 @@ class TlsSettings:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = TLS_VERSIONS[self.min_version]
         context.maximum_version = TLS_VERSIONS[self.max_version]
+        what = "cert_file/key_file"
         try:
             context.load_cert_chain(self.cert_file, self.key_file)
+            what = "client_ca_file"
+            if self.client_ca_file:
+                context.load_verify_locations(cafile=self.client_ca_file)
         except (ssl.SSLError, OSError) as err:
             raise WebConfigError(
-                f"tls_server_config: cannot load cert_file/key_file: {err}"
+                f"tls_server_config: cannot load {what}: {err}"
             ) from None
-        if self.client_ca_file:
-            try:
-                context.load_verify_locations(cafile=self.client_ca_file)
-            except (ssl.SSLError, OSError) as err:
-                raise WebConfigError(
-                    f"tls_server_config: cannot load client_ca_file: {err}"
-                ) from None
         context.verify_mode = CLIENT_AUTH[self.client_auth_type]
         return context
 
@@ -224,22 +217,10 @@ def load(path: str) -> WebConfig:
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
-    except OSError as err:
-        raise WebConfigError(f"cannot read {path}: {err.strerror or err}") from None
-    except ValueError as err:  # UnicodeDecodeError: saved in another encoding
-        raise WebConfigError(f"cannot read {path}: {err}") from None
+    except (OSError, ValueError) as err:  # ValueError: saved in another encoding
+        reason = getattr(err, "strerror", None) or err
+        raise WebConfigError(f"cannot read {path}: {reason}") from None
     return parse(text, os.path.dirname(os.path.abspath(path)))
-
-
-def _stamp(paths: List[str]) -> tuple:
-    stamps = []
-    for path in paths:
-        try:
-            st = os.stat(path)
-            stamps.append((path, st.st_mtime_ns, st.st_size, st.st_ino))
-        except OSError:
-            stamps.append((path, None))
-    return tuple(stamps)
 
 
 class WebConfigSource:
@@ -256,7 +237,6 @@ class WebConfigSource:
         # bcrypt is slow on purpose: a client guessing passwords gets at most this many
         # checks at once, so it cannot take every core from the collectors.
         self._bcrypt_slots = threading.BoundedSemaphore(2)
-        self._dummies: Dict[bytes, bytes] = {}  # cost -> a hash for unknown users
         self._failed_stamp = None
         self.config = self._read()
         self.context = self.config.tls.context() if self.config.tls else None
@@ -267,8 +247,17 @@ class WebConfigSource:
         return load(self.path) if self.path else self._fixed
 
     def _current_stamp(self, config: WebConfig) -> tuple:
-        files = config.tls.files() if config.tls else []
-        return _stamp(([self.path] if self.path else []) + files)
+        files = ([self.path] if self.path else []) + (
+            config.tls.files() if config.tls else []
+        )
+        stamps = []
+        for path in files:
+            try:
+                st = os.stat(path)
+                stamps.append((path, st.st_mtime_ns, st.st_size, st.st_ino))
+            except OSError:
+                stamps.append((path, None))
+        return tuple(stamps)
 
     def current(self) -> Tuple[WebConfig, Optional[ssl.SSLContext]]:
         """The config and context to use for a new connection (re-read when files changed)."""
@@ -287,9 +276,7 @@ class WebConfigSource:
             # differs from this stamp, and is loaded again on the next connection.
             new_stamp = self._current_stamp(config)
             context = config.tls.context() if config.tls else None
-        except (
-            Exception
-        ) as err:  # anything, not only WebConfigError: never stop serving
+        except Exception as err:  # anything, not only WebConfigError: keep serving
             # A rotation in progress (key written, certificate not yet) fails here once;
             # the next change tries again. Until then the last good config serves.
             self._failed_stamp = stamp
@@ -323,7 +310,9 @@ class WebConfigSource:
         if not self._bcrypt_slots.acquire(timeout=10):
             return False
         try:
-            dummy = hashed or self._dummy(config)
+            # Every hash parse() accepted reads $2?$<cost>$...
+            cost = max(h.split(b"$")[2] for h in config.users.values())
+            dummy = hashed or _dummy_hash(cost)
             ok = bcrypt.checkpw(password.encode(), dummy) and hashed is not None
         except ValueError:
             ok = False
@@ -336,21 +325,17 @@ class WebConfigSource:
             self._auth_cache[key] = ok
         return ok
 
-    def _dummy(self, config: WebConfig) -> bytes:
-        """A hash of the highest cost among the configured users: an unknown user name costs
-        what a wrong password does, so timing does not tell which users exist."""
-        import bcrypt
 
-        costs = [h.split(b"$")[2] for h in config.users.values() if h.count(b"$") >= 3]
-        cost = max(costs, default=b"10")
-        dummy = self._dummies.get(cost)  # two threads may both make it: no harm
-        if dummy is None:
-            try:
-                dummy = bcrypt.hashpw(b"no such user", bcrypt.gensalt(int(cost)))
-            except ValueError:
-                dummy = _DUMMY_HASH
-            self._dummies[cost] = dummy
-        return dummy
+@functools.lru_cache(maxsize=None)
+def _dummy_hash(cost: bytes) -> bytes:
+    """A hash to check unknown users against, of the configured users' highest cost: an
+    unknown user name costs what a wrong password does, so timing does not tell who exists."""
+    import bcrypt
+
+    try:
+        return bcrypt.hashpw(b"no such user", bcrypt.gensalt(int(cost)))
+    except ValueError:
+        return _DUMMY_HASH
 
 
 def _basic_credentials(header: Optional[str]) -> Tuple[Optional[str], str]:
