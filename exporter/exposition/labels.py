@@ -9,7 +9,6 @@ and cap the length so one hostile name cannot bloat every scrape.
 
 from __future__ import annotations
 
-import os
 import re
 
 MAX_LABEL_CHARS = 128
@@ -25,7 +24,3 @@ def clean(value: "str | bytes", limit: int = MAX_LABEL_CHARS) -> str:
     if len(text) > limit:
         text = text[: limit - 1] + "\u2026"
     return text
-
-
-def basename(path: str) -> str:
-    return os.path.basename(path.rstrip("/")) or path
