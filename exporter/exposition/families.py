@@ -1,11 +1,8 @@
-"""Metric families from the catalogue, with each sample's line of the text format as
-prometheus_client writes it, so a body is the lines joined (render.py). The same line
-serves OpenMetrics 1.0.0 for these gauges and counters (legacy names, no timestamps,
-exemplars or units).
-
-A node's render has thousands of samples, and between two renders most mounts and cgroups
-are as they were: `Families.part` keeps what each of them added, with the inputs it was
-made from (`Memo`), and adds it again while the inputs are equal.
+"""Metric families from the catalogue, with each sample's line as prometheus_client's text
+format writes it (the same line serves OpenMetrics 1.0.0: legacy names, no timestamps), so
+a body is the lines joined (render.py). Between two renders most of a node's mounts and
+cgroups are as they were: `Families.part` adds again what each added, while its inputs
+are equal (`Memo`).
 """
 
 from __future__ import annotations
@@ -51,12 +48,12 @@ def escape(value: str) -> str:
 @functools.lru_cache(maxsize=None)
 def shape(name: str, node_mode: bool) -> Shape:
     """The catalogue's family `name`, with the labels node mode adds when in node mode."""
-    entry = lookup(name)
+    entry = lookup(
+        name
+    )  # a counter's samples are named as its catalogue entry: *_total
     added = node_labels(entry) if node_mode else ()
     kind = CounterMetricFamily if entry.type == "counter" else GaugeMetricFamily
-    sample_name = kind(name, entry.help).name
-    sample_name += "_total" if kind is CounterMetricFamily else ""
-    return Shape(sample_name, entry.labels + tuple(added), kind, entry.help, added)
+    return Shape(name, entry.labels + added, kind, entry.help, added)
 
 
 class Memo:

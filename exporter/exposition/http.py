@@ -1,9 +1,6 @@
-"""The HTTP(S) endpoint: /metrics (or --web.telemetry-path), a landing page, /-/healthy.
-
-/metrics is the exposition's (render.py). TLS, client certificates, basic auth and response
-headers come from a WebConfigSource (webconfig.py): each accepted connection is wrapped
-with the SSLContext current at that moment, so a rotated certificate serves from the next
-connection on.
+"""The HTTP(S) endpoint: /metrics (or --web.telemetry-path, render.py's), a landing page,
+/-/healthy. Each accepted connection is wrapped with the web config's SSLContext current at
+that moment (webconfig.py), so a rotated certificate serves from the next connection on.
 """
 
 from __future__ import annotations
