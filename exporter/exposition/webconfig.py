@@ -291,8 +291,14 @@ class WebConfigSource:
     def authorized(self, config: WebConfig, header: Optional[str]) -> bool:
         if not config.users:
             return True
-        user, password = _basic_credentials(header)
-        if user is None:
+        if not header or header[:6].lower() != "basic ":
+            return False
+        try:
+            decoded = base64.b64decode(header[6:].strip(), validate=True).decode()
+        except ValueError:  # not base64, not UTF-8
+            return False
+        user, sep, password = decoded.partition(":")
+        if not sep:
             return False
         hashed = config.users.get(user)
         # bcrypt costs ~70 ms at cost 10: remember outcomes (keyed by a digest, never the
@@ -300,8 +306,7 @@ class WebConfigSource:
         key = hashlib.sha256(
             b"\0".join((user.encode(), hashed or b"", password.encode()))
         ).digest()
-        with self._lock:
-            cached = self._auth_cache.get(key)
+        cached = self._auth_cache.get(key)
         if cached is not None:
             return cached
         import bcrypt
@@ -318,11 +323,9 @@ class WebConfigSource:
             ok = False
         finally:
             self._bcrypt_slots.release()
-        with self._lock:
-            # Bounded: a password-guessing client cannot grow it.
-            if len(self._auth_cache) > 1024:
-                self._auth_cache.clear()
-            self._auth_cache[key] = ok
+        if len(self._auth_cache) > 1024:  # a password-guessing client cannot grow it
+            self._auth_cache.clear()
+        self._auth_cache[key] = ok
         return ok
 
 
@@ -336,17 +339,6 @@ def _dummy_hash(cost: bytes) -> bytes:
         return bcrypt.hashpw(b"no such user", bcrypt.gensalt(int(cost)))
     except ValueError:
         return _DUMMY_HASH
-
-
-def _basic_credentials(header: Optional[str]) -> Tuple[Optional[str], str]:
-    if not header or not header[:6].lower() == "basic ":
-        return None, ""
-    try:
-        decoded = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8")
-    except (ValueError, UnicodeDecodeError):
-        return None, ""
-    user, sep, password = decoded.partition(":")
-    return (user, password) if sep else (None, "")
 
 
 # Paths that answer without credentials: a readiness probe has none, and "OK" tells nothing.
