@@ -57,11 +57,11 @@ def shape(name: str, node_mode: bool) -> Shape:
 
 
 class Memo:
-    """What each part of the last render added, by part, with the inputs it was made from.
-    Only what the current render used is kept for the next."""
+    """What each part of the last render added, with the inputs it was made from. Only what
+    the current render used is kept for the next."""
 
     def __init__(self) -> None:
-        self.last: Dict[tuple, tuple] = {}  # key -> (inputs, Parts, its parts' records)
+        self.last: Dict[tuple, tuple] = {}  # key -> (inputs, Parts)
         self.now: Dict[tuple, tuple] = {}
 
     def next_render(self) -> None:
@@ -81,7 +81,6 @@ class Families:
         self.memo = memo or Memo()
         self.labels = labels or {}
         self.parts: Parts = {}
-        self.kept: Dict[tuple, tuple] = {}  # the memo's records of the parts added here
 
     def add(self, name: str, labels: Sequence[str], value: float, extra=None) -> None:
         form = shape(name, self.node_mode)
@@ -103,21 +102,14 @@ class Families:
         if known is None or known[0] != (labels, *inputs):
             staged = Families(self.node_mode, self.memo, labels)
             make(staged, *inputs)
-            known = ((labels, *inputs), staged.parts, staged.kept)
-        for kept in (self.memo.now, self.kept):
-            kept.update(known[2])  # the parts it was made of, for when it is made again
-            kept[key] = known
+            known = ((labels, *inputs), staged.parts)
+        self.memo.now[key] = known
         self.merge(known[1])
 
-    def parts_of(self, key: tuple, make: Callable, rows: Iterable[tuple]) -> None:
-        """A part for each row (its key, labels, *inputs) by `make`, in order; while every
-        row is as it was in the last render, they are added as one (a node's 200 mounts)."""
-
-        def each(out: Families, rows: tuple) -> None:
-            for row_key, labels, *inputs in rows:
-                out.part(row_key, labels, make, *inputs)
-
-        self.part(key, {}, each, tuple(rows))
+    def parts_of(self, make: Callable, rows: Iterable[tuple]) -> None:
+        """A part for each row (its key, labels, *inputs) by `make`, in order."""
+        for key, labels, *inputs in rows:
+            self.part(key, labels, make, *inputs)
 
     def merge(self, parts: Parts) -> None:
         for name, (samples, lines) in parts.items():

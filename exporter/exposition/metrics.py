@@ -82,7 +82,7 @@ class ModelCollector(Collector):
             for v in model.mounts
             if v.usage is not None
         )
-        out.parts_of(("shm_mount",), self._one_mount_usage, rows)
+        out.parts_of(self._one_mount_usage, rows)
 
     @staticmethod
     def _one_mount_usage(out: Families, m, peak, max_used, max_used_at) -> None:
@@ -119,7 +119,7 @@ class ModelCollector(Collector):
             + named(v.summary.named_pids)
             for v in listed
         )
-        out.parts_of(("segments",), self._one_mount_segments, rows)
+        out.parts_of(self._one_mount_segments, rows)
         # An orphan's age moves on with every inventory (in whole seconds: a leak is hours old).
         for v in listed:
             oldest = v.summary.oldest_orphan_mtime
@@ -130,7 +130,7 @@ class ModelCollector(Collector):
             + (inv.owners_complete, v.inventory.other_entries)
             for v in listed
         )
-        out.parts_of(("entries",), self._one_mount_entries, rows)
+        out.parts_of(self._one_mount_entries, rows)
 
     @staticmethod
     def _one_mount_segments(out: Families, mount, summary, comms, pods) -> None:
@@ -199,7 +199,7 @@ class ModelCollector(Collector):
         rows = (
             (("cgroup", c.cgroup), {"pod_uid": c.pod_uid}, c) for c in model.cgroups
         )
-        out.parts_of(("cgroup",), self._one_cgroup, rows)
+        out.parts_of(self._one_cgroup, rows)
 
     @staticmethod
     def _one_cgroup(out: Families, cg) -> None:
@@ -241,7 +241,7 @@ class ModelCollector(Collector):
             for v in model.mounts
             if v.budget is not None
         )
-        out.parts_of(("derived",), self._one_mount_derived, rows)
+        out.parts_of(self._one_mount_derived, rows)
 
     @staticmethod
     def _one_mount_derived(out: Families, mount, budget, complete, cgroup) -> None:
@@ -255,7 +255,7 @@ class ModelCollector(Collector):
     def _oom_kills(self, model: Model, out: Families) -> None:
         """From the model's counts, not the cgroup renderer: a pod's kills outlive its cgroup."""
         rows = ((("oom", c.cgroup), {"pod_uid": c.pod_uid}, c) for c in model.oom_kills)
-        out.parts_of(("oom",), self._one_oom_count, rows)
+        out.parts_of(self._one_oom_count, rows)
 
     @staticmethod
     def _one_oom_count(out: Families, count) -> None:
@@ -270,13 +270,13 @@ class ModelCollector(Collector):
             (("events", mount), labels.get(mount, {}), mount, counts)
             for mount, counts in sorted(states.event_rows.items())
         )
-        out.parts_of(("events",), self._one_mount_events, rows)
+        out.parts_of(self._one_mount_events, rows)
         rows = (
             (("inotify", mount), labels.get(mount, {}), mount, active)
             + (states.overflows.get(mount, 0) if active else None,)
             for mount, active in sorted(states.inotify.items())
         )
-        out.parts_of(("inotify",), self._one_mount_inotify, rows)
+        out.parts_of(self._one_mount_inotify, rows)
 
     @staticmethod
     def _one_mount_events(out: Families, mount, counts) -> None:
