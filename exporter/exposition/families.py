@@ -34,10 +34,7 @@ class Shape:
         self.template = sample_name + ("{" + pairs + "}" if names else "") + " %s\n"
 
     def line(self, values: Sequence[str], value: float) -> str:
-        joined = "".join(values)
-        if "\\" in joined or "\n" in joined or '"' in joined:  # rare: escape each
-            values = [escape(v) for v in values]
-        ordered = [values[i] for i in self.order]
+        ordered = [escape(values[i]) for i in self.order]
         return self.template % (*ordered, floatToGoString(value))
 
 
@@ -48,9 +45,7 @@ def escape(value: str) -> str:
 @functools.lru_cache(maxsize=None)
 def shape(name: str, node_mode: bool) -> Shape:
     """The catalogue's family `name`, with the labels node mode adds when in node mode."""
-    entry = lookup(
-        name
-    )  # a counter's samples are named as its catalogue entry: *_total
+    entry = lookup(name)  # a counter's samples are named as its entry is: *_total
     added = node_labels(entry) if node_mode else ()
     kind = CounterMetricFamily if entry.type == "counter" else GaugeMetricFamily
     return Shape(name, entry.labels + added, kind, entry.help, added)
@@ -69,12 +64,9 @@ class Memo:
 
 
 class Families:
-    """Samples and their lines by family name, in the order they were first added.
-
-    In node mode a mount's series also carry its pod_uid, volume and container_id, a
-    cgroup's its pod_uid (catalogue.node_labels): from `labels`, the labels every sample
-    added here carries where its family has them, and from a sample's own `extra`.
-    """
+    """Samples and their lines by family name, in the order they were first added. The
+    labels node mode adds (catalogue.node_labels) come from `labels`, which every sample
+    added here carries where its family has them, and from a sample's own `extra`."""
 
     def __init__(self, node_mode=False, memo: Optional[Memo] = None, labels=None):
         self.node_mode = node_mode
