@@ -53,8 +53,6 @@ TLS_UNSUPPORTED = set(
     "cert key client_ca client_allowed_sans cipher_suites prefer_server_cipher_suites "
     "curve_preferences".split()
 )
-# Checked against for unknown users, so a wrong user name costs what a wrong password does.
-_DUMMY_HASH = b"$2b$10$4KrXhNFlzYDN0LgKx7ks8eZTE1wMT0mRSeSTKTrhq7xlAJ3xLPdHO"
 
 
 class WebConfigError(ValueError):
@@ -213,16 +211,6 @@ def parse(text: str, base: str = ".") -> WebConfig:
     return WebConfig(tls=tls, users=users, headers=tuple(headers))
 
 
-def load(path: str) -> WebConfig:
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, ValueError) as err:  # ValueError: saved in another encoding
-        reason = getattr(err, "strerror", None) or err
-        raise WebConfigError(f"cannot read {path}: {reason}") from None
-    return parse(text, os.path.dirname(os.path.abspath(path)))
-
-
 class WebConfigSource:
     """The current web config and its SSLContext, rebuilt when a file behind them changes.
 
@@ -244,7 +232,15 @@ class WebConfigSource:
         self.tls = self.config.tls is not None  # fixed for the life of the listener
 
     def _read(self) -> WebConfig:
-        return load(self.path) if self.path else self._fixed
+        if not self.path:
+            return self._fixed
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, ValueError) as err:  # ValueError: saved in another encoding
+            reason = getattr(err, "strerror", None) or err
+            raise WebConfigError(f"cannot read {self.path}: {reason}") from None
+        return parse(text, os.path.dirname(os.path.abspath(self.path)))
 
     def _current_stamp(self, config: WebConfig) -> tuple:
         files = ([self.path] if self.path else []) + (
@@ -335,10 +331,7 @@ def _dummy_hash(cost: bytes) -> bytes:
     unknown user name costs what a wrong password does, so timing does not tell who exists."""
     import bcrypt
 
-    try:
-        return bcrypt.hashpw(b"no such user", bcrypt.gensalt(int(cost)))
-    except ValueError:
-        return _DUMMY_HASH
+    return bcrypt.hashpw(b"no such user", bcrypt.gensalt(min(max(int(cost), 4), 31)))
 
 
 # Paths that answer without credentials: a readiness probe has none, and "OK" tells nothing.
