@@ -1,9 +1,7 @@
-"""Turns the model into metric families from the catalogue, on a private registry.
-
-Families are made from the model on every collect() (client_python's custom-collector
-pattern); each mount's and cgroup's series are a part made from its inputs alone, reused
-while those are equal (families.Families.part). Each source renders under its own guard:
-a bug in one renderer drops that source's series and marks it failed, not the scrape.
+"""The model as metric families from the catalogue, made on every collect(). A mount's usage
+and segments and a cgroup's series are parts reused while their inputs are equal
+(families.Families.part). A bug in one source's renderer drops that source's series and
+marks it failed, not the scrape.
 """
 
 from __future__ import annotations

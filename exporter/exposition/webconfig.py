@@ -46,7 +46,7 @@ HEADERS = {
     "X-XSS-Protection": None,
     "Strict-Transport-Security": None,
 }
-TLS_KEYS = set(
+TLS_KEYS = tuple(
     "cert_file key_file client_ca_file client_auth_type min_version max_version".split()
 )
 TLS_UNSUPPORTED = set(
@@ -121,10 +121,8 @@ def parse_tls(raw: dict, base: str) -> TlsSettings:
 
     unsupported = sorted(set(raw) & TLS_UNSUPPORTED)
     if unsupported:
-        raise bad(
-            f"{', '.join(unsupported)} not supported by shmwatch (use cert_file, "
-            "key_file, client_ca_file, client_auth_type, min_version, max_version)"
-        )
+        use = ", ".join(TLS_KEYS)
+        raise bad(f"{', '.join(unsupported)} not supported by shmwatch (use {use})")
     _no_unknown(raw, TLS_KEYS, "tls_server_config: ")
     if not raw.get("cert_file") or not raw.get("key_file"):
         raise bad("needs both cert_file and key_file")
