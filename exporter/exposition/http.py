@@ -6,6 +6,7 @@ that moment (webconfig.py), so a rotated certificate serves from the next connec
 from __future__ import annotations
 
 import errno
+import io
 import logging
 import socket
 import sys
@@ -23,20 +24,15 @@ from exporter.exposition.webconfig import WebConfigSource, wrap_app
 LOG = logging.getLogger("shmwatch.web")
 
 
-class _LogStream:
+class _LogStream(io.StringIO):
     """wsgiref prints an application's traceback to the handler's stderr, line by line:
     collect it and log it as one record, so stderr stays valid logfmt/JSON."""
 
-    def __init__(self) -> None:
-        self.parts = []
-
-    def write(self, text: str) -> None:
-        self.parts.append(text)
-
     def flush(self) -> None:
-        if self.parts:
-            LOG.error("request failed: %s", "".join(self.parts).rstrip())
-            self.parts = []
+        if self.getvalue():
+            LOG.error("request failed: %s", self.getvalue().rstrip())
+            self.seek(0)
+            self.truncate()
 
 
 class _QuietHandler(WSGIRequestHandler):
