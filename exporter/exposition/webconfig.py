@@ -210,11 +210,8 @@ def parse(text: str, base: str = ".") -> WebConfig:
 
 
 class WebConfigSource:
-    """The current web config and its SSLContext, rebuilt when a file behind them changes.
-
-    Either from --web.config.file (`path`) or from a fixed WebConfig (the old --web.tls-*
-    flags, whose files are watched the same way).
-    """
+    """The current web config and its SSLContext, rebuilt when a file behind them changes:
+    --web.config.file's (`path`) or a `fixed` one (the old --web.tls-* flags' files)."""
 
     def __init__(self, path: Optional[str] = None, fixed: Optional[WebConfig] = None):
         self.path, self._fixed = path, fixed
@@ -334,6 +331,10 @@ def _dummy_hash(cost: bytes) -> bytes:
 
 # Paths that answer without credentials: a readiness probe has none, and "OK" tells nothing.
 OPEN_PATHS = ("/-/healthy",)
+CHALLENGE = [
+    ("Content-Type", "text/plain; charset=utf-8"),
+    ("WWW-Authenticate", 'Basic realm="shmwatch"'),
+]
 
 
 def wrap_app(app: Callable, source: WebConfigSource) -> Callable:
@@ -344,20 +345,12 @@ def wrap_app(app: Callable, source: WebConfigSource) -> Callable:
         config, _ = source.current()
 
         def with_headers(status, headers, exc_info=None):
-            return start_response(
-                status, list(headers) + list(config.headers), exc_info
-            )
+            return start_response(status, [*headers, *config.headers], exc_info)
 
         if environ.get("PATH_INFO", "/") not in OPEN_PATHS and not source.authorized(
             config, environ.get("HTTP_AUTHORIZATION")
         ):
-            with_headers(
-                "401 Unauthorized",
-                [
-                    ("Content-Type", "text/plain; charset=utf-8"),
-                    ("WWW-Authenticate", 'Basic realm="shmwatch"'),
-                ],
-            )
+            with_headers("401 Unauthorized", CHALLENGE)
             return [b"Unauthorized\n"]
         return app(environ, with_headers)
 
