@@ -1,5 +1,5 @@
 """A render adds each mount's and cgroup's series as the last render made them while the
-inputs they are made from are equal (families.Families.part). What it serves must be, byte
+inputs they are made from are equal (families.Families.parts_of). What it serves must be, byte
 for byte, what a render from nothing makes of the same model: through new, held, leaked and
 removed segments, an orphan ageing, a mount that stays as it was, and a cgroup whose limit
 moved."""

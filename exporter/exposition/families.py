@@ -1,7 +1,7 @@
 """Metric families from the catalogue, with each sample's line as prometheus_client's text
 format writes it (the same line serves OpenMetrics 1.0.0: legacy names, no timestamps), so
 a body is the lines joined (render.py). Between two renders most of a node's mounts and
-cgroups are as they were: `Families.part` adds again what each added, while its inputs
+cgroups are as they were: `Families.parts_of` adds again what each added, while its inputs
 are equal (`Memo`).
 """
 
@@ -79,38 +79,29 @@ class Families:
         if form.added:
             given = {**self.labels, **extra} if extra else self.labels
             labels = (*labels, *[given.get(k, "") for k in form.added])
-        parts = self.parts.get(name)
-        if parts is None:
-            parts = self.parts[name] = ([], [])
+        parts = self.parts.setdefault(name, ([], []))
         labelset = dict(zip(form.labelnames, labels))
         parts[0].append(Sample(form.sample_name, labelset, value))
         parts[1].append(form.line(labels, value))
 
-    def part(self, key: tuple, labels: Dict[str, str], make: Callable, *inputs) -> None:
-        """Adds what `make(child, *inputs)` adds to a child carrying `labels`, or what it
-        added for `key` in the last render when `labels` and `inputs` are equal: `make`
-        makes its series from them alone."""
-        known = self.memo.last.get(key)
-        if known is None or known[0] != (labels, *inputs):
-            staged = Families(self.node_mode, self.memo, labels)
-            make(staged, *inputs)
-            known = ((labels, *inputs), staged.parts)
-        self.memo.now[key] = known
-        self.merge(known[1])
-
     def parts_of(self, make: Callable, rows: Iterable[tuple]) -> None:
-        """A part for each row (its key, labels, *inputs) by `make`, in order."""
+        """For each row (key, labels, *inputs), what `make(child, *inputs)` adds to a child
+        carrying `labels`; or what it added for `key` in the last render, when `labels` and
+        `inputs` are as they were (`make` makes its series from them alone)."""
         for key, labels, *inputs in rows:
-            self.part(key, labels, make, *inputs)
+            known = self.memo.last.get(key)
+            if known is None or known[0] != (labels, *inputs):
+                staged = Families(self.node_mode, self.memo, labels)
+                make(staged, *inputs)
+                known = ((labels, *inputs), staged.parts)
+            self.memo.now[key] = known
+            self.merge(known[1])
 
     def merge(self, parts: Parts) -> None:
         for name, (samples, lines) in parts.items():
-            mine = self.parts.get(name)
-            if mine is None:
-                self.parts[name] = (samples[:], lines[:])
-            else:
-                mine[0].extend(samples)
-                mine[1].extend(lines)
+            mine = self.parts.setdefault(name, ([], []))
+            mine[0].extend(samples)
+            mine[1].extend(lines)
 
     def __iter__(self) -> Iterable[Metric]:
         for name, (samples, lines) in self.parts.items():

@@ -1,6 +1,6 @@
 """The model as metric families from the catalogue, made on every collect(). A mount's usage
 and segments and a cgroup's series are parts reused while their inputs are equal
-(families.Families.part). A bug in one source's renderer drops that source's series and
+(families.Families.parts_of). A bug in one source's renderer drops that source's series and
 marks it failed, not the scrape.
 """
 
