@@ -110,11 +110,6 @@ def _no_unknown(raw: dict, allowed, where: str) -> None:
         raise WebConfigError(f"{where}unknown field {', '.join(unknown)}")
 
 
-def _resolve(path: str, base: str) -> str:
-    # exporter-toolkit resolves relative file names against the web config's directory.
-    return path if os.path.isabs(path) else os.path.join(base, path)
-
-
 def parse_tls(raw: dict, base: str) -> TlsSettings:
     def bad(message: str) -> WebConfigError:
         return WebConfigError("tls_server_config: " + message)
@@ -152,13 +147,11 @@ def parse_tls(raw: dict, base: str) -> TlsSettings:
         versions.append(version)
     if TLS_VERSIONS[versions[0]] > TLS_VERSIONS[versions[1]]:
         raise bad("min_version is above max_version")
-    return TlsSettings(
-        _resolve(str(raw["cert_file"]), base),
-        _resolve(str(raw["key_file"]), base),
-        _resolve(str(ca), base) if ca else None,
-        auth,
-        *versions,
-    )
+    # Relative file names are the web config directory's, as in exporter-toolkit (join
+    # keeps an absolute name as it is).
+    names = (raw["cert_file"], raw["key_file"], ca)
+    paths = [os.path.join(base, str(name)) if name else None for name in names]
+    return TlsSettings(*paths, auth, *versions)
 
 
 def parse(text: str, base: str = ".") -> WebConfig:
