@@ -1,8 +1,5 @@
-"""The metric catalogue: every metric shmwatch exports, in one place.
-
-Rules (deploy/), the dashboard (grafana/), the README and the tests all read this
-table; a test fails when /metrics emits a name that is not here or with another
-type, and when a rule or panel uses a name that is not here.
+"""Every metric shmwatch exports, in one place: the exposition, the README and the tests
+read this table, and a test fails when /metrics, a rule or a panel uses a name not here.
 """
 
 from __future__ import annotations
