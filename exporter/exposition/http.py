@@ -76,9 +76,8 @@ def make_app(
 
 
 def listen_family(host: str) -> Tuple[int, str, bool]:
-    """-> (address family, address to bind, dual-stack?) as node_exporter (Go) listens:
-    '' (':9841') and '::' take IPv6 and IPv4 both; '0.0.0.0' IPv4 only; '::1' IPv6 only;
-    a name its first address."""
+    """-> (address family, address, dual-stack?) as node_exporter listens: '' (':9841') and
+    '::' take IPv6 and IPv4 both, '0.0.0.0' IPv4 only, '::1' IPv6 only, a name its first."""
     if host in ("", "::"):
         return socket.AF_INET6, "::", True
     family = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][0]

@@ -27,8 +27,7 @@ LEGACY_SAFE_ESCAPINGS = ("underscores", "allow-utf-8")
 
 
 def joined_format(encoder: Callable) -> Optional[str]:
-    """The body joined lines make as `encoder` (choose_encoder's: a function in old
-    prometheus-client, a partial in newer ones) writes it: "text", "openmetrics" or None."""
+    """ "text" or "openmetrics" when joined lines make `encoder`'s body, else None."""
     func = getattr(encoder, "func", encoder)
     keywords = getattr(encoder, "keywords", None) or {}
     if keywords.get("escaping", "underscores") not in LEGACY_SAFE_ESCAPINGS:
@@ -64,8 +63,7 @@ def encode(metrics: List[Metric], encoder: Callable) -> bytes:
 
 
 class Exposition:
-    """Serves `registry` via `wsgi_app`, rendered again when `version()` (a zero-argument
-    callable returning a hashable that changes whenever the model does) has moved."""
+    """Serves `registry` via `wsgi_app`, rendered again when `version()` has moved."""
 
     def __init__(self, registry: CollectorRegistry, version: Callable[[], Hashable]):
         self.registry = registry
@@ -79,8 +77,7 @@ class Exposition:
     def body(
         self, encoder: Callable, content_type: str, gzipped: bool, names: Set[str]
     ) -> bytes:
-        """What `encoder` writes for the current model (gzipped), or for the families named
-        in `names` (by a family's name or one of its samples') when there are any."""
+        """`encoder`'s body for the model, or for the families `names` names (if any)."""
         with self._lock:
             version = self.version()
             if version != self._rendered:
