@@ -51,7 +51,6 @@ def make_app(
     web: Optional[WebConfigSource] = None,
     metrics_app=None,
 ):
-    # serve passes the exposition's app; prometheus_client's for the registry otherwise.
     metrics_app = metrics_app or make_wsgi_app(registry)
     landing = (
         f"<html><head><title>shmwatch</title></head><body><h1>shmwatch {__version__}</h1>"

@@ -247,7 +247,6 @@ class ModelCollector(Collector):
             out.add("shmwatch_cgroup_oom_kills_total", label, c.kills, pod)
 
     def _events(self, model: Model, out: Families) -> None:
-        """Per mount: its event counters, then (all mounts') inotify flags."""
         states = model.states
         labels = {v.mount: v.labels for v in model.mounts}
         for mount, counts in sorted(states.event_rows.items()):

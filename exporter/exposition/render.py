@@ -27,7 +27,7 @@ LEGACY_SAFE_ESCAPINGS = ("underscores", "allow-utf-8")
 
 
 def joined_format(encoder: Callable) -> Optional[str]:
-    """ "text" or "openmetrics" when joined lines make `encoder`'s body, else None."""
+    """Whether joined lines make `encoder`'s body: "text", "openmetrics" or None."""
     func = getattr(encoder, "func", encoder)
     keywords = getattr(encoder, "keywords", None) or {}
     if keywords.get("escaping", "underscores") not in LEGACY_SAFE_ESCAPINGS:
