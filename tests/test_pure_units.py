@@ -4,17 +4,8 @@ Part of the mutation-testing selection (pyproject.toml [tool.mutmut])."""
 import pytest
 
 from exporter.model.types import MountUsage, SysvSegment, SysvShm
-from exporter.model.catalogue import BY_NAME, CATALOGUE, NODE_MOUNT_LABELS, family_name, lookup, node_labels
+from exporter.model.catalogue import BY_NAME, CATALOGUE, NODE_MOUNT_LABELS, lookup, node_labels
 from exporter.host.mountinfo import MountEntry, MountIndex
-from exporter.exposition.labels import basename
-
-
-def test_family_name_drops_total_of_counters_only():
-    assert family_name(lookup("shmwatch_segment_events_total")) == "shmwatch_segment_events"
-    assert family_name(lookup("process_cpu_seconds_total")) == "process_cpu_seconds"
-    assert family_name(lookup("shmwatch_mount_size_bytes")) == "shmwatch_mount_size_bytes"
-    gauge_total = BY_NAME["shmwatch_mount_size_bytes"].__class__("x_total", "gauge", "", (), "")
-    assert family_name(gauge_total) == "x_total"
 
 
 def test_lookup_names_the_catalogue():
@@ -73,15 +64,6 @@ def test_find_mount_longest_prefix_on_component_boundaries():
     assert find_mount(odd, "/mnt/dataX").source == "b"
     assert find_mount(odd, "/mnt/dataX/seg").source == "b"
     assert find_mount(entries[1:], "/var") is None
-
-
-def test_basename():
-    assert basename("/dev/shm/nccl-x") == "nccl-x"
-    assert basename("/dev/shm/dir/") == "dir"
-    assert basename("/") == "/"
-    assert basename("name") == "name"
-    assert basename("/dev/shm/psm_X") == "psm_X"
-    assert basename("/dev/shm/psm_ ") == "psm_ "
 
 
 def test_clean_exact_forms():

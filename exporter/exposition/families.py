@@ -1,11 +1,8 @@
-"""Metric families from the catalogue, with each sample's line of the text format as
-prometheus_client writes it, so a body is the lines joined (render.py). The same line
-serves OpenMetrics 1.0.0 for these gauges and counters (legacy names, no timestamps,
-exemplars or units).
-
-A node's render has thousands of samples, and between two renders most mounts and cgroups
-are as they were: `Families.part` keeps what each of them added, with the inputs it was
-made from (`Memo`), and adds it again while the inputs are equal.
+"""Metric families from the catalogue, with each sample's line as prometheus_client's text
+format writes it (the same line serves OpenMetrics 1.0.0: legacy names, no timestamps), so
+a body is the lines joined (render.py). Between two renders most of a node's mounts and
+cgroups are as they were: `Families.parts_of` adds again what each added, while its inputs
+are equal (`Memo`).
 """
 
 from __future__ import annotations
@@ -37,10 +34,7 @@ class Shape:
         self.template = sample_name + ("{" + pairs + "}" if names else "") + " %s\n"
 
     def line(self, values: Sequence[str], value: float) -> str:
-        joined = "".join(values)
-        if "\\" in joined or "\n" in joined or '"' in joined:  # rare: escape each
-            values = [escape(v) for v in values]
-        ordered = [values[i] for i in self.order]
+        ordered = [escape(values[i]) for i in self.order]
         return self.template % (*ordered, floatToGoString(value))
 
 
@@ -51,20 +45,18 @@ def escape(value: str) -> str:
 @functools.lru_cache(maxsize=None)
 def shape(name: str, node_mode: bool) -> Shape:
     """The catalogue's family `name`, with the labels node mode adds when in node mode."""
-    entry = lookup(name)
+    entry = lookup(name)  # a counter's samples are named as its entry is: *_total
     added = node_labels(entry) if node_mode else ()
     kind = CounterMetricFamily if entry.type == "counter" else GaugeMetricFamily
-    sample_name = kind(name, entry.help).name
-    sample_name += "_total" if kind is CounterMetricFamily else ""
-    return Shape(sample_name, entry.labels + tuple(added), kind, entry.help, added)
+    return Shape(name, entry.labels + added, kind, entry.help, added)
 
 
 class Memo:
-    """What each part of the last render added, by part, with the inputs it was made from.
-    Only what the current render used is kept for the next."""
+    """What each part of the last render added, with the inputs it was made from. Only what
+    the current render used is kept for the next."""
 
     def __init__(self) -> None:
-        self.last: Dict[tuple, tuple] = {}  # key -> (inputs, Parts, its parts' records)
+        self.last: Dict[tuple, tuple] = {}  # key -> (inputs, Parts)
         self.now: Dict[tuple, tuple] = {}
 
     def next_render(self) -> None:
@@ -72,64 +64,44 @@ class Memo:
 
 
 class Families:
-    """Samples and their lines by family name, in the order they were first added.
-
-    In node mode a mount's series also carry its pod_uid, volume and container_id, a
-    cgroup's its pod_uid (catalogue.node_labels): from `labels`, the labels every sample
-    added here carries where its family has them, and from a sample's own `extra`.
-    """
+    """Samples and their lines by family name, in the order they were first added. The
+    labels node mode adds (catalogue.node_labels) come from `labels`, which every sample
+    added here carries where its family has them, and from a sample's own `extra`."""
 
     def __init__(self, node_mode=False, memo: Optional[Memo] = None, labels=None):
         self.node_mode = node_mode
         self.memo = memo or Memo()
         self.labels = labels or {}
         self.parts: Parts = {}
-        self.kept: Dict[tuple, tuple] = {}  # the memo's records of the parts added here
 
     def add(self, name: str, labels: Sequence[str], value: float, extra=None) -> None:
         form = shape(name, self.node_mode)
         if form.added:
             given = {**self.labels, **extra} if extra else self.labels
             labels = (*labels, *[given.get(k, "") for k in form.added])
-        parts = self.parts.get(name)
-        if parts is None:
-            parts = self.parts[name] = ([], [])
+        parts = self.parts.setdefault(name, ([], []))
         labelset = dict(zip(form.labelnames, labels))
         parts[0].append(Sample(form.sample_name, labelset, value))
         parts[1].append(form.line(labels, value))
 
-    def part(self, key: tuple, labels: Dict[str, str], make: Callable, *inputs) -> None:
-        """Adds what `make(child, *inputs)` adds to a child carrying `labels`, or what it
-        added for `key` in the last render when `labels` and `inputs` are equal: `make`
-        makes its series from them alone."""
-        known = self.memo.last.get(key)
-        if known is None or known[0] != (labels, *inputs):
-            staged = Families(self.node_mode, self.memo, labels)
-            make(staged, *inputs)
-            known = ((labels, *inputs), staged.parts, staged.kept)
-        for kept in (self.memo.now, self.kept):
-            kept.update(known[2])  # the parts it was made of, for when it is made again
-            kept[key] = known
-        self.merge(known[1])
-
-    def parts_of(self, key: tuple, make: Callable, rows: Iterable[tuple]) -> None:
-        """A part for each row (its key, labels, *inputs) by `make`, in order; while every
-        row is as it was in the last render, they are added as one (a node's 200 mounts)."""
-
-        def each(out: Families, rows: tuple) -> None:
-            for row_key, labels, *inputs in rows:
-                out.part(row_key, labels, make, *inputs)
-
-        self.part(key, {}, each, tuple(rows))
+    def parts_of(self, make: Callable, rows: Iterable[tuple]) -> None:
+        """For each row (key, labels, *inputs), what `make(child, *inputs)` adds to a child
+        carrying `labels`; or what it added for `key` in the last render, when `labels` and
+        `inputs` are as they were (`make` makes its series from them alone)."""
+        for key, labels, *inputs in rows:
+            known = self.memo.last.get(key)
+            if known is None or known[0] != (labels, *inputs):
+                staged = Families(self.node_mode, self.memo, labels)
+                make(staged, *inputs)
+                known = ((labels, *inputs), staged.parts)
+            self.memo.now[key] = known
+            self.merge(known[1])
 
     def merge(self, parts: Parts) -> None:
         for name, (samples, lines) in parts.items():
-            mine = self.parts.get(name)
-            if mine is None:
-                self.parts[name] = (samples[:], lines[:])
-            else:
-                mine[0].extend(samples)
-                mine[1].extend(lines)
+            mine = self.parts.setdefault(name, ([], []))
+            mine[0].extend(samples)
+            mine[1].extend(lines)
 
     def __iter__(self) -> Iterable[Metric]:
         for name, (samples, lines) in self.parts.items():

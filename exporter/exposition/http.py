@@ -1,14 +1,12 @@
-"""The HTTP(S) endpoint: /metrics (or --web.telemetry-path), a landing page, /-/healthy.
-
-/metrics is the exposition's (render.py). TLS, client certificates, basic auth and response
-headers come from a WebConfigSource (webconfig.py): each accepted connection is wrapped
-with the SSLContext current at that moment, so a rotated certificate serves from the next
-connection on.
+"""The HTTP(S) endpoint: /metrics (or --web.telemetry-path, render.py's), a landing page,
+/-/healthy. Each accepted connection is wrapped with the web config's SSLContext current at
+that moment (webconfig.py), so a rotated certificate serves from the next connection on.
 """
 
 from __future__ import annotations
 
 import errno
+import io
 import logging
 import socket
 import sys
@@ -26,20 +24,15 @@ from exporter.exposition.webconfig import WebConfigSource, wrap_app
 LOG = logging.getLogger("shmwatch.web")
 
 
-class _LogStream:
+class _LogStream(io.StringIO):
     """wsgiref prints an application's traceback to the handler's stderr, line by line:
     collect it and log it as one record, so stderr stays valid logfmt/JSON."""
 
-    def __init__(self) -> None:
-        self.parts = []
-
-    def write(self, text: str) -> None:
-        self.parts.append(text)
-
     def flush(self) -> None:
-        if self.parts:
-            LOG.error("request failed: %s", "".join(self.parts).rstrip())
-            self.parts = []
+        if self.getvalue():
+            LOG.error("request failed: %s", self.getvalue().rstrip())
+            self.seek(0)
+            self.truncate()
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -58,33 +51,32 @@ def make_app(
     web: Optional[WebConfigSource] = None,
     metrics_app=None,
 ):
-    # serve passes the exposition's app; prometheus_client's for the registry otherwise.
     metrics_app = metrics_app or make_wsgi_app(registry)
     landing = (
         f"<html><head><title>shmwatch</title></head><body><h1>shmwatch {__version__}</h1>"
         f'<p><a href="{telemetry_path}">Metrics</a></p></body></html>'
     ).encode()
+    pages = {  # path -> status, content type, body
+        "/": ("200 OK", "text/html; charset=utf-8", landing),
+        "/-/healthy": ("200 OK", "text/plain", b"OK\n"),
+    }
 
     def app(environ, start_response):
         path = environ.get("PATH_INFO", "/")
         if path == telemetry_path:
             return metrics_app(environ, start_response)
-        if path == "/":
-            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
-            return [landing]
-        if path == "/-/healthy":
-            start_response("200 OK", [("Content-Type", "text/plain")])
-            return [b"OK\n"]
-        start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [b"Not Found\n"]
+        status, kind, body = pages.get(
+            path, ("404 Not Found", "text/plain", b"Not Found\n")
+        )
+        start_response(status, [("Content-Type", kind)])
+        return [body]
 
     return wrap_app(app, web) if web is not None else app
 
 
 def listen_family(host: str) -> Tuple[int, str, bool]:
-    """-> (address family, address to bind, dual-stack?) as node_exporter (Go) listens:
-    '' (':9841') and '::' take IPv6 and IPv4 both; '0.0.0.0' IPv4 only; '::1' IPv6 only;
-    a name its first address."""
+    """-> (address family, address, dual-stack?) as node_exporter listens: '' (':9841') and
+    '::' take IPv6 and IPv4 both, '0.0.0.0' IPv4 only, '::1' IPv6 only, a name its first."""
     if host in ("", "::"):
         return socket.AF_INET6, "::", True
     family = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][0]
@@ -101,8 +93,7 @@ def bind(
 
     class Server(ThreadingWSGIServer):
         address_family = family
-        # socketserver's default backlog of 5 drops SYNs under 50 concurrent scrapers, and
-        # a dropped SYN costs the client a 1 s retransmit: p99 of 1.25 s where p50 is 15 ms.
+        # socketserver's backlog of 5 drops SYNs under 50 concurrent scrapers (1 s retries).
         request_queue_size = 128
 
         def server_bind(self):

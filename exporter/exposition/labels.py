@@ -1,15 +1,11 @@
-"""Label values from file and process names: any bytes, any length.
-
-The exposition format escapes only backslash, double quote and newline; everything
-else must be valid UTF-8. Names in /dev/shm can be anything a process passed to
-shm_open(), so decode what is not UTF-8 as U+FFFD, spell control characters as \\xNN
-(a raw carriage return or escape sequence in a label breaks dashboards and terminals),
-and cap the length so one hostile name cannot bloat every scrape.
+"""Label values from file and process names, which can be any bytes of any length (what a
+process passed to shm_open()): not UTF-8 becomes U+FFFD, control characters \\xNN (a raw
+carriage return or escape sequence breaks dashboards and terminals), and the length is
+capped so one hostile name cannot bloat every scrape.
 """
 
 from __future__ import annotations
 
-import os
 import re
 
 MAX_LABEL_CHARS = 128
@@ -25,7 +21,3 @@ def clean(value: "str | bytes", limit: int = MAX_LABEL_CHARS) -> str:
     if len(text) > limit:
         text = text[: limit - 1] + "\u2026"
     return text
-
-
-def basename(path: str) -> str:
-    return os.path.basename(path.rstrip("/")) or path

@@ -1,9 +1,7 @@
-"""Turns the model into metric families from the catalogue, on a private registry.
-
-Families are made from the model on every collect() (client_python's custom-collector
-pattern); each mount's and cgroup's series are a part made from its inputs alone, reused
-while those are equal (families.Families.part). Each source renders under its own guard:
-a bug in one renderer drops that source's series and marks it failed, not the scrape.
+"""The model as metric families from the catalogue, made on every collect(). A mount's usage
+and segments and a cgroup's series are parts reused while their inputs are equal
+(families.Families.parts_of). A bug in one source's renderer drops that source's series and
+marks it failed, not the scrape.
 """
 
 from __future__ import annotations
@@ -82,7 +80,7 @@ class ModelCollector(Collector):
             for v in model.mounts
             if v.usage is not None
         )
-        out.parts_of(("shm_mount",), self._one_mount_usage, rows)
+        out.parts_of(self._one_mount_usage, rows)
 
     @staticmethod
     def _one_mount_usage(out: Families, m, peak, max_used, max_used_at) -> None:
@@ -119,18 +117,21 @@ class ModelCollector(Collector):
             + named(v.summary.named_pids)
             for v in listed
         )
-        out.parts_of(("segments",), self._one_mount_segments, rows)
-        # An orphan's age moves on with every inventory (in whole seconds: a leak is hours old).
+        out.parts_of(self._one_mount_segments, rows)
         for v in listed:
+            # An orphan's age moves on with every inventory (whole seconds: leaks are hours old).
             oldest = v.summary.oldest_orphan_mtime
             age = 0.0 if oldest is None else float(max(0, int(inv.wall_time - oldest)))
             out.add("shmwatch_orphan_oldest_age_seconds", [v.mount], age, v.labels)
-        rows = (
-            (("entries", v.mount), v.labels, v.mount, v.inventory.unattributed_bytes)
-            + (inv.owners_complete, v.inventory.other_entries)
-            for v in listed
-        )
-        out.parts_of(("entries",), self._one_mount_entries, rows)
+            unattributed = v.inventory.unattributed_bytes
+            out.add(
+                "shmwatch_mount_unattributed_bytes", [v.mount], unattributed, v.labels
+            )
+            verified = 1 if inv.owners_complete else 0
+            out.add("shmwatch_mount_owners_verified", [v.mount], verified, v.labels)
+            for kind, count in sorted(v.inventory.other_entries.items()):
+                labels = [v.mount, kind]
+                out.add("shmwatch_mount_other_entries", labels, count, v.labels)
 
     @staticmethod
     def _one_mount_segments(out: Families, mount, summary, comms, pods) -> None:
@@ -152,13 +153,6 @@ class ModelCollector(Collector):
             labels = [mount, str(pid), clean(comms[pid])]
             process_pod = {"process_pod_uid": pods[pid]}
             out.add("shmwatch_process_shm_bytes", labels, size, process_pod)
-
-    @staticmethod
-    def _one_mount_entries(out: Families, mount, unattributed, verified, other) -> None:
-        out.add("shmwatch_mount_unattributed_bytes", [mount], unattributed)
-        out.add("shmwatch_mount_owners_verified", [mount], 1 if verified else 0)
-        for kind, count in sorted(other.items()):
-            out.add("shmwatch_mount_other_entries", [mount, kind], count)
 
     def _sysv(self, model: Model, out: Families) -> None:
         for shm in model.sysv:
@@ -199,7 +193,7 @@ class ModelCollector(Collector):
         rows = (
             (("cgroup", c.cgroup), {"pod_uid": c.pod_uid}, c) for c in model.cgroups
         )
-        out.parts_of(("cgroup",), self._one_cgroup, rows)
+        out.parts_of(self._one_cgroup, rows)
 
     @staticmethod
     def _one_cgroup(out: Families, cg) -> None:
@@ -235,56 +229,34 @@ class ModelCollector(Collector):
         """Effective shm size and the OOM projection: shm usage joined with the cgroup."""
         if not model.result_ok("shm_mount"):
             return
-        rows = (
-            (("derived", v.mount), v.labels, v.mount, v.budget, v.budget_complete)
-            + (v.cgroup.cgroup if v.budget.projection is not None else None,)
-            for v in model.mounts
-            if v.budget is not None
-        )
-        out.parts_of(("derived",), self._one_mount_derived, rows)
-
-    @staticmethod
-    def _one_mount_derived(out: Families, mount, budget, complete, cgroup) -> None:
-        if cgroup is not None:
-            labels = [mount, clean(cgroup, 256)]
-            out.add("shmwatch_shm_oom_projection_ratio", labels, budget.projection)
-        if complete:
-            size = budget.effective_bytes
-            out.add("shmwatch_mount_effective_size_bytes", [mount], size)
+        for v in model.mounts:
+            if v.budget is not None and v.budget.projection is not None:
+                labels = [v.mount, clean(v.cgroup.cgroup, 256)]
+                ratio = v.budget.projection
+                out.add("shmwatch_shm_oom_projection_ratio", labels, ratio, v.labels)
+            if v.budget is not None and v.budget_complete:
+                size = v.budget.effective_bytes
+                out.add(
+                    "shmwatch_mount_effective_size_bytes", [v.mount], size, v.labels
+                )
 
     def _oom_kills(self, model: Model, out: Families) -> None:
         """From the model's counts, not the cgroup renderer: a pod's kills outlive its cgroup."""
-        rows = ((("oom", c.cgroup), {"pod_uid": c.pod_uid}, c) for c in model.oom_kills)
-        out.parts_of(("oom",), self._one_oom_count, rows)
-
-    @staticmethod
-    def _one_oom_count(out: Families, count) -> None:
-        label = [clean(count.cgroup, 256)]
-        out.add("shmwatch_cgroup_oom_kills_total", label, count.kills)
+        for c in model.oom_kills:
+            label, pod = [clean(c.cgroup, 256)], {"pod_uid": c.pod_uid}
+            out.add("shmwatch_cgroup_oom_kills_total", label, c.kills, pod)
 
     def _events(self, model: Model, out: Families) -> None:
-        """Per mount: its event counters, then (all mounts') inotify flags."""
         states = model.states
         labels = {v.mount: v.labels for v in model.mounts}
-        rows = (
-            (("events", mount), labels.get(mount, {}), mount, counts)
-            for mount, counts in sorted(states.event_rows.items())
-        )
-        out.parts_of(("events",), self._one_mount_events, rows)
-        rows = (
-            (("inotify", mount), labels.get(mount, {}), mount, active)
-            + (states.overflows.get(mount, 0) if active else None,)
-            for mount, active in sorted(states.inotify.items())
-        )
-        out.parts_of(("inotify",), self._one_mount_inotify, rows)
-
-    @staticmethod
-    def _one_mount_events(out: Families, mount, counts) -> None:
-        for cls, event, count in counts:
-            out.add("shmwatch_segment_events_total", [mount, cls, event], count)
-
-    @staticmethod
-    def _one_mount_inotify(out: Families, mount, active, overflows) -> None:
-        out.add("shmwatch_inotify_active", [mount], 1 if active else 0)
-        if active:
-            out.add("shmwatch_inotify_overflows_total", [mount], overflows)
+        for mount, counts in sorted(states.event_rows.items()):
+            for cls, event, count in counts:
+                row = [mount, cls, event]
+                out.add("shmwatch_segment_events_total", row, count, labels.get(mount))
+        for mount, active in sorted(states.inotify.items()):
+            flag = 1 if active else 0
+            out.add("shmwatch_inotify_active", [mount], flag, labels.get(mount))
+            if active:
+                overflows = states.overflows.get(mount, 0)
+                node = labels.get(mount)
+                out.add("shmwatch_inotify_overflows_total", [mount], overflows, node)

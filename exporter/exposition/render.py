@@ -1,11 +1,7 @@
-"""/metrics, rendered when a scrape finds that the model's version moved since the last
-render (concurrent scrapes wait for one render). Each body, negotiated as prometheus_client
-does, is made once per render and kept until the next.
-
-The text format 0.0.4 and OpenMetrics 1.0.0 are each family's HELP and TYPE lines and its
-sample lines (families.py) joined: byte for byte what prometheus_client's encoders write.
-Whatever else `choose_encoder` picks (a later OpenMetrics, an escaping that rewrites
-names) is left to the encoder.
+"""/metrics, rendered when a scrape finds the model's version moved since the last render;
+each body (format and encoding negotiated as prometheus_client does) is kept until the next.
+Text 0.0.4 and OpenMetrics 1.0.0 are the families' sample lines (families.py) joined, byte
+for byte what prometheus_client's encoders write; any other format is left to the encoder.
 """
 
 from __future__ import annotations
@@ -31,8 +27,7 @@ LEGACY_SAFE_ESCAPINGS = ("underscores", "allow-utf-8")
 
 
 def joined_format(encoder: Callable) -> Optional[str]:
-    """The body joined lines make as `encoder` (choose_encoder's: a function in old
-    prometheus-client, a partial in newer ones) writes it: "text", "openmetrics" or None."""
+    """Whether joined lines make `encoder`'s body: "text", "openmetrics" or None."""
     func = getattr(encoder, "func", encoder)
     keywords = getattr(encoder, "keywords", None) or {}
     if keywords.get("escaping", "underscores") not in LEGACY_SAFE_ESCAPINGS:
@@ -68,8 +63,7 @@ def encode(metrics: List[Metric], encoder: Callable) -> bytes:
 
 
 class Exposition:
-    """Serves `registry` via `wsgi_app`, rendered again when `version()` (a zero-argument
-    callable returning a hashable that changes whenever the model does) has moved."""
+    """Serves `registry` via `wsgi_app`, rendered again when `version()` has moved."""
 
     def __init__(self, registry: CollectorRegistry, version: Callable[[], Hashable]):
         self.registry = registry
@@ -83,8 +77,7 @@ class Exposition:
     def body(
         self, encoder: Callable, content_type: str, gzipped: bool, names: Set[str]
     ) -> bytes:
-        """What `encoder` writes for the current model (gzipped), or for the families named
-        in `names` (by a family's name or one of its samples') when there are any."""
+        """`encoder`'s body for the model, or for the families `names` names (if any)."""
         with self._lock:
             version = self.version()
             if version != self._rendered:
@@ -92,22 +85,19 @@ class Exposition:
                 self._bodies = {}
                 self._rendered = version
                 self.renders += 1
-            if names:
+            key = (content_type, gzipped)
+            body = None if names else self._bodies.get(key)
+            if body is None:
                 chosen = [
                     m
                     for m in self._metrics
-                    if m.name in names or any(s.name in names for s in m.samples)
+                    if not names
+                    or m.name in names
+                    or any(s.name in names for s in m.samples)
                 ]
-                raw = encode(chosen, encoder)
-                return gzip.compress(raw, GZIP_LEVEL) if gzipped else raw
-            key = (content_type, gzipped)
-            body = self._bodies.get(key)
-            if body is None:
-                raw = self._bodies.get((content_type, False))
-                raw = raw or encode(self._metrics, encoder)
-                body = gzip.compress(raw, GZIP_LEVEL) if gzipped else raw
-                if len(self._bodies) < MAX_BODIES:
-                    self._bodies[(content_type, False)] = raw
+                body = encode(chosen, encoder)
+                body = gzip.compress(body, GZIP_LEVEL) if gzipped else body
+                if not names and len(self._bodies) < MAX_BODIES:
                     self._bodies[key] = body
             return body
 

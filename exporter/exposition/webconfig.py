@@ -1,22 +1,18 @@
 """`--web.config.file`: exporter-toolkit's web configuration (TLS, client certificates, basic
-auth with bcrypt hashes, response headers), re-read when it or the files it names change.
+auth with bcrypt hashes, response headers), the format every Go exporter takes, so one file
+serves node_exporter and shmwatch alike. What Python's ssl module cannot do (a client
+certificate taken unverified, cipher and curve lists, client_allowed_sans, inline PEM,
+rate_limit) is refused at start-up with a message, not ignored.
 
-The format is the one every Go exporter takes (prometheus/exporter-toolkit,
-docs/web-configuration.md), so one file serves node_exporter and shmwatch alike. What
-Python's ssl module cannot do is refused at start-up with a message, not ignored:
-`RequestClientCert`/`RequireAnyClientCert` (a client certificate taken without verifying
-it), cipher and curve lists, `client_allowed_sans`, inline PEM, `rate_limit`.
-
-Reloading: exporter-toolkit re-reads the file on every connection. Here `WebConfigSource`
-stats the file and every file it names on each new connection (four stat calls) and
-rebuilds the SSLContext when an mtime, size or inode changed, so a certificate cert-manager
-rotated is served from the next connection on. A change that does not load (a key written
-before its certificate) keeps the last good configuration and logs once.
+The file and the files it names are stat'ed on each new connection; a change rebuilds the
+SSLContext, so a certificate cert-manager rotated serves from the next connection on. A
+change that does not load (a key written before its certificate) keeps the last good one.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import logging
 import os
@@ -50,15 +46,13 @@ HEADERS = {
     "X-XSS-Protection": None,
     "Strict-Transport-Security": None,
 }
-TLS_KEYS = set(
+TLS_KEYS = tuple(
     "cert_file key_file client_ca_file client_auth_type min_version max_version".split()
 )
 TLS_UNSUPPORTED = set(
     "cert key client_ca client_allowed_sans cipher_suites prefer_server_cipher_suites "
     "curve_preferences".split()
 )
-# Checked against for unknown users, so a wrong user name costs what a wrong password does.
-_DUMMY_HASH = b"$2b$10$4KrXhNFlzYDN0LgKx7ks8eZTE1wMT0mRSeSTKTrhq7xlAJ3xLPdHO"
 
 
 class WebConfigError(ValueError):
@@ -81,19 +75,16 @@ class TlsSettings:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = TLS_VERSIONS[self.min_version]
         context.maximum_version = TLS_VERSIONS[self.max_version]
+        what = "cert_file/key_file"
         try:
             context.load_cert_chain(self.cert_file, self.key_file)
+            what = "client_ca_file"
+            if self.client_ca_file:
+                context.load_verify_locations(cafile=self.client_ca_file)
         except (ssl.SSLError, OSError) as err:
             raise WebConfigError(
-                f"tls_server_config: cannot load cert_file/key_file: {err}"
+                f"tls_server_config: cannot load {what}: {err}"
             ) from None
-        if self.client_ca_file:
-            try:
-                context.load_verify_locations(cafile=self.client_ca_file)
-            except (ssl.SSLError, OSError) as err:
-                raise WebConfigError(
-                    f"tls_server_config: cannot load client_ca_file: {err}"
-                ) from None
         context.verify_mode = CLIENT_AUTH[self.client_auth_type]
         return context
 
@@ -119,21 +110,14 @@ def _no_unknown(raw: dict, allowed, where: str) -> None:
         raise WebConfigError(f"{where}unknown field {', '.join(unknown)}")
 
 
-def _resolve(path: str, base: str) -> str:
-    # exporter-toolkit resolves relative file names against the web config's directory.
-    return path if os.path.isabs(path) else os.path.join(base, path)
-
-
 def parse_tls(raw: dict, base: str) -> TlsSettings:
     def bad(message: str) -> WebConfigError:
         return WebConfigError("tls_server_config: " + message)
 
     unsupported = sorted(set(raw) & TLS_UNSUPPORTED)
     if unsupported:
-        raise bad(
-            f"{', '.join(unsupported)} not supported by shmwatch (use cert_file, "
-            "key_file, client_ca_file, client_auth_type, min_version, max_version)"
-        )
+        use = ", ".join(TLS_KEYS)
+        raise bad(f"{', '.join(unsupported)} not supported by shmwatch (use {use})")
     _no_unknown(raw, TLS_KEYS, "tls_server_config: ")
     if not raw.get("cert_file") or not raw.get("key_file"):
         raise bad("needs both cert_file and key_file")
@@ -163,13 +147,11 @@ def parse_tls(raw: dict, base: str) -> TlsSettings:
         versions.append(version)
     if TLS_VERSIONS[versions[0]] > TLS_VERSIONS[versions[1]]:
         raise bad("min_version is above max_version")
-    return TlsSettings(
-        _resolve(str(raw["cert_file"]), base),
-        _resolve(str(raw["key_file"]), base),
-        _resolve(str(ca), base) if ca else None,
-        auth,
-        *versions,
-    )
+    # Relative file names are the web config directory's, as in exporter-toolkit (join
+    # keeps an absolute name as it is).
+    names = (raw["cert_file"], raw["key_file"], ca)
+    paths = [os.path.join(base, str(name)) if name else None for name in names]
+    return TlsSettings(*paths, auth, *versions)
 
 
 def parse(text: str, base: str = ".") -> WebConfig:
@@ -220,34 +202,9 @@ def parse(text: str, base: str = ".") -> WebConfig:
     return WebConfig(tls=tls, users=users, headers=tuple(headers))
 
 
-def load(path: str) -> WebConfig:
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as err:
-        raise WebConfigError(f"cannot read {path}: {err.strerror or err}") from None
-    except ValueError as err:  # UnicodeDecodeError: saved in another encoding
-        raise WebConfigError(f"cannot read {path}: {err}") from None
-    return parse(text, os.path.dirname(os.path.abspath(path)))
-
-
-def _stamp(paths: List[str]) -> tuple:
-    stamps = []
-    for path in paths:
-        try:
-            st = os.stat(path)
-            stamps.append((path, st.st_mtime_ns, st.st_size, st.st_ino))
-        except OSError:
-            stamps.append((path, None))
-    return tuple(stamps)
-
-
 class WebConfigSource:
-    """The current web config and its SSLContext, rebuilt when a file behind them changes.
-
-    Either from --web.config.file (`path`) or from a fixed WebConfig (the old --web.tls-*
-    flags, whose files are watched the same way).
-    """
+    """The current web config and its SSLContext, rebuilt when a file behind them changes:
+    --web.config.file's (`path`) or a `fixed` one (the old --web.tls-* flags' files)."""
 
     def __init__(self, path: Optional[str] = None, fixed: Optional[WebConfig] = None):
         self.path, self._fixed = path, fixed
@@ -256,7 +213,6 @@ class WebConfigSource:
         # bcrypt is slow on purpose: a client guessing passwords gets at most this many
         # checks at once, so it cannot take every core from the collectors.
         self._bcrypt_slots = threading.BoundedSemaphore(2)
-        self._dummies: Dict[bytes, bytes] = {}  # cost -> a hash for unknown users
         self._failed_stamp = None
         self.config = self._read()
         self.context = self.config.tls.context() if self.config.tls else None
@@ -264,11 +220,28 @@ class WebConfigSource:
         self.tls = self.config.tls is not None  # fixed for the life of the listener
 
     def _read(self) -> WebConfig:
-        return load(self.path) if self.path else self._fixed
+        if not self.path:
+            return self._fixed
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, ValueError) as err:  # ValueError: saved in another encoding
+            reason = getattr(err, "strerror", None) or err
+            raise WebConfigError(f"cannot read {self.path}: {reason}") from None
+        return parse(text, os.path.dirname(os.path.abspath(self.path)))
 
     def _current_stamp(self, config: WebConfig) -> tuple:
-        files = config.tls.files() if config.tls else []
-        return _stamp(([self.path] if self.path else []) + files)
+        files = ([self.path] if self.path else []) + (
+            config.tls.files() if config.tls else []
+        )
+        stamps = []
+        for path in files:
+            try:
+                st = os.stat(path)
+                stamps.append((path, st.st_mtime_ns, st.st_size, st.st_ino))
+            except OSError:
+                stamps.append((path, None))
+        return tuple(stamps)
 
     def current(self) -> Tuple[WebConfig, Optional[ssl.SSLContext]]:
         """The config and context to use for a new connection (re-read when files changed)."""
@@ -287,9 +260,7 @@ class WebConfigSource:
             # differs from this stamp, and is loaded again on the next connection.
             new_stamp = self._current_stamp(config)
             context = config.tls.context() if config.tls else None
-        except (
-            Exception
-        ) as err:  # anything, not only WebConfigError: never stop serving
+        except Exception as err:  # anything, not only WebConfigError: keep serving
             # A rotation in progress (key written, certificate not yet) fails here once;
             # the next change tries again. Until then the last good config serves.
             self._failed_stamp = stamp
@@ -304,8 +275,14 @@ class WebConfigSource:
     def authorized(self, config: WebConfig, header: Optional[str]) -> bool:
         if not config.users:
             return True
-        user, password = _basic_credentials(header)
-        if user is None:
+        if not header or header[:6].lower() != "basic ":
+            return False
+        try:
+            decoded = base64.b64decode(header[6:].strip(), validate=True).decode()
+        except ValueError:  # not base64, not UTF-8
+            return False
+        user, sep, password = decoded.partition(":")
+        if not sep:
             return False
         hashed = config.users.get(user)
         # bcrypt costs ~70 ms at cost 10: remember outcomes (keyed by a digest, never the
@@ -313,8 +290,7 @@ class WebConfigSource:
         key = hashlib.sha256(
             b"\0".join((user.encode(), hashed or b"", password.encode()))
         ).digest()
-        with self._lock:
-            cached = self._auth_cache.get(key)
+        cached = self._auth_cache.get(key)
         if cached is not None:
             return cached
         import bcrypt
@@ -323,49 +299,35 @@ class WebConfigSource:
         if not self._bcrypt_slots.acquire(timeout=10):
             return False
         try:
-            dummy = hashed or self._dummy(config)
+            # Every hash parse() accepted reads $2?$<cost>$...
+            cost = max(h.split(b"$")[2] for h in config.users.values())
+            dummy = hashed or _dummy_hash(cost)
             ok = bcrypt.checkpw(password.encode(), dummy) and hashed is not None
         except ValueError:
             ok = False
         finally:
             self._bcrypt_slots.release()
-        with self._lock:
-            # Bounded: a password-guessing client cannot grow it.
-            if len(self._auth_cache) > 1024:
-                self._auth_cache.clear()
-            self._auth_cache[key] = ok
+        if len(self._auth_cache) > 1024:  # a password-guessing client cannot grow it
+            self._auth_cache.clear()
+        self._auth_cache[key] = ok
         return ok
 
-    def _dummy(self, config: WebConfig) -> bytes:
-        """A hash of the highest cost among the configured users: an unknown user name costs
-        what a wrong password does, so timing does not tell which users exist."""
-        import bcrypt
 
-        costs = [h.split(b"$")[2] for h in config.users.values() if h.count(b"$") >= 3]
-        cost = max(costs, default=b"10")
-        dummy = self._dummies.get(cost)  # two threads may both make it: no harm
-        if dummy is None:
-            try:
-                dummy = bcrypt.hashpw(b"no such user", bcrypt.gensalt(int(cost)))
-            except ValueError:
-                dummy = _DUMMY_HASH
-            self._dummies[cost] = dummy
-        return dummy
+@functools.lru_cache(maxsize=None)
+def _dummy_hash(cost: bytes) -> bytes:
+    """A hash to check unknown users against, of the configured users' highest cost: an
+    unknown user name costs what a wrong password does, so timing does not tell who exists."""
+    import bcrypt
 
-
-def _basic_credentials(header: Optional[str]) -> Tuple[Optional[str], str]:
-    if not header or not header[:6].lower() == "basic ":
-        return None, ""
-    try:
-        decoded = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8")
-    except (ValueError, UnicodeDecodeError):
-        return None, ""
-    user, sep, password = decoded.partition(":")
-    return (user, password) if sep else (None, "")
+    return bcrypt.hashpw(b"no such user", bcrypt.gensalt(min(max(int(cost), 4), 31)))
 
 
 # Paths that answer without credentials: a readiness probe has none, and "OK" tells nothing.
 OPEN_PATHS = ("/-/healthy",)
+CHALLENGE = [
+    ("Content-Type", "text/plain; charset=utf-8"),
+    ("WWW-Authenticate", 'Basic realm="shmwatch"'),
+]
 
 
 def wrap_app(app: Callable, source: WebConfigSource) -> Callable:
@@ -376,20 +338,12 @@ def wrap_app(app: Callable, source: WebConfigSource) -> Callable:
         config, _ = source.current()
 
         def with_headers(status, headers, exc_info=None):
-            return start_response(
-                status, list(headers) + list(config.headers), exc_info
-            )
+            return start_response(status, [*headers, *config.headers], exc_info)
 
         if environ.get("PATH_INFO", "/") not in OPEN_PATHS and not source.authorized(
             config, environ.get("HTTP_AUTHORIZATION")
         ):
-            with_headers(
-                "401 Unauthorized",
-                [
-                    ("Content-Type", "text/plain; charset=utf-8"),
-                    ("WWW-Authenticate", 'Basic realm="shmwatch"'),
-                ],
-            )
+            with_headers("401 Unauthorized", CHALLENGE)
             return [b"Unauthorized\n"]
         return app(environ, with_headers)
 

@@ -1,8 +1,5 @@
-"""The metric catalogue: every metric shmwatch exports, in one place.
-
-Rules (deploy/), the dashboard (grafana/), the README and the tests all read this
-table; a test fails when /metrics emits a name that is not here or with another
-type, and when a rule or panel uses a name that is not here.
+"""Every metric shmwatch exports, in one place: the exposition, the README and the tests
+read this table, and a test fails when /metrics, a rule or a panel uses a name not here.
 """
 
 from __future__ import annotations
@@ -15,20 +12,10 @@ from typing import Dict, Tuple
 @dataclass(frozen=True)
 class Metric:
     name: str
-    type: str  # "gauge" | "counter" (exposition name of a counter drops "_total")
+    type: str  # "counter" when the name ends in _total, else "gauge"
     unit: str  # "bytes", "seconds", "ratio", "" (a count or an info metric)
     labels: Tuple[str, ...]
     help: str
-
-
-def _metric(name: str, labels: Tuple[str, ...], help: str) -> Metric:
-    """A catalogue entry; its type and unit follow from the name, as Prometheus' naming
-    rules have them: `_total` is a counter, `_bytes`/`_seconds`/`_ratio` the unit."""
-    base = name[: -len("_total")] if name.endswith("_total") else name
-    unit = next(
-        (u for u in ("bytes", "seconds", "ratio") if base.endswith("_" + u)), ""
-    )
-    return Metric(name, "counter" if base != name else "gauge", unit, labels, help)
 
 
 # Every metric: its name and labels ("-": none), then its help text on the indented lines
@@ -188,14 +175,18 @@ process_max_fds  -
 
 
 def _read_table(text: str) -> Tuple[Metric, ...]:
+    """Type and unit follow from the name, as Prometheus' naming rules have them."""
     metrics = []
     for entry in re.split(r"\n(?=\S)", text.strip()):
         if not entry.startswith("#"):
             head, *help_lines = entry.split("\n")
             name, *labels = head.split()
-            labels = [label for label in labels if label != "-"]
+            base = name.removesuffix("_total")
+            units = [u for u in ("bytes", "seconds", "ratio") if base.endswith("_" + u)]
             help_text = " ".join(line.strip() for line in help_lines)
-            metrics.append(_metric(name, tuple(labels), help_text))
+            kind = "gauge" if base == name else "counter"
+            labels = tuple(label for label in labels if label != "-")
+            metrics.append(Metric(name, kind, "".join(units), labels, help_text))
     return tuple(metrics)
 
 
@@ -204,32 +195,20 @@ CATALOGUE: Tuple[Metric, ...] = _read_table(_TABLE)
 BY_NAME: Dict[str, Metric] = {m.name: m for m in CATALOGUE}
 
 # Node mode (--mode=node) adds labels: which pod or container a mount belongs to, which
-# pod a cgroup is, and which pod a process holding shm runs in. Empty where not known.
+# pod a cgroup is, which pod a process holding shm runs in, and which IPC namespace (one
+# per pod or container) SysV figures are of. Empty where not known.
 NODE_MOUNT_LABELS: Tuple[str, ...] = ("pod_uid", "volume", "container_id")
-SYSV_NODE_LABELS: Tuple[str, ...] = ("ipc_namespace", "pod_uid", "container_id")
 
 
 def node_labels(metric: Metric) -> Tuple[str, ...]:
     """The labels node mode adds to `metric`."""
-    extra: Tuple[str, ...] = ()
-    if "mount" in metric.labels:
-        extra += NODE_MOUNT_LABELS
-    elif "cgroup" in metric.labels:
-        extra += ("pod_uid",)
-    if metric.name == "shmwatch_process_shm_bytes":
-        extra += ("process_pod_uid",)
     if metric.name.startswith("shmwatch_sysv_"):
-        extra += (
-            SYSV_NODE_LABELS  # SysV is per IPC namespace: one per pod (or container)
-        )
-    return extra
-
-
-def family_name(metric: Metric) -> str:
-    """The name prometheus_client gives the family (counters lose their _total suffix)."""
-    if metric.type == "counter" and metric.name.endswith("_total"):
-        return metric.name[: -len("_total")]
-    return metric.name
+        return ("ipc_namespace", "pod_uid", "container_id")
+    if metric.name == "shmwatch_process_shm_bytes":
+        return NODE_MOUNT_LABELS + ("process_pod_uid",)
+    if "mount" in metric.labels:
+        return NODE_MOUNT_LABELS
+    return ("pod_uid",) if "cgroup" in metric.labels else ()
 
 
 def lookup(name: str) -> Metric:
