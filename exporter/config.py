@@ -13,9 +13,9 @@ import argparse
 import math
 import os
 import re
-from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from types import SimpleNamespace
+from typing import Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 from exporter import __version__
 from exporter.collectors import registered
@@ -90,37 +90,9 @@ def parse_listen_address(text: str) -> "tuple[str, int]":
     return host[1:-1] if host.startswith("[") else host, int(port)
 
 
-@dataclass
-class Config:
-    listen_host: str = ""  # every address, IPv6 and IPv4
-    listen_port: int = 9841
-    telemetry_path: str = "/metrics"
-    procfs: str = "/proc"
-    sysfs: str = "/sys"
-    rootfs: str = "/"
-    kmsg: str = "/dev/kmsg"
-    shm_mounts: List[str] = field(default_factory=lambda: ["/dev/shm"])
-    shm_size_limit: Optional[int] = None
-    poll_interval: float = 1.0
-    inventory_interval: float = 15.0
-    peak_window: float = 60.0
-    top_k: int = 10
-    collectors: Dict[str, bool] = field(default_factory=dict)  # name -> on
-    collector_timeout: float = 10.0
-    gpu_timeout: float = 5.0
-    cgroup_path: Optional[str] = None
-    cgroup_target_process: Optional[str] = None
-    ignore_unreadable: Optional[str] = None
-    full_scan_interval: float = 120.0
-    memory_limit_bytes: Optional[int] = None
-    inotify: bool = True
-    tls_cert_file: Optional[str] = None
-    tls_key_file: Optional[str] = None
-    tls_client_ca_file: Optional[str] = None
-    web_config_file: Optional[str] = None
-    log_level: str = "info"
-    log_format: str = "logfmt"
-    mode: str = "sidecar"
+class Config(SimpleNamespace):
+    """The parsed flags: one attribute per FLAGS dest ("listen" as listen_host and
+    listen_port), plus collectors ({name: on}) and inotify."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -380,10 +352,8 @@ def parse_args(
         if dest == "listen":
             cfg.listen_host, cfg.listen_port = value
         elif dest == "shm_mounts":
-            if value:
-                cfg.shm_mounts = list(
-                    dict.fromkeys(m.rstrip("/") or "/" for m in value)
-                )
+            value = value or ["/dev/shm"]
+            cfg.shm_mounts = list(dict.fromkeys(m.rstrip("/") or "/" for m in value))
         else:
             setattr(cfg, dest, value)
     cfg.collectors = {name: getattr(ns, f"collector_{name}") for name in COLLECTORS}
