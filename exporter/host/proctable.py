@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Pattern, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Pattern, Set, Tuple
 
 from exporter.host.kube import pod_uid_in_cgroup
 from exporter.host.mountinfo import parse_mountinfo
@@ -115,24 +115,8 @@ class ProcessTable:
         # (pid, start time) -> pod UID ('' when none); a process never changes pod.
         self._pods: Dict[Tuple[int, int], str] = {}
 
-    def pid_wrap_watch(self) -> "PidWrapWatch":
-        return PidWrapWatch(self)
-
     # --- identity -------------------------------------------------------------------------
-    def pid_counters(self) -> Optional[Tuple[int, int, int]]:
-        """(ns_last_pid, processes forked since boot, pid_max), for PidWrapWatch; None when
-        any cannot be read (ns_last_pid needs CONFIG_CHECKPOINT_RESTORE)."""
-        try:
-            last, pid_max = self._last_pid_and_max()
-            with open(self.paths.proc("stat"), "rb") as handle:
-                stat = handle.read()
-            at = stat.index(b"\nprocesses ") + len(b"\nprocesses ")
-            forks = int(stat[at : stat.index(b"\n", at)])
-        except (OSError, ValueError):
-            return None
-        return last, forks, pid_max
-
-    def _last_pid_and_max(self) -> Tuple[int, int]:
+    def last_pid_and_max(self) -> Tuple[int, int]:
         """(ns_last_pid, pid_max); ns_last_pid needs CONFIG_CHECKPOINT_RESTORE."""
         kernel = ("sys", "kernel")
         last = int(read_text(self.paths.proc(*kernel, "ns_last_pid")))
@@ -154,24 +138,33 @@ class ProcessTable:
         ppid = int(raw[raw.rindex(")") + 2 :].split()[1])
         return Process(pid, comm, start, uid, ppid), bool(flags & PF_KTHREAD)
 
-    def walk(self) -> ProcessWalk:
-        """Every user process (kernel threads skipped). A process gone mid-walk holds nothing
-        any more and is simply left out; one we may not read is counted, and so is one that
-        /proc hides from us (hidepid)."""
-        found: List[Process] = []
-        unreadable = 0
-        try:
-            listed = self.pids()
-        except OSError:  # no process could be seen: none is proven absent
-            return ProcessWalk([], 0, None)
-        for pid in listed:
+    def identify_all(
+        self, pids: Iterable[int], kernel_threads: Set[int]
+    ) -> Tuple[List[Process], int]:
+        """(the user processes among `pids`, how many could not be read). Kernel threads
+        are added to `kernel_threads`, and those in it are not asked again."""
+        found, unreadable = [], 0
+        for pid in sorted(set(pids) - kernel_threads):
             try:
                 ident = self.identify(pid)
             except (OSError, ValueError, IndexError):
                 unreadable += 1
                 continue
-            if ident is not None and not ident[1]:
+            if ident is not None and ident[1]:
+                kernel_threads.add(pid)
+            elif ident is not None:
                 found.append(ident[0])
+        return found, unreadable
+
+    def walk(self) -> ProcessWalk:
+        """Every user process (kernel threads skipped). A process gone mid-walk holds nothing
+        any more and is simply left out; one we may not read is counted, and so is one that
+        /proc hides from us (hidepid)."""
+        try:
+            listed = self.pids()
+        except OSError:  # no process could be seen: none is proven absent
+            return ProcessWalk([], 0, None)
+        found, unreadable = self.identify_all(listed, set())
         self._forget_except({(p.pid, p.start_time) for p in found})
         invisible = (
             self.count_invisible(set(listed))
@@ -232,7 +225,7 @@ class ProcessTable:
         pidfd_open() needs no permission and refuses a thread that is not a group leader
         (EINVAL), so it counts processes, not threads, whatever /proc lets us see."""
         try:
-            last, pid_max = self._last_pid_and_max()
+            last, pid_max = self.last_pid_and_max()
         except (OSError, ValueError):
             return None
         if not hasattr(os, "pidfd_open"):
@@ -325,12 +318,6 @@ class ProcessTable:
         with open(self.paths.proc(pid, "maps"), "rb") as handle:
             return handle.read().decode("utf-8", "surrogateescape")
 
-    def fd_dir(self, pid: int) -> str:
-        return self.paths.proc(pid, "fd")
-
-    def map_file(self, pid: int, map_range: str) -> str:
-        return self.paths.proc(pid, "map_files", map_range)
-
 
 class PidWrapWatch:
     """For a cache of what was learnt per pid: the kernel hands pids out in rising order and
@@ -344,9 +331,21 @@ class PidWrapWatch:
         self.table = table
         self._last: Optional[Tuple[int, int, int]] = None  # ns_last_pid, forks, pid_max
 
+    def _counters(self) -> Optional[Tuple[int, int, int]]:
+        """(ns_last_pid, processes forked since boot, pid_max); None when any cannot be read."""
+        try:
+            last, pid_max = self.table.last_pid_and_max()
+            with open(self.table.paths.proc("stat"), "rb") as handle:
+                stat = handle.read()
+            at = stat.index(b"\nprocesses ") + len(b"\nprocesses ")
+            forks = int(stat[at : stat.index(b"\n", at)])
+        except (OSError, ValueError):
+            return None
+        return last, forks, pid_max
+
     def wrapped(self) -> bool:
         """Whether pids may have been reused since the last call (also when we cannot tell)."""
-        now = self.table.pid_counters()
+        now = self._counters()
         last, self._last = self._last, now
         if now is None:
             if not PidWrapWatch.said_unreadable:

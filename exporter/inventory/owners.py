@@ -13,7 +13,7 @@ import os
 import stat as stat_mod
 from typing import Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
-from exporter.host.proctable import Process, ProcessTable
+from exporter.host.proctable import PidWrapWatch, Process, ProcessTable
 from exporter.inventory.holdings import DELETED, MAX_UNPROVEN, Holding, Owners
 from exporter.inventory.maps import DeviceTokens, parse_maps
 from exporter.inventory.mount_ids import WatchedMountIds
@@ -34,7 +34,7 @@ class OwnerScan:
         # Pids a scoped scan need not identify again.
         self._kernel_threads: Set[int] = set()
         # A refresh trusts what it knows of a pid until pids wrap.
-        self._pid_wrap = table.pid_wrap_watch()
+        self._pid_wrap = PidWrapWatch(table)
 
     # A holder may fork and exit while we read the others: its child, started after /proc was
     # listed, holds the segment. Processes that appeared during a pass are read in another,
@@ -127,7 +127,9 @@ class OwnerScan:
             del processes[pid]
         self._kernel_threads &= alive
         # A new process we cannot read (unidentified) could hold anything.
-        new, unidentified = self._identify(alive - processes.keys())
+        new, unidentified = self.table.identify_all(
+            alive - processes.keys(), self._kernel_threads
+        )
         processes.update({p.pid: p for p in new})
         # Each process's pod, looked up once per process (holders' at the full scan, the
         # others' when a pod is first rescanned) and then per new one.
@@ -210,25 +212,10 @@ class OwnerScan:
         """User processes /proc lists now that are not in `seen`; one that cannot be read
         is counted as unreadable by the next walk (this one is short-lived)."""
         try:
-            return self._identify(set(self.table.pids()) - seen)[0]
+            pids = set(self.table.pids()) - seen
+            return self.table.identify_all(pids, self._kernel_threads)[0]
         except OSError:
             return []
-
-    def _identify(self, pids: Set[int]) -> Tuple[List[Process], int]:
-        """(the user processes among `pids`, how many could not be read). Kernel threads
-        are remembered and not asked again while they live."""
-        found, unreadable = [], 0
-        for pid in sorted(pids - self._kernel_threads):
-            try:
-                ident = self.table.identify(pid)
-            except (OSError, ValueError, IndexError):
-                unreadable += 1
-                continue
-            if ident is not None and ident[1]:
-                self._kernel_threads.add(pid)
-            elif ident is not None:
-                found.append(ident[0])
-        return found, unreadable
 
     def _scan_processes(
         self, processes: Sequence[Process], devs: Set[int], out: Owners
@@ -276,7 +263,7 @@ class OwnerScan:
                 self._add(out, (dev, inode), held)
         except OSError as err:
             denied |= denied_by(err)
-        fd_dir = self.table.fd_dir(pid)
+        fd_dir = self.table.paths.proc(pid, "fd")
         mount_ids = self._mount_ids.of(pid, devs)
         fds: List[str] = []
         if mount_ids is None:
@@ -342,7 +329,8 @@ class OwnerScan:
                 if not h.map_range:
                     continue
                 try:
-                    st = os.stat(self.table.map_file(h.pid, h.map_range))
+                    path = self.table.paths.proc(h.pid, "map_files", h.map_range)
+                    st = os.stat(path)
                 except OSError:
                     continue
                 if (st.st_dev, st.st_ino) == key:
