@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence
 
 from exporter.host.paths import Paths
@@ -23,6 +23,7 @@ class MountEntry:
     device: str = ""  # major:minor
     # The directory of the filesystem mounted here (a bind mount's or a cgroup namespace's root).
     root: str = "/"
+    mount_id: int = field(default=0, compare=False)  # IDs are per boot, not the mount
 
 
 _OCTAL_ESCAPE = re.compile(r"\\(\d{3})")
@@ -52,6 +53,7 @@ def parse_mountinfo(text: str) -> List[MountEntry]:
                     options=fields[5] + "," + super_options,
                     device=fields[2],
                     root=_unescape(fields[3]),
+                    mount_id=int(fields[0]),
                 )
             )
         except (ValueError, IndexError):

@@ -11,6 +11,7 @@ import errno
 import os
 from typing import Dict, Iterable, Optional, Set
 
+from exporter.host.mountinfo import parse_mountinfo
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import Process
 
@@ -74,15 +75,8 @@ class WatchedMountIds:
             text = read_text(self.paths.proc(pid, "mountinfo"))
         except OSError as err:  # gone (or a fixture without one): no fds
             return None if denied(err) else set()
-        ids: Set[int] = set()
-        for line in text.splitlines():
-            fields = line.split(" ", 3)
-            try:
-                major, minor = fields[2].split(":")
-                if os.makedev(int(major), int(minor)) in devs:
-                    ids.add(int(fields[0]))
-            except (IndexError, ValueError):
-                continue
+        wanted = {f"{os.major(dev)}:{os.minor(dev)}" for dev in devs}
+        ids = {e.mount_id for e in parse_mountinfo(text) if e.device in wanted}
         self._ns_mounts[namespace] = ids
         return ids
 
