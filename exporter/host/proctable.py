@@ -1,9 +1,5 @@
-"""One process table: pid -> comm, uid, start time, cgroup and pod, maps and fds on demand.
-
-Every reader of /proc/<pid> goes through here: the segment owner scan, the cgroup
-collector's target process, GPU process names and node mode's pod of a process. A
-process is known by (pid, start time), so a reused pid is never taken for the old one.
-"""
+"""Every reader of /proc/<pid> goes through here. A process is known by (pid, start time),
+so a reused pid is never taken for the old one."""
 
 from __future__ import annotations
 
@@ -70,18 +66,14 @@ class Process:
 
 @dataclass(frozen=True)
 class ProcessWalk:
-    """One pass over /proc: the user processes we could identify, and those we could not."""
-
     processes: List[Process]
     # Listed, but /proc/<pid>/stat could not be read (permission, hidepid=1).
     unreadable: int
     # Processes that exist but /proc does not list (hidepid=2/invisible, ptraceable);
     # None when they exist but could not be counted (too many pids to probe).
     invisible: Optional[int] = 0
-    # False when every process /proc shows is shmwatch itself or its parents, outside the
-    # initial PID namespace: a sidecar in a PID namespace of its own (no --pid=container:,
-    # no shareProcessNamespace) sees none of the workload's processes, and "no holder
-    # found" then proves nothing.
+    # False when /proc shows only shmwatch and its parents outside the initial PID
+    # namespace (a sidecar without shareProcessNamespace): "no holder found" proves nothing.
     workload_visible: bool = True
 
 
@@ -89,9 +81,7 @@ class ProcessWalk:
 # include/linux/proc_ns.h); a namespace made later gets another.
 INITIAL_PID_NAMESPACE = f"pid:[{0xEFFFFFFC}]"
 
-# Probing every pid up to ns_last_pid costs one pidfd_open per pid: fine in a pod's PID
-# namespace (hundreds), not in a host's (millions). Past this, invisible processes are
-# known to exist but not counted.
+# Probing costs one pidfd_open per pid: fine in a pod's PID namespace, not a host's.
 MAX_PROBE_PIDS = 1 << 16
 
 
@@ -117,7 +107,7 @@ class ProcessTable:
 
     # --- identity -------------------------------------------------------------------------
     def last_pid_and_max(self) -> Tuple[int, int]:
-        """(ns_last_pid, pid_max); ns_last_pid needs CONFIG_CHECKPOINT_RESTORE."""
+        # ns_last_pid needs CONFIG_CHECKPOINT_RESTORE
         kernel = ("sys", "kernel")
         last = int(read_text(self.paths.proc(*kernel, "ns_last_pid")))
         return last, int(read_text(self.paths.proc(*kernel, "pid_max")))
@@ -157,9 +147,7 @@ class ProcessTable:
         return found, unreadable
 
     def walk(self) -> ProcessWalk:
-        """Every user process (kernel threads skipped). A process gone mid-walk holds nothing
-        any more and is simply left out; one we may not read is counted, and so is one that
-        /proc hides from us (hidepid)."""
+        """Every user process; those we may not read, or /proc hides (hidepid), are counted."""
         try:
             listed = self.pids()
         except OSError:  # no process could be seen: none is proven absent
@@ -180,9 +168,7 @@ class ProcessTable:
         return ProcessWalk(found, unreadable, invisible, visible)
 
     def _in_initial_pid_namespace(self) -> bool:
-        """Is our procfs the machine's own, read from the initial PID namespace? Then it lists
-        every process there is (hidepid aside, counted apart), and a machine whose only
-        processes are shmwatch's parents (a CI runner writing to a file) hides no workload."""
+        """Then /proc lists every process there is (hidepid aside): none is hidden from us."""
         try:
             return (
                 os.readlink(self.paths.proc("self", "ns", "pid"))
@@ -220,10 +206,8 @@ class ProcessTable:
         return "off"
 
     def count_invisible(self, listed: Set[int]) -> Optional[int]:
-        """Processes (thread-group leaders) that exist in our PID namespace but are not listed.
-
-        pidfd_open() needs no permission and refuses a thread that is not a group leader
-        (EINVAL), so it counts processes, not threads, whatever /proc lets us see."""
+        """Processes of our PID namespace that /proc does not list: pidfd_open() needs no
+        permission and refuses threads (EINVAL)."""
         try:
             last, pid_max = self.last_pid_and_max()
         except (OSError, ValueError):
@@ -233,8 +217,7 @@ class ProcessTable:
         if pid_max <= MAX_PROBE_PIDS:
             top = pid_max  # every pid there can be
         elif last <= MAX_PROBE_PIDS and max(listed, default=0) <= last:
-            # Pids are handed out upwards from 1 until they wrap at pid_max; with no listed pid
-            # above the last one handed out, nothing wrapped, and nothing lives above it.
+            # No listed pid above the last one handed out: nothing wrapped, none lives above.
             top = last
         else:
             return None  # wrapped, or too many to probe: hidden processes may exist, uncounted
@@ -309,21 +292,17 @@ class ProcessTable:
         return bool(ident and ident[1])
 
     def smaps_rollup(self, pid: int) -> Dict[str, int]:
-        """What a process has resident, by kind (Pss_Anon, Pss_File, Pss_Shmem...): needs the
-        same access as maps (same UID or CAP_SYS_PTRACE)."""
+        """Resident memory by kind (Pss_Anon, Pss_Shmem...); needs the access maps needs."""
         return parse_smaps_rollup(read_text(self.paths.proc(pid, "smaps_rollup")))
 
-    # --- what a process holds (read on demand by the owner scan) -----------------------------
     def maps(self, pid: int) -> str:
         with open(self.paths.proc(pid, "maps"), "rb") as handle:
             return handle.read().decode("utf-8", "surrogateescape")
 
 
 class PidWrapWatch:
-    """For a cache of what was learnt per pid: the kernel hands pids out in rising order and
-    reuses one only after wrapping at pid_max, so a pid it knows can be another process only
-    once ns_last_pid went down since the last look, or more processes were forked since than
-    there are pids (a wrap that climbed back past the last value)."""
+    """Whether a pid known at the last look may be another process now: pids are handed out
+    rising, so only when ns_last_pid went down or more forks happened than there are pids."""
 
     said_unreadable = False  # logged once per process
 

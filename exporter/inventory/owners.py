@@ -1,11 +1,7 @@
 """Who maps or holds open which inode of the watched mounts: one pass over /proc.
 
-Joined with the directory by (device, inode), never by path text (the same tmpfs is
-/dev/shm in the workload and /host/var/lib/kubelet/... here). What is held but unlinked
-('... (deleted)') is a hidden segment, which `df` counts and `ls` does not (NCCL >= 2.19
-unlinks after attach, UCX with UCX_POSIX_USE_PROC_LINK=y, torch's file_descriptor
-strategy, Ray plasma).
-"""
+Joined with the listing by (device, inode), never by path text. What is held but unlinked
+is a hidden segment, which `df` counts and `ls` does not (NCCL >= 2.19, UCX, torch)."""
 
 from __future__ import annotations
 
@@ -22,8 +18,7 @@ from exporter.inventory.walk import Key
 
 
 class OwnerScan:
-    """Reads the maps and fds of the processes the table lists; comm comes from the table
-    (read afresh each walk: an exec changes comm, the start time does not)."""
+    """Reads the maps and fds of the processes the table lists."""
 
     def __init__(
         self, table: ProcessTable, ignore_unreadable: Optional[Pattern[str]] = None
@@ -36,9 +31,8 @@ class OwnerScan:
         # A refresh trusts what it knows of a pid until pids wrap.
         self._pid_wrap = PidWrapWatch(table)
 
-    # A holder may fork and exit while we read the others: its child, started after /proc was
-    # listed, holds the segment. Processes that appeared during a pass are read in another,
-    # up to this many; still new ones after that leave the scan unproven.
+    # A holder may fork and exit mid-scan: processes new since a pass are read in another, up
+    # to this many; still new ones after that leave the scan unproven.
     MAX_PASSES = 4
 
     def scan(self, devs: Set[int], pods: bool = False) -> Owners:
@@ -85,13 +79,9 @@ class OwnerScan:
     def refresh(
         self, devs: Set[int], previous: Owners, also: Set[str] = frozenset()
     ) -> Optional[Owners]:
-        """Node mode between full scans: read only what may have changed since `previous`.
-        A process started since is read; a holder that exited has its pod read again (a
-        pod-mate may have attached since, or nobody holds the segment now); everyone else's
-        holdings carry over. A process exiting that held nothing changes no holding. The
-        pods in `also` are read again too. None when that cannot be scoped (a holder outside
-        any pod exited, or pids wrapped: a pid we know may be another process now): scan in
-        full."""
+        """Node mode between full scans: read new processes, and the pods of holders that
+        exited and of `also`; the rest carries over. None when that cannot be scoped (a
+        holder outside any pod exited, or pids wrapped): scan in full."""
         if self._pid_wrap.wrapped():
             return None
         try:
@@ -114,12 +104,10 @@ class OwnerScan:
         new_too: bool = False,
         alive: Optional[Set[int]] = None,
     ) -> Owners:
-        """Rescan only the processes of `pods` (node mode: an event in a pod's mount), and
-        with `new_too` every process started since `previous`; every other process's
-        holdings carry over from `previous`, so a segment another pod holds never turns
-        orphan because it was not looked at. New processes are identified (their pod read
-        from their cgroup); processes gone are dropped with their holdings only when in
-        scope: the next full scan settles the rest."""
+        """Rescan the processes of `pods` (and with `new_too` every new process); the others'
+        holdings carry over from `previous`, so a segment never turns orphan because it was
+        not looked at. Gone processes are dropped only in scope: the next full scan settles
+        the rest."""
         alive = set(self.table.pids()) if alive is None else alive
         # Copies made in C, then edited: a quick run does O(pod) work in Python, not O(node).
         processes = dict(previous.processes)
@@ -131,11 +119,8 @@ class OwnerScan:
             alive - processes.keys(), self._kernel_threads
         )
         processes.update({p.pid: p for p in new})
-        # Each process's pod, looked up once per process (holders' at the full scan, the
-        # others' when a pod is first rescanned) and then per new one.
-        # A holder that exited keeps its pod while its holdings carry over: the next scan of
-        # its pod, or the refresh, drops them by it (else they stayed 'linked' to a dead pid
-        # and the refresh, not knowing its pod, became a full scan). A pid handed on is new.
+        # Each process's pod, looked up once. A holder that exited keeps its pod while its
+        # holdings carry over, so the next scan of its pod drops them. A pid handed on is new.
         pod_of = dict(previous.pod_of)
         for pid in pod_of.keys() - processes.keys() - previous.holders.keys():
             del pod_of[pid]
@@ -159,8 +144,6 @@ class OwnerScan:
             scope += [p for p in new if pod_of.get(p.pid) not in pods]
         fresh = Owners()
         if devs == self._mount_ids.learned_devs:
-            # The others' namespaces are known; an exited process's namespace leaves with
-            # the last of its processes.
             self._mount_ids.forget(previous.processes.keys() - alive)
             self._mount_ids.learn(new, devs, again=False)
         else:  # a watched mount came or went
@@ -169,7 +152,6 @@ class OwnerScan:
         self._fill_mapping_sizes(fresh.holdings)
         was_in_scope = {pid for pid, pod in previous.pod_of.items() if pod in pods}
         replaced = was_in_scope | {p.pid for p in scope}
-        # A process of the pod we could not read now leaves the proof to the next full scan.
         proven = not (fresh.unverifiable or unidentified)
         unproven = previous.unproven + fresh.unproven
         if unidentified:
@@ -185,32 +167,26 @@ class OwnerScan:
             processes=processes,
             pod_of=pod_of,
         )
-        # Everyone else's holdings carry over: the lists are shared with `previous`, so those
-        # touched are made anew, never edited.
-        holdings, keys_of = dict(previous.holdings), dict(previous.keys_of)
-        for key in {key for pid in replaced for key in keys_of.get(pid, ())}:
-            kept = [h for h in holdings[key] if h.pid not in replaced]
+        # The lists are shared with `previous`: those touched are made anew, never edited.
+        out.holdings = dict(previous.holdings)
+        for key in {key for pid in replaced for key in previous.keys_of.get(pid, ())}:
+            kept = [h for h in out.holdings[key] if h.pid not in replaced]
             if kept:
-                holdings[key] = kept
+                out.holdings[key] = kept
             else:
-                del holdings[key]
-        for pid in replaced:
-            keys_of.pop(pid, None)
+                del out.holdings[key]
         for key, hs in fresh.holdings.items():
-            holdings[key] = holdings.get(key, []) + hs
-        keys_of.update(fresh.keys_of)
-        out.holdings, out.keys_of = holdings, keys_of
-        out.comms, out.holders = dict(previous.comms), dict(previous.holders)
-        for pid in replaced:
-            out.comms.pop(pid, None)
-            out.holders.pop(pid, None)
-        out.comms.update(fresh.comms)
-        out.holders.update(fresh.holders)
+            out.holdings[key] = out.holdings.get(key, []) + hs
+        for name in ("keys_of", "comms", "holders"):  # by pid
+            merged = dict(getattr(previous, name))
+            for pid in replaced:
+                merged.pop(pid, None)
+            merged.update(getattr(fresh, name))
+            setattr(out, name, merged)
         return out
 
     def _started_since(self, seen: Set[int]) -> List[Process]:
-        """User processes /proc lists now that are not in `seen`; one that cannot be read
-        is counted as unreadable by the next walk (this one is short-lived)."""
+        """User processes /proc lists now that are not in `seen`."""
         try:
             pids = set(self.table.pids()) - seen
             return self.table.identify_all(pids, self._kernel_threads)[0]
@@ -241,8 +217,7 @@ class OwnerScan:
                     out.unverifiable += 1
                 out.unproven_because(f"{proc.comm} (pid {proc.pid}, uid {proc.uid})")
         if held:
-            # comm read after the maps, not from the walk: a holder that exec'ed in
-            # between (sh -> ucx_perftest) is named by what it is now.
+            # comm read after the maps: a holder that exec'ed since is named by what it is now.
             comm = self.table.comm(proc.pid)
             out.comms[proc.pid] = proc.comm if comm == "unknown" else comm
             out.holders[proc.pid] = proc
@@ -315,11 +290,8 @@ class OwnerScan:
         out.keys_of.setdefault(new.pid, []).append(key)
 
     def _fill_mapping_sizes(self, holdings: Dict[Key, List[Holding]]) -> None:
-        """For deleted inodes held only by a mapping, stat it through map_files.
-
-        /proc/<pid>/map_files/<start>-<end> needs CAP_SYS_ADMIN; without it the mapping's
-        extent stands in for the size (an upper bound for a sparse file).
-        """
+        """Deleted inodes held only by a mapping: stat through map_files (CAP_SYS_ADMIN);
+        without it the mapping's extent stands in for the size."""
         for key, hs in holdings.items():
             if any(h.allocated is not None for h in hs) or not any(
                 h.deleted for h in hs
