@@ -1,8 +1,4 @@
-"""/proc/<pid>/mountinfo: parsed once, looked up by mount point.
-
-Shared by the shm_mount collector (type and source of each watched mount) and by
-discovery (node mode: every pod's and container's shm on the host).
-"""
+"""/proc/<pid>/mountinfo: parsed, looked up by mount point, read again when it changed."""
 
 from __future__ import annotations
 
@@ -30,8 +26,7 @@ _OCTAL_ESCAPE = re.compile(r"\\(\d{3})")
 
 
 def _unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as octal (\\040 ...); ValueError
-    on a three-digit escape that is not octal."""
+    """mountinfo escapes space, tab, newline and backslash as octal (\\040 ...)."""
     return _OCTAL_ESCAPE.sub(lambda m: chr(int(m[1], 8)), field)
 
 
@@ -62,8 +57,7 @@ def parse_mountinfo(text: str) -> List[MountEntry]:
 
 
 class MountIndex:
-    """Mount entries by mount point: the mount holding a path in O(path depth), so 200 pod
-    mounts against 2,000 mountinfo lines cost 200 lookups, not 400,000 prefix tests."""
+    """Mount entries by mount point: the mount holding a path in O(path depth)."""
 
     def __init__(self, entries: Sequence[MountEntry]):
         self.entries = entries
@@ -81,14 +75,8 @@ class MountIndex:
 
 
 def strip_rootfs(entries: Sequence[MountEntry], rootfs: str) -> List[MountEntry]:
-    """Mount points as the host names them, whichever mountinfo they came from.
-
-    pid 1's mountinfo (hostPID) already names them so. Our own, the fallback under hidepid
-    or without hostPID, names them under --path.rootfs (/host/var/lib/kubelet/...): like
-    node_exporter, strip the prefix, or they are joined with it a second time. Our own view
-    is told apart by the mount of the rootfs itself; its mounts outside it (the DaemonSet
-    container's own /dev/shm, /proc) are not the host's and are left out.
-    """
+    """Mount points as the host names them: our own mountinfo (told by the mount of the
+    rootfs itself) names them under --path.rootfs; its mounts outside it are not the host's."""
     root = rootfs.rstrip("/")
     if not root:
         return list(entries)
@@ -105,13 +93,9 @@ def strip_rootfs(entries: Sequence[MountEntry], rootfs: str) -> List[MountEntry]
 
 
 class MountTableWatch:
-    """Reads a mountinfo file again only when the mount table changed.
-
-    procfs tells: poll() on an open /proc/<pid>/mountinfo reports POLLPRI once the
-    namespace's mount table changed since it last said so (what libmount's monitor and
-    systemd use). A node with 2,000 mounts costs ~10 ms per read and parse; polled every
-    second for a table that changes when a pod starts or stops. A file that cannot say
-    (a fixture tree, a regular file: poll() reports POLLOUT) is read every time."""
+    """Reads a mountinfo file again only when the mount table changed: poll() on it reports
+    POLLPRI then (as libmount's monitor uses). 2,000 mounts cost ~10 ms a read. A regular
+    file (a fixture: poll() reports POLLOUT) is read every time."""
 
     def __init__(self, path: str):
         self.path = path
@@ -119,8 +103,7 @@ class MountTableWatch:
         self._poller = None
 
     def read_if_changed(self) -> Optional[str]:
-        """The file's text; None when the kernel says it has not changed since the last read.
-        Raises OSError when it cannot be read."""
+        """The file's text; None when unchanged since the last read."""
         import select
 
         if self._file is not None:
@@ -129,8 +112,6 @@ class MountTableWatch:
                 return None
             if events[0][1] & select.POLLNVAL:
                 self.close()  # the fd went bad: open afresh (and fail if it must)
-            # (An open mountinfo keeps its mount namespace alive: pid 1's, or our own, is
-            # all this reads, so the namespace never goes from under it.)
         if self._file is None:
             handle = open(
                 self.path, "r", encoding="utf-8", errors="surrogateescape", newline=""
@@ -165,8 +146,7 @@ class WatchedMountinfo:
         self._read_from: Optional[str] = None  # where the last entries came from
 
     def read(self) -> Optional[List[MountEntry]]:
-        """The entries; None when unchanged since the last read. Raises OSError, naming each
-        file tried, when none can be read."""
+        """The entries; None when unchanged. OSError naming each file when none can be read."""
         errors = []
         for pid in self.order:
             watch = self._watches[pid]

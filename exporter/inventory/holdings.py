@@ -20,10 +20,8 @@ MAX_UNPROVEN = 20  # reasons kept for the log
 
 
 class UnprovenLog:
-    """Logs, when it changes, why segments held by nobody we could read are 'unverified'
-    rather than 'orphan': the first thing an operator asks when no leak is ever reported.
-    Numbers are left out of the comparison (a transient helper gets a new pid every time,
-    a churning node a new count of hidden processes). `log`: the collector's logger."""
+    """Logs, when it changes, why segments held by nobody are 'unverified', not 'orphan'.
+    Numbers are left out of the comparison (pids and counts churn)."""
 
     def __init__(self, log: logging.Logger) -> None:
         self._log = log

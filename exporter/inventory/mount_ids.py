@@ -21,9 +21,8 @@ def denied(err: OSError) -> bool:
 
 
 class WatchedMountIds:
-    """Mount namespace -> mount IDs of watched devices in it, and which namespace each
-    process was learnt in (a process whose namespace we cannot name: "pid:<pid>"), so that a
-    namespace's IDs leave with its last process (forget)."""
+    """Mount namespace -> mount IDs of watched devices in it, and each process's namespace,
+    so that a namespace's IDs leave with its last process."""
 
     def __init__(self, paths: Paths):
         self.paths = paths
@@ -35,12 +34,9 @@ class WatchedMountIds:
     def learn(
         self, processes: Iterable[Process], devs: Set[int], again: bool = True
     ) -> None:
-        """Every namespace's watched mount IDs, before any fd is looked at. An fd passed from
-        another namespace (SCM_RIGHTS between a pod's containers, a file opened through
-        /proc/<pid>/root) is on a mount its holder's own mountinfo does not list; mount IDs are
-        unique across namespaces, so the union of all of them still tells it is ours.
-        `again=False` (a pod-scoped scan, the same watched devices): only `processes` (the new
-        ones) are added to what the last scan learnt; a new tmpfs is a new device."""
+        """Every namespace's watched mount IDs. An fd passed from another namespace is on a
+        mount its holder's mountinfo does not list; IDs are unique across namespaces, so
+        their union still tells. `again=False`: add `processes` to what was learnt."""
         if again:
             self._ns_mounts = {}
             self._ns_of = {}
@@ -50,9 +46,8 @@ class WatchedMountIds:
             self.union |= self.of(proc.pid, devs) or set()
 
     def forget(self, gone: Set[int]) -> None:
-        """Drop the namespaces no process is left in, and their mount IDs from the union: the
-        kernel hands freed namespace inodes and mount IDs out again, and a stale ID could name
-        a FUSE mount whose files must never be stat'ed."""
+        """Drop the namespaces no process is left in: a stale (reused) mount ID could name a
+        FUSE mount whose files must never be stat'ed."""
         left = {self._ns_of.pop(pid) for pid in gone if pid in self._ns_of}
         left -= set(self._ns_of.values())
         if not left:
@@ -62,8 +57,7 @@ class WatchedMountIds:
         self.union = set().union(*(ids for ids in self._ns_mounts.values() if ids))
 
     def of(self, pid: int, devs: Set[int]) -> Optional[Set[int]]:
-        """IDs of the mounts of watched devices in the process's mount namespace (read once
-        per namespace and scan); None when we may not read its mountinfo."""
+        """Watched mount IDs in the process's namespace; None when its mountinfo is denied."""
         try:
             namespace = os.readlink(self.paths.proc(pid, "ns", "mnt"))
         except OSError:
@@ -82,8 +76,7 @@ class WatchedMountIds:
 
     @staticmethod
     def holds_fd(fdinfo: str, mount_ids: Set[int]) -> bool:
-        """Whether an fd is on a watched mount, from fdinfo's mnt_id: never a stat. Kernels
-        before 3.15 have no mnt_id: stat then."""
+        """Whether an fd is on a watched mount, from fdinfo's mnt_id (none before 3.15)."""
         try:
             handle = os.open(fdinfo, os.O_RDONLY)
         except OSError:
