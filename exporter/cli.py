@@ -12,6 +12,8 @@ from typing import List, NoReturn, Optional
 from exporter import __version__
 from exporter.config import parse_args
 
+log = logging.getLogger("shmwatch")
+
 
 def fail(flag: str, message: str) -> NoReturn:
     """End start-up with one line naming the flag (for errors found after parsing)."""
@@ -34,19 +36,18 @@ def _web_config(cfg):
         WebConfigSource,
     )
 
-    if cfg.web_config_file and (
-        cfg.tls_cert_file or cfg.tls_key_file or cfg.tls_client_ca_file
-    ):
+    cert, key, ca = cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file
+    if cfg.web_config_file and (cert or key or ca):
         fail(
             "--web.config.file",
             "give it or the deprecated --web.tls-* flags, not both "
             "(move them to tls_server_config)",
         )
-    if cfg.tls_key_file and not cfg.tls_cert_file:
+    if key and not cert:
         fail("--web.tls-key-file", "needs --web.tls-cert-file too")
-    if cfg.tls_cert_file and not cfg.tls_key_file:
+    if cert and not key:
         fail("--web.tls-cert-file", "needs --web.tls-key-file too")
-    if cfg.tls_client_ca_file and not cfg.tls_cert_file:
+    if ca and not cert:
         fail(
             "--web.tls-client-ca-file",
             "mTLS needs --web.tls-cert-file and --web.tls-key-file",
@@ -57,28 +58,20 @@ def _web_config(cfg):
             return WebConfigSource(path=cfg.web_config_file)
         except WebConfigError as err:
             fail("--web.config.file", f"{cfg.web_config_file}: {err}")
-    if not cfg.tls_cert_file:
+    if not cert:
         return None
     # The old flags are aliases of a web config with only tls_server_config (reloaded too).
-    _check_readable("--web.tls-cert-file", cfg.tls_cert_file)
-    _check_readable("--web.tls-key-file", cfg.tls_key_file)
-    _check_readable("--web.tls-client-ca-file", cfg.tls_client_ca_file)
-    tls = TlsSettings(
-        cfg.tls_cert_file,
-        cfg.tls_key_file,
-        cfg.tls_client_ca_file,
-        "RequireAndVerifyClientCert" if cfg.tls_client_ca_file else "NoClientCert",
-    )
+    for flag, path in (("cert-file", cert), ("key-file", key), ("client-ca-file", ca)):
+        _check_readable(f"--web.tls-{flag}", path)
+    client_auth = "RequireAndVerifyClientCert" if ca else "NoClientCert"
     try:
-        source = WebConfigSource(fixed=WebConfig(tls=tls))
-    except WebConfigError as err:
-        flag = (
-            "--web.tls-client-ca-file"
-            if "client_ca_file" in str(err)
-            else "--web.tls-cert-file"
+        source = WebConfigSource(
+            fixed=WebConfig(tls=TlsSettings(cert, key, ca, client_auth))
         )
-        fail(flag, f"cannot load TLS certificate/key: {err}")
-    logging.getLogger("shmwatch").warning(
+    except WebConfigError as err:
+        flag = "client-ca-file" if "client_ca_file" in str(err) else "cert-file"
+        fail(f"--web.tls-{flag}", f"cannot load TLS certificate/key: {err}")
+    log.warning(
         "--web.tls-* flags are deprecated: use --web.config.file (tls_server_config)"
     )
     return source
@@ -123,9 +116,7 @@ def serve(argv: List[str]) -> int:
     done = threading.Event()
 
     def on_signal(signum, _frame) -> None:
-        logging.getLogger("shmwatch").info(
-            "received %s, shutting down", signal.Signals(signum).name
-        )
+        log.info("received %s, shutting down", signal.Signals(signum).name)
         done.set()
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -133,7 +124,7 @@ def serve(argv: List[str]) -> int:
     app.start()
     http_thread = serve_in_thread(httpd)
     host, port = bound_address(httpd)
-    logging.getLogger("shmwatch").info(
+    log.info(
         "shmwatch %s listening on %s://%s:%d%s, watching %s",
         __version__,
         "https" if web and web.tls else "http",
@@ -146,9 +137,7 @@ def serve(argv: List[str]) -> int:
         if not http_thread.is_alive():
             # A listener that died leaves a process that answers nothing: exit, so the
             # orchestrator restarts it, instead of hanging with the port still bound.
-            logging.getLogger("shmwatch").error(
-                "the HTTP server stopped unexpectedly; exiting"
-            )
+            log.error("the HTTP server stopped unexpectedly; exiting")
             app.stop()
             return 1
     httpd.shutdown()

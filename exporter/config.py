@@ -1,11 +1,6 @@
-"""Command-line flags, node_exporter style, each also read from SHMWATCH_<FLAG>.
-
-`--poll-interval` is read from SHMWATCH_POLL_INTERVAL, `--web.listen-address` from
-SHMWATCH_WEB_LISTEN_ADDRESS: the flag upper-cased with '.' and '-' turned into '_'.
-A flag given on the command line wins over the environment. Repeatable flags take a
-comma-separated list from the environment. Bad values end in one line on stderr that
-names the flag, and exit code 2.
-"""
+"""Command-line flags, node_exporter style, each also read from SHMWATCH_<FLAG> (upper-cased,
+'.' and '-' as '_'; a given flag wins; repeatable flags take a comma-separated list). Bad
+values end in one line on stderr that names the flag, and exit code 2."""
 
 from __future__ import annotations
 
@@ -53,31 +48,24 @@ def parse_duration_or_zero(text: str) -> float:
 
 
 def parse_size(text: str) -> int:
-    """'64Mi', '16Gi', '2g', '512k', '1048576' -> bytes.
-
-    Both binary (Ki, Mi, Gi) and the Kubernetes-style decimal suffixes (k, M, G) are
-    accepted; a bare 'g' means GiB as in `docker run --shm-size 2g`.
-    """
+    """'64Mi', '16Gi', '2g', '512k', '1048576' -> bytes; Kubernetes' K, M, G are decimal,
+    docker's lower-case k, m, g (`--shm-size 2g`) binary."""
     match = _SIZE.match(str(text))
     if not match:
         raise ValueError(f"invalid size {text!r} (use e.g. 64Mi, 16Gi, 2g)")
-    # Exact arithmetic: a float would round 2363E (and any size above 2**53) and make inf
-    # (then OverflowError) of a long digit string.
+    # Exact: a float would round sizes above 2**53 and make inf of a long digit string.
     number, suffix = Fraction(match.group(1)), (match.group(2) or "")
     letters = "kmgtpe"
     if not suffix:
         return int(number)
     power = letters.index(suffix[0].lower()) + 1
     if suffix.lower().endswith("i") or suffix[0].islower():
-        # Ki/Mi/Gi and docker's lower-case k/m/g are powers of 1024.
         return int(number * 1024**power)
-    return int(number * 1000**power)  # Kubernetes' K, M, G are powers of 1000.
+    return int(number * 1000**power)
 
 
 def parse_listen_address(text: str) -> "tuple[str, int]":
-    """':9841', '[::]:9841', '0.0.0.0:9841', '127.0.0.1:0', '[::1]:9841' -> (host, port).
-
-    An empty host (':9841') means every address, IPv6 and IPv4 (server.listen_family)."""
+    """':9841', '[::]:9841', '127.0.0.1:0', '[::1]:9841' -> (host, port); '' is every address."""
     host, sep, port = str(text).rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"invalid address {text!r} (use host:port, e.g. :9841)")
