@@ -84,11 +84,9 @@ class Config(SimpleNamespace):
 
 
 class _Parser(argparse.ArgumentParser):
-    usage_exit_code = 2
-
     def error(self, message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
         # One line, no usage dump: the message already names the flag.
-        self.exit(self.usage_exit_code, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def typed(kind, flag: str):

@@ -153,7 +153,9 @@ class ProcessTable:
         except OSError:  # no process could be seen: none is proven absent
             return ProcessWalk([], 0, None)
         found, unreadable = self.identify_all(listed, set())
-        self._forget_except({(p.pid, p.start_time) for p in found})
+        alive = {(p.pid, p.start_time) for p in found}
+        with self._lock:
+            self._pods = {k: pod for k, pod in self._pods.items() if k in alive}
         invisible = (
             self.count_invisible(set(listed))
             if self.hidepid() in ("invisible", "ptraceable")
@@ -277,11 +279,6 @@ class ProcessTable:
         with self._lock:
             self._pods[key] = pod
         return pod
-
-    def _forget_except(self, alive) -> None:
-        with self._lock:
-            for key in [k for k in self._pods if k not in alive]:
-                del self._pods[key]
 
     def kernel_threads_visible(self) -> bool:
         """True in the host's PID namespace: kthreadd (pid 2) is listed in no other."""

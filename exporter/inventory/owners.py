@@ -61,7 +61,11 @@ class OwnerScan:
         processes = walked.processes
         for _ in range(self.MAX_PASSES):
             self._scan_processes(processes, devs, out)
-            processes = self._started_since(set(out.processes))
+            try:
+                new = set(self.table.pids()) - out.processes.keys()
+            except OSError:
+                new = set()
+            processes = self.table.identify_all(new, self._kernel_threads)[0]
             if not processes:
                 break
             out.processes.update({p.pid: p for p in processes})
@@ -185,14 +189,6 @@ class OwnerScan:
             setattr(out, name, merged)
         return out
 
-    def _started_since(self, seen: Set[int]) -> List[Process]:
-        """User processes /proc lists now that are not in `seen`."""
-        try:
-            pids = set(self.table.pids()) - seen
-            return self.table.identify_all(pids, self._kernel_threads)[0]
-        except OSError:
-            return []
-
     def _scan_processes(
         self, processes: Sequence[Process], devs: Set[int], out: Owners
     ) -> None:
@@ -200,27 +196,22 @@ class OwnerScan:
         for proc in processes:
             out.scanned += 1
             held, denied = self._scan_one(proc, devs, tokens, out)
-            self._account(proc, held, denied, out)
-
-    def _account(self, proc: Process, held: bool, denied: bool, out: Owners) -> None:
-        if denied:
-            if out.unreadable is not None:
+            if denied and out.unreadable is not None:
                 out.unreadable += 1
             # Excused only when root's: any process can name itself anything (PR_SET_NAME).
-            excused = (
+            if denied and not (
                 self.ignore_unreadable is not None
                 and proc.uid == 0
                 and self.ignore_unreadable.search(proc.comm)
-            )
-            if not excused:
+            ):
                 if out.unverifiable is not None:
                     out.unverifiable += 1
                 out.unproven_because(f"{proc.comm} (pid {proc.pid}, uid {proc.uid})")
-        if held:
-            # comm read after the maps: a holder that exec'ed since is named by what it is now.
-            comm = self.table.comm(proc.pid)
-            out.comms[proc.pid] = proc.comm if comm == "unknown" else comm
-            out.holders[proc.pid] = proc
+            if held:
+                # comm read after the maps: a holder that exec'ed since is named anew.
+                comm = self.table.comm(proc.pid)
+                out.comms[proc.pid] = proc.comm if comm == "unknown" else comm
+                out.holders[proc.pid] = proc
 
     def _scan_one(
         self, proc: Process, devs: Set[int], tokens: Dict[str, int], out: Owners
