@@ -276,22 +276,16 @@ def build_parser(prog: str = "shmwatch") -> argparse.ArgumentParser:
         "--version", action="version", version=f"shmwatch {__version__}"
     )
     for flag, dest, kind, default, text, repeatable in FLAGS:
-        env = os.environ.get(env_name(flag))
-        if env is not None:
-            default = env.split(",") if repeatable else env
-        elif repeatable:
-            default = None
-        # A repeatable flag's list from the environment is kept apart: given flags replace it.
+        # A repeatable flag's list from the environment is read by parse_args: given flags
+        # replace it, where argparse would append to a default.
         parser.add_argument(
             flag,
             dest=dest,
             type=typed(kind, flag),
             action="append" if repeatable else "store",
-            default=None if repeatable else default,
+            default=None if repeatable else os.environ.get(env_name(flag), default),
             help=f"{text} [env {env_name(flag)}]",
         )
-        if repeatable:
-            parser.set_defaults(**{dest + "_env": default})
     for name in COLLECTORS:
         flag = f"--collector.{name}"
         on_by_default = None if name in NODE_DEFAULT_COLLECTORS else True
@@ -328,11 +322,10 @@ def parse_args(
     ns = parser.parse_args(argv)
     cfg = Config()
     for flag, dest, kind, _default, _text, repeatable in FLAGS:
-        value = getattr(ns, dest)
-        if repeatable and value is None and getattr(ns, dest + "_env"):
-            # argparse converts given values and string defaults, not a list from the env.
+        value, env = getattr(ns, dest), os.environ.get(env_name(flag))
+        if repeatable and value is None and env is not None:
             try:
-                value = [kind(v) for v in getattr(ns, dest + "_env")]
+                value = [kind(v) for v in env.split(",")]
             except ValueError as err:
                 parser.error(f"argument {flag} (from {env_name(flag)}): {err}")
         if dest == "listen":
