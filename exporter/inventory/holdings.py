@@ -1,9 +1,5 @@
-"""What one owner scan found: which process maps or holds open which inode of the watched
-mounts, whether that is every holder there is, and a log of why not.
-
-A segment held by nobody is 'orphan' only when every process that could hold it was read
-(`Owners.complete`); otherwise 'unverified', and `UnprovenLog` says why.
-"""
+"""What one owner scan found. A segment held by nobody is 'orphan' only when every process
+that could hold it was read (`Owners.complete`); else 'unverified', and `UnprovenLog` says why."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Which mount IDs are the watched mounts, in every mount namespace a process is in.
-
-An fd is ours when fdinfo's mnt_id names a watched mount: this is how the owner scan tells
-which fds to stat without ever stat'ing a file on another filesystem (an fd on a hung FUSE
-or NFS mount blocks a stat for good; model weights on gcsfuse or s3 mounts are common).
-"""
+"""Which mount IDs are the watched mounts, in every mount namespace a process is in: the
+owner scan stats an fd only when fdinfo's mnt_id names one (a stat on a hung FUSE or NFS
+mount blocks for good)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """Listing a shm mount with lstat only, and patching a listing with the names that changed.
-
-Safety: nothing under a mount is opened except directories (for listing); symlinks are
-never followed, FIFOs, sockets and devices are only counted.
-"""
+Only directories are opened, never through a symlink; other entries are only counted."""
 
 from __future__ import annotations
 
