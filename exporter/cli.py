@@ -29,12 +29,7 @@ def _check_readable(flag: str, path: Optional[str]) -> None:
 
 def _web_config(cfg):
     """-> WebConfigSource or None; a bad config ends start-up with one line naming the flag."""
-    from exporter.exposition.webconfig import (
-        TlsSettings,
-        WebConfig,
-        WebConfigError,
-        WebConfigSource,
-    )
+    from exporter.exposition import webconfig as wc
 
     cert, key, ca = cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file
     if cfg.web_config_file and (cert or key or ca):
@@ -55,8 +50,8 @@ def _web_config(cfg):
     if cfg.web_config_file:
         _check_readable("--web.config.file", cfg.web_config_file)
         try:
-            return WebConfigSource(path=cfg.web_config_file)
-        except WebConfigError as err:
+            return wc.WebConfigSource(path=cfg.web_config_file)
+        except wc.WebConfigError as err:
             fail("--web.config.file", f"{cfg.web_config_file}: {err}")
     if not cert:
         return None
@@ -65,10 +60,10 @@ def _web_config(cfg):
         _check_readable(f"--web.tls-{flag}", path)
     client_auth = "RequireAndVerifyClientCert" if ca else "NoClientCert"
     try:
-        source = WebConfigSource(
-            fixed=WebConfig(tls=TlsSettings(cert, key, ca, client_auth))
+        source = wc.WebConfigSource(
+            fixed=wc.WebConfig(tls=wc.TlsSettings(cert, key, ca, client_auth))
         )
-    except WebConfigError as err:
+    except wc.WebConfigError as err:
         flag = "client-ca-file" if "client_ca_file" in str(err) else "cert-file"
         fail(f"--web.tls-{flag}", f"cannot load TLS certificate/key: {err}")
     log.warning(
@@ -84,22 +79,16 @@ def serve(argv: List[str]) -> int:
     logs.setup(cfg.log_level, cfg.log_format)
     from exporter.runtime import gc_tuning
     from exporter.app import App
-    from exporter.exposition.http import (
-        bind,
-        bound_address,
-        make_app,
-        serve_in_thread,
-        url_host,
-    )
+    from exporter.exposition import http
 
     gc_tuning.tune()
     web = _web_config(cfg)
     app = App(cfg)
     try:
-        httpd = bind(
+        httpd = http.bind(
             cfg.listen_host,
             cfg.listen_port,
-            make_app(
+            http.make_app(
                 app.registry,
                 cfg.telemetry_path,
                 web,
@@ -110,7 +99,7 @@ def serve(argv: List[str]) -> int:
     except OSError as err:
         fail(
             "--web.listen-address",
-            f"cannot listen on {url_host(cfg.listen_host)}:{cfg.listen_port}: "
+            f"cannot listen on {http.url_host(cfg.listen_host)}:{cfg.listen_port}: "
             f"{err.strerror or err}",
         )
     done = threading.Event()
@@ -122,13 +111,13 @@ def serve(argv: List[str]) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     app.start()
-    http_thread = serve_in_thread(httpd)
-    host, port = bound_address(httpd)
+    http_thread = http.serve_in_thread(httpd)
+    host, port = http.bound_address(httpd)
     log.info(
         "shmwatch %s listening on %s://%s:%d%s, watching %s",
         __version__,
         "https" if web and web.tls else "http",
-        url_host(host),
+        http.url_host(host),
         port,
         cfg.telemetry_path,
         ", ".join(cfg.shm_mounts),
