@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import select
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -104,8 +105,6 @@ class MountTableWatch:
 
     def read_if_changed(self) -> Optional[str]:
         """The file's text; None when unchanged since the last read."""
-        import select
-
         if self._file is not None:
             events = self._poller.poll(0)
             if not events:

@@ -256,7 +256,7 @@ class ProcessTable:
                 cmdline = self.cmdline(pid)
             except OSError:
                 continue
-            if pattern.search(comm) or (cmdline and pattern.search(cmdline)):
+            if pattern.search(comm) or pattern.search(cmdline):
                 return pid
         return None
 

@@ -75,15 +75,10 @@ class WatchedMountIds:
     def holds_fd(fdinfo: str, mount_ids: Set[int]) -> bool:
         """Whether an fd is on a watched mount, from fdinfo's mnt_id (none before 3.15)."""
         try:
-            handle = os.open(fdinfo, os.O_RDONLY)
+            with open(fdinfo, "rb", buffering=0) as handle:
+                info = handle.read(4096)  # pos, flags, mnt_id and ino come first
         except OSError:
             return False  # closed since listdir
-        try:
-            info = os.read(handle, 4096)  # pos, flags, mnt_id and ino come first
-        except OSError:
-            return False
-        finally:
-            os.close(handle)
         at = info.find(b"mnt_id:")
         if at == -1:
             return True

@@ -21,9 +21,7 @@ _KINDS = {
 }
 
 
-def walk(
-    root: str, dev: int, limit: int = MAX_ENTRIES
-) -> Tuple[Files, Dict[str, int], bool]:
+def walk(root: str, dev: int) -> Tuple[Files, Dict[str, int], bool]:
     """-> (regular files by inode, other entries by type, truncated). A hard-linked inode
     counts once; entries on another device or gone mid-walk are skipped."""
     files: Files = {}
@@ -43,7 +41,7 @@ def walk(
         with entries:
             for entry in entries:
                 seen += 1
-                if seen > limit:
+                if seen > MAX_ENTRIES:
                     os.close(fd)
                     return files, others, True
                 try:
