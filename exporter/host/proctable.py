@@ -161,26 +161,20 @@ class ProcessTable:
             if self.hidepid() in ("invisible", "ptraceable")
             else 0
         )
-        visible = (
-            bool(unreadable)
-            or bool(invisible)
-            or self._in_initial_pid_namespace()
-            or self._others_visible(found)
-        )
+        visible = bool(unreadable or invisible) or self._workload_visible(found)
         return ProcessWalk(found, unreadable, invisible, visible)
 
-    def _in_initial_pid_namespace(self) -> bool:
-        """Then /proc lists every process there is (hidepid aside): none is hidden from us."""
+    def _workload_visible(self, found: List[Process]) -> bool:
+        """Whether /proc is the initial PID namespace's (it lists every process there is), or
+        shows a process besides shmwatch and the processes that started it."""
         try:
-            return (
+            if (
                 os.readlink(self.paths.proc("self", "ns", "pid"))
                 == INITIAL_PID_NAMESPACE
-            )
+            ):
+                return True
         except OSError:
-            return False  # a fixture tree, or a procfs of a namespace we are not in
-
-    def _others_visible(self, found: List[Process]) -> bool:
-        """Does /proc show any process besides shmwatch and the processes that started it?"""
+            pass  # a fixture tree, or a procfs of a namespace we are not in
         try:
             own = int(os.readlink(self.paths.proc("self")))
         except (OSError, ValueError):  # a fixture tree, or another namespace's procfs

@@ -57,13 +57,10 @@ class Holding:
 
 @dataclass
 class Owners:
-    """What one owner scan found."""
-
     holdings: Dict[Key, List[Holding]] = field(default_factory=dict)
     comms: Dict[int, str] = field(default_factory=dict)  # comm of each holder
     holders: Dict[int, Process] = field(default_factory=dict)
-    # Processes we could not inspect: stat, maps or fds denied (another UID without ptrace
-    # access, hidepid=1), or not even listed (hidepid=2). None: some exist, uncounted.
+    # Processes whose stat, maps or fds were denied, or hidden (hidepid). None: uncounted.
     unreadable: Optional[int] = 0
     # Of those, the ones that could hold a segment (not excused by --segments.ignore-unreadable).
     unverifiable: Optional[int] = 0
@@ -72,8 +69,7 @@ class Owners:
     scanned: int = 0
     # Every process walked (scoped scans).
     processes: Dict[int, Process] = field(default_factory=dict)
-    # pid -> the keys it holds (each once): a scoped scan replaces a pod's holdings without
-    # a pass over the node's (4,000 at 200 pods, 10 events a second).
+    # pid -> the keys it holds (each once): a scoped scan replaces a pod's holdings by them.
     keys_of: Dict[int, List[Key]] = field(default_factory=dict)
     # pid -> pod UID of `processes` (once known) and holders.
     pod_of: Dict[int, str] = field(default_factory=dict)
