@@ -84,18 +84,11 @@ def serve(argv: List[str]) -> int:
     gc_tuning.tune()
     web = _web_config(cfg)
     app = App(cfg)
+    wsgi = http.make_app(
+        app.registry, cfg.telemetry_path, web, metrics_app=app.exposition.wsgi_app
+    )
     try:
-        httpd = http.bind(
-            cfg.listen_host,
-            cfg.listen_port,
-            http.make_app(
-                app.registry,
-                cfg.telemetry_path,
-                web,
-                metrics_app=app.exposition.wsgi_app,
-            ),
-            web,
-        )
+        httpd = http.bind(cfg.listen_host, cfg.listen_port, wsgi, web)
     except OSError as err:
         fail(
             "--web.listen-address",
@@ -164,7 +157,3 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         return check_main(argv[1:], collect_once)
     return serve(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
