@@ -119,9 +119,8 @@ class MountTableWatch:
             # POLLOUT asked too: a regular file reports it (and never POLLPRI); mountinfo never does.
             poller.register(handle.fileno(), select.POLLPRI | select.POLLOUT)
             if any(mask & select.POLLOUT for _, mask in poller.poll(0)):
-                text = handle.read()
-                handle.close()  # a regular file: nothing to wait for, read it every time
-                return text
+                with handle:  # a regular file: nothing to wait for, read it every time
+                    return handle.read()
             self._file, self._poller = handle, poller
         self._file.seek(0)
         return self._file.read()

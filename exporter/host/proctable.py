@@ -69,8 +69,7 @@ class ProcessWalk:
     processes: List[Process]
     # Listed, but /proc/<pid>/stat could not be read (permission, hidepid=1).
     unreadable: int
-    # Processes that exist but /proc does not list (hidepid=2/invisible, ptraceable);
-    # None when they exist but could not be counted (too many pids to probe).
+    # Processes that exist but /proc does not list (hidepid); None: too many pids to probe.
     invisible: Optional[int] = 0
     # False when /proc shows only shmwatch and its parents outside the initial PID
     # namespace (a sidecar without shareProcessNamespace): "no holder found" proves nothing.
