@@ -12,6 +12,8 @@ from typing import List, NoReturn, Optional
 from exporter import __version__
 from exporter.config import parse_args
 
+log = logging.getLogger("shmwatch")
+
 
 def fail(flag: str, message: str) -> NoReturn:
     """End start-up with one line naming the flag (for errors found after parsing)."""
@@ -27,26 +29,20 @@ def _check_readable(flag: str, path: Optional[str]) -> None:
 
 def _web_config(cfg):
     """-> WebConfigSource or None; a bad config ends start-up with one line naming the flag."""
-    from exporter.exposition.webconfig import (
-        TlsSettings,
-        WebConfig,
-        WebConfigError,
-        WebConfigSource,
-    )
+    from exporter.exposition import webconfig as wc
 
-    if cfg.web_config_file and (
-        cfg.tls_cert_file or cfg.tls_key_file or cfg.tls_client_ca_file
-    ):
+    cert, key, ca = cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file
+    if cfg.web_config_file and (cert or key or ca):
         fail(
             "--web.config.file",
             "give it or the deprecated --web.tls-* flags, not both "
             "(move them to tls_server_config)",
         )
-    if cfg.tls_key_file and not cfg.tls_cert_file:
+    if key and not cert:
         fail("--web.tls-key-file", "needs --web.tls-cert-file too")
-    if cfg.tls_cert_file and not cfg.tls_key_file:
+    if cert and not key:
         fail("--web.tls-cert-file", "needs --web.tls-key-file too")
-    if cfg.tls_client_ca_file and not cfg.tls_cert_file:
+    if ca and not cert:
         fail(
             "--web.tls-client-ca-file",
             "mTLS needs --web.tls-cert-file and --web.tls-key-file",
@@ -54,31 +50,23 @@ def _web_config(cfg):
     if cfg.web_config_file:
         _check_readable("--web.config.file", cfg.web_config_file)
         try:
-            return WebConfigSource(path=cfg.web_config_file)
-        except WebConfigError as err:
+            return wc.WebConfigSource(path=cfg.web_config_file)
+        except wc.WebConfigError as err:
             fail("--web.config.file", f"{cfg.web_config_file}: {err}")
-    if not cfg.tls_cert_file:
+    if not cert:
         return None
     # The old flags are aliases of a web config with only tls_server_config (reloaded too).
-    _check_readable("--web.tls-cert-file", cfg.tls_cert_file)
-    _check_readable("--web.tls-key-file", cfg.tls_key_file)
-    _check_readable("--web.tls-client-ca-file", cfg.tls_client_ca_file)
-    tls = TlsSettings(
-        cfg.tls_cert_file,
-        cfg.tls_key_file,
-        cfg.tls_client_ca_file,
-        "RequireAndVerifyClientCert" if cfg.tls_client_ca_file else "NoClientCert",
-    )
+    for flag, path in (("cert-file", cert), ("key-file", key), ("client-ca-file", ca)):
+        _check_readable(f"--web.tls-{flag}", path)
+    client_auth = "RequireAndVerifyClientCert" if ca else "NoClientCert"
     try:
-        source = WebConfigSource(fixed=WebConfig(tls=tls))
-    except WebConfigError as err:
-        flag = (
-            "--web.tls-client-ca-file"
-            if "client_ca_file" in str(err)
-            else "--web.tls-cert-file"
+        source = wc.WebConfigSource(
+            fixed=wc.WebConfig(tls=wc.TlsSettings(cert, key, ca, client_auth))
         )
-        fail(flag, f"cannot load TLS certificate/key: {err}")
-    logging.getLogger("shmwatch").warning(
+    except wc.WebConfigError as err:
+        flag = "client-ca-file" if "client_ca_file" in str(err) else "cert-file"
+        fail(f"--web.tls-{flag}", f"cannot load TLS certificate/key: {err}")
+    log.warning(
         "--web.tls-* flags are deprecated: use --web.config.file (tls_server_config)"
     )
     return source
@@ -91,53 +79,38 @@ def serve(argv: List[str]) -> int:
     logs.setup(cfg.log_level, cfg.log_format)
     from exporter.runtime import gc_tuning
     from exporter.app import App
-    from exporter.exposition.http import (
-        bind,
-        bound_address,
-        make_app,
-        serve_in_thread,
-        url_host,
-    )
+    from exporter.exposition import http
 
     gc_tuning.tune()
     web = _web_config(cfg)
     app = App(cfg)
+    wsgi = http.make_app(
+        app.registry, cfg.telemetry_path, web, metrics_app=app.exposition.wsgi_app
+    )
     try:
-        httpd = bind(
-            cfg.listen_host,
-            cfg.listen_port,
-            make_app(
-                app.registry,
-                cfg.telemetry_path,
-                web,
-                metrics_app=app.exposition.wsgi_app,
-            ),
-            web,
-        )
+        httpd = http.bind(cfg.listen_host, cfg.listen_port, wsgi, web)
     except OSError as err:
         fail(
             "--web.listen-address",
-            f"cannot listen on {url_host(cfg.listen_host)}:{cfg.listen_port}: "
+            f"cannot listen on {http.url_host(cfg.listen_host)}:{cfg.listen_port}: "
             f"{err.strerror or err}",
         )
     done = threading.Event()
 
     def on_signal(signum, _frame) -> None:
-        logging.getLogger("shmwatch").info(
-            "received %s, shutting down", signal.Signals(signum).name
-        )
+        log.info("received %s, shutting down", signal.Signals(signum).name)
         done.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     app.start()
-    http_thread = serve_in_thread(httpd)
-    host, port = bound_address(httpd)
-    logging.getLogger("shmwatch").info(
+    http_thread = http.serve_in_thread(httpd)
+    host, port = http.bound_address(httpd)
+    log.info(
         "shmwatch %s listening on %s://%s:%d%s, watching %s",
         __version__,
         "https" if web and web.tls else "http",
-        url_host(host),
+        http.url_host(host),
         port,
         cfg.telemetry_path,
         ", ".join(cfg.shm_mounts),
@@ -146,9 +119,7 @@ def serve(argv: List[str]) -> int:
         if not http_thread.is_alive():
             # A listener that died leaves a process that answers nothing: exit, so the
             # orchestrator restarts it, instead of hanging with the port still bound.
-            logging.getLogger("shmwatch").error(
-                "the HTTP server stopped unexpectedly; exiting"
-            )
+            log.error("the HTTP server stopped unexpectedly; exiting")
             app.stop()
             return 1
     httpd.shutdown()
@@ -186,7 +157,3 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         return check_main(argv[1:], collect_once)
     return serve(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,11 +1,6 @@
-"""Command-line flags, node_exporter style, each also read from SHMWATCH_<FLAG>.
-
-`--poll-interval` is read from SHMWATCH_POLL_INTERVAL, `--web.listen-address` from
-SHMWATCH_WEB_LISTEN_ADDRESS: the flag upper-cased with '.' and '-' turned into '_'.
-A flag given on the command line wins over the environment. Repeatable flags take a
-comma-separated list from the environment. Bad values end in one line on stderr that
-names the flag, and exit code 2.
-"""
+"""Command-line flags, node_exporter style, each also read from SHMWATCH_<FLAG> (upper-cased,
+'.' and '-' as '_'; a given flag wins; repeatable flags take a comma-separated list). Bad
+values end in one line on stderr that names the flag, and exit code 2."""
 
 from __future__ import annotations
 
@@ -13,9 +8,9 @@ import argparse
 import math
 import os
 import re
-from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from types import SimpleNamespace
+from typing import Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 from exporter import __version__
 from exporter.collectors import registered
@@ -53,31 +48,24 @@ def parse_duration_or_zero(text: str) -> float:
 
 
 def parse_size(text: str) -> int:
-    """'64Mi', '16Gi', '2g', '512k', '1048576' -> bytes.
-
-    Both binary (Ki, Mi, Gi) and the Kubernetes-style decimal suffixes (k, M, G) are
-    accepted; a bare 'g' means GiB as in `docker run --shm-size 2g`.
-    """
+    """'64Mi', '16Gi', '2g', '512k', '1048576' -> bytes; Kubernetes' K, M, G are decimal,
+    docker's lower-case k, m, g (`--shm-size 2g`) binary."""
     match = _SIZE.match(str(text))
     if not match:
         raise ValueError(f"invalid size {text!r} (use e.g. 64Mi, 16Gi, 2g)")
-    # Exact arithmetic: a float would round 2363E (and any size above 2**53) and make inf
-    # (then OverflowError) of a long digit string.
+    # Exact: a float would round sizes above 2**53 and make inf of a long digit string.
     number, suffix = Fraction(match.group(1)), (match.group(2) or "")
     letters = "kmgtpe"
     if not suffix:
         return int(number)
     power = letters.index(suffix[0].lower()) + 1
     if suffix.lower().endswith("i") or suffix[0].islower():
-        # Ki/Mi/Gi and docker's lower-case k/m/g are powers of 1024.
         return int(number * 1024**power)
-    return int(number * 1000**power)  # Kubernetes' K, M, G are powers of 1000.
+    return int(number * 1000**power)
 
 
 def parse_listen_address(text: str) -> "tuple[str, int]":
-    """':9841', '[::]:9841', '0.0.0.0:9841', '127.0.0.1:0', '[::1]:9841' -> (host, port).
-
-    An empty host (':9841') means every address, IPv6 and IPv4 (server.listen_family)."""
+    """':9841', '[::]:9841', '127.0.0.1:0', '[::1]:9841' -> (host, port); '' is every address."""
     host, sep, port = str(text).rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"invalid address {text!r} (use host:port, e.g. :9841)")
@@ -90,45 +78,15 @@ def parse_listen_address(text: str) -> "tuple[str, int]":
     return host[1:-1] if host.startswith("[") else host, int(port)
 
 
-@dataclass
-class Config:
-    listen_host: str = ""  # every address, IPv6 and IPv4
-    listen_port: int = 9841
-    telemetry_path: str = "/metrics"
-    procfs: str = "/proc"
-    sysfs: str = "/sys"
-    rootfs: str = "/"
-    kmsg: str = "/dev/kmsg"
-    shm_mounts: List[str] = field(default_factory=lambda: ["/dev/shm"])
-    shm_size_limit: Optional[int] = None
-    poll_interval: float = 1.0
-    inventory_interval: float = 15.0
-    peak_window: float = 60.0
-    top_k: int = 10
-    collectors: Dict[str, bool] = field(default_factory=dict)  # name -> on
-    collector_timeout: float = 10.0
-    gpu_timeout: float = 5.0
-    cgroup_path: Optional[str] = None
-    cgroup_target_process: Optional[str] = None
-    ignore_unreadable: Optional[str] = None
-    full_scan_interval: float = 120.0
-    memory_limit_bytes: Optional[int] = None
-    inotify: bool = True
-    tls_cert_file: Optional[str] = None
-    tls_key_file: Optional[str] = None
-    tls_client_ca_file: Optional[str] = None
-    web_config_file: Optional[str] = None
-    log_level: str = "info"
-    log_format: str = "logfmt"
-    mode: str = "sidecar"
+class Config(SimpleNamespace):
+    """The parsed flags: one attribute per FLAGS dest ("listen" as listen_host and
+    listen_port), plus collectors ({name: on}) and inotify."""
 
 
 class _Parser(argparse.ArgumentParser):
-    usage_exit_code = 2
-
     def error(self, message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
         # One line, no usage dump: the message already names the flag.
-        self.exit(self.usage_exit_code, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def typed(kind, flag: str):
@@ -318,22 +276,16 @@ def build_parser(prog: str = "shmwatch") -> argparse.ArgumentParser:
         "--version", action="version", version=f"shmwatch {__version__}"
     )
     for flag, dest, kind, default, text, repeatable in FLAGS:
-        env = os.environ.get(env_name(flag))
-        if env is not None:
-            default = env.split(",") if repeatable else env
-        elif repeatable:
-            default = None
-        # A repeatable flag's list from the environment is kept apart: given flags replace it.
+        # A repeatable flag's list from the environment is read by parse_args: given flags
+        # replace it, where argparse would append to a default.
         parser.add_argument(
             flag,
             dest=dest,
             type=typed(kind, flag),
             action="append" if repeatable else "store",
-            default=None if repeatable else default,
+            default=None if repeatable else os.environ.get(env_name(flag), default),
             help=f"{text} [env {env_name(flag)}]",
         )
-        if repeatable:
-            parser.set_defaults(**{dest + "_env": default})
     for name in COLLECTORS:
         flag = f"--collector.{name}"
         on_by_default = None if name in NODE_DEFAULT_COLLECTORS else True
@@ -370,20 +322,17 @@ def parse_args(
     ns = parser.parse_args(argv)
     cfg = Config()
     for flag, dest, kind, _default, _text, repeatable in FLAGS:
-        value = getattr(ns, dest)
-        if repeatable and value is None and getattr(ns, dest + "_env"):
-            # argparse converts given values and string defaults, not a list from the env.
+        value, env = getattr(ns, dest), os.environ.get(env_name(flag))
+        if repeatable and value is None and env is not None:
             try:
-                value = [kind(v) for v in getattr(ns, dest + "_env")]
+                value = [kind(v) for v in env.split(",")]
             except ValueError as err:
                 parser.error(f"argument {flag} (from {env_name(flag)}): {err}")
         if dest == "listen":
             cfg.listen_host, cfg.listen_port = value
         elif dest == "shm_mounts":
-            if value:
-                cfg.shm_mounts = list(
-                    dict.fromkeys(m.rstrip("/") or "/" for m in value)
-                )
+            value = value or ["/dev/shm"]
+            cfg.shm_mounts = list(dict.fromkeys(m.rstrip("/") or "/" for m in value))
         else:
             setattr(cfg, dest, value)
     cfg.collectors = {name: getattr(ns, f"collector_{name}") for name in COLLECTORS}

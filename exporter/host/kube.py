@@ -1,10 +1,6 @@
-"""Where Kubernetes and the container runtimes put things: one place for their path patterns.
-
-Pod UIDs appear in cgroup paths (cgroupfs `.../pod<uid>/...`, systemd
-`...-pod<uid_with_underscores>.slice`) and in kubelet emptyDir mount points; container
-IDs in the runtimes' sandbox and container shm mount points. Discovery, the cgroup
-collector, the process table and the model all read them from here.
-"""
+"""Where Kubernetes and the container runtimes put things: pod UIDs in cgroup paths
+(cgroupfs `pod<uid>`, systemd `pod<uid_with_underscores>.slice`) and emptyDir mount points,
+container IDs in the runtimes' shm mount points."""
 
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
-"""/proc/<pid>/mountinfo: parsed once, looked up by mount point.
-
-Shared by the shm_mount collector (type and source of each watched mount) and by
-discovery (node mode: every pod's and container's shm on the host).
-"""
+"""/proc/<pid>/mountinfo: parsed, looked up by mount point, read again when it changed."""
 
 from __future__ import annotations
 
 import posixpath
 import re
-from dataclasses import dataclass, replace
+import select
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence
 
 from exporter.host.paths import Paths
@@ -23,14 +20,14 @@ class MountEntry:
     device: str = ""  # major:minor
     # The directory of the filesystem mounted here (a bind mount's or a cgroup namespace's root).
     root: str = "/"
+    mount_id: int = field(default=0, compare=False)  # IDs are per boot, not the mount
 
 
 _OCTAL_ESCAPE = re.compile(r"\\(\d{3})")
 
 
 def _unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as octal (\\040 ...); ValueError
-    on a three-digit escape that is not octal."""
+    """mountinfo escapes space, tab, newline and backslash as octal (\\040 ...)."""
     return _OCTAL_ESCAPE.sub(lambda m: chr(int(m[1], 8)), field)
 
 
@@ -52,6 +49,7 @@ def parse_mountinfo(text: str) -> List[MountEntry]:
                     options=fields[5] + "," + super_options,
                     device=fields[2],
                     root=_unescape(fields[3]),
+                    mount_id=int(fields[0]),
                 )
             )
         except (ValueError, IndexError):
@@ -60,8 +58,7 @@ def parse_mountinfo(text: str) -> List[MountEntry]:
 
 
 class MountIndex:
-    """Mount entries by mount point: the mount holding a path in O(path depth), so 200 pod
-    mounts against 2,000 mountinfo lines cost 200 lookups, not 400,000 prefix tests."""
+    """Mount entries by mount point: the mount holding a path in O(path depth)."""
 
     def __init__(self, entries: Sequence[MountEntry]):
         self.entries = entries
@@ -79,14 +76,8 @@ class MountIndex:
 
 
 def strip_rootfs(entries: Sequence[MountEntry], rootfs: str) -> List[MountEntry]:
-    """Mount points as the host names them, whichever mountinfo they came from.
-
-    pid 1's mountinfo (hostPID) already names them so. Our own, the fallback under hidepid
-    or without hostPID, names them under --path.rootfs (/host/var/lib/kubelet/...): like
-    node_exporter, strip the prefix, or they are joined with it a second time. Our own view
-    is told apart by the mount of the rootfs itself; its mounts outside it (the DaemonSet
-    container's own /dev/shm, /proc) are not the host's and are left out.
-    """
+    """Mount points as the host names them: our own mountinfo (told by the mount of the
+    rootfs itself) names them under --path.rootfs; its mounts outside it are not the host's."""
     root = rootfs.rstrip("/")
     if not root:
         return list(entries)
@@ -103,13 +94,9 @@ def strip_rootfs(entries: Sequence[MountEntry], rootfs: str) -> List[MountEntry]
 
 
 class MountTableWatch:
-    """Reads a mountinfo file again only when the mount table changed.
-
-    procfs tells: poll() on an open /proc/<pid>/mountinfo reports POLLPRI once the
-    namespace's mount table changed since it last said so (what libmount's monitor and
-    systemd use). A node with 2,000 mounts costs ~10 ms per read and parse; polled every
-    second for a table that changes when a pod starts or stops. A file that cannot say
-    (a fixture tree, a regular file: poll() reports POLLOUT) is read every time."""
+    """Reads a mountinfo file again only when the mount table changed: poll() on it reports
+    POLLPRI then (as libmount's monitor uses). 2,000 mounts cost ~10 ms a read. A regular
+    file (a fixture: poll() reports POLLOUT) is read every time."""
 
     def __init__(self, path: str):
         self.path = path
@@ -117,18 +104,13 @@ class MountTableWatch:
         self._poller = None
 
     def read_if_changed(self) -> Optional[str]:
-        """The file's text; None when the kernel says it has not changed since the last read.
-        Raises OSError when it cannot be read."""
-        import select
-
+        """The file's text; None when unchanged since the last read."""
         if self._file is not None:
             events = self._poller.poll(0)
             if not events:
                 return None
             if events[0][1] & select.POLLNVAL:
                 self.close()  # the fd went bad: open afresh (and fail if it must)
-            # (An open mountinfo keeps its mount namespace alive: pid 1's, or our own, is
-            # all this reads, so the namespace never goes from under it.)
         if self._file is None:
             handle = open(
                 self.path, "r", encoding="utf-8", errors="surrogateescape", newline=""
@@ -137,9 +119,8 @@ class MountTableWatch:
             # POLLOUT asked too: a regular file reports it (and never POLLPRI); mountinfo never does.
             poller.register(handle.fileno(), select.POLLPRI | select.POLLOUT)
             if any(mask & select.POLLOUT for _, mask in poller.poll(0)):
-                text = handle.read()
-                handle.close()  # a regular file: nothing to wait for, read it every time
-                return text
+                with handle:  # a regular file: nothing to wait for, read it every time
+                    return handle.read()
             self._file, self._poller = handle, poller
         self._file.seek(0)
         return self._file.read()
@@ -163,8 +144,7 @@ class WatchedMountinfo:
         self._read_from: Optional[str] = None  # where the last entries came from
 
     def read(self) -> Optional[List[MountEntry]]:
-        """The entries; None when unchanged since the last read. Raises OSError, naming each
-        file tried, when none can be read."""
+        """The entries; None when unchanged. OSError naming each file when none can be read."""
         errors = []
         for pid in self.order:
             watch = self._watches[pid]

@@ -1,8 +1,5 @@
-"""Every file the exporter reads is found through one Paths object.
-
-Like node_exporter's --path.* flags: point procfs/sysfs/rootfs at a fixture tree in
-tests, or at /host/... in a DaemonSet, and every collector follows.
-"""
+"""Every file the exporter reads is found through one Paths object (--path.*: a fixture
+tree in tests, /host/... in a DaemonSet)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""One process table: pid -> comm, uid, start time, cgroup and pod, maps and fds on demand.
-
-Every reader of /proc/<pid> goes through here: the segment owner scan, the cgroup
-collector's target process, GPU process names and node mode's pod of a process. A
-process is known by (pid, start time), so a reused pid is never taken for the old one.
-"""
+"""Every reader of /proc/<pid> goes through here. A process is known by (pid, start time),
+so a reused pid is never taken for the old one."""
 
 from __future__ import annotations
 
@@ -11,7 +7,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Pattern, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Pattern, Set, Tuple
 
 from exporter.host.kube import pod_uid_in_cgroup
 from exporter.host.mountinfo import parse_mountinfo
@@ -70,18 +66,13 @@ class Process:
 
 @dataclass(frozen=True)
 class ProcessWalk:
-    """One pass over /proc: the user processes we could identify, and those we could not."""
-
     processes: List[Process]
     # Listed, but /proc/<pid>/stat could not be read (permission, hidepid=1).
     unreadable: int
-    # Processes that exist but /proc does not list (hidepid=2/invisible, ptraceable);
-    # None when they exist but could not be counted (too many pids to probe).
+    # Processes that exist but /proc does not list (hidepid); None: too many pids to probe.
     invisible: Optional[int] = 0
-    # False when every process /proc shows is shmwatch itself or its parents, outside the
-    # initial PID namespace: a sidecar in a PID namespace of its own (no --pid=container:,
-    # no shareProcessNamespace) sees none of the workload's processes, and "no holder
-    # found" then proves nothing.
+    # False when /proc shows only shmwatch and its parents outside the initial PID
+    # namespace (a sidecar without shareProcessNamespace): "no holder found" proves nothing.
     workload_visible: bool = True
 
 
@@ -89,9 +80,7 @@ class ProcessWalk:
 # include/linux/proc_ns.h); a namespace made later gets another.
 INITIAL_PID_NAMESPACE = f"pid:[{0xEFFFFFFC}]"
 
-# Probing every pid up to ns_last_pid costs one pidfd_open per pid: fine in a pod's PID
-# namespace (hundreds), not in a host's (millions). Past this, invisible processes are
-# known to exist but not counted.
+# Probing costs one pidfd_open per pid: fine in a pod's PID namespace, not a host's.
 MAX_PROBE_PIDS = 1 << 16
 
 
@@ -115,25 +104,9 @@ class ProcessTable:
         # (pid, start time) -> pod UID ('' when none); a process never changes pod.
         self._pods: Dict[Tuple[int, int], str] = {}
 
-    def pid_wrap_watch(self) -> "PidWrapWatch":
-        return PidWrapWatch(self)
-
     # --- identity -------------------------------------------------------------------------
-    def pid_counters(self) -> Optional[Tuple[int, int, int]]:
-        """(ns_last_pid, processes forked since boot, pid_max), for PidWrapWatch; None when
-        any cannot be read (ns_last_pid needs CONFIG_CHECKPOINT_RESTORE)."""
-        try:
-            last, pid_max = self._last_pid_and_max()
-            with open(self.paths.proc("stat"), "rb") as handle:
-                stat = handle.read()
-            at = stat.index(b"\nprocesses ") + len(b"\nprocesses ")
-            forks = int(stat[at : stat.index(b"\n", at)])
-        except (OSError, ValueError):
-            return None
-        return last, forks, pid_max
-
-    def _last_pid_and_max(self) -> Tuple[int, int]:
-        """(ns_last_pid, pid_max); ns_last_pid needs CONFIG_CHECKPOINT_RESTORE."""
+    def last_pid_and_max(self) -> Tuple[int, int]:
+        # ns_last_pid needs CONFIG_CHECKPOINT_RESTORE
         kernel = ("sys", "kernel")
         last = int(read_text(self.paths.proc(*kernel, "ns_last_pid")))
         return last, int(read_text(self.paths.proc(*kernel, "pid_max")))
@@ -154,52 +127,53 @@ class ProcessTable:
         ppid = int(raw[raw.rindex(")") + 2 :].split()[1])
         return Process(pid, comm, start, uid, ppid), bool(flags & PF_KTHREAD)
 
-    def walk(self) -> ProcessWalk:
-        """Every user process (kernel threads skipped). A process gone mid-walk holds nothing
-        any more and is simply left out; one we may not read is counted, and so is one that
-        /proc hides from us (hidepid)."""
-        found: List[Process] = []
-        unreadable = 0
-        try:
-            listed = self.pids()
-        except OSError:  # no process could be seen: none is proven absent
-            return ProcessWalk([], 0, None)
-        for pid in listed:
+    def identify_all(
+        self, pids: Iterable[int], kernel_threads: Set[int]
+    ) -> Tuple[List[Process], int]:
+        """(the user processes among `pids`, how many could not be read). Kernel threads
+        are added to `kernel_threads`, and those in it are not asked again."""
+        found, unreadable = [], 0
+        for pid in sorted(set(pids) - kernel_threads):
             try:
                 ident = self.identify(pid)
             except (OSError, ValueError, IndexError):
                 unreadable += 1
                 continue
-            if ident is not None and not ident[1]:
+            if ident is not None and ident[1]:
+                kernel_threads.add(pid)
+            elif ident is not None:
                 found.append(ident[0])
-        self._forget_except({(p.pid, p.start_time) for p in found})
+        return found, unreadable
+
+    def walk(self) -> ProcessWalk:
+        """Every user process; those we may not read, or /proc hides (hidepid), are counted."""
+        try:
+            listed = self.pids()
+        except OSError:  # no process could be seen: none is proven absent
+            return ProcessWalk([], 0, None)
+        found, unreadable = self.identify_all(listed, set())
+        alive = {(p.pid, p.start_time) for p in found}
+        with self._lock:
+            self._pods = {k: pod for k, pod in self._pods.items() if k in alive}
         invisible = (
             self.count_invisible(set(listed))
             if self.hidepid() in ("invisible", "ptraceable")
             else 0
         )
-        visible = (
-            bool(unreadable)
-            or bool(invisible)
-            or self._in_initial_pid_namespace()
-            or self._others_visible(found)
-        )
+        visible = bool(unreadable or invisible) or self._workload_visible(found)
         return ProcessWalk(found, unreadable, invisible, visible)
 
-    def _in_initial_pid_namespace(self) -> bool:
-        """Is our procfs the machine's own, read from the initial PID namespace? Then it lists
-        every process there is (hidepid aside, counted apart), and a machine whose only
-        processes are shmwatch's parents (a CI runner writing to a file) hides no workload."""
+    def _workload_visible(self, found: List[Process]) -> bool:
+        """Whether /proc is the initial PID namespace's (it lists every process there is), or
+        shows a process besides shmwatch and the processes that started it."""
         try:
-            return (
+            if (
                 os.readlink(self.paths.proc("self", "ns", "pid"))
                 == INITIAL_PID_NAMESPACE
-            )
+            ):
+                return True
         except OSError:
-            return False  # a fixture tree, or a procfs of a namespace we are not in
-
-    def _others_visible(self, found: List[Process]) -> bool:
-        """Does /proc show any process besides shmwatch and the processes that started it?"""
+            pass  # a fixture tree, or a procfs of a namespace we are not in
         try:
             own = int(os.readlink(self.paths.proc("self")))
         except (OSError, ValueError):  # a fixture tree, or another namespace's procfs
@@ -227,12 +201,10 @@ class ProcessTable:
         return "off"
 
     def count_invisible(self, listed: Set[int]) -> Optional[int]:
-        """Processes (thread-group leaders) that exist in our PID namespace but are not listed.
-
-        pidfd_open() needs no permission and refuses a thread that is not a group leader
-        (EINVAL), so it counts processes, not threads, whatever /proc lets us see."""
+        """Processes of our PID namespace that /proc does not list: pidfd_open() needs no
+        permission and refuses threads (EINVAL)."""
         try:
-            last, pid_max = self._last_pid_and_max()
+            last, pid_max = self.last_pid_and_max()
         except (OSError, ValueError):
             return None
         if not hasattr(os, "pidfd_open"):
@@ -240,8 +212,7 @@ class ProcessTable:
         if pid_max <= MAX_PROBE_PIDS:
             top = pid_max  # every pid there can be
         elif last <= MAX_PROBE_PIDS and max(listed, default=0) <= last:
-            # Pids are handed out upwards from 1 until they wrap at pid_max; with no listed pid
-            # above the last one handed out, nothing wrapped, and nothing lives above it.
+            # No listed pid above the last one handed out: nothing wrapped, none lives above.
             top = last
         else:
             return None  # wrapped, or too many to probe: hidden processes may exist, uncounted
@@ -278,7 +249,7 @@ class ProcessTable:
                 cmdline = self.cmdline(pid)
             except OSError:
                 continue
-            if pattern.search(comm) or (cmdline and pattern.search(cmdline)):
+            if pattern.search(comm) or pattern.search(cmdline):
                 return pid
         return None
 
@@ -302,11 +273,6 @@ class ProcessTable:
             self._pods[key] = pod
         return pod
 
-    def _forget_except(self, alive) -> None:
-        with self._lock:
-            for key in [k for k in self._pods if k not in alive]:
-                del self._pods[key]
-
     def kernel_threads_visible(self) -> bool:
         """True in the host's PID namespace: kthreadd (pid 2) is listed in no other."""
         try:
@@ -316,27 +282,17 @@ class ProcessTable:
         return bool(ident and ident[1])
 
     def smaps_rollup(self, pid: int) -> Dict[str, int]:
-        """What a process has resident, by kind (Pss_Anon, Pss_File, Pss_Shmem...): needs the
-        same access as maps (same UID or CAP_SYS_PTRACE)."""
+        """Resident memory by kind (Pss_Anon, Pss_Shmem...); needs the access maps needs."""
         return parse_smaps_rollup(read_text(self.paths.proc(pid, "smaps_rollup")))
 
-    # --- what a process holds (read on demand by the owner scan) -----------------------------
     def maps(self, pid: int) -> str:
         with open(self.paths.proc(pid, "maps"), "rb") as handle:
             return handle.read().decode("utf-8", "surrogateescape")
 
-    def fd_dir(self, pid: int) -> str:
-        return self.paths.proc(pid, "fd")
-
-    def map_file(self, pid: int, map_range: str) -> str:
-        return self.paths.proc(pid, "map_files", map_range)
-
 
 class PidWrapWatch:
-    """For a cache of what was learnt per pid: the kernel hands pids out in rising order and
-    reuses one only after wrapping at pid_max, so a pid it knows can be another process only
-    once ns_last_pid went down since the last look, or more processes were forked since than
-    there are pids (a wrap that climbed back past the last value)."""
+    """Whether a pid known at the last look may be another process now: pids are handed out
+    rising, so only when ns_last_pid went down or more forks happened than there are pids."""
 
     said_unreadable = False  # logged once per process
 
@@ -344,9 +300,21 @@ class PidWrapWatch:
         self.table = table
         self._last: Optional[Tuple[int, int, int]] = None  # ns_last_pid, forks, pid_max
 
+    def _counters(self) -> Optional[Tuple[int, int, int]]:
+        """(ns_last_pid, processes forked since boot, pid_max); None when any cannot be read."""
+        try:
+            last, pid_max = self.table.last_pid_and_max()
+            with open(self.table.paths.proc("stat"), "rb") as handle:
+                stat = handle.read()
+            at = stat.index(b"\nprocesses ") + len(b"\nprocesses ")
+            forks = int(stat[at : stat.index(b"\n", at)])
+        except (OSError, ValueError):
+            return None
+        return last, forks, pid_max
+
     def wrapped(self) -> bool:
         """Whether pids may have been reused since the last call (also when we cannot tell)."""
-        now = self.table.pid_counters()
+        now = self._counters()
         last, self._last = self._last, now
         if now is None:
             if not PidWrapWatch.said_unreadable:

@@ -7,10 +7,8 @@ from typing import Dict, Optional, Set
 
 
 class ChangeLog:
-    """The quick inventory lstat()s only these names and patches the last listing, instead of
-    re-listing 10,000 segments for each create. A mount marked unknown (a change below the
-    top directory, or too many names) is re-listed whole.
-    """
+    """The quick inventory lstat()s only these names and patches the last listing; a mount
+    marked unknown (a change below the top directory, or too many names) is re-listed."""
 
     MAX_NAMES = 5000  # past this, one re-list is cheaper than name-by-name lstat
 

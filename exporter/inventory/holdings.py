@@ -1,9 +1,5 @@
-"""What one owner scan found: which process maps or holds open which inode of the watched
-mounts, whether that is every holder there is, and a log of why not.
-
-A segment held by nobody is 'orphan' only when every process that could hold it was read
-(`Owners.complete`); otherwise 'unverified', and `UnprovenLog` says why.
-"""
+"""What one owner scan found. A segment held by nobody is 'orphan' only when every process
+that could hold it was read (`Owners.complete`); else 'unverified', and `UnprovenLog` says why."""
 
 from __future__ import annotations
 
@@ -20,10 +16,8 @@ MAX_UNPROVEN = 20  # reasons kept for the log
 
 
 class UnprovenLog:
-    """Logs, when it changes, why segments held by nobody we could read are 'unverified'
-    rather than 'orphan': the first thing an operator asks when no leak is ever reported.
-    Numbers are left out of the comparison (a transient helper gets a new pid every time,
-    a churning node a new count of hidden processes). `log`: the collector's logger."""
+    """Logs, when it changes, why segments held by nobody are 'unverified', not 'orphan'.
+    Numbers are left out of the comparison (pids and counts churn)."""
 
     def __init__(self, log: logging.Logger) -> None:
         self._log = log
@@ -63,13 +57,10 @@ class Holding:
 
 @dataclass
 class Owners:
-    """What one owner scan found."""
-
     holdings: Dict[Key, List[Holding]] = field(default_factory=dict)
     comms: Dict[int, str] = field(default_factory=dict)  # comm of each holder
     holders: Dict[int, Process] = field(default_factory=dict)
-    # Processes we could not inspect: stat, maps or fds denied (another UID without ptrace
-    # access, hidepid=1), or not even listed (hidepid=2). None: some exist, uncounted.
+    # Processes whose stat, maps or fds were denied, or hidden (hidepid). None: uncounted.
     unreadable: Optional[int] = 0
     # Of those, the ones that could hold a segment (not excused by --segments.ignore-unreadable).
     unverifiable: Optional[int] = 0
@@ -78,8 +69,7 @@ class Owners:
     scanned: int = 0
     # Every process walked (scoped scans).
     processes: Dict[int, Process] = field(default_factory=dict)
-    # pid -> the keys it holds (each once): a scoped scan replaces a pod's holdings without
-    # a pass over the node's (4,000 at 200 pods, 10 events a second).
+    # pid -> the keys it holds (each once): a scoped scan replaces a pod's holdings by them.
     keys_of: Dict[int, List[Key]] = field(default_factory=dict)
     # pid -> pod UID of `processes` (once known) and holders.
     pod_of: Dict[int, str] = field(default_factory=dict)

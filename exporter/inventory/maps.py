@@ -1,9 +1,4 @@
-"""/proc/<pid>/maps, read for the lines on the watched devices only.
-
-A node has thousands of processes with hundreds of lines each, and most lines are anonymous
-or libraries on a disk: the parser looks for the watched devices' tokens and splits only
-the lines they are on.
-"""
+"""/proc/<pid>/maps, read for the lines on the watched devices only: only those are split."""
 
 from __future__ import annotations
 
@@ -19,8 +14,7 @@ def dev_token(dev: int) -> str:
 
 
 class DeviceTokens(Dict[str, int]):
-    """dev_token(dev) -> dev for the watched devices, split once per scan (not once per
-    process: 2,000 processes x 200 devices) into tmpfs devices (major 0) and the rest."""
+    """dev_token(dev) -> dev, split once per scan into tmpfs devices (major 0) and the rest."""
 
     def __init__(self, tokens: Dict[str, int]):
         super().__init__(tokens)
@@ -34,13 +28,7 @@ class DeviceTokens(Dict[str, int]):
 
 def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
     """Lines of maps on the watched devices -> [(dev, inode, path, extent, address range)].
-
-    `tokens` maps dev_token(dev) to dev. Most lines are anonymous (device 00:00) or
-    libraries on a disk; only lines on a watched device are split. tmpfs devices all
-    have major 0, so one pass finds every " 00:" that is not " 00:00 " and checks the
-    minor against the watched set, however many mounts are watched (200 pods' emptyDirs
-    in node mode): a per-mount substring search would cost a pass per mount.
-    """
+    tmpfs devices all have major 0: one pass over " 00:" finds them however many are watched."""
     found: List[MapsLine] = []
     split = tokens if isinstance(tokens, DeviceTokens) else DeviceTokens(tokens)
     major0, others = split.major0, split.others

@@ -1,9 +1,6 @@
-"""Which mount IDs are the watched mounts, in every mount namespace a process is in.
-
-An fd is ours when fdinfo's mnt_id names a watched mount: this is how the owner scan tells
-which fds to stat without ever stat'ing a file on another filesystem (an fd on a hung FUSE
-or NFS mount blocks a stat for good; model weights on gcsfuse or s3 mounts are common).
-"""
+"""Which mount IDs are the watched mounts, in every mount namespace a process is in: the
+owner scan stats an fd only when fdinfo's mnt_id names one (a stat on a hung FUSE or NFS
+mount blocks for good)."""
 
 from __future__ import annotations
 
@@ -11,6 +8,7 @@ import errno
 import os
 from typing import Dict, Iterable, Optional, Set
 
+from exporter.host.mountinfo import parse_mountinfo
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import Process
 
@@ -20,9 +18,8 @@ def denied(err: OSError) -> bool:
 
 
 class WatchedMountIds:
-    """Mount namespace -> mount IDs of watched devices in it, and which namespace each
-    process was learnt in (a process whose namespace we cannot name: "pid:<pid>"), so that a
-    namespace's IDs leave with its last process (forget)."""
+    """Mount namespace -> mount IDs of watched devices in it, and each process's namespace,
+    so that a namespace's IDs leave with its last process."""
 
     def __init__(self, paths: Paths):
         self.paths = paths
@@ -34,12 +31,9 @@ class WatchedMountIds:
     def learn(
         self, processes: Iterable[Process], devs: Set[int], again: bool = True
     ) -> None:
-        """Every namespace's watched mount IDs, before any fd is looked at. An fd passed from
-        another namespace (SCM_RIGHTS between a pod's containers, a file opened through
-        /proc/<pid>/root) is on a mount its holder's own mountinfo does not list; mount IDs are
-        unique across namespaces, so the union of all of them still tells it is ours.
-        `again=False` (a pod-scoped scan, the same watched devices): only `processes` (the new
-        ones) are added to what the last scan learnt; a new tmpfs is a new device."""
+        """Every namespace's watched mount IDs. An fd passed from another namespace is on a
+        mount its holder's mountinfo does not list; IDs are unique across namespaces, so
+        their union still tells. `again=False`: add `processes` to what was learnt."""
         if again:
             self._ns_mounts = {}
             self._ns_of = {}
@@ -49,9 +43,8 @@ class WatchedMountIds:
             self.union |= self.of(proc.pid, devs) or set()
 
     def forget(self, gone: Set[int]) -> None:
-        """Drop the namespaces no process is left in, and their mount IDs from the union: the
-        kernel hands freed namespace inodes and mount IDs out again, and a stale ID could name
-        a FUSE mount whose files must never be stat'ed."""
+        """Drop the namespaces no process is left in: a stale (reused) mount ID could name a
+        FUSE mount whose files must never be stat'ed."""
         left = {self._ns_of.pop(pid) for pid in gone if pid in self._ns_of}
         left -= set(self._ns_of.values())
         if not left:
@@ -61,8 +54,7 @@ class WatchedMountIds:
         self.union = set().union(*(ids for ids in self._ns_mounts.values() if ids))
 
     def of(self, pid: int, devs: Set[int]) -> Optional[Set[int]]:
-        """IDs of the mounts of watched devices in the process's mount namespace (read once
-        per namespace and scan); None when we may not read its mountinfo."""
+        """Watched mount IDs in the process's namespace; None when its mountinfo is denied."""
         try:
             namespace = os.readlink(self.paths.proc(pid, "ns", "mnt"))
         except OSError:
@@ -74,32 +66,19 @@ class WatchedMountIds:
             text = read_text(self.paths.proc(pid, "mountinfo"))
         except OSError as err:  # gone (or a fixture without one): no fds
             return None if denied(err) else set()
-        ids: Set[int] = set()
-        for line in text.splitlines():
-            fields = line.split(" ", 3)
-            try:
-                major, minor = fields[2].split(":")
-                if os.makedev(int(major), int(minor)) in devs:
-                    ids.add(int(fields[0]))
-            except (IndexError, ValueError):
-                continue
+        wanted = {f"{os.major(dev)}:{os.minor(dev)}" for dev in devs}
+        ids = {e.mount_id for e in parse_mountinfo(text) if e.device in wanted}
         self._ns_mounts[namespace] = ids
         return ids
 
     @staticmethod
     def holds_fd(fdinfo: str, mount_ids: Set[int]) -> bool:
-        """Whether an fd is on a watched mount, from fdinfo's mnt_id: never a stat. Kernels
-        before 3.15 have no mnt_id: stat then."""
+        """Whether an fd is on a watched mount, from fdinfo's mnt_id (none before 3.15)."""
         try:
-            handle = os.open(fdinfo, os.O_RDONLY)
+            with open(fdinfo, "rb", buffering=0) as handle:
+                info = handle.read(4096)  # pos, flags, mnt_id and ino come first
         except OSError:
             return False  # closed since listdir
-        try:
-            info = os.read(handle, 4096)  # pos, flags, mnt_id and ino come first
-        except OSError:
-            return False
-        finally:
-            os.close(handle)
         at = info.find(b"mnt_id:")
         if at == -1:
             return True

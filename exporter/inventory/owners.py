@@ -1,11 +1,7 @@
 """Who maps or holds open which inode of the watched mounts: one pass over /proc.
 
-Joined with the directory by (device, inode), never by path text (the same tmpfs is
-/dev/shm in the workload and /host/var/lib/kubelet/... here). What is held but unlinked
-('... (deleted)') is a hidden segment, which `df` counts and `ls` does not (NCCL >= 2.19
-unlinks after attach, UCX with UCX_POSIX_USE_PROC_LINK=y, torch's file_descriptor
-strategy, Ray plasma).
-"""
+Joined with the listing by (device, inode), never by path text. What is held but unlinked
+is a hidden segment, which `df` counts and `ls` does not (NCCL >= 2.19, UCX, torch)."""
 
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ import os
 import stat as stat_mod
 from typing import Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
-from exporter.host.proctable import Process, ProcessTable
+from exporter.host.proctable import PidWrapWatch, Process, ProcessTable
 from exporter.inventory.holdings import DELETED, MAX_UNPROVEN, Holding, Owners
 from exporter.inventory.maps import DeviceTokens, parse_maps
 from exporter.inventory.mount_ids import WatchedMountIds
@@ -22,8 +18,7 @@ from exporter.inventory.walk import Key
 
 
 class OwnerScan:
-    """Reads the maps and fds of the processes the table lists; comm comes from the table
-    (read afresh each walk: an exec changes comm, the start time does not)."""
+    """Reads the maps and fds of the processes the table lists."""
 
     def __init__(
         self, table: ProcessTable, ignore_unreadable: Optional[Pattern[str]] = None
@@ -34,11 +29,10 @@ class OwnerScan:
         # Pids a scoped scan need not identify again.
         self._kernel_threads: Set[int] = set()
         # A refresh trusts what it knows of a pid until pids wrap.
-        self._pid_wrap = table.pid_wrap_watch()
+        self._pid_wrap = PidWrapWatch(table)
 
-    # A holder may fork and exit while we read the others: its child, started after /proc was
-    # listed, holds the segment. Processes that appeared during a pass are read in another,
-    # up to this many; still new ones after that leave the scan unproven.
+    # A holder may fork and exit mid-scan: processes new since a pass are read in another, up
+    # to this many; still new ones after that leave the scan unproven.
     MAX_PASSES = 4
 
     def scan(self, devs: Set[int], pods: bool = False) -> Owners:
@@ -67,7 +61,11 @@ class OwnerScan:
         processes = walked.processes
         for _ in range(self.MAX_PASSES):
             self._scan_processes(processes, devs, out)
-            processes = self._started_since(set(out.processes))
+            try:
+                new = set(self.table.pids()) - out.processes.keys()
+            except OSError:
+                new = set()
+            processes = self.table.identify_all(new, self._kernel_threads)[0]
             if not processes:
                 break
             out.processes.update({p.pid: p for p in processes})
@@ -85,13 +83,9 @@ class OwnerScan:
     def refresh(
         self, devs: Set[int], previous: Owners, also: Set[str] = frozenset()
     ) -> Optional[Owners]:
-        """Node mode between full scans: read only what may have changed since `previous`.
-        A process started since is read; a holder that exited has its pod read again (a
-        pod-mate may have attached since, or nobody holds the segment now); everyone else's
-        holdings carry over. A process exiting that held nothing changes no holding. The
-        pods in `also` are read again too. None when that cannot be scoped (a holder outside
-        any pod exited, or pids wrapped: a pid we know may be another process now): scan in
-        full."""
+        """Node mode between full scans: read new processes, and the pods of holders that
+        exited and of `also`; the rest carries over. None when that cannot be scoped (a
+        holder outside any pod exited, or pids wrapped): scan in full."""
         if self._pid_wrap.wrapped():
             return None
         try:
@@ -114,12 +108,10 @@ class OwnerScan:
         new_too: bool = False,
         alive: Optional[Set[int]] = None,
     ) -> Owners:
-        """Rescan only the processes of `pods` (node mode: an event in a pod's mount), and
-        with `new_too` every process started since `previous`; every other process's
-        holdings carry over from `previous`, so a segment another pod holds never turns
-        orphan because it was not looked at. New processes are identified (their pod read
-        from their cgroup); processes gone are dropped with their holdings only when in
-        scope: the next full scan settles the rest."""
+        """Rescan the processes of `pods` (and with `new_too` every new process); the others'
+        holdings carry over from `previous`, so a segment never turns orphan because it was
+        not looked at. Gone processes are dropped only in scope: the next full scan settles
+        the rest."""
         alive = set(self.table.pids()) if alive is None else alive
         # Copies made in C, then edited: a quick run does O(pod) work in Python, not O(node).
         processes = dict(previous.processes)
@@ -127,13 +119,12 @@ class OwnerScan:
             del processes[pid]
         self._kernel_threads &= alive
         # A new process we cannot read (unidentified) could hold anything.
-        new, unidentified = self._identify(alive - processes.keys())
+        new, unidentified = self.table.identify_all(
+            alive - processes.keys(), self._kernel_threads
+        )
         processes.update({p.pid: p for p in new})
-        # Each process's pod, looked up once per process (holders' at the full scan, the
-        # others' when a pod is first rescanned) and then per new one.
-        # A holder that exited keeps its pod while its holdings carry over: the next scan of
-        # its pod, or the refresh, drops them by it (else they stayed 'linked' to a dead pid
-        # and the refresh, not knowing its pod, became a full scan). A pid handed on is new.
+        # Each process's pod, looked up once. A holder that exited keeps its pod while its
+        # holdings carry over, so the next scan of its pod drops them. A pid handed on is new.
         pod_of = dict(previous.pod_of)
         for pid in pod_of.keys() - processes.keys() - previous.holders.keys():
             del pod_of[pid]
@@ -157,8 +148,6 @@ class OwnerScan:
             scope += [p for p in new if pod_of.get(p.pid) not in pods]
         fresh = Owners()
         if devs == self._mount_ids.learned_devs:
-            # The others' namespaces are known; an exited process's namespace leaves with
-            # the last of its processes.
             self._mount_ids.forget(previous.processes.keys() - alive)
             self._mount_ids.learn(new, devs, again=False)
         else:  # a watched mount came or went
@@ -167,7 +156,6 @@ class OwnerScan:
         self._fill_mapping_sizes(fresh.holdings)
         was_in_scope = {pid for pid, pod in previous.pod_of.items() if pod in pods}
         replaced = was_in_scope | {p.pid for p in scope}
-        # A process of the pod we could not read now leaves the proof to the next full scan.
         proven = not (fresh.unverifiable or unidentified)
         unproven = previous.unproven + fresh.unproven
         if unidentified:
@@ -183,52 +171,23 @@ class OwnerScan:
             processes=processes,
             pod_of=pod_of,
         )
-        # Everyone else's holdings carry over: the lists are shared with `previous`, so those
-        # touched are made anew, never edited.
-        holdings, keys_of = dict(previous.holdings), dict(previous.keys_of)
-        for key in {key for pid in replaced for key in keys_of.get(pid, ())}:
-            kept = [h for h in holdings[key] if h.pid not in replaced]
+        # The lists are shared with `previous`: those touched are made anew, never edited.
+        out.holdings = dict(previous.holdings)
+        for key in {key for pid in replaced for key in previous.keys_of.get(pid, ())}:
+            kept = [h for h in out.holdings[key] if h.pid not in replaced]
             if kept:
-                holdings[key] = kept
+                out.holdings[key] = kept
             else:
-                del holdings[key]
-        for pid in replaced:
-            keys_of.pop(pid, None)
+                del out.holdings[key]
         for key, hs in fresh.holdings.items():
-            holdings[key] = holdings.get(key, []) + hs
-        keys_of.update(fresh.keys_of)
-        out.holdings, out.keys_of = holdings, keys_of
-        out.comms, out.holders = dict(previous.comms), dict(previous.holders)
-        for pid in replaced:
-            out.comms.pop(pid, None)
-            out.holders.pop(pid, None)
-        out.comms.update(fresh.comms)
-        out.holders.update(fresh.holders)
+            out.holdings[key] = out.holdings.get(key, []) + hs
+        for name in ("keys_of", "comms", "holders"):  # by pid
+            merged = dict(getattr(previous, name))
+            for pid in replaced:
+                merged.pop(pid, None)
+            merged.update(getattr(fresh, name))
+            setattr(out, name, merged)
         return out
-
-    def _started_since(self, seen: Set[int]) -> List[Process]:
-        """User processes /proc lists now that are not in `seen`; one that cannot be read
-        is counted as unreadable by the next walk (this one is short-lived)."""
-        try:
-            return self._identify(set(self.table.pids()) - seen)[0]
-        except OSError:
-            return []
-
-    def _identify(self, pids: Set[int]) -> Tuple[List[Process], int]:
-        """(the user processes among `pids`, how many could not be read). Kernel threads
-        are remembered and not asked again while they live."""
-        found, unreadable = [], 0
-        for pid in sorted(pids - self._kernel_threads):
-            try:
-                ident = self.table.identify(pid)
-            except (OSError, ValueError, IndexError):
-                unreadable += 1
-                continue
-            if ident is not None and ident[1]:
-                self._kernel_threads.add(pid)
-            elif ident is not None:
-                found.append(ident[0])
-        return found, unreadable
 
     def _scan_processes(
         self, processes: Sequence[Process], devs: Set[int], out: Owners
@@ -237,28 +196,22 @@ class OwnerScan:
         for proc in processes:
             out.scanned += 1
             held, denied = self._scan_one(proc, devs, tokens, out)
-            self._account(proc, held, denied, out)
-
-    def _account(self, proc: Process, held: bool, denied: bool, out: Owners) -> None:
-        if denied:
-            if out.unreadable is not None:
+            if denied and out.unreadable is not None:
                 out.unreadable += 1
             # Excused only when root's: any process can name itself anything (PR_SET_NAME).
-            excused = (
+            if denied and not (
                 self.ignore_unreadable is not None
                 and proc.uid == 0
                 and self.ignore_unreadable.search(proc.comm)
-            )
-            if not excused:
+            ):
                 if out.unverifiable is not None:
                     out.unverifiable += 1
                 out.unproven_because(f"{proc.comm} (pid {proc.pid}, uid {proc.uid})")
-        if held:
-            # comm read after the maps, not from the walk: a holder that exec'ed in
-            # between (sh -> ucx_perftest) is named by what it is now.
-            comm = self.table.comm(proc.pid)
-            out.comms[proc.pid] = proc.comm if comm == "unknown" else comm
-            out.holders[proc.pid] = proc
+            if held:
+                # comm read after the maps: a holder that exec'ed since is named anew.
+                comm = self.table.comm(proc.pid)
+                out.comms[proc.pid] = proc.comm if comm == "unknown" else comm
+                out.holders[proc.pid] = proc
 
     def _scan_one(
         self, proc: Process, devs: Set[int], tokens: Dict[str, int], out: Owners
@@ -276,7 +229,7 @@ class OwnerScan:
                 self._add(out, (dev, inode), held)
         except OSError as err:
             denied |= denied_by(err)
-        fd_dir = self.table.fd_dir(pid)
+        fd_dir = self.table.paths.proc(pid, "fd")
         mount_ids = self._mount_ids.of(pid, devs)
         fds: List[str] = []
         if mount_ids is None:
@@ -328,11 +281,8 @@ class OwnerScan:
         out.keys_of.setdefault(new.pid, []).append(key)
 
     def _fill_mapping_sizes(self, holdings: Dict[Key, List[Holding]]) -> None:
-        """For deleted inodes held only by a mapping, stat it through map_files.
-
-        /proc/<pid>/map_files/<start>-<end> needs CAP_SYS_ADMIN; without it the mapping's
-        extent stands in for the size (an upper bound for a sparse file).
-        """
+        """Deleted inodes held only by a mapping: stat through map_files (CAP_SYS_ADMIN);
+        without it the mapping's extent stands in for the size."""
         for key, hs in holdings.items():
             if any(h.allocated is not None for h in hs) or not any(
                 h.deleted for h in hs
@@ -342,7 +292,8 @@ class OwnerScan:
                 if not h.map_range:
                     continue
                 try:
-                    st = os.stat(self.table.map_file(h.pid, h.map_range))
+                    path = self.table.paths.proc(h.pid, "map_files", h.map_range)
+                    st = os.stat(path)
                 except OSError:
                     continue
                 if (st.st_dev, st.st_ino) == key:

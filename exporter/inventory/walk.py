@@ -1,8 +1,5 @@
 """Listing a shm mount with lstat only, and patching a listing with the names that changed.
-
-Safety: nothing under a mount is opened except directories (for listing); symlinks are
-never followed, FIFOs, sockets and devices are only counted.
-"""
+Only directories are opened, never through a symlink; other entries are only counted."""
 
 from __future__ import annotations
 
@@ -24,14 +21,9 @@ _KINDS = {
 }
 
 
-def walk(
-    root: str, dev: int, limit: int = MAX_ENTRIES
-) -> Tuple[Files, Dict[str, int], bool]:
-    """List a mount with lstat only -> (regular files by inode, other entries by type, truncated).
-
-    Hard links to one inode count once (the first name seen). Entries on another
-    device (something mounted inside) are skipped. Files that vanish mid-walk are skipped.
-    """
+def walk(root: str, dev: int) -> Tuple[Files, Dict[str, int], bool]:
+    """-> (regular files by inode, other entries by type, truncated). A hard-linked inode
+    counts once; entries on another device or gone mid-walk are skipped."""
     files: Files = {}
     others: Dict[str, int] = {}
     seen = 0
@@ -49,7 +41,7 @@ def walk(
         with entries:
             for entry in entries:
                 seen += 1
-                if seen > limit:
+                if seen > MAX_ENTRIES:
                     os.close(fd)
                     return files, others, True
                 try:
@@ -73,9 +65,8 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEX
 
 
 def _open_below(root: str, names: Tuple[str, ...], dev: int) -> Optional[int]:
-    """A directory below the root, opened one name at a time without following a symlink:
-    a directory swapped for a symlink between our lstat and our listing fails here (ELOOP,
-    ENOTDIR) instead of taking the walk outside the mount. None when it cannot be opened."""
+    """A directory below the root opened one name at a time, never through a symlink (one
+    swapped in since our lstat fails here); None when it cannot be opened."""
     try:
         fd = os.open(root, _DIR_FLAGS)
     except OSError:
@@ -97,11 +88,8 @@ def _open_below(root: str, names: Tuple[str, ...], dev: int) -> Optional[int]:
 def patch_listing(
     root: str, dev: int, files: Files, index: Dict[str, Key], names: Iterable[str]
 ) -> None:
-    """Bring a listing up to date for the names that changed: lstat each, add, update or drop it.
-
-    All changed names are dropped first, then the ones still there added: a rename is two
-    names for one inode, and must not lose it to the old name's removal.
-    """
+    """Bring a listing up to date for the names that changed. All are dropped first, then
+    those still there added: a rename must not lose the inode to the old name's removal."""
     names = list(names)
     for name in names:
         old = index.pop(name, None)
