@@ -240,14 +240,21 @@ def test_oom_series_never_go_down_while_the_pod_is_there():
     from exporter.host.paths import Paths
     from exporter.model.state import StateStore
 
+    from types import SimpleNamespace
+    from exporter.model.state import MountStates
+
     step = ModelStep([], MountDiscovery(Paths(), [], node_mode=True), StateStore())
-    first = step._never_down({"/kubepods/podp": OomCount("/kubepods/podp", "p", 2)}, {"p"})
-    assert [c.kills for c in first] == [2]
-    lower = step._never_down({"/kubepods/podp": OomCount("/kubepods/podp", "p", 1)}, {"p"})
-    assert [c.kills for c in lower] == [2]
-    unread = step._never_down({}, {"p"})  # the pod's cgroup failed to read, its mount is still there
-    assert [c.kills for c in unread] == [2]
-    assert step._never_down({}, set()) == []  # the pod is gone: so is its series
+    pod = [CgroupMemory("/kubepods/podp", 1, 0, None, 0, None, None, "none", pod_uid="p")]
+    mount = [SimpleNamespace(labels={"pod_uid": "p"})]
+
+    def counts(cgroups, own, mounts):
+        states = MountStates({}, {}, {}, {}, {}, oom_cgroup_max={"/kubepods/podp": own})
+        return [c.kills for c in step._oom_counts(cgroups, states, mounts)]
+
+    assert counts(pod, 2, mount) == [2]
+    assert counts(pod, 1, mount) == [2]
+    assert counts([], 1, mount) == [2]  # the pod's cgroup failed to read, its mount is still there
+    assert counts([], 1, []) == []  # the pod is gone: so is its series
 
 
 def test_oom_counts_made_again_when_a_count_moves_while_the_cgroups_stand():

@@ -42,7 +42,6 @@ class SourceStatus:
     success: bool
     duration: float
     error: Optional[str]
-    ran: bool  # False until the first observation (or timeout) arrived
 
 
 @dataclass(frozen=True)
@@ -77,7 +76,6 @@ class OomCount:
 
 @dataclass(frozen=True)
 class Model:
-    built_at: float  # wall clock
     node_mode: bool
     statuses: List[SourceStatus]  # in source order
     mounts: List[MountView]
@@ -100,6 +98,10 @@ class Model:
 class _Latest:
     obs: Optional[Observation] = None
     summaries: Dict[str, SegmentSummary] = field(default_factory=dict)  # segments only
+
+    @property
+    def ok(self) -> bool:
+        return self.obs is not None and self.obs.success
 
 
 class ModelStep:
@@ -125,10 +127,7 @@ class ModelStep:
         self._latest: Dict[str, _Latest] = {
             name: _Latest() for name in self.source_names
         }
-        # The highest OOM count each cgroup series has shown (a counter never goes down: a
-        # cgroup read that failed once, or a container's count gone with its cgroup, must not
-        # make Prometheus see a reset and PodOomKilled fire on it).
-        self._oom_floor: Dict[str, OomCount] = {}
+        self._oom_shown: Dict[str, OomCount] = {}  # each OOM series as last shown
         self._model: Optional[Model] = None
         self._accepted = 0  # observations accepted
         self._built_for: object = None  # the version() _model was built for
@@ -141,24 +140,16 @@ class ModelStep:
         """Scheduler subscriber: keep the observation, compute what depends on it alone."""
         latest = _Latest(obs)
         if obs.success and obs.source == "segments":
-            # A quick run hands back the same inventory object for a mount it did not touch,
-            # and a full run's inventory often equals the last: the summary already made is
-            # kept, so a render's memo of the mount's series finds it the same at once.
-            before = self._latest.get("segments")
-            made = {}
-            if before is not None and before.obs is not None and before.obs.success:
-                made = {
-                    m.mount: (m, before.summaries.get(m.mount))
-                    for m in before.obs.result.mounts
-                }
+            # A quick run hands back the same inventory object for a mount it did not touch:
+            # its summary is kept rather than made again.
+            before = self._latest.get("segments") or _Latest()
+            old = {m.mount: m for m in before.obs.result.mounts} if before.ok else {}
             for m in obs.result.mounts:
-                if m.error:
-                    continue
-                old, summary = made.get(m.mount, (None, None))
-                if old is not m or summary is None:
-                    made_now = summarise(m, self.top_k)
-                    summary = summary if made_now == summary else made_now
-                latest.summaries[m.mount] = summary
+                if not m.error:
+                    same = old.get(m.mount) is m
+                    latest.summaries[m.mount] = (
+                        before.summaries[m.mount] if same else summarise(m, self.top_k)
+                    )
         if obs.success and obs.source == "shm_mount":
             self.state.record_used_many(
                 [(u.mount, u.used_bytes) for u in obs.result if not u.error]
@@ -219,9 +210,7 @@ class ModelStep:
     # --- the join -----------------------------------------------------------------------
     def _result(self, name: str):
         latest = self._latest.get(name)
-        return (
-            latest.obs.result if latest and latest.obs and latest.obs.success else None
-        )
+        return latest.obs.result if latest and latest.ok else None
 
     def _build(self) -> Model:
         statuses = []
@@ -233,7 +222,6 @@ class ModelStep:
                     bool(obs and obs.success),
                     obs.duration if obs else 0.0,
                     obs.error if obs else None,
-                    obs is not None,
                 )
             )
         states = self.state.snapshot()
@@ -281,7 +269,6 @@ class ModelStep:
                 )
             )
         return Model(
-            time.time(),
             self.node_mode,
             statuses,
             mounts,
@@ -299,60 +286,37 @@ class ModelStep:
     def _oom_counts(
         self, cgroups: List[CgroupMemory], states: MountStates, mounts: List[MountView]
     ) -> List[OomCount]:
-        """Per cgroup: the kills the kernel log showed in its subtree, or its own counter if
-        higher (a kill before we started, or while the log could not be read). In node mode
-        also every pod that had a kill and whose cgroup is gone (or was never seen)."""
-        watching_log = "oom" in self._latest
-        # A pod is there while its cgroup was read or discovery still sees its mounts: one
-        # failed cgroup read does not end its series.
+        """Per cgroup: the kills the kernel log showed in its subtree, or its counters' if
+        higher (a kill before we started, or while the log could not be read). v1 counts a
+        kill in the victim's memcg only: the pod's own counter plus each container's highest
+        (kept after the container's cgroup is gone); v2's pod counter is hierarchical. In
+        node mode also every pod that had a kill and whose cgroup is gone (or never seen)."""
+        logged, own = states.oom_kills, states.oom_cgroup_max
+        counts: Dict[str, OomCount] = {}
+        for c in cgroups:  # (neither source counting kills: no series, not a false 0)
+            if c.cgroup in own or "oom" in self._latest:
+                kills = max(_subtree(logged, c.cgroup), _subtree(own, c.cgroup))
+                counts[c.cgroup] = OomCount(c.cgroup, c.pod_uid, kills)
+        for key, n in sorted(logged.items()) if self.node_mode else ():
+            if key not in counts and pod_uid_in_cgroup(key):
+                counts[key] = OomCount(
+                    key, pod_uid_in_cgroup(key), max(n, own.get(key, 0))
+                )
+        # A counter never goes down, nor disappears while its pod is there (its cgroup read
+        # failed once; discovery still sees the pod's mounts): PodOomKilled would fire on it.
         live = {c.pod_uid for c in cgroups} | {
             v.labels.get("pod_uid", "") for v in mounts
         }
-        counts: Dict[str, OomCount] = {}
-        for c in cgroups:
-            prefix = c.cgroup.rstrip("/") + "/"
-            # (the root cgroup "/" is its own prefix: counted once)
-            logged = _below(states.oom_kills, prefix) + (
-                0 if c.cgroup.startswith(prefix) else states.oom_kills.get(c.cgroup, 0)
-            )
-            own = states.oom_cgroup_max.get(c.cgroup)
-            if own is None and not watching_log:
-                continue  # neither source counts kills here: no series rather than a confident 0
-            # v1 counts a kill in the victim's memcg only: the pod's own plus each container's
-            # highest count ever seen (kept after the container's cgroup is gone). v2 records
-            # no children: its pod counter is hierarchical already.
-            below = _below(states.oom_cgroup_max, prefix)
-            counts[c.cgroup] = OomCount(
-                c.cgroup, c.pod_uid, max(logged, (own or 0) + below)
-            )
-        if self.node_mode:
-            for key, n in sorted(states.oom_kills.items()):
-                pod = pod_uid_in_cgroup(key)
-                if key not in counts and pod:
-                    counts[key] = OomCount(
-                        key, pod, max(n, states.oom_cgroup_max.get(key, 0))
-                    )
-        return self._never_down(counts, live)
-
-    def _never_down(self, counts: Dict[str, OomCount], live_pods) -> List[OomCount]:
-        """Each series at least as high as it ever was; a series whose cgroup was not read this
-        time stays while its pod (or, outside node mode, the workload) is still there."""
-        floor = self._oom_floor
-        for key, count in counts.items():
-            known = floor.get(key)
-            if known is not None and known.kills > count.kills:
-                counts[key] = known
-            floor[key] = counts[key]
-        for key, known in list(floor.items()):
-            if key in counts:
-                continue
-            if known.pod_uid in live_pods or not self.node_mode:
-                counts[key] = known
-            else:
-                del floor[key]  # the pod is gone: its series goes with it
+        for key, shown in self._oom_shown.items():
+            if key in counts and shown.kills > counts[key].kills:
+                counts[key] = shown
+            elif key not in counts and (shown.pod_uid in live or not self.node_mode):
+                counts[key] = shown
+        self._oom_shown = counts
         return list(counts.values())
 
 
-def _below(counts: Dict[str, int], prefix: str) -> int:
-    """The sum of the counts of the cgroups below a path."""
-    return sum(n for cgroup, n in counts.items() if cgroup.startswith(prefix))
+def _subtree(counts: Dict[str, int], cgroup: str) -> int:
+    """The sum of the counts of a cgroup and those below it."""
+    below = cgroup.rstrip("/") + "/"
+    return sum(n for key, n in counts.items() if key == cgroup or key.startswith(below))
