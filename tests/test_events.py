@@ -394,9 +394,9 @@ def test_a_stop_during_a_refresh_leaves_no_new_inotify_behind(tmpfs):
     assert not [t for t in threading.enumerate() if t.name == "shmwatch-inotify" and t.is_alive()]
 
 
-def test_event_rows_per_mount_stay_the_same_object_while_their_counts_stand():
-    """A render replays a mount's counters while its rows are equal: a count in one mount
-    makes that mount's rows anew, sorted, and keeps the other's; a forgotten mount's go."""
+def test_event_rows_per_mount_are_sorted_and_go_with_their_mount():
+    """A count in one mount makes that mount's rows anew, sorted, and leaves the other's;
+    a forgotten mount's go."""
     from exporter.model.state import StateStore
     state = StateStore()
     state.count_event("/a", "nccl", "created")
@@ -407,6 +407,6 @@ def test_event_rows_per_mount_stay_the_same_object_while_their_counts_stand():
     state.count_event("/a", "nccl", "removed", 2)
     again = state.snapshot().event_rows
     assert again["/a"] == (("nccl", "created", 1), ("nccl", "removed", 2), ("psm", "created", 1))
-    assert again["/b"] is rows["/b"]
+    assert again["/b"] == rows["/b"]
     state.forget_mounts_except(["/b"])
     assert state.snapshot().event_rows == {"/b": (("nccl", "created", 1),)}

@@ -151,7 +151,7 @@ class ModelStep:
                         before.summaries[m.mount] if same else summarise(m, self.top_k)
                     )
         if obs.success and obs.source == "shm_mount":
-            self.state.record_used_many(
+            self.state.record_used(
                 [(u.mount, u.used_bytes) for u in obs.result if not u.error]
             )
         if obs.success and obs.source == "cgroup":

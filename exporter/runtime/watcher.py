@@ -56,6 +56,21 @@ def _inotify():
     return reader
 
 
+def _close(reader) -> None:
+    try:
+        reader.stop()
+        reader.join(1.0)
+    except Exception:
+        pass
+
+
+def _dev(path: str) -> Optional[int]:
+    try:
+        return os.stat(path).st_dev
+    except OSError:
+        return None
+
+
 class MountWatcher:
     """Watches the mounts discovery publishes. Talks to the state store (peaks, counters,
     inotify flags), to the change log (names for the next quick inventory) and to
@@ -102,15 +117,7 @@ class MountWatcher:
 
     def start(self) -> None:
         self._started = True
-        for mount in self.mounts:
-            self.state.set_inotify(mount, False)
-        if not self.enabled:
-            for mount in self.mounts:
-                self._say(mount, "inotify disabled (--no-inotify): polling")
-            return
-        if self._start_inotify():
-            for mount in self.mounts:
-                self._watch(mount)
+        self.refresh()
 
     def _start_inotify(self) -> bool:
         try:
@@ -128,8 +135,7 @@ class MountWatcher:
             if not stopped:
                 self.inotify = reader
         if stopped:
-            reader.stop()
-            reader.join(1.0)
+            _close(reader)
         return not stopped
 
     def stop(self) -> None:
@@ -139,11 +145,7 @@ class MountWatcher:
             self._stopped = True
             reader, self.inotify = self.inotify, None
         if reader is not None:
-            try:
-                reader.stop()
-                reader.join(1.0)
-            except Exception:
-                pass
+            _close(reader)
 
     def _say(self, mount: str, message: str) -> None:
         if self._said.get(mount) != message:
@@ -205,24 +207,19 @@ class MountWatcher:
             self._drop_reader(reader)
         if self.inotify is None and not (self.enabled and self._start_inotify()):
             # Polling; inotify is tried again on the next refresh (limits can be raised live).
-            for mount in current - set(self.state.known_inotify()):
+            for mount in current:
                 self.state.set_inotify(mount, False)
+                if not self.enabled:
+                    self._say(mount, "inotify disabled (--no-inotify): polling")
             return
         for mount in sorted(current):
             watched = self.watches.get(mount)
-            if watched is not None and not recheck_watched:
-                continue
-            try:
-                dev = os.stat(self.paths.host(mount)).st_dev
-            except OSError:
-                dev = None
-            if watched is not None and watched[1] == dev:
-                continue
             if watched is not None:
-                self._unwatch(mount)
+                if not recheck_watched or watched[1] == _dev(self.paths.host(mount)):
+                    continue
+                self._unwatch(mount)  # unmounted, or mounted again
                 self.state.set_inotify(mount, False)
-            if dev is not None:
-                self._watch(mount)
+            self._watch(mount)
 
     def _drop_reader(self, reader) -> None:
         with self._lock:
@@ -231,10 +228,7 @@ class MountWatcher:
                 self.state.set_inotify(mount, False)
             self.watches.clear()
             self._mounts_on.clear()
-        try:
-            reader.stop()
-        except Exception:
-            pass
+        _close(reader)
 
     def _unwatch(self, mount: str) -> None:
         with self._lock:
@@ -253,27 +247,25 @@ class MountWatcher:
         """One raw inotify event on a watched mount's top directory."""
         if not event.name:
             return  # the directory itself (its attributes, unmounted)
+        name, mask = os.fsdecode(event.name), event.mask
+        kind = "created" if mask & CREATED else "deleted" if mask & DELETED else None
         for mount in self._mounts_on.get(event.wd, ()):
             try:
-                self._on_event(mount, event.mask, event.name)
+                self._on_change(mount, name, kind, mask & IN_ISDIR)
             except Exception:  # would end the thread that reads every mount's events
                 log.exception("mount %s: handling an inotify event failed", mount)
 
-    def _on_event(self, mount: str, mask: int, name_bytes: bytes) -> None:
-        name = os.fsdecode(name_bytes)
-        kind = (
-            "created" if mask & CREATED else "deleted" if mask & DELETED else "modified"
-        )
-        if mask & IN_ISDIR:
+    def _on_change(self, mount: str, name: str, kind: Optional[str], isdir) -> None:
+        if isdir:
             self.changes.unknown(mount)  # what is below a new directory: re-list
         else:
             self.changes.add(mount, name)
-            if kind != "modified":
+            if kind:
                 self.state.count_event(mount, classify(name), kind)
         self.state.touch(mount)
         try:
             st = self.statvfs(self.paths.host(mount))
-            self.state.record_used(mount, (st.f_blocks - st.f_bfree) * st.f_frsize)
+            self.state.record_used([(mount, (st.f_blocks - st.f_bfree) * st.f_frsize)])
         except OSError:
             pass  # the poll will report the mount's error
         self.wake()
