@@ -355,7 +355,7 @@ def test_a_failing_event_or_a_dead_reader_never_leaves_the_mounts_unread(tmpfs):
         dead = watcher.inotify
         dead.stop()
         dead.join(2)
-        watcher.refresh(recheck_watched=False)
+        watcher.refresh()
         assert watcher.inotify is not dead and watcher.inotify.is_alive()
         assert state.snapshot().inotify == {tmpfs: True}
         fallocate(os.path.join(tmpfs, "nccl-third"), 4096)

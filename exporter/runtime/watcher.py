@@ -83,7 +83,6 @@ class MountWatcher:
         mounts: "Sequence[str] | Callable[[], List[str]]",
         wake: Callable[[], None] = lambda: None,
         enabled: bool = True,
-        statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
         inotify_factory: Callable[[], object] = _inotify,
         changes: Optional[ChangeLog] = None,
         wake_full: Callable[[], None] = lambda: None,
@@ -94,13 +93,11 @@ class MountWatcher:
         self.paths = paths
         self._mounts = live_mounts(mounts)  # discovery's current mounts
         self.enabled = enabled
-        self.statvfs = statvfs
         self.inotify_factory = inotify_factory
         self.changes = changes or ChangeLog()  # names for the next quick inventory
         self.inotify = None  # watchdog's InotifyFD, once started
         self._started = False
         self._stopped = False  # for good: a refresh after stop() must not start inotify
-        self._last_set: Optional[MountSet] = None  # what discovery published last
         self.watches: Dict[str, Tuple[int, int]] = {}  # mount -> (wd, st_dev watched)
         # Watch descriptor -> its mounts, for the reader thread: two paths to one directory (a
         # bind mount) are one watch, as inotify makes them.
@@ -111,10 +108,6 @@ class MountWatcher:
         self._previous: Dict[str, Dict[Tuple[int, int], str]] = {}
 
     # --- set-up -----------------------------------------------------------------------
-    @property
-    def mounts(self):
-        return self._mounts()
-
     def start(self) -> None:
         self._started = True
         self.refresh()
@@ -124,7 +117,7 @@ class MountWatcher:
             reader = self.inotify_factory()
             reader.start()
         except Exception as err:  # ImportError off Linux, OSError from inotify_init (EMFILE: instances)
-            for mount in self.mounts:
+            for mount in self._mounts():
                 self._say(
                     mount,
                     f"inotify unavailable ({err}): polling every inventory interval",
@@ -183,22 +176,20 @@ class MountWatcher:
             self.state.set_inotify(mount, True)
         self._say(mount, "inotify on")
 
-    def refresh(self, recheck_watched: bool = True) -> None:
-        """Re-watch a mount that was missing, or (`recheck_watched`) was unmounted and mounted
-        again; forget gone ones."""
+    def refresh(self) -> None:
+        """Watch a mount that was missing, re-watch one unmounted and mounted again (another
+        device), forget gone ones."""
         if self._stopped:
             return
-        current = set(self.mounts)
+        current = set(self._mounts())
         self.state.forget_mounts_except(current)
         for mount in list(self.watches):
             if mount not in current:
                 self._unwatch(mount)
         with self._lock:
-            for gone in [m for m in self._previous if m not in current]:
-                del self._previous[gone]
-            # Node mode: pods come and go; their log state goes with them.
-            for gone in [m for m in self._said if m not in current]:
-                del self._said[gone]
+            for books in (self._previous, self._said):  # pods come and go: so does this
+                for gone in [m for m in books if m not in current]:
+                    del books[gone]
         reader = self.inotify
         if reader is not None and not reader.is_alive():
             # Its thread ended (reading the instance failed): nobody reads these watches. Every
@@ -215,7 +206,7 @@ class MountWatcher:
         for mount in sorted(current):
             watched = self.watches.get(mount)
             if watched is not None:
-                if not recheck_watched or watched[1] == _dev(self.paths.host(mount)):
+                if watched[1] == _dev(self.paths.host(mount)):
                     continue
                 self._unwatch(mount)  # unmounted, or mounted again
                 self.state.set_inotify(mount, False)
@@ -264,7 +255,7 @@ class MountWatcher:
                 self.state.count_event(mount, classify(name), kind)
         self.state.touch(mount)
         try:
-            st = self.statvfs(self.paths.host(mount))
+            st = os.statvfs(self.paths.host(mount))
             self.state.record_used([(mount, (st.f_blocks - st.f_bfree) * st.f_frsize)])
         except OSError:
             pass  # the poll will report the mount's error
@@ -302,13 +293,9 @@ class MountWatcher:
         self.wake_full()
 
     def on_mounts(self, mount_set: MountSet) -> None:
-        """Discovery subscriber: watch new mounts, re-watch remounted ones, forget gone ones.
-        Node mode publishes every second; while the mount table has not changed, no watched
-        mount can have been mounted again, and 200 stat()s a second are spared."""
+        """Discovery subscriber (node mode: every second)."""
         if self._started:
-            unchanged = mount_set.follows_mount_table and mount_set is self._last_set
-            self._last_set = mount_set
-            self.refresh(recheck_watched=not unchanged)
+            self.refresh()
 
     def on_observation(self, obs: Observation) -> None:
         """Scheduler subscriber: on polled mounts, created/deleted come from inventory diffs."""
