@@ -14,9 +14,8 @@ from exporter.model.classes import counts_as_leak, removable
 
 @dataclass(frozen=True)
 class SegmentSummary:
-    totals: Dict[
-        Tuple[str, str], Tuple[int, int, int]
-    ]  # (class, state) -> count, allocated, apparent
+    # (class, state) -> (count, allocated, apparent)
+    totals: Dict[Tuple[str, str], Tuple[int, int, int]]
     bytes_by_class: Dict[str, int]
     hidden_bytes: int
     hidden_count: int
@@ -37,9 +36,7 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
     leaked: List[Segment] = []
     unverified: List[Segment] = []
     for seg in inv.segments:
-        acc = totals.get((seg.cls, seg.state))
-        if acc is None:
-            acc = totals[(seg.cls, seg.state)] = [0, 0, 0]
+        acc = totals.setdefault((seg.cls, seg.state), [0, 0, 0])
         acc[0] += 1
         acc[1] += seg.allocated_bytes
         acc[2] += seg.apparent_bytes
@@ -52,7 +49,7 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
                 leaked.append(seg)
         elif seg.state == "unverified" and counts_as_leak(seg.cls):
             unverified.append(seg)
-    hidden = totals_for_state(totals, "hidden")
+    hidden = [s.allocated_bytes for s in inv.segments if s.state == "hidden"]
     leaked.sort(key=lambda s: (-s.allocated_bytes, s.name))
     unverified.sort(key=lambda s: (-s.allocated_bytes, s.name))
     top = heapq.nsmallest(
@@ -64,8 +61,8 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
     return SegmentSummary(
         totals={key: (c, a, p) for key, (c, a, p) in totals.items()},
         bytes_by_class=by_class,
-        hidden_bytes=hidden[1],
-        hidden_count=hidden[0],
+        hidden_bytes=sum(hidden),
+        hidden_count=len(hidden),
         top=top,
         top_processes=top_processes,
         oldest_orphan_mtime=oldest,
@@ -76,15 +73,6 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
             + [pid for pid, _ in top_processes]
         ),
     )
-
-
-def totals_for_state(totals, state: str) -> Tuple[int, int]:
-    """(count, allocated bytes) of every class in one state."""
-    count = allocated = 0
-    for (_, st), (c, a, *_rest) in totals.items():
-        if st == state:
-            count, allocated = count + c, allocated + a
-    return count, allocated
 
 
 def owner_label(holders: Iterable[int], comms: Dict[int, str]) -> str:

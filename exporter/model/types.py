@@ -61,9 +61,7 @@ class CgroupMemory:
     limit_bytes: Optional[int]  # None: unlimited
     working_set_bytes: int
     shmem_bytes: Optional[int]
-    oom_kills: Optional[
-        int
-    ]  # None where the kernel does not count them (v1 before 4.13)
+    oom_kills: Optional[int]  # None where not counted (v1 before 4.13)
     limit_source: str  # "cgroup", "flag" or "none"
     pod_uid: str = ""  # node mode: the pod this cgroup belongs to
     estimated: bool = False  # True: no cgroup was read; the workload's processes and shm (workload.py)
@@ -220,12 +218,9 @@ class Inventory:
     # When it was made; not compared: two inventories of the same segments are equal.
     wall_time: float = field(default_factory=time.time, compare=False)
     pods: Dict[int, str] = field(default_factory=dict)  # pid -> pod UID, in node mode
-    owners_complete: bool = (
-        True  # every process that could hold a segment was inspected
-    )
-    unproven: List[str] = field(
-        default_factory=list
-    )  # why not, for the log and `check`
+    # Every process that could hold a segment was inspected; if not, why, for the log and check.
+    owners_complete: bool = True
+    unproven: List[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
