@@ -1,12 +1,8 @@
 """The model step: observations in, one joined picture out.
 
-Each source's latest observation is kept here. When one arrives, what depends only on it
-is computed at once, in the source's own thread (segment summaries: totals by class and
-state, top K, leak candidates). The join — mounts with their usage, inventory, peak,
-inotify flag, pod labels and the cgroup they are charged to, and the shm budget — is
-rebuilt on first use after the version moved (an observation accepted, or the state store
-changed). /metrics renders the Model and `shmwatch check` reports from it; neither
-recomputes what is here.
+What depends on one observation alone (segment summaries) is computed as it arrives, in
+its source's thread; the join (mounts with usage, inventory, peaks, cgroup, budget) is
+rebuilt on first use after the version moved. /metrics and `shmwatch check` read the Model.
 """
 
 from __future__ import annotations
@@ -47,9 +43,7 @@ class SourceStatus:
 @dataclass(frozen=True)
 class MountView:
     mount: str
-    labels: Dict[
-        str, str
-    ]  # node mode: pod_uid, volume, container_id; {} in sidecar mode
+    labels: Dict[str, str]  # node mode: pod_uid, volume, container_id; else {}
     usage: Optional[MountUsage]  # None when shm_mount is off, failed, or has not run
     peak_bytes: Optional[int]
     # The high-water mark since the mount was first seen (None without usage), and the wall
@@ -94,16 +88,6 @@ class Model:
         return any(s.name == source and s.success for s in self.statuses)
 
 
-@dataclass
-class _Latest:
-    obs: Optional[Observation] = None
-    summaries: Dict[str, SegmentSummary] = field(default_factory=dict)  # segments only
-
-    @property
-    def ok(self) -> bool:
-        return self.obs is not None and self.obs.success
-
-
 class ModelStep:
     def __init__(
         self,
@@ -114,8 +98,6 @@ class ModelStep:
         shm_size_limit: Optional[int] = None,
         memory_limit: Optional[int] = None,
     ):
-        # Sources in the order their series are rendered; discovery's status only in node mode.
-        self.source_names = [s.name for s in sources if s.reports_status]
         self.discovery = discovery
         self.state = state
         self.node_mode = discovery.node_mode
@@ -124,9 +106,11 @@ class ModelStep:
         # --memory.limit-bytes is the one workload's limit: it means nothing per pod.
         self.memory_limit = None if self.node_mode else memory_limit
         self._lock = threading.Lock()
-        self._latest: Dict[str, _Latest] = {
-            name: _Latest() for name in self.source_names
+        # By source, in the order their series are rendered; discovery only in node mode.
+        self._latest: Dict[str, Optional[Observation]] = {
+            s.name: None for s in sources if s.reports_status
         }
+        self._summaries: Dict[str, SegmentSummary] = {}  # the latest inventory's
         self._oom_shown: Dict[str, OomCount] = {}  # each OOM series as last shown
         self._model: Optional[Model] = None
         self._accepted = 0  # observations accepted
@@ -138,17 +122,17 @@ class ModelStep:
 
     def accept(self, obs: Observation) -> None:
         """Scheduler subscriber: keep the observation, compute what depends on it alone."""
-        latest = _Latest(obs)
+        summaries = {}
         if obs.success and obs.source == "segments":
             # A quick run hands back the same inventory object for a mount it did not touch:
             # its summary is kept rather than made again.
-            before = self._latest.get("segments") or _Latest()
-            old = {m.mount: m for m in before.obs.result.mounts} if before.ok else {}
+            before = self._result("segments")
+            old = {m.mount: m for m in before.mounts} if before else {}
             for m in obs.result.mounts:
                 if not m.error:
                     same = old.get(m.mount) is m
-                    latest.summaries[m.mount] = (
-                        before.summaries[m.mount] if same else summarise(m, self.top_k)
+                    summaries[m.mount] = (
+                        self._summaries[m.mount] if same else summarise(m, self.top_k)
                     )
         if obs.success and obs.source == "shm_mount":
             self.state.record_used(
@@ -165,7 +149,9 @@ class ModelStep:
                 self._count_kill(kill)
         with self._lock:
             if obs.source in self._latest:
-                self._latest[obs.source] = latest
+                self._latest[obs.source] = obs
+            if obs.source == "segments":
+                self._summaries = summaries
             self._accepted += 1
 
     def _count_kill(self, kill: OomKill) -> None:
@@ -209,28 +195,20 @@ class ModelStep:
 
     # --- the join -----------------------------------------------------------------------
     def _result(self, name: str):
-        latest = self._latest.get(name)
-        return latest.obs.result if latest and latest.ok else None
+        obs = self._latest.get(name)
+        return obs.result if obs and obs.success else None
 
     def _build(self) -> Model:
-        statuses = []
-        for name in self.source_names:
-            obs = self._latest[name].obs
-            statuses.append(
-                SourceStatus(
-                    name,
-                    bool(obs and obs.success),
-                    obs.duration if obs else 0.0,
-                    obs.error if obs else None,
-                )
-            )
+        statuses = [
+            SourceStatus(name, obs.success, obs.duration, obs.error)
+            if obs
+            else SourceStatus(name, False, 0.0, None)
+            for name, obs in self._latest.items()
+        ]
         states = self.state.snapshot()
         usages = {u.mount: u for u in self._result("shm_mount") or []}
         inventory: Optional[Inventory] = self._result("segments")
         inv_mounts = {m.mount: m for m in inventory.mounts} if inventory else {}
-        summaries = (
-            self._latest["segments"].summaries if "segments" in self._latest else {}
-        )
         cgroups: List[CgroupMemory] = self._result("cgroup") or []
         limit_unknown = (
             "cgroup" in self._latest
@@ -262,7 +240,7 @@ class ModelStep:
                     max_used,
                     max_used_at,
                     inv_mounts.get(target.mount),
-                    summaries.get(target.mount),
+                    self._summaries.get(target.mount),
                     cgroup,
                     budget,
                     not limit_unknown,
