@@ -26,10 +26,9 @@ class MountSet:
     """What discovery published: the mounts, in order, with their node labels."""
 
     targets: List[Target]
-    # Node mode: the set follows a mount table watched for changes (mountinfo's POLLPRI), and
-    # is a new object whenever it changed; while the same object is published, no mount was
-    # unmounted or mounted again.
-    follows_mount_table: bool = False
+    follows_mount_table: bool = (
+        False  # node mode (unread: the watcher stats every mount)
+    )
 
     def mounts(self) -> List[str]:
         return [t.mount for t in self.targets]

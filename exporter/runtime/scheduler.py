@@ -1,19 +1,10 @@
-"""The scheduler: runs each source on its own thread and publishes what each run observed.
+"""The scheduler: each source on its own thread, each run's Observation to the subscribers.
 
-One thread per source, so a slow or hung source (a GPU fallen off the bus, a stuck
-mount) never delays the others. A run that overruns its timeout is published as failed
-the moment it overruns (the watchdog), and its thread is not replaced while it is still
-stuck. Sources scheduled "poll" run every --poll-interval, "inventory" every
---inventory-interval. An event-driven source also runs `collect_quick()` when the watcher
-says a mount changed, once the burst of events has settled, and a full run follows it.
-
-A heavy source (`stretches`: node mode's every-pod cgroups and owner scan) doubles its
-interval after each full run whose result equals the last one, up to STRETCH_MAX times
-the base, and is back at the base interval when the result changes or an event arrives,
-as cAdvisor's housekeeping does.
-
-The scheduler keeps no results: subscribers (the model step, the watcher) get each
-Observation as it is made.
+A thread per source, so a hung one (a GPU fallen off the bus, a stuck mount) delays no
+other; the watchdog publishes a run over its timeout as failed and never starts its thread
+twice. An event-driven source also runs `collect_quick()` once a burst of events settles,
+and a full run follows. A heavy source (`stretches`) doubles its interval while its result
+stays the same, up to STRETCH_MAX times, as cAdvisor's housekeeping does.
 """
 
 from __future__ import annotations
@@ -158,11 +149,11 @@ class Sampler:
             runner.start()
         self._watchdog.start()
 
-    def stop(self, timeout: float = 1.0) -> None:
+    def stop(self) -> None:
         self.stopping.set()
         for runner in self.runners.values():
             runner.wake.set()
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + 1.0
         for runner in self.runners.values():
             if runner.is_alive():
                 runner.join(max(0.0, deadline - time.monotonic()))

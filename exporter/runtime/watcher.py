@@ -1,16 +1,10 @@
-"""React within a second: inotify on every monitored mount, one instance for them all.
+"""React within a second: one inotify instance watches every monitored mount.
 
-Prometheus scrapes every 15-60 s; NCCL allocates its segments and crashes in less.
-On each create/grow/delete we take a statvfs at once (it feeds the peak window, so a
-2 s spike stays on the graph) and wake the segment inventory, which debounces bursts.
-
-The inotify instance is watchdog's InotifyFD: one thread reads it and calls us with each
-raw event. Not watchdog's Observer, which adds a thread per watch and a dispatch thread,
-for move pairing and recursion we do not use.
-
-Where inotify cannot be had (no support, fs.inotify.max_user_instances or
-max_user_watches exhausted) the mount is polled instead, said once in the log, and
-shmwatch_inotify_active{mount} is 0; created/deleted then come from inventory diffs.
+NCCL allocates and crashes between two scrapes: each create/grow/delete takes a statvfs at
+once (the peak window keeps a 2 s spike) and wakes the inventory, which debounces bursts.
+watchdog's InotifyFD, not its Observer (a thread per watch, move pairing we do not use).
+Where inotify cannot be had (no support, max_user_instances or max_user_watches exhausted)
+the mount is polled, said once in the log, and created/deleted come from inventory diffs.
 """
 
 from __future__ import annotations
@@ -72,9 +66,8 @@ def _dev(path: str) -> Optional[int]:
 
 
 class MountWatcher:
-    """Watches the mounts discovery publishes. Talks to the state store (peaks, counters,
-    inotify flags), to the change log (names for the next quick inventory) and to
-    `wake` (the scheduler's request for an event-driven run)."""
+    """Feeds the state store, the change log (names for the next quick inventory) and
+    `wake` (the scheduler's event-driven run)."""
 
     def __init__(
         self,
