@@ -116,17 +116,17 @@ class MountWatcher:
                     f"inotify unavailable ({err}): polling every inventory interval",
                 )
             return False
-        with self._lock:  # with stop(): a stop() landing during a refresh gets this one, or none starts
-            stopped = self._stopped
-            if not stopped:
+        with (
+            self._lock
+        ):  # a stop() landing during a refresh closes this one, or none starts
+            if not self._stopped:
                 self.inotify = reader
-        if stopped:
-            _close(reader)
-        return not stopped
+                return True
+        _close(reader)
+        return False
 
     def stop(self) -> None:
-        # App.stop() stops us before the scheduler, whose discovery may still publish a
-        # mount set. The watches the reader drops on closing are not lost ones.
+        """For good: discovery, stopped after us, may still publish a mount set."""
         with self._lock:
             self._stopped = True
             reader, self.inotify = self.inotify, None
@@ -292,11 +292,7 @@ class MountWatcher:
 
     def on_observation(self, obs: Observation) -> None:
         """Scheduler subscriber: on polled mounts, created/deleted come from inventory diffs."""
-        if obs.source == "segments" and obs.success:
-            self._diff(obs.result)
-
-    def _diff(self, inv) -> None:
-        for m in inv.mounts:
+        for m in obs.result.mounts if obs.source == "segments" and obs.success else ():
             if m.error:
                 continue
             keys = {s.key: s.cls for s in m.segments if s.state != "hidden"}
