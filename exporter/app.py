@@ -5,8 +5,8 @@
                                                     ▲
     watcher (inotify) ─▶ state store (peaks, counters, inotify flags)
 
-serve and check build the same thing; check runs every source once instead of starting
-the threads. /metrics renders on demand, when the model's version moved.
+serve and check build the same thing; check waits for every source's first run and does not
+watch. /metrics renders on demand, when the model's version moved.
 """
 
 from __future__ import annotations
@@ -94,10 +94,6 @@ class App:
             pass  # the scheduler runs it again, and reports it failed
         self.watcher.start()
         self.sampler.start()
-
-    def run_once(self) -> None:
-        """Every source once, in this thread (`shmwatch check`, tests)."""
-        self.sampler.run_once()
 
     def stop(self) -> None:
         self.watcher.stop()

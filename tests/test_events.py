@@ -5,6 +5,7 @@ import time
 
 
 from exporter.runtime.watcher import MountWatcher
+from tests.helpers import run_every_source_once
 from exporter.collectors.segments import SegmentsCollector
 from exporter.host.paths import Paths
 from exporter.runtime.scheduler import Sampler
@@ -86,12 +87,12 @@ def test_polling_fallback_when_inotify_cannot_start(tmp_path):
     sampler.subscribe(watcher.on_observation)
     watcher.start()
     assert state.snapshot().inotify == {mount: False}
-    sampler.run_once()
+    run_every_source_once(sampler)
     fallocate(os.path.join(mount, "nccl-polled"), 4096)
     fallocate(os.path.join(mount, "psm_polled"), 4096)
-    sampler.run_once()
+    run_every_source_once(sampler)
     os.unlink(os.path.join(mount, "psm_polled"))
-    sampler.run_once()
+    run_every_source_once(sampler)
     assert events(state) == {(mount, "nccl", "created"): 1, (mount, "python_shm", "created"): 1,
                                        (mount, "python_shm", "deleted"): 1}
 

@@ -17,7 +17,7 @@ from exporter.collectors.cgroup import CgroupCollector
 from exporter.collectors.oom import parse_kmsg_record, parse_oom_kills
 from exporter.host.paths import Paths
 from tests.conftest import REPO, Exporter, needs_root, remove_cgroup, select, value
-from tests.helpers import registry_for
+from tests.helpers import registry_for, run_every_source_once
 
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "kmsg", "oom.txt")
 POD = "3c1f5a2e-8b7d-4e6f-9a01-23456789abcd"
@@ -109,7 +109,7 @@ def test_pod_count_is_the_kernel_log_or_its_own_counter_and_never_goes_down(tmp_
     replay.batches = [[k for k in fixture_kills() if k.pod_uid == POD]]
 
     def count():
-        h.sampler.run_once()
+        run_every_source_once(h.sampler)
         return registry.get_sample_value("shmwatch_cgroup_oom_kills_total",
                                          {"cgroup": f"/kubepods/burstable/pod{POD}", "pod_uid": POD})
     assert count() == 1

@@ -158,11 +158,6 @@ class Sampler:
             if runner.is_alive():
                 runner.join(max(0.0, deadline - time.monotonic()))
 
-    def run_once(self) -> None:
-        """Run every source once, in this thread (`shmwatch check`, tests)."""
-        for runner in self.runners.values():
-            runner.run_once(full=True)
-
     def wait_for_first_run(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
