@@ -236,7 +236,7 @@ def test_oom_series_never_go_down_while_the_pod_is_there():
     """A container's count gone with its cgroup, or one failed read of the pod's cgroup, must
     not lower the series: Prometheus would take 2 -> 1 for a reset and PodOomKilled would fire."""
     from exporter.collectors.discovery import MountDiscovery
-    from exporter.model.step import ModelStep, OomCount
+    from exporter.model.step import ModelStep
     from exporter.host.paths import Paths
     from exporter.model.state import StateStore
 

@@ -1,9 +1,6 @@
 """What outlives one observation: per-mount peaks, high-water marks, event counters and
-inotify flags, and the OOM kills counted since start.
-
-Fed by the model step (polls, the kernel log) and by the inotify watcher, read by the
-model step. One lock, a small API; nobody reaches into its dictionaries. `version` moves
-with every change; nobody is called back.
+inotify flags, and the OOM kills counted since start. Fed by the model step and the
+watcher, read by the model step; `version` moves with every change, nobody is called back.
 """
 
 from __future__ import annotations
@@ -12,7 +9,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Callable, Deque, Dict, Iterable, Optional, Set, Tuple
 
 # How many OOM kills `shmwatch check` and the model remember (the newest).
 RECENT_OOM_KILLS = 50
@@ -36,13 +33,9 @@ class PeakWindow:
             self._samples.popleft()
 
     def peak(self, now: float) -> Optional[int]:
+        """The window's highest value; the latest one, however old, if none is newer."""
         self._expire(now)
-        if not self._samples:
-            return None
-        if self._samples[0][0] < now - self.window:
-            # Only an old sample is left: it is still the latest value we know.
-            return self._samples[-1][1]
-        return self._samples[0][1]
+        return self._samples[0][1] if self._samples else None
 
 
 @dataclass(frozen=True)
