@@ -1,7 +1,5 @@
-"""The observations: what each source returns, typed, owned by the model.
-
-Sources make these; the scheduler carries them in an Observation; the model step joins
-them; exposition and `shmwatch check` read them. Nothing here imports a collector.
+"""The observations: what each source returns, typed, owned by the model. Sources make
+them, the scheduler carries them, the model step joins them, exposition and check read them.
 """
 
 from __future__ import annotations

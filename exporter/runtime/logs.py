@@ -1,10 +1,8 @@
 """Log lines as the Prometheus ecosystem writes them (`--log.format=logfmt|json`).
 
-logfmt as go-kit/log and Go's slog write it: `ts=2026-12-02T14:20:25.612Z level=info
-logger=shmwatch msg="mount /dev/shm: inotify on"`; a value is quoted when it is empty or
-holds a space, `=`, `"` or a control character, with `\\`, `"` and control characters
-escaped, so every line parses. json: one object a line with the same keys. Uncaught
-exceptions (also in threads) go through the same formatter instead of a bare traceback.
+logfmt as go-kit/log and Go's slog write it (`ts=2026-12-02T14:20:25.612Z level=info
+logger=shmwatch msg="mount /dev/shm: inotify on"`), quoted and escaped so every line
+parses; json: one object a line, same keys. Uncaught exceptions (threads too) as well.
 """
 
 from __future__ import annotations

@@ -51,16 +51,12 @@ class _Runner(threading.Thread):
         self.timed_out = False
         self.runs = 0
 
-    def request_quick(self) -> None:
-        now = time.monotonic()
-        self.last_event = now
-        if self.first_event is None:
-            self.first_event = now
-        self.interval = self.base
-        self.wake.set()
-
-    def request_full(self) -> None:
-        self.full_now = True
+    def request(self, full: bool) -> None:
+        if full:
+            self.full_now = True
+        else:
+            self.last_event = time.monotonic()
+            self.first_event = self.first_event or self.last_event
         self.interval = self.base
         self.wake.set()
 
@@ -174,17 +170,15 @@ class Sampler:
             if r.running_since is not None and r.timed_out
         ]
 
-    def request_quick(self) -> None:
-        """A watched mount changed: event-driven sources run soon (debounced)."""
+    def request_quick(self, full: bool = False) -> None:
+        """A watched mount changed: event-driven sources run soon (debounced); `full`: events
+        were lost (inotify queue overflow), a full run now."""
         for runner in self.runners.values():
             if runner.source.event_driven:
-                runner.request_quick()
+                runner.request(full)
 
     def request_full(self) -> None:
-        """Events were lost (inotify queue overflow): event-driven sources run a full run now."""
-        for runner in self.runners.values():
-            if runner.source.event_driven:
-                runner.request_full()
+        self.request_quick(full=True)
 
     def publish(self, obs: Observation) -> None:
         self._log_change(obs.source, obs.error)
