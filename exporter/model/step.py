@@ -46,17 +46,15 @@ class MountView:
     labels: Dict[str, str]  # node mode: pod_uid, volume, container_id; else {}
     usage: Optional[MountUsage]  # None when shm_mount is off, failed, or has not run
     peak_bytes: Optional[int]
-    # The high-water mark since the mount was first seen (None without usage), and the wall
-    # clock when it was first reached.
+    # The high-water mark since first seen (None without usage), and when it was reached.
     max_used_bytes: Optional[int]
     max_used_at: Optional[float]
     inventory: Optional[MountInventory]  # None when segments is off, failed, or not run
     summary: Optional[SegmentSummary]
     cgroup: Optional[CgroupMemory]  # the memory cgroup its pages are charged to
     budget: Optional[ShmBudget]  # None without usage
-    # False when the memory limit that bounds the budget is unknown: the cgroup collector is
-    # on but failed, and no --memory.limit-bytes was given. The budget is then only the tmpfs
-    # side, an upper bound: /metrics leaves the effective size out rather than overstate it.
+    # False: the memory limit is unknown (the cgroup collector failed, no --memory.limit-bytes)
+    # and the budget only the tmpfs side: /metrics leaves the effective size out.
     budget_complete: bool = True
 
 
@@ -64,8 +62,7 @@ class MountView:
 class OomCount:
     cgroup: str
     pod_uid: str
-    # max(kills in the kernel log under the cgroup, the cgroup's own counter): never down
-    kills: int
+    kills: int  # max(kernel log's kills below the cgroup, its counters'); never down
 
 
 @dataclass(frozen=True)

@@ -58,13 +58,6 @@ def _close(reader) -> None:
         pass
 
 
-def _dev(path: str) -> Optional[int]:
-    try:
-        return os.stat(path).st_dev
-    except OSError:
-        return None
-
-
 class MountWatcher:
     """Feeds the state store, the change log (names for the next quick inventory) and
     `wake` (the scheduler's event-driven run)."""
@@ -188,7 +181,13 @@ class MountWatcher:
             # Its thread ended (reading the instance failed): nobody reads these watches. Every
             # mount is polled until a new instance watches it, below.
             log.warning("the inotify reader stopped: watching every mount anew")
-            self._drop_reader(reader)
+            with self._lock:
+                self.inotify = None
+                for mount in self.watches:
+                    self.state.set_inotify(mount, False)
+                self.watches.clear()
+                self._mounts_on.clear()
+            _close(reader)
         if self.inotify is None and not (self.enabled and self._start_inotify()):
             # Polling; inotify is tried again on the next refresh (limits can be raised live).
             for mount in current:
@@ -199,20 +198,14 @@ class MountWatcher:
         for mount in sorted(current):
             watched = self.watches.get(mount)
             if watched is not None:
-                if watched[1] == _dev(self.paths.host(mount)):
-                    continue
+                try:
+                    if os.stat(self.paths.host(mount)).st_dev == watched[1]:
+                        continue
+                except OSError:
+                    pass
                 self._unwatch(mount)  # unmounted, or mounted again
                 self.state.set_inotify(mount, False)
             self._watch(mount)
-
-    def _drop_reader(self, reader) -> None:
-        with self._lock:
-            self.inotify = None
-            for mount in self.watches:
-                self.state.set_inotify(mount, False)
-            self.watches.clear()
-            self._mounts_on.clear()
-        _close(reader)
 
     def _unwatch(self, mount: str) -> None:
         with self._lock:
