@@ -74,10 +74,9 @@ class App:
             self.state,
             self.paths,
             self.discovery.mounts,
-            wake=self.sampler.request_quick,
+            wake=self.sampler.request,
             enabled=cfg.inotify,
             changes=self.changes,
-            wake_full=self.sampler.request_full,
         )
         self.discovery.subscribe(self.watcher.on_mounts)
         self.sampler.subscribe(self.watcher.on_observation)

@@ -68,10 +68,6 @@ def classify(basename: str) -> str:
 NOT_LEAKS = frozenset({"semaphore"})
 
 
-def counts_as_leak(cls: str) -> bool:
-    return cls not in NOT_LEAKS
-
-
 # An orphan of these classes is removable: each segment belongs to one process (one NCCL
 # rank's buffer, one torch tensor, one Python SharedMemory, one vLLM offload file, one UCX
 # or MPI endpoint), so once that process is gone nothing can attach to it again. `shmwatch

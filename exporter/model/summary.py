@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from exporter.model.types import MountInventory, Segment
-from exporter.model.classes import counts_as_leak, removable
+from exporter.model.classes import NOT_LEAKS, removable
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,9 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
         oldest_orphan_mtime=min(
             (s.mtime for s in orphans if removable(s.cls)), default=None
         ),
-        leaked=sorted((s for s in orphans if counts_as_leak(s.cls)), key=largest),
+        leaked=sorted((s for s in orphans if s.cls not in NOT_LEAKS), key=largest),
         unverified=sorted(
-            (s for s in unverified if counts_as_leak(s.cls)), key=largest
+            (s for s in unverified if s.cls not in NOT_LEAKS), key=largest
         ),
         named_pids=frozenset(
             [seg.holders[0] for seg in top if seg.holders]

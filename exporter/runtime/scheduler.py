@@ -170,15 +170,12 @@ class Sampler:
             if r.running_since is not None and r.timed_out
         ]
 
-    def request_quick(self, full: bool = False) -> None:
+    def request(self, full: bool = False) -> None:
         """A watched mount changed: event-driven sources run soon (debounced); `full`: events
         were lost (inotify queue overflow), a full run now."""
         for runner in self.runners.values():
             if runner.source.event_driven:
                 runner.request(full)
-
-    def request_full(self) -> None:
-        self.request_quick(full=True)
 
     def publish(self, obs: Observation) -> None:
         self._log_change(obs.source, obs.error)

@@ -60,22 +60,20 @@ def _close(reader) -> None:
 
 class MountWatcher:
     """Feeds the state store, the change log (names for the next quick inventory) and
-    `wake` (the scheduler's event-driven run)."""
+    `wake` (the scheduler's event-driven run; a full one after lost events)."""
 
     def __init__(
         self,
         state: StateStore,
         paths: Paths,
         mounts: "Sequence[str] | Callable[[], List[str]]",
-        wake: Callable[[], None] = lambda: None,
+        wake: Callable[..., None] = lambda full=False: None,
         enabled: bool = True,
         inotify_factory: Callable[[], object] = _inotify,
         changes: Optional[ChangeLog] = None,
-        wake_full: Callable[[], None] = lambda: None,
     ):
         self.state = state
         self.wake = wake
-        self.wake_full = wake_full
         self.paths = paths
         self._mounts = live_mounts(mounts)  # discovery's current mounts
         self.enabled = enabled
@@ -276,7 +274,7 @@ class MountWatcher:
             "inotify queue overflowed: events were lost on %d mount(s); running a full inventory",
             len(watched),
         )
-        self.wake_full()
+        self.wake(full=True)
 
     def on_mounts(self, mount_set: MountSet) -> None:
         """Discovery subscriber (node mode: every second)."""
