@@ -9,6 +9,7 @@ the mount is polled, said once in the log, and created/deleted come from invento
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -51,11 +52,9 @@ def _inotify():
 
 
 def _close(reader) -> None:
-    try:
+    with contextlib.suppress(Exception):
         reader.stop()
         reader.join(1.0)
-    except Exception:
-        pass
 
 
 class MountWatcher:
@@ -196,13 +195,10 @@ class MountWatcher:
         for mount in sorted(current):
             watched = self.watches.get(mount)
             if watched is not None:
-                try:
+                with contextlib.suppress(OSError):
                     if os.stat(self.paths.host(mount)).st_dev == watched[1]:
                         continue
-                except OSError:
-                    pass
                 self._unwatch(mount)  # unmounted, or mounted again
-                self.state.set_inotify(mount, False)
             self._watch(mount)
 
     def _unwatch(self, mount: str) -> None:
@@ -212,10 +208,8 @@ class MountWatcher:
             if others:
                 self._mounts_on[wd] = others  # the watch stays theirs
         if wd is not None and not others and self.inotify is not None:
-            try:
+            with contextlib.suppress(Exception):  # gone with its mount, perhaps
                 self.inotify.remove_callbacks([(wd, CALLBACK_ID)])
-            except Exception:
-                pass  # the mount went away first: so did its watch
 
     # --- events (the inotify thread; watchdog's WatchCallback) ------------------------------
     def on_event(self, event) -> None:
@@ -238,11 +232,9 @@ class MountWatcher:
             if kind:
                 self.state.count_event(mount, classify(name), kind)
         self.state.touch(mount)
-        try:
+        with contextlib.suppress(OSError):  # the poll will report the mount's error
             st = os.statvfs(self.paths.host(mount))
             self.state.record_used([(mount, (st.f_blocks - st.f_bfree) * st.f_frsize)])
-        except OSError:
-            pass  # the poll will report the mount's error
         self.wake()
 
     def on_watch_deleted(self, wd: int) -> None:
