@@ -49,9 +49,8 @@ class MountStates:
     event_rows: Dict[str, Tuple[Tuple[str, str, int], ...]]
     inotify: Dict[str, bool]
     overflows: Dict[str, int]  # mount -> inotify queue overflows while it was watched
-    # OOM kills: cgroup (a pod's in node mode, else the victim's) -> kills in the kernel log
-    # since start; cgroup -> the highest count its own counter showed; the newest kills,
-    # each with its pod's shm use when it was seen (None: not known).
+    # cgroup (a pod's in node mode, else the victim's) -> kills in the kernel log since start;
+    # cgroup -> its own counter's highest; the newest kills, each with its pod's shm use.
     oom_kills: Dict[str, int] = field(default_factory=dict)
     oom_cgroup_max: Dict[str, int] = field(default_factory=dict)
     recent_oom_kills: Tuple[Tuple[object, Optional[int]], ...] = ()

@@ -152,9 +152,8 @@ class ModelStep:
             self._accepted += 1
 
     def _count_kill(self, kill: OomKill) -> None:
-        """Count one kill under its pod's cgroup (node mode) or its own, and log it once with
-        what was in the pod's shm then: a kill with a large shmem-rss, or a full shm beside
-        it, is the shm filling the memory limit."""
+        """Count one kill under its pod's cgroup (node mode) or its own; log it with the pod's
+        shm use then: a large shmem-rss or a full shm beside it is shm filling the limit."""
         key = kill.pod_cgroup if self.node_mode and kill.pod_cgroup else kill.task_memcg
         with self._lock:
             usages = [u for u in self._result("shm_mount") or [] if not u.error]

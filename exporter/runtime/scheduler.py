@@ -190,22 +190,13 @@ class Sampler:
             now = time.monotonic()
             for runner in self.runners.values():
                 since = runner.running_since
-                if (
-                    since is not None
-                    and not runner.timed_out
-                    and now - since > runner.timeout
-                ):
-                    # Hung: the last result is stale, and this run has failed. The thread is
-                    # left to finish (or not); it is never started twice.
-                    runner.timed_out = True
-                    self.publish(
-                        Observation(
-                            runner.source.name,
-                            None,
-                            f"timed out after {runner.timeout:g}s",
-                            now - since,
-                        )
-                    )
+                if since is None or runner.timed_out or now - since <= runner.timeout:
+                    continue
+                # Hung: this run has failed. Its thread is left to finish (or not), and never
+                # started twice.
+                runner.timed_out = True
+                error = f"timed out after {runner.timeout:g}s"
+                self.publish(Observation(runner.source.name, None, error, now - since))
 
     def _log_change(self, name: str, error: Optional[str]) -> None:
         """Log when a source starts failing or recovers, not on every run."""
