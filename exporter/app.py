@@ -31,20 +31,18 @@ from exporter.runtime.watcher import MountWatcher
 
 class App:
     def __init__(self, cfg: Config, kmsg_from_start: bool = False):
-        self.cfg = cfg
         self.paths = Paths(cfg.procfs, cfg.sysfs, cfg.rootfs)
-        self.table = ProcessTable(self.paths)
         self.discovery = MountDiscovery(
             self.paths, cfg.shm_mounts, node_mode=cfg.mode == "node"
         )
         self.state = StateStore(cfg.peak_window)
-        self.changes = ChangeLog()  # names the watcher saw change
+        changes = ChangeLog()  # names the watcher saw change, for the quick inventory
         context = Context(
             cfg,
             self.paths,
             self.discovery.mounts,
-            self.table,
-            self.changes,
+            ProcessTable(self.paths),
+            changes,
             self.state.drain_touched,
             self.state.all_inotify,
             kmsg_from_start,
@@ -76,14 +74,13 @@ class App:
             self.discovery.mounts,
             wake=self.sampler.request,
             enabled=cfg.inotify,
-            changes=self.changes,
+            changes=changes,
         )
         self.discovery.subscribe(self.watcher.on_mounts)
         self.sampler.subscribe(self.watcher.on_observation)
         self.sampler.subscribe(self.step.accept)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ModelCollector(self.step))
-        # /metrics renders when a scrape finds the model's version moved.
         self.exposition = Exposition(self.registry, version=self.step.version)
 
     def start(self) -> None:

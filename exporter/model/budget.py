@@ -46,9 +46,8 @@ def shm_budget(
 
 def cgroups_by_pod(cgroups: Sequence[CgroupMemory]) -> Dict[str, CgroupMemory]:
     """The cgroup a mount's pages are charged to, by the mount's pod UID: a pod's emptyDir to
-    its pod's cgroup, any other mount ("") to the one watched cgroup that belongs to no pod
-    (the sidecar's workload). The same rule in both modes: in node mode every cgroup is a
-    pod's, so the host's own /dev/shm is charged to none of them. The first wins, as listed."""
+    its pod's cgroup, any other mount ("") to the watched cgroup of no pod (the sidecar's
+    workload; in node mode none, so the host's /dev/shm is charged to no pod). First wins."""
     by_pod: Dict[str, CgroupMemory] = {}
     for cgroup in cgroups:
         by_pod.setdefault(cgroup.pod_uid, cgroup)

@@ -57,9 +57,7 @@ class MountStates:
 
 
 @dataclass
-class _Mount:
-    """What the store keeps of one mount."""
-
+class _Mount:  # what the store keeps of one mount
     peak: PeakWindow
     max_used: Optional[Tuple[int, float]] = None  # (highest used bytes, wall clock)
     events: Dict[Tuple[str, str], int] = field(default_factory=dict)  # (class, event)

@@ -260,11 +260,10 @@ class ModelStep:
     def _oom_counts(
         self, cgroups: List[CgroupMemory], states: MountStates, mounts: List[MountView]
     ) -> List[OomCount]:
-        """Per cgroup: the kills the kernel log showed in its subtree, or its counters' if
-        higher (a kill before we started, or while the log could not be read). v1 counts a
-        kill in the victim's memcg only: the pod's own counter plus each container's highest
-        (kept after the container's cgroup is gone); v2's pod counter is hierarchical. In
-        node mode also every pod that had a kill and whose cgroup is gone (or never seen)."""
+        """Per cgroup: the kernel log's kills in its subtree, or its counters' if higher (a kill
+        before we started, or unlogged). v1 counts a kill in the victim's memcg only: the pod's
+        counter plus each container's highest, kept after it is gone; v2's is hierarchical.
+        Node mode: also each pod with a kill whose cgroup is gone (or never seen)."""
         logged, own = states.oom_kills, states.oom_cgroup_max
         counts: Dict[str, OomCount] = {}
         for c in cgroups:  # (neither source counting kills: no series, not a false 0)

@@ -148,9 +148,8 @@ class SysvSegment:
     cpid: int
     rss_bytes: int
     lpid: int = 0
-    # Nothing attached, and its creator and last user (if any) have exited: nobody is about to attach
-    # again. Set by the collector (it needs /proc); a pid we cannot see (0: outside our PID
-    # namespace) or that is still there leaves it False, never the other way.
+    # Nothing attached, its creator and last user (if any) gone: set by the collector (/proc);
+    # a pid we cannot see (0: another PID namespace) or still there leaves it False.
     orphan: bool = False
 
 
@@ -160,9 +159,8 @@ class SysvShm:
     shmmax_bytes: Optional[int]
     shmall_bytes: Optional[int]
     shmmni: Optional[int]
-    # Node mode: which IPC namespace ("ipc:[4026531839]"), whose (a pod's, or a container's
-    # outside Kubernetes), and whether it could be read at all (when not, nothing above is
-    # known: segments empty, limits None). A sidecar's one namespace: "" and readable.
+    # Node mode: which IPC namespace ("ipc:[4026531839]"), whose (a pod's or a container's),
+    # and whether it could be read (if not: no segments, limits None). A sidecar's: "", True.
     namespace: str = ""
     pod_uid: str = ""
     container_id: str = ""

@@ -35,8 +35,7 @@ IN_CREATE, IN_DELETE = 0x100, 0x200
 IN_ONLYDIR, IN_DONT_FOLLOW, IN_ISDIR = 0x01000000, 0x02000000, 0x40000000
 CHANGES = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_MODIFY | IN_ATTRIB
 WATCH_MASK = CHANGES | IN_ONLYDIR | IN_DONT_FOLLOW
-# A move within the mount is a delete of one name and a create of another; one in from
-# elsewhere, a create; one out, a delete.
+# A move in is a create, a move out a delete (within the mount, both).
 CREATED, DELETED = IN_CREATE | IN_MOVED_TO, IN_DELETE | IN_MOVED_FROM
 CALLBACK_ID = 0  # one callback per watch: ours
 
@@ -45,7 +44,6 @@ def _inotify():
     """watchdog's inotify instance and its reading thread (not started)."""
     from watchdog.observers.inotify_c import InotifyFD  # ImportError off Linux
 
-    # OSError from inotify_init: EMFILE when max_user_instances is reached
     reader = InotifyFD()
     reader.name = "shmwatch-inotify"
     return reader
