@@ -5,8 +5,8 @@
                                                     ▲
     watcher (inotify) ─▶ state store (peaks, counters, inotify flags)
 
-serve and check build the same thing; check runs every source once instead of starting
-the threads. /metrics renders on demand, when the model's version moved.
+serve and check build the same thing; check waits for every source's first run and does not
+watch. /metrics renders on demand, when the model's version moved.
 """
 
 from __future__ import annotations
@@ -31,20 +31,18 @@ from exporter.runtime.watcher import MountWatcher
 
 class App:
     def __init__(self, cfg: Config, kmsg_from_start: bool = False):
-        self.cfg = cfg
         self.paths = Paths(cfg.procfs, cfg.sysfs, cfg.rootfs)
-        self.table = ProcessTable(self.paths)
         self.discovery = MountDiscovery(
             self.paths, cfg.shm_mounts, node_mode=cfg.mode == "node"
         )
         self.state = StateStore(cfg.peak_window)
-        self.changes = ChangeLog()  # names the watcher saw change
+        changes = ChangeLog()  # names the watcher saw change, for the quick inventory
         context = Context(
             cfg,
             self.paths,
             self.discovery.mounts,
-            self.table,
-            self.changes,
+            ProcessTable(self.paths),
+            changes,
             self.state.drain_touched,
             self.state.all_inotify,
             kmsg_from_start,
@@ -74,17 +72,15 @@ class App:
             self.state,
             self.paths,
             self.discovery.mounts,
-            wake=self.sampler.request_quick,
+            wake=self.sampler.request,
             enabled=cfg.inotify,
-            changes=self.changes,
-            wake_full=self.sampler.request_full,
+            changes=changes,
         )
         self.discovery.subscribe(self.watcher.on_mounts)
         self.sampler.subscribe(self.watcher.on_observation)
         self.sampler.subscribe(self.step.accept)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ModelCollector(self.step))
-        # /metrics renders when a scrape finds the model's version moved.
         self.exposition = Exposition(self.registry, version=self.step.version)
 
     def start(self) -> None:
@@ -94,10 +90,6 @@ class App:
             pass  # the scheduler runs it again, and reports it failed
         self.watcher.start()
         self.sampler.start()
-
-    def run_once(self) -> None:
-        """Every source once, in this thread (`shmwatch check`, tests)."""
-        self.sampler.run_once()
 
     def stop(self) -> None:
         self.watcher.stop()

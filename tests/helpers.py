@@ -18,6 +18,12 @@ class Harness:
     step: ModelStep
 
 
+def run_every_source_once(sampler):
+    """Each source's full run, in this thread, published as the scheduler would."""
+    for runner in sampler.runners.values():
+        runner.run_once(full=True)
+
+
 def registry_for(*sources, shm_size_limit=None, memory_limit=None, mounts=None):
     """The serve path without threads: sampler -> model step -> ModelCollector. The mounts
     are the first source's that has any (or `mounts`)."""
@@ -28,7 +34,7 @@ def registry_for(*sources, shm_size_limit=None, memory_limit=None, mounts=None):
     sampler = Sampler(list(sources))
     step = ModelStep(sources, discovery, state, shm_size_limit=shm_size_limit, memory_limit=memory_limit)
     sampler.subscribe(step.accept)
-    sampler.run_once()
+    run_every_source_once(sampler)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ModelCollector(step))
     return registry, Harness(sampler, state, step)

@@ -5,6 +5,7 @@ import time
 
 
 from exporter.runtime.watcher import MountWatcher
+from tests.helpers import run_every_source_once
 from exporter.collectors.segments import SegmentsCollector
 from exporter.host.paths import Paths
 from exporter.runtime.scheduler import Sampler
@@ -86,12 +87,12 @@ def test_polling_fallback_when_inotify_cannot_start(tmp_path):
     sampler.subscribe(watcher.on_observation)
     watcher.start()
     assert state.snapshot().inotify == {mount: False}
-    sampler.run_once()
+    run_every_source_once(sampler)
     fallocate(os.path.join(mount, "nccl-polled"), 4096)
     fallocate(os.path.join(mount, "psm_polled"), 4096)
-    sampler.run_once()
+    run_every_source_once(sampler)
     os.unlink(os.path.join(mount, "psm_polled"))
-    sampler.run_once()
+    run_every_source_once(sampler)
     assert events(state) == {(mount, "nccl", "created"): 1, (mount, "python_shm", "created"): 1,
                                        (mount, "python_shm", "deleted"): 1}
 
@@ -355,7 +356,7 @@ def test_a_failing_event_or_a_dead_reader_never_leaves_the_mounts_unread(tmpfs):
         dead = watcher.inotify
         dead.stop()
         dead.join(2)
-        watcher.refresh(recheck_watched=False)
+        watcher.refresh()
         assert watcher.inotify is not dead and watcher.inotify.is_alive()
         assert state.snapshot().inotify == {tmpfs: True}
         fallocate(os.path.join(tmpfs, "nccl-third"), 4096)
@@ -394,9 +395,9 @@ def test_a_stop_during_a_refresh_leaves_no_new_inotify_behind(tmpfs):
     assert not [t for t in threading.enumerate() if t.name == "shmwatch-inotify" and t.is_alive()]
 
 
-def test_event_rows_per_mount_stay_the_same_object_while_their_counts_stand():
-    """A render replays a mount's counters while its rows are equal: a count in one mount
-    makes that mount's rows anew, sorted, and keeps the other's; a forgotten mount's go."""
+def test_event_rows_per_mount_are_sorted_and_go_with_their_mount():
+    """A count in one mount makes that mount's rows anew, sorted, and leaves the other's;
+    a forgotten mount's go."""
     from exporter.model.state import StateStore
     state = StateStore()
     state.count_event("/a", "nccl", "created")
@@ -407,6 +408,6 @@ def test_event_rows_per_mount_stay_the_same_object_while_their_counts_stand():
     state.count_event("/a", "nccl", "removed", 2)
     again = state.snapshot().event_rows
     assert again["/a"] == (("nccl", "created", 1), ("nccl", "removed", 2), ("psm", "created", 1))
-    assert again["/b"] is rows["/b"]
+    assert again["/b"] == rows["/b"]
     state.forget_mounts_except(["/b"])
     assert state.snapshot().event_rows == {"/b": (("nccl", "created", 1),)}

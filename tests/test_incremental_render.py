@@ -83,29 +83,29 @@ def test_a_render_from_its_cache_is_a_render_from_nothing():
 def test_an_inventory_in_another_order_keeps_its_summary_and_its_samples():
     """A quick run patches a name to the end of the listing; the next full run walks the
     directory in the kernel's order. The inventories differ in order only: the summary is
-    kept, and with it the mount's samples, reused rather than made again."""
+    made again equal, and the mount's samples are reused rather than made again."""
     with mounted_tmpfs("16m") as a:
         changes = ChangeLog()
         segments = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), changes=changes,
                                      ignore_unreadable=HOST_EXCUSED_RE)
         _, harness = registry_for(ShmMountCollector(Paths(), [a]), segments, mounts=[a])
         cached = ModelCollector(harness.step)
-        runners, latest = harness.sampler.runners, harness.step._latest
+        runners, step = harness.sampler.runners, harness.step
 
         def run(full):
             runners["segments"].run_once(full=full)
             rendered(cached)
-            return [s.name for s in latest["segments"].obs.result.mounts[0].segments]
+            return [s.name for s in step._latest["segments"].result.mounts[0].segments]
 
         for name in ("psm_1", "psm_2", "psm_3"):
             fallocate(os.path.join(a, name), MiB)
         walked = run(full=True)
         changes.add(a, walked[0])  # reported (its attributes changed, say): patched to the end
         patched = run(full=False)
-        summary = latest["segments"].summaries[a]
+        summary = step._summaries[a]
         lines = cached.memo.now[("segments", a)][1]
         assert run(full=True) == walked != patched  # the premise: the walk's order is not the patch's
-        assert latest["segments"].summaries[a] is summary
+        assert step._summaries[a] == summary
         assert cached.memo.now[("segments", a)][1] is lines
 
 

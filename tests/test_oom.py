@@ -17,7 +17,7 @@ from exporter.collectors.cgroup import CgroupCollector
 from exporter.collectors.oom import parse_kmsg_record, parse_oom_kills
 from exporter.host.paths import Paths
 from tests.conftest import REPO, Exporter, needs_root, remove_cgroup, select, value
-from tests.helpers import registry_for
+from tests.helpers import registry_for, run_every_source_once
 
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "kmsg", "oom.txt")
 POD = "3c1f5a2e-8b7d-4e6f-9a01-23456789abcd"
@@ -109,7 +109,7 @@ def test_pod_count_is_the_kernel_log_or_its_own_counter_and_never_goes_down(tmp_
     replay.batches = [[k for k in fixture_kills() if k.pod_uid == POD]]
 
     def count():
-        h.sampler.run_once()
+        run_every_source_once(h.sampler)
         return registry.get_sample_value("shmwatch_cgroup_oom_kills_total",
                                          {"cgroup": f"/kubepods/burstable/pod{POD}", "pod_uid": POD})
     assert count() == 1
@@ -236,18 +236,25 @@ def test_oom_series_never_go_down_while_the_pod_is_there():
     """A container's count gone with its cgroup, or one failed read of the pod's cgroup, must
     not lower the series: Prometheus would take 2 -> 1 for a reset and PodOomKilled would fire."""
     from exporter.collectors.discovery import MountDiscovery
-    from exporter.model.step import ModelStep, OomCount
+    from exporter.model.step import ModelStep
     from exporter.host.paths import Paths
     from exporter.model.state import StateStore
 
+    from types import SimpleNamespace
+    from exporter.model.state import MountStates
+
     step = ModelStep([], MountDiscovery(Paths(), [], node_mode=True), StateStore())
-    first = step._never_down({"/kubepods/podp": OomCount("/kubepods/podp", "p", 2)}, {"p"})
-    assert [c.kills for c in first] == [2]
-    lower = step._never_down({"/kubepods/podp": OomCount("/kubepods/podp", "p", 1)}, {"p"})
-    assert [c.kills for c in lower] == [2]
-    unread = step._never_down({}, {"p"})  # the pod's cgroup failed to read, its mount is still there
-    assert [c.kills for c in unread] == [2]
-    assert step._never_down({}, set()) == []  # the pod is gone: so is its series
+    pod = [CgroupMemory("/kubepods/podp", 1, 0, None, 0, None, None, "none", pod_uid="p")]
+    mount = [SimpleNamespace(labels={"pod_uid": "p"})]
+
+    def counts(cgroups, own, mounts):
+        states = MountStates({}, {}, {}, {}, {}, oom_cgroup_max={"/kubepods/podp": own})
+        return [c.kills for c in step._oom_counts(cgroups, states, mounts)]
+
+    assert counts(pod, 2, mount) == [2]
+    assert counts(pod, 1, mount) == [2]
+    assert counts([], 1, mount) == [2]  # the pod's cgroup failed to read, its mount is still there
+    assert counts([], 1, []) == []  # the pod is gone: so is its series
 
 
 def test_oom_counts_made_again_when_a_count_moves_while_the_cgroups_stand():

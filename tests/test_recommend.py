@@ -45,7 +45,7 @@ def test_state_store_keeps_the_high_water_mark_and_when_it_was_first_reached():
     store = StateStore(peak_window=10, clock=lambda: now[0], wall_clock=lambda: wall[0])
     for used, t in ((5, 0), (40, 1), (40, 2), (3, 3)):
         now[0], wall[0] = 100.0 + t, 1_000.0 + t
-        store.record_used("/dev/shm", used)
+        store.record_used([("/dev/shm", used)])
     now[0] += 60  # the peak window has moved on; the high-water mark has not
     snap = store.snapshot()
     assert snap.max_used["/dev/shm"] == (40, 1_001.0)

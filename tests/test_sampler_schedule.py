@@ -61,7 +61,7 @@ def test_a_burst_of_events_is_one_debounced_quick_run_then_a_full_run():
         time.sleep(0.2)  # the first full runs
         burst = time.monotonic()
         for _ in range(10):  # one burst, events 5 ms apart
-            sampler.request_quick()
+            sampler.request()
             time.sleep(0.005)
         time.sleep(0.3)
         assert 1 <= len(source.quick) <= 2  # two if the burst outlasted the debounce's bound
@@ -83,7 +83,7 @@ def test_events_during_a_full_run_get_a_quick_run_after_it():
     sampler.start()
     try:
         time.sleep(0.1)  # inside the first full run
-        sampler.request_quick()
+        sampler.request()
         time.sleep(0.6)
         assert len(source.runs) == 1 and len(source.quick) == 1
         assert source.quick[0] >= source.runs[0] + 0.4
@@ -97,7 +97,7 @@ def test_a_lost_event_queue_asks_for_a_full_run_at_once():
     sampler.start()
     try:
         time.sleep(0.1)
-        sampler.request_full()
+        sampler.request(full=True)
         time.sleep(0.1)
         assert len(source.runs) == 2 and source.quick == []
     finally:
@@ -133,7 +133,7 @@ def test_an_event_brings_a_stretched_source_back_to_its_interval():
         time.sleep(1.6)
         runner = sampler.runners["segments"]
         assert runner.interval == 0.1 * scheduler_mod.STRETCH_MAX
-        sampler.request_quick()
+        sampler.request()
         assert runner.interval == 0.1
     finally:
         sampler.stop()
@@ -144,7 +144,7 @@ def test_stopping_ends_every_runner_promptly():
     sampler = Sampler(sources, inventory_interval=60.0)
     sampler.start()
     time.sleep(0.1)
-    sampler.request_quick()
+    sampler.request()
     started = time.monotonic()
     sampler.stop()
     assert time.monotonic() - started < 0.5

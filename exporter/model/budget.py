@@ -15,12 +15,9 @@ from exporter.model.types import CgroupMemory, MountUsage
 class ShmBudget:
     fillable_bytes: int  # min(tmpfs size, --shm.size-limit)
     effective_bytes: int  # fillable, and no more than the memory limit leaves for shm
-    projection: Optional[
-        float
-    ]  # (working set - shm used + fillable) / limit; None without a cgroup limit
-    room_bytes: Optional[
-        int
-    ]  # what the memory limit leaves for shm; None without a limit
+    # (working set - shm used + fillable) / limit; None without a cgroup limit
+    projection: Optional[float]
+    room_bytes: Optional[int]  # what the memory limit leaves for shm; None: no limit
 
 
 def shm_budget(
@@ -29,12 +26,9 @@ def shm_budget(
     size_limit: Optional[int] = None,
     memory_limit: Optional[int] = None,
 ) -> ShmBudget:
-    """`memory_limit` stands in only where no cgroup was read (usage unknown: the limit alone bounds it).
-
-    The sizeLimit counts because older kubelets leave the tmpfs at half of node RAM and
-    enforce sizeLimit by eviction; the memory limit because the tmpfs pages are charged to
-    the cgroup, which also holds everything else the pod uses.
-    """
+    """The sizeLimit counts because older kubelets leave the tmpfs at half of node RAM and
+    enforce it by eviction; the memory limit because tmpfs pages are charged to the cgroup,
+    beside everything else the pod uses. `memory_limit` stands in where no cgroup was read."""
     fillable = min(m.size_bytes, size_limit) if size_limit else m.size_bytes
     if cgroup is not None and cgroup.limit_bytes:
         non_shm = max(0, cgroup.working_set_bytes - m.used_bytes)
@@ -52,10 +46,8 @@ def shm_budget(
 
 def cgroups_by_pod(cgroups: Sequence[CgroupMemory]) -> Dict[str, CgroupMemory]:
     """The cgroup a mount's pages are charged to, by the mount's pod UID: a pod's emptyDir to
-    its pod's cgroup, any other mount ("") to the one watched cgroup that belongs to no pod
-    (the sidecar's workload). The same rule in both modes: in node mode every cgroup is a
-    pod's, so the host's own /dev/shm is charged to none of them. The first wins, as listed.
-    Indexed once per model build, not searched per mount."""
+    its pod's cgroup, any other mount ("") to the watched cgroup of no pod (the sidecar's
+    workload; in node mode none, so the host's /dev/shm is charged to no pod). First wins."""
     by_pod: Dict[str, CgroupMemory] = {}
     for cgroup in cgroups:
         by_pod.setdefault(cgroup.pod_uid, cgroup)

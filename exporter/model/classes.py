@@ -12,32 +12,16 @@ from typing import Pattern, Tuple
 
 CLASSES: Tuple[Tuple[str, str, str], ...] = (
     # (class, regex on the basename, where the name comes from)
-    (
-        "mpi",
-        r"vader_segment\..*",
-        "Open MPI vader/sm BTL: vader_segment.<host>.<jobid>.<rank>",
-    ),
+    ("mpi", r"vader_segment\..*", "Open MPI vader/sm BTL: vader_segment.<host>.<...>"),
     ("mpi", r"sm_segment\..*", "Open MPI 5 sm BTL (vader renamed)"),
     ("mpi", r"mpich_shar_tmp.*", "MPICH shared-memory temp files"),
     ("mpi", r"shm-col-space.*", "Intel MPI / MPICH collectives"),
     ("mpi", r"psm_shm\..*", "Intel PSM (InfiniPath) shared memory"),
     ("mpi", r"psm2_shm\..*", "Intel PSM2 (Omni-Path) shared memory"),
-    (
-        "nccl",
-        r"nccl-.*",
-        "NCCL >= 2.12 /dev/shm/nccl-XXXXXX; <= 2.11 nccl-shm-recv-*/nccl-shm-send-*",
-    ),
+    ("nccl", r"nccl-.*", "NCCL: nccl-XXXXXX (<= 2.11: nccl-shm-recv-*, -send-*)"),
     ("ucx", r"ucx_shm_posix_.*", "UCX posix transport (uct/sm/mm/posix)"),
-    (
-        "torch",
-        r"torch_.*",
-        "PyTorch multiprocessing file_system strategy: /torch_<pid>_<rand>[_<n>]",
-    ),
-    (
-        "python_shm",
-        r"psm_.*",
-        "multiprocessing.shared_memory (vLLM/SGLang MessageQueue, mm caches)",
-    ),
+    ("torch", r"torch_.*", "PyTorch file_system sharing: torch_<pid>_<rand>[_<n>]"),
+    ("python_shm", r"psm_.*", "multiprocessing.shared_memory (vLLM/SGLang queues)"),
     ("semaphore", r"sem\..*", "glibc sem_open(): /dev/shm/sem.<name>"),
     ("vllm_offload", r"vllm_offload_.*", "vLLM CPU KV-cache offload (*.mmap)"),
     ("ray", r"plasma.*", "Ray plasma object store"),
@@ -82,10 +66,6 @@ def classify(basename: str) -> str:
 # meant to outlive their creator (sem_unlink is the owner's call). The ShmLeakedSegments
 # rule carries the same exclusion (class!="semaphore").
 NOT_LEAKS = frozenset({"semaphore"})
-
-
-def counts_as_leak(cls: str) -> bool:
-    return cls not in NOT_LEAKS
 
 
 # An orphan of these classes is removable: each segment belongs to one process (one NCCL

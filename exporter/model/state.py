@@ -1,9 +1,6 @@
 """What outlives one observation: per-mount peaks, high-water marks, event counters and
-inotify flags, and the OOM kills counted since start.
-
-Fed by the model step (polls, the kernel log) and by the inotify watcher, read by the
-model step. One lock, a small API; nobody reaches into its dictionaries. `version` moves
-with every change; nobody is called back.
+inotify flags, and the OOM kills counted since start. Fed by the model step and the
+watcher, read by the model step; `version` moves with every change, nobody is called back.
 """
 
 from __future__ import annotations
@@ -12,7 +9,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Callable, Deque, Dict, Iterable, Optional, Set, Tuple
 
 # How many OOM kills `shmwatch check` and the model remember (the newest).
 RECENT_OOM_KILLS = 50
@@ -36,13 +33,9 @@ class PeakWindow:
             self._samples.popleft()
 
     def peak(self, now: float) -> Optional[int]:
+        """The window's highest value; the latest one, however old, if none is newer."""
         self._expire(now)
-        if not self._samples:
-            return None
-        if self._samples[0][0] < now - self.window:
-            # Only an old sample is left: it is still the latest value we know.
-            return self._samples[-1][1]
-        return self._samples[0][1]
+        return self._samples[0][1] if self._samples else None
 
 
 @dataclass(frozen=True)
@@ -52,17 +45,24 @@ class MountStates:
     peaks: Dict[str, int]
     # mount -> (highest used bytes since first seen, wall clock)
     max_used: Dict[str, Tuple[int, float]]
-    # mount -> its ((class, event, count), ...) sorted: the same tuple while its counts stand,
-    # so a render's memo of a mount's counter lines can key on it.
+    # mount -> its ((class, event, count), ...) sorted, which a render's memo keys on
     event_rows: Dict[str, Tuple[Tuple[str, str, int], ...]]
     inotify: Dict[str, bool]
     overflows: Dict[str, int]  # mount -> inotify queue overflows while it was watched
-    # OOM kills: cgroup (a pod's in node mode, else the victim's) -> kills in the kernel log
-    # since start; cgroup -> the highest count its own counter showed; the newest kills,
-    # each with its pod's shm use when it was seen (None: not known).
+    # cgroup (a pod's in node mode, else the victim's) -> kills in the kernel log since start;
+    # cgroup -> its own counter's highest; the newest kills, each with its pod's shm use.
     oom_kills: Dict[str, int] = field(default_factory=dict)
     oom_cgroup_max: Dict[str, int] = field(default_factory=dict)
     recent_oom_kills: Tuple[Tuple[object, Optional[int]], ...] = ()
+
+
+@dataclass
+class _Mount:  # what the store keeps of one mount
+    peak: PeakWindow
+    max_used: Optional[Tuple[int, float]] = None  # (highest used bytes, wall clock)
+    events: Dict[Tuple[str, str], int] = field(default_factory=dict)  # (class, event)
+    inotify: Optional[bool] = None  # None: not said yet
+    overflows: int = 0
 
 
 class StateStore:
@@ -70,22 +70,16 @@ class StateStore:
         self,
         peak_window: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
+        wall_clock: Callable[
+            [], float
+        ] = time.time,  # the high-water mark's time, for humans
     ):
         self.peak_window = peak_window
         self.clock = clock
-        self.wall_clock = (
-            wall_clock  # the high-water mark's time is for humans and time()
-        )
+        self.wall_clock = wall_clock
         self._lock = threading.Lock()
         self._version = 0
-        self._peaks: Dict[str, PeakWindow] = {}
-        self._max_used: Dict[str, Tuple[int, float]] = {}
-        # mount -> (class, event) -> count, and the rows snapshot() made of them
-        self._events_of: Dict[str, Dict[Tuple[str, str], int]] = {}
-        self._event_rows: Dict[str, Tuple[Tuple[str, str, int], ...]] = {}
-        self._inotify: Dict[str, bool] = {}
-        self._overflows: Dict[str, int] = {}
+        self._mounts: Dict[str, _Mount] = {}
         self._oom: Dict[str, int] = {}
         self._oom_cgroup: Dict[str, int] = {}
         self._recent_oom: Deque[Tuple[object, Optional[int]]] = deque(
@@ -97,6 +91,14 @@ class StateStore:
         """Moves with every change to what snapshot() holds."""
         return self._version
 
+    def _of(self, mount: str) -> _Mount:
+        """The mount's record (under the lock), made on first use; the version moves."""
+        self._version += 1
+        record = self._mounts.get(mount)
+        if record is None:
+            record = self._mounts[mount] = _Mount(PeakWindow(self.peak_window))
+        return record
+
     def touch(self, mount: str) -> None:
         """inotify saw `mount` change (the watcher); drained by shm_mount's next run."""
         with self._lock:
@@ -107,37 +109,27 @@ class StateStore:
             touched, self._touched = self._touched, set()
         return touched
 
-    def record_used(self, mount: str, used_bytes: int) -> None:
-        self.record_used_many([(mount, used_bytes)])
-
-    def record_used_many(self, usages: List[Tuple[str, int]]) -> None:
-        """One poll's mounts under one lock (a node polls 200 a second)."""
+    def record_used(self, usages: Iterable[Tuple[str, int]]) -> None:
+        """(mount, used bytes) pairs: one poll's mounts under one lock."""
         now = self.clock()
         with self._lock:
             for mount, used_bytes in usages:
-                window = self._peaks.get(mount)
-                if window is None:
-                    window = self._peaks[mount] = PeakWindow(self.peak_window)
-                window.add(now, used_bytes)
+                record = self._of(mount)
+                record.peak.add(now, used_bytes)
                 # The high-water mark keeps the first time the highest value was reached.
-                if mount not in self._max_used or used_bytes > self._max_used[mount][0]:
-                    self._max_used[mount] = (used_bytes, self.wall_clock())
-            self._version += 1
+                if record.max_used is None or used_bytes > record.max_used[0]:
+                    record.max_used = (used_bytes, self.wall_clock())
 
     def count_event(
         self, mount: str, segment_class: str, event: str, n: int = 1
     ) -> None:
-        key = (segment_class, event)
         with self._lock:
-            of_mount = self._events_of.setdefault(mount, {})
-            of_mount[key] = of_mount.get(key, 0) + n
-            self._event_rows.pop(mount, None)
-            self._version += 1
+            events = self._of(mount).events
+            events[segment_class, event] = events.get((segment_class, event), 0) + n
 
     def count_overflow(self, mount: str) -> None:
         with self._lock:
-            self._overflows[mount] = self._overflows.get(mount, 0) + 1
-            self._version += 1
+            self._of(mount).overflows += 1
 
     def count_oom_kill(
         self, cgroup: str, kill: object, shm_used: Optional[int]
@@ -158,57 +150,46 @@ class StateStore:
 
     def set_inotify(self, mount: str, active: bool) -> None:
         with self._lock:
-            if self._inotify.get(mount) != active:
-                self._inotify[mount] = active
-                self._version += 1
+            record = self._mounts.get(mount)
+            if record is None or record.inotify != active:
+                self._of(mount).inotify = active
 
     def inotify_active(self, mount: str) -> bool:
         with self._lock:
-            return self._inotify.get(mount, False)
+            record = self._mounts.get(mount)
+            return bool(record and record.inotify)
 
     def all_inotify(self) -> bool:
         """Every mount we know of is watched by inotify (none polled)."""
         with self._lock:
-            return bool(self._inotify) and all(self._inotify.values())
-
-    def known_inotify(self) -> List[str]:
-        with self._lock:
-            return list(self._inotify)
+            flags = [r.inotify for r in self._mounts.values() if r.inotify is not None]
+        return bool(flags) and all(flags)
 
     def forget_mounts_except(self, mounts: Iterable[str]) -> None:
         """A mount that went away (a pod deleted) takes its peaks, counters and flags with it."""
         keep = set(mounts)
         with self._lock:
-            for books in (
-                self._peaks,
-                self._max_used,
-                self._events_of,
-                self._event_rows,
-                self._inotify,
-                self._overflows,
-            ):
-                for mount in [m for m in books if m not in keep]:
-                    del books[mount]
-                    self._version += 1
+            gone = [m for m in self._mounts if m not in keep]
+            for mount in gone:
+                del self._mounts[mount]
+            self._version += len(gone)
 
     def snapshot(self) -> MountStates:
         now = self.clock()
         with self._lock:
-            peaks = {
-                m: p for m, w in self._peaks.items() if (p := w.peak(now)) is not None
-            }
-            rows = self._event_rows
-            for mount, counts in self._events_of.items():
-                if mount not in rows:
-                    rows[mount] = tuple(
-                        sorted((cls, event, n) for (cls, event), n in counts.items())
-                    )
+            mounts = self._mounts.items()
             return MountStates(
-                peaks,
-                dict(self._max_used),
-                dict(rows),
-                dict(self._inotify),
-                dict(self._overflows),
+                {m: p for m, r in mounts if (p := r.peak.peak(now)) is not None},
+                {m: r.max_used for m, r in mounts if r.max_used is not None},
+                {
+                    m: tuple(
+                        sorted((cls, event, n) for (cls, event), n in r.events.items())
+                    )
+                    for m, r in mounts
+                    if r.events
+                },
+                {m: r.inotify for m, r in mounts if r.inotify is not None},
+                {m: r.overflows for m, r in mounts if r.overflows},
                 dict(self._oom),
                 dict(self._oom_cgroup),
                 tuple(self._recent_oom),

@@ -1,12 +1,8 @@
 """The model step: observations in, one joined picture out.
 
-Each source's latest observation is kept here. When one arrives, what depends only on it
-is computed at once, in the source's own thread (segment summaries: totals by class and
-state, top K, leak candidates). The join — mounts with their usage, inventory, peak,
-inotify flag, pod labels and the cgroup they are charged to, and the shm budget — is
-rebuilt on first use after the version moved (an observation accepted, or the state store
-changed). /metrics renders the Model and `shmwatch check` reports from it; neither
-recomputes what is here.
+What depends on one observation alone (segment summaries) is computed as it arrives, in
+its source's thread; the join (mounts with usage, inventory, peaks, cgroup, budget) is
+rebuilt on first use after the version moved. /metrics and `shmwatch check` read the Model.
 """
 
 from __future__ import annotations
@@ -42,28 +38,23 @@ class SourceStatus:
     success: bool
     duration: float
     error: Optional[str]
-    ran: bool  # False until the first observation (or timeout) arrived
 
 
 @dataclass(frozen=True)
 class MountView:
     mount: str
-    labels: Dict[
-        str, str
-    ]  # node mode: pod_uid, volume, container_id; {} in sidecar mode
+    labels: Dict[str, str]  # node mode: pod_uid, volume, container_id; else {}
     usage: Optional[MountUsage]  # None when shm_mount is off, failed, or has not run
     peak_bytes: Optional[int]
-    # The high-water mark since the mount was first seen (None without usage), and the wall
-    # clock when it was first reached.
+    # The high-water mark since first seen (None without usage), and when it was reached.
     max_used_bytes: Optional[int]
     max_used_at: Optional[float]
     inventory: Optional[MountInventory]  # None when segments is off, failed, or not run
     summary: Optional[SegmentSummary]
     cgroup: Optional[CgroupMemory]  # the memory cgroup its pages are charged to
     budget: Optional[ShmBudget]  # None without usage
-    # False when the memory limit that bounds the budget is unknown: the cgroup collector is
-    # on but failed, and no --memory.limit-bytes was given. The budget is then only the tmpfs
-    # side, an upper bound: /metrics leaves the effective size out rather than overstate it.
+    # False: the memory limit is unknown (the cgroup collector failed, no --memory.limit-bytes)
+    # and the budget only the tmpfs side: /metrics leaves the effective size out.
     budget_complete: bool = True
 
 
@@ -71,13 +62,11 @@ class MountView:
 class OomCount:
     cgroup: str
     pod_uid: str
-    # max(kills in the kernel log under the cgroup, the cgroup's own counter): never down
-    kills: int
+    kills: int  # max(kernel log's kills below the cgroup, its counters'); never down
 
 
 @dataclass(frozen=True)
 class Model:
-    built_at: float  # wall clock
     node_mode: bool
     statuses: List[SourceStatus]  # in source order
     mounts: List[MountView]
@@ -96,12 +85,6 @@ class Model:
         return any(s.name == source and s.success for s in self.statuses)
 
 
-@dataclass
-class _Latest:
-    obs: Optional[Observation] = None
-    summaries: Dict[str, SegmentSummary] = field(default_factory=dict)  # segments only
-
-
 class ModelStep:
     def __init__(
         self,
@@ -112,8 +95,6 @@ class ModelStep:
         shm_size_limit: Optional[int] = None,
         memory_limit: Optional[int] = None,
     ):
-        # Sources in the order their series are rendered; discovery's status only in node mode.
-        self.source_names = [s.name for s in sources if s.reports_status]
         self.discovery = discovery
         self.state = state
         self.node_mode = discovery.node_mode
@@ -122,13 +103,12 @@ class ModelStep:
         # --memory.limit-bytes is the one workload's limit: it means nothing per pod.
         self.memory_limit = None if self.node_mode else memory_limit
         self._lock = threading.Lock()
-        self._latest: Dict[str, _Latest] = {
-            name: _Latest() for name in self.source_names
+        # By source, in the order their series are rendered; discovery only in node mode.
+        self._latest: Dict[str, Optional[Observation]] = {
+            s.name: None for s in sources if s.reports_status
         }
-        # The highest OOM count each cgroup series has shown (a counter never goes down: a
-        # cgroup read that failed once, or a container's count gone with its cgroup, must not
-        # make Prometheus see a reset and PodOomKilled fire on it).
-        self._oom_floor: Dict[str, OomCount] = {}
+        self._summaries: Dict[str, SegmentSummary] = {}  # the latest inventory's
+        self._oom_shown: Dict[str, OomCount] = {}  # each OOM series as last shown
         self._model: Optional[Model] = None
         self._accepted = 0  # observations accepted
         self._built_for: object = None  # the version() _model was built for
@@ -139,28 +119,20 @@ class ModelStep:
 
     def accept(self, obs: Observation) -> None:
         """Scheduler subscriber: keep the observation, compute what depends on it alone."""
-        latest = _Latest(obs)
+        summaries = {}
         if obs.success and obs.source == "segments":
-            # A quick run hands back the same inventory object for a mount it did not touch,
-            # and a full run's inventory often equals the last: the summary already made is
-            # kept, so a render's memo of the mount's series finds it the same at once.
-            before = self._latest.get("segments")
-            made = {}
-            if before is not None and before.obs is not None and before.obs.success:
-                made = {
-                    m.mount: (m, before.summaries.get(m.mount))
-                    for m in before.obs.result.mounts
-                }
+            # A quick run hands back the same inventory object for a mount it did not touch:
+            # its summary is kept rather than made again.
+            before = self._result("segments")
+            old = {m.mount: m for m in before.mounts} if before else {}
             for m in obs.result.mounts:
-                if m.error:
-                    continue
-                old, summary = made.get(m.mount, (None, None))
-                if old is not m or summary is None:
-                    made_now = summarise(m, self.top_k)
-                    summary = summary if made_now == summary else made_now
-                latest.summaries[m.mount] = summary
+                if not m.error:
+                    same = old.get(m.mount) is m
+                    summaries[m.mount] = (
+                        self._summaries[m.mount] if same else summarise(m, self.top_k)
+                    )
         if obs.success and obs.source == "shm_mount":
-            self.state.record_used_many(
+            self.state.record_used(
                 [(u.mount, u.used_bytes) for u in obs.result if not u.error]
             )
         if obs.success and obs.source == "cgroup":
@@ -174,13 +146,14 @@ class ModelStep:
                 self._count_kill(kill)
         with self._lock:
             if obs.source in self._latest:
-                self._latest[obs.source] = latest
+                self._latest[obs.source] = obs
+            if obs.source == "segments":
+                self._summaries = summaries
             self._accepted += 1
 
     def _count_kill(self, kill: OomKill) -> None:
-        """Count one kill under its pod's cgroup (node mode) or its own, and log it once with
-        what was in the pod's shm then: a kill with a large shmem-rss, or a full shm beside
-        it, is the shm filling the memory limit."""
+        """Count one kill under its pod's cgroup (node mode) or its own; log it with the pod's
+        shm use then: a large shmem-rss or a full shm beside it is shm filling the limit."""
         key = kill.pod_cgroup if self.node_mode and kill.pod_cgroup else kill.task_memcg
         with self._lock:
             usages = [u for u in self._result("shm_mount") or [] if not u.error]
@@ -218,31 +191,20 @@ class ModelStep:
 
     # --- the join -----------------------------------------------------------------------
     def _result(self, name: str):
-        latest = self._latest.get(name)
-        return (
-            latest.obs.result if latest and latest.obs and latest.obs.success else None
-        )
+        obs = self._latest.get(name)
+        return obs.result if obs and obs.success else None
 
     def _build(self) -> Model:
-        statuses = []
-        for name in self.source_names:
-            obs = self._latest[name].obs
-            statuses.append(
-                SourceStatus(
-                    name,
-                    bool(obs and obs.success),
-                    obs.duration if obs else 0.0,
-                    obs.error if obs else None,
-                    obs is not None,
-                )
-            )
+        statuses = [
+            SourceStatus(name, obs.success, obs.duration, obs.error)
+            if obs
+            else SourceStatus(name, False, 0.0, None)
+            for name, obs in self._latest.items()
+        ]
         states = self.state.snapshot()
         usages = {u.mount: u for u in self._result("shm_mount") or []}
         inventory: Optional[Inventory] = self._result("segments")
         inv_mounts = {m.mount: m for m in inventory.mounts} if inventory else {}
-        summaries = (
-            self._latest["segments"].summaries if "segments" in self._latest else {}
-        )
         cgroups: List[CgroupMemory] = self._result("cgroup") or []
         limit_unknown = (
             "cgroup" in self._latest
@@ -274,14 +236,13 @@ class ModelStep:
                     max_used,
                     max_used_at,
                     inv_mounts.get(target.mount),
-                    summaries.get(target.mount),
+                    self._summaries.get(target.mount),
                     cgroup,
                     budget,
                     not limit_unknown,
                 )
             )
         return Model(
-            time.time(),
             self.node_mode,
             statuses,
             mounts,
@@ -299,60 +260,36 @@ class ModelStep:
     def _oom_counts(
         self, cgroups: List[CgroupMemory], states: MountStates, mounts: List[MountView]
     ) -> List[OomCount]:
-        """Per cgroup: the kills the kernel log showed in its subtree, or its own counter if
-        higher (a kill before we started, or while the log could not be read). In node mode
-        also every pod that had a kill and whose cgroup is gone (or was never seen)."""
-        watching_log = "oom" in self._latest
-        # A pod is there while its cgroup was read or discovery still sees its mounts: one
-        # failed cgroup read does not end its series.
+        """Per cgroup: the kernel log's kills in its subtree, or its counters' if higher (a kill
+        before we started, or unlogged). v1 counts a kill in the victim's memcg only: the pod's
+        counter plus each container's highest, kept after it is gone; v2's is hierarchical.
+        Node mode: also each pod with a kill whose cgroup is gone (or never seen)."""
+        logged, own = states.oom_kills, states.oom_cgroup_max
+        counts: Dict[str, OomCount] = {}
+        for c in cgroups:  # (neither source counting kills: no series, not a false 0)
+            if c.cgroup in own or "oom" in self._latest:
+                kills = max(_subtree(logged, c.cgroup), _subtree(own, c.cgroup))
+                counts[c.cgroup] = OomCount(c.cgroup, c.pod_uid, kills)
+        for key, n in sorted(logged.items()) if self.node_mode else ():
+            if key not in counts and pod_uid_in_cgroup(key):
+                counts[key] = OomCount(
+                    key, pod_uid_in_cgroup(key), max(n, own.get(key, 0))
+                )
+        # A counter never goes down, nor disappears while its pod is there (its cgroup read
+        # failed once; discovery still sees the pod's mounts): PodOomKilled would fire on it.
         live = {c.pod_uid for c in cgroups} | {
             v.labels.get("pod_uid", "") for v in mounts
         }
-        counts: Dict[str, OomCount] = {}
-        for c in cgroups:
-            prefix = c.cgroup.rstrip("/") + "/"
-            # (the root cgroup "/" is its own prefix: counted once)
-            logged = _below(states.oom_kills, prefix) + (
-                0 if c.cgroup.startswith(prefix) else states.oom_kills.get(c.cgroup, 0)
-            )
-            own = states.oom_cgroup_max.get(c.cgroup)
-            if own is None and not watching_log:
-                continue  # neither source counts kills here: no series rather than a confident 0
-            # v1 counts a kill in the victim's memcg only: the pod's own plus each container's
-            # highest count ever seen (kept after the container's cgroup is gone). v2 records
-            # no children: its pod counter is hierarchical already.
-            below = _below(states.oom_cgroup_max, prefix)
-            counts[c.cgroup] = OomCount(
-                c.cgroup, c.pod_uid, max(logged, (own or 0) + below)
-            )
-        if self.node_mode:
-            for key, n in sorted(states.oom_kills.items()):
-                pod = pod_uid_in_cgroup(key)
-                if key not in counts and pod:
-                    counts[key] = OomCount(
-                        key, pod, max(n, states.oom_cgroup_max.get(key, 0))
-                    )
-        return self._never_down(counts, live)
-
-    def _never_down(self, counts: Dict[str, OomCount], live_pods) -> List[OomCount]:
-        """Each series at least as high as it ever was; a series whose cgroup was not read this
-        time stays while its pod (or, outside node mode, the workload) is still there."""
-        floor = self._oom_floor
-        for key, count in counts.items():
-            known = floor.get(key)
-            if known is not None and known.kills > count.kills:
-                counts[key] = known
-            floor[key] = counts[key]
-        for key, known in list(floor.items()):
-            if key in counts:
-                continue
-            if known.pod_uid in live_pods or not self.node_mode:
-                counts[key] = known
-            else:
-                del floor[key]  # the pod is gone: its series goes with it
+        for key, shown in self._oom_shown.items():
+            if key in counts and shown.kills > counts[key].kills:
+                counts[key] = shown
+            elif key not in counts and (shown.pod_uid in live or not self.node_mode):
+                counts[key] = shown
+        self._oom_shown = counts
         return list(counts.values())
 
 
-def _below(counts: Dict[str, int], prefix: str) -> int:
-    """The sum of the counts of the cgroups below a path."""
-    return sum(n for cgroup, n in counts.items() if cgroup.startswith(prefix))
+def _subtree(counts: Dict[str, int], cgroup: str) -> int:
+    """The sum of the counts of a cgroup and those below it."""
+    below = cgroup.rstrip("/") + "/"
+    return sum(n for key, n in counts.items() if key == cgroup or key.startswith(below))

@@ -9,14 +9,13 @@ from dataclasses import dataclass
 from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from exporter.model.types import MountInventory, Segment
-from exporter.model.classes import counts_as_leak, removable
+from exporter.model.classes import NOT_LEAKS, removable
 
 
 @dataclass(frozen=True)
 class SegmentSummary:
-    totals: Dict[
-        Tuple[str, str], Tuple[int, int, int]
-    ]  # (class, state) -> count, allocated, apparent
+    # (class, state) -> (count, allocated, apparent)
+    totals: Dict[Tuple[str, str], Tuple[int, int, int]]
     bytes_by_class: Dict[str, int]
     hidden_bytes: int
     hidden_count: int
@@ -31,60 +30,44 @@ class SegmentSummary:
 
 
 def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
-    totals: Dict[Tuple[str, str], List[int]] = {}
+    totals: Dict[Tuple[str, str], Tuple[int, int, int]] = {}
     by_class: Dict[str, int] = {}
-    oldest: Optional[float] = None
-    leaked: List[Segment] = []
-    unverified: List[Segment] = []
     for seg in inv.segments:
-        acc = totals.get((seg.cls, seg.state))
-        if acc is None:
-            acc = totals[(seg.cls, seg.state)] = [0, 0, 0]
-        acc[0] += 1
-        acc[1] += seg.allocated_bytes
-        acc[2] += seg.apparent_bytes
+        count, allocated, apparent = totals.get((seg.cls, seg.state), (0, 0, 0))
+        totals[seg.cls, seg.state] = (
+            count + 1,
+            allocated + seg.allocated_bytes,
+            apparent + seg.apparent_bytes,
+        )
         by_class[seg.cls] = by_class.get(seg.cls, 0) + seg.allocated_bytes
-        if seg.state == "orphan":
-            # The age alert says "remove it": only for what may be removed.
-            if removable(seg.cls) and (oldest is None or seg.mtime < oldest):
-                oldest = seg.mtime
-            if counts_as_leak(seg.cls):
-                leaked.append(seg)
-        elif seg.state == "unverified" and counts_as_leak(seg.cls):
-            unverified.append(seg)
-    hidden = totals_for_state(totals, "hidden")
-    leaked.sort(key=lambda s: (-s.allocated_bytes, s.name))
-    unverified.sort(key=lambda s: (-s.allocated_bytes, s.name))
-    top = heapq.nsmallest(
-        top_k, inv.segments, key=lambda s: (-s.allocated_bytes, s.name)
-    )
+    largest = lambda s: (-s.allocated_bytes, s.name)  # noqa: E731
+    orphans = [s for s in inv.segments if s.state == "orphan"]
+    unverified = [s for s in inv.segments if s.state == "unverified"]
+    hidden = [s.allocated_bytes for s in inv.segments if s.state == "hidden"]
+    top = heapq.nsmallest(top_k, inv.segments, key=largest)
     top_processes = heapq.nsmallest(
         top_k, inv.process_bytes.items(), key=lambda kv: (-kv[1], kv[0])
     )
     return SegmentSummary(
-        totals={key: (c, a, p) for key, (c, a, p) in totals.items()},
+        totals=totals,
         bytes_by_class=by_class,
-        hidden_bytes=hidden[1],
-        hidden_count=hidden[0],
+        hidden_bytes=sum(hidden),
+        hidden_count=len(hidden),
         top=top,
         top_processes=top_processes,
-        oldest_orphan_mtime=oldest,
-        leaked=leaked,
-        unverified=unverified,
+        # The age alert says "remove it": only for what may be removed.
+        oldest_orphan_mtime=min(
+            (s.mtime for s in orphans if removable(s.cls)), default=None
+        ),
+        leaked=sorted((s for s in orphans if s.cls not in NOT_LEAKS), key=largest),
+        unverified=sorted(
+            (s for s in unverified if s.cls not in NOT_LEAKS), key=largest
+        ),
         named_pids=frozenset(
             [seg.holders[0] for seg in top if seg.holders]
             + [pid for pid, _ in top_processes]
         ),
     )
-
-
-def totals_for_state(totals, state: str) -> Tuple[int, int]:
-    """(count, allocated bytes) of every class in one state."""
-    count = allocated = 0
-    for (_, st), (c, a, *_rest) in totals.items():
-        if st == state:
-            count, allocated = count + c, allocated + a
-    return count, allocated
 
 
 def owner_label(holders: Iterable[int], comms: Dict[int, str]) -> str:

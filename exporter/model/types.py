@@ -1,7 +1,5 @@
-"""The observations: what each source returns, typed, owned by the model.
-
-Sources make these; the scheduler carries them in an Observation; the model step joins
-them; exposition and `shmwatch check` read them. Nothing here imports a collector.
+"""The observations: what each source returns, typed, owned by the model. Sources make
+them, the scheduler carries them, the model step joins them, exposition and check read them.
 """
 
 from __future__ import annotations
@@ -26,10 +24,9 @@ class MountSet:
     """What discovery published: the mounts, in order, with their node labels."""
 
     targets: List[Target]
-    # Node mode: the set follows a mount table watched for changes (mountinfo's POLLPRI), and
-    # is a new object whenever it changed; while the same object is published, no mount was
-    # unmounted or mounted again.
-    follows_mount_table: bool = False
+    follows_mount_table: bool = (
+        False  # node mode (unread: the watcher stats every mount)
+    )
 
     def mounts(self) -> List[str]:
         return [t.mount for t in self.targets]
@@ -61,9 +58,7 @@ class CgroupMemory:
     limit_bytes: Optional[int]  # None: unlimited
     working_set_bytes: int
     shmem_bytes: Optional[int]
-    oom_kills: Optional[
-        int
-    ]  # None where the kernel does not count them (v1 before 4.13)
+    oom_kills: Optional[int]  # None where not counted (v1 before 4.13)
     limit_source: str  # "cgroup", "flag" or "none"
     pod_uid: str = ""  # node mode: the pod this cgroup belongs to
     estimated: bool = False  # True: no cgroup was read; the workload's processes and shm (workload.py)
@@ -153,9 +148,8 @@ class SysvSegment:
     cpid: int
     rss_bytes: int
     lpid: int = 0
-    # Nothing attached, and its creator and last user (if any) have exited: nobody is about to attach
-    # again. Set by the collector (it needs /proc); a pid we cannot see (0: outside our PID
-    # namespace) or that is still there leaves it False, never the other way.
+    # Nothing attached, its creator and last user (if any) gone: set by the collector (/proc);
+    # a pid we cannot see (0: another PID namespace) or still there leaves it False.
     orphan: bool = False
 
 
@@ -165,9 +159,8 @@ class SysvShm:
     shmmax_bytes: Optional[int]
     shmall_bytes: Optional[int]
     shmmni: Optional[int]
-    # Node mode: which IPC namespace ("ipc:[4026531839]"), whose (a pod's, or a container's
-    # outside Kubernetes), and whether it could be read at all (when not, nothing above is
-    # known: segments empty, limits None). A sidecar's one namespace: "" and readable.
+    # Node mode: which IPC namespace ("ipc:[4026531839]"), whose (a pod's or a container's),
+    # and whether it could be read (if not: no segments, limits None). A sidecar's: "", True.
     namespace: str = ""
     pod_uid: str = ""
     container_id: str = ""
@@ -220,12 +213,9 @@ class Inventory:
     # When it was made; not compared: two inventories of the same segments are equal.
     wall_time: float = field(default_factory=time.time, compare=False)
     pods: Dict[int, str] = field(default_factory=dict)  # pid -> pod UID, in node mode
-    owners_complete: bool = (
-        True  # every process that could hold a segment was inspected
-    )
-    unproven: List[str] = field(
-        default_factory=list
-    )  # why not, for the log and `check`
+    # Every process that could hold a segment was inspected; if not, why, for the log and check.
+    owners_complete: bool = True
+    unproven: List[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,9 @@
 """The cyclic garbage collector, tuned for a process whose objects die by reference counting.
 
-CPython collects its youngest generation each time 700 more container objects have been
-made than freed. A node's render or owner scan makes tens of thousands for a moment, so
-with that default the collector runs many times a second and often traverses the whole
-heap, while finding no garbage: our objects die by reference counting. So it runs only
-after GEN0_THRESHOLD net new objects; garbage cycles, should any appear, still end in a
-collection once that many pile up. tests/test_gc_tuning.py checks that serving, as a
-sidecar and as a node, makes none.
+A node's render or owner scan makes tens of thousands of objects for a moment: at the
+default threshold (700) the collector runs many times a second, traversing the heap and
+finding nothing. Cycles, should any appear, are still collected after GEN0_THRESHOLD;
+tests/test_gc_tuning.py checks that serving makes none.
 """
 
 from __future__ import annotations

@@ -1,45 +1,36 @@
 """Log lines as the Prometheus ecosystem writes them (`--log.format=logfmt|json`).
 
-logfmt as go-kit/log and Go's slog write it: `ts=2026-12-02T14:20:25.612Z level=info
-logger=shmwatch msg="mount /dev/shm: inotify on"`; a value is quoted when it is empty or
-holds a space, `=`, `"` or a control character, with `\\`, `"` and control characters
-escaped, so every line parses. json: one object a line with the same keys. Uncaught
-exceptions (also in threads) go through the same formatter instead of a bare traceback.
+logfmt as go-kit/log and Go's slog write it (`ts=2026-12-02T14:20:25.612Z level=info
+logger=shmwatch msg="mount /dev/shm: inotify on"`), quoted and escaped so every line
+parses; json: one object a line, same keys. Uncaught exceptions (threads too) as well.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import threading
 import time
 
 _LEVELS = {"WARNING": "warn", "CRITICAL": "error"}
 _ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_QUOTED = re.compile(r'[ ="\\\x00-\x1f\x7f]')  # a value holding one of these is quoted
+_ESCAPED = re.compile(r'["\\\x00-\x1f\x7f]')
 
 
 def logfmt_value(value: object) -> str:
     text = str(value)
-    if text and not any(c in ' ="\\' or ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+    if text and not _QUOTED.search(text):
         return text
-    out = []
-    for c in text:
-        if c in _ESCAPES:
-            out.append(_ESCAPES[c])
-        elif ord(c) < 0x20 or ord(c) == 0x7F:
-            out.append(f"\\u{ord(c):04x}")
-        else:
-            out.append(c)
-    return '"' + "".join(out) + '"'
+    escape = lambda m: _ESCAPES.get(m[0], f"\\u{ord(m[0]):04x}")  # noqa: E731
+    return '"' + _ESCAPED.sub(escape, text) + '"'
 
 
 def _timestamp(created: float) -> str:
-    seconds = int(created)
-    return (
-        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
-        + f".{int((created - seconds) * 1000):03d}Z"
-    )
+    ms = int(created % 1 * 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{ms:03d}Z"
 
 
 def _fields(record: logging.LogRecord, formatter: logging.Formatter) -> list:

@@ -1,19 +1,10 @@
-"""The scheduler: runs each source on its own thread and publishes what each run observed.
+"""The scheduler: each source on its own thread, each run's Observation to the subscribers.
 
-One thread per source, so a slow or hung source (a GPU fallen off the bus, a stuck
-mount) never delays the others. A run that overruns its timeout is published as failed
-the moment it overruns (the watchdog), and its thread is not replaced while it is still
-stuck. Sources scheduled "poll" run every --poll-interval, "inventory" every
---inventory-interval. An event-driven source also runs `collect_quick()` when the watcher
-says a mount changed, once the burst of events has settled, and a full run follows it.
-
-A heavy source (`stretches`: node mode's every-pod cgroups and owner scan) doubles its
-interval after each full run whose result equals the last one, up to STRETCH_MAX times
-the base, and is back at the base interval when the result changes or an event arrives,
-as cAdvisor's housekeeping does.
-
-The scheduler keeps no results: subscribers (the model step, the watcher) get each
-Observation as it is made.
+A thread per source, so a hung one (a GPU fallen off the bus, a stuck mount) delays no
+other; the watchdog publishes a run over its timeout as failed and never starts its thread
+twice. An event-driven source also runs `collect_quick()` once a burst of events settles,
+and a full run follows. A heavy source (`stretches`) doubles its interval while its result
+stays the same, up to STRETCH_MAX times, as cAdvisor's housekeeping does.
 """
 
 from __future__ import annotations
@@ -60,16 +51,12 @@ class _Runner(threading.Thread):
         self.timed_out = False
         self.runs = 0
 
-    def request_quick(self) -> None:
-        now = time.monotonic()
-        self.last_event = now
-        if self.first_event is None:
-            self.first_event = now
-        self.interval = self.base
-        self.wake.set()
-
-    def request_full(self) -> None:
-        self.full_now = True
+    def request(self, full: bool) -> None:
+        if full:
+            self.full_now = True
+        else:
+            self.last_event = time.monotonic()
+            self.first_event = self.first_event or self.last_event
         self.interval = self.base
         self.wake.set()
 
@@ -158,19 +145,14 @@ class Sampler:
             runner.start()
         self._watchdog.start()
 
-    def stop(self, timeout: float = 1.0) -> None:
+    def stop(self) -> None:
         self.stopping.set()
         for runner in self.runners.values():
             runner.wake.set()
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + 1.0
         for runner in self.runners.values():
             if runner.is_alive():
                 runner.join(max(0.0, deadline - time.monotonic()))
-
-    def run_once(self) -> None:
-        """Run every source once, in this thread (`shmwatch check`, tests)."""
-        for runner in self.runners.values():
-            runner.run_once(full=True)
 
     def wait_for_first_run(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -188,17 +170,12 @@ class Sampler:
             if r.running_since is not None and r.timed_out
         ]
 
-    def request_quick(self) -> None:
-        """A watched mount changed: event-driven sources run soon (debounced)."""
+    def request(self, full: bool = False) -> None:
+        """A watched mount changed: event-driven sources run soon (debounced); `full`: events
+        were lost (inotify queue overflow), a full run now."""
         for runner in self.runners.values():
             if runner.source.event_driven:
-                runner.request_quick()
-
-    def request_full(self) -> None:
-        """Events were lost (inotify queue overflow): event-driven sources run a full run now."""
-        for runner in self.runners.values():
-            if runner.source.event_driven:
-                runner.request_full()
+                runner.request(full)
 
     def publish(self, obs: Observation) -> None:
         self._log_change(obs.source, obs.error)
@@ -213,22 +190,13 @@ class Sampler:
             now = time.monotonic()
             for runner in self.runners.values():
                 since = runner.running_since
-                if (
-                    since is not None
-                    and not runner.timed_out
-                    and now - since > runner.timeout
-                ):
-                    # Hung: the last result is stale, and this run has failed. The thread is
-                    # left to finish (or not); it is never started twice.
-                    runner.timed_out = True
-                    self.publish(
-                        Observation(
-                            runner.source.name,
-                            None,
-                            f"timed out after {runner.timeout:g}s",
-                            now - since,
-                        )
-                    )
+                if since is None or runner.timed_out or now - since <= runner.timeout:
+                    continue
+                # Hung: this run has failed. Its thread is left to finish (or not), and never
+                # started twice.
+                runner.timed_out = True
+                error = f"timed out after {runner.timeout:g}s"
+                self.publish(Observation(runner.source.name, None, error, now - since))
 
     def _log_change(self, name: str, error: Optional[str]) -> None:
         """Log when a source starts failing or recovers, not on every run."""

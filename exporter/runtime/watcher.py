@@ -1,20 +1,15 @@
-"""React within a second: inotify on every monitored mount, one instance for them all.
+"""React within a second: one inotify instance watches every monitored mount.
 
-Prometheus scrapes every 15-60 s; NCCL allocates its segments and crashes in less.
-On each create/grow/delete we take a statvfs at once (it feeds the peak window, so a
-2 s spike stays on the graph) and wake the segment inventory, which debounces bursts.
-
-The inotify instance is watchdog's InotifyFD: one thread reads it and calls us with each
-raw event. Not watchdog's Observer, which adds a thread per watch and a dispatch thread,
-for move pairing and recursion we do not use.
-
-Where inotify cannot be had (no support, fs.inotify.max_user_instances or
-max_user_watches exhausted) the mount is polled instead, said once in the log, and
-shmwatch_inotify_active{mount} is 0; created/deleted then come from inventory diffs.
+NCCL allocates and crashes between two scrapes: each create/grow/delete takes a statvfs at
+once (the peak window keeps a 2 s spike) and wakes the inventory, which debounces bursts.
+watchdog's InotifyFD, not its Observer (a thread per watch, move pairing we do not use).
+Where inotify cannot be had (no support, max_user_instances or max_user_watches exhausted)
+the mount is polled, said once in the log, and created/deleted come from inventory diffs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -40,8 +35,7 @@ IN_CREATE, IN_DELETE = 0x100, 0x200
 IN_ONLYDIR, IN_DONT_FOLLOW, IN_ISDIR = 0x01000000, 0x02000000, 0x40000000
 CHANGES = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_MODIFY | IN_ATTRIB
 WATCH_MASK = CHANGES | IN_ONLYDIR | IN_DONT_FOLLOW
-# A move within the mount is a delete of one name and a create of another; one in from
-# elsewhere, a create; one out, a delete.
+# A move in is a create, a move out a delete (within the mount, both).
 CREATED, DELETED = IN_CREATE | IN_MOVED_TO, IN_DELETE | IN_MOVED_FROM
 CALLBACK_ID = 0  # one callback per watch: ours
 
@@ -50,42 +44,41 @@ def _inotify():
     """watchdog's inotify instance and its reading thread (not started)."""
     from watchdog.observers.inotify_c import InotifyFD  # ImportError off Linux
 
-    # OSError from inotify_init: EMFILE when max_user_instances is reached
     reader = InotifyFD()
     reader.name = "shmwatch-inotify"
     return reader
 
 
+def _close(reader) -> None:
+    with contextlib.suppress(Exception):
+        reader.stop()
+        reader.join(1.0)
+
+
 class MountWatcher:
-    """Watches the mounts discovery publishes. Talks to the state store (peaks, counters,
-    inotify flags), to the change log (names for the next quick inventory) and to
-    `wake` (the scheduler's request for an event-driven run)."""
+    """Feeds the state store, the change log (names for the next quick inventory) and
+    `wake` (the scheduler's event-driven run; a full one after lost events)."""
 
     def __init__(
         self,
         state: StateStore,
         paths: Paths,
         mounts: "Sequence[str] | Callable[[], List[str]]",
-        wake: Callable[[], None] = lambda: None,
+        wake: Callable[..., None] = lambda full=False: None,
         enabled: bool = True,
-        statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
         inotify_factory: Callable[[], object] = _inotify,
         changes: Optional[ChangeLog] = None,
-        wake_full: Callable[[], None] = lambda: None,
     ):
         self.state = state
         self.wake = wake
-        self.wake_full = wake_full
         self.paths = paths
         self._mounts = live_mounts(mounts)  # discovery's current mounts
         self.enabled = enabled
-        self.statvfs = statvfs
         self.inotify_factory = inotify_factory
         self.changes = changes or ChangeLog()  # names for the next quick inventory
         self.inotify = None  # watchdog's InotifyFD, once started
         self._started = False
         self._stopped = False  # for good: a refresh after stop() must not start inotify
-        self._last_set: Optional[MountSet] = None  # what discovery published last
         self.watches: Dict[str, Tuple[int, int]] = {}  # mount -> (wd, st_dev watched)
         # Watch descriptor -> its mounts, for the reader thread: two paths to one directory (a
         # bind mount) are one watch, as inotify makes them.
@@ -96,54 +89,37 @@ class MountWatcher:
         self._previous: Dict[str, Dict[Tuple[int, int], str]] = {}
 
     # --- set-up -----------------------------------------------------------------------
-    @property
-    def mounts(self):
-        return self._mounts()
-
     def start(self) -> None:
         self._started = True
-        for mount in self.mounts:
-            self.state.set_inotify(mount, False)
-        if not self.enabled:
-            for mount in self.mounts:
-                self._say(mount, "inotify disabled (--no-inotify): polling")
-            return
-        if self._start_inotify():
-            for mount in self.mounts:
-                self._watch(mount)
+        self.refresh()
 
     def _start_inotify(self) -> bool:
         try:
             reader = self.inotify_factory()
             reader.start()
         except Exception as err:  # ImportError off Linux, OSError from inotify_init (EMFILE: instances)
-            for mount in self.mounts:
+            for mount in self._mounts():
                 self._say(
                     mount,
                     f"inotify unavailable ({err}): polling every inventory interval",
                 )
             return False
-        with self._lock:  # with stop(): a stop() landing during a refresh gets this one, or none starts
-            stopped = self._stopped
-            if not stopped:
+        with (
+            self._lock
+        ):  # a stop() landing during a refresh closes this one, or none starts
+            if not self._stopped:
                 self.inotify = reader
-        if stopped:
-            reader.stop()
-            reader.join(1.0)
-        return not stopped
+                return True
+        _close(reader)
+        return False
 
     def stop(self) -> None:
-        # App.stop() stops us before the scheduler, whose discovery may still publish a
-        # mount set. The watches the reader drops on closing are not lost ones.
+        """For good: discovery, stopped after us, may still publish a mount set."""
         with self._lock:
             self._stopped = True
             reader, self.inotify = self.inotify, None
         if reader is not None:
-            try:
-                reader.stop()
-                reader.join(1.0)
-            except Exception:
-                pass
+            _close(reader)
 
     def _say(self, mount: str, message: str) -> None:
         if self._said.get(mount) != message:
@@ -181,60 +157,47 @@ class MountWatcher:
             self.state.set_inotify(mount, True)
         self._say(mount, "inotify on")
 
-    def refresh(self, recheck_watched: bool = True) -> None:
-        """Re-watch a mount that was missing, or (`recheck_watched`) was unmounted and mounted
-        again; forget gone ones."""
+    def refresh(self) -> None:
+        """Watch a mount that was missing, re-watch one unmounted and mounted again (another
+        device), forget gone ones."""
         if self._stopped:
             return
-        current = set(self.mounts)
+        current = set(self._mounts())
         self.state.forget_mounts_except(current)
         for mount in list(self.watches):
             if mount not in current:
                 self._unwatch(mount)
         with self._lock:
-            for gone in [m for m in self._previous if m not in current]:
-                del self._previous[gone]
-            # Node mode: pods come and go; their log state goes with them.
-            for gone in [m for m in self._said if m not in current]:
-                del self._said[gone]
+            for books in (self._previous, self._said):  # pods come and go: so does this
+                for gone in [m for m in books if m not in current]:
+                    del books[gone]
         reader = self.inotify
         if reader is not None and not reader.is_alive():
             # Its thread ended (reading the instance failed): nobody reads these watches. Every
             # mount is polled until a new instance watches it, below.
             log.warning("the inotify reader stopped: watching every mount anew")
-            self._drop_reader(reader)
+            with self._lock:
+                self.inotify = None
+                for mount in self.watches:
+                    self.state.set_inotify(mount, False)
+                self.watches.clear()
+                self._mounts_on.clear()
+            _close(reader)
         if self.inotify is None and not (self.enabled and self._start_inotify()):
             # Polling; inotify is tried again on the next refresh (limits can be raised live).
-            for mount in current - set(self.state.known_inotify()):
+            for mount in current:
                 self.state.set_inotify(mount, False)
+                if not self.enabled:
+                    self._say(mount, "inotify disabled (--no-inotify): polling")
             return
         for mount in sorted(current):
             watched = self.watches.get(mount)
-            if watched is not None and not recheck_watched:
-                continue
-            try:
-                dev = os.stat(self.paths.host(mount)).st_dev
-            except OSError:
-                dev = None
-            if watched is not None and watched[1] == dev:
-                continue
             if watched is not None:
-                self._unwatch(mount)
-                self.state.set_inotify(mount, False)
-            if dev is not None:
-                self._watch(mount)
-
-    def _drop_reader(self, reader) -> None:
-        with self._lock:
-            self.inotify = None
-            for mount in self.watches:
-                self.state.set_inotify(mount, False)
-            self.watches.clear()
-            self._mounts_on.clear()
-        try:
-            reader.stop()
-        except Exception:
-            pass
+                with contextlib.suppress(OSError):
+                    if os.stat(self.paths.host(mount)).st_dev == watched[1]:
+                        continue
+                self._unwatch(mount)  # unmounted, or mounted again
+            self._watch(mount)
 
     def _unwatch(self, mount: str) -> None:
         with self._lock:
@@ -243,39 +206,33 @@ class MountWatcher:
             if others:
                 self._mounts_on[wd] = others  # the watch stays theirs
         if wd is not None and not others and self.inotify is not None:
-            try:
+            with contextlib.suppress(Exception):  # gone with its mount, perhaps
                 self.inotify.remove_callbacks([(wd, CALLBACK_ID)])
-            except Exception:
-                pass  # the mount went away first: so did its watch
 
     # --- events (the inotify thread; watchdog's WatchCallback) ------------------------------
     def on_event(self, event) -> None:
         """One raw inotify event on a watched mount's top directory."""
         if not event.name:
             return  # the directory itself (its attributes, unmounted)
+        name, mask = os.fsdecode(event.name), event.mask
+        kind = "created" if mask & CREATED else "deleted" if mask & DELETED else None
         for mount in self._mounts_on.get(event.wd, ()):
             try:
-                self._on_event(mount, event.mask, event.name)
+                self._on_change(mount, name, kind, mask & IN_ISDIR)
             except Exception:  # would end the thread that reads every mount's events
                 log.exception("mount %s: handling an inotify event failed", mount)
 
-    def _on_event(self, mount: str, mask: int, name_bytes: bytes) -> None:
-        name = os.fsdecode(name_bytes)
-        kind = (
-            "created" if mask & CREATED else "deleted" if mask & DELETED else "modified"
-        )
-        if mask & IN_ISDIR:
+    def _on_change(self, mount: str, name: str, kind: Optional[str], isdir) -> None:
+        if isdir:
             self.changes.unknown(mount)  # what is below a new directory: re-list
         else:
             self.changes.add(mount, name)
-            if kind != "modified":
+            if kind:
                 self.state.count_event(mount, classify(name), kind)
         self.state.touch(mount)
-        try:
-            st = self.statvfs(self.paths.host(mount))
-            self.state.record_used(mount, (st.f_blocks - st.f_bfree) * st.f_frsize)
-        except OSError:
-            pass  # the poll will report the mount's error
+        with contextlib.suppress(OSError):  # the poll will report the mount's error
+            st = os.statvfs(self.paths.host(mount))
+            self.state.record_used([(mount, (st.f_blocks - st.f_bfree) * st.f_frsize)])
         self.wake()
 
     def on_watch_deleted(self, wd: int) -> None:
@@ -307,24 +264,16 @@ class MountWatcher:
             "inotify queue overflowed: events were lost on %d mount(s); running a full inventory",
             len(watched),
         )
-        self.wake_full()
+        self.wake(full=True)
 
     def on_mounts(self, mount_set: MountSet) -> None:
-        """Discovery subscriber: watch new mounts, re-watch remounted ones, forget gone ones.
-        Node mode publishes every second; while the mount table has not changed, no watched
-        mount can have been mounted again, and 200 stat()s a second are spared."""
+        """Discovery subscriber (node mode: every second)."""
         if self._started:
-            unchanged = mount_set.follows_mount_table and mount_set is self._last_set
-            self._last_set = mount_set
-            self.refresh(recheck_watched=not unchanged)
+            self.refresh()
 
     def on_observation(self, obs: Observation) -> None:
         """Scheduler subscriber: on polled mounts, created/deleted come from inventory diffs."""
-        if obs.source == "segments" and obs.success:
-            self._diff(obs.result)
-
-    def _diff(self, inv) -> None:
-        for m in inv.mounts:
+        for m in obs.result.mounts if obs.source == "segments" and obs.success else ():
             if m.error:
                 continue
             keys = {s.key: s.cls for s in m.segments if s.state != "hidden"}
