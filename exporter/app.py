@@ -46,6 +46,7 @@ class App:
             self.state.drain_touched,
             self.state.all_inotify,
             kmsg_from_start,
+            lambda: self.step.kill_log_complete(),  # the step is made below
         )
         # Discovery first (the others read its mounts), then the collectors that are on.
         self.sources: List[Source] = [self.discovery] + [

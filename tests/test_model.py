@@ -187,3 +187,20 @@ def test_the_model_is_rebuilt_only_when_its_version_moved(tmp_path):
     harness.state.count_event(str(shm), "nccl", "created")  # the watcher, say
     assert step.version() != version
     assert step.current().states.event_rows == {str(shm): (("nccl", "created", 1),)}
+
+
+def test_the_kill_log_is_complete_only_when_read_and_nothing_was_lost():
+    from exporter.model.types import Observation, OomReports
+
+    from exporter.collectors.oom import OomCollector
+    from tests.helpers import registry_for
+
+    _, harness = registry_for(OomCollector("/nonexistent/kmsg"))
+    step = harness.step
+    assert not step.kill_log_complete()  # never read
+    step.accept(Observation("oom", OomReports((), 0), None, 0.0))
+    assert step.kill_log_complete()
+    step.accept(Observation("oom", OomReports((), 3), None, 0.0))  # records overwritten
+    assert not step.kill_log_complete()
+    step.accept(Observation("oom", None, "PermissionError: /dev/kmsg", 0.0))
+    assert not step.kill_log_complete()

@@ -162,3 +162,79 @@ def test_segments_stretch_only_in_node_mode_while_inotify_watches_every_mount():
     watched["all"] = True
     assert node.stretches
     assert not SegmentsCollector(Paths(), [], all_watched=lambda: True).stretches
+
+
+def wait_until(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+def test_a_source_that_stops_stretching_is_back_at_its_interval():
+    """A watch lost (node-mode segments: the mount is polled now) or the kernel log failing
+    (node-mode cgroups) ends the stretch at the next full run, not at the next event."""
+    steady = Counting("segments", stretches=True, result=lambda: [1])
+    runner = Sampler([steady], poll_interval=0.02).runners["segments"]
+    for _ in range(6):
+        runner.run_once(full=True)
+    assert runner.interval == 0.02 * scheduler_mod.STRETCH_MAX
+    steady.stretches = False
+    runner.run_once(full=True)
+    assert runner.interval == 0.02
+
+
+def test_a_run_is_counted_only_once_its_observation_is_published():
+    """`shmwatch check` waits on the runs, then reads the model: it must find each result."""
+    source = Counting("segments")
+    sampler = Sampler([source])
+    seen_at_publish = []
+    sampler.subscribe(lambda obs: seen_at_publish.append(sampler.runners["segments"].runs))
+    sampler.runners["segments"].run_once(full=True)
+    assert seen_at_publish == [0] and sampler.runners["segments"].runs == 1
+
+
+def test_events_that_never_stop_get_spaced_quick_runs_and_their_follow_up_in_time():
+    """A writer appending to a file in /dev/shm for ever: quick runs stay QUICK_GAP_SECONDS
+    apart at least, and the follow-up full run (owners from /proc: leaked vs linked) comes
+    FOLLOW_UP_SECONDS after the first quick run, not after the events stop."""
+    source = Counting("segments", schedule="inventory", event_driven=True)
+    sampler = Sampler([source], inventory_interval=60.0)
+    stop = threading.Event()
+
+    def writer():
+        while not stop.is_set():
+            sampler.request()
+            time.sleep(0.01)
+
+    sampler.start()
+    thread = threading.Thread(target=writer)
+    try:
+        assert wait_until(lambda: len(source.runs) == 1)
+        thread.start()
+        assert wait_until(lambda: len(source.runs) >= 2, timeout=scheduler_mod.FOLLOW_UP_SECONDS + 2.0)
+        assert source.runs[1] - source.quick[0] <= scheduler_mod.FOLLOW_UP_SECONDS + 0.5
+        time.sleep(1.0)
+        gaps = [b - a for a, b in zip(source.quick, source.quick[1:])]
+        assert gaps and min(gaps) >= scheduler_mod.QUICK_GAP_SECONDS - 0.01
+    finally:
+        stop.set()
+        thread.join() if thread.is_alive() else None
+        sampler.stop()
+
+
+def test_node_cgroups_stretch_only_while_the_kernel_log_counts_every_kill(tmp_path):
+    """v1 counts a kill in the container's own cgroup: read every poll unless the kernel log
+    (read, nothing lost) counts the kills of containers replaced between two reads."""
+    from exporter.collectors.cgroup import CgroupCollector
+    from exporter.host.paths import Paths
+
+    complete = {"yes": False}
+    source = CgroupCollector(Paths("/proc", str(tmp_path), "/"), node_mode=True,
+                             kill_log_complete=lambda: complete["yes"])
+    assert not source.stretches
+    complete["yes"] = True
+    assert source.stretches
+    assert not CgroupCollector(Paths("/proc", str(tmp_path), "/"), kill_log_complete=lambda: True).stretches

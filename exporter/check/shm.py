@@ -8,7 +8,7 @@ from typing import List, Optional
 
 from exporter.check import thresholds as T
 from exporter.check.findings import Report
-from exporter.check.sizes import docker, human, k8s, round_up
+from exporter.check.sizes import at_least, at_most, docker, human, k8s, round_up
 from exporter.model.classes import removable
 from exporter.model.step import Model, MountView
 
@@ -53,7 +53,7 @@ def shm(report: Report, view: MountView, model: Model, required: Optional[int]) 
     }
     report.facts.setdefault("shm", []).append(facts)
     if required and effective < required:
-        held = f"can hold {human(effective)}, below the {human(required)} required"
+        held = f"can hold {at_most(effective)}, below the {at_least(required)} required"
         add("fail", f"{usage}: {held} (--require-shm)", shm_remedy(required))
     elif m.size_bytes <= default:
         small = f"{usage}: far too small for NCCL, torch or vLLM"

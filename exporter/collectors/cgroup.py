@@ -102,11 +102,12 @@ class CgroupCollector(BaseSource):
         node_mode: bool = False,
         table: Optional[ProcessTable] = None,
         mounts: Optional[Callable[[], Sequence[str]]] = None,
+        kill_log_complete: Callable[[], bool] = lambda: False,
     ):
         self.paths = paths
         self.table = table or ProcessTable(paths)
         self.node_mode = node_mode  # every pod's cgroup on the host, not one
-        self.stretches = node_mode  # 200 pods' cgroups: read less often while unchanged
+        self.kill_log_complete = kill_log_complete
         self.cgroup_path = cgroup_path
         self.target = re.compile(target_process) if target_process else None
         self.limit_override = limit_override
@@ -115,6 +116,13 @@ class CgroupCollector(BaseSource):
         # Node mode: the last walk's pod cgroups, and when it was made.
         self._listed: Optional[List[Tuple[str, int, str, str]]] = None
         self._walked_at = float("-inf")
+
+    @property
+    def stretches(self) -> bool:
+        """Node mode's 200 pods' cgroups are read less often while unchanged, but only while
+        the kernel log counts every OOM kill: without it a container killed and replaced
+        between two reads (v1 counts a kill in the container's own cgroup) would go uncounted."""
+        return self.node_mode and self.kill_log_complete()
 
     def resolve(self, pid: object = "self") -> Tuple[str, int, str]:
         """-> (cgroup path, version, directory to read) of --cgroup.path, or of `pid`'s cgroup."""
@@ -309,6 +317,7 @@ register(
         c.cfg.memory_limit_bytes,
         node_mode=c.node,
         table=c.table,
+        kill_log_complete=c.kill_log_complete,
         mounts=c.mounts,
     ),
 )

@@ -57,6 +57,9 @@ class Context:
     touched: Optional[Callable[[], Set[str]]] = None  # mounts the watcher saw change
     all_watched: Callable[[], bool] = lambda: False  # inotify watches every mount
     kmsg_from_start: bool = False  # check: the kernel log from its start
+    kill_log_complete: Callable[[], bool] = lambda: (
+        False
+    )  # every OOM kill is in the log
 
     @property
     def node(self) -> bool:

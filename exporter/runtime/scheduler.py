@@ -25,6 +25,9 @@ DEBOUNCE_SECONDS = 0.02
 DEBOUNCE_MAX_SECONDS = 0.1
 # After an event-driven run, a full run (owners read from /proc) follows this soon.
 FOLLOW_UP_SECONDS = 1.0
+# Event-driven runs start at least this far apart: a writer that never stops (a process
+# appending to a file in /dev/shm) costs a bounded share of a core, not a run per debounce.
+QUICK_GAP_SECONDS = 0.25
 # How often the watchdog looks for runs over their timeout (timeouts are seconds long).
 WATCHDOG_SECONDS = 0.5
 # A stretching source's interval grows to this many times its base at most.
@@ -44,6 +47,7 @@ class _Runner(threading.Thread):
         self.first_event: Optional[float] = None  # of a burst not run yet
         self.last_event = 0.0
         self.follow_up_at: Optional[float] = None
+        self.quick_not_before = 0.0
         self.full_now = False
         self.last_full = float("-inf")  # when the last full run started
         self.last_result: object = None  # of the last full run, for stretching
@@ -76,14 +80,22 @@ class _Runner(threading.Thread):
                 self.run_once(full=True)
                 continue
             if self.first_event is not None:
-                due = min(
-                    self.last_event + DEBOUNCE_SECONDS,
-                    self.first_event + DEBOUNCE_MAX_SECONDS,
+                due = max(
+                    min(
+                        self.last_event + DEBOUNCE_SECONDS,
+                        self.first_event + DEBOUNCE_MAX_SECONDS,
+                    ),
+                    self.quick_not_before,
                 )
                 if now >= due:
                     self.first_event = None
                     self.run_once(full=False)
-                    self.follow_up_at = time.monotonic() + FOLLOW_UP_SECONDS
+                    ended = time.monotonic()
+                    self.quick_not_before = ended + QUICK_GAP_SECONDS
+                    # Set once per burst: events that keep coming do not postpone it, so
+                    # owners are read within a second of the first quick run.
+                    if self.follow_up_at is None:
+                        self.follow_up_at = ended + FOLLOW_UP_SECONDS
                     continue
                 next_full = due
             self.wake.wait(max(0.0, next_full - now))
@@ -97,17 +109,22 @@ class _Runner(threading.Thread):
         except Exception as err:  # one source failing must not stop the others
             result, error = None, f"{type(err).__name__}: {err}"
         self.running_since = None
-        self.runs += 1
-        if full and self.source.stretches:
+        if full:
             same = error is None and result == self.last_result
+            stretch = same and self.source.stretches  # back to the base when it stops
             self.interval = (
-                min(self.interval * 2, self.base * STRETCH_MAX) if same else self.base
+                min(self.interval * 2, self.base * STRETCH_MAX)
+                if stretch
+                else self.base
             )
             self.last_result = result
         self.sampler.publish(
             Observation(
                 self.source.name, result, error, time.monotonic() - started, full
             )
+        )
+        self.runs += (
+            1  # after publishing: a waiter on `runs` finds the result in the model
         )
 
 
