@@ -5,8 +5,8 @@
                                                     ▲
     watcher (inotify) ─▶ state store (peaks, counters, inotify flags)
 
-serve and check build the same thing; check waits for every source's first run and does not
-watch. /metrics renders on demand, when the model's version moved.
+serve and check build the same; check waits for each source's first run. /metrics renders
+when a scrape finds the model's version moved.
 """
 
 from __future__ import annotations

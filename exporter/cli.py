@@ -38,15 +38,18 @@ def _web_config(cfg):
             "give it or the deprecated --web.tls-* flags, not both "
             "(move them to tls_server_config)",
         )
-    if key and not cert:
-        fail("--web.tls-key-file", "needs --web.tls-cert-file too")
-    if cert and not key:
-        fail("--web.tls-cert-file", "needs --web.tls-key-file too")
-    if ca and not cert:
-        fail(
-            "--web.tls-client-ca-file",
+    for given, missing, flag, message in (
+        (key, not cert, "key-file", "needs --web.tls-cert-file too"),
+        (cert, not key, "cert-file", "needs --web.tls-key-file too"),
+        (
+            ca,
+            not cert,
+            "client-ca-file",
             "mTLS needs --web.tls-cert-file and --web.tls-key-file",
-        )
+        ),
+    ):
+        if given and missing:
+            fail(f"--web.tls-{flag}", message)
     if cfg.web_config_file:
         _check_readable("--web.config.file", cfg.web_config_file)
         try:

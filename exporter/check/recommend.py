@@ -1,16 +1,12 @@
 """Right-sizing the shm volume from what the workload really used (`shmwatch check --recommend`).
 
 One place for the formula: recommended = observed peak x headroom, rounded up to a whole GiB
-(a whole MiB below 1 GiB), at least 1 MiB; the memory limit that holds it = what the cgroup
-uses besides this mount's shm + the recommendation, rounded up to a whole MiB. The recording
-rules in deploy/prometheus/shmwatch-recommend-rules.yml are rendered from the same template
-(`rule_exprs`); tests/test_recommend.py holds the file to it and runs both on the same numbers.
+(a whole MiB below 1 GiB), at least 1 MiB; the memory limit that holds it = the cgroup's use
+besides this mount's shm + the recommendation, rounded up to a MiB. The recording rules
+(deploy/prometheus/shmwatch-recommend-rules.yml) come from the same template, `rule_exprs`.
 
-Where the observed peak comes from, best first:
-  prometheus  max_over_time(shmwatch_mount_peak_used_bytes[window]) from --prometheus.url
-  exporter    a running exporter's high-water mark (shmwatch_mount_max_used_bytes) from --exporter.url
-  current     this run's own reading: `check` runs the collectors once, so its high-water mark
-              is the current use; the weakest source, and the report says so.
+The observed peak, best first: Prometheus's max_over_time(shmwatch_mount_peak_used_bytes),
+a running exporter's shmwatch_mount_max_used_bytes, or this run's reading (said to be weakest).
 """
 
 from __future__ import annotations

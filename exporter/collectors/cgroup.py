@@ -119,9 +119,8 @@ class CgroupCollector(BaseSource):
 
     @property
     def stretches(self) -> bool:
-        """Node mode's 200 pods' cgroups are read less often while unchanged, but only while
-        the kernel log counts every OOM kill: without it a container killed and replaced
-        between two reads (v1 counts a kill in the container's own cgroup) would go uncounted."""
+        """Node mode reads unchanged cgroups less often only while the kernel log counts every
+        OOM kill: v1 counts a kill in a container's own cgroup, which a restart replaces."""
         return self.node_mode and self.kill_log_complete()
 
     def resolve(self, pid: object = "self") -> Tuple[str, int, str]:

@@ -73,7 +73,6 @@ class MountDiscovery(BaseSource):
                 seen = {t.mount for t in found}
                 current = MountSet(
                     found + [t for t in self._static if t.mount not in seen],
-                    follows_mount_table=True,
                 )
                 with self._lock:
                     self._current = current

@@ -2,12 +2,10 @@
 
 Why not the cgroup counters alone: v1 counts a kill only in the victim's own memcg, which
 goes with its container; the kernel log names both cgroups of every kill (the one whose limit
-was hit, the victim's) and outlives them. From 4.19 a kill is an "oom-kill:constraint=...,
-oom_memcg=...,task_memcg=...,task=...,pid=..." line and then "Killed process <pid> (<comm>)
-... anon-rss:..kB, file-rss:..kB, shmem-rss:..kB"; before, "Task in <memcg> killed as a
-result of limit of <memcg>". Serving seeks to the end first (a restart must not count the
-ring's kills twice); `shmwatch check` reads the ring from its start. Needs CAP_SYSLOG under
-kernel.dmesg_restrict=1, and in a container the device itself.
+was hit, the victim's) and outlives them: "oom-kill:...,oom_memcg=...,task_memcg=..." then
+"Killed process <pid> (<comm>) ... shmem-rss:..kB" (before 4.19: "Task in <memcg> killed as a
+result of limit of <memcg>"). Serving seeks to the end first (a restart must not count the
+ring's kills twice); check reads the ring from its start. Needs CAP_SYSLOG (dmesg_restrict).
 """
 
 from __future__ import annotations

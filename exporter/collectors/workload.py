@@ -7,11 +7,9 @@ namespace that is not shmwatch's nor a pod's pause process; its cgroup is read w
 cgroupfs mount shows it (the host's, read-only: /proc/<pid>/cgroup is relative to the
 cgroup namespace's root, a mount shows the subtree below its mountinfo root).
 
-Otherwise it is estimated: proportional anon + file resident memory (smaps_rollup) plus the
-shm mounts' used bytes (tmpfs pages are charged to their writer's cgroup; Pss_Shmem left
-out, not to count mapped shm twice). Unseen: unmapped page cache, kernel memory, shared
-anonymous mappings; overcounted: file pages another cgroup faulted in first. Labelled
-`cgroup="estimate:workload"`, shmwatch_cgroup_memory_estimated 1.
+Otherwise it is estimated (`cgroup="estimate:workload"`, shmwatch_cgroup_memory_estimated 1):
+Pss_Anon + Pss_File (smaps_rollup) plus the shm mounts' used bytes (not Pss_Shmem: shm counted
+once). Unseen: unmapped page cache, kernel memory; overcounted: others' file pages.
 """
 
 from __future__ import annotations

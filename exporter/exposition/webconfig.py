@@ -1,12 +1,10 @@
 """`--web.config.file`: exporter-toolkit's web configuration (TLS, client certificates, basic
-auth with bcrypt hashes, response headers), the format every Go exporter takes, so one file
-serves node_exporter and shmwatch alike. What Python's ssl module cannot do (a client
-certificate taken unverified, cipher and curve lists, client_allowed_sans, inline PEM,
-rate_limit) is refused at start-up with a message, not ignored.
+auth with bcrypt hashes, response headers), as every Go exporter takes it. What Python's ssl
+cannot do (a client certificate taken unverified, cipher and curve lists, client_allowed_sans,
+inline PEM, rate_limit) is refused at start-up with a message, not ignored.
 
-The file and the files it names are stat'ed on each new connection; a change rebuilds the
-SSLContext, so a certificate cert-manager rotated serves from the next connection on. A
-change that does not load (a key written before its certificate) keeps the last good one.
+The files are stat'ed on each new connection: a rotated certificate serves from the next one
+on; a change that does not load (a key written before its certificate) keeps the last good.
 """
 
 from __future__ import annotations

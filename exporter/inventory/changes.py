@@ -32,7 +32,3 @@ class ChangeLog:
         with self._lock:
             drained, self._names = self._names, {}
         return drained
-
-    def pending(self) -> bool:
-        with self._lock:
-            return bool(self._names)

@@ -7,7 +7,6 @@ rebuilt on first use after the version moved. /metrics and `shmwatch check` read
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 import time
@@ -275,11 +274,12 @@ class ModelStep:
         counter plus each container's highest, kept after it is gone; v2's is hierarchical.
         Node mode: also each pod with a kill whose cgroup is gone (or never seen)."""
         logged, own = states.oom_kills, states.oom_cgroup_max
-        logged_below, own_below = _Subtrees(logged), _Subtrees(own)
+        logged_below, own_below = _subtree_totals(logged), _subtree_totals(own)
         counts: Dict[str, OomCount] = {}
         for c in cgroups:  # (neither source counting kills: no series, not a false 0)
             if c.cgroup in own or "oom" in self._latest:
-                kills = max(logged_below.total(c.cgroup), own_below.total(c.cgroup))
+                at = c.cgroup.rstrip("/") or "/"
+                kills = max(logged_below.get(at, 0), own_below.get(at, 0))
                 counts[c.cgroup] = OomCount(c.cgroup, c.pod_uid, kills)
         for key, n in sorted(logged.items()) if self.node_mode else ():
             if key not in counts and pod_uid_in_cgroup(key):
@@ -300,18 +300,14 @@ class ModelStep:
         return list(counts.values())
 
 
-class _Subtrees:
-    """Sums of the counts of a cgroup and those below it, by binary search over the sorted
-    paths: 200 pods against every cgroup that ever had a kill, without a scan per pod."""
-
-    def __init__(self, counts: Dict[str, int]):
-        self.counts, self.keys = counts, sorted(counts)
-
-    def total(self, cgroup: str) -> int:
-        below = cgroup.rstrip("/") + "/"
-        found = self.counts.get(cgroup, 0) if cgroup != below else 0
-        at = bisect.bisect_left(self.keys, below)
-        while at < len(self.keys) and self.keys[at].startswith(below):
-            found += self.counts[self.keys[at]]
-            at += 1
-        return found
+def _subtree_totals(counts: Dict[str, int]) -> Dict[str, int]:
+    """cgroup -> its count plus those below it: each count added to every ancestor, once."""
+    totals: Dict[str, int] = {}
+    for key, n in counts.items():
+        path = key.rstrip("/")
+        while True:
+            totals[path or "/"] = totals.get(path or "/", 0) + n
+            if not path:
+                break
+            path = path.rsplit("/", 1)[0]
+    return totals

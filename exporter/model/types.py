@@ -24,9 +24,6 @@ class MountSet:
     """What discovery published: the mounts, in order, with their node labels."""
 
     targets: List[Target]
-    follows_mount_table: bool = (
-        False  # node mode (unread: the watcher stats every mount)
-    )
 
     def mounts(self) -> List[str]:
         return [t.mount for t in self.targets]

@@ -25,8 +25,7 @@ DEBOUNCE_SECONDS = 0.02
 DEBOUNCE_MAX_SECONDS = 0.1
 # After an event-driven run, a full run (owners read from /proc) follows this soon.
 FOLLOW_UP_SECONDS = 1.0
-# Event-driven runs start at least this far apart: a writer that never stops (a process
-# appending to a file in /dev/shm) costs a bounded share of a core, not a run per debounce.
+# Event-driven runs start this far apart at least: a writer that never stops is not a run per debounce.
 QUICK_GAP_SECONDS = 0.25
 # How often the watchdog looks for runs over their timeout (timeouts are seconds long).
 WATCHDOG_SECONDS = 0.5
@@ -92,8 +91,7 @@ class _Runner(threading.Thread):
                     self.run_once(full=False)
                     ended = time.monotonic()
                     self.quick_not_before = ended + QUICK_GAP_SECONDS
-                    # Set once per burst: events that keep coming do not postpone it, so
-                    # owners are read within a second of the first quick run.
+                    # Once per burst: events that keep coming do not postpone the owners' read.
                     if self.follow_up_at is None:
                         self.follow_up_at = ended + FOLLOW_UP_SECONDS
                     continue
@@ -123,9 +121,7 @@ class _Runner(threading.Thread):
                 self.source.name, result, error, time.monotonic() - started, full
             )
         )
-        self.runs += (
-            1  # after publishing: a waiter on `runs` finds the result in the model
-        )
+        self.runs += 1  # after publishing: a waiter finds the result in the model
 
 
 class Sampler:

@@ -1,8 +1,7 @@
 """React within a second: one inotify instance watches every monitored mount.
 
-NCCL allocates and crashes between two scrapes: each create/grow/delete takes a statvfs at
-once (the peak window keeps a 2 s spike) and wakes the inventory, which debounces bursts.
-watchdog's InotifyFD, not its Observer (a thread per watch, move pairing we do not use).
+Each create/grow/delete takes a statvfs at once (the peak window keeps a 2 s spike between
+scrapes) and wakes the inventory. watchdog's InotifyFD, not its Observer (a thread a watch).
 Where inotify cannot be had (no support, max_user_instances or max_user_watches exhausted)
 the mount is polled, said once in the log, and created/deleted come from inventory diffs.
 """
