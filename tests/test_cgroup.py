@@ -141,8 +141,10 @@ def test_real_fill_and_oom_kill(v1_cgroup):
                 assert filler.stdout.readline().split() == [b"done", str(step).encode()]
 
                 def caught_up(s, step=step):
+                    # Two sources, polled apart: wait for both (the mount was one step behind once).
                     got = value(s, "shmwatch_cgroup_memory_shmem_bytes", cgroup=cgroup) or 0
-                    return abs(got - shmem0 - step * 8 * MiB) <= MiB
+                    used = value(s, "shmwatch_mount_used_bytes", mount=shm) or 0
+                    return abs(got - shmem0 - step * 8 * MiB) <= MiB and abs(used - step * 8 * MiB) <= MiB
                 s = exporter.wait_for(caught_up, timeout=10)
                 usage = ratio(s, "shmwatch_cgroup_memory_usage_bytes", cgroup=cgroup)
                 ws = ratio(s, "shmwatch_cgroup_memory_working_set_bytes", cgroup=cgroup)
