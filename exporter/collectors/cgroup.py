@@ -119,8 +119,7 @@ class CgroupCollector(BaseSource):
 
     @property
     def stretches(self) -> bool:
-        """Node mode reads unchanged cgroups less often only while the kernel log counts every
-        OOM kill: v1 counts a kill in a container's own cgroup, which a restart replaces."""
+        """Only while the kernel log counts every kill (v1's lives in a replaced container)."""
         return self.node_mode and self.kill_log_complete()
 
     def resolve(self, pid: object = "self") -> Tuple[str, int, str]:

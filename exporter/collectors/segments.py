@@ -82,9 +82,13 @@ class SegmentsCollector(BaseSource):
 
     @property
     def stretches(self) -> bool:
-        """Less often while nothing changes, as long as inotify watches every mount (a polled
-        one changes unseen)."""
+        """Only while inotify watches every mount: a polled one changes unseen."""
         return self.pod_of_pid and self.all_watched()
+
+    @property
+    def follows_up(self) -> bool:
+        """Node mode's quick runs read the changed pods' processes: nothing left to follow up."""
+        return not self.pod_of_pid
 
     def collect(self) -> Inventory:
         return self._collect(full=True)

@@ -15,10 +15,10 @@ MODES = ("sidecar", "node")
 
 class Source(Protocol):
     name: str
-    # "poll": every --poll-interval; "inventory": every --inventory-interval
-    schedule: str
+    schedule: str  # "poll" / "inventory": every --poll-interval / --inventory-interval
     event_driven: bool  # collect_quick() soon after inotify sees a mount change
     stretches: bool  # heavy: its interval doubles while its result stays the same
+    follows_up: bool  # a full run follows its quick runs (they left owners unread)
     reports_status: bool  # has shmwatch_collector_* series
 
     def collect(self) -> object: ...
@@ -33,6 +33,7 @@ class BaseSource:
     schedule = "poll"
     event_driven = False
     stretches = False
+    follows_up = True
     reports_status = True
 
     def collect(self) -> object:
@@ -74,14 +75,12 @@ class Registration:
     flag: bool = True  # switched by --[no-]collector.<name>
 
 
-REGISTRY: Dict[str, Registration] = {}
+REGISTRY: Dict[str, Registration] = {}  # in the order their series are rendered
 
 
 def register(name: str, factory: Callable[[Context], Source], **options) -> None:
-    """`options`: Registration's modes and flag."""
     REGISTRY[name] = Registration(name, factory, **options)
 
 
 def registered() -> List[Registration]:
-    """In the order their series are rendered."""
     return list(REGISTRY.values())

@@ -194,8 +194,7 @@ class ModelStep:
 
     # --- the join -----------------------------------------------------------------------
     def kill_log_complete(self) -> bool:
-        """The kernel log is read and its last read lost nothing: it counts every OOM kill,
-        also of a container gone before its cgroup was read again."""
+        """The kernel log is read and its last read lost nothing: it counts every OOM kill."""
         reports = self._result("oom")
         return reports is not None and reports.lost == 0
 

@@ -23,9 +23,9 @@ log = logging.getLogger(__name__)
 # after its first event, whichever comes first.
 DEBOUNCE_SECONDS = 0.02
 DEBOUNCE_MAX_SECONDS = 0.1
-# After an event-driven run, a full run (owners read from /proc) follows this soon.
+# After a burst's first event-driven run, a full run (owners from /proc) follows this soon.
 FOLLOW_UP_SECONDS = 1.0
-# Event-driven runs start this far apart at least: a writer that never stops is not a run per debounce.
+# Event-driven runs start this far apart at least (a writer that never stops).
 QUICK_GAP_SECONDS = 0.25
 # How often the watchdog looks for runs over their timeout (timeouts are seconds long).
 WATCHDOG_SECONDS = 0.5
@@ -91,8 +91,7 @@ class _Runner(threading.Thread):
                     self.run_once(full=False)
                     ended = time.monotonic()
                     self.quick_not_before = ended + QUICK_GAP_SECONDS
-                    # Once per burst: events that keep coming do not postpone the owners' read.
-                    if self.follow_up_at is None:
+                    if self.source.follows_up and self.follow_up_at is None:
                         self.follow_up_at = ended + FOLLOW_UP_SECONDS
                     continue
                 next_full = due
