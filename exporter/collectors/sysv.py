@@ -130,7 +130,10 @@ class SysvCollector(BaseSource):
     def read(self) -> SysvShm:
         """The calling thread's IPC namespace."""
         segments = parse_sysvipc_shm(read_text(self.paths.proc("sysvipc", "shm")))
-        segments = [replace(s, orphan=True) if self._orphan(s) else s for s in segments]
+        hidden = self.table.hidepid() != "off"
+        segments = [
+            replace(s, orphan=True) if self._orphan(s, hidden) else s for s in segments
+        ]
         shmall = _read_int(self.paths.proc("sys", "kernel", "shmall"))
         return SysvShm(
             segments=segments,
@@ -194,17 +197,29 @@ class SysvCollector(BaseSource):
             )
         return out
 
-    def _orphan(self, seg: SysvSegment) -> bool:
+    def _orphan(self, seg: SysvSegment, hidden: bool) -> bool:
         """Attached by nobody, and its creator and last user (0: none, never attached) have
         exited."""
-        if seg.nattch or not self._gone(seg.cpid):
+        if seg.nattch or not self._gone(seg.cpid, hidden):
             return False
-        return seg.lpid == 0 or self._gone(seg.lpid)
+        return seg.lpid == 0 or self._gone(seg.lpid, hidden)
 
-    def _gone(self, pid: int) -> bool:
+    def _gone(self, pid: int, hidden: bool) -> bool:
         """The process has exited. The kernel prints pids in our PID namespace (setns moves only
-        the IPC namespace), and 0 for one outside it: unknown, so not gone."""
-        return pid > 0 and not os.path.exists(self.paths.proc(pid))
+        the IPC namespace), and 0 for one outside it: unknown, so not gone. Under hidepid a
+        live process may have no /proc entry: then only kill(pid, 0) answering ESRCH proves
+        it exited (EPERM: alive, someone else's)."""
+        if pid <= 0 or os.path.exists(self.paths.proc(pid)):
+            return False
+        if not hidden:
+            return True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            pass
+        return False
 
     def _container(self, procs: List[Process]) -> str:
         """The container ID of a namespace's first process, when its cgroup names one."""
