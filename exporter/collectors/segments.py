@@ -2,10 +2,12 @@
 
 Joins the directory, listed with lstat only (inventory/walk.py), and every process's maps
 and fds (inventory/owners.py) by (device, inode). An event-driven quick run patches the last
-listing with the names inotify reported and reuses the last full run's owners (node mode:
-rescans the changed mounts' pods). In node mode a full run reads every process only every
---segments.full-scan-interval and refreshes the owners in between; only a full scan calls a
-segment leaked.
+listing with the names inotify reported and reuses the last full run's owners: a new
+segment is taken as its creator's until a full run reads who holds it (a second later in a
+sidecar; at the next inventory run in node mode, where a node's churn would otherwise read a
+pod's processes per create). In node mode a full run reads every process only every
+--segments.full-scan-interval and refreshes the owners in between (new processes, and the
+pods whose mounts moved); only a full scan calls a segment leaked.
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ class SegmentsCollector(BaseSource):
         self._last: Dict[str, MountInventory] = {}  # the last run's, by mount
         # Node mode: each mount's _signature() when its pod's processes were last read.
         self._pod_read_as: Dict[str, tuple] = {}
+        # The holders' pods, for the inventory; kept by quick runs, which reuse the owners.
+        self._pod_of: Optional[Dict[int, str]] = None
 
     @property
     def stretches(self) -> bool:
@@ -87,7 +91,9 @@ class SegmentsCollector(BaseSource):
 
     @property
     def follows_up(self) -> bool:
-        """Node mode's quick runs read the changed pods' processes: nothing left to follow up."""
+        """A sidecar's quick run is followed by a full one within a second. Node mode leaves
+        the holders of new segments to its next inventory run (a refresh of the pods whose
+        mounts moved): following every burst up would read pods at the rate of creates."""
         return not self.pod_of_pid
 
     def collect(self) -> Inventory:
@@ -134,15 +140,9 @@ class SegmentsCollector(BaseSource):
         # listed (so not called hidden), and one created in between is found held
         # but not '(deleted)', so it is linked, not hidden.
         changes = self.changes.drain()
-        sigs = {}
-        if (
-            self.pod_of_pid
-        ):  # before the listing: a change while it is read shows next time
-            sigs = {
-                m: sig
-                for m, dev in devs.items()
-                if (full or m in changes) and (sig := self._signature(m, dev))
-            }
+        sigs = {}  # node mode's full runs, before the listing: a change shows next time
+        if self.pod_of_pid and full:
+            sigs = {m: s for m, d in devs.items() if (s := self._signature(m, d))}
         listings = {m: self._list(m, dev, full, changes) for m, dev in devs.items()}
         for gone in [m for m in self._listings if m not in devs]:
             # a mount that went away (node mode: a deleted pod)
@@ -189,19 +189,6 @@ class SegmentsCollector(BaseSource):
                 self._pod_read_as = sigs
                 self._held_at_full = set(self._owners.holdings)
                 settled = True
-        pods = {pod_uid_of_mount(m) for m in changes}
-        touched_pods = pods - {""} if self.pod_of_pid else set()
-        # Node mode: a quick run rescans the processes of the pods whose mounts changed, not
-        # the node's. A change in a mount with no pod (the host's /dev/shm, a sandbox shm) is
-        # left to the full follow-up run, as in sidecar mode.
-        pods_read = bool(
-            not full and touched_pods and self._owners.processes and "" not in pods
-        )
-        if pods_read:
-            self._owners = self.owner_scan.scan_pods(
-                set(devs.values()), pods, self._owners
-            )
-            self._pod_read_as.update({m: sigs[m] for m in changes if m in sigs})
         held_on: Dict[int, List[Key]] = {}
         for key in self._owners.holdings:
             held_on.setdefault(key[0], []).append(key)
@@ -211,17 +198,9 @@ class SegmentsCollector(BaseSource):
                 mounts.append(MountInventory(mount, error=errors[mount]))
                 continue
             last = self._last.get(mount)
-            pod = pod_uid_of_mount(mount)
-            if (
-                not full
-                and mount not in changes
-                and last is not None
-                and not last.error
-                and pod not in touched_pods
-            ):
-                # Nothing changed in it, and no owner of it was rescanned (another volume of a
-                # rescanned pod is assembled again): the same object, which the model step
-                # recognises and does not summarise again.
+            if not full and mount not in changes and last and not last.error:
+                # Nothing changed in it: the same object, which the model step recognises and
+                # does not summarise again.
                 mounts.append(last)
                 continue
             files, others, truncated = listings[mount]
@@ -233,31 +212,29 @@ class SegmentsCollector(BaseSource):
                     MAX_ENTRIES,
                     MAX_ENTRIES,
                 )
-            # A quick run that read the mount's pod knows what a refresh would: a new segment
-            # none of the pod's processes holds is unverified now, not "its creator's".
-            quick = not full and not (pods_read and pod in touched_pods)
             dev = devs[mount]
             mounts.append(
                 self._assemble(
-                    mount, dev, files, others, held_on.get(dev, []), quick, settled
+                    mount, dev, files, others, held_on.get(dev, []), not full, settled
                 )
             )
         self._last = {m.mount: m for m in mounts}
         owners = self._owners
-        pod_of = {}
-        if self.pod_of_pid:
-            pod_of = {
-                pid: pod
-                for pid, proc in owners.holders.items()
-                if (pod := owners.pod_of.get(pid) or self.table.pod_uid(proc))
-            }
+        if full or self._pod_of is None:
+            self._pod_of = {}
+            if self.pod_of_pid:
+                self._pod_of = {
+                    pid: pod
+                    for pid, proc in owners.holders.items()
+                    if (pod := owners.pod_of.get(pid) or self.table.pod_uid(proc))
+                }
         return Inventory(
             mounts,
-            dict(owners.comms),
+            owners.comms,
             owners.unreadable,
             owners.scanned,
             time.time(),
-            pod_of,
+            self._pod_of,
             owners_complete=owners.complete,
             unproven=list(owners.unproven),
         )

@@ -139,10 +139,9 @@ class ModelStep:
             for cgroup in obs.result:
                 if cgroup.oom_kills is not None:
                     self.state.record_cgroup_oom(cgroup.cgroup, cgroup.oom_kills)
+                # A container's 0 adds nothing; 10,000s of them cost every build.
                 for child, count in cgroup.child_oom_kills:
-                    if (
-                        count
-                    ):  # a container's 0 adds nothing; 10,000s of them cost every build
+                    if count:
                         self.state.record_cgroup_oom(child, count)
         if obs.success and obs.source == "oom":
             for kill in obs.result.new:
