@@ -157,11 +157,12 @@ def test_between_full_scans_a_refresh_reads_new_processes_and_the_pods_of_exited
             # again; but only a full scan, with every process read, may call it leaked.
             assert segment(inv, a, "nccl-a") == ("unverified", ())
             assert segment(inv, b, "nccl-b") == ("linked", (pb.pid,))  # carried over
-            # A leak left since the full scan (nobody created it that we saw hold it).
+            # A leak left since the full scan: new, so taken as its creator's until the full
+            # scan reads every process (a refresh reads no pod per create).
             with open(os.path.join(b, "psm_left"), "wb") as f:
                 f.write(b"x" * 4096)
             inv = collector.collect()
-            assert segment(inv, b, "psm_left") == ("unverified", ())
+            assert segment(inv, b, "psm_left") == ("linked", ())
             clock.now += 61  # the full scan is due
             inv = collector.collect()
             assert segment(inv, a, "nccl-a") == ("orphan", ())
@@ -316,8 +317,8 @@ sys.stdin.readline()
 def test_a_deleted_pods_device_number_handed_to_a_new_pod_proves_nothing(tmp_path):
     """The kernel hands a freed device number out again and tmpfs numbers inodes from 1 per
     instance: the new pod's first file has the deleted pod's first file's (device, inode).
-    Known from the last full scan only on the same mount and device, or it is new:
-    'unverified' until a full scan, never 'orphan' from a refresh."""
+    Known from the last full scan only on the same mount and device, or it is new: its
+    creator's until a full scan, never 'orphan' from a refresh."""
     import subprocess
     import sys
 
@@ -353,7 +354,7 @@ def test_a_deleted_pods_device_number_handed_to_a_new_pod_proves_nothing(tmp_pat
             reused = (dev, ino) == (before.st_dev, before.st_ino)
             clock.now += 15
             state, holders = segment(collector.collect(), new, "psm_new")  # a refresh: nothing read the child
-            assert state == "unverified" and holders == ()
+            assert state == "linked" and holders == ()
             print(f"device number reused: {reused}")
     finally:
         if child:
@@ -363,7 +364,7 @@ def test_a_deleted_pods_device_number_handed_to_a_new_pod_proves_nothing(tmp_pat
 
 
 @needs_root
-def test_a_new_segment_nobody_holds_is_its_creators_until_read_then_unverified_until_a_full_scan(two_pods):
+def test_a_new_segment_nobody_holds_is_its_creators_until_the_full_scan_calls_it_leaked(two_pods):
     (a, _), _ = two_pods
     clock, changes = Clock(), ChangeLog()
     collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
@@ -373,7 +374,7 @@ def test_a_new_segment_nobody_holds_is_its_creators_until_read_then_unverified_u
     changes.add(a, "psm_made_and_closed")
     assert segment(collector.collect_quick(), a, "psm_made_and_closed") == ("linked", ())
     clock.now += 15
-    assert segment(collector.collect(), a, "psm_made_and_closed") == ("unverified", ())  # a refresh
+    assert segment(collector.collect(), a, "psm_made_and_closed") == ("linked", ())  # a refresh
     clock.now += 600
     assert segment(collector.collect(), a, "psm_made_and_closed") == ("orphan", ())  # the full scan
 

@@ -4,10 +4,11 @@ Joins the directory, listed with lstat only (inventory/walk.py), and every proce
 and fds (inventory/owners.py) by (device, inode). An event-driven quick run patches the last
 listing with the names inotify reported and reuses the last full run's owners: a new
 segment is taken as its creator's until a full run reads who holds it (a second later in a
-sidecar; at the next inventory run in node mode, where a node's churn would otherwise read a
-pod's processes per create). In node mode a full run reads every process only every
---segments.full-scan-interval and refreshes the owners in between (new processes, and the
-pods whose mounts moved); only a full scan calls a segment leaked.
+sidecar). In node mode a full run reads every process only every
+--segments.full-scan-interval; the runs in between (refreshes) read new processes, the pods
+of holders that exited and of mounts that moved while a segment in them is called leaked,
+and take other new segments as their creators' until the full scan, which alone calls a
+segment leaked.
 """
 
 from __future__ import annotations
@@ -92,8 +93,8 @@ class SegmentsCollector(BaseSource):
     @property
     def follows_up(self) -> bool:
         """A sidecar's quick run is followed by a full one within a second. Node mode leaves
-        the holders of new segments to its next inventory run (a refresh of the pods whose
-        mounts moved): following every burst up would read pods at the rate of creates."""
+        the holders of new segments to its full scans: reading a pod per create would cost
+        a node's churn more than they do."""
         return not self.pod_of_pid
 
     def collect(self) -> Inventory:
@@ -144,29 +145,32 @@ class SegmentsCollector(BaseSource):
         if self.pod_of_pid and full:
             sigs = {m: s for m, d in devs.items() if (s := self._signature(m, d))}
         listings = {m: self._list(m, dev, full, changes) for m, dev in devs.items()}
-        for gone in [m for m in self._listings if m not in devs]:
-            # a mount that went away (node mode: a deleted pod)
+        for gone in [
+            m for m in self._listings if m not in devs
+        ]:  # e.g. a deleted pod's
             del self._listings[gone]
             self._indexes.pop(gone, None)
             self._pod_read_as.pop(gone, None)
         settled = False  # owners from a full scan of every process, this run
+        unread: Set[str] = set()  # mounts a refresh assembles as a quick run does
         if full:
             refreshed = None
             if (
                 self._owners.processes
                 and self.monotonic() - self._scanned_at < self.full_scan_interval
             ):
-                # A mount that moved since its pod was last read has its pod's processes read
-                # again: what they hold, and how big, moved with it. So has one whose events
-                # no quick run handled.
+                # A mount that moved since its pod was last read (pages written through a
+                # mapping raise no event) while a segment in it is called leaked: a running
+                # process may have attached to it, so its pod's processes are read again. The
+                # others keep their owners until the full scan, their new segments taken as
+                # their creators' (a pod read per create would cost more than full scans).
                 moved = [
                     m
                     for m in devs
-                    if m in changes
-                    or (
-                        (before := self._pod_read_as.get(m))
-                        and sigs.get(m, before) != before
-                    )
+                    if (before := self._pod_read_as.get(m))
+                    and sigs.get(m, before) != before
+                    and m in self._last
+                    and any(s.state == "orphan" for s in self._last[m].segments)
                 ]
                 also = {pod_uid_of_mount(m) for m in moved} - {""}
                 refreshed = self.owner_scan.refresh(
@@ -175,6 +179,7 @@ class SegmentsCollector(BaseSource):
                 if refreshed is not None:
                     self._owners = refreshed
                     self._pod_read_as.update({m: sigs[m] for m in moved if m in sigs})
+                    unread = set(devs) - set(moved)
             if refreshed is None:
                 self._owners = self.owner_scan.scan(
                     set(devs.values()), pods=self.pod_of_pid
@@ -206,28 +211,23 @@ class SegmentsCollector(BaseSource):
             files, others, truncated = listings[mount]
             if truncated and mount not in self._said_truncated:
                 self._said_truncated.add(mount)
-                log.warning(
-                    "mount %s: more than %d entries; the inventory counts the first %d",
-                    mount,
-                    MAX_ENTRIES,
-                    MAX_ENTRIES,
-                )
-            dev = devs[mount]
+                limit = MAX_ENTRIES
+                log.warning("mount %s: over %d entries, rest uncounted", mount, limit)
+            dev, quick = devs[mount], not full or mount in unread
             mounts.append(
                 self._assemble(
-                    mount, dev, files, others, held_on.get(dev, []), not full, settled
+                    mount, dev, files, others, held_on.get(dev, []), quick, settled
                 )
             )
         self._last = {m.mount: m for m in mounts}
         owners = self._owners
         if full or self._pod_of is None:
-            self._pod_of = {}
-            if self.pod_of_pid:
-                self._pod_of = {
-                    pid: pod
-                    for pid, proc in owners.holders.items()
-                    if (pod := owners.pod_of.get(pid) or self.table.pod_uid(proc))
-                }
+            self._pod_of = {
+                pid: pod
+                for pid, proc in owners.holders.items()
+                if self.pod_of_pid
+                and (pod := owners.pod_of.get(pid) or self.table.pod_uid(proc))
+            }
         return Inventory(
             mounts,
             owners.comms,

@@ -12,8 +12,7 @@ from typing import Dict, List, Optional, Pattern, Sequence, Set, Tuple
 from exporter.host.proctable import PidWrapWatch, Process, ProcessTable
 from exporter.inventory.holdings import DELETED, MAX_UNPROVEN, Holding, Owners
 from exporter.inventory.maps import DeviceTokens, parse_maps
-from exporter.inventory.mount_ids import WatchedMountIds
-from exporter.inventory.mount_ids import denied as denied_by
+from exporter.inventory.mount_ids import WatchedMountIds, denied as denied_by
 from exporter.inventory.walk import Key
 
 
