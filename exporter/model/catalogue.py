@@ -61,7 +61,7 @@ shmwatch_process_shm_bytes  mount pid comm
 shmwatch_orphan_oldest_age_seconds  mount
     Age in whole seconds (since last modification) of the oldest orphan segment of a
     class whose segments belong to one process (nccl, torch, python_shm, vllm_offload,
-    ucx, mpi): one to remove; 0 when there is none.
+    ucx, mpi, sglang): one to remove; 0 when there is none.
 shmwatch_mount_unattributed_bytes  mount
     Used bytes not accounted for by any segment we could see (other users' or the
     kernel's).
