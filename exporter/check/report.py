@@ -86,6 +86,9 @@ def diagnose(model: Model, required=None, backend=None, log_hits=None) -> Report
     for name, hits in (log_hits or {}).items():
         _, _, explanation, remedy = next(s for s in SIGNATURES if s[0] == name)
         where = f"{os.path.basename(hits[0].file)}:{hits[0].line}"
+        explanation, remedy = (
+            t.format_map(hits[0].fields) for t in (explanation, remedy)
+        )
         report.add("warn", "log", where, f"{explanation} Seen: {hits[0].text}", remedy)
     for name, error in errors.items():
         if name not in QUIET_FAILURES:
