@@ -80,6 +80,8 @@ class Model:
     oom_kills: List[OomCount] = field(default_factory=list)
     # The newest OOM kills (oldest first), each with its pod's shm use when it was seen.
     recent_oom_kills: List[Tuple[OomKill, Optional[int]]] = field(default_factory=list)
+    # cgroup -> its shmem that no watched mount, SysV segment or memfd region explains.
+    shmem_unexplained: Dict[str, int] = field(default_factory=dict)
 
     def result_ok(self, source: str) -> bool:
         return any(s.name == source and s.success for s in self.statuses)
@@ -263,6 +265,9 @@ class ModelStep:
             states,
             self._oom_counts(cgroups, states, mounts),
             list(states.recent_oom_kills),
+            _unexplained(
+                cgroups, mounts, self._result("sysv"), inventory, self.node_mode
+            ),
         )
 
     def _oom_counts(
@@ -310,3 +315,40 @@ def _subtree_totals(counts: Dict[str, int]) -> Dict[str, int]:
                 break
             path = path.rsplit("/", 1)[0]
     return totals
+
+
+def _unexplained(
+    cgroups: List[CgroupMemory],
+    mounts: List[MountView],
+    sysv: Optional[List[SysvShm]],
+    inventory: Optional[Inventory],
+    node_mode: bool,
+) -> Dict[str, int]:
+    """Per cgroup read (not estimated): its shmem minus the used bytes of the watched mounts
+    charged to it, the resident bytes of its IPC namespace's SysV segments and the memfd
+    regions its processes (or its descendants') hold. An estimate: a region two cgroups'
+    processes hold counts in both, and pages are charged to whoever touched them first.
+    Nothing without an inventory (memfd regions unknown)."""
+    if inventory is None:
+        return {}
+    out = {}
+    for c in cgroups:
+        if c.estimated or c.shmem_bytes is None:
+            continue
+        explained = sum(
+            v.usage.used_bytes
+            for v in mounts
+            if v.cgroup is c and v.usage is not None and not v.usage.error
+        )
+        explained += sum(
+            shm.resident_bytes
+            for shm in sysv or ()
+            if shm.readable and (not node_mode or shm.pod_uid == c.pod_uid)
+        )
+        prefix = c.cgroup.rstrip("/") + "/"
+        for seg in inventory.memfd:
+            paths = (inventory.cgroup_of.get(pid, "") + "/" for pid in seg.holders)
+            if any(p.startswith(prefix) for p in paths):
+                explained += seg.allocated_bytes
+        out[c.cgroup] = max(0, c.shmem_bytes - explained)
+    return out
