@@ -101,3 +101,42 @@ def test_a_memfd_region_shows_both_holders_and_explains_the_cgroup_shmem():
                       f"(before the region: {shmem0 / MiB:.1f} MiB)")
     finally:
         remove_cgroup(directory)
+
+
+def test_check_names_the_memfd_holders(tmpfs):
+    with Peer(tmpfs, "memfd", str(8 * MiB), script=ENGINES) as parent:
+        child = int(parent.info)
+        memfd = [f for f in check_json(tmpfs) if f["subject"] == "memfd"]
+        assert len(memfd) == 1 and memfd[0]["area"] == "memory"
+        assert f"[{parent.pid}] 8.0 MiB" in memfd[0]["message"]
+        assert f"[{child}] 8.0 MiB" in memfd[0]["message"]
+
+
+# A process that has NCCL loaded: it maps a library named as NCCL's is.
+NCCL_USER = r"""
+import mmap, os, sys
+path = os.path.join(sys.argv[1], "libnccl.so.2")
+with open(path, "wb") as f:
+    f.write(b"\0" * 4096)
+with open(path, "rb") as f:
+    lib = mmap.mmap(f.fileno(), 4096, prot=mmap.PROT_READ)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_check_says_why_nccl_files_may_be_absent(tmpfs, tmp_path):
+    def nccl_notes(env):
+        proc = subprocess.Popen([sys.executable, "-c", NCCL_USER, str(tmp_path)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, env={**os.environ, **env})
+        try:
+            assert proc.stdout.readline().strip() == b"ready"
+            return [f for f in check_json(tmpfs) if f["subject"] == "nccl" and str(proc.pid) in f["message"]]
+        finally:
+            proc.stdin.close()
+            proc.wait(10)
+
+    notes = nccl_notes({})
+    assert len(notes) == 1 and "cuMem host memory" in notes[0]["message"]
+    assert "NCCL_CUMEM_HOST_ENABLE=0" in notes[0]["remedy"]
+    assert nccl_notes({"NCCL_CUMEM_HOST_ENABLE": "0"}) == []

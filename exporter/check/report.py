@@ -19,8 +19,10 @@ from exporter.check import thresholds as T
 from exporter.check.findings import EXIT_USAGE, Report, render_json, render_text
 from exporter.check.kernel import oom_kills, sysv
 from exporter.check.logscan import SIGNATURES, LogHit, scan_log
+from exporter.check.outside import outside
 from exporter.check.shm import shm, shm_remedy
 from exporter.check.sizes import at_least, at_most, human
+from exporter.host.paths import Paths
 from exporter.config import Config, build_parser, parse_args, parse_size, typed
 from exporter.model.step import Model
 
@@ -227,6 +229,7 @@ def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
         for name, hits in scan_log(path).items():
             log_hits.setdefault(name, []).extend(hits)
     report = diagnose(model, extra.require_shm, extra.backend, log_hits)
+    outside(report, model, Paths(cfg.procfs, cfg.sysfs, cfg.rootfs))
     advice = ""
     if extra.recommend:
         recs, notes = R.recommendations(model, extra)
