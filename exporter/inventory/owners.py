@@ -95,9 +95,10 @@ class OwnerScan:
         pods = set(also)
         for pid in previous.holders.keys() - alive:
             pod = previous.pod_of.get(pid)
-            if not pod:
-                return None
-            pods.add(pod)
+            if pod:
+                pods.add(pod)
+            elif any(key[0] in devs for key in previous.keys_of.get(pid, ())):
+                return None  # (a memfd alone, as runc's, waits for the next full scan)
         return self.scan_pods(devs, pods, previous, new_too=True, alive=alive)
 
     def scan_pods(
