@@ -80,9 +80,8 @@ class SegmentsCollector(BaseSource):
         self._last: Dict[str, MountInventory] = {}  # the last run's, by mount
         # Node mode: each mount's _signature() when its pod's processes were last read.
         self._pod_read_as: Dict[str, tuple] = {}
-        self._cgroup_of: Dict[
-            tuple, str
-        ] = {}  # memfd holders' (pid, start) -> memory cgroup
+        # memfd holders' (pid, start time) -> memory cgroup path
+        self._cgroup_of: Dict[tuple, str] = {}
 
     @property
     def stretches(self) -> bool:
