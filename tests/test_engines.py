@@ -7,6 +7,8 @@ import subprocess
 import sys
 import uuid
 
+import pytest
+
 from exporter.collectors.segments import SegmentsCollector
 from exporter.host.paths import Paths
 from tests.conftest import (ENGINES, HOST_EXCUSED_RE, REPO, Exporter, Peer, mounted_tmpfs, needs_root,
@@ -70,9 +72,15 @@ def memory_cgroup(limit):
     return directory
 
 
-def test_a_memfd_region_shows_both_holders_and_explains_the_cgroup_shmem():
+@pytest.mark.parametrize("below", [False, True], ids=["in-the-cgroup", "in-a-child-cgroup"])
+def test_a_memfd_region_shows_both_holders_and_explains_the_cgroup_shmem(below):
+    """The holders in the watched cgroup, or in a cgroup below it (a pod's container under
+    the pod's cgroup): v1's total_shmem counts the child's pages, and so does the estimate."""
     directory = memory_cgroup(512 * MiB)
     cgroup = "/" + os.path.basename(directory)
+    child_dir = os.path.join(directory, "container")
+    if below:
+        os.mkdir(child_dir)
     try:
         # An empty tmpfs and no SysV: whatever shmem the cgroup has, only memfd can explain it.
         with mounted_tmpfs("16m") as shm, Exporter(f"--shm.mount={shm}", f"--cgroup.path={cgroup}",
@@ -81,7 +89,8 @@ def test_a_memfd_region_shows_both_holders_and_explains_the_cgroup_shmem():
             before = exporter.wait_for(lambda s: value(s, name, cgroup=cgroup) is not None)
             shmem0 = value(before, "shmwatch_cgroup_memory_shmem_bytes", cgroup=cgroup)
             assert value(before, name, cgroup=cgroup) == shmem0  # nothing in the cgroup holds any
-            with Peer(shm, "memfd", str(32 * MiB), directory, script=ENGINES) as parent:
+            holders_in = child_dir if below else directory
+            with Peer(shm, "memfd", str(32 * MiB), holders_in, script=ENGINES) as parent:
                 child = int(parent.info)
 
                 def seen(s):
@@ -100,6 +109,8 @@ def test_a_memfd_region_shows_both_holders_and_explains_the_cgroup_shmem():
                 print(f"\ncgroup shmem {shmem / MiB:.1f} MiB, unexplained {unexplained / MiB:.1f} MiB "
                       f"(before the region: {shmem0 / MiB:.1f} MiB)")
     finally:
+        if below:
+            remove_cgroup(child_dir)
         remove_cgroup(directory)
 
 
