@@ -430,3 +430,26 @@ def test_a_quick_run_shows_a_segment_on_a_tmpfs_mounted_anew(two_pods):
         open(os.path.join(a, "psm_anew"), "wb").close()
         changes.add(a, "psm_anew")
         assert segment(collector.collect_quick(), a, "psm_anew") is not None
+
+
+@needs_root
+def test_a_memfd_holder_outside_any_pod_that_exits_does_not_bring_a_full_scan_forward(two_pods):
+    """runc's cloned binary is a memfd held outside any pod by short-lived processes: its
+    holders exiting must not make every refresh a full scan (the memfd waits for the next)."""
+    from tests.conftest import ENGINES
+
+    (a, _), _ = two_pods
+    clock = Clock()
+    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=ChangeLog(),
+                                  full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
+    with Peer(a, "memfd", str(MiB), script=ENGINES) as holder:
+        inv = collector.collect()
+        assert {holder.pid, int(holder.info)} <= {pid for seg in inv.memfd for pid in seg.holders}
+        scanned_at = collector._scanned_at
+    clock.now += 15
+    collector.collect()  # both holders gone, outside any pod: a refresh, not a full scan
+    assert collector._scanned_at == scanned_at
+    clock.now += 600
+    inv = collector.collect()  # the next full scan drops them
+    assert collector._scanned_at == clock.now
+    assert holder.pid not in {pid for seg in inv.memfd for pid in seg.holders}

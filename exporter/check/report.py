@@ -19,8 +19,10 @@ from exporter.check import thresholds as T
 from exporter.check.findings import EXIT_USAGE, Report, render_json, render_text
 from exporter.check.kernel import oom_kills, sysv
 from exporter.check.logscan import SIGNATURES, LogHit, scan_log
+from exporter.check.outside import outside
 from exporter.check.shm import shm, shm_remedy
 from exporter.check.sizes import at_least, at_most, human
+from exporter.host.paths import Paths
 from exporter.config import Config, build_parser, parse_args, parse_size, typed
 from exporter.model.step import Model
 
@@ -86,6 +88,9 @@ def diagnose(model: Model, required=None, backend=None, log_hits=None) -> Report
     for name, hits in (log_hits or {}).items():
         _, _, explanation, remedy = next(s for s in SIGNATURES if s[0] == name)
         where = f"{os.path.basename(hits[0].file)}:{hits[0].line}"
+        explanation, remedy = (
+            t.format_map(hits[0].fields) for t in (explanation, remedy)
+        )
         report.add("warn", "log", where, f"{explanation} Seen: {hits[0].text}", remedy)
     for name, error in errors.items():
         if name not in QUIET_FAILURES:
@@ -224,6 +229,7 @@ def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
         for name, hits in scan_log(path).items():
             log_hits.setdefault(name, []).extend(hits)
     report = diagnose(model, extra.require_shm, extra.backend, log_hits)
+    outside(report, model, Paths(cfg.procfs, cfg.sysfs, cfg.rootfs))
     advice = ""
     if extra.recommend:
         recs, notes = R.recommendations(model, extra)

@@ -61,7 +61,7 @@ shmwatch_process_shm_bytes  mount pid comm
 shmwatch_orphan_oldest_age_seconds  mount
     Age in whole seconds (since last modification) of the oldest orphan segment of a
     class whose segments belong to one process (nccl, torch, python_shm, vllm_offload,
-    ucx, mpi): one to remove; 0 when there is none.
+    ucx, mpi, sglang): one to remove; 0 when there is none.
 shmwatch_mount_unattributed_bytes  mount
     Used bytes not accounted for by any segment we could see (other users' or the
     kernel's).
@@ -75,6 +75,21 @@ shmwatch_mount_owners_verified  mount
     1 when every process that could hold a segment of the mount was inspected (segments
     held by nobody are orphan); 0 when some could not be (they are unverified: grant the
     server's UID or CAP_SYS_PTRACE).
+# --- memfd regions (collector segments): shmem outside every mount -----------------
+shmwatch_memfd_regions  class
+    memfd regions ('/memfd:<name> (deleted)' in a process's maps or fds) mapped or held
+    open, by the owner class of their name: shmem charged like tmpfs that no mount shows
+    (Mooncake, UCX, CUDA host allocations).
+shmwatch_memfd_bytes  class
+    Allocated bytes of memfd regions (st_blocks x 512 of the fd, or of the mapping through
+    map_files with CAP_SYS_ADMIN; else the mapping's extent).
+shmwatch_process_memfd_bytes  pid comm
+    Allocated bytes of the memfd regions a process maps or holds open (top K processes).
+shmwatch_cgroup_memory_shmem_unexplained_bytes  cgroup
+    Estimate: the cgroup's shmem minus what the watched mounts charged to it, its IPC
+    namespace's SysV segments (resident) and the memfd regions its processes hold explain,
+    floored at 0: unwatched tmpfs mounts, memfds of processes gone. A region held from two
+    cgroups counts in both.
 # --- events (sampler + watchdog) ------------------------------------------------
 shmwatch_segment_events_total  mount class event
     Segments created and deleted, seen by inotify (or by inventory diffs when polling);
@@ -206,6 +221,8 @@ def node_labels(metric: Metric) -> Tuple[str, ...]:
         return ("ipc_namespace", "pod_uid", "container_id")
     if metric.name == "shmwatch_process_shm_bytes":
         return NODE_MOUNT_LABELS + ("process_pod_uid",)
+    if metric.name == "shmwatch_process_memfd_bytes":
+        return ("process_pod_uid",)
     if "mount" in metric.labels:
         return NODE_MOUNT_LABELS
     return ("pod_uid",) if "cgroup" in metric.labels else ()
