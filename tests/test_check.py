@@ -242,7 +242,7 @@ def test_log_signatures(tmp_path):
     assert set(SAMPLES) == {name for name, _, _, _ in SIGNATURES}
     log = tmp_path / "server.log"
     log.write_text("INFO starting\n" + "\n".join(SAMPLES.values()) + "\nINFO fine\n")
-    hits = scan_log(str(log))
+    hits = scan_log(str(log)).hits
     assert set(hits) == set(SAMPLES)
     assert hits["ucx_shmget"][0].line == 4
     result = check("--shm.mount=/dev/shm", f"--log={log}", "--output", "json")
