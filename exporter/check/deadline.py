@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Generic, List, Tuple, TypeVar
-
-T = TypeVar("T")
+from typing import Callable, List
 
 
 def left(deadline: float) -> float:
@@ -17,26 +15,27 @@ def left(deadline: float) -> float:
     return max(0.0, deadline - time.monotonic())
 
 
-class Bounded(Generic[T]):
-    """fn() started on a daemon thread now; `result(deadline)` is its answer (or its
-    exception), or TimeoutError when it has none by then."""
+class Bounded:
+    """fn() started on a daemon thread; `result(deadline)` is its answer, its exception, or
+    TimeoutError when it has none by then."""
 
-    def __init__(self, fn: Callable[[], T]) -> None:
-        self._answer: List[Tuple[bool, object]] = []
-        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+    def __init__(self, fn: Callable) -> None:
+        self._answer: List[tuple] = []
+
+        def run() -> None:
+            try:
+                self._answer.append((fn(), None))
+            except BaseException as err:  # raised to whoever waits for the answer
+                self._answer.append((None, err))
+
+        self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
 
-    def _run(self, fn: Callable[[], T]) -> None:
-        try:
-            self._answer.append((True, fn()))
-        except BaseException as err:  # handed to whoever waits for the answer
-            self._answer.append((False, err))
-
-    def result(self, deadline: float) -> T:
+    def result(self, deadline: float):
         self._thread.join(left(deadline))
         if not self._answer:
             raise TimeoutError("no complete answer within --timeout")
-        ok, value = self._answer[0]
-        if not ok:
-            raise value  # type: ignore[misc]
-        return value  # type: ignore[return-value]
+        value, error = self._answer[0]
+        if error is not None:
+            raise error
+        return value

@@ -62,6 +62,14 @@ class Report:
         )
 
 
+def quoted(text: object, limit: int = 200) -> str:
+    """What another program said (a log line, a server's answer) as a finding may quote it: at
+    most `limit` characters, control characters (a terminal's escapes) as '?'."""
+    text = str(text)
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
 def render_text(report: Report) -> str:
     findings = report.sorted()
     problems = sum(f.severity in ("fail", "warn") for f in findings)

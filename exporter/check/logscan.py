@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Tuple
 
+from exporter.check.findings import quoted
+
 # Each: (name, regex, explanation, remedy).
 SIGNATURES = (
     # NCCL src/misc/shmutils.cc: "Error while creating shared memory segment /dev/shm/nccl-XXXXXX
@@ -168,7 +170,7 @@ def scan_log(path: str, deadline: float = math.inf) -> LogScan:
                         at = max(
                             0, match.start() - 100
                         )  # a long line: where it matched
-                        seen = _printable(text[at : at + 300])
+                        seen = quoted(text[at : at + 301], 300)
                         number = None if start else line
                         hit = LogHit(path, number, base + offset, seen)
                         scan.hits.setdefault(name, [hit])
@@ -193,8 +195,3 @@ def _candidates(piece: bytes, lines: int) -> Iterator[Tuple[int, int, str]]:
     for begin, end in sorted(spans):
         number, at = number + piece.count(b"\n", at, begin), begin
         yield begin, number, piece[begin:end].decode("utf-8", "replace").strip()
-
-
-def _printable(text: str) -> str:
-    """A log line as it may be printed: control characters (a terminal's escapes) as '?'."""
-    return "".join(c if c.isprintable() else "?" for c in text)

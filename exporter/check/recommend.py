@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Tuple
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.check.deadline import Bounded, left
+from exporter.check.findings import quoted
 from exporter.check.sizes import GiB, MiB, at_least, docker, human, k8s, plausible
 from exporter.check.sizes import round_up
 
@@ -78,13 +79,6 @@ MAX_USED = "shmwatch_mount_max_used_bytes"
 MAX_USED_LINE = re.compile(rb"^" + MAX_USED.encode() + rb"[{ ].*$", re.M)
 
 
-def short(text: object) -> str:
-    """What another program said, as a note may quote it: printable, at most 200 characters."""
-    text = str(text)
-    text = text if len(text) <= 200 else text[:200] + "..."
-    return "".join(c if c.isprintable() else "?" for c in text)
-
-
 def _get(url: str, parse, deadline: float, limit: int):
     """parse(the body at url, at most `limit` bytes); whatever else the server answers (an
     error, no answer by `deadline`, too much, not what parse expects, JSON nested a million
@@ -97,7 +91,7 @@ def _get(url: str, parse, deadline: float, limit: int):
             raise ValueError(f"an answer longer than {human(limit)}")
         return parse(body)
     except Exception as err:  # the answer is another program's: any failure is a note
-        raise SourceError(short(f"{url}: {err or type(err).__name__}")) from None
+        raise SourceError(f"{url}: {quoted(str(err) or type(err).__name__)}") from None
 
 
 def _vector(body: bytes) -> List[int]:
@@ -105,7 +99,7 @@ def _vector(body: bytes) -> List[int]:
     answer = json.loads(body)
     if not isinstance(answer, dict) or answer.get("status") != "success":
         error = answer.get("error", answer) if isinstance(answer, dict) else answer
-        raise ValueError(f"the query failed: {short(error)}")
+        raise ValueError(f"the query failed: {quoted(error)}")
     data = answer.get("data")
     if not isinstance(data, dict) or data.get("resultType") != "vector":
         raise ValueError("the answer is not an instant vector")
@@ -151,7 +145,7 @@ def peaks_from_exporter(url: str, deadline: float = math.inf) -> Peaks:
     """mount -> (a running exporter's high-water mark, 1), from its /metrics."""
     marks = _get(url, _high_water_marks, deadline, MAX_ANSWER["exporter"])
     if not marks:
-        raise SourceError(short(f"{url}: no {MAX_USED} (an older shmwatch?)"))
+        raise SourceError(f"{url}: no {MAX_USED} (an older shmwatch?)")
     return {mount: (value, 1) for mount, value in marks.items()}
 
 
