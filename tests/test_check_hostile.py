@@ -122,9 +122,8 @@ def test_a_log_read_past_the_deadline_is_cut_short_with_a_warning(tmp_path):
     # every line holds a word the scan looks for, so each is matched: far slower than 1 s
     with open(log, "wb") as f:
         f.write(b"Bus error in worker 7, out of memory, failed to extend nothing\n" * 900_000)
-    result, elapsed = run(f"--log={log}", "--timeout=1")
-    assert "Traceback" not in result.stderr, result.stderr
-    assert elapsed < 1 + MARGIN, elapsed
+    result, elapsed = run(f"--log={log}", f"--timeout={TIMEOUT}")
+    quick(result, elapsed)
     assert "not read to its end within --timeout" in result.stdout, result.stdout
     assert result.returncode == 1
 

@@ -150,34 +150,42 @@ def scan_log(path: str, deadline: float = math.inf) -> LogScan:
         scan = LogScan({}, info.st_size, start, start)
         handle.seek(start)
         counts: Dict[str, int] = {}
-        carry, lines = b"", 0
+        carry, lines, read = b"", 0, start
         while scan.end < scan.size and time.monotonic() < deadline:
-            block = handle.read(min(CHUNK, scan.size - scan.end))
-            if not block:
-                break  # truncated while read
-            scan.end += len(block)
-            data, base = carry + block, scan.end - len(carry) - len(block)
-            cut = data.rfind(b"\n") + 1 if scan.end < scan.size else len(data)
+            block = handle.read(min(CHUNK, scan.size - read))
+            read += len(block)
+            data, base = carry + block, scan.end
+            # whole lines, a piece of a line longer than CHUNK, or what is left at the end
+            cut = data.rfind(b"\n") + 1 if block and read < scan.size else len(data)
             piece, carry = data[: cut or len(data)], data[cut or len(data) :]
-            if base == start and start:  # a piece of a line: read from its middle
+            if base == start and start:  # the line the tail begins in the middle of
                 skip = piece.find(b"\n") + 1 or len(piece)
                 piece, base = piece[skip:], base + skip
             for offset, line, text in _candidates(piece, lines):
-                for name, pattern in PATTERNS:
-                    match = pattern.search(text)
-                    if match:
-                        counts[name] = counts.get(name, 0) + 1
-                        at = max(
-                            0, match.start() - 100
-                        )  # a long line: where it matched
-                        seen = quoted(text[at : at + 301], 300)
-                        number = None if start else line
-                        hit = LogHit(path, number, base + offset, seen)
-                        scan.hits.setdefault(name, [hit])
-            lines += piece.count(b"\n")
+                if time.monotonic() >= deadline:
+                    scan.end = base + offset
+                    break
+                number = None if start else line
+                _match(scan, counts, text, LogHit(path, number, base + offset, ""))
+            else:
+                scan.end, lines = base + len(piece), lines + piece.count(b"\n")
+            if not block:
+                break  # truncated while read
     for name, n in counts.items():
         scan.hits[name][0].text += f"  [{n} matching line(s)]" if n > 1 else ""
     return scan
+
+
+def _match(scan: LogScan, counts: Dict[str, int], text: str, where: LogHit) -> None:
+    """Each signature `text` matches counts once; its first hit is kept (`where`, with the
+    text quoted around where it matched)."""
+    for name, pattern in PATTERNS:
+        match = pattern.search(text)
+        if match:
+            counts[name] = counts.get(name, 0) + 1
+            at = max(0, match.start() - 100)  # a long line: where it matched
+            hit = LogHit(where.file, where.line, where.offset, quoted(text[at:], 300))
+            scan.hits.setdefault(name, [hit])
 
 
 def _candidates(piece: bytes, lines: int) -> Iterator[Tuple[int, int, str]]:
