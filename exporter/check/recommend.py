@@ -97,21 +97,16 @@ def _get(url: str, parse, deadline: float, limit: int):
 def _vector(body: bytes) -> List[int]:
     """The values of an instant-vector answer of /api/v1/query, each a plausible size."""
     answer = json.loads(body)
-    if not isinstance(answer, dict) or answer.get("status") != "success":
-        error = answer.get("error", answer) if isinstance(answer, dict) else answer
-        raise ValueError(f"the query failed: {quoted(error)}")
-    data = answer.get("data")
-    if not isinstance(data, dict) or data.get("resultType") != "vector":
-        raise ValueError("the answer is not an instant vector")
-    result = data.get("result")
-    if not isinstance(result, list) or not all(isinstance(r, dict) for r in result):
-        raise ValueError("the answer's result is not a list of series")
-    values = [r.get("value") for r in result]
-    if not all(
-        isinstance(v, list) and len(v) == 2 and isinstance(v[1], str) for v in values
-    ):
-        raise ValueError('a series\' value is not [time, "number"]')
-    return [plausible(v[1]) for v in values]
+    try:
+        if answer["status"] != "success":
+            raise ValueError(f"the query failed: {quoted(answer.get('error'))}")
+        if answer["data"]["resultType"] != "vector":
+            raise LookupError("resultType")
+        return [plausible(r["value"][1]) for r in answer["data"]["result"]]
+    except (LookupError, TypeError, AttributeError) as err:
+        raise ValueError(
+            f"not an instant vector ({type(err).__name__}: {err})"
+        ) from None
 
 
 def peaks_from_prometheus(url, mounts, window, selector, deadline=math.inf) -> Peaks:
