@@ -6,6 +6,7 @@ import http.server
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -14,7 +15,9 @@ import time
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, needs_root, prerequisite_missing
+from tests.test_hung_fs import SERVER as FUSE_SERVER
+from tests.test_hung_fs import wait_stopped
 
 MiB = 1 << 20
 TIMEOUT = 3  # check's --timeout in these tests
@@ -302,3 +305,42 @@ def test_an_internal_error_exits_70_not_1(capsys):
     assert EXIT_SOFTWARE == 70
     assert main(["--no-collector.gpu", "--shm.mount=/dev/shm"], broken) == 70
     assert "internal error" in capsys.readouterr().err
+
+
+@needs_root
+def test_a_log_on_a_hung_filesystem_does_not_outlast_the_timeout(tmp_path):
+    """The log is on a FUSE filesystem whose server has stopped: stat() and read() of it never
+    return. check reports it unread and exits on time."""
+    try:
+        import fuse  # noqa: F401 - fusepy, which needs libfuse2
+    except (ImportError, OSError, EnvironmentError) as err:
+        prerequisite_missing(f"fusepy (pip, test extras) and libfuse2 (apt, .ci/run) are needed: {err}")
+    if not os.path.exists("/dev/fuse"):
+        prerequisite_missing("/dev/fuse is missing: no FUSE in this kernel or container")
+    mnt = tmp_path / "logs"
+    mnt.mkdir()
+    script = tmp_path / "fuse_server.py"
+    script.write_text(FUSE_SERVER)
+    server = subprocess.Popen([sys.executable, str(script), str(mnt)], stderr=subprocess.PIPE)
+    stopped = False
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.ismount(mnt):
+            assert server.poll() is None, server.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the FUSE server did not mount"
+            time.sleep(0.05)
+        os.kill(server.pid, signal.SIGSTOP)  # the server stops answering
+        stopped = True
+        wait_stopped(server.pid)
+        result, elapsed = run(f"--log={mnt / 'weights.bin'}", f"--timeout={TIMEOUT}")
+    finally:
+        if stopped:
+            os.kill(server.pid, signal.SIGCONT)
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    quick(result, elapsed)
+    assert "not read within --timeout" in result.stdout and result.returncode == 1, result

@@ -245,15 +245,20 @@ def _check(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> in
         # argparse and a bad flag value exit 2, which here means "a requirement failed"
         raise SystemExit(EXIT_USAGE if err.code == 2 else err.code) from None
     logging.basicConfig(level=logging.CRITICAL)  # failures are in the report
-    for path in extra.log:
-        problem = _unreadable_log(path)
+    collectors = max(cfg.gpu_timeout, cfg.collector_timeout) + 1
+    timeout = extra.timeout or collectors + READS_SECONDS
+    deadline = started + timeout
+    # A path on a hung filesystem does not answer stat() either: its scan will say so.
+    checks = [(p, Bounded(lambda p=p: _unreadable_log(p))) for p in extra.log]
+    for path, check in checks:
+        try:
+            problem = check.result(started + timeout / 4)
+        except TimeoutError:
+            continue
         if problem:
             error = f"shmwatch check: error: argument --log: {path}: {problem}\n"
             sys.stderr.write(error)
             return EXIT_USAGE
-    collectors = max(cfg.gpu_timeout, cfg.collector_timeout) + 1
-    timeout = extra.timeout or collectors + READS_SECONDS
-    deadline = started + timeout
     # Logs are read while the collectors run, and stop early enough to be reported.
     until = deadline - timeout / 10
     scans = [(p, Bounded(lambda p=p: scan_log(p, until))) for p in extra.log]
