@@ -120,9 +120,8 @@ MAX_LOG_BYTES, CHUNK = 64 << 20, 1 << 20
 @dataclass
 class LogHit:
     file: str
-    line: Optional[
-        int
-    ]  # None when the log was read from its tail: then `offset` says where
+    # None when the log was read from its tail, not its start: then `offset` says where
+    line: Optional[int]
     offset: int  # of the line's first byte
     text: str  # the line, and how many lines matched when more than one
 
