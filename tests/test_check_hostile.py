@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import REPO, needs_root, prerequisite_missing
 from tests.test_hung_fs import SERVER as FUSE_SERVER
+from tests.test_gpu import TWO_GPUS, config, gpu_env, stub_dir  # noqa: F401 - stub_dir: a fixture
 from tests.test_hung_fs import wait_stopped
 
 MiB = 1 << 20
@@ -25,9 +26,11 @@ MARGIN = 12  # start-up and printing, on a loaded 2-core machine
 PEAK = re.compile(r"\d{16,}")  # no size check prints has 16 digits (1 PiB is 16 digits)
 
 
-def run(*args, limit_as=None, timeout=TIMEOUT + 60):
-    """`shmwatch check --no-collector.gpu --shm.mount=/dev/shm ARGS`: (result, seconds)."""
-    argv = [sys.executable, "-m", "exporter", "check", "--no-collector.gpu", "--shm.mount=/dev/shm", *args]
+def run(*args, limit_as=None, timeout=TIMEOUT + 60, env=None):
+    """`shmwatch check --no-collector.gpu --shm.mount=/dev/shm ARGS`: (result, seconds); with
+    `env`, the GPU collector runs (with that environment)."""
+    gpu = () if env else ("--no-collector.gpu",)
+    argv = [sys.executable, "-m", "exporter", "check", *gpu, "--shm.mount=/dev/shm", *args]
 
     def limit():
         if limit_as:
@@ -37,7 +40,7 @@ def run(*args, limit_as=None, timeout=TIMEOUT + 60):
     start = time.monotonic()
     with open(os.devnull, "rb") as devnull:
         proc = subprocess.Popen(argv, cwd=REPO, stdin=devnull, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                preexec_fn=limit)
+                                preexec_fn=limit, env=dict(os.environ, **(env or {})))
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -344,3 +347,17 @@ def test_a_log_on_a_hung_filesystem_does_not_outlast_the_timeout(tmp_path):
             server.wait()
     quick(result, elapsed)
     assert "not read within --timeout" in result.stdout and result.returncode == 1, result
+
+
+def test_a_gpu_fallen_off_the_bus_does_not_outlast_the_timeout(stub_dir, tmp_path):
+    """NVML blocks, and so does nvmlShutdown until the blocked call returns (a driver lock):
+    check leaves the GPU's run behind at its deadline instead of shutting NVML down under it."""
+    hang = tmp_path / "hang"
+    hang.touch()
+    conf = config(tmp_path, TWO_GPUS + f"hang_file={hang}\nhang_holds_shutdown=1\n")
+    try:
+        result, elapsed = run(f"--timeout={TIMEOUT}", env=gpu_env(stub_dir, conf))
+    finally:
+        hang.unlink()
+    quick(result, elapsed)
+    assert "GPU memory not checked: no answer within --timeout" in result.stdout, result.stdout

@@ -94,7 +94,11 @@ def diagnose(model: Model, required=None, backend=None, log_hits=None) -> Report
     """The report, from the model alone: no totals, thresholds or class rules of its own.
     `required`: --require-shm's bytes; `log_hits`: signature name -> hits, first hit first."""
     report = Report()
-    errors = {s.name: s.error or "no result" for s in model.statuses if not s.success}
+    errors = {
+        s.name: s.error or "no answer within --timeout"
+        for s in model.statuses
+        if not s.success
+    }
     _gpu(report, model.gpu, errors.get("gpu"))
     for view in model.mounts:
         if view.usage is not None:
