@@ -16,7 +16,7 @@ import sys
 import time
 import traceback
 from dataclasses import asdict
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence
 
 from exporter.check import recommend as R
 from exporter.check import thresholds as T
@@ -90,9 +90,9 @@ HELP = {
 }
 
 
-def diagnose(model: Model, required=None, backend=None, log_hits=None) -> Report:
+def diagnose(model: Model, required=None, backend=None) -> Report:
     """The report, from the model alone: no totals, thresholds or class rules of its own.
-    `required`: --require-shm's bytes; `log_hits`: signature name -> hits, first hit first."""
+    `required`: --require-shm's bytes."""
     report = Report()
     errors = {
         s.name: s.error or "no answer within --timeout"
@@ -109,11 +109,6 @@ def diagnose(model: Model, required=None, backend=None, log_hits=None) -> Report
     _memory(report, model, kills, errors.get("cgroup"))
     oom_kills(report, model, errors.get("oom"))
     sysv(report, model.sysv, model.node_mode)
-    for name, hits in (log_hits or {}).items():
-        _, _, explanation, remedy = next(s for s in SIGNATURES if s[0] == name)
-        hit, where = hits[0], os.path.basename(hits[0].file)
-        where += f":{hit.line}" if hit.line else f" at byte {hit.offset}"
-        report.add("warn", "log", where, f"{explanation} Seen: {hits[0].text}", remedy)
     for name, error in errors.items():
         if name not in QUIET_FAILURES:
             area = FAILURE_AREAS.get(name, "shm")
@@ -267,10 +262,8 @@ def _check(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> in
     until = deadline - timeout / 10
     scans = [(p, Bounded(lambda p=p: scan_log(p, until))) for p in extra.log]
     model = collect(cfg, min(collectors, left(deadline)))
-    log_hits, log_notes = _logs(scans, deadline)
-    report = diagnose(model, extra.require_shm, extra.backend, log_hits)
-    for finding in log_notes:
-        report.add(*finding)
+    report = diagnose(model, extra.require_shm, extra.backend)
+    _logs(report, scans, deadline)
     advice = ""
     if extra.recommend:
         recs, notes = R.recommendations(model, extra, deadline)
@@ -302,29 +295,33 @@ def _unreadable_log(path: str) -> str:
     return "" if os.access(path, os.R_OK) else "cannot read it"
 
 
-def _logs(scans, deadline: float) -> Tuple[Dict[str, List[LogHit]], List[tuple]]:
-    """The signatures the logs' scans found by `deadline`, and findings on what was not read."""
+def _logs(report: Report, scans, deadline: float) -> None:
+    """The signatures the logs' scans found by `deadline` (each once, at its first hit), and
+    what was not read."""
     hits: Dict[str, List[LogHit]] = {}
-    notes: List[tuple] = []
     for path, task in scans:
         name = os.path.basename(path)
         try:
             scan = task.result(deadline)
         except TimeoutError:
-            notes.append(("warn", "log", name, "not read within --timeout"))
+            report.add("warn", "log", name, "not read within --timeout")
             continue
         except (OSError, ValueError) as err:
-            notes.append(("warn", "log", name, f"not read: {err}"))
+            report.add("warn", "log", name, f"not read: {err}")
             continue
         for signature, found in scan.hits.items():
             hits.setdefault(signature, []).extend(found)
         tail, size = scan.size - scan.start, scan.size
         if scan.start:
             text = f"only its last {human(tail)} of {human(size)} read"
-            notes.append(("info", "log", name, text))
+            report.add("info", "log", name, text)
         if scan.end < size:
             read = f"{human(scan.end - scan.start)} of {human(tail)} read"
-            notes.append(
-                ("warn", "log", name, f"not read to its end within --timeout: {read}")
+            report.add(
+                "warn", "log", name, f"not read to its end within --timeout: {read}"
             )
-    return hits, notes
+    for signature, found in hits.items():
+        _, _, explanation, remedy = next(s for s in SIGNATURES if s[0] == signature)
+        hit, where = found[0], os.path.basename(found[0].file)
+        where += f":{hit.line}" if hit.line else f" at byte {hit.offset}"
+        report.add("warn", "log", where, f"{explanation} Seen: {hit.text}", remedy)
