@@ -6,19 +6,20 @@ import http.server
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 import pytest
 
 from tests.conftest import REPO, needs_root, prerequisite_missing
-from tests.test_hung_fs import SERVER as FUSE_SERVER
 from tests.test_gpu import TWO_GPUS, config, gpu_env, stub_dir  # noqa: F401 - stub_dir: a fixture
-from tests.test_hung_fs import wait_stopped
+from tests.test_hung_fs import SERVER as FUSE_SERVER, wait_stopped
 
 MiB = 1 << 20
 TIMEOUT = 3  # check's --timeout in these tests
@@ -34,7 +35,6 @@ def run(*args, limit_as=None, timeout=TIMEOUT + 60, env=None):
 
     def limit():
         if limit_as:
-            import resource
             resource.setrlimit(resource.RLIMIT_AS, (limit_as, limit_as))
 
     start = time.monotonic()
@@ -58,8 +58,8 @@ def run_measured(*args):
     RUSAGE_CHILDREN would be the peak over every child this pytest process waited for)."""
     argv = [sys.executable, "-m", "exporter", "check", "--no-collector.gpu", "--shm.mount=/dev/shm", *args]
     start = time.monotonic()
-    with open(os.devnull, "wb") as sink:
-        proc = subprocess.Popen(argv, cwd=REPO, stdout=sink, stderr=subprocess.PIPE)
+    with open(os.devnull, "wb") as sink, tempfile.TemporaryFile() as errors:
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=sink, stderr=errors)
         watchdog = threading.Timer(TIMEOUT + 60, proc.kill)
         watchdog.start()
         try:
@@ -67,8 +67,8 @@ def run_measured(*args):
         finally:
             watchdog.cancel()
         proc.returncode = os.waitstatus_to_exitcode(status)
-        err = proc.stderr.read().decode(errors="replace")
-        proc.stderr.close()
+        errors.seek(0)
+        err = errors.read().decode(errors="replace")
     return proc.returncode, err, time.monotonic() - start, usage.ru_maxrss * 1024
 
 
@@ -349,14 +349,14 @@ def test_a_log_on_a_hung_filesystem_does_not_outlast_the_timeout(tmp_path):
     assert "not read within --timeout" in result.stdout and result.returncode == 1, result
 
 
-def test_a_gpu_fallen_off_the_bus_does_not_outlast_the_timeout(stub_dir, tmp_path):
+def test_a_gpu_fallen_off_the_bus_does_not_outlast_the_timeout(request, tmp_path):
     """NVML blocks, and so does nvmlShutdown until the blocked call returns (a driver lock):
     check leaves the GPU's run behind at its deadline instead of shutting NVML down under it."""
     hang = tmp_path / "hang"
     hang.touch()
     conf = config(tmp_path, TWO_GPUS + f"hang_file={hang}\nhang_holds_shutdown=1\n")
     try:
-        result, elapsed = run(f"--timeout={TIMEOUT}", env=gpu_env(stub_dir, conf))
+        result, elapsed = run(f"--timeout={TIMEOUT}", env=gpu_env(request.getfixturevalue("stub_dir"), conf))
     finally:
         hang.unlink()
     quick(result, elapsed)
