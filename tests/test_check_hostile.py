@@ -181,6 +181,19 @@ def test_a_server_trickling_a_byte_a_second_does_not_outlast_the_timeout(flag, h
     assert "not used" in notes and "within --timeout" in notes, notes
 
 
+def test_a_trickling_prometheus_does_not_starve_the_exporter():
+    """Both are asked at once: the exporter's answer is used while Prometheus still trickles."""
+    body = {"ok": 'shmwatch_mount_max_used_bytes{mount="/dev/shm"} 41943040\n'}
+    with trickling_server() as slow, answering_server(body) as url:
+        result, elapsed = run("--recommend", f"--prometheus.url={slow}", f"--exporter.url={url}/ok",
+                              f"--timeout={TIMEOUT}", "--output=json")
+    quick(result, elapsed)
+    doc = json.loads(result.stdout)
+    rec = doc["recommendations"][0]
+    assert rec["source"] == "exporter" and rec["observed_peak_bytes"] >= 41943040, rec
+    assert any(n.startswith("Prometheus not used") for n in doc["recommendation_notes"]), doc
+
+
 # --- HTTP: answers that are not what they should be --------------------------------------------
 def vector(*values):
     return json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
