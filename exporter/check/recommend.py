@@ -255,8 +255,11 @@ def recommendations(
     for name, window, label, task in asked:
         try:
             answers.append((name, window, task.result(deadline)))
-        except (SourceError, TimeoutError) as err:
+        except SourceError as err:
             notes.append(f"{label} not used: {err}")
+        except TimeoutError as err:  # the URL's answer has not come to an end
+            url = extra.prometheus_url if name == "prometheus" else extra.exporter_url
+            notes.append(f"{label} not used: {url}: {err}")
     out, headroom, required = [], extra.recommend_headroom, extra.require_shm
     for view in views:
         rec = None
