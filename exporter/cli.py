@@ -146,9 +146,11 @@ def collect_once(cfg, timeout: float):
     app.sampler.wait_for_first_run(timeout)
     model = app.step.current()
     app.sampler.stopping.set()
-    stuck = set(app.sampler.stuck())
+    # A source still running at check's deadline is left to it: closing it (nvmlShutdown
+    # while a GPU that fell off the bus holds the driver) could block past the deadline.
+    busy = set(app.sampler.busy())
     for source in app.sources:
-        if source.name not in stuck:
+        if source.name not in busy:
             source.close()
     return model
 

@@ -261,7 +261,7 @@ def test_pasted_lines_hit_their_signature_and_figures_reach_the_finding(tmp_path
     for n, (line, expected) in enumerate(PASTED.items()):
         log = tmp_path / f"{n}.log"
         log.write_text(f"INFO before\n{line}\nINFO after\n")
-        assert set(scan_log(str(log))) == expected, line
+        assert set(scan_log(str(log)).hits) == expected, line
     log = tmp_path / "engines.log"
     log.write_text("\n".join(PASTED))
     result = check("--shm.mount=/dev/shm", f"--log={log}", "--output", "json")
@@ -279,7 +279,7 @@ def test_log_signatures(tmp_path):
     assert set(SAMPLES) == {name for name, _, _, _ in SIGNATURES}
     log = tmp_path / "server.log"
     log.write_text("INFO starting\n" + "\n".join(SAMPLES.values()) + "\nINFO fine\n")
-    hits = scan_log(str(log))
+    hits = scan_log(str(log)).hits
     assert set(hits) == set(SAMPLES)
     assert hits["ucx_shmget"][0].line == 4
     result = check("--shm.mount=/dev/shm", f"--log={log}", "--output", "json")

@@ -1,15 +1,22 @@
 """Known failure signatures in server logs: shared memory, SysV, SIGBUS, CUDA OOM.
 
-`shmwatch check --log FILE` streams a log through these; each signature's format is
-quoted from the library that prints it. A signature's named groups fill the {fields} of its
-explanation and remedy (a group named *_mib is a MiB figure, shown by check's formatter).
+`shmwatch check --log FILE` reads a log's tail through these, in bounded memory and time;
+each signature's format is quoted from the library that prints it. A signature's named groups
+fill the {fields} of its explanation and remedy (a group named *_mib is a MiB figure, shown by
+check's formatter).
 """
 
 from __future__ import annotations
 
+import math
+import os
 import re
+import stat
+import time
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, Iterator, List, Optional, Tuple
+
+from exporter.check.findings import quoted
 
 from exporter.check.sizes import human
 
@@ -161,33 +168,121 @@ SIGNATURES = (
 
 
 PATTERNS = [(name, re.compile(regex)) for name, regex, _, _ in SIGNATURES]
+# Lower-case words one of which every signature's line holds: each chunk of a log is searched
+# for these (bytes.find, a hundred times faster than the regexes), and only the lines holding
+# one are matched against SIGNATURES.
+NEEDLES = (
+    b"nccl warn error while",
+    b"failed to extend /dev/shm/nccl-",
+    b"call to posix_fallocate failed",
+    b"shmget(size=",
+    b"not enough memory to write total of",
+    b"failed to allocate shared memory",
+    b"insufficient space in /dev/shm",
+    b"bus error",
+    b"cuda out of memory",
+    b"cuda error: out of memory",
+    b"leaked shared_memory objects",
+    b"error while attaching to shared memory segment",
+    b"no available shared memory broadcast block",
+    b"enginedeaderror",
+    b"scheduler died during initialization",
+    b"exceeds memory available in /dev/shm",
+    b"exceeds /dev/shm size",
+    b"usage of emptydir volume",
+)
+# At most the last MAX_LOG_BYTES of a log are read (a server's recent failures are the ones
+# that matter), CHUNK at a time; a line longer than CHUNK is matched in pieces of that size.
+MAX_LOG_BYTES, CHUNK = 64 << 20, 1 << 20
 
 
 @dataclass
 class LogHit:
     file: str
-    line: int
+    # None when the log was read from its tail, not its start: then `offset` says where
+    line: Optional[int]
+    offset: int  # of the line's first byte
     text: str  # the line, and how many lines matched when more than one
     fields: Dict[str, str] = field(default_factory=dict)  # the first hit's named groups
 
 
-def scan_log(path: str) -> Dict[str, List[LogHit]]:
-    """signature name -> [its first hit]. Streams the log line by line (large logs are never
-    loaded whole)."""
-    hits: Dict[str, List[LogHit]] = {}
-    counts: Dict[str, int] = {}
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, 1):
-            line = raw.decode("utf-8", "replace").strip()
-            for name, pattern in PATTERNS:
-                match = pattern.search(line)
-                if match:
-                    counts[name] = counts.get(name, 0) + 1
-                    if name not in hits:
-                        hits[name] = [LogHit(path, number, line[:300], _fields(match))]
+@dataclass
+class LogScan:
+    """What was read of one log: bytes [start, end) of the `size` it had when opened."""
+
+    hits: Dict[str, List[LogHit]]
+    size: int
+    start: int
+    end: int
+
+
+def scan_log(path: str, deadline: float = math.inf) -> LogScan:
+    """signature name -> [its first hit], from the log's last MAX_LOG_BYTES, read CHUNK at a
+    time until its size when opened or `deadline` (time.monotonic()). Only a regular file is
+    read (ValueError otherwise): a FIFO with no writer would block, a device never ends."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    with open(fd, "rb", buffering=0) as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        start = max(0, info.st_size - MAX_LOG_BYTES)
+        scan = LogScan({}, info.st_size, start, start)
+        handle.seek(start)
+        counts: Dict[str, int] = {}
+        carry, lines, read = b"", 0, start
+        while scan.end < scan.size and time.monotonic() < deadline:
+            block = handle.read(min(CHUNK, scan.size - read))
+            read += len(block)
+            data, base = carry + block, scan.end
+            # whole lines, a piece of a line longer than CHUNK, or what is left at the end
+            cut = data.rfind(b"\n") + 1 if block and read < scan.size else len(data)
+            piece, carry = data[: cut or len(data)], data[cut or len(data) :]
+            if base == start and start:  # the line the tail begins in the middle of
+                skip = piece.find(b"\n") + 1 or len(piece)
+                piece, base = piece[skip:], base + skip
+            for offset, line, text in _candidates(piece, lines):
+                if time.monotonic() >= deadline:
+                    scan.end = base + offset
+                    break
+                number = None if start else line
+                _match(scan, counts, text, LogHit(path, number, base + offset, ""))
+            else:
+                scan.end, lines = base + len(piece), lines + piece.count(b"\n")
+            if not block:
+                break  # truncated while read
     for name, n in counts.items():
-        hits[name][0].text += f"  [{n} matching line(s)]" if n > 1 else ""
-    return hits
+        scan.hits[name][0].text += f"  [{n} matching line(s)]" if n > 1 else ""
+    return scan
+
+
+def _match(scan: LogScan, counts: Dict[str, int], text: str, where: LogHit) -> None:
+    """Each signature `text` matches counts once; its first hit is kept (`where`, with the
+    text quoted around where it matched)."""
+    for name, pattern in PATTERNS:
+        match = pattern.search(text)
+        if match:
+            counts[name] = counts.get(name, 0) + 1
+            at = max(0, match.start() - 100)  # a long line: where it matched
+            text_at = quoted(text[at:], 300)
+            hit = LogHit(where.file, where.line, where.offset, text_at, _fields(match))
+            scan.hits.setdefault(name, [hit])
+
+
+def _candidates(piece: bytes, lines: int) -> Iterator[Tuple[int, int, str]]:
+    """(offset, line number, text) of each line in `piece` holding one of NEEDLES; `lines`:
+    how many lines came before it."""
+    low, spans = piece.lower(), set()
+    for needle in NEEDLES:
+        i = low.find(needle)
+        while i != -1:
+            end = low.find(b"\n", i)
+            end = len(low) if end == -1 else end
+            spans.add((low.rfind(b"\n", 0, i) + 1, end))
+            i = low.find(needle, end)
+    at, number = 0, lines + 1
+    for begin, end in sorted(spans):
+        number, at = number + piece.count(b"\n", at, begin), begin
+        yield begin, number, piece[begin:end].decode("utf-8", "replace").strip()
 
 
 def _fields(match: "re.Match[str]") -> Dict[str, str]:
