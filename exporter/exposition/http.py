@@ -191,6 +191,7 @@ class Connection(asyncio.BufferedProtocol):
     def __init__(self, front: "Front", peer: str):
         self.front, self.peer = front, peer
         self.transport: Optional[asyncio.BaseTransport] = None
+        self.raw = None  # the socket's transport: the same, or the one under TLS
         self.task: Optional[asyncio.Task] = None  # the handshake, then an answer
         self.head = Head()
         self.rest = b""  # what came after a head, while it is answered
@@ -200,6 +201,10 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        ssl_protocol = getattr(
+            transport, "_ssl_protocol", None
+        )  # the socket's, under TLS
+        self.raw = getattr(ssl_protocol, "_transport", transport)
         self.deadline(HEADER_TIMEOUT_SECONDS)
 
     def deadline(self, seconds: float) -> None:
@@ -251,7 +256,7 @@ class Connection(asyncio.BufferedProtocol):
                 answer = await front.loop.run_in_executor(
                     front.workers, front.call, request
                 )
-            if self.transport.is_closing():
+            if self.gone or self.transport.is_closing():
                 return
             status, headers, body = answer
             answer = status, headers + extra, body
@@ -260,12 +265,14 @@ class Connection(asyncio.BufferedProtocol):
                 await asyncio.wait_for(self.drained, IDLE_TIMEOUT_SECONDS)
         except asyncio.TimeoutError:
             LOG.debug("connection from %s: the answer was not read in time", self.peer)
-            return self.transport.abort()
+            return self.drop()
         except Exception:
             LOG.exception("answering %s failed", self.peer)
-            return self.transport.abort()
+            return self.drop()
         finally:
             front.in_flight -= counted
+        if self.gone:
+            return
         if request.close or self.eof:
             return self.transport.close()
         self.busy, self.served = False, True
@@ -313,6 +320,11 @@ class Connection(asyncio.BufferedProtocol):
             self.timer.cancel()
         self.resume_writing()
         self.front.forget(self)
+        # No cycles left for the collector, which gc_tuning makes rare: the transports
+        # refer to this protocol, and asyncio's socket transport to a method of itself.
+        if hasattr(self.raw, "_read_ready_cb"):
+            self.raw._read_ready_cb = None
+        self.transport = self.raw = self.task = self.timer = None
 
 
 def loop_error(loop, context) -> None:
