@@ -11,7 +11,6 @@ import time
 import urllib.error
 import urllib.request
 
-import pytest
 
 from tests.conftest import Exporter, needs_root
 
