@@ -137,15 +137,16 @@ def test_a_wrong_password_flood_does_not_starve_a_valid_login(tmpfs, tmp_path):
     before, from another address, is answered 200 in time."""
     import http.client
     hashed = bcrypt.hashpw(b"scrape-me", bcrypt.gensalt(10)).decode()
+    ready = bcrypt.hashpw(b"ready", bcrypt.gensalt(10)).decode()  # for the start-up checks only
     config = tmp_path / "web.yml"
-    config.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    config.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n  probe: '{ready}'\n")
     with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", f"--web.config.file={config}",
-                  headers=basic("prometheus", "scrape-me")) as exporter:
+                  headers=basic("probe", "ready")) as exporter:
         stop, refused = threading.Event(), []
 
         def flood(i):
-            while not stop.is_set():
-                code = status(exporter.url, basic("prometheus", f"guess{i}"))[0]
+            while not stop.is_set():  # a new guess each time: nothing to remember
+                code = status(exporter.url, basic("prometheus", f"guess{i}-{len(refused)}"))[0]
                 refused.append(code)
 
         flooders = [threading.Thread(target=flood, args=(i,), daemon=True) for i in range(100)]
