@@ -56,8 +56,8 @@ class Hostile:
     request line, then `pad` bytes of headers as fast as the server takes them, then one
     byte every `trickle` seconds; a connection the server closes is opened again."""
 
-    def __init__(self, port, count=200, pad=BIG_HEADERS, trickle=5.0):
-        self.port, self.count, self.pad, self.trickle = port, count, pad, trickle
+    def __init__(self, port, count=200, pad=BIG_HEADERS, trickle=5.0, host="127.0.0.1"):
+        self.port, self.count, self.pad, self.trickle, self.host = port, count, pad, trickle, host
         self.stop, self.opened, self.closed_by_server = threading.Event(), 0, 0
         self.thread = threading.Thread(target=self.run, daemon=True)
 
@@ -72,7 +72,7 @@ class Hostile:
     def open(self, sel):
         sock = socket.socket()
         sock.setblocking(False)
-        sock.connect_ex(("127.0.0.1", self.port))
+        sock.connect_ex((self.host, self.port))
         self.opened += 1
         sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, [HEAD + self.pad, 0.0])
 
