@@ -282,3 +282,32 @@ def test_more_requests_than_max_requests_get_503():
         release.set()
         httpd.shutdown()
         httpd.server_close()
+
+
+@needs_root
+def test_tls_clients_that_hang_up_early_are_logged_at_debug(tmpfs, tmp_path):
+    """Mid-handshake, after it, with a reset, plain HTTP to the TLS port, garbage: the old
+    front logged some of these as error-level tracebacks."""
+    import ssl
+    from tests.test_security import make_cert, write_pem
+    cert, key = write_pem(str(tmp_path), "server", *make_cert("127.0.0.1", san_ip="127.0.0.1"))
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
+    context = ssl.create_default_context(cafile=cert)
+    with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", f"--web.config.file={web}", "--log.level=debug",
+                  scheme="https", context=context) as exporter:
+        for send, handshake, reset in ((b"\x16\x03\x01\x02\x00\x01", False, False), (b"GET / HTTP/1.0\r\n\r\n", False, False),
+                                       (b"", True, False), (HEAD, True, True), (b"", False, True)):
+            sock = socket.create_connection(("127.0.0.1", exporter.port), timeout=5)
+            if handshake:
+                sock = context.wrap_socket(sock, server_hostname="127.0.0.1")
+            if send:
+                sock.sendall(send)
+            if reset:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            sock.close()
+        assert "shmwatch_build_info" in exporter.scrape_text()
+        time.sleep(0.5)
+        log = exporter.log()
+        assert "level=error" not in log and "Traceback" not in log, log[-2000:]
+        assert "level=debug" in log

@@ -55,10 +55,9 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        ssl_protocol = getattr(
-            transport, "_ssl_protocol", None
-        )  # the socket's, under TLS
-        self.raw = getattr(ssl_protocol, "_transport", transport)
+        # Under TLS, the socket's transport is the one beneath the TLS protocol.
+        tls = getattr(transport, "_ssl_protocol", None)
+        self.raw = getattr(tls, "_transport", transport)
         self.deadline(HEADER_TIMEOUT_SECONDS)
 
     def deadline(self, seconds: float) -> None:
