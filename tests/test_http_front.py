@@ -297,7 +297,8 @@ def test_tls_clients_that_hang_up_early_are_logged_at_debug(tmpfs, tmp_path):
     with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", f"--web.config.file={web}", "--log.level=debug",
                   scheme="https", context=context) as exporter:
         for send, handshake, reset in ((b"\x16\x03\x01\x02\x00\x01", False, False), (b"GET / HTTP/1.0\r\n\r\n", False, False),
-                                       (b"", True, False), (HEAD, True, True), (b"", False, True)):
+                                       (b"", True, False), (HEAD, True, True), (b"", False, True),
+                                       (HEAD + b"\r\n", True, True), (HEAD + b"\r\n", True, False)):
             sock = socket.create_connection(("127.0.0.1", exporter.port), timeout=5)
             if handshake:
                 sock = context.wrap_socket(sock, server_hostname="127.0.0.1")
