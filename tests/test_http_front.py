@@ -312,3 +312,37 @@ def test_tls_clients_that_hang_up_early_are_logged_at_debug(tmpfs, tmp_path):
         log = exporter.log()
         assert "level=error" not in log and "Traceback" not in log, log[-2000:]
         assert "level=debug" in log
+
+
+def test_at_the_connection_cap_the_oldest_unanswered_connection_makes_room(monkeypatch):
+    """Idle connections that never send a request cannot lock a scraper out: at the cap the
+    oldest connection not yet answered is dropped for the new one (the cap made small here)."""
+    from exporter.exposition import http
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 4)
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok\n"]
+
+    httpd = http.bind("127.0.0.1", 0, app)
+    http.serve_in_thread(httpd)
+    port = http.bound_address(httpd)[1]
+    idle = []
+    try:
+        for _ in range(4):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(0.2)  # all four accepted
+        for _ in range(3):  # each new scrape takes the place of an idle one
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as response:
+                assert response.read() == b"ok\n"
+        idle[0].settimeout(5)
+        try:
+            closed = idle[0].recv(1) == b""
+        except ConnectionResetError:
+            closed = True
+        assert closed, "the oldest idle connection is closed"
+    finally:
+        for sock in idle:
+            sock.close()
+        httpd.shutdown()
+        httpd.server_close()
