@@ -317,6 +317,7 @@ def test_tls_clients_that_hang_up_early_are_logged_at_debug(tmpfs, tmp_path):
 def test_at_the_connection_cap_the_oldest_unanswered_connection_makes_room(monkeypatch):
     """Idle connections that never send a request cannot lock a scraper out: at the cap the
     oldest connection not yet answered is dropped for the new one (the cap made small here)."""
+    import http.client as http_client
     from exporter.exposition import http
     monkeypatch.setattr(http, "MAX_CONNECTIONS", 4)
 
@@ -341,6 +342,17 @@ def test_at_the_connection_cap_the_oldest_unanswered_connection_makes_room(monke
         except ConnectionResetError:
             closed = True
         assert closed, "the oldest idle connection is closed"
+        # Kept-alive connections waiting for a next request make room as well.
+        for sock in idle:
+            sock.close()
+        idle = []
+        for _ in range(4):
+            conn = http_client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/")
+            assert conn.getresponse().read() == b"ok\n"
+            idle.append(conn)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as response:
+            assert response.read() == b"ok\n"
     finally:
         for sock in idle:
             sock.close()

@@ -32,7 +32,7 @@ from exporter.exposition.webconfig import CHALLENGE, OPEN_PATHS, WebConfigSource
 
 LOG = logging.getLogger("shmwatch.web")
 
-MAX_CONNECTIONS = 512  # beyond it the oldest connection not yet answered is dropped
+MAX_CONNECTIONS = 512  # beyond, the oldest not yet answered (or else idle) is dropped
 READ_BYTES = 16 << 10  # one read: all a connection holds unparsed while it is answered
 WORKERS = 4  # threads making answers; rendering holds the GIL, more would only wait
 HEADER_TIMEOUT_SECONDS = 5.0
@@ -85,6 +85,7 @@ class Connection(asyncio.BufferedProtocol):
     def feed(self, data: bytes) -> None:
         if self.served and not self.head.size:  # the first byte after an idle wait
             self.deadline(HEADER_TIMEOUT_SECONDS)
+            self.front.idle.pop(self, None)
         try:
             rest = self.head.feed(data)
             request = None if rest is None else self.head.request()
@@ -130,6 +131,7 @@ class Connection(asyncio.BufferedProtocol):
             return self.transport.close()
         self.busy, self.served = False, True
         self.deadline(IDLE_TIMEOUT_SECONDS)
+        front.idle[self] = None
         self.transport.resume_reading()
         rest, self.rest = self.rest, b""
         if rest:
@@ -204,6 +206,9 @@ class Front:
         )
         self.buffer = memoryview(bytearray(READ_BYTES))
         self.fresh: Dict[Connection, None] = {}  # never answered, oldest first
+        self.idle: Dict[
+            Connection, None
+        ] = {}  # waiting for a next request, longest first
         self.stopped = threading.Event()
 
     def serve_forever(self) -> None:
@@ -231,11 +236,12 @@ class Front:
                 LOG.warning("cannot accept a connection: %s", err)
                 await asyncio.sleep(0.1)
                 continue
-            if self.open >= MAX_CONNECTIONS:
-                if not self.fresh:
+            if self.open >= MAX_CONNECTIONS:  # never refuse while one merely waits
+                victim = next(iter(self.fresh or self.idle), None)
+                if victim is None:
                     sock.close()
                     continue
-                next(iter(self.fresh)).drop()
+                victim.drop()
             conn = Connection(self, peer[0])
             self.open += 1
             self.fresh[conn] = None
@@ -258,6 +264,7 @@ class Front:
             conn.gone = True
             self.open -= 1
             self.fresh.pop(conn, None)
+            self.idle.pop(conn, None)
 
     async def check(self, request: Request, peer: str):
         """-> (the web config's headers, the answer when it is a refusal, else None)."""
