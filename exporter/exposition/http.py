@@ -256,6 +256,7 @@ class Front:
             )
         except (OSError, asyncio.TimeoutError, asyncio.CancelledError) as err:
             LOG.debug("connection from %s failed: %s", conn.peer, err or "dropped")
+            err.__traceback__ = None  # its frames hold asyncio's waiter, which holds it
             sock.close()
             self.forget(conn)
 
