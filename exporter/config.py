@@ -183,6 +183,8 @@ _TABLE = """
 --web.tls-client-ca-file       tls_client_ca_file     text           -
     Deprecated alias of client_ca_file with client_auth_type RequireAndVerifyClientCert:
     mTLS.
+--web.max-requests             max_requests           count          40
+    Requests answered at once (as node_exporter's); beyond them 503 at once.
 --mode                         mode                   mode           sidecar
     sidecar: watch --shm.mount; node: also discover every pod's and container's shm from
     the host's mountinfo.

@@ -173,6 +173,10 @@ shmwatch_collector_duration_seconds  collector
     Duration of the collector's last run.
 shmwatch_build_info  version
     Always 1; the shmwatch version.
+shmwatch_web_config_last_reload_successful  -
+    1 when the last reload of the web config (on a change of its files, or SIGHUP) was
+    taken; 0 when it was refused (invalid, or it would turn authentication off) and the
+    previous one serves. Only with --web.config.file or --web.tls-* flags.
 # prometheus_client's ProcessCollector (the exporter's own process)
 process_virtual_memory_bytes  -
     Virtual memory size in bytes.
