@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
 from exporter.collectors.source import BaseSource, Context, register
 from exporter.host.kube import pod_uid_of_mount
-from exporter.host.mountinfo import live_mounts
+from exporter.host.mountinfo import MountTable, live_mounts
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from exporter.inventory.changes import ChangeLog
@@ -79,6 +79,7 @@ class SegmentsCollector(BaseSource):
         self._last: Dict[str, MountInventory] = {}  # the last run's, by mount
         # Node mode: each mount's _signature() when its pod's processes were last read.
         self._pod_read_as: Dict[str, tuple] = {}
+        self._table = MountTable(paths)  # which paths are still mount points
 
     @property
     def stretches(self) -> bool:
@@ -120,7 +121,11 @@ class SegmentsCollector(BaseSource):
         devs: Dict[str, int] = {}
         errors: Dict[str, str] = {}
         mount_list = self.mounts()
+        self._table.refresh()
         for mount in mount_list:
+            if self._table.gone(mount):  # its directory on the disk beneath is not ours
+                errors[mount] = "not a mount point"
+                continue
             try:
                 st = os.stat(self.paths.host(mount))
             except OSError as err:

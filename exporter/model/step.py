@@ -132,9 +132,7 @@ class ModelStep:
                         self._summaries[m.mount] if same else summarise(m, self.top_k)
                     )
         if obs.success and obs.source == "shm_mount":
-            self.state.record_used(
-                [(u.mount, u.used_bytes) for u in obs.result if not u.error]
-            )
+            self.state.record_polled(obs.result)
         if obs.success and obs.source == "cgroup":
             for cgroup in obs.result:
                 if cgroup.oom_kills is not None:

@@ -41,6 +41,8 @@ class MountUsage:
     available_bytes: int = 0
     inodes: int = 0
     inodes_free: int = 0
+    # Which mount instance (device, mount ID, ...); () when not known.
+    instance: Tuple = ()
 
     @property
     def usage_ratio(self) -> float:
