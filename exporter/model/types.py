@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from exporter.host.kube import POD_UID_IN_CGROUP, pod_uid_in_cgroup
+from exporter.model.classes import CLASS_NAMES
 
 Key = Tuple[int, int]  # (st_dev, st_ino)
 
@@ -181,7 +182,7 @@ class SysvShm:
 
 @dataclass(slots=True)
 class Segment:
-    name: str  # basename as found (may hold any bytes, as surrogates)
+    name: str  # path below the mount as found (may hold any bytes, as surrogates)
     cls: str
     state: str  # linked | hidden | orphan | unverified (DESIGN.md, "Segment states")
     allocated_bytes: int
@@ -191,15 +192,65 @@ class Segment:
     key: Key = (0, 0)
 
 
+STATES = ("linked", "hidden", "orphan", "unverified")
+# A listed file is one int (~40 bytes; a tuple of its fields costs ~200): its class (index in
+# CLASS_NAMES), whether the last full scan listed it, inode, mtime (s), blocks, apparent size.
+# What may be 0 (sizes) lies highest, so an empty file's int is short.
+CLS_BITS, KNOWN = 5, 1 << 5
+
+
+def pack(cls: int, known: bool, ino: int, mtime: float, blocks: int, size: int) -> int:
+    mtime = min(max(int(mtime), 0), (1 << 40) - 1)
+    row = cls | (KNOWN if known else 0) | ino << 6 | mtime << 70
+    return row | min(blocks, (1 << 48) - 1) << 110 | size << 158
+
+
+def unpack(row: int) -> Tuple[int, int, int, int, int]:
+    """-> (class index, inode, mtime, allocated bytes, apparent bytes)."""
+    mask = (1 << 64) - 1
+    return (
+        row & 31,
+        row >> 6 & mask,
+        row >> 70 & (1 << 40) - 1,
+        (row >> 110 & (1 << 48) - 1) * 512,
+        row >> 158,
+    )
+
+
 @dataclass
 class MountInventory:
+    """One mount's segments, compact: each listed file one packed int (`pack`) and one byte
+    of state; Segment objects are made on demand (`rows`), for the few a summary keeps."""
+
     mount: str
     error: Optional[str] = None
-    segments: List[Segment] = field(default_factory=list)
+    dev: int = 0
+    listed: Dict[str, int] = field(default_factory=dict)  # path below the mount -> row
+    states: bytes = b""  # each listed row's index in STATES, in `listed`'s order
+    held: Dict[int, Tuple[int, ...]] = field(default_factory=dict)  # inode -> pids
+    hidden: List[Segment] = field(default_factory=list)
     other_entries: Dict[str, int] = field(default_factory=dict)
     used_bytes: int = 0
     unattributed_bytes: int = 0
     process_bytes: Dict[int, int] = field(default_factory=dict)
+    # Since the last run, from the listings: (class, "created" | "deleted") -> count.
+    events: Dict[Tuple[str, str], int] = field(default_factory=dict)
+    # Past --inventory.max-segments: class -> (count, allocated, apparent) of the listed
+    # files, kept instead of `listed` (no names, no owner join: all 'unverified').
+    degraded: Optional[Dict[str, Tuple[int, int, int]]] = None
+
+    def rows(self) -> Iterator[Segment]:
+        """Every segment, made one at a time: hidden ones, then the listed."""
+        yield from self.hidden
+        for (name, row), state in zip(self.listed.items(), self.states):
+            cls, ino, mtime, allocated, apparent = unpack(row)
+            holders = self.held.get(ino, ())
+            seg = (name, CLASS_NAMES[cls], STATES[state], allocated, apparent, mtime)
+            yield Segment(*seg, holders, (self.dev, ino))
+
+    @property
+    def segments(self) -> List[Segment]:
+        return list(self.rows())
 
 
 @dataclass
