@@ -26,17 +26,22 @@ from exporter.inventory.changes import ChangeLog
 from exporter.inventory.holdings import DELETED, Owners, UnprovenLog
 from exporter.inventory.owners import OwnerScan
 from exporter.inventory.walk import (
-    INO_MASK,
     MAX_ENTRIES,
     Events,
     Key,
     Listing,
-    diff,
     patch_listing,
     walk,
 )
 from exporter.model.classes import classify
-from exporter.model.types import KNOWN, Inventory, MountInventory, Segment
+from exporter.model.types import (
+    INO_MASK,
+    INO_SHIFT,
+    KNOWN,
+    Inventory,
+    MountInventory,
+    Segment,
+)
 
 log = logging.getLogger(__name__)
 
@@ -111,21 +116,18 @@ class SegmentsCollector(BaseSource):
     def _list(
         self, mount: str, dev: int, full: bool, changes: Changes
     ) -> Tuple[Listing, Events]:
-        """The mount's listing, and what was created and deleted since the last one. A
-        quick run patches a copy: the last inventory holds the old rows."""
-        previous, names = self._listings.get(mount), changes.get(mount, ())
-        old = previous.rows if previous else {}
-        if full or previous is None or previous.degraded is not None or names is None:
-            listing = walk(self.paths.host(mount), dev, old, self.max_segments)
-            both = previous and previous.degraded is None and listing.degraded is None
-            events = diff(old, listing.rows) if both else {}
-        elif names:
-            listing = Listing(dict(old), previous.others, previous.truncated)
-            patch_listing(self.paths.host(mount), dev, listing.rows, names)
-            events = diff(old, listing.rows, names)
+        """The mount's listing, brought up to date in place, and what was created and
+        deleted since (nothing said on its first listing, or across the cap)."""
+        listing, names = self._listings.get(mount), changes.get(mount, ())
+        if listing is None:
+            listing = self._listings[mount] = Listing()
+            listing.degraded, names = {}, None  # nothing to compare the first with
+        if full or names is None or listing.degraded is not None:
+            was = listing.degraded is None
+            events = walk(self.paths.host(mount), dev, listing, self.max_segments)
+            events = events if was and listing.degraded is None else {}
         else:
-            listing, events = previous, {}
-        self._listings[mount] = listing
+            events = patch_listing(self.paths.host(mount), dev, listing, names)
         return listing, events
 
     def _signature(self, mount: str, dev: int) -> Optional[tuple]:
@@ -327,13 +329,15 @@ class SegmentsCollector(BaseSource):
         bytes_of = inv.process_bytes
         accounted = sum(a for _, a, _ in (listing.degraded or {}).values())
         for i, (name, row) in enumerate(rows.items()):
-            allocated = (row >> 110 & (1 << 48) - 1) * 512
+            allocated = (row >> 111 & (1 << 48) - 1) * 512
             accounted += allocated
             if settled and not row & KNOWN:
                 rows[name] = row | KNOWN  # listed before /proc was read, this run
-            held = holdings.get((dev, row >> 6 & INO_MASK)) if holdings else None
+            held = (
+                holdings.get((dev, row >> INO_SHIFT & INO_MASK)) if holdings else None
+            )
             if held:
-                pids = held_pids[row >> 6 & INO_MASK] = tuple(
+                pids = held_pids[row >> INO_SHIFT & INO_MASK] = tuple(
                     sorted({h.pid for h in held})
                 )
                 for pid in pids:
@@ -344,7 +348,7 @@ class SegmentsCollector(BaseSource):
             if (
                 not settled
                 and state == orphan
-                and (dev, row >> 6 & INO_MASK) in self._held_at_full
+                and (dev, row >> INO_SHIFT & INO_MASK) in self._held_at_full
             ):
                 # Held at the last full scan, unheld in a pod-scoped scan or a refresh:
                 # only a full scan, with its re-reads of new processes, may call it leaked.

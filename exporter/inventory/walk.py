@@ -12,7 +12,7 @@ import stat as stat_mod
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from exporter.model.classes import CLASS_NAMES, classify
-from exporter.model.types import KNOWN, pack, unpack
+from exporter.model.types import INO_MASK, INO_SHIFT, KNOWN, SEEN, pack, unpack
 
 MAX_DEPTH = 8  # tools that make sub-directories in /dev/shm nest one or two levels
 MAX_ENTRIES = 250_000  # a bound on one walk, so a hostile mount cannot stall us
@@ -28,36 +28,58 @@ _KINDS = {
     stat_mod.S_IFSOCK: "socket",
 }
 CLASS_INDEX = {name: i for i, name in enumerate(CLASS_NAMES)}
-INO_MASK = (1 << 64) - 1
 
 
 class Listing:
-    __slots__ = ("rows", "others", "truncated", "degraded")
+    """One mount's listing, kept and updated in place run after run: a walk marks the rows
+    it sees with this walk's parity and drops the others after."""
 
-    def __init__(self, rows: Rows, others: Dict[str, int], truncated: bool = False):
-        self.rows, self.others, self.truncated = rows, others, truncated
+    __slots__ = ("rows", "others", "truncated", "degraded", "parity")
+
+    def __init__(self) -> None:
+        self.rows: Rows = {}
+        self.others: Dict[str, int] = {}
+        self.truncated = False
         # class -> (count, allocated, apparent), once past the cap (rows then empty)
         self.degraded: Optional[Dict[str, Tuple[int, int, int]]] = None
+        self.parity = 0  # SEEN or 0: the bit the last walk set
 
 
-def _row(name: str, st: os.stat_result, old: Optional[int]) -> int:
-    """A file's row; the class and the known flag kept from its old row on the same inode."""
-    if old is not None and (old >> 6) & INO_MASK == st.st_ino:
-        cls, known = old & 31, bool(old & KNOWN)
+def _update(listing: Listing, path: str, st: os.stat_result, events: Events) -> None:
+    """A file's row; its class and known flag kept while it is the same inode."""
+    old = listing.rows.get(path)
+    same = old is not None and old >> INO_SHIFT & INO_MASK == st.st_ino
+    if same:
+        cls, known = old & 31, old & KNOWN
     else:
-        cls, known = CLASS_INDEX[classify(os.path.basename(name))], False
-    return pack(cls, known, st.st_ino, st.st_mtime, st.st_blocks, st.st_size)
+        cls, known = CLASS_INDEX[classify(os.path.basename(path))], 0
+    flags = known | listing.parity
+    row = pack(cls, flags, st.st_ino, st.st_mtime, st.st_blocks, st.st_size)
+    if row != old:
+        listing.rows[path] = row
+    if not same:
+        if old is not None:
+            _count(events, old, "deleted")
+        _count(events, row, "created")
 
 
-def walk(root: str, dev: int, previous: Rows, cap: int) -> Listing:
-    """Regular files by path (a hard-linked inode once), other entries by type. Entries on
-    another device or gone mid-walk are skipped."""
-    listing = Listing({}, {})
+def _count(events: Events, row: int, event: str) -> None:
+    key = (CLASS_NAMES[row & 31], event)
+    events[key] = events.get(key, 0) + 1
+
+
+def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
+    """Brings the listing up to date: regular files by path (a hard-linked inode once),
+    other entries by type; entries on another device or gone mid-walk are skipped.
+    -> the files created and deleted since the last walk (a name on another inode: both)."""
+    events: Events = {}
+    listing.parity ^= SEEN
+    listing.others, listing.truncated, listing.degraded = {}, False, None
     rows, others = listing.rows, listing.others
     linked: set = set()  # inodes with more than one name, seen
     seen = 0
     stack: List[Tuple[str, ...]] = [()]  # sub-directories, as names below the root
-    while stack:
+    while stack and not listing.truncated:
         names = stack.pop()
         fd = _open_below(root, names, dev)
         if fd is None:
@@ -72,9 +94,8 @@ def walk(root: str, dev: int, previous: Rows, cap: int) -> Listing:
             for entry in entries:
                 seen += 1
                 if seen > MAX_ENTRIES:
-                    os.close(fd)
                     listing.truncated = True
-                    return listing
+                    break
                 try:
                     st = entry.stat(follow_symlinks=False)
                 except OSError:
@@ -86,52 +107,39 @@ def walk(root: str, dev: int, previous: Rows, cap: int) -> Listing:
                         if st.st_ino in linked:
                             continue
                         linked.add(st.st_ino)
-                    path = prefix + entry.name
+                    if listing.degraded is None and len(rows) >= cap:
+                        listing.degraded = _degrade(listing)
                     if listing.degraded is not None:
-                        _count(listing.degraded, classify(entry.name), st)
-                    elif len(rows) >= cap:
-                        listing.degraded = _degrade(rows)
-                        _count(listing.degraded, classify(entry.name), st)
+                        cls = CLASS_INDEX[classify(entry.name)]
+                        _add(listing.degraded, cls, st.st_blocks * 512, st.st_size)
                     else:
-                        rows[path] = _row(path, st, previous.get(path))
+                        _update(listing, prefix + entry.name, st, events)
                     continue
                 kind = _KINDS.get(stat_mod.S_IFMT(st.st_mode), "device")
                 others[kind] = others.get(kind, 0) + 1
                 if stat_mod.S_ISDIR(st.st_mode) and len(names) < MAX_DEPTH:
                     stack.append(names + (entry.name,))
         os.close(fd)
-    return listing
-
-
-def _count(totals: Dict[str, Tuple[int, int, int]], cls: str, st) -> None:
-    count, allocated, apparent = totals.get(cls, (0, 0, 0))
-    totals[cls] = (count + 1, allocated + st.st_blocks * 512, apparent + st.st_size)
-
-
-def _degrade(rows: Rows) -> Dict[str, Tuple[int, int, int]]:
-    """The rows so far as counts and bytes by class; the rows are dropped."""
-    totals: Dict[str, Tuple[int, int, int]] = {}
-    for row in rows.values():
-        cls, _, _, allocated, apparent = unpack(row)
-        count, a, b = totals.get(CLASS_NAMES[cls], (0, 0, 0))
-        totals[CLASS_NAMES[cls]] = (count + 1, a + allocated, b + apparent)
-    rows.clear()
-    return totals
-
-
-def diff(before: Rows, after: Rows, names: Optional[Iterable[str]] = None) -> Events:
-    """Files created and deleted between two listings (a name on another inode is both),
-    over `names` when only those changed."""
-    events: Events = {}
-    for name in before.keys() | after.keys() if names is None else names:
-        old, new = before.get(name), after.get(name)
-        if old is not None and new is not None and (old ^ new) >> 6 & INO_MASK == 0:
-            continue  # the same inode
-        for row, event in ((old, "deleted"), (new, "created")):
-            if row is not None:
-                key = (CLASS_NAMES[row & 31], event)
-                events[key] = events.get(key, 0) + 1
+    gone = [p for p, row in rows.items() if row & SEEN != listing.parity]
+    for path in gone:
+        _count(events, rows.pop(path), "deleted")
     return events
+
+
+def _add(totals, cls: int, allocated: int, apparent: int) -> None:
+    count, a, b = totals.get(CLASS_NAMES[cls], (0, 0, 0))
+    totals[CLASS_NAMES[cls]] = (count + 1, a + allocated, b + apparent)
+
+
+def _degrade(listing: Listing) -> Dict[str, Tuple[int, int, int]]:
+    """This walk's rows so far as counts and bytes by class; every row is dropped."""
+    totals: Dict[str, Tuple[int, int, int]] = {}
+    for row in listing.rows.values():
+        if row & SEEN == listing.parity:
+            cls, _, _, allocated, apparent = unpack(row)
+            _add(totals, cls, allocated, apparent)
+    listing.rows.clear()
+    return totals
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -158,18 +166,23 @@ def _open_below(root: str, names: Tuple[str, ...], dev: int) -> Optional[int]:
     return fd
 
 
-def patch_listing(root: str, dev: int, rows: Rows, names: Iterable[str]) -> None:
-    """Bring a listing's rows up to date for the top-level names that changed (inotify
-    watches the top directory only; a change below it re-lists)."""
+def patch_listing(
+    root: str, dev: int, listing: Listing, names: Iterable[str]
+) -> Events:
+    """Brings the listing up to date for the top-level names that changed (inotify watches
+    the top directory only; a change below it re-lists). -> created and deleted."""
+    events: Events = {}
+    rows = listing.rows
     for name in names:
-        old = rows.pop(name, None)
         try:
             st = os.lstat(os.path.join(root, name))
         except OSError:
-            continue  # deleted (or renamed away)
-        if stat_mod.S_ISREG(st.st_mode) and st.st_dev == dev:
-            if st.st_nlink > 1 and any(
-                unpack(r)[1] == st.st_ino for r in rows.values()
-            ):
-                continue  # a hard link to a listed inode counts once
-            rows[name] = _row(name, st, old)
+            st = None  # deleted (or renamed away)
+        if st is None or not stat_mod.S_ISREG(st.st_mode) or st.st_dev != dev:
+            if name in rows:
+                _count(events, rows.pop(name), "deleted")
+        elif st.st_nlink == 1 or not any(
+            r >> INO_SHIFT & INO_MASK == st.st_ino for n, r in rows.items() if n != name
+        ):  # a hard link to a listed inode counts once
+            _update(listing, name, st, events)
+    return events

@@ -194,26 +194,26 @@ class Segment:
 
 STATES = ("linked", "hidden", "orphan", "unverified")
 # A listed file is one int (~40 bytes; a tuple of its fields costs ~200): its class (index in
-# CLASS_NAMES), whether the last full scan listed it, inode, mtime (s), blocks, apparent size.
-# What may be 0 (sizes) lies highest, so an empty file's int is short.
-CLS_BITS, KNOWN = 5, 1 << 5
+# CLASS_NAMES), whether the last full scan listed it, which walk saw it last (a parity bit),
+# inode, mtime (s), blocks, apparent size. What may be 0 (sizes) lies highest, so an empty
+# file's int is short.
+KNOWN, SEEN, INO_SHIFT, INO_MASK = 1 << 5, 1 << 6, 7, (1 << 64) - 1
 
 
-def pack(cls: int, known: bool, ino: int, mtime: float, blocks: int, size: int) -> int:
+def pack(cls: int, flags: int, ino: int, mtime: float, blocks: int, size: int) -> int:
     mtime = min(max(int(mtime), 0), (1 << 40) - 1)
-    row = cls | (KNOWN if known else 0) | ino << 6 | mtime << 70
-    return row | min(blocks, (1 << 48) - 1) << 110 | size << 158
+    row = cls | flags | ino << INO_SHIFT | mtime << 71
+    return row | min(blocks, (1 << 48) - 1) << 111 | size << 159
 
 
 def unpack(row: int) -> Tuple[int, int, int, int, int]:
     """-> (class index, inode, mtime, allocated bytes, apparent bytes)."""
-    mask = (1 << 64) - 1
     return (
         row & 31,
-        row >> 6 & mask,
-        row >> 70 & (1 << 40) - 1,
-        (row >> 110 & (1 << 48) - 1) * 512,
-        row >> 158,
+        row >> INO_SHIFT & INO_MASK,
+        row >> 71 & (1 << 40) - 1,
+        (row >> 111 & (1 << 48) - 1) * 512,
+        row >> 159,
     )
 
 
@@ -225,7 +225,9 @@ class MountInventory:
     mount: str
     error: Optional[str] = None
     dev: int = 0
-    listed: Dict[str, int] = field(default_factory=dict)  # path below the mount -> row
+    # Path below the mount -> row: the collector's listing, updated in place by its next run
+    # (one copy of 100,000 rows, not two): read it, with `states`, before then.
+    listed: Dict[str, int] = field(default_factory=dict)
     states: bytes = b""  # each listed row's index in STATES, in `listed`'s order
     held: Dict[int, Tuple[int, ...]] = field(default_factory=dict)  # inode -> pids
     hidden: List[Segment] = field(default_factory=list)
