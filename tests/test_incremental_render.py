@@ -3,7 +3,6 @@ inputs they are made from are equal (families.Families.parts_of). What it serves
 for byte, what a render from nothing makes of the same model: through new, held, leaked and
 removed segments, an orphan ageing, a mount that stays as it was, and a cgroup whose limit
 moved."""
-
 import os
 import time
 
@@ -30,16 +29,9 @@ def rendered(collector: ModelCollector) -> bytes:
 def test_a_render_from_its_cache_is_a_render_from_nothing():
     with mounted_tmpfs("16m") as a, mounted_tmpfs("16m") as b:
         changes = ChangeLog()
-        segments = SegmentsCollector(
-            Paths(),
-            [a, b],
-            ProcessTable(Paths()),
-            changes=changes,
-            ignore_unreadable=HOST_EXCUSED_RE,
-        )
-        _, harness = registry_for(
-            ShmMountCollector(Paths(), [a, b]), segments, mounts=[a, b]
-        )
+        segments = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), changes=changes,
+                                     ignore_unreadable=HOST_EXCUSED_RE)
+        _, harness = registry_for(ShmMountCollector(Paths(), [a, b]), segments, mounts=[a, b])
         cached = ModelCollector(harness.step)
         runners = harness.sampler.runners
 
@@ -55,18 +47,13 @@ def test_a_render_from_its_cache_is_a_render_from_nothing():
         # A full run makes every mount's inventory anew: one equal to the last is not rendered again.
         same()
         assert cached.memo.now[("segments", b)][1] is untouched
-        with (
-            Peer(a, "mapped", "nccl-held", str(2 * MiB)),
-            Peer(b, "hidden", "nccl-hidden", str(MiB)),
-        ):
+        with Peer(a, "mapped", "nccl-held", str(2 * MiB)), Peer(b, "hidden", "nccl-hidden", str(MiB)):
             fallocate(os.path.join(a, "psm_leaked"), MiB)
             changes.add(a, "nccl-held")
             changes.add(a, "psm_leaked")
             quick = same(quick=True)  # mount b not touched by the quick run
             assert quick != first and b'name="psm_leaked"' in quick
-            assert (
-                cached.memo.now[("segments", b)][1] is untouched
-            )  # reused, not made again
+            assert cached.memo.now[("segments", b)][1] is untouched  # reused, not made again
             full = same()
             assert b'state="hidden"' in full and b'state="orphan"' in full
             # Event counters and inotify flags, per mount: one mount's moved, the other's replayed.
@@ -74,9 +61,7 @@ def test_a_render_from_its_cache_is_a_render_from_nothing():
             harness.state.set_inotify(b, True)
             harness.state.count_event(a, "nccl", "created")
             counted = same()
-            assert (
-                b'shmwatch_segment_events_total{class="nccl",event="created"' in counted
-            )
+            assert b'shmwatch_segment_events_total{class="nccl",event="created"' in counted
             harness.state.count_event(b, "python_shm", "created")
             harness.state.count_overflow(a)
             harness.state.set_inotify(b, False)
@@ -101,13 +86,8 @@ def test_an_inventory_in_another_order_keeps_its_summary_and_its_samples():
     made again equal, and the mount's samples are reused rather than made again."""
     with mounted_tmpfs("16m") as a:
         changes = ChangeLog()
-        segments = SegmentsCollector(
-            Paths(),
-            [a],
-            ProcessTable(Paths()),
-            changes=changes,
-            ignore_unreadable=HOST_EXCUSED_RE,
-        )
+        segments = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), changes=changes,
+                                     ignore_unreadable=HOST_EXCUSED_RE)
         _, harness = registry_for(ShmMountCollector(Paths(), [a]), segments, mounts=[a])
         cached = ModelCollector(harness.step)
         runners, step = harness.sampler.runners, harness.step
@@ -120,9 +100,7 @@ def test_an_inventory_in_another_order_keeps_its_summary_and_its_samples():
         for name in ("psm_1", "psm_2", "psm_3"):
             fallocate(os.path.join(a, name), MiB)
         walked = run(full=True)
-        changes.add(
-            a, walked[0]
-        )  # reported (its attributes changed, say): patched to the end
+        changes.add(a, walked[0])  # reported (its attributes changed, say): patched to the end
         patched = run(full=False)
         summary = step._summaries[a]
         lines = cached.memo.now[("segments", a)][1]
@@ -140,33 +118,24 @@ def test_a_cgroup_whose_figures_moved_is_rendered_again():
 
     from exporter.collectors.cgroup import CgroupCollector
     from tests.conftest import remove_cgroup
-
     root = "/sys/fs/cgroup/memory"
     if not os.path.exists(os.path.join(root, "cgroup.procs")):
         if os.environ.get("CI") == "true":
             raise AssertionError(f"CI: needs the cgroup v1 memory controller at {root}")
         import pytest
-
         pytest.skip(f"needs the cgroup v1 memory controller at {root}")
     name = f"shmwatch-render-{uuid.uuid4().hex[:8]}"
     path = os.path.join(root, name)
     os.makedirs(path)
     try:
-
         def limit(size):
             with open(os.path.join(path, "memory.limit_in_bytes"), "w") as f:
                 f.write(str(size))
-
         limit(64 * MiB)
-        _, harness = registry_for(
-            CgroupCollector(Paths(), "/" + name, None, None), mounts=[]
-        )
+        _, harness = registry_for(CgroupCollector(Paths(), "/" + name, None, None), mounts=[])
         cached = ModelCollector(harness.step)
         first = rendered(cached)
-        assert (
-            b"shmwatch_cgroup_memory_limit_bytes{" in first
-            and b" 6.7108864e+07\n" in first
-        )
+        assert b"shmwatch_cgroup_memory_limit_bytes{" in first and b" 6.7108864e+07\n" in first
         harness.sampler.runners["cgroup"].run_once(full=True)
         assert rendered(cached) == rendered(ModelCollector(harness.step))
         limit(32 * MiB)
@@ -199,19 +168,12 @@ def test_a_holder_that_renames_itself_is_rendered_under_its_new_name():
     comm, which the series carry (top_segment_bytes' owner, process_shm_bytes' comm)."""
     import subprocess
     import sys
-
     with mounted_tmpfs("16m") as a:
-        segments = SegmentsCollector(
-            Paths(), [a], ProcessTable(Paths()), ignore_unreadable=HOST_EXCUSED_RE
-        )
+        segments = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), ignore_unreadable=HOST_EXCUSED_RE)
         _, harness = registry_for(ShmMountCollector(Paths(), [a]), segments, mounts=[a])
         cached = ModelCollector(harness.step)
-        child = subprocess.Popen(
-            [sys.executable, "-c", RENAMES_ITSELF, os.path.join(a, "psm_named")],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        child = subprocess.Popen([sys.executable, "-c", RENAMES_ITSELF, os.path.join(a, "psm_named")],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             assert child.stdout.readline().strip() == "held"
             harness.sampler.runners["segments"].run_once(full=True)
@@ -222,9 +184,7 @@ def test_a_holder_that_renames_itself_is_rendered_under_its_new_name():
             harness.sampler.runners["segments"].run_once(full=True)
             mine = rendered(cached)
             assert mine == rendered(ModelCollector(harness.step))
-            assert (
-                f'comm="renamed-holder",mount="{a}",pid="{child.pid}"'.encode() in mine
-            )
+            assert f'comm="renamed-holder",mount="{a}",pid="{child.pid}"'.encode() in mine
             assert f'owner="renamed-holder[{child.pid}]"'.encode() in mine
         finally:
             child.kill()
@@ -260,15 +220,10 @@ def test_parts_reused_make_what_a_render_from_nothing_makes():
     made = {key: known[1] for key, known in memo.now.items()}
     assert len(made) == 20
     assert render(mounts, memo) == fresh(mounts)
-    assert all(
-        memo.now[key][1] is parts for key, parts in made.items()
-    )  # reused, not made again
+    assert all(memo.now[key][1] is parts for key, parts in made.items())  # reused, not made again
     mounts[3] = (mounts[3][0], 7000)  # and a family only it adds
     changed = render(mounts, memo)
-    assert (
-        changed == fresh(mounts)
-        and b'shmwatch_mount_inodes{mount="/m/003"} 1000.0' in changed
-    )
+    assert changed == fresh(mounts) and b'shmwatch_mount_inodes{mount="/m/003"} 1000.0' in changed
     again = [key for key, known in memo.now.items() if known[1] is not made[key]]
     assert again == [("usage", "/m/003")]
     del mounts[0]
