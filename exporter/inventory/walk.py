@@ -123,6 +123,8 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
     gone = [p for p, row in rows.items() if row & SEEN != listing.parity]
     for path in gone:
         _count(events, rows.pop(path), "deleted")
+    if len(gone) > len(rows):  # a dict keeps its size when emptied: a storm's, for good
+        listing.rows = dict(rows)
     return events
 
 
