@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import REPO, Exporter, fallocate, needs_root, select, value
+from tests.conftest import REPO, Exporter, fallocate, needs_root, prerequisite_missing, select, value
 
 MiB = 1 << 20
 
@@ -54,3 +54,26 @@ def test_an_unmounted_path_is_an_error_and_a_new_mount_there_starts_afresh(tmp_p
     finally:
         subprocess.run(["umount", "-l", path], check=False)
         os.close(leak)
+
+
+@needs_root
+def test_a_remount_between_two_polls_is_a_new_mount_too(tmp_path):
+    """umount and mount at once, no poll between: the kernel hands the new tmpfs the old one's
+    device number and mountinfo ID; statx's unique mount ID (Linux 6.8) tells them apart."""
+    from exporter.host.libc import unique_mount_id
+    path = str(tmp_path / "shm")
+    os.makedirs(path)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", path], check=True)
+    if unique_mount_id(path) is None:
+        subprocess.run(["umount", "-l", path], check=False)
+        prerequisite_missing("statx STATX_MNT_ID_UNIQUE needs Linux 6.8")
+    try:
+        with Exporter(f"--shm.mount={path}", "--no-collector.gpu", "--no-collector.segments",
+                      "--poll-interval=1s") as exporter:
+            fallocate(os.path.join(path, "psm_big"), 48 * MiB)
+            exporter.wait_for(lambda s: (value(s, "shmwatch_mount_max_used_bytes", mount=path) or 0) >= 48 * MiB)
+            subprocess.run(f"umount {path} && mount -t tmpfs -o size=16m tmpfs {path}", shell=True, check=True)
+            s = exporter.wait_for(lambda s: value(s, "shmwatch_mount_size_bytes", mount=path) == 16 * MiB, timeout=10)
+            assert value(s, "shmwatch_mount_max_used_bytes", mount=path) < MiB
+    finally:
+        subprocess.run(["umount", "-l", path], check=False)

@@ -11,6 +11,7 @@ import os
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
 from exporter.collectors.source import BaseSource, register
+from exporter.host.libc import unique_mount_id
 from exporter.host.mountinfo import MountTable, live_mounts
 from exporter.host.paths import Paths
 from exporter.model.types import MountUsage
@@ -57,7 +58,8 @@ class ShmMountCollector(BaseSource):
         source = entry.source if entry else ""
         is_point = self._table.mounted_at(mount) is not None
         # Which mount this is: a new one at the path starts its peaks afresh (model/state.py).
-        instance = (entry.device, entry.mount_id) if is_point else ()
+        unique = unique_mount_id(self.paths.host(mount)) if is_point else None
+        instance = (entry.device, entry.mount_id, unique) if is_point else ()
         try:
             st = self.statvfs(self.paths.host(mount))
         except OSError as err:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from exporter.host import memory
+from exporter.host.libc import release_memory
 from exporter.host.kube import pod_uid_in_cgroup, pod_uid_of_mount
 from exporter.model.budget import ShmBudget, cgroups_by_pod, shm_budget
 from exporter.model.state import MountStates, StateStore
@@ -155,7 +155,7 @@ class ModelStep:
             self._accepted += 1
         if obs.success and obs.source == "segments" and _shrunk(before, obs):
             del before  # the last reference to the old inventory: freed here
-            memory.release()
+            release_memory()
 
     def _count_kill(self, kill: OomKill) -> None:
         """Count one kill under its pod's cgroup (node mode) or its own; log it with the pod's
