@@ -34,14 +34,7 @@ from exporter.inventory.walk import (
     walk,
 )
 from exporter.model.classes import classify
-from exporter.model.types import (
-    INO_MASK,
-    INO_SHIFT,
-    KNOWN,
-    Inventory,
-    MountInventory,
-    Segment,
-)
+from exporter.model.types import KNOWN, Inventory, MountInventory, Segment, unpack
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +73,7 @@ class SegmentsCollector(BaseSource):
         self._scanned_at = float("-inf")  # when the last full owner scan ran
         # Each mount's last listing, and its name -> inode index, for quick runs to patch.
         self._listings: Dict[str, Listing] = {}
-        self.max_segments = (
-            max_segments  # per mount; past it, counts and bytes by class
-        )
+        self.max_segments = max_segments  # per mount; past it, counts by class
         self._said_truncated: Set[str] = set()
         self._said_degraded: Set[str] = set()
         self._unproven_log = UnprovenLog(log)  # why nothing is called orphan
@@ -329,27 +320,19 @@ class SegmentsCollector(BaseSource):
         bytes_of = inv.process_bytes
         accounted = sum(a for _, a, _ in (listing.degraded or {}).values())
         for i, (name, row) in enumerate(rows.items()):
-            allocated = (row >> 111 & (1 << 48) - 1) * 512
+            _, ino, _, allocated, _ = unpack(row)
             accounted += allocated
             if settled and not row & KNOWN:
                 rows[name] = row | KNOWN  # listed before /proc was read, this run
-            held = (
-                holdings.get((dev, row >> INO_SHIFT & INO_MASK)) if holdings else None
-            )
+            held = holdings.get((dev, ino)) if holdings else None
             if held:
-                pids = held_pids[row >> INO_SHIFT & INO_MASK] = tuple(
-                    sorted({h.pid for h in held})
-                )
+                pids = held_pids[ino] = tuple(sorted({h.pid for h in held}))
                 for pid in pids:
                     bytes_of[pid] = bytes_of.get(pid, 0) + allocated
                 continue  # linked: states[i] is 0
-            known = settled or (same_dev and row & KNOWN)
+            known = settled or same_dev and row & KNOWN
             state = unheld_state if known else unknown_state
-            if (
-                not settled
-                and state == orphan
-                and (dev, row >> INO_SHIFT & INO_MASK) in self._held_at_full
-            ):
+            if not settled and state == orphan and (dev, ino) in self._held_at_full:
                 # Held at the last full scan, unheld in a pod-scoped scan or a refresh:
                 # only a full scan, with its re-reads of new processes, may call it leaked.
                 state = unverified
