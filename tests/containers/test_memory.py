@@ -115,7 +115,7 @@ def test_sidecar_memory_estimate_and_exact_numbers(images):
             FIGURES["sidecar estimate vs truth (shm/anon MiB: working set MiB)"] = "; ".join(rows)
 
 
-def test_a_leak_storm_under_a_96_mib_limit():
+def test_a_leak_storm_under_a_96_mib_limit(images):
     """The sidecar at --memory=96m (the manifest's limit) watching a tmpfs that fills with
     100,000 empty files, then 200,000: never OOM-killed, scrapes answered throughout; past
     --inventory.max-segments (150,000) the inventory says it is degraded. (At 40,000 files
