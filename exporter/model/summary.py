@@ -33,17 +33,12 @@ class SegmentSummary:
     # The pids whose comm (and pod) the mount's series name: each top segment's first holder
     # (owner_label), each top process. The model makes the summary again when one changes.
     named_pids: FrozenSet[int] = frozenset()
-    degraded: bool = (
-        False  # past --inventory.max-segments: counts and bytes by class only
-    )
+    # Past --inventory.max-segments: counts and bytes by class only.
+    degraded: bool = False
 
-    def count(self, states: Iterable[str], classes=None) -> Tuple[int, int]:
+    def count(self, states: Iterable[str], classes=bool) -> Tuple[int, int]:
         """(segments, allocated bytes) in these states (and classes)."""
-        rows = [
-            v
-            for (c, s), v in self.totals.items()
-            if s in states and (classes is None or classes(c))
-        ]
+        rows = [v for (c, s), v in self.totals.items() if s in states and classes(c)]
         return sum(n for n, _, _ in rows), sum(a for _, a, _ in rows)
 
 
