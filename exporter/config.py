@@ -221,6 +221,11 @@ _TABLE = """
     taken as its creator's ('linked') and one held at the last full scan that its pod's
     read finds unheld is 'unverified', until the next full scan may call it 'orphan'. 0:
     every inventory run reads every process.
+--inventory.max-segments       max_segments           count          150000
+    Per mount: past this many files the inventory keeps only their counts and bytes by
+    class (state 'unverified', no names, no owners) and says so in
+    shmwatch_inventory_degraded. Below it a file costs ~200 bytes: the default fits the
+    sidecar manifest's 96 MiB limit.
 --collector.timeout            collector_timeout      duration       10s
     A collector run longer than this is marked failed.
 --collector.gpu.timeout        gpu_timeout            duration       5s

@@ -73,9 +73,10 @@ def test_spike_between_polls_stays_in_the_peak(tmpfs):
     assert value(s, "shmwatch_mount_peak_used_bytes", mount=tmpfs) >= 14 * MiB
 
 
-def test_polling_fallback_when_inotify_cannot_start(tmp_path):
+@needs_root
+def test_polling_fallback_when_inotify_cannot_start(tmpfs):
     """In-process: an inotify instance that fails to start -> polling, inotify_active 0, diffs count events."""
-    mount = str(tmp_path)
+    mount = tmpfs
 
     def broken_inotify():
         raise OSError(24, "inotify instance limit reached")

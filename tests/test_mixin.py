@@ -108,7 +108,7 @@ def test_no_threshold_literal_left_in_alert_expressions():
                                           % ", ".join(f"{r}: 0.123" for r in ratios))))
     unchanged = {name for name, rule in default.items() if "alert" in rule and rule["expr"] == tuned[name]["expr"]}
     # These compare a state or a count to 0/1, or one series to another, not a threshold.
-    assert unchanged == {"ShmMountMissing", "PodOomKilled", "ShmwatchDown", "ShmwatchCollectorFailing",
+    assert unchanged == {"ShmMountMissing", "ShmInventoryDegraded", "PodOomKilled", "ShmwatchDown", "ShmwatchCollectorFailing",
                          "ShmwatchGpuCollectorFailing", "ShmRecommendationExceedsMemoryLimit"}
 
 

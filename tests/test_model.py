@@ -156,8 +156,7 @@ def test_effective_size_is_absent_while_the_memory_limit_is_unknown(tmp_path):
     from exporter.collectors.shm_mount import ShmMountCollector
     from tests.helpers import registry_for
 
-    shm = tmp_path / "shm"
-    shm.mkdir()
+    shm = "/dev/shm"  # a mount point (only read): a directory that is none is not measured
     broken = CgroupCollector(Paths(procfs=str(tmp_path / "proc"), sysfs=str(tmp_path / "sys")))
     reg, _ = registry_for(ShmMountCollector(Paths(), [str(shm)]), broken)
     assert reg.get_sample_value("shmwatch_collector_success", {"collector": "cgroup"}) == 0

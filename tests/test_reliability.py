@@ -181,13 +181,20 @@ def test_corrupt_proc_and_sys_files_still_give_a_valid_exposition(tmp_path, corr
     (pid / "stat").write_text("4242 (vllm) S 1 4242 4242 0 -1 4194560 100 0 0 0 10 5 0 0 20 0 12 0 123456 1 2\n")
     (pid / "maps").write_text("7f1a00000000-7f1a00400000 rw-s 00000000 00:1a 12 /dev/shm/nccl-x\n")
     mangle = CORRUPTIONS[corruption]
-    for path in [p for p in list(proc.rglob("*")) + list(sys_.rglob("*")) if p.is_file()]:
-        path.write_bytes(mangle(path.read_text(errors="replace")).encode("utf-8", "surrogateescape"))
-    with mounted_tmpfs("16m") as shm, Exporter(f"--path.procfs={proc}", f"--path.sysfs={sys_}", f"--shm.mount={shm}",
-                                               "--no-collector.gpu") as exporter:
-        text = exporter.scrape_text()
-        s = exporter.scrape()
-        log = exporter.log()
+    with mounted_tmpfs("16m") as shm:
+        # The fixture tables name the real tmpfs first (a table that names something else
+        # where the tmpfs is would make it a vanished mount); then every file is damaged.
+        with open("/proc/self/mountinfo") as f:
+            [line] = [x for x in f if x.split(" ")[4] == shm]
+        for table in (proc / "self" / "mountinfo", proc / "1" / "mountinfo"):
+            table.write_text(line + table.read_text())
+        for path in [p for p in list(proc.rglob("*")) + list(sys_.rglob("*")) if p.is_file()]:
+            path.write_bytes(mangle(path.read_text(errors="replace")).encode("utf-8", "surrogateescape"))
+        with Exporter(f"--path.procfs={proc}", f"--path.sysfs={sys_}", f"--shm.mount={shm}",
+                      "--no-collector.gpu") as exporter:
+            text = exporter.scrape_text()
+            s = exporter.scrape()
+            log = exporter.log()
     result = promtool_check_metrics(text)
     assert result.returncode == 0, result.stdout + result.stderr
     assert value(s, "shmwatch_mount_size_bytes", mount=shm) == 16 * MiB  # statvfs does not care

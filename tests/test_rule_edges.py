@@ -105,6 +105,7 @@ EDGES: Dict[str, Edge] = {
     "ShmHiddenSegmentsLarge": Edge(30, ratio(f'shmwatch_segment_bytes{{{M}, class="nccl", state="hidden"}}',
                                              f"shmwatch_mount_size_bytes{{{M}}}"), 500, 501, LM),
     "ShmMountMissing": Edge(5, lambda v: {f"shmwatch_mount_error{{{M}}}": const(v)}, 0, 1, LM),
+    "ShmInventoryDegraded": Edge(15, lambda v: {f"shmwatch_inventory_degraded{{{M}}}": const(v)}, 0, 1, LM),
     "PodOomRiskHigh": Edge(5, lambda v: {f"shmwatch_oom_risk_ratio{{{CG}}}": const(v)}, 0.9, 0.91, LCG),
     "ShmSizeExceedsMemoryLimit": Edge(15, lambda v: {f'shmwatch_shm_oom_projection_ratio{{{CG}, mount="/dev/shm"}}':
                                                      const(v)}, 1, 1.01, {**LCG, "mount": "/dev/shm"}),

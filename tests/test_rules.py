@@ -55,6 +55,8 @@ CASES = {
                                 f"shmwatch_mount_size_bytes{{{M}}}": "100x40"}, "40m", LM),
     "ShmMountMissing": ({f"shmwatch_mount_error{{{M}}}": "1x10"}, {f"shmwatch_mount_error{{{M}}}": "0x10"}, "10m",
                         LM),
+    "ShmInventoryDegraded": ({f"shmwatch_inventory_degraded{{{M}}}": "1x20"},
+                             {f"shmwatch_inventory_degraded{{{M}}}": "0x20"}, "20m", LM),
     "PodOomRiskHigh": ({f"shmwatch_oom_risk_ratio{{{CG}}}": "0.95x10"}, {f"shmwatch_oom_risk_ratio{{{CG}}}": "0.5x10"},
                        "10m", LCG),
     "ShmSizeExceedsMemoryLimit": ({f'shmwatch_shm_oom_projection_ratio{{{CG}, mount="/dev/shm"}}': "1.3x20"},

@@ -179,6 +179,21 @@ local oneLine = lib.oneLine;
               runbook_url: runbook('ShmMountMissing'),
             },
           },
+          {
+            alert: 'ShmInventoryDegraded',
+            expr: 'shmwatch_inventory_degraded == 1',
+            'for': c.alertFor.ShmInventoryDegraded,
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: '{{ $labels.mount }} holds more files than shmwatch inventories one by one',
+              description: oneLine(|||
+                {{ $labels.mount }} on {{ $labels.instance }} holds more files than --inventory.max-segments: a
+                leak storm, most likely. Its segments are counted by class only, all 'unverified', so
+                ShmLeakedSegments cannot fire: look at shmwatch_segments by class and remove what its owner left.
+              |||),
+              runbook_url: runbook('ShmInventoryDegraded'),
+            },
+          },
         ],
       },
       {

@@ -58,6 +58,7 @@
       ShmLeakedSegmentsOld: '15m',
       ShmHiddenSegmentsLarge: '30m',
       ShmMountMissing: '5m',
+      ShmInventoryDegraded: '15m',
       PodOomRiskHigh: '5m',
       ShmSizeExceedsMemoryLimit: '15m',
       PodOomKilled: '0m',

@@ -4,12 +4,13 @@ its classes, and the segments nobody holds (leaked, of no known owner, or unveri
 from __future__ import annotations
 
 import os
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from exporter.check import thresholds as T
 from exporter.check.findings import Report
 from exporter.check.sizes import at_least, at_most, docker, human, k8s, round_up
-from exporter.model.classes import removable
+from exporter.model.classes import NOT_LEAKS, removable
+from exporter.model.types import STATES
 from exporter.model.step import Model, MountView
 
 MAX_NAMED = 5  # segments, and processes, named in a finding
@@ -89,51 +90,58 @@ def shm(report: Report, view: MountView, model: Model, required: Optional[int]) 
         ],
         unverified=[listed(s) for s in summary.unverified],
         hidden_bytes=summary.hidden_bytes,
-        segments=len(inv.segments),
+        segments=summary.count(STATES)[0],
         unattributed_bytes=inv.unattributed_bytes,
     )
     if not problem:
         by_class = sorted(summary.bytes_by_class.items(), key=lambda kv: -kv[1])
         classes = ", ".join(f"{c} {human(b)}" for c, b in by_class if b)
         add("ok", usage + (f"; by class: {classes}" if classes else ""))
-    unowned(add, mount, summary.leaked, summary.unverified, model.inventory)
+    unowned(add, mount, summary, model.inventory)
     if summary.hidden_count:
         hidden = f"{summary.hidden_count} unlinked-but-mapped segment(s), {human(summary.hidden_bytes)}"
         add("info", f"{hidden}: counted by df, invisible to ls ({HIDDEN_BY})")
 
 
-def unowned(add, mount: str, leaked, unverified, inventory) -> None:
+def unowned(add, mount: str, summary, inventory) -> None:
     """Segments held by no process. `rm` is advised only where nothing can still attach: an
-    orphan (every process inspected) of a class whose segments belong to one process."""
+    orphan (every process inspected) of a class whose segments belong to one process. The
+    counts are the summary's totals; the names its largest few."""
 
-    def names(segments) -> str:
+    def said(segments, count: Tuple[int, int]) -> Tuple[int, str, str]:
         paths = " ".join(os.path.join(mount, s.name) for s in segments[:MAX_NAMED])
-        more = len(segments) - MAX_NAMED
-        return paths + (f" (+{more} more)" if more > 0 else "")
-
-    def total(segments) -> str:
-        return human(sum(s.allocated_bytes for s in segments))
-
-    ours = [s for s in leaked if removable(s.cls)]
-    foreign = [s for s in leaked if not removable(s.cls)]
-    if ours:
-        paths = names(ours)
-        text = (
-            f"{len(ours)} leaked segment(s) held by no process, {total(ours)}: {paths}"
+        more = count[0] - min(len(segments), MAX_NAMED)
+        return (
+            count[0],
+            human(count[1]),
+            paths + (f" (+{more} more)" if more > 0 else ""),
         )
-        add("warn", text, f"once no server can attach to them: rm {paths}")
-    if foreign:
+
+    leaks = lambda c: c not in NOT_LEAKS  # noqa: E731
+    ours = said(
+        [s for s in summary.leaked if removable(s.cls)],
+        summary.count(("orphan",), removable),
+    )
+    foreign = said(
+        [s for s in summary.leaked if not removable(s.cls)],
+        summary.count(("orphan",), lambda c: leaks(c) and not removable(c)),
+    )
+    unverified = said(summary.unverified, summary.count(("unverified",), leaks))
+    if ours[0]:
+        text = f"{ours[0]} leaked segment(s) held by no process, {ours[1]}: {ours[2]}"
+        add("warn", text, f"once no server can attach to them: rm {ours[2]}")
+    if foreign[0]:
         add(
             "info",
-            f"{len(foreign)} file(s) of no known owner class held by no process, "
-            f"{total(foreign)}: {names(foreign)}",
+            f"{foreign[0]} file(s) of no known owner class held by no process, "
+            f"{foreign[1]}: {foreign[2]}",
             "find which tool made them before removing anything (a container engine's lock file is one)",
         )
-    if unverified:
+    if unverified[0]:
         unreadable = _unreadable(inventory.proc_unreadable, inventory.unproven)
         add(
             "info",
-            f"{len(unverified)} segment(s), {total(unverified)}, held by no process shmwatch could "
+            f"{unverified[0]} segment(s), {unverified[1]}, held by no process shmwatch could "
             f"inspect (could not read {unreadable}): not called leaked, they may be live",
             "to tell live from leaked, run shmwatch as the server's UID or with CAP_SYS_PTRACE "
             "(README: Deploy); never remove them on this report's word",

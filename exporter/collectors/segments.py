@@ -22,20 +22,34 @@ from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
 from exporter.collectors.source import BaseSource, Context, register
 from exporter.host.kube import pod_uid_of_mount
-from exporter.host.mountinfo import live_mounts
+from exporter.host.mountinfo import MountTable, live_mounts
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from exporter.inventory.changes import ChangeLog
 from exporter.inventory.holdings import DELETED, Holding, Owners, UnprovenLog
 from exporter.inventory.maps import MEMFD
 from exporter.inventory.owners import OwnerScan
-from exporter.inventory.walk import MAX_ENTRIES, Files, Key, patch_listing, walk
+from exporter.inventory.walk import (
+    MAX_ENTRIES,
+    Events,
+    Key,
+    Listing,
+    patch_listing,
+    walk,
+)
 from exporter.model.classes import classify
-from exporter.model.types import Inventory, MountInventory, Segment
+from exporter.model.types import (
+    KNOWN,
+    STATES,
+    Inventory,
+    MountInventory,
+    Segment,
+    unpack,
+)
 
 log = logging.getLogger(__name__)
+ORPHAN = STATES.index("orphan")
 
-Listing = Tuple[Files, Dict[str, int], bool]  # files, other entries by type, truncated
 Changes = Dict[str, Optional[Set[str]]]  # mount -> names changed; None: re-list it all
 
 
@@ -55,6 +69,7 @@ class SegmentsCollector(BaseSource):
         full_scan_interval: float = 0.0,
         monotonic: Callable[[], float] = time.monotonic,
         all_watched: Callable[[], bool] = lambda: False,
+        max_segments: int = 150_000,
     ):
         self.paths = paths
         self.mounts = live_mounts(mounts)
@@ -70,11 +85,11 @@ class SegmentsCollector(BaseSource):
         self._scanned_at = float("-inf")  # when the last full owner scan ran
         # Each mount's last listing, and its name -> inode index, for quick runs to patch.
         self._listings: Dict[str, Listing] = {}
-        self._indexes: Dict[str, Dict[str, Key]] = {}
+        self.max_segments = max_segments  # per mount; past it, counts by class
         self._said_truncated: Set[str] = set()
+        self._said_degraded: Set[str] = set()
         self._unproven_log = UnprovenLog(log)  # why nothing is called orphan
         self._owners = Owners()  # the last scan's, for quick runs that skip /proc
-        self._known_files: Set[Key] = set()  # inodes listed by the last full scan
         # Each mount's device at the last full scan: a key (device, inode) counts as known only
         # on the same mount and device (a deleted pod's device number is handed out again,
         # and tmpfs numbers its inodes from 1 per instance).
@@ -83,6 +98,7 @@ class SegmentsCollector(BaseSource):
         self._last: Dict[str, MountInventory] = {}  # the last run's, by mount
         # Node mode: each mount's _signature() when its pod's processes were last read.
         self._pod_read_as: Dict[str, tuple] = {}
+        self._table = MountTable(paths)  # which paths are still mount points
         # The holders' pods and memfd regions, for the inventory; kept by quick runs, which
         # reuse the owners.
         self._pod_of: Optional[Dict[int, str]] = None
@@ -108,17 +124,22 @@ class SegmentsCollector(BaseSource):
     def collect_quick(self) -> Inventory:
         return self._collect(full=False)
 
-    def _list(self, mount: str, dev: int, full: bool, changes: Changes) -> Listing:
-        previous, index = self._listings.get(mount), self._indexes.get(mount)
-        if full or previous is None or index is None or changes.get(mount, ()) is None:
-            files, others, truncated = walk(self.paths.host(mount), dev)
-            self._indexes[mount] = {name: key for key, (name, _) in files.items()}
+    def _list(
+        self, mount: str, dev: int, full: bool, changes: Changes
+    ) -> Tuple[Listing, Events]:
+        """The mount's listing, brought up to date in place, and what was created and
+        deleted since (nothing said on its first listing, or across the cap)."""
+        listing, names = self._listings.get(mount), changes.get(mount, ())
+        if listing is None:
+            listing = self._listings[mount] = Listing()
+            listing.degraded, names = {}, None  # nothing to compare the first with
+        if full or names is None or listing.degraded is not None:
+            was = listing.degraded is None
+            events = walk(self.paths.host(mount), dev, listing, self.max_segments)
+            events = events if was and listing.degraded is None else {}
         else:
-            files, others, truncated = previous
-            if changes.get(mount):
-                patch_listing(self.paths.host(mount), dev, files, index, changes[mount])
-        self._listings[mount] = (files, others, truncated)
-        return files, others, truncated
+            events = patch_listing(self.paths.host(mount), dev, listing, names)
+        return listing, events
 
     def _signature(self, mount: str, dev: int) -> Optional[tuple]:
         """What moves when pages are written or punched through a mapping (unseen by inotify)."""
@@ -132,7 +153,11 @@ class SegmentsCollector(BaseSource):
         devs: Dict[str, int] = {}
         errors: Dict[str, str] = {}
         mount_list = self.mounts()
+        self._table.refresh()
         for mount in mount_list:
+            if self._table.gone(mount):  # its directory on the disk beneath is not ours
+                errors[mount] = "not a mount point"
+                continue
             try:
                 st = os.stat(self.paths.host(mount))
             except OSError as err:
@@ -154,7 +179,6 @@ class SegmentsCollector(BaseSource):
             m for m in self._listings if m not in devs
         ]:  # e.g. a deleted pod's
             del self._listings[gone]
-            self._indexes.pop(gone, None)
             self._pod_read_as.pop(gone, None)
         settled = False  # owners from a full scan of every process, this run
         unread: Set[str] = set()  # mounts a refresh assembles as a quick run does
@@ -175,7 +199,7 @@ class SegmentsCollector(BaseSource):
                     if (before := self._pod_read_as.get(m))
                     and sigs.get(m, before) != before
                     and m in self._last
-                    and any(s.state == "orphan" for s in self._last[m].segments)
+                    and ORPHAN in self._last[m].states
                 ]
                 also = {pod_uid_of_mount(m) for m in moved} - {""}
                 refreshed = self.owner_scan.refresh(
@@ -191,10 +215,8 @@ class SegmentsCollector(BaseSource):
                 )
                 self._scanned_at = self.monotonic()
                 self._unproven_log.say(self._owners)
-                # Only what was listed before /proc was read may be called leaked.
-                self._known_files = {
-                    k for files, _, _ in listings.values() for k in files
-                }
+                # Only what was listed before /proc was read may be called leaked: this
+                # run's rows (marked known as they are assembled).
                 self._full_devs = dict(devs)
                 self._pod_read_as = sigs
                 self._held_at_full = set(self._owners.holdings)
@@ -213,15 +235,16 @@ class SegmentsCollector(BaseSource):
                 # does not summarise again.
                 mounts.append(last)
                 continue
-            files, others, truncated = listings[mount]
-            if truncated and mount not in self._said_truncated:
+            listing, events = listings[mount]
+            self._say_degraded(mount, listing)
+            if listing.truncated and mount not in self._said_truncated:
                 self._said_truncated.add(mount)
                 limit = MAX_ENTRIES
                 log.warning("mount %s: over %d entries, rest uncounted", mount, limit)
             dev, quick = devs[mount], not full or mount in unread
             mounts.append(
                 self._assemble(
-                    mount, dev, files, others, held_on.get(dev, []), quick, settled
+                    mount, dev, listing, events, held_on.get(dev, []), quick, settled
                 )
             )
         self._last = {m.mount: m for m in mounts}
@@ -279,12 +302,25 @@ class SegmentsCollector(BaseSource):
         self._cgroup_of = known
         return out
 
+    def _say_degraded(self, mount: str, listing: Listing) -> None:
+        if listing.degraded is not None and mount not in self._said_degraded:
+            self._said_degraded.add(mount)
+            log.warning(
+                "mount %s: more than %d files (--inventory.max-segments): only their counts "
+                "and bytes by class are kept, as 'unverified', until there are fewer",
+                mount,
+                self.max_segments,
+            )
+        elif listing.degraded is None and mount in self._said_degraded:
+            self._said_degraded.discard(mount)
+            log.info("mount %s: back under --inventory.max-segments", mount)
+
     def _assemble(
         self,
         mount: str,
         dev: int,
-        files: Files,
-        others: Dict[str, int],
+        listing: Listing,
+        events: Events,
         held_keys: List[Key],
         quick: bool,
         settled: bool,
@@ -293,43 +329,52 @@ class SegmentsCollector(BaseSource):
         `settled`: the owners come from a full scan this run, which alone may call a segment
         leaked (not a quick run, a pod's rescan, or a refresh)."""
         holdings = self._owners.holdings
+        linked, hidden, orphan, unverified = range(4)  # indexes in STATES
         # Held by nobody we could inspect: an orphan only when we inspected everybody who
         # could hold it; otherwise unverified (never called leaked, never advised for rm).
-        unheld_state = "orphan" if self._owners.complete else "unverified"
+        unheld_state = orphan if self._owners.complete else unverified
         # A file new since the last full scan is taken as held by its creator until the
         # follow-up full run says otherwise: no orphan flapping on every create. A refresh
         # read its new processes, and found nobody holding it: unverified until a full scan.
-        unknown_state = "linked" if quick else unheld_state if settled else "unverified"
-        known_files = (
-            self._known_files if self._full_devs.get(mount) == dev else frozenset()
-        )
-        rows = []  # (name, state, (allocated, apparent, mtime), holdings, key)
-        for key, (name, st) in files.items():
-            held = holdings.get(key)
+        unknown_state = linked if quick else unheld_state if settled else unverified
+        same_dev = self._full_devs.get(mount) == dev
+        rows = listing.rows
+        states = bytearray(len(rows))
+        held_pids: Dict[int, Tuple[int, ...]] = {}
+        inv = MountInventory(mount, dev=dev, other_entries=listing.others)
+        bytes_of = inv.process_bytes
+        accounted = sum(a for _, a, _ in (listing.degraded or {}).values())
+        for i, (name, row) in enumerate(rows.items()):
+            _, ino, _, allocated, _ = unpack(row)
+            accounted += allocated
+            if settled and not row & KNOWN:
+                rows[name] = row | KNOWN  # listed before /proc was read, this run
+            held = holdings.get((dev, ino)) if holdings else None
             if held:
-                state = "linked"
-            else:
-                state = unheld_state if key in known_files else unknown_state
-                if not settled and state == "orphan" and key in self._held_at_full:
-                    # Held at the last full scan, unheld in a pod-scoped scan or a refresh:
-                    # only a full scan, with its re-reads of new processes, may call it leaked.
-                    state = "unverified"
-            size = (st.st_blocks * 512, st.st_size, st.st_mtime)
-            rows.append((name, state, size, held or (), key))
+                pids = held_pids[ino] = tuple(sorted({h.pid for h in held}))
+                for pid in pids:
+                    bytes_of[pid] = bytes_of.get(pid, 0) + allocated
+                continue  # linked: states[i] is 0
+            known = settled or same_dev and row & KNOWN
+            state = unheld_state if known else unknown_state
+            if not settled and state == orphan and (dev, ino) in self._held_at_full:
+                # Held at the last full scan, unheld in a pod-scoped scan or a refresh:
+                # only a full scan, with its re-reads of new processes, may call it leaked.
+                state = unverified
+            states[i] = state
         for key in held_keys:
             hs = holdings[key]
-            if key in files or not any(h.deleted for h in hs):
+            if key[1] in held_pids or not any(h.deleted for h in hs):
                 continue  # linked, or created after our listing: the next run lists it
+            size = _size(hs)
             name = os.path.basename(hs[0].path.removesuffix(DELETED))
-            rows.append((name, "hidden", _size(hs), hs, key))
-        inv = MountInventory(mount, other_entries=others)
-        bytes_of = inv.process_bytes
-        for name, state, size, hs, key in rows:
             pids = tuple(sorted({h.pid for h in hs}))
-            inv.segments.append(Segment(name, classify(name), state, *size, pids, key))
+            inv.hidden.append(Segment(name, classify(name), "hidden", *size, pids, key))
             for pid in pids:
                 bytes_of[pid] = bytes_of.get(pid, 0) + size[0]
-        accounted = sum(size[0] for _, _, size, _, _ in rows)
+            accounted += size[0]
+        inv.listed, inv.states, inv.held = rows, bytes(states), held_pids
+        inv.events, inv.degraded = events, listing.degraded
         try:
             st = os.statvfs(self.paths.host(mount))
             inv.used_bytes = (st.f_blocks - st.f_bfree) * st.f_frsize
@@ -360,6 +405,7 @@ def _make(c: Context) -> SegmentsCollector:
         ignore_unreadable=re.compile(ignore) if ignore else None,
         full_scan_interval=c.cfg.full_scan_interval,
         all_watched=c.all_watched,
+        max_segments=c.cfg.max_segments,
     )
 
 

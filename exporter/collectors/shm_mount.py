@@ -11,7 +11,8 @@ import os
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
 from exporter.collectors.source import BaseSource, register
-from exporter.host.mountinfo import MountIndex, WatchedMountinfo, live_mounts
+from exporter.host.libc import unique_mount_id
+from exporter.host.mountinfo import MountTable, live_mounts
 from exporter.host.paths import Paths
 from exporter.model.types import MountUsage
 
@@ -37,12 +38,11 @@ class ShmMountCollector(BaseSource):
         # The mounts inotify saw change since the last call: a quick run measures those.
         self.touched = touched or (lambda: None)
         self._warned: Dict[str, str] = {}
-        self._index: Optional[MountIndex] = None  # the last poll's, for quick runs
+        self._polled = (
+            False  # the table was read once (quick runs reuse the last poll's)
+        )
         self._last: Dict[str, MountUsage] = {}  # for quick runs
-        # In a container our own mountinfo is the workload's view; with a host at
-        # --path.rootfs, pid 1's is the host's.
-        order = ("1", "self") if paths.rootfs not in ("", "/") else ("self", "1")
-        self._mountinfo = WatchedMountinfo(paths, order)
+        self._table = MountTable(paths)
 
     def _warn_once(self, mount: str, message: str) -> None:
         if self._warned.get(mount) != message:
@@ -50,10 +50,16 @@ class ShmMountCollector(BaseSource):
             log.warning("mount %s: %s", mount, message)
 
     def measure_one(self, mount: str) -> MountUsage:
-        entry = self._index.find(mount)
+        if self._table.gone(mount):  # unmounted: the disk beneath is not measured
+            self._warn_once(mount, "is not a mount point (unmounted?): not measured")
+            return MountUsage(mount, "unknown", "", False, error="not a mount point")
+        entry = self._table.index.find(mount)
         fstype = entry.fstype if entry else "unknown"
         source = entry.source if entry else ""
-        is_point = bool(entry and (entry.mount_point.rstrip("/") or "/") == mount)
+        is_point = self._table.mounted_at(mount) is not None
+        # Which mount this is: a new one at the path starts its peaks afresh (model/state.py).
+        unique = unique_mount_id(self.paths.host(mount)) if is_point else None
+        instance = (entry.device, entry.mount_id, unique) if is_point else ()
         try:
             st = self.statvfs(self.paths.host(mount))
         except OSError as err:
@@ -77,17 +83,12 @@ class ShmMountCollector(BaseSource):
             available_bytes=st.f_bavail * st.f_frsize,
             inodes=st.f_files,
             inodes_free=st.f_ffree,
+            instance=instance,
         )
 
     def collect(self) -> List[MountUsage]:
-        try:
-            entries = self._mountinfo.read()  # None: unchanged
-        except OSError:
-            entries = []  # measured anyway, reported as not a mount point
-        if self._index is None or entries is not None:
-            self._index = MountIndex(
-                entries or []
-            )  # when the table changed, not per mount
+        self._table.refresh()  # read when the table changed, not per mount
+        self._polled = True
         mounts = self.mounts()
         # Node mode: a deleted pod's warning is not kept forever.
         for gone in [m for m in self._warned if m not in mounts]:
@@ -97,7 +98,7 @@ class ShmMountCollector(BaseSource):
     def collect_quick(self) -> List[MountUsage]:
         """The mounts inotify saw change, with the last poll's mountinfo (an event mounts
         nothing, and a node's runs to 2,000 lines)."""
-        if self._index is None:
+        if not self._polled:
             return self.collect()
         return self._measure(self.mounts(), quick=True)
 

@@ -129,6 +129,8 @@ class ModelCollector(Collector):
             )
             verified = 1 if inv.owners_complete else 0
             out.add("shmwatch_mount_owners_verified", [v.mount], verified, v.labels)
+            degraded = 1 if v.summary.degraded else 0
+            out.add("shmwatch_inventory_degraded", [v.mount], degraded, v.labels)
             for kind, count in sorted(v.inventory.other_entries.items()):
                 labels = [v.mount, kind]
                 out.add("shmwatch_mount_other_entries", labels, count, v.labels)

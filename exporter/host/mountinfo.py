@@ -164,6 +164,38 @@ class WatchedMountinfo:
         raise OSError("; ".join(errors))
 
 
+class MountTable:
+    """What is mounted at each watched path, from the mountinfo that names mounts as the
+    host does (pid 1's under --path.rootfs, else ours), read again when the table changed."""
+
+    def __init__(self, paths: Paths):
+        order = ("1", "self") if paths.rootfs not in ("", "/") else ("self", "1")
+        self._mountinfo = WatchedMountinfo(paths, order)
+        self.index = MountIndex([])
+        self._read = False  # once read with entries: until then nothing is known
+
+    def refresh(self) -> None:
+        try:
+            entries = self._mountinfo.read()  # None: unchanged
+        except OSError:
+            entries = []
+        if entries is not None:
+            self.index, self._read = MountIndex(entries), bool(entries)
+
+    def mounted_at(self, path: str) -> Optional[MountEntry]:
+        """The entry whose mount point `path` is; None when only a mount above holds it."""
+        entry = self.index.find(path)
+        point = entry.mount_point.rstrip("/") or "/" if entry else None
+        return entry if point == (path.rstrip("/") or "/") else None
+
+    def gone(self, path: str) -> bool:
+        """`path` is no mount point in a table we could read: what lies beneath (the root
+        disk's directory) is not the mount's and is neither measured nor walked, as
+        node_exporter reports only the mount points mountinfo lists. An unreadable or empty
+        table proves nothing."""
+        return self._read and self.mounted_at(path) is None
+
+
 def live_mounts(
     mounts: "Sequence[str] | Callable[[], List[str]]",
 ) -> Callable[[], List[str]]:

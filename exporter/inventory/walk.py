@@ -1,5 +1,9 @@
 """Listing a shm mount with lstat only, and patching a listing with the names that changed.
-Only directories are opened, never through a symlink; other entries are only counted."""
+Only directories are opened, never through a symlink; other entries are only counted.
+
+A listing keeps each regular file as one packed int under its path below the mount (a
+name alone collides across sub-directories): a leak storm of 100,000 files costs ~15 MB.
+Past `cap` files a walk keeps only counts and bytes by class (`Listing.degraded`)."""
 
 from __future__ import annotations
 
@@ -7,11 +11,15 @@ import os
 import stat as stat_mod
 from typing import Dict, Iterable, List, Optional, Tuple
 
+from exporter.model.classes import CLASS_NAMES, classify
+from exporter.model.types import INO_MASK, INO_SHIFT, KNOWN, SEEN, pack, unpack
+
 MAX_DEPTH = 8  # tools that make sub-directories in /dev/shm nest one or two levels
 MAX_ENTRIES = 250_000  # a bound on one walk, so a hostile mount cannot stall us
 
 Key = Tuple[int, int]  # (st_dev, st_ino)
-Files = Dict[Key, Tuple[str, os.stat_result]]
+Rows = Dict[str, int]  # path below the mount -> packed row (model.types.pack)
+Events = Dict[Tuple[str, str], int]  # (class, "created" | "deleted") -> count
 
 _KINDS = {
     stat_mod.S_IFDIR: "directory",
@@ -19,20 +27,64 @@ _KINDS = {
     stat_mod.S_IFIFO: "fifo",
     stat_mod.S_IFSOCK: "socket",
 }
+CLASS_INDEX = {name: i for i, name in enumerate(CLASS_NAMES)}
 
 
-def walk(root: str, dev: int) -> Tuple[Files, Dict[str, int], bool]:
-    """-> (regular files by inode, other entries by type, truncated). A hard-linked inode
-    counts once; entries on another device or gone mid-walk are skipped."""
-    files: Files = {}
-    others: Dict[str, int] = {}
+class Listing:
+    """One mount's listing, kept and updated in place run after run: a walk marks the rows
+    it sees with this walk's parity and drops the others after."""
+
+    __slots__ = ("rows", "others", "truncated", "degraded", "parity")
+
+    def __init__(self) -> None:
+        self.rows: Rows = {}
+        self.others: Dict[str, int] = {}
+        self.truncated = False
+        # class -> (count, allocated, apparent), once past the cap (rows then empty)
+        self.degraded: Optional[Dict[str, Tuple[int, int, int]]] = None
+        self.parity = 0  # SEEN or 0: the bit the last walk set
+
+
+def _update(listing: Listing, path: str, st: os.stat_result, events: Events) -> None:
+    """A file's row; its class and known flag kept while it is the same inode."""
+    old = listing.rows.get(path)
+    same = old is not None and old >> INO_SHIFT & INO_MASK == st.st_ino
+    if same:
+        cls, known = old & 31, old & KNOWN
+    else:
+        cls, known = CLASS_INDEX[classify(os.path.basename(path))], 0
+    flags = known | listing.parity
+    row = pack(cls, flags, st.st_ino, st.st_mtime, st.st_blocks, st.st_size)
+    if row != old:
+        listing.rows[path] = row
+    if not same:
+        if old is not None:
+            _count(events, old, "deleted")
+        _count(events, row, "created")
+
+
+def _count(events: Events, row: int, event: str) -> None:
+    key = (CLASS_NAMES[row & 31], event)
+    events[key] = events.get(key, 0) + 1
+
+
+def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
+    """Brings the listing up to date: regular files by path (a hard-linked inode once),
+    other entries by type; entries on another device or gone mid-walk are skipped.
+    -> the files created and deleted since the last walk (a name on another inode: both)."""
+    events: Events = {}
+    listing.parity ^= SEEN
+    listing.others, listing.truncated, listing.degraded = {}, False, None
+    rows, others = listing.rows, listing.others
+    linked: set = set()  # inodes with more than one name, seen
     seen = 0
     stack: List[Tuple[str, ...]] = [()]  # sub-directories, as names below the root
-    while stack:
+    while stack and not listing.truncated:
         names = stack.pop()
         fd = _open_below(root, names, dev)
         if fd is None:
             continue
+        prefix = "".join(n + "/" for n in names)
         try:
             entries = os.scandir(fd)
         except OSError:
@@ -42,8 +94,8 @@ def walk(root: str, dev: int) -> Tuple[Files, Dict[str, int], bool]:
             for entry in entries:
                 seen += 1
                 if seen > MAX_ENTRIES:
-                    os.close(fd)
-                    return files, others, True
+                    listing.truncated = True
+                    break
                 try:
                     st = entry.stat(follow_symlinks=False)
                 except OSError:
@@ -51,14 +103,45 @@ def walk(root: str, dev: int) -> Tuple[Files, Dict[str, int], bool]:
                 if st.st_dev != dev:
                     continue  # something mounted inside: not this mount's
                 if stat_mod.S_ISREG(st.st_mode):
-                    files.setdefault((dev, st.st_ino), (entry.name, st))
+                    if st.st_nlink > 1:
+                        if st.st_ino in linked:
+                            continue
+                        linked.add(st.st_ino)
+                    if listing.degraded is None and len(rows) >= cap:
+                        listing.degraded = _degrade(listing)
+                    if listing.degraded is not None:
+                        cls = CLASS_INDEX[classify(entry.name)]
+                        _add(listing.degraded, cls, st.st_blocks * 512, st.st_size)
+                    else:
+                        _update(listing, prefix + entry.name, st, events)
                     continue
                 kind = _KINDS.get(stat_mod.S_IFMT(st.st_mode), "device")
                 others[kind] = others.get(kind, 0) + 1
                 if stat_mod.S_ISDIR(st.st_mode) and len(names) < MAX_DEPTH:
                     stack.append(names + (entry.name,))
         os.close(fd)
-    return files, others, False
+    gone = [p for p, row in rows.items() if row & SEEN != listing.parity]
+    for path in gone:
+        _count(events, rows.pop(path), "deleted")
+    if len(gone) > len(rows):  # a dict keeps its size when emptied: a storm's, for good
+        listing.rows = dict(rows)
+    return events
+
+
+def _add(totals, cls: int, allocated: int, apparent: int) -> None:
+    count, a, b = totals.get(CLASS_NAMES[cls], (0, 0, 0))
+    totals[CLASS_NAMES[cls]] = (count + 1, a + allocated, b + apparent)
+
+
+def _degrade(listing: Listing) -> Dict[str, Tuple[int, int, int]]:
+    """This walk's rows so far as counts and bytes by class; every row is dropped."""
+    totals: Dict[str, Tuple[int, int, int]] = {}
+    for row in listing.rows.values():
+        if row & SEEN == listing.parity:
+            cls, _, _, allocated, apparent = unpack(row)
+            _add(totals, cls, allocated, apparent)
+    listing.rows.clear()
+    return totals
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -86,22 +169,22 @@ def _open_below(root: str, names: Tuple[str, ...], dev: int) -> Optional[int]:
 
 
 def patch_listing(
-    root: str, dev: int, files: Files, index: Dict[str, Key], names: Iterable[str]
-) -> None:
-    """Bring a listing up to date for the names that changed. All are dropped first, then
-    those still there added: a rename must not lose the inode to the old name's removal."""
-    names = list(names)
-    for name in names:
-        old = index.pop(name, None)
-        if old is not None:
-            files.pop(old, None)
+    root: str, dev: int, listing: Listing, names: Iterable[str]
+) -> Events:
+    """Brings the listing up to date for the top-level names that changed (inotify watches
+    the top directory only; a change below it re-lists). -> created and deleted."""
+    events: Events = {}
+    rows = listing.rows
     for name in names:
         try:
             st = os.lstat(os.path.join(root, name))
         except OSError:
-            continue  # deleted (or renamed away)
-        if stat_mod.S_ISREG(st.st_mode) and st.st_dev == dev:
-            key = (dev, st.st_ino)
-            if key not in files:  # a hard link to a listed inode counts once
-                files[key] = (name, st)
-                index[name] = key
+            st = None  # deleted (or renamed away)
+        if st is None or not stat_mod.S_ISREG(st.st_mode) or st.st_dev != dev:
+            if name in rows:
+                _count(events, rows.pop(name), "deleted")
+        elif st.st_nlink == 1 or not any(
+            r >> INO_SHIFT & INO_MASK == st.st_ino for n, r in rows.items() if n != name
+        ):  # a hard link to a listed inode counts once
+            _update(listing, name, st, events)
+    return events

@@ -25,7 +25,8 @@ _TABLE = """
 shmwatch_mount_info  mount fstype source
     Always 1; the filesystem type and source of a monitored mount.
 shmwatch_mount_error  mount
-    1 when the mount could not be measured (missing, not a directory, statvfs failed).
+    1 when the mount could not be measured (missing, no longer a mount point, not a
+    directory, statvfs failed).
 shmwatch_mount_size_bytes  mount
     Size of the mount (statvfs).
 shmwatch_mount_used_bytes  mount
@@ -75,6 +76,9 @@ shmwatch_mount_owners_verified  mount
     1 when every process that could hold a segment of the mount was inspected (segments
     held by nobody are orphan); 0 when some could not be (they are unverified: grant the
     server's UID or CAP_SYS_PTRACE).
+shmwatch_inventory_degraded  mount
+    1 when the mount holds more files than --inventory.max-segments: its segments are
+    counted and sized by class only (state unverified; no top segments, no owners).
 # --- memfd regions (collector segments): shmem outside every mount -----------------
 shmwatch_memfd_regions  class
     memfd regions ('/memfd:<name> (deleted)' in a process's maps or fds) mapped or held

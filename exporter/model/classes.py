@@ -55,7 +55,7 @@ _GROUP_CLASS = {f"r{i}": c for i, (c, _, _) in enumerate(CLASSES)}
 # Names repeat from one inventory to the next: remember them. Bounded, and cleared when
 # full, because churn (every NCCL init makes new random names) would grow it forever.
 _CACHE: dict = {}
-_CACHE_MAX = 50_000
+_CACHE_MAX = 4096  # a storm's names are new: it would only keep them alive
 
 
 def classify(basename: str) -> str:

@@ -11,6 +11,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Deque, Dict, Iterable, Optional, Set, Tuple
 
+from exporter.model.types import MountUsage
+
 # How many OOM kills `shmwatch check` and the model remember (the newest).
 RECENT_OOM_KILLS = 50
 
@@ -63,6 +65,13 @@ class _Mount:  # what the store keeps of one mount
     events: Dict[Tuple[str, str], int] = field(default_factory=dict)  # (class, event)
     inotify: Optional[bool] = None  # None: not said yet
     overflows: int = 0
+    instance: Optional[tuple] = None  # the mount instance last polled (None: not yet)
+    live: bool = (
+        True  # False while the last poll found it gone: the watcher's samples wait
+    )
+
+
+GONE = ("gone",)  # the instance of a mount that is not there
 
 
 class StateStore:
@@ -109,11 +118,28 @@ class StateStore:
             touched, self._touched = self._touched, set()
         return touched
 
+    def record_polled(self, usages: Iterable[MountUsage]) -> None:
+        """One poll's mounts. Another instance at a path (unmounted, and mounted again, or
+        gone in between) starts its peak and high-water mark afresh: the old mount's say
+        nothing of the new one's size."""
+        usages = list(usages)
+        with self._lock:
+            for u in usages:
+                record = self._of(u.mount)
+                instance = u.instance or (GONE if u.error else ())
+                if record.instance is not None and instance != record.instance:
+                    record.peak, record.max_used = PeakWindow(self.peak_window), None
+                record.instance, record.live = instance, not u.error
+        self.record_used([(u.mount, u.used_bytes) for u in usages if not u.error])
+
     def record_used(self, usages: Iterable[Tuple[str, int]]) -> None:
-        """(mount, used bytes) pairs: one poll's mounts under one lock."""
+        """(mount, used bytes) pairs under one lock; a mount the last poll found gone takes
+        none (the watcher's statvfs would measure the disk beneath)."""
         now = self.clock()
         with self._lock:
             for mount, used_bytes in usages:
+                if mount in self._mounts and not self._mounts[mount].live:
+                    continue
                 record = self._of(mount)
                 record.peak.add(now, used_bytes)
                 # The high-water mark keeps the first time the highest value was reached.

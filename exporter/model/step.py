@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from exporter.host.libc import release_memory
 from exporter.host.kube import pod_uid_in_cgroup, pod_uid_of_mount
 from exporter.model.budget import ShmBudget, cgroups_by_pod, shm_budget
 from exporter.model.state import MountStates, StateStore
@@ -134,9 +135,7 @@ class ModelStep:
                         self._summaries[m.mount] if same else summarise(m, self.top_k)
                     )
         if obs.success and obs.source == "shm_mount":
-            self.state.record_used(
-                [(u.mount, u.used_bytes) for u in obs.result if not u.error]
-            )
+            self.state.record_polled(obs.result)
         if obs.success and obs.source == "cgroup":
             for cgroup in obs.result:
                 if cgroup.oom_kills is not None:
@@ -149,11 +148,15 @@ class ModelStep:
             for kill in obs.result.new:
                 self._count_kill(kill)
         with self._lock:
+            before = self._latest.get(obs.source)
             if obs.source in self._latest:
                 self._latest[obs.source] = obs
             if obs.source == "segments":
                 self._summaries = summaries
             self._accepted += 1
+        if obs.success and obs.source == "segments" and _shrunk(before, obs):
+            del before  # the last reference to the old inventory: freed here
+            release_memory()
 
     def _count_kill(self, kill: OomKill) -> None:
         """Count one kill under its pod's cgroup (node mode) or its own; log it with the pod's
@@ -301,6 +304,17 @@ class ModelStep:
                 counts[key] = shown
         self._oom_shown = counts
         return list(counts.values())
+
+
+SHRUNK = 10_000  # segments fewer than in the last inventory: worth giving memory back
+
+
+def _shrunk(before: Optional[Observation], after: Observation) -> bool:
+    def listed(obs) -> int:
+        ok = obs is not None and obs.success
+        return sum(len(m.states) for m in obs.result.mounts) if ok else 0
+
+    return listed(before) - listed(after) >= SHRUNK
 
 
 def _subtree_totals(counts: Dict[str, int]) -> Dict[str, int]:

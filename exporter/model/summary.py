@@ -4,12 +4,16 @@ leak candidates. Scrapes and `shmwatch check` render these; neither walks segmen
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from exporter.model.types import MountInventory, Segment
 from exporter.model.classes import NOT_LEAKS, removable
+
+
+LISTED = 50  # leaked and unverified segments named, largest first (counts: `totals`)
 
 
 @dataclass(frozen=True)
@@ -22,52 +26,83 @@ class SegmentSummary:
     top: List[Segment]
     top_processes: List[Tuple[int, int]]  # (pid, bytes)
     oldest_orphan_mtime: Optional[float]
-    leaked: List[Segment]  # orphans that count as leaks, largest first
-    unverified: List[Segment]  # held by nobody we could inspect, largest first
+    # The largest LISTED orphans that count as leaks, of removable classes and of others;
+    # the largest LISTED unverified ones.
+    leaked: List[Segment]
+    unverified: List[Segment]
     # The pids whose comm (and pod) the mount's series name: each top segment's first holder
     # (owner_label), each top process. The model makes the summary again when one changes.
     named_pids: FrozenSet[int] = frozenset()
+    # Past --inventory.max-segments: counts and bytes by class only.
+    degraded: bool = False
+
+    def count(self, states: Iterable[str], classes=bool) -> Tuple[int, int]:
+        """(segments, allocated bytes) in these states (and classes)."""
+        rows = [v for (c, s), v in self.totals.items() if s in states and classes(c)]
+        return sum(n for n, _, _ in rows), sum(a for _, a, _ in rows)
 
 
 def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
+    """One pass over the segments, made one at a time; only the kept ones stay."""
     totals: Dict[Tuple[str, str], Tuple[int, int, int]] = {}
-    by_class: Dict[str, int] = {}
-    for seg in inv.segments:
+    for cls, (n, allocated, apparent) in (inv.degraded or {}).items():
+        totals[cls, "unverified"] = (n, allocated, apparent)
+    largest = lambda s: (-s.allocated_bytes, s.name)  # noqa: E731
+    top: List[Segment] = []
+    leaked: Dict[bool, List[Segment]] = {True: [], False: []}
+    unverified: List[Segment] = []
+    oldest = None
+    for seg in inv.rows():
         count, allocated, apparent = totals.get((seg.cls, seg.state), (0, 0, 0))
         totals[seg.cls, seg.state] = (
             count + 1,
             allocated + seg.allocated_bytes,
             apparent + seg.apparent_bytes,
         )
-        by_class[seg.cls] = by_class.get(seg.cls, 0) + seg.allocated_bytes
-    largest = lambda s: (-s.allocated_bytes, s.name)  # noqa: E731
-    orphans = [s for s in inv.segments if s.state == "orphan"]
-    unverified = [s for s in inv.segments if s.state == "unverified"]
-    hidden = [s.allocated_bytes for s in inv.segments if s.state == "hidden"]
-    top = heapq.nsmallest(top_k, inv.segments, key=largest)
+        _keep(top, seg, top_k, largest)
+        if seg.cls in NOT_LEAKS:
+            continue
+        if seg.state == "orphan":
+            _keep(leaked[removable(seg.cls)], seg, LISTED, largest)
+            if removable(seg.cls):  # the age alert says "remove it": only for those
+                oldest = seg.mtime if oldest is None else min(oldest, seg.mtime)
+        elif seg.state == "unverified":
+            _keep(unverified, seg, LISTED, largest)
+    by_class: Dict[str, int] = {}
+    for (cls, _), (_, allocated, _) in totals.items():
+        by_class[cls] = by_class.get(cls, 0) + allocated
     top_processes = heapq.nsmallest(
         top_k, inv.process_bytes.items(), key=lambda kv: (-kv[1], kv[0])
     )
+    top = sorted(top, key=largest)
     return SegmentSummary(
         totals=totals,
         bytes_by_class=by_class,
-        hidden_bytes=sum(hidden),
-        hidden_count=len(hidden),
+        hidden_bytes=sum(a for (_, s), (_, a, _) in totals.items() if s == "hidden"),
+        hidden_count=len(inv.hidden),
         top=top,
         top_processes=top_processes,
-        # The age alert says "remove it": only for what may be removed.
-        oldest_orphan_mtime=min(
-            (s.mtime for s in orphans if removable(s.cls)), default=None
-        ),
-        leaked=sorted((s for s in orphans if s.cls not in NOT_LEAKS), key=largest),
-        unverified=sorted(
-            (s for s in unverified if s.cls not in NOT_LEAKS), key=largest
-        ),
+        oldest_orphan_mtime=oldest,
+        leaked=sorted(leaked[True] + leaked[False], key=largest),
+        unverified=sorted(unverified, key=largest),
         named_pids=frozenset(
             [seg.holders[0] for seg in top if seg.holders]
             + [pid for pid, _ in top_processes]
         ),
+        degraded=inv.degraded is not None,
     )
+
+
+def _keep(kept: List[Segment], seg: Segment, k: int, key) -> None:
+    """Keeps the k first of `key`'s order: sorted once it is full, a new one displaces the
+    last. Most segments of a storm are no larger than the last kept: one comparison."""
+    if len(kept) < k:
+        kept.append(seg)
+        if len(kept) == k:
+            kept.sort(key=key)
+    elif k and key(seg) < key(kept[-1]):
+        kept.pop()
+        bisect.insort(kept, seg, key=key)
 
 
 def owner_label(holders: Iterable[int], comms: Dict[int, str]) -> str:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from exporter.host.kube import POD_UID_IN_CGROUP, pod_uid_in_cgroup
+from exporter.model.classes import CLASS_NAMES
 
 Key = Tuple[int, int]  # (st_dev, st_ino)
 
@@ -41,6 +42,8 @@ class MountUsage:
     available_bytes: int = 0
     inodes: int = 0
     inodes_free: int = 0
+    # Which mount instance (device, mount ID, ...); () when not known.
+    instance: Tuple = ()
 
     @property
     def usage_ratio(self) -> float:
@@ -179,7 +182,7 @@ class SysvShm:
 
 @dataclass(slots=True)
 class Segment:
-    name: str  # basename as found (may hold any bytes, as surrogates)
+    name: str  # path below the mount as found (may hold any bytes, as surrogates)
     cls: str
     state: str  # linked | hidden | orphan | unverified (DESIGN.md, "Segment states")
     allocated_bytes: int
@@ -189,15 +192,67 @@ class Segment:
     key: Key = (0, 0)
 
 
+STATES = ("linked", "hidden", "orphan", "unverified")
+# A listed file is one int (~40 bytes; a tuple of its fields costs ~200): its class (index in
+# CLASS_NAMES), whether the last full scan listed it, which walk saw it last (a parity bit),
+# inode, mtime (s), blocks, apparent size. What may be 0 (sizes) lies highest, so an empty
+# file's int is short.
+KNOWN, SEEN, INO_SHIFT, INO_MASK = 1 << 5, 1 << 6, 7, (1 << 64) - 1
+
+
+def pack(cls: int, flags: int, ino: int, mtime: float, blocks: int, size: int) -> int:
+    mtime = min(max(int(mtime), 0), (1 << 40) - 1)
+    row = cls | flags | ino << INO_SHIFT | mtime << 71
+    return row | min(blocks, (1 << 48) - 1) << 111 | size << 159
+
+
+def unpack(row: int) -> Tuple[int, int, int, int, int]:
+    """-> (class index, inode, mtime, allocated bytes, apparent bytes)."""
+    return (
+        row & 31,
+        row >> INO_SHIFT & INO_MASK,
+        row >> 71 & (1 << 40) - 1,
+        (row >> 111 & (1 << 48) - 1) * 512,
+        row >> 159,
+    )
+
+
 @dataclass
 class MountInventory:
+    """One mount's segments, compact: each listed file one packed int (`pack`) and one byte
+    of state; Segment objects are made on demand (`rows`), for the few a summary keeps."""
+
     mount: str
     error: Optional[str] = None
-    segments: List[Segment] = field(default_factory=list)
+    dev: int = 0
+    # Path below the mount -> row: the collector's listing, updated in place by its next run
+    # (one copy of 100,000 rows, not two): read it, with `states`, before then.
+    listed: Dict[str, int] = field(default_factory=dict)
+    states: bytes = b""  # each listed row's index in STATES, in `listed`'s order
+    held: Dict[int, Tuple[int, ...]] = field(default_factory=dict)  # inode -> pids
+    hidden: List[Segment] = field(default_factory=list)
     other_entries: Dict[str, int] = field(default_factory=dict)
     used_bytes: int = 0
     unattributed_bytes: int = 0
     process_bytes: Dict[int, int] = field(default_factory=dict)
+    # Since the last run, from the listings: (class, "created" | "deleted") -> count.
+    events: Dict[Tuple[str, str], int] = field(default_factory=dict)
+    # Past --inventory.max-segments: class -> (count, allocated, apparent) of the listed
+    # files, kept instead of `listed` (no names, no owner join: all 'unverified').
+    degraded: Optional[Dict[str, Tuple[int, int, int]]] = None
+
+    def rows(self) -> Iterator[Segment]:
+        """Every segment, made one at a time: hidden ones, then the listed."""
+        yield from self.hidden
+        for (name, row), state in zip(self.listed.items(), self.states):
+            cls, ino, mtime, allocated, apparent = unpack(row)
+            holders = self.held.get(ino, ())
+            seg = (name, CLASS_NAMES[cls], STATES[state], allocated, apparent, mtime)
+            yield Segment(*seg, holders, (self.dev, ino))
+
+    @property
+    def segments(self) -> List[Segment]:
+        return list(self.rows())
 
 
 @dataclass

@@ -88,8 +88,8 @@ class MountWatcher:
         self._mounts_on: Dict[int, Tuple[str, ...]] = {}
         self._said: Dict[str, str] = {}
         self._lock = threading.Lock()
-        # Inventory diffs, for mounts that are polled: mount -> listed inode -> class.
-        self._previous: Dict[str, Dict[Tuple[int, int], str]] = {}
+        # Each mount's last inventory: one handed back again is not counted again.
+        self._previous: Dict[str, object] = {}
 
     # --- set-up -----------------------------------------------------------------------
     def start(self) -> None:
@@ -279,16 +279,13 @@ class MountWatcher:
             self.refresh()
 
     def on_observation(self, obs: Observation) -> None:
-        """Scheduler subscriber: on polled mounts, created/deleted come from inventory diffs."""
+        """Scheduler subscriber: on polled mounts, created/deleted come from the inventory's
+        listings (a quick run hands back an untouched mount's inventory: counted once)."""
         for m in obs.result.mounts if obs.source == "segments" and obs.success else ():
-            if m.error:
-                continue
-            keys = {s.key: s.cls for s in m.segments if s.state != "hidden"}
             with self._lock:  # refresh() forgets gone mounts from the discovery thread
-                previous = self._previous.get(m.mount)
-                self._previous[m.mount] = keys
-            if previous is not None and not self.state.inotify_active(m.mount):
-                for key in keys.keys() - previous.keys():
-                    self.state.count_event(m.mount, keys[key], "created")
-                for key in previous.keys() - keys.keys():
-                    self.state.count_event(m.mount, previous[key], "deleted")
+                again = self._previous.get(m.mount) is m
+                self._previous[m.mount] = m
+            if again or m.error or self.state.inotify_active(m.mount):
+                continue
+            for (cls, event), n in m.events.items():
+                self.state.count_event(m.mount, cls, event, n)

@@ -113,3 +113,52 @@ def test_sidecar_memory_estimate_and_exact_numbers(images):
                 assert abs(exact_ws - truth(server.id)["working_set"]) <= 2 * MiB, (exact_ws, real)
                 assert value(exact, "shmwatch_shm_oom_projection_ratio", cgroup=exact_cgroup, mount="/dev/shm") > 1
             FIGURES["sidecar estimate vs truth (shm/anon MiB: working set MiB)"] = "; ".join(rows)
+
+
+def test_a_leak_storm_under_a_96_mib_limit(images):
+    """The sidecar at --memory=96m (the manifest's limit) watching a tmpfs that fills with
+    100,000 empty files, then 200,000: never OOM-killed, scrapes answered throughout; past
+    --inventory.max-segments (150,000) the inventory says it is degraded. (At 40,000 files
+    the old inventory was OOM-killed here.)"""
+    import os
+    import subprocess
+
+    from tests.conftest import mounted_tmpfs, select
+
+    def total(s, mount="/dev/shm"):
+        return sum(v for _, v in select(s, "shmwatch_segments", mount=mount))
+
+    def status(pid, key):
+        with open(f"/proc/{pid}/status") as f:
+            return int(next(line for line in f if line.startswith(key + ":")).split()[1]) / 1024
+
+    with mounted_tmpfs("64m", options=",nr_inodes=300k") as shm, \
+            Container(eng.PROJECT_IMAGE, "--no-collector.gpu", "--no-collector.cgroup",
+                      run=["--memory=96m", "--memory-swap=96m", "--read-only", "-v", f"{shm}:/dev/shm:ro"],
+                      prefix="storm") as sidecar:
+        url = f"http://{sidecar.ip}:9841/metrics"
+        deadline = time.monotonic() + 30
+        while not samples_at(url) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        pid = int(sidecar.inspect("{{.State.Pid}}"))
+        peaks = {}
+        for n in (100_000, 200_000):
+            made = int(subprocess.run(f"ls -f {shm} | wc -l", shell=True, capture_output=True,
+                                      text=True).stdout) - 2
+            for start in range(made, n, 10_000):
+                for i in range(start, min(start + 10_000, n)):
+                    os.close(os.open(os.path.join(shm, f"psm_{i:08x}"), os.O_CREAT | os.O_WRONLY, 0o600))
+                assert samples_at(url), f"no answer at {start} files: {sidecar.logs()[-2000:]}"
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                s = samples_at(url)
+                if s and total(s) == n:
+                    break
+                assert sidecar.inspect("{{.State.Running}}") == "true", sidecar.logs()[-2000:]
+                time.sleep(1)
+            assert total(s) == n, sidecar.logs()[-2000:]
+            assert value(s, "shmwatch_inventory_degraded", mount="/dev/shm") == (1 if n > 150_000 else 0)
+            peaks[n] = status(pid, "VmHWM")
+        assert sidecar.inspect("{{.State.OOMKilled}}") == "false"
+        FIGURES["leak storm at --memory=96m"] = ", ".join(f"{n} files: peak RSS {p:.1f} MiB"
+                                                         for n, p in peaks.items())

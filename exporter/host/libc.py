@@ -1,0 +1,39 @@
+"""Two libc calls the standard library lacks: malloc_trim, and statx's unique mount ID."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import struct
+from typing import Optional
+
+# Looked up once: ctypes makes a new type (a garbage cycle) per first lookup and array type.
+try:
+    _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    _TRIM, _STATX = getattr(_LIBC, "malloc_trim", None), getattr(_LIBC, "statx", None)
+except OSError:
+    _TRIM = _STATX = None
+_BUFFER = ctypes.c_char * 256  # struct statx
+STATX_MNT_ID_UNIQUE = 0x4000  # Linux 6.8
+AT_FDCWD, AT_NOFOLLOW, AT_DONT_SYNC = -100, 0x100, 0x4000
+
+
+def release_memory() -> None:
+    """glibc keeps freed heap pages until asked: malloc_trim(0) returns them (once a leak
+    storm's inventory is gone). A no-op without glibc."""
+    if _TRIM is not None:
+        _TRIM(0)
+
+
+def unique_mount_id(path: str) -> Optional[int]:
+    """The ID of the mount at `path` that no later mount reuses until reboot: mountinfo's
+    IDs and a tmpfs's device number are handed to the next mount at once. None before
+    Linux 6.8 or without statx."""
+    if _STATX is None:
+        return None
+    buf, flags = _BUFFER(), AT_NOFOLLOW | AT_DONT_SYNC
+    failed = _STATX(AT_FDCWD, os.fsencode(path), flags, STATX_MNT_ID_UNIQUE, buf)
+    if failed or not struct.unpack_from("<I", buf, 0)[0] & STATX_MNT_ID_UNIQUE:
+        return None
+    return struct.unpack_from("<Q", buf, 144)[0]  # stx_mnt_id

@@ -1,0 +1,98 @@
+"""The day a leak fills /dev/shm: 100,000 files in a watched tmpfs, the exporter's memory
+bounded by design (compact rows, a cap past which it keeps counts by class), and a file's
+name in a sub-directory kept apart from the same name at the top."""
+import os
+import time
+
+from exporter.collectors.segments import SegmentsCollector
+from exporter.host.paths import Paths
+from exporter.inventory.changes import ChangeLog
+from tests.conftest import HOST_EXCUSED_RE, Exporter, fallocate, mounted_tmpfs, needs_root, select, value
+
+MiB = 1 << 20
+
+
+def _status(pid: int, key: str) -> float:
+    """VmRSS / VmHWM of a process, in MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith(key + ":")).split()[1]) / 1024
+
+
+def _total(samples, mount: str) -> float:
+    return sum(v for _, v in select(samples, "shmwatch_segments", mount=mount))
+
+
+def _make(shm: str, names) -> None:
+    for name in names:
+        os.close(os.open(os.path.join(shm, name), os.O_CREAT | os.O_WRONLY, 0o600))
+
+
+@needs_root
+def test_the_same_name_in_a_sub_directory_is_another_segment(tmpfs):
+    """A quick run's patch of a top-level name must not touch a sub-directory's file of the
+    same name (the listing was indexed by bare name: one of the two was lost)."""
+    os.mkdir(os.path.join(tmpfs, "a"))
+    fallocate(os.path.join(tmpfs, "a", "psm_same"), MiB)
+    fallocate(os.path.join(tmpfs, "psm_same"), 2 * MiB)
+    changes = ChangeLog()
+    collector = SegmentsCollector(Paths(), [tmpfs], changes=changes, ignore_unreadable=HOST_EXCUSED_RE)
+    [m] = collector.collect().mounts
+    assert sorted((s.name, s.allocated_bytes) for s in m.segments) == [("a/psm_same", MiB), ("psm_same", 2 * MiB)]
+    os.unlink(os.path.join(tmpfs, "psm_same"))
+    changes.add(tmpfs, "psm_same")  # what inotify reports: the top directory's name
+    [m] = collector.collect_quick().mounts
+    assert [(s.name, s.allocated_bytes) for s in m.segments] == [("a/psm_same", MiB)]
+    assert m.events == {("python_shm", "deleted"): 1}
+    [m] = collector.collect().mounts
+    assert [(s.name, s.allocated_bytes) for s in m.segments] == [("a/psm_same", MiB)]
+
+
+@needs_root
+def test_past_the_cap_the_inventory_keeps_counts_by_class_and_says_so():
+    with mounted_tmpfs("16m", options=",nr_inodes=10k") as shm, \
+            Exporter(f"--shm.mount={shm}", "--no-collector.gpu", "--inventory.max-segments=1000",
+                     "--inventory-interval=1s") as exporter:
+        _make(shm, [f"psm_{i:05d}" for i in range(1200)] + [f"nccl-{i:05d}" for i in range(300)])
+        s = exporter.wait_for(lambda s: value(s, "shmwatch_inventory_degraded", mount=shm) == 1
+                              and _total(s, shm) == 1500, timeout=30)
+        assert value(s, "shmwatch_segments", mount=shm, state="unverified", **{"class": "python_shm"}) == 1200
+        assert value(s, "shmwatch_segments", mount=shm, state="unverified", **{"class": "nccl"}) == 300
+        assert not select(s, "shmwatch_top_segment_bytes", mount=shm)  # no names kept
+        assert value(s, "shmwatch_collector_success", collector="segments") == 1
+        assert "--inventory.max-segments" in exporter.log()
+        for i in range(1200):
+            os.unlink(os.path.join(shm, f"psm_{i:05d}"))
+        s = exporter.wait_for(lambda s: value(s, "shmwatch_inventory_degraded", mount=shm) == 0
+                              and _total(s, shm) == 300, timeout=30)
+        assert "back under --inventory.max-segments" in exporter.log()
+
+
+@needs_root
+def test_a_storm_of_100000_files_stays_within_64_mib_and_gives_it_back():
+    """RSS was 30 -> 246 MiB with 100,000 empty files, 154 MiB after they were deleted (a
+    96 MiB limit OOM-killed it at 40,000). Scrapes answer throughout."""
+    n = 100_000
+    names = [f"psm_{i:08x}" for i in range(n)]
+    with mounted_tmpfs("64m", options=",nr_inodes=200k") as shm, \
+            Exporter(f"--shm.mount={shm}", "--no-collector.gpu") as exporter:
+        pid = exporter.proc.pid
+        baseline = _status(pid, "VmRSS")
+        for start in range(0, n, 10_000):
+            _make(shm, names[start:start + 10_000])
+            exporter.scrape()
+        exporter.wait_for(lambda s: _total(s, shm) == n, timeout=120, interval=0.5)
+        full = _status(pid, "VmRSS")
+        for name in names:
+            os.unlink(os.path.join(shm, name))
+        exporter.wait_for(lambda s: _total(s, shm) == 0, timeout=120, interval=0.5)
+        peak = _status(pid, "VmHWM")
+        # The inventory after the empty one gives the memory back (within one interval).
+        deadline = time.monotonic() + 40
+        while _status(pid, "VmRSS") > 48 and time.monotonic() < deadline:
+            exporter.scrape()
+            time.sleep(1)
+        after = _status(pid, "VmRSS")
+    print(f"\nleak storm: RSS {baseline:.1f} MiB, {full:.1f} with {n} files, peak {peak:.1f}, "
+          f"{after:.1f} after they were deleted")
+    assert peak <= 64, f"peak RSS {peak:.1f} MiB with {n} files"
+    assert after <= 48, f"RSS {after:.1f} MiB after the files were deleted"
