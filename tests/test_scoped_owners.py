@@ -453,3 +453,49 @@ def test_a_memfd_holder_outside_any_pod_that_exits_does_not_bring_a_full_scan_fo
     inv = collector.collect()  # the next full scan drops them
     assert collector._scanned_at == clock.now
     assert holder.pid not in {pid for seg in inv.memfd for pid in seg.holders}
+
+
+WRITE_IN_PLACE = """
+import mmap, os, sys
+sys.stdin.readline()
+fd = os.open(sys.argv[1], os.O_RDWR)
+os.pwrite(fd, b"w" * 4096, 0)  # IN_MODIFY, and no page allocated: statvfs does not move
+view = mmap.mmap(fd, 4 << 20)
+print("attached", flush=True)
+sys.stdin.readline()
+"""
+
+
+@needs_root
+@pytest.mark.parametrize("quick_run_first", [False, True], ids=["refresh", "quick-run-then-refresh"])
+def test_a_write_in_place_to_an_orphan_is_never_called_leaked_again_before_its_pod_is_read(two_pods,
+                                                                                           quick_run_first):
+    """Its pages were all allocated: the write moves no statvfs figure, only an event says it.
+    The quick run that handles the event no longer calls anything in the mount leaked, and the
+    refresh reads the pod: linked to the writer."""
+    import subprocess
+    import sys
+
+    (a, _), (cg_a, _) = two_pods
+    clock, changes = Clock(), ChangeLog()
+    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+                                  full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
+    path = os.path.join(a, "psm_known")
+    with open(path, "wb") as f:
+        f.write(b"x" * (4 * MiB))
+    child = subprocess.Popen([sys.executable, "-c", WRITE_IN_PLACE, path], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        into_pod(cg_a, child.pid)
+        assert segment(collector.collect(), a, "psm_known") == ("orphan", ())
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "attached"
+        changes.add(a, "psm_known")  # what the watcher records for the IN_MODIFY
+        if quick_run_first:
+            assert segment(collector.collect_quick(), a, "psm_known") == ("unverified", ())
+        clock.now += 15
+        assert segment(collector.collect(), a, "psm_known") == ("linked", (child.pid,))  # a refresh
+    finally:
+        child.kill()
+        child.wait()

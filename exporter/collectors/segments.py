@@ -98,6 +98,7 @@ class SegmentsCollector(BaseSource):
         self._last: Dict[str, MountInventory] = {}  # the last run's, by mount
         # Node mode: each mount's _signature() when its pod's processes were last read.
         self._pod_read_as: Dict[str, tuple] = {}
+        self._doubted: Set[str] = set()  # mounts to read before calling anything leaked
         self._table = MountTable(paths)  # which paths are still mount points
         # The holders' pods and memfd regions, for the inventory; kept by quick runs, which
         # reuse the owners.
@@ -175,11 +176,15 @@ class SegmentsCollector(BaseSource):
         if self.pod_of_pid and full:
             sigs = {m: s for m, d in devs.items() if (s := self._signature(m, d))}
         listings = {m: self._list(m, dev, full, changes) for m, dev in devs.items()}
-        for gone in [
-            m for m in self._listings if m not in devs
-        ]:  # e.g. a deleted pod's
+        for gone in [m for m in self._listings if m not in devs]:  # a deleted pod's
             del self._listings[gone]
             self._pod_read_as.pop(gone, None)
+            self._doubted.discard(gone)
+        # A change (a write, an attach's first pages) in a mount where a segment is called
+        # leaked: its pod is read before anything there is called leaked again.
+        self._doubted.update(
+            m for m in changes if m in self._last and ORPHAN in self._last[m].states
+        )
         settled = False  # owners from a full scan of every process, this run
         unread: Set[str] = set()  # mounts a refresh assembles as a quick run does
         if full:
@@ -189,14 +194,16 @@ class SegmentsCollector(BaseSource):
                 and self.monotonic() - self._scanned_at < self.full_scan_interval
             ):
                 # A mount that moved since its pod was last read (pages written through a
-                # mapping raise no event) while a segment in it is called leaked: a running
-                # process may have attached to it, so its pod's processes are read again. The
-                # others keep their owners until the full scan, their new segments taken as
-                # their creators' (a pod read per create would cost more than full scans).
+                # mapping raise no event) while a segment in it is called leaked, or that
+                # changed then: a running process may have attached to it, so its pod's
+                # processes are read again. The others keep their owners until the full
+                # scan, their new segments taken as their creators' (a pod read per create
+                # would cost more than full scans).
                 moved = [
                     m
                     for m in devs
-                    if (before := self._pod_read_as.get(m))
+                    if m in self._doubted
+                    or (before := self._pod_read_as.get(m))
                     and sigs.get(m, before) != before
                     and m in self._last
                     and ORPHAN in self._last[m].states
@@ -209,6 +216,7 @@ class SegmentsCollector(BaseSource):
                     self._owners = refreshed
                     self._pod_read_as.update({m: sigs[m] for m in moved if m in sigs})
                     unread = set(devs) - set(moved)
+                    self._doubted -= set(moved)
             if refreshed is None:
                 self._owners = self.owner_scan.scan(
                     set(devs.values()), pods=self.pod_of_pid
@@ -220,6 +228,7 @@ class SegmentsCollector(BaseSource):
                 self._full_devs = dict(devs)
                 self._pod_read_as = sigs
                 self._held_at_full = set(self._owners.holdings)
+                self._doubted.clear()
                 settled = True
         held_on: Dict[int, List[Key]] = {}
         for key in self._owners.holdings:
@@ -242,10 +251,9 @@ class SegmentsCollector(BaseSource):
                 limit = MAX_ENTRIES
                 log.warning("mount %s: over %d entries, rest uncounted", mount, limit)
             dev, quick = devs[mount], not full or mount in unread
+            held = held_on.get(dev, [])
             mounts.append(
-                self._assemble(
-                    mount, dev, listing, events, held_on.get(dev, []), quick, settled
-                )
+                self._assemble(mount, dev, listing, events, held, quick, settled)
             )
         self._last = {m.mount: m for m in mounts}
         owners = self._owners
@@ -338,6 +346,7 @@ class SegmentsCollector(BaseSource):
         # read its new processes, and found nobody holding it: unverified until a full scan.
         unknown_state = linked if quick else unheld_state if settled else unverified
         same_dev = self._full_devs.get(mount) == dev
+        doubted, held_at_full = mount in self._doubted, self._held_at_full
         rows = listing.rows
         states = bytearray(len(rows))
         held_pids: Dict[int, Tuple[int, ...]] = {}
@@ -349,7 +358,8 @@ class SegmentsCollector(BaseSource):
             accounted += allocated
             if settled and not row & KNOWN:
                 rows[name] = row | KNOWN  # listed before /proc was read, this run
-            held = holdings.get((dev, ino)) if holdings else None
+            key = (dev, ino)
+            held = holdings.get(key) if holdings else None
             if held:
                 pids = held_pids[ino] = tuple(sorted({h.pid for h in held}))
                 for pid in pids:
@@ -357,9 +367,10 @@ class SegmentsCollector(BaseSource):
                 continue  # linked: states[i] is 0
             known = settled or same_dev and row & KNOWN
             state = unheld_state if known else unknown_state
-            if not settled and state == orphan and (dev, ino) in self._held_at_full:
-                # Held at the last full scan, unheld in a pod-scoped scan or a refresh:
-                # only a full scan, with its re-reads of new processes, may call it leaked.
+            if state == orphan and not settled and (doubted or key in held_at_full):
+                # Its mount changed and its pod is not read yet; or held at the last full
+                # scan, unheld in a refresh: only a full scan, with its re-reads of new
+                # processes, may call it leaked.
                 state = unverified
             states[i] = state
         for key in held_keys:
