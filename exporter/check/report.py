@@ -224,6 +224,13 @@ def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
         for name, hits in scan_log(path).items():
             log_hits.setdefault(name, []).extend(hits)
     report = diagnose(model, extra.require_shm, extra.backend, log_hits)
+    host, flag = model.host_memory, cfg.memory_limit_bytes
+    if host is not None and flag is not None and flag >= host.total_bytes:
+        text = (
+            f"{human(flag)} is at or above the host's memory: taken as no limit given"
+        )
+        remedy = "a container without a memory limit gets the node's memory from the Downward API"
+        report.add("warn", "memory", "--memory.limit-bytes", text, remedy)
     advice = ""
     if extra.recommend:
         recs, notes = R.recommendations(model, extra)

@@ -77,6 +77,7 @@ class ShmMountCollector(BaseSource):
             available_bytes=st.f_bavail * st.f_frsize,
             inodes=st.f_files,
             inodes_free=st.f_ffree,
+            noswap=bool(entry and "noswap" in entry.options.split(",")),
         )
 
     def collect(self) -> List[MountUsage]:
