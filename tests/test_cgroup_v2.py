@@ -48,7 +48,9 @@ def test_pod_level_limit_binds_a_container_without_one(tmp_path):
     memory.max, its pod slice 256 MiB; 150 MiB of shm in a 1 GiB tmpfs. Before: no limit, no
     ratios, an effective size of the whole 1 GiB."""
     paths = tree(tmp_path)
-    with mounted_tmpfs("1g") as shm:
+    # At the pod's emptyDir path, as a host-mode exporter watching a pod's volume names it.
+    shm = f"{tmp_path}/var/lib/kubelet/pods/{UID_A}/volumes/kubernetes.io~empty-dir/dshm"
+    with mounted_tmpfs("1g", path=shm):
         fallocate(os.path.join(shm, "psm_kv"), 150 * MiB)
         cgroups = CgroupCollector(paths, cgroup_path=cgroup_dir(paths, SCOPE_A))
         reg, _ = registry_for(ShmMountCollector(Paths(), [shm]), cgroups)

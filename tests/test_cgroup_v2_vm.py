@@ -10,6 +10,7 @@ an emulated CPU).
 import hashlib
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -28,6 +29,9 @@ DSHM = f"/var/lib/kubelet/pods/{UID}/volumes/kubernetes.io~empty-dir/dshm"
 # What the VM's Python (bookworm: 3.11) needs beside shmwatch: pyproject's dependencies.
 DEPS = ["prometheus-client>=0.17", "nvidia-ml-py>=12.535.108", "watchdog>=7,<8", "PyYAML>=6.0", "bcrypt>=4.0"]
 WHEEL_CACHE = "/var/tmp/shmwatch-vm-wheels"
+# The last run's results, scrapes and logs: outside pytest's temporary directories, which
+# another pytest run on the machine may rotate away during the minutes the VM takes.
+OUT = "/var/tmp/shmwatch-vm-out"
 # The first test's timeout covers the VM's boot and the scenario (the module's fixture).
 pytestmark = pytest.mark.timeout(2400)
 CMD = """set -eu
@@ -69,9 +73,10 @@ def vm_run(tmp_path_factory):
         prerequisite_missing("the cgroup v2 VM needs root (mmdebstrap, QEMU)")
     tmp = tmp_path_factory.mktemp("cgroup2-vm")
     wheels = wheelhouse(tmp)
-    cmd, out = tmp / "cmd.sh", tmp / "out"
+    cmd, out = tmp / "cmd.sh", pathlib.Path(OUT)
     cmd.write_text(CMD)
-    out.mkdir()
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
     env = dict(os.environ, TIMEOUT="1200")
     proc = subprocess.run([os.path.join(VM, "cgroup2-vm.sh"), "run", str(cmd), str(out), str(wheels),
                            os.path.join(VM, "scenario.py")], env=env, capture_output=True, text=True, timeout=2400)

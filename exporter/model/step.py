@@ -223,7 +223,10 @@ class ModelStep:
         charged_to = cgroups_by_pod(cgroups)
         for target in self.discovery.current().targets:
             usage = usages.get(target.mount)
-            cgroup = charged_to.get(pod_uid_of_mount(target.mount))
+            # Outside node mode every mount is charged to the one watched cgroup, also one
+            # at a kubelet emptyDir path (a host-mode exporter watching a pod's volume).
+            pod_uid = pod_uid_of_mount(target.mount) if self.node_mode else ""
+            cgroup = charged_to.get(pod_uid)
             budget = peak = max_used = max_used_at = None
             if usage is not None and not usage.error:
                 budget = shm_budget(

@@ -141,7 +141,7 @@ def main():
     ]
     try:
         for e in exporters:
-            e.record("acceptance", e.wait_for(r"^shmwatch_mount_effective_size_bytes\{"))
+            e.record("acceptance", e.wait_for(r"^shmwatch_shm_oom_projection_ratio\{"))
         step("acceptance", pod_memory_max=cg(POD, "memory.max").strip(), scope_high=cg(SCOPE, "memory.high").strip())
 
         # A writer past the pod's limit: OOM-killed, the pod's count rises in /metrics.
