@@ -70,7 +70,7 @@ class Exporter:
         """The first scrape with a line matching `pattern` (a regex); the last one if none did."""
         deadline, text = time.monotonic() + timeout, ""
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+            if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"exporter {self.name} exited {self.proc.returncode}")
             try:
                 text = self.scrape()
@@ -172,6 +172,76 @@ def main():
             e.stop()
         workload.kill()
         save()
+    if os.environ.get("SHMWATCH_VM_DOCKER") == "1":
+        try:
+            docker_sidecar()
+        except Exception as err:
+            results["errors"].append(f"docker: {type(err).__name__}: {err}")
+        save()
+
+
+UID2 = "6f2a1d3b-8c4e-4f9a-8b7c-2d3e4f5a6b7c"
+POD2_UNIT = f"kubepods-burstable-pod{UID2.replace('-', '_')}.slice"
+POD2 = f"{QOS}/{POD2_UNIT}"
+
+
+def docker(*args, check=True):
+    proc = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=300)
+    if check and proc.returncode:
+        raise RuntimeError(f"docker {' '.join(args[:2])}: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def docker_sidecar():
+    """shmwatch as a sidecar container (Docker's defaults on v2: a private cgroup namespace)
+    beside a workload container in a pod slice with a 256 MiB limit: without the host's
+    cgroupfs (an estimate from the workload's processes), and with it mounted read-only."""
+    t = time.monotonic()
+    subprocess.run(["systemctl", "start", "docker"], check=True, timeout=300)
+    # A tiny image: busybox, and the VM's /usr (python3) mounted at run time.
+    rootfs = "/tmp/img"
+    for d in ("bin", "tmp", "proc", "sys", "dev", "etc", "usr", "opt/shmwatch"):
+        os.makedirs(os.path.join(rootfs, d), exist_ok=True)
+    shutil.copy("/bin/busybox", f"{rootfs}/bin/busybox")
+    for applet in ("sh", "dd", "sleep"):
+        os.symlink("busybox", f"{rootfs}/bin/{applet}")
+    for link in ("lib", "lib64"):
+        os.symlink(f"usr/{link}", f"{rootfs}/{link}")
+    with open(f"{rootfs}/etc/passwd", "w") as f:
+        f.write("root:x:0:0:root:/:/bin/sh\n")
+    subprocess.run(f"tar -C {rootfs} -c . | docker import - shmwatch-vm:sidecar", shell=True, check=True,
+                   capture_output=True, timeout=300)
+    results["docker_ready_s"] = round(time.monotonic() - t, 1)
+    fill = "dd if=/dev/zero of=/dev/shm/psm_kv bs=1M count=150 && touch /tmp/filled && exec sleep 100000"
+    docker("run", "-d", "--name", "workload", f"--cgroup-parent={POD2_UNIT}", "--shm-size=1g",
+           "shmwatch-vm:sidecar", "sh", "-c", fill)
+    cg(POD2, "memory.max", 256 * MiB)
+    deadline = time.monotonic() + 120
+    while docker("exec", "workload", "sh", "-c", "test -e /tmp/filled && echo y", check=False) != "y":
+        if time.monotonic() > deadline:
+            raise RuntimeError("the workload container did not fill its /dev/shm")
+        time.sleep(1)
+    common = ["run", "-d", "--pid=container:workload", "--ipc=container:workload", "--network=host",
+              f"--cgroup-parent={POD2_UNIT}", "-v", "/usr:/usr:ro", "-v", "/opt/shmwatch:/opt/shmwatch:ro",
+              "-e", "PYTHONPATH=/opt/shmwatch"]
+    run = ["shmwatch-vm:sidecar", "/usr/bin/python3", "-m", "exporter", "--no-collector.gpu",
+           "--poll-interval=1s", "--inventory-interval=5s", "--shm.mount=/dev/shm"]
+    sidecars = {"private": (free_port(), []),
+                "private-hostfs": (free_port(), ["-v", "/sys/fs/cgroup:/host/sys/fs/cgroup:ro"])}
+    for name, (port, extra) in sidecars.items():
+        docker(*common, "--name", f"side-{name}", *extra, *run, f"--web.listen-address=127.0.0.1:{port}")
+    facts = {}
+    for name, (port, _) in sidecars.items():
+        e = Exporter.__new__(Exporter)
+        e.name, e.port, e.proc = f"docker-{name}", port, None
+        text = e.wait_for(r"^shmwatch_cgroup_memory_working_set_bytes\{")
+        pod = {"current": int(cg(POD2, "memory.current")), "max": int(cg(POD2, "memory.max")),
+               "inactive_file": stat(POD2, "inactive_file"), "shmem": stat(POD2, "shmem")}
+        e.record("docker", text)
+        facts[name] = {"pod": pod, "log": docker("logs", f"side-{name}", check=False)[-3000:],
+                       "self_cgroup": docker("exec", "workload", "cat", "/proc/self/cgroup", check=False)}
+    results["docker"] = facts
+    step("docker", seconds=round(time.monotonic() - t, 1))
 
 
 def stat(path, key):
