@@ -108,11 +108,13 @@ def read_files(directory: str, version: int) -> Dict[str, object]:
         hierarchical = stat.get("hierarchical_memory_limit", V1_UNLIMITED)
         if hierarchical < V1_UNLIMITED and (limit is None or hierarchical < limit):
             limit, where = hierarchical, "ancestor"
-        events = _read_keyed(directory, "memory.oom_control")
-        failcnt = _read_limit(directory, "memory.failcnt")
-        events = {"oom_kill": events["oom_kill"]} if "oom_kill" in events else {}
-        if failcnt is not None:  # the times usage hit the limit: v2's "max"
-            events["max"] = failcnt
+        oom = _read_keyed(directory, "memory.oom_control").get("oom_kill")
+        failcnt = _read_limit(
+            directory, "memory.failcnt"
+        )  # hits of the limit: v2's max
+        events = {
+            k: v for k, v in (("oom_kill", oom), ("max", failcnt)) if v is not None
+        }
         # total_* fields include descendants (use_hierarchy, always on since 5.x).
         inactive = stat.get("total_inactive_file", stat.get("inactive_file", 0))
         shmem = stat.get("total_shmem", stat.get("shmem"))
@@ -141,12 +143,7 @@ def usable_limit_flag(paths: Paths, flag: Optional[int]) -> Optional[int]:
     except OSError:
         total = None
     if flag is not None and total is not None and flag >= total:
-        log.warning(
-            "--memory.limit-bytes %d is at or above the host's MemTotal %d: "
-            "taken as no limit given (the cgroup's limit counts)",
-            flag,
-            total,
-        )
+        log.warning("--memory.limit-bytes %d >= MemTotal %d: no limit", flag, total)
         return None
     return flag
 

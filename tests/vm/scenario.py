@@ -213,7 +213,7 @@ def docker_sidecar():
                    capture_output=True, timeout=300)
     results["docker_ready_s"] = round(time.monotonic() - t, 1)
     fill = "dd if=/dev/zero of=/dev/shm/psm_kv bs=1M count=150 && touch /tmp/filled && exec sleep 100000"
-    docker("run", "-d", "--name", "workload", f"--cgroup-parent={POD2_UNIT}", "--shm-size=1g",
+    docker("run", "-d", "--name", "workload", f"--cgroup-parent={POD2_UNIT}", "--shm-size=1g", "--ipc=shareable",
            "shmwatch-vm:sidecar", "sh", "-c", fill)
     cg(POD2, "memory.max", 256 * MiB)
     deadline = time.monotonic() + 120
@@ -221,11 +221,13 @@ def docker_sidecar():
         if time.monotonic() > deadline:
             raise RuntimeError("the workload container did not fill its /dev/shm")
         time.sleep(1)
+    # The sidecars outside the pod's slice, so the pod's cgroup is the workload's alone and
+    # comparable with what each sidecar reports; the Downward API's limit as the flag.
     common = ["run", "-d", "--pid=container:workload", "--ipc=container:workload", "--network=host",
-              f"--cgroup-parent={POD2_UNIT}", "-v", "/usr:/usr:ro", "-v", "/opt/shmwatch:/opt/shmwatch:ro",
-              "-e", "PYTHONPATH=/opt/shmwatch"]
+              "-v", "/usr:/usr:ro", "-v", "/opt/shmwatch:/opt/shmwatch:ro", "-e", "PYTHONPATH=/opt/shmwatch"]
     run = ["shmwatch-vm:sidecar", "/usr/bin/python3", "-m", "exporter", "--no-collector.gpu",
-           "--poll-interval=1s", "--inventory-interval=5s", "--shm.mount=/dev/shm"]
+           "--poll-interval=1s", "--inventory-interval=5s", "--shm.mount=/dev/shm",
+           f"--memory.limit-bytes={256 * MiB}"]
     sidecars = {"private": (free_port(), []),
                 "private-hostfs": (free_port(), ["-v", "/sys/fs/cgroup:/host/sys/fs/cgroup:ro"])}
     for name, (port, extra) in sidecars.items():
