@@ -8,6 +8,9 @@ import pytest
 
 from exporter.collectors.cgroup import CgroupCollector
 from exporter.collectors.shm_mount import ShmMountCollector
+from exporter.collectors.source import BaseSource
+from exporter.collectors.workload import ESTIMATE_CGROUP
+from exporter.model.types import CgroupMemory
 from exporter.host.paths import Paths
 from tests.conftest import Exporter, fallocate, mounted_tmpfs, needs_root, value
 from tests.helpers import registry_for
@@ -137,3 +140,27 @@ def test_node_mode_acceptance_shape(tmp_path):
             assert value(s, "shmwatch_mount_effective_size_bytes", mount=dshm) <= 256 * MiB
             assert value(s, "shmwatch_cgroup_memory_events_total", cgroup=POD_A, event="oom_kill") == 1
             assert value(s, "shmwatch_mount_info", mount=dshm, noswap="true") == 1
+
+
+class Estimate(BaseSource):
+    """What a sidecar in a private cgroup namespace publishes (the estimate itself runs for real
+    in the VM tier: tests/test_cgroup_v2_vm.py)."""
+    name = "cgroup"
+
+    def __init__(self, limit):
+        self.limit = limit
+
+    def collect(self):
+        source = "flag" if self.limit else "none"
+        return [CgroupMemory(ESTIMATE_CGROUP, 0, 160 * MiB, self.limit, 160 * MiB, 150 * MiB, None, source,
+                             estimated=True)]
+
+
+@needs_root
+def test_an_estimate_without_a_limit_has_no_effective_size():
+    """An estimate knows no limit (the pod's may be 256 MiB): no effective size rather than the
+    whole tmpfs. With the Downward API's limit it has one."""
+    with mounted_tmpfs("1g") as shm:
+        for limit, expected in ((None, None), (256 * MiB, 96 * MiB)):
+            reg, _ = registry_for(ShmMountCollector(Paths(), [shm]), Estimate(limit))
+            assert reg.get_sample_value("shmwatch_mount_effective_size_bytes", {"mount": shm}) == expected

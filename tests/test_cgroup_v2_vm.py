@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, UNDER_CI, needs_root, parse_exposition, prerequisite_missing, value
+from tests.conftest import REPO, UNDER_CI, needs_root, parse_exposition, prerequisite_missing, select, value
 
 MiB = 1 << 20
 VM = os.path.join(REPO, "tests", "vm")
@@ -108,7 +108,7 @@ def test_vm_ran_on_cgroup_v2_without_errors(vm_run):
     out, results, log = vm_run
     assert results["cgroup_fs"] == "cgroup2fs", log
     assert not results["errors"], log
-    assert set(steps(results)) == {"filled", "acceptance", "oom", "lowered"}, log
+    assert set(steps(results)) == {"filled", "acceptance", "oom", "lowered", "docker"}, log
     filled = steps(results)["filled"]
     assert filled["dd_rc"] == 0 and filled["scope_shmem"] == 150 * MiB, log
 
@@ -158,3 +158,24 @@ def test_memory_max_lowered_at_run_time_is_followed_within_a_poll(vm_run):
         s = scrape(out, f"lowered-{name}")
         assert value(s, "shmwatch_mount_effective_size_bytes", mount=DSHM) <= 200 * MiB, (name, log)
     assert lowered["seconds"]["host"] <= 5, log
+
+
+@needs_root
+def test_sidecar_containers_in_a_private_cgroup_namespace(vm_run):
+    """Docker's v2 default, a private cgroup namespace, beside a workload container in a pod
+    slice with a 256 MiB limit: without the host's cgroupfs, and with it mounted read-only.
+    Each reports the pod's working set and limit within 5 %, or marks an estimate and is
+    within 15 %; an estimate's effective size is within the flag's limit."""
+    out, results, log = vm_run
+    assert results.get("docker"), log
+    for name, facts in results["docker"].items():
+        s = scrape(out, f"docker-docker-{name}")
+        pod = facts["pod"]
+        pod_working_set = pod["current"] - pod["inactive_file"]
+        [(labels, working_set)] = select(s, "shmwatch_cgroup_memory_working_set_bytes")
+        estimated = value(s, "shmwatch_cgroup_memory_estimated", cgroup=labels["cgroup"]) == 1
+        tolerance = 0.15 if estimated else 0.05
+        assert abs(working_set - pod_working_set) <= tolerance * pod_working_set, (name, facts, log)
+        [(_, limit)] = select(s, "shmwatch_cgroup_memory_limit_bytes")
+        assert abs(limit - pod["max"]) <= tolerance * pod["max"], (name, facts)
+        assert value(s, "shmwatch_mount_effective_size_bytes", mount="/dev/shm") <= pod["max"]

@@ -250,7 +250,11 @@ class ModelStep:
                     self._summaries.get(target.mount),
                     cgroup,
                     budget,
-                    not limit_unknown,
+                    # An estimate without a limit knows none: not "unlimited".
+                    not limit_unknown
+                    and not (
+                        cgroup and cgroup.estimated and cgroup.limit_bytes is None
+                    ),
                 )
             )
         return Model(

@@ -172,7 +172,7 @@ def main():
             e.stop()
         workload.kill()
         save()
-    if os.environ.get("SHMWATCH_VM_DOCKER") == "1":
+    if os.environ.get("SHMWATCH_VM_DOCKER", "1") == "1":
         try:
             docker_sidecar()
         except Exception as err:
@@ -203,7 +203,7 @@ def docker_sidecar():
     for d in ("bin", "tmp", "proc", "sys", "dev", "etc", "usr", "opt/shmwatch"):
         os.makedirs(os.path.join(rootfs, d), exist_ok=True)
     shutil.copy("/bin/busybox", f"{rootfs}/bin/busybox")
-    for applet in ("sh", "dd", "sleep"):
+    for applet in ("sh", "dd", "sleep", "cat", "touch", "test"):
         os.symlink("busybox", f"{rootfs}/bin/{applet}")
     for link in ("lib", "lib64"):
         os.symlink(f"usr/{link}", f"{rootfs}/{link}")
@@ -241,7 +241,8 @@ def docker_sidecar():
                "inactive_file": stat(POD2, "inactive_file"), "shmem": stat(POD2, "shmem")}
         e.record("docker", text)
         facts[name] = {"pod": pod, "log": docker("logs", f"side-{name}", check=False)[-3000:],
-                       "self_cgroup": docker("exec", "workload", "cat", "/proc/self/cgroup", check=False)}
+                       "workload_cgroup": docker("exec", "workload", "cat", "/proc/self/cgroup", check=False),
+                       "sidecar_cgroup": docker("exec", f"side-{name}", "cat", "/proc/self/cgroup", check=False)}
     results["docker"] = facts
     step("docker", seconds=round(time.monotonic() - t, 1))
 
