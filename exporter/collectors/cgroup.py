@@ -69,39 +69,52 @@ def _read_limit(directory: str, name: str) -> Optional[int]:
         return None
 
 
-def effective_limit(directory: str, version: int) -> Tuple[Optional[int], str]:
-    """The smallest limit from the cgroup up to the top of what is mounted, as the kernel
-    enforces it (v2 has no hierarchical_memory_limit; a pod-level limit, KEP-2837, is on the
-    pod's cgroup alone), and where it binds: "pod" (a pod's cgroup), "self", "ancestor", or
-    "none"."""
+def _ancestors(level: str, name: str, above: Dict[str, list]) -> list:
+    """(directory, limit) of each cgroup above `level` up to the top of what is mounted,
+    memoized in `above` (node mode's pods share their QoS slices: read once a pass)."""
+    parent = os.path.dirname(level)
+    if parent not in above:
+        top = parent == level or not os.path.exists(os.path.join(parent, name))
+        above[parent] = [] if top else [(parent, _read_limit(parent, name))]
+        above[parent] += [] if top else _ancestors(parent, name, above)
+    return above[parent]
+
+
+def effective_limit(
+    directory: str, version: int, above: Optional[Dict[str, list]] = None
+) -> Tuple[Optional[int], str]:
+    """The smallest limit from the cgroup up, as the kernel enforces it (v2 has no
+    hierarchical_memory_limit; a pod-level limit, KEP-2837, is on the pod's cgroup alone),
+    and where it binds: "pod" (a pod's cgroup), "self", "ancestor", or "none"."""
     name = "memory.max" if version == 2 else "memory.limit_in_bytes"
-    best, where, level = None, "none", directory
-    while True:
-        limit = _read_limit(level, name)
+    best, where = None, "none"
+    chain = _ancestors(directory, name, {} if above is None else above)
+    for level, limit in [(directory, _read_limit(directory, name)), *chain]:
         if limit is not None and (best is None or limit < best):
             best, where = limit, "ancestor"
             if POD_CGROUP_DIR.search(os.path.basename(level)):
                 where = "pod"
             elif level == directory:
                 where = "self"
-        parent = os.path.dirname(level)
-        if parent == level or not os.path.exists(os.path.join(parent, name)):
-            return best, where
-        level = parent
+    return best, where
 
 
-def read_files(directory: str, version: int) -> Dict[str, object]:
+def read_files(
+    directory: str, version: int, above=None, with_swap: bool = True
+) -> Dict[str, object]:
     """A cgroup's usage, effective limit and where it binds, working set, shmem, OOM kills,
     memory.high, memory events and swap: CgroupMemory's fields by name."""
     stat = parse_flat_keyed(read_text(os.path.join(directory, "memory.stat")))
-    limit, where = effective_limit(directory, version)
+    limit, where = effective_limit(directory, version, above)
     if version == 2:
         usage = int(read_text(os.path.join(directory, "memory.current")))
         events = _read_keyed(directory, "memory.events")
         inactive, shmem = stat.get("inactive_file", 0), stat.get("shmem")
         high = _read_limit(directory, "memory.high")
-        swap = _read_limit(directory, "memory.swap.current")
-        swap_limit = _read_limit(directory, "memory.swap.max")
+        swap, swap_limit = None, None  # a node without swap: not read, not exported
+        if with_swap:
+            swap = _read_limit(directory, "memory.swap.current")
+            swap_limit = _read_limit(directory, "memory.swap.max")
     else:
         usage = int(read_text(os.path.join(directory, "memory.usage_in_bytes")))
         # Above what this namespace mounts, memory.stat still knows the tightest limit.
@@ -134,14 +147,18 @@ def read_files(directory: str, version: int) -> Dict[str, object]:
     )
 
 
+def _meminfo(paths: Paths) -> Dict[str, int]:
+    try:
+        return parse_meminfo(read_text(paths.proc("meminfo")))
+    except OSError:
+        return {}
+
+
 def usable_limit_flag(paths: Paths, flag: Optional[int]) -> Optional[int]:
     """--memory.limit-bytes, or None when it is at or above the host's MemTotal: the Downward
     API's limits.memory of a container without a limit is the node's allocatable memory,
     which looks like a huge, safe limit and is none."""
-    try:
-        total = parse_meminfo(read_text(paths.proc("meminfo"))).get("MemTotal")
-    except OSError:
-        total = None
+    total = _meminfo(paths).get("MemTotal")
     if flag is not None and total is not None and flag >= total:
         log.warning("--memory.limit-bytes %d >= MemTotal %d: no limit", flag, total)
         return None
@@ -321,20 +338,21 @@ class CgroupCollector(BaseSource):
     def read_pods(self, listed: List[Tuple[str, int, str, str]]) -> List[CgroupMemory]:
         """Each listed pod's cgroup; one that cannot be read (deleted since the walk: ENOENT,
         ENODEV; a file cut short) is left out and the others stand."""
-        found = []
+        found, above = [], {}  # the QoS slices' limits, read once this pass
+        swap = _meminfo(self.paths).get("SwapTotal", 1) > 0
         for path, version, directory, uid in listed:
             try:
-                found.append(self.read(path, version, directory, uid))
+                found.append(self.read(path, version, directory, uid, above, swap))
             except (OSError, ValueError):
                 continue
         return found
 
     def read(
-        self, path: str, version: int, directory: str, pod_uid: str = ""
+        self, path, version, directory, pod_uid="", above=None, swap=True
     ) -> CgroupMemory:
         """`pod_uid`: node mode's, where --memory.limit-bytes (one workload's) does not apply.
         The flag counts where it is tighter than the cgroup's limit (or the cgroup has none)."""
-        fields = read_files(directory, version)
+        fields = read_files(directory, version, above, swap)
         flag, limit = self.limit_override, fields["limit_bytes"]
         if flag is not None and not pod_uid and (limit is None or flag < limit):
             fields.update(limit_bytes=flag, limit_source="flag")
