@@ -16,7 +16,7 @@ from typing import List
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.collectors import Context, Source, registered
-from exporter.collectors.cgroup import usable_limit_flag
+from exporter.collectors.host_memory import usable_limit_flag
 from exporter.collectors.discovery import MountDiscovery
 from exporter.config import Config
 from exporter.exposition.metrics import ModelCollector

@@ -10,7 +10,6 @@ from the cgroup up (effective_limit), or --memory.limit-bytes where that is tigh
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import time
@@ -21,7 +20,7 @@ from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_moun
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import ProcessTable
 from exporter.collectors import workload
-from exporter.collectors.host_memory import parse_meminfo
+from exporter.collectors.host_memory import meminfo, usable_limit_flag
 from exporter.collectors.workload import HIERARCHIES
 from exporter.collectors.source import BaseSource, register
 
@@ -29,7 +28,6 @@ from exporter.collectors.source import BaseSource, register
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 bytes
 # with 4 KiB pages); anything this large is not a real limit.
 V1_UNLIMITED = 1 << 62
-log = logging.getLogger(__name__)
 
 
 def parse_flat_keyed(text: str) -> Dict[str, int]:
@@ -145,24 +143,6 @@ def read_files(
         swap_bytes=swap,
         swap_limit_bytes=swap_limit,
     )
-
-
-def _meminfo(paths: Paths) -> Dict[str, int]:
-    try:
-        return parse_meminfo(read_text(paths.proc("meminfo")))
-    except OSError:
-        return {}
-
-
-def usable_limit_flag(paths: Paths, flag: Optional[int]) -> Optional[int]:
-    """--memory.limit-bytes, or None when it is at or above the host's MemTotal: the Downward
-    API's limits.memory of a container without a limit is the node's allocatable memory,
-    which looks like a huge, safe limit and is none."""
-    total = _meminfo(paths).get("MemTotal")
-    if flag is not None and total is not None and flag >= total:
-        log.warning("--memory.limit-bytes %d >= MemTotal %d: no limit", flag, total)
-        return None
-    return flag
 
 
 # Node mode lists the pod cgroups again this often (a pod with no shm volume shows up within
@@ -339,7 +319,7 @@ class CgroupCollector(BaseSource):
         """Each listed pod's cgroup; one that cannot be read (deleted since the walk: ENOENT,
         ENODEV; a file cut short) is left out and the others stand."""
         found, above = [], {}  # the QoS slices' limits, read once this pass
-        swap = _meminfo(self.paths).get("SwapTotal", 1) > 0
+        swap = meminfo(self.paths).get("SwapTotal", 1) > 0
         for path, version, directory, uid in listed:
             try:
                 found.append(self.read(path, version, directory, uid, above, swap))
