@@ -164,3 +164,13 @@ def test_an_estimate_without_a_limit_has_no_effective_size():
         for limit, expected in ((None, None), (256 * MiB, 96 * MiB)):
             reg, _ = registry_for(ShmMountCollector(Paths(), [shm]), Estimate(limit))
             assert reg.get_sample_value("shmwatch_mount_effective_size_bytes", {"mount": shm}) == expected
+
+
+def test_node_mode_reads_no_swap_on_a_node_without_swap(tmp_path):
+    """SwapTotal 0: no swap series (not read for every pod); with swap, each pod's."""
+    for swap_total, expected in ((0, None), (1 << 30, 0)):
+        paths = tree(tmp_path / str(swap_total), mem_total=16 << 30)
+        with open(paths.proc("meminfo"), "a") as f:
+            f.write(f"SwapTotal: {swap_total // 1024} kB\n")
+        by_uid = {c.pod_uid: c for c in CgroupCollector(paths, node_mode=True).collect()}
+        assert by_uid[UID_A].swap_bytes == expected and by_uid[UID_A].limit_bytes == 256 * MiB
