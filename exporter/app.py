@@ -16,6 +16,7 @@ from typing import List
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.collectors import Context, Source, registered
+from exporter.collectors.host_memory import usable_limit_flag
 from exporter.collectors.discovery import MountDiscovery
 from exporter.config import Config
 from exporter.exposition.metrics import ModelCollector
@@ -67,7 +68,7 @@ class App:
             self.state,
             cfg.top_k,
             cfg.shm_size_limit,
-            cfg.memory_limit_bytes,
+            usable_limit_flag(self.paths, cfg.memory_limit_bytes),
         )
         self.watcher = MountWatcher(
             self.state,

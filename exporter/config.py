@@ -236,8 +236,8 @@ _TABLE = """
 --cgroup.target-process        cgroup_target_process  regex          -
     Watch the cgroup of the first process whose comm or cmdline matches this regex.
 --memory.limit-bytes           memory_limit_bytes     size           -
-    Memory limit of the workload (Downward API limits.memory); used when the cgroup has
-    none.
+    Memory limit of the workload (Downward API limits.memory); used where tighter than
+    the cgroup's, ignored at or above the host's MemTotal.
 --log.level                    log_level              log-level      info
     debug, info, warning or error.
 --log.format                   log_format             log-format     logfmt

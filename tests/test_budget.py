@@ -97,7 +97,7 @@ def test_v1_parent_limit_binds(tmp_path):
     (leaf / "memory.stat").write_text(f"total_inactive_file {10 * MiB}\nhierarchical_memory_limit {512 * MiB}\n")
     paths = Paths(procfs=str(tmp_path / "proc"), sysfs=str(tmp_path / "sys"))
     [result] = CgroupCollector(paths, cgroup_path="/kubepods/pod1/c").collect()
-    assert (result.version, result.limit_bytes, result.limit_source) == (1, 512 * MiB, "cgroup")
+    assert (result.version, result.limit_bytes, result.limit_source) == (1, 512 * MiB, "ancestor")
     assert result.working_set_bytes == 90 * MiB
 
 

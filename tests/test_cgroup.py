@@ -50,7 +50,7 @@ def test_v2_layouts(tmp_path, cgroup):
     assert (result.cgroup, result.version) == (cgroup, 2)
     assert result.usage_bytes == 3 << 30 and result.limit_bytes == 8 << 30
     assert result.working_set_bytes == (3 << 30) - (256 << 20)
-    assert result.shmem_bytes == 768 << 20 and result.oom_kills == 1 and result.limit_source == "cgroup"
+    assert result.shmem_bytes == 768 << 20 and result.oom_kills == 1 and result.limit_source == "self"
 
 
 def test_v2_unlimited_and_missing_files(tmp_path):

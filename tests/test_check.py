@@ -313,3 +313,15 @@ def test_large_logs_are_streamed(tmp_path):
     # About 50 MiB here when the machine is quiet, up to 100 under a loaded suite; reading the
     # log whole would need more than its 188 MiB.
     assert peak < 150 << 20, f"peak RSS {peak >> 20} MiB for {size >> 20} MiB of log: not streamed"
+
+
+@needs_root
+def test_limit_flag_at_host_memory_is_named_as_no_limit():
+    """The Downward API gives a container without a memory limit the node's memory: check says
+    the flag was taken as no limit instead of calling the pod safe."""
+    with mounted_tmpfs("16m") as shm:
+        huge = check(f"--shm.mount={shm}", "--memory.limit-bytes", str(1 << 50), "--output", "json")
+        fine = check(f"--shm.mount={shm}", "--memory.limit-bytes", str(1 << 30), "--output", "json")
+    found = [f for f in json.loads(huge.stdout)["findings"] if f["subject"] == "--memory.limit-bytes"]
+    assert found and found[0]["severity"] == "warn" and "no limit given" in found[0]["message"], huge.stdout
+    assert not [f for f in json.loads(fine.stdout)["findings"] if f["subject"] == "--memory.limit-bytes"]

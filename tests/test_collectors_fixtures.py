@@ -44,7 +44,7 @@ def test_shm_mount_and_a_missing_one():
     assert reg.get_sample_value("shmwatch_mount_usage_ratio", m) == 0.75
     assert reg.get_sample_value("shmwatch_mount_inodes_free", m) == 990
     assert reg.get_sample_value("shmwatch_mount_peak_used_bytes", m) == 48 << 20
-    assert reg.get_sample_value("shmwatch_mount_info", {**m, "fstype": "tmpfs", "source": "shm"}) == 1
+    assert reg.get_sample_value("shmwatch_mount_info", {**m, "fstype": "tmpfs", "source": "shm", "noswap": "false"}) == 1
     assert reg.get_sample_value("shmwatch_mount_error", m) == 0
     # A missing mount is reported, not fatal: the collector still succeeds.
     assert reg.get_sample_value("shmwatch_mount_error", {"mount": "/no/such/mount"}) == 1
@@ -66,7 +66,7 @@ def test_cgroup_v1_fixture_and_projection():
     reg, _ = registry_for(shm, CgroupCollector(PATHS))
     cg = {"cgroup": "/kubepods/burstable/pod0f1e/abc"}
     assert reg.get_sample_value("shmwatch_cgroup_memory_usage_bytes", cg) == 1 << 30
-    assert reg.get_sample_value("shmwatch_cgroup_memory_limit_bytes", cg) == 2 << 30
+    assert reg.get_sample_value("shmwatch_cgroup_memory_limit_bytes", {**cg, "limit_from": "self"}) == 2 << 30
     assert reg.get_sample_value("shmwatch_cgroup_memory_working_set_bytes", cg) == (1 << 30) - (128 << 20)
     assert reg.get_sample_value("shmwatch_cgroup_memory_shmem_bytes", cg) == 256 << 20
     assert reg.get_sample_value("shmwatch_cgroup_oom_kills_total", cg) == 2

@@ -103,7 +103,7 @@ def test_no_threshold_literal_left_in_alert_expressions():
     default = all_rules(evaluate(SNIPPET % "{}"))
     ratios = ("shmUsageWarningRatio", "shmUsageCriticalRatio", "shmFillingUpMinUsageRatio", "shmLeakedRatio",
               "shmHiddenRatio", "oomRiskRatio", "shmOomProjectionRatio", "hostMemoryAvailableRatio",
-              "sysvNearLimitRatio", "gpuMemoryUsedRatio")
+              "sysvNearLimitRatio", "gpuMemoryUsedRatio", "memoryHighShmRatio")
     tuned = all_rules(evaluate(SNIPPET % ("{ %s, orphanMaxAgeSeconds: 7, shmDockerDefaultSizeBytes: 9 }"
                                           % ", ".join(f"{r}: 0.123" for r in ratios))))
     unchanged = {name for name, rule in default.items() if "alert" in rule and rule["expr"] == tuned[name]["expr"]}

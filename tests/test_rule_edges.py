@@ -113,6 +113,16 @@ EDGES: Dict[str, Edge] = {
     # minutes after the kill it is quiet again.
     "PodOomKilled": Edge(0, lambda v: {f"shmwatch_cgroup_oom_kills_total{{{CG}}}": f"2 2 2 {2 + v}x40"}, 0, 1, LCG,
                          start=3, also_quiet=[{f"shmwatch_cgroup_oom_kills_total{{{CG}}}": "2 2 2 3x40"}]),
+    # Over memory.high all along: shm at half of it stays quiet, a byte more fires; shm at
+    # 90 % of it with memory.events' high flat (not throttled) stays quiet.
+    "PodThrottledAtMemoryHigh": Edge(
+        5, lambda v: {f"shmwatch_cgroup_memory_shmem_bytes{{{CG}}}": const(v),
+                      f"shmwatch_cgroup_memory_high_bytes{{{CG}}}": const(1000),
+                      f'shmwatch_cgroup_memory_events_total{{{CG}, event="high"}}': "0+3x60"}, 500, 501, LCG,
+        start=1,
+        also_quiet=[{f"shmwatch_cgroup_memory_shmem_bytes{{{CG}}}": const(900),
+                     f"shmwatch_cgroup_memory_high_bytes{{{CG}}}": const(1000),
+                     f'shmwatch_cgroup_memory_events_total{{{CG}, event="high"}}': const(7)}]),
     # A peak of 8 GiB asks for 10 GiB of shm; the rest of the pod uses 3 - 1 = 2 GiB: the
     # limit that holds both is 12 GiB. At 12 GiB it is quiet, a byte under it fires.
     "ShmRecommendationExceedsMemoryLimit": Edge(

@@ -64,6 +64,15 @@ CASES = {
                                   {**LCG, "mount": "/dev/shm"}),
     "PodOomKilled": ({f"shmwatch_cgroup_oom_kills_total{{{CG}}}": "0 0 0 1 1 1"},
                      {f"shmwatch_cgroup_oom_kills_total{{{CG}}}": "2x10"}, "5m", LCG),
+    # Over memory.high all along, shm three quarters of it: firing; the same throttling with
+    # little shm (anon memory is the cause, reclaimable): quiet.
+    "PodThrottledAtMemoryHigh": ({f"shmwatch_cgroup_memory_shmem_bytes{{{CG}}}": "150x15",
+                                  f"shmwatch_cgroup_memory_high_bytes{{{CG}}}": "200x15",
+                                  f'shmwatch_cgroup_memory_events_total{{{CG}, event="high"}}': "0+7x15"},
+                                 {f"shmwatch_cgroup_memory_shmem_bytes{{{CG}}}": "10x15",
+                                  f"shmwatch_cgroup_memory_high_bytes{{{CG}}}": "200x15",
+                                  f'shmwatch_cgroup_memory_events_total{{{CG}, event="high"}}': "0+7x15"},
+                                 "15m", LCG),
     "HostMemoryLow": ({f"shmwatch_host_memory_available_bytes{{{L}}}": "1x10",
                        f"shmwatch_host_memory_total_bytes{{{L}}}": "20x10"},
                       {f"shmwatch_host_memory_available_bytes{{{L}}}": "10x10",

@@ -248,6 +248,24 @@ local oneLine = lib.oneLine;
             },
           },
           {
+            alert: 'PodThrottledAtMemoryHigh',
+            expr: ('shmwatch_cgroup_memory_shmem_bytes / shmwatch_cgroup_memory_high_bytes > %s and on (instance, job, cgroup) '
+                   + 'increase(shmwatch_cgroup_memory_events_total{event="high"}[%s]) > 0')
+                  % [num(c.memoryHighShmRatio), c.memoryHighWindow],
+            'for': c.alertFor.PodThrottledAtMemoryHigh,
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: '{{ $labels.cgroup }} is throttled at memory.high, shm {{ $value | humanizePercentage }} of it',
+              description: oneLine(|||
+                cgroup {{ $labels.cgroup }} on {{ $labels.instance }} keeps going over memory.high, and tmpfs (shm) pages
+                are {{ $value | humanizePercentage }} of it. The kernel throttles and reclaims above memory.high, but
+                tmpfs pages cannot be reclaimed without swap: the workload stalls instead of failing. Free leaked shm
+                segments, lower the shm sizeLimit, or raise the memory limit (memory.high follows it).
+              |||),
+              runbook_url: runbook('PodThrottledAtMemoryHigh'),
+            },
+          },
+          {
             alert: 'HostMemoryLow',
             expr: 'shmwatch_host_memory_available_bytes / shmwatch_host_memory_total_bytes < %s' % num(c.hostMemoryAvailableRatio),
             'for': c.alertFor.HostMemoryLow,

@@ -35,6 +35,9 @@
     oomRiskRatio: 0.9,
     shmOomProjectionRatio: 1,
     oomKillWindow: '10m',
+    // memory.high (MemoryQoS): throttled within this window while shm is this much of it.
+    memoryHighWindow: '10m',
+    memoryHighShmRatio: 0.5,
     hostMemoryAvailableRatio: 0.1,
 
     // SysV: segments / kernel.shmmni and bytes / kernel.shmall.
@@ -62,6 +65,7 @@
       PodOomRiskHigh: '5m',
       ShmSizeExceedsMemoryLimit: '15m',
       PodOomKilled: '0m',
+      PodThrottledAtMemoryHigh: '5m',
       HostMemoryLow: '5m',
       SysvSegmentsNearLimit: '5m',
       SysvBytesNearLimit: '5m',

@@ -328,6 +328,24 @@ local panels(c) = [
         w=6,
         unit='bytes'),
 
+  panel('timeseries',
+        'memory.high and the shm under it',
+        'memory.high (MemoryQoS) and the tmpfs (shmem) charged to the cgroup. Above memory.high the kernel '
+        + 'throttles and reclaims, and tmpfs pages cannot be reclaimed without swap: a shm-heavy pod stalls '
+        + 'rather than being killed (alert PodThrottledAtMemoryHigh).',
+        [
+          q(P('shmwatch_cgroup_memory_high_bytes'), 'memory.high {{cgroup}}'),
+          q(P('shmwatch_cgroup_memory_shmem_bytes'), 'shmem {{cgroup}}'),
+        ],
+        w=12,
+        unit='bytes'),
+  panel('timeseries',
+        'Memory events: throttling at memory.high',
+        'How often each cgroup went over memory.high (high: throttled and reclaimed), hit memory.max (max), ran '
+        + 'out of memory (oom) or had a process OOM-killed (oom_kill), per second (memory.events).',
+        [q(P('shmwatch_cgroup_memory_events_total', over='rate(%s[$__rate_interval])'), '{{event}} {{cgroup}}')],
+        w=12,
+        unit='ops'),
   row('SysV shared memory'),
   panel('stat',
         'SysV segments vs kernel.shmmni',

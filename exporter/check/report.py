@@ -267,6 +267,13 @@ def _check(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> in
     report = diagnose(model, extra.require_shm, extra.backend)
     _logs(report, scans, deadline)
     outside(report, model, Paths(cfg.procfs, cfg.sysfs, cfg.rootfs))
+    host, flag = model.host_memory, cfg.memory_limit_bytes
+    if host is not None and flag is not None and flag >= host.total_bytes:
+        text = (
+            f"{human(flag)} is at or above the host's memory: taken as no limit given"
+        )
+        remedy = "a container without a memory limit gets the node's memory from the Downward API"
+        report.add("warn", "memory", "--memory.limit-bytes", text, remedy)
     advice = ""
     if extra.recommend:
         recs, notes = R.recommendations(model, extra, deadline)

@@ -4,7 +4,8 @@ A memory-backed emptyDir's pages are charged to the pod's memory cgroup: filling
 can OOM-kill the pod before tmpfs ever says ENOSPC. Which cgroup: --cgroup.path, else the
 first process matching --cgroup.target-process, else the workload's in a shared PID
 namespace (workload.py; estimated from its processes where unreadable), else (on a host)
-our own. Which limit: --memory.limit-bytes (the Downward API's), else the cgroup's.
+our own; the workload's pod's where the pod's limit binds. Which limit: the smallest
+from the cgroup up (effective_limit), or --memory.limit-bytes where that is tighter.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_moun
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import ProcessTable
 from exporter.collectors import workload
+from exporter.collectors.host_memory import meminfo, usable_limit_flag
 from exporter.collectors.workload import HIERARCHIES
 from exporter.collectors.source import BaseSource, register
 
@@ -57,31 +59,90 @@ def _read_keyed(directory: str, name: str) -> Dict[str, int]:
         return {}
 
 
+def _read_limit(directory: str, name: str) -> Optional[int]:
+    """A one-number file; None: "max", or no such file (v2's root has no memory.max, no swap accounting)."""
+    try:
+        return parse_limit(read_text(os.path.join(directory, name)))
+    except FileNotFoundError:
+        return None
+
+
+def _ancestors(level: str, name: str, above: Dict[str, list]) -> list:
+    """(directory, limit) of each cgroup above `level` up to the top of what is mounted,
+    memoized in `above` (node mode's pods share their QoS slices: read once a pass)."""
+    parent = os.path.dirname(level)
+    if parent not in above:
+        top = parent == level or not os.path.exists(os.path.join(parent, name))
+        above[parent] = [] if top else [(parent, _read_limit(parent, name))]
+        above[parent] += [] if top else _ancestors(parent, name, above)
+    return above[parent]
+
+
+def effective_limit(
+    directory: str, version: int, above: Optional[Dict[str, list]] = None
+) -> Tuple[Optional[int], str]:
+    """The smallest limit from the cgroup up, as the kernel enforces it (v2 has no
+    hierarchical_memory_limit; a pod-level limit, KEP-2837, is on the pod's cgroup alone),
+    and where it binds: "pod" (a pod's cgroup), "self", "ancestor", or "none"."""
+    name = "memory.max" if version == 2 else "memory.limit_in_bytes"
+    best, where = None, "none"
+    chain = _ancestors(directory, name, {} if above is None else above)
+    for level, limit in [(directory, _read_limit(directory, name)), *chain]:
+        if limit is not None and (best is None or limit < best):
+            best, where = limit, "ancestor"
+            if POD_CGROUP_DIR.search(os.path.basename(level)):
+                where = "pod"
+            elif level == directory:
+                where = "self"
+    return best, where
+
+
 def read_files(
-    directory: str, version: int
-) -> Tuple[int, Optional[int], int, Optional[int], Optional[int]]:
-    """-> (usage, limit (None: none), inactive file, shmem, OOM kills) of a cgroup."""
+    directory: str, version: int, above=None, with_swap: bool = True
+) -> Dict[str, object]:
+    """A cgroup's usage, effective limit and where it binds, working set, shmem, OOM kills,
+    memory.high, memory events and swap: CgroupMemory's fields by name."""
     stat = parse_flat_keyed(read_text(os.path.join(directory, "memory.stat")))
+    limit, where = effective_limit(directory, version, above)
     if version == 2:
         usage = int(read_text(os.path.join(directory, "memory.current")))
-        try:
-            limit = parse_limit(read_text(os.path.join(directory, "memory.max")))
-        except FileNotFoundError:
-            limit = None  # the root cgroup has no memory.max
-        oom = _read_keyed(directory, "memory.events").get("oom_kill")
-        return usage, limit, stat.get("inactive_file", 0), stat.get("shmem"), oom
-    usage = int(read_text(os.path.join(directory, "memory.usage_in_bytes")))
-    # A parent's limit binds too: memory.stat's hierarchical limit is the tightest one up
-    # the tree, its own included; limit_in_bytes only where memory.stat does not say.
-    limit = stat.get("hierarchical_memory_limit")
-    if limit is None:
-        limit = parse_limit(read_text(os.path.join(directory, "memory.limit_in_bytes")))
-    elif limit >= V1_UNLIMITED:
-        limit = None
-    oom = _read_keyed(directory, "memory.oom_control").get("oom_kill")
-    # total_* fields include descendants (use_hierarchy, always on since 5.x).
-    inactive = stat.get("total_inactive_file", stat.get("inactive_file", 0))
-    return usage, limit, inactive, stat.get("total_shmem", stat.get("shmem")), oom
+        events = _read_keyed(directory, "memory.events")
+        inactive, shmem = stat.get("inactive_file", 0), stat.get("shmem")
+        high = _read_limit(directory, "memory.high")
+        swap, swap_limit = None, None  # a node without swap: not read, not exported
+        if with_swap:
+            swap = _read_limit(directory, "memory.swap.current")
+            swap_limit = _read_limit(directory, "memory.swap.max")
+    else:
+        usage = int(read_text(os.path.join(directory, "memory.usage_in_bytes")))
+        # Above what this namespace mounts, memory.stat still knows the tightest limit.
+        hierarchical = stat.get("hierarchical_memory_limit", V1_UNLIMITED)
+        if hierarchical < V1_UNLIMITED and (limit is None or hierarchical < limit):
+            limit, where = hierarchical, "ancestor"
+        oom = _read_keyed(directory, "memory.oom_control").get("oom_kill")
+        failcnt = _read_limit(
+            directory, "memory.failcnt"
+        )  # hits of the limit: v2's max
+        events = {
+            k: v for k, v in (("oom_kill", oom), ("max", failcnt)) if v is not None
+        }
+        # total_* fields include descendants (use_hierarchy, always on since 5.x).
+        inactive = stat.get("total_inactive_file", stat.get("inactive_file", 0))
+        shmem = stat.get("total_shmem", stat.get("shmem"))
+        high, swap_limit = None, None
+        swap = stat.get("total_swap", stat.get("swap"))
+    return dict(
+        usage_bytes=usage,
+        limit_bytes=limit,
+        limit_source=where,
+        working_set_bytes=max(0, usage - inactive),
+        shmem_bytes=shmem,
+        oom_kills=events.get("oom_kill"),
+        high_bytes=high,
+        events=tuple(sorted(events.items())),
+        swap_bytes=swap,
+        swap_limit_bytes=swap_limit,
+    )
 
 
 # Node mode lists the pod cgroups again this often (a pod with no shm volume shows up within
@@ -110,7 +171,7 @@ class CgroupCollector(BaseSource):
         self.kill_log_complete = kill_log_complete
         self.cgroup_path = cgroup_path
         self.target = re.compile(target_process) if target_process else None
-        self.limit_override = limit_override
+        self.limit_override = usable_limit_flag(paths, limit_override)
         # The watched shm mounts: what an estimate adds.
         self.mounts = mounts or (lambda: [])
         # Node mode: the last walk's pod cgroups, and when it was made.
@@ -187,7 +248,7 @@ class CgroupCollector(BaseSource):
                 "or name the cgroup with --cgroup.path"
             )
         try:
-            return [self.read(*self.resolve(pid))]
+            return [self.read(*self.binding(*self.resolve(pid)))]
         except (LookupError, FileNotFoundError):
             if not processes:
                 raise
@@ -257,37 +318,45 @@ class CgroupCollector(BaseSource):
     def read_pods(self, listed: List[Tuple[str, int, str, str]]) -> List[CgroupMemory]:
         """Each listed pod's cgroup; one that cannot be read (deleted since the walk: ENOENT,
         ENODEV; a file cut short) is left out and the others stand."""
-        found = []
+        found, above = [], {}  # the QoS slices' limits, read once this pass
+        swap = meminfo(self.paths).get("SwapTotal", 1) > 0
         for path, version, directory, uid in listed:
             try:
-                found.append(self.read(path, version, directory, uid))
+                found.append(self.read(path, version, directory, uid, above, swap))
             except (OSError, ValueError):
                 continue
         return found
 
     def read(
-        self, path: str, version: int, directory: str, pod_uid: str = ""
+        self, path, version, directory, pod_uid="", above=None, swap=True
     ) -> CgroupMemory:
-        """`pod_uid`: node mode's, where --memory.limit-bytes (one workload's) does not apply."""
-        usage, limit, inactive_file, shmem, oom_kills = read_files(directory, version)
-        source = "cgroup" if limit is not None else "none"
-        if self.limit_override is not None and not pod_uid:
-            limit, source = self.limit_override, "flag"
+        """`pod_uid`: node mode's, where --memory.limit-bytes (one workload's) does not apply.
+        The flag counts where it is tighter than the cgroup's limit (or the cgroup has none)."""
+        fields = read_files(directory, version, above, swap)
+        flag, limit = self.limit_override, fields["limit_bytes"]
+        if flag is not None and not pod_uid and (limit is None or flag < limit):
+            fields.update(limit_bytes=flag, limit_source="flag")
         children = ()
         if pod_uid and version == 1:
             children = self._child_oom_kills(path, directory)
         return CgroupMemory(
-            path,
-            version,
-            usage,
-            limit,
-            max(0, usage - inactive_file),
-            shmem,
-            oom_kills,
-            source,
-            pod_uid,
-            child_oom_kills=children,
+            path, version, pod_uid=pod_uid, child_oom_kills=children, **fields
         )
+
+    @staticmethod
+    def binding(path: str, version: int, directory: str) -> Tuple[str, int, str]:
+        """A workload's cgroup, or its pod's when the container has no tighter limit of its
+        own and the pod's cgroup can be read: the pod's limit binds, and shm stays charged
+        to the pod after a container restarts."""
+        if effective_limit(directory, version)[1] == "self":
+            return path, version, directory
+        up, above = path.rstrip("/"), directory.rstrip("/")
+        while up.count("/") > 1:
+            up, above = os.path.dirname(up), os.path.dirname(above)
+            if POD_CGROUP_DIR.search(os.path.basename(up)):
+                readable = os.access(os.path.join(above, "memory.stat"), os.R_OK)
+                return (up, version, above) if readable else (path, version, directory)
+        return path, version, directory
 
     @staticmethod
     def _child_oom_kills(path: str, directory: str) -> Tuple[Tuple[str, int], ...]:

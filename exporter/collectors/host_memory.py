@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Dict
+import logging
+from typing import Dict, Optional
 
 from exporter.model.types import HostMemory
 from exporter.collectors.source import BaseSource, register
 from exporter.host.paths import Paths, read_text
+
+log = logging.getLogger(__name__)
 
 
 def parse_meminfo(text: str) -> Dict[str, int]:
@@ -23,6 +26,24 @@ def parse_meminfo(text: str) -> Dict[str, int]:
             number *= 1024
         values[key.strip()] = number
     return values
+
+
+def meminfo(paths: Paths) -> Dict[str, int]:
+    try:
+        return parse_meminfo(read_text(paths.proc("meminfo")))
+    except OSError:
+        return {}
+
+
+def usable_limit_flag(paths: Paths, flag: Optional[int]) -> Optional[int]:
+    """--memory.limit-bytes, or None when it is at or above the host's MemTotal: the Downward
+    API's limits.memory of a container without a limit is the node's allocatable memory,
+    which looks like a huge, safe limit and is none."""
+    total = meminfo(paths).get("MemTotal")
+    if flag is not None and total is not None and flag >= total:
+        log.warning("--memory.limit-bytes %d >= MemTotal %d: no limit", flag, total)
+        return None
+    return flag
 
 
 class HostMemoryCollector(BaseSource):

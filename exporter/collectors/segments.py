@@ -98,7 +98,8 @@ class SegmentsCollector(BaseSource):
         self._last: Dict[str, MountInventory] = {}  # the last run's, by mount
         # Node mode: each mount's _signature() when its pod's processes were last read.
         self._pod_read_as: Dict[str, tuple] = {}
-        self._doubted: Set[str] = set()  # mounts to read before calling anything leaked
+        # Per mount, the names (None: any) not to call leaked before its pod is read again.
+        self._doubted: Dict[str, Optional[Set[str]]] = {}
         self._table = MountTable(paths)  # which paths are still mount points
         # The holders' pods and memfd regions, for the inventory; kept by quick runs, which
         # reuse the owners.
@@ -179,12 +180,14 @@ class SegmentsCollector(BaseSource):
         for gone in [m for m in self._listings if m not in devs]:  # a deleted pod's
             del self._listings[gone]
             self._pod_read_as.pop(gone, None)
-            self._doubted.discard(gone)
-        # A change (a write, an attach's first pages) in a mount where a segment is called
-        # leaked: its pod is read before anything there is called leaked again.
-        self._doubted.update(
-            m for m in changes if m in self._last and ORPHAN in self._last[m].states
-        )
+            self._doubted.pop(gone, None)
+        # A change (a write, an attach's first pages) to a segment called leaked: it is not
+        # called leaked again before its pod is read.
+        for m, names in changes.items():
+            if m in self._last and ORPHAN in self._last[m].states:
+                known = self._doubted.get(m, set())
+                both = None if names is None or known is None else known | names
+                self._doubted[m] = both
         settled = False  # owners from a full scan of every process, this run
         unread: Set[str] = set()  # mounts a refresh assembles as a quick run does
         if full:
@@ -216,7 +219,8 @@ class SegmentsCollector(BaseSource):
                     self._owners = refreshed
                     self._pod_read_as.update({m: sigs[m] for m in moved if m in sigs})
                     unread = set(devs) - set(moved)
-                    self._doubted -= set(moved)
+                    for m in moved:
+                        self._doubted.pop(m, None)
             if refreshed is None:
                 self._owners = self.owner_scan.scan(
                     set(devs.values()), pods=self.pod_of_pid
@@ -346,7 +350,7 @@ class SegmentsCollector(BaseSource):
         # read its new processes, and found nobody holding it: unverified until a full scan.
         unknown_state = linked if quick else unheld_state if settled else unverified
         same_dev = self._full_devs.get(mount) == dev
-        doubted, held_at_full = mount in self._doubted, self._held_at_full
+        doubted, held_at_full = self._doubted.get(mount, ()), self._held_at_full
         rows = listing.rows
         states = bytearray(len(rows))
         held_pids: Dict[int, Tuple[int, ...]] = {}
@@ -367,10 +371,14 @@ class SegmentsCollector(BaseSource):
                 continue  # linked: states[i] is 0
             known = settled or same_dev and row & KNOWN
             state = unheld_state if known else unknown_state
-            if state == orphan and not settled and (doubted or key in held_at_full):
-                # Its mount changed and its pod is not read yet; or held at the last full
-                # scan, unheld in a refresh: only a full scan, with its re-reads of new
-                # processes, may call it leaked.
+            if (
+                state == orphan
+                and not settled
+                and (doubted is None or name in doubted or key in held_at_full)
+            ):
+                # Changed since its pod was read; or held at the last full scan, unheld in
+                # a refresh: only a full scan, with its re-reads of new processes, may call
+                # it leaked.
                 state = unverified
             states[i] = state
         for key in held_keys:

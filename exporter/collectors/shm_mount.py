@@ -84,6 +84,7 @@ class ShmMountCollector(BaseSource):
             inodes=st.f_files,
             inodes_free=st.f_ffree,
             instance=instance,
+            noswap=bool(entry and "noswap" in entry.options.split(",")),
         )
 
     def collect(self) -> List[MountUsage]:

@@ -84,7 +84,8 @@ class ModelCollector(Collector):
 
     @staticmethod
     def _one_mount_usage(out: Families, m, peak, max_used, max_used_at) -> None:
-        out.add("shmwatch_mount_info", [m.mount, m.fstype, clean(m.source)], 1)
+        noswap = "true" if m.noswap else "false"
+        out.add("shmwatch_mount_info", [m.mount, m.fstype, clean(m.source), noswap], 1)
         out.add("shmwatch_mount_error", [m.mount], 1 if m.error else 0)
         if m.error:
             return
@@ -218,12 +219,19 @@ class ModelCollector(Collector):
             ("shmwatch_cgroup_memory_usage_bytes", cg.usage_bytes),
             ("shmwatch_cgroup_memory_working_set_bytes", cg.working_set_bytes),
             ("shmwatch_cgroup_memory_estimated", 1 if cg.estimated else 0),
-            ("shmwatch_cgroup_memory_limit_bytes", cg.limit_bytes),
             ("shmwatch_oom_risk_ratio", cg.oom_risk_ratio),
             ("shmwatch_cgroup_memory_shmem_bytes", cg.shmem_bytes),
+            ("shmwatch_cgroup_memory_high_bytes", cg.high_bytes),
+            ("shmwatch_cgroup_memory_swap_bytes", cg.swap_bytes),
+            ("shmwatch_cgroup_memory_swap_limit_bytes", cg.swap_limit_bytes),
         ):
             if value is not None:  # no limit, or no shmem figure (an estimate)
                 out.add(name, label, value)
+        if cg.limit_bytes is not None:
+            limit = [*label, cg.limit_source]
+            out.add("shmwatch_cgroup_memory_limit_bytes", limit, cg.limit_bytes)
+        for event, count in cg.events:
+            out.add("shmwatch_cgroup_memory_events_total", [*label, event], count)
 
     def _gpu(self, model: Model, out: Families) -> None:
         gpus = model.gpu

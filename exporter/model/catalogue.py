@@ -22,8 +22,10 @@ class Metric:
 # below. A line starting with '#' is a comment.
 _TABLE = """
 # --- shm mounts (collector shm_mount) -------------------------------------------
-shmwatch_mount_info  mount fstype source
-    Always 1; the filesystem type and source of a monitored mount.
+shmwatch_mount_info  mount fstype source noswap
+    Always 1; the filesystem type and source of a monitored mount; noswap "true" when
+    mounted with noswap (Linux 6.4+; the kubelet's memory-backed emptyDirs), so its pages
+    cannot go to swap.
 shmwatch_mount_error  mount
     1 when the mount could not be measured (missing, no longer a mount point, not a
     directory, statvfs failed).
@@ -133,8 +135,21 @@ shmwatch_host_memory_shmem_bytes  -
 # --- memory cgroup (collector cgroup) ----------------------------------------------
 shmwatch_cgroup_memory_usage_bytes  cgroup
     Memory charged to the cgroup.
-shmwatch_cgroup_memory_limit_bytes  cgroup
-    Memory limit of the cgroup (or --memory.limit-bytes); absent when unlimited.
+shmwatch_cgroup_memory_limit_bytes  cgroup limit_from
+    Effective memory limit: the smallest memory.max from the cgroup up to the root (v1:
+    hierarchical_memory_limit), or --memory.limit-bytes where tighter; absent when
+    unlimited. limit_from: pod (a pod's cgroup, the cgroup or above it), self, ancestor
+    or flag.
+shmwatch_cgroup_memory_high_bytes  cgroup
+    memory.high (v2): above it the cgroup is throttled and reclaimed, and tmpfs pages
+    cannot be reclaimed without swap; absent when "max".
+shmwatch_cgroup_memory_events_total  cgroup event
+    memory.events (v2: low, high, max, oom, oom_kill, oom_group_kill); v1: oom_kill
+    from memory.oom_control and max from memory.failcnt.
+shmwatch_cgroup_memory_swap_bytes  cgroup
+    Swap used by the cgroup (v2 memory.swap.current, v1 memory.stat swap).
+shmwatch_cgroup_memory_swap_limit_bytes  cgroup
+    memory.swap.max (v2); absent when "max" or unknown.
 shmwatch_cgroup_memory_working_set_bytes  cgroup
     Usage minus inactive file cache, floored at 0 (what the OOM killer looks at).
 shmwatch_cgroup_memory_shmem_bytes  cgroup

@@ -227,7 +227,10 @@ class ModelStep:
         charged_to = cgroups_by_pod(cgroups)
         for target in self.discovery.current().targets:
             usage = usages.get(target.mount)
-            cgroup = charged_to.get(pod_uid_of_mount(target.mount))
+            # Outside node mode every mount is charged to the one watched cgroup, also one
+            # at a kubelet emptyDir path (a host-mode exporter watching a pod's volume).
+            pod_uid = pod_uid_of_mount(target.mount) if self.node_mode else ""
+            cgroup = charged_to.get(pod_uid)
             budget = peak = max_used = max_used_at = None
             if usage is not None and not usage.error:
                 budget = shm_budget(
@@ -251,7 +254,11 @@ class ModelStep:
                     self._summaries.get(target.mount),
                     cgroup,
                     budget,
-                    not limit_unknown,
+                    # An estimate without a limit knows none: not "unlimited".
+                    not limit_unknown
+                    and not (
+                        cgroup and cgroup.estimated and cgroup.limit_bytes is None
+                    ),
                 )
             )
         return Model(

@@ -44,6 +44,7 @@ class MountUsage:
     inodes_free: int = 0
     # Which mount instance (device, mount ID, ...); () when not known.
     instance: Tuple = ()
+    noswap: bool = False  # mounted with noswap: its pages cannot go to swap
 
     @property
     def usage_ratio(self) -> float:
@@ -59,13 +60,21 @@ class CgroupMemory:
     working_set_bytes: int
     shmem_bytes: Optional[int]
     oom_kills: Optional[int]  # None where not counted (v1 before 4.13)
-    limit_source: str  # "cgroup", "flag" or "none"
+    # Where the limit binds: "pod" (a pod's cgroup, it or above it), "self", "ancestor",
+    # "flag" (--memory.limit-bytes) or "none".
+    limit_source: str
     pod_uid: str = ""  # node mode: the pod this cgroup belongs to
     estimated: bool = False  # True: no cgroup was read; the workload's processes and shm (workload.py)
     # Node mode on v1: each container cgroup's own OOM kill count (path, count). v1 counts a
     # kill only in the victim's memcg, and the container's cgroup goes with the container:
     # the model keeps each one's highest count, so the pod's total survives it.
     child_oom_kills: Tuple[Tuple[str, int], ...] = ()
+    high_bytes: Optional[int] = None  # v2 memory.high: throttled and reclaimed above it
+    events: Tuple[
+        Tuple[str, int], ...
+    ] = ()  # memory.events (v1: oom_kill, failcnt as max)
+    swap_bytes: Optional[int] = None  # None: no swap accounting
+    swap_limit_bytes: Optional[int] = None  # None: unlimited or not told (v1)
 
     @property
     def oom_risk_ratio(self) -> Optional[float]:

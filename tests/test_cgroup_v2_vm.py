@@ -1,0 +1,181 @@
+"""The cgroup v2 tier: shmwatch against real v2 pod slices, in a Debian bookworm VM (kernel 6.1,
+systemd, cgroup v2 only) booted under QEMU by tests/vm/cgroup2-vm.sh. The VM has no network: a
+wheelhouse (shmwatch built from this tree, its dependencies for the VM's Python 3.11) goes in
+with tests/vm/scenario.py, which acts and records; the assertions are here.
+
+Runs under CI (CI=true, where a VM that cannot boot is a failure) or with SHMWATCH_VM=1: it takes
+minutes (image build ~2 min once, cached in /var/tmp/cgroup2-vm; boot and scenario ~3-5 min on
+an emulated CPU).
+"""
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, UNDER_CI, needs_root, parse_exposition, prerequisite_missing, select, value
+
+MiB = 1 << 20
+VM = os.path.join(REPO, "tests", "vm")
+UID = "5e1f0c2a-7b3d-4e8f-9a6b-1c2d3e4f5a6b"  # as in scenario.py
+POD = ("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
+       + UID.replace("-", "_") + ".slice")
+SCOPE = POD + "/cri-containerd-" + "ab" * 32 + ".scope"
+DSHM = f"/var/lib/kubelet/pods/{UID}/volumes/kubernetes.io~empty-dir/dshm"
+# What the VM's Python (bookworm: 3.11) needs beside shmwatch: pyproject's dependencies.
+DEPS = ["prometheus-client>=0.17", "nvidia-ml-py>=12.535.108", "watchdog>=7,<8", "PyYAML>=6.0", "bcrypt>=4.0"]
+WHEEL_CACHE = "/var/tmp/shmwatch-vm-wheels"
+# The last run's results, scrapes and logs: outside pytest's temporary directories, which
+# another pytest run on the machine may rotate away during the minutes the VM takes.
+OUT = "/var/tmp/shmwatch-vm-out"
+# The first test's timeout covers the VM's boot and the scenario (the module's fixture).
+pytestmark = pytest.mark.timeout(2400)
+CMD = """set -eu
+mkdir -p /opt/shmwatch
+for w in /io/extra/wheels/*.whl; do python3 -m zipfile -e "$w" /opt/shmwatch; done
+export PYTHONPATH=/opt/shmwatch
+python3 /io/extra/scenario.py /io
+"""
+
+
+def wheelhouse(tmp_path):
+    """shmwatch's wheel from this tree (built in a copy: no build/ left here), and its
+    dependencies' wheels for CPython 3.11 on x86_64 (downloaded once, cached)."""
+    deps = os.path.join(WHEEL_CACHE, hashlib.sha256(" ".join(DEPS).encode()).hexdigest()[:12])
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    if not os.path.isdir(deps):
+        subprocess.run([*pip, "download", "--only-binary=:all:", "--python-version", "3.11", "--implementation",
+                        "cp", "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
+                        "-d", deps + ".tmp", *DEPS], check=True, timeout=300)
+        os.rename(deps + ".tmp", deps)
+    source, wheels = tmp_path / "src", tmp_path / "wheels"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(os.path.join(REPO, name), source)
+    shutil.copytree(os.path.join(REPO, "exporter"), source / "exporter",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(wheels), str(source)], check=True, timeout=300)
+    for name in os.listdir(deps):
+        shutil.copy(os.path.join(deps, name), wheels)
+    return wheels
+
+
+@pytest.fixture(scope="module")
+def vm_run(tmp_path_factory):
+    """The scenario's results and scrapes, from one VM boot for every test here."""
+    if not (UNDER_CI or os.environ.get("SHMWATCH_VM") == "1"):
+        pytest.skip("the cgroup v2 VM tier runs under CI=true or with SHMWATCH_VM=1 (minutes)")
+    if os.geteuid() != 0:
+        prerequisite_missing("the cgroup v2 VM needs root (mmdebstrap, QEMU)")
+    tmp = tmp_path_factory.mktemp("cgroup2-vm")
+    wheels = wheelhouse(tmp)
+    cmd, out = tmp / "cmd.sh", pathlib.Path(OUT)
+    cmd.write_text(CMD)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    env = dict(os.environ, TIMEOUT="1200")
+    proc = subprocess.run([os.path.join(VM, "cgroup2-vm.sh"), "run", str(cmd), str(out), str(wheels),
+                           os.path.join(VM, "scenario.py")], env=env, capture_output=True, text=True, timeout=2400)
+    if proc.returncode in (124, 125) or not (out / "exit_code").exists():
+        console = (out / "console.log").read_text(errors="replace")[-2000:] if (out / "console.log").exists() else ""
+        prerequisite_missing(f"the cgroup v2 VM did not run the scenario (rc {proc.returncode}): "
+                             f"{proc.stderr[-2000:]}\n{console}")
+    stdout = (out / "stdout.log").read_text()
+    stderr = (out / "stderr.log").read_text()
+    results_file = out / "results.json"
+    assert results_file.exists(), f"no results from the VM (rc {proc.returncode}):\n{stdout}\n{stderr}"
+    results = json.loads(results_file.read_text())
+    print(stdout)  # the steps and their timings, for the report (pytest -s)
+    return out, results, f"VM rc {proc.returncode}\n--- stdout\n{stdout}\n--- stderr\n{stderr[-3000:]}"
+
+
+def scrape(out, name):
+    path = out / f"{name}.prom"
+    assert path.exists(), f"{name}: not scraped in the VM"
+    return parse_exposition(path.read_text())
+
+
+def steps(results):
+    return {s["name"]: s for s in results["steps"]}
+
+
+@needs_root
+def test_vm_ran_on_cgroup_v2_without_errors(vm_run):
+    out, results, log = vm_run
+    assert results["cgroup_fs"] == "cgroup2fs", log
+    assert not results["errors"], log
+    assert set(steps(results)) == {"filled", "acceptance", "oom", "lowered", "docker"}, log
+    filled = steps(results)["filled"]
+    assert filled["dd_rc"] == 0 and filled["scope_shmem"] == 150 * MiB, log
+
+
+@needs_root
+def test_pod_level_limit_in_host_and_node_mode(vm_run):
+    """The acceptance: a pod slice with memory.max=256M, its container scope with none, 150 MiB
+    in a 1 GiB emptyDir tmpfs: the limit comes from the pod, the projection is above 1, the
+    effective size at most 256 MiB; memory.high on the scope is exported."""
+    out, _, log = vm_run
+    sidecar = scrape(out, "acceptance-host")  # --cgroup.path at the container's scope
+    assert value(sidecar, "shmwatch_cgroup_memory_limit_bytes", cgroup=SCOPE, limit_from="pod") == 256 * MiB, log
+    assert value(sidecar, "shmwatch_shm_oom_projection_ratio", mount=DSHM, cgroup=SCOPE) > 1
+    assert value(sidecar, "shmwatch_mount_effective_size_bytes", mount=DSHM) <= 256 * MiB
+    assert value(sidecar, "shmwatch_cgroup_memory_high_bytes", cgroup=SCOPE) == 200 * MiB
+    assert value(sidecar, "shmwatch_cgroup_memory_shmem_bytes", cgroup=SCOPE) == 150 * MiB
+    # Found from the workload's process: its pod's cgroup, where the limit binds.
+    target = scrape(out, "acceptance-target")
+    assert value(target, "shmwatch_cgroup_memory_limit_bytes", cgroup=POD, limit_from="pod") == 256 * MiB, log
+    assert value(target, "shmwatch_shm_oom_projection_ratio", mount=DSHM, cgroup=POD) > 1
+    node = scrape(out, "acceptance-node")
+    assert value(node, "shmwatch_cgroup_memory_limit_bytes", cgroup=POD, pod_uid=UID, limit_from="pod") == 256 * MiB
+    assert value(node, "shmwatch_shm_oom_projection_ratio", mount=DSHM, cgroup=POD) > 1
+    assert value(node, "shmwatch_mount_effective_size_bytes", mount=DSHM, pod_uid=UID) <= 256 * MiB
+    assert value(node, "shmwatch_mount_used_bytes", mount=DSHM, pod_uid=UID) == 150 * MiB
+
+
+@needs_root
+def test_a_writer_past_the_pod_limit_is_killed_and_counted_for_the_pod(vm_run):
+    out, results, log = vm_run
+    oom = steps(results)["oom"]
+    assert oom["writer_rc"] == -9 and oom["holder_alive"], log  # SIGKILL, the workload spared
+    node = scrape(out, "oom-node")
+    assert value(node, "shmwatch_cgroup_oom_kills_total", cgroup=POD, pod_uid=UID) >= 1, log
+    assert value(node, "shmwatch_cgroup_memory_events_total", cgroup=POD, pod_uid=UID, event="oom_kill") >= 1
+    sidecar = scrape(out, "oom-host")
+    assert value(sidecar, "shmwatch_cgroup_memory_events_total", cgroup=SCOPE, event="oom_kill") >= 1
+
+
+@needs_root
+def test_memory_max_lowered_at_run_time_is_followed_within_a_poll(vm_run):
+    """The pod's memory.max lowered to 200 MiB (an in-place resize): the limit and the effective
+    size follow at the next poll (1 s; the scrape loop's 0.5 s and the emulated CPU on top)."""
+    out, results, log = vm_run
+    lowered = steps(results)["lowered"]
+    for name in ("host", "target", "node"):
+        s = scrape(out, f"lowered-{name}")
+        assert value(s, "shmwatch_mount_effective_size_bytes", mount=DSHM) <= 200 * MiB, (name, log)
+    assert lowered["seconds"]["host"] <= 5, log
+
+
+@needs_root
+def test_sidecar_containers_in_a_private_cgroup_namespace(vm_run):
+    """Docker's v2 default, a private cgroup namespace, beside a workload container in a pod
+    slice with a 256 MiB limit: without the host's cgroupfs, and with it mounted read-only.
+    Each reports the pod's working set and limit within 5 %, or marks an estimate and is
+    within 15 %; an estimate's effective size is within the flag's limit."""
+    out, results, log = vm_run
+    assert results.get("docker"), log
+    for name, facts in results["docker"].items():
+        s = scrape(out, f"docker-docker-{name}")
+        pod = facts["pod"]
+        pod_working_set = pod["current"] - pod["inactive_file"]
+        [(labels, working_set)] = select(s, "shmwatch_cgroup_memory_working_set_bytes")
+        estimated = value(s, "shmwatch_cgroup_memory_estimated", cgroup=labels["cgroup"]) == 1
+        tolerance = 0.15 if estimated else 0.05
+        assert abs(working_set - pod_working_set) <= tolerance * pod_working_set, (name, facts, log)
+        [(_, limit)] = select(s, "shmwatch_cgroup_memory_limit_bytes")
+        assert abs(limit - pod["max"]) <= tolerance * pod["max"], (name, facts)
+        assert value(s, "shmwatch_mount_effective_size_bytes", mount="/dev/shm") <= pod["max"]
