@@ -99,16 +99,22 @@ def test_an_inventory_in_another_order_keeps_its_summary_and_its_samples():
 
         for name in ("psm_1", "psm_2", "psm_3"):
             fallocate(os.path.join(a, name), MiB)
-        walked = run(full=True)
-        changes.add(a, walked[0])  # reported (its attributes changed, say): patched to the end
-        patched = run(full=False)
-        summary = step._summaries[a]
-        lines = cached.memo.now[("segments", a)][1]
-        # The listing is updated in place (a patched name keeps its place), and a walk may still
-        # meet the names in another order: either way the summary and samples are kept.
-        assert sorted(run(full=True)) == sorted(walked) == sorted(patched)
-        assert step._summaries[a] == summary
-        assert cached.memo.now[("segments", a)][1] is lines
+        # Held (by us), so a change to one does not make its state wait for a read of /proc.
+        held = [os.open(os.path.join(a, name), os.O_RDONLY) for name in ("psm_1", "psm_2", "psm_3")]
+        try:
+            walked = run(full=True)
+            changes.add(a, walked[0])  # reported (its attributes changed, say): patched to the end
+            patched = run(full=False)
+            summary = step._summaries[a]
+            lines = cached.memo.now[("segments", a)][1]
+            # The listing is updated in place (a patched name keeps its place), and a walk may
+            # still meet the names in another order: either way the summary and samples are kept.
+            assert sorted(run(full=True)) == sorted(walked) == sorted(patched)
+            assert step._summaries[a] == summary
+            assert cached.memo.now[("segments", a)][1] is lines
+        finally:
+            for fd in held:
+                os.close(fd)
 
 
 @needs_root
