@@ -358,3 +358,50 @@ def test_at_the_connection_cap_the_oldest_unanswered_connection_makes_room(monke
             sock.close()
         httpd.shutdown()
         httpd.server_close()
+
+
+def until(condition, what, seconds=20.0):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what()
+        time.sleep(0.02)
+
+
+def test_a_burst_beyond_the_connection_cap_stays_within_it(monkeypatch):
+    """100 connections queued before the loop accepts them (it does not yield between
+    them): each one past the cap drops another at once, and none is left behind once
+    the clients close. The old front dropped one victim again and again (600 open of 16)
+    and, cancelling its start() before it began, kept its socket and its place for good."""
+    from exporter.exposition import http
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 16)
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok\n"]
+
+    httpd = http.bind("127.0.0.1", 0, app)
+    fds = len(os.listdir("/proc/self/fd"))
+    port = http.bound_address(httpd)[1]
+    burst = []
+    try:
+        for _ in range(100):  # within the listen backlog (128): every one is queued
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", port))
+            burst.append(sock)
+        http.serve_in_thread(httpd)
+        # Queued behind the burst: once it is answered, the whole burst has been accepted.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as response:
+            assert response.read() == b"ok\n"
+        assert httpd.open <= 16, httpd.open
+        for sock in burst:
+            sock.close()
+        burst = []
+        state = lambda: f"open {httpd.open}, fresh {len(httpd.fresh)}, idle {len(httpd.idle)}"
+        until(lambda: httpd.open == 0 and not httpd.fresh and not httpd.idle, state)
+        until(lambda: len(os.listdir("/proc/self/fd")) <= fds, lambda: "server sockets left open")
+    finally:
+        for sock in burst:
+            sock.close()
+        httpd.shutdown()
+        httpd.server_close()
