@@ -405,3 +405,37 @@ def test_a_burst_beyond_the_connection_cap_stays_within_it(monkeypatch):
             sock.close()
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_clients_that_do_not_read_their_answer_free_their_slot(monkeypatch):
+    """--web.max-requests slots held by clients that never read an 8 MiB answer: each is
+    dropped at the drain deadline (twice the head's; made short here), and a scraper is
+    answered. The old front held the slots for the idle timeout (2 min) and answered 503."""
+    from exporter.exposition import http
+    monkeypatch.setattr(http, "HEADER_TIMEOUT_SECONDS", 0.5)
+    body = b"x" * (8 << 20)
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [body]
+
+    httpd = http.bind("127.0.0.1", 0, app, None, max_requests=2)
+    http.serve_in_thread(httpd)
+    port = http.bound_address(httpd)[1]
+    hogs = []
+    try:
+        for _ in range(2):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(HEAD + b"\r\n")  # and never read
+            hogs.append(sock)
+        until(lambda: httpd.in_flight == 2, lambda: f"{httpd.in_flight} in flight")
+        until(lambda: httpd.in_flight == 0, lambda: "slots held by clients that do not read")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            assert response.status == 200 and len(response.read()) == len(body)
+    finally:
+        for sock in hogs:
+            sock.close()
+        httpd.shutdown()
+        httpd.server_close()
