@@ -6,8 +6,9 @@ and a few hundred bytes, never a thread; a few worker threads make the answers. 
 Go's net/http and node_exporter have them: request line and headers at most 1 MiB (431,
 and the rest is not read), a head within HEADER_TIMEOUT_SECONDS (an idle keep-alive
 connection waits IDLE_TIMEOUT_SECONDS for its next one), at most --web.max-requests answers
-in flight (503 beyond), GET and HEAD only (405). HTTP/1.1 keep-alive; pipelined requests
-are answered in order. Each connection is wrapped in TLS with the web config's SSLContext
+in flight (503 beyond; a client that has not read its answer within twice the head's
+deadline is dropped), GET and HEAD only (405). HTTP/1.1 keep-alive; pipelined requests are
+answered in order. Each connection is wrapped in TLS with the web config's SSLContext
 current when it was accepted, so a rotated certificate serves from the next one on.
 """
 
