@@ -6,8 +6,9 @@ and a few hundred bytes, never a thread; a few worker threads make the answers. 
 Go's net/http and node_exporter have them: request line and headers at most 1 MiB (431,
 and the rest is not read), a head within HEADER_TIMEOUT_SECONDS (an idle keep-alive
 connection waits IDLE_TIMEOUT_SECONDS for its next one), at most --web.max-requests answers
-in flight (503 beyond), GET and HEAD only (405). HTTP/1.1 keep-alive; pipelined requests
-are answered in order. Each connection is wrapped in TLS with the web config's SSLContext
+in flight (503 beyond; a client that has not read its answer within twice the head's
+deadline is dropped), GET and HEAD only (405). HTTP/1.1 keep-alive; pipelined requests are
+answered in order. Each connection is wrapped in TLS with the web config's SSLContext
 current when it was accepted, so a rotated certificate serves from the next one on.
 """
 
@@ -115,8 +116,8 @@ class Connection(asyncio.BufferedProtocol):
             status, headers, body = answer
             answer = status, headers + extra, body
             self.transport.write(message(answer, request, request.close or self.eof))
-            if self.drained is not None:
-                await asyncio.wait_for(self.drained, IDLE_TIMEOUT_SECONDS)
+            if self.drained is not None:  # a client that does not read frees its slot
+                await asyncio.wait_for(self.drained, 2 * HEADER_TIMEOUT_SECONDS)
         except asyncio.TimeoutError:
             LOG.debug("connection from %s: the answer was not read in time", self.peer)
             return self.drop()
@@ -149,10 +150,11 @@ class Connection(asyncio.BufferedProtocol):
         self.front.loop.call_later(0.5, self.transport.abort)
 
     def drop(self) -> None:
+        self.front.forget(self)  # now: accept() may not yield before the next one
         if self.transport is not None:
             self.transport.abort()
         elif self.task is not None:
-            self.task.cancel()
+            self.task.cancel()  # Front.start()'s: its socket is closed however far it got
 
     def pause_writing(self) -> None:
         self.drained = self.front.loop.create_future()
@@ -163,9 +165,8 @@ class Connection(asyncio.BufferedProtocol):
         self.drained = None
 
     def eof_received(self) -> bool:
-        self.eof = (
-            True  # a half-close after a request still gets its answer (not on TLS)
-        )
+        # A half-close after a request still gets its answer (not on TLS).
+        self.eof = True
         return self.busy and not self.front.tls
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
@@ -206,9 +207,8 @@ class Front:
         )
         self.buffer = memoryview(bytearray(READ_BYTES))
         self.fresh: Dict[Connection, None] = {}  # never answered, oldest first
-        self.idle: Dict[
-            Connection, None
-        ] = {}  # waiting for a next request, longest first
+        # Waiting for a next request, longest first.
+        self.idle: Dict[Connection, None] = {}
         self.stopped = threading.Event()
 
     def serve_forever(self) -> None:
@@ -246,6 +246,8 @@ class Front:
             self.open += 1
             self.fresh[conn] = None
             conn.task = self.loop.create_task(self.start(conn, sock))
+            # Cancelled before it began, start() ran none of its code: close here.
+            conn.task.add_done_callback(lambda t, s=sock: t.cancelled() and s.close())
 
     async def start(self, conn: Connection, sock: socket.socket) -> None:
         context = self.web.current()[1] if self.tls else None
@@ -278,6 +280,8 @@ class Front:
             verdict = self.web.authorize(config, header, peer)
             if isinstance(verdict, concurrent.futures.Future):
                 verdict = await asyncio.wrap_future(verdict)
+            if verdict is None:  # bcrypt busy: the password may well be right
+                return extra, plain(503, [("Retry-After", "1")])
             if not verdict:
                 return extra, plain(401, CHALLENGE)
         return extra, None

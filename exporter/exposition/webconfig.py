@@ -54,7 +54,7 @@ TLS_KEYS = tuple(
 # A bcrypt hash: variant, cost 04-31, 22 characters of salt and 31 of hash.
 BCRYPT_HASH = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 BCRYPT_WORKERS = 2  # checks at once: a guessing client cannot take every core
-BCRYPT_QUEUE = 8  # checks running or waiting; beyond, or a second from one address: 401
+BCRYPT_QUEUE = 8  # checks running or waiting; beyond, or a second from one address: 503
 TLS_UNSUPPORTED = set(
     "cert key client_ca client_allowed_sans cipher_suites prefer_server_cipher_suites "
     "curve_preferences".split()
@@ -268,7 +268,9 @@ class WebConfigSource:
         """The config and context to use for a new connection (re-read when files changed)."""
         with self._lock:
             stamp = self._current_stamp(self.config)
-            if stamp != self._stamp and stamp != self._failed_stamp:
+            if stamp == self._stamp and self._failed_stamp not in (None, stamp):
+                self._failed_stamp, self.reload_ok = None, True  # the good files back
+            elif stamp not in (self._stamp, self._failed_stamp):
                 self._reload(stamp)
             return self.config, self.context
 
@@ -322,11 +324,13 @@ class WebConfigSource:
 
     def authorize(
         self, config: WebConfig, header: Optional[str], peer: str = ""
-    ) -> Union[bool, concurrent.futures.Future]:
+    ) -> Union[None, bool, concurrent.futures.Future]:
         """Whether `header` holds a user of `config` and their password: True or False at
-        once, or a Future of it when bcrypt has to run. Successes are remembered (by a
-        digest, never the password), as exporter-toolkit does, so a scrape every 15 s pays
-        bcrypt once; failures are not, so a guessing client cannot evict them."""
+        once, or a Future of it when bcrypt has to run; None when bcrypt is busy (too many
+        checks queued, or one from `peer` already), which is not a wrong password.
+        Successes are remembered (by a digest, never the password), as exporter-toolkit
+        does, so a scrape every 15 s pays bcrypt once; failures are not, so a guessing
+        client cannot evict them."""
         if not config.users:
             return True
         if not header or header[:6].lower() != "basic ":
@@ -348,7 +352,7 @@ class WebConfigSource:
             return True
         with self._lock:
             if len(self._checking) >= BCRYPT_QUEUE or peer in self._checking:
-                return False  # too many checks waiting: refuse, do not pile them up
+                return None  # busy: do not pile checks up
             self._checking.add(peer)
         future = self._pool.submit(self._check, config, hashed, secret, key)
         future.add_done_callback(lambda _: self._checking.discard(peer))
