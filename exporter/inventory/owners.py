@@ -10,7 +10,7 @@ import stat as stat_mod
 from typing import Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
 from exporter.host.proctable import PidWrapWatch, Process, ProcessTable
-from exporter.inventory.holdings import MAX_UNPROVEN, Holding, Owners
+from exporter.inventory.holdings import MAX_UNPROVEN, Holding, Owners, unlinked_size
 from exporter.inventory.maps import DELETED, DeviceTokens, memfd_name
 from exporter.inventory.maps import parse_maps, parse_memfd
 from exporter.inventory.mount_ids import NO_MNT_ID, WatchedMountIds
@@ -285,15 +285,15 @@ class OwnerScan:
         fold it counts in the first read's totals only."""
         if len(held) > MAX_MEMFDS:
             self._fill_mapping_sizes(held)  # the bytes folded are final
-            order = sorted(held, key=lambda key: (-_allocated(held[key][0]), key))
+            order = sorted(held, key=lambda key: (-unlinked_size(held[key])[0], key))
             rest: Dict[str, Tuple[int, int]] = {}
             for key in order[MAX_MEMFDS:]:
-                h = held.pop(key)[0]
+                hs = held.pop(key)
                 if key in out.holdings or key in out.folded:
                     continue
                 out.folded.add(key)
-                count, size = rest.get(cls := classify(memfd_name(h.path)), (0, 0))
-                rest[cls] = count + 1, size + _allocated(h)
+                count, size = rest.get(cls := classify(memfd_name(hs[0].path)), (0, 0))
+                rest[cls] = count + 1, size + unlinked_size(hs)[0]
             out.memfd_rest[pid] = rest
         for key, (h,) in held.items():
             if key not in out.folded:
@@ -336,11 +336,6 @@ class OwnerScan:
                 if (st.st_dev, st.st_ino) == key:
                     h.allocated, h.apparent, h.mtime = _sizes(st)
                     break
-
-
-def _allocated(h: Holding) -> int:
-    """A memfd's bytes: its stat's, else the furthest a mapping reaches."""
-    return h.extent if h.allocated is None else h.allocated
 
 
 def _sizes(st: os.stat_result) -> Tuple[int, int, float]:
