@@ -3,14 +3,19 @@
 passed over a Unix socket and mapped by two processes in a real memory cgroup (v1 here)."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
 
 from exporter.collectors.segments import SegmentsCollector
 from exporter.host.paths import Paths
+from exporter.inventory.owners import MAX_MEMFDS
+from exporter.model.summary import memfd_summary
+from exporter.model.types import Inventory
 from tests.conftest import (ENGINES, HOST_EXCUSED_RE, REPO, Exporter, Peer, mounted_tmpfs, needs_root,
                             prerequisite_missing, remove_cgroup, select, value)
 
@@ -121,6 +126,92 @@ def test_check_names_the_memfd_holders(tmpfs):
         assert len(memfd) == 1 and memfd[0]["area"] == "memory"
         assert f"[{parent.pid}] 8.0 MiB" in memfd[0]["message"]
         assert f"[{child}] 8.0 MiB" in memfd[0]["message"]
+
+
+# A tenant's file at /memfd:<dir>/f on the root disk: opened, mapped, then unlinked, so its fd
+# and its mapping read '/memfd:<dir>/f (deleted)' as a memfd's do.
+NOT_A_MEMFD = r"""
+import mmap, os, sys
+path = os.path.join(sys.argv[1], "f")
+with open(path, "wb") as f:
+    f.write(b"\1" * (1 << 20))
+fd = os.open(path, os.O_RDWR)
+region = mmap.mmap(fd, 1 << 20)
+os.unlink(path)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_file_at_memfd_on_a_mount_is_no_memfd_region(tmpfs):
+    """A memfd is on the kernel's internal shm mount, which no mountinfo lists: a path alone
+    would let a tenant's FUSE mount at /memfd:x be stat'ed (and hang the scan) and its files
+    count as memfd regions (shrinking the unexplained shmem)."""
+    directory = f"/memfd:shmwatch-test-{uuid.uuid4().hex[:8]}"
+    os.mkdir(directory)
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", NOT_A_MEMFD, directory], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE)
+        try:
+            assert proc.stdout.readline().strip() == b"ready"
+            inv = inventory(tmpfs)
+            assert [s.name for s in inv.memfd if proc.pid in s.holders] == []
+            assert proc.pid not in inv.memfd_rest
+        finally:
+            proc.kill()
+            proc.wait()
+    finally:
+        os.rmdir(directory)
+
+
+# COUNT memfds of 4 KiB held open, and 8 of 1 MiB only mapped; then a fork inherits them all.
+MEMFD_FLOOD = r"""
+import mmap, os, resource, sys
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+fds = []
+for i in range(int(sys.argv[1])):
+    fds.append(os.memfd_create(f"flood{i}"))
+    os.write(fds[-1], b"\1" * 4096)
+maps = []
+for i in range(8):
+    fd = os.memfd_create(f"big{i}")
+    os.ftruncate(fd, 1 << 20)
+    maps.append(mmap.mmap(fd, 1 << 20))
+    maps[-1][:] = b"\1" * (1 << 20)
+    os.close(fd)
+child = os.fork()
+if child:
+    print("ready", child, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_thousands_of_memfds_are_kept_bounded_and_counted_exactly(tmpfs):
+    """A process may hold any number of memfds: past the largest MAX_MEMFDS each counts by
+    class only, so the inventory stays bounded while the class totals stay exact; a region
+    its fork inherited counts once."""
+    count = 5000
+    proc = subprocess.Popen([sys.executable, "-c", MEMFD_FLOOD, str(count)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        line = proc.stdout.readline().split()
+        assert line[0] == b"ready", line
+        pids = {proc.pid, int(line[1])}
+        started = time.monotonic()
+        inv = inventory(tmpfs)
+        took = time.monotonic() - started
+        ours = [s for s in inv.memfd if pids & set(s.holders)]
+        # The largest kept one by one (both processes hold the same ones), the rest by class.
+        assert len(ours) <= MAX_MEMFDS
+        assert {s.name for s in ours} >= {f"big{i}" for i in range(8)}
+        mine = Inventory([], {}, 0, 0, memfd=ours, memfd_rest={p: r for p, r in inv.memfd_rest.items() if p in pids})
+        by_class, top = memfd_summary(mine, 2)
+        assert by_class == {"other": (count + 8, count * 4096 + 8 * MiB)}
+        print(f"\n{count + 8} memfds held by two processes: {len(ours)} kept one by one, collect {took:.2f} s")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 # A process that has NCCL loaded: it maps a library named as NCCL's is.

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -67,14 +69,17 @@ def wait_stopped(pid, timeout=5.0):
 
 
 @needs_root
-def test_an_fd_on_a_hung_fuse_mount_does_not_block_the_inventory(tmp_path):
+@pytest.mark.parametrize("at_memfd", [False, True], ids=["below-tmp", "at-/memfd:x"])
+def test_an_fd_on_a_hung_fuse_mount_does_not_block_the_inventory(tmp_path, at_memfd):
+    """Also mounted at /memfd:x, where its file's path reads as a memfd's: a memfd is told by
+    its mount (none that mountinfo lists), not by its path."""
     try:
         import fuse  # noqa: F401 - fusepy, which needs libfuse2
     except (ImportError, OSError, EnvironmentError) as err:
         missing(f"fusepy (pip, test extras) and libfuse2 (apt, .ci/run) are needed: {err}")
     if not os.path.exists("/dev/fuse"):
         missing("/dev/fuse is missing: no FUSE in this kernel or container")
-    mnt = tmp_path / "weights"
+    mnt = Path(f"/memfd:shmwatch-test-{uuid.uuid4().hex[:8]}") if at_memfd else tmp_path / "weights"
     mnt.mkdir()
     script = tmp_path / "fuse_server.py"
     script.write_text(SERVER)

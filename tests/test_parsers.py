@@ -117,18 +117,21 @@ def test_v1_unlimited_boundary():
     assert parse_limit(str(V1_UNLIMITED - 1)) == V1_UNLIMITED - 1
 
 
-def test_memfd_mappings_on_any_device():
+def test_memfd_mappings_on_any_device_no_mount_has():
     text = (
         "7f0000000000-7f0002000000 rw-s 00000000 00:01 12345                      /memfd:mooncake (deleted)\n"
         # a file whose path holds '/memfd:' is not a memfd
         "7f0003000000-7f0004000000 rw-s 00001000 00:05 99                         /tmp/x/memfd:zz (deleted)\n"
         "7f0005000000-7f0005400000 r-xp 00000000 00:0f 777 /memfd:runc_cloned:/proc/self/exe (deleted)\n"
         "7f0006000000-7f0006001000 rw-s 00000000 zz:01 5 /memfd:bad-device (deleted)\n"
-        "7f0007000000-7f0007200000 rw-s 00000000 103:02 8 /memfd:hugetlb-on-103 (deleted)"
+        "7f0007000000-7f0007200000 rw-s 00000000 103:02 8 /memfd:hugetlb-on-103 (deleted)\n"
+        # a tenant's files at /memfd:x: on a mount (FUSE, 0:2a = 0:42), or not deleted
+        "7f0008000000-7f0008200000 rw-s 00000000 00:2a 9 /memfd:x/on-fuse (deleted)\n"
+        "7f0009000000-7f0009200000 rw-s 00000000 00:0f 10 /memfd:x/linked"
     )
-    assert parse_memfd(text) == [
+    assert parse_memfd(text, {"0:42", "8:1"}) == [
         (os.makedev(0, 1), 12345, "/memfd:mooncake (deleted)", 32 << 20, "7f0000000000-7f0002000000"),
         (os.makedev(0, 15), 777, "/memfd:runc_cloned:/proc/self/exe (deleted)", 4 << 20, "7f0005000000-7f0005400000"),
         (os.makedev(0x103, 2), 8, "/memfd:hugetlb-on-103 (deleted)", 2 << 20, "7f0007000000-7f0007200000"),
     ]
-    assert parse_memfd("no memfd here\n") == []
+    assert parse_memfd("no memfd here\n", set()) == []

@@ -198,13 +198,15 @@ def test_a_refresh_forgets_the_mount_ids_of_a_namespace_whose_last_process_exite
         into_pod(cg_a, peer.pid)
         collector.collect()
         namespace = os.readlink(f"/proc/{peer.pid}/ns/mnt")
-        assert ids._ns_mounts[namespace] and ids._ns_mounts[namespace] <= ids.union
-        gone = set(ids._ns_mounts[namespace])
+        watched = ids._ns_mounts[namespace].watched
+        assert watched and watched <= ids.union
+        gone, gone_all = set(watched), set(ids._ns_mounts[namespace].ids)
     clock.now += 1
     collector.collect()
     assert namespace not in ids._ns_mounts
-    others = set().union(*(found for found in ids._ns_mounts.values() if found))
+    others = set().union(*(found.watched for found in ids._ns_mounts.values()))
     assert ids.union == others and gone and not gone & ids.union
+    assert not gone_all & ids.mounted_ids  # (what tells a memfd from a file on a mount)
 
 
 

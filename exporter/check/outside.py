@@ -19,14 +19,15 @@ def outside(report: Report, model: Model, paths: Paths) -> None:
     inv = model.inventory
     if inv is None:
         return
-    if inv.memfd:
-        by_class, top = memfd_summary(inv.memfd, MAX_NAMED)
+    by_class, top = memfd_summary(inv, MAX_NAMED)
+    if by_class:
         total = sum(allocated for _, allocated in by_class.values())
+        count = sum(count for count, _ in by_class.values())
         holders = ", ".join(
             f"{inv.comms.get(pid, 'unknown')}[{pid}] {human(size)}" for pid, size in top
         )
         text = (
-            f"{len(inv.memfd)} memfd region(s), {human(total)}: shmem charged to the "
+            f"{count} memfd region(s), {human(total)}: shmem charged to the "
             f"writer's cgroup that no mount shows; held by {holders}"
         )
         report.add("info", "memory", "memfd", text)

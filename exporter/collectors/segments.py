@@ -26,8 +26,9 @@ from exporter.host.mountinfo import MountTable, live_mounts
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from exporter.inventory.changes import ChangeLog
-from exporter.inventory.holdings import DELETED, Holding, Owners, UnprovenLog
-from exporter.inventory.maps import MEMFD
+from exporter.inventory.holdings import Owners, UnprovenLog, unlinked_size
+from exporter.inventory.maps import DELETED
+from exporter.inventory.memfd import MemfdRegions
 from exporter.inventory.owners import OwnerScan
 from exporter.inventory.walk import (
     MAX_ENTRIES,
@@ -105,8 +106,7 @@ class SegmentsCollector(BaseSource):
         # reuse the owners.
         self._pod_of: Optional[Dict[int, str]] = None
         self._memfd: Tuple[List[Segment], Dict[int, str]] = ([], {})
-        # memfd holders' (pid, start time) -> memory cgroup path
-        self._cgroup_of: Dict[tuple, str] = {}
+        self._memfd_regions = MemfdRegions(self.table)
 
     @property
     def stretches(self) -> bool:
@@ -268,8 +268,7 @@ class SegmentsCollector(BaseSource):
                 if self.pod_of_pid
                 and (pod := owners.pod_of.get(pid) or self.table.pod_uid(proc))
             }
-            memfd = self._memfd_regions(owners)
-            self._memfd = memfd, self._memfd_cgroups(memfd, owners)
+            self._memfd = self._memfd_regions.of(owners)
         return Inventory(
             mounts,
             owners.comms,
@@ -280,39 +279,9 @@ class SegmentsCollector(BaseSource):
             owners_complete=owners.complete,
             unproven=list(owners.unproven),
             memfd=self._memfd[0],
+            memfd_rest=owners.memfd_rest,
             cgroup_of=self._memfd[1],
         )
-
-    def _memfd_regions(self, owners: Owners) -> List[Segment]:
-        """memfd regions the processes map or hold open: shmem that no mount shows."""
-        out = []
-        for key, hs in owners.holdings.items():
-            if hs[0].path.startswith(MEMFD):
-                name = hs[0].path[len(MEMFD) :].removesuffix(DELETED)
-                pids = tuple(sorted({h.pid for h in hs}))
-                out.append(
-                    Segment(name, classify(name), "hidden", *_size(hs), pids, key)
-                )
-        return out
-
-    def _memfd_cgroups(self, memfd: List[Segment], owners: Owners) -> Dict[int, str]:
-        """Each memfd holder's memory cgroup (as /proc/<pid>/cgroup names it), read once per
-        process (pid and start time)."""
-        out, known = {}, {}
-        for pid in {pid for seg in memfd for pid in seg.holders}:
-            proc = owners.holders.get(pid)
-            ident = (pid, proc.start_time if proc else None)
-            path = self._cgroup_of.get(ident)
-            if path is None:
-                try:
-                    cgroups = self.table.cgroups(pid)
-                except OSError:
-                    continue
-                path = cgroups.get("memory", cgroups.get(""))
-            if path is not None:
-                out[pid] = known[ident] = path
-        self._cgroup_of = known
-        return out
 
     def _say_degraded(self, mount: str, listing: Listing) -> None:
         if listing.degraded is not None and mount not in self._said_degraded:
@@ -385,7 +354,7 @@ class SegmentsCollector(BaseSource):
             hs = holdings[key]
             if key[1] in held_pids or not any(h.deleted for h in hs):
                 continue  # linked, or created after our listing: the next run lists it
-            size = _size(hs)
+            size = unlinked_size(hs)
             name = os.path.basename(hs[0].path.removesuffix(DELETED))
             pids = tuple(sorted({h.pid for h in hs}))
             inv.hidden.append(Segment(name, classify(name), "hidden", *size, pids, key))
@@ -401,16 +370,6 @@ class SegmentsCollector(BaseSource):
             inv.error = err.strerror or str(err)
         inv.unattributed_bytes = max(0, inv.used_bytes - accounted)
         return inv
-
-
-def _size(hs: List[Holding]) -> Tuple[int, int, float]:
-    """(allocated, apparent, mtime) of an unlinked inode: from a stat where one was possible,
-    else the furthest a mapping reaches."""
-    best = next((h for h in hs if h.allocated is not None), None)
-    if best:
-        return best.allocated, best.apparent, best.mtime
-    extent = max(h.extent for h in hs)
-    return extent, extent, 0.0
 
 
 def _make(c: Context) -> SegmentsCollector:

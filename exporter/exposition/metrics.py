@@ -135,7 +135,7 @@ class ModelCollector(Collector):
             for kind, count in sorted(v.inventory.other_entries.items()):
                 labels = [v.mount, kind]
                 out.add("shmwatch_mount_other_entries", labels, count, v.labels)
-        by_class, top = memfd_summary(inv.memfd, self.step.top_k)
+        by_class, top = memfd_summary(inv, self.step.top_k)
         for cls, (count, allocated) in sorted(by_class.items()):
             out.add("shmwatch_memfd_regions", [cls], count)
             out.add("shmwatch_memfd_bytes", [cls], allocated)

@@ -6,12 +6,11 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from exporter.host.proctable import Process
 from exporter.inventory.walk import Key
 
-DELETED = " (deleted)"
 MAX_UNPROVEN = 20  # reasons kept for the log
 
 
@@ -40,7 +39,7 @@ class UnprovenLog:
             )
 
 
-@dataclass
+@dataclass(slots=True)
 class Holding:
     """One process's hold on one inode of a watched mount."""
 
@@ -73,6 +72,10 @@ class Owners:
     keys_of: Dict[int, List[Key]] = field(default_factory=dict)
     # pid -> pod UID of `processes` (once known) and holders.
     pod_of: Dict[int, str] = field(default_factory=dict)
+    # pid -> class -> (count, allocated) of its memfd regions past the largest MAX_MEMFDS
+    # (owners.py), and while a scan runs the keys counted so.
+    memfd_rest: Dict[int, Dict[str, Tuple[int, int]]] = field(default_factory=dict)
+    folded: Set[Key] = field(default_factory=set)
 
     def unproven_because(self, why: str) -> None:
         # Bounded: thousands of processes are unreadable under hidepid=1.
@@ -83,3 +86,13 @@ class Owners:
     def complete(self) -> bool:
         """Every process that could hold a segment was inspected: 'held by nobody' is proven."""
         return self.unverifiable == 0
+
+
+def unlinked_size(hs: List[Holding]) -> Tuple[int, int, float]:
+    """(allocated, apparent, mtime) of an unlinked inode: from a stat where one was possible,
+    else the furthest a mapping reaches."""
+    best = next((h for h in hs if h.allocated is not None), None)
+    if best:
+        return best.allocated, best.apparent, best.mtime
+    extent = max(h.extent for h in hs)
+    return extent, extent, 0.0

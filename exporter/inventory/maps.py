@@ -73,12 +73,21 @@ def _parse_maps_line(line: str, dev: int, token: str) -> Optional[MapsLine]:
     return dev, inode, parts[5], offset + end - start, f"{start:x}-{end:x}"
 
 
-MEMFD = "/memfd:"
+MEMFD, DELETED = "/memfd:", " (deleted)"
 
 
-def parse_memfd(text: str) -> List[MapsLine]:
-    """Lines of maps mapping a memfd ('/memfd:<name> (deleted)'), on whatever device: memfd
-    pages are shmem that no mount shows (Mooncake, UCX, CUDA's host allocations)."""
+def memfd_name(path: str) -> Optional[str]:
+    """'/memfd:<name> (deleted)' -> name; None for any other path. What is on a mount (a
+    tenant's file at /memfd:x) is told by its device or mount ID, not here."""
+    if path.startswith(MEMFD) and path.endswith(DELETED):
+        return path[len(MEMFD) : -len(DELETED)]
+    return None
+
+
+def parse_memfd(text: str, mounted: Set[str]) -> List[MapsLine]:
+    """Lines of maps mapping a memfd ('/memfd:<name> (deleted)'), on a device no mount in
+    `mounted` ("major:minor") has: memfd pages are shmem that no mount shows (Mooncake, UCX,
+    CUDA's host allocations)."""
     found: List[MapsLine] = []
     pos = text.find(MEMFD)
     while pos != -1:
@@ -86,13 +95,14 @@ def parse_memfd(text: str) -> List[MapsLine]:
         line_end = text.find("\n", pos)
         line = text[line_start : line_end if line_end != -1 else len(text)]
         parts = line.split(None, 5)
-        if len(parts) == 6 and parts[5].startswith(MEMFD) and ":" in parts[3]:
+        if len(parts) == 6 and memfd_name(parts[5]) is not None and ":" in parts[3]:
             major, minor = parts[3].split(":", 1)
             try:
                 dev = os.makedev(int(major, 16), int(minor, 16))
             except ValueError:
                 dev = -1
-            if dev != -1 and (parsed := _parse_maps_line(line, dev, parts[3])):
+            unmounted = dev != -1 and f"{os.major(dev)}:{os.minor(dev)}" not in mounted
+            if unmounted and (parsed := _parse_maps_line(line, dev, parts[3])):
                 found.append(parsed)
         pos = text.find(MEMFD, line_end) if line_end != -1 else -1
     return found

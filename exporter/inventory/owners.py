@@ -10,10 +10,17 @@ import stat as stat_mod
 from typing import Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
 from exporter.host.proctable import PidWrapWatch, Process, ProcessTable
-from exporter.inventory.holdings import DELETED, MAX_UNPROVEN, Holding, Owners
-from exporter.inventory.maps import MEMFD, DeviceTokens, parse_maps, parse_memfd
-from exporter.inventory.mount_ids import WatchedMountIds, denied as denied_by
+from exporter.inventory.holdings import MAX_UNPROVEN, Holding, Owners, unlinked_size
+from exporter.inventory.maps import DELETED, DeviceTokens, memfd_name
+from exporter.inventory.maps import parse_maps, parse_memfd
+from exporter.inventory.mount_ids import NO_MNT_ID, WatchedMountIds
+from exporter.inventory.mount_ids import denied as denied_by
 from exporter.inventory.walk import Key
+from exporter.model.classes import classify
+
+# memfd regions kept one by one per process (the largest); the rest by class: a tenant may
+# open thousands.
+MAX_MEMFDS = 64
 
 
 class OwnerScan:
@@ -74,6 +81,7 @@ class OwnerScan:
                 f"processes kept starting over {self.MAX_PASSES} passes"
             )
         self._fill_mapping_sizes(out.holdings)
+        out.folded = set()
         # Node mode: holders' pods, for the inventory and for refresh() once they exit.
         if pods:
             out.pod_of = {pid: self.table.pod_uid(p) for pid, p in out.holders.items()}
@@ -181,7 +189,7 @@ class OwnerScan:
                 del out.holdings[key]
         for key, hs in fresh.holdings.items():
             out.holdings[key] = out.holdings.get(key, []) + hs
-        for name in ("keys_of", "comms", "holders"):  # by pid
+        for name in ("keys_of", "comms", "holders", "memfd_rest"):  # by pid
             merged = dict(getattr(previous, name))
             for pid in replaced:
                 merged.pop(pid, None)
@@ -219,19 +227,22 @@ class OwnerScan:
         """-> (holds something on a watched mount, some of its /proc entries were denied)."""
         pid = proc.pid
         denied = held_here = False
+        mount_ids = self._mount_ids.of(pid, devs)
+        mounted = self._mount_ids
+        memfds = Owners()  # this process's, bounded before they join `out`
         try:
             text = self.table.maps(pid)
-            for dev, inode, path, extent, map_range in parse_maps(
-                text, tokens
-            ) + parse_memfd(text):
-                held_here = True
-                deleted = path.endswith(DELETED)
-                held = Holding(pid, path, deleted, extent, map_range=map_range)
-                self._add(out, (dev, inode), held)
+            # Without its mountinfo a memfd cannot be told from a file at /memfd:x.
+            found = [] if mount_ids is None else parse_memfd(text, mounted.mounted_devs)
+            for into, lines in ((out, parse_maps(text, tokens)), (memfds, found)):
+                for dev, inode, path, extent, map_range in lines:
+                    held_here = True
+                    deleted = path.endswith(DELETED)
+                    held = Holding(pid, path, deleted, extent, map_range=map_range)
+                    self._add(into, (dev, inode), held)
         except OSError as err:
             denied |= denied_by(err)
         fd_dir = self.table.paths.proc(pid, "fd")
-        mount_ids = self._mount_ids.of(pid, devs)
         fds: List[str] = []
         if mount_ids is None:
             # Without its mountinfo we cannot tell which fds are safe to stat.
@@ -250,8 +261,11 @@ class OwnerScan:
                 target = os.readlink(link)
                 if not target.startswith("/"):
                     continue  # socket:[…], pipe:[…], anon_inode:…
-                memfd = target.startswith(MEMFD)
-                if not memfd and not self._mount_ids.holds_fd(f"{info_dir}/{fd}", ours):
+                mnt = mounted.fd_mount(f"{info_dir}/{fd}")
+                # A memfd is on the kernel's internal shm mount, in no mountinfo.
+                memfd = mnt not in mounted.mounted_ids and mnt not in (None, NO_MNT_ID)
+                memfd = memfd and memfd_name(target) is not None
+                if not (memfd or mnt in ours or mnt == NO_MNT_ID):
                     continue
                 # The open file itself, known to be on a watched tmpfs or a memfd.
                 st = os.stat(link)
@@ -261,8 +275,29 @@ class OwnerScan:
                 held_here = True
                 deleted = target.endswith(DELETED)
                 held = Holding(pid, target, deleted, 0, *_sizes(st))
-                self._add(out, (st.st_dev, st.st_ino), held)
+                self._add(memfds if memfd else out, (st.st_dev, st.st_ino), held)
+        self._keep_memfds(pid, memfds.holdings, out)
         return held_here, denied
+
+    def _keep_memfds(self, pid: int, held: Dict[Key, List[Holding]], out: Owners):
+        """A process's memfd regions join `out`: the MAX_MEMFDS largest one by one, the rest
+        as counts and bytes by class. Each region counts once: one held by processes that
+        fold it counts in the first read's totals only."""
+        if len(held) > MAX_MEMFDS:
+            self._fill_mapping_sizes(held)  # the bytes folded are final
+            order = sorted(held, key=lambda key: (-unlinked_size(held[key])[0], key))
+            rest: Dict[str, Tuple[int, int]] = {}
+            for key in order[MAX_MEMFDS:]:
+                hs = held.pop(key)
+                if key in out.holdings or key in out.folded:
+                    continue
+                out.folded.add(key)
+                count, size = rest.get(cls := classify(memfd_name(hs[0].path)), (0, 0))
+                rest[cls] = count + 1, size + unlinked_size(hs)[0]
+            out.memfd_rest[pid] = rest
+        for key, (h,) in held.items():
+            if key not in out.folded:
+                self._add(out, key, h)
 
     @staticmethod
     def _add(out: Owners, key: Key, new: Holding) -> None:

@@ -90,7 +90,8 @@ shmwatch_memfd_bytes  class
     Allocated bytes of memfd regions (st_blocks x 512 of the fd, or of the mapping through
     map_files with CAP_SYS_ADMIN; else the mapping's extent).
 shmwatch_process_memfd_bytes  pid comm
-    Allocated bytes of the memfd regions a process maps or holds open (top K processes).
+    Allocated bytes of the memfd regions a process maps or holds open (top K processes);
+    past its 64 largest, a region another process holds too counts in one of them only.
 shmwatch_cgroup_memory_shmem_unexplained_bytes  cgroup
     Estimate: the cgroup's shmem minus what the watched mounts charged to it, its IPC
     namespace's SysV segments (resident) and the memfd regions its processes hold explain,

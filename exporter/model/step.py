@@ -361,9 +361,12 @@ def _unexplained(
         if shm.readable:
             key = ("sysv", shm.pod_uid if node_mode else "")
             explained[key] = explained.get(key, 0) + shm.resident_bytes
-    for seg in inventory.memfd:
+    regions = [(seg.holders, seg.allocated_bytes) for seg in inventory.memfd]
+    for pid, rest in inventory.memfd_rest.items():
+        regions.append(((pid,), sum(size for _, size in rest.values())))
+    for holders, size in regions:
         under = set()  # each region once per cgroup it is below
-        for pid in seg.holders:
+        for pid in holders:
             if pid in inventory.cgroup_of:
                 under.add("/")
                 path = inventory.cgroup_of[pid].rstrip("/")
@@ -371,7 +374,7 @@ def _unexplained(
                     under.add(path)
                     path = path.rsplit("/", 1)[0]
         for path in under:
-            explained[path] = explained.get(path, 0) + seg.allocated_bytes
+            explained[path] = explained.get(path, 0) + size
     out = {}
     for c in cgroups:
         if c.estimated or c.shmem_bytes is None:

@@ -9,7 +9,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 
-from exporter.model.types import MountInventory, Segment
+from exporter.model.types import Inventory, MountInventory, Segment
 from exporter.model.classes import NOT_LEAKS, removable
 
 
@@ -116,15 +116,20 @@ def owner_label(holders: Iterable[int], comms: Dict[int, str]) -> str:
 
 
 def memfd_summary(
-    regions: List[Segment], top_k: int
+    inv: Inventory, top_k: int
 ) -> Tuple[Dict[str, Tuple[int, int]], List[Tuple[int, int]]]:
     """memfd regions -> ({class: (count, allocated)}, top K (pid, allocated it holds))."""
     by_class: Dict[str, Tuple[int, int]] = {}
     by_pid: Dict[int, int] = {}
-    for seg in regions:
+    for seg in inv.memfd:
         count, allocated = by_class.get(seg.cls, (0, 0))
         by_class[seg.cls] = (count + 1, allocated + seg.allocated_bytes)
         for pid in seg.holders:
             by_pid[pid] = by_pid.get(pid, 0) + seg.allocated_bytes
+    for pid, rest in inv.memfd_rest.items():
+        for cls, (more, size) in rest.items():
+            count, allocated = by_class.get(cls, (0, 0))
+            by_class[cls] = (count + more, allocated + size)
+            by_pid[pid] = by_pid.get(pid, 0) + size
     top = heapq.nsmallest(top_k, by_pid.items(), key=lambda kv: (-kv[1], kv[0]))
     return by_class, top
