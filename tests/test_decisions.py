@@ -1,0 +1,304 @@
+"""Exact cases for the decisions that matter most, each with values that tell the right answer
+from its near miss: the segment summary (oldest orphan, leaks), the budget behind the OOM
+projection, `check`'s thresholds and advice, the recommendation, web-config authorisation.
+Pure and fast: part of the mutation-testing selection (pyproject.toml [tool.mutmut])."""
+import base64
+from types import SimpleNamespace
+
+import bcrypt
+import pytest
+
+from exporter.check import thresholds as T
+from exporter.check.findings import Report
+from exporter.check.recommend import (memory_limit_needed, parse_headroom, parse_window, recommend,
+                                      recommendations, recommended_size, settings_for)
+from exporter.check.report import diagnose
+from exporter.check.shm import shm, shm_remedy
+from exporter.exposition.webconfig import WebConfig, WebConfigSource
+from exporter.model.budget import shm_budget
+from exporter.model.step import Model, MountView, SourceStatus
+from exporter.model.summary import owner_label, summarise
+from exporter.model.types import CgroupMemory, HostMemory, Inventory, MountInventory, MountUsage, Segment
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+# --- the segment summary --------------------------------------------------------------------
+def seg(name, cls, state, size=MiB, mtime=0.0, holders=()):
+    return Segment(name, cls, state, size, size + 1, mtime, holders)
+
+
+def test_the_oldest_orphan_is_the_oldest_removable_one():
+    """Two removable orphans of different ages: the older one's mtime, not the newer's. Older
+    segments that are not removable orphans (a semaphore, a linked or unverified one) do not count."""
+    inv = MountInventory("/dev/shm", segments=[
+        seg("nccl-new", "nccl", "orphan", mtime=5000.0),
+        seg("torch_1_old", "torch", "orphan", mtime=1000.0),
+        seg("sem.x", "semaphore", "orphan", mtime=10.0),
+        seg("other-file", "other", "orphan", mtime=20.0),
+        seg("nccl-live", "nccl", "linked", mtime=1.0, holders=(7,)),
+        seg("psm_unknown", "python_shm", "unverified", mtime=2.0),
+    ])
+    assert summarise(inv, 3).oldest_orphan_mtime == 1000.0
+    assert summarise(MountInventory("/m", segments=[seg("sem.y", "semaphore", "orphan", mtime=3.0)]),
+                     3).oldest_orphan_mtime is None
+
+
+def test_summary_totals_leaks_and_top():
+    inv = MountInventory("/dev/shm", segments=[
+        seg("nccl-a", "nccl", "linked", 4 * MiB, holders=(9, 3)),
+        seg("nccl-b", "nccl", "linked", 2 * MiB, holders=(3,)),
+        seg("nccl-c", "nccl", "orphan", 3 * MiB),
+        seg("psm_d", "python_shm", "orphan", 5 * MiB),
+        seg("sem.e", "semaphore", "orphan", 4096),
+        seg("torch_f", "torch", "hidden", 6 * MiB, holders=(4,)),
+        seg("torch_g", "torch", "hidden", 1 * MiB, holders=(4,)),
+        seg("psm_h", "python_shm", "unverified", 1 * MiB),
+        seg("sem.i", "semaphore", "unverified", 4096),
+    ], process_bytes={9: 4 * MiB, 3: 6 * MiB, 4: 7 * MiB, 5: 6 * MiB})
+    s = summarise(inv, 2)
+    assert s.totals[("nccl", "linked")] == (2, 6 * MiB, 6 * MiB + 2)
+    assert s.totals[("nccl", "orphan")] == (1, 3 * MiB, 3 * MiB + 1)
+    assert s.bytes_by_class == {"nccl": 9 * MiB, "python_shm": 6 * MiB, "semaphore": 8192, "torch": 7 * MiB}
+    assert (s.hidden_bytes, s.hidden_count) == (7 * MiB, 2)
+    assert [x.name for x in s.top] == ["torch_f", "psm_d"]
+    assert s.top_processes == [(4, 7 * MiB), (3, 6 * MiB)]  # a tie goes to the lower pid
+    assert [x.name for x in s.leaked] == ["psm_d", "nccl-c"]  # largest first, no semaphore
+    assert [x.name for x in s.unverified] == ["psm_h"]
+    assert s.named_pids == {4, 3}
+    assert [x.name for x in summarise(inv, 3).top] == ["torch_f", "psm_d", "nccl-a"]
+    tie = MountInventory("/m", segments=[seg("b", "other", "linked"), seg("a", "other", "linked")])
+    assert [x.name for x in summarise(tie, 1).top] == ["a"]
+
+
+def test_owner_label():
+    assert owner_label([], {}) == ""
+    assert owner_label([12], {12: "python"}) == "python[12]"
+    assert owner_label([12, 13], {}) == "unknown[12]+1"
+    assert owner_label([12, 13, 14, 15], {12: "vllm"}) == "vllm[12]+3"
+
+
+# --- the budget behind the OOM projection ---------------------------------------------------
+def usage(size, used, mount="/dev/shm"):
+    return MountUsage(mount, "tmpfs", "tmpfs", True, size_bytes=size, used_bytes=used,
+                      available_bytes=size - used)
+
+
+def cgroup(working_set, limit, pod_uid=""):
+    return CgroupMemory("/c", 1, working_set, limit, working_set, None, 0, "cgroup", pod_uid)
+
+
+def test_shm_budget_exact():
+    b = shm_budget(usage(2 * GiB, 60 * MiB), cgroup(390 * MiB, 400 * MiB))
+    # 330 MiB used outside shm: 70 MiB of room, and a full 2 GiB mount would need 2378/400 of it.
+    assert (b.fillable_bytes, b.effective_bytes, b.room_bytes) == (2 * GiB, 70 * MiB, 70 * MiB)
+    assert b.projection == (330 * MiB + 2 * GiB) / (400 * MiB)
+    b = shm_budget(usage(2 * GiB, 60 * MiB), cgroup(390 * MiB, 400 * MiB), size_limit=50 * MiB)
+    assert (b.fillable_bytes, b.effective_bytes) == (50 * MiB, 50 * MiB)
+    assert b.projection == 380 / 400
+    b = shm_budget(usage(2 * GiB, 0), None, memory_limit=512 * MiB)
+    assert (b.fillable_bytes, b.effective_bytes, b.projection, b.room_bytes) == (2 * GiB, 512 * MiB, None,
+                                                                                  512 * MiB)
+    b = shm_budget(usage(2 * GiB, 0), cgroup(10, None), memory_limit=512 * MiB)  # unlimited cgroup
+    assert (b.effective_bytes, b.projection, b.room_bytes) == (2 * GiB, None, None)
+    assert shm_budget(usage(64 * MiB, 0), cgroup(0, 8 * GiB)).effective_bytes == 64 * MiB
+
+
+# --- the recommendation -----------------------------------------------------------------------
+def view(u, cg=None, labels=None, max_used=None, budget_memory=None):
+    return MountView(u.mount, labels or {}, u, None, max_used, None, None, None, cg,
+                     shm_budget(u, cg, memory_limit=budget_memory))
+
+
+def test_the_memory_limit_needed_counts_what_is_not_shm():
+    """Working set 390 MiB of which 60 MiB is shm, limit 400 MiB: a 75 MiB mount needs 330 +
+    75 = 405 MiB of limit, which does not fit (with working set and shm swapped: 75, fits)."""
+    assert memory_limit_needed(75 * MiB, 390 * MiB, 60 * MiB) == 405 * MiB
+    assert memory_limit_needed(75 * MiB, 10 * MiB, 60 * MiB) == 75 * MiB  # less than shm: clamped
+    assert memory_limit_needed(75 * MiB, 390 * MiB, 60 * MiB - 1) == 406 * MiB  # rounded up to MiB
+    r = recommend(view(usage(256 * MiB, 60 * MiB), cgroup(390 * MiB, 400 * MiB)), 60 * MiB, "current", None, 1.25)
+    assert (r.recommended_size_bytes, r.memory_limit_bytes, r.memory_limit_bytes_needed) == (
+        75 * MiB, 400 * MiB, 405 * MiB)
+    assert r.memory_limit_fits is False and r.observed_peak_bytes == 60 * MiB
+    assert r.settings["docker_run_memory"] == "docker run --memory=405m"
+    assert r.settings["kubernetes_volume"].endswith("{name: dshm, emptyDir: {medium: Memory, sizeLimit: 75Mi}}]")
+    fits = recommend(view(usage(256 * MiB, 60 * MiB), cgroup(390 * MiB, 405 * MiB), {"volume": "cache"}),
+                     60 * MiB, "exporter", None, 1.25, "a note")
+    assert fits.memory_limit_fits is True and "docker_run_memory" not in fits.settings
+    assert "name: cache," in fits.settings["kubernetes_volume"] and fits.notes == ["a note"]
+    unlimited = recommend(view(usage(256 * MiB, 0), cgroup(10 * MiB, None)), -5, "current", None, 1.25)
+    assert unlimited.memory_limit_fits is None and unlimited.observed_peak_bytes == 0
+    assert unlimited.memory_limit_bytes_needed == 1 * MiB + 10 * MiB  # the 1 MiB floor of a size
+    none = recommend(view(usage(256 * MiB, 0)), 3 * GiB, "prometheus", "7d", 1.25)
+    assert none.memory_limit_bytes is None and none.memory_limit_fits is None and none.window == "7d"
+    assert none.recommended_size_bytes == 4 * GiB and none.current_size_bytes == 256 * MiB
+
+
+def test_recommended_size_and_settings():
+    assert recommended_size(60 * MiB) == 75 * MiB
+    assert recommended_size(60 * MiB, 2.0) == 120 * MiB
+    assert recommended_size(900 * MiB) == 2 * GiB  # 1125 MiB: whole GiB above 1 GiB
+    s = settings_for(75 * MiB, "dshm", None)
+    assert s["docker_run"] == "docker run --shm-size=75m" and s["compose"] == "shm_size: 75m"
+    assert '"sizeLimit":"75Mi"' in s["kubectl_patch"] and set(s) == {
+        "docker_run", "compose", "kubernetes_volume", "kubectl_patch"}
+    m = settings_for(2 * GiB, "v", 3 * GiB)
+    assert m["compose_memory"] == "mem_limit: 3g" and m["kubernetes_memory_limit"].endswith("--limits=memory=3Gi")
+
+
+def test_recommendations_take_the_higher_current_use():
+    extra = SimpleNamespace(prometheus_selector="", recommend_window="7d", prometheus_url=None,
+                            exporter_url=None, recommend_headroom=1.25)
+    views = [view(usage(256 * MiB, 40 * MiB, "/a"), max_used=80 * MiB), view(usage(256 * MiB, 8 * MiB, "/b")),
+             MountView("/c", {}, None, None, None, None, None, None, None, None)]
+    recs, notes = recommendations(SimpleNamespace(mounts=views), extra)
+    assert [(r.mount, r.observed_peak_bytes, r.source) for r in recs] == [("/a", 40 * MiB, "current"),
+                                                                           ("/b", 8 * MiB, "current")]
+    assert notes == [] and recs[0].recommended_size_bytes == 50 * MiB
+
+
+def test_recommend_flags():
+    assert parse_window("7d") == "7d" and parse_window("1h30m") == "1h30m"
+    for bad in ("7", "a week", "7d "):
+        with pytest.raises(ValueError):
+            parse_window(bad)
+    assert parse_headroom("1") == 1.0 and parse_headroom("10") == 10.0
+    for bad in ("0.99", "10.5"):
+        with pytest.raises(ValueError):
+            parse_headroom(bad)
+
+
+# --- `shmwatch check`: thresholds and advice --------------------------------------------------
+def judge(u, required=None, cg=None, budget_memory=None, inventory=None):
+    report = Report()
+    v = view(u, cg, budget_memory=budget_memory)
+    if inventory is not None:
+        v = MountView(v.mount, {}, u, None, None, None, inventory, summarise(inventory, 5), cg, v.budget)
+    model = SimpleNamespace(inventory=Inventory([], {}, 0, 1, wall_time=10_000.0))
+    shm(report, v, model, required)
+    return report
+
+
+def severities(report):
+    return [(f.severity, f.message) for f in report.findings]
+
+
+def test_require_shm_compares_the_effective_size():
+    """2 GiB of tmpfs under a 512 MiB memory limit holds 512 MiB: --require-shm=1Gi fails."""
+    r = judge(usage(2 * GiB, 0), 1 * GiB, budget_memory=512 * MiB)
+    [(severity, message)] = severities(r)
+    assert severity == "fail" and message == "2.0 GiB, 0 B used (0%): can hold 512.0 MiB, below the 1.0 GiB required (--require-shm)"
+    assert r.exit_code == 2 and r.facts["shm"][0]["effective_size_bytes"] == 512 * MiB
+    assert r.findings[0].remedy == shm_remedy(1 * GiB)
+    assert judge(usage(2 * GiB, 0), 512 * MiB, budget_memory=512 * MiB).exit_code == 0  # exactly enough
+    assert judge(usage(2 * GiB, 0), 512 * MiB + 1, budget_memory=512 * MiB).exit_code == 2
+
+
+def test_usage_thresholds_are_the_rules():
+    size = 1000 * MiB
+    assert judge(usage(size, int(size * T.SHM_USAGE_WARNING_RATIO))).exit_code == 0
+    warn = judge(usage(size, int(size * T.SHM_USAGE_WARNING_RATIO) + MiB))
+    assert severities(warn) == [("warn", "1000.0 MiB, 801.0 MiB used (80%): above 80 %")]
+    assert warn.findings[0].remedy == "remove leaked segments or raise the size"
+    full = judge(usage(size, int(size * T.SHM_USAGE_CRITICAL_RATIO) + MiB))
+    assert [s for s, _ in severities(full)] == ["warn"] and "about to be full" in full.findings[0].message
+    assert judge(usage(size, int(size * T.SHM_USAGE_CRITICAL_RATIO) + MiB), required=MiB).exit_code == 2
+    assert judge(usage(size, int(size * T.SHM_USAGE_CRITICAL_RATIO))).findings[0].message.endswith("above 80 %")
+
+
+def test_docker_default_and_fstype():
+    small = judge(usage(64 * MiB, 0))
+    assert severities(small) == [("warn", "64.0 MiB (Docker's 64 MiB default), 0 B used (0%): far too small "
+                                          "for NCCL, torch or vLLM")]
+    assert small.findings[0].remedy == shm_remedy(16 * GiB)
+    below = judge(usage(32 * MiB, 0))
+    assert "32.0 MiB (below Docker's 64 MiB default)" in below.findings[0].message
+    assert severities(judge(usage(64 * MiB + 4096, 0)))[0][0] == "ok"
+    other = Report()
+    u = MountUsage("/dev/shm", "ext4", "/dev/vda", True, size_bytes=GiB, used_bytes=0)
+    shm(other, view(u), None, None)
+    assert [(f.severity, f.message) for f in other.findings] == [("warn", "is ext4, not tmpfs")]
+    error = Report()
+    shm(error, view(MountUsage("/x", "tmpfs", "t", False, error="gone")), None, 1)
+    assert [(f.severity, f.message) for f in error.findings] == [("fail", "cannot be measured: gone")]
+
+
+def test_leaks_are_advised_for_removal_only_when_removable():
+    inv = MountInventory("/dev/shm", segments=[
+        seg("nccl-a", "nccl", "orphan", 2 * MiB, mtime=9_000.0), seg("lock", "other", "orphan", 4096),
+        seg("psm_u", "python_shm", "unverified", MiB), seg("torch_h", "torch", "hidden", MiB, holders=(3,))])
+    r = judge(usage(GiB, 4 * MiB), inventory=inv)
+    by_severity = {(f.severity, f.message.split(":")[0]): f.remedy for f in r.findings}
+    assert by_severity[("warn", "1 leaked segment(s) held by no process, 2.0 MiB")] == \
+        "once no server can attach to them: rm /dev/shm/nccl-a"
+    assert ("info", "1 file(s) of no known owner class held by no process, 4.0 KiB") in by_severity
+    unverified = next(f for f in r.findings if "could not read 0 process(es))" in f.message)
+    assert unverified.severity == "info" and "never remove them" in unverified.remedy
+    hidden = next(f for f in r.findings if "unlinked-but-mapped" in f.message)
+    assert hidden.message.startswith("1 unlinked-but-mapped segment(s), 1.0 MiB")
+    facts = r.facts["shm"][0]
+    assert facts["orphans"] == [{"name": "nccl-a", "class": "nccl", "bytes": 2 * MiB, "age_seconds": 1000},
+                                {"name": "lock", "class": "other", "bytes": 4096, "age_seconds": 10_000}]
+    assert facts["unverified"] == [{"name": "psm_u", "class": "python_shm", "bytes": MiB}]
+    assert r.findings[0] .severity == "ok" and "by class: nccl 2.0 MiB, python_shm 1.0 MiB" in r.findings[0].message
+
+
+def model_of(views, cgroups, host=None, node_mode=False, statuses=()):
+    return Model(node_mode, list(statuses), views, None, cgroups, host, [], None, [], None)
+
+
+def test_memory_thresholds_and_the_projection():
+    cg = cgroup(int(400 * MiB * T.OOM_RISK_RATIO) + MiB, 400 * MiB)
+    u = usage(2 * GiB, 60 * MiB)
+    report = diagnose(model_of([view(u, cg)], [cg]))
+    memory = [(f.severity, f.subject, f.message) for f in report.findings if f.area == "memory"]
+    assert ("warn", "/c", "working set 361.0 MiB of 400.0 MiB limit (90%)") in memory
+    projection = next(f for f in report.findings if f.subject == "/dev/shm" and f.area == "memory")
+    assert projection.message.startswith("filling it (2.0 GiB) would need 587% of the memory limit")
+    assert projection.remedy == "lower sizeLimit to at most 99.0 MiB or raise the memory limit"
+    calm = cgroup(int(400 * MiB * T.OOM_RISK_RATIO), 400 * MiB)
+    # 300 MiB besides shm, and a full 100 MiB mount: exactly the limit, not above it.
+    fits = view(usage(100 * MiB, 60 * MiB), calm)
+    ok = diagnose(model_of([fits], [calm]))
+    assert [(f.severity, f.area) for f in ok.findings] == [("ok", "shm"), ("ok", "memory")]
+    over = view(usage(100 * MiB + 4096, 60 * MiB), calm)
+    assert [(f.severity, f.subject) for f in diagnose(model_of([over], [calm])).findings][-1] == ("warn", "/dev/shm")
+    unlimited = diagnose(model_of([], [cgroup(5 * MiB, None)]))
+    assert unlimited.findings[0].severity == "info" and "no memory limit" in unlimited.findings[0].message
+
+
+def test_host_memory_and_pods():
+    low = HostMemory(100 * GiB, int(100 * GiB * T.HOST_MEMORY_AVAILABLE_LOW_RATIO) - MiB, 0)
+    fine = HostMemory(100 * GiB, int(100 * GiB * T.HOST_MEMORY_AVAILABLE_LOW_RATIO), 0)
+    assert diagnose(model_of([], [], low)).findings[0].severity == "warn"
+    assert diagnose(model_of([], [], fine)).findings[0].severity == "ok"
+    risky = cgroup(int(GiB * T.OOM_RISK_RATIO) + 1, GiB, "u1")
+    calm = cgroup(int(GiB * T.OOM_RISK_RATIO), GiB, "u2")
+    pods = diagnose(model_of([], [risky, calm], node_mode=True))
+    assert [(f.severity, f.subject) for f in pods.findings] == [("warn", "pod u1")]
+    assert [(f.severity, f.message) for f in diagnose(model_of([], [calm], node_mode=True)).findings] == [
+        ("ok", "1 pod cgroup(s), none above 90% of its limit")]
+    failed = diagnose(model_of([], [], statuses=[SourceStatus("sysv", False, 0.0, "EACCES")]))
+    assert [(f.severity, f.area, f.subject) for f in failed.findings] == [("warn", "sysv", "collector sysv")]
+
+
+# --- web-config authorisation -----------------------------------------------------------------
+def basic(user, password):
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_an_unknown_user_is_refused_whatever_the_password():
+    """Unknown users are checked against a dummy hash (for even timing), whose password is
+    'no such user': a match there must still be a refusal."""
+    alice = bcrypt.hashpw(b"wonderland", bcrypt.gensalt(4))
+    source = WebConfigSource(fixed=WebConfig(users={"alice": alice}))
+    config = source.config
+    assert not source.authorized(config, basic("mallory", "no such user"))
+    assert not source.authorized(config, basic("mallory", "wonderland"))
+    assert not source.authorized(config, basic("alice", "no such user"))
+    assert source.authorized(config, basic("alice", "wonderland"))
+    assert source.authorized(config, "bAsIc " + basic("alice", "wonderland")[6:])  # the scheme is any case
+    for header in (None, "", "Bearer x", "Basic !!", "Basic " + base64.b64encode(b"alice").decode(),
+                   "Basic " + base64.b64encode(b"\xff:x").decode()):
+        assert not source.authorized(config, header), header
+    assert WebConfigSource(fixed=WebConfig()).authorized(WebConfig(), None)  # no users: open
