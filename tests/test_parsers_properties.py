@@ -204,7 +204,11 @@ limit_texts = st.one_of(
 
 
 @given(limit_texts)
-@example("-1\n").example(f" {V1_UNLIMITED - 1}\n").example(f"{V1_UNLIMITED}").example("max\n").example("0")
+@example("-1\n")
+@example(f" {V1_UNLIMITED - 1}\n")
+@example(f"{V1_UNLIMITED}")
+@example("max\n")
+@example("0")
 def test_limit_is_the_number_in_the_file_or_none_only_for_unlimited(text):
     """Anything else than one number (or "max") is a ValueError, never a guessed limit; None
     only for "max" and v1's unlimited and above; any other number is the limit itself."""
