@@ -207,7 +207,7 @@ def test_a_pod_removed_mid_walk_leaves_the_others(tmp_path):
     import threading
     from exporter.host.paths import Paths
     if not os.path.exists(os.path.join(V1_ROOT, "memory.usage_in_bytes")):
-        pytest.skip("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
+        prerequisite_missing("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
     base = os.path.join(V1_ROOT, "kubepods", "burstable")
     made = [d for d in (os.path.join(V1_ROOT, "kubepods"), base) if not os.path.isdir(d)]
     uids = [str(uuid.uuid4()) for _ in range(3)]
@@ -257,7 +257,7 @@ def test_node_mode_walks_the_pod_cgroups_again_only_when_it_must(tmp_path, monke
     from exporter.collectors import cgroup as cgroup_mod
     from exporter.host.paths import Paths
     if not os.path.exists(os.path.join(V1_ROOT, "memory.usage_in_bytes")):
-        pytest.skip("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
+        prerequisite_missing("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
     monkeypatch.setattr(cgroup_mod, "MISSING_REWALK_SECONDS", 0.0)
     base = os.path.join(V1_ROOT, "kubepods", "burstable")
     made = [d for d in (os.path.join(V1_ROOT, "kubepods"), base) if not os.path.isdir(d)]
