@@ -14,6 +14,7 @@ from exporter.check.recommend import (memory_limit_needed, parse_headroom, parse
                                       recommendations, recommended_size, settings_for)
 from exporter.check.report import diagnose
 from exporter.check.shm import shm, shm_remedy
+from exporter.collectors.segments import segment_state
 from exporter.exposition.webconfig import WebConfig, WebConfigSource
 from exporter.model.budget import shm_budget
 from exporter.model.step import Model, MountView, SourceStatus
@@ -21,6 +22,32 @@ from exporter.model.summary import owner_label, summarise
 from exporter.model.types import CgroupMemory, HostMemory, Inventory, MountInventory, MountUsage, Segment
 
 MiB, GiB = 1 << 20, 1 << 30
+
+
+# --- segment states (DESIGN.md "Segment states") -----------------------------------------------
+def test_segment_states():
+    """(held, known at the last full scan, held at it, every process inspected, quick run,
+    owners from a full scan this run) -> state. Leaked only on a full scan's word."""
+    from itertools import product
+    for rest in product((False, True), repeat=5):
+        assert segment_state((7,), *rest) == "linked"
+    cases = {
+        (True, False, True, False, True): "orphan",  # known, unheld, a full scan saw it
+        (True, False, False, False, True): "unverified",  # somebody could not be inspected
+        (True, True, True, False, False): "unverified",  # held at the full scan: only it may say
+        (True, True, True, True, False): "unverified",
+        (True, False, True, True, False): "orphan",  # a quick run: the full scan's owners hold
+        (True, True, True, False, True): "orphan",  # the full scan itself found it unheld
+        (False, False, True, True, False): "linked",  # new since the full scan: its creator's
+        (False, False, False, True, False): "linked",
+        (False, False, True, False, True): "orphan",  # new, and the full scan found nobody
+        (False, False, False, False, True): "unverified",
+        (False, False, True, False, False): "unverified",  # a refresh found nobody: not leaked yet
+        (False, True, True, False, False): "unverified",
+    }
+    for (known, at_full, complete, quick, settled), state in cases.items():
+        assert segment_state((), known, at_full, complete, quick, settled) == state, (known, at_full, complete,
+                                                                                       quick, settled)
 
 
 # --- the segment summary --------------------------------------------------------------------

@@ -35,6 +35,20 @@ Listing = Tuple[Files, Dict[str, int], bool]  # files, other entries by type, tr
 Changes = Dict[str, Optional[Set[str]]]  # mount -> names changed; None: re-list it all
 
 
+def segment_state(held, known, held_at_full, complete, quick, settled) -> str:
+    """Held by nobody we could inspect: an orphan only when we inspected everybody who could
+    hold it (`complete`), else unverified. A file new since the last full scan (not `known`)
+    is taken as held by its creator after a quick run, unverified after a refresh. `settled`:
+    the owners come from a full scan this run, which alone may call a segment leaked, also one
+    held at the last full scan."""
+    if held:
+        return "linked"
+    unheld = "orphan" if complete else "unverified"
+    if not known:
+        return "linked" if quick else unheld if settled else "unverified"
+    return "unverified" if held_at_full and not settled else unheld
+
+
 class SegmentsCollector(BaseSource):
     name = "segments"
     schedule = "inventory"
@@ -275,28 +289,15 @@ class SegmentsCollector(BaseSource):
         """`quick`: nobody was read for this mount's changes (the last scan's owners reused).
         `settled`: the owners come from a full scan this run, which alone may call a segment
         leaked (not a quick run, a pod's rescan, or a refresh)."""
-        holdings = self._owners.holdings
-        # Held by nobody we could inspect: an orphan only when we inspected everybody who
-        # could hold it; otherwise unverified (never called leaked, never advised for rm).
-        unheld_state = "orphan" if self._owners.complete else "unverified"
-        # A file new since the last full scan is taken as held by its creator until the
-        # follow-up full run says otherwise: no orphan flapping on every create. A refresh
-        # read its new processes, and found nobody holding it: unverified until a full scan.
-        unknown_state = "linked" if quick else unheld_state if settled else "unverified"
+        holdings, complete = self._owners.holdings, self._owners.complete
         known_files = (
             self._known_files if self._full_devs.get(mount) == dev else frozenset()
         )
         rows = []  # (name, state, (allocated, apparent, mtime), holdings, key)
         for key, (name, st) in files.items():
             held = holdings.get(key)
-            if held:
-                state = "linked"
-            else:
-                state = unheld_state if key in known_files else unknown_state
-                if not settled and state == "orphan" and key in self._held_at_full:
-                    # Held at the last full scan, unheld in a pod-scoped scan or a refresh:
-                    # only a full scan, with its re-reads of new processes, may call it leaked.
-                    state = "unverified"
+            known, at_full = key in known_files, key in self._held_at_full
+            state = segment_state(held, known, at_full, complete, quick, settled)
             size = (st.st_blocks * 512, st.st_size, st.st_mtime)
             rows.append((name, state, size, held or (), key))
         for key in held_keys:
