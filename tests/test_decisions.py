@@ -329,3 +329,161 @@ def test_an_unknown_user_is_refused_whatever_the_password():
                    "Basic " + base64.b64encode(b"\xff:x").decode()):
         assert not source.authorized(config, header), header
     assert WebConfigSource(fixed=WebConfig()).authorized(WebConfig(), None)  # no users: open
+
+
+# --- where the peak comes from: Prometheus, a running exporter, this run ------------------------
+class Peers:
+    """A Prometheus query API and an exporter's /metrics on loopback, answering from tables."""
+
+    def __init__(self, prometheus, exporter, status="success"):
+        import http.server
+        import json
+        import threading
+        import urllib.parse
+
+        peers = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                url = urllib.parse.urlparse(self.path)
+                if url.path == "/api/v1/query":
+                    query = urllib.parse.parse_qs(url.query)["query"][0]
+                    peers.queries.append(query)
+                    result = [{"metric": {}, "value": [0, str(v)]}
+                              for mount, values in prometheus.items() if f'mount="{mount}"' in query
+                              for v in values]
+                    body = json.dumps({"status": status, "error": "bad query", "data": {"result": result}})
+                else:
+                    body = "".join(f'shmwatch_mount_max_used_bytes{{mount="{m}"}} {v}\n' for m, v in exporter.items())
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+            def log_message(self, *args):
+                pass
+
+        self.queries = []
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def extra(prometheus=None, exporter=None, selector=""):
+    return SimpleNamespace(prometheus_selector=selector, recommend_window="7d", prometheus_url=prometheus,
+                           exporter_url=exporter, recommend_headroom=1.25)
+
+
+def test_the_peak_comes_from_the_best_source_that_has_it():
+    prom = Peers({"/a": [100 * MiB], "/b": [20 * MiB, 24 * MiB], "/d": [10 * MiB], "/e": [0]},
+                 {"/b": 30 * MiB, "/c": 16 * MiB})
+    try:
+        views = [view(usage(GiB, 1 * MiB, m), max_used=mu) for m, mu in
+                 (("/a", 2 * MiB), ("/b", None), ("/c", 3 * MiB), ("/d", 12 * MiB), ("/e", 0), ("/f", None))]
+        recs, notes = recommendations(SimpleNamespace(mounts=views), extra(prom.url, prom.url + "/metrics"))
+        got = {r.mount: (r.source, r.window, r.observed_peak_bytes, r.notes) for r in recs}
+        assert got["/a"] == ("prometheus", "7d", 100 * MiB, [])
+        # Two series and no selector: another pod's /dev/shm may be one; the exporter's instead.
+        assert got["/b"] == ("exporter", None, 30 * MiB, [])
+        assert notes == ["Prometheus not used for /b: 2 series match; name this workload's with "
+                         "--prometheus.selector"]
+        assert got["/c"] == ("exporter", None, 16 * MiB, [])
+        assert got["/d"] == ("current", None, 12 * MiB,
+                             ["the current use is above what prometheus recorded: it is the peak"])
+        assert got["/e"] == ("prometheus", "7d", 0, [])  # a peak of 0 is a peak
+        assert got["/f"][0] == "current" and got["/f"][3] == [
+            "no recorded peak: this is the current use only, a spike that is over is not seen"]
+        assert prom.queries[0] == 'max_over_time(shmwatch_mount_peak_used_bytes{mount="/a"}[7d])'
+        recs, notes = recommendations(SimpleNamespace(mounts=views[1:2]),
+                                      extra(prom.url + "/", None, '{instance="x"}'))
+        assert prom.queries[-1] == 'max_over_time(shmwatch_mount_peak_used_bytes{mount="/b", instance="x"}[7d])'
+        assert (recs[0].source, recs[0].observed_peak_bytes, notes) == ("prometheus", 24 * MiB, [])
+        assert recs[0].notes == ["2 series matched this mount; the highest was taken (narrow them with "
+                                 "--prometheus.selector)"]
+    finally:
+        prom.close()
+
+
+def test_a_source_that_fails_is_named_and_skipped():
+    broken = Peers({"/a": [5 * MiB]}, {}, status="error")
+    try:
+        views = [view(usage(GiB, 2 * MiB, "/a"))]
+        recs, notes = recommendations(SimpleNamespace(mounts=views), extra(broken.url, broken.url + "/metrics"))
+        assert [(r.source, r.observed_peak_bytes) for r in recs] == [("current", 2 * MiB)]
+        assert notes == [f"Prometheus not used: {broken.url}: bad query",
+                         f"exporter not used: {broken.url}/metrics: no shmwatch_mount_max_used_bytes (an older "
+                         "shmwatch?)"]
+    finally:
+        broken.close()
+    recs, notes = recommendations(SimpleNamespace(mounts=views), extra("http://127.0.0.1:9"))
+    assert notes[0].startswith("Prometheus not used: http://127.0.0.1:9/api/v1/query?query=max_over_time")
+
+
+# --- `shmwatch check`: the whole report ----------------------------------------------------------
+def test_backend_log_and_failed_collectors():
+    from exporter.check.logscan import LogHit
+    from exporter.model.step import OomCount
+    u = usage(8 * GiB, 0)
+    model = model_of([view(u)], [], statuses=[SourceStatus("gpu", False, 0.0, "no driver"),
+                                              SourceStatus("host_memory", False, 0.0, "EIO"),
+                                              SourceStatus("cgroup", False, 0.0, None),
+                                              SourceStatus("shm_mount", True, 0.0, None)])
+    r = diagnose(model, backend="vllm", log_hits={"nccl_shm_create": [LogHit("/var/log/x.log", 7, "NCCL WARN")]})
+    found = [(f.severity, f.area, f.subject, f.message) for f in r.findings]
+    assert ("info", "gpu", "NVML", "GPU memory not checked: no driver") in found
+    assert ("warn", "memory", "collector host_memory", "could not be read: EIO") in found
+    assert ("warn", "shm", "/dev/shm", "can hold 8.0 GiB, under the 16.0 GiB recommended for vllm") in found
+    assert ("info", "memory", "cgroup", "not read: no result") in found
+    assert not [f for f in found if f[2] in ("collector gpu", "collector cgroup")]  # said elsewhere
+    log = next(f for f in r.findings if f.area == "log")
+    assert (log.severity, log.subject) == ("warn", "x.log:7") and log.message.endswith("Seen: NCCL WARN")
+    assert [f.severity for f in diagnose(model, required=16 * GiB, backend="vllm").findings if f.area == "shm"] == [
+        "fail"]  # the requirement says it: no second finding
+    assert not [f for f in diagnose(model, backend="trtllm", required=80 * GiB).findings
+                if "recommended for trtllm" in f.message]
+    assert not [f for f in diagnose(model_of([view(usage(16 * GiB, 0))], []), backend="sglang").findings
+                if "recommended" in f.message]
+    cg = cgroup(10 * MiB, GiB)
+    counted = model_of([], [cg])
+    object.__setattr__(counted, "oom_kills", [OomCount("/c", "", 3)])
+    kills = [(f.severity, f.message, f.remedy) for f in diagnose(counted).findings]
+    assert ("warn", "3 OOM kill(s) so far", "count /dev/shm in the memory budget") in kills
+    assert diagnose(model_of([], [CgroupMemory("/c", 1, 1, GiB, 1, None, 2, "cgroup")])).findings[-1].message == \
+        "2 OOM kill(s) so far"
+
+
+def test_memory_finding_texts():
+    est = CgroupMemory("(estimate)", 0, 100 * MiB, 400 * MiB, 100 * MiB, 5 * MiB, None, "flag", estimated=True)
+    [f] = diagnose(model_of([], [est])).findings
+    assert (f.severity, f.subject, f.remedy) == ("ok", "(estimate)", "")
+    assert f.message == ("working set 100.0 MiB of 400.0 MiB limit (25%) (estimated: the workload's resident "
+                         "memory and shm; its cgroup is not readable here), shmem 5.0 MiB")
+    high = cgroup(400 * MiB, 400 * MiB)
+    [f] = diagnose(model_of([], [high])).findings
+    assert (f.severity, f.remedy) == ("warn", "raise the memory limit or free shm")
+    [f] = diagnose(model_of([], [cgroup(5 * MiB, None)])).findings
+    assert f.message == "working set 5.0 MiB, no memory limit: OOM ratios not computed (pass --memory.limit-bytes)"
+    host = HostMemory(10 * GiB, 5 * GiB, GiB)
+    [f] = diagnose(model_of([], [], host)).findings
+    assert (f.subject, f.message, f.remedy) == ("host", "5.0 GiB of 10.0 GiB available (50%), shmem 1.0 GiB", "")
+    assert diagnose(model_of([], [], HostMemory(0, 0, 0))).findings[0].severity == "ok"
+    low = diagnose(model_of([], [], HostMemory(10 * GiB, 0, 0))).findings[0]
+    assert (low.severity, low.remedy) == ("warn", "free leaked shm, move workloads")
+    # Another cgroup's mount, or one without a budget, is not this cgroup's projection.
+    other = cgroup(300 * MiB, 400 * MiB)
+    foreign = view(usage(GiB, 0), other)
+    assert [f.area for f in diagnose(model_of([foreign], [cgroup(300 * MiB, 400 * MiB)])).findings] == [
+        "shm", "memory"]
+    nodes = model_of([view(usage(GiB, 0), other)], [other], host, node_mode=True)
+    assert [(f.area, f.subject) for f in diagnose(nodes).findings] == [("shm", "/dev/shm"), ("memory", "pods"),
+                                                                      ("memory", "host")]
+    pod = cgroup(GiB, GiB, "u1")
+    pods = model_of([], [pod], node_mode=True)
+    object.__setattr__(pods, "oom_kills", [])
+    found = diagnose(pods)
+    assert [(f.severity, f.subject, f.message, f.remedy) for f in found.findings] == [
+        ("warn", "pod u1", "working set 1.0 GiB of 1.0 GiB limit (100%)", "raise the pod's memory limit or free its shm")]
+    assert found.facts["pod_cgroups"][0]["pod_uid"] == "u1"
