@@ -82,16 +82,17 @@ def test_summary_totals_leaks_and_top():
         seg("torch_g", "torch", "hidden", 1 * MiB, holders=(4,)),
         seg("psm_h", "python_shm", "unverified", 1 * MiB),
         seg("sem.i", "semaphore", "unverified", 4096),
-    ], process_bytes={9: 4 * MiB, 3: 6 * MiB, 4: 7 * MiB, 5: 6 * MiB})
+        seg("psm_j", "python_shm", "unverified", 2 * MiB),
+    ], process_bytes={9: 4 * MiB, 5: 6 * MiB, 4: 7 * MiB, 3: 6 * MiB})
     s = summarise(inv, 2)
     assert s.totals[("nccl", "linked")] == (2, 6 * MiB, 6 * MiB + 2)
     assert s.totals[("nccl", "orphan")] == (1, 3 * MiB, 3 * MiB + 1)
-    assert s.bytes_by_class == {"nccl": 9 * MiB, "python_shm": 6 * MiB, "semaphore": 8192, "torch": 7 * MiB}
+    assert s.bytes_by_class == {"nccl": 9 * MiB, "python_shm": 8 * MiB, "semaphore": 8192, "torch": 7 * MiB}
     assert (s.hidden_bytes, s.hidden_count) == (7 * MiB, 2)
     assert [x.name for x in s.top] == ["torch_f", "psm_d"]
     assert s.top_processes == [(4, 7 * MiB), (3, 6 * MiB)]  # a tie goes to the lower pid
     assert [x.name for x in s.leaked] == ["psm_d", "nccl-c"]  # largest first, no semaphore
-    assert [x.name for x in s.unverified] == ["psm_h"]
+    assert [x.name for x in s.unverified] == ["psm_j", "psm_h"]  # largest first, no semaphore
     assert s.named_pids == {4, 3}
     assert [x.name for x in summarise(inv, 3).top] == ["torch_f", "psm_d", "nccl-a"]
     tie = MountInventory("/m", segments=[seg("b", "other", "linked"), seg("a", "other", "linked")])
@@ -146,7 +147,9 @@ def test_the_memory_limit_needed_counts_what_is_not_shm():
     r = recommend(view(usage(256 * MiB, 60 * MiB), cgroup(390 * MiB, 400 * MiB)), 60 * MiB, "current", None, 1.25)
     assert (r.recommended_size_bytes, r.memory_limit_bytes, r.memory_limit_bytes_needed) == (
         75 * MiB, 400 * MiB, 405 * MiB)
-    assert r.memory_limit_fits is False and r.observed_peak_bytes == 60 * MiB
+    assert r.memory_limit_fits is False and r.observed_peak_bytes == 60 * MiB and r.notes == []
+    doubled = recommend(view(usage(256 * MiB, 60 * MiB), cgroup(390 * MiB, 400 * MiB)), 60 * MiB, "current", None, 2.0)
+    assert (doubled.recommended_size_bytes, doubled.memory_limit_bytes_needed) == (120 * MiB, 450 * MiB)
     assert r.settings["docker_run_memory"] == "docker run --memory=405m"
     assert r.settings["kubernetes_volume"].endswith("{name: dshm, emptyDir: {medium: Memory, sizeLimit: 75Mi}}]")
     fits = recommend(view(usage(256 * MiB, 60 * MiB), cgroup(390 * MiB, 405 * MiB), {"volume": "cache"}),
@@ -187,11 +190,11 @@ def test_recommendations_take_the_higher_current_use():
 def test_recommend_flags():
     assert parse_window("7d") == "7d" and parse_window("1h30m") == "1h30m"
     for bad in ("7", "a week", "7d "):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=r"^not a Prometheus duration: '.*' \(e.g. 7d, 36h\)$"):
             parse_window(bad)
     assert parse_headroom("1") == 1.0 and parse_headroom("10") == 10.0
     for bad in ("0.99", "10.5"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="^must be between 1 and 10$"):
             parse_headroom(bad)
 
 
@@ -487,3 +490,86 @@ def test_memory_finding_texts():
     assert [(f.severity, f.subject, f.message, f.remedy) for f in found.findings] == [
         ("warn", "pod u1", "working set 1.0 GiB of 1.0 GiB limit (100%)", "raise the pod's memory limit or free its shm")]
     assert found.facts["pod_cgroups"][0]["pod_uid"] == "u1"
+
+
+def findings(report):
+    return [(f.severity, f.area, f.subject, f.message, f.remedy) for f in report.findings]
+
+
+def test_a_mount_report_word_for_word():
+    """Every finding and fact of one mount, exactly: the wording is what users act on."""
+    inv = MountInventory("/dev/shm", segments=[
+        *(seg(f"nccl-{i}", "nccl", "orphan", MiB, mtime=9_990.0 - i) for i in range(7)),
+        seg("torch_h", "torch", "hidden", MiB, holders=(3,)), seg("lock", "other", "orphan", 4096, mtime=20_000.0),
+        seg("plasma0", "ray", "linked", 0, holders=(3,)),
+        *(seg(f"psm_u{i}", "python_shm", "unverified", MiB) for i in range(6))], unattributed_bytes=MiB)
+    r = judge(usage(GiB, 17 * MiB), inventory=inv)
+    rm = "/dev/shm/nccl-0 /dev/shm/nccl-1 /dev/shm/nccl-2 /dev/shm/nccl-3 /dev/shm/nccl-4 (+2 more)"
+    assert findings(r) == [
+        ("ok", "shm", "/dev/shm", "1.0 GiB, 17.0 MiB used (2%); by class: nccl 7.0 MiB, python_shm 6.0 MiB, "
+                                  "torch 1.0 MiB, other 4.0 KiB", ""),
+        ("warn", "shm", "/dev/shm", f"7 leaked segment(s) held by no process, 7.0 MiB: {rm}",
+         f"once no server can attach to them: rm {rm}"),
+        ("info", "shm", "/dev/shm", "1 file(s) of no known owner class held by no process, 4.0 KiB: /dev/shm/lock",
+         "find which tool made them before removing anything (a container engine's lock file is one)"),
+        ("info", "shm", "/dev/shm", "6 segment(s), 6.0 MiB, held by no process shmwatch could inspect (could not "
+                                    "read 0 process(es)): not called leaked, they may be live",
+         "to tell live from leaked, run shmwatch as the server's UID or with CAP_SYS_PTRACE (README: Deploy); "
+         "never remove them on this report's word"),
+        ("info", "shm", "/dev/shm", "1 unlinked-but-mapped segment(s), 1.0 MiB: counted by df, invisible to ls "
+                                    "(NCCL >= 2.19, UCX proc link, torch file_descriptor)", ""),
+    ]
+    orphan = {"class": "nccl", "bytes": MiB}
+    assert r.facts == {"shm": [{
+        "mount": "/dev/shm", "fstype": "tmpfs", "size_bytes": GiB, "used_bytes": 17 * MiB,
+        "available_bytes": GiB - 17 * MiB, "effective_size_bytes": GiB,
+        "bytes_by_class": {"nccl": 7 * MiB, "torch": MiB, "other": 4096, "ray": 0, "python_shm": 6 * MiB},
+        "orphans": [*({"name": f"nccl-{i}", **orphan, "age_seconds": 10 + i} for i in range(7)),
+                    {"name": "lock", "class": "other", "bytes": 4096, "age_seconds": 0}],  # a future mtime: 0
+        "unverified": [{"name": f"psm_u{i}", "class": "python_shm", "bytes": MiB} for i in range(6)],
+        "hidden_bytes": MiB, "segments": 16, "unattributed_bytes": MiB}]}
+    five = MountInventory("/m", segments=[seg(f"torch_{i}", "torch", "orphan") for i in range(5)])
+    [_, leaked] = findings(judge(usage(GiB, 0, "/m"), inventory=five))
+    assert leaked[3].endswith("/m/torch_4") and "more" not in leaked[3]
+
+
+def test_trouble_word_for_word():
+    full = judge(usage(GiB, int(GiB * 0.96)), required=MiB, inventory=MountInventory("/dev/shm"))
+    assert findings(full) == [("fail", "shm", "/dev/shm", "1.0 GiB, 983.0 MiB used (96%): about to be full",
+                               "remove leaked segments (below) or raise the size")]
+    assert full.facts["shm"][0]["bytes_by_class"] == {} and full.facts["shm"][0]["segments"] == 0
+    broken = MountInventory("/dev/shm", error="EIO")
+    assert findings(judge(usage(GiB, 0), inventory=broken)) == [("ok", "shm", "/dev/shm", "1.0 GiB, 0 B used (0%)", "")]
+    assert "bytes_by_class" not in judge(usage(GiB, 0), inventory=broken).facts["shm"][0]
+    error = Report()
+    shm(error, view(MountUsage("/x", "tmpfs", "t", False, error="gone")), None, None)
+    assert findings(error) == [("warn", "shm", "/x", "cannot be measured: gone",
+                                "mount the workload's shm volume at this path")]
+    assert "shm" not in error.facts
+    other = Report()
+    shm(other, view(MountUsage("/dev/shm", "ext4", "/dev/vda", True, size_bytes=GiB)), None, None)
+    assert findings(other) == [("warn", "shm", "/dev/shm", "is ext4, not tmpfs", "mount a tmpfs (or memory emptyDir) here")]
+
+
+def test_who_could_not_be_read():
+    from exporter.check.shm import _unreadable
+    assert _unreadable(3, ["a (pid 1)", "b (pid 2)", "c (pid 3)"]) == "3 process(es): a (pid 1); b (pid 2); c (pid 3)"
+    assert _unreadable(4, ["a (pid 1)"]) == "4 process(es): a (pid 1) and more"
+    six = [f"p{i}" for i in range(6)]
+    assert _unreadable(6, six) == "6 process(es): p0; p1; p2; p3; p4 and more"
+    assert _unreadable(2, []) == "2 process(es)"
+    assert _unreadable(None, ["hidepid=2: every other UID"]) == "hidepid=2: every other UID"
+    assert _unreadable(None, []) == "processes hidden from shmwatch, uncounted"
+
+
+def test_mount_labels_of_each_runtime():
+    from exporter.host.kube import mount_labels
+    uid, cid = "0f1e2d3c-aaaa-bbbb-cccc-001122334455", "ab" * 32
+    assert mount_labels(f"/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/dshm") == {
+        "pod_uid": uid, "volume": "dshm", "container_id": ""}
+    for path in (f"/run/containerd/io.containerd.grpc.v1.cri/sandboxes/{cid}/shm",
+                 f"/var/lib/containers/storage/overlay-containers/{cid}/userdata/shm",
+                 f"/var/lib/docker/containers/{cid}/mounts/shm"):
+        assert mount_labels(path) == {"pod_uid": "", "volume": "", "container_id": cid}, path
+    assert mount_labels("/dev/shm") is None
+    assert mount_labels(f"/var/lib/docker/containers/{cid}/mounts/shm/sub") is None
