@@ -21,7 +21,7 @@ from exporter.model.step import Model, MountView, SourceStatus
 from exporter.model.summary import owner_label, summarise
 from exporter.model.types import CgroupMemory, HostMemory, Inventory, MountInventory, MountUsage, Segment
 
-MiB, GiB = 1 << 20, 1 << 30
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 
 # --- segment states (DESIGN.md "Segment states") -----------------------------------------------
@@ -573,3 +573,38 @@ def test_mount_labels_of_each_runtime():
         assert mount_labels(path) == {"pod_uid": "", "volume": "", "container_id": cid}, path
     assert mount_labels("/dev/shm") is None
     assert mount_labels(f"/var/lib/docker/containers/{cid}/mounts/shm/sub") is None
+
+
+# --- sizes: a reading rounds to the nearest tenth, advice rounds the safe way --------------------
+def test_sizes_exact():
+    from exporter.check.sizes import at_least, at_most, docker, human, k8s, round_up
+    assert [human(n) for n in (0, 12, 1023, KiB, 1536 * KiB, GiB - 1, 3 * GiB // 2, -2 * MiB)] == [
+        "0 B", "12 B", "1023 B", "1.0 KiB", "1.5 MiB", "1024.0 MiB", "1.5 GiB", "-2.0 MiB"]
+    assert at_least(GiB + 1) == "1.1 GiB" and at_most(GiB + 1) == "1.0 GiB"
+    assert at_least(MiB * 15 // 10 + 1) == "1.6 MiB" and at_most(MiB * 19 // 10) == "1.8 MiB"
+    assert at_least(1023.5) == "1024 B" and at_most(1023.5) == "1023 B" and at_least(KiB) == "1.0 KiB"
+    assert at_least(16_000_000_000) == "15.0 GiB" and at_most(16_000_000_000) == "14.9 GiB"
+    assert [round_up(n) for n in (0, 1, MiB, MiB + 1, GiB - 1, GiB, GiB + 1, 1.5)] == [
+        MiB, MiB, MiB, 2 * MiB, GiB, GiB, 2 * GiB, MiB]
+    assert [docker(n) for n in (GiB, 3 * GiB, GiB + MiB, 75 * MiB, 75 * MiB + 1)] == [
+        "1g", "3g", "1025m", "75m", "76m"]
+    assert [k8s(n) for n in (2 * GiB, 512 * MiB, 512 * MiB - 1)] == ["2Gi", "512Mi", "512Mi"]
+
+
+
+def test_advice_word_for_word():
+    assert shm_remedy(75 * MiB + 1) == ("docker run --shm-size=76m (or --ipc=host); compose shm_size: 76mb; Kubernetes: "
+                                        "an emptyDir {medium: Memory, sizeLimit: 76Mi} mounted at /dev/shm")
+    assert shm_remedy(GiB + 1) == ("docker run --shm-size=2g (or --ipc=host); compose shm_size: 2gb; Kubernetes: an "
+                                   "emptyDir {medium: Memory, sizeLimit: 2Gi} mounted at /dev/shm")
+    assert settings_for(75 * MiB, "dshm", 405 * MiB) == {
+        "docker_run": "docker run --shm-size=75m",
+        "compose": "shm_size: 75m",
+        "kubernetes_volume": "volumes: [{name: dshm, emptyDir: {medium: Memory, sizeLimit: 75Mi}}]",
+        "kubectl_patch": "kubectl patch deployment <name> --type=strategic -p "
+                         """'{"spec":{"template":{"spec":{"volumes":[{"name":"dshm","emptyDir":"""
+                         """{"medium":"Memory","sizeLimit":"75Mi"}}]}}}}'""",
+        "docker_run_memory": "docker run --memory=405m",
+        "compose_memory": "mem_limit: 405m",
+        "kubernetes_memory_limit": "kubectl set resources deployment <name> -c <container> --limits=memory=405Mi",
+    }
