@@ -78,7 +78,8 @@ def test_a_burst_of_events_is_one_debounced_quick_run_then_a_full_run():
         assert source.quick[0] - burst <= scheduler_mod.DEBOUNCE_MAX_SECONDS + 0.5
         assert wait_until(lambda: len(source.runs) == 2)  # the follow-up full run
         assert 1 <= len(source.quick) <= 2  # two if the burst outlasted the debounce's bound
-        assert source.runs[1] - source.quick[-1] >= scheduler_mod.FOLLOW_UP_SECONDS - 0.05
+        # FOLLOW_UP_SECONDS after the first quick run (a second one, under load, does not move it).
+        assert source.runs[1] - source.quick[0] >= scheduler_mod.FOLLOW_UP_SECONDS - 0.05
         assert other.quick == [] and len(other.runs) == 1  # not event-driven: left alone
     finally:
         sampler.stop()
@@ -127,11 +128,11 @@ def test_a_heavy_source_stretches_its_interval_while_nothing_changes():
         gaps = [b - a for a, b in zip(steady.runs, steady.runs[1:])]
         assert max(gaps) <= 0.1 * scheduler_mod.STRETCH_MAX + 0.5
         assert gaps[-1] >= 0.1 * scheduler_mod.STRETCH_MAX - 0.02  # at the cap
-        changed = len(steady.runs)
         value["v"] = 2  # a change: back to the base interval after the next run
-        assert wait_until(lambda: len(steady.runs) >= changed + 4)
-        back = steady.runs[changed + 1:changed + 4]
-        assert back[-1] - back[0] < 0.1 * scheduler_mod.STRETCH_MAX  # two gaps, not one stretched
+        changed = len(steady.runs)  # every run from here on sees it
+        assert wait_until(lambda: len(steady.runs) >= changed + 2)
+        # The run that saw it comes back after the base interval (0.1 s), not the cap's 0.8 s.
+        assert steady.runs[changed + 1] - steady.runs[changed] < 0.1 * scheduler_mod.STRETCH_MAX
     finally:
         sampler.stop()
 
