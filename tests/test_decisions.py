@@ -608,3 +608,67 @@ def test_advice_word_for_word():
         "compose_memory": "mem_limit: 405m",
         "kubernetes_memory_limit": "kubectl set resources deployment <name> -c <container> --limits=memory=405Mi",
     }
+
+
+def test_memory_report_word_for_word():
+    from dataclasses import asdict
+
+    from exporter.check.logscan import LogHit
+    from exporter.model.step import OomCount
+    host = HostMemory(0, 0, 0)
+    cg = cgroup(300 * MiB, 400 * MiB)
+    other = cgroup(10 * MiB, 400 * MiB)
+    mounts = [view(usage(GiB, 0, "/other"), other), view(usage(GiB, 0, "/dev/shm"), cg)]
+    model = model_of(mounts, [cg], host)
+    object.__setattr__(model, "oom_kills", [OomCount("/c", "", 2)])
+    r = diagnose(model)
+    assert [f for f in findings(r) if f[1] == "memory"] == [
+        ("ok", "memory", "host", "0 B of 0 B available (100%), shmem 0 B", ""),
+        ("ok", "memory", "/c", "working set 300.0 MiB of 400.0 MiB limit (75%)", ""),
+        ("warn", "memory", "/c", "2 OOM kill(s) so far", "count /dev/shm in the memory budget"),
+        ("warn", "memory", "/dev/shm", "filling it (1.0 GiB) would need 331% of the memory limit: the pod is "
+                                       "OOM-killed before tmpfs says ENOSPC",
+         "lower sizeLimit to at most 100.0 MiB or raise the memory limit")]
+    assert r.facts["host_memory"] == asdict(host) and r.facts["cgroup"] == asdict(cg)
+    unlimited = diagnose(model_of([], [cgroup(5 * MiB, None)]))
+    assert findings(unlimited) == [("info", "memory", "/c", "working set 5.0 MiB, no memory limit: OOM ratios not "
+                                                             "computed (pass --memory.limit-bytes)", "")]
+    # Pods: at the threshold is not above it; no limit is no ratio; kills are the pod's.
+    pods = [CgroupMemory("/p1", 1, 0, 1000 * MiB, 900 * MiB, None, 0, "cgroup", "u1"),
+            CgroupMemory("/p2", 1, 0, None, 900 * MiB, None, 0, "cgroup", "u2")]
+    calm = model_of([], pods, node_mode=True)
+    assert findings(diagnose(calm)) == [("ok", "memory", "pods", "2 pod cgroup(s), none above 90% of its limit", "")]
+    object.__setattr__(calm, "oom_kills", [OomCount("/p2", "u2", 4)])
+    assert findings(diagnose(calm)) == [
+        ("warn", "memory", "pod u2", "4 OOM kill(s) so far", "count /dev/shm in the memory budget"),
+        ("ok", "memory", "pods", "2 pod cgroup(s), none above 90% of its limit", "")]
+    risky = model_of([], [CgroupMemory("/p3", 1, 0, 1000 * MiB, 901 * MiB, None, 0, "cgroup", "u3")], node_mode=True)
+    assert findings(diagnose(risky)) == [("warn", "memory", "pod u3", "working set 901.0 MiB of 1000.0 MiB limit (90%)",
+                                          "raise the pod's memory limit or free its shm")]
+    # The kernel log, a log hit, a failed collector of no area of its own, a backend with no mount.
+    failed = model_of([], [], statuses=[SourceStatus("oom", False, 0.0, "EPERM"),
+                                        SourceStatus("segments", False, 0.0, "boom")])
+    hits = {"nccl_shm_create": [LogHit("/l/a.log", 3, "NCCL WARN x"), LogHit("/l/b.log", 9, "y")]}
+    assert findings(diagnose(failed, backend="vllm", log_hits=hits)) == [
+        ("info", "memory", "OOM kills", "kernel log not read: EPERM", ""),
+        ("warn", "log", "a.log:3", "NCCL could not create or attach a shared-memory segment: /dev/shm is too small "
+                                   "or full. Seen: NCCL WARN x",
+         "raise the shm size (--shm-size / shm_size / emptyDir sizeLimit) or remove leaked nccl-* segments; "
+         "NCCL_SHM_DISABLE=1 only as a last resort"),
+        ("warn", "shm", "collector segments", "could not be read: boom", "")]
+    backend = diagnose(model_of([view(usage(8 * GiB, 0))], []), backend="vllm")
+    assert findings(backend)[-1][4] == shm_remedy(16 * GiB)
+    # A mount with segments through the whole report: its orphans' ages from the inventory's time.
+    inv = MountInventory("/dev/shm", segments=[seg("nccl-x", "nccl", "orphan", MiB, mtime=9_000.0)])
+    full = model_of([MountView("/dev/shm", {}, usage(GiB, MiB), None, None, None, inv, summarise(inv, 5), None,
+                               shm_budget(usage(GiB, MiB), None))], [])
+    object.__setattr__(full, "inventory", Inventory([inv], {}, 0, 1, wall_time=10_000.0))
+    assert diagnose(full).facts["shm"][0]["orphans"][0]["age_seconds"] == 1000
+
+
+def test_names_past_the_fifth():
+    from exporter.check.shm import _unreadable
+    six = MountInventory("/m", segments=[seg(f"torch_{i}", "torch", "orphan") for i in range(6)])
+    [_, leaked] = findings(judge(usage(GiB, 0, "/m"), inventory=six))
+    assert leaked[3].endswith("/m/torch_4 (+1 more)")
+    assert _unreadable(5, [f"p{i}" for i in range(5)]) == "5 process(es): p0; p1; p2; p3; p4"
