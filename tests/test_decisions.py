@@ -672,3 +672,18 @@ def test_names_past_the_fifth():
     [_, leaked] = findings(judge(usage(GiB, 0, "/m"), inventory=six))
     assert leaked[3].endswith("/m/torch_4 (+1 more)")
     assert _unreadable(5, [f"p{i}" for i in range(5)]) == "5 process(es): p0; p1; p2; p3; p4"
+
+
+def test_authorisation_edges():
+    users = {"alice": bcrypt.hashpw(b"won:der", bcrypt.gensalt(4)), "eve": b"$2b$04$not-a-hash"}
+    source = WebConfigSource(fixed=WebConfig(users=users))
+    config = source.config
+    assert source.authorized(config, basic("alice", "won:der"))  # the password may hold a colon
+    assert not source.authorized(config, basic("eve", "anything"))  # a hash bcrypt cannot read
+    mangled = basic("alice", "won:der")
+    assert not source.authorized(config, mangled[:10] + "!" + mangled[10:])  # not strictly base64
+
+
+def test_an_empty_inventory_is_a_plain_ok():
+    assert findings(judge(usage(GiB, 0), inventory=MountInventory("/dev/shm"))) == [
+        ("ok", "shm", "/dev/shm", "1.0 GiB, 0 B used (0%)", "")]
