@@ -124,3 +124,9 @@ def test_parse_hidepid_old_and_new_spellings():
     assert parse_hidepid("rw,hidepid=ptraceable,subset=pid") == "ptraceable"
     assert parse_hidepid("rw,xhidepid=2") == "off"  # an option must start with the name
     assert parse_hidepid("") == "off"
+
+
+def test_a_cgroup_path_may_hold_colons():
+    from exporter.host.proctable import parse_proc_cgroup
+    assert parse_proc_cgroup("0::/kubepods/a:b\n5:memory:/docker/x:y:z\n") == {"": "/kubepods/a:b",
+                                                                             "memory": "/docker/x:y:z"}
