@@ -1,4 +1,5 @@
-"""The README's flags and metrics tables, generated from config.FLAGS and the catalogue.
+"""The README's flags, metrics and segment class tables, generated from config.FLAGS, the
+catalogue and exporter/model/classes.py.
 
     python3 docs/generate.py README.md     # rewrite the tables in place
 
@@ -17,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from exporter.config import COLLECTORS, FLAGS, NODE_DEFAULT_COLLECTORS, env_name  # noqa: E402
 from exporter.model.catalogue import CATALOGUE  # noqa: E402
+from exporter.model.classes import CLASSES, NOT_LEAKS, REMOVABLE  # noqa: E402
 
 
 def flags_table() -> str:
@@ -52,6 +54,26 @@ def metrics_table() -> str:
     return "\n".join(rows)
 
 
+def classes_table() -> str:
+    """exporter/model/classes.py's rows, first match wins; what `check` advises for an orphan."""
+    rows = [
+        "| class | basename | where the name comes from | orphan |",
+        "|---|---|---|---|",
+    ]
+    for cls, pattern, source in CLASSES:
+        orphan = (
+            "`rm` advised"
+            if cls in REMOVABLE
+            else "not a leak"
+            if cls in NOT_LEAKS
+            else "reported, no advice"
+        )
+        shown = pattern.replace("\\.", ".").replace(".*", "*").replace("|", "\\|")
+        rows.append(f"| {cls} | `{shown}` | {source.replace('<', '&lt;')} | {orphan} |")
+    rows.append("| other | anything else | | reported, no advice |")
+    return "\n".join(rows)
+
+
 def replace_block(text: str, name: str, body: str) -> str:
     pattern = re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
     if not pattern.search(text):
@@ -60,14 +82,19 @@ def replace_block(text: str, name: str, body: str) -> str:
 
 
 def main(argv) -> int:
-    path = argv[0] if argv else "README.md"
-    with open(path) as f:
-        text = f.read()
-    text = replace_block(
-        replace_block(text, "flags", flags_table()), "metrics", metrics_table()
-    )
-    with open(path, "w") as f:
-        f.write(text)
+    readme = argv[0] if argv else "README.md"
+    # The class table lives in docs/check.md beside the README (which stays short).
+    check_md = os.path.join(os.path.dirname(readme), "docs", "check.md")
+    for path, blocks in (
+        (readme, (("flags", flags_table()), ("metrics", metrics_table()))),
+        (check_md, (("classes", classes_table()),)),
+    ):
+        with open(path) as f:
+            text = f.read()
+        for name, table in blocks:
+            text = replace_block(text, name, table)
+        with open(path, "w") as f:
+            f.write(text)
     return 0
 
 

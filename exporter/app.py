@@ -30,7 +30,7 @@ from exporter.runtime.watcher import MountWatcher
 
 
 class App:
-    def __init__(self, cfg: Config, kmsg_from_start: bool = False):
+    def __init__(self, cfg: Config, kmsg_from_start: bool = False, web=None):
         self.paths = Paths(cfg.procfs, cfg.sysfs, cfg.rootfs)
         self.discovery = MountDiscovery(
             self.paths, cfg.shm_mounts, node_mode=cfg.mode == "node"
@@ -82,7 +82,11 @@ class App:
         self.sampler.subscribe(self.step.accept)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ModelCollector(self.step))
-        self.exposition = Exposition(self.registry, version=self.step.version)
+        version = self.step.version
+        if web is not None:  # its reload metric: rendered again when a reload moves it
+            self.registry.register(web)
+            version = lambda: (self.step.version(), web.generation)  # noqa: E731
+        self.exposition = Exposition(self.registry, version=version)
 
     def start(self) -> None:
         try:

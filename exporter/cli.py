@@ -86,12 +86,13 @@ def serve(argv: List[str]) -> int:
 
     gc_tuning.tune()
     web = _web_config(cfg)
-    app = App(cfg)
+    app = App(cfg, web=web)
     wsgi = http.make_app(
-        app.registry, cfg.telemetry_path, web, metrics_app=app.exposition.wsgi_app
+        app.registry, cfg.telemetry_path, metrics_app=app.exposition.wsgi_app
     )
     try:
-        httpd = http.bind(cfg.listen_host, cfg.listen_port, wsgi, web)
+        host, port = cfg.listen_host, cfg.listen_port
+        httpd = http.bind(host, port, wsgi, web, cfg.max_requests)
     except OSError as err:
         fail(
             "--web.listen-address",
@@ -104,8 +105,17 @@ def serve(argv: List[str]) -> int:
         log.info("received %s, shutting down", signal.Signals(signum).name)
         done.set()
 
+    def on_hangup(_signum, _frame) -> None:  # as Prometheus: re-read the web config
+        log.info(
+            "received SIGHUP, %s",
+            "re-reading the web config" if web else "no web config to re-read",
+        )
+        if web:
+            web.reload()
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_hangup)
     app.start()
     http_thread = http.serve_in_thread(httpd)
     host, port = http.bound_address(httpd)
@@ -146,9 +156,11 @@ def collect_once(cfg, timeout: float):
     app.sampler.wait_for_first_run(timeout)
     model = app.step.current()
     app.sampler.stopping.set()
-    stuck = set(app.sampler.stuck())
+    # A source still running at check's deadline is left to it: closing it (nvmlShutdown
+    # while a GPU that fell off the bus holds the driver) could block past the deadline.
+    busy = set(app.sampler.busy())
     for source in app.sources:
-        if source.name not in stuck:
+        if source.name not in busy:
             source.close()
     return model
 

@@ -183,6 +183,8 @@ _TABLE = """
 --web.tls-client-ca-file       tls_client_ca_file     text           -
     Deprecated alias of client_ca_file with client_auth_type RequireAndVerifyClientCert:
     mTLS.
+--web.max-requests             max_requests           count          40
+    Requests answered at once (as node_exporter's); beyond them 503 at once.
 --mode                         mode                   mode           sidecar
     sidecar: watch --shm.mount; node: also discover every pod's and container's shm from
     the host's mountinfo.
@@ -215,8 +217,9 @@ _TABLE = """
 --segments.full-scan-interval  full_scan_interval     duration-or-0  2m
     Node mode: how often every process on the node is read for the segments it holds. In
     between, the inventory reads only new processes, the pods of holders that exited and
-    the pods whose mount moved; a segment nobody holds that is new, or was held at the
-    last full scan, is 'unverified' until the next full scan may call it 'orphan'. 0:
+    the pods whose mount moved while a segment in it is called 'orphan'; a new segment is
+    taken as its creator's ('linked') and one held at the last full scan that its pod's
+    read finds unheld is 'unverified', until the next full scan may call it 'orphan'. 0:
     every inventory run reads every process.
 --collector.timeout            collector_timeout      duration       10s
     A collector run longer than this is marked failed.

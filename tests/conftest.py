@@ -298,6 +298,7 @@ def fallocate(path: str, size: int) -> None:
 
 
 PEER = os.path.join(REPO, "tests", "peers", "shm_peer.py")
+ENGINES = os.path.join(REPO, "tests", "peers", "engines.py")  # the engines' kinds (issue 32)
 
 
 def in_shm_namespace(tmpfs: str, argv: List[str]) -> List[str]:
@@ -313,8 +314,8 @@ def in_shm_namespace(tmpfs: str, argv: List[str]) -> List[str]:
 class Peer:
     """A shm_peer.py process; holds its segment until closed."""
 
-    def __init__(self, tmpfs: str, *args: str):
-        self.proc = subprocess.Popen(in_shm_namespace(tmpfs, [sys.executable, PEER, *args]),
+    def __init__(self, tmpfs: str, *args: str, script: str = PEER):
+        self.proc = subprocess.Popen(in_shm_namespace(tmpfs, [sys.executable, script, *args]),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         line = self.proc.stdout.readline().decode().split()
         if not line or line[0] != "ready":

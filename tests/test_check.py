@@ -251,7 +251,44 @@ SAMPLES = {
                 "of 79.10 GiB of which 1.02 GiB is free.",
     "leaked_shared_memory": "/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: "
                             "resource_tracker: There appear to be 3 leaked shared_memory objects to clean up at shutdown",
+    # The engines' lines as operators paste them (issue 32), exactly.
+    "vllm_shm_required": "RuntimeError: Insufficient space in /dev/shm: 160 MiB required, 64 MiB free. "
+                         "Increase /dev/shm (e.g. --shm-size or --ipc=host).",
+    "vllm_broadcast_block": "No available shared memory broadcast block found in 60 seconds",
+    "vllm_engine_dead": "EngineDeadError: EngineCore encountered an issue",
+    "sglang_scheduler_died": "RuntimeError: Rank 0 scheduler died during initialization (exit code: -7)",
+    "nccl_cumem_mismatch": "Error while attaching to shared memory segment /dev/shm/nccl-XXXX (size 0)",
+    "ray_object_store": "store_runner.cc:83: System memory request exceeds memory available in /dev/shm",
+    "emptydir_evicted": 'Usage of EmptyDir volume "dshm" exceeds the limit "1Gi".',
 }
+
+# Each pasted line -> the signatures it must hit (a Bus error line hits bus_error alone).
+PASTED = {
+    "Fatal Python error: Bus error": {"bus_error"},
+    "The configured object store size (10 GB) exceeds /dev/shm size (2 GB). This will harm performance.":
+        {"ray_object_store"},
+    "node1:9621:9688 [3] misc/shmutils.cc:132 NCCL WARN Error while attaching to shared memory segment "
+    "/dev/shm/nccl-AbCdEf (size 0)": {"nccl_cumem_mismatch"},
+    **{line: {name} for name, line in SAMPLES.items()},
+}
+
+
+def test_pasted_lines_hit_their_signature_and_figures_reach_the_finding(tmp_path):
+    from exporter.check.logscan import scan_log
+    for n, (line, expected) in enumerate(PASTED.items()):
+        log = tmp_path / f"{n}.log"
+        log.write_text(f"INFO before\n{line}\nINFO after\n")
+        assert set(scan_log(str(log)).hits) == expected, line
+    log = tmp_path / "engines.log"
+    log.write_text("\n".join(PASTED))
+    result = check("--shm.mount=/dev/shm", f"--log={log}", "--output", "json")
+    text = {f["message"].split(" Seen: ")[0]: f["remedy"] for f in json.loads(result.stdout)["findings"]
+            if f["area"] == "log"}
+    assert "vLLM's shared-memory queue needs 160.0 MiB in /dev/shm and found 64.0 MiB free" in " ".join(text)
+    assert any("more than 160.0 MiB" in r for r in text.values())
+    assert any("rank 0 scheduler" in t and "exit code -7" in t for t in text)
+    assert any("emptyDir dshm grew past its sizeLimit 1Gi" in t for t in text)
+    assert any("60 s" in t for t in text)
 
 
 def test_log_signatures(tmp_path):
@@ -259,7 +296,7 @@ def test_log_signatures(tmp_path):
     assert set(SAMPLES) == {name for name, _, _, _ in SIGNATURES}
     log = tmp_path / "server.log"
     log.write_text("INFO starting\n" + "\n".join(SAMPLES.values()) + "\nINFO fine\n")
-    hits = scan_log(str(log))
+    hits = scan_log(str(log)).hits
     assert set(hits) == set(SAMPLES)
     assert hits["ucx_shmget"][0].line == 4
     result = check("--shm.mount=/dev/shm", f"--log={log}", "--output", "json")

@@ -37,6 +37,11 @@ def test_metrics_table_is_current():
     assert block(readme(), "metrics") == generate.metrics_table(), REGENERATE
 
 
+def test_classes_table_is_current():
+    with open(os.path.join(REPO, "docs", "check.md")) as f:
+        assert block(f.read(), "classes") == generate.classes_table(), REGENERATE
+
+
 def test_every_cli_flag_is_documented():
     from exporter.config import build_parser
     documented = block(readme(), "flags")

@@ -4,7 +4,7 @@ import os
 from exporter.collectors.cgroup import parse_flat_keyed, parse_limit
 from exporter.host.proctable import parse_proc_cgroup
 from exporter.collectors.host_memory import parse_meminfo
-from exporter.inventory.maps import parse_maps
+from exporter.inventory.maps import parse_maps, parse_memfd
 from exporter.host.proctable import parse_stat
 from exporter.host.mountinfo import MountIndex, parse_mountinfo
 from exporter.collectors.sysv import parse_sysvipc_shm
@@ -115,3 +115,20 @@ def test_v1_unlimited_boundary():
     from exporter.collectors.cgroup import V1_UNLIMITED
     assert parse_limit(str(V1_UNLIMITED)) is None
     assert parse_limit(str(V1_UNLIMITED - 1)) == V1_UNLIMITED - 1
+
+
+def test_memfd_mappings_on_any_device():
+    text = (
+        "7f0000000000-7f0002000000 rw-s 00000000 00:01 12345                      /memfd:mooncake (deleted)\n"
+        # a file whose path holds '/memfd:' is not a memfd
+        "7f0003000000-7f0004000000 rw-s 00001000 00:05 99                         /tmp/x/memfd:zz (deleted)\n"
+        "7f0005000000-7f0005400000 r-xp 00000000 00:0f 777 /memfd:runc_cloned:/proc/self/exe (deleted)\n"
+        "7f0006000000-7f0006001000 rw-s 00000000 zz:01 5 /memfd:bad-device (deleted)\n"
+        "7f0007000000-7f0007200000 rw-s 00000000 103:02 8 /memfd:hugetlb-on-103 (deleted)"
+    )
+    assert parse_memfd(text) == [
+        (os.makedev(0, 1), 12345, "/memfd:mooncake (deleted)", 32 << 20, "7f0000000000-7f0002000000"),
+        (os.makedev(0, 15), 777, "/memfd:runc_cloned:/proc/self/exe (deleted)", 4 << 20, "7f0005000000-7f0005400000"),
+        (os.makedev(0x103, 2), 8, "/memfd:hugetlb-on-103 (deleted)", 2 << 20, "7f0007000000-7f0007200000"),
+    ]
+    assert parse_memfd("no memfd here\n") == []

@@ -1,5 +1,6 @@
-"""Node mode: an event in one pod's mount rescans that pod's processes only, and what other
-pods' processes hold carries over from the last full scan (never turned orphan)."""
+"""Node mode: an event lists the new segment at once (its creator's until read); the next
+inventory run reads the pods whose mounts moved, and what other pods' processes hold carries
+over from the last full scan (never turned orphan)."""
 import os
 import uuid
 
@@ -27,7 +28,7 @@ def into_pod(cgroup, pid):
 
 
 @needs_root
-def test_an_event_rescans_only_its_pods_processes(tmp_path):
+def test_an_event_lists_the_segment_and_the_refresh_reads_only_the_pods_that_moved(tmp_path):
     if not os.path.exists(os.path.join(V1_MEMORY, "cgroup.procs")):
         prerequisite_missing(f"needs the cgroup v1 memory controller at {V1_MEMORY} to put processes in pod cgroups")
     uid_a, uid_b = str(uuid.uuid4()), str(uuid.uuid4())
@@ -41,30 +42,30 @@ def test_an_event_rescans_only_its_pods_processes(tmp_path):
                 Peer(a, "mapped", "nccl-a", str(MiB)) as pa, Peer(b, "mapped", "nccl-b", str(MiB)) as pb:
             into_pod(cgroups[uid_a], pa.pid)
             into_pod(cgroups[uid_b], pb.pid)
-            changes = ChangeLog()
-            collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), pod_of_pid=True, changes=changes)
+            clock, changes = Clock(), ChangeLog()
+            collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+                                          full_scan_interval=120.0, monotonic=clock,
+                                          ignore_unreadable=HOST_EXCUSED_RE)
             inv = collector.collect()
             assert segment(inv, a, "nccl-a") == ("linked", (pa.pid,))
             assert segment(inv, b, "nccl-b") == ("linked", (pb.pid,))
             b_before = next(m for m in inv.mounts if m.mount == b)
-            with Peer(a, "mapped", "nccl-a2", str(MiB)) as pa2, Peer(b, "hidden", "nccl-b2", str(MiB)) as pb2:
+            scanned_at = collector._scanned_at
+            with Peer(a, "mapped", "nccl-a2", str(MiB)) as pa2:
                 into_pod(cgroups[uid_a], pa2.pid)
-                into_pod(cgroups[uid_b], pb2.pid)
                 changes.add(a, "nccl-a2")  # what the watcher records for a create in pod A's mount
                 inv = collector.collect_quick()
-                # Pod A was rescanned: its new process is found, holding its new segment.
+                # Listed at once, taken as its creator's: nobody was read for it.
+                assert segment(inv, a, "nccl-a2") == ("linked", ())
+                assert segment(inv, a, "nccl-a") == ("linked", (pa.pid,))
+                assert next(m for m in inv.mounts if m.mount == b) is b_before  # not assembled again
+                clock.now += 15
+                inv = collector.collect()  # the inventory run: a refresh, not a full scan
+                assert collector._scanned_at == scanned_at
                 assert segment(inv, a, "nccl-a2") == ("linked", (pa2.pid,))
                 assert segment(inv, a, "nccl-a") == ("linked", (pa.pid,))
-                # Pod B was not: its holdings carried over (not orphaned), and the segment its
-                # new process hides is not seen yet ...
-                assert segment(inv, b, "nccl-b") == ("linked", (pb.pid,))
-                assert segment(inv, b, "nccl-b2") is None
-                assert next(m for m in inv.mounts if m.mount == b) is b_before  # not assembled again
-                # ... until the full scan of the inventory interval.
-                inv = collector.collect()
-                assert segment(inv, b, "nccl-b2") == ("hidden", (pb2.pid,))
-                assert segment(inv, b, "nccl-b") == ("linked", (pb.pid,))
-                assert inv.pods[pa2.pid] == uid_a and inv.pods[pb2.pid] == uid_b
+                assert segment(inv, b, "nccl-b") == ("linked", (pb.pid,))  # carried over
+                assert inv.pods[pa2.pid] == uid_a and inv.pods[pb.pid] == uid_b
     finally:
         for path in cgroups.values():
             remove_cgroup(path)
@@ -150,11 +151,12 @@ def test_between_full_scans_a_refresh_reads_new_processes_and_the_pods_of_exited
             # again; but only a full scan, with every process read, may call it leaked.
             assert segment(inv, a, "nccl-a") == ("unverified", ())
             assert segment(inv, b, "nccl-b") == ("linked", (pb.pid,))  # carried over
-            # A leak left since the full scan (nobody created it that we saw hold it).
+            # A leak left since the full scan: new, so taken as its creator's until the full
+            # scan reads every process (a refresh reads no pod per create).
             with open(os.path.join(b, "psm_left"), "wb") as f:
                 f.write(b"x" * 4096)
             inv = collector.collect()
-            assert segment(inv, b, "psm_left") == ("unverified", ())
+            assert segment(inv, b, "psm_left") == ("linked", ())
             clock.now += 61  # the full scan is due
             inv = collector.collect()
             assert segment(inv, a, "nccl-a") == ("orphan", ())
@@ -263,8 +265,7 @@ def test_a_running_process_that_attaches_to_an_orphan_and_writes_is_seen_by_the_
                                                                                              quick_run_first):
     """Open and mmap raise no inotify event, but pages written move statvfs: the refresh walks
     the mount and reads its pod's processes again, so the orphan turns linked before the
-    next full scan. Also when a quick run read the pod (a create) just before the attach:
-    the move counts from that read."""
+    next full scan. Also when a quick run (a create) listed the mount just before the attach."""
     import subprocess
     import sys
 
@@ -283,7 +284,7 @@ def test_a_running_process_that_attaches_to_an_orphan_and_writes_is_seen_by_the_
         if quick_run_first:
             open(os.path.join(a, "psm_other"), "wb").close()
             changes.add(a, "psm_other")
-            collector.collect_quick()  # a create in the pod: the listing patched, the pod read
+            collector.collect_quick()  # a create in the pod: the listing patched
         child.stdin.write("go\n")
         child.stdin.flush()
         assert child.stdout.readline().strip() == "attached"
@@ -310,8 +311,8 @@ sys.stdin.readline()
 def test_a_deleted_pods_device_number_handed_to_a_new_pod_proves_nothing(tmp_path):
     """The kernel hands a freed device number out again and tmpfs numbers inodes from 1 per
     instance: the new pod's first file has the deleted pod's first file's (device, inode).
-    Known from the last full scan only on the same mount and device, or it is new:
-    'unverified' until a full scan, never 'orphan' from a refresh."""
+    Known from the last full scan only on the same mount and device, or it is new: its
+    creator's until a full scan, never 'orphan' from a refresh."""
     import subprocess
     import sys
 
@@ -347,7 +348,7 @@ def test_a_deleted_pods_device_number_handed_to_a_new_pod_proves_nothing(tmp_pat
             reused = (dev, ino) == (before.st_dev, before.st_ino)
             clock.now += 15
             state, holders = segment(collector.collect(), new, "psm_new")  # a refresh: nothing read the child
-            assert state == "unverified" and holders == ()
+            assert state == "linked" and holders == ()
             print(f"device number reused: {reused}")
     finally:
         if child:
@@ -357,10 +358,7 @@ def test_a_deleted_pods_device_number_handed_to_a_new_pod_proves_nothing(tmp_pat
 
 
 @needs_root
-def test_a_quick_run_that_read_the_pod_calls_an_unheld_new_segment_what_the_refresh_will(two_pods):
-    """A quick run that read the pod's processes knows what the refresh after it will: a new
-    segment none of them holds is unverified at once, and stays so, rather than linked
-    ("its creator's") until the refresh: one state, and one series, for each create."""
+def test_a_new_segment_nobody_holds_is_its_creators_until_the_full_scan_calls_it_leaked(two_pods):
     (a, _), _ = two_pods
     clock, changes = Clock(), ChangeLog()
     collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
@@ -368,9 +366,9 @@ def test_a_quick_run_that_read_the_pod_calls_an_unheld_new_segment_what_the_refr
     collector.collect()
     open(os.path.join(a, "psm_made_and_closed"), "wb").close()
     changes.add(a, "psm_made_and_closed")
-    assert segment(collector.collect_quick(), a, "psm_made_and_closed") == ("unverified", ())
+    assert segment(collector.collect_quick(), a, "psm_made_and_closed") == ("linked", ())
     clock.now += 15
-    assert segment(collector.collect(), a, "psm_made_and_closed") == ("unverified", ())  # a refresh
+    assert segment(collector.collect(), a, "psm_made_and_closed") == ("linked", ())  # a refresh
     clock.now += 600
     assert segment(collector.collect(), a, "psm_made_and_closed") == ("orphan", ())  # the full scan
 
@@ -390,9 +388,9 @@ def test_a_scoped_scan_leaves_the_last_owners_as_they_were_and_its_index_true(tw
     keys by pid must say what its holdings say."""
     import copy
     (a, b), (cg_a, cg_b) = two_pods
-    changes = ChangeLog()
-    collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
-                                  ignore_unreadable=HOST_EXCUSED_RE)
+    clock = Clock()
+    collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), pod_of_pid=True,
+                                  full_scan_interval=120.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
     with Peer(a, "mapped", "nccl-a", str(MiB)) as pa, Peer(a, "mapped", "nccl-a1", str(MiB)) as pa1, \
             Peer(b, "mapped", "nccl-b", str(MiB)) as pb:
         for cg, peer in ((cg_a, pa), (cg_a, pa1), (cg_b, pb)):
@@ -404,71 +402,13 @@ def test_a_scoped_scan_leaves_the_last_owners_as_they_were_and_its_index_true(tw
         with Peer(a, "mapped", "nccl-a2", str(MiB)) as pa2:
             into_pod(cg_a, pa2.pid)
             killed(pa1)  # pod A's rescan drops its holding: the shared list must not lose it
-            changes.add(a, "nccl-a2")
-            inv = collector.collect_quick()
+            clock.now += 15
+            inv = collector.collect()  # a refresh: pod A read again (a holder exited)
             scoped = collector._owners
             assert scoped is not full and full.holdings == before  # the last scan's, untouched
             assert {k: set(v) for k, v in scoped.keys_of.items()} == keys_by_pid(scoped)
             assert segment(inv, a, "nccl-a2") == ("linked", (pa2.pid,))
             assert pa1.pid not in keys_by_pid(scoped) and pb.pid in keys_by_pid(scoped)
-
-
-@needs_root
-def test_a_holder_that_exits_while_another_pod_is_read_keeps_its_pod(two_pods):
-    """A holder of pod A exits; pod B's event is read first. The scan of pod B must not lose
-    which pod the dead holder was in: pod A's next event drops its holding (not 'linked' to
-    a dead pid), and the refresh reads pod A again rather than scanning the whole node."""
-    (a, b), (cg_a, cg_b) = two_pods
-    clock = Clock()
-    changes = ChangeLog()
-    collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
-                                  full_scan_interval=120.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
-    with Peer(a, "mapped", "nccl-a", str(MiB)) as pa, Peer(b, "mapped", "nccl-b", str(MiB)) as pb:
-        into_pod(cg_a, pa.pid)
-        into_pod(cg_b, pb.pid)
-        assert segment(collector.collect(), a, "nccl-a") == ("linked", (pa.pid,))  # the full scan
-        scanned_at = collector._scanned_at
-        killed(pa)
-        changes.add(b, "nccl-b")
-        collector.collect_quick()  # pod B's processes read; pa is gone from the process table
-        clock.now += 60
-        inv = collector.collect()  # a refresh: pa's pod is known, so it is scoped
-        assert collector._scanned_at == scanned_at  # no full scan
-        assert segment(inv, a, "nccl-a") == ("unverified", ())
-        assert segment(inv, b, "nccl-b") == ("linked", (pb.pid,))
-
-
-@needs_root
-def test_a_dead_holders_pod_event_drops_its_holding_after_another_pod_was_read(two_pods):
-    (a, b), (cg_a, cg_b) = two_pods
-    changes = ChangeLog()
-    collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
-                                  ignore_unreadable=HOST_EXCUSED_RE)
-    with Peer(a, "mapped", "nccl-a", str(MiB)) as pa, Peer(b, "mapped", "nccl-b", str(MiB)) as pb:
-        into_pod(cg_a, pa.pid)
-        into_pod(cg_b, pb.pid)
-        collector.collect()
-        killed(pa)
-        changes.add(b, "nccl-b")
-        collector.collect_quick()  # pod B read first
-        changes.add(a, "nccl-a")
-        inv = collector.collect_quick()  # then pod A: its dead holder's hold goes
-        assert segment(inv, a, "nccl-a") == ("unverified", ())
-        assert segment(inv, b, "nccl-b") == ("linked", (pb.pid,))
-
-
-@needs_root
-def test_a_pod_scoped_quick_run_settles_a_new_segments_state(two_pods):
-    """Node mode: the quick run reads the changed mount's pod and says what it found
-    (unverified: nobody holds it), not 'its creator's' until a full run."""
-    (a, _), _ = two_pods
-    changes = ChangeLog()
-    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
-                                  ignore_unreadable=HOST_EXCUSED_RE)
-    collector.collect()
-    open(os.path.join(a, "psm_new"), "wb").close()
-    changes.add(a, "psm_new")
-    assert segment(collector.collect_quick(), a, "psm_new") == ("unverified", ())
 
 
 @needs_root
@@ -484,3 +424,26 @@ def test_a_quick_run_shows_a_segment_on_a_tmpfs_mounted_anew(two_pods):
         open(os.path.join(a, "psm_anew"), "wb").close()
         changes.add(a, "psm_anew")
         assert segment(collector.collect_quick(), a, "psm_anew") is not None
+
+
+@needs_root
+def test_a_memfd_holder_outside_any_pod_that_exits_does_not_bring_a_full_scan_forward(two_pods):
+    """runc's cloned binary is a memfd held outside any pod by short-lived processes: its
+    holders exiting must not make every refresh a full scan (the memfd waits for the next)."""
+    from tests.conftest import ENGINES
+
+    (a, _), _ = two_pods
+    clock = Clock()
+    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=ChangeLog(),
+                                  full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
+    with Peer(a, "memfd", str(MiB), script=ENGINES) as holder:
+        inv = collector.collect()
+        assert {holder.pid, int(holder.info)} <= {pid for seg in inv.memfd for pid in seg.holders}
+        scanned_at = collector._scanned_at
+    clock.now += 15
+    collector.collect()  # both holders gone, outside any pod: a refresh, not a full scan
+    assert collector._scanned_at == scanned_at
+    clock.now += 600
+    inv = collector.collect()  # the next full scan drops them
+    assert collector._scanned_at == clock.now
+    assert holder.pid not in {pid for seg in inv.memfd for pid in seg.holders}

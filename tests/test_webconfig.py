@@ -3,9 +3,11 @@ and client certificates from the file, response headers, a certificate replaced 
 served without a restart, and one clear error line for a bad file."""
 import base64
 import os
+import signal
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -15,7 +17,7 @@ import pytest
 from cryptography import x509
 
 from exporter.exposition import webconfig
-from tests.conftest import REPO, Exporter, needs_root
+from tests.conftest import REPO, Exporter, needs_root, value
 from tests.test_security import make_cert, write_pem
 
 
@@ -71,6 +73,107 @@ def test_basic_auth_and_headers(tmpfs, tmp_path, users):
         assert status(exporter.url, basic("carol", "lewis"))[0] == 200
         assert status(exporter.url, basic("alice", "wonderland"))[0] == 401
         assert exporter.proc.poll() is None
+
+
+def rewrite(path, text, step=[0]):
+    """Write `text` to `path` with an mtime of its own, as an edit seconds later would."""
+    step[0] += 10
+    path.write_text(text)
+    os.utime(path, (time.time() + step[0], time.time() + step[0]))
+
+
+RELOADED = "shmwatch_web_config_last_reload_successful"
+
+
+@needs_root
+def test_a_reload_that_would_turn_basic_auth_off_is_refused(tmpfs, tmp_path, users):
+    """An emptied file, one cut after `basic_auth_users:`, or no users: the old code served
+    /metrics to anyone; now the last good config serves, a warning says why, and the reload
+    metric says 0 until a good file comes."""
+    config = tmp_path / "web.yml"
+    good = f"basic_auth_users:\n  alice: '{users['alice']}'\n"
+    config.write_text(good)
+    with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", f"--web.config.file={config}",
+                  headers=basic("alice", "wonderland")) as exporter:
+        assert value(exporter.scrape(), RELOADED) == 1
+        for text in ("", "basic_auth_users:\n", "basic_auth_users:", "basic_auth_users: {}\n",
+                     "http_server_config:\n  headers:\n    X-Frame-Options: deny\n"):
+            rewrite(config, text)
+            assert status(exporter.url)[0] == 401, text
+            assert value(exporter.scrape(), RELOADED) == 0, text
+            rewrite(config, good)
+            assert value(exporter.scrape(), RELOADED) == 1
+            assert status(exporter.url)[0] == 401
+        log = exporter.log()
+        assert "level=warn" in log and "would turn off basic authentication" in log, log[-1500:]
+
+
+@needs_root
+def test_sighup_reloads_the_web_config(tmpfs, tmp_path, users):
+    """As Prometheus components do; the old process ended at SIGHUP (exit 129). The change
+    here keeps size, inode and mtime, so only the SIGHUP can find it."""
+    config = tmp_path / "web.yml"
+    config.write_text(f"basic_auth_users:\n  alice: '{users['alice']}'\n")
+    carol = bcrypt.hashpw(b"lewis", bcrypt.gensalt(4)).decode()
+    with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", f"--web.config.file={config}",
+                  headers=basic("alice", "wonderland")) as exporter:
+        before = os.stat(config)
+        with open(config, "r+") as f:
+            f.write(f"basic_auth_users:\n  carol: '{carol}'\n")
+        os.utime(config, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert status(exporter.url, basic("carol", "lewis"))[0] == 401  # not seen yet
+        exporter.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while status(exporter.url, basic("carol", "lewis"))[0] != 200:
+            assert exporter.proc.poll() is None, f"exited {exporter.proc.returncode} at SIGHUP"
+            assert time.monotonic() < deadline, exporter.log()[-1500:]
+            time.sleep(0.1)
+        assert "received SIGHUP" in exporter.log()
+        assert status(exporter.url, basic("alice", "wonderland"))[0] == 401
+
+
+@needs_root
+def test_a_wrong_password_flood_does_not_starve_a_valid_login(tmpfs, tmp_path):
+    """100 clients sending wrong passwords as fast as they are answered (one bcrypt check
+    at a time for their address, 401 at once for the rest): a valid login never seen
+    before, from another address, is answered 200 in time."""
+    import http.client
+    hashed = bcrypt.hashpw(b"scrape-me", bcrypt.gensalt(10)).decode()
+    ready = bcrypt.hashpw(b"ready", bcrypt.gensalt(10)).decode()  # for the start-up checks only
+    config = tmp_path / "web.yml"
+    config.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n  probe: '{ready}'\n")
+    with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", f"--web.config.file={config}",
+                  headers=basic("probe", "ready")) as exporter:
+        stop, refused = threading.Event(), []
+
+        def flood(i):
+            while not stop.is_set():  # a new guess each time: nothing to remember
+                code = status(exporter.url, basic("prometheus", f"guess{i}-{len(refused)}"))[0]
+                refused.append(code)
+
+        flooders = [threading.Thread(target=flood, args=(i,), daemon=True) for i in range(100)]
+        for thread in flooders:
+            thread.start()
+        try:
+            time.sleep(1)  # the flood under way
+            timings = []
+            for password in ("scrape-me", "scrape-me"):  # new (bcrypt), then remembered
+                conn = http.client.HTTPConnection("127.0.0.1", exporter.port, timeout=10,
+                                                  source_address=("127.0.0.2", 0))
+                started = time.monotonic()
+                conn.request("GET", "/metrics", headers=basic("prometheus", password))
+                response = conn.getresponse()
+                timings.append(time.monotonic() - started)
+                assert response.status == 200 and b"shmwatch_build_info" in response.read()
+                conn.close()
+        finally:
+            stop.set()
+            for thread in flooders:
+                thread.join(30)
+        print(f"\nvalid login under a flood of {len(refused)} wrong ones: {timings[0] * 1000:.0f} ms, "
+              f"remembered {timings[1] * 1000:.0f} ms")
+        assert timings[0] < 3 and timings[1] < 1, timings
+        assert set(refused) == {401}
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +248,25 @@ def test_client_certificates_from_web_config(tmpfs, tmp_path, pki):
         assert "shmwatch_build_info" in exporter.scrape_text()
 
 
+@needs_root
+def test_a_reload_that_would_drop_client_certificates_is_refused(tmpfs, tmp_path, pki):
+    cert, key = pki["first"]
+    config = tmp_path / "web.yml"
+    tls = f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n"
+    config.write_text(tls + f"  client_ca_file: {pki['ca']}\n  client_auth_type: RequireAndVerifyClientCert\n")
+    with_client = ssl.create_default_context(cafile=pki["ca"])
+    with_client.load_cert_chain(*pki["client"])
+    without = ssl.create_default_context(cafile=pki["ca"])
+    with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", f"--web.config.file={config}", scheme="https",
+                  context=with_client) as exporter:
+        for weaker in (tls, tls + f"  client_ca_file: {pki['ca']}\n  client_auth_type: VerifyClientCertIfGiven\n"):
+            rewrite(config, weaker)
+            assert value(exporter.scrape(), RELOADED) == 0
+            with pytest.raises(OSError):
+                urllib.request.urlopen(exporter.url, timeout=5, context=without).read()
+        assert "would turn off client certificate verification" in exporter.log()
+
+
 BAD = [
     ("tls_server_config: [", "not valid YAML"),
     ("basic_auth_users:\n  alice: plaintext\n", "not a bcrypt hash"),
@@ -157,6 +279,7 @@ BAD = [
     ("http_server_config:\n  headers:\n    X-Frame-Options: always\n", "X-Frame-Options must be"),
     ("http_server_config:\n  headers:\n    Server: shmwatch\n", "Server is not one of"),
     ("basic_auth: {}\n", "unknown field basic_auth"),
+    ("basic_auth_users:\n  alice: '$2b$99$" + "a" * 53 + "'\n", "not a bcrypt hash"),  # cost above 31
 ]
 
 
@@ -187,15 +310,56 @@ def test_parse_resolves_relative_paths_and_defaults(tmp_path):
     assert webconfig.parse("") == webconfig.WebConfig()  # an empty file: plain HTTP, no auth
 
 
-def test_authorization_is_cached_and_bounded(users):
+def verdict(source, header, peer=""):
+    result = source.authorize(source.config, header, peer)
+    return result if isinstance(result, bool) else result.result(timeout=30)
+
+
+def test_successes_are_cached_and_failures_are_not(users):
     source = webconfig.WebConfigSource(fixed=webconfig.WebConfig(users={"alice": users["alice"].encode()}))
     good = basic("alice", "wonderland")["Authorization"]
-    assert source.authorized(source.config, good)
+    assert verdict(source, good)
     started = time.perf_counter()
     for _ in range(200):
-        assert source.authorized(source.config, good)
+        assert source.authorize(source.config, good) is True  # at once, no bcrypt
     assert time.perf_counter() - started < 0.5, "bcrypt ran on every request"
-    for i in range(1100):  # a guessing client
-        source._auth_cache[bytes([i % 256, i // 256])] = False
-    assert not source.authorized(source.config, basic("alice", "guess")["Authorization"])
-    assert len(source._auth_cache) <= 1025
+    for i in range(3):
+        assert not verdict(source, basic("alice", f"guess{i}")["Authorization"])
+    assert len(source._good) == 1
+
+
+def test_bcrypt_costs_the_same_for_every_user_name():
+    """Unknown users and users with cheaper hashes take as long as the costliest hash in the
+    file: timing tells neither who exists nor whose hash is weak."""
+    cheap = bcrypt.hashpw(b"a", bcrypt.gensalt(4))
+    costly = bcrypt.hashpw(b"b", bcrypt.gensalt(10))  # 64 times the work of cost 4
+    source = webconfig.WebConfigSource(fixed=webconfig.WebConfig(users={"cheap": cheap, "costly": costly}))
+    times = {"cheap": [], "costly": [], "nobody": []}
+    for i in range(6):  # interleaved, and the fastest of each: the machine's load moves
+        for user, seen in times.items():
+            started = time.perf_counter()
+            assert not verdict(source, basic(user, f"wrong{i}")["Authorization"])
+            seen.append(time.perf_counter() - started)
+    fastest = {user: min(seen) for user, seen in times.items()}
+    assert fastest["cheap"] > 0.5 * fastest["costly"] and fastest["nobody"] > 0.5 * fastest["costly"], fastest
+
+
+def test_a_password_over_72_bytes_works_as_htpasswd_made_it():
+    """htpasswd and Go's bcrypt read the first 72 bytes; bcrypt 5 raises on more."""
+    password = "p" * 72 + "-and-more-than-bcrypt-reads"
+    hashed = bcrypt.hashpw(password.encode()[:72], bcrypt.gensalt(4))
+    source = webconfig.WebConfigSource(fixed=webconfig.WebConfig(users={"long": hashed}))
+    assert verdict(source, basic("long", password)["Authorization"])
+
+
+def test_bcrypt_checks_are_bounded():
+    """A few checks at once, one per client address, a short queue: 401 at once beyond it."""
+    hashed = bcrypt.hashpw(b"right", bcrypt.gensalt(10))
+    source = webconfig.WebConfigSource(fixed=webconfig.WebConfig(users={"u": hashed}))
+    wrong = basic("u", "wrong")["Authorization"]
+    pending = [source.authorize(source.config, wrong, "10.0.0.1")]
+    assert source.authorize(source.config, wrong, "10.0.0.1") is False  # one per address
+    pending += [source.authorize(source.config, wrong, f"10.0.0.{i}") for i in range(2, 2 + webconfig.BCRYPT_QUEUE)]
+    assert pending[-1] is False  # the queue is full
+    assert not any(f.result(timeout=60) for f in pending[:-1])
+    assert verdict(source, basic("u", "right")["Authorization"], "10.0.0.1")

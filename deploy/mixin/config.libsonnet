@@ -25,7 +25,7 @@
     // remove (exporter/model/classes.py REMOVABLE; tests/test_mixin.py holds them equal).
     // Not semaphores (meant to outlive their creator), not `other` (a container engine's
     // lock file is not ours to judge).
-    removableClasses: 'nccl|torch|python_shm|vllm_offload|ucx|mpi',
+    removableClasses: 'nccl|torch|python_shm|vllm_offload|ucx|mpi|sglang',
     // Leaked (orphan) and hidden segments, as a share of the mount.
     shmLeakedRatio: 0.1,
     orphanMaxAgeSeconds: 6 * 3600,

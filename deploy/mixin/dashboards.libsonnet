@@ -294,11 +294,14 @@ local panels(c) = [
         'Container memory: usage vs limit, with the shm part',
         "The memory cgroup's usage, working set and limit, and the tmpfs (shmem) part of it: memory-backed /dev/shm "
         + "counts against the limit. A sidecar that cannot read the workload's cgroup estimates it from the "
-        + "workload's processes and the shm used: cgroup \"estimate:workload\" (shmwatch_cgroup_memory_estimated 1).",
+        + "workload's processes and the shm used: cgroup \"estimate:workload\" (shmwatch_cgroup_memory_estimated 1). "
+        + 'Unexplained shmem: what no watched mount, SysV segment or memfd region explains (an estimate: an '
+        + 'unwatched tmpfs, memfds of exited processes; shmwatch_memfd_bytes has the memfds seen).',
         [
           q(P('shmwatch_cgroup_memory_usage_bytes'), 'usage {{cgroup}}'),
           q(P('shmwatch_cgroup_memory_working_set_bytes'), 'working set {{cgroup}}'),
           q(P('shmwatch_cgroup_memory_shmem_bytes'), 'shmem {{cgroup}}'),
+          q(P('shmwatch_cgroup_memory_shmem_unexplained_bytes'), 'shmem unexplained {{cgroup}}'),
           q(P('shmwatch_cgroup_memory_limit_bytes'), 'limit {{cgroup}}'),
         ],
         w=12,

@@ -2,7 +2,8 @@
 
 Exit codes: 0 all good, 1 warnings, 2 a requirement failed (--require-shm, --backend),
 64 a usage error (EX_USAGE: kept apart from 2 on purpose, so an initContainer can tell
-"this pod's shm is too small" from "the command line is wrong").
+"this pod's shm is too small" from "the command line is wrong"), 70 an internal error
+(EX_SOFTWARE: a bug in check, never a verdict on the machine).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Dict, List
 
 from exporter import __version__
 
-EXIT_OK, EXIT_WARN, EXIT_FAIL, EXIT_USAGE = 0, 1, 2, 64
+EXIT_OK, EXIT_WARN, EXIT_FAIL, EXIT_USAGE, EXIT_SOFTWARE = 0, 1, 2, 64, 70
 SEVERITIES = ("fail", "warn", "info", "ok")  # worst first
 # The JSON document's facts, in its order, and what each is when nothing reported it.
 FACTS = {
@@ -59,6 +60,14 @@ class Report:
             self.findings,
             key=lambda f: (SEVERITIES.index(f.severity), f.area, f.subject),
         )
+
+
+def quoted(text: object, limit: int = 200) -> str:
+    """What another program said (a log line, a server's answer) as a finding may quote it: at
+    most `limit` characters, control characters (a terminal's escapes) as '?'."""
+    text = str(text)
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def render_text(report: Report) -> str:

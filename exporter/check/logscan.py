@@ -1,14 +1,24 @@
 """Known failure signatures in server logs: shared memory, SysV, SIGBUS, CUDA OOM.
 
-`shmwatch check --log FILE` streams a log through these; each signature's format is
-quoted from the library that prints it.
+`shmwatch check --log FILE` reads a log's tail through these, in bounded memory and time;
+each signature's format is quoted from the library that prints it. A signature's named groups
+fill the {fields} of its explanation and remedy (a group named *_mib is a MiB figure, shown by
+check's formatter).
 """
 
 from __future__ import annotations
 
+import math
+import os
 import re
-from dataclasses import dataclass
-from typing import Dict, List
+import stat
+import time
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional, Tuple
+
+from exporter.check.findings import quoted
+
+from exporter.check.sizes import human
 
 # Each: (name, regex, explanation, remedy).
 SIGNATURES = (
@@ -17,10 +27,21 @@ SIGNATURES = (
     # creating shared memory segment nccl-shm-recv-... (size N)".
     (
         "nccl_shm_create",
-        r"NCCL WARN Error while (creating|attaching to) shared memory segment (\S+)",
+        r"NCCL WARN Error while (creating|attaching to) shared memory segment (\S+)(?!\S| \(size 0\))",
         "NCCL could not create or attach a shared-memory segment: /dev/shm is too small or full.",
         "raise the shm size (--shm-size / shm_size / emptyDir sizeLimit) or remove leaked nccl-* segments; "
         "NCCL_SHM_DISABLE=1 only as a last resort",
+    ),
+    # NCCL >= 2.26.3 puts its SHM transport in cuMem host memory when the probe succeeds: a
+    # rank that did not (NCCL_CUMEM_HOST_ENABLE=0, an older NCCL) looks for a file the peer never
+    # made: "Error while attaching to shared memory segment /dev/shm/nccl-XXXX (size 0)".
+    (
+        "nccl_cumem_mismatch",
+        r"Error while attaching to shared memory segment (?P<segment>\S+) \(size 0\)",
+        "NCCL ranks disagree about cuMem host memory: {segment} was never made as a file "
+        "(its creator used cuMem host memory, NCCL >= 2.26.3), so the peer attached nothing.",
+        "the same NCCL version and NCCL_CUMEM_HOST_ENABLE on every rank (0 puts the buffers "
+        "back in /dev/shm files)",
     ),
     # NCCL shmutils.cc: "Error: failed to extend /dev/shm/nccl-XXXXXX to N bytes"; NCCL <= 2.11
     # include/shm.h: "Call to posix_fallocate failed : No space left on device".
@@ -54,10 +75,67 @@ SIGNATURES = (
         "A shared-memory allocation failed.",
         "check /dev/shm size and use; raise it or remove leaked segments",
     ),
-    # vLLM's shm checks before starting workers.
+    # vLLM MessageQueue (distributed/device_communicators/shm_broadcast.py) checks free space:
+    # "RuntimeError: Insufficient space in /dev/shm: 160 MiB required, 64 MiB free. Increase
+    # /dev/shm (e.g. --shm-size or --ipc=host)."
+    (
+        "vllm_shm_required",
+        r"Insufficient space in /dev/shm: (?P<need_mib>\d+(?:\.\d+)?) MiB required, "
+        r"(?P<free_mib>\d+(?:\.\d+)?) MiB free",
+        "vLLM's shared-memory queue needs {need_mib} in /dev/shm and found {free_mib} free "
+        "(Docker's 64 MiB default, or segments leaked by a crashed run).",
+        "give /dev/shm more than {need_mib} (--shm-size, --ipc=host, an emptyDir of medium "
+        "Memory) or remove leaked segments (shmwatch check lists them)",
+    ),
+    # vLLM shm_broadcast.py: "No available shared memory broadcast block found in 60 seconds"
+    # (readers did not free a block: a rank hangs or is busy, e.g. compiling).
+    (
+        "vllm_broadcast_block",
+        r"No available shared memory broadcast block found in (?P<seconds>\d+) seconds?",
+        "vLLM's broadcast queue found no free block for {seconds} s: a worker stopped reading "
+        "(hung, dead, or busy compiling), not a full /dev/shm.",
+        "look at the workers' logs for a hang or crash (py-spy dump); a larger /dev/shm does not help",
+    ),
+    # vLLM v1: "EngineDeadError: EngineCore encountered an issue. See stack trace (above) ...",
+    # after a "Bus error" when a worker touched a /dev/shm page tmpfs could not back.
+    (
+        "vllm_engine_dead",
+        r"EngineDeadError: EngineCore encountered an issue",
+        "vLLM's engine core died; a Bus error before it means /dev/shm filled while in use.",
+        "find the first error above it; after a Bus error raise the shm size",
+    ),
+    # SGLang launch: "RuntimeError: Rank 0 scheduler died during initialization (exit code: -7)",
+    # after "Fatal Python error: Bus error" (-7: killed by SIGBUS).
+    (
+        "sglang_scheduler_died",
+        r"Rank (?P<rank>\d+) scheduler died during initialization \(exit code: (?P<code>-?\d+)\)",
+        "SGLang's rank {rank} scheduler died while starting (exit code {code}; -7 is SIGBUS: "
+        "a /dev/shm page could not be backed).",
+        "raise the shm size (--shm-size / --ipc=host) and remove leaked sgl_shm_* and psm_* segments",
+    ),
+    # Ray: "store_runner.cc:83: System memory request exceeds memory available in /dev/shm" and
+    # "The configured object store size (X GB) exceeds /dev/shm size (Y GB)".
+    (
+        "ray_object_store",
+        r"System memory request exceeds memory available in /dev/shm|"
+        r"The configured object store size .*exceeds /dev/shm size",
+        "Ray's object store does not fit in /dev/shm (it falls back to /tmp, much slower).",
+        "raise /dev/shm above --object-store-memory (--shm-size) or lower the object store",
+    ),
+    # kubelet eviction, as `kubectl describe pod` shows it: 'Usage of EmptyDir volume "dshm"
+    # exceeds the limit "1Gi".'
+    (
+        "emptydir_evicted",
+        r'Usage of EmptyDir volume "(?P<volume>[^"]*)" exceeds the limit "(?P<limit>[^"]*)"',
+        "The kubelet evicted the pod: emptyDir {volume} grew past its sizeLimit {limit} (the "
+        "tmpfs may be larger than the limit: the kubelet enforces it by eviction).",
+        "raise sizeLimit of {volume} (and the memory limit with it) or find what filled it "
+        "(shmwatch_top_segment_bytes)",
+    ),
+    # vLLM's older shm checks, worded otherwise.
     (
         "vllm_insufficient_shm",
-        r"(?i)Insufficient space in /dev/shm",
+        r"(?i)Insufficient space in /dev/shm(?!: [\d.]+ MiB required)",
         "vLLM found too little free space in /dev/shm (often leaked segments from a crashed run).",
         "remove leaked segments (shmwatch check lists them) or raise the shm size",
     ),
@@ -90,27 +168,127 @@ SIGNATURES = (
 
 
 PATTERNS = [(name, re.compile(regex)) for name, regex, _, _ in SIGNATURES]
+# Lower-case words one of which every signature's line holds: each chunk of a log is searched
+# for these (bytes.find, a hundred times faster than the regexes), and only the lines holding
+# one are matched against SIGNATURES.
+NEEDLES = (
+    b"nccl warn error while",
+    b"failed to extend /dev/shm/nccl-",
+    b"call to posix_fallocate failed",
+    b"shmget(size=",
+    b"not enough memory to write total of",
+    b"failed to allocate shared memory",
+    b"insufficient space in /dev/shm",
+    b"bus error",
+    b"cuda out of memory",
+    b"cuda error: out of memory",
+    b"leaked shared_memory objects",
+    b"error while attaching to shared memory segment",
+    b"no available shared memory broadcast block",
+    b"enginedeaderror",
+    b"scheduler died during initialization",
+    b"exceeds memory available in /dev/shm",
+    b"exceeds /dev/shm size",
+    b"usage of emptydir volume",
+)
+# At most the last MAX_LOG_BYTES of a log are read (a server's recent failures are the ones
+# that matter), CHUNK at a time; a line longer than CHUNK is matched in pieces of that size.
+MAX_LOG_BYTES, CHUNK = 64 << 20, 1 << 20
 
 
 @dataclass
 class LogHit:
     file: str
-    line: int
+    # None when the log was read from its tail, not its start: then `offset` says where
+    line: Optional[int]
+    offset: int  # of the line's first byte
     text: str  # the line, and how many lines matched when more than one
+    fields: Dict[str, str] = field(default_factory=dict)  # the first hit's named groups
 
 
-def scan_log(path: str) -> Dict[str, List[LogHit]]:
-    """signature name -> [its first hit]. Streams the log line by line (large logs are never
-    loaded whole)."""
-    hits: Dict[str, List[LogHit]] = {}
-    counts: Dict[str, int] = {}
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, 1):
-            line = raw.decode("utf-8", "replace").strip()
-            for name, pattern in PATTERNS:
-                if pattern.search(line):
-                    counts[name] = counts.get(name, 0) + 1
-                    hits.setdefault(name, [LogHit(path, number, line[:300])])
+@dataclass
+class LogScan:
+    """What was read of one log: bytes [start, end) of the `size` it had when opened."""
+
+    hits: Dict[str, List[LogHit]]
+    size: int
+    start: int
+    end: int
+
+
+def scan_log(path: str, deadline: float = math.inf) -> LogScan:
+    """signature name -> [its first hit], from the log's last MAX_LOG_BYTES, read CHUNK at a
+    time until its size when opened or `deadline` (time.monotonic()). Only a regular file is
+    read (ValueError otherwise): a FIFO with no writer would block, a device never ends."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    with open(fd, "rb", buffering=0) as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        start = max(0, info.st_size - MAX_LOG_BYTES)
+        scan = LogScan({}, info.st_size, start, start)
+        handle.seek(start)
+        counts: Dict[str, int] = {}
+        carry, lines, read = b"", 0, start
+        while scan.end < scan.size and time.monotonic() < deadline:
+            block = handle.read(min(CHUNK, scan.size - read))
+            read += len(block)
+            data, base = carry + block, scan.end
+            # whole lines, a piece of a line longer than CHUNK, or what is left at the end
+            cut = data.rfind(b"\n") + 1 if block and read < scan.size else len(data)
+            piece, carry = data[: cut or len(data)], data[cut or len(data) :]
+            if base == start and start:  # the line the tail begins in the middle of
+                skip = piece.find(b"\n") + 1 or len(piece)
+                piece, base = piece[skip:], base + skip
+            for offset, line, text in _candidates(piece, lines):
+                if time.monotonic() >= deadline:
+                    scan.end = base + offset
+                    break
+                number = None if start else line
+                _match(scan, counts, text, LogHit(path, number, base + offset, ""))
+            else:
+                scan.end, lines = base + len(piece), lines + piece.count(b"\n")
+            if not block:
+                break  # truncated while read
     for name, n in counts.items():
-        hits[name][0].text += f"  [{n} matching line(s)]" if n > 1 else ""
-    return hits
+        scan.hits[name][0].text += f"  [{n} matching line(s)]" if n > 1 else ""
+    return scan
+
+
+def _match(scan: LogScan, counts: Dict[str, int], text: str, where: LogHit) -> None:
+    """Each signature `text` matches counts once; its first hit is kept (`where`, with the
+    text quoted around where it matched)."""
+    for name, pattern in PATTERNS:
+        match = pattern.search(text)
+        if match:
+            counts[name] = counts.get(name, 0) + 1
+            at = max(0, match.start() - 100)  # a long line: where it matched
+            text_at = quoted(text[at:], 300)
+            hit = LogHit(where.file, where.line, where.offset, text_at, _fields(match))
+            scan.hits.setdefault(name, [hit])
+
+
+def _candidates(piece: bytes, lines: int) -> Iterator[Tuple[int, int, str]]:
+    """(offset, line number, text) of each line in `piece` holding one of NEEDLES; `lines`:
+    how many lines came before it."""
+    low, spans = piece.lower(), set()
+    for needle in NEEDLES:
+        i = low.find(needle)
+        while i != -1:
+            end = low.find(b"\n", i)
+            end = len(low) if end == -1 else end
+            spans.add((low.rfind(b"\n", 0, i) + 1, end))
+            i = low.find(needle, end)
+    at, number = 0, lines + 1
+    for begin, end in sorted(spans):
+        number, at = number + piece.count(b"\n", at, begin), begin
+        yield begin, number, piece[begin:end].decode("utf-8", "replace").strip()
+
+
+def _fields(match: "re.Match[str]") -> Dict[str, str]:
+    out = {}
+    for name, text in match.groupdict().items():
+        if name.endswith("_mib"):
+            text = human(float(text) * 2**20)
+        out[name] = text[:100]
+    return out

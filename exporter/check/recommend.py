@@ -12,6 +12,7 @@ a running exporter's shmwatch_mount_max_used_bytes, or this run's reading (said 
 from __future__ import annotations
 
 import json
+import math
 import re
 import urllib.parse
 import urllib.request
@@ -20,7 +21,10 @@ from typing import Dict, List, Optional, Tuple
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.check.sizes import GiB, MiB, at_least, docker, human, k8s, round_up
+from exporter.check.deadline import Bounded, left
+from exporter.check.findings import quoted
+from exporter.check.sizes import GiB, MiB, at_least, docker, human, k8s, plausible
+from exporter.check.sizes import round_up
 
 DEFAULT_WINDOW, DEFAULT_HEADROOM = "7d", 1.25
 Peaks = Dict[str, Tuple[float, int]]  # mount -> (peak, how many series matched)
@@ -67,16 +71,45 @@ class SourceError(Exception):
     pass
 
 
-def _get(url: str, parse):
-    """parse(the body at url); any failure to fetch or parse it is a SourceError."""
+# The most of an answer read: a query's vector for a few mounts is a few KiB, a node's /metrics
+# a few MiB. Parsing more (a JSON array of 16M numbers) would cost hundreds of MiB.
+MAX_ANSWER = {"prometheus": 1 << 20, "exporter": 16 << 20}
+# A running shmwatch's high-water mark, and the lines of its /metrics that carry it.
+MAX_USED = "shmwatch_mount_max_used_bytes"
+MAX_USED_LINE = re.compile(rb"^" + MAX_USED.encode() + rb"[{ ].*$", re.M)
+
+
+def _get(url: str, parse, deadline: float, limit: int):
+    """parse(the body at url, at most `limit` bytes); whatever else the server answers (an
+    error, no answer by `deadline`, too much, not what parse expects, JSON nested a million
+    deep) is a SourceError."""
     try:
-        with urllib.request.urlopen(url, timeout=10.0) as response:
-            return parse(response.read().decode())
-    except (OSError, ValueError) as err:
-        raise SourceError(f"{url}: {err}") from None
+        timeout = max(0.1, left(deadline))
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            body = response.read(limit + 1)
+        if len(body) > limit:
+            raise ValueError(f"an answer longer than {human(limit)}")
+        return parse(body)
+    except Exception as err:  # the answer is another program's: any failure is a note
+        raise SourceError(f"{url}: {quoted(str(err) or type(err).__name__)}") from None
 
 
-def peaks_from_prometheus(url: str, mounts, window: str, selector: str) -> Peaks:
+def _vector(body: bytes) -> List[int]:
+    """The values of an instant-vector answer of /api/v1/query, each a plausible size."""
+    answer = json.loads(body)
+    try:
+        if answer["status"] != "success":
+            raise ValueError(f"the query failed: {quoted(answer.get('error'))}")
+        if answer["data"]["resultType"] != "vector":
+            raise LookupError("resultType")
+        return [plausible(r["value"][1]) for r in answer["data"]["result"]]
+    except (LookupError, TypeError, AttributeError) as err:
+        raise ValueError(
+            f"not an instant vector ({type(err).__name__}: {err})"
+        ) from None
+
+
+def peaks_from_prometheus(url, mounts, window, selector, deadline=math.inf) -> Peaks:
     """mount -> (highest peak over the window, how many series matched), via /api/v1/query."""
     out: Peaks = {}
     for mount in mounts:
@@ -84,28 +117,39 @@ def peaks_from_prometheus(url: str, mounts, window: str, selector: str) -> Peaks
         labels = ", ".join(filter(None, [f'mount="{escaped}"', selector.strip("{} ")]))
         expr = f"max_over_time(shmwatch_mount_peak_used_bytes{{{labels}}}[{window}])"
         query = urllib.parse.urlencode({"query": expr})
-        body = _get(f"{url.rstrip('/')}/api/v1/query?{query}", json.loads)
-        if body.get("status") != "success":
-            raise SourceError(f"{url}: {body.get('error', body)}")
-        values = [float(r["value"][1]) for r in body["data"]["result"]]
+        where = f"{url.rstrip('/')}/api/v1/query?{query}"
+        values = _get(where, _vector, deadline, MAX_ANSWER["prometheus"])
         if values:
             out[mount] = (max(values), len(values))
     return out
 
 
-def peaks_from_exporter(url: str) -> Peaks:
-    """mount -> (a running exporter's high-water mark, 1), from its /metrics."""
-    out: Peaks = {
-        s.labels["mount"]: (s.value, 1)
-        for family in _get(url, lambda text: list(text_string_to_metric_families(text)))
+def _high_water_marks(body: bytes) -> Dict[str, int]:
+    """mount -> shmwatch_mount_max_used_bytes from /metrics, each a plausible size; only its
+    lines are parsed."""
+    lines = b"\n".join(MAX_USED_LINE.findall(body)).decode()
+    return {
+        s.labels["mount"]: plausible(s.value)
+        for family in text_string_to_metric_families(lines + "\n")
         for s in family.samples
-        if s.name == "shmwatch_mount_max_used_bytes" and "mount" in s.labels
+        if s.name == MAX_USED and "mount" in s.labels
     }
-    if not out:
-        raise SourceError(
-            f"{url}: no shmwatch_mount_max_used_bytes (an older shmwatch?)"
-        )
-    return out
+
+
+def peaks_from_exporter(url: str, deadline: float = math.inf) -> Peaks:
+    """mount -> (a running exporter's high-water mark, 1), from its /metrics."""
+    marks = _get(url, _high_water_marks, deadline, MAX_ANSWER["exporter"])
+    if not marks:
+        raise SourceError(f"{url}: no {MAX_USED} (an older shmwatch?)")
+    return {mount: (value, 1) for mount, value in marks.items()}
+
+
+def parse_url(text: str) -> str:
+    """--prometheus.url, --exporter.url: http:// or https:// and a host."""
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"not an http:// or https:// URL: {text!r}")
+    return text
 
 
 # --- the recommendation ------------------------------------------------------------------------
@@ -150,12 +194,19 @@ def settings_for(size: int, volume: str, memory_limit: Optional[int]) -> Dict[st
     return out
 
 
-def recommend(view, observed: float, source: str, window, headroom: float, note=""):
-    """One mount's recommendation (`view`: a model MountView with usage)."""
+def recommend(view, observed, source, window, headroom, note="", required=None):
+    """One mount's recommendation (`view`: a model MountView with usage), never below
+    `required` (--require-shm's bytes)."""
     usage, cgroup, observed = view.usage, view.cgroup, max(int(observed), 0)
     size = recommended_size(observed, headroom)
+    notes = [note] if note else []
+    if required and size < required:
+        size = round_up(required)
+        notes.append(
+            f"raised to what --require-shm asks: at least {at_least(required)}"
+        )
     r = Recommendation(usage.mount, observed, size, window, source, usage.size_bytes)
-    r.notes = [note] if note else []
+    r.notes = notes
     if cgroup is not None:
         needed = memory_limit_needed(size, cgroup.working_set_bytes, usage.used_bytes)
         r.memory_limit_bytes, r.memory_limit_bytes_needed = cgroup.limit_bytes, needed
@@ -182,25 +233,34 @@ def parse_headroom(text: str) -> float:
     return float(text)
 
 
-def recommendations(model, extra) -> Tuple[List[Recommendation], List[str]]:
-    """Per measured mount, from the best source that answered; notes say what fell through."""
+def recommendations(
+    model, extra, deadline: float = math.inf
+) -> Tuple[List[Recommendation], List[str]]:
+    """Per measured mount, from the best source that answered by `deadline` (both are asked
+    at once); notes say what fell through."""
     views = [v for v in model.mounts if v.usage is not None and not v.usage.error]
     notes: List[str] = []
-    answers: List[Tuple[str, Optional[str], Peaks]] = []
     selector, span = extra.prometheus_selector, extra.recommend_window
-    try:
-        if extra.prometheus_url:
-            mounts = [v.mount for v in views]
-            peaks = peaks_from_prometheus(extra.prometheus_url, mounts, span, selector)
-            answers.append(("prometheus", span, peaks))
-    except SourceError as err:
-        notes.append(f"Prometheus not used: {err}")
-    try:
-        if extra.exporter_url:
-            answers.append(("exporter", None, peaks_from_exporter(extra.exporter_url)))
-    except SourceError as err:
-        notes.append(f"exporter not used: {err}")
-    out, headroom = [], extra.recommend_headroom
+    asked = []
+    if extra.prometheus_url:
+        mounts, url = [v.mount for v in views], extra.prometheus_url
+        task = Bounded(
+            lambda: peaks_from_prometheus(url, mounts, span, selector, deadline)
+        )
+        asked.append(("prometheus", span, "Prometheus", task))
+    if extra.exporter_url:
+        task = Bounded(lambda: peaks_from_exporter(extra.exporter_url, deadline))
+        asked.append(("exporter", None, "exporter", task))
+    answers: List[Tuple[str, Optional[str], Peaks]] = []
+    for name, window, label, task in asked:
+        try:
+            answers.append((name, window, task.result(deadline)))
+        except SourceError as err:
+            notes.append(f"{label} not used: {err}")
+        except TimeoutError as err:  # the URL's answer has not come to an end
+            url = extra.prometheus_url if name == "prometheus" else extra.exporter_url
+            notes.append(f"{label} not used: {url}: {err}")
+    out, headroom, required = [], extra.recommend_headroom, extra.require_shm
     for view in views:
         rec = None
         # Preferred order; a mount a source has no series for falls through to the next, and so
@@ -217,17 +277,17 @@ def recommendations(model, extra) -> Tuple[List[Recommendation], List[str]]:
                 )
                 continue
             note = SERIES.format(series) if series > 1 else ""
-            rec = recommend(view, peak, name, window, headroom, note)
+            rec = recommend(view, peak, name, window, headroom, note, required)
             break
         used = view.usage.used_bytes
         current = used if view.max_used_bytes is None else view.max_used_bytes
         if rec is None:
-            rec = recommend(view, used, "current", None, headroom, NO_PEAK)
+            rec = recommend(view, used, "current", None, headroom, NO_PEAK, required)
         elif current > rec.observed_peak_bytes:
             note = (
                 f"the current use is above what {rec.source} recorded: it is the peak"
             )
-            rec = recommend(view, current, "current", None, headroom, note)
+            rec = recommend(view, current, "current", None, headroom, note, required)
         out.append(rec)
     return out, notes
 

@@ -9,18 +9,26 @@ in server logs (--log). Exit codes: exporter/check/findings.py.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import stat
 import sys
+import time
+import traceback
 from dataclasses import asdict
 from typing import Callable, Dict, List, Optional, Sequence
 
 from exporter.check import recommend as R
 from exporter.check import thresholds as T
-from exporter.check.findings import EXIT_USAGE, Report, render_json, render_text
+from exporter.check.deadline import Bounded, left
+from exporter.check.findings import EXIT_SOFTWARE, EXIT_USAGE, Report
+from exporter.check.findings import render_json, render_text
 from exporter.check.kernel import oom_kills, sysv
 from exporter.check.logscan import SIGNATURES, LogHit, scan_log
+from exporter.check.outside import outside
 from exporter.check.shm import shm, shm_remedy
-from exporter.check.sizes import at_least, at_most, human
+from exporter.check.sizes import at_least, at_most, human, plausible
+from exporter.host.paths import Paths
 from exporter.config import Config, build_parser, parse_args, parse_size, typed
 from exporter.model.step import Model
 
@@ -30,23 +38,39 @@ from exporter.model.step import Model
 # caches). TensorRT-LLM (multi-GPU, with its own shm-based IPC) gets 80Gi, the figure this
 # project's operators use; NVIDIA's own large-model examples go higher still.
 BACKEND_SHM = {"vllm": 16 << 30, "sglang": 16 << 30, "trtllm": 80 << 30}
+# Without --timeout: what the reads after the collectors (Prometheus, an exporter) may add.
+READS_SECONDS = 10.0
 # A source that failed is a warning in its area (shm when not named). gpu, cgroup and oom
 # failures are info with their own findings (no driver, or no readable cgroup, is normal);
 # "process" is shmwatch's own process metrics, nothing `check` reports on.
 FAILURE_AREAS = {"sysv": "sysv", "host_memory": "memory"}
 QUIET_FAILURES = ("gpu", "cgroup", "process", "oom")
+
+
+def _seconds(text: str) -> float:
+    """--timeout: a number of seconds above 0."""
+    seconds = float(text)
+    if not 0 < seconds < math.inf:
+        raise ValueError(f"not a number of seconds above 0: {text!r}")
+    return seconds
+
+
 # `shmwatch check`'s own flags (the exporter's are in exporter/config.py); dest: the flag's name
 # with _ for . and -, as in --prometheus.url -> prometheus_url.
 FLAGS = {
-    "--require-shm": dict(type=typed(parse_size, "--require-shm")),
+    "--require-shm": dict(
+        type=typed(lambda text: plausible(parse_size(text)), "--require-shm")
+    ),
     "--backend": dict(choices=sorted(BACKEND_SHM)),
     "--output": dict(choices=("text", "json"), default="text"),
     "--log": dict(action="append", default=[], metavar="FILE"),
-    "--timeout": dict(type=float),
+    "--timeout": dict(type=typed(_seconds, "--timeout")),
     "--recommend": dict(action="store_true"),
-    "--prometheus.url": dict(metavar="URL"),
+    "--prometheus.url": dict(
+        metavar="URL", type=typed(R.parse_url, "--prometheus.url")
+    ),
     "--prometheus.selector": dict(metavar="MATCHERS", default=""),
-    "--exporter.url": dict(metavar="URL"),
+    "--exporter.url": dict(metavar="URL", type=typed(R.parse_url, "--exporter.url")),
     "--recommend.window": dict(
         default=R.DEFAULT_WINDOW, type=typed(R.parse_window, "--recommend.window")
     ),
@@ -58,7 +82,7 @@ HELP = {
     "--require-shm": "Fail (exit 2) when the shm mount can hold less than this, e.g. 16Gi.",
     "--backend": "Warn when shm is below what this serving engine needs (vllm/sglang 16Gi, trtllm 80Gi).",
     "--log": "Scan a server log for known shared-memory and OOM failure signatures (repeatable).",
-    "--timeout": "Seconds to wait for all collectors.",
+    "--timeout": "Seconds the whole check may take: collectors, logs, Prometheus and exporter reads.",
     "--recommend": "Recommend a shm size per mount from the observed peak, with the settings to apply.",
     "--prometheus.url": "Prometheus to read the peak over --recommend.window from (HTTP API /api/v1/query).",
     "--prometheus.selector": 'Label matchers that pick this workload\'s series, e.g. instance="10.0.0.5:9841".',
@@ -68,11 +92,15 @@ HELP = {
 }
 
 
-def diagnose(model: Model, required=None, backend=None, log_hits=None) -> Report:
+def diagnose(model: Model, required=None, backend=None) -> Report:
     """The report, from the model alone: no totals, thresholds or class rules of its own.
-    `required`: --require-shm's bytes; `log_hits`: signature name -> hits, first hit first."""
+    `required`: --require-shm's bytes."""
     report = Report()
-    errors = {s.name: s.error or "no result" for s in model.statuses if not s.success}
+    errors = {
+        s.name: s.error or "no answer within --timeout"
+        for s in model.statuses
+        if not s.success
+    }
     _gpu(report, model.gpu, errors.get("gpu"))
     for view in model.mounts:
         if view.usage is not None:
@@ -83,10 +111,6 @@ def diagnose(model: Model, required=None, backend=None, log_hits=None) -> Report
     _memory(report, model, kills, errors.get("cgroup"))
     oom_kills(report, model, errors.get("oom"))
     sysv(report, model.sysv, model.node_mode)
-    for name, hits in (log_hits or {}).items():
-        _, _, explanation, remedy = next(s for s in SIGNATURES if s[0] == name)
-        where = f"{os.path.basename(hits[0].file)}:{hits[0].line}"
-        report.add("warn", "log", where, f"{explanation} Seen: {hits[0].text}", remedy)
     for name, error in errors.items():
         if name not in QUIET_FAILURES:
             area = FAILURE_AREAS.get(name, "shm")
@@ -199,7 +223,19 @@ def _pod_memory(report: Report, pods, kills: Dict[str, int]) -> None:
 
 
 def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
-    """`collect(cfg, timeout)`: one run of every source, and the model made of it."""
+    """`collect(cfg, timeout)`: one run of every source, and the model made of it. A failure
+    of check itself (a bug) exits EXIT_SOFTWARE, apart from 1 (warnings) and 2 (failed)."""
+    try:
+        return _check(argv, collect)
+    except Exception as err:
+        traceback.print_exc()
+        name = type(err).__name__
+        sys.stderr.write(f"shmwatch check: internal error ({name}), please report it\n")
+        return EXIT_SOFTWARE
+
+
+def _check(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
+    started = time.monotonic()
     parser = build_parser(prog="shmwatch check")
     for flag, options in FLAGS.items():
         dest = flag[2:].replace(".", "_").replace("-", "_")
@@ -210,23 +246,30 @@ def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
         # argparse and a bad flag value exit 2, which here means "a requirement failed"
         raise SystemExit(EXIT_USAGE if err.code == 2 else err.code) from None
     logging.basicConfig(level=logging.CRITICAL)  # failures are in the report
-    for path in extra.log:
-        if not os.access(path, os.R_OK):
-            error = f"shmwatch check: error: argument --log: cannot read {path}\n"
+    collectors = max(cfg.gpu_timeout, cfg.collector_timeout) + 1
+    timeout = extra.timeout or collectors + READS_SECONDS
+    deadline = started + timeout
+    # A path on a hung filesystem does not answer stat() either: its scan will say so.
+    checks = [(p, Bounded(lambda p=p: _unreadable_log(p))) for p in extra.log]
+    for path, check in checks:
+        try:
+            problem = check.result(started + timeout / 4)
+        except TimeoutError:
+            continue
+        if problem:
+            error = f"shmwatch check: error: argument --log: {path}: {problem}\n"
             sys.stderr.write(error)
             return EXIT_USAGE
-    timeout = extra.timeout
-    if timeout is None:
-        timeout = max(cfg.gpu_timeout, cfg.collector_timeout) + 1
-    model = collect(cfg, timeout)
-    log_hits: Dict[str, List[LogHit]] = {}
-    for path in extra.log:
-        for name, hits in scan_log(path).items():
-            log_hits.setdefault(name, []).extend(hits)
-    report = diagnose(model, extra.require_shm, extra.backend, log_hits)
+    # Logs are read while the collectors run, and stop early enough to be reported.
+    until = deadline - timeout / 10
+    scans = [(p, Bounded(lambda p=p: scan_log(p, until))) for p in extra.log]
+    model = collect(cfg, min(collectors, left(deadline)))
+    report = diagnose(model, extra.require_shm, extra.backend)
+    _logs(report, scans, deadline)
+    outside(report, model, Paths(cfg.procfs, cfg.sysfs, cfg.rootfs))
     advice = ""
     if extra.recommend:
-        recs, notes = R.recommendations(model, extra)
+        recs, notes = R.recommendations(model, extra, deadline)
         for r in recs:
             if r.memory_limit_fits is False:
                 size = human(r.recommended_size_bytes)
@@ -242,3 +285,47 @@ def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
     else:
         sys.stdout.write(render_text(report) + advice)
     return report.exit_code
+
+
+def _unreadable_log(path: str) -> str:
+    """Why --log's `path` is not read: only a readable regular file is (a FIFO with no writer
+    blocks, a device such as /dev/zero never ends)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return "not a regular file"
+    except OSError as err:
+        return f"cannot read it: {err.strerror}"
+    return "" if os.access(path, os.R_OK) else "cannot read it"
+
+
+def _logs(report: Report, scans, deadline: float) -> None:
+    """The signatures the logs' scans found by `deadline` (each once, at its first hit), and
+    what was not read."""
+    hits: Dict[str, List[LogHit]] = {}
+    for path, task in scans:
+        name = os.path.basename(path)
+        try:
+            scan = task.result(deadline)
+        except TimeoutError:
+            report.add("warn", "log", name, "not read within --timeout")
+            continue
+        except (OSError, ValueError) as err:
+            report.add("warn", "log", name, f"not read: {err}")
+            continue
+        for signature, found in scan.hits.items():
+            hits.setdefault(signature, []).extend(found)
+        tail, size = scan.size - scan.start, scan.size
+        if scan.start:
+            text = f"only its last {human(tail)} of {human(size)} read"
+            report.add("info", "log", name, text)
+        if scan.end < size:
+            read = f"{human(scan.end - scan.start)} of {human(tail)} read"
+            report.add(
+                "warn", "log", name, f"not read to its end within --timeout: {read}"
+            )
+    for signature, found in hits.items():
+        _, _, explanation, remedy = next(s for s in SIGNATURES if s[0] == signature)
+        hit, where = found[0], os.path.basename(found[0].file)
+        where += f":{hit.line}" if hit.line else f" at byte {hit.offset}"
+        explanation, remedy = (t.format_map(hit.fields) for t in (explanation, remedy))
+        report.add("warn", "log", where, f"{explanation} Seen: {hit.text}", remedy)

@@ -12,6 +12,21 @@ from fractions import Fraction
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 UNITS = (("GiB", GiB), ("MiB", MiB), ("KiB", KiB))
+# The largest size `check` reads or advises (1 PiB): above any shm mount or memory limit. A
+# larger reading is a broken answer, not a size (1e308 would print a 300-digit --shm-size).
+MAX_BYTES = 1 << 50
+
+
+def plausible(value) -> int:
+    """A size from a flag or another program as whole bytes; ValueError unless it is a number
+    from 0 to MAX_BYTES (NaN, +Inf, 1e308, -1, "abc" and None are not)."""
+    try:
+        number = value if isinstance(value, int) else float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not 0 <= number <= MAX_BYTES:
+        raise ValueError(f"{repr(value)[:24]} is not a plausible size (0 to 1 PiB)")
+    return int(number)
 
 
 def human(n: float) -> str:

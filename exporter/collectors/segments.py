@@ -2,9 +2,12 @@
 
 Joins the directory, listed with lstat only (inventory/walk.py), and every process's maps
 and fds (inventory/owners.py) by (device, inode). An event-driven quick run patches the last
-listing with the names inotify reported and reuses the last full run's owners (node mode:
-rescans the changed mounts' pods). In node mode a full run reads every process only every
---segments.full-scan-interval and refreshes the owners in between; only a full scan calls a
+listing with the names inotify reported and reuses the last full run's owners: a new
+segment is taken as its creator's until a full run reads who holds it (a second later in a
+sidecar). In node mode a full run reads every process only every
+--segments.full-scan-interval; the runs in between (refreshes) read new processes, the pods
+of holders that exited and of mounts that moved while a segment in them is called leaked,
+and take other new segments as their creators' until the full scan, which alone calls a
 segment leaked.
 """
 
@@ -23,7 +26,8 @@ from exporter.host.mountinfo import live_mounts
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from exporter.inventory.changes import ChangeLog
-from exporter.inventory.holdings import DELETED, Owners, UnprovenLog
+from exporter.inventory.holdings import DELETED, Holding, Owners, UnprovenLog
+from exporter.inventory.maps import MEMFD
 from exporter.inventory.owners import OwnerScan
 from exporter.inventory.walk import MAX_ENTRIES, Files, Key, patch_listing, walk
 from exporter.model.classes import classify
@@ -93,6 +97,12 @@ class SegmentsCollector(BaseSource):
         self._last: Dict[str, MountInventory] = {}  # the last run's, by mount
         # Node mode: each mount's _signature() when its pod's processes were last read.
         self._pod_read_as: Dict[str, tuple] = {}
+        # The holders' pods and memfd regions, for the inventory; kept by quick runs, which
+        # reuse the owners.
+        self._pod_of: Optional[Dict[int, str]] = None
+        self._memfd: Tuple[List[Segment], Dict[int, str]] = ([], {})
+        # memfd holders' (pid, start time) -> memory cgroup path
+        self._cgroup_of: Dict[tuple, str] = {}
 
     @property
     def stretches(self) -> bool:
@@ -101,7 +111,9 @@ class SegmentsCollector(BaseSource):
 
     @property
     def follows_up(self) -> bool:
-        """Node mode's quick runs read the changed pods' processes: nothing left to follow up."""
+        """A sidecar's quick run is followed by a full one within a second. Node mode leaves
+        the holders of new segments to its full scans: reading a pod per create would cost
+        a node's churn more than they do."""
         return not self.pod_of_pid
 
     def collect(self) -> Inventory:
@@ -148,39 +160,36 @@ class SegmentsCollector(BaseSource):
         # listed (so not called hidden), and one created in between is found held
         # but not '(deleted)', so it is linked, not hidden.
         changes = self.changes.drain()
-        sigs = {}
-        if (
-            self.pod_of_pid
-        ):  # before the listing: a change while it is read shows next time
-            sigs = {
-                m: sig
-                for m, dev in devs.items()
-                if (full or m in changes) and (sig := self._signature(m, dev))
-            }
+        sigs = {}  # node mode's full runs, before the listing: a change shows next time
+        if self.pod_of_pid and full:
+            sigs = {m: s for m, d in devs.items() if (s := self._signature(m, d))}
         listings = {m: self._list(m, dev, full, changes) for m, dev in devs.items()}
-        for gone in [m for m in self._listings if m not in devs]:
-            # a mount that went away (node mode: a deleted pod)
+        for gone in [
+            m for m in self._listings if m not in devs
+        ]:  # e.g. a deleted pod's
             del self._listings[gone]
             self._indexes.pop(gone, None)
             self._pod_read_as.pop(gone, None)
         settled = False  # owners from a full scan of every process, this run
+        unread: Set[str] = set()  # mounts a refresh assembles as a quick run does
         if full:
             refreshed = None
             if (
                 self._owners.processes
                 and self.monotonic() - self._scanned_at < self.full_scan_interval
             ):
-                # A mount that moved since its pod was last read has its pod's processes read
-                # again: what they hold, and how big, moved with it. So has one whose events
-                # no quick run handled.
+                # A mount that moved since its pod was last read (pages written through a
+                # mapping raise no event) while a segment in it is called leaked: a running
+                # process may have attached to it, so its pod's processes are read again. The
+                # others keep their owners until the full scan, their new segments taken as
+                # their creators' (a pod read per create would cost more than full scans).
                 moved = [
                     m
                     for m in devs
-                    if m in changes
-                    or (
-                        (before := self._pod_read_as.get(m))
-                        and sigs.get(m, before) != before
-                    )
+                    if (before := self._pod_read_as.get(m))
+                    and sigs.get(m, before) != before
+                    and m in self._last
+                    and any(s.state == "orphan" for s in self._last[m].segments)
                 ]
                 also = {pod_uid_of_mount(m) for m in moved} - {""}
                 refreshed = self.owner_scan.refresh(
@@ -189,6 +198,7 @@ class SegmentsCollector(BaseSource):
                 if refreshed is not None:
                     self._owners = refreshed
                     self._pod_read_as.update({m: sigs[m] for m in moved if m in sigs})
+                    unread = set(devs) - set(moved)
             if refreshed is None:
                 self._owners = self.owner_scan.scan(
                     set(devs.values()), pods=self.pod_of_pid
@@ -203,19 +213,6 @@ class SegmentsCollector(BaseSource):
                 self._pod_read_as = sigs
                 self._held_at_full = set(self._owners.holdings)
                 settled = True
-        pods = {pod_uid_of_mount(m) for m in changes}
-        touched_pods = pods - {""} if self.pod_of_pid else set()
-        # Node mode: a quick run rescans the processes of the pods whose mounts changed, not
-        # the node's. A change in a mount with no pod (the host's /dev/shm, a sandbox shm) is
-        # left to the full follow-up run, as in sidecar mode.
-        pods_read = bool(
-            not full and touched_pods and self._owners.processes and "" not in pods
-        )
-        if pods_read:
-            self._owners = self.owner_scan.scan_pods(
-                set(devs.values()), pods, self._owners
-            )
-            self._pod_read_as.update({m: sigs[m] for m in changes if m in sigs})
         held_on: Dict[int, List[Key]] = {}
         for key in self._owners.holdings:
             held_on.setdefault(key[0], []).append(key)
@@ -225,32 +222,17 @@ class SegmentsCollector(BaseSource):
                 mounts.append(MountInventory(mount, error=errors[mount]))
                 continue
             last = self._last.get(mount)
-            pod = pod_uid_of_mount(mount)
-            if (
-                not full
-                and mount not in changes
-                and last is not None
-                and not last.error
-                and pod not in touched_pods
-            ):
-                # Nothing changed in it, and no owner of it was rescanned (another volume of a
-                # rescanned pod is assembled again): the same object, which the model step
-                # recognises and does not summarise again.
+            if not full and mount not in changes and last and not last.error:
+                # Nothing changed in it: the same object, which the model step recognises and
+                # does not summarise again.
                 mounts.append(last)
                 continue
             files, others, truncated = listings[mount]
             if truncated and mount not in self._said_truncated:
                 self._said_truncated.add(mount)
-                log.warning(
-                    "mount %s: more than %d entries; the inventory counts the first %d",
-                    mount,
-                    MAX_ENTRIES,
-                    MAX_ENTRIES,
-                )
-            # A quick run that read the mount's pod knows what a refresh would: a new segment
-            # none of the pod's processes holds is unverified now, not "its creator's".
-            quick = not full and not (pods_read and pod in touched_pods)
-            dev = devs[mount]
+                limit = MAX_ENTRIES
+                log.warning("mount %s: over %d entries, rest uncounted", mount, limit)
+            dev, quick = devs[mount], not full or mount in unread
             mounts.append(
                 self._assemble(
                     mount, dev, files, others, held_on.get(dev, []), quick, settled
@@ -258,23 +240,58 @@ class SegmentsCollector(BaseSource):
             )
         self._last = {m.mount: m for m in mounts}
         owners = self._owners
-        pod_of = {}
-        if self.pod_of_pid:
-            pod_of = {
+        if full or self._pod_of is None:
+            self._pod_of = {
                 pid: pod
                 for pid, proc in owners.holders.items()
-                if (pod := owners.pod_of.get(pid) or self.table.pod_uid(proc))
+                if self.pod_of_pid
+                and (pod := owners.pod_of.get(pid) or self.table.pod_uid(proc))
             }
+            memfd = self._memfd_regions(owners)
+            self._memfd = memfd, self._memfd_cgroups(memfd, owners)
         return Inventory(
             mounts,
-            dict(owners.comms),
+            owners.comms,
             owners.unreadable,
             owners.scanned,
             time.time(),
-            pod_of,
+            self._pod_of,
             owners_complete=owners.complete,
             unproven=list(owners.unproven),
+            memfd=self._memfd[0],
+            cgroup_of=self._memfd[1],
         )
+
+    def _memfd_regions(self, owners: Owners) -> List[Segment]:
+        """memfd regions the processes map or hold open: shmem that no mount shows."""
+        out = []
+        for key, hs in owners.holdings.items():
+            if hs[0].path.startswith(MEMFD):
+                name = hs[0].path[len(MEMFD) :].removesuffix(DELETED)
+                pids = tuple(sorted({h.pid for h in hs}))
+                out.append(
+                    Segment(name, classify(name), "hidden", *_size(hs), pids, key)
+                )
+        return out
+
+    def _memfd_cgroups(self, memfd: List[Segment], owners: Owners) -> Dict[int, str]:
+        """Each memfd holder's memory cgroup (as /proc/<pid>/cgroup names it), read once per
+        process (pid and start time)."""
+        out, known = {}, {}
+        for pid in {pid for seg in memfd for pid in seg.holders}:
+            proc = owners.holders.get(pid)
+            ident = (pid, proc.start_time if proc else None)
+            path = self._cgroup_of.get(ident)
+            if path is None:
+                try:
+                    cgroups = self.table.cgroups(pid)
+                except OSError:
+                    continue
+                path = cgroups.get("memory", cgroups.get(""))
+            if path is not None:
+                out[pid] = known[ident] = path
+        self._cgroup_of = known
+        return out
 
     def _assemble(
         self,
@@ -304,15 +321,8 @@ class SegmentsCollector(BaseSource):
             hs = holdings[key]
             if key in files or not any(h.deleted for h in hs):
                 continue  # linked, or created after our listing: the next run lists it
-            best = next((h for h in hs if h.allocated is not None), None)
-            extent = max(h.extent for h in hs)
-            size = (
-                (best.allocated, best.apparent, best.mtime)
-                if best
-                else (extent, extent, 0.0)
-            )
             name = os.path.basename(hs[0].path.removesuffix(DELETED))
-            rows.append((name, "hidden", size, hs, key))
+            rows.append((name, "hidden", _size(hs), hs, key))
         inv = MountInventory(mount, other_entries=others)
         bytes_of = inv.process_bytes
         for name, state, size, hs, key in rows:
@@ -328,6 +338,16 @@ class SegmentsCollector(BaseSource):
             inv.error = err.strerror or str(err)
         inv.unattributed_bytes = max(0, inv.used_bytes - accounted)
         return inv
+
+
+def _size(hs: List[Holding]) -> Tuple[int, int, float]:
+    """(allocated, apparent, mtime) of an unlinked inode: from a stat where one was possible,
+    else the furthest a mapping reaches."""
+    best = next((h for h in hs if h.allocated is not None), None)
+    if best:
+        return best.allocated, best.apparent, best.mtime
+    extent = max(h.extent for h in hs)
+    return extent, extent, 0.0
 
 
 def _make(c: Context) -> SegmentsCollector:

@@ -124,8 +124,10 @@ class SysvCollector(BaseSource):
         self.page_size = page_size
         self.node_mode = node_mode
         self.table = table or ProcessTable(paths)
-        # Node mode walks every process for its namespace: at the inventory's pace, not every poll.
+        # Node mode walks every process for its namespace and joins each: at the inventory's
+        # pace, stretched while nothing changes (SysV segments are long-lived).
         self.schedule = "inventory" if node_mode else "poll"
+        self.stretches = node_mode
 
     def read(self) -> SysvShm:
         """The calling thread's IPC namespace."""
@@ -211,15 +213,14 @@ class SysvCollector(BaseSource):
         it exited (EPERM: alive, someone else's)."""
         if pid <= 0 or os.path.exists(self.paths.proc(pid)):
             return False
-        if not hidden:
-            return True
         try:
-            os.kill(pid, 0)
+            if hidden:
+                os.kill(pid, 0)
         except ProcessLookupError:
             return True
         except OSError:
-            pass
-        return False
+            return False
+        return not hidden
 
     def _container(self, procs: List[Process]) -> str:
         """The container ID of a namespace's first process, when its cgroup names one."""

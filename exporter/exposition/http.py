@@ -1,55 +1,319 @@
-"""The HTTP(S) endpoint: /metrics (or --web.telemetry-path, render.py's), a landing page,
-/-/healthy. Each accepted connection is wrapped with the web config's SSLContext current at
-that moment (webconfig.py), so a rotated certificate serves from the next connection on.
+"""The HTTP(S) front: /metrics (render.py's), a landing page, /-/healthy.
+
+One asyncio loop reads every connection. A request head is parsed as it arrives and the
+headers nothing here reads are counted and dropped, so a slow or idle client costs a socket
+and a few hundred bytes, never a thread; a few worker threads make the answers. Bounds as
+Go's net/http and node_exporter have them: request line and headers at most 1 MiB (431,
+and the rest is not read), a head within HEADER_TIMEOUT_SECONDS (an idle keep-alive
+connection waits IDLE_TIMEOUT_SECONDS for its next one), at most --web.max-requests answers
+in flight (503 beyond), GET and HEAD only (405). HTTP/1.1 keep-alive; pipelined requests
+are answered in order. Each connection is wrapped in TLS with the web config's SSLContext
+current when it was accepted, so a rotated certificate serves from the next one on.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import errno
 import io
 import logging
 import socket
 import sys
 import threading
-from typing import Optional, Tuple
-from wsgiref.simple_server import WSGIRequestHandler
+from typing import Dict, Optional, Tuple
 
 from prometheus_client import make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import CollectorRegistry
 
 from exporter import __version__
-from exporter.exposition.webconfig import WebConfigSource, wrap_app
+from exporter.exposition.heads import Answer, Head, Refused, Request, message, plain
+from exporter.exposition.webconfig import CHALLENGE, OPEN_PATHS, WebConfigSource
 
 LOG = logging.getLogger("shmwatch.web")
 
-
-class _LogStream(io.StringIO):
-    """wsgiref prints an application's traceback to the handler's stderr, line by line:
-    collect it and log it as one record, so stderr stays valid logfmt/JSON."""
-
-    def flush(self) -> None:
-        if self.getvalue():
-            LOG.error("request failed: %s", self.getvalue().rstrip())
-            self.seek(0)
-            self.truncate()
+MAX_CONNECTIONS = 512  # beyond, the oldest not yet answered (or else idle) is dropped
+READ_BYTES = 16 << 10  # one read: all a connection holds unparsed while it is answered
+WORKERS = 4  # threads making answers; rendering holds the GIL, more would only wait
+HEADER_TIMEOUT_SECONDS = 5.0
+IDLE_TIMEOUT_SECONDS = 120.0
 
 
-class _QuietHandler(WSGIRequestHandler):
-    timeout = 10  # a client that connects and says nothing is dropped, not waited on
+class Connection(asyncio.BufferedProtocol):
+    """One client: its head parsed as it arrives, one request answered at a time."""
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib's name
-        pass  # one line per scrape on stderr helps nobody
+    def __init__(self, front: "Front", peer: str):
+        self.front, self.peer = front, peer
+        self.transport: Optional[asyncio.BaseTransport] = None
+        self.raw = None  # the socket's transport: the same, or the one under TLS
+        self.task: Optional[asyncio.Task] = None  # the handshake, then an answer
+        self.head = Head()
+        self.rest = b""  # what came after a head, while it is answered
+        self.busy = self.served = self.eof = self.gone = False
+        self.timer: Optional[asyncio.TimerHandle] = None
+        self.drained: Optional[asyncio.Future] = None  # while writing is paused
 
-    def get_stderr(self):
-        return _LogStream()
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        # Under TLS, the socket's transport is the one beneath the TLS protocol.
+        tls = getattr(transport, "_ssl_protocol", None)
+        self.raw = getattr(tls, "_transport", transport)
+        self.deadline(HEADER_TIMEOUT_SECONDS)
+
+    def deadline(self, seconds: float) -> None:
+        if self.timer:
+            self.timer.cancel()
+        self.timer = self.front.loop.call_later(seconds, self.expire)
+
+    def expire(self) -> None:
+        LOG.debug("connection from %s: no complete request in time", self.peer)
+        if self.head.size:
+            self.refuse(408)
+        else:
+            self.transport.close()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.front.buffer  # shared: each read is parsed before the next
+
+    def buffer_updated(self, nbytes: int) -> None:
+        data = bytes(self.front.buffer[:nbytes])
+        if self.busy:  # a read the pause did not stop
+            self.rest += data
+        else:
+            self.feed(data)
+
+    def feed(self, data: bytes) -> None:
+        if self.served and not self.head.size:  # the first byte after an idle wait
+            self.deadline(HEADER_TIMEOUT_SECONDS)
+            self.front.idle.pop(self, None)
+        try:
+            rest = self.head.feed(data)
+            request = None if rest is None else self.head.request()
+        except Refused as refused:
+            LOG.debug("request from %s refused: %d", self.peer, refused.status)
+            return self.refuse(refused.status)
+        if request is not None:
+            self.head, self.rest, self.busy = Head(), rest, True
+            self.timer.cancel()
+            self.transport.pause_reading()
+            self.front.fresh.pop(self, None)
+            self.task = self.front.loop.create_task(self.serve(request))
+
+    async def serve(self, request: Request) -> None:
+        front, counted = self.front, False
+        try:
+            extra, answer = await front.check(request, self.peer)
+            if answer is None and front.in_flight >= front.max_requests:
+                answer = plain(503)
+            elif answer is None:
+                front.in_flight, counted = front.in_flight + 1, True
+                answer = await front.loop.run_in_executor(
+                    front.workers, front.call, request
+                )
+            if self.gone or self.transport.is_closing():
+                return
+            status, headers, body = answer
+            answer = status, headers + extra, body
+            self.transport.write(message(answer, request, request.close or self.eof))
+            if self.drained is not None:
+                await asyncio.wait_for(self.drained, IDLE_TIMEOUT_SECONDS)
+        except asyncio.TimeoutError:
+            LOG.debug("connection from %s: the answer was not read in time", self.peer)
+            return self.drop()
+        except Exception:
+            LOG.exception("answering %s failed", self.peer)
+            return self.drop()
+        finally:
+            front.in_flight -= counted
+        if self.gone:
+            return
+        if request.close or self.eof:
+            return self.transport.close()
+        self.busy, self.served = False, True
+        self.deadline(IDLE_TIMEOUT_SECONDS)
+        front.idle[self] = None
+        self.transport.resume_reading()
+        rest, self.rest = self.rest, b""
+        if rest:
+            self.feed(rest)
+
+    def refuse(self, code: int) -> None:
+        """Answer and hang up without reading the rest, after half a second for the client
+        to read the answer before unread bytes reset the connection (as Go does)."""
+        self.busy = True
+        self.timer.cancel()
+        self.transport.pause_reading()
+        self.transport.write(message(plain(code), None, True))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.front.loop.call_later(0.5, self.transport.abort)
+
+    def drop(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+        elif self.task is not None:
+            self.task.cancel()
+
+    def pause_writing(self) -> None:
+        self.drained = self.front.loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+        self.drained = None
+
+    def eof_received(self) -> bool:
+        self.eof = (
+            True  # a half-close after a request still gets its answer (not on TLS)
+        )
+        return self.busy and not self.front.tls
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        if exc is not None:
+            LOG.debug("connection from %s lost: %s", self.peer, exc)
+        if self.timer:
+            self.timer.cancel()
+        self.resume_writing()
+        self.front.forget(self)
+        # No cycles left for the collector, which gc_tuning makes rare: the transports
+        # refer to this protocol, and asyncio's socket transport to a method of itself.
+        if hasattr(self.raw, "_read_ready_cb"):
+            self.raw._read_ready_cb = None
+        self.transport = self.raw = self.task = self.timer = None
+
+
+def loop_error(loop, context) -> None:
+    """A client gone or a handshake refused is the client's business: one debug line."""
+    err = context.get("exception")
+    if isinstance(err, (OSError, EOFError)):
+        LOG.debug("%s: %s", context.get("message"), err)
+    else:
+        LOG.error("%s", context.get("message"), exc_info=err)
+
+
+class Front:
+    """The listening socket, its connections and the threads that make answers."""
+
+    def __init__(self, sock, app, web: Optional[WebConfigSource], max_requests: int):
+        self.socket, self.app, self.web = sock, app, web
+        self.tls = web is not None and web.tls
+        self.max_requests, self.in_flight, self.open = max_requests, 0, 0
+        self.server_address = sock.getsockname()[:2]
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_exception_handler(loop_error)
+        self.workers = concurrent.futures.ThreadPoolExecutor(
+            min(WORKERS, max_requests), thread_name_prefix="shmwatch-http"
+        )
+        self.buffer = memoryview(bytearray(READ_BYTES))
+        self.fresh: Dict[Connection, None] = {}  # never answered, oldest first
+        self.idle: Dict[
+            Connection, None
+        ] = {}  # waiting for a next request, longest first
+        self.stopped = threading.Event()
+
+    def serve_forever(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self.accept())
+        except RuntimeError:  # the loop stopped by shutdown()
+            pass
+        finally:
+            self.stopped.set()
+
+    def shutdown(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.stopped.wait(IDLE_TIMEOUT_SECONDS)
+
+    def server_close(self) -> None:
+        self.socket.close()
+        self.workers.shutdown(wait=False)
+
+    async def accept(self) -> None:
+        while True:
+            try:
+                sock, peer = await self.loop.sock_accept(self.socket)
+            except OSError as err:  # out of file descriptors: wait for some to close
+                LOG.warning("cannot accept a connection: %s", err)
+                await asyncio.sleep(0.1)
+                continue
+            if self.open >= MAX_CONNECTIONS:  # never refuse while one merely waits
+                victim = next(iter(self.fresh or self.idle), None)
+                if victim is None:
+                    sock.close()
+                    continue
+                victim.drop()
+            conn = Connection(self, peer[0])
+            self.open += 1
+            self.fresh[conn] = None
+            conn.task = self.loop.create_task(self.start(conn, sock))
+
+    async def start(self, conn: Connection, sock: socket.socket) -> None:
+        context = self.web.current()[1] if self.tls else None
+        timeout = HEADER_TIMEOUT_SECONDS if context else None
+        try:
+            await self.loop.connect_accepted_socket(
+                lambda: conn, sock, ssl=context, ssl_handshake_timeout=timeout
+            )
+        except (OSError, asyncio.TimeoutError, asyncio.CancelledError) as err:
+            LOG.debug("connection from %s failed: %s", conn.peer, err or "dropped")
+            err.__traceback__ = None  # its frames hold asyncio's waiter, which holds it
+            sock.close()
+            self.forget(conn)
+
+    def forget(self, conn: Connection) -> None:
+        if not conn.gone:
+            conn.gone = True
+            self.open -= 1
+            self.fresh.pop(conn, None)
+            self.idle.pop(conn, None)
+
+    async def check(self, request: Request, peer: str):
+        """-> (the web config's headers, the answer when it is a refusal, else None)."""
+        config = self.web.current()[0] if self.web else None
+        extra = list(config.headers) if config else []
+        if request.method not in ("GET", "HEAD"):
+            return extra, plain(405, [("Allow", "GET, HEAD")])
+        if config and config.users and request.path not in OPEN_PATHS:
+            header = request.headers.get("authorization")
+            verdict = self.web.authorize(config, header, peer)
+            if isinstance(verdict, concurrent.futures.Future):
+                verdict = await asyncio.wrap_future(verdict)
+            if not verdict:
+                return extra, plain(401, CHALLENGE)
+        return extra, None
+
+    def call(self, request: Request) -> Answer:
+        """The WSGI app's answer, in a worker thread (as GET: HEAD drops the body)."""
+        host, port = self.server_address
+        environ = {
+            "REQUEST_METHOD": "GET",
+            "SCRIPT_NAME": "",
+            "PATH_INFO": request.path,
+            "QUERY_STRING": request.query,
+            "SERVER_NAME": host,
+            "SERVER_PORT": str(port),
+            "SERVER_PROTOCOL": f"HTTP/1.{request.minor}",
+            "wsgi.version": (1, 0),
+            "wsgi.url_scheme": "https" if self.tls else "http",
+            "wsgi.input": io.BytesIO(),
+            "wsgi.errors": sys.stderr,
+            "wsgi.multithread": True,
+            "wsgi.multiprocess": False,
+            "wsgi.run_once": False,
+        }
+        for name, value in request.headers.items():
+            environ["HTTP_" + name.upper().replace("-", "_")] = value
+        started: list = []
+        try:
+            body = b"".join(self.app(environ, lambda *args: started.extend(args)))
+            return started[0], list(started[1]), body
+        except Exception:
+            LOG.exception("request for %s failed", request.path)
+            return plain(500)
 
 
 def make_app(
-    registry: CollectorRegistry,
-    telemetry_path: str = "/metrics",
-    web: Optional[WebConfigSource] = None,
-    metrics_app=None,
+    registry: CollectorRegistry, telemetry_path: str = "/metrics", metrics_app=None
 ):
     metrics_app = metrics_app or make_wsgi_app(registry)
     landing = (
@@ -71,7 +335,7 @@ def make_app(
         start_response(status, [("Content-Type", kind)])
         return [body]
 
-    return wrap_app(app, web) if web is not None else app
+    return app
 
 
 def listen_family(host: str) -> Tuple[int, str, bool]:
@@ -84,55 +348,36 @@ def listen_family(host: str) -> Tuple[int, str, bool]:
 
 
 def bind(
-    host: str, port: int, app, web: Optional[WebConfigSource] = None
-) -> ThreadingWSGIServer:
+    host: str,
+    port: int,
+    app,
+    web: Optional[WebConfigSource] = None,
+    max_requests: int = 40,
+) -> Front:
     family, address, dual = listen_family(host)
     if dual and not socket.has_ipv6:
         family, address, dual = socket.AF_INET, "0.0.0.0", False
-    tls = web is not None and web.tls
-
-    class Server(ThreadingWSGIServer):
-        address_family = family
-        # socketserver's backlog of 5 drops SYNs under 50 concurrent scrapers (1 s retries).
-        request_queue_size = 128
-
-        def server_bind(self):
-            if self.address_family == socket.AF_INET6:
-                self.socket.setsockopt(
-                    socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if dual else 1
-                )
-            super().server_bind()
-
-        def get_request(self):
-            sock, peer = self.socket.accept()
-            if tls:
-                # The context current now (rebuilt when the certificate changed); the
-                # handshake happens in the request's own thread, so a client that stalls
-                # mid-handshake cannot block accept() for everyone else.
-                _, context = web.current()
-                sock = context.wrap_socket(
-                    sock, server_side=True, do_handshake_on_connect=False
-                )
-            return sock, peer
-
-        def handle_error(self, request, client_address):
-            # A refused handshake or a client gone mid-answer is the client's problem: one
-            # debug line, not socketserver's traceback on stderr.
-            err = sys.exc_info()[1]
-            LOG.debug("connection from %s failed: %s", client_address[0], err)
-
+    sock = None
     try:
-        httpd = Server((address, port), _QuietHandler)
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            v6only = 0 if dual else 1
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, v6only)
+        sock.bind((address, port))
+        sock.listen(128)  # 5 would drop SYNs under 50 concurrent scrapers (1 s retries)
     except OSError as err:
+        if sock is not None:
+            sock.close()
         if not dual or err.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
             raise
         # A kernel without IPv6 (ipv6.disable=1): all of IPv4 is what ':port' can mean.
-        return bind("0.0.0.0", port, app, web)
-    httpd.set_app(app)
-    return httpd
+        return bind("0.0.0.0", port, app, web, max_requests)
+    sock.setblocking(False)
+    return Front(sock, app, web, max_requests)
 
 
-def serve_in_thread(httpd: ThreadingWSGIServer) -> threading.Thread:
+def serve_in_thread(httpd: Front) -> threading.Thread:
     thread = threading.Thread(
         target=httpd.serve_forever, name="shmwatch-http", daemon=True
     )
@@ -140,7 +385,7 @@ def serve_in_thread(httpd: ThreadingWSGIServer) -> threading.Thread:
     return thread
 
 
-def bound_address(httpd: ThreadingWSGIServer) -> Tuple[str, int]:
+def bound_address(httpd: Front) -> Tuple[str, int]:
     return httpd.server_address[0], httpd.server_address[1]
 
 

@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.exposition.families import Families, Memo
-from exporter.model.summary import owner_label
+from exporter.model.summary import memfd_summary, owner_label
 from exporter.exposition.labels import clean
 from exporter.model.step import Model, ModelStep
 
@@ -132,6 +132,14 @@ class ModelCollector(Collector):
             for kind, count in sorted(v.inventory.other_entries.items()):
                 labels = [v.mount, kind]
                 out.add("shmwatch_mount_other_entries", labels, count, v.labels)
+        by_class, top = memfd_summary(inv.memfd, self.step.top_k)
+        for cls, (count, allocated) in sorted(by_class.items()):
+            out.add("shmwatch_memfd_regions", [cls], count)
+            out.add("shmwatch_memfd_bytes", [cls], allocated)
+        for pid, size in top:
+            labels = [str(pid), clean(inv.comms.get(pid, "unknown"))]
+            pod = {"process_pod_uid": inv.pods.get(pid, "")}
+            out.add("shmwatch_process_memfd_bytes", labels, size, pod)
 
     @staticmethod
     def _one_mount_segments(out: Families, mount, summary, comms, pods) -> None:
@@ -194,6 +202,12 @@ class ModelCollector(Collector):
             (("cgroup", c.cgroup), {"pod_uid": c.pod_uid}, c) for c in model.cgroups
         )
         out.parts_of(self._one_cgroup, rows)
+        for c in model.cgroups:
+            unexplained = model.shmem_unexplained.get(c.cgroup)
+            if unexplained is not None:
+                name, pod = "shmwatch_cgroup_memory_shmem_unexplained_bytes", c.pod_uid
+                labels = [clean(c.cgroup, 256)]
+                out.add(name, labels, unexplained, {"pod_uid": pod})
 
     @staticmethod
     def _one_cgroup(out: Families, cg) -> None:

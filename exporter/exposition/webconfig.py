@@ -10,16 +10,20 @@ on; a change that does not load (a key written before its certificate) keeps the
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import functools
 import hashlib
 import logging
 import os
+import re
 import ssl
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 import yaml
+
+from exporter.exposition.families import Families
 
 LOG = logging.getLogger("shmwatch.web")
 
@@ -47,6 +51,10 @@ HEADERS = {
 TLS_KEYS = tuple(
     "cert_file key_file client_ca_file client_auth_type min_version max_version".split()
 )
+# A bcrypt hash: variant, cost 04-31, 22 characters of salt and 31 of hash.
+BCRYPT_HASH = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
+BCRYPT_WORKERS = 2  # checks at once: a guessing client cannot take every core
+BCRYPT_QUEUE = 8  # checks running or waiting; beyond, or a second from one address: 401
 TLS_UNSUPPORTED = set(
     "cert key client_ca client_allowed_sans cipher_suites prefer_server_cipher_suites "
     "curve_preferences".split()
@@ -171,10 +179,10 @@ def parse(text: str, base: str = ".") -> WebConfig:
     raw_users = _mapping(raw.get("basic_auth_users"), "basic_auth_users")
     for user, hashed in raw_users.items():
         hashed = str(hashed or "")
-        if not hashed.startswith(("$2a$", "$2b$", "$2y$")) or len(hashed) != 60:
+        if not BCRYPT_HASH.fullmatch(hashed):
             raise WebConfigError(
-                f"basic_auth_users: the password of {user!r} is not a bcrypt hash "
-                "(make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n')"
+                f"basic_auth_users: the password of {user!r} is not a bcrypt hash bcrypt "
+                "can check (make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n')"
             )
         users[str(user)] = hashed.encode()
 
@@ -200,22 +208,37 @@ def parse(text: str, base: str = ".") -> WebConfig:
     return WebConfig(tls=tls, users=users, headers=tuple(headers))
 
 
+def weakened(old: WebConfig, new: WebConfig) -> Optional[str]:
+    """The authentication `old` enforces that `new` would drop, if any."""
+    if old.users and not new.users:
+        return "basic authentication"
+    order = list(CLIENT_AUTH)  # from no verification to a certificate required
+    if old.tls and new.tls:
+        if order.index(new.tls.client_auth_type) < order.index(
+            old.tls.client_auth_type
+        ):
+            return "client certificate verification"
+    return None
+
+
 class WebConfigSource:
-    """The current web config and its SSLContext, rebuilt when a file behind them changes:
-    --web.config.file's (`path`) or a `fixed` one (the old --web.tls-* flags' files)."""
+    """The current web config and its SSLContext, rebuilt when a file behind them changes
+    (or on reload()): --web.config.file's (`path`) or a `fixed` one (the old --web.tls-*
+    flags' files). Also a collector of shmwatch_web_config_last_reload_successful."""
 
     def __init__(self, path: Optional[str] = None, fixed: Optional[WebConfig] = None):
         self.path, self._fixed = path, fixed
         self._lock = threading.Lock()
-        self._auth_cache: Dict[bytes, bool] = {}
-        # bcrypt is slow on purpose: a client guessing passwords gets at most this many
-        # checks at once, so it cannot take every core from the collectors.
-        self._bcrypt_slots = threading.BoundedSemaphore(2)
+        self._good: Dict[bytes, None] = {}  # digests of credentials that passed
+        self._checking: set = set()  # addresses with a bcrypt check queued or running
+        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._failed_stamp = None
         self.config = self._read()
         self.context = self.config.tls.context() if self.config.tls else None
         self._stamp = self._current_stamp(self.config)
         self.tls = self.config.tls is not None  # fixed for the life of the listener
+        self.reload_ok, self.generation = True, 0  # generation: moves on every reload
+        self._warm(self.config)
 
     def _read(self) -> WebConfig:
         if not self.path:
@@ -249,11 +272,21 @@ class WebConfigSource:
                 self._reload(stamp)
             return self.config, self.context
 
+    def reload(self) -> None:
+        """Re-read the files whether they changed or not (SIGHUP)."""
+        with self._lock:
+            self._reload(self._current_stamp(self.config))
+
     def _reload(self, stamp) -> None:
+        self.generation += 1
         try:
             config = self._read()
             if (config.tls is not None) != self.tls:
                 raise WebConfigError("turning TLS on or off needs a restart")
+            # Fail closed: a file emptied or cut short must not open /metrics to anyone.
+            dropped = weakened(self.config, config)
+            if dropped:
+                raise WebConfigError(f"it would turn off {dropped} (restart to do so)")
             # Stamped before the certificate is loaded: a file replaced while we load it
             # differs from this stamp, and is loaded again on the next connection.
             new_stamp = self._current_stamp(config)
@@ -261,16 +294,39 @@ class WebConfigSource:
         except Exception as err:  # anything, not only WebConfigError: keep serving
             # A rotation in progress (key written, certificate not yet) fails here once;
             # the next change tries again. Until then the last good config serves.
-            self._failed_stamp = stamp
+            self._failed_stamp, self.reload_ok = stamp, False
             LOG.warning("web config not reloaded, keeping the previous one: %s", err)
             return
         self.config, self.context = config, context
-        self._stamp = new_stamp
-        self._failed_stamp = None
-        self._auth_cache.clear()
+        self._stamp, self._failed_stamp, self.reload_ok = new_stamp, None, True
+        self._good = {}
+        self._warm(config)
         LOG.info("web config reloaded")
 
-    def authorized(self, config: WebConfig, header: Optional[str]) -> bool:
+    def collect(self):
+        out = Families()
+        ok = 1 if self.reload_ok else 0
+        out.add("shmwatch_web_config_last_reload_successful", [], ok)
+        return list(out)
+
+    def _warm(self, config: WebConfig) -> None:
+        """Make the dummy hashes checks are padded with before the first check needs them."""
+        if config.users:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    BCRYPT_WORKERS, thread_name_prefix="shmwatch-bcrypt"
+                )
+            costs = [cost(h) for h in config.users.values()]
+            for level in range(min(costs), max(costs) + 1):
+                self._pool.submit(dummy_hash, level)
+
+    def authorize(
+        self, config: WebConfig, header: Optional[str], peer: str = ""
+    ) -> Union[bool, concurrent.futures.Future]:
+        """Whether `header` holds a user of `config` and their password: True or False at
+        once, or a Future of it when bcrypt has to run. Successes are remembered (by a
+        digest, never the password), as exporter-toolkit does, so a scrape every 15 s pays
+        bcrypt once; failures are not, so a guessing client cannot evict them."""
         if not config.users:
             return True
         if not header or header[:6].lower() != "basic ":
@@ -283,66 +339,50 @@ class WebConfigSource:
         if not sep:
             return False
         hashed = config.users.get(user)
-        # bcrypt costs ~70 ms at cost 10: remember outcomes (keyed by a digest, never the
-        # password itself), as exporter-toolkit does, so a scrape every 15 s pays it once.
+        # bcrypt reads 72 bytes of a password, as htpasswd and Go's bcrypt read it.
+        secret = password.encode()[:72]
         key = hashlib.sha256(
-            b"\0".join((user.encode(), hashed or b"", password.encode()))
+            b"\0".join((user.encode(), hashed or b"", secret))
         ).digest()
-        cached = self._auth_cache.get(key)
-        if cached is not None:
-            return cached
+        if key in self._good:
+            return True
+        with self._lock:
+            if len(self._checking) >= BCRYPT_QUEUE or peer in self._checking:
+                return False  # too many checks waiting: refuse, do not pile them up
+            self._checking.add(peer)
+        future = self._pool.submit(self._check, config, hashed, secret, key)
+        future.add_done_callback(lambda _: self._checking.discard(peer))
+        return future
+
+    def _check(self, config: WebConfig, hashed, secret: bytes, key: bytes) -> bool:
+        """bcrypt at one cost for everyone: the highest in the file. An unknown user is
+        checked against a dummy hash of that cost; a cheaper hash is padded with dummies
+        of its cost and each one above, 2^c + 2^c + 2^(c+1) + ... + 2^(top-1) = 2^top, so
+        timing tells neither which users exist nor whose hash is cheaper."""
         import bcrypt
 
-        # Too many checks queued: refuse rather than pile up threads.
-        if not self._bcrypt_slots.acquire(timeout=10):
-            return False
-        try:
-            # Every hash parse() accepted reads $2?$<cost>$...
-            cost = max(h.split(b"$")[2] for h in config.users.values())
-            dummy = hashed or _dummy_hash(cost)
-            ok = bcrypt.checkpw(password.encode(), dummy) and hashed is not None
-        except ValueError:
-            ok = False
-        finally:
-            self._bcrypt_slots.release()
-        if len(self._auth_cache) > 1024:  # a password-guessing client cannot grow it
-            self._auth_cache.clear()
-        self._auth_cache[key] = ok
+        top = max(cost(h) for h in config.users.values())
+        ok = bcrypt.checkpw(secret, hashed or dummy_hash(top)) and hashed is not None
+        for level in range(cost(hashed) if hashed else top, top):
+            bcrypt.checkpw(secret, dummy_hash(level))
+        if ok:
+            if len(self._good) >= 1024:  # bounded: users times their passwords in use
+                self._good = {}
+            self._good[key] = None
         return ok
 
 
+def cost(hashed: bytes) -> int:
+    return int(hashed.split(b"$")[2])  # every hash parse() took reads $2?$<cost>$...
+
+
 @functools.lru_cache(maxsize=None)
-def _dummy_hash(cost: bytes) -> bytes:
-    """A hash to check unknown users against, of the configured users' highest cost: an
-    unknown user name costs what a wrong password does, so timing does not tell who exists."""
+def dummy_hash(level: int) -> bytes:
     import bcrypt
 
-    return bcrypt.hashpw(b"no such user", bcrypt.gensalt(min(max(int(cost), 4), 31)))
+    return bcrypt.hashpw(b"no such user", bcrypt.gensalt(level))
 
 
 # Paths that answer without credentials: a readiness probe has none, and "OK" tells nothing.
 OPEN_PATHS = ("/-/healthy",)
-CHALLENGE = [
-    ("Content-Type", "text/plain; charset=utf-8"),
-    ("WWW-Authenticate", 'Basic realm="shmwatch"'),
-]
-
-
-def wrap_app(app: Callable, source: WebConfigSource) -> Callable:
-    """WSGI middleware: the configured response headers on every answer, basic auth on all
-    but OPEN_PATHS (401 with a WWW-Authenticate challenge when it fails)."""
-
-    def guarded(environ, start_response):
-        config, _ = source.current()
-
-        def with_headers(status, headers, exc_info=None):
-            return start_response(status, [*headers, *config.headers], exc_info)
-
-        if environ.get("PATH_INFO", "/") not in OPEN_PATHS and not source.authorized(
-            config, environ.get("HTTP_AUTHORIZATION")
-        ):
-            with_headers("401 Unauthorized", CHALLENGE)
-            return [b"Unauthorized\n"]
-        return app(environ, with_headers)
-
-    return guarded
+CHALLENGE = [("WWW-Authenticate", 'Basic realm="shmwatch"')]

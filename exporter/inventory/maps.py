@@ -71,3 +71,28 @@ def _parse_maps_line(line: str, dev: int, token: str) -> Optional[MapsLine]:
         return None
     # map_files/ names a mapping "%lx-%lx", without the zero padding maps uses.
     return dev, inode, parts[5], offset + end - start, f"{start:x}-{end:x}"
+
+
+MEMFD = "/memfd:"
+
+
+def parse_memfd(text: str) -> List[MapsLine]:
+    """Lines of maps mapping a memfd ('/memfd:<name> (deleted)'), on whatever device: memfd
+    pages are shmem that no mount shows (Mooncake, UCX, CUDA's host allocations)."""
+    found: List[MapsLine] = []
+    pos = text.find(MEMFD)
+    while pos != -1:
+        line_start = text.rfind("\n", 0, pos) + 1
+        line_end = text.find("\n", pos)
+        line = text[line_start : line_end if line_end != -1 else len(text)]
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith(MEMFD) and ":" in parts[3]:
+            major, minor = parts[3].split(":", 1)
+            try:
+                dev = os.makedev(int(major, 16), int(minor, 16))
+            except ValueError:
+                dev = -1
+            if dev != -1 and (parsed := _parse_maps_line(line, dev, parts[3])):
+                found.append(parsed)
+        pos = text.find(MEMFD, line_end) if line_end != -1 else -1
+    return found

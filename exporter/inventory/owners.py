@@ -1,4 +1,4 @@
-"""Who maps or holds open which inode of the watched mounts: one pass over /proc.
+"""Who maps or holds open which inode of the watched mounts, and which memfd: one pass over /proc.
 
 Joined with the listing by (device, inode), never by path text. What is held but unlinked
 is a hidden segment, which `df` counts and `ls` does not (NCCL >= 2.19, UCX, torch)."""
@@ -11,9 +11,8 @@ from typing import Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
 from exporter.host.proctable import PidWrapWatch, Process, ProcessTable
 from exporter.inventory.holdings import DELETED, MAX_UNPROVEN, Holding, Owners
-from exporter.inventory.maps import DeviceTokens, parse_maps
-from exporter.inventory.mount_ids import WatchedMountIds
-from exporter.inventory.mount_ids import denied as denied_by
+from exporter.inventory.maps import MEMFD, DeviceTokens, parse_maps, parse_memfd
+from exporter.inventory.mount_ids import WatchedMountIds, denied as denied_by
 from exporter.inventory.walk import Key
 
 
@@ -95,9 +94,10 @@ class OwnerScan:
         pods = set(also)
         for pid in previous.holders.keys() - alive:
             pod = previous.pod_of.get(pid)
-            if not pod:
-                return None
-            pods.add(pod)
+            if pod:
+                pods.add(pod)
+            elif any(key[0] in devs for key in previous.keys_of.get(pid, ())):
+                return None  # (a memfd alone, as runc's, waits for the next full scan)
         return self.scan_pods(devs, pods, previous, new_too=True, alive=alive)
 
     def scan_pods(
@@ -220,9 +220,10 @@ class OwnerScan:
         pid = proc.pid
         denied = held_here = False
         try:
+            text = self.table.maps(pid)
             for dev, inode, path, extent, map_range in parse_maps(
-                self.table.maps(pid), tokens
-            ):
+                text, tokens
+            ) + parse_memfd(text):
                 held_here = True
                 deleted = path.endswith(DELETED)
                 held = Holding(pid, path, deleted, extent, map_range=map_range)
@@ -249,13 +250,14 @@ class OwnerScan:
                 target = os.readlink(link)
                 if not target.startswith("/"):
                     continue  # socket:[…], pipe:[…], anon_inode:…
-                if not self._mount_ids.holds_fd(f"{info_dir}/{fd}", ours):
+                memfd = target.startswith(MEMFD)
+                if not memfd and not self._mount_ids.holds_fd(f"{info_dir}/{fd}", ours):
                     continue
-                # The open file itself, known to be on a watched tmpfs.
+                # The open file itself, known to be on a watched tmpfs or a memfd.
                 st = os.stat(link)
             except OSError:
                 continue
-            if st.st_dev in devs and stat_mod.S_ISREG(st.st_mode):
+            if (memfd or st.st_dev in devs) and stat_mod.S_ISREG(st.st_mode):
                 held_here = True
                 deleted = target.endswith(DELETED)
                 held = Holding(pid, target, deleted, 0, *_sizes(st))

@@ -61,7 +61,7 @@ shmwatch_process_shm_bytes  mount pid comm
 shmwatch_orphan_oldest_age_seconds  mount
     Age in whole seconds (since last modification) of the oldest orphan segment of a
     class whose segments belong to one process (nccl, torch, python_shm, vllm_offload,
-    ucx, mpi): one to remove; 0 when there is none.
+    ucx, mpi, sglang): one to remove; 0 when there is none.
 shmwatch_mount_unattributed_bytes  mount
     Used bytes not accounted for by any segment we could see (other users' or the
     kernel's).
@@ -75,6 +75,21 @@ shmwatch_mount_owners_verified  mount
     1 when every process that could hold a segment of the mount was inspected (segments
     held by nobody are orphan); 0 when some could not be (they are unverified: grant the
     server's UID or CAP_SYS_PTRACE).
+# --- memfd regions (collector segments): shmem outside every mount -----------------
+shmwatch_memfd_regions  class
+    memfd regions ('/memfd:<name> (deleted)' in a process's maps or fds) mapped or held
+    open, by the owner class of their name: shmem charged like tmpfs that no mount shows
+    (Mooncake, UCX, CUDA host allocations).
+shmwatch_memfd_bytes  class
+    Allocated bytes of memfd regions (st_blocks x 512 of the fd, or of the mapping through
+    map_files with CAP_SYS_ADMIN; else the mapping's extent).
+shmwatch_process_memfd_bytes  pid comm
+    Allocated bytes of the memfd regions a process maps or holds open (top K processes).
+shmwatch_cgroup_memory_shmem_unexplained_bytes  cgroup
+    Estimate: the cgroup's shmem minus what the watched mounts charged to it, its IPC
+    namespace's SysV segments (resident) and the memfd regions its processes hold explain,
+    floored at 0: unwatched tmpfs mounts, memfds of processes gone. A region held from two
+    cgroups counts in both.
 # --- events (sampler + watchdog) ------------------------------------------------
 shmwatch_segment_events_total  mount class event
     Segments created and deleted, seen by inotify (or by inventory diffs when polling);
@@ -158,6 +173,10 @@ shmwatch_collector_duration_seconds  collector
     Duration of the collector's last run.
 shmwatch_build_info  version
     Always 1; the shmwatch version.
+shmwatch_web_config_last_reload_successful  -
+    1 when the last reload of the web config (on a change of its files, or SIGHUP) was
+    taken; 0 when it was refused (invalid, or it would turn authentication off) and the
+    previous one serves. Only with --web.config.file or --web.tls-* flags.
 # prometheus_client's ProcessCollector (the exporter's own process)
 process_virtual_memory_bytes  -
     Virtual memory size in bytes.
@@ -206,6 +225,8 @@ def node_labels(metric: Metric) -> Tuple[str, ...]:
         return ("ipc_namespace", "pod_uid", "container_id")
     if metric.name == "shmwatch_process_shm_bytes":
         return NODE_MOUNT_LABELS + ("process_pod_uid",)
+    if metric.name == "shmwatch_process_memfd_bytes":
+        return ("process_pod_uid",)
     if "mount" in metric.labels:
         return NODE_MOUNT_LABELS
     return ("pod_uid",) if "cgroup" in metric.labels else ()

@@ -22,13 +22,25 @@ CLASSES: Tuple[Tuple[str, str, str], ...] = (
     ("ucx", r"ucx_shm_posix_.*", "UCX posix transport (uct/sm/mm/posix)"),
     ("torch", r"torch_.*", "PyTorch file_system sharing: torch_<pid>_<rand>[_<n>]"),
     ("python_shm", r"psm_.*", "multiprocessing.shared_memory (vLLM/SGLang queues)"),
+    (
+        "sglang",
+        r"sgl_shm_.*",
+        "SGLang: sgl_shm_<kind>_<pid>_<rand> (multimodal sgl_shm_mm_*)",
+    ),
+    ("sglang", r"sglang_loads_.*", "SGLang: sglang_loads_* (expert load statistics)"),
+    ("semaphore", r"sem\.loky-.*", "joblib/loky semaphores: sem.loky-<pid>-<rand>"),
     ("semaphore", r"sem\..*", "glibc sem_open(): /dev/shm/sem.<name>"),
-    ("vllm_offload", r"vllm_offload_.*", "vLLM CPU KV-cache offload (*.mmap)"),
+    # Unlinked once every worker mapped it (vLLM PR 52596): then a hidden segment.
+    (
+        "vllm_offload",
+        r"vllm_offload_.*",
+        "vLLM CPU KV offload: vllm_offload_<uuid>.mmap",
+    ),
     ("ray", r"plasma.*", "Ray plasma object store"),
     ("nixl", r"nixl_.*", "NVIDIA NIXL (disaggregated KV transfer)"),
     ("dali", r"nvidia_dali_.*", "NVIDIA DALI shared memory"),
     ("triton", r"triton_python_backend_shm_region_.*", "Triton python backend"),
-    ("cuda", r"cuda\.shm\..*", "CUDA IPC / MPS"),
+    ("cuda", r"cuda\.shm\..*", "CUDA IPC / MPS: cuda.shm.<pid>.<n>"),
 )
 
 CLASS_NAMES: Tuple[str, ...] = tuple(dict.fromkeys(c for c, _, _ in CLASSES)) + (
@@ -70,10 +82,13 @@ NOT_LEAKS = frozenset({"semaphore"})
 
 # An orphan of these classes is removable: each segment belongs to one process (one NCCL
 # rank's buffer, one torch tensor, one Python SharedMemory, one vLLM offload file, one UCX
-# or MPI endpoint), so once that process is gone nothing can attach to it again. `shmwatch
+# or MPI endpoint, one SGLang scheduler's buffer, which SGLang itself reclaims once its
+# creator and every mapper are gone), so once that process is gone nothing attaches again. `shmwatch
 # check` advises `rm` for orphans of these classes only: never for `other` (a container
 # engine's lock file is not ours to judge) and never for a segment that is `unverified`.
-REMOVABLE = frozenset({"nccl", "torch", "python_shm", "vllm_offload", "ucx", "mpi"})
+REMOVABLE = frozenset(
+    {"nccl", "torch", "python_shm", "vllm_offload", "ucx", "mpi", "sglang"}
+)
 
 
 def removable(cls: str) -> bool:

@@ -80,6 +80,8 @@ class Model:
     oom_kills: List[OomCount] = field(default_factory=list)
     # The newest OOM kills (oldest first), each with its pod's shm use when it was seen.
     recent_oom_kills: List[Tuple[OomKill, Optional[int]]] = field(default_factory=list)
+    # cgroup -> its shmem that no watched mount, SysV segment or memfd region explains.
+    shmem_unexplained: Dict[str, int] = field(default_factory=dict)
 
     def result_ok(self, source: str) -> bool:
         return any(s.name == source and s.success for s in self.statuses)
@@ -139,10 +141,9 @@ class ModelStep:
             for cgroup in obs.result:
                 if cgroup.oom_kills is not None:
                     self.state.record_cgroup_oom(cgroup.cgroup, cgroup.oom_kills)
+                # A container's 0 adds nothing; 10,000s of them cost every build.
                 for child, count in cgroup.child_oom_kills:
-                    if (
-                        count
-                    ):  # a container's 0 adds nothing; 10,000s of them cost every build
+                    if count:
                         self.state.record_cgroup_oom(child, count)
         if obs.success and obs.source == "oom":
             for kill in obs.result.new:
@@ -263,6 +264,9 @@ class ModelStep:
             states,
             self._oom_counts(cgroups, states, mounts),
             list(states.recent_oom_kills),
+            _unexplained(
+                cgroups, mounts, self._result("sysv"), inventory, self.node_mode
+            ),
         )
 
     def _oom_counts(
@@ -310,3 +314,49 @@ def _subtree_totals(counts: Dict[str, int]) -> Dict[str, int]:
                 break
             path = path.rsplit("/", 1)[0]
     return totals
+
+
+def _unexplained(
+    cgroups: List[CgroupMemory],
+    mounts: List[MountView],
+    sysv: Optional[List[SysvShm]],
+    inventory: Optional[Inventory],
+    node_mode: bool,
+) -> Dict[str, int]:
+    """Per cgroup read (not estimated): its shmem minus the used bytes of the watched mounts
+    charged to it, the resident bytes of its IPC namespace's SysV segments and the memfd
+    regions its processes (or its descendants') hold. An estimate: a region two cgroups'
+    processes hold counts in both, and pages are charged to whoever touched them first.
+    Nothing without an inventory (memfd regions unknown). Linear in mounts, namespaces and
+    regions (times the cgroup depth): node mode has hundreds of each."""
+    if inventory is None:
+        return {}
+    explained: Dict[object, int] = {}  # id(cgroup), pod UID or cgroup path -> bytes
+    for v in mounts:
+        if v.cgroup is not None and v.usage is not None and not v.usage.error:
+            key = id(v.cgroup)
+            explained[key] = explained.get(key, 0) + v.usage.used_bytes
+    for shm in sysv or ():
+        if shm.readable:
+            key = ("sysv", shm.pod_uid if node_mode else "")
+            explained[key] = explained.get(key, 0) + shm.resident_bytes
+    for seg in inventory.memfd:
+        under = set()  # each region once per cgroup it is below
+        for pid in seg.holders:
+            if pid in inventory.cgroup_of:
+                under.add("/")
+                path = inventory.cgroup_of[pid].rstrip("/")
+                while path:
+                    under.add(path)
+                    path = path.rsplit("/", 1)[0]
+        for path in under:
+            explained[path] = explained.get(path, 0) + seg.allocated_bytes
+    out = {}
+    for c in cgroups:
+        if c.estimated or c.shmem_bytes is None:
+            continue
+        sysv_key = ("sysv", c.pod_uid if node_mode else "")
+        known = explained.get(id(c), 0) + explained.get(sysv_key, 0)
+        known += explained.get(c.cgroup.rstrip("/") or "/", 0)
+        out[c.cgroup] = max(0, c.shmem_bytes - known)
+    return out

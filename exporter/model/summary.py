@@ -78,3 +78,18 @@ def owner_label(holders: Iterable[int], comms: Dict[int, str]) -> str:
     first = holders[0]
     text = f"{comms.get(first, 'unknown')}[{first}]"
     return text + (f"+{len(holders) - 1}" if len(holders) > 1 else "")
+
+
+def memfd_summary(
+    regions: List[Segment], top_k: int
+) -> Tuple[Dict[str, Tuple[int, int]], List[Tuple[int, int]]]:
+    """memfd regions -> ({class: (count, allocated)}, top K (pid, allocated it holds))."""
+    by_class: Dict[str, Tuple[int, int]] = {}
+    by_pid: Dict[int, int] = {}
+    for seg in regions:
+        count, allocated = by_class.get(seg.cls, (0, 0))
+        by_class[seg.cls] = (count + 1, allocated + seg.allocated_bytes)
+        for pid in seg.holders:
+            by_pid[pid] = by_pid.get(pid, 0) + seg.allocated_bytes
+    top = heapq.nsmallest(top_k, by_pid.items(), key=lambda kv: (-kv[1], kv[0]))
+    return by_class, top

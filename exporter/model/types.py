@@ -213,6 +213,9 @@ class Inventory:
     # Every process that could hold a segment was inspected; if not, why, for the log and check.
     owners_complete: bool = True
     unproven: List[str] = field(default_factory=list)
+    # memfd regions mapped or held (state "hidden"), and each holder's memory cgroup path.
+    memfd: List[Segment] = field(default_factory=list)
+    cgroup_of: Dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -174,13 +174,9 @@ class Sampler:
             time.sleep(0.01)
         return False
 
-    def stuck(self) -> List[str]:
-        """Sources whose current run has overrun its timeout."""
-        return [
-            name
-            for name, r in self.runners.items()
-            if r.running_since is not None and r.timed_out
-        ]
+    def busy(self) -> List[str]:
+        """Sources with a run in progress: one that has overrun its timeout, or not yet."""
+        return [name for name, r in self.runners.items() if r.running_since is not None]
 
     def request(self, full: bool = False) -> None:
         """A watched mount changed: event-driven sources run soon (debounced); `full`: events

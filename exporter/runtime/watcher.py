@@ -52,6 +52,10 @@ def _close(reader) -> None:
     with contextlib.suppress(Exception):
         reader.stop()
         reader.join(1.0)
+        # watchdog 7.1 closes the fd in its read loop, so one stopped before its thread first
+        # read keeps it (closed and reading: the loop never cleared the flag, nor closed).
+        if reader._closed and reader._is_reading and not reader.is_alive():
+            reader._close_resources()
 
 
 class MountWatcher:
@@ -93,6 +97,8 @@ class MountWatcher:
         self.refresh()
 
     def _start_inotify(self) -> bool:
+        if self._stopped:
+            return False
         try:
             reader = self.inotify_factory()
             reader.start()
@@ -103,9 +109,8 @@ class MountWatcher:
                     f"inotify unavailable ({err}): polling every inventory interval",
                 )
             return False
-        with (
-            self._lock
-        ):  # a stop() landing during a refresh closes this one, or none starts
+        # A stop() landing during a refresh closes this one, or none starts.
+        with self._lock:
             if not self._stopped:
                 self.inotify = reader
                 return True
@@ -264,6 +269,9 @@ class MountWatcher:
             len(watched),
         )
         self.wake(full=True)
+
+    def on_events_lost(self) -> None:
+        """watchdog >= 7.1 calls this after on_queue_overflow, which did what it asks."""
 
     def on_mounts(self, mount_set: MountSet) -> None:
         """Discovery subscriber (node mode: every second)."""

@@ -10,6 +10,7 @@
  *   driver=550.54.15
  *   count=2
  *   hang_file=/tmp/x             while this file exists, nvmlDeviceGetCount_v2 blocks
+ *   hang_holds_shutdown=1        nvmlShutdown waits for every call in the hang (a driver lock)
  *   count_error=15               nvmlDeviceGetCount_v2 returns this (15: GPU is lost)
  *   stats_file=/tmp/stats        "<calls in the hang now> <most at once> <inits> <shutdowns>"
  *   gpu0.name=NVIDIA H100 80GB HBM3
@@ -101,6 +102,9 @@ int nvmlInitWithFlags(unsigned int flags) {
 }
 int nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
 int nvmlShutdown(void) {
+    load();
+    if (atoi(get("hang_holds_shutdown", "0")))
+        while (hanging) usleep(20000);
     pthread_mutex_lock(&lock);
     initialised = 0;
     shutdowns++;

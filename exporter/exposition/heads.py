@@ -1,0 +1,156 @@
+"""HTTP/1.x request heads parsed as they arrive, within bounds (Go's net/http's 1 MiB of
+request line and headers), and the answers' bytes. Only the headers the front reads are
+kept; the others are counted and dropped, so a head costs what it keeps, not what it sent.
+"""
+
+from __future__ import annotations
+
+import re
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Dict, List, Optional, Tuple
+from urllib.parse import unquote, urlsplit
+
+MAX_HEADER_BYTES = 1 << 20  # request line and headers: Go's http.DefaultMaxHeaderBytes
+MAX_HEADER_LINES = 100  # as Python's http.client: bounds the work one head costs
+MAX_KEPT_BYTES = 32 << 10  # of them, the request line and the headers in KEPT
+KEPT = {"accept", "accept-encoding", "authorization", "connection"}
+KEPT |= {"content-length", "transfer-encoding"}
+TOKEN = rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+"
+REQUEST_LINE = re.compile(rb"(%s) (\S+) HTTP/(\d)\.(\d)" % TOKEN)
+HEADER_NAME = re.compile(TOKEN)
+
+Answer = Tuple[str, List[Tuple[str, str]], bytes]  # status, headers, body
+
+
+class Refused(Exception):
+    """A request this server does not take; `status` says why."""
+
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
+
+
+class Request:
+    __slots__ = ("method", "path", "query", "minor", "headers", "close")
+
+    def __init__(self, method, target, minor, headers: Dict[str, str]):
+        self.method, self.minor, self.headers = method, minor, headers
+        if target.startswith(("http://", "https://")):  # absolute-form, as proxies send
+            parts = urlsplit(target)
+            path, self.query = parts.path or "/", parts.query
+        else:
+            path, _, self.query = target.partition("?")
+        self.path = unquote(path, "latin-1")  # as wsgiref (PEP 3333: bytes as latin-1)
+        tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
+        # A body is never read: answer, then hang up rather than parse it as a request.
+        body = (
+            "transfer-encoding" in headers or headers.get("content-length", "0") != "0"
+        )
+        keep = "close" not in tokens if minor else "keep-alive" in tokens
+        self.close = body or not keep
+
+
+class Head:
+    """One request head as it arrives: the request line and the headers in KEPT; other
+    headers are counted against the bounds and dropped."""
+
+    def __init__(self) -> None:
+        self.size = self.lines = self.kept_size = 0
+        self.line = bytearray()  # the current line while it may be kept
+        self.dropping = False  # within a header line that is not kept
+        self.first: Optional[Tuple[str, str, int]] = None  # method, target, minor
+        self.headers: Dict[str, str] = {}
+
+    def feed(self, data: bytes) -> Optional[bytes]:
+        """The bytes after the head once it is complete (None until it is); Refused when
+        it is not one this server takes."""
+        pos, end = 0, len(data)
+        while pos < end:
+            newline = data.find(b"\n", pos)
+            stop = end if newline < 0 else newline + 1
+            self.size += stop - pos
+            if self.size > MAX_HEADER_BYTES:
+                raise Refused(431)
+            if not self.dropping:
+                self.line += data[pos:stop]
+                if self.kept_size + len(self.line) > MAX_KEPT_BYTES:
+                    raise Refused(431)
+                if newline < 0 and self.first and self.kept(self.line) is False:
+                    self.dropping = True
+                    self.line.clear()
+            pos = stop
+            if newline < 0:
+                return None
+            if self.first:
+                self.lines += 1
+                if self.lines > MAX_HEADER_LINES:
+                    raise Refused(431)
+            if self.dropping:
+                self.dropping = False
+                continue
+            line = bytes(self.line).rstrip(b"\r\n")
+            self.line.clear()
+            if self.first is None:
+                if line:  # empty lines before a request line are allowed
+                    self.first = request_line(line)
+                    self.kept_size += len(line)
+                continue
+            if not line:
+                return data[pos:]
+            kept = self.kept(line)
+            if kept is None:
+                raise Refused(400)  # no colon; also an obsolete folded line
+            if kept:
+                self.kept_size += len(line)
+                name, _, value = line.partition(b":")
+                key, value = (
+                    name.lower().decode(),
+                    value.strip(b" \t").decode("latin-1"),
+                )
+                known = self.headers.get(key)
+                self.headers[key] = value if known is None else f"{known}, {value}"
+        return None
+
+    @staticmethod
+    def kept(line: bytearray) -> Optional[bool]:
+        """Whether a header line is kept; None while its name and colon have not come."""
+        colon = line.find(b":")
+        if colon < 0:
+            return None
+        if not HEADER_NAME.fullmatch(line, 0, colon):
+            raise Refused(400)  # whitespace before the colon: a smuggling attempt
+        return bytes(line[:colon]).lower().decode() in KEPT
+
+    def request(self) -> Request:
+        method, target, minor = self.first
+        return Request(method, target, minor, self.headers)
+
+
+def request_line(line: bytes) -> Tuple[str, str, int]:
+    match = REQUEST_LINE.fullmatch(line)
+    if not match:
+        raise Refused(400)  # HTTP/0.9's "GET /" too
+    method, target, major, minor = match.groups()
+    if major != b"1":
+        raise Refused(505)
+    return method.decode(), target.decode("latin-1"), int(minor)
+
+
+def plain(code: int, headers=()) -> Answer:
+    phrase = HTTPStatus(code).phrase
+    kind = ("Content-Type", "text/plain; charset=utf-8")
+    return f"{code} {phrase}", [kind, *headers], f"{phrase}\n".encode()
+
+
+def message(answer: Answer, request: Optional[Request], close: bool) -> bytes:
+    status, headers, body = answer
+    lines = [f"HTTP/1.1 {status}", f"Date: {formatdate(usegmt=True)}"]
+    lines += [f"{name}: {value}" for name, value in headers]
+    lines.append(f"Content-Length: {len(body)}")
+    if close:
+        lines.append("Connection: close")
+    elif request.minor == 0:
+        lines.append("Connection: keep-alive")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return head if request and request.method == "HEAD" else head + body

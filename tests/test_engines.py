@@ -1,0 +1,153 @@
+"""The engines' shared memory, made for real by tests/peers/engines.py: SGLang's segments
+(leaked by a process that exits, and live), vLLM's unlinked offload file, and a memfd region
+passed over a Unix socket and mapped by two processes in a real memory cgroup (v1 here)."""
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from exporter.collectors.segments import SegmentsCollector
+from exporter.host.paths import Paths
+from tests.conftest import (ENGINES, HOST_EXCUSED_RE, REPO, Exporter, Peer, mounted_tmpfs, needs_root,
+                            prerequisite_missing, remove_cgroup, select, value)
+
+MiB = 1 << 20
+V1_ROOT = "/sys/fs/cgroup/memory"
+
+pytestmark = needs_root
+
+
+def inventory(tmpfs):
+    return SegmentsCollector(Paths(), [tmpfs], ignore_unreadable=HOST_EXCUSED_RE).collect()
+
+
+def segment(inv, name):
+    found = [s for s in inv.mounts[0].segments if s.name == name]
+    assert len(found) == 1, [(s.name, s.state) for s in inv.mounts[0].segments]
+    return found[0]
+
+
+def check_json(tmpfs):
+    result = subprocess.run([sys.executable, "-m", "exporter", "check", "--no-collector.gpu",
+                             f"--shm.mount={tmpfs}", "--output", "json"],
+                            cwd=REPO, capture_output=True, text=True, timeout=60)
+    return json.loads(result.stdout)["findings"]
+
+
+def test_a_leaked_sglang_segment_is_an_orphan_to_remove_and_a_live_one_linked(tmpfs):
+    with Peer(tmpfs, "sglang-leak", str(MiB), script=ENGINES) as leaker:
+        leaker.proc.wait(10)
+    leaked = leaker.info
+    assert leaked.startswith(f"sgl_shm_mm_{leaker.pid}_")
+    with Peer(tmpfs, "sglang", str(2 * MiB), script=ENGINES) as live:
+        inv = inventory(tmpfs)
+        seg = segment(inv, leaked)
+        assert (seg.cls, seg.state, seg.allocated_bytes, seg.holders) == ("sglang", "orphan", MiB, ())
+        seg = segment(inv, live.info)
+        assert (seg.cls, seg.state, seg.holders) == ("sglang", "linked", (live.pid,))
+        findings = check_json(tmpfs)
+        remedies = " ".join(f["remedy"] for f in findings)
+        assert f"rm {os.path.join(tmpfs, leaked)}" in remedies, findings
+        assert live.info not in remedies
+
+
+def test_vllm_offload_unlinked_once_mapped_is_hidden(tmpfs):
+    with Peer(tmpfs, "vllm-offload", str(4 * MiB), script=ENGINES) as peer:
+        seg = segment(inventory(tmpfs), peer.info)
+        assert (seg.cls, seg.state, seg.allocated_bytes, seg.holders) == ("vllm_offload", "hidden", 4 * MiB,
+                                                                          (peer.pid,))
+        assert not os.path.exists(os.path.join(tmpfs, peer.info))
+
+
+def memory_cgroup(limit):
+    if not os.path.exists(os.path.join(V1_ROOT, "memory.usage_in_bytes")):
+        prerequisite_missing("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
+    directory = os.path.join(V1_ROOT, f"shmwatch-test-{uuid.uuid4().hex[:8]}")
+    os.mkdir(directory)
+    with open(os.path.join(directory, "memory.limit_in_bytes"), "w") as f:
+        f.write(str(limit))
+    return directory
+
+
+@pytest.mark.parametrize("below", [False, True], ids=["in-the-cgroup", "in-a-child-cgroup"])
+def test_a_memfd_region_shows_both_holders_and_explains_the_cgroup_shmem(below):
+    """The holders in the watched cgroup, or in a cgroup below it (a pod's container under
+    the pod's cgroup): v1's total_shmem counts the child's pages, and so does the estimate."""
+    directory = memory_cgroup(512 * MiB)
+    cgroup = "/" + os.path.basename(directory)
+    child_dir = os.path.join(directory, "container")
+    if below:
+        os.mkdir(child_dir)
+    try:
+        # An empty tmpfs and no SysV: whatever shmem the cgroup has, only memfd can explain it.
+        with mounted_tmpfs("16m") as shm, Exporter(f"--shm.mount={shm}", f"--cgroup.path={cgroup}",
+                                                   "--no-collector.gpu", "--no-collector.sysv") as exporter:
+            name = "shmwatch_cgroup_memory_shmem_unexplained_bytes"
+            before = exporter.wait_for(lambda s: value(s, name, cgroup=cgroup) is not None)
+            shmem0 = value(before, "shmwatch_cgroup_memory_shmem_bytes", cgroup=cgroup)
+            assert value(before, name, cgroup=cgroup) == shmem0  # nothing in the cgroup holds any
+            holders_in = child_dir if below else directory
+            with Peer(shm, "memfd", str(32 * MiB), holders_in, script=ENGINES) as parent:
+                child = int(parent.info)
+
+                def seen(s):
+                    held = {int(labels["pid"]): v for labels, v in select(s, "shmwatch_process_memfd_bytes")}
+                    return held.get(parent.pid) == held.get(child) == 32 * MiB
+
+                s = exporter.wait_for(seen, timeout=30)
+                by_class = {labels["class"]: v for labels, v in select(s, "shmwatch_memfd_bytes")}
+                assert by_class.get("other", 0) >= 32 * MiB
+                shmem = value(s, "shmwatch_cgroup_memory_shmem_bytes", cgroup=cgroup)
+                unexplained = value(s, name, cgroup=cgroup)
+                # Without the memfd series the estimate would be shmem minus the (empty) mount:
+                # the 32 MiB region is what it drops by.
+                assert shmem - shmem0 >= 32 * MiB
+                assert shmem - unexplained == 32 * MiB
+                print(f"\ncgroup shmem {shmem / MiB:.1f} MiB, unexplained {unexplained / MiB:.1f} MiB "
+                      f"(before the region: {shmem0 / MiB:.1f} MiB)")
+    finally:
+        if below:
+            remove_cgroup(child_dir)
+        remove_cgroup(directory)
+
+
+def test_check_names_the_memfd_holders(tmpfs):
+    with Peer(tmpfs, "memfd", str(8 * MiB), script=ENGINES) as parent:
+        child = int(parent.info)
+        memfd = [f for f in check_json(tmpfs) if f["subject"] == "memfd"]
+        assert len(memfd) == 1 and memfd[0]["area"] == "memory"
+        assert f"[{parent.pid}] 8.0 MiB" in memfd[0]["message"]
+        assert f"[{child}] 8.0 MiB" in memfd[0]["message"]
+
+
+# A process that has NCCL loaded: it maps a library named as NCCL's is.
+NCCL_USER = r"""
+import mmap, os, sys
+path = os.path.join(sys.argv[1], "libnccl.so.2")
+with open(path, "wb") as f:
+    f.write(b"\0" * 4096)
+with open(path, "rb") as f:
+    lib = mmap.mmap(f.fileno(), 4096, prot=mmap.PROT_READ)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_check_says_why_nccl_files_may_be_absent(tmpfs, tmp_path):
+    def nccl_notes(env):
+        proc = subprocess.Popen([sys.executable, "-c", NCCL_USER, str(tmp_path)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, env={**os.environ, **env})
+        try:
+            assert proc.stdout.readline().strip() == b"ready"
+            return [f for f in check_json(tmpfs) if f["subject"] == "nccl" and str(proc.pid) in f["message"]]
+        finally:
+            proc.stdin.close()
+            proc.wait(10)
+
+    notes = nccl_notes({})
+    assert len(notes) == 1 and "cuMem host memory" in notes[0]["message"]
+    assert "NCCL_CUMEM_HOST_ENABLE=0" in notes[0]["remedy"]
+    assert nccl_notes({"NCCL_CUMEM_HOST_ENABLE": "0"}) == []

@@ -1,0 +1,360 @@
+"""The HTTP front against clients a hostile network sends: heads over 1 MiB (431, the rest
+not read), slow heads (dropped at the header deadline), 200 of them at once beside a normal
+scraper, more requests than --web.max-requests (503); and what a normal client expects:
+keep-alive, pipelining, HEAD, 405 with Allow, no HTTP/0.9, no Python version in Server:, a
+malformed Accept taken as no preference."""
+import os
+import selectors
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+
+from tests.conftest import Exporter, needs_root
+
+HEAD = b"GET /metrics HTTP/1.1\r\nHost: shmwatch\r\n"
+BIG_HEADERS = b"".join(b"X-Pad-%02d: %s\r\n" % (i, b"a" * 65000) for i in range(98))  # 6.4 MB
+
+
+def raw(port, data, timeout=10.0):
+    """Send `data` (from a thread: the server may stop reading it) and read until the server
+    closes or `timeout`; -> (bytes read, seconds until then)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+
+    def send():
+        try:
+            sock.sendall(data)
+        except OSError:
+            pass  # the server hung up on the rest: that is the point
+    threading.Thread(target=send, daemon=True).start()
+    started, out = time.monotonic(), b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+    except OSError:
+        pass
+    finally:
+        sock.close()
+    return out, time.monotonic() - started
+
+
+def rss_bytes(pid, field="VmRSS"):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} for {pid}")
+
+
+class Hostile:
+    """`count` connections kept open from one thread, as the issue's attacker: each sends a
+    request line, then `pad` bytes of headers as fast as the server takes them, then one
+    byte every `trickle` seconds; a connection the server closes is opened again."""
+
+    def __init__(self, port, count=200, pad=BIG_HEADERS, trickle=5.0, host="127.0.0.1"):
+        self.port, self.count, self.pad, self.trickle, self.host = port, count, pad, trickle, host
+        self.stop, self.opened, self.closed_by_server = threading.Event(), 0, 0
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(30)
+
+    def open(self, sel):
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.connect_ex((self.host, self.port))
+        self.opened += 1
+        sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, [HEAD + self.pad, 0.0])
+
+    def run(self):
+        sel = selectors.DefaultSelector()
+        for _ in range(self.count):
+            self.open(sel)
+        while not self.stop.is_set():
+            for key, events in sel.select(0.2):
+                sock, state = key.fileobj, key.data
+                gone = False
+                try:
+                    if events & selectors.EVENT_READ and not sock.recv(65536):
+                        gone = True
+                    elif events & selectors.EVENT_WRITE and state[0]:
+                        state[0] = state[0][sock.send(state[0][:262144]):]
+                        if not state[0]:  # all sent: trickle from now on
+                            sel.modify(sock, selectors.EVENT_READ, state)
+                except OSError:
+                    gone = True
+                if gone:
+                    sel.unregister(sock)
+                    sock.close()
+                    self.closed_by_server += 1
+                    self.open(sel)
+            now = time.monotonic()
+            for key in list(sel.get_map().values()):
+                if not key.data[0] and now - key.data[1] >= self.trickle:
+                    key.data[1] = now
+                    try:
+                        key.fileobj.send(b"a")
+                    except OSError:
+                        pass
+        for key in list(sel.get_map().values()):
+            key.fileobj.close()
+
+
+def timed_scrape(exporter, timeout=5.0):
+    started = time.monotonic()
+    with urllib.request.urlopen(exporter.url, timeout=timeout) as response:
+        assert response.status == 200 and b"shmwatch_build_info" in response.read()
+    return time.monotonic() - started
+
+
+@needs_root
+def test_oversized_headers_get_431_and_memory_stays_bounded(tmpfs):
+    """98 headers of 65,000 bytes (the issue's client) cost ~6 MB of RSS each on the old
+    front, read before anything was checked; now 431 after 1 MiB, and the rest unread."""
+    with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu") as exporter:
+        before = rss_bytes(exporter.proc.pid)
+        answer, _ = raw(exporter.port, HEAD + BIG_HEADERS)
+        assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+        for _ in range(20):  # one after the other: none of them is kept
+            assert raw(exporter.port, HEAD + BIG_HEADERS)[0].startswith(b"HTTP/1.1 431 ")
+        grown = rss_bytes(exporter.proc.pid) - before
+        assert grown < 16 << 20, f"RSS grew {grown >> 20} MiB for 21 oversized heads"
+        # Many short lines are bounded as well (their count, not only their bytes).
+        assert raw(exporter.port, HEAD + b"X: y\r\n" * 200 + b"\r\n")[0].startswith(b"HTTP/1.1 431 ")
+        assert timed_scrape(exporter) < 5
+
+
+@needs_root
+def test_a_slow_head_is_dropped_at_the_header_deadline(tmpfs):
+    with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu") as exporter:
+        sock = socket.create_connection(("127.0.0.1", exporter.port), timeout=30)
+        try:
+            started = time.monotonic()
+            sock.sendall(HEAD)
+            answer = b""
+            while time.monotonic() - started < 30:  # a byte every 2 s: never a whole head
+                sock.settimeout(2)
+                try:
+                    chunk = sock.recv(4096)
+                except socket.timeout:
+                    sock.sendall(b"X")
+                    continue
+                answer += chunk
+                if not chunk:
+                    break
+            held = time.monotonic() - started
+        finally:
+            sock.close()
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert held < 12, f"a slow client was held {held:.1f}s"
+
+
+@needs_root
+def test_200_hostile_connections_do_not_starve_a_scrape(tmpfs):
+    """The issue's attack: 200 connections sending oversized heads and trickling a byte
+    every 5 s (opened again as soon as they are closed), half of them under the 1 MiB bound
+    (dropped at the header deadline). A normal scraper beside them is answered in time,
+    and the exporter's RSS stays under the sidecar manifest's 96 MiB."""
+    with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu") as exporter:
+        pid = exporter.proc.pid
+        baseline = rss_bytes(pid)
+        latencies, threads = [], 0
+        with Hostile(exporter.port, 100), Hostile(exporter.port, 100, pad=BIG_HEADERS[:600000]) as slow:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                latencies.append(timed_scrape(exporter))
+                threads = max(threads, len(os.listdir(f"/proc/{pid}/task")))
+                time.sleep(0.1)
+            peak = rss_bytes(pid, "VmHWM")
+            dropped = slow.closed_by_server
+        latencies.sort()
+        p50, p99 = latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.99)]
+        print(f"\n200 hostile connections: {len(latencies)} scrapes, p50 {p50 * 1000:.0f} ms, "
+              f"p99 {p99 * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms; RSS {baseline >> 20} MiB before, "
+              f"peak {peak / 2**20:.1f} MiB; {threads} threads; slow clients dropped {dropped}")
+        assert latencies[-1] < 1.0, f"a scrape took {latencies[-1]:.2f}s"
+        assert peak < 96 << 20, f"RSS peaked at {peak >> 20} MiB"
+        assert dropped >= 100, "the slow heads were not dropped at the header deadline"
+        assert threads < 40, f"{threads} threads: one per connection?"
+        assert exporter.proc.poll() is None
+
+
+@needs_root
+def test_keep_alive_pipelining_methods_and_edges(tmpfs):
+    import http.client
+    with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", "--log.level=debug") as exporter:
+        conn = http.client.HTTPConnection("127.0.0.1", exporter.port, timeout=5)
+        conn.request("GET", "/metrics")
+        first = conn.getresponse()
+        assert first.version == 11 and first.status == 200 and b"shmwatch_build_info" in first.read()
+        sock = conn.sock
+        conn.request("GET", "/metrics")  # the same connection, kept alive
+        assert conn.getresponse().read() and conn.sock is sock
+        # No Server header at all (the old one named the Python version, on 401s too).
+        assert first.getheader("Server") is None and first.getheader("Date")
+        # HEAD: the headers of GET, no body.
+        conn.request("HEAD", "/metrics")
+        head = conn.getresponse()
+        assert head.status == 200 and int(head.getheader("Content-Length")) > 1000 and head.read() == b""
+        for method in ("DELETE", "TRACE", "POST", "PUT", "OPTIONS", "PATCH"):
+            conn = http.client.HTTPConnection("127.0.0.1", exporter.port, timeout=5)
+            conn.request(method, "/metrics")
+            response = conn.getresponse()
+            assert (response.status, response.getheader("Allow")) == (405, "GET, HEAD"), method
+            assert b"shmwatch_build_info" not in response.read()
+        # Two requests in one write: both answered, in order.
+        answer, _ = raw(exporter.port, b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n"
+                                       b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert answer.count(b"HTTP/1.1 200 OK") == 2 and answer.index(b"OK\n") < answer.index(b"shmwatch_build_info")
+        # HTTP/0.9 (no version) is refused, not served.
+        answer, _ = raw(exporter.port, b"GET /metrics\r\n")
+        assert answer.startswith(b"HTTP/1.1 400 ") and b"shmwatch_build_info" not in answer
+        assert raw(exporter.port, b"GET /metrics HTTP/2.0\r\n\r\n")[0].startswith(b"HTTP/1.1 505 ")
+        assert raw(exporter.port, HEAD + b"Bad Name : x\r\n\r\n")[0].startswith(b"HTTP/1.1 400 ")
+        # A malformed Accept is no preference: the text format, never a 500.
+        for accept in ("application/openmetrics-text; version=1.x", "application/openmetrics-text; version=",
+                       ";;;,,,", "application/openmetrics-text; escaping=nonsense"):
+            request = urllib.request.Request(exporter.url, headers={"Accept": accept})
+            with urllib.request.urlopen(request, timeout=5) as response:
+                assert response.status == 200 and b"shmwatch_build_info" in response.read(), accept
+        # Clients that hang up early: mid-head, right after a request, with a reset.
+        for data in (HEAD, HEAD + b"\r\n", b""):
+            sock = socket.create_connection(("127.0.0.1", exporter.port))
+            sock.sendall(data)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            sock.close()  # SO_LINGER 0: a reset
+        assert timed_scrape(exporter) < 5
+        time.sleep(0.5)  # the resets reach the exporter
+        log = exporter.log()
+        assert "level=error" not in log and "Traceback" not in log, log[-2000:]
+
+
+def test_more_requests_than_max_requests_get_503():
+    """--web.max-requests answers in flight (node_exporter's default 40); beyond them 503
+    at once. An app that waits stands in for a slow render."""
+    from exporter.exposition.http import bind, bound_address, serve_in_thread
+    release, waiting = threading.Event(), []
+
+    def slow_app(environ, start_response):
+        waiting.append(1)
+        release.wait(10)
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"done\n"]
+
+    httpd = bind("127.0.0.1", 0, slow_app, None, max_requests=2)
+    serve_in_thread(httpd)
+    url = "http://127.0.0.1:%d/metrics" % bound_address(httpd)[1]
+    results = []
+
+    def get():
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                results.append(response.status)
+        except urllib.error.HTTPError as err:
+            results.append(err.code)
+    try:
+        held = [threading.Thread(target=get) for _ in range(2)]
+        for thread in held:
+            thread.start()
+        deadline = time.monotonic() + 10
+        while len(waiting) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        started = time.monotonic()
+        get()
+        assert results == [503] and time.monotonic() - started < 2
+        release.set()
+        for thread in held:
+            thread.join(10)
+        assert sorted(results) == [200, 200, 503]
+        get()
+        assert results[-1] == 200
+    finally:
+        release.set()
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@needs_root
+def test_tls_clients_that_hang_up_early_are_logged_at_debug(tmpfs, tmp_path):
+    """Mid-handshake, after it, with a reset, plain HTTP to the TLS port, garbage: the old
+    front logged some of these as error-level tracebacks."""
+    import ssl
+    from tests.test_security import make_cert, write_pem
+    cert, key = write_pem(str(tmp_path), "server", *make_cert("127.0.0.1", san_ip="127.0.0.1"))
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
+    context = ssl.create_default_context(cafile=cert)
+    with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", f"--web.config.file={web}", "--log.level=debug",
+                  scheme="https", context=context) as exporter:
+        for send, handshake, reset in ((b"\x16\x03\x01\x02\x00\x01", False, False), (b"GET / HTTP/1.0\r\n\r\n", False, False),
+                                       (b"", True, False), (HEAD, True, True), (b"", False, True),
+                                       (HEAD + b"\r\n", True, True), (HEAD + b"\r\n", True, False)):
+            sock = socket.create_connection(("127.0.0.1", exporter.port), timeout=5)
+            if handshake:
+                sock = context.wrap_socket(sock, server_hostname="127.0.0.1")
+            if send:
+                sock.sendall(send)
+            if reset:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            sock.close()
+        assert "shmwatch_build_info" in exporter.scrape_text()
+        time.sleep(0.5)
+        log = exporter.log()
+        assert "level=error" not in log and "Traceback" not in log, log[-2000:]
+        assert "level=debug" in log
+
+
+def test_at_the_connection_cap_the_oldest_unanswered_connection_makes_room(monkeypatch):
+    """Idle connections that never send a request cannot lock a scraper out: at the cap the
+    oldest connection not yet answered is dropped for the new one (the cap made small here)."""
+    import http.client as http_client
+    from exporter.exposition import http
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 4)
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok\n"]
+
+    httpd = http.bind("127.0.0.1", 0, app)
+    http.serve_in_thread(httpd)
+    port = http.bound_address(httpd)[1]
+    idle = []
+    try:
+        for _ in range(4):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(0.2)  # all four accepted
+        for _ in range(3):  # each new scrape takes the place of an idle one
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as response:
+                assert response.read() == b"ok\n"
+        idle[0].settimeout(5)
+        try:
+            closed = idle[0].recv(1) == b""
+        except ConnectionResetError:
+            closed = True
+        assert closed, "the oldest idle connection is closed"
+        # Kept-alive connections waiting for a next request make room as well.
+        for sock in idle:
+            sock.close()
+        idle = []
+        for _ in range(4):
+            conn = http_client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/")
+            assert conn.getresponse().read() == b"ok\n"
+            idle.append(conn)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as response:
+            assert response.read() == b"ok\n"
+    finally:
+        for sock in idle:
+            sock.close()
+        httpd.shutdown()
+        httpd.server_close()
