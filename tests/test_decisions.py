@@ -694,3 +694,29 @@ def test_authorisation_edges():
 def test_an_empty_inventory_is_a_plain_ok():
     assert findings(judge(usage(GiB, 0), inventory=MountInventory("/dev/shm"))) == [
         ("ok", "shm", "/dev/shm", "1.0 GiB, 0 B used (0%)", "")]
+
+
+def test_bcrypt_checks_pad_cheaper_hashes_and_are_bounded():
+    import time
+    cheap, dear = bcrypt.hashpw(b"a", bcrypt.gensalt(4)), bcrypt.hashpw(b"b", bcrypt.gensalt(5))
+    source = Source(fixed=WebConfig(users={"cheap": cheap, "dear": dear}))
+    config = source.config
+    assert source.authorized(config, basic("cheap", "a"))  # padded with a cost-4 dummy up to 5
+    assert source.authorized(config, basic("dear", "b"))
+    deadline = time.monotonic() + 20
+    while source._checking and time.monotonic() < deadline:  # each check leaves the queue when done
+        time.sleep(0.01)
+    assert source._checking == set()
+    # One check at a time per address, and at most BCRYPT_QUEUE waiting: beyond, refused at once.
+    from exporter.exposition.webconfig import BCRYPT_QUEUE
+    source._checking.add("10.0.0.9")
+    assert source.authorize(config, basic("cheap", "wrong"), "10.0.0.9") is False
+    source._checking.update(f"10.0.1.{i}" for i in range(BCRYPT_QUEUE - 1))
+    assert source.authorize(config, basic("cheap", "wrong"), "10.0.2.1") is False
+    source._checking.clear()
+    # Successes are remembered, within a bound.
+    source._good = {bytes([i % 256, i // 256]): None for i in range(1024)}
+    fresh = Source(fixed=WebConfig(users={"cheap": cheap}))
+    fresh._good = dict(source._good)
+    assert fresh.authorized(fresh.config, basic("cheap", "a")) and len(fresh._good) == 1
+    assert fresh.authorize(fresh.config, basic("cheap", "a"), "any") is True  # from memory, no bcrypt

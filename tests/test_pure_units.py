@@ -21,6 +21,7 @@ def test_node_labels():
     assert node_labels(lookup("shmwatch_process_shm_bytes")) == NODE_MOUNT_LABELS + ("process_pod_uid",)
     assert node_labels(lookup("shmwatch_build_info")) == ()
     assert node_labels(lookup("shmwatch_sysv_segments")) == ("ipc_namespace", "pod_uid", "container_id")
+    assert node_labels(lookup("shmwatch_process_memfd_bytes")) == ("process_pod_uid",)
     # A metric with both a mount and a cgroup label is labelled as a mount's.
     oom = lookup("shmwatch_shm_oom_projection_ratio")
     assert {"mount", "cgroup"} <= set(oom.labels) and node_labels(oom) == NODE_MOUNT_LABELS
