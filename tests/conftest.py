@@ -362,7 +362,7 @@ def nonroot_python() -> List[str]:
     here), so a venv of Debian's python3 with the runtime dependencies is made outside the
     checkout, once per machine."""
     if not IS_ROOT:
-        pytest.skip("needs root to switch to another UID")
+        prerequisite_missing("needs root to switch to another UID")
     base = "/usr/bin/python3"
     venv = os.path.join(tempfile.gettempdir(), "shmwatch-nonroot-venv")
     python = os.path.join(venv, "bin", "python3")

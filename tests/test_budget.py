@@ -15,7 +15,7 @@ from exporter.model.budget import cgroups_by_pod, shm_budget
 from exporter.collectors.cgroup import CgroupCollector
 from exporter.host.kube import pod_uid_of_mount
 from exporter.host.paths import Paths
-from tests.conftest import REPO, Exporter, mounted_tmpfs, needs_root, remove_cgroup, value
+from tests.conftest import REPO, Exporter, mounted_tmpfs, needs_root, prerequisite_missing, remove_cgroup, value
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -111,7 +111,7 @@ def test_v1_limit_is_the_tightest_up_the_tree_on_a_real_kernel():
 
     root = "/sys/fs/cgroup/memory"
     if not os.path.exists(os.path.join(root, "cgroup.procs")):
-        pytest.skip("needs the cgroup v1 memory controller")
+        prerequisite_missing("needs the cgroup v1 memory controller")
     parent = f"shmwatch-test-{uuid.uuid4().hex[:8]}"
     child = os.path.join(root, parent, "c")
     os.makedirs(child)

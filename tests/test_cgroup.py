@@ -1,5 +1,6 @@
 """Memory cgroup: v2 on fixture trees; v1 with a real cgroup, a real tmpfs fill and a real OOM kill."""
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -113,6 +114,14 @@ def v1_cgroup():
     try:
         yield "/" + name, directory
     finally:
+        # A test that failed midway may leave its processes here: a cgroup with processes in
+        # it cannot be removed.
+        with open(os.path.join(directory, "cgroup.procs")) as f:
+            for pid in f.read().split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         remove_cgroup(directory)
 
 
@@ -128,50 +137,54 @@ def test_real_fill_and_oom_kill(v1_cgroup):
     with mounted_tmpfs("128m") as shm:
         filler = subprocess.Popen([sys.executable, "-c", FILLER, directory, shm], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE)
-        assert filler.stdout.readline().startswith(b"ready")
-        with Exporter(f"--shm.mount={shm}", f"--cgroup.path={cgroup}", "--no-collector.gpu",
-                      "--poll-interval=100ms") as exporter:
-            base = exporter.scrape()
-            shmem0 = ratio(base, "shmwatch_cgroup_memory_shmem_bytes", cgroup=cgroup)
-            kills0 = ratio(base, "shmwatch_cgroup_oom_kills_total", cgroup=cgroup)
-            assert ratio(base, "shmwatch_cgroup_memory_limit_bytes", cgroup=cgroup) == 64 * MiB
-            for step in (1, 2, 3, 4):
-                filler.stdin.write(b"go\n")
-                filler.stdin.flush()
-                assert filler.stdout.readline().split() == [b"done", str(step).encode()]
-
-                def caught_up(s, step=step):
-                    # Two sources, polled apart: wait for both (the mount was one step behind once).
-                    got = value(s, "shmwatch_cgroup_memory_shmem_bytes", cgroup=cgroup) or 0
-                    used = value(s, "shmwatch_mount_used_bytes", mount=shm) or 0
-                    return abs(got - shmem0 - step * 8 * MiB) <= MiB and abs(used - step * 8 * MiB) <= MiB
-                s = exporter.wait_for(caught_up, timeout=10)
-                usage = ratio(s, "shmwatch_cgroup_memory_usage_bytes", cgroup=cgroup)
-                ws = ratio(s, "shmwatch_cgroup_memory_working_set_bytes", cgroup=cgroup)
-                used = ratio(s, "shmwatch_mount_used_bytes", mount=shm)
-                assert usage >= step * 8 * MiB and abs(used - step * 8 * MiB) <= MiB
-                # Filling the 128 MiB mount would need more than the 64 MiB limit: above 1.
-                projection = ratio(s, "shmwatch_shm_oom_projection_ratio", mount=shm, cgroup=cgroup)
-                assert projection == pytest.approx((max(0, ws - used) + 128 * MiB) / (64 * MiB), rel=0.1)
-                assert projection > 1
-                assert ratio(s, "shmwatch_oom_risk_ratio", cgroup=cgroup) == pytest.approx(ws / (64 * MiB), rel=0.1)
-                # What the limit leaves for shm is less than the tmpfs size.
-                assert ratio(s, "shmwatch_mount_effective_size_bytes", mount=shm) < 128 * MiB
-            # Keep filling: the cgroup runs out before the tmpfs does, and the OOM killer acts.
-            for _ in range(10):
-                try:
+        try:
+            assert filler.stdout.readline().startswith(b"ready")
+            with Exporter(f"--shm.mount={shm}", f"--cgroup.path={cgroup}", "--no-collector.gpu",
+                          "--poll-interval=100ms") as exporter:
+                base = exporter.scrape()
+                shmem0 = ratio(base, "shmwatch_cgroup_memory_shmem_bytes", cgroup=cgroup)
+                kills0 = ratio(base, "shmwatch_cgroup_oom_kills_total", cgroup=cgroup)
+                assert ratio(base, "shmwatch_cgroup_memory_limit_bytes", cgroup=cgroup) == 64 * MiB
+                for step in (1, 2, 3, 4):
                     filler.stdin.write(b"go\n")
                     filler.stdin.flush()
-                except BrokenPipeError:
-                    break
-                if not filler.stdout.readline():
-                    break
-            assert filler.wait(10) == -9  # SIGKILL from the OOM killer
-            s = exporter.wait_for(
-                lambda s: (value(s, "shmwatch_cgroup_oom_kills_total", cgroup=cgroup) or 0) > kills0, timeout=10)
-            assert ratio(s, "shmwatch_mount_used_bytes", mount=shm) < 128 * MiB  # tmpfs never said ENOSPC
-        for name in os.listdir(shm):
-            os.unlink(os.path.join(shm, name))
+                    assert filler.stdout.readline().split() == [b"done", str(step).encode()]
+
+                    def caught_up(s, step=step):
+                        # Two sources, polled apart: wait for both (the mount was one step behind once).
+                        got = value(s, "shmwatch_cgroup_memory_shmem_bytes", cgroup=cgroup) or 0
+                        used = value(s, "shmwatch_mount_used_bytes", mount=shm) or 0
+                        return abs(got - shmem0 - step * 8 * MiB) <= MiB and abs(used - step * 8 * MiB) <= MiB
+                    s = exporter.wait_for(caught_up, timeout=30)
+                    usage = ratio(s, "shmwatch_cgroup_memory_usage_bytes", cgroup=cgroup)
+                    ws = ratio(s, "shmwatch_cgroup_memory_working_set_bytes", cgroup=cgroup)
+                    used = ratio(s, "shmwatch_mount_used_bytes", mount=shm)
+                    assert usage >= step * 8 * MiB and abs(used - step * 8 * MiB) <= MiB
+                    # Filling the 128 MiB mount would need more than the 64 MiB limit: above 1.
+                    projection = ratio(s, "shmwatch_shm_oom_projection_ratio", mount=shm, cgroup=cgroup)
+                    assert projection == pytest.approx((max(0, ws - used) + 128 * MiB) / (64 * MiB), rel=0.1)
+                    assert projection > 1
+                    assert ratio(s, "shmwatch_oom_risk_ratio", cgroup=cgroup) == pytest.approx(ws / (64 * MiB), rel=0.1)
+                    # What the limit leaves for shm is less than the tmpfs size.
+                    assert ratio(s, "shmwatch_mount_effective_size_bytes", mount=shm) < 128 * MiB
+                # Keep filling: the cgroup runs out before the tmpfs does, and the OOM killer acts.
+                for _ in range(10):
+                    try:
+                        filler.stdin.write(b"go\n")
+                        filler.stdin.flush()
+                    except BrokenPipeError:
+                        break
+                    if not filler.stdout.readline():
+                        break
+                assert filler.wait(30) == -9  # SIGKILL from the OOM killer
+                s = exporter.wait_for(
+                    lambda s: (value(s, "shmwatch_cgroup_oom_kills_total", cgroup=cgroup) or 0) > kills0, timeout=30)
+                assert ratio(s, "shmwatch_mount_used_bytes", mount=shm) < 128 * MiB  # tmpfs never said ENOSPC
+        finally:
+            filler.kill()  # already dead when the OOM killer acted; not when the test failed first
+            filler.wait()
+            for name in os.listdir(shm):
+                os.unlink(os.path.join(shm, name))
 
 
 @needs_root
@@ -207,7 +220,7 @@ def test_a_pod_removed_mid_walk_leaves_the_others(tmp_path):
     import threading
     from exporter.host.paths import Paths
     if not os.path.exists(os.path.join(V1_ROOT, "memory.usage_in_bytes")):
-        pytest.skip("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
+        prerequisite_missing("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
     base = os.path.join(V1_ROOT, "kubepods", "burstable")
     made = [d for d in (os.path.join(V1_ROOT, "kubepods"), base) if not os.path.isdir(d)]
     uids = [str(uuid.uuid4()) for _ in range(3)]
@@ -257,7 +270,7 @@ def test_node_mode_walks_the_pod_cgroups_again_only_when_it_must(tmp_path, monke
     from exporter.collectors import cgroup as cgroup_mod
     from exporter.host.paths import Paths
     if not os.path.exists(os.path.join(V1_ROOT, "memory.usage_in_bytes")):
-        pytest.skip("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
+        prerequisite_missing("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
     monkeypatch.setattr(cgroup_mod, "MISSING_REWALK_SECONDS", 0.0)
     base = os.path.join(V1_ROOT, "kubepods", "burstable")
     made = [d for d in (os.path.join(V1_ROOT, "kubepods"), base) if not os.path.isdir(d)]

@@ -82,6 +82,23 @@ def test_docker_default_is_named_and_require_fails():
 
 
 @needs_root
+def test_require_shm_is_held_to_the_effective_size():
+    """A 2 GiB tmpfs under a 512 MiB memory limit can hold 512 MiB: --require-shm=1Gi fails."""
+    with mounted_tmpfs("2g") as shm:
+        result = check(f"--shm.mount={shm}", "--memory.limit-bytes=512Mi", "--no-collector.cgroup",
+                       "--require-shm=1Gi", "--output=json")
+        enough = check(f"--shm.mount={shm}", "--memory.limit-bytes=1Gi", "--no-collector.cgroup",
+                       "--require-shm=1Gi", "--output=json")
+    doc = json.loads(result.stdout)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert doc["shm"][0]["size_bytes"] == 2 << 30 and doc["shm"][0]["effective_size_bytes"] == 512 << 20
+    fail = next(f for f in doc["findings"] if f["severity"] == "fail")
+    assert "can hold 512.0 MiB, below the 1.0 GiB required" in fail["message"]
+    assert enough.returncode in (0, 1) and not [f for f in json.loads(enough.stdout)["findings"]
+                                                if f["severity"] == "fail"], enough.stdout
+
+
+@needs_root
 def test_backend_vllm_warns_under_16gi():
     with mounted_tmpfs("2g") as shm:
         result = check(f"--shm.mount={shm}", "--backend", "vllm")

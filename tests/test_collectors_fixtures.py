@@ -13,7 +13,7 @@ from exporter.collectors.host_memory import HostMemoryCollector
 from exporter.collectors.shm_mount import ShmMountCollector
 from exporter.collectors.sysv import SysvCollector
 from exporter.host.paths import Paths
-from tests.conftest import FIXTURES, REPO, promtool_check_metrics
+from tests.conftest import FIXTURES, REPO, needs_root, promtool_check_metrics
 from tests.helpers import registry_for
 
 PATHS = Paths(procfs=os.path.join(FIXTURES, "proc"), sysfs=os.path.join(FIXTURES, "sys"), rootfs="/")
@@ -125,7 +125,7 @@ sys.stdin.read()  # alive until the test closes stdin
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for an IPC namespace of its own (unshare --ipc)")
+@needs_root  # an IPC namespace of its own (unshare --ipc)
 def test_sysv_orphan_only_once_its_creator_is_gone():
     """A segment with nothing attached may be about to be attached (created, not yet
     shmat'ed): not an orphan, and not for ipcrm, while its creator lives. In an IPC namespace

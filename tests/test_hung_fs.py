@@ -15,7 +15,7 @@ import pytest
 
 from exporter.collectors.segments import SegmentsCollector
 from exporter.host.paths import Paths
-from tests.conftest import Peer, mounted_tmpfs, needs_root
+from tests.conftest import Peer, mounted_tmpfs, needs_root, prerequisite_missing
 
 SERVER = r'''
 import errno, stat, sys, time
@@ -48,12 +48,6 @@ FUSE(Weights(), sys.argv[1], foreground=True, ro=True, attr_timeout=0, entry_tim
 HOLDER = "import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); print(fd, flush=True); sys.stdin.read()"
 
 
-def missing(reason):
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI: {reason}")
-    pytest.skip(reason)
-
-
 def wait_stopped(pid, timeout=5.0):
     """SIGSTOP lands asynchronously: until every thread is stopped, one may still answer."""
     deadline = time.monotonic() + timeout
@@ -76,9 +70,9 @@ def test_an_fd_on_a_hung_fuse_mount_does_not_block_the_inventory(tmp_path, at_me
     try:
         import fuse  # noqa: F401 - fusepy, which needs libfuse2
     except (ImportError, OSError, EnvironmentError) as err:
-        missing(f"fusepy (pip, test extras) and libfuse2 (apt, .ci/run) are needed: {err}")
+        prerequisite_missing(f"fusepy (pip, test extras) and libfuse2 (apt, .ci/run) are needed: {err}")
     if not os.path.exists("/dev/fuse"):
-        missing("/dev/fuse is missing: no FUSE in this kernel or container")
+        prerequisite_missing("/dev/fuse is missing: no FUSE in this kernel or container")
     mnt = Path(f"/memfd:shmwatch-test-{uuid.uuid4().hex[:8]}") if at_memfd else tmp_path / "weights"
     mnt.mkdir()
     script = tmp_path / "fuse_server.py"

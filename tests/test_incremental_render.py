@@ -15,7 +15,7 @@ from exporter.inventory.changes import ChangeLog
 from exporter.exposition.metrics import ModelCollector
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
-from tests.conftest import HOST_EXCUSED_RE, Peer, fallocate, mounted_tmpfs, needs_root
+from tests.conftest import HOST_EXCUSED_RE, Peer, fallocate, mounted_tmpfs, needs_root, prerequisite_missing
 from tests.helpers import registry_for
 
 MiB = 1 << 20
@@ -126,10 +126,7 @@ def test_a_cgroup_whose_figures_moved_is_rendered_again():
     from tests.conftest import remove_cgroup
     root = "/sys/fs/cgroup/memory"
     if not os.path.exists(os.path.join(root, "cgroup.procs")):
-        if os.environ.get("CI") == "true":
-            raise AssertionError(f"CI: needs the cgroup v1 memory controller at {root}")
-        import pytest
-        pytest.skip(f"needs the cgroup v1 memory controller at {root}")
+        prerequisite_missing(f"needs the cgroup v1 memory controller at {root}")
     name = f"shmwatch-render-{uuid.uuid4().hex[:8]}"
     path = os.path.join(root, name)
     os.makedirs(path)

@@ -1,12 +1,11 @@
 """--web.listen-address as node_exporter reads it: ':PORT' and '[::]:PORT' are dual-stack,
 '127.0.0.1:PORT' and '0.0.0.0:PORT' IPv4 only, '[::1]:PORT' IPv6 only."""
-import os
 import socket
 import urllib.request
 
 import pytest
 
-from tests.conftest import Exporter, needs_root
+from tests.conftest import Exporter, needs_root, prerequisite_missing
 
 
 def ipv6_loopback():
@@ -29,10 +28,7 @@ def answers(url):
 @pytest.fixture(autouse=True)
 def needs_ipv6():
     if not ipv6_loopback():
-        message = "no IPv6 loopback on this machine (::1): dual-stack cannot be tested"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        prerequisite_missing("no IPv6 loopback on this machine (::1): dual-stack cannot be tested")
 
 
 @needs_root

@@ -49,6 +49,21 @@ def test_check_and_metrics_agree_on_the_same_state():
     assert value(s, "shmwatch_segments", mount=shm, state="linked", **{"class": "nccl"}) == 1
 
 
+@needs_root
+def test_the_oldest_orphan_age_is_the_older_of_two():
+    """Two leaked segments, an hour and a minute old: the metric is the hour, in whole seconds."""
+    import time
+    with mounted_tmpfs("16m") as shm:
+        now = time.time()
+        for name, age in (("nccl-old", 3600), ("psm_new", 60)):
+            fallocate(os.path.join(shm, name), MiB)
+            os.utime(os.path.join(shm, name), (now - age, now - age))
+        with Exporter(f"--shm.mount={shm}", "--no-collector.gpu", "--no-inotify") as exporter:
+            age = value(exporter.scrape(), "shmwatch_orphan_oldest_age_seconds", mount=shm)
+            elapsed = time.time() - now
+    assert 3600 <= age <= 3600 + elapsed, age  # the newer one's would be about 60
+
+
 def pod_mount(root: str, uid: str, volume: str = "dshm") -> str:
     return f"{root}/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/{volume}"
 

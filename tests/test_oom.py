@@ -9,14 +9,13 @@ import sys
 import time
 import uuid
 
-import pytest
 
 from exporter.model.types import CgroupMemory, OomReports
 from exporter.collectors.source import BaseSource
 from exporter.collectors.cgroup import CgroupCollector
 from exporter.collectors.oom import parse_kmsg_record, parse_oom_kills
 from exporter.host.paths import Paths
-from tests.conftest import REPO, Exporter, needs_root, remove_cgroup, select, value
+from tests.conftest import REPO, Exporter, needs_root, prerequisite_missing, remove_cgroup, select, value
 from tests.helpers import registry_for, run_every_source_once
 
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "kmsg", "oom.txt")
@@ -151,7 +150,7 @@ def pod_with_a_container():
     """A pod cgroup and a container cgroup below it with a 32 MiB limit, as the kubelet's
     cgroupfs driver lays them out -> (pod uid, pod dir, container dir, pod cgroup path)."""
     if not os.path.exists(os.path.join(V1_ROOT, "memory.usage_in_bytes")):
-        pytest.skip("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
+        prerequisite_missing("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
     uid = str(uuid.uuid4())
     pod_dir = os.path.join(V1_ROOT, "kubepods", "burstable", f"pod{uid}")
     ctr_dir = os.path.join(pod_dir, "c0ffee" + uuid.uuid4().hex[:10])

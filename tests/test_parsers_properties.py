@@ -195,13 +195,32 @@ def test_limit_round_trip(limit, tail):
     assert parse_limit(f"max{tail}") is None
 
 
-@given(any_text)
-def test_limit_any_text_raises_only_value_error(text):
+limit_texts = st.one_of(
+    any_text,
+    st.builds(lambda n, pad, tail: f"{pad}{n}{tail}", st.one_of(st.integers(-2, (1 << 64)),
+                                                             st.integers(V1_UNLIMITED - 2, V1_UNLIMITED + 2)),
+              st.sampled_from(["", " ", "\t"]), st.sampled_from(["", "\n", "x", " 5"])),
+)
+
+
+@given(limit_texts)
+@example("-1\n")
+@example(f" {V1_UNLIMITED - 1}\n")
+@example(f"{V1_UNLIMITED}")
+@example("max\n")
+@example("0")
+def test_limit_is_the_number_in_the_file_or_none_only_for_unlimited(text):
+    """Anything else than one number (or "max") is a ValueError, never a guessed limit; None
+    only for "max" and v1's unlimited and above; any other number is the limit itself."""
     try:
         result = parse_limit(text)
     except ValueError:
         return
-    assert result is None or 0 <= result < V1_UNLIMITED or result < 0
+    written = text.strip()
+    if result is None:
+        assert written == "max" or int(written) >= V1_UNLIMITED
+    else:
+        assert result == int(written) < V1_UNLIMITED
 
 
 # --- meminfo ---------------------------------------------------------------------------

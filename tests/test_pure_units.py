@@ -20,6 +20,8 @@ def test_node_labels():
     assert node_labels(lookup("shmwatch_cgroup_memory_usage_bytes")) == ("pod_uid",)
     assert node_labels(lookup("shmwatch_process_shm_bytes")) == NODE_MOUNT_LABELS + ("process_pod_uid",)
     assert node_labels(lookup("shmwatch_build_info")) == ()
+    assert node_labels(lookup("shmwatch_sysv_segments")) == ("ipc_namespace", "pod_uid", "container_id")
+    assert node_labels(lookup("shmwatch_process_memfd_bytes")) == ("process_pod_uid",)
     # A metric with both a mount and a cgroup label is labelled as a mount's.
     oom = lookup("shmwatch_shm_oom_projection_ratio")
     assert {"mount", "cgroup"} <= set(oom.labels) and node_labels(oom) == NODE_MOUNT_LABELS
@@ -123,3 +125,9 @@ def test_parse_hidepid_old_and_new_spellings():
     assert parse_hidepid("rw,hidepid=ptraceable,subset=pid") == "ptraceable"
     assert parse_hidepid("rw,xhidepid=2") == "off"  # an option must start with the name
     assert parse_hidepid("") == "off"
+
+
+def test_a_cgroup_path_may_hold_colons():
+    from exporter.host.proctable import parse_proc_cgroup
+    assert parse_proc_cgroup("0::/kubepods/a:b\n5:memory:/docker/x:y:z\n") == {"": "/kubepods/a:b",
+                                                                             "memory": "/docker/x:y:z"}

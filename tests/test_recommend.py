@@ -63,7 +63,7 @@ def test_a_40mib_spike_freed_after_1_5s_leaves_the_high_water_mark():
         path = os.path.join(shm, "psm_spike")
         with open(path, "wb") as f:
             f.write(b"\1" * (40 * MiB))
-        time.sleep(1.5)
+        exporter.wait_for(lambda s: (value(s, "shmwatch_mount_peak_used_bytes", mount=shm) or 0) >= 40 * MiB)
         os.unlink(path)
         freed = time.time()
         # Once the peak window has passed, only the high-water mark remembers the spike.
@@ -86,7 +86,8 @@ def test_inotify_events_feed_the_high_water_mark_between_polls():
         path = os.path.join(shm, "psm_spike")
         with open(path, "wb") as f:
             f.write(b"\1" * (40 * MiB))
-        time.sleep(1.5)
+        # Polls are a minute apart: only the events can show the spike.
+        exporter.wait_for(lambda s: (value(s, "shmwatch_mount_max_used_bytes", mount=shm) or 0) >= 40 * MiB)
         os.unlink(path)
         samples = exporter.wait_for(lambda s: value(s, "shmwatch_mount_used_bytes", mount=shm) < MiB, timeout=10)
     assert value(samples, "shmwatch_mount_max_used_bytes", mount=shm) >= 40 * MiB
@@ -180,7 +181,7 @@ def test_check_recommend_from_a_real_prometheus_and_its_fallbacks(tmp_path):
         path = os.path.join(shm, "psm_spike")
         with open(path, "wb") as f:
             f.write(b"\1" * (40 * MiB))
-        time.sleep(1.5)
+        exporter.wait_for(lambda s: (value(s, "shmwatch_mount_peak_used_bytes", mount=shm) or 0) >= 40 * MiB)
         os.unlink(path)
         recorded = prom.wait_query(f"shmwatch:mount_recommended_size_bytes >= {40 * MiB}", timeout=30)
         assert recorded, "the recording rule never saw the spike"

@@ -35,21 +35,30 @@ class Counting(BaseSource):
         return self.result()
 
 
-def run_for(sampler, seconds, during=None):
-    sampler.start()
-    try:
-        if during is not None:
-            during()
-        time.sleep(seconds)
-    finally:
-        sampler.stop()
+def wait_until(condition, timeout=20.0):
+    """Conditions, not sleeps: a loaded machine delays runs, and a generous deadline is
+    only reached when the condition never comes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
 
 
 def test_every_source_keeps_its_interval():
     fast, slow = Counting("fast"), Counting("slow", schedule="inventory")
-    run_for(Sampler([fast, slow], poll_interval=0.2, inventory_interval=1.0), 1.5)
-    assert 7 <= len(fast.runs) <= 9  # at 0, 0.2, ... 1.4 s
-    assert len(slow.runs) == 2  # at 0 and 1 s
+    sampler = Sampler([fast, slow], poll_interval=0.2, inventory_interval=1.0)
+    sampler.start()
+    try:
+        assert wait_until(lambda: len(fast.runs) >= 8 and len(slow.runs) >= 2)
+    finally:
+        sampler.stop()
+    # Never early: the k-th run no sooner than k intervals after the first.
+    assert all(t - fast.runs[0] >= k * 0.2 - 0.02 for k, t in enumerate(fast.runs))
+    assert slow.runs[1] - slow.runs[0] >= 1.0 - 0.02
+    # And not stretched: seven intervals take well under what the slow source's two would.
+    assert fast.runs[7] - fast.runs[0] < 7 * 0.2 * 2
 
 
 def test_a_burst_of_events_is_one_debounced_quick_run_then_a_full_run():
@@ -58,19 +67,19 @@ def test_a_burst_of_events_is_one_debounced_quick_run_then_a_full_run():
     sampler = Sampler([source, other], inventory_interval=60.0)
     sampler.start()
     try:
-        time.sleep(0.2)  # the first full runs
+        assert wait_until(lambda: len(source.runs) == 1 and len(other.runs) == 1)  # the first full runs
         burst = time.monotonic()
         for _ in range(10):  # one burst, events 5 ms apart
             sampler.request()
             time.sleep(0.005)
-        time.sleep(0.3)
-        assert 1 <= len(source.quick) <= 2  # two if the burst outlasted the debounce's bound
-        # Within the debounce's bound after the first event, not after the burst.
-        assert source.quick[0] - burst <= scheduler_mod.DEBOUNCE_MAX_SECONDS + 0.05
+        assert wait_until(lambda: source.quick)
         assert len(source.runs) == 1
-        time.sleep(scheduler_mod.FOLLOW_UP_SECONDS + 0.3)
-        assert len(source.runs) == 2  # the follow-up full run
-        assert source.runs[1] - source.quick[-1] >= scheduler_mod.FOLLOW_UP_SECONDS - 0.05
+        # Within the debounce's bound after the first event (generously: a loaded machine).
+        assert source.quick[0] - burst <= scheduler_mod.DEBOUNCE_MAX_SECONDS + 0.5
+        assert wait_until(lambda: len(source.runs) == 2)  # the follow-up full run
+        assert 1 <= len(source.quick) <= 2  # two if the burst outlasted the debounce's bound
+        # FOLLOW_UP_SECONDS after the first quick run (a second one, under load, does not move it).
+        assert source.runs[1] - source.quick[0] >= scheduler_mod.FOLLOW_UP_SECONDS - 0.05
         assert other.quick == [] and len(other.runs) == 1  # not event-driven: left alone
     finally:
         sampler.stop()
@@ -82,9 +91,9 @@ def test_events_during_a_full_run_get_a_quick_run_after_it():
     sampler = Sampler([source], inventory_interval=60.0)
     sampler.start()
     try:
-        time.sleep(0.1)  # inside the first full run
+        assert wait_until(lambda: source.runs)  # inside the first full run (0.4 s)
         sampler.request()
-        time.sleep(0.6)
+        assert wait_until(lambda: source.quick)
         assert len(source.runs) == 1 and len(source.quick) == 1
         assert source.quick[0] >= source.runs[0] + 0.4
     finally:
@@ -96,10 +105,10 @@ def test_a_lost_event_queue_asks_for_a_full_run_at_once():
     sampler = Sampler([source], inventory_interval=60.0)
     sampler.start()
     try:
-        time.sleep(0.1)
+        assert wait_until(lambda: source.runs)
         sampler.request(full=True)
-        time.sleep(0.1)
-        assert len(source.runs) == 2 and source.quick == []
+        assert wait_until(lambda: len(source.runs) == 2)
+        assert source.quick == []
     finally:
         sampler.stop()
 
@@ -111,16 +120,19 @@ def test_a_heavy_source_stretches_its_interval_while_nothing_changes():
     sampler = Sampler([steady, plain], poll_interval=0.1)
     sampler.start()
     try:
-        time.sleep(2.0)
-        # Runs at 0, 0.1 (same: 0.2), 0.3 (0.4), 0.7 (0.8 = the cap), 1.5: five, not twenty.
-        assert 4 <= len(steady.runs) <= 6
-        assert 17 <= len(plain.runs) <= 21  # not stretching: every interval
+        # By the plain source's twentieth run (2 s), the steady one ran at 0, 0.1 (same:
+        # 0.2), 0.3 (0.4), 0.7 (0.8 = the cap), 1.5: five, not twenty.
+        assert wait_until(lambda: len(plain.runs) >= 20)
+        assert 3 <= len(steady.runs) <= 6
+        assert wait_until(lambda: len(steady.runs) >= 6)
         gaps = [b - a for a, b in zip(steady.runs, steady.runs[1:])]
-        assert max(gaps) <= 0.1 * scheduler_mod.STRETCH_MAX + 0.1
-        value["v"] = 2  # a change: back to the base interval
-        time.sleep(1.0)
-        after = [t for t in steady.runs if t > steady.runs[-1] - 1.0]
-        assert len(after) >= 3
+        assert max(gaps) <= 0.1 * scheduler_mod.STRETCH_MAX + 0.5
+        assert gaps[-1] >= 0.1 * scheduler_mod.STRETCH_MAX - 0.02  # at the cap
+        value["v"] = 2  # a change: back to the base interval after the next run
+        changed = len(steady.runs)  # every run from here on sees it
+        assert wait_until(lambda: len(steady.runs) >= changed + 2)
+        # The run that saw it comes back after the base interval (0.1 s), not the cap's 0.8 s.
+        assert steady.runs[changed + 1] - steady.runs[changed] < 0.1 * scheduler_mod.STRETCH_MAX
     finally:
         sampler.stop()
 
@@ -130,9 +142,8 @@ def test_an_event_brings_a_stretched_source_back_to_its_interval():
     sampler = Sampler([steady], poll_interval=0.1)
     sampler.start()
     try:
-        time.sleep(1.6)
         runner = sampler.runners["segments"]
-        assert runner.interval == 0.1 * scheduler_mod.STRETCH_MAX
+        assert wait_until(lambda: runner.interval == 0.1 * scheduler_mod.STRETCH_MAX)
         sampler.request()
         assert runner.interval == 0.1
     finally:
@@ -143,7 +154,7 @@ def test_stopping_ends_every_runner_promptly():
     sources = [Counting(f"s{i}", schedule="inventory", event_driven=True) for i in range(3)]
     sampler = Sampler(sources, inventory_interval=60.0)
     sampler.start()
-    time.sleep(0.1)
+    assert wait_until(lambda: all(s.runs for s in sources))
     sampler.request()
     started = time.monotonic()
     sampler.stop()
@@ -162,15 +173,6 @@ def test_segments_stretch_only_in_node_mode_while_inotify_watches_every_mount():
     watched["all"] = True
     assert node.stretches
     assert not SegmentsCollector(Paths(), [], all_watched=lambda: True).stretches
-
-
-def wait_until(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
 
 
 def test_a_source_that_stops_stretching_is_back_at_its_interval():
@@ -216,7 +218,7 @@ def test_events_that_never_stop_get_spaced_quick_runs_and_their_follow_up_in_tim
         thread.start()
         assert wait_until(lambda: len(source.runs) >= 2, timeout=scheduler_mod.FOLLOW_UP_SECONDS + 2.0)
         assert source.runs[1] - source.quick[0] <= scheduler_mod.FOLLOW_UP_SECONDS + 0.5
-        time.sleep(1.0)
+        assert wait_until(lambda: len(source.quick) >= 5)
         gaps = [b - a for a, b in zip(source.quick, source.quick[1:])]
         assert gaps and min(gaps) >= scheduler_mod.QUICK_GAP_SECONDS - 0.01
     finally:

@@ -10,16 +10,10 @@ from exporter.collectors.segments import SegmentsCollector
 from exporter.inventory.changes import ChangeLog
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
-from tests.conftest import HOST_EXCUSED_RE, Peer, mounted_tmpfs, needs_root, remove_cgroup
+from tests.conftest import HOST_EXCUSED_RE, Peer, mounted_tmpfs, needs_root, prerequisite_missing, remove_cgroup
 
 V1_MEMORY = "/sys/fs/cgroup/memory"
 MiB = 1 << 20
-
-
-def missing(reason):
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI: {reason}")
-    pytest.skip(reason)
 
 
 def segment(inv, mount, name):
@@ -36,7 +30,7 @@ def into_pod(cgroup, pid):
 @needs_root
 def test_an_event_lists_the_segment_and_the_refresh_reads_only_the_pods_that_moved(tmp_path):
     if not os.path.exists(os.path.join(V1_MEMORY, "cgroup.procs")):
-        missing(f"needs the cgroup v1 memory controller at {V1_MEMORY} to put processes in pod cgroups")
+        prerequisite_missing(f"needs the cgroup v1 memory controller at {V1_MEMORY} to put processes in pod cgroups")
     uid_a, uid_b = str(uuid.uuid4()), str(uuid.uuid4())
     cgroups = {uid: os.path.join(V1_MEMORY, "kubepods", "burstable", f"pod{uid}") for uid in (uid_a, uid_b)}
     mount = {uid: f"{tmp_path}/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/dshm"
@@ -110,7 +104,7 @@ class Clock:
 def two_pods(tmp_path):
     """Two pods' emptyDirs (real tmpfs at kubelet paths) and their memory cgroups."""
     if not os.path.exists(os.path.join(V1_MEMORY, "cgroup.procs")):
-        missing(f"needs the cgroup v1 memory controller at {V1_MEMORY} to put processes in pod cgroups")
+        prerequisite_missing(f"needs the cgroup v1 memory controller at {V1_MEMORY} to put processes in pod cgroups")
     uids = [str(uuid.uuid4()), str(uuid.uuid4())]
     cgroups = [os.path.join(V1_MEMORY, "kubepods", "burstable", f"pod{uid}") for uid in uids]
     paths = [f"{tmp_path}/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/dshm" for uid in uids]
@@ -326,7 +320,7 @@ def test_a_deleted_pods_device_number_handed_to_a_new_pod_proves_nothing(tmp_pat
 
     from tests.conftest import remove_cgroup
     if not os.path.exists(os.path.join(V1_MEMORY, "cgroup.procs")):
-        missing(f"needs the cgroup v1 memory controller at {V1_MEMORY} to put processes in pod cgroups")
+        prerequisite_missing(f"needs the cgroup v1 memory controller at {V1_MEMORY} to put processes in pod cgroups")
     old_uid, new_uid = str(uuid.uuid4()), str(uuid.uuid4())
     old_pod = f"{tmp_path}/var/lib/kubelet/pods/{old_uid}/volumes/kubernetes.io~empty-dir/dshm"
     new_pod = f"{tmp_path}/var/lib/kubelet/pods/{new_uid}/volumes/kubernetes.io~empty-dir/dshm"

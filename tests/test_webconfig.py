@@ -55,6 +55,8 @@ def test_basic_auth_and_headers(tmpfs, tmp_path, users):
         assert headers["X-Frame-Options"] == "deny"  # on refusals too
         assert status(exporter.url, basic("alice", "builder"))[0] == 401
         assert status(exporter.url, basic("mallory", "wonderland"))[0] == 401
+        # An unknown user is checked against a dummy hash of "no such user": still refused.
+        assert status(exporter.url, basic("mallory", "no such user"))[0] == 401
         assert status(exporter.url, {"Authorization": "Basic !!notbase64"})[0] == 401
         code, headers = status(exporter.url, basic("alice", "wonderland"))
         assert code == 200 and headers["X-Content-Type-Options"] == "nosniff"

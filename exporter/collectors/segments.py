@@ -54,6 +54,20 @@ ORPHAN = STATES.index("orphan")
 Changes = Dict[str, Optional[Set[str]]]  # mount -> names changed; None: re-list it all
 
 
+def segment_state(held, known, held_at_full, complete, quick, settled) -> str:
+    """Held by nobody we could inspect: an orphan only when we inspected everybody who could
+    hold it (`complete`), else unverified. A file new since the last full scan (not `known`)
+    is taken as held by its creator after a quick run, unverified after a refresh. `settled`:
+    the owners come from a full scan this run, which alone may call a segment leaked, also one
+    held at the last full scan (or changed since its holders were read)."""
+    if held:
+        return "linked"
+    unheld = "orphan" if complete else "unverified"
+    if not known:
+        return "linked" if quick else unheld if settled else "unverified"
+    return "unverified" if held_at_full and not settled else unheld
+
+
 class SegmentsCollector(BaseSource):
     name = "segments"
     schedule = "inventory"
@@ -310,14 +324,7 @@ class SegmentsCollector(BaseSource):
         `settled`: the owners come from a full scan this run, which alone may call a segment
         leaked (not a quick run, a pod's rescan, or a refresh)."""
         holdings = self._owners.holdings
-        linked, hidden, orphan, unverified = range(4)  # indexes in STATES
-        # Held by nobody we could inspect: an orphan only when we inspected everybody who
-        # could hold it; otherwise unverified (never called leaked, never advised for rm).
-        unheld_state = orphan if self._owners.complete else unverified
-        # A file new since the last full scan is taken as held by its creator until the
-        # follow-up full run says otherwise: no orphan flapping on every create. A refresh
-        # read its new processes, and found nobody holding it: unverified until a full scan.
-        unknown_state = linked if quick else unheld_state if settled else unverified
+        complete = self._owners.complete
         same_dev = self._full_devs.get(mount) == dev
         doubted, held_at_full = self._doubted.get(mount, ()), self._held_at_full
         rows = listing.rows
@@ -338,18 +345,12 @@ class SegmentsCollector(BaseSource):
                 for pid in pids:
                     bytes_of[pid] = bytes_of.get(pid, 0) + allocated
                 continue  # linked: states[i] is 0
-            known = settled or same_dev and row & KNOWN
-            state = unheld_state if known else unknown_state
-            if (
-                state == orphan
-                and not settled
-                and (doubted is None or name in doubted or key in held_at_full)
-            ):
-                # Changed since its pod was read; or held at the last full scan, unheld in
-                # a refresh: only a full scan, with its re-reads of new processes, may call
-                # it leaked.
-                state = unverified
-            states[i] = state
+            known = bool(settled or same_dev and row & KNOWN)
+            # Changed since its pod was read counts as held at the last full scan: only a
+            # read of its holders may call it leaked again.
+            at_full = doubted is None or name in doubted or key in held_at_full
+            state = segment_state((), known, at_full, complete, quick, settled)
+            states[i] = STATES.index(state)
         for key in held_keys:
             hs = holdings[key]
             if key[1] in held_pids or not any(h.deleted for h in hs):

@@ -16,7 +16,7 @@ import uuid
 import pytest
 import yaml
 
-from tests.conftest import Exporter, remove_cgroup, select, value
+from tests.conftest import Exporter, prerequisite_missing, remove_cgroup, select, value
 from tests.containers.conftest import FIGURES, SERVER_IMAGE, Container, promtool_unit_test
 
 pytestmark = pytest.mark.timeout(600)
@@ -36,7 +36,9 @@ def pod_oom_killed_test(series: str, values: str) -> subprocess.CompletedProcess
 
 def test_node_mode_counts_a_container_oom_kill_for_its_pod(images):
     if not os.path.exists(os.path.join(V1_MEMORY, "memory.usage_in_bytes")):
-        pytest.skip("this test is written for cgroup v1 (the machine's dockerd runs cgroupfs on v1)")
+        # CI's machine is cgroup v1: under CI=true this never skips there (and fails elsewhere).
+        prerequisite_missing("written for cgroup v1 (dockerd running cgroupfs on v1); runs in the cgroup v1 tier, "
+                             "not the cgroup v2 tier")
     uid = str(uuid.uuid4())
     parent = f"/kubepods/burstable/pod{uid}"
     pod_dir = V1_MEMORY + parent
