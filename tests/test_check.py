@@ -274,6 +274,34 @@ def test_pasted_lines_hit_their_signature_and_figures_reach_the_finding(tmp_path
     assert any("60 s" in t for t in text)
 
 
+def test_every_signature_holds_a_needle_and_fits_the_window():
+    # Only text near a needle is matched: a signature whose match holds none never matches,
+    # and one whose quantifiers are unbounded can backtrack over a whole line (a ReDoS).
+    import re._parser
+    from exporter.check.logscan import NEEDLES, PATTERNS, SIGNATURES, WINDOW
+    for line, names in PASTED.items():
+        for name, pattern in PATTERNS:
+            if name in names:
+                match = pattern.search(line).group(0).lower()
+                assert any(n.decode() in match for n in NEEDLES), (name, line)
+    for name, regex, _, _ in SIGNATURES:
+        widest = re._parser.parse(regex).getwidth()[1]
+        assert widest + max(map(len, NEEDLES)) + 16 <= WINDOW // 2, (name, widest)
+
+
+def test_hits_far_apart_on_a_long_line_and_on_the_next_are_found(tmp_path):
+    from exporter.check.logscan import scan_log
+    log = tmp_path / "server.log"
+    filler = "x" * 5000
+    lines = [f"{SAMPLES['cuda_oom']} {filler} {SAMPLES['emptydir_evicted']} {filler} Bus error",
+             "Fatal Python error: Bus error", SAMPLES["ray_object_store"]]
+    log.write_text("\n".join(lines) + "\n")
+    hits = scan_log(str(log)).hits
+    assert set(hits) == {"cuda_oom", "bus_error", "emptydir_evicted", "ray_object_store"}
+    assert hits["emptydir_evicted"][0].fields == {"volume": "dshm", "limit": "1Gi"}
+    assert hits["bus_error"][0].text.endswith("[2 matching line(s)]"), hits["bus_error"]
+
+
 def test_log_signatures(tmp_path):
     from exporter.check.logscan import SIGNATURES, scan_log
     assert set(SAMPLES) == {name for name, _, _, _ in SIGNATURES}

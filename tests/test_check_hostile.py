@@ -18,6 +18,7 @@ import time
 import pytest
 
 from tests.conftest import REPO, needs_root, prerequisite_missing
+from tests.test_check import PASTED
 from tests.test_gpu import TWO_GPUS, config, gpu_env, stub_dir  # noqa: F401 - stub_dir: a fixture
 from tests.test_hung_fs import SERVER as FUSE_SERVER, wait_stopped
 
@@ -132,6 +133,20 @@ def test_a_log_read_past_the_deadline_is_cut_short_with_a_warning(tmp_path):
     quick(result, elapsed)
     assert "not read to its end within --timeout" in result.stdout, result.stdout
     assert result.returncode == 1
+
+
+def test_lines_of_a_signature_s_prefix_repeated_do_not_outlast_the_timeout(tmp_path):
+    # A line of 1 MiB, dense with needles, repeating half of each signature's line: a regex
+    # such as `size .*exceeds` backtracks over the rest of the line at each repetition (a
+    # single such line took minutes, holding the GIL, so the deadline was never looked at).
+    log = tmp_path / "prompts.log"
+    with open(log, "wb") as f:
+        for line in PASTED:
+            piece = f"Bus error {line[: len(line) // 2]} "
+            f.write(((piece * (MiB // len(piece) + 1))[:MiB] + "\n").encode())
+    result, elapsed = run(f"--log={log}", f"--timeout={TIMEOUT}", timeout=TIMEOUT + MARGIN + 10)
+    quick(result, elapsed)
+    assert "SIGBUS" in result.stdout, result.stdout
 
 
 # --- HTTP: servers that trickle -----------------------------------------------------------------
