@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, needs_root, prerequisite_missing
+from tests.conftest import REPO, mounted_tmpfs, needs_root, prerequisite_missing
 from tests.test_check import PASTED
 from tests.test_gpu import TWO_GPUS, config, gpu_env, stub_dir  # noqa: F401 - stub_dir: a fixture
 from tests.test_hung_fs import SERVER as FUSE_SERVER, wait_stopped
@@ -28,11 +28,11 @@ MARGIN = 12  # start-up and printing, on a loaded 2-core machine
 PEAK = re.compile(r"\d{16,}")  # no size check prints has 16 digits (1 PiB is 16 digits)
 
 
-def run(*args, limit_as=None, timeout=TIMEOUT + 60, env=None):
+def run(*args, limit_as=None, timeout=TIMEOUT + 60, env=None, mount="/dev/shm"):
     """`shmwatch check --no-collector.gpu --shm.mount=/dev/shm ARGS`: (result, seconds); with
     `env`, the GPU collector runs (with that environment)."""
     gpu = () if env else ("--no-collector.gpu",)
-    argv = [sys.executable, "-m", "exporter", "check", *gpu, "--shm.mount=/dev/shm", *args]
+    argv = [sys.executable, "-m", "exporter", "check", *gpu, f"--shm.mount={mount}", *args]
 
     def limit():
         if limit_as:
@@ -375,6 +375,24 @@ def test_a_log_on_a_hung_filesystem_does_not_outlast_the_timeout(tmp_path):
             server.wait()
     quick(result, elapsed)
     assert "not read within --timeout" in result.stdout and result.returncode == 1, result
+
+
+@needs_root
+def test_a_process_whose_maps_do_not_answer_does_not_outlast_the_timeout(tmp_path):
+    """A /proc whose one extra process has maps that block on open (a FIFO, as a D-state
+    process's maps block on its mmap lock): the NCCL look at every process's maps (made when
+    the mount holds no nccl-* file) is left behind at the deadline and said to be unchecked."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    for name in os.listdir("/proc"):
+        os.symlink(f"/proc/{name}", proc / name)
+    (proc / "4194304").mkdir()  # above any pid_max: never a real process
+    os.mkfifo(proc / "4194304" / "maps")
+    with mounted_tmpfs() as mount:
+        result, elapsed = run(f"--path.procfs={proc}", f"--timeout={TIMEOUT}", timeout=TIMEOUT + MARGIN + 10,
+                              mount=mount)
+    quick(result, elapsed)
+    assert "maps not read within --timeout" in result.stdout, result.stdout
 
 
 def test_a_gpu_fallen_off_the_bus_does_not_outlast_the_timeout(request, tmp_path):

@@ -266,7 +266,7 @@ def _check(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> in
     model = collect(cfg, min(collectors, left(deadline)))
     report = diagnose(model, extra.require_shm, extra.backend)
     _logs(report, scans, deadline)
-    outside(report, model, Paths(cfg.procfs, cfg.sysfs, cfg.rootfs))
+    outside(report, model, Paths(cfg.procfs, cfg.sysfs, cfg.rootfs), deadline)
     advice = ""
     if extra.recommend:
         recs, notes = R.recommendations(model, extra, deadline)
