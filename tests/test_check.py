@@ -316,6 +316,24 @@ def test_log_signatures(tmp_path):
     assert result.returncode >= 1
 
 
+def test_logs_are_read_after_the_collectors(tmp_path, capsys):
+    # A scan's regexes hold the GIL: run alongside the collectors, a long log slowed them past
+    # their timeouts. A line written as the collectors finish is there for the scan to read.
+    from exporter.check.report import main
+    from exporter.cli import collect_once
+    log = tmp_path / "server.log"
+    log.write_text("INFO starting\n")
+
+    def collect(cfg, timeout):
+        model = collect_once(cfg, timeout)
+        with open(log, "a") as f:
+            f.write(SAMPLES["cuda_oom"] + "\n")
+        return model
+
+    assert main(["--no-collector.gpu", "--shm.mount=/dev/shm", f"--log={log}"], collect) >= 1
+    assert "The GPU ran out of memory" in capsys.readouterr().out
+
+
 def test_large_logs_are_streamed(tmp_path):
     log = tmp_path / "big.log"
     line = ("INFO 2026-11-30 12:00:00 engine step: batch of 64 requests, 4096 tokens, all fine " * 3 + "\n").encode()

@@ -260,10 +260,11 @@ def _check(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> in
             error = f"shmwatch check: error: argument --log: {path}: {problem}\n"
             sys.stderr.write(error)
             return EXIT_USAGE
-    # Logs are read while the collectors run, and stop early enough to be reported.
+    model = collect(cfg, min(collectors, left(deadline)))
+    # Logs are read after the collectors (their matching holds the GIL, which would slow the
+    # collectors past their timeouts), until early enough to be reported.
     until = deadline - timeout / 10
     scans = [(p, Bounded(lambda p=p: scan_log(p, until))) for p in extra.log]
-    model = collect(cfg, min(collectors, left(deadline)))
     report = diagnose(model, extra.require_shm, extra.backend)
     _logs(report, scans, deadline)
     outside(report, model, Paths(cfg.procfs, cfg.sysfs, cfg.rootfs), deadline)
