@@ -18,7 +18,7 @@ import time
 import pytest
 
 from tests.conftest import REPO, mounted_tmpfs, needs_root, prerequisite_missing
-from tests.test_check import PASTED
+from tests.test_check import MEASURE, PASTED, peak_rss
 from tests.test_gpu import TWO_GPUS, config, gpu_env, stub_dir  # noqa: F401 - stub_dir: a fixture
 from tests.test_hung_fs import SERVER as FUSE_SERVER, wait_stopped
 
@@ -55,22 +55,20 @@ def run(*args, limit_as=None, timeout=TIMEOUT + 60, env=None, mount="/dev/shm"):
 
 
 def run_measured(*args):
-    """As `run`: (exit code, stderr, seconds, this one child's peak RSS in bytes, from wait4();
-    RUSAGE_CHILDREN would be the peak over every child this pytest process waited for)."""
-    argv = [sys.executable, "-m", "exporter", "check", "--no-collector.gpu", "--shm.mount=/dev/shm", *args]
+    """As `run`: (exit code, stderr, seconds, check's own peak RSS in bytes: MEASURE)."""
+    argv = [sys.executable, "-c", MEASURE, sys.executable, "-m", "exporter", "check", "--no-collector.gpu",
+            "--shm.mount=/dev/shm", *args]
     start = time.monotonic()
     with open(os.devnull, "wb") as sink, tempfile.TemporaryFile() as errors:
         proc = subprocess.Popen(argv, cwd=REPO, stdout=sink, stderr=errors)
-        watchdog = threading.Timer(TIMEOUT + 60, proc.kill)
-        watchdog.start()
         try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            watchdog.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
+            proc.wait(TIMEOUT + 60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         errors.seek(0)
         err = errors.read().decode(errors="replace")
-    return proc.returncode, err, time.monotonic() - start, usage.ru_maxrss * 1024
+    return proc.returncode, err, time.monotonic() - start, peak_rss(err)
 
 
 def quick(result, elapsed):
