@@ -266,8 +266,9 @@ def _check(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> in
     until = deadline - timeout / 10
     scans = [(p, Bounded(lambda p=p: scan_log(p, until))) for p in extra.log]
     report = diagnose(model, extra.require_shm, extra.backend)
-    _logs(report, scans, deadline)
+    # before the logs: one on a hung filesystem is awaited until the deadline
     outside(report, model, Paths(cfg.procfs, cfg.sysfs, cfg.rootfs), deadline)
+    _logs(report, scans, deadline)
     advice = ""
     if extra.recommend:
         recs, notes = R.recommendations(model, extra, deadline)
