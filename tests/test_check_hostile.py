@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, needs_root, prerequisite_missing
+from tests.conftest import REPO, mounted_tmpfs, needs_root, prerequisite_missing
+from tests.test_check import MEASURE, PASTED, peak_rss
 from tests.test_gpu import TWO_GPUS, config, gpu_env, stub_dir  # noqa: F401 - stub_dir: a fixture
 from tests.test_hung_fs import SERVER as FUSE_SERVER, wait_stopped
 
@@ -27,11 +28,11 @@ MARGIN = 12  # start-up and printing, on a loaded 2-core machine
 PEAK = re.compile(r"\d{16,}")  # no size check prints has 16 digits (1 PiB is 16 digits)
 
 
-def run(*args, limit_as=None, timeout=TIMEOUT + 60, env=None):
+def run(*args, limit_as=None, timeout=TIMEOUT + 60, env=None, mount="/dev/shm"):
     """`shmwatch check --no-collector.gpu --shm.mount=/dev/shm ARGS`: (result, seconds); with
     `env`, the GPU collector runs (with that environment)."""
     gpu = () if env else ("--no-collector.gpu",)
-    argv = [sys.executable, "-m", "exporter", "check", *gpu, "--shm.mount=/dev/shm", *args]
+    argv = [sys.executable, "-m", "exporter", "check", *gpu, f"--shm.mount={mount}", *args]
 
     def limit():
         if limit_as:
@@ -54,22 +55,20 @@ def run(*args, limit_as=None, timeout=TIMEOUT + 60, env=None):
 
 
 def run_measured(*args):
-    """As `run`: (exit code, stderr, seconds, this one child's peak RSS in bytes, from wait4();
-    RUSAGE_CHILDREN would be the peak over every child this pytest process waited for)."""
-    argv = [sys.executable, "-m", "exporter", "check", "--no-collector.gpu", "--shm.mount=/dev/shm", *args]
+    """As `run`: (exit code, stderr, seconds, check's own peak RSS in bytes: MEASURE)."""
+    argv = [sys.executable, "-c", MEASURE, sys.executable, "-m", "exporter", "check", "--no-collector.gpu",
+            "--shm.mount=/dev/shm", *args]
     start = time.monotonic()
     with open(os.devnull, "wb") as sink, tempfile.TemporaryFile() as errors:
         proc = subprocess.Popen(argv, cwd=REPO, stdout=sink, stderr=errors)
-        watchdog = threading.Timer(TIMEOUT + 60, proc.kill)
-        watchdog.start()
         try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            watchdog.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
+            proc.wait(TIMEOUT + 60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         errors.seek(0)
         err = errors.read().decode(errors="replace")
-    return proc.returncode, err, time.monotonic() - start, usage.ru_maxrss * 1024
+    return proc.returncode, err, time.monotonic() - start, peak_rss(err)
 
 
 def quick(result, elapsed):
@@ -132,6 +131,20 @@ def test_a_log_read_past_the_deadline_is_cut_short_with_a_warning(tmp_path):
     quick(result, elapsed)
     assert "not read to its end within --timeout" in result.stdout, result.stdout
     assert result.returncode == 1
+
+
+def test_lines_of_a_signature_s_prefix_repeated_do_not_outlast_the_timeout(tmp_path):
+    # A line of 1 MiB, dense with needles, repeating half of each signature's line: a regex
+    # such as `size .*exceeds` backtracks over the rest of the line at each repetition (a
+    # single such line took minutes, holding the GIL, so the deadline was never looked at).
+    log = tmp_path / "prompts.log"
+    with open(log, "wb") as f:
+        for line in PASTED:
+            piece = f"Bus error {line[: len(line) // 2]} "
+            f.write(((piece * (MiB // len(piece) + 1))[:MiB] + "\n").encode())
+    result, elapsed = run(f"--log={log}", f"--timeout={TIMEOUT}", timeout=TIMEOUT + MARGIN + 10)
+    quick(result, elapsed)
+    assert "SIGBUS" in result.stdout, result.stdout
 
 
 # --- HTTP: servers that trickle -----------------------------------------------------------------
@@ -360,6 +373,24 @@ def test_a_log_on_a_hung_filesystem_does_not_outlast_the_timeout(tmp_path):
             server.wait()
     quick(result, elapsed)
     assert "not read within --timeout" in result.stdout and result.returncode == 1, result
+
+
+@needs_root
+def test_a_process_whose_maps_do_not_answer_does_not_outlast_the_timeout(tmp_path):
+    """A /proc whose one extra process has maps that block on open (a FIFO, as a D-state
+    process's maps block on its mmap lock): the NCCL look at every process's maps (made when
+    the mount holds no nccl-* file) is left behind at the deadline and said to be unchecked."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    for name in os.listdir("/proc"):
+        os.symlink(f"/proc/{name}", proc / name)
+    (proc / "4194304").mkdir()  # above any pid_max: never a real process
+    os.mkfifo(proc / "4194304" / "maps")
+    with mounted_tmpfs() as mount:
+        result, elapsed = run(f"--path.procfs={proc}", f"--timeout={TIMEOUT}", timeout=TIMEOUT + MARGIN + 10,
+                              mount=mount)
+    quick(result, elapsed)
+    assert "maps not read within --timeout" in result.stdout, result.stdout
 
 
 def test_a_gpu_fallen_off_the_bus_does_not_outlast_the_timeout(request, tmp_path):

@@ -27,7 +27,7 @@ SIGNATURES = (
     # creating shared memory segment nccl-shm-recv-... (size N)".
     (
         "nccl_shm_create",
-        r"NCCL WARN Error while (creating|attaching to) shared memory segment (\S+)(?!\S| \(size 0\))",
+        r"NCCL WARN Error while (creating|attaching to) shared memory segment (\S{1,300})(?!\S| \(size 0\))",
         "NCCL could not create or attach a shared-memory segment: /dev/shm is too small or full.",
         "raise the shm size (--shm-size / shm_size / emptyDir sizeLimit) or remove leaked nccl-* segments; "
         "NCCL_SHM_DISABLE=1 only as a last resort",
@@ -37,7 +37,7 @@ SIGNATURES = (
     # made: "Error while attaching to shared memory segment /dev/shm/nccl-XXXX (size 0)".
     (
         "nccl_cumem_mismatch",
-        r"Error while attaching to shared memory segment (?P<segment>\S+) \(size 0\)",
+        r"Error while attaching to shared memory segment (?P<segment>\S{1,300}) \(size 0\)",
         "NCCL ranks disagree about cuMem host memory: {segment} was never made as a file "
         "(its creator used cuMem host memory, NCCL >= 2.26.3), so the peer attached nothing.",
         "the same NCCL version and NCCL_CUMEM_HOST_ENABLE on every rank (0 puts the buffers "
@@ -47,7 +47,7 @@ SIGNATURES = (
     # include/shm.h: "Call to posix_fallocate failed : No space left on device".
     (
         "nccl_shm_extend",
-        r"failed to extend (/dev/shm/nccl-\S+)|Call to posix_fallocate failed",
+        r"failed to extend (/dev/shm/nccl-\S{1,300})|Call to posix_fallocate failed",
         "NCCL ran out of /dev/shm while sizing a segment.",
         "raise the shm size; Docker's 64 MiB default is far too small for NCCL",
     ),
@@ -55,7 +55,7 @@ SIGNATURES = (
     # device, please check shared memory limits by 'ipcs -l'"
     (
         "ucx_shmget",
-        r"shmget\(size=(\d+) flags=0x[0-9a-f]+\) for \S+ failed: (No space left on device|"
+        r"shmget\(size=(\d{1,20}) flags=0x[0-9a-f]{1,16}\) for \S{1,100} failed: (No space left on device|"
         r"Cannot allocate memory|Operation not permitted|Invalid argument)",
         "UCX's SysV transport hit a SysV shared-memory limit (kernel.shmmni / shmall / shmmax).",
         "ipcs -m and ipcrm -m <id> for orphans; sysctl kernel.shmmni / kernel.shmall; or UCX_TLS without sysv",
@@ -64,7 +64,7 @@ SIGNATURES = (
     # /dev/shm or the directory you specified has more available memory."
     (
         "ucx_posix",
-        r"Not enough memory to write total of (\d+) bytes",
+        r"Not enough memory to write total of (\d{1,20}) bytes",
         "UCX's posix transport could not size a segment in /dev/shm.",
         "raise the shm size",
     ),
@@ -80,8 +80,8 @@ SIGNATURES = (
     # /dev/shm (e.g. --shm-size or --ipc=host)."
     (
         "vllm_shm_required",
-        r"Insufficient space in /dev/shm: (?P<need_mib>\d+(?:\.\d+)?) MiB required, "
-        r"(?P<free_mib>\d+(?:\.\d+)?) MiB free",
+        r"Insufficient space in /dev/shm: (?P<need_mib>\d{1,20}(?:\.\d{1,9})?) MiB required, "
+        r"(?P<free_mib>\d{1,20}(?:\.\d{1,9})?) MiB free",
         "vLLM's shared-memory queue needs {need_mib} in /dev/shm and found {free_mib} free "
         "(Docker's 64 MiB default, or segments leaked by a crashed run).",
         "give /dev/shm more than {need_mib} (--shm-size, --ipc=host, an emptyDir of medium "
@@ -91,7 +91,7 @@ SIGNATURES = (
     # (readers did not free a block: a rank hangs or is busy, e.g. compiling).
     (
         "vllm_broadcast_block",
-        r"No available shared memory broadcast block found in (?P<seconds>\d+) seconds?",
+        r"No available shared memory broadcast block found in (?P<seconds>\d{1,20}) seconds?",
         "vLLM's broadcast queue found no free block for {seconds} s: a worker stopped reading "
         "(hung, dead, or busy compiling), not a full /dev/shm.",
         "look at the workers' logs for a hang or crash (py-spy dump); a larger /dev/shm does not help",
@@ -108,7 +108,7 @@ SIGNATURES = (
     # after "Fatal Python error: Bus error" (-7: killed by SIGBUS).
     (
         "sglang_scheduler_died",
-        r"Rank (?P<rank>\d+) scheduler died during initialization \(exit code: (?P<code>-?\d+)\)",
+        r"Rank (?P<rank>\d{1,20}) scheduler died during initialization \(exit code: (?P<code>-?\d{1,20})\)",
         "SGLang's rank {rank} scheduler died while starting (exit code {code}; -7 is SIGBUS: "
         "a /dev/shm page could not be backed).",
         "raise the shm size (--shm-size / --ipc=host) and remove leaked sgl_shm_* and psm_* segments",
@@ -118,7 +118,7 @@ SIGNATURES = (
     (
         "ray_object_store",
         r"System memory request exceeds memory available in /dev/shm|"
-        r"The configured object store size .*exceeds /dev/shm size",
+        r"The configured object store size .{0,100}exceeds /dev/shm size",
         "Ray's object store does not fit in /dev/shm (it falls back to /tmp, much slower).",
         "raise /dev/shm above --object-store-memory (--shm-size) or lower the object store",
     ),
@@ -126,7 +126,7 @@ SIGNATURES = (
     # exceeds the limit "1Gi".'
     (
         "emptydir_evicted",
-        r'Usage of EmptyDir volume "(?P<volume>[^"]*)" exceeds the limit "(?P<limit>[^"]*)"',
+        r'Usage of EmptyDir volume "(?P<volume>[^"]{0,256})" exceeds the limit "(?P<limit>[^"]{0,64})"',
         "The kubelet evicted the pod: emptyDir {volume} grew past its sizeLimit {limit} (the "
         "tmpfs may be larger than the limit: the kubelet enforces it by eviction).",
         "raise sizeLimit of {volume} (and the memory limit with it) or find what filled it "
@@ -135,7 +135,7 @@ SIGNATURES = (
     # vLLM's older shm checks, worded otherwise.
     (
         "vllm_insufficient_shm",
-        r"(?i)Insufficient space in /dev/shm(?!: [\d.]+ MiB required)",
+        r"(?i)Insufficient space in /dev/shm(?!: [\d.]{1,30} MiB required)",
         "vLLM found too little free space in /dev/shm (often leaked segments from a crashed run).",
         "remove leaked segments (shmwatch check lists them) or raise the shm size",
     ),
@@ -160,7 +160,7 @@ SIGNATURES = (
     # shared_memory objects to clean up at shutdown"
     (
         "leaked_shared_memory",
-        r"resource_tracker: There appear to be (\d+) leaked shared_memory objects",
+        r"resource_tracker: There appear to be (\d{1,20}) leaked shared_memory objects",
         "Python's resource tracker found shared_memory segments nobody unlinked: a process exited uncleanly.",
         "check /dev/shm for leftover psm_* segments and remove them",
     ),
@@ -169,8 +169,8 @@ SIGNATURES = (
 
 PATTERNS = [(name, re.compile(regex)) for name, regex, _, _ in SIGNATURES]
 # Lower-case words one of which every signature's line holds: each chunk of a log is searched
-# for these (bytes.find, a hundred times faster than the regexes), and only the lines holding
-# one are matched against SIGNATURES.
+# for these (bytes.find, a hundred times faster than the regexes), and only the text near one
+# is matched against SIGNATURES.
 NEEDLES = (
     b"nccl warn error while",
     b"failed to extend /dev/shm/nccl-",
@@ -194,6 +194,9 @@ NEEDLES = (
 # At most the last MAX_LOG_BYTES of a log are read (a server's recent failures are the ones
 # that matter), CHUNK at a time; a line longer than CHUNK is matched in pieces of that size.
 MAX_LOG_BYTES, CHUNK = 64 << 20, 1 << 20
+# Bytes either side of a needle's hit that the regexes see: every signature's quantifiers are
+# bounded, so that a match, and its needle, fit in WINDOW // 2 (tests/test_check.py checks).
+WINDOW = 1 << 10
 
 
 @dataclass
@@ -240,12 +243,12 @@ def scan_log(path: str, deadline: float = math.inf) -> LogScan:
             if base == start and start:  # the line the tail begins in the middle of
                 skip = piece.find(b"\n") + 1 or len(piece)
                 piece, base = piece[skip:], base + skip
-            for offset, line, text in _candidates(piece, lines):
+            for offset, line, texts in _candidates(piece, lines):
                 if time.monotonic() >= deadline:
                     scan.end = base + offset
                     break
                 number = None if start else line
-                _match(scan, counts, text, LogHit(path, number, base + offset, ""))
+                _match(scan, counts, texts, LogHit(path, number, base + offset, ""))
             else:
                 scan.end, lines = base + len(piece), lines + piece.count(b"\n")
             if not block:
@@ -255,34 +258,47 @@ def scan_log(path: str, deadline: float = math.inf) -> LogScan:
     return scan
 
 
-def _match(scan: LogScan, counts: Dict[str, int], text: str, where: LogHit) -> None:
-    """Each signature `text` matches counts once; its first hit is kept (`where`, with the
-    text quoted around where it matched)."""
+def _match(
+    scan: LogScan, counts: Dict[str, int], texts: List[str], where: LogHit
+) -> None:
+    """Each signature one of a line's `texts` matches counts once; its first hit is kept
+    (`where`, with the text quoted around where it matched)."""
     for name, pattern in PATTERNS:
-        match = pattern.search(text)
+        match = next(filter(None, map(pattern.search, texts)), None)
         if match:
             counts[name] = counts.get(name, 0) + 1
             at = max(0, match.start() - 100)  # a long line: where it matched
-            text_at = quoted(text[at:], 300)
+            text_at = quoted(match.string[at:], 300)
             hit = LogHit(where.file, where.line, where.offset, text_at, _fields(match))
             scan.hits.setdefault(name, [hit])
 
 
-def _candidates(piece: bytes, lines: int) -> Iterator[Tuple[int, int, str]]:
-    """(offset, line number, text) of each line in `piece` holding one of NEEDLES; `lines`:
-    how many lines came before it."""
-    low, spans = piece.lower(), set()
+def _candidates(piece: bytes, lines: int) -> Iterator[Tuple[int, int, List[str]]]:
+    """(offset, line number, texts) of each line in `piece` holding one of NEEDLES; texts: its
+    stretches within WINDOW bytes of a needle, where every signature's match lies, so that no
+    regex runs over the rest of a long line. `lines`: how many lines came before `piece`."""
+    low, near = piece.lower(), {}
     for needle in NEEDLES:
-        i = low.find(needle)
+        i, end = low.find(needle), -1
         while i != -1:
-            end = low.find(b"\n", i)
-            end = len(low) if end == -1 else end
-            spans.add((low.rfind(b"\n", 0, i) + 1, end))
-            i = low.find(needle, end)
+            if i >= end:  # a line not seen yet
+                begin, end = low.rfind(b"\n", 0, i) + 1, low.find(b"\n", i)
+                end = len(low) if end == -1 else end
+                spans = near.setdefault((begin, end), [])
+            spans.append((max(begin, i - WINDOW), min(end, i + WINDOW)))
+            # a hit closer than WINDOW // 2 has its match within this hit's stretch
+            i = low.find(needle, min(i + WINDOW // 2, end))
     at, number = 0, lines + 1
-    for begin, end in sorted(spans):
+    for begin, end in sorted(near):
         number, at = number + piece.count(b"\n", at, begin), begin
-        yield begin, number, piece[begin:end].decode("utf-8", "replace").strip()
+        merged: List[List[int]] = []
+        for start, stop in sorted(near[begin, end]):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], stop)
+            else:
+                merged.append([start, stop])
+        texts = [piece[a:b].decode("utf-8", "replace").strip() for a, b in merged]
+        yield begin, number, texts
 
 
 def _fields(match: "re.Match[str]") -> Dict[str, str]:

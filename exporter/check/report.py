@@ -260,13 +260,15 @@ def _check(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> in
             error = f"shmwatch check: error: argument --log: {path}: {problem}\n"
             sys.stderr.write(error)
             return EXIT_USAGE
-    # Logs are read while the collectors run, and stop early enough to be reported.
+    model = collect(cfg, min(collectors, left(deadline)))
+    # Logs are read after the collectors (their matching holds the GIL, which would slow the
+    # collectors past their timeouts), until early enough to be reported.
     until = deadline - timeout / 10
     scans = [(p, Bounded(lambda p=p: scan_log(p, until))) for p in extra.log]
-    model = collect(cfg, min(collectors, left(deadline)))
     report = diagnose(model, extra.require_shm, extra.backend)
+    # before the logs: one on a hung filesystem is awaited until the deadline
+    outside(report, model, Paths(cfg.procfs, cfg.sysfs, cfg.rootfs), deadline)
     _logs(report, scans, deadline)
-    outside(report, model, Paths(cfg.procfs, cfg.sysfs, cfg.rootfs))
     host, flag = model.host_memory, cfg.memory_limit_bytes
     if host is not None and flag is not None and flag >= host.total_bytes:
         text = (
