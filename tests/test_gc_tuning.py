@@ -15,7 +15,8 @@ from exporter.app import App
 from exporter.config import parse_args
 from exporter.exposition.http import bind, bound_address, make_app, serve_in_thread
 from tests.conftest import Peer, mounted_tmpfs, needs_root, remove_cgroup, stop_process
-from tests.test_scoped_owners import V1_MEMORY, into_pod, missing
+from tests.conftest import prerequisite_missing
+from tests.test_scoped_owners import V1_MEMORY, into_pod
 
 ACCEPTS = ("text/plain;version=0.0.4", "application/openmetrics-text;version=1.0.0")
 
@@ -43,7 +44,7 @@ def test_serving_a_node_makes_no_garbage_cycles(tmp_path):
     `unshare --ipc`: 2226ecf's sidecar-only test missed a cycle per setns), cgroups and the
     kernel log."""
     if not os.path.exists(os.path.join(V1_MEMORY, "cgroup.procs")):
-        missing(f"needs the cgroup v1 memory controller at {V1_MEMORY} to put the peer in a pod cgroup")
+        prerequisite_missing(f"needs the cgroup v1 memory controller at {V1_MEMORY} to put the peer in a pod cgroup")
     uid = str(uuid.uuid4())
     cgroup = os.path.join(V1_MEMORY, "kubepods", "burstable", f"pod{uid}")
     path = f"{tmp_path}/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/dshm"
