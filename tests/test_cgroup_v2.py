@@ -174,3 +174,13 @@ def test_node_mode_reads_no_swap_on_a_node_without_swap(tmp_path):
             f.write(f"SwapTotal: {swap_total // 1024} kB\n")
         by_uid = {c.pod_uid: c for c in CgroupCollector(paths, node_mode=True).collect()}
         assert by_uid[UID_A].swap_bytes == expected and by_uid[UID_A].limit_bytes == 256 * MiB
+
+
+def test_a_container_as_tight_as_its_pod_is_read_at_the_pod(tmp_path):
+    """A single-container Guaranteed pod: the container's memory.max equals the pod's. The pod
+    binds too, and its cgroup keeps a restarted container's shm: read it there."""
+    paths = tree(tmp_path, SCOPE_G)
+    with open(os.path.join(cgroup_dir(paths, SCOPE_G), "memory.max"), "w") as f:
+        f.write(str(512 * MiB))
+    [g] = CgroupCollector(paths).collect()
+    assert (g.cgroup, g.limit_bytes, g.limit_source) == (POD_G, 512 * MiB, "pod")

@@ -58,6 +58,9 @@ def test_past_the_cap_the_inventory_keeps_counts_by_class_and_says_so():
         assert value(s, "shmwatch_segments", mount=shm, state="unverified", **{"class": "python_shm"}) == 1200
         assert value(s, "shmwatch_segments", mount=shm, state="unverified", **{"class": "nccl"}) == 300
         assert not select(s, "shmwatch_top_segment_bytes", mount=shm)  # no names kept
+        # Nothing verified, no orphan's age known: never a confident "none".
+        assert value(s, "shmwatch_mount_owners_verified", mount=shm) == 0
+        assert not select(s, "shmwatch_orphan_oldest_age_seconds", mount=shm)
         assert value(s, "shmwatch_collector_success", collector="segments") == 1
         assert "--inventory.max-segments" in exporter.log()
         for i in range(1200):

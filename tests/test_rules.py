@@ -326,3 +326,25 @@ def test_kube_prometheus_rules_join_cadvisor_ksm_and_the_sidecar(tmp_path):
     with open(KUBE_OPERATOR_RULE) as f:
         manifest = next(d for d in yaml.safe_load_all(f) if d)
     assert manifest["spec"] == rules, "regenerate: python3 deploy/mixin/render.py"
+
+
+def test_a_pod_throttled_at_its_containers_memory_high_fires_against_its_limit(tmp_path):
+    """Node mode reads the pod's cgroup, which has no memory.high (MemoryQoS sets the
+    containers'); its memory.events counts theirs. Shm over half the pod's limit: firing."""
+    pod = f'{L}, cgroup="/kubepods/burstable/podA"'
+    firing = [{"exp_labels": {**LI, "cgroup": "/kubepods/burstable/podA", "severity": "warning"}}]
+    test = {"interval": "1m", "input_series": [
+        {"series": f"shmwatch_cgroup_memory_shmem_bytes{{{pod}}}", "values": "300x20"},
+        {"series": f'shmwatch_cgroup_memory_limit_bytes{{{pod}, limit_from="self"}}', "values": "512x20"},
+        {"series": f'shmwatch_cgroup_memory_events_total{{{pod}, event="high"}}', "values": "0+5x20"},
+    ], "alert_rule_test": [{"eval_time": "20m", "alertname": "PodThrottledAtMemoryHigh", "exp_alerts": firing}]}
+    rules = load_rules()
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(
+        {"rule_files": [str(tmp_path / "rules.yml")], "evaluation_interval": "1m", "tests": [test]}))
+    result = subprocess.run([promtool(), "test", "rules", str(tmp_path / "tests.yml")], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]

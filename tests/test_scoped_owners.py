@@ -495,3 +495,34 @@ def test_a_write_in_place_to_an_orphan_is_never_called_leaked_again_before_its_p
     finally:
         child.kill()
         child.wait()
+
+
+@needs_root
+def test_a_write_to_an_orphan_in_no_pods_mount_brings_the_full_scan_forward(tmp_path):
+    """A sandbox's shm has no pod to read again: the change to its orphan is settled by a full
+    scan, which finds the live writer."""
+    import subprocess
+    import sys
+
+    shm = f"{tmp_path}/run/containerd/io.containerd.grpc.v1.cri/sandboxes/{'ab' * 32}/shm"
+    with mounted_tmpfs("16m", path=shm) as m:
+        path = os.path.join(m, "psm_known")
+        with open(path, "wb") as f:
+            f.write(b"x" * (4 * MiB))
+        clock, changes = Clock(), ChangeLog()
+        collector = SegmentsCollector(Paths(), [m], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+                                      full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
+        child = subprocess.Popen([sys.executable, "-c", WRITE_IN_PLACE, path], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            assert segment(collector.collect(), m, "psm_known") == ("orphan", ())
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == "attached"
+            changes.add(m, "psm_known")
+            assert segment(collector.collect_quick(), m, "psm_known") == ("unverified", ())
+            clock.now += 15
+            assert segment(collector.collect(), m, "psm_known") == ("linked", (child.pid,))
+        finally:
+            child.kill()
+            child.wait()

@@ -249,16 +249,20 @@ local oneLine = lib.oneLine;
           },
           {
             alert: 'PodThrottledAtMemoryHigh',
-            expr: ('shmwatch_cgroup_memory_shmem_bytes / shmwatch_cgroup_memory_high_bytes > %s and on (instance, job, cgroup) '
-                   + 'increase(shmwatch_cgroup_memory_events_total{event="high"}[%s]) > 0')
+            // A pod's cgroup has no memory.high of its own (MemoryQoS sets its containers'), but
+            // its memory.events counts theirs: there, shm against the pod's limit.
+            expr: ('shmwatch_cgroup_memory_shmem_bytes / on (instance, job, cgroup) (max by (instance, job, cgroup) '
+                   + '(shmwatch_cgroup_memory_high_bytes) or max by (instance, job, cgroup) (shmwatch_cgroup_memory_limit_bytes)) '
+                   + '> %s and on (instance, job, cgroup) increase(shmwatch_cgroup_memory_events_total{event="high"}[%s]) > 0')
                   % [num(c.memoryHighShmRatio), c.memoryHighWindow],
             'for': c.alertFor.PodThrottledAtMemoryHigh,
             labels: { severity: 'warning' },
             annotations: {
               summary: '{{ $labels.cgroup }} is throttled at memory.high, shm {{ $value | humanizePercentage }} of it',
               description: oneLine(|||
-                cgroup {{ $labels.cgroup }} on {{ $labels.instance }} keeps going over memory.high, and tmpfs (shm) pages
-                are {{ $value | humanizePercentage }} of it. The kernel throttles and reclaims above memory.high, but
+                cgroup {{ $labels.cgroup }} on {{ $labels.instance }} (or a container in it) keeps going over memory.high,
+                and tmpfs (shm) pages are {{ $value | humanizePercentage }} of its memory.high (of its limit where it
+                has none: a pod's). The kernel throttles and reclaims above memory.high, but
                 tmpfs pages cannot be reclaimed without swap: the workload stalls instead of failing. Free leaked shm
                 segments, lower the shm sizeLimit, or raise the memory limit (memory.high follows it).
               |||),

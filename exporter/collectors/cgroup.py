@@ -83,12 +83,13 @@ def effective_limit(
 ) -> Tuple[Optional[int], str]:
     """The smallest limit from the cgroup up, as the kernel enforces it (v2 has no
     hierarchical_memory_limit; a pod-level limit, KEP-2837, is on the pod's cgroup alone),
-    and where it binds: "pod" (a pod's cgroup), "self", "ancestor", or "none"."""
+    and where it binds: "pod" (a pod's cgroup), "self", "ancestor", or "none" (of equal
+    limits, the outermost: a container as tight as its pod is read as the pod)."""
     name = "memory.max" if version == 2 else "memory.limit_in_bytes"
     best, where = None, "none"
     chain = _ancestors(directory, name, {} if above is None else above)
     for level, limit in [(directory, _read_limit(directory, name)), *chain]:
-        if limit is not None and (best is None or limit < best):
+        if limit is not None and (best is None or limit <= best):
             best, where = limit, "ancestor"
             if POD_CGROUP_DIR.search(os.path.basename(level)):
                 where = "pod"

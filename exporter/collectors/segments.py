@@ -149,6 +149,8 @@ class SegmentsCollector(BaseSource):
         if listing is None:
             listing = self._listings[mount] = Listing()
             listing.degraded, names = {}, None  # nothing to compare the first with
+        if not (full or names is None or names):
+            return listing, {}  # unchanged since the last run (degraded or not)
         if full or names is None or listing.degraded is not None:
             was = listing.degraded is None
             events = walk(self.paths.host(mount), dev, listing, self.max_segments)
@@ -225,10 +227,15 @@ class SegmentsCollector(BaseSource):
                     and m in self._last
                     and ORPHAN in self._last[m].states
                 ]
-                also = {pod_uid_of_mount(m) for m in moved} - {""}
-                refreshed = self.owner_scan.refresh(
-                    set(devs.values()), self._owners, also=also
-                )
+                also = {pod_uid_of_mount(m) for m in moved}
+                # A change to an orphan in no pod's mount (a sandbox's shm, the host's):
+                # only a full scan reads whoever may hold it.
+                if not any(
+                    m in self._doubted and not pod_uid_of_mount(m) for m in moved
+                ):
+                    refreshed = self.owner_scan.refresh(
+                        set(devs.values()), self._owners, also=also - {""}
+                    )
                 if refreshed is not None:
                     self._owners = refreshed
                     self._pod_read_as.update({m: sigs[m] for m in moved if m in sigs})

@@ -121,16 +121,17 @@ class ModelCollector(Collector):
         out.parts_of(self._one_mount_segments, rows)
         for v in listed:
             # An orphan's age moves on with every inventory (whole seconds: leaks are hours old).
-            oldest = v.summary.oldest_orphan_mtime
+            # Past --inventory.max-segments nothing is verified and no orphan's age known.
+            oldest, degraded = v.summary.oldest_orphan_mtime, int(v.summary.degraded)
             age = 0.0 if oldest is None else float(max(0, int(inv.wall_time - oldest)))
-            out.add("shmwatch_orphan_oldest_age_seconds", [v.mount], age, v.labels)
+            if not degraded:
+                out.add("shmwatch_orphan_oldest_age_seconds", [v.mount], age, v.labels)
             unattributed = v.inventory.unattributed_bytes
             out.add(
                 "shmwatch_mount_unattributed_bytes", [v.mount], unattributed, v.labels
             )
-            verified = 1 if inv.owners_complete else 0
+            verified = 1 if inv.owners_complete and not degraded else 0
             out.add("shmwatch_mount_owners_verified", [v.mount], verified, v.labels)
-            degraded = 1 if v.summary.degraded else 0
             out.add("shmwatch_inventory_degraded", [v.mount], degraded, v.labels)
             for kind, count in sorted(v.inventory.other_entries.items()):
                 labels = [v.mount, kind]

@@ -64,7 +64,8 @@ shmwatch_process_shm_bytes  mount pid comm
 shmwatch_orphan_oldest_age_seconds  mount
     Age in whole seconds (since last modification) of the oldest orphan segment of a
     class whose segments belong to one process (nccl, torch, python_shm, vllm_offload,
-    ucx, mpi, sglang): one to remove; 0 when there is none.
+    ucx, mpi, sglang): one to remove; 0 when there is none; absent while the mount is
+    degraded (shmwatch_inventory_degraded).
 shmwatch_mount_unattributed_bytes  mount
     Used bytes not accounted for by any segment we could see (other users' or the
     kernel's).
@@ -77,7 +78,7 @@ shmwatch_proc_unreadable  -
 shmwatch_mount_owners_verified  mount
     1 when every process that could hold a segment of the mount was inspected (segments
     held by nobody are orphan); 0 when some could not be (they are unverified: grant the
-    server's UID or CAP_SYS_PTRACE).
+    server's UID or CAP_SYS_PTRACE), or while the mount is degraded.
 shmwatch_inventory_degraded  mount
     1 when the mount holds more files than --inventory.max-segments: its segments are
     counted and sized by class only (state unverified; no top segments, no owners).
