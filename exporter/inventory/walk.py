@@ -175,6 +175,7 @@ def patch_listing(
     the top directory only; a change below it re-lists). -> created and deleted."""
     events: Events = {}
     rows = listing.rows
+    inodes: Optional[Dict[int, str]] = None  # made once, when a hard link asks
     for name in names:
         try:
             st = os.lstat(os.path.join(root, name))
@@ -183,8 +184,12 @@ def patch_listing(
         if st is None or not stat_mod.S_ISREG(st.st_mode) or st.st_dev != dev:
             if name in rows:
                 _count(events, rows.pop(name), "deleted")
-        elif st.st_nlink == 1 or not any(
-            r >> INO_SHIFT & INO_MASK == st.st_ino for n, r in rows.items() if n != name
-        ):  # a hard link to a listed inode counts once
-            _update(listing, name, st, events)
+            continue
+        if st.st_nlink > 1:  # a hard link to a listed inode counts once
+            if inodes is None:
+                inodes = {r >> INO_SHIFT & INO_MASK: n for n, r in rows.items()}
+            if inodes.get(st.st_ino, name) != name:
+                continue
+            inodes[st.st_ino] = name
+        _update(listing, name, st, events)
     return events
