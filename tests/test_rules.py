@@ -191,6 +191,21 @@ def test_promtool_unit_tests(tmp_path):
     assert "SUCCESS" in result.stdout
 
 
+def promtool_test(tmp_path, test):
+    """One promtool unit test against the rules (annotations left out: checked rendered in
+    tests/test_alerting_live.py)."""
+    rules = load_rules()
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(
+        {"rule_files": [str(tmp_path / "rules.yml")], "evaluation_interval": "1m", "tests": [test]}))
+    result = subprocess.run([promtool(), "test", "rules", str(tmp_path / "tests.yml")], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
 def test_gpu_collector_failing_fires_for_as_long_as_the_gpu_is_gone(tmp_path):
     """Seen for 10 minutes, then NVML fails for three hours, then answers again."""
     firing = [{"exp_labels": {**LI, "collector": "gpu", "severity": "warning"}}]
@@ -206,16 +221,7 @@ def test_gpu_collector_failing_fires_for_as_long_as_the_gpu_is_gone(tmp_path):
         {"eval_time": "3h", "alertname": "ShmwatchGpuCollectorFailing", "exp_alerts": firing},
         {"eval_time": "3h25m", "alertname": "ShmwatchGpuCollectorFailing", "exp_alerts": []},
     ]}
-    rules = load_rules()
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            rule.pop("annotations", None)
-    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
-    (tmp_path / "tests.yml").write_text(yaml.safe_dump(
-        {"rule_files": [str(tmp_path / "rules.yml")], "evaluation_interval": "1m", "tests": [test]}))
-    result = subprocess.run([promtool(), "test", "rules", str(tmp_path / "tests.yml")], capture_output=True,
-                            text=True)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    promtool_test(tmp_path, test)
 
 
 def test_prometheusrule_carries_the_same_groups():
@@ -338,13 +344,4 @@ def test_a_pod_throttled_at_its_containers_memory_high_fires_against_its_limit(t
         {"series": f'shmwatch_cgroup_memory_limit_bytes{{{pod}, limit_from="self"}}', "values": "512x20"},
         {"series": f'shmwatch_cgroup_memory_events_total{{{pod}, event="high"}}', "values": "0+5x20"},
     ], "alert_rule_test": [{"eval_time": "20m", "alertname": "PodThrottledAtMemoryHigh", "exp_alerts": firing}]}
-    rules = load_rules()
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            rule.pop("annotations", None)
-    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
-    (tmp_path / "tests.yml").write_text(yaml.safe_dump(
-        {"rule_files": [str(tmp_path / "rules.yml")], "evaluation_interval": "1m", "tests": [test]}))
-    result = subprocess.run([promtool(), "test", "rules", str(tmp_path / "tests.yml")], capture_output=True,
-                            text=True)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    promtool_test(tmp_path, test)
