@@ -218,3 +218,25 @@ def test_the_kill_log_is_complete_only_when_read_and_nothing_was_lost():
     assert not step.kill_log_complete()
     step.accept(Observation("oom", None, "PermissionError: /dev/kmsg", 0.0))
     assert not step.kill_log_complete()
+
+
+def test_peaks_are_reset_only_for_a_proven_new_mount():
+    """A passing statvfs error (the same mount), or a mount table that could not be read,
+    keeps the peak and high-water mark; a mount gone, or another instance, starts them afresh."""
+    from exporter.model.state import StateStore
+    from exporter.model.types import MountUsage
+
+    store = StateStore()
+
+    def poll(used=0, instance=(), error=None):
+        store.record_polled([MountUsage("/m", "tmpfs", "shm", True, error=error, used_bytes=used,
+                                        instance=instance)])
+        return store.snapshot().max_used.get("/m", (None,))[0]
+
+    first = ("0:42", 7, 1)
+    assert poll(900, first) == 900
+    assert poll(error="Input/output error", instance=first) == 900  # still this mount
+    assert poll(100) == 900  # which instance unknown: proves nothing
+    assert poll(100, first) == 900
+    assert poll(100, ("0:42", 7, 2)) == 100  # another instance at the path
+    assert poll(error="not a mount point") is None  # gone

@@ -65,7 +65,10 @@ class ShmMountCollector(BaseSource):
         except OSError as err:
             reason = err.strerror or str(err)
             self._warn_once(mount, f"cannot be measured: {reason}")
-            return MountUsage(mount, fstype, source, is_point, error=reason)
+            # still this mount (a passing error): its peaks stand
+            return MountUsage(
+                mount, fstype, source, is_point, error=reason, instance=instance
+            )
         if fstype != "tmpfs" or not is_point:
             where = (
                 "is not a mount point" if not is_point else f"is {fstype}, not tmpfs"

@@ -126,10 +126,13 @@ class StateStore:
         with self._lock:
             for u in usages:
                 record = self._of(u.mount)
+                # () with no error: the mount table could not say which (proves nothing).
                 instance = u.instance or (GONE if u.error else ())
-                if record.instance is not None and instance != record.instance:
+                if instance and record.instance and instance != record.instance:
                     record.peak, record.max_used = PeakWindow(self.peak_window), None
-                record.instance, record.live = instance, not u.error
+                if instance:
+                    record.instance = instance
+                record.live = not u.error
         self.record_used([(u.mount, u.used_bytes) for u in usages if not u.error])
 
     def record_used(self, usages: Iterable[Tuple[str, int]]) -> None:
