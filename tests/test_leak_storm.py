@@ -99,3 +99,20 @@ def test_a_storm_of_100000_files_stays_within_64_mib_and_gives_it_back():
           f"{after:.1f} after they were deleted")
     assert peak <= 64, f"peak RSS {peak:.1f} MiB with {n} files"
     assert after <= 48, f"RSS {after:.1f} MiB after the files were deleted"
+
+
+@needs_root
+def test_the_cap_counts_the_files_there_are_not_the_rows_gone_since():
+    """Eight files at any time, each replaced between walks, under a cap of ten: never degraded
+    (the last walk's rows, gone since, are not counted against the cap)."""
+    from exporter.inventory.walk import Listing, walk
+
+    with mounted_tmpfs("16m") as shm:
+        dev, listing = os.stat(shm).st_dev, Listing()
+        for generation in range(4):
+            for name in os.listdir(shm):
+                os.unlink(os.path.join(shm, name))
+            _make(shm, [f"psm_{generation}_{i}" for i in range(8)])
+            walk(shm, dev, listing, 10)
+            assert listing.degraded is None, generation
+            assert len(listing.rows) == 8

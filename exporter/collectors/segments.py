@@ -100,7 +100,8 @@ class SegmentsCollector(BaseSource):
         self._scanned_at = float("-inf")  # when the last full owner scan ran
         # Each mount's last listing, and its name -> inode index, for quick runs to patch.
         self._listings: Dict[str, Listing] = {}
-        self.max_segments = max_segments  # per mount; past it, counts by class
+        # Per mount; past it, counts by class (a walk stops at MAX_ENTRIES anyway).
+        self.max_segments = min(max_segments, MAX_ENTRIES)
         self._said_truncated: Set[str] = set()
         self._said_degraded: Set[str] = set()
         self._unproven_log = UnprovenLog(log)  # why nothing is called orphan

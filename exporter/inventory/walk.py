@@ -77,7 +77,9 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
     listing.others, listing.truncated, listing.degraded = {}, False, None
     rows, others = listing.rows, listing.others
     linked: set = set()  # inodes with more than one name, seen
-    seen = 0
+    seen = files = (
+        0  # entries, and regular files, met by this walk (not rows gone since)
+    )
     stack: List[Tuple[str, ...]] = [()]  # sub-directories, as names below the root
     while stack and not listing.truncated:
         names = stack.pop()
@@ -107,7 +109,8 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
                         if st.st_ino in linked:
                             continue
                         linked.add(st.st_ino)
-                    if listing.degraded is None and len(rows) >= cap:
+                    files += 1
+                    if listing.degraded is None and files > cap:
                         listing.degraded = _degrade(listing)
                     if listing.degraded is not None:
                         cls = CLASS_INDEX[classify(entry.name)]
