@@ -66,8 +66,9 @@ class Exporter:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30) as r:
             return r.read().decode()
 
-    def wait_for(self, pattern, timeout=180.0):
-        """The first scrape with a line matching `pattern` (a regex); the last one if none did."""
+    def wait_for(self, *patterns, timeout=180.0):
+        """The first scrape with a line matching each of `patterns` (regexes); the last one if none
+        did. Sources run on their own schedules: a scrape that shows one may not yet show another."""
         deadline, text = time.monotonic() + timeout, ""
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
@@ -76,10 +77,10 @@ class Exporter:
                 text = self.scrape()
             except OSError:
                 text = ""
-            if re.search(pattern, text, re.M):
+            if all(re.search(p, text, re.M) for p in patterns):
                 return text
             time.sleep(0.5)
-        results["errors"].append(f"{self.name}: no line matching {pattern!r} in {timeout}s")
+        results["errors"].append(f"{self.name}: no lines matching {patterns!r} in {timeout}s")
         return text
 
     def record(self, step, text):
@@ -150,7 +151,9 @@ def main():
         rc = writer.wait(600)
         events = cg(POD, "memory.events")
         node = exporters[2]
-        node.record("oom", node.wait_for(r'^shmwatch_cgroup_oom_kills_total\{.*pod_uid="%s".*\} [1-9]' % UID))
+        node.record("oom", node.wait_for(
+            r'^shmwatch_cgroup_oom_kills_total\{.*pod_uid="%s".*\} [1-9]' % UID,
+            r'^shmwatch_cgroup_memory_events_total\{(?=.*event="oom_kill")(?=.*pod_uid="%s").*\} [1-9]' % UID))
         exporters[0].record("oom", exporters[0].wait_for(r'^shmwatch_cgroup_memory_events_total\{.*event="oom_kill".*\} [1-9]'))
         step("oom", writer_rc=rc, pod_events=events, holder_alive=workload.poll() is None,
              big_bytes=os.path.getsize(f"{DSHM}/psm_big"))
