@@ -3,7 +3,8 @@ Only directories are opened, never through a symlink; other entries are only cou
 
 A listing keeps each regular file as one packed int under its path below the mount (a
 name alone collides across sub-directories): a leak storm of 100,000 files costs ~15 MB.
-Past `cap` files a walk keeps only counts and bytes by class (`Listing.degraded`)."""
+Past `cap` files a walk keeps only counts and bytes by class (`Listing.degraded`); past
+MAX_ENTRIES entries it stops (`Listing.truncated`), and keeps the rows it did not reach."""
 
 from __future__ import annotations
 
@@ -31,18 +32,31 @@ CLASS_INDEX = {name: i for i, name in enumerate(CLASS_NAMES)}
 
 
 class Listing:
-    """One mount's listing, kept and updated in place run after run: a walk marks the rows
-    it sees with this walk's parity and drops the others after."""
+    """One mount's listing, kept and updated run after run: a walk marks the rows it sees
+    with this walk's parity and drops the others after. Rows lent to an inventory are never
+    changed: the next change copies them first (the table only: keys and rows are shared)."""
 
-    __slots__ = ("rows", "others", "truncated", "degraded", "parity")
+    __slots__ = ("rows", "others", "truncated", "degraded", "parity", "lent")
 
     def __init__(self) -> None:
         self.rows: Rows = {}
+        self.lent = False
         self.others: Dict[str, int] = {}
         self.truncated = False
         # class -> (count, allocated, apparent), once past the cap (rows then empty)
         self.degraded: Optional[Dict[str, Tuple[int, int, int]]] = None
         self.parity = 0  # SEEN or 0: the bit the last walk set
+
+    def lend(self) -> Rows:
+        """The rows as they are, for an inventory to keep."""
+        self.lent = True
+        return self.rows
+
+    def own(self) -> Rows:
+        """The rows, to change: a copy when they are lent."""
+        if self.lent:
+            self.rows, self.lent = dict(self.rows), False
+        return self.rows
 
 
 def _update(listing: Listing, path: str, st: os.stat_result, events: Events) -> None:
@@ -75,7 +89,7 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
     events: Events = {}
     listing.parity ^= SEEN
     listing.others, listing.truncated, listing.degraded = {}, False, None
-    rows, others = listing.rows, listing.others
+    rows, others = listing.own(), listing.others
     linked: set = set()  # inodes with more than one name, seen
     seen = files = (
         0  # entries, and regular files, met by this walk (not rows gone since)
@@ -124,6 +138,11 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
                     stack.append(names + (entry.name,))
         os.close(fd)
     gone = [p for p, row in rows.items() if row & SEEN != listing.parity]
+    if listing.truncated:  # not reached is not gone: kept as last seen, within the cap
+        rows.update((p, rows[p] ^ SEEN) for p in gone)
+        gone = []
+        if listing.degraded is None and len(rows) > cap:
+            listing.degraded = _degrade(listing)
     for path in gone:
         _count(events, rows.pop(path), "deleted")
     if len(gone) > len(rows):  # a dict keeps its size when emptied: a storm's, for good
@@ -177,7 +196,7 @@ def patch_listing(
     """Brings the listing up to date for the top-level names that changed (inotify watches
     the top directory only; a change below it re-lists). -> created and deleted."""
     events: Events = {}
-    rows = listing.rows
+    rows = listing.own()
     inodes: Optional[Dict[int, str]] = None  # made once, when a hard link asks
     for name in names:
         try:
