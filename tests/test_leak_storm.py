@@ -47,35 +47,6 @@ def test_the_same_name_in_a_sub_directory_is_another_segment(tmpfs):
     assert [(s.name, s.allocated_bytes) for s in m.segments] == [("a/psm_same", MiB)]
 
 
-@needs_root
-def test_an_inventory_kept_past_the_next_runs_keeps_its_own_rows_and_states(tmpfs):
-    """An inventory's rows are its own: the next runs' walk and quick patch leave them, and
-    their states, as they were (they were the collector's live listing: another run's names
-    paired with this run's states)."""
-    for name in ("psm_a", "psm_b", "nccl-c"):
-        fallocate(os.path.join(tmpfs, name), MiB)
-    changes = ChangeLog()
-    collector = SegmentsCollector(Paths(), [tmpfs], changes=changes, ignore_unreadable=HOST_EXCUSED_RE)
-
-    def seen(m):
-        return [(s.name, s.cls, s.state, s.allocated_bytes) for s in m.segments]
-
-    [first] = collector.collect().mounts
-    was = seen(first)
-    assert sorted(name for name, *_ in was) == ["nccl-c", "psm_a", "psm_b"]
-    os.unlink(os.path.join(tmpfs, "psm_a"))
-    fallocate(os.path.join(tmpfs, "psm_d"), 2 * MiB)
-    [second] = collector.collect().mounts
-    assert seen(first) == was
-    assert sorted(name for name, *_ in seen(second)) == ["nccl-c", "psm_b", "psm_d"]
-    then = seen(second)
-    os.unlink(os.path.join(tmpfs, "psm_b"))
-    changes.add(tmpfs, "psm_b")
-    [third] = collector.collect_quick().mounts
-    assert (seen(first), seen(second)) == (was, then)
-    assert sorted(name for name, *_ in seen(third)) == ["nccl-c", "psm_d"]
-
-
 def _complete_run(collector):
     """A full run in which every process was read (one that exits mid-scan leaves it
     incomplete: nothing orphan), so that what is not orphan is not so for that reason."""

@@ -370,7 +370,7 @@ class SegmentsCollector(BaseSource):
             for pid in pids:
                 bytes_of[pid] = bytes_of.get(pid, 0) + size[0]
             accounted += size[0]
-        inv.listed, inv.states, inv.held = listing.lend(), bytes(states), held_pids
+        inv.listed, inv.states, inv.held = rows, bytes(states), held_pids
         inv.events = events  # a walk cut short: nothing verified, the mount degraded
         inv.degraded = listing.degraded or ({} if listing.truncated else None)
         try:

@@ -32,31 +32,18 @@ CLASS_INDEX = {name: i for i, name in enumerate(CLASS_NAMES)}
 
 
 class Listing:
-    """One mount's listing, kept and updated run after run: a walk marks the rows it sees
-    with this walk's parity and drops the others after. Rows lent to an inventory are never
-    changed: the next change copies them first (the table only: keys and rows are shared)."""
+    """One mount's listing, kept and updated in place run after run: a walk marks the rows
+    it sees with this walk's parity and drops the others after."""
 
-    __slots__ = ("rows", "others", "truncated", "degraded", "parity", "lent")
+    __slots__ = ("rows", "others", "truncated", "degraded", "parity")
 
     def __init__(self) -> None:
         self.rows: Rows = {}
-        self.lent = False
         self.others: Dict[str, int] = {}
         self.truncated = False
         # class -> (count, allocated, apparent), once past the cap (rows then empty)
         self.degraded: Optional[Dict[str, Tuple[int, int, int]]] = None
         self.parity = 0  # SEEN or 0: the bit the last walk set
-
-    def lend(self) -> Rows:
-        """The rows as they are, for an inventory to keep."""
-        self.lent = True
-        return self.rows
-
-    def own(self) -> Rows:
-        """The rows, to change: a copy when they are lent."""
-        if self.lent:
-            self.rows, self.lent = dict(self.rows), False
-        return self.rows
 
 
 def _update(listing: Listing, path: str, st: os.stat_result, events: Events) -> None:
@@ -89,11 +76,10 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
     events: Events = {}
     listing.parity ^= SEEN
     listing.others, listing.truncated, listing.degraded = {}, False, None
-    rows, others = listing.own(), listing.others
+    rows, others = listing.rows, listing.others
     linked: set = set()  # inodes with more than one name, seen
-    seen = files = (
-        0  # entries, and regular files, met by this walk (not rows gone since)
-    )
+    # Entries, and regular files, met by this walk (not rows gone since).
+    seen = files = 0
     stack: List[Tuple[str, ...]] = [()]  # sub-directories, as names below the root
     while stack and not listing.truncated:
         names = stack.pop()
@@ -196,7 +182,7 @@ def patch_listing(
     """Brings the listing up to date for the top-level names that changed (inotify watches
     the top directory only; a change below it re-lists). -> created and deleted."""
     events: Events = {}
-    rows = listing.own()
+    rows = listing.rows
     inodes: Optional[Dict[int, str]] = None  # made once, when a hard link asks
     for name in names:
         try:

@@ -234,8 +234,8 @@ class MountInventory:
     mount: str
     error: Optional[str] = None
     dev: int = 0
-    # Path below the mount -> row: the collector's listing as this run left it (its next change
-    # copies it first: an inventory kept stays whole, `states` in `listed`'s order).
+    # Path below the mount -> row: the collector's listing, updated in place by its next run
+    # (one copy of 100,000 rows, not two): read it, with `states`, before then.
     listed: Dict[str, int] = field(default_factory=dict)
     states: bytes = b""  # each listed row's index in STATES, in `listed`'s order
     held: Dict[int, Tuple[int, ...]] = field(default_factory=dict)  # inode -> pids
