@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from exporter.model.types import CgroupMemory
 from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_mount
-from exporter.host.paths import Paths, read_text
+from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from exporter.collectors import workload
 from exporter.collectors.host_memory import meminfo, usable_limit_flag
@@ -30,12 +30,20 @@ from exporter.collectors.source import BaseSource, register
 V1_UNLIMITED = 1 << 62
 
 
-def parse_flat_keyed(text: str) -> Dict[str, int]:
-    """'anon 123\\nfile 456' (memory.stat, memory.events, oom_control) -> dict; bad lines skipped."""
+# What read_files takes from memory.stat (v1's and v2's): the rest is not parsed.
+STAT_KEYS = frozenset(
+    "inactive_file shmem swap hierarchical_memory_limit total_inactive_file "
+    "total_shmem total_swap".split()
+)
+
+
+def parse_flat_keyed(text: str, keys=None) -> Dict[str, int]:
+    """'anon 123\\nfile 456' (memory.stat, memory.events, oom_control) -> dict, of `keys`
+    only when given; bad lines skipped."""
     values: Dict[str, int] = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 2:
+        if len(parts) == 2 and (keys is None or parts[0] in keys):
             try:
                 values[parts[0]] = int(parts[1])
             except ValueError:
@@ -51,10 +59,22 @@ def parse_limit(text: str) -> Optional[int]:
     return None if number >= V1_UNLIMITED else number
 
 
+def _read(directory: str, name: str) -> str:
+    """read_text's result at a third of its cost (a pass reads 1,000s of these files)."""
+    fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = [os.read(fd, 65536)]
+        while chunks[-1]:
+            chunks.append(os.read(fd, 65536))
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", "surrogateescape")
+
+
 def _read_keyed(directory: str, name: str) -> Dict[str, int]:
     """{} when the cgroup has no such file (a root, an older kernel)."""
     try:
-        return parse_flat_keyed(read_text(os.path.join(directory, name)))
+        return parse_flat_keyed(_read(directory, name))
     except FileNotFoundError:
         return {}
 
@@ -62,7 +82,7 @@ def _read_keyed(directory: str, name: str) -> Dict[str, int]:
 def _read_limit(directory: str, name: str) -> Optional[int]:
     """A one-number file; None: "max", or no such file (v2's root has no memory.max, no swap accounting)."""
     try:
-        return parse_limit(read_text(os.path.join(directory, name)))
+        return parse_limit(_read(directory, name))
     except FileNotFoundError:
         return None
 
@@ -103,10 +123,10 @@ def read_files(
 ) -> Dict[str, object]:
     """A cgroup's usage, effective limit and where it binds, working set, shmem, OOM kills,
     memory.high, memory events and swap: CgroupMemory's fields by name."""
-    stat = parse_flat_keyed(read_text(os.path.join(directory, "memory.stat")))
+    stat = parse_flat_keyed(_read(directory, "memory.stat"), STAT_KEYS)
     limit, where = effective_limit(directory, version, above)
     if version == 2:
-        usage = int(read_text(os.path.join(directory, "memory.current")))
+        usage = int(_read(directory, "memory.current"))
         events = _read_keyed(directory, "memory.events")
         inactive, shmem = stat.get("inactive_file", 0), stat.get("shmem")
         high = _read_limit(directory, "memory.high")
@@ -115,7 +135,7 @@ def read_files(
             swap = _read_limit(directory, "memory.swap.current")
             swap_limit = _read_limit(directory, "memory.swap.max")
     else:
-        usage = int(read_text(os.path.join(directory, "memory.usage_in_bytes")))
+        usage = int(_read(directory, "memory.usage_in_bytes"))
         # Above what this namespace mounts, memory.stat still knows the tightest limit.
         hierarchical = stat.get("hierarchical_memory_limit", V1_UNLIMITED)
         if hierarchical < V1_UNLIMITED and (limit is None or hierarchical < limit):
