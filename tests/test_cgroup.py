@@ -300,3 +300,44 @@ def test_node_mode_walks_the_pod_cgroups_again_only_when_it_must(tmp_path, monke
                 remove_cgroup(os.path.join(base, f"pod{uid}"))
         for d in reversed(made):
             os.rmdir(d)
+
+
+@needs_root
+def test_a_v1_pods_containers_are_followed_without_listing_them_every_run(monkeypatch):
+    """Node mode lists a v1 pod's container cgroups again only when its link count or a
+    container gone says they changed: a container added, or one replaced by another (the
+    count unchanged), is in the very next read."""
+    if not os.path.exists(os.path.join(V1_ROOT, "memory.oom_control")):
+        prerequisite_missing(f"no cgroup v1 memory controller at {V1_ROOT}")
+    uid = str(uuid.uuid4())
+    pod = os.path.join(V1_ROOT, f"shmwatch-test-pod{uid}")
+    made = []
+    listings = []
+    scandir = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda path: listings.append(path) or scandir(path))
+    collector = CgroupCollector(Paths(), node_mode=True)
+
+    def containers():
+        path = f"/shmwatch-test-pod{uid}"
+        return [name for name, _ in collector.read(path, 1, pod, uid).child_oom_kills]
+
+    def add(name):
+        os.mkdir(os.path.join(pod, name))
+        made.append(os.path.join(pod, name))
+
+    try:
+        os.mkdir(pod)
+        add("a")
+        assert containers() == [f"/shmwatch-test-pod{uid}/a"] and len(listings) == 1
+        assert containers() == [f"/shmwatch-test-pod{uid}/a"] and len(listings) == 1  # not listed again
+        add("b")
+        assert containers() == [f"/shmwatch-test-pod{uid}/a", f"/shmwatch-test-pod{uid}/b"]
+        remove_cgroup(os.path.join(pod, "a"))
+        add("c")  # as many containers as before
+        assert containers() == [f"/shmwatch-test-pod{uid}/b", f"/shmwatch-test-pod{uid}/c"]
+        assert containers() == [f"/shmwatch-test-pod{uid}/b", f"/shmwatch-test-pod{uid}/c"]
+        assert len(listings) == 3
+    finally:
+        for path in reversed(made):
+            remove_cgroup(path)
+        remove_cgroup(pod)

@@ -16,6 +16,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from exporter.model.types import CgroupMemory
+from exporter.host.cgroupfs import effective_limit, read_files, read_keyed
 from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_mount
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
@@ -23,147 +24,6 @@ from exporter.collectors import workload
 from exporter.collectors.host_memory import meminfo, usable_limit_flag
 from exporter.collectors.workload import HIERARCHIES
 from exporter.collectors.source import BaseSource, register
-
-
-# cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 bytes
-# with 4 KiB pages); anything this large is not a real limit.
-V1_UNLIMITED = 1 << 62
-
-
-# What read_files takes from memory.stat (v1's and v2's): the rest is not parsed.
-STAT_KEYS = frozenset(
-    "inactive_file shmem swap hierarchical_memory_limit total_inactive_file "
-    "total_shmem total_swap".split()
-)
-
-
-def parse_flat_keyed(text: str, keys=None) -> Dict[str, int]:
-    """'anon 123\\nfile 456' (memory.stat, memory.events, oom_control) -> dict, of `keys`
-    only when given; bad lines skipped."""
-    values: Dict[str, int] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and (keys is None or parts[0] in keys):
-            try:
-                values[parts[0]] = int(parts[1])
-            except ValueError:
-                continue
-    return values
-
-
-def parse_limit(text: str) -> Optional[int]:
-    value = text.strip()
-    if value == "max":
-        return None
-    number = int(value)
-    return None if number >= V1_UNLIMITED else number
-
-
-def _read(directory: str, name: str) -> str:
-    """read_text's result at a third of its cost (a pass reads 1,000s of these files)."""
-    fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = [os.read(fd, 65536)]
-        while chunks[-1]:
-            chunks.append(os.read(fd, 65536))
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode("utf-8", "surrogateescape")
-
-
-def _read_keyed(directory: str, name: str) -> Dict[str, int]:
-    """{} when the cgroup has no such file (a root, an older kernel)."""
-    try:
-        return parse_flat_keyed(_read(directory, name))
-    except FileNotFoundError:
-        return {}
-
-
-def _read_limit(directory: str, name: str) -> Optional[int]:
-    """A one-number file; None: "max", or no such file (v2's root has no memory.max, no swap accounting)."""
-    try:
-        return parse_limit(_read(directory, name))
-    except FileNotFoundError:
-        return None
-
-
-def _ancestors(level: str, name: str, above: Dict[str, list]) -> list:
-    """(directory, limit) of each cgroup above `level` up to the top of what is mounted,
-    memoized in `above` (node mode's pods share their QoS slices: read once a pass)."""
-    parent = os.path.dirname(level)
-    if parent not in above:
-        top = parent == level or not os.path.exists(os.path.join(parent, name))
-        above[parent] = [] if top else [(parent, _read_limit(parent, name))]
-        above[parent] += [] if top else _ancestors(parent, name, above)
-    return above[parent]
-
-
-def effective_limit(
-    directory: str, version: int, above: Optional[Dict[str, list]] = None
-) -> Tuple[Optional[int], str]:
-    """The smallest limit from the cgroup up, as the kernel enforces it (v2 has no
-    hierarchical_memory_limit; a pod-level limit, KEP-2837, is on the pod's cgroup alone),
-    and where it binds: "pod" (a pod's cgroup), "self", "ancestor", or "none" (of equal
-    limits, the outermost: a container as tight as its pod is read as the pod)."""
-    name = "memory.max" if version == 2 else "memory.limit_in_bytes"
-    best, where = None, "none"
-    chain = _ancestors(directory, name, {} if above is None else above)
-    for level, limit in [(directory, _read_limit(directory, name)), *chain]:
-        if limit is not None and (best is None or limit <= best):
-            best, where = limit, "ancestor"
-            if POD_CGROUP_DIR.search(os.path.basename(level)):
-                where = "pod"
-            elif level == directory:
-                where = "self"
-    return best, where
-
-
-def read_files(
-    directory: str, version: int, above=None, with_swap: bool = True
-) -> Dict[str, object]:
-    """A cgroup's usage, effective limit and where it binds, working set, shmem, OOM kills,
-    memory.high, memory events and swap: CgroupMemory's fields by name."""
-    stat = parse_flat_keyed(_read(directory, "memory.stat"), STAT_KEYS)
-    limit, where = effective_limit(directory, version, above)
-    if version == 2:
-        usage = int(_read(directory, "memory.current"))
-        events = _read_keyed(directory, "memory.events")
-        inactive, shmem = stat.get("inactive_file", 0), stat.get("shmem")
-        high = _read_limit(directory, "memory.high")
-        swap, swap_limit = None, None  # a node without swap: not read, not exported
-        if with_swap:
-            swap = _read_limit(directory, "memory.swap.current")
-            swap_limit = _read_limit(directory, "memory.swap.max")
-    else:
-        usage = int(_read(directory, "memory.usage_in_bytes"))
-        # Above what this namespace mounts, memory.stat still knows the tightest limit.
-        hierarchical = stat.get("hierarchical_memory_limit", V1_UNLIMITED)
-        if hierarchical < V1_UNLIMITED and (limit is None or hierarchical < limit):
-            limit, where = hierarchical, "ancestor"
-        oom = _read_keyed(directory, "memory.oom_control").get("oom_kill")
-        failcnt = _read_limit(
-            directory, "memory.failcnt"
-        )  # hits of the limit: v2's max
-        events = {
-            k: v for k, v in (("oom_kill", oom), ("max", failcnt)) if v is not None
-        }
-        # total_* fields include descendants (use_hierarchy, always on since 5.x).
-        inactive = stat.get("total_inactive_file", stat.get("inactive_file", 0))
-        shmem = stat.get("total_shmem", stat.get("shmem"))
-        high, swap_limit = None, None
-        swap = stat.get("total_swap", stat.get("swap"))
-    return dict(
-        usage_bytes=usage,
-        limit_bytes=limit,
-        limit_source=where,
-        working_set_bytes=max(0, usage - inactive),
-        shmem_bytes=shmem,
-        oom_kills=events.get("oom_kill"),
-        high_bytes=high,
-        events=tuple(sorted(events.items())),
-        swap_bytes=swap,
-        swap_limit_bytes=swap_limit,
-    )
 
 
 # Node mode lists the pod cgroups again this often (a pod with no shm volume shows up within
@@ -198,6 +58,7 @@ class CgroupCollector(BaseSource):
         # Node mode: the last walk's pod cgroups, and when it was made.
         self._listed: Optional[List[Tuple[str, int, str, str]]] = None
         self._walked_at = float("-inf")
+        self._children: Dict[str, List[str]] = {}  # v1: a pod's containers, by walk
 
     @property
     def stretches(self) -> bool:
@@ -278,19 +139,10 @@ class CgroupCollector(BaseSource):
     def estimate(self, processes) -> CgroupMemory:
         """The workload's charge from what it has resident and what it wrote to shm."""
         shm = workload.shm_used(self.paths, self.mounts())
-        working_set = workload.resident(self.table, processes) + shm
-        limit = self.limit_override
+        ws, limit = workload.resident(self.table, processes) + shm, self.limit_override
+        flag = "flag" if limit is not None else "none"
         return CgroupMemory(
-            workload.ESTIMATE_CGROUP,
-            0,
-            working_set,
-            limit,
-            working_set,
-            shm,
-            None,
-            "flag" if limit is not None else "none",
-            "",
-            estimated=True,
+            workload.ESTIMATE_CGROUP, 0, ws, limit, ws, shm, None, flag, estimated=True
         )
 
     def pod_cgroups(self) -> List[Tuple[str, int, str, str]]:
@@ -330,7 +182,7 @@ class CgroupCollector(BaseSource):
         )
         if self._listed is None or now - self._walked_at > REWALK_SECONDS or missing:
             self._listed = self.pod_cgroups()
-            self._walked_at = now
+            self._walked_at, self._children = now, {}
         found = self.read_pods(self._listed)
         if len(found) < len(self._listed):  # a pod went away (or cannot be read)
             self._listed = None  # list again next time
@@ -357,9 +209,8 @@ class CgroupCollector(BaseSource):
         flag, limit = self.limit_override, fields["limit_bytes"]
         if flag is not None and not pod_uid and (limit is None or flag < limit):
             fields.update(limit_bytes=flag, limit_source="flag")
-        children = ()
-        if pod_uid and version == 1:
-            children = self._child_oom_kills(path, directory)
+        v1_pod = pod_uid and version == 1
+        children = self._child_oom_kills(path, directory) if v1_pod else ()
         return CgroupMemory(
             path, version, pod_uid=pod_uid, child_oom_kills=children, **fields
         )
@@ -379,20 +230,31 @@ class CgroupCollector(BaseSource):
                 return (up, version, above) if readable else (path, version, directory)
         return path, version, directory
 
-    @staticmethod
-    def _child_oom_kills(path: str, directory: str) -> Tuple[Tuple[str, int], ...]:
-        """The OOM kill counts of a v1 pod cgroup's containers (one level down), as they are now."""
-        found = []
+    def _child_oom_kills(
+        self, path: str, directory: str, fresh: bool = False
+    ) -> Tuple[Tuple[str, int], ...]:
+        """The OOM kill counts of a v1 pod cgroup's containers (one level down), as they are
+        now. They are listed again only when the pod's link count (2 + its subdirectories, on
+        cgroupfs) or a container gone says they changed: listing costs more than reading."""
+        names = None if fresh else self._children.get(directory)
         try:
-            for entry in os.scandir(directory):
-                if entry.is_dir(follow_symlinks=False):
-                    count = _read_keyed(entry.path, "memory.oom_control").get(
-                        "oom_kill"
-                    )
-                    if count is not None:
-                        found.append((path.rstrip("/") + "/" + entry.name, count))
+            if names is None or os.stat(directory).st_nlink != len(names) + 2:
+                entries = os.scandir(directory)
+                names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+                fresh = True
         except OSError:
-            pass  # gone already: the pod's own count stands
+            return ()  # gone already: the pod's own count stands
+        self._children[directory] = names
+        found = []
+        for name in names:
+            try:
+                oom = read_keyed(os.path.join(directory, name), "memory.oom_control")
+            except OSError:
+                oom = {}  # being removed (ENODEV)
+            if "oom_kill" in oom:
+                found.append((path.rstrip("/") + "/" + name, oom["oom_kill"]))
+            elif not fresh:  # gone since listed: list again
+                return self._child_oom_kills(path, directory, fresh=True)
         return tuple(sorted(found))
 
 
