@@ -38,18 +38,19 @@ class ShmMountCollector(BaseSource):
         # The mounts inotify saw change since the last call: a quick run measures those.
         self.touched = touched or (lambda: None)
         self._warned: Dict[str, str] = {}
-        self._polled = (
-            False  # the table was read once (quick runs reuse the last poll's)
-        )
+        # The table was read once (quick runs reuse the last poll's).
+        self._polled = False
         self._last: Dict[str, MountUsage] = {}  # for quick runs
         self._table = MountTable(paths)
+        # Each mount's instance while the table stays the same: the same mounts (a statx each).
+        self._instances: Dict[str, tuple] = {}
 
     def _warn_once(self, mount: str, message: str) -> None:
         if self._warned.get(mount) != message:
             self._warned[mount] = message
             log.warning("mount %s: %s", mount, message)
 
-    def measure_one(self, mount: str) -> MountUsage:
+    def measure_one(self, mount: str, quick: bool = False) -> MountUsage:
         if self._table.gone(mount):  # unmounted: the disk beneath is not measured
             self._warn_once(mount, "is not a mount point (unmounted?): not measured")
             return MountUsage(mount, "unknown", "", False, error="not a mount point")
@@ -58,8 +59,13 @@ class ShmMountCollector(BaseSource):
         source = entry.source if entry else ""
         is_point = self._table.mounted_at(mount) is not None
         # Which mount this is: a new one at the path starts its peaks afresh (model/state.py).
-        unique = unique_mount_id(self.paths.host(mount)) if is_point else None
-        instance = (entry.device, entry.mount_id, unique) if is_point else ()
+        instance = self._instances.get(mount, ()) if is_point and not quick else ()
+        if (
+            is_point and not instance
+        ):  # a quick run's table may be out of date: asked anew
+            unique = unique_mount_id(self.paths.host(mount))
+            instance = (entry.device, entry.mount_id, unique)
+            self._instances[mount] = () if quick else instance
         try:
             st = self.statvfs(self.paths.host(mount))
         except OSError as err:
@@ -91,7 +97,8 @@ class ShmMountCollector(BaseSource):
         )
 
     def collect(self) -> List[MountUsage]:
-        self._table.refresh()  # read when the table changed, not per mount
+        if self._table.refresh():  # read when the table changed, not per mount
+            self._instances = {}
         self._polled = True
         mounts = self.mounts()
         # Node mode: a deleted pod's warning is not kept forever.
@@ -119,7 +126,7 @@ class ShmMountCollector(BaseSource):
             ):
                 usages.append(last)
             else:
-                usages.append(self.measure_one(mount))
+                usages.append(self.measure_one(mount, quick))
         self._last = {u.mount: u for u in usages}
         return usages
 
