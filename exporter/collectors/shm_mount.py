@@ -38,8 +38,7 @@ class ShmMountCollector(BaseSource):
         # The mounts inotify saw change since the last call: a quick run measures those.
         self.touched = touched or (lambda: None)
         self._warned: Dict[str, str] = {}
-        # The table was read once (quick runs reuse the last poll's).
-        self._polled = False
+        self._polled = False  # the table was read (quick runs reuse the last poll's)
         self._last: Dict[str, MountUsage] = {}  # for quick runs
         self._table = MountTable(paths)
         # Each mount's instance while the table stays the same: the same mounts (a statx each).
@@ -117,16 +116,10 @@ class ShmMountCollector(BaseSource):
         touched = self.touched()  # drained on every run: all measured now
         usages = []
         for mount in mounts:
-            last = self._last.get(mount)
-            if (
-                quick
-                and touched is not None
-                and mount not in touched
-                and last is not None
-            ):
-                usages.append(last)
-            else:
-                usages.append(self.measure_one(mount, quick))
+            last = self._last.get(mount)  # a dataclass: true
+            if not (quick and touched is not None and mount not in touched and last):
+                last = self.measure_one(mount, quick)
+            usages.append(last)
         self._last = {u.mount: u for u in usages}
         return usages
 
