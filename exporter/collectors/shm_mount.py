@@ -57,11 +57,10 @@ class ShmMountCollector(BaseSource):
         fstype = entry.fstype if entry else "unknown"
         source = entry.source if entry else ""
         is_point = self._table.mounted_at(mount) is not None
-        # Which mount this is: a new one at the path starts its peaks afresh (model/state.py).
+        # Which mount this is: a new one at the path starts its peaks afresh (model/state.py);
+        # asked anew in a quick run, whose table may be out of date.
         instance = self._instances.get(mount, ()) if is_point and not quick else ()
-        if (
-            is_point and not instance
-        ):  # a quick run's table may be out of date: asked anew
+        if is_point and not instance:
             unique = unique_mount_id(self.paths.host(mount))
             instance = (entry.device, entry.mount_id, unique)
             self._instances[mount] = () if quick else instance
