@@ -50,13 +50,14 @@ class ShmMountCollector(BaseSource):
             log.warning("mount %s: %s", mount, message)
 
     def measure_one(self, mount: str, quick: bool = False) -> MountUsage:
-        if self._table.gone(mount):  # unmounted: the disk beneath is not measured
+        entry = self._table.mounted_at(mount)
+        is_point = entry is not None
+        if not is_point and self._table.gone(mount):  # the disk beneath is not measured
             self._warn_once(mount, "is not a mount point (unmounted?): not measured")
             return MountUsage(mount, "unknown", "", False, error="not a mount point")
-        entry = self._table.index.find(mount)
+        entry = entry or self._table.index.find(mount)
         fstype = entry.fstype if entry else "unknown"
         source = entry.source if entry else ""
-        is_point = self._table.mounted_at(mount) is not None
         # Which mount this is: a new one at the path starts its peaks afresh (model/state.py);
         # asked anew in a quick run, whose table may be out of date.
         instance = self._instances.get(mount, ()) if is_point and not quick else ()
