@@ -26,10 +26,18 @@ from exporter.collectors.workload import HIERARCHIES
 from exporter.collectors.source import BaseSource, register
 
 
-# Node mode lists the pod cgroups again this often (a pod with no shm volume shows up within
-# it); a pod whose shm mount discovery found but which is not listed asks sooner.
-REWALK_SECONDS = 10.0
+# Node mode lists the pod cgroups again when a directory above them gained or lost one (its
+# link count: 2 + its subdirectories), a listed one went away, or, this long apart at most,
+# a pod whose shm mount discovery found is not listed.
 MISSING_REWALK_SECONDS = 2.0
+
+
+def _links(directory: str) -> Optional[int]:
+    """A directory's link count: 2 + its subdirectories (on cgroupfs too); None: not there."""
+    try:
+        return os.stat(directory).st_nlink
+    except OSError:
+        return None
 
 
 class CgroupCollector(BaseSource):
@@ -58,6 +66,7 @@ class CgroupCollector(BaseSource):
         # Node mode: the last walk's pod cgroups, and when it was made.
         self._listed: Optional[List[Tuple[str, int, str, str]]] = None
         self._walked_at = float("-inf")
+        self._above: Dict[str, Optional[int]] = {}
         self._children: Dict[str, List[str]] = {}  # v1: a pod's containers, by walk
 
     @property
@@ -149,13 +158,12 @@ class CgroupCollector(BaseSource):
         """Every pod's memory cgroup on the host -> [(path, version, directory, pod uid)],
         under either cgroup driver (kube.POD_CGROUP_DIR), on v1 and v2."""
         root = self.paths.sys("fs", "cgroup")
-        found = []
+        found, self._above = [], {}  # each directory walked into: its links as listed
         for below_root, version, marker in HIERARCHIES:
             base = os.path.join(root, below_root)
             for top in POD_CGROUP_ROOTS:
                 start = os.path.join(base, top)
-                if not os.path.isdir(start):
-                    continue
+                self._above[start] = None  # not there (a start made later has links)
                 for directory, subdirs, files in os.walk(start):
                     depth = directory[len(start) :].count(os.sep)
                     match = POD_CGROUP_DIR.search(os.path.basename(directory))
@@ -166,6 +174,8 @@ class CgroupCollector(BaseSource):
                         subdirs[:] = []  # containers below the pod are not pods
                     elif depth >= 2:
                         subdirs[:] = []
+                    else:
+                        self._above[directory] = 2 + len(subdirs)
             if found:
                 break  # one hierarchy holds the memory controller
         return sorted(found)
@@ -175,12 +185,10 @@ class CgroupCollector(BaseSource):
         run: walking 200 pods' cgroup trees costs more than reading them."""
         now = time.monotonic()
         watched = {pod_uid_of_mount(m) for m in self.mounts()} - {""}
-        listed_uids = {uid for *_, uid in self._listed or ()}
-        missing = (
-            not watched <= listed_uids
-            and now - self._walked_at > MISSING_REWALK_SECONDS
-        )
-        if self._listed is None or now - self._walked_at > REWALK_SECONDS or missing:
+        missing = not watched <= {uid for *_, uid in self._listed or ()}
+        missing = missing and now - self._walked_at > MISSING_REWALK_SECONDS
+        made = any(_links(d) != n for d, n in self._above.items())  # or a pod removed
+        if self._listed is None or missing or made:
             self._listed = self.pod_cgroups()
             self._walked_at, self._children = now, {}
         found = self.read_pods(self._listed)
@@ -234,11 +242,10 @@ class CgroupCollector(BaseSource):
         self, path: str, directory: str, fresh: bool = False
     ) -> Tuple[Tuple[str, int], ...]:
         """The OOM kill counts of a v1 pod cgroup's containers (one level down), as they are
-        now. They are listed again only when the pod's link count (2 + its subdirectories, on
-        cgroupfs) or a container gone says they changed: listing costs more than reading."""
+        now; listed again when the pod's links or a container gone say they changed."""
         names = None if fresh else self._children.get(directory)
         try:
-            if names is None or os.stat(directory).st_nlink != len(names) + 2:
+            if names is None or _links(directory) != len(names) + 2:
                 entries = os.scandir(directory)
                 names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
                 fresh = True

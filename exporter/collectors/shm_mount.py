@@ -41,7 +41,7 @@ class ShmMountCollector(BaseSource):
         self._polled = False  # the table was read (quick runs reuse the last poll's)
         self._last: Dict[str, MountUsage] = {}  # for quick runs
         self._table = MountTable(paths)
-        # Each mount's instance while the table stays the same: the same mounts (a statx each).
+        # Each mount's instance (a statx) while the table is unchanged: the same mounts.
         self._instances: Dict[str, tuple] = {}
 
     def _warn_once(self, mount: str, message: str) -> None:
