@@ -75,9 +75,7 @@ class ShmMountCollector(BaseSource):
                 mount, fstype, source, is_point, error=reason, instance=instance
             )
         if fstype != "tmpfs" or not is_point:
-            where = (
-                "is not a mount point" if not is_point else f"is {fstype}, not tmpfs"
-            )
+            where = f"is {fstype}, not tmpfs" if is_point else "is not a mount point"
             self._warn_once(mount, f"{where}; reporting the filesystem that holds it")
         else:
             self._warned.pop(mount, None)

@@ -123,9 +123,8 @@ def read_files(
             limit, where = hierarchical, "ancestor"
         oom = read_keyed(directory, "memory.oom_control").get("oom_kill")
         failcnt = read_limit(directory, "memory.failcnt")  # hits of the limit: v2's max
-        events = {
-            k: v for k, v in (("oom_kill", oom), ("max", failcnt)) if v is not None
-        }
+        events = {"oom_kill": oom, "max": failcnt}
+        events = {k: v for k, v in events.items() if v is not None}
         # total_* fields include descendants (use_hierarchy, always on since 5.x).
         inactive = stat.get("total_inactive_file", stat.get("inactive_file", 0))
         shmem = stat.get("total_shmem", stat.get("shmem"))
