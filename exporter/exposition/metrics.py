@@ -10,11 +10,10 @@ import logging
 import threading
 from typing import Iterable, List
 
-from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from exporter import __version__
-from exporter.exposition.families import Families, Memo
+from exporter.exposition.families import Families, Family, Memo
 from exporter.model.summary import memfd_summary, owner_label
 from exporter.exposition.labels import clean
 from exporter.model.step import Model, ModelStep
@@ -30,10 +29,10 @@ class ModelCollector(Collector):
         self.memo = Memo()
         self._lock = threading.Lock()  # one render at a time: they share the memo
 
-    def describe(self) -> List[Metric]:
+    def describe(self) -> List[Family]:
         return []  # no auto-describe: registering must not trigger a collect
 
-    def collect(self) -> Iterable[Metric]:
+    def collect(self) -> Iterable[Family]:
         with self._lock:
             self.memo.next_render()
             model = self.step.current()
