@@ -235,7 +235,7 @@ def test_parts_reused_make_what_a_render_from_nothing_makes():
 
 
 def test_a_line_as_it_was_is_reused_and_a_moved_one_written_again():
-    """Memo.line: a sample whose family, label values and value are as in the last render
+    """Families.add: a sample whose family, label values and value are as in the last render
     gets that render's line, not one written again; one whose value moved gets its own."""
     from exporter.exposition.families import Families, Memo
 

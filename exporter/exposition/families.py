@@ -1,8 +1,7 @@
 """Metric families from the catalogue as the sample lines prometheus_client's text format
-writes (the same lines serve OpenMetrics 1.0.0: legacy names, no timestamps), so a body is
-the lines joined (render.py). Between two renders most of a node's mounts and cgroups are as
-they were: `Families.parts_of` adds again the lines each added, while its inputs are equal
-(`Memo`).
+writes (the same lines serve OpenMetrics 1.0.0: legacy names, no timestamps): a body is the
+lines joined (render.py). Most of a node's mounts and cgroups are as they were in the last
+render: `Families.parts_of` adds again what each added while its inputs are equal (`Memo`).
 """
 
 from __future__ import annotations
@@ -23,13 +22,11 @@ class Shape:
     mode adds last), and the template of its lines, which takes label values in that order
     and writes them sorted by name, as generate_latest does."""
 
-    def __init__(
-        self, sample_name: str, names: Sequence[str], kind="gauge", doc="", added=()
-    ):
+    def __init__(self, sample_name, names, kind="gauge", doc="", added=()):
         self.sample_name, self.labelnames, self.type = sample_name, tuple(names), kind
         # prometheus_client names a counter's family without the _total of its samples
         self.name = sample_name[: -len("_total")] if kind == "counter" else sample_name
-        self.documentation, self.added = doc, tuple(added)
+        self.documentation, self.added, self.unit = doc, tuple(added), ""
         self.order = sorted(range(len(names)), key=names.__getitem__)
         pairs = ",".join(f'{names[i]}="%s"' for i in self.order)
         self.template = sample_name + ("{" + pairs + "}" if names else "") + " %s\n"
@@ -51,19 +48,12 @@ def shape(name: str, node_mode: bool) -> Shape:
     return Shape(name, entry.labels + added, entry.type, entry.help, added)
 
 
-class Family:
-    """One family's lines, and (for prometheus_client's registry and its other encoders) its
-    samples as a scraper reads them from those lines."""
-
-    unit = ""
+class Family(Shape):
+    """A Shape with one render's lines; its samples (for prometheus_client's registry and its
+    other encoders) are read back from those lines, as a scraper reads them."""
 
     def __init__(self, form: Shape, lines: List[str]):
-        self.name, self.type, self.documentation = (
-            form.name,
-            form.type,
-            form.documentation,
-        )
-        self.sample_name, self.lines = form.sample_name, lines
+        vars(self).update(vars(form), lines=lines)
 
     @property
     def samples(self):
@@ -86,12 +76,6 @@ class Memo:
         self.last, self.now = self.now, {}
         self.lines_last, self.lines = self.lines, {}
 
-    def line(self, form: Shape, labels: Sequence[str], value: float) -> str:
-        key = (form.sample_name, *labels, value)
-        line = self.lines_last.get(key) or form.line(labels, value)
-        self.lines[key] = line
-        return line
-
 
 class Families:
     """Lines by family name, in the order they were first added. The labels node mode adds
@@ -109,7 +93,10 @@ class Families:
         if form.added:
             given = {**self.labels, **extra} if extra else self.labels
             labels = (*labels, *[given.get(k, "") for k in form.added])
-        self.parts.setdefault(name, []).append(self.memo.line(form, labels, value))
+        key = (name, *labels, value)
+        line = self.memo.lines_last.get(key) or form.line(labels, value)
+        self.parts.setdefault(name, []).append(line)
+        self.memo.lines[key] = line
 
     def parts_of(self, make: Callable, rows: Iterable[tuple]) -> None:
         """For each row (key, labels, *inputs), what `make(child, *inputs)` adds to a child

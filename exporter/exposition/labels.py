@@ -6,7 +6,6 @@ capped so one hostile name cannot bloat every scrape.
 
 from __future__ import annotations
 
-import functools
 import re
 
 MAX_LABEL_CHARS = 128
@@ -22,7 +21,3 @@ def clean(value: "str | bytes", limit: int = MAX_LABEL_CHARS) -> str:
     if len(text) > limit:
         text = text[: limit - 1] + "\u2026"
     return text
-
-
-# What a render labels with: every render asks again for the same names.
-cleaned = functools.lru_cache(maxsize=1 << 14)(clean)

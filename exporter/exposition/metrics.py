@@ -6,6 +6,7 @@ marks it failed, not the scrape.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import Iterable, List
@@ -15,10 +16,12 @@ from prometheus_client.registry import Collector
 from exporter import __version__
 from exporter.exposition.families import Families, Family, Memo
 from exporter.model.summary import memfd_summary, owner_label
-from exporter.exposition.labels import cleaned
+from exporter.exposition.labels import clean as clean_label
 from exporter.model.step import Model, ModelStep
 
 log = logging.getLogger(__name__)
+# Every render asks again for the same names' label values.
+clean = functools.lru_cache(maxsize=1 << 14)(clean_label)
 
 
 class ModelCollector(Collector):
@@ -84,9 +87,7 @@ class ModelCollector(Collector):
     @staticmethod
     def _one_mount_usage(out: Families, m, peak, max_used, max_used_at) -> None:
         noswap = "true" if m.noswap else "false"
-        out.add(
-            "shmwatch_mount_info", [m.mount, m.fstype, cleaned(m.source), noswap], 1
-        )
+        out.add("shmwatch_mount_info", [m.mount, m.fstype, clean(m.source), noswap], 1)
         out.add("shmwatch_mount_error", [m.mount], 1 if m.error else 0)
         if m.error:
             return
@@ -142,7 +143,7 @@ class ModelCollector(Collector):
             out.add("shmwatch_memfd_regions", [cls], count)
             out.add("shmwatch_memfd_bytes", [cls], allocated)
         for pid, size in top:
-            labels = [str(pid), cleaned(inv.comms.get(pid, "unknown"))]
+            labels = [str(pid), clean(inv.comms.get(pid, "unknown"))]
             pod = {"process_pod_uid": inv.pods.get(pid, "")}
             out.add("shmwatch_process_memfd_bytes", labels, size, pod)
 
@@ -155,15 +156,15 @@ class ModelCollector(Collector):
             out.add("shmwatch_segment_apparent_bytes", [mount, cls, state], apparent)
         seen = set()
         for seg in summary.top:
-            name = cleaned(seg.name)
+            name = clean(seg.name)
             if (name, seg.state) in seen:  # two names that clean to the same text
                 name = f"{name} (inode {seg.key[1]})"
             seen.add((name, seg.state))
-            owner = cleaned(owner_label(seg.holders, comms))
+            owner = clean(owner_label(seg.holders, comms))
             labels = [mount, name, seg.cls, seg.state, owner]
             out.add("shmwatch_top_segment_bytes", labels, seg.allocated_bytes)
         for pid, size in summary.top_processes:
-            labels = [mount, str(pid), cleaned(comms[pid])]
+            labels = [mount, str(pid), clean(comms[pid])]
             process_pod = {"process_pod_uid": pods[pid]}
             out.add("shmwatch_process_shm_bytes", labels, size, process_pod)
 
@@ -211,12 +212,12 @@ class ModelCollector(Collector):
             unexplained = model.shmem_unexplained.get(c.cgroup)
             if unexplained is not None:
                 name, pod = "shmwatch_cgroup_memory_shmem_unexplained_bytes", c.pod_uid
-                labels = [cleaned(c.cgroup, 256)]
+                labels = [clean(c.cgroup, 256)]
                 out.add(name, labels, unexplained, {"pod_uid": pod})
 
     @staticmethod
     def _one_cgroup(out: Families, cg) -> None:
-        label = [cleaned(cg.cgroup, 256)]
+        label = [clean(cg.cgroup, 256)]
         for name, value in (
             ("shmwatch_cgroup_memory_usage_bytes", cg.usage_bytes),
             ("shmwatch_cgroup_memory_working_set_bytes", cg.working_set_bytes),
@@ -238,8 +239,8 @@ class ModelCollector(Collector):
     def _gpu(self, model: Model, out: Families) -> None:
         gpus = model.gpu
         for d in gpus.devices:
-            ids = [d.gpu, cleaned(d.uuid)]
-            info = ids + [cleaned(d.name), cleaned(gpus.driver_version)]
+            ids = [d.gpu, clean(d.uuid)]
+            info = ids + [clean(d.name), clean(gpus.driver_version)]
             out.add("shmwatch_gpu_info", info, 1)
             out.add("shmwatch_gpu_memory_total_bytes", ids, d.total_bytes)
             out.add("shmwatch_gpu_memory_used_bytes", ids, d.used_bytes)
@@ -247,7 +248,7 @@ class ModelCollector(Collector):
             if d.reserved_bytes is not None:
                 out.add("shmwatch_gpu_memory_reserved_bytes", ids, d.reserved_bytes)
             for p in d.processes:
-                labels = ids + [str(p.pid), cleaned(p.comm)]
+                labels = ids + [str(p.pid), clean(p.comm)]
                 out.add("shmwatch_gpu_process_memory_bytes", labels, p.used_bytes)
 
     # --- across sources --------------------------------------------------------------------
@@ -257,7 +258,7 @@ class ModelCollector(Collector):
             return
         for v in model.mounts:
             if v.budget is not None and v.budget.projection is not None:
-                labels = [v.mount, cleaned(v.cgroup.cgroup, 256)]
+                labels = [v.mount, clean(v.cgroup.cgroup, 256)]
                 ratio = v.budget.projection
                 out.add("shmwatch_shm_oom_projection_ratio", labels, ratio, v.labels)
             if v.budget is not None and v.budget_complete:
@@ -269,7 +270,7 @@ class ModelCollector(Collector):
     def _oom_kills(self, model: Model, out: Families) -> None:
         """From the model's counts, not the cgroup renderer: a pod's kills outlive its cgroup."""
         for c in model.oom_kills:
-            label, pod = [cleaned(c.cgroup, 256)], {"pod_uid": c.pod_uid}
+            label, pod = [clean(c.cgroup, 256)], {"pod_uid": c.pod_uid}
             out.add("shmwatch_cgroup_oom_kills_total", label, c.kills, pod)
 
     def _events(self, model: Model, out: Families) -> None:

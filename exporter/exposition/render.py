@@ -31,16 +31,11 @@ def joined_format(encoder: Callable) -> Optional[str]:
     """Whether joined lines make `encoder`'s body: "text", "openmetrics" or None."""
     func = getattr(encoder, "func", encoder)
     keywords = getattr(encoder, "keywords", None) or {}
-    if keywords.get("escaping", "underscores") not in LEGACY_SAFE_ESCAPINGS:
-        return None
-    if func is generate_latest:
-        return "text"
-    if (
-        func is openmetrics.generate_latest
-        and keywords.get("version", "1.0.0") == "1.0.0"
-    ):
-        return "openmetrics"
-    return None
+    kind = {generate_latest: "text", openmetrics.generate_latest: "openmetrics"}.get(
+        func
+    )
+    legacy = keywords.get("escaping", "underscores") in LEGACY_SAFE_ESCAPINGS
+    return kind if legacy and keywords.get("version", "1.0.0") == "1.0.0" else None
 
 
 def encode(metrics: List[Family], encoder: Callable) -> bytes:
@@ -89,12 +84,8 @@ class Exposition:
             key = (content_type, gzipped)
             body = None if names else self._bodies.get(key)
             if body is None:
-                chosen = [
-                    m
-                    for m in self._metrics
-                    if not names or m.name in names or m.sample_name in names
-                ]
-                body = encode(chosen, encoder)
+                chosen = [m for m in self._metrics if {m.name, m.sample_name} & names]
+                body = encode(chosen if names else self._metrics, encoder)
                 body = gzip.compress(body, GZIP_LEVEL) if gzipped else body
                 if not names and len(self._bodies) < MAX_BODIES:
                     self._bodies[key] = body
