@@ -18,7 +18,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.collectors.host_memory import HostMemoryCollector
-from exporter.exposition.families import Shape
+from exporter.exposition.families import Family, Shape
 from exporter.exposition.render import MAX_BODIES, Exposition, encode
 from exporter.host.paths import Paths
 from tests.conftest import FIXTURES, Exporter
@@ -107,7 +107,7 @@ class Slow:
         time.sleep(self.seconds)
         if self.failing:
             raise RuntimeError("broken render")
-        yield GaugeMetricFamily("m_bytes", "doc", value=self.calls)
+        yield Family(Shape("m_bytes", [], doc="doc"), [f"m_bytes {float(self.calls)}\n"])
 
 
 def test_concurrent_scrapes_of_one_version_render_once():

@@ -232,3 +232,25 @@ def test_parts_reused_make_what_a_render_from_nothing_makes():
     del mounts[0]
     assert render(mounts, memo) == fresh(mounts)
     assert ("usage", "/m/000") not in memo.now and len(memo.now) == 19
+
+
+def test_a_line_as_it_was_is_reused_and_a_moved_one_written_again():
+    """Families.add: a sample whose family, label values and value are as in the last render
+    gets that render's line, not one written again; one whose value moved gets its own."""
+    from exporter.exposition.families import Families, Memo
+
+    def render(values, memo):
+        memo.next_render()
+        out = Families(node_mode=True, memo=memo, labels={"pod_uid": "p"})
+        for mount, value in values:
+            out.add("shmwatch_mount_used_bytes", [mount], value)
+        return out.parts["shmwatch_mount_used_bytes"]
+
+    memo = Memo()
+    values = [(f'/m/"{i}"', i) for i in range(5)]
+    first = render(values, memo)
+    values[2] = ('/m/"2"', 7)
+    second = render(values, memo)
+    assert [a is b for a, b in zip(first, second)] == [True, True, False, True, True]
+    assert second[2] == 'shmwatch_mount_used_bytes{container_id="",mount="/m/\\"2\\"",pod_uid="p",volume=""} 7.0\n'
+    assert second == render(values, Memo())  # as a render from nothing writes them

@@ -1,22 +1,20 @@
-"""Metric families from the catalogue, with each sample's line as prometheus_client's text
-format writes it (the same line serves OpenMetrics 1.0.0: legacy names, no timestamps), so
-a body is the lines joined (render.py). Between two renders most of a node's mounts and
-cgroups are as they were: `Families.parts_of` adds again what each added, while its inputs
-are equal (`Memo`).
+"""Metric families from the catalogue as the sample lines prometheus_client's text format
+writes (the same lines serve OpenMetrics 1.0.0: legacy names, no timestamps): a body is the
+lines joined (render.py). Most of a node's mounts and cgroups are as they were in the last
+render: `Families.parts_of` adds again what each added while its inputs are equal (`Memo`).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.samples import Sample
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from exporter.model.catalogue import lookup, node_labels
 
-Parts = Dict[str, Tuple[List[Sample], List[str]]]  # family name -> samples, their lines
+Parts = Dict[str, List[str]]  # family name -> the lines of its samples
 
 
 class Shape:
@@ -24,11 +22,11 @@ class Shape:
     mode adds last), and the template of its lines, which takes label values in that order
     and writes them sorted by name, as generate_latest does."""
 
-    def __init__(
-        self, sample_name: str, names: Sequence[str], kind=None, doc="", added=()
-    ):
-        self.sample_name, self.labelnames = sample_name, tuple(names)
-        self.kind, self.help, self.added = kind, doc, tuple(added)
+    def __init__(self, sample_name, names, kind="gauge", doc="", added=()):
+        self.sample_name, self.labelnames, self.type = sample_name, tuple(names), kind
+        # prometheus_client names a counter's family without the _total of its samples
+        self.name = sample_name[: -len("_total")] if kind == "counter" else sample_name
+        self.documentation, self.added, self.unit = doc, tuple(added), ""
         self.order = sorted(range(len(names)), key=names.__getitem__)
         pairs = ",".join(f'{names[i]}="%s"' for i in self.order)
         self.template = sample_name + ("{" + pairs + "}" if names else "") + " %s\n"
@@ -47,26 +45,42 @@ def shape(name: str, node_mode: bool) -> Shape:
     """The catalogue's family `name`, with the labels node mode adds when in node mode."""
     entry = lookup(name)  # a counter's samples are named as its entry is: *_total
     added = node_labels(entry) if node_mode else ()
-    kind = CounterMetricFamily if entry.type == "counter" else GaugeMetricFamily
-    return Shape(name, entry.labels + added, kind, entry.help, added)
+    return Shape(name, entry.labels + added, entry.type, entry.help, added)
+
+
+class Family(Shape):
+    """A Shape with one render's lines; its samples (for prometheus_client's registry and its
+    other encoders) are read back from those lines, as a scraper reads them."""
+
+    def __init__(self, form: Shape, lines: List[str]):
+        vars(self).update(vars(form), lines=lines)
+
+    @property
+    def samples(self):
+        text = "".join(self.lines)
+        return [s for f in text_string_to_metric_families(text) for s in f.samples]
 
 
 class Memo:
-    """What each part of the last render added, with the inputs it was made from. Only what
-    the current render used is kept for the next."""
+    """What each part of the last render added, with the inputs it was made from, and each
+    line it wrote, by family, label values and value (a -0.0 after a 0.0 is written 0.0: the
+    same value). Only what the current render used is kept for the next."""
 
     def __init__(self) -> None:
         self.last: Dict[tuple, tuple] = {}  # key -> (inputs, Parts)
         self.now: Dict[tuple, tuple] = {}
+        self.lines_last: Dict[tuple, str] = {}
+        self.lines: Dict[tuple, str] = {}
 
     def next_render(self) -> None:
         self.last, self.now = self.now, {}
+        self.lines_last, self.lines = self.lines, {}
 
 
 class Families:
-    """Samples and their lines by family name, in the order they were first added. The
-    labels node mode adds (catalogue.node_labels) come from `labels`, which every sample
-    added here carries where its family has them, and from a sample's own `extra`."""
+    """Lines by family name, in the order they were first added. The labels node mode adds
+    (catalogue.node_labels) come from `labels`, which every sample added here carries where
+    its family has them, and from a sample's own `extra`."""
 
     def __init__(self, node_mode=False, memo: Optional[Memo] = None, labels=None):
         self.node_mode = node_mode
@@ -79,10 +93,10 @@ class Families:
         if form.added:
             given = {**self.labels, **extra} if extra else self.labels
             labels = (*labels, *[given.get(k, "") for k in form.added])
-        parts = self.parts.setdefault(name, ([], []))
-        labelset = dict(zip(form.labelnames, labels))
-        parts[0].append(Sample(form.sample_name, labelset, value))
-        parts[1].append(form.line(labels, value))
+        key = (name, *labels, value)
+        line = self.memo.lines_last.get(key) or form.line(labels, value)
+        self.parts.setdefault(name, []).append(line)
+        self.memo.lines[key] = line
 
     def parts_of(self, make: Callable, rows: Iterable[tuple]) -> None:
         """For each row (key, labels, *inputs), what `make(child, *inputs)` adds to a child
@@ -98,15 +112,9 @@ class Families:
             self.merge(known[1])
 
     def merge(self, parts: Parts) -> None:
-        for name, (samples, lines) in parts.items():
-            mine = self.parts.setdefault(name, ([], []))
-            mine[0].extend(samples)
-            mine[1].extend(lines)
+        for name, lines in parts.items():
+            self.parts.setdefault(name, []).extend(lines)
 
-    def __iter__(self) -> Iterable[Metric]:
-        for name, (samples, lines) in self.parts.items():
-            form = shape(name, self.node_mode)
-            family = form.kind(name, form.help, labels=form.labelnames)
-            family.samples = samples
-            family.lines = lines  # read by render.encode
-            yield family
+    def __iter__(self) -> Iterable[Family]:
+        for name, lines in self.parts.items():
+            yield Family(shape(name, self.node_mode), lines)

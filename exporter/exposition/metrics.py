@@ -6,20 +6,22 @@ marks it failed, not the scrape.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import Iterable, List
 
-from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from exporter import __version__
-from exporter.exposition.families import Families, Memo
+from exporter.exposition.families import Families, Family, Memo
 from exporter.model.summary import memfd_summary, owner_label
-from exporter.exposition.labels import clean
+from exporter.exposition.labels import clean as clean_label
 from exporter.model.step import Model, ModelStep
 
 log = logging.getLogger(__name__)
+# Every render asks again for the same names' label values.
+clean = functools.lru_cache(maxsize=1 << 14)(clean_label)
 
 
 class ModelCollector(Collector):
@@ -30,10 +32,10 @@ class ModelCollector(Collector):
         self.memo = Memo()
         self._lock = threading.Lock()  # one render at a time: they share the memo
 
-    def describe(self) -> List[Metric]:
+    def describe(self) -> List[Family]:
         return []  # no auto-describe: registering must not trigger a collect
 
-    def collect(self) -> Iterable[Metric]:
+    def collect(self) -> Iterable[Family]:
         with self._lock:
             self.memo.next_render()
             model = self.step.current()

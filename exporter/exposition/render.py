@@ -12,10 +12,11 @@ from types import SimpleNamespace
 from typing import Callable, Dict, Hashable, List, Optional, Set, Tuple
 from urllib.parse import parse_qs
 
-from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder, generate_latest, gzip_accepted
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import CollectorRegistry
+
+from exporter.exposition.families import Family
 
 # Level 1 compresses a node's exposition 9x (level 6: 11x) in half level 6's time: a
 # DaemonSet's CPU is worth more than a fifth more bytes per scrape.
@@ -30,22 +31,17 @@ def joined_format(encoder: Callable) -> Optional[str]:
     """Whether joined lines make `encoder`'s body: "text", "openmetrics" or None."""
     func = getattr(encoder, "func", encoder)
     keywords = getattr(encoder, "keywords", None) or {}
-    if keywords.get("escaping", "underscores") not in LEGACY_SAFE_ESCAPINGS:
-        return None
-    if func is generate_latest:
-        return "text"
-    if (
-        func is openmetrics.generate_latest
-        and keywords.get("version", "1.0.0") == "1.0.0"
-    ):
-        return "openmetrics"
-    return None
+    kind = {generate_latest: "text", openmetrics.generate_latest: "openmetrics"}.get(
+        func
+    )
+    legacy = keywords.get("escaping", "underscores") in LEGACY_SAFE_ESCAPINGS
+    return kind if legacy and keywords.get("version", "1.0.0") == "1.0.0" else None
 
 
-def encode(metrics: List[Metric], encoder: Callable) -> bytes:
+def encode(metrics: List[Family], encoder: Callable) -> bytes:
     """The body `encoder` writes for `metrics`."""
     kind = joined_format(encoder)
-    if kind is None or not all(hasattr(m, "lines") for m in metrics):
+    if kind is None:
         return encoder(SimpleNamespace(collect=lambda: iter(metrics)))
     out: List[str] = []
     for metric in metrics:
@@ -71,7 +67,7 @@ class Exposition:
         self.renders = 0
         self._lock = threading.Lock()
         self._rendered = object()  # the version _metrics are of: none yet
-        self._metrics: List[Metric] = []
+        self._metrics: List[Family] = []
         self._bodies: Dict[Tuple[str, bool], bytes] = {}
 
     def body(
@@ -88,14 +84,8 @@ class Exposition:
             key = (content_type, gzipped)
             body = None if names else self._bodies.get(key)
             if body is None:
-                chosen = [
-                    m
-                    for m in self._metrics
-                    if not names
-                    or m.name in names
-                    or any(s.name in names for s in m.samples)
-                ]
-                body = encode(chosen, encoder)
+                chosen = [m for m in self._metrics if {m.name, m.sample_name} & names]
+                body = encode(chosen if names else self._metrics, encoder)
                 body = gzip.compress(body, GZIP_LEVEL) if gzipped else body
                 if not names and len(self._bodies) < MAX_BODIES:
                     self._bodies[key] = body
