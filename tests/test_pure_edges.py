@@ -80,6 +80,28 @@ def test_a_degraded_mount_counts_its_classes_as_unverified():
     assert summarise(MountInventory("/dev/shm", degraded={}), 5).degraded is True  # past the cap, all gone
 
 
+def test_past_the_listed_cap_the_largest_leaks_are_named_of_each_kind():
+    """Fifty (LISTED) named of the removable orphans, fifty of the others, fifty unverified:
+    the largest, largest first; the oldest orphan is the oldest removable one wherever it
+    comes in the listing."""
+    from exporter.model.summary import LISTED
+    from exporter.model.types import STATES
+    inv = MountInventory("/dev/shm")
+    listed, states, n = {}, bytearray(), LISTED + 10
+    for i in range(n):  # the smallest and the oldest first
+        for cls, state, prefix in (("torch", "orphan", "t"), ("other", "orphan", "o"), ("nccl", "unverified", "u")):
+            listed[f"{prefix}{i:03}"] = pack(CLASS_NAMES.index(cls), 0, len(listed) + 1, 1000 + i, i + 1, 512 * (i + 1))
+            states.append(STATES.index(state))
+    inv.listed, inv.states = listed, bytes(states)
+    s = summarise(inv, 3)
+    removable = [f"t{i:03}" for i in range(n - 1, n - 1 - LISTED, -1)]
+    others = [f"o{i:03}" for i in range(n - 1, n - 1 - LISTED, -1)]
+    assert [x.name for x in s.leaked] == [name for pair in zip(others, removable) for name in pair]
+    assert [x.name for x in s.unverified] == [f"u{i:03}" for i in range(n - 1, n - 1 - LISTED, -1)]
+    assert s.oldest_orphan_mtime == 1000
+    assert s.count(["orphan"]) == (2 * n, 2 * sum(512 * (i + 1) for i in range(n)))
+
+
 # --- the packed row ---------------------------------------------------------------------------
 def test_every_field_round_trips_at_its_width():
     """Each field at its widest, the others too, then alone: none spills into another."""
@@ -93,7 +115,7 @@ def test_every_field_round_trips_at_its_width():
     assert unpack(pack(5, 0, 0, 0, 0, 0)) == (5, 0, 0, 0, 0)
     assert pack(5, 0, 0, 0, 0, 0) & (KNOWN | SEEN) == 0
     # Clamped, not spilled: an mtime past 40 bits, before 1970, blocks past 48 bits.
-    assert unpack(pack(1, 0, 2, 1 << 41, 3, 4)) == (1, 2, mtime, 3 * 512, 4)
+    assert unpack(pack(1, 0, 2, 1 << 41, 2, 4)) == (1, 2, mtime, 2 * 512, 4)
     assert unpack(pack(1, 0, 2, -5.5, 3, 4)) == (1, 2, 0, 3 * 512, 4)
     assert unpack(pack(1, 0, 2, 6, 1 << 50, 4)) == (1, 2, 6, blocks * 512, 4)
 
@@ -136,12 +158,17 @@ def test_a_row_keeps_its_class_and_known_flag_while_it_is_the_same_inode(tmp_pat
     assert events == {}
     assert row & KNOWN and row & SEEN and CLASS_NAMES[row & 31] == "torch"
     assert unpack(row)[1:] == (st.st_ino, int(st.st_mtime), st.st_blocks * 512, 100)
+    listing.rows["nccl-shm-1"] = pack(CLASS_NAMES.index("ucx"), 0, st.st_ino, 12345, 77, 999)
+    _update(listing, "nccl-shm-1", st, events)  # not known stays not known; fields from lstat
+    assert listing.rows["nccl-shm-1"] == pack(CLASS_NAMES.index("ucx"), SEEN, st.st_ino, st.st_mtime, st.st_blocks, 100)
     listing.rows["nccl-shm-1"] = pack(CLASS_NAMES.index("torch"), KNOWN | SEEN, st.st_ino + 1, 0, 0, 0)
     listing.parity = 0
     _update(listing, "nccl-shm-1", st, events)
     row = listing.rows["nccl-shm-1"]
     assert events == {("torch", "deleted"): 1, ("nccl", "created"): 1}
     assert not row & KNOWN and not row & SEEN and CLASS_NAMES[row & 31] == "nccl"
+    _update(listing, "vader_segment.host.0.1", st, events)  # mpi: class 0, no stray bit
+    assert listing.rows["vader_segment.host.0.1"] == pack(CLASS_NAMES.index("mpi"), 0, st.st_ino, st.st_mtime, st.st_blocks, 100)
 
 
 # --- where a cgroup's limit binds -----------------------------------------------------------
@@ -184,6 +211,24 @@ def test_of_equal_limits_the_outermost_binds(tmp_path, version):
         above = {}
         assert effective_limit(ctr, version, above) == want, limits
         assert effective_limit(ctr, version, above) == want, limits  # from the memo
+        # A private cgroup namespace's own cgroup: "/", read at "/sys/fs/cgroup/".
+        assert effective_limit(ctr + "/", version) == want, limits
+
+
+def test_limits_are_read_up_to_the_top_of_the_hierarchy_and_once_a_pass(tmp_path):
+    """A limit file above a directory without one (above the hierarchy's root: the host's,
+    a fixture's) is not a cgroup's. The ancestors' limits are read once per pass (node mode's
+    pods share their QoS slices): a memo passed again gives what it read."""
+    with open(tmp_path / "memory.limit_in_bytes", "w") as f:
+        f.write("4096\n")
+    os.mkdir(tmp_path / "root")  # no limit file: the top
+    ctr = cgroup_tree(str(tmp_path / "root"), (None, None, GiB, 2 * GiB))
+    above = {}
+    assert effective_limit(ctr, 1, above) == (GiB, "pod")
+    with open(os.path.join(os.path.dirname(ctr), "memory.limit_in_bytes"), "w") as f:
+        f.write(f"{GiB // 2}\n")
+    assert effective_limit(ctr, 1, above) == (GiB, "pod")  # this pass's reading
+    assert effective_limit(ctr, 1) == (GiB // 2, "pod")  # the next pass's
 
 
 def test_a_container_as_tight_as_its_pod_is_charged_to_the_pod(tmp_path):
@@ -193,10 +238,16 @@ def test_a_container_as_tight_as_its_pod_is_charged_to_the_pod(tmp_path):
     pod = f"/kubepods/burstable/pod{UID}"
     own = cgroup_tree(str(tmp_path / "own"), (None, None, 2 * GiB, GiB))
     assert CgroupCollector.binding(cgroup, 1, own) == (cgroup, 1, own)
+    own2 = cgroup_tree(str(tmp_path / "own2"), (None, None, 2 * GiB, GiB), version=2)
+    assert CgroupCollector.binding(cgroup, 2, own2) == (cgroup, 2, own2)
+    assert CgroupCollector.binding(cgroup + "/", 1, own + "/") == (cgroup + "/", 1, own + "/")
     tie = cgroup_tree(str(tmp_path / "tie"), (None, None, GiB, GiB))
     assert CgroupCollector.binding(cgroup, 1, tie + "/") == (pod, 1, os.path.dirname(tie))
     none = cgroup_tree(str(tmp_path / "none"), (None, None, None, None))
     assert CgroupCollector.binding(cgroup, 1, none) == (pod, 1, os.path.dirname(none))
+    assert CgroupCollector.binding(cgroup + "/", 1, none) == (pod, 1, os.path.dirname(none))
+    # A cgroup namespace rooted at the QoS level: the pod is one level below its root.
+    assert CgroupCollector.binding(f"/pod{UID}/ctr", 1, none) == (f"/pod{UID}", 1, os.path.dirname(none))
     os.remove(os.path.join(os.path.dirname(tie), "memory.stat"))
     assert CgroupCollector.binding(cgroup, 1, tie) == (cgroup, 1, tie)  # the pod's unreadable
     outside = cgroup_tree(str(tmp_path / "outside"), (None, None, None, None))

@@ -64,7 +64,7 @@ def unheld_state(
     leaked one held at the last (`held_at_full`) or changed since its pod was read (`doubted`)."""
     unheld = "orphan" if complete else "unverified"
     if not (settled or full_dev == key[0] and row & KNOWN):
-        return "linked" if quick else unheld if settled else "unverified"
+        return "linked" if quick else "unverified"  # `settled` makes every row known
     at_full = doubted is None or name in doubted or key in held_at_full
     return "unverified" if at_full and not settled else unheld
 
