@@ -446,6 +446,23 @@ def test_the_peak_comes_from_the_best_source_that_has_it():
         prom.close()
 
 
+def test_require_shm_raises_every_recommendation():
+    """--require-shm is a floor wherever the peak comes from: a recorded peak, the current use
+    alone, or the current use above what was recorded."""
+    prom = Peers({"/a": [100 * MiB], "/d": [10 * MiB]}, {})
+    try:
+        views = [view(usage(GiB, 1 * MiB, m), max_used=mu) for m, mu in
+                 (("/a", 2 * MiB), ("/d", 12 * MiB), ("/f", None))]
+        wanted = extra(prom.url)
+        wanted.require_shm = 2 * GiB
+        recs, _ = recommendations(SimpleNamespace(mounts=views), wanted, soon())
+        got = {r.mount: (r.source, r.observed_peak_bytes, r.recommended_size_bytes) for r in recs}
+        assert got == {"/a": ("prometheus", 100 * MiB, 2 * GiB), "/d": ("current", 12 * MiB, 2 * GiB),
+                       "/f": ("current", 1 * MiB, 2 * GiB)}
+    finally:
+        prom.close()
+
+
 def test_a_source_that_fails_is_named_and_skipped():
     broken = Peers({"/a": [5 * MiB]}, {}, status="error")
     try:
