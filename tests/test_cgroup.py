@@ -265,8 +265,8 @@ def test_alone_in_a_container_no_cgroup_is_passed_off_as_the_workloads(tmp_path)
 @needs_root
 def test_node_mode_walks_the_pod_cgroups_again_only_when_it_must(tmp_path, monkeypatch):
     """The listing of pod cgroups is kept between polls (walking 200 pods' trees each second
-    cost more than reading them); a pod whose shm mount appeared, or one that went away,
-    makes the next poll walk again."""
+    cost more than reading them); a pod made (its parent's link count), a pod whose shm mount
+    appeared, or one that went away makes the next poll walk again."""
     from exporter.collectors import cgroup as cgroup_mod
     from exporter.host.paths import Paths
     if not os.path.exists(os.path.join(V1_ROOT, "memory.usage_in_bytes")):
@@ -284,19 +284,61 @@ def test_node_mode_walks_the_pod_cgroups_again_only_when_it_must(tmp_path, monke
         monkeypatch.setattr(collector, "pod_cgroups", lambda: walks.append(1) or walk())
         ours = lambda: sorted(c.pod_uid for c in collector.collect() if c.pod_uid in (first, later, quiet))  # noqa: E731
         assert ours() == [first] and len(walks) == 1
-        os.makedirs(os.path.join(base, f"pod{quiet}"))  # no shm volume: found by the periodic walk
-        assert ours() == [first] and len(walks) == 1, "walked again with nothing missing"
+        assert ours() == [first] and len(walks) == 1, "walked again with nothing changed"
+        os.makedirs(os.path.join(base, f"pod{quiet}"))  # no shm volume: found by burstable's links
+        assert ours() == sorted([first, quiet]) and len(walks) == 2
         os.makedirs(os.path.join(base, f"pod{later}"))
         mounts.append(f"/var/lib/kubelet/pods/{later}/volumes/kubernetes.io~empty-dir/dshm")
-        assert ours() == sorted([first, later, quiet]) and len(walks) == 2
-        assert len(walks) == 2 and ours() == sorted([first, later, quiet]) and len(walks) == 2
+        assert ours() == sorted([first, later, quiet]) and len(walks) == 3
+        assert len(walks) == 3 and ours() == sorted([first, later, quiet]) and len(walks) == 3
         remove_cgroup(os.path.join(base, f"pod{quiet}"))
         assert ours() == sorted([first, later])  # the read failed: left out, and listed afresh next
         ours()
-        assert len(walks) == 3
+        assert len(walks) == 4
     finally:
         for uid in (first, later, quiet):
             if os.path.isdir(os.path.join(base, f"pod{uid}")):
                 remove_cgroup(os.path.join(base, f"pod{uid}"))
         for d in reversed(made):
             os.rmdir(d)
+
+
+@needs_root
+def test_a_v1_pods_containers_are_followed_without_listing_them_every_run(monkeypatch):
+    """Node mode lists a v1 pod's container cgroups again only when its link count or a
+    container gone says they changed: a container added, or one replaced by another (the
+    count unchanged), is in the very next read."""
+    if not os.path.exists(os.path.join(V1_ROOT, "memory.oom_control")):
+        prerequisite_missing(f"no cgroup v1 memory controller at {V1_ROOT}")
+    uid = str(uuid.uuid4())
+    pod = os.path.join(V1_ROOT, f"shmwatch-test-pod{uid}")
+    made = []
+    listings = []
+    scandir = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda path: listings.append(path) or scandir(path))
+    collector = CgroupCollector(Paths(), node_mode=True)
+
+    def containers():
+        path = f"/shmwatch-test-pod{uid}"
+        return [name for name, _ in collector.read(path, 1, pod, uid).child_oom_kills]
+
+    def add(name):
+        os.mkdir(os.path.join(pod, name))
+        made.append(os.path.join(pod, name))
+
+    try:
+        os.mkdir(pod)
+        add("a")
+        assert containers() == [f"/shmwatch-test-pod{uid}/a"] and len(listings) == 1
+        assert containers() == [f"/shmwatch-test-pod{uid}/a"] and len(listings) == 1  # not listed again
+        add("b")
+        assert containers() == [f"/shmwatch-test-pod{uid}/a", f"/shmwatch-test-pod{uid}/b"]
+        remove_cgroup(os.path.join(pod, "a"))
+        add("c")  # as many containers as before
+        assert containers() == [f"/shmwatch-test-pod{uid}/b", f"/shmwatch-test-pod{uid}/c"]
+        assert containers() == [f"/shmwatch-test-pod{uid}/b", f"/shmwatch-test-pod{uid}/c"]
+        assert len(listings) == 3
+    finally:
+        for path in reversed(made):
+            remove_cgroup(path)
+        remove_cgroup(pod)

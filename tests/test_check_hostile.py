@@ -7,7 +7,6 @@ import json
 import os
 import re
 import resource
-import signal
 import socket
 import subprocess
 import sys
@@ -17,10 +16,10 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, mounted_tmpfs, needs_root, prerequisite_missing
+from tests.conftest import REPO, mounted_tmpfs, needs_root
 from tests.test_check import MEASURE, PASTED, peak_rss
 from tests.test_gpu import TWO_GPUS, config, gpu_env, stub_dir  # noqa: F401 - stub_dir: a fixture
-from tests.test_hung_fs import SERVER as FUSE_SERVER, wait_stopped
+from tests.test_hung_fs import HungFuse
 
 MiB = 1 << 20
 TIMEOUT = 3  # check's --timeout in these tests
@@ -340,37 +339,9 @@ def test_an_internal_error_exits_70_not_1(capsys):
 def test_a_log_on_a_hung_filesystem_does_not_outlast_the_timeout(tmp_path):
     """The log is on a FUSE filesystem whose server has stopped: stat() and read() of it never
     return. check reports it unread and exits on time."""
-    try:
-        import fuse  # noqa: F401 - fusepy, which needs libfuse2
-    except (ImportError, OSError, EnvironmentError) as err:
-        prerequisite_missing(f"fusepy (pip, test extras) and libfuse2 (apt, .ci/run) are needed: {err}")
-    if not os.path.exists("/dev/fuse"):
-        prerequisite_missing("/dev/fuse is missing: no FUSE in this kernel or container")
-    mnt = tmp_path / "logs"
-    mnt.mkdir()
-    script = tmp_path / "fuse_server.py"
-    script.write_text(FUSE_SERVER)
-    server = subprocess.Popen([sys.executable, str(script), str(mnt)], stderr=subprocess.PIPE)
-    stopped = False
-    try:
-        deadline = time.monotonic() + 10
-        while not os.path.ismount(mnt):
-            assert server.poll() is None, server.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "the FUSE server did not mount"
-            time.sleep(0.05)
-        os.kill(server.pid, signal.SIGSTOP)  # the server stops answering
-        stopped = True
-        wait_stopped(server.pid)
-        result, elapsed = run(f"--log={mnt / 'weights.bin'}", f"--timeout={TIMEOUT}")
-    finally:
-        if stopped:
-            os.kill(server.pid, signal.SIGCONT)
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+    with HungFuse(tmp_path, tmp_path / "logs") as fuse:
+        fuse.stop()
+        result, elapsed = run(f"--log={fuse.mnt / 'weights.bin'}", f"--timeout={TIMEOUT}")
     quick(result, elapsed)
     assert "not read within --timeout" in result.stdout and result.returncode == 1, result
 

@@ -138,6 +138,7 @@ WORST_OF = {
     ("inotify and /proc access", "shmwatch_inotify_active"): (None, min),
     ("inotify and /proc access", "shmwatch_proc_unreadable"): (None, max),
     ("inotify and /proc access", "shmwatch_mount_owners_verified"): (None, min),
+    ("Inventory degraded", "shmwatch_inventory_degraded"): ("mount", max),
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from exporter.check import thresholds as T
 from exporter.check.findings import Report
-from exporter.check.recommend import (memory_limit_needed, parse_headroom, parse_window, recommend,
+from exporter.check.recommend import (memory_limit_needed, parse_headroom, peaks_from_exporter, parse_window, recommend,
                                       recommendations, recommended_size, settings_for)
 from exporter.check.report import diagnose
 from exporter.check.shm import shm, shm_remedy
@@ -477,6 +477,20 @@ def test_a_source_that_fails_is_named_and_skipped():
         broken.close()
     recs, notes = recommendations(SimpleNamespace(mounts=views), extra("http://127.0.0.1:9"), soon())
     assert notes[0].startswith("Prometheus not used: http://127.0.0.1:9/api/v1/query?query=max_over_time")
+
+
+def test_without_a_deadline_the_sources_are_asked_and_awaited():
+    """No deadline (math.inf, the default): an infinite socket or lock timeout overflows (it
+    raised OverflowError out of recommendations(), and made each source a note)."""
+    prom = Peers({"/a": [100 * MiB]}, {"/a": 40 * MiB})
+    try:
+        views = [view(usage(GiB, 1 * MiB, "/a"))]
+        recs, notes = recommendations(SimpleNamespace(mounts=views), extra(prom.url, prom.url + "/metrics"))
+        assert [(r.source, r.observed_peak_bytes) for r in recs] == [("prometheus", 100 * MiB)], notes
+        assert notes == []
+        assert peaks_from_exporter(prom.url + "/metrics") == {"/a": (40 * MiB, 1)}
+    finally:
+        prom.close()
 
 
 # --- `shmwatch check`: the whole report ----------------------------------------------------------

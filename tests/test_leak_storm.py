@@ -47,6 +47,51 @@ def test_the_same_name_in_a_sub_directory_is_another_segment(tmpfs):
     assert [(s.name, s.allocated_bytes) for s in m.segments] == [("a/psm_same", MiB)]
 
 
+def _complete_run(collector):
+    """A full run in which every process was read (one that exits mid-scan leaves it
+    incomplete: nothing orphan), so that what is not orphan is not so for that reason."""
+    deadline = time.monotonic() + 30
+    while not (inv := collector.collect()).owners_complete:
+        assert time.monotonic() < deadline, inv.unproven
+    return inv
+
+
+@needs_root
+def test_a_walk_cut_short_keeps_the_files_it_did_not_reach_and_calls_none_leaked(tmpfs, monkeypatch):
+    """A walk stops at MAX_ENTRIES entries: the files it did not reach are kept as last seen
+    (they were reported deleted), the mount is degraded and nothing in it is called orphan
+    until a walk reaches every entry again."""
+    from exporter.inventory import walk as walk_module
+    from exporter.model.summary import summarise
+
+    monkeypatch.setattr(walk_module, "MAX_ENTRIES", 30)
+    os.mkdir(os.path.join(tmpfs, "d"))
+    names = [f"psm_{i}" for i in range(5)] + [f"d/psm_{i}" for i in range(10)]
+    for name in names:
+        fallocate(os.path.join(tmpfs, name), 4096)
+    collector = SegmentsCollector(Paths(), [tmpfs], ignore_unreadable=HOST_EXCUSED_RE)
+    [m] = _complete_run(collector).mounts
+    assert sorted(s.name for s in m.segments) == sorted(names) and m.degraded is None
+    assert {s.state for s in m.segments} == {"orphan"}  # nobody holds them: leaked
+    # 26 entries at the top (5 files, d, 20 fifos), read first: then 4 of d's 10 files.
+    for i in range(20):
+        os.mkfifo(os.path.join(tmpfs, f"fifo{i}"))
+    for run in range(2):  # the second: the rows kept are not taken for seen
+        [m] = _complete_run(collector).mounts
+        assert sorted(s.name for s in m.segments) == sorted(names), run
+        assert ("python_shm", "deleted") not in m.events, run
+        assert {s.state for s in m.segments} == {"unverified"}, run
+        summary = summarise(m, 5)
+        assert summary.degraded and not summary.leaked and summary.oldest_orphan_mtime is None
+    os.unlink(os.path.join(tmpfs, "d", "psm_9"))
+    for i in range(20):
+        os.unlink(os.path.join(tmpfs, f"fifo{i}"))
+    [m] = _complete_run(collector).mounts  # every entry reached: known again
+    assert sorted(s.name for s in m.segments) == sorted(set(names) - {"d/psm_9"})
+    assert m.events == {("python_shm", "deleted"): 1}
+    assert {s.state for s in m.segments} == {"orphan"} and m.degraded is None
+
+
 @needs_root
 def test_past_the_cap_the_inventory_keeps_counts_by_class_and_says_so():
     with mounted_tmpfs("16m", options=",nr_inodes=10k") as shm, \

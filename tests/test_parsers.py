@@ -1,7 +1,7 @@
 """Pure parsers over text, on fixtures and on corrupt input."""
 import os
 
-from exporter.collectors.cgroup import parse_flat_keyed, parse_limit
+from exporter.host.cgroupfs import parse_flat_keyed, parse_limit
 from exporter.host.proctable import parse_proc_cgroup
 from exporter.collectors.host_memory import parse_meminfo
 from exporter.inventory.maps import parse_maps, parse_memfd
@@ -112,7 +112,7 @@ def test_malformed_lines_in_the_middle_are_skipped():
 
 
 def test_v1_unlimited_boundary():
-    from exporter.collectors.cgroup import V1_UNLIMITED
+    from exporter.host.cgroupfs import V1_UNLIMITED
     assert parse_limit(str(V1_UNLIMITED)) is None
     assert parse_limit(str(V1_UNLIMITED - 1)) == V1_UNLIMITED - 1
 

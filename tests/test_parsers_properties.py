@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from exporter.check.sizes import human, k8s
-from exporter.collectors.cgroup import V1_UNLIMITED, parse_flat_keyed, parse_limit
+from exporter.host.cgroupfs import STAT_KEYS, V1_UNLIMITED, parse_flat_keyed, parse_limit
 from exporter.collectors.host_memory import parse_meminfo
 from exporter.collectors.sysv import parse_sysvipc_shm
 from exporter.config import parse_duration, parse_size
@@ -187,6 +187,16 @@ def test_flat_keyed_round_trip(values):
 @given(any_text)
 def test_flat_keyed_any_text(text):
     assert all(isinstance(v, int) for v in parse_flat_keyed(text).values())
+
+
+stat_lines = st.tuples(st.sampled_from(sorted(STAT_KEYS) + ["anon", "file"]), st.text("0123456789 x-\t", max_size=8))
+
+
+@given(st.one_of(any_text, st.lists(stat_lines).map(lambda kv: "\n".join(f"{k} {v}" for k, v in kv))))
+def test_flat_keyed_of_some_keys_is_the_whole_parse_cut_down(text):
+    """memory.stat parsed for the keys read_files takes: exactly those of the whole parse."""
+    whole = parse_flat_keyed(text)
+    assert parse_flat_keyed(text, STAT_KEYS) == {k: v for k, v in whole.items() if k in STAT_KEYS}
 
 
 @given(st.integers(0, (1 << 64) - 1), st.sampled_from(["", "\n", " \n"]))

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from exporter.collectors.cgroup import CgroupCollector, effective_limit
+from exporter.collectors.cgroup import CgroupCollector
+from exporter.host.cgroupfs import effective_limit
 from exporter.collectors.segments import unheld_state
 from exporter.host.mountinfo import MountTable
 from exporter.host.paths import Paths

@@ -1,8 +1,12 @@
 """Node mode: an event lists the new segment at once (its creator's until read); the next
 inventory run reads the pods whose mounts moved, and what other pods' processes hold carries
 over from the last full scan (never turned orphan)."""
+import contextlib
 import os
+import subprocess
+import sys
 import uuid
+from types import SimpleNamespace
 
 import pytest
 
@@ -261,40 +265,59 @@ sys.stdin.readline()
 """
 
 
+# Run as a refresh only (the full scan every 600 s), or with a quick run before it.
+QUICK_RUN_FIRST = pytest.mark.parametrize("quick_run_first", [False, True], ids=["refresh", "quick-run-then-refresh"])
+
+
+@contextlib.contextmanager
+def orphan_attached_later(mount, script, allocated, cgroup=None):
+    """`psm_known` in `mount` (4 MiB, its pages `allocated` or sparse), called orphan by node
+    mode's first full scan, and a running process (in `cgroup`, when given) that runs `script`
+    on it when told (`attach()`). `refresh()`: the state and holders the next run gives, 15 s
+    on: a refresh, not a full scan."""
+    clock, changes = Clock(), ChangeLog()
+    collector = SegmentsCollector(Paths(), [mount], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+                                  full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
+    path = os.path.join(mount, "psm_known")
+    with open(path, "wb") as f:
+        f.write(b"x" * (4 * MiB)) if allocated else f.truncate(4 * MiB)
+    child = subprocess.Popen([sys.executable, "-c", script, path], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        if cgroup is not None:
+            into_pod(cgroup, child.pid)
+        assert segment(collector.collect(), mount, "psm_known") == ("orphan", ())
+
+        def attach():
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == "attached"
+
+        def refresh():
+            clock.now += 15
+            return segment(collector.collect(), mount, "psm_known")
+
+        yield SimpleNamespace(collector=collector, changes=changes, pid=child.pid, attach=attach, refresh=refresh)
+    finally:
+        child.kill()
+        child.wait()
+
+
 @needs_root
-@pytest.mark.parametrize("quick_run_first", [False, True], ids=["refresh", "quick-run-then-refresh"])
+@QUICK_RUN_FIRST
 def test_a_running_process_that_attaches_to_an_orphan_and_writes_is_seen_by_the_next_refresh(two_pods,
                                                                                              quick_run_first):
     """Open and mmap raise no inotify event, but pages written move statvfs: the refresh walks
     the mount and reads its pod's processes again, so the orphan turns linked before the
     next full scan. Also when a quick run (a create) listed the mount just before the attach."""
-    import subprocess
-    import sys
-
     (a, _), (cg_a, _) = two_pods
-    clock, changes = Clock(), ChangeLog()
-    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
-                                  full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
-    path = os.path.join(a, "psm_known")
-    with open(path, "wb") as f:
-        f.truncate(4 * MiB)
-    child = subprocess.Popen([sys.executable, "-c", ATTACH_LATER, path], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
-    try:
-        into_pod(cg_a, child.pid)
-        assert segment(collector.collect(), a, "psm_known") == ("orphan", ())
+    with orphan_attached_later(a, ATTACH_LATER, allocated=False, cgroup=cg_a) as orphan:
         if quick_run_first:
             open(os.path.join(a, "psm_other"), "wb").close()
-            changes.add(a, "psm_other")
-            collector.collect_quick()  # a create in the pod: the listing patched
-        child.stdin.write("go\n")
-        child.stdin.flush()
-        assert child.stdout.readline().strip() == "attached"
-        clock.now += 15
-        assert segment(collector.collect(), a, "psm_known") == ("linked", (child.pid,))  # a refresh
-    finally:
-        child.kill()
-        child.wait()
+            orphan.changes.add(a, "psm_other")
+            orphan.collector.collect_quick()  # a create in the pod: the listing patched
+        orphan.attach()
+        assert orphan.refresh() == ("linked", (orphan.pid,))
 
 
 HOLD_LATER = """
@@ -463,66 +486,28 @@ sys.stdin.readline()
 
 
 @needs_root
-@pytest.mark.parametrize("quick_run_first", [False, True], ids=["refresh", "quick-run-then-refresh"])
+@QUICK_RUN_FIRST
 def test_a_write_in_place_to_an_orphan_is_never_called_leaked_again_before_its_pod_is_read(two_pods,
                                                                                            quick_run_first):
     """Its pages were all allocated: the write moves no statvfs figure, only an event says it.
     The quick run that handles the event no longer calls anything in the mount leaked, and the
     refresh reads the pod: linked to the writer."""
-    import subprocess
-    import sys
-
     (a, _), (cg_a, _) = two_pods
-    clock, changes = Clock(), ChangeLog()
-    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
-                                  full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
-    path = os.path.join(a, "psm_known")
-    with open(path, "wb") as f:
-        f.write(b"x" * (4 * MiB))
-    child = subprocess.Popen([sys.executable, "-c", WRITE_IN_PLACE, path], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
-    try:
-        into_pod(cg_a, child.pid)
-        assert segment(collector.collect(), a, "psm_known") == ("orphan", ())
-        child.stdin.write("go\n")
-        child.stdin.flush()
-        assert child.stdout.readline().strip() == "attached"
-        changes.add(a, "psm_known")  # what the watcher records for the IN_MODIFY
+    with orphan_attached_later(a, WRITE_IN_PLACE, allocated=True, cgroup=cg_a) as orphan:
+        orphan.attach()
+        orphan.changes.add(a, "psm_known")  # what the watcher records for the IN_MODIFY
         if quick_run_first:
-            assert segment(collector.collect_quick(), a, "psm_known") == ("unverified", ())
-        clock.now += 15
-        assert segment(collector.collect(), a, "psm_known") == ("linked", (child.pid,))  # a refresh
-    finally:
-        child.kill()
-        child.wait()
+            assert segment(orphan.collector.collect_quick(), a, "psm_known") == ("unverified", ())
+        assert orphan.refresh() == ("linked", (orphan.pid,))
 
 
 @needs_root
 def test_a_write_to_an_orphan_in_no_pods_mount_brings_the_full_scan_forward(tmp_path):
     """A sandbox's shm has no pod to read again: the change to its orphan is settled by a full
     scan, which finds the live writer."""
-    import subprocess
-    import sys
-
     shm = f"{tmp_path}/run/containerd/io.containerd.grpc.v1.cri/sandboxes/{'ab' * 32}/shm"
-    with mounted_tmpfs("16m", path=shm) as m:
-        path = os.path.join(m, "psm_known")
-        with open(path, "wb") as f:
-            f.write(b"x" * (4 * MiB))
-        clock, changes = Clock(), ChangeLog()
-        collector = SegmentsCollector(Paths(), [m], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
-                                      full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
-        child = subprocess.Popen([sys.executable, "-c", WRITE_IN_PLACE, path], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True)
-        try:
-            assert segment(collector.collect(), m, "psm_known") == ("orphan", ())
-            child.stdin.write("go\n")
-            child.stdin.flush()
-            assert child.stdout.readline().strip() == "attached"
-            changes.add(m, "psm_known")
-            assert segment(collector.collect_quick(), m, "psm_known") == ("unverified", ())
-            clock.now += 15
-            assert segment(collector.collect(), m, "psm_known") == ("linked", (child.pid,))
-        finally:
-            child.kill()
-            child.wait()
+    with mounted_tmpfs("16m", path=shm) as m, orphan_attached_later(m, WRITE_IN_PLACE, allocated=True) as orphan:
+        orphan.attach()
+        orphan.changes.add(m, "psm_known")
+        assert segment(orphan.collector.collect_quick(), m, "psm_known") == ("unverified", ())
+        assert orphan.refresh() == ("linked", (orphan.pid,))

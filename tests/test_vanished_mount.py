@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from tests.conftest import REPO, Exporter, fallocate, needs_root, prerequisite_missing, select, value
+from exporter.host.paths import Paths
 
 MiB = 1 << 20
 
@@ -75,5 +76,29 @@ def test_a_remount_between_two_polls_is_a_new_mount_too(tmp_path):
             subprocess.run(f"umount {path} && mount -t tmpfs -o size=16m tmpfs {path}", shell=True, check=True)
             s = exporter.wait_for(lambda s: value(s, "shmwatch_mount_size_bytes", mount=path) == 16 * MiB, timeout=10)
             assert value(s, "shmwatch_mount_max_used_bytes", mount=path) < MiB
+    finally:
+        subprocess.run(["umount", "-l", path], check=False)
+
+
+@needs_root
+def test_a_mounts_unique_id_is_asked_again_only_when_the_mount_table_changed(tmp_path, monkeypatch):
+    """A poll with the mount table unchanged has the same mounts: no statx per mount; a remount
+    changes the table, and the next poll asks again and sees the new mount."""
+    from exporter.collectors import shm_mount
+    from exporter.host.libc import unique_mount_id
+    asked = []
+    monkeypatch.setattr(shm_mount, "unique_mount_id", lambda p: asked.append(p) or unique_mount_id(p))
+    path = str(tmp_path / "shm")
+    os.makedirs(path)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", path], check=True)
+    try:
+        collector = shm_mount.ShmMountCollector(Paths(), [path])
+        first = collector.collect()[0].instance
+        assert collector.collect()[0].instance == first and len(asked) == 1
+        subprocess.run(f"umount {path} && mount -t tmpfs -o size=16m tmpfs {path}", shell=True, check=True)
+        usage = collector.collect()[0]
+        assert len(asked) == 2 and usage.size_bytes == 16 * MiB
+        if first[2] is not None:  # Linux 6.8: the new mount is told apart by its unique ID
+            assert usage.instance != first
     finally:
         subprocess.run(["umount", "-l", path], check=False)

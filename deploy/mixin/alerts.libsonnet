@@ -187,9 +187,10 @@ local oneLine = lib.oneLine;
             annotations: {
               summary: '{{ $labels.mount }} holds more files than shmwatch inventories one by one',
               description: oneLine(|||
-                {{ $labels.mount }} on {{ $labels.instance }} holds more files than --inventory.max-segments: a
-                leak storm, most likely. Its segments are counted by class only, all 'unverified', so
-                ShmLeakedSegments cannot fire: look at shmwatch_segments by class and remove what its owner left.
+                {{ $labels.mount }} on {{ $labels.instance }} holds more files than --inventory.max-segments, or
+                more than 250,000 entries: a leak storm, most likely. Its segments are counted by class only (or
+                kept as last seen), all 'unverified', so ShmLeakedSegments cannot fire: look at shmwatch_segments
+                by class and remove what its owner left.
               |||),
               runbook_url: runbook('ShmInventoryDegraded'),
             },

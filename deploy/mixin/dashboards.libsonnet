@@ -397,7 +397,7 @@ local panels(c) = [
         "1 = the collector's last run succeeded. A 0 means its metrics are missing: the exporter's log says why "
         + 'once (GPU: no driver is normal on CPU nodes).',
         [q('min by (collector) (%s)' % N('shmwatch_collector_success'), '{{collector}}', instant=true)],
-        w=8,
+        w=6,
         thresholds=[[0, 'red'], [1, 'green']],
         overrides=[],
         options={ colorMode: 'background', graphMode: 'none' }),
@@ -405,7 +405,7 @@ local panels(c) = [
         'Collector duration',
         "Time of each collector's last run. The segment inventory grows with segments x processes.",
         [q('max by (collector) (%s)' % N('shmwatch_collector_duration_seconds'), '{{collector}}')],
-        w=8,
+        w=6,
         unit='s'),
   panel('stat',
         'inotify and /proc access',
@@ -417,7 +417,16 @@ local panels(c) = [
           q('max(%s)' % N('shmwatch_proc_unreadable'), 'unreadable processes', instant=true),
           q('min(%s)' % P('shmwatch_mount_owners_verified', mount=true), 'owners verified', instant=true),
         ],
-        w=8),
+        w=6),
+  panel('stat',
+        'Inventory degraded',
+        '1: the mount holds more files than --inventory.max-segments (counted by class only), or more entries '
+        + 'than a walk reads (the files not reached kept as last seen). Nothing in it is called leaked, so '
+        + '"Leaked and hidden" cannot show a leak: a leak storm, most likely; Bytes by owner class says whose.',
+        [q('max by (mount) (%s)' % P('shmwatch_inventory_degraded', mount=true), '{{mount}}', instant=true)],
+        w=6,
+        thresholds=[[1, 'red']],
+        options={ colorMode: 'background', graphMode: 'none' }),
 ];
 
 local variable(name, label, query, includeAll=false, hide=0, regex='') = {

@@ -11,8 +11,9 @@ from typing import Callable, List
 
 
 def left(deadline: float) -> float:
-    """Seconds until `deadline` (a time.monotonic() value), never below 0."""
-    return max(0.0, deadline - time.monotonic())
+    """Seconds until `deadline` (a time.monotonic() value), never below 0; no deadline
+    (math.inf) is the longest wait a socket or a lock takes (an infinite one overflows)."""
+    return min(threading.TIMEOUT_MAX, max(0.0, deadline - time.monotonic()))
 
 
 class Bounded:

@@ -16,8 +16,9 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from exporter.model.types import CgroupMemory
+from exporter.host.cgroupfs import effective_limit, read_files, read_keyed
 from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_mount
-from exporter.host.paths import Paths, read_text
+from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from exporter.collectors import workload
 from exporter.collectors.host_memory import meminfo, usable_limit_flag
@@ -25,132 +26,18 @@ from exporter.collectors.workload import HIERARCHIES
 from exporter.collectors.source import BaseSource, register
 
 
-# cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 bytes
-# with 4 KiB pages); anything this large is not a real limit.
-V1_UNLIMITED = 1 << 62
-
-
-def parse_flat_keyed(text: str) -> Dict[str, int]:
-    """'anon 123\\nfile 456' (memory.stat, memory.events, oom_control) -> dict; bad lines skipped."""
-    values: Dict[str, int] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2:
-            try:
-                values[parts[0]] = int(parts[1])
-            except ValueError:
-                continue
-    return values
-
-
-def parse_limit(text: str) -> Optional[int]:
-    value = text.strip()
-    if value == "max":
-        return None
-    number = int(value)
-    return None if number >= V1_UNLIMITED else number
-
-
-def _read_keyed(directory: str, name: str) -> Dict[str, int]:
-    """{} when the cgroup has no such file (a root, an older kernel)."""
-    try:
-        return parse_flat_keyed(read_text(os.path.join(directory, name)))
-    except FileNotFoundError:
-        return {}
-
-
-def _read_limit(directory: str, name: str) -> Optional[int]:
-    """A one-number file; None: "max", or no such file (v2's root has no memory.max, no swap accounting)."""
-    try:
-        return parse_limit(read_text(os.path.join(directory, name)))
-    except FileNotFoundError:
-        return None
-
-
-def _ancestors(level: str, name: str, above: Dict[str, list]) -> list:
-    """(directory, limit) of each cgroup above `level` up to the top of what is mounted,
-    memoized in `above` (node mode's pods share their QoS slices: read once a pass). A
-    namespace's root cgroup is "/sys/fs/cgroup/": not its own parent."""
-    parent = os.path.dirname(os.path.normpath(level))
-    if parent not in above:
-        top = parent == level or not os.path.exists(os.path.join(parent, name))
-        above[parent] = [] if top else [(parent, _read_limit(parent, name))]
-        above[parent] += [] if top else _ancestors(parent, name, above)
-    return above[parent]
-
-
-def effective_limit(
-    directory: str, version: int, above: Optional[Dict[str, list]] = None
-) -> Tuple[Optional[int], str]:
-    """The smallest limit from the cgroup up, as the kernel enforces it (v2 has no
-    hierarchical_memory_limit; a pod-level limit, KEP-2837, is on the pod's cgroup alone),
-    and where it binds: "pod" (a pod's cgroup), "self", "ancestor", or "none" (of equal
-    limits, the outermost: a container as tight as its pod is read as the pod)."""
-    name = "memory.max" if version == 2 else "memory.limit_in_bytes"
-    best, where = None, "none"
-    chain = _ancestors(directory, name, {} if above is None else above)
-    for level, limit in [(directory, _read_limit(directory, name)), *chain]:
-        if limit is not None and (best is None or limit <= best):
-            best, where = limit, "ancestor"
-            if POD_CGROUP_DIR.search(os.path.basename(level)):
-                where = "pod"
-            elif level == directory:
-                where = "self"
-    return best, where
-
-
-def read_files(
-    directory: str, version: int, above=None, with_swap: bool = True
-) -> Dict[str, object]:
-    """A cgroup's usage, effective limit and where it binds, working set, shmem, OOM kills,
-    memory.high, memory events and swap: CgroupMemory's fields by name."""
-    stat = parse_flat_keyed(read_text(os.path.join(directory, "memory.stat")))
-    limit, where = effective_limit(directory, version, above)
-    if version == 2:
-        usage = int(read_text(os.path.join(directory, "memory.current")))
-        events = _read_keyed(directory, "memory.events")
-        inactive, shmem = stat.get("inactive_file", 0), stat.get("shmem")
-        high = _read_limit(directory, "memory.high")
-        swap, swap_limit = None, None  # a node without swap: not read, not exported
-        if with_swap:
-            swap = _read_limit(directory, "memory.swap.current")
-            swap_limit = _read_limit(directory, "memory.swap.max")
-    else:
-        usage = int(read_text(os.path.join(directory, "memory.usage_in_bytes")))
-        # Above what this namespace mounts, memory.stat still knows the tightest limit.
-        hierarchical = stat.get("hierarchical_memory_limit", V1_UNLIMITED)
-        if hierarchical < V1_UNLIMITED and (limit is None or hierarchical < limit):
-            limit, where = hierarchical, "ancestor"
-        oom = _read_keyed(directory, "memory.oom_control").get("oom_kill")
-        failcnt = _read_limit(
-            directory, "memory.failcnt"
-        )  # hits of the limit: v2's max
-        events = {
-            k: v for k, v in (("oom_kill", oom), ("max", failcnt)) if v is not None
-        }
-        # total_* fields include descendants (use_hierarchy, always on since 5.x).
-        inactive = stat.get("total_inactive_file", stat.get("inactive_file", 0))
-        shmem = stat.get("total_shmem", stat.get("shmem"))
-        high, swap_limit = None, None
-        swap = stat.get("total_swap", stat.get("swap"))
-    return dict(
-        usage_bytes=usage,
-        limit_bytes=limit,
-        limit_source=where,
-        working_set_bytes=max(0, usage - inactive),
-        shmem_bytes=shmem,
-        oom_kills=events.get("oom_kill"),
-        high_bytes=high,
-        events=tuple(sorted(events.items())),
-        swap_bytes=swap,
-        swap_limit_bytes=swap_limit,
-    )
-
-
-# Node mode lists the pod cgroups again this often (a pod with no shm volume shows up within
-# it); a pod whose shm mount discovery found but which is not listed asks sooner.
-REWALK_SECONDS = 10.0
+# Node mode lists the pod cgroups again when a directory above them gained or lost one (its
+# link count: 2 + its subdirectories), a listed one went away, or, this long apart at most,
+# a pod whose shm mount discovery found is not listed.
 MISSING_REWALK_SECONDS = 2.0
+
+
+def _links(directory: str) -> Optional[int]:
+    """A directory's link count: 2 + its subdirectories (on cgroupfs too); None: not there."""
+    try:
+        return os.stat(directory).st_nlink
+    except OSError:
+        return None
 
 
 class CgroupCollector(BaseSource):
@@ -179,6 +66,8 @@ class CgroupCollector(BaseSource):
         # Node mode: the last walk's pod cgroups, and when it was made.
         self._listed: Optional[List[Tuple[str, int, str, str]]] = None
         self._walked_at = float("-inf")
+        self._above: Dict[str, Optional[int]] = {}
+        self._children: Dict[str, List[str]] = {}  # v1: a pod's containers, by walk
 
     @property
     def stretches(self) -> bool:
@@ -259,32 +148,22 @@ class CgroupCollector(BaseSource):
     def estimate(self, processes) -> CgroupMemory:
         """The workload's charge from what it has resident and what it wrote to shm."""
         shm = workload.shm_used(self.paths, self.mounts())
-        working_set = workload.resident(self.table, processes) + shm
-        limit = self.limit_override
+        ws, limit = workload.resident(self.table, processes) + shm, self.limit_override
+        flag = "flag" if limit is not None else "none"
         return CgroupMemory(
-            workload.ESTIMATE_CGROUP,
-            0,
-            working_set,
-            limit,
-            working_set,
-            shm,
-            None,
-            "flag" if limit is not None else "none",
-            "",
-            estimated=True,
+            workload.ESTIMATE_CGROUP, 0, ws, limit, ws, shm, None, flag, estimated=True
         )
 
     def pod_cgroups(self) -> List[Tuple[str, int, str, str]]:
         """Every pod's memory cgroup on the host -> [(path, version, directory, pod uid)],
         under either cgroup driver (kube.POD_CGROUP_DIR), on v1 and v2."""
         root = self.paths.sys("fs", "cgroup")
-        found = []
+        found, self._above = [], {}  # each directory walked into: its links as listed
         for below_root, version, marker in HIERARCHIES:
             base = os.path.join(root, below_root)
             for top in POD_CGROUP_ROOTS:
                 start = os.path.join(base, top)
-                if not os.path.isdir(start):
-                    continue
+                self._above[start] = None  # not there (a start made later has links)
                 for directory, subdirs, files in os.walk(start):
                     depth = directory[len(start) :].count(os.sep)
                     match = POD_CGROUP_DIR.search(os.path.basename(directory))
@@ -295,6 +174,8 @@ class CgroupCollector(BaseSource):
                         subdirs[:] = []  # containers below the pod are not pods
                     elif depth >= 2:
                         subdirs[:] = []
+                    else:
+                        self._above[directory] = 2 + len(subdirs)
             if found:
                 break  # one hierarchy holds the memory controller
         return sorted(found)
@@ -304,14 +185,12 @@ class CgroupCollector(BaseSource):
         run: walking 200 pods' cgroup trees costs more than reading them."""
         now = time.monotonic()
         watched = {pod_uid_of_mount(m) for m in self.mounts()} - {""}
-        listed_uids = {uid for *_, uid in self._listed or ()}
-        missing = (
-            not watched <= listed_uids
-            and now - self._walked_at > MISSING_REWALK_SECONDS
-        )
-        if self._listed is None or now - self._walked_at > REWALK_SECONDS or missing:
+        missing = not watched <= {uid for *_, uid in self._listed or ()}
+        missing = missing and now - self._walked_at > MISSING_REWALK_SECONDS
+        made = any(_links(d) != n for d, n in self._above.items())  # or a pod removed
+        if self._listed is None or missing or made:
             self._listed = self.pod_cgroups()
-            self._walked_at = now
+            self._walked_at, self._children = now, {}
         found = self.read_pods(self._listed)
         if len(found) < len(self._listed):  # a pod went away (or cannot be read)
             self._listed = None  # list again next time
@@ -338,9 +217,8 @@ class CgroupCollector(BaseSource):
         flag, limit = self.limit_override, fields["limit_bytes"]
         if flag is not None and not pod_uid and (limit is None or flag < limit):
             fields.update(limit_bytes=flag, limit_source="flag")
-        children = ()
-        if pod_uid and version == 1:
-            children = self._child_oom_kills(path, directory)
+        v1_pod = pod_uid and version == 1
+        children = self._child_oom_kills(path, directory) if v1_pod else ()
         return CgroupMemory(
             path, version, pod_uid=pod_uid, child_oom_kills=children, **fields
         )
@@ -360,20 +238,30 @@ class CgroupCollector(BaseSource):
                 return (up, version, above) if readable else (path, version, directory)
         return path, version, directory
 
-    @staticmethod
-    def _child_oom_kills(path: str, directory: str) -> Tuple[Tuple[str, int], ...]:
-        """The OOM kill counts of a v1 pod cgroup's containers (one level down), as they are now."""
-        found = []
+    def _child_oom_kills(
+        self, path: str, directory: str, fresh: bool = False
+    ) -> Tuple[Tuple[str, int], ...]:
+        """The OOM kill counts of a v1 pod cgroup's containers (one level down), as they are
+        now; listed again when the pod's links or a container gone say they changed."""
+        names = None if fresh else self._children.get(directory)
         try:
-            for entry in os.scandir(directory):
-                if entry.is_dir(follow_symlinks=False):
-                    count = _read_keyed(entry.path, "memory.oom_control").get(
-                        "oom_kill"
-                    )
-                    if count is not None:
-                        found.append((path.rstrip("/") + "/" + entry.name, count))
+            if names is None or _links(directory) != len(names) + 2:
+                entries = os.scandir(directory)
+                names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+                fresh = True
         except OSError:
-            pass  # gone already: the pod's own count stands
+            return ()  # gone already: the pod's own count stands
+        self._children[directory] = names
+        found = []
+        for name in names:
+            try:
+                oom = read_keyed(os.path.join(directory, name), "memory.oom_control")
+            except OSError:
+                oom = {}  # being removed (ENODEV)
+            if "oom_kill" in oom:
+                found.append((path.rstrip("/") + "/" + name, oom["oom_kill"]))
+            elif not fresh:  # gone since listed: list again
+                return self._child_oom_kills(path, directory, fresh=True)
         return tuple(sorted(found))
 
 

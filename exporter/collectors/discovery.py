@@ -64,11 +64,9 @@ class MountDiscovery(BaseSource):
         if self.node_mode:
             # The host's mounts, --path.rootfs stripped from our own view's; None: unchanged.
             entries = self._mountinfo.read()
-            if entries is None:
-                pass  # the mount table did not change: neither did the set
-            elif not entries:
+            if entries == []:  # None: the table did not change, and neither did the set
                 raise ValueError("mountinfo is empty: keeping the last mount set")
-            else:
+            if entries:
                 found = discover(entries)
                 seen = {t.mount for t in found}
                 current = MountSet(

@@ -275,8 +275,8 @@ class SegmentsCollector(BaseSource):
             self._say_degraded(mount, listing)
             if listing.truncated and mount not in self._said_truncated:
                 self._said_truncated.add(mount)
-                limit = MAX_ENTRIES
-                log.warning("mount %s: over %d entries, rest uncounted", mount, limit)
+                said = "mount %s: over %d entries: files not reached kept as last seen"
+                log.warning(said, mount, MAX_ENTRIES)
             dev, quick = devs[mount], not full or mount in unread
             held = held_on.get(dev, [])
             mounts.append(
@@ -333,7 +333,7 @@ class SegmentsCollector(BaseSource):
         `settled`: the owners come from a full scan this run, which alone may call a segment
         leaked (not a quick run, a pod's rescan, or a refresh)."""
         holdings = self._owners.holdings
-        complete = self._owners.complete
+        complete = self._owners.complete and not listing.truncated  # kept: maybe gone
         full_dev = self._full_devs.get(mount)
         doubted, was_held = self._doubted.get(mount, ()), self._held_at_full
         rows = listing.rows
@@ -370,7 +370,8 @@ class SegmentsCollector(BaseSource):
                 bytes_of[pid] = bytes_of.get(pid, 0) + size[0]
             accounted += size[0]
         inv.listed, inv.states, inv.held = rows, bytes(states), held_pids
-        inv.events, inv.degraded = events, listing.degraded
+        inv.events = events  # a walk cut short: nothing verified, the mount degraded
+        inv.degraded = listing.degraded or ({} if listing.truncated else None)
         try:
             st = os.statvfs(self.paths.host(mount))
             inv.used_bytes = (st.f_blocks - st.f_bfree) * st.f_frsize

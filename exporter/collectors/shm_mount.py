@@ -38,28 +38,33 @@ class ShmMountCollector(BaseSource):
         # The mounts inotify saw change since the last call: a quick run measures those.
         self.touched = touched or (lambda: None)
         self._warned: Dict[str, str] = {}
-        self._polled = (
-            False  # the table was read once (quick runs reuse the last poll's)
-        )
+        self._polled = False  # the table was read (quick runs reuse the last poll's)
         self._last: Dict[str, MountUsage] = {}  # for quick runs
         self._table = MountTable(paths)
+        # Each mount's instance (a statx) while the table is unchanged: the same mounts.
+        self._instances: Dict[str, tuple] = {}
 
     def _warn_once(self, mount: str, message: str) -> None:
         if self._warned.get(mount) != message:
             self._warned[mount] = message
             log.warning("mount %s: %s", mount, message)
 
-    def measure_one(self, mount: str) -> MountUsage:
-        if self._table.gone(mount):  # unmounted: the disk beneath is not measured
+    def measure_one(self, mount: str, quick: bool = False) -> MountUsage:
+        entry = self._table.mounted_at(mount)
+        is_point = entry is not None
+        if not is_point and self._table.gone(mount):  # the disk beneath is not measured
             self._warn_once(mount, "is not a mount point (unmounted?): not measured")
             return MountUsage(mount, "unknown", "", False, error="not a mount point")
-        entry = self._table.index.find(mount)
+        entry = entry or self._table.index.find(mount)
         fstype = entry.fstype if entry else "unknown"
         source = entry.source if entry else ""
-        is_point = self._table.mounted_at(mount) is not None
-        # Which mount this is: a new one at the path starts its peaks afresh (model/state.py).
-        unique = unique_mount_id(self.paths.host(mount)) if is_point else None
-        instance = (entry.device, entry.mount_id, unique) if is_point else ()
+        # Which mount this is: a new one at the path starts its peaks afresh (model/state.py);
+        # asked anew in a quick run, whose table may be out of date.
+        instance = self._instances.get(mount, ()) if is_point and not quick else ()
+        if is_point and not instance:
+            unique = unique_mount_id(self.paths.host(mount))
+            instance = (entry.device, entry.mount_id, unique)
+            self._instances[mount] = () if quick else instance
         try:
             st = self.statvfs(self.paths.host(mount))
         except OSError as err:
@@ -70,9 +75,7 @@ class ShmMountCollector(BaseSource):
                 mount, fstype, source, is_point, error=reason, instance=instance
             )
         if fstype != "tmpfs" or not is_point:
-            where = (
-                "is not a mount point" if not is_point else f"is {fstype}, not tmpfs"
-            )
+            where = f"is {fstype}, not tmpfs" if is_point else "is not a mount point"
             self._warn_once(mount, f"{where}; reporting the filesystem that holds it")
         else:
             self._warned.pop(mount, None)
@@ -91,7 +94,8 @@ class ShmMountCollector(BaseSource):
         )
 
     def collect(self) -> List[MountUsage]:
-        self._table.refresh()  # read when the table changed, not per mount
+        if self._table.refresh():  # read when the table changed, not per mount
+            self._instances = {}
         self._polled = True
         mounts = self.mounts()
         # Node mode: a deleted pod's warning is not kept forever.
@@ -110,16 +114,10 @@ class ShmMountCollector(BaseSource):
         touched = self.touched()  # drained on every run: all measured now
         usages = []
         for mount in mounts:
-            last = self._last.get(mount)
-            if (
-                quick
-                and touched is not None
-                and mount not in touched
-                and last is not None
-            ):
-                usages.append(last)
-            else:
-                usages.append(self.measure_one(mount))
+            last = self._last.get(mount)  # a dataclass: true
+            if not (quick and touched is not None and mount not in touched and last):
+                last = self.measure_one(mount, quick)
+            usages.append(last)
         self._last = {u.mount: u for u in usages}
         return usages
 

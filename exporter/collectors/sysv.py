@@ -189,14 +189,8 @@ class SysvCollector(BaseSource):
                 raise shm
             pods = {self.table.pod_uid(p) for p in procs}
             pod = pods.pop() if len(pods) == 1 else ""
-            out.append(
-                replace(
-                    shm,
-                    namespace=namespace,
-                    pod_uid=pod,
-                    container_id="" if pod else self._container(procs),
-                )
-            )
+            cid = "" if pod else self._container(procs)
+            out.append(replace(shm, namespace=namespace, pod_uid=pod, container_id=cid))
         return out
 
     def _orphan(self, seg: SysvSegment, hidden: bool) -> bool:

@@ -174,13 +174,15 @@ class MountTable:
         self.index = MountIndex([])
         self._read = False  # once read with entries: until then nothing is known
 
-    def refresh(self) -> None:
+    def refresh(self) -> bool:
+        """Whether the table changed (or could not be read) since the last refresh."""
         try:
             entries = self._mountinfo.read()  # None: unchanged
         except OSError:
             entries = []
         if entries is not None:
             self.index, self._read = MountIndex(entries), bool(entries)
+        return entries is not None
 
     def mounted_at(self, path: str) -> Optional[MountEntry]:
         """The entry whose mount point `path` is; None when only a mount above holds it."""

@@ -3,7 +3,8 @@ Only directories are opened, never through a symlink; other entries are only cou
 
 A listing keeps each regular file as one packed int under its path below the mount (a
 name alone collides across sub-directories): a leak storm of 100,000 files costs ~15 MB.
-Past `cap` files a walk keeps only counts and bytes by class (`Listing.degraded`)."""
+Past `cap` files a walk keeps only counts and bytes by class (`Listing.degraded`); past
+MAX_ENTRIES entries it stops (`Listing.truncated`), and keeps the rows it did not reach."""
 
 from __future__ import annotations
 
@@ -77,9 +78,8 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
     listing.others, listing.truncated, listing.degraded = {}, False, None
     rows, others = listing.rows, listing.others
     linked: set = set()  # inodes with more than one name, seen
-    seen = files = (
-        0  # entries, and regular files, met by this walk (not rows gone since)
-    )
+    # Entries, and regular files, met by this walk (not rows gone since).
+    seen = files = 0
     stack: List[Tuple[str, ...]] = [()]  # sub-directories, as names below the root
     while stack and not listing.truncated:
         names = stack.pop()
@@ -124,6 +124,11 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
                     stack.append(names + (entry.name,))
         os.close(fd)
     gone = [p for p, row in rows.items() if row & SEEN != listing.parity]
+    if listing.truncated:  # not reached is not gone: kept as last seen, within the cap
+        rows.update((p, rows[p] ^ SEEN) for p in gone)
+        gone = []
+        if listing.degraded is None and len(rows) > cap:
+            listing.degraded = _degrade(listing)
     for path in gone:
         _count(events, rows.pop(path), "deleted")
     if len(gone) > len(rows):  # a dict keeps its size when emptied: a storm's, for good

@@ -81,7 +81,9 @@ shmwatch_mount_owners_verified  mount
     server's UID or CAP_SYS_PTRACE), or while the mount is degraded.
 shmwatch_inventory_degraded  mount
     1 when the mount holds more files than --inventory.max-segments: its segments are
-    counted and sized by class only (state unverified; no top segments, no owners).
+    counted and sized by class only (state unverified; no top segments, no owners); or
+    more than 250,000 entries: the files a walk does not reach are kept as last seen and
+    none is called orphan.
 # --- memfd regions (collector segments): shmem outside every mount -----------------
 shmwatch_memfd_regions  class
     memfd regions ('/memfd:<name> (deleted)' in a process's maps or fds) mapped or held
