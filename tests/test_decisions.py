@@ -14,23 +14,23 @@ from exporter.check.recommend import (memory_limit_needed, parse_headroom, peaks
                                       recommendations, recommended_size, settings_for)
 from exporter.check.report import diagnose
 from exporter.check.shm import shm, shm_remedy
-from exporter.collectors.segments import segment_state
+from exporter.collectors.segments import unheld_state
 from exporter.exposition.webconfig import WebConfig, WebConfigSource
 from exporter.model.budget import shm_budget
 from exporter.model.step import Model, MountView, SourceStatus
 from exporter.model.summary import owner_label, summarise
-from exporter.model.types import CgroupMemory, HostMemory, Inventory, MountInventory, MountUsage, Segment
+from exporter.model.types import (KNOWN, CgroupMemory, HostMemory, Inventory, MountInventory, MountUsage, Segment,
+                                  pack)
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 
 # --- segment states (DESIGN.md "Segment states") -----------------------------------------------
 def test_segment_states():
-    """(held, known at the last full scan, held at it, every process inspected, quick run,
-    owners from a full scan this run) -> state. Leaked only on a full scan's word."""
-    from itertools import product
-    for rest in product((False, True), repeat=5):
-        assert segment_state((7,), *rest) == "linked"
+    """(known at the last full scan, held at it, every process inspected, quick run, owners
+    from a full scan this run) -> the state of a listed file nobody holds (a held one is
+    linked without asking). Leaked only on a full scan's word."""
+    dev, ino = 40, 7
     cases = {
         (True, False, True, False, True): "orphan",  # known, unheld, a full scan saw it
         (True, False, False, False, True): "unverified",  # somebody could not be inspected
@@ -46,8 +46,10 @@ def test_segment_states():
         (False, True, True, False, False): "unverified",
     }
     for (known, at_full, complete, quick, settled), state in cases.items():
-        assert segment_state((), known, at_full, complete, quick, settled) == state, (known, at_full, complete,
-                                                                                       quick, settled)
+        row = pack(0, KNOWN if known else 0, ino, 0, 8, 4096)
+        held_at_full = {(dev, ino)} if at_full else set()
+        got = unheld_state("a", row, (dev, ino), dev, (), held_at_full, complete, quick, settled)
+        assert got == state, (known, at_full, complete, quick, settled)
 
 
 # --- the segment summary --------------------------------------------------------------------
@@ -440,6 +442,23 @@ def test_the_peak_comes_from_the_best_source_that_has_it():
         assert (recs[0].source, recs[0].observed_peak_bytes, notes) == ("prometheus", 24 * MiB, [])
         assert recs[0].notes == ["2 series matched this mount; the highest was taken (narrow them with "
                                  "--prometheus.selector)"]
+    finally:
+        prom.close()
+
+
+def test_require_shm_raises_every_recommendation():
+    """--require-shm is a floor wherever the peak comes from: a recorded peak, the current use
+    alone, or the current use above what was recorded."""
+    prom = Peers({"/a": [100 * MiB], "/d": [10 * MiB]}, {})
+    try:
+        views = [view(usage(GiB, 1 * MiB, m), max_used=mu) for m, mu in
+                 (("/a", 2 * MiB), ("/d", 12 * MiB), ("/f", None))]
+        wanted = extra(prom.url)
+        wanted.require_shm = 2 * GiB
+        recs, _ = recommendations(SimpleNamespace(mounts=views), wanted, soon())
+        got = {r.mount: (r.source, r.observed_peak_bytes, r.recommended_size_bytes) for r in recs}
+        assert got == {"/a": ("prometheus", 100 * MiB, 2 * GiB), "/d": ("current", 12 * MiB, 2 * GiB),
+                       "/f": ("current", 1 * MiB, 2 * GiB)}
     finally:
         prom.close()
 

@@ -54,18 +54,19 @@ ORPHAN = STATES.index("orphan")
 Changes = Dict[str, Optional[Set[str]]]  # mount -> names changed; None: re-list it all
 
 
-def segment_state(held, known, held_at_full, complete, quick, settled) -> str:
-    """Held by nobody we could inspect: an orphan only when we inspected everybody who could
-    hold it (`complete`), else unverified. A file new since the last full scan (not `known`)
-    is taken as held by its creator after a quick run, unverified after a refresh. `settled`:
-    the owners come from a full scan this run, which alone may call a segment leaked, also one
-    held at the last full scan (or changed since its holders were read)."""
-    if held:
-        return "linked"
+def unheld_state(
+    name, row, key, full_dev, doubted, held_at_full, complete, quick, settled
+) -> str:
+    """A listed file nobody we could inspect holds: an orphan only when we inspected everybody
+    who could hold it (`complete`), else unverified. One not known (listed before the last full
+    scan read /proc, on the device the mount had then) is taken as held by its creator after a
+    quick run, unverified after a refresh. `settled`: a full scan this run, which alone may call
+    leaked one held at the last (`held_at_full`) or changed since its pod was read (`doubted`)."""
     unheld = "orphan" if complete else "unverified"
-    if not known:
-        return "linked" if quick else unheld if settled else "unverified"
-    return "unverified" if held_at_full and not settled else unheld
+    if not (settled or full_dev == key[0] and row & KNOWN):
+        return "linked" if quick else "unverified"  # `settled` makes every row known
+    at_full = doubted is None or name in doubted or key in held_at_full
+    return "unverified" if at_full and not settled else unheld
 
 
 class SegmentsCollector(BaseSource):
@@ -333,8 +334,8 @@ class SegmentsCollector(BaseSource):
         leaked (not a quick run, a pod's rescan, or a refresh)."""
         holdings = self._owners.holdings
         complete = self._owners.complete and not listing.truncated  # kept: maybe gone
-        same_dev = self._full_devs.get(mount) == dev
-        doubted, held_at_full = self._doubted.get(mount, ()), self._held_at_full
+        full_dev = self._full_devs.get(mount)
+        doubted, was_held = self._doubted.get(mount, ()), self._held_at_full
         rows = listing.rows
         states = bytearray(len(rows))
         held_pids: Dict[int, Tuple[int, ...]] = {}
@@ -353,11 +354,9 @@ class SegmentsCollector(BaseSource):
                 for pid in pids:
                     bytes_of[pid] = bytes_of.get(pid, 0) + allocated
                 continue  # linked: states[i] is 0
-            known = bool(settled or same_dev and row & KNOWN)
-            # Changed since its pod was read counts as held at the last full scan: only a
-            # read of its holders may call it leaked again.
-            at_full = doubted is None or name in doubted or key in held_at_full
-            state = segment_state((), known, at_full, complete, quick, settled)
+            state = unheld_state(
+                name, row, key, full_dev, doubted, was_held, complete, quick, settled
+            )
             states[i] = STATES.index(state)
         for key in held_keys:
             hs = holdings[key]

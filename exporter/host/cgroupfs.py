@@ -71,7 +71,7 @@ def read_limit(directory: str, name: str) -> Optional[int]:
 def _ancestors(level: str, name: str, above: Dict[str, list]) -> list:
     """(directory, limit) of each cgroup above `level` up to the top of what is mounted,
     memoized in `above` (node mode's pods share their QoS slices: read once a pass)."""
-    parent = os.path.dirname(level)
+    parent = os.path.dirname(os.path.normpath(level))  # a ns root: ".../cgroup/"
     if parent not in above:
         top = parent == level or not os.path.exists(os.path.join(parent, name))
         above[parent] = [] if top else [(parent, read_limit(parent, name))]
