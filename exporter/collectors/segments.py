@@ -18,7 +18,17 @@ import os
 import re
 import stat as stat_mod
 import time
-from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
+from typing import (
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Pattern,
+    Sequence,
+    Set,
+    Tuple,
+)
 
 from exporter.collectors.source import BaseSource, Context, register
 from exporter.host.kube import pod_uid_of_mount
@@ -52,6 +62,18 @@ log = logging.getLogger(__name__)
 ORPHAN = STATES.index("orphan")
 
 Changes = Dict[str, Optional[Set[str]]]  # mount -> names changed; None: re-list it all
+# Node mode reads every process this long at a time, so a full scan never holds up quick runs.
+SCAN_PART_SECONDS = 0.1
+
+
+class _Sweep:
+    """A full owner scan under way: the devices, signatures and inodes listed when it began,
+    and the changes seen since (doubted: an orphan changed after its holders were read)."""
+
+    def __init__(self, parts: Iterator[Optional[Owners]], devs, sigs, listed) -> None:
+        self.parts, self.devs, self.sigs, self.listed = parts, devs, sigs, listed
+        self.doubted: Changes = {}
+        self.owners: Optional[Owners] = None
 
 
 def segment_state(held, known, held_at_full, complete, quick, settled) -> str:
@@ -85,6 +107,7 @@ class SegmentsCollector(BaseSource):
         monotonic: Callable[[], float] = time.monotonic,
         all_watched: Callable[[], bool] = lambda: False,
         max_segments: int = 150_000,
+        part_seconds: float = float("inf"),
     ):
         self.paths = paths
         self.mounts = live_mounts(mounts)
@@ -98,6 +121,9 @@ class SegmentsCollector(BaseSource):
         self.full_scan_interval = full_scan_interval if pod_of_pid else 0.0
         self.monotonic = monotonic
         self._scanned_at = float("-inf")  # when the last full owner scan ran
+        # A full scan under way, read part_seconds at a time so quick runs go on between.
+        self._sweep: Optional[_Sweep] = None
+        self.part_seconds = part_seconds
         # Each mount's last listing, and its name -> inode index, for quick runs to patch.
         self._listings: Dict[str, Listing] = {}
         # Per mount; past it, counts by class (a walk stops at MAX_ENTRIES anyway).
@@ -135,8 +161,29 @@ class SegmentsCollector(BaseSource):
         a node's churn more than they do."""
         return not self.pod_of_pid
 
+    @property
+    def continues(self) -> bool:
+        """A full scan is under way in parts (node mode): the next is due at once."""
+        return self._sweep is not None
+
     def collect(self) -> Inventory:
+        """While a full scan is under way, its next part and a quick run's work."""
+        if self._sweep is not None and self._step() is None:
+            return self._collect(full=False)
         return self._collect(full=True)
+
+    def _step(self) -> Optional[Owners]:
+        """Reads processes for the sweep for up to part_seconds; its owners once done."""
+        sweep, until = self._sweep, time.monotonic() + self.part_seconds
+        try:
+            while sweep.owners is None:
+                sweep.owners = next(sweep.parts)
+                if time.monotonic() >= until:
+                    break
+        except BaseException:
+            self._sweep = None
+            raise
+        return sweep.owners
 
     def collect_quick(self) -> Inventory:
         return self._collect(full=False)
@@ -202,15 +249,20 @@ class SegmentsCollector(BaseSource):
         # called leaked again before its pod is read.
         for m, names in changes.items():
             if m in self._last and ORPHAN in self._last[m].states:
-                known = self._doubted.get(m, set())
-                both = None if names is None or known is None else known | names
-                self._doubted[m] = both
-        settled = False  # owners from a full scan of every process, this run
-        unread: Set[str] = set()  # mounts a refresh assembles as a quick run does
+                for doubted in (
+                    self._doubted,
+                    self._sweep.doubted if self._sweep else {},
+                ):
+                    known = doubted.get(m, set())
+                    doubted[m] = (
+                        None if names is None or known is None else known | names
+                    )
+        unread: Set[str] = set()  # mounts assembled as a quick run does
         if full:
             refreshed = None
             if (
-                self._owners.processes
+                self._sweep is None
+                and self._owners.processes
                 and self.monotonic() - self._scanned_at < self.full_scan_interval
             ):
                 # A mount that moved since its pod was last read (pages written through a
@@ -244,18 +296,31 @@ class SegmentsCollector(BaseSource):
                     for m in moved:
                         self._doubted.pop(m, None)
             if refreshed is None:
-                self._owners = self.owner_scan.scan(
-                    set(devs.values()), pods=self.pod_of_pid
-                )
-                self._scanned_at = self.monotonic()
-                self._unproven_log.say(self._owners)
-                # Only what was listed before /proc was read may be called leaked: this
-                # run's rows (marked known as they are assembled).
-                self._full_devs = dict(devs)
-                self._pod_read_as = sigs
-                self._held_at_full = set(self._owners.holdings)
-                self._doubted.clear()
-                settled = True
+                if (
+                    self._sweep is None
+                ):  # a full scan starts: listed before /proc is read
+                    rows = {
+                        m: {unpack(r)[1] for r in listings[m][0].rows.values()}
+                        for m in devs
+                    }
+                    parts = self.owner_scan.sweep(set(devs.values()), self.pod_of_pid)
+                    self._sweep = _Sweep(parts, dict(devs), sigs, rows)
+                sweep, unread = self._sweep, set(devs)  # a new file: its creator's
+                if self._step() is not None:
+                    self._sweep, self._owners = None, sweep.owners
+                    self._scanned_at = self.monotonic()
+                    self._unproven_log.say(self._owners)
+                    self._full_devs, self._pod_read_as = sweep.devs, sweep.sigs
+                    self._held_at_full = set(self._owners.holdings)
+                    self._doubted = sweep.doubted  # changes seen since it started
+                    # Only what was listed before /proc was read may be called leaked.
+                    for m, (listing, _) in listings.items():
+                        was = sweep.listed.get(m, ())
+                        for name, row in listing.rows.items():
+                            ino = unpack(row)[1]
+                            listing.rows[name] = (
+                                row | KNOWN if ino in was else row & ~KNOWN
+                            )
         held_on: Dict[int, List[Key]] = {}
         for key in self._owners.holdings:
             held_on.setdefault(key[0], []).append(key)
@@ -279,7 +344,7 @@ class SegmentsCollector(BaseSource):
             dev, quick = devs[mount], not full or mount in unread
             held = held_on.get(dev, [])
             mounts.append(
-                self._assemble(mount, dev, listing, events, held, quick, settled)
+                self._assemble(mount, dev, listing, events, held, quick, False)
             )
         self._last = {m.mount: m for m in mounts}
         owners = self._owners
@@ -393,6 +458,7 @@ def _make(c: Context) -> SegmentsCollector:
         full_scan_interval=c.cfg.full_scan_interval,
         all_watched=c.all_watched,
         max_segments=c.cfg.max_segments,
+        part_seconds=SCAN_PART_SECONDS if c.node else float("inf"),
     )
 
 

@@ -19,6 +19,7 @@ class Source(Protocol):
     event_driven: bool  # collect_quick() soon after inotify sees a mount change
     stretches: bool  # heavy: its interval doubles while its result stays the same
     follows_up: bool  # a full run follows its quick runs (they left owners unread)
+    continues: bool  # a full run in parts is under way: the next is due at once
     reports_status: bool  # has shmwatch_collector_* series
 
     def collect(self) -> object: ...
@@ -34,6 +35,7 @@ class BaseSource:
     event_driven = False
     stretches = False
     follows_up = True
+    continues = False
     reports_status = True
 
     def collect(self) -> object:

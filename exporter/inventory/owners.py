@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
-from typing import Dict, List, Optional, Pattern, Sequence, Set, Tuple
+from typing import Dict, Iterator, List, Optional, Pattern, Sequence, Set, Tuple
 
 from exporter.host.proctable import PidWrapWatch, Process, ProcessTable
 from exporter.inventory.holdings import MAX_UNPROVEN, Holding, Owners, unlinked_size
@@ -41,7 +41,14 @@ class OwnerScan:
     # to this many; still new ones after that leave the scan unproven.
     MAX_PASSES = 4
 
+    # A sweep hands control back after every this many processes read.
+    PART = 16
+
     def scan(self, devs: Set[int], pods: bool = False) -> Owners:
+        return next(o for o in self.sweep(devs, pods) if o is not None)
+
+    def sweep(self, devs: Set[int], pods: bool = False) -> Iterator[Optional[Owners]]:
+        """A full scan in parts: None after every PART processes read, the Owners last."""
         self._pid_wrap.wrapped()  # from here on
         walked = self.table.walk()
         # Whoever we could not even identify could hold anything.
@@ -66,7 +73,9 @@ class OwnerScan:
         self._mount_ids.learn(walked.processes, devs)
         processes = walked.processes
         for _ in range(self.MAX_PASSES):
-            self._scan_processes(processes, devs, out)
+            for at in range(0, len(processes), self.PART):
+                self._scan_processes(processes[at : at + self.PART], devs, out)
+                yield None
             try:
                 new = set(self.table.pids()) - out.processes.keys()
             except OSError:
@@ -85,7 +94,7 @@ class OwnerScan:
         # Node mode: holders' pods, for the inventory and for refresh() once they exit.
         if pods:
             out.pod_of = {pid: self.table.pod_uid(p) for pid, p in out.holders.items()}
-        return out
+        yield out
 
     def refresh(
         self, devs: Set[int], previous: Owners, also: Set[str] = frozenset()

@@ -3,8 +3,9 @@
 A thread per source, so a hung one (a GPU fallen off the bus, a stuck mount) delays no
 other; the watchdog publishes a run over its timeout as failed and never starts its thread
 twice. An event-driven source also runs `collect_quick()` once a burst of events settles,
-and a full run follows. A heavy source (`stretches`) doubles its interval while its result
-stays the same, up to STRETCH_MAX times, as cAdvisor's housekeeping does.
+and a full run follows; a full run in parts (`continues`) has its next part at once. A
+heavy source (`stretches`) doubles its interval while its result stays the same, up to
+STRETCH_MAX times, as cAdvisor's housekeeping does.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class _Runner(threading.Thread):
             next_full = self.last_full + self.interval
             if self.follow_up_at is not None:
                 next_full = min(next_full, self.follow_up_at)
-            if self.full_now or now >= next_full:
+            if self.full_now or now >= next_full or self.source.continues:
                 # A full run does all a pending event-driven run would: it drains the same
                 # change log. Events from here on ask for a quick run again.
                 self.full_now, self.first_event, self.follow_up_at = False, None, None
@@ -106,7 +107,7 @@ class _Runner(threading.Thread):
         except Exception as err:  # one source failing must not stop the others
             result, error = None, f"{type(err).__name__}: {err}"
         self.running_since = None
-        if full:
+        if full and not self.source.continues:  # the last part of a full run in parts
             same = error is None and result == self.last_result
             stretch = same and self.source.stretches  # back to the base when it stops
             self.interval = (
