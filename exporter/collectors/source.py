@@ -11,6 +11,9 @@ from exporter.host.proctable import ProcessTable
 from exporter.inventory.changes import ChangeLog
 
 MODES = ("sidecar", "node")
+# How late an event-driven run may start: after a burst's first event (the scheduler), or
+# behind a part of a full scan under way (node mode's segments).
+LATE_SECONDS = 0.1
 
 
 class Source(Protocol):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
+import time
 from typing import Dict, Iterator, List, Optional, Pattern, Sequence, Set, Tuple
 
 from exporter.host.proctable import PidWrapWatch, Process, ProcessTable
@@ -21,6 +22,26 @@ from exporter.model.classes import classify
 # memfd regions kept one by one per process (the largest); the rest by class: a tenant may
 # open thousands.
 MAX_MEMFDS = 64
+
+
+class Sweep:
+    """A full scan under way (OwnerScan.sweep): devices, signatures and inodes listed when it
+    began (None: its one run's), and changes since (maybe after their holders were read)."""
+
+    def __init__(self, parts: Iterator[Optional[Owners]], devs, sigs) -> None:
+        self.parts, self.devs, self.sigs = parts, devs, sigs
+        self.listed: Optional[Dict[str, Set[int]]] = None
+        self.doubted: Dict[str, Optional[Set[str]]] = {}
+        self.owners: Optional[Owners] = None
+
+    def step(self, seconds: float) -> Optional[Owners]:
+        """Reads processes for up to `seconds` (a part at least); the owners once done."""
+        until = time.monotonic() + seconds
+        while self.owners is None:
+            self.owners = next(self.parts)
+            if time.monotonic() >= until:
+                break
+        return self.owners
 
 
 class OwnerScan:
@@ -43,9 +64,6 @@ class OwnerScan:
 
     # A sweep hands control back after every this many processes read.
     PART = 16
-
-    def scan(self, devs: Set[int], pods: bool = False) -> Owners:
-        return next(o for o in self.sweep(devs, pods) if o is not None)
 
     def sweep(self, devs: Set[int], pods: bool = False) -> Iterator[Optional[Owners]]:
         """A full scan in parts: None after every PART processes read, the Owners last."""
@@ -100,8 +118,9 @@ class OwnerScan:
         self, devs: Set[int], previous: Owners, also: Set[str] = frozenset()
     ) -> Optional[Owners]:
         """Node mode between full scans: read new processes, and the pods of holders that
-        exited and of `also`; the rest carries over. None when that cannot be scoped (a
-        holder outside any pod exited, or pids wrapped): scan in full."""
+        exited and of `also`; the others' holdings (and gone processes) carry over, never
+        turned orphan unread. None when it cannot be scoped (a holder outside any pod
+        exited, or pids wrapped): scan in full."""
         if self._pid_wrap.wrapped():
             return None
         try:
@@ -115,21 +134,6 @@ class OwnerScan:
                 pods.add(pod)
             elif any(key[0] in devs for key in previous.keys_of.get(pid, ())):
                 return None  # (a memfd alone, as runc's, waits for the next full scan)
-        return self.scan_pods(devs, pods, previous, new_too=True, alive=alive)
-
-    def scan_pods(
-        self,
-        devs: Set[int],
-        pods: Set[str],
-        previous: Owners,
-        new_too: bool = False,
-        alive: Optional[Set[int]] = None,
-    ) -> Owners:
-        """Rescan the processes of `pods` (and with `new_too` every new process); the others'
-        holdings carry over from `previous`, so a segment never turns orphan because it was
-        not looked at. Gone processes are dropped only in scope: the next full scan settles
-        the rest."""
-        alive = set(self.table.pids()) if alive is None else alive
         # Copies made in C, then edited: a quick run does O(pod) work in Python, not O(node).
         processes = dict(previous.processes)
         for pid in previous.processes.keys() - alive:
@@ -161,8 +165,7 @@ class OwnerScan:
             for pid, pod in pod_of.items()
             if pod in pods and (p := processes.get(pid)) is not None
         ]
-        if new_too:
-            scope += [p for p in new if pod_of.get(p.pid) not in pods]
+        scope += [p for p in new if pod_of.get(p.pid) not in pods]
         fresh = Owners()
         if devs == self._mount_ids.learned_devs:
             self._mount_ids.forget(previous.processes.keys() - alive)
