@@ -240,3 +240,25 @@ def test_node_cgroups_stretch_only_while_the_kernel_log_counts_every_kill(tmp_pa
     complete["yes"] = True
     assert source.stretches
     assert not CgroupCollector(Paths("/proc", str(tmp_path), "/"), kill_log_complete=lambda: True).stretches
+
+
+def test_a_full_run_in_parts_has_its_next_part_at_once_and_then_waits_its_interval():
+    """A source whose full run goes on in parts (node mode's owner scan) is run again at
+    once while it `continues`; the interval counts from its last part."""
+
+    class Parts(Counting):
+        left = 5
+
+        @property
+        def continues(self):
+            return len(self.runs) < self.left
+
+    parts = Parts("segments", schedule="inventory", event_driven=True)
+    sampler = Sampler([parts], inventory_interval=30.0)
+    sampler.start()
+    try:
+        assert wait_until(lambda: len(parts.runs) >= 5)
+        time.sleep(0.5)  # the interval (30 s) is not over: no sixth run
+        assert len(parts.runs) == 5
+    finally:
+        sampler.stop()
