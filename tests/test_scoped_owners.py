@@ -565,3 +565,28 @@ def test_a_full_scan_read_in_parts_calls_nothing_leaked_before_every_process_is_
             if not collector.continues:
                 break
         assert segment(inv, a, "psm_meanwhile") == ("orphan", ())
+
+
+@needs_root
+def test_many_new_processes_are_read_in_a_full_scans_parts_not_in_one_refresh(two_pods):
+    """Hundreds of processes started since the last run (a job's workers): a refresh would
+    read them all in one run, holding up quick runs; a full scan in parts reads them."""
+    import subprocess
+
+    (a, _), _ = two_pods
+    clock = Clock()
+    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=ChangeLog(),
+                                  full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE,
+                                  part_seconds=0.0)
+    collector.collect()
+    while collector.continues:
+        collector.collect()
+    workers = [subprocess.Popen(["sleep", "120"]) for _ in range(300)]
+    try:
+        clock.now += 15
+        collector.collect()
+        assert collector.continues  # a full scan began, in parts
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()

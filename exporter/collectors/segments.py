@@ -242,8 +242,9 @@ class SegmentsCollector(BaseSource):
                 if not any(
                     m in self._doubted and not pod_uid_of_mount(m) for m in moved
                 ):
+                    most = None if self.part_seconds == float("inf") else 256
                     refreshed = self.owner_scan.refresh(
-                        set(devs.values()), self._owners, also=also - {""}
+                        set(devs.values()), self._owners, also - {""}, most
                     )
                 if refreshed is not None:
                     self._owners = refreshed

@@ -115,17 +115,20 @@ class OwnerScan:
         yield out
 
     def refresh(
-        self, devs: Set[int], previous: Owners, also: Set[str] = frozenset()
+        self, devs: Set[int], previous: Owners, also: Set[str] = frozenset(), most=None
     ) -> Optional[Owners]:
         """Node mode between full scans: read new processes, and the pods of holders that
         exited and of `also`; the others' holdings (and gone processes) carry over, never
         turned orphan unread. None when it cannot be scoped (a holder outside any pod
-        exited, or pids wrapped): scan in full."""
+        exited, or pids wrapped), or more than `most` processes are new (read in one run
+        they would hold up quick runs): scan in full, in parts."""
         if self._pid_wrap.wrapped():
             return None
         try:
             alive = set(self.table.pids())
         except OSError:
+            return None
+        if most is not None and len(alive - previous.processes.keys()) > most:
             return None
         pods = set(also)
         for pid in previous.holders.keys() - alive:
@@ -140,9 +143,8 @@ class OwnerScan:
             del processes[pid]
         self._kernel_threads &= alive
         # A new process we cannot read (unidentified) could hold anything.
-        new, unidentified = self.table.identify_all(
-            alive - processes.keys(), self._kernel_threads
-        )
+        fresh_pids = alive - processes.keys()
+        new, unidentified = self.table.identify_all(fresh_pids, self._kernel_threads)
         processes.update({p.pid: p for p in new})
         # Each process's pod, looked up once. A holder that exited keeps its pod while its
         # holdings carry over, so the next scan of its pod drops them. A pid handed on is new.
@@ -160,11 +162,8 @@ class OwnerScan:
             previous.pod_of.update(unknown)
         else:
             pod_of.update({p.pid: self.table.pod_uid(p) for p in new})
-        scope = [
-            p
-            for pid, pod in pod_of.items()
-            if pod in pods and (p := processes.get(pid)) is not None
-        ]
+        inside = [pid for pid, pod in pod_of.items() if pod in pods]
+        scope = [processes[pid] for pid in inside if pid in processes]
         scope += [p for p in new if pod_of.get(p.pid) not in pods]
         fresh = Owners()
         if devs == self._mount_ids.learned_devs:
