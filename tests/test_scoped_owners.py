@@ -511,3 +511,67 @@ def test_a_write_to_an_orphan_in_no_pods_mount_brings_the_full_scan_forward(tmp_
         orphan.changes.add(m, "psm_known")
         assert segment(orphan.collector.collect_quick(), m, "psm_known") == ("unverified", ())
         assert orphan.refresh() == ("linked", (orphan.pid,))
+
+
+@needs_root
+def test_a_full_scan_read_in_parts_calls_nothing_leaked_before_every_process_is_read(two_pods):
+    """Node mode's full scan reads a part of the processes per run (part_seconds), with a
+    quick run's work between: a create is listed at once. Only what was listed when the
+    scan began may be called leaked when it ends; a file made meanwhile is its creator's
+    until the next full scan."""
+    (a, _), (cg_a, _) = two_pods
+    clock, changes = Clock(), ChangeLog()
+    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+                                  full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE,
+                                  part_seconds=0.0)
+    with open(os.path.join(a, "psm_left"), "wb") as f:
+        f.write(b"x" * 4096)
+    with Peer(a, "mapped", "nccl-a", str(MiB)) as peer:
+        into_pod(cg_a, peer.pid)
+        inv = collector.collect()  # the scan begins: a part of the processes read
+        assert collector.continues, "more than one part of processes expected"
+        assert segment(inv, a, "psm_left") == ("linked", ())  # new: its creator's, not leaked yet
+        open(os.path.join(a, "psm_meanwhile"), "wb").close()
+        changes.add(a, "psm_meanwhile")
+        inv = collector.collect()  # the next part, and the create listed
+        assert segment(inv, a, "psm_meanwhile") == ("linked", ())
+        parts = 2
+        while collector.continues and parts < 100_000:
+            inv = collector.collect()
+            parts += 1
+            assert segment(inv, a, "psm_left")[0] != "orphan" or not collector.continues
+        assert not collector.continues and parts > 2
+        assert segment(inv, a, "psm_left") == ("orphan", ())  # listed when it began, held by nobody
+        assert segment(inv, a, "psm_meanwhile") == ("linked", ())  # made after: its creator's
+        assert segment(inv, a, "nccl-a") == ("linked", (peer.pid,))
+        clock.now += 600
+        while True:  # the next full scan
+            inv = collector.collect()
+            if not collector.continues:
+                break
+        assert segment(inv, a, "psm_meanwhile") == ("orphan", ())
+
+
+@needs_root
+def test_many_new_processes_are_read_in_a_full_scans_parts_not_in_one_refresh(two_pods):
+    """Hundreds of processes started since the last run (a job's workers): a refresh would
+    read them all in one run, holding up quick runs; a full scan in parts reads them."""
+    import subprocess
+
+    (a, _), _ = two_pods
+    clock = Clock()
+    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=ChangeLog(),
+                                  full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE,
+                                  part_seconds=0.0)
+    collector.collect()
+    while collector.continues:
+        collector.collect()
+    workers = [subprocess.Popen(["sleep", "120"]) for _ in range(300)]
+    try:
+        clock.now += 15
+        collector.collect()
+        assert collector.continues  # a full scan began, in parts
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()
