@@ -41,6 +41,8 @@ POD = (
     + ".slice"
 )
 SCOPE = POD + "/cri-containerd-" + "ab" * 32 + ".scope"
+UID2 = "6f2a1d3b-8c4e-4f9a-8b7c-2d3e4f5a6b7c"  # the docker step's pods
+UID3 = "7a3b2e4c-9d5f-4a0b-9c7d-3e4f5a6b7c8d"
 DSHM = f"/var/lib/kubelet/pods/{UID}/volumes/kubernetes.io~empty-dir/dshm"
 # What the VM's Python (bookworm: 3.11) needs beside shmwatch: pyproject's dependencies.
 DEPS = [
@@ -249,8 +251,14 @@ def vm_run(tmp_path_factory):
     if os.geteuid() != 0:
         prerequisite_missing("the cgroup v2 VM needs root (mmdebstrap, QEMU)")
     out = pathlib.Path(OUT)
-    if os.environ.get("SHMWATCH_VM_REUSE") == "1":  # the last run's results, no boot (developing the checks)
-        return out, json.loads((out / "results.json").read_text()), (out / "stdout.log").read_text()
+    if (
+        os.environ.get("SHMWATCH_VM_REUSE") == "1"
+    ):  # the last run's results, no boot (developing the checks)
+        return (
+            out,
+            json.loads((out / "results.json").read_text()),
+            (out / "stdout.log").read_text(),
+        )
     tmp = tmp_path_factory.mktemp("cgroup2-vm")
     wheels = wheelhouse(tmp)
     disk, image, facts = project_image(tmp)
@@ -435,11 +443,31 @@ def test_memory_max_lowered_at_run_time_is_followed_within_a_poll(vm_run):
 
 
 @needs_root
+def test_the_project_image_ran_in_the_vm(vm_run):
+    """The image the container tier builds from the Dockerfile, loaded in the VM (its base
+    layer from the data-root disk), is what the sidecars ran: the same image id."""
+    out, results, log = vm_run
+    image = results.get("image", {})
+    if "missing" in image:
+        prerequisite_missing(
+            f"no container engine here for the project's image: {image['missing']}"
+        )
+    assert results.get("image_loaded_id") == image["id"], log
+    print(
+        {k: image[k] for k in image if k.endswith(("_s", "_bytes"))},
+        steps(results)["docker"],
+    )
+
+
+@needs_root
 def test_sidecar_containers_in_a_private_cgroup_namespace(vm_run):
-    """Docker's v2 default, a private cgroup namespace, beside a workload container in a pod
-    slice with a 256 MiB limit: without the host's cgroupfs, and with it mounted read-only.
-    Each reports the pod's working set and limit within 5 %, or marks an estimate and is
-    within 15 %; an estimate's effective size is within the flag's limit."""
+    """The acceptance, and tests/containers/test_memory.py's checks on v2: the project's image
+    as a sidecar (Docker's v2 default, a private cgroup namespace) beside a workload container
+    (150 MiB of shm, 40 MiB of heap) in a pod slice with a 256 MiB limit. Without the host's
+    cgroupfs it estimates from the workload's processes: marked estimated, the working set
+    within 15 % of the pod's, the OOM-risk ratio within 0.08, a projection above 1 (1 GiB of
+    shm cannot fit), the flag's limit. With the host's cgroupfs read-only it reads the pod's
+    cgroup: not estimated, working set within 5 %, the pod's limit, no estimate beside it."""
     out, results, log = vm_run
     assert results.get("docker"), log
     for name, facts in results["docker"].items():
@@ -447,18 +475,110 @@ def test_sidecar_containers_in_a_private_cgroup_namespace(vm_run):
         pod = facts["pod"]
         pod_working_set = pod["current"] - pod["inactive_file"]
         [(labels, working_set)] = select(s, "shmwatch_cgroup_memory_working_set_bytes")
-        estimated = (
-            value(s, "shmwatch_cgroup_memory_estimated", cgroup=labels["cgroup"]) == 1
-        )
-        tolerance = 0.15 if estimated else 0.05
-        assert abs(working_set - pod_working_set) <= tolerance * pod_working_set, (
-            name,
-            facts,
-            log,
-        )
-        [(_, limit)] = select(s, "shmwatch_cgroup_memory_limit_bytes")
-        assert abs(limit - pod["max"]) <= tolerance * pod["max"], (name, facts)
+        cgroup = labels["cgroup"]
+        [(limit_labels, limit)] = select(s, "shmwatch_cgroup_memory_limit_bytes")
+        estimated = name == "private"
+        assert value(s, "shmwatch_cgroup_memory_estimated", cgroup=cgroup) == int(
+            estimated
+        ), (name, facts)
+        assert (
+            abs(working_set - pod_working_set)
+            <= (0.15 if estimated else 0.05) * pod_working_set
+        ), (name, facts)
+        assert (
+            value(
+                s, "shmwatch_shm_oom_projection_ratio", cgroup=cgroup, mount="/dev/shm"
+            )
+            > 1
+        ), name
         assert (
             value(s, "shmwatch_mount_effective_size_bytes", mount="/dev/shm")
             <= pod["max"]
+        ), name
+        assert limit == pod["max"] == 256 * MiB, (name, limit_labels)
+        if estimated:
+            assert (
+                cgroup == "estimate:workload" and limit_labels["limit_from"] == "flag"
+            )
+            risk = value(s, "shmwatch_oom_risk_ratio", cgroup=cgroup)
+            assert abs(risk - pod_working_set / pod["max"]) <= 0.08, (risk, facts)
+        else:
+            assert cgroup.endswith(
+                f"kubepods-burstable-pod{UID2.replace('-', '_')}.slice"
+            ), cgroup
+            assert limit_labels["limit_from"] == "pod", limit_labels
+        assert facts["workload_cgroup"] == facts["sidecar_cgroup"] == "0::/", (
+            facts
+        )  # private namespaces
+
+
+@needs_root
+def test_a_container_oom_kill_is_counted_for_its_pod(vm_run):
+    """tests/containers/test_oom.py on v2: a container with its own 64 MiB limit in a pod
+    slice, OOM-killed and removed; node mode counts the kill for the pod, and PodOomKilled
+    fires on the series it exported."""
+    from tests.containers.test_oom import pod_oom_killed_test
+
+    out, results, log = vm_run
+    oom = steps(results)["container_oom"]
+    assert oom["oom_killed"] == "true" and not oom["container_cgroup_left"], log
+    pod = POD.replace(UID.replace("-", "_"), UID3.replace("-", "_"))
+    before, after = scrape(out, "before-node-oom"), scrape(out, "after-node-oom")
+    assert (
+        value(before, "shmwatch_cgroup_oom_kills_total", cgroup=pod, pod_uid=UID3) == 0
+    )
+    [(labels, kills)] = select(after, "shmwatch_cgroup_oom_kills_total", cgroup=pod)
+    assert kills == 1 and labels["pod_uid"] == UID3, log
+    pairs = ", ".join(
+        f'{k}="{v}"'
+        for k, v in sorted(
+            {**labels, "instance": "node:9841", "job": "shmwatch"}.items()
         )
+    )
+    result = pod_oom_killed_test(
+        f"shmwatch_cgroup_oom_kills_total{{{pairs}}}", "0x2 1x4"
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+@needs_root
+def test_memory_high_panel_shows_a_throttled_pod_in_node_mode(vm_run, tmp_path):
+    """Node mode's pods have no memory.high of their own (MemoryQoS sets their containers'):
+    the dashboard's memory.high panel draws the pod's limit once its memory.events counts its
+    container throttled, on a real Prometheus scraping the VM's node-mode exposition."""
+    from tests.live import Prometheus
+    from tests.test_dashboard import panels
+    from tests.test_dashboard_pods import rules_file, serving, substitute
+
+    out, results, log = vm_run
+    assert "throttled" in steps(results), log
+    text = (out / "throttled-node.prom").read_text()
+    ksm = f'kube_pod_info{{namespace="llm",pod="vllm-0",uid="{UID}",node="vm",job="kube-state-metrics"}} 1\n'
+    [panel] = [p for p in panels() if p["title"] == "memory.high and the shm under it"]
+    with (
+        serving(text) as node,
+        serving(ksm) as kube,
+        Prometheus(
+            str(tmp_path),
+            [node, kube],
+            rules=rules_file(tmp_path / "rules.yml"),
+            honor_labels=True,
+        ) as prom,
+    ):
+        exprs = {
+            t["legendFormat"]: substitute(t["expr"], "vllm-0") for t in panel["targets"]
+        }
+        prom.wait_query(
+            exprs["shmem {{cgroup}}"], timeout=60
+        )  # the rules' pod names joined
+        prom.wait_query(exprs["limit {{cgroup}} (throttled under it)"], timeout=30)
+        answers = {legend: prom.query(expr) for legend, expr in exprs.items()}
+    limit = [
+        r
+        for r in answers["limit {{cgroup}} (throttled under it)"]
+        if r["metric"].get("cgroup") == POD
+    ]
+    assert limit and float(limit[0]["value"][1]) == 256 * MiB, answers
+    assert answers["memory.high {{cgroup}}"] == [], (
+        answers
+    )  # the pod has none: the old panel's only line
