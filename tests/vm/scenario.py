@@ -317,6 +317,7 @@ def docker_sidecar():
     t = time.monotonic()
     # The host loaded the image's base into a docker data-root on this disk; the archive
     # loaded here has the project's own layers only.
+    os.makedirs("/var/lib/docker", exist_ok=True)
     subprocess.run(["mount", "/dev/vdb", "/var/lib/docker"], check=True, timeout=120)
     subprocess.run(["systemctl", "start", "docker"], check=True, timeout=300)
     timings = {"docker_start_s": round(time.monotonic() - t, 1)}
