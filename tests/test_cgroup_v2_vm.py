@@ -1,7 +1,9 @@
 """The cgroup v2 tier: shmwatch against real v2 pod slices, in a Debian bookworm VM (kernel 6.1,
 systemd, cgroup v2 only) booted under QEMU by tests/vm/cgroup2-vm.sh. The VM has no network: a
 wheelhouse (shmwatch built from this tree, its dependencies for the VM's Python 3.11) goes in
-with tests/vm/scenario.py, which acts and records; the assertions are here.
+with tests/vm/scenario.py, which acts and records; the assertions are here. The project's image
+(the container tier's build of the Dockerfile) goes in too, for the sidecar containers: see
+project_image() for how, and why not a plain `docker load` of all of it.
 
 Runs under CI (CI=true, where a VM that cannot boot is a failure) or with SHMWATCH_VM=1: it takes
 minutes (image build ~2 min once, cached in /var/tmp/cgroup2-vm; boot and scenario ~3-5 min on
@@ -326,9 +328,11 @@ def test_vm_ran_on_cgroup_v2_without_errors(vm_run):
     assert set(steps(results)) == {
         "filled",
         "acceptance",
+        "throttled",
         "oom",
         "lowered",
         "docker",
+        "container_oom",
     }, log
     filled = steps(results)["filled"]
     assert filled["dd_rc"] == 0 and filled["scope_shmem"] == 150 * MiB, log
