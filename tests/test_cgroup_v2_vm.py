@@ -325,14 +325,13 @@ def test_vm_ran_on_cgroup_v2_without_errors(vm_run):
     out, results, log = vm_run
     assert results["cgroup_fs"] == "cgroup2fs", log
     assert not results["errors"], log
-    assert set(steps(results)) == {
+    docker = set() if "missing" in results["image"] else {"docker", "container_oom"}
+    assert set(steps(results)) == docker | {
         "filled",
         "acceptance",
         "throttled",
         "oom",
         "lowered",
-        "docker",
-        "container_oom",
     }, log
     filled = steps(results)["filled"]
     assert filled["dd_rc"] == 0 and filled["scope_shmem"] == 150 * MiB, log
@@ -446,16 +445,20 @@ def test_memory_max_lowered_at_run_time_is_followed_within_a_poll(vm_run):
     assert lowered["seconds"]["host"] <= 5, log
 
 
+def image_needed(results):
+    if "missing" in results["image"]:  # under CI=true the fixture has failed already
+        prerequisite_missing(
+            f"no container engine here for the project's image: {results['image']['missing']}"
+        )
+
+
 @needs_root
 def test_the_project_image_ran_in_the_vm(vm_run):
     """The image the container tier builds from the Dockerfile, loaded in the VM (its base
     layer from the data-root disk), is what the sidecars ran: the same image id."""
     out, results, log = vm_run
-    image = results.get("image", {})
-    if "missing" in image:
-        prerequisite_missing(
-            f"no container engine here for the project's image: {image['missing']}"
-        )
+    image_needed(results)
+    image = results["image"]
     assert results.get("image_loaded_id") == image["id"], log
     print(
         {k: image[k] for k in image if k.endswith(("_s", "_bytes"))},
@@ -473,6 +476,7 @@ def test_sidecar_containers_in_a_private_cgroup_namespace(vm_run):
     shm cannot fit), the flag's limit. With the host's cgroupfs read-only it reads the pod's
     cgroup: not estimated, working set within 5 %, the pod's limit, no estimate beside it."""
     out, results, log = vm_run
+    image_needed(results)
     assert results.get("docker"), log
     for name, facts in results["docker"].items():
         s = scrape(out, f"docker-docker-{name}")
@@ -524,6 +528,7 @@ def test_a_container_oom_kill_is_counted_for_its_pod(vm_run):
     from tests.containers.test_oom import pod_oom_killed_test
 
     out, results, log = vm_run
+    image_needed(results)
     oom = steps(results)["container_oom"]
     assert oom["oom_killed"] == "true" and not oom["container_cgroup_left"], log
     pod = POD.replace(UID.replace("-", "_"), UID3.replace("-", "_"))
