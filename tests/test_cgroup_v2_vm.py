@@ -37,11 +37,7 @@ from tests.conftest import (
 MiB = 1 << 20
 VM = os.path.join(REPO, "tests", "vm")
 UID = "5e1f0c2a-7b3d-4e8f-9a6b-1c2d3e4f5a6b"  # as in scenario.py
-POD = (
-    "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
-    + UID.replace("-", "_")
-    + ".slice"
-)
+POD = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + UID.replace("-", "_") + ".slice"
 SCOPE = POD + "/cri-containerd-" + "ab" * 32 + ".scope"
 UID2 = "6f2a1d3b-8c4e-4f9a-8b7c-2d3e4f5a6b7c"  # the docker step's pods
 UID3 = "7a3b2e4c-9d5f-4a0b-9c7d-3e4f5a6b7c8d"
@@ -71,9 +67,7 @@ python3 /io/extra/scenario.py /io
 def wheelhouse(tmp_path):
     """shmwatch's wheel from this tree (built in a copy: no build/ left here), and its
     dependencies' wheels for CPython 3.11 on x86_64 (downloaded once, cached)."""
-    deps = os.path.join(
-        WHEEL_CACHE, hashlib.sha256(" ".join(DEPS).encode()).hexdigest()[:12]
-    )
+    deps = os.path.join(WHEEL_CACHE, hashlib.sha256(" ".join(DEPS).encode()).hexdigest()[:12])
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     if not os.path.isdir(deps):
         subprocess.run(
@@ -198,12 +192,8 @@ def seed_disk(disk, base_tar):
         )
     try:
         deadline = time.monotonic() + 60
-        while subprocess.run(
-            ["docker", "-H", sock, "info"], capture_output=True
-        ).returncode:
-            assert dockerd.poll() is None and time.monotonic() < deadline, open(
-                f"{root}/dockerd.log"
-            ).read()[-2000:]
+        while subprocess.run(["docker", "-H", sock, "info"], capture_output=True).returncode:
+            assert dockerd.poll() is None and time.monotonic() < deadline, open(f"{root}/dockerd.log").read()[-2000:]
             time.sleep(0.5)
         subprocess.run(
             ["docker", "-H", sock, "load", "-q", "-i", str(base_tar)],
@@ -237,9 +227,7 @@ def slim_save(full, base_layers, out):
         with tarfile.open(out, "w") as dst:
             for member in src:
                 if member.name.split("/")[0] not in dropped:
-                    dst.addfile(
-                        member, src.extractfile(member) if member.isfile() else None
-                    )
+                    dst.addfile(member, src.extractfile(member) if member.isfile() else None)
     return os.path.getsize(out)
 
 
@@ -247,15 +235,11 @@ def slim_save(full, base_layers, out):
 def vm_run(tmp_path_factory):
     """The scenario's results and scrapes, from one VM boot for every test here."""
     if not (UNDER_CI or os.environ.get("SHMWATCH_VM") == "1"):
-        pytest.skip(
-            "the cgroup v2 VM tier runs under CI=true or with SHMWATCH_VM=1 (minutes)"
-        )
+        pytest.skip("the cgroup v2 VM tier runs under CI=true or with SHMWATCH_VM=1 (minutes)")
     if os.geteuid() != 0:
         prerequisite_missing("the cgroup v2 VM needs root (mmdebstrap, QEMU)")
     out = pathlib.Path(OUT)
-    if (
-        os.environ.get("SHMWATCH_VM_REUSE") == "1"
-    ):  # the last run's results, no boot (developing the checks)
+    if os.environ.get("SHMWATCH_VM_REUSE") == "1":  # the last run's results, no boot (developing the checks)
         return (
             out,
             json.loads((out / "results.json").read_text()),
@@ -286,21 +270,14 @@ def vm_run(tmp_path_factory):
         timeout=2400,
     )
     if proc.returncode in (124, 125) or not (out / "exit_code").exists():
-        console = (
-            (out / "console.log").read_text(errors="replace")[-2000:]
-            if (out / "console.log").exists()
-            else ""
-        )
+        console = (out / "console.log").read_text(errors="replace")[-2000:] if (out / "console.log").exists() else ""
         prerequisite_missing(
-            f"the cgroup v2 VM did not run the scenario (rc {proc.returncode}): "
-            f"{proc.stderr[-2000:]}\n{console}"
+            f"the cgroup v2 VM did not run the scenario (rc {proc.returncode}): {proc.stderr[-2000:]}\n{console}"
         )
     stdout = (out / "stdout.log").read_text()
     stderr = (out / "stderr.log").read_text()
     results_file = out / "results.json"
-    assert results_file.exists(), (
-        f"no results from the VM (rc {proc.returncode}):\n{stdout}\n{stderr}"
-    )
+    assert results_file.exists(), f"no results from the VM (rc {proc.returncode}):\n{stdout}\n{stderr}"
     results = json.loads(results_file.read_text())
     print(stdout)  # the steps and their timings, for the report (pytest -s)
     return (
@@ -353,30 +330,14 @@ def test_pod_level_limit_in_host_and_node_mode(vm_run):
         )
         == 256 * MiB
     ), log
-    assert (
-        value(sidecar, "shmwatch_shm_oom_projection_ratio", mount=DSHM, cgroup=SCOPE)
-        > 1
-    )
-    assert (
-        value(sidecar, "shmwatch_mount_effective_size_bytes", mount=DSHM) <= 256 * MiB
-    )
-    assert (
-        value(sidecar, "shmwatch_cgroup_memory_high_bytes", cgroup=SCOPE) == 200 * MiB
-    )
-    assert (
-        value(sidecar, "shmwatch_cgroup_memory_shmem_bytes", cgroup=SCOPE) == 150 * MiB
-    )
+    assert value(sidecar, "shmwatch_shm_oom_projection_ratio", mount=DSHM, cgroup=SCOPE) > 1
+    assert value(sidecar, "shmwatch_mount_effective_size_bytes", mount=DSHM) <= 256 * MiB
+    assert value(sidecar, "shmwatch_cgroup_memory_high_bytes", cgroup=SCOPE) == 200 * MiB
+    assert value(sidecar, "shmwatch_cgroup_memory_shmem_bytes", cgroup=SCOPE) == 150 * MiB
     # Found from the workload's process: its pod's cgroup, where the limit binds.
     target = scrape(out, "acceptance-target")
-    assert (
-        value(
-            target, "shmwatch_cgroup_memory_limit_bytes", cgroup=POD, limit_from="pod"
-        )
-        == 256 * MiB
-    ), log
-    assert (
-        value(target, "shmwatch_shm_oom_projection_ratio", mount=DSHM, cgroup=POD) > 1
-    )
+    assert value(target, "shmwatch_cgroup_memory_limit_bytes", cgroup=POD, limit_from="pod") == 256 * MiB, log
+    assert value(target, "shmwatch_shm_oom_projection_ratio", mount=DSHM, cgroup=POD) > 1
     node = scrape(out, "acceptance-node")
     assert (
         value(
@@ -389,26 +350,17 @@ def test_pod_level_limit_in_host_and_node_mode(vm_run):
         == 256 * MiB
     )
     assert value(node, "shmwatch_shm_oom_projection_ratio", mount=DSHM, cgroup=POD) > 1
-    assert (
-        value(node, "shmwatch_mount_effective_size_bytes", mount=DSHM, pod_uid=UID)
-        <= 256 * MiB
-    )
-    assert (
-        value(node, "shmwatch_mount_used_bytes", mount=DSHM, pod_uid=UID) == 150 * MiB
-    )
+    assert value(node, "shmwatch_mount_effective_size_bytes", mount=DSHM, pod_uid=UID) <= 256 * MiB
+    assert value(node, "shmwatch_mount_used_bytes", mount=DSHM, pod_uid=UID) == 150 * MiB
 
 
 @needs_root
 def test_a_writer_past_the_pod_limit_is_killed_and_counted_for_the_pod(vm_run):
     out, results, log = vm_run
     oom = steps(results)["oom"]
-    assert oom["writer_rc"] == -9 and oom["holder_alive"], (
-        log
-    )  # SIGKILL, the workload spared
+    assert oom["writer_rc"] == -9 and oom["holder_alive"], log  # SIGKILL, the workload spared
     node = scrape(out, "oom-node")
-    assert (
-        value(node, "shmwatch_cgroup_oom_kills_total", cgroup=POD, pod_uid=UID) >= 1
-    ), log
+    assert value(node, "shmwatch_cgroup_oom_kills_total", cgroup=POD, pod_uid=UID) >= 1, log
     assert (
         value(
             node,
@@ -439,17 +391,13 @@ def test_memory_max_lowered_at_run_time_is_followed_within_a_poll(vm_run):
     lowered = steps(results)["lowered"]
     for name in ("host", "target", "node"):
         s = scrape(out, f"lowered-{name}")
-        assert (
-            value(s, "shmwatch_mount_effective_size_bytes", mount=DSHM) <= 200 * MiB
-        ), (name, log)
+        assert value(s, "shmwatch_mount_effective_size_bytes", mount=DSHM) <= 200 * MiB, (name, log)
     assert lowered["seconds"]["host"] <= 5, log
 
 
 def image_needed(results):
     if "missing" in results["image"]:  # under CI=true the fixture has failed already
-        prerequisite_missing(
-            f"no container engine here for the project's image: {results['image']['missing']}"
-        )
+        prerequisite_missing(f"no container engine here for the project's image: {results['image']['missing']}")
 
 
 @needs_root
@@ -486,38 +434,19 @@ def test_sidecar_containers_in_a_private_cgroup_namespace(vm_run):
         cgroup = labels["cgroup"]
         [(limit_labels, limit)] = select(s, "shmwatch_cgroup_memory_limit_bytes")
         estimated = name == "private"
-        assert value(s, "shmwatch_cgroup_memory_estimated", cgroup=cgroup) == int(
-            estimated
-        ), (name, facts)
-        assert (
-            abs(working_set - pod_working_set)
-            <= (0.15 if estimated else 0.05) * pod_working_set
-        ), (name, facts)
-        assert (
-            value(
-                s, "shmwatch_shm_oom_projection_ratio", cgroup=cgroup, mount="/dev/shm"
-            )
-            > 1
-        ), name
-        assert (
-            value(s, "shmwatch_mount_effective_size_bytes", mount="/dev/shm")
-            <= pod["max"]
-        ), name
+        assert value(s, "shmwatch_cgroup_memory_estimated", cgroup=cgroup) == int(estimated), (name, facts)
+        assert abs(working_set - pod_working_set) <= (0.15 if estimated else 0.05) * pod_working_set, (name, facts)
+        assert value(s, "shmwatch_shm_oom_projection_ratio", cgroup=cgroup, mount="/dev/shm") > 1, name
+        assert value(s, "shmwatch_mount_effective_size_bytes", mount="/dev/shm") <= pod["max"], name
         assert limit == pod["max"] == 256 * MiB, (name, limit_labels)
         if estimated:
-            assert (
-                cgroup == "estimate:workload" and limit_labels["limit_from"] == "flag"
-            )
+            assert cgroup == "estimate:workload" and limit_labels["limit_from"] == "flag"
             risk = value(s, "shmwatch_oom_risk_ratio", cgroup=cgroup)
             assert abs(risk - pod_working_set / pod["max"]) <= 0.08, (risk, facts)
         else:
-            assert cgroup.endswith(
-                f"kubepods-burstable-pod{UID2.replace('-', '_')}.slice"
-            ), cgroup
+            assert cgroup.endswith(f"kubepods-burstable-pod{UID2.replace('-', '_')}.slice"), cgroup
             assert limit_labels["limit_from"] == "pod", limit_labels
-        assert facts["workload_cgroup"] == facts["sidecar_cgroup"] == "0::/", (
-            facts
-        )  # private namespaces
+        assert facts["workload_cgroup"] == facts["sidecar_cgroup"] == "0::/", facts  # private namespaces
 
 
 @needs_root
@@ -533,20 +462,11 @@ def test_a_container_oom_kill_is_counted_for_its_pod(vm_run):
     assert oom["oom_killed"] == "true" and not oom["container_cgroup_left"], log
     pod = POD.replace(UID.replace("-", "_"), UID3.replace("-", "_"))
     before, after = scrape(out, "before-node-oom"), scrape(out, "after-node-oom")
-    assert (
-        value(before, "shmwatch_cgroup_oom_kills_total", cgroup=pod, pod_uid=UID3) == 0
-    )
+    assert value(before, "shmwatch_cgroup_oom_kills_total", cgroup=pod, pod_uid=UID3) == 0
     [(labels, kills)] = select(after, "shmwatch_cgroup_oom_kills_total", cgroup=pod)
     assert kills == 1 and labels["pod_uid"] == UID3, log
-    pairs = ", ".join(
-        f'{k}="{v}"'
-        for k, v in sorted(
-            {**labels, "instance": "node:9841", "job": "shmwatch"}.items()
-        )
-    )
-    result = pod_oom_killed_test(
-        f"shmwatch_cgroup_oom_kills_total{{{pairs}}}", "0x2 1x4"
-    )
+    pairs = ", ".join(f'{k}="{v}"' for k, v in sorted({**labels, "instance": "node:9841", "job": "shmwatch"}.items()))
+    result = pod_oom_killed_test(f"shmwatch_cgroup_oom_kills_total{{{pairs}}}", "0x2 1x4")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
 
 
@@ -574,20 +494,10 @@ def test_memory_high_panel_shows_a_throttled_pod_in_node_mode(vm_run, tmp_path):
             honor_labels=True,
         ) as prom,
     ):
-        exprs = {
-            t["legendFormat"]: substitute(t["expr"], "vllm-0") for t in panel["targets"]
-        }
-        prom.wait_query(
-            exprs["shmem {{cgroup}}"], timeout=60
-        )  # the rules' pod names joined
+        exprs = {t["legendFormat"]: substitute(t["expr"], "vllm-0") for t in panel["targets"]}
+        prom.wait_query(exprs["shmem {{cgroup}}"], timeout=60)  # the rules' pod names joined
         prom.wait_query(exprs["limit {{cgroup}} (throttled under it)"], timeout=30)
         answers = {legend: prom.query(expr) for legend, expr in exprs.items()}
-    limit = [
-        r
-        for r in answers["limit {{cgroup}} (throttled under it)"]
-        if r["metric"].get("cgroup") == POD
-    ]
+    limit = [r for r in answers["limit {{cgroup}} (throttled under it)"] if r["metric"].get("cgroup") == POD]
     assert limit and float(limit[0]["value"][1]) == 256 * MiB, answers
-    assert answers["memory.high {{cgroup}}"] == [], (
-        answers
-    )  # the pod has none: the old panel's only line
+    assert answers["memory.high {{cgroup}}"] == [], answers  # the pod has none: the old panel's only line

@@ -71,9 +71,7 @@ class Exporter:
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
 
     def scrape(self):
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{self.port}/metrics", timeout=30
-        ) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30) as r:
             return r.read().decode()
 
     def wait_for(self, *patterns, timeout=180.0):
@@ -82,9 +80,7 @@ class Exporter:
         deadline, text = time.monotonic() + timeout, ""
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"exporter {self.name} exited {self.proc.returncode}"
-                )
+                raise RuntimeError(f"exporter {self.name} exited {self.proc.returncode}")
             try:
                 text = self.scrape()
             except OSError:
@@ -92,9 +88,7 @@ class Exporter:
             if all(re.search(p, text, re.M) for p in patterns):
                 return text
             time.sleep(0.5)
-        results["errors"].append(
-            f"{self.name}: no lines matching {patterns!r} in {timeout}s"
-        )
+        results["errors"].append(f"{self.name}: no lines matching {patterns!r} in {timeout}s")
         return text
 
     def record(self, step, text):
@@ -124,9 +118,7 @@ def step(name, **facts):
 
 def main():
     results["kernel"] = os.uname().release
-    results["cgroup_fs"] = subprocess.run(
-        ["stat", "-fc", "%T", ROOT], capture_output=True, text=True
-    ).stdout.strip()
+    results["cgroup_fs"] = subprocess.run(["stat", "-fc", "%T", ROOT], capture_output=True, text=True).stdout.strip()
     # The kubelet's systemd layout, made by hand: memory enabled down to the container's scope.
     for level in ("kubepods.slice", QOS, POD, SCOPE):
         os.makedirs(os.path.join(ROOT, level), exist_ok=True)
@@ -135,9 +127,7 @@ def main():
     cg(POD, "memory.max", 256 * MiB)
     os.makedirs(DSHM, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1g", "tmpfs", DSHM], check=True)
-    results["dshm_options"] = [
-        line for line in open("/proc/self/mountinfo") if DSHM in line
-    ]
+    results["dshm_options"] = [line for line in open("/proc/self/mountinfo") if DSHM in line]
     # The workload: a long-lived process in the scope (spared by the OOM killer, so the writer
     # below is the victim), and 150 MiB written into the pod's emptyDir from the scope.
     holder = os.path.join(OUT, "shmholder")
@@ -149,9 +139,7 @@ def main():
     time.sleep(0.5)
     with open(f"/proc/{workload.pid}/oom_score_adj", "w") as f:
         f.write("-1000")
-    dd = in_scope(
-        ["dd", "if=/dev/zero", f"of={DSHM}/psm_kv", "bs=1M", "count=150", "status=none"]
-    )
+    dd = in_scope(["dd", "if=/dev/zero", f"of={DSHM}/psm_kv", "bs=1M", "count=150", "status=none"])
     step(
         "filled",
         dd_rc=dd.wait(),
@@ -162,9 +150,7 @@ def main():
 
     exporters = [
         Exporter("host", f"--cgroup.path={ROOT}/{SCOPE}", f"--shm.mount={DSHM}"),
-        Exporter(
-            "target", "--cgroup.target-process=^shmholder$", f"--shm.mount={DSHM}"
-        ),
+        Exporter("target", "--cgroup.target-process=^shmholder$", f"--shm.mount={DSHM}"),
         Exporter("node", "--mode=node"),
     ]
     try:
@@ -191,18 +177,13 @@ def main():
         )
         rc = over.wait(300)
         node = exporters[2]
-        pattern = (
-            r'^shmwatch_cgroup_memory_events_total\{(?=.*event="high")(?=.*pod_uid="%s").*\} [1-9]'
-            % UID
-        )
+        pattern = r'^shmwatch_cgroup_memory_events_total\{(?=.*event="high")(?=.*pod_uid="%s").*\} [1-9]' % UID
         node.record("throttled", node.wait_for(pattern))
         os.unlink(f"{DSHM}/psm_high")
         step("throttled", writer_rc=rc, pod_events=cg(POD, "memory.events"))
 
         # A writer past the pod's limit: OOM-killed, the pod's count rises in /metrics.
-        cg(
-            SCOPE, "memory.high", "max"
-        )  # else it is throttled at 200 MiB instead of killed
+        cg(SCOPE, "memory.high", "max")  # else it is throttled at 200 MiB instead of killed
         writer = in_scope(
             [
                 "dd",
@@ -220,15 +201,12 @@ def main():
             "oom",
             node.wait_for(
                 r'^shmwatch_cgroup_oom_kills_total\{.*pod_uid="%s".*\} [1-9]' % UID,
-                r'^shmwatch_cgroup_memory_events_total\{(?=.*event="oom_kill")(?=.*pod_uid="%s").*\} [1-9]'
-                % UID,
+                r'^shmwatch_cgroup_memory_events_total\{(?=.*event="oom_kill")(?=.*pod_uid="%s").*\} [1-9]' % UID,
             ),
         )
         exporters[0].record(
             "oom",
-            exporters[0].wait_for(
-                r'^shmwatch_cgroup_memory_events_total\{.*event="oom_kill".*\} [1-9]'
-            ),
+            exporters[0].wait_for(r'^shmwatch_cgroup_memory_events_total\{.*event="oom_kill".*\} [1-9]'),
         )
         step(
             "oom",
@@ -246,9 +224,7 @@ def main():
         cg(POD, "memory.max", 200 * MiB)
         followed = {}
         for e in exporters:
-            text = e.wait_for(
-                r"^shmwatch_cgroup_memory_limit_bytes\{.*\} 2\.097152e\+08", timeout=60
-            )
+            text = e.wait_for(r"^shmwatch_cgroup_memory_limit_bytes\{.*\} 2\.097152e\+08", timeout=60)
             followed[e.name] = round(time.monotonic() - lowered, 2)
             e.record("lowered", text)
         step("lowered", seconds=followed, pod_memory_max=cg(POD, "memory.max").strip())
@@ -271,9 +247,7 @@ POD2 = f"{QOS}/{POD2_UNIT}"
 
 
 def docker(*args, check=True):
-    proc = subprocess.run(
-        ["docker", *args], capture_output=True, text=True, timeout=300
-    )
+    proc = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=300)
     if check and proc.returncode:
         raise RuntimeError(f"docker {' '.join(args[:2])}: {proc.stderr.strip()}")
     return proc.stdout.strip()
@@ -324,9 +298,7 @@ def docker_sidecar():
     t = time.monotonic()
     docker("load", "-q", "-i", "/io/extra/shmwatch-image.tar")
     timings["load_s"] = round(time.monotonic() - t, 1)
-    results["image_loaded_id"] = docker(
-        "image", "inspect", "-f", "{{.Id}}", image["tag"]
-    )
+    results["image_loaded_id"] = docker("image", "inspect", "-f", "{{.Id}}", image["tag"])
     tag = image["tag"]
     t = time.monotonic()
     docker(
@@ -345,17 +317,9 @@ def docker_sidecar():
     )
     cg(POD2, "memory.max", 256 * MiB)
     deadline = time.monotonic() + 180
-    while (
-        docker(
-            "exec", "workload", "sh", "-c", "test -e /tmp/filled && echo y", check=False
-        )
-        != "y"
-    ):
+    while docker("exec", "workload", "sh", "-c", "test -e /tmp/filled && echo y", check=False) != "y":
         if time.monotonic() > deadline:
-            raise RuntimeError(
-                "the workload container did not fill its /dev/shm: "
-                + docker("logs", "workload")
-            )
+            raise RuntimeError("the workload container did not fill its /dev/shm: " + docker("logs", "workload"))
         time.sleep(1)
     timings["workload_s"] = round(time.monotonic() - t, 1)
     # The sidecars outside the pod's slice, so the pod's cgroup is the workload's alone and
@@ -414,12 +378,8 @@ def docker_sidecar():
         facts[name] = {
             "pod": pod,
             "log": docker("logs", f"side-{name}", check=False)[-3000:],
-            "workload_cgroup": docker(
-                "exec", "workload", "cat", "/proc/self/cgroup", check=False
-            ),
-            "sidecar_cgroup": docker(
-                "exec", f"side-{name}", "cat", "/proc/self/cgroup", check=False
-            ),
+            "workload_cgroup": docker("exec", "workload", "cat", "/proc/self/cgroup", check=False),
+            "sidecar_cgroup": docker("exec", f"side-{name}", "cat", "/proc/self/cgroup", check=False),
         }
     timings["sidecars_s"] = round(time.monotonic() - t, 1)
     results["docker"] = facts
@@ -437,16 +397,12 @@ def container_oom(tag):
     """tests/containers/test_oom.py on v2: a container with its own limit (--memory=64m) in a
     pod slice, OOM-killed and removed; node mode counts the kill for the pod (the pod's
     memory.events counts its children's kills and outlives them)."""
-    os.makedirs(
-        os.path.join(ROOT, POD3), exist_ok=True
-    )  # the kubelet makes the pod's cgroup first
+    os.makedirs(os.path.join(ROOT, POD3), exist_ok=True)  # the kubelet makes the pod's cgroup first
     node = Exporter("node-oom", "--mode=node", "--no-collector.segments")
     try:
         node.record(
             "before",
-            node.wait_for(
-                r'^shmwatch_cgroup_oom_kills_total\{.*pod_uid="%s".*\} 0' % UID3
-            ),
+            node.wait_for(r'^shmwatch_cgroup_oom_kills_total\{.*pod_uid="%s".*\} 0' % UID3),
         )
         t = time.monotonic()
         cid = docker(
@@ -464,19 +420,14 @@ def container_oom(tag):
             HOG,
         )
         deadline = time.monotonic() + 300
-        while (
-            docker("inspect", "-f", "{{.State.Running}}", "hog") == "true"
-            and time.monotonic() < deadline
-        ):
+        while docker("inspect", "-f", "{{.State.Running}}", "hog") == "true" and time.monotonic() < deadline:
             time.sleep(0.5)
         oom_killed = docker("inspect", "-f", "{{.State.OOMKilled}}", "hog")
         container = f"{POD3}/docker-{cid}.scope"
         docker("rm", "-f", "hog")
         node.record(
             "after",
-            node.wait_for(
-                r'^shmwatch_cgroup_oom_kills_total\{.*pod_uid="%s".*\} 1' % UID3
-            ),
+            node.wait_for(r'^shmwatch_cgroup_oom_kills_total\{.*pod_uid="%s".*\} 1' % UID3),
         )
         step(
             "container_oom",
