@@ -64,6 +64,8 @@ def exporter(target, kind, uid=""):
                 or (kind in ("pod", "host") and not per_pod):
             continue
         labels = dict(target, **{k: FILL[k] for k in metric.labels if k in FILL})
+        if metric.name == "shmwatch_cgroup_memory_events_total":  # the memory.high panel draws throttled cgroups
+            labels["event"] = "high"
         if kind in ("pod", "host"):
             labels.update({k: "" for k in node_labels(metric)}, pod_uid=uid)
             labels.update({"volume": "dshm"} if "volume" in labels and uid else {})

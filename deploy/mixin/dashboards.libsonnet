@@ -332,9 +332,14 @@ local panels(c) = [
         'memory.high and the shm under it',
         'memory.high (MemoryQoS) and the tmpfs (shmem) charged to the cgroup. Above memory.high the kernel '
         + 'throttles and reclaims, and tmpfs pages cannot be reclaimed without swap: a shm-heavy pod stalls '
-        + 'rather than being killed (alert PodThrottledAtMemoryHigh).',
+        + "rather than being killed (alert PodThrottledAtMemoryHigh). A pod's cgroup (node mode) has no "
+        + "memory.high of its own (MemoryQoS sets its containers'): once its memory.events counts them "
+        + 'throttled, its limit is drawn instead, as the alert takes it.',
         [
           q(P('shmwatch_cgroup_memory_high_bytes'), 'memory.high {{cgroup}}'),
+          q('%s and on (job, instance, cgroup) %s > 0'
+            % [P('shmwatch_cgroup_memory_limit_bytes'), P('shmwatch_cgroup_memory_events_total', extra='event="high"')],
+            'limit {{cgroup}} (throttled under it)'),
           q(P('shmwatch_cgroup_memory_shmem_bytes'), 'shmem {{cgroup}}'),
         ],
         w=12,

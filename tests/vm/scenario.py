@@ -58,8 +58,16 @@ class Exporter:
     def __init__(self, name, *args):
         self.name, self.port = name, free_port()
         self.log = open(os.path.join(OUT, f"exporter-{name}.log"), "w")
-        argv = [sys.executable, "-m", "exporter", f"--web.listen-address=127.0.0.1:{self.port}",
-                "--no-collector.gpu", "--poll-interval=1s", "--inventory-interval=5s", *args]
+        argv = [
+            sys.executable,
+            "-m",
+            "exporter",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--no-collector.gpu",
+            "--poll-interval=1s",
+            "--inventory-interval=5s",
+            *args,
+        ]
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
 
     def scrape(self):
@@ -97,7 +105,7 @@ class Exporter:
 
 def in_scope(argv, **kw):
     """A process started in the container's scope (it writes its own PID into cgroup.procs)."""
-    enter = f"echo $$ > {ROOT}/{SCOPE}/cgroup.procs && exec \"$@\""
+    enter = f'echo $$ > {ROOT}/{SCOPE}/cgroup.procs && exec "$@"'
     return subprocess.Popen(["sh", "-c", enter, "sh", *argv], **kw)
 
 
@@ -132,7 +140,12 @@ def main():
     with open(f"/proc/{workload.pid}/oom_score_adj", "w") as f:
         f.write("-1000")
     dd = in_scope(["dd", "if=/dev/zero", f"of={DSHM}/psm_kv", "bs=1M", "count=150", "status=none"])
-    step("filled", dd_rc=dd.wait(), scope_shmem=stat(SCOPE, "shmem"), pod_current=int(cg(POD, "memory.current")))
+    step(
+        "filled",
+        dd_rc=dd.wait(),
+        scope_shmem=stat(SCOPE, "shmem"),
+        pod_current=int(cg(POD, "memory.current")),
+    )
     cg(SCOPE, "memory.high", 200 * MiB)
 
     exporters = [
@@ -143,20 +156,65 @@ def main():
     try:
         for e in exporters:
             e.record("acceptance", e.wait_for(r"^shmwatch_shm_oom_projection_ratio\{"))
-        step("acceptance", pod_memory_max=cg(POD, "memory.max").strip(), scope_high=cg(SCOPE, "memory.high").strip())
+        step(
+            "acceptance",
+            pod_memory_max=cg(POD, "memory.max").strip(),
+            scope_high=cg(SCOPE, "memory.high").strip(),
+        )
+
+        # Throttled at memory.high: 12 MiB more from the scope, 2 MiB over a memory.high of
+        # 160 MiB; the pod (no memory.high of its own) counts its container's `high` events.
+        cg(SCOPE, "memory.high", 160 * MiB)
+        over = in_scope(
+            [
+                "dd",
+                "if=/dev/zero",
+                f"of={DSHM}/psm_high",
+                "bs=1M",
+                "count=12",
+                "status=none",
+            ]
+        )
+        rc = over.wait(300)
+        node = exporters[2]
+        pattern = r'^shmwatch_cgroup_memory_events_total\{(?=.*event="high")(?=.*pod_uid="%s").*\} [1-9]' % UID
+        node.record("throttled", node.wait_for(pattern))
+        os.unlink(f"{DSHM}/psm_high")
+        step("throttled", writer_rc=rc, pod_events=cg(POD, "memory.events"))
 
         # A writer past the pod's limit: OOM-killed, the pod's count rises in /metrics.
         cg(SCOPE, "memory.high", "max")  # else it is throttled at 200 MiB instead of killed
-        writer = in_scope(["dd", "if=/dev/zero", f"of={DSHM}/psm_big", "bs=1M", "count=300", "status=none"])
+        writer = in_scope(
+            [
+                "dd",
+                "if=/dev/zero",
+                f"of={DSHM}/psm_big",
+                "bs=1M",
+                "count=300",
+                "status=none",
+            ]
+        )
         rc = writer.wait(600)
         events = cg(POD, "memory.events")
         node = exporters[2]
-        node.record("oom", node.wait_for(
-            r'^shmwatch_cgroup_oom_kills_total\{.*pod_uid="%s".*\} [1-9]' % UID,
-            r'^shmwatch_cgroup_memory_events_total\{(?=.*event="oom_kill")(?=.*pod_uid="%s").*\} [1-9]' % UID))
-        exporters[0].record("oom", exporters[0].wait_for(r'^shmwatch_cgroup_memory_events_total\{.*event="oom_kill".*\} [1-9]'))
-        step("oom", writer_rc=rc, pod_events=events, holder_alive=workload.poll() is None,
-             big_bytes=os.path.getsize(f"{DSHM}/psm_big"))
+        node.record(
+            "oom",
+            node.wait_for(
+                r'^shmwatch_cgroup_oom_kills_total\{.*pod_uid="%s".*\} [1-9]' % UID,
+                r'^shmwatch_cgroup_memory_events_total\{(?=.*event="oom_kill")(?=.*pod_uid="%s").*\} [1-9]' % UID,
+            ),
+        )
+        exporters[0].record(
+            "oom",
+            exporters[0].wait_for(r'^shmwatch_cgroup_memory_events_total\{.*event="oom_kill".*\} [1-9]'),
+        )
+        step(
+            "oom",
+            writer_rc=rc,
+            pod_events=events,
+            holder_alive=workload.poll() is None,
+            big_bytes=os.path.getsize(f"{DSHM}/psm_big"),
+        )
 
         # memory.max lowered at run time: the effective size follows within a poll.
         os.unlink(f"{DSHM}/psm_big")
@@ -195,59 +253,191 @@ def docker(*args, check=True):
     return proc.stdout.strip()
 
 
+# The workload container: 150 MiB in its /dev/shm and 40 MiB of private anonymous memory (a
+# server's heap), then it holds them.
+WORKLOAD = """
+import time
+with open("/dev/shm/psm_kv", "wb") as f:
+    for _ in range(150):
+        f.write(b"\\1" * (1 << 20))
+held = bytearray(b"\\2") * (40 << 20)
+open("/tmp/filled", "w").close()
+while True:
+    time.sleep(3600)
+"""
+HOG = "hog = []\nwhile True: hog.append(bytearray(1 << 20))\n"
+SIDECAR_RUN = [
+    "--user",
+    "0:0",
+    "--cap-drop",
+    "ALL",
+    "--cap-add",
+    "SYS_PTRACE",
+    "--read-only",
+]
+
+
 def docker_sidecar():
-    """shmwatch as a sidecar container (Docker's defaults on v2: a private cgroup namespace)
-    beside a workload container in a pod slice with a 256 MiB limit: without the host's
-    cgroupfs (an estimate from the workload's processes), and with it mounted read-only."""
+    """The project's image (built from the Dockerfile on the host, `docker load`ed here) as a
+    sidecar container, Docker's defaults on v2 (a private cgroup namespace), beside a workload
+    container in a pod slice with a 256 MiB limit: without the host's cgroupfs (an estimate from
+    the workload's processes), and with it mounted read-only. Then a container with its own
+    64 MiB limit in a pod slice, OOM-killed and removed: node mode counts the kill for the pod."""
+    with open("/io/extra/image.json") as f:
+        image = json.load(f)
+    results["image"] = image
+    if "tag" not in image:  # no container engine on the host: the host side says so
+        return
     t = time.monotonic()
+    # The host loaded the image's base into a docker data-root on this disk; the archive
+    # loaded here has the project's own layers only.
+    os.makedirs("/var/lib/docker", exist_ok=True)
+    subprocess.run(["mount", "/dev/vdb", "/var/lib/docker"], check=True, timeout=120)
     subprocess.run(["systemctl", "start", "docker"], check=True, timeout=300)
-    # A tiny image: busybox, and the VM's /usr (python3) mounted at run time.
-    rootfs = "/tmp/img"
-    for d in ("bin", "tmp", "proc", "sys", "dev", "etc", "usr", "opt/shmwatch"):
-        os.makedirs(os.path.join(rootfs, d), exist_ok=True)
-    shutil.copy("/bin/busybox", f"{rootfs}/bin/busybox")
-    for applet in ("sh", "dd", "sleep", "cat", "touch", "test"):
-        os.symlink("busybox", f"{rootfs}/bin/{applet}")
-    for link in ("lib", "lib64"):
-        os.symlink(f"usr/{link}", f"{rootfs}/{link}")
-    with open(f"{rootfs}/etc/passwd", "w") as f:
-        f.write("root:x:0:0:root:/:/bin/sh\n")
-    subprocess.run(f"tar -C {rootfs} -c . | docker import - shmwatch-vm:sidecar", shell=True, check=True,
-                   capture_output=True, timeout=300)
-    results["docker_ready_s"] = round(time.monotonic() - t, 1)
-    fill = "dd if=/dev/zero of=/dev/shm/psm_kv bs=1M count=150 && touch /tmp/filled && exec sleep 100000"
-    docker("run", "-d", "--name", "workload", f"--cgroup-parent={POD2_UNIT}", "--shm-size=1g", "--ipc=shareable",
-           "shmwatch-vm:sidecar", "sh", "-c", fill)
+    timings = {"docker_start_s": round(time.monotonic() - t, 1)}
+    t = time.monotonic()
+    docker("load", "-q", "-i", "/io/extra/shmwatch-image.tar")
+    timings["load_s"] = round(time.monotonic() - t, 1)
+    results["image_loaded_id"] = docker("image", "inspect", "-f", "{{.Id}}", image["tag"])
+    tag = image["tag"]
+    t = time.monotonic()
+    docker(
+        "run",
+        "-d",
+        "--name",
+        "workload",
+        f"--cgroup-parent={POD2_UNIT}",
+        "--shm-size=1g",
+        "--ipc=shareable",
+        "--entrypoint",
+        "python3",
+        tag,
+        "-c",
+        WORKLOAD,
+    )
     cg(POD2, "memory.max", 256 * MiB)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 180
     while docker("exec", "workload", "sh", "-c", "test -e /tmp/filled && echo y", check=False) != "y":
         if time.monotonic() > deadline:
-            raise RuntimeError("the workload container did not fill its /dev/shm")
+            raise RuntimeError("the workload container did not fill its /dev/shm: " + docker("logs", "workload"))
         time.sleep(1)
+    timings["workload_s"] = round(time.monotonic() - t, 1)
     # The sidecars outside the pod's slice, so the pod's cgroup is the workload's alone and
     # comparable with what each sidecar reports; the Downward API's limit as the flag.
-    common = ["run", "-d", "--pid=container:workload", "--ipc=container:workload", "--network=host",
-              "-v", "/usr:/usr:ro", "-v", "/opt/shmwatch:/opt/shmwatch:ro", "-e", "PYTHONPATH=/opt/shmwatch"]
-    run = ["shmwatch-vm:sidecar", "/usr/bin/python3", "-m", "exporter", "--no-collector.gpu",
-           "--poll-interval=1s", "--inventory-interval=5s", "--shm.mount=/dev/shm",
-           f"--memory.limit-bytes={256 * MiB}"]
-    sidecars = {"private": (free_port(), []),
-                "private-hostfs": (free_port(), ["-v", "/sys/fs/cgroup:/host/sys/fs/cgroup:ro"])}
+    common = [
+        "run",
+        "-d",
+        "--pid=container:workload",
+        "--ipc=container:workload",
+        "--network=host",
+        *SIDECAR_RUN,
+    ]
+    args = [
+        "--no-collector.gpu",
+        "--poll-interval=1s",
+        "--inventory-interval=5s",
+        "--shm.mount=/dev/shm",
+        f"--memory.limit-bytes={256 * MiB}",
+    ]
+    sidecars = {
+        "private": (free_port(), []),
+        "private-hostfs": (
+            free_port(),
+            ["-v", "/sys/fs/cgroup:/host/sys/fs/cgroup:ro"],
+        ),
+    }
+    t = time.monotonic()
     for name, (port, extra) in sidecars.items():
-        docker(*common, "--name", f"side-{name}", *extra, *run, f"--web.listen-address=127.0.0.1:{port}")
+        docker(
+            *common,
+            "--name",
+            f"side-{name}",
+            *extra,
+            tag,
+            *args,
+            f"--web.listen-address=127.0.0.1:{port}",
+        )
     facts = {}
     for name, (port, _) in sidecars.items():
         e = Exporter.__new__(Exporter)
         e.name, e.port, e.proc = f"docker-{name}", port, None
-        text = e.wait_for(r"^shmwatch_cgroup_memory_working_set_bytes\{")
-        pod = {"current": int(cg(POD2, "memory.current")), "max": int(cg(POD2, "memory.max")),
-               "inactive_file": stat(POD2, "inactive_file"), "shmem": stat(POD2, "shmem")}
+        # The process side (the estimate) runs on the inventory's schedule, after the mount's.
+        text = e.wait_for(
+            r"^shmwatch_cgroup_memory_working_set_bytes\{",
+            r"^shmwatch_shm_oom_projection_ratio\{",
+            r"^shmwatch_mount_used_bytes\{.*\} 1\.5728\d*e\+08",
+        )
+        pod = {
+            "current": int(cg(POD2, "memory.current")),
+            "max": int(cg(POD2, "memory.max")),
+            "inactive_file": stat(POD2, "inactive_file"),
+            "shmem": stat(POD2, "shmem"),
+            "anon": stat(POD2, "anon"),
+        }
         e.record("docker", text)
-        facts[name] = {"pod": pod, "log": docker("logs", f"side-{name}", check=False)[-3000:],
-                       "workload_cgroup": docker("exec", "workload", "cat", "/proc/self/cgroup", check=False),
-                       "sidecar_cgroup": docker("exec", f"side-{name}", "cat", "/proc/self/cgroup", check=False)}
+        facts[name] = {
+            "pod": pod,
+            "log": docker("logs", f"side-{name}", check=False)[-3000:],
+            "workload_cgroup": docker("exec", "workload", "cat", "/proc/self/cgroup", check=False),
+            "sidecar_cgroup": docker("exec", f"side-{name}", "cat", "/proc/self/cgroup", check=False),
+        }
+    timings["sidecars_s"] = round(time.monotonic() - t, 1)
     results["docker"] = facts
-    step("docker", seconds=round(time.monotonic() - t, 1))
+    step("docker", **timings)
+    docker("rm", "-f", "side-private", "side-private-hostfs", "workload", check=False)
+    container_oom(tag)
+
+
+UID3 = "7a3b2e4c-9d5f-4a0b-9c7d-3e4f5a6b7c8d"
+POD3_UNIT = f"kubepods-burstable-pod{UID3.replace('-', '_')}.slice"
+POD3 = f"{QOS}/{POD3_UNIT}"
+
+
+def container_oom(tag):
+    """tests/containers/test_oom.py on v2: a container with its own limit (--memory=64m) in a
+    pod slice, OOM-killed and removed; node mode counts the kill for the pod (the pod's
+    memory.events counts its children's kills and outlives them)."""
+    os.makedirs(os.path.join(ROOT, POD3), exist_ok=True)  # the kubelet makes the pod's cgroup first
+    node = Exporter("node-oom", "--mode=node", "--no-collector.segments")
+    try:
+        node.record(
+            "before",
+            node.wait_for(r'^shmwatch_cgroup_oom_kills_total\{.*pod_uid="%s".*\} 0' % UID3),
+        )
+        t = time.monotonic()
+        cid = docker(
+            "run",
+            "-d",
+            "--name",
+            "hog",
+            f"--cgroup-parent={POD3_UNIT}",
+            "--memory=64m",
+            "--memory-swap=64m",
+            "--entrypoint",
+            "python3",
+            tag,
+            "-c",
+            HOG,
+        )
+        deadline = time.monotonic() + 300
+        while docker("inspect", "-f", "{{.State.Running}}", "hog") == "true" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        oom_killed = docker("inspect", "-f", "{{.State.OOMKilled}}", "hog")
+        container = f"{POD3}/docker-{cid}.scope"
+        docker("rm", "-f", "hog")
+        node.record(
+            "after",
+            node.wait_for(r'^shmwatch_cgroup_oom_kills_total\{.*pod_uid="%s".*\} 1' % UID3),
+        )
+        step(
+            "container_oom",
+            oom_killed=oom_killed,
+            seconds=round(time.monotonic() - t, 1),
+            container_cgroup_left=os.path.exists(os.path.join(ROOT, container)),
+            pod_events=cg(POD3, "memory.events"),
+        )
+    finally:
+        node.stop()
 
 
 def stat(path, key):
