@@ -27,26 +27,29 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 # --- segment states (DESIGN.md "Segment states") -----------------------------------------------
 def test_segment_states():
-    """(known when the last full scan began, held at it, every process inspected, quick run)
-    -> the state of a listed file nobody holds (a held one is linked without asking). Leaked
-    only on a full scan's word."""
+    """(known at the last full scan, held at it, every process inspected, quick run, owners
+    from a full scan this run) -> the state of a listed file nobody holds (a held one is
+    linked without asking). Leaked only on a full scan's word."""
     dev, ino = 40, 7
     cases = {
-        (True, False, True, False): "orphan",  # known, unheld, the full scan saw everybody
-        (True, False, False, False): "unverified",  # somebody could not be inspected
-        (True, True, True, False): "unverified",  # held at the full scan: only the next may say
-        (True, True, True, True): "unverified",
-        (True, False, True, True): "orphan",  # a quick run: the full scan's owners hold
-        (False, False, True, True): "linked",  # new since the full scan: its creator's
-        (False, False, False, True): "linked",
-        (False, False, True, False): "unverified",  # a refresh found nobody: not leaked yet
-        (False, True, True, False): "unverified",
+        (True, False, True, False, True): "orphan",  # known, unheld, a full scan saw it
+        (True, False, False, False, True): "unverified",  # somebody could not be inspected
+        (True, True, True, False, False): "unverified",  # held at the full scan: only it may say
+        (True, True, True, True, False): "unverified",
+        (True, False, True, True, False): "orphan",  # a quick run: the full scan's owners hold
+        (True, True, True, False, True): "orphan",  # the full scan itself found it unheld
+        (False, False, True, True, False): "linked",  # new since the full scan: its creator's
+        (False, False, False, True, False): "linked",
+        (False, False, True, False, True): "orphan",  # new, and the full scan found nobody
+        (False, False, False, False, True): "unverified",
+        (False, False, True, False, False): "unverified",  # a refresh found nobody: not leaked yet
+        (False, True, True, False, False): "unverified",
     }
-    for (known, at_full, complete, quick), state in cases.items():
+    for (known, at_full, complete, quick, settled), state in cases.items():
         row = pack(0, KNOWN if known else 0, ino, 0, 8, 4096)
         held_at_full = {(dev, ino)} if at_full else set()
-        got = unheld_state("a", row, (dev, ino), dev, (), held_at_full, complete, quick)
-        assert got == state, (known, at_full, complete, quick)
+        got = unheld_state("a", row, (dev, ino), dev, (), held_at_full, complete, quick, settled)
+        assert got == state, (known, at_full, complete, quick, settled)
 
 
 # --- the segment summary --------------------------------------------------------------------

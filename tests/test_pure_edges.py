@@ -33,12 +33,14 @@ def test_a_known_flag_from_another_device_is_not_known():
     flag is not the full scan's word. A quick run takes the file as its creator's, a refresh
     leaves it unverified; on the same device it is an orphan."""
     for quick, other_device in ((True, "linked"), (False, "unverified")):
-        assert unheld_state("a", KNOWN_ROW, KEY, DEV, (), set(), True, quick) == "orphan"
-        assert unheld_state("a", KNOWN_ROW, KEY, DEV + 1, (), set(), True, quick) == other_device
-        assert unheld_state("a", KNOWN_ROW, KEY, None, (), set(), True, quick) == other_device
+        assert unheld_state("a", KNOWN_ROW, KEY, DEV, (), set(), True, quick, False) == "orphan"
+        assert unheld_state("a", KNOWN_ROW, KEY, DEV + 1, (), set(), True, quick, False) == other_device
+        assert unheld_state("a", KNOWN_ROW, KEY, None, (), set(), True, quick, False) == other_device
     new_row = pack(0, 0, INO, 0, 8, 4096)
-    assert unheld_state("a", new_row, KEY, DEV, (), set(), True, True) == "linked"
-    assert unheld_state("a", new_row, KEY, DEV, (), set(), True, False) == "unverified"
+    assert unheld_state("a", new_row, KEY, DEV, (), set(), True, True, False) == "linked"
+    # A full scan this run listed it before reading /proc: known whatever the flag says.
+    assert unheld_state("a", new_row, KEY, DEV + 1, (), set(), True, False, True) == "orphan"
+    assert unheld_state("a", new_row, KEY, DEV + 1, (), set(), False, False, True) == "unverified"
 
 
 def test_a_doubted_or_once_held_file_is_leaked_only_on_a_full_scans_word():
@@ -46,8 +48,8 @@ def test_a_doubted_or_once_held_file_is_leaked_only_on_a_full_scans_word():
     the last full scan: unverified until a full scan; otherwise a known unheld file is an
     orphan. The held set is keyed by (device, inode): the same inode on another device is
     another file."""
-    def state(name, doubted=(), held=frozenset(), complete=True):
-        return unheld_state(name, KNOWN_ROW, KEY, DEV, doubted, held, complete, False)
+    def state(name, doubted=(), held=frozenset(), settled=False, complete=True):
+        return unheld_state(name, KNOWN_ROW, KEY, DEV, doubted, held, complete, False, settled)
 
     assert state("a") == "orphan"
     assert state("a", doubted=None) == "unverified"
@@ -55,6 +57,9 @@ def test_a_doubted_or_once_held_file_is_leaked_only_on_a_full_scans_word():
     assert state("b", doubted={"a"}) == "orphan"
     assert state("a", held={KEY}) == "unverified"
     assert state("a", held={(DEV + 1, INO), (DEV, INO + 1)}) == "orphan"
+    for doubted, held in ((None, set()), ({"a"}, set()), ((), {KEY})):
+        assert state("a", doubted, held, settled=True) == "orphan"
+        assert state("a", doubted, held, settled=True, complete=False) == "unverified"
     assert state("a", complete=False) == "unverified"
 
 

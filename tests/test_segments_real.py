@@ -140,16 +140,16 @@ def test_a_segment_made_while_proc_is_read_is_never_called_leaked_before_it_is_w
     collector = SegmentsCollector(Paths(), [tmpfs], ignore_unreadable=HOST_EXCUSED_RE)
     fallocate(os.path.join(tmpfs, "psm_before"), MiB)  # held by nobody: orphan, owners complete
     collector.collect()
-    scan = collector.owner_scan.sweep
+    scan = collector.owner_scan.scan
 
     def made_during_the_read(*args, **kwargs):
         fallocate(os.path.join(tmpfs, "psm_during"), MiB)  # made and closed: nobody holds it
         collector.changes.add(tmpfs, "psm_during")  # what the watcher records
         return scan(*args, **kwargs)
 
-    collector.owner_scan.sweep = made_during_the_read
+    collector.owner_scan.scan = made_during_the_read
     full = collector.collect()
-    collector.owner_scan.sweep = scan
+    collector.owner_scan.scan = scan
     assert find(full.mounts[0], "psm_before").state == "orphan"  # every process was read ...
     assert "psm_during" not in {s.name for s in full.mounts[0].segments}  # ... but it was not listed
     assert find(collector.collect_quick().mounts[0], "psm_during").state == "linked"

@@ -1,12 +1,14 @@
 """Segment inventory: what is in each shm mount, who holds it, what is hidden or leaked.
 
 Joins the directory, listed with lstat only (inventory/walk.py), and every process's maps
-and fds (inventory/owners.py) by (device, inode). A quick run patches the last listing with
-the names inotify reported and reuses the last owners: a new segment is its creator's until
-a full run reads who holds it. Node mode reads every process every
---segments.full-scan-interval, a part at a time with quick runs' work between; the full
-runs between (refreshes) read new processes and the pods of exited holders and of moved
-mounts with a segment called leaked.
+and fds (inventory/owners.py) by (device, inode). An event-driven quick run patches the last
+listing with the names inotify reported and reuses the last full run's owners: a new
+segment is taken as its creator's until a full run reads who holds it (a second later in a
+sidecar). In node mode a full run reads every process only every
+--segments.full-scan-interval; the runs in between (refreshes) read new processes, the pods
+of holders that exited and of mounts that moved while a segment in them is called leaked,
+and take other new segments as their creators' until the full scan, which alone calls a
+segment leaked.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import stat as stat_mod
 import time
 from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
-from exporter.collectors.source import LATE_SECONDS, BaseSource, Context, register
+from exporter.collectors.source import BaseSource, Context, register
 from exporter.host.kube import pod_uid_of_mount
 from exporter.host.mountinfo import MountTable, live_mounts
 from exporter.host.paths import Paths
@@ -27,17 +29,13 @@ from exporter.inventory.changes import ChangeLog
 from exporter.inventory.holdings import Owners, UnprovenLog, unlinked_size
 from exporter.inventory.maps import DELETED
 from exporter.inventory.memfd import MemfdRegions
-from exporter.inventory.owners import OwnerScan, Sweep
+from exporter.inventory.owners import OwnerScan
 from exporter.inventory.walk import (
     MAX_ENTRIES,
     Events,
     Key,
     Listing,
-    inodes,
-    mark_known,
     patch_listing,
-    say_degraded,
-    signature,
     walk,
 )
 from exporter.model.classes import classify
@@ -57,17 +55,18 @@ Changes = Dict[str, Optional[Set[str]]]  # mount -> names changed; None: re-list
 
 
 def unheld_state(
-    name, row, key, full_dev, doubted, held_at_full, complete, quick
+    name, row, key, full_dev, doubted, held_at_full, complete, quick, settled
 ) -> str:
     """A listed file nobody we could inspect holds: an orphan only when we inspected everybody
-    who could hold it (`complete`), else unverified. One not known (listed when the last full
-    scan began, on the device the mount had then: walk.mark_known) is taken as held by its
-    creator after a quick run, unverified after a refresh. One held at the last full scan
-    (`held_at_full`) or changed since its pod was read (`doubted`) waits for the next."""
-    if not (full_dev == key[0] and row & KNOWN):
-        return "linked" if quick else "unverified"
+    who could hold it (`complete`), else unverified. One not known (listed before the last full
+    scan read /proc, on the device the mount had then) is taken as held by its creator after a
+    quick run, unverified after a refresh. `settled`: a full scan this run, which alone may call
+    leaked one held at the last (`held_at_full`) or changed since its pod was read (`doubted`)."""
+    unheld = "orphan" if complete else "unverified"
+    if not (settled or full_dev == key[0] and row & KNOWN):
+        return "linked" if quick else "unverified"  # `settled` makes every row known
     at_full = doubted is None or name in doubted or key in held_at_full
-    return "unverified" if at_full or not complete else "orphan"
+    return "unverified" if at_full and not settled else unheld
 
 
 class SegmentsCollector(BaseSource):
@@ -87,7 +86,6 @@ class SegmentsCollector(BaseSource):
         monotonic: Callable[[], float] = time.monotonic,
         all_watched: Callable[[], bool] = lambda: False,
         max_segments: int = 150_000,
-        part_seconds: float = float("inf"),
     ):
         self.paths = paths
         self.mounts = live_mounts(mounts)
@@ -96,13 +94,11 @@ class SegmentsCollector(BaseSource):
         self.changes = changes or ChangeLog()  # filled by the watcher
         self.pod_of_pid = pod_of_pid
         self.all_watched = all_watched  # inotify watches every mount
-        # Node mode: how long a full scan's owners are refreshed before the next one.
+        # Node mode: how long the owners of a full scan are refreshed (owner_scan.refresh)
+        # before every process is read again, which alone may call a segment leaked.
         self.full_scan_interval = full_scan_interval if pod_of_pid else 0.0
         self.monotonic = monotonic
         self._scanned_at = float("-inf")  # when the last full owner scan ran
-        # A full scan under way, read part_seconds at a time so quick runs go on between.
-        self._sweep: Optional[Sweep] = None
-        self.part_seconds = part_seconds
         # Each mount's last listing, and its name -> inode index, for quick runs to patch.
         self._listings: Dict[str, Listing] = {}
         # Per mount; past it, counts by class (a walk stops at MAX_ENTRIES anyway).
@@ -117,12 +113,13 @@ class SegmentsCollector(BaseSource):
         self._full_devs: Dict[str, int] = {}
         self._held_at_full: Set[Key] = set()  # inodes held at the last full scan
         self._last: Dict[str, MountInventory] = {}  # the last run's, by mount
-        # Node mode: each mount's signature() when its pod's processes were last read.
+        # Node mode: each mount's _signature() when its pod's processes were last read.
         self._pod_read_as: Dict[str, tuple] = {}
         # Per mount, the names (None: any) not to call leaked before its pod is read again.
         self._doubted: Dict[str, Optional[Set[str]]] = {}
         self._table = MountTable(paths)  # which paths are still mount points
-        # The holders' pods and memfd regions, for the inventory; kept by quick runs.
+        # The holders' pods and memfd regions, for the inventory; kept by quick runs, which
+        # reuse the owners.
         self._pod_of: Optional[Dict[int, str]] = None
         self._memfd: Tuple[List[Segment], Dict[int, str]] = ([], {})
         self._memfd_regions = MemfdRegions(self.table)
@@ -139,19 +136,8 @@ class SegmentsCollector(BaseSource):
         a node's churn more than they do."""
         return not self.pod_of_pid
 
-    @property
-    def continues(self) -> bool:
-        """A full scan is under way in parts (node mode): the next is due at once."""
-        return self._sweep is not None
-
     def collect(self) -> Inventory:
-        """While a full scan is under way, its next part and a quick run's work."""
-        try:
-            sweep = self._sweep
-            return self._collect(not sweep or sweep.step(self.part_seconds) is not None)
-        except BaseException:
-            self._sweep = None  # begun again
-            raise
+        return self._collect(full=True)
 
     def collect_quick(self) -> Inventory:
         return self._collect(full=False)
@@ -174,6 +160,14 @@ class SegmentsCollector(BaseSource):
         else:
             events = patch_listing(self.paths.host(mount), dev, listing, names)
         return listing, events
+
+    def _signature(self, mount: str, dev: int) -> Optional[tuple]:
+        """What moves when pages are written or punched through a mapping (unseen by inotify)."""
+        try:
+            st = os.statvfs(self.paths.host(mount))
+        except OSError:
+            return None
+        return dev, st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
 
     def _collect(self, full: bool) -> Inventory:
         devs: Dict[str, int] = {}
@@ -199,8 +193,7 @@ class SegmentsCollector(BaseSource):
         changes = self.changes.drain()
         sigs = {}  # node mode's full runs, before the listing: a change shows next time
         if self.pod_of_pid and full:
-            host = self.paths.host
-            sigs = {m: s for m, d in devs.items() if (s := signature(host(m), d))}
+            sigs = {m: s for m, d in devs.items() if (s := self._signature(m, d))}
         listings = {m: self._list(m, dev, full, changes) for m, dev in devs.items()}
         for gone in [m for m in self._listings if m not in devs]:  # a deleted pod's
             del self._listings[gone]
@@ -208,25 +201,25 @@ class SegmentsCollector(BaseSource):
             self._doubted.pop(gone, None)
         # A change (a write, an attach's first pages) to a segment called leaked: it is not
         # called leaked again before its pod is read.
-        since = self._sweep.doubted if self._sweep else {}  # (read before, or not)
         for m, names in changes.items():
             if m in self._last and ORPHAN in self._last[m].states:
-                for doubted in (self._doubted, since):
-                    known = doubted.get(m, set())
-                    both = None if names is None or known is None else known | names
-                    doubted[m] = both
-        unread: Set[str] = set()  # mounts assembled as a quick run does
+                known = self._doubted.get(m, set())
+                both = None if names is None or known is None else known | names
+                self._doubted[m] = both
+        settled = False  # owners from a full scan of every process, this run
+        unread: Set[str] = set()  # mounts a refresh assembles as a quick run does
         if full:
             refreshed = None
             if (
-                self._sweep is None
-                and self._owners.processes
+                self._owners.processes
                 and self.monotonic() - self._scanned_at < self.full_scan_interval
             ):
-                # A mount that moved since its pod was read (pages written through a mapping
-                # raise no event) while a segment in it is called leaked, or changed then: a
-                # process may have attached to it, so its pod is read again. The others keep
-                # their owners, their new segments taken as their creators'.
+                # A mount that moved since its pod was last read (pages written through a
+                # mapping raise no event) while a segment in it is called leaked, or that
+                # changed then: a running process may have attached to it, so its pod's
+                # processes are read again. The others keep their owners until the full
+                # scan, their new segments taken as their creators' (a pod read per create
+                # would cost more than full scans).
                 moved = [
                     m
                     for m in devs
@@ -242,9 +235,8 @@ class SegmentsCollector(BaseSource):
                 if not any(
                     m in self._doubted and not pod_uid_of_mount(m) for m in moved
                 ):
-                    most = None if self.part_seconds == float("inf") else 256
                     refreshed = self.owner_scan.refresh(
-                        set(devs.values()), self._owners, also - {""}, most
+                        set(devs.values()), self._owners, also=also - {""}
                     )
                 if refreshed is not None:
                     self._owners = refreshed
@@ -253,23 +245,18 @@ class SegmentsCollector(BaseSource):
                     for m in moved:
                         self._doubted.pop(m, None)
             if refreshed is None:
-                if self._sweep is None:  # a full scan starts
-                    parts = self.owner_scan.sweep(set(devs.values()), self.pod_of_pid)
-                    self._sweep = Sweep(parts, dict(devs), sigs)
-                sweep, unread = self._sweep, set(devs)  # a new file: its creator's
-                if sweep.step(self.part_seconds) is None and sweep.listed is None:
-                    # This run's listing, made before /proc was read: what may be called
-                    # leaked once every process is read.
-                    sweep.listed = {m: inodes(listings[m][0]) for m in devs}
-                elif sweep.owners is not None:
-                    self._sweep, self._owners = None, sweep.owners
-                    self._scanned_at = self.monotonic()
-                    self._unproven_log.say(self._owners)
-                    self._full_devs, self._pod_read_as = sweep.devs, sweep.sigs
-                    self._held_at_full = set(self._owners.holdings)
-                    self._doubted = sweep.doubted  # changes seen since it started
-                    for m, (listing, _) in listings.items():
-                        mark_known(listing, sweep.listed and sweep.listed.get(m, set()))
+                self._owners = self.owner_scan.scan(
+                    set(devs.values()), pods=self.pod_of_pid
+                )
+                self._scanned_at = self.monotonic()
+                self._unproven_log.say(self._owners)
+                # Only what was listed before /proc was read may be called leaked: this
+                # run's rows (marked known as they are assembled).
+                self._full_devs = dict(devs)
+                self._pod_read_as = sigs
+                self._held_at_full = set(self._owners.holdings)
+                self._doubted.clear()
+                settled = True
         held_on: Dict[int, List[Key]] = {}
         for key in self._owners.holdings:
             held_on.setdefault(key[0], []).append(key)
@@ -280,18 +267,21 @@ class SegmentsCollector(BaseSource):
                 continue
             last = self._last.get(mount)
             if not full and mount not in changes and last and not last.error:
-                # Unchanged: the same object, which the model step does not summarise again.
+                # Nothing changed in it: the same object, which the model step recognises and
+                # does not summarise again.
                 mounts.append(last)
                 continue
             listing, events = listings[mount]
-            say_degraded(log, self._said_degraded, mount, listing, self.max_segments)
+            self._say_degraded(mount, listing)
             if listing.truncated and mount not in self._said_truncated:
                 self._said_truncated.add(mount)
                 said = "mount %s: over %d entries: files not reached kept as last seen"
                 log.warning(said, mount, MAX_ENTRIES)
             dev, quick = devs[mount], not full or mount in unread
             held = held_on.get(dev, [])
-            mounts.append(self._assemble(mount, dev, listing, events, held, quick))
+            mounts.append(
+                self._assemble(mount, dev, listing, events, held, quick, settled)
+            )
         self._last = {m.mount: m for m in mounts}
         owners = self._owners
         if full or self._pod_of is None:
@@ -316,6 +306,19 @@ class SegmentsCollector(BaseSource):
             cgroup_of=self._memfd[1],
         )
 
+    def _say_degraded(self, mount: str, listing: Listing) -> None:
+        if listing.degraded is not None and mount not in self._said_degraded:
+            self._said_degraded.add(mount)
+            log.warning(
+                "mount %s: more than %d files (--inventory.max-segments): only their counts "
+                "and bytes by class are kept, as 'unverified', until there are fewer",
+                mount,
+                self.max_segments,
+            )
+        elif listing.degraded is None and mount in self._said_degraded:
+            self._said_degraded.discard(mount)
+            log.info("mount %s: back under --inventory.max-segments", mount)
+
     def _assemble(
         self,
         mount: str,
@@ -324,10 +327,11 @@ class SegmentsCollector(BaseSource):
         events: Events,
         held_keys: List[Key],
         quick: bool,
+        settled: bool,
     ) -> MountInventory:
         """`quick`: nobody was read for this mount's changes (the last scan's owners reused).
-        Known rows (listed before a full scan read /proc: walk.mark_known) held by nobody
-        may be called leaked."""
+        `settled`: the owners come from a full scan this run, which alone may call a segment
+        leaked (not a quick run, a pod's rescan, or a refresh)."""
         holdings = self._owners.holdings
         complete = self._owners.complete and not listing.truncated  # kept: maybe gone
         full_dev = self._full_devs.get(mount)
@@ -341,6 +345,8 @@ class SegmentsCollector(BaseSource):
         for i, (name, row) in enumerate(rows.items()):
             _, ino, _, allocated, _ = unpack(row)
             accounted += allocated
+            if settled and not row & KNOWN:
+                rows[name] = row | KNOWN  # listed before /proc was read, this run
             key = (dev, ino)
             held = holdings.get(key) if holdings else None
             if held:
@@ -349,7 +355,7 @@ class SegmentsCollector(BaseSource):
                     bytes_of[pid] = bytes_of.get(pid, 0) + allocated
                 continue  # linked: states[i] is 0
             state = unheld_state(
-                name, row, key, full_dev, doubted, was_held, complete, quick
+                name, row, key, full_dev, doubted, was_held, complete, quick, settled
             )
             states[i] = STATES.index(state)
         for key in held_keys:
@@ -387,7 +393,6 @@ def _make(c: Context) -> SegmentsCollector:
         full_scan_interval=c.cfg.full_scan_interval,
         all_watched=c.all_watched,
         max_segments=c.cfg.max_segments,
-        part_seconds=LATE_SECONDS if c.node else float("inf"),
     )
 
 

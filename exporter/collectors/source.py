@@ -11,9 +11,6 @@ from exporter.host.proctable import ProcessTable
 from exporter.inventory.changes import ChangeLog
 
 MODES = ("sidecar", "node")
-# How late an event-driven run may start: after a burst's first event (the scheduler), or
-# behind a part of a full scan under way (node mode's segments).
-LATE_SECONDS = 0.1
 
 
 class Source(Protocol):
@@ -22,7 +19,6 @@ class Source(Protocol):
     event_driven: bool  # collect_quick() soon after inotify sees a mount change
     stretches: bool  # heavy: its interval doubles while its result stays the same
     follows_up: bool  # a full run follows its quick runs (they left owners unread)
-    continues: bool  # a full run in parts is under way: the next is due at once
     reports_status: bool  # has shmwatch_collector_* series
 
     def collect(self) -> object: ...
@@ -38,7 +34,6 @@ class BaseSource:
     event_driven = False
     stretches = False
     follows_up = True
-    continues = False
     reports_status = True
 
     def collect(self) -> object:

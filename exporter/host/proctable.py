@@ -42,9 +42,17 @@ def parse_proc_cgroup(text: str) -> Dict[str, str]:
 
 def parse_smaps_rollup(text: str) -> Dict[str, int]:
     """/proc/<pid>/smaps_rollup -> {field: bytes} ('Pss_Anon:  112 kB' -> {'Pss_Anon': 114688})."""
-    rows = [line.split() for line in text.splitlines()]
-    ok = [r for r in rows if len(r) == 3 and r[0][-1:] == ":" and r[2] == "kB"]
-    return {r[0][:-1]: int(r[1]) * 1024 for r in ok if r[1].isdigit()}
+    values: Dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if (
+            len(parts) == 3
+            and parts[0].endswith(":")
+            and parts[2] == "kB"
+            and parts[1].isdigit()
+        ):
+            values[parts[0][:-1]] = int(parts[1]) * 1024
+    return values
 
 
 @dataclass(frozen=True)

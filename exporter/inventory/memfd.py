@@ -15,8 +15,9 @@ from exporter.model.types import Segment
 class MemfdRegions:
     def __init__(self, table: ProcessTable):
         self.table = table
-        # (pid, start time) -> memory cgroup path
-        self._cgroup_of: Dict[tuple, str] = {}
+        self._cgroup_of: Dict[
+            tuple, str
+        ] = {}  # (pid, start time) -> memory cgroup path
 
     def of(self, owners: Owners) -> Tuple[List[Segment], Dict[int, str]]:
         """(the regions the processes map or hold open one by one, each holder's memory

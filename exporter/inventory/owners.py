@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
-import time
-from typing import Dict, Iterator, List, Optional, Pattern, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
 from exporter.host.proctable import PidWrapWatch, Process, ProcessTable
 from exporter.inventory.holdings import MAX_UNPROVEN, Holding, Owners, unlinked_size
@@ -22,26 +21,6 @@ from exporter.model.classes import classify
 # memfd regions kept one by one per process (the largest); the rest by class: a tenant may
 # open thousands.
 MAX_MEMFDS = 64
-
-
-class Sweep:
-    """A full scan under way (OwnerScan.sweep): devices, signatures and inodes listed when it
-    began (None: its one run's), and changes since (maybe after their holders were read)."""
-
-    def __init__(self, parts: Iterator[Optional[Owners]], devs, sigs) -> None:
-        self.parts, self.devs, self.sigs = parts, devs, sigs
-        self.listed: Optional[Dict[str, Set[int]]] = None
-        self.doubted: Dict[str, Optional[Set[str]]] = {}
-        self.owners: Optional[Owners] = None
-
-    def step(self, seconds: float) -> Optional[Owners]:
-        """Reads processes for up to `seconds` (a part at least); the owners once done."""
-        until = time.monotonic() + seconds
-        while self.owners is None:
-            self.owners = next(self.parts)
-            if time.monotonic() >= until:
-                break
-        return self.owners
 
 
 class OwnerScan:
@@ -62,11 +41,7 @@ class OwnerScan:
     # to this many; still new ones after that leave the scan unproven.
     MAX_PASSES = 4
 
-    # A sweep hands control back after every this many processes read.
-    PART = 16
-
-    def sweep(self, devs: Set[int], pods: bool = False) -> Iterator[Optional[Owners]]:
-        """A full scan in parts: None after every PART processes read, the Owners last."""
+    def scan(self, devs: Set[int], pods: bool = False) -> Owners:
         self._pid_wrap.wrapped()  # from here on
         walked = self.table.walk()
         # Whoever we could not even identify could hold anything.
@@ -91,9 +66,7 @@ class OwnerScan:
         self._mount_ids.learn(walked.processes, devs)
         processes = walked.processes
         for _ in range(self.MAX_PASSES):
-            for at in range(0, len(processes), self.PART):
-                self._scan_processes(processes[at : at + self.PART], devs, out)
-                yield None
+            self._scan_processes(processes, devs, out)
             try:
                 new = set(self.table.pids()) - out.processes.keys()
             except OSError:
@@ -112,23 +85,19 @@ class OwnerScan:
         # Node mode: holders' pods, for the inventory and for refresh() once they exit.
         if pods:
             out.pod_of = {pid: self.table.pod_uid(p) for pid, p in out.holders.items()}
-        yield out
+        return out
 
     def refresh(
-        self, devs: Set[int], previous: Owners, also: Set[str] = frozenset(), most=None
+        self, devs: Set[int], previous: Owners, also: Set[str] = frozenset()
     ) -> Optional[Owners]:
         """Node mode between full scans: read new processes, and the pods of holders that
-        exited and of `also`; the others' holdings (and gone processes) carry over, never
-        turned orphan unread. None when it cannot be scoped (a holder outside any pod
-        exited, or pids wrapped), or more than `most` processes are new (read in one run
-        they would hold up quick runs): scan in full, in parts."""
+        exited and of `also`; the rest carries over. None when that cannot be scoped (a
+        holder outside any pod exited, or pids wrapped): scan in full."""
         if self._pid_wrap.wrapped():
             return None
         try:
             alive = set(self.table.pids())
         except OSError:
-            return None
-        if most is not None and len(alive - previous.processes.keys()) > most:
             return None
         pods = set(also)
         for pid in previous.holders.keys() - alive:
@@ -137,14 +106,30 @@ class OwnerScan:
                 pods.add(pod)
             elif any(key[0] in devs for key in previous.keys_of.get(pid, ())):
                 return None  # (a memfd alone, as runc's, waits for the next full scan)
+        return self.scan_pods(devs, pods, previous, new_too=True, alive=alive)
+
+    def scan_pods(
+        self,
+        devs: Set[int],
+        pods: Set[str],
+        previous: Owners,
+        new_too: bool = False,
+        alive: Optional[Set[int]] = None,
+    ) -> Owners:
+        """Rescan the processes of `pods` (and with `new_too` every new process); the others'
+        holdings carry over from `previous`, so a segment never turns orphan because it was
+        not looked at. Gone processes are dropped only in scope: the next full scan settles
+        the rest."""
+        alive = set(self.table.pids()) if alive is None else alive
         # Copies made in C, then edited: a quick run does O(pod) work in Python, not O(node).
         processes = dict(previous.processes)
         for pid in previous.processes.keys() - alive:
             del processes[pid]
         self._kernel_threads &= alive
         # A new process we cannot read (unidentified) could hold anything.
-        fresh_pids = alive - processes.keys()
-        new, unidentified = self.table.identify_all(fresh_pids, self._kernel_threads)
+        new, unidentified = self.table.identify_all(
+            alive - processes.keys(), self._kernel_threads
+        )
         processes.update({p.pid: p for p in new})
         # Each process's pod, looked up once. A holder that exited keeps its pod while its
         # holdings carry over, so the next scan of its pod drops them. A pid handed on is new.
@@ -162,9 +147,13 @@ class OwnerScan:
             previous.pod_of.update(unknown)
         else:
             pod_of.update({p.pid: self.table.pod_uid(p) for p in new})
-        inside = [pid for pid, pod in pod_of.items() if pod in pods]
-        scope = [processes[pid] for pid in inside if pid in processes]
-        scope += [p for p in new if pod_of.get(p.pid) not in pods]
+        scope = [
+            p
+            for pid, pod in pod_of.items()
+            if pod in pods and (p := processes.get(pid)) is not None
+        ]
+        if new_too:
+            scope += [p for p in new if pod_of.get(p.pid) not in pods]
         fresh = Owners()
         if devs == self._mount_ids.learned_devs:
             self._mount_ids.forget(previous.processes.keys() - alive)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from exporter.model.classes import CLASS_NAMES, classify
 from exporter.model.types import INO_MASK, INO_SHIFT, KNOWN, SEEN, pack, unpack
@@ -134,44 +134,6 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
     if len(gone) > len(rows):  # a dict keeps its size when emptied: a storm's, for good
         listing.rows = dict(rows)
     return events
-
-
-def say_degraded(log, said: Set[str], mount: str, listing: Listing, cap: int) -> None:
-    """Logs when a mount's listing degrades to counts by class, and when it is back."""
-    if listing.degraded is not None and mount not in said:
-        said.add(mount)
-        log.warning(
-            "mount %s: more than %d files (--inventory.max-segments): only their counts "
-            "and bytes by class are kept, as 'unverified', until there are fewer",
-            mount,
-            cap,
-        )
-    elif listing.degraded is None and mount in said:
-        said.discard(mount)
-        log.info("mount %s: back under --inventory.max-segments", mount)
-
-
-def signature(root: str, dev: int) -> Optional[tuple]:
-    """What moves when pages are written or punched through a mapping (unseen by inotify)."""
-    try:
-        st = os.statvfs(root)
-    except OSError:
-        return None
-    return dev, st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
-
-
-def inodes(listing: Listing) -> Set[int]:
-    return {row >> INO_SHIFT & INO_MASK for row in listing.rows.values()}
-
-
-def mark_known(listing: Listing, listed: Optional[Set[int]]) -> None:
-    """Only what was listed before /proc was read (`listed`; None: every row) may be called
-    leaked: its rows are marked known, the others not."""
-    for path, row in listing.rows.items():
-        ino = row >> INO_SHIFT & INO_MASK
-        new = row | KNOWN if listed is None or ino in listed else row & ~KNOWN
-        if new != row:
-            listing.rows[path] = new
 
 
 def _add(totals, cls: int, allocated: int, apparent: int) -> None:

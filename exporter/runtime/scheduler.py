@@ -3,9 +3,8 @@
 A thread per source, so a hung one (a GPU fallen off the bus, a stuck mount) delays no
 other; the watchdog publishes a run over its timeout as failed and never starts its thread
 twice. An event-driven source also runs `collect_quick()` once a burst of events settles,
-and a full run follows; a full run in parts (`continues`) has its next part at once. A
-heavy source (`stretches`) doubles its interval while its result stays the same, up to
-STRETCH_MAX times, as cAdvisor's housekeeping does.
+and a full run follows. A heavy source (`stretches`) doubles its interval while its result
+stays the same, up to STRETCH_MAX times, as cAdvisor's housekeeping does.
 """
 
 from __future__ import annotations
@@ -15,14 +14,15 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
-from exporter.collectors.source import LATE_SECONDS, Source
+from exporter.collectors.source import Source
 from exporter.model.types import Observation
 
 log = logging.getLogger(__name__)
 
-# An event-driven run starts once a burst of events has been quiet this long, or
-# LATE_SECONDS after its first event, whichever comes first.
+# An event-driven run starts once a burst of events has been quiet this long, or this long
+# after its first event, whichever comes first.
 DEBOUNCE_SECONDS = 0.02
+DEBOUNCE_MAX_SECONDS = 0.1
 # After a burst's first event-driven run, a full run (owners from /proc) follows this soon.
 FOLLOW_UP_SECONDS = 1.0
 # Event-driven runs start this far apart at least (a writer that never stops).
@@ -71,7 +71,7 @@ class _Runner(threading.Thread):
             next_full = self.last_full + self.interval
             if self.follow_up_at is not None:
                 next_full = min(next_full, self.follow_up_at)
-            if self.full_now or now >= next_full or self.source.continues:
+            if self.full_now or now >= next_full:
                 # A full run does all a pending event-driven run would: it drains the same
                 # change log. Events from here on ask for a quick run again.
                 self.full_now, self.first_event, self.follow_up_at = False, None, None
@@ -79,9 +79,13 @@ class _Runner(threading.Thread):
                 self.run_once(full=True)
                 continue
             if self.first_event is not None:
-                latest = self.first_event + LATE_SECONDS
-                due = min(self.last_event + DEBOUNCE_SECONDS, latest)
-                due = max(due, self.quick_not_before)
+                due = max(
+                    min(
+                        self.last_event + DEBOUNCE_SECONDS,
+                        self.first_event + DEBOUNCE_MAX_SECONDS,
+                    ),
+                    self.quick_not_before,
+                )
                 if now >= due:
                     self.first_event = None
                     self.run_once(full=False)
@@ -102,14 +106,20 @@ class _Runner(threading.Thread):
         except Exception as err:  # one source failing must not stop the others
             result, error = None, f"{type(err).__name__}: {err}"
         self.running_since = None
-        if full and not self.source.continues:  # the last part of a full run in parts
+        if full:
             same = error is None and result == self.last_result
             stretch = same and self.source.stretches  # back to the base when it stops
-            grown = min(self.interval * 2, self.base * STRETCH_MAX)
-            self.interval = grown if stretch else self.base
+            self.interval = (
+                min(self.interval * 2, self.base * STRETCH_MAX)
+                if stretch
+                else self.base
+            )
             self.last_result = result
-        took = time.monotonic() - started
-        self.sampler.publish(Observation(self.source.name, result, error, took, full))
+        self.sampler.publish(
+            Observation(
+                self.source.name, result, error, time.monotonic() - started, full
+            )
+        )
         self.runs += 1  # after publishing: a waiter finds the result in the model
 
 
@@ -129,8 +139,9 @@ class Sampler:
         timeouts = timeouts or {}
         self.runners: Dict[str, _Runner] = {}
         for source in sources:
-            inventory = source.schedule == "inventory"
-            interval = inventory_interval if inventory else poll_interval
+            interval = (
+                inventory_interval if source.schedule == "inventory" else poll_interval
+            )
             self.runners[source.name] = _Runner(
                 self, source, interval, timeouts.get(source.name, default_timeout)
             )
