@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+from contextlib import suppress
 from typing import List, NoReturn, Optional
 
 from exporter import __version__
@@ -148,10 +149,8 @@ def collect_once(cfg, timeout: float):
 
     # recent kills: the kernel log ring from its start
     app = App(cfg, kmsg_from_start=True)
-    try:
+    with suppress(OSError, ValueError):  # reported by the discovery source's own run
         app.discovery.collect()
-    except (OSError, ValueError):
-        pass  # reported by the discovery source's own run
     app.sampler.start()
     app.sampler.wait_for_first_run(timeout)
     model = app.step.current()

@@ -22,6 +22,7 @@ import logging
 import socket
 import sys
 import threading
+from contextlib import suppress
 from typing import Dict, Optional, Tuple
 
 from prometheus_client import make_wsgi_app
@@ -214,9 +215,8 @@ class Front:
     def serve_forever(self) -> None:
         asyncio.set_event_loop(self.loop)
         try:
-            self.loop.run_until_complete(self.accept())
-        except RuntimeError:  # the loop stopped by shutdown()
-            pass
+            with suppress(RuntimeError):  # the loop stopped by shutdown()
+                self.loop.run_until_complete(self.accept())
         finally:
             self.stopped.set()
 
