@@ -119,7 +119,7 @@ def serve(argv: List[str]) -> int:
     signal.signal(signal.SIGHUP, on_hangup)
     app.start()
     http_thread = http.serve_in_thread(httpd)
-    host, port = http.bound_address(httpd)
+    host, port = httpd.server_address
     log.info(
         "shmwatch %s listening on %s://%s:%d%s, watching %s",
         __version__,

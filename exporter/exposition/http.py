@@ -200,7 +200,7 @@ class Front:
         self.socket, self.app, self.web = sock, app, web
         self.tls = web is not None and web.tls
         self.max_requests, self.in_flight, self.open = max_requests, 0, 0
-        self.server_address = sock.getsockname()[:2]
+        self.server_address = sock.getsockname()[:2]  # (host, port)
         self.loop = asyncio.new_event_loop()
         self.loop.set_exception_handler(loop_error)
         self.workers = concurrent.futures.ThreadPoolExecutor(
@@ -387,10 +387,6 @@ def serve_in_thread(httpd: Front) -> threading.Thread:
     )
     thread.start()
     return thread
-
-
-def bound_address(httpd: Front) -> Tuple[str, int]:
-    return httpd.server_address[0], httpd.server_address[1]
 
 
 def url_host(host: str) -> str:
