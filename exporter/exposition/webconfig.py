@@ -252,11 +252,9 @@ class WebConfigSource:
         return parse(text, os.path.dirname(os.path.abspath(self.path)))
 
     def _current_stamp(self, config: WebConfig) -> tuple:
-        files = ([self.path] if self.path else []) + (
-            config.tls.files() if config.tls else []
-        )
+        tls = config.tls.files() if config.tls else []
         stamps = []
-        for path in files:
+        for path in filter(None, [self.path, *tls]):
             try:
                 st = os.stat(path)
                 stamps.append((path, st.st_mtime_ns, st.st_size, st.st_ino))
