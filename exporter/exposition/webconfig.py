@@ -305,8 +305,7 @@ class WebConfigSource:
 
     def collect(self):
         out = Families()
-        ok = 1 if self.reload_ok else 0
-        out.add("shmwatch_web_config_last_reload_successful", [], ok)
+        out.add("shmwatch_web_config_last_reload_successful", [], int(self.reload_ok))
         return list(out)
 
     def _warm(self, config: WebConfig) -> None:

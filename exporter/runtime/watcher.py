@@ -103,11 +103,9 @@ class MountWatcher:
             reader = self.inotify_factory()
             reader.start()
         except Exception as err:  # ImportError off Linux, OSError from inotify_init (EMFILE: instances)
+            message = f"inotify unavailable ({err}): polling every inventory interval"
             for mount in self._mounts():
-                self._say(
-                    mount,
-                    f"inotify unavailable ({err}): polling every inventory interval",
-                )
+                self._say(mount, message)
             return False
         # A stop() landing during a refresh closes this one, or none starts.
         with self._lock:
