@@ -214,9 +214,8 @@ def weakened(old: WebConfig, new: WebConfig) -> Optional[str]:
         return "basic authentication"
     order = list(CLIENT_AUTH)  # from no verification to a certificate required
     if old.tls and new.tls:
-        if order.index(new.tls.client_auth_type) < order.index(
-            old.tls.client_auth_type
-        ):
+        was, now = old.tls.client_auth_type, new.tls.client_auth_type
+        if order.index(now) < order.index(was):
             return "client certificate verification"
     return None
 

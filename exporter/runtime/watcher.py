@@ -126,9 +126,8 @@ class MountWatcher:
     def _say(self, mount: str, message: str) -> None:
         if self._said.get(mount) != message:
             self._said[mount] = message
-            (log.info if "inotify on" in message else log.warning)(
-                "mount %s: %s", mount, message
-            )
+            level = logging.INFO if "inotify on" in message else logging.WARNING
+            log.log(level, "mount %s: %s", mount, message)
 
     def _watch(self, mount: str) -> None:
         path = self.paths.host(mount)
