@@ -165,9 +165,8 @@ class MountWatcher:
             return
         current = set(self._mounts())
         self.state.forget_mounts_except(current)
-        for mount in list(self.watches):
-            if mount not in current:
-                self._unwatch(mount)
+        for mount in self.watches.keys() - current:
+            self._unwatch(mount)
         with self._lock:
             for books in (self._previous, self._said):  # pods come and go: so does this
                 for gone in [m for m in books if m not in current]:
