@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+from contextlib import suppress
 from typing import List, NoReturn, Optional
 
 from exporter import __version__
@@ -118,7 +119,7 @@ def serve(argv: List[str]) -> int:
     signal.signal(signal.SIGHUP, on_hangup)
     app.start()
     http_thread = http.serve_in_thread(httpd)
-    host, port = http.bound_address(httpd)
+    host, port = httpd.server_address
     log.info(
         "shmwatch %s listening on %s://%s:%d%s, watching %s",
         __version__,
@@ -148,10 +149,8 @@ def collect_once(cfg, timeout: float):
 
     # recent kills: the kernel log ring from its start
     app = App(cfg, kmsg_from_start=True)
-    try:
+    with suppress(OSError, ValueError):  # reported by the discovery source's own run
         app.discovery.collect()
-    except (OSError, ValueError):
-        pass  # reported by the discovery source's own run
     app.sampler.start()
     app.sampler.wait_for_first_run(timeout)
     model = app.step.current()

@@ -55,10 +55,9 @@ def parse_size(text: str) -> int:
         raise ValueError(f"invalid size {text!r} (use e.g. 64Mi, 16Gi, 2g)")
     # Exact: a float would round sizes above 2**53 and make inf of a long digit string.
     number, suffix = Fraction(match.group(1)), (match.group(2) or "")
-    letters = "kmgtpe"
     if not suffix:
         return int(number)
-    power = letters.index(suffix[0].lower()) + 1
+    power = "kmgtpe".index(suffix[0].lower()) + 1
     if suffix.lower().endswith("i") or suffix[0].islower():
         return int(number * 1024**power)
     return int(number * 1000**power)

@@ -13,7 +13,7 @@ import urllib.request
 from exporter.runtime import gc_tuning
 from exporter.app import App
 from exporter.config import parse_args
-from exporter.exposition.http import bind, bound_address, make_app, serve_in_thread
+from exporter.exposition.http import bind, make_app, serve_in_thread
 from tests.conftest import Peer, mounted_tmpfs, needs_root, remove_cgroup, stop_process
 from tests.conftest import prerequisite_missing
 from tests.test_scoped_owners import V1_MEMORY, into_pod
@@ -77,7 +77,7 @@ def serve_and_count_garbage(mount, args, cgroup):
     app.sampler.subscribe(lambda obs: runs.add(obs.full) if obs.source == "segments" else None)
     httpd = bind("127.0.0.1", 0, make_app(app.registry, "/metrics", metrics_app=app.exposition.wsgi_app))
     serve_in_thread(httpd)
-    url = "http://127.0.0.1:%d/metrics" % bound_address(httpd)[1]
+    url = "http://127.0.0.1:%d/metrics" % httpd.server_address[1]
     enabled = gc.isenabled()
     app.start()
     try:

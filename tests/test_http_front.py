@@ -242,7 +242,7 @@ def test_keep_alive_pipelining_methods_and_edges(tmpfs):
 def test_more_requests_than_max_requests_get_503():
     """--web.max-requests answers in flight (node_exporter's default 40); beyond them 503
     at once. An app that waits stands in for a slow render."""
-    from exporter.exposition.http import bind, bound_address, serve_in_thread
+    from exporter.exposition.http import bind, serve_in_thread
     release, waiting = threading.Event(), []
 
     def slow_app(environ, start_response):
@@ -253,7 +253,7 @@ def test_more_requests_than_max_requests_get_503():
 
     httpd = bind("127.0.0.1", 0, slow_app, None, max_requests=2)
     serve_in_thread(httpd)
-    url = "http://127.0.0.1:%d/metrics" % bound_address(httpd)[1]
+    url = "http://127.0.0.1:%d/metrics" % httpd.server_address[1]
     results = []
 
     def get():
@@ -327,7 +327,7 @@ def test_at_the_connection_cap_the_oldest_unanswered_connection_makes_room(monke
 
     httpd = http.bind("127.0.0.1", 0, app)
     http.serve_in_thread(httpd)
-    port = http.bound_address(httpd)[1]
+    port = httpd.server_address[1]
     idle = []
     try:
         for _ in range(4):
@@ -381,7 +381,7 @@ def test_a_burst_beyond_the_connection_cap_stays_within_it(monkeypatch):
 
     httpd = http.bind("127.0.0.1", 0, app)
     fds = len(os.listdir("/proc/self/fd"))
-    port = http.bound_address(httpd)[1]
+    port = httpd.server_address[1]
     burst = []
     try:
         for _ in range(100):  # within the listen backlog (128): every one is queued
@@ -421,7 +421,7 @@ def test_clients_that_do_not_read_their_answer_free_their_slot(monkeypatch):
 
     httpd = http.bind("127.0.0.1", 0, app, None, max_requests=2)
     http.serve_in_thread(httpd)
-    port = http.bound_address(httpd)[1]
+    port = httpd.server_address[1]
     hogs = []
     try:
         for _ in range(2):
@@ -460,7 +460,7 @@ def test_the_asyncio_private_attributes_the_front_uses_are_there(tmp_path):
     for web in (None, webconfig.WebConfigSource(fixed=tls)):
         httpd = front.bind("127.0.0.1", 0, app, web)
         front.serve_in_thread(httpd)
-        port = front.bound_address(httpd)[1]
+        port = httpd.server_address[1]
         if web:
             client = http.client.HTTPSConnection("127.0.0.1", port, timeout=10,
                                                  context=ssl.create_default_context(cafile=cert))

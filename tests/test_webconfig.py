@@ -379,7 +379,7 @@ def test_a_valid_password_while_bcrypt_is_busy_gets_503_not_401():
 
     httpd = http.bind("127.0.0.1", 0, app, source)
     http.serve_in_thread(httpd)
-    url = "http://127.0.0.1:%d/metrics" % http.bound_address(httpd)[1]
+    url = "http://127.0.0.1:%d/metrics" % httpd.server_address[1]
     try:
         pending = source.authorize(source.config, basic("u", "other")["Authorization"], "127.0.0.1")
         code, headers = status(url, basic("u", "right"))

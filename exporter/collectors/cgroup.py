@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from contextlib import suppress
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from exporter.model.types import CgroupMemory
@@ -202,10 +203,8 @@ class CgroupCollector(BaseSource):
         found, above = [], {}  # the QoS slices' limits, read once this pass
         swap = meminfo(self.paths).get("SwapTotal", 1) > 0
         for path, version, directory, uid in listed:
-            try:
+            with suppress(OSError, ValueError):
                 found.append(self.read(path, version, directory, uid, above, swap))
-            except (OSError, ValueError):
-                continue
         return found
 
     def read(

@@ -8,6 +8,7 @@ only. A hanging call is bounded by the scheduler (--collector.gpu.timeout).
 from __future__ import annotations
 
 import time
+from contextlib import suppress
 from typing import Dict, List, Optional, Tuple
 
 from exporter.collectors.source import BaseSource, register
@@ -59,10 +60,8 @@ class GpuCollector(BaseSource):
 
     def close(self) -> None:
         if self.initialised and self.nvml is not None:
-            try:
+            with suppress(Exception):  # after a driver error this may fail too
                 self.nvml.nvmlShutdown()
-            except Exception:  # shutting down after a driver error may fail too
-                pass
         self.initialised = False
 
     def collect(self) -> GpuSnapshot:

@@ -58,9 +58,8 @@ class Context:
     touched: Optional[Callable[[], Set[str]]] = None  # mounts the watcher saw change
     all_watched: Callable[[], bool] = lambda: False  # inotify watches every mount
     kmsg_from_start: bool = False  # check: the kernel log from its start
-    kill_log_complete: Callable[[], bool] = lambda: (
-        False
-    )  # every OOM kill is in the log
+    # Whether every OOM kill is in the kernel log.
+    kill_log_complete: Callable[[], bool] = lambda: False
 
     @property
     def node(self) -> bool:

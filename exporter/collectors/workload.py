@@ -92,9 +92,8 @@ def below(path: str, root: str) -> Optional[List[str]]:
     climb out of it with leading '..'); None when `path` is not at or below `root`."""
 
     def resolve(text: str) -> List[str]:
-        out = [
-            f"\0{i}" for i in range(64)
-        ]  # stand-ins for the directories above the root
+        # Stand-ins for the directories above the root.
+        out = [f"\0{i}" for i in range(64)]
         for part in text.split("/"):
             if part == "..":
                 if out:

@@ -104,10 +104,8 @@ class Head:
             if kept:
                 self.kept_size += len(line)
                 name, _, value = line.partition(b":")
-                key, value = (
-                    name.lower().decode(),
-                    value.strip(b" \t").decode("latin-1"),
-                )
+                key = name.lower().decode()
+                value = value.strip(b" \t").decode("latin-1")
                 known = self.headers.get(key)
                 self.headers[key] = value if known is None else f"{known}, {value}"
         return None

@@ -22,6 +22,7 @@ import logging
 import socket
 import sys
 import threading
+from contextlib import suppress
 from typing import Dict, Optional, Tuple
 
 from prometheus_client import make_wsgi_app
@@ -199,7 +200,7 @@ class Front:
         self.socket, self.app, self.web = sock, app, web
         self.tls = web is not None and web.tls
         self.max_requests, self.in_flight, self.open = max_requests, 0, 0
-        self.server_address = sock.getsockname()[:2]
+        self.server_address = sock.getsockname()[:2]  # (host, port)
         self.loop = asyncio.new_event_loop()
         self.loop.set_exception_handler(loop_error)
         self.workers = concurrent.futures.ThreadPoolExecutor(
@@ -214,9 +215,8 @@ class Front:
     def serve_forever(self) -> None:
         asyncio.set_event_loop(self.loop)
         try:
-            self.loop.run_until_complete(self.accept())
-        except RuntimeError:  # the loop stopped by shutdown()
-            pass
+            with suppress(RuntimeError):  # the loop stopped by shutdown()
+                self.loop.run_until_complete(self.accept())
         finally:
             self.stopped.set()
 
@@ -387,10 +387,6 @@ def serve_in_thread(httpd: Front) -> threading.Thread:
     )
     thread.start()
     return thread
-
-
-def bound_address(httpd: Front) -> Tuple[str, int]:
-    return httpd.server_address[0], httpd.server_address[1]
 
 
 def url_host(host: str) -> str:

@@ -177,8 +177,7 @@ class ModelCollector(Collector):
                 "pod_uid": shm.pod_uid,
                 "container_id": shm.container_id,
             }
-            readable = 1 if shm.readable else 0
-            out.add("shmwatch_sysv_namespace_readable", [], readable, ns)
+            out.add("shmwatch_sysv_namespace_readable", [], int(shm.readable), ns)
             if not shm.readable:
                 continue
             for name, value in (
@@ -221,7 +220,7 @@ class ModelCollector(Collector):
         for name, value in (
             ("shmwatch_cgroup_memory_usage_bytes", cg.usage_bytes),
             ("shmwatch_cgroup_memory_working_set_bytes", cg.working_set_bytes),
-            ("shmwatch_cgroup_memory_estimated", 1 if cg.estimated else 0),
+            ("shmwatch_cgroup_memory_estimated", int(cg.estimated)),
             ("shmwatch_oom_risk_ratio", cg.oom_risk_ratio),
             ("shmwatch_cgroup_memory_shmem_bytes", cg.shmem_bytes),
             ("shmwatch_cgroup_memory_high_bytes", cg.high_bytes),
@@ -281,8 +280,7 @@ class ModelCollector(Collector):
                 row = [mount, cls, event]
                 out.add("shmwatch_segment_events_total", row, count, labels.get(mount))
         for mount, active in sorted(states.inotify.items()):
-            flag = 1 if active else 0
-            out.add("shmwatch_inotify_active", [mount], flag, labels.get(mount))
+            out.add("shmwatch_inotify_active", [mount], int(active), labels.get(mount))
             if active:
                 overflows = states.overflows.get(mount, 0)
                 node = labels.get(mount)

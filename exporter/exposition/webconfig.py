@@ -214,9 +214,8 @@ def weakened(old: WebConfig, new: WebConfig) -> Optional[str]:
         return "basic authentication"
     order = list(CLIENT_AUTH)  # from no verification to a certificate required
     if old.tls and new.tls:
-        if order.index(new.tls.client_auth_type) < order.index(
-            old.tls.client_auth_type
-        ):
+        was, now = old.tls.client_auth_type, new.tls.client_auth_type
+        if order.index(now) < order.index(was):
             return "client certificate verification"
     return None
 
@@ -252,11 +251,9 @@ class WebConfigSource:
         return parse(text, os.path.dirname(os.path.abspath(self.path)))
 
     def _current_stamp(self, config: WebConfig) -> tuple:
-        files = ([self.path] if self.path else []) + (
-            config.tls.files() if config.tls else []
-        )
+        tls = config.tls.files() if config.tls else []
         stamps = []
-        for path in files:
+        for path in filter(None, [self.path, *tls]):
             try:
                 st = os.stat(path)
                 stamps.append((path, st.st_mtime_ns, st.st_size, st.st_ino))
@@ -307,8 +304,7 @@ class WebConfigSource:
 
     def collect(self):
         out = Families()
-        ok = 1 if self.reload_ok else 0
-        out.add("shmwatch_web_config_last_reload_successful", [], ok)
+        out.add("shmwatch_web_config_last_reload_successful", [], int(self.reload_ok))
         return list(out)
 
     def _warm(self, config: WebConfig) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import suppress
 from typing import Dict, Optional, Tuple
 
 from exporter.host.kube import POD_CGROUP_DIR
@@ -27,10 +28,8 @@ def parse_flat_keyed(text: str, keys=None) -> Dict[str, int]:
     for line in text.splitlines():
         parts = line.split()
         if len(parts) == 2 and (keys is None or parts[0] in keys):
-            try:
+            with suppress(ValueError):
                 values[parts[0]] = int(parts[1])
-            except ValueError:
-                continue
     return values
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import posixpath
 import re
 import select
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -38,7 +39,7 @@ def parse_mountinfo(text: str) -> List[MountEntry]:
     # splitlines() would also break a line at.
     for line in text.split("\n"):
         fields = line.split(" ")
-        try:
+        with suppress(ValueError, IndexError):
             sep = fields.index("-", 6)
             super_options = fields[sep + 3] if len(fields) > sep + 3 else ""
             entries.append(
@@ -52,8 +53,6 @@ def parse_mountinfo(text: str) -> List[MountEntry]:
                     mount_id=int(fields[0]),
                 )
             )
-        except (ValueError, IndexError):
-            continue
     return entries
 
 

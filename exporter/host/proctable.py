@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Pattern, Set, Tuple
 
@@ -166,14 +167,11 @@ class ProcessTable:
     def _workload_visible(self, found: List[Process]) -> bool:
         """Whether /proc is the initial PID namespace's (it lists every process there is), or
         shows a process besides shmwatch and the processes that started it."""
-        try:
-            if (
-                os.readlink(self.paths.proc("self", "ns", "pid"))
-                == INITIAL_PID_NAMESPACE
-            ):
+        own_ns = self.paths.proc("self", "ns", "pid")
+        # OSError: a fixture tree, or a procfs of a namespace we are not in.
+        with suppress(OSError):
+            if os.readlink(own_ns) == INITIAL_PID_NAMESPACE:
                 return True
-        except OSError:
-            pass  # a fixture tree, or a procfs of a namespace we are not in
         try:
             own = int(os.readlink(self.paths.proc("self")))
         except (OSError, ValueError):  # a fixture tree, or another namespace's procfs

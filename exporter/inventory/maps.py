@@ -41,8 +41,7 @@ def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
                 line_start = text.rfind("\n", 0, pos) + 1
                 line_end = text.find("\n", pos)
                 line = text[line_start : line_end if line_end != -1 else len(text)]
-                parsed = _parse_maps_line(line, major0[token], token)
-                if parsed:
+                if parsed := _parse_maps_line(line, major0[token], token):
                     found.append(parsed)
                 pos = text.find(" 00:", line_end) if line_end != -1 else -1
             else:
@@ -51,10 +50,8 @@ def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
         if token in text:
             # Not splitlines(): "\x1e" or "\x85" may be in a path.
             for line in text.split("\n"):
-                if token in line:
-                    parsed = _parse_maps_line(line, dev, token)
-                    if parsed:
-                        found.append(parsed)
+                if token in line and (parsed := _parse_maps_line(line, dev, token)):
+                    found.append(parsed)
     return found
 
 

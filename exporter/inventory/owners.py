@@ -308,11 +308,9 @@ class OwnerScan:
                 h.deleted |= new.deleted
                 h.map_range = h.map_range or new.map_range
                 if new.allocated is not None:
-                    h.allocated, h.apparent, h.mtime = (
-                        new.allocated,
-                        new.apparent,
-                        new.mtime,
-                    )
+                    h.allocated = new.allocated
+                    h.apparent = new.apparent
+                    h.mtime = new.mtime
                 return
         out.holdings[key].append(new)
         out.keys_of.setdefault(new.pid, []).append(key)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
+from contextlib import suppress
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from exporter.model.classes import CLASS_NAMES, classify
@@ -158,22 +159,17 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEX
 def _open_below(root: str, names: Tuple[str, ...], dev: int) -> Optional[int]:
     """A directory below the root opened one name at a time, never through a symlink (one
     swapped in since our lstat fails here); None when it cannot be opened."""
-    try:
-        fd = os.open(root, _DIR_FLAGS)
-    except OSError:
-        return None
-    for name in names:
-        try:
-            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-        except OSError:
-            os.close(fd)
-            return None
+    fd = None
+    with suppress(OSError):
+        for name in (root, *names):
+            parent, fd = fd, os.open(name, _DIR_FLAGS, dir_fd=fd)
+            if parent is not None:
+                os.close(parent)
+        if os.fstat(fd).st_dev == dev:  # else something mounted over it since we looked
+            return fd
+    if fd is not None:
         os.close(fd)
-        fd = child
-    if os.fstat(fd).st_dev != dev:  # something mounted over it since we looked
-        os.close(fd)
-        return None
-    return fd
+    return None
 
 
 def patch_listing(

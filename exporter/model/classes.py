@@ -63,10 +63,7 @@ def classify(basename: str) -> str:
     cls = _CACHE.get(basename)
     if cls is not None:
         return cls
-    name = (
-        basename[: -len(" (deleted)")] if basename.endswith(" (deleted)") else basename
-    )
-    match = _COMBINED.fullmatch(name)
+    match = _COMBINED.fullmatch(basename.removesuffix(" (deleted)"))
     cls = _GROUP_CLASS[match.lastgroup] if match else "other"
     if len(_CACHE) >= _CACHE_MAX:
         _CACHE.clear()

@@ -79,9 +79,8 @@ class StateStore:
         self,
         peak_window: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[
-            [], float
-        ] = time.time,  # the high-water mark's time, for humans
+        # The high-water mark's time, for humans.
+        wall_clock: Callable[[], float] = time.time,
     ):
         self.peak_window = peak_window
         self.clock = clock

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -324,16 +325,21 @@ def _shrunk(before: Optional[Observation], after: Observation) -> bool:
     return listed(before) - listed(after) >= SHRUNK
 
 
+def _lineage(cgroup: str) -> List[str]:
+    """A cgroup path and each one above it, up to "/"."""
+    path, lineage = cgroup.rstrip("/"), []
+    while path:
+        lineage.append(path)
+        path = path.rsplit("/", 1)[0]
+    return lineage + ["/"]
+
+
 def _subtree_totals(counts: Dict[str, int]) -> Dict[str, int]:
     """cgroup -> its count plus those below it: each count added to every ancestor, once."""
-    totals: Dict[str, int] = {}
+    totals: Dict[str, int] = Counter()
     for key, n in counts.items():
-        path = key.rstrip("/")
-        while True:
-            totals[path or "/"] = totals.get(path or "/", 0) + n
-            if not path:
-                break
-            path = path.rsplit("/", 1)[0]
+        for path in _lineage(key):
+            totals[path] += n
     return totals
 
 
@@ -352,15 +358,13 @@ def _unexplained(
     regions (times the cgroup depth): node mode has hundreds of each."""
     if inventory is None:
         return {}
-    explained: Dict[object, int] = {}  # id(cgroup), pod UID or cgroup path -> bytes
+    explained: Dict[object, int] = Counter()  # id(cgroup), pod UID or cgroup -> bytes
     for v in mounts:
         if v.cgroup is not None and v.usage is not None and not v.usage.error:
-            key = id(v.cgroup)
-            explained[key] = explained.get(key, 0) + v.usage.used_bytes
+            explained[id(v.cgroup)] += v.usage.used_bytes
     for shm in sysv or ():
         if shm.readable:
-            key = ("sysv", shm.pod_uid if node_mode else "")
-            explained[key] = explained.get(key, 0) + shm.resident_bytes
+            explained["sysv", shm.pod_uid if node_mode else ""] += shm.resident_bytes
     regions = [(seg.holders, seg.allocated_bytes) for seg in inventory.memfd]
     for pid, rest in inventory.memfd_rest.items():
         regions.append(((pid,), sum(size for _, size in rest.values())))
@@ -368,13 +372,9 @@ def _unexplained(
         under = set()  # each region once per cgroup it is below
         for pid in holders:
             if pid in inventory.cgroup_of:
-                under.add("/")
-                path = inventory.cgroup_of[pid].rstrip("/")
-                while path:
-                    under.add(path)
-                    path = path.rsplit("/", 1)[0]
+                under.update(_lineage(inventory.cgroup_of[pid]))
         for path in under:
-            explained[path] = explained.get(path, 0) + size
+            explained[path] += size
     out = {}
     for c in cgroups:
         if c.estimated or c.shmem_bytes is None:

@@ -70,9 +70,8 @@ class CgroupMemory:
     # the model keeps each one's highest count, so the pod's total survives it.
     child_oom_kills: Tuple[Tuple[str, int], ...] = ()
     high_bytes: Optional[int] = None  # v2 memory.high: throttled and reclaimed above it
-    events: Tuple[
-        Tuple[str, int], ...
-    ] = ()  # memory.events (v1: oom_kill, failcnt as max)
+    # memory.events (v1: oom_kill, failcnt as max)
+    events: Tuple[Tuple[str, int], ...] = ()
     swap_bytes: Optional[int] = None  # None: no swap accounting
     swap_limit_bytes: Optional[int] = None  # None: unlimited or not told (v1)
 

@@ -103,11 +103,9 @@ class MountWatcher:
             reader = self.inotify_factory()
             reader.start()
         except Exception as err:  # ImportError off Linux, OSError from inotify_init (EMFILE: instances)
+            message = f"inotify unavailable ({err}): polling every inventory interval"
             for mount in self._mounts():
-                self._say(
-                    mount,
-                    f"inotify unavailable ({err}): polling every inventory interval",
-                )
+                self._say(mount, message)
             return False
         # A stop() landing during a refresh closes this one, or none starts.
         with self._lock:
@@ -128,9 +126,8 @@ class MountWatcher:
     def _say(self, mount: str, message: str) -> None:
         if self._said.get(mount) != message:
             self._said[mount] = message
-            (log.info if "inotify on" in message else log.warning)(
-                "mount %s: %s", mount, message
-            )
+            level = logging.INFO if "inotify on" in message else logging.WARNING
+            log.log(level, "mount %s: %s", mount, message)
 
     def _watch(self, mount: str) -> None:
         path = self.paths.host(mount)
@@ -168,9 +165,8 @@ class MountWatcher:
             return
         current = set(self._mounts())
         self.state.forget_mounts_except(current)
-        for mount in list(self.watches):
-            if mount not in current:
-                self._unwatch(mount)
+        for mount in self.watches.keys() - current:
+            self._unwatch(mount)
         with self._lock:
             for books in (self._previous, self._said):  # pods come and go: so does this
                 for gone in [m for m in books if m not in current]:
