@@ -67,7 +67,7 @@ class CgroupCollector(BaseSource):
         # Node mode: the last walk's pod cgroups, and when it was made.
         self._listed: Optional[List[Tuple[str, int, str, str]]] = None
         self._walked_at = float("-inf")
-        self._above: Dict[str, Optional[int]] = {}
+        self._walked_links: Dict[str, Optional[int]] = {}
         self._children: Dict[str, List[str]] = {}  # v1: a pod's containers, by walk
 
     @property
@@ -159,12 +159,17 @@ class CgroupCollector(BaseSource):
         """Every pod's memory cgroup on the host -> [(path, version, directory, pod uid)],
         under either cgroup driver (kube.POD_CGROUP_DIR), on v1 and v2."""
         root = self.paths.sys("fs", "cgroup")
-        found, self._above = [], {}  # each directory walked into: its links as listed
+        found, self._walked_links = (
+            [],
+            {},
+        )  # each directory walked into: its links as listed
         for below_root, version, marker in HIERARCHIES:
             base = os.path.join(root, below_root)
             for top in POD_CGROUP_ROOTS:
                 start = os.path.join(base, top)
-                self._above[start] = None  # not there (a start made later has links)
+                self._walked_links[start] = (
+                    None  # not there (a start made later has links)
+                )
                 for directory, subdirs, files in os.walk(start):
                     depth = directory[len(start) :].count(os.sep)
                     match = POD_CGROUP_DIR.search(os.path.basename(directory))
@@ -176,7 +181,7 @@ class CgroupCollector(BaseSource):
                     elif depth >= 2:
                         subdirs[:] = []
                     else:
-                        self._above[directory] = 2 + len(subdirs)
+                        self._walked_links[directory] = 2 + len(subdirs)
             if found:
                 break  # one hierarchy holds the memory controller
         return sorted(found)
@@ -188,7 +193,9 @@ class CgroupCollector(BaseSource):
         watched = {pod_uid_of_mount(m) for m in self.mounts()} - {""}
         missing = not watched <= {uid for *_, uid in self._listed or ()}
         missing = missing and now - self._walked_at > MISSING_REWALK_SECONDS
-        made = any(_links(d) != n for d, n in self._above.items())  # or a pod removed
+        made = any(
+            _links(d) != n for d, n in self._walked_links.items()
+        )  # or a pod removed
         if self._listed is None or missing or made:
             self._listed = self.pod_cgroups()
             self._walked_at, self._children = now, {}
