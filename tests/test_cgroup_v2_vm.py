@@ -10,11 +10,13 @@ minutes (image build ~2 min once, cached in /var/tmp/cgroup2-vm; boot and scenar
 an emulated CPU).
 """
 
+import contextlib
 import hashlib
 import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -185,6 +187,10 @@ def seed_disk(disk, base_tar):
                 "--ip-forward=false",
                 "--ip-masq=false",
                 "--storage-driver=overlay2",
+                # Its own namespaces in a system containerd it may connect to: the engine's
+                # dockerd keeps its images and containers apart.
+                "--containerd-namespace=shmwatch-seed",
+                "--containerd-plugins-namespace=shmwatch-seed-plugins",
             ],
             stdout=log,
             stderr=log,
@@ -201,17 +207,27 @@ def seed_disk(disk, base_tar):
             capture_output=True,
             timeout=600,
         )
-    finally:
         stop_process(dockerd, 60)
-    shutil.rmtree(f"{root}/data/network", ignore_errors=True)
-    subprocess.run(["truncate", "-s", "1G", disk + ".tmp"], check=True)
-    subprocess.run(
-        ["mkfs.ext4", "-q", "-F", "-d", f"{root}/data", disk + ".tmp"],
-        check=True,
-        timeout=600,
-    )
-    os.rename(disk + ".tmp", disk)
-    shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(f"{root}/data/network", ignore_errors=True)
+        subprocess.run(["truncate", "-s", "1G", disk + ".tmp"], check=True)
+        subprocess.run(
+            ["mkfs.ext4", "-q", "-F", "-d", f"{root}/data", disk + ".tmp"],
+            check=True,
+            timeout=600,
+        )
+        os.rename(disk + ".tmp", disk)
+    finally:
+        # On any failure too: no daemon (its containerd is in its session), mount or
+        # half-made image is left in /var/tmp.
+        stop_process(dockerd, 60)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(dockerd.pid, signal.SIGKILL)
+        for line in reversed(open("/proc/self/mountinfo").read().splitlines()):
+            if line.split()[4].startswith(root):
+                subprocess.run(["umount", "-l", line.split()[4]], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(disk + ".tmp")
 
 
 def slim_save(full, base_layers, out):
