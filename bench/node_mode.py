@@ -11,12 +11,10 @@ segment inventory across all host processes, and every pod's cgroup.
 """
 import argparse
 import os
+import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from exporter.collectors.cgroup import CgroupCollector  # noqa: E402
@@ -24,8 +22,7 @@ from exporter.collectors.segments import SegmentsCollector  # noqa: E402
 from exporter.collectors.shm_mount import ShmMountCollector  # noqa: E402
 from exporter.collectors.discovery import MountDiscovery  # noqa: E402
 from exporter.host.paths import Paths  # noqa: E402
-
-V1 = "/sys/fs/cgroup/memory"
+from node_scale import Pods  # noqa: E402  (bench/ is this script's directory)
 
 
 def main():
@@ -36,34 +33,10 @@ def main():
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the benchmark mounts tmpfs and creates cgroups")
-    work = tempfile.mkdtemp(prefix="shmwatch-node-bench-")
-    mounts, cgroups, holders = [], [], []
-    try:
-        uids = [str(uuid.uuid4()) for _ in range(args.pods)]
-        for uid in uids:
-            path = f"{work}/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/dshm"
-            os.makedirs(path)
-            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", path], check=True)
-            mounts.append(path)
-            for i in range(5):
-                fd = os.open(os.path.join(path, f"psm_{i:02d}"), os.O_CREAT | os.O_RDWR, 0o600)
-                os.posix_fallocate(fd, 0, 65536)
-                os.close(fd)
-            if os.path.exists(os.path.join(V1, "memory.usage_in_bytes")):
-                cg = os.path.join(V1, "kubepods", "burstable", f"pod{uid}")
-                os.makedirs(cg)
-                cgroups.append(cg)
-        binary = os.path.join(work, "map_hold")
-        subprocess.run(["gcc", "-O1", "-o", binary, os.path.join(os.path.dirname(__file__), "map_hold.c")],
-                       check=True)
-        for p in range(args.processes):
-            mount = mounts[p % len(mounts)]
-            holders.append(subprocess.Popen([binary, os.path.join(mount, f"psm_{p % 5:02d}"),
-                                             os.path.join(mount, f"psm_{(p + 1) % 5:02d}")],
-                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE))
-        for proc in holders:
-            proc.stdout.readline()
-
+    # `timeout` or a CI's cancel: unwind, so the pods' mounts and cgroups are removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with Pods(args.pods) as pods:
+        pods.start_processes(args.processes)
         paths = Paths()
         discovery = MountDiscovery(paths, ["/dev/shm"], node_mode=True)
         shm = ShmMountCollector(paths, discovery.mounts)
@@ -92,24 +65,6 @@ def main():
             total += med
             print(f"  {name:<22} median {med * 1000:6.0f} ms   max {max(values[1:]) * 1000:6.0f} ms")
         print(f"  {'full cycle':<22} median {total * 1000:6.0f} ms")
-    finally:
-        for proc in holders:
-            proc.stdin.close()
-        for proc in holders:
-            proc.wait()
-        for path in mounts:
-            subprocess.run(["umount", "-l", path], check=False)
-        for cg in cgroups:
-            try:
-                os.rmdir(cg)
-            except OSError:
-                pass
-        for parent in ("kubepods/burstable", "kubepods"):
-            try:
-                os.rmdir(os.path.join(V1, parent))
-            except OSError:
-                pass
-        subprocess.run(["rm", "-rf", work], check=False)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import argparse
 import gzip
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -70,6 +71,19 @@ class Pods:
         self.mounts, self.cgroups, self.holders = [], [], []
 
     def __enter__(self):
+        try:
+            self._make()
+        except BaseException:  # __exit__ is not called for a failed __enter__
+            self.__exit__()
+            raise
+        return self
+
+    def _make(self):
+        burstable = os.path.join(V1, "kubepods", "burstable")
+        stale = [d for d in os.listdir(burstable) if d.startswith("pod")] if os.path.isdir(burstable) else []
+        if stale:  # node mode reads every pod cgroup on the host: the figures would include them
+            print(f"warning: {len(stale)} pod cgroups already in {burstable} (an interrupted run's?)",
+                  file=sys.stderr)
         for uid in self.uids:
             path = f"{self.work}/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/dshm"
             os.makedirs(path)
@@ -81,7 +95,6 @@ class Pods:
                 cg = os.path.join(V1, "kubepods", "burstable", f"pod{uid}")
                 os.makedirs(cg, exist_ok=True)
                 self.cgroups.append(cg)
-        return self
 
     def start_processes(self, count):
         binary = os.path.join(self.work, "map_hold")
@@ -297,6 +310,8 @@ def main():
     if os.geteuid() != 0:
         sys.exit("run as root: the benchmark mounts tmpfs and creates cgroups")
     sys.path.insert(0, HERE)
+    # `timeout` or a CI's cancel: unwind, so the pods' mounts and cgroups are removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = [] if args.only == "cpu" else scrape_rows(args.scrapes)
     for row in rows + ([] if args.only == "scrape" else cpu_rows(args.seconds, args.idle_seconds)):
         print(" | ".join(row))
