@@ -1,7 +1,5 @@
-"""What outlives one observation: per-mount peaks, high-water marks, event counters and
-inotify flags, and the OOM kills counted since start. Fed by the model step and the
-watcher, read by the model step; `version` moves with every change, nobody is called back.
-"""
+"""What outlives one observation: per-mount peaks, high-water marks, event counters,
+inotify flags, and the OOM kills since start. `version` moves with every change."""
 
 from __future__ import annotations
 
@@ -66,9 +64,7 @@ class _Mount:  # what the store keeps of one mount
     inotify: Optional[bool] = None  # None: not said yet
     overflows: int = 0
     instance: Optional[tuple] = None  # the mount instance last polled (None: not yet)
-    live: bool = (
-        True  # False while the last poll found it gone: the watcher's samples wait
-    )
+    live: bool = True  # False while the last poll found it gone: no samples taken
 
 
 GONE = ("gone",)  # the instance of a mount that is not there
@@ -79,8 +75,7 @@ class StateStore:
         self,
         peak_window: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
-        # The high-water mark's time, for humans.
-        wall_clock: Callable[[], float] = time.time,
+        wall_clock: Callable[[], float] = time.time,  # the high-water mark's time
     ):
         self.peak_window = peak_window
         self.clock = clock
@@ -96,7 +91,6 @@ class StateStore:
         self._touched: Set[str] = set()  # mounts inotify saw change, for shm_mount
 
     def version(self) -> int:
-        """Moves with every change to what snapshot() holds."""
         return self._version
 
     def _of(self, mount: str) -> _Mount:

@@ -1,9 +1,5 @@
-"""The model step: observations in, one joined picture out.
-
-What depends on one observation alone (segment summaries) is computed as it arrives, in
-its source's thread; the join (mounts with usage, inventory, peaks, cgroup, budget) is
-rebuilt on first use after the version moved. /metrics and `shmwatch check` read the Model.
-"""
+"""Observations in, one joined Model out, for /metrics and `shmwatch check`: segment
+summaries are made as an inventory arrives; the join is rebuilt when the version moved."""
 
 from __future__ import annotations
 
@@ -131,10 +127,8 @@ class ModelStep:
             old = {m.mount: m for m in before.mounts} if before else {}
             for m in obs.result.mounts:
                 if not m.error:
-                    same = old.get(m.mount) is m
-                    summaries[m.mount] = (
-                        self._summaries[m.mount] if same else summarise(m, self.top_k)
-                    )
+                    kept = old.get(m.mount) is m and self._summaries.get(m.mount)
+                    summaries[m.mount] = kept or summarise(m, self.top_k)
         if obs.success and obs.source == "shm_mount":
             self.state.record_polled(obs.result)
         if obs.success and obs.source == "cgroup":
