@@ -1,5 +1,6 @@
-"""What outlives one observation: per-mount peaks, high-water marks, event counters,
-inotify flags, and the OOM kills since start. `version` moves with every change."""
+"""What outlives one observation per mount: peaks, high-water marks, event counters and
+inotify flags. Fed by shm_mount, the watcher and the model step; `version` moves with each
+change."""
 
 from __future__ import annotations
 
@@ -10,9 +11,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Deque, Dict, Iterable, Optional, Set, Tuple
 
 from exporter.model.types import MountUsage
-
-# How many OOM kills `shmwatch check` and the model remember (the newest).
-RECENT_OOM_KILLS = 50
 
 
 class PeakWindow:
@@ -49,11 +47,6 @@ class MountStates:
     event_rows: Dict[str, Tuple[Tuple[str, str, int], ...]]
     inotify: Dict[str, bool]
     overflows: Dict[str, int]  # mount -> inotify queue overflows while it was watched
-    # cgroup (a pod's in node mode, else the victim's) -> kills in the kernel log since start;
-    # cgroup -> its own counter's highest; the newest kills, each with its pod's shm use.
-    oom_kills: Dict[str, int] = field(default_factory=dict)
-    oom_cgroup_max: Dict[str, int] = field(default_factory=dict)
-    recent_oom_kills: Tuple[Tuple[object, Optional[int]], ...] = ()
 
 
 @dataclass
@@ -83,11 +76,6 @@ class StateStore:
         self._lock = threading.Lock()
         self._version = 0
         self._mounts: Dict[str, _Mount] = {}
-        self._oom: Dict[str, int] = {}
-        self._oom_cgroup: Dict[str, int] = {}
-        self._recent_oom: Deque[Tuple[object, Optional[int]]] = deque(
-            maxlen=RECENT_OOM_KILLS
-        )
         self._touched: Set[str] = set()  # mounts inotify saw change, for shm_mount
 
     def version(self) -> int:
@@ -153,23 +141,6 @@ class StateStore:
         with self._lock:
             self._of(mount).overflows += 1
 
-    def count_oom_kill(
-        self, cgroup: str, kill: object, shm_used: Optional[int]
-    ) -> None:
-        """One kill from the kernel log, counted under `cgroup` for good: it outlives the
-        victim's cgroup (and a pod's mounts), so it is never forgotten with them."""
-        with self._lock:
-            self._oom[cgroup] = self._oom.get(cgroup, 0) + 1
-            self._recent_oom.append((kill, shm_used))
-            self._version += 1
-
-    def record_cgroup_oom(self, cgroup: str, count: int) -> None:
-        """A cgroup's own counter: kept as the highest value seen, so it never goes down."""
-        with self._lock:
-            if count > self._oom_cgroup.get(cgroup, -1):
-                self._oom_cgroup[cgroup] = count
-                self._version += 1
-
     def set_inotify(self, mount: str, active: bool) -> None:
         with self._lock:
             record = self._mounts.get(mount)
@@ -212,7 +183,4 @@ class StateStore:
                 },
                 {m: r.inotify for m, r in mounts if r.inotify is not None},
                 {m: r.overflows for m, r in mounts if r.overflows},
-                dict(self._oom),
-                dict(self._oom_cgroup),
-                tuple(self._recent_oom),
             )
