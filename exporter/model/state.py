@@ -1,6 +1,5 @@
 """What outlives one observation per mount: peaks, high-water marks, event counters and
-inotify flags. Fed by shm_mount, the watcher and the model step; `version` moves with each
-change."""
+inotify flags, fed by the model step and the watcher; `version` moves with each change."""
 
 from __future__ import annotations
 

@@ -359,8 +359,7 @@ def _unexplained(
     charged to it, the resident bytes of its IPC namespace's SysV segments and the memfd
     regions its processes (or its descendants') hold. An estimate: a region two cgroups'
     processes hold counts in both, and pages are charged to whoever touched them first.
-    Nothing without an inventory (memfd regions unknown). Linear in mounts, namespaces and
-    regions (times the cgroup depth): node mode has hundreds of each."""
+    Nothing without an inventory (memfd regions unknown). Linear: node mode has hundreds."""
     if inventory is None:
         return {}
     explained: Dict[object, int] = Counter()  # id(cgroup), pod UID or cgroup -> bytes
