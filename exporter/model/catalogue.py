@@ -1,4 +1,4 @@
-"""Every metric shmwatch exports: /metrics, the README, rules and panels use no other."""
+"""Every metric shmwatch exports: /metrics, README, rules and panels use no other."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What outlives one observation per mount: peaks, high-water marks, event counters and
-inotify flags, fed by the model step and the watcher; `version` moves with each change."""
+inotify flags, fed by the model step and the watcher; `version` moves with a change."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Observations in, one joined Model out, for /metrics and `shmwatch check`: segment
-summaries are made as an inventory arrives; the join is rebuilt when the version moved."""
+"""Observations in, one joined Model out, for /metrics and `shmwatch check`. Segment
+summaries are made as inventories arrive; the join is rebuilt when the version moved."""
 
 from __future__ import annotations
 
@@ -111,9 +111,9 @@ class ModelStep:
             s.name: None for s in sources if s.reports_status
         }
         self._summaries: Dict[str, SegmentSummary] = {}  # the latest inventory's
-        # The OOM ledger, kept for good (it outlives the victims' cgroups and pods' mounts):
-        # cgroup (a pod's in node mode, else the victim's) -> kills the kernel log reported;
-        # cgroup -> its own counter's highest; the newest kills, with their pod's shm use.
+        # The OOM ledger, kept for good (it outlives victims' cgroups and pods' mounts):
+        # cgroup (a pod's in node mode, else the victim's) -> kills the kernel log gave;
+        # cgroup -> its own counter's highest; the newest kills, with their pod's shm.
         self._oom_logged: Dict[str, int] = Counter()
         self._oom_own: Dict[str, int] = {}
         self._recent_oom: deque = deque(maxlen=RECENT_OOM_KILLS)
@@ -359,7 +359,7 @@ def _unexplained(
     charged to it, the resident bytes of its IPC namespace's SysV segments and the memfd
     regions its processes (or its descendants') hold. An estimate: a region two cgroups'
     processes hold counts in both, and pages are charged to whoever touched them first.
-    Nothing without an inventory (memfd regions unknown). Linear: node mode has hundreds."""
+    Nothing without an inventory (memfd regions unknown). Linear: node mode has 100s."""
     if inventory is None:
         return {}
     explained: Dict[object, int] = Counter()  # id(cgroup), pod UID or cgroup -> bytes

@@ -1,5 +1,5 @@
-"""Per-mount summaries, made once per inventory: totals by class and state, top K segments
-and processes, the oldest orphan, leak candidates. Renders and check walk no segments."""
+"""Per-mount summaries, made once per inventory: totals by class and state, top K
+segments and processes, the oldest orphan, leak candidates; renders walk no segments."""
 
 from __future__ import annotations
 

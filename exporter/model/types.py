@@ -40,7 +40,7 @@ class MountUsage:
     available_bytes: int = 0
     inodes: int = 0
     inodes_free: int = 0
-    instance: Tuple = ()  # which mount instance (device, mount ID, ...); () when not known
+    instance: Tuple = ()  # which mount instance (device, mount ID...); () if not known
     noswap: bool = False  # mounted with noswap: its pages cannot go to swap
 
     @property
@@ -224,7 +224,7 @@ def unpack(row: int) -> Tuple[int, int, int, int, int]:
 
 @dataclass
 class MountInventory:
-    """One mount's segments: each listed file one packed int (`pack`) and one state byte."""
+    """One mount's segments: each listed file a packed int (`pack`) and a state byte."""
 
     mount: str
     error: Optional[str] = None
