@@ -231,44 +231,59 @@ def test_without_the_kernel_log_container_counts_are_kept_for_the_pod():
             assert value(ex.scrape(), "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 1
 
 
+def step_with_pod_mount(uid):
+    """A node-mode ModelStep fed by hand: the cgroup and oom sources, and one mount of pod
+    `uid` that discovery sees while `targets` holds it."""
+    from types import SimpleNamespace
+    from exporter.model.state import StateStore
+    from exporter.model.step import ModelStep
+    from exporter.model.types import MountSet, Target
+
+    targets = [Target(f"/var/lib/kubelet/pods/{uid}/volumes/dshm", {"pod_uid": uid})]
+    discovery = SimpleNamespace(node_mode=True, current=lambda: MountSet(list(targets)))
+    sources = [SimpleNamespace(name=n, reports_status=True) for n in ("cgroup", "oom")]
+    return ModelStep(sources, discovery, StateStore()), targets
+
+
+def oom_series(step, *observations):
+    from exporter.model.types import Observation
+    for source, result in observations:
+        step.accept(Observation(source, result, None if result is not None else "EIO", 0.0))
+    return sorted((c.cgroup, c.kills) for c in step.current().oom_kills)
+
+
 def test_oom_series_never_go_down_while_the_pod_is_there():
     """A container's count gone with its cgroup, or one failed read of the pod's cgroup, must
     not lower the series: Prometheus would take 2 -> 1 for a reset and PodOomKilled would fire."""
-    from exporter.collectors.discovery import MountDiscovery
-    from exporter.model.step import ModelStep
-    from exporter.host.paths import Paths
-    from exporter.model.state import StateStore
+    pod = f"/kubepods/burstable/pod{POD}"
 
-    from types import SimpleNamespace
-    from exporter.model.state import MountStates
+    def v1_pod(containers=()):  # v1: the pod's own counter says 0, each container's its own
+        return [CgroupMemory(pod, 1, 0, None, 0, None, 0, "none", pod_uid=POD, child_oom_kills=containers)]
 
-    step = ModelStep([], MountDiscovery(Paths(), [], node_mode=True), StateStore())
-    pod = [CgroupMemory("/kubepods/podp", 1, 0, None, 0, None, None, "none", pod_uid="p")]
-    mount = [SimpleNamespace(labels={"pod_uid": "p"})]
+    step, targets = step_with_pod_mount(POD)
+    kill = [k for k in fixture_kills() if k.pod_uid == POD][0]
+    assert oom_series(step, ("oom", OomReports((kill,), 0))) == [(kill.pod_cgroup, 1)]
+    assert oom_series(step, ("cgroup", v1_pod(((pod + "/c1", 2),)))) == [(pod, 2)]
+    assert oom_series(step, ("cgroup", v1_pod())) == [(pod, 2)]  # the container's cgroup gone
+    # The pod's cgroup failed to read: the kernel log alone says 1; the series stays at 2.
+    assert oom_series(step, ("cgroup", None)) == [(pod, 2)]
 
-    def counts(cgroups, own, mounts):
-        states = MountStates({}, {}, {}, {}, {}, oom_cgroup_max={"/kubepods/podp": own})
-        return [c.kills for c in step._oom_counts(cgroups, states, mounts)]
-
-    assert counts(pod, 2, mount) == [2]
-    assert counts(pod, 1, mount) == [2]
-    assert counts([], 1, mount) == [2]  # the pod's cgroup failed to read, its mount is still there
-    assert counts([], 1, []) == []  # the pod is gone: so is its series
+    step, targets = step_with_pod_mount(POD)  # no kill in the kernel log: the counter's alone
+    assert oom_series(step, ("oom", OomReports((), 0)), ("cgroup", v1_pod(((pod + "/c1", 2),)))) == [(pod, 2)]
+    assert oom_series(step, ("cgroup", None)) == [(pod, 2)]  # its mount is still there
+    targets.clear()
+    assert oom_series(step, ("cgroup", None)) == []  # the pod is gone: so is its series
 
 
 def test_oom_counts_made_again_when_a_count_moves_while_the_cgroups_stand():
-    """A kill counted since the last build, with the same cgroup reading, shows at the next."""
-    from exporter.collectors.discovery import MountDiscovery
-    from exporter.model.step import ModelStep
-    from exporter.host.paths import Paths
-    from exporter.model.state import StateStore
+    """A counter that moves, with the same cgroups standing, shows at the next build."""
+    step, _ = step_with_pod_mount(POD)
+    pod = f"/kubepods/burstable/pod{POD}"
 
-    state = StateStore()
-    step = ModelStep([], MountDiscovery(Paths(), [], node_mode=True), state)
-    cgroups = [CgroupMemory("/kubepods/podp", 2, 0, None, 0, None, None, "none", pod_uid="p")]
-    state.record_cgroup_oom("/kubepods/podp", 1)
-    first = step._oom_counts(cgroups, state.snapshot(), [])
-    assert [c.kills for c in first] == [1]
-    assert [c.kills for c in step._oom_counts(cgroups, state.snapshot(), [])] == [1]
-    state.record_cgroup_oom("/kubepods/podp", 3)
-    assert [c.kills for c in step._oom_counts(cgroups, state.snapshot(), [])] == [3]
+    def v2_pod(kills):
+        return [CgroupMemory(pod, 2, 0, None, 0, None, kills, "none", pod_uid=POD)]
+
+    assert oom_series(step, ("cgroup", v2_pod(1))) == [(pod, 1)]
+    assert oom_series(step, ("cgroup", v2_pod(1))) == [(pod, 1)]
+    assert oom_series(step, ("cgroup", v2_pod(3))) == [(pod, 3)]
+    assert oom_series(step, ("cgroup", v2_pod(2))) == [(pod, 3)]  # a counter never goes down

@@ -1,8 +1,5 @@
-"""How much a shm mount can really hold, and what filling it does to the memory limit.
-
-One place for the formulas that /metrics (shmwatch_mount_effective_size_bytes,
-shmwatch_shm_oom_projection_ratio) and `shmwatch check` both report.
-"""
+"""How much a shm mount can really hold, and what filling it does to the memory limit:
+the one formula /metrics and `shmwatch check` both report."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Who made this segment? Basename pattern -> owner class, one table.
-
-Matched on the basename only, also for '/name (deleted)' paths from maps and fds.
-The first matching row wins, so the more specific MPI rows come before python_shm's
-'psm_*' (PSM's 'psm_shm.*' and PSM2's 'psm2_shm.*' are MPI transports, not Python).
-"""
+"""Who made this segment? Basename pattern -> owner class; the first matching row wins:
+PSM's psm_shm.* and PSM2's psm2_shm.* are MPI transports: before python_shm's psm_*."""
 
 from __future__ import annotations
 

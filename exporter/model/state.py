@@ -1,7 +1,5 @@
-"""What outlives one observation: per-mount peaks, high-water marks, event counters and
-inotify flags, and the OOM kills counted since start. Fed by the model step and the
-watcher, read by the model step; `version` moves with every change, nobody is called back.
-"""
+"""What outlives one observation per mount: peaks, high-water marks, event counters and
+inotify flags, fed by the model step and the watcher; `version` moves with a change."""
 
 from __future__ import annotations
 
@@ -12,9 +10,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Deque, Dict, Iterable, Optional, Set, Tuple
 
 from exporter.model.types import MountUsage
-
-# How many OOM kills `shmwatch check` and the model remember (the newest).
-RECENT_OOM_KILLS = 50
 
 
 class PeakWindow:
@@ -51,11 +46,6 @@ class MountStates:
     event_rows: Dict[str, Tuple[Tuple[str, str, int], ...]]
     inotify: Dict[str, bool]
     overflows: Dict[str, int]  # mount -> inotify queue overflows while it was watched
-    # cgroup (a pod's in node mode, else the victim's) -> kills in the kernel log since start;
-    # cgroup -> its own counter's highest; the newest kills, each with its pod's shm use.
-    oom_kills: Dict[str, int] = field(default_factory=dict)
-    oom_cgroup_max: Dict[str, int] = field(default_factory=dict)
-    recent_oom_kills: Tuple[Tuple[object, Optional[int]], ...] = ()
 
 
 @dataclass
@@ -66,9 +56,7 @@ class _Mount:  # what the store keeps of one mount
     inotify: Optional[bool] = None  # None: not said yet
     overflows: int = 0
     instance: Optional[tuple] = None  # the mount instance last polled (None: not yet)
-    live: bool = (
-        True  # False while the last poll found it gone: the watcher's samples wait
-    )
+    live: bool = True  # False while the last poll found it gone: no samples taken
 
 
 GONE = ("gone",)  # the instance of a mount that is not there
@@ -79,8 +67,7 @@ class StateStore:
         self,
         peak_window: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
-        # The high-water mark's time, for humans.
-        wall_clock: Callable[[], float] = time.time,
+        wall_clock: Callable[[], float] = time.time,  # the high-water mark's time
     ):
         self.peak_window = peak_window
         self.clock = clock
@@ -88,15 +75,9 @@ class StateStore:
         self._lock = threading.Lock()
         self._version = 0
         self._mounts: Dict[str, _Mount] = {}
-        self._oom: Dict[str, int] = {}
-        self._oom_cgroup: Dict[str, int] = {}
-        self._recent_oom: Deque[Tuple[object, Optional[int]]] = deque(
-            maxlen=RECENT_OOM_KILLS
-        )
         self._touched: Set[str] = set()  # mounts inotify saw change, for shm_mount
 
     def version(self) -> int:
-        """Moves with every change to what snapshot() holds."""
         return self._version
 
     def _of(self, mount: str) -> _Mount:
@@ -159,23 +140,6 @@ class StateStore:
         with self._lock:
             self._of(mount).overflows += 1
 
-    def count_oom_kill(
-        self, cgroup: str, kill: object, shm_used: Optional[int]
-    ) -> None:
-        """One kill from the kernel log, counted under `cgroup` for good: it outlives the
-        victim's cgroup (and a pod's mounts), so it is never forgotten with them."""
-        with self._lock:
-            self._oom[cgroup] = self._oom.get(cgroup, 0) + 1
-            self._recent_oom.append((kill, shm_used))
-            self._version += 1
-
-    def record_cgroup_oom(self, cgroup: str, count: int) -> None:
-        """A cgroup's own counter: kept as the highest value seen, so it never goes down."""
-        with self._lock:
-            if count > self._oom_cgroup.get(cgroup, -1):
-                self._oom_cgroup[cgroup] = count
-                self._version += 1
-
     def set_inotify(self, mount: str, active: bool) -> None:
         with self._lock:
             record = self._mounts.get(mount)
@@ -218,7 +182,4 @@ class StateStore:
                 },
                 {m: r.inotify for m, r in mounts if r.inotify is not None},
                 {m: r.overflows for m, r in mounts if r.overflows},
-                dict(self._oom),
-                dict(self._oom_cgroup),
-                tuple(self._recent_oom),
             )

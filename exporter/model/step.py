@@ -1,16 +1,12 @@
-"""The model step: observations in, one joined picture out.
-
-What depends on one observation alone (segment summaries) is computed as it arrives, in
-its source's thread; the join (mounts with usage, inventory, peaks, cgroup, budget) is
-rebuilt on first use after the version moved. /metrics and `shmwatch check` read the Model.
-"""
+"""Observations in, one joined Model out, for /metrics and `shmwatch check`. Segment
+summaries are made as inventories arrive; the join is rebuilt when the version moved."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -32,6 +28,9 @@ from exporter.model.types import (
 )
 
 log = logging.getLogger(__name__)
+
+# How many OOM kills `shmwatch check` and the model remember (the newest).
+RECENT_OOM_KILLS = 50
 
 
 @dataclass(frozen=True)
@@ -112,6 +111,12 @@ class ModelStep:
             s.name: None for s in sources if s.reports_status
         }
         self._summaries: Dict[str, SegmentSummary] = {}  # the latest inventory's
+        # The OOM ledger, kept for good (it outlives victims' cgroups and pods' mounts):
+        # cgroup (a pod's in node mode, else the victim's) -> kills the kernel log gave;
+        # cgroup -> its own counter's highest; the newest kills, with their pod's shm.
+        self._oom_logged: Dict[str, int] = Counter()
+        self._oom_own: Dict[str, int] = {}
+        self._recent_oom: deque = deque(maxlen=RECENT_OOM_KILLS)
         self._oom_shown: Dict[str, OomCount] = {}  # each OOM series as last shown
         self._model: Optional[Model] = None
         self._accepted = 0  # observations accepted
@@ -131,24 +136,23 @@ class ModelStep:
             old = {m.mount: m for m in before.mounts} if before else {}
             for m in obs.result.mounts:
                 if not m.error:
-                    same = old.get(m.mount) is m
-                    summaries[m.mount] = (
-                        self._summaries[m.mount] if same else summarise(m, self.top_k)
-                    )
+                    kept = old.get(m.mount) is m and self._summaries.get(m.mount)
+                    summaries[m.mount] = kept or summarise(m, self.top_k)
         if obs.success and obs.source == "shm_mount":
             self.state.record_polled(obs.result)
-        if obs.success and obs.source == "cgroup":
-            for cgroup in obs.result:
-                if cgroup.oom_kills is not None:
-                    self.state.record_cgroup_oom(cgroup.cgroup, cgroup.oom_kills)
-                # A container's 0 adds nothing; 10,000s of them cost every build.
-                for child, count in cgroup.child_oom_kills:
-                    if count:
-                        self.state.record_cgroup_oom(child, count)
         if obs.success and obs.source == "oom":
             for kill in obs.result.new:
                 self._count_kill(kill)
         with self._lock:
+            if obs.success and obs.source == "cgroup":
+                own = self._oom_own  # each counter kept as its highest: never down
+                for c in obs.result:
+                    if c.oom_kills is not None:
+                        own[c.cgroup] = max(c.oom_kills, own.get(c.cgroup, 0))
+                    # A container's 0 adds nothing; 10,000s of them cost every build.
+                    for child, count in c.child_oom_kills:
+                        if count:
+                            own[child] = max(count, own.get(child, 0))
             before = self._latest.get(obs.source)
             if obs.source in self._latest:
                 self._latest[obs.source] = obs
@@ -184,8 +188,9 @@ class ModelStep:
             mib(shm_used),
             f" (pod {kill.pod_uid})" if kill.pod_uid else "",
         )
-        # After the log line: a scrape that counts it finds it logged.
-        self.state.count_oom_kill(key, kill, shm_used)
+        with self._lock:  # after the log line: a scrape that counts it finds it logged
+            self._oom_logged[key] += 1
+            self._recent_oom.append((kill, shm_used))
 
     def current(self) -> Model:
         """The model, rebuilt first if anything changed since it was built."""
@@ -273,21 +278,21 @@ class ModelStep:
             self._result("gpu"),
             self._result("process") or [],
             states,
-            self._oom_counts(cgroups, states, mounts),
-            list(states.recent_oom_kills),
+            self._oom_counts(cgroups, mounts),
+            list(self._recent_oom),
             _unexplained(
                 cgroups, mounts, self._result("sysv"), inventory, self.node_mode
             ),
         )
 
     def _oom_counts(
-        self, cgroups: List[CgroupMemory], states: MountStates, mounts: List[MountView]
+        self, cgroups: List[CgroupMemory], mounts: List[MountView]
     ) -> List[OomCount]:
         """Per cgroup: the kernel log's kills in its subtree, or its counters' if higher (a kill
         before we started, or unlogged). v1 counts a kill in the victim's memcg only: the pod's
         counter plus each container's highest, kept after it is gone; v2's is hierarchical.
         Node mode: also each pod with a kill whose cgroup is gone (or never seen)."""
-        logged, own = states.oom_kills, states.oom_cgroup_max
+        logged, own = self._oom_logged, self._oom_own
         logged_below, own_below = _subtree_totals(logged), _subtree_totals(own)
         counts: Dict[str, OomCount] = {}
         for c in cgroups:  # (neither source counting kills: no series, not a false 0)
@@ -354,8 +359,7 @@ def _unexplained(
     charged to it, the resident bytes of its IPC namespace's SysV segments and the memfd
     regions its processes (or its descendants') hold. An estimate: a region two cgroups'
     processes hold counts in both, and pages are charged to whoever touched them first.
-    Nothing without an inventory (memfd regions unknown). Linear in mounts, namespaces and
-    regions (times the cgroup depth): node mode has hundreds of each."""
+    Nothing without an inventory (memfd regions unknown). Linear: node mode has 100s."""
     if inventory is None:
         return {}
     explained: Dict[object, int] = Counter()  # id(cgroup), pod UID or cgroup -> bytes

@@ -1,6 +1,5 @@
-"""The inventory's data, and the per-mount summaries the model computes from it once per
-inventory: totals by class and state, top K segments and processes, the oldest orphan,
-leak candidates. Scrapes and `shmwatch check` render these; neither walks segments."""
+"""Per-mount summaries, made once per inventory: totals by class and state, top K
+segments and processes, the oldest orphan, leak candidates; renders walk no segments."""
 
 from __future__ import annotations
 

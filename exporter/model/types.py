@@ -1,6 +1,4 @@
-"""The observations: what each source returns, typed, owned by the model. Sources make
-them, the scheduler carries them, the model step joins them, exposition and check read them.
-"""
+"""The observations: what each source returns, typed; the model step joins them."""
 
 from __future__ import annotations
 
@@ -42,8 +40,7 @@ class MountUsage:
     available_bytes: int = 0
     inodes: int = 0
     inodes_free: int = 0
-    # Which mount instance (device, mount ID, ...); () when not known.
-    instance: Tuple = ()
+    instance: Tuple = ()  # which mount instance (device, mount ID...); () if not known
     noswap: bool = False  # mounted with noswap: its pages cannot go to swap
 
     @property
@@ -227,8 +224,7 @@ def unpack(row: int) -> Tuple[int, int, int, int, int]:
 
 @dataclass
 class MountInventory:
-    """One mount's segments, compact: each listed file one packed int (`pack`) and one byte
-    of state; Segment objects are made on demand (`rows`), for the few a summary keeps."""
+    """One mount's segments: each listed file a packed int (`pack`) and a state byte."""
 
     mount: str
     error: Optional[str] = None
@@ -267,8 +263,7 @@ class MountInventory:
 class Inventory:
     mounts: List[MountInventory]
     comms: Dict[int, str]
-    # None: processes hidden from us exist, but could not be counted
-    proc_unreadable: Optional[int]
+    proc_unreadable: Optional[int]  # None: hidden processes exist, but were not counted
     processes_scanned: int
     # When it was made; not compared: two inventories of the same segments are equal.
     wall_time: float = field(default_factory=time.time, compare=False)
