@@ -223,7 +223,7 @@ def test_without_the_kernel_log_container_counts_are_kept_for_the_pod():
                      "--poll-interval=200ms") as ex:
         ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 0, timeout=10)
         kill_a_hog_in(ctr_dir)
-        ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 1, timeout=5)
+        ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 1, timeout=20)
         remove_cgroup(ctr_dir)
         assert not os.path.exists(ctr_dir)
         for _ in range(5):  # polls after the container's cgroup is gone
