@@ -292,19 +292,13 @@ def build_parser(prog: str = "shmwatch") -> argparse.ArgumentParser:
     for name in COLLECTORS:
         flag = f"--collector.{name}"
         on_by_default = None if name in NODE_DEFAULT_COLLECTORS else True
-        parser.add_argument(
+        parser.add_argument(  # and --no-collector.<name>
             flag,
             dest=f"collector_{name}",
-            action="store_true",
+            action=argparse.BooleanOptionalAction,
             default=_switch(env_name(flag), on_by_default),
-            help=f"Enable the {name} collector (default "
+            help=f"Enable or disable the {name} collector (default "
             f"{'on' if on_by_default else 'on in node mode'}) [env {env_name(flag)}].",
-        )
-        parser.add_argument(
-            f"--no-collector.{name}",
-            dest=f"collector_{name}",
-            action="store_false",
-            help=f"Disable the {name} collector.",
         )
     parser.add_argument(
         "--no-inotify",

@@ -1,7 +1,5 @@
-"""HTTP/1.x request heads parsed as they arrive, within bounds (Go's net/http's 1 MiB of
-request line and headers), and the answers' bytes. Only the headers the front reads are
-kept; the others are counted and dropped, so a head costs what it keeps, not what it sent.
-"""
+"""HTTP/1.x request heads parsed as they arrive, and the answers' bytes. Only the headers the
+front reads are kept, the others counted and dropped: a head costs what it keeps."""
 
 from __future__ import annotations
 
@@ -52,8 +50,7 @@ class Request:
 
 
 class Head:
-    """One request head as it arrives: the request line and the headers in KEPT; other
-    headers are counted against the bounds and dropped."""
+    """One request head as it arrives: the request line and the headers in KEPT."""
 
     def __init__(self) -> None:
         self.size = self.lines = self.kept_size = 0
@@ -63,8 +60,7 @@ class Head:
         self.headers: Dict[str, str] = {}
 
     def feed(self, data: bytes) -> Optional[bytes]:
-        """The bytes after the head once it is complete (None until it is); Refused when
-        it is not one this server takes."""
+        """The bytes after the head once it is complete, else None; Refused."""
         pos, end = 0, len(data)
         while pos < end:
             newline = data.find(b"\n", pos)

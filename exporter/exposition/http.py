@@ -1,16 +1,11 @@
 """The HTTP(S) front: /metrics (render.py's), a landing page, /-/healthy.
 
-One asyncio loop reads every connection. A request head is parsed as it arrives and the
-headers nothing here reads are counted and dropped, so a slow or idle client costs a socket
-and a few hundred bytes, never a thread; a few worker threads make the answers. Bounds as
-Go's net/http and node_exporter have them: request line and headers at most 1 MiB (431,
-and the rest is not read), a head within HEADER_TIMEOUT_SECONDS (an idle keep-alive
-connection waits IDLE_TIMEOUT_SECONDS for its next one), at most --web.max-requests answers
-in flight (503 beyond; a client that has not read its answer within twice the head's
-deadline is dropped), GET and HEAD only (405). HTTP/1.1 keep-alive; pipelined requests are
-answered in order. Each connection is wrapped in TLS with the web config's SSLContext
-current when it was accepted, so a rotated certificate serves from the next one on.
-"""
+One asyncio loop reads every connection, so a slow or idle client costs a socket and a few
+hundred bytes, never a thread; a few worker threads make the answers. Bounds as Go's net/http
+and node_exporter have them: a head within HEADER_TIMEOUT_SECONDS (heads.py's size bounds),
+at most --web.max-requests answers in flight (503 beyond; an answer not read within twice
+the head's deadline is dropped), GET and HEAD only (405). Keep-alive and pipelining; TLS
+with the SSLContext current when the connection was accepted (rotated certificates)."""
 
 from __future__ import annotations
 
@@ -140,8 +135,7 @@ class Connection(asyncio.BufferedProtocol):
             self.feed(rest)
 
     def refuse(self, code: int) -> None:
-        """Answer and hang up without reading the rest, after half a second for the client
-        to read the answer before unread bytes reset the connection (as Go does)."""
+        """Answer and hang up unread, after half a second to read it (as Go does)."""
         self.busy = True
         self.timer.cancel()
         self.transport.pause_reading()
@@ -359,8 +353,6 @@ def bind(
     max_requests: int = 40,
 ) -> Front:
     family, address, dual = listen_family(host)
-    if dual and not socket.has_ipv6:
-        family, address, dual = socket.AF_INET, "0.0.0.0", False
     sock = None
     try:
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -375,7 +367,7 @@ def bind(
             sock.close()
         if not dual or err.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
             raise
-        # A kernel without IPv6 (ipv6.disable=1): all of IPv4 is what ':port' can mean.
+        # No IPv6 (ipv6.disable=1, or a Python without it): ':port' is all of IPv4.
         return bind("0.0.0.0", port, app, web, max_requests)
     sock.setblocking(False)
     return Front(sock, app, web, max_requests)

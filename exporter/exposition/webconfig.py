@@ -214,7 +214,9 @@ class WebConfigSource:
         self._lock = threading.Lock()
         self._good: Dict[bytes, None] = {}  # digests of credentials that passed
         self._checking: set = set()  # addresses with a bcrypt check queued or running
-        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(  # threads made on demand
+            BCRYPT_WORKERS, thread_name_prefix="shmwatch-bcrypt"
+        )
         self._failed_stamp = None
         self.config = self._read()
         self.context = self.config.tls.context() if self.config.tls else None
@@ -293,14 +295,9 @@ class WebConfigSource:
 
     def _warm(self, config: WebConfig) -> None:
         """Make the dummy hashes checks are padded with before the first check needs them."""
-        if config.users:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    BCRYPT_WORKERS, thread_name_prefix="shmwatch-bcrypt"
-                )
-            costs = [cost(h) for h in config.users.values()]
-            for level in range(min(costs), max(costs) + 1):
-                self._pool.submit(dummy_hash, level)
+        costs = [cost(h) for h in config.users.values()]
+        for level in range(min(costs, default=0), max(costs, default=-1) + 1):
+            self._pool.submit(dummy_hash, level)
 
     def authorize(
         self, config: WebConfig, header: Optional[str], peer: str = ""
