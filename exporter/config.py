@@ -279,14 +279,11 @@ def build_parser(prog: str = "shmwatch") -> argparse.ArgumentParser:
         "--version", action="version", version=f"shmwatch {__version__}"
     )
     for flag, dest, kind, default, text, repeatable in FLAGS:
-        # A repeatable flag's list from the environment is read by parse_args: given flags
-        # replace it, where argparse would append to a default.
-        parser.add_argument(
+        parser.add_argument(  # not given: parse_args reads its env and default
             flag,
             dest=dest,
             type=typed(kind, flag),
             action="append" if repeatable else "store",
-            default=None if repeatable else os.environ.get(env_name(flag), default),
             help=f"{text} [env {env_name(flag)}]",
         )
     for name in COLLECTORS:
@@ -320,9 +317,10 @@ def parse_args(
     cfg = Config()
     for flag, dest, kind, default, _text, repeatable in FLAGS:
         value, env = getattr(ns, dest), os.environ.get(env_name(flag))
-        if repeatable and value is None:
+        text = default if env is None else env
+        if value is None and text is not None:  # a repeatable flag's: a comma list
             try:
-                value = [kind(v) for v in (default if env is None else env).split(",")]
+                value = [kind(v) for v in text.split(",")] if repeatable else kind(text)
             except ValueError as err:
                 parser.error(f"argument {flag} (from {env_name(flag)}): {err}")
         if dest == "listen":

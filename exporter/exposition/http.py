@@ -18,13 +18,13 @@ import socket
 import sys
 import threading
 from contextlib import suppress
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 from prometheus_client import make_wsgi_app
 from prometheus_client.registry import CollectorRegistry
 
 from exporter import __version__
-from exporter.exposition.heads import Answer, Head, Refused, Request, message, plain
+from exporter.exposition.heads import Answer, Head, Refused, message, plain
 from exporter.exposition.webconfig import CHALLENGE, OPEN_PATHS, WebConfigSource
 
 LOG = logging.getLogger("shmwatch.web")
@@ -85,7 +85,7 @@ class Connection(asyncio.BufferedProtocol):
             self.front.idle.pop(self, None)
         try:
             rest = self.head.feed(data)
-            request = None if rest is None else self.head.request()
+            request = None if rest is None else self.head.finish()
         except Refused as refused:
             LOG.debug("request from %s refused: %d", self.peer, refused.status)
             return self.refuse(refused.status)
@@ -96,7 +96,7 @@ class Connection(asyncio.BufferedProtocol):
             self.front.fresh.pop(self, None)
             self.task = self.front.loop.create_task(self.serve(request))
 
-    async def serve(self, request: Request) -> None:
+    async def serve(self, request: Head) -> None:
         front, counted = self.front, False
         try:
             extra, answer = await front.check(request, self.peer)
@@ -263,7 +263,7 @@ class Front:
             self.fresh.pop(conn, None)
             self.idle.pop(conn, None)
 
-    async def check(self, request: Request, peer: str):
+    async def check(self, request: Head, peer: str):
         """-> (the web config's headers, the answer when it is a refusal, else None)."""
         config = self.web.current()[0] if self.web else None
         extra = list(config.headers) if config else []
@@ -280,7 +280,7 @@ class Front:
                 return extra, plain(401, CHALLENGE)
         return extra, None
 
-    def call(self, request: Request) -> Answer:
+    def call(self, request: Head) -> Answer:
         """The WSGI app's answer, in a worker thread (as GET: HEAD drops the body)."""
         host, port = self.server_address
         environ = {
@@ -336,15 +336,6 @@ def make_app(
     return app
 
 
-def listen_family(host: str) -> Tuple[int, str, bool]:
-    """-> (address family, address, dual-stack?) as node_exporter listens: '' (':9841') and
-    '::' take IPv6 and IPv4 both, '0.0.0.0' IPv4 only, '::1' IPv6 only, a name its first."""
-    if host in ("", "::"):
-        return socket.AF_INET6, "::", True
-    family = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][0]
-    return family, host, False
-
-
 def bind(
     host: str,
     port: int,
@@ -352,9 +343,13 @@ def bind(
     web: Optional[WebConfigSource] = None,
     max_requests: int = 40,
 ) -> Front:
-    family, address, dual = listen_family(host)
-    sock = None
+    # As node_exporter listens: '' (':9841') and '::' take IPv6 and IPv4 both, '0.0.0.0'
+    # IPv4 only, '::1' IPv6 only, a name its first address's family.
+    dual, sock = host in ("", "::"), None
+    family, address = socket.AF_INET6, host or "::"
     try:
+        if not dual:
+            family = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][0]
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6:
