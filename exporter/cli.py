@@ -81,9 +81,7 @@ def serve(argv: List[str]) -> int:
     gc_tuning.tune()
     web = _web_config(cfg)
     app = App(cfg, web=web)
-    wsgi = http.make_app(
-        app.registry, cfg.telemetry_path, metrics_app=app.exposition.wsgi_app
-    )
+    wsgi = http.make_app(app.exposition.wsgi_app, cfg.telemetry_path)
     try:
         host, port = cfg.listen_host, cfg.listen_port
         httpd = http.bind(host, port, wsgi, web, cfg.max_requests)

@@ -20,9 +20,6 @@ import threading
 from contextlib import suppress
 from typing import Dict, Optional
 
-from prometheus_client import make_wsgi_app
-from prometheus_client.registry import CollectorRegistry
-
 from exporter import __version__
 from exporter.exposition.heads import Answer, Head, Refused, message, plain
 from exporter.exposition.webconfig import CHALLENGE, OPEN_PATHS, WebConfigSource
@@ -310,10 +307,8 @@ class Front:
             return plain(500)
 
 
-def make_app(
-    registry: CollectorRegistry, telemetry_path: str = "/metrics", metrics_app=None
-):
-    metrics_app = metrics_app or make_wsgi_app(registry)
+def make_app(metrics_app, telemetry_path: str = "/metrics"):
+    """`metrics_app` (a WSGI app) at `telemetry_path`, a landing page and /-/healthy."""
     landing = (
         f"<html><head><title>shmwatch</title></head><body><h1>shmwatch {__version__}</h1>"
         f'<p><a href="{telemetry_path}">Metrics</a></p></body></html>'

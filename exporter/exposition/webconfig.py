@@ -125,7 +125,6 @@ def parse_tls(raw: dict, base: str) -> TlsSettings:
     if unsupported:
         use = ", ".join(TLS_KEYS)
         raise bad(f"{', '.join(unsupported)} not supported by shmwatch (use {use})")
-    _section({"tls_server_config": raw}, "tls_server_config", TLS_KEYS)
     # Absent or empty: TlsSettings' default.
     given = {key: raw.get(key) or getattr(TlsSettings, key, None) for key in TLS_KEYS}
     if not given["cert_file"] or not given["key_file"]:
@@ -164,7 +163,7 @@ def parse(text: str, base: str = ".") -> WebConfig:
     raw = _section(raw, "top level", [*SECTIONS, "rate_limit"])
     if "rate_limit" in raw:
         raise WebConfigError("rate_limit is not supported by shmwatch")
-    tls_raw = _section(raw, "tls_server_config")
+    tls_raw = _section(raw, "tls_server_config", (*TLS_KEYS, *TLS_UNSUPPORTED))
     tls = parse_tls(tls_raw, base) if tls_raw else None
     users = {}
     for user, hashed in _section(raw, "basic_auth_users").items():
