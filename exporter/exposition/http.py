@@ -199,8 +199,7 @@ class Front:
         )
         self.buffer = memoryview(bytearray(READ_BYTES))
         self.fresh: Dict[Connection, None] = {}  # never answered, oldest first
-        # Waiting for a next request, longest first.
-        self.idle: Dict[Connection, None] = {}
+        self.idle: Dict[Connection, None] = {}  # waiting again, longest first
         self.stopped = threading.Event()
 
     def serve_forever(self) -> None:

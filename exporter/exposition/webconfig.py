@@ -295,8 +295,9 @@ class WebConfigSource:
     def _warm(self, config: WebConfig) -> None:
         """Make the dummy hashes checks are padded with before the first check needs them."""
         costs = [cost(h) for h in config.users.values()]
-        for level in range(min(costs, default=0), max(costs, default=-1) + 1):
-            self._pool.submit(dummy_hash, level)
+        if costs:
+            for level in range(min(costs), max(costs) + 1):
+                self._pool.submit(dummy_hash, level)
 
     def authorize(
         self, config: WebConfig, header: Optional[str], peer: str = ""
