@@ -24,11 +24,7 @@ from exporter.model.classes import CLASSES, NOT_LEAKS, REMOVABLE  # noqa: E402
 def flags_table() -> str:
     rows = ["| flag | env | default | what |", "|---|---|---|---|"]
     for flag, _dest, _kind, default, text, repeatable in FLAGS:
-        shown = (
-            "/dev/shm"
-            if flag == "--shm.mount"
-            else (default if default is not None else "")
-        )
+        shown = default if default is not None else ""
         rows.append(
             f"| `{flag}`{' (repeatable)' if repeatable else ''} | `{env_name(flag)}` | "
             f"{f'`{shown}`' if shown else '—'} | {text} |"

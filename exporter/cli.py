@@ -39,18 +39,11 @@ def _web_config(cfg):
             "give it or the deprecated --web.tls-* flags, not both "
             "(move them to tls_server_config)",
         )
-    for given, missing, flag, message in (
-        (key, not cert, "key-file", "needs --web.tls-cert-file too"),
-        (cert, not key, "cert-file", "needs --web.tls-key-file too"),
-        (
-            ca,
-            not cert,
-            "client-ca-file",
-            "mTLS needs --web.tls-cert-file and --web.tls-key-file",
-        ),
-    ):
-        if given and missing:
-            fail(f"--web.tls-{flag}", message)
+    if (key or ca) and not cert:
+        flag = "key-file" if key else "client-ca-file"
+        fail(f"--web.tls-{flag}", "needs --web.tls-cert-file too")
+    if cert and not key:
+        fail("--web.tls-cert-file", "needs --web.tls-key-file too")
     if cfg.web_config_file:
         _check_readable("--web.config.file", cfg.web_config_file)
         try:
@@ -88,9 +81,7 @@ def serve(argv: List[str]) -> int:
     gc_tuning.tune()
     web = _web_config(cfg)
     app = App(cfg, web=web)
-    wsgi = http.make_app(
-        app.registry, cfg.telemetry_path, metrics_app=app.exposition.wsgi_app
-    )
+    wsgi = http.make_app(app.exposition.wsgi_app, cfg.telemetry_path)
     try:
         host, port = cfg.listen_host, cfg.listen_port
         httpd = http.bind(host, port, wsgi, web, cfg.max_requests)
@@ -119,16 +110,11 @@ def serve(argv: List[str]) -> int:
     signal.signal(signal.SIGHUP, on_hangup)
     app.start()
     http_thread = http.serve_in_thread(httpd)
-    host, port = httpd.server_address
-    log.info(
-        "shmwatch %s listening on %s://%s:%d%s, watching %s",
-        __version__,
-        "https" if web and web.tls else "http",
-        http.url_host(host),
-        port,
-        cfg.telemetry_path,
-        ", ".join(cfg.shm_mounts),
-    )
+    scheme = "https" if web and web.tls else "http"
+    host, port = http.url_host(httpd.server_address[0]), httpd.server_address[1]
+    mounts = ", ".join(cfg.shm_mounts)
+    where = f"{scheme}://{host}:{port}{cfg.telemetry_path}"
+    log.info("shmwatch %s listening on %s, watching %s", __version__, where, mounts)
     while not done.wait(1):
         if not http_thread.is_alive():
             # A listener that died leaves a process that answers nothing: exit, so the

@@ -78,8 +78,7 @@ def parse_listen_address(text: str) -> "tuple[str, int]":
 
 
 class Config(SimpleNamespace):
-    """The parsed flags: one attribute per FLAGS dest ("listen" as listen_host and
-    listen_port), plus collectors ({name: on}) and inotify."""
+    """One attribute per FLAGS dest (listen: listen_host, listen_port), collectors, inotify."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -112,21 +111,6 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
-def _one_of(*choices: str):
-    def convert(text: str) -> str:
-        if text not in choices:
-            raise ValueError(f"{text!r} is not one of {', '.join(choices)}")
-        return text
-
-    return convert
-
-
-def _log_level(text: str) -> str:
-    if text.lower() not in ("debug", "info", "warning", "error"):
-        raise ValueError(f"unknown level {text!r}")
-    return text
-
-
 def _regex(text: str) -> str:
     try:
         re.compile(text)
@@ -135,10 +119,22 @@ def _regex(text: str) -> str:
     return text
 
 
-def _url_path(text: str) -> str:
-    if not text.startswith("/"):
-        raise ValueError(f"must start with '/', got {text!r}")
-    return text
+def _checked(test: Callable[[str], bool], message: str) -> Callable[[str], str]:
+    """A kind that takes the text as it is when test(text), else ValueError(message)."""
+
+    def convert(text: str) -> str:
+        if not test(text):
+            raise ValueError(message.format(text))
+        return text
+
+    return convert
+
+
+def _one_of(*choices: str) -> Callable[[str], str]:
+    return _checked(choices.__contains__, "{!r} is not one of " + ", ".join(choices))
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class Flag(NamedTuple):
@@ -153,14 +149,14 @@ class Flag(NamedTuple):
 KINDS: Dict[str, Callable[[str], object]] = {
     "text": str,
     "address": parse_listen_address,
-    "url-path": _url_path,
+    "url-path": _checked(lambda t: t.startswith("/"), "must start with '/', got {!r}"),
     "size": parse_size,
     "duration": parse_duration,
     "duration-or-0": parse_duration_or_zero,
     "count": _positive_int,
     "regex": _regex,
     "mode": _one_of("sidecar", "node"),
-    "log-level": _log_level,
+    "log-level": _checked(lambda t: t.lower() in LOG_LEVELS, "unknown level {!r}"),
     "log-format": _one_of("logfmt", "json"),
 }
 
@@ -197,7 +193,7 @@ _TABLE = """
     The kernel log device the oom collector reads OOM kill reports from (not under
     --path.rootfs: in a container it is a device given to it, e.g. docker --device
     /dev/kmsg).
---shm.mount                    shm_mounts             text...        -
+--shm.mount                    shm_mounts             text...        /dev/shm
     tmpfs mount to watch (repeatable; default /dev/shm).
 --shm.size-limit               shm_size_limit         size           -
     Configured size limit of the shm volume (emptyDir sizeLimit), e.g. 16Gi.
@@ -283,32 +279,23 @@ def build_parser(prog: str = "shmwatch") -> argparse.ArgumentParser:
         "--version", action="version", version=f"shmwatch {__version__}"
     )
     for flag, dest, kind, default, text, repeatable in FLAGS:
-        # A repeatable flag's list from the environment is read by parse_args: given flags
-        # replace it, where argparse would append to a default.
-        parser.add_argument(
+        parser.add_argument(  # not given: parse_args reads its env and default
             flag,
             dest=dest,
             type=typed(kind, flag),
             action="append" if repeatable else "store",
-            default=None if repeatable else os.environ.get(env_name(flag), default),
             help=f"{text} [env {env_name(flag)}]",
         )
     for name in COLLECTORS:
         flag = f"--collector.{name}"
         on_by_default = None if name in NODE_DEFAULT_COLLECTORS else True
-        parser.add_argument(
+        parser.add_argument(  # and --no-collector.<name>
             flag,
             dest=f"collector_{name}",
-            action="store_true",
+            action=argparse.BooleanOptionalAction,
             default=_switch(env_name(flag), on_by_default),
-            help=f"Enable the {name} collector (default "
+            help=f"Enable or disable the {name} collector (default "
             f"{'on' if on_by_default else 'on in node mode'}) [env {env_name(flag)}].",
-        )
-        parser.add_argument(
-            f"--no-collector.{name}",
-            dest=f"collector_{name}",
-            action="store_false",
-            help=f"Disable the {name} collector.",
         )
     parser.add_argument(
         "--no-inotify",
@@ -328,17 +315,17 @@ def parse_args(
     parser = parser or build_parser(prog)
     ns = parser.parse_args(argv)
     cfg = Config()
-    for flag, dest, kind, _default, _text, repeatable in FLAGS:
+    for flag, dest, kind, default, _text, repeatable in FLAGS:
         value, env = getattr(ns, dest), os.environ.get(env_name(flag))
-        if repeatable and value is None and env is not None:
+        text = default if env is None else env
+        if value is None and text is not None:  # a repeatable flag's: a comma list
             try:
-                value = [kind(v) for v in env.split(",")]
+                value = [kind(v) for v in text.split(",")] if repeatable else kind(text)
             except ValueError as err:
                 parser.error(f"argument {flag} (from {env_name(flag)}): {err}")
         if dest == "listen":
             cfg.listen_host, cfg.listen_port = value
         elif dest == "shm_mounts":
-            value = value or ["/dev/shm"]
             cfg.shm_mounts = list(dict.fromkeys(m.rstrip("/") or "/" for m in value))
         else:
             setattr(cfg, dest, value)

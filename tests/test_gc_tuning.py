@@ -75,7 +75,7 @@ def serve_and_count_garbage(mount, args, cgroup):
     app = App(parse_args(args + ["--no-collector.gpu", "--log.level=error"]))
     runs = set()  # what kinds of segments runs served
     app.sampler.subscribe(lambda obs: runs.add(obs.full) if obs.source == "segments" else None)
-    httpd = bind("127.0.0.1", 0, make_app(app.registry, "/metrics", metrics_app=app.exposition.wsgi_app))
+    httpd = bind("127.0.0.1", 0, make_app(app.exposition.wsgi_app))
     serve_in_thread(httpd)
     url = "http://127.0.0.1:%d/metrics" % httpd.server_address[1]
     enabled = gc.isenabled()

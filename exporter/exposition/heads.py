@@ -1,7 +1,5 @@
-"""HTTP/1.x request heads parsed as they arrive, within bounds (Go's net/http's 1 MiB of
-request line and headers), and the answers' bytes. Only the headers the front reads are
-kept; the others are counted and dropped, so a head costs what it keeps, not what it sent.
-"""
+"""HTTP/1.x request heads parsed as they arrive, and the answers' bytes. Only the headers the
+front reads are kept, the others counted and dropped: a head costs what it keeps."""
 
 from __future__ import annotations
 
@@ -31,29 +29,9 @@ class Refused(Exception):
         self.status = status
 
 
-class Request:
-    __slots__ = ("method", "path", "query", "minor", "headers", "close")
-
-    def __init__(self, method, target, minor, headers: Dict[str, str]):
-        self.method, self.minor, self.headers = method, minor, headers
-        if target.startswith(("http://", "https://")):  # absolute-form, as proxies send
-            parts = urlsplit(target)
-            path, self.query = parts.path or "/", parts.query
-        else:
-            path, _, self.query = target.partition("?")
-        self.path = unquote(path, "latin-1")  # as wsgiref (PEP 3333: bytes as latin-1)
-        tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
-        # A body is never read: answer, then hang up rather than parse it as a request.
-        body = (
-            "transfer-encoding" in headers or headers.get("content-length", "0") != "0"
-        )
-        keep = "close" not in tokens if minor else "keep-alive" in tokens
-        self.close = body or not keep
-
-
 class Head:
-    """One request head as it arrives: the request line and the headers in KEPT; other
-    headers are counted against the bounds and dropped."""
+    """One request head as it arrives (the request line and the headers in KEPT), then the
+    request it makes (finish())."""
 
     def __init__(self) -> None:
         self.size = self.lines = self.kept_size = 0
@@ -63,8 +41,7 @@ class Head:
         self.headers: Dict[str, str] = {}
 
     def feed(self, data: bytes) -> Optional[bytes]:
-        """The bytes after the head once it is complete (None until it is); Refused when
-        it is not one this server takes."""
+        """The bytes after the head once it is complete, else None; Refused."""
         pos, end = 0, len(data)
         while pos < end:
             newline = data.find(b"\n", pos)
@@ -120,9 +97,24 @@ class Head:
             raise Refused(400)  # whitespace before the colon: a smuggling attempt
         return bytes(line[:colon]).lower().decode() in KEPT
 
-    def request(self) -> Request:
-        method, target, minor = self.first
-        return Request(method, target, minor, self.headers)
+    def finish(self) -> "Head":
+        """Sets method, path, query, minor and close from the complete head."""
+        self.method, target, self.minor = self.first
+        headers = self.headers
+        if target.startswith(("http://", "https://")):  # absolute-form, as proxies send
+            parts = urlsplit(target)
+            path, self.query = parts.path or "/", parts.query
+        else:
+            path, _, self.query = target.partition("?")
+        self.path = unquote(path, "latin-1")  # as wsgiref (PEP 3333: bytes as latin-1)
+        tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
+        # A body is never read: answer, then hang up rather than parse it as a request.
+        body = (
+            "transfer-encoding" in headers or headers.get("content-length", "0") != "0"
+        )
+        keep = "close" not in tokens if self.minor else "keep-alive" in tokens
+        self.close = body or not keep
+        return self
 
 
 def request_line(line: bytes) -> Tuple[str, str, int]:
@@ -141,7 +133,7 @@ def plain(code: int, headers=()) -> Answer:
     return f"{code} {phrase}", [kind, *headers], f"{phrase}\n".encode()
 
 
-def message(answer: Answer, request: Optional[Request], close: bool) -> bytes:
+def message(answer: Answer, request: Optional[Head], close: bool) -> bytes:
     status, headers, body = answer
     lines = [f"HTTP/1.1 {status}", f"Date: {formatdate(usegmt=True)}"]
     lines += [f"{name}: {value}" for name, value in headers]

@@ -1,16 +1,11 @@
 """The HTTP(S) front: /metrics (render.py's), a landing page, /-/healthy.
 
-One asyncio loop reads every connection. A request head is parsed as it arrives and the
-headers nothing here reads are counted and dropped, so a slow or idle client costs a socket
-and a few hundred bytes, never a thread; a few worker threads make the answers. Bounds as
-Go's net/http and node_exporter have them: request line and headers at most 1 MiB (431,
-and the rest is not read), a head within HEADER_TIMEOUT_SECONDS (an idle keep-alive
-connection waits IDLE_TIMEOUT_SECONDS for its next one), at most --web.max-requests answers
-in flight (503 beyond; a client that has not read its answer within twice the head's
-deadline is dropped), GET and HEAD only (405). HTTP/1.1 keep-alive; pipelined requests are
-answered in order. Each connection is wrapped in TLS with the web config's SSLContext
-current when it was accepted, so a rotated certificate serves from the next one on.
-"""
+One asyncio loop reads every connection, so a slow or idle client costs a socket and a few
+hundred bytes, never a thread; a few worker threads make the answers. Bounds as Go's net/http
+and node_exporter have them: a head within HEADER_TIMEOUT_SECONDS (heads.py's size bounds),
+at most --web.max-requests answers in flight (503 beyond; an answer not read within twice
+the head's deadline is dropped), GET and HEAD only (405). Keep-alive and pipelining; TLS
+with the SSLContext current when the connection was accepted (rotated certificates)."""
 
 from __future__ import annotations
 
@@ -23,13 +18,10 @@ import socket
 import sys
 import threading
 from contextlib import suppress
-from typing import Dict, Optional, Tuple
-
-from prometheus_client import make_wsgi_app
-from prometheus_client.registry import CollectorRegistry
+from typing import Dict, Optional
 
 from exporter import __version__
-from exporter.exposition.heads import Answer, Head, Refused, Request, message, plain
+from exporter.exposition.heads import Answer, Head, Refused, message, plain
 from exporter.exposition.webconfig import CHALLENGE, OPEN_PATHS, WebConfigSource
 
 LOG = logging.getLogger("shmwatch.web")
@@ -90,7 +82,7 @@ class Connection(asyncio.BufferedProtocol):
             self.front.idle.pop(self, None)
         try:
             rest = self.head.feed(data)
-            request = None if rest is None else self.head.request()
+            request = None if rest is None else self.head.finish()
         except Refused as refused:
             LOG.debug("request from %s refused: %d", self.peer, refused.status)
             return self.refuse(refused.status)
@@ -101,7 +93,7 @@ class Connection(asyncio.BufferedProtocol):
             self.front.fresh.pop(self, None)
             self.task = self.front.loop.create_task(self.serve(request))
 
-    async def serve(self, request: Request) -> None:
+    async def serve(self, request: Head) -> None:
         front, counted = self.front, False
         try:
             extra, answer = await front.check(request, self.peer)
@@ -140,8 +132,7 @@ class Connection(asyncio.BufferedProtocol):
             self.feed(rest)
 
     def refuse(self, code: int) -> None:
-        """Answer and hang up without reading the rest, after half a second for the client
-        to read the answer before unread bytes reset the connection (as Go does)."""
+        """Answer and hang up unread, after half a second to read it (as Go does)."""
         self.busy = True
         self.timer.cancel()
         self.transport.pause_reading()
@@ -208,8 +199,7 @@ class Front:
         )
         self.buffer = memoryview(bytearray(READ_BYTES))
         self.fresh: Dict[Connection, None] = {}  # never answered, oldest first
-        # Waiting for a next request, longest first.
-        self.idle: Dict[Connection, None] = {}
+        self.idle: Dict[Connection, None] = {}  # waiting again, longest first
         self.stopped = threading.Event()
 
     def serve_forever(self) -> None:
@@ -269,7 +259,7 @@ class Front:
             self.fresh.pop(conn, None)
             self.idle.pop(conn, None)
 
-    async def check(self, request: Request, peer: str):
+    async def check(self, request: Head, peer: str):
         """-> (the web config's headers, the answer when it is a refusal, else None)."""
         config = self.web.current()[0] if self.web else None
         extra = list(config.headers) if config else []
@@ -286,7 +276,7 @@ class Front:
                 return extra, plain(401, CHALLENGE)
         return extra, None
 
-    def call(self, request: Request) -> Answer:
+    def call(self, request: Head) -> Answer:
         """The WSGI app's answer, in a worker thread (as GET: HEAD drops the body)."""
         host, port = self.server_address
         environ = {
@@ -316,10 +306,8 @@ class Front:
             return plain(500)
 
 
-def make_app(
-    registry: CollectorRegistry, telemetry_path: str = "/metrics", metrics_app=None
-):
-    metrics_app = metrics_app or make_wsgi_app(registry)
+def make_app(metrics_app, telemetry_path: str = "/metrics"):
+    """`metrics_app` (a WSGI app) at `telemetry_path`, a landing page and /-/healthy."""
     landing = (
         f"<html><head><title>shmwatch</title></head><body><h1>shmwatch {__version__}</h1>"
         f'<p><a href="{telemetry_path}">Metrics</a></p></body></html>'
@@ -342,15 +330,6 @@ def make_app(
     return app
 
 
-def listen_family(host: str) -> Tuple[int, str, bool]:
-    """-> (address family, address, dual-stack?) as node_exporter listens: '' (':9841') and
-    '::' take IPv6 and IPv4 both, '0.0.0.0' IPv4 only, '::1' IPv6 only, a name its first."""
-    if host in ("", "::"):
-        return socket.AF_INET6, "::", True
-    family = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][0]
-    return family, host, False
-
-
 def bind(
     host: str,
     port: int,
@@ -358,11 +337,13 @@ def bind(
     web: Optional[WebConfigSource] = None,
     max_requests: int = 40,
 ) -> Front:
-    family, address, dual = listen_family(host)
-    if dual and not socket.has_ipv6:
-        family, address, dual = socket.AF_INET, "0.0.0.0", False
-    sock = None
+    # As node_exporter listens: '' (':9841') and '::' take IPv6 and IPv4 both, '0.0.0.0'
+    # IPv4 only, '::1' IPv6 only, a name its first address's family.
+    dual, sock = host in ("", "::"), None
+    family, address = socket.AF_INET6, host or "::"
     try:
+        if not dual:
+            family = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][0]
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6:
@@ -375,7 +356,7 @@ def bind(
             sock.close()
         if not dual or err.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
             raise
-        # A kernel without IPv6 (ipv6.disable=1): all of IPv4 is what ':port' can mean.
+        # No IPv6 (ipv6.disable=1, or a Python without it): ':port' is all of IPv4.
         return bind("0.0.0.0", port, app, web, max_requests)
     sock.setblocking(False)
     return Front(sock, app, web, max_requests)

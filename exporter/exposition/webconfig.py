@@ -1,11 +1,8 @@
 """`--web.config.file`: exporter-toolkit's web configuration (TLS, client certificates, basic
-auth with bcrypt hashes, response headers), as every Go exporter takes it. What Python's ssl
-cannot do (a client certificate taken unverified, cipher and curve lists, client_allowed_sans,
-inline PEM, rate_limit) is refused at start-up with a message, not ignored.
-
-The files are stat'ed on each new connection: a rotated certificate serves from the next one
-on; a change that does not load (a key written before its certificate) keeps the last good.
-"""
+auth with bcrypt hashes, response headers). What Python's ssl cannot do (unverified client
+certificates, cipher and curve lists, client_allowed_sans, inline PEM, rate_limit) is refused
+at start-up, not ignored. The files are stat'ed on each new connection: a rotated certificate
+serves from the next one on; a change that does not load keeps the last good."""
 
 from __future__ import annotations
 
@@ -19,7 +16,7 @@ import re
 import ssl
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 import yaml
 
@@ -27,7 +24,7 @@ from exporter.exposition.families import Families
 
 LOG = logging.getLogger("shmwatch.web")
 
-# Go's tls.ClientAuthType names -> what Python's ssl can do with them.
+# Go's tls.ClientAuthType names -> Python's ssl, from no verification to required.
 CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
@@ -48,13 +45,11 @@ HEADERS = {
     "X-XSS-Protection": None,
     "Strict-Transport-Security": None,
 }
-TLS_KEYS = tuple(
-    "cert_file key_file client_ca_file client_auth_type min_version max_version".split()
-)
 # A bcrypt hash: variant, cost 04-31, 22 characters of salt and 31 of hash.
 BCRYPT_HASH = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 BCRYPT_WORKERS = 2  # checks at once: a guessing client cannot take every core
 BCRYPT_QUEUE = 8  # checks running or waiting; beyond, or a second from one address: 503
+SECTIONS = ("tls_server_config", "http_server_config", "basic_auth_users")
 TLS_UNSUPPORTED = set(
     "cert key client_ca client_allowed_sans cipher_suites prefer_server_cipher_suites "
     "curve_preferences".split()
@@ -74,9 +69,6 @@ class TlsSettings:
     min_version: str = "TLS12"
     max_version: str = "TLS13"
 
-    def files(self) -> List[str]:
-        return [f for f in (self.cert_file, self.key_file, self.client_ca_file) if f]
-
     def context(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = TLS_VERSIONS[self.min_version]
@@ -95,6 +87,15 @@ class TlsSettings:
         return context
 
 
+# tls_server_config's fields, as TlsSettings has them; the values the named ones take.
+TLS_KEYS = tuple(TlsSettings.__dataclass_fields__)
+TLS_CHOICES = {
+    "client_auth_type": CLIENT_AUTH,
+    "min_version": TLS_VERSIONS,
+    "max_version": TLS_VERSIONS,
+}
+
+
 @dataclass(frozen=True)
 class WebConfig:
     tls: Optional[TlsSettings] = None
@@ -102,18 +103,18 @@ class WebConfig:
     headers: Tuple[Tuple[str, str], ...] = ()
 
 
-def _mapping(value, where: str) -> dict:
+def _section(raw: dict, key: str, allowed=()) -> dict:
+    """raw[key] as a mapping ({} when absent); a field not in `allowed` (when given) is
+    refused."""
+    value = raw.get(key)
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise WebConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
-    return value
-
-
-def _no_unknown(raw: dict, allowed, where: str) -> None:
-    unknown = sorted(set(raw) - set(allowed))
+        raise WebConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
+    unknown = sorted(set(value) - set(allowed)) if allowed else ()
     if unknown:
-        raise WebConfigError(f"{where}unknown field {', '.join(unknown)}")
+        raise WebConfigError(f"{key}: unknown field {', '.join(unknown)}")
+    return value
 
 
 def parse_tls(raw: dict, base: str) -> TlsSettings:
@@ -124,20 +125,19 @@ def parse_tls(raw: dict, base: str) -> TlsSettings:
     if unsupported:
         use = ", ".join(TLS_KEYS)
         raise bad(f"{', '.join(unsupported)} not supported by shmwatch (use {use})")
-    _no_unknown(raw, TLS_KEYS, "tls_server_config: ")
-    if not raw.get("cert_file") or not raw.get("key_file"):
+    # Absent or empty: TlsSettings' default.
+    given = {key: raw.get(key) or getattr(TlsSettings, key, None) for key in TLS_KEYS}
+    if not given["cert_file"] or not given["key_file"]:
         raise bad("needs both cert_file and key_file")
-    auth = raw.get("client_auth_type") or "NoClientCert"
+    auth, ca = given["client_auth_type"], given["client_ca_file"]
     if auth in UNVERIFIED_CLIENT_AUTH:
         raise bad(
             f"client_auth_type {auth} (a client certificate accepted without "
             "verification) is not supported: use RequireAndVerifyClientCert"
         )
-    if auth not in CLIENT_AUTH:
-        raise bad(
-            f"invalid client_auth_type {auth!r} (one of {', '.join(CLIENT_AUTH)})"
-        )
-    ca = raw.get("client_ca_file")
+    for key, choices in TLS_CHOICES.items():
+        if given[key] not in choices:
+            raise bad(f"invalid {key} {given[key]!r} (one of {', '.join(choices)})")
     if auth != "NoClientCert" and not ca:
         raise bad(f"client_auth_type {auth} needs client_ca_file")
     if ca and auth == "NoClientCert":
@@ -145,39 +145,28 @@ def parse_tls(raw: dict, base: str) -> TlsSettings:
             "client_ca_file is set but client_auth_type is NoClientCert "
             "(set client_auth_type: RequireAndVerifyClientCert)"
         )
-    versions = []
-    for key, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
-        version = raw.get(key) or default
-        if version not in TLS_VERSIONS:
-            raise bad(f"invalid {key} {version!r} (one of {', '.join(TLS_VERSIONS)})")
-        versions.append(version)
-    if TLS_VERSIONS[versions[0]] > TLS_VERSIONS[versions[1]]:
+    if TLS_VERSIONS[given["min_version"]] > TLS_VERSIONS[given["max_version"]]:
         raise bad("min_version is above max_version")
     # Relative file names are the web config directory's, as in exporter-toolkit (join
     # keeps an absolute name as it is).
-    names = (raw["cert_file"], raw["key_file"], ca)
-    paths = [os.path.join(base, str(name)) if name else None for name in names]
-    return TlsSettings(*paths, auth, *versions)
+    for key in ("cert_file", "key_file", "client_ca_file"):
+        given[key] = given[key] and os.path.join(base, str(given[key]))
+    return TlsSettings(**given)
 
 
 def parse(text: str, base: str = ".") -> WebConfig:
     """The web config's YAML -> WebConfig; WebConfigError names the offending field."""
     try:
-        raw = yaml.safe_load(text)
+        raw = {"top level": yaml.safe_load(text)}
     except yaml.YAMLError as err:
         raise WebConfigError(f"not valid YAML: {str(err).splitlines()[0]}") from None
-    raw = _mapping(raw, "top level")
+    raw = _section(raw, "top level", [*SECTIONS, "rate_limit"])
     if "rate_limit" in raw:
         raise WebConfigError("rate_limit is not supported by shmwatch")
-    _no_unknown(
-        raw, ("tls_server_config", "http_server_config", "basic_auth_users"), ""
-    )
-    tls_raw = _mapping(raw.get("tls_server_config"), "tls_server_config")
+    tls_raw = _section(raw, "tls_server_config", (*TLS_KEYS, *TLS_UNSUPPORTED))
     tls = parse_tls(tls_raw, base) if tls_raw else None
-
     users = {}
-    raw_users = _mapping(raw.get("basic_auth_users"), "basic_auth_users")
-    for user, hashed in raw_users.items():
+    for user, hashed in _section(raw, "basic_auth_users").items():
         hashed = str(hashed or "")
         if not BCRYPT_HASH.fullmatch(hashed):
             raise WebConfigError(
@@ -185,14 +174,11 @@ def parse(text: str, base: str = ".") -> WebConfig:
                 "can check (make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n')"
             )
         users[str(user)] = hashed.encode()
-
-    http = _mapping(raw.get("http_server_config"), "http_server_config")
-    _no_unknown(http, ("headers", "http2"), "http_server_config: ")
+    http = _section(raw, "http_server_config", ("headers", "http2"))
     if "http2" in http and not isinstance(http["http2"], bool):  # HTTP/1.1 is served
         raise WebConfigError("http_server_config: http2 must be true or false")
     headers = []
-    raw_headers = _mapping(http.get("headers"), "http_server_config.headers")
-    for name, value in raw_headers.items():
+    for name, value in _section(http, "headers").items():
         if name not in HEADERS:
             raise WebConfigError(
                 f"http_server_config.headers: {name} is not one of {', '.join(HEADERS)}"
@@ -212,25 +198,24 @@ def weakened(old: WebConfig, new: WebConfig) -> Optional[str]:
     """The authentication `old` enforces that `new` would drop, if any."""
     if old.users and not new.users:
         return "basic authentication"
-    order = list(CLIENT_AUTH)  # from no verification to a certificate required
-    if old.tls and new.tls:
-        was, now = old.tls.client_auth_type, new.tls.client_auth_type
-        if order.index(now) < order.index(was):
-            return "client certificate verification"
+    auth = [c.tls.client_auth_type for c in (old, new) if c.tls]
+    if len(auth) == 2 and CLIENT_AUTH[auth[1]] < CLIENT_AUTH[auth[0]]:
+        return "client certificate verification"
     return None
 
 
 class WebConfigSource:
-    """The current web config and its SSLContext, rebuilt when a file behind them changes
-    (or on reload()): --web.config.file's (`path`) or a `fixed` one (the old --web.tls-*
-    flags' files). Also a collector of shmwatch_web_config_last_reload_successful."""
+    """--web.config.file's (`path`) or a `fixed` config and its SSLContext, rebuilt when a
+    file behind them changes; collects shmwatch_web_config_last_reload_successful."""
 
     def __init__(self, path: Optional[str] = None, fixed: Optional[WebConfig] = None):
         self.path, self._fixed = path, fixed
         self._lock = threading.Lock()
         self._good: Dict[bytes, None] = {}  # digests of credentials that passed
         self._checking: set = set()  # addresses with a bcrypt check queued or running
-        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(  # threads made on demand
+            BCRYPT_WORKERS, thread_name_prefix="shmwatch-bcrypt"
+        )
         self._failed_stamp = None
         self.config = self._read()
         self.context = self.config.tls.context() if self.config.tls else None
@@ -251,9 +236,11 @@ class WebConfigSource:
         return parse(text, os.path.dirname(os.path.abspath(self.path)))
 
     def _current_stamp(self, config: WebConfig) -> tuple:
-        tls = config.tls.files() if config.tls else []
+        tls = config.tls or TlsSettings("", "")
         stamps = []
-        for path in filter(None, [self.path, *tls]):
+        for path in filter(
+            None, (self.path, tls.cert_file, tls.key_file, tls.client_ca_file)
+        ):
             try:
                 st = os.stat(path)
                 stamps.append((path, st.st_mtime_ns, st.st_size, st.st_ino))
@@ -286,13 +273,11 @@ class WebConfigSource:
             dropped = weakened(self.config, config)
             if dropped:
                 raise WebConfigError(f"it would turn off {dropped} (restart to do so)")
-            # Stamped before the certificate is loaded: a file replaced while we load it
-            # differs from this stamp, and is loaded again on the next connection.
+            # Stamped before loading: a file replaced meanwhile is loaded again next time.
             new_stamp = self._current_stamp(config)
             context = config.tls.context() if config.tls else None
         except Exception as err:  # anything, not only WebConfigError: keep serving
-            # A rotation in progress (key written, certificate not yet) fails here once;
-            # the next change tries again. Until then the last good config serves.
+            # A rotation in progress fails once; until the next change the last good serves.
             self._failed_stamp, self.reload_ok = stamp, False
             LOG.warning("web config not reloaded, keeping the previous one: %s", err)
             return
@@ -309,24 +294,17 @@ class WebConfigSource:
 
     def _warm(self, config: WebConfig) -> None:
         """Make the dummy hashes checks are padded with before the first check needs them."""
-        if config.users:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    BCRYPT_WORKERS, thread_name_prefix="shmwatch-bcrypt"
-                )
-            costs = [cost(h) for h in config.users.values()]
+        costs = [cost(h) for h in config.users.values()]
+        if costs:
             for level in range(min(costs), max(costs) + 1):
                 self._pool.submit(dummy_hash, level)
 
     def authorize(
         self, config: WebConfig, header: Optional[str], peer: str = ""
     ) -> Union[None, bool, concurrent.futures.Future]:
-        """Whether `header` holds a user of `config` and their password: True or False at
-        once, or a Future of it when bcrypt has to run; None when bcrypt is busy (too many
-        checks queued, or one from `peer` already), which is not a wrong password.
-        Successes are remembered (by a digest, never the password), as exporter-toolkit
-        does, so a scrape every 15 s pays bcrypt once; failures are not, so a guessing
-        client cannot evict them."""
+        """True, False, a Future of either while bcrypt runs, or None when bcrypt is busy
+        (not a wrong password). Successes are remembered by a digest (a scrape pays bcrypt
+        once), failures are not (a guessing client cannot evict them)."""
         if not config.users:
             return True
         if not header or header[:6].lower() != "basic ":
@@ -355,10 +333,9 @@ class WebConfigSource:
         return future
 
     def _check(self, config: WebConfig, hashed, secret: bytes, key: bytes) -> bool:
-        """bcrypt at one cost for everyone: the highest in the file. An unknown user is
-        checked against a dummy hash of that cost; a cheaper hash is padded with dummies
-        of its cost and each one above, 2^c + 2^c + 2^(c+1) + ... + 2^(top-1) = 2^top, so
-        timing tells neither which users exist nor whose hash is cheaper."""
+        """bcrypt at the file's highest cost for everyone (unknown users against a dummy
+        hash; a cheaper hash padded, 2^c + 2^c + ... + 2^(top-1) = 2^top): timing tells
+        neither which users exist nor whose hash is cheaper."""
         import bcrypt
 
         top = max(cost(h) for h in config.users.values())
