@@ -14,6 +14,7 @@ from exporter.collectors.source import BaseSource, register
 from exporter.host.libc import unique_mount_id
 from exporter.host.mountinfo import MountTable, live_mounts
 from exporter.host.paths import Paths
+from exporter.host.said import SaidOnce
 from exporter.model.types import MountUsage
 
 log = logging.getLogger(__name__)
@@ -37,23 +38,18 @@ class ShmMountCollector(BaseSource):
         self.statvfs = statvfs
         # The mounts inotify saw change since the last call: a quick run measures those.
         self.touched = touched or (lambda: None)
-        self._warned: Dict[str, str] = {}
+        self._said = SaidOnce(log)
         self._polled = False  # the table was read (quick runs reuse the last poll's)
         self._last: Dict[str, MountUsage] = {}  # for quick runs
         self._table = MountTable(paths)
         # Each mount's instance (a statx) while the table is unchanged: the same mounts.
         self._instances: Dict[str, tuple] = {}
 
-    def _warn_once(self, mount: str, message: str) -> None:
-        if self._warned.get(mount) != message:
-            self._warned[mount] = message
-            log.warning("mount %s: %s", mount, message)
-
     def measure_one(self, mount: str, quick: bool = False) -> MountUsage:
         entry = self._table.mounted_at(mount)
         is_point = entry is not None
         if not is_point and self._table.gone(mount):  # the disk beneath is not measured
-            self._warn_once(mount, "is not a mount point (unmounted?): not measured")
+            self._said.say(mount, "is not a mount point (unmounted?): not measured")
             return MountUsage(mount, "unknown", "", False, error="not a mount point")
         entry = entry or self._table.index.find(mount)
         fstype = entry.fstype if entry else "unknown"
@@ -69,16 +65,16 @@ class ShmMountCollector(BaseSource):
             st = self.statvfs(self.paths.host(mount))
         except OSError as err:
             reason = err.strerror or str(err)
-            self._warn_once(mount, f"cannot be measured: {reason}")
+            self._said.say(mount, f"cannot be measured: {reason}")
             # still this mount (a passing error): its peaks stand
             return MountUsage(
                 mount, fstype, source, is_point, error=reason, instance=instance
             )
         if fstype != "tmpfs" or not is_point:
             where = f"is {fstype}, not tmpfs" if is_point else "is not a mount point"
-            self._warn_once(mount, f"{where}; reporting the filesystem that holds it")
+            self._said.say(mount, f"{where}; reporting the filesystem that holds it")
         else:
-            self._warned.pop(mount, None)
+            self._said.say(mount, None)
         return MountUsage(
             mount,
             fstype,
@@ -98,9 +94,9 @@ class ShmMountCollector(BaseSource):
             self._instances = {}
         self._polled = True
         mounts = self.mounts()
-        # Node mode: a deleted pod's warning is not kept forever.
-        for gone in [m for m in self._warned if m not in mounts]:
-            del self._warned[gone]
+        self._said.keep(
+            mounts
+        )  # node mode: a deleted pod's warning is not kept forever
         return self._measure(mounts, quick=False)
 
     def collect_quick(self) -> List[MountUsage]:
