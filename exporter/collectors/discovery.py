@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Sequence
 from exporter.model.types import MountSet, Target
 from exporter.collectors.source import BaseSource
 from exporter.host.kube import NODE_LABELS, mount_labels
-from exporter.host.mountinfo import MountEntry, WatchedMountinfo
+from exporter.host.mountinfo import MountEntry, MountTable
 from exporter.host.paths import Paths
 
 
@@ -55,7 +55,7 @@ class MountDiscovery(BaseSource):
         self._current = MountSet(list(self._static))
         self._subscribers: List[Callable[[MountSet], None]] = []
         # The host's view is pid 1's (the DaemonSet runs with hostPID); under hidepid ours.
-        self._mountinfo = WatchedMountinfo(paths, ("1", "self"))
+        self._mountinfo = MountTable(paths, ("1", "self"))
 
     def subscribe(self, subscriber: Callable[[MountSet], None]) -> None:
         self._subscribers.append(subscriber)
