@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from functools import partial
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
 from exporter.collectors.source import BaseSource, register
@@ -52,8 +53,7 @@ class ShmMountCollector(BaseSource):
             self._said.say(mount, "is not a mount point (unmounted?): not measured")
             return MountUsage(mount, "unknown", "", False, error="not a mount point")
         entry = entry or self._table.index.find(mount)
-        fstype = entry.fstype if entry else "unknown"
-        source = entry.source if entry else ""
+        fstype, source = (entry.fstype, entry.source) if entry else ("unknown", "")
         # Which mount this is: a new one at the path starts its peaks afresh (model/state.py);
         # asked anew in a quick run, whose table may be out of date.
         instance = self._instances.get(mount, ()) if is_point and not quick else ()
@@ -61,31 +61,26 @@ class ShmMountCollector(BaseSource):
             unique = unique_mount_id(self.paths.host(mount))
             instance = (entry.device, entry.mount_id, unique)
             self._instances[mount] = () if quick else instance
+        usage = partial(MountUsage, mount, fstype, source, is_point, instance=instance)
         try:
             st = self.statvfs(self.paths.host(mount))
         except OSError as err:
             reason = err.strerror or str(err)
             self._said.say(mount, f"cannot be measured: {reason}")
-            # still this mount (a passing error): its peaks stand
-            return MountUsage(
-                mount, fstype, source, is_point, error=reason, instance=instance
-            )
+            return usage(
+                error=reason
+            )  # still this mount (a passing error): its peaks stand
         if fstype != "tmpfs" or not is_point:
             where = f"is {fstype}, not tmpfs" if is_point else "is not a mount point"
             self._said.say(mount, f"{where}; reporting the filesystem that holds it")
         else:
             self._said.say(mount, None)
-        return MountUsage(
-            mount,
-            fstype,
-            source,
-            is_point,
+        return usage(
             size_bytes=st.f_blocks * st.f_frsize,
             used_bytes=(st.f_blocks - st.f_bfree) * st.f_frsize,
             available_bytes=st.f_bavail * st.f_frsize,
             inodes=st.f_files,
             inodes_free=st.f_ffree,
-            instance=instance,
             noswap=bool(entry and "noswap" in entry.options.split(",")),
         )
 

@@ -248,11 +248,13 @@ class ProcessTable:
             return None
         for pid in pids:
             try:
-                comm = read_text(self.paths.proc(pid, "comm")).strip()
-                cmdline = self.cmdline(pid)
+                names = (
+                    read_text(self.paths.proc(pid, "comm")).strip(),
+                    self.cmdline(pid),
+                )
             except OSError:
                 continue
-            if pattern.search(comm) or pattern.search(cmdline):
+            if any(map(pattern.search, names)):
                 return pid
         return None
 
@@ -277,11 +279,9 @@ class ProcessTable:
 
     def kernel_threads_visible(self) -> bool:
         """True in the host's PID namespace: kthreadd (pid 2) is listed in no other."""
-        try:
-            ident = self.identify(2)
-        except (OSError, ValueError, IndexError):
-            return False
-        return bool(ident and ident[1])
+        kernel: Set[int] = set()
+        self.identify_all([2], kernel)
+        return 2 in kernel
 
     def smaps_rollup(self, pid: int) -> Dict[str, int]:
         """Resident memory by kind (Pss_Anon, Pss_Shmem...); needs the access maps needs."""
