@@ -164,8 +164,7 @@ class MountWatcher:
             self._unwatch(mount)
         with self._lock:
             self._said.keep(current)  # pods come and go: so does this
-            for gone in [m for m in self._previous if m not in current]:
-                del self._previous[gone]
+            self._previous = {m: i for m, i in self._previous.items() if m in current}
         reader = self.inotify
         if reader is not None and not reader.is_alive():
             # Its thread ended (reading the instance failed): nobody reads these watches. Every
