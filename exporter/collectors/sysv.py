@@ -9,8 +9,6 @@ and without the capability reports it unreadable (never an empty "all clear").
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
 import re
 import threading
@@ -19,6 +17,7 @@ from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 from exporter.model.types import SysvSegment, SysvShm
 from exporter.collectors.source import BaseSource, register
+from exporter.host.libc import setns
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import Process, ProcessTable
 
@@ -57,13 +56,6 @@ def _read_int(path: str) -> Optional[int]:
         return None
 
 
-@functools.lru_cache(maxsize=None)
-def _libc() -> ctypes.CDLL:
-    # Loaded once: each CDLL makes a class of its own, a garbage cycle per namespace joined
-    # (a node's 200 every inventory run), left to the cyclic collector (gc_tuning.py).
-    return ctypes.CDLL(None, use_errno=True)
-
-
 def in_ipc_namespaces(
     namespaces: List[Tuple[str, List[str]]], read: Callable[[], T], timeout: float = 5.0
 ) -> Dict[str, "T | BaseException"]:
@@ -82,9 +74,7 @@ def in_ipc_namespaces(
             try:
                 if f"ipc:[{os.fstat(fd).st_ino}]" != namespace:
                     continue
-                if _libc().setns(fd, CLONE_NEWIPC) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, os.strerror(err))
+                setns(fd, CLONE_NEWIPC)
                 return True
             finally:
                 os.close(fd)
