@@ -161,11 +161,8 @@ class ProcessTable:
         alive = {(p.pid, p.start_time) for p in found}
         with self._lock:
             self._pods = {k: pod for k, pod in self._pods.items() if k in alive}
-        invisible = (
-            self.count_invisible(set(listed))
-            if self.hidepid() in ("invisible", "ptraceable")
-            else 0
-        )
+        hiding = self.hidepid() in ("invisible", "ptraceable")
+        invisible = self.count_invisible(set(listed)) if hiding else 0
         visible = bool(unreadable or invisible) or self._workload_visible(found)
         return ProcessWalk(found, unreadable, invisible, visible)
 
@@ -182,8 +179,7 @@ class ProcessTable:
         except (OSError, ValueError):  # a fixture tree, or another namespace's procfs
             return bool(found)
         parents = {p.pid: p.ppid for p in found}
-        ours = set()
-        pid = own
+        ours, pid = set(), own
         while pid and pid not in ours:
             ours.add(pid)
             pid = parents.get(pid, 0)
