@@ -233,13 +233,10 @@ class MountWatcher:
         """The kernel dropped a watch (its mount unmounted, its directory deleted): polled until
         the next refresh watches it again."""
         with self._lock:
-            mounts = [
-                m
-                for m in self._mounts_on.pop(wd, ())
-                if self.watches.get(m, (None,))[0] == wd
-            ]
+            # The two books change together under the lock: these mounts are watched by `wd`.
+            mounts = self._mounts_on.pop(wd, ())
             for mount in mounts:
-                del self.watches[mount]
+                self.watches.pop(mount, None)
             # Under the lock: said after a refresh watched the mount again (it sets True under
             # it), it would leave the mount polled for good with a live watch.
             if self.inotify is not None:  # not stopping
