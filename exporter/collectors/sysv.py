@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from contextlib import suppress
 from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
@@ -142,17 +143,15 @@ class SysvCollector(BaseSource):
         groups: Dict[str, List[Process]] = {}
         # Read afresh each run: `unshare --ipc` moves a process after it started.
         for proc in self.table.walk().processes:
-            try:
+            with suppress(
+                OSError
+            ):  # gone, or not ours to inspect (counted by the inventory)
                 namespace = os.readlink(self.paths.proc(proc.pid, "ns", "ipc"))
-            except OSError:
-                continue  # gone, or not ours to inspect (counted by the inventory)
-            groups.setdefault(namespace, []).append(proc)
-        shown = [
-            (namespace, procs)
-            for namespace, procs in sorted(groups.items())
-            # shmwatch's own private namespace holds nobody's segments
-            if not (namespace == own and all(p.pid == os.getpid() for p in procs))
-        ]
+                groups.setdefault(namespace, []).append(proc)
+        # shmwatch's own private namespace holds nobody's segments
+        if {p.pid for p in groups.get(own, ())} == {os.getpid()}:
+            del groups[own]
+        shown = sorted(groups.items())
         joined = [
             (n, [self.paths.proc(p.pid, "ns", "ipc") for p in procs])
             for n, procs in shown
@@ -162,7 +161,7 @@ class SysvCollector(BaseSource):
             read: Dict[str, object] = in_ipc_namespaces(joined, self.read)
         except RuntimeError as err:  # no thread to be had (pids.max)
             read = {n: err for n, _ in joined}
-        if own in dict(shown):
+        if own in groups:
             try:
                 read[own] = self.read()
             except (OSError, ValueError) as err:
