@@ -2,10 +2,8 @@
 
 A memory-backed emptyDir's pages are charged to the pod's memory cgroup: filling /dev/shm
 can OOM-kill the pod before tmpfs ever says ENOSPC. Which cgroup: --cgroup.path, else the
-first process matching --cgroup.target-process, else the workload's in a shared PID
-namespace (workload.py; estimated from its processes where unreadable), else (on a host)
-our own; the workload's pod's where the pod's limit binds. Which limit: the smallest
-from the cgroup up (effective_limit), or --memory.limit-bytes where that is tighter.
+first process matching --cgroup.target-process, else the workload's (workload.py), else on
+a host our own; its pod's where the pod's limit binds (binding).
 """
 
 from __future__ import annotations
@@ -159,17 +157,13 @@ class CgroupCollector(BaseSource):
         """Every pod's memory cgroup on the host -> [(path, version, directory, pod uid)],
         under either cgroup driver (kube.POD_CGROUP_DIR), on v1 and v2."""
         root = self.paths.sys("fs", "cgroup")
-        found, self._walked_links = (
-            [],
-            {},
-        )  # each directory walked into: its links as listed
+        found: List[Tuple[str, int, str, str]] = []
+        self._walked_links = {}  # each directory walked into: its links as listed
         for below_root, version, marker in HIERARCHIES:
             base = os.path.join(root, below_root)
             for top in POD_CGROUP_ROOTS:
                 start = os.path.join(base, top)
-                self._walked_links[start] = (
-                    None  # not there (a start made later has links)
-                )
+                self._walked_links[start] = None  # a start made later has links
                 for directory, subdirs, files in os.walk(start):
                     depth = directory[len(start) :].count(os.sep)
                     match = POD_CGROUP_DIR.search(os.path.basename(directory))
@@ -187,15 +181,13 @@ class CgroupCollector(BaseSource):
         return sorted(found)
 
     def collect_pods(self) -> List[CgroupMemory]:
-        """Every pod's cgroup, from a listing walked again (REWALK_SECONDS) rather than every
-        run: walking 200 pods' cgroup trees costs more than reading them."""
+        """Every pod's cgroup, from a listing walked again only when it changed: walking 200
+        pods' cgroup trees costs more than reading them."""
         now = time.monotonic()
         watched = {pod_uid_of_mount(m) for m in self.mounts()} - {""}
         missing = not watched <= {uid for *_, uid in self._listed or ()}
         missing = missing and now - self._walked_at > MISSING_REWALK_SECONDS
-        made = any(
-            _links(d) != n for d, n in self._walked_links.items()
-        )  # or a pod removed
+        made = any(_links(d) != n for d, n in self._walked_links.items())  # or removed
         if self._listed is None or missing or made:
             self._listed = self.pod_cgroups()
             self._walked_at, self._children = now, {}

@@ -1,12 +1,8 @@
-"""Which mounts to watch: the configured ones, and in node mode every pod's shm.
-
-Discovery runs on the poll interval and publishes the mount set to its subscribers (the
-watcher); collectors read `mounts()` at the start of each run, so none of them drives it.
-Node mode picks from the host's mountinfo the tmpfs mounts that are a pod's or container's
-shared memory (kube.MOUNT_LAYOUTS) and the host's /dev/shm: what node_exporter's defaults
-drop. When mountinfo cannot be read the last good set is kept (and the run fails): an
-unreadable file must not forget every pod and reset its counters.
-"""
+"""Which mounts to watch: the configured ones, and in node mode the host's tmpfs mounts that
+are a pod's or container's shm (kube.MOUNT_LAYOUTS) and its /dev/shm, which node_exporter's
+defaults drop. Published to subscribers (the watcher); collectors read `mounts()` each run.
+When mountinfo cannot be read the last good set is kept (and the run fails): an unreadable
+file must not forget every pod and reset its counters."""
 
 from __future__ import annotations
 
@@ -16,7 +12,7 @@ from typing import Callable, Dict, List, Sequence
 from exporter.model.types import MountSet, Target
 from exporter.collectors.source import BaseSource
 from exporter.host.kube import NODE_LABELS, mount_labels
-from exporter.host.mountinfo import MountEntry, WatchedMountinfo
+from exporter.host.mountinfo import MountEntry, MountTable
 from exporter.host.paths import Paths
 
 
@@ -55,7 +51,7 @@ class MountDiscovery(BaseSource):
         self._current = MountSet(list(self._static))
         self._subscribers: List[Callable[[MountSet], None]] = []
         # The host's view is pid 1's (the DaemonSet runs with hostPID); under hidepid ours.
-        self._mountinfo = WatchedMountinfo(paths, ("1", "self"))
+        self._mountinfo = MountTable(paths, ("1", "self"))
 
     def subscribe(self, subscriber: Callable[[MountSet], None]) -> None:
         self._subscribers.append(subscriber)

@@ -8,24 +8,9 @@ from typing import Dict, Optional
 from exporter.model.types import HostMemory
 from exporter.collectors.source import BaseSource, register
 from exporter.host.paths import Paths, read_text
+from exporter.host.proctable import parse_meminfo
 
 log = logging.getLogger(__name__)
-
-
-def parse_meminfo(text: str) -> Dict[str, int]:
-    """'MemTotal:  24683568 kB' lines -> {'MemTotal': bytes}. Malformed lines are skipped."""
-    values: Dict[str, int] = {}
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        fields = rest.split()
-        try:
-            number = int(fields[0])
-        except (IndexError, ValueError):
-            continue
-        if len(fields) > 1 and fields[1].lower() == "kb":
-            number *= 1024
-        values[key.strip()] = number
-    return values
 
 
 def meminfo(paths: Paths) -> Dict[str, int]:

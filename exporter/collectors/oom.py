@@ -85,18 +85,9 @@ class OomParser:
         if not constraint and message.startswith("Memory cgroup"):
             constraint = "CONSTRAINT_MEMCG"
         rss = {kind: int(kb) * 1024 for kind, kb in _RSS.findall(match["rest"])}
-        return OomKill(
-            seq,
-            usec,
-            pid,
-            match["comm"],
-            task_memcg,
-            oom_memcg,
-            constraint,
-            rss.get("anon"),
-            rss.get("file"),
-            rss.get("shmem"),
-        )
+        cgroups = (task_memcg, oom_memcg, constraint)
+        rss_bytes = map(rss.get, ("anon", "file", "shmem"))
+        return OomKill(seq, usec, pid, match["comm"], *cgroups, *rss_bytes)
 
 
 def parse_oom_kills(

@@ -25,6 +25,7 @@ from exporter.host.kube import pod_uid_of_mount
 from exporter.host.mountinfo import MountTable, live_mounts
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
+from exporter.host.said import SaidOnce
 from exporter.inventory.changes import ChangeLog
 from exporter.inventory.holdings import Owners, UnprovenLog, unlinked_size
 from exporter.inventory.maps import DELETED
@@ -103,8 +104,7 @@ class SegmentsCollector(BaseSource):
         self._listings: Dict[str, Listing] = {}
         # Per mount; past it, counts by class (a walk stops at MAX_ENTRIES anyway).
         self.max_segments = min(max_segments, MAX_ENTRIES)
-        self._said_truncated: Set[str] = set()
-        self._said_degraded: Set[str] = set()
+        self._said_truncated, self._said_degraded = SaidOnce(log), SaidOnce(log)
         self._unproven_log = UnprovenLog(log)  # why nothing is called orphan
         self._owners = Owners()  # the last scan's, for quick runs that skip /proc
         # Each mount's device at the last full scan: a key (device, inode) counts as known only
@@ -273,10 +273,11 @@ class SegmentsCollector(BaseSource):
                 continue
             listing, events = listings[mount]
             self._say_degraded(mount, listing)
-            if listing.truncated and mount not in self._said_truncated:
-                self._said_truncated.add(mount)
-                said = "mount %s: over %d entries: files not reached kept as last seen"
-                log.warning(said, mount, MAX_ENTRIES)
+            if listing.truncated:
+                said = (
+                    f"over {MAX_ENTRIES} entries: files not reached kept as last seen"
+                )
+                self._said_truncated.say(mount, said)
             dev, quick = devs[mount], not full or mount in unread
             held = held_on.get(dev, [])
             mounts.append(
@@ -307,17 +308,12 @@ class SegmentsCollector(BaseSource):
         )
 
     def _say_degraded(self, mount: str, listing: Listing) -> None:
-        if listing.degraded is not None and mount not in self._said_degraded:
-            self._said_degraded.add(mount)
-            log.warning(
-                "mount %s: more than %d files (--inventory.max-segments): only their counts "
-                "and bytes by class are kept, as 'unverified', until there are fewer",
-                mount,
-                self.max_segments,
-            )
-        elif listing.degraded is None and mount in self._said_degraded:
-            self._said_degraded.discard(mount)
-            log.info("mount %s: back under --inventory.max-segments", mount)
+        said = (
+            f"more than {self.max_segments} files (--inventory.max-segments): only their "
+            "counts and bytes by class are kept, as 'unverified', until there are fewer"
+        )
+        said = None if listing.degraded is None else said
+        self._said_degraded.say(mount, said, back="back under --inventory.max-segments")
 
     def _assemble(
         self,

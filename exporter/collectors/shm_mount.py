@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import logging
 import os
+from functools import partial
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
 from exporter.collectors.source import BaseSource, register
 from exporter.host.libc import unique_mount_id
 from exporter.host.mountinfo import MountTable, live_mounts
 from exporter.host.paths import Paths
+from exporter.host.said import SaidOnce
 from exporter.model.types import MountUsage
 
 log = logging.getLogger(__name__)
@@ -37,27 +39,21 @@ class ShmMountCollector(BaseSource):
         self.statvfs = statvfs
         # The mounts inotify saw change since the last call: a quick run measures those.
         self.touched = touched or (lambda: None)
-        self._warned: Dict[str, str] = {}
+        self._said = SaidOnce(log)
         self._polled = False  # the table was read (quick runs reuse the last poll's)
         self._last: Dict[str, MountUsage] = {}  # for quick runs
         self._table = MountTable(paths)
         # Each mount's instance (a statx) while the table is unchanged: the same mounts.
         self._instances: Dict[str, tuple] = {}
 
-    def _warn_once(self, mount: str, message: str) -> None:
-        if self._warned.get(mount) != message:
-            self._warned[mount] = message
-            log.warning("mount %s: %s", mount, message)
-
     def measure_one(self, mount: str, quick: bool = False) -> MountUsage:
         entry = self._table.mounted_at(mount)
         is_point = entry is not None
         if not is_point and self._table.gone(mount):  # the disk beneath is not measured
-            self._warn_once(mount, "is not a mount point (unmounted?): not measured")
+            self._said.say(mount, "is not a mount point (unmounted?): not measured")
             return MountUsage(mount, "unknown", "", False, error="not a mount point")
         entry = entry or self._table.index.find(mount)
-        fstype = entry.fstype if entry else "unknown"
-        source = entry.source if entry else ""
+        fstype, source = (entry.fstype, entry.source) if entry else ("unknown", "")
         # Which mount this is: a new one at the path starts its peaks afresh (model/state.py);
         # asked anew in a quick run, whose table may be out of date.
         instance = self._instances.get(mount, ()) if is_point and not quick else ()
@@ -65,31 +61,26 @@ class ShmMountCollector(BaseSource):
             unique = unique_mount_id(self.paths.host(mount))
             instance = (entry.device, entry.mount_id, unique)
             self._instances[mount] = () if quick else instance
+        usage = partial(MountUsage, mount, fstype, source, is_point, instance=instance)
         try:
             st = self.statvfs(self.paths.host(mount))
         except OSError as err:
             reason = err.strerror or str(err)
-            self._warn_once(mount, f"cannot be measured: {reason}")
-            # still this mount (a passing error): its peaks stand
-            return MountUsage(
-                mount, fstype, source, is_point, error=reason, instance=instance
-            )
+            self._said.say(mount, f"cannot be measured: {reason}")
+            return usage(
+                error=reason
+            )  # still this mount (a passing error): its peaks stand
         if fstype != "tmpfs" or not is_point:
             where = f"is {fstype}, not tmpfs" if is_point else "is not a mount point"
-            self._warn_once(mount, f"{where}; reporting the filesystem that holds it")
+            self._said.say(mount, f"{where}; reporting the filesystem that holds it")
         else:
-            self._warned.pop(mount, None)
-        return MountUsage(
-            mount,
-            fstype,
-            source,
-            is_point,
+            self._said.say(mount, None)
+        return usage(
             size_bytes=st.f_blocks * st.f_frsize,
             used_bytes=(st.f_blocks - st.f_bfree) * st.f_frsize,
             available_bytes=st.f_bavail * st.f_frsize,
             inodes=st.f_files,
             inodes_free=st.f_ffree,
-            instance=instance,
             noswap=bool(entry and "noswap" in entry.options.split(",")),
         )
 
@@ -98,9 +89,9 @@ class ShmMountCollector(BaseSource):
             self._instances = {}
         self._polled = True
         mounts = self.mounts()
-        # Node mode: a deleted pod's warning is not kept forever.
-        for gone in [m for m in self._warned if m not in mounts]:
-            del self._warned[gone]
+        self._said.keep(
+            mounts
+        )  # node mode: a deleted pod's warning is not kept forever
         return self._measure(mounts, quick=False)
 
     def collect_quick(self) -> List[MountUsage]:

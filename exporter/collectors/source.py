@@ -14,27 +14,20 @@ MODES = ("sidecar", "node")
 
 
 class Source(Protocol):
-    name: str
-    schedule: str  # "poll" / "inventory": every --poll-interval / --inventory-interval
-    event_driven: bool  # collect_quick() soon after inotify sees a mount change
-    stretches: bool  # heavy: its interval doubles while its result stays the same
-    follows_up: bool  # a full run follows its quick runs (they left owners unread)
-    reports_status: bool  # has shmwatch_collector_* series
+    """Subclassed explicitly (as BaseSource), a source takes these defaults."""
 
-    def collect(self) -> object: ...
-
-    def collect_quick(self) -> object: ...
-
-    def close(self) -> None: ...
-
-
-class BaseSource:
-    name = ""
-    schedule = "poll"
-    event_driven = False
-    stretches = False
-    follows_up = True
-    reports_status = True
+    name: str = ""
+    schedule: str = (
+        "poll"  # "poll" / "inventory": every --poll-interval / --inventory-interval
+    )
+    event_driven: bool = False  # collect_quick() soon after inotify sees a mount change
+    stretches: bool = (
+        False  # heavy: its interval doubles while its result stays the same
+    )
+    follows_up: bool = (
+        True  # a full run follows its quick runs (they left owners unread)
+    )
+    reports_status: bool = True  # has shmwatch_collector_* series
 
     def collect(self) -> object:
         raise NotImplementedError
@@ -44,6 +37,9 @@ class BaseSource:
 
     def close(self) -> None:
         pass
+
+
+BaseSource = Source
 
 
 @dataclass(frozen=True)

@@ -9,16 +9,16 @@ and without the capability reports it unreadable (never an empty "all clear").
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
 import re
 import threading
+from contextlib import suppress
 from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 from exporter.model.types import SysvSegment, SysvShm
 from exporter.collectors.source import BaseSource, register
+from exporter.host.libc import setns
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import Process, ProcessTable
 
@@ -57,13 +57,6 @@ def _read_int(path: str) -> Optional[int]:
         return None
 
 
-@functools.lru_cache(maxsize=None)
-def _libc() -> ctypes.CDLL:
-    # Loaded once: each CDLL makes a class of its own, a garbage cycle per namespace joined
-    # (a node's 200 every inventory run), left to the cyclic collector (gc_tuning.py).
-    return ctypes.CDLL(None, use_errno=True)
-
-
 def in_ipc_namespaces(
     namespaces: List[Tuple[str, List[str]]], read: Callable[[], T], timeout: float = 5.0
 ) -> Dict[str, "T | BaseException"]:
@@ -82,9 +75,7 @@ def in_ipc_namespaces(
             try:
                 if f"ipc:[{os.fstat(fd).st_ino}]" != namespace:
                     continue
-                if _libc().setns(fd, CLONE_NEWIPC) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, os.strerror(err))
+                setns(fd, CLONE_NEWIPC)
                 return True
             finally:
                 os.close(fd)
@@ -152,17 +143,15 @@ class SysvCollector(BaseSource):
         groups: Dict[str, List[Process]] = {}
         # Read afresh each run: `unshare --ipc` moves a process after it started.
         for proc in self.table.walk().processes:
-            try:
+            with suppress(
+                OSError
+            ):  # gone, or not ours to inspect (counted by the inventory)
                 namespace = os.readlink(self.paths.proc(proc.pid, "ns", "ipc"))
-            except OSError:
-                continue  # gone, or not ours to inspect (counted by the inventory)
-            groups.setdefault(namespace, []).append(proc)
-        shown = [
-            (namespace, procs)
-            for namespace, procs in sorted(groups.items())
-            # shmwatch's own private namespace holds nobody's segments
-            if not (namespace == own and all(p.pid == os.getpid() for p in procs))
-        ]
+                groups.setdefault(namespace, []).append(proc)
+        # shmwatch's own private namespace holds nobody's segments
+        if {p.pid for p in groups.get(own, ())} == {os.getpid()}:
+            del groups[own]
+        shown = sorted(groups.items())
         joined = [
             (n, [self.paths.proc(p.pid, "ns", "ipc") for p in procs])
             for n, procs in shown
@@ -172,7 +161,7 @@ class SysvCollector(BaseSource):
             read: Dict[str, object] = in_ipc_namespaces(joined, self.read)
         except RuntimeError as err:  # no thread to be had (pids.max)
             read = {n: err for n, _ in joined}
-        if own in dict(shown):
+        if own in groups:
             try:
                 read[own] = self.read()
             except (OSError, ValueError) as err:

@@ -15,6 +15,7 @@ once). Unseen: unmapped page cache, kernel memory; overcounted: others' file pag
 from __future__ import annotations
 
 import os
+import posixpath
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from exporter.host.mountinfo import MountEntry, parse_mountinfo
@@ -90,19 +91,10 @@ def _is_shmwatch(table: ProcessTable, proc: Process) -> bool:
 def below(path: str, root: str) -> Optional[List[str]]:
     """`path`'s components below `root`, both relative to one cgroup namespace root (either may
     climb out of it with leading '..'); None when `path` is not at or below `root`."""
-
-    def resolve(text: str) -> List[str]:
-        # Stand-ins for the directories above the root.
-        out = [f"\0{i}" for i in range(64)]
-        for part in text.split("/"):
-            if part == "..":
-                if out:
-                    out.pop()
-            elif part not in ("", "."):
-                out.append(part)
-        return out
-
-    p, r = resolve(path), resolve(root)
+    # 64 stand-ins for the directories above the namespace root, which a leading '..' climbs.
+    p, r = (
+        posixpath.normpath("/\0" * 64 + "/" + t).split("/")[1:] for t in (path, root)
+    )
     if p[: len(r)] != r or any(part.startswith("\0") for part in p[len(r) :]):
         # Not below the mount, or below it through directories whose names this namespace
         # cannot tell (a v2 path /../<id> under a mount rooted at /../..): not guessed.

@@ -7,12 +7,17 @@ from contextlib import suppress
 from typing import Dict, Optional, Tuple
 
 from exporter.host.kube import POD_CGROUP_DIR
+from exporter.host.paths import read_text
 
 
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 bytes
 # with 4 KiB pages); anything this large is not a real limit.
 V1_UNLIMITED = 1 << 62
 
+
+# Each version's usage and limit files.
+USAGE = {1: "memory.usage_in_bytes", 2: "memory.current"}
+LIMIT = {1: "memory.limit_in_bytes", 2: "memory.max"}
 
 # What read_files takes from memory.stat (v1's and v2's): the rest is not parsed.
 STAT_KEYS = frozenset(
@@ -42,13 +47,7 @@ def parse_limit(text: str) -> Optional[int]:
 
 
 def read_file(directory: str, name: str) -> str:
-    """read_text's result at a third of its cost (a pass reads 1,000s of these files)."""
-    fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        data = b"".join(iter(lambda: os.read(fd, 65536), b""))
-    finally:
-        os.close(fd)
-    return data.decode("utf-8", "surrogateescape")
+    return read_text(os.path.join(directory, name))
 
 
 def read_keyed(directory: str, name: str) -> Dict[str, int]:
@@ -85,7 +84,7 @@ def effective_limit(
     hierarchical_memory_limit; a pod-level limit, KEP-2837, is on the pod's cgroup alone),
     and where it binds: "pod" (a pod's cgroup), "self", "ancestor", or "none" (of equal
     limits, the outermost: a container as tight as its pod is read as the pod)."""
-    name = "memory.max" if version == 2 else "memory.limit_in_bytes"
+    name = LIMIT[version]
     best, where = None, "none"
     chain = _ancestors(directory, name, {} if above is None else above)
     for level, limit in [(directory, read_limit(directory, name)), *chain]:
@@ -104,18 +103,19 @@ def read_files(
     """A cgroup's usage, effective limit and where it binds, working set, shmem, OOM kills,
     memory.high, memory events and swap: CgroupMemory's fields by name."""
     stat = parse_flat_keyed(read_file(directory, "memory.stat"), STAT_KEYS)
+    # v1's total_* fields include descendants (use_hierarchy, always on since 5.x).
+    stat.update({k[6:]: v for k, v in list(stat.items()) if k.startswith("total_")})
     limit, where = effective_limit(directory, version, above)
+    usage = int(read_file(directory, USAGE[version]))
+    high, swap, swap_limit = None, stat.get("swap"), None
     if version == 2:
-        usage = int(read_file(directory, "memory.current"))
         events = read_keyed(directory, "memory.events")
-        inactive, shmem = stat.get("inactive_file", 0), stat.get("shmem")
         high = read_limit(directory, "memory.high")
-        swap, swap_limit = None, None  # a node without swap: not read, not exported
+        swap = None  # a node without swap: not read, not exported
         if with_swap:
             swap = read_limit(directory, "memory.swap.current")
             swap_limit = read_limit(directory, "memory.swap.max")
     else:
-        usage = int(read_file(directory, "memory.usage_in_bytes"))
         # Above what this namespace mounts, memory.stat still knows the tightest limit.
         hierarchical = stat.get("hierarchical_memory_limit", V1_UNLIMITED)
         if hierarchical < V1_UNLIMITED and (limit is None or hierarchical < limit):
@@ -124,17 +124,12 @@ def read_files(
         failcnt = read_limit(directory, "memory.failcnt")  # hits of the limit: v2's max
         events = {"oom_kill": oom, "max": failcnt}
         events = {k: v for k, v in events.items() if v is not None}
-        # total_* fields include descendants (use_hierarchy, always on since 5.x).
-        inactive = stat.get("total_inactive_file", stat.get("inactive_file", 0))
-        shmem = stat.get("total_shmem", stat.get("shmem"))
-        high, swap_limit = None, None
-        swap = stat.get("total_swap", stat.get("swap"))
     return dict(
         usage_bytes=usage,
         limit_bytes=limit,
         limit_source=where,
-        working_set_bytes=max(0, usage - inactive),
-        shmem_bytes=shmem,
+        working_set_bytes=max(0, usage - stat.get("inactive_file", 0)),
+        shmem_bytes=stat.get("shmem"),
         oom_kills=events.get("oom_kill"),
         high_bytes=high,
         events=tuple(sorted(events.items())),

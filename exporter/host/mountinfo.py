@@ -130,17 +130,22 @@ class MountTableWatch:
         self._file = self._poller = None
 
 
-class WatchedMountinfo:
+class MountTable:
     """The first readable of the candidate mountinfo files ('1': the host's, 'self': ours),
-    parsed with --path.rootfs stripped, and read again only when its mount table changed."""
+    parsed with --path.rootfs stripped and read again only when its mount table changed, and
+    what is mounted at each watched path. By default pid 1's first under --path.rootfs (it
+    names mounts as the host does), else ours."""
 
-    def __init__(self, paths: Paths, order: Sequence[str] = ("1", "self")):
+    def __init__(self, paths: Paths, order: Optional[Sequence[str]] = None):
         self.paths = paths
-        self.order = tuple(order)
+        host_first = paths.rootfs not in ("", "/")
+        self.order = tuple(order or (("1", "self") if host_first else ("self", "1")))
         self._watches = {
             pid: MountTableWatch(paths.proc(pid, "mountinfo")) for pid in self.order
         }
         self._read_from: Optional[str] = None  # where the last entries came from
+        self.index = MountIndex([])
+        self._read = False  # once read with entries: until then nothing is known
 
     def read(self) -> Optional[List[MountEntry]]:
         """The entries; None when unchanged. OSError naming each file when none can be read."""
@@ -162,21 +167,10 @@ class WatchedMountinfo:
         self._read_from = None
         raise OSError("; ".join(errors))
 
-
-class MountTable:
-    """What is mounted at each watched path, from the mountinfo that names mounts as the
-    host does (pid 1's under --path.rootfs, else ours), read again when the table changed."""
-
-    def __init__(self, paths: Paths):
-        order = ("1", "self") if paths.rootfs not in ("", "/") else ("self", "1")
-        self._mountinfo = WatchedMountinfo(paths, order)
-        self.index = MountIndex([])
-        self._read = False  # once read with entries: until then nothing is known
-
     def refresh(self) -> bool:
         """Whether the table changed (or could not be read) since the last refresh."""
         try:
-            entries = self._mountinfo.read()  # None: unchanged
+            entries = self.read()  # None: unchanged
         except OSError:
             entries = []
         if entries is not None:

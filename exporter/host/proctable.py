@@ -41,19 +41,25 @@ def parse_proc_cgroup(text: str) -> Dict[str, str]:
     return result
 
 
-def parse_smaps_rollup(text: str) -> Dict[str, int]:
-    """/proc/<pid>/smaps_rollup -> {field: bytes} ('Pss_Anon:  112 kB' -> {'Pss_Anon': 114688})."""
+def parse_meminfo(text: str) -> Dict[str, int]:
+    """'MemTotal:  24683568 kB' lines (meminfo, smaps_rollup) -> {'MemTotal': bytes}.
+    Malformed lines (smaps_rollup's first, of the mapping) are skipped."""
     values: Dict[str, int] = {}
     for line in text.splitlines():
-        parts = line.split()
-        if (
-            len(parts) == 3
-            and parts[0].endswith(":")
-            and parts[2] == "kB"
-            and parts[1].isdigit()
-        ):
-            values[parts[0][:-1]] = int(parts[1]) * 1024
+        key, _, rest = line.partition(":")
+        fields = rest.split()
+        try:
+            number = int(fields[0])
+        except (IndexError, ValueError):
+            continue
+        if len(fields) > 1 and fields[1].lower() == "kb":
+            number *= 1024
+        if " " not in key.strip():
+            values[key.strip()] = number
     return values
+
+
+parse_smaps_rollup = parse_meminfo
 
 
 @dataclass(frozen=True)
@@ -119,8 +125,7 @@ class ProcessTable:
     def identify(self, pid: int) -> "Optional[Tuple[Process, bool]]":
         """(process, is_kernel_thread); None when it is gone. PermissionError when not ours to read."""
         try:
-            with open(self.paths.proc(pid, "stat"), "rb") as handle:
-                raw = handle.read().decode("utf-8", "surrogateescape")
+            raw = read_text(self.paths.proc(pid, "stat"))
             uid = os.stat(self.paths.proc(pid)).st_uid
         except (FileNotFoundError, ProcessLookupError):
             return None
@@ -156,11 +161,8 @@ class ProcessTable:
         alive = {(p.pid, p.start_time) for p in found}
         with self._lock:
             self._pods = {k: pod for k, pod in self._pods.items() if k in alive}
-        invisible = (
-            self.count_invisible(set(listed))
-            if self.hidepid() in ("invisible", "ptraceable")
-            else 0
-        )
+        hiding = self.hidepid() in ("invisible", "ptraceable")
+        invisible = self.count_invisible(set(listed)) if hiding else 0
         visible = bool(unreadable or invisible) or self._workload_visible(found)
         return ProcessWalk(found, unreadable, invisible, visible)
 
@@ -177,8 +179,7 @@ class ProcessTable:
         except (OSError, ValueError):  # a fixture tree, or another namespace's procfs
             return bool(found)
         parents = {p.pid: p.ppid for p in found}
-        ours = set()
-        pid = own
+        ours, pid = set(), own
         while pid and pid not in ours:
             ours.add(pid)
             pid = parents.get(pid, 0)
@@ -243,11 +244,13 @@ class ProcessTable:
             return None
         for pid in pids:
             try:
-                comm = read_text(self.paths.proc(pid, "comm")).strip()
-                cmdline = self.cmdline(pid)
+                names = (
+                    read_text(self.paths.proc(pid, "comm")).strip(),
+                    self.cmdline(pid),
+                )
             except OSError:
                 continue
-            if pattern.search(comm) or pattern.search(cmdline):
+            if any(map(pattern.search, names)):
                 return pid
         return None
 
@@ -263,8 +266,7 @@ class ProcessTable:
         if cached is not None:
             return cached
         try:
-            with open(self.paths.proc(proc.pid, "cgroup"), "rb") as handle:
-                pod = pod_uid_in_cgroup(handle.read().decode("utf-8", "replace"))
+            pod = pod_uid_in_cgroup(read_text(self.paths.proc(proc.pid, "cgroup")))
         except OSError:
             return ""
         with self._lock:
@@ -273,19 +275,16 @@ class ProcessTable:
 
     def kernel_threads_visible(self) -> bool:
         """True in the host's PID namespace: kthreadd (pid 2) is listed in no other."""
-        try:
-            ident = self.identify(2)
-        except (OSError, ValueError, IndexError):
-            return False
-        return bool(ident and ident[1])
+        kernel: Set[int] = set()
+        self.identify_all([2], kernel)
+        return 2 in kernel
 
     def smaps_rollup(self, pid: int) -> Dict[str, int]:
         """Resident memory by kind (Pss_Anon, Pss_Shmem...); needs the access maps needs."""
-        return parse_smaps_rollup(read_text(self.paths.proc(pid, "smaps_rollup")))
+        return parse_meminfo(read_text(self.paths.proc(pid, "smaps_rollup")))
 
     def maps(self, pid: int) -> str:
-        with open(self.paths.proc(pid, "maps"), "rb") as handle:
-            return handle.read().decode("utf-8", "surrogateescape")
+        return read_text(self.paths.proc(pid, "maps"))
 
 
 class PidWrapWatch:

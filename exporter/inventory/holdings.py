@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
 from exporter.host.proctable import Process
+from exporter.host.said import SaidOnce
 from exporter.inventory.walk import Key
 
 MAX_UNPROVEN = 20  # reasons kept for the log
@@ -19,24 +20,21 @@ class UnprovenLog:
     Numbers are left out of the comparison (pids and counts churn)."""
 
     def __init__(self, log: logging.Logger) -> None:
-        self._log = log
-        self._said: Tuple[str, ...] = ()  # the reasons last logged
+        self._said = SaidOnce(log, prefix="")
 
     def say(self, owners: "Owners") -> None:
         said = tuple(sorted({re.sub(r"\d+", "#", why) for why in owners.unproven}))
-        if said == self._said:
-            return
-        self._said = said
-        if said:
-            self._log.info(
-                "segments held by no readable process are 'unverified', not 'orphan': could not read %s "
-                "(--segments.ignore-unreadable excuses root's processes by name)",
-                "; ".join(owners.unproven[:MAX_UNPROVEN]),
-            )
-        else:
-            self._log.info(
-                "every process could be read: segments held by nobody are orphans again"
-            )
+        self._said.say(
+            "unproven",
+            "segments held by no readable process are 'unverified', not 'orphan': could not "
+            f"read {'; '.join(owners.unproven[:MAX_UNPROVEN])} (--segments.ignore-unreadable "
+            "excuses root's processes by name)"
+            if said
+            else None,
+            logging.INFO,
+            back="every process could be read: segments held by nobody are orphans again",
+            same=said,
+        )
 
 
 @dataclass(slots=True)

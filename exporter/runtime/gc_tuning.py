@@ -1,10 +1,7 @@
-"""The cyclic garbage collector, tuned for a process whose objects die by reference counting.
-
-A node's render or owner scan makes tens of thousands of objects for a moment: at the
-default threshold (700) the collector runs many times a second, traversing the heap and
-finding nothing. Cycles, should any appear, are still collected after GEN0_THRESHOLD;
-tests/test_gc_tuning.py checks that serving makes none.
-"""
+"""The cyclic garbage collector, tuned for a process whose objects die by reference counting:
+a node's owner scan makes tens of thousands for a moment, and at the default threshold (700)
+the collector runs many times a second finding nothing. tests/test_gc_tuning.py checks that
+serving makes no cycles (any would still be collected after GEN0_THRESHOLD)."""
 
 from __future__ import annotations
 

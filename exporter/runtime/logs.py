@@ -28,38 +28,32 @@ def logfmt_value(value: object) -> str:
     return '"' + _ESCAPED.sub(escape, text) + '"'
 
 
-def _timestamp(created: float) -> str:
-    ms = int(created % 1 * 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{ms:03d}Z"
+class LineFormatter(logging.Formatter):
+    """A record on one line: logfmt, or one JSON object with the same keys."""
 
+    def __init__(self, json_lines: bool = False) -> None:
+        super().__init__()
+        self.json_lines = json_lines
 
-def _fields(record: logging.LogRecord, formatter: logging.Formatter) -> list:
-    fields = [
-        ("ts", _timestamp(record.created)),
-        ("level", _LEVELS.get(record.levelname, record.levelname.lower())),
-        ("logger", record.name),
-        ("msg", record.getMessage()),
-    ]
-    if record.exc_info:
-        fields.append(("err", formatter.formatException(record.exc_info)))
-    return fields
-
-
-class LogfmtFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        return " ".join(
-            f"{key}={logfmt_value(value)}" for key, value in _fields(record, self)
-        )
-
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        return json.dumps(dict(_fields(record, self)))
+        ms = int(record.created % 1 * 1000)
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        fields = {
+            "ts": f"{ts}.{ms:03d}Z",
+            "level": _LEVELS.get(record.levelname, record.levelname.lower()),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            fields["err"] = self.formatException(record.exc_info)
+        if self.json_lines:
+            return json.dumps(fields)
+        return " ".join(f"{key}={logfmt_value(value)}" for key, value in fields.items())
 
 
 def setup(level: str = "info", fmt: str = "logfmt", stream=None) -> None:
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else LogfmtFormatter())
+    handler.setFormatter(LineFormatter(json_lines=fmt == "json"))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

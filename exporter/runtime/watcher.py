@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from exporter.host.mountinfo import live_mounts
 from exporter.host.paths import Paths
+from exporter.host.said import SaidOnce
 from exporter.inventory.changes import ChangeLog
 from exporter.model.classes import classify
 from exporter.model.state import StateStore
@@ -86,7 +87,7 @@ class MountWatcher:
         # Watch descriptor -> its mounts, for the reader thread: two paths to one directory (a
         # bind mount) are one watch, as inotify makes them.
         self._mounts_on: Dict[int, Tuple[str, ...]] = {}
-        self._said: Dict[str, str] = {}
+        self._said = SaidOnce(log)
         self._lock = threading.Lock()
         # Each mount's last inventory: one handed back again is not counted again.
         self._previous: Dict[str, object] = {}
@@ -105,7 +106,7 @@ class MountWatcher:
         except Exception as err:  # ImportError off Linux, OSError from inotify_init (EMFILE: instances)
             message = f"inotify unavailable ({err}): polling every inventory interval"
             for mount in self._mounts():
-                self._say(mount, message)
+                self._said.say(mount, message)
             return False
         # A stop() landing during a refresh closes this one, or none starts.
         with self._lock:
@@ -122,12 +123,6 @@ class MountWatcher:
             reader, self.inotify = self.inotify, None
         if reader is not None:
             _close(reader)
-
-    def _say(self, mount: str, message: str) -> None:
-        if self._said.get(mount) != message:
-            self._said[mount] = message
-            level = logging.INFO if "inotify on" in message else logging.WARNING
-            log.log(level, "mount %s: %s", mount, message)
 
     def _watch(self, mount: str) -> None:
         path = self.paths.host(mount)
@@ -148,7 +143,7 @@ class MountWatcher:
                 raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
         except Exception as err:  # OSError: ENOSPC (max_user_watches), ENOENT, ENOTDIR
             self.state.set_inotify(mount, False)
-            self._say(mount, f"cannot watch with inotify ({err}): polling")
+            self._said.say(mount, f"cannot watch with inotify ({err}): polling")
             return
         with self._lock:
             self.watches[mount] = (wd, dev)
@@ -156,7 +151,7 @@ class MountWatcher:
             # Under the lock, as on_watch_deleted says False: the flag follows the books, not
             # whichever thread happened to run last.
             self.state.set_inotify(mount, True)
-        self._say(mount, "inotify on")
+        self._said.say(mount, "inotify on", logging.INFO)
 
     def refresh(self) -> None:
         """Watch a mount that was missing, re-watch one unmounted and mounted again (another
@@ -168,9 +163,8 @@ class MountWatcher:
         for mount in self.watches.keys() - current:
             self._unwatch(mount)
         with self._lock:
-            for books in (self._previous, self._said):  # pods come and go: so does this
-                for gone in [m for m in books if m not in current]:
-                    del books[gone]
+            self._said.keep(current)  # pods come and go: so does this
+            self._previous = {m: i for m, i in self._previous.items() if m in current}
         reader = self.inotify
         if reader is not None and not reader.is_alive():
             # Its thread ended (reading the instance failed): nobody reads these watches. Every
@@ -188,7 +182,7 @@ class MountWatcher:
             for mount in current:
                 self.state.set_inotify(mount, False)
                 if not self.enabled:
-                    self._say(mount, "inotify disabled (--no-inotify): polling")
+                    self._said.say(mount, "inotify disabled (--no-inotify): polling")
             return
         for mount in sorted(current):
             watched = self.watches.get(mount)
@@ -239,13 +233,10 @@ class MountWatcher:
         """The kernel dropped a watch (its mount unmounted, its directory deleted): polled until
         the next refresh watches it again."""
         with self._lock:
-            mounts = [
-                m
-                for m in self._mounts_on.pop(wd, ())
-                if self.watches.get(m, (None,))[0] == wd
-            ]
+            # The two books change together under the lock: these mounts are watched by `wd`.
+            mounts = self._mounts_on.pop(wd, ())
             for mount in mounts:
-                del self.watches[mount]
+                self.watches.pop(mount, None)
             # Under the lock: said after a refresh watched the mount again (it sets True under
             # it), it would leave the mount polled for good with a live watch.
             if self.inotify is not None:  # not stopping
