@@ -23,9 +23,8 @@ from exporter.check import thresholds as T
 from exporter.check.deadline import Bounded, left
 from exporter.check.findings import EXIT_SOFTWARE, EXIT_USAGE, Report
 from exporter.check.findings import render_json, render_text
-from exporter.check.kernel import oom_kills, sysv
+from exporter.check.kernel import oom_kills, outside, sysv
 from exporter.check.logscan import SIGNATURES, LogHit, scan_log
-from exporter.check.outside import outside
 from exporter.check.shm import shm, shm_remedy
 from exporter.check.sizes import at_least, at_most, human, plausible
 from exporter.host.paths import Paths
