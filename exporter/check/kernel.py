@@ -18,6 +18,7 @@ from exporter.model.summary import memfd_summary
 
 OOM_FACTS = ("pid", "comm", "task_memcg", "oom_memcg", "pod_uid", "anon_rss_bytes")
 OOM_FACTS += ("shmem_rss_bytes", "file_rss_bytes")
+SYSV_FACTS = ("pod_uid", "container_id", "readable")
 SYSV_LIMITS = ("shmmax_bytes", "shmall_bytes", "shmmni")
 MAX_NAMED = 5  # holders and NCCL users named in a finding
 OOM_REMEDY = "count /dev/shm in the memory budget (shmem-rss and shm use are charged to the limit)"
@@ -57,12 +58,8 @@ def sysv(report: Report, namespaces, node_mode: bool) -> None:
         whose = f"pod {ns.pod_uid}" if ns.pod_uid else ns.namespace
         if ns.container_id and not ns.pod_uid:
             whose = f"container {ns.container_id[:12]}"
-        facts = {
-            "ipc_namespace": ns.namespace,
-            "pod_uid": ns.pod_uid,
-            "container_id": ns.container_id,
-            "readable": ns.readable,
-        }
+        facts = {"ipc_namespace": ns.namespace}
+        facts.update({name: getattr(ns, name) for name in SYSV_FACTS})
         listed.append(facts)
         if not ns.readable:
             text = f"SysV shm not visible ({ns.error}): entering an IPC namespace needs CAP_SYS_ADMIN"

@@ -14,6 +14,7 @@ from exporter.model.types import STATES
 from exporter.model.step import Model, MountView
 
 MAX_NAMED = 5  # segments, and processes, named in a finding
+MOUNT_FACTS = ("mount", "fstype", "size_bytes", "used_bytes", "available_bytes")
 REMOUNT = "mount the workload's shm volume at this path"
 CLEAN_UP = "remove leaked segments"
 TMPFS = "mount a tmpfs (or memory emptyDir) here"
@@ -57,14 +58,8 @@ def shm(report: Report, view: MountView, model: Model, required: Optional[int]) 
         below = "" if m.size_bytes == default else "below "
         size += f" ({below}Docker's 64 MiB default)"
     usage = f"{size}, {human(m.used_bytes)} used ({m.usage_ratio:.0%})"
-    facts = {
-        "mount": mount,
-        "fstype": m.fstype,
-        "size_bytes": m.size_bytes,
-        "used_bytes": m.used_bytes,
-        "available_bytes": m.available_bytes,
-        "effective_size_bytes": effective,
-    }
+    facts = {name: getattr(m, name) for name in MOUNT_FACTS}
+    facts["effective_size_bytes"] = effective
     report.facts.setdefault("shm", []).append(facts)
     if required and effective < required:
         held = f"can hold {at_most(effective)}, below the {at_least(required)} required"
