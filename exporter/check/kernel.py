@@ -98,8 +98,7 @@ def outside(report: Report, model: Model, paths: Paths, deadline: float) -> None
         return
     by_class, top = memfd_summary(inv, MAX_NAMED)
     if by_class:
-        total = sum(allocated for _, allocated in by_class.values())
-        count = sum(count for count, _ in by_class.values())
+        count, total = map(sum, zip(*by_class.values()))
         holders = ", ".join(
             f"{inv.comms.get(pid, 'unknown')}[{pid}] {human(size)}" for pid, size in top
         )

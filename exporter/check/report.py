@@ -163,10 +163,8 @@ def _memory(report: Report, model: Model, kills, cgroup_error: Optional[str]) ->
     report.add("warn" if high else "ok", "memory", name, text, remedy)
     if kills.get(name, cgroup.oom_kills):
         _kills(report, name, kills.get(name, cgroup.oom_kills))
-    for view in model.mounts:
+    for view in (v for v in model.mounts if v.cgroup is cgroup and v.budget):
         budget = view.budget
-        if view.cgroup is not cgroup or budget is None:
-            continue
         if (budget.projection or 0) > T.SHM_OOM_PROJECTION_RATIO:
             text = (
                 f"filling it ({human(budget.fillable_bytes)}) would need {budget.projection:.0%} "
