@@ -314,14 +314,14 @@ def test_every_signature_holds_a_needle_and_fits_the_window():
     # Only text near a needle is matched: a signature whose match holds none never matches,
     # and one whose quantifiers are unbounded can backtrack over a whole line (a ReDoS).
     import re._parser
-    from exporter.check.logscan import NEEDLES, PATTERNS, SIGNATURES, TABLE, WINDOW
+    from exporter.check.logscan import NEEDLES, PATTERNS, TABLE, WINDOW
     for line, names in PASTED.items():
         for name, pattern in PATTERNS:
             if name in names:
                 match = pattern.search(line).group(0).lower()
                 assert any(n in match for n in TABLE[name]["needles"]), (name, line)
-    for name, regex, _, _ in SIGNATURES:
-        widest = re._parser.parse(regex).getwidth()[1]
+    for name, said in TABLE.items():
+        widest = re._parser.parse(said["regex"]).getwidth()[1]
         assert widest + max(map(len, NEEDLES)) + 16 <= WINDOW // 2, (name, widest)
 
 
@@ -352,8 +352,9 @@ def test_hits_far_apart_on_a_long_line_and_on_the_next_are_found(tmp_path):
 
 
 def test_log_signatures(tmp_path):
-    from exporter.check.logscan import SIGNATURES, scan_log
-    assert set(SAMPLES) == {name for name, _, _, _ in SIGNATURES}
+    from exporter.check.logscan import TABLE, scan_log
+    assert set(SAMPLES) == set(TABLE) and all(set(said) == {"needles", "regex", "explanation", "remedy"}
+                                             for said in TABLE.values())
     log = tmp_path / "server.log"
     log.write_text("INFO starting\n" + "\n".join(SAMPLES.values()) + "\nINFO fine\n")
     hits = scan_log(str(log)).hits

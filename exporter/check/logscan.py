@@ -21,13 +21,9 @@ from exporter.check.sizes import human
 TABLE = yaml.safe_load(
     resources.files(__package__).joinpath("signatures.yml").read_text("utf-8")
 )
-# Each: (name, regex, explanation, remedy).
-SIGNATURES = tuple(
-    (k, v["regex"], v["explanation"], v["remedy"]) for k, v in TABLE.items()
-)
-PATTERNS = [(name, re.compile(regex)) for name, regex, _, _ in SIGNATURES]
+PATTERNS = [(name, re.compile(said["regex"])) for name, said in TABLE.items()]
 # Each chunk of a log is searched for these (bytes.find, a hundred times faster than the
-# regexes), and only the text near one is matched against SIGNATURES.
+# regexes), and only the text near one is matched against PATTERNS.
 NEEDLES = tuple(dict.fromkeys(n.encode() for v in TABLE.values() for n in v["needles"]))
 # At most the last MAX_LOG_BYTES of a log are read (a server's recent failures are the ones
 # that matter), CHUNK at a time; a line longer than CHUNK is matched in pieces of that size.
