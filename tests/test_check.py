@@ -252,7 +252,7 @@ def test_usage_errors_are_64_not_2():
     assert check("--log", "/nonexistent/server.log").returncode == 64
 
 
-# Sample lines in the real formats (sources cited in exporter/check/logscan.py's SIGNATURES).
+# Sample lines in the real formats (sources cited in exporter/check/signatures.yml).
 SAMPLES = {
     "nccl_shm_create": "node1:9621:9688 [3] misc/shmutils.cc:132 NCCL WARN Error while creating shared memory "
                        "segment /dev/shm/nccl-KWfVyt (size 9637888), error: No space left on device (28)",
@@ -314,15 +314,28 @@ def test_every_signature_holds_a_needle_and_fits_the_window():
     # Only text near a needle is matched: a signature whose match holds none never matches,
     # and one whose quantifiers are unbounded can backtrack over a whole line (a ReDoS).
     import re._parser
-    from exporter.check.logscan import NEEDLES, PATTERNS, SIGNATURES, WINDOW
+    from exporter.check.logscan import NEEDLES, PATTERNS, TABLE, WINDOW
     for line, names in PASTED.items():
         for name, pattern in PATTERNS:
             if name in names:
                 match = pattern.search(line).group(0).lower()
-                assert any(n.decode() in match for n in NEEDLES), (name, line)
-    for name, regex, _, _ in SIGNATURES:
-        widest = re._parser.parse(regex).getwidth()[1]
+                assert any(n in match for n in TABLE[name]["needles"]), (name, line)
+    for name, said in TABLE.items():
+        widest = re._parser.parse(said["regex"]).getwidth()[1]
         assert widest + max(map(len, NEEDLES)) + 16 <= WINDOW // 2, (name, widest)
+
+
+def test_the_package_data_pip_installs_holds_every_file_the_package_reads():
+    # A non-editable install (the image, tests/test_floors.py) carries only the data files
+    # pyproject.toml names: the signature table among them.
+    import tomllib
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        named = tomllib.load(f)["tool"]["setuptools"]["package-data"]
+    for root, _, files in os.walk(os.path.join(REPO, "exporter")):
+        package = os.path.relpath(root, REPO).replace(os.sep, ".")
+        for name in files:
+            if not name.endswith((".py", ".pyc")):
+                assert name in named.get(package, []), f"{package}/{name} is not in package-data"
 
 
 def test_hits_far_apart_on_a_long_line_and_on_the_next_are_found(tmp_path):
@@ -339,8 +352,9 @@ def test_hits_far_apart_on_a_long_line_and_on_the_next_are_found(tmp_path):
 
 
 def test_log_signatures(tmp_path):
-    from exporter.check.logscan import SIGNATURES, scan_log
-    assert set(SAMPLES) == {name for name, _, _, _ in SIGNATURES}
+    from exporter.check.logscan import TABLE, scan_log
+    assert set(SAMPLES) == set(TABLE) and all(set(said) == {"needles", "regex", "explanation", "remedy"}
+                                             for said in TABLE.values())
     log = tmp_path / "server.log"
     log.write_text("INFO starting\n" + "\n".join(SAMPLES.values()) + "\nINFO fine\n")
     hits = scan_log(str(log)).hits

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from exporter.model.catalogue import BY_NAME
-from exporter.check.recommend import memory_limit_needed, recommended_size, rule_exprs
+from exporter.check.recommend import DEFAULT_HEADROOM, DEFAULT_WINDOW, memory_limit_needed, recommended_size
 from exporter.model.state import StateStore
 from tests.conftest import REPO, Exporter, mounted_tmpfs, needs_root, value
 from tests.live import Prometheus, fast_rules
@@ -94,13 +94,28 @@ def test_inotify_events_feed_the_high_water_mark_between_polls():
 
 
 # --- the recording rules ----------------------------------------------------------------------
+def rule_exprs(window=DEFAULT_WINDOW, headroom=DEFAULT_HEADROOM):
+    """record name -> PromQL: exporter/check/recommend.py's formula, as the rules carry it."""
+    x = f"shmwatch:mount_observed_peak_bytes * {headroom:g}"
+    return {
+        "shmwatch:mount_observed_peak_bytes": f"max_over_time(shmwatch_mount_peak_used_bytes[{window}])",
+        "shmwatch:mount_recommended_size_bytes": (
+            f"clamp_min((ceil({x} / {GiB}) * {GiB} and {x} >= {GiB}) or ceil({x} / {MiB}) * {MiB}, {MiB})"),
+        # The mount's pod (node mode) or the one workload (sidecar: no pod_uid on either side).
+        "shmwatch:mount_recommended_memory_limit_bytes": (
+            "ceil((shmwatch:mount_recommended_size_bytes + clamp_min(max by (instance, job, pod_uid) "
+            "(shmwatch_cgroup_memory_working_set_bytes) - on (instance, job, pod_uid) group_right () "
+            f"shmwatch_mount_used_bytes, 0)) / {MiB}) * {MiB}"),
+    }
+
+
 def test_rules_file_is_the_python_formula_and_is_valid():
     result = subprocess.run([promtool(), "check", "rules", RULES], capture_output=True, text=True)
     assert result.returncode == 0 and "WARNING" not in (result.stdout + result.stderr).upper(), result.stdout
     rules = [r for g in load_rules()["groups"] for r in g["rules"]]
     recorded = {r["record"]: r["expr"] for r in rules if "record" in r}
     assert {k: squeeze(v) for k, v in recorded.items()} == {k: squeeze(v) for k, v in rule_exprs().items()}, \
-        "deploy/prometheus/shmwatch-recommend-rules.yml and exporter/check/recommend.py rule_exprs() differ"
+        "deploy/prometheus/shmwatch-recommend-rules.yml and rule_exprs() differ"
     from tests.test_rules import metric_names
     for rule in rules:
         unknown = {n for n in metric_names(rule["expr"]) - set(recorded) if n not in BY_NAME}

@@ -1,11 +1,9 @@
 """Right-sizing the shm volume from what the workload really used (`shmwatch check --recommend`).
 
-One place for the formula: recommended = observed peak x headroom, rounded up to a whole GiB
-(a whole MiB below 1 GiB), at least 1 MiB; the memory limit that holds it = the cgroup's use
-besides this mount's shm + the recommendation, rounded up to a MiB. The recording rules
-(deploy/prometheus/shmwatch-recommend-rules.yml) come from the same template, `rule_exprs`.
-
-The observed peak, best first: Prometheus's max_over_time(shmwatch_mount_peak_used_bytes),
+recommended = observed peak x headroom, rounded up to a whole GiB (a whole MiB below 1 GiB), at
+least 1 MiB; the memory limit that holds it = the cgroup's use besides this mount's shm + the
+recommendation, rounded up to a MiB (as deploy/prometheus/shmwatch-recommend-rules.yml records
+them). The observed peak, best first: Prometheus's max_over_time(shmwatch_mount_peak_used_bytes),
 a running exporter's shmwatch_mount_max_used_bytes, or this run's reading (said to be weakest).
 """
 
@@ -23,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.check.deadline import Bounded, left
 from exporter.check.findings import quoted
-from exporter.check.sizes import GiB, MiB, at_least, docker, human, k8s, plausible
+from exporter.check.sizes import MiB, at_least, docker, human, k8s, plausible
 from exporter.check.sizes import round_up
 
 DEFAULT_WINDOW, DEFAULT_HEADROOM = "7d", 1.25
@@ -47,23 +45,6 @@ def memory_limit_needed(recommended: int, working_set: int, shm_used: int) -> in
     """The memory limit that holds everything else the cgroup uses plus a full recommended mount."""
     non_shm = max(0, working_set - shm_used)
     return -(-(non_shm + recommended) // MiB) * MiB
-
-
-def rule_exprs(window=DEFAULT_WINDOW, headroom=DEFAULT_HEADROOM) -> Dict[str, str]:
-    """record name -> PromQL, as deploy/prometheus/shmwatch-recommend-rules.yml carries them."""
-    x = f"shmwatch:mount_observed_peak_bytes * {headroom:g}"
-    return {
-        "shmwatch:mount_observed_peak_bytes": f"max_over_time(shmwatch_mount_peak_used_bytes[{window}])",
-        "shmwatch:mount_recommended_size_bytes": (
-            f"clamp_min((ceil({x} / {GiB}) * {GiB} and {x} >= {GiB}) or ceil({x} / {MiB}) * {MiB}, {MiB})"
-        ),
-        # The mount's pod (node mode) or the one workload (sidecar: no pod_uid on either side).
-        "shmwatch:mount_recommended_memory_limit_bytes": (
-            "ceil((shmwatch:mount_recommended_size_bytes + clamp_min(max by (instance, job, pod_uid) "
-            "(shmwatch_cgroup_memory_working_set_bytes) - on (instance, job, pod_uid) group_right () "
-            f"shmwatch_mount_used_bytes, 0)) / {MiB}) * {MiB}"
-        ),
-    }
 
 
 # --- where the observed peak comes from --------------------------------------------------------
@@ -247,28 +228,27 @@ def recommendations(
         task = Bounded(
             lambda: peaks_from_prometheus(url, mounts, span, selector, deadline)
         )
-        asked.append(("prometheus", span, "Prometheus", task))
+        asked.append(("prometheus", span, "Prometheus", url, task))
     if extra.exporter_url:
         task = Bounded(lambda: peaks_from_exporter(extra.exporter_url, deadline))
-        asked.append(("exporter", None, "exporter", task))
+        asked.append(("exporter", None, "exporter", extra.exporter_url, task))
     answers: List[Tuple[str, Optional[str], Peaks]] = []
-    for name, window, label, task in asked:
+    for name, window, label, where, task in asked:
         try:
             answers.append((name, window, task.result(deadline)))
         except SourceError as err:
             notes.append(f"{label} not used: {err}")
         except TimeoutError as err:  # the URL's answer has not come to an end
-            url = extra.prometheus_url if name == "prometheus" else extra.exporter_url
-            notes.append(f"{label} not used: {url}: {err}")
+            notes.append(f"{label} not used: {where}: {err}")
     out, headroom, required = [], extra.recommend_headroom, extra.require_shm
     for view in views:
-        rec = None
+        peak, source, window, note = view.usage.used_bytes, "current", None, NO_PEAK
         # Preferred order; a mount a source has no series for falls through to the next, and so
         # does Prometheus when several series match without --prometheus.selector: /dev/shm
         # exists in every pod, and another workload's peak is not this one's.
-        for name, window, peaks in answers:
-            peak, series = peaks.get(view.mount, (None, 0))
-            if peak is None:
+        for name, recorded_over, peaks in answers:
+            found, series = peaks.get(view.mount, (None, 0))
+            if found is None:
                 continue
             if name == "prometheus" and series > 1 and not selector:
                 notes.append(
@@ -277,18 +257,14 @@ def recommendations(
                 )
                 continue
             note = SERIES.format(series) if series > 1 else ""
-            rec = recommend(view, peak, name, window, headroom, note, required)
+            peak, source, window = found, name, recorded_over
             break
-        used = view.usage.used_bytes
-        current = used if view.max_used_bytes is None else view.max_used_bytes
-        if rec is None:
-            rec = recommend(view, used, "current", None, headroom, NO_PEAK, required)
-        elif current > rec.observed_peak_bytes:
-            note = (
-                f"the current use is above what {rec.source} recorded: it is the peak"
-            )
-            rec = recommend(view, current, "current", None, headroom, note, required)
-        out.append(rec)
+        used, high = view.usage.used_bytes, view.max_used_bytes
+        current = used if high is None else high
+        if source != "current" and current > peak:
+            note = f"the current use is above what {source} recorded: it is the peak"
+            peak, source, window = current, "current", None
+        out.append(recommend(view, peak, source, window, headroom, note, required))
     return out, notes
 
 

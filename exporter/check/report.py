@@ -1,10 +1,5 @@
-"""`shmwatch check`: the operator's four questions in one command, and a preflight.
-
-Runs every collector once and prints what is wrong, worst first, each problem with its
-remedy: GPU memory; /dev/shm size, use, classes, leaked and hidden segments; host and
-cgroup headroom and the shm OOM projection; SysV limits; and known failure signatures
-in server logs (--log). Exit codes: exporter/check/findings.py.
-"""
+"""`shmwatch check`: runs every collector once and prints what is wrong, worst first, each
+problem with its remedy (GPU, shm mounts, memory, SysV, server logs); exit codes: findings.py."""
 
 from __future__ import annotations
 
@@ -16,27 +11,24 @@ import sys
 import time
 import traceback
 from dataclasses import asdict
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 from exporter.check import recommend as R
 from exporter.check import thresholds as T
 from exporter.check.deadline import Bounded, left
 from exporter.check.findings import EXIT_SOFTWARE, EXIT_USAGE, Report
 from exporter.check.findings import render_json, render_text
-from exporter.check.kernel import oom_kills, sysv
-from exporter.check.logscan import SIGNATURES, LogHit, scan_log
-from exporter.check.outside import outside
+from exporter.check.kernel import oom_kills, outside, sysv
+from exporter.check.logscan import TABLE, LogHit, scan_log
 from exporter.check.shm import shm, shm_remedy
 from exporter.check.sizes import at_least, at_most, human, plausible
 from exporter.host.paths import Paths
 from exporter.config import Config, build_parser, parse_args, parse_size, typed
 from exporter.model.step import Model
 
-# Recommended shm per backend. vLLM's and SGLang's docs ask for `--ipc=host` or a
-# `--shm-size` without naming a number; 16Gi is this project's default for tensor-parallel
-# serving (NCCL segments plus the engines' shared-memory message queues and multimodal
-# caches). TensorRT-LLM (multi-GPU, with its own shm-based IPC) gets 80Gi, the figure this
-# project's operators use; NVIDIA's own large-model examples go higher still.
+# Recommended shm per backend. vLLM's and SGLang's docs name no number: 16Gi holds NCCL's
+# segments, the engines' shm queues and multimodal caches in tensor-parallel serving;
+# TensorRT-LLM, with its own shm-based IPC, gets 80Gi (NVIDIA's large-model examples go higher).
 BACKEND_SHM = {"vllm": 16 << 30, "sglang": 16 << 30, "trtllm": 80 << 30}
 # Without --timeout: what the reads after the collectors (Prometheus, an exporter) may add.
 READS_SECONDS = 10.0
@@ -45,6 +37,7 @@ READS_SECONDS = 10.0
 # "process" is shmwatch's own process metrics, nothing `check` reports on.
 FAILURE_AREAS = {"sysv": "sysv", "host_memory": "memory"}
 QUIET_FAILURES = ("gpu", "cgroup", "process", "oom")
+SAID = ("explanation", "remedy")  # of a log signature
 
 
 def _seconds(text: str) -> float:
@@ -56,27 +49,19 @@ def _seconds(text: str) -> float:
 
 
 # `shmwatch check`'s own flags (the exporter's are in exporter/config.py); dest: the flag's name
-# with _ for . and -, as in --prometheus.url -> prometheus_url.
+# with _ for . and -, as in --prometheus.url -> prometheus_url; a type's ValueError names the flag.
 FLAGS = {
-    "--require-shm": dict(
-        type=typed(lambda text: plausible(parse_size(text)), "--require-shm")
-    ),
+    "--require-shm": dict(type=lambda text: plausible(parse_size(text))),
     "--backend": dict(choices=sorted(BACKEND_SHM)),
     "--output": dict(choices=("text", "json"), default="text"),
     "--log": dict(action="append", default=[], metavar="FILE"),
-    "--timeout": dict(type=typed(_seconds, "--timeout")),
+    "--timeout": dict(type=_seconds),
     "--recommend": dict(action="store_true"),
-    "--prometheus.url": dict(
-        metavar="URL", type=typed(R.parse_url, "--prometheus.url")
-    ),
+    "--prometheus.url": dict(metavar="URL", type=R.parse_url),
     "--prometheus.selector": dict(metavar="MATCHERS", default=""),
-    "--exporter.url": dict(metavar="URL", type=typed(R.parse_url, "--exporter.url")),
-    "--recommend.window": dict(
-        default=R.DEFAULT_WINDOW, type=typed(R.parse_window, "--recommend.window")
-    ),
-    "--recommend.headroom": dict(
-        default=R.DEFAULT_HEADROOM, type=typed(R.parse_headroom, "--recommend.headroom")
-    ),
+    "--exporter.url": dict(metavar="URL", type=R.parse_url),
+    "--recommend.window": dict(default=R.DEFAULT_WINDOW, type=R.parse_window),
+    "--recommend.headroom": dict(default=R.DEFAULT_HEADROOM, type=R.parse_headroom),
 }
 HELP = {
     "--require-shm": "Fail (exit 2) when the shm mount can hold less than this, e.g. 16Gi.",
@@ -178,10 +163,8 @@ def _memory(report: Report, model: Model, kills, cgroup_error: Optional[str]) ->
     report.add("warn" if high else "ok", "memory", name, text, remedy)
     if kills.get(name, cgroup.oom_kills):
         _kills(report, name, kills.get(name, cgroup.oom_kills))
-    for view in model.mounts:
+    for view in (v for v in model.mounts if v.cgroup is cgroup and v.budget):
         budget = view.budget
-        if view.cgroup is not cgroup or budget is None:
-            continue
         if (budget.projection or 0) > T.SHM_OOM_PROJECTION_RATIO:
             text = (
                 f"filling it ({human(budget.fillable_bytes)}) would need {budget.projection:.0%} "
@@ -239,6 +222,8 @@ def _check(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> in
     parser = build_parser(prog="shmwatch check")
     for flag, options in FLAGS.items():
         dest = flag[2:].replace(".", "_").replace("-", "_")
+        if "type" in options:
+            options = dict(options, type=typed(options["type"], flag))
         parser.add_argument(flag, dest=dest, help=HELP.get(flag), **options)
     try:
         cfg, extra = parse_args(list(argv), parser=parser)
@@ -310,7 +295,7 @@ def _unreadable_log(path: str) -> str:
 def _logs(report: Report, scans, deadline: float) -> None:
     """The signatures the logs' scans found by `deadline` (each once, at its first hit), and
     what was not read."""
-    hits: Dict[str, List[LogHit]] = {}
+    hits: Dict[str, LogHit] = {}
     for path, task in scans:
         name = os.path.basename(path)
         try:
@@ -322,7 +307,7 @@ def _logs(report: Report, scans, deadline: float) -> None:
             report.add("warn", "log", name, f"not read: {err}")
             continue
         for signature, found in scan.hits.items():
-            hits.setdefault(signature, []).extend(found)
+            hits.setdefault(signature, found[0])
         tail, size = scan.size - scan.start, scan.size
         if scan.start:
             text = f"only its last {human(tail)} of {human(size)} read"
@@ -332,9 +317,8 @@ def _logs(report: Report, scans, deadline: float) -> None:
             report.add(
                 "warn", "log", name, f"not read to its end within --timeout: {read}"
             )
-    for signature, found in hits.items():
-        _, _, explanation, remedy = next(s for s in SIGNATURES if s[0] == signature)
-        hit, where = found[0], os.path.basename(found[0].file)
+    for signature, hit in hits.items():
+        where = os.path.basename(hit.file)
         where += f":{hit.line}" if hit.line else f" at byte {hit.offset}"
-        explanation, remedy = (t.format_map(hit.fields) for t in (explanation, remedy))
+        explanation, remedy = (TABLE[signature][k].format_map(hit.fields) for k in SAID)
         report.add("warn", "log", where, f"{explanation} Seen: {hit.text}", remedy)

@@ -4,7 +4,7 @@ its classes, and the segments nobody holds (leaked, of no known owner, or unveri
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 from exporter.check import thresholds as T
 from exporter.check.findings import Report
@@ -14,9 +14,23 @@ from exporter.model.types import STATES
 from exporter.model.step import Model, MountView
 
 MAX_NAMED = 5  # segments, and processes, named in a finding
+MOUNT_FACTS = ("mount", "fstype", "size_bytes", "used_bytes", "available_bytes")
 REMOUNT = "mount the workload's shm volume at this path"
 CLEAN_UP = "remove leaked segments"
+TMPFS = "mount a tmpfs (or memory emptyDir) here"
 HIDDEN_BY = "NCCL >= 2.19, UCX proc link, torch file_descriptor"
+LEAKED = "{count} leaked segment(s) held by no process, {size}: {paths}"
+RM = "once no server can attach to them: rm {paths}"
+FOREIGN = "{count} file(s) of no known owner class held by no process, {size}: {paths}"
+NO_RM = "find which tool made them before removing anything (a container engine's lock file is one)"
+UNVERIFIED = (
+    "{count} segment(s), {size}, held by no process shmwatch could inspect (could not read "
+    "{unreadable}): not called leaked, they may be live"
+)
+MAY_BE_LIVE = (
+    "to tell live from leaked, run shmwatch as the server's UID or with CAP_SYS_PTRACE "
+    "(README: Deploy); never remove them on this report's word"
+)
 
 
 def shm_remedy(required: int) -> str:
@@ -44,14 +58,8 @@ def shm(report: Report, view: MountView, model: Model, required: Optional[int]) 
         below = "" if m.size_bytes == default else "below "
         size += f" ({below}Docker's 64 MiB default)"
     usage = f"{size}, {human(m.used_bytes)} used ({m.usage_ratio:.0%})"
-    facts = {
-        "mount": mount,
-        "fstype": m.fstype,
-        "size_bytes": m.size_bytes,
-        "used_bytes": m.used_bytes,
-        "available_bytes": m.available_bytes,
-        "effective_size_bytes": effective,
-    }
+    facts = {name: getattr(m, name) for name in MOUNT_FACTS}
+    facts["effective_size_bytes"] = effective
     report.facts.setdefault("shm", []).append(facts)
     if required and effective < required:
         held = f"can hold {at_most(effective)}, below the {at_least(required)} required"
@@ -65,11 +73,7 @@ def shm(report: Report, view: MountView, model: Model, required: Optional[int]) 
         above = f"above {T.SHM_USAGE_WARNING_RATIO * 100:g} %"
         add("warn", f"{usage}: {above}", f"{CLEAN_UP} or raise the size")
     if m.fstype != "tmpfs":
-        add(
-            "warn",
-            f"is {m.fstype}, not tmpfs",
-            "mount a tmpfs (or memory emptyDir) here",
-        )
+        add("warn", f"is {m.fstype}, not tmpfs", TMPFS)
     problems = [f for f in report.findings if f.severity in ("fail", "warn")]
     problem = any(f.subject == mount for f in problems)
     inv, summary = view.inventory, view.summary
@@ -104,48 +108,26 @@ def shm(report: Report, view: MountView, model: Model, required: Optional[int]) 
 
 
 def unowned(add, mount: str, summary, inventory) -> None:
-    """Segments held by no process. `rm` is advised only where nothing can still attach: an
-    orphan (every process inspected) of a class whose segments belong to one process. The
-    counts are the summary's totals; the names its largest few."""
-
-    def said(segments, count: Tuple[int, int]) -> Tuple[int, str, str]:
-        paths = " ".join(os.path.join(mount, s.name) for s in segments[:MAX_NAMED])
-        more = count[0] - min(len(segments), MAX_NAMED)
-        return (
-            count[0],
-            human(count[1]),
-            paths + (f" (+{more} more)" if more > 0 else ""),
-        )
-
+    """Segments held by no process, counted by the summary's totals and named by its largest
+    few. `rm` is advised only where nothing can still attach: an orphan (every process
+    inspected) of a class whose segments belong to one process."""
+    unreadable = _unreadable(inventory.proc_unreadable, inventory.unproven)
     leaks = lambda c: c not in NOT_LEAKS  # noqa: E731
-    ours = said(
-        [s for s in summary.leaked if removable(s.cls)],
-        summary.count(("orphan",), removable),
-    )
-    foreign = said(
-        [s for s in summary.leaked if not removable(s.cls)],
-        summary.count(("orphan",), lambda c: leaks(c) and not removable(c)),
-    )
-    unverified = said(summary.unverified, summary.count(("unverified",), leaks))
-    if ours[0]:
-        text = f"{ours[0]} leaked segment(s) held by no process, {ours[1]}: {ours[2]}"
-        add("warn", text, f"once no server can attach to them: rm {ours[2]}")
-    if foreign[0]:
-        add(
-            "info",
-            f"{foreign[0]} file(s) of no known owner class held by no process, "
-            f"{foreign[1]}: {foreign[2]}",
-            "find which tool made them before removing anything (a container engine's lock file is one)",
-        )
-    if unverified[0]:
-        unreadable = _unreadable(inventory.proc_unreadable, inventory.unproven)
-        add(
-            "info",
-            f"{unverified[0]} segment(s), {unverified[1]}, held by no process shmwatch could "
-            f"inspect (could not read {unreadable}): not called leaked, they may be live",
-            "to tell live from leaked, run shmwatch as the server's UID or with CAP_SYS_PTRACE "
-            "(README: Deploy); never remove them on this report's word",
-        )
+    for state, classes, severity, text, remedy in (
+        ("orphan", removable, "warn", LEAKED, RM),
+        ("orphan", lambda c: leaks(c) and not removable(c), "info", FOREIGN, NO_RM),
+        ("unverified", leaks, "info", UNVERIFIED, MAY_BE_LIVE),
+    ):
+        count, size = summary.count((state,), classes)
+        if not count:
+            continue
+        listed = summary.leaked if state == "orphan" else summary.unverified
+        named = [s.name for s in listed if classes(s.cls)][:MAX_NAMED]
+        paths = " ".join(os.path.join(mount, name) for name in named)
+        if count > len(named):
+            paths += f" (+{count - len(named)} more)"
+        said = dict(count=count, size=human(size), paths=paths, unreadable=unreadable)
+        add(severity, text.format(**said), remedy.format(**said))
 
 
 def _unreadable(count: Optional[int], unproven: List[str]) -> str:
