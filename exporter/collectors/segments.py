@@ -107,6 +107,7 @@ class SegmentsCollector(BaseSource):
         self._said_degraded: Set[str] = set()
         self._unproven_log = UnprovenLog(log)  # why nothing is called orphan
         self._owners = Owners()  # the last scan's, for quick runs that skip /proc
+        self._held_on: Dict[int, List[Key]] = {}
         # Each mount's device at the last full scan: a key (device, inode) counts as known only
         # on the same mount and device (a deleted pod's device number is handed out again,
         # and tmpfs numbers its inodes from 1 per instance).
@@ -173,8 +174,17 @@ class SegmentsCollector(BaseSource):
         devs: Dict[str, int] = {}
         errors: Dict[str, str] = {}
         mount_list = self.mounts()
+        changes = self.changes.drain()
+        # A quick run looks only at the mounts inotify named (and those not yet listed): its
+        # cost follows the change, not the node's 200 mounts.
+        last = self._last
+        todo = [
+            m
+            for m in mount_list
+            if full or m in changes or m not in last or last[m].error
+        ]
         self._table.refresh()
-        for mount in mount_list:
+        for mount in todo:
             if self._table.gone(mount):  # its directory on the disk beneath is not ours
                 errors[mount] = "not a mount point"
                 continue
@@ -190,12 +200,12 @@ class SegmentsCollector(BaseSource):
         # The directory first, then /proc: a segment unlinked in between is still
         # listed (so not called hidden), and one created in between is found held
         # but not '(deleted)', so it is linked, not hidden.
-        changes = self.changes.drain()
         sigs = {}  # node mode's full runs, before the listing: a change shows next time
         if self.pod_of_pid and full:
             sigs = {m: s for m, d in devs.items() if (s := self._signature(m, d))}
         listings = {m: self._list(m, dev, full, changes) for m, dev in devs.items()}
-        for gone in [m for m in self._listings if m not in devs]:  # a deleted pod's
+        current = set(mount_list)
+        for gone in [m for m in self._listings if m in errors or m not in current]:
             del self._listings[gone]
             self._pod_read_as.pop(gone, None)
             self._doubted.pop(gone, None)
@@ -257,19 +267,18 @@ class SegmentsCollector(BaseSource):
                 self._held_at_full = set(self._owners.holdings)
                 self._doubted.clear()
                 settled = True
-        held_on: Dict[int, List[Key]] = {}
-        for key in self._owners.holdings:
-            held_on.setdefault(key[0], []).append(key)
+            self._held_on = {}  # device -> the keys held on it
+            for key in self._owners.holdings:
+                self._held_on.setdefault(key[0], []).append(key)
         mounts = []
         for mount in mount_list:
             if mount in errors:
                 mounts.append(MountInventory(mount, error=errors[mount]))
                 continue
-            last = self._last.get(mount)
-            if not full and mount not in changes and last and not last.error:
+            if mount not in devs:
                 # Nothing changed in it: the same object, which the model step recognises and
                 # does not summarise again.
-                mounts.append(last)
+                mounts.append(last[mount])
                 continue
             listing, events = listings[mount]
             self._say_degraded(mount, listing)
@@ -278,7 +287,7 @@ class SegmentsCollector(BaseSource):
                 said = "mount %s: over %d entries: files not reached kept as last seen"
                 log.warning(said, mount, MAX_ENTRIES)
             dev, quick = devs[mount], not full or mount in unread
-            held = held_on.get(dev, [])
+            held = self._held_on.get(dev, [])
             mounts.append(
                 self._assemble(mount, dev, listing, events, held, quick, settled)
             )
