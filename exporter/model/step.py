@@ -136,7 +136,11 @@ class ModelStep:
                         self._summaries[m.mount] if same else summarise(m, self.top_k)
                     )
         if obs.success and obs.source == "shm_mount":
-            self.state.record_polled(obs.result)
+            # A quick run hands back the last poll's usage for a mount it did not measure.
+            kept = (
+                {id(u) for u in self._result("shm_mount") or ()} if not obs.full else ()
+            )
+            self.state.record_polled(u for u in obs.result if id(u) not in kept)
         if obs.success and obs.source == "cgroup":
             for cgroup in obs.result:
                 if cgroup.oom_kills is not None:
