@@ -107,6 +107,7 @@ class SegmentsCollector(BaseSource):
         self._said_degraded: Set[str] = set()
         self._unproven_log = UnprovenLog(log)  # why nothing is called orphan
         self._owners = Owners()  # the last scan's, for quick runs that skip /proc
+        self._during: Optional[Changes] = None  # names changed while a scan reads /proc
         self._held_on: Dict[int, List[Key]] = {}
         # Each mount's device at the last full scan: a key (device, inode) counts as known only
         # on the same mount and device (a deleted pod's device number is handed out again,
@@ -138,10 +139,14 @@ class SegmentsCollector(BaseSource):
         return not self.pod_of_pid
 
     def collect(self) -> Inventory:
-        return self._collect(full=True)
+        return self._begin(full=True)()()
 
     def collect_quick(self) -> Inventory:
-        return self._collect(full=False)
+        return self._begin(full=False)()()
+
+    def begin_full(self) -> Optional[Callable[[], Callable[[], Inventory]]]:
+        """Node mode: the owner scan (seconds at 2,000 processes) runs beside quick runs."""
+        return self._begin(full=True) if self.pod_of_pid else None
 
     def _list(
         self, mount: str, dev: int, full: bool, changes: Changes
@@ -170,7 +175,9 @@ class SegmentsCollector(BaseSource):
             return None
         return dev, st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
 
-    def _collect(self, full: bool) -> Inventory:
+    def _begin(self, full: bool) -> Callable[[], Callable[[], Inventory]]:
+        """A run's first step, the listing. -> its owner scan (nothing in a quick run), which
+        hands back its last step: the owners installed and the inventory assembled."""
         devs: Dict[str, int] = {}
         errors: Dict[str, str] = {}
         mount_list = self.mounts()
@@ -213,51 +220,65 @@ class SegmentsCollector(BaseSource):
         # called leaked again before its pod is read.
         for m, names in changes.items():
             if m in self._last and ORPHAN in self._last[m].states:
-                known = self._doubted.get(m, set())
-                both = None if names is None or known is None else known | names
-                self._doubted[m] = both
+                _add_names(self._doubted, m, names)
+            if self._during is not None:  # a full run's scan is reading /proc
+                _add_names(self._during, m, names)
+        listed = (mount_list, errors, devs, listings, sigs)
+        if not full:
+            return lambda: lambda: self._finish(False, listed)
+        self._during = {}
+        # A refresh reads the pods of these mounts again (None: a full scan).
+        moved: Optional[List[str]] = None
+        if (
+            self._owners.processes
+            and self.monotonic() - self._scanned_at < self.full_scan_interval
+        ):
+            # A mount that moved since its pod was last read (pages written through a
+            # mapping raise no event) while a segment in it is called leaked, or that
+            # changed then: a running process may have attached to it, so its pod's
+            # processes are read again. The others keep their owners until the full
+            # scan, their new segments taken as their creators' (a pod read per create
+            # would cost more than full scans).
+            moved = [
+                m
+                for m in devs
+                if m in self._doubted
+                or (before := self._pod_read_as.get(m))
+                and sigs.get(m, before) != before
+                and m in self._last
+                and ORPHAN in self._last[m].states
+            ]
+            # A change to an orphan in no pod's mount (a sandbox's shm, the host's): only a
+            # full scan reads whoever may hold it.
+            if any(m in self._doubted and not pod_uid_of_mount(m) for m in moved):
+                moved = None
+
+        def scan() -> Callable[[], Inventory]:  # reads /proc only: beside quick runs
+            on = set(devs.values())
+            if moved is not None:
+                also = {pod_uid_of_mount(m) for m in moved} - {""}
+                owners = self.owner_scan.refresh(on, self._owners, also=also)
+                if owners is not None:
+                    return lambda: self._finish(True, listed, owners, moved)
+            owners = self.owner_scan.scan(on, pods=self.pod_of_pid)
+            return lambda: self._finish(True, listed, owners)
+
+        return scan
+
+    def _finish(self, full: bool, listed: tuple, owners=None, moved=None) -> Inventory:
+        """`moved`: a refresh read the pods of these mounts (None: a full scan, or no scan)."""
+        mount_list, errors, devs, listings, sigs = listed
         settled = False  # owners from a full scan of every process, this run
         unread: Set[str] = set()  # mounts a refresh assembles as a quick run does
+        during: Changes = {}  # names changed while the scan read /proc: it may have missed them
         if full:
-            refreshed = None
-            if (
-                self._owners.processes
-                and self.monotonic() - self._scanned_at < self.full_scan_interval
-            ):
-                # A mount that moved since its pod was last read (pages written through a
-                # mapping raise no event) while a segment in it is called leaked, or that
-                # changed then: a running process may have attached to it, so its pod's
-                # processes are read again. The others keep their owners until the full
-                # scan, their new segments taken as their creators' (a pod read per create
-                # would cost more than full scans).
-                moved = [
-                    m
-                    for m in devs
-                    if m in self._doubted
-                    or (before := self._pod_read_as.get(m))
-                    and sigs.get(m, before) != before
-                    and m in self._last
-                    and ORPHAN in self._last[m].states
-                ]
-                also = {pod_uid_of_mount(m) for m in moved}
-                # A change to an orphan in no pod's mount (a sandbox's shm, the host's):
-                # only a full scan reads whoever may hold it.
-                if not any(
-                    m in self._doubted and not pod_uid_of_mount(m) for m in moved
-                ):
-                    refreshed = self.owner_scan.refresh(
-                        set(devs.values()), self._owners, also=also - {""}
-                    )
-                if refreshed is not None:
-                    self._owners = refreshed
-                    self._pod_read_as.update({m: sigs[m] for m in moved if m in sigs})
-                    unread = set(devs) - set(moved)
-                    for m in moved:
-                        self._doubted.pop(m, None)
-            if refreshed is None:
-                self._owners = self.owner_scan.scan(
-                    set(devs.values()), pods=self.pod_of_pid
-                )
+            during, self._during, self._owners = self._during or {}, None, owners
+            if moved is not None:
+                self._pod_read_as.update({m: sigs[m] for m in moved if m in sigs})
+                unread = set(devs) - set(moved)
+                for m in moved:
+                    self._doubted.pop(m, None)
+            else:
                 self._scanned_at = self.monotonic()
                 self._unproven_log.say(self._owners)
                 # Only what was listed before /proc was read may be called leaked: this
@@ -278,7 +299,7 @@ class SegmentsCollector(BaseSource):
             if mount not in devs:
                 # Nothing changed in it: the same object, which the model step recognises and
                 # does not summarise again.
-                mounts.append(last[mount])
+                mounts.append(self._last[mount])
                 continue
             listing, events = listings[mount]
             self._say_degraded(mount, listing)
@@ -287,9 +308,9 @@ class SegmentsCollector(BaseSource):
                 said = "mount %s: over %d entries: files not reached kept as last seen"
                 log.warning(said, mount, MAX_ENTRIES)
             dev, quick = devs[mount], not full or mount in unread
-            held = self._held_on.get(dev, [])
+            held, fresh = self._held_on.get(dev, []), during.get(mount, ())
             mounts.append(
-                self._assemble(mount, dev, listing, events, held, quick, settled)
+                self._assemble(mount, dev, listing, events, held, quick, settled, fresh)
             )
         self._last = {m.mount: m for m in mounts}
         owners = self._owners
@@ -337,10 +358,12 @@ class SegmentsCollector(BaseSource):
         held_keys: List[Key],
         quick: bool,
         settled: bool,
+        fresh: Optional[Set[str]] = (),
     ) -> MountInventory:
         """`quick`: nobody was read for this mount's changes (the last scan's owners reused).
         `settled`: the owners come from a full scan this run, which alone may call a segment
-        leaked (not a quick run, a pod's rescan, or a refresh)."""
+        leaked (not a quick run, a pod's rescan, or a refresh). `fresh`: the names (None: any)
+        that changed while the scan read /proc, which may have read their takers before."""
         holdings = self._owners.holdings
         complete = self._owners.complete and not listing.truncated  # kept: maybe gone
         full_dev = self._full_devs.get(mount)
@@ -354,7 +377,8 @@ class SegmentsCollector(BaseSource):
         for i, (name, row) in enumerate(rows.items()):
             _, ino, _, allocated, _ = unpack(row)
             accounted += allocated
-            if settled and not row & KNOWN:
+            new = fresh is None or name in fresh
+            if settled and not new and not row & KNOWN:
                 rows[name] = row | KNOWN  # listed before /proc was read, this run
             key = (dev, ino)
             held = holdings.get(key) if holdings else None
@@ -363,8 +387,19 @@ class SegmentsCollector(BaseSource):
                 for pid in pids:
                     bytes_of[pid] = bytes_of.get(pid, 0) + allocated
                 continue  # linked: states[i] is 0
+            if new and row & KNOWN:  # taken after its taker was read, perhaps
+                _add_names(self._doubted, mount, {name})
+                doubted = self._doubted[mount]
             state = unheld_state(
-                name, row, key, full_dev, doubted, was_held, complete, quick, settled
+                name,
+                row,
+                key,
+                full_dev,
+                doubted,
+                was_held,
+                complete,
+                quick or new,
+                settled and not new,
             )
             states[i] = STATES.index(state)
         for key in held_keys:
@@ -388,6 +423,11 @@ class SegmentsCollector(BaseSource):
             inv.error = err.strerror or str(err)
         inv.unattributed_bytes = max(0, inv.used_bytes - accounted)
         return inv
+
+
+def _add_names(book: Changes, mount: str, names: Optional[Set[str]]) -> None:
+    known = book.get(mount, set())
+    book[mount] = None if names is None or known is None else known | names
 
 
 def _make(c: Context) -> SegmentsCollector:
