@@ -25,6 +25,10 @@ class Source(Protocol):
 
     def collect_quick(self) -> object: ...
 
+    # None: a full run is collect(). Else its first step, which hands back its slow middle
+    # (run on another thread, beside quick runs), which hands back its last step.
+    def begin_full(self) -> Optional[Callable[[], Callable[[], object]]]: ...
+
     def close(self) -> None: ...
 
 
@@ -41,6 +45,9 @@ class BaseSource:
 
     def collect_quick(self) -> object:
         return self.collect()
+
+    def begin_full(self) -> Optional[Callable[[], Callable[[], object]]]:
+        return None
 
     def close(self) -> None:
         pass

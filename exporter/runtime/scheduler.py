@@ -53,6 +53,7 @@ class _Runner(threading.Thread):
         self.running_since: Optional[float] = None
         self.timed_out = False
         self.runs = 0
+        self.middle: Optional[_Middle] = None  # a full run's, running beside quick runs
 
     def request(self, full: bool) -> None:
         if full:
@@ -71,7 +72,12 @@ class _Runner(threading.Thread):
             next_full = self.last_full + self.interval
             if self.follow_up_at is not None:
                 next_full = min(next_full, self.follow_up_at)
-            if self.full_now or now >= next_full:
+            if self.middle is not None:
+                if not self.middle.is_alive():
+                    self.run_once(full=True)  # its last step
+                    continue
+                next_full = float("inf")  # the middle wakes us when it ends
+            elif self.full_now or now >= next_full:
                 # A full run does all a pending event-driven run would: it drains the same
                 # change log. Events from here on ask for a quick run again.
                 self.full_now, self.first_event, self.follow_up_at = False, None, None
@@ -95,17 +101,30 @@ class _Runner(threading.Thread):
                         self.follow_up_at = ended + FOLLOW_UP_SECONDS
                     continue
                 next_full = due
-            self.wake.wait(max(0.0, next_full - now))
+            self.wake.wait(
+                None if next_full == float("inf") else max(0.0, next_full - now)
+            )
 
     def run_once(self, full: bool) -> None:
         started = time.monotonic()
-        self.running_since, self.timed_out = started, False
+        if self.middle is None:
+            self.timed_out = False
+        # The watchdog times the oldest run not ended: a full run whose middle is running.
+        self.running_since = self.middle.started if self.middle else started
         try:
-            result = self.source.collect() if full else self.source.collect_quick()
+            if full and self.middle:
+                middle, self.middle = self.middle, None
+                started = middle.started
+                result = middle.result()
+            elif full and (job := self.source.begin_full()) is not None:
+                self.middle = _Middle(self, job, started)
+                return
+            else:
+                result = self.source.collect() if full else self.source.collect_quick()
             error = None
         except Exception as err:  # one source failing must not stop the others
             result, error = None, f"{type(err).__name__}: {err}"
-        self.running_since = None
+        self.running_since = self.middle.started if self.middle else None
         if full:
             same = error is None and result == self.last_result
             stretch = same and self.source.stretches  # back to the base when it stops
@@ -121,6 +140,30 @@ class _Runner(threading.Thread):
             )
         )
         self.runs += 1  # after publishing: a waiter finds the result in the model
+
+
+class _Middle(threading.Thread):
+    """A full run's slow middle (an owner scan reading /proc), on a thread of its own so that
+    event-driven runs go on meanwhile; its runner's thread takes its last step."""
+
+    def __init__(self, runner: _Runner, job: Callable, started: float):
+        super().__init__(name=f"{runner.name}-full", daemon=True)
+        self.runner, self.job, self.started = runner, job, started
+        self.finish: Callable[[], object] = lambda: None
+        self.error: Optional[Exception] = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.finish = self.job()
+        except Exception as err:
+            self.error = err
+        self.runner.wake.set()
+
+    def result(self) -> object:
+        if self.error is not None:
+            raise self.error
+        return self.finish()
 
 
 class Sampler:
