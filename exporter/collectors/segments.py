@@ -146,7 +146,7 @@ class SegmentsCollector(BaseSource):
 
     def begin_full(self) -> Optional[Callable[[], Callable[[], Inventory]]]:
         """Node mode: the owner scan (seconds at 2,000 processes) runs beside quick runs."""
-        return self._begin(full=True) if self.pod_of_pid else None
+        return self._begin(full=True, staged=True) if self.pod_of_pid else None
 
     def _list(
         self, mount: str, dev: int, full: bool, changes: Changes
@@ -175,13 +175,14 @@ class SegmentsCollector(BaseSource):
             return None
         return dev, st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
 
-    def _begin(self, full: bool) -> Callable[[], Callable[[], Inventory]]:
+    def _begin(self, full: bool, staged=False) -> Callable[[], Callable[[], Inventory]]:
         """A run's first step, the listing. -> its owner scan (nothing in a quick run), which
-        hands back its last step: the owners installed and the inventory assembled."""
+        hands back its last step: the owners installed and the inventory assembled. `staged`:
+        quick runs meanwhile show what changed; the change log is left to them."""
         devs: Dict[str, int] = {}
         errors: Dict[str, str] = {}
         mount_list = self.mounts()
-        changes = self.changes.drain()
+        changes = {} if staged else self.changes.drain()
         # A quick run looks only at the mounts inotify named (and those not yet listed): its
         # cost follows the change, not the node's 200 mounts.
         last = self._last

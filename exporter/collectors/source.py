@@ -25,8 +25,7 @@ class Source(Protocol):
 
     def collect_quick(self) -> object: ...
 
-    # None: a full run is collect(). Else its first step, which hands back its slow middle
-    # (run on another thread, beside quick runs), which hands back its last step.
+    # None, or a full run's first step: -> its middle (beside quick runs) -> its last step
     def begin_full(self) -> Optional[Callable[[], Callable[[], object]]]: ...
 
     def close(self) -> None: ...

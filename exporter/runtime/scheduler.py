@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from typing import Callable, Dict, List, Optional, Sequence
 
 from exporter.collectors.source import Source
@@ -53,7 +54,8 @@ class _Runner(threading.Thread):
         self.running_since: Optional[float] = None
         self.timed_out = False
         self.runs = 0
-        self.middle: Optional[_Middle] = None  # a full run's, running beside quick runs
+        self.middle: Optional[Future] = None  # a full run's middle, beside quick runs
+        self.middle_started = 0.0
 
     def request(self, full: bool) -> None:
         if full:
@@ -73,16 +75,18 @@ class _Runner(threading.Thread):
             if self.follow_up_at is not None:
                 next_full = min(next_full, self.follow_up_at)
             if self.middle is not None:
-                if not self.middle.is_alive():
+                if self.middle.done():
                     self.run_once(full=True)  # its last step
                     continue
-                next_full = float("inf")  # the middle wakes us when it ends
+                next_full = now + self.interval  # the middle wakes us when it ends
             elif self.full_now or now >= next_full:
                 # A full run does all a pending event-driven run would: it drains the same
                 # change log. Events from here on ask for a quick run again.
-                self.full_now, self.first_event, self.follow_up_at = False, None, None
-                self.last_full = now
+                events, self.first_event = self.first_event, None
+                self.full_now, self.follow_up_at, self.last_full = False, None, now
                 self.run_once(full=True)
+                if self.middle:  # its first step left the change log to quick runs
+                    self.first_event = self.first_event or events
                 continue
             if self.first_event is not None:
                 due = max(
@@ -101,30 +105,29 @@ class _Runner(threading.Thread):
                         self.follow_up_at = ended + FOLLOW_UP_SECONDS
                     continue
                 next_full = due
-            self.wake.wait(
-                None if next_full == float("inf") else max(0.0, next_full - now)
-            )
+            self.wake.wait(max(0.0, next_full - now))
 
     def run_once(self, full: bool) -> None:
         started = time.monotonic()
         if self.middle is None:
             self.timed_out = False
         # The watchdog times the oldest run not ended: a full run whose middle is running.
-        self.running_since = self.middle.started if self.middle else started
+        self.running_since = self.middle_started if self.middle else started
         try:
             if full and self.middle:
-                middle, self.middle = self.middle, None
-                started = middle.started
-                result = middle.result()
+                middle, self.middle, started = self.middle, None, self.middle_started
+                result = middle.result()()
             elif full and (job := self.source.begin_full()) is not None:
-                self.middle = _Middle(self, job, started)
+                self.middle, self.middle_started = Future(), started
+                name = f"{self.name}-full"
+                threading.Thread(target=self._middle, args=(job,), name=name).start()
                 return
             else:
                 result = self.source.collect() if full else self.source.collect_quick()
             error = None
         except Exception as err:  # one source failing must not stop the others
             result, error = None, f"{type(err).__name__}: {err}"
-        self.running_since = self.middle.started if self.middle else None
+        self.running_since = self.middle_started if self.middle else None
         if full:
             same = error is None and result == self.last_result
             stretch = same and self.source.stretches  # back to the base when it stops
@@ -141,29 +144,13 @@ class _Runner(threading.Thread):
         )
         self.runs += 1  # after publishing: a waiter finds the result in the model
 
-
-class _Middle(threading.Thread):
-    """A full run's slow middle (an owner scan reading /proc), on a thread of its own so that
-    event-driven runs go on meanwhile; its runner's thread takes its last step."""
-
-    def __init__(self, runner: _Runner, job: Callable, started: float):
-        super().__init__(name=f"{runner.name}-full", daemon=True)
-        self.runner, self.job, self.started = runner, job, started
-        self.finish: Callable[[], object] = lambda: None
-        self.error: Optional[Exception] = None
-        self.start()
-
-    def run(self) -> None:
+    def _middle(self, job: Callable) -> None:
+        """On a thread of its own (daemon, as ours), so that quick runs go on meanwhile."""
         try:
-            self.finish = self.job()
+            self.middle.set_result(job())
         except Exception as err:
-            self.error = err
-        self.runner.wake.set()
-
-    def result(self) -> object:
-        if self.error is not None:
-            raise self.error
-        return self.finish()
+            self.middle.set_exception(err)
+        self.wake.set()
 
 
 class Sampler:
