@@ -26,6 +26,7 @@ from exporter.host.mountinfo import MountTable, live_mounts
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from exporter.inventory.changes import ChangeLog
+from exporter.inventory import holdings
 from exporter.inventory.holdings import Owners, UnprovenLog, unlinked_size
 from exporter.inventory.maps import DELETED
 from exporter.inventory.memfd import MemfdRegions
@@ -35,7 +36,9 @@ from exporter.inventory.walk import (
     Events,
     Key,
     Listing,
+    ListingLog,
     patch_listing,
+    signature,
     walk,
 )
 from exporter.model.classes import classify
@@ -50,23 +53,6 @@ from exporter.model.types import (
 
 log = logging.getLogger(__name__)
 ORPHAN = STATES.index("orphan")
-
-Changes = Dict[str, Optional[Set[str]]]  # mount -> names changed; None: re-list it all
-
-
-def unheld_state(
-    name, row, key, full_dev, doubted, held_at_full, complete, quick, settled
-) -> str:
-    """A listed file nobody we could inspect holds: an orphan only when we inspected everybody
-    who could hold it (`complete`), else unverified. One not known (listed before the last full
-    scan read /proc, on the device the mount had then) is taken as held by its creator after a
-    quick run, unverified after a refresh. `settled`: a full scan this run, which alone may call
-    leaked one held at the last (`held_at_full`) or changed since its pod was read (`doubted`)."""
-    unheld = "orphan" if complete else "unverified"
-    if not (settled or full_dev == key[0] and row & KNOWN):
-        return "linked" if quick else "unverified"  # `settled` makes every row known
-    at_full = doubted is None or name in doubted or key in held_at_full
-    return "unverified" if at_full and not settled else unheld
 
 
 class SegmentsCollector(BaseSource):
@@ -93,6 +79,9 @@ class SegmentsCollector(BaseSource):
         self.owner_scan = OwnerScan(self.table, ignore_unreadable)
         self.changes = changes or ChangeLog()  # filled by the watcher
         self.pod_of_pid = pod_of_pid
+        # A sidecar's quick run is followed by a full one within a second. Node mode leaves
+        # the holders of new segments to its full scans: a pod read per create costs more.
+        self.follows_up = not pod_of_pid
         self.all_watched = all_watched  # inotify watches every mount
         # Node mode: how long the owners of a full scan are refreshed (owner_scan.refresh)
         # before every process is read again, which alone may call a segment leaked.
@@ -103,11 +92,10 @@ class SegmentsCollector(BaseSource):
         self._listings: Dict[str, Listing] = {}
         # Per mount; past it, counts by class (a walk stops at MAX_ENTRIES anyway).
         self.max_segments = min(max_segments, MAX_ENTRIES)
-        self._said_truncated: Set[str] = set()
-        self._said_degraded: Set[str] = set()
+        self._listing_log = ListingLog(log, self.max_segments)
         self._unproven_log = UnprovenLog(log)  # why nothing is called orphan
         self._owners = Owners()  # the last scan's, for quick runs that skip /proc
-        self._during: Optional[Changes] = None  # names changed while a scan reads /proc
+        self._during: Optional[holdings.Changes] = None  # changed while a scan runs
         self._held_on: Dict[int, List[Key]] = {}
         # Each mount's device at the last full scan: a key (device, inode) counts as known only
         # on the same mount and device (a deleted pod's device number is handed out again,
@@ -131,13 +119,6 @@ class SegmentsCollector(BaseSource):
         """Only while inotify watches every mount: a polled one changes unseen."""
         return self.pod_of_pid and self.all_watched()
 
-    @property
-    def follows_up(self) -> bool:
-        """A sidecar's quick run is followed by a full one within a second. Node mode leaves
-        the holders of new segments to its full scans: reading a pod per create would cost
-        a node's churn more than they do."""
-        return not self.pod_of_pid
-
     def collect(self) -> Inventory:
         return self._begin(full=True)()()
 
@@ -149,7 +130,7 @@ class SegmentsCollector(BaseSource):
         return self._begin(full=True, staged=True) if self.pod_of_pid else None
 
     def _list(
-        self, mount: str, dev: int, full: bool, changes: Changes
+        self, mount: str, dev: int, full: bool, changes: holdings.Changes
     ) -> Tuple[Listing, Events]:
         """The mount's listing, brought up to date in place, and what was created and
         deleted since (nothing said on its first listing, or across the cap)."""
@@ -166,14 +147,6 @@ class SegmentsCollector(BaseSource):
         else:
             events = patch_listing(self.paths.host(mount), dev, listing, names)
         return listing, events
-
-    def _signature(self, mount: str, dev: int) -> Optional[tuple]:
-        """What moves when pages are written or punched through a mapping (unseen by inotify)."""
-        try:
-            st = os.statvfs(self.paths.host(mount))
-        except OSError:
-            return None
-        return dev, st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
 
     def _begin(self, full: bool, staged=False) -> Callable[[], Callable[[], Inventory]]:
         """A run's first step, the listing. -> its owner scan (nothing in a quick run), which
@@ -210,7 +183,9 @@ class SegmentsCollector(BaseSource):
         # but not '(deleted)', so it is linked, not hidden.
         sigs = {}  # node mode's full runs, before the listing: a change shows next time
         if self.pod_of_pid and full:
-            sigs = {m: s for m, d in devs.items() if (s := self._signature(m, d))}
+            sigs = {
+                m: s for m, d in devs.items() if (s := signature(self.paths.host(m), d))
+            }
         listings = {m: self._list(m, dev, full, changes) for m, dev in devs.items()}
         current = set(mount_list)
         for gone in [m for m in self._listings if m in errors or m not in current]:
@@ -221,9 +196,9 @@ class SegmentsCollector(BaseSource):
         # called leaked again before its pod is read.
         for m, names in changes.items():
             if m in self._last and ORPHAN in self._last[m].states:
-                _add_names(self._doubted, m, names)
+                holdings.add_names(self._doubted, m, names)
             if self._during is not None:  # a full run's scan is reading /proc
-                _add_names(self._during, m, names)
+                holdings.add_names(self._during, m, names)
         listed = (mount_list, errors, devs, listings, sigs)
         if not full:
             return lambda: lambda: self._finish(False, listed)
@@ -271,7 +246,7 @@ class SegmentsCollector(BaseSource):
         mount_list, errors, devs, listings, sigs = listed
         settled = False  # owners from a full scan of every process, this run
         unread: Set[str] = set()  # mounts a refresh assembles as a quick run does
-        during: Changes = {}  # names changed while the scan read /proc: it may have missed them
+        during: holdings.Changes = {}  # changed while the scan read /proc: maybe missed
         if full:
             during, self._during, self._owners = self._during or {}, None, owners
             if moved is not None:
@@ -303,11 +278,7 @@ class SegmentsCollector(BaseSource):
                 mounts.append(self._last[mount])
                 continue
             listing, events = listings[mount]
-            self._say_degraded(mount, listing)
-            if listing.truncated and mount not in self._said_truncated:
-                self._said_truncated.add(mount)
-                said = "mount %s: over %d entries: files not reached kept as last seen"
-                log.warning(said, mount, MAX_ENTRIES)
+            self._listing_log.say(mount, listing)
             dev, quick = devs[mount], not full or mount in unread
             held, fresh = self._held_on.get(dev, []), during.get(mount, ())
             mounts.append(
@@ -337,19 +308,6 @@ class SegmentsCollector(BaseSource):
             cgroup_of=self._memfd[1],
         )
 
-    def _say_degraded(self, mount: str, listing: Listing) -> None:
-        if listing.degraded is not None and mount not in self._said_degraded:
-            self._said_degraded.add(mount)
-            log.warning(
-                "mount %s: more than %d files (--inventory.max-segments): only their counts "
-                "and bytes by class are kept, as 'unverified', until there are fewer",
-                mount,
-                self.max_segments,
-            )
-        elif listing.degraded is None and mount in self._said_degraded:
-            self._said_degraded.discard(mount)
-            log.info("mount %s: back under --inventory.max-segments", mount)
-
     def _assemble(
         self,
         mount: str,
@@ -365,7 +323,7 @@ class SegmentsCollector(BaseSource):
         `settled`: the owners come from a full scan this run, which alone may call a segment
         leaked (not a quick run, a pod's rescan, or a refresh). `fresh`: the names (None: any)
         that changed while the scan read /proc, which may have read their takers before."""
-        holdings = self._owners.holdings
+        owned = self._owners.holdings
         complete = self._owners.complete and not listing.truncated  # kept: maybe gone
         full_dev = self._full_devs.get(mount)
         doubted, was_held = self._doubted.get(mount, ()), self._held_at_full
@@ -382,29 +340,22 @@ class SegmentsCollector(BaseSource):
             if settled and not new and not row & KNOWN:
                 rows[name] = row | KNOWN  # listed before /proc was read, this run
             key = (dev, ino)
-            held = holdings.get(key) if holdings else None
+            held = owned.get(key) if owned else None
             if held:
                 pids = held_pids[ino] = tuple(sorted({h.pid for h in held}))
                 for pid in pids:
                     bytes_of[pid] = bytes_of.get(pid, 0) + allocated
                 continue  # linked: states[i] is 0
             if new and row & KNOWN:  # taken after its taker was read, perhaps
-                _add_names(self._doubted, mount, {name})
+                holdings.add_names(self._doubted, mount, {name})
                 doubted = self._doubted[mount]
-            state = unheld_state(
-                name,
-                row,
-                key,
-                full_dev,
-                doubted,
-                was_held,
-                complete,
-                quick or new,
-                settled and not new,
+            how = (True, False) if new else (quick, settled)  # (quick, settled)
+            state = holdings.unheld_state(
+                name, row, key, full_dev, doubted, was_held, complete, *how
             )
             states[i] = STATES.index(state)
         for key in held_keys:
-            hs = holdings[key]
+            hs = owned[key]
             if key[1] in held_pids or not any(h.deleted for h in hs):
                 continue  # linked, or created after our listing: the next run lists it
             size = unlinked_size(hs)
@@ -424,11 +375,6 @@ class SegmentsCollector(BaseSource):
             inv.error = err.strerror or str(err)
         inv.unattributed_bytes = max(0, inv.used_bytes - accounted)
         return inv
-
-
-def _add_names(book: Changes, mount: str, names: Optional[Set[str]]) -> None:
-    known = book.get(mount, set())
-    book[mount] = None if names is None or known is None else known | names
 
 
 def _make(c: Context) -> SegmentsCollector:
