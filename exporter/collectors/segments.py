@@ -1,14 +1,11 @@
 """Segment inventory: what is in each shm mount, who holds it, what is hidden or leaked.
 
 Joins the directory, listed with lstat only (inventory/walk.py), and every process's maps
-and fds (inventory/owners.py) by (device, inode). An event-driven quick run patches the last
-listing with the names inotify reported and reuses the last full run's owners: a new
-segment is taken as its creator's until a full run reads who holds it (a second later in a
-sidecar). In node mode a full run reads every process only every
---segments.full-scan-interval; the runs in between (refreshes) read new processes, the pods
-of holders that exited and of mounts that moved while a segment in them is called leaked,
-and take other new segments as their creators' until the full scan, which alone calls a
-segment leaked.
+and fds (inventory/owners.py) by (device, inode). A quick run patches the listings of the
+mounts inotify named and reuses the last owners: a new segment is its creator's until a full
+run reads who holds it. In node mode every process is read only every
+--segments.full-scan-interval, which alone calls a segment leaked; the full runs between
+(refreshes) read new processes and the pods of exited holders and of doubted mounts.
 """
 
 from __future__ import annotations
@@ -18,6 +15,7 @@ import os
 import re
 import stat as stat_mod
 import time
+from contextlib import suppress
 from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
 from exporter.collectors.source import BaseSource, Context, register
@@ -36,9 +34,7 @@ from exporter.inventory.walk import (
     Events,
     Key,
     Listing,
-    ListingLog,
     patch_listing,
-    signature,
     walk,
 )
 from exporter.model.classes import classify
@@ -92,7 +88,7 @@ class SegmentsCollector(BaseSource):
         self._listings: Dict[str, Listing] = {}
         # Per mount; past it, counts by class (a walk stops at MAX_ENTRIES anyway).
         self.max_segments = min(max_segments, MAX_ENTRIES)
-        self._listing_log = ListingLog(log, self.max_segments)
+        self._said_truncated, self._said_degraded = set(), set()
         self._unproven_log = UnprovenLog(log)  # why nothing is called orphan
         self._owners = Owners()  # the last scan's, for quick runs that skip /proc
         self._during: Optional[holdings.Changes] = None  # changed while a scan runs
@@ -108,8 +104,7 @@ class SegmentsCollector(BaseSource):
         # Per mount, the names (None: any) not to call leaked before its pod is read again.
         self._doubted: Dict[str, Optional[Set[str]]] = {}
         self._table = MountTable(paths)  # which paths are still mount points
-        # The holders' pods and memfd regions, for the inventory; kept by quick runs, which
-        # reuse the owners.
+        # The holders' pods and memfd regions, kept by quick runs (they reuse the owners).
         self._pod_of: Optional[Dict[int, str]] = None
         self._memfd: Tuple[List[Segment], Dict[int, str]] = ([], {})
         self._memfd_regions = MemfdRegions(self.table)
@@ -126,8 +121,7 @@ class SegmentsCollector(BaseSource):
         return self._begin(full=False)()()
 
     def begin_full(self) -> Optional[Callable[[], Callable[[], Inventory]]]:
-        """Node mode: the owner scan (seconds at 2,000 processes) runs beside quick runs."""
-        return self._begin(full=True, staged=True) if self.pod_of_pid else None
+        return self._begin(True, staged=True) if self.pod_of_pid else None  # node mode
 
     def _list(
         self, mount: str, dev: int, full: bool, changes: holdings.Changes
@@ -152,18 +146,12 @@ class SegmentsCollector(BaseSource):
         """A run's first step, the listing. -> its owner scan (nothing in a quick run), which
         hands back its last step: the owners installed and the inventory assembled. `staged`:
         quick runs meanwhile show what changed; the change log is left to them."""
-        devs: Dict[str, int] = {}
-        errors: Dict[str, str] = {}
+        devs, errors = {}, {}  # mount -> st_dev, or why it is not listed
         mount_list = self.mounts()
         changes = {} if staged else self.changes.drain()
-        # A quick run looks only at the mounts inotify named (and those not yet listed): its
-        # cost follows the change, not the node's 200 mounts.
-        last = self._last
-        todo = [
-            m
-            for m in mount_list
-            if full or m in changes or m not in last or last[m].error
-        ]
+        # A quick run's cost follows the change: only the mounts named (or not yet listed).
+        kept = {m for m, inv in self._last.items() if not (full or inv.error)}
+        todo = [m for m in mount_list if m in changes or m not in kept]
         self._table.refresh()
         for mount in todo:
             if self._table.gone(mount):  # its directory on the disk beneath is not ours
@@ -178,22 +166,23 @@ class SegmentsCollector(BaseSource):
                 devs[mount] = st.st_dev
             else:
                 errors[mount] = "not a directory"
-        # The directory first, then /proc: a segment unlinked in between is still
-        # listed (so not called hidden), and one created in between is found held
-        # but not '(deleted)', so it is linked, not hidden.
+        # The directory first, then /proc: a segment unlinked in between is still listed
+        # (not hidden), and one created in between is held but not '(deleted)' (linked).
         sigs = {}  # node mode's full runs, before the listing: a change shows next time
-        if self.pod_of_pid and full:
-            sigs = {
-                m: s for m, d in devs.items() if (s := signature(self.paths.host(m), d))
-            }
+        for m, dev in devs.items() if self.pod_of_pid and full else ():
+            with suppress(
+                OSError
+            ):  # what moves when pages are written through a mapping
+                st = os.statvfs(self.paths.host(m))
+                sigs[m] = dev, st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
         listings = {m: self._list(m, dev, full, changes) for m, dev in devs.items()}
         current = set(mount_list)
         for gone in [m for m in self._listings if m in errors or m not in current]:
             del self._listings[gone]
             self._pod_read_as.pop(gone, None)
             self._doubted.pop(gone, None)
-        # A change (a write, an attach's first pages) to a segment called leaked: it is not
-        # called leaked again before its pod is read.
+        # A change (a write, an attach's first pages) to a segment called leaked: not called
+        # leaked again before its pod is read.
         for m, names in changes.items():
             if m in self._last and ORPHAN in self._last[m].states:
                 holdings.add_names(self._doubted, m, names)
@@ -209,12 +198,9 @@ class SegmentsCollector(BaseSource):
             self._owners.processes
             and self.monotonic() - self._scanned_at < self.full_scan_interval
         ):
-            # A mount that moved since its pod was last read (pages written through a
-            # mapping raise no event) while a segment in it is called leaked, or that
-            # changed then: a running process may have attached to it, so its pod's
-            # processes are read again. The others keep their owners until the full
-            # scan, their new segments taken as their creators' (a pod read per create
-            # would cost more than full scans).
+            # A running process may have attached to a segment called leaked in a mount
+            # that changed (an event) or moved (pages written through a mapping raise none)
+            # since its pod was read: its pod is read again. Others wait for the full scan.
             moved = [
                 m
                 for m in devs
@@ -272,17 +258,17 @@ class SegmentsCollector(BaseSource):
             if mount in errors:
                 mounts.append(MountInventory(mount, error=errors[mount]))
                 continue
-            if mount not in devs:
-                # Nothing changed in it: the same object, which the model step recognises and
-                # does not summarise again.
+            if (
+                mount not in devs
+            ):  # unchanged: the same object (the step reuses its summary)
                 mounts.append(self._last[mount])
                 continue
             listing, events = listings[mount]
-            self._listing_log.say(mount, listing)
+            self._say_degraded(mount, listing)
             dev, quick = devs[mount], not full or mount in unread
-            held, fresh = self._held_on.get(dev, []), during.get(mount, ())
+            fresh = during.get(mount, ())
             mounts.append(
-                self._assemble(mount, dev, listing, events, held, quick, settled, fresh)
+                self._assemble(mount, dev, listing, events, quick, settled, fresh)
             )
         self._last = {m.mount: m for m in mounts}
         owners = self._owners
@@ -308,13 +294,29 @@ class SegmentsCollector(BaseSource):
             cgroup_of=self._memfd[1],
         )
 
+    def _say_degraded(self, mount: str, listing: Listing) -> None:
+        if listing.truncated and mount not in self._said_truncated:
+            self._said_truncated.add(mount)
+            said = "mount %s: over %d entries: files not reached kept as last seen"
+            log.warning(said, mount, MAX_ENTRIES)
+        if listing.degraded is not None and mount not in self._said_degraded:
+            self._said_degraded.add(mount)
+            log.warning(
+                "mount %s: more than %d files (--inventory.max-segments): only their counts "
+                "and bytes by class are kept, as 'unverified', until there are fewer",
+                mount,
+                self.max_segments,
+            )
+        elif listing.degraded is None and mount in self._said_degraded:
+            self._said_degraded.discard(mount)
+            log.info("mount %s: back under --inventory.max-segments", mount)
+
     def _assemble(
         self,
         mount: str,
         dev: int,
         listing: Listing,
         events: Events,
-        held_keys: List[Key],
         quick: bool,
         settled: bool,
         fresh: Optional[Set[str]] = (),
@@ -354,7 +356,7 @@ class SegmentsCollector(BaseSource):
                 name, row, key, full_dev, doubted, was_held, complete, *how
             )
             states[i] = STATES.index(state)
-        for key in held_keys:
+        for key in self._held_on.get(dev, ()):
             hs = owned[key]
             if key[1] in held_pids or not any(h.deleted for h in hs):
                 continue  # linked, or created after our listing: the next run lists it

@@ -91,10 +91,9 @@ class OwnerScan:
         self, devs: Set[int], previous: Owners, also: Set[str] = frozenset()
     ) -> Optional[Owners]:
         """Node mode between full scans: read new processes, and the pods of holders that
-        exited and of `also`; the others' holdings carry over from `previous`, so a segment
-        never turns orphan because it was not looked at (gone processes are dropped only in
-        scope: the next full scan settles the rest). None when that cannot be scoped (a
-        holder outside any pod exited, or pids wrapped): scan in full."""
+        exited and of `also`; the others' holdings carry over (never orphan unread; gone
+        processes are dropped only in scope). None when that cannot be scoped (a holder
+        outside any pod exited, or pids wrapped): scan in full."""
         if self._pid_wrap.wrapped():
             return None
         try:

@@ -8,11 +8,10 @@ MAX_ENTRIES entries it stops (`Listing.truncated`), and keeps the rows it did no
 
 from __future__ import annotations
 
-import logging
 import os
 import stat as stat_mod
 from contextlib import suppress
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from exporter.model.classes import CLASS_NAMES, classify
 from exporter.model.types import INO_MASK, INO_SHIFT, KNOWN, SEEN, pack, unpack
@@ -198,39 +197,3 @@ def patch_listing(
             inodes[st.st_ino] = name
         _update(listing, name, st, events)
     return events
-
-
-def signature(path: str, dev: int) -> Optional[tuple]:
-    """What moves when pages are written or punched through a mapping (unseen by inotify)."""
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return dev, st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
-
-
-class ListingLog:
-    """Says once per mount that its listing was cut short, or is past the cap (and when it is
-    back under)."""
-
-    def __init__(self, log: logging.Logger, cap: int) -> None:
-        self.log, self.cap = log, cap
-        self._truncated: Set[str] = set()
-        self._degraded: Set[str] = set()
-
-    def say(self, mount: str, listing: Listing) -> None:
-        if listing.truncated and mount not in self._truncated:
-            self._truncated.add(mount)
-            said = "mount %s: over %d entries: files not reached kept as last seen"
-            self.log.warning(said, mount, MAX_ENTRIES)
-        if listing.degraded is not None and mount not in self._degraded:
-            self._degraded.add(mount)
-            self.log.warning(
-                "mount %s: more than %d files (--inventory.max-segments): only their counts "
-                "and bytes by class are kept, as 'unverified', until there are fewer",
-                mount,
-                self.cap,
-            )
-        elif listing.degraded is None and mount in self._degraded:
-            self._degraded.discard(mount)
-            self.log.info("mount %s: back under --inventory.max-segments", mount)

@@ -136,10 +136,8 @@ class ModelStep:
                         self._summaries[m.mount] if same else summarise(m, self.top_k)
                     )
         if obs.success and obs.source == "shm_mount":
-            # A quick run hands back the last poll's usage for a mount it did not measure.
-            kept = (
-                {id(u) for u in self._result("shm_mount") or ()} if not obs.full else ()
-            )
+            last = None if obs.full else self._result("shm_mount")
+            kept = {id(u) for u in last or ()}  # unmeasured: handed back by a quick run
             self.state.record_polled(u for u in obs.result if id(u) not in kept)
         if obs.success and obs.source == "cgroup":
             for cgroup in obs.result:

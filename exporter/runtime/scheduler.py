@@ -55,7 +55,6 @@ class _Runner(threading.Thread):
         self.timed_out = False
         self.runs = 0
         self.middle: Optional[Future] = None  # a full run's middle, beside quick runs
-        self.middle_started = 0.0
 
     def request(self, full: bool) -> None:
         if full:
@@ -89,13 +88,9 @@ class _Runner(threading.Thread):
                     self.first_event = self.first_event or events
                 continue
             if self.first_event is not None:
-                due = max(
-                    min(
-                        self.last_event + DEBOUNCE_SECONDS,
-                        self.first_event + DEBOUNCE_MAX_SECONDS,
-                    ),
-                    self.quick_not_before,
-                )
+                quiet = self.last_event + DEBOUNCE_SECONDS
+                at_most = self.first_event + DEBOUNCE_MAX_SECONDS
+                due = max(min(quiet, at_most), self.quick_not_before)
                 if now >= due:
                     self.first_event = None
                     self.run_once(full=False)
@@ -109,16 +104,15 @@ class _Runner(threading.Thread):
 
     def run_once(self, full: bool) -> None:
         started = time.monotonic()
-        if self.middle is None:
-            self.timed_out = False
         # The watchdog times the oldest run not ended: a full run whose middle is running.
-        self.running_since = self.middle_started if self.middle else started
+        self.timed_out = self.timed_out and self.middle is not None
+        self.running_since = self.middle.started if self.middle else started
         try:
             if full and self.middle:
-                middle, self.middle, started = self.middle, None, self.middle_started
+                middle, self.middle, started = self.middle, None, self.middle.started
                 result = middle.result()()
             elif full and (job := self.source.begin_full()) is not None:
-                self.middle, self.middle_started = Future(), started
+                self.middle, self.middle.started = Future(), started
                 name = f"{self.name}-full"
                 threading.Thread(target=self._middle, args=(job,), name=name).start()
                 return
@@ -127,21 +121,15 @@ class _Runner(threading.Thread):
             error = None
         except Exception as err:  # one source failing must not stop the others
             result, error = None, f"{type(err).__name__}: {err}"
-        self.running_since = self.middle_started if self.middle else None
+        self.running_since = self.middle.started if self.middle else None
         if full:
             same = error is None and result == self.last_result
             stretch = same and self.source.stretches  # back to the base when it stops
-            self.interval = (
-                min(self.interval * 2, self.base * STRETCH_MAX)
-                if stretch
-                else self.base
-            )
+            longer = min(self.interval * 2, self.base * STRETCH_MAX)
+            self.interval = longer if stretch else self.base
             self.last_result = result
-        self.sampler.publish(
-            Observation(
-                self.source.name, result, error, time.monotonic() - started, full
-            )
-        )
+        took = time.monotonic() - started
+        self.sampler.publish(Observation(self.source.name, result, error, took, full))
         self.runs += 1  # after publishing: a waiter finds the result in the model
 
     def _middle(self, job: Callable) -> None:
