@@ -1,10 +1,10 @@
 """The scheduler: each source on its own thread, each run's Observation to the subscribers.
 
-A thread per source, so a hung one (a GPU fallen off the bus, a stuck mount) delays no
-other; the watchdog publishes a run over its timeout as failed and never starts its thread
-twice. An event-driven source also runs `collect_quick()` once a burst of events settles,
-and a full run follows. A heavy source (`stretches`) doubles its interval while its result
-stays the same, up to STRETCH_MAX times, as cAdvisor's housekeeping does.
+A thread per source, so a hung one (a GPU off the bus, a stuck mount) delays no other; the
+watchdog publishes a run over its timeout as failed. An event-driven source also runs
+`collect_quick()` once a burst of events settles, and a full run follows, whose slow middle
+(`begin_full`) may run on a thread of its own meanwhile. A heavy source (`stretches`) doubles
+its interval while its result stays the same, up to STRETCH_MAX times, as cAdvisor's does.
 """
 
 from __future__ import annotations
