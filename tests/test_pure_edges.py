@@ -9,7 +9,7 @@ import pytest
 
 from exporter.collectors.cgroup import CgroupCollector
 from exporter.host.cgroupfs import effective_limit
-from exporter.collectors.segments import unheld_state
+from exporter.inventory.holdings import unheld_state
 from exporter.host.mountinfo import MountTable
 from exporter.host.paths import Paths
 from exporter.inventory.walk import Listing, _update

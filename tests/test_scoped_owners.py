@@ -5,6 +5,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from types import SimpleNamespace
 
@@ -14,6 +15,7 @@ from exporter.collectors.segments import SegmentsCollector
 from exporter.inventory.changes import ChangeLog
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
+from exporter.runtime.scheduler import Sampler
 from tests.conftest import HOST_EXCUSED_RE, Peer, mounted_tmpfs, needs_root, prerequisite_missing, remove_cgroup
 
 V1_MEMORY = "/sys/fs/cgroup/memory"
@@ -511,3 +513,66 @@ def test_a_write_to_an_orphan_in_no_pods_mount_brings_the_full_scan_forward(tmp_
         orphan.changes.add(m, "psm_known")
         assert segment(orphan.collector.collect_quick(), m, "psm_known") == ("unverified", ())
         assert orphan.refresh() == ("linked", (orphan.pid,))
+
+
+@needs_root
+def test_what_changes_while_the_full_scan_reads_proc_is_never_settled_by_that_scan(two_pods):
+    """A full run in three steps (the listing, the owner scan, the assembly) with a quick run
+    in the middle, as the scheduler runs it: the scan read the writer before it attached to
+    the orphan, and the new segment's creator before it created it. Neither is called leaked
+    by that scan; the refresh that follows reads the writer's pod."""
+    (a, _), (cg_a, _) = two_pods
+    with orphan_attached_later(a, WRITE_IN_PLACE, allocated=True, cgroup=cg_a) as orphan:
+        orphan.collector.monotonic.now += 600  # a full scan is due
+        finish = orphan.collector.begin_full()()  # listed, then every process read
+        orphan.attach()  # after its process was read
+        open(os.path.join(a, "psm_new"), "wb").close()
+        orphan.changes.add(a, "psm_known")  # what the watcher records for both
+        orphan.changes.add(a, "psm_new")
+        assert segment(orphan.collector.collect_quick(), a, "psm_new") == ("linked", ())
+        inv = finish()
+        assert segment(inv, a, "psm_known") == ("unverified", ())
+        assert segment(inv, a, "psm_new") == ("linked", ())
+        assert orphan.refresh() == ("linked", (orphan.pid,))
+
+
+@needs_root
+def test_a_quick_run_shows_a_new_segment_while_a_full_scan_is_reading_proc(two_pods):
+    """The scheduler runs the owner scan beside quick runs: a create is listed while the scan
+    is held up (here on purpose; on a node, 2,000 processes take seconds)."""
+    (a, _), _ = two_pods
+    changes, seen, cond = ChangeLog(), [], threading.Condition()
+    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+                                  ignore_unreadable=HOST_EXCUSED_RE)
+    scanning, go, scan = threading.Event(), threading.Event(), collector.owner_scan.scan
+    go.set()
+
+    def held_up_scan(*args, **kwargs):
+        scanning.set()
+        go.wait(60)
+        return scan(*args, **kwargs)
+
+    def names(obs):
+        with cond:
+            seen.append({s.name for m in obs.result.mounts for s in m.segments} if obs.success else set())
+            cond.notify_all()
+
+    collector.owner_scan.scan = held_up_scan
+    sampler = Sampler([collector], inventory_interval=3600.0)
+    sampler.subscribe(names)
+    sampler.start()
+    try:
+        with cond:
+            assert cond.wait_for(lambda: seen, 30), "no first inventory"
+        go.clear(), scanning.clear()
+        sampler.request(full=True)
+        assert scanning.wait(30), "the full run did not start"
+        open(os.path.join(a, "psm_during_scan"), "wb").close()
+        changes.add(a, "psm_during_scan")
+        sampler.request()
+        with cond:
+            assert cond.wait_for(lambda: "psm_during_scan" in seen[-1], 30), "not listed before the scan ended"
+        assert not go.is_set() and not sampler.runners["segments"].middle.done()
+    finally:
+        go.set()
+        sampler.stop()

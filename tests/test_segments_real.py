@@ -1,12 +1,15 @@
 """Segment inventory against real processes that create, map, unlink and leak segments."""
 import os
+import subprocess
 import time
 
 
 from exporter.collectors.segments import SegmentsCollector
 from exporter.model.summary import owner_label
 from exporter.host.paths import Paths
-from tests.conftest import HOST_EXCUSED_RE, Exporter, Peer, fallocate, needs_root, value
+from exporter.host.proctable import ProcessTable
+from exporter.inventory.changes import ChangeLog
+from tests.conftest import HOST_EXCUSED_RE, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, value
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MiB = 1 << 20
@@ -176,3 +179,20 @@ def test_quick_inventory_patches_only_what_inotify_reported(tmpfs):
     collector.changes.unknown(tmpfs)  # e.g. a directory appeared: the quick run re-lists
     fallocate(os.path.join(tmpfs, "psm_other"), MiB)
     assert "psm_other" in {s.name for s in collector.collect_quick().mounts[0].segments}
+
+
+@needs_root
+def test_a_quick_run_looks_only_at_the_mounts_inotify_named():
+    """Its cost follows the change, not the node's 200 mounts: a mount nothing was said about
+    is handed back as the last run left it (unmounted meanwhile, the next full run says so)."""
+    with mounted_tmpfs() as a, mounted_tmpfs() as b:
+        changes = ChangeLog()
+        collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), changes=changes)
+        before = {m.mount: m for m in collector.collect().mounts}
+        subprocess.run(["umount", "-l", b], check=True)
+        open(os.path.join(a, "psm_new"), "wb").close()
+        changes.add(a, "psm_new")
+        quick = {m.mount: m for m in collector.collect_quick().mounts}
+        assert quick[b] is before[b]
+        assert "psm_new" in {s.name for s in quick[a].segments}
+        assert {m.mount: m.error for m in collector.collect().mounts}[b] == "not a mount point"

@@ -1,14 +1,11 @@
 """Segment inventory: what is in each shm mount, who holds it, what is hidden or leaked.
 
 Joins the directory, listed with lstat only (inventory/walk.py), and every process's maps
-and fds (inventory/owners.py) by (device, inode). An event-driven quick run patches the last
-listing with the names inotify reported and reuses the last full run's owners: a new
-segment is taken as its creator's until a full run reads who holds it (a second later in a
-sidecar). In node mode a full run reads every process only every
---segments.full-scan-interval; the runs in between (refreshes) read new processes, the pods
-of holders that exited and of mounts that moved while a segment in them is called leaked,
-and take other new segments as their creators' until the full scan, which alone calls a
-segment leaked.
+and fds (inventory/owners.py) by (device, inode). A quick run patches the listings of the
+mounts inotify named and reuses the last owners: a new segment is its creator's until a full
+run reads who holds it. In node mode every process is read only every
+--segments.full-scan-interval, which alone calls a segment leaked; the full runs between
+(refreshes) read new processes and the pods of exited holders and of doubted mounts.
 """
 
 from __future__ import annotations
@@ -18,6 +15,7 @@ import os
 import re
 import stat as stat_mod
 import time
+from contextlib import suppress
 from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
 from exporter.collectors.source import BaseSource, Context, register
@@ -27,6 +25,7 @@ from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from exporter.host.said import SaidOnce
 from exporter.inventory.changes import ChangeLog
+from exporter.inventory import holdings
 from exporter.inventory.holdings import Owners, UnprovenLog, unlinked_size
 from exporter.inventory.maps import DELETED
 from exporter.inventory.memfd import MemfdRegions
@@ -51,23 +50,6 @@ from exporter.model.types import (
 
 log = logging.getLogger(__name__)
 ORPHAN = STATES.index("orphan")
-
-Changes = Dict[str, Optional[Set[str]]]  # mount -> names changed; None: re-list it all
-
-
-def unheld_state(
-    name, row, key, full_dev, doubted, held_at_full, complete, quick, settled
-) -> str:
-    """A listed file nobody we could inspect holds: an orphan only when we inspected everybody
-    who could hold it (`complete`), else unverified. One not known (listed before the last full
-    scan read /proc, on the device the mount had then) is taken as held by its creator after a
-    quick run, unverified after a refresh. `settled`: a full scan this run, which alone may call
-    leaked one held at the last (`held_at_full`) or changed since its pod was read (`doubted`)."""
-    unheld = "orphan" if complete else "unverified"
-    if not (settled or full_dev == key[0] and row & KNOWN):
-        return "linked" if quick else "unverified"  # `settled` makes every row known
-    at_full = doubted is None or name in doubted or key in held_at_full
-    return "unverified" if at_full and not settled else unheld
 
 
 class SegmentsCollector(BaseSource):
@@ -94,6 +76,9 @@ class SegmentsCollector(BaseSource):
         self.owner_scan = OwnerScan(self.table, ignore_unreadable)
         self.changes = changes or ChangeLog()  # filled by the watcher
         self.pod_of_pid = pod_of_pid
+        # A sidecar's quick run is followed by a full one within a second. Node mode leaves
+        # the holders of new segments to its full scans: a pod read per create costs more.
+        self.follows_up = not pod_of_pid
         self.all_watched = all_watched  # inotify watches every mount
         # Node mode: how long the owners of a full scan are refreshed (owner_scan.refresh)
         # before every process is read again, which alone may call a segment leaked.
@@ -107,6 +92,8 @@ class SegmentsCollector(BaseSource):
         self._said_truncated, self._said_degraded = SaidOnce(log), SaidOnce(log)
         self._unproven_log = UnprovenLog(log)  # why nothing is called orphan
         self._owners = Owners()  # the last scan's, for quick runs that skip /proc
+        self._during: Optional[holdings.Changes] = None  # changed while a scan runs
+        self._held_on: Dict[int, List[Key]] = {}
         # Each mount's device at the last full scan: a key (device, inode) counts as known only
         # on the same mount and device (a deleted pod's device number is handed out again,
         # and tmpfs numbers its inodes from 1 per instance).
@@ -118,8 +105,7 @@ class SegmentsCollector(BaseSource):
         # Per mount, the names (None: any) not to call leaked before its pod is read again.
         self._doubted: Dict[str, Optional[Set[str]]] = {}
         self._table = MountTable(paths)  # which paths are still mount points
-        # The holders' pods and memfd regions, for the inventory; kept by quick runs, which
-        # reuse the owners.
+        # The holders' pods and memfd regions, kept by quick runs (they reuse the owners).
         self._pod_of: Optional[Dict[int, str]] = None
         self._memfd: Tuple[List[Segment], Dict[int, str]] = ([], {})
         self._memfd_regions = MemfdRegions(self.table)
@@ -129,21 +115,17 @@ class SegmentsCollector(BaseSource):
         """Only while inotify watches every mount: a polled one changes unseen."""
         return self.pod_of_pid and self.all_watched()
 
-    @property
-    def follows_up(self) -> bool:
-        """A sidecar's quick run is followed by a full one within a second. Node mode leaves
-        the holders of new segments to its full scans: reading a pod per create would cost
-        a node's churn more than they do."""
-        return not self.pod_of_pid
-
     def collect(self) -> Inventory:
-        return self._collect(full=True)
+        return self._begin(full=True)()()
 
     def collect_quick(self) -> Inventory:
-        return self._collect(full=False)
+        return self._begin(full=False)()()
+
+    def begin_full(self) -> Optional[Callable[[], Callable[[], Inventory]]]:
+        return self._begin(True, staged=True) if self.pod_of_pid else None  # node mode
 
     def _list(
-        self, mount: str, dev: int, full: bool, changes: Changes
+        self, mount: str, dev: int, full: bool, changes: holdings.Changes
     ) -> Tuple[Listing, Events]:
         """The mount's listing, brought up to date in place, and what was created and
         deleted since (nothing said on its first listing, or across the cap)."""
@@ -161,20 +143,18 @@ class SegmentsCollector(BaseSource):
             events = patch_listing(self.paths.host(mount), dev, listing, names)
         return listing, events
 
-    def _signature(self, mount: str, dev: int) -> Optional[tuple]:
-        """What moves when pages are written or punched through a mapping (unseen by inotify)."""
-        try:
-            st = os.statvfs(self.paths.host(mount))
-        except OSError:
-            return None
-        return dev, st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
-
-    def _collect(self, full: bool) -> Inventory:
-        devs: Dict[str, int] = {}
-        errors: Dict[str, str] = {}
+    def _begin(self, full: bool, staged=False) -> Callable[[], Callable[[], Inventory]]:
+        """A run's first step, the listing. -> its owner scan (nothing in a quick run), which
+        hands back its last step: the owners installed and the inventory assembled. `staged`:
+        quick runs meanwhile show what changed; the change log is left to them."""
+        devs, errors = {}, {}  # mount -> st_dev, or why it is not listed
         mount_list = self.mounts()
+        changes = {} if staged else self.changes.drain()
+        # A quick run's cost follows the change: only the mounts named (or not yet listed).
+        kept = {m for m, inv in self._last.items() if not (full or inv.error)}
+        todo = [m for m in mount_list if m in changes or m not in kept]
         self._table.refresh()
-        for mount in mount_list:
+        for mount in todo:
             if self._table.gone(mount):  # its directory on the disk beneath is not ours
                 errors[mount] = "not a mount point"
                 continue
@@ -187,67 +167,81 @@ class SegmentsCollector(BaseSource):
                 devs[mount] = st.st_dev
             else:
                 errors[mount] = "not a directory"
-        # The directory first, then /proc: a segment unlinked in between is still
-        # listed (so not called hidden), and one created in between is found held
-        # but not '(deleted)', so it is linked, not hidden.
-        changes = self.changes.drain()
+        # The directory first, then /proc: a segment unlinked in between is still listed
+        # (not hidden), and one created in between is held but not '(deleted)' (linked).
         sigs = {}  # node mode's full runs, before the listing: a change shows next time
-        if self.pod_of_pid and full:
-            sigs = {m: s for m, d in devs.items() if (s := self._signature(m, d))}
+        for m, dev in devs.items() if self.pod_of_pid and full else ():
+            with suppress(
+                OSError
+            ):  # what moves when pages are written through a mapping
+                st = os.statvfs(self.paths.host(m))
+                sigs[m] = dev, st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
         listings = {m: self._list(m, dev, full, changes) for m, dev in devs.items()}
-        for gone in [m for m in self._listings if m not in devs]:  # a deleted pod's
+        current = set(mount_list)
+        for gone in [m for m in self._listings if m in errors or m not in current]:
             del self._listings[gone]
             self._pod_read_as.pop(gone, None)
             self._doubted.pop(gone, None)
-        # A change (a write, an attach's first pages) to a segment called leaked: it is not
-        # called leaked again before its pod is read.
+        # A change (a write, an attach's first pages) to a segment called leaked: not called
+        # leaked again before its pod is read.
         for m, names in changes.items():
             if m in self._last and ORPHAN in self._last[m].states:
-                known = self._doubted.get(m, set())
-                both = None if names is None or known is None else known | names
-                self._doubted[m] = both
+                holdings.add_names(self._doubted, m, names)
+            if self._during is not None:  # a full run's scan is reading /proc
+                holdings.add_names(self._during, m, names)
+        listed = (mount_list, errors, devs, listings, sigs)
+        if not full:
+            return lambda: lambda: self._finish(False, listed)
+        self._during = {}
+        # A refresh reads the pods of these mounts again (None: a full scan).
+        moved: Optional[List[str]] = None
+        if (
+            self._owners.processes
+            and self.monotonic() - self._scanned_at < self.full_scan_interval
+        ):
+            # A running process may have attached to a segment called leaked in a mount
+            # that changed (an event) or moved (pages written through a mapping raise none)
+            # since its pod was read: its pod is read again. Others wait for the full scan.
+            moved = [
+                m
+                for m in devs
+                if m in self._doubted
+                or (before := self._pod_read_as.get(m))
+                and sigs.get(m, before) != before
+                and m in self._last
+                and ORPHAN in self._last[m].states
+            ]
+            # A change to an orphan in no pod's mount (a sandbox's shm, the host's): only a
+            # full scan reads whoever may hold it.
+            if any(m in self._doubted and not pod_uid_of_mount(m) for m in moved):
+                moved = None
+
+        def scan() -> Callable[[], Inventory]:  # reads /proc only: beside quick runs
+            on = set(devs.values())
+            if moved is not None:
+                also = {pod_uid_of_mount(m) for m in moved} - {""}
+                owners = self.owner_scan.refresh(on, self._owners, also=also)
+                if owners is not None:
+                    return lambda: self._finish(True, listed, owners, moved)
+            owners = self.owner_scan.scan(on, pods=self.pod_of_pid)
+            return lambda: self._finish(True, listed, owners)
+
+        return scan
+
+    def _finish(self, full: bool, listed: tuple, owners=None, moved=None) -> Inventory:
+        """`moved`: a refresh read the pods of these mounts (None: a full scan, or no scan)."""
+        mount_list, errors, devs, listings, sigs = listed
         settled = False  # owners from a full scan of every process, this run
         unread: Set[str] = set()  # mounts a refresh assembles as a quick run does
+        during: holdings.Changes = {}  # changed while the scan read /proc: maybe missed
         if full:
-            refreshed = None
-            if (
-                self._owners.processes
-                and self.monotonic() - self._scanned_at < self.full_scan_interval
-            ):
-                # A mount that moved since its pod was last read (pages written through a
-                # mapping raise no event) while a segment in it is called leaked, or that
-                # changed then: a running process may have attached to it, so its pod's
-                # processes are read again. The others keep their owners until the full
-                # scan, their new segments taken as their creators' (a pod read per create
-                # would cost more than full scans).
-                moved = [
-                    m
-                    for m in devs
-                    if m in self._doubted
-                    or (before := self._pod_read_as.get(m))
-                    and sigs.get(m, before) != before
-                    and m in self._last
-                    and ORPHAN in self._last[m].states
-                ]
-                also = {pod_uid_of_mount(m) for m in moved}
-                # A change to an orphan in no pod's mount (a sandbox's shm, the host's):
-                # only a full scan reads whoever may hold it.
-                if not any(
-                    m in self._doubted and not pod_uid_of_mount(m) for m in moved
-                ):
-                    refreshed = self.owner_scan.refresh(
-                        set(devs.values()), self._owners, also=also - {""}
-                    )
-                if refreshed is not None:
-                    self._owners = refreshed
-                    self._pod_read_as.update({m: sigs[m] for m in moved if m in sigs})
-                    unread = set(devs) - set(moved)
-                    for m in moved:
-                        self._doubted.pop(m, None)
-            if refreshed is None:
-                self._owners = self.owner_scan.scan(
-                    set(devs.values()), pods=self.pod_of_pid
-                )
+            during, self._during, self._owners = self._during or {}, None, owners
+            if moved is not None:
+                self._pod_read_as.update({m: sigs[m] for m in moved if m in sigs})
+                unread = set(devs) - set(moved)
+                for m in moved:
+                    self._doubted.pop(m, None)
+            else:
                 self._scanned_at = self.monotonic()
                 self._unproven_log.say(self._owners)
                 # Only what was listed before /proc was read may be called leaked: this
@@ -257,31 +251,25 @@ class SegmentsCollector(BaseSource):
                 self._held_at_full = set(self._owners.holdings)
                 self._doubted.clear()
                 settled = True
-        held_on: Dict[int, List[Key]] = {}
-        for key in self._owners.holdings:
-            held_on.setdefault(key[0], []).append(key)
+            self._held_on = {}  # device -> the keys held on it
+            for key in self._owners.holdings:
+                self._held_on.setdefault(key[0], []).append(key)
         mounts = []
         for mount in mount_list:
             if mount in errors:
                 mounts.append(MountInventory(mount, error=errors[mount]))
                 continue
-            last = self._last.get(mount)
-            if not full and mount not in changes and last and not last.error:
-                # Nothing changed in it: the same object, which the model step recognises and
-                # does not summarise again.
-                mounts.append(last)
+            if (
+                mount not in devs
+            ):  # unchanged: the same object (the step reuses its summary)
+                mounts.append(self._last[mount])
                 continue
             listing, events = listings[mount]
             self._say_degraded(mount, listing)
-            if listing.truncated:
-                said = (
-                    f"over {MAX_ENTRIES} entries: files not reached kept as last seen"
-                )
-                self._said_truncated.say(mount, said)
             dev, quick = devs[mount], not full or mount in unread
-            held = held_on.get(dev, [])
+            fresh = during.get(mount, ())
             mounts.append(
-                self._assemble(mount, dev, listing, events, held, quick, settled)
+                self._assemble(mount, dev, listing, events, quick, settled, fresh)
             )
         self._last = {m.mount: m for m in mounts}
         owners = self._owners
@@ -308,6 +296,9 @@ class SegmentsCollector(BaseSource):
         )
 
     def _say_degraded(self, mount: str, listing: Listing) -> None:
+        if listing.truncated:
+            said = f"over {MAX_ENTRIES} entries: files not reached kept as last seen"
+            self._said_truncated.say(mount, said)
         said = (
             f"more than {self.max_segments} files (--inventory.max-segments): only their "
             "counts and bytes by class are kept, as 'unverified', until there are fewer"
@@ -321,14 +312,15 @@ class SegmentsCollector(BaseSource):
         dev: int,
         listing: Listing,
         events: Events,
-        held_keys: List[Key],
         quick: bool,
         settled: bool,
+        fresh: Optional[Set[str]] = (),
     ) -> MountInventory:
         """`quick`: nobody was read for this mount's changes (the last scan's owners reused).
         `settled`: the owners come from a full scan this run, which alone may call a segment
-        leaked (not a quick run, a pod's rescan, or a refresh)."""
-        holdings = self._owners.holdings
+        leaked (not a quick run, a pod's rescan, or a refresh). `fresh`: the names (None: any)
+        that changed while the scan read /proc, which may have read their takers before."""
+        owned = self._owners.holdings
         complete = self._owners.complete and not listing.truncated  # kept: maybe gone
         full_dev = self._full_devs.get(mount)
         doubted, was_held = self._doubted.get(mount, ()), self._held_at_full
@@ -341,21 +333,26 @@ class SegmentsCollector(BaseSource):
         for i, (name, row) in enumerate(rows.items()):
             _, ino, _, allocated, _ = unpack(row)
             accounted += allocated
-            if settled and not row & KNOWN:
+            new = fresh is None or name in fresh
+            if settled and not new and not row & KNOWN:
                 rows[name] = row | KNOWN  # listed before /proc was read, this run
             key = (dev, ino)
-            held = holdings.get(key) if holdings else None
+            held = owned.get(key) if owned else None
             if held:
                 pids = held_pids[ino] = tuple(sorted({h.pid for h in held}))
                 for pid in pids:
                     bytes_of[pid] = bytes_of.get(pid, 0) + allocated
                 continue  # linked: states[i] is 0
-            state = unheld_state(
-                name, row, key, full_dev, doubted, was_held, complete, quick, settled
+            if new and row & KNOWN:  # taken after its taker was read, perhaps
+                holdings.add_names(self._doubted, mount, {name})
+                doubted = self._doubted[mount]
+            how = (True, False) if new else (quick, settled)  # (quick, settled)
+            state = holdings.unheld_state(
+                name, row, key, full_dev, doubted, was_held, complete, *how
             )
             states[i] = STATES.index(state)
-        for key in held_keys:
-            hs = holdings[key]
+        for key in self._held_on.get(dev, ()):
+            hs = owned[key]
             if key[1] in held_pids or not any(h.deleted for h in hs):
                 continue  # linked, or created after our listing: the next run lists it
             size = unlinked_size(hs)

@@ -17,16 +17,14 @@ class Source(Protocol):
     """Subclassed explicitly (as BaseSource), a source takes these defaults."""
 
     name: str = ""
-    schedule: str = (
-        "poll"  # "poll" / "inventory": every --poll-interval / --inventory-interval
-    )
-    event_driven: bool = False  # collect_quick() soon after inotify sees a mount change
-    stretches: bool = (
-        False  # heavy: its interval doubles while its result stays the same
-    )
-    follows_up: bool = (
-        True  # a full run follows its quick runs (they left owners unread)
-    )
+    # "poll" / "inventory": every --poll-interval / --inventory-interval
+    schedule: str = "poll"
+    # collect_quick() soon after inotify sees a mount change
+    event_driven: bool = False
+    # heavy: its interval doubles while its result stays the same
+    stretches: bool = False
+    # a full run follows its quick runs (they left owners unread)
+    follows_up: bool = True
     reports_status: bool = True  # has shmwatch_collector_* series
 
     def collect(self) -> object:
@@ -34,6 +32,10 @@ class Source(Protocol):
 
     def collect_quick(self) -> object:
         return self.collect()
+
+    def begin_full(self) -> Optional[Callable[[], Callable[[], object]]]:
+        """None, or a full run's first step: -> its middle (beside quick runs) -> its last."""
+        return None
 
     def close(self) -> None:
         pass

@@ -11,8 +11,10 @@ from typing import Dict, List, Optional, Set, Tuple
 from exporter.host.proctable import Process
 from exporter.host.said import SaidOnce
 from exporter.inventory.walk import Key
+from exporter.model.types import KNOWN
 
 MAX_UNPROVEN = 20  # reasons kept for the log
+Changes = Dict[str, Optional[Set[str]]]  # mount -> names changed; None: re-list it all
 
 
 class UnprovenLog:
@@ -94,3 +96,23 @@ def unlinked_size(hs: List[Holding]) -> Tuple[int, int, float]:
         return best.allocated, best.apparent, best.mtime
     extent = max(h.extent for h in hs)
     return extent, extent, 0.0
+
+
+def unheld_state(
+    name, row, key, full_dev, doubted, held_at_full, complete, quick, settled
+) -> str:
+    """A listed file nobody we could inspect holds: an orphan only when we inspected everybody
+    who could hold it (`complete`), else unverified. One not known (listed before the last full
+    scan read /proc, on the device the mount had then) is taken as held by its creator after a
+    quick run, unverified after a refresh. `settled`: a full scan this run, which alone may call
+    leaked one held at the last (`held_at_full`) or changed since its pod was read (`doubted`)."""
+    unheld = "orphan" if complete else "unverified"
+    if not (settled or full_dev == key[0] and row & KNOWN):
+        return "linked" if quick else "unverified"  # `settled` makes every row known
+    at_full = doubted is None or name in doubted or key in held_at_full
+    return "unverified" if at_full and not settled else unheld
+
+
+def add_names(book: Changes, mount: str, names: Optional[Set[str]]) -> None:
+    known = book.get(mount, set())
+    book[mount] = None if names is None or known is None else known | names

@@ -15,9 +15,7 @@ from exporter.model.types import Segment
 class MemfdRegions:
     def __init__(self, table: ProcessTable):
         self.table = table
-        self._cgroup_of: Dict[
-            tuple, str
-        ] = {}  # (pid, start time) -> memory cgroup path
+        self._cgroup_of: Dict[tuple, str] = {}  # (pid, start time) -> memory cgroup
 
     def of(self, owners: Owners) -> Tuple[List[Segment], Dict[int, str]]:
         """(the regions the processes map or hold open one by one, each holder's memory

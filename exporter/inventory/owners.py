@@ -91,8 +91,9 @@ class OwnerScan:
         self, devs: Set[int], previous: Owners, also: Set[str] = frozenset()
     ) -> Optional[Owners]:
         """Node mode between full scans: read new processes, and the pods of holders that
-        exited and of `also`; the rest carries over. None when that cannot be scoped (a
-        holder outside any pod exited, or pids wrapped): scan in full."""
+        exited and of `also`; the others' holdings carry over (never orphan unread; gone
+        processes are dropped only in scope). None when that cannot be scoped (a holder
+        outside any pod exited, or pids wrapped): scan in full."""
         if self._pid_wrap.wrapped():
             return None
         try:
@@ -106,21 +107,6 @@ class OwnerScan:
                 pods.add(pod)
             elif any(key[0] in devs for key in previous.keys_of.get(pid, ())):
                 return None  # (a memfd alone, as runc's, waits for the next full scan)
-        return self.scan_pods(devs, pods, previous, new_too=True, alive=alive)
-
-    def scan_pods(
-        self,
-        devs: Set[int],
-        pods: Set[str],
-        previous: Owners,
-        new_too: bool = False,
-        alive: Optional[Set[int]] = None,
-    ) -> Owners:
-        """Rescan the processes of `pods` (and with `new_too` every new process); the others'
-        holdings carry over from `previous`, so a segment never turns orphan because it was
-        not looked at. Gone processes are dropped only in scope: the next full scan settles
-        the rest."""
-        alive = set(self.table.pids()) if alive is None else alive
         # Copies made in C, then edited: a quick run does O(pod) work in Python, not O(node).
         processes = dict(previous.processes)
         for pid in previous.processes.keys() - alive:
@@ -152,8 +138,7 @@ class OwnerScan:
             for pid, pod in pod_of.items()
             if pod in pods and (p := processes.get(pid)) is not None
         ]
-        if new_too:
-            scope += [p for p in new if pod_of.get(p.pid) not in pods]
+        scope += [p for p in new if pod_of.get(p.pid) not in pods]
         fresh = Owners()
         if devs == self._mount_ids.learned_devs:
             self._mount_ids.forget(previous.processes.keys() - alive)

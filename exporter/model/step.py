@@ -139,7 +139,9 @@ class ModelStep:
                     kept = old.get(m.mount) is m and self._summaries.get(m.mount)
                     summaries[m.mount] = kept or summarise(m, self.top_k)
         if obs.success and obs.source == "shm_mount":
-            self.state.record_polled(obs.result)
+            last = None if obs.full else self._result("shm_mount")
+            kept = {id(u) for u in last or ()}  # unmeasured: handed back by a quick run
+            self.state.record_polled(u for u in obs.result if id(u) not in kept)
         if obs.success and obs.source == "oom":
             for kill in obs.result.new:
                 self._count_kill(kill)

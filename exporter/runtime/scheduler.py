@@ -1,10 +1,10 @@
 """The scheduler: each source on its own thread, each run's Observation to the subscribers.
 
-A thread per source, so a hung one (a GPU fallen off the bus, a stuck mount) delays no
-other; the watchdog publishes a run over its timeout as failed and never starts its thread
-twice. An event-driven source also runs `collect_quick()` once a burst of events settles,
-and a full run follows. A heavy source (`stretches`) doubles its interval while its result
-stays the same, up to STRETCH_MAX times, as cAdvisor's housekeeping does.
+A thread per source, so a hung one (a GPU off the bus, a stuck mount) delays no other; the
+watchdog publishes a run over its timeout as failed. An event-driven source also runs
+`collect_quick()` once a burst of events settles, and a full run follows, whose slow middle
+(`begin_full`) may run on a thread of its own meanwhile. A heavy source (`stretches`) doubles
+its interval while its result stays the same, up to STRETCH_MAX times, as cAdvisor's does.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from typing import Callable, Dict, List, Optional, Sequence
 
 from exporter.collectors.source import Source
@@ -53,6 +54,7 @@ class _Runner(threading.Thread):
         self.running_since: Optional[float] = None
         self.timed_out = False
         self.runs = 0
+        self.middle: Optional[Future] = None  # a full run's middle, beside quick runs
 
     def request(self, full: bool) -> None:
         if full:
@@ -71,21 +73,24 @@ class _Runner(threading.Thread):
             next_full = self.last_full + self.interval
             if self.follow_up_at is not None:
                 next_full = min(next_full, self.follow_up_at)
-            if self.full_now or now >= next_full:
+            if self.middle is not None:
+                if self.middle.done():
+                    self.run_once(full=True)  # its last step
+                    continue
+                next_full = now + self.interval  # the middle wakes us when it ends
+            elif self.full_now or now >= next_full:
                 # A full run does all a pending event-driven run would: it drains the same
                 # change log. Events from here on ask for a quick run again.
-                self.full_now, self.first_event, self.follow_up_at = False, None, None
-                self.last_full = now
+                events, self.first_event = self.first_event, None
+                self.full_now, self.follow_up_at, self.last_full = False, None, now
                 self.run_once(full=True)
+                if self.middle:  # its first step left the change log to quick runs
+                    self.first_event = self.first_event or events
                 continue
             if self.first_event is not None:
-                due = max(
-                    min(
-                        self.last_event + DEBOUNCE_SECONDS,
-                        self.first_event + DEBOUNCE_MAX_SECONDS,
-                    ),
-                    self.quick_not_before,
-                )
+                quiet = self.last_event + DEBOUNCE_SECONDS
+                at_most = self.first_event + DEBOUNCE_MAX_SECONDS
+                due = max(min(quiet, at_most), self.quick_not_before)
                 if now >= due:
                     self.first_event = None
                     self.run_once(full=False)
@@ -99,28 +104,41 @@ class _Runner(threading.Thread):
 
     def run_once(self, full: bool) -> None:
         started = time.monotonic()
-        self.running_since, self.timed_out = started, False
+        # The watchdog times the oldest run not ended: a full run whose middle is running.
+        self.timed_out = self.timed_out and self.middle is not None
+        self.running_since = self.middle.started if self.middle else started
         try:
-            result = self.source.collect() if full else self.source.collect_quick()
+            if full and self.middle:
+                middle, self.middle, started = self.middle, None, self.middle.started
+                result = middle.result()()
+            elif full and (job := self.source.begin_full()) is not None:
+                self.middle, self.middle.started = Future(), started
+                name = f"{self.name}-full"
+                threading.Thread(target=self._middle, args=(job,), name=name).start()
+                return
+            else:
+                result = self.source.collect() if full else self.source.collect_quick()
             error = None
         except Exception as err:  # one source failing must not stop the others
             result, error = None, f"{type(err).__name__}: {err}"
-        self.running_since = None
+        self.running_since = self.middle.started if self.middle else None
         if full:
             same = error is None and result == self.last_result
             stretch = same and self.source.stretches  # back to the base when it stops
-            self.interval = (
-                min(self.interval * 2, self.base * STRETCH_MAX)
-                if stretch
-                else self.base
-            )
+            longer = min(self.interval * 2, self.base * STRETCH_MAX)
+            self.interval = longer if stretch else self.base
             self.last_result = result
-        self.sampler.publish(
-            Observation(
-                self.source.name, result, error, time.monotonic() - started, full
-            )
-        )
+        took = time.monotonic() - started
+        self.sampler.publish(Observation(self.source.name, result, error, took, full))
         self.runs += 1  # after publishing: a waiter finds the result in the model
+
+    def _middle(self, job: Callable) -> None:
+        """On a thread of its own (daemon, as ours), so that quick runs go on meanwhile."""
+        try:
+            self.middle.set_result(job())
+        except Exception as err:
+            self.middle.set_exception(err)
+        self.wake.set()
 
 
 class Sampler:
