@@ -240,3 +240,61 @@ def test_node_cgroups_stretch_only_while_the_kernel_log_counts_every_kill(tmp_pa
     complete["yes"] = True
     assert source.stretches
     assert not CgroupCollector(Paths("/proc", str(tmp_path), "/"), kill_log_complete=lambda: True).stretches
+
+
+class Staged(BaseSource):
+    """A full run in stages (as segments in node mode): its middle waits for `release`."""
+
+    name, schedule, event_driven = "segments", "inventory", True
+
+    def __init__(self):
+        self.release = threading.Event()
+
+    def collect_quick(self):
+        return "quick"
+
+    def begin_full(self):
+        def middle():
+            self.release.wait()
+            return lambda: "full"
+        return middle
+
+
+def test_a_hung_staged_scan_stays_failed_and_no_quick_run_hides_it():
+    source, seen = Staged(), []
+    sampler = Sampler([source], inventory_interval=0.3, default_timeout=0.5)
+    sampler.subscribe(seen.append)
+    sampler.start()
+    try:
+        for _ in range(8):  # events before and after the timeout
+            time.sleep(0.2)
+            sampler.request()
+        assert wait_until(lambda: any(o.error for o in seen))
+        assert [o.result for o in seen] == [None], "nothing runs before the first scan ends, nor after its timeout"
+        source.release.set()
+        assert wait_until(lambda: seen[-1].result == "full" and not seen[-1].error)  # it ended: recovered
+    finally:
+        source.release.set()
+        sampler.stop()
+
+
+def test_a_staged_scan_whose_thread_cannot_start_fails_once_and_the_next_runs(monkeypatch):
+    source, seen = Staged(), []
+    source.release.set()
+    real, failed = threading.Thread.start, []
+
+    def start(thread):
+        if thread.name.endswith("-full") and not failed:
+            failed.append(thread.name)
+            raise RuntimeError("can't start new thread")
+        return real(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    sampler = Sampler([source], inventory_interval=0.2)
+    sampler.subscribe(seen.append)
+    sampler.start()
+    try:
+        assert wait_until(lambda: sum(o.result == "full" for o in seen) >= 2)
+        assert "can't start new thread" in seen[0].error
+    finally:
+        sampler.stop()

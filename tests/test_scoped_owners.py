@@ -576,3 +576,41 @@ def test_a_quick_run_shows_a_new_segment_while_a_full_scan_is_reading_proc(two_p
     finally:
         go.set()
         sampler.stop()
+
+
+@needs_root
+def test_a_change_still_pending_when_the_scan_ends_is_not_settled_by_it(two_pods):
+    """The staged scan's end runs before the debounced quick run drains the log: a write that
+    came while /proc was read (an attach by a process already read) is not called leaked."""
+    (a, _), (cg_a, _) = two_pods
+    with orphan_attached_later(a, WRITE_IN_PLACE, allocated=True, cgroup=cg_a) as orphan:
+        orphan.collector.monotonic.now += 600  # a full scan is due
+        finish = orphan.collector.begin_full()()
+        orphan.attach()
+        orphan.changes.add(a, "psm_known")  # its write, in the log, not yet drained
+        assert segment(finish(), a, "psm_known") == ("unverified", ())
+
+
+@needs_root
+def test_a_staged_refresh_reads_the_pod_of_an_orphan_written_before_it_began(two_pods):
+    """A write to an orphan still in the change log when a refresh starts: its pod is read."""
+    (a, _), (cg_a, _) = two_pods
+    with orphan_attached_later(a, WRITE_IN_PLACE, allocated=True, cgroup=cg_a) as orphan:
+        orphan.attach()
+        orphan.changes.add(a, "psm_known")  # the watcher's IN_MODIFY, not yet drained
+        orphan.collector.monotonic.now += 15  # a refresh is due, not a full scan
+        inv = orphan.collector.begin_full()()()
+        assert segment(inv, a, "psm_known") == ("linked", (orphan.pid,))
+
+
+def test_a_mount_gone_or_new_during_the_staged_scan_is_as_the_quick_runs_left_it():
+    with mounted_tmpfs() as a, mounted_tmpfs() as b, mounted_tmpfs() as c:
+        open(os.path.join(b, "psm_b"), "wb").close()
+        mounts = [a, b]
+        collector = SegmentsCollector(Paths(), lambda: list(mounts), ProcessTable(Paths()), pod_of_pid=True,
+                                      changes=ChangeLog(), ignore_unreadable=HOST_EXCUSED_RE)
+        collector.collect()
+        scan = collector.begin_full()
+        mounts[:] = [a, c]  # b's pod deleted, c's created while /proc is read
+        assert [m.mount for m in collector.collect_quick().mounts] == [a, c]
+        assert [m.mount for m in scan()().mounts] == [a, c]  # b not back (its psm_b not settled)

@@ -171,9 +171,8 @@ class SegmentsCollector(BaseSource):
         # (not hidden), and one created in between is held but not '(deleted)' (linked).
         sigs = {}  # node mode's full runs, before the listing: a change shows next time
         for m, dev in devs.items() if self.pod_of_pid and full else ():
-            with suppress(
-                OSError
-            ):  # what moves when pages are written through a mapping
+            # what moves when pages are written through a mapping
+            with suppress(OSError):
                 st = os.statvfs(self.paths.host(m))
                 sigs[m] = dev, st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
         listings = {m: self._list(m, dev, full, changes) for m, dev in devs.items()}
@@ -183,8 +182,9 @@ class SegmentsCollector(BaseSource):
             self._pod_read_as.pop(gone, None)
             self._doubted.pop(gone, None)
         # A change (a write, an attach's first pages) to a segment called leaked: not called
-        # leaked again before its pod is read.
-        for m, names in changes.items():
+        # leaked again before its pod is read. Staged: the names pending, left in the log.
+        seen = self.changes.peek() if staged else changes
+        for m, names in seen.items():
             if m in self._last and ORPHAN in self._last[m].states:
                 holdings.add_names(self._doubted, m, names)
             if self._during is not None:  # a full run's scan is reading /proc
@@ -192,7 +192,7 @@ class SegmentsCollector(BaseSource):
         listed = (mount_list, errors, devs, listings, sigs)
         if not full:
             return lambda: lambda: self._finish(False, listed)
-        self._during = {}
+        self._during = {m: names for m, names in seen.items() if staged}
         # A refresh reads the pods of these mounts again (None: a full scan).
         moved: Optional[List[str]] = None
         if (
@@ -218,15 +218,22 @@ class SegmentsCollector(BaseSource):
 
         def scan() -> Callable[[], Inventory]:  # reads /proc only: beside quick runs
             on = set(devs.values())
-            if moved is not None:
-                also = {pod_uid_of_mount(m) for m in moved} - {""}
-                owners = self.owner_scan.refresh(on, self._owners, also=also)
-                if owners is not None:
-                    return lambda: self._finish(True, listed, owners, moved)
-            owners = self.owner_scan.scan(on, pods=self.pod_of_pid)
+            try:
+                if moved is not None:
+                    also = {pod_uid_of_mount(m) for m in moved} - {""}
+                    owners = self.owner_scan.refresh(on, self._owners, also=also)
+                    if owners is not None:
+                        return lambda: self._finish(True, listed, owners, moved)
+                owners = self.owner_scan.scan(on, pods=self.pod_of_pid)
+            except Exception as err:
+                return lambda: self._failed(err)  # on the source's thread, as a finish
             return lambda: self._finish(True, listed, owners)
 
         return scan
+
+    def _failed(self, err: Exception) -> Inventory:
+        self._during = None  # no scan reads /proc now
+        raise err
 
     def _finish(self, full: bool, listed: tuple, owners=None, moved=None) -> Inventory:
         """`moved`: a refresh read the pods of these mounts (None: a full scan, or no scan)."""
@@ -236,6 +243,14 @@ class SegmentsCollector(BaseSource):
         during: holdings.Changes = {}  # changed while the scan read /proc: maybe missed
         if full:
             during, self._during, self._owners = self._during or {}, None, owners
+            # Changed while /proc was read and not yet drained by a quick run: maybe missed.
+            for m, names in self.changes.peek().items():
+                holdings.add_names(during, m, names)
+            # A quick run meanwhile may have dropped a mount, or added one: as it left them.
+            now_listed = set(self.mounts())
+            mount_list = [m for m in mount_list if m in now_listed] + [
+                m for m in self._last if m in now_listed and m not in mount_list
+            ]
             if moved is not None:
                 self._pod_read_as.update({m: sigs[m] for m in moved if m in sigs})
                 unread = set(devs) - set(moved)
@@ -259,12 +274,13 @@ class SegmentsCollector(BaseSource):
             if mount in errors:
                 mounts.append(MountInventory(mount, error=errors[mount]))
                 continue
-            if (
-                mount not in devs
-            ):  # unchanged: the same object (the step reuses its summary)
-                mounts.append(self._last[mount])
+            listing, events = listings.get(mount, (None, {}))
+            if listing is None or listing is not self._listings.get(mount):
+                # Unchanged, or changed by a quick run during the scan: as last assembled
+                # (the same object: the step reuses its summary).
+                if mount in self._last:
+                    mounts.append(self._last[mount])
                 continue
-            listing, events = listings[mount]
             self._say_degraded(mount, listing)
             dev, quick = devs[mount], not full or mount in unread
             fresh = during.get(mount, ())

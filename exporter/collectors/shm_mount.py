@@ -67,9 +67,8 @@ class ShmMountCollector(BaseSource):
         except OSError as err:
             reason = err.strerror or str(err)
             self._said.say(mount, f"cannot be measured: {reason}")
-            return usage(
-                error=reason
-            )  # still this mount (a passing error): its peaks stand
+            # still this mount (a passing error): its peaks stand
+            return usage(error=reason)
         if fstype != "tmpfs" or not is_point:
             where = f"is {fstype}, not tmpfs" if is_point else "is not a mount point"
             self._said.say(mount, f"{where}; reporting the filesystem that holds it")
@@ -89,9 +88,8 @@ class ShmMountCollector(BaseSource):
             self._instances = {}
         self._polled = True
         mounts = self.mounts()
-        self._said.keep(
-            mounts
-        )  # node mode: a deleted pod's warning is not kept forever
+        # node mode: a deleted pod's warning is not kept forever
+        self._said.keep(mounts)
         return self._measure(mounts, quick=False)
 
     def collect_quick(self) -> List[MountUsage]:

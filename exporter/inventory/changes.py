@@ -28,6 +28,11 @@ class ChangeLog:
         with self._lock:
             self._names[mount] = None
 
+    def peek(self) -> Dict[str, Optional[Set[str]]]:
+        """What drain() would return, left in place (for the quick runs)."""
+        with self._lock:
+            return {m: None if n is None else set(n) for m, n in self._names.items()}
+
     def drain(self) -> Dict[str, Optional[Set[str]]]:
         with self._lock:
             drained, self._names = self._names, {}

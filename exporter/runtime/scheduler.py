@@ -54,6 +54,7 @@ class _Runner(threading.Thread):
         self.running_since: Optional[float] = None
         self.timed_out = False
         self.runs = 0
+        self.fulls = 0  # full runs published
         self.middle: Optional[Future] = None  # a full run's middle, beside quick runs
 
     def request(self, full: bool) -> None:
@@ -78,9 +79,15 @@ class _Runner(threading.Thread):
                     self.run_once(full=True)  # its last step
                     continue
                 next_full = now + self.interval  # the middle wakes us when it ends
+                if self.timed_out or not self.fulls:
+                    # Hung, as a hung collect() would be: the watchdog's failure stands.
+                    # Before the first full run, no quick run: it would have no owners.
+                    self.wake.wait(self.interval)
+                    continue
             elif self.full_now or now >= next_full:
                 # A full run does all a pending event-driven run would: it drains the same
-                # change log. Events from here on ask for a quick run again.
+                # change log (a staged one leaves it to the quick runs beside it). Events
+                # from here on ask for a quick run again.
                 events, self.first_event = self.first_event, None
                 self.full_now, self.follow_up_at, self.last_full = False, None, now
                 self.run_once(full=True)
@@ -112,9 +119,12 @@ class _Runner(threading.Thread):
                 middle, self.middle, started = self.middle, None, self.middle.started
                 result = middle.result()()
             elif full and (job := self.source.begin_full()) is not None:
-                self.middle, self.middle.started = Future(), started
-                name = f"{self.name}-full"
-                threading.Thread(target=self._middle, args=(job,), name=name).start()
+                middle, name = Future(), f"{self.name}-full"
+                middle.started = started
+                threading.Thread(
+                    target=self._middle, args=(job, middle), name=name
+                ).start()
+                self.middle = middle  # once started: a thread never started never ends
                 return
             else:
                 result = self.source.collect() if full else self.source.collect_quick()
@@ -130,14 +140,15 @@ class _Runner(threading.Thread):
             self.last_result = result
         took = time.monotonic() - started
         self.sampler.publish(Observation(self.source.name, result, error, took, full))
+        self.fulls += full
         self.runs += 1  # after publishing: a waiter finds the result in the model
 
-    def _middle(self, job: Callable) -> None:
+    def _middle(self, job: Callable, middle: Future) -> None:
         """On a thread of its own (daemon, as ours), so that quick runs go on meanwhile."""
         try:
-            self.middle.set_result(job())
+            middle.set_result(job())
         except Exception as err:
-            self.middle.set_exception(err)
+            middle.set_exception(err)
         self.wake.set()
 
 
