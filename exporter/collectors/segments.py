@@ -16,6 +16,7 @@ import re
 import stat as stat_mod
 import time
 from contextlib import suppress
+from functools import partial
 from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
 from exporter.collectors.source import BaseSource, Context, register
@@ -30,23 +31,11 @@ from exporter.inventory.holdings import Owners, UnprovenLog, unlinked_size
 from exporter.inventory.maps import DELETED
 from exporter.inventory.memfd import MemfdRegions
 from exporter.inventory.owners import OwnerScan
-from exporter.inventory.walk import (
-    MAX_ENTRIES,
-    Events,
-    Key,
-    Listing,
-    patch_listing,
-    walk,
-)
+from exporter.inventory.walk import MAX_ENTRIES, Events, Key, Listing
+from exporter.inventory.walk import patch_listing, walk
 from exporter.model.classes import classify
-from exporter.model.types import (
-    KNOWN,
-    STATES,
-    Inventory,
-    MountInventory,
-    Segment,
-    unpack,
-)
+from exporter.model.types import KNOWN, STATES, Inventory, MountInventory
+from exporter.model.types import Segment, unpack
 
 log = logging.getLogger(__name__)
 ORPHAN = STATES.index("orphan")
@@ -225,18 +214,17 @@ class SegmentsCollector(BaseSource):
                     if owners is not None:
                         return lambda: self._finish(True, listed, owners, moved)
                 owners = self.owner_scan.scan(on, pods=self.pod_of_pid)
-            except Exception as err:
-                return lambda: self._failed(err)  # on the source's thread, as a finish
+            except Exception as err:  # raised on the source's thread, as a finish
+                return partial(self._finish, True, listed, failed=err)
             return lambda: self._finish(True, listed, owners)
 
         return scan
 
-    def _failed(self, err: Exception) -> Inventory:
-        self._during = None  # no scan reads /proc now
-        raise err
-
-    def _finish(self, full: bool, listed: tuple, owners=None, moved=None) -> Inventory:
+    def _finish(self, full, listed, owners=None, moved=None, failed=None) -> Inventory:
         """`moved`: a refresh read the pods of these mounts (None: a full scan, or no scan)."""
+        if failed:
+            self._during = None  # no scan reads /proc now
+            raise failed
         mount_list, errors, devs, listings, sigs = listed
         settled = False  # owners from a full scan of every process, this run
         unread: Set[str] = set()  # mounts a refresh assembles as a quick run does
