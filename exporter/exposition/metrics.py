@@ -121,23 +121,7 @@ class ModelCollector(Collector):
             for v in listed
         )
         out.parts_of(self._one_mount_segments, rows)
-        for v in listed:
-            # An orphan's age moves on with every inventory (whole seconds: leaks are hours old).
-            # Past --inventory.max-segments nothing is verified and no orphan's age known.
-            oldest, degraded = v.summary.oldest_orphan_mtime, int(v.summary.degraded)
-            age = 0.0 if oldest is None else float(max(0, int(inv.wall_time - oldest)))
-            if not degraded:
-                out.add("shmwatch_orphan_oldest_age_seconds", [v.mount], age, v.labels)
-            unattributed = v.inventory.unattributed_bytes
-            out.add(
-                "shmwatch_mount_unattributed_bytes", [v.mount], unattributed, v.labels
-            )
-            verified = 1 if inv.owners_complete and not degraded else 0
-            out.add("shmwatch_mount_owners_verified", [v.mount], verified, v.labels)
-            out.add("shmwatch_inventory_degraded", [v.mount], degraded, v.labels)
-            for kind, count in sorted(v.inventory.other_entries.items()):
-                labels = [v.mount, kind]
-                out.add("shmwatch_mount_other_entries", labels, count, v.labels)
+        out.parts_of(self._one_mount_state, (self._state_row(inv, v) for v in listed))
         by_class, top = memfd_summary(inv, self.step.top_k)
         for cls, (count, allocated) in sorted(by_class.items()):
             out.add("shmwatch_memfd_regions", [cls], count)
@@ -167,6 +151,38 @@ class ModelCollector(Collector):
             labels = [mount, str(pid), clean(comms[pid])]
             process_pod = {"process_pod_uid": pods[pid]}
             out.add("shmwatch_process_shm_bytes", labels, size, process_pod)
+
+    @staticmethod
+    def _state_row(inv, v) -> tuple:
+        """An orphan's age moves on with every inventory (whole seconds: leaks are hours old).
+        Past --inventory.max-segments nothing is verified and no orphan's age known."""
+        oldest, degraded = v.summary.oldest_orphan_mtime, int(v.summary.degraded)
+        age = 0.0 if oldest is None else float(max(0, int(inv.wall_time - oldest)))
+        verified = 1 if inv.owners_complete and not degraded else 0
+        others = sorted(v.inventory.other_entries.items())
+        unattributed = v.inventory.unattributed_bytes
+        return (
+            ("state", v.mount),
+            v.labels,
+            v.mount,
+            age,
+            degraded,
+            verified,
+            unattributed,
+            others,
+        )
+
+    @staticmethod
+    def _one_mount_state(
+        out: Families, mount, age, degraded, verified, unattributed, others
+    ):
+        if not degraded:
+            out.add("shmwatch_orphan_oldest_age_seconds", [mount], age)
+        out.add("shmwatch_mount_unattributed_bytes", [mount], unattributed)
+        out.add("shmwatch_mount_owners_verified", [mount], verified)
+        out.add("shmwatch_inventory_degraded", [mount], degraded)
+        for kind, count in others:
+            out.add("shmwatch_mount_other_entries", [mount, kind], count)
 
     def _sysv(self, model: Model, out: Families) -> None:
         for shm in model.sysv:
@@ -207,12 +223,14 @@ class ModelCollector(Collector):
             (("cgroup", c.cgroup), {"pod_uid": c.pod_uid}, c) for c in model.cgroups
         )
         out.parts_of(self._one_cgroup, rows)
-        for c in model.cgroups:
-            unexplained = model.shmem_unexplained.get(c.cgroup)
-            if unexplained is not None:
-                name, pod = "shmwatch_cgroup_memory_shmem_unexplained_bytes", c.pod_uid
-                labels = [clean(c.cgroup, 256)]
-                out.add(name, labels, unexplained, {"pod_uid": pod})
+        name = "shmwatch_cgroup_memory_shmem_unexplained_bytes"
+        rows = (
+            (("unexplained", c.cgroup), {"pod_uid": c.pod_uid}, name)
+            + ([clean(c.cgroup, 256)], model.shmem_unexplained[c.cgroup])
+            for c in model.cgroups
+            if c.cgroup in model.shmem_unexplained
+        )
+        out.parts_of(Families.add, rows)
 
     @staticmethod
     def _one_cgroup(out: Families, cg) -> None:
@@ -255,33 +273,58 @@ class ModelCollector(Collector):
         """Effective shm size and the OOM projection: shm usage joined with the cgroup."""
         if not model.result_ok("shm_mount"):
             return
-        for v in model.mounts:
-            if v.budget is not None and v.budget.projection is not None:
-                labels = [v.mount, clean(v.cgroup.cgroup, 256)]
-                ratio = v.budget.projection
-                out.add("shmwatch_shm_oom_projection_ratio", labels, ratio, v.labels)
-            if v.budget is not None and v.budget_complete:
-                size = v.budget.effective_bytes
-                out.add(
-                    "shmwatch_mount_effective_size_bytes", [v.mount], size, v.labels
-                )
+        rows = (
+            (("derived", v.mount), v.labels, v.mount, v.budget.projection)
+            + (
+                v.cgroup and v.cgroup.cgroup,
+                v.budget.effective_bytes,
+                v.budget_complete,
+            )
+            for v in model.mounts
+            if v.budget is not None
+        )
+        out.parts_of(self._one_derived, rows)
+
+    @staticmethod
+    def _one_derived(out: Families, mount, projection, cgroup, effective, complete):
+        if projection is not None:
+            labels = [mount, clean(cgroup, 256)]
+            out.add("shmwatch_shm_oom_projection_ratio", labels, projection)
+        if complete:
+            out.add("shmwatch_mount_effective_size_bytes", [mount], effective)
 
     def _oom_kills(self, model: Model, out: Families) -> None:
         """From the model's counts, not the cgroup renderer: a pod's kills outlive its cgroup."""
-        for c in model.oom_kills:
-            label, pod = [clean(c.cgroup, 256)], {"pod_uid": c.pod_uid}
-            out.add("shmwatch_cgroup_oom_kills_total", label, c.kills, pod)
+        name = "shmwatch_cgroup_oom_kills_total"
+        rows = (
+            (("oom", c.cgroup), {"pod_uid": c.pod_uid}, name, [clean(c.cgroup, 256)])
+            + (c.kills,)
+            for c in model.oom_kills
+        )
+        out.parts_of(Families.add, rows)
 
     def _events(self, model: Model, out: Families) -> None:
         states = model.states
         labels = {v.mount: v.labels for v in model.mounts}
-        for mount, counts in sorted(states.event_rows.items()):
-            for cls, event, count in counts:
-                row = [mount, cls, event]
-                out.add("shmwatch_segment_events_total", row, count, labels.get(mount))
-        for mount, active in sorted(states.inotify.items()):
-            out.add("shmwatch_inotify_active", [mount], int(active), labels.get(mount))
-            if active:
-                overflows = states.overflows.get(mount, 0)
-                node = labels.get(mount)
-                out.add("shmwatch_inotify_overflows_total", [mount], overflows, node)
+        rows = (
+            (("events", mount), labels.get(mount), mount, counts)
+            for mount, counts in sorted(states.event_rows.items())
+        )
+        out.parts_of(self._mount_events, rows)
+        rows = (
+            (("inotify", mount), labels.get(mount), mount, active)
+            + (states.overflows.get(mount, 0),)
+            for mount, active in sorted(states.inotify.items())
+        )
+        out.parts_of(self._mount_inotify, rows)
+
+    @staticmethod
+    def _mount_events(out: Families, mount, counts) -> None:
+        for cls, event, count in counts:
+            out.add("shmwatch_segment_events_total", [mount, cls, event], count)
+
+    @staticmethod
+    def _mount_inotify(out: Families, mount, active, overflows) -> None:
+        out.add("shmwatch_inotify_active", [mount], int(active))
+        if active:
+            out.add("shmwatch_inotify_overflows_total", [mount], overflows)
