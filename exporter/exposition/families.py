@@ -7,6 +7,8 @@ render: `Families.parts_of` adds again what each added while its inputs are equa
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,7 +16,7 @@ from prometheus_client.utils import floatToGoString
 
 from exporter.model.catalogue import lookup, node_labels
 
-Parts = Dict[str, List[str]]  # family name -> the lines of its samples
+Parts = Dict[str, List[str]]  # family name -> its samples' lines, joined in runs
 
 
 class Shape:
@@ -101,15 +103,23 @@ class Families:
     def parts_of(self, make: Callable, rows: Iterable[tuple]) -> None:
         """For each row (key, labels, *inputs), what `make(child, *inputs)` adds to a child
         carrying `labels`; or what it added for `key` in the last render, when `labels` and
-        `inputs` are as they were (`make` makes its series from them alone)."""
-        for key, labels, *inputs in rows:
-            known = self.memo.last.get(key)
-            if known is None or known[0] != (labels, *inputs):
-                staged = Families(self.node_mode, self.memo, labels)
-                make(staged, *inputs)
-                known = ((labels, *inputs), staged.parts)
-            self.memo.now[key] = known
-            self.merge(known[1])
+        `inputs` are as they were (`make` makes its series from them alone). A part is its
+        family names and each one's lines joined: a run of parts with the same names is
+        added a family at a time."""
+        made, last, now = [], self.memo.last, self.memo.now
+        for row in rows:
+            inputs = row[1:]
+            known = last.get(row[0])
+            if known is None or known[0] != inputs:
+                staged = Families(self.node_mode, self.memo, row[1])
+                make(staged, *row[2:])
+                texts = tuple(map("".join, staged.parts.values()))
+                known = (inputs, (tuple(staged.parts), texts))
+            now[row[0]] = known
+            made.append(known[1])
+        for names, run in itertools.groupby(made, key=operator.itemgetter(0)):
+            for name, texts in zip(names, zip(*(texts for _, texts in run))):
+                self.parts.setdefault(name, []).extend(texts)
 
     def merge(self, parts: Parts) -> None:
         for name, lines in parts.items():
