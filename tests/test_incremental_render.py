@@ -234,16 +234,17 @@ def test_parts_reused_make_what_a_render_from_nothing_makes():
     assert ("usage", "/m/000") not in memo.now and len(memo.now) == 19
 
 
-def test_a_line_as_it_was_is_reused_and_a_moved_one_written_again():
-    """Families.add: a sample whose family, label values and value are as in the last render
-    gets that render's line, not one written again; one whose value moved gets its own."""
+def test_a_part_carries_its_rows_node_labels_and_a_moved_value_is_written_again():
+    """Families.parts_of: each part's samples carry the node labels of its row, escaped as
+    prometheus_client escapes them; a part whose value moved is made again, the others kept."""
     from exporter.exposition.families import Families, Memo
 
     def render(values, memo):
         memo.next_render()
-        out = Families(node_mode=True, memo=memo, labels={"pod_uid": "p"})
-        for mount, value in values:
-            out.add("shmwatch_mount_used_bytes", [mount], value)
+        out = Families(node_mode=True, memo=memo)
+        rows = ((mount, {"pod_uid": f"p{i}"}, "shmwatch_mount_used_bytes", [mount], value)
+                for i, (mount, value) in enumerate(values))
+        out.parts_of(Families.add, rows)
         return out.parts["shmwatch_mount_used_bytes"]
 
     memo = Memo()
@@ -252,5 +253,5 @@ def test_a_line_as_it_was_is_reused_and_a_moved_one_written_again():
     values[2] = ('/m/"2"', 7)
     second = render(values, memo)
     assert [a is b for a, b in zip(first, second)] == [True, True, False, True, True]
-    assert second[2] == 'shmwatch_mount_used_bytes{container_id="",mount="/m/\\"2\\"",pod_uid="p",volume=""} 7.0\n'
+    assert second[2] == 'shmwatch_mount_used_bytes{container_id="",mount="/m/\\"2\\"",pod_uid="p2",volume=""} 7.0\n'
     assert second == render(values, Memo())  # as a render from nothing writes them

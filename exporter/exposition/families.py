@@ -71,12 +71,9 @@ class Memo:
     def __init__(self) -> None:
         self.last: Dict[tuple, tuple] = {}  # key -> (inputs, Parts)
         self.now: Dict[tuple, tuple] = {}
-        self.lines_last: Dict[tuple, str] = {}
-        self.lines: Dict[tuple, str] = {}
 
     def next_render(self) -> None:
         self.last, self.now = self.now, {}
-        self.lines_last, self.lines = self.lines, {}
 
 
 class Families:
@@ -95,10 +92,7 @@ class Families:
         if form.added:
             given = {**self.labels, **extra} if extra else self.labels
             labels = (*labels, *[given.get(k, "") for k in form.added])
-        key = (name, *labels, value)
-        line = self.memo.lines_last.get(key) or form.line(labels, value)
-        self.parts.setdefault(name, []).append(line)
-        self.memo.lines[key] = line
+        self.parts.setdefault(name, []).append(form.line(labels, value))
 
     def parts_of(self, make: Callable, rows: Iterable[tuple]) -> None:
         """For each row (key, labels, *inputs), what `make(child, *inputs)` adds to a child

@@ -111,17 +111,23 @@ class ModelCollector(Collector):
         # A mount has a summary when its inventory was read without an error.
         listed = [v for v in model.mounts if v.summary is not None]
 
-        def named(pids):  # the comm and the pod of each process a mount's series name
+        def segments(v):  # with the comm and the pod of each process its series name
+            pids = v.summary.named_pids
             comms = {pid: inv.comms.get(pid, "unknown") for pid in pids}
-            return comms, {pid: inv.pods.get(pid, "") for pid in pids}
+            pods = {pid: inv.pods.get(pid, "") for pid in pids}
+            return ("segments", v.mount), v.labels, v.mount, v.summary, comms, pods
 
-        rows = (
-            (("segments", v.mount), v.labels, v.mount, v.summary)
-            + named(v.summary.named_pids)
-            for v in listed
-        )
-        out.parts_of(self._one_mount_segments, rows)
-        out.parts_of(self._one_mount_state, (self._state_row(inv, v) for v in listed))
+        def state(v):
+            # An orphan's age moves on with every inventory (whole seconds: leaks are hours old).
+            oldest, degraded = v.summary.oldest_orphan_mtime, int(v.summary.degraded)
+            age = 0.0 if oldest is None else float(max(0, int(inv.wall_time - oldest)))
+            verified = int(inv.owners_complete and not degraded)
+            others = sorted(v.inventory.other_entries.items())
+            row = ("state", v.mount), v.labels, v.mount, age, degraded, verified
+            return row + (v.inventory.unattributed_bytes, others)
+
+        out.parts_of(self._one_mount_segments, map(segments, listed))
+        out.parts_of(self._one_mount_state, map(state, listed))
         by_class, top = memfd_summary(inv, self.step.top_k)
         for cls, (count, allocated) in sorted(by_class.items()):
             out.add("shmwatch_memfd_regions", [cls], count)
@@ -153,30 +159,9 @@ class ModelCollector(Collector):
             out.add("shmwatch_process_shm_bytes", labels, size, process_pod)
 
     @staticmethod
-    def _state_row(inv, v) -> tuple:
-        """An orphan's age moves on with every inventory (whole seconds: leaks are hours old).
-        Past --inventory.max-segments nothing is verified and no orphan's age known."""
-        oldest, degraded = v.summary.oldest_orphan_mtime, int(v.summary.degraded)
-        age = 0.0 if oldest is None else float(max(0, int(inv.wall_time - oldest)))
-        verified = 1 if inv.owners_complete and not degraded else 0
-        others = sorted(v.inventory.other_entries.items())
-        unattributed = v.inventory.unattributed_bytes
-        return (
-            ("state", v.mount),
-            v.labels,
-            v.mount,
-            age,
-            degraded,
-            verified,
-            unattributed,
-            others,
-        )
-
-    @staticmethod
-    def _one_mount_state(
-        out: Families, mount, age, degraded, verified, unattributed, others
-    ):
-        if not degraded:
+    def _one_mount_state(out: Families, mount, age, degraded, *figures) -> None:
+        verified, unattributed, others = figures
+        if not degraded:  # past --inventory.max-segments no orphan's age is known
             out.add("shmwatch_orphan_oldest_age_seconds", [mount], age)
         out.add("shmwatch_mount_unattributed_bytes", [mount], unattributed)
         out.add("shmwatch_mount_owners_verified", [mount], verified)
@@ -219,21 +204,15 @@ class ModelCollector(Collector):
         out.add("shmwatch_host_memory_shmem_bytes", [], mem.shmem_bytes)
 
     def _cgroup(self, model: Model, out: Families) -> None:
+        unexplained = model.shmem_unexplained.get
         rows = (
-            (("cgroup", c.cgroup), {"pod_uid": c.pod_uid}, c) for c in model.cgroups
+            (("cgroup", c.cgroup), {"pod_uid": c.pod_uid}, c, unexplained(c.cgroup))
+            for c in model.cgroups
         )
         out.parts_of(self._one_cgroup, rows)
-        name = "shmwatch_cgroup_memory_shmem_unexplained_bytes"
-        rows = (
-            (("unexplained", c.cgroup), {"pod_uid": c.pod_uid}, name)
-            + ([clean(c.cgroup, 256)], model.shmem_unexplained[c.cgroup])
-            for c in model.cgroups
-            if c.cgroup in model.shmem_unexplained
-        )
-        out.parts_of(Families.add, rows)
 
     @staticmethod
-    def _one_cgroup(out: Families, cg) -> None:
+    def _one_cgroup(out: Families, cg, unexplained) -> None:
         label = [clean(cg.cgroup, 256)]
         for name, value in (
             ("shmwatch_cgroup_memory_usage_bytes", cg.usage_bytes),
@@ -252,6 +231,9 @@ class ModelCollector(Collector):
             out.add("shmwatch_cgroup_memory_limit_bytes", limit, cg.limit_bytes)
         for event, count in cg.events:
             out.add("shmwatch_cgroup_memory_events_total", [*label, event], count)
+        if unexplained is not None:
+            name = "shmwatch_cgroup_memory_shmem_unexplained_bytes"
+            out.add(name, label, unexplained)
 
     def _gpu(self, model: Model, out: Families) -> None:
         gpus = model.gpu
@@ -307,24 +289,18 @@ class ModelCollector(Collector):
         states = model.states
         labels = {v.mount: v.labels for v in model.mounts}
         rows = (
-            (("events", mount), labels.get(mount), mount, counts)
-            for mount, counts in sorted(states.event_rows.items())
+            (("events", mount), labels.get(mount), mount)
+            + (states.event_rows.get(mount, ()), states.inotify.get(mount))
+            + (states.overflows.get(mount, 0),)
+            for mount in sorted({*states.event_rows, *states.inotify})
         )
         out.parts_of(self._mount_events, rows)
-        rows = (
-            (("inotify", mount), labels.get(mount), mount, active)
-            + (states.overflows.get(mount, 0),)
-            for mount, active in sorted(states.inotify.items())
-        )
-        out.parts_of(self._mount_inotify, rows)
 
     @staticmethod
-    def _mount_events(out: Families, mount, counts) -> None:
+    def _mount_events(out: Families, mount, counts, active, overflows) -> None:
         for cls, event, count in counts:
             out.add("shmwatch_segment_events_total", [mount, cls, event], count)
-
-    @staticmethod
-    def _mount_inotify(out: Families, mount, active, overflows) -> None:
-        out.add("shmwatch_inotify_active", [mount], int(active))
+        if active is not None:
+            out.add("shmwatch_inotify_active", [mount], int(active))
         if active:
             out.add("shmwatch_inotify_overflows_total", [mount], overflows)
