@@ -255,35 +255,22 @@ class ModelCollector(Collector):
         """Effective shm size and the OOM projection: shm usage joined with the cgroup."""
         if not model.result_ok("shm_mount"):
             return
-        rows = (
-            (("derived", v.mount), v.labels, v.mount, v.budget.projection)
-            + (
-                v.cgroup and v.cgroup.cgroup,
-                v.budget.effective_bytes,
-                v.budget_complete,
-            )
-            for v in model.mounts
-            if v.budget is not None
-        )
-        out.parts_of(self._one_derived, rows)
-
-    @staticmethod
-    def _one_derived(out: Families, mount, projection, cgroup, effective, complete):
-        if projection is not None:
-            labels = [mount, clean(cgroup, 256)]
-            out.add("shmwatch_shm_oom_projection_ratio", labels, projection)
-        if complete:
-            out.add("shmwatch_mount_effective_size_bytes", [mount], effective)
+        for v in model.mounts:
+            if v.budget is not None and v.budget.projection is not None:
+                labels = [v.mount, clean(v.cgroup.cgroup, 256)]
+                ratio = v.budget.projection
+                out.add("shmwatch_shm_oom_projection_ratio", labels, ratio, v.labels)
+            if v.budget is not None and v.budget_complete:
+                size = v.budget.effective_bytes
+                out.add(
+                    "shmwatch_mount_effective_size_bytes", [v.mount], size, v.labels
+                )
 
     def _oom_kills(self, model: Model, out: Families) -> None:
         """From the model's counts, not the cgroup renderer: a pod's kills outlive its cgroup."""
-        name = "shmwatch_cgroup_oom_kills_total"
-        rows = (
-            (("oom", c.cgroup), {"pod_uid": c.pod_uid}, name, [clean(c.cgroup, 256)])
-            + (c.kills,)
-            for c in model.oom_kills
-        )
-        out.parts_of(Families.add, rows)
+        for c in model.oom_kills:
+            label, pod = [clean(c.cgroup, 256)], {"pod_uid": c.pod_uid}
+            out.add("shmwatch_cgroup_oom_kills_total", label, c.kills, pod)
 
     def _events(self, model: Model, out: Families) -> None:
         states = model.states
