@@ -64,12 +64,10 @@ class Family(Shape):
 
 
 class Memo:
-    """What each part of the last render added, with the inputs it was made from, and each
-    line it wrote, by family, label values and value (a -0.0 after a 0.0 is written 0.0: the
-    same value). Only what the current render used is kept for the next."""
+    """Each part of the last render and of this one, with its inputs, by key."""
 
     def __init__(self) -> None:
-        self.last: Dict[tuple, tuple] = {}  # key -> (inputs, Parts)
+        self.last: Dict[tuple, tuple] = {}  # key -> (inputs, (names, texts))
         self.now: Dict[tuple, tuple] = {}
 
     def next_render(self) -> None:
@@ -96,10 +94,9 @@ class Families:
 
     def parts_of(self, make: Callable, rows: Iterable[tuple]) -> None:
         """For each row (key, labels, *inputs), what `make(child, *inputs)` adds to a child
-        carrying `labels`; or what it added for `key` in the last render, when `labels` and
+        carrying `labels`, or what it added for `key` in the last render when `labels` and
         `inputs` are as they were (`make` makes its series from them alone). A part is its
-        family names and each one's lines joined: a run of parts with the same names is
-        added a family at a time."""
+        family names and each one's lines joined, added a run of equal names at a time."""
         made, last, now = [], self.memo.last, self.memo.now
         for row in rows:
             inputs = row[1:]
@@ -114,10 +111,6 @@ class Families:
         for names, run in itertools.groupby(made, key=operator.itemgetter(0)):
             for name, texts in zip(names, zip(*(texts for _, texts in run))):
                 self.parts.setdefault(name, []).extend(texts)
-
-    def merge(self, parts: Parts) -> None:
-        for name, lines in parts.items():
-            self.parts.setdefault(name, []).extend(lines)
 
     def __iter__(self) -> Iterable[Family]:
         for name, lines in self.parts.items():

@@ -22,6 +22,8 @@ from exporter.model.step import Model, ModelStep
 log = logging.getLogger(__name__)
 # Every render asks again for the same names' label values.
 clean = functools.lru_cache(maxsize=1 << 14)(clean_label)
+# The sources ModelCollector renders, each by its method _<name>.
+RENDERED = ("shm_mount", "segments", "sysv", "host_memory", "cgroup", "gpu", "process")
 
 
 class ModelCollector(Collector):
@@ -41,19 +43,11 @@ class ModelCollector(Collector):
             model = self.step.current()
             out = Families(model.node_mode, self.memo)
             out.add("shmwatch_build_info", [__version__], 1)
-            renderers = {
-                "shm_mount": self._shm_mount,
-                "segments": self._segments,
-                "sysv": self._sysv,
-                "host_memory": self._host_memory,
-                "cgroup": self._cgroup,
-                "gpu": self._gpu,
-                "process": self._process,
-            }
             for status in model.statuses:
                 ok = status.success
-                if ok and status.name in renderers:
-                    ok = self._guarded(status.name, renderers[status.name], model, out)
+                if ok and status.name in RENDERED:
+                    render = getattr(self, f"_{status.name}")
+                    ok = self._guarded(status.name, render, model, out)
                 out.add("shmwatch_collector_success", [status.name], 1 if ok else 0)
                 duration = status.duration
                 out.add("shmwatch_collector_duration_seconds", [status.name], duration)
@@ -71,7 +65,8 @@ class ModelCollector(Collector):
         except Exception:
             log.exception("rendering %s failed", what)
             return False
-        out.merge(staged.parts)
+        for name, lines in staged.parts.items():
+            out.parts.setdefault(name, []).extend(lines)
         return True
 
     # --- one renderer per source ---------------------------------------------------------
@@ -268,9 +263,13 @@ class ModelCollector(Collector):
 
     def _oom_kills(self, model: Model, out: Families) -> None:
         """From the model's counts, not the cgroup renderer: a pod's kills outlive its cgroup."""
-        for c in model.oom_kills:
-            label, pod = [clean(c.cgroup, 256)], {"pod_uid": c.pod_uid}
-            out.add("shmwatch_cgroup_oom_kills_total", label, c.kills, pod)
+        name = "shmwatch_cgroup_oom_kills_total"
+        rows = (
+            (("oom", c.cgroup), {"pod_uid": c.pod_uid}, name, [clean(c.cgroup, 256)])
+            + (c.kills,)
+            for c in model.oom_kills
+        )
+        out.parts_of(Families.add, rows)
 
     def _events(self, model: Model, out: Families) -> None:
         states = model.states
