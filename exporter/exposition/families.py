@@ -1,7 +1,7 @@
 """Metric families from the catalogue as the sample lines prometheus_client's text format
 writes (the same lines serve OpenMetrics 1.0.0: legacy names, no timestamps): a body is the
 lines joined (render.py). Most of a node's mounts and cgroups are as they were in the last
-render: `Families.parts_of` adds again what each added while its inputs are equal (`Memo`).
+render: `Families.parts_of` adds again what each added while its inputs are equal.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
@@ -63,26 +63,15 @@ class Family(Shape):
         return [s for f in text_string_to_metric_families(text) for s in f.samples]
 
 
-class Memo:
-    """Each part of the last render and of this one, with its inputs, by key."""
-
-    def __init__(self) -> None:
-        self.last: Dict[tuple, tuple] = {}  # key -> (inputs, (names, texts))
-        self.now: Dict[tuple, tuple] = {}
-
-    def next_render(self) -> None:
-        self.last, self.now = self.now, {}
-
-
 class Families:
     """Lines by family name, in the order they were first added. The labels node mode adds
     (catalogue.node_labels) come from `labels`, which every sample added here carries where
-    its family has them, and from a sample's own `extra`."""
+    its family has them, and from a sample's own `extra`. `last` is the last render's parts
+    by key, `made` this render's (`parts_of`), shared with the Families made for it."""
 
-    def __init__(self, node_mode=False, memo: Optional[Memo] = None, labels=None):
-        self.node_mode = node_mode
-        self.memo = memo or Memo()
-        self.labels = labels or {}
+    def __init__(self, node_mode=False, last=None, labels=None, made=None):
+        self.node_mode, self.last, self.labels = node_mode, last or {}, labels or {}
+        self.made: Dict[tuple, tuple] = {} if made is None else made
         self.parts: Parts = {}
 
     def add(self, name: str, labels: Sequence[str], value: float, extra=None) -> None:
@@ -97,12 +86,12 @@ class Families:
         carrying `labels`, or what it added for `key` in the last render when `labels` and
         `inputs` are as they were (`make` makes its series from them alone). A part is its
         family names and each one's lines joined, added a run of equal names at a time."""
-        made, last, now = [], self.memo.last, self.memo.now
+        made, last, now = [], self.last, self.made
         for row in rows:
             inputs = row[1:]
             known = last.get(row[0])
             if known is None or known[0] != inputs:
-                staged = Families(self.node_mode, self.memo, row[1])
+                staged = Families(self.node_mode, last, row[1], now)
                 make(staged, *row[2:])
                 texts = tuple(map("".join, staged.parts.values()))
                 known = (inputs, (tuple(staged.parts), texts))

@@ -14,7 +14,7 @@ from typing import Iterable, List
 from prometheus_client.registry import Collector
 
 from exporter import __version__
-from exporter.exposition.families import Families, Family, Memo
+from exporter.exposition.families import Families, Family
 from exporter.model.summary import memfd_summary, owner_label
 from exporter.exposition.labels import clean as clean_label
 from exporter.model.step import Model, ModelStep
@@ -31,17 +31,18 @@ class ModelCollector(Collector):
 
     def __init__(self, step: ModelStep):
         self.step = step
-        self.memo = Memo()
-        self._lock = threading.Lock()  # one render at a time: they share the memo
+        self.parts: dict = {}  # the last render's, by key (Families.parts_of)
+        self._lock = (
+            threading.Lock()
+        )  # one render at a time: each reads the last's parts
 
     def describe(self) -> List[Family]:
         return []  # no auto-describe: registering must not trigger a collect
 
     def collect(self) -> Iterable[Family]:
         with self._lock:
-            self.memo.next_render()
             model = self.step.current()
-            out = Families(model.node_mode, self.memo)
+            out = Families(model.node_mode, self.parts)
             out.add("shmwatch_build_info", [__version__], 1)
             for status in model.statuses:
                 ok = status.success
@@ -54,12 +55,13 @@ class ModelCollector(Collector):
             self._guarded("derived metrics", self._derived, model, out)
             self._guarded("OOM kills", self._oom_kills, model, out)
             self._events(model, out)
+            self.parts = out.made
             return list(out)
 
     @staticmethod
     def _guarded(what: str, render, model: Model, out: Families) -> bool:
         """`render`'s series, or none of them (logged) when it fails."""
-        staged = Families(out.node_mode, out.memo)
+        staged = Families(out.node_mode, out.last, made=out.made)
         try:
             render(model, staged)
         except Exception:
