@@ -252,16 +252,22 @@ class ModelCollector(Collector):
         """Effective shm size and the OOM projection: shm usage joined with the cgroup."""
         if not model.result_ok("shm_mount"):
             return
-        for v in model.mounts:
-            if v.budget is not None and v.budget.projection is not None:
-                labels = [v.mount, clean(v.cgroup.cgroup, 256)]
-                ratio = v.budget.projection
-                out.add("shmwatch_shm_oom_projection_ratio", labels, ratio, v.labels)
-            if v.budget is not None and v.budget_complete:
-                size = v.budget.effective_bytes
-                out.add(
-                    "shmwatch_mount_effective_size_bytes", [v.mount], size, v.labels
-                )
+        rows = (
+            (("derived", v.mount), v.labels, v.mount, v.budget, v.budget_complete)
+            + (v.cgroup and v.cgroup.cgroup,)
+            for v in model.mounts
+            if v.budget is not None
+        )
+        out.parts_of(self._one_derived, rows)
+
+    @staticmethod
+    def _one_derived(out: Families, mount, budget, complete, cgroup) -> None:
+        if budget.projection is not None:
+            labels = [mount, clean(cgroup, 256)]
+            out.add("shmwatch_shm_oom_projection_ratio", labels, budget.projection)
+        if complete:
+            size = budget.effective_bytes
+            out.add("shmwatch_mount_effective_size_bytes", [mount], size)
 
     def _oom_kills(self, model: Model, out: Families) -> None:
         """From the model's counts, not the cgroup renderer: a pod's kills outlive its cgroup."""
