@@ -32,9 +32,7 @@ class ModelCollector(Collector):
     def __init__(self, step: ModelStep):
         self.step = step
         self.parts: dict = {}  # the last render's, by key (Families.parts_of)
-        self._lock = (
-            threading.Lock()
-        )  # one render at a time: each reads the last's parts
+        self._lock = threading.Lock()  # one render at a time: they share parts
 
     def describe(self) -> List[Family]:
         return []  # no auto-describe: registering must not trigger a collect
