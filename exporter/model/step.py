@@ -131,10 +131,10 @@ class ModelStep:
             old = {m.mount: m for m in before.mounts} if before else {}
             for m in obs.result.mounts:
                 if not m.error:
-                    same = old.get(m.mount) is m
-                    summaries[m.mount] = (
-                        self._summaries[m.mount] if same else summarise(m, self.top_k)
-                    )
+                    kept = self._summaries.get(m.mount)
+                    made = kept if old.get(m.mount) is m else summarise(m, self.top_k)
+                    # One equal to the last is kept: a render compares it by identity.
+                    summaries[m.mount] = kept if made == kept else made
         if obs.success and obs.source == "shm_mount":
             self.state.record_polled(obs.result)
         if obs.success and obs.source == "cgroup":
