@@ -43,17 +43,21 @@ def test_a_render_from_its_cache_is_a_render_from_nothing():
             return mine
 
         first = same()
-        untouched = cached.memo.now[("segments", b)][1]
+        untouched = cached.parts[("segments", b)][1]
+        state = cached.parts[("state", b)]  # its orphan age, unattributed bytes, ...
         # A full run makes every mount's inventory anew: one equal to the last is not rendered again.
         same()
-        assert cached.memo.now[("segments", b)][1] is untouched
+        assert cached.parts[("segments", b)][1] is untouched
         with Peer(a, "mapped", "nccl-held", str(2 * MiB)), Peer(b, "hidden", "nccl-hidden", str(MiB)):
             fallocate(os.path.join(a, "psm_leaked"), MiB)
             changes.add(a, "nccl-held")
             changes.add(a, "psm_leaked")
             quick = same(quick=True)  # mount b not touched by the quick run
             assert quick != first and b'name="psm_leaked"' in quick
-            assert cached.memo.now[("segments", b)][1] is untouched  # reused, not made again
+            assert cached.parts[("segments", b)][1] is untouched  # reused, not made again
+            # (owners verified depends on every process on the host being readable)
+            now = cached.parts[("state", b)]
+            assert now[1] is state[1] or now[0] != state[0]
             full = same()
             assert b'state="hidden"' in full and b'state="orphan"' in full
             # Event counters and inotify flags, per mount: one mount's moved, the other's replayed.
@@ -83,7 +87,7 @@ def test_a_render_from_its_cache_is_a_render_from_nothing():
 def test_an_inventory_in_another_order_keeps_its_summary_and_its_samples():
     """A quick run patches a name to the end of the listing; the next full run walks the
     directory in the kernel's order. The inventories differ in order only: the summary is
-    made again equal, and the mount's samples are reused rather than made again."""
+    kept (an equal one made again is dropped), and the mount's samples are reused."""
     with mounted_tmpfs("16m") as a:
         changes = ChangeLog()
         segments = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), changes=changes,
@@ -106,12 +110,12 @@ def test_an_inventory_in_another_order_keeps_its_summary_and_its_samples():
             changes.add(a, walked[0])  # reported (its attributes changed, say): patched to the end
             patched = run(full=False)
             summary = step._summaries[a]
-            lines = cached.memo.now[("segments", a)][1]
+            lines = cached.parts[("segments", a)][1]
             # The listing is updated in place (a patched name keeps its place), and a walk may
             # still meet the names in another order: either way the summary and samples are kept.
             assert sorted(run(full=True)) == sorted(walked) == sorted(patched)
-            assert step._summaries[a] == summary
-            assert cached.memo.now[("segments", a)][1] is lines
+            assert step._summaries[a] is summary  # equal: kept, compared by identity when rendered
+            assert cached.parts[("segments", a)][1] is lines
         finally:
             for fd in held:
                 os.close(fd)
@@ -198,18 +202,17 @@ def test_parts_reused_make_what_a_render_from_nothing_makes():
     """Rows of parts (Families.parts_of), reusing the rows that are as they were; through a
     changed row, one that adds a family the others lack, and a mount gone from the front.
     Only what the current render used is kept for the next."""
-    from exporter.exposition.families import Families, Memo
+    from exporter.exposition.families import Families
 
     def one(out, mount, value):
         out.add("shmwatch_mount_used_bytes", [mount], value)
         if value % 7 == 0:
             out.add("shmwatch_mount_inodes", [mount], value // 7)
 
-    def render(mounts, memo):
-        memo.next_render()
-        out = Families(memo=memo)
+    def render(mounts, last):
+        out = Families(last=last)
         out.parts_of(one, ((("usage", m), {}, m, v) for m, v in mounts))
-        return encode(list(out), generate_latest)
+        return encode(list(out), generate_latest), out.made
 
     def fresh(mounts):
         out = Families()
@@ -217,40 +220,41 @@ def test_parts_reused_make_what_a_render_from_nothing_makes():
             one(out, mount, value)
         return encode(list(out), generate_latest)
 
-    memo = Memo()
     mounts = [(f"/m/{i:03d}", i + 1) for i in range(20)]
-    assert render(mounts, memo) == fresh(mounts)
-    made = {key: known[1] for key, known in memo.now.items()}
+    body, last = render(mounts, {})
+    assert body == fresh(mounts)
+    made = {key: known[1] for key, known in last.items()}
     assert len(made) == 20
-    assert render(mounts, memo) == fresh(mounts)
-    assert all(memo.now[key][1] is parts for key, parts in made.items())  # reused, not made again
+    body, last = render(mounts, last)
+    assert body == fresh(mounts)
+    assert all(last[key][1] is parts for key, parts in made.items())  # reused, not made again
     mounts[3] = (mounts[3][0], 7000)  # and a family only it adds
-    changed = render(mounts, memo)
+    changed, last = render(mounts, last)
     assert changed == fresh(mounts) and b'shmwatch_mount_inodes{mount="/m/003"} 1000.0' in changed
-    again = [key for key, known in memo.now.items() if known[1] is not made[key]]
+    again = [key for key, known in last.items() if known[1] is not made[key]]
     assert again == [("usage", "/m/003")]
     del mounts[0]
-    assert render(mounts, memo) == fresh(mounts)
-    assert ("usage", "/m/000") not in memo.now and len(memo.now) == 19
+    body, last = render(mounts, last)
+    assert body == fresh(mounts)
+    assert ("usage", "/m/000") not in last and len(last) == 19
 
 
-def test_a_line_as_it_was_is_reused_and_a_moved_one_written_again():
-    """Families.add: a sample whose family, label values and value are as in the last render
-    gets that render's line, not one written again; one whose value moved gets its own."""
-    from exporter.exposition.families import Families, Memo
+def test_a_part_carries_its_rows_node_labels_and_a_moved_value_is_written_again():
+    """Families.parts_of: each part's samples carry the node labels of its row, escaped as
+    prometheus_client escapes them; a part whose value moved is made again, the others kept."""
+    from exporter.exposition.families import Families
 
-    def render(values, memo):
-        memo.next_render()
-        out = Families(node_mode=True, memo=memo, labels={"pod_uid": "p"})
-        for mount, value in values:
-            out.add("shmwatch_mount_used_bytes", [mount], value)
-        return out.parts["shmwatch_mount_used_bytes"]
+    def render(values, last):
+        out = Families(node_mode=True, last=last)
+        rows = ((mount, {"pod_uid": f"p{i}"}, "shmwatch_mount_used_bytes", [mount], value)
+                for i, (mount, value) in enumerate(values))
+        out.parts_of(Families.add, rows)
+        return out.parts["shmwatch_mount_used_bytes"], out.made
 
-    memo = Memo()
     values = [(f'/m/"{i}"', i) for i in range(5)]
-    first = render(values, memo)
+    first, last = render(values, {})
     values[2] = ('/m/"2"', 7)
-    second = render(values, memo)
+    second, _ = render(values, last)
     assert [a is b for a, b in zip(first, second)] == [True, True, False, True, True]
-    assert second[2] == 'shmwatch_mount_used_bytes{container_id="",mount="/m/\\"2\\"",pod_uid="p",volume=""} 7.0\n'
-    assert second == render(values, Memo())  # as a render from nothing writes them
+    assert second[2] == 'shmwatch_mount_used_bytes{container_id="",mount="/m/\\"2\\"",pod_uid="p2",volume=""} 7.0\n'
+    assert second == render(values, {})[0]  # as a render from nothing writes them

@@ -1,20 +1,22 @@
 """Metric families from the catalogue as the sample lines prometheus_client's text format
 writes (the same lines serve OpenMetrics 1.0.0: legacy names, no timestamps): a body is the
 lines joined (render.py). Most of a node's mounts and cgroups are as they were in the last
-render: `Families.parts_of` adds again what each added while its inputs are equal (`Memo`).
+render: `Families.parts_of` adds again what each added while its inputs are equal.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+import itertools
+import operator
+from typing import Callable, Dict, Iterable, List, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from exporter.model.catalogue import lookup, node_labels
 
-Parts = Dict[str, List[str]]  # family name -> the lines of its samples
+Parts = Dict[str, List[str]]  # family name -> its samples' lines, joined in runs
 
 
 class Shape:
@@ -61,31 +63,15 @@ class Family(Shape):
         return [s for f in text_string_to_metric_families(text) for s in f.samples]
 
 
-class Memo:
-    """What each part of the last render added, with the inputs it was made from, and each
-    line it wrote, by family, label values and value (a -0.0 after a 0.0 is written 0.0: the
-    same value). Only what the current render used is kept for the next."""
-
-    def __init__(self) -> None:
-        self.last: Dict[tuple, tuple] = {}  # key -> (inputs, Parts)
-        self.now: Dict[tuple, tuple] = {}
-        self.lines_last: Dict[tuple, str] = {}
-        self.lines: Dict[tuple, str] = {}
-
-    def next_render(self) -> None:
-        self.last, self.now = self.now, {}
-        self.lines_last, self.lines = self.lines, {}
-
-
 class Families:
     """Lines by family name, in the order they were first added. The labels node mode adds
     (catalogue.node_labels) come from `labels`, which every sample added here carries where
-    its family has them, and from a sample's own `extra`."""
+    its family has them, and from a sample's own `extra`. `last` is the last render's parts
+    by key, `made` this render's (`parts_of`), shared with the Families made for it."""
 
-    def __init__(self, node_mode=False, memo: Optional[Memo] = None, labels=None):
-        self.node_mode = node_mode
-        self.memo = memo or Memo()
-        self.labels = labels or {}
+    def __init__(self, node_mode=False, last=None, labels=None, made=None):
+        self.node_mode, self.last, self.labels = node_mode, last or {}, labels or {}
+        self.made: Dict[tuple, tuple] = {} if made is None else made
         self.parts: Parts = {}
 
     def add(self, name: str, labels: Sequence[str], value: float, extra=None) -> None:
@@ -93,27 +79,27 @@ class Families:
         if form.added:
             given = {**self.labels, **extra} if extra else self.labels
             labels = (*labels, *[given.get(k, "") for k in form.added])
-        key = (name, *labels, value)
-        line = self.memo.lines_last.get(key) or form.line(labels, value)
-        self.parts.setdefault(name, []).append(line)
-        self.memo.lines[key] = line
+        self.parts.setdefault(name, []).append(form.line(labels, value))
 
     def parts_of(self, make: Callable, rows: Iterable[tuple]) -> None:
         """For each row (key, labels, *inputs), what `make(child, *inputs)` adds to a child
-        carrying `labels`; or what it added for `key` in the last render, when `labels` and
-        `inputs` are as they were (`make` makes its series from them alone)."""
-        for key, labels, *inputs in rows:
-            known = self.memo.last.get(key)
-            if known is None or known[0] != (labels, *inputs):
-                staged = Families(self.node_mode, self.memo, labels)
-                make(staged, *inputs)
-                known = ((labels, *inputs), staged.parts)
-            self.memo.now[key] = known
-            self.merge(known[1])
-
-    def merge(self, parts: Parts) -> None:
-        for name, lines in parts.items():
-            self.parts.setdefault(name, []).extend(lines)
+        carrying `labels`, or what it added for `key` in the last render when `labels` and
+        `inputs` are as they were (`make` makes its series from them alone). A part is its
+        family names and each one's lines joined, added a run of equal names at a time."""
+        made, last, now = [], self.last, self.made
+        for row in rows:
+            inputs = row[1:]
+            known = last.get(row[0])
+            if known is None or known[0] != inputs:
+                staged = Families(self.node_mode, last, row[1], now)
+                make(staged, *row[2:])
+                texts = tuple(map("".join, staged.parts.values()))
+                known = (inputs, (tuple(staged.parts), texts))
+            now[row[0]] = known
+            made.append(known[1])
+        for names, run in itertools.groupby(made, key=operator.itemgetter(0)):
+            for name, texts in zip(names, zip(*(texts for _, texts in run))):
+                self.parts.setdefault(name, []).extend(texts)
 
     def __iter__(self) -> Iterable[Family]:
         for name, lines in self.parts.items():

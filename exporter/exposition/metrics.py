@@ -14,7 +14,7 @@ from typing import Iterable, List
 from prometheus_client.registry import Collector
 
 from exporter import __version__
-from exporter.exposition.families import Families, Family, Memo
+from exporter.exposition.families import Families, Family
 from exporter.model.summary import memfd_summary, owner_label
 from exporter.exposition.labels import clean as clean_label
 from exporter.model.step import Model, ModelStep
@@ -22,6 +22,8 @@ from exporter.model.step import Model, ModelStep
 log = logging.getLogger(__name__)
 # Every render asks again for the same names' label values.
 clean = functools.lru_cache(maxsize=1 << 14)(clean_label)
+# The sources ModelCollector renders, each by its method _<name>.
+RENDERED = ("shm_mount", "segments", "sysv", "host_memory", "cgroup", "gpu", "process")
 
 
 class ModelCollector(Collector):
@@ -29,49 +31,42 @@ class ModelCollector(Collector):
 
     def __init__(self, step: ModelStep):
         self.step = step
-        self.memo = Memo()
-        self._lock = threading.Lock()  # one render at a time: they share the memo
+        self.parts: dict = {}  # the last render's, by key (Families.parts_of)
+        self._lock = threading.Lock()  # one render at a time: they share parts
 
     def describe(self) -> List[Family]:
         return []  # no auto-describe: registering must not trigger a collect
 
     def collect(self) -> Iterable[Family]:
         with self._lock:
-            self.memo.next_render()
             model = self.step.current()
-            out = Families(model.node_mode, self.memo)
+            out = Families(model.node_mode, self.parts)
             out.add("shmwatch_build_info", [__version__], 1)
-            renderers = {
-                "shm_mount": self._shm_mount,
-                "segments": self._segments,
-                "sysv": self._sysv,
-                "host_memory": self._host_memory,
-                "cgroup": self._cgroup,
-                "gpu": self._gpu,
-                "process": self._process,
-            }
             for status in model.statuses:
                 ok = status.success
-                if ok and status.name in renderers:
-                    ok = self._guarded(status.name, renderers[status.name], model, out)
+                if ok and status.name in RENDERED:
+                    render = getattr(self, f"_{status.name}")
+                    ok = self._guarded(status.name, render, model, out)
                 out.add("shmwatch_collector_success", [status.name], 1 if ok else 0)
                 duration = status.duration
                 out.add("shmwatch_collector_duration_seconds", [status.name], duration)
             self._guarded("derived metrics", self._derived, model, out)
             self._guarded("OOM kills", self._oom_kills, model, out)
             self._events(model, out)
+            self.parts = out.made
             return list(out)
 
     @staticmethod
     def _guarded(what: str, render, model: Model, out: Families) -> bool:
         """`render`'s series, or none of them (logged) when it fails."""
-        staged = Families(out.node_mode, out.memo)
+        staged = Families(out.node_mode, out.last, made=out.made)
         try:
             render(model, staged)
         except Exception:
             log.exception("rendering %s failed", what)
             return False
-        out.merge(staged.parts)
+        for name, lines in staged.parts.items():
+            out.parts.setdefault(name, []).extend(lines)
         return True
 
     # --- one renderer per source ---------------------------------------------------------
@@ -111,33 +106,23 @@ class ModelCollector(Collector):
         # A mount has a summary when its inventory was read without an error.
         listed = [v for v in model.mounts if v.summary is not None]
 
-        def named(pids):  # the comm and the pod of each process a mount's series name
+        def segments(v):  # with the comm and the pod of each process its series name
+            pids = v.summary.named_pids
             comms = {pid: inv.comms.get(pid, "unknown") for pid in pids}
-            return comms, {pid: inv.pods.get(pid, "") for pid in pids}
+            pods = {pid: inv.pods.get(pid, "") for pid in pids}
+            return ("segments", v.mount), v.labels, v.mount, v.summary, comms, pods
 
-        rows = (
-            (("segments", v.mount), v.labels, v.mount, v.summary)
-            + named(v.summary.named_pids)
-            for v in listed
-        )
-        out.parts_of(self._one_mount_segments, rows)
-        for v in listed:
+        def state(v):
             # An orphan's age moves on with every inventory (whole seconds: leaks are hours old).
-            # Past --inventory.max-segments nothing is verified and no orphan's age known.
             oldest, degraded = v.summary.oldest_orphan_mtime, int(v.summary.degraded)
             age = 0.0 if oldest is None else float(max(0, int(inv.wall_time - oldest)))
-            if not degraded:
-                out.add("shmwatch_orphan_oldest_age_seconds", [v.mount], age, v.labels)
-            unattributed = v.inventory.unattributed_bytes
-            out.add(
-                "shmwatch_mount_unattributed_bytes", [v.mount], unattributed, v.labels
-            )
-            verified = 1 if inv.owners_complete and not degraded else 0
-            out.add("shmwatch_mount_owners_verified", [v.mount], verified, v.labels)
-            out.add("shmwatch_inventory_degraded", [v.mount], degraded, v.labels)
-            for kind, count in sorted(v.inventory.other_entries.items()):
-                labels = [v.mount, kind]
-                out.add("shmwatch_mount_other_entries", labels, count, v.labels)
+            verified = int(inv.owners_complete and not degraded)
+            others = sorted(v.inventory.other_entries.items())
+            row = ("state", v.mount), v.labels, v.mount, age, degraded, verified
+            return row + (v.inventory.unattributed_bytes, others)
+
+        out.parts_of(self._one_mount_segments, map(segments, listed))
+        out.parts_of(self._one_mount_state, map(state, listed))
         by_class, top = memfd_summary(inv, self.step.top_k)
         for cls, (count, allocated) in sorted(by_class.items()):
             out.add("shmwatch_memfd_regions", [cls], count)
@@ -167,6 +152,17 @@ class ModelCollector(Collector):
             labels = [mount, str(pid), clean(comms[pid])]
             process_pod = {"process_pod_uid": pods[pid]}
             out.add("shmwatch_process_shm_bytes", labels, size, process_pod)
+
+    @staticmethod
+    def _one_mount_state(out: Families, mount, age, degraded, *figures) -> None:
+        verified, unattributed, others = figures
+        if not degraded:  # past --inventory.max-segments no orphan's age is known
+            out.add("shmwatch_orphan_oldest_age_seconds", [mount], age)
+        out.add("shmwatch_mount_unattributed_bytes", [mount], unattributed)
+        out.add("shmwatch_mount_owners_verified", [mount], verified)
+        out.add("shmwatch_inventory_degraded", [mount], degraded)
+        for kind, count in others:
+            out.add("shmwatch_mount_other_entries", [mount, kind], count)
 
     def _sysv(self, model: Model, out: Families) -> None:
         for shm in model.sysv:
@@ -203,19 +199,15 @@ class ModelCollector(Collector):
         out.add("shmwatch_host_memory_shmem_bytes", [], mem.shmem_bytes)
 
     def _cgroup(self, model: Model, out: Families) -> None:
+        unexplained = model.shmem_unexplained.get
         rows = (
-            (("cgroup", c.cgroup), {"pod_uid": c.pod_uid}, c) for c in model.cgroups
+            (("cgroup", c.cgroup), {"pod_uid": c.pod_uid}, c, unexplained(c.cgroup))
+            for c in model.cgroups
         )
         out.parts_of(self._one_cgroup, rows)
-        for c in model.cgroups:
-            unexplained = model.shmem_unexplained.get(c.cgroup)
-            if unexplained is not None:
-                name, pod = "shmwatch_cgroup_memory_shmem_unexplained_bytes", c.pod_uid
-                labels = [clean(c.cgroup, 256)]
-                out.add(name, labels, unexplained, {"pod_uid": pod})
 
     @staticmethod
-    def _one_cgroup(out: Families, cg) -> None:
+    def _one_cgroup(out: Families, cg, unexplained) -> None:
         label = [clean(cg.cgroup, 256)]
         for name, value in (
             ("shmwatch_cgroup_memory_usage_bytes", cg.usage_bytes),
@@ -234,6 +226,9 @@ class ModelCollector(Collector):
             out.add("shmwatch_cgroup_memory_limit_bytes", limit, cg.limit_bytes)
         for event, count in cg.events:
             out.add("shmwatch_cgroup_memory_events_total", [*label, event], count)
+        if unexplained is not None:
+            name = "shmwatch_cgroup_memory_shmem_unexplained_bytes"
+            out.add(name, label, unexplained)
 
     def _gpu(self, model: Model, out: Families) -> None:
         gpus = model.gpu
@@ -255,33 +250,49 @@ class ModelCollector(Collector):
         """Effective shm size and the OOM projection: shm usage joined with the cgroup."""
         if not model.result_ok("shm_mount"):
             return
-        for v in model.mounts:
-            if v.budget is not None and v.budget.projection is not None:
-                labels = [v.mount, clean(v.cgroup.cgroup, 256)]
-                ratio = v.budget.projection
-                out.add("shmwatch_shm_oom_projection_ratio", labels, ratio, v.labels)
-            if v.budget is not None and v.budget_complete:
-                size = v.budget.effective_bytes
-                out.add(
-                    "shmwatch_mount_effective_size_bytes", [v.mount], size, v.labels
-                )
+        rows = (
+            (("derived", v.mount), v.labels, v.mount, v.budget, v.budget_complete)
+            + (v.cgroup and v.cgroup.cgroup,)
+            for v in model.mounts
+            if v.budget is not None
+        )
+        out.parts_of(self._one_derived, rows)
+
+    @staticmethod
+    def _one_derived(out: Families, mount, budget, complete, cgroup) -> None:
+        if budget.projection is not None:
+            labels = [mount, clean(cgroup, 256)]
+            out.add("shmwatch_shm_oom_projection_ratio", labels, budget.projection)
+        if complete:
+            size = budget.effective_bytes
+            out.add("shmwatch_mount_effective_size_bytes", [mount], size)
 
     def _oom_kills(self, model: Model, out: Families) -> None:
         """From the model's counts, not the cgroup renderer: a pod's kills outlive its cgroup."""
-        for c in model.oom_kills:
-            label, pod = [clean(c.cgroup, 256)], {"pod_uid": c.pod_uid}
-            out.add("shmwatch_cgroup_oom_kills_total", label, c.kills, pod)
+        name = "shmwatch_cgroup_oom_kills_total"
+        rows = (
+            (("oom", c.cgroup), {"pod_uid": c.pod_uid}, name, [clean(c.cgroup, 256)])
+            + (c.kills,)
+            for c in model.oom_kills
+        )
+        out.parts_of(Families.add, rows)
 
     def _events(self, model: Model, out: Families) -> None:
         states = model.states
         labels = {v.mount: v.labels for v in model.mounts}
-        for mount, counts in sorted(states.event_rows.items()):
-            for cls, event, count in counts:
-                row = [mount, cls, event]
-                out.add("shmwatch_segment_events_total", row, count, labels.get(mount))
-        for mount, active in sorted(states.inotify.items()):
-            out.add("shmwatch_inotify_active", [mount], int(active), labels.get(mount))
-            if active:
-                overflows = states.overflows.get(mount, 0)
-                node = labels.get(mount)
-                out.add("shmwatch_inotify_overflows_total", [mount], overflows, node)
+        rows = (
+            (("events", mount), labels.get(mount), mount)
+            + (states.event_rows.get(mount, ()), states.inotify.get(mount))
+            + (states.overflows.get(mount, 0),)
+            for mount in sorted({*states.event_rows, *states.inotify})
+        )
+        out.parts_of(self._mount_events, rows)
+
+    @staticmethod
+    def _mount_events(out: Families, mount, counts, active, overflows) -> None:
+        for cls, event, count in counts:
+            out.add("shmwatch_segment_events_total", [mount, cls, event], count)
+        if active is not None:
+            out.add("shmwatch_inotify_active", [mount], int(active))
+        if active:
+            out.add("shmwatch_inotify_overflows_total", [mount], overflows)

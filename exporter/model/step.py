@@ -136,8 +136,11 @@ class ModelStep:
             old = {m.mount: m for m in before.mounts} if before else {}
             for m in obs.result.mounts:
                 if not m.error:
-                    kept = old.get(m.mount) is m and self._summaries.get(m.mount)
-                    summaries[m.mount] = kept or summarise(m, self.top_k)
+                    kept = self._summaries.get(m.mount)
+                    same = old.get(m.mount) is m and kept
+                    made = kept if same else summarise(m, self.top_k)
+                    # One equal to the last is kept: a render compares it by identity.
+                    summaries[m.mount] = kept if made == kept else made
         if obs.success and obs.source == "shm_mount":
             last = None if obs.full else self._result("shm_mount")
             kept = {id(u) for u in last or ()}  # unmeasured: handed back by a quick run
