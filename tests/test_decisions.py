@@ -14,7 +14,7 @@ from exporter.check.recommend import (memory_limit_needed, parse_headroom, peaks
                                       recommendations, recommended_size, settings_for)
 from exporter.check.report import diagnose
 from exporter.check.shm import shm, shm_remedy
-from exporter.collectors.segments import unheld_state
+from exporter.inventory.holdings import unheld_state
 from exporter.exposition.webconfig import WebConfig, WebConfigSource
 from exporter.model.budget import shm_budget
 from exporter.model.step import Model, MountView, SourceStatus

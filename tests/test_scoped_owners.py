@@ -614,3 +614,49 @@ def test_a_mount_gone_or_new_during_the_staged_scan_is_as_the_quick_runs_left_it
         mounts[:] = [a, c]  # b's pod deleted, c's created while /proc is read
         assert [m.mount for m in collector.collect_quick().mounts] == [a, c]
         assert [m.mount for m in scan()().mounts] == [a, c]  # b not back (its psm_b not settled)
+
+
+def test_a_mount_listed_by_a_quick_run_during_the_scan_keeps_that_listing(tmp_path):
+    """Not yet a mount point when the staged run began, mounted and listed by a quick run
+    before its end: the end does not publish the begin's error over it."""
+    late = str(tmp_path / "late")
+    os.mkdir(late)
+    with mounted_tmpfs() as a:
+        changes = ChangeLog()
+        collector = SegmentsCollector(Paths(), lambda: [a, late], ProcessTable(Paths()), pod_of_pid=True,
+                                      changes=changes, ignore_unreadable=HOST_EXCUSED_RE)
+        collector.collect()
+        scan = collector.begin_full()  # `late` is no mount point yet
+        with mounted_tmpfs(path=late):
+            open(os.path.join(late, "psm_x"), "wb").close()
+            changes.add(late, "psm_x")
+            assert {m.mount: m.error for m in collector.collect_quick().mounts}[late] is None
+            assert {m.mount: m.error for m in scan()().mounts}[late] is None
+
+
+def test_after_a_failed_scan_a_quick_run_does_not_hand_back_an_inventory_its_walk_moved():
+    """The last inventory shares its rows with the listing the failed run walked again: files
+    deleted unseen shift the names under the states, and a held file would read as leaked."""
+    with mounted_tmpfs() as a:
+        for name in ("psm_g1", "psm_g2", "psm_live", "psm_g3"):
+            with open(os.path.join(a, name), "wb") as f:
+                f.write(b"x" * 8192)
+        holder = subprocess.Popen([sys.executable, "-c", "import sys, time; f = open(sys.argv[1], 'rb'); "
+                                   "print('ok', flush=True); time.sleep(60)", os.path.join(a, "psm_live")],
+                                  stdout=subprocess.PIPE)
+        try:
+            holder.stdout.readline()
+            collector = SegmentsCollector(Paths(), lambda: [a], ProcessTable(Paths()), pod_of_pid=True,
+                                          changes=ChangeLog(), ignore_unreadable=HOST_EXCUSED_RE)
+            collector.collect()
+            for name in ("psm_g1", "psm_g2", "psm_g3"):
+                os.unlink(os.path.join(a, name))  # unseen: no watcher
+            collector.owner_scan.scan = lambda *args, **kwargs: (_ for _ in ()).throw(OSError("scan failed"))
+            collector.owner_scan.refresh = lambda *args, **kwargs: None
+            with pytest.raises(OSError):
+                collector.begin_full()()()
+            states = {s.name: s.state for s in collector.collect_quick().mounts[0].rows()}
+            assert states == {"psm_live": "linked"}, states
+        finally:
+            holder.kill()
+            holder.wait()

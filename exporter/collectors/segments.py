@@ -222,10 +222,14 @@ class SegmentsCollector(BaseSource):
 
     def _finish(self, full, listed, owners=None, moved=None, failed=None) -> Inventory:
         """`moved`: a refresh read the pods of these mounts (None: a full scan, or no scan)."""
+        mount_list, errors, devs, listings, sigs = listed
         if failed:
             self._during = None  # no scan reads /proc now
+            # Their listings moved under the last inventories (which share their rows): a
+            # quick run must assemble them again, not hand the last ones back.
+            for mount in devs:
+                self._last.pop(mount, None)
             raise failed
-        mount_list, errors, devs, listings, sigs = listed
         settled = False  # owners from a full scan of every process, this run
         unread: Set[str] = set()  # mounts a refresh assembles as a quick run does
         during: holdings.Changes = {}  # changed while the scan read /proc: maybe missed
@@ -259,7 +263,7 @@ class SegmentsCollector(BaseSource):
                 self._held_on.setdefault(key[0], []).append(key)
         mounts = []
         for mount in mount_list:
-            if mount in errors:
+            if mount in errors and mount not in self._listings:  # or listed since
                 mounts.append(MountInventory(mount, error=errors[mount]))
                 continue
             listing, events = listings.get(mount, (None, {}))

@@ -54,7 +54,7 @@ class _Runner(threading.Thread):
         self.running_since: Optional[float] = None
         self.timed_out = False
         self.runs = 0
-        self.fulls = 0  # full runs published
+        self.fulls = 0  # full runs published whole
         self.middle: Optional[Future] = None  # a full run's middle, beside quick runs
 
     def request(self, full: bool) -> None:
@@ -140,7 +140,7 @@ class _Runner(threading.Thread):
             self.last_result = result
         took = time.monotonic() - started
         self.sampler.publish(Observation(self.source.name, result, error, took, full))
-        self.fulls += full
+        self.fulls += full and error is None
         self.runs += 1  # after publishing: a waiter finds the result in the model
 
     def _middle(self, job: Callable, middle: Future) -> None:
