@@ -57,9 +57,8 @@ def _web_config(cfg):
         _check_readable(f"--web.tls-{flag}", path)
     client_auth = "RequireAndVerifyClientCert" if ca else "NoClientCert"
     try:
-        source = wc.WebConfigSource(
-            fixed=wc.WebConfig(tls=wc.TlsSettings(cert, key, ca, client_auth))
-        )
+        tls = wc.TlsSettings(cert, key, ca, client_auth)
+        source = wc.WebConfigSource(fixed=wc.WebConfig(tls=tls))
     except wc.WebConfigError as err:
         flag = "client-ca-file" if "client_ca_file" in str(err) else "cert-file"
         fail(f"--web.tls-{flag}", f"cannot load TLS certificate/key: {err}")
@@ -82,15 +81,12 @@ def serve(argv: List[str]) -> int:
     web = _web_config(cfg)
     app = App(cfg, web=web)
     wsgi = http.make_app(app.exposition.wsgi_app, cfg.telemetry_path)
+    host, port = cfg.listen_host, cfg.listen_port
     try:
-        host, port = cfg.listen_host, cfg.listen_port
         httpd = http.bind(host, port, wsgi, web, cfg.max_requests)
     except OSError as err:
-        fail(
-            "--web.listen-address",
-            f"cannot listen on {http.url_host(cfg.listen_host)}:{cfg.listen_port}: "
-            f"{err.strerror or err}",
-        )
+        where = f"{http.url_host(host)}:{port}: {err.strerror or err}"
+        fail("--web.listen-address", f"cannot listen on {where}")
     done = threading.Event()
 
     def on_signal(signum, _frame) -> None:
@@ -98,10 +94,8 @@ def serve(argv: List[str]) -> int:
         done.set()
 
     def on_hangup(_signum, _frame) -> None:  # as Prometheus: re-read the web config
-        log.info(
-            "received SIGHUP, %s",
-            "re-reading the web config" if web else "no web config to re-read",
-        )
+        what = "re-reading the web config" if web else "no web config to re-read"
+        log.info("received SIGHUP, %s", what)
         if web:
             web.reload()
 

@@ -42,9 +42,8 @@ def parse_duration(text: str) -> float:
 
 def parse_duration_or_zero(text: str) -> float:
     """As parse_duration, and 0 (or 0s): "never wait", e.g. a full scan on every run."""
-    if re.fullmatch(r"\s*0+(?:\.0*)?\s*(?:ms|s|m|h)?\s*", str(text)):
-        return 0.0
-    return parse_duration(text)
+    match = _DURATION.match(str(text))
+    return 0.0 if match and float(match[1]) == 0 else parse_duration(text)
 
 
 def parse_size(text: str) -> int:
@@ -245,16 +244,10 @@ def _read_table(text: str) -> Tuple[Flag, ...]:
     for entry in re.split(r"\n(?=\S)", text.strip()):
         head, *help_lines = entry.split("\n")
         flag, dest, kind, default = head.split()
-        flags.append(
-            Flag(
-                flag,
-                dest,
-                KINDS[kind.rstrip(".")],
-                None if default == "-" else default,
-                " ".join(line.strip() for line in help_lines),
-                kind.endswith("..."),
-            )
-        )
+        convert, repeatable = KINDS[kind.rstrip(".")], kind.endswith("...")
+        text = " ".join(line.strip() for line in help_lines)
+        default = None if default == "-" else default
+        flags.append(Flag(flag, dest, convert, default, text, repeatable))
     return tuple(flags)
 
 

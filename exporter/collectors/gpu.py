@@ -54,8 +54,7 @@ class GpuCollector(BaseSource):
                 self._missing = (time.monotonic(), why)
                 raise RuntimeError(why) from None
             raise RuntimeError(f"nvmlInit failed: {err}") from None
-        self._missing = None
-        self.initialised = True
+        self._missing, self.initialised = None, True
         self.driver_version = _text(nvml.nvmlSystemGetDriverVersion())
 
     def close(self) -> None:
@@ -114,18 +113,11 @@ class GpuCollector(BaseSource):
         except nvml.NVMLError:
             # Drivers before R510 have no v2: reserved is then unknown, not 0.
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-            reserved = None
-            used = int(memory.used)
-        return GpuDevice(
-            gpu,
-            _text(nvml.nvmlDeviceGetUUID(handle)),
-            name,
-            int(memory.total),
-            used,
-            int(memory.free),
-            reserved,
-            self._processes(handle),
-        )
+            used, reserved = int(memory.used), None
+        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        total, free = int(memory.total), int(memory.free)
+        processes = self._processes(handle)
+        return GpuDevice(gpu, uuid, name, total, used, free, reserved, processes)
 
     def _processes(self, handle) -> Tuple[GpuProcess, ...]:
         nvml = self.nvml

@@ -50,13 +50,6 @@ def parse_sysvipc_shm(text: str) -> List[SysvSegment]:
     return segments
 
 
-def _read_int(path: str) -> Optional[int]:
-    try:
-        return int(read_text(path).split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def in_ipc_namespaces(
     namespaces: List[Tuple[str, List[str]]], read: Callable[[], T], timeout: float = 5.0
 ) -> Dict[str, "T | BaseException"]:
@@ -127,13 +120,9 @@ class SysvCollector(BaseSource):
         segments = [
             replace(s, orphan=True) if self._orphan(s, hidden) else s for s in segments
         ]
-        shmall = _read_int(self.paths.proc("sys", "kernel", "shmall"))
-        return SysvShm(
-            segments=segments,
-            shmmax_bytes=_read_int(self.paths.proc("sys", "kernel", "shmmax")),
-            shmall_bytes=None if shmall is None else shmall * self.page_size,
-            shmmni=_read_int(self.paths.proc("sys", "kernel", "shmmni")),
-        )
+        shmmax, shmall, shmmni = map(self._kernel, ("shmmax", "shmall", "shmmni"))
+        shmall = None if shmall is None else shmall * self.page_size  # in pages
+        return SysvShm(segments, shmmax, shmall, shmmni)
 
     def collect(self) -> List[SysvShm]:
         """One namespace per element: ours in a sidecar; every process's in node mode."""
@@ -143,9 +132,8 @@ class SysvCollector(BaseSource):
         groups: Dict[str, List[Process]] = {}
         # Read afresh each run: `unshare --ipc` moves a process after it started.
         for proc in self.table.walk().processes:
-            with suppress(
-                OSError
-            ):  # gone, or not ours to inspect (counted by the inventory)
+            # a process gone, or not ours to inspect, is counted by the inventory
+            with suppress(OSError):
                 namespace = os.readlink(self.paths.proc(proc.pid, "ns", "ipc"))
                 groups.setdefault(namespace, []).append(proc)
         # shmwatch's own private namespace holds nobody's segments
@@ -181,6 +169,12 @@ class SysvCollector(BaseSource):
             cid = "" if pod else self._container(procs)
             out.append(replace(shm, namespace=namespace, pod_uid=pod, container_id=cid))
         return out
+
+    def _kernel(self, name: str) -> Optional[int]:
+        try:
+            return int(read_text(self.paths.proc("sys", "kernel", name)).split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
 
     def _orphan(self, seg: SysvSegment, hidden: bool) -> bool:
         """Attached by nobody, and its creator and last user (0: none, never attached) have

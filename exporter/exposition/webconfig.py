@@ -80,9 +80,8 @@ class TlsSettings:
             if self.client_ca_file:
                 context.load_verify_locations(cafile=self.client_ca_file)
         except (ssl.SSLError, OSError) as err:
-            raise WebConfigError(
-                f"tls_server_config: cannot load {what}: {err}"
-            ) from None
+            message = f"tls_server_config: cannot load {what}: {err}"
+            raise WebConfigError(message) from None
         context.verify_mode = CLIENT_AUTH[self.client_auth_type]
         return context
 
@@ -104,8 +103,7 @@ class WebConfig:
 
 
 def _section(raw: dict, key: str, allowed=()) -> dict:
-    """raw[key] as a mapping ({} when absent); a field not in `allowed` (when given) is
-    refused."""
+    """raw[key] as a mapping ({} when absent), refusing fields not in `allowed` if given."""
     value = raw.get(key)
     if value is None:
         return {}
@@ -237,10 +235,8 @@ class WebConfigSource:
 
     def _current_stamp(self, config: WebConfig) -> tuple:
         tls = config.tls or TlsSettings("", "")
-        stamps = []
-        for path in filter(
-            None, (self.path, tls.cert_file, tls.key_file, tls.client_ca_file)
-        ):
+        stamps, files = [], (self.path, tls.cert_file, tls.key_file, tls.client_ca_file)
+        for path in filter(None, files):
             try:
                 st = os.stat(path)
                 stamps.append((path, st.st_mtime_ns, st.st_size, st.st_ino))
@@ -319,9 +315,8 @@ class WebConfigSource:
         hashed = config.users.get(user)
         # bcrypt reads 72 bytes of a password, as htpasswd and Go's bcrypt read it.
         secret = password.encode()[:72]
-        key = hashlib.sha256(
-            b"\0".join((user.encode(), hashed or b"", secret))
-        ).digest()
+        material = b"\0".join((user.encode(), hashed or b"", secret))
+        key = hashlib.sha256(material).digest()
         if key in self._good:
             return True
         with self._lock:

@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Tuple
 
+from exporter.host.kube import NODE_LABELS as NODE_MOUNT_LABELS
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -234,14 +236,11 @@ CATALOGUE: Tuple[Metric, ...] = _read_table(_TABLE)
 
 BY_NAME: Dict[str, Metric] = {m.name: m for m in CATALOGUE}
 
-# Node mode (--mode=node) adds labels: which pod or container a mount belongs to, which
-# pod a cgroup is, which pod a process holding shm runs in, and which IPC namespace (one
-# per pod or container) SysV figures are of. Empty where not known.
-NODE_MOUNT_LABELS: Tuple[str, ...] = ("pod_uid", "volume", "container_id")
-
 
 def node_labels(metric: Metric) -> Tuple[str, ...]:
-    """The labels node mode adds to `metric`."""
+    """The labels node mode adds to `metric`: which pod or container a mount belongs to, which
+    pod a cgroup is, which pod a process holding shm runs in, and which IPC namespace (one per
+    pod or container) SysV figures are of. Empty where not known."""
     if metric.name.startswith("shmwatch_sysv_"):
         return ("ipc_namespace", "pod_uid", "container_id")
     if metric.name == "shmwatch_process_shm_bytes":

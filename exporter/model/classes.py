@@ -39,9 +39,7 @@ CLASSES: Tuple[Tuple[str, str, str], ...] = (
     ("cuda", r"cuda\.shm\..*", "CUDA IPC / MPS: cuda.shm.<pid>.<n>"),
 )
 
-CLASS_NAMES: Tuple[str, ...] = tuple(dict.fromkeys(c for c, _, _ in CLASSES)) + (
-    "other",
-)
+CLASS_NAMES: Tuple[str, ...] = (*dict.fromkeys(c for c, _, _ in CLASSES), "other")
 
 # One alternation, one fullmatch per name: the first row that matches names its group.
 _COMBINED: Pattern[str] = re.compile(
