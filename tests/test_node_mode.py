@@ -12,7 +12,7 @@ from exporter.model.catalogue import BY_NAME, node_labels
 from exporter.collectors.cgroup import CgroupCollector
 from exporter.collectors.shm_mount import ShmMountCollector
 from exporter.collectors.discovery import MountDiscovery, discover
-from exporter.host.mountinfo import MountIndex, MountTableWatch, parse_mountinfo, strip_rootfs
+from exporter.host.mountinfo import MountIndex, parse_mountinfo, strip_rootfs
 from exporter.host.paths import Paths
 from tests.conftest import (FIXTURES, REPO, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, prerequisite_missing,
                             remove_cgroup, select, value)
@@ -214,32 +214,44 @@ def test_every_pod_mount_found_through_a_rootfs_prefixed_mountinfo(tmp_path):
 @needs_root
 def test_mountinfo_is_read_again_only_when_the_mount_table_changed(tmp_path):
     """procfs says when a mount table changed (POLLPRI): an unchanged one is not re-read and
-    parsed every poll (10 ms at 2,000 mounts); a fixture file, which cannot say, is. In a
-    mount namespace of its own: the host's changes whenever docker or another test mounts."""
+    parsed every poll (10 ms at 2,000 mounts); a fixture file, which cannot say, is. A fallback
+    file is read again when the last entries came from another. In a mount namespace of its
+    own: the host's changes whenever docker or another test mounts."""
     point = str(tmp_path / "new")
     os.mkdir(point)
+    proc = tmp_path / "proc"
+    os.makedirs(proc / "1")
+    os.symlink("/proc/self", proc / "self")
+    fixture = proc / "1" / "mountinfo"
+    fixture.write_text("1 0 0:1 / / rw - tmpfs tmpfs rw\n")
     script = f"""
-import subprocess
-from exporter.host.mountinfo import MountTableWatch
-watch = MountTableWatch("/proc/self/mountinfo")
-first = watch.read_if_changed()
-assert first and watch.read_if_changed() is None, "read again unchanged"
+import os, subprocess
+from exporter.host.mountinfo import MountTable
+from exporter.host.paths import Paths
+points = lambda entries: [e.mount_point for e in entries]
+table = MountTable(Paths(), ("self",))
+first = table.read()
+assert first and table.read() is None, "read again unchanged"
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", {point!r}], check=True)
-changed = watch.read_if_changed()
-assert changed is not None and " {point} " in changed, "a mount not seen"
-assert watch.read_if_changed() is None, "read again unchanged after a mount"
+changed = table.read()
+assert changed is not None and {point!r} in points(changed), "a mount not seen"
+assert table.read() is None, "read again unchanged after a mount"
 subprocess.run(["umount", {point!r}], check=True)
-after = watch.read_if_changed()
-assert after is not None and " {point} " not in after, "an unmount not seen"
+after = table.read()
+assert after is not None and {point!r} not in points(after), "an unmount not seen"
+table, fixture = MountTable(Paths(procfs={str(proc)!r}), ("1", "self")), {str(fixture)!r}
+assert points(table.read()) == points(table.read()) == ["/"], "a fixture is read every time"
+os.rename(fixture, fixture + ".off")
+assert len(table.read()) > 1 and table.read() is None, "pid 1's unreadable: ours, once"
+os.rename(fixture + ".off", fixture)
+assert points(table.read()) == ["/"], "pid 1's back"
+os.rename(fixture, fixture + ".off")
+assert len(table.read() or ()) > 1, "ours read again: the last entries were pid 1's"
 print("ok")
 """
     done = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, "-c", script],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "ok", done.stderr
-    fixture = tmp_path / "mountinfo"
-    fixture.write_text("1 0 0:1 / / rw - tmpfs tmpfs rw\n")
-    plain = MountTableWatch(str(fixture))
-    assert plain.read_if_changed() == plain.read_if_changed() == fixture.read_text()
 
 
 UNSHARE_LATER = """

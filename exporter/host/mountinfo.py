@@ -92,58 +92,19 @@ def strip_rootfs(entries: Sequence[MountEntry], rootfs: str) -> List[MountEntry]
     return out
 
 
-class MountTableWatch:
-    """Reads a mountinfo file again only when the mount table changed: poll() on it reports
-    POLLPRI then (as libmount's monitor uses). 2,000 mounts cost ~10 ms a read. A regular
-    file (a fixture: poll() reports POLLOUT) is read every time."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self._file = None  # the open mountinfo, while it can tell us about changes
-        self._poller = None
-
-    def read_if_changed(self) -> Optional[str]:
-        """The file's text; None when unchanged since the last read."""
-        if self._file is not None:
-            events = self._poller.poll(0)
-            if not events:
-                return None
-            if events[0][1] & select.POLLNVAL:
-                self.close()  # the fd went bad: open afresh (and fail if it must)
-        if self._file is None:
-            handle = open(
-                self.path, "r", encoding="utf-8", errors="surrogateescape", newline=""
-            )
-            poller = select.poll()
-            # POLLOUT asked too: a regular file reports it (and never POLLPRI); mountinfo never does.
-            poller.register(handle.fileno(), select.POLLPRI | select.POLLOUT)
-            if any(mask & select.POLLOUT for _, mask in poller.poll(0)):
-                with handle:  # a regular file: nothing to wait for, read it every time
-                    return handle.read()
-            self._file, self._poller = handle, poller
-        self._file.seek(0)
-        return self._file.read()
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        self._file = self._poller = None
-
-
 class MountTable:
     """The first readable of the candidate mountinfo files ('1': the host's, 'self': ours),
-    parsed with --path.rootfs stripped and read again only when its mount table changed, and
-    what is mounted at each watched path. By default pid 1's first under --path.rootfs (it
-    names mounts as the host does), else ours."""
+    parsed with --path.rootfs stripped, and what is mounted at each watched path. By default
+    pid 1's first under --path.rootfs (it names mounts as the host does), else ours. The file
+    is read again only when the mount table changed: poll() on it reports POLLPRI then (as
+    libmount's monitor uses; 2,000 mounts cost ~10 ms a read). A regular file (a fixture:
+    poll() reports POLLOUT) is read every time."""
 
     def __init__(self, paths: Paths, order: Optional[Sequence[str]] = None):
         self.paths = paths
         host_first = paths.rootfs not in ("", "/")
         self.order = tuple(order or (("1", "self") if host_first else ("self", "1")))
-        self._watches = {
-            pid: MountTableWatch(paths.proc(pid, "mountinfo")) for pid in self.order
-        }
-        self._read_from: Optional[str] = None  # where the last entries came from
+        self._open = None  # (pid, file, poller) of the mountinfo the entries are from
         self.index = MountIndex([])
         self._read = False  # once read with entries: until then nothing is known
 
@@ -151,21 +112,43 @@ class MountTable:
         """The entries; None when unchanged. OSError naming each file when none can be read."""
         errors = []
         for pid in self.order:
-            watch = self._watches[pid]
+            path = self.paths.proc(pid, "mountinfo")
             try:
-                text = watch.read_if_changed()
-                if text is None and self._read_from != pid:
-                    watch.close()  # unchanged, but the last entries came from another file
-                    text = watch.read_if_changed()
+                text = self._text(pid, path)
             except OSError as err:
-                errors.append(f"{watch.path}: {err.strerror or err}")
+                errors.append(f"{path}: {err.strerror or err}")
                 continue
             if text is None:
                 return None
-            self._read_from = pid
             return strip_rootfs(parse_mountinfo(text), self.paths.rootfs)
-        self._read_from = None
+        self.close()  # none read: whichever answers next is read, changed or not
         raise OSError("; ".join(errors))
+
+    def _text(self, pid: str, path: str) -> Optional[str]:
+        """pid's mountinfo; None when the entries are from it and it has not changed since."""
+        if self._open and self._open[0] == pid:
+            _, handle, poller = self._open
+            events = poller.poll(0)
+            if not events:
+                return None
+            if not events[0][1] & select.POLLNVAL:  # else the fd went bad: open afresh
+                handle.seek(0)
+                return handle.read()
+        handle = open(path, "r", encoding="utf-8", errors="surrogateescape", newline="")
+        self.close()
+        poller = select.poll()
+        # POLLOUT asked too: a regular file reports it (and never POLLPRI); mountinfo never does.
+        poller.register(handle.fileno(), select.POLLPRI | select.POLLOUT)
+        if any(mask & select.POLLOUT for _, mask in poller.poll(0)):
+            with handle:  # a regular file: nothing to wait for, read it every time
+                return handle.read()
+        self._open = (pid, handle, poller)
+        return handle.read()
+
+    def close(self) -> None:
+        if self._open:
+            self._open[1].close()
+        self._open = None
 
     def refresh(self) -> bool:
         """Whether the table changed (or could not be read) since the last refresh."""
