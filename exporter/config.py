@@ -67,13 +67,12 @@ def parse_listen_address(text: str) -> "tuple[str, int]":
     host, sep, port = str(text).rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"invalid address {text!r} (use host:port, e.g. :9841)")
-    if host.startswith("[") != host.endswith("]") or (
-        ":" in host and not host.startswith("[")
-    ):
+    bracketed = host.startswith("[")
+    if bracketed != host.endswith("]") or (":" in host and not bracketed):
         raise ValueError(
             f"invalid address {text!r} (an IPv6 host goes in brackets: [::1]:9841)"
         )
-    return host[1:-1] if host.startswith("[") else host, int(port)
+    return host[1:-1] if bracketed else host, int(port)
 
 
 class Config(SimpleNamespace):

@@ -85,9 +85,8 @@ def _vector(body: bytes) -> List[int]:
             raise LookupError("resultType")
         return [plausible(r["value"][1]) for r in answer["data"]["result"]]
     except (LookupError, TypeError, AttributeError) as err:
-        raise ValueError(
-            f"not an instant vector ({type(err).__name__}: {err})"
-        ) from None
+        what = f"not an instant vector ({type(err).__name__}: {err})"
+        raise ValueError(what) from None
 
 
 def peaks_from_prometheus(url, mounts, window, selector, deadline=math.inf) -> Peaks:
@@ -156,9 +155,8 @@ class Recommendation:
 def settings_for(size: int, volume: str, memory_limit: Optional[int]) -> Dict[str, str]:
     empty_dir = {"medium": "Memory", "sizeLimit": k8s(size)}
     volumes = [{"name": volume, "emptyDir": empty_dir}]
-    patch = json.dumps(
-        {"spec": {"template": {"spec": {"volumes": volumes}}}}, separators=(",", ":")
-    )
+    spec = {"spec": {"template": {"spec": {"volumes": volumes}}}}
+    patch = json.dumps(spec, separators=(",", ":"))
     out = {
         "docker_run": f"docker run --shm-size={docker(size)}",
         "compose": f"shm_size: {docker(size)}",
@@ -183,17 +181,15 @@ def recommend(view, observed, source, window, headroom, note="", required=None):
     notes = [note] if note else []
     if required and size < required:
         size = round_up(required)
-        notes.append(
-            f"raised to what --require-shm asks: at least {at_least(required)}"
-        )
+        raised = f"raised to what --require-shm asks: at least {at_least(required)}"
+        notes.append(raised)
     r = Recommendation(usage.mount, observed, size, window, source, usage.size_bytes)
     r.notes = notes
     if cgroup is not None:
         needed = memory_limit_needed(size, cgroup.working_set_bytes, usage.used_bytes)
-        r.memory_limit_bytes, r.memory_limit_bytes_needed = cgroup.limit_bytes, needed
-        r.memory_limit_fits = (
-            needed <= cgroup.limit_bytes if cgroup.limit_bytes else None
-        )
+        limit = cgroup.limit_bytes
+        r.memory_limit_bytes, r.memory_limit_bytes_needed = limit, needed
+        r.memory_limit_fits = needed <= limit if limit else None
     memory = r.memory_limit_bytes_needed if r.memory_limit_fits is False else None
     r.settings = settings_for(size, view.labels.get("volume") or "dshm", memory)
     return r

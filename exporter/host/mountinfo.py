@@ -41,18 +41,12 @@ def parse_mountinfo(text: str) -> List[MountEntry]:
         fields = line.split(" ")
         with suppress(ValueError, IndexError):
             sep = fields.index("-", 6)
-            super_options = fields[sep + 3] if len(fields) > sep + 3 else ""
-            entries.append(
-                MountEntry(
-                    mount_point=_unescape(fields[4]),
-                    fstype=fields[sep + 1],
-                    source=_unescape(fields[sep + 2]),
-                    options=fields[5] + "," + super_options,
-                    device=fields[2],
-                    root=_unescape(fields[3]),
-                    mount_id=int(fields[0]),
-                )
-            )
+            mount_id, _, device, root, point, options = fields[:6]
+            fstype, source, *super_options = fields[sep + 1 :]
+            options += "," + (super_options[0] if super_options else "")
+            point, root, source = map(_unescape, (point, root, source))
+            entry = (point, fstype, source, options, device, root, int(mount_id))
+            entries.append(MountEntry(*entry))
     return entries
 
 

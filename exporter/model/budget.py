@@ -30,12 +30,8 @@ def shm_budget(
     if cgroup is not None and cgroup.limit_bytes:
         non_shm = max(0, cgroup.working_set_bytes - m.used_bytes)
         room = max(0, cgroup.limit_bytes - non_shm)
-        return ShmBudget(
-            fillable,
-            min(fillable, room),
-            (non_shm + fillable) / cgroup.limit_bytes,
-            room,
-        )
+        projection = (non_shm + fillable) / cgroup.limit_bytes
+        return ShmBudget(fillable, min(fillable, room), projection, room)
     if cgroup is None and memory_limit:
         return ShmBudget(fillable, min(fillable, memory_limit), None, memory_limit)
     return ShmBudget(fillable, fillable, None, None)
