@@ -199,10 +199,8 @@ def _pod_memory(report: Report, pods, kills: Dict[str, int]) -> None:
         if kills.get(c.cgroup):
             _kills(report, subject, kills[c.cgroup])
     if not risky:
-        text = (
-            f"{len(pods)} pod cgroup(s), none above {T.OOM_RISK_RATIO:.0%} of its limit"
-        )
-        report.add("ok", "memory", "pods", text)
+        none = f"none above {T.OOM_RISK_RATIO:.0%} of its limit"
+        report.add("ok", "memory", "pods", f"{len(pods)} pod cgroup(s), {none}")
 
 
 def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
@@ -314,9 +312,8 @@ def _logs(report: Report, scans, deadline: float) -> None:
             report.add("info", "log", name, text)
         if scan.end < size:
             read = f"{human(scan.end - scan.start)} of {human(tail)} read"
-            report.add(
-                "warn", "log", name, f"not read to its end within --timeout: {read}"
-            )
+            text = f"not read to its end within --timeout: {read}"
+            report.add("warn", "log", name, text)
     for signature, hit in hits.items():
         where = os.path.basename(hit.file)
         where += f":{hit.line}" if hit.line else f" at byte {hit.offset}"

@@ -65,11 +65,8 @@ class OomParser:
         if match:
             if len(self._pending) > 64:
                 self._pending.clear()
-            self._pending[int(match["pid"])] = (
-                match["task_memcg"],
-                match["oom_memcg"] or "",
-                match["constraint"],
-            )
+            cgroups = match["task_memcg"], match["oom_memcg"] or "", match["constraint"]
+            self._pending[int(match["pid"])] = cgroups
             return None
         match = _LEGACY.search(message)
         if match:

@@ -128,23 +128,20 @@ class SysvCollector(BaseSource):
         """One namespace per element: ours in a sidecar; every process's in node mode."""
         if not self.node_mode:
             return [self.read()]
-        own = os.readlink(self.paths.proc("self", "ns", "ipc"))
+        ipc = lambda pid: self.paths.proc(pid, "ns", "ipc")  # noqa: E731
+        own = os.readlink(ipc("self"))
         groups: Dict[str, List[Process]] = {}
         # Read afresh each run: `unshare --ipc` moves a process after it started.
         for proc in self.table.walk().processes:
             # a process gone, or not ours to inspect, is counted by the inventory
             with suppress(OSError):
-                namespace = os.readlink(self.paths.proc(proc.pid, "ns", "ipc"))
+                namespace = os.readlink(ipc(proc.pid))
                 groups.setdefault(namespace, []).append(proc)
         # shmwatch's own private namespace holds nobody's segments
         if {p.pid for p in groups.get(own, ())} == {os.getpid()}:
             del groups[own]
         shown = sorted(groups.items())
-        joined = [
-            (n, [self.paths.proc(p.pid, "ns", "ipc") for p in procs])
-            for n, procs in shown
-            if n != own
-        ]
+        joined = [(n, [ipc(p.pid) for p in procs]) for n, procs in shown if n != own]
         try:
             read: Dict[str, object] = in_ipc_namespaces(joined, self.read)
         except RuntimeError as err:  # no thread to be had (pids.max)

@@ -116,9 +116,7 @@ def _section(raw: dict, key: str, allowed=()) -> dict:
 
 
 def parse_tls(raw: dict, base: str) -> TlsSettings:
-    def bad(message: str) -> WebConfigError:
-        return WebConfigError("tls_server_config: " + message)
-
+    bad = lambda text: WebConfigError("tls_server_config: " + text)  # noqa: E731
     unsupported = sorted(set(raw) & TLS_UNSUPPORTED)
     if unsupported:
         use = ", ".join(TLS_KEYS)
@@ -176,17 +174,14 @@ def parse(text: str, base: str = ".") -> WebConfig:
     if "http2" in http and not isinstance(http["http2"], bool):  # HTTP/1.1 is served
         raise WebConfigError("http_server_config: http2 must be true or false")
     headers = []
+    bad = lambda text: WebConfigError("http_server_config.headers: " + text)  # noqa: E731
     for name, value in _section(http, "headers").items():
         if name not in HEADERS:
-            raise WebConfigError(
-                f"http_server_config.headers: {name} is not one of {', '.join(HEADERS)}"
-            )
+            raise bad(f"{name} is not one of {', '.join(HEADERS)}")
         allowed = HEADERS[name]
         value = "" if value is None else str(value)
         if allowed and value and value.lower() not in allowed:
-            raise WebConfigError(
-                f"http_server_config.headers: {name} must be one of {', '.join(allowed)}"
-            )
+            raise bad(f"{name} must be one of {', '.join(allowed)}")
         if value:
             headers.append((name, value))
     return WebConfig(tls=tls, users=users, headers=tuple(headers))
