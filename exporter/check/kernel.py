@@ -20,6 +20,7 @@ OOM_FACTS = ("pid", "comm", "task_memcg", "oom_memcg", "pod_uid", "anon_rss_byte
 OOM_FACTS += ("shmem_rss_bytes", "file_rss_bytes")
 SYSV_FACTS = ("pod_uid", "container_id", "readable")
 SYSV_LIMITS = ("shmmax_bytes", "shmall_bytes", "shmmni")
+PRIVILEGED = "deploy/kubernetes/daemonset-privileged, or run on the host as root"
 MAX_NAMED = 5  # holders and NCCL users named in a finding
 OOM_REMEDY = "count /dev/shm in the memory budget (shmem-rss and shm use are charged to the limit)"
 
@@ -63,10 +64,7 @@ def sysv(report: Report, namespaces, node_mode: bool) -> None:
         listed.append(facts)
         if not ns.readable:
             text = f"SysV shm not visible ({ns.error}): entering an IPC namespace needs CAP_SYS_ADMIN"
-            remedy = (
-                "deploy/kubernetes/daemonset-privileged, or run on the host as root"
-            )
-            report.add("info", "sysv", whose, text, remedy)
+            report.add("info", "sysv", whose, text, PRIVILEGED)
             continue
         count, total = len(ns.segments), ns.total_bytes
         facts.update(segments=count, bytes=total, orphans=ns.orphans)

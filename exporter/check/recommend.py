@@ -105,8 +105,7 @@ def peaks_from_prometheus(url, mounts, window, selector, deadline=math.inf) -> P
 
 
 def _high_water_marks(body: bytes) -> Dict[str, int]:
-    """mount -> shmwatch_mount_max_used_bytes from /metrics, each a plausible size; only its
-    lines are parsed."""
+    """mount -> its plausible MAX_USED, parsing only those lines of /metrics."""
     lines = b"\n".join(MAX_USED_LINE.findall(body)).decode()
     return {
         s.labels["mount"]: plausible(s.value)

@@ -174,8 +174,7 @@ class SysvCollector(BaseSource):
             return None
 
     def _orphan(self, seg: SysvSegment, hidden: bool) -> bool:
-        """Attached by nobody, and its creator and last user (0: none, never attached) have
-        exited."""
+        """Attached by nobody; its creator and last user (0: never attached) exited."""
         if seg.nattch or not self._gone(seg.cpid, hidden):
             return False
         return seg.lpid == 0 or self._gone(seg.lpid, hidden)

@@ -109,9 +109,8 @@ class Head:
         self.path = unquote(path, "latin-1")  # as wsgiref (PEP 3333: bytes as latin-1)
         tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
         # A body is never read: answer, then hang up rather than parse it as a request.
-        body = (
-            "transfer-encoding" in headers or headers.get("content-length", "0") != "0"
-        )
+        length = headers.get("content-length", "0")
+        body = "transfer-encoding" in headers or length != "0"
         keep = "close" not in tokens if self.minor else "keep-alive" in tokens
         self.close = body or not keep
         return self
