@@ -267,9 +267,8 @@ def build_parser(prog: str = "shmwatch") -> argparse.ArgumentParser:
         description="Prometheus exporter for shared memory in LLM-serving pods.",
         allow_abbrev=False,
     )
-    parser.add_argument(
-        "--version", action="version", version=f"shmwatch {__version__}"
-    )
+    version = f"shmwatch {__version__}"
+    parser.add_argument("--version", action="version", version=version)
     for flag, dest, kind, default, text, repeatable in FLAGS:
         parser.add_argument(  # not given: parse_args reads its env and default
             flag,

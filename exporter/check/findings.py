@@ -79,9 +79,8 @@ def render_text(report: Report) -> str:
         f"{'STATUS':<7}{'AREA':<8}{'SUBJECT':<28}WHAT",
     ]
     for f in findings:
-        lines.append(
-            f"{f.severity.upper():<7}{f.area:<8}{f.subject[:27]:<28}{f.message}"
-        )
+        row = f"{f.severity.upper():<7}{f.area:<8}{f.subject[:27]:<28}"
+        lines.append(row + f.message)
         if f.remedy:
             lines.append(f"{'':<43}-> {f.remedy}")
     return "\n".join(lines) + "\n"

@@ -17,10 +17,9 @@ import yaml
 from exporter.check.findings import quoted
 from exporter.check.sizes import human
 
+SIGNATURES = resources.files(__package__).joinpath("signatures.yml")
 # name -> its needles, regex, explanation and remedy, each quoted from the library that prints it
-TABLE = yaml.safe_load(
-    resources.files(__package__).joinpath("signatures.yml").read_text("utf-8")
-)
+TABLE = yaml.safe_load(SIGNATURES.read_text("utf-8"))
 PATTERNS = [(name, re.compile(said["regex"])) for name, said in TABLE.items()]
 # Each chunk of a log is searched for these (bytes.find, a hundred times faster than the
 # regexes), and only the text near one is matched against PATTERNS.

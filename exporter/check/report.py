@@ -254,9 +254,8 @@ def _check(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> in
     _logs(report, scans, deadline)
     host, flag = model.host_memory, cfg.memory_limit_bytes
     if host is not None and flag is not None and flag >= host.total_bytes:
-        text = (
-            f"{human(flag)} is at or above the host's memory: taken as no limit given"
-        )
+        above = "is at or above the host's memory: taken as no limit given"
+        text = f"{human(flag)} {above}"
         remedy = "a container without a memory limit gets the node's memory from the Downward API"
         report.add("warn", "memory", "--memory.limit-bytes", text, remedy)
     advice = ""
