@@ -42,8 +42,9 @@ def parse_duration(text: str) -> float:
 
 def parse_duration_or_zero(text: str) -> float:
     """As parse_duration, and 0 (or 0s): "never wait", e.g. a full scan on every run."""
-    match = _DURATION.match(str(text))
-    return 0.0 if match and float(match[1]) == 0 else parse_duration(text)
+    if re.fullmatch(r"\s*0+(?:\.0*)?\s*(?:ms|s|m|h)?\s*", str(text)):
+        return 0.0
+    return parse_duration(text)
 
 
 def parse_size(text: str) -> int:

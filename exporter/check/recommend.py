@@ -47,7 +47,6 @@ def memory_limit_needed(recommended: int, working_set: int, shm_used: int) -> in
     return -(-(non_shm + recommended) // MiB) * MiB
 
 
-# --- where the observed peak comes from --------------------------------------------------------
 class SourceError(Exception):
     pass
 
@@ -131,7 +130,6 @@ def parse_url(text: str) -> str:
     return text
 
 
-# --- the recommendation ------------------------------------------------------------------------
 @dataclass
 class Recommendation:
     """`window`: Prometheus' window, None for an exporter's or this run's reading. The memory
@@ -194,7 +192,6 @@ def recommend(view, observed, source, window, headroom, note="", required=None):
     return r
 
 
-# --- `shmwatch check --recommend` --------------------------------------------------------------
 def parse_window(text: str) -> str:
     """--recommend.window: a Prometheus duration."""
     if not re.fullmatch(r"([0-9]+(ms|s|m|h|d|w|y))+", text):
