@@ -49,11 +49,8 @@ class App:
             lambda: self.step.kill_log_complete(),  # the step is made below
         )
         # Discovery first (the others read its mounts), then the collectors that are on.
-        self.sources: List[Source] = [self.discovery] + [
-            r.factory(context)
-            for r in registered()
-            if not r.flag or cfg.collectors.get(r.name, True)
-        ]
+        on = [r for r in registered() if not r.flag or cfg.collectors.get(r.name, True)]
+        self.sources: List[Source] = [self.discovery] + [r.factory(context) for r in on]
         self.sampler = Sampler(
             self.sources,
             cfg.poll_interval,

@@ -81,11 +81,8 @@ def diagnose(model: Model, required=None, backend=None) -> Report:
     """The report, from the model alone: no totals, thresholds or class rules of its own.
     `required`: --require-shm's bytes."""
     report = Report()
-    errors = {
-        s.name: s.error or "no answer within --timeout"
-        for s in model.statuses
-        if not s.success
-    }
+    failed = [s for s in model.statuses if not s.success]
+    errors = {s.name: s.error or "no answer within --timeout" for s in failed}
     _gpu(report, model.gpu, errors.get("gpu"))
     for view in model.mounts:
         if view.usage is not None:

@@ -18,11 +18,8 @@ class SelfProcessCollector(BaseSource):
 
     def collect(self) -> List[Tuple[str, float]]:
         """-> [(sample name, value)], e.g. ("process_resident_memory_bytes", 3.1e7)."""
-        return [
-            (s.name, s.value)
-            for family in self._inner.collect()
-            for s in family.samples
-        ]
+        samples = (s for family in self._inner.collect() for s in family.samples)
+        return [(s.name, s.value) for s in samples]
 
 
 # Always on (no flag): the exporter's own process_* series.
