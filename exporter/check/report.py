@@ -196,8 +196,8 @@ def _pod_memory(report: Report, pods, kills: Dict[str, int]) -> None:
         if kills.get(c.cgroup):
             _kills(report, subject, kills[c.cgroup])
     if not risky:
-        none = f"none above {T.OOM_RISK_RATIO:.0%} of its limit"
-        report.add("ok", "memory", "pods", f"{len(pods)} pod cgroup(s), {none}")
+        none_above = f"none above {T.OOM_RISK_RATIO:.0%} of its limit"
+        report.add("ok", "memory", "pods", f"{len(pods)} pod cgroup(s), {none_above}")
 
 
 def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:

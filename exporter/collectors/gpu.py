@@ -54,7 +54,8 @@ class GpuCollector(BaseSource):
                 self._missing = (time.monotonic(), why)
                 raise RuntimeError(why) from None
             raise RuntimeError(f"nvmlInit failed: {err}") from None
-        self._missing, self.initialised = None, True
+        self._missing = None
+        self.initialised = True
         self.driver_version = _text(nvml.nvmlSystemGetDriverVersion())
 
     def close(self) -> None:

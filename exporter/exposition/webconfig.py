@@ -230,7 +230,8 @@ class WebConfigSource:
 
     def _current_stamp(self, config: WebConfig) -> tuple:
         tls = config.tls or TlsSettings("", "")
-        stamps, files = [], (self.path, tls.cert_file, tls.key_file, tls.client_ca_file)
+        files = (self.path, tls.cert_file, tls.key_file, tls.client_ca_file)
+        stamps = []
         for path in filter(None, files):
             try:
                 st = os.stat(path)
