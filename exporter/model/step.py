@@ -121,6 +121,7 @@ class ModelStep:
         self._model: Optional[Model] = None
         self._accepted = 0  # observations accepted
         self._built_for: object = None  # the version() _model was built for
+        self._listed = 0  # segments in the last segments observation (0: it failed)
 
     def version(self) -> Tuple[int, int]:
         """Moves whenever the model would differ: an observation accepted, or the state changed."""
@@ -128,19 +129,22 @@ class ModelStep:
 
     def accept(self, obs: Observation) -> None:
         """Scheduler subscriber: keep the observation, compute what depends on it alone."""
-        summaries = {}
+        summaries, listed = {}, 0
         if obs.success and obs.source == "segments":
             # A quick run hands back the same inventory object for a mount it did not touch:
             # its summary is kept rather than made again.
             before = self._result("segments")
             old = {m.mount: m for m in before.mounts} if before else {}
             for m in obs.result.mounts:
-                if not m.error:
-                    kept = self._summaries.get(m.mount)
-                    same = old.get(m.mount) is m and kept
-                    made = kept if same else summarise(m, self.top_k)
+                listed += len(m.states)
+                kept = self._summaries.get(m.mount)
+                if m.error:
+                    continue
+                if old.get(m.mount) is not m or not kept:
+                    made = summarise(m, self.top_k)
                     # One equal to the last is kept: a render compares it by identity.
-                    summaries[m.mount] = kept if made == kept else made
+                    kept = kept if made == kept else made
+                summaries[m.mount] = kept
         if obs.success and obs.source == "shm_mount":
             last = None if obs.full else self._result("shm_mount")
             kept = {id(u) for u in last or ()}  # unmeasured: handed back by a quick run
@@ -161,10 +165,13 @@ class ModelStep:
             before = self._latest.get(obs.source)
             if obs.source in self._latest:
                 self._latest[obs.source] = obs
+            shrunk = False
             if obs.source == "segments":
                 self._summaries = summaries
+                shrunk = self._listed - listed >= SHRUNK
+                self._listed = listed
             self._accepted += 1
-        if obs.success and obs.source == "segments" and _shrunk(before, obs):
+        if obs.success and shrunk:
             del before  # the last reference to the old inventory: freed here
             release_memory()
 
@@ -325,14 +332,6 @@ class ModelStep:
 
 
 SHRUNK = 10_000  # segments fewer than in the last inventory: worth giving memory back
-
-
-def _shrunk(before: Optional[Observation], after: Observation) -> bool:
-    def listed(obs) -> int:
-        ok = obs is not None and obs.success
-        return sum(len(m.states) for m in obs.result.mounts) if ok else 0
-
-    return listed(before) - listed(after) >= SHRUNK
 
 
 def _lineage(cgroup: str) -> List[str]:

@@ -268,11 +268,16 @@ class MountWatcher:
     def on_observation(self, obs: Observation) -> None:
         """Scheduler subscriber: on polled mounts, created/deleted come from the inventory's
         listings (a quick run hands back an untouched mount's inventory: counted once)."""
-        for m in obs.result.mounts if obs.source == "segments" and obs.success else ():
-            with self._lock:  # refresh() forgets gone mounts from the discovery thread
-                again = self._previous.get(m.mount) is m
-                self._previous[m.mount] = m
-            if again or m.error or self.state.inotify_active(m.mount):
+        if obs.source != "segments" or not obs.success:
+            return
+        with self._lock:  # refresh() forgets gone mounts from the discovery thread
+            previous, new = self._previous, []
+            for m in obs.result.mounts:
+                if previous.get(m.mount) is not m:
+                    previous[m.mount] = m
+                    new.append(m)
+        for m in new:
+            if m.error or self.state.inotify_active(m.mount):
                 continue
             for (cls, event), n in m.events.items():
                 self.state.count_event(m.mount, cls, event, n)
