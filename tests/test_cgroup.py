@@ -342,3 +342,72 @@ def test_a_v1_pods_containers_are_followed_without_listing_them_every_run(monkey
         for path in reversed(made):
             remove_cgroup(path)
         remove_cgroup(pod)
+
+
+@needs_root
+def test_node_mode_reads_a_steady_pod_less_often_and_a_changed_or_near_limit_one_every_poll():
+    """cAdvisor's dynamic housekeeping, per pod (real v1 pod cgroups, 8 MiB of shm charged to
+    each by a process that wrote it and left): a pod read the same as last time is read again
+    after twice as many polls, up to STRETCH_MAX; one near its limit every poll; a limit
+    changed is seen within STRETCH_MAX polls, and the pod is read every poll again. With
+    the kernel log not counting every kill (v1 counts one in a container's own cgroup, which
+    may be gone by the next read), every pod every poll."""
+    from exporter.check.thresholds import OOM_RISK_RATIO
+    from exporter.collectors import cgroup as cgroup_mod
+    from exporter.collectors.source import STRETCH_MAX
+
+    if not os.path.exists(os.path.join(V1_ROOT, "memory.usage_in_bytes")):
+        prerequisite_missing("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
+    assert cgroup_mod.STRETCH_BELOW_RATIO < OOM_RISK_RATIO  # read every poll before the alert
+    base = os.path.join(V1_ROOT, "kubepods", "burstable")
+    made = [d for d in (os.path.join(V1_ROOT, "kubepods"), base) if not os.path.isdir(d)]
+    steady, near = (str(uuid.uuid4()) for _ in range(2))
+    pods = {uid: os.path.join(base, f"pod{uid}") for uid in (steady, near)}
+    complete = {"yes": True}
+    collector = CgroupCollector(Paths(), node_mode=True, kill_log_complete=lambda: complete["yes"])
+    read = collector.read
+    reads = []
+    collector.read = lambda path, version, directory, *a: reads.append(directory) or read(path, version, directory, *a)
+
+    def polls(n):
+        """-> per poll, the pods read; and the last poll's results by pod."""
+        seen = []
+        for _ in range(n):
+            reads.clear()
+            found = {c.pod_uid: c for c in collector.read_pods(listed)}
+            seen.append({uid for uid, d in pods.items() if d in reads})
+        return seen, found
+
+    with mounted_tmpfs("32m") as shm:
+        try:
+            for uid, pod in pods.items():
+                os.makedirs(pod)
+                subprocess.run(["sh", "-c", f"echo $$ > {pod}/cgroup.procs && exec head -c {8 * MiB} /dev/zero "
+                                            f"> {shm}/{uid}"], check=True)
+            usage = int(open(os.path.join(pods[near], "memory.usage_in_bytes")).read())
+            with open(os.path.join(pods[near], "memory.limit_in_bytes"), "w") as f:
+                f.write(str(int(usage / 0.9)))  # near its limit, not at it
+            listed = [p for p in collector.pod_cgroups() if p[3] in pods]
+            seen, found = polls(20)
+            assert [i + 1 for i, s in enumerate(seen) if steady in s] == [1, 2, 4, 8, 16]
+            assert all(near in s for s in seen)
+            assert found[steady].shmem_bytes >= 8 * MiB and found[near].limit_bytes == int(usage / 0.9) // 4096 * 4096
+            with open(os.path.join(pods[steady], "memory.limit_in_bytes"), "w") as f:
+                f.write(str(1 << 30))
+            for _ in range(STRETCH_MAX):
+                found = polls(1)[1]
+                if found[steady].limit_bytes == 1 << 30:
+                    break
+            assert found[steady].limit_bytes == 1 << 30  # seen within STRETCH_MAX polls
+            # Changed: read the next poll again, then half as often again.
+            assert [steady in s for s in polls(4)[0]] == [True, False, True, False]
+            complete["yes"] = False
+            assert all(s == {steady, near} for s in polls(4)[0])
+        finally:
+            for uid in pods:
+                if os.path.exists(os.path.join(shm, uid)):
+                    os.unlink(os.path.join(shm, uid))
+            for pod in pods.values():
+                remove_cgroup(pod)
+            for d in reversed(made):
+                remove_cgroup(d)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import time
-from contextlib import suppress
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from exporter.model.types import CgroupMemory
@@ -22,13 +21,22 @@ from exporter.host.proctable import ProcessTable
 from exporter.collectors import workload
 from exporter.collectors.host_memory import meminfo, usable_limit_flag
 from exporter.collectors.workload import HIERARCHIES
-from exporter.collectors.source import BaseSource, register
+from exporter.collectors.source import STRETCH_MAX, BaseSource, register
 
 
 # Node mode lists the pod cgroups again when a directory above them gained or lost one (its
 # link count: 2 + its subdirectories), a listed one went away, or, this long apart at most,
 # a pod whose shm mount discovery found is not listed.
 MISSING_REWALK_SECONDS = 2.0
+# A pod's cgroup whose usage is this near its limit is read every poll, never stretched:
+# PodOomRiskHigh fires at 0.9 (the dashboard warns from 0.8); a pod on its way is not seen late.
+STRETCH_BELOW_RATIO = 0.8
+
+
+def _near_limit(memory: CgroupMemory) -> bool:
+    """Usage (working set and inactive cache: never below the working set) near the limit."""
+    limit = memory.limit_bytes
+    return limit is not None and memory.usage_bytes >= STRETCH_BELOW_RATIO * limit
 
 
 def _links(directory: str) -> Optional[int]:
@@ -67,11 +75,9 @@ class CgroupCollector(BaseSource):
         self._walked_at = float("-inf")
         self._walked_links: Dict[str, Optional[int]] = {}
         self._children: Dict[str, List[str]] = {}  # v1: a pod's containers, by walk
-
-    @property
-    def stretches(self) -> bool:
-        """Only while the kernel log counts every kill (v1's lives in a replaced container)."""
-        return self.node_mode and self.kill_log_complete()
+        # Node mode, by directory: a pod's last read, its stretch (polls), the poll it is due.
+        self._kept: Dict[str, Tuple[CgroupMemory, int, int]] = {}
+        self._polls = 0
 
     def resolve(self, pid: object = "self") -> Tuple[str, int, str]:
         """-> (cgroup path, version, directory to read) of --cgroup.path, or of `pid`'s cgroup."""
@@ -198,12 +204,32 @@ class CgroupCollector(BaseSource):
 
     def read_pods(self, listed: List[Tuple[str, int, str, str]]) -> List[CgroupMemory]:
         """Each listed pod's cgroup; one that cannot be read (deleted since the walk: ENOENT,
-        ENODEV; a file cut short) is left out and the others stand."""
-        found, above = [], {}  # the QoS slices' limits, read once this pass
-        swap = meminfo(self.paths).get("SwapTotal", 1) > 0
+        ENODEV; a file cut short) is left out and the others stand. As cAdvisor's dynamic
+        housekeeping, per pod: one read the same as last time is read again after twice as
+        many polls, up to STRETCH_MAX, and every poll again once it changed or nears its
+        limit; only while the kernel log counts every kill (v1 counts one in the container's
+        own cgroup, which may be replaced between two reads)."""
+        found, above, swap = [], {}, None  # the QoS slices' limits, read once this pass
+        stretch = self.kill_log_complete()
+        kept, self._kept, self._polls = self._kept, {}, self._polls + 1
         for path, version, directory, uid in listed:
-            with suppress(OSError, ValueError):
-                found.append(self.read(path, version, directory, uid, above, swap))
+            last, every, due = kept.get(directory, (None, 1, 0))
+            if stretch and self._polls < due:
+                found.append(last)
+                self._kept[directory] = (last, every, due)
+                continue
+            if swap is None:
+                swap = meminfo(self.paths).get("SwapTotal", 1) > 0
+            try:
+                memory = self.read(path, version, directory, uid, above, swap)
+            except (OSError, ValueError):
+                continue
+            same = memory == last
+            memory = last if same else memory  # the same object: render memos hold
+            steady = stretch and same and not _near_limit(memory)
+            every = min(every * 2, STRETCH_MAX) if steady else 1
+            self._kept[directory] = (memory, every, self._polls + every)
+            found.append(memory)
         return found
 
     def read(

@@ -11,6 +11,9 @@ from exporter.host.proctable import ProcessTable
 from exporter.inventory.changes import ChangeLog
 
 MODES = ("sidecar", "node")
+# A stretched interval grows to this many times its base at most: a heavy source's (the
+# scheduler's) and each pod cgroup's (cgroup.py's own).
+STRETCH_MAX = 8
 
 
 class Source(Protocol):
