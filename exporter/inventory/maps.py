@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Dict, List, Optional, Set, Tuple
 
 MapsLine = Tuple[int, int, str, int, str]  # dev, inode, path, extent, address range
@@ -20,6 +21,8 @@ class DeviceTokens(Dict[str, int]):
         super().__init__(tokens)
         self.major0 = {t: dev for t, dev in tokens.items() if t.startswith(" 00:")}
         self.others = {t: dev for t, dev in tokens.items() if t not in self.major0}
+        # One search in C for all of them, past the anonymous mappings' " 00:00 ".
+        self.find = re.compile("|".join(map(re.escape, self.major0))).search
 
     @classmethod
     def of(cls, devs: Set[int]) -> "DeviceTokens":
@@ -27,25 +30,19 @@ class DeviceTokens(Dict[str, int]):
 
 
 def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
-    """Lines of maps on the watched devices -> [(dev, inode, path, extent, address range)].
-    tmpfs devices all have major 0: one pass over " 00:" finds them however many are watched."""
+    """Lines of maps on the watched devices -> [(dev, inode, path, extent, address range)]."""
     found: List[MapsLine] = []
     split = tokens if isinstance(tokens, DeviceTokens) else DeviceTokens(tokens)
     major0, others = split.major0, split.others
-    if major0:
-        pos = text.find(" 00:")
-        while pos != -1:
-            end_token = text.find(" ", pos + 4)
-            token = text[pos : end_token + 1]
-            if token in major0:
-                line_start = text.rfind("\n", 0, pos) + 1
-                line_end = text.find("\n", pos)
-                line = text[line_start : line_end if line_end != -1 else len(text)]
-                if parsed := _parse_maps_line(line, major0[token], token):
-                    found.append(parsed)
-                pos = text.find(" 00:", line_end) if line_end != -1 else -1
-            else:
-                pos = text.find(" 00:", pos + 4)
+    hit = split.find(text) if major0 else None
+    while hit is not None:
+        pos, token = hit.start(), hit.group()
+        line_start = text.rfind("\n", 0, pos) + 1
+        line_end = text.find("\n", pos)
+        line = text[line_start : line_end if line_end != -1 else len(text)]
+        if parsed := _parse_maps_line(line, major0[token], token):
+            found.append(parsed)
+        hit = split.find(text, line_end) if line_end != -1 else None
     for token, dev in others.items():  # a watched directory on a real disk: rare
         if token in text:
             # Not splitlines(): "\x1e" or "\x85" may be in a path.
