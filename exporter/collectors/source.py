@@ -11,6 +11,9 @@ from exporter.host.proctable import ProcessTable
 from exporter.inventory.changes import ChangeLog
 
 MODES = ("sidecar", "node")
+# A stretching source's interval grows to this many times its base at most (the scheduler's
+# runs, and the full owner scan between them in node mode).
+STRETCH_MAX = 8
 
 
 class Source(Protocol):

@@ -100,15 +100,10 @@ class WatchedMountIds:
         """An fd's mount ID from fdinfo; NO_MNT_ID before Linux 3.15, None when it closed
         since listdir."""
         try:
-            handle = os.open(fdinfo, os.O_RDONLY | os.O_CLOEXEC)
+            with open(fdinfo, "rb", buffering=0) as handle:
+                info = handle.read(4096)  # pos, flags, mnt_id and ino come first
         except OSError:
             return None
-        try:
-            info = os.read(handle, 4096)  # pos, flags, mnt_id and ino come first
-        except OSError:
-            return None
-        finally:
-            os.close(handle)
         at = info.find(b"mnt_id:")
         if at == -1:
             return NO_MNT_ID

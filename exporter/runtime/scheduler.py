@@ -15,7 +15,7 @@ import time
 from concurrent.futures import Future
 from typing import Callable, Dict, List, Optional, Sequence
 
-from exporter.collectors.source import Source
+from exporter.collectors.source import STRETCH_MAX, Source
 from exporter.model.types import Observation
 
 log = logging.getLogger(__name__)
@@ -30,8 +30,6 @@ FOLLOW_UP_SECONDS = 1.0
 QUICK_GAP_SECONDS = 0.25
 # How often the watchdog looks for runs over their timeout (timeouts are seconds long).
 WATCHDOG_SECONDS = 0.5
-# A stretching source's interval grows to this many times its base at most.
-STRETCH_MAX = 8
 
 
 class _Runner(threading.Thread):
