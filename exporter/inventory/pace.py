@@ -37,8 +37,8 @@ class ScanPace:
         calm = self._quiet and stretch and not leaked
         calm = calm and self._seen[1:] == _held(owners)
         self.every = min(self.every * 2, self.base * self.cap) if calm else self.base
-        self._seen, self._quiet = (mounts, *_held(owners)), quiet
-        self.scanned_at = self.monotonic()
+        self._seen = (mounts, dict(owners.holders), frozenset(owners.holdings))
+        self._quiet, self.scanned_at = quiet, self.monotonic()
 
 
 def _held(owners: Owners) -> tuple:
