@@ -100,14 +100,13 @@ class WatchedMountIds:
         """An fd's mount ID from fdinfo; NO_MNT_ID before Linux 3.15, None when it closed
         since listdir."""
         try:
-            with open(fdinfo, "rb", buffering=0) as handle:
-                info = handle.read(4096)  # pos, flags, mnt_id and ino come first
+            info = read_text(fdinfo)  # a file's: pos, flags, mnt_id, ino, locks
         except OSError:
             return None
-        at = info.find(b"mnt_id:")
+        at = info.find("mnt_id:")
         if at == -1:
             return NO_MNT_ID
-        end = info.find(b"\n", at)
+        end = info.find("\n", at)
         try:
             return int(info[at + 7 : end if end != -1 else len(info)])
         except ValueError:
