@@ -714,3 +714,24 @@ def test_the_full_scan_stretches_while_nothing_changes_and_is_back_to_its_base_o
         assert not scanned and segment(inv, a, "nccl-a") == ("unverified", ())
         scanned, inv = full_run(60)
         assert scanned and segment(inv, a, "nccl-a") == ("orphan", ())
+
+
+@needs_root
+def test_a_change_inotify_missed_that_the_full_runs_listing_finds_brings_the_scan_back_to_its_base(two_pods):
+    """A rename moves no statvfs figure: the listing's events tell it."""
+    (a, _), _ = two_pods
+    clock = Clock()
+    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, full_scan_interval=120.0,
+                                  monotonic=clock, all_watched=lambda: True, ignore_unreadable=HOST_EXCUSED_RE)
+    scans, scan = [], collector.owner_scan.scan
+    collector.owner_scan.scan = lambda *args, **kw: scans.append(clock.now) or scan(*args, **kw)
+    with Peer(a, "mapped", "nccl-a", str(MiB)):
+        collector.collect()
+        clock.now += 120
+        collector.collect()  # nothing changed since the first: 240 s next
+        os.rename(os.path.join(a, "nccl-a"), os.path.join(a, "nccl-b"))  # no event said
+        clock.now += 60
+        collector.collect()  # a refresh, whose listing finds it
+        clock.now += 60
+        collector.collect()
+        assert scans == [1000.0, 1120.0, 1240.0]

@@ -179,7 +179,7 @@ class SegmentsCollector(BaseSource):
                 holdings.add_names(self._doubted, m, names)
             if self._during is not None:  # a full run's scan is reading /proc
                 holdings.add_names(self._during, m, names)
-        if seen:
+        if seen or any(events for _, events in listings.values()):  # (inotify missed)
             self.pace.changed()
         listed = (mount_list, errors, devs, listings, sigs)
         if not full:
