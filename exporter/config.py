@@ -209,12 +209,12 @@ _TABLE = """
     no shm (a VM agent as pid 1 that even root cannot inspect) do not make
     held-by-nobody segments unverified.
 --segments.full-scan-interval  full_scan_interval     duration-or-0  2m
-    Node mode: how often every process on the node is read for the segments it holds. In
-    between, the inventory reads only new processes, the pods of holders that exited and
-    the pods whose mount moved while a segment in it is called 'orphan'; a new segment is
-    taken as its creator's ('linked') and one held at the last full scan that its pod's
-    read finds unheld is 'unverified', until the next full scan may call it 'orphan'. 0:
-    every inventory run reads every process.
+    Node mode: how often every process on the node is read for the segments it holds,
+    doubled (up to 8 times) while nothing changes and none is 'orphan'. In between, the
+    inventory reads new processes, the pods of holders that exited and of mounts that moved
+    while a segment there is 'orphan'; a new segment is its creator's ('linked'), one its
+    pod's read finds unheld since the last full scan 'unverified', until a full scan may
+    call it 'orphan'. 0: every inventory run reads every process.
 --inventory.max-segments       max_segments           count          150000
     Per mount: past this many files the inventory keeps only their counts and bytes by
     class (state 'unverified', no names, no owners) and says so in

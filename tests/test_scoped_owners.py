@@ -56,7 +56,7 @@ def test_an_event_lists_the_segment_and_the_refresh_reads_only_the_pods_that_mov
             assert segment(inv, a, "nccl-a") == ("linked", (pa.pid,))
             assert segment(inv, b, "nccl-b") == ("linked", (pb.pid,))
             b_before = next(m for m in inv.mounts if m.mount == b)
-            scanned_at = collector._scanned_at
+            scanned_at = collector.pace.scanned_at
             with Peer(a, "mapped", "nccl-a2", str(MiB)) as pa2:
                 into_pod(cgroups[uid_a], pa2.pid)
                 changes.add(a, "nccl-a2")  # what the watcher records for a create in pod A's mount
@@ -67,7 +67,7 @@ def test_an_event_lists_the_segment_and_the_refresh_reads_only_the_pods_that_mov
                 assert next(m for m in inv.mounts if m.mount == b) is b_before  # not assembled again
                 clock.now += 15
                 inv = collector.collect()  # the inventory run: a refresh, not a full scan
-                assert collector._scanned_at == scanned_at
+                assert collector.pace.scanned_at == scanned_at
                 assert segment(inv, a, "nccl-a2") == ("linked", (pa2.pid,))
                 assert segment(inv, a, "nccl-a") == ("linked", (pa.pid,))
                 assert segment(inv, b, "nccl-b") == ("linked", (pb.pid,))  # carried over
@@ -466,13 +466,13 @@ def test_a_memfd_holder_outside_any_pod_that_exits_does_not_bring_a_full_scan_fo
     with Peer(a, "memfd", str(MiB), script=ENGINES) as holder:
         inv = collector.collect()
         assert {holder.pid, int(holder.info)} <= {pid for seg in inv.memfd for pid in seg.holders}
-        scanned_at = collector._scanned_at
+        scanned_at = collector.pace.scanned_at
     clock.now += 15
     collector.collect()  # both holders gone, outside any pod: a refresh, not a full scan
-    assert collector._scanned_at == scanned_at
+    assert collector.pace.scanned_at == scanned_at
     clock.now += 600
     inv = collector.collect()  # the next full scan drops them
-    assert collector._scanned_at == clock.now
+    assert collector.pace.scanned_at == clock.now
     assert holder.pid not in {pid for seg in inv.memfd for pid in seg.holders}
 
 
@@ -660,3 +660,78 @@ def test_after_a_failed_scan_a_quick_run_does_not_hand_back_an_inventory_its_wal
         finally:
             holder.kill()
             holder.wait()
+
+
+@needs_root
+def test_the_full_scan_stretches_while_nothing_changes_and_is_back_to_its_base_on_a_change(two_pods):
+    """Idle, every process is read ever more seldom (up to 8x the base); a new segment, a segment
+    called leaked, or a holder gone brings the scan back to its base at once."""
+    (a, b), (cg_a, _) = two_pods
+    clock, changes = Clock(), ChangeLog()
+    collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+                                  full_scan_interval=120.0, monotonic=clock, all_watched=lambda: True,
+                                  ignore_unreadable=HOST_EXCUSED_RE)
+
+    scans, scan = [], collector.owner_scan.scan
+    collector.owner_scan.scan = lambda *args, **kw: scans.append(clock.now) or scan(*args, **kw)
+
+    def full_run(after):
+        """A full run `after` seconds on: (whether it read every process, its inventory)."""
+        clock.now += after
+        before = len(scans)
+        inv = collector.collect()
+        return len(scans) > before, inv
+
+    with Peer(a, "mapped", "nccl-a", str(MiB)) as pa:
+        into_pod(cg_a, pa.pid)
+        assert full_run(0)[0]
+        assert full_run(120)[0]  # nothing to compare the first with
+        # Idle since: 240 s, 480, then 960 (8 x 120) at most.
+        for gap in (240, 480, 960, 960):
+            assert not full_run(gap - 1)[0]  # a refresh
+            assert full_run(1)[0]
+        # A new segment, which only a full scan may call leaked: the base again.
+        with open(os.path.join(b, "psm_new"), "wb") as f:
+            f.write(b"x" * 4096)
+        changes.add(b, "psm_new")
+        assert segment(collector.collect_quick(), b, "psm_new") == ("linked", ())
+        assert not full_run(119)[0]
+        scanned, inv = full_run(1)
+        assert scanned and segment(inv, b, "psm_new") == ("orphan", ())
+        # Nothing changed since, but a segment is called leaked: never stretched (a process
+        # attaching without writing is seen by a full scan only).
+        assert full_run(120)[0]
+        os.unlink(os.path.join(b, "psm_new"))
+        changes.add(b, "psm_new")
+        collector.collect_quick()
+        assert full_run(120)[0]
+        assert full_run(120)[0]  # (the deletion was since the scan before)
+        assert not full_run(120)[0]  # stretched again: 240 s
+        assert full_run(120)[0]  # (480 s next)
+        # Its holder gone: its pod is read by a refresh, and every process at the base.
+        killed(pa)
+        scanned, inv = full_run(60)
+        assert not scanned and segment(inv, a, "nccl-a") == ("unverified", ())
+        scanned, inv = full_run(60)
+        assert scanned and segment(inv, a, "nccl-a") == ("orphan", ())
+
+
+@needs_root
+def test_a_change_inotify_missed_that_the_full_runs_listing_finds_brings_the_scan_back_to_its_base(two_pods):
+    """A rename moves no statvfs figure: the listing's events tell it."""
+    (a, _), _ = two_pods
+    clock = Clock()
+    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, full_scan_interval=120.0,
+                                  monotonic=clock, all_watched=lambda: True, ignore_unreadable=HOST_EXCUSED_RE)
+    scans, scan = [], collector.owner_scan.scan
+    collector.owner_scan.scan = lambda *args, **kw: scans.append(clock.now) or scan(*args, **kw)
+    with Peer(a, "mapped", "nccl-a", str(MiB)):
+        collector.collect()
+        clock.now += 120
+        collector.collect()  # nothing changed since the first: 240 s next
+        os.rename(os.path.join(a, "nccl-a"), os.path.join(a, "nccl-b"))  # no event said
+        clock.now += 60
+        collector.collect()  # a refresh, whose listing finds it
+        clock.now += 60
+        collector.collect()
+        assert scans == [1000.0, 1120.0, 1240.0]

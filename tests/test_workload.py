@@ -2,7 +2,7 @@
 smaps_rollup parser, on text; the whole estimate runs for real in tests/containers/test_memory.py."""
 from exporter.collectors.workload import below, cgroup_directories
 from exporter.host.mountinfo import parse_mountinfo
-from exporter.host.proctable import parse_smaps_rollup
+from exporter.host.proctable import parse_meminfo as parse_smaps_rollup
 
 # A Docker sidecar on cgroup v1: its own memory cgroup mounted at /sys/fs/cgroup/memory (root
 # /docker/<sidecar>), and the host's cgroupfs given read-only at /host/sys/fs/cgroup.

@@ -19,7 +19,7 @@ from contextlib import suppress
 from functools import partial
 from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
-from exporter.collectors.source import BaseSource, Context, register
+from exporter.collectors.source import STRETCH_MAX, BaseSource, Context, register
 from exporter.host.kube import pod_uid_of_mount
 from exporter.host.mountinfo import MountTable, live_mounts
 from exporter.host.paths import Paths
@@ -31,6 +31,7 @@ from exporter.inventory.holdings import Owners, UnprovenLog, unlinked_size
 from exporter.inventory.maps import DELETED
 from exporter.inventory.memfd import MemfdRegions
 from exporter.inventory.owners import OwnerScan
+from exporter.inventory.pace import ScanPace
 from exporter.inventory.walk import MAX_ENTRIES, Events, Key, Listing
 from exporter.inventory.walk import patch_listing, walk
 from exporter.model.classes import classify
@@ -70,10 +71,10 @@ class SegmentsCollector(BaseSource):
         self.follows_up = not pod_of_pid
         self.all_watched = all_watched  # inotify watches every mount
         # Node mode: how long the owners of a full scan are refreshed (owner_scan.refresh)
-        # before every process is read again, which alone may call a segment leaked.
-        self.full_scan_interval = full_scan_interval if pod_of_pid else 0.0
+        # before every process is read again, stretched while nothing changes.
+        every = full_scan_interval if pod_of_pid else 0.0
+        self.pace = ScanPace(every, STRETCH_MAX, lambda: self.monotonic())
         self.monotonic = monotonic
-        self._scanned_at = float("-inf")  # when the last full owner scan ran
         # Each mount's last listing, and its name -> inode index, for quick runs to patch.
         self._listings: Dict[str, Listing] = {}
         # Per mount; past it, counts by class (a walk stops at MAX_ENTRIES anyway).
@@ -178,32 +179,19 @@ class SegmentsCollector(BaseSource):
                 holdings.add_names(self._doubted, m, names)
             if self._during is not None:  # a full run's scan is reading /proc
                 holdings.add_names(self._during, m, names)
+        if seen or any(events for _, events in listings.values()):  # (inotify missed)
+            self.pace.changed()
         listed = (mount_list, errors, devs, listings, sigs)
         if not full:
             return lambda: lambda: self._finish(False, listed)
         self._during = {m: names for m, names in seen.items() if staged}
         # A refresh reads the pods of these mounts again (None: a full scan).
         moved: Optional[List[str]] = None
-        if (
-            self._owners.processes
-            and self.monotonic() - self._scanned_at < self.full_scan_interval
-        ):
-            # A running process may have attached to a segment called leaked in a mount
-            # that changed (an event) or moved (pages written through a mapping raise none)
-            # since its pod was read: its pod is read again. Others wait for the full scan.
-            moved = [
-                m
-                for m in devs
-                if m in self._doubted
-                or (before := self._pod_read_as.get(m))
-                and sigs.get(m, before) != before
-                and m in self._last
-                and ORPHAN in self._last[m].states
-            ]
-            # A change to an orphan in no pod's mount (a sandbox's shm, the host's): only a
-            # full scan reads whoever may hold it.
-            if any(m in self._doubted and not pod_uid_of_mount(m) for m in moved):
-                moved = None
+        self.pace.look((devs, sigs))
+        if self._owners.processes and not self.pace.due():
+            moved = holdings.mounts_to_reread(
+                devs, sigs, self._doubted, self._pod_read_as, self._last
+            )
 
         def scan() -> Callable[[], Inventory]:  # reads /proc only: beside quick runs
             on = set(devs.values())
@@ -244,12 +232,12 @@ class SegmentsCollector(BaseSource):
                 m for m in self._last if m in now_listed and m not in mount_list
             ]
             if moved is not None:
+                self.pace.look((devs, sigs), self._owners)
                 self._pod_read_as.update({m: sigs[m] for m in moved if m in sigs})
                 unread = set(devs) - set(moved)
                 for m in moved:
                     self._doubted.pop(m, None)
             else:
-                self._scanned_at = self.monotonic()
                 self._unproven_log.say(self._owners)
                 # Only what was listed before /proc was read may be called leaked: this
                 # run's rows (marked known as they are assembled).
@@ -281,6 +269,9 @@ class SegmentsCollector(BaseSource):
             )
         self._last = {m.mount: m for m in mounts}
         owners = self._owners
+        if settled:
+            leaked = any(ORPHAN in m.states for m in mounts)
+            self.pace.scanned((devs, sigs), owners, leaked, not during, self.stretches)
         if full or self._pod_of is None:
             self._pod_of = {
                 pid: pod

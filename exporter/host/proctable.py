@@ -59,9 +59,6 @@ def parse_meminfo(text: str) -> Dict[str, int]:
     return values
 
 
-parse_smaps_rollup = parse_meminfo
-
-
 @dataclass(frozen=True)
 class Process:
     pid: int

@@ -8,10 +8,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
+from exporter.host.kube import pod_uid_of_mount
 from exporter.host.proctable import Process
 from exporter.host.said import SaidOnce
 from exporter.inventory.walk import Key
-from exporter.model.types import KNOWN
+from exporter.model.types import KNOWN, STATES
 
 MAX_UNPROVEN = 20  # reasons kept for the log
 Changes = Dict[str, Optional[Set[str]]]  # mount -> names changed; None: re-list it all
@@ -116,3 +117,21 @@ def unheld_state(
 def add_names(book: Changes, mount: str, names: Optional[Set[str]]) -> None:
     known = book.get(mount, set())
     book[mount] = None if names is None or known is None else known | names
+
+
+def mounts_to_reread(devs, sigs, doubted, read_as, last) -> Optional[List[str]]:
+    """The mounts whose pods a refresh reads again: a process may have attached to a segment
+    called leaked in one that changed (`doubted`) or moved (`sigs`: writes through a mapping
+    raise no event) since its pod was read. None: an orphan in no pod's mount changed."""
+    moved = [
+        m
+        for m in devs
+        if m in doubted
+        or (before := read_as.get(m))
+        and sigs.get(m, before) != before
+        and m in last
+        and STATES.index("orphan") in last[m].states
+    ]
+    if any(m in doubted and not pod_uid_of_mount(m) for m in moved):
+        return None
+    return moved

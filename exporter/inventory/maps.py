@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Dict, List, Optional, Set, Tuple
 
 MapsLine = Tuple[int, int, str, int, str]  # dev, inode, path, extent, address range
@@ -14,12 +15,12 @@ def dev_token(dev: int) -> str:
 
 
 class DeviceTokens(Dict[str, int]):
-    """dev_token(dev) -> dev, split once per scan into tmpfs devices (major 0) and the rest."""
+    """dev_token(dev) -> dev, and one search for them all, made once per scan: it runs in C
+    past the lines of other devices (the anonymous mappings' " 00:00 ")."""
 
     def __init__(self, tokens: Dict[str, int]):
         super().__init__(tokens)
-        self.major0 = {t: dev for t, dev in tokens.items() if t.startswith(" 00:")}
-        self.others = {t: dev for t, dev in tokens.items() if t not in self.major0}
+        self.find = re.compile("|".join(map(re.escape, tokens)) or "(?!)").search
 
     @classmethod
     def of(cls, devs: Set[int]) -> "DeviceTokens":
@@ -28,30 +29,19 @@ class DeviceTokens(Dict[str, int]):
 
 def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
     """Lines of maps on the watched devices -> [(dev, inode, path, extent, address range)].
-    tmpfs devices all have major 0: one pass over " 00:" finds them however many are watched."""
+    A line's first token is its device field (none before it holds a ':'); one in a path
+    is refused by the parse. Not splitlines(): "\x1e" or "\x85" may be in a path."""
     found: List[MapsLine] = []
-    split = tokens if isinstance(tokens, DeviceTokens) else DeviceTokens(tokens)
-    major0, others = split.major0, split.others
-    if major0:
-        pos = text.find(" 00:")
-        while pos != -1:
-            end_token = text.find(" ", pos + 4)
-            token = text[pos : end_token + 1]
-            if token in major0:
-                line_start = text.rfind("\n", 0, pos) + 1
-                line_end = text.find("\n", pos)
-                line = text[line_start : line_end if line_end != -1 else len(text)]
-                if parsed := _parse_maps_line(line, major0[token], token):
-                    found.append(parsed)
-                pos = text.find(" 00:", line_end) if line_end != -1 else -1
-            else:
-                pos = text.find(" 00:", pos + 4)
-    for token, dev in others.items():  # a watched directory on a real disk: rare
-        if token in text:
-            # Not splitlines(): "\x1e" or "\x85" may be in a path.
-            for line in text.split("\n"):
-                if token in line and (parsed := _parse_maps_line(line, dev, token)):
-                    found.append(parsed)
+    tokens = tokens if isinstance(tokens, DeviceTokens) else DeviceTokens(tokens)
+    hit = tokens.find(text)
+    while hit is not None:
+        pos, token = hit.start(), hit.group()
+        line_start = text.rfind("\n", 0, pos) + 1
+        line_end = text.find("\n", pos)
+        line = text[line_start : line_end if line_end != -1 else len(text)]
+        if parsed := _parse_maps_line(line, tokens[token], token):
+            found.append(parsed)
+        hit = tokens.find(text, line_end) if line_end != -1 else None
     return found
 
 

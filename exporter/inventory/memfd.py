@@ -25,12 +25,10 @@ class MemfdRegions:
             if (name := memfd_name(hs[0].path)) is not None:
                 pids = tuple(sorted({h.pid for h in hs}))
                 size = unlinked_size(hs)
-                regions.append(
-                    Segment(name, classify(name), "hidden", *size, pids, key)
-                )
-        holders = {
-            pid for seg in regions for pid in seg.holders
-        } | owners.memfd_rest.keys()
+                region = Segment(name, classify(name), "hidden", *size, pids, key)
+                regions.append(region)
+        holders = {pid for region in regions for pid in region.holders}
+        holders |= owners.memfd_rest.keys()
         return regions, self._cgroups(holders, owners)
 
     def _cgroups(self, pids, owners: Owners) -> Dict[int, str]:

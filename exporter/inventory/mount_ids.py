@@ -37,6 +37,8 @@ class WatchedMountIds:
         # shm mount) is none of them; a tenant's file at /memfd:x is on one.
         self.mounted_ids: Set[int] = set()
         self.mounted_devs: Set[str] = set()
+        # pid -> of(pid) as learn() found it, for the pass that follows to take once.
+        self.learnt: Dict[int, Optional[Set[int]]] = {}
 
     def learn(
         self, processes: Iterable[Process], devs: Set[int], again: bool = True
@@ -49,8 +51,10 @@ class WatchedMountIds:
             self._ns_of = {}
             self.union, self.mounted_ids, self.mounted_devs = set(), set(), set()
             self.learned_devs = set(devs)
+        learnt = self.learnt = {}
         for proc in processes:
-            self.union |= self.of(proc.pid, devs) or set()
+            learnt[proc.pid] = watched = self.of(proc.pid, devs)
+            self.union |= watched or set()
 
     def forget(self, gone: Set[int]) -> None:
         """Drop the namespaces no process is left in: a stale (reused) mount ID could name a
@@ -96,14 +100,13 @@ class WatchedMountIds:
         """An fd's mount ID from fdinfo; NO_MNT_ID before Linux 3.15, None when it closed
         since listdir."""
         try:
-            with open(fdinfo, "rb", buffering=0) as handle:
-                info = handle.read(4096)  # pos, flags, mnt_id and ino come first
+            info = read_text(fdinfo)  # a file's: pos, flags, mnt_id, ino, locks
         except OSError:
             return None
-        at = info.find(b"mnt_id:")
+        at = info.find("mnt_id:")
         if at == -1:
             return NO_MNT_ID
-        end = info.find(b"\n", at)
+        end = info.find("\n", at)
         try:
             return int(info[at + 7 : end if end != -1 else len(info)])
         except ValueError:

@@ -36,6 +36,7 @@ class OwnerScan:
         self._kernel_threads: Set[int] = set()
         # A refresh trusts what it knows of a pid until pids wrap.
         self._pid_wrap = PidWrapWatch(table)
+        self._proc_root = table.paths.procfs.rstrip("/")
 
     # A holder may fork and exit mid-scan: processes new since a pass are read in another, up
     # to this many; still new ones after that leave the scan unproven.
@@ -212,8 +213,9 @@ class OwnerScan:
         """-> (holds something on a watched mount, some of its /proc entries were denied)."""
         pid = proc.pid
         denied = held_here = False
-        mount_ids = self._mount_ids.of(pid, devs)
         mounted = self._mount_ids
+        learnt = mounted.learnt.pop(pid, False)  # read by this pass's learn()
+        mount_ids = mounted.of(pid, devs) if learnt is False else learnt
         memfds = Owners()  # this process's, bounded before they join `out`
         try:
             text = self.table.maps(pid)
@@ -227,21 +229,21 @@ class OwnerScan:
                     self._add(into, (dev, inode), held)
         except OSError as err:
             denied |= denied_by(err)
-        fd_dir = self.table.paths.proc(pid, "fd")
+        fd_dir = f"{self._proc_root}/{pid}/fd"  # not Paths.proc: thousands per scan
         fds: List[str] = []
         if mount_ids is None:
             # Without its mountinfo we cannot tell which fds are safe to stat.
             denied = True
-        elif mount_ids or self._mount_ids.union:
+        elif mount_ids or mounted.union:
             # (an fd may come from another namespace's mount)
             try:
                 fds = os.listdir(fd_dir)
             except OSError as err:
                 denied |= denied_by(err)
-        info_dir = self.table.paths.proc(pid, "fdinfo")
-        ours = self._mount_ids.union | (mount_ids or set())
+        info_dir = f"{self._proc_root}/{pid}/fdinfo"
+        union, mount_ids = mounted.union, mount_ids or ()
         for fd in fds:
-            link = f"{fd_dir}/{fd}"  # not os.path.join: thousands per scan
+            link = f"{fd_dir}/{fd}"
             try:
                 target = os.readlink(link)
                 if not target.startswith("/"):
@@ -250,7 +252,8 @@ class OwnerScan:
                 # A memfd is on the kernel's internal shm mount, in no mountinfo.
                 memfd = mnt not in mounted.mounted_ids and mnt not in (None, NO_MNT_ID)
                 memfd = memfd and memfd_name(target) is not None
-                if not (memfd or mnt in ours or mnt == NO_MNT_ID):
+                ours = mnt in union or mnt in mount_ids
+                if not (memfd or ours or mnt == NO_MNT_ID):
                     continue
                 # The open file itself, known to be on a watched tmpfs or a memfd.
                 st = os.stat(link)
