@@ -13,6 +13,7 @@ import pytest
 
 from exporter.collectors.segments import SegmentsCollector
 from exporter.inventory.changes import ChangeLog
+from exporter.host.kube import pod_uid_of_mount
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from exporter.runtime.scheduler import Sampler
@@ -320,6 +321,31 @@ def test_a_running_process_that_attaches_to_an_orphan_and_writes_is_seen_by_the_
             orphan.collector.collect_quick()  # a create in the pod: the listing patched
         orphan.attach()
         assert orphan.refresh() == ("linked", (orphan.pid,))
+
+
+@needs_root
+def test_a_create_beside_an_orphan_reads_no_pod_again_pages_written_to_the_orphan_do(two_pods):
+    """A create or a write to another file moves the mount's statvfs but cannot attach anyone
+    to the file called leaked: no pod is read again for it. Pages written through a mapping
+    to the orphan itself (no event) are: its pod is read again by the next refresh."""
+    (a, _), (cg_a, _) = two_pods
+    with orphan_attached_later(a, ATTACH_LATER, allocated=False, cgroup=cg_a) as orphan:
+        real, asked = orphan.collector.owner_scan.refresh, []
+
+        def refresh(devs, previous, also=frozenset()):
+            asked.append(set(also))
+            return real(devs, previous, also=also)
+
+        orphan.collector.owner_scan.refresh = refresh
+        with open(os.path.join(a, "psm_other"), "wb") as f:
+            f.write(b"x" * MiB)
+        orphan.changes.add(a, "psm_other")
+        orphan.collector.collect_quick()
+        assert orphan.refresh() == ("orphan", ())
+        assert asked == [set()]  # a refresh that read no pod again
+        orphan.attach()
+        assert orphan.refresh() == ("linked", (orphan.pid,))
+        assert asked[-1] == {pod_uid_of_mount(a)}
 
 
 HOLD_LATER = """

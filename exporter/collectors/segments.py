@@ -90,8 +90,11 @@ class SegmentsCollector(BaseSource):
         self._full_devs: Dict[str, int] = {}
         self._held_at_full: Set[Key] = set()  # inodes held at the last full scan
         self._last: Dict[str, MountInventory] = {}  # the last run's, by mount
-        # Node mode: each mount's _signature() when its pod's processes were last read.
-        self._pod_read_as: Dict[str, tuple] = {}
+        # Node mode, per mount: the names its last run called leaked, and their allocated
+        # bytes when its pod's processes were last read (pages written through a mapping
+        # raise no event, but move these).
+        self._orphans: Dict[str, Set[str]] = {}
+        self._pod_read_as: Dict[str, Dict[str, Optional[int]]] = {}
         # Per mount, the names (None: any) not to call leaked before its pod is read again.
         self._doubted: Dict[str, Optional[Set[str]]] = {}
         self._table = MountTable(paths)  # which paths are still mount points
@@ -175,8 +178,9 @@ class SegmentsCollector(BaseSource):
         # leaked again before its pod is read. Staged: the names pending, left in the log.
         seen = self.changes.peek() if staged else changes
         for m, names in seen.items():
-            if m in self._last and ORPHAN in self._last[m].states:
-                holdings.add_names(self._doubted, m, names)
+            orphans = self._orphans.get(m, set()) if m in self._last else set()
+            if orphans and (names is None or names & orphans):
+                holdings.add_names(self._doubted, m, names and names & orphans)
             if self._during is not None:  # a full run's scan is reading /proc
                 holdings.add_names(self._during, m, names)
         if seen or any(events for _, events in listings.values()):  # (inotify missed)
@@ -190,7 +194,7 @@ class SegmentsCollector(BaseSource):
         self.pace.look((devs, sigs))
         if self._owners.processes and not self.pace.due():
             moved = holdings.mounts_to_reread(
-                devs, sigs, self._doubted, self._pod_read_as, self._last
+                devs, listings, self._orphans, self._doubted, self._pod_read_as
             )
 
         def scan() -> Callable[[], Inventory]:  # reads /proc only: beside quick runs
@@ -233,7 +237,6 @@ class SegmentsCollector(BaseSource):
             ]
             if moved is not None:
                 self.pace.look((devs, sigs), self._owners)
-                self._pod_read_as.update({m: sigs[m] for m in moved if m in sigs})
                 unread = set(devs) - set(moved)
                 for m in moved:
                     self._doubted.pop(m, None)
@@ -242,7 +245,6 @@ class SegmentsCollector(BaseSource):
                 # Only what was listed before /proc was read may be called leaked: this
                 # run's rows (marked known as they are assembled).
                 self._full_devs = dict(devs)
-                self._pod_read_as = sigs
                 self._held_at_full = set(self._owners.holdings)
                 self._doubted.clear()
                 settled = True
@@ -268,6 +270,10 @@ class SegmentsCollector(BaseSource):
                 self._assemble(mount, dev, listing, events, quick, settled, fresh)
             )
         self._last = {m.mount: m for m in mounts}
+        self._orphans = {m: o for m, o in self._orphans.items() if m in self._last}
+        for m in devs if settled else moved or ():  # their pods were read this run
+            rows = self._listings[m].rows if m in self._listings else {}
+            self._pod_read_as[m] = holdings.allocated(rows, self._orphans.get(m, ()))
         owners = self._owners
         if settled:
             leaked = any(ORPHAN in m.states for m in mounts)
@@ -328,6 +334,7 @@ class SegmentsCollector(BaseSource):
         held_pids: Dict[int, Tuple[int, ...]] = {}
         inv = MountInventory(mount, dev=dev, other_entries=listing.others)
         bytes_of = inv.process_bytes
+        orphans = self._orphans[mount] = set()
         accounted = sum(a for _, a, _ in (listing.degraded or {}).values())
         for i, (name, row) in enumerate(rows.items()):
             _, ino, _, allocated, _ = unpack(row)
@@ -350,6 +357,8 @@ class SegmentsCollector(BaseSource):
                 name, row, key, full_dev, doubted, was_held, complete, *how
             )
             states[i] = STATES.index(state)
+            if state == "orphan":
+                orphans.add(name)
         for key in self._held_on.get(dev, ()):
             hs = owned[key]
             if key[1] in held_pids or not any(h.deleted for h in hs):

@@ -12,7 +12,7 @@ from exporter.host.kube import pod_uid_of_mount
 from exporter.host.proctable import Process
 from exporter.host.said import SaidOnce
 from exporter.inventory.walk import Key
-from exporter.model.types import KNOWN, STATES
+from exporter.model.types import KNOWN, unpack
 
 MAX_UNPROVEN = 20  # reasons kept for the log
 Changes = Dict[str, Optional[Set[str]]]  # mount -> names changed; None: re-list it all
@@ -119,19 +119,23 @@ def add_names(book: Changes, mount: str, names: Optional[Set[str]]) -> None:
     book[mount] = None if names is None or known is None else known | names
 
 
-def mounts_to_reread(devs, sigs, doubted, read_as, last) -> Optional[List[str]]:
+def allocated(rows: Dict[str, int], names) -> Dict[str, Optional[int]]:
+    """Each of `names`' allocated bytes in `rows` (None: not listed)."""
+    return {n: unpack(rows[n])[3] if n in rows else None for n in names}
+
+
+def mounts_to_reread(devs, listings, orphans, doubted, read_as) -> Optional[List[str]]:
     """The mounts whose pods a refresh reads again: a process may have attached to a segment
-    called leaked in one that changed (`doubted`) or moved (`sigs`: writes through a mapping
-    raise no event) since its pod was read. None: an orphan in no pod's mount changed."""
-    moved = [
-        m
-        for m in devs
-        if m in doubted
-        or (before := read_as.get(m))
-        and sigs.get(m, before) != before
-        and m in last
-        and STATES.index("orphan") in last[m].states
-    ]
-    if any(m in doubted and not pod_uid_of_mount(m) for m in moved):
+    called leaked that changed (`doubted`) or moved (pages written through a mapping raise no
+    event, but allocate) since its pod was read (`read_as`). None: an orphan in no pod's
+    mount changed, which only a full scan reads whoever may hold."""
+
+    def moved(m: str) -> bool:
+        was = read_as.get(m, {})
+        now = allocated(listings[m][0].rows, orphans.get(m, ()))
+        return any(a is not None and a != was.get(n) for n, a in now.items())
+
+    moved_mounts = [m for m in devs if m in doubted or moved(m)]
+    if any(m in doubted and not pod_uid_of_mount(m) for m in moved_mounts):
         return None
-    return moved
+    return moved_mounts
