@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Sequence
 from exporter.model.types import MountSet, Target
 from exporter.collectors.source import BaseSource
 from exporter.host.kube import NODE_LABELS, mount_labels
-from exporter.host.mountinfo import MountEntry, MountTable
+from exporter.host.mountinfo import MountEntry, MountTable, MountTableWatch
 from exporter.host.paths import Paths
 
 
@@ -52,6 +52,9 @@ class MountDiscovery(BaseSource):
         self._subscribers: List[Callable[[MountSet], None]] = []
         # The host's view is pid 1's (the DaemonSet runs with hostPID); under hidepid ours.
         self._mountinfo = MountTable(paths, ("1", "self"))
+        # Sidecar mode: our own table, only to publish the same mounts anew when it changed
+        # (the watcher then looks for one mounted over, which it does not for the same set).
+        self._ours = MountTableWatch(paths.proc("self", "mountinfo"))
 
     def subscribe(self, subscriber: Callable[[MountSet], None]) -> None:
         self._subscribers.append(subscriber)
@@ -70,9 +73,18 @@ class MountDiscovery(BaseSource):
                 )
                 with self._lock:
                     self._current = current
+        elif self._changed():
+            with self._lock:
+                self._current = MountSet(list(self._static))
         for subscriber in self._subscribers:
             subscriber(self.current())
         return self.current()
+
+    def _changed(self) -> bool:
+        try:
+            return self._ours.read_if_changed() is not None
+        except OSError:  # cannot tell: as if it had
+            return True
 
     def current(self) -> MountSet:
         with self._lock:
