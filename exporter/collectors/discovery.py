@@ -52,8 +52,7 @@ class MountDiscovery(BaseSource):
         self._subscribers: List[Callable[[MountSet], None]] = []
         # The host's view is pid 1's (the DaemonSet runs with hostPID); under hidepid ours.
         self._mountinfo = MountTable(paths, ("1", "self"))
-        # Sidecar mode: our own table, only to publish the same mounts anew when it changed
-        # (the watcher then looks for one mounted over, which it does not for the same set).
+        # Sidecar: our table, to publish the mounts anew when it changed (the watcher re-checks)
         self._ours = MountTableWatch(paths.proc("self", "mountinfo"))
 
     def subscribe(self, subscriber: Callable[[MountSet], None]) -> None:

@@ -45,12 +45,10 @@ class ShmMountCollector(BaseSource):
         self._polled = False  # the table was read (quick runs reuse the last poll's)
         self._last: Dict[str, MountUsage] = {}  # for quick runs
         self._table = MountTable(paths)
-        # Each mount's instance (a statx) while the table is unchanged: the same mounts.
-        self._instances: Dict[str, tuple] = {}
         # Each mount's last full measure while the table is unchanged: all but its numbers hold.
         self._fresh: Dict[str, MountUsage] = {}
 
-    def measure_one(self, mount: str, quick: bool = False) -> MountUsage:
+    def measure_one(self, mount: str) -> MountUsage:
         entry = self._table.mounted_at(mount)
         is_point = entry is not None
         if not is_point and self._table.gone(mount):  # the disk beneath is not measured
@@ -58,13 +56,11 @@ class ShmMountCollector(BaseSource):
             return MountUsage(mount, "unknown", "", False, error="not a mount point")
         entry = entry or self._table.index.find(mount)
         fstype, source = (entry.fstype, entry.source) if entry else ("unknown", "")
-        # Which mount this is: a new one at the path starts its peaks afresh (model/state.py);
-        # asked anew in a quick run, whose table may be out of date.
-        instance = self._instances.get(mount, ()) if is_point and not quick else ()
-        if is_point and not instance:
+        # Which mount this is: a new one at the path starts its peaks afresh (model/state.py).
+        instance = ()
+        if is_point:
             unique = unique_mount_id(self.paths.host(mount))
             instance = (entry.device, entry.mount_id, unique)
-            self._instances[mount] = () if quick else instance
         usage = partial(MountUsage, mount, fstype, source, is_point, instance=instance)
         try:
             st = self.statvfs(self.paths.host(mount))
@@ -94,7 +90,7 @@ class ShmMountCollector(BaseSource):
 
     def collect(self) -> List[MountUsage]:
         if self._table.refresh():  # read when the table changed, not per mount
-            self._instances, self._fresh = {}, {}
+            self._fresh = {}
         self._polled = True
         mounts = self.mounts()
         # node mode: a deleted pod's warning is not kept forever
@@ -115,11 +111,9 @@ class ShmMountCollector(BaseSource):
             last = self._last.get(mount)  # a dataclass: true
             if quick and touched is not None and mount not in touched and last:
                 pass  # handed back: unmeasured
-            elif quick:
-                last = self.measure_one(mount, quick)
-            elif (fresh := self._fresh.get(mount)) and fresh.error is None:
+            elif not quick and (fresh := self._fresh.get(mount)) and not fresh.error:
                 last = self._fresh[mount] = self.measure_again(fresh)
-            else:
+            else:  # a quick run's table may be out of date: its instance is asked anew
                 last = self._fresh[mount] = self.measure_one(mount)
             usages.append(last)
         self._last = {u.mount: u for u in usages}
@@ -127,20 +121,12 @@ class ShmMountCollector(BaseSource):
 
 
 NUMBERS = ("size_bytes", "used_bytes", "available_bytes", "inodes", "inodes_free")
-
-
 _held = attrgetter(*NUMBERS)  # as a usage holds them
 
 
 def _numbers(st: os.statvfs_result) -> tuple:
-    blocks, free, unit = st.f_blocks, st.f_bfree, st.f_frsize
-    return (
-        blocks * unit,
-        (blocks - free) * unit,
-        st.f_bavail * unit,
-        st.f_files,
-        st.f_ffree,
-    )
+    n, free, unit = st.f_blocks, st.f_bfree, st.f_frsize
+    return (n * unit, (n - free) * unit, st.f_bavail * unit, st.f_files, st.f_ffree)
 
 
 register("shm_mount", lambda c: ShmMountCollector(c.paths, c.mounts, touched=c.touched))

@@ -268,9 +268,8 @@ class MountWatcher:
         """Discovery subscriber (every poll): a refresh stats every mount, so only for a new
         set (the table changed), or while a mount or the reader is not watching."""
         reader = self.inotify
-        if not self._started or (
-            mount_set is self._settled and (reader is None or reader.is_alive())
-        ):
+        alive = reader is None or reader.is_alive()
+        if not self._started or (mount_set is self._settled and alive):
             return
         self.refresh()
         with self._lock:  # a watch the kernel dropped meanwhile unsettles it (above)
