@@ -109,12 +109,9 @@ class StateStore:
                 record = self._mounts.get(u.mount) or self._of(u.mount)
                 # () with no error: the mount table could not say which (proves nothing).
                 instance = u.instance or (GONE if u.error else ())
-                if instance and instance != record.instance:
-                    if record.instance:
-                        record.peak, record.max_used = (
-                            PeakWindow(self.peak_window),
-                            None,
-                        )
+                if instance and record.instance and instance != record.instance:
+                    record.peak, record.max_used = PeakWindow(self.peak_window), None
+                if instance:
                     record.instance = instance
                 record.live = not u.error
                 if record.live:
