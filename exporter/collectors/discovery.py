@@ -49,6 +49,7 @@ class MountDiscovery(BaseSource):
         ]
         self._lock = threading.Lock()
         self._current = MountSet(list(self._static))
+        self._ids: list = []  # (mount point, mount ID) of the current targets' mounts
         self._subscribers: List[Callable[[MountSet], None]] = []
         # The host's view is pid 1's (the DaemonSet runs with hostPID); under hidepid ours.
         self._mountinfo = MountTable(paths, ("1", "self"))
@@ -67,11 +68,16 @@ class MountDiscovery(BaseSource):
             if entries:
                 found = discover(entries)
                 seen = {t.mount for t in found}
-                current = MountSet(
-                    found + [t for t in self._static if t.mount not in seen],
-                )
+                targets = found + [t for t in self._static if t.mount not in seen]
+                # Each target's mounts, by ID: one mounted on top is another set (re-watched).
+                ids = [
+                    (e.mount_point, e.mount_id)
+                    for e in entries
+                    if e.mount_point in seen
+                ]
                 with self._lock:
-                    self._current = current
+                    if (targets, ids) != (self._current.targets, self._ids):
+                        self._current, self._ids = MountSet(targets), ids
         elif self._changed():
             with self._lock:
                 self._current = MountSet(list(self._static))

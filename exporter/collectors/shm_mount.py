@@ -105,15 +105,13 @@ class ShmMountCollector(BaseSource):
         return self._measure(self.mounts(), quick=True)
 
     def _measure(self, mounts: List[str], quick: bool) -> List[MountUsage]:
-        touched = self.touched()  # drained on every run: all measured now
+        touched = self.touched()  # drained each run; quick runs hand back the rest
         usages = []
         for mount in mounts:
             last = self._last.get(mount)  # a dataclass: true
-            if quick and touched is not None and mount not in touched and last:
-                pass  # handed back: unmeasured
-            elif not quick and (fresh := self._fresh.get(mount)) and not fresh.error:
+            if not quick and (fresh := self._fresh.get(mount)) and not fresh.error:
                 last = self._fresh[mount] = self.measure_again(fresh)
-            else:  # a quick run's table may be out of date: its instance is asked anew
+            elif not (quick and touched is not None and mount not in touched and last):
                 last = self._fresh[mount] = self.measure_one(mount)
             usages.append(last)
         self._last = {u.mount: u for u in usages}

@@ -91,8 +91,7 @@ class MountWatcher:
         self._lock = threading.Lock()
         # Each mount's last inventory: one handed back again is not counted again.
         self._previous: Dict[str, object] = {}
-        # The mount set the last refresh left wholly watched: publishing it again (discovery
-        # makes a new one only when the mount table changed) has nothing to re-watch.
+        # The set the last refresh left wholly watched: the same again has nothing to re-watch.
         self._settled: Optional[MountSet] = None
 
     # --- set-up -----------------------------------------------------------------------
