@@ -1,6 +1,8 @@
 """Event-driven sampling: inotify counters, peaks between polls, polling fallback, storms."""
 import contextlib
 import os
+import subprocess
+import sys
 import time
 
 
@@ -10,7 +12,7 @@ from exporter.collectors.segments import SegmentsCollector
 from exporter.host.paths import Paths
 from exporter.runtime.scheduler import Sampler
 from exporter.model.state import PeakWindow, StateStore
-from tests.conftest import HOST_EXCUSED_RE, Exporter, fallocate, mounted_tmpfs, needs_root, select, value
+from tests.conftest import HOST_EXCUSED_RE, REPO, Exporter, fallocate, mounted_tmpfs, needs_root, select, value
 
 MiB = 1 << 20
 
@@ -411,3 +413,56 @@ def test_event_rows_per_mount_are_sorted_and_go_with_their_mount():
     assert again["/b"] == rows["/b"]
     state.forget_mounts_except(["/b"])
     assert state.snapshot().event_rows == {"/b": (("nccl", "created", 1),)}
+
+
+SETTLED_SCENARIO = """
+import os, subprocess, sys, time
+from exporter.collectors.discovery import MountDiscovery
+from exporter.host.paths import Paths
+from exporter.model.state import StateStore
+from exporter.runtime.watcher import MountWatcher
+
+class Counted(MountWatcher):
+    refreshes = 0
+
+    def refresh(self):
+        self.refreshes += 1
+        super().refresh()
+
+path = sys.argv[1]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", path], check=True)
+discovery, state = MountDiscovery(Paths(), [path]), StateStore()
+watcher = Counted(state, Paths(), discovery.mounts)
+discovery.subscribe(watcher.on_mounts)
+watcher.start()
+discovery.collect()
+before = watcher.refreshes
+for _ in range(5):
+    discovery.collect()
+assert watcher.refreshes == before, f"{watcher.refreshes - before} refreshes of an unchanged set"
+old = watcher.watches[path][1]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", path], check=True)
+discovery.collect()
+assert watcher.watches[path][1] != old, "the mount on top is not watched"
+os.close(os.open(os.path.join(path, "nccl-on-top"), os.O_CREAT | os.O_WRONLY, 0o600))
+deadline = time.monotonic() + 5
+while not state.snapshot().event_rows.get(path) and time.monotonic() < deadline:
+    time.sleep(0.02)
+assert state.snapshot().event_rows.get(path) == (("nccl", "created", 1),), state.snapshot()
+watcher.stop()
+print("ok")
+"""
+
+
+@needs_root
+def test_an_unchanged_mount_table_costs_no_refresh_and_a_mount_on_top_is_watched(tmp_path):
+    """Discovery publishes its set every poll; the watcher stats every mount only for a set
+    made anew (the mount table changed): in a sidecar too, a tmpfs mounted over the watched
+    one is watched at the next poll. In a mount namespace of its own (the host's changes
+    whenever another test mounts)."""
+    point = tmp_path / "dshm"
+    point.mkdir()
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", SETTLED_SCENARIO, str(point)],
+        cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "ok", done.stderr

@@ -306,3 +306,37 @@ def test_node_mode_watches_a_pod_volume_mounted_over_its_old_one(tmp_path):
             fallocate(os.path.join(path, "nccl-on-top"), 1 << 20)
             exporter.wait_for(lambda s: (value(s, "shmwatch_segment_events_total", mount=path, event="created",
                                                **{"class": "nccl"}) or 0) >= 1, timeout=5)
+
+
+SAME_SET_SCENARIO = """
+import os, subprocess, sys, uuid
+from exporter.collectors.discovery import MountDiscovery
+from exporter.host.paths import Paths
+
+root = sys.argv[1]
+path = f"{root}/var/lib/kubelet/pods/{uuid.uuid4()}/volumes/kubernetes.io~empty-dir/dshm"
+other = f"{root}/other"
+os.makedirs(path), os.makedirs(other)
+mount = lambda at: subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", at], check=True)
+mount(path)
+discovery = MountDiscovery(Paths(), [], node_mode=True)
+first = discovery.collect()
+assert path in first.mounts(), first
+mount(other)
+assert discovery.collect() is first, "a mount no target is on made a new set"
+mount(path)
+on_top = discovery.collect()
+assert on_top is not first and on_top.mounts() == first.mounts(), "a mount on top is the same set"
+print("ok")
+"""
+
+
+@needs_root
+def test_discovery_makes_a_new_set_only_when_its_mounts_changed(tmp_path):
+    """The watcher re-checks every mount for a new set: one comes when a target came, went or
+    was mounted over, not when any other mount changed the table (a node's change often).
+    As pid 1 of namespaces of its own: discovery reads pid 1's mountinfo."""
+    done = subprocess.run(["unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private",
+                           sys.executable, "-c", SAME_SET_SCENARIO, str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "ok", done.stderr

@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Sequence
 from exporter.model.types import MountSet, Target
 from exporter.collectors.source import BaseSource
 from exporter.host.kube import NODE_LABELS, mount_labels
-from exporter.host.mountinfo import MountEntry, MountTable
+from exporter.host.mountinfo import MountEntry, MountTable, MountTableWatch
 from exporter.host.paths import Paths
 
 
@@ -49,9 +49,12 @@ class MountDiscovery(BaseSource):
         ]
         self._lock = threading.Lock()
         self._current = MountSet(list(self._static))
+        self._ids: list = []  # (mount point, mount ID) of the current targets' mounts
         self._subscribers: List[Callable[[MountSet], None]] = []
         # The host's view is pid 1's (the DaemonSet runs with hostPID); under hidepid ours.
         self._mountinfo = MountTable(paths, ("1", "self"))
+        # Sidecar: our table, to publish the mounts anew when it changed (the watcher re-checks)
+        self._ours = MountTableWatch(paths.proc("self", "mountinfo"))
 
     def subscribe(self, subscriber: Callable[[MountSet], None]) -> None:
         self._subscribers.append(subscriber)
@@ -65,14 +68,28 @@ class MountDiscovery(BaseSource):
             if entries:
                 found = discover(entries)
                 seen = {t.mount for t in found}
-                current = MountSet(
-                    found + [t for t in self._static if t.mount not in seen],
-                )
+                targets = found + [t for t in self._static if t.mount not in seen]
+                # Each target's mounts, by ID: one mounted on top is another set (re-watched).
+                ids = [
+                    (e.mount_point, e.mount_id)
+                    for e in entries
+                    if e.mount_point in seen
+                ]
                 with self._lock:
-                    self._current = current
+                    if (targets, ids) != (self._current.targets, self._ids):
+                        self._current, self._ids = MountSet(targets), ids
+        elif self._changed():
+            with self._lock:
+                self._current = MountSet(list(self._static))
         for subscriber in self._subscribers:
             subscriber(self.current())
         return self.current()
+
+    def _changed(self) -> bool:
+        try:
+            return self._ours.read_if_changed() is not None
+        except OSError:  # cannot tell: as if it had
+            return True
 
     def current(self) -> MountSet:
         with self._lock:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from functools import partial
+from operator import attrgetter
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
 from exporter.collectors.source import BaseSource, register
@@ -43,10 +45,10 @@ class ShmMountCollector(BaseSource):
         self._polled = False  # the table was read (quick runs reuse the last poll's)
         self._last: Dict[str, MountUsage] = {}  # for quick runs
         self._table = MountTable(paths)
-        # Each mount's instance (a statx) while the table is unchanged: the same mounts.
-        self._instances: Dict[str, tuple] = {}
+        # Each mount's last full measure while the table is unchanged: all but its numbers hold.
+        self._fresh: Dict[str, MountUsage] = {}
 
-    def measure_one(self, mount: str, quick: bool = False) -> MountUsage:
+    def measure_one(self, mount: str) -> MountUsage:
         entry = self._table.mounted_at(mount)
         is_point = entry is not None
         if not is_point and self._table.gone(mount):  # the disk beneath is not measured
@@ -54,13 +56,11 @@ class ShmMountCollector(BaseSource):
             return MountUsage(mount, "unknown", "", False, error="not a mount point")
         entry = entry or self._table.index.find(mount)
         fstype, source = (entry.fstype, entry.source) if entry else ("unknown", "")
-        # Which mount this is: a new one at the path starts its peaks afresh (model/state.py);
-        # asked anew in a quick run, whose table may be out of date.
-        instance = self._instances.get(mount, ()) if is_point and not quick else ()
-        if is_point and not instance:
+        # Which mount this is: a new one at the path starts its peaks afresh (model/state.py).
+        instance = ()
+        if is_point:
             unique = unique_mount_id(self.paths.host(mount))
             instance = (entry.device, entry.mount_id, unique)
-            self._instances[mount] = () if quick else instance
         usage = partial(MountUsage, mount, fstype, source, is_point, instance=instance)
         try:
             st = self.statvfs(self.paths.host(mount))
@@ -74,18 +74,23 @@ class ShmMountCollector(BaseSource):
             self._said.say(mount, f"{where}; reporting the filesystem that holds it")
         else:
             self._said.say(mount, None)
-        return usage(
-            size_bytes=st.f_blocks * st.f_frsize,
-            used_bytes=(st.f_blocks - st.f_bfree) * st.f_frsize,
-            available_bytes=st.f_bavail * st.f_frsize,
-            inodes=st.f_files,
-            inodes_free=st.f_ffree,
-            noswap=bool(entry and "noswap" in entry.options.split(",")),
-        )
+        noswap = bool(entry and "noswap" in entry.options.split(","))
+        return usage(noswap=noswap, **dict(zip(NUMBERS, _numbers(st))))
+
+    def measure_again(self, last: MountUsage) -> MountUsage:
+        """A mount measured whole since the table last changed: statvfs alone, and the same
+        object while its numbers are (a render's memo and the model step compare it)."""
+        try:
+            numbers = _numbers(self.statvfs(self.paths.host(last.mount)))
+        except OSError:
+            return self.measure_one(last.mount)  # says why
+        if numbers == _held(last):
+            return last
+        return replace(last, **dict(zip(NUMBERS, numbers)))
 
     def collect(self) -> List[MountUsage]:
         if self._table.refresh():  # read when the table changed, not per mount
-            self._instances = {}
+            self._fresh = {}
         self._polled = True
         mounts = self.mounts()
         # node mode: a deleted pod's warning is not kept forever
@@ -100,15 +105,26 @@ class ShmMountCollector(BaseSource):
         return self._measure(self.mounts(), quick=True)
 
     def _measure(self, mounts: List[str], quick: bool) -> List[MountUsage]:
-        touched = self.touched()  # drained on every run: all measured now
+        touched = self.touched()  # drained each run; quick runs hand back the rest
         usages = []
         for mount in mounts:
             last = self._last.get(mount)  # a dataclass: true
-            if not (quick and touched is not None and mount not in touched and last):
-                last = self.measure_one(mount, quick)
+            if not quick and (fresh := self._fresh.get(mount)) and not fresh.error:
+                last = self._fresh[mount] = self.measure_again(fresh)
+            elif not (quick and touched is not None and mount not in touched and last):
+                last = self._fresh[mount] = self.measure_one(mount)
             usages.append(last)
         self._last = {u.mount: u for u in usages}
         return usages
+
+
+NUMBERS = ("size_bytes", "used_bytes", "available_bytes", "inodes", "inodes_free")
+_held = attrgetter(*NUMBERS)  # as a usage holds them
+
+
+def _numbers(st: os.statvfs_result) -> tuple:
+    n, free, unit = st.f_blocks, st.f_bfree, st.f_frsize
+    return (n * unit, (n - free) * unit, st.f_bavail * unit, st.f_files, st.f_ffree)
 
 
 register("shm_mount", lambda c: ShmMountCollector(c.paths, c.mounts, touched=c.touched))

@@ -102,10 +102,11 @@ class StateStore:
         """One poll's mounts. Another instance at a path (unmounted, and mounted again, or
         gone in between) starts its peak and high-water mark afresh: the old mount's say
         nothing of the new one's size."""
-        usages = list(usages)
+        now = self.clock()
         with self._lock:
+            self._version += 1
             for u in usages:
-                record = self._of(u.mount)
+                record = self._mounts.get(u.mount) or self._of(u.mount)
                 # () with no error: the mount table could not say which (proves nothing).
                 instance = u.instance or (GONE if u.error else ())
                 if instance and record.instance and instance != record.instance:
@@ -113,7 +114,8 @@ class StateStore:
                 if instance:
                     record.instance = instance
                 record.live = not u.error
-        self.record_used([(u.mount, u.used_bytes) for u in usages if not u.error])
+                if record.live:
+                    self._used(record, u.used_bytes, now)
 
     def record_used(self, usages: Iterable[Tuple[str, int]]) -> None:
         """(mount, used bytes) pairs under one lock; a mount the last poll found gone takes
@@ -123,11 +125,13 @@ class StateStore:
             for mount, used_bytes in usages:
                 if mount in self._mounts and not self._mounts[mount].live:
                     continue
-                record = self._of(mount)
-                record.peak.add(now, used_bytes)
-                # The high-water mark keeps the first time the highest value was reached.
-                if record.max_used is None or used_bytes > record.max_used[0]:
-                    record.max_used = (used_bytes, self.wall_clock())
+                self._used(self._of(mount), used_bytes, now)
+
+    def _used(self, record: _Mount, used_bytes: int, now: float) -> None:
+        record.peak.add(now, used_bytes)
+        # The high-water mark keeps the first time the highest value was reached.
+        if record.max_used is None or used_bytes > record.max_used[0]:
+            record.max_used = (used_bytes, self.wall_clock())
 
     def count_event(
         self, mount: str, segment_class: str, event: str, n: int = 1

@@ -91,6 +91,8 @@ class MountWatcher:
         self._lock = threading.Lock()
         # Each mount's last inventory: one handed back again is not counted again.
         self._previous: Dict[str, object] = {}
+        # The set the last refresh left wholly watched: the same again has nothing to re-watch.
+        self._settled: Optional[MountSet] = None
 
     # --- set-up -----------------------------------------------------------------------
     def start(self) -> None:
@@ -237,6 +239,7 @@ class MountWatcher:
             mounts = self._mounts_on.pop(wd, ())
             for mount in mounts:
                 self.watches.pop(mount, None)
+            self._settled = None
             # Under the lock: said after a refresh watched the mount again (it sets True under
             # it), it would leave the mount polled for good with a live watch.
             if self.inotify is not None:  # not stopping
@@ -261,9 +264,17 @@ class MountWatcher:
         """watchdog >= 7.1 calls this after on_queue_overflow, which did what it asks."""
 
     def on_mounts(self, mount_set: MountSet) -> None:
-        """Discovery subscriber (node mode: every second)."""
-        if self._started:
-            self.refresh()
+        """Discovery subscriber (every poll): a refresh stats every mount, so only for a new
+        set (the table changed), or while a mount or the reader is not watching."""
+        reader = self.inotify
+        alive = reader is None or reader.is_alive()
+        if not self._started or (mount_set is self._settled and alive):
+            return
+        self.refresh()
+        with self._lock:  # a watch the kernel dropped meanwhile unsettles it (above)
+            wanted = set(mount_set.mounts())
+            watched = self.inotify is not None and wanted <= self.watches.keys()
+            self._settled = mount_set if watched or not self.enabled else None
 
     def on_observation(self, obs: Observation) -> None:
         """Scheduler subscriber: on polled mounts, created/deleted come from the inventory's
