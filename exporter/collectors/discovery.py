@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Sequence
 from exporter.model.types import MountSet, Target
 from exporter.collectors.source import BaseSource
 from exporter.host.kube import NODE_LABELS, mount_labels
-from exporter.host.mountinfo import MountEntry, MountTable, MountTableWatch
+from exporter.host.mountinfo import MountEntry, MountTable
 from exporter.host.paths import Paths
 
 
@@ -54,7 +54,7 @@ class MountDiscovery(BaseSource):
         # The host's view is pid 1's (the DaemonSet runs with hostPID); under hidepid ours.
         self._mountinfo = MountTable(paths, ("1", "self"))
         # Sidecar: our table, to publish the mounts anew when it changed (the watcher re-checks)
-        self._ours = MountTableWatch(paths.proc("self", "mountinfo"))
+        self._ours = MountTable(paths, ("self",))
 
     def subscribe(self, subscriber: Callable[[MountSet], None]) -> None:
         self._subscribers.append(subscriber)
@@ -78,18 +78,12 @@ class MountDiscovery(BaseSource):
                 with self._lock:
                     if (targets, ids) != (self._current.targets, self._ids):
                         self._current, self._ids = MountSet(targets), ids
-        elif self._changed():
+        elif self._ours.refresh():  # changed, or could not be read: as if it had
             with self._lock:
                 self._current = MountSet(list(self._static))
         for subscriber in self._subscribers:
             subscriber(self.current())
         return self.current()
-
-    def _changed(self) -> bool:
-        try:
-            return self._ours.read_if_changed() is not None
-        except OSError:  # cannot tell: as if it had
-            return True
 
     def current(self) -> MountSet:
         with self._lock:
