@@ -278,7 +278,7 @@ class ModelCollector(Collector):
             + (c.kills,)
             for c in model.oom_kills
         )
-        out.parts_of(Families.add, rows)
+        out.parts_of(Families.add, rows, (model.oom_kills,))  # kept while unchanged
 
     def _events(self, model: Model, out: Families) -> None:
         states = model.states

@@ -6,8 +6,9 @@ for byte what prometheus_client's encoders write; any other format is left to th
 
 from __future__ import annotations
 
-import gzip
 import threading
+import zlib
+from collections.abc import Iterable, Iterator
 from types import SimpleNamespace
 from typing import Callable, Dict, Hashable, List, Optional, Set, Tuple
 from urllib.parse import parse_qs
@@ -38,12 +39,12 @@ def joined_format(encoder: Callable) -> Optional[str]:
     return kind if legacy and keywords.get("version", "1.0.0") == "1.0.0" else None
 
 
-def encode(metrics: List[Family], encoder: Callable) -> bytes:
-    """The body `encoder` writes for `metrics`."""
+def encoded(metrics: List[Family], encoder: Callable) -> Iterator[bytes]:
+    """The body `encoder` writes for `metrics`, a family at a time."""
     kind = joined_format(encoder)
     if kind is None:
-        return encoder(SimpleNamespace(collect=lambda: iter(metrics)))
-    out: List[str] = []
+        yield encoder(SimpleNamespace(collect=lambda: iter(metrics)))
+        return
     for metric in metrics:
         name = metric.name
         doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
@@ -51,11 +52,21 @@ def encode(metrics: List[Family], encoder: Callable) -> bytes:
             doc = doc.replace('"', r"\"")
         elif metric.type == "counter":
             name += "_total"  # the text format names a counter's family by its sample
-        out.append(f"# HELP {name} {doc}\n# TYPE {name} {metric.type}\n")
-        out.extend(metric.lines)
+        head = f"# HELP {name} {doc}\n# TYPE {name} {metric.type}\n"
+        yield "".join([head, *metric.lines]).encode("utf-8")
     if kind == "openmetrics":
-        out.append("# EOF\n")
-    return "".join(out).encode("utf-8")
+        yield b"# EOF\n"
+
+
+def encode(metrics: List[Family], encoder: Callable) -> bytes:
+    return b"".join(encoded(metrics, encoder))
+
+
+def compressed(chunks: Iterable[bytes]) -> bytes:
+    """gzip, fed a chunk at a time (a node's body, megabytes, is never joined whole); zlib
+    writes the gzip header and trailer itself (wbits 16 + 15), as gzip.compress(mtime=0)."""
+    packer = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    return b"".join([*map(packer.compress, chunks), packer.flush()])
 
 
 class Exposition:
@@ -85,8 +96,8 @@ class Exposition:
             body = None if names else self._bodies.get(key)
             if body is None:
                 chosen = [m for m in self._metrics if {m.name, m.sample_name} & names]
-                body = encode(chosen if names else self._metrics, encoder)
-                body = gzip.compress(body, GZIP_LEVEL) if gzipped else body
+                chunks = encoded(chosen if names else self._metrics, encoder)
+                body = compressed(chunks) if gzipped else b"".join(chunks)
                 if not names and len(self._bodies) < MAX_BODIES:
                     self._bodies[key] = body
             return body
