@@ -262,3 +262,32 @@ def test_a_part_carries_its_rows_node_labels_and_a_moved_value_is_written_again(
     assert [a is b for a, b in zip(first, second)] == [True, True, False, True, True]
     assert second[2] == 'shmwatch_mount_used_bytes{container_id="",mount="/m/\\"2\\"",pod_uid="p2",volume=""} 7.0\n'
     assert second == render(values, {})[0]  # as a render from nothing writes them
+
+
+def test_rows_made_from_the_same_objects_are_not_made_again():
+    """Families.parts_of with `same`: while each object the rows are made from is the very
+    object it was, the rows are not even iterated; another object, even an equal one, makes
+    them again (and equal rows still reuse their parts)."""
+    from exporter.exposition.families import Families
+
+    iterated = []
+
+    def rows(counts):
+        for mount, value in counts.items():
+            iterated.append(mount)
+            yield ("usage", mount), {}, "shmwatch_mount_used_bytes", [mount], value
+
+    def render(counts, last):
+        out = Families(last=last)
+        out.parts_of(Families.add, rows(counts), (counts,))
+        return encode(list(out), generate_latest), out.made
+
+    counts = {"/m/a": 1, "/m/b": 2}
+    body, last = render(counts, {})
+    assert iterated == ["/m/a", "/m/b"]
+    again, last = render(counts, last)
+    assert again == body and iterated == ["/m/a", "/m/b"]  # not iterated: the same dict
+    equal, last = render(dict(counts), last)  # another object: iterated, its parts reused
+    assert equal == body and iterated[2:] == ["/m/a", "/m/b"]
+    moved, last = render({**counts, "/m/b": 3}, last)
+    assert iterated[4:] == ["/m/a", "/m/b"] and b'mount="/m/b"} 3.0' in moved
