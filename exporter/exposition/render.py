@@ -6,9 +6,9 @@ for byte what prometheus_client's encoders write; any other format is left to th
 
 from __future__ import annotations
 
+import gzip
 import threading
-import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Callable, Dict, Hashable, List, Optional, Set, Tuple
 from urllib.parse import parse_qs
@@ -62,13 +62,6 @@ def encode(metrics: List[Family], encoder: Callable) -> bytes:
     return b"".join(encoded(metrics, encoder))
 
 
-def compressed(chunks: Iterable[bytes]) -> bytes:
-    """gzip, fed a chunk at a time (a node's body, megabytes, is never joined whole); zlib
-    writes the gzip header and trailer itself (wbits 16 + 15), as gzip.compress(mtime=0)."""
-    packer = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-    return b"".join([*map(packer.compress, chunks), packer.flush()])
-
-
 class Exposition:
     """Serves `registry` via `wsgi_app`, rendered again when `version()` has moved."""
 
@@ -96,8 +89,10 @@ class Exposition:
             body = None if names else self._bodies.get(key)
             if body is None:
                 chosen = [m for m in self._metrics if {m.name, m.sample_name} & names]
-                chunks = encoded(chosen if names else self._metrics, encoder)
-                body = compressed(chunks) if gzipped else b"".join(chunks)
+                body = encode(chosen if names else self._metrics, encoder)
+                # mtime 0: zlib writes the header and trailer in the one call that compresses
+                # (and releases the GIL once; a call a family would wait for it each time)
+                body = gzip.compress(body, GZIP_LEVEL, mtime=0) if gzipped else body
                 if not names and len(self._bodies) < MAX_BODIES:
                     self._bodies[key] = body
             return body
