@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import threading
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Callable, Dict, Hashable, List, Optional, Set, Tuple
 from urllib.parse import parse_qs
@@ -39,12 +38,12 @@ def joined_format(encoder: Callable) -> Optional[str]:
     return kind if legacy and keywords.get("version", "1.0.0") == "1.0.0" else None
 
 
-def encoded(metrics: List[Family], encoder: Callable) -> Iterator[bytes]:
-    """The body `encoder` writes for `metrics`, a family at a time."""
+def encode(metrics: List[Family], encoder: Callable) -> bytes:
+    """The body `encoder` writes for `metrics`."""
     kind = joined_format(encoder)
     if kind is None:
-        yield encoder(SimpleNamespace(collect=lambda: iter(metrics)))
-        return
+        return encoder(SimpleNamespace(collect=lambda: iter(metrics)))
+    out: List[str] = []
     for metric in metrics:
         name = metric.name
         doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
@@ -52,14 +51,11 @@ def encoded(metrics: List[Family], encoder: Callable) -> Iterator[bytes]:
             doc = doc.replace('"', r"\"")
         elif metric.type == "counter":
             name += "_total"  # the text format names a counter's family by its sample
-        head = f"# HELP {name} {doc}\n# TYPE {name} {metric.type}\n"
-        yield "".join([head, *metric.lines]).encode("utf-8")
+        out.append(f"# HELP {name} {doc}\n# TYPE {name} {metric.type}\n")
+        out.extend(metric.lines)
     if kind == "openmetrics":
-        yield b"# EOF\n"
-
-
-def encode(metrics: List[Family], encoder: Callable) -> bytes:
-    return b"".join(encoded(metrics, encoder))
+        out.append("# EOF\n")
+    return "".join(out).encode("utf-8")
 
 
 class Exposition:
@@ -90,8 +86,7 @@ class Exposition:
             if body is None:
                 chosen = [m for m in self._metrics if {m.name, m.sample_name} & names]
                 body = encode(chosen if names else self._metrics, encoder)
-                # mtime 0: zlib writes the header and trailer in the one call that compresses
-                # (and releases the GIL once; a call a family would wait for it each time)
+                # mtime 0: zlib writes the header, CRC and trailer in the call that compresses
                 body = gzip.compress(body, GZIP_LEVEL, mtime=0) if gzipped else body
                 if not names and len(self._bodies) < MAX_BODIES:
                     self._bodies[key] = body
