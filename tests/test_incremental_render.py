@@ -220,23 +220,27 @@ def test_parts_reused_make_what_a_render_from_nothing_makes():
             one(out, mount, value)
         return encode(list(out), generate_latest)
 
+    def rows(last):  # the parts by row; last[one] is the whole call's
+        return {key: known[1] for key, known in last.items() if key is not one}
+
     mounts = [(f"/m/{i:03d}", i + 1) for i in range(20)]
     body, last = render(mounts, {})
     assert body == fresh(mounts)
-    made = {key: known[1] for key, known in last.items()}
+    made, whole = rows(last), last[one][1]
     assert len(made) == 20
     body, last = render(mounts, last)
     assert body == fresh(mounts)
+    assert last[one][1] is whole  # every row as it was: the call's lines reused whole
     assert all(last[key][1] is parts for key, parts in made.items())  # reused, not made again
     mounts[3] = (mounts[3][0], 7000)  # and a family only it adds
     changed, last = render(mounts, last)
     assert changed == fresh(mounts) and b'shmwatch_mount_inodes{mount="/m/003"} 1000.0' in changed
-    again = [key for key, known in last.items() if known[1] is not made[key]]
-    assert again == [("usage", "/m/003")]
+    again = [key for key, parts in rows(last).items() if parts is not made[key]]
+    assert again == [("usage", "/m/003")] and last[one][1] is not whole
     del mounts[0]
     body, last = render(mounts, last)
     assert body == fresh(mounts)
-    assert ("usage", "/m/000") not in last and len(last) == 19
+    assert ("usage", "/m/000") not in last and len(rows(last)) == 19
 
 
 def test_a_part_carries_its_rows_node_labels_and_a_moved_value_is_written_again():
@@ -258,3 +262,32 @@ def test_a_part_carries_its_rows_node_labels_and_a_moved_value_is_written_again(
     assert [a is b for a, b in zip(first, second)] == [True, True, False, True, True]
     assert second[2] == 'shmwatch_mount_used_bytes{container_id="",mount="/m/\\"2\\"",pod_uid="p2",volume=""} 7.0\n'
     assert second == render(values, {})[0]  # as a render from nothing writes them
+
+
+def test_rows_made_from_the_same_objects_are_not_made_again():
+    """Families.parts_of with `same`: while each object the rows are made from is the very
+    object it was, the rows are not even iterated; another object, even an equal one, makes
+    them again (and equal rows still reuse their parts)."""
+    from exporter.exposition.families import Families
+
+    iterated = []
+
+    def rows(counts):
+        for mount, value in counts.items():
+            iterated.append(mount)
+            yield ("usage", mount), {}, "shmwatch_mount_used_bytes", [mount], value
+
+    def render(counts, last):
+        out = Families(last=last)
+        out.parts_of(Families.add, rows(counts), (counts,))
+        return encode(list(out), generate_latest), out.made
+
+    counts = {"/m/a": 1, "/m/b": 2}
+    body, last = render(counts, {})
+    assert iterated == ["/m/a", "/m/b"]
+    again, last = render(counts, last)
+    assert again == body and iterated == ["/m/a", "/m/b"]  # not iterated: the same dict
+    equal, last = render(dict(counts), last)  # another object: iterated, its parts reused
+    assert equal == body and iterated[2:] == ["/m/a", "/m/b"]
+    moved, last = render({**counts, "/m/b": 3}, last)
+    assert iterated[4:] == ["/m/a", "/m/b"] and b'mount="/m/b"} 3.0' in moved

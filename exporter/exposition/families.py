@@ -81,25 +81,44 @@ class Families:
             labels = (*labels, *[given.get(k, "") for k in form.added])
         self.parts.setdefault(name, []).append(form.line(labels, value))
 
-    def parts_of(self, make: Callable, rows: Iterable[tuple]) -> None:
+    def parts_of(self, make: Callable, rows: Iterable[tuple], same: tuple = ()) -> None:
         """For each row (key, labels, *inputs), what `make(child, *inputs)` adds to a child
         carrying `labels`, or what it added for `key` in the last render when `labels` and
         `inputs` are as they were (`make` makes its series from them alone). A part is its
-        family names and each one's lines joined, added a run of equal names at a time."""
-        made, last, now = [], self.last, self.made
+        family names and each one's lines joined, added a run of equal names at a time.
+        The whole call's lines are the last render's when every row is as it was; the rows
+        are not even made when made from `same` alone, each the very object it was."""
+        ids = tuple(map(id, same))  # `same` is kept with them: the ids stay theirs
+        site = self.last.get(
+            make
+        )  # (rows, {name: lines}, {key: (inputs, part)}, same, ids)
+        if not same or site is None or site[4] != ids:
+            rows = list(rows)
+            if site is None or site[0] != rows:
+                site = (rows, *self._made(make, rows, self.last))
+            # These rows are kept, not equal older ones: the next render's are often these.
+            site = (rows, site[1], site[2], same, ids)
+        self.made[make] = site
+        self.made.update(site[2])
+        for name, lines in site[1].items():
+            self.parts.setdefault(name, []).extend(lines)
+
+    def _made(self, make: Callable, rows: List[tuple], last: dict) -> tuple:
+        made, now, lines = [], {}, {}
         for row in rows:
             inputs = row[1:]
             known = last.get(row[0])
             if known is None or known[0] != inputs:
-                staged = Families(self.node_mode, last, row[1], now)
+                staged = Families(self.node_mode, labels=row[1])
                 make(staged, *row[2:])
                 texts = tuple(map("".join, staged.parts.values()))
                 known = (inputs, (tuple(staged.parts), texts))
-            now[row[0]] = known
+            now[row[0]] = (inputs, known[1])
             made.append(known[1])
         for names, run in itertools.groupby(made, key=operator.itemgetter(0)):
             for name, texts in zip(names, zip(*(texts for _, texts in run))):
-                self.parts.setdefault(name, []).extend(texts)
+                lines.setdefault(name, []).extend(texts)
+        return lines, now
 
     def __iter__(self) -> Iterable[Family]:
         for name, lines in self.parts.items():

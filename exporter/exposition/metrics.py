@@ -121,8 +121,11 @@ class ModelCollector(Collector):
             row = ("state", v.mount), v.labels, v.mount, age, degraded, verified
             return row + (v.inventory.unattributed_bytes, others)
 
-        out.parts_of(self._one_mount_segments, map(segments, listed))
-        out.parts_of(self._one_mount_state, map(state, listed))
+        # Made again only from another inventory or summary (most renders have neither:
+        # other sources moved the version); then compared by value.
+        same = (inv, *[x for v in listed for x in (v.labels, v.summary, v.inventory)])
+        out.parts_of(self._one_mount_segments, map(segments, listed), same)
+        out.parts_of(self._one_mount_state, map(state, listed), same)
         by_class, top = memfd_summary(inv, self.step.top_k)
         for cls, (count, allocated) in sorted(by_class.items()):
             out.add("shmwatch_memfd_regions", [cls], count)
@@ -275,7 +278,7 @@ class ModelCollector(Collector):
             + (c.kills,)
             for c in model.oom_kills
         )
-        out.parts_of(Families.add, rows)
+        out.parts_of(Families.add, rows, (model.oom_kills,))  # kept while unchanged
 
     def _events(self, model: Model, out: Families) -> None:
         states = model.states

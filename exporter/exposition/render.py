@@ -86,7 +86,8 @@ class Exposition:
             if body is None:
                 chosen = [m for m in self._metrics if {m.name, m.sample_name} & names]
                 body = encode(chosen if names else self._metrics, encoder)
-                body = gzip.compress(body, GZIP_LEVEL) if gzipped else body
+                # mtime 0: zlib writes the header, CRC and trailer in the call that compresses
+                body = gzip.compress(body, GZIP_LEVEL, mtime=0) if gzipped else body
                 if not names and len(self._bodies) < MAX_BODIES:
                     self._bodies[key] = body
             return body

@@ -118,6 +118,7 @@ class ModelStep:
         self._oom_own: Dict[str, int] = {}
         self._recent_oom: deque = deque(maxlen=RECENT_OOM_KILLS)
         self._oom_shown: Dict[str, OomCount] = {}  # each OOM series as last shown
+        self._oom_memo: tuple = (None, [])  # what made the last counts, and they
         self._model: Optional[Model] = None
         self._accepted = 0  # observations accepted
         self._built_for: object = None  # the version() _model was built for
@@ -182,11 +183,8 @@ class ModelStep:
         with self._lock:
             usages = [u for u in self._result("shm_mount") or [] if not u.error]
         if self.node_mode:
-            usages = [
-                u
-                for u in usages
-                if kill.pod_uid and pod_uid_of_mount(u.mount) == kill.pod_uid
-            ]
+            uid = kill.pod_uid
+            usages = [u for u in usages if uid and pod_uid_of_mount(u.mount) == uid]
         shm_used = sum(u.used_bytes for u in usages) if usages else None
         mib = lambda n: "unknown" if n is None else f"{n / 2**20:.1f}MiB"
         log.warning(
@@ -305,6 +303,13 @@ class ModelStep:
         counter plus each container's highest, kept after it is gone; v2's is hierarchical.
         Node mode: also each pod with a kill whose cgroup is gone (or never seen)."""
         logged, own = self._oom_logged, self._oom_own
+        live = {c.pod_uid for c in cgroups} | {
+            v.labels.get("pod_uid", "") for v in mounts
+        }
+        # Kills only ever add up: the same cgroups, pods and sums make the same counts.
+        key = (cgroups, live, sum(logged.values()), sum(own.values()))
+        if self._oom_memo[0] == key:
+            return self._oom_memo[1]
         logged_below, own_below = _subtree_totals(logged), _subtree_totals(own)
         counts: Dict[str, OomCount] = {}
         for c in cgroups:  # (neither source counting kills: no series, not a false 0)
@@ -319,16 +324,14 @@ class ModelStep:
                 )
         # A counter never goes down, nor disappears while its pod is there (its cgroup read
         # failed once; discovery still sees the pod's mounts): PodOomKilled would fire on it.
-        live = {c.pod_uid for c in cgroups} | {
-            v.labels.get("pod_uid", "") for v in mounts
-        }
-        for key, shown in self._oom_shown.items():
-            if key in counts and shown.kills > counts[key].kills:
-                counts[key] = shown
-            elif key not in counts and (shown.pod_uid in live or not self.node_mode):
-                counts[key] = shown
+        for cgroup, shown in self._oom_shown.items():
+            if cgroup in counts and shown.kills > counts[cgroup].kills:
+                counts[cgroup] = shown
+            elif cgroup not in counts and (shown.pod_uid in live or not self.node_mode):
+                counts[cgroup] = shown
         self._oom_shown = counts
-        return list(counts.values())
+        self._oom_memo = (key, list(counts.values()))
+        return self._oom_memo[1]
 
 
 SHRUNK = 10_000  # segments fewer than in the last inventory: worth giving memory back
