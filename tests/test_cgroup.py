@@ -349,7 +349,8 @@ def test_node_mode_reads_a_steady_pod_less_often_and_a_changed_or_near_limit_one
     """cAdvisor's dynamic housekeeping, per pod (real v1 pod cgroups, 8 MiB of shm charged to
     each by a process that wrote it and left): a pod read the same as last time is read again
     after twice as many polls, up to STRETCH_MAX; one near its limit every poll; a limit
-    changed is seen within STRETCH_MAX polls, and the pod is read every poll again. With
+    changed is seen within STRETCH_MAX polls, and the pod is read every poll again; a jump in
+    usage (one small file read every poll) at the next poll. With
     the kernel log not counting every kill (v1 counts one in a container's own cgroup, which
     may be gone by the next read), every pod every poll."""
     from exporter.check.thresholds import OOM_RISK_RATIO
@@ -392,6 +393,11 @@ def test_node_mode_reads_a_steady_pod_less_often_and_a_changed_or_near_limit_one
             assert [i + 1 for i, s in enumerate(seen) if steady in s] == [1, 2, 4, 8, 16]
             assert all(near in s for s in seen)
             assert found[steady].shmem_bytes >= 8 * MiB and found[near].limit_bytes == int(usage / 0.9) // 4096 * 4096
+            # Stretched (next read due at poll 24), its usage jumps: read whole at the next poll.
+            subprocess.run(["sh", "-c", f"echo $$ > {pods[steady]}/cgroup.procs && exec head -c {4 * MiB} "
+                                        f"/dev/zero > {shm}/{steady}.more"], check=True)
+            seen, found = polls(1)
+            assert seen == [{steady, near}] and found[steady].shmem_bytes >= 12 * MiB
             with open(os.path.join(pods[steady], "memory.limit_in_bytes"), "w") as f:
                 f.write(str(1 << 30))
             for _ in range(STRETCH_MAX):
@@ -404,9 +410,8 @@ def test_node_mode_reads_a_steady_pod_less_often_and_a_changed_or_near_limit_one
             complete["yes"] = False
             assert all(s == {steady, near} for s in polls(4)[0])
         finally:
-            for uid in pods:
-                if os.path.exists(os.path.join(shm, uid)):
-                    os.unlink(os.path.join(shm, uid))
+            for name in os.listdir(shm):
+                os.unlink(os.path.join(shm, name))
             for pod in pods.values():
                 remove_cgroup(pod)
             for d in reversed(made):

@@ -14,7 +14,13 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from exporter.model.types import CgroupMemory
-from exporter.host.cgroupfs import effective_limit, read_files, read_keyed
+from exporter.host.cgroupfs import (
+    USAGE,
+    effective_limit,
+    read_file,
+    read_files,
+    read_keyed,
+)
 from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_mount
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
@@ -31,6 +37,13 @@ MISSING_REWALK_SECONDS = 2.0
 # A pod's cgroup whose usage is this near its limit is read every poll, never stretched:
 # PodOomRiskHigh fires at 0.9 (the dashboard warns from 0.8); a pod on its way is not seen late.
 STRETCH_BELOW_RATIO = 0.8
+
+
+def _usage(directory: str, version: int) -> Optional[int]:
+    try:
+        return int(read_file(directory, USAGE[version]))
+    except (OSError, ValueError):
+        return None  # read whole: its error decides
 
 
 def _near_limit(memory: CgroupMemory) -> bool:
@@ -208,13 +221,19 @@ class CgroupCollector(BaseSource):
         housekeeping, per pod: one read the same as last time is read again after twice as
         many polls, up to STRETCH_MAX, and every poll again once it changed or nears its
         limit; only while the kernel log counts every kill (v1 counts one in the container's
-        own cgroup, which may be replaced between two reads)."""
+        own cgroup, which may be replaced between two reads). Between its reads a stretched
+        pod's usage file (one number) is read every poll: a jump toward the limit is read
+        whole at once, not polls later."""
         found, above, swap = [], {}, None  # the QoS slices' limits, read once this pass
         stretch = self.kill_log_complete()
         kept, self._kept, self._polls = self._kept, {}, self._polls + 1
         for path, version, directory, uid in listed:
             last, every, due = kept.get(directory, (None, 1, 0))
-            if stretch and self._polls < due:
+            if (
+                stretch
+                and self._polls < due
+                and _usage(directory, version) == last.usage_bytes
+            ):
                 found.append(last)
                 self._kept[directory] = (last, every, due)
                 continue
