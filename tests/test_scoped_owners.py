@@ -348,6 +348,43 @@ def test_a_create_beside_an_orphan_reads_no_pod_again_pages_written_to_the_orpha
         assert asked[-1] == {pod_uid_of_mount(a)}
 
 
+@needs_root
+def test_pages_written_to_an_orphan_by_a_process_outside_its_pod_make_it_unverified_until_a_full_scan(two_pods):
+    """Written through a mapping (no event) by a process in no pod's cgroup (a node agent, a
+    hostPath debug pod): reading the mount's pod finds nobody, yet someone maps the file; it
+    is never called leaked again before a full scan reads every process."""
+    (a, _), _ = two_pods
+    with orphan_attached_later(a, ATTACH_LATER, allocated=False) as orphan:
+        orphan.attach()
+        assert orphan.refresh() == ("unverified", ())
+        assert orphan.refresh() == ("unverified", ())  # the pod read again proves nothing
+        orphan.collector.monotonic.now += 600  # the full scan
+        assert segment(orphan.collector.collect(), a, "psm_known") == ("linked", (orphan.pid,))
+
+
+@needs_root
+def test_pages_written_to_an_orphan_in_no_pods_mount_bring_the_full_scan_forward(tmp_path):
+    """A sandbox's or the host's shm: no pod to read again, so the next run reads everyone."""
+    with mounted_tmpfs("16m", path=f"{tmp_path}/sandbox/shm") as mount:
+        assert pod_uid_of_mount(mount) == ""
+        with orphan_attached_later(mount, ATTACH_LATER, allocated=False) as orphan:
+            orphan.attach()
+            assert orphan.refresh() == ("linked", (orphan.pid,))
+
+
+@needs_root
+def test_the_segments_runner_does_not_stretch_while_a_segment_is_called_leaked(two_pods):
+    """Refreshes alone see a write through a mapping to an orphan: their interval holds."""
+    (a, _), _ = two_pods
+    with orphan_attached_later(a, ATTACH_LATER, allocated=False) as orphan:
+        orphan.collector.all_watched = lambda: True
+        assert not orphan.collector.stretches
+        orphan.attach()
+        orphan.collector.monotonic.now += 600  # a full scan: linked, nothing called leaked
+        assert segment(orphan.collector.collect(), a, "psm_known") == ("linked", (orphan.pid,))
+        assert orphan.collector.stretches
+
+
 HOLD_LATER = """
 import mmap, os, sys
 sys.stdin.readline()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import stat as stat_mod
 import time
 from contextlib import suppress
 from functools import partial
@@ -33,7 +32,7 @@ from exporter.inventory.memfd import MemfdRegions
 from exporter.inventory.owners import OwnerScan
 from exporter.inventory.pace import ScanPace
 from exporter.inventory.walk import MAX_ENTRIES, Events, Key, Listing
-from exporter.inventory.walk import patch_listing, walk
+from exporter.inventory.walk import directories, patch_listing, walk
 from exporter.model.classes import classify
 from exporter.model.types import KNOWN, STATES, Inventory, MountInventory
 from exporter.model.types import Segment, unpack
@@ -97,6 +96,8 @@ class SegmentsCollector(BaseSource):
         self._pod_read_as: Dict[str, Dict[str, Optional[int]]] = {}
         # Per mount, the names (None: any) not to call leaked before its pod is read again.
         self._doubted: Dict[str, Optional[Set[str]]] = {}
+        # ... and not before a full scan: written through a mapping, perhaps from another pod.
+        self._mapped: Dict[str, Optional[Set[str]]] = {}
         self._table = MountTable(paths)  # which paths are still mount points
         # The holders' pods and memfd regions, kept by quick runs (they reuse the owners).
         self._pod_of: Optional[Dict[int, str]] = None
@@ -105,8 +106,11 @@ class SegmentsCollector(BaseSource):
 
     @property
     def stretches(self) -> bool:
-        """Only while inotify watches every mount: a polled one changes unseen."""
-        return self.pod_of_pid and self.all_watched()
+        """Only while inotify watches every mount (a polled one changes unseen) and nothing is
+        called leaked (a write through a mapping to it is seen by a refresh only)."""
+        return (
+            self.pod_of_pid and self.all_watched() and not any(self._orphans.values())
+        )
 
     def collect(self) -> Inventory:
         return self._begin(full=True)()()
@@ -140,31 +144,18 @@ class SegmentsCollector(BaseSource):
         """A run's first step, the listing. -> its owner scan (nothing in a quick run), which
         hands back its last step: the owners installed and the inventory assembled. `staged`:
         quick runs meanwhile show what changed; the change log is left to them."""
-        devs, errors = {}, {}  # mount -> st_dev, or why it is not listed
         mount_list = self.mounts()
         changes = {} if staged else self.changes.drain()
         # A quick run's cost follows the change: only the mounts named (or not yet listed).
         kept = {m for m, inv in self._last.items() if not (full or inv.error)}
         todo = [m for m in mount_list if m in changes or m not in kept]
         self._table.refresh()
-        for mount in todo:
-            if self._table.gone(mount):  # its directory on the disk beneath is not ours
-                errors[mount] = "not a mount point"
-                continue
-            try:
-                st = os.stat(self.paths.host(mount))
-            except OSError as err:
-                errors[mount] = err.strerror or str(err)
-                continue
-            if stat_mod.S_ISDIR(st.st_mode):
-                devs[mount] = st.st_dev
-            else:
-                errors[mount] = "not a directory"
+        devs, errors = directories(self.paths.host, self._table, todo)
         # The directory first, then /proc: a segment unlinked in between is still listed
         # (not hidden), and one created in between is held but not '(deleted)' (linked).
         sigs = {}  # node mode's full runs, before the listing: a change shows next time
         for m, dev in devs.items() if self.pod_of_pid and full else ():
-            # what moves when pages are written through a mapping
+            # what moves with any change, for the pace of full scans
             with suppress(OSError):
                 st = os.statvfs(self.paths.host(m))
                 sigs[m] = dev, st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
@@ -174,6 +165,7 @@ class SegmentsCollector(BaseSource):
             del self._listings[gone]
             self._pod_read_as.pop(gone, None)
             self._doubted.pop(gone, None)
+            self._mapped.pop(gone, None)
         # A change (a write, an attach's first pages) to a segment called leaked: not called
         # leaked again before its pod is read. Staged: the names pending, left in the log.
         seen = self.changes.peek() if staged else changes
@@ -190,12 +182,15 @@ class SegmentsCollector(BaseSource):
             return lambda: lambda: self._finish(False, listed)
         self._during = {m: names for m, names in seen.items() if staged}
         # A refresh reads the pods of these mounts again (None: a full scan).
-        moved: Optional[List[str]] = None
+        moved: Optional[Dict[str, Set[str]]] = None
         self.pace.look((devs, sigs))
         if self._owners.processes and not self.pace.due():
             moved = holdings.mounts_to_reread(
                 devs, listings, self._orphans, self._doubted, self._pod_read_as
             )
+            # Someone maps a file called leaked: full scans at their base pace again.
+            if moved is None or any(moved.values()):
+                self.pace.changed()
 
         def scan() -> Callable[[], Inventory]:  # reads /proc only: beside quick runs
             on = set(devs.values())
@@ -238,8 +233,11 @@ class SegmentsCollector(BaseSource):
             if moved is not None:
                 self.pace.look((devs, sigs), self._owners)
                 unread = set(devs) - set(moved)
-                for m in moved:
+                for m, written in moved.items():
                     self._doubted.pop(m, None)
+                    if written or m in self._mapped:
+                        holdings.add_names(self._mapped, m, written)
+                        holdings.add_names(self._doubted, m, self._mapped[m])
             else:
                 self._unproven_log.say(self._owners)
                 # Only what was listed before /proc was read may be called leaked: this
@@ -247,6 +245,7 @@ class SegmentsCollector(BaseSource):
                 self._full_devs = dict(devs)
                 self._held_at_full = set(self._owners.holdings)
                 self._doubted.clear()
+                self._mapped.clear()
                 settled = True
             self._held_on = {}  # device -> the keys held on it
             for key in self._owners.holdings:
@@ -273,7 +272,7 @@ class SegmentsCollector(BaseSource):
         self._orphans = {m: o for m, o in self._orphans.items() if m in self._last}
         for m in devs if settled else moved or ():  # their pods were read this run
             rows = self._listings[m].rows if m in self._listings else {}
-            self._pod_read_as[m] = holdings.allocated(rows, self._orphans.get(m, ()))
+            self._pod_read_as[m] = holdings.orphan_bytes(rows, self._orphans.get(m, ()))
         owners = self._owners
         if settled:
             leaked = any(ORPHAN in m.states for m in mounts)

@@ -119,23 +119,29 @@ def add_names(book: Changes, mount: str, names: Optional[Set[str]]) -> None:
     book[mount] = None if names is None or known is None else known | names
 
 
-def allocated(rows: Dict[str, int], names) -> Dict[str, Optional[int]]:
+def orphan_bytes(rows: Dict[str, int], names) -> Dict[str, Optional[int]]:
     """Each of `names`' allocated bytes in `rows` (None: not listed)."""
     return {n: unpack(rows[n])[3] if n in rows else None for n in names}
 
 
-def mounts_to_reread(devs, listings, orphans, doubted, read_as) -> Optional[List[str]]:
-    """The mounts whose pods a refresh reads again: a process may have attached to a segment
-    called leaked that changed (`doubted`) or moved (pages written through a mapping raise no
-    event, but allocate) since its pod was read (`read_as`). None: an orphan in no pod's
-    mount changed, which only a full scan reads whoever may hold."""
-
-    def moved(m: str) -> bool:
+def mounts_to_reread(
+    devs: Dict[str, int],
+    listings: Dict[str, tuple],
+    orphans: Dict[str, Set[str]],
+    doubted: Changes,
+    read_as: Dict[str, Dict[str, Optional[int]]],
+) -> Optional[Dict[str, Set[str]]]:
+    """The mounts whose pods a refresh reads again, each with its files called leaked whose
+    pages were written since its pod was read (`read_as`; through a mapping: no event, but
+    they allocate), or with nothing when only an event named one (`doubted`). None: one in no
+    pod's mount, where only a full scan reads whoever may hold it."""
+    moved = {}
+    for m in devs:
         was = read_as.get(m, {})
-        now = allocated(listings[m][0].rows, orphans.get(m, ()))
-        return any(a is not None and a != was.get(n) for n, a in now.items())
-
-    moved_mounts = [m for m in devs if m in doubted or moved(m)]
-    if any(m in doubted and not pod_uid_of_mount(m) for m in moved_mounts):
+        now = orphan_bytes(listings[m][0].rows, orphans.get(m, ()))
+        written = {n for n, a in now.items() if a is not None and a != was.get(n)}
+        if written or m in doubted:
+            moved[m] = written
+    if any(not pod_uid_of_mount(m) for m in moved):
         return None
-    return moved_mounts
+    return moved

@@ -197,3 +197,23 @@ def patch_listing(
             inodes[st.st_ino] = name
         _update(listing, name, st, events)
     return events
+
+
+def directories(host, table, mounts) -> Tuple[Dict[str, int], Dict[str, str]]:
+    """Each mount's device, or why it is not listed. `host`: a mount's path as we see it;
+    `table` (host.mountinfo.MountTable) tells which are still mount points."""
+    devs, errors = {}, {}
+    for mount in mounts:
+        if table.gone(mount):  # its directory on the disk beneath is not ours
+            errors[mount] = "not a mount point"
+            continue
+        try:
+            st = os.stat(host(mount))
+        except OSError as err:
+            errors[mount] = err.strerror or str(err)
+            continue
+        if stat_mod.S_ISDIR(st.st_mode):
+            devs[mount] = st.st_dev
+        else:
+            errors[mount] = "not a directory"
+    return devs, errors
