@@ -318,15 +318,22 @@ path = f"{root}/var/lib/kubelet/pods/{uuid.uuid4()}/volumes/kubernetes.io~empty-
 other = f"{root}/other"
 os.makedirs(path), os.makedirs(other)
 mount = lambda at: subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", at], check=True)
-mount(path)
-discovery = MountDiscovery(Paths(), [], node_mode=True)
+static = f"{root}/static"
+os.makedirs(static)
+mount(path), mount(static)
+discovery = MountDiscovery(Paths(), [static], node_mode=True)
 first = discovery.collect()
-assert path in first.mounts(), first
+assert path in first.mounts() and static in first.mounts(), first
 mount(other)
 assert discovery.collect() is first, "a mount no target is on made a new set"
 mount(path)
 on_top = discovery.collect()
 assert on_top is not first and on_top.mounts() == first.mounts(), "a mount on top is the same set"
+mount(static)  # over a configured (static) target
+assert discovery.collect() is not on_top, "a mount over a static target is the same set"
+last = discovery.collect()
+mount(os.path.dirname(os.path.dirname(path)))  # over the pod's volumes directory
+assert discovery.collect() is not last, "a mount above a target is the same set"
 print("ok")
 """
 
@@ -334,7 +341,8 @@ print("ok")
 @needs_root
 def test_discovery_makes_a_new_set_only_when_its_mounts_changed(tmp_path):
     """The watcher re-checks every mount for a new set: one comes when a target came, went or
-    was mounted over, not when any other mount changed the table (a node's change often).
+    was mounted over (a found or a static target, or a directory above one), not when any
+    other mount changed the table (a node's change often).
     As pid 1 of namespaces of its own: discovery reads pid 1's mountinfo."""
     done = subprocess.run(["unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private",
                            sys.executable, "-c", SAME_SET_SCENARIO, str(tmp_path)],

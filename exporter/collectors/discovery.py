@@ -6,6 +6,7 @@ file must not forget every pod and reset its counters."""
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Callable, Dict, List, Sequence
 
@@ -29,6 +30,14 @@ def discover(entries: Sequence[MountEntry]) -> List[Target]:
         elif entry.mount_point in found:
             del found[entry.mount_point]  # something else was mounted over it
     return sorted(found.values(), key=lambda t: t.mount)
+
+
+def _and_above(path: str) -> List[str]:
+    paths = [path]
+    while path not in ("/", ""):
+        path = os.path.dirname(path)
+        paths.append(path)
+    return paths
 
 
 class MountDiscovery(BaseSource):
@@ -69,11 +78,14 @@ class MountDiscovery(BaseSource):
                 found = discover(entries)
                 seen = {t.mount for t in found}
                 targets = found + [t for t in self._static if t.mount not in seen]
-                # Each target's mounts, by ID: one mounted on top is another set (re-watched).
+                # The mounts at each target or above it, by ID: one mounted on top (over a
+                # target, static or found, or a directory above it) is another set, which
+                # the watcher checks again.
+                under = {p for t in targets for p in _and_above(t.mount)}
                 ids = [
                     (e.mount_point, e.mount_id)
                     for e in entries
-                    if e.mount_point in seen
+                    if e.mount_point in under
                 ]
                 with self._lock:
                     if (targets, ids) != (self._current.targets, self._ids):
