@@ -37,8 +37,6 @@ class WatchedMountIds:
         # shm mount) is none of them; a tenant's file at /memfd:x is on one.
         self.mounted_ids: Set[int] = set()
         self.mounted_devs: Set[str] = set()
-        # pid -> of(pid) as learn() found it, for the pass that follows to take once.
-        self.learnt: Dict[int, Optional[Set[int]]] = {}
 
     def learn(
         self, processes: Iterable[Process], devs: Set[int], again: bool = True
@@ -51,10 +49,8 @@ class WatchedMountIds:
             self._ns_of = {}
             self.union, self.mounted_ids, self.mounted_devs = set(), set(), set()
             self.learned_devs = set(devs)
-        learnt = self.learnt = {}
         for proc in processes:
-            learnt[proc.pid] = watched = self.of(proc.pid, devs)
-            self.union |= watched or set()
+            self.union |= self.of(proc.pid, devs) or set()
 
     def forget(self, gone: Set[int]) -> None:
         """Drop the namespaces no process is left in: a stale (reused) mount ID could name a
@@ -100,13 +96,14 @@ class WatchedMountIds:
         """An fd's mount ID from fdinfo; NO_MNT_ID before Linux 3.15, None when it closed
         since listdir."""
         try:
-            info = read_text(fdinfo)  # a file's: pos, flags, mnt_id, ino, locks
+            with open(fdinfo, "rb", buffering=0) as handle:
+                info = handle.read(4096)  # pos, flags, mnt_id and ino come first
         except OSError:
             return None
-        at = info.find("mnt_id:")
+        at = info.find(b"mnt_id:")
         if at == -1:
             return NO_MNT_ID
-        end = info.find("\n", at)
+        end = info.find(b"\n", at)
         try:
             return int(info[at + 7 : end if end != -1 else len(info)])
         except ValueError:

@@ -214,8 +214,8 @@ class OwnerScan:
         pid = proc.pid
         denied = held_here = False
         mounted = self._mount_ids
-        learnt = mounted.learnt.pop(pid, False)  # read by this pass's learn()
-        mount_ids = mounted.of(pid, devs) if learnt is False else learnt
+        # Its namespace now, not as learn() found it: it may have entered another since.
+        mount_ids = mounted.of(pid, devs)
         memfds = Owners()  # this process's, bounded before they join `out`
         try:
             text = self.table.maps(pid)
