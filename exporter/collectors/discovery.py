@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence, Tuple
 
 from exporter.model.types import MountSet, Target
 from exporter.collectors.source import BaseSource
@@ -58,7 +58,9 @@ class MountDiscovery(BaseSource):
         ]
         self._lock = threading.Lock()
         self._current = MountSet(list(self._static))
-        self._ids: list = []  # (mount point, mount ID) of the current targets' mounts
+        self._ids: List[
+            Tuple[str, int]
+        ] = []  # (mount point, mount ID) at or above targets
         self._subscribers: List[Callable[[MountSet], None]] = []
         # The host's view is pid 1's (the DaemonSet runs with hostPID); under hidepid ours.
         self._mountinfo = MountTable(paths, ("1", "self"))

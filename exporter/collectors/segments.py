@@ -38,7 +38,6 @@ from exporter.model.types import KNOWN, STATES, Inventory, MountInventory
 from exporter.model.types import Segment, unpack
 
 log = logging.getLogger(__name__)
-ORPHAN = STATES.index("orphan")
 
 
 class SegmentsCollector(BaseSource):
@@ -72,8 +71,8 @@ class SegmentsCollector(BaseSource):
         # Node mode: how long the owners of a full scan are refreshed (owner_scan.refresh)
         # before every process is read again, stretched while nothing changes.
         every = full_scan_interval if pod_of_pid else 0.0
-        self.pace = ScanPace(every, STRETCH_MAX, lambda: self.monotonic())
         self.monotonic = monotonic
+        self.pace = ScanPace(every, STRETCH_MAX, lambda: self.monotonic())
         # Each mount's last listing, and its name -> inode index, for quick runs to patch.
         self._listings: Dict[str, Listing] = {}
         # Per mount; past it, counts by class (a walk stops at MAX_ENTRIES anyway).
@@ -106,8 +105,8 @@ class SegmentsCollector(BaseSource):
 
     @property
     def stretches(self) -> bool:
-        """Only while inotify watches every mount (a polled one changes unseen) and nothing is
-        called leaked (a write through a mapping to it is seen by a refresh only)."""
+        """Runs and full scans: only while inotify watches every mount (a polled one changes
+        unseen) and nothing is called leaked (a write through a mapping: refreshes see it)."""
         return (
             self.pod_of_pid and self.all_watched() and not any(self._orphans.values())
         )
@@ -275,8 +274,8 @@ class SegmentsCollector(BaseSource):
             self._pod_read_as[m] = holdings.orphan_bytes(rows, self._orphans.get(m, ()))
         owners = self._owners
         if settled:
-            leaked = any(ORPHAN in m.states for m in mounts)
-            self.pace.scanned((devs, sigs), owners, leaked, not during, self.stretches)
+            quiet, stretch = not during, self.stretches
+            self.pace.scanned((devs, sigs), owners, quiet=quiet, stretch=stretch)
         if full or self._pod_of is None:
             self._pod_of = {
                 pid: pod

@@ -6,9 +6,17 @@ to the base on any change."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 from exporter.inventory.holdings import Owners
+
+
+class Seen(NamedTuple):
+    """What the last full scan found, to tell a change from."""
+
+    mounts: tuple  # (each mount's device, each mount's statvfs figures)
+    holders: dict
+    holdings: frozenset  # the (device, inode) keys held
 
 
 class ScanPace:
@@ -17,7 +25,7 @@ class ScanPace:
         self.cap, self.monotonic = cap, monotonic
         self.scanned_at = float("-inf")
         self._quiet = False  # nothing changed since the last scan
-        self._seen: tuple = ()  # the last scan's mounts, holders and keys held
+        self._seen: Optional[Seen] = None
 
     def due(self) -> bool:
         return self.monotonic() - self.scanned_at >= self.every
@@ -26,20 +34,24 @@ class ScanPace:
         self._quiet, self.every = False, self.base
 
     def look(self, mounts: tuple, owners: Optional[Owners] = None) -> None:
-        """A full run's mounts (devices, statvfs), and a refresh's owners."""
-        if self._seen[:1] != (mounts,) or owners and _held(owners) != self._seen[1:]:
+        """A full run's mounts, and a refresh's owners: a change from the last scan's?"""
+        seen = self._seen
+        if seen is None or seen.mounts != mounts or owners and not _same(seen, owners):
             self.changed()
 
-    def scanned(self, mounts, owners: Owners, leaked, quiet, stretch) -> None:
-        """`leaked`: the scan called a segment so (one a process attaches to without writing
-        is seen by a full scan only); `quiet`: nothing changed while it read /proc; `stretch`:
-        inotify watches every mount."""
-        calm = self._quiet and stretch and not leaked
-        calm = calm and self._seen[1:] == _held(owners)
+    def scanned(
+        self, mounts: tuple, owners: Owners, *, quiet: bool, stretch: bool
+    ) -> None:
+        """`quiet`: nothing changed while it read /proc; `stretch`: inotify watches every
+        mount and nothing is called leaked (one a process attaches to without writing is
+        seen by a full scan only)."""
+        calm = self._quiet and quiet and stretch
+        calm = calm and self._seen is not None and _same(self._seen, owners)
         self.every = min(self.every * 2, self.base * self.cap) if calm else self.base
-        self._seen = (mounts, dict(owners.holders), frozenset(owners.holdings))
+        holdings = frozenset(owners.holdings)
+        self._seen = Seen(mounts, dict(owners.holders), holdings)
         self._quiet, self.scanned_at = quiet, self.monotonic()
 
 
-def _held(owners: Owners) -> tuple:
-    return owners.holders, owners.holdings.keys()
+def _same(seen: Seen, owners: Owners) -> bool:
+    return seen.holders == owners.holders and seen.holdings == owners.holdings.keys()
