@@ -17,7 +17,6 @@ from exporter.model.types import CgroupMemory
 from exporter.host.cgroupfs import (
     USAGE,
     effective_limit,
-    read_file,
     read_files,
     read_keyed,
 )
@@ -37,13 +36,6 @@ MISSING_REWALK_SECONDS = 2.0
 # A pod's cgroup whose usage is this near its limit is read every poll, never stretched:
 # PodOomRiskHigh fires at 0.9 (the dashboard warns from 0.8); a pod on its way is not seen late.
 STRETCH_BELOW_RATIO = 0.8
-
-
-def _usage(directory: str, version: int) -> Optional[int]:
-    try:
-        return int(read_file(directory, USAGE[version]))
-    except (OSError, ValueError):
-        return None  # read whole: its error decides
 
 
 def _near_limit(memory: CgroupMemory) -> bool:
@@ -90,6 +82,7 @@ class CgroupCollector(BaseSource):
         self._children: Dict[str, List[str]] = {}  # v1: a pod's containers, by walk
         # Node mode, by directory: a pod's last read, its stretch (polls), the poll it is due.
         self._kept: Dict[str, Tuple[CgroupMemory, int, int]] = {}
+        self._usage_fds: Dict[str, int] = {}  # a stretched pod's usage file, kept open
         self._polls = 0
 
     def resolve(self, pid: object = "self") -> Tuple[str, int, str]:
@@ -232,7 +225,7 @@ class CgroupCollector(BaseSource):
             if (
                 stretch
                 and self._polls < due
-                and _usage(directory, version) == last.usage_bytes
+                and self._usage(directory, version) == last.usage_bytes
             ):
                 found.append(last)
                 self._kept[directory] = (last, every, due)
@@ -249,7 +242,33 @@ class CgroupCollector(BaseSource):
             every = min(every * 2, STRETCH_MAX) if steady else 1
             self._kept[directory] = (memory, every, self._polls + every)
             found.append(memory)
+        for directory in set(self._usage_fds) - set(self._kept):  # gone
+            os.close(self._usage_fds.pop(directory))
         return found
+
+    def _usage(self, directory: str, version: int) -> Optional[int]:
+        """The usage file, read again through a descriptor kept open (a read from offset 0
+        of a cgroup file is made afresh): a seventh of an open, read and close each poll."""
+        try:
+            fd = self._usage_fds.get(directory)
+            if fd is None:
+                path = os.path.join(directory, USAGE[version])
+                fd = self._usage_fds[directory] = os.open(
+                    path, os.O_RDONLY | os.O_CLOEXEC
+                )
+            return int(os.pread(fd, 64, 0))
+        except (
+            OSError,
+            ValueError,
+        ):  # the pod gone (ENODEV): read whole, whose error stands
+            if directory in self._usage_fds:
+                os.close(self._usage_fds.pop(directory))
+            return None
+
+    def close(self) -> None:
+        for fd in self._usage_fds.values():
+            os.close(fd)
+        self._usage_fds = {}
 
     def read(
         self, path, version, directory, pod_uid="", above=None, swap=True
