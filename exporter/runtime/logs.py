@@ -54,22 +54,16 @@ class LineFormatter(logging.Formatter):
 def setup(level: str = "info", fmt: str = "logfmt", stream=None) -> None:
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(LineFormatter(json_lines=fmt == "json"))
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    level = getattr(logging, level.upper(), logging.INFO)
+    logging.basicConfig(level=level, handlers=[handler], force=True)
     logging.captureWarnings(True)  # warnings.warn() as log lines too
     log = logging.getLogger("shmwatch")
 
     def thread_hook(args) -> None:
-        if args.exc_type is SystemExit:
-            return
-        log.error(
-            "uncaught exception in thread %s",
-            args.thread.name if args.thread else "?",
-            exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
-        )
+        if args.exc_type is not SystemExit:
+            name = args.thread.name if args.thread else "?"
+            exc_info = (args.exc_type, args.exc_value, args.exc_traceback)
+            log.error("uncaught exception in thread %s", name, exc_info=exc_info)
 
     def main_hook(exc_type, exc_value, exc_traceback) -> None:
         log.error("uncaught exception", exc_info=(exc_type, exc_value, exc_traceback))
