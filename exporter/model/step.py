@@ -242,39 +242,33 @@ class ModelStep:
         mounts = []
         charged_to = cgroups_by_pod(cgroups)
         for target in self.discovery.current().targets:
-            usage = usages.get(target.mount)
+            mount, usage = target.mount, usages.get(target.mount)
             # Outside node mode every mount is charged to the one watched cgroup, also one
             # at a kubelet emptyDir path (a host-mode exporter watching a pod's volume).
-            pod_uid = pod_uid_of_mount(target.mount) if self.node_mode else ""
-            cgroup = charged_to.get(pod_uid)
+            cgroup = charged_to.get(pod_uid_of_mount(mount) if self.node_mode else "")
             budget = peak = max_used = max_used_at = None
             if usage is not None and not usage.error:
+                used = usage.used_bytes
                 budget = shm_budget(
                     usage, cgroup, self.shm_size_limit, self.memory_limit
                 )
-                peak = max(
-                    states.peaks.get(target.mount, usage.used_bytes), usage.used_bytes
-                )
-                max_used, max_used_at = states.max_used.get(
-                    target.mount, (usage.used_bytes, time.time())
-                )
+                peak = max(states.peaks.get(mount, used), used)
+                max_used, max_used_at = states.max_used.get(mount, (used, time.time()))
+            # An estimate without a limit knows none: not "unlimited".
+            unlimited = cgroup and cgroup.estimated and cgroup.limit_bytes is None
             mounts.append(
                 MountView(
-                    target.mount,
+                    mount,
                     target.labels,
                     usage,
                     peak,
                     max_used,
                     max_used_at,
-                    inv_mounts.get(target.mount),
-                    self._summaries.get(target.mount),
+                    inv_mounts.get(mount),
+                    self._summaries.get(mount),
                     cgroup,
                     budget,
-                    # An estimate without a limit knows none: not "unlimited".
-                    not limit_unknown
-                    and not (
-                        cgroup and cgroup.estimated and cgroup.limit_bytes is None
-                    ),
+                    not limit_unknown and not unlimited,
                 )
             )
         return Model(
@@ -318,10 +312,8 @@ class ModelStep:
                 kills = max(logged_below.get(at, 0), own_below.get(at, 0))
                 counts[c.cgroup] = OomCount(c.cgroup, c.pod_uid, kills)
         for key, n in sorted(logged.items()) if self.node_mode else ():
-            if key not in counts and pod_uid_in_cgroup(key):
-                counts[key] = OomCount(
-                    key, pod_uid_in_cgroup(key), max(n, own.get(key, 0))
-                )
+            if key not in counts and (uid := pod_uid_in_cgroup(key)):
+                counts[key] = OomCount(key, uid, max(n, own.get(key, 0)))
         # A counter never goes down, nor disappears while its pod is there (its cgroup read
         # failed once; discovery still sees the pod's mounts): PodOomKilled would fire on it.
         for cgroup, shown in self._oom_shown.items():
