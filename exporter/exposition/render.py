@@ -38,7 +38,6 @@ def joined_format(encoder: Callable) -> Optional[str]:
 
 
 def encode(metrics: List[Family], encoder: Callable) -> bytes:
-    """The body `encoder` writes for `metrics`."""
     kind = joined_format(encoder)
     if kind is None:
         return encoder(SimpleNamespace(collect=lambda: iter(metrics)))

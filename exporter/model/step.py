@@ -203,7 +203,6 @@ class ModelStep:
             self._recent_oom.append((kill, shm_used))
 
     def current(self) -> Model:
-        """The model, rebuilt first if anything changed since it was built."""
         with self._lock:
             version = self.version()
             if self._model is None or version != self._built_for:
