@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 # How many OOM kills `shmwatch check` and the model remember (the newest).
 RECENT_OOM_KILLS = 50
+OOM_LOG = "OOM kill: pid %d (%s) in %s (limit of %s hit): anon-rss %s, shmem-rss %s; shm used %s%s"
 
 
 @dataclass(frozen=True)
@@ -186,18 +187,11 @@ class ModelStep:
             uid = kill.pod_uid
             usages = [u for u in usages if uid and pod_uid_of_mount(u.mount) == uid]
         shm_used = sum(u.used_bytes for u in usages) if usages else None
-        mib = lambda n: "unknown" if n is None else f"{n / 2**20:.1f}MiB"
-        log.warning(
-            "OOM kill: pid %d (%s) in %s (limit of %s hit): anon-rss %s, shmem-rss %s; shm used %s%s",
-            kill.pid,
-            kill.comm,
-            kill.task_memcg or "?",
-            kill.oom_memcg or "the whole host",
-            mib(kill.anon_rss_bytes),
-            mib(kill.shmem_rss_bytes),
-            mib(shm_used),
-            f" (pod {kill.pod_uid})" if kill.pod_uid else "",
-        )
+        sizes = (kill.anon_rss_bytes, kill.shmem_rss_bytes, shm_used)
+        mib = ["unknown" if n is None else f"{n / 2**20:.1f}MiB" for n in sizes]
+        cgroups = kill.task_memcg or "?", kill.oom_memcg or "the whole host"
+        pod = f" (pod {kill.pod_uid})" if kill.pod_uid else ""
+        log.warning(OOM_LOG, kill.pid, kill.comm, *cgroups, *mib, pod)
         with self._lock:  # after the log line: a scrape that counts it finds it logged
             self._oom_logged[key] += 1
             self._recent_oom.append((kill, shm_used))
