@@ -227,6 +227,7 @@ class ModelStep:
         inventory: Optional[Inventory] = self._result("segments")
         inv_mounts = {m.mount: m for m in inventory.mounts} if inventory else {}
         cgroups: List[CgroupMemory] = self._result("cgroup") or []
+        sysv = self._result("sysv")
         limit_unknown = (
             "cgroup" in self._latest
             and self._result("cgroup") is None
@@ -271,15 +272,13 @@ class ModelStep:
             inventory,
             cgroups,
             self._result("host_memory"),
-            self._result("sysv") or [],
+            sysv or [],
             self._result("gpu"),
             self._result("process") or [],
             states,
             self._oom_counts(cgroups, mounts),
             list(self._recent_oom),
-            _unexplained(
-                cgroups, mounts, self._result("sysv"), inventory, self.node_mode
-            ),
+            _unexplained(cgroups, mounts, sysv, inventory, self.node_mode),
         )
 
     def _oom_counts(
