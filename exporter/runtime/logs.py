@@ -15,7 +15,8 @@ import threading
 import time
 
 _LEVELS = {"WARNING": "warn", "CRITICAL": "error"}
-_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_ESCAPES = {chr(c): f"\\u{c:04x}" for c in [*range(0x20), 0x7F]}
+_ESCAPES.update({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"})
 _QUOTED = re.compile(r'[ ="\\\x00-\x1f\x7f]')  # a value holding one of these is quoted
 _ESCAPED = re.compile(r'["\\\x00-\x1f\x7f]')
 
@@ -24,8 +25,7 @@ def logfmt_value(value: object) -> str:
     text = str(value)
     if text and not _QUOTED.search(text):
         return text
-    escape = lambda m: _ESCAPES.get(m[0], f"\\u{ord(m[0]):04x}")  # noqa: E731
-    return '"' + _ESCAPED.sub(escape, text) + '"'
+    return '"' + _ESCAPED.sub(lambda m: _ESCAPES[m[0]], text) + '"'
 
 
 class LineFormatter(logging.Formatter):
