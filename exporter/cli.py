@@ -12,6 +12,7 @@ from typing import List, NoReturn, Optional
 
 from exporter import __version__
 from exporter.config import parse_args
+from exporter.runtime import gc_tuning, logs
 
 log = logging.getLogger("shmwatch")
 
@@ -70,10 +71,7 @@ def _web_config(cfg):
 
 def serve(argv: List[str]) -> int:
     cfg = parse_args(argv)
-    from exporter.runtime import logs
-
     logs.setup(cfg.log_level, cfg.log_format)
-    from exporter.runtime import gc_tuning
     from exporter.app import App
     from exporter.exposition import http
 

@@ -299,12 +299,10 @@ def build_parser(prog: str = "shmwatch") -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(
-    argv: Optional[Sequence[str]] = None, prog: str = "shmwatch", parser=None
-):
+def parse_args(argv: Optional[Sequence[str]] = None, parser=None):
     """-> Config; with a parser of the caller's (which may add arguments): (Config, namespace)."""
     own_parser = parser is None
-    parser = parser or build_parser(prog)
+    parser = parser or build_parser()
     ns = parser.parse_args(argv)
     cfg = Config()
     for flag, dest, kind, default, _text, repeatable in FLAGS:

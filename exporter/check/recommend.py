@@ -192,14 +192,12 @@ def recommend(view, observed, source, window, headroom, note="", required=None):
 
 
 def parse_window(text: str) -> str:
-    """--recommend.window: a Prometheus duration."""
     if not re.fullmatch(r"([0-9]+(ms|s|m|h|d|w|y))+", text):
         raise ValueError(f"not a Prometheus duration: {text!r} (e.g. 7d, 36h)")
     return text
 
 
 def parse_headroom(text: str) -> float:
-    """--recommend.headroom: a factor from 1 to 10."""
     if not 1.0 <= float(text) <= 10.0:
         raise ValueError("must be between 1 and 10")
     return float(text)

@@ -41,7 +41,6 @@ SAID = ("explanation", "remedy")  # of a log signature
 
 
 def _seconds(text: str) -> float:
-    """--timeout: a number of seconds above 0."""
     seconds = float(text)
     if not 0 < seconds < math.inf:
         raise ValueError(f"not a number of seconds above 0: {text!r}")

@@ -89,9 +89,8 @@ class Families:
         The whole call's lines are the last render's when every row is as it was; the rows
         are not even made when made from `same` alone, each the very object it was."""
         ids = tuple(map(id, same))  # `same` is kept with them: the ids stay theirs
-        site = self.last.get(
-            make
-        )  # (rows, {name: lines}, {key: (inputs, part)}, same, ids)
+        # (rows, {name: lines}, {key: (inputs, part)}, same, ids)
+        site = self.last.get(make)
         if not same or site is None or site[4] != ids:
             rows = list(rows)
             if site is None or site[0] != rows:

@@ -31,6 +31,7 @@ READ_BYTES = 16 << 10  # one read: all a connection holds unparsed while it is a
 WORKERS = 4  # threads making answers; rendering holds the GIL, more would only wait
 HEADER_TIMEOUT_SECONDS = 5.0
 IDLE_TIMEOUT_SECONDS = 120.0
+NOT_FOUND = ("404 Not Found", "text/plain", b"Not Found\n")
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -321,22 +322,14 @@ def make_app(metrics_app, telemetry_path: str = "/metrics"):
         path = environ.get("PATH_INFO", "/")
         if path == telemetry_path:
             return metrics_app(environ, start_response)
-        status, kind, body = pages.get(
-            path, ("404 Not Found", "text/plain", b"Not Found\n")
-        )
+        status, kind, body = pages.get(path, NOT_FOUND)
         start_response(status, [("Content-Type", kind)])
         return [body]
 
     return app
 
 
-def bind(
-    host: str,
-    port: int,
-    app,
-    web: Optional[WebConfigSource] = None,
-    max_requests: int = 40,
-) -> Front:
+def bind(host: str, port: int, app, web=None, max_requests: int = 40) -> Front:
     # As node_exporter listens: '' (':9841') and '::' take IPv6 and IPv4 both, '0.0.0.0'
     # IPv4 only, '::1' IPv6 only, a name its first address's family.
     dual, sock = host in ("", "::"), None

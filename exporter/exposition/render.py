@@ -25,21 +25,19 @@ GZIP_LEVEL = 1
 MAX_BODIES = 8
 # Escapings (prometheus-client >= 0.22) that leave legacy names as they are.
 LEGACY_SAFE_ESCAPINGS = ("underscores", "allow-utf-8")
+JOINED_FORMATS = {generate_latest: "text", openmetrics.generate_latest: "openmetrics"}
 
 
 def joined_format(encoder: Callable) -> Optional[str]:
     """Whether joined lines make `encoder`'s body: "text", "openmetrics" or None."""
     func = getattr(encoder, "func", encoder)
     keywords = getattr(encoder, "keywords", None) or {}
-    kind = {generate_latest: "text", openmetrics.generate_latest: "openmetrics"}.get(
-        func
-    )
+    kind = JOINED_FORMATS.get(func)
     legacy = keywords.get("escaping", "underscores") in LEGACY_SAFE_ESCAPINGS
     return kind if legacy and keywords.get("version", "1.0.0") == "1.0.0" else None
 
 
 def encode(metrics: List[Family], encoder: Callable) -> bytes:
-    """The body `encoder` writes for `metrics`."""
     kind = joined_format(encoder)
     if kind is None:
         return encoder(SimpleNamespace(collect=lambda: iter(metrics)))

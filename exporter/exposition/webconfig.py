@@ -60,6 +60,14 @@ class WebConfigError(ValueError):
     """The web config is invalid; the message says where."""
 
 
+def tls_error(text: str) -> WebConfigError:
+    return WebConfigError(f"tls_server_config: {text}")
+
+
+def header_error(text: str) -> WebConfigError:
+    return WebConfigError(f"http_server_config.headers: {text}")
+
+
 @dataclass(frozen=True)
 class TlsSettings:
     cert_file: str
@@ -116,33 +124,33 @@ def _section(raw: dict, key: str, allowed=()) -> dict:
 
 
 def parse_tls(raw: dict, base: str) -> TlsSettings:
-    bad = lambda text: WebConfigError("tls_server_config: " + text)  # noqa: E731
-    unsupported = sorted(set(raw) & TLS_UNSUPPORTED)
+    unsupported = ", ".join(sorted(set(raw) & TLS_UNSUPPORTED))
     if unsupported:
         use = ", ".join(TLS_KEYS)
-        raise bad(f"{', '.join(unsupported)} not supported by shmwatch (use {use})")
+        raise tls_error(f"{unsupported} not supported by shmwatch (use {use})")
     # Absent or empty: TlsSettings' default.
     given = {key: raw.get(key) or getattr(TlsSettings, key, None) for key in TLS_KEYS}
     if not given["cert_file"] or not given["key_file"]:
-        raise bad("needs both cert_file and key_file")
+        raise tls_error("needs both cert_file and key_file")
     auth, ca = given["client_auth_type"], given["client_ca_file"]
     if auth in UNVERIFIED_CLIENT_AUTH:
-        raise bad(
+        raise tls_error(
             f"client_auth_type {auth} (a client certificate accepted without "
             "verification) is not supported: use RequireAndVerifyClientCert"
         )
     for key, choices in TLS_CHOICES.items():
         if given[key] not in choices:
-            raise bad(f"invalid {key} {given[key]!r} (one of {', '.join(choices)})")
+            names = ", ".join(choices)
+            raise tls_error(f"invalid {key} {given[key]!r} (one of {names})")
     if auth != "NoClientCert" and not ca:
-        raise bad(f"client_auth_type {auth} needs client_ca_file")
+        raise tls_error(f"client_auth_type {auth} needs client_ca_file")
     if ca and auth == "NoClientCert":
-        raise bad(
+        raise tls_error(
             "client_ca_file is set but client_auth_type is NoClientCert "
             "(set client_auth_type: RequireAndVerifyClientCert)"
         )
     if TLS_VERSIONS[given["min_version"]] > TLS_VERSIONS[given["max_version"]]:
-        raise bad("min_version is above max_version")
+        raise tls_error("min_version is above max_version")
     # Relative file names are the web config directory's, as in exporter-toolkit (join
     # keeps an absolute name as it is).
     for key in ("cert_file", "key_file", "client_ca_file"):
@@ -174,14 +182,13 @@ def parse(text: str, base: str = ".") -> WebConfig:
     if "http2" in http and not isinstance(http["http2"], bool):  # HTTP/1.1 is served
         raise WebConfigError("http_server_config: http2 must be true or false")
     headers = []
-    bad = lambda text: WebConfigError("http_server_config.headers: " + text)  # noqa: E731
     for name, value in _section(http, "headers").items():
         if name not in HEADERS:
-            raise bad(f"{name} is not one of {', '.join(HEADERS)}")
+            raise header_error(f"{name} is not one of {', '.join(HEADERS)}")
         allowed = HEADERS[name]
         value = "" if value is None else str(value)
         if allowed and value and value.lower() not in allowed:
-            raise bad(f"{name} must be one of {', '.join(allowed)}")
+            raise header_error(f"{name} must be one of {', '.join(allowed)}")
         if value:
             headers.append((name, value))
     return WebConfig(tls=tls, users=users, headers=tuple(headers))

@@ -77,9 +77,7 @@ NOT_LEAKS = frozenset({"semaphore"})
 # creator and every mapper are gone), so once that process is gone nothing attaches again. `shmwatch
 # check` advises `rm` for orphans of these classes only: never for `other` (a container
 # engine's lock file is not ours to judge) and never for a segment that is `unverified`.
-REMOVABLE = frozenset(
-    {"nccl", "torch", "python_shm", "vllm_offload", "ucx", "mpi", "sglang"}
-)
+REMOVABLE = frozenset("nccl torch python_shm vllm_offload ucx mpi sglang".split())
 
 
 def removable(cls: str) -> bool:

@@ -7,7 +7,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, Iterable, Optional, Set, Tuple
+from typing import Deque, Dict, Iterable, Optional, Set, Tuple
 
 from exporter.model.types import MountUsage
 
@@ -63,12 +63,8 @@ GONE = ("gone",)  # the instance of a mount that is not there
 
 
 class StateStore:
-    def __init__(
-        self,
-        peak_window: float = 60.0,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,  # the high-water mark's time
-    ):
+    # clock: the peak window's; wall_clock: when the high-water mark was reached.
+    def __init__(self, peak_window=60.0, clock=time.monotonic, wall_clock=time.time):
         self.peak_window = peak_window
         self.clock = clock
         self.wall_clock = wall_clock
@@ -133,12 +129,10 @@ class StateStore:
         if record.max_used is None or used_bytes > record.max_used[0]:
             record.max_used = (used_bytes, self.wall_clock())
 
-    def count_event(
-        self, mount: str, segment_class: str, event: str, n: int = 1
-    ) -> None:
+    def count_event(self, mount: str, cls: str, event: str, n: int = 1) -> None:
         with self._lock:
             events = self._of(mount).events
-            events[segment_class, event] = events.get((segment_class, event), 0) + n
+            events[cls, event] = events.get((cls, event), 0) + n
 
     def count_overflow(self, mount: str) -> None:
         with self._lock:

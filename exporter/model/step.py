@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 # How many OOM kills `shmwatch check` and the model remember (the newest).
 RECENT_OOM_KILLS = 50
+OOM_LOG = "OOM kill: pid %d (%s) in %s (limit of %s hit): anon-rss %s, shmem-rss %s; shm used %s%s"
 
 
 @dataclass(frozen=True)
@@ -186,24 +187,16 @@ class ModelStep:
             uid = kill.pod_uid
             usages = [u for u in usages if uid and pod_uid_of_mount(u.mount) == uid]
         shm_used = sum(u.used_bytes for u in usages) if usages else None
-        mib = lambda n: "unknown" if n is None else f"{n / 2**20:.1f}MiB"
-        log.warning(
-            "OOM kill: pid %d (%s) in %s (limit of %s hit): anon-rss %s, shmem-rss %s; shm used %s%s",
-            kill.pid,
-            kill.comm,
-            kill.task_memcg or "?",
-            kill.oom_memcg or "the whole host",
-            mib(kill.anon_rss_bytes),
-            mib(kill.shmem_rss_bytes),
-            mib(shm_used),
-            f" (pod {kill.pod_uid})" if kill.pod_uid else "",
-        )
+        sizes = (kill.anon_rss_bytes, kill.shmem_rss_bytes, shm_used)
+        mib = ["unknown" if n is None else f"{n / 2**20:.1f}MiB" for n in sizes]
+        cgroups = kill.task_memcg or "?", kill.oom_memcg or "the whole host"
+        pod = f" (pod {kill.pod_uid})" if kill.pod_uid else ""
+        log.warning(OOM_LOG, kill.pid, kill.comm, *cgroups, *mib, pod)
         with self._lock:  # after the log line: a scrape that counts it finds it logged
             self._oom_logged[key] += 1
             self._recent_oom.append((kill, shm_used))
 
     def current(self) -> Model:
-        """The model, rebuilt first if anything changed since it was built."""
         with self._lock:
             version = self.version()
             if self._model is None or version != self._built_for:
@@ -234,6 +227,7 @@ class ModelStep:
         inventory: Optional[Inventory] = self._result("segments")
         inv_mounts = {m.mount: m for m in inventory.mounts} if inventory else {}
         cgroups: List[CgroupMemory] = self._result("cgroup") or []
+        sysv = self._result("sysv")
         limit_unknown = (
             "cgroup" in self._latest
             and self._result("cgroup") is None
@@ -242,39 +236,33 @@ class ModelStep:
         mounts = []
         charged_to = cgroups_by_pod(cgroups)
         for target in self.discovery.current().targets:
-            usage = usages.get(target.mount)
+            mount, usage = target.mount, usages.get(target.mount)
             # Outside node mode every mount is charged to the one watched cgroup, also one
             # at a kubelet emptyDir path (a host-mode exporter watching a pod's volume).
-            pod_uid = pod_uid_of_mount(target.mount) if self.node_mode else ""
-            cgroup = charged_to.get(pod_uid)
+            cgroup = charged_to.get(pod_uid_of_mount(mount) if self.node_mode else "")
             budget = peak = max_used = max_used_at = None
             if usage is not None and not usage.error:
+                used = usage.used_bytes
                 budget = shm_budget(
                     usage, cgroup, self.shm_size_limit, self.memory_limit
                 )
-                peak = max(
-                    states.peaks.get(target.mount, usage.used_bytes), usage.used_bytes
-                )
-                max_used, max_used_at = states.max_used.get(
-                    target.mount, (usage.used_bytes, time.time())
-                )
+                peak = max(states.peaks.get(mount, used), used)
+                max_used, max_used_at = states.max_used.get(mount, (used, time.time()))
+            # An estimate without a limit knows none: not "unlimited".
+            unlimited = cgroup and cgroup.estimated and cgroup.limit_bytes is None
             mounts.append(
                 MountView(
-                    target.mount,
+                    mount,
                     target.labels,
                     usage,
                     peak,
                     max_used,
                     max_used_at,
-                    inv_mounts.get(target.mount),
-                    self._summaries.get(target.mount),
+                    inv_mounts.get(mount),
+                    self._summaries.get(mount),
                     cgroup,
                     budget,
-                    # An estimate without a limit knows none: not "unlimited".
-                    not limit_unknown
-                    and not (
-                        cgroup and cgroup.estimated and cgroup.limit_bytes is None
-                    ),
+                    not limit_unknown and not unlimited,
                 )
             )
         return Model(
@@ -284,15 +272,13 @@ class ModelStep:
             inventory,
             cgroups,
             self._result("host_memory"),
-            self._result("sysv") or [],
+            sysv or [],
             self._result("gpu"),
             self._result("process") or [],
             states,
             self._oom_counts(cgroups, mounts),
             list(self._recent_oom),
-            _unexplained(
-                cgroups, mounts, self._result("sysv"), inventory, self.node_mode
-            ),
+            _unexplained(cgroups, mounts, sysv, inventory, self.node_mode),
         )
 
     def _oom_counts(
@@ -318,10 +304,8 @@ class ModelStep:
                 kills = max(logged_below.get(at, 0), own_below.get(at, 0))
                 counts[c.cgroup] = OomCount(c.cgroup, c.pod_uid, kills)
         for key, n in sorted(logged.items()) if self.node_mode else ():
-            if key not in counts and pod_uid_in_cgroup(key):
-                counts[key] = OomCount(
-                    key, pod_uid_in_cgroup(key), max(n, own.get(key, 0))
-                )
+            if key not in counts and (uid := pod_uid_in_cgroup(key)):
+                counts[key] = OomCount(key, uid, max(n, own.get(key, 0)))
         # A counter never goes down, nor disappears while its pod is there (its cgroup read
         # failed once; discovery still sees the pod's mounts): PodOomKilled would fire on it.
         for cgroup, shown in self._oom_shown.items():

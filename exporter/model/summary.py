@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 from exporter.model.types import Inventory, MountInventory, Segment
 from exporter.model.classes import NOT_LEAKS, removable
@@ -104,9 +104,8 @@ def _keep(kept: List[Segment], seg: Segment, k: int, key) -> None:
         bisect.insort(kept, seg, key=key)
 
 
-def owner_label(holders: Iterable[int], comms: Dict[int, str]) -> str:
+def owner_label(holders: Sequence[int], comms: Dict[int, str]) -> str:
     """'python[1234]', 'python[1234]+3' for four holders, '' for none."""
-    holders = list(holders)
     if not holders:
         return ""
     first = holders[0]

@@ -12,5 +12,4 @@ GEN0_THRESHOLD = 50_000
 
 def tune() -> None:
     """For the exporter's own process (serve), not for a library user's."""
-    _, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(GEN0_THRESHOLD, gen1, gen2)
+    gc.set_threshold(GEN0_THRESHOLD, *gc.get_threshold()[1:])

@@ -15,7 +15,8 @@ import threading
 import time
 
 _LEVELS = {"WARNING": "warn", "CRITICAL": "error"}
-_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_ESCAPES = {chr(c): f"\\u{c:04x}" for c in [*range(0x20), 0x7F]}
+_ESCAPES.update({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"})
 _QUOTED = re.compile(r'[ ="\\\x00-\x1f\x7f]')  # a value holding one of these is quoted
 _ESCAPED = re.compile(r'["\\\x00-\x1f\x7f]')
 
@@ -24,8 +25,7 @@ def logfmt_value(value: object) -> str:
     text = str(value)
     if text and not _QUOTED.search(text):
         return text
-    escape = lambda m: _ESCAPES.get(m[0], f"\\u{ord(m[0]):04x}")  # noqa: E731
-    return '"' + _ESCAPED.sub(escape, text) + '"'
+    return '"' + _ESCAPED.sub(lambda m: _ESCAPES[m[0]], text) + '"'
 
 
 class LineFormatter(logging.Formatter):
@@ -54,22 +54,16 @@ class LineFormatter(logging.Formatter):
 def setup(level: str = "info", fmt: str = "logfmt", stream=None) -> None:
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(LineFormatter(json_lines=fmt == "json"))
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    level = getattr(logging, level.upper(), logging.INFO)
+    logging.basicConfig(level=level, handlers=[handler], force=True)
     logging.captureWarnings(True)  # warnings.warn() as log lines too
     log = logging.getLogger("shmwatch")
 
     def thread_hook(args) -> None:
-        if args.exc_type is SystemExit:
-            return
-        log.error(
-            "uncaught exception in thread %s",
-            args.thread.name if args.thread else "?",
-            exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
-        )
+        if args.exc_type is not SystemExit:
+            name = args.thread.name if args.thread else "?"
+            exc_info = (args.exc_type, args.exc_value, args.exc_traceback)
+            log.error("uncaught exception in thread %s", name, exc_info=exc_info)
 
     def main_hook(exc_type, exc_value, exc_traceback) -> None:
         log.error("uncaught exception", exc_info=(exc_type, exc_value, exc_traceback))

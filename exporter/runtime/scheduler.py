@@ -166,12 +166,10 @@ class Sampler:
         timeouts = timeouts or {}
         self.runners: Dict[str, _Runner] = {}
         for source in sources:
-            interval = (
-                inventory_interval if source.schedule == "inventory" else poll_interval
-            )
-            self.runners[source.name] = _Runner(
-                self, source, interval, timeouts.get(source.name, default_timeout)
-            )
+            inventory = source.schedule == "inventory"
+            interval = inventory_interval if inventory else poll_interval
+            timeout = timeouts.get(source.name, default_timeout)
+            self.runners[source.name] = _Runner(self, source, interval, timeout)
         self._watchdog = threading.Thread(
             target=self._watch_timeouts, name="shmwatch-watchdog", daemon=True
         )
