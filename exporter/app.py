@@ -96,5 +96,7 @@ class App:
     def stop(self) -> None:
         self.watcher.stop()
         self.sampler.stop()
+        busy = set(self.sampler.busy())  # left to finish: closing under a run races it
         for source in self.sources:
-            source.close()
+            if source.name not in busy:
+                source.close()

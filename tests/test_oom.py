@@ -287,3 +287,16 @@ def test_oom_counts_made_again_when_a_count_moves_while_the_cgroups_stand():
     assert oom_series(step, ("cgroup", v2_pod(1))) == [(pod, 1)]
     assert oom_series(step, ("cgroup", v2_pod(3))) == [(pod, 3)]
     assert oom_series(step, ("cgroup", v2_pod(2))) == [(pod, 3)]  # a counter never goes down
+
+
+def test_oom_counts_with_a_logged_kill_are_reused_while_nothing_moved():
+    """The counts are made once for the same cgroups, pods and kills, also after a kill in the
+    kernel log (every build walks each cgroup's lineage otherwise)."""
+    step, _ = step_with_pod_mount(POD)
+    pod = f"/kubepods/burstable/pod{POD}"
+    cgroups = [CgroupMemory(pod, 2, 0, None, 0, None, 1, "none", pod_uid=POD)]
+    kill = [k for k in fixture_kills() if k.pod_uid == POD][0]
+    oom_series(step, ("oom", OomReports((kill,), 0)), ("cgroup", cgroups))
+    first = step.current().oom_kills
+    assert oom_series(step, ("cgroup", list(cgroups))) == [(pod, 1)]
+    assert step.current().oom_kills is first

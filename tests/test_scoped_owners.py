@@ -362,6 +362,38 @@ def test_pages_written_to_an_orphan_by_a_process_outside_its_pod_make_it_unverif
         assert segment(orphan.collector.collect(), a, "psm_known") == ("linked", (orphan.pid,))
 
 
+WRITE_LATER = """
+import os, sys
+sys.stdin.readline()
+fd = os.open(sys.argv[1], os.O_RDWR)
+os.pwrite(fd, b"w" * 4096, 0)  # a page already allocated: an event, no allocation moved
+print("attached", flush=True)
+sys.stdin.readline()
+"""
+
+
+@needs_root
+def test_an_orphan_written_by_a_process_outside_its_pod_stays_unverified_and_its_pod_is_read_once(two_pods):
+    """An event on an orphan whose writer (an fd kept open) is in no pod: reading the mount's
+    pod finds nobody, which proves nothing; 'unverified' until the full scan, and the pod is
+    not read again for it at every refresh meanwhile."""
+    (a, _), _ = two_pods
+    with orphan_attached_later(a, WRITE_LATER, allocated=True) as orphan:
+        real, asked = orphan.collector.owner_scan.refresh, []
+
+        def refresh(devs, previous, also=frozenset()):
+            asked.append(set(also))
+            return real(devs, previous, also=also)
+
+        orphan.collector.owner_scan.refresh = refresh
+        orphan.attach()
+        orphan.changes.add(a, "psm_known")  # what the watcher records for the write
+        assert [orphan.refresh() for _ in range(3)] == [("unverified", ())] * 3
+        assert asked == [{pod_uid_of_mount(a)}, set(), set()]
+        orphan.collector.monotonic.now += 600  # the full scan
+        assert segment(orphan.collector.collect(), a, "psm_known") == ("linked", (orphan.pid,))
+
+
 @needs_root
 def test_pages_written_to_an_orphan_in_no_pods_mount_bring_the_full_scan_forward(tmp_path):
     """A sandbox's or the host's shm: no pod to read again, so the next run reads everyone."""

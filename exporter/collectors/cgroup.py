@@ -21,7 +21,7 @@ from exporter.host.cgroupfs import (
     read_keyed,
 )
 from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_mount
-from exporter.host.paths import Paths
+from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import ProcessTable
 from exporter.collectors import workload
 from exporter.collectors.host_memory import meminfo, usable_limit_flag
@@ -36,6 +36,10 @@ MISSING_REWALK_SECONDS = 2.0
 # A pod's cgroup whose usage is this near its limit is read every poll, never stretched:
 # PodOomRiskHigh fires at 0.9 (the dashboard warns from 0.8); a pod on its way is not seen late.
 STRETCH_BELOW_RATIO = 0.8
+
+
+# Usage files kept open at most: a container's soft RLIMIT_NOFILE may be 1,024.
+MAX_KEPT_FDS = 256
 
 
 def _near_limit(memory: CgroupMemory) -> bool:
@@ -249,18 +253,21 @@ class CgroupCollector(BaseSource):
     def _usage(self, directory: str, version: int) -> Optional[int]:
         """The usage file, read again through a descriptor kept open (a read from offset 0
         of a cgroup file is made afresh): a seventh of an open, read and close each poll."""
+        path, flags = (
+            os.path.join(directory, USAGE[version]),
+            os.O_RDONLY | os.O_CLOEXEC,
+        )
         try:
             fd = self._usage_fds.get(directory)
+            if fd is None and len(self._usage_fds) >= MAX_KEPT_FDS:
+                return int(read_text(path))
             if fd is None:
-                path = os.path.join(directory, USAGE[version])
-                fd = self._usage_fds[directory] = os.open(
-                    path, os.O_RDONLY | os.O_CLOEXEC
-                )
+                fd = self._usage_fds[directory] = os.open(path, flags)
             return int(os.pread(fd, 64, 0))
         except (
             OSError,
             ValueError,
-        ):  # the pod gone (ENODEV): read whole, whose error stands
+        ):  # the pod gone (ENODEV): read whole, as its error says
             if directory in self._usage_fds:
                 os.close(self._usage_fds.pop(directory))
             return None

@@ -95,8 +95,9 @@ class SegmentsCollector(BaseSource):
         self._pod_read_as: Dict[str, Dict[str, Optional[int]]] = {}
         # Per mount, the names (None: any) not to call leaked before its pod is read again.
         self._doubted: Dict[str, Optional[Set[str]]] = {}
-        # ... and not before a full scan: written through a mapping, perhaps from another pod.
-        self._mapped: Dict[str, Optional[Set[str]]] = {}
+        # ... and not before a full scan: changed or written through a mapping though its pod
+        # was read again (the writer may be outside it).
+        self._suspect: Dict[str, Optional[Set[str]]] = {}
         self._table = MountTable(paths)  # which paths are still mount points
         # The holders' pods and memfd regions, kept by quick runs (they reuse the owners).
         self._pod_of: Optional[Dict[int, str]] = None
@@ -164,7 +165,7 @@ class SegmentsCollector(BaseSource):
             del self._listings[gone]
             self._pod_read_as.pop(gone, None)
             self._doubted.pop(gone, None)
-            self._mapped.pop(gone, None)
+            self._suspect.pop(gone, None)
         # A change (a write, an attach's first pages) to a segment called leaked: not called
         # leaked again before its pod is read. Staged: the names pending, left in the log.
         seen = self.changes.peek() if staged else changes
@@ -233,10 +234,9 @@ class SegmentsCollector(BaseSource):
                 self.pace.look((devs, sigs), self._owners)
                 unread = set(devs) - set(moved)
                 for m, written in moved.items():
-                    self._doubted.pop(m, None)
-                    if written or m in self._mapped:
-                        holdings.add_names(self._mapped, m, written)
-                        holdings.add_names(self._doubted, m, self._mapped[m])
+                    names = holdings.joined(self._doubted.pop(m, set()), written)
+                    if names is None or names:
+                        holdings.add_names(self._suspect, m, names)
             else:
                 self._unproven_log.say(self._owners)
                 # Only what was listed before /proc was read may be called leaked: this
@@ -244,7 +244,7 @@ class SegmentsCollector(BaseSource):
                 self._full_devs = dict(devs)
                 self._held_at_full = set(self._owners.holdings)
                 self._doubted.clear()
-                self._mapped.clear()
+                self._suspect.clear()
                 settled = True
             self._held_on = {}  # device -> the keys held on it
             for key in self._owners.holdings:
@@ -326,7 +326,8 @@ class SegmentsCollector(BaseSource):
         owned = self._owners.holdings
         complete = self._owners.complete and not listing.truncated  # kept: maybe gone
         full_dev = self._full_devs.get(mount)
-        doubted, was_held = self._doubted.get(mount, ()), self._held_at_full
+        suspect, was_held = self._suspect.get(mount, set()), self._held_at_full
+        doubted = holdings.joined(self._doubted.get(mount, set()), suspect)
         rows = listing.rows
         states = bytearray(len(rows))
         held_pids: Dict[int, Tuple[int, ...]] = {}
@@ -349,7 +350,7 @@ class SegmentsCollector(BaseSource):
                 continue  # linked: states[i] is 0
             if new and row & KNOWN:  # taken after its taker was read, perhaps
                 holdings.add_names(self._doubted, mount, {name})
-                doubted = self._doubted[mount]
+                doubted = holdings.joined(self._doubted[mount], suspect)
             how = (True, False) if new else (quick, settled)  # (quick, settled)
             state = holdings.unheld_state(
                 name, row, key, full_dev, doubted, was_held, complete, *how

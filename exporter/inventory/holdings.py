@@ -115,8 +115,12 @@ def unheld_state(
 
 
 def add_names(book: Changes, mount: str, names: Optional[Set[str]]) -> None:
-    known = book.get(mount, set())
-    book[mount] = None if names is None or known is None else known | names
+    book[mount] = joined(book.get(mount, set()), names)
+
+
+def joined(a: Optional[Set[str]], b: Optional[Set[str]]) -> Optional[Set[str]]:
+    """Two sets of names, where None is any name."""
+    return None if a is None or b is None else a | b
 
 
 def orphan_bytes(rows: Dict[str, int], names) -> Dict[str, Optional[int]]:

@@ -96,8 +96,11 @@ class WatchedMountIds:
         """An fd's mount ID from fdinfo; NO_MNT_ID before Linux 3.15, None when it closed
         since listdir."""
         try:
-            with open(fdinfo, "rb", buffering=0) as handle:
-                info = handle.read(4096)  # pos, flags, mnt_id and ino come first
+            fd = os.open(fdinfo, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                info = os.read(fd, 4096)  # pos, flags, mnt_id and ino come first
+            finally:
+                os.close(fd)
         except OSError:
             return None
         at = info.find(b"mnt_id:")

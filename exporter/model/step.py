@@ -303,9 +303,9 @@ class ModelStep:
                 at = c.cgroup.rstrip("/") or "/"
                 kills = max(logged_below.get(at, 0), own_below.get(at, 0))
                 counts[c.cgroup] = OomCount(c.cgroup, c.pod_uid, kills)
-        for key, n in sorted(logged.items()) if self.node_mode else ():
-            if key not in counts and (uid := pod_uid_in_cgroup(key)):
-                counts[key] = OomCount(key, uid, max(n, own.get(key, 0)))
+        for gone, n in sorted(logged.items()) if self.node_mode else ():
+            if gone not in counts and (uid := pod_uid_in_cgroup(gone)):
+                counts[gone] = OomCount(gone, uid, max(n, own.get(gone, 0)))
         # A counter never goes down, nor disappears while its pod is there (its cgroup read
         # failed once; discovery still sees the pod's mounts): PodOomKilled would fire on it.
         for cgroup, shown in self._oom_shown.items():

@@ -54,8 +54,13 @@ class LineFormatter(logging.Formatter):
 def setup(level: str = "info", fmt: str = "logfmt", stream=None) -> None:
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(LineFormatter(json_lines=fmt == "json"))
-    level = getattr(logging, level.upper(), logging.INFO)
-    logging.basicConfig(level=level, handlers=[handler], force=True)
+    root = logging.getLogger()
+    for old in list(
+        root.handlers
+    ):  # removed, not closed (as basicConfig's force would)
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
     logging.captureWarnings(True)  # warnings.warn() as log lines too
     log = logging.getLogger("shmwatch")
 
