@@ -311,6 +311,17 @@ def in_shm_namespace(tmpfs: str, argv: List[str]) -> List[str]:
             'mount --bind "$0" /dev/shm && exec "$@"', tmpfs, *argv]
 
 
+def in_own_mount_namespace(scenario: str, *args: str, pid: bool = False) -> None:
+    """Runs `scenario` (Python that prints "ok") in a private mount namespace, apart from the
+    host's mount table that other tests change; `pid`: as pid 1 of a PID namespace of its own
+    (its /proc mounted anew)."""
+    unshare = ["unshare", "--mount", "--propagation", "private"]
+    unshare += ["--pid", "--fork", "--mount-proc"] if pid else []
+    done = subprocess.run([*unshare, sys.executable, "-c", scenario, *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "ok", done.stderr
+
+
 class Peer:
     """A shm_peer.py process; holds its segment until closed."""
 

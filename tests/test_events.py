@@ -2,7 +2,6 @@
 import contextlib
 import os
 import subprocess
-import sys
 import time
 
 
@@ -12,7 +11,8 @@ from exporter.collectors.segments import SegmentsCollector
 from exporter.host.paths import Paths
 from exporter.runtime.scheduler import Sampler
 from exporter.model.state import PeakWindow, StateStore
-from tests.conftest import HOST_EXCUSED_RE, REPO, Exporter, fallocate, mounted_tmpfs, needs_root, select, value
+from tests.conftest import (HOST_EXCUSED_RE, Exporter, fallocate, in_own_mount_namespace, mounted_tmpfs, needs_root,
+                            select, value)
 
 MiB = 1 << 20
 
@@ -224,7 +224,6 @@ def _wait(predicate, timeout=20.0):
 def test_one_directory_at_two_paths_is_one_watch_that_serves_both(tmpfs, tmp_path):
     """A bind mount puts one directory at two paths: inotify gives both one watch; each path
     counts the events, and dropping one leaves the other watched."""
-    import subprocess
 
     bound = str(tmp_path / "bound")
     os.makedirs(bound)
@@ -462,7 +461,4 @@ def test_an_unchanged_mount_table_costs_no_refresh_and_a_mount_on_top_is_watched
     whenever another test mounts)."""
     point = tmp_path / "dshm"
     point.mkdir()
-    done = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", SETTLED_SCENARIO, str(point)],
-        cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert done.stdout.strip() == "ok", done.stderr
+    in_own_mount_namespace(SETTLED_SCENARIO, str(point))

@@ -1,9 +1,8 @@
 """A real tmpfs, a real shmwatch process, a real scrape over HTTP, promtool on the text."""
 import os
-import subprocess
-import sys
 
-from tests.conftest import REPO, Exporter, fallocate, mounted_tmpfs, needs_root, promtool_check_metrics, value
+from tests.conftest import (Exporter, fallocate, in_own_mount_namespace, mounted_tmpfs, needs_root, promtool_check_metrics,
+                            value)
 
 MiB = 1 << 20
 
@@ -112,7 +111,4 @@ def test_a_poll_hands_back_an_unchanged_mounts_usage_and_sees_a_mapped_write(tmp
     whenever another test mounts)."""
     point = tmp_path / "dshm"
     point.mkdir()
-    done = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", SAME_USAGE_SCENARIO, str(point)],
-        cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert done.stdout.strip() == "ok", done.stderr
+    in_own_mount_namespace(SAME_USAGE_SCENARIO, str(point))

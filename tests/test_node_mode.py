@@ -14,8 +14,8 @@ from exporter.collectors.shm_mount import ShmMountCollector
 from exporter.collectors.discovery import MountDiscovery, discover
 from exporter.host.mountinfo import MountIndex, parse_mountinfo, strip_rootfs
 from exporter.host.paths import Paths
-from tests.conftest import (FIXTURES, REPO, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, prerequisite_missing,
-                            remove_cgroup, select, value)
+from tests.conftest import (FIXTURES, Exporter, Peer, fallocate, in_own_mount_namespace, mounted_tmpfs, needs_root,
+                            prerequisite_missing, remove_cgroup, select, value)
 
 POD1, POD2 = "0f1e2d3c-aaaa-bbbb-cccc-000000000001", "0f1e2d3c-aaaa-bbbb-cccc-000000000002"
 
@@ -249,9 +249,7 @@ os.rename(fixture, fixture + ".off")
 assert len(table.read() or ()) > 1, "ours read again: the last entries were pid 1's"
 print("ok")
 """
-    done = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, "-c", script],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert done.stdout.strip() == "ok", done.stderr
+    in_own_mount_namespace(script)
 
 
 UNSHARE_LATER = """
@@ -344,7 +342,4 @@ def test_discovery_makes_a_new_set_only_when_its_mounts_changed(tmp_path):
     was mounted over (a found or a static target, or a directory above one), not when any
     other mount changed the table (a node's change often).
     As pid 1 of namespaces of its own: discovery reads pid 1's mountinfo."""
-    done = subprocess.run(["unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private",
-                           sys.executable, "-c", SAME_SET_SCENARIO, str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert done.stdout.strip() == "ok", done.stderr
+    in_own_mount_namespace(SAME_SET_SCENARIO, str(tmp_path), pid=True)
