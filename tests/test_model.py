@@ -244,8 +244,9 @@ def test_peaks_are_reset_only_for_a_proven_new_mount():
 
 
 def test_memory_is_given_back_once_the_segments_listed_fall_by_many(monkeypatch):
-    """release_memory() after a segments inventory lists SHRUNK fewer rows than the last
-    observation's (a failed one counts as none), not otherwise."""
+    """release_memory() once a segments inventory lists SHRUNK fewer rows than the most
+    listed since the last release (a storm deleted over many quick runs, each fewer than
+    SHRUNK, too; a failed run lists nothing and counts not), not otherwise."""
     from exporter.collectors.segments import SegmentsCollector
     from exporter.model import step as step_module
     from exporter.model.state import StateStore
@@ -271,9 +272,13 @@ def test_memory_is_given_back_once_the_segments_listed_fall_by_many(monkeypatch)
     assert accept(big) == 0
     assert accept(inventory(1_000, 1_000), full=False) == 1  # 10,000 fewer than the last
     assert accept(None, error="timed out") == 1
-    assert accept(inventory(100, 100)) == 1  # a failed run's listed nothing
+    assert accept(inventory(100, 100)) == 1  # 1,900 fewer than at the release
     assert accept(big) == 1
+    for n in (4_000, 2_500, 1_001):  # gone by a few thousand at a time
+        assert accept(inventory(n, n), full=False) == 1
+    assert accept(inventory(1_000, 1_000), full=False) == 2  # 10,000 fewer than the most
+    assert accept(inventory(1, 0), full=False) == 2
     gone = MountInventory("/y", error="gone")
-    assert accept(Inventory([big.mounts[0], gone], {}, 0, 0)) == 1  # 6,000 fewer
-    assert accept(big) == 1
-    assert accept(Inventory([gone], {}, 0, 0)) == 2  # one mount gone, the other not listed
+    assert accept(Inventory([big.mounts[0], gone], {}, 0, 0)) == 2  # 6,000 more
+    assert accept(big) == 2
+    assert accept(Inventory([gone], {}, 0, 0)) == 3  # one mount gone, the other not listed

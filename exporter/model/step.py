@@ -123,7 +123,7 @@ class ModelStep:
         self._model: Optional[Model] = None
         self._accepted = 0  # observations accepted
         self._built_for: object = None  # the version() _model was built for
-        self._listed = 0  # segments in the last segments observation (0: it failed)
+        self._listed_most = 0  # most segments listed since memory was last given back
 
     def version(self) -> Tuple[int, int]:
         """Moves whenever the model would differ: an observation accepted, or the state changed."""
@@ -170,8 +170,13 @@ class ModelStep:
             shrunk = False
             if obs.source == "segments":
                 self._summaries = summaries
-                shrunk = self._listed - listed >= SHRUNK
-                self._listed = listed
+            if obs.success and obs.source == "segments":
+                # Against the most listed since the last give-back: a storm deleted over many
+                # quick runs, each fewer than SHRUNK, is given back too.
+                self._listed_most = max(self._listed_most, listed)
+                shrunk = self._listed_most - listed >= SHRUNK
+                if shrunk:
+                    self._listed_most = listed
             self._accepted += 1
         if obs.success and shrunk:
             del before  # the last reference to the old inventory: freed here
@@ -318,7 +323,7 @@ class ModelStep:
         return self._oom_memo[1]
 
 
-SHRUNK = 10_000  # segments fewer than in the last inventory: worth giving memory back
+SHRUNK = 10_000  # segments fewer than the most listed since: worth giving memory back
 
 
 def _lineage(cgroup: str) -> List[str]:
