@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import sys
 import threading
@@ -69,6 +70,17 @@ def _web_config(cfg):
     return source
 
 
+def _raise_open_files_limit() -> None:
+    """The soft limit on open files up to the hard one, as a Go program (node_exporter)
+    starts: on a large node the kept cgroup files and the connections outgrow 1,024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with suppress(
+            ValueError, OSError
+        ):  # an unlimited hard limit cannot be the soft one
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def serve(argv: List[str]) -> int:
     cfg = parse_args(argv)
     logs.setup(cfg.log_level, cfg.log_format)
@@ -76,6 +88,7 @@ def serve(argv: List[str]) -> int:
     from exporter.exposition import http
 
     gc_tuning.tune()
+    _raise_open_files_limit()
     web = _web_config(cfg)
     app = App(cfg, web=web)
     wsgi = http.make_app(app.exposition.wsgi_app, cfg.telemetry_path)

@@ -348,14 +348,13 @@ def test_a_v1_pods_containers_are_followed_without_listing_them_every_run(monkey
 def test_node_mode_reads_a_steady_pod_less_often_and_a_changed_or_near_limit_one_every_poll():
     """cAdvisor's dynamic housekeeping, per pod (real v1 pod cgroups, 8 MiB of shm charged to
     each by a process that wrote it and left): a pod read the same as last time is read again
-    after twice as many polls, up to STRETCH_MAX; one near its limit every poll; a limit
-    changed is seen within STRETCH_MAX polls, and the pod is read every poll again; a jump in
-    usage (one small file read every poll) at the next poll. With
+    after twice as many polls, up to POD_STRETCH_MAX; one near its limit every poll; a jump in
+    usage or a limit changed (two small files read every poll) at the next poll, and the pod
+    read every poll again. With
     the kernel log not counting every kill (v1 counts one in a container's own cgroup, which
     may be gone by the next read), every pod every poll."""
     from exporter.check.thresholds import OOM_RISK_RATIO
     from exporter.collectors import cgroup as cgroup_mod
-    from exporter.collectors.source import STRETCH_MAX
 
     if not os.path.exists(os.path.join(V1_ROOT, "memory.usage_in_bytes")):
         prerequisite_missing("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
@@ -389,22 +388,21 @@ def test_node_mode_reads_a_steady_pod_less_often_and_a_changed_or_near_limit_one
             with open(os.path.join(pods[near], "memory.limit_in_bytes"), "w") as f:
                 f.write(str(int(usage / 0.9)))  # near its limit, not at it
             listed = [p for p in collector.pod_cgroups() if p[3] in pods]
-            seen, found = polls(20)
-            assert [i + 1 for i, s in enumerate(seen) if steady in s] == [1, 2, 4, 8, 16]
+            seen, found = polls(70)
+            assert [i + 1 for i, s in enumerate(seen) if steady in s] == [1, 2, 4, 8, 16, 32, 64]
+            assert cgroup_mod.POD_STRETCH_MAX == 32
             assert all(near in s for s in seen)
             assert found[steady].shmem_bytes >= 8 * MiB and found[near].limit_bytes == int(usage / 0.9) // 4096 * 4096
-            # Stretched (next read due at poll 24), its usage jumps: read whole at the next poll.
+            # Stretched (next read due at poll 96), its usage jumps: read whole at the next poll.
             subprocess.run(["sh", "-c", f"echo $$ > {pods[steady]}/cgroup.procs && exec head -c {4 * MiB} "
                                         f"/dev/zero > {shm}/{steady}.more"], check=True)
             seen, found = polls(1)
             assert seen == [{steady, near}] and found[steady].shmem_bytes >= 12 * MiB
+            assert [steady in s for s in polls(4)[0]] == [True, False, True, False]  # stretched again
             with open(os.path.join(pods[steady], "memory.limit_in_bytes"), "w") as f:
-                f.write(str(1 << 30))
-            for _ in range(STRETCH_MAX):
-                found = polls(1)[1]
-                if found[steady].limit_bytes == 1 << 30:
-                    break
-            assert found[steady].limit_bytes == 1 << 30  # seen within STRETCH_MAX polls
+                f.write(str(1 << 31))  # resized in place, 3 polls before its next read is due
+            seen, found = polls(1)
+            assert seen == [{steady, near}] and found[steady].limit_bytes == 1 << 31
             # Changed: read the next poll again, then half as often again.
             assert [steady in s for s in polls(4)[0]] == [True, False, True, False]
             complete["yes"] = False

@@ -6,13 +6,14 @@ malformed Accept taken as no preference."""
 import os
 import selectors
 import socket
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 
 
-from tests.conftest import Exporter, needs_root
+from tests.conftest import Exporter, needs_root, value
 
 HEAD = b"GET /metrics HTTP/1.1\r\nHost: shmwatch\r\n"
 BIG_HEADERS = b"".join(b"X-Pad-%02d: %s\r\n" % (i, b"a" * 65000) for i in range(98))  # 6.4 MB
@@ -485,3 +486,12 @@ def test_the_asyncio_private_attributes_the_front_uses_are_there(tmp_path):
             client.close()
             httpd.shutdown()
             httpd.server_close()
+
+
+def test_the_soft_open_files_limit_is_raised_to_the_hard_one():
+    """As a Go exporter starts: a container's soft 1,024 would cap the connections and the
+    cgroup files a node keeps open."""
+    with Exporter("--no-collector.gpu", run_as=["prlimit", "--nofile=1024:4096", sys.executable]) as exporter:
+        assert value(exporter.scrape(), "process_max_fds") == 4096
+        with open(f"/proc/{exporter.proc.pid}/limits") as f:
+            assert [line.split()[3:5] for line in f if line.startswith("Max open files")] == [["4096", "4096"]]

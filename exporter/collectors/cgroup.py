@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from exporter.model.types import CgroupMemory
 from exporter.host.cgroupfs import (
+    LIMIT,
     USAGE,
     effective_limit,
     read_files,
@@ -26,7 +28,7 @@ from exporter.host.proctable import ProcessTable
 from exporter.collectors import workload
 from exporter.collectors.host_memory import meminfo, usable_limit_flag
 from exporter.collectors.workload import HIERARCHIES
-from exporter.collectors.source import STRETCH_MAX, BaseSource, register
+from exporter.collectors.source import BaseSource, register
 
 
 # Node mode lists the pod cgroups again when a directory above them gained or lost one (its
@@ -36,10 +38,13 @@ MISSING_REWALK_SECONDS = 2.0
 # A pod's cgroup whose usage is this near its limit is read every poll, never stretched:
 # PodOomRiskHigh fires at 0.9 (the dashboard warns from 0.8); a pod on its way is not seen late.
 STRETCH_BELOW_RATIO = 0.8
+# A pod whose usage and limit files read the same every poll is read whole after this many
+# polls at most (cAdvisor's housekeeping stretches to 60 s by default).
+POD_STRETCH_MAX = 32
 
-
-# Usage files kept open at most: a container's soft RLIMIT_NOFILE may be 1,024.
-MAX_KEPT_FDS = 256
+# Usage and limit files kept open at most, and never past a quarter of the soft
+# RLIMIT_NOFILE (a container's may be 1,024: connections need the rest).
+MAX_KEPT_FDS = 1024
 
 
 def _near_limit(memory: CgroupMemory) -> bool:
@@ -84,9 +89,12 @@ class CgroupCollector(BaseSource):
         self._walked_at = float("-inf")
         self._walked_links: Dict[str, Optional[int]] = {}
         self._children: Dict[str, List[str]] = {}  # v1: a pod's containers, by walk
-        # Node mode, by directory: a pod's last read, its stretch (polls), the poll it is due.
-        self._kept: Dict[str, Tuple[CgroupMemory, int, int]] = {}
-        self._usage_fds: Dict[str, int] = {}  # a stretched pod's usage file, kept open
+        # Node mode, by directory: a pod's last read, its stretch (polls), the poll it is
+        # due, its usage and limit files as they read then.
+        self._kept: Dict[str, Tuple[CgroupMemory, int, int, Optional[bytes]]] = {}
+        self._fds: Dict[str, int] = {}  # by path: the usage and limit files, kept open
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self._max_fds = MAX_KEPT_FDS if soft < 0 else min(MAX_KEPT_FDS, soft // 4)
         self._polls = 0
 
     def resolve(self, pid: object = "self") -> Tuple[str, int, str]:
@@ -216,23 +224,20 @@ class CgroupCollector(BaseSource):
         """Each listed pod's cgroup; one that cannot be read (deleted since the walk: ENOENT,
         ENODEV; a file cut short) is left out and the others stand. As cAdvisor's dynamic
         housekeeping, per pod: one read the same as last time is read again after twice as
-        many polls, up to STRETCH_MAX, and every poll again once it changed or nears its
+        many polls, up to POD_STRETCH_MAX, and every poll again once it changed or nears its
         limit; only while the kernel log counts every kill (v1 counts one in the container's
         own cgroup, which may be replaced between two reads). Between its reads a stretched
-        pod's usage file (one number) is read every poll: a jump toward the limit is read
-        whole at once, not polls later."""
+        pod's usage and limit files (a number each) are read every poll: a jump toward the
+        limit, or a limit lowered, is read whole at once, not polls later."""
         found, above, swap = [], {}, None  # the QoS slices' limits, read once this pass
         stretch = self.kill_log_complete()
         kept, self._kept, self._polls = self._kept, {}, self._polls + 1
         for path, version, directory, uid in listed:
-            last, every, due = kept.get(directory, (None, 1, 0))
-            if (
-                stretch
-                and self._polls < due
-                and self._usage(directory, version) == last.usage_bytes
-            ):
+            last, every, due, probed = kept.get(directory, (None, 1, 0, None))
+            probe = self._probe(directory, version) if stretch else None
+            if self._polls < due and probe is not None and probe == probed:
                 found.append(last)
-                self._kept[directory] = (last, every, due)
+                self._kept[directory] = (last, every, due, probed)
                 continue
             if swap is None:
                 swap = meminfo(self.paths).get("SwapTotal", 1) > 0
@@ -243,39 +248,42 @@ class CgroupCollector(BaseSource):
             same = memory == last
             memory = last if same else memory  # the same object: render memos hold
             steady = stretch and same and not _near_limit(memory)
-            every = min(every * 2, STRETCH_MAX) if steady else 1
-            self._kept[directory] = (memory, every, self._polls + every)
+            every = min(every * 2, POD_STRETCH_MAX) if steady else 1
+            self._kept[directory] = (memory, every, self._polls + every, probe)
             found.append(memory)
-        for directory in set(self._usage_fds) - set(self._kept):  # gone
-            os.close(self._usage_fds.pop(directory))
+        if kept.keys() - self._kept.keys():  # a pod gone: its files closed
+            for path in [p for p in self._fds if os.path.dirname(p) not in self._kept]:
+                os.close(self._fds.pop(path))
         return found
 
-    def _usage(self, directory: str, version: int) -> Optional[int]:
-        """The usage file, read again through a descriptor kept open (a read from offset 0
-        of a cgroup file is made afresh): a seventh of an open, read and close each poll."""
-        path, flags = (
-            os.path.join(directory, USAGE[version]),
-            os.O_RDONLY | os.O_CLOEXEC,
-        )
+    def _probe(self, directory: str, version: int) -> Optional[bytes]:
+        """The usage and limit files as they read now (a limit resized in place is seen at
+        the next poll), through descriptors kept open: a read from offset 0 of a cgroup
+        file is made afresh, at a seventh of an open, read and close. None: unreadable."""
         try:
-            fd = self._usage_fds.get(directory)
-            if fd is None and len(self._usage_fds) >= MAX_KEPT_FDS:
-                return int(read_text(path))
-            if fd is None:
-                fd = self._usage_fds[directory] = os.open(path, flags)
-            return int(os.pread(fd, 64, 0))
-        except (
-            OSError,
-            ValueError,
-        ):  # the pod gone (ENODEV): read whole, as its error says
-            if directory in self._usage_fds:
-                os.close(self._usage_fds.pop(directory))
+            return b"/".join(
+                self._read_kept(os.path.join(directory, name[version]))
+                for name in (USAGE, LIMIT)
+            )
+        except OSError:  # the pod gone (ENODEV): read whole, as its error says
             return None
 
+    def _read_kept(self, path: str) -> bytes:
+        fd = self._fds.get(path)
+        if fd is None and len(self._fds) >= self._max_fds:
+            return read_text(path).encode()
+        if fd is None:
+            fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return os.pread(fd, 64, 0)
+        except OSError:
+            os.close(self._fds.pop(path))
+            raise
+
     def close(self) -> None:
-        for fd in self._usage_fds.values():
+        for fd in self._fds.values():
             os.close(fd)
-        self._usage_fds = {}
+        self._fds = {}
 
     def read(
         self, path, version, directory, pod_uid="", above=None, swap=True

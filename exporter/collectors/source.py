@@ -12,7 +12,7 @@ from exporter.inventory.changes import ChangeLog
 
 MODES = ("sidecar", "node")
 # A stretched interval grows to this many times its base at most: a heavy source's (the
-# scheduler's), each pod cgroup's (cgroup.py) and the full owner scan's (inventory/pace.py).
+# scheduler's) and the full owner scan's (inventory/pace.py).
 STRETCH_MAX = 8
 
 
