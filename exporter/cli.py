@@ -75,9 +75,7 @@ def _raise_open_files_limit() -> None:
     starts: on a large node the kept cgroup files and the connections outgrow 1,024."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
-        with suppress(
-            ValueError, OSError
-        ):  # an unlimited hard limit cannot be the soft one
+        with suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 

@@ -400,14 +400,23 @@ def test_node_mode_reads_a_steady_pod_less_often_and_a_changed_or_near_limit_one
             assert seen == [{steady, near}] and found[steady].shmem_bytes >= 12 * MiB
             assert [steady in s for s in polls(4)[0]] == [True, False, True, False]  # stretched again
             with open(os.path.join(pods[steady], "memory.limit_in_bytes"), "w") as f:
-                f.write(str(1 << 31))  # resized in place, 3 polls before its next read is due
+                f.write(str(1 << 31))  # resized in place, 2 polls before its next read is due
             seen, found = polls(1)
             assert seen == [{steady, near}] and found[steady].limit_bytes == 1 << 31
             # Changed: read the next poll again, then half as often again.
             assert [steady in s for s in polls(4)[0]] == [True, False, True, False]
+            # The QoS slice's limit lowered (the kubelet's QOSReserved): binding at the next poll.
+            with open(os.path.join(base, "memory.limit_in_bytes"), "w") as f:
+                f.write(str(1 << 30))
+            seen, found = polls(1)
+            assert steady in seen[0] and found[steady].limit_bytes == 1 << 30
+            assert found[steady].limit_source == "ancestor"
             complete["yes"] = False
             assert all(s == {steady, near} for s in polls(4)[0])
         finally:
+            with open(os.path.join(base, "memory.limit_in_bytes"), "w") as f:
+                f.write("-1")
+            collector.close()
             for name in os.listdir(shm):
                 os.unlink(os.path.join(shm, name))
             for pod in pods.values():

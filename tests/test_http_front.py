@@ -5,6 +5,7 @@ keep-alive, pipelining, HEAD, 405 with Allow, no HTTP/0.9, no Python version in 
 malformed Accept taken as no preference."""
 import os
 import selectors
+import shutil
 import socket
 import sys
 import threading
@@ -13,7 +14,7 @@ import urllib.error
 import urllib.request
 
 
-from tests.conftest import Exporter, needs_root, value
+from tests.conftest import Exporter, needs_root, prerequisite_missing, value
 
 HEAD = b"GET /metrics HTTP/1.1\r\nHost: shmwatch\r\n"
 BIG_HEADERS = b"".join(b"X-Pad-%02d: %s\r\n" % (i, b"a" * 65000) for i in range(98))  # 6.4 MB
@@ -491,6 +492,8 @@ def test_the_asyncio_private_attributes_the_front_uses_are_there(tmp_path):
 def test_the_soft_open_files_limit_is_raised_to_the_hard_one():
     """As a Go exporter starts: a container's soft 1,024 would cap the connections and the
     cgroup files a node keeps open."""
+    if shutil.which("prlimit") is None:
+        prerequisite_missing("prlimit (util-linux) to start the exporter with a soft limit below its hard one")
     with Exporter("--no-collector.gpu", run_as=["prlimit", "--nofile=1024:4096", sys.executable]) as exporter:
         assert value(exporter.scrape(), "process_max_fds") == 4096
         with open(f"/proc/{exporter.proc.pid}/limits") as f:

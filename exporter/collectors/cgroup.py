@@ -19,6 +19,7 @@ from exporter.host.cgroupfs import (
     LIMIT,
     USAGE,
     effective_limit,
+    limits_above,
     read_files,
     read_keyed,
 )
@@ -234,7 +235,8 @@ class CgroupCollector(BaseSource):
         kept, self._kept, self._polls = self._kept, {}, self._polls + 1
         for path, version, directory, uid in listed:
             last, every, due, probed = kept.get(directory, (None, 1, 0, None))
-            probe = self._probe(directory, version) if stretch else None
+            # Before the read: a change between the two reads it again, never hides it.
+            probe = self._probe(directory, version, above) if stretch else None
             if self._polls < due and probe is not None and probe == probed:
                 found.append(last)
                 self._kept[directory] = (last, every, due, probed)
@@ -244,6 +246,7 @@ class CgroupCollector(BaseSource):
             try:
                 memory = self.read(path, version, directory, uid, above, swap)
             except (OSError, ValueError):
+                self._close(directory)
                 continue
             same = memory == last
             memory = last if same else memory  # the same object: render memos hold
@@ -251,34 +254,40 @@ class CgroupCollector(BaseSource):
             every = min(every * 2, POD_STRETCH_MAX) if steady else 1
             self._kept[directory] = (memory, every, self._polls + every, probe)
             found.append(memory)
-        if kept.keys() - self._kept.keys():  # a pod gone: its files closed
-            for path in [p for p in self._fds if os.path.dirname(p) not in self._kept]:
-                os.close(self._fds.pop(path))
+        for directory in kept.keys() - self._kept.keys():
+            self._close(directory)  # a pod gone
         return found
 
-    def _probe(self, directory: str, version: int) -> Optional[bytes]:
-        """The usage and limit files as they read now (a limit resized in place is seen at
-        the next poll), through descriptors kept open: a read from offset 0 of a cgroup
-        file is made afresh, at a seventh of an open, read and close. None: unreadable."""
+    def _probe(self, directory: str, version: int, above: dict) -> Optional[tuple]:
+        """The pod's usage and limit files as they read now, through descriptors kept open
+        (a read from offset 0 of a cgroup file is made afresh, at a seventh of an open,
+        read and close), and the limits above it, read once a pass: a limit resized in
+        place, the pod's or its QoS slice's, is seen at the next poll. None: unreadable."""
         try:
-            return b"/".join(
-                self._read_kept(os.path.join(directory, name[version]))
-                for name in (USAGE, LIMIT)
-            )
-        except OSError:  # the pod gone (ENODEV): read whole, as its error says
+            usage = self._read_kept(directory, USAGE[version])
+            limit = self._read_kept(directory, LIMIT[version])
+            return usage, limit, *limits_above(directory, LIMIT[version], above)
+        except (
+            OSError,
+            ValueError,
+        ):  # the pod gone (ENODEV): read whole, as its error says
+            self._close(directory)
             return None
 
-    def _read_kept(self, path: str) -> bytes:
+    def _read_kept(self, directory: str, name: str) -> bytes:
+        path = os.path.join(directory, name)
         fd = self._fds.get(path)
         if fd is None and len(self._fds) >= self._max_fds:
             return read_text(path).encode()
         if fd is None:
             fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            return os.pread(fd, 64, 0)
-        except OSError:
-            os.close(self._fds.pop(path))
-            raise
+        return os.pread(fd, 64, 0)
+
+    def _close(self, directory: str) -> None:
+        for name in (*USAGE.values(), *LIMIT.values()):
+            fd = self._fds.pop(os.path.join(directory, name), None)
+            if fd is not None:
+                os.close(fd)
 
     def close(self) -> None:
         for fd in self._fds.values():

@@ -66,14 +66,14 @@ def read_limit(directory: str, name: str) -> Optional[int]:
         return None
 
 
-def _ancestors(level: str, name: str, above: Dict[str, list]) -> list:
+def limits_above(level: str, name: str, above: Dict[str, list]) -> list:
     """(directory, limit) of each cgroup above `level` up to the top of what is mounted,
     memoized in `above` (node mode's pods share their QoS slices: read once a pass)."""
     parent = os.path.dirname(os.path.normpath(level))  # a ns root: ".../cgroup/"
     if parent not in above:
         top = parent == level or not os.path.exists(os.path.join(parent, name))
         above[parent] = [] if top else [(parent, read_limit(parent, name))]
-        above[parent] += [] if top else _ancestors(parent, name, above)
+        above[parent] += [] if top else limits_above(parent, name, above)
     return above[parent]
 
 
@@ -86,7 +86,7 @@ def effective_limit(
     limits, the outermost: a container as tight as its pod is read as the pod)."""
     name = LIMIT[version]
     best, where = None, "none"
-    chain = _ancestors(directory, name, {} if above is None else above)
+    chain = limits_above(directory, name, {} if above is None else above)
     for level, limit in [(directory, read_limit(directory, name)), *chain]:
         if limit is not None and (best is None or limit <= best):
             best, where = limit, "ancestor"
