@@ -22,11 +22,7 @@ Answer = Tuple[str, List[Tuple[str, str]], bytes]  # status, headers, body
 
 
 class Refused(Exception):
-    """A request this server does not take; `status` says why."""
-
-    def __init__(self, status: int):
-        super().__init__(status)
-        self.status = status
+    """A request this server does not take; args[0] is the status that says why."""
 
 
 class Head:

@@ -12,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import errno
-import io
 import logging
 import socket
-import sys
 import threading
 from contextlib import suppress
 from typing import Dict, Optional
@@ -50,7 +48,6 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        # Under TLS, the socket's transport is the one beneath the TLS protocol.
         tls = getattr(transport, "_ssl_protocol", None)
         self.raw = getattr(tls, "_transport", transport)
         self.deadline(HEADER_TIMEOUT_SECONDS)
@@ -85,8 +82,8 @@ class Connection(asyncio.BufferedProtocol):
             rest = self.head.feed(data)
             request = None if rest is None else self.head.finish()
         except Refused as refused:
-            LOG.debug("request from %s refused: %d", self.peer, refused.status)
-            return self.refuse(refused.status)
+            LOG.debug("request from %s refused: %d", self.peer, refused.args[0])
+            return self.refuse(refused.args[0])
         if request is not None:
             self.head, self.rest, self.busy = Head(), rest, True
             self.timer.cancel()
@@ -278,24 +275,9 @@ class Front:
         return extra, None
 
     def call(self, request: Head) -> Answer:
-        """The WSGI app's answer, in a worker thread (as GET: HEAD drops the body)."""
-        host, port = self.server_address
-        environ = {
-            "REQUEST_METHOD": "GET",
-            "SCRIPT_NAME": "",
-            "PATH_INFO": request.path,
-            "QUERY_STRING": request.query,
-            "SERVER_NAME": host,
-            "SERVER_PORT": str(port),
-            "SERVER_PROTOCOL": f"HTTP/1.{request.minor}",
-            "wsgi.version": (1, 0),
-            "wsgi.url_scheme": "https" if self.tls else "http",
-            "wsgi.input": io.BytesIO(),
-            "wsgi.errors": sys.stderr,
-            "wsgi.multithread": True,
-            "wsgi.multiprocess": False,
-            "wsgi.run_once": False,
-        }
+        """The app's answer, in a worker thread (as GET: HEAD drops the body). The environ
+        holds what make_app's and render.py's apps read, not all of WSGI's."""
+        environ = {"PATH_INFO": request.path, "QUERY_STRING": request.query}
         for name, value in request.headers.items():
             environ["HTTP_" + name.upper().replace("-", "_")] = value
         started: list = []
@@ -308,7 +290,6 @@ class Front:
 
 
 def make_app(metrics_app, telemetry_path: str = "/metrics"):
-    """`metrics_app` (a WSGI app) at `telemetry_path`, a landing page and /-/healthy."""
     landing = (
         f"<html><head><title>shmwatch</title></head><body><h1>shmwatch {__version__}</h1>"
         f'<p><a href="{telemetry_path}">Metrics</a></p></body></html>'
@@ -340,8 +321,7 @@ def bind(host: str, port: int, app, web=None, max_requests: int = 40) -> Front:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6:
-            v6only = 0 if dual else 1
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, v6only)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, not dual)
         sock.bind((address, port))
         sock.listen(128)  # 5 would drop SYNs under 50 concurrent scrapers (1 s retries)
     except OSError as err:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import gzip
 import threading
 from types import SimpleNamespace
-from typing import Callable, Dict, Hashable, List, Optional, Set, Tuple
+from typing import Callable, Dict, Hashable, List, Set, Tuple
 from urllib.parse import parse_qs
 
 from prometheus_client.exposition import choose_encoder, generate_latest, gzip_accepted
@@ -23,23 +23,16 @@ from exporter.exposition.families import Family
 GZIP_LEVEL = 1
 # Bodies kept per render: an Accept header can name endless versions, each its own type.
 MAX_BODIES = 8
-# Escapings (prometheus-client >= 0.22) that leave legacy names as they are.
-LEGACY_SAFE_ESCAPINGS = ("underscores", "allow-utf-8")
 JOINED_FORMATS = {generate_latest: "text", openmetrics.generate_latest: "openmetrics"}
 
 
-def joined_format(encoder: Callable) -> Optional[str]:
-    """Whether joined lines make `encoder`'s body: "text", "openmetrics" or None."""
-    func = getattr(encoder, "func", encoder)
-    keywords = getattr(encoder, "keywords", None) or {}
-    kind = JOINED_FORMATS.get(func)
-    legacy = keywords.get("escaping", "underscores") in LEGACY_SAFE_ESCAPINGS
-    return kind if legacy and keywords.get("version", "1.0.0") == "1.0.0" else None
-
-
 def encode(metrics: List[Family], encoder: Callable) -> bytes:
-    kind = joined_format(encoder)
-    if kind is None:
+    # prometheus-client >= 0.22 hands a partial with the version and the escaping; joined
+    # lines serve the escapings that leave legacy names as they are.
+    options = getattr(encoder, "keywords", None) or {}
+    kind = JOINED_FORMATS.get(getattr(encoder, "func", encoder))
+    legacy = options.get("escaping", "underscores") in ("underscores", "allow-utf-8")
+    if kind is None or not legacy or options.get("version", "1.0.0") != "1.0.0":
         return encoder(SimpleNamespace(collect=lambda: iter(metrics)))
     out: List[str] = []
     for metric in metrics:

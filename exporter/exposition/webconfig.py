@@ -88,13 +88,11 @@ class TlsSettings:
             if self.client_ca_file:
                 context.load_verify_locations(cafile=self.client_ca_file)
         except (ssl.SSLError, OSError) as err:
-            message = f"tls_server_config: cannot load {what}: {err}"
-            raise WebConfigError(message) from None
+            raise tls_error(f"cannot load {what}: {err}") from None
         context.verify_mode = CLIENT_AUTH[self.client_auth_type]
         return context
 
 
-# tls_server_config's fields, as TlsSettings has them; the values the named ones take.
 TLS_KEYS = tuple(TlsSettings.__dataclass_fields__)
 TLS_CHOICES = {
     "client_auth_type": CLIENT_AUTH,
@@ -151,8 +149,7 @@ def parse_tls(raw: dict, base: str) -> TlsSettings:
         )
     if TLS_VERSIONS[given["min_version"]] > TLS_VERSIONS[given["max_version"]]:
         raise tls_error("min_version is above max_version")
-    # Relative file names are the web config directory's, as in exporter-toolkit (join
-    # keeps an absolute name as it is).
+    # Relative names are the web config directory's, as in exporter-toolkit.
     for key in ("cert_file", "key_file", "client_ca_file"):
         given[key] = given[key] and os.path.join(base, str(given[key]))
     return TlsSettings(**given)
