@@ -10,7 +10,7 @@ import os
 import re
 from fractions import Fraction
 from types import SimpleNamespace
-from typing import Callable, Dict, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 from exporter import __version__
 from exporter.collectors import registered
@@ -95,7 +95,6 @@ def typed(kind, flag: str):
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
 
-    convert.__name__ = flag  # argparse names the converter in "invalid <name> value"
     return convert
 
 
@@ -135,16 +134,7 @@ def _one_of(*choices: str) -> Callable[[str], str]:
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
-
-class Flag(NamedTuple):
-    flag: str
-    dest: str  # the Config field (but "listen": listen_host and listen_port)
-    kind: Callable[[str], object]  # text -> value; ValueError names what is wrong
-    default: Optional[str]  # as text, converted like a given value
-    help: str
-    repeatable: bool = False
-
-
+# A flag's kind: text -> value, a ValueError that names what is wrong.
 KINDS: Dict[str, Callable[[str], object]] = {
     "text": str,
     "address": parse_listen_address,
@@ -159,7 +149,8 @@ KINDS: Dict[str, Callable[[str], object]] = {
     "log-format": _one_of("logfmt", "json"),
 }
 
-# Every flag once: name, Config field, kind (KINDS; "..." repeatable), default ("-": none),
+# Every flag once: name, Config field (but "listen": listen_host and listen_port), kind
+# (KINDS; "..." repeatable), default (as text, converted like a given value; "-": none),
 # then its help text on the indented lines below.
 _TABLE = """
 --web.listen-address           listen                 address        :9841
@@ -239,19 +230,17 @@ _TABLE = """
 """
 
 
-def _read_table(text: str) -> Tuple[Flag, ...]:
-    flags = []
+def _read_table(text: str) -> Iterator[Tuple]:
+    """(flag, dest, kind, default, help, repeatable) of each flag in `text`."""
     for entry in re.split(r"\n(?=\S)", text.strip()):
         head, *help_lines = entry.split("\n")
         flag, dest, kind, default = head.split()
         convert, repeatable = KINDS[kind.rstrip(".")], kind.endswith("...")
         text = " ".join(line.strip() for line in help_lines)
-        default = None if default == "-" else default
-        flags.append(Flag(flag, dest, convert, default, text, repeatable))
-    return tuple(flags)
+        yield flag, dest, convert, None if default == "-" else default, text, repeatable
 
 
-FLAGS = _read_table(_TABLE)
+FLAGS = tuple(_read_table(_TABLE))
 
 
 def _switch(env: str, default: Optional[bool]) -> Optional[bool]:

@@ -7,7 +7,7 @@ import re
 import select
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from exporter.host.paths import Paths
 
@@ -54,15 +54,13 @@ class MountIndex:
     """Mount entries by mount point: the mount holding a path in O(path depth)."""
 
     def __init__(self, entries: Sequence[MountEntry]):
-        self.entries = entries
-        self._by_point: Dict[str, MountEntry] = {}
-        for entry in entries:  # the last (topmost) entry on a mount point wins
-            self._by_point[entry.mount_point.rstrip("/") or "/"] = entry
+        # the last (topmost) entry on a mount point wins
+        self.by_point = {e.mount_point.rstrip("/") or "/": e for e in entries}
 
     def find(self, path: str) -> Optional[MountEntry]:
         point = path.rstrip("/") or "/"
         while True:
-            entry = self._by_point.get(point)
+            entry = self.by_point.get(point)
             if entry is not None or point == "/" or not point.startswith("/"):
                 return entry
             point = posixpath.dirname(point)
@@ -156,9 +154,7 @@ class MountTable:
 
     def mounted_at(self, path: str) -> Optional[MountEntry]:
         """The entry whose mount point `path` is; None when only a mount above holds it."""
-        entry = self.index.find(path)
-        point = entry.mount_point.rstrip("/") or "/" if entry else None
-        return entry if point == (path.rstrip("/") or "/") else None
+        return self.index.by_point.get(path.rstrip("/") or "/")
 
     def gone(self, path: str) -> bool:
         """`path` is no mount point in a table we could read: what lies beneath (the root
