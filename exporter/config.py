@@ -95,6 +95,7 @@ def typed(kind, flag: str):
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
 
+    convert.__name__ = flag  # argparse names the converter in "invalid <name> value"
     return convert
 
 
@@ -302,12 +303,9 @@ def parse_args(argv: Optional[Sequence[str]] = None, parser=None):
                 value = [kind(v) for v in text.split(",")] if repeatable else kind(text)
             except ValueError as err:
                 parser.error(f"argument {flag} (from {env_name(flag)}): {err}")
-        if dest == "listen":
-            cfg.listen_host, cfg.listen_port = value
-        elif dest == "shm_mounts":
-            cfg.shm_mounts = list(dict.fromkeys(m.rstrip("/") or "/" for m in value))
-        else:
-            setattr(cfg, dest, value)
+        setattr(cfg, dest, value)
+    cfg.listen_host, cfg.listen_port = vars(cfg).pop("listen")
+    cfg.shm_mounts = list(dict.fromkeys(m.rstrip("/") or "/" for m in cfg.shm_mounts))
     cfg.collectors = {name: getattr(ns, f"collector_{name}") for name in COLLECTORS}
     for name in NODE_DEFAULT_COLLECTORS:
         if cfg.collectors[name] is None:

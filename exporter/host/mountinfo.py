@@ -75,10 +75,9 @@ def strip_rootfs(entries: Sequence[MountEntry], rootfs: str) -> List[MountEntry]
     ours = any(e.mount_point == root for e in entries)
     out = []
     for entry in entries:
-        if entry.mount_point == root:
-            out.append(replace(entry, mount_point="/"))
-        elif entry.mount_point.startswith(root + "/"):
-            out.append(replace(entry, mount_point=entry.mount_point[len(root) :]))
+        point = entry.mount_point
+        if point == root or point.startswith(root + "/"):
+            out.append(replace(entry, mount_point=point[len(root) :] or "/"))
         elif not ours:
             out.append(entry)
     return out
@@ -88,9 +87,8 @@ class MountTable:
     """The first readable of the candidate mountinfo files ('1': the host's, 'self': ours),
     parsed with --path.rootfs stripped, and what is mounted at each watched path. By default
     pid 1's first under --path.rootfs (it names mounts as the host does), else ours. The file
-    is read again only when the mount table changed: poll() on it reports POLLPRI then (as
-    libmount's monitor uses; 2,000 mounts cost ~10 ms a read). A regular file (a fixture:
-    poll() reports POLLOUT) is read every time."""
+    is read again only when poll() on it reports POLLPRI, as libmount's monitor does (2,000
+    mounts cost ~10 ms a read)."""
 
     def __init__(self, paths: Paths, order: Optional[Sequence[str]] = None):
         self.paths = paths

@@ -184,9 +184,7 @@ class ProcessTable:
     def hidepid(self) -> str:
         """How our procfs hides processes, from its mount options ('off' when unknown)."""
         try:
-            entries = parse_mountinfo(
-                read_text(os.path.join(self.paths.procfs, "self", "mountinfo"))
-            )
+            entries = parse_mountinfo(read_text(self.paths.proc("self", "mountinfo")))
         except OSError:
             return "off"
         where = os.path.realpath(self.paths.procfs)
@@ -210,14 +208,10 @@ class ProcessTable:
         else:
             return None  # wrapped, or too many to probe: hidden processes may exist, uncounted
         hidden = 0
-        for pid in range(1, top + 1):
-            if pid in listed:
-                continue
-            try:
+        for pid in (pid for pid in range(1, top + 1) if pid not in listed):
+            with suppress(OSError):  # ESRCH: no such process; EINVAL: a thread
                 os.close(os.pidfd_open(pid))
-            except OSError:
-                continue  # ESRCH: no such process; EINVAL: a thread, not a process
-            hidden += 1
+                hidden += 1
         return hidden
 
     def comm(self, pid: int) -> str:
@@ -251,8 +245,7 @@ class ProcessTable:
     def pod_uid(self, proc: Process) -> str:
         """The pod a process runs in ('' outside Kubernetes); a process never changes pod."""
         key = (proc.pid, proc.start_time)
-        with self._lock:
-            cached = self._pods.get(key)
+        cached = self._pods.get(key)  # no lock: walk() replaces the dict whole
         if cached is not None:
             return cached
         try:
