@@ -5,7 +5,7 @@
   cli, config and __main__ may import anything. The README's "How it works" names the same
   packages in the same order.
 - No import cycles between modules; no private name (`_x`) of one module used in another.
-- Size: no module over 400 lines, exporter/ at most 8,810 in all, counted as committed
+- Size: no module over 400 lines, exporter/ at most MAX_TOTAL_LINES in all, counted as committed
   (tests/test_lint.py holds the code to `ruff format`, so these are formatted lines). The
   budget follows the code down, never up: a feature pays for its lines.
 - At most 12 named timing constants (see `timing_constants`).
@@ -41,7 +41,7 @@ SHARED = {"exporter", "exporter.config"}  # every package may import these
 TOP_LEVEL = {"exporter", "exporter.__main__", "exporter.app", "exporter.cli", "exporter.config"}
 
 MAX_MODULE_LINES = 400
-MAX_TOTAL_LINES = 9060
+MAX_TOTAL_LINES = 9015
 MAX_TIMING_CONSTANTS = 12
 
 

@@ -208,10 +208,14 @@ class ProcessTable:
         else:
             return None  # wrapped, or too many to probe: hidden processes may exist, uncounted
         hidden = 0
-        for pid in (pid for pid in range(1, top + 1) if pid not in listed):
-            with suppress(OSError):  # ESRCH: no such process; EINVAL: a thread
+        for pid in range(1, top + 1):
+            if pid in listed:
+                continue
+            try:
                 os.close(os.pidfd_open(pid))
-                hidden += 1
+            except OSError:
+                continue  # ESRCH: no such process; EINVAL: a thread, not a process
+            hidden += 1
         return hidden
 
     def comm(self, pid: int) -> str:
