@@ -10,7 +10,7 @@ import os
 import re
 from fractions import Fraction
 from types import SimpleNamespace
-from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, NoReturn, Optional, Sequence, Tuple
 
 from exporter import __version__
 from exporter.collectors import registered
@@ -81,7 +81,7 @@ class Config(SimpleNamespace):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
+    def error(self, message: str) -> NoReturn:
         # One line, no usage dump: the message already names the flag.
         self.exit(2, f"{self.prog}: error: {message}\n")
 
