@@ -11,6 +11,7 @@ when a scrape finds the model's version moved.
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import List
 
 from prometheus_client.registry import CollectorRegistry
@@ -79,17 +80,15 @@ class App:
         self.sampler.subscribe(self.step.accept)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ModelCollector(self.step))
-        version = self.step.version
         if web is not None:  # its reload metric: rendered again when a reload moves it
             self.registry.register(web)
-            version = lambda: (self.step.version(), web.generation)  # noqa: E731
-        self.exposition = Exposition(self.registry, version=version)
+        self.exposition = Exposition(
+            self.registry, version=lambda: (self.step.version(), web and web.generation)
+        )
 
     def start(self) -> None:
-        try:
+        with suppress(OSError, ValueError):  # reported when the scheduler runs it
             self.discovery.collect()  # the first mount set, before anything is watched
-        except (OSError, ValueError):
-            pass  # the scheduler runs it again, and reports it failed
         self.watcher.start()
         self.sampler.start()
 

@@ -10,7 +10,7 @@ import os
 import re
 from fractions import Fraction
 from types import SimpleNamespace
-from typing import Callable, Dict, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, NoReturn, Optional, Sequence, Tuple
 
 from exporter import __version__
 from exporter.collectors import registered
@@ -81,7 +81,7 @@ class Config(SimpleNamespace):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
+    def error(self, message: str) -> NoReturn:
         # One line, no usage dump: the message already names the flag.
         self.exit(2, f"{self.prog}: error: {message}\n")
 
@@ -135,16 +135,7 @@ def _one_of(*choices: str) -> Callable[[str], str]:
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
-
-class Flag(NamedTuple):
-    flag: str
-    dest: str  # the Config field (but "listen": listen_host and listen_port)
-    kind: Callable[[str], object]  # text -> value; ValueError names what is wrong
-    default: Optional[str]  # as text, converted like a given value
-    help: str
-    repeatable: bool = False
-
-
+# A flag's kind: text -> value, a ValueError that names what is wrong.
 KINDS: Dict[str, Callable[[str], object]] = {
     "text": str,
     "address": parse_listen_address,
@@ -159,7 +150,8 @@ KINDS: Dict[str, Callable[[str], object]] = {
     "log-format": _one_of("logfmt", "json"),
 }
 
-# Every flag once: name, Config field, kind (KINDS; "..." repeatable), default ("-": none),
+# Every flag once: name, Config field (but "listen": listen_host and listen_port), kind
+# (KINDS; "..." repeatable), default (as text, converted like a given value; "-": none),
 # then its help text on the indented lines below.
 _TABLE = """
 --web.listen-address           listen                 address        :9841
@@ -239,19 +231,17 @@ _TABLE = """
 """
 
 
-def _read_table(text: str) -> Tuple[Flag, ...]:
-    flags = []
+def _read_table(text: str) -> Iterator[Tuple]:
+    """(flag, dest, kind, default, help, repeatable) of each flag in `text`."""
     for entry in re.split(r"\n(?=\S)", text.strip()):
         head, *help_lines = entry.split("\n")
         flag, dest, kind, default = head.split()
         convert, repeatable = KINDS[kind.rstrip(".")], kind.endswith("...")
         text = " ".join(line.strip() for line in help_lines)
-        default = None if default == "-" else default
-        flags.append(Flag(flag, dest, convert, default, text, repeatable))
-    return tuple(flags)
+        yield flag, dest, convert, None if default == "-" else default, text, repeatable
 
 
-FLAGS = _read_table(_TABLE)
+FLAGS = tuple(_read_table(_TABLE))
 
 
 def _switch(env: str, default: Optional[bool]) -> Optional[bool]:
@@ -313,12 +303,9 @@ def parse_args(argv: Optional[Sequence[str]] = None, parser=None):
                 value = [kind(v) for v in text.split(",")] if repeatable else kind(text)
             except ValueError as err:
                 parser.error(f"argument {flag} (from {env_name(flag)}): {err}")
-        if dest == "listen":
-            cfg.listen_host, cfg.listen_port = value
-        elif dest == "shm_mounts":
-            cfg.shm_mounts = list(dict.fromkeys(m.rstrip("/") or "/" for m in value))
-        else:
-            setattr(cfg, dest, value)
+        setattr(cfg, dest, value)
+    cfg.listen_host, cfg.listen_port = vars(cfg).pop("listen")
+    cfg.shm_mounts = list(dict.fromkeys(m.rstrip("/") or "/" for m in cfg.shm_mounts))
     cfg.collectors = {name: getattr(ns, f"collector_{name}") for name in COLLECTORS}
     for name in NODE_DEFAULT_COLLECTORS:
         if cfg.collectors[name] is None:

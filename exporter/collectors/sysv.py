@@ -85,7 +85,10 @@ def in_ipc_namespaces(
                 results[namespace] = err.with_traceback(None)
 
     thread = threading.Thread(target=run, name="shmwatch-sysv-ns", daemon=True)
-    thread.start()
+    try:
+        thread.start()
+    except RuntimeError as err:  # no thread to be had (pids.max)
+        return {namespace: err for namespace, _ in namespaces}
     thread.join(timeout)
     if thread.is_alive():
         for namespace, _ in namespaces:
@@ -128,32 +131,27 @@ class SysvCollector(BaseSource):
         """One namespace per element: ours in a sidecar; every process's in node mode."""
         if not self.node_mode:
             return [self.read()]
-        ipc = lambda pid: self.paths.proc(pid, "ns", "ipc")  # noqa: E731
-        own = os.readlink(ipc("self"))
+        own = os.readlink(self.paths.proc("self", "ns", "ipc"))
+        processes = self.table.walk().processes
+        links = {p: self.paths.proc(p.pid, "ns", "ipc") for p in processes}
         groups: Dict[str, List[Process]] = {}
         # Read afresh each run: `unshare --ipc` moves a process after it started.
-        for proc in self.table.walk().processes:
+        for proc, link in links.items():
             # a process gone, or not ours to inspect, is counted by the inventory
             with suppress(OSError):
-                namespace = os.readlink(ipc(proc.pid))
-                groups.setdefault(namespace, []).append(proc)
+                groups.setdefault(os.readlink(link), []).append(proc)
         # shmwatch's own private namespace holds nobody's segments
         if {p.pid for p in groups.get(own, ())} == {os.getpid()}:
             del groups[own]
         shown = sorted(groups.items())
-        joined = [(n, [ipc(p.pid) for p in procs]) for n, procs in shown if n != own]
-        try:
-            read: Dict[str, object] = in_ipc_namespaces(joined, self.read)
-        except RuntimeError as err:  # no thread to be had (pids.max)
-            read = {n: err for n, _ in joined}
-        if own in groups:
-            try:
-                read[own] = self.read()
-            except (OSError, ValueError) as err:
-                read[own] = err.with_traceback(None)  # its traceback holds this frame
+        joined = [(n, [links[p] for p in procs]) for n, procs in shown if n != own]
+        read = in_ipc_namespaces(joined, self.read)
         out = []
         for namespace, procs in shown:
-            shm = read.get(namespace)
+            try:
+                shm = self.read() if namespace == own else read.get(namespace)
+            except (OSError, ValueError) as err:
+                shm = err
             if shm is None:
                 continue  # every process of the namespace exited: so did the namespace
             # not read (OSError: a timeout too); any other error is a bug, raised here

@@ -40,8 +40,7 @@ def pod_uid_in_cgroup(text: str) -> str:
 def mount_labels(mount_point: str) -> Optional[Dict[str, str]]:
     """Node labels of a pod's or container's shm mount point; None for any other path."""
     for pattern, _ in MOUNT_LAYOUTS:
-        match = pattern.search(mount_point)
-        if match:
+        if match := pattern.search(mount_point):
             return {name: match.groupdict().get(name) or "" for name in NODE_LABELS}
     return None
 
@@ -49,5 +48,4 @@ def mount_labels(mount_point: str) -> Optional[Dict[str, str]]:
 @functools.lru_cache(maxsize=8192)  # asked for every mount by collectors and renders
 def pod_uid_of_mount(mount: str) -> str:
     """The pod UID in a kubelet emptyDir path; '' for any other mount."""
-    labels = mount_labels(mount)
-    return labels["pod_uid"] if labels else ""
+    return (mount_labels(mount) or {}).get("pod_uid", "")

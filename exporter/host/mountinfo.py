@@ -7,7 +7,7 @@ import re
 import select
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from exporter.host.paths import Paths
 
@@ -54,15 +54,13 @@ class MountIndex:
     """Mount entries by mount point: the mount holding a path in O(path depth)."""
 
     def __init__(self, entries: Sequence[MountEntry]):
-        self.entries = entries
-        self._by_point: Dict[str, MountEntry] = {}
-        for entry in entries:  # the last (topmost) entry on a mount point wins
-            self._by_point[entry.mount_point.rstrip("/") or "/"] = entry
+        # the last (topmost) entry on a mount point wins
+        self.by_point = {e.mount_point.rstrip("/") or "/": e for e in entries}
 
     def find(self, path: str) -> Optional[MountEntry]:
         point = path.rstrip("/") or "/"
         while True:
-            entry = self._by_point.get(point)
+            entry = self.by_point.get(point)
             if entry is not None or point == "/" or not point.startswith("/"):
                 return entry
             point = posixpath.dirname(point)
@@ -77,10 +75,9 @@ def strip_rootfs(entries: Sequence[MountEntry], rootfs: str) -> List[MountEntry]
     ours = any(e.mount_point == root for e in entries)
     out = []
     for entry in entries:
-        if entry.mount_point == root:
-            out.append(replace(entry, mount_point="/"))
-        elif entry.mount_point.startswith(root + "/"):
-            out.append(replace(entry, mount_point=entry.mount_point[len(root) :]))
+        point = entry.mount_point
+        if point == root or point.startswith(root + "/"):
+            out.append(replace(entry, mount_point=point[len(root) :] or "/"))
         elif not ours:
             out.append(entry)
     return out
@@ -90,9 +87,8 @@ class MountTable:
     """The first readable of the candidate mountinfo files ('1': the host's, 'self': ours),
     parsed with --path.rootfs stripped, and what is mounted at each watched path. By default
     pid 1's first under --path.rootfs (it names mounts as the host does), else ours. The file
-    is read again only when the mount table changed: poll() on it reports POLLPRI then (as
-    libmount's monitor uses; 2,000 mounts cost ~10 ms a read). A regular file (a fixture:
-    poll() reports POLLOUT) is read every time."""
+    is read again only when poll() on it reports POLLPRI, as libmount's monitor does (2,000
+    mounts cost ~10 ms a read)."""
 
     def __init__(self, paths: Paths, order: Optional[Sequence[str]] = None):
         self.paths = paths
@@ -156,9 +152,7 @@ class MountTable:
 
     def mounted_at(self, path: str) -> Optional[MountEntry]:
         """The entry whose mount point `path` is; None when only a mount above holds it."""
-        entry = self.index.find(path)
-        point = entry.mount_point.rstrip("/") or "/" if entry else None
-        return entry if point == (path.rstrip("/") or "/") else None
+        return self.index.by_point.get(path.rstrip("/") or "/")
 
     def gone(self, path: str) -> bool:
         """`path` is no mount point in a table we could read: what lies beneath (the root

@@ -108,7 +108,6 @@ class ProcessTable:
         # (pid, start time) -> pod UID ('' when none); a process never changes pod.
         self._pods: Dict[Tuple[int, int], str] = {}
 
-    # --- identity -------------------------------------------------------------------------
     def last_pid_and_max(self) -> Tuple[int, int]:
         # ns_last_pid needs CONFIG_CHECKPOINT_RESTORE
         kernel = ("sys", "kernel")
@@ -185,9 +184,7 @@ class ProcessTable:
     def hidepid(self) -> str:
         """How our procfs hides processes, from its mount options ('off' when unknown)."""
         try:
-            entries = parse_mountinfo(
-                read_text(os.path.join(self.paths.procfs, "self", "mountinfo"))
-            )
+            entries = parse_mountinfo(read_text(self.paths.proc("self", "mountinfo")))
         except OSError:
             return "off"
         where = os.path.realpath(self.paths.procfs)
@@ -202,8 +199,6 @@ class ProcessTable:
         try:
             last, pid_max = self.last_pid_and_max()
         except (OSError, ValueError):
-            return None
-        if not hasattr(os, "pidfd_open"):
             return None
         if pid_max <= MAX_PROBE_PIDS:
             top = pid_max  # every pid there can be
@@ -241,25 +236,20 @@ class ProcessTable:
             return None
         for pid in pids:
             try:
-                names = (
-                    read_text(self.paths.proc(pid, "comm")).strip(),
-                    self.cmdline(pid),
-                )
+                names = (self.comm(pid), self.cmdline(pid))
             except OSError:
                 continue
             if any(map(pattern.search, names)):
                 return pid
         return None
 
-    # --- cgroup and pod -------------------------------------------------------------------
     def cgroups(self, pid: object) -> Dict[str, str]:
         return parse_proc_cgroup(read_text(self.paths.proc(pid, "cgroup")))
 
     def pod_uid(self, proc: Process) -> str:
         """The pod a process runs in ('' outside Kubernetes); a process never changes pod."""
         key = (proc.pid, proc.start_time)
-        with self._lock:
-            cached = self._pods.get(key)
+        cached = self._pods.get(key)  # no lock: walk() replaces the dict whole
         if cached is not None:
             return cached
         try:
@@ -294,21 +284,15 @@ class PidWrapWatch:
         self.table = table
         self._last: Optional[Tuple[int, int, int]] = None  # ns_last_pid, forks, pid_max
 
-    def _counters(self) -> Optional[Tuple[int, int, int]]:
-        """(ns_last_pid, processes forked since boot, pid_max); None when any cannot be read."""
-        try:
-            last, pid_max = self.table.last_pid_and_max()
-            with open(self.table.paths.proc("stat"), "rb") as handle:
-                stat = handle.read()
-            at = stat.index(b"\nprocesses ") + len(b"\nprocesses ")
-            forks = int(stat[at : stat.index(b"\n", at)])
-        except (OSError, ValueError):
-            return None
-        return last, forks, pid_max
-
     def wrapped(self) -> bool:
         """Whether pids may have been reused since the last call (also when we cannot tell)."""
-        now = self._counters()
+        try:
+            last_pid, pid_max = self.table.last_pid_and_max()
+            stat = read_text(self.table.paths.proc("stat"))
+            at = stat.index("\nprocesses ") + len("\nprocesses ")  # forks since boot
+            now = last_pid, int(stat[at : stat.index("\n", at)]), pid_max
+        except (OSError, ValueError):
+            now = None
         last, self._last = self._last, now
         if now is None:
             if not PidWrapWatch.said_unreadable:
