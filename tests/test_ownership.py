@@ -103,6 +103,26 @@ def test_root_sees_every_owner_and_the_real_leak(tmpfs):
     assert labels["owner"].endswith(f"[{peers[0].pid}]")
 
 
+@needs_root
+def test_hidden_processes_are_unknown_where_pidfd_open_is_refused(monkeypatch):
+    """Before Linux 5.3 pidfd_open() is ENOSYS, and a seccomp profile may refuse it (EPERM):
+    no probe answered is not 'none hidden' (which lets a leak be called one)."""
+    import errno
+
+    from exporter.host.paths import Paths
+    from exporter.host.proctable import ProcessTable
+
+    table = ProcessTable(Paths())
+    listed = {int(p) for p in os.listdir("/proc") if p.isdigit()}
+    assert table.count_invisible(listed) == 0  # root lists them all
+    for code in (errno.ENOSYS, errno.EPERM):
+        def refused(pid, flags=0, code=code):
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(os, "pidfd_open", refused)
+        assert table.count_invisible(listed) is None, code
+
+
 def test_a_procfs_that_cannot_be_listed_proves_nothing(tmp_path):
     """No process seen is not 'no process holds it': the leak stays unverified, and the
     count of uninspected processes is unknown, so it is absent rather than 0."""

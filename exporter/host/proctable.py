@@ -4,6 +4,7 @@ so a reused pid is never taken for the old one."""
 from __future__ import annotations
 
 import logging
+import errno
 import os
 import threading
 from contextlib import suppress
@@ -213,8 +214,10 @@ class ProcessTable:
                 continue
             try:
                 os.close(os.pidfd_open(pid))
-            except OSError:
-                continue  # ESRCH: no such process; EINVAL: a thread, not a process
+            except OSError as err:
+                if err.errno in (errno.ESRCH, errno.EINVAL, errno.ENOENT):
+                    continue  # no such process; a thread (EINVAL, or ENOENT on newer kernels)
+                return None  # ENOSYS before Linux 5.3, EPERM from a seccomp profile: unknown
             hidden += 1
         return hidden
 
