@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 # How many OOM kills `shmwatch check` and the model remember (the newest).
 RECENT_OOM_KILLS = 50
+SHRUNK = 10_000  # segments fewer than the most listed since: worth giving memory back
 OOM_LOG = "OOM kill: pid %d (%s) in %s (limit of %s hit): anon-rss %s, shmem-rss %s; shm used %s%s"
 
 
@@ -131,31 +132,31 @@ class ModelStep:
 
     def accept(self, obs: Observation) -> None:
         """Scheduler subscriber: keep the observation, compute what depends on it alone."""
-        summaries, listed = {}, 0
-        if obs.success and obs.source == "segments":
+        ok, summaries, listed = obs.success, {}, 0
+        if ok and obs.source == "segments":
             # A quick run hands back the same inventory object for a mount it did not touch:
             # its summary is kept rather than made again.
             before = self._result("segments")
             old = {m.mount: m for m in before.mounts} if before else {}
             for m in obs.result.mounts:
                 listed += len(m.states)
-                kept = self._summaries.get(m.mount)
                 if m.error:
                     continue
+                kept = self._summaries.get(m.mount)
                 if old.get(m.mount) is not m or not kept:
                     made = summarise(m, self.top_k)
                     # One equal to the last is kept: a render compares it by identity.
                     kept = kept if made == kept else made
                 summaries[m.mount] = kept
-        if obs.success and obs.source == "shm_mount":
+        elif ok and obs.source == "shm_mount":
             last = None if obs.full else self._result("shm_mount")
             kept = {id(u) for u in last or ()}  # unmeasured: handed back by a quick run
             self.state.record_polled(u for u in obs.result if id(u) not in kept)
-        if obs.success and obs.source == "oom":
+        elif ok and obs.source == "oom":
             for kill in obs.result.new:
                 self._count_kill(kill)
         with self._lock:
-            if obs.success and obs.source == "cgroup":
+            if ok and obs.source == "cgroup":
                 own = self._oom_own  # each counter kept as its highest: never down
                 for c in obs.result:
                     if c.oom_kills is not None:
@@ -164,22 +165,18 @@ class ModelStep:
                     for child, count in c.child_oom_kills:
                         if count:
                             own[child] = max(count, own.get(child, 0))
-            before = self._latest.get(obs.source)
             if obs.source in self._latest:
                 self._latest[obs.source] = obs
             shrunk = False
             if obs.source == "segments":
                 self._summaries = summaries
-            if obs.success and obs.source == "segments":
                 # Against the most listed since the last give-back: a storm deleted over many
-                # quick runs, each fewer than SHRUNK, is given back too.
-                self._listed_most = max(self._listed_most, listed)
-                shrunk = self._listed_most - listed >= SHRUNK
-                if shrunk:
-                    self._listed_most = listed
+                # quick runs, each fewer than SHRUNK, is given back too; a failed run lists none.
+                most = max(self._listed_most, listed)
+                shrunk = ok and most - listed >= SHRUNK
+                self._listed_most = listed if shrunk else most
             self._accepted += 1
-        if obs.success and shrunk:
-            del before  # the last reference to the old inventory: freed here
+        if shrunk:
             release_memory()
 
     def _count_kill(self, kill: OomKill) -> None:
@@ -323,9 +320,6 @@ class ModelStep:
         return self._oom_memo[1]
 
 
-SHRUNK = 10_000  # segments fewer than the most listed since: worth giving memory back
-
-
 def _lineage(cgroup: str) -> List[str]:
     """A cgroup path and each one above it, up to "/"."""
     path, lineage = cgroup.rstrip("/"), []
@@ -369,18 +363,15 @@ def _unexplained(
     for pid, rest in inventory.memfd_rest.items():
         regions.append(((pid,), sum(size for _, size in rest.values())))
     for holders, size in regions:
-        under = set()  # each region once per cgroup it is below
-        for pid in holders:
-            if pid in inventory.cgroup_of:
-                under.update(_lineage(inventory.cgroup_of[pid]))
-        for path in under:
+        cgroups_held = [inventory.cgroup_of.get(pid) for pid in holders]
+        # once per cgroup the region is below
+        for path in {p for c in cgroups_held if c is not None for p in _lineage(c)}:
             explained[path] += size
     out = {}
     for c in cgroups:
         if c.estimated or c.shmem_bytes is None:
             continue
-        sysv_key = ("sysv", c.pod_uid if node_mode else "")
-        known = explained.get(id(c), 0) + explained.get(sysv_key, 0)
-        known += explained.get(c.cgroup.rstrip("/") or "/", 0)
+        known = explained[id(c)] + explained["sysv", c.pod_uid if node_mode else ""]
+        known += explained[c.cgroup.rstrip("/") or "/"]
         out[c.cgroup] = max(0, c.shmem_bytes - known)
     return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from exporter.model.types import Inventory, MountInventory, Segment
 from exporter.model.classes import NOT_LEAKS, removable
@@ -35,18 +35,12 @@ class SegmentSummary:
     # Past --inventory.max-segments: counts and bytes by class only.
     degraded: bool = False
 
-    def count(self, states: Iterable[str], classes=bool) -> Tuple[int, int]:
-        """(segments, allocated bytes) in these states (and classes)."""
-        rows = [v for (c, s), v in self.totals.items() if s in states and classes(c)]
-        return sum(n for n, _, _ in rows), sum(a for _, a, _ in rows)
-
 
 def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
     """One pass over the segments, made one at a time; only the kept ones stay."""
     totals: Dict[Tuple[str, str], Tuple[int, int, int]] = {}
     for cls, (n, allocated, apparent) in (inv.degraded or {}).items():
         totals[cls, "unverified"] = (n, allocated, apparent)
-    largest = lambda s: (-s.allocated_bytes, s.name)  # noqa: E731
     top: List[Segment] = []
     leaked: Dict[bool, List[Segment]] = {True: [], False: []}
     unverified: List[Segment] = []
@@ -58,22 +52,22 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
             allocated + seg.allocated_bytes,
             apparent + seg.apparent_bytes,
         )
-        _keep(top, seg, top_k, largest)
+        _keep(top, seg, top_k)
         if seg.cls in NOT_LEAKS:
             continue
         if seg.state == "orphan":
-            _keep(leaked[removable(seg.cls)], seg, LISTED, largest)
+            _keep(leaked[removable(seg.cls)], seg, LISTED)
             if removable(seg.cls):  # the age alert says "remove it": only for those
                 oldest = seg.mtime if oldest is None else min(oldest, seg.mtime)
         elif seg.state == "unverified":
-            _keep(unverified, seg, LISTED, largest)
+            _keep(unverified, seg, LISTED)
     by_class: Dict[str, int] = {}
     for (cls, _), (_, allocated, _) in totals.items():
         by_class[cls] = by_class.get(cls, 0) + allocated
     top_processes = heapq.nsmallest(
         top_k, inv.process_bytes.items(), key=lambda kv: (-kv[1], kv[0])
     )
-    top = sorted(top, key=largest)
+    top = sorted(top, key=_largest)
     return SegmentSummary(
         totals=totals,
         bytes_by_class=by_class,
@@ -82,8 +76,8 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
         top=top,
         top_processes=top_processes,
         oldest_orphan_mtime=oldest,
-        leaked=sorted(leaked[True] + leaked[False], key=largest),
-        unverified=sorted(unverified, key=largest),
+        leaked=sorted(leaked[True] + leaked[False], key=_largest),
+        unverified=sorted(unverified, key=_largest),
         named_pids=frozenset(
             [seg.holders[0] for seg in top if seg.holders]
             + [pid for pid, _ in top_processes]
@@ -92,16 +86,20 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
     )
 
 
-def _keep(kept: List[Segment], seg: Segment, k: int, key) -> None:
-    """Keeps the k first of `key`'s order: sorted once it is full, a new one displaces the
-    last. Most segments of a storm are no larger than the last kept: one comparison."""
+def _largest(seg: Segment) -> Tuple[int, str]:
+    return -seg.allocated_bytes, seg.name
+
+
+def _keep(kept: List[Segment], seg: Segment, k: int) -> None:
+    """Keeps the k largest: sorted once it is full, a new one displaces the last. Most
+    segments of a storm are no larger than the last kept: one comparison."""
     if len(kept) < k:
         kept.append(seg)
         if len(kept) == k:
-            kept.sort(key=key)
-    elif k and key(seg) < key(kept[-1]):
+            kept.sort(key=_largest)
+    elif k and _largest(seg) < _largest(kept[-1]):
         kept.pop()
-        bisect.insort(kept, seg, key=key)
+        bisect.insort(kept, seg, key=_largest)
 
 
 def owner_label(holders: Sequence[int], comms: Dict[int, str]) -> str:
