@@ -8,6 +8,7 @@ import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from exporter.host.libc import release_memory
@@ -83,11 +84,44 @@ class Model:
     oom_kills: List[OomCount] = field(default_factory=list)
     # The newest OOM kills (oldest first), each with its pod's shm use when it was seen.
     recent_oom_kills: List[Tuple[OomKill, Optional[int]]] = field(default_factory=list)
-    # cgroup -> its shmem that no watched mount, SysV segment or memfd region explains.
-    shmem_unexplained: Dict[str, int] = field(default_factory=dict)
 
     def result_ok(self, source: str) -> bool:
         return any(s.name == source and s.success for s in self.statuses)
+
+    @cached_property
+    def shmem_unexplained(self) -> Dict[str, int]:
+        """Per cgroup read (not estimated): its shmem minus the used bytes of the watched mounts
+        charged to it, the resident bytes of its IPC namespace's SysV segments and the memfd
+        regions its processes (or its descendants') hold. An estimate: a region two cgroups'
+        processes hold counts in both, and pages are charged to whoever touched them first.
+        Nothing without an inventory (memfd regions unknown). Linear: node mode has 100s."""
+        inventory, node_mode = self.inventory, self.node_mode
+        if inventory is None:
+            return {}
+        # id(cgroup), ("sysv", pod UID in node mode) or cgroup -> bytes
+        explained: Dict[object, int] = Counter()
+        for v in self.mounts:
+            if v.cgroup is not None and v.usage is not None and not v.usage.error:
+                explained[id(v.cgroup)] += v.usage.used_bytes
+        for s in self.sysv:
+            if s.readable:
+                explained["sysv", s.pod_uid if node_mode else ""] += s.resident_bytes
+        regions = [(seg.holders, seg.allocated_bytes) for seg in inventory.memfd]
+        for pid, rest in inventory.memfd_rest.items():
+            regions.append(((pid,), sum(size for _, size in rest.values())))
+        for holders, size in regions:
+            cgroups_held = [inventory.cgroup_of.get(pid) for pid in holders]
+            # once per cgroup the region is below
+            for path in {p for c in cgroups_held if c is not None for p in _lineage(c)}:
+                explained[path] += size
+        out = {}
+        for c in self.cgroups:
+            if c.estimated or c.shmem_bytes is None:
+                continue
+            known = explained[id(c)] + explained["sysv", c.pod_uid if node_mode else ""]
+            known += explained[c.cgroup.rstrip("/") or "/"]
+            out[c.cgroup] = max(0, c.shmem_bytes - known)
+        return out
 
 
 class ModelStep:
@@ -207,7 +241,6 @@ class ModelStep:
                 self._model = self._build()
             return self._model
 
-    # --- the join -----------------------------------------------------------------------
     def kill_log_complete(self) -> bool:
         """The kernel log is read and its last read lost nothing: it counts every OOM kill."""
         reports = self._result("oom")
@@ -229,7 +262,6 @@ class ModelStep:
         inventory: Optional[Inventory] = self._result("segments")
         inv_mounts = {m.mount: m for m in inventory.mounts} if inventory else {}
         cgroups: List[CgroupMemory] = self._result("cgroup") or []
-        sysv = self._result("sysv")
         limit_unknown = (
             "cgroup" in self._latest
             and self._result("cgroup") is None
@@ -274,13 +306,12 @@ class ModelStep:
             inventory,
             cgroups,
             self._result("host_memory"),
-            sysv or [],
+            self._result("sysv") or [],
             self._result("gpu"),
             self._result("process") or [],
             states,
             self._oom_counts(cgroups, mounts),
             list(self._recent_oom),
-            _unexplained(cgroups, mounts, sysv, inventory, self.node_mode),
         )
 
     def _oom_counts(
@@ -336,42 +367,3 @@ def _subtree_totals(counts: Dict[str, int]) -> Dict[str, int]:
         for path in _lineage(key):
             totals[path] += n
     return totals
-
-
-def _unexplained(
-    cgroups: List[CgroupMemory],
-    mounts: List[MountView],
-    sysv: Optional[List[SysvShm]],
-    inventory: Optional[Inventory],
-    node_mode: bool,
-) -> Dict[str, int]:
-    """Per cgroup read (not estimated): its shmem minus the used bytes of the watched mounts
-    charged to it, the resident bytes of its IPC namespace's SysV segments and the memfd
-    regions its processes (or its descendants') hold. An estimate: a region two cgroups'
-    processes hold counts in both, and pages are charged to whoever touched them first.
-    Nothing without an inventory (memfd regions unknown). Linear: node mode has 100s."""
-    if inventory is None:
-        return {}
-    explained: Dict[object, int] = Counter()  # id(cgroup), pod UID or cgroup -> bytes
-    for v in mounts:
-        if v.cgroup is not None and v.usage is not None and not v.usage.error:
-            explained[id(v.cgroup)] += v.usage.used_bytes
-    for shm in sysv or ():
-        if shm.readable:
-            explained["sysv", shm.pod_uid if node_mode else ""] += shm.resident_bytes
-    regions = [(seg.holders, seg.allocated_bytes) for seg in inventory.memfd]
-    for pid, rest in inventory.memfd_rest.items():
-        regions.append(((pid,), sum(size for _, size in rest.values())))
-    for holders, size in regions:
-        cgroups_held = [inventory.cgroup_of.get(pid) for pid in holders]
-        # once per cgroup the region is below
-        for path in {p for c in cgroups_held if c is not None for p in _lineage(c)}:
-            explained[path] += size
-    out = {}
-    for c in cgroups:
-        if c.estimated or c.shmem_bytes is None:
-            continue
-        known = explained[id(c)] + explained["sysv", c.pod_uid if node_mode else ""]
-        known += explained[c.cgroup.rstrip("/") or "/"]
-        out[c.cgroup] = max(0, c.shmem_bytes - known)
-    return out
