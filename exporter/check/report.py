@@ -157,8 +157,8 @@ def _memory(report: Report, model: Model, kills, cgroup_error: Optional[str]) ->
     high = risk > T.OOM_RISK_RATIO
     remedy = "raise the memory limit or free shm" if high else ""
     report.add("warn" if high else "ok", "memory", name, text, remedy)
-    if kills.get(name, cgroup.oom_kills):
-        _kills(report, name, kills.get(name, cgroup.oom_kills))
+    if n := kills.get(name, cgroup.oom_kills):
+        _kills(report, name, n)
     for view in (v for v in model.mounts if v.cgroup is cgroup and v.budget):
         budget = view.budget
         if (budget.projection or 0) > T.SHM_OOM_PROJECTION_RATIO:
@@ -171,11 +171,10 @@ def _memory(report: Report, model: Model, kills, cgroup_error: Optional[str]) ->
 
 
 def _working_set(c) -> str:
-    """'working set 1.0 GiB of 2.0 GiB limit (50%)'; without a limit, its first part."""
     text = f"working set {human(c.working_set_bytes)}"
-    if c.oom_risk_ratio is None:
-        return text
-    return f"{text} of {human(c.limit_bytes)} limit ({c.oom_risk_ratio:.0%})"
+    if c.oom_risk_ratio is not None:
+        text += f" of {human(c.limit_bytes)} limit ({c.oom_risk_ratio:.0%})"
+    return text
 
 
 def _kills(report: Report, subject: str, kills: int) -> None:

@@ -67,7 +67,6 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
     top_processes = heapq.nsmallest(
         top_k, inv.process_bytes.items(), key=lambda kv: (-kv[1], kv[0])
     )
-    top = sorted(top, key=_largest)
     return SegmentSummary(
         totals=totals,
         bytes_by_class=by_class,
@@ -77,7 +76,7 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
         top_processes=top_processes,
         oldest_orphan_mtime=oldest,
         leaked=sorted(leaked[True] + leaked[False], key=_largest),
-        unverified=sorted(unverified, key=_largest),
+        unverified=unverified,
         named_pids=frozenset(
             [seg.holders[0] for seg in top if seg.holders]
             + [pid for pid, _ in top_processes]
@@ -91,15 +90,11 @@ def _largest(seg: Segment) -> Tuple[int, str]:
 
 
 def _keep(kept: List[Segment], seg: Segment, k: int) -> None:
-    """Keeps the k largest: sorted once it is full, a new one displaces the last. Most
-    segments of a storm are no larger than the last kept: one comparison."""
-    if len(kept) < k:
-        kept.append(seg)
-        if len(kept) == k:
-            kept.sort(key=_largest)
-    elif k and _largest(seg) < _largest(kept[-1]):
-        kept.pop()
+    """Keeps the k largest, largest first. Most segments of a storm are no larger than the
+    last kept: one comparison."""
+    if len(kept) < k or kept and _largest(seg) < _largest(kept[-1]):
         bisect.insort(kept, seg, key=_largest)
+        del kept[k:]
 
 
 def owner_label(holders: Sequence[int], comms: Dict[int, str]) -> str:
