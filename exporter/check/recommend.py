@@ -259,8 +259,7 @@ def recommendations(
 
 def render_text(recs: List[Recommendation], notes: List[str], headroom: float) -> str:
     lines = [
-        "",
-        f"RECOMMENDATIONS (highest observed peak x {headroom:g}, rounded up to a whole GiB, MiB below 1 GiB)",
+        f"\nRECOMMENDATIONS (highest observed peak x {headroom:g}, rounded up to a whole GiB, MiB below 1 GiB)",
     ]
     for r in recs:
         where = WHERE[r.source].format(r.window)

@@ -142,10 +142,8 @@ class ModelStep:
         # --memory.limit-bytes is the one workload's limit: it means nothing per pod.
         self.memory_limit = None if self.node_mode else memory_limit
         self._lock = threading.Lock()
-        # By source, in the order their series are rendered; discovery only in node mode.
-        self._latest: Dict[str, Optional[Observation]] = {
-            s.name: None for s in sources if s.reports_status
-        }
+        # source -> its latest Observation or None, in render order (discovery: node mode)
+        self._latest = dict.fromkeys(s.name for s in sources if s.reports_status)
         self._summaries: Dict[str, SegmentSummary] = {}  # the latest inventory's
         # The OOM ledger, kept for good (it outlives victims' cgroups and pods' mounts):
         # cgroup (a pod's in node mode, else the victim's) -> kills the kernel log gave;
@@ -204,8 +202,8 @@ class ModelStep:
             shrunk = False
             if obs.source == "segments":
                 self._summaries = summaries
-                # Against the most listed since the last give-back: a storm deleted over many
-                # quick runs, each fewer than SHRUNK, is given back too; a failed run lists none.
+                # Against the most listed since the last give-back: a storm deleted over
+                # many quick runs, each fewer than SHRUNK, is given back too; a failed run not.
                 most = max(self._listed_most, listed)
                 shrunk = ok and most - listed >= SHRUNK
                 self._listed_most = listed if shrunk else most
@@ -217,8 +215,7 @@ class ModelStep:
         """Count one kill under its pod's cgroup (node mode) or its own; log it with the pod's
         shm use then: a large shmem-rss or a full shm beside it is shm filling the limit."""
         key = kill.pod_cgroup if self.node_mode and kill.pod_cgroup else kill.task_memcg
-        with self._lock:
-            usages = [u for u in self._result("shm_mount") or [] if not u.error]
+        usages = [u for u in self._result("shm_mount") or [] if not u.error]
         if self.node_mode:
             uid = kill.pod_uid
             usages = [u for u in usages if uid and pod_uid_of_mount(u.mount) == uid]
@@ -235,7 +232,7 @@ class ModelStep:
     def current(self) -> Model:
         with self._lock:
             version = self.version()
-            if self._model is None or version != self._built_for:
+            if version != self._built_for:
                 # Before the build: a change during it moves the version on.
                 self._built_for = version
                 self._model = self._build()
