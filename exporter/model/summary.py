@@ -38,20 +38,15 @@ class SegmentSummary:
 
 def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
     """One pass over the segments, made one at a time; only the kept ones stay."""
-    totals: Dict[Tuple[str, str], Tuple[int, int, int]] = {}
-    for cls, (n, allocated, apparent) in (inv.degraded or {}).items():
-        totals[cls, "unverified"] = (n, allocated, apparent)
+    totals = {(cls, "unverified"): row for cls, row in (inv.degraded or {}).items()}
     top: List[Segment] = []
     leaked: Dict[bool, List[Segment]] = {True: [], False: []}
     unverified: List[Segment] = []
     oldest = None
     for seg in inv.rows():
-        count, allocated, apparent = totals.get((seg.cls, seg.state), (0, 0, 0))
-        totals[seg.cls, seg.state] = (
-            count + 1,
-            allocated + seg.allocated_bytes,
-            apparent + seg.apparent_bytes,
-        )
+        key = seg.cls, seg.state
+        n, size, apparent = totals.get(key, (0, 0, 0))
+        totals[key] = (n + 1, size + seg.allocated_bytes, apparent + seg.apparent_bytes)
         _keep(top, seg, top_k)
         if seg.cls in NOT_LEAKS:
             continue
