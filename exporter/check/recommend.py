@@ -21,8 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.check.deadline import Bounded, left
 from exporter.check.findings import quoted
-from exporter.check.sizes import MiB, at_least, docker, human, k8s, plausible
-from exporter.check.sizes import round_up
+from exporter.check.sizes import MiB, at_least, docker, human, k8s, plausible, round_up
 
 DEFAULT_WINDOW, DEFAULT_HEADROOM = "7d", 1.25
 Peaks = Dict[str, Tuple[float, int]]  # mount -> (peak, how many series matched)

@@ -9,7 +9,7 @@ from typing import List, Optional
 from exporter.check import thresholds as T
 from exporter.check.findings import Report
 from exporter.check.sizes import at_least, at_most, docker, human, k8s, round_up
-from exporter.model.classes import NOT_LEAKS, removable
+from exporter.model.classes import NOT_LEAKS, REMOVABLE
 from exporter.model.step import Model, MountView
 
 MAX_NAMED = 5  # segments, and processes, named in a finding
@@ -113,10 +113,9 @@ def unowned(add, mount: str, summary, inventory) -> None:
     unreadable = _unreadable(inventory.proc_unreadable, inventory.unproven)
     totals = summary.totals.items()
     leaks = {c for c, _ in summary.totals} - NOT_LEAKS
-    cleared = set(filter(removable, leaks))
     for state, classes, severity, text, remedy in (
-        ("orphan", cleared, "warn", LEAKED, RM),
-        ("orphan", leaks - cleared, "info", FOREIGN, NO_RM),
+        ("orphan", leaks & REMOVABLE, "warn", LEAKED, RM),
+        ("orphan", leaks - REMOVABLE, "info", FOREIGN, NO_RM),
         ("unverified", leaks, "info", UNVERIFIED, MAY_BE_LIVE),
     ):
         rows = [v for (c, s), v in totals if s == state and c in classes]
