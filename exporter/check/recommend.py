@@ -63,8 +63,7 @@ def _get(url: str, parse, deadline: float, limit: int):
     error, no answer by `deadline`, too much, not what parse expects, JSON nested a million
     deep) is a SourceError."""
     try:
-        timeout = max(0.1, left(deadline))
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(url, timeout=max(0.1, left(deadline))) as response:
             body = response.read(limit + 1)
         if len(body) > limit:
             raise ValueError(f"an answer longer than {human(limit)}")

@@ -256,13 +256,12 @@ def _check(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> in
     advice = ""
     if extra.recommend:
         recs, notes = R.recommendations(model, extra, deadline)
-        for r in recs:
-            if r.memory_limit_fits is False:
-                size = human(r.recommended_size_bytes)
-                limit = human(r.memory_limit_bytes)
-                text = f"the recommended {size} of shm does not fit in what the {limit} memory limit leaves"
-                remedy = f"raise the memory limit to {at_least(r.memory_limit_bytes_needed)}, then the shm size"
-                report.add("warn", "memory", r.mount, text, remedy)
+        for r in [r for r in recs if r.memory_limit_fits is False]:
+            size = human(r.recommended_size_bytes)
+            limit = human(r.memory_limit_bytes)
+            text = f"the recommended {size} of shm does not fit in what the {limit} memory limit leaves"
+            remedy = f"raise the memory limit to {at_least(r.memory_limit_bytes_needed)}, then the shm size"
+            report.add("warn", "memory", r.mount, text, remedy)
         report.facts["recommendations"] = [asdict(r) for r in recs]
         report.facts["recommendation_notes"] = notes
         advice = R.render_text(recs, notes, extra.recommend_headroom)
