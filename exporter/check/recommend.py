@@ -103,9 +103,8 @@ def peaks_from_prometheus(url, mounts, window, selector, deadline=math.inf) -> P
 
 def _high_water_marks(body: bytes) -> Dict[str, int]:
     """mount -> its plausible MAX_USED, parsing only those lines of /metrics."""
-    lines = b"\n".join(MAX_USED_LINE.findall(body)).decode()
-    families = text_string_to_metric_families(lines + "\n")
-    samples = [s for f in families for s in f.samples if s.name == MAX_USED]
+    lines = b"\n".join(MAX_USED_LINE.findall(body)).decode() + "\n"
+    samples = [s for f in text_string_to_metric_families(lines) for s in f.samples]
     return {
         s.labels["mount"]: plausible(s.value) for s in samples if "mount" in s.labels
     }

@@ -96,9 +96,8 @@ def owner_label(holders: Sequence[int], comms: Dict[int, str]) -> str:
     """'python[1234]', 'python[1234]+3' for four holders, '' for none."""
     if not holders:
         return ""
-    first = holders[0]
-    text = f"{comms.get(first, 'unknown')}[{first}]"
-    return text + (f"+{len(holders) - 1}" if len(holders) > 1 else "")
+    more = f"+{len(holders) - 1}" if len(holders) > 1 else ""
+    return f"{comms.get(holders[0], 'unknown')}[{holders[0]}]{more}"
 
 
 def memfd_summary(
