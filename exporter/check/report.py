@@ -157,8 +157,7 @@ def _memory(report: Report, model: Model, kills, cgroup_error: Optional[str]) ->
     high = risk > T.OOM_RISK_RATIO
     remedy = "raise the memory limit or free shm" if high else ""
     report.add("warn" if high else "ok", "memory", name, text, remedy)
-    if n := kills.get(name, cgroup.oom_kills):
-        _kills(report, name, n)
+    _kills(report, name, kills.get(name, cgroup.oom_kills))
     for view in (v for v in model.mounts if v.cgroup is cgroup and v.budget):
         budget = view.budget
         if (budget.projection or 0) > T.SHM_OOM_PROJECTION_RATIO:
@@ -177,9 +176,10 @@ def _working_set(c) -> str:
     return text
 
 
-def _kills(report: Report, subject: str, kills: int) -> None:
-    remedy = "count /dev/shm in the memory budget"
-    report.add("warn", "memory", subject, f"{kills} OOM kill(s) so far", remedy)
+def _kills(report: Report, subject: str, kills: Optional[int]) -> None:
+    if kills:
+        remedy = "count /dev/shm in the memory budget"
+        report.add("warn", "memory", subject, f"{kills} OOM kill(s) so far", remedy)
 
 
 def _pod_memory(report: Report, pods, kills: Dict[str, int]) -> None:
@@ -191,8 +191,7 @@ def _pod_memory(report: Report, pods, kills: Dict[str, int]) -> None:
             risky += 1
             remedy = "raise the pod's memory limit or free its shm"
             report.add("warn", "memory", subject, _working_set(c), remedy)
-        if kills.get(c.cgroup):
-            _kills(report, subject, kills[c.cgroup])
+        _kills(report, subject, kills.get(c.cgroup))
     if not risky:
         none_above = f"none above {T.OOM_RISK_RATIO:.0%} of its limit"
         report.add("ok", "memory", "pods", f"{len(pods)} pod cgroup(s), {none_above}")

@@ -113,16 +113,15 @@ def unowned(add, mount: str, summary, inventory) -> None:
     unreadable = _unreadable(inventory.proc_unreadable, inventory.unproven)
     totals = summary.totals.items()
     leaks = {c for c, _ in summary.totals} - NOT_LEAKS
-    for state, classes, severity, text, remedy in (
-        ("orphan", leaks & REMOVABLE, "warn", LEAKED, RM),
-        ("orphan", leaks - REMOVABLE, "info", FOREIGN, NO_RM),
-        ("unverified", leaks, "info", UNVERIFIED, MAY_BE_LIVE),
+    for state, classes, listed, severity, text, remedy in (
+        ("orphan", leaks & REMOVABLE, summary.leaked, "warn", LEAKED, RM),
+        ("orphan", leaks - REMOVABLE, summary.leaked, "info", FOREIGN, NO_RM),
+        ("unverified", leaks, summary.unverified, "info", UNVERIFIED, MAY_BE_LIVE),
     ):
         rows = [v for (c, s), v in totals if s == state and c in classes]
         count, size = sum(r[0] for r in rows), sum(r[1] for r in rows)
         if not count:
             continue
-        listed = summary.leaked if state == "orphan" else summary.unverified
         named = [s.name for s in listed if s.cls in classes][:MAX_NAMED]
         paths = " ".join(os.path.join(mount, name) for name in named)
         if count > len(named):
