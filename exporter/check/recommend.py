@@ -21,8 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.check.deadline import Bounded, left
 from exporter.check.findings import quoted
-from exporter.check.sizes import MiB, at_least, docker, human, k8s, plausible
-from exporter.check.sizes import round_up
+from exporter.check.sizes import MiB, at_least, docker, human, k8s, plausible, round_up
 
 DEFAULT_WINDOW, DEFAULT_HEADROOM = "7d", 1.25
 Peaks = Dict[str, Tuple[float, int]]  # mount -> (peak, how many series matched)
@@ -64,8 +63,7 @@ def _get(url: str, parse, deadline: float, limit: int):
     error, no answer by `deadline`, too much, not what parse expects, JSON nested a million
     deep) is a SourceError."""
     try:
-        timeout = max(0.1, left(deadline))
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(url, timeout=max(0.1, left(deadline))) as response:
             body = response.read(limit + 1)
         if len(body) > limit:
             raise ValueError(f"an answer longer than {human(limit)}")
@@ -105,9 +103,8 @@ def peaks_from_prometheus(url, mounts, window, selector, deadline=math.inf) -> P
 
 def _high_water_marks(body: bytes) -> Dict[str, int]:
     """mount -> its plausible MAX_USED, parsing only those lines of /metrics."""
-    lines = b"\n".join(MAX_USED_LINE.findall(body)).decode()
-    families = text_string_to_metric_families(lines + "\n")
-    samples = [s for f in families for s in f.samples if s.name == MAX_USED]
+    lines = b"\n".join(MAX_USED_LINE.findall(body)).decode() + "\n"
+    samples = [s for f in text_string_to_metric_families(lines) for s in f.samples]
     return {
         s.labels["mount"]: plausible(s.value) for s in samples if "mount" in s.labels
     }
@@ -259,8 +256,7 @@ def recommendations(
 
 def render_text(recs: List[Recommendation], notes: List[str], headroom: float) -> str:
     lines = [
-        "",
-        f"RECOMMENDATIONS (highest observed peak x {headroom:g}, rounded up to a whole GiB, MiB below 1 GiB)",
+        f"\nRECOMMENDATIONS (highest observed peak x {headroom:g}, rounded up to a whole GiB, MiB below 1 GiB)",
     ]
     for r in recs:
         where = WHERE[r.source].format(r.window)

@@ -157,8 +157,7 @@ def _memory(report: Report, model: Model, kills, cgroup_error: Optional[str]) ->
     high = risk > T.OOM_RISK_RATIO
     remedy = "raise the memory limit or free shm" if high else ""
     report.add("warn" if high else "ok", "memory", name, text, remedy)
-    if kills.get(name, cgroup.oom_kills):
-        _kills(report, name, kills.get(name, cgroup.oom_kills))
+    _kills(report, name, kills.get(name, cgroup.oom_kills))
     for view in (v for v in model.mounts if v.cgroup is cgroup and v.budget):
         budget = view.budget
         if (budget.projection or 0) > T.SHM_OOM_PROJECTION_RATIO:
@@ -171,16 +170,16 @@ def _memory(report: Report, model: Model, kills, cgroup_error: Optional[str]) ->
 
 
 def _working_set(c) -> str:
-    """'working set 1.0 GiB of 2.0 GiB limit (50%)'; without a limit, its first part."""
     text = f"working set {human(c.working_set_bytes)}"
-    if c.oom_risk_ratio is None:
-        return text
-    return f"{text} of {human(c.limit_bytes)} limit ({c.oom_risk_ratio:.0%})"
+    if c.oom_risk_ratio is not None:
+        text += f" of {human(c.limit_bytes)} limit ({c.oom_risk_ratio:.0%})"
+    return text
 
 
-def _kills(report: Report, subject: str, kills: int) -> None:
-    remedy = "count /dev/shm in the memory budget"
-    report.add("warn", "memory", subject, f"{kills} OOM kill(s) so far", remedy)
+def _kills(report: Report, subject: str, kills: Optional[int]) -> None:
+    if kills:
+        remedy = "count /dev/shm in the memory budget"
+        report.add("warn", "memory", subject, f"{kills} OOM kill(s) so far", remedy)
 
 
 def _pod_memory(report: Report, pods, kills: Dict[str, int]) -> None:
@@ -192,8 +191,7 @@ def _pod_memory(report: Report, pods, kills: Dict[str, int]) -> None:
             risky += 1
             remedy = "raise the pod's memory limit or free its shm"
             report.add("warn", "memory", subject, _working_set(c), remedy)
-        if kills.get(c.cgroup):
-            _kills(report, subject, kills[c.cgroup])
+        _kills(report, subject, kills.get(c.cgroup))
     if not risky:
         none_above = f"none above {T.OOM_RISK_RATIO:.0%} of its limit"
         report.add("ok", "memory", "pods", f"{len(pods)} pod cgroup(s), {none_above}")
@@ -257,13 +255,12 @@ def _check(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> in
     advice = ""
     if extra.recommend:
         recs, notes = R.recommendations(model, extra, deadline)
-        for r in recs:
-            if r.memory_limit_fits is False:
-                size = human(r.recommended_size_bytes)
-                limit = human(r.memory_limit_bytes)
-                text = f"the recommended {size} of shm does not fit in what the {limit} memory limit leaves"
-                remedy = f"raise the memory limit to {at_least(r.memory_limit_bytes_needed)}, then the shm size"
-                report.add("warn", "memory", r.mount, text, remedy)
+        for r in [r for r in recs if r.memory_limit_fits is False]:
+            size = human(r.recommended_size_bytes)
+            limit = human(r.memory_limit_bytes)
+            text = f"the recommended {size} of shm does not fit in what the {limit} memory limit leaves"
+            remedy = f"raise the memory limit to {at_least(r.memory_limit_bytes_needed)}, then the shm size"
+            report.add("warn", "memory", r.mount, text, remedy)
         report.facts["recommendations"] = [asdict(r) for r in recs]
         report.facts["recommendation_notes"] = notes
         advice = R.render_text(recs, notes, extra.recommend_headroom)

@@ -9,8 +9,7 @@ from typing import List, Optional
 from exporter.check import thresholds as T
 from exporter.check.findings import Report
 from exporter.check.sizes import at_least, at_most, docker, human, k8s, round_up
-from exporter.model.classes import NOT_LEAKS, removable
-from exporter.model.types import STATES
+from exporter.model.classes import NOT_LEAKS, REMOVABLE
 from exporter.model.step import Model, MountView
 
 MAX_NAMED = 5  # segments, and processes, named in a finding
@@ -94,7 +93,7 @@ def shm(report: Report, view: MountView, model: Model, required: Optional[int]) 
         ],
         unverified=[listed(s) for s in summary.unverified],
         hidden_bytes=summary.hidden_bytes,
-        segments=summary.count(STATES)[0],
+        segments=sum(n for n, _, _ in summary.totals.values()),
         unattributed_bytes=inv.unattributed_bytes,
     )
     if not problem:
@@ -112,17 +111,18 @@ def unowned(add, mount: str, summary, inventory) -> None:
     few. `rm` is advised only where nothing can still attach: an orphan (every process
     inspected) of a class whose segments belong to one process."""
     unreadable = _unreadable(inventory.proc_unreadable, inventory.unproven)
-    leaks = lambda c: c not in NOT_LEAKS  # noqa: E731
-    for state, classes, severity, text, remedy in (
-        ("orphan", removable, "warn", LEAKED, RM),
-        ("orphan", lambda c: leaks(c) and not removable(c), "info", FOREIGN, NO_RM),
-        ("unverified", leaks, "info", UNVERIFIED, MAY_BE_LIVE),
+    totals = summary.totals.items()
+    leaks = {c for c, _ in summary.totals} - NOT_LEAKS
+    for state, classes, listed, severity, text, remedy in (
+        ("orphan", leaks & REMOVABLE, summary.leaked, "warn", LEAKED, RM),
+        ("orphan", leaks - REMOVABLE, summary.leaked, "info", FOREIGN, NO_RM),
+        ("unverified", leaks, summary.unverified, "info", UNVERIFIED, MAY_BE_LIVE),
     ):
-        count, size = summary.count((state,), classes)
+        rows = [v for (c, s), v in totals if s == state and c in classes]
+        count, size = sum(r[0] for r in rows), sum(r[1] for r in rows)
         if not count:
             continue
-        listed = summary.leaked if state == "orphan" else summary.unverified
-        named = [s.name for s in listed if classes(s.cls)][:MAX_NAMED]
+        named = [s.name for s in listed if s.cls in classes][:MAX_NAMED]
         paths = " ".join(os.path.join(mount, name) for name in named)
         if count > len(named):
             paths += f" (+{count - len(named)} more)"

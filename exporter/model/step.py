@@ -8,6 +8,7 @@ import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from exporter.host.libc import release_memory
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 
 # How many OOM kills `shmwatch check` and the model remember (the newest).
 RECENT_OOM_KILLS = 50
+SHRUNK = 10_000  # segments fewer than the most listed since: worth giving memory back
 OOM_LOG = "OOM kill: pid %d (%s) in %s (limit of %s hit): anon-rss %s, shmem-rss %s; shm used %s%s"
 
 
@@ -82,11 +84,44 @@ class Model:
     oom_kills: List[OomCount] = field(default_factory=list)
     # The newest OOM kills (oldest first), each with its pod's shm use when it was seen.
     recent_oom_kills: List[Tuple[OomKill, Optional[int]]] = field(default_factory=list)
-    # cgroup -> its shmem that no watched mount, SysV segment or memfd region explains.
-    shmem_unexplained: Dict[str, int] = field(default_factory=dict)
 
     def result_ok(self, source: str) -> bool:
         return any(s.name == source and s.success for s in self.statuses)
+
+    @cached_property
+    def shmem_unexplained(self) -> Dict[str, int]:
+        """Per cgroup read (not estimated): its shmem minus the used bytes of the watched mounts
+        charged to it, the resident bytes of its IPC namespace's SysV segments and the memfd
+        regions its processes (or its descendants') hold. An estimate: a region two cgroups'
+        processes hold counts in both, and pages are charged to whoever touched them first.
+        Nothing without an inventory (memfd regions unknown). Linear: node mode has 100s."""
+        inventory, node_mode = self.inventory, self.node_mode
+        if inventory is None:
+            return {}
+        # id(cgroup), ("sysv", pod UID in node mode) or cgroup -> bytes
+        explained: Dict[object, int] = Counter()
+        for v in self.mounts:
+            if v.cgroup is not None and v.usage is not None and not v.usage.error:
+                explained[id(v.cgroup)] += v.usage.used_bytes
+        for s in self.sysv:
+            if s.readable:
+                explained["sysv", s.pod_uid if node_mode else ""] += s.resident_bytes
+        regions = [(seg.holders, seg.allocated_bytes) for seg in inventory.memfd]
+        for pid, rest in inventory.memfd_rest.items():
+            regions.append(((pid,), sum(size for _, size in rest.values())))
+        for holders, size in regions:
+            cgroups_held = [inventory.cgroup_of.get(pid) for pid in holders]
+            # once per cgroup the region is below
+            for path in {p for c in cgroups_held if c is not None for p in _lineage(c)}:
+                explained[path] += size
+        out = {}
+        for c in self.cgroups:
+            if c.estimated or c.shmem_bytes is None:
+                continue
+            known = explained[id(c)] + explained["sysv", c.pod_uid if node_mode else ""]
+            known += explained[c.cgroup.rstrip("/") or "/"]
+            out[c.cgroup] = max(0, c.shmem_bytes - known)
+        return out
 
 
 class ModelStep:
@@ -107,10 +142,8 @@ class ModelStep:
         # --memory.limit-bytes is the one workload's limit: it means nothing per pod.
         self.memory_limit = None if self.node_mode else memory_limit
         self._lock = threading.Lock()
-        # By source, in the order their series are rendered; discovery only in node mode.
-        self._latest: Dict[str, Optional[Observation]] = {
-            s.name: None for s in sources if s.reports_status
-        }
+        # source -> its latest Observation or None, in render order (discovery: node mode)
+        self._latest = dict.fromkeys(s.name for s in sources if s.reports_status)
         self._summaries: Dict[str, SegmentSummary] = {}  # the latest inventory's
         # The OOM ledger, kept for good (it outlives victims' cgroups and pods' mounts):
         # cgroup (a pod's in node mode, else the victim's) -> kills the kernel log gave;
@@ -131,31 +164,31 @@ class ModelStep:
 
     def accept(self, obs: Observation) -> None:
         """Scheduler subscriber: keep the observation, compute what depends on it alone."""
-        summaries, listed = {}, 0
-        if obs.success and obs.source == "segments":
+        ok, summaries, listed = obs.success, {}, 0
+        if ok and obs.source == "segments":
             # A quick run hands back the same inventory object for a mount it did not touch:
             # its summary is kept rather than made again.
             before = self._result("segments")
             old = {m.mount: m for m in before.mounts} if before else {}
             for m in obs.result.mounts:
                 listed += len(m.states)
-                kept = self._summaries.get(m.mount)
                 if m.error:
                     continue
+                kept = self._summaries.get(m.mount)
                 if old.get(m.mount) is not m or not kept:
                     made = summarise(m, self.top_k)
                     # One equal to the last is kept: a render compares it by identity.
                     kept = kept if made == kept else made
                 summaries[m.mount] = kept
-        if obs.success and obs.source == "shm_mount":
+        elif ok and obs.source == "shm_mount":
             last = None if obs.full else self._result("shm_mount")
             kept = {id(u) for u in last or ()}  # unmeasured: handed back by a quick run
             self.state.record_polled(u for u in obs.result if id(u) not in kept)
-        if obs.success and obs.source == "oom":
+        elif ok and obs.source == "oom":
             for kill in obs.result.new:
                 self._count_kill(kill)
         with self._lock:
-            if obs.success and obs.source == "cgroup":
+            if ok and obs.source == "cgroup":
                 own = self._oom_own  # each counter kept as its highest: never down
                 for c in obs.result:
                     if c.oom_kills is not None:
@@ -164,30 +197,25 @@ class ModelStep:
                     for child, count in c.child_oom_kills:
                         if count:
                             own[child] = max(count, own.get(child, 0))
-            before = self._latest.get(obs.source)
             if obs.source in self._latest:
                 self._latest[obs.source] = obs
             shrunk = False
             if obs.source == "segments":
                 self._summaries = summaries
-            if obs.success and obs.source == "segments":
-                # Against the most listed since the last give-back: a storm deleted over many
-                # quick runs, each fewer than SHRUNK, is given back too.
-                self._listed_most = max(self._listed_most, listed)
-                shrunk = self._listed_most - listed >= SHRUNK
-                if shrunk:
-                    self._listed_most = listed
+                # Against the most listed since the last give-back: a storm deleted over
+                # many quick runs, each fewer than SHRUNK, is given back too; a failed run not.
+                most = max(self._listed_most, listed)
+                shrunk = ok and most - listed >= SHRUNK
+                self._listed_most = listed if shrunk else most
             self._accepted += 1
-        if obs.success and shrunk:
-            del before  # the last reference to the old inventory: freed here
+        if shrunk:
             release_memory()
 
     def _count_kill(self, kill: OomKill) -> None:
         """Count one kill under its pod's cgroup (node mode) or its own; log it with the pod's
         shm use then: a large shmem-rss or a full shm beside it is shm filling the limit."""
         key = kill.pod_cgroup if self.node_mode and kill.pod_cgroup else kill.task_memcg
-        with self._lock:
-            usages = [u for u in self._result("shm_mount") or [] if not u.error]
+        usages = [u for u in self._result("shm_mount") or [] if not u.error]
         if self.node_mode:
             uid = kill.pod_uid
             usages = [u for u in usages if uid and pod_uid_of_mount(u.mount) == uid]
@@ -204,13 +232,12 @@ class ModelStep:
     def current(self) -> Model:
         with self._lock:
             version = self.version()
-            if self._model is None or version != self._built_for:
+            if version != self._built_for:
                 # Before the build: a change during it moves the version on.
                 self._built_for = version
                 self._model = self._build()
             return self._model
 
-    # --- the join -----------------------------------------------------------------------
     def kill_log_complete(self) -> bool:
         """The kernel log is read and its last read lost nothing: it counts every OOM kill."""
         reports = self._result("oom")
@@ -232,7 +259,6 @@ class ModelStep:
         inventory: Optional[Inventory] = self._result("segments")
         inv_mounts = {m.mount: m for m in inventory.mounts} if inventory else {}
         cgroups: List[CgroupMemory] = self._result("cgroup") or []
-        sysv = self._result("sysv")
         limit_unknown = (
             "cgroup" in self._latest
             and self._result("cgroup") is None
@@ -277,13 +303,12 @@ class ModelStep:
             inventory,
             cgroups,
             self._result("host_memory"),
-            sysv or [],
+            self._result("sysv") or [],
             self._result("gpu"),
             self._result("process") or [],
             states,
             self._oom_counts(cgroups, mounts),
             list(self._recent_oom),
-            _unexplained(cgroups, mounts, sysv, inventory, self.node_mode),
         )
 
     def _oom_counts(
@@ -323,9 +348,6 @@ class ModelStep:
         return self._oom_memo[1]
 
 
-SHRUNK = 10_000  # segments fewer than the most listed since: worth giving memory back
-
-
 def _lineage(cgroup: str) -> List[str]:
     """A cgroup path and each one above it, up to "/"."""
     path, lineage = cgroup.rstrip("/"), []
@@ -342,45 +364,3 @@ def _subtree_totals(counts: Dict[str, int]) -> Dict[str, int]:
         for path in _lineage(key):
             totals[path] += n
     return totals
-
-
-def _unexplained(
-    cgroups: List[CgroupMemory],
-    mounts: List[MountView],
-    sysv: Optional[List[SysvShm]],
-    inventory: Optional[Inventory],
-    node_mode: bool,
-) -> Dict[str, int]:
-    """Per cgroup read (not estimated): its shmem minus the used bytes of the watched mounts
-    charged to it, the resident bytes of its IPC namespace's SysV segments and the memfd
-    regions its processes (or its descendants') hold. An estimate: a region two cgroups'
-    processes hold counts in both, and pages are charged to whoever touched them first.
-    Nothing without an inventory (memfd regions unknown). Linear: node mode has 100s."""
-    if inventory is None:
-        return {}
-    explained: Dict[object, int] = Counter()  # id(cgroup), pod UID or cgroup -> bytes
-    for v in mounts:
-        if v.cgroup is not None and v.usage is not None and not v.usage.error:
-            explained[id(v.cgroup)] += v.usage.used_bytes
-    for shm in sysv or ():
-        if shm.readable:
-            explained["sysv", shm.pod_uid if node_mode else ""] += shm.resident_bytes
-    regions = [(seg.holders, seg.allocated_bytes) for seg in inventory.memfd]
-    for pid, rest in inventory.memfd_rest.items():
-        regions.append(((pid,), sum(size for _, size in rest.values())))
-    for holders, size in regions:
-        under = set()  # each region once per cgroup it is below
-        for pid in holders:
-            if pid in inventory.cgroup_of:
-                under.update(_lineage(inventory.cgroup_of[pid]))
-        for path in under:
-            explained[path] += size
-    out = {}
-    for c in cgroups:
-        if c.estimated or c.shmem_bytes is None:
-            continue
-        sysv_key = ("sysv", c.pod_uid if node_mode else "")
-        known = explained.get(id(c), 0) + explained.get(sysv_key, 0)
-        known += explained.get(c.cgroup.rstrip("/") or "/", 0)
-        out[c.cgroup] = max(0, c.shmem_bytes - known)
-    return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from exporter.model.types import Inventory, MountInventory, Segment
 from exporter.model.classes import NOT_LEAKS, removable
@@ -35,45 +35,33 @@ class SegmentSummary:
     # Past --inventory.max-segments: counts and bytes by class only.
     degraded: bool = False
 
-    def count(self, states: Iterable[str], classes=bool) -> Tuple[int, int]:
-        """(segments, allocated bytes) in these states (and classes)."""
-        rows = [v for (c, s), v in self.totals.items() if s in states and classes(c)]
-        return sum(n for n, _, _ in rows), sum(a for _, a, _ in rows)
-
 
 def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
     """One pass over the segments, made one at a time; only the kept ones stay."""
-    totals: Dict[Tuple[str, str], Tuple[int, int, int]] = {}
-    for cls, (n, allocated, apparent) in (inv.degraded or {}).items():
-        totals[cls, "unverified"] = (n, allocated, apparent)
-    largest = lambda s: (-s.allocated_bytes, s.name)  # noqa: E731
+    totals = {(cls, "unverified"): row for cls, row in (inv.degraded or {}).items()}
     top: List[Segment] = []
     leaked: Dict[bool, List[Segment]] = {True: [], False: []}
     unverified: List[Segment] = []
     oldest = None
     for seg in inv.rows():
-        count, allocated, apparent = totals.get((seg.cls, seg.state), (0, 0, 0))
-        totals[seg.cls, seg.state] = (
-            count + 1,
-            allocated + seg.allocated_bytes,
-            apparent + seg.apparent_bytes,
-        )
-        _keep(top, seg, top_k, largest)
+        key = seg.cls, seg.state
+        n, size, apparent = totals.get(key, (0, 0, 0))
+        totals[key] = (n + 1, size + seg.allocated_bytes, apparent + seg.apparent_bytes)
+        _keep(top, seg, top_k)
         if seg.cls in NOT_LEAKS:
             continue
         if seg.state == "orphan":
-            _keep(leaked[removable(seg.cls)], seg, LISTED, largest)
+            _keep(leaked[removable(seg.cls)], seg, LISTED)
             if removable(seg.cls):  # the age alert says "remove it": only for those
                 oldest = seg.mtime if oldest is None else min(oldest, seg.mtime)
         elif seg.state == "unverified":
-            _keep(unverified, seg, LISTED, largest)
+            _keep(unverified, seg, LISTED)
     by_class: Dict[str, int] = {}
     for (cls, _), (_, allocated, _) in totals.items():
         by_class[cls] = by_class.get(cls, 0) + allocated
     top_processes = heapq.nsmallest(
         top_k, inv.process_bytes.items(), key=lambda kv: (-kv[1], kv[0])
     )
-    top = sorted(top, key=largest)
     return SegmentSummary(
         totals=totals,
         bytes_by_class=by_class,
@@ -82,8 +70,8 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
         top=top,
         top_processes=top_processes,
         oldest_orphan_mtime=oldest,
-        leaked=sorted(leaked[True] + leaked[False], key=largest),
-        unverified=sorted(unverified, key=largest),
+        leaked=sorted(leaked[True] + leaked[False], key=_largest),
+        unverified=unverified,
         named_pids=frozenset(
             [seg.holders[0] for seg in top if seg.holders]
             + [pid for pid, _ in top_processes]
@@ -92,25 +80,24 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
     )
 
 
-def _keep(kept: List[Segment], seg: Segment, k: int, key) -> None:
-    """Keeps the k first of `key`'s order: sorted once it is full, a new one displaces the
-    last. Most segments of a storm are no larger than the last kept: one comparison."""
-    if len(kept) < k:
-        kept.append(seg)
-        if len(kept) == k:
-            kept.sort(key=key)
-    elif k and key(seg) < key(kept[-1]):
-        kept.pop()
-        bisect.insort(kept, seg, key=key)
+def _largest(seg: Segment) -> Tuple[int, str]:
+    return -seg.allocated_bytes, seg.name
+
+
+def _keep(kept: List[Segment], seg: Segment, k: int) -> None:
+    """Keeps the k largest, largest first. Most segments of a storm are no larger than the
+    last kept: one comparison."""
+    if len(kept) < k or kept and _largest(seg) < _largest(kept[-1]):
+        bisect.insort(kept, seg, key=_largest)
+        del kept[k:]
 
 
 def owner_label(holders: Sequence[int], comms: Dict[int, str]) -> str:
     """'python[1234]', 'python[1234]+3' for four holders, '' for none."""
     if not holders:
         return ""
-    first = holders[0]
-    text = f"{comms.get(first, 'unknown')}[{first}]"
-    return text + (f"+{len(holders) - 1}" if len(holders) > 1 else "")
+    more = f"+{len(holders) - 1}" if len(holders) > 1 else ""
+    return f"{comms.get(holders[0], 'unknown')}[{holders[0]}]{more}"
 
 
 def memfd_summary(
