@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import uuid
+import weakref
 
 from exporter.collectors.discovery import MountDiscovery
 from exporter.host.paths import Paths
@@ -252,8 +253,9 @@ def test_memory_is_given_back_once_the_segments_listed_fall_by_many(monkeypatch)
     from exporter.model.state import StateStore
     from exporter.model.types import Inventory, MountInventory, Observation
 
-    released = []
-    monkeypatch.setattr(step_module, "release_memory", lambda: released.append(1))
+    released, previous = [], [lambda: None]  # a weak reference to the inventory before
+    # When memory is given back the inventory before is freed already: nothing holds it.
+    monkeypatch.setattr(step_module, "release_memory", lambda: released.append(previous[0]() is None))
     source = SegmentsCollector(Paths(), ["/x", "/y"])
     step = step_module.ModelStep([source], MountDiscovery(Paths(), ["/x", "/y"]), StateStore())
 
@@ -275,8 +277,11 @@ def test_memory_is_given_back_once_the_segments_listed_fall_by_many(monkeypatch)
     assert accept(inventory(100, 100)) == 1  # 1,800 fewer than at the release
     assert accept(big) == 1
     for n in (4_000, 2_500, 1_001):  # gone by a few thousand at a time
-        assert accept(inventory(n, n), full=False) == 1
+        assert accept(last := inventory(n, n), full=False) == 1
+    previous[0] = weakref.ref(last)
+    del last
     assert accept(inventory(1_000, 1_000), full=False) == 2  # 10,000 fewer than the most
+    assert all(released), released
     assert accept(inventory(1, 0), full=False) == 2
     gone = MountInventory("/y", error="gone")
     assert accept(Inventory([big.mounts[0], gone], {}, 0, 0)) == 2  # 6,000 more

@@ -277,7 +277,11 @@ class Front:
     def call(self, request: Head) -> Answer:
         """The app's answer, in a worker thread (as GET: HEAD drops the body). The environ
         holds what make_app's and render.py's apps read, not all of WSGI's."""
-        environ = {"PATH_INFO": request.path, "QUERY_STRING": request.query}
+        environ = {
+            "REQUEST_METHOD": "GET",
+            "PATH_INFO": request.path,
+            "QUERY_STRING": request.query,
+        }
         for name, value in request.headers.items():
             environ["HTTP_" + name.upper().replace("-", "_")] = value
         started: list = []

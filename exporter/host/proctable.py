@@ -3,8 +3,8 @@ so a reused pid is never taken for the old one."""
 
 from __future__ import annotations
 
-import logging
 import errno
+import logging
 import os
 import threading
 from contextlib import suppress
@@ -197,9 +197,14 @@ class ProcessTable:
     def count_invisible(self, listed: Set[int]) -> Optional[int]:
         """Processes of our PID namespace that /proc does not list: pidfd_open() needs no
         permission and refuses threads (EINVAL)."""
+        probe = getattr(
+            os, "pidfd_open", None
+        )  # a Python built on pre-5.3 headers lacks it
         try:
             last, pid_max = self.last_pid_and_max()
         except (OSError, ValueError):
+            return None
+        if probe is None:
             return None
         if pid_max <= MAX_PROBE_PIDS:
             top = pid_max  # every pid there can be
@@ -213,7 +218,7 @@ class ProcessTable:
             if pid in listed:
                 continue
             try:
-                os.close(os.pidfd_open(pid))
+                os.close(probe(pid))
             except OSError as err:
                 if err.errno in (errno.ESRCH, errno.EINVAL, errno.ENOENT):
                     continue  # no such process; a thread (EINVAL, or ENOENT on newer kernels)
@@ -239,7 +244,8 @@ class ProcessTable:
             return None
         for pid in pids:
             try:
-                names = (self.comm(pid), self.cmdline(pid))
+                comm = read_text(self.paths.proc(pid, "comm")).strip()
+                names = (comm, self.cmdline(pid))  # not comm()'s "unknown"
             except OSError:
                 continue
             if any(map(pattern.search, names)):

@@ -209,6 +209,10 @@ class ModelStep:
                 self._listed_most = listed if shrunk else most
             self._accepted += 1
         if shrunk:
+            del (
+                before,
+                old,
+            )  # the last references to the old inventory here: freed first
             release_memory()
 
     def _count_kill(self, kill: OomKill) -> None:
@@ -232,10 +236,10 @@ class ModelStep:
     def current(self) -> Model:
         with self._lock:
             version = self.version()
-            if version != self._built_for:
-                # Before the build: a change during it moves the version on.
-                self._built_for = version
+            if self._model is None or version != self._built_for:
+                # The version from before the build: a change during it builds again.
                 self._model = self._build()
+                self._built_for = version
             return self._model
 
     def kill_log_complete(self) -> bool:
