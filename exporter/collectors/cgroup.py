@@ -91,8 +91,8 @@ class CgroupCollector(BaseSource):
         self._walked_links: Dict[str, Optional[int]] = {}
         self._children: Dict[str, List[str]] = {}  # v1: a pod's containers, by walk
         # Node mode, by directory: a pod's last read, its stretch (polls), the poll it is
-        # due, its usage and limit files as they read then.
-        self._kept: Dict[str, Tuple[CgroupMemory, int, int, Optional[bytes]]] = {}
+        # due, its probe then (usage and limit files, the limits above).
+        self._kept: Dict[str, Tuple[CgroupMemory, int, int, Optional[tuple]]] = {}
         self._fds: Dict[str, int] = {}  # by path: the usage and limit files, kept open
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self._max_fds = MAX_KEPT_FDS if soft < 0 else min(MAX_KEPT_FDS, soft // 4)

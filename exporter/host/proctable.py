@@ -197,9 +197,8 @@ class ProcessTable:
     def count_invisible(self, listed: Set[int]) -> Optional[int]:
         """Processes of our PID namespace that /proc does not list: pidfd_open() needs no
         permission and refuses threads (EINVAL)."""
-        probe = getattr(
-            os, "pidfd_open", None
-        )  # a Python built on pre-5.3 headers lacks it
+        # A Python built on headers older than Linux 5.3 lacks it.
+        probe = getattr(os, "pidfd_open", None)
         try:
             last, pid_max = self.last_pid_and_max()
         except (OSError, ValueError):
