@@ -86,16 +86,19 @@ class App:
             self.registry, version=lambda: (self.step.version(), web and web.generation)
         )
 
-    def start(self) -> None:
+    def start(self, watch: bool = True) -> None:
         with suppress(OSError, ValueError):  # reported when the scheduler runs it
             self.discovery.collect()  # the first mount set, before anything is watched
-        self.watcher.start()
+        if watch:
+            self.watcher.start()
         self.sampler.start()
 
-    def stop(self) -> None:
+    def stop(self, wait: float = 1.0) -> None:
         self.watcher.stop()
-        self.sampler.stop()
-        busy = set(self.sampler.busy())  # left to finish: closing under a run races it
+        self.sampler.stop(wait)
+        # A source still running is left to it: closing it under a run races it, and closing
+        # a hung one (nvmlShutdown while a GPU off the bus holds the driver) could block.
+        busy = set(self.sampler.busy())
         for source in self.sources:
             if source.name not in busy:
                 source.close()

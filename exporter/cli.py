@@ -24,12 +24,6 @@ def fail(flag: str, message: str) -> NoReturn:
     sys.exit(2)
 
 
-def _check_readable(flag: str, path: Optional[str]) -> None:
-    if path and not os.access(path, os.R_OK):
-        reason = "does not exist" if not os.path.exists(path) else "is not readable"
-        fail(flag, f"{path} {reason}")
-
-
 def _web_config(cfg):
     """-> WebConfigSource or None; a bad config ends start-up with one line naming the flag."""
     from exporter.exposition import webconfig as wc
@@ -42,12 +36,18 @@ def _web_config(cfg):
             "(move them to tls_server_config)",
         )
     if (key or ca) and not cert:
-        flag = "key-file" if key else "client-ca-file"
-        fail(f"--web.tls-{flag}", "needs --web.tls-cert-file too")
+        fail(
+            f"--web.tls-{'key' if key else 'client-ca'}-file",
+            "needs --web.tls-cert-file too",
+        )
     if cert and not key:
         fail("--web.tls-cert-file", "needs --web.tls-key-file too")
+    paths = ("config.file", cfg.web_config_file), ("tls-cert-file", cert)
+    for flag, path in (*paths, ("tls-key-file", key), ("tls-client-ca-file", ca)):
+        if path and not os.access(path, os.R_OK):
+            reason = "is not readable" if os.path.exists(path) else "does not exist"
+            fail(f"--web.{flag}", f"{path} {reason}")
     if cfg.web_config_file:
-        _check_readable("--web.config.file", cfg.web_config_file)
         try:
             return wc.WebConfigSource(path=cfg.web_config_file)
         except wc.WebConfigError as err:
@@ -55,8 +55,6 @@ def _web_config(cfg):
     if not cert:
         return None
     # The old flags are aliases of a web config with only tls_server_config (reloaded too).
-    for flag, path in (("cert-file", cert), ("key-file", key), ("client-ca-file", ca)):
-        _check_readable(f"--web.tls-{flag}", path)
     client_auth = "RequireAndVerifyClientCert" if ca else "NoClientCert"
     try:
         tls = wc.TlsSettings(cert, key, ca, client_auth)
@@ -70,15 +68,6 @@ def _web_config(cfg):
     return source
 
 
-def _raise_open_files_limit() -> None:
-    """The soft limit on open files up to the hard one, as a Go program (node_exporter)
-    starts: on a large node the kept cgroup files and the connections outgrow 1,024."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        with suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
 def serve(argv: List[str]) -> int:
     cfg = parse_args(argv)
     logs.setup(cfg.log_level, cfg.log_format)
@@ -86,7 +75,11 @@ def serve(argv: List[str]) -> int:
     from exporter.exposition import http
 
     gc_tuning.tune()
-    _raise_open_files_limit()
+    # The soft limit on open files up to the hard one, as a Go program (node_exporter)
+    # starts: on a large node the kept cgroup files and the connections outgrow 1,024.
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    with suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     web = _web_config(cfg)
     app = App(cfg, web=web)
     wsgi = http.make_app(app.exposition.wsgi_app, cfg.telemetry_path)
@@ -133,23 +126,15 @@ def serve(argv: List[str]) -> int:
 
 def collect_once(cfg, timeout: float):
     """`shmwatch check`'s model: one run of every source (each on its own thread, so a hung
-    GPU is bounded by its timeout), then the model. No inotify: nothing here waits for events."""
+    GPU is bounded by its timeout), the kernel log from its start (recent kills). No
+    inotify: nothing here waits for events."""
     from exporter.app import App
 
-    # recent kills: the kernel log ring from its start
     app = App(cfg, kmsg_from_start=True)
-    with suppress(OSError, ValueError):  # reported by the discovery source's own run
-        app.discovery.collect()
-    app.sampler.start()
+    app.start(watch=False)
     app.sampler.wait_for_first_run(timeout)
     model = app.step.current()
-    app.sampler.stopping.set()
-    # A source still running at check's deadline is left to it: closing it (nvmlShutdown
-    # while a GPU that fell off the bus holds the driver) could block past the deadline.
-    busy = set(app.sampler.busy())
-    for source in app.sources:
-        if source.name not in busy:
-            source.close()
+    app.stop(wait=0)  # a source still running at check's deadline is left to it
     return model
 
 

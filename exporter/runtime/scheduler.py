@@ -161,14 +161,13 @@ class Sampler:
     ):
         self.stopping = threading.Event()
         self._subscribers: List[Callable[[Observation], None]] = []
-        self._logged_errors: Dict[str, Optional[str]] = {}
+        self._errors: Dict[str, Optional[str]] = {}  # each source's last
         self._log_lock = threading.Lock()
-        timeouts = timeouts or {}
         self.runners: Dict[str, _Runner] = {}
         for source in sources:
             inventory = source.schedule == "inventory"
             interval = inventory_interval if inventory else poll_interval
-            timeout = timeouts.get(source.name, default_timeout)
+            timeout = (timeouts or {}).get(source.name, default_timeout)
             self.runners[source.name] = _Runner(self, source, interval, timeout)
         self._watchdog = threading.Thread(
             target=self._watch_timeouts, name="shmwatch-watchdog", daemon=True
@@ -182,11 +181,11 @@ class Sampler:
             runner.start()
         self._watchdog.start()
 
-    def stop(self) -> None:
+    def stop(self, wait: float = 1.0) -> None:
         self.stopping.set()
         for runner in self.runners.values():
             runner.wake.set()
-        deadline = time.monotonic() + 1.0
+        deadline = time.monotonic() + wait
         for runner in self.runners.values():
             if runner.is_alive():
                 runner.join(max(0.0, deadline - time.monotonic()))
@@ -200,18 +199,24 @@ class Sampler:
         return False
 
     def busy(self) -> List[str]:
-        """Sources with a run in progress: one that has overrun its timeout, or not yet."""
+        """Sources with a run in progress (over its timeout or not yet)."""
         return [name for name, r in self.runners.items() if r.running_since is not None]
 
     def request(self, full: bool = False) -> None:
-        """A watched mount changed: event-driven sources run soon (debounced); `full`: events
-        were lost (inotify queue overflow), a full run now."""
+        """A watched mount changed (`full`: events were lost): event-driven sources run."""
         for runner in self.runners.values():
             if runner.source.event_driven:
                 runner.request(full)
 
     def publish(self, obs: Observation) -> None:
-        self._log_change(obs.source, obs.error)
+        with (
+            self._log_lock
+        ):  # logged when a source starts failing or recovers, not every run
+            previous, self._errors[obs.source] = self._errors.get(obs.source), obs.error
+        if obs.error and obs.error != previous:
+            log.error("collector %s failed: %s", obs.source, obs.error)
+        elif previous and not obs.error:
+            log.info("collector %s recovered", obs.source)
         for subscriber in self._subscribers:
             try:
                 subscriber(obs)
@@ -230,15 +235,3 @@ class Sampler:
                 runner.timed_out = True
                 error = f"timed out after {runner.timeout:g}s"
                 self.publish(Observation(runner.source.name, None, error, now - since))
-
-    def _log_change(self, name: str, error: Optional[str]) -> None:
-        """Log when a source starts failing or recovers, not on every run."""
-        with self._log_lock:
-            previous = self._logged_errors.get(name)
-            if error == previous:
-                return
-            self._logged_errors[name] = error
-        if error:
-            log.error("collector %s failed: %s", name, error)
-        elif previous:
-            log.info("collector %s recovered", name)

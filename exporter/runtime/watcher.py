@@ -31,17 +31,15 @@ log = logging.getLogger(__name__)
 # would loop). A create-and-close is then one queued event, not three, so a storm of 10,000
 # creates fits the default 16,384-event queue. The mount's top directory only.
 IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM, IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
-IN_CREATE, IN_DELETE = 0x100, 0x200
-IN_ONLYDIR, IN_DONT_FOLLOW, IN_ISDIR = 0x01000000, 0x02000000, 0x40000000
-CHANGES = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_MODIFY | IN_ATTRIB
-WATCH_MASK = CHANGES | IN_ONLYDIR | IN_DONT_FOLLOW
+IN_CREATE, IN_DELETE, IN_ISDIR = 0x100, 0x200, 0x40000000
+IN_ONLYDIR, IN_DONT_FOLLOW = 0x01000000, 0x02000000
 # A move in is a create, a move out a delete (within the mount, both).
 CREATED, DELETED = IN_CREATE | IN_MOVED_TO, IN_DELETE | IN_MOVED_FROM
+WATCH_MASK = CREATED | DELETED | IN_MODIFY | IN_ATTRIB | IN_ONLYDIR | IN_DONT_FOLLOW
 CALLBACK_ID = 0  # one callback per watch: ours
 
 
-def _inotify():
-    """watchdog's inotify instance and its reading thread (not started)."""
+def _inotify():  # watchdog's inotify instance and its reading thread (not started)
     from watchdog.observers.inotify_c import InotifyFD  # ImportError off Linux
 
     reader = InotifyFD()
@@ -89,12 +87,11 @@ class MountWatcher:
         self._mounts_on: Dict[int, Tuple[str, ...]] = {}
         self._said = SaidOnce(log)
         self._lock = threading.Lock()
-        # Each mount's last inventory: one handed back again is not counted again.
-        self._previous: Dict[str, object] = {}
-        # The set the last refresh left wholly watched: the same again has nothing to re-watch.
-        self._settled: Optional[MountSet] = None
+        self._previous: Dict[
+            str, object
+        ] = {}  # each mount's last inventory: counted once
+        self._settled: Optional[MountSet] = None  # the last set left wholly watched
 
-    # --- set-up -----------------------------------------------------------------------
     def start(self) -> None:
         self._started = True
         self.refresh()
@@ -118,8 +115,7 @@ class MountWatcher:
         _close(reader)
         return False
 
-    def stop(self) -> None:
-        """For good: discovery, stopped after us, may still publish a mount set."""
+    def stop(self) -> None:  # for good: discovery, stopped after us, may still publish
         with self._lock:
             self._stopped = True
             reader, self.inotify = self.inotify, None
@@ -134,7 +130,7 @@ class MountWatcher:
         try:
             dev = os.stat(path).st_dev
             with warnings.catch_warnings():
-                # A directory already watched for another path (a bind mount): the same watch and
+                # A directory watched for another path (a bind mount): the same watch and
                 # callback, which watchdog warns it "overwrites".
                 warnings.simplefilter("ignore", RuntimeWarning)
                 wd = reader.add_callback(
@@ -150,9 +146,7 @@ class MountWatcher:
         with self._lock:
             self.watches[mount] = (wd, dev)
             self._mounts_on[wd] = (*self._mounts_on.get(wd, ()), mount)
-            # Under the lock, as on_watch_deleted says False: the flag follows the books, not
-            # whichever thread happened to run last.
-            self.state.set_inotify(mount, True)
+            self.state.set_inotify(mount, True)  # under the lock, as on_watch_deleted
         self._said.say(mount, "inotify on", logging.INFO)
 
     def refresh(self) -> None:
@@ -169,8 +163,7 @@ class MountWatcher:
             self._previous = {m: i for m, i in self._previous.items() if m in current}
         reader = self.inotify
         if reader is not None and not reader.is_alive():
-            # Its thread ended (reading the instance failed): nobody reads these watches. Every
-            # mount is polled until a new instance watches it, below.
+            # Its thread ended (reading failed): polled until a new instance watches, below.
             log.warning("the inotify reader stopped: watching every mount anew")
             with self._lock:
                 self.inotify = None
@@ -205,7 +198,7 @@ class MountWatcher:
             with contextlib.suppress(Exception):  # gone with its mount, perhaps
                 self.inotify.remove_callbacks([(wd, CALLBACK_ID)])
 
-    # --- events (the inotify thread; watchdog's WatchCallback) ------------------------------
+    # The inotify thread's (watchdog's WatchCallback):
     def on_event(self, event) -> None:
         """One raw inotify event on a watched mount's top directory."""
         if not event.name:
@@ -214,34 +207,30 @@ class MountWatcher:
         kind = "created" if mask & CREATED else "deleted" if mask & DELETED else None
         for mount in self._mounts_on.get(event.wd, ()):
             try:
-                self._on_change(mount, name, kind, mask & IN_ISDIR)
+                if mask & IN_ISDIR:  # what is below a new directory: re-listed
+                    self.changes.unknown(mount)
+                else:
+                    self.changes.add(mount, name)
+                    if kind:
+                        self.state.count_event(mount, classify(name), kind)
+                self.state.touch(mount)
+                with contextlib.suppress(OSError):  # the poll reports the mount's error
+                    st = os.statvfs(self.paths.host(mount))
+                    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+                    self.state.record_used([(mount, used)])
+                self.wake()
             except Exception:  # would end the thread that reads every mount's events
                 log.exception("mount %s: handling an inotify event failed", mount)
-
-    def _on_change(self, mount: str, name: str, kind: Optional[str], isdir) -> None:
-        if isdir:
-            self.changes.unknown(mount)  # what is below a new directory: re-list
-        else:
-            self.changes.add(mount, name)
-            if kind:
-                self.state.count_event(mount, classify(name), kind)
-        self.state.touch(mount)
-        with contextlib.suppress(OSError):  # the poll will report the mount's error
-            st = os.statvfs(self.paths.host(mount))
-            self.state.record_used([(mount, (st.f_blocks - st.f_bfree) * st.f_frsize)])
-        self.wake()
 
     def on_watch_deleted(self, wd: int) -> None:
         """The kernel dropped a watch (its mount unmounted, its directory deleted): polled until
         the next refresh watches it again."""
+        # The books and flags change together: a refresh may watch the mount anew.
         with self._lock:
-            # The two books change together under the lock: these mounts are watched by `wd`.
             mounts = self._mounts_on.pop(wd, ())
             for mount in mounts:
                 self.watches.pop(mount, None)
             self._settled = None
-            # Under the lock: said after a refresh watched the mount again (it sets True under
-            # it), it would leave the mount polled for good with a live watch.
             if self.inotify is not None:  # not stopping
                 for mount in mounts:
                     self.state.set_inotify(mount, False)
@@ -260,8 +249,8 @@ class MountWatcher:
         )
         self.wake(full=True)
 
-    def on_events_lost(self) -> None:
-        """watchdog >= 7.1 calls this after on_queue_overflow, which did what it asks."""
+    def on_events_lost(self) -> None:  # watchdog >= 7.1: after on_queue_overflow, done
+        pass
 
     def on_mounts(self, mount_set: MountSet) -> None:
         """Discovery subscriber (every poll): a refresh stats every mount, so only for a new
