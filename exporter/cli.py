@@ -1,21 +1,90 @@
-"""`shmwatch` (serve /metrics) and `shmwatch check` (one-shot diagnosis)."""
+"""`shmwatch` (serve /metrics) and `shmwatch check` (one-shot diagnosis), and the process
+they run in.
+
+Log lines as the Prometheus ecosystem writes them (`--log.format`): logfmt as go-kit/log and
+Go's slog write it (`ts=2026-12-02T14:20:25.612Z level=info logger=shmwatch msg="mount
+/dev/shm: inotify on"`), quoted and escaped so every line parses; json: one object a line,
+same keys. Uncaught exceptions (threads too) as well.
+"""
 
 from __future__ import annotations
 
+import gc
+import json
 import logging
 import os
+import re
 import resource
 import signal
 import sys
 import threading
+import time
 from contextlib import suppress
 from typing import List, NoReturn, Optional
 
 from exporter import __version__
 from exporter.config import parse_args
-from exporter.runtime import gc_tuning, logs
 
 log = logging.getLogger("shmwatch")
+# The cyclic garbage collector's youngest generation threshold in serve (not 700): a node's
+# owner scan makes tens of thousands of objects for a moment, all freed by reference counting,
+# and the default runs the collector many times a second finding nothing
+# (tests/test_gc_tuning.py checks that serving makes no cycles).
+GC_GEN0_THRESHOLD = 50_000
+_LEVELS = {"WARNING": "warn", "CRITICAL": "error"}
+_ESCAPES = {chr(c): f"\\u{c:04x}" for c in [*range(0x20), 0x7F]}
+_ESCAPES.update({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"})
+_QUOTED = re.compile(r'[ ="\\\x00-\x1f\x7f]')  # a value holding one of these is quoted
+_ESCAPED = re.compile(r'["\\\x00-\x1f\x7f]')
+
+
+def logfmt_value(value: object) -> str:
+    text = str(value)
+    if text and not _QUOTED.search(text):
+        return text
+    return '"' + _ESCAPED.sub(lambda m: _ESCAPES[m[0]], text) + '"'
+
+
+class LineFormatter(logging.Formatter):
+    """A record on one line: logfmt, or one JSON object with the same keys."""
+
+    json_lines = False
+
+    def format(self, record: logging.LogRecord) -> str:
+        ms = int(record.created % 1 * 1000)
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        fields = {
+            "ts": f"{ts}.{ms:03d}Z",
+            "level": _LEVELS.get(record.levelname, record.levelname.lower()),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            fields["err"] = self.formatException(record.exc_info)
+        if self.json_lines:
+            return json.dumps(fields)
+        return " ".join(f"{key}={logfmt_value(value)}" for key, value in fields.items())
+
+
+def setup_logging(level: str = "info", fmt: str = "logfmt", stream=None) -> None:
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(LineFormatter())
+    handler.formatter.json_lines = fmt == "json"
+    root = logging.getLogger()
+    for old in root.handlers[:]:  # removed, not closed (as basicConfig's force would)
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    logging.captureWarnings(True)  # warnings.warn() as log lines too
+
+    def thread_hook(args) -> None:
+        if args.exc_type is not SystemExit:
+            name = args.thread.name if args.thread else "?"
+            exc_info = (args.exc_type, args.exc_value, args.exc_traceback)
+            log.error("uncaught exception in thread %s", name, exc_info=exc_info)
+
+    threading.excepthook = thread_hook
+    sys.excepthook = lambda *exc: log.error("uncaught exception", exc_info=exc)
 
 
 def fail(flag: str, message: str) -> NoReturn:
@@ -68,18 +137,23 @@ def _web_config(cfg):
     return source
 
 
-def serve(argv: List[str]) -> int:
-    cfg = parse_args(argv)
-    logs.setup(cfg.log_level, cfg.log_format)
-    from exporter.app import App
-    from exporter.exposition import http
-
-    gc_tuning.tune()
+def tune_process() -> None:
+    """For the exporter's own process (serve), not a library user's."""
+    gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
     # The soft limit on open files up to the hard one, as a Go program (node_exporter)
     # starts: on a large node the kept cgroup files and the connections outgrow 1,024.
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     with suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def serve(argv: List[str]) -> int:
+    cfg = parse_args(argv)
+    setup_logging(cfg.log_level, cfg.log_format)
+    from exporter.app import App
+    from exporter.exposition import http
+
+    tune_process()
     web = _web_config(cfg)
     app = App(cfg, web=web)
     wsgi = http.make_app(app.exposition.wsgi_app, cfg.telemetry_path)

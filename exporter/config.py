@@ -104,12 +104,6 @@ def env_name(flag: str) -> str:
     return "SHMWATCH_" + re.sub(r"[.\-]", "_", flag.lstrip("-")).upper()
 
 
-def _positive_int(text: str) -> int:
-    if not str(text).isdigit() or int(text) < 1:
-        raise ValueError(f"invalid count {text!r}: a whole number above 0")
-    return int(text)
-
-
 def _regex(text: str) -> str:
     try:
         re.compile(text)
@@ -118,13 +112,13 @@ def _regex(text: str) -> str:
     return text
 
 
-def _checked(test: Callable[[str], bool], message: str) -> Callable[[str], str]:
-    """A kind that takes the text as it is when test(text), else ValueError(message)."""
+def _checked(test: Callable[[str], bool], message: str, value=str) -> Callable:
+    """A kind: value(text) when test(text), else ValueError(message)."""
 
-    def convert(text: str) -> str:
+    def convert(text: str):
         if not test(text):
             raise ValueError(message.format(text))
-        return text
+        return value(text)
 
     return convert
 
@@ -134,7 +128,6 @@ def _one_of(*choices: str) -> Callable[[str], str]:
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
-
 # A flag's kind: text -> value, a ValueError that names what is wrong.
 KINDS: Dict[str, Callable[[str], object]] = {
     "text": str,
@@ -143,7 +136,11 @@ KINDS: Dict[str, Callable[[str], object]] = {
     "size": parse_size,
     "duration": parse_duration,
     "duration-or-0": parse_duration_or_zero,
-    "count": _positive_int,
+    "count": _checked(
+        lambda t: t.isdigit() and int(t) > 0,
+        "invalid count {!r}: a whole number above 0",
+        int,
+    ),
     "regex": _regex,
     "mode": _one_of("sidecar", "node"),
     "log-level": _checked(lambda t: t.lower() in LOG_LEVELS, "unknown level {!r}"),
@@ -247,9 +244,8 @@ FLAGS = tuple(_read_table(_TABLE))
 def _switch(env: str, default: Optional[bool]) -> Optional[bool]:
     """A switch's default: from SHMWATCH_<FLAG> when set ("0", "false", "no", "off": off)."""
     text = os.environ.get(env)
-    if text is None:
-        return default
-    return text.strip().lower() not in ("0", "false", "no", "off")
+    off = text is not None and text.strip().lower() in ("0", "false", "no", "off")
+    return default if text is None else not off
 
 
 def build_parser(prog: str = "shmwatch") -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""exporter/runtime/gc_tuning.py runs the cyclic collector only after 50,000 net new objects. That is
+"""serve (exporter/cli.py) runs the cyclic collector only after 50,000 net new objects. That is
 safe because serving makes no garbage cycles: this checks it on the real serve path (an App,
 its HTTP server, inotify events and quick runs on a real tmpfs, a peer holding segments,
 scrapes in both formats), with automatic collection off so nothing hides a cycle."""
@@ -10,7 +10,7 @@ import time
 import uuid
 import urllib.request
 
-from exporter.runtime import gc_tuning
+from exporter import cli
 from exporter.app import App
 from exporter.config import parse_args
 from exporter.exposition.http import bind, make_app, serve_in_thread
@@ -25,8 +25,8 @@ def test_tune_raises_only_the_youngest_generations_threshold():
     before = gc.get_threshold()
     try:
         gc.set_threshold(700, 7, 9)
-        gc_tuning.tune()
-        assert gc.get_threshold() == (gc_tuning.GEN0_THRESHOLD, 7, 9)
+        cli.tune_process()
+        assert gc.get_threshold() == (cli.GC_GEN0_THRESHOLD, 7, 9)
     finally:
         gc.set_threshold(*before)
 

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from exporter.runtime.logs import logfmt_value
+from exporter.cli import logfmt_value
 from tests.conftest import REPO, free_port
 from tests.test_security import make_cert, write_pem
 

@@ -81,7 +81,7 @@ def in_ipc_namespaces(
                     results[namespace] = read()
             except BaseException as err:  # handed to the caller's thread
                 # without its traceback: that holds this frame, and so `results` (a cycle per
-                # namespace and run, left to the cyclic collector: gc_tuning.py)
+                # namespace and run, left to the cyclic collector: cli.tune_process)
                 results[namespace] = err.with_traceback(None)
 
     thread = threading.Thread(target=run, name="shmwatch-sysv-ns", daemon=True)

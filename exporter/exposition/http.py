@@ -166,7 +166,7 @@ class Connection(asyncio.BufferedProtocol):
             self.timer.cancel()
         self.resume_writing()
         self.front.forget(self)
-        # No cycles left for the collector, which gc_tuning makes rare: the transports
+        # No cycles left for the collector, which cli.tune_process makes rare: the transports
         # refer to this protocol, and asyncio's socket transport to a method of itself.
         if hasattr(self.raw, "_read_ready_cb"):
             self.raw._read_ready_cb = None

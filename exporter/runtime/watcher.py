@@ -96,25 +96,6 @@ class MountWatcher:
         self._started = True
         self.refresh()
 
-    def _start_inotify(self) -> bool:
-        if self._stopped:
-            return False
-        try:
-            reader = self.inotify_factory()
-            reader.start()
-        except Exception as err:  # ImportError off Linux, OSError from inotify_init (EMFILE: instances)
-            message = f"inotify unavailable ({err}): polling every inventory interval"
-            for mount in self._mounts():
-                self._said.say(mount, message)
-            return False
-        # A stop() landing during a refresh closes this one, or none starts.
-        with self._lock:
-            if not self._stopped:
-                self.inotify = reader
-                return True
-        _close(reader)
-        return False
-
     def stop(self) -> None:  # for good: discovery, stopped after us, may still publish
         with self._lock:
             self._stopped = True
@@ -172,7 +153,25 @@ class MountWatcher:
                 self.watches.clear()
                 self._mounts_on.clear()
             _close(reader)
-        if self.inotify is None and not (self.enabled and self._start_inotify()):
+        if self.inotify is None and self.enabled:
+            try:
+                reader = self.inotify_factory()
+                reader.start()
+            except (
+                Exception
+            ) as err:  # ImportError off Linux, OSError (EMFILE: instances)
+                message = (
+                    f"inotify unavailable ({err}): polling every inventory interval"
+                )
+                for mount in current:
+                    self._said.say(mount, message)
+            else:
+                with self._lock:  # a stop() landing meanwhile closes it, or none starts
+                    if not self._stopped:
+                        self.inotify, reader = reader, None
+                if reader is not None:
+                    _close(reader)
+        if self.inotify is None:
             # Polling; inotify is tried again on the next refresh (limits can be raised live).
             for mount in current:
                 self.state.set_inotify(mount, False)
