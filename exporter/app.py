@@ -75,7 +75,6 @@ class App:
             enabled=cfg.inotify,
             changes=changes,
         )
-        self.discovery.subscribe(self.watcher.on_mounts)
         self.sampler.subscribe(self.watcher.on_observation)
         self.sampler.subscribe(self.step.accept)
         self.registry = CollectorRegistry(auto_describe=False)
@@ -89,7 +88,8 @@ class App:
     def start(self, watch: bool = True) -> None:
         with suppress(OSError, ValueError):  # reported when the scheduler runs it
             self.discovery.collect()  # the first mount set, before anything is watched
-        if watch:
+        if watch:  # the mount sets discovery publishes from here on
+            self.discovery.subscribe(self.watcher.on_mounts)
             self.watcher.start()
         self.sampler.start()
 

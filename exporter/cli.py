@@ -105,10 +105,8 @@ def _web_config(cfg):
             "(move them to tls_server_config)",
         )
     if (key or ca) and not cert:
-        fail(
-            f"--web.tls-{'key' if key else 'client-ca'}-file",
-            "needs --web.tls-cert-file too",
-        )
+        flag = "key-file" if key else "client-ca-file"
+        fail(f"--web.tls-{flag}", "needs --web.tls-cert-file too")
     if cert and not key:
         fail("--web.tls-cert-file", "needs --web.tls-key-file too")
     paths = ("config.file", cfg.web_config_file), ("tls-cert-file", cert)

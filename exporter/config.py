@@ -9,6 +9,7 @@ import math
 import os
 import re
 from fractions import Fraction
+from functools import partial
 from types import SimpleNamespace
 from typing import Callable, Dict, Iterator, NoReturn, Optional, Sequence, Tuple
 
@@ -27,24 +28,21 @@ _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtpe]i?)?b?\s*$", re.IGNORECASE)
 
 
-def parse_duration(text: str) -> float:
-    """'500ms', '15s', '1m', '2h' or a bare number of seconds -> seconds (float > 0)."""
+def parse_duration(text: str, zero: bool = False) -> float:
+    """'500ms', '15s', '1m', '2h' or a bare number of seconds -> seconds (float > 0); with
+    `zero` also 0 (or 0s): "never wait", e.g. a full scan on every run."""
     match = _DURATION.match(str(text))
     if not match:
         raise ValueError(f"invalid duration {text!r} (use e.g. 500ms, 15s, 1m)")
     seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
     if not math.isfinite(seconds):  # 400 digits make inf, and sleep(inf) raises
         raise ValueError(f"invalid duration {text!r}: too large")
-    if seconds <= 0:
+    if seconds <= 0 and not (zero and set(match.group(1)) <= set("0.")):
         raise ValueError(f"invalid duration {text!r}: must be above 0")
     return seconds
 
 
-def parse_duration_or_zero(text: str) -> float:
-    """As parse_duration, and 0 (or 0s): "never wait", e.g. a full scan on every run."""
-    if re.fullmatch(r"\s*0+(?:\.0*)?\s*(?:ms|s|m|h)?\s*", str(text)):
-        return 0.0
-    return parse_duration(text)
+parse_duration_or_zero = partial(parse_duration, zero=True)
 
 
 def parse_size(text: str) -> int:

@@ -79,7 +79,6 @@ class MountWatcher:
         self.inotify_factory = inotify_factory
         self.changes = changes or ChangeLog()  # names for the next quick inventory
         self.inotify = None  # watchdog's InotifyFD, once started
-        self._started = False
         self._stopped = False  # for good: a refresh after stop() must not start inotify
         self.watches: Dict[str, Tuple[int, int]] = {}  # mount -> (wd, st_dev watched)
         # Watch descriptor -> its mounts, for the reader thread: two paths to one directory (a
@@ -87,13 +86,11 @@ class MountWatcher:
         self._mounts_on: Dict[int, Tuple[str, ...]] = {}
         self._said = SaidOnce(log)
         self._lock = threading.Lock()
-        self._previous: Dict[
-            str, object
-        ] = {}  # each mount's last inventory: counted once
+        # Each mount's last inventory: one handed back again is not counted again.
+        self._previous: Dict[str, object] = {}
         self._settled: Optional[MountSet] = None  # the last set left wholly watched
 
     def start(self) -> None:
-        self._started = True
         self.refresh()
 
     def stop(self) -> None:  # for good: discovery, stopped after us, may still publish
@@ -252,11 +249,10 @@ class MountWatcher:
         pass
 
     def on_mounts(self, mount_set: MountSet) -> None:
-        """Discovery subscriber (every poll): a refresh stats every mount, so only for a new
-        set (the table changed), or while a mount or the reader is not watching."""
+        """Discovery subscriber, once started (every poll): a refresh stats every mount, so
+        only for a new set (the table changed), or while a mount or the reader is not watching."""
         reader = self.inotify
-        alive = reader is None or reader.is_alive()
-        if not self._started or (mount_set is self._settled and alive):
+        if mount_set is self._settled and (reader is None or reader.is_alive()):
             return
         self.refresh()
         with self._lock:  # a watch the kernel dropped meanwhile unsettles it (above)
