@@ -101,19 +101,17 @@ class MountWatcher:
             _close(reader)
 
     def _watch(self, mount: str) -> None:
-        path = self.paths.host(mount)
+        path = os.fsencode(self.paths.host(mount))
         reader = self.inotify  # once: stop() may clear it meanwhile
         if reader is None:
             return
         try:
-            dev = os.stat(path).st_dev
+            dev = os.stat(self.paths.host(mount)).st_dev  # str: errors name the path
             with warnings.catch_warnings():
                 # A directory watched for another path (a bind mount): the same watch and
                 # callback, which watchdog warns it "overwrites".
                 warnings.simplefilter("ignore", RuntimeWarning)
-                wd = reader.add_callback(
-                    os.fsencode(path), WATCH_MASK, self, CALLBACK_ID
-                )
+                wd = reader.add_callback(path, WATCH_MASK, self, CALLBACK_ID)
             if wd < 0:  # InotifyFD does not raise EACCES
                 reader.remove_callbacks([(wd, CALLBACK_ID)])
                 raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
@@ -154,14 +152,10 @@ class MountWatcher:
             try:
                 reader = self.inotify_factory()
                 reader.start()
-            except (
-                Exception
-            ) as err:  # ImportError off Linux, OSError (EMFILE: instances)
-                message = (
-                    f"inotify unavailable ({err}): polling every inventory interval"
-                )
+            except Exception as err:  # ImportError off Linux, EMFILE (instances)
+                said = f"inotify unavailable ({err}): polling every inventory interval"
                 for mount in current:
-                    self._said.say(mount, message)
+                    self._said.say(mount, said)
             else:
                 with self._lock:  # a stop() landing meanwhile closes it, or none starts
                     if not self._stopped:
