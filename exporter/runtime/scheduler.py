@@ -30,6 +30,7 @@ FOLLOW_UP_SECONDS = 1.0
 QUICK_GAP_SECONDS = 0.25
 # How often the watchdog looks for runs over their timeout (timeouts are seconds long).
 WATCHDOG_SECONDS = 0.5
+INF = float("inf")
 
 
 class _Runner(threading.Thread):
@@ -44,10 +45,10 @@ class _Runner(threading.Thread):
         self.wake = threading.Event()
         self.first_event: Optional[float] = None  # of a burst not run yet
         self.last_event = 0.0
-        self.follow_up_at: Optional[float] = None
+        self.follow_up_at = INF  # none pending
         self.quick_not_before = 0.0
         self.full_now = False
-        self.last_full = float("-inf")  # when the last full run started
+        self.last_full = -INF  # when the last full run started
         self.last_result: object = None  # of the last full run, for stretching
         self.running_since: Optional[float] = None
         self.timed_out = False
@@ -65,13 +66,10 @@ class _Runner(threading.Thread):
         self.wake.set()
 
     def run(self) -> None:
-        stop = self.sampler.stopping
-        while not stop.is_set():
+        while not self.sampler.stopping.is_set():
             self.wake.clear()  # before reading the state: a request after this wakes the wait
             now = time.monotonic()
-            next_full = self.last_full + self.interval
-            if self.follow_up_at is not None:
-                next_full = min(next_full, self.follow_up_at)
+            next_full = min(self.last_full + self.interval, self.follow_up_at)
             if self.middle is not None:
                 if self.middle.done():
                     self.run_once(full=True)  # its last step
@@ -87,7 +85,7 @@ class _Runner(threading.Thread):
                 # change log (a staged one leaves it to the quick runs beside it). Events
                 # from here on ask for a quick run again.
                 events, self.first_event = self.first_event, None
-                self.full_now, self.follow_up_at, self.last_full = False, None, now
+                self.full_now, self.follow_up_at, self.last_full = False, INF, now
                 self.run_once(full=True)
                 if self.middle:  # its first step left the change log to quick runs
                     self.first_event = self.first_event or events
@@ -101,7 +99,7 @@ class _Runner(threading.Thread):
                     self.run_once(full=False)
                     ended = time.monotonic()
                     self.quick_not_before = ended + QUICK_GAP_SECONDS
-                    if self.source.follows_up and self.follow_up_at is None:
+                    if self.source.follows_up and self.follow_up_at == INF:
                         self.follow_up_at = ended + FOLLOW_UP_SECONDS
                     continue
                 next_full = due
@@ -130,12 +128,12 @@ class _Runner(threading.Thread):
         except Exception as err:  # one source failing must not stop the others
             result, error = None, f"{type(err).__name__}: {err}"
         self.running_since = self.middle.started if self.middle else None
-        if full:
-            same = error is None and result == self.last_result
-            stretch = same and self.source.stretches  # back to the base when it stops
+        if (
+            full
+        ):  # back to the base when the result changes or the source stops stretching
+            same = self.source.stretches and not error and result == self.last_result
             longer = min(self.interval * 2, self.base * STRETCH_MAX)
-            self.interval = longer if stretch else self.base
-            self.last_result = result
+            self.interval, self.last_result = longer if same else self.base, result
         took = time.monotonic() - started
         self.sampler.publish(Observation(self.source.name, result, error, took, full))
         self.fulls += full and error is None
@@ -209,9 +207,8 @@ class Sampler:
                 runner.request(full)
 
     def publish(self, obs: Observation) -> None:
-        with (
-            self._log_lock
-        ):  # logged when a source starts failing or recovers, not every run
+        # Logged when a source starts failing or recovers, not on every run.
+        with self._log_lock:
             previous, self._errors[obs.source] = self._errors.get(obs.source), obs.error
         if obs.error and obs.error != previous:
             log.error("collector %s failed: %s", obs.source, obs.error)
