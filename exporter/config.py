@@ -52,13 +52,10 @@ def parse_size(text: str) -> int:
     if not match:
         raise ValueError(f"invalid size {text!r} (use e.g. 64Mi, 16Gi, 2g)")
     # Exact: a float would round sizes above 2**53 and make inf of a long digit string.
-    number, suffix = Fraction(match.group(1)), (match.group(2) or "")
-    if not suffix:
-        return int(number)
-    power = "kmgtpe".index(suffix[0].lower()) + 1
-    if suffix.lower().endswith("i") or suffix[0].islower():
-        return int(number * 1024**power)
-    return int(number * 1000**power)
+    number, suffix = Fraction(match.group(1)), match.group(2) or ""
+    power = "kmgtpe".index(suffix[0].lower()) + 1 if suffix else 0
+    binary = suffix.lower().endswith("i") or suffix[:1].islower()
+    return int(number * (1024 if binary else 1000) ** power)
 
 
 def parse_listen_address(text: str) -> "tuple[str, int]":

@@ -214,8 +214,7 @@ class MountWatcher:
 
     def on_watch_deleted(self, wd: int) -> None:
         """The kernel dropped a watch (its mount unmounted, its directory deleted): polled until
-        the next refresh watches it again."""
-        # The books and flags change together: a refresh may watch the mount anew.
+        the next refresh watches it again (books and flags change together, under the lock)."""
         with self._lock:
             mounts = self._mounts_on.pop(wd, ())
             for mount in mounts:
@@ -266,7 +265,6 @@ class MountWatcher:
                     previous[m.mount] = m
                     new.append(m)
         for m in new:
-            if m.error or self.state.inotify_active(m.mount):
-                continue
-            for (cls, event), n in m.events.items():
-                self.state.count_event(m.mount, cls, event, n)
+            if not m.error and not self.state.inotify_active(m.mount):
+                for (cls, event), n in m.events.items():
+                    self.state.count_event(m.mount, cls, event, n)
