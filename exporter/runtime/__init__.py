@@ -1,1 +1,1 @@
-"""Running the sources: the scheduler, the inotify watcher, state that outlives one run."""
+"""Running the sources: the scheduler and the inotify watcher."""

@@ -128,9 +128,8 @@ class _Runner(threading.Thread):
         except Exception as err:  # one source failing must not stop the others
             result, error = None, f"{type(err).__name__}: {err}"
         self.running_since = self.middle.started if self.middle else None
-        if (
-            full
-        ):  # back to the base when the result changes or the source stops stretching
+        # Back to the base when the result changes or the source stops stretching.
+        if full:
             same = self.source.stretches and not error and result == self.last_result
             longer = min(self.interval * 2, self.base * STRETCH_MAX)
             self.interval, self.last_result = longer if same else self.base, result
