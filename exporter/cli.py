@@ -23,7 +23,7 @@ from contextlib import suppress
 from typing import List, NoReturn, Optional
 
 from exporter import __version__
-from exporter.config import parse_args
+from exporter.config import build_parser, parse_args
 
 log = logging.getLogger("shmwatch")
 # The cyclic garbage collector's youngest generation threshold in serve (not 700): a node's
@@ -88,9 +88,8 @@ def setup_logging(level: str = "info", fmt: str = "logfmt", stream=None) -> None
 
 
 def fail(flag: str, message: str) -> NoReturn:
-    """End start-up with one line naming the flag (for errors found after parsing)."""
-    sys.stderr.write(f"shmwatch: error: argument {flag}: {message}\n")
-    sys.exit(2)
+    """End start-up as a bad flag value does (for errors found after parsing)."""
+    build_parser().error(f"argument {flag}: {message}")
 
 
 def _web_config(cfg):
