@@ -14,6 +14,7 @@ import re
 import threading
 from contextlib import suppress
 from dataclasses import replace
+from functools import partial
 from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 from exporter.model.types import SysvSegment, SysvShm
@@ -59,26 +60,22 @@ def in_ipc_namespaces(
     in another namespace gives way to the next path of the same namespace."""
     results: Dict[str, "T | BaseException"] = {}
 
-    def join(namespace: str, paths: List[str]) -> bool:
-        for path in paths:
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            try:
-                if f"ipc:[{os.fstat(fd).st_ino}]" != namespace:
-                    continue
-                setns(fd, CLONE_NEWIPC)
-                return True
-            finally:
-                os.close(fd)
-        return False  # every process of it exited: so did the namespace
-
     def run() -> None:
         for namespace, paths in namespaces:
             try:
-                if join(namespace, paths):
-                    results[namespace] = read()
+                # None left (every process of it exited): so did the namespace
+                for path in paths:
+                    try:
+                        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                    except (FileNotFoundError, ProcessLookupError):
+                        continue
+                    try:
+                        if f"ipc:[{os.fstat(fd).st_ino}]" == namespace:
+                            setns(fd, CLONE_NEWIPC)
+                            results[namespace] = read()
+                            break
+                    finally:
+                        os.close(fd)
             except BaseException as err:  # handed to the caller's thread
                 # without its traceback: that holds this frame, and so `results` (a cycle per
                 # namespace and run, left to the cyclic collector: gc_tuning.py)
@@ -118,10 +115,13 @@ class SysvCollector(BaseSource):
 
     def read(self) -> SysvShm:
         """The calling thread's IPC namespace."""
-        segments = parse_sysvipc_shm(read_text(self.paths.proc("sysvipc", "shm")))
-        hidden = self.table.hidepid() != "off"
+        gone = partial(self._gone, hidden=self.table.hidepid() != "off")
+        # Attached by nobody; its creator and last user (0: never attached) exited.
         segments = [
-            replace(s, orphan=True) if self._orphan(s, hidden) else s for s in segments
+            replace(s, orphan=True)
+            if not s.nattch and gone(s.cpid) and (s.lpid == 0 or gone(s.lpid))
+            else s
+            for s in parse_sysvipc_shm(read_text(self.paths.proc("sysvipc", "shm")))
         ]
         shmmax, shmall, shmmni = map(self._kernel, ("shmmax", "shmall", "shmmni"))
         shmall = None if shmall is None else shmall * self.page_size  # in pages
@@ -132,8 +132,9 @@ class SysvCollector(BaseSource):
         if not self.node_mode:
             return [self.read()]
         own = os.readlink(self.paths.proc("self", "ns", "ipc"))
-        processes = self.table.walk().processes
-        links = {p: self.paths.proc(p.pid, "ns", "ipc") for p in processes}
+        links = {
+            p: self.paths.proc(p.pid, "ns", "ipc") for p in self.table.walk().processes
+        }
         groups: Dict[str, List[Process]] = {}
         # Read afresh each run: `unshare --ipc` moves a process after it started.
         for proc, link in links.items():
@@ -166,16 +167,9 @@ class SysvCollector(BaseSource):
         return out
 
     def _kernel(self, name: str) -> Optional[int]:
-        try:
+        with suppress(OSError, ValueError, IndexError):
             return int(read_text(self.paths.proc("sys", "kernel", name)).split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-
-    def _orphan(self, seg: SysvSegment, hidden: bool) -> bool:
-        """Attached by nobody; its creator and last user (0: never attached) exited."""
-        if seg.nattch or not self._gone(seg.cpid, hidden):
-            return False
-        return seg.lpid == 0 or self._gone(seg.lpid, hidden)
+        return None
 
     def _gone(self, pid: int, hidden: bool) -> bool:
         """The process has exited. The kernel prints pids in our PID namespace (setns moves only
