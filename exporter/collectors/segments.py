@@ -133,13 +133,11 @@ class SegmentsCollector(BaseSource):
             listing.degraded, names = {}, None  # nothing to compare the first with
         if not (full or names is None or names):
             return listing, {}  # unchanged since the last run (degraded or not)
-        if full or names is None or listing.degraded is not None:
-            was = listing.degraded is None
-            events = walk(self.paths.host(mount), dev, listing, self.max_segments)
-            events = events if was and listing.degraded is None else {}
-        else:
-            events = patch_listing(self.paths.host(mount), dev, listing, names)
-        return listing, events
+        if not full and names is not None and listing.degraded is None:
+            return listing, patch_listing(self.paths.host(mount), dev, listing, names)
+        was = listing.degraded is None
+        events = walk(self.paths.host(mount), dev, listing, self.max_segments)
+        return listing, events if was and listing.degraded is None else {}
 
     def _begin(self, full: bool, staged=False) -> Callable[[], Callable[[], Inventory]]:
         """A run's first step, the listing. -> its owner scan (nothing in a quick run), which
@@ -260,11 +258,11 @@ class SegmentsCollector(BaseSource):
                 if mount in self._last:
                     mounts.append(self._last[mount])
                 continue
-            dev, quick = devs[mount], not full or mount in unread
-            fresh = during.get(mount, ())
-            mounts.append(
-                self._assemble(mount, dev, listing, events, quick, settled, fresh)
+            quick, fresh = not full or mount in unread, during.get(mount, ())
+            inv = self._assemble(
+                mount, devs[mount], listing, events, quick, settled, fresh
             )
+            mounts.append(inv)
         self._last = {m.mount: m for m in mounts}
         self._orphans = {m: o for m, o in self._orphans.items() if m in self._last}
         for m in devs if settled else moved or ():  # their pods were read this run

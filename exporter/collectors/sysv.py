@@ -31,23 +31,19 @@ T = TypeVar("T")
 
 def parse_sysvipc_shm(text: str) -> List[SysvSegment]:
     """Columns are found by the header's names (their order changed across kernels)."""
-    lines = text.splitlines()
-    if not lines:
-        return []
-    header = lines[0].split()
-    col: Dict[str, int] = {name: i for i, name in enumerate(header)}
-    if not {"key", "shmid", "size", "nattch"} <= col.keys():
-        raise ValueError("sysvipc/shm: unexpected header " + " ".join(header[:8]))
+    header, *lines = text.splitlines() or [""]
+    col = {name: i for i, name in enumerate(header.split())}
+    if text and not {"key", "shmid", "size", "nattch"} <= col.keys():
+        raise ValueError(
+            "sysvipc/shm: unexpected header " + " ".join(header.split()[:8])
+        )
     # SysvSegment's fields in order; a kernel without cpid, rss or lpid reads 0.
     names = ("key", "shmid", "size", "nattch", "cpid", "rss", "lpid")
     segments = []
-    for line in lines[1:]:
-        fields = line.split()
-        try:
-            values = [int(fields[col[n]]) if n in col else 0 for n in names]
-        except (ValueError, IndexError):
-            continue  # a truncated line
-        segments.append(SysvSegment(*values))
+    for fields in map(str.split, lines):
+        with suppress(ValueError, IndexError):  # a truncated line
+            row = [int(fields[col[n]]) if n in col else 0 for n in names]
+            segments.append(SysvSegment(*row))
     return segments
 
 
