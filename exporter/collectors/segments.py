@@ -69,11 +69,10 @@ class SegmentsCollector(BaseSource):
         # the holders of new segments to its full scans: a pod read per create costs more.
         self.follows_up = not pod_of_pid
         self.all_watched = all_watched  # inotify watches every mount
-        # Node mode: how long the owners of a full scan are refreshed (owner_scan.refresh)
-        # before every process is read again, stretched while nothing changes.
+        # Node mode: how long a full scan's owners are refreshed (owner_scan.refresh) before
+        # every process is read again, stretched while nothing changes.
         every = full_scan_interval if pod_of_pid else 0.0
-        self.monotonic = monotonic
-        self.pace = ScanPace(every, STRETCH_MAX, lambda: self.monotonic())
+        self.pace = ScanPace(every, STRETCH_MAX, monotonic)
         # Each mount's last listing, and its name -> inode index, for quick runs to patch.
         self._listings: Dict[str, Listing] = {}
         # Per mount; past it, counts by class (a walk stops at MAX_ENTRIES anyway).
@@ -83,20 +82,18 @@ class SegmentsCollector(BaseSource):
         self._owners = Owners()  # the last scan's, for quick runs that skip /proc
         self._during: Optional[holdings.Changes] = None  # changed while a scan runs
         self._held_on: Dict[int, List[Key]] = {}
-        # Each mount's device at the last full scan: a key (device, inode) counts as known only
-        # on the same mount and device (a deleted pod's device number is handed out again,
-        # and tmpfs numbers its inodes from 1 per instance).
+        # Each mount's device at the last full scan: a key (device, inode) is known only on
+        # the same mount and device (a deleted pod's device number is handed out again, and
+        # tmpfs numbers inodes from 1).
         self._full_devs: Dict[str, int] = {}
         self._held_at_full: Set[Key] = set()  # inodes held at the last full scan
         self._last: Dict[str, MountInventory] = {}  # the last run's, by mount
-        # Node mode, per mount: the names its last run called leaked, and their allocated
-        # bytes when its pod's processes were last read (pages written through a mapping
-        # raise no event, but move these).
+        # Node mode, per mount: the names its last run called leaked, and their bytes when
+        # its pod was last read (pages written through a mapping raise no event).
         self._orphans: Dict[str, Set[str]] = {}
         self._pod_read_as: Dict[str, Dict[str, Optional[int]]] = {}
         # Per mount, the names (None: any) not to call leaked before its pod is read again,
-        # and (suspect) before a full scan: changed though its pod was read (the writer may
-        # be outside it).
+        # and (suspect) before a full scan: the writer may be outside the pod.
         self._doubted: Dict[str, Optional[Set[str]]] = {}
         self._suspect: Dict[str, Optional[Set[str]]] = {}
         self._table = MountTable(paths)  # which paths are still mount points
@@ -224,9 +221,8 @@ class SegmentsCollector(BaseSource):
                 holdings.add_names(during, m, names)
             # A quick run meanwhile may have dropped a mount, or added one: as it left them.
             now_listed = set(self.mounts())
-            mount_list = [m for m in mount_list if m in now_listed] + [
-                m for m in self._last if m in now_listed and m not in mount_list
-            ]
+            both = dict.fromkeys([*mount_list, *self._last])
+            mount_list = [m for m in both if m in now_listed]
             if moved is not None:
                 self.pace.look((devs, sigs), self._owners)
                 unread = set(devs) - set(moved)

@@ -88,8 +88,7 @@ class MountTable:
         host_first = paths.rootfs not in ("", "/")
         self.order = tuple(order or (("1", "self") if host_first else ("self", "1")))
         self._open = None  # (pid, file, poller) of the mountinfo the entries are from
-        self.index = MountIndex([])
-        self._read = False  # once read with entries: until then nothing is known
+        self.index = MountIndex([])  # empty until read with entries: nothing is known
 
     def read(self) -> Optional[List[MountEntry]]:
         """The entries; None when unchanged. OSError naming each file when none can be read."""
@@ -140,7 +139,7 @@ class MountTable:
         except OSError:
             entries = []
         if entries is not None:
-            self.index, self._read = MountIndex(entries), bool(entries)
+            self.index = MountIndex(entries)
         return entries is not None
 
     def mounted_at(self, path: str) -> Optional[MountEntry]:
@@ -150,7 +149,7 @@ class MountTable:
     def gone(self, path: str) -> bool:
         """`path` is no mount point in a table we could read (an unreadable or empty one
         proves nothing): the root disk's directory beneath is neither measured nor walked."""
-        return self._read and self.mounted_at(path) is None
+        return bool(self.index.by_point) and self.mounted_at(path) is None
 
 
 def live_mounts(mounts) -> Callable[[], List[str]]:
