@@ -39,14 +39,10 @@ class MountDiscovery(BaseSource):
     def __init__(
         self, paths: Paths, static_mounts: Sequence[str], node_mode: bool = False
     ):
-        self.paths = paths
-        self.node_mode = node_mode
         # In sidecar mode the set never changes and nothing can fail: no status series.
-        self.reports_status = node_mode
-        self._static = [
-            Target(m, {n: "" for n in NODE_LABELS} if node_mode else {})
-            for m in static_mounts
-        ]
+        self.reports_status = self.node_mode = node_mode
+        labels = dict.fromkeys(NODE_LABELS, "") if node_mode else {}
+        self._static = [Target(m, dict(labels)) for m in static_mounts]
         self._current = MountSet(list(self._static))
         self._ids: List[Tuple[str, int]] = []  # (mount point, ID) at or above targets
         self._subscribers: List[Callable[[MountSet], None]] = []

@@ -30,8 +30,6 @@ def _numbers(st: os.statvfs_result) -> dict:
 
 
 class ShmMountCollector(BaseSource):
-    """statvfs of every mount discovery publishes, with its type and source from mountinfo."""
-
     name = "shm_mount"
     event_driven = True
 
