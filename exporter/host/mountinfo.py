@@ -7,7 +7,6 @@ import re
 import select
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Callable, List, Optional, Sequence
 
 from exporter.host.paths import Paths
@@ -25,8 +24,12 @@ class MountEntry:
     mount_id: int = field(default=0, compare=False)  # IDs are per boot, not the mount
 
 
-# mountinfo escapes space, tab, newline and backslash as octal (\\040 ...)
-_unescape = partial(re.compile(r"\\(\d{3})").sub, lambda m: chr(int(m[1], 8)))
+_OCTAL_ESCAPE = re.compile(r"\\(\d{3})")
+
+
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal (\\040 ...)."""
+    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m[1], 8)), field)
 
 
 def parse_mountinfo(text: str) -> List[MountEntry]:
