@@ -1,8 +1,9 @@
 """Segment inventory: each shm mount's directory (lstat only, inventory/walk.py) joined by
 (device, inode) to every process's maps and fds (inventory/owners.py). A quick run patches
-the listings of the mounts inotify named and reuses the last owners. In node mode only a
-full scan (every --segments.full-scan-interval) calls a segment leaked; the refreshes
-between read new processes and the pods of exited holders and of doubted mounts."""
+the listings of the mounts inotify named and reuses the last owners: a new segment is its
+creator's until a full run reads who holds it. In node mode only a full scan (every
+--segments.full-scan-interval) calls a segment leaked; the refreshes between read new
+processes and the pods of exited holders and of doubted mounts."""
 
 from __future__ import annotations
 
@@ -93,7 +94,8 @@ class SegmentsCollector(BaseSource):
         self._orphans: Dict[str, Set[str]] = {}
         self._pod_read_as: Dict[str, Dict[str, Optional[int]]] = {}
         # Per mount, the names (None: any) not to call leaked before its pod is read again,
-        # and (suspect) before a full scan: the writer may be outside the pod.
+        # and (suspect) before a full scan: changed or written through a mapping though its
+        # pod was read again (the writer may be outside it).
         self._doubted: Dict[str, Optional[Set[str]]] = {}
         self._suspect: Dict[str, Optional[Set[str]]] = {}
         self._table = MountTable(paths)  # which paths are still mount points

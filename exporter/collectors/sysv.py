@@ -128,9 +128,8 @@ class SysvCollector(BaseSource):
         if not self.node_mode:
             return [self.read()]
         own = os.readlink(self.paths.proc("self", "ns", "ipc"))
-        links = {
-            p: self.paths.proc(p.pid, "ns", "ipc") for p in self.table.walk().processes
-        }
+        processes = self.table.walk().processes
+        links = {p: self.paths.proc(p.pid, "ns", "ipc") for p in processes}
         groups: Dict[str, List[Process]] = {}
         # Read afresh each run: `unshare --ipc` moves a process after it started.
         for proc, link in links.items():
