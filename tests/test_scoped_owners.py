@@ -358,7 +358,7 @@ def test_pages_written_to_an_orphan_by_a_process_outside_its_pod_make_it_unverif
         orphan.attach()
         assert orphan.refresh() == ("unverified", ())
         assert orphan.refresh() == ("unverified", ())  # the pod read again proves nothing
-        orphan.collector.monotonic.now += 600  # the full scan
+        orphan.collector.pace.monotonic.now += 600  # the full scan
         assert segment(orphan.collector.collect(), a, "psm_known") == ("linked", (orphan.pid,))
 
 
@@ -390,7 +390,7 @@ def test_an_orphan_written_by_a_process_outside_its_pod_stays_unverified_and_its
         orphan.changes.add(a, "psm_known")  # what the watcher records for the write
         assert [orphan.refresh() for _ in range(3)] == [("unverified", ())] * 3
         assert asked == [{pod_uid_of_mount(a)}, set(), set()]
-        orphan.collector.monotonic.now += 600  # the full scan
+        orphan.collector.pace.monotonic.now += 600  # the full scan
         assert segment(orphan.collector.collect(), a, "psm_known") == ("linked", (orphan.pid,))
 
 
@@ -412,7 +412,7 @@ def test_the_segments_runner_does_not_stretch_while_a_segment_is_called_leaked(t
         orphan.collector.all_watched = lambda: True
         assert not orphan.collector.stretches
         orphan.attach()
-        orphan.collector.monotonic.now += 600  # a full scan: linked, nothing called leaked
+        orphan.collector.pace.monotonic.now += 600  # a full scan: linked, nothing called leaked
         assert segment(orphan.collector.collect(), a, "psm_known") == ("linked", (orphan.pid,))
         assert orphan.collector.stretches
 
@@ -618,7 +618,7 @@ def test_what_changes_while_the_full_scan_reads_proc_is_never_settled_by_that_sc
     by that scan; the refresh that follows reads the writer's pod."""
     (a, _), (cg_a, _) = two_pods
     with orphan_attached_later(a, WRITE_IN_PLACE, allocated=True, cgroup=cg_a) as orphan:
-        orphan.collector.monotonic.now += 600  # a full scan is due
+        orphan.collector.pace.monotonic.now += 600  # a full scan is due
         finish = orphan.collector.begin_full()()  # listed, then every process read
         orphan.attach()  # after its process was read
         open(os.path.join(a, "psm_new"), "wb").close()
@@ -679,7 +679,7 @@ def test_a_change_still_pending_when_the_scan_ends_is_not_settled_by_it(two_pods
     came while /proc was read (an attach by a process already read) is not called leaked."""
     (a, _), (cg_a, _) = two_pods
     with orphan_attached_later(a, WRITE_IN_PLACE, allocated=True, cgroup=cg_a) as orphan:
-        orphan.collector.monotonic.now += 600  # a full scan is due
+        orphan.collector.pace.monotonic.now += 600  # a full scan is due
         finish = orphan.collector.begin_full()()
         orphan.attach()
         orphan.changes.add(a, "psm_known")  # its write, in the log, not yet drained
@@ -693,7 +693,7 @@ def test_a_staged_refresh_reads_the_pod_of_an_orphan_written_before_it_began(two
     with orphan_attached_later(a, WRITE_IN_PLACE, allocated=True, cgroup=cg_a) as orphan:
         orphan.attach()
         orphan.changes.add(a, "psm_known")  # the watcher's IN_MODIFY, not yet drained
-        orphan.collector.monotonic.now += 15  # a refresh is due, not a full scan
+        orphan.collector.pace.monotonic.now += 15  # a refresh is due, not a full scan
         inv = orphan.collector.begin_full()()()
         assert segment(inv, a, "psm_known") == ("linked", (orphan.pid,))
 

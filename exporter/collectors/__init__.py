@@ -4,15 +4,7 @@ objects; each implements `source.Source` whole and registers once (`source.regis
 from exporter.collectors.source import Context, Source, registered
 
 # Each module registers itself on import, in this order (the order their series are rendered).
-from exporter.collectors import (  # noqa: E402, F401
-    shm_mount,
-    segments,
-    sysv,
-    host_memory,
-    cgroup,
-    gpu,
-    oom,
-    self_process,
-)
+from exporter.collectors import shm_mount, segments, sysv, host_memory  # noqa: F401
+from exporter.collectors import cgroup, gpu, oom, self_process  # noqa: F401
 
 __all__ = ["Context", "Source", "registered"]

@@ -6,8 +6,7 @@ file must not forget every pod and reset its counters."""
 
 from __future__ import annotations
 
-import os
-import threading
+from pathlib import PurePosixPath
 from typing import Callable, Dict, List, Sequence, Tuple
 
 from exporter.model.types import MountSet, Target
@@ -32,14 +31,6 @@ def discover(entries: Sequence[MountEntry]) -> List[Target]:
     return sorted(found.values(), key=lambda t: t.mount)
 
 
-def _and_above(path: str) -> List[str]:
-    paths = [path]
-    while path not in ("/", ""):
-        path = os.path.dirname(path)
-        paths.append(path)
-    return paths
-
-
 class MountDiscovery(BaseSource):
     """The current mount set; static in sidecar mode, re-read from the host's mountinfo in node mode."""
 
@@ -48,19 +39,12 @@ class MountDiscovery(BaseSource):
     def __init__(
         self, paths: Paths, static_mounts: Sequence[str], node_mode: bool = False
     ):
-        self.paths = paths
-        self.node_mode = node_mode
         # In sidecar mode the set never changes and nothing can fail: no status series.
-        self.reports_status = node_mode
-        self._static = [
-            Target(m, {n: "" for n in NODE_LABELS} if node_mode else {})
-            for m in static_mounts
-        ]
-        self._lock = threading.Lock()
+        self.reports_status = self.node_mode = node_mode
+        labels = dict.fromkeys(NODE_LABELS, "") if node_mode else {}
+        self._static = [Target(m, dict(labels)) for m in static_mounts]
         self._current = MountSet(list(self._static))
-        self._ids: List[
-            Tuple[str, int]
-        ] = []  # (mount point, mount ID) at or above targets
+        self._ids: List[Tuple[str, int]] = []  # (mount point, ID) at or above targets
         self._subscribers: List[Callable[[MountSet], None]] = []
         # The host's view is pid 1's (the DaemonSet runs with hostPID); under hidepid ours.
         self._mountinfo = MountTable(paths, ("1", "self"))
@@ -71,37 +55,34 @@ class MountDiscovery(BaseSource):
         self._subscribers.append(subscriber)
 
     def collect(self) -> MountSet:
-        if self.node_mode:
-            # The host's mounts, --path.rootfs stripped from our own view's; None: unchanged.
-            entries = self._mountinfo.read()
-            if entries == []:  # None: the table did not change, and neither did the set
-                raise ValueError("mountinfo is empty: keeping the last mount set")
-            if entries:
-                found = discover(entries)
-                seen = {t.mount for t in found}
-                targets = found + [t for t in self._static if t.mount not in seen]
-                # The mounts at each target or above it, by ID: one mounted on top (over a
-                # target, static or found, or a directory above it) is another set, which
-                # the watcher checks again.
-                under = {p for t in targets for p in _and_above(t.mount)}
-                ids = [
-                    (e.mount_point, e.mount_id)
-                    for e in entries
-                    if e.mount_point in under
-                ]
-                with self._lock:
-                    if (targets, ids) != (self._current.targets, self._ids):
-                        self._current, self._ids = MountSet(targets), ids
-        elif self._ours.refresh():  # changed, or could not be read: as if it had
-            with self._lock:
-                self._current = MountSet(list(self._static))
+        # Node mode: the host's mounts, --path.rootfs stripped; None: the table did not
+        # change, and neither did the set.
+        entries = self._mountinfo.read() if self.node_mode else None
+        if entries == []:
+            raise ValueError("mountinfo is empty: keeping the last mount set")
+        if entries:
+            found = discover(entries)
+            seen = {t.mount for t in found}
+            targets = found + [t for t in self._static if t.mount not in seen]
+            # The mounts at each target or above it, by ID: one mounted on top (over a
+            # target, static or found, or a directory above it) is another set, which the
+            # watcher checks again.
+            under = {t.mount for t in targets}
+            under |= {str(a) for m in under for a in PurePosixPath(m, "x").parents}
+            ids = [
+                (e.mount_point, e.mount_id) for e in entries if e.mount_point in under
+            ]
+            # Replaced whole (one reference, read by other threads as it stands).
+            if (targets, ids) != (self._current.targets, self._ids):
+                self._current, self._ids = MountSet(targets), ids
+        elif not self.node_mode and self._ours.refresh():  # changed, or unreadable
+            self._current = MountSet(list(self._static))
         for subscriber in self._subscribers:
-            subscriber(self.current())
-        return self.current()
+            subscriber(self._current)
+        return self._current
 
     def current(self) -> MountSet:
-        with self._lock:
-            return self._current
+        return self._current
 
     def mounts(self) -> List[str]:
         return self.current().mounts()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from contextlib import suppress
 from typing import Dict, Optional
 
 from exporter.model.types import HostMemory
@@ -14,10 +15,9 @@ log = logging.getLogger(__name__)
 
 
 def meminfo(paths: Paths) -> Dict[str, int]:
-    try:
+    with suppress(OSError):
         return parse_meminfo(read_text(paths.proc("meminfo")))
-    except OSError:
-        return {}
+    return {}
 
 
 def usable_limit_flag(paths: Paths, flag: Optional[int]) -> Optional[int]:

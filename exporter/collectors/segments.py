@@ -1,12 +1,9 @@
-"""Segment inventory: what is in each shm mount, who holds it, what is hidden or leaked.
-
-Joins the directory, listed with lstat only (inventory/walk.py), and every process's maps
-and fds (inventory/owners.py) by (device, inode). A quick run patches the listings of the
-mounts inotify named and reuses the last owners: a new segment is its creator's until a full
-run reads who holds it. In node mode every process is read only every
---segments.full-scan-interval, which alone calls a segment leaked; the full runs between
-(refreshes) read new processes and the pods of exited holders and of doubted mounts.
-"""
+"""Segment inventory: each shm mount's directory (lstat only, inventory/walk.py) joined by
+(device, inode) to every process's maps and fds (inventory/owners.py). A quick run patches
+the listings of the mounts inotify named and reuses the last owners: a new segment is its
+creator's until a full run reads who holds it. In node mode only a full scan (every
+--segments.full-scan-interval) calls a segment leaked; the refreshes between read new
+processes and the pods of exited holders and of doubted mounts."""
 
 from __future__ import annotations
 
@@ -38,6 +35,11 @@ from exporter.model.types import KNOWN, STATES, Inventory, MountInventory
 from exporter.model.types import Segment, unpack
 
 log = logging.getLogger(__name__)
+TRUNCATED = f"over {MAX_ENTRIES} entries: files not reached kept as last seen"
+DEGRADED = (
+    "more than %d files (--inventory.max-segments): only their counts and bytes by class"
+    " are kept, as 'unverified', until there are fewer"
+)
 
 
 class SegmentsCollector(BaseSource):
@@ -68,35 +70,33 @@ class SegmentsCollector(BaseSource):
         # the holders of new segments to its full scans: a pod read per create costs more.
         self.follows_up = not pod_of_pid
         self.all_watched = all_watched  # inotify watches every mount
-        # Node mode: how long the owners of a full scan are refreshed (owner_scan.refresh)
-        # before every process is read again, stretched while nothing changes.
+        # Node mode: how long a full scan's owners are refreshed (owner_scan.refresh) before
+        # every process is read again, stretched while nothing changes.
         every = full_scan_interval if pod_of_pid else 0.0
-        self.monotonic = monotonic
-        self.pace = ScanPace(every, STRETCH_MAX, lambda: self.monotonic())
+        self.pace = ScanPace(every, STRETCH_MAX, monotonic)
         # Each mount's last listing, and its name -> inode index, for quick runs to patch.
         self._listings: Dict[str, Listing] = {}
         # Per mount; past it, counts by class (a walk stops at MAX_ENTRIES anyway).
         self.max_segments = min(max_segments, MAX_ENTRIES)
-        self._said_truncated, self._said_degraded = SaidOnce(log), SaidOnce(log)
+        self._said = (SaidOnce(log), SaidOnce(log))  # truncated, degraded
         self._unproven_log = UnprovenLog(log)  # why nothing is called orphan
         self._owners = Owners()  # the last scan's, for quick runs that skip /proc
         self._during: Optional[holdings.Changes] = None  # changed while a scan runs
         self._held_on: Dict[int, List[Key]] = {}
-        # Each mount's device at the last full scan: a key (device, inode) counts as known only
-        # on the same mount and device (a deleted pod's device number is handed out again,
-        # and tmpfs numbers its inodes from 1 per instance).
+        # Each mount's device at the last full scan: a key (device, inode) is known only on
+        # the same mount and device (a deleted pod's device number is handed out again, and
+        # tmpfs numbers inodes from 1).
         self._full_devs: Dict[str, int] = {}
         self._held_at_full: Set[Key] = set()  # inodes held at the last full scan
         self._last: Dict[str, MountInventory] = {}  # the last run's, by mount
-        # Node mode, per mount: the names its last run called leaked, and their allocated
-        # bytes when its pod's processes were last read (pages written through a mapping
-        # raise no event, but move these).
+        # Node mode, per mount: the names its last run called leaked, and their bytes when
+        # its pod was last read (pages written through a mapping raise no event).
         self._orphans: Dict[str, Set[str]] = {}
         self._pod_read_as: Dict[str, Dict[str, Optional[int]]] = {}
-        # Per mount, the names (None: any) not to call leaked before its pod is read again.
+        # Per mount, the names (None: any) not to call leaked before its pod is read again,
+        # and (suspect) before a full scan: changed or written through a mapping though its
+        # pod was read again (the writer may be outside it).
         self._doubted: Dict[str, Optional[Set[str]]] = {}
-        # ... and not before a full scan: changed or written through a mapping though its pod
-        # was read again (the writer may be outside it).
         self._suspect: Dict[str, Optional[Set[str]]] = {}
         self._table = MountTable(paths)  # which paths are still mount points
         # The holders' pods and memfd regions, kept by quick runs (they reuse the owners).
@@ -132,13 +132,11 @@ class SegmentsCollector(BaseSource):
             listing.degraded, names = {}, None  # nothing to compare the first with
         if not (full or names is None or names):
             return listing, {}  # unchanged since the last run (degraded or not)
-        if full or names is None or listing.degraded is not None:
-            was = listing.degraded is None
-            events = walk(self.paths.host(mount), dev, listing, self.max_segments)
-            events = events if was and listing.degraded is None else {}
-        else:
-            events = patch_listing(self.paths.host(mount), dev, listing, names)
-        return listing, events
+        if not full and names is not None and listing.degraded is None:
+            return listing, patch_listing(self.paths.host(mount), dev, listing, names)
+        was = listing.degraded is None
+        events = walk(self.paths.host(mount), dev, listing, self.max_segments)
+        return listing, events if was and listing.degraded is None else {}
 
     def _begin(self, full: bool, staged=False) -> Callable[[], Callable[[], Inventory]]:
         """A run's first step, the listing. -> its owner scan (nothing in a quick run), which
@@ -162,10 +160,8 @@ class SegmentsCollector(BaseSource):
         listings = {m: self._list(m, dev, full, changes) for m, dev in devs.items()}
         current = set(mount_list)
         for gone in [m for m in self._listings if m in errors or m not in current]:
-            del self._listings[gone]
-            self._pod_read_as.pop(gone, None)
-            self._doubted.pop(gone, None)
-            self._suspect.pop(gone, None)
+            for d in (self._listings, self._pod_read_as, self._doubted, self._suspect):
+                d.pop(gone, None)
         # A change (a write, an attach's first pages) to a segment called leaked: not called
         # leaked again before its pod is read. Staged: the names pending, left in the log.
         seen = self.changes.peek() if staged else changes
@@ -227,9 +223,8 @@ class SegmentsCollector(BaseSource):
                 holdings.add_names(during, m, names)
             # A quick run meanwhile may have dropped a mount, or added one: as it left them.
             now_listed = set(self.mounts())
-            mount_list = [m for m in mount_list if m in now_listed] + [
-                m for m in self._last if m in now_listed and m not in mount_list
-            ]
+            both = dict.fromkeys([*mount_list, *self._last])
+            mount_list = [m for m in both if m in now_listed]
             if moved is not None:
                 self.pace.look((devs, sigs), self._owners)
                 unread = set(devs) - set(moved)
@@ -261,12 +256,11 @@ class SegmentsCollector(BaseSource):
                 if mount in self._last:
                     mounts.append(self._last[mount])
                 continue
-            self._say_degraded(mount, listing)
-            dev, quick = devs[mount], not full or mount in unread
-            fresh = during.get(mount, ())
-            mounts.append(
-                self._assemble(mount, dev, listing, events, quick, settled, fresh)
+            quick, fresh = not full or mount in unread, during.get(mount, ())
+            inv = self._assemble(
+                mount, devs[mount], listing, events, quick, settled, fresh
             )
+            mounts.append(inv)
         self._last = {m.mount: m for m in mounts}
         self._orphans = {m: o for m, o in self._orphans.items() if m in self._last}
         for m in devs if settled else moved or ():  # their pods were read this run
@@ -289,8 +283,7 @@ class SegmentsCollector(BaseSource):
             owners.comms,
             owners.unreadable,
             owners.scanned,
-            time.time(),
-            self._pod_of,
+            pods=self._pod_of,
             owners_complete=owners.complete,
             unproven=list(owners.unproven),
             memfd=self._memfd[0],
@@ -298,31 +291,15 @@ class SegmentsCollector(BaseSource):
             cgroup_of=self._memfd[1],
         )
 
-    def _say_degraded(self, mount: str, listing: Listing) -> None:
-        if listing.truncated:
-            said = f"over {MAX_ENTRIES} entries: files not reached kept as last seen"
-            self._said_truncated.say(mount, said)
-        said = (
-            f"more than {self.max_segments} files (--inventory.max-segments): only their "
-            "counts and bytes by class are kept, as 'unverified', until there are fewer"
-        )
-        said = None if listing.degraded is None else said
-        self._said_degraded.say(mount, said, back="back under --inventory.max-segments")
-
-    def _assemble(
-        self,
-        mount: str,
-        dev: int,
-        listing: Listing,
-        events: Events,
-        quick: bool,
-        settled: bool,
-        fresh: Optional[Set[str]] = (),
-    ) -> MountInventory:
+    def _assemble(self, mount, dev, listing, events, quick, settled, fresh=()):
         """`quick`: nobody was read for this mount's changes (the last scan's owners reused).
         `settled`: the owners come from a full scan this run, which alone may call a segment
         leaked (not a quick run, a pod's rescan, or a refresh). `fresh`: the names (None: any)
         that changed while the scan read /proc, which may have read their takers before."""
+        if listing.truncated:
+            self._said[0].say(mount, TRUNCATED)
+        degraded = None if listing.degraded is None else DEGRADED % self.max_segments
+        self._said[1].say(mount, degraded, back="back under --inventory.max-segments")
         owned = self._owners.holdings
         complete = self._owners.complete and not listing.truncated  # kept: maybe gone
         full_dev = self._full_devs.get(mount)

@@ -18,8 +18,7 @@ class SelfProcessCollector(BaseSource):
 
     def collect(self) -> List[Tuple[str, float]]:
         """-> [(sample name, value)], e.g. ("process_resident_memory_bytes", 3.1e7)."""
-        samples = (s for family in self._inner.collect() for s in family.samples)
-        return [(s.name, s.value) for s in samples]
+        return [(s.name, s.value) for f in self._inner.collect() for s in f.samples]
 
 
 # Always on (no flag): the exporter's own process_* series.

@@ -10,7 +10,6 @@ import logging
 import os
 from dataclasses import replace
 from functools import partial
-from operator import attrgetter
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
 from exporter.collectors.source import BaseSource, register
@@ -21,11 +20,16 @@ from exporter.host.said import SaidOnce
 from exporter.model.types import MountUsage
 
 log = logging.getLogger(__name__)
+NUMBERS = ("size_bytes", "used_bytes", "available_bytes", "inodes", "inodes_free")
+
+
+def _numbers(st: os.statvfs_result) -> dict:
+    n, free, unit = st.f_blocks, st.f_bfree, st.f_frsize
+    numbers = (n * unit, (n - free) * unit, st.f_bavail * unit, st.f_files, st.f_ffree)
+    return dict(zip(NUMBERS, numbers))
 
 
 class ShmMountCollector(BaseSource):
-    """statvfs of every mount discovery publishes, with its type and source from mountinfo."""
-
     name = "shm_mount"
     event_driven = True
 
@@ -57,10 +61,8 @@ class ShmMountCollector(BaseSource):
         entry = entry or self._table.index.find(mount)
         fstype, source = (entry.fstype, entry.source) if entry else ("unknown", "")
         # Which mount this is: a new one at the path starts its peaks afresh (model/state.py).
-        instance = ()
-        if is_point:
-            unique = unique_mount_id(self.paths.host(mount))
-            instance = (entry.device, entry.mount_id, unique)
+        unique = is_point and unique_mount_id(self.paths.host(mount))
+        instance = (entry.device, entry.mount_id, unique) if is_point else ()
         usage = partial(MountUsage, mount, fstype, source, is_point, instance=instance)
         try:
             st = self.statvfs(self.paths.host(mount))
@@ -69,13 +71,11 @@ class ShmMountCollector(BaseSource):
             self._said.say(mount, f"cannot be measured: {reason}")
             # still this mount (a passing error): its peaks stand
             return usage(error=reason)
-        if fstype != "tmpfs" or not is_point:
-            where = f"is {fstype}, not tmpfs" if is_point else "is not a mount point"
-            self._said.say(mount, f"{where}; reporting the filesystem that holds it")
-        else:
-            self._said.say(mount, None)
+        where = f"is {fstype}, not tmpfs" if is_point else "is not a mount point"
+        where += "; reporting the filesystem that holds it"
+        self._said.say(mount, None if fstype == "tmpfs" and is_point else where)
         noswap = bool(entry and "noswap" in entry.options.split(","))
-        return usage(noswap=noswap, **dict(zip(NUMBERS, _numbers(st))))
+        return usage(noswap=noswap, **_numbers(st))
 
     def measure_again(self, last: MountUsage) -> MountUsage:
         """A mount measured whole since the table last changed: statvfs alone, and the same
@@ -84,9 +84,8 @@ class ShmMountCollector(BaseSource):
             numbers = _numbers(self.statvfs(self.paths.host(last.mount)))
         except OSError:
             return self.measure_one(last.mount)  # says why
-        if numbers == _held(last):
-            return last
-        return replace(last, **dict(zip(NUMBERS, numbers)))
+        same = numbers.items() <= vars(last).items()  # its fields hold these numbers
+        return last if same else replace(last, **numbers)
 
     def collect(self) -> List[MountUsage]:
         if self._table.refresh():  # read when the table changed, not per mount
@@ -116,15 +115,6 @@ class ShmMountCollector(BaseSource):
             usages.append(last)
         self._last = {u.mount: u for u in usages}
         return usages
-
-
-NUMBERS = ("size_bytes", "used_bytes", "available_bytes", "inodes", "inodes_free")
-_held = attrgetter(*NUMBERS)  # as a usage holds them
-
-
-def _numbers(st: os.statvfs_result) -> tuple:
-    n, free, unit = st.f_blocks, st.f_bfree, st.f_frsize
-    return (n * unit, (n - free) * unit, st.f_bavail * unit, st.f_files, st.f_ffree)
 
 
 register("shm_mount", lambda c: ShmMountCollector(c.paths, c.mounts, touched=c.touched))

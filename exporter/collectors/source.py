@@ -20,14 +20,10 @@ class Source(Protocol):
     """Subclassed explicitly (as BaseSource), a source takes these defaults."""
 
     name: str = ""
-    # "poll" / "inventory": every --poll-interval / --inventory-interval
-    schedule: str = "poll"
-    # collect_quick() soon after inotify sees a mount change
-    event_driven: bool = False
-    # heavy: its interval doubles while its result stays the same
-    stretches: bool = False
-    # a full run follows its quick runs (they left owners unread)
-    follows_up: bool = True
+    schedule: str = "poll"  # or "inventory": every --poll- / --inventory-interval
+    event_driven: bool = False  # collect_quick() soon after inotify sees a mount change
+    stretches: bool = False  # heavy: its interval doubles while its result is the same
+    follows_up: bool = True  # a full run follows quick runs (they left owners unread)
     reports_status: bool = True  # has shmwatch_collector_* series
 
     def collect(self) -> object:
@@ -59,8 +55,7 @@ class Context:
     touched: Optional[Callable[[], Set[str]]] = None  # mounts the watcher saw change
     all_watched: Callable[[], bool] = lambda: False  # inotify watches every mount
     kmsg_from_start: bool = False  # check: the kernel log from its start
-    # Whether every OOM kill is in the kernel log.
-    kill_log_complete: Callable[[], bool] = lambda: False
+    kill_log_complete: Callable[[], bool] = lambda: False  # every OOM kill is logged
 
     @property
     def node(self) -> bool:

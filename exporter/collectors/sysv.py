@@ -14,6 +14,7 @@ import re
 import threading
 from contextlib import suppress
 from dataclasses import replace
+from functools import partial
 from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 from exporter.model.types import SysvSegment, SysvShm
@@ -30,23 +31,19 @@ T = TypeVar("T")
 
 def parse_sysvipc_shm(text: str) -> List[SysvSegment]:
     """Columns are found by the header's names (their order changed across kernels)."""
-    lines = text.splitlines()
-    if not lines:
-        return []
-    header = lines[0].split()
-    col: Dict[str, int] = {name: i for i, name in enumerate(header)}
-    if not {"key", "shmid", "size", "nattch"} <= col.keys():
-        raise ValueError("sysvipc/shm: unexpected header " + " ".join(header[:8]))
+    header, *lines = text.splitlines() or [""]
+    col = {name: i for i, name in enumerate(header.split())}
+    if text and not {"key", "shmid", "size", "nattch"} <= col.keys():
+        raise ValueError(
+            "sysvipc/shm: unexpected header " + " ".join(header.split()[:8])
+        )
     # SysvSegment's fields in order; a kernel without cpid, rss or lpid reads 0.
     names = ("key", "shmid", "size", "nattch", "cpid", "rss", "lpid")
     segments = []
-    for line in lines[1:]:
-        fields = line.split()
-        try:
-            values = [int(fields[col[n]]) if n in col else 0 for n in names]
-        except (ValueError, IndexError):
-            continue  # a truncated line
-        segments.append(SysvSegment(*values))
+    for fields in map(str.split, lines):
+        with suppress(ValueError, IndexError):  # a truncated line
+            row = [int(fields[col[n]]) if n in col else 0 for n in names]
+            segments.append(SysvSegment(*row))
     return segments
 
 
@@ -59,26 +56,22 @@ def in_ipc_namespaces(
     in another namespace gives way to the next path of the same namespace."""
     results: Dict[str, "T | BaseException"] = {}
 
-    def join(namespace: str, paths: List[str]) -> bool:
-        for path in paths:
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            try:
-                if f"ipc:[{os.fstat(fd).st_ino}]" != namespace:
-                    continue
-                setns(fd, CLONE_NEWIPC)
-                return True
-            finally:
-                os.close(fd)
-        return False  # every process of it exited: so did the namespace
-
     def run() -> None:
         for namespace, paths in namespaces:
             try:
-                if join(namespace, paths):
-                    results[namespace] = read()
+                # None left (every process of it exited): so did the namespace
+                for path in paths:
+                    try:
+                        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                    except (FileNotFoundError, ProcessLookupError):
+                        continue
+                    try:
+                        if f"ipc:[{os.fstat(fd).st_ino}]" == namespace:
+                            setns(fd, CLONE_NEWIPC)
+                            results[namespace] = read()
+                            break
+                    finally:
+                        os.close(fd)
             except BaseException as err:  # handed to the caller's thread
                 # without its traceback: that holds this frame, and so `results` (a cycle per
                 # namespace and run, left to the cyclic collector: cli.tune_process)
@@ -118,10 +111,13 @@ class SysvCollector(BaseSource):
 
     def read(self) -> SysvShm:
         """The calling thread's IPC namespace."""
-        segments = parse_sysvipc_shm(read_text(self.paths.proc("sysvipc", "shm")))
-        hidden = self.table.hidepid() != "off"
+        gone = partial(self._gone, hidden=self.table.hidepid() != "off")
+        # Attached by nobody; its creator and last user (0: never attached) exited.
         segments = [
-            replace(s, orphan=True) if self._orphan(s, hidden) else s for s in segments
+            replace(s, orphan=True)
+            if not s.nattch and gone(s.cpid) and (s.lpid == 0 or gone(s.lpid))
+            else s
+            for s in parse_sysvipc_shm(read_text(self.paths.proc("sysvipc", "shm")))
         ]
         shmmax, shmall, shmmni = map(self._kernel, ("shmmax", "shmall", "shmmni"))
         shmall = None if shmall is None else shmall * self.page_size  # in pages
@@ -166,16 +162,9 @@ class SysvCollector(BaseSource):
         return out
 
     def _kernel(self, name: str) -> Optional[int]:
-        try:
+        with suppress(OSError, ValueError, IndexError):
             return int(read_text(self.paths.proc("sys", "kernel", name)).split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-
-    def _orphan(self, seg: SysvSegment, hidden: bool) -> bool:
-        """Attached by nobody; its creator and last user (0: never attached) exited."""
-        if seg.nattch or not self._gone(seg.cpid, hidden):
-            return False
-        return seg.lpid == 0 or self._gone(seg.lpid, hidden)
+        return None
 
     def _gone(self, pid: int, hidden: bool) -> bool:
         """The process has exited. The kernel prints pids in our PID namespace (setns moves only

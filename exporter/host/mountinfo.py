@@ -73,30 +73,25 @@ def strip_rootfs(entries: Sequence[MountEntry], rootfs: str) -> List[MountEntry]
     if not root:
         return list(entries)
     ours = any(e.mount_point == root for e in entries)
-    out = []
-    for entry in entries:
-        point = entry.mount_point
-        if point == root or point.startswith(root + "/"):
-            out.append(replace(entry, mount_point=point[len(root) :] or "/"))
-        elif not ours:
-            out.append(entry)
-    return out
+    return [
+        replace(e, mount_point=e.mount_point[len(root) :] or "/") if under else e
+        for e in entries
+        if (under := (e.mount_point + "/").startswith(root + "/")) or not ours
+    ]
 
 
 class MountTable:
-    """The first readable of the candidate mountinfo files ('1': the host's, 'self': ours),
-    parsed with --path.rootfs stripped, and what is mounted at each watched path. By default
-    pid 1's first under --path.rootfs (it names mounts as the host does), else ours. The file
-    is read again only when poll() on it reports POLLPRI, as libmount's monitor does (2,000
-    mounts cost ~10 ms a read)."""
+    """The first readable of the candidate mountinfo files ('1': the host's, 'self': ours;
+    pid 1's first under --path.rootfs: it names mounts as the host does), --path.rootfs
+    stripped. Read again only when poll() on it reports POLLPRI, as libmount's monitor does
+    (2,000 mounts cost ~10 ms a read)."""
 
     def __init__(self, paths: Paths, order: Optional[Sequence[str]] = None):
         self.paths = paths
         host_first = paths.rootfs not in ("", "/")
         self.order = tuple(order or (("1", "self") if host_first else ("self", "1")))
         self._open = None  # (pid, file, poller) of the mountinfo the entries are from
-        self.index = MountIndex([])
-        self._read = False  # once read with entries: until then nothing is known
+        self.index = MountIndex([])  # empty until read with entries: nothing is known
 
     def read(self) -> Optional[List[MountEntry]]:
         """The entries; None when unchanged. OSError naming each file when none can be read."""
@@ -147,7 +142,7 @@ class MountTable:
         except OSError:
             entries = []
         if entries is not None:
-            self.index, self._read = MountIndex(entries), bool(entries)
+            self.index = MountIndex(entries)
         return entries is not None
 
     def mounted_at(self, path: str) -> Optional[MountEntry]:
@@ -155,18 +150,12 @@ class MountTable:
         return self.index.by_point.get(path.rstrip("/") or "/")
 
     def gone(self, path: str) -> bool:
-        """`path` is no mount point in a table we could read: what lies beneath (the root
-        disk's directory) is not the mount's and is neither measured nor walked, as
-        node_exporter reports only the mount points mountinfo lists. An unreadable or empty
-        table proves nothing."""
-        return self._read and self.mounted_at(path) is None
+        """`path` is no mount point in a table we could read (an unreadable or empty one
+        proves nothing): the root disk's directory beneath is neither measured nor walked."""
+        return bool(self.index.by_point) and self.mounted_at(path) is None
 
 
-def live_mounts(
-    mounts: "Sequence[str] | Callable[[], List[str]]",
-) -> Callable[[], List[str]]:
+def live_mounts(mounts) -> Callable[[], List[str]]:
     """What collectors take: discovery's `mounts` callable, or (tests, benchmarks) a fixed list."""
-    if callable(mounts):
-        return mounts
-    fixed = list(mounts)
-    return lambda: fixed
+    fixed = None if callable(mounts) else list(mounts)
+    return mounts if fixed is None else lambda: fixed
