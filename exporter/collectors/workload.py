@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence
 
 from exporter.host.mountinfo import MountEntry, parse_mountinfo
 from exporter.host.paths import Paths, read_text
@@ -45,11 +45,10 @@ def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
         own = table.cgroups("self")
     except OSError:
         return []  # without our own cgroup, ours cannot be told from the workload's
-    found = []
-    walked = table.walk()
+    walked, found = table.walk(), []
     # Processes we cannot read (another UID, hidepid) may be the workload's: an estimate
     # without them would be low, and unmarked as such. Say so instead.
-    if walked.unreadable or walked.invisible is None or walked.invisible:
+    if walked.unreadable or walked.invisible != 0:  # None: not known
         raise IncompleteView(
             f"{walked.unreadable or 0} process(es) in this PID namespace could not be read"
             + ("" if walked.invisible == 0 else " and some are hidden by hidepid")
@@ -57,11 +56,7 @@ def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
             "CAP_SYS_PTRACE, or the host's cgroupfs)"
         )
     for proc in walked.processes:
-        if (
-            proc.pid == own_pid
-            or proc.comm in SANDBOX_COMMS
-            or _is_shmwatch(table, proc)
-        ):
+        if proc.pid == own_pid or proc.comm in SANDBOX_COMMS or _shmwatch(table, proc):
             continue
         try:
             if table.cgroups(proc.pid) == own:
@@ -77,7 +72,7 @@ def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
     return sorted(found, key=lambda p: p.pid)
 
 
-def _is_shmwatch(table: ProcessTable, proc: Process) -> bool:
+def _shmwatch(table: ProcessTable, proc: Process) -> bool:
     """A second sidecar: `[python] shmwatch ...` or `python3 -m exporter ...` (not by comm,
     which a Python server shares)."""
     try:
@@ -108,19 +103,14 @@ def cgroup_directories(
     """Every directory a mounted cgroupfs shows `path` at (v1: a memory hierarchy; v2: cgroup2)."""
     out = []
     for entry in entries:
-        if version == 1:
-            shown = entry.fstype == "cgroup" and "memory" in entry.options.split(",")
-        else:
-            shown = entry.fstype == "cgroup2"
-        rest = below(path, entry.root) if shown else None
-        if rest is not None:
+        v1 = entry.fstype == "cgroup" and "memory" in entry.options.split(",")
+        rest = below(path, entry.root)
+        if rest is not None and (v1 if version == 1 else entry.fstype == "cgroup2"):
             out.append(os.path.join(entry.mount_point, *rest))
     return out
 
 
-def find_through_mounts(
-    paths: Paths, candidates: dict
-) -> Optional[Tuple[str, int, str]]:
+def find_through_mounts(paths: Paths, candidates: dict) -> Optional[tuple]:
     """(path, version, directory) of the first readable memory cgroup among `candidates`
     ({controller: path} from /proc/<pid>/cgroup) under any cgroupfs mount we can see."""
     try:
@@ -156,8 +146,7 @@ def shm_used(paths: Paths, mounts: Iterable[str]) -> int:
 
 def resident(table: ProcessTable, processes: Sequence[Process]) -> int:
     """Proportional anonymous + file-backed resident bytes of `processes` (shm left out)."""
-    total = 0
-    unreadable = []
+    total, unreadable = 0, []
     for proc in processes:
         try:
             rollup = table.smaps_rollup(proc.pid)
