@@ -36,10 +36,7 @@ def parse_flat_keyed(text: str, keys=None) -> Dict[str, int]:
 
 
 def parse_limit(text: str) -> Optional[int]:
-    value = text.strip()
-    if value == "max":
-        return None
-    number = int(value)
+    number = V1_UNLIMITED if text.strip() == "max" else int(text)
     return None if number >= V1_UNLIMITED else number
 
 
