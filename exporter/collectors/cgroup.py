@@ -13,6 +13,7 @@ import re
 import resource
 import time
 from contextlib import suppress
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from exporter.model.types import CgroupMemory
@@ -49,29 +50,23 @@ def _links(directory: str) -> Optional[int]:
         return None
 
 
+@dataclass(eq=False)
 class CgroupCollector(BaseSource):
+    paths: Paths
+    cgroup_path: Optional[str] = None
+    target_process: Optional[str] = None
+    limit_override: Optional[int] = None
+    node_mode: bool = False  # every pod's cgroup on the host, not one
+    table: Optional[ProcessTable] = None
+    # The watched shm mounts: what an estimate adds.
+    mounts: Callable[[], Sequence[str]] = list
+    kill_log_complete: Callable[[], bool] = lambda: False
     name = "cgroup"
 
-    def __init__(
-        self,
-        paths: Paths,
-        cgroup_path: Optional[str] = None,
-        target_process: Optional[str] = None,
-        limit_override: Optional[int] = None,
-        node_mode: bool = False,
-        table: Optional[ProcessTable] = None,
-        mounts: Optional[Callable[[], Sequence[str]]] = None,
-        kill_log_complete: Callable[[], bool] = lambda: False,
-    ):
-        self.paths = paths
-        self.table = table or ProcessTable(paths)
-        self.node_mode = node_mode  # every pod's cgroup on the host, not one
-        self.kill_log_complete = kill_log_complete
-        self.cgroup_path = cgroup_path
-        self.target = re.compile(target_process) if target_process else None
-        self.limit_override = usable_limit_flag(paths, limit_override)
-        # The watched shm mounts: what an estimate adds.
-        self.mounts = mounts or (lambda: [])
+    def __post_init__(self) -> None:
+        self.table = self.table or ProcessTable(self.paths)
+        self.target = re.compile(self.target_process) if self.target_process else None
+        self.limit_override = usable_limit_flag(self.paths, self.limit_override)
         # Node mode: the last walk's pod cgroups, when it was made, the links of each
         # directory walked into, and a v1 pod's containers.
         self._listed: Optional[List[Tuple[str, int, str, str]]] = None
