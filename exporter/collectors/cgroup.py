@@ -97,11 +97,11 @@ class CgroupCollector(BaseSource):
         # mount of the host's cgroupfs shows it (below), never a path joined onto ours.
         outside = any(p.startswith("/..") or "/../" in p for p in candidates.values())
         tried = []
-        for base, version, marker in () if outside else HIERARCHIES:
+        for base, version in () if outside else HIERARCHIES:
             path = candidates.get("memory" if version == 1 else "")
             if path is not None:
                 tried.append(os.path.join(root, base, path.lstrip("/")))
-                if os.path.exists(os.path.join(tried[-1], marker)):
+                if os.path.exists(os.path.join(tried[-1], USAGE[version])):
                     return path, version, tried[-1]
         if found := workload.find_through_mounts(self.paths, candidates):
             return found
@@ -173,14 +173,14 @@ class CgroupCollector(BaseSource):
         root = self.paths.sys("fs", "cgroup")
         found = []
         self._walked_links = {}  # each directory walked into: its links as listed
-        for below_root, version, marker in HIERARCHIES:
+        for below_root, version in HIERARCHIES:
             base = os.path.join(root, below_root)
             for top in POD_CGROUP_ROOTS:
                 start = os.path.join(base, top)
                 self._walked_links[start] = None  # a start made later has links
                 for directory, subdirs, files in os.walk(start):
                     match = POD_CGROUP_DIR.search(os.path.basename(directory))
-                    if match and marker in files:
+                    if match and USAGE[version] in files:
                         path = "/" + os.path.relpath(directory, base)
                         uid = match.group(1).replace("_", "-")
                         found.append((path, version, directory, uid))
@@ -262,20 +262,16 @@ class CgroupCollector(BaseSource):
         for directory in list(self._fds):
             self._close(directory)
 
-    def read(
-        self, path, version, directory, pod_uid="", above=None, swap=True
-    ) -> CgroupMemory:
+    def read(self, path, version, directory, pod_uid="", above=None, swap=True):
         """`pod_uid`: node mode's, where --memory.limit-bytes (one workload's) does not apply.
         The flag counts where it is tighter than the cgroup's limit (or the cgroup has none)."""
         fields = read_files(directory, version, above, swap)
         flag, limit = self.limit_override, fields["limit_bytes"]
         if flag is not None and not pod_uid and (limit is None or flag < limit):
             fields.update(limit_bytes=flag, limit_source="flag")
-        v1_pod = pod_uid and version == 1
-        children = self._child_oom_kills(path, directory) if v1_pod else ()
-        return CgroupMemory(
-            path, version, pod_uid=pod_uid, child_oom_kills=children, **fields
-        )
+        if pod_uid and version == 1:
+            fields["child_oom_kills"] = self._child_oom_kills(path, directory)
+        return CgroupMemory(path, version, pod_uid=pod_uid, **fields)
 
     @staticmethod
     def binding(path: str, version: int, directory: str) -> Tuple[str, int, str]:

@@ -18,18 +18,15 @@ import os
 import posixpath
 from typing import Iterable, List, Optional, Sequence
 
+from exporter.host.cgroupfs import USAGE
 from exporter.host.mountinfo import MountEntry, parse_mountinfo
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import Process, ProcessTable
 
 ESTIMATE_CGROUP = "estimate:workload"
-# Where the memory controller's files are below /sys/fs/cgroup: (directory, cgroup version,
-# the file only a memory cgroup has). v1 (or hybrid) first.
-HIERARCHIES = (
-    ("memory", 1, "memory.usage_in_bytes"),
-    ("", 2, "memory.current"),
-    ("unified", 2, "memory.current"),
-)
+# Where the memory controller's files are below /sys/fs/cgroup: (directory, cgroup version).
+# v1 (or hybrid) first; a memory cgroup is told by its usage file (USAGE).
+HIERARCHIES = (("memory", 1), ("", 2), ("unified", 2))
 # A pod's sandbox process: in the shared PID namespace of a Kubernetes pod, but not the workload.
 SANDBOX_COMMS = ("pause",)
 
@@ -117,12 +114,12 @@ def find_through_mounts(paths: Paths, candidates: dict) -> Optional[tuple]:
         entries = parse_mountinfo(read_text(paths.proc("self", "mountinfo")))
     except OSError:
         return None
-    for controller, version, marker in HIERARCHIES[:2]:
+    for controller, version in HIERARCHIES[:2]:
         path = candidates.get(controller)
         if path is None:
             continue
         for directory in cgroup_directories(entries, path, version):
-            if os.path.exists(os.path.join(directory, marker)):
+            if os.path.exists(os.path.join(directory, USAGE[version])):
                 return path, version, directory
     return None
 
