@@ -195,15 +195,13 @@ class CgroupCollector(BaseSource):
 
     def read_pods(self, listed: List[Tuple[str, int, str, str]]) -> List[CgroupMemory]:
         """Each listed pod's cgroup; one that cannot be read (deleted since the walk: ENOENT,
-        ENODEV; a file cut short) is left out and the others stand. As cAdvisor's dynamic
-        housekeeping, per pod: one read the same as last time is read again after twice as
-        many polls, up to POD_STRETCH_MAX, and every poll again once it changed or nears its
-        limit; only while the kernel log counts every kill (v1 counts one in the container's
-        own cgroup, which may be replaced between two reads). Between its reads a stretched
-        pod's usage and limit files are read every poll: a jump toward the limit, or a limit
-        lowered, is read whole at once, not polls later."""
-        # above: the QoS slices' limits, read once a pass.
-        found, above, swap = [], {}, None
+        ENODEV; a file cut short) is left out. As cAdvisor's housekeeping, per pod: one read
+        the same as last time is read again after twice as many polls (up to POD_STRETCH_MAX),
+        every poll once it changed or nears its limit; only while the kernel log counts every
+        kill (v1 counts one in the container's own cgroup, which may be replaced between two
+        reads). Meanwhile its usage and limit files are read every poll: a jump toward the
+        limit, or a limit lowered, is read whole at the next poll."""
+        found, above, swap = [], {}, None  # above: the QoS slices' limits, once a pass
         stretch = self.kill_log_complete()
         kept, self._kept, self._polls = self._kept, {}, self._polls + 1
         for path, version, directory, uid in listed:
@@ -236,9 +234,8 @@ class CgroupCollector(BaseSource):
 
     def _probe(self, directory: str, version: int, above: dict) -> Optional[tuple]:
         """The pod's usage and limit files as they read now, through descriptors kept open
-        (a read from offset 0 of a cgroup file is made afresh, at a seventh of an open,
-        read and close), and the limits above it, read once a pass: a limit resized in
-        place, the pod's or its QoS slice's, is seen at the next poll. None: unreadable."""
+        (a pread at offset 0 of a cgroup file reads it afresh, at a seventh of the cost of
+        open, read, close), and the limits above it. None: unreadable."""
         files = [os.path.join(directory, n) for n in (USAGE[version], LIMIT[version])]
         try:
             if directory not in self._fds and 2 * len(self._fds) < self._max_fds:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+from contextlib import suppress
 from typing import Iterable, List, Optional, Sequence
 
 from exporter.host.cgroupfs import USAGE
@@ -126,19 +127,13 @@ def find_through_mounts(paths: Paths, candidates: dict) -> Optional[tuple]:
 
 def shm_used(paths: Paths, mounts: Iterable[str]) -> int:
     """Bytes used on the watched mounts, each filesystem once (one tmpfs may be watched twice)."""
-    seen, total = set(), 0
+    used = {}  # by device
     for mount in mounts:
         where = paths.host(mount)
-        try:
-            device = os.stat(where).st_dev
-            if device in seen:
-                continue
-            st = os.statvfs(where)
-        except OSError:
-            continue
-        seen.add(device)
-        total += (st.f_blocks - st.f_bfree) * st.f_frsize
-    return total
+        with suppress(OSError):
+            st, device = os.statvfs(where), os.stat(where).st_dev
+            used[device] = (st.f_blocks - st.f_bfree) * st.f_frsize
+    return sum(used.values())
 
 
 def resident(table: ProcessTable, processes: Sequence[Process]) -> int:

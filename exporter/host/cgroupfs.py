@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from contextlib import suppress
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 from exporter.host.kube import POD_CGROUP_DIR
 from exporter.host.paths import read_text
@@ -66,10 +66,8 @@ def limits_above(level: str, name: str, above: Dict[str, list]) -> list:
     return above[parent]
 
 
-def effective_limit(
-    directory: str, version: int, above: Optional[Dict[str, list]] = None
-) -> Tuple[Optional[int], str]:
-    """The smallest limit from the cgroup up, as the kernel enforces it (v2 has no
+def effective_limit(directory: str, version: int, above=None) -> tuple:
+    """-> (limit, where). The smallest limit from the cgroup up, as the kernel enforces it (v2 has no
     hierarchical_memory_limit; a pod-level limit, KEP-2837, is on the pod's cgroup alone),
     and where it binds: "pod" (a pod's cgroup), "self", "ancestor", or "none" (of equal
     limits, the outermost: a container as tight as its pod is read as the pod)."""
@@ -86,9 +84,7 @@ def effective_limit(
     return best, where
 
 
-def read_files(
-    directory: str, version: int, above=None, with_swap: bool = True
-) -> Dict[str, object]:
+def read_files(directory: str, version: int, above=None, with_swap=True) -> dict:
     """A cgroup's usage, effective limit and where it binds, working set, shmem, OOM kills,
     memory.high, memory events and swap: CgroupMemory's fields by name."""
     stat = parse_flat_keyed(read_text(f"{directory}/memory.stat"), STAT_KEYS)
