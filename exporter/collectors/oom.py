@@ -134,8 +134,4 @@ class OomCollector(BaseSource):
 
 # serve: kills from now on; check: the kernel log ring from its start (recent kills). Off by
 # default in a sidecar: /dev/kmsg is not in a container unless given, and needs CAP_SYSLOG.
-register(
-    "oom",
-    lambda c: OomCollector(c.cfg.kmsg, from_start=c.kmsg_from_start),
-    modes=("node",),
-)
+register("oom", lambda c: OomCollector(c.cfg.kmsg, c.kmsg_from_start), modes=("node",))
