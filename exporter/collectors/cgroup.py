@@ -20,11 +20,12 @@ from exporter.model.types import CgroupMemory
 from exporter.host.cgroupfs import LIMIT, USAGE, effective_limit, limits_above
 from exporter.host.cgroupfs import read_files, read_keyed
 from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_mount
+from exporter.host.mountinfo import parse_mountinfo
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import ProcessTable
 from exporter.collectors import workload
 from exporter.collectors.host_memory import meminfo, usable_limit_flag
-from exporter.collectors.workload import HIERARCHIES
+from exporter.collectors.workload import HIERARCHIES, cgroup_directories
 from exporter.collectors.source import BaseSource, register
 
 # Node mode lists the pod cgroups again when a directory above them gained or lost one (its
@@ -94,7 +95,7 @@ class CgroupCollector(BaseSource):
         else:
             candidates = self.table.cgroups(pid)
         # In a private cgroup namespace another container's cgroup reads as /../<id>: only a
-        # mount of the host's cgroupfs shows it (below), never a path joined onto ours.
+        # mount of the host's cgroupfs shows it, never a path joined onto ours.
         outside = any(p.startswith("/..") or "/../" in p for p in candidates.values())
         tried = []
         for base, version in () if outside else HIERARCHIES:
@@ -103,8 +104,14 @@ class CgroupCollector(BaseSource):
                 tried.append(os.path.join(root, base, path.lstrip("/")))
                 if os.path.exists(os.path.join(tried[-1], USAGE[version])):
                     return path, version, tried[-1]
-        if found := workload.find_through_mounts(self.paths, candidates):
-            return found
+        with suppress(OSError):  # then under any cgroupfs mount we can see
+            entries = parse_mountinfo(read_text(self.paths.proc("self", "mountinfo")))
+            for controller, version in HIERARCHIES[:2]:
+                path = candidates.get(controller)
+                shown = cgroup_directories(entries, path, version) if path else []
+                for directory in shown:
+                    if os.path.exists(os.path.join(directory, USAGE[version])):
+                        return path, version, directory
         if outside:
             raise LookupError(
                 f"cgroup {next(iter(candidates.values()))} is outside this container's cgroup "

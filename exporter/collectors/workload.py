@@ -19,9 +19,8 @@ import posixpath
 from contextlib import suppress
 from typing import Iterable, List, Optional, Sequence
 
-from exporter.host.cgroupfs import USAGE
-from exporter.host.mountinfo import MountEntry, parse_mountinfo
-from exporter.host.paths import Paths, read_text
+from exporter.host.mountinfo import MountEntry
+from exporter.host.paths import Paths
 from exporter.host.proctable import Process, ProcessTable
 
 ESTIMATE_CGROUP = "estimate:workload"
@@ -106,23 +105,6 @@ def cgroup_directories(
         if rest is not None and (v1 if version == 1 else entry.fstype == "cgroup2"):
             out.append(os.path.join(entry.mount_point, *rest))
     return out
-
-
-def find_through_mounts(paths: Paths, candidates: dict) -> Optional[tuple]:
-    """(path, version, directory) of the first readable memory cgroup among `candidates`
-    ({controller: path} from /proc/<pid>/cgroup) under any cgroupfs mount we can see."""
-    try:
-        entries = parse_mountinfo(read_text(paths.proc("self", "mountinfo")))
-    except OSError:
-        return None
-    for controller, version in HIERARCHIES[:2]:
-        path = candidates.get(controller)
-        if path is None:
-            continue
-        for directory in cgroup_directories(entries, path, version):
-            if os.path.exists(os.path.join(directory, USAGE[version])):
-                return path, version, directory
-    return None
 
 
 def shm_used(paths: Paths, mounts: Iterable[str]) -> int:
