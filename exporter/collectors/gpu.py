@@ -71,8 +71,7 @@ class GpuCollector(BaseSource):
         except nvml.NVMLError as err:
             self.close()  # driver-level trouble: start afresh next time
             raise RuntimeError(f"nvmlDeviceGetCount failed: {err}") from None
-        devices: List[GpuDevice] = []
-        errors: List[str] = []
+        devices, errors = [], []
         for index in range(count):
             try:
                 devices.extend(self._device(index))
