@@ -45,10 +45,9 @@ MAX_KEPT_FDS = 1024
 
 def _links(directory: str) -> Optional[int]:
     """A directory's link count: 2 + its subdirectories (on cgroupfs too); None: not there."""
-    try:
+    with suppress(OSError):
         return os.stat(directory).st_nlink
-    except OSError:
-        return None
+    return None
 
 
 @dataclass(eq=False)

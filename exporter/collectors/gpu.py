@@ -87,10 +87,9 @@ class GpuCollector(BaseSource):
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         name = _text(nvml.nvmlDeviceGetName(handle))
         devices = [self._measure(handle, str(index), name)]
-        try:
+        current_mode = 0
+        with suppress(nvml.NVMLError):  # NotSupported on GPUs without MIG
             current_mode, _pending = nvml.nvmlDeviceGetMigMode(handle)
-        except nvml.NVMLError:
-            current_mode = 0  # NotSupported on GPUs without MIG
         if current_mode == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1):
             for mig_index in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
                 try:

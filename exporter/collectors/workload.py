@@ -72,12 +72,11 @@ def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
 def _shmwatch(table: ProcessTable, proc: Process) -> bool:
     """A second sidecar: `[python] shmwatch ...` or `python3 -m exporter ...` (not by comm,
     which a Python server shares)."""
-    try:
+    with suppress(OSError):
         words = table.cmdline(proc.pid).split()
-    except OSError:
-        return False
-    module = words[1:3] == ["-m", "exporter"]
-    return module or any(os.path.basename(w) == "shmwatch" for w in words[:2])
+        module = words[1:3] == ["-m", "exporter"]
+        return module or any(os.path.basename(w) == "shmwatch" for w in words[:2])
+    return False
 
 
 def below(path: str, root: str) -> Optional[List[str]]:
