@@ -12,25 +12,21 @@ import os
 import re
 import resource
 import time
+from contextlib import suppress
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from exporter.model.types import CgroupMemory
-from exporter.host.cgroupfs import (
-    LIMIT,
-    USAGE,
-    effective_limit,
-    limits_above,
-    read_files,
-    read_keyed,
-)
+from exporter.host.cgroupfs import LIMIT, USAGE, effective_limit, limits_above
+from exporter.host.cgroupfs import read_files, read_keyed
 from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_mount
+from exporter.host.mountinfo import parse_mountinfo
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import ProcessTable
 from exporter.collectors import workload
 from exporter.collectors.host_memory import meminfo, usable_limit_flag
-from exporter.collectors.workload import HIERARCHIES
+from exporter.collectors.workload import HIERARCHIES, cgroup_directories
 from exporter.collectors.source import BaseSource, register
-
 
 # Node mode lists the pod cgroups again when a directory above them gained or lost one (its
 # link count: 2 + its subdirectories), a listed one went away, or, this long apart at most,
@@ -42,58 +38,45 @@ STRETCH_BELOW_RATIO = 0.8
 # A pod whose usage and limit files read the same every poll is read whole after this many
 # polls at most (cAdvisor's housekeeping stretches to 60 s by default).
 POD_STRETCH_MAX = 32
-
 # Usage and limit files kept open at most, and never past a quarter of the soft
 # RLIMIT_NOFILE (a container's may be 1,024: connections need the rest).
 MAX_KEPT_FDS = 1024
 
 
-def _near_limit(memory: CgroupMemory) -> bool:
-    """Usage (working set and inactive cache: never below the working set) near the limit."""
-    limit = memory.limit_bytes
-    return limit is not None and memory.usage_bytes >= STRETCH_BELOW_RATIO * limit
-
-
 def _links(directory: str) -> Optional[int]:
     """A directory's link count: 2 + its subdirectories (on cgroupfs too); None: not there."""
-    try:
+    with suppress(OSError):
         return os.stat(directory).st_nlink
-    except OSError:
-        return None
+    return None
 
 
+@dataclass(eq=False)
 class CgroupCollector(BaseSource):
+    paths: Paths
+    cgroup_path: Optional[str] = None
+    target_process: Optional[str] = None
+    limit_override: Optional[int] = None
+    node_mode: bool = False  # every pod's cgroup on the host, not one
+    table: Optional[ProcessTable] = None
+    # The watched shm mounts: what an estimate adds.
+    mounts: Callable[[], Sequence[str]] = list
+    kill_log_complete: Callable[[], bool] = lambda: False
     name = "cgroup"
 
-    def __init__(
-        self,
-        paths: Paths,
-        cgroup_path: Optional[str] = None,
-        target_process: Optional[str] = None,
-        limit_override: Optional[int] = None,
-        node_mode: bool = False,
-        table: Optional[ProcessTable] = None,
-        mounts: Optional[Callable[[], Sequence[str]]] = None,
-        kill_log_complete: Callable[[], bool] = lambda: False,
-    ):
-        self.paths = paths
-        self.table = table or ProcessTable(paths)
-        self.node_mode = node_mode  # every pod's cgroup on the host, not one
-        self.kill_log_complete = kill_log_complete
-        self.cgroup_path = cgroup_path
-        self.target = re.compile(target_process) if target_process else None
-        self.limit_override = usable_limit_flag(paths, limit_override)
-        # The watched shm mounts: what an estimate adds.
-        self.mounts = mounts or (lambda: [])
-        # Node mode: the last walk's pod cgroups, and when it was made.
+    def __post_init__(self) -> None:
+        self.table = self.table or ProcessTable(self.paths)
+        self.target = re.compile(self.target_process) if self.target_process else None
+        self.limit_override = usable_limit_flag(self.paths, self.limit_override)
+        # Node mode: the last walk's pod cgroups, when it was made, the links of each
+        # directory walked into, and a v1 pod's containers.
         self._listed: Optional[List[Tuple[str, int, str, str]]] = None
         self._walked_at = float("-inf")
         self._walked_links: Dict[str, Optional[int]] = {}
-        self._children: Dict[str, List[str]] = {}  # v1: a pod's containers, by walk
-        # Node mode, by directory: a pod's last read, its stretch (polls), the poll it is
-        # due, its probe then (usage and limit files, the limits above).
+        self._children: Dict[str, List[str]] = {}
+        # By directory: a pod's last read, its stretch (polls), the poll it is due, its probe
+        # then; and its usage and limit files, kept open.
         self._kept: Dict[str, Tuple[CgroupMemory, int, int, Optional[tuple]]] = {}
-        self._fds: Dict[str, int] = {}  # by path: the usage and limit files, kept open
+        self._fds: Dict[str, List[int]] = {}
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self._max_fds = MAX_KEPT_FDS if soft < 0 else min(MAX_KEPT_FDS, soft // 4)
         self._polls = 0
@@ -110,22 +93,24 @@ class CgroupCollector(BaseSource):
             candidates = {"memory": self.cgroup_path, "": self.cgroup_path}
         else:
             candidates = self.table.cgroups(pid)
-        tried = []
         # In a private cgroup namespace another container's cgroup reads as /../<id>: only a
-        # mount of the host's cgroupfs shows it (below), never a path joined onto ours.
-        outside = any(
-            path.startswith("/..") or "/../" in path for path in candidates.values()
-        )
-        for base, version, marker in () if outside else HIERARCHIES:
+        # mount of the host's cgroupfs shows it, never a path joined onto ours.
+        outside = any(p.startswith("/..") or "/../" in p for p in candidates.values())
+        tried = []
+        for base, version in () if outside else HIERARCHIES:
             path = candidates.get("memory" if version == 1 else "")
             if path is not None:
-                directory = os.path.join(root, base, path.lstrip("/"))
-                tried.append(directory)
-                if os.path.exists(os.path.join(directory, marker)):
-                    return path, version, directory
-        found = workload.find_through_mounts(self.paths, candidates)
-        if found is not None:
-            return found
+                tried.append(os.path.join(root, base, path.lstrip("/")))
+                if os.path.exists(os.path.join(tried[-1], USAGE[version])):
+                    return path, version, tried[-1]
+        with suppress(OSError):  # then under any cgroupfs mount we can see
+            entries = parse_mountinfo(read_text(self.paths.proc("self", "mountinfo")))
+            for controller, version in HIERARCHIES[:2]:
+                path = candidates.get(controller)
+                shown = cgroup_directories(entries, path, version) if path else []
+                for directory in shown:
+                    if os.path.exists(os.path.join(directory, USAGE[version])):
+                        return path, version, directory
         if outside:
             raise LookupError(
                 f"cgroup {next(iter(candidates.values()))} is outside this container's cgroup "
@@ -136,9 +121,23 @@ class CgroupCollector(BaseSource):
         )
 
     def collect(self) -> List[CgroupMemory]:
-        """Every pod's cgroup in node mode; the one watched cgroup otherwise (a list of one)."""
+        """Every pod's cgroup in node mode, from a listing walked again only when it changed
+        (walking 200 pods' cgroup trees costs more than reading them); the one watched
+        cgroup otherwise (a list of one)."""
         if self.node_mode:
-            return self.collect_pods()
+            now = time.monotonic()
+            watched = {pod_uid_of_mount(m) for m in self.mounts()} - {""}
+            missing = not watched <= {uid for *_, uid in self._listed or ()}
+            missing = missing and now - self._walked_at > MISSING_REWALK_SECONDS
+            # A directory walked into gained or lost a pod cgroup, or was removed.
+            made = any(_links(d) != n for d, n in self._walked_links.items())
+            if self._listed is None or missing or made:
+                self._listed = self.pod_cgroups()
+                self._walked_at, self._children = now, {}
+            found = self.read_pods(self._listed)
+            if len(found) < len(self._listed):  # a pod went away (or cannot be read)
+                self._listed = None  # list again next time
+            return found
         if self.cgroup_path:
             return [self.read(*self.resolve())]
         # In the host's PID namespace the processes are nobody's workload.
@@ -167,37 +166,32 @@ class CgroupCollector(BaseSource):
         except (LookupError, FileNotFoundError):
             if not processes:
                 raise
-        return [self.estimate(processes)]
-
-    def estimate(self, processes) -> CgroupMemory:
-        """The workload's charge from what it has resident and what it wrote to shm."""
+        # The workload's charge from what it has resident and what it wrote to shm.
         shm = workload.shm_used(self.paths, self.mounts())
         ws, limit = workload.resident(self.table, processes) + shm, self.limit_override
-        flag = "flag" if limit is not None else "none"
-        return CgroupMemory(
-            workload.ESTIMATE_CGROUP, 0, ws, limit, ws, shm, None, flag, estimated=True
-        )
+        source = "none" if limit is None else "flag"
+        estimate = (workload.ESTIMATE_CGROUP, 0, ws, limit, ws, shm, None, source)
+        return [CgroupMemory(*estimate, estimated=True)]
 
     def pod_cgroups(self) -> List[Tuple[str, int, str, str]]:
         """Every pod's memory cgroup on the host -> [(path, version, directory, pod uid)],
         under either cgroup driver (kube.POD_CGROUP_DIR), on v1 and v2."""
         root = self.paths.sys("fs", "cgroup")
-        found: List[Tuple[str, int, str, str]] = []
+        found = []
         self._walked_links = {}  # each directory walked into: its links as listed
-        for below_root, version, marker in HIERARCHIES:
+        for below_root, version in HIERARCHIES:
             base = os.path.join(root, below_root)
             for top in POD_CGROUP_ROOTS:
                 start = os.path.join(base, top)
                 self._walked_links[start] = None  # a start made later has links
                 for directory, subdirs, files in os.walk(start):
-                    depth = directory[len(start) :].count(os.sep)
                     match = POD_CGROUP_DIR.search(os.path.basename(directory))
-                    if match and marker in files:
+                    if match and USAGE[version] in files:
                         path = "/" + os.path.relpath(directory, base)
                         uid = match.group(1).replace("_", "-")
                         found.append((path, version, directory, uid))
                         subdirs[:] = []  # containers below the pod are not pods
-                    elif depth >= 2:
+                    elif directory[len(start) :].count(os.sep) >= 2:
                         subdirs[:] = []
                     else:
                         self._walked_links[directory] = 2 + len(subdirs)
@@ -205,32 +199,15 @@ class CgroupCollector(BaseSource):
                 break  # one hierarchy holds the memory controller
         return sorted(found)
 
-    def collect_pods(self) -> List[CgroupMemory]:
-        """Every pod's cgroup, from a listing walked again only when it changed: walking 200
-        pods' cgroup trees costs more than reading them."""
-        now = time.monotonic()
-        watched = {pod_uid_of_mount(m) for m in self.mounts()} - {""}
-        missing = not watched <= {uid for *_, uid in self._listed or ()}
-        missing = missing and now - self._walked_at > MISSING_REWALK_SECONDS
-        made = any(_links(d) != n for d, n in self._walked_links.items())  # or removed
-        if self._listed is None or missing or made:
-            self._listed = self.pod_cgroups()
-            self._walked_at, self._children = now, {}
-        found = self.read_pods(self._listed)
-        if len(found) < len(self._listed):  # a pod went away (or cannot be read)
-            self._listed = None  # list again next time
-        return found
-
     def read_pods(self, listed: List[Tuple[str, int, str, str]]) -> List[CgroupMemory]:
         """Each listed pod's cgroup; one that cannot be read (deleted since the walk: ENOENT,
-        ENODEV; a file cut short) is left out and the others stand. As cAdvisor's dynamic
-        housekeeping, per pod: one read the same as last time is read again after twice as
-        many polls, up to POD_STRETCH_MAX, and every poll again once it changed or nears its
-        limit; only while the kernel log counts every kill (v1 counts one in the container's
-        own cgroup, which may be replaced between two reads). Between its reads a stretched
-        pod's usage and limit files (a number each) are read every poll: a jump toward the
-        limit, or a limit lowered, is read whole at once, not polls later."""
-        found, above, swap = [], {}, None  # the QoS slices' limits, read once this pass
+        ENODEV; a file cut short) is left out. As cAdvisor's housekeeping, per pod: one read
+        the same as last time is read again after twice as many polls (up to POD_STRETCH_MAX),
+        every poll once it changed or nears its limit; only while the kernel log counts every
+        kill (v1 counts one in the container's own cgroup, which may be replaced between two
+        reads). Meanwhile its usage and limit files are read every poll: a jump toward the
+        limit, or a limit lowered, is read whole at the next poll."""
+        found, above, swap = [], {}, None  # above: the QoS slices' limits, once a pass
         stretch = self.kill_log_complete()
         kept, self._kept, self._polls = self._kept, {}, self._polls + 1
         for path, version, directory, uid in listed:
@@ -248,9 +225,12 @@ class CgroupCollector(BaseSource):
             except (OSError, ValueError):
                 self._close(directory)
                 continue
-            same = memory == last
-            memory = last if same else memory  # the same object: render memos hold
-            steady = stretch and same and not _near_limit(memory)
+            # The same object when unchanged: render memos hold.
+            memory = last if memory == last else memory
+            # Usage (working set and inactive cache) near the limit: read every poll.
+            usage, limit = memory.usage_bytes, memory.limit_bytes
+            near = limit is not None and usage >= STRETCH_BELOW_RATIO * limit
+            steady = stretch and memory is last and not near
             every = min(every * 2, POD_STRETCH_MAX) if steady else 1
             self._kept[directory] = (memory, every, self._polls + every, probe)
             found.append(memory)
@@ -260,95 +240,78 @@ class CgroupCollector(BaseSource):
 
     def _probe(self, directory: str, version: int, above: dict) -> Optional[tuple]:
         """The pod's usage and limit files as they read now, through descriptors kept open
-        (a read from offset 0 of a cgroup file is made afresh, at a seventh of an open,
-        read and close), and the limits above it, read once a pass: a limit resized in
-        place, the pod's or its QoS slice's, is seen at the next poll. None: unreadable."""
+        (a pread at offset 0 of a cgroup file reads it afresh, at a seventh of the cost of
+        open, read, close), and the limits above it. None: unreadable."""
+        files = [os.path.join(directory, n) for n in (USAGE[version], LIMIT[version])]
         try:
-            usage = self._read_kept(directory, USAGE[version])
-            limit = self._read_kept(directory, LIMIT[version])
-            return usage, limit, *limits_above(directory, LIMIT[version], above)
-        except (
-            OSError,
-            ValueError,
-        ):  # the pod gone (ENODEV): read whole, as its error says
+            if directory not in self._fds and 2 * len(self._fds) < self._max_fds:
+                self._fds[directory] = fds = []
+                for path in files:
+                    fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+            if fds := self._fds.get(directory):
+                now = [os.pread(fd, 64, 0) for fd in fds]
+            else:
+                now = [read_text(path).encode() for path in files]
+            return *now, *limits_above(directory, LIMIT[version], above)
+        except (OSError, ValueError):  # the pod gone (ENODEV): read whole
             self._close(directory)
             return None
 
-    def _read_kept(self, directory: str, name: str) -> bytes:
-        path = os.path.join(directory, name)
-        fd = self._fds.get(path)
-        if fd is None and len(self._fds) >= self._max_fds:
-            return read_text(path).encode()
-        if fd is None:
-            fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        return os.pread(fd, 64, 0)
-
     def _close(self, directory: str) -> None:
-        for name in (*USAGE.values(), *LIMIT.values()):
-            fd = self._fds.pop(os.path.join(directory, name), None)
-            if fd is not None:
-                os.close(fd)
+        for fd in self._fds.pop(directory, ()):
+            os.close(fd)
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds = {}
+        for directory in list(self._fds):
+            self._close(directory)
 
-    def read(
-        self, path, version, directory, pod_uid="", above=None, swap=True
-    ) -> CgroupMemory:
+    def read(self, path, version, directory, pod_uid="", above=None, swap=True):
         """`pod_uid`: node mode's, where --memory.limit-bytes (one workload's) does not apply.
         The flag counts where it is tighter than the cgroup's limit (or the cgroup has none)."""
         fields = read_files(directory, version, above, swap)
         flag, limit = self.limit_override, fields["limit_bytes"]
         if flag is not None and not pod_uid and (limit is None or flag < limit):
             fields.update(limit_bytes=flag, limit_source="flag")
-        v1_pod = pod_uid and version == 1
-        children = self._child_oom_kills(path, directory) if v1_pod else ()
-        return CgroupMemory(
-            path, version, pod_uid=pod_uid, child_oom_kills=children, **fields
-        )
+        if pod_uid and version == 1:
+            fields["child_oom_kills"] = self._child_oom_kills(path, directory)
+        return CgroupMemory(path, version, pod_uid=pod_uid, **fields)
 
     @staticmethod
     def binding(path: str, version: int, directory: str) -> Tuple[str, int, str]:
         """A workload's cgroup, or its pod's when the container has no tighter limit of its
         own and the pod's cgroup can be read: the pod's limit binds, and shm stays charged
         to the pod after a container restarts."""
-        if effective_limit(directory, version)[1] == "self":
-            return path, version, directory
         up, above = path.rstrip("/"), directory.rstrip("/")
-        while up.count("/") > 1:
+        own = effective_limit(directory, version)[1] == "self"
+        while not own and up.count("/") > 1:
             up, above = os.path.dirname(up), os.path.dirname(above)
             if POD_CGROUP_DIR.search(os.path.basename(up)):
-                readable = os.access(os.path.join(above, "memory.stat"), os.R_OK)
-                return (up, version, above) if readable else (path, version, directory)
+                if os.access(os.path.join(above, "memory.stat"), os.R_OK):
+                    return up, version, above
+                break
         return path, version, directory
 
-    def _child_oom_kills(
-        self, path: str, directory: str, fresh: bool = False
-    ) -> Tuple[Tuple[str, int], ...]:
+    def _child_oom_kills(self, path: str, directory: str) -> tuple:
         """The OOM kill counts of a v1 pod cgroup's containers (one level down), as they are
         now; listed again when the pod's links or a container gone say they changed."""
-        names = None if fresh else self._children.get(directory)
-        try:
-            if names is None or _links(directory) != len(names) + 2:
-                entries = os.scandir(directory)
-                names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
-                fresh = True
-        except OSError:
-            return ()  # gone already: the pod's own count stands
-        self._children[directory] = names
-        found = []
-        for name in names:
+        names = self._children.get(directory)
+        stale = names is None or _links(directory) != len(names) + 2
+        for listing in (stale, True):
             try:
-                oom = read_keyed(os.path.join(directory, name), "memory.oom_control")
+                if listing:
+                    entries = os.scandir(directory)
+                    names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
             except OSError:
-                oom = {}  # being removed (ENODEV)
-            if "oom_kill" in oom:
-                found.append((path.rstrip("/") + "/" + name, oom["oom_kill"]))
-            elif not fresh:  # gone since listed: list again
-                return self._child_oom_kills(path, directory, fresh=True)
-        return tuple(sorted(found))
+                return ()  # gone already: the pod's own count stands
+            self._children[directory] = names
+            kills = {}
+            for name in names:
+                child = os.path.join(directory, name)
+                with suppress(OSError, KeyError):  # being removed (ENODEV), or gone
+                    kills[name] = read_keyed(child, "memory.oom_control")["oom_kill"]
+            if listing or len(kills) == len(names):
+                up = path.rstrip("/")
+                return tuple((f"{up}/{name}", kills[name]) for name in sorted(kills))
 
 
 register(

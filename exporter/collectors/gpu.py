@@ -28,44 +28,42 @@ class GpuCollector(BaseSource):
 
     def __init__(self, table: ProcessTable):
         self.table = table
-        self.nvml = None
-        self.initialised = False
+        self.nvml = None  # pynvml, once nvmlInit succeeded
         self.driver_version = ""
         self._missing: Optional[Tuple[float, str]] = None  # (when, why) no driver
 
-    def _init(self):
+    def _init(self) -> None:
         missing = self._missing
         if missing and time.monotonic() - missing[0] < MISSING_DRIVER_RETRY_SECONDS:
             raise RuntimeError(missing[1])
         try:
             import pynvml as nvml  # nvidia-ml-py
-        except ImportError as err:
-            self._missing = (time.monotonic(), f"nvidia-ml-py is not installed ({err})")
-            raise RuntimeError(self._missing[1]) from None
-        self.nvml = nvml
-        try:
+
             nvml.nvmlInit()
-        except nvml.NVMLError as err:
+        except ImportError as err:
+            why = f"nvidia-ml-py is not installed ({err})"
+        except nvml.NVMLError as err:  # evaluated only once pynvml was imported
             why = {
                 nvml.NVML_ERROR_LIBRARY_NOT_FOUND: "no NVIDIA driver: libnvidia-ml.so.1 not found",
                 nvml.NVML_ERROR_DRIVER_NOT_LOADED: "the NVIDIA driver is not loaded",
             }.get(getattr(err, "value", None))
-            if why:
-                self._missing = (time.monotonic(), why)
-                raise RuntimeError(why) from None
-            raise RuntimeError(f"nvmlInit failed: {err}") from None
-        self._missing = None
-        self.initialised = True
-        self.driver_version = _text(nvml.nvmlSystemGetDriverVersion())
+            if not why:
+                raise RuntimeError(f"nvmlInit failed: {err}") from None
+        else:
+            self.nvml, self._missing = nvml, None
+            self.driver_version = _text(nvml.nvmlSystemGetDriverVersion())
+            return
+        self._missing = (time.monotonic(), why)
+        raise RuntimeError(why)
 
     def close(self) -> None:
-        if self.initialised and self.nvml is not None:
+        if self.nvml is not None:
             with suppress(Exception):  # after a driver error this may fail too
                 self.nvml.nvmlShutdown()
-        self.initialised = False
+        self.nvml = None
 
     def collect(self) -> GpuSnapshot:
-        if not self.initialised:
+        if self.nvml is None:
             self._init()
         nvml = self.nvml
         try:
@@ -73,8 +71,7 @@ class GpuCollector(BaseSource):
         except nvml.NVMLError as err:
             self.close()  # driver-level trouble: start afresh next time
             raise RuntimeError(f"nvmlDeviceGetCount failed: {err}") from None
-        devices: List[GpuDevice] = []
-        errors: List[str] = []
+        devices, errors = [], []
         for index in range(count):
             try:
                 devices.extend(self._device(index))
@@ -90,10 +87,9 @@ class GpuCollector(BaseSource):
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         name = _text(nvml.nvmlDeviceGetName(handle))
         devices = [self._measure(handle, str(index), name)]
-        try:
+        current_mode = 0
+        with suppress(nvml.NVMLError):  # NotSupported on GPUs without MIG
             current_mode, _pending = nvml.nvmlDeviceGetMigMode(handle)
-        except nvml.NVMLError:
-            current_mode = 0  # NotSupported on GPUs without MIG
         if current_mode == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1):
             for mig_index in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
                 try:
@@ -116,13 +112,7 @@ class GpuCollector(BaseSource):
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             used, reserved = int(memory.used), None
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-        total, free = int(memory.total), int(memory.free)
-        processes = self._processes(handle)
-        return GpuDevice(gpu, uuid, name, total, used, free, reserved, processes)
-
-    def _processes(self, handle) -> Tuple[GpuProcess, ...]:
-        nvml = self.nvml
-        used: Dict[int, int] = {}
+        by_pid: Dict[int, int] = {}
         for getter in (
             nvml.nvmlDeviceGetComputeRunningProcesses,
             nvml.nvmlDeviceGetGraphicsRunningProcesses,
@@ -135,10 +125,12 @@ class GpuCollector(BaseSource):
                 if info.usedGpuMemory is None:
                     continue  # not available (WDDM, or no permission)
                 pid = int(info.pid)
-                used[pid] = max(used.get(pid, 0), int(info.usedGpuMemory))
+                by_pid[pid] = max(by_pid.get(pid, 0), int(info.usedGpuMemory))
         # NVML reports host PIDs; from another PID namespace they do not resolve here.
         comm = self.table.comm
-        return tuple(GpuProcess(pid, comm(pid), b) for pid, b in sorted(used.items()))
+        processes = tuple(GpuProcess(p, comm(p), b) for p, b in sorted(by_pid.items()))
+        total, free = int(memory.total), int(memory.free)
+        return GpuDevice(gpu, uuid, name, total, used, free, reserved, processes)
 
 
 register("gpu", lambda c: GpuCollector(c.table))

@@ -18,6 +18,8 @@ from typing import Dict, Iterable, List, Optional, Tuple
 from exporter.collectors.source import BaseSource, register
 from exporter.model.types import OomKill, OomReports
 
+# A /dev/kmsg record: 'prio,seq,usec,flags[,...];message', then ' KEY=value' lines.
+_RECORD = re.compile(r"[^,;]*,(\d+),(\d+)(?:,[^;]*)?;(.*)")
 # cAdvisor's containerRegexp, with the cgroup fields taken from the end: cpuset and
 # nodemask may hold commas, task and the memcg paths come last in a fixed order.
 # A system-wide OOM says global_oom where a memcg OOM names its oom_memcg.
@@ -39,16 +41,9 @@ KMSG_RECORD_MAX = 8192
 
 
 def parse_kmsg_record(record: str) -> Optional[Tuple[int, int, str]]:
-    """'prio,seq,usec,flags[,...];message' (then ' KEY=value' lines) -> (seq, usec, message)."""
-    head, sep, rest = record.partition(";")
-    if not sep:
-        return None
-    fields = head.split(",")
-    try:
-        seq, usec = int(fields[1]), int(fields[2])
-    except (IndexError, ValueError):
-        return None
-    return seq, usec, rest.split("\n", 1)[0]
+    """-> (seq, usec, message's first line); None: not a record."""
+    match = _RECORD.match(record)
+    return (int(match[1]), int(match[2]), match[3]) if match else None
 
 
 class OomParser:
@@ -61,40 +56,32 @@ class OomParser:
         self._legacy: Optional[Tuple[str, str]] = None
 
     def feed(self, seq: int, usec: int, message: str) -> Optional[OomKill]:
-        match = _OOM_KILL.search(message)
-        if match:
+        if match := _OOM_KILL.search(message):
             if len(self._pending) > 64:
                 self._pending.clear()
             cgroups = match["task_memcg"], match["oom_memcg"] or "", match["constraint"]
             self._pending[int(match["pid"])] = cgroups
-            return None
-        match = _LEGACY.search(message)
-        if match:
+        elif match := _LEGACY.search(message):
             self._legacy = (match["task_memcg"], match["oom_memcg"])
-            return None
-        match = _KILLED.search(message)
-        if not match or "reaped process" in message:
-            return None
-        pid = int(match["pid"])
-        legacy = (*(self._legacy or ("", "")), "")
-        self._legacy = None
-        task_memcg, oom_memcg, constraint = self._pending.pop(pid, None) or legacy
-        if not constraint and message.startswith("Memory cgroup"):
-            constraint = "CONSTRAINT_MEMCG"
-        rss = {kind: int(kb) * 1024 for kind, kb in _RSS.findall(match["rest"])}
-        cgroups = (task_memcg, oom_memcg, constraint)
-        rss_bytes = map(rss.get, ("anon", "file", "shmem"))
-        return OomKill(seq, usec, pid, match["comm"], *cgroups, *rss_bytes)
+        elif (match := _KILLED.search(message)) and "reaped process" not in message:
+            pid = int(match["pid"])
+            legacy = (*(self._legacy or ("", "")), "")
+            self._legacy = None
+            task_memcg, oom_memcg, constraint = self._pending.pop(pid, None) or legacy
+            if not constraint and message.startswith("Memory cgroup"):
+                constraint = "CONSTRAINT_MEMCG"
+            rss = {kind: int(kb) * 1024 for kind, kb in _RSS.findall(match["rest"])}
+            rss_bytes = map(rss.get, ("anon", "file", "shmem"))
+            cgroups = (task_memcg, oom_memcg, constraint)
+            return OomKill(seq, usec, pid, match["comm"], *cgroups, *rss_bytes)
+        return None
 
 
-def parse_oom_kills(
-    records: Iterable[str], parser: Optional["OomParser"] = None
-) -> List[OomKill]:
+def parse_oom_kills(records: Iterable[str], parser=None) -> List[OomKill]:
     """Every OOM report completed by these /dev/kmsg records (`parser`: holding reports
     begun in earlier records)."""
     parser = parser or OomParser()
-    parsed = (parse_kmsg_record(record) for record in records)
-    kills = [parser.feed(*message) for message in parsed if message is not None]
+    kills = [parser.feed(*m) for m in map(parse_kmsg_record, records) if m]
     return [kill for kill in kills if kill is not None]
 
 
@@ -121,8 +108,7 @@ class OomCollector(BaseSource):
                 ) from None
             if not self.from_start:  # the next record written from now on
                 os.lseek(self._fd, 0, os.SEEK_END)
-        records: List[str] = []
-        lost = 0
+        records, lost = [], 0
         while True:
             try:
                 raw = os.read(self._fd, KMSG_RECORD_MAX)
@@ -148,8 +134,4 @@ class OomCollector(BaseSource):
 
 # serve: kills from now on; check: the kernel log ring from its start (recent kills). Off by
 # default in a sidecar: /dev/kmsg is not in a container unless given, and needs CAP_SYSLOG.
-register(
-    "oom",
-    lambda c: OomCollector(c.cfg.kmsg, from_start=c.kmsg_from_start),
-    modes=("node",),
-)
+register("oom", lambda c: OomCollector(c.cfg.kmsg, c.kmsg_from_start), modes=("node",))

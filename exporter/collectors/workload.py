@@ -16,20 +16,17 @@ from __future__ import annotations
 
 import os
 import posixpath
-from typing import Iterable, List, Optional, Sequence, Tuple
+from contextlib import suppress
+from typing import Iterable, List, Optional, Sequence
 
-from exporter.host.mountinfo import MountEntry, parse_mountinfo
-from exporter.host.paths import Paths, read_text
+from exporter.host.mountinfo import MountEntry
+from exporter.host.paths import Paths
 from exporter.host.proctable import Process, ProcessTable
 
 ESTIMATE_CGROUP = "estimate:workload"
-# Where the memory controller's files are below /sys/fs/cgroup: (directory, cgroup version,
-# the file only a memory cgroup has). v1 (or hybrid) first.
-HIERARCHIES = (
-    ("memory", 1, "memory.usage_in_bytes"),
-    ("", 2, "memory.current"),
-    ("unified", 2, "memory.current"),
-)
+# Where the memory controller's files are below /sys/fs/cgroup: (directory, cgroup version).
+# v1 (or hybrid) first; a memory cgroup is told by its usage file (USAGE).
+HIERARCHIES = (("memory", 1), ("", 2), ("unified", 2))
 # A pod's sandbox process: in the shared PID namespace of a Kubernetes pod, but not the workload.
 SANDBOX_COMMS = ("pause",)
 
@@ -45,11 +42,10 @@ def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
         own = table.cgroups("self")
     except OSError:
         return []  # without our own cgroup, ours cannot be told from the workload's
-    found = []
-    walked = table.walk()
+    walked, found = table.walk(), []
     # Processes we cannot read (another UID, hidepid) may be the workload's: an estimate
     # without them would be low, and unmarked as such. Say so instead.
-    if walked.unreadable or walked.invisible is None or walked.invisible:
+    if walked.unreadable or walked.invisible != 0:  # None: not known
         raise IncompleteView(
             f"{walked.unreadable or 0} process(es) in this PID namespace could not be read"
             + ("" if walked.invisible == 0 else " and some are hidden by hidepid")
@@ -57,11 +53,7 @@ def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
             "CAP_SYS_PTRACE, or the host's cgroupfs)"
         )
     for proc in walked.processes:
-        if (
-            proc.pid == own_pid
-            or proc.comm in SANDBOX_COMMS
-            or _is_shmwatch(table, proc)
-        ):
+        if proc.pid == own_pid or proc.comm in SANDBOX_COMMS or _shmwatch(table, proc):
             continue
         try:
             if table.cgroups(proc.pid) == own:
@@ -77,15 +69,14 @@ def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
     return sorted(found, key=lambda p: p.pid)
 
 
-def _is_shmwatch(table: ProcessTable, proc: Process) -> bool:
+def _shmwatch(table: ProcessTable, proc: Process) -> bool:
     """A second sidecar: `[python] shmwatch ...` or `python3 -m exporter ...` (not by comm,
     which a Python server shares)."""
-    try:
+    with suppress(OSError):
         words = table.cmdline(proc.pid).split()
-    except OSError:
-        return False
-    module = words[1:3] == ["-m", "exporter"]
-    return module or any(os.path.basename(w) == "shmwatch" for w in words[:2])
+        module = words[1:3] == ["-m", "exporter"]
+        return module or any(os.path.basename(w) == "shmwatch" for w in words[:2])
+    return False
 
 
 def below(path: str, root: str) -> Optional[List[str]]:
@@ -108,56 +99,27 @@ def cgroup_directories(
     """Every directory a mounted cgroupfs shows `path` at (v1: a memory hierarchy; v2: cgroup2)."""
     out = []
     for entry in entries:
-        if version == 1:
-            shown = entry.fstype == "cgroup" and "memory" in entry.options.split(",")
-        else:
-            shown = entry.fstype == "cgroup2"
-        rest = below(path, entry.root) if shown else None
-        if rest is not None:
+        v1 = entry.fstype == "cgroup" and "memory" in entry.options.split(",")
+        rest = below(path, entry.root)
+        if rest is not None and (v1 if version == 1 else entry.fstype == "cgroup2"):
             out.append(os.path.join(entry.mount_point, *rest))
     return out
 
 
-def find_through_mounts(
-    paths: Paths, candidates: dict
-) -> Optional[Tuple[str, int, str]]:
-    """(path, version, directory) of the first readable memory cgroup among `candidates`
-    ({controller: path} from /proc/<pid>/cgroup) under any cgroupfs mount we can see."""
-    try:
-        entries = parse_mountinfo(read_text(paths.proc("self", "mountinfo")))
-    except OSError:
-        return None
-    for controller, version, marker in HIERARCHIES[:2]:
-        path = candidates.get(controller)
-        if path is None:
-            continue
-        for directory in cgroup_directories(entries, path, version):
-            if os.path.exists(os.path.join(directory, marker)):
-                return path, version, directory
-    return None
-
-
 def shm_used(paths: Paths, mounts: Iterable[str]) -> int:
     """Bytes used on the watched mounts, each filesystem once (one tmpfs may be watched twice)."""
-    seen, total = set(), 0
+    used = {}  # by device
     for mount in mounts:
         where = paths.host(mount)
-        try:
-            device = os.stat(where).st_dev
-            if device in seen:
-                continue
-            st = os.statvfs(where)
-        except OSError:
-            continue
-        seen.add(device)
-        total += (st.f_blocks - st.f_bfree) * st.f_frsize
-    return total
+        with suppress(OSError):
+            st, device = os.statvfs(where), os.stat(where).st_dev
+            used[device] = (st.f_blocks - st.f_bfree) * st.f_frsize
+    return sum(used.values())
 
 
 def resident(table: ProcessTable, processes: Sequence[Process]) -> int:
     """Proportional anonymous + file-backed resident bytes of `processes` (shm left out)."""
-    total = 0
-    unreadable = []
+    total, unreadable = 0, []
     for proc in processes:
         try:
             rollup = table.smaps_rollup(proc.pid)

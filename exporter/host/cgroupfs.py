@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import os
 from contextlib import suppress
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 from exporter.host.kube import POD_CGROUP_DIR
 from exporter.host.paths import read_text
 
-
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 bytes
 # with 4 KiB pages); anything this large is not a real limit.
 V1_UNLIMITED = 1 << 62
-
-
 # Each version's usage and limit files.
 USAGE = {1: "memory.usage_in_bytes", 2: "memory.current"}
 LIMIT = {1: "memory.limit_in_bytes", 2: "memory.max"}
@@ -39,31 +36,23 @@ def parse_flat_keyed(text: str, keys=None) -> Dict[str, int]:
 
 
 def parse_limit(text: str) -> Optional[int]:
-    value = text.strip()
-    if value == "max":
-        return None
-    number = int(value)
+    number = V1_UNLIMITED if text.strip() == "max" else int(text)
     return None if number >= V1_UNLIMITED else number
-
-
-def read_file(directory: str, name: str) -> str:
-    return read_text(os.path.join(directory, name))
 
 
 def read_keyed(directory: str, name: str) -> Dict[str, int]:
     """{} when the cgroup has no such file (a root, an older kernel)."""
-    try:
-        return parse_flat_keyed(read_file(directory, name))
-    except FileNotFoundError:
-        return {}
+    with suppress(FileNotFoundError):
+        return parse_flat_keyed(read_text(os.path.join(directory, name)))
+    return {}
 
 
 def read_limit(directory: str, name: str) -> Optional[int]:
-    """A one-number file; None: "max", or no such file (v2's root has no memory.max, no swap accounting)."""
-    try:
-        return parse_limit(read_file(directory, name))
-    except FileNotFoundError:
-        return None
+    """A one-number file; None: "max", or no such file (v2's root has no memory.max, no
+    swap accounting)."""
+    with suppress(FileNotFoundError):
+        return parse_limit(read_text(os.path.join(directory, name)))
+    return None
 
 
 def limits_above(level: str, name: str, above: Dict[str, list]) -> list:
@@ -77,10 +66,8 @@ def limits_above(level: str, name: str, above: Dict[str, list]) -> list:
     return above[parent]
 
 
-def effective_limit(
-    directory: str, version: int, above: Optional[Dict[str, list]] = None
-) -> Tuple[Optional[int], str]:
-    """The smallest limit from the cgroup up, as the kernel enforces it (v2 has no
+def effective_limit(directory: str, version: int, above=None) -> tuple:
+    """-> (limit, where). The smallest limit from the cgroup up, as the kernel enforces it (v2 has no
     hierarchical_memory_limit; a pod-level limit, KEP-2837, is on the pod's cgroup alone),
     and where it binds: "pod" (a pod's cgroup), "self", "ancestor", or "none" (of equal
     limits, the outermost: a container as tight as its pod is read as the pod)."""
@@ -97,16 +84,14 @@ def effective_limit(
     return best, where
 
 
-def read_files(
-    directory: str, version: int, above=None, with_swap: bool = True
-) -> Dict[str, object]:
+def read_files(directory: str, version: int, above=None, with_swap=True) -> dict:
     """A cgroup's usage, effective limit and where it binds, working set, shmem, OOM kills,
     memory.high, memory events and swap: CgroupMemory's fields by name."""
-    stat = parse_flat_keyed(read_file(directory, "memory.stat"), STAT_KEYS)
+    stat = parse_flat_keyed(read_text(f"{directory}/memory.stat"), STAT_KEYS)
     # v1's total_* fields include descendants (use_hierarchy, always on since 5.x).
     stat.update({k[6:]: v for k, v in list(stat.items()) if k.startswith("total_")})
     limit, where = effective_limit(directory, version, above)
-    usage = int(read_file(directory, USAGE[version]))
+    usage = int(read_text(os.path.join(directory, USAGE[version])))
     high, swap, swap_limit = None, stat.get("swap"), None
     if version == 2:
         events = read_keyed(directory, "memory.events")

@@ -20,15 +20,14 @@ POD_CGROUP_ROOTS: Tuple[str, ...] = ("kubepods", "kubepods.slice")
 # The labels node mode adds to a mount's series.
 NODE_LABELS: Tuple[str, ...] = ("pod_uid", "volume", "container_id")
 
-# (regex searched in a mount point, which runtime). Searched, not anchored, so a test may
+# Runtime -> the regex searched in its shm mount points. Searched, not anchored, so a test may
 # mount the same layout under a temporary directory.
-_LAYOUTS = {
+MOUNT_LAYOUTS = {
     "emptydir": r"/var/lib/kubelet/pods/(?P<pod_uid>[^/]+)/volumes/kubernetes\.io~empty-dir/(?P<volume>[^/]+)$",
     "containerd": r"/io\.containerd\.grpc\.v1\.cri/sandboxes/(?P<container_id>[0-9a-f]{12,})/shm$",
     "crio": r"/overlay-containers/(?P<container_id>[0-9a-f]{12,})/userdata/shm$",
     "docker": r"/var/lib/docker/containers/(?P<container_id>[0-9a-f]{12,})/mounts/shm$",
 }
-MOUNT_LAYOUTS = tuple((re.compile(p), runtime) for runtime, p in _LAYOUTS.items())
 
 
 def pod_uid_in_cgroup(text: str) -> str:
@@ -39,8 +38,8 @@ def pod_uid_in_cgroup(text: str) -> str:
 
 def mount_labels(mount_point: str) -> Optional[Dict[str, str]]:
     """Node labels of a pod's or container's shm mount point; None for any other path."""
-    for pattern, _ in MOUNT_LAYOUTS:
-        if match := pattern.search(mount_point):
+    for pattern in MOUNT_LAYOUTS.values():  # compiled once, in re's cache
+        if match := re.search(pattern, mount_point):
             return {name: match.groupdict().get(name) or "" for name in NODE_LABELS}
     return None
 
