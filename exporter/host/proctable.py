@@ -33,12 +33,9 @@ def parse_stat(text: str) -> Tuple[str, int, int]:
 def parse_proc_cgroup(text: str) -> Dict[str, str]:
     """/proc/<pid>/cgroup -> {controller: path}; the v2 line '0::/path' has controller ''."""
     result: Dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        for controller in parts[1].split(",") if parts[1] else [""]:
-            result[controller] = parts[2]
+    for parts in (line.split(":", 2) for line in text.splitlines()):
+        if len(parts) == 3:
+            result.update(dict.fromkeys(parts[1].split(","), parts[2]))
     return result
 
 
@@ -48,15 +45,12 @@ def parse_meminfo(text: str) -> Dict[str, int]:
     values: Dict[str, int] = {}
     for line in text.splitlines():
         key, _, rest = line.partition(":")
-        fields = rest.split()
-        try:
-            number = int(fields[0])
-        except (IndexError, ValueError):
-            continue
-        if len(fields) > 1 and fields[1].lower() == "kb":
-            number *= 1024
-        if " " not in key.strip():
-            values[key.strip()] = number
+        fields, key = rest.split() + ["", ""], key.strip()
+        with suppress(ValueError):
+            if " " not in key:
+                values[key] = int(fields[0]) * (
+                    1024 if fields[1].lower() == "kb" else 1
+                )
     return values
 
 
@@ -184,26 +178,23 @@ class ProcessTable:
 
     def hidepid(self) -> str:
         """How our procfs hides processes, from its mount options ('off' when unknown)."""
-        try:
-            entries = parse_mountinfo(read_text(self.paths.proc("self", "mountinfo")))
-        except OSError:
-            return "off"
         where = os.path.realpath(self.paths.procfs)
-        for entry in reversed(entries):
-            if entry.fstype == "proc" and entry.mount_point == where:
-                return parse_hidepid(entry.options)
+        with suppress(OSError):
+            entries = parse_mountinfo(read_text(self.paths.proc("self", "mountinfo")))
+            for entry in reversed(entries):
+                if entry.fstype == "proc" and entry.mount_point == where:
+                    return parse_hidepid(entry.options)
         return "off"
 
     def count_invisible(self, listed: Set[int]) -> Optional[int]:
         """Processes of our PID namespace that /proc does not list: pidfd_open() needs no
         permission and refuses threads (EINVAL)."""
         # A Python built on headers older than Linux 5.3 lacks it.
-        probe = getattr(os, "pidfd_open", None)
+        if (probe := getattr(os, "pidfd_open", None)) is None:
+            return None
         try:
             last, pid_max = self.last_pid_and_max()
         except (OSError, ValueError):
-            return None
-        if probe is None:
             return None
         if pid_max <= MAX_PROBE_PIDS:
             top = pid_max  # every pid there can be
@@ -226,10 +217,9 @@ class ProcessTable:
         return hidden
 
     def comm(self, pid: int) -> str:
-        try:
+        with suppress(OSError):
             return read_text(self.paths.proc(pid, "comm")).strip() or "unknown"
-        except OSError:
-            return "unknown"
+        return "unknown"
 
     def cmdline(self, pid: int) -> str:
         with open(self.paths.proc(pid, "cmdline"), "rb") as handle:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 MapsLine = Tuple[int, int, str, int, str]  # dev, inode, path, extent, address range
+MEMFD, DELETED = "/memfd:", " (deleted)"
 
 
 def dev_token(dev: int) -> str:
@@ -22,35 +23,21 @@ class DeviceTokens(Dict[str, int]):
         super().__init__(tokens)
         self.find = re.compile("|".join(map(re.escape, tokens)) or "(?!)").search
 
-    @classmethod
-    def of(cls, devs: Set[int]) -> "DeviceTokens":
-        return cls({dev_token(d): d for d in devs})
 
-
-def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
-    """Lines of maps on the watched devices -> [(dev, inode, path, extent, address range)].
-    A line's first token is its device field (none before it holds a ':'); one in a path
-    is refused by the parse. Not splitlines(): "\x1e" or "\x85" may be in a path."""
-    found: List[MapsLine] = []
-    tokens = tokens if isinstance(tokens, DeviceTokens) else DeviceTokens(tokens)
-    hit = tokens.find(text)
+def _fields(text: str, search: Callable) -> Iterator[Tuple[List[str], str]]:
+    """(fields, match) of each line where `search` matches. Not splitlines(): "\x1e" or
+    "\x85" may be in a path."""
+    hit = search(text)
     while hit is not None:
-        pos, token = hit.start(), hit.group()
-        line_start = text.rfind("\n", 0, pos) + 1
-        line_end = text.find("\n", pos)
-        line = text[line_start : line_end if line_end != -1 else len(text)]
-        if parsed := _parse_maps_line(line, tokens[token], token):
-            found.append(parsed)
-        hit = tokens.find(text, line_end) if line_end != -1 else None
-    return found
+        end = text.find("\n", hit.start())
+        end = len(text) if end == -1 else end
+        parts = text[text.rfind("\n", 0, hit.start()) + 1 : end].split(None, 5)
+        if len(parts) == 6:
+            yield parts, hit.group()
+        hit = search(text, end)
 
 
-def _parse_maps_line(line: str, dev: int, token: str) -> Optional[MapsLine]:
-    parts = line.split(None, 5)
-    # The token must be the device field, not text in a path on another device
-    # ("/tmp/x 00:1a y (deleted)" would otherwise fake a hidden segment on 00:1a).
-    if len(parts) < 6 or parts[3] != token.strip():
-        return None
+def _entry(parts: List[str], dev: int) -> Optional[MapsLine]:
     try:
         start, end = (int(x, 16) for x in parts[0].split("-"))
         offset, inode = int(parts[2], 16), int(parts[4])
@@ -60,7 +47,16 @@ def _parse_maps_line(line: str, dev: int, token: str) -> Optional[MapsLine]:
     return dev, inode, parts[5], offset + end - start, f"{start:x}-{end:x}"
 
 
-MEMFD, DELETED = "/memfd:", " (deleted)"
+def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
+    """Lines of maps on the watched devices -> [(dev, inode, path, extent, address range)].
+    The token must be the device field, not text in a path on another device ("/tmp/x
+    00:1a y (deleted)" would otherwise fake a hidden segment on 00:1a)."""
+    tokens = tokens if isinstance(tokens, DeviceTokens) else DeviceTokens(tokens)
+    found = []
+    for parts, token in _fields(text, tokens.find):
+        if parts[3] == token.strip() and (entry := _entry(parts, tokens[token])):
+            found.append(entry)
+    return found
 
 
 def memfd_name(path: str) -> Optional[str]:
@@ -72,24 +68,16 @@ def memfd_name(path: str) -> Optional[str]:
 
 
 def parse_memfd(text: str, mounted: Set[str]) -> List[MapsLine]:
-    """Lines of maps mapping a memfd ('/memfd:<name> (deleted)'), on a device no mount in
-    `mounted` ("major:minor") has: memfd pages are shmem that no mount shows (Mooncake, UCX,
-    CUDA's host allocations)."""
-    found: List[MapsLine] = []
-    pos = text.find(MEMFD)
-    while pos != -1:
-        line_start = text.rfind("\n", 0, pos) + 1
-        line_end = text.find("\n", pos)
-        line = text[line_start : line_end if line_end != -1 else len(text)]
-        parts = line.split(None, 5)
-        if len(parts) == 6 and memfd_name(parts[5]) is not None and ":" in parts[3]:
-            major, minor = parts[3].split(":", 1)
-            try:
-                dev = os.makedev(int(major, 16), int(minor, 16))
-            except ValueError:
-                dev = -1
-            unmounted = dev != -1 and f"{os.major(dev)}:{os.minor(dev)}" not in mounted
-            if unmounted and (parsed := _parse_maps_line(line, dev, parts[3])):
-                found.append(parsed)
-        pos = text.find(MEMFD, line_end) if line_end != -1 else -1
+    """Lines of maps mapping a memfd, on a device no mount in `mounted` ("major:minor")
+    has: memfd pages are shmem that no mount shows (Mooncake, UCX, CUDA's host allocations)."""
+    found = []
+    for parts, _ in _fields(text, re.compile(re.escape(MEMFD)).search):
+        major, _, minor = parts[3].partition(":")
+        try:
+            dev = os.makedev(int(major, 16), int(minor, 16))
+        except ValueError:
+            continue
+        unmounted = f"{os.major(dev)}:{os.minor(dev)}" not in mounted
+        if memfd_name(parts[5]) is not None and unmounted and (e := _entry(parts, dev)):
+            found.append(e)
     return found

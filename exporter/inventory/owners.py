@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
-from typing import Dict, List, Optional, Pattern, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Pattern, Sequence, Set, Tuple
 
 from exporter.host.proctable import PidWrapWatch, Process, ProcessTable
 from exporter.inventory.holdings import MAX_UNPROVEN, Holding, Owners, unlinked_size
-from exporter.inventory.maps import DELETED, DeviceTokens, memfd_name
+from exporter.inventory.maps import DELETED, DeviceTokens, dev_token, memfd_name
 from exporter.inventory.maps import parse_maps, parse_memfd
 from exporter.inventory.mount_ids import NO_MNT_ID, WatchedMountIds
 from exporter.inventory.mount_ids import denied as denied_by
@@ -45,8 +45,9 @@ class OwnerScan:
     def scan(self, devs: Set[int], pods: bool = False) -> Owners:
         self._pid_wrap.wrapped()  # from here on
         walked = self.table.walk()
-        # Whoever we could not even identify could hold anything.
-        out = Owners(unreadable=walked.unreadable, unverifiable=walked.unreadable)
+        # Whoever we could not even identify, or cannot see, could hold anything.
+        counted = walked.unreadable + (walked.invisible or 0)
+        out = Owners(unreadable=counted, unverifiable=counted)
         if walked.unreadable:
             out.unproven_because(
                 f"{walked.unreadable} process(es) whose stat could not be read"
@@ -60,8 +61,6 @@ class OwnerScan:
                 "(a PID namespace of its own)"
             )
         elif walked.invisible:
-            out.unreadable += walked.invisible
-            out.unverifiable += walked.invisible
             out.unproven_because(f"{walked.invisible} process(es) hidden by hidepid")
         out.processes = {p.pid: p for p in walked.processes}
         self._mount_ids.learn(walked.processes, devs)
@@ -103,28 +102,21 @@ class OwnerScan:
             return None
         pods = set(also)
         for pid in previous.holders.keys() - alive:
-            pod = previous.pod_of.get(pid)
-            if pod:
+            if pod := previous.pod_of.get(pid):
                 pods.add(pod)
             elif any(key[0] in devs for key in previous.keys_of.get(pid, ())):
                 return None  # (a memfd alone, as runc's, waits for the next full scan)
-        # Copies made in C, then edited: a quick run does O(pod) work in Python, not O(node).
-        processes = dict(previous.processes)
-        for pid in previous.processes.keys() - alive:
-            del processes[pid]
+        gone = previous.processes.keys() - alive
         self._kernel_threads &= alive
         # A new process we cannot read (unidentified) could hold anything.
         new, unidentified = self.table.identify_all(
-            alive - processes.keys(), self._kernel_threads
+            alive - previous.processes.keys(), self._kernel_threads
         )
-        processes.update({p.pid: p for p in new})
+        processes = _replaced(previous.processes, gone, {p.pid: p for p in new})
         # Each process's pod, looked up once. A holder that exited keeps its pod while its
         # holdings carry over, so the next scan of its pod drops them. A pid handed on is new.
-        pod_of = dict(previous.pod_of)
-        for pid in pod_of.keys() - processes.keys() - previous.holders.keys():
-            del pod_of[pid]
-        for p in new:
-            pod_of.pop(p.pid, None)
+        stale = previous.pod_of.keys() - processes.keys() - previous.holders.keys()
+        pod_of = _replaced(previous.pod_of, stale | {p.pid for p in new})
         if pods:
             unknown = {
                 pid: self.table.pod_uid(processes[pid])
@@ -140,64 +132,60 @@ class OwnerScan:
             if pod in pods and (p := processes.get(pid)) is not None
         ]
         scope += [p for p in new if pod_of.get(p.pid) not in pods]
-        fresh = Owners()
         if devs == self._mount_ids.learned_devs:
-            self._mount_ids.forget(previous.processes.keys() - alive)
+            self._mount_ids.forget(gone)
             self._mount_ids.learn(new, devs, again=False)
         else:  # a watched mount came or went
             self._mount_ids.learn(processes.values(), devs)
+        fresh = Owners()
         self._scan_processes(scope, devs, fresh)
         self._fill_mapping_sizes(fresh.holdings)
-        was_in_scope = {pid for pid, pod in previous.pod_of.items() if pod in pods}
-        replaced = was_in_scope | {p.pid for p in scope}
-        proven = not (fresh.unverifiable or unidentified)
+        replaced = {pid for pid, pod in previous.pod_of.items() if pod in pods}
+        replaced |= {p.pid for p in scope}
         unproven = previous.unproven + fresh.unproven
         if unidentified:
             unproven.append(
                 f"{unidentified} new process(es) whose stat could not be read"
             )
-        out = Owners(
+        # The lists are shared with `previous`: those touched are made anew, never edited.
+        holdings = dict(previous.holdings)
+        for key in {key for pid in replaced for key in previous.keys_of.get(pid, ())}:
+            if kept := [h for h in holdings[key] if h.pid not in replaced]:
+                holdings[key] = kept
+            else:
+                del holdings[key]
+        for key, hs in fresh.holdings.items():
+            holdings[key] = holdings.get(key, []) + hs
+        by_pid = ("keys_of", "comms", "holders", "memfd_rest")
+        return Owners(
+            holdings,
             unreadable=None if fresh.unreadable else previous.unreadable,
-            unverifiable=previous.unverifiable if proven else None,
+            unverifiable=None
+            if fresh.unverifiable or unidentified
+            else previous.unverifiable,
             # Scoped scans chain: no growth.
             unproven=list(dict.fromkeys(unproven))[:MAX_UNPROVEN],
             scanned=previous.scanned,
             processes=processes,
             pod_of=pod_of,
+            **{
+                n: _replaced(getattr(previous, n), replaced, getattr(fresh, n))
+                for n in by_pid
+            },
         )
-        # The lists are shared with `previous`: those touched are made anew, never edited.
-        out.holdings = dict(previous.holdings)
-        for key in {key for pid in replaced for key in previous.keys_of.get(pid, ())}:
-            kept = [h for h in out.holdings[key] if h.pid not in replaced]
-            if kept:
-                out.holdings[key] = kept
-            else:
-                del out.holdings[key]
-        for key, hs in fresh.holdings.items():
-            out.holdings[key] = out.holdings.get(key, []) + hs
-        for name in ("keys_of", "comms", "holders", "memfd_rest"):  # by pid
-            merged = dict(getattr(previous, name))
-            for pid in replaced:
-                merged.pop(pid, None)
-            merged.update(getattr(fresh, name))
-            setattr(out, name, merged)
-        return out
 
     def _scan_processes(
         self, processes: Sequence[Process], devs: Set[int], out: Owners
     ) -> None:
-        tokens = DeviceTokens.of(devs)
+        tokens = DeviceTokens({dev_token(d): d for d in devs})
         for proc in processes:
             out.scanned += 1
             held, denied = self._scan_one(proc, devs, tokens, out)
             if denied and out.unreadable is not None:
                 out.unreadable += 1
             # Excused only when root's: any process can name itself anything (PR_SET_NAME).
-            if denied and not (
-                self.ignore_unreadable is not None
-                and proc.uid == 0
-                and self.ignore_unreadable.search(proc.comm)
-            ):
+            excused = self.ignore_unreadable and proc.uid == 0
+            if denied and not (excused and self.ignore_unreadable.search(proc.comm)):
                 if out.unverifiable is not None:
                     out.unverifiable += 1
                 out.unproven_because(f"{proc.comm} (pid {proc.pid}, uid {proc.uid})")
@@ -208,34 +196,31 @@ class OwnerScan:
                 out.holders[proc.pid] = proc
 
     def _scan_one(
-        self, proc: Process, devs: Set[int], tokens: Dict[str, int], out: Owners
+        self, proc: Process, devs: Set[int], tokens: DeviceTokens, out: Owners
     ) -> Tuple[bool, bool]:
         """-> (holds something on a watched mount, some of its /proc entries were denied)."""
-        pid = proc.pid
-        denied = held_here = False
-        mounted = self._mount_ids
+        pid, mounted, held_here = proc.pid, self._mount_ids, False
         # Its namespace now, not as learn() found it: it may have entered another since.
         mount_ids = mounted.of(pid, devs)
+        # Without its mountinfo we cannot tell which fds are safe to stat, nor a memfd from
+        # a file at /memfd:x.
+        denied = mount_ids is None
         memfds = Owners()  # this process's, bounded before they join `out`
         try:
             text = self.table.maps(pid)
-            # Without its mountinfo a memfd cannot be told from a file at /memfd:x.
-            found = [] if mount_ids is None else parse_memfd(text, mounted.mounted_devs)
+            found = [] if denied else parse_memfd(text, mounted.mounted_devs)
             for into, lines in ((out, parse_maps(text, tokens)), (memfds, found)):
                 for dev, inode, path, extent, map_range in lines:
                     held_here = True
-                    deleted = path.endswith(DELETED)
-                    held = Holding(pid, path, deleted, extent, map_range=map_range)
+                    held = Holding(pid, path, path.endswith(DELETED), extent)
+                    held.map_range = map_range
                     self._add(into, (dev, inode), held)
         except OSError as err:
             denied |= denied_by(err)
         fd_dir = f"{self._proc_root}/{pid}/fd"  # not Paths.proc: thousands per scan
         fds: List[str] = []
-        if mount_ids is None:
-            # Without its mountinfo we cannot tell which fds are safe to stat.
-            denied = True
-        elif mount_ids or mounted.union:
-            # (an fd may come from another namespace's mount)
+        # (an fd may come from another namespace's mount)
+        if mount_ids or not denied and mounted.union:
             try:
                 fds = os.listdir(fd_dir)
             except OSError as err:
@@ -261,8 +246,7 @@ class OwnerScan:
                 continue
             if (memfd or st.st_dev in devs) and stat_mod.S_ISREG(st.st_mode):
                 held_here = True
-                deleted = target.endswith(DELETED)
-                held = Holding(pid, target, deleted, 0, *_sizes(st))
+                held = Holding(pid, target, target.endswith(DELETED), 0, *_sizes(st))
                 self._add(memfds if memfd else out, (st.st_dev, st.st_ino), held)
         self._keep_memfds(pid, memfds.holdings, out)
         return held_here, denied
@@ -296,9 +280,11 @@ class OwnerScan:
                 h.deleted |= new.deleted
                 h.map_range = h.map_range or new.map_range
                 if new.allocated is not None:
-                    h.allocated = new.allocated
-                    h.apparent = new.apparent
-                    h.mtime = new.mtime
+                    h.allocated, h.apparent, h.mtime = (
+                        new.allocated,
+                        new.apparent,
+                        new.mtime,
+                    )
                 return
         out.holdings[key].append(new)
         out.keys_of.setdefault(new.pid, []).append(key)
@@ -311,12 +297,9 @@ class OwnerScan:
                 h.deleted for h in hs
             ):
                 continue
-            for h in hs:
-                if not h.map_range:
-                    continue
+            for h in filter(lambda h: h.map_range, hs):
                 try:
-                    path = self.table.paths.proc(h.pid, "map_files", h.map_range)
-                    st = os.stat(path)
+                    st = os.stat(self.table.paths.proc(h.pid, "map_files", h.map_range))
                 except OSError:
                     continue
                 if (st.st_dev, st.st_ino) == key:
@@ -327,3 +310,13 @@ class OwnerScan:
 def _sizes(st: os.stat_result) -> Tuple[int, int, float]:
     """(allocated, apparent, mtime): st_blocks x 512 is what tmpfs charges."""
     return st.st_blocks * 512, st.st_size, st.st_mtime
+
+
+def _replaced(old: dict, gone: Iterable, new: dict = None) -> dict:
+    """`old` without `gone`, with `new`: copied in C, then edited, so a refresh does O(pod)
+    work in Python, not O(node)."""
+    out = dict(old)
+    for key in gone:
+        out.pop(key, None)
+    out.update(new or ())
+    return out
