@@ -1,22 +1,25 @@
 """Who maps or holds open which inode of the watched mounts, and which memfd: one pass over /proc.
 
 Joined with the listing by (device, inode), never by path text. What is held but unlinked
-is a hidden segment, which `df` counts and `ls` does not (NCCL >= 2.19, UCX, torch)."""
+is a hidden segment, which `df` counts and `ls` does not (NCCL >= 2.19, UCX, torch). A memfd
+region is shmem charged like tmpfs that no mount shows; each holder's memory cgroup is read
+so the model can subtract them from the cgroup's shmem."""
 
 from __future__ import annotations
 
 import os
 import stat as stat_mod
+from contextlib import suppress
 from typing import Dict, Iterable, List, Optional, Pattern, Sequence, Set, Tuple
 
 from exporter.host.proctable import PidWrapWatch, Process, ProcessTable
 from exporter.inventory.holdings import MAX_UNPROVEN, Holding, Owners, unlinked_size
-from exporter.inventory.maps import DELETED, DeviceTokens, dev_token, memfd_name
-from exporter.inventory.maps import parse_maps, parse_memfd
-from exporter.inventory.mount_ids import NO_MNT_ID, WatchedMountIds
-from exporter.inventory.mount_ids import denied as denied_by
+from exporter.inventory.maps import DELETED, NO_MNT_ID, DeviceTokens, WatchedMountIds
+from exporter.inventory.maps import dev_token, memfd_name, parse_maps, parse_memfd
+from exporter.inventory.maps import denied as denied_by
 from exporter.inventory.walk import Key
 from exporter.model.classes import classify
+from exporter.model.types import Segment
 
 # memfd regions kept one by one per process (the largest); the rest by class: a tenant may
 # open thousands.
@@ -320,3 +323,34 @@ def _replaced(old: dict, gone: Iterable, new: dict = None) -> dict:
         out.pop(key, None)
     out.update(new or ())
     return out
+
+
+class MemfdRegions:
+    def __init__(self, table: ProcessTable):
+        self.table = table
+        self._cgroup_of: Dict[tuple, str] = {}  # (pid, start time) -> memory cgroup
+
+    def of(self, owners: Owners) -> Tuple[List[Segment], Dict[int, str]]:
+        """(the regions the processes map or hold open one by one, the memory cgroup of each
+        holder of those and of those counted by class: read once per pid and start time)."""
+        regions = []
+        for key, hs in owners.holdings.items():
+            if (name := memfd_name(hs[0].path)) is not None:
+                pids = tuple(sorted({h.pid for h in hs}))
+                size = unlinked_size(hs)
+                regions.append(
+                    Segment(name, classify(name), "hidden", *size, pids, key)
+                )
+        holders = {pid for region in regions for pid in region.holders}
+        out, known = {}, {}
+        for pid in holders | owners.memfd_rest.keys():
+            proc = owners.holders.get(pid)
+            ident = (pid, proc.start_time if proc else None)
+            if (path := self._cgroup_of.get(ident)) is None:
+                with suppress(OSError):
+                    cgroups = self.table.cgroups(pid)
+                    path = cgroups.get("memory", cgroups.get(""))
+            if path is not None:
+                out[pid] = known[ident] = path
+        self._cgroup_of = known
+        return regions, out

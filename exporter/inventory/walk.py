@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import stat as stat_mod
 from contextlib import suppress
+from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from exporter.model.classes import CLASS_NAMES, classify
@@ -32,19 +33,17 @@ _KINDS = {
 CLASS_INDEX = {name: i for i, name in enumerate(CLASS_NAMES)}
 
 
+@dataclass(eq=False, slots=True)
 class Listing:
     """One mount's listing, kept and updated in place run after run: a walk marks the rows
     it sees with this walk's parity and drops the others after."""
 
-    __slots__ = ("rows", "others", "truncated", "degraded", "parity")
-
-    def __init__(self) -> None:
-        self.rows: Rows = {}
-        self.others: Dict[str, int] = {}
-        self.truncated = False
-        # class -> (count, allocated, apparent), once past the cap (rows then empty)
-        self.degraded: Optional[Dict[str, Tuple[int, int, int]]] = None
-        self.parity = 0  # SEEN or 0: the bit the last walk set
+    rows: Rows = field(default_factory=dict)
+    others: Dict[str, int] = field(default_factory=dict)
+    truncated: bool = False
+    # class -> (count, allocated, apparent), once past the cap (rows then empty)
+    degraded: Optional[Dict[str, Tuple[int, int, int]]] = None
+    parity: int = 0  # SEEN or 0: the bit the last walk set
 
 
 def _update(listing: Listing, path: str, st: os.stat_result, events: Events) -> None:
