@@ -12,7 +12,7 @@ import stat as stat_mod
 from contextlib import suppress
 from typing import Dict, Iterable, List, Optional, Pattern, Sequence, Set, Tuple
 
-from exporter.host.proctable import PidWrapWatch, Process, ProcessTable
+from exporter.host.proctable import Process, ProcessTable
 from exporter.inventory.holdings import MAX_UNPROVEN, Holding, Owners, unlinked_size
 from exporter.inventory.maps import DELETED, NO_MNT_ID, DeviceTokens, WatchedMountIds
 from exporter.inventory.maps import dev_token, memfd_name, parse_maps, parse_memfd
@@ -37,8 +37,6 @@ class OwnerScan:
         self._mount_ids = WatchedMountIds(table.paths)
         # Pids a scoped scan need not identify again.
         self._kernel_threads: Set[int] = set()
-        # A refresh trusts what it knows of a pid until pids wrap.
-        self._pid_wrap = PidWrapWatch(table)
         self._proc_root = table.paths.procfs.rstrip("/")
 
     # A holder may fork and exit mid-scan: processes new since a pass are read in another, up
@@ -46,7 +44,8 @@ class OwnerScan:
     MAX_PASSES = 4
 
     def scan(self, devs: Set[int], pods: bool = False) -> Owners:
-        self._pid_wrap.wrapped()  # from here on
+        # A refresh trusts what it knows of a pid until pids wrap: from here on.
+        self.table.pids_wrapped()
         walked = self.table.walk()
         # Whoever we could not even identify, or cannot see, could hold anything.
         counted = walked.unreadable + (walked.invisible or 0)
@@ -97,7 +96,7 @@ class OwnerScan:
         exited and of `also`; the others' holdings carry over (never orphan unread; gone
         processes are dropped only in scope). None when that cannot be scoped (a holder
         outside any pod exited, or pids wrapped): scan in full."""
-        if self._pid_wrap.wrapped():
+        if self.table.pids_wrapped():
             return None
         try:
             alive = set(self.table.pids())
@@ -182,26 +181,12 @@ class OwnerScan:
     ) -> None:
         tokens = DeviceTokens({dev_token(d): d for d in devs})
         for proc in processes:
-            out.scanned += 1
-            held, denied = self._scan_one(proc, devs, tokens, out)
-            if denied and out.unreadable is not None:
-                out.unreadable += 1
-            # Excused only when root's: any process can name itself anything (PR_SET_NAME).
-            excused = self.ignore_unreadable and proc.uid == 0
-            if denied and not (excused and self.ignore_unreadable.search(proc.comm)):
-                if out.unverifiable is not None:
-                    out.unverifiable += 1
-                out.unproven_because(f"{proc.comm} (pid {proc.pid}, uid {proc.uid})")
-            if held:
-                # comm read after the maps: a holder that exec'ed since is named anew.
-                comm = self.table.comm(proc.pid)
-                out.comms[proc.pid] = proc.comm if comm == "unknown" else comm
-                out.holders[proc.pid] = proc
+            self._scan_one(proc, devs, tokens, out)
 
     def _scan_one(
         self, proc: Process, devs: Set[int], tokens: DeviceTokens, out: Owners
-    ) -> Tuple[bool, bool]:
-        """-> (holds something on a watched mount, some of its /proc entries were denied)."""
+    ) -> None:
+        """One process's maps and fds into `out`; counted unreadable when any was denied."""
         pid, mounted, held_here = proc.pid, self._mount_ids, False
         # Its namespace now, not as learn() found it: it may have entered another since.
         mount_ids = mounted.of(pid, devs)
@@ -252,7 +237,20 @@ class OwnerScan:
                 held = Holding(pid, target, target.endswith(DELETED), 0, *_sizes(st))
                 self._add(memfds if memfd else out, (st.st_dev, st.st_ino), held)
         self._keep_memfds(pid, memfds.holdings, out)
-        return held_here, denied
+        out.scanned += 1
+        if denied and out.unreadable is not None:
+            out.unreadable += 1
+        # Excused only when root's: any process can name itself anything (PR_SET_NAME).
+        excused = self.ignore_unreadable and proc.uid == 0
+        if denied and not (excused and self.ignore_unreadable.search(proc.comm)):
+            if out.unverifiable is not None:
+                out.unverifiable += 1
+            out.unproven_because(f"{proc.comm} (pid {proc.pid}, uid {proc.uid})")
+        if held_here:
+            # comm read after the maps: a holder that exec'ed since is named anew.
+            comm = self.table.comm(pid)
+            out.comms[pid] = proc.comm if comm == "unknown" else comm
+            out.holders[pid] = proc
 
     def _keep_memfds(self, pid: int, held: Dict[Key, List[Holding]], out: Owners):
         """A process's memfd regions join `out`: the MAX_MEMFDS largest one by one, the rest
@@ -296,9 +294,8 @@ class OwnerScan:
         """Deleted inodes held only by a mapping: stat through map_files (CAP_SYS_ADMIN);
         without it the mapping's extent stands in for the size."""
         for key, hs in holdings.items():
-            if any(h.allocated is not None for h in hs) or not any(
-                h.deleted for h in hs
-            ):
+            sized = any(h.allocated is not None for h in hs)
+            if sized or not any(h.deleted for h in hs):
                 continue
             for h in filter(lambda h: h.map_range, hs):
                 try:

@@ -83,8 +83,7 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
     stack: List[Tuple[str, ...]] = [()]  # sub-directories, as names below the root
     while stack and not listing.truncated:
         names = stack.pop()
-        fd = _open_below(root, names, dev)
-        if fd is None:
+        if (fd := _open_below(root, names, dev)) is None:
             continue
         prefix = "".join(n + "/" for n in names)
         try:
@@ -113,7 +112,7 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
                     if listing.degraded is None and files > cap:
                         listing.degraded = _degrade(listing)
                     if listing.degraded is not None:
-                        cls = CLASS_INDEX[classify(entry.name)]
+                        cls = classify(entry.name)
                         _add(listing.degraded, cls, st.st_blocks * 512, st.st_size)
                     else:
                         _update(listing, prefix + entry.name, st, events)
@@ -136,9 +135,9 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
     return events
 
 
-def _add(totals, cls: int, allocated: int, apparent: int) -> None:
-    count, a, b = totals.get(CLASS_NAMES[cls], (0, 0, 0))
-    totals[CLASS_NAMES[cls]] = (count + 1, a + allocated, b + apparent)
+def _add(totals, cls: str, allocated: int, apparent: int) -> None:
+    count, a, b = totals.get(cls, (0, 0, 0))
+    totals[cls] = (count + 1, a + allocated, b + apparent)
 
 
 def _degrade(listing: Listing) -> Dict[str, Tuple[int, int, int]]:
@@ -147,7 +146,7 @@ def _degrade(listing: Listing) -> Dict[str, Tuple[int, int, int]]:
     for row in listing.rows.values():
         if row & SEEN == listing.parity:
             cls, _, _, allocated, apparent = unpack(row)
-            _add(totals, cls, allocated, apparent)
+            _add(totals, CLASS_NAMES[cls], allocated, apparent)
     listing.rows.clear()
     return totals
 
