@@ -312,7 +312,7 @@ def _sizes(st: os.stat_result) -> Tuple[int, int, float]:
     return st.st_blocks * 512, st.st_size, st.st_mtime
 
 
-def _replaced(old: dict, gone: Iterable, new: dict = None) -> dict:
+def _replaced(old: dict, gone: Iterable, new: Optional[dict] = None) -> dict:
     """`old` without `gone`, with `new`: copied in C, then edited, so a refresh does O(pod)
     work in Python, not O(node)."""
     out = dict(old)
