@@ -18,6 +18,7 @@ from exporter.host.proctable import Process
 MapsLine = Tuple[int, int, str, int, str]  # dev, inode, path, extent, address range
 MEMFD, DELETED = "/memfd:", " (deleted)"
 NO_MNT_ID = -1  # fdinfo without mnt_id: any fd could be on a watched mount
+DENIED = (errno.EACCES, errno.EPERM)
 _MNT_ID = re.compile(rb"mnt_id:[ \t]*(\d+)[ \t]*(?:\n|$)").search
 
 
@@ -94,10 +95,6 @@ def parse_memfd(text: str, mounted: Set[str]) -> List[MapsLine]:
     return found
 
 
-def denied(err: OSError) -> bool:
-    return err.errno in (errno.EACCES, errno.EPERM)
-
-
 class Namespace(NamedTuple):
     watched: Set[int]  # mount IDs of the watched devices
     ids: Set[int]  # every mount ID in it
@@ -159,7 +156,7 @@ class WatchedMountIds:
         try:
             text = read_text(self.paths.proc(pid, "mountinfo"))
         except OSError as err:  # gone (or a fixture without one): no fds
-            return None if denied(err) else set()
+            return None if err.errno in DENIED else set()
         wanted = {f"{os.major(dev)}:{os.minor(dev)}" for dev in devs}
         entries = parse_mountinfo(text)
         ns = Namespace(

@@ -14,9 +14,9 @@ from typing import Dict, Iterable, List, Optional, Pattern, Sequence, Set, Tuple
 
 from exporter.host.proctable import Process, ProcessTable
 from exporter.inventory.holdings import MAX_UNPROVEN, Holding, Owners, unlinked_size
-from exporter.inventory.maps import DELETED, NO_MNT_ID, DeviceTokens, WatchedMountIds
+from exporter.inventory.maps import DELETED, DENIED, NO_MNT_ID, DeviceTokens
+from exporter.inventory.maps import WatchedMountIds
 from exporter.inventory.maps import dev_token, memfd_name, parse_maps, parse_memfd
-from exporter.inventory.maps import denied as denied_by
 from exporter.inventory.walk import Key
 from exporter.model.classes import classify
 from exporter.model.types import Segment
@@ -204,7 +204,7 @@ class OwnerScan:
                     held.map_range = map_range
                     self._add(into, (dev, inode), held)
         except OSError as err:
-            denied |= denied_by(err)
+            denied |= err.errno in DENIED
         fd_dir = f"{self._proc_root}/{pid}/fd"  # not Paths.proc: thousands per scan
         fds: List[str] = []
         # (an fd may come from another namespace's mount)
@@ -212,7 +212,7 @@ class OwnerScan:
             try:
                 fds = os.listdir(fd_dir)
             except OSError as err:
-                denied |= denied_by(err)
+                denied |= err.errno in DENIED
         info_dir = f"{self._proc_root}/{pid}/fdinfo"
         union, mount_ids = mounted.union, mount_ids or ()
         for fd in fds:
@@ -281,11 +281,9 @@ class OwnerScan:
                 h.deleted |= new.deleted
                 h.map_range = h.map_range or new.map_range
                 if new.allocated is not None:
-                    h.allocated, h.apparent, h.mtime = (
-                        new.allocated,
-                        new.apparent,
-                        new.mtime,
-                    )
+                    h.allocated = new.allocated
+                    h.apparent = new.apparent
+                    h.mtime = new.mtime
                 return
         out.holdings[key].append(new)
         out.keys_of.setdefault(new.pid, []).append(key)
