@@ -9,6 +9,7 @@ import os
 import threading
 from contextlib import suppress
 from dataclasses import dataclass
+from itertools import filterfalse
 from typing import Dict, Iterable, List, Optional, Pattern, Set, Tuple
 
 from exporter.host.kube import pod_uid_in_cgroup
@@ -195,9 +196,7 @@ class ProcessTable:
         else:
             return None  # wrapped, or too many to probe: hidden processes may exist, uncounted
         hidden = 0
-        for pid in range(1, top + 1):
-            if pid in listed:
-                continue
+        for pid in filterfalse(listed.__contains__, range(1, top + 1)):
             try:
                 os.close(probe(pid))
             except OSError as err:

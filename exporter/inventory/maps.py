@@ -123,8 +123,7 @@ class WatchedMountIds:
         mount its holder's mountinfo does not list; IDs are unique across namespaces, so
         their union still tells. `again=False`: add `processes` to what was learnt."""
         if again:
-            self._ns_mounts = {}
-            self._ns_of = {}
+            self._ns_mounts, self._ns_of = {}, {}
             self.union, self.mounted_ids, self.mounted_devs = set(), set(), set()
             self.learned_devs = set(devs)
         for proc in processes:
