@@ -64,7 +64,7 @@ def test_the_estimate_counts_file_pages_a_process_maps(tmp_path):
     try:
         assert proc.stdout.readline() == "ready\n"
         table = ProcessTable(Paths())
-        process, _ = table.identify(proc.pid)
+        [process], _ = table.identify_all([proc.pid], set())
         rollup = table.smaps_rollup(proc.pid)
         estimate = resident(table, [process])
     finally:

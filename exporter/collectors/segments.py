@@ -25,8 +25,7 @@ from exporter.inventory.changes import ChangeLog
 from exporter.inventory import holdings
 from exporter.inventory.holdings import Owners, UnprovenLog, unlinked_size
 from exporter.inventory.maps import DELETED
-from exporter.inventory.memfd import MemfdRegions
-from exporter.inventory.owners import OwnerScan
+from exporter.inventory.owners import MemfdRegions, OwnerScan
 from exporter.inventory.pace import ScanPace
 from exporter.inventory.walk import MAX_ENTRIES, Events, Key, Listing
 from exporter.inventory.walk import directories, patch_listing, walk

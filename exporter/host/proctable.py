@@ -9,6 +9,7 @@ import os
 import threading
 from contextlib import suppress
 from dataclasses import dataclass
+from itertools import filterfalse
 from typing import Dict, Iterable, List, Optional, Pattern, Set, Tuple
 
 from exporter.host.kube import pod_uid_in_cgroup
@@ -23,22 +24,17 @@ RESERVED_PIDS = 300  # kernel/pid.c: after a wrap, pids start again above these
 
 def parse_stat(text: str) -> Tuple[str, int, int]:
     """/proc/<pid>/stat -> (comm, flags, starttime). comm may hold spaces and ')'."""
-    open_paren, close_paren = text.index("("), text.rindex(")")
-    comm = text[open_paren + 1 : close_paren]
-    rest = text[close_paren + 2 :].split()
-    # rest[0] is field 3 (state); flags is field 9, starttime field 22.
-    return comm, int(rest[6]), int(rest[19])
+    close = text.rindex(")")
+    rest = text[close + 2 :].split()  # from field 3 (state): flags is 9, starttime 22
+    return text[text.index("(") + 1 : close], int(rest[6]), int(rest[19])
 
 
 def parse_proc_cgroup(text: str) -> Dict[str, str]:
     """/proc/<pid>/cgroup -> {controller: path}; the v2 line '0::/path' has controller ''."""
     result: Dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        for controller in parts[1].split(",") if parts[1] else [""]:
-            result[controller] = parts[2]
+    for parts in (line.split(":", 2) for line in text.splitlines()):
+        if len(parts) == 3:
+            result.update(dict.fromkeys(parts[1].split(","), parts[2]))
     return result
 
 
@@ -48,15 +44,11 @@ def parse_meminfo(text: str) -> Dict[str, int]:
     values: Dict[str, int] = {}
     for line in text.splitlines():
         key, _, rest = line.partition(":")
-        fields = rest.split()
-        try:
-            number = int(fields[0])
-        except (IndexError, ValueError):
-            continue
-        if len(fields) > 1 and fields[1].lower() == "kb":
-            number *= 1024
-        if " " not in key.strip():
-            values[key.strip()] = number
+        fields, key = rest.split() + ["", ""], key.strip()
+        scale = 1024 if fields[1].lower() == "kb" else 1
+        with suppress(ValueError):
+            if " " not in key:
+                values[key] = int(fields[0]) * scale
     return values
 
 
@@ -84,30 +76,30 @@ class ProcessWalk:
 # The kernel's fixed inode for the initial PID namespace (PROC_PID_INIT_INO in
 # include/linux/proc_ns.h); a namespace made later gets another.
 INITIAL_PID_NAMESPACE = f"pid:[{0xEFFFFFFC}]"
-
 # Probing costs one pidfd_open per pid: fine in a pod's PID namespace, not a host's.
 MAX_PROBE_PIDS = 1 << 16
-
-
 # Kernels before 5.8 print hidepid=0/1/2(/4); later ones the names (fs/proc/root.c).
 HIDEPID_NAMES = {"0": "off", "1": "noaccess", "2": "invisible", "4": "ptraceable"}
 
 
 def parse_hidepid(options: str) -> str:
     """procfs mount options -> 'off', 'noaccess', 'invisible' or 'ptraceable'."""
-    for option in options.split(","):
-        if option.startswith("hidepid="):
-            value = option[len("hidepid=") :]
-            return HIDEPID_NAMES.get(value, value)
-    return "off"
+    key = "hidepid="
+    values = [o[len(key) :] for o in options.split(",") if o.startswith(key)]
+    return HIDEPID_NAMES.get(values[0], values[0]) if values else "off"
 
 
 class ProcessTable:
+    said_no_pid_counts = False
+
     def __init__(self, paths: Paths):
         self.paths = paths
         self._lock = threading.Lock()
         # (pid, start time) -> pod UID ('' when none); a process never changes pod.
         self._pods: Dict[Tuple[int, int], str] = {}
+        self._pid_counts: Optional[Tuple[int, int, int]] = (
+            None  # ns_last_pid, forks, pid_max
+        )
 
     def last_pid_and_max(self) -> Tuple[int, int]:
         # ns_last_pid needs CONFIG_CHECKPOINT_RESTORE
@@ -119,33 +111,27 @@ class ProcessTable:
         """The pids /proc lists. Raises OSError when it cannot be listed at all."""
         return list(map(int, filter(str.isdigit, os.listdir(self.paths.procfs))))
 
-    def identify(self, pid: int) -> "Optional[Tuple[Process, bool]]":
-        """(process, is_kernel_thread); None when it is gone. PermissionError when not ours to read."""
-        try:
-            raw = read_text(self.paths.proc(pid, "stat"))
-            uid = os.stat(self.paths.proc(pid)).st_uid
-        except (FileNotFoundError, ProcessLookupError):
-            return None
-        comm, flags, start = parse_stat(raw)
-        ppid = int(raw[raw.rindex(")") + 2 :].split()[1])
-        return Process(pid, comm, start, uid, ppid), bool(flags & PF_KTHREAD)
-
     def identify_all(
         self, pids: Iterable[int], kernel_threads: Set[int]
     ) -> Tuple[List[Process], int]:
-        """(the user processes among `pids`, how many could not be read). Kernel threads
-        are added to `kernel_threads`, and those in it are not asked again."""
+        """(the user processes among `pids` still there, how many could not be read). Kernel
+        threads are added to `kernel_threads`, and those in it are not asked again."""
         found, unreadable = [], 0
         for pid in sorted(set(pids) - kernel_threads):
             try:
-                ident = self.identify(pid)
+                raw = read_text(self.paths.proc(pid, "stat"))
+                uid = os.stat(self.paths.proc(pid)).st_uid
+                comm, flags, start = parse_stat(raw)
+                ppid = int(raw[raw.rindex(")") + 2 :].split()[1])
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # gone
             except (OSError, ValueError, IndexError):
                 unreadable += 1
                 continue
-            if ident is not None and ident[1]:
+            if flags & PF_KTHREAD:
                 kernel_threads.add(pid)
-            elif ident is not None:
-                found.append(ident[0])
+            else:
+                found.append(Process(pid, comm, start, uid, ppid))
         return found, unreadable
 
     def walk(self) -> ProcessWalk:
@@ -184,26 +170,23 @@ class ProcessTable:
 
     def hidepid(self) -> str:
         """How our procfs hides processes, from its mount options ('off' when unknown)."""
-        try:
-            entries = parse_mountinfo(read_text(self.paths.proc("self", "mountinfo")))
-        except OSError:
-            return "off"
         where = os.path.realpath(self.paths.procfs)
-        for entry in reversed(entries):
-            if entry.fstype == "proc" and entry.mount_point == where:
-                return parse_hidepid(entry.options)
+        with suppress(OSError):
+            entries = parse_mountinfo(read_text(self.paths.proc("self", "mountinfo")))
+            for entry in reversed(entries):
+                if entry.fstype == "proc" and entry.mount_point == where:
+                    return parse_hidepid(entry.options)
         return "off"
 
     def count_invisible(self, listed: Set[int]) -> Optional[int]:
         """Processes of our PID namespace that /proc does not list: pidfd_open() needs no
         permission and refuses threads (EINVAL)."""
         # A Python built on headers older than Linux 5.3 lacks it.
-        probe = getattr(os, "pidfd_open", None)
+        if (probe := getattr(os, "pidfd_open", None)) is None:
+            return None
         try:
             last, pid_max = self.last_pid_and_max()
         except (OSError, ValueError):
-            return None
-        if probe is None:
             return None
         if pid_max <= MAX_PROBE_PIDS:
             top = pid_max  # every pid there can be
@@ -213,9 +196,7 @@ class ProcessTable:
         else:
             return None  # wrapped, or too many to probe: hidden processes may exist, uncounted
         hidden = 0
-        for pid in range(1, top + 1):
-            if pid in listed:
-                continue
+        for pid in filterfalse(listed.__contains__, range(1, top + 1)):
             try:
                 os.close(probe(pid))
             except OSError as err:
@@ -226,10 +207,9 @@ class ProcessTable:
         return hidden
 
     def comm(self, pid: int) -> str:
-        try:
+        with suppress(OSError):
             return read_text(self.paths.proc(pid, "comm")).strip() or "unknown"
-        except OSError:
-            return "unknown"
+        return "unknown"
 
     def cmdline(self, pid: int) -> str:
         with open(self.paths.proc(pid, "cmdline"), "rb") as handle:
@@ -237,18 +217,13 @@ class ProcessTable:
 
     def find(self, pattern: Pattern[str], exclude: int = -1) -> Optional[int]:
         """The lowest pid whose comm or command line matches `pattern`."""
-        try:
-            pids = sorted(set(self.pids()) - {exclude})
-        except OSError:
-            return None
-        for pid in pids:
-            try:
-                comm = read_text(self.paths.proc(pid, "comm")).strip()
-                names = (comm, self.cmdline(pid))  # not comm()'s "unknown"
-            except OSError:
-                continue
-            if any(map(pattern.search, names)):
-                return pid
+        with suppress(OSError):
+            for pid in sorted(set(self.pids()) - {exclude}):
+                with suppress(OSError):
+                    comm = read_text(self.paths.proc(pid, "comm")).strip()
+                    # comm as read, not comm()'s "unknown"
+                    if any(map(pattern.search, (comm, self.cmdline(pid)))):
+                        return pid
         return None
 
     def cgroups(self, pid: object) -> Dict[str, str]:
@@ -281,35 +256,25 @@ class ProcessTable:
     def maps(self, pid: int) -> str:
         return read_text(self.paths.proc(pid, "maps"))
 
-
-class PidWrapWatch:
-    """Whether a pid known at the last look may be another process now: pids are handed out
-    rising, so only when ns_last_pid went down or more forks happened than there are pids."""
-
-    said_unreadable = False  # logged once per process
-
-    def __init__(self, table: ProcessTable):
-        self.table = table
-        self._last: Optional[Tuple[int, int, int]] = None  # ns_last_pid, forks, pid_max
-
-    def wrapped(self) -> bool:
-        """Whether pids may have been reused since the last call (also when we cannot tell)."""
+    def pids_wrapped(self) -> bool:
+        """Whether a pid known at the last call may be another process now (also when we
+        cannot tell): pids are handed out rising, so only when ns_last_pid went down or more
+        forks happened than there are pids. The owner scan's, its one caller."""
         try:
-            last_pid, pid_max = self.table.last_pid_and_max()
-            stat = read_text(self.table.paths.proc("stat"))
+            last_pid, pid_max = self.last_pid_and_max()
+            stat = read_text(self.paths.proc("stat"))
             at = stat.index("\nprocesses ") + len("\nprocesses ")  # forks since boot
             now = last_pid, int(stat[at : stat.index("\n", at)]), pid_max
         except (OSError, ValueError):
             now = None
-        last, self._last = self._last, now
-        if now is None:
-            if not PidWrapWatch.said_unreadable:
-                PidWrapWatch.said_unreadable = True
-                log.info(
-                    "cannot read ns_last_pid or the fork count: node mode reads every process at each "
-                    "inventory run (a pid it knows may be another process)"
-                )
-            return True
-        return last is not None and (
-            now[0] < last[0] or now[1] - last[1] >= now[2] - RESERVED_PIDS
+        last, self._pid_counts = self._pid_counts, now
+        if now is None and not ProcessTable.said_no_pid_counts:
+            ProcessTable.said_no_pid_counts = True  # once per process
+            log.info(
+                "cannot read ns_last_pid or the fork count: node mode reads every process at each "
+                "inventory run (a pid it knows may be another process)"
+            )
+        return now is None or (
+            last is not None
+            and (now[0] < last[0] or now[1] - last[1] >= now[2] - RESERVED_PIDS)
         )

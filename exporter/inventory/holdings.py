@@ -92,8 +92,7 @@ class Owners:
 def unlinked_size(hs: List[Holding]) -> Tuple[int, int, float]:
     """(allocated, apparent, mtime) of an unlinked inode: from a stat where one was possible,
     else the furthest a mapping reaches."""
-    best = next((h for h in hs if h.allocated is not None), None)
-    if best:
+    if best := next((h for h in hs if h.allocated is not None), None):
         return best.allocated, best.apparent, best.mtime
     extent = max(h.extent for h in hs)
     return extent, extent, 0.0
@@ -146,6 +145,4 @@ def mounts_to_reread(
         written = {n for n, a in now.items() if a is not None and a != was.get(n)}
         if written or m in doubted:
             moved[m] = written
-    if any(not pod_uid_of_mount(m) for m in moved):
-        return None
-    return moved
+    return None if any(not pod_uid_of_mount(m) for m in moved) else moved

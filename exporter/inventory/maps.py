@@ -1,12 +1,25 @@
-"""/proc/<pid>/maps, read for the lines on the watched devices only: only those are split."""
+"""What the owner scan reads of a process: the lines of /proc/<pid>/maps on the watched
+devices (only those are split), and which mount IDs are the watched mounts in its mount
+namespace (an fd is stat'ed only when fdinfo's mnt_id names one: a stat on a hung FUSE or
+NFS mount blocks for good)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Set
+from typing import Tuple
+
+from exporter.host.mountinfo import parse_mountinfo
+from exporter.host.paths import Paths, read_text
+from exporter.host.proctable import Process
 
 MapsLine = Tuple[int, int, str, int, str]  # dev, inode, path, extent, address range
+MEMFD, DELETED = "/memfd:", " (deleted)"
+NO_MNT_ID = -1  # fdinfo without mnt_id: any fd could be on a watched mount
+DENIED = (errno.EACCES, errno.EPERM)
+_MNT_ID = re.compile(rb"mnt_id:[ \t]*(\d+)[ \t]*(?:\n|$)").search
 
 
 def dev_token(dev: int) -> str:
@@ -22,35 +35,21 @@ class DeviceTokens(Dict[str, int]):
         super().__init__(tokens)
         self.find = re.compile("|".join(map(re.escape, tokens)) or "(?!)").search
 
-    @classmethod
-    def of(cls, devs: Set[int]) -> "DeviceTokens":
-        return cls({dev_token(d): d for d in devs})
 
-
-def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
-    """Lines of maps on the watched devices -> [(dev, inode, path, extent, address range)].
-    A line's first token is its device field (none before it holds a ':'); one in a path
-    is refused by the parse. Not splitlines(): "\x1e" or "\x85" may be in a path."""
-    found: List[MapsLine] = []
-    tokens = tokens if isinstance(tokens, DeviceTokens) else DeviceTokens(tokens)
-    hit = tokens.find(text)
+def _fields(text: str, search: Callable) -> Iterator[Tuple[List[str], str]]:
+    """(fields, match) of each line where `search` matches. Not splitlines(): "\x1e" or
+    "\x85" may be in a path."""
+    hit = search(text)
     while hit is not None:
-        pos, token = hit.start(), hit.group()
-        line_start = text.rfind("\n", 0, pos) + 1
-        line_end = text.find("\n", pos)
-        line = text[line_start : line_end if line_end != -1 else len(text)]
-        if parsed := _parse_maps_line(line, tokens[token], token):
-            found.append(parsed)
-        hit = tokens.find(text, line_end) if line_end != -1 else None
-    return found
+        end = text.find("\n", hit.start())
+        end = len(text) if end == -1 else end
+        parts = text[text.rfind("\n", 0, hit.start()) + 1 : end].split(None, 5)
+        if len(parts) == 6:
+            yield parts, hit.group()
+        hit = search(text, end)
 
 
-def _parse_maps_line(line: str, dev: int, token: str) -> Optional[MapsLine]:
-    parts = line.split(None, 5)
-    # The token must be the device field, not text in a path on another device
-    # ("/tmp/x 00:1a y (deleted)" would otherwise fake a hidden segment on 00:1a).
-    if len(parts) < 6 or parts[3] != token.strip():
-        return None
+def _entry(parts: List[str], dev: int) -> Optional[MapsLine]:
     try:
         start, end = (int(x, 16) for x in parts[0].split("-"))
         offset, inode = int(parts[2], 16), int(parts[4])
@@ -60,7 +59,16 @@ def _parse_maps_line(line: str, dev: int, token: str) -> Optional[MapsLine]:
     return dev, inode, parts[5], offset + end - start, f"{start:x}-{end:x}"
 
 
-MEMFD, DELETED = "/memfd:", " (deleted)"
+def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
+    """Lines of maps on the watched devices -> [(dev, inode, path, extent, address range)].
+    The token must be the device field, not text in a path on another device ("/tmp/x
+    00:1a y (deleted)" would otherwise fake a hidden segment on 00:1a)."""
+    tokens = tokens if isinstance(tokens, DeviceTokens) else DeviceTokens(tokens)
+    found = []
+    for parts, token in _fields(text, tokens.find):
+        if parts[3] == token.strip() and (entry := _entry(parts, tokens[token])):
+            found.append(entry)
+    return found
 
 
 def memfd_name(path: str) -> Optional[str]:
@@ -72,24 +80,107 @@ def memfd_name(path: str) -> Optional[str]:
 
 
 def parse_memfd(text: str, mounted: Set[str]) -> List[MapsLine]:
-    """Lines of maps mapping a memfd ('/memfd:<name> (deleted)'), on a device no mount in
-    `mounted` ("major:minor") has: memfd pages are shmem that no mount shows (Mooncake, UCX,
-    CUDA's host allocations)."""
-    found: List[MapsLine] = []
-    pos = text.find(MEMFD)
-    while pos != -1:
-        line_start = text.rfind("\n", 0, pos) + 1
-        line_end = text.find("\n", pos)
-        line = text[line_start : line_end if line_end != -1 else len(text)]
-        parts = line.split(None, 5)
-        if len(parts) == 6 and memfd_name(parts[5]) is not None and ":" in parts[3]:
-            major, minor = parts[3].split(":", 1)
-            try:
-                dev = os.makedev(int(major, 16), int(minor, 16))
-            except ValueError:
-                dev = -1
-            unmounted = dev != -1 and f"{os.major(dev)}:{os.minor(dev)}" not in mounted
-            if unmounted and (parsed := _parse_maps_line(line, dev, parts[3])):
-                found.append(parsed)
-        pos = text.find(MEMFD, line_end) if line_end != -1 else -1
+    """Lines of maps mapping a memfd, on a device no mount in `mounted` ("major:minor")
+    has: memfd pages are shmem that no mount shows (Mooncake, UCX, CUDA's host allocations)."""
+    found = []
+    for parts, _ in _fields(text, re.compile(re.escape(MEMFD)).search):
+        major, _, minor = parts[3].partition(":")
+        try:
+            dev = os.makedev(int(major, 16), int(minor, 16))
+        except ValueError:
+            continue
+        unmounted = f"{os.major(dev)}:{os.minor(dev)}" not in mounted
+        if memfd_name(parts[5]) is not None and unmounted and (e := _entry(parts, dev)):
+            found.append(e)
     return found
+
+
+class Namespace(NamedTuple):
+    watched: Set[int]  # mount IDs of the watched devices
+    ids: Set[int]  # every mount ID in it
+    devs: Set[str]  # every mount's device, "major:minor"
+
+
+class WatchedMountIds:
+    """Mount namespace -> mount IDs of watched devices in it, and each process's namespace,
+    so that a namespace's IDs leave with its last process."""
+
+    def __init__(self, paths: Paths):
+        self.paths = paths
+        self._ns_mounts: Dict[str, Namespace] = {}
+        self._ns_of: Dict[int, str] = {}
+        self.union: Set[int] = set()  # every namespace's IDs (learn)
+        self.learned_devs: Set[int] = set()  # the watched devices they were learnt for
+        # Every mount ID and device of the namespaces read: a memfd's (the kernel's internal
+        # shm mount) is none of them; a tenant's file at /memfd:x is on one.
+        self.mounted_ids: Set[int] = set()
+        self.mounted_devs: Set[str] = set()
+
+    def learn(
+        self, processes: Iterable[Process], devs: Set[int], again: bool = True
+    ) -> None:
+        """Every namespace's watched mount IDs. An fd passed from another namespace is on a
+        mount its holder's mountinfo does not list; IDs are unique across namespaces, so
+        their union still tells. `again=False`: add `processes` to what was learnt."""
+        if again:
+            self._ns_mounts, self._ns_of = {}, {}
+            self.union, self.mounted_ids, self.mounted_devs = set(), set(), set()
+            self.learned_devs = set(devs)
+        for proc in processes:
+            self.union |= self.of(proc.pid, devs) or set()
+
+    def forget(self, gone: Set[int]) -> None:
+        """Drop the namespaces no process is left in: a stale (reused) mount ID could name a
+        FUSE mount whose files must never be stat'ed."""
+        left = {self._ns_of.pop(pid) for pid in gone if pid in self._ns_of}
+        left -= set(self._ns_of.values())
+        if not left:
+            return
+        for namespace in left:
+            self._ns_mounts.pop(namespace, None)
+        spaces = self._ns_mounts.values()
+        self.union = set().union(*(ns.watched for ns in spaces))
+        self.mounted_ids = set().union(*(ns.ids for ns in spaces))
+        self.mounted_devs = set().union(*(ns.devs for ns in spaces))
+
+    def of(self, pid: int, devs: Set[int]) -> Optional[Set[int]]:
+        """Watched mount IDs in the process's namespace; None when its mountinfo is denied."""
+        try:
+            namespace = os.readlink(self.paths.proc(pid, "ns", "mnt"))
+        except OSError:
+            namespace = f"pid:{pid}"  # its own entry, forgotten with it
+        self._ns_of[pid] = namespace
+        if namespace in self._ns_mounts:
+            return self._ns_mounts[namespace].watched
+        try:
+            text = read_text(self.paths.proc(pid, "mountinfo"))
+        except OSError as err:  # gone (or a fixture without one): no fds
+            return None if err.errno in DENIED else set()
+        wanted = {f"{os.major(dev)}:{os.minor(dev)}" for dev in devs}
+        entries = parse_mountinfo(text)
+        ns = Namespace(
+            {e.mount_id for e in entries if e.device in wanted},
+            {e.mount_id for e in entries},
+            {e.device for e in entries},
+        )
+        self._ns_mounts[namespace] = ns
+        self.mounted_ids |= ns.ids
+        self.mounted_devs |= ns.devs
+        return ns.watched
+
+    @staticmethod
+    def fd_mount(fdinfo: str) -> Optional[int]:
+        """An fd's mount ID from fdinfo; NO_MNT_ID before Linux 3.15, None when it closed
+        since listdir."""
+        try:
+            fd = os.open(fdinfo, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                info = os.read(fd, 4096)  # pos, flags, mnt_id and ino come first
+            finally:
+                os.close(fd)
+        except OSError:
+            return None
+        if b"mnt_id:" not in info:
+            return NO_MNT_ID
+        found = _MNT_ID(info)
+        return int(found[1]) if found else None

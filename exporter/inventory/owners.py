@@ -1,22 +1,25 @@
 """Who maps or holds open which inode of the watched mounts, and which memfd: one pass over /proc.
 
 Joined with the listing by (device, inode), never by path text. What is held but unlinked
-is a hidden segment, which `df` counts and `ls` does not (NCCL >= 2.19, UCX, torch)."""
+is a hidden segment, which `df` counts and `ls` does not (NCCL >= 2.19, UCX, torch). A memfd
+region is shmem charged like tmpfs that no mount shows; each holder's memory cgroup is read
+so the model can subtract them from the cgroup's shmem."""
 
 from __future__ import annotations
 
 import os
 import stat as stat_mod
-from typing import Dict, List, Optional, Pattern, Sequence, Set, Tuple
+from contextlib import suppress
+from typing import Dict, Iterable, List, Optional, Pattern, Sequence, Set, Tuple
 
-from exporter.host.proctable import PidWrapWatch, Process, ProcessTable
+from exporter.host.proctable import Process, ProcessTable
 from exporter.inventory.holdings import MAX_UNPROVEN, Holding, Owners, unlinked_size
-from exporter.inventory.maps import DELETED, DeviceTokens, memfd_name
-from exporter.inventory.maps import parse_maps, parse_memfd
-from exporter.inventory.mount_ids import NO_MNT_ID, WatchedMountIds
-from exporter.inventory.mount_ids import denied as denied_by
+from exporter.inventory.maps import DELETED, DENIED, NO_MNT_ID, DeviceTokens
+from exporter.inventory.maps import WatchedMountIds
+from exporter.inventory.maps import dev_token, memfd_name, parse_maps, parse_memfd
 from exporter.inventory.walk import Key
 from exporter.model.classes import classify
+from exporter.model.types import Segment
 
 # memfd regions kept one by one per process (the largest); the rest by class: a tenant may
 # open thousands.
@@ -34,8 +37,6 @@ class OwnerScan:
         self._mount_ids = WatchedMountIds(table.paths)
         # Pids a scoped scan need not identify again.
         self._kernel_threads: Set[int] = set()
-        # A refresh trusts what it knows of a pid until pids wrap.
-        self._pid_wrap = PidWrapWatch(table)
         self._proc_root = table.paths.procfs.rstrip("/")
 
     # A holder may fork and exit mid-scan: processes new since a pass are read in another, up
@@ -43,10 +44,12 @@ class OwnerScan:
     MAX_PASSES = 4
 
     def scan(self, devs: Set[int], pods: bool = False) -> Owners:
-        self._pid_wrap.wrapped()  # from here on
+        # A refresh trusts what it knows of a pid until pids wrap: from here on.
+        self.table.pids_wrapped()
         walked = self.table.walk()
-        # Whoever we could not even identify could hold anything.
-        out = Owners(unreadable=walked.unreadable, unverifiable=walked.unreadable)
+        # Whoever we could not even identify, or cannot see, could hold anything.
+        counted = walked.unreadable + (walked.invisible or 0)
+        out = Owners(unreadable=counted, unverifiable=counted)
         if walked.unreadable:
             out.unproven_because(
                 f"{walked.unreadable} process(es) whose stat could not be read"
@@ -60,8 +63,6 @@ class OwnerScan:
                 "(a PID namespace of its own)"
             )
         elif walked.invisible:
-            out.unreadable += walked.invisible
-            out.unverifiable += walked.invisible
             out.unproven_because(f"{walked.invisible} process(es) hidden by hidepid")
         out.processes = {p.pid: p for p in walked.processes}
         self._mount_ids.learn(walked.processes, devs)
@@ -95,7 +96,7 @@ class OwnerScan:
         exited and of `also`; the others' holdings carry over (never orphan unread; gone
         processes are dropped only in scope). None when that cannot be scoped (a holder
         outside any pod exited, or pids wrapped): scan in full."""
-        if self._pid_wrap.wrapped():
+        if self.table.pids_wrapped():
             return None
         try:
             alive = set(self.table.pids())
@@ -103,28 +104,21 @@ class OwnerScan:
             return None
         pods = set(also)
         for pid in previous.holders.keys() - alive:
-            pod = previous.pod_of.get(pid)
-            if pod:
+            if pod := previous.pod_of.get(pid):
                 pods.add(pod)
             elif any(key[0] in devs for key in previous.keys_of.get(pid, ())):
                 return None  # (a memfd alone, as runc's, waits for the next full scan)
-        # Copies made in C, then edited: a quick run does O(pod) work in Python, not O(node).
-        processes = dict(previous.processes)
-        for pid in previous.processes.keys() - alive:
-            del processes[pid]
+        gone = previous.processes.keys() - alive
         self._kernel_threads &= alive
         # A new process we cannot read (unidentified) could hold anything.
         new, unidentified = self.table.identify_all(
-            alive - processes.keys(), self._kernel_threads
+            alive - previous.processes.keys(), self._kernel_threads
         )
-        processes.update({p.pid: p for p in new})
+        processes = _replaced(previous.processes, gone, {p.pid: p for p in new})
         # Each process's pod, looked up once. A holder that exited keeps its pod while its
         # holdings carry over, so the next scan of its pod drops them. A pid handed on is new.
-        pod_of = dict(previous.pod_of)
-        for pid in pod_of.keys() - processes.keys() - previous.holders.keys():
-            del pod_of[pid]
-        for p in new:
-            pod_of.pop(p.pid, None)
+        stale = previous.pod_of.keys() - processes.keys() - previous.holders.keys()
+        pod_of = _replaced(previous.pod_of, stale | {p.pid for p in new})
         if pods:
             unknown = {
                 pid: self.table.pod_uid(processes[pid])
@@ -140,106 +134,85 @@ class OwnerScan:
             if pod in pods and (p := processes.get(pid)) is not None
         ]
         scope += [p for p in new if pod_of.get(p.pid) not in pods]
-        fresh = Owners()
         if devs == self._mount_ids.learned_devs:
-            self._mount_ids.forget(previous.processes.keys() - alive)
+            self._mount_ids.forget(gone)
             self._mount_ids.learn(new, devs, again=False)
         else:  # a watched mount came or went
             self._mount_ids.learn(processes.values(), devs)
+        fresh = Owners()
         self._scan_processes(scope, devs, fresh)
         self._fill_mapping_sizes(fresh.holdings)
-        was_in_scope = {pid for pid, pod in previous.pod_of.items() if pod in pods}
-        replaced = was_in_scope | {p.pid for p in scope}
-        proven = not (fresh.unverifiable or unidentified)
+        replaced = {pid for pid, pod in previous.pod_of.items() if pod in pods}
+        replaced |= {p.pid for p in scope}
         unproven = previous.unproven + fresh.unproven
         if unidentified:
             unproven.append(
                 f"{unidentified} new process(es) whose stat could not be read"
             )
-        out = Owners(
+        # The lists are shared with `previous`: those touched are made anew, never edited.
+        holdings = dict(previous.holdings)
+        for key in {key for pid in replaced for key in previous.keys_of.get(pid, ())}:
+            if kept := [h for h in holdings[key] if h.pid not in replaced]:
+                holdings[key] = kept
+            else:
+                del holdings[key]
+        for key, hs in fresh.holdings.items():
+            holdings[key] = holdings.get(key, []) + hs
+        by_pid = ("keys_of", "comms", "holders", "memfd_rest")
+        return Owners(
+            holdings,
             unreadable=None if fresh.unreadable else previous.unreadable,
-            unverifiable=previous.unverifiable if proven else None,
+            unverifiable=None
+            if fresh.unverifiable or unidentified
+            else previous.unverifiable,
             # Scoped scans chain: no growth.
             unproven=list(dict.fromkeys(unproven))[:MAX_UNPROVEN],
             scanned=previous.scanned,
             processes=processes,
             pod_of=pod_of,
+            **{
+                n: _replaced(getattr(previous, n), replaced, getattr(fresh, n))
+                for n in by_pid
+            },
         )
-        # The lists are shared with `previous`: those touched are made anew, never edited.
-        out.holdings = dict(previous.holdings)
-        for key in {key for pid in replaced for key in previous.keys_of.get(pid, ())}:
-            kept = [h for h in out.holdings[key] if h.pid not in replaced]
-            if kept:
-                out.holdings[key] = kept
-            else:
-                del out.holdings[key]
-        for key, hs in fresh.holdings.items():
-            out.holdings[key] = out.holdings.get(key, []) + hs
-        for name in ("keys_of", "comms", "holders", "memfd_rest"):  # by pid
-            merged = dict(getattr(previous, name))
-            for pid in replaced:
-                merged.pop(pid, None)
-            merged.update(getattr(fresh, name))
-            setattr(out, name, merged)
-        return out
 
     def _scan_processes(
         self, processes: Sequence[Process], devs: Set[int], out: Owners
     ) -> None:
-        tokens = DeviceTokens.of(devs)
+        tokens = DeviceTokens({dev_token(d): d for d in devs})
         for proc in processes:
-            out.scanned += 1
-            held, denied = self._scan_one(proc, devs, tokens, out)
-            if denied and out.unreadable is not None:
-                out.unreadable += 1
-            # Excused only when root's: any process can name itself anything (PR_SET_NAME).
-            if denied and not (
-                self.ignore_unreadable is not None
-                and proc.uid == 0
-                and self.ignore_unreadable.search(proc.comm)
-            ):
-                if out.unverifiable is not None:
-                    out.unverifiable += 1
-                out.unproven_because(f"{proc.comm} (pid {proc.pid}, uid {proc.uid})")
-            if held:
-                # comm read after the maps: a holder that exec'ed since is named anew.
-                comm = self.table.comm(proc.pid)
-                out.comms[proc.pid] = proc.comm if comm == "unknown" else comm
-                out.holders[proc.pid] = proc
+            self._scan_one(proc, devs, tokens, out)
 
     def _scan_one(
-        self, proc: Process, devs: Set[int], tokens: Dict[str, int], out: Owners
-    ) -> Tuple[bool, bool]:
-        """-> (holds something on a watched mount, some of its /proc entries were denied)."""
-        pid = proc.pid
-        denied = held_here = False
-        mounted = self._mount_ids
+        self, proc: Process, devs: Set[int], tokens: DeviceTokens, out: Owners
+    ) -> None:
+        """One process's maps and fds into `out`; counted unreadable when any was denied."""
+        pid, mounted, held_here = proc.pid, self._mount_ids, False
         # Its namespace now, not as learn() found it: it may have entered another since.
         mount_ids = mounted.of(pid, devs)
+        # Without its mountinfo we cannot tell which fds are safe to stat, nor a memfd from
+        # a file at /memfd:x.
+        denied = mount_ids is None
         memfds = Owners()  # this process's, bounded before they join `out`
         try:
             text = self.table.maps(pid)
-            # Without its mountinfo a memfd cannot be told from a file at /memfd:x.
-            found = [] if mount_ids is None else parse_memfd(text, mounted.mounted_devs)
+            found = [] if denied else parse_memfd(text, mounted.mounted_devs)
             for into, lines in ((out, parse_maps(text, tokens)), (memfds, found)):
                 for dev, inode, path, extent, map_range in lines:
                     held_here = True
-                    deleted = path.endswith(DELETED)
-                    held = Holding(pid, path, deleted, extent, map_range=map_range)
+                    held = Holding(pid, path, path.endswith(DELETED), extent)
+                    held.map_range = map_range
                     self._add(into, (dev, inode), held)
         except OSError as err:
-            denied |= denied_by(err)
+            denied |= err.errno in DENIED
         fd_dir = f"{self._proc_root}/{pid}/fd"  # not Paths.proc: thousands per scan
         fds: List[str] = []
-        if mount_ids is None:
-            # Without its mountinfo we cannot tell which fds are safe to stat.
-            denied = True
-        elif mount_ids or mounted.union:
-            # (an fd may come from another namespace's mount)
+        # (an fd may come from another namespace's mount)
+        if mount_ids or not denied and mounted.union:
             try:
                 fds = os.listdir(fd_dir)
             except OSError as err:
-                denied |= denied_by(err)
+                denied |= err.errno in DENIED
         info_dir = f"{self._proc_root}/{pid}/fdinfo"
         union, mount_ids = mounted.union, mount_ids or ()
         for fd in fds:
@@ -261,11 +234,23 @@ class OwnerScan:
                 continue
             if (memfd or st.st_dev in devs) and stat_mod.S_ISREG(st.st_mode):
                 held_here = True
-                deleted = target.endswith(DELETED)
-                held = Holding(pid, target, deleted, 0, *_sizes(st))
+                held = Holding(pid, target, target.endswith(DELETED), 0, *_sizes(st))
                 self._add(memfds if memfd else out, (st.st_dev, st.st_ino), held)
         self._keep_memfds(pid, memfds.holdings, out)
-        return held_here, denied
+        out.scanned += 1
+        if denied and out.unreadable is not None:
+            out.unreadable += 1
+        # Excused only when root's: any process can name itself anything (PR_SET_NAME).
+        excused = self.ignore_unreadable and proc.uid == 0
+        if denied and not (excused and self.ignore_unreadable.search(proc.comm)):
+            if out.unverifiable is not None:
+                out.unverifiable += 1
+            out.unproven_because(f"{proc.comm} (pid {proc.pid}, uid {proc.uid})")
+        if held_here:
+            # comm read after the maps: a holder that exec'ed since is named anew.
+            comm = self.table.comm(pid)
+            out.comms[pid] = proc.comm if comm == "unknown" else comm
+            out.holders[pid] = proc
 
     def _keep_memfds(self, pid: int, held: Dict[Key, List[Holding]], out: Owners):
         """A process's memfd regions join `out`: the MAX_MEMFDS largest one by one, the rest
@@ -307,16 +292,12 @@ class OwnerScan:
         """Deleted inodes held only by a mapping: stat through map_files (CAP_SYS_ADMIN);
         without it the mapping's extent stands in for the size."""
         for key, hs in holdings.items():
-            if any(h.allocated is not None for h in hs) or not any(
-                h.deleted for h in hs
-            ):
+            sized = any(h.allocated is not None for h in hs)
+            if sized or not any(h.deleted for h in hs):
                 continue
-            for h in hs:
-                if not h.map_range:
-                    continue
+            for h in filter(lambda h: h.map_range, hs):
                 try:
-                    path = self.table.paths.proc(h.pid, "map_files", h.map_range)
-                    st = os.stat(path)
+                    st = os.stat(self.table.paths.proc(h.pid, "map_files", h.map_range))
                 except OSError:
                     continue
                 if (st.st_dev, st.st_ino) == key:
@@ -327,3 +308,44 @@ class OwnerScan:
 def _sizes(st: os.stat_result) -> Tuple[int, int, float]:
     """(allocated, apparent, mtime): st_blocks x 512 is what tmpfs charges."""
     return st.st_blocks * 512, st.st_size, st.st_mtime
+
+
+def _replaced(old: dict, gone: Iterable, new: Optional[dict] = None) -> dict:
+    """`old` without `gone`, with `new`: copied in C, then edited, so a refresh does O(pod)
+    work in Python, not O(node)."""
+    out = dict(old)
+    for key in gone:
+        out.pop(key, None)
+    out.update(new or ())
+    return out
+
+
+class MemfdRegions:
+    def __init__(self, table: ProcessTable):
+        self.table = table
+        self._cgroup_of: Dict[tuple, str] = {}  # (pid, start time) -> memory cgroup
+
+    def of(self, owners: Owners) -> Tuple[List[Segment], Dict[int, str]]:
+        """(the regions the processes map or hold open one by one, the memory cgroup of each
+        holder of those and of those counted by class: read once per pid and start time)."""
+        regions = []
+        for key, hs in owners.holdings.items():
+            if (name := memfd_name(hs[0].path)) is not None:
+                pids = tuple(sorted({h.pid for h in hs}))
+                size = unlinked_size(hs)
+                regions.append(
+                    Segment(name, classify(name), "hidden", *size, pids, key)
+                )
+        holders = {pid for region in regions for pid in region.holders}
+        out, known = {}, {}
+        for pid in holders | owners.memfd_rest.keys():
+            proc = owners.holders.get(pid)
+            ident = (pid, proc.start_time if proc else None)
+            if (path := self._cgroup_of.get(ident)) is None:
+                with suppress(OSError):
+                    cgroups = self.table.cgroups(pid)
+                    path = cgroups.get("memory", cgroups.get(""))
+            if path is not None:
+                out[pid] = known[ident] = path
+        self._cgroup_of = known
+        return regions, out

@@ -6,17 +6,9 @@ to the base on any change."""
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Optional
 
 from exporter.inventory.holdings import Owners
-
-
-class Seen(NamedTuple):
-    """What the last full scan found, to tell a change from."""
-
-    mounts: tuple  # (each mount's device, each mount's statvfs figures)
-    holders: dict
-    holdings: frozenset  # the (device, inode) keys held
 
 
 class ScanPace:
@@ -25,7 +17,9 @@ class ScanPace:
         self.cap, self.monotonic = cap, monotonic
         self.scanned_at = float("-inf")
         self._quiet = False  # nothing changed since the last scan
-        self._seen: Optional[Seen] = None
+        # What the last full scan found, to tell a change from: (each mount's device and
+        # statvfs figures, the holders, the (device, inode) keys held).
+        self._seen: Optional[tuple] = None
 
     def due(self) -> bool:
         return self.monotonic() - self.scanned_at >= self.every
@@ -33,10 +27,18 @@ class ScanPace:
     def changed(self) -> None:
         self._quiet, self.every = False, self.base
 
+    def _same(self, owners: Owners) -> bool:
+        seen = self._seen
+        return seen is not None and seen[1:] == (owners.holders, owners.holdings.keys())
+
     def look(self, mounts: tuple, owners: Optional[Owners] = None) -> None:
         """A full run's mounts, and a refresh's owners: a change from the last scan's?"""
-        seen = self._seen
-        if seen is None or seen.mounts != mounts or owners and not _same(seen, owners):
+        if (
+            not self._seen
+            or self._seen[0] != mounts
+            or owners
+            and not self._same(owners)
+        ):
             self.changed()
 
     def scanned(
@@ -45,13 +47,7 @@ class ScanPace:
         """`quiet`: nothing changed while it read /proc; `stretch`: inotify watches every
         mount and nothing is called leaked (one a process attaches to without writing is
         seen by a full scan only)."""
-        calm = self._quiet and quiet and stretch
-        calm = calm and self._seen is not None and _same(self._seen, owners)
+        calm = self._quiet and quiet and stretch and self._same(owners)
         self.every = min(self.every * 2, self.base * self.cap) if calm else self.base
-        holdings = frozenset(owners.holdings)
-        self._seen = Seen(mounts, dict(owners.holders), holdings)
+        self._seen = (mounts, dict(owners.holders), frozenset(owners.holdings))
         self._quiet, self.scanned_at = quiet, self.monotonic()
-
-
-def _same(seen: Seen, owners: Owners) -> bool:
-    return seen.holders == owners.holders and seen.holdings == owners.holdings.keys()

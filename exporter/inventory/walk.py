@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import stat as stat_mod
 from contextlib import suppress
+from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from exporter.model.classes import CLASS_NAMES, classify
@@ -32,19 +33,17 @@ _KINDS = {
 CLASS_INDEX = {name: i for i, name in enumerate(CLASS_NAMES)}
 
 
+@dataclass(eq=False, slots=True)
 class Listing:
     """One mount's listing, kept and updated in place run after run: a walk marks the rows
     it sees with this walk's parity and drops the others after."""
 
-    __slots__ = ("rows", "others", "truncated", "degraded", "parity")
-
-    def __init__(self) -> None:
-        self.rows: Rows = {}
-        self.others: Dict[str, int] = {}
-        self.truncated = False
-        # class -> (count, allocated, apparent), once past the cap (rows then empty)
-        self.degraded: Optional[Dict[str, Tuple[int, int, int]]] = None
-        self.parity = 0  # SEEN or 0: the bit the last walk set
+    rows: Rows = field(default_factory=dict)
+    others: Dict[str, int] = field(default_factory=dict)
+    truncated: bool = False
+    # class -> (count, allocated, apparent), once past the cap (rows then empty)
+    degraded: Optional[Dict[str, Tuple[int, int, int]]] = None
+    parity: int = 0  # SEEN or 0: the bit the last walk set
 
 
 def _update(listing: Listing, path: str, st: os.stat_result, events: Events) -> None:
@@ -84,8 +83,7 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
     stack: List[Tuple[str, ...]] = [()]  # sub-directories, as names below the root
     while stack and not listing.truncated:
         names = stack.pop()
-        fd = _open_below(root, names, dev)
-        if fd is None:
+        if (fd := _open_below(root, names, dev)) is None:
             continue
         prefix = "".join(n + "/" for n in names)
         try:
@@ -114,7 +112,7 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
                     if listing.degraded is None and files > cap:
                         listing.degraded = _degrade(listing)
                     if listing.degraded is not None:
-                        cls = CLASS_INDEX[classify(entry.name)]
+                        cls = classify(entry.name)
                         _add(listing.degraded, cls, st.st_blocks * 512, st.st_size)
                     else:
                         _update(listing, prefix + entry.name, st, events)
@@ -137,9 +135,9 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
     return events
 
 
-def _add(totals, cls: int, allocated: int, apparent: int) -> None:
-    count, a, b = totals.get(CLASS_NAMES[cls], (0, 0, 0))
-    totals[CLASS_NAMES[cls]] = (count + 1, a + allocated, b + apparent)
+def _add(totals, cls: str, allocated: int, apparent: int) -> None:
+    count, a, b = totals.get(cls, (0, 0, 0))
+    totals[cls] = (count + 1, a + allocated, b + apparent)
 
 
 def _degrade(listing: Listing) -> Dict[str, Tuple[int, int, int]]:
@@ -148,7 +146,7 @@ def _degrade(listing: Listing) -> Dict[str, Tuple[int, int, int]]:
     for row in listing.rows.values():
         if row & SEEN == listing.parity:
             cls, _, _, allocated, apparent = unpack(row)
-            _add(totals, cls, allocated, apparent)
+            _add(totals, CLASS_NAMES[cls], allocated, apparent)
     listing.rows.clear()
     return totals
 
