@@ -27,6 +27,14 @@ from exporter.model.summary import memfd_summary, owner_label
 log = logging.getLogger(__name__)
 MAX_LABEL_CHARS = 128
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# The sources ModelCollector renders, each by its method _<name>.
+RENDERED = ("shm_mount", "segments", "sysv", "host_memory", "cgroup", "gpu", "process")
+SEGMENT_SERIES = ("segments", "segment_bytes", "segment_apparent_bytes")
+# A mount's series, shmwatch_mount_<name>, in the order they are added.
+MOUNT_SERIES = (
+    "size_bytes used_bytes available_bytes usage_ratio inodes inodes_free peak_used_bytes "
+    "max_used_bytes max_used_timestamp_seconds"
+).split()
 
 
 @functools.lru_cache(maxsize=1 << 14)  # every render asks again for the same names
@@ -46,16 +54,6 @@ class ModelCollector(Collector):
         self.step = step
         self.parts: dict = {}  # the last render's, by key (Families.parts_of)
         self._lock = threading.Lock()  # one render at a time: they share parts
-        # The sources rendered, each by its method; the others only report success.
-        self.renderers = {
-            "shm_mount": self._shm_mount,
-            "segments": self._segments,
-            "sysv": self._sysv,
-            "host_memory": self._host_memory,
-            "cgroup": self._cgroup,
-            "gpu": self._gpu,
-            "process": self._process,
-        }
 
     def describe(self) -> List[Family]:
         return []  # no auto-describe: registering must not trigger a collect
@@ -67,8 +65,8 @@ class ModelCollector(Collector):
             out.add("shmwatch_build_info", [__version__], 1)
             for status in model.statuses:
                 name, ok = status.name, status.success
-                if ok and name in self.renderers:
-                    ok = self._guarded(name, self.renderers[name], model, out)
+                if ok and name in RENDERED:
+                    ok = self._guarded(name, getattr(self, f"_{name}"), model, out)
                 out.add("shmwatch_collector_success", [name], 1 if ok else 0)
                 out.add("shmwatch_collector_duration_seconds", [name], status.duration)
             self._guarded("derived metrics", self._derived, model, out)
@@ -107,16 +105,8 @@ class ModelCollector(Collector):
         out.add("shmwatch_mount_error", [m.mount], 1 if m.error else 0)
         if m.error:
             return
-        fields = (
-            "size_bytes",
-            "used_bytes",
-            "available_bytes",
-            "usage_ratio",
-            "inodes",
-        )
-        values = [getattr(m, f) for f in (*fields, "inodes_free")] + list(figures)
-        fields += ("inodes_free", "peak_used_bytes", "max_used_bytes")
-        for field, value in zip((*fields, "max_used_timestamp_seconds"), values):
+        own = (m.size_bytes, m.used_bytes, m.available_bytes, m.usage_ratio, m.inodes)
+        for field, value in zip(MOUNT_SERIES, (*own, m.inodes_free, *figures)):
             out.add(f"shmwatch_mount_{field}", [m.mount], value)
 
     def _segments(self, model: Model, out: Families) -> None:
@@ -158,9 +148,7 @@ class ModelCollector(Collector):
     @staticmethod
     def _one_mount_segments(out: Families, mount, summary, comms, pods) -> None:
         for (cls, state), figures in sorted(summary.totals.items()):
-            for kind, value in zip(
-                ("segments", "segment_bytes", "segment_apparent_bytes"), figures
-            ):
+            for kind, value in zip(SEGMENT_SERIES, figures):
                 out.add(f"shmwatch_{kind}", [mount, cls, state], value)
         seen = set()
         for seg in summary.top:
