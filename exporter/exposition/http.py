@@ -94,7 +94,8 @@ class Connection(asyncio.BufferedProtocol):
     async def serve(self, request: Head) -> None:
         front, counted = self.front, False
         try:
-            extra, answer = await front.check(request, self.peer)
+            config = front.web.current()[0] if front.web else None
+            answer = await front.refusal(config, request, self.peer)
             if answer is None and front.in_flight >= front.max_requests:
                 answer = plain(503)
             elif answer is None:
@@ -104,8 +105,7 @@ class Connection(asyncio.BufferedProtocol):
                 )
             if self.gone or self.transport.is_closing():
                 return
-            status, headers, body = answer
-            answer = status, headers + extra, body
+            answer[1].extend(config.headers if config else ())
             self.transport.write(message(answer, request, request.close or self.eof))
             if self.drained is not None:  # a client that does not read frees its slot
                 await asyncio.wait_for(self.drained, 2 * HEADER_TIMEOUT_SECONDS)
@@ -257,22 +257,19 @@ class Front:
             self.fresh.pop(conn, None)
             self.idle.pop(conn, None)
 
-    async def check(self, request: Head, peer: str):
-        """-> (the web config's headers, the answer when it is a refusal, else None)."""
-        config = self.web.current()[0] if self.web else None
-        extra = list(config.headers) if config else []
+    async def refusal(self, config, request: Head, peer: str) -> Optional[Answer]:
         if request.method not in ("GET", "HEAD"):
-            return extra, plain(405, [("Allow", "GET, HEAD")])
+            return plain(405, [("Allow", "GET, HEAD")])
         if config and config.users and request.path not in OPEN_PATHS:
             header = request.headers.get("authorization")
             verdict = self.web.authorize(config, header, peer)
             if isinstance(verdict, concurrent.futures.Future):
                 verdict = await asyncio.wrap_future(verdict)
             if verdict is None:  # bcrypt busy: the password may well be right
-                return extra, plain(503, [("Retry-After", "1")])
+                return plain(503, [("Retry-After", "1")])
             if not verdict:
-                return extra, plain(401, CHALLENGE)
-        return extra, None
+                return plain(401, CHALLENGE)
+        return None
 
     def call(self, request: Head) -> Answer:
         """The app's answer, in a worker thread (as GET: HEAD drops the body). The environ
