@@ -144,7 +144,7 @@ class Connection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.abort()
         elif self.task is not None:
-            self.task.cancel()  # Front.start()'s: its socket is closed however far it got
+            self.task.cancel()  # Front.handshake()'s: its socket is closed however far it got
 
     def pause_writing(self) -> None:
         self.drained = self.front.loop.create_future()
@@ -182,10 +182,12 @@ def loop_error(loop, context) -> None:
         LOG.error("%s", context.get("message"), exc_info=err)
 
 
-class Front:
-    """The listening socket, its connections and the threads that make answers."""
+class Front(threading.Thread):
+    """The listening socket, the thread of its connections' loop (start() it) and the
+    threads that make answers."""
 
     def __init__(self, sock, app, web: Optional[WebConfigSource], max_requests: int):
+        super().__init__(name="shmwatch-http", daemon=True)
         self.socket, self.app, self.web = sock, app, web
         self.tls = web is not None and web.tls
         self.max_requests, self.in_flight, self.open = max_requests, 0, 0
@@ -198,21 +200,15 @@ class Front:
         self.buffer = memoryview(bytearray(READ_BYTES))
         self.fresh: Dict[Connection, None] = {}  # never answered, oldest first
         self.idle: Dict[Connection, None] = {}  # waiting again, longest first
-        self.stopped = threading.Event()
 
-    def serve_forever(self) -> None:
+    def run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        try:
-            with suppress(RuntimeError):  # the loop stopped by shutdown()
-                self.loop.run_until_complete(self.accept())
-        finally:
-            self.stopped.set()
+        with suppress(RuntimeError):  # the loop stopped by shutdown()
+            self.loop.run_until_complete(self.accept())
 
     def shutdown(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self.stopped.wait(IDLE_TIMEOUT_SECONDS)
-
-    def server_close(self) -> None:
+        self.join(IDLE_TIMEOUT_SECONDS)
         self.socket.close()
         self.workers.shutdown(wait=False)
 
@@ -233,11 +229,11 @@ class Front:
             conn = Connection(self, peer[0])
             self.open += 1
             self.fresh[conn] = None
-            conn.task = self.loop.create_task(self.start(conn, sock))
-            # Cancelled before it began, start() ran none of its code: close here.
+            conn.task = self.loop.create_task(self.handshake(conn, sock))
+            # Cancelled before it began, handshake() ran none of its code: close here.
             conn.task.add_done_callback(lambda t, s=sock: t.cancelled() and s.close())
 
-    async def start(self, conn: Connection, sock: socket.socket) -> None:
+    async def handshake(self, conn: Connection, sock: socket.socket) -> None:
         context = self.web.current()[1] if self.tls else None
         timeout = HEADER_TIMEOUT_SECONDS if context else None
         try:
@@ -334,14 +330,6 @@ def bind(host: str, port: int, app, web=None, max_requests: int = 40) -> Front:
         return bind("0.0.0.0", port, app, web, max_requests)
     sock.setblocking(False)
     return Front(sock, app, web, max_requests)
-
-
-def serve_in_thread(httpd: Front) -> threading.Thread:
-    thread = threading.Thread(
-        target=httpd.serve_forever, name="shmwatch-http", daemon=True
-    )
-    thread.start()
-    return thread
 
 
 def url_host(host: str) -> str:
