@@ -36,15 +36,12 @@ class Connection(asyncio.BufferedProtocol):
     """One client: its head parsed as it arrives, one request answered at a time."""
 
     def __init__(self, front: "Front", peer: str):
-        self.front, self.peer = front, peer
-        self.transport: Optional[asyncio.BaseTransport] = None
-        self.raw = None  # the socket's transport: the same, or the one under TLS
-        self.task: Optional[asyncio.Task] = None  # the handshake, then an answer
-        self.head = Head()
+        self.front, self.peer, self.head = front, peer, Head()
+        # raw: the socket's transport (the same, or the one under TLS); task: the
+        # handshake, then an answer; drained: a future while writing is paused.
+        self.transport = self.raw = self.task = self.timer = self.drained = None
         self.rest = b""  # what came after a head, while it is answered
         self.busy = self.served = self.eof = self.gone = False
-        self.timer: Optional[asyncio.TimerHandle] = None
-        self.drained: Optional[asyncio.Future] = None  # while writing is paused
 
     def connection_made(self, transport) -> None:
         self.transport = transport
