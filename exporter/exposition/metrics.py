@@ -2,18 +2,12 @@
 and segments and a cgroup's series are parts reused while their inputs are equal
 (families.Families.parts_of). A bug in one source's renderer drops that source's series and
 marks it failed, not the scrape.
-
-Label values from file and process names can be any bytes of any length (what a process
-passed to shm_open()): not UTF-8 becomes U+FFFD, control characters \\xNN (a raw carriage
-return or escape sequence breaks dashboards and terminals), and the length is capped so one
-hostile name cannot bloat every scrape.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import re
 import threading
 from typing import Iterable, List
 
@@ -21,12 +15,13 @@ from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.exposition.families import Families, Family
+from exporter.exposition.labels import clean as clean_label
 from exporter.model.step import Model, ModelStep
 from exporter.model.summary import memfd_summary, owner_label
 
 log = logging.getLogger(__name__)
-MAX_LABEL_CHARS = 128
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Every render asks again for the same names' label values.
+clean = functools.lru_cache(maxsize=1 << 14)(clean_label)
 # The sources ModelCollector renders, each by its method _<name>.
 RENDERED = ("shm_mount", "segments", "sysv", "host_memory", "cgroup", "gpu", "process")
 SEGMENT_SERIES = ("segments", "segment_bytes", "segment_apparent_bytes")
@@ -35,16 +30,6 @@ MOUNT_SERIES = (
     "size_bytes used_bytes available_bytes usage_ratio inodes inodes_free peak_used_bytes "
     "max_used_bytes max_used_timestamp_seconds"
 ).split()
-
-
-@functools.lru_cache(maxsize=1 << 14)  # every render asks again for the same names
-def clean(value: "str | bytes", limit: int = MAX_LABEL_CHARS) -> str:
-    # os.scandir() hands undecodable bytes back as lone surrogates.
-    if isinstance(value, str):
-        value = value.encode("utf-8", "surrogateescape")
-    text = value.decode("utf-8", "replace")
-    text = CONTROL.sub(lambda m: "\\x%02x" % ord(m.group()), text)
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 class ModelCollector(Collector):
