@@ -205,7 +205,8 @@ class Front(threading.Thread):
 
     def shutdown(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self.join(IDLE_TIMEOUT_SECONDS)
+        if self.is_alive():  # not when never started
+            self.join(IDLE_TIMEOUT_SECONDS)
         self.socket.close()
         self.workers.shutdown(wait=False)
 
