@@ -176,21 +176,20 @@ def serve(argv: List[str]) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGHUP, on_hangup)
     app.start()
-    http_thread = http.serve_in_thread(httpd)
+    httpd.start()
     scheme = "https" if web and web.tls else "http"
     host, port = http.url_host(httpd.server_address[0]), httpd.server_address[1]
     mounts = ", ".join(cfg.shm_mounts)
     where = f"{scheme}://{host}:{port}{cfg.telemetry_path}"
     log.info("shmwatch %s listening on %s, watching %s", __version__, where, mounts)
     while not done.wait(1):
-        if not http_thread.is_alive():
+        if not httpd.is_alive():
             # A listener that died leaves a process that answers nothing: exit, so the
             # orchestrator restarts it, instead of hanging with the port still bound.
             log.error("the HTTP server stopped unexpectedly; exiting")
             app.stop()
             return 1
     httpd.shutdown()
-    httpd.server_close()
     app.stop()
     return 0
 

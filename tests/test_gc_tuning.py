@@ -13,7 +13,7 @@ import urllib.request
 from exporter import cli
 from exporter.app import App
 from exporter.config import parse_args
-from exporter.exposition.http import bind, make_app, serve_in_thread
+from exporter.exposition.http import bind, make_app
 from tests.conftest import Peer, mounted_tmpfs, needs_root, remove_cgroup, stop_process
 from tests.conftest import prerequisite_missing
 from tests.test_scoped_owners import V1_MEMORY, into_pod
@@ -76,7 +76,7 @@ def serve_and_count_garbage(mount, args, cgroup):
     runs = set()  # what kinds of segments runs served
     app.sampler.subscribe(lambda obs: runs.add(obs.full) if obs.source == "segments" else None)
     httpd = bind("127.0.0.1", 0, make_app(app.exposition.wsgi_app))
-    serve_in_thread(httpd)
+    httpd.start()
     url = "http://127.0.0.1:%d/metrics" % httpd.server_address[1]
     enabled = gc.isenabled()
     app.start()
@@ -106,7 +106,6 @@ def serve_and_count_garbage(mount, args, cgroup):
             gc.enable()
         app.stop()
         httpd.shutdown()
-        httpd.server_close()
     assert app.exposition.renders > 5
     assert garbage == 0, f"{garbage} objects in garbage cycles: gc_tuning's threshold assumes none"
     return body, runs

@@ -244,7 +244,7 @@ def test_keep_alive_pipelining_methods_and_edges(tmpfs):
 def test_more_requests_than_max_requests_get_503():
     """--web.max-requests answers in flight (node_exporter's default 40); beyond them 503
     at once. An app that waits stands in for a slow render."""
-    from exporter.exposition.http import bind, serve_in_thread
+    from exporter.exposition.http import bind
     release, waiting = threading.Event(), []
 
     def slow_app(environ, start_response):
@@ -254,7 +254,7 @@ def test_more_requests_than_max_requests_get_503():
         return [b"done\n"]
 
     httpd = bind("127.0.0.1", 0, slow_app, None, max_requests=2)
-    serve_in_thread(httpd)
+    httpd.start()
     url = "http://127.0.0.1:%d/metrics" % httpd.server_address[1]
     results = []
 
@@ -283,7 +283,6 @@ def test_more_requests_than_max_requests_get_503():
     finally:
         release.set()
         httpd.shutdown()
-        httpd.server_close()
 
 
 @needs_root
@@ -328,7 +327,7 @@ def test_at_the_connection_cap_the_oldest_unanswered_connection_makes_room(monke
         return [b"ok\n"]
 
     httpd = http.bind("127.0.0.1", 0, app)
-    http.serve_in_thread(httpd)
+    httpd.start()
     port = httpd.server_address[1]
     idle = []
     try:
@@ -359,7 +358,6 @@ def test_at_the_connection_cap_the_oldest_unanswered_connection_makes_room(monke
         for sock in idle:
             sock.close()
         httpd.shutdown()
-        httpd.server_close()
 
 
 def until(condition, what, seconds=20.0):
@@ -391,7 +389,7 @@ def test_a_burst_beyond_the_connection_cap_stays_within_it(monkeypatch):
             sock.setblocking(False)
             sock.connect_ex(("127.0.0.1", port))
             burst.append(sock)
-        http.serve_in_thread(httpd)
+        httpd.start()
         # Queued behind the burst: once it is answered, the whole burst has been accepted.
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as response:
             assert response.read() == b"ok\n"
@@ -406,7 +404,6 @@ def test_a_burst_beyond_the_connection_cap_stays_within_it(monkeypatch):
         for sock in burst:
             sock.close()
         httpd.shutdown()
-        httpd.server_close()
 
 
 def test_clients_that_do_not_read_their_answer_free_their_slot(monkeypatch):
@@ -422,7 +419,7 @@ def test_clients_that_do_not_read_their_answer_free_their_slot(monkeypatch):
         return [body]
 
     httpd = http.bind("127.0.0.1", 0, app, None, max_requests=2)
-    http.serve_in_thread(httpd)
+    httpd.start()
     port = httpd.server_address[1]
     hogs = []
     try:
@@ -440,7 +437,6 @@ def test_clients_that_do_not_read_their_answer_free_their_slot(monkeypatch):
         for sock in hogs:
             sock.close()
         httpd.shutdown()
-        httpd.server_close()
 
 
 def test_the_asyncio_private_attributes_the_front_uses_are_there(tmp_path):
@@ -461,7 +457,7 @@ def test_the_asyncio_private_attributes_the_front_uses_are_there(tmp_path):
 
     for web in (None, webconfig.WebConfigSource(fixed=tls)):
         httpd = front.bind("127.0.0.1", 0, app, web)
-        front.serve_in_thread(httpd)
+        httpd.start()
         port = httpd.server_address[1]
         if web:
             client = http.client.HTTPSConnection("127.0.0.1", port, timeout=10,
@@ -486,7 +482,6 @@ def test_the_asyncio_private_attributes_the_front_uses_are_there(tmp_path):
         finally:
             client.close()
             httpd.shutdown()
-            httpd.server_close()
 
 
 def test_the_soft_open_files_limit_is_raised_to_the_hard_one():

@@ -378,7 +378,7 @@ def test_a_valid_password_while_bcrypt_is_busy_gets_503_not_401():
         return [b"ok\n"]
 
     httpd = http.bind("127.0.0.1", 0, app, source)
-    http.serve_in_thread(httpd)
+    httpd.start()
     url = "http://127.0.0.1:%d/metrics" % httpd.server_address[1]
     try:
         pending = source.authorize(source.config, basic("u", "other")["Authorization"], "127.0.0.1")
@@ -389,7 +389,6 @@ def test_a_valid_password_while_bcrypt_is_busy_gets_503_not_401():
         assert status(url, basic("u", "wrong"))[0] == 401
     finally:
         httpd.shutdown()
-        httpd.server_close()
 
 
 def test_the_reload_metric_is_1_again_when_the_good_file_is_back(tmp_path, users):

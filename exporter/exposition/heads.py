@@ -33,7 +33,7 @@ class Head:
         self.size = self.lines = self.kept_size = 0
         self.line = bytearray()  # the current line while it may be kept
         self.dropping = False  # within a header line that is not kept
-        self.first: Optional[Tuple[str, str, int]] = None  # method, target, minor
+        self.first: Optional[re.Match] = None  # the request line's
         self.headers: Dict[str, str] = {}
 
     def feed(self, data: bytes) -> Optional[bytes]:
@@ -66,7 +66,11 @@ class Head:
             self.line.clear()
             if self.first is None:
                 if line:  # empty lines before a request line are allowed
-                    self.first = request_line(line)
+                    self.first = REQUEST_LINE.fullmatch(line)
+                    if not self.first:
+                        raise Refused(400)  # HTTP/0.9's "GET /" too
+                    if self.first[3] != b"1":
+                        raise Refused(505)
                     self.kept_size += len(line)
                 continue
             if not line:
@@ -95,7 +99,9 @@ class Head:
 
     def finish(self) -> "Head":
         """Sets method, path, query, minor and close from the complete head."""
-        self.method, target, self.minor = self.first
+        method, target, _, minor = self.first.groups()
+        self.method, self.minor = method.decode(), int(minor)
+        target = target.decode("latin-1")
         headers = self.headers
         if target.startswith(("http://", "https://")):  # absolute-form, as proxies send
             parts = urlsplit(target)
@@ -110,16 +116,6 @@ class Head:
         keep = "close" not in tokens if self.minor else "keep-alive" in tokens
         self.close = body or not keep
         return self
-
-
-def request_line(line: bytes) -> Tuple[str, str, int]:
-    match = REQUEST_LINE.fullmatch(line)
-    if not match:
-        raise Refused(400)  # HTTP/0.9's "GET /" too
-    method, target, major, minor = match.groups()
-    if major != b"1":
-        raise Refused(505)
-    return method.decode(), target.decode("latin-1"), int(minor)
 
 
 def plain(code: int, headers=()) -> Answer:

@@ -36,15 +36,12 @@ class Connection(asyncio.BufferedProtocol):
     """One client: its head parsed as it arrives, one request answered at a time."""
 
     def __init__(self, front: "Front", peer: str):
-        self.front, self.peer = front, peer
-        self.transport: Optional[asyncio.BaseTransport] = None
-        self.raw = None  # the socket's transport: the same, or the one under TLS
-        self.task: Optional[asyncio.Task] = None  # the handshake, then an answer
-        self.head = Head()
+        self.front, self.peer, self.head = front, peer, Head()
+        # raw: the socket's transport (the same, or the one under TLS); task: the
+        # handshake, then an answer; drained: a future while writing is paused.
+        self.transport = self.raw = self.task = self.timer = self.drained = None
         self.rest = b""  # what came after a head, while it is answered
         self.busy = self.served = self.eof = self.gone = False
-        self.timer: Optional[asyncio.TimerHandle] = None
-        self.drained: Optional[asyncio.Future] = None  # while writing is paused
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -94,7 +91,8 @@ class Connection(asyncio.BufferedProtocol):
     async def serve(self, request: Head) -> None:
         front, counted = self.front, False
         try:
-            extra, answer = await front.check(request, self.peer)
+            config = front.web.current()[0] if front.web else None
+            answer = await front.refusal(config, request, self.peer)
             if answer is None and front.in_flight >= front.max_requests:
                 answer = plain(503)
             elif answer is None:
@@ -104,8 +102,7 @@ class Connection(asyncio.BufferedProtocol):
                 )
             if self.gone or self.transport.is_closing():
                 return
-            status, headers, body = answer
-            answer = status, headers + extra, body
+            answer[1].extend(config.headers if config else ())
             self.transport.write(message(answer, request, request.close or self.eof))
             if self.drained is not None:  # a client that does not read frees its slot
                 await asyncio.wait_for(self.drained, 2 * HEADER_TIMEOUT_SECONDS)
@@ -144,7 +141,7 @@ class Connection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.abort()
         elif self.task is not None:
-            self.task.cancel()  # Front.start()'s: its socket is closed however far it got
+            self.task.cancel()  # Front.handshake()'s: its socket is closed however far it got
 
     def pause_writing(self) -> None:
         self.drained = self.front.loop.create_future()
@@ -182,10 +179,12 @@ def loop_error(loop, context) -> None:
         LOG.error("%s", context.get("message"), exc_info=err)
 
 
-class Front:
-    """The listening socket, its connections and the threads that make answers."""
+class Front(threading.Thread):
+    """The listening socket, the thread of its connections' loop (start() it) and the
+    threads that make answers."""
 
     def __init__(self, sock, app, web: Optional[WebConfigSource], max_requests: int):
+        super().__init__(name="shmwatch-http", daemon=True)
         self.socket, self.app, self.web = sock, app, web
         self.tls = web is not None and web.tls
         self.max_requests, self.in_flight, self.open = max_requests, 0, 0
@@ -198,21 +197,16 @@ class Front:
         self.buffer = memoryview(bytearray(READ_BYTES))
         self.fresh: Dict[Connection, None] = {}  # never answered, oldest first
         self.idle: Dict[Connection, None] = {}  # waiting again, longest first
-        self.stopped = threading.Event()
 
-    def serve_forever(self) -> None:
+    def run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        try:
-            with suppress(RuntimeError):  # the loop stopped by shutdown()
-                self.loop.run_until_complete(self.accept())
-        finally:
-            self.stopped.set()
+        with suppress(RuntimeError):  # the loop stopped by shutdown()
+            self.loop.run_until_complete(self.accept())
 
     def shutdown(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self.stopped.wait(IDLE_TIMEOUT_SECONDS)
-
-    def server_close(self) -> None:
+        if self.is_alive():  # not when never started
+            self.join(IDLE_TIMEOUT_SECONDS)
         self.socket.close()
         self.workers.shutdown(wait=False)
 
@@ -233,11 +227,11 @@ class Front:
             conn = Connection(self, peer[0])
             self.open += 1
             self.fresh[conn] = None
-            conn.task = self.loop.create_task(self.start(conn, sock))
-            # Cancelled before it began, start() ran none of its code: close here.
+            conn.task = self.loop.create_task(self.handshake(conn, sock))
+            # Cancelled before it began, handshake() ran none of its code: close here.
             conn.task.add_done_callback(lambda t, s=sock: t.cancelled() and s.close())
 
-    async def start(self, conn: Connection, sock: socket.socket) -> None:
+    async def handshake(self, conn: Connection, sock: socket.socket) -> None:
         context = self.web.current()[1] if self.tls else None
         timeout = HEADER_TIMEOUT_SECONDS if context else None
         try:
@@ -257,22 +251,19 @@ class Front:
             self.fresh.pop(conn, None)
             self.idle.pop(conn, None)
 
-    async def check(self, request: Head, peer: str):
-        """-> (the web config's headers, the answer when it is a refusal, else None)."""
-        config = self.web.current()[0] if self.web else None
-        extra = list(config.headers) if config else []
+    async def refusal(self, config, request: Head, peer: str) -> Optional[Answer]:
         if request.method not in ("GET", "HEAD"):
-            return extra, plain(405, [("Allow", "GET, HEAD")])
+            return plain(405, [("Allow", "GET, HEAD")])
         if config and config.users and request.path not in OPEN_PATHS:
             header = request.headers.get("authorization")
             verdict = self.web.authorize(config, header, peer)
             if isinstance(verdict, concurrent.futures.Future):
                 verdict = await asyncio.wrap_future(verdict)
             if verdict is None:  # bcrypt busy: the password may well be right
-                return extra, plain(503, [("Retry-After", "1")])
+                return plain(503, [("Retry-After", "1")])
             if not verdict:
-                return extra, plain(401, CHALLENGE)
-        return extra, None
+                return plain(401, CHALLENGE)
+        return None
 
     def call(self, request: Head) -> Answer:
         """The app's answer, in a worker thread (as GET: HEAD drops the body). The environ
@@ -337,14 +328,6 @@ def bind(host: str, port: int, app, web=None, max_requests: int = 40) -> Front:
         return bind("0.0.0.0", port, app, web, max_requests)
     sock.setblocking(False)
     return Front(sock, app, web, max_requests)
-
-
-def serve_in_thread(httpd: Front) -> threading.Thread:
-    thread = threading.Thread(
-        target=httpd.serve_forever, name="shmwatch-http", daemon=True
-    )
-    thread.start()
-    return thread
 
 
 def url_host(host: str) -> str:

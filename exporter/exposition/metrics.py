@@ -15,15 +15,21 @@ from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.exposition.families import Families, Family
-from exporter.model.summary import memfd_summary, owner_label
 from exporter.exposition.labels import clean as clean_label
 from exporter.model.step import Model, ModelStep
+from exporter.model.summary import memfd_summary, owner_label
 
 log = logging.getLogger(__name__)
 # Every render asks again for the same names' label values.
 clean = functools.lru_cache(maxsize=1 << 14)(clean_label)
 # The sources ModelCollector renders, each by its method _<name>.
 RENDERED = ("shm_mount", "segments", "sysv", "host_memory", "cgroup", "gpu", "process")
+SEGMENT_SERIES = ("segments", "segment_bytes", "segment_apparent_bytes")
+# A mount's series, shmwatch_mount_<name>, in the order they are added.
+MOUNT_SERIES = (
+    "size_bytes used_bytes available_bytes usage_ratio inodes inodes_free peak_used_bytes "
+    "max_used_bytes max_used_timestamp_seconds"
+).split()
 
 
 class ModelCollector(Collector):
@@ -43,13 +49,11 @@ class ModelCollector(Collector):
             out = Families(model.node_mode, self.parts)
             out.add("shmwatch_build_info", [__version__], 1)
             for status in model.statuses:
-                ok = status.success
-                if ok and status.name in RENDERED:
-                    render = getattr(self, f"_{status.name}")
-                    ok = self._guarded(status.name, render, model, out)
-                out.add("shmwatch_collector_success", [status.name], 1 if ok else 0)
-                duration = status.duration
-                out.add("shmwatch_collector_duration_seconds", [status.name], duration)
+                name, ok = status.name, status.success
+                if ok and name in RENDERED:
+                    ok = self._guarded(name, getattr(self, f"_{name}"), model, out)
+                out.add("shmwatch_collector_success", [name], 1 if ok else 0)
+                out.add("shmwatch_collector_duration_seconds", [name], status.duration)
             self._guarded("derived metrics", self._derived, model, out)
             self._guarded("OOM kills", self._oom_kills, model, out)
             self._events(model, out)
@@ -80,24 +84,15 @@ class ModelCollector(Collector):
         out.parts_of(self._one_mount_usage, rows)
 
     @staticmethod
-    def _one_mount_usage(out: Families, m, peak, max_used, max_used_at) -> None:
+    def _one_mount_usage(out: Families, m, *figures) -> None:
         noswap = "true" if m.noswap else "false"
         out.add("shmwatch_mount_info", [m.mount, m.fstype, clean(m.source), noswap], 1)
         out.add("shmwatch_mount_error", [m.mount], 1 if m.error else 0)
         if m.error:
             return
-        for name, value in (
-            ("shmwatch_mount_size_bytes", m.size_bytes),
-            ("shmwatch_mount_used_bytes", m.used_bytes),
-            ("shmwatch_mount_available_bytes", m.available_bytes),
-            ("shmwatch_mount_usage_ratio", m.usage_ratio),
-            ("shmwatch_mount_inodes", m.inodes),
-            ("shmwatch_mount_inodes_free", m.inodes_free),
-            ("shmwatch_mount_peak_used_bytes", peak),
-            ("shmwatch_mount_max_used_bytes", max_used),
-            ("shmwatch_mount_max_used_timestamp_seconds", max_used_at),
-        ):
-            out.add(name, [m.mount], value)
+        own = (m.size_bytes, m.used_bytes, m.available_bytes, m.usage_ratio, m.inodes)
+        for field, value in zip(MOUNT_SERIES, (*own, m.inodes_free, *figures)):
+            out.add(f"shmwatch_mount_{field}", [m.mount], value)
 
     def _segments(self, model: Model, out: Families) -> None:
         inv = model.inventory
@@ -137,11 +132,9 @@ class ModelCollector(Collector):
 
     @staticmethod
     def _one_mount_segments(out: Families, mount, summary, comms, pods) -> None:
-        totals = sorted(summary.totals.items())
-        for (cls, state), (count, allocated, apparent) in totals:
-            out.add("shmwatch_segments", [mount, cls, state], count)
-            out.add("shmwatch_segment_bytes", [mount, cls, state], allocated)
-            out.add("shmwatch_segment_apparent_bytes", [mount, cls, state], apparent)
+        for (cls, state), figures in sorted(summary.totals.items()):
+            for kind, value in zip(SEGMENT_SERIES, figures):
+                out.add(f"shmwatch_{kind}", [mount, cls, state], value)
         seen = set()
         for seg in summary.top:
             name = clean(seg.name)
@@ -153,8 +146,12 @@ class ModelCollector(Collector):
             out.add("shmwatch_top_segment_bytes", labels, seg.allocated_bytes)
         for pid, size in summary.top_processes:
             labels = [mount, str(pid), clean(comms[pid])]
-            process_pod = {"process_pod_uid": pods[pid]}
-            out.add("shmwatch_process_shm_bytes", labels, size, process_pod)
+            out.add(
+                "shmwatch_process_shm_bytes",
+                labels,
+                size,
+                {"process_pod_uid": pods[pid]},
+            )
 
     @staticmethod
     def _one_mount_state(out: Families, mount, age, degraded, *figures) -> None:
@@ -171,35 +168,31 @@ class ModelCollector(Collector):
         for shm in model.sysv:
             # Node mode: which IPC namespace and whose; a namespace we could not enter says
             # so and nothing else (an empty list of segments would read as "all clear").
-            ns = {
-                "ipc_namespace": shm.namespace,
-                "pod_uid": shm.pod_uid,
-                "container_id": shm.container_id,
-            }
+            ns = {"ipc_namespace": shm.namespace, "pod_uid": shm.pod_uid}
+            ns["container_id"] = shm.container_id
             out.add("shmwatch_sysv_namespace_readable", [], int(shm.readable), ns)
             if not shm.readable:
                 continue
             for name, value in (
-                ("shmwatch_sysv_segments", len(shm.segments)),
-                ("shmwatch_sysv_bytes", shm.total_bytes),
-                ("shmwatch_sysv_resident_bytes", shm.resident_bytes),
-                ("shmwatch_sysv_orphan_segments", shm.orphans),
-                ("shmwatch_sysv_limit_shmmax_bytes", shm.shmmax_bytes),
-                ("shmwatch_sysv_limit_shmall_bytes", shm.shmall_bytes),
-                ("shmwatch_sysv_limit_shmmni", shm.shmmni),
+                ("segments", len(shm.segments)),
+                ("bytes", shm.total_bytes),
+                ("resident_bytes", shm.resident_bytes),
+                ("orphan_segments", shm.orphans),
+                ("limit_shmmax_bytes", shm.shmmax_bytes),
+                ("limit_shmall_bytes", shm.shmall_bytes),
+                ("limit_shmmni", shm.shmmni),
             ):
                 if value is not None:  # a limit the kernel did not tell
-                    out.add(name, [], value, ns)
+                    out.add(f"shmwatch_sysv_{name}", [], value, ns)
 
     def _process(self, model: Model, out: Families) -> None:
         for name, value in model.process_samples:
             out.add(name, [], value)
 
     def _host_memory(self, model: Model, out: Families) -> None:
-        mem = model.host_memory
-        out.add("shmwatch_host_memory_total_bytes", [], mem.total_bytes)
-        out.add("shmwatch_host_memory_available_bytes", [], mem.available_bytes)
-        out.add("shmwatch_host_memory_shmem_bytes", [], mem.shmem_bytes)
+        for field in ("total_bytes", "available_bytes", "shmem_bytes"):
+            value = getattr(model.host_memory, field)
+            out.add(f"shmwatch_host_memory_{field}", [], value)
 
     def _cgroup(self, model: Model, out: Families) -> None:
         unexplained = model.shmem_unexplained.get
@@ -213,37 +206,40 @@ class ModelCollector(Collector):
     def _one_cgroup(out: Families, cg, unexplained) -> None:
         label = [clean(cg.cgroup, 256)]
         for name, value in (
-            ("shmwatch_cgroup_memory_usage_bytes", cg.usage_bytes),
-            ("shmwatch_cgroup_memory_working_set_bytes", cg.working_set_bytes),
-            ("shmwatch_cgroup_memory_estimated", int(cg.estimated)),
-            ("shmwatch_oom_risk_ratio", cg.oom_risk_ratio),
-            ("shmwatch_cgroup_memory_shmem_bytes", cg.shmem_bytes),
-            ("shmwatch_cgroup_memory_high_bytes", cg.high_bytes),
-            ("shmwatch_cgroup_memory_swap_bytes", cg.swap_bytes),
-            ("shmwatch_cgroup_memory_swap_limit_bytes", cg.swap_limit_bytes),
+            ("cgroup_memory_usage_bytes", cg.usage_bytes),
+            ("cgroup_memory_working_set_bytes", cg.working_set_bytes),
+            ("cgroup_memory_estimated", int(cg.estimated)),
+            ("oom_risk_ratio", cg.oom_risk_ratio),
+            ("cgroup_memory_shmem_bytes", cg.shmem_bytes),
+            ("cgroup_memory_high_bytes", cg.high_bytes),
+            ("cgroup_memory_swap_bytes", cg.swap_bytes),
+            ("cgroup_memory_swap_limit_bytes", cg.swap_limit_bytes),
         ):
             if value is not None:  # no limit, or no shmem figure (an estimate)
-                out.add(name, label, value)
+                out.add(f"shmwatch_{name}", label, value)
         if cg.limit_bytes is not None:
             limit = [*label, cg.limit_source]
             out.add("shmwatch_cgroup_memory_limit_bytes", limit, cg.limit_bytes)
         for event, count in cg.events:
             out.add("shmwatch_cgroup_memory_events_total", [*label, event], count)
         if unexplained is not None:
-            name = "shmwatch_cgroup_memory_shmem_unexplained_bytes"
-            out.add(name, label, unexplained)
+            out.add(
+                "shmwatch_cgroup_memory_shmem_unexplained_bytes", label, unexplained
+            )
 
     def _gpu(self, model: Model, out: Families) -> None:
         gpus = model.gpu
         for d in gpus.devices:
             ids = [d.gpu, clean(d.uuid)]
-            info = ids + [clean(d.name), clean(gpus.driver_version)]
-            out.add("shmwatch_gpu_info", info, 1)
-            out.add("shmwatch_gpu_memory_total_bytes", ids, d.total_bytes)
-            out.add("shmwatch_gpu_memory_used_bytes", ids, d.used_bytes)
-            out.add("shmwatch_gpu_memory_free_bytes", ids, d.free_bytes)
-            if d.reserved_bytes is not None:
-                out.add("shmwatch_gpu_memory_reserved_bytes", ids, d.reserved_bytes)
+            out.add(
+                "shmwatch_gpu_info",
+                ids + [clean(d.name), clean(gpus.driver_version)],
+                1,
+            )
+            for field in ("total", "used", "free", "reserved"):
+                value = getattr(d, f"{field}_bytes")
+                if value is not None:  # reserved: not every driver tells it
+                    out.add(f"shmwatch_gpu_memory_{field}_bytes", ids, value)
             for p in d.processes:
                 labels = ids + [str(p.pid), clean(p.comm)]
                 out.add("shmwatch_gpu_process_memory_bytes", labels, p.used_bytes)
@@ -267,8 +263,9 @@ class ModelCollector(Collector):
             labels = [mount, clean(cgroup, 256)]
             out.add("shmwatch_shm_oom_projection_ratio", labels, budget.projection)
         if complete:
-            size = budget.effective_bytes
-            out.add("shmwatch_mount_effective_size_bytes", [mount], size)
+            out.add(
+                "shmwatch_mount_effective_size_bytes", [mount], budget.effective_bytes
+            )
 
     def _oom_kills(self, model: Model, out: Families) -> None:
         """From the model's counts, not the cgroup renderer: a pod's kills outlive its cgroup."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import gzip
 import threading
 from types import SimpleNamespace
-from typing import Callable, Dict, Hashable, List, Set, Tuple
+from typing import Callable, Dict, Hashable, List, Tuple
 from urllib.parse import parse_qs
 
 from prometheus_client.exposition import choose_encoder, generate_latest, gzip_accepted
@@ -61,18 +61,21 @@ class Exposition:
         self._metrics: List[Family] = []
         self._bodies: Dict[Tuple[str, bool], bytes] = {}
 
-    def body(
-        self, encoder: Callable, content_type: str, gzipped: bool, names: Set[str]
-    ) -> bytes:
-        """`encoder`'s body for the model, or for the families `names` names (if any)."""
+    def wsgi_app(self, environ, start_response):
+        """GET (the HTTP front answers other methods): the body in the format and encoding
+        negotiated, of the whole model or of the families `name[]` names."""
+        try:
+            encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT"))
+        except Exception:  # e.g. "version=1.x": a header that says nothing, not a 500
+            encoder, content_type = choose_encoder(None)
+        gzipped = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING"))
+        names = set(parse_qs(environ.get("QUERY_STRING", "")).get("name[]", ()))
+        key = (content_type, gzipped)
         with self._lock:
             version = self.version()
             if version != self._rendered:
-                self._metrics = list(self.registry.collect())
-                self._bodies = {}
-                self._rendered = version
-                self.renders += 1
-            key = (content_type, gzipped)
+                self._metrics, self._bodies = list(self.registry.collect()), {}
+                self._rendered, self.renders = version, self.renders + 1
             body = None if names else self._bodies.get(key)
             if body is None:
                 chosen = [m for m in self._metrics if {m.name, m.sample_name} & names]
@@ -81,17 +84,6 @@ class Exposition:
                 body = gzip.compress(body, GZIP_LEVEL, mtime=0) if gzipped else body
                 if not names and len(self._bodies) < MAX_BODIES:
                     self._bodies[key] = body
-            return body
-
-    def wsgi_app(self, environ, start_response):
-        """GET (the HTTP front answers other methods)."""
-        try:
-            encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT"))
-        except Exception:  # e.g. "version=1.x": a header that says nothing, not a 500
-            encoder, content_type = choose_encoder(None)
-        gzipped = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING"))
-        names = set(parse_qs(environ.get("QUERY_STRING", "")).get("name[]", ()))
-        body = self.body(encoder, content_type, gzipped, names)
         headers = [("Content-Type", content_type)]
         if gzipped:
             headers.append(("Content-Encoding", "gzip"))

@@ -31,12 +31,8 @@ CLIENT_AUTH = {
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
 UNVERIFIED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
-TLS_VERSIONS = {
-    "TLS10": ssl.TLSVersion.TLSv1,
-    "TLS11": ssl.TLSVersion.TLSv1_1,
-    "TLS12": ssl.TLSVersion.TLSv1_2,
-    "TLS13": ssl.TLSVersion.TLSv1_3,
-}
+V = ssl.TLSVersion
+TLS_VERSIONS = dict(TLS10=V.TLSv1, TLS11=V.TLSv1_1, TLS12=V.TLSv1_2, TLS13=V.TLSv1_3)
 # exporter-toolkit accepts exactly these response headers, some with fixed values.
 HEADERS = {
     "Content-Security-Policy": None,
@@ -49,7 +45,8 @@ HEADERS = {
 BCRYPT_HASH = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 BCRYPT_WORKERS = 2  # checks at once: a guessing client cannot take every core
 BCRYPT_QUEUE = 8  # checks running or waiting; beyond, or a second from one address: 503
-SECTIONS = ("tls_server_config", "http_server_config", "basic_auth_users")
+TLS, HEADER = "tls_server_config", "http_server_config.headers"
+SECTIONS = (TLS, "http_server_config", "basic_auth_users", "rate_limit")
 TLS_UNSUPPORTED = set(
     "cert key client_ca client_allowed_sans cipher_suites prefer_server_cipher_suites "
     "curve_preferences".split()
@@ -58,14 +55,6 @@ TLS_UNSUPPORTED = set(
 
 class WebConfigError(ValueError):
     """The web config is invalid; the message says where."""
-
-
-def tls_error(text: str) -> WebConfigError:
-    return WebConfigError(f"tls_server_config: {text}")
-
-
-def header_error(text: str) -> WebConfigError:
-    return WebConfigError(f"http_server_config.headers: {text}")
 
 
 @dataclass(frozen=True)
@@ -88,7 +77,7 @@ class TlsSettings:
             if self.client_ca_file:
                 context.load_verify_locations(cafile=self.client_ca_file)
         except (ssl.SSLError, OSError) as err:
-            raise tls_error(f"cannot load {what}: {err}") from None
+            raise WebConfigError(f"{TLS}: cannot load {what}: {err}") from None
         context.verify_mode = CLIENT_AUTH[self.client_auth_type]
         return context
 
@@ -121,51 +110,46 @@ def _section(raw: dict, key: str, allowed=()) -> dict:
     return value
 
 
-def parse_tls(raw: dict, base: str) -> TlsSettings:
-    unsupported = ", ".join(sorted(set(raw) & TLS_UNSUPPORTED))
-    if unsupported:
-        use = ", ".join(TLS_KEYS)
-        raise tls_error(f"{unsupported} not supported by shmwatch (use {use})")
-    # Absent or empty: TlsSettings' default.
-    given = {key: raw.get(key) or getattr(TlsSettings, key, None) for key in TLS_KEYS}
-    if not given["cert_file"] or not given["key_file"]:
-        raise tls_error("needs both cert_file and key_file")
-    auth, ca = given["client_auth_type"], given["client_ca_file"]
-    if auth in UNVERIFIED_CLIENT_AUTH:
-        raise tls_error(
-            f"client_auth_type {auth} (a client certificate accepted without "
-            "verification) is not supported: use RequireAndVerifyClientCert"
-        )
-    for key, choices in TLS_CHOICES.items():
-        if given[key] not in choices:
-            names = ", ".join(choices)
-            raise tls_error(f"invalid {key} {given[key]!r} (one of {names})")
-    if auth != "NoClientCert" and not ca:
-        raise tls_error(f"client_auth_type {auth} needs client_ca_file")
-    if ca and auth == "NoClientCert":
-        raise tls_error(
-            "client_ca_file is set but client_auth_type is NoClientCert "
-            "(set client_auth_type: RequireAndVerifyClientCert)"
-        )
-    if TLS_VERSIONS[given["min_version"]] > TLS_VERSIONS[given["max_version"]]:
-        raise tls_error("min_version is above max_version")
-    # Relative names are the web config directory's, as in exporter-toolkit.
-    for key in ("cert_file", "key_file", "client_ca_file"):
-        given[key] = given[key] and os.path.join(base, str(given[key]))
-    return TlsSettings(**given)
-
-
 def parse(text: str, base: str = ".") -> WebConfig:
-    """The web config's YAML -> WebConfig; WebConfigError names the offending field."""
+    """The web config's YAML -> WebConfig; WebConfigError names the offending field.
+    Relative file names are the web config directory's (`base`), as in exporter-toolkit."""
     try:
-        raw = {"top level": yaml.safe_load(text)}
+        raw = _section({"top level": yaml.safe_load(text)}, "top level", SECTIONS)
     except yaml.YAMLError as err:
         raise WebConfigError(f"not valid YAML: {str(err).splitlines()[0]}") from None
-    raw = _section(raw, "top level", [*SECTIONS, "rate_limit"])
     if "rate_limit" in raw:
         raise WebConfigError("rate_limit is not supported by shmwatch")
-    tls_raw = _section(raw, "tls_server_config", (*TLS_KEYS, *TLS_UNSUPPORTED))
-    tls = parse_tls(tls_raw, base) if tls_raw else None
+    tls, given = None, _section(raw, TLS, (*TLS_KEYS, *TLS_UNSUPPORTED))
+    unsupported = ", ".join(sorted(set(given) & TLS_UNSUPPORTED))
+    if unsupported:
+        use = f"use {', '.join(TLS_KEYS)}"
+        raise WebConfigError(f"{TLS}: {unsupported} not supported by shmwatch ({use})")
+    if given:  # absent or empty fields: TlsSettings' defaults
+        given = {k: given.get(k) or getattr(TlsSettings, k, None) for k in TLS_KEYS}
+        auth, ca = given["client_auth_type"], given["client_ca_file"]
+        if not given["cert_file"] or not given["key_file"]:
+            raise WebConfigError(f"{TLS}: needs both cert_file and key_file")
+        if auth in UNVERIFIED_CLIENT_AUTH:
+            raise WebConfigError(
+                f"{TLS}: client_auth_type {auth} (a client certificate accepted without "
+                "verification) is not supported: use RequireAndVerifyClientCert"
+            )
+        for key, choices in TLS_CHOICES.items():
+            if given[key] not in choices:
+                value, names = given[key], ", ".join(choices)
+                raise WebConfigError(f"{TLS}: invalid {key} {value!r} (one of {names})")
+        if auth != "NoClientCert" and not ca:
+            raise WebConfigError(f"{TLS}: client_auth_type {auth} needs client_ca_file")
+        if ca and auth == "NoClientCert":
+            raise WebConfigError(
+                f"{TLS}: client_ca_file is set but client_auth_type is NoClientCert "
+                "(set client_auth_type: RequireAndVerifyClientCert)"
+            )
+        if TLS_VERSIONS[given["min_version"]] > TLS_VERSIONS[given["max_version"]]:
+            raise WebConfigError(f"{TLS}: min_version is above max_version")
+        for key in ("cert_file", "key_file", "client_ca_file"):
+            given[key] = given[key] and os.path.join(base, str(given[key]))
+        tls = TlsSettings(**given)
     users = {}
     for user, hashed in _section(raw, "basic_auth_users").items():
         hashed = str(hashed or "")
@@ -181,24 +165,14 @@ def parse(text: str, base: str = ".") -> WebConfig:
     headers = []
     for name, value in _section(http, "headers").items():
         if name not in HEADERS:
-            raise header_error(f"{name} is not one of {', '.join(HEADERS)}")
-        allowed = HEADERS[name]
-        value = "" if value is None else str(value)
+            raise WebConfigError(f"{HEADER}: {name} is not one of {', '.join(HEADERS)}")
+        allowed, value = HEADERS[name], "" if value is None else str(value)
         if allowed and value and value.lower() not in allowed:
-            raise header_error(f"{name} must be one of {', '.join(allowed)}")
+            names = ", ".join(allowed)
+            raise WebConfigError(f"{HEADER}: {name} must be one of {names}")
         if value:
             headers.append((name, value))
     return WebConfig(tls=tls, users=users, headers=tuple(headers))
-
-
-def weakened(old: WebConfig, new: WebConfig) -> Optional[str]:
-    """The authentication `old` enforces that `new` would drop, if any."""
-    if old.users and not new.users:
-        return "basic authentication"
-    auth = [c.tls.client_auth_type for c in (old, new) if c.tls]
-    if len(auth) == 2 and CLIENT_AUTH[auth[1]] < CLIENT_AUTH[auth[0]]:
-        return "client certificate verification"
-    return None
 
 
 class WebConfigSource:
@@ -266,7 +240,12 @@ class WebConfigSource:
             if (config.tls is not None) != self.tls:
                 raise WebConfigError("turning TLS on or off needs a restart")
             # Fail closed: a file emptied or cut short must not open /metrics to anyone.
-            dropped = weakened(self.config, config)
+            old, dropped = self.config, None
+            verified = old.tls and CLIENT_AUTH[old.tls.client_auth_type]
+            if old.users and not config.users:
+                dropped = "basic authentication"
+            elif verified and CLIENT_AUTH[config.tls.client_auth_type] < verified:
+                dropped = "client certificate verification"
             if dropped:
                 raise WebConfigError(f"it would turn off {dropped} (restart to do so)")
             # Stamped before loading: a file replaced meanwhile is loaded again next time.
