@@ -8,8 +8,7 @@ import time
 from typing import List, Optional
 
 from exporter.check import thresholds as T
-from exporter.check.deadline import Bounded
-from exporter.check.findings import Report
+from exporter.check.findings import Bounded, Report
 from exporter.check.sizes import human
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import ProcessTable

@@ -15,7 +15,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import yaml
 
 from exporter.check.findings import quoted
-from exporter.check.sizes import human
+from exporter.check.sizes import MiB, human
 
 SIGNATURES = resources.files(__package__).joinpath("signatures.yml")
 # name -> its needles, regex, explanation and remedy, each quoted from the library that prints it
@@ -101,8 +101,12 @@ def _match(
         if match:
             counts[name] = counts.get(name, 0) + 1
             at = max(0, match.start() - 100)  # a long line: where it matched
+            fields = {  # quoted in the explanation: a size in MiB as a reading
+                k: (human(float(v) * MiB) if k.endswith("_mib") else v)[:100]
+                for k, v in match.groupdict().items()
+            }
             text_at = quoted(match.string[at:], 300)
-            hit = LogHit(where.file, where.line, where.offset, text_at, _fields(match))
+            hit = LogHit(where.file, where.line, where.offset, text_at, fields)
             scan.hits.setdefault(name, [hit])
 
 
@@ -132,12 +136,3 @@ def _candidates(piece: bytes, lines: int) -> Iterator[Tuple[int, int, List[str]]
                 merged.append([start, stop])
         texts = [piece[a:b].decode("utf-8", "replace").strip() for a, b in merged]
         yield begin, number, texts
-
-
-def _fields(match: "re.Match[str]") -> Dict[str, str]:
-    out = {}
-    for name, text in match.groupdict().items():
-        if name.endswith("_mib"):
-            text = human(float(text) * 2**20)
-        out[name] = text[:100]
-    return out

@@ -15,8 +15,7 @@ from typing import Callable, Dict, Optional, Sequence
 
 from exporter.check import recommend as R
 from exporter.check import thresholds as T
-from exporter.check.deadline import Bounded, left
-from exporter.check.findings import EXIT_SOFTWARE, EXIT_USAGE, Report
+from exporter.check.findings import EXIT_SOFTWARE, EXIT_USAGE, Bounded, Report, left
 from exporter.check.findings import render_json, render_text
 from exporter.check.kernel import oom_kills, outside, sysv
 from exporter.check.logscan import TABLE, LogHit, scan_log
@@ -37,7 +36,6 @@ READS_SECONDS = 10.0
 # "process" is shmwatch's own process metrics, nothing `check` reports on.
 FAILURE_AREAS = {"sysv": "sysv", "host_memory": "memory"}
 QUIET_FAILURES = ("gpu", "cgroup", "process", "oom")
-SAID = ("explanation", "remedy")  # of a log signature
 
 
 def _seconds(text: str) -> float:
@@ -79,8 +77,7 @@ HELP = {
 def diagnose(model: Model, required=None, backend=None) -> Report:
     """The report, from the model alone: no totals, thresholds or class rules of its own.
     `required`: --require-shm's bytes."""
-    report = Report()
-    failed = [s for s in model.statuses if not s.success]
+    report, failed = Report(), [s for s in model.statuses if not s.success]
     errors = {s.name: s.error or "no answer within --timeout" for s in failed}
     _gpu(report, model.gpu, errors.get("gpu"))
     for view in model.mounts:
@@ -121,8 +118,8 @@ def _gpu(report: Report, gpus, error: Optional[str]) -> None:
         else:
             report.add("ok", "gpu", subject, text)
     for skipped in gpus.errors:
-        remedy = "nvidia-smi; dmesg | grep -i xid"
-        report.add("warn", "gpu", "NVML", f"GPU skipped: {skipped}", remedy)
+        text, remedy = f"GPU skipped: {skipped}", "nvidia-smi; dmesg | grep -i xid"
+        report.add("warn", "gpu", "NVML", text, remedy)
 
 
 def _memory(report: Report, model: Model, kills, cgroup_error: Optional[str]) -> None:
@@ -309,5 +306,6 @@ def _logs(report: Report, scans, deadline: float) -> None:
     for signature, hit in hits.items():
         where = os.path.basename(hit.file)
         where += f":{hit.line}" if hit.line else f" at byte {hit.offset}"
-        explanation, remedy = (TABLE[signature][k].format_map(hit.fields) for k in SAID)
-        report.add("warn", "log", where, f"{explanation} Seen: {hit.text}", remedy)
+        said, fields = TABLE[signature], hit.fields
+        text = said["explanation"].format_map(fields) + f" Seen: {hit.text}"
+        report.add("warn", "log", where, text, said["remedy"].format_map(fields))
