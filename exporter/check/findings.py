@@ -23,19 +23,11 @@ from exporter import __version__
 
 EXIT_OK, EXIT_WARN, EXIT_FAIL, EXIT_USAGE, EXIT_SOFTWARE = 0, 1, 2, 64, 70
 SEVERITIES = ("fail", "warn", "info", "ok")  # worst first
-# The JSON document's facts, in its order, and what each is when nothing reported it.
-FACTS = {
-    "shm": [],
-    "gpus": [],
-    "host_memory": None,
-    "cgroup": None,
-    "pod_cgroups": [],
-    "sysv": None,
-    "recommendations": [],  # --recommend
-    "recommendation_notes": [],
-    "oom_kills": [],
-    "sysv_namespaces": [],
-}
+# The JSON document's facts, in its order: when nothing reported one, an object is null and
+# a list is empty (recommendations: --recommend).
+FACTS = ("shm", "gpus", "host_memory", "cgroup", "pod_cgroups", "sysv")
+FACTS += ("recommendations", "recommendation_notes", "oom_kills", "sysv_namespaces")
+OBJECTS = ("host_memory", "cgroup", "sysv")
 
 
 @dataclass
@@ -134,5 +126,6 @@ def render_json(report: Report) -> str:
         "exit_code": code,
         "findings": [asdict(f) for f in report.sorted()],
     }
-    doc.update((name, report.facts.get(name, empty)) for name, empty in FACTS.items())
+    for name in FACTS:
+        doc[name] = report.facts.get(name, None if name in OBJECTS else [])
     return json.dumps(doc, indent=2, default=str) + "\n"

@@ -1,5 +1,7 @@
 """`shmwatch check`: runs every collector once and prints what is wrong, worst first, each
-problem with its remedy (GPU, shm mounts, memory, SysV, server logs); exit codes: findings.py."""
+problem with its remedy (GPU, shm mounts, memory, SysV, server logs); exit codes: findings.py.
+A shm mount's findings: its size against what is required, its use, its classes, and the
+segments nobody holds (leaked, of no known owner, or unverified)."""
 
 from __future__ import annotations
 
@@ -11,19 +13,20 @@ import sys
 import time
 import traceback
 from dataclasses import asdict
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from exporter.check import recommend as R
 from exporter.check import thresholds as T
 from exporter.check.findings import EXIT_SOFTWARE, EXIT_USAGE, Bounded, Report, left
 from exporter.check.findings import render_json, render_text
-from exporter.check.kernel import oom_kills, outside, sysv
+from exporter.check.kernel import memory, oom_kills, outside, sysv
 from exporter.check.logscan import TABLE, LogHit, scan_log
-from exporter.check.shm import shm, shm_remedy
-from exporter.check.sizes import at_least, at_most, human, plausible
+from exporter.check.sizes import at_least, at_most, docker, human, k8s, plausible
+from exporter.check.sizes import round_up
 from exporter.host.paths import Paths
 from exporter.config import Config, build_parser, parse_args, parse_size, typed
-from exporter.model.step import Model
+from exporter.model.classes import NOT_LEAKS, REMOVABLE
+from exporter.model.step import Model, MountView
 
 # Recommended shm per backend. vLLM's and SGLang's docs name no number: 16Gi holds NCCL's
 # segments, the engines' shm queues and multimodal caches in tensor-parallel serving;
@@ -43,6 +46,26 @@ def _seconds(text: str) -> float:
     if not 0 < seconds < math.inf:
         raise ValueError(f"not a number of seconds above 0: {text!r}")
     return seconds
+
+
+MAX_NAMED = 5  # segments, and processes, named in a finding
+MOUNT_FACTS = ("mount", "fstype", "size_bytes", "used_bytes", "available_bytes")
+REMOUNT = "mount the workload's shm volume at this path"
+CLEAN_UP = "remove leaked segments"
+TMPFS = "mount a tmpfs (or memory emptyDir) here"
+HIDDEN_BY = "NCCL >= 2.19, UCX proc link, torch file_descriptor"
+LEAKED = "{count} leaked segment(s) held by no process, {size}: {paths}"
+RM = "once no server can attach to them: rm {paths}"
+FOREIGN = "{count} file(s) of no known owner class held by no process, {size}: {paths}"
+NO_RM = "find which tool made them before removing anything (a container engine's lock file is one)"
+UNVERIFIED = (
+    "{count} segment(s), {size}, held by no process shmwatch could inspect (could not read "
+    "{unreadable}): not called leaked, they may be live"
+)
+MAY_BE_LIVE = (
+    "to tell live from leaked, run shmwatch as the server's UID or with CAP_SYS_PTRACE "
+    "(README: Deploy); never remove them on this report's word"
+)
 
 
 # `shmwatch check`'s own flags (the exporter's are in exporter/config.py); dest: the flag's name
@@ -74,6 +97,114 @@ HELP = {
 }
 
 
+def shm_remedy(required: int) -> str:
+    """How to get a mount that holds `required` bytes, in the size recommendations round to."""
+    size = round_up(required)
+    return (
+        f"docker run --shm-size={docker(size)} (or --ipc=host); compose shm_size: {docker(size)}b; "
+        f"Kubernetes: an emptyDir {{medium: Memory, sizeLimit: {k8s(size)}}} mounted at /dev/shm"
+    )
+
+
+def shm(report: Report, view: MountView, model: Model, required: Optional[int]) -> None:
+    m, mount = view.usage, view.usage.mount
+
+    def add(severity: str, message: str, remedy: str = "") -> None:
+        report.add(severity, "shm", mount, message, remedy)
+
+    must = "fail" if required else "warn"  # what a required mount's trouble is
+    if m.error:
+        add(must, f"cannot be measured: {m.error}", REMOUNT)
+        return
+    effective, default = view.budget.effective_bytes, T.DOCKER_DEFAULT_SHM_BYTES
+    size = human(m.size_bytes)
+    if m.size_bytes <= default:
+        below = "" if m.size_bytes == default else "below "
+        size += f" ({below}Docker's 64 MiB default)"
+    usage = f"{size}, {human(m.used_bytes)} used ({m.usage_ratio:.0%})"
+    facts = {name: getattr(m, name) for name in MOUNT_FACTS}
+    facts["effective_size_bytes"] = effective
+    report.facts.setdefault("shm", []).append(facts)
+    if required and effective < required:
+        held = f"can hold {at_most(effective)}, below the {at_least(required)} required"
+        add("fail", f"{usage}: {held} (--require-shm)", shm_remedy(required))
+    elif m.size_bytes <= default:
+        small = f"{usage}: far too small for NCCL, torch or vLLM"
+        add("warn", small, shm_remedy(16 << 30))
+    if m.usage_ratio > T.SHM_USAGE_CRITICAL_RATIO:
+        add(must, f"{usage}: about to be full", f"{CLEAN_UP} (below) or raise the size")
+    elif m.usage_ratio > T.SHM_USAGE_WARNING_RATIO:
+        above = f"above {T.SHM_USAGE_WARNING_RATIO * 100:g} %"
+        add("warn", f"{usage}: {above}", f"{CLEAN_UP} or raise the size")
+    if m.fstype != "tmpfs":
+        add("warn", f"is {m.fstype}, not tmpfs", TMPFS)
+    problems = [f for f in report.findings if f.severity in ("fail", "warn")]
+    problem = any(f.subject == mount for f in problems)
+    inv, summary = view.inventory, view.summary
+    if inv is None or inv.error or summary is None:
+        if not problem:
+            add("ok", usage)
+        return
+
+    def listed(s) -> dict:
+        return {"name": s.name, "class": s.cls, "bytes": s.allocated_bytes}
+
+    wall = model.inventory.wall_time
+    facts.update(
+        bytes_by_class=dict(summary.bytes_by_class),
+        orphans=[
+            dict(listed(s), age_seconds=max(0, int(wall - s.mtime)))
+            for s in summary.leaked
+        ],
+        unverified=[listed(s) for s in summary.unverified],
+        hidden_bytes=summary.hidden_bytes,
+        segments=sum(n for n, _, _ in summary.totals.values()),
+        unattributed_bytes=inv.unattributed_bytes,
+    )
+    if not problem:
+        by_class = sorted(summary.bytes_by_class.items(), key=lambda kv: -kv[1])
+        classes = ", ".join(f"{c} {human(b)}" for c, b in by_class if b)
+        add("ok", usage + (f"; by class: {classes}" if classes else ""))
+    unowned(add, mount, summary, model.inventory)
+    if summary.hidden_count:
+        hidden = f"{summary.hidden_count} unlinked-but-mapped segment(s), {human(summary.hidden_bytes)}"
+        add("info", f"{hidden}: counted by df, invisible to ls ({HIDDEN_BY})")
+
+
+def unowned(add, mount: str, summary, inventory) -> None:
+    """Segments held by no process, counted by the summary's totals and named by its largest
+    few. `rm` is advised only where nothing can still attach: an orphan (every process
+    inspected) of a class whose segments belong to one process."""
+    unreadable = _unreadable(inventory.proc_unreadable, inventory.unproven)
+    totals = summary.totals.items()
+    leaks = {c for c, _ in summary.totals} - NOT_LEAKS
+    for state, classes, listed, severity, text, remedy in (
+        ("orphan", leaks & REMOVABLE, summary.leaked, "warn", LEAKED, RM),
+        ("orphan", leaks - REMOVABLE, summary.leaked, "info", FOREIGN, NO_RM),
+        ("unverified", leaks, summary.unverified, "info", UNVERIFIED, MAY_BE_LIVE),
+    ):
+        rows = [v for (c, s), v in totals if s == state and c in classes]
+        count, size = sum(r[0] for r in rows), sum(r[1] for r in rows)
+        if not count:
+            continue
+        named = [s.name for s in listed if s.cls in classes][:MAX_NAMED]
+        paths = " ".join(os.path.join(mount, name) for name in named)
+        if count > len(named):
+            paths += f" (+{count - len(named)} more)"
+        said = dict(count=count, size=human(size), paths=paths, unreadable=unreadable)
+        add(severity, text.format(**said), remedy.format(**said))
+
+
+def _unreadable(count: Optional[int], unproven: List[str]) -> str:
+    """'3 process(es): python3 (pid 7, uid 0); ...': how many, and the first few by name."""
+    named = "; ".join(unproven[:MAX_NAMED])
+    if count is None:
+        # the reasons say what could not be counted (hidepid, a PID namespace of its own)
+        return named or "processes hidden from shmwatch, uncounted"
+    more = " and more" if len(unproven) > MAX_NAMED or count > len(unproven) else ""
+    return f"{count} process(es): {named}{more}" if named else f"{count} process(es)"
+
+
 def diagnose(model: Model, required=None, backend=None) -> Report:
     """The report, from the model alone: no totals, thresholds or class rules of its own.
     `required`: --require-shm's bytes."""
@@ -83,10 +214,7 @@ def diagnose(model: Model, required=None, backend=None) -> Report:
     for view in model.mounts:
         if view.usage is not None:
             shm(report, view, model, required)
-    kills = {c.cgroup: c.kills for c in model.oom_kills}
-    if model.node_mode:
-        _pod_memory(report, model.cgroups, kills)
-    _memory(report, model, kills, errors.get("cgroup"))
+    memory(report, model, errors.get("cgroup"))
     oom_kills(report, model, errors.get("oom"))
     sysv(report, model.sysv, model.node_mode)
     for name, error in errors.items():
@@ -120,78 +248,6 @@ def _gpu(report: Report, gpus, error: Optional[str]) -> None:
     for skipped in gpus.errors:
         text, remedy = f"GPU skipped: {skipped}", "nvidia-smi; dmesg | grep -i xid"
         report.add("warn", "gpu", "NVML", text, remedy)
-
-
-def _memory(report: Report, model: Model, kills, cgroup_error: Optional[str]) -> None:
-    host = model.host_memory
-    if host is not None:
-        ratio = host.available_bytes / host.total_bytes if host.total_bytes else 1
-        report.facts["host_memory"] = asdict(host)
-        low = ratio < T.HOST_MEMORY_AVAILABLE_LOW_RATIO
-        text = (
-            f"{human(host.available_bytes)} of {human(host.total_bytes)} available "
-            f"({ratio:.0%}), shmem {human(host.shmem_bytes)}"
-        )
-        remedy = "free leaked shm, move workloads" if low else ""
-        report.add("warn" if low else "ok", "memory", "host", text, remedy)
-    if model.node_mode:
-        return  # every pod's cgroup is reported by _pod_memory
-    cgroup = model.cgroups[0] if model.cgroups else None
-    if cgroup is None:
-        if cgroup_error:
-            report.add("info", "memory", "cgroup", f"not read: {cgroup_error}")
-        return
-    report.facts["cgroup"] = asdict(cgroup)
-    name, risk, text = cgroup.cgroup, cgroup.oom_risk_ratio, _working_set(cgroup)
-    if risk is None:
-        text += ", no memory limit: OOM ratios not computed (pass --memory.limit-bytes)"
-        report.add("info", "memory", name, text)
-        return
-    if cgroup.estimated:
-        text += " (estimated: the workload's resident memory and shm; its cgroup is not readable here)"
-    if cgroup.shmem_bytes is not None:
-        text += f", shmem {human(cgroup.shmem_bytes)}"
-    high = risk > T.OOM_RISK_RATIO
-    remedy = "raise the memory limit or free shm" if high else ""
-    report.add("warn" if high else "ok", "memory", name, text, remedy)
-    _kills(report, name, kills.get(name, cgroup.oom_kills))
-    for view in (v for v in model.mounts if v.cgroup is cgroup and v.budget):
-        budget = view.budget
-        if (budget.projection or 0) > T.SHM_OOM_PROJECTION_RATIO:
-            text = (
-                f"filling it ({human(budget.fillable_bytes)}) would need {budget.projection:.0%} "
-                "of the memory limit: the pod is OOM-killed before tmpfs says ENOSPC"
-            )
-            remedy = f"lower sizeLimit to at most {at_most(budget.room_bytes)} or raise the memory limit"
-            report.add("warn", "memory", view.mount, text, remedy)
-
-
-def _working_set(c) -> str:
-    text = f"working set {human(c.working_set_bytes)}"
-    if c.oom_risk_ratio is not None:
-        text += f" of {human(c.limit_bytes)} limit ({c.oom_risk_ratio:.0%})"
-    return text
-
-
-def _kills(report: Report, subject: str, kills: Optional[int]) -> None:
-    if kills:
-        remedy = "count /dev/shm in the memory budget"
-        report.add("warn", "memory", subject, f"{kills} OOM kill(s) so far", remedy)
-
-
-def _pod_memory(report: Report, pods, kills: Dict[str, int]) -> None:
-    report.facts["pod_cgroups"] = [asdict(c) for c in pods]
-    risky = 0
-    for c in pods:
-        subject = f"pod {c.pod_uid}"
-        if (c.oom_risk_ratio or 0) > T.OOM_RISK_RATIO:
-            risky += 1
-            remedy = "raise the pod's memory limit or free its shm"
-            report.add("warn", "memory", subject, _working_set(c), remedy)
-        _kills(report, subject, kills.get(c.cgroup))
-    if not risky:
-        none_above = f"none above {T.OOM_RISK_RATIO:.0%} of its limit"
-        report.add("ok", "memory", "pods", f"{len(pods)} pod cgroup(s), {none_above}")
 
 
 def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
