@@ -252,9 +252,8 @@ def recommendations(model, extra, deadline=math.inf):
 
 
 def render_text(recs: List[Recommendation], notes: List[str], headroom: float) -> str:
-    lines = [
-        f"\nRECOMMENDATIONS (highest observed peak x {headroom:g}, rounded up to a whole GiB, MiB below 1 GiB)",
-    ]
+    head = f"highest observed peak x {headroom:g}, rounded up to a whole GiB, MiB below 1 GiB"
+    lines = [f"\nRECOMMENDATIONS ({head})"]
     for r in recs:
         where = WHERE[r.source].format(r.window)
         lines.append(

@@ -8,19 +8,18 @@ from __future__ import annotations
 import logging
 import math
 import os
-import stat
 import sys
 import time
 import traceback
 from dataclasses import asdict
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from exporter.check import recommend as R
 from exporter.check import thresholds as T
 from exporter.check.findings import EXIT_SOFTWARE, EXIT_USAGE, Bounded, Report, left
 from exporter.check.findings import render_json, render_text
 from exporter.check.kernel import memory, oom_kills, outside, sysv
-from exporter.check.logscan import TABLE, LogHit, scan_log
+from exporter.check.logscan import log_findings, refusal, scan_log
 from exporter.check.sizes import at_least, at_most, docker, human, k8s, plausible
 from exporter.check.sizes import round_up
 from exporter.host.paths import Paths
@@ -165,34 +164,30 @@ def shm(report: Report, view: MountView, model: Model, required: Optional[int]) 
         by_class = sorted(summary.bytes_by_class.items(), key=lambda kv: -kv[1])
         classes = ", ".join(f"{c} {human(b)}" for c, b in by_class if b)
         add("ok", usage + (f"; by class: {classes}" if classes else ""))
-    unowned(add, mount, summary, model.inventory)
-    if summary.hidden_count:
-        hidden = f"{summary.hidden_count} unlinked-but-mapped segment(s), {human(summary.hidden_bytes)}"
-        add("info", f"{hidden}: counted by df, invisible to ls ({HIDDEN_BY})")
-
-
-def unowned(add, mount: str, summary, inventory) -> None:
-    """Segments held by no process, counted by the summary's totals and named by its largest
-    few. `rm` is advised only where nothing can still attach: an orphan (every process
-    inspected) of a class whose segments belong to one process."""
-    unreadable = _unreadable(inventory.proc_unreadable, inventory.unproven)
+    # Segments held by no process, counted by the summary's totals and named by its largest
+    # few. `rm` is advised only where nothing can still attach: an orphan (every process
+    # inspected) of a class whose segments belong to one process.
+    unreadable = _unreadable(model.inventory.proc_unreadable, model.inventory.unproven)
     totals = summary.totals.items()
     leaks = {c for c, _ in summary.totals} - NOT_LEAKS
-    for state, classes, listed, severity, text, remedy in (
+    for state, classes, segments, severity, text, remedy in (
         ("orphan", leaks & REMOVABLE, summary.leaked, "warn", LEAKED, RM),
         ("orphan", leaks - REMOVABLE, summary.leaked, "info", FOREIGN, NO_RM),
         ("unverified", leaks, summary.unverified, "info", UNVERIFIED, MAY_BE_LIVE),
     ):
         rows = [v for (c, s), v in totals if s == state and c in classes]
-        count, size = sum(r[0] for r in rows), sum(r[1] for r in rows)
+        count, total = sum(r[0] for r in rows), sum(r[1] for r in rows)
         if not count:
             continue
-        named = [s.name for s in listed if s.cls in classes][:MAX_NAMED]
+        named = [s.name for s in segments if s.cls in classes][:MAX_NAMED]
         paths = " ".join(os.path.join(mount, name) for name in named)
         if count > len(named):
             paths += f" (+{count - len(named)} more)"
-        said = dict(count=count, size=human(size), paths=paths, unreadable=unreadable)
+        said = dict(count=count, size=human(total), paths=paths, unreadable=unreadable)
         add(severity, text.format(**said), remedy.format(**said))
+    if summary.hidden_count:
+        hidden = f"{summary.hidden_count} unlinked-but-mapped segment(s), {human(summary.hidden_bytes)}"
+        add("info", f"{hidden}: counted by df, invisible to ls ({HIDDEN_BY})")
 
 
 def _unreadable(count: Optional[int], unproven: List[str]) -> str:
@@ -254,114 +249,66 @@ def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
     """`collect(cfg, timeout)`: one run of every source, and the model made of it. A failure
     of check itself (a bug) exits EXIT_SOFTWARE, apart from 1 (warnings) and 2 (failed)."""
     try:
-        return _check(argv, collect)
+        started = time.monotonic()
+        parser = build_parser(prog="shmwatch check")
+        for flag, options in FLAGS.items():
+            dest = flag[2:].replace(".", "_").replace("-", "_")
+            if "type" in options:
+                options = dict(options, type=typed(options["type"], flag))
+            parser.add_argument(flag, dest=dest, help=HELP.get(flag), **options)
+        try:
+            cfg, extra = parse_args(list(argv), parser=parser)
+        except SystemExit as err:
+            # argparse and a bad flag value exit 2, which here means "a requirement failed"
+            raise SystemExit(EXIT_USAGE if err.code == 2 else err.code) from None
+        logging.basicConfig(level=logging.CRITICAL)  # failures are in the report
+        collectors = max(cfg.gpu_timeout, cfg.collector_timeout) + 1
+        timeout = extra.timeout or collectors + READS_SECONDS
+        deadline = started + timeout
+        # A path on a hung filesystem does not answer stat() either: its scan will say so.
+        checks = [(p, Bounded(lambda p=p: refusal(p))) for p in extra.log]
+        for path, check in checks:
+            try:
+                problem = check.result(started + timeout / 4)
+            except TimeoutError:
+                continue
+            if problem:
+                error = f"shmwatch check: error: argument --log: {path}: {problem}\n"
+                sys.stderr.write(error)
+                return EXIT_USAGE
+        model = collect(cfg, min(collectors, left(deadline)))
+        # Logs are read after the collectors (their matching holds the GIL, which would slow
+        # the collectors past their timeouts), until early enough to be reported.
+        until = deadline - timeout / 10
+        scans = [(p, Bounded(lambda p=p: scan_log(p, until))) for p in extra.log]
+        report = diagnose(model, extra.require_shm, extra.backend)
+        # before the logs: one on a hung filesystem is awaited until the deadline
+        outside(report, model, Paths(cfg.procfs, cfg.sysfs, cfg.rootfs), deadline)
+        log_findings(report, scans, deadline)
+        host, flag = model.host_memory, cfg.memory_limit_bytes
+        if host is not None and flag is not None and flag >= host.total_bytes:
+            text = f"{human(flag)} is at or above the host's memory: taken as no limit given"
+            remedy = "a container without a memory limit gets the node's memory from the Downward API"
+            report.add("warn", "memory", "--memory.limit-bytes", text, remedy)
+        advice = ""
+        if extra.recommend:
+            recs, notes = R.recommendations(model, extra, deadline)
+            for r in [r for r in recs if r.memory_limit_fits is False]:
+                size, limit = (
+                    human(r.recommended_size_bytes),
+                    human(r.memory_limit_bytes),
+                )
+                text = f"the recommended {size} of shm does not fit in what the {limit} memory limit leaves"
+                remedy = f"raise the memory limit to {at_least(r.memory_limit_bytes_needed)}, then the shm size"
+                report.add("warn", "memory", r.mount, text, remedy)
+            report.facts["recommendations"] = [asdict(r) for r in recs]
+            report.facts["recommendation_notes"] = notes
+            advice = R.render_text(recs, notes, extra.recommend_headroom)
+        json = extra.output == "json"
+        sys.stdout.write(render_json(report) if json else render_text(report) + advice)
+        return report.exit_code
     except Exception as err:
         traceback.print_exc()
         name = type(err).__name__
         sys.stderr.write(f"shmwatch check: internal error ({name}), please report it\n")
         return EXIT_SOFTWARE
-
-
-def _check(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
-    started = time.monotonic()
-    parser = build_parser(prog="shmwatch check")
-    for flag, options in FLAGS.items():
-        dest = flag[2:].replace(".", "_").replace("-", "_")
-        if "type" in options:
-            options = dict(options, type=typed(options["type"], flag))
-        parser.add_argument(flag, dest=dest, help=HELP.get(flag), **options)
-    try:
-        cfg, extra = parse_args(list(argv), parser=parser)
-    except SystemExit as err:
-        # argparse and a bad flag value exit 2, which here means "a requirement failed"
-        raise SystemExit(EXIT_USAGE if err.code == 2 else err.code) from None
-    logging.basicConfig(level=logging.CRITICAL)  # failures are in the report
-    collectors = max(cfg.gpu_timeout, cfg.collector_timeout) + 1
-    timeout = extra.timeout or collectors + READS_SECONDS
-    deadline = started + timeout
-    # A path on a hung filesystem does not answer stat() either: its scan will say so.
-    checks = [(p, Bounded(lambda p=p: _unreadable_log(p))) for p in extra.log]
-    for path, check in checks:
-        try:
-            problem = check.result(started + timeout / 4)
-        except TimeoutError:
-            continue
-        if problem:
-            error = f"shmwatch check: error: argument --log: {path}: {problem}\n"
-            sys.stderr.write(error)
-            return EXIT_USAGE
-    model = collect(cfg, min(collectors, left(deadline)))
-    # Logs are read after the collectors (their matching holds the GIL, which would slow the
-    # collectors past their timeouts), until early enough to be reported.
-    until = deadline - timeout / 10
-    scans = [(p, Bounded(lambda p=p: scan_log(p, until))) for p in extra.log]
-    report = diagnose(model, extra.require_shm, extra.backend)
-    # before the logs: one on a hung filesystem is awaited until the deadline
-    outside(report, model, Paths(cfg.procfs, cfg.sysfs, cfg.rootfs), deadline)
-    _logs(report, scans, deadline)
-    host, flag = model.host_memory, cfg.memory_limit_bytes
-    if host is not None and flag is not None and flag >= host.total_bytes:
-        above = "is at or above the host's memory: taken as no limit given"
-        text = f"{human(flag)} {above}"
-        remedy = "a container without a memory limit gets the node's memory from the Downward API"
-        report.add("warn", "memory", "--memory.limit-bytes", text, remedy)
-    advice = ""
-    if extra.recommend:
-        recs, notes = R.recommendations(model, extra, deadline)
-        for r in [r for r in recs if r.memory_limit_fits is False]:
-            size = human(r.recommended_size_bytes)
-            limit = human(r.memory_limit_bytes)
-            text = f"the recommended {size} of shm does not fit in what the {limit} memory limit leaves"
-            remedy = f"raise the memory limit to {at_least(r.memory_limit_bytes_needed)}, then the shm size"
-            report.add("warn", "memory", r.mount, text, remedy)
-        report.facts["recommendations"] = [asdict(r) for r in recs]
-        report.facts["recommendation_notes"] = notes
-        advice = R.render_text(recs, notes, extra.recommend_headroom)
-    if extra.output == "json":
-        sys.stdout.write(render_json(report))
-    else:
-        sys.stdout.write(render_text(report) + advice)
-    return report.exit_code
-
-
-def _unreadable_log(path: str) -> str:
-    """Why --log's `path` is not read: only a readable regular file is (a FIFO with no writer
-    blocks, a device such as /dev/zero never ends)."""
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return "not a regular file"
-    except OSError as err:
-        return f"cannot read it: {err.strerror}"
-    return "" if os.access(path, os.R_OK) else "cannot read it"
-
-
-def _logs(report: Report, scans, deadline: float) -> None:
-    """The signatures the logs' scans found by `deadline` (each once, at its first hit), and
-    what was not read."""
-    hits: Dict[str, LogHit] = {}
-    for path, task in scans:
-        name = os.path.basename(path)
-        try:
-            scan = task.result(deadline)
-        except TimeoutError:
-            report.add("warn", "log", name, "not read within --timeout")
-            continue
-        except (OSError, ValueError) as err:
-            report.add("warn", "log", name, f"not read: {err}")
-            continue
-        for signature, found in scan.hits.items():
-            hits.setdefault(signature, found[0])
-        tail, size = scan.size - scan.start, scan.size
-        if scan.start:
-            text = f"only its last {human(tail)} of {human(size)} read"
-            report.add("info", "log", name, text)
-        if scan.end < size:
-            read = f"{human(scan.end - scan.start)} of {human(tail)} read"
-            text = f"not read to its end within --timeout: {read}"
-            report.add("warn", "log", name, text)
-    for signature, hit in hits.items():
-        where = os.path.basename(hit.file)
-        where += f":{hit.line}" if hit.line else f" at byte {hit.offset}"
-        said, fields = TABLE[signature], hit.fields
-        text = said["explanation"].format_map(fields) + f" Seen: {hit.text}"
-        report.add("warn", "log", where, text, said["remedy"].format_map(fields))
