@@ -55,11 +55,9 @@ def memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
         )
         remedy = "free leaked shm, move workloads" if low else ""
         report.add("warn" if low else "ok", "memory", "host", text, remedy)
-    if model.node_mode:
-        return
-    cgroup = model.cgroups[0] if model.cgroups else None
+    cgroup = None if model.node_mode or not pods else pods[0]
     if cgroup is None:
-        if cgroup_error:
+        if cgroup_error and not model.node_mode:
             report.add("info", "memory", "cgroup", f"not read: {cgroup_error}")
         return
     report.facts["cgroup"] = asdict(cgroup)

@@ -38,15 +38,6 @@ READS_SECONDS = 10.0
 # "process" is shmwatch's own process metrics, nothing `check` reports on.
 FAILURE_AREAS = {"sysv": "sysv", "host_memory": "memory"}
 QUIET_FAILURES = ("gpu", "cgroup", "process", "oom")
-
-
-def _seconds(text: str) -> float:
-    seconds = float(text)
-    if not 0 < seconds < math.inf:
-        raise ValueError(f"not a number of seconds above 0: {text!r}")
-    return seconds
-
-
 MAX_NAMED = 5  # segments, and processes, named in a finding
 MOUNT_FACTS = ("mount", "fstype", "size_bytes", "used_bytes", "available_bytes")
 REMOUNT = "mount the workload's shm volume at this path"
@@ -65,6 +56,13 @@ MAY_BE_LIVE = (
     "to tell live from leaked, run shmwatch as the server's UID or with CAP_SYS_PTRACE "
     "(README: Deploy); never remove them on this report's word"
 )
+
+
+def _seconds(text: str) -> float:
+    seconds = float(text)
+    if not 0 < seconds < math.inf:
+        raise ValueError(f"not a number of seconds above 0: {text!r}")
+    return seconds
 
 
 # `shmwatch check`'s own flags (the exporter's are in exporter/config.py); dest: the flag's name
