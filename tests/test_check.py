@@ -10,7 +10,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from exporter.check.recommend import memory_limit_needed, settings_for
-from exporter.check.shm import shm_remedy
+from exporter.check.report import shm_remedy
 from exporter.check.sizes import at_least, at_most, docker, k8s, round_up
 from exporter.config import parse_size
 from tests.conftest import REPO, Peer, mounted_tmpfs, needs_root, prerequisite_missing

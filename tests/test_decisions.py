@@ -13,7 +13,7 @@ from exporter.check.findings import Report
 from exporter.check.recommend import (memory_limit_needed, parse_headroom, peaks_from_exporter, parse_window, recommend,
                                       recommendations, recommended_size, settings_for)
 from exporter.check.report import diagnose
-from exporter.check.shm import shm, shm_remedy
+from exporter.check.report import shm, shm_remedy
 from exporter.inventory.holdings import unheld_state
 from exporter.exposition.webconfig import WebConfig, WebConfigSource
 from exporter.model.budget import shm_budget
@@ -617,7 +617,7 @@ def test_trouble_word_for_word():
 
 
 def test_who_could_not_be_read():
-    from exporter.check.shm import _unreadable
+    from exporter.check.report import _unreadable
     assert _unreadable(3, ["a (pid 1)", "b (pid 2)", "c (pid 3)"]) == "3 process(es): a (pid 1); b (pid 2); c (pid 3)"
     assert _unreadable(4, ["a (pid 1)"]) == "4 process(es): a (pid 1) and more"
     six = [f"p{i}" for i in range(6)]
@@ -726,7 +726,7 @@ def test_memory_report_word_for_word():
 
 
 def test_names_past_the_fifth():
-    from exporter.check.shm import _unreadable
+    from exporter.check.report import _unreadable
     six = inventory("/m", [seg(f"torch_{i}", "torch", "orphan") for i in range(6)])
     [_, leaked] = findings(judge(usage(GiB, 0, "/m"), inventory=six))
     assert leaked[3].endswith("/m/torch_4 (+1 more)")

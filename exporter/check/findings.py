@@ -4,31 +4,30 @@ Exit codes: 0 all good, 1 warnings, 2 a requirement failed (--require-shm, --bac
 64 a usage error (EX_USAGE: kept apart from 2 on purpose, so an initContainer can tell
 "this pod's shm is too small" from "the command line is wrong"), 70 an internal error
 (EX_SOFTWARE: a bug in check, never a verdict on the machine).
+
+Every read that can block (a log on a hung filesystem, a server that trickles a byte at a
+time, a name that does not resolve) runs on a daemon thread (`Bounded`) whose answer is awaited
+only until the --timeout deadline; a read still blocked then is left behind and ends with the
+process.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 from exporter import __version__
 
 EXIT_OK, EXIT_WARN, EXIT_FAIL, EXIT_USAGE, EXIT_SOFTWARE = 0, 1, 2, 64, 70
 SEVERITIES = ("fail", "warn", "info", "ok")  # worst first
-# The JSON document's facts, in its order, and what each is when nothing reported it.
-FACTS = {
-    "shm": [],
-    "gpus": [],
-    "host_memory": None,
-    "cgroup": None,
-    "pod_cgroups": [],
-    "sysv": None,
-    "recommendations": [],  # --recommend
-    "recommendation_notes": [],
-    "oom_kills": [],
-    "sysv_namespaces": [],
-}
+# The JSON document's facts, in its order: when nothing reported one, an object is null and
+# a list is empty (recommendations: --recommend).
+FACTS = ("shm", "gpus", "host_memory", "cgroup", "pod_cgroups", "sysv")
+FACTS += ("recommendations", "recommendation_notes", "oom_kills", "sysv_namespaces")
+OBJECTS = ("host_memory", "cgroup", "sysv")
 
 
 @dataclass
@@ -60,6 +59,38 @@ class Report:
             self.findings,
             key=lambda f: (SEVERITIES.index(f.severity), f.area, f.subject),
         )
+
+
+def left(deadline: float) -> float:
+    """Seconds until `deadline` (a time.monotonic() value), never below 0; no deadline
+    (math.inf) is the longest wait a socket or a lock takes (an infinite one overflows)."""
+    return min(threading.TIMEOUT_MAX, max(0.0, deadline - time.monotonic()))
+
+
+class Bounded:
+    """fn() started on a daemon thread; `result(deadline)` is its answer, its exception, or
+    TimeoutError when it has none by then."""
+
+    def __init__(self, fn: Callable) -> None:
+        self._answer: List[tuple] = []
+
+        def run() -> None:
+            try:
+                self._answer.append((fn(), None))
+            except BaseException as err:  # raised to whoever waits for the answer
+                self._answer.append((None, err))
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def result(self, deadline: float):
+        self._thread.join(left(deadline))
+        if not self._answer:
+            raise TimeoutError("no complete answer within --timeout")
+        value, error = self._answer[0]
+        if error is not None:
+            raise error
+        return value
 
 
 def quoted(text: object, limit: int = 200) -> str:
@@ -95,5 +126,6 @@ def render_json(report: Report) -> str:
         "exit_code": code,
         "findings": [asdict(f) for f in report.sorted()],
     }
-    doc.update((name, report.facts.get(name, empty)) for name, empty in FACTS.items())
+    for name in FACTS:
+        doc[name] = report.facts.get(name, None if name in OBJECTS else [])
     return json.dumps(doc, indent=2, default=str) + "\n"

@@ -1,16 +1,16 @@
 """`shmwatch check`'s findings beyond the mounts: recent OOM kills (the kernel's log), SysV shm
-per IPC namespace, and shared memory no watched mount shows (memfd, unexplained shmem, NCCL's
+per IPC namespace, host and cgroup memory, and shared memory no watched mount shows (memfd, unexplained shmem, NCCL's
 SHM transport in cuMem host memory, NCCL >= 2.26.3, which leaves no nccl-* file)."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from typing import List, Optional
 
 from exporter.check import thresholds as T
-from exporter.check.deadline import Bounded
-from exporter.check.findings import Report
-from exporter.check.sizes import human
+from exporter.check.findings import Bounded, Report
+from exporter.check.sizes import at_most, human
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import ProcessTable
 from exporter.model.step import Model
@@ -23,6 +23,79 @@ SYSV_LIMITS = ("shmmax_bytes", "shmall_bytes", "shmmni")
 PRIVILEGED = "deploy/kubernetes/daemonset-privileged, or run on the host as root"
 MAX_NAMED = 5  # holders and NCCL users named in a finding
 OOM_REMEDY = "count /dev/shm in the memory budget (shmem-rss and shm use are charged to the limit)"
+
+
+def memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
+    """The host's memory, and every pod's cgroup (node mode: those at risk named) or this
+    workload's, with its OOM kills and the projection of its mounts."""
+    kills, pods = {c.cgroup: c.kills for c in model.oom_kills}, model.cgroups
+    if model.node_mode:
+        report.facts["pod_cgroups"] = [asdict(c) for c in pods]
+        risky = [c for c in pods if (c.oom_risk_ratio or 0) > T.OOM_RISK_RATIO]
+        for c in pods:
+            if c in risky:
+                remedy = "raise the pod's memory limit or free its shm"
+                report.add(
+                    "warn", "memory", f"pod {c.pod_uid}", _working_set(c), remedy
+                )
+            _kills(report, f"pod {c.pod_uid}", kills.get(c.cgroup))
+        if not risky:
+            none_above = f"none above {T.OOM_RISK_RATIO:.0%} of its limit"
+            report.add(
+                "ok", "memory", "pods", f"{len(pods)} pod cgroup(s), {none_above}"
+            )
+    host = model.host_memory
+    if host is not None:
+        ratio = host.available_bytes / host.total_bytes if host.total_bytes else 1
+        report.facts["host_memory"] = asdict(host)
+        low = ratio < T.HOST_MEMORY_AVAILABLE_LOW_RATIO
+        text = (
+            f"{human(host.available_bytes)} of {human(host.total_bytes)} available "
+            f"({ratio:.0%}), shmem {human(host.shmem_bytes)}"
+        )
+        remedy = "free leaked shm, move workloads" if low else ""
+        report.add("warn" if low else "ok", "memory", "host", text, remedy)
+    cgroup = None if model.node_mode or not pods else pods[0]
+    if cgroup is None:
+        if cgroup_error and not model.node_mode:
+            report.add("info", "memory", "cgroup", f"not read: {cgroup_error}")
+        return
+    report.facts["cgroup"] = asdict(cgroup)
+    name, risk, text = cgroup.cgroup, cgroup.oom_risk_ratio, _working_set(cgroup)
+    if risk is None:
+        text += ", no memory limit: OOM ratios not computed (pass --memory.limit-bytes)"
+        report.add("info", "memory", name, text)
+        return
+    if cgroup.estimated:
+        text += " (estimated: the workload's resident memory and shm; its cgroup is not readable here)"
+    if cgroup.shmem_bytes is not None:
+        text += f", shmem {human(cgroup.shmem_bytes)}"
+    high = risk > T.OOM_RISK_RATIO
+    remedy = "raise the memory limit or free shm" if high else ""
+    report.add("warn" if high else "ok", "memory", name, text, remedy)
+    _kills(report, name, kills.get(name, cgroup.oom_kills))
+    for view in (v for v in model.mounts if v.cgroup is cgroup and v.budget):
+        budget = view.budget
+        if (budget.projection or 0) > T.SHM_OOM_PROJECTION_RATIO:
+            text = (
+                f"filling it ({human(budget.fillable_bytes)}) would need {budget.projection:.0%} "
+                "of the memory limit: the pod is OOM-killed before tmpfs says ENOSPC"
+            )
+            remedy = f"lower sizeLimit to at most {at_most(budget.room_bytes)} or raise the memory limit"
+            report.add("warn", "memory", view.mount, text, remedy)
+
+
+def _working_set(c) -> str:
+    text = f"working set {human(c.working_set_bytes)}"
+    if c.oom_risk_ratio is not None:
+        text += f" of {human(c.limit_bytes)} limit ({c.oom_risk_ratio:.0%})"
+    return text
+
+
+def _kills(report: Report, subject: str, kills: Optional[int]) -> None:
+    if kills:
+        remedy = "count /dev/shm in the memory budget"
+        report.add("warn", "memory", subject, f"{kills} OOM kill(s) so far", remedy)
 
 
 def oom_kills(report: Report, model: Model, error: Optional[str]) -> None:

@@ -1,5 +1,6 @@
 """Reads a server log's tail for the known failure signatures of signatures.yml (shared
-memory, SysV, SIGBUS, CUDA OOM), in bounded memory and time (`shmwatch check --log FILE`)."""
+memory, SysV, SIGBUS, CUDA OOM), in bounded memory and time (`shmwatch check --log FILE`),
+and says what it found and what it could not read."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import yaml
 
-from exporter.check.findings import quoted
-from exporter.check.sizes import human
+from exporter.check.findings import Report, quoted
+from exporter.check.sizes import MiB, human
 
 SIGNATURES = resources.files(__package__).joinpath("signatures.yml")
 # name -> its needles, regex, explanation and remedy, each quoted from the library that prints it
@@ -101,8 +102,12 @@ def _match(
         if match:
             counts[name] = counts.get(name, 0) + 1
             at = max(0, match.start() - 100)  # a long line: where it matched
+            fields = {  # quoted in the explanation: a size in MiB as a reading
+                k: (human(float(v) * MiB) if k.endswith("_mib") else v)[:100]
+                for k, v in match.groupdict().items()
+            }
             text_at = quoted(match.string[at:], 300)
-            hit = LogHit(where.file, where.line, where.offset, text_at, _fields(match))
+            hit = LogHit(where.file, where.line, where.offset, text_at, fields)
             scan.hits.setdefault(name, [hit])
 
 
@@ -134,10 +139,44 @@ def _candidates(piece: bytes, lines: int) -> Iterator[Tuple[int, int, List[str]]
         yield begin, number, texts
 
 
-def _fields(match: "re.Match[str]") -> Dict[str, str]:
-    out = {}
-    for name, text in match.groupdict().items():
-        if name.endswith("_mib"):
-            text = human(float(text) * 2**20)
-        out[name] = text[:100]
-    return out
+def refusal(path: str) -> str:
+    """Why --log's `path` is not read: only a readable regular file is (a FIFO with no writer
+    blocks, a device such as /dev/zero never ends)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return "not a regular file"
+    except OSError as err:
+        return f"cannot read it: {err.strerror}"
+    return "" if os.access(path, os.R_OK) else "cannot read it"
+
+
+def log_findings(report: Report, scans, deadline: float) -> None:
+    """The signatures the logs' scans found by `deadline` (each once, at its first hit), and
+    what was not read."""
+    hits: Dict[str, LogHit] = {}
+    for path, task in scans:
+        name = os.path.basename(path)
+        try:
+            scan = task.result(deadline)
+        except TimeoutError:
+            report.add("warn", "log", name, "not read within --timeout")
+            continue
+        except (OSError, ValueError) as err:
+            report.add("warn", "log", name, f"not read: {err}")
+            continue
+        for signature, found in scan.hits.items():
+            hits.setdefault(signature, found[0])
+        tail, size = scan.size - scan.start, scan.size
+        if scan.start:
+            text = f"only its last {human(tail)} of {human(size)} read"
+            report.add("info", "log", name, text)
+        if scan.end < size:
+            read = f"{human(scan.end - scan.start)} of {human(tail)} read"
+            text = f"not read to its end within --timeout: {read}"
+            report.add("warn", "log", name, text)
+    for signature, hit in hits.items():
+        where = os.path.basename(hit.file)
+        where += f":{hit.line}" if hit.line else f" at byte {hit.offset}"
+        said, fields = TABLE[signature], hit.fields
+        text = said["explanation"].format_map(fields) + f" Seen: {hit.text}"
+        report.add("warn", "log", where, text, said["remedy"].format_map(fields))

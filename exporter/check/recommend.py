@@ -19,8 +19,7 @@ from typing import Dict, List, Optional, Tuple
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.check.deadline import Bounded, left
-from exporter.check.findings import quoted
+from exporter.check.findings import Bounded, left, quoted
 from exporter.check.sizes import MiB, at_least, docker, human, k8s, plausible, round_up
 
 DEFAULT_WINDOW, DEFAULT_HEADROOM = "7d", 1.25
@@ -171,17 +170,16 @@ def recommend(view, observed, source, window, headroom, note="", required=None):
     `required` (--require-shm's bytes)."""
     usage, cgroup, observed = view.usage, view.cgroup, max(int(observed), 0)
     size = recommended_size(observed, headroom)
-    notes = [note] if note else []
-    if required and size < required:
-        size = round_up(required)
-        raised = f"raised to what --require-shm asks: at least {at_least(required)}"
-        notes.append(raised)
     r = Recommendation(usage.mount, observed, size, window, source, usage.size_bytes)
-    r.notes = notes
+    r.notes = [note] if note else []
+    if required and size < required:
+        r.recommended_size_bytes = size = round_up(required)
+        raised = f"raised to what --require-shm asks: at least {at_least(required)}"
+        r.notes.append(raised)
     if cgroup is not None:
         needed = memory_limit_needed(size, cgroup.working_set_bytes, usage.used_bytes)
-        limit = cgroup.limit_bytes
-        r.memory_limit_bytes, r.memory_limit_bytes_needed = limit, needed
+        limit = r.memory_limit_bytes = cgroup.limit_bytes
+        r.memory_limit_bytes_needed = needed
         r.memory_limit_fits = needed <= limit if limit else None
     memory = r.memory_limit_bytes_needed if r.memory_limit_fits is False else None
     r.settings = settings_for(size, view.labels.get("volume") or "dshm", memory)
@@ -200,9 +198,7 @@ def parse_headroom(text: str) -> float:
     return float(text)
 
 
-def recommendations(
-    model, extra, deadline: float = math.inf
-) -> Tuple[List[Recommendation], List[str]]:
+def recommendations(model, extra, deadline=math.inf):
     """Per measured mount, from the best source that answered by `deadline` (both are asked
     at once); notes say what fell through."""
     views = [v for v in model.mounts if v.usage is not None and not v.usage.error]
@@ -226,7 +222,7 @@ def recommendations(
             notes.append(f"{label} not used: {err}")
         except TimeoutError as err:  # the URL's answer has not come to an end
             notes.append(f"{label} not used: {where}: {err}")
-    out, headroom, required = [], extra.recommend_headroom, extra.require_shm
+    out = []
     for view in views:
         peak, source, window, note = view.usage.used_bytes, "current", None, NO_PEAK
         # Preferred order; a mount a source has no series for falls through to the next, and so
@@ -245,19 +241,19 @@ def recommendations(
             note = SERIES.format(series) if series > 1 else ""
             peak, source, window = found, name, recorded_over
             break
-        used, high = view.usage.used_bytes, view.max_used_bytes
-        current = used if high is None else high
+        high = view.max_used_bytes
+        current = view.usage.used_bytes if high is None else high
         if source != "current" and current > peak:
             note = f"the current use is above what {source} recorded: it is the peak"
             peak, source, window = current, "current", None
-        out.append(recommend(view, peak, source, window, headroom, note, required))
+        args = (peak, source, window, extra.recommend_headroom, note, extra.require_shm)
+        out.append(recommend(view, *args))
     return out, notes
 
 
 def render_text(recs: List[Recommendation], notes: List[str], headroom: float) -> str:
-    lines = [
-        f"\nRECOMMENDATIONS (highest observed peak x {headroom:g}, rounded up to a whole GiB, MiB below 1 GiB)",
-    ]
+    head = f"highest observed peak x {headroom:g}, rounded up to a whole GiB, MiB below 1 GiB"
+    lines = [f"\nRECOMMENDATIONS ({head})"]
     for r in recs:
         where = WHERE[r.source].format(r.window)
         lines.append(

@@ -1,30 +1,31 @@
 """`shmwatch check`: runs every collector once and prints what is wrong, worst first, each
-problem with its remedy (GPU, shm mounts, memory, SysV, server logs); exit codes: findings.py."""
+problem with its remedy (GPU, shm mounts, memory, SysV, server logs); exit codes: findings.py.
+A shm mount's findings: its size against what is required, its use, its classes, and the
+segments nobody holds (leaked, of no known owner, or unverified)."""
 
 from __future__ import annotations
 
 import logging
 import math
 import os
-import stat
 import sys
 import time
 import traceback
 from dataclasses import asdict
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from exporter.check import recommend as R
 from exporter.check import thresholds as T
-from exporter.check.deadline import Bounded, left
-from exporter.check.findings import EXIT_SOFTWARE, EXIT_USAGE, Report
+from exporter.check.findings import EXIT_SOFTWARE, EXIT_USAGE, Bounded, Report, left
 from exporter.check.findings import render_json, render_text
-from exporter.check.kernel import oom_kills, outside, sysv
-from exporter.check.logscan import TABLE, LogHit, scan_log
-from exporter.check.shm import shm, shm_remedy
-from exporter.check.sizes import at_least, at_most, human, plausible
+from exporter.check.kernel import memory, oom_kills, outside, sysv
+from exporter.check.logscan import log_findings, refusal, scan_log
+from exporter.check.sizes import at_least, at_most, docker, human, k8s, plausible
+from exporter.check.sizes import round_up
 from exporter.host.paths import Paths
 from exporter.config import Config, build_parser, parse_args, parse_size, typed
-from exporter.model.step import Model
+from exporter.model.classes import NOT_LEAKS, REMOVABLE
+from exporter.model.step import Model, MountView
 
 # Recommended shm per backend. vLLM's and SGLang's docs name no number: 16Gi holds NCCL's
 # segments, the engines' shm queues and multimodal caches in tensor-parallel serving;
@@ -37,7 +38,24 @@ READS_SECONDS = 10.0
 # "process" is shmwatch's own process metrics, nothing `check` reports on.
 FAILURE_AREAS = {"sysv": "sysv", "host_memory": "memory"}
 QUIET_FAILURES = ("gpu", "cgroup", "process", "oom")
-SAID = ("explanation", "remedy")  # of a log signature
+MAX_NAMED = 5  # segments, and processes, named in a finding
+MOUNT_FACTS = ("mount", "fstype", "size_bytes", "used_bytes", "available_bytes")
+REMOUNT = "mount the workload's shm volume at this path"
+CLEAN_UP = "remove leaked segments"
+TMPFS = "mount a tmpfs (or memory emptyDir) here"
+HIDDEN_BY = "NCCL >= 2.19, UCX proc link, torch file_descriptor"
+LEAKED = "{count} leaked segment(s) held by no process, {size}: {paths}"
+RM = "once no server can attach to them: rm {paths}"
+FOREIGN = "{count} file(s) of no known owner class held by no process, {size}: {paths}"
+NO_RM = "find which tool made them before removing anything (a container engine's lock file is one)"
+UNVERIFIED = (
+    "{count} segment(s), {size}, held by no process shmwatch could inspect (could not read "
+    "{unreadable}): not called leaked, they may be live"
+)
+MAY_BE_LIVE = (
+    "to tell live from leaked, run shmwatch as the server's UID or with CAP_SYS_PTRACE "
+    "(README: Deploy); never remove them on this report's word"
+)
 
 
 def _seconds(text: str) -> float:
@@ -76,20 +94,120 @@ HELP = {
 }
 
 
+def shm_remedy(required: int) -> str:
+    """How to get a mount that holds `required` bytes, in the size recommendations round to."""
+    size = round_up(required)
+    return (
+        f"docker run --shm-size={docker(size)} (or --ipc=host); compose shm_size: {docker(size)}b; "
+        f"Kubernetes: an emptyDir {{medium: Memory, sizeLimit: {k8s(size)}}} mounted at /dev/shm"
+    )
+
+
+def shm(report: Report, view: MountView, model: Model, required: Optional[int]) -> None:
+    m, mount = view.usage, view.usage.mount
+
+    def add(severity: str, message: str, remedy: str = "") -> None:
+        report.add(severity, "shm", mount, message, remedy)
+
+    must = "fail" if required else "warn"  # what a required mount's trouble is
+    if m.error:
+        add(must, f"cannot be measured: {m.error}", REMOUNT)
+        return
+    effective, default = view.budget.effective_bytes, T.DOCKER_DEFAULT_SHM_BYTES
+    size = human(m.size_bytes)
+    if m.size_bytes <= default:
+        below = "" if m.size_bytes == default else "below "
+        size += f" ({below}Docker's 64 MiB default)"
+    usage = f"{size}, {human(m.used_bytes)} used ({m.usage_ratio:.0%})"
+    facts = {name: getattr(m, name) for name in MOUNT_FACTS}
+    facts["effective_size_bytes"] = effective
+    report.facts.setdefault("shm", []).append(facts)
+    if required and effective < required:
+        held = f"can hold {at_most(effective)}, below the {at_least(required)} required"
+        add("fail", f"{usage}: {held} (--require-shm)", shm_remedy(required))
+    elif m.size_bytes <= default:
+        small = f"{usage}: far too small for NCCL, torch or vLLM"
+        add("warn", small, shm_remedy(16 << 30))
+    if m.usage_ratio > T.SHM_USAGE_CRITICAL_RATIO:
+        add(must, f"{usage}: about to be full", f"{CLEAN_UP} (below) or raise the size")
+    elif m.usage_ratio > T.SHM_USAGE_WARNING_RATIO:
+        above = f"above {T.SHM_USAGE_WARNING_RATIO * 100:g} %"
+        add("warn", f"{usage}: {above}", f"{CLEAN_UP} or raise the size")
+    if m.fstype != "tmpfs":
+        add("warn", f"is {m.fstype}, not tmpfs", TMPFS)
+    problems = [f for f in report.findings if f.severity in ("fail", "warn")]
+    problem = any(f.subject == mount for f in problems)
+    inv, summary = view.inventory, view.summary
+    if inv is None or inv.error or summary is None:
+        if not problem:
+            add("ok", usage)
+        return
+
+    def listed(s) -> dict:
+        return {"name": s.name, "class": s.cls, "bytes": s.allocated_bytes}
+
+    wall = model.inventory.wall_time
+    facts.update(
+        bytes_by_class=dict(summary.bytes_by_class),
+        orphans=[
+            dict(listed(s), age_seconds=max(0, int(wall - s.mtime)))
+            for s in summary.leaked
+        ],
+        unverified=[listed(s) for s in summary.unverified],
+        hidden_bytes=summary.hidden_bytes,
+        segments=sum(n for n, _, _ in summary.totals.values()),
+        unattributed_bytes=inv.unattributed_bytes,
+    )
+    if not problem:
+        by_class = sorted(summary.bytes_by_class.items(), key=lambda kv: -kv[1])
+        classes = ", ".join(f"{c} {human(b)}" for c, b in by_class if b)
+        add("ok", usage + (f"; by class: {classes}" if classes else ""))
+    # Segments held by no process, counted by the summary's totals and named by its largest
+    # few. `rm` is advised only where nothing can still attach: an orphan (every process
+    # inspected) of a class whose segments belong to one process.
+    unreadable = _unreadable(model.inventory.proc_unreadable, model.inventory.unproven)
+    totals = summary.totals.items()
+    leaks = {c for c, _ in summary.totals} - NOT_LEAKS
+    for state, classes, segments, severity, text, remedy in (
+        ("orphan", leaks & REMOVABLE, summary.leaked, "warn", LEAKED, RM),
+        ("orphan", leaks - REMOVABLE, summary.leaked, "info", FOREIGN, NO_RM),
+        ("unverified", leaks, summary.unverified, "info", UNVERIFIED, MAY_BE_LIVE),
+    ):
+        rows = [v for (c, s), v in totals if s == state and c in classes]
+        count, total = sum(r[0] for r in rows), sum(r[1] for r in rows)
+        if not count:
+            continue
+        named = [s.name for s in segments if s.cls in classes][:MAX_NAMED]
+        paths = " ".join(os.path.join(mount, name) for name in named)
+        if count > len(named):
+            paths += f" (+{count - len(named)} more)"
+        said = dict(count=count, size=human(total), paths=paths, unreadable=unreadable)
+        add(severity, text.format(**said), remedy.format(**said))
+    if summary.hidden_count:
+        hidden = f"{summary.hidden_count} unlinked-but-mapped segment(s), {human(summary.hidden_bytes)}"
+        add("info", f"{hidden}: counted by df, invisible to ls ({HIDDEN_BY})")
+
+
+def _unreadable(count: Optional[int], unproven: List[str]) -> str:
+    """'3 process(es): python3 (pid 7, uid 0); ...': how many, and the first few by name."""
+    named = "; ".join(unproven[:MAX_NAMED])
+    if count is None:
+        # the reasons say what could not be counted (hidepid, a PID namespace of its own)
+        return named or "processes hidden from shmwatch, uncounted"
+    more = " and more" if len(unproven) > MAX_NAMED or count > len(unproven) else ""
+    return f"{count} process(es): {named}{more}" if named else f"{count} process(es)"
+
+
 def diagnose(model: Model, required=None, backend=None) -> Report:
     """The report, from the model alone: no totals, thresholds or class rules of its own.
     `required`: --require-shm's bytes."""
-    report = Report()
-    failed = [s for s in model.statuses if not s.success]
+    report, failed = Report(), [s for s in model.statuses if not s.success]
     errors = {s.name: s.error or "no answer within --timeout" for s in failed}
     _gpu(report, model.gpu, errors.get("gpu"))
     for view in model.mounts:
         if view.usage is not None:
             shm(report, view, model, required)
-    kills = {c.cgroup: c.kills for c in model.oom_kills}
-    if model.node_mode:
-        _pod_memory(report, model.cgroups, kills)
-    _memory(report, model, kills, errors.get("cgroup"))
+    memory(report, model, errors.get("cgroup"))
     oom_kills(report, model, errors.get("oom"))
     sysv(report, model.sysv, model.node_mode)
     for name, error in errors.items():
@@ -121,193 +239,74 @@ def _gpu(report: Report, gpus, error: Optional[str]) -> None:
         else:
             report.add("ok", "gpu", subject, text)
     for skipped in gpus.errors:
-        remedy = "nvidia-smi; dmesg | grep -i xid"
-        report.add("warn", "gpu", "NVML", f"GPU skipped: {skipped}", remedy)
-
-
-def _memory(report: Report, model: Model, kills, cgroup_error: Optional[str]) -> None:
-    host = model.host_memory
-    if host is not None:
-        ratio = host.available_bytes / host.total_bytes if host.total_bytes else 1
-        report.facts["host_memory"] = asdict(host)
-        low = ratio < T.HOST_MEMORY_AVAILABLE_LOW_RATIO
-        text = (
-            f"{human(host.available_bytes)} of {human(host.total_bytes)} available "
-            f"({ratio:.0%}), shmem {human(host.shmem_bytes)}"
-        )
-        remedy = "free leaked shm, move workloads" if low else ""
-        report.add("warn" if low else "ok", "memory", "host", text, remedy)
-    if model.node_mode:
-        return  # every pod's cgroup is reported by _pod_memory
-    cgroup = model.cgroups[0] if model.cgroups else None
-    if cgroup is None:
-        if cgroup_error:
-            report.add("info", "memory", "cgroup", f"not read: {cgroup_error}")
-        return
-    report.facts["cgroup"] = asdict(cgroup)
-    name, risk, text = cgroup.cgroup, cgroup.oom_risk_ratio, _working_set(cgroup)
-    if risk is None:
-        text += ", no memory limit: OOM ratios not computed (pass --memory.limit-bytes)"
-        report.add("info", "memory", name, text)
-        return
-    if cgroup.estimated:
-        text += " (estimated: the workload's resident memory and shm; its cgroup is not readable here)"
-    if cgroup.shmem_bytes is not None:
-        text += f", shmem {human(cgroup.shmem_bytes)}"
-    high = risk > T.OOM_RISK_RATIO
-    remedy = "raise the memory limit or free shm" if high else ""
-    report.add("warn" if high else "ok", "memory", name, text, remedy)
-    _kills(report, name, kills.get(name, cgroup.oom_kills))
-    for view in (v for v in model.mounts if v.cgroup is cgroup and v.budget):
-        budget = view.budget
-        if (budget.projection or 0) > T.SHM_OOM_PROJECTION_RATIO:
-            text = (
-                f"filling it ({human(budget.fillable_bytes)}) would need {budget.projection:.0%} "
-                "of the memory limit: the pod is OOM-killed before tmpfs says ENOSPC"
-            )
-            remedy = f"lower sizeLimit to at most {at_most(budget.room_bytes)} or raise the memory limit"
-            report.add("warn", "memory", view.mount, text, remedy)
-
-
-def _working_set(c) -> str:
-    text = f"working set {human(c.working_set_bytes)}"
-    if c.oom_risk_ratio is not None:
-        text += f" of {human(c.limit_bytes)} limit ({c.oom_risk_ratio:.0%})"
-    return text
-
-
-def _kills(report: Report, subject: str, kills: Optional[int]) -> None:
-    if kills:
-        remedy = "count /dev/shm in the memory budget"
-        report.add("warn", "memory", subject, f"{kills} OOM kill(s) so far", remedy)
-
-
-def _pod_memory(report: Report, pods, kills: Dict[str, int]) -> None:
-    report.facts["pod_cgroups"] = [asdict(c) for c in pods]
-    risky = 0
-    for c in pods:
-        subject = f"pod {c.pod_uid}"
-        if (c.oom_risk_ratio or 0) > T.OOM_RISK_RATIO:
-            risky += 1
-            remedy = "raise the pod's memory limit or free its shm"
-            report.add("warn", "memory", subject, _working_set(c), remedy)
-        _kills(report, subject, kills.get(c.cgroup))
-    if not risky:
-        none_above = f"none above {T.OOM_RISK_RATIO:.0%} of its limit"
-        report.add("ok", "memory", "pods", f"{len(pods)} pod cgroup(s), {none_above}")
+        text, remedy = f"GPU skipped: {skipped}", "nvidia-smi; dmesg | grep -i xid"
+        report.add("warn", "gpu", "NVML", text, remedy)
 
 
 def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
     """`collect(cfg, timeout)`: one run of every source, and the model made of it. A failure
     of check itself (a bug) exits EXIT_SOFTWARE, apart from 1 (warnings) and 2 (failed)."""
     try:
-        return _check(argv, collect)
+        started = time.monotonic()
+        parser = build_parser(prog="shmwatch check")
+        for flag, options in FLAGS.items():
+            dest = flag[2:].replace(".", "_").replace("-", "_")
+            if "type" in options:
+                options = dict(options, type=typed(options["type"], flag))
+            parser.add_argument(flag, dest=dest, help=HELP.get(flag), **options)
+        try:
+            cfg, extra = parse_args(list(argv), parser=parser)
+        except SystemExit as err:
+            # argparse and a bad flag value exit 2, which here means "a requirement failed"
+            raise SystemExit(EXIT_USAGE if err.code == 2 else err.code) from None
+        logging.basicConfig(level=logging.CRITICAL)  # failures are in the report
+        collectors = max(cfg.gpu_timeout, cfg.collector_timeout) + 1
+        timeout = extra.timeout or collectors + READS_SECONDS
+        deadline = started + timeout
+        # A path on a hung filesystem does not answer stat() either: its scan will say so.
+        checks = [(p, Bounded(lambda p=p: refusal(p))) for p in extra.log]
+        for path, check in checks:
+            try:
+                problem = check.result(started + timeout / 4)
+            except TimeoutError:
+                continue
+            if problem:
+                error = f"shmwatch check: error: argument --log: {path}: {problem}\n"
+                sys.stderr.write(error)
+                return EXIT_USAGE
+        model = collect(cfg, min(collectors, left(deadline)))
+        # Logs are read after the collectors (their matching holds the GIL, which would slow
+        # the collectors past their timeouts), until early enough to be reported.
+        until = deadline - timeout / 10
+        scans = [(p, Bounded(lambda p=p: scan_log(p, until))) for p in extra.log]
+        report = diagnose(model, extra.require_shm, extra.backend)
+        # before the logs: one on a hung filesystem is awaited until the deadline
+        outside(report, model, Paths(cfg.procfs, cfg.sysfs, cfg.rootfs), deadline)
+        log_findings(report, scans, deadline)
+        host, flag = model.host_memory, cfg.memory_limit_bytes
+        if host is not None and flag is not None and flag >= host.total_bytes:
+            text = f"{human(flag)} is at or above the host's memory: taken as no limit given"
+            remedy = "a container without a memory limit gets the node's memory from the Downward API"
+            report.add("warn", "memory", "--memory.limit-bytes", text, remedy)
+        advice = ""
+        if extra.recommend:
+            recs, notes = R.recommendations(model, extra, deadline)
+            for r in [r for r in recs if r.memory_limit_fits is False]:
+                size, limit = (
+                    human(r.recommended_size_bytes),
+                    human(r.memory_limit_bytes),
+                )
+                text = f"the recommended {size} of shm does not fit in what the {limit} memory limit leaves"
+                remedy = f"raise the memory limit to {at_least(r.memory_limit_bytes_needed)}, then the shm size"
+                report.add("warn", "memory", r.mount, text, remedy)
+            report.facts["recommendations"] = [asdict(r) for r in recs]
+            report.facts["recommendation_notes"] = notes
+            advice = R.render_text(recs, notes, extra.recommend_headroom)
+        json = extra.output == "json"
+        sys.stdout.write(render_json(report) if json else render_text(report) + advice)
+        return report.exit_code
     except Exception as err:
         traceback.print_exc()
         name = type(err).__name__
         sys.stderr.write(f"shmwatch check: internal error ({name}), please report it\n")
         return EXIT_SOFTWARE
-
-
-def _check(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
-    started = time.monotonic()
-    parser = build_parser(prog="shmwatch check")
-    for flag, options in FLAGS.items():
-        dest = flag[2:].replace(".", "_").replace("-", "_")
-        if "type" in options:
-            options = dict(options, type=typed(options["type"], flag))
-        parser.add_argument(flag, dest=dest, help=HELP.get(flag), **options)
-    try:
-        cfg, extra = parse_args(list(argv), parser=parser)
-    except SystemExit as err:
-        # argparse and a bad flag value exit 2, which here means "a requirement failed"
-        raise SystemExit(EXIT_USAGE if err.code == 2 else err.code) from None
-    logging.basicConfig(level=logging.CRITICAL)  # failures are in the report
-    collectors = max(cfg.gpu_timeout, cfg.collector_timeout) + 1
-    timeout = extra.timeout or collectors + READS_SECONDS
-    deadline = started + timeout
-    # A path on a hung filesystem does not answer stat() either: its scan will say so.
-    checks = [(p, Bounded(lambda p=p: _unreadable_log(p))) for p in extra.log]
-    for path, check in checks:
-        try:
-            problem = check.result(started + timeout / 4)
-        except TimeoutError:
-            continue
-        if problem:
-            error = f"shmwatch check: error: argument --log: {path}: {problem}\n"
-            sys.stderr.write(error)
-            return EXIT_USAGE
-    model = collect(cfg, min(collectors, left(deadline)))
-    # Logs are read after the collectors (their matching holds the GIL, which would slow the
-    # collectors past their timeouts), until early enough to be reported.
-    until = deadline - timeout / 10
-    scans = [(p, Bounded(lambda p=p: scan_log(p, until))) for p in extra.log]
-    report = diagnose(model, extra.require_shm, extra.backend)
-    # before the logs: one on a hung filesystem is awaited until the deadline
-    outside(report, model, Paths(cfg.procfs, cfg.sysfs, cfg.rootfs), deadline)
-    _logs(report, scans, deadline)
-    host, flag = model.host_memory, cfg.memory_limit_bytes
-    if host is not None and flag is not None and flag >= host.total_bytes:
-        above = "is at or above the host's memory: taken as no limit given"
-        text = f"{human(flag)} {above}"
-        remedy = "a container without a memory limit gets the node's memory from the Downward API"
-        report.add("warn", "memory", "--memory.limit-bytes", text, remedy)
-    advice = ""
-    if extra.recommend:
-        recs, notes = R.recommendations(model, extra, deadline)
-        for r in [r for r in recs if r.memory_limit_fits is False]:
-            size = human(r.recommended_size_bytes)
-            limit = human(r.memory_limit_bytes)
-            text = f"the recommended {size} of shm does not fit in what the {limit} memory limit leaves"
-            remedy = f"raise the memory limit to {at_least(r.memory_limit_bytes_needed)}, then the shm size"
-            report.add("warn", "memory", r.mount, text, remedy)
-        report.facts["recommendations"] = [asdict(r) for r in recs]
-        report.facts["recommendation_notes"] = notes
-        advice = R.render_text(recs, notes, extra.recommend_headroom)
-    if extra.output == "json":
-        sys.stdout.write(render_json(report))
-    else:
-        sys.stdout.write(render_text(report) + advice)
-    return report.exit_code
-
-
-def _unreadable_log(path: str) -> str:
-    """Why --log's `path` is not read: only a readable regular file is (a FIFO with no writer
-    blocks, a device such as /dev/zero never ends)."""
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return "not a regular file"
-    except OSError as err:
-        return f"cannot read it: {err.strerror}"
-    return "" if os.access(path, os.R_OK) else "cannot read it"
-
-
-def _logs(report: Report, scans, deadline: float) -> None:
-    """The signatures the logs' scans found by `deadline` (each once, at its first hit), and
-    what was not read."""
-    hits: Dict[str, LogHit] = {}
-    for path, task in scans:
-        name = os.path.basename(path)
-        try:
-            scan = task.result(deadline)
-        except TimeoutError:
-            report.add("warn", "log", name, "not read within --timeout")
-            continue
-        except (OSError, ValueError) as err:
-            report.add("warn", "log", name, f"not read: {err}")
-            continue
-        for signature, found in scan.hits.items():
-            hits.setdefault(signature, found[0])
-        tail, size = scan.size - scan.start, scan.size
-        if scan.start:
-            text = f"only its last {human(tail)} of {human(size)} read"
-            report.add("info", "log", name, text)
-        if scan.end < size:
-            read = f"{human(scan.end - scan.start)} of {human(tail)} read"
-            text = f"not read to its end within --timeout: {read}"
-            report.add("warn", "log", name, text)
-    for signature, hit in hits.items():
-        where = os.path.basename(hit.file)
-        where += f":{hit.line}" if hit.line else f" at byte {hit.offset}"
-        explanation, remedy = (TABLE[signature][k].format_map(hit.fields) for k in SAID)
-        report.add("warn", "log", where, f"{explanation} Seen: {hit.text}", remedy)

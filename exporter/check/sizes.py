@@ -63,15 +63,11 @@ def round_up(n: float) -> int:
     return max(MiB, -(-n // unit) * unit)
 
 
-def _quantity(n: int, gib: str, mib: str) -> str:
-    return f"{n // GiB}{gib}" if n % GiB == 0 else f"{-(-n // MiB)}{mib}"
-
-
 def docker(n: int) -> str:
     """docker --shm-size / --memory, compose shm_size / mem_limit: whole g, else m rounded up."""
-    return _quantity(n, "g", "m")
+    return f"{n // GiB}g" if n % GiB == 0 else f"{-(-n // MiB)}m"
 
 
 def k8s(n: int) -> str:
     """A Kubernetes quantity (sizeLimit, limits.memory): whole Gi, else Mi rounded up."""
-    return _quantity(n, "Gi", "Mi")
+    return f"{n // GiB}Gi" if n % GiB == 0 else f"{-(-n // MiB)}Mi"
