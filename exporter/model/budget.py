@@ -41,7 +41,4 @@ def cgroups_by_pod(cgroups: Sequence[CgroupMemory]) -> Dict[str, CgroupMemory]:
     """The cgroup a mount's pages are charged to, by the mount's pod UID: a pod's emptyDir to
     its pod's cgroup, any other mount ("") to the watched cgroup of no pod (the sidecar's
     workload; in node mode none, so the host's /dev/shm is charged to no pod). First wins."""
-    by_pod: Dict[str, CgroupMemory] = {}
-    for cgroup in cgroups:
-        by_pod.setdefault(cgroup.pod_uid, cgroup)
-    return by_pod
+    return {cgroup.pod_uid: cgroup for cgroup in reversed(cgroups)}

@@ -46,10 +46,10 @@ _COMBINED: Pattern[str] = re.compile(
     "|".join(f"(?P<r{i}>{p})" for i, (_, p, _) in enumerate(CLASSES)), re.S
 )
 _GROUP_CLASS = {f"r{i}": c for i, (c, _, _) in enumerate(CLASSES)}
-# Names repeat from one inventory to the next: remember them. Bounded, and cleared when
-# full, because churn (every NCCL init makes new random names) would grow it forever.
+# Names repeat from one inventory to the next: remember them; cleared when full, as churn
+# (every NCCL init makes new random names) would grow it forever.
 _CACHE: dict = {}
-_CACHE_MAX = 4096  # a storm's names are new: it would only keep them alive
+_CACHE_MAX = 4096
 
 
 def classify(basename: str) -> str:
@@ -65,20 +65,12 @@ def classify(basename: str) -> str:
     return cls
 
 
-# Orphans of these classes are not leaks: glibc's sem_open() semaphores are tiny and are
-# meant to outlive their creator (sem_unlink is the owner's call). The ShmLeakedSegments
-# rule carries the same exclusion (class!="semaphore").
+# Orphans of these classes are not leaks: glibc's sem_open() semaphores are tiny and meant
+# to outlive their creator. The ShmLeakedSegments rule excludes them too (class!="semaphore").
 NOT_LEAKS = frozenset({"semaphore"})
-
-
-# An orphan of these classes is removable: each segment belongs to one process (one NCCL
-# rank's buffer, one torch tensor, one Python SharedMemory, one vLLM offload file, one UCX
-# or MPI endpoint, one SGLang scheduler's buffer, which SGLang itself reclaims once its
-# creator and every mapper are gone), so once that process is gone nothing attaches again. `shmwatch
-# check` advises `rm` for orphans of these classes only: never for `other` (a container
-# engine's lock file is not ours to judge) and never for a segment that is `unverified`.
+# An orphan of these classes is removable: each segment belongs to one process (an NCCL
+# rank's buffer, a torch tensor, a SharedMemory, a vLLM offload file, a UCX or MPI endpoint,
+# an SGLang scheduler's buffer, which SGLang reclaims alike): once it is gone, nothing
+# attaches again. `shmwatch check` advises `rm` for these only: never for `other` (a
+# container engine's lock file is not ours to judge), nor for an `unverified` segment.
 REMOVABLE = frozenset("nccl torch python_shm vllm_offload ucx mpi sglang".split())
-
-
-def removable(cls: str) -> bool:
-    return cls in REMOVABLE
