@@ -134,11 +134,8 @@ class ModelStep:
         shm_size_limit: Optional[int] = None,
         memory_limit: Optional[int] = None,
     ):
-        self.discovery = discovery
-        self.state = state
-        self.node_mode = discovery.node_mode
-        self.top_k = top_k
-        self.shm_size_limit = shm_size_limit
+        self.discovery, self.state, self.top_k = discovery, state, top_k
+        self.node_mode, self.shm_size_limit = discovery.node_mode, shm_size_limit
         # --memory.limit-bytes is the one workload's limit: it means nothing per pod.
         self.memory_limit = None if self.node_mode else memory_limit
         self._lock = threading.Lock()
@@ -209,10 +206,8 @@ class ModelStep:
                 self._listed_most = listed if shrunk else most
             self._accepted += 1
         if shrunk:
-            del (
-                before,
-                old,
-            )  # the last references to the old inventory here: freed first
+            # The last references to the old inventory here: freed first.
+            del before, old
             release_memory()
 
     def _count_kill(self, kill: OomKill) -> None:
@@ -315,9 +310,7 @@ class ModelStep:
             list(self._recent_oom),
         )
 
-    def _oom_counts(
-        self, cgroups: List[CgroupMemory], mounts: List[MountView]
-    ) -> List[OomCount]:
+    def _oom_counts(self, cgroups, mounts: List[MountView]) -> List[OomCount]:
         """Per cgroup: the kernel log's kills in its subtree, or its counters' if higher (a kill
         before we started, or unlogged). v1 counts a kill in the victim's memcg only: the pod's
         counter plus each container's highest, kept after it is gone; v2's is hierarchical.
