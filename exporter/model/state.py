@@ -62,9 +62,7 @@ GONE = ("gone",)  # the instance of a mount that is not there
 class StateStore:
     # clock: the peak window's; wall_clock: when the high-water mark was reached.
     def __init__(self, peak_window=60.0, clock=time.monotonic, wall_clock=time.time):
-        self.peak_window = peak_window
-        self.clock = clock
-        self.wall_clock = wall_clock
+        self.peak_window, self.clock, self.wall_clock = peak_window, clock, wall_clock
         self._lock = threading.Lock()
         self._version = 0
         self._mounts: Dict[str, _Mount] = {}
@@ -97,15 +95,13 @@ class StateStore:
         nothing of the new one's size."""
         now = self.clock()
         with self._lock:
-            self._version += 1
             for u in usages:
                 record = self._of(u.mount)
                 # () with no error: the mount table could not say which (proves nothing).
                 instance = u.instance or (GONE if u.error else ())
                 if instance and record.instance and instance != record.instance:
                     record.peak, record.max_used = PeakWindow(self.peak_window), None
-                if instance:
-                    record.instance = instance
+                record.instance = instance or record.instance
                 record.live = not u.error
                 if record.live:
                     self._used(record, u.used_bytes, now)
