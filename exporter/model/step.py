@@ -263,7 +263,7 @@ class ModelStep:
             and self._result("cgroup") is None
             and self.memory_limit is None
         )
-        mounts = []
+        mounts, limits = [], (self.shm_size_limit, self.memory_limit)
         charged_to = cgroups_by_pod(cgroups)
         for target in self.discovery.current().targets:
             mount, usage = target.mount, usages.get(target.mount)
@@ -273,9 +273,7 @@ class ModelStep:
             budget = peak = max_used = max_used_at = None
             if usage is not None and not usage.error:
                 used = usage.used_bytes
-                budget = shm_budget(
-                    usage, cgroup, self.shm_size_limit, self.memory_limit
-                )
+                budget = shm_budget(usage, cgroup, *limits)
                 peak = max(states.peaks.get(mount, used), used)
                 max_used, max_used_at = states.max_used.get(mount, (used, time.time()))
             # An estimate without a limit knows none: not "unlimited".
