@@ -17,12 +17,7 @@ class ShmBudget:
     room_bytes: Optional[int]  # what the memory limit leaves for shm; None: no limit
 
 
-def shm_budget(
-    m: MountUsage,
-    cgroup: Optional[CgroupMemory],
-    size_limit: Optional[int] = None,
-    memory_limit: Optional[int] = None,
-) -> ShmBudget:
+def shm_budget(m: MountUsage, cgroup, size_limit=None, memory_limit=None) -> ShmBudget:
     """The sizeLimit counts because older kubelets leave the tmpfs at half of node RAM and
     enforce it by eviction; the memory limit because tmpfs pages are charged to the cgroup,
     beside everything else the pod uses. `memory_limit` stands in where no cgroup was read."""

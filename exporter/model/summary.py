@@ -103,9 +103,7 @@ def owner_label(holders: Sequence[int], comms: Dict[int, str]) -> str:
     return f"{comms.get(holders[0], 'unknown')}[{holders[0]}]{more}"
 
 
-def memfd_summary(
-    inv: Inventory, top_k: int
-) -> Tuple[Dict[str, Tuple[int, int]], List[Tuple[int, int]]]:
+def memfd_summary(inv: Inventory, top_k: int) -> tuple:
     """memfd regions -> ({class: (count, allocated)}, top K (pid, allocated it holds))."""
     regions = [(seg.cls, 1, seg.allocated_bytes, seg.holders) for seg in inv.memfd]
     for pid, rest in inv.memfd_rest.items():
