@@ -1,8 +1,6 @@
 """How much a shm mount can really hold, and what filling it does to the memory limit:
 the one formula /metrics and `shmwatch check` both report."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
 from exporter.model.types import CgroupMemory, MountUsage

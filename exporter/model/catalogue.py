@@ -1,7 +1,5 @@
 """Every metric shmwatch exports: /metrics, README, rules and panels use no other."""
 
-from __future__ import annotations
-
 import re
 from dataclasses import dataclass
 from typing import Dict, Tuple

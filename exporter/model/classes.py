@@ -1,8 +1,6 @@
 """Who made this segment? Basename pattern -> owner class; the first matching row wins:
 PSM's psm_shm.* and PSM2's psm2_shm.* are MPI transports: before python_shm's psm_*."""
 
-from __future__ import annotations
-
 import re
 from typing import Pattern, Tuple
 

@@ -1,8 +1,6 @@
 """What outlives one observation per mount: peaks, high-water marks, event counters and
 inotify flags, fed by the model step and the watcher; `version` moves with a change."""
 
-from __future__ import annotations
-
 import threading
 import time
 from collections import Counter, deque

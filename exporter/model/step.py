@@ -1,8 +1,6 @@
 """Observations in, one joined Model out, for /metrics and `shmwatch check`. Segment
 summaries are made as inventories arrive; the join is rebuilt when the version moved."""
 
-from __future__ import annotations
-
 import logging
 import threading
 import time

@@ -1,8 +1,6 @@
 """Per-mount summaries, made once per inventory: totals by class and state, top K
 segments and processes, the oldest orphan, leak candidates; renders walk no segments."""
 
-from __future__ import annotations
-
 import bisect
 import heapq
 from collections import Counter

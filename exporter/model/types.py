@@ -1,7 +1,5 @@
 """The observations: what each source returns, typed; the model step joins them."""
 
-from __future__ import annotations
-
 import re
 import time
 from dataclasses import dataclass, field
