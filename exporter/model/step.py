@@ -108,9 +108,9 @@ class Model:
         for pid, rest in inventory.memfd_rest.items():
             regions.append(((pid,), sum(size for _, size in rest.values())))
         for holders, size in regions:
-            cgroups_held = [inventory.cgroup_of.get(pid) for pid in holders]
+            held_in = {inventory.cgroup_of.get(pid) for pid in holders} - {None}
             # once per cgroup the region is below
-            for path in {p for c in cgroups_held if c is not None for p in _lineage(c)}:
+            for path in {p for c in held_in for p in _lineage(c)}:
                 explained[path] += size
         out = {}
         for c in self.cgroups:
@@ -231,8 +231,7 @@ class ModelStep:
             version = self.version()
             if self._model is None or version != self._built_for:
                 # The version from before the build: a change during it builds again.
-                self._model = self._build()
-                self._built_for = version
+                self._model, self._built_for = self._build(), version
             return self._model
 
     def kill_log_complete(self) -> bool:

@@ -38,10 +38,8 @@ class SegmentSummary:
 def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
     """One pass over the segments, made one at a time; only the kept ones stay."""
     totals = {(cls, "unverified"): row for cls, row in (inv.degraded or {}).items()}
-    top: List[Segment] = []
-    leaked: Dict[bool, List[Segment]] = {True: [], False: []}
-    unverified: List[Segment] = []
-    oldest = None
+    top, unverified, oldest = [], [], None
+    leaked = {True: [], False: []}  # segments of removable classes, and the others
     for seg in inv.rows():
         key = seg.cls, seg.state
         n, size, apparent = totals.get(key, (0, 0, 0))
