@@ -1,6 +1,7 @@
 """Who made this segment? Basename pattern -> owner class; the first matching row wins:
 PSM's psm_shm.* and PSM2's psm2_shm.* are MPI transports: before python_shm's psm_*."""
 
+import functools
 import re
 from typing import Pattern, Tuple
 
@@ -44,23 +45,15 @@ _COMBINED: Pattern[str] = re.compile(
     "|".join(f"(?P<r{i}>{p})" for i, (_, p, _) in enumerate(CLASSES)), re.S
 )
 _GROUP_CLASS = {f"r{i}": c for i, (c, _, _) in enumerate(CLASSES)}
-# Names repeat from one inventory to the next: remember them; cleared when full, as churn
-# (every NCCL init makes new random names) would grow it forever.
-_CACHE: dict = {}
-_CACHE_MAX = 4096
 
 
+# Names repeat from one inventory to the next: remembered, in a bounded cache, as churn
+# (every NCCL init makes new random names) would grow an unbounded one forever.
+@functools.lru_cache(maxsize=4096)
 def classify(basename: str) -> str:
     """Owner class of a segment basename; 'other' when no row matches."""
-    cls = _CACHE.get(basename)
-    if cls is not None:
-        return cls
     match = _COMBINED.fullmatch(basename.removesuffix(" (deleted)"))
-    cls = _GROUP_CLASS[match.lastgroup] if match else "other"
-    if len(_CACHE) >= _CACHE_MAX:
-        _CACHE.clear()
-    _CACHE[basename] = cls
-    return cls
+    return _GROUP_CLASS[match.lastgroup] if match else "other"
 
 
 # Orphans of these classes are not leaks: glibc's sem_open() semaphores are tiny and meant
