@@ -47,13 +47,16 @@ _COMBINED: Pattern[str] = re.compile(
 _GROUP_CLASS = {f"r{i}": c for i, (c, _, _) in enumerate(CLASSES)}
 
 
-# Names repeat from one inventory to the next: remembered, in a bounded cache, as churn
-# (every NCCL init makes new random names) would grow an unbounded one forever.
-@functools.lru_cache(maxsize=4096)
-def classify(basename: str) -> str:
+def _class_of(basename: str) -> str:
     """Owner class of a segment basename; 'other' when no row matches."""
     match = _COMBINED.fullmatch(basename.removesuffix(" (deleted)"))
     return _GROUP_CLASS[match.lastgroup] if match else "other"
+
+
+# Names repeat from one inventory to the next: remembered, in a bounded cache, as churn
+# (every NCCL init makes new random names) would grow an unbounded one forever. Not a
+# decorator: mutation testing leaves decorated functions alone.
+classify = functools.lru_cache(maxsize=4096)(_class_of)
 
 
 # Orphans of these classes are not leaks: glibc's sem_open() semaphores are tiny and meant
