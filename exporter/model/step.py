@@ -311,9 +311,8 @@ class ModelStep:
         counter plus each container's highest, kept after it is gone; v2's is hierarchical.
         Node mode: also each pod with a kill whose cgroup is gone (or never seen)."""
         logged, own = self._oom_logged, self._oom_own
-        live = {c.pod_uid for c in cgroups} | {
-            v.labels.get("pod_uid", "") for v in mounts
-        }
+        live = {c.pod_uid for c in cgroups}  # pods still there: by cgroup or by mount
+        live |= {v.labels.get("pod_uid", "") for v in mounts}
         # Kills only ever add up: the same cgroups, pods and sums make the same counts.
         key = (cgroups, live, sum(logged.values()), sum(own.values()))
         if self._oom_memo[0] == key:
