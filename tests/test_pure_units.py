@@ -86,17 +86,18 @@ def test_mountinfo_without_super_options():
 
 
 def test_class_cache_remembers_and_is_bounded():
-    from exporter.model import classes as segment_classes
-    segment_classes._CACHE.clear()
-    assert segment_classes.classify("nccl-remember") == "nccl"
-    assert segment_classes._CACHE["nccl-remember"] == "nccl"  # names repeat between inventories
-    segment_classes._CACHE["nccl-remember"] = "torch"
-    assert segment_classes.classify("nccl-remember") == "torch"  # read from the cache, not re-matched
-    segment_classes._CACHE.clear()
-    for n in range(segment_classes._CACHE_MAX + 1):
-        segment_classes.classify(f"psm_{n:08x}")
-        assert len(segment_classes._CACHE) <= segment_classes._CACHE_MAX
-    segment_classes._CACHE.clear()
+    from exporter.model.classes import classify
+    classify.cache_clear()
+    assert classify("nccl-remember") == "nccl"
+    assert classify("nccl-remember") == "nccl"  # names repeat between inventories
+    assert classify.cache_info().hits == 1  # read from the cache, not re-matched
+    classify.cache_clear()
+    bound = classify.cache_info().maxsize
+    assert bound
+    for n in range(bound + 1):
+        classify(f"psm_{n:08x}")
+        assert classify.cache_info().currsize <= bound
+    classify.cache_clear()
 
 
 def test_pod_uid_in_cgroup_both_drivers():

@@ -1,8 +1,6 @@
 """How much a shm mount can really hold, and what filling it does to the memory limit:
 the one formula /metrics and `shmwatch check` both report."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
 from exporter.model.types import CgroupMemory, MountUsage
@@ -17,12 +15,7 @@ class ShmBudget:
     room_bytes: Optional[int]  # what the memory limit leaves for shm; None: no limit
 
 
-def shm_budget(
-    m: MountUsage,
-    cgroup: Optional[CgroupMemory],
-    size_limit: Optional[int] = None,
-    memory_limit: Optional[int] = None,
-) -> ShmBudget:
+def shm_budget(m: MountUsage, cgroup, size_limit=None, memory_limit=None) -> ShmBudget:
     """The sizeLimit counts because older kubelets leave the tmpfs at half of node RAM and
     enforce it by eviction; the memory limit because tmpfs pages are charged to the cgroup,
     beside everything else the pod uses. `memory_limit` stands in where no cgroup was read."""
@@ -41,7 +34,4 @@ def cgroups_by_pod(cgroups: Sequence[CgroupMemory]) -> Dict[str, CgroupMemory]:
     """The cgroup a mount's pages are charged to, by the mount's pod UID: a pod's emptyDir to
     its pod's cgroup, any other mount ("") to the watched cgroup of no pod (the sidecar's
     workload; in node mode none, so the host's /dev/shm is charged to no pod). First wins."""
-    by_pod: Dict[str, CgroupMemory] = {}
-    for cgroup in cgroups:
-        by_pod.setdefault(cgroup.pod_uid, cgroup)
-    return by_pod
+    return {cgroup.pod_uid: cgroup for cgroup in reversed(cgroups)}

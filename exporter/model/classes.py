@@ -1,8 +1,7 @@
 """Who made this segment? Basename pattern -> owner class; the first matching row wins:
 PSM's psm_shm.* and PSM2's psm2_shm.* are MPI transports: before python_shm's psm_*."""
 
-from __future__ import annotations
-
+import functools
 import re
 from typing import Pattern, Tuple
 
@@ -46,39 +45,26 @@ _COMBINED: Pattern[str] = re.compile(
     "|".join(f"(?P<r{i}>{p})" for i, (_, p, _) in enumerate(CLASSES)), re.S
 )
 _GROUP_CLASS = {f"r{i}": c for i, (c, _, _) in enumerate(CLASSES)}
-# Names repeat from one inventory to the next: remember them. Bounded, and cleared when
-# full, because churn (every NCCL init makes new random names) would grow it forever.
-_CACHE: dict = {}
-_CACHE_MAX = 4096  # a storm's names are new: it would only keep them alive
 
 
-def classify(basename: str) -> str:
+def _class_of(basename: str) -> str:
     """Owner class of a segment basename; 'other' when no row matches."""
-    cls = _CACHE.get(basename)
-    if cls is not None:
-        return cls
     match = _COMBINED.fullmatch(basename.removesuffix(" (deleted)"))
-    cls = _GROUP_CLASS[match.lastgroup] if match else "other"
-    if len(_CACHE) >= _CACHE_MAX:
-        _CACHE.clear()
-    _CACHE[basename] = cls
-    return cls
+    return _GROUP_CLASS[match.lastgroup] if match else "other"
 
 
-# Orphans of these classes are not leaks: glibc's sem_open() semaphores are tiny and are
-# meant to outlive their creator (sem_unlink is the owner's call). The ShmLeakedSegments
-# rule carries the same exclusion (class!="semaphore").
+# Names repeat from one inventory to the next: remembered, in a bounded cache, as churn
+# (every NCCL init makes new random names) would grow an unbounded one forever. Not a
+# decorator: mutation testing leaves decorated functions alone.
+classify = functools.lru_cache(maxsize=4096)(_class_of)
+
+
+# Orphans of these classes are not leaks: glibc's sem_open() semaphores are tiny and meant
+# to outlive their creator. The ShmLeakedSegments rule excludes them too (class!="semaphore").
 NOT_LEAKS = frozenset({"semaphore"})
-
-
-# An orphan of these classes is removable: each segment belongs to one process (one NCCL
-# rank's buffer, one torch tensor, one Python SharedMemory, one vLLM offload file, one UCX
-# or MPI endpoint, one SGLang scheduler's buffer, which SGLang itself reclaims once its
-# creator and every mapper are gone), so once that process is gone nothing attaches again. `shmwatch
-# check` advises `rm` for orphans of these classes only: never for `other` (a container
-# engine's lock file is not ours to judge) and never for a segment that is `unverified`.
+# An orphan of these classes is removable: each segment belongs to one process (an NCCL
+# rank's buffer, a torch tensor, a SharedMemory, a vLLM offload file, a UCX or MPI endpoint,
+# an SGLang scheduler's buffer, which SGLang reclaims alike): once it is gone, nothing
+# attaches again. `shmwatch check` advises `rm` for these only: never for `other` (a
+# container engine's lock file is not ours to judge), nor for an `unverified` segment.
 REMOVABLE = frozenset("nccl torch python_shm vllm_offload ucx mpi sglang".split())
-
-
-def removable(cls: str) -> bool:
-    return cls in REMOVABLE

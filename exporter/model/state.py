@@ -1,13 +1,11 @@
 """What outlives one observation per mount: peaks, high-water marks, event counters and
 inotify flags, fed by the model step and the watcher; `version` moves with a change."""
 
-from __future__ import annotations
-
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, Iterable, Optional, Set, Tuple
+from typing import Dict, Iterable, Optional, Set, Tuple
 
 from exporter.model.types import MountUsage
 
@@ -17,21 +15,18 @@ class PeakWindow:
 
     def __init__(self, window: float):
         self.window = window
-        self._samples: Deque[Tuple[float, int]] = deque()
+        self._samples: deque = deque()  # (time, value), values falling
 
     def add(self, now: float, value: int) -> None:
         while self._samples and self._samples[-1][1] <= value:
             self._samples.pop()
         self._samples.append((now, value))
-        self._expire(now)
-
-    def _expire(self, now: float) -> None:
-        while len(self._samples) > 1 and self._samples[0][0] < now - self.window:
-            self._samples.popleft()
+        self.peak(now)  # expires the old: unscraped, the deque stays short
 
     def peak(self, now: float) -> Optional[int]:
         """The window's highest value; the latest one, however old, if none is newer."""
-        self._expire(now)
+        while len(self._samples) > 1 and self._samples[0][0] < now - self.window:
+            self._samples.popleft()
         return self._samples[0][1] if self._samples else None
 
 
@@ -52,7 +47,7 @@ class MountStates:
 class _Mount:  # what the store keeps of one mount
     peak: PeakWindow
     max_used: Optional[Tuple[int, float]] = None  # (highest used bytes, wall clock)
-    events: Dict[Tuple[str, str], int] = field(default_factory=dict)  # (class, event)
+    events: Counter = field(default_factory=Counter)  # (class, event) -> count
     inotify: Optional[bool] = None  # None: not said yet
     overflows: int = 0
     instance: Optional[tuple] = None  # the mount instance last polled (None: not yet)
@@ -65,9 +60,7 @@ GONE = ("gone",)  # the instance of a mount that is not there
 class StateStore:
     # clock: the peak window's; wall_clock: when the high-water mark was reached.
     def __init__(self, peak_window=60.0, clock=time.monotonic, wall_clock=time.time):
-        self.peak_window = peak_window
-        self.clock = clock
-        self.wall_clock = wall_clock
+        self.peak_window, self.clock, self.wall_clock = peak_window, clock, wall_clock
         self._lock = threading.Lock()
         self._version = 0
         self._mounts: Dict[str, _Mount] = {}
@@ -100,15 +93,13 @@ class StateStore:
         nothing of the new one's size."""
         now = self.clock()
         with self._lock:
-            self._version += 1
             for u in usages:
-                record = self._mounts.get(u.mount) or self._of(u.mount)
+                record = self._of(u.mount)
                 # () with no error: the mount table could not say which (proves nothing).
                 instance = u.instance or (GONE if u.error else ())
                 if instance and record.instance and instance != record.instance:
                     record.peak, record.max_used = PeakWindow(self.peak_window), None
-                if instance:
-                    record.instance = instance
+                record.instance = instance or record.instance
                 record.live = not u.error
                 if record.live:
                     self._used(record, u.used_bytes, now)
@@ -131,8 +122,7 @@ class StateStore:
 
     def count_event(self, mount: str, cls: str, event: str, n: int = 1) -> None:
         with self._lock:
-            events = self._of(mount).events
-            events[cls, event] = events.get((cls, event), 0) + n
+            self._of(mount).events[cls, event] += n
 
     def count_overflow(self, mount: str) -> None:
         with self._lock:
@@ -172,9 +162,7 @@ class StateStore:
                 {m: p for m, r in mounts if (p := r.peak.peak(now)) is not None},
                 {m: r.max_used for m, r in mounts if r.max_used is not None},
                 {
-                    m: tuple(
-                        sorted((cls, event, n) for (cls, event), n in r.events.items())
-                    )
+                    m: tuple(sorted((*k, n) for k, n in r.events.items()))
                     for m, r in mounts
                     if r.events
                 },

@@ -1,8 +1,6 @@
 """Observations in, one joined Model out, for /metrics and `shmwatch check`. Segment
 summaries are made as inventories arrive; the join is rebuilt when the version moved."""
 
-from __future__ import annotations
-
 import logging
 import threading
 import time
@@ -110,9 +108,9 @@ class Model:
         for pid, rest in inventory.memfd_rest.items():
             regions.append(((pid,), sum(size for _, size in rest.values())))
         for holders, size in regions:
-            cgroups_held = [inventory.cgroup_of.get(pid) for pid in holders]
+            held_in = {inventory.cgroup_of.get(pid) for pid in holders} - {None}
             # once per cgroup the region is below
-            for path in {p for c in cgroups_held if c is not None for p in _lineage(c)}:
+            for path in {p for c in held_in for p in _lineage(c)}:
                 explained[path] += size
         out = {}
         for c in self.cgroups:
@@ -134,11 +132,8 @@ class ModelStep:
         shm_size_limit: Optional[int] = None,
         memory_limit: Optional[int] = None,
     ):
-        self.discovery = discovery
-        self.state = state
-        self.node_mode = discovery.node_mode
-        self.top_k = top_k
-        self.shm_size_limit = shm_size_limit
+        self.discovery, self.state, self.top_k = discovery, state, top_k
+        self.node_mode, self.shm_size_limit = discovery.node_mode, shm_size_limit
         # --memory.limit-bytes is the one workload's limit: it means nothing per pod.
         self.memory_limit = None if self.node_mode else memory_limit
         self._lock = threading.Lock()
@@ -209,10 +204,8 @@ class ModelStep:
                 self._listed_most = listed if shrunk else most
             self._accepted += 1
         if shrunk:
-            del (
-                before,
-                old,
-            )  # the last references to the old inventory here: freed first
+            # The last references to the old inventory here: freed first.
+            del before, old
             release_memory()
 
     def _count_kill(self, kill: OomKill) -> None:
@@ -238,8 +231,7 @@ class ModelStep:
             version = self.version()
             if self._model is None or version != self._built_for:
                 # The version from before the build: a change during it builds again.
-                self._model = self._build()
-                self._built_for = version
+                self._model, self._built_for = self._build(), version
             return self._model
 
     def kill_log_complete(self) -> bool:
@@ -268,7 +260,7 @@ class ModelStep:
             and self._result("cgroup") is None
             and self.memory_limit is None
         )
-        mounts = []
+        mounts, limits = [], (self.shm_size_limit, self.memory_limit)
         charged_to = cgroups_by_pod(cgroups)
         for target in self.discovery.current().targets:
             mount, usage = target.mount, usages.get(target.mount)
@@ -278,9 +270,7 @@ class ModelStep:
             budget = peak = max_used = max_used_at = None
             if usage is not None and not usage.error:
                 used = usage.used_bytes
-                budget = shm_budget(
-                    usage, cgroup, self.shm_size_limit, self.memory_limit
-                )
+                budget = shm_budget(usage, cgroup, *limits)
                 peak = max(states.peaks.get(mount, used), used)
                 max_used, max_used_at = states.max_used.get(mount, (used, time.time()))
             # An estimate without a limit knows none: not "unlimited".
@@ -315,17 +305,14 @@ class ModelStep:
             list(self._recent_oom),
         )
 
-    def _oom_counts(
-        self, cgroups: List[CgroupMemory], mounts: List[MountView]
-    ) -> List[OomCount]:
+    def _oom_counts(self, cgroups, mounts: List[MountView]) -> List[OomCount]:
         """Per cgroup: the kernel log's kills in its subtree, or its counters' if higher (a kill
         before we started, or unlogged). v1 counts a kill in the victim's memcg only: the pod's
         counter plus each container's highest, kept after it is gone; v2's is hierarchical.
         Node mode: also each pod with a kill whose cgroup is gone (or never seen)."""
         logged, own = self._oom_logged, self._oom_own
-        live = {c.pod_uid for c in cgroups} | {
-            v.labels.get("pod_uid", "") for v in mounts
-        }
+        live = {c.pod_uid for c in cgroups}  # pods still there: by cgroup or by mount
+        live |= {v.labels.get("pod_uid", "") for v in mounts}
         # Kills only ever add up: the same cgroups, pods and sums make the same counts.
         key = (cgroups, live, sum(logged.values()), sum(own.values()))
         if self._oom_memo[0] == key:

@@ -1,15 +1,14 @@
 """Per-mount summaries, made once per inventory: totals by class and state, top K
 segments and processes, the oldest orphan, leak candidates; renders walk no segments."""
 
-from __future__ import annotations
-
 import bisect
 import heapq
+from collections import Counter
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from exporter.model.types import Inventory, MountInventory, Segment
-from exporter.model.classes import NOT_LEAKS, removable
+from exporter.model.classes import NOT_LEAKS, REMOVABLE
 
 
 LISTED = 50  # leaked and unverified segments named, largest first (counts: `totals`)
@@ -39,10 +38,8 @@ class SegmentSummary:
 def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
     """One pass over the segments, made one at a time; only the kept ones stay."""
     totals = {(cls, "unverified"): row for cls, row in (inv.degraded or {}).items()}
-    top: List[Segment] = []
-    leaked: Dict[bool, List[Segment]] = {True: [], False: []}
-    unverified: List[Segment] = []
-    oldest = None
+    top, unverified, oldest = [], [], None
+    leaked = {True: [], False: []}  # segments of removable classes, and the others
     for seg in inv.rows():
         key = seg.cls, seg.state
         n, size, apparent = totals.get(key, (0, 0, 0))
@@ -51,17 +48,15 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
         if seg.cls in NOT_LEAKS:
             continue
         if seg.state == "orphan":
-            _keep(leaked[removable(seg.cls)], seg, LISTED)
-            if removable(seg.cls):  # the age alert says "remove it": only for those
+            _keep(leaked[seg.cls in REMOVABLE], seg, LISTED)
+            if seg.cls in REMOVABLE:  # the age alert says "remove it": only for those
                 oldest = seg.mtime if oldest is None else min(oldest, seg.mtime)
         elif seg.state == "unverified":
             _keep(unverified, seg, LISTED)
     by_class: Dict[str, int] = {}
     for (cls, _), (_, allocated, _) in totals.items():
         by_class[cls] = by_class.get(cls, 0) + allocated
-    top_processes = heapq.nsmallest(
-        top_k, inv.process_bytes.items(), key=lambda kv: (-kv[1], kv[0])
-    )
+    top_processes = heapq.nsmallest(top_k, inv.process_bytes.items(), key=_most)
     return SegmentSummary(
         totals=totals,
         bytes_by_class=by_class,
@@ -78,6 +73,10 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
         ),
         degraded=inv.degraded is not None,
     )
+
+
+def _most(pid_bytes: Tuple[int, int]) -> Tuple[int, int]:
+    return -pid_bytes[1], pid_bytes[0]
 
 
 def _largest(seg: Segment) -> Tuple[int, str]:
@@ -100,21 +99,16 @@ def owner_label(holders: Sequence[int], comms: Dict[int, str]) -> str:
     return f"{comms.get(holders[0], 'unknown')}[{holders[0]}]{more}"
 
 
-def memfd_summary(
-    inv: Inventory, top_k: int
-) -> Tuple[Dict[str, Tuple[int, int]], List[Tuple[int, int]]]:
+def memfd_summary(inv: Inventory, top_k: int) -> tuple:
     """memfd regions -> ({class: (count, allocated)}, top K (pid, allocated it holds))."""
-    by_class: Dict[str, Tuple[int, int]] = {}
-    by_pid: Dict[int, int] = {}
-    for seg in inv.memfd:
-        count, allocated = by_class.get(seg.cls, (0, 0))
-        by_class[seg.cls] = (count + 1, allocated + seg.allocated_bytes)
-        for pid in seg.holders:
-            by_pid[pid] = by_pid.get(pid, 0) + seg.allocated_bytes
+    regions = [(seg.cls, 1, seg.allocated_bytes, seg.holders) for seg in inv.memfd]
     for pid, rest in inv.memfd_rest.items():
-        for cls, (more, size) in rest.items():
-            count, allocated = by_class.get(cls, (0, 0))
-            by_class[cls] = (count + more, allocated + size)
-            by_pid[pid] = by_pid.get(pid, 0) + size
-    top = heapq.nsmallest(top_k, by_pid.items(), key=lambda kv: (-kv[1], kv[0]))
-    return by_class, top
+        regions += [(cls, n, size, (pid,)) for cls, (n, size) in rest.items()]
+    by_class: Dict[str, Tuple[int, int]] = {}
+    by_pid: Dict[int, int] = Counter()
+    for cls, n, size, holders in regions:
+        count, allocated = by_class.get(cls, (0, 0))
+        by_class[cls] = (count + n, allocated + size)
+        for pid in holders:
+            by_pid[pid] += size
+    return by_class, heapq.nsmallest(top_k, by_pid.items(), key=_most)

@@ -1,7 +1,6 @@
 """The observations: what each source returns, typed; the model step joins them."""
 
-from __future__ import annotations
-
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -10,6 +9,8 @@ from exporter.host.kube import POD_UID_IN_CGROUP, pod_uid_in_cgroup
 from exporter.model.classes import CLASS_NAMES
 
 Key = Tuple[int, int]  # (st_dev, st_ino)
+# A cgroup path's first pod directory, whatever follows the UID (systemd's .slice)
+_POD_DIR = re.compile(POD_UID_IN_CGROUP.pattern + "[^/]*")
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,8 @@ class CgroupMemory:
     limit_source: str
     pod_uid: str = ""  # node mode: the pod this cgroup belongs to
     estimated: bool = False  # True: no cgroup was read; the workload's processes and shm (workload.py)
-    # Node mode on v1: each container cgroup's own OOM kill count (path, count). v1 counts a
-    # kill only in the victim's memcg, and the container's cgroup goes with the container:
-    # the model keeps each one's highest count, so the pod's total survives it.
+    # Node mode, v1: each container cgroup's OOM kill count (path, count). v1 counts a kill in
+    # the victim's memcg only, gone with its container: the model keeps each one's highest.
     child_oom_kills: Tuple[Tuple[str, int], ...] = ()
     high_bytes: Optional[int] = None  # v2 memory.high: throttled and reclaimed above it
     # memory.events (v1: oom_kill, failcnt as max)
@@ -131,11 +131,8 @@ class OomKill:
     @property
     def pod_cgroup(self) -> str:
         """The victim's pod cgroup (its path up to the pod's own directory); '' outside a pod."""
-        match = POD_UID_IN_CGROUP.search(self.task_memcg)
-        if not match:
-            return ""
-        end = self.task_memcg.find("/", match.end())
-        return self.task_memcg if end < 0 else self.task_memcg[:end]
+        match = _POD_DIR.search(self.task_memcg)
+        return self.task_memcg[: match.end()] if match else ""
 
 
 @dataclass(frozen=True)
