@@ -9,8 +9,6 @@ serve and check build the same; check waits for each source's first run. /metric
 when a scrape finds the model's version moved.
 """
 
-from __future__ import annotations
-
 from contextlib import suppress
 from typing import List
 

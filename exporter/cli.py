@@ -7,8 +7,6 @@ Go's slog write it (`ts=2026-12-02T14:20:25.612Z level=info logger=shmwatch msg=
 same keys. Uncaught exceptions (threads too) as well.
 """
 
-from __future__ import annotations
-
 import gc
 import json
 import logging

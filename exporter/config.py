@@ -2,8 +2,6 @@
 '.' and '-' as '_'; a given flag wins; repeatable flags take a comma-separated list). Bad
 values end in one line on stderr that names the flag, and exit code 2."""
 
-from __future__ import annotations
-
 import argparse
 import math
 import os

@@ -11,8 +11,6 @@ only until the --timeout deadline; a read still blocked then is left behind and 
 process.
 """
 
-from __future__ import annotations
-
 import json
 import threading
 import time

@@ -2,8 +2,6 @@
 per IPC namespace, host and cgroup memory, and shared memory no watched mount shows (memfd, unexplained shmem, NCCL's
 SHM transport in cuMem host memory, NCCL >= 2.26.3, which leaves no nccl-* file)."""
 
-from __future__ import annotations
-
 import time
 from dataclasses import asdict
 from typing import List, Optional

@@ -2,8 +2,6 @@
 memory, SysV, SIGBUS, CUDA OOM), in bounded memory and time (`shmwatch check --log FILE`),
 and says what it found and what it could not read."""
 
-from __future__ import annotations
-
 import math
 import os
 import re

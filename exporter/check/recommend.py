@@ -7,8 +7,6 @@ them). The observed peak, best first: Prometheus's max_over_time(shmwatch_mount_
 a running exporter's shmwatch_mount_max_used_bytes, or this run's reading (said to be weakest).
 """
 
-from __future__ import annotations
-
 import json
 import math
 import re

@@ -3,8 +3,6 @@ problem with its remedy (GPU, shm mounts, memory, SysV, server logs); exit codes
 A shm mount's findings: its size against what is required, its use, its classes, and the
 segments nobody holds (leaked, of no known owner, or unverified)."""
 
-from __future__ import annotations
-
 import logging
 import math
 import os

@@ -5,8 +5,6 @@ setting made from it (--shm-size, shm_size, sizeLimit, a memory limit) holds at 
 bytes it answers, whether those were asked for in decimal (16G) or binary (16Gi) units.
 """
 
-from __future__ import annotations
-
 import math
 from fractions import Fraction
 

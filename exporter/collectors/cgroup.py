@@ -6,8 +6,6 @@ first process matching --cgroup.target-process, else the workload's (workload.py
 a host our own; its pod's where the pod's limit binds (binding).
 """
 
-from __future__ import annotations
-
 import os
 import re
 import resource

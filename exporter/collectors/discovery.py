@@ -4,8 +4,6 @@ defaults drop. Published to subscribers (the watcher); collectors read `mounts()
 When mountinfo cannot be read the last good set is kept (and the run fails): an unreadable
 file must not forget every pod and reset its counters."""
 
-from __future__ import annotations
-
 from pathlib import PurePosixPath
 from typing import Callable, Dict, List, Sequence, Tuple
 

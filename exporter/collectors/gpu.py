@@ -5,8 +5,6 @@ initialised again on the next run. One GPU failing (lost, not supported) skips t
 only. A hanging call is bounded by the scheduler (--collector.gpu.timeout).
 """
 
-from __future__ import annotations
-
 import time
 from contextlib import suppress
 from typing import Dict, List, Optional, Tuple

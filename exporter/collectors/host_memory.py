@@ -1,7 +1,5 @@
 """Host memory from /proc/meminfo (MemTotal, MemAvailable, Shmem)."""
 
-from __future__ import annotations
-
 import logging
 from contextlib import suppress
 from typing import Dict, Optional

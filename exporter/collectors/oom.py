@@ -8,8 +8,6 @@ result of limit of <memcg>"). Serving seeks to the end first (a restart must not
 ring's kills twice); check reads the ring from its start. Needs CAP_SYSLOG (dmesg_restrict).
 """
 
-from __future__ import annotations
-
 import errno
 import os
 import re

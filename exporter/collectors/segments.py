@@ -5,8 +5,6 @@ creator's until a full run reads who holds it. In node mode only a full scan (ev
 --segments.full-scan-interval) calls a segment leaked; the refreshes between read new
 processes and the pods of exited holders and of doubted mounts."""
 
-from __future__ import annotations
-
 import logging
 import os
 import re

@@ -1,8 +1,6 @@
 """The exporter's own process_* metrics (prometheus_client's), read once per --poll-interval
 rather than on every scrape."""
 
-from __future__ import annotations
-
 from typing import List, Tuple
 
 from prometheus_client import ProcessCollector

@@ -4,8 +4,6 @@ Why not leave this to node_exporter: its default mount-points-exclude matches ^/
 so /dev/shm is never reported, and kube-prometheus drops the kubelet's emptyDir paths.
 """
 
-from __future__ import annotations
-
 import logging
 import os
 from dataclasses import replace

@@ -1,8 +1,6 @@
 """What every source is (`Source`, whole; `BaseSource` gives the defaults) and the one
 registration point: name, the modes it is on in by default, a factory."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Protocol, Set, Tuple
 

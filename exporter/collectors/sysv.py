@@ -7,8 +7,6 @@ server's; node mode joins each namespace from a short-lived thread (setns, CAP_S
 and without the capability reports it unreadable (never an empty "all clear").
 """
 
-from __future__ import annotations
-
 import os
 import re
 import threading

@@ -12,8 +12,6 @@ Pss_Anon + Pss_File (smaps_rollup) plus the shm mounts' used bytes (not Pss_Shme
 once). Unseen: unmapped page cache, kernel memory; overcounted: others' file pages.
 """
 
-from __future__ import annotations
-
 import os
 import posixpath
 from contextlib import suppress

@@ -4,8 +4,6 @@ lines joined (render.py). Most of a node's mounts and cgroups are as they were i
 render: `Families.parts_of` adds again what each added while its inputs are equal.
 """
 
-from __future__ import annotations
-
 import functools
 import itertools
 import operator

@@ -1,8 +1,6 @@
 """HTTP/1.x request heads parsed as they arrive, and the answers' bytes. Only the headers the
 front reads are kept, the others counted and dropped: a head costs what it keeps."""
 
-from __future__ import annotations
-
 import re
 from email.utils import formatdate
 from http import HTTPStatus

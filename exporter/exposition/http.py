@@ -7,8 +7,6 @@ at most --web.max-requests answers in flight (503 beyond; an answer not read wit
 the head's deadline is dropped), GET and HEAD only (405). Keep-alive and pipelining; TLS
 with the SSLContext current when the connection was accepted (rotated certificates)."""
 
-from __future__ import annotations
-
 import asyncio
 import concurrent.futures
 import errno

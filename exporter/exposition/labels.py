@@ -4,8 +4,6 @@ carriage return or escape sequence breaks dashboards and terminals), and the len
 capped so one hostile name cannot bloat every scrape.
 """
 
-from __future__ import annotations
-
 import re
 
 MAX_LABEL_CHARS = 128

@@ -4,8 +4,6 @@ and segments and a cgroup's series are parts reused while their inputs are equal
 marks it failed, not the scrape.
 """
 
-from __future__ import annotations
-
 import functools
 import logging
 import threading

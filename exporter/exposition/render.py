@@ -4,8 +4,6 @@ Text 0.0.4 and OpenMetrics 1.0.0 are the families' sample lines (families.py) jo
 for byte what prometheus_client's encoders write; any other format is left to the encoder.
 """
 
-from __future__ import annotations
-
 import gzip
 import threading
 from types import SimpleNamespace

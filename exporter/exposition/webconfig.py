@@ -4,8 +4,6 @@ certificates, cipher and curve lists, client_allowed_sans, inline PEM, rate_limi
 at start-up, not ignored. The files are stat'ed on each new connection: a rotated certificate
 serves from the next one on; a change that does not load keeps the last good."""
 
-from __future__ import annotations
-
 import base64
 import concurrent.futures
 import functools

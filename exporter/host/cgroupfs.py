@@ -1,7 +1,5 @@
 """A memory cgroup's files (v1 and v2): read, parsed, and the limit that binds it."""
 
-from __future__ import annotations
-
 import os
 from contextlib import suppress
 from typing import Dict, Optional

@@ -2,8 +2,6 @@
 (cgroupfs `pod<uid>`, systemd `pod<uid_with_underscores>.slice`) and emptyDir mount points,
 container IDs in the runtimes' shm mount points."""
 
-from __future__ import annotations
-
 import functools
 import re
 from typing import Dict, Optional, Tuple

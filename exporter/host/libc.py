@@ -1,7 +1,5 @@
 """libc calls the standard library lacks: malloc_trim, statx's unique mount ID, setns."""
 
-from __future__ import annotations
-
 import ctypes
 import ctypes.util
 import errno

@@ -1,7 +1,5 @@
 """/proc/<pid>/mountinfo: parsed, looked up by mount point, read again when it changed."""
 
-from __future__ import annotations
-
 import posixpath
 import re
 import select

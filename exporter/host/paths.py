@@ -1,8 +1,6 @@
 """Every file the exporter reads is found through one Paths object (--path.*: a fixture
 tree in tests, /host/... in a DaemonSet)."""
 
-from __future__ import annotations
-
 import os
 from dataclasses import dataclass
 

@@ -1,8 +1,6 @@
 """Every reader of /proc/<pid> goes through here. A process is known by (pid, start time),
 so a reused pid is never taken for the old one."""
 
-from __future__ import annotations
-
 import errno
 import logging
 import os

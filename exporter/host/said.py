@@ -1,8 +1,6 @@
 """A lasting condition (a mount not measured, over the segment cap) logged when it begins or
 changes, not on every run."""
 
-from __future__ import annotations
-
 import logging
 from typing import Dict, Iterable, Optional
 

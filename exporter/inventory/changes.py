@@ -1,7 +1,5 @@
 """Names inotify saw change, per mount, for the next event-driven (quick) inventory."""
 
-from __future__ import annotations
-
 import threading
 from typing import Dict, Optional, Set
 

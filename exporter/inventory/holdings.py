@@ -1,8 +1,6 @@
 """What one owner scan found. A segment held by nobody is 'orphan' only when every process
 that could hold it was read (`Owners.complete`); else 'unverified', and `UnprovenLog` says why."""
 
-from __future__ import annotations
-
 import logging
 import re
 from dataclasses import dataclass, field

@@ -3,8 +3,6 @@ devices (only those are split), and which mount IDs are the watched mounts in it
 namespace (an fd is stat'ed only when fdinfo's mnt_id names one: a stat on a hung FUSE or
 NFS mount blocks for good)."""
 
-from __future__ import annotations
-
 import errno
 import os
 import re

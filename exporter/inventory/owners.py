@@ -5,8 +5,6 @@ is a hidden segment, which `df` counts and `ls` does not (NCCL >= 2.19, UCX, tor
 region is shmem charged like tmpfs that no mount shows; each holder's memory cgroup is read
 so the model can subtract them from the cgroup's shmem."""
 
-from __future__ import annotations
-
 import os
 import stat as stat_mod
 from contextlib import suppress

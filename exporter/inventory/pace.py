@@ -4,8 +4,6 @@ nothing changed since the one before (no segment created, deleted or written, no
 gone or moved, the same holders, none called leaked), up to `cap` times the base, and is back
 to the base on any change."""
 
-from __future__ import annotations
-
 from typing import Callable, Optional
 
 from exporter.inventory.holdings import Owners

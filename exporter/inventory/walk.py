@@ -6,8 +6,6 @@ name alone collides across sub-directories): a leak storm of 100,000 files costs
 Past `cap` files a walk keeps only counts and bytes by class (`Listing.degraded`); past
 MAX_ENTRIES entries it stops (`Listing.truncated`), and keeps the rows it did not reach."""
 
-from __future__ import annotations
-
 import os
 import stat as stat_mod
 from contextlib import suppress

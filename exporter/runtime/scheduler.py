@@ -7,8 +7,6 @@ watchdog publishes a run over its timeout as failed. An event-driven source also
 its interval while its result stays the same, up to STRETCH_MAX times, as cAdvisor's does.
 """
 
-from __future__ import annotations
-
 import logging
 import threading
 import time

@@ -6,8 +6,6 @@ Where inotify cannot be had (no support, max_user_instances or max_user_watches 
 the mount is polled, said once in the log, and created/deleted come from inventory diffs.
 """
 
-from __future__ import annotations
-
 import contextlib
 import errno
 import logging
