@@ -56,7 +56,7 @@ def main():
                 if name == "segment inventory":
                     inv = result
         found = len([m for m in discovery.mounts() if "/kubelet/pods/" in m])
-        held = sum(1 for m in inv.mounts for s in m.segments if s.state == "linked")
+        held = sum(1 for m in inv.mounts for s in m.rows() if s.state == "linked")
         print(f"node mode: {found} pod mounts discovered, {inv.processes_scanned} processes scanned, "
               f"{held} held segments, {len(cgroup.pod_cgroups())} pod cgroups")
         total = 0.0

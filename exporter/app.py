@@ -14,7 +14,7 @@ from typing import List
 
 from prometheus_client.registry import CollectorRegistry
 
-from exporter.collectors import Context, Source, registered
+from exporter.collectors import REGISTRY, Context, Source
 from exporter.collectors.host_memory import usable_limit_flag
 from exporter.collectors.discovery import MountDiscovery
 from exporter.config import Config
@@ -22,7 +22,7 @@ from exporter.exposition.metrics import ModelCollector
 from exporter.exposition.render import Exposition
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
-from exporter.inventory.changes import ChangeLog
+from exporter.inventory.holdings import ChangeLog
 from exporter.model.state import StateStore
 from exporter.model.step import ModelStep
 from exporter.runtime.scheduler import Sampler
@@ -48,7 +48,11 @@ class App:
             lambda: self.step.kill_log_complete(),  # the step is made below
         )
         # Discovery first (the others read its mounts), then the collectors that are on.
-        on = [r for r in registered() if not r.flag or cfg.collectors.get(r.name, True)]
+        on = [
+            r
+            for r in REGISTRY.values()
+            if not r.flag or cfg.collectors.get(r.name, True)
+        ]
         self.sources: List[Source] = [self.discovery] + [r.factory(context) for r in on]
         self.sampler = Sampler(
             self.sources,

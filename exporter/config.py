@@ -12,13 +12,13 @@ from types import SimpleNamespace
 from typing import Callable, Dict, Iterator, NoReturn, Optional, Sequence, Tuple
 
 from exporter import __version__
-from exporter.collectors import registered
+from exporter.collectors import REGISTRY
 
 # The collectors with a --[no-]collector.<name> flag, as registered (collectors/__init__.py);
 # those whose default depends on --mode: on in node mode, off in a sidecar.
-COLLECTORS = tuple(r.name for r in registered() if r.flag)
+COLLECTORS = tuple(r.name for r in REGISTRY.values() if r.flag)
 NODE_DEFAULT_COLLECTORS = tuple(
-    r.name for r in registered() if r.flag and "sidecar" not in r.modes
+    r.name for r in REGISTRY.values() if r.flag and "sidecar" not in r.modes
 )
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")

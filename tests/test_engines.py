@@ -30,8 +30,8 @@ def inventory(tmpfs):
 
 
 def segment(inv, name):
-    found = [s for s in inv.mounts[0].segments if s.name == name]
-    assert len(found) == 1, [(s.name, s.state) for s in inv.mounts[0].segments]
+    found = [s for s in inv.mounts[0].rows() if s.name == name]
+    assert len(found) == 1, [(s.name, s.state) for s in inv.mounts[0].rows()]
     return found[0]
 
 

@@ -90,7 +90,7 @@ def test_hostile_corpus(tmpfs, outside):
     finally:
         stop.set()
         worker.join()
-    names = {s.name for s in inv.segments}
+    names = {s.name for s in inv.rows()}
     assert "psm_to_shadow" not in names and "nccl-fifo" not in names
     assert inv.other_entries["symlink"] == 3 and inv.other_entries["fifo"] == 1
     assert inv.other_entries["socket"] == 1 and inv.other_entries["directory"] == 1

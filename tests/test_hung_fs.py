@@ -141,7 +141,7 @@ def test_an_fd_on_a_hung_fuse_mount_does_not_block_the_inventory(tmp_path, at_me
                     assert not inventory.is_alive(), "the inventory blocked on the hung FUSE fd"
                     assert time.monotonic() - started < 10.0
                     [m] = result["inv"].mounts
-                    assert [(s.name, s.state, s.holders) for s in m.segments] == [
+                    assert [(s.name, s.state, s.holders) for s in m.rows()] == [
                         ("nccl-beside", "linked", (peer.pid,))]
             finally:
                 fuse.resume()  # before anything closes the fd: close() flushes to it

@@ -11,7 +11,7 @@ from exporter.collectors.shm_mount import ShmMountCollector
 from prometheus_client.exposition import generate_latest
 
 from exporter.exposition.render import encode
-from exporter.inventory.changes import ChangeLog
+from exporter.inventory.holdings import ChangeLog
 from exporter.exposition.metrics import ModelCollector
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
@@ -99,7 +99,7 @@ def test_an_inventory_in_another_order_keeps_its_summary_and_its_samples():
         def run(full):
             runners["segments"].run_once(full=full)
             rendered(cached)
-            return [s.name for s in step._latest["segments"].result.mounts[0].segments]
+            return [s.name for s in step._latest["segments"].result.mounts[0].rows()]
 
         for name in ("psm_1", "psm_2", "psm_3"):
             fallocate(os.path.join(a, name), MiB)

@@ -7,7 +7,7 @@ import time
 
 from exporter.collectors.segments import SegmentsCollector
 from exporter.host.paths import Paths
-from exporter.inventory.changes import ChangeLog
+from exporter.inventory.holdings import ChangeLog
 from tests.conftest import HOST_EXCUSED_RE, Exporter, fallocate, mounted_tmpfs, needs_root, select, value
 
 MiB = 1 << 20
@@ -38,14 +38,14 @@ def test_the_same_name_in_a_sub_directory_is_another_segment(tmpfs):
     changes = ChangeLog()
     collector = SegmentsCollector(Paths(), [tmpfs], changes=changes, ignore_unreadable=HOST_EXCUSED_RE)
     [m] = collector.collect().mounts
-    assert sorted((s.name, s.allocated_bytes) for s in m.segments) == [("a/psm_same", MiB), ("psm_same", 2 * MiB)]
+    assert sorted((s.name, s.allocated_bytes) for s in m.rows()) == [("a/psm_same", MiB), ("psm_same", 2 * MiB)]
     os.unlink(os.path.join(tmpfs, "psm_same"))
     changes.add(tmpfs, "psm_same")  # what inotify reports: the top directory's name
     [m] = collector.collect_quick().mounts
-    assert [(s.name, s.allocated_bytes) for s in m.segments] == [("a/psm_same", MiB)]
+    assert [(s.name, s.allocated_bytes) for s in m.rows()] == [("a/psm_same", MiB)]
     assert m.events == {("python_shm", "deleted"): 1}
     [m] = collector.collect().mounts
-    assert [(s.name, s.allocated_bytes) for s in m.segments] == [("a/psm_same", MiB)]
+    assert [(s.name, s.allocated_bytes) for s in m.rows()] == [("a/psm_same", MiB)]
 
 
 def _complete_run(collector):
@@ -72,25 +72,25 @@ def test_a_walk_cut_short_keeps_the_files_it_did_not_reach_and_calls_none_leaked
         fallocate(os.path.join(tmpfs, name), 4096)
     collector = SegmentsCollector(Paths(), [tmpfs], ignore_unreadable=HOST_EXCUSED_RE)
     [m] = _complete_run(collector).mounts
-    assert sorted(s.name for s in m.segments) == sorted(names) and m.degraded is None
-    assert {s.state for s in m.segments} == {"orphan"}  # nobody holds them: leaked
+    assert sorted(s.name for s in m.rows()) == sorted(names) and m.degraded is None
+    assert {s.state for s in m.rows()} == {"orphan"}  # nobody holds them: leaked
     # 26 entries at the top (5 files, d, 20 fifos), read first: then 4 of d's 10 files.
     for i in range(20):
         os.mkfifo(os.path.join(tmpfs, f"fifo{i}"))
     for run in range(2):  # the second: the rows kept are not taken for seen
         [m] = _complete_run(collector).mounts
-        assert sorted(s.name for s in m.segments) == sorted(names), run
+        assert sorted(s.name for s in m.rows()) == sorted(names), run
         assert ("python_shm", "deleted") not in m.events, run
-        assert {s.state for s in m.segments} == {"unverified"}, run
+        assert {s.state for s in m.rows()} == {"unverified"}, run
         summary = summarise(m, 5)
         assert summary.degraded and not summary.leaked and summary.oldest_orphan_mtime is None
     os.unlink(os.path.join(tmpfs, "d", "psm_9"))
     for i in range(20):
         os.unlink(os.path.join(tmpfs, f"fifo{i}"))
     [m] = _complete_run(collector).mounts  # every entry reached: known again
-    assert sorted(s.name for s in m.segments) == sorted(set(names) - {"d/psm_9"})
+    assert sorted(s.name for s in m.rows()) == sorted(set(names) - {"d/psm_9"})
     assert m.events == {("python_shm", "deleted"): 1}
-    assert {s.state for s in m.segments} == {"orphan"} and m.degraded is None
+    assert {s.state for s in m.rows()} == {"orphan"} and m.degraded is None
 
 
 @needs_root

@@ -133,7 +133,7 @@ def test_a_procfs_that_cannot_be_listed_proves_nothing(tmp_path):
     shm.mkdir()
     fallocate(str(shm / "psm_maybe"), 4096)
     inv = SegmentsCollector(Paths(procfs=str(tmp_path / "no-proc")), [str(shm)]).collect()
-    assert [(s.name, s.state) for s in inv.mounts[0].segments] == [("psm_maybe", "unverified")]
+    assert [(s.name, s.state) for s in inv.mounts[0].rows()] == [("psm_maybe", "unverified")]
     assert inv.proc_unreadable is None and not inv.owners_complete
 
 

@@ -80,14 +80,14 @@ def test_ucx_posix_segments(tmpfs, proc_link, state):
         def both_hold_their_fifos(m):
             # UCX creates and maps a segment before it writes its ~4 MiB receive FIFOs: under
             # load (CI) an inventory can fall in between and find 12 KiB allocated.
-            ucx = [s for s in m.segments if s.cls == "ucx"]
+            ucx = [s for s in m.rows() if s.cls == "ucx"]
             # Both FIFOs written: what statvfs counts is then all accounted for.
             return ucx and pair.pids <= {pid for s in ucx for pid in s.holders} and \
                 max(s.allocated_bytes for s in ucx) >= 1 << 20 and m.unattributed_bytes <= 16 * 4096
 
         inv, m = wait_inventory(tmpfs, both_hold_their_fifos)
-        ucx = [s for s in m.segments if s.cls == "ucx"]
-        assert ucx, [(s.name, s.state) for s in m.segments]
+        ucx = [s for s in m.rows() if s.cls == "ucx"]
+        assert ucx, [(s.name, s.state) for s in m.rows()]
         assert all(s.name.startswith("ucx_shm_posix_") for s in ucx)
         assert {s.state for s in ucx} == {state}
         assert pair.pids <= {pid for s in ucx for pid in s.holders}
@@ -113,7 +113,7 @@ def test_ucx_sysv_segments(tmpfs):
         assert {s.cpid for s in mine} == pair.pids, mine
         assert all(s.nattch >= 1 and s.size_bytes > 0 for s in mine)
         # SysV segments never show in the tmpfs.
-        assert not [s for s in wait_inventory(tmpfs, lambda m: True)[1].segments if s.cls == "ucx"]
+        assert not [s for s in wait_inventory(tmpfs, lambda m: True)[1].rows() if s.cls == "ucx"]
     finally:
         pair.close()
 
@@ -129,8 +129,8 @@ def test_open_mpi_vader_segments(tmpfs, tmp_path):
     try:
         line = job.stdout.readline().decode().strip()
         assert line == "ready", job.stderr.read().decode()[-2000:]
-        inv, m = wait_inventory(tmpfs, lambda m: len([s for s in m.segments if s.cls == "mpi"]) >= 2)
-        vader = [s for s in m.segments if s.cls == "mpi"]
+        inv, m = wait_inventory(tmpfs, lambda m: len([s for s in m.rows() if s.cls == "mpi"]) >= 2)
+        vader = [s for s in m.rows() if s.cls == "mpi"]
         assert len(vader) == 2 and all(s.name.startswith("vader_segment.") for s in vader)
         assert {s.state for s in vader} == {"linked"}
         ranks = {pid for s in vader for pid in s.holders}

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from exporter.collectors.segments import SegmentsCollector
-from exporter.inventory.changes import ChangeLog
+from exporter.inventory.holdings import ChangeLog
 from exporter.host.kube import pod_uid_of_mount
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
@@ -25,7 +25,7 @@ MiB = 1 << 20
 
 def segment(inv, mount, name):
     [m] = [m for m in inv.mounts if m.mount == mount]
-    found = [s for s in m.segments if s.name == name]
+    found = [s for s in m.rows() if s.name == name]
     return (found[0].state, found[0].holders) if found else None
 
 
@@ -226,7 +226,7 @@ def test_a_refresh_sees_what_changed_with_and_without_events(two_pods):
     def names():
         clock.now += 15
         inv = collector.collect()
-        return inv, {s.name for m in inv.mounts for s in m.segments}
+        return inv, {s.name for m in inv.mounts for s in m.rows()}
 
     with open(os.path.join(a, "psm_grows"), "wb+") as f, open(os.path.join(b, "psm_b"), "wb") as g:
         f.truncate(4 * MiB)  # sparse: no pages yet
@@ -236,7 +236,7 @@ def test_a_refresh_sees_what_changed_with_and_without_events(two_pods):
         with mmap.mmap(f.fileno(), 4 * MiB) as view:
             view[:2 * MiB] = b"y" * (2 * MiB)  # two MiB of pages, and no inotify event
             inv, _ = names()
-        [grown] = [s for m in inv.mounts for s in m.segments if s.name == "psm_grows"]
+        [grown] = [s for m in inv.mounts for s in m.rows() if s.name == "psm_grows"]
         assert grown.allocated_bytes == 2 * MiB
         os.rename(os.path.join(b, "psm_b"), os.path.join(b, "nccl-b"))
         changes.add(b, "psm_b")
@@ -253,7 +253,7 @@ def test_a_refresh_sees_what_changed_with_and_without_events(two_pods):
             names()
             killed(outside)
             inv, _ = names()  # the holder outside any pod exited: a full scan
-        [gone] = [s for m in inv.mounts for s in m.segments if s.name == "psm_outside"]
+        [gone] = [s for m in inv.mounts for s in m.rows() if s.name == "psm_outside"]
         assert gone.state == "orphan"
 
 
@@ -649,7 +649,7 @@ def test_a_quick_run_shows_a_new_segment_while_a_full_scan_is_reading_proc(two_p
 
     def names(obs):
         with cond:
-            seen.append({s.name for m in obs.result.mounts for s in m.segments} if obs.success else set())
+            seen.append({s.name for m in obs.result.mounts for s in m.rows()} if obs.success else set())
             cond.notify_all()
 
     collector.owner_scan.scan = held_up_scan

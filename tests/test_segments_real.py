@@ -8,7 +8,7 @@ from exporter.collectors.segments import SegmentsCollector
 from exporter.model.summary import owner_label
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
-from exporter.inventory.changes import ChangeLog
+from exporter.inventory.holdings import ChangeLog
 from tests.conftest import HOST_EXCUSED_RE, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, value
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -23,8 +23,8 @@ def inventory(tmpfs):
 
 
 def find(mount_inv, name):
-    found = [s for s in mount_inv.segments if s.name == name]
-    assert len(found) == 1, f"{name}: {[(s.name, s.state) for s in mount_inv.segments]}"
+    found = [s for s in mount_inv.rows() if s.name == name]
+    assert len(found) == 1, f"{name}: {[(s.name, s.state) for s in mount_inv.rows()]}"
     return found[0]
 
 
@@ -104,7 +104,8 @@ def test_hard_links_count_once(tmpfs):
     fallocate(os.path.join(tmpfs, "psm_one"), MiB)
     os.link(os.path.join(tmpfs, "psm_one"), os.path.join(tmpfs, "psm_two"))
     _, m = inventory(tmpfs)
-    assert len(m.segments) == 1 and m.segments[0].allocated_bytes == MiB
+    [seg] = m.rows()
+    assert seg.allocated_bytes == MiB
 
 
 def test_accounting_adds_up(tmpfs):
@@ -117,7 +118,7 @@ def test_accounting_adds_up(tmpfs):
         st = os.statvfs(tmpfs)
         used = (st.f_blocks - st.f_bfree) * st.f_frsize
         by_state = {}
-        for seg in m.segments:
+        for seg in m.rows():
             by_state[seg.state] = by_state.get(seg.state, 0) + seg.allocated_bytes
         assert by_state == {"linked": 3 * MiB, "hidden": 4 * MiB, "orphan": MiB}
         assert abs(used - sum(by_state.values()) - m.unattributed_bytes) <= 4 * PAGE
@@ -154,7 +155,7 @@ def test_a_segment_made_while_proc_is_read_is_never_called_leaked_before_it_is_w
     full = collector.collect()
     collector.owner_scan.scan = scan
     assert find(full.mounts[0], "psm_before").state == "orphan"  # every process was read ...
-    assert "psm_during" not in {s.name for s in full.mounts[0].segments}  # ... but it was not listed
+    assert "psm_during" not in {s.name for s in full.mounts[0].rows()}  # ... but it was not listed
     assert find(collector.collect_quick().mounts[0], "psm_during").state == "linked"
     assert find(collector.collect().mounts[0], "psm_during").state == "orphan"  # walked, then /proc
 
@@ -172,13 +173,13 @@ def test_quick_inventory_patches_only_what_inotify_reported(tmpfs):
     fallocate(os.path.join(tmpfs, "psm_unreported"), MiB)        # not reported
     for name in ("nccl-new000", "psm_gone", "nccl-aaaaaa", "torch_1_2", "psm_keep"):
         collector.changes.add(tmpfs, name)
-    quick = {s.name: s.allocated_bytes for s in collector.collect_quick().mounts[0].segments}
+    quick = {s.name: s.allocated_bytes for s in collector.collect_quick().mounts[0].rows()}
     assert quick == {"nccl-new000": 2 * MiB, "torch_1_2": MiB, "psm_keep": 2 * MiB}  # no re-list: no psm_unreported
-    full = {s.name: s.allocated_bytes for s in collector.collect().mounts[0].segments}
+    full = {s.name: s.allocated_bytes for s in collector.collect().mounts[0].rows()}
     assert full == {**quick, "psm_unreported": MiB}
     collector.changes.unknown(tmpfs)  # e.g. a directory appeared: the quick run re-lists
     fallocate(os.path.join(tmpfs, "psm_other"), MiB)
-    assert "psm_other" in {s.name for s in collector.collect_quick().mounts[0].segments}
+    assert "psm_other" in {s.name for s in collector.collect_quick().mounts[0].rows()}
 
 
 @needs_root
@@ -194,5 +195,5 @@ def test_a_quick_run_looks_only_at_the_mounts_inotify_named():
         changes.add(a, "psm_new")
         quick = {m.mount: m for m in collector.collect_quick().mounts}
         assert quick[b] is before[b]
-        assert "psm_new" in {s.name for s in quick[a].segments}
+        assert "psm_new" in {s.name for s in quick[a].rows()}
         assert {m.mount: m.error for m in collector.collect().mounts}[b] == "not a mount point"

@@ -184,7 +184,7 @@ def outside(report: Report, model: Model, paths: Paths, deadline: float) -> None
             )
             remedy = "look for other tmpfs mounts (findmnt -t tmpfs) and memfds of exited processes"
             report.add("info", "memory", cgroup, text, remedy)
-    segments = (s for v in model.mounts if v.inventory for s in v.inventory.segments)
+    segments = (s for v in model.mounts if v.inventory for s in v.inventory.rows())
     if not any(s.cls == "nccl" for s in segments):
         # a D-state process's maps block on its mmap lock: left behind at the deadline
         try:

@@ -1,10 +1,10 @@
 """Sources: one module each, returning one model type (model/types.py), never metric
 objects; each implements `source.Source` whole and registers once (`source.register`)."""
 
-from exporter.collectors.source import Context, Source, registered
+from exporter.collectors.source import REGISTRY, Context, Source
 
 # Each module registers itself on import, in this order (the order their series are rendered).
 from exporter.collectors import shm_mount, segments, sysv, host_memory  # noqa: F401
 from exporter.collectors import cgroup, gpu, oom, self_process  # noqa: F401
 
-__all__ = ["Context", "Source", "registered"]
+__all__ = ["REGISTRY", "Context", "Source"]

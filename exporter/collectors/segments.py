@@ -19,12 +19,11 @@ from exporter.host.mountinfo import MountTable, live_mounts
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from exporter.host.said import SaidOnce
-from exporter.inventory.changes import ChangeLog
 from exporter.inventory import holdings
-from exporter.inventory.holdings import Owners, UnprovenLog, unlinked_size
+from exporter.inventory.holdings import ChangeLog, Owners, ScanPace, UnprovenLog
+from exporter.inventory.holdings import unlinked_size
 from exporter.inventory.maps import DELETED
 from exporter.inventory.owners import MemfdRegions, OwnerScan
-from exporter.inventory.pace import ScanPace
 from exporter.inventory.walk import MAX_ENTRIES, Events, Key, Listing
 from exporter.inventory.walk import directories, patch_listing, walk
 from exporter.model.classes import classify

@@ -6,11 +6,11 @@ from typing import Callable, Dict, List, Optional, Protocol, Set, Tuple
 
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
-from exporter.inventory.changes import ChangeLog
+from exporter.inventory.holdings import ChangeLog
 
 MODES = ("sidecar", "node")
 # A stretched interval grows to this many times its base at most: a heavy source's (the
-# scheduler's) and the full owner scan's (inventory/pace.py).
+# scheduler's) and the full owner scan's (inventory/holdings.py).
 STRETCH_MAX = 8
 
 
@@ -73,7 +73,3 @@ REGISTRY: Dict[str, Registration] = {}  # in the order their series are rendered
 
 def register(name: str, factory: Callable[[Context], Source], **options) -> None:
     REGISTRY[name] = Registration(name, factory, **options)
-
-
-def registered() -> List[Registration]:
-    return list(REGISTRY.values())

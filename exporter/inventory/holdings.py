@@ -1,10 +1,12 @@
 """What one owner scan found. A segment held by nobody is 'orphan' only when every process
-that could hold it was read (`Owners.complete`); else 'unverified', and `UnprovenLog` says why."""
+that could hold it was read (`Owners.complete`); else 'unverified', and `UnprovenLog` says why.
+When the next scan is (`ScanPace`), and the names inotify saw change until then (`ChangeLog`)."""
 
 import logging
 import re
+import threading
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from exporter.host.kube import pod_uid_of_mount
 from exporter.host.proctable import Process
@@ -144,3 +146,85 @@ def mounts_to_reread(
         if written or m in doubted:
             moved[m] = written
     return None if any(not pod_uid_of_mount(m) for m in moved) else moved
+
+
+class ChangeLog:
+    """Names inotify saw change, per mount: the quick inventory lstat()s only these and
+    patches the last listing; a mount marked unknown (a change below the top directory, or
+    too many names) is re-listed."""
+
+    MAX_NAMES = 5000  # past this, one re-list is cheaper than name-by-name lstat
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._names: Changes = {}
+
+    def add(self, mount: str, name: str) -> None:
+        with self._lock:
+            names = self._names.setdefault(mount, set())
+            if names is not None:
+                names.add(name)
+                if len(names) > self.MAX_NAMES:
+                    self._names[mount] = None
+
+    def unknown(self, mount: str) -> None:
+        with self._lock:
+            self._names[mount] = None
+
+    def peek(self) -> Changes:
+        """What drain() would return, left in place (for the quick runs)."""
+        with self._lock:
+            return {m: None if n is None else set(n) for m, n in self._names.items()}
+
+    def drain(self) -> Changes:
+        with self._lock:
+            drained, self._names = self._names, {}
+        return drained
+
+
+class ScanPace:
+    """Node mode: when every process is read again (the full owner scan, which alone may call
+    a segment leaked). As cAdvisor's housekeeping does, its interval doubles after a scan that
+    found nothing changed since the one before (no segment created, deleted or written, no
+    mount come, gone or moved, the same holders, none called leaked), up to `cap` times the
+    base, and is back to the base on any change."""
+
+    def __init__(self, base: float, cap: int, monotonic: Callable[[], float]):
+        self.base = self.every = base
+        self.cap, self.monotonic = cap, monotonic
+        self.scanned_at = float("-inf")
+        self._quiet = False  # nothing changed since the last scan
+        # What the last full scan found, to tell a change from: (each mount's device and
+        # statvfs figures, the holders, the (device, inode) keys held).
+        self._seen: Optional[tuple] = None
+
+    def due(self) -> bool:
+        return self.monotonic() - self.scanned_at >= self.every
+
+    def changed(self) -> None:
+        self._quiet, self.every = False, self.base
+
+    def _same(self, owners: Owners) -> bool:
+        seen = self._seen
+        return seen is not None and seen[1:] == (owners.holders, owners.holdings.keys())
+
+    def look(self, mounts: tuple, owners: Optional[Owners] = None) -> None:
+        """A full run's mounts, and a refresh's owners: a change from the last scan's?"""
+        if (
+            not self._seen
+            or self._seen[0] != mounts
+            or owners
+            and not self._same(owners)
+        ):
+            self.changed()
+
+    def scanned(
+        self, mounts: tuple, owners: Owners, *, quiet: bool, stretch: bool
+    ) -> None:
+        """`quiet`: nothing changed while it read /proc; `stretch`: inotify watches every
+        mount and nothing is called leaked (one a process attaches to without writing is
+        seen by a full scan only)."""
+        calm = self._quiet and quiet and stretch and self._same(owners)
+        self.every = min(self.every * 2, self.base * self.cap) if calm else self.base
+        self._seen = (mounts, dict(owners.holders), frozenset(owners.holdings))
+        self._quiet, self.scanned_at = quiet, self.monotonic()

@@ -251,10 +251,6 @@ class MountInventory:
             seg = (name, CLASS_NAMES[cls], STATES[state], allocated, apparent, mtime)
             yield Segment(*seg, holders, (self.dev, ino))
 
-    @property
-    def segments(self) -> List[Segment]:
-        return list(self.rows())
-
 
 @dataclass
 class Inventory:
