@@ -210,12 +210,8 @@ class ScanPace:
 
     def look(self, mounts: tuple, owners: Optional[Owners] = None) -> None:
         """A full run's mounts, and a refresh's owners: a change from the last scan's?"""
-        if (
-            not self._seen
-            or self._seen[0] != mounts
-            or owners
-            and not self._same(owners)
-        ):
+        seen = self._seen
+        if not seen or seen[0] != mounts or owners and not self._same(owners):
             self.changed()
 
     def scanned(
