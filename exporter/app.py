@@ -47,12 +47,9 @@ class App:
             kmsg_from_start,
             lambda: self.step.kill_log_complete(),  # the step is made below
         )
-        # Discovery first (the others read its mounts), then the collectors that are on.
-        on = [
-            r
-            for r in REGISTRY.values()
-            if not r.flag or cfg.collectors.get(r.name, True)
-        ]
+        # Discovery first (the others read its mounts), then the collectors that are on
+        # (cfg.collectors names those with a flag: one without is always on).
+        on = [r for r in REGISTRY.values() if cfg.collectors.get(r.name, True)]
         self.sources: List[Source] = [self.discovery] + [r.factory(context) for r in on]
         self.sampler = Sampler(
             self.sources,
