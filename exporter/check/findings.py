@@ -163,7 +163,8 @@ def human(n: float) -> str:
     return f"{int(n)} B"
 
 
-def _tenths(n: float, rounding) -> str:
+def at_least(n: float, rounding=math.ceil) -> str:
+    """Advice that must hold n bytes ("raise the limit to ..."): `human`, rounded up."""
     n = Fraction(n)
     for unit, size in UNITS:
         if n >= size:
@@ -172,14 +173,9 @@ def _tenths(n: float, rounding) -> str:
     return f"{rounding(n)} B"
 
 
-def at_least(n: float) -> str:
-    """Advice that must hold n bytes ("raise the limit to ..."): `human`, rounded up."""
-    return _tenths(n, math.ceil)
-
-
 def at_most(n: float) -> str:
     """Advice that must stay within n bytes ("lower it to at most ..."): rounded down."""
-    return _tenths(n, math.floor)
+    return at_least(n, math.floor)
 
 
 def round_up(n: float) -> int:
