@@ -9,7 +9,7 @@ import re
 from fractions import Fraction
 from functools import partial
 from types import SimpleNamespace
-from typing import Callable, Dict, Iterator, NoReturn, Optional, Sequence, Tuple
+from typing import Callable, Dict, NoReturn, Optional, Sequence
 
 from exporter import __version__
 from exporter.collectors import REGISTRY
@@ -141,97 +141,71 @@ KINDS: Dict[str, Callable[[str], object]] = {
 }
 
 # Every flag once: name, Config field (but "listen": listen_host and listen_port), kind
-# (KINDS; "..." repeatable), default (as text, converted like a given value; "-": none),
-# then its help text on the indented lines below.
+# (KINDS; "..." repeatable), default if any (as text, converted like a given value), then
+# after two spaces its help text, continued on indented lines.
+_ENTRY = r"^(--\S+) (\w+) ([\w-]+)(\.\.\.)?(?: (\S+))?  (.*(?:\n .*)*)"
 _TABLE = """
---web.listen-address           listen                 address        :9841
-    Address to serve /metrics on; ':9841' and '[::]:9841' are every address, IPv6 and
-    IPv4.
---web.telemetry-path           telemetry_path         url-path       /metrics
-    Path of the metrics page.
---web.config.file              web_config_file        text           -
-    exporter-toolkit web config (YAML): TLS, client certificates, basic auth, headers;
-    re-read on change.
---web.tls-cert-file            tls_cert_file          text           -
-    Deprecated alias of tls_server_config.cert_file in --web.config.file: enables HTTPS.
---web.tls-key-file             tls_key_file           text           -
-    Deprecated alias of tls_server_config.key_file in --web.config.file.
---web.tls-client-ca-file       tls_client_ca_file     text           -
-    Deprecated alias of client_ca_file with client_auth_type RequireAndVerifyClientCert:
-    mTLS.
---web.max-requests             max_requests           count          40
-    Requests answered at once (as node_exporter's); beyond them 503 at once.
---mode                         mode                   mode           sidecar
-    sidecar: watch --shm.mount; node: also discover every pod's and container's shm from
-    the host's mountinfo.
---path.procfs                  procfs                 text           /proc
-    procfs mount point.
---path.sysfs                   sysfs                  text           /sys
-    sysfs mount point.
---path.rootfs                  rootfs                 text           /
-    Root of the filesystem the shm mounts are found under.
---path.kmsg                    kmsg                   text           /dev/kmsg
-    The kernel log device the oom collector reads OOM kill reports from (not under
-    --path.rootfs: in a container it is a device given to it, e.g. docker --device
-    /dev/kmsg).
---shm.mount                    shm_mounts             text...        /dev/shm
-    tmpfs mount to watch (repeatable; default /dev/shm).
---shm.size-limit               shm_size_limit         size           -
-    Configured size limit of the shm volume (emptyDir sizeLimit), e.g. 16Gi.
---poll-interval                poll_interval          duration       1s
-    How often cheap sources are polled.
---inventory-interval           inventory_interval     duration       15s
-    How often the full segment inventory runs (also on inotify events).
---peak-window                  peak_window            duration       60s
-    Window of shmwatch_mount_peak_used_bytes.
---segments.top-k               top_k                  count          10
-    How many segments and processes get their own series.
---segments.ignore-unreadable   ignore_unreadable      regex          -
-    Regex on comm: root-owned processes whose /proc entries cannot be read but that hold
-    no shm (a VM agent as pid 1 that even root cannot inspect) do not make
-    held-by-nobody segments unverified.
---segments.full-scan-interval  full_scan_interval     duration-or-0  2m
-    Node mode: how often every process on the node is read for the segments it holds,
-    doubled (up to 8 times) while nothing changes and none is 'orphan'. In between, the
-    inventory reads new processes, the pods of holders that exited and of mounts that moved
-    while a segment there is 'orphan'; a new segment is its creator's ('linked'), one its
-    pod's read finds unheld since the last full scan 'unverified', until a full scan may
-    call it 'orphan'. 0: every inventory run reads every process.
---inventory.max-segments       max_segments           count          150000
-    Per mount: past this many files the inventory keeps only their counts and bytes by
-    class (state 'unverified', no names, no owners) and says so in
-    shmwatch_inventory_degraded. Below it a file costs ~200 bytes: the default fits the
-    sidecar manifest's 96 MiB limit.
---collector.timeout            collector_timeout      duration       10s
-    A collector run longer than this is marked failed.
---collector.gpu.timeout        gpu_timeout            duration       5s
-    Bound on one NVML sweep.
---cgroup.path                  cgroup_path            text           -
-    Memory cgroup to watch, as in /proc/<pid>/cgroup (e.g. /kubepods/pod1) or a
-    directory under sysfs.
---cgroup.target-process        cgroup_target_process  regex          -
-    Watch the cgroup of the first process whose comm or cmdline matches this regex.
---memory.limit-bytes           memory_limit_bytes     size           -
-    Memory limit of the workload (Downward API limits.memory); used where tighter than
-    the cgroup's, ignored at or above the host's MemTotal.
---log.level                    log_level              log-level      info
-    debug, info, warning or error.
---log.format                   log_format             log-format     logfmt
-    logfmt or json (one JSON object a line).
+--web.listen-address listen address :9841  Address to serve /metrics on; ':9841' and
+    '[::]:9841' are every address, IPv6 and IPv4.
+--web.telemetry-path telemetry_path url-path /metrics  Path of the metrics page.
+--web.config.file web_config_file text  exporter-toolkit web config (YAML): TLS, client
+    certificates, basic auth, headers; re-read on change.
+--web.tls-cert-file tls_cert_file text  Deprecated alias of tls_server_config.cert_file
+    in --web.config.file: enables HTTPS.
+--web.tls-key-file tls_key_file text  Deprecated alias of tls_server_config.key_file in
+    --web.config.file.
+--web.tls-client-ca-file tls_client_ca_file text  Deprecated alias of client_ca_file
+    with client_auth_type RequireAndVerifyClientCert: mTLS.
+--web.max-requests max_requests count 40  Requests answered at once (as
+    node_exporter's); beyond them 503 at once.
+--mode mode mode sidecar  sidecar: watch --shm.mount; node: also discover every pod's
+    and container's shm from the host's mountinfo.
+--path.procfs procfs text /proc  procfs mount point.
+--path.sysfs sysfs text /sys  sysfs mount point.
+--path.rootfs rootfs text /  Root of the filesystem the shm mounts are found under.
+--path.kmsg kmsg text /dev/kmsg  The kernel log device the oom collector reads OOM kill
+    reports from (not under --path.rootfs: in a container it is a device given to it,
+    e.g. docker --device /dev/kmsg).
+--shm.mount shm_mounts text... /dev/shm  tmpfs mount to watch (repeatable; default
+    /dev/shm).
+--shm.size-limit shm_size_limit size  Configured size limit of the shm volume (emptyDir
+    sizeLimit), e.g. 16Gi.
+--poll-interval poll_interval duration 1s  How often cheap sources are polled.
+--inventory-interval inventory_interval duration 15s  How often the full segment
+    inventory runs (also on inotify events).
+--peak-window peak_window duration 60s  Window of shmwatch_mount_peak_used_bytes.
+--segments.top-k top_k count 10  How many segments and processes get their own series.
+--segments.ignore-unreadable ignore_unreadable regex  Regex on comm: root-owned
+    processes whose /proc entries cannot be read but that hold no shm (a VM agent as pid
+    1 that even root cannot inspect) do not make held-by-nobody segments unverified.
+--segments.full-scan-interval full_scan_interval duration-or-0 2m  Node mode: how often
+    every process on the node is read for the segments it holds, doubled (up to 8 times)
+    while nothing changes and none is 'orphan'. In between, the inventory reads new
+    processes, the pods of holders that exited and of mounts that moved while a segment
+    there is 'orphan'; a new segment is its creator's ('linked'), one its pod's read
+    finds unheld since the last full scan 'unverified', until a full scan may call it
+    'orphan'. 0: every inventory run reads every process.
+--inventory.max-segments max_segments count 150000  Per mount: past this many files the
+    inventory keeps only their counts and bytes by class (state 'unverified', no names,
+    no owners) and says so in shmwatch_inventory_degraded. Below it a file costs ~200
+    bytes: the default fits the sidecar manifest's 96 MiB limit.
+--collector.timeout collector_timeout duration 10s  A collector run longer than this is
+    marked failed.
+--collector.gpu.timeout gpu_timeout duration 5s  Bound on one NVML sweep.
+--cgroup.path cgroup_path text  Memory cgroup to watch, as in /proc/<pid>/cgroup (e.g.
+    /kubepods/pod1) or a directory under sysfs.
+--cgroup.target-process cgroup_target_process regex  Watch the cgroup of the first
+    process whose comm or cmdline matches this regex.
+--memory.limit-bytes memory_limit_bytes size  Memory limit of the workload (Downward API
+    limits.memory); used where tighter than the cgroup's, ignored at or above the host's
+    MemTotal.
+--log.level log_level log-level info  debug, info, warning or error.
+--log.format log_format log-format logfmt  logfmt or json (one JSON object a line).
 """
-
-
-def _read_table(text: str) -> Iterator[Tuple]:
-    """(flag, dest, kind, default, help, repeatable) of each flag in `text`."""
-    for entry in re.split(r"\n(?=\S)", text.strip()):
-        head, *help_lines = entry.split("\n")
-        flag, dest, kind, default = head.split()
-        convert, repeatable = KINDS[kind.rstrip(".")], kind.endswith("...")
-        text = " ".join(line.strip() for line in help_lines)
-        yield flag, dest, convert, None if default == "-" else default, text, repeatable
-
-
-FLAGS = tuple(_read_table(_TABLE))
+FLAGS = tuple(
+    (flag, dest, KINDS[kind], default or None, " ".join(text.split()), bool(dots))
+    for flag, dest, kind, dots, default, text in re.findall(_ENTRY, _TABLE, re.M)
+)
 
 
 def _switch(env: str, default: Optional[bool]) -> Optional[bool]:

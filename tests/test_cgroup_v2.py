@@ -9,7 +9,7 @@ import pytest
 from exporter.collectors.cgroup import CgroupCollector
 from exporter.collectors.shm_mount import ShmMountCollector
 from exporter.collectors.source import BaseSource
-from exporter.collectors.workload import ESTIMATE_CGROUP
+from exporter.collectors.cgroup import ESTIMATE_CGROUP
 from exporter.model.types import CgroupMemory
 from exporter.host.paths import Paths
 from tests.conftest import Exporter, fallocate, mounted_tmpfs, needs_root, value

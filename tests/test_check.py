@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from exporter.check.recommend import memory_limit_needed, settings_for
 from exporter.check.report import shm_remedy
-from exporter.check.sizes import at_least, at_most, docker, k8s, round_up
+from exporter.check.findings import at_least, at_most, docker, k8s, round_up
 from exporter.config import parse_size
 from tests.conftest import REPO, Peer, mounted_tmpfs, needs_root, prerequisite_missing
 
@@ -198,7 +198,7 @@ def test_recommend_says_when_the_memory_limit_must_grow():
     assert rec["settings"]["docker_run_memory"] == f"docker run --memory={need_mi}m"
     assert '"sizeLimit":"75Mi"' in rec["settings"]["kubectl_patch"]
     warning = next(f for f in doc["findings"] if "does not fit" in f["message"])
-    from exporter.check.sizes import at_least  # the working set is this machine's: MiB or GiB
+    from exporter.check.findings import at_least  # the working set is this machine's: MiB or GiB
     needed = at_least(rec["memory_limit_bytes_needed"])
     assert warning["severity"] == "warn" and f"raise the memory limit to {needed}," in warning["remedy"]
     assert result.returncode == 1

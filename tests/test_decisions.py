@@ -642,7 +642,7 @@ def test_mount_labels_of_each_runtime():
 
 # --- sizes: a reading rounds to the nearest tenth, advice rounds the safe way --------------------
 def test_sizes_exact():
-    from exporter.check.sizes import at_least, at_most, docker, human, k8s, round_up
+    from exporter.check.findings import at_least, at_most, docker, human, k8s, round_up
     assert [human(n) for n in (0, 12, 1023, KiB, 1536 * KiB, GiB - 1, 3 * GiB // 2, -2 * MiB)] == [
         "0 B", "12 B", "1023 B", "1.0 KiB", "1.5 MiB", "1024.0 MiB", "1.5 GiB", "-2.0 MiB"]
     assert at_least(GiB + 1) == "1.1 GiB" and at_most(GiB + 1) == "1.0 GiB"

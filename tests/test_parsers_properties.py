@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from exporter.check.sizes import human, k8s
+from exporter.check.findings import human, k8s
 from exporter.host.cgroupfs import STAT_KEYS, V1_UNLIMITED, parse_flat_keyed, parse_limit
 from exporter.collectors.host_memory import parse_meminfo
 from exporter.collectors.sysv import parse_sysvipc_shm

@@ -1,6 +1,6 @@
 """The sidecar's workload: cgroup paths through mounts (cAdvisor's root stripping) and the
 smaps_rollup parser, on text; the whole estimate runs for real in tests/containers/test_memory.py."""
-from exporter.collectors.workload import below, cgroup_directories
+from exporter.host.cgroupfs import below, cgroup_directories
 from exporter.host.mountinfo import parse_mountinfo
 from exporter.host.proctable import parse_meminfo as parse_smaps_rollup
 
@@ -51,7 +51,6 @@ def test_the_estimate_counts_file_pages_a_process_maps(tmp_path):
     import subprocess
     import sys
 
-    from exporter.collectors.workload import resident
     from exporter.host.paths import Paths
     from exporter.host.proctable import ProcessTable
 
@@ -66,7 +65,7 @@ def test_the_estimate_counts_file_pages_a_process_maps(tmp_path):
         table = ProcessTable(Paths())
         [process], _ = table.identify_all([proc.pid], set())
         rollup = table.smaps_rollup(proc.pid)
-        estimate = resident(table, [process])
+        estimate = table.resident([process])
     finally:
         proc.stdin.close()
         proc.wait(10)

@@ -7,8 +7,7 @@ from dataclasses import asdict
 from typing import List, Optional
 
 from exporter.check import thresholds as T
-from exporter.check.findings import Bounded, Report
-from exporter.check.sizes import at_most, human
+from exporter.check.findings import Bounded, Report, at_most, human
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import ProcessTable
 from exporter.model.step import Model

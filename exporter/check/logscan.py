@@ -13,8 +13,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import yaml
 
-from exporter.check.findings import Report, quoted
-from exporter.check.sizes import MiB, human
+from exporter.check.findings import MiB, Report, human, quoted
 
 SIGNATURES = resources.files(__package__).joinpath("signatures.yml")
 # name -> its needles, regex, explanation and remedy, each quoted from the library that prints it

@@ -17,8 +17,8 @@ from typing import Dict, List, Optional, Tuple
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.check.findings import Bounded, left, quoted
-from exporter.check.sizes import MiB, at_least, docker, human, k8s, plausible, round_up
+from exporter.check.findings import MiB, Bounded, at_least, docker, human, k8s, left
+from exporter.check.findings import plausible, quoted, round_up
 
 DEFAULT_WINDOW, DEFAULT_HEADROOM = "7d", 1.25
 Peaks = Dict[str, Tuple[float, int]]  # mount -> (peak, how many series matched)

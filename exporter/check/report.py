@@ -14,12 +14,11 @@ from typing import Callable, List, Optional, Sequence
 
 from exporter.check import recommend as R
 from exporter.check import thresholds as T
-from exporter.check.findings import EXIT_SOFTWARE, EXIT_USAGE, Bounded, Report, left
-from exporter.check.findings import render_json, render_text
+from exporter.check.findings import EXIT_SOFTWARE, EXIT_USAGE, Bounded, Report, at_least
+from exporter.check.findings import at_most, docker, human, k8s, left, plausible
+from exporter.check.findings import render_json, render_text, round_up
 from exporter.check.kernel import memory, oom_kills, outside, sysv
 from exporter.check.logscan import log_findings, refusal, scan_log
-from exporter.check.sizes import at_least, at_most, docker, human, k8s, plausible
-from exporter.check.sizes import round_up
 from exporter.host.paths import Paths
 from exporter.config import Config, build_parser, parse_args, parse_size, typed
 from exporter.model.classes import NOT_LEAKS, REMOVABLE

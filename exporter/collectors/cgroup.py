@@ -2,8 +2,16 @@
 
 A memory-backed emptyDir's pages are charged to the pod's memory cgroup: filling /dev/shm
 can OOM-kill the pod before tmpfs ever says ENOSPC. Which cgroup: --cgroup.path, else the
-first process matching --cgroup.target-process, else the workload's (workload.py), else on
-a host our own; its pod's where the pod's limit binds (binding).
+first process matching --cgroup.target-process, else the workload's, else on a host our
+own; its pod's where the pod's limit binds (binding).
+
+A sidecar shares the server's PID namespace, not its cgroup (Docker on v1 mounts only the
+sidecar's own; v2 namespaces hide every other). The workload is every process of the
+namespace that is not shmwatch's nor a pod's pause process; its cgroup is read where a
+cgroupfs mount shows it (cgroupfs.cgroup_directories). Otherwise it is estimated
+(`cgroup="estimate:workload"`, shmwatch_cgroup_memory_estimated 1): Pss_Anon + Pss_File
+(smaps_rollup) plus the shm mounts' used bytes (not Pss_Shmem: shm counted once). Unseen:
+unmapped page cache, kernel memory; overcounted: others' file pages.
 """
 
 import os
@@ -15,15 +23,13 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from exporter.model.types import CgroupMemory
-from exporter.host.cgroupfs import LIMIT, USAGE, effective_limit, limits_above
-from exporter.host.cgroupfs import read_files, read_keyed
+from exporter.host.cgroupfs import HIERARCHIES, LIMIT, USAGE, cgroup_directories
+from exporter.host.cgroupfs import effective_limit, limits_above, read_files, read_keyed
 from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_mount
 from exporter.host.mountinfo import parse_mountinfo
 from exporter.host.paths import Paths, read_text
-from exporter.host.proctable import ProcessTable
-from exporter.collectors import workload
+from exporter.host.proctable import Process, ProcessTable
 from exporter.collectors.host_memory import meminfo, usable_limit_flag
-from exporter.collectors.workload import HIERARCHIES, cgroup_directories
 from exporter.collectors.source import BaseSource, register
 
 # Node mode lists the pod cgroups again when a directory above them gained or lost one (its
@@ -39,6 +45,57 @@ POD_STRETCH_MAX = 32
 # Usage and limit files kept open at most, and never past a quarter of the soft
 # RLIMIT_NOFILE (a container's may be 1,024: connections need the rest).
 MAX_KEPT_FDS = 1024
+ESTIMATE_CGROUP = "estimate:workload"
+# A pod's sandbox process: in the shared PID namespace of a Kubernetes pod, but not the workload.
+SANDBOX_COMMS = ("pause",)
+
+
+class IncompleteView(LookupError):
+    """Some of the workload's processes could not be read: no estimate rather than a low one."""
+
+
+def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
+    """The processes of our PID namespace that are not ours, lowest pid first (the caller
+    asks only outside the host's namespace, which is nobody's workload)."""
+    try:
+        own = table.cgroups("self")
+    except OSError:
+        return []  # without our own cgroup, ours cannot be told from the workload's
+    walked, found = table.walk(), []
+    # Processes we cannot read (another UID, hidepid) may be the workload's: an estimate
+    # without them would be low, and unmarked as such. Say so instead.
+    if walked.unreadable or walked.invisible != 0:  # None: not known
+        raise IncompleteView(
+            f"{walked.unreadable or 0} process(es) in this PID namespace could not be read"
+            + ("" if walked.invisible == 0 else " and some are hidden by hidepid")
+            + ": the workload's memory cannot be estimated (give shmwatch the server's UID or "
+            "CAP_SYS_PTRACE, or the host's cgroupfs)"
+        )
+    for proc in walked.processes:
+        if proc.pid == own_pid or proc.comm in SANDBOX_COMMS or _shmwatch(table, proc):
+            continue
+        try:
+            if table.cgroups(proc.pid) == own:
+                continue  # shmwatch's own processes (a shell exec'd into the sidecar)
+        except FileNotFoundError:
+            continue  # gone since the walk
+        except OSError as err:
+            raise IncompleteView(
+                f"the cgroup of process {proc.pid} could not be read ({err.strerror or err}): "
+                "the workload's memory cannot be estimated"
+            ) from None
+        found.append(proc)
+    return sorted(found, key=lambda p: p.pid)
+
+
+def _shmwatch(table: ProcessTable, proc: Process) -> bool:
+    """A second sidecar: `[python] shmwatch ...` or `python3 -m exporter ...` (not by comm,
+    which a Python server shares)."""
+    with suppress(OSError):
+        words = table.cmdline(proc.pid).split()
+        module = words[1:3] == ["-m", "exporter"]
+        return module or any(os.path.basename(w) == "shmwatch" for w in words[:2])
+    return False
 
 
 def _links(directory: str) -> Optional[int]:
@@ -140,7 +197,7 @@ class CgroupCollector(BaseSource):
             return [self.read(*self.resolve())]
         # In the host's PID namespace the processes are nobody's workload.
         host = self.table.kernel_threads_visible()
-        processes = [] if host else workload.workload_processes(self.table, os.getpid())
+        processes = [] if host else workload_processes(self.table, os.getpid())
         if self.target:
             pid = self.table.find(self.target, exclude=os.getpid())
             if pid is None:
@@ -164,11 +221,18 @@ class CgroupCollector(BaseSource):
         except (LookupError, FileNotFoundError):
             if not processes:
                 raise
-        # The workload's charge from what it has resident and what it wrote to shm.
-        shm = workload.shm_used(self.paths, self.mounts())
-        ws, limit = workload.resident(self.table, processes) + shm, self.limit_override
+        # The workload's charge: what it has resident and what it wrote to the watched mounts
+        # (each filesystem once: one tmpfs may be watched twice).
+        used = {}  # by device
+        for mount in self.mounts():
+            where = self.paths.host(mount)
+            with suppress(OSError):
+                st, device = os.statvfs(where), os.stat(where).st_dev
+                used[device] = (st.f_blocks - st.f_bfree) * st.f_frsize
+        shm = sum(used.values())
+        ws, limit = self.table.resident(processes) + shm, self.limit_override
         source = "none" if limit is None else "flag"
-        estimate = (workload.ESTIMATE_CGROUP, 0, ws, limit, ws, shm, None, source)
+        estimate = (ESTIMATE_CGROUP, 0, ws, limit, ws, shm, None, source)
         return [CgroupMemory(*estimate, estimated=True)]
 
     def pod_cgroups(self) -> List[Tuple[str, int, str, str]]:

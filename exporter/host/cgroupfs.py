@@ -1,10 +1,13 @@
-"""A memory cgroup's files (v1 and v2): read, parsed, and the limit that binds it."""
+"""A memory cgroup's files (v1 and v2): where a mount shows them, read, parsed, and the
+limit that binds it."""
 
 import os
+import posixpath
 from contextlib import suppress
-from typing import Dict, Optional
+from typing import Dict, Iterable, List, Optional
 
 from exporter.host.kube import POD_CGROUP_DIR
+from exporter.host.mountinfo import MountEntry
 from exporter.host.paths import read_text
 
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 bytes
@@ -13,6 +16,9 @@ V1_UNLIMITED = 1 << 62
 # Each version's usage and limit files.
 USAGE = {1: "memory.usage_in_bytes", 2: "memory.current"}
 LIMIT = {1: "memory.limit_in_bytes", 2: "memory.max"}
+# Where the memory controller's files are below /sys/fs/cgroup: (directory, cgroup version).
+# v1 (or hybrid) first; a memory cgroup is told by its usage file (USAGE).
+HIERARCHIES = (("memory", 1), ("", 2), ("unified", 2))
 
 # What read_files takes from memory.stat (v1's and v2's): the rest is not parsed.
 STAT_KEYS = frozenset(
@@ -119,3 +125,32 @@ def read_files(directory: str, version: int, above=None, with_swap=True) -> dict
         swap_bytes=swap,
         swap_limit_bytes=swap_limit,
     )
+
+
+def below(path: str, root: str) -> Optional[List[str]]:
+    """`path`'s components below `root`, both relative to one cgroup namespace root (either may
+    climb out of it with leading '..'); None when `path` is not at or below `root`."""
+    # 64 stand-ins for the directories above the namespace root, which a leading '..' climbs.
+    p, r = (
+        posixpath.normpath("/\0" * 64 + "/" + t).split("/")[1:] for t in (path, root)
+    )
+    if p[: len(r)] != r or any(part.startswith("\0") for part in p[len(r) :]):
+        # Not below the mount, or below it through directories whose names this namespace
+        # cannot tell (a v2 path /../<id> under a mount rooted at /../..): not guessed.
+        return None
+    return p[len(r) :]
+
+
+def cgroup_directories(
+    entries: Iterable[MountEntry], path: str, version: int
+) -> List[str]:
+    """Every directory a mounted cgroupfs shows `path` at (v1: a memory hierarchy; v2: cgroup2):
+    /proc/<pid>/cgroup is relative to the cgroup namespace's root, a mount shows the subtree
+    below its mountinfo root (e.g. the host's cgroupfs given read-only to a sidecar)."""
+    out = []
+    for entry in entries:
+        v1 = entry.fstype == "cgroup" and "memory" in entry.options.split(",")
+        rest = below(path, entry.root)
+        if rest is not None and (v1 if version == 1 else entry.fstype == "cgroup2"):
+            out.append(os.path.join(entry.mount_point, *rest))
+    return out

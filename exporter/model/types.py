@@ -62,7 +62,7 @@ class CgroupMemory:
     # "flag" (--memory.limit-bytes) or "none".
     limit_source: str
     pod_uid: str = ""  # node mode: the pod this cgroup belongs to
-    estimated: bool = False  # True: no cgroup was read; the workload's processes and shm (workload.py)
+    estimated: bool = False  # True: no cgroup was read; the workload's processes and shm (collectors/cgroup.py)
     # Node mode, v1: each container cgroup's OOM kill count (path, count). v1 counts a kill in
     # the victim's memcg only, gone with its container: the model keeps each one's highest.
     child_oom_kills: Tuple[Tuple[str, int], ...] = ()
