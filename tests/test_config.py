@@ -123,3 +123,15 @@ def test_unreadable_certificate_exits_2(tmp_path):
                           f"--web.tls-key-file={key}")
     err = result.stderr.decode()
     assert result.returncode == 2 and "--web.tls-cert-file" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_every_line_of_the_flag_and_metric_tables_is_read():
+    """Both tables are read by a regex that skips a line it does not match: a typo there
+    would drop a flag or a metric silently, so count the entries by their first column."""
+    from exporter import config
+    from exporter.model import catalogue
+
+    flags = [line for line in config._TABLE.splitlines() if line.startswith("--")]
+    assert [f[0] for f in config.FLAGS] == [line.split()[0] for line in flags]
+    names = [line.split()[0].split("{")[0] for line in catalogue._TABLE.splitlines() if line[:1].strip() not in ("", "#")]
+    assert [m.name for m in catalogue.CATALOGUE] == names
