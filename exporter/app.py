@@ -22,7 +22,7 @@ from exporter.exposition.metrics import ModelCollector
 from exporter.exposition.render import Exposition
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
-from exporter.inventory.holdings import ChangeLog
+from exporter.inventory.changes import ChangeLog
 from exporter.model.state import StateStore
 from exporter.model.step import ModelStep
 from exporter.runtime.scheduler import Sampler

@@ -133,5 +133,6 @@ def test_every_line_of_the_flag_and_metric_tables_is_read():
 
     flags = [line for line in config._TABLE.splitlines() if line.startswith("--")]
     assert [f[0] for f in config.FLAGS] == [line.split()[0] for line in flags]
+    assert "-" not in [default for _flag, _dest, _kind, default, _text, _many in config.FLAGS]
     names = [line.split()[0].split("{")[0] for line in catalogue._TABLE.splitlines() if line[:1].strip() not in ("", "#")]
     assert [m.name for m in catalogue.CATALOGUE] == names

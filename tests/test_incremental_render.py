@@ -11,7 +11,7 @@ from exporter.collectors.shm_mount import ShmMountCollector
 from prometheus_client.exposition import generate_latest
 
 from exporter.exposition.render import encode
-from exporter.inventory.holdings import ChangeLog
+from exporter.inventory.changes import ChangeLog
 from exporter.exposition.metrics import ModelCollector
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable

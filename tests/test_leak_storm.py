@@ -7,7 +7,7 @@ import time
 
 from exporter.collectors.segments import SegmentsCollector
 from exporter.host.paths import Paths
-from exporter.inventory.holdings import ChangeLog
+from exporter.inventory.changes import ChangeLog
 from tests.conftest import HOST_EXCUSED_RE, Exporter, fallocate, mounted_tmpfs, needs_root, select, value
 
 MiB = 1 << 20

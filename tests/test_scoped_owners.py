@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from exporter.collectors.segments import SegmentsCollector
-from exporter.inventory.holdings import ChangeLog
+from exporter.inventory.changes import ChangeLog
 from exporter.host.kube import pod_uid_of_mount
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable

@@ -8,7 +8,7 @@ from exporter.collectors.segments import SegmentsCollector
 from exporter.model.summary import owner_label
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
-from exporter.inventory.holdings import ChangeLog
+from exporter.inventory.changes import ChangeLog
 from tests.conftest import HOST_EXCUSED_RE, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, value
 
 PAGE = os.sysconf("SC_PAGE_SIZE")

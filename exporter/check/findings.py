@@ -163,19 +163,23 @@ def human(n: float) -> str:
     return f"{int(n)} B"
 
 
-def at_least(n: float, rounding=math.ceil) -> str:
+def at_least(n: float) -> str:
     """Advice that must hold n bytes ("raise the limit to ..."): `human`, rounded up."""
+    return _tenths(n, math.ceil)
+
+
+def at_most(n: float) -> str:
+    """Advice that must stay within n bytes ("lower it to at most ..."): rounded down."""
+    return _tenths(n, math.floor)
+
+
+def _tenths(n: float, rounding) -> str:
     n = Fraction(n)
     for unit, size in UNITS:
         if n >= size:
             tenths = rounding(n * 10 / size)
             return f"{tenths // 10}.{tenths % 10} {unit}"
     return f"{rounding(n)} B"
-
-
-def at_most(n: float) -> str:
-    """Advice that must stay within n bytes ("lower it to at most ..."): rounded down."""
-    return at_least(n, math.floor)
 
 
 def round_up(n: float) -> int:

@@ -20,7 +20,8 @@ from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from exporter.host.said import SaidOnce
 from exporter.inventory import holdings
-from exporter.inventory.holdings import ChangeLog, Owners, ScanPace, UnprovenLog
+from exporter.inventory.changes import ChangeLog
+from exporter.inventory.holdings import Owners, ScanPace, UnprovenLog
 from exporter.inventory.holdings import unlinked_size
 from exporter.inventory.maps import DELETED
 from exporter.inventory.owners import MemfdRegions, OwnerScan

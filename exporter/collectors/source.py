@@ -6,11 +6,11 @@ from typing import Callable, Dict, List, Optional, Protocol, Set, Tuple
 
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
-from exporter.inventory.holdings import ChangeLog
+from exporter.inventory.changes import ChangeLog
 
 MODES = ("sidecar", "node")
 # A stretched interval grows to this many times its base at most: a heavy source's (the
-# scheduler's) and the full owner scan's (inventory/holdings.py).
+# scheduler's) and the full owner scan's (holdings.ScanPace).
 STRETCH_MAX = 8
 
 

@@ -1,10 +1,9 @@
 """What one owner scan found. A segment held by nobody is 'orphan' only when every process
 that could hold it was read (`Owners.complete`); else 'unverified', and `UnprovenLog` says why.
-When the next scan is (`ScanPace`), and the names inotify saw change until then (`ChangeLog`)."""
+When the next full scan is (`ScanPace`)."""
 
 import logging
 import re
-import threading
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
@@ -146,40 +145,6 @@ def mounts_to_reread(
         if written or m in doubted:
             moved[m] = written
     return None if any(not pod_uid_of_mount(m) for m in moved) else moved
-
-
-class ChangeLog:
-    """Names inotify saw change, per mount: the quick inventory lstat()s only these and
-    patches the last listing; a mount marked unknown (a change below the top directory, or
-    too many names) is re-listed."""
-
-    MAX_NAMES = 5000  # past this, one re-list is cheaper than name-by-name lstat
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._names: Changes = {}
-
-    def add(self, mount: str, name: str) -> None:
-        with self._lock:
-            names = self._names.setdefault(mount, set())
-            if names is not None:
-                names.add(name)
-                if len(names) > self.MAX_NAMES:
-                    self._names[mount] = None
-
-    def unknown(self, mount: str) -> None:
-        with self._lock:
-            self._names[mount] = None
-
-    def peek(self) -> Changes:
-        """What drain() would return, left in place (for the quick runs)."""
-        with self._lock:
-            return {m: None if n is None else set(n) for m, n in self._names.items()}
-
-    def drain(self) -> Changes:
-        with self._lock:
-            drained, self._names = self._names, {}
-        return drained
 
 
 class ScanPace:

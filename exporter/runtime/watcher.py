@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from exporter.host.mountinfo import live_mounts
 from exporter.host.paths import Paths
 from exporter.host.said import SaidOnce
-from exporter.inventory.holdings import ChangeLog
+from exporter.inventory.changes import ChangeLog
 from exporter.model.classes import classify
 from exporter.model.state import StateStore
 from exporter.model.types import MountSet, Observation

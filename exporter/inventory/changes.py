@@ -1,0 +1,39 @@
+"""The names inotify saw change, per mount, for the next event-driven (quick) inventory."""
+
+import threading
+
+from exporter.inventory.holdings import Changes
+
+
+class ChangeLog:
+    """Names inotify saw change, per mount: the quick inventory lstat()s only these and
+    patches the last listing; a mount marked unknown (a change below the top directory, or
+    too many names) is re-listed."""
+
+    MAX_NAMES = 5000  # past this, one re-list is cheaper than name-by-name lstat
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._names: Changes = {}
+
+    def add(self, mount: str, name: str) -> None:
+        with self._lock:
+            names = self._names.setdefault(mount, set())
+            if names is not None:
+                names.add(name)
+                if len(names) > self.MAX_NAMES:
+                    self._names[mount] = None
+
+    def unknown(self, mount: str) -> None:
+        with self._lock:
+            self._names[mount] = None
+
+    def peek(self) -> Changes:
+        """What drain() would return, left in place (for the quick runs)."""
+        with self._lock:
+            return {m: None if n is None else set(n) for m, n in self._names.items()}
+
+    def drain(self) -> Changes:
+        with self._lock:
+            drained, self._names = self._names, {}
+        return drained
