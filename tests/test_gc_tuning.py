@@ -107,7 +107,7 @@ def serve_and_count_garbage(mount, args, cgroup):
         app.stop()
         httpd.shutdown()
     assert app.exposition.renders > 5
-    assert garbage == 0, f"{garbage} objects in garbage cycles: gc_tuning's threshold assumes none"
+    assert garbage == 0, f"{garbage} objects in garbage cycles: cli.tune_process's gc threshold assumes none"
     return body, runs
 
 

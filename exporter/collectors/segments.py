@@ -75,7 +75,7 @@ class SegmentsCollector(BaseSource):
         self._listings: Dict[str, Listing] = {}
         # Per mount; past it, counts by class (a walk stops at MAX_ENTRIES anyway).
         self.max_segments = min(max_segments, MAX_ENTRIES)
-        self._said = (SaidOnce(log), SaidOnce(log))  # truncated, degraded
+        self._truncated, self._degraded = SaidOnce(log), SaidOnce(log)
         self._unproven_log = UnprovenLog(log)  # why nothing is called orphan
         self._owners = Owners()  # the last scan's, for quick runs that skip /proc
         self._during: Optional[holdings.Changes] = None  # changed while a scan runs
@@ -294,9 +294,9 @@ class SegmentsCollector(BaseSource):
         leaked (not a quick run, a pod's rescan, or a refresh). `fresh`: the names (None: any)
         that changed while the scan read /proc, which may have read their takers before."""
         if listing.truncated:
-            self._said[0].say(mount, TRUNCATED)
+            self._truncated.say(mount, TRUNCATED)
         degraded = None if listing.degraded is None else DEGRADED % self.max_segments
-        self._said[1].say(mount, degraded, back="back under --inventory.max-segments")
+        self._degraded.say(mount, degraded, back="back under --inventory.max-segments")
         owned = self._owners.holdings
         complete = self._owners.complete and not listing.truncated  # kept: maybe gone
         full_dev = self._full_devs.get(mount)

@@ -29,8 +29,10 @@ CLIENT_AUTH = {
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
 UNVERIFIED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
-V = ssl.TLSVersion
-TLS_VERSIONS = dict(TLS10=V.TLSv1, TLS11=V.TLSv1_1, TLS12=V.TLSv1_2, TLS13=V.TLSv1_3)
+_V = ssl.TLSVersion
+TLS_VERSIONS = dict(
+    TLS10=_V.TLSv1, TLS11=_V.TLSv1_1, TLS12=_V.TLSv1_2, TLS13=_V.TLSv1_3
+)
 # exporter-toolkit accepts exactly these response headers, some with fixed values.
 HEADERS = {
     "Content-Security-Policy": None,
@@ -43,7 +45,7 @@ HEADERS = {
 BCRYPT_HASH = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 BCRYPT_WORKERS = 2  # checks at once: a guessing client cannot take every core
 BCRYPT_QUEUE = 8  # checks running or waiting; beyond, or a second from one address: 503
-TLS, HEADER = "tls_server_config", "http_server_config.headers"
+TLS, HEADERS_KEY = "tls_server_config", "http_server_config.headers"
 SECTIONS = (TLS, "http_server_config", "basic_auth_users", "rate_limit")
 TLS_UNSUPPORTED = set(
     "cert key client_ca client_allowed_sans cipher_suites prefer_server_cipher_suites "
@@ -163,11 +165,13 @@ def parse(text: str, base: str = ".") -> WebConfig:
     headers = []
     for name, value in _section(http, "headers").items():
         if name not in HEADERS:
-            raise WebConfigError(f"{HEADER}: {name} is not one of {', '.join(HEADERS)}")
+            raise WebConfigError(
+                f"{HEADERS_KEY}: {name} is not one of {', '.join(HEADERS)}"
+            )
         allowed, value = HEADERS[name], "" if value is None else str(value)
         if allowed and value and value.lower() not in allowed:
             names = ", ".join(allowed)
-            raise WebConfigError(f"{HEADER}: {name} must be one of {names}")
+            raise WebConfigError(f"{HEADERS_KEY}: {name} must be one of {names}")
         if value:
             headers.append((name, value))
     return WebConfig(tls=tls, users=users, headers=tuple(headers))

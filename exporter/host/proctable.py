@@ -95,9 +95,6 @@ class ProcessTable:
         self._lock = threading.Lock()
         # (pid, start time) -> pod UID ('' when none); a process never changes pod.
         self._pods: Dict[Tuple[int, int], str] = {}
-        self._pid_counts: Optional[Tuple[int, int, int]] = (
-            None  # ns_last_pid, forks, pid_max
-        )
 
     def last_pid_and_max(self) -> Tuple[int, int]:
         # ns_last_pid needs CONFIG_CHECKPOINT_RESTORE
@@ -278,25 +275,31 @@ class ProcessTable:
     def maps(self, pid: int) -> str:
         return read_text(self.paths.proc(pid, "maps"))
 
-    def pids_wrapped(self) -> bool:
-        """Whether a pid known at the last call may be another process now (also when we
-        cannot tell): pids are handed out rising, so only when ns_last_pid went down or more
-        forks happened than there are pids. The owner scan's, its one caller."""
+    def pid_counts(self) -> Optional[Tuple[int, int, int]]:
+        """(ns_last_pid, forks since boot, pid_max), for `pids_wrapped`; None when unread."""
         try:
             last_pid, pid_max = self.last_pid_and_max()
             stat = read_text(self.paths.proc("stat"))
-            at = stat.index("\nprocesses ") + len("\nprocesses ")  # forks since boot
-            now = last_pid, int(stat[at : stat.index("\n", at)]), pid_max
+            at = stat.index("\nprocesses ") + len("\nprocesses ")
+            return last_pid, int(stat[at : stat.index("\n", at)]), pid_max
         except (OSError, ValueError):
-            now = None
-        last, self._pid_counts = self._pid_counts, now
-        if now is None and not ProcessTable.said_no_pid_counts:
-            ProcessTable.said_no_pid_counts = True  # once per process
-            log.info(
-                "cannot read ns_last_pid or the fork count: node mode reads every process at each "
-                "inventory run (a pid it knows may be another process)"
-            )
-        return now is None or (
-            last is not None
-            and (now[0] < last[0] or now[1] - last[1] >= now[2] - RESERVED_PIDS)
-        )
+            if not ProcessTable.said_no_pid_counts:
+                ProcessTable.said_no_pid_counts = True  # once per process
+                log.info(
+                    "cannot read ns_last_pid or the fork count: node mode reads every process "
+                    "at each inventory run (a pid it knows may be another process)"
+                )
+            return None
+
+
+PidCounts = Optional[Tuple[int, int, int]]
+
+
+def pids_wrapped(last: PidCounts, now: PidCounts) -> bool:
+    """Whether a pid known at `last` may be another process `now` (also when we cannot
+    tell): pids are handed out rising, so only when ns_last_pid went down or more forks
+    happened than there are pids."""
+    return now is None or (
+        last is not None
+        and (now[0] < last[0] or now[1] - last[1] >= now[2] - RESERVED_PIDS)
+    )

@@ -10,7 +10,7 @@ import stat as stat_mod
 from contextlib import suppress
 from typing import Dict, Iterable, List, Optional, Pattern, Sequence, Set, Tuple
 
-from exporter.host.proctable import Process, ProcessTable
+from exporter.host.proctable import PidCounts, Process, ProcessTable, pids_wrapped
 from exporter.inventory.holdings import MAX_UNPROVEN, Holding, Owners, unlinked_size
 from exporter.inventory.maps import DELETED, DENIED, NO_MNT_ID, DeviceTokens
 from exporter.inventory.maps import WatchedMountIds
@@ -36,6 +36,7 @@ class OwnerScan:
         # Pids a scoped scan need not identify again.
         self._kernel_threads: Set[int] = set()
         self._proc_root = table.paths.procfs.rstrip("/")
+        self._pid_counts: PidCounts = None  # at the last scan or refresh
 
     # A holder may fork and exit mid-scan: processes new since a pass are read in another, up
     # to this many; still new ones after that leave the scan unproven.
@@ -43,7 +44,7 @@ class OwnerScan:
 
     def scan(self, devs: Set[int], pods: bool = False) -> Owners:
         # A refresh trusts what it knows of a pid until pids wrap: from here on.
-        self.table.pids_wrapped()
+        self._pid_counts = self.table.pid_counts()
         walked = self.table.walk()
         # Whoever we could not even identify, or cannot see, could hold anything.
         counted = walked.unreadable + (walked.invisible or 0)
@@ -94,7 +95,8 @@ class OwnerScan:
         exited and of `also`; the others' holdings carry over (never orphan unread; gone
         processes are dropped only in scope). None when that cannot be scoped (a holder
         outside any pod exited, or pids wrapped): scan in full."""
-        if self.table.pids_wrapped():
+        last, self._pid_counts = self._pid_counts, self.table.pid_counts()
+        if pids_wrapped(last, self._pid_counts):
             return None
         try:
             alive = set(self.table.pids())
@@ -205,8 +207,8 @@ class OwnerScan:
             denied |= err.errno in DENIED
         fd_dir = f"{self._proc_root}/{pid}/fd"  # not Paths.proc: thousands per scan
         fds: List[str] = []
-        # (an fd may come from another namespace's mount)
-        if mount_ids or not denied and mounted.union:
+        # With its mountinfo read (an fd may come from another namespace's mount).
+        if mount_ids is not None and (mount_ids or mounted.union):
             try:
                 fds = os.listdir(fd_dir)
             except OSError as err:
