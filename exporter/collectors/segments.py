@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Iterator
 from contextlib import suppress
 from functools import partial
 from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
@@ -103,26 +104,33 @@ class SegmentsCollector(BaseSource):
 
     @property
     def stretches(self) -> bool:
-        """Runs and full scans: only while inotify watches every mount (a polled one changes
-        unseen) and nothing is called leaked (a write through a mapping: refreshes see it)."""
+        # Only while inotify watches every mount (a polled one changes unseen) and nothing is
+        # called leaked (a write through a mapping: refreshes see it).
         return (
             self.pod_of_pid and self.all_watched() and not any(self._orphans.values())
         )
 
     def collect(self) -> Inventory:
-        return self._begin(full=True)()()
+        return self._run(full=True)()()
 
     def collect_quick(self) -> Inventory:
-        return self._begin(full=False)()()
+        return self._run(full=False)()()
 
     def begin_full(self) -> Optional[Callable[[], Callable[[], Inventory]]]:
-        return self._begin(True, staged=True) if self.pod_of_pid else None  # node mode
+        return self._run(True, staged=True) if self.pod_of_pid else None  # node mode
+
+    def _run(self, full: bool, staged=False) -> Callable[[], Callable[[], Inventory]]:
+        """The listing now -> a full run's owner scan (it reads /proc only: beside quick runs)
+        -> the inventory. `staged`: quick runs meanwhile show what changed from the log."""
+        steps = self._steps(full, staged)
+        next(steps)
+        return lambda: next(steps) or partial(next, steps)  # the scan yields None
 
     def _list(
         self, mount: str, dev: int, full: bool, changes: holdings.Changes
     ) -> Tuple[Listing, Events]:
-        """The mount's listing, brought up to date in place, and what was created and
-        deleted since (nothing said on its first listing, or across the cap)."""
+        """The mount's listing, updated in place, and what was created and deleted since
+        (nothing said on its first listing, or across the cap)."""
         listing, names = self._listings.get(mount), changes.get(mount, ())
         if listing is None:
             listing = self._listings[mount] = Listing()
@@ -135,10 +143,7 @@ class SegmentsCollector(BaseSource):
         events = walk(self.paths.host(mount), dev, listing, self.max_segments)
         return listing, events if was and listing.degraded is None else {}
 
-    def _begin(self, full: bool, staged=False) -> Callable[[], Callable[[], Inventory]]:
-        """A run's first step, the listing. -> its owner scan (nothing in a quick run), which
-        hands back its last step: the owners installed and the inventory assembled. `staged`:
-        quick runs meanwhile show what changed; the change log is left to them."""
+    def _steps(self, full: bool, staged: bool) -> Iterator[Optional[Inventory]]:
         mount_list = self.mounts()
         changes = {} if staged else self.changes.drain()
         # A quick run's cost follows the change: only the mounts named (or not yet listed).
@@ -148,9 +153,8 @@ class SegmentsCollector(BaseSource):
         devs, errors = directories(self.paths.host, self._table, todo)
         # The directory first, then /proc: a segment unlinked in between is still listed
         # (not hidden), and one created in between is held but not '(deleted)' (linked).
-        sigs = {}  # node mode's full runs, before the listing: a change shows next time
+        sigs = {}  # node mode's full runs: what moves with any change, for the scans' pace
         for m, dev in devs.items() if self.pod_of_pid and full else ():
-            # what moves with any change, for the pace of full scans
             with suppress(OSError):
                 st = os.statvfs(self.paths.host(m))
                 sigs[m] = dev, st.f_blocks, st.f_bfree, st.f_files, st.f_ffree
@@ -170,46 +174,36 @@ class SegmentsCollector(BaseSource):
                 holdings.add_names(self._during, m, names)
         if seen or any(events for _, events in listings.values()):  # (inotify missed)
             self.pace.changed()
-        listed = (mount_list, errors, devs, listings, sigs)
-        if not full:
-            return lambda: lambda: self._finish(False, listed)
-        self._during = {m: names for m, names in seen.items() if staged}
-        # A refresh reads the pods of these mounts again (None: a full scan).
-        moved: Optional[Dict[str, Set[str]]] = None
-        self.pace.look((devs, sigs))
-        if self._owners.processes and not self.pace.due():
-            moved = holdings.mounts_to_reread(
-                devs, listings, self._orphans, self._doubted, self._pod_read_as
-            )
-            # Someone maps a file called leaked: full scans at their base pace again.
-            if moved is None or any(moved.values()):
-                self.pace.changed()
-
-        def scan() -> Callable[[], Inventory]:  # reads /proc only: beside quick runs
+        moved: Optional[Dict[str, Set[str]]] = None  # a refresh reads their pods again
+        if full:
+            self._during = {m: names for m, names in seen.items() if staged}
+            self.pace.look((devs, sigs))
+            if self._owners.processes and not self.pace.due():
+                moved = holdings.mounts_to_reread(
+                    devs, listings, self._orphans, self._doubted, self._pod_read_as
+                )
+                # Someone maps a file called leaked: full scans at their base pace again.
+                if moved is None or any(moved.values()):
+                    self.pace.changed()
+        yield None
+        owners = None
+        if full:
             on = set(devs.values())
             try:
                 if moved is not None:
                     also = {pod_uid_of_mount(m) for m in moved} - {""}
                     owners = self.owner_scan.refresh(on, self._owners, also=also)
-                    if owners is not None:
-                        return lambda: self._finish(True, listed, owners, moved)
-                owners = self.owner_scan.scan(on, pods=self.pod_of_pid)
-            except Exception as err:  # raised on the source's thread, as a finish
-                return partial(self._finish, True, listed, failed=err)
-            return lambda: self._finish(True, listed, owners)
-
-        return scan
-
-    def _finish(self, full, listed, owners=None, moved=None, failed=None) -> Inventory:
-        """`moved`: a refresh read the pods of these mounts (None: a full scan, or no scan)."""
-        mount_list, errors, devs, listings, sigs = listed
-        if failed:
-            self._during = None  # no scan reads /proc now
-            # Their listings moved under the last inventories (which share their rows): a
-            # quick run must assemble them again, not hand the last ones back.
-            for mount in devs:
-                self._last.pop(mount, None)
-            raise failed
+                if owners is None:  # None from a refresh: a full scan after all
+                    moved, owners = None, self.owner_scan.scan(on, pods=self.pod_of_pid)
+            except Exception as err:
+                yield None  # raised on the source's thread, as the last step
+                self._during = None  # no scan reads /proc now
+                # Their listings moved under the last inventories (which share their rows):
+                # a quick run must assemble them again, not hand the last ones back.
+                for mount in devs:
+                    self._last.pop(mount, None)
+                raise err
+        yield None
         settled = False  # owners from a full scan of every process, this run
         unread: Set[str] = set()  # mounts a refresh assembles as a quick run does
         during: holdings.Changes = {}  # changed while the scan read /proc: maybe missed
@@ -243,21 +237,19 @@ class SegmentsCollector(BaseSource):
                 self._held_on.setdefault(key[0], []).append(key)
         mounts = []
         for mount in mount_list:
+            listing, events = listings.get(mount, (None, {}))
             if mount in errors and mount not in self._listings:  # or listed since
                 mounts.append(MountInventory(mount, error=errors[mount]))
-                continue
-            listing, events = listings.get(mount, (None, {}))
-            if listing is None or listing is not self._listings.get(mount):
+            elif listing is not None and listing is self._listings.get(mount):
+                quick, fresh = not full or mount in unread, during.get(mount, ())
+                inv = self._assemble(
+                    mount, devs[mount], listing, events, quick, settled, fresh
+                )
+                mounts.append(inv)
+            elif mount in self._last:
                 # Unchanged, or changed by a quick run during the scan: as last assembled
                 # (the same object: the step reuses its summary).
-                if mount in self._last:
-                    mounts.append(self._last[mount])
-                continue
-            quick, fresh = not full or mount in unread, during.get(mount, ())
-            inv = self._assemble(
-                mount, devs[mount], listing, events, quick, settled, fresh
-            )
-            mounts.append(inv)
+                mounts.append(self._last[mount])
         self._last = {m.mount: m for m in mounts}
         self._orphans = {m: o for m, o in self._orphans.items() if m in self._last}
         for m in devs if settled else moved or ():  # their pods were read this run
@@ -275,7 +267,7 @@ class SegmentsCollector(BaseSource):
                 and (pod := owners.pod_of.get(pid) or self.table.pod_uid(proc))
             }
             self._memfd = self._memfd_regions.of(owners)
-        return Inventory(
+        yield Inventory(
             mounts,
             owners.comms,
             owners.unreadable,
