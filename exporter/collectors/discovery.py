@@ -16,22 +16,19 @@ from exporter.host.paths import Paths
 
 def discover(entries: Sequence[MountEntry]) -> List[Target]:
     found: Dict[str, Target] = {}
-    for entry in entries:  # later entries stack on earlier ones: the last one wins
-        labels = None
-        if entry.fstype == "tmpfs":
-            labels = mount_labels(entry.mount_point)
-            if labels is None and entry.mount_point == "/dev/shm":  # the host's
-                labels = {name: "" for name in NODE_LABELS}
-        if labels is not None:
-            found[entry.mount_point] = Target(entry.mount_point, labels)
-        elif entry.mount_point in found:
-            del found[entry.mount_point]  # something else was mounted over it
+    for e in entries:  # later entries stack on earlier ones: the last one wins
+        tmpfs, point = e.fstype == "tmpfs", e.mount_point
+        labels = mount_labels(point) if tmpfs else None
+        if tmpfs and labels is None and point == "/dev/shm":  # the host's
+            labels = dict.fromkeys(NODE_LABELS, "")
+        if labels is None:
+            found.pop(point, None)  # something else was mounted over it
+        else:
+            found[point] = Target(point, labels)
     return sorted(found.values(), key=lambda t: t.mount)
 
 
 class MountDiscovery(BaseSource):
-    """The current mount set; static in sidecar mode, re-read from the host's mountinfo in node mode."""
-
     name = "discovery"
 
     def __init__(
@@ -44,17 +41,16 @@ class MountDiscovery(BaseSource):
         self._current = MountSet(list(self._static))
         self._ids: List[Tuple[str, int]] = []  # (mount point, ID) at or above targets
         self._subscribers: List[Callable[[MountSet], None]] = []
-        # The host's view is pid 1's (the DaemonSet runs with hostPID); under hidepid ours.
-        self._mountinfo = MountTable(paths, ("1", "self"))
-        # Sidecar: our table, to publish the mounts anew when it changed (the watcher re-checks)
-        self._ours = MountTable(paths, ("self",))
+        # Node mode: the host's view is pid 1's (the DaemonSet runs with hostPID); under
+        # hidepid ours. Sidecar: ours, to publish the set anew when it changed (the watcher
+        # checks the mounts again).
+        self._mountinfo = MountTable(paths, ("1", "self") if node_mode else ("self",))
 
     def subscribe(self, subscriber: Callable[[MountSet], None]) -> None:
         self._subscribers.append(subscriber)
 
     def collect(self) -> MountSet:
-        # Node mode: the host's mounts, --path.rootfs stripped; None: the table did not
-        # change, and neither did the set.
+        # Node mode: the host's mounts (None: the table, so the set, did not change).
         entries = self._mountinfo.read() if self.node_mode else None
         if entries == []:
             raise ValueError("mountinfo is empty: keeping the last mount set")
@@ -62,9 +58,8 @@ class MountDiscovery(BaseSource):
             found = discover(entries)
             seen = {t.mount for t in found}
             targets = found + [t for t in self._static if t.mount not in seen]
-            # The mounts at each target or above it, by ID: one mounted on top (over a
-            # target, static or found, or a directory above it) is another set, which the
-            # watcher checks again.
+            # The mounts at or above each target, by ID: one mounted on top (over a target
+            # or a directory above it) is another set, which the watcher checks again.
             under = {t.mount for t in targets}
             under |= {str(a) for m in under for a in PurePosixPath(m, "x").parents}
             ids = [
@@ -73,7 +68,7 @@ class MountDiscovery(BaseSource):
             # Replaced whole (one reference, read by other threads as it stands).
             if (targets, ids) != (self._current.targets, self._ids):
                 self._current, self._ids = MountSet(targets), ids
-        elif not self.node_mode and self._ours.refresh():  # changed, or unreadable
+        elif not self.node_mode and self._mountinfo.refresh():  # changed, or unreadable
             self._current = MountSet(list(self._static))
         for subscriber in self._subscribers:
             subscriber(self._current)

@@ -1,8 +1,6 @@
-"""Usage of each monitored tmpfs mount: statvfs, plus its type from mountinfo.
-
-Why not leave this to node_exporter: its default mount-points-exclude matches ^/(dev|...)
-so /dev/shm is never reported, and kube-prometheus drops the kubelet's emptyDir paths.
-"""
+"""Usage of each monitored tmpfs mount: statvfs, plus its type from mountinfo. Not left to
+node_exporter: its default mount-points-exclude matches ^/(dev|...), so /dev/shm is never
+reported, and kube-prometheus drops the kubelet's emptyDir paths."""
 
 import logging
 import os
@@ -85,34 +83,31 @@ class ShmMountCollector(BaseSource):
         same = numbers.items() <= vars(last).items()  # its fields hold these numbers
         return last if same else replace(last, **numbers)
 
-    def collect(self) -> List[MountUsage]:
-        if self._table.refresh():  # read when the table changed, not per mount
-            self._fresh = {}
-        self._polled = True
+    def collect(self, quick: bool = False) -> List[MountUsage]:
+        """`quick`: only the mounts inotify saw change, with the last poll's mountinfo (an
+        event mounts nothing, and a node's runs to 2,000 lines)."""
         mounts = self.mounts()
-        # node mode: a deleted pod's warning is not kept forever
-        self._said.keep(mounts)
-        return self._measure(mounts, quick=False)
-
-    def collect_quick(self) -> List[MountUsage]:
-        """The mounts inotify saw change, with the last poll's mountinfo (an event mounts
-        nothing, and a node's runs to 2,000 lines)."""
-        if not self._polled:
-            return self.collect()
-        return self._measure(self.mounts(), quick=True)
-
-    def _measure(self, mounts: List[str], quick: bool) -> List[MountUsage]:
+        if not (quick and self._polled):
+            quick, self._polled = False, True
+            if self._table.refresh():  # read when the table changed, not per mount
+                self._fresh = {}
+            self._said.keep(
+                mounts
+            )  # node mode: a deleted pod's warning is not kept forever
         touched = self.touched()  # drained each run; quick runs hand back the rest
         usages = []
         for mount in mounts:
-            last = self._last.get(mount)  # a dataclass: true
-            if not quick and (fresh := self._fresh.get(mount)) and not fresh.error:
+            last, fresh = self._last.get(mount), self._fresh.get(mount)
+            if not quick and fresh and not fresh.error:
                 last = self._fresh[mount] = self.measure_again(fresh)
             elif not (quick and touched is not None and mount not in touched and last):
                 last = self._fresh[mount] = self.measure_one(mount)
             usages.append(last)
         self._last = {u.mount: u for u in usages}
         return usages
+
+    def collect_quick(self) -> List[MountUsage]:
+        return self.collect(quick=True)
 
 
 register("shm_mount", lambda c: ShmMountCollector(c.paths, c.mounts, touched=c.touched))

@@ -1,11 +1,9 @@
 """SysV shared memory: /proc/sysvipc/shm and the kernel.shm* limits, per IPC namespace.
-
 UCX's sysv transport and older MPI/NCCL builds use shmget(); those segments never appear in
 /dev/shm, and no common exporter reports them (node_exporter issue 754). Both files show the
 *reader's* IPC namespace, whatever procfs they are read through: a sidecar shares the
 server's; node mode joins each namespace from a short-lived thread (setns, CAP_SYS_ADMIN),
-and without the capability reports it unreadable (never an empty "all clear").
-"""
+and without the capability reports it unreadable (never an empty "all clear")."""
 
 import os
 import re
@@ -13,7 +11,7 @@ import threading
 from contextlib import suppress
 from dataclasses import replace
 from functools import partial
-from typing import Callable, Dict, List, Optional, Tuple, TypeVar
+from typing import Callable, Dict, List, Optional, Tuple
 
 from exporter.model.types import SysvSegment, SysvShm
 from exporter.collectors.source import BaseSource, register
@@ -24,7 +22,6 @@ from exporter.host.proctable import Process, ProcessTable
 CLONE_NEWIPC = 0x08000000
 # A container's ID in its cgroup path (Docker, containerd, CRI-O: 64 hex digits).
 _CONTAINER_ID = re.compile(r"([0-9a-f]{64})")
-T = TypeVar("T")
 
 
 def parse_sysvipc_shm(text: str) -> List[SysvSegment]:
@@ -46,13 +43,13 @@ def parse_sysvipc_shm(text: str) -> List[SysvSegment]:
 
 
 def in_ipc_namespaces(
-    namespaces: List[Tuple[str, List[str]]], read: Callable[[], T], timeout: float = 5.0
-) -> Dict[str, "T | BaseException"]:
+    namespaces: List[Tuple[str, List[str]]], read: Callable[[], object], timeout=5.0
+) -> Dict[str, object]:
     """`read()` in each IPC namespace: [(namespace, [paths that may join it])] -> namespace ->
     its result, or the error that kept it unread. One short-lived thread joins them in turn
     (setns moves only the calling thread). A path whose process exited or whose pid was reused
     in another namespace gives way to the next path of the same namespace."""
-    results: Dict[str, "T | BaseException"] = {}
+    results: Dict[str, object] = {}
 
     def run() -> None:
         for namespace, paths in namespaces:
@@ -70,9 +67,9 @@ def in_ipc_namespaces(
                             break
                     finally:
                         os.close(fd)
-            except BaseException as err:  # handed to the caller's thread
-                # without its traceback: that holds this frame, and so `results` (a cycle per
-                # namespace and run, left to the cyclic collector: cli.tune_process)
+            except BaseException as err:  # handed to the caller's thread, without its
+                # traceback: that holds this frame, so `results` (a cycle per namespace and
+                # run, left to the cyclic collector: cli.tune_process)
                 results[namespace] = err.with_traceback(None)
 
     thread = threading.Thread(target=run, name="shmwatch-sysv-ns", daemon=True)
