@@ -1,9 +1,9 @@
-"""Segment inventory: each shm mount's directory (lstat only, inventory/walk.py) joined by
-(device, inode) to every process's maps and fds (inventory/owners.py). A quick run patches
-the listings of the mounts inotify named and reuses the last owners: a new segment is its
-creator's until a full run reads who holds it. In node mode only a full scan (every
---segments.full-scan-interval) calls a segment leaked; the refreshes between read new
-processes and the pods of exited holders and of doubted mounts."""
+"""Segment inventory: each shm mount's directory (lstat only) joined by (device, inode) to
+every process's maps and fds. A quick run patches the listings of the mounts inotify named
+and reuses the last owners: a new segment is its creator's until a full run reads who holds
+it. In node mode only a full scan (every --segments.full-scan-interval) calls a segment
+leaked; the refreshes between read new processes and the pods of exited holders and of
+doubted mounts."""
 
 import logging
 import os
@@ -68,8 +68,7 @@ class SegmentsCollector(BaseSource):
         # the holders of new segments to its full scans: a pod read per create costs more.
         self.follows_up = not pod_of_pid
         self.all_watched = all_watched  # inotify watches every mount
-        # Node mode: how long a full scan's owners are refreshed (owner_scan.refresh) before
-        # every process is read again, stretched while nothing changes.
+        # Node mode: how often every process is read (refreshes between); stretched if calm.
         every = full_scan_interval if pod_of_pid else 0.0
         self.pace = ScanPace(every, STRETCH_MAX, monotonic)
         # Each mount's last listing, and its name -> inode index, for quick runs to patch.
@@ -80,10 +79,9 @@ class SegmentsCollector(BaseSource):
         self._unproven_log = UnprovenLog(log)  # why nothing is called orphan
         self._owners = Owners()  # the last scan's, for quick runs that skip /proc
         self._during: Optional[holdings.Changes] = None  # changed while a scan runs
-        self._held_on: Dict[int, List[Key]] = {}
+        self._held_on: Dict[int, List[Key]] = {}  # device -> the keys held on it
         # Each mount's device at the last full scan: a key (device, inode) is known only on
-        # the same mount and device (a deleted pod's device number is handed out again, and
-        # tmpfs numbers inodes from 1).
+        # the same mount and device (device numbers are reused; tmpfs numbers inodes from 1).
         self._full_devs: Dict[str, int] = {}
         self._held_at_full: Set[Key] = set()  # inodes held at the last full scan
         self._last: Dict[str, MountInventory] = {}  # the last run's, by mount
@@ -110,19 +108,19 @@ class SegmentsCollector(BaseSource):
             self.pod_of_pid and self.all_watched() and not any(self._orphans.values())
         )
 
-    def collect(self) -> Inventory:
-        return self._run(full=True)()()
+    def collect(self, full: bool = True) -> Inventory:
+        *_, inventory = self._steps(full, staged=False)
+        return inventory
 
     def collect_quick(self) -> Inventory:
-        return self._run(full=False)()()
+        return self.collect(full=False)
 
     def begin_full(self) -> Optional[Callable[[], Callable[[], Inventory]]]:
-        return self._run(True, staged=True) if self.pod_of_pid else None  # node mode
-
-    def _run(self, full: bool, staged=False) -> Callable[[], Callable[[], Inventory]]:
-        """The listing now -> a full run's owner scan (it reads /proc only: beside quick runs)
-        -> the inventory. `staged`: quick runs meanwhile show what changed from the log."""
-        steps = self._steps(full, staged)
+        """Node mode: the listing now -> the owner scan (it reads /proc only: beside quick
+        runs) -> the inventory. Quick runs meanwhile show what changed from the log."""
+        if not self.pod_of_pid:
+            return None
+        steps = self._steps(True, staged=True)
         next(steps)
         return lambda: next(steps) or partial(next, steps)  # the scan yields None
 
@@ -153,7 +151,7 @@ class SegmentsCollector(BaseSource):
         devs, errors = directories(self.paths.host, self._table, todo)
         # The directory first, then /proc: a segment unlinked in between is still listed
         # (not hidden), and one created in between is held but not '(deleted)' (linked).
-        sigs = {}  # node mode's full runs: what moves with any change, for the scans' pace
+        sigs = {}  # node mode's full runs: what moves with any change, for ScanPace
         for m, dev in devs.items() if self.pod_of_pid and full else ():
             with suppress(OSError):
                 st = os.statvfs(self.paths.host(m))
@@ -209,8 +207,7 @@ class SegmentsCollector(BaseSource):
         during: holdings.Changes = {}  # changed while the scan read /proc: maybe missed
         if full:
             during, self._during, self._owners = self._during or {}, None, owners
-            # Changed while /proc was read and not yet drained by a quick run: maybe missed.
-            for m, names in self.changes.peek().items():
+            for m, names in self.changes.peek().items():  # not drained by quick runs
                 holdings.add_names(during, m, names)
             # A quick run meanwhile may have dropped a mount, or added one: as it left them.
             now_listed = set(self.mounts())
@@ -232,7 +229,7 @@ class SegmentsCollector(BaseSource):
                 self._doubted.clear()
                 self._suspect.clear()
                 settled = True
-            self._held_on = {}  # device -> the keys held on it
+            self._held_on = {}
             for key in self._owners.holdings:
                 self._held_on.setdefault(key[0], []).append(key)
         mounts = []

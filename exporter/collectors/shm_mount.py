@@ -4,6 +4,7 @@ reported, and kube-prometheus drops the kubelet's emptyDir paths."""
 
 import logging
 import os
+from contextlib import suppress
 from dataclasses import replace
 from functools import partial
 from typing import Callable, Dict, List, Optional, Sequence, Set
@@ -48,7 +49,14 @@ class ShmMountCollector(BaseSource):
         # Each mount's last full measure while the table is unchanged: all but its numbers hold.
         self._fresh: Dict[str, MountUsage] = {}
 
-    def measure_one(self, mount: str) -> MountUsage:
+    def measure(self, mount: str, last: Optional[MountUsage] = None) -> MountUsage:
+        """`last`: its measure since the table last changed; then statvfs alone, and `last`
+        itself while its numbers hold (a render's memo and the model step compare it)."""
+        if last and not last.error:
+            with suppress(OSError):  # else measured whole, which says why
+                numbers = _numbers(self.statvfs(self.paths.host(mount)))
+                same = numbers.items() <= vars(last).items()
+                return last if same else replace(last, **numbers)
         entry = self._table.mounted_at(mount)
         is_point = entry is not None
         if not is_point and self._table.gone(mount):  # the disk beneath is not measured
@@ -73,16 +81,6 @@ class ShmMountCollector(BaseSource):
         noswap = bool(entry and "noswap" in entry.options.split(","))
         return usage(noswap=noswap, **_numbers(st))
 
-    def measure_again(self, last: MountUsage) -> MountUsage:
-        """A mount measured whole since the table last changed: statvfs alone, and the same
-        object while its numbers are (a render's memo and the model step compare it)."""
-        try:
-            numbers = _numbers(self.statvfs(self.paths.host(last.mount)))
-        except OSError:
-            return self.measure_one(last.mount)  # says why
-        same = numbers.items() <= vars(last).items()  # its fields hold these numbers
-        return last if same else replace(last, **numbers)
-
     def collect(self, quick: bool = False) -> List[MountUsage]:
         """`quick`: only the mounts inotify saw change, with the last poll's mountinfo (an
         event mounts nothing, and a node's runs to 2,000 lines)."""
@@ -91,17 +89,14 @@ class ShmMountCollector(BaseSource):
             quick, self._polled = False, True
             if self._table.refresh():  # read when the table changed, not per mount
                 self._fresh = {}
-            self._said.keep(
-                mounts
-            )  # node mode: a deleted pod's warning is not kept forever
+            self._said.keep(mounts)  # node mode: a deleted pod's warnings are not kept
         touched = self.touched()  # drained each run; quick runs hand back the rest
         usages = []
         for mount in mounts:
-            last, fresh = self._last.get(mount), self._fresh.get(mount)
-            if not quick and fresh and not fresh.error:
-                last = self._fresh[mount] = self.measure_again(fresh)
-            elif not (quick and touched is not None and mount not in touched and last):
-                last = self._fresh[mount] = self.measure_one(mount)
+            last = self._last.get(mount)
+            if not (quick and touched is not None and mount not in touched and last):
+                fresh = None if quick else self._fresh.get(mount)
+                last = self._fresh[mount] = self.measure(mount, fresh)
             usages.append(last)
         self._last = {u.mount: u for u in usages}
         return usages
