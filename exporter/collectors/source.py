@@ -8,7 +8,6 @@ from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from exporter.inventory.changes import ChangeLog
 
-MODES = ("sidecar", "node")
 # A stretched interval grows to this many times its base at most: a heavy source's (the
 # scheduler's) and the full owner scan's (holdings.ScanPace).
 STRETCH_MAX = 8
@@ -64,7 +63,7 @@ class Context:
 class Registration:
     name: str
     factory: Callable[[Context], Source]
-    modes: Tuple[str, ...] = MODES  # on by default in these modes
+    modes: Tuple[str, ...] = ("sidecar", "node")  # on by default in these modes
     flag: bool = True  # switched by --[no-]collector.<name>
 
 

@@ -45,10 +45,9 @@ def parse_sysvipc_shm(text: str) -> List[SysvSegment]:
 def in_ipc_namespaces(
     namespaces: List[Tuple[str, List[str]]], read: Callable[[], object], timeout=5.0
 ) -> Dict[str, object]:
-    """`read()` in each IPC namespace: [(namespace, [paths that may join it])] -> namespace ->
-    its result, or the error that kept it unread. One short-lived thread joins them in turn
-    (setns moves only the calling thread). A path whose process exited or whose pid was reused
-    in another namespace gives way to the next path of the same namespace."""
+    """`read()` in each IPC namespace [(namespace, [paths that may join it])] -> namespace ->
+    its result or the error that kept it unread, from one short-lived thread (setns moves only
+    the calling thread). A path whose pid exited or is now elsewhere gives way to the next."""
     results: Dict[str, object] = {}
 
     def run() -> None:
@@ -57,16 +56,14 @@ def in_ipc_namespaces(
                 # None left (every process of it exited): so did the namespace
                 for path in paths:
                     try:
-                        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                        ns = open(path, "rb", buffering=0)
                     except (FileNotFoundError, ProcessLookupError):
                         continue
-                    try:
-                        if f"ipc:[{os.fstat(fd).st_ino}]" == namespace:
-                            setns(fd, CLONE_NEWIPC)
+                    with ns:
+                        if f"ipc:[{os.fstat(ns.fileno()).st_ino}]" == namespace:
+                            setns(ns.fileno(), CLONE_NEWIPC)
                             results[namespace] = read()
                             break
-                    finally:
-                        os.close(fd)
             except BaseException as err:  # handed to the caller's thread, without its
                 # traceback: that holds this frame, so `results` (a cycle per namespace and
                 # run, left to the cyclic collector: cli.tune_process)

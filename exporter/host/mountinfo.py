@@ -74,10 +74,9 @@ def strip_rootfs(entries: Sequence[MountEntry], rootfs: str) -> List[MountEntry]
 
 
 class MountTable:
-    """The first readable of the candidate mountinfo files ('1': the host's, 'self': ours;
-    pid 1's first under --path.rootfs: it names mounts as the host does), --path.rootfs
-    stripped. Read again only when poll() on it reports POLLPRI, as libmount's monitor does
-    (2,000 mounts cost ~10 ms a read)."""
+    """The first readable of the candidate mountinfo files ('1': the host's, first under
+    --path.rootfs; 'self': ours), --path.rootfs stripped. Read again only when poll() on it
+    reports POLLPRI, as libmount's monitor does (2,000 mounts cost ~10 ms a read)."""
 
     def __init__(self, paths: Paths, order: Optional[Sequence[str]] = None):
         self.paths = paths
