@@ -5,7 +5,6 @@ import re
 import select
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Callable, List, Optional, Sequence
 
 from exporter.host.paths import Paths
@@ -23,10 +22,16 @@ class MountEntry:
     mount_id: int = field(default=0, compare=False)  # IDs are per boot, not the mount
 
 
+_OCTAL_ESCAPE = re.compile(r"\\(\d{3})")
+
+
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal (\\040 ...)."""
+    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m[1], 8)), field)
+
+
 def parse_mountinfo(text: str) -> List[MountEntry]:
     """/proc/<pid>/mountinfo -> entries in file order. Malformed lines are skipped."""
-    # Space, tab, newline and backslash are escaped as octal (\040 ...).
-    unescape = partial(re.compile(r"\\(\d{3})").sub, lambda m: chr(int(m[1], 8)))
     entries = []
     # "\n" only: the kernel escapes it in paths, but not "\r", "\x85" or "\u2028", which
     # splitlines() would also break a line at.
@@ -37,7 +42,7 @@ def parse_mountinfo(text: str) -> List[MountEntry]:
             mount_id, _, device, root, point, options = fields[:6]
             fstype, source, *super_options = fields[sep + 1 :]
             options += "," + (super_options[0] if super_options else "")
-            point, root, source = map(unescape, (point, root, source))
+            point, root, source = map(_unescape, (point, root, source))
             entry = (point, fstype, source, options, device, root, int(mount_id))
             entries.append(MountEntry(*entry))
     return entries
