@@ -117,7 +117,7 @@ class SegmentsCollector(BaseSource):
 
     def begin_full(self) -> Optional[Callable[[], Callable[[], Inventory]]]:
         """Node mode: the listing now -> the owner scan (it reads /proc only: beside quick
-        runs) -> the inventory. Quick runs meanwhile show what changed from the log."""
+        runs) -> the inventory."""
         if not self.pod_of_pid:
             return None
         steps = self._steps(True, staged=True)
@@ -142,6 +142,8 @@ class SegmentsCollector(BaseSource):
         return listing, events if was and listing.degraded is None else {}
 
     def _steps(self, full: bool, staged: bool) -> Iterator[Optional[Inventory]]:
+        """One run, paused after the listing and after the owner scan (a full run's); the
+        inventory last. `staged`: the change log is left to quick runs meanwhile."""
         mount_list = self.mounts()
         changes = {} if staged else self.changes.drain()
         # A quick run's cost follows the change: only the mounts named (or not yet listed).
@@ -151,7 +153,9 @@ class SegmentsCollector(BaseSource):
         devs, errors = directories(self.paths.host, self._table, todo)
         # The directory first, then /proc: a segment unlinked in between is still listed
         # (not hidden), and one created in between is held but not '(deleted)' (linked).
-        sigs = {}  # node mode's full runs: what moves with any change, for ScanPace
+        # Node mode's full runs: what moves with any change, for ScanPace. Taken before the
+        # listing: a change in between shows next time.
+        sigs = {}
         for m, dev in devs.items() if self.pod_of_pid and full else ():
             with suppress(OSError):
                 st = os.statvfs(self.paths.host(m))

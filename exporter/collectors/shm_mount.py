@@ -89,7 +89,7 @@ class ShmMountCollector(BaseSource):
             quick, self._polled = False, True
             if self._table.refresh():  # read when the table changed, not per mount
                 self._fresh = {}
-            self._said.keep(mounts)  # node mode: a deleted pod's warnings are not kept
+            self._said.keep(mounts)  # node mode: a deleted pod's warnings go with it
         touched = self.touched()  # drained each run; quick runs hand back the rest
         usages = []
         for mount in mounts:
