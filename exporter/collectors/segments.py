@@ -116,10 +116,8 @@ class SegmentsCollector(BaseSource):
         return self.collect(full=False)
 
     def begin_full(self) -> Optional[Callable[[], Callable[[], Inventory]]]:
-        """Node mode: the listing now -> the owner scan (it reads /proc only: beside quick
-        runs) -> the inventory."""
         if not self.pod_of_pid:
-            return None
+            return None  # node mode only, where reading every process is slow
         steps = self._steps(True, staged=True)
         next(steps)
         return lambda: next(steps) or partial(next, steps)  # the scan yields None
@@ -142,8 +140,8 @@ class SegmentsCollector(BaseSource):
         return listing, events if was and listing.degraded is None else {}
 
     def _steps(self, full: bool, staged: bool) -> Iterator[Optional[Inventory]]:
-        """One run, paused after the listing and after the owner scan (a full run's); the
-        inventory last. `staged`: the change log is left to quick runs meanwhile."""
+        """One run, paused after the listing and after the owner scan (a full run's; it reads
+        /proc only, so quick runs may go on beside it when `staged`, and take the change log)."""
         mount_list = self.mounts()
         changes = {} if staged else self.changes.drain()
         # A quick run's cost follows the change: only the mounts named (or not yet listed).
