@@ -5,37 +5,32 @@ import functools
 import re
 from typing import Pattern, Tuple
 
-CLASSES: Tuple[Tuple[str, str, str], ...] = (
-    # (class, regex on the basename, where the name comes from)
-    ("mpi", r"vader_segment\..*", "Open MPI vader/sm BTL: vader_segment.<host>.<...>"),
-    ("mpi", r"sm_segment\..*", "Open MPI 5 sm BTL (vader renamed)"),
-    ("mpi", r"mpich_shar_tmp.*", "MPICH shared-memory temp files"),
-    ("mpi", r"shm-col-space.*", "Intel MPI / MPICH collectives"),
-    ("mpi", r"psm_shm\..*", "Intel PSM (InfiniPath) shared memory"),
-    ("mpi", r"psm2_shm\..*", "Intel PSM2 (Omni-Path) shared memory"),
-    ("nccl", r"nccl-.*", "NCCL: nccl-XXXXXX (<= 2.11: nccl-shm-recv-*, -send-*)"),
-    ("ucx", r"ucx_shm_posix_.*", "UCX posix transport (uct/sm/mm/posix)"),
-    ("torch", r"torch_.*", "PyTorch file_system sharing: torch_<pid>_<rand>[_<n>]"),
-    ("python_shm", r"psm_.*", "multiprocessing.shared_memory (vLLM/SGLang queues)"),
-    (
-        "sglang",
-        r"sgl_shm_.*",
-        "SGLang: sgl_shm_<kind>_<pid>_<rand> (multimodal sgl_shm_mm_*)",
-    ),
-    ("sglang", r"sglang_loads_.*", "SGLang: sglang_loads_* (expert load statistics)"),
-    ("semaphore", r"sem\.loky-.*", "joblib/loky semaphores: sem.loky-<pid>-<rand>"),
-    ("semaphore", r"sem\..*", "glibc sem_open(): /dev/shm/sem.<name>"),
-    # Unlinked once every worker mapped it (vLLM PR 52596): then a hidden segment.
-    (
-        "vllm_offload",
-        r"vllm_offload_.*",
-        "vLLM CPU KV offload: vllm_offload_<uuid>.mmap",
-    ),
-    ("ray", r"plasma.*", "Ray plasma object store"),
-    ("nixl", r"nixl_.*", "NVIDIA NIXL (disaggregated KV transfer)"),
-    ("dali", r"nvidia_dali_.*", "NVIDIA DALI shared memory"),
-    ("triton", r"triton_python_backend_shm_region_.*", "Triton python backend"),
-    ("cuda", r"cuda\.shm\..*", "CUDA IPC / MPS: cuda.shm.<pid>.<n>"),
+# Each row: class, regex on the basename, where the name comes from, two spaces apart.
+_TABLE = r"""
+mpi  vader_segment\..*  Open MPI vader/sm BTL: vader_segment.<host>.<...>
+mpi  sm_segment\..*  Open MPI 5 sm BTL (vader renamed)
+mpi  mpich_shar_tmp.*  MPICH shared-memory temp files
+mpi  shm-col-space.*  Intel MPI / MPICH collectives
+mpi  psm_shm\..*  Intel PSM (InfiniPath) shared memory
+mpi  psm2_shm\..*  Intel PSM2 (Omni-Path) shared memory
+nccl  nccl-.*  NCCL: nccl-XXXXXX (<= 2.11: nccl-shm-recv-*, -send-*)
+ucx  ucx_shm_posix_.*  UCX posix transport (uct/sm/mm/posix)
+torch  torch_.*  PyTorch file_system sharing: torch_<pid>_<rand>[_<n>]
+python_shm  psm_.*  multiprocessing.shared_memory (vLLM/SGLang queues)
+sglang  sgl_shm_.*  SGLang: sgl_shm_<kind>_<pid>_<rand> (multimodal sgl_shm_mm_*)
+sglang  sglang_loads_.*  SGLang: sglang_loads_* (expert load statistics)
+semaphore  sem\.loky-.*  joblib/loky semaphores: sem.loky-<pid>-<rand>
+semaphore  sem\..*  glibc sem_open(): /dev/shm/sem.<name>
+# Unlinked once every worker mapped it (vLLM PR 52596): then a hidden segment.
+vllm_offload  vllm_offload_.*  vLLM CPU KV offload: vllm_offload_<uuid>.mmap
+ray  plasma.*  Ray plasma object store
+nixl  nixl_.*  NVIDIA NIXL (disaggregated KV transfer)
+dali  nvidia_dali_.*  NVIDIA DALI shared memory
+triton  triton_python_backend_shm_region_.*  Triton python backend
+cuda  cuda\.shm\..*  CUDA IPC / MPS: cuda.shm.<pid>.<n>
+"""
+CLASSES: Tuple[Tuple[str, ...], ...] = tuple(
+    tuple(row.split("  ")) for row in _TABLE.strip().split("\n") if row[0] != "#"
 )
 
 CLASS_NAMES: Tuple[str, ...] = (*dict.fromkeys(c for c, _, _ in CLASSES), "other")
