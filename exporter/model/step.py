@@ -12,24 +12,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from exporter.host.libc import release_memory
 from exporter.host.kube import pod_uid_in_cgroup, pod_uid_of_mount
 from exporter.model.state import MountStates, StateStore
-from exporter.model.summary import (
-    SegmentSummary,
-    ShmBudget,
-    cgroups_by_pod,
-    shm_budget,
-    summarise,
-)
-from exporter.model.types import (
-    CgroupMemory,
-    GpuSnapshot,
-    HostMemory,
-    Inventory,
-    MountInventory,
-    MountUsage,
-    Observation,
-    OomKill,
-    SysvShm,
-)
+from exporter.model.summary import SegmentSummary, ShmBudget, summarise
+from exporter.model.summary import cgroups_by_pod, shm_budget
+from exporter.model.types import CgroupMemory, GpuSnapshot, HostMemory, OomKill, SysvShm
+from exporter.model.types import Inventory, MountInventory, MountUsage, Observation
 
 log = logging.getLogger(__name__)
 
@@ -151,9 +137,8 @@ class ModelStep:
         self._recent_oom: deque = deque(maxlen=50)
         self._oom_shown: Dict[str, OomCount] = {}
         self._oom_memo: tuple = (None, [])  # (what made the last counts, the counts)
-        self._model: Optional[Model] = None
+        self._model, self._built_for = None, None  # and the version() it was built for
         self._accepted = 0  # observations accepted
-        self._built_for: object = None  # the version() _model was built for
         self._listed_most = 0  # most segments listed since memory was last given back
 
     def version(self) -> Tuple[int, int]:
@@ -229,7 +214,7 @@ class ModelStep:
     def current(self) -> Model:
         with self._lock:
             version = self.version()
-            if self._model is None or version != self._built_for:
+            if version != self._built_for:
                 # The version from before the build: a change during it builds again.
                 self._model, self._built_for = self._build(), version
             return self._model
