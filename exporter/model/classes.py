@@ -5,7 +5,7 @@ import functools
 import re
 from typing import Pattern, Tuple
 
-# Each row: class, regex on the basename, where the name comes from, two spaces apart.
+# class, regex on the basename, where the name comes from: two spaces apart; '#': a comment.
 _TABLE = r"""
 mpi  vader_segment\..*  Open MPI vader/sm BTL: vader_segment.<host>.<...>
 mpi  sm_segment\..*  Open MPI 5 sm BTL (vader renamed)
@@ -29,9 +29,7 @@ dali  nvidia_dali_.*  NVIDIA DALI shared memory
 triton  triton_python_backend_shm_region_.*  Triton python backend
 cuda  cuda\.shm\..*  CUDA IPC / MPS: cuda.shm.<pid>.<n>
 """
-CLASSES: Tuple[Tuple[str, ...], ...] = tuple(
-    tuple(row.split("  ")) for row in _TABLE.strip().split("\n") if row[0] != "#"
-)
+CLASSES = tuple(re.findall(r"^(\w+)  (\S+)  (.+)", _TABLE, re.M))
 
 CLASS_NAMES: Tuple[str, ...] = (*dict.fromkeys(c for c, _, _ in CLASSES), "other")
 

@@ -37,9 +37,8 @@ class MountView:
     labels: Dict[str, str]  # node mode: pod_uid, volume, container_id; else {}
     usage: Optional[MountUsage]  # None when shm_mount is off, failed, or has not run
     peak_bytes: Optional[int]
-    # The high-water mark since first seen (None without usage), and when it was reached.
-    max_used_bytes: Optional[int]
-    max_used_at: Optional[float]
+    max_used_bytes: Optional[int]  # the highest since first seen (None: no usage)
+    max_used_at: Optional[float]  # when it was first reached
     inventory: Optional[MountInventory]  # None when segments is off, failed, or not run
     summary: Optional[SegmentSummary]
     cgroup: Optional[CgroupMemory]  # the memory cgroup its pages are charged to
@@ -97,9 +96,8 @@ class Model:
             regions.append(((pid,), sum(size for _, size in rest.values())))
         for holders, size in regions:
             held_in = {inventory.cgroup_of.get(pid) for pid in holders} - {None}
-            for path in {
-                p for c in held_in for p in _lineage(c)
-            }:  # once per cgroup above
+            # once per cgroup the region is held from or below
+            for path in {p for c in held_in for p in _lineage(c)}:
                 explained[path] += size
         out = {}
         for c in self.cgroups:

@@ -9,13 +9,8 @@ from dataclasses import dataclass
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from exporter.model.classes import NOT_LEAKS, REMOVABLE
-from exporter.model.types import (
-    CgroupMemory,
-    Inventory,
-    MountInventory,
-    MountUsage,
-    Segment,
-)
+from exporter.model.types import CgroupMemory, Inventory, MountInventory, MountUsage
+from exporter.model.types import Segment
 
 LISTED = 50  # leaked and unverified segments named, largest first (counts: `totals`)
 
@@ -37,9 +32,7 @@ class SegmentSummary:
     # The pids whose comm (and pod) the mount's series name: each top segment's first holder
     # (owner_label), each top process. The model makes the summary again when one changes.
     named_pids: FrozenSet[int] = frozenset()
-    degraded: bool = (
-        False  # past --inventory.max-segments: counts and bytes by class only
-    )
+    degraded: bool = False  # past --inventory.max-segments: totals by class only
 
 
 def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:

@@ -255,8 +255,7 @@ class Inventory:
     unproven: List[str] = field(default_factory=list)
     # memfd regions mapped or held (state "hidden"), and each holder's memory cgroup path.
     memfd: List[Segment] = field(default_factory=list)
-    # pid -> class -> (count, allocated) of its regions past the largest few, each region
-    # counted in one holder's only.
+    # pid -> class -> (count, allocated) past its largest few regions (each in one holder's)
     memfd_rest: Dict[int, Dict[str, Tuple[int, int]]] = field(default_factory=dict)
     cgroup_of: Dict[int, str] = field(default_factory=dict)
 
