@@ -235,11 +235,9 @@ class ModelStep:
         usages = {u.mount: u for u in self._result("shm_mount") or []}
         inventory: Optional[Inventory] = self._result("segments")
         inv_mounts = {m.mount: m for m in inventory.mounts} if inventory else {}
-        read = self._result("cgroup")
-        cgroups: List[CgroupMemory] = read or []
-        limit_unknown = (
-            read is None and "cgroup" in self._latest and self.memory_limit is None
-        )
+        cgroups: List[CgroupMemory] = self._result("cgroup") or []
+        unread = "cgroup" in self._latest and self._result("cgroup") is None
+        limit_unknown = unread and self.memory_limit is None
         mounts, limits = [], (self.shm_size_limit, self.memory_limit)
         charged_to = cgroups_by_pod(cgroups)
         for target in self.discovery.current().targets:
