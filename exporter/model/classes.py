@@ -46,9 +46,8 @@ def _class_of(basename: str) -> str:
     return _GROUP_CLASS[match.lastgroup] if match else "other"
 
 
-# Names repeat from one inventory to the next: remembered, in a bounded cache, as churn
-# (every NCCL init makes new random names) would grow an unbounded one forever. Not a
-# decorator: mutation testing leaves decorated functions alone.
+# Bounded: names repeat between inventories, but churn (every NCCL init makes new random
+# names) would grow an unbounded cache forever. Not a decorator: mutation testing skips those.
 classify = functools.lru_cache(maxsize=4096)(_class_of)
 
 

@@ -60,7 +60,7 @@ class Model:
     node_mode: bool
     statuses: List[SourceStatus]  # in source order
     mounts: List[MountView]
-    inventory: Optional[Inventory]
+    inventory: Optional[Inventory]  # process-level facts: comms, pods, unreadable, time
     cgroups: List[CgroupMemory]
     host_memory: Optional[HostMemory]
     sysv: List[SysvShm]  # one per IPC namespace (one in a sidecar); [] when not read

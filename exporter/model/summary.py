@@ -57,6 +57,7 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
     for (cls, _), (_, allocated, _) in totals.items():
         by_class[cls] = by_class.get(cls, 0) + allocated
     top_processes = heapq.nsmallest(top_k, inv.process_bytes.items(), key=_most)
+    named = {seg.holders[0] for seg in top if seg.holders}
     return SegmentSummary(
         totals=totals,
         bytes_by_class=by_class,
@@ -67,10 +68,7 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
         oldest_orphan_mtime=oldest,
         leaked=sorted(leaked[True] + leaked[False], key=_largest),
         unverified=unverified,
-        named_pids=frozenset(
-            [seg.holders[0] for seg in top if seg.holders]
-            + [pid for pid, _ in top_processes]
-        ),
+        named_pids=frozenset(named.union(pid for pid, _ in top_processes)),
         degraded=inv.degraded is not None,
     )
 

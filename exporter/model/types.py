@@ -202,13 +202,8 @@ def pack(cls: int, flags: int, ino: int, mtime: float, blocks: int, size: int) -
 
 def unpack(row: int) -> Tuple[int, int, int, int, int]:
     """-> (class index, inode, mtime, allocated bytes, apparent bytes)."""
-    return (
-        row & 31,
-        row >> INO_SHIFT & INO_MASK,
-        row >> 71 & (1 << 40) - 1,
-        (row >> 111 & (1 << 48) - 1) * 512,
-        row >> 159,
-    )
+    ino, mtime = row >> INO_SHIFT & INO_MASK, row >> 71 & (1 << 40) - 1
+    return row & 31, ino, mtime, (row >> 111 & (1 << 48) - 1) * 512, row >> 159
 
 
 @dataclass
