@@ -109,7 +109,6 @@ class StateStore:
 
     def _used(self, record: _Mount, used_bytes: int, now: float) -> None:
         record.peak.add(now, used_bytes)
-        # The high-water mark keeps the first time the highest value was reached.
         if record.max_used is None or used_bytes > record.max_used[0]:
             record.max_used = (used_bytes, self.wall_clock())
 
@@ -133,7 +132,6 @@ class StateStore:
             return bool(record and record.inotify)
 
     def all_inotify(self) -> bool:
-        """Every mount we know of is watched by inotify (none polled)."""
         with self._lock:
             flags = [r.inotify for r in self._mounts.values() if r.inotify is not None]
         return bool(flags) and all(flags)
