@@ -1,7 +1,7 @@
 """The shm budget: what a mount can really hold once --shm.size-limit and the memory limit
 are counted, each bound tested on both sides so that dropping or double-counting one fails.
 
-The unit cases pin the formulas (exporter/model/budget.py); the end-to-end cases check that the
+The unit cases pin the formulas (exporter/model/summary.py); the end-to-end cases check that the
 flag reaches them, through /metrics and through `shmwatch check`.
 """
 import json
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from exporter.model.types import CgroupMemory, MountUsage
-from exporter.model.budget import cgroups_by_pod, shm_budget
+from exporter.model.summary import cgroups_by_pod, shm_budget
 from exporter.collectors.cgroup import CgroupCollector
 from exporter.host.kube import pod_uid_of_mount
 from exporter.host.paths import Paths

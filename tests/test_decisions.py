@@ -16,7 +16,7 @@ from exporter.check.report import diagnose
 from exporter.check.report import shm, shm_remedy
 from exporter.inventory.holdings import unheld_state
 from exporter.exposition.webconfig import WebConfig, WebConfigSource
-from exporter.model.budget import shm_budget
+from exporter.model.summary import shm_budget
 from exporter.model.step import Model, MountView, SourceStatus
 from exporter.model.summary import owner_label, summarise
 from exporter.model.types import (KNOWN, CgroupMemory, HostMemory, Inventory, MountInventory, MountUsage, Segment,

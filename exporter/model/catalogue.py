@@ -16,8 +16,7 @@ class Metric:
     help: str
 
 
-# Every metric: name{labels}, two spaces, its help text (on indented lines as it goes on).
-# A line starting with '#' is a comment.
+# name{labels}, two spaces, its help text (on indented lines as it goes on); '#': a comment.
 _ENTRY = re.compile(r"^(\w+)(?:{(.*)})?  (.*(?:\n    .*)*)", re.M)
 _TABLE = """
 # --- shm mounts (collector shm_mount) -------------------------------------------
@@ -169,28 +168,22 @@ process_max_fds  Maximum number of open file descriptors.
 """
 
 
-def _read_table(text: str) -> Tuple[Metric, ...]:
+def _metric(name: str, labels: str, help_text: str) -> Metric:
     """Type and unit follow from the name, as Prometheus' naming rules have them."""
-    metrics = []
-    for name, labels, help_text in _ENTRY.findall(text):
-        base = name.removesuffix("_total")
-        units = [u for u in ("bytes", "seconds", "ratio") if base.endswith("_" + u)]
-        kind = "gauge" if base == name else "counter"
-        labels = tuple(labels.split(",")) if labels else ()
-        help_text = " ".join(help_text.split())
-        metrics.append(Metric(name, kind, "".join(units), labels, help_text))
-    return tuple(metrics)
+    base = name.removesuffix("_total")
+    unit = "".join(u for u in ("bytes", "seconds", "ratio") if base.endswith("_" + u))
+    kind = "gauge" if base == name else "counter"
+    labelled = tuple(labels.split(",")) if labels else ()
+    return Metric(name, kind, unit, labelled, " ".join(help_text.split()))
 
 
-CATALOGUE: Tuple[Metric, ...] = _read_table(_TABLE)
-
+CATALOGUE = tuple(_metric(*entry) for entry in _ENTRY.findall(_TABLE))
 BY_NAME: Dict[str, Metric] = {m.name: m for m in CATALOGUE}
 
 
 def node_labels(metric: Metric) -> Tuple[str, ...]:
-    """The labels node mode adds to `metric`: which pod or container a mount belongs to, which
-    pod a cgroup is, which pod a process holding shm runs in, and which IPC namespace (one per
-    pod or container) SysV figures are of. Empty where not known."""
+    """Node mode's labels (values empty where unknown): a mount's pod or container, the pod
+    of a cgroup or of a process holding shm, the IPC namespace of SysV figures."""
     if metric.name.startswith("shmwatch_sysv_"):
         return ("ipc_namespace", "pod_uid", "container_id")
     if metric.name == "shmwatch_process_shm_bytes":

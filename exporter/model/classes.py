@@ -5,38 +5,31 @@ import functools
 import re
 from typing import Pattern, Tuple
 
-CLASSES: Tuple[Tuple[str, str, str], ...] = (
-    # (class, regex on the basename, where the name comes from)
-    ("mpi", r"vader_segment\..*", "Open MPI vader/sm BTL: vader_segment.<host>.<...>"),
-    ("mpi", r"sm_segment\..*", "Open MPI 5 sm BTL (vader renamed)"),
-    ("mpi", r"mpich_shar_tmp.*", "MPICH shared-memory temp files"),
-    ("mpi", r"shm-col-space.*", "Intel MPI / MPICH collectives"),
-    ("mpi", r"psm_shm\..*", "Intel PSM (InfiniPath) shared memory"),
-    ("mpi", r"psm2_shm\..*", "Intel PSM2 (Omni-Path) shared memory"),
-    ("nccl", r"nccl-.*", "NCCL: nccl-XXXXXX (<= 2.11: nccl-shm-recv-*, -send-*)"),
-    ("ucx", r"ucx_shm_posix_.*", "UCX posix transport (uct/sm/mm/posix)"),
-    ("torch", r"torch_.*", "PyTorch file_system sharing: torch_<pid>_<rand>[_<n>]"),
-    ("python_shm", r"psm_.*", "multiprocessing.shared_memory (vLLM/SGLang queues)"),
-    (
-        "sglang",
-        r"sgl_shm_.*",
-        "SGLang: sgl_shm_<kind>_<pid>_<rand> (multimodal sgl_shm_mm_*)",
-    ),
-    ("sglang", r"sglang_loads_.*", "SGLang: sglang_loads_* (expert load statistics)"),
-    ("semaphore", r"sem\.loky-.*", "joblib/loky semaphores: sem.loky-<pid>-<rand>"),
-    ("semaphore", r"sem\..*", "glibc sem_open(): /dev/shm/sem.<name>"),
-    # Unlinked once every worker mapped it (vLLM PR 52596): then a hidden segment.
-    (
-        "vllm_offload",
-        r"vllm_offload_.*",
-        "vLLM CPU KV offload: vllm_offload_<uuid>.mmap",
-    ),
-    ("ray", r"plasma.*", "Ray plasma object store"),
-    ("nixl", r"nixl_.*", "NVIDIA NIXL (disaggregated KV transfer)"),
-    ("dali", r"nvidia_dali_.*", "NVIDIA DALI shared memory"),
-    ("triton", r"triton_python_backend_shm_region_.*", "Triton python backend"),
-    ("cuda", r"cuda\.shm\..*", "CUDA IPC / MPS: cuda.shm.<pid>.<n>"),
-)
+# class, regex on the basename, where the name comes from: two spaces apart; '#': a comment.
+_TABLE = r"""
+mpi  vader_segment\..*  Open MPI vader/sm BTL: vader_segment.<host>.<...>
+mpi  sm_segment\..*  Open MPI 5 sm BTL (vader renamed)
+mpi  mpich_shar_tmp.*  MPICH shared-memory temp files
+mpi  shm-col-space.*  Intel MPI / MPICH collectives
+mpi  psm_shm\..*  Intel PSM (InfiniPath) shared memory
+mpi  psm2_shm\..*  Intel PSM2 (Omni-Path) shared memory
+nccl  nccl-.*  NCCL: nccl-XXXXXX (<= 2.11: nccl-shm-recv-*, -send-*)
+ucx  ucx_shm_posix_.*  UCX posix transport (uct/sm/mm/posix)
+torch  torch_.*  PyTorch file_system sharing: torch_<pid>_<rand>[_<n>]
+python_shm  psm_.*  multiprocessing.shared_memory (vLLM/SGLang queues)
+sglang  sgl_shm_.*  SGLang: sgl_shm_<kind>_<pid>_<rand> (multimodal sgl_shm_mm_*)
+sglang  sglang_loads_.*  SGLang: sglang_loads_* (expert load statistics)
+semaphore  sem\.loky-.*  joblib/loky semaphores: sem.loky-<pid>-<rand>
+semaphore  sem\..*  glibc sem_open(): /dev/shm/sem.<name>
+# Unlinked once every worker mapped it (vLLM PR 52596): then a hidden segment.
+vllm_offload  vllm_offload_.*  vLLM CPU KV offload: vllm_offload_<uuid>.mmap
+ray  plasma.*  Ray plasma object store
+nixl  nixl_.*  NVIDIA NIXL (disaggregated KV transfer)
+dali  nvidia_dali_.*  NVIDIA DALI shared memory
+triton  triton_python_backend_shm_region_.*  Triton python backend
+cuda  cuda\.shm\..*  CUDA IPC / MPS: cuda.shm.<pid>.<n>
+"""
+CLASSES = tuple(re.findall(r"^(\w+)  (\S+)  (.+)", _TABLE, re.M))
 
 CLASS_NAMES: Tuple[str, ...] = (*dict.fromkeys(c for c, _, _ in CLASSES), "other")
 
@@ -53,9 +46,8 @@ def _class_of(basename: str) -> str:
     return _GROUP_CLASS[match.lastgroup] if match else "other"
 
 
-# Names repeat from one inventory to the next: remembered, in a bounded cache, as churn
-# (every NCCL init makes new random names) would grow an unbounded one forever. Not a
-# decorator: mutation testing leaves decorated functions alone.
+# Bounded: names repeat between inventories, but churn (every NCCL init makes new random
+# names) would grow an unbounded cache forever. Not a decorator: mutation testing skips those.
 classify = functools.lru_cache(maxsize=4096)(_class_of)
 
 

@@ -31,9 +31,7 @@ class PeakWindow:
 
 
 @dataclass(frozen=True)
-class MountStates:
-    """A copy of the store, for one model step."""
-
+class MountStates:  # a copy of the store, for one model step
     peaks: Dict[str, int]
     # mount -> (highest used bytes since first seen, wall clock)
     max_used: Dict[str, Tuple[int, float]]
@@ -54,9 +52,6 @@ class _Mount:  # what the store keeps of one mount
     live: bool = True  # False while the last poll found it gone: no samples taken
 
 
-GONE = ("gone",)  # the instance of a mount that is not there
-
-
 class StateStore:
     # clock: the peak window's; wall_clock: when the high-water mark was reached.
     def __init__(self, peak_window=60.0, clock=time.monotonic, wall_clock=time.time):
@@ -72,10 +67,9 @@ class StateStore:
     def _of(self, mount: str) -> _Mount:
         """The mount's record (under the lock), made on first use; the version moves."""
         self._version += 1
-        record = self._mounts.get(mount)
-        if record is None:
-            record = self._mounts[mount] = _Mount(PeakWindow(self.peak_window))
-        return record
+        if mount not in self._mounts:
+            self._mounts[mount] = _Mount(PeakWindow(self.peak_window))
+        return self._mounts[mount]
 
     def touch(self, mount: str) -> None:
         """inotify saw `mount` change (the watcher); drained by shm_mount's next run."""
@@ -88,15 +82,14 @@ class StateStore:
         return touched
 
     def record_polled(self, usages: Iterable[MountUsage]) -> None:
-        """One poll's mounts. Another instance at a path (unmounted, and mounted again, or
-        gone in between) starts its peak and high-water mark afresh: the old mount's say
-        nothing of the new one's size."""
+        """One poll's mounts. Another instance at a path (remounted, or gone in between) starts
+        its peak and high-water mark afresh: the old mount's say nothing of the new one's size."""
         now = self.clock()
         with self._lock:
             for u in usages:
                 record = self._of(u.mount)
                 # () with no error: the mount table could not say which (proves nothing).
-                instance = u.instance or (GONE if u.error else ())
+                instance = u.instance or (("gone",) if u.error else ())
                 if instance and record.instance and instance != record.instance:
                     record.peak, record.max_used = PeakWindow(self.peak_window), None
                 record.instance = instance or record.instance
@@ -116,7 +109,6 @@ class StateStore:
 
     def _used(self, record: _Mount, used_bytes: int, now: float) -> None:
         record.peak.add(now, used_bytes)
-        # The high-water mark keeps the first time the highest value was reached.
         if record.max_used is None or used_bytes > record.max_used[0]:
             record.max_used = (used_bytes, self.wall_clock())
 
@@ -140,7 +132,6 @@ class StateStore:
             return bool(record and record.inotify)
 
     def all_inotify(self) -> bool:
-        """Every mount we know of is watched by inotify (none polled)."""
         with self._lock:
             flags = [r.inotify for r in self._mounts.values() if r.inotify is not None]
         return bool(flags) and all(flags)
@@ -149,10 +140,9 @@ class StateStore:
         """A mount that went away (a pod deleted) takes its peaks, counters and flags with it."""
         keep = set(mounts)
         with self._lock:
-            gone = [m for m in self._mounts if m not in keep]
-            for mount in gone:
-                del self._mounts[mount]
-            self._version += len(gone)
+            kept = {m: record for m, record in self._mounts.items() if m in keep}
+            self._version += len(self._mounts) - len(kept)
+            self._mounts = kept
 
     def snapshot(self) -> MountStates:
         now = self.clock()

@@ -11,25 +11,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from exporter.host.libc import release_memory
 from exporter.host.kube import pod_uid_in_cgroup, pod_uid_of_mount
-from exporter.model.budget import ShmBudget, cgroups_by_pod, shm_budget
 from exporter.model.state import MountStates, StateStore
-from exporter.model.summary import SegmentSummary, summarise
-from exporter.model.types import (
-    CgroupMemory,
-    GpuSnapshot,
-    HostMemory,
-    Inventory,
-    MountInventory,
-    MountUsage,
-    Observation,
-    OomKill,
-    SysvShm,
-)
+from exporter.model.summary import SegmentSummary, ShmBudget, summarise
+from exporter.model.summary import cgroups_by_pod, shm_budget
+from exporter.model.types import CgroupMemory, GpuSnapshot, HostMemory, OomKill, SysvShm
+from exporter.model.types import Inventory, MountInventory, MountUsage, Observation
 
 log = logging.getLogger(__name__)
 
-# How many OOM kills `shmwatch check` and the model remember (the newest).
-RECENT_OOM_KILLS = 50
 SHRUNK = 10_000  # segments fewer than the most listed since: worth giving memory back
 OOM_LOG = "OOM kill: pid %d (%s) in %s (limit of %s hit): anon-rss %s, shmem-rss %s; shm used %s%s"
 
@@ -37,9 +26,9 @@ OOM_LOG = "OOM kill: pid %d (%s) in %s (limit of %s hit): anon-rss %s, shmem-rss
 @dataclass(frozen=True)
 class SourceStatus:
     name: str
-    success: bool
-    duration: float
-    error: Optional[str]
+    success: bool = False  # the defaults: a source that has not answered yet
+    duration: float = 0.0
+    error: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -48,9 +37,8 @@ class MountView:
     labels: Dict[str, str]  # node mode: pod_uid, volume, container_id; else {}
     usage: Optional[MountUsage]  # None when shm_mount is off, failed, or has not run
     peak_bytes: Optional[int]
-    # The high-water mark since first seen (None without usage), and when it was reached.
-    max_used_bytes: Optional[int]
-    max_used_at: Optional[float]
+    max_used_bytes: Optional[int]  # the highest since first seen (None: no usage)
+    max_used_at: Optional[float]  # when it was first reached
     inventory: Optional[MountInventory]  # None when segments is off, failed, or not run
     summary: Optional[SegmentSummary]
     cgroup: Optional[CgroupMemory]  # the memory cgroup its pages are charged to
@@ -88,15 +76,14 @@ class Model:
 
     @cached_property
     def shmem_unexplained(self) -> Dict[str, int]:
-        """Per cgroup read (not estimated): its shmem minus the used bytes of the watched mounts
-        charged to it, the resident bytes of its IPC namespace's SysV segments and the memfd
-        regions its processes (or its descendants') hold. An estimate: a region two cgroups'
-        processes hold counts in both, and pages are charged to whoever touched them first.
-        Nothing without an inventory (memfd regions unknown). Linear: node mode has 100s."""
+        """Per cgroup read: its shmem minus what the watched mounts charged to it, its IPC
+        namespace's resident SysV segments and the memfd regions held from it or below explain.
+        An estimate: a region held from two cgroups counts in both, and pages are charged to
+        whoever touched them first. {} without an inventory (memfds unknown)."""
         inventory, node_mode = self.inventory, self.node_mode
         if inventory is None:
             return {}
-        # id(cgroup), ("sysv", pod UID in node mode) or cgroup -> bytes
+        # id(cgroup), ("sysv", pod UID in node mode) or cgroup path -> bytes
         explained: Dict[object, int] = Counter()
         for v in self.mounts:
             if v.cgroup is not None and v.usage is not None and not v.usage.error:
@@ -109,7 +96,7 @@ class Model:
             regions.append(((pid,), sum(size for _, size in rest.values())))
         for holders, size in regions:
             held_in = {inventory.cgroup_of.get(pid) for pid in holders} - {None}
-            # once per cgroup the region is below
+            # once per cgroup the region is held from or below
             for path in {p for c in held_in for p in _lineage(c)}:
                 explained[path] += size
         out = {}
@@ -140,29 +127,27 @@ class ModelStep:
         # source -> its latest Observation or None, in render order (discovery: node mode)
         self._latest = dict.fromkeys(s.name for s in sources if s.reports_status)
         self._summaries: Dict[str, SegmentSummary] = {}  # the latest inventory's
-        # The OOM ledger, kept for good (it outlives victims' cgroups and pods' mounts):
-        # cgroup (a pod's in node mode, else the victim's) -> kills the kernel log gave;
-        # cgroup -> its own counter's highest; the newest kills, with their pod's shm.
+        # The OOM ledger outlives victims' cgroups and pods' mounts: per cgroup (a pod's in
+        # node mode, else the victim's) the kernel log's kills and its own counter's highest;
+        # the newest 50 kills with their pod's shm use; each series as last shown.
         self._oom_logged: Dict[str, int] = Counter()
         self._oom_own: Dict[str, int] = {}
-        self._recent_oom: deque = deque(maxlen=RECENT_OOM_KILLS)
-        self._oom_shown: Dict[str, OomCount] = {}  # each OOM series as last shown
-        self._oom_memo: tuple = (None, [])  # what made the last counts, and they
-        self._model: Optional[Model] = None
+        self._recent_oom: deque = deque(maxlen=50)
+        self._oom_shown: Dict[str, OomCount] = {}
+        self._oom_memo: tuple = (None, [])  # (what made the last counts, the counts)
+        self._model, self._built_for = None, None  # and the version() it was built for
         self._accepted = 0  # observations accepted
-        self._built_for: object = None  # the version() _model was built for
         self._listed_most = 0  # most segments listed since memory was last given back
 
     def version(self) -> Tuple[int, int]:
-        """Moves whenever the model would differ: an observation accepted, or the state changed."""
         return self._accepted, self.state.version()
 
     def accept(self, obs: Observation) -> None:
         """Scheduler subscriber: keep the observation, compute what depends on it alone."""
         ok, summaries, listed = obs.success, {}, 0
         if ok and obs.source == "segments":
-            # A quick run hands back the same inventory object for a mount it did not touch:
-            # its summary is kept rather than made again.
+            # A quick run hands back the same object for a mount it did not touch: its
+            # summary is kept, as is one made equal to the last (a render compares identity).
             before = self._result("segments")
             old = {m.mount: m for m in before.mounts} if before else {}
             for m in obs.result.mounts:
@@ -172,7 +157,6 @@ class ModelStep:
                 kept = self._summaries.get(m.mount)
                 if old.get(m.mount) is not m or not kept:
                     made = summarise(m, self.top_k)
-                    # One equal to the last is kept: a render compares it by identity.
                     kept = kept if made == kept else made
                 summaries[m.mount] = kept
         elif ok and obs.source == "shm_mount":
@@ -204,8 +188,7 @@ class ModelStep:
                 self._listed_most = listed if shrunk else most
             self._accepted += 1
         if shrunk:
-            # The last references to the old inventory here: freed first.
-            del before, old
+            del before, old  # the last references here to the old inventory
             release_memory()
 
     def _count_kill(self, kill: OomKill) -> None:
@@ -229,7 +212,7 @@ class ModelStep:
     def current(self) -> Model:
         with self._lock:
             version = self.version()
-            if self._model is None or version != self._built_for:
+            if version != self._built_for:
                 # The version from before the build: a change during it builds again.
                 self._model, self._built_for = self._build(), version
             return self._model
@@ -245,21 +228,16 @@ class ModelStep:
 
     def _build(self) -> Model:
         statuses = [
-            SourceStatus(name, obs.success, obs.duration, obs.error)
-            if obs
-            else SourceStatus(name, False, 0.0, None)
-            for name, obs in self._latest.items()
+            SourceStatus(n, o.success, o.duration, o.error) if o else SourceStatus(n)
+            for n, o in self._latest.items()
         ]
         states = self.state.snapshot()
         usages = {u.mount: u for u in self._result("shm_mount") or []}
         inventory: Optional[Inventory] = self._result("segments")
         inv_mounts = {m.mount: m for m in inventory.mounts} if inventory else {}
         cgroups: List[CgroupMemory] = self._result("cgroup") or []
-        limit_unknown = (
-            "cgroup" in self._latest
-            and self._result("cgroup") is None
-            and self.memory_limit is None
-        )
+        unread = "cgroup" in self._latest and self._result("cgroup") is None
+        limit_unknown = unread and self.memory_limit is None
         mounts, limits = [], (self.shm_size_limit, self.memory_limit)
         charged_to = cgroups_by_pod(cgroups)
         for target in self.discovery.current().targets:
@@ -340,7 +318,6 @@ class ModelStep:
 
 
 def _lineage(cgroup: str) -> List[str]:
-    """A cgroup path and each one above it, up to "/"."""
     path, lineage = cgroup.rstrip("/"), []
     while path:
         lineage.append(path)
@@ -349,7 +326,7 @@ def _lineage(cgroup: str) -> List[str]:
 
 
 def _subtree_totals(counts: Dict[str, int]) -> Dict[str, int]:
-    """cgroup -> its count plus those below it: each count added to every ancestor, once."""
+    """cgroup -> its count plus those below it."""
     totals: Dict[str, int] = Counter()
     for key, n in counts.items():
         for path in _lineage(key):

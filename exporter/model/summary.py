@@ -1,5 +1,6 @@
-"""Per-mount summaries, made once per inventory: totals by class and state, top K
-segments and processes, the oldest orphan, leak candidates; renders walk no segments."""
+"""Per-mount summaries, made once per inventory (totals by class and state, top K segments
+and processes, the oldest orphan, leak candidates: renders walk no segments), and the shm
+budget: the one formula /metrics and `shmwatch check` both report."""
 
 import bisect
 import heapq
@@ -7,9 +8,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
-from exporter.model.types import Inventory, MountInventory, Segment
 from exporter.model.classes import NOT_LEAKS, REMOVABLE
-
+from exporter.model.types import CgroupMemory, Inventory, MountInventory, MountUsage
+from exporter.model.types import Segment
 
 LISTED = 50  # leaked and unverified segments named, largest first (counts: `totals`)
 
@@ -31,8 +32,7 @@ class SegmentSummary:
     # The pids whose comm (and pod) the mount's series name: each top segment's first holder
     # (owner_label), each top process. The model makes the summary again when one changes.
     named_pids: FrozenSet[int] = frozenset()
-    # Past --inventory.max-segments: counts and bytes by class only.
-    degraded: bool = False
+    degraded: bool = False  # past --inventory.max-segments: totals by class only
 
 
 def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
@@ -57,6 +57,7 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
     for (cls, _), (_, allocated, _) in totals.items():
         by_class[cls] = by_class.get(cls, 0) + allocated
     top_processes = heapq.nsmallest(top_k, inv.process_bytes.items(), key=_most)
+    named = {seg.holders[0] for seg in top if seg.holders}
     return SegmentSummary(
         totals=totals,
         bytes_by_class=by_class,
@@ -67,10 +68,7 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
         oldest_orphan_mtime=oldest,
         leaked=sorted(leaked[True] + leaked[False], key=_largest),
         unverified=unverified,
-        named_pids=frozenset(
-            [seg.holders[0] for seg in top if seg.holders]
-            + [pid for pid, _ in top_processes]
-        ),
+        named_pids=frozenset(named.union(pid for pid, _ in top_processes)),
         degraded=inv.degraded is not None,
     )
 
@@ -84,8 +82,7 @@ def _largest(seg: Segment) -> Tuple[int, str]:
 
 
 def _keep(kept: List[Segment], seg: Segment, k: int) -> None:
-    """Keeps the k largest, largest first. Most segments of a storm are no larger than the
-    last kept: one comparison."""
+    """Keeps the k largest, largest first; most segments of a storm cost one comparison."""
     if len(kept) < k or kept and _largest(seg) < _largest(kept[-1]):
         bisect.insort(kept, seg, key=_largest)
         del kept[k:]
@@ -112,3 +109,34 @@ def memfd_summary(inv: Inventory, top_k: int) -> tuple:
         for pid in holders:
             by_pid[pid] += size
     return by_class, heapq.nsmallest(top_k, by_pid.items(), key=_most)
+
+
+@dataclass(frozen=True)
+class ShmBudget:
+    fillable_bytes: int  # min(tmpfs size, --shm.size-limit)
+    effective_bytes: int  # fillable, and no more than the memory limit leaves for shm
+    # (working set - shm used + fillable) / limit; None without a cgroup limit
+    projection: Optional[float]
+    room_bytes: Optional[int]  # what the memory limit leaves for shm; None: no limit
+
+
+def shm_budget(m: MountUsage, cgroup, size_limit=None, memory_limit=None) -> ShmBudget:
+    """The sizeLimit counts because older kubelets leave the tmpfs at half of node RAM and
+    enforce it by eviction; the memory limit because tmpfs pages are charged to the cgroup,
+    beside everything else the pod uses. `memory_limit` stands in where no cgroup was read."""
+    fillable = min(m.size_bytes, size_limit) if size_limit else m.size_bytes
+    if cgroup is not None and cgroup.limit_bytes:
+        non_shm = max(0, cgroup.working_set_bytes - m.used_bytes)
+        room = max(0, cgroup.limit_bytes - non_shm)
+        projection = (non_shm + fillable) / cgroup.limit_bytes
+        return ShmBudget(fillable, min(fillable, room), projection, room)
+    if cgroup is None and memory_limit:
+        return ShmBudget(fillable, min(fillable, memory_limit), None, memory_limit)
+    return ShmBudget(fillable, fillable, None, None)
+
+
+def cgroups_by_pod(cgroups: Sequence[CgroupMemory]) -> Dict[str, CgroupMemory]:
+    """The cgroup a mount's pages are charged to, by the mount's pod UID: a pod's emptyDir to
+    its pod's cgroup, any other mount ("") to the watched cgroup of no pod (the sidecar's
+    workload; in node mode none, so the host's /dev/shm is charged to no pod). First wins."""
+    return {cgroup.pod_uid: cgroup for cgroup in reversed(cgroups)}

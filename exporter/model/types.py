@@ -8,10 +8,6 @@ from typing import Dict, Iterator, List, Optional, Tuple
 from exporter.host.kube import POD_UID_IN_CGROUP, pod_uid_in_cgroup
 from exporter.model.classes import CLASS_NAMES
 
-Key = Tuple[int, int]  # (st_dev, st_ino)
-# A cgroup path's first pod directory, whatever follows the UID (systemd's .slice)
-_POD_DIR = re.compile(POD_UID_IN_CGROUP.pattern + "[^/]*")
-
 
 @dataclass(frozen=True)
 class Target:
@@ -21,8 +17,6 @@ class Target:
 
 @dataclass(frozen=True)
 class MountSet:
-    """What discovery published: the mounts, in order, with their node labels."""
-
     targets: List[Target]
 
     def mounts(self) -> List[str]:
@@ -63,8 +57,7 @@ class CgroupMemory:
     limit_source: str
     pod_uid: str = ""  # node mode: the pod this cgroup belongs to
     estimated: bool = False  # True: no cgroup was read; the workload's processes and shm (collectors/cgroup.py)
-    # Node mode, v1: each container cgroup's OOM kill count (path, count). v1 counts a kill in
-    # the victim's memcg only, gone with its container: the model keeps each one's highest.
+    # Node mode, v1: (path, OOM kills) of each container cgroup; why: ModelStep._oom_counts
     child_oom_kills: Tuple[Tuple[str, int], ...] = ()
     high_bytes: Optional[int] = None  # v2 memory.high: throttled and reclaimed above it
     # memory.events (v1: oom_kill, failcnt as max)
@@ -130,8 +123,8 @@ class OomKill:
 
     @property
     def pod_cgroup(self) -> str:
-        """The victim's pod cgroup (its path up to the pod's own directory); '' outside a pod."""
-        match = _POD_DIR.search(self.task_memcg)
+        """Up to the pod's own directory, whatever follows its UID (.slice); '' outside a pod."""
+        match = re.search(POD_UID_IN_CGROUP.pattern + "[^/]*", self.task_memcg)
         return self.task_memcg[: match.end()] if match else ""
 
 
@@ -191,14 +184,13 @@ class Segment:
     apparent_bytes: int
     mtime: float = 0.0
     holders: Tuple[int, ...] = ()
-    key: Key = (0, 0)
+    key: Tuple[int, int] = (0, 0)  # (st_dev, st_ino)
 
 
 STATES = ("linked", "hidden", "orphan", "unverified")
-# A listed file is one int (~40 bytes; a tuple of its fields costs ~200): its class (index in
-# CLASS_NAMES), whether the last full scan listed it, which walk saw it last (a parity bit),
-# inode, mtime (s), blocks, apparent size. What may be 0 (sizes) lies highest, so an empty
-# file's int is short.
+# A listed file is one int (~40 bytes; a tuple of its fields ~200): class (index in
+# CLASS_NAMES), listed by the last full scan, which walk saw it last (a parity bit), inode,
+# mtime (s), blocks, apparent size; the sizes (may be 0) lie highest: an empty file's is short.
 KNOWN, SEEN, INO_SHIFT, INO_MASK = 1 << 5, 1 << 6, 7, (1 << 64) - 1
 
 
@@ -210,24 +202,17 @@ def pack(cls: int, flags: int, ino: int, mtime: float, blocks: int, size: int) -
 
 def unpack(row: int) -> Tuple[int, int, int, int, int]:
     """-> (class index, inode, mtime, allocated bytes, apparent bytes)."""
-    return (
-        row & 31,
-        row >> INO_SHIFT & INO_MASK,
-        row >> 71 & (1 << 40) - 1,
-        (row >> 111 & (1 << 48) - 1) * 512,
-        row >> 159,
-    )
+    ino, mtime = row >> INO_SHIFT & INO_MASK, row >> 71 & (1 << 40) - 1
+    return row & 31, ino, mtime, (row >> 111 & (1 << 48) - 1) * 512, row >> 159
 
 
 @dataclass
 class MountInventory:
-    """One mount's segments: each listed file a packed int (`pack`) and a state byte."""
-
     mount: str
     error: Optional[str] = None
     dev: int = 0
-    # Path below the mount -> row: the collector's listing, updated in place by its next run
-    # (one copy of 100,000 rows, not two): read it, with `states`, before then.
+    # Path below the mount -> row (`pack`): the collector's listing, updated in place by its
+    # next run (one copy of 100,000 rows, not two): read it, with `states`, before then.
     listed: Dict[str, int] = field(default_factory=dict)
     states: bytes = b""  # each listed row's index in STATES, in `listed`'s order
     held: Dict[int, Tuple[int, ...]] = field(default_factory=dict)  # inode -> pids
@@ -243,13 +228,12 @@ class MountInventory:
     degraded: Optional[Dict[str, Tuple[int, int, int]]] = None
 
     def rows(self) -> Iterator[Segment]:
-        """Every segment, made one at a time: hidden ones, then the listed."""
+        """Every segment, made one at a time."""
         yield from self.hidden
         for (name, row), state in zip(self.listed.items(), self.states):
             cls, ino, mtime, allocated, apparent = unpack(row)
-            holders = self.held.get(ino, ())
             seg = (name, CLASS_NAMES[cls], STATES[state], allocated, apparent, mtime)
-            yield Segment(*seg, holders, (self.dev, ino))
+            yield Segment(*seg, self.held.get(ino, ()), (self.dev, ino))
 
 
 @dataclass
@@ -266,8 +250,7 @@ class Inventory:
     unproven: List[str] = field(default_factory=list)
     # memfd regions mapped or held (state "hidden"), and each holder's memory cgroup path.
     memfd: List[Segment] = field(default_factory=list)
-    # pid -> class -> (count, allocated) of its regions past the largest few, each region
-    # counted in one holder's only.
+    # pid -> class -> (count, allocated) past its largest few regions (each in one holder's)
     memfd_rest: Dict[int, Dict[str, Tuple[int, int]]] = field(default_factory=dict)
     cgroup_of: Dict[int, str] = field(default_factory=dict)
 
