@@ -1,13 +1,10 @@
-"""GPU memory through NVML (nvidia-ml-py, imported as pynvml).
-
-NVML is initialised once and kept; after a driver-level error it is shut down and
-initialised again on the next run. One GPU failing (lost, not supported) skips that GPU
-only. A hanging call is bounded by the scheduler (--collector.gpu.timeout).
-"""
+"""GPU memory through NVML (nvidia-ml-py, imported as pynvml), initialised once and kept;
+after a driver-level error shut down, and initialised again on the next run. One GPU failing
+(lost, not supported) skips that GPU only; --collector.gpu.timeout bounds a hanging call."""
 
 import time
 from contextlib import suppress
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from exporter.collectors.source import BaseSource, register
 from exporter.host.proctable import ProcessTable
@@ -67,7 +64,7 @@ class GpuCollector(BaseSource):
         try:
             count = nvml.nvmlDeviceGetCount()
         except nvml.NVMLError as err:
-            self.close()  # driver-level trouble: start afresh next time
+            self.close()  # driver-level trouble
             raise RuntimeError(f"nvmlDeviceGetCount failed: {err}") from None
         devices, errors = [], []
         for index in range(count):
@@ -110,7 +107,7 @@ class GpuCollector(BaseSource):
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             used, reserved = int(memory.used), None
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-        by_pid: Dict[int, int] = {}
+        by_pid = {}
         for getter in (
             nvml.nvmlDeviceGetComputeRunningProcesses,
             nvml.nvmlDeviceGetGraphicsRunningProcesses,
