@@ -1,14 +1,11 @@
 """The memory cgroup the shm is charged to: usage, limit, shmem, OOM kills (v1 and v2).
 
-Filling a memory-backed /dev/shm can OOM-kill the pod before tmpfs says ENOSPC. Which
-cgroup: --cgroup.path, else the first process matching --cgroup.target-process, else the
-workload's, else on a host our own; its pod's where the pod's limit binds (binding).
-
-A sidecar shares the server's PID namespace, not its cgroup (Docker on v1 mounts only the
-sidecar's own; v2 namespaces hide every other). The workload is every process of the
-namespace but shmwatch's and a pod's pause; its cgroup is read where a cgroupfs mount shows
-it, else estimated (`cgroup="estimate:workload"`): Pss_Anon + Pss_File plus the shm mounts'
-used bytes (not Pss_Shmem: shm counted once). Unseen: unmapped page cache, kernel memory;
+Which: --cgroup.path, else the first process matching --cgroup.target-process, else the
+workload's, else on a host our own; its pod's where the pod's limit binds (binding). A sidecar
+shares the server's PID namespace, not its cgroup (Docker on v1 mounts only the sidecar's own;
+v2 namespaces hide every other): the workload's cgroup is read where a cgroupfs mount shows it,
+else estimated (`cgroup="estimate:workload"`): Pss_Anon + Pss_File plus the shm mounts' used
+bytes (not Pss_Shmem: shm counted once). Unseen: unmapped page cache, kernel memory;
 overcounted: others' file pages.
 """
 
@@ -30,14 +27,11 @@ from exporter.host.proctable import Process, ProcessTable
 from exporter.collectors.host_memory import meminfo, usable_limit_flag
 from exporter.collectors.source import BaseSource, register
 
-# Node mode lists the pod cgroups again at most this often while a pod with a watched mount
-# is not listed.
+# Node mode walks again at most this often while a watched mount's pod is not listed.
 MISSING_REWALK_SECONDS = 2.0
-# A pod this near its limit is read every poll: PodOomRiskHigh fires at 0.9, the dashboard
-# warns from 0.8.
+# A pod this near its limit is read every poll (PodOomRiskHigh: 0.9; the dashboard: 0.8).
 STRETCH_BELOW_RATIO = 0.8
-# An unchanged pod is read whole every this many polls at most (cAdvisor's housekeeping
-# stretches to 60 s).
+# An unchanged pod is read whole every this many polls at most (cAdvisor: up to 60 s).
 POD_STRETCH_MAX = 32
 # Usage and limit files kept open at most, and never past a quarter of the soft
 # RLIMIT_NOFILE (a container's may be 1,024: connections need the rest).
@@ -46,7 +40,8 @@ ESTIMATE_CGROUP = "estimate:workload"
 
 
 class IncompleteView(LookupError):
-    """Some of the workload's processes could not be read: no estimate rather than a low one."""
+    """Processes we cannot read (another UID, hidepid) may be the workload's: no estimate
+    rather than a low one."""
 
 
 def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
@@ -56,8 +51,6 @@ def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
     except OSError:
         return []  # without our own cgroup, ours cannot be told from the workload's
     walked, found = table.walk(), []
-    # Processes we cannot read (another UID, hidepid) may be the workload's: an estimate
-    # without them would be low, unmarked.
     if walked.unreadable or walked.invisible != 0:  # None: not known
         raise IncompleteView(
             f"{walked.unreadable or 0} process(es) in this PID namespace could not be read"
@@ -267,7 +260,7 @@ class CgroupCollector(BaseSource):
             try:
                 memory = self.read(path, version, directory, uid, above, swap)
             except (OSError, ValueError):
-                self._close(directory)
+                self.close(directory)
                 continue
             # The same object when unchanged: render memos hold.
             memory = last if memory == last else memory
@@ -278,7 +271,7 @@ class CgroupCollector(BaseSource):
             self._kept[directory] = (memory, every, self._polls + every, probe)
             found.append(memory)
         for directory in kept.keys() - self._kept.keys():
-            self._close(directory)  # a pod gone
+            self.close(directory)  # a pod gone
         return found
 
     def _probe(self, directory: str, version: int, above: dict) -> Optional[tuple]:
@@ -296,16 +289,14 @@ class CgroupCollector(BaseSource):
                 now = [read_text(path).encode() for path in files]
             return *now, *limits_above(directory, LIMIT[version], above)
         except (OSError, ValueError):  # the pod gone (ENODEV): read whole
-            self._close(directory)
+            self.close(directory)
             return None
 
-    def _close(self, directory: str) -> None:
-        for fd in self._fds.pop(directory, ()):
-            os.close(fd)
-
-    def close(self) -> None:
-        for directory in list(self._fds):
-            self._close(directory)
+    def close(self, *directories: str) -> None:
+        """The files kept open for these pods' directories, or for every pod."""
+        for directory in directories or list(self._fds):
+            for fd in self._fds.pop(directory, ()):
+                os.close(fd)
 
     def read(self, path, version, directory, pod_uid="", above=None, swap=True):
         """--memory.limit-bytes binds where tighter (one workload's: never in node mode, `pod_uid`)."""
@@ -345,12 +336,11 @@ class CgroupCollector(BaseSource):
             self._children[directory] = names
             kills = {}
             for name in names:
-                child = os.path.join(directory, name)
                 with suppress(OSError, KeyError):  # being removed (ENODEV), or gone
-                    kills[name] = read_keyed(child, "memory.oom_control")["oom_kill"]
+                    oom = read_keyed(f"{directory}/{name}", "memory.oom_control")
+                    kills[f"{path.rstrip('/')}/{name}"] = oom["oom_kill"]
             if listing or len(kills) == len(names):
-                up = path.rstrip("/")
-                return tuple((f"{up}/{name}", kills[name]) for name in sorted(kills))
+                return tuple(sorted(kills.items()))
 
 
 register(

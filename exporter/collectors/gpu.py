@@ -25,12 +25,11 @@ class GpuCollector(BaseSource):
         self.table = table
         self.nvml = None  # pynvml, once nvmlInit succeeded
         self.driver_version = ""
-        self._missing: Optional[Tuple[float, str]] = None  # (when, why) no driver
+        self._missing: Optional[Tuple[float, str]] = None  # (retry at, why) no driver
 
     def _init(self) -> None:
-        missing = self._missing
-        if missing and time.monotonic() - missing[0] < MISSING_DRIVER_RETRY_SECONDS:
-            raise RuntimeError(missing[1])
+        if self._missing and time.monotonic() < self._missing[0]:
+            raise RuntimeError(self._missing[1])
         try:
             import pynvml as nvml  # nvidia-ml-py
 
@@ -48,7 +47,7 @@ class GpuCollector(BaseSource):
             self.nvml, self._missing = nvml, None
             self.driver_version = _text(nvml.nvmlSystemGetDriverVersion())
             return
-        self._missing = (time.monotonic(), why)
+        self._missing = (time.monotonic() + MISSING_DRIVER_RETRY_SECONDS, why)
         raise RuntimeError(why)
 
     def close(self) -> None:
@@ -107,18 +106,15 @@ class GpuCollector(BaseSource):
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             used, reserved = int(memory.used), None
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-        by_pid = {}
-        for getter in (
-            nvml.nvmlDeviceGetComputeRunningProcesses,
-            nvml.nvmlDeviceGetGraphicsRunningProcesses,
-        ):
-            try:
-                infos = getter(handle)
-            except nvml.NVMLError:
-                continue  # NotSupported for graphics on many data-centre GPUs
-            for info in infos:
-                if info.usedGpuMemory is None:
-                    continue  # not available (WDDM, or no permission)
+        # Graphics is NotSupported on many data-centre GPUs; a process's usedGpuMemory is None
+        # where not available (WDDM, or no permission).
+        infos, by_pid = [], {}
+        compute = nvml.nvmlDeviceGetComputeRunningProcesses
+        for getter in (compute, nvml.nvmlDeviceGetGraphicsRunningProcesses):
+            with suppress(nvml.NVMLError):
+                infos += getter(handle)
+        for info in infos:
+            if info.usedGpuMemory is not None:
                 pid = int(info.pid)
                 by_pid[pid] = max(by_pid.get(pid, 0), int(info.usedGpuMemory))
         # NVML reports host PIDs; from another PID namespace they do not resolve here.

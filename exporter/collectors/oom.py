@@ -31,9 +31,6 @@ _LEGACY = re.compile(
 _KILLED = re.compile(r"Killed process (?P<pid>\d+) \((?P<comm>.*)\)(?P<rest>[^()]*)$")
 _RSS = re.compile(r"(anon|file|shmem)-rss:(\d+)kB")
 
-# One read() returns one record; the kernel's limit is about 1 KiB + dict.
-KMSG_RECORD_MAX = 8192
-
 
 def parse_kmsg_record(record: str) -> Optional[Tuple[int, int, str]]:
     """-> (seq, usec, message's first line); None: not a record."""
@@ -94,7 +91,8 @@ class OomCollector(BaseSource):
         records, lost = [], 0
         while True:
             try:
-                raw = os.read(self._fd, KMSG_RECORD_MAX)
+                # One read, one record (the kernel's are about 1 KiB + dict).
+                raw = os.read(self._fd, 8192)
             except BlockingIOError:
                 break  # EAGAIN: nothing more for now
             except OSError as err:
@@ -115,6 +113,5 @@ class OomCollector(BaseSource):
             self._fd = None
 
 
-# serve: kills from now on; check: the kernel log ring from its start (recent kills). Off by
-# default in a sidecar: /dev/kmsg is not in a container unless given, and needs CAP_SYSLOG.
+# Off by default in a sidecar: /dev/kmsg is not in a container unless given, and needs CAP_SYSLOG.
 register("oom", lambda c: OomCollector(c.cfg.kmsg, c.kmsg_from_start), modes=("node",))
