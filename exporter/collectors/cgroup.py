@@ -1,12 +1,10 @@
 """The memory cgroup the shm is charged to: usage, limit, shmem, OOM kills (v1 and v2).
 
-Which: --cgroup.path, else the first process matching --cgroup.target-process, else the
-workload's, else on a host our own; its pod's where the pod's limit binds (binding). A sidecar
-shares the server's PID namespace, not its cgroup (Docker on v1 mounts only the sidecar's own;
-v2 namespaces hide every other): the workload's cgroup is read where a cgroupfs mount shows it,
-else estimated (`cgroup="estimate:workload"`): Pss_Anon + Pss_File plus the shm mounts' used
-bytes (not Pss_Shmem: shm counted once). Unseen: unmapped page cache, kernel memory;
-overcounted: others' file pages.
+A sidecar shares the server's PID namespace, not its cgroup (Docker on v1 mounts only the
+sidecar's own; v2 namespaces hide every other): the workload's cgroup is read where a cgroupfs
+mount shows it, else estimated (`cgroup="estimate:workload"`): Pss_Anon + Pss_File plus the
+shm mounts' used bytes (not Pss_Shmem: shm counted once). Unseen: unmapped page cache, kernel
+memory; overcounted: others' file pages.
 """
 
 import os
@@ -18,8 +16,8 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from exporter.model.types import CgroupMemory
-from exporter.host.cgroupfs import HIERARCHIES, LIMIT, USAGE, cgroup_directories
-from exporter.host.cgroupfs import effective_limit, limits_above, read_files, read_keyed
+from exporter.host.cgroupfs import HIERARCHIES, LIMIT, USAGE, limits_above, read_files
+from exporter.host.cgroupfs import cgroup_directories, effective_limit, parse_flat_keyed
 from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_mount
 from exporter.host.mountinfo import parse_mountinfo
 from exporter.host.paths import Paths, read_text
@@ -108,9 +106,8 @@ class CgroupCollector(BaseSource):
         self.table = self.table or ProcessTable(self.paths)
         self.target = re.compile(self.target_process) if self.target_process else None
         self.limit_override = usable_limit_flag(self.paths, self.limit_override)
-        # Node mode: the last walk's pod cgroups, when, the links of each directory walked
-        # into, a v1 pod's containers; by pod directory: its last read, stretch (polls), due
-        # poll and probe, and its usage and limit files, kept open.
+        # Node mode: the last walk (pod cgroups, when, links of the directories walked into,
+        # v1 containers); by pod: last read, stretch, due poll, probe; its usage and limit fds.
         self._listed: Optional[List[Tuple[str, int, str, str]]] = None
         self._walked_at = float("-inf")
         self._walked_links: Dict[str, Optional[int]] = {}
@@ -189,7 +186,6 @@ class CgroupCollector(BaseSource):
         elif host:
             pid = "self"
         else:
-            # Alone in its PID namespace: our own cgroup is the exporter's, not the workload's.
             raise LookupError(
                 "no workload shares this PID namespace (docker --pid=container:<server>, Kubernetes "
                 "shareProcessNamespace), and shmwatch's own cgroup is not the workload's: share it, "
@@ -240,11 +236,11 @@ class CgroupCollector(BaseSource):
         return sorted(found)
 
     def read_pods(self, listed: List[Tuple[str, int, str, str]]) -> List[CgroupMemory]:
-        """Each listed pod's cgroup, but those gone since the walk (ENOENT, ENODEV, a file cut
-        short). As cAdvisor's housekeeping: a pod read unchanged is read whole after twice as
-        many polls, only while the kernel log counts every kill (v1 counts one in the container's
-        cgroup, which may go between two reads); its usage and limit files every poll."""
-        found, above, swap = [], {}, None  # above: the QoS slices' limits, once a pass
+        """Each listed pod's cgroup but those gone since the walk. As cAdvisor's housekeeping, a
+        pod read unchanged is read whole after twice as many polls (its usage and limit files
+        every poll), only while the kernel log counts every kill (v1 counts one in the
+        container's cgroup, which may go between two reads)."""
+        above, swap = {}, None  # above: the QoS slices' limits, read once a pass
         stretch = self.kill_log_complete()
         kept, self._kept, self._polls = self._kept, {}, self._polls + 1
         for path, version, directory, uid in listed:
@@ -252,7 +248,6 @@ class CgroupCollector(BaseSource):
             # Probed before the read: a change between the two is read again, never hidden.
             probe = self._probe(directory, version, above) if stretch else None
             if self._polls < due and probe is not None and probe == probed:
-                found.append(last)
                 self._kept[directory] = (last, every, due, probed)
                 continue
             if swap is None:
@@ -269,10 +264,9 @@ class CgroupCollector(BaseSource):
             steady = stretch and memory is last and not near
             every = min(every * 2, POD_STRETCH_MAX) if steady else 1
             self._kept[directory] = (memory, every, self._polls + every, probe)
-            found.append(memory)
         for directory in kept.keys() - self._kept.keys():
             self.close(directory)  # a pod gone
-        return found
+        return [memory for memory, *_ in self._kept.values()]
 
     def _probe(self, directory: str, version: int, above: dict) -> Optional[tuple]:
         """The pod's usage and limit files, and the limits above it; None: unreadable. A pread
@@ -323,8 +317,7 @@ class CgroupCollector(BaseSource):
         return path, version, directory
 
     def _child_oom_kills(self, path: str, directory: str) -> tuple:
-        """A v1 pod's containers' OOM kill counts, listed again when the pod's links change or
-        a container is gone."""
+        """A v1 pod's containers' OOM kill counts; listed again when links change or one went."""
         names = self._children.get(directory)
         for listing in (names is None or _links(directory) != len(names) + 2, True):
             try:
@@ -334,11 +327,11 @@ class CgroupCollector(BaseSource):
             except OSError:
                 return ()  # gone already: the pod's own count stands
             self._children[directory] = names
-            kills = {}
+            kills, up = {}, path.rstrip("/")
             for name in names:
                 with suppress(OSError, KeyError):  # being removed (ENODEV), or gone
-                    oom = read_keyed(f"{directory}/{name}", "memory.oom_control")
-                    kills[f"{path.rstrip('/')}/{name}"] = oom["oom_kill"]
+                    text = read_text(f"{directory}/{name}/memory.oom_control")
+                    kills[f"{up}/{name}"] = parse_flat_keyed(text)["oom_kill"]
             if listing or len(kills) == len(names):
                 return tuple(sorted(kills.items()))
 

@@ -41,18 +41,12 @@ def parse_limit(text: str) -> Optional[int]:
     return None if number >= V1_UNLIMITED else number
 
 
-def read_keyed(directory: str, name: str) -> Dict[str, int]:
-    """{} when the cgroup has no such file (a root, an older kernel)."""
+def read_value(directory: str, name: str, parse=parse_limit, missing=None):
+    """`missing` when the cgroup has no such file (a root: v2's has no memory.max; an older
+    kernel; no swap accounting)."""
     with suppress(FileNotFoundError):
-        return parse_flat_keyed(read_text(os.path.join(directory, name)))
-    return {}
-
-
-def read_limit(directory: str, name: str) -> Optional[int]:
-    """None: "max", or no such file (v2's root has no memory.max; no swap accounting)."""
-    with suppress(FileNotFoundError):
-        return parse_limit(read_text(os.path.join(directory, name)))
-    return None
+        return parse(read_text(os.path.join(directory, name)))
+    return missing
 
 
 def limits_above(level: str, name: str, above: Dict[str, list]) -> list:
@@ -61,7 +55,7 @@ def limits_above(level: str, name: str, above: Dict[str, list]) -> list:
     parent = os.path.dirname(os.path.normpath(level))  # a ns root: ".../cgroup/"
     if parent not in above:
         top = parent == level or not os.path.exists(os.path.join(parent, name))
-        above[parent] = [] if top else [(parent, read_limit(parent, name))]
+        above[parent] = [] if top else [(parent, read_value(parent, name))]
         above[parent] += [] if top else limits_above(parent, name, above)
     return above[parent]
 
@@ -74,7 +68,7 @@ def effective_limit(directory: str, version: int, above=None) -> tuple:
     name = LIMIT[version]
     best, where = None, "none"
     chain = limits_above(directory, name, {} if above is None else above)
-    for level, limit in [(directory, read_limit(directory, name)), *chain]:
+    for level, limit in [(directory, read_value(directory, name)), *chain]:
         if limit is not None and (best is None or limit <= best):
             best, where = limit, "ancestor"
             if POD_CGROUP_DIR.search(os.path.basename(level)):
@@ -93,20 +87,20 @@ def read_files(directory: str, version: int, above=None, with_swap=True) -> dict
     usage = int(read_text(os.path.join(directory, USAGE[version])))
     high, swap, swap_limit = None, stat.get("swap"), None
     if version == 2:
-        events = read_keyed(directory, "memory.events")
-        high = read_limit(directory, "memory.high")
+        events = read_value(directory, "memory.events", parse_flat_keyed, {})
+        high = read_value(directory, "memory.high")
         swap = None  # a node without swap: not read, not exported
         if with_swap:
-            swap = read_limit(directory, "memory.swap.current")
-            swap_limit = read_limit(directory, "memory.swap.max")
+            swap = read_value(directory, "memory.swap.current")
+            swap_limit = read_value(directory, "memory.swap.max")
     else:
         # Above what this namespace mounts, memory.stat still knows the tightest limit.
         hierarchical = stat.get("hierarchical_memory_limit", V1_UNLIMITED)
         if hierarchical < V1_UNLIMITED and (limit is None or hierarchical < limit):
             limit, where = hierarchical, "ancestor"
-        oom = read_keyed(directory, "memory.oom_control").get("oom_kill")
-        failcnt = read_limit(directory, "memory.failcnt")  # hits of the limit: v2's max
-        events = {"oom_kill": oom, "max": failcnt}
+        control = read_value(directory, "memory.oom_control", parse_flat_keyed, {})
+        failcnt = read_value(directory, "memory.failcnt")  # hits of the limit: v2's max
+        events = {"oom_kill": control.get("oom_kill"), "max": failcnt}
         events = {k: v for k, v in events.items() if v is not None}
     return dict(
         usage_bytes=usage,
