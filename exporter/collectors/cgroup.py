@@ -4,8 +4,7 @@ A sidecar shares the server's PID namespace, not its cgroup (Docker on v1 mounts
 sidecar's own; v2 namespaces hide every other): the workload's cgroup is read where a cgroupfs
 mount shows it, else estimated (`cgroup="estimate:workload"`): Pss_Anon + Pss_File plus the
 shm mounts' used bytes (not Pss_Shmem: shm counted once). Unseen: unmapped page cache, kernel
-memory; overcounted: others' file pages.
-"""
+memory; overcounted: others' file pages."""
 
 import os
 import re
@@ -38,8 +37,7 @@ ESTIMATE_CGROUP = "estimate:workload"
 
 
 class IncompleteView(LookupError):
-    """Processes we cannot read (another UID, hidepid) may be the workload's: no estimate
-    rather than a low one."""
+    """Processes we cannot read may be the workload's: no estimate rather than a low one."""
 
 
 def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
@@ -150,9 +148,8 @@ class CgroupCollector(BaseSource):
                 f"cgroup {next(iter(candidates.values()))} is outside this container's cgroup "
                 f"namespace; run shmwatch per node (DaemonSet) or mount the host's /sys/fs/cgroup"
             )
-        raise FileNotFoundError(
-            f"no memory cgroup found (tried {', '.join(tried) or 'nothing'})"
-        )
+        where = ", ".join(tried) or "nothing"
+        raise FileNotFoundError(f"no memory cgroup found (tried {where})")
 
     def collect(self) -> List[CgroupMemory]:
         """Every pod's cgroup in node mode, listed again only when the listing changed (walking
@@ -236,10 +233,9 @@ class CgroupCollector(BaseSource):
         return sorted(found)
 
     def read_pods(self, listed: List[Tuple[str, int, str, str]]) -> List[CgroupMemory]:
-        """Each listed pod's cgroup but those gone since the walk. As cAdvisor's housekeeping, a
-        pod read unchanged is read whole after twice as many polls (its usage and limit files
-        every poll), only while the kernel log counts every kill (v1 counts one in the
-        container's cgroup, which may go between two reads)."""
+        """Each listed pod's cgroup but those gone. As cAdvisor's housekeeping, one read unchanged
+        is read whole after twice as many polls (its usage and limit files every poll) while the
+        kernel log counts every kill (v1 counts one in the container's cgroup, which may go)."""
         above, swap = {}, None  # above: the QoS slices' limits, read once a pass
         stretch = self.kill_log_complete()
         kept, self._kept, self._polls = self._kept, {}, self._polls + 1

@@ -95,8 +95,7 @@ class GpuCollector(BaseSource):
 
     def _measure(self, handle, gpu: str, name: str) -> GpuDevice:
         nvml = self.nvml
-        # "Used" is everything not free, the driver's reserve included: v1's used; v2 splits
-        # the reserve out, so it is added back (v1 cannot tell it apart).
+        # "Used" is all but free, the driver's reserve included: v1's used, v2's used + reserved.
         try:
             memory = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
             reserved = int(memory.reserved)

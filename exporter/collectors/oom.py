@@ -3,8 +3,7 @@
 Not the cgroup counters alone: v1 counts a kill only in the victim's memcg, gone with its
 container; the kernel log names both cgroups of every kill (the one whose limit was hit, the
 victim's) and outlives them. Serving seeks to the end first (a restart must not count the
-ring's kills twice); check reads the ring from its start. Needs CAP_SYSLOG (dmesg_restrict).
-"""
+ring's kills twice); check reads the ring from its start. Needs CAP_SYSLOG (dmesg_restrict)."""
 
 import errno
 import os

@@ -2,7 +2,6 @@
 limit that binds it."""
 
 import os
-import posixpath
 from contextlib import suppress
 from typing import Dict, Iterable, List, Optional
 
@@ -17,7 +16,6 @@ USAGE = {1: "memory.usage_in_bytes", 2: "memory.current"}
 LIMIT = {1: "memory.limit_in_bytes", 2: "memory.max"}
 # (directory below /sys/fs/cgroup, version) of the memory controller, v1 (hybrid) first.
 HIERARCHIES = (("memory", 1), ("", 2), ("unified", 2))
-
 # What read_files takes from memory.stat (v1's and v2's): the rest is not parsed.
 STAT_KEYS = frozenset(
     "inactive_file shmem swap hierarchical_memory_limit total_inactive_file "
@@ -42,8 +40,7 @@ def parse_limit(text: str) -> Optional[int]:
 
 
 def read_value(directory: str, name: str, parse=parse_limit, missing=None):
-    """`missing` when the cgroup has no such file (a root: v2's has no memory.max; an older
-    kernel; no swap accounting)."""
+    """`missing` when the cgroup has no such file (a root, an older kernel, no swap accounting)."""
     with suppress(FileNotFoundError):
         return parse(read_text(os.path.join(directory, name)))
     return missing
@@ -121,7 +118,7 @@ def below(path: str, root: str) -> Optional[List[str]]:
     climb out of it with leading '..'); None when `path` is not at or below `root`."""
     # Stand-ins for the directories above the namespace root, which a leading '..' climbs.
     above = "/\0" * 64 + "/"
-    p, r = (posixpath.normpath(above + t).split("/")[1:] for t in (path, root))
+    p, r = (os.path.normpath(above + t).split("/")[1:] for t in (path, root))
     if p[: len(r)] != r or any(part.startswith("\0") for part in p[len(r) :]):
         # Not below the mount, or below it through directories whose names this namespace
         # cannot tell (a v2 path /../<id> under a mount rooted at /../..): not guessed.
