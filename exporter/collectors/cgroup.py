@@ -2,9 +2,9 @@
 
 A sidecar shares the server's PID namespace, not its cgroup (Docker on v1 mounts only the
 sidecar's own; v2 namespaces hide every other): the workload's cgroup is read where a cgroupfs
-mount shows it, else estimated (`cgroup="estimate:workload"`): Pss_Anon + Pss_File plus the
-shm mounts' used bytes (not Pss_Shmem: shm counted once). Unseen: unmapped page cache, kernel
-memory; overcounted: others' file pages."""
+mount shows it, else estimated (shmwatch_cgroup_memory_estimated 1): Pss_Anon + Pss_File plus
+the shm mounts' used bytes (not Pss_Shmem: shm counted once). Unseen: unmapped page cache,
+kernel memory; overcounted: others' file pages."""
 
 import os
 import re
