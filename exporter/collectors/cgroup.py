@@ -1,18 +1,10 @@
 """The memory cgroup the shm is charged to: usage, limit, shmem, OOM kills (v1 and v2).
 
-A memory-backed emptyDir's pages are charged to the pod's memory cgroup: filling /dev/shm
-can OOM-kill the pod before tmpfs ever says ENOSPC. Which cgroup: --cgroup.path, else the
-first process matching --cgroup.target-process, else the workload's, else on a host our
-own; its pod's where the pod's limit binds (binding).
-
 A sidecar shares the server's PID namespace, not its cgroup (Docker on v1 mounts only the
-sidecar's own; v2 namespaces hide every other). The workload is every process of the
-namespace that is not shmwatch's nor a pod's pause process; its cgroup is read where a
-cgroupfs mount shows it (cgroupfs.cgroup_directories). Otherwise it is estimated
-(`cgroup="estimate:workload"`, shmwatch_cgroup_memory_estimated 1): Pss_Anon + Pss_File
-(smaps_rollup) plus the shm mounts' used bytes (not Pss_Shmem: shm counted once). Unseen:
-unmapped page cache, kernel memory; overcounted: others' file pages.
-"""
+sidecar's own; v2 namespaces hide every other): the workload's cgroup is read where a cgroupfs
+mount shows it, else estimated (shmwatch_cgroup_memory_estimated 1): Pss_Anon + Pss_File plus
+the shm mounts' used bytes (not Pss_Shmem: shm counted once). Unseen: unmapped page cache,
+kernel memory; overcounted: others' file pages."""
 
 import os
 import re
@@ -23,8 +15,8 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from exporter.model.types import CgroupMemory
-from exporter.host.cgroupfs import HIERARCHIES, LIMIT, USAGE, cgroup_directories
-from exporter.host.cgroupfs import effective_limit, limits_above, read_files, read_keyed
+from exporter.host.cgroupfs import HIERARCHIES, LIMIT, USAGE, limits_above, read_files
+from exporter.host.cgroupfs import cgroup_directories, effective_limit, parse_flat_keyed
 from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_mount
 from exporter.host.mountinfo import parse_mountinfo
 from exporter.host.paths import Paths, read_text
@@ -32,38 +24,29 @@ from exporter.host.proctable import Process, ProcessTable
 from exporter.collectors.host_memory import meminfo, usable_limit_flag
 from exporter.collectors.source import BaseSource, register
 
-# Node mode lists the pod cgroups again when a directory above them gained or lost one (its
-# link count: 2 + its subdirectories), a listed one went away, or, this long apart at most,
-# a pod whose shm mount discovery found is not listed.
+# Node mode walks again at most this often while a watched mount's pod is not listed.
 MISSING_REWALK_SECONDS = 2.0
-# A pod's cgroup whose usage is this near its limit is read every poll, never stretched:
-# PodOomRiskHigh fires at 0.9 (the dashboard warns from 0.8); a pod on its way is not seen late.
+# A pod this near its limit is read every poll (PodOomRiskHigh: 0.9; the dashboard: 0.8).
 STRETCH_BELOW_RATIO = 0.8
-# A pod whose usage and limit files read the same every poll is read whole after this many
-# polls at most (cAdvisor's housekeeping stretches to 60 s by default).
+# An unchanged pod is read whole every this many polls at most (cAdvisor: up to 60 s).
 POD_STRETCH_MAX = 32
 # Usage and limit files kept open at most, and never past a quarter of the soft
 # RLIMIT_NOFILE (a container's may be 1,024: connections need the rest).
 MAX_KEPT_FDS = 1024
 ESTIMATE_CGROUP = "estimate:workload"
-# A pod's sandbox process: in the shared PID namespace of a Kubernetes pod, but not the workload.
-SANDBOX_COMMS = ("pause",)
 
 
 class IncompleteView(LookupError):
-    """Some of the workload's processes could not be read: no estimate rather than a low one."""
+    """Processes we cannot read may be the workload's: no estimate rather than a low one."""
 
 
 def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
-    """The processes of our PID namespace that are not ours, lowest pid first (the caller
-    asks only outside the host's namespace, which is nobody's workload)."""
+    """The processes of our PID namespace that are not ours, lowest pid first."""
     try:
         own = table.cgroups("self")
     except OSError:
         return []  # without our own cgroup, ours cannot be told from the workload's
     walked, found = table.walk(), []
-    # Processes we cannot read (another UID, hidepid) may be the workload's: an estimate
-    # without them would be low, and unmarked as such. Say so instead.
     if walked.unreadable or walked.invisible != 0:  # None: not known
         raise IncompleteView(
             f"{walked.unreadable or 0} process(es) in this PID namespace could not be read"
@@ -72,7 +55,8 @@ def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
             "CAP_SYS_PTRACE, or the host's cgroupfs)"
         )
     for proc in walked.processes:
-        if proc.pid == own_pid or proc.comm in SANDBOX_COMMS or _shmwatch(table, proc):
+        # "pause": a Kubernetes pod's sandbox, in its shared PID namespace.
+        if proc.pid == own_pid or proc.comm == "pause" or _shmwatch(table, proc):
             continue
         try:
             if table.cgroups(proc.pid) == own:
@@ -89,8 +73,7 @@ def workload_processes(table: ProcessTable, own_pid: int) -> List[Process]:
 
 
 def _shmwatch(table: ProcessTable, proc: Process) -> bool:
-    """A second sidecar: `[python] shmwatch ...` or `python3 -m exporter ...` (not by comm,
-    which a Python server shares)."""
+    """`[python] shmwatch ...` or `python3 -m exporter ...`: not by comm, a Python server's too."""
     with suppress(OSError):
         words = table.cmdline(proc.pid).split()
         module = words[1:3] == ["-m", "exporter"]
@@ -113,8 +96,7 @@ class CgroupCollector(BaseSource):
     limit_override: Optional[int] = None
     node_mode: bool = False  # every pod's cgroup on the host, not one
     table: Optional[ProcessTable] = None
-    # The watched shm mounts: what an estimate adds.
-    mounts: Callable[[], Sequence[str]] = list
+    mounts: Callable[[], Sequence[str]] = list  # the watched shm mounts
     kill_log_complete: Callable[[], bool] = lambda: False
     name = "cgroup"
 
@@ -122,14 +104,12 @@ class CgroupCollector(BaseSource):
         self.table = self.table or ProcessTable(self.paths)
         self.target = re.compile(self.target_process) if self.target_process else None
         self.limit_override = usable_limit_flag(self.paths, self.limit_override)
-        # Node mode: the last walk's pod cgroups, when it was made, the links of each
-        # directory walked into, and a v1 pod's containers.
+        # Node mode: the last walk (pod cgroups, when, links of the directories walked into,
+        # v1 containers); by pod: last read, stretch, due poll, probe; its usage and limit fds.
         self._listed: Optional[List[Tuple[str, int, str, str]]] = None
         self._walked_at = float("-inf")
         self._walked_links: Dict[str, Optional[int]] = {}
         self._children: Dict[str, List[str]] = {}
-        # By directory: a pod's last read, its stretch (polls), the poll it is due, its probe
-        # then; and its usage and limit files, kept open.
         self._kept: Dict[str, Tuple[CgroupMemory, int, int, Optional[tuple]]] = {}
         self._fds: Dict[str, List[int]] = {}
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
@@ -138,16 +118,13 @@ class CgroupCollector(BaseSource):
 
     def resolve(self, pid: object = "self") -> Tuple[str, int, str]:
         """-> (cgroup path, version, directory to read) of --cgroup.path, or of `pid`'s cgroup."""
-        root = self.paths.sys("fs", "cgroup")
-        if self.cgroup_path and self.cgroup_path.startswith(root + "/"):  # a directory
-            directory, rel = self.cgroup_path, self.cgroup_path[len(root) :]
-            if os.path.exists(os.path.join(directory, "memory.current")):
-                return rel, 2, directory
-            return rel.removeprefix("/memory") or "/", 1, directory
-        if self.cgroup_path:
-            candidates = {"memory": self.cgroup_path, "": self.cgroup_path}
-        else:
-            candidates = self.table.cgroups(pid)
+        root, path = self.paths.sys("fs", "cgroup"), self.cgroup_path
+        if path and path.startswith(root + "/"):  # a directory
+            rel = path[len(root) :]
+            if os.path.exists(os.path.join(path, "memory.current")):
+                return rel, 2, path
+            return rel.removeprefix("/memory") or "/", 1, path
+        candidates = {"memory": path, "": path} if path else self.table.cgroups(pid)
         # In a private cgroup namespace another container's cgroup reads as /../<id>: only a
         # mount of the host's cgroupfs shows it, never a path joined onto ours.
         outside = any(p.startswith("/..") or "/../" in p for p in candidates.values())
@@ -171,24 +148,21 @@ class CgroupCollector(BaseSource):
                 f"cgroup {next(iter(candidates.values()))} is outside this container's cgroup "
                 f"namespace; run shmwatch per node (DaemonSet) or mount the host's /sys/fs/cgroup"
             )
-        raise FileNotFoundError(
-            f"no memory cgroup found (tried {', '.join(tried) or 'nothing'})"
-        )
+        where = ", ".join(tried) or "nothing"
+        raise FileNotFoundError(f"no memory cgroup found (tried {where})")
 
     def collect(self) -> List[CgroupMemory]:
-        """Every pod's cgroup in node mode, from a listing walked again only when it changed
-        (walking 200 pods' cgroup trees costs more than reading them); the one watched
-        cgroup otherwise (a list of one)."""
+        """Every pod's cgroup in node mode, listed again only when the listing changed (walking
+        200 pods' trees costs more than reading them); the one watched cgroup otherwise."""
         if self.node_mode:
             now = time.monotonic()
             watched = {pod_uid_of_mount(m) for m in self.mounts()} - {""}
             missing = not watched <= {uid for *_, uid in self._listed or ()}
             missing = missing and now - self._walked_at > MISSING_REWALK_SECONDS
-            # A directory walked into gained or lost a pod cgroup, or was removed.
+            # A directory walked into gained or lost a pod cgroup (its link count), or went.
             made = any(_links(d) != n for d, n in self._walked_links.items())
             if self._listed is None or missing or made:
                 self._listed = self.pod_cgroups()
-                self._walked_at, self._children = now, {}
             found = self.read_pods(self._listed)
             if len(found) < len(self._listed):  # a pod went away (or cannot be read)
                 self._listed = None  # list again next time
@@ -207,10 +181,8 @@ class CgroupCollector(BaseSource):
         elif processes:
             pid = processes[0].pid
         elif host:
-            pid = "self"  # on a host without --cgroup.path: the cgroup shmwatch runs in
+            pid = "self"
         else:
-            # A container alone in its PID namespace: its own cgroup is the exporter's, and
-            # exporting that under OOM-risk names would be the wrong pod's numbers.
             raise LookupError(
                 "no workload shares this PID namespace (docker --pid=container:<server>, Kubernetes "
                 "shareProcessNamespace), and shmwatch's own cgroup is not the workload's: share it, "
@@ -221,9 +193,9 @@ class CgroupCollector(BaseSource):
         except (LookupError, FileNotFoundError):
             if not processes:
                 raise
-        # The workload's charge: what it has resident and what it wrote to the watched mounts
-        # (each filesystem once: one tmpfs may be watched twice).
-        used = {}  # by device
+        # The workload's resident memory, and what it wrote to the watched mounts, each
+        # filesystem once (by device: one tmpfs may be watched twice).
+        used = {}
         for mount in self.mounts():
             where = self.paths.host(mount)
             with suppress(OSError):
@@ -236,11 +208,10 @@ class CgroupCollector(BaseSource):
         return [CgroupMemory(*estimate, estimated=True)]
 
     def pod_cgroups(self) -> List[Tuple[str, int, str, str]]:
-        """Every pod's memory cgroup on the host -> [(path, version, directory, pod uid)],
-        under either cgroup driver (kube.POD_CGROUP_DIR), on v1 and v2."""
+        """Every pod's memory cgroup on the host -> [(path, version, directory, pod uid)]."""
         root = self.paths.sys("fs", "cgroup")
         found = []
-        self._walked_links = {}  # each directory walked into: its links as listed
+        self._walked_at, self._walked_links, self._children = time.monotonic(), {}, {}
         for below_root, version in HIERARCHIES:
             base = os.path.join(root, below_root)
             for top in POD_CGROUP_ROOTS:
@@ -262,22 +233,17 @@ class CgroupCollector(BaseSource):
         return sorted(found)
 
     def read_pods(self, listed: List[Tuple[str, int, str, str]]) -> List[CgroupMemory]:
-        """Each listed pod's cgroup; one that cannot be read (deleted since the walk: ENOENT,
-        ENODEV; a file cut short) is left out. As cAdvisor's housekeeping, per pod: one read
-        the same as last time is read again after twice as many polls (up to POD_STRETCH_MAX),
-        every poll once it changed or nears its limit; only while the kernel log counts every
-        kill (v1 counts one in the container's own cgroup, which may be replaced between two
-        reads). Meanwhile its usage and limit files are read every poll: a jump toward the
-        limit, or a limit lowered, is read whole at the next poll."""
-        found, above, swap = [], {}, None  # above: the QoS slices' limits, once a pass
+        """Each listed pod's cgroup but those gone. As cAdvisor's housekeeping, one read unchanged
+        is read whole after twice as many polls (its usage and limit files every poll) while the
+        kernel log counts every kill (v1 counts one in the container's cgroup, which may go)."""
+        above, swap = {}, None  # above: the QoS slices' limits, read once a pass
         stretch = self.kill_log_complete()
         kept, self._kept, self._polls = self._kept, {}, self._polls + 1
         for path, version, directory, uid in listed:
             last, every, due, probed = kept.get(directory, (None, 1, 0, None))
-            # Before the read: a change between the two reads it again, never hides it.
+            # Probed before the read: a change between the two is read again, never hidden.
             probe = self._probe(directory, version, above) if stretch else None
             if self._polls < due and probe is not None and probe == probed:
-                found.append(last)
                 self._kept[directory] = (last, every, due, probed)
                 continue
             if swap is None:
@@ -285,25 +251,22 @@ class CgroupCollector(BaseSource):
             try:
                 memory = self.read(path, version, directory, uid, above, swap)
             except (OSError, ValueError):
-                self._close(directory)
+                self.close(directory)
                 continue
             # The same object when unchanged: render memos hold.
             memory = last if memory == last else memory
-            # Usage (working set and inactive cache) near the limit: read every poll.
             usage, limit = memory.usage_bytes, memory.limit_bytes
             near = limit is not None and usage >= STRETCH_BELOW_RATIO * limit
             steady = stretch and memory is last and not near
             every = min(every * 2, POD_STRETCH_MAX) if steady else 1
             self._kept[directory] = (memory, every, self._polls + every, probe)
-            found.append(memory)
         for directory in kept.keys() - self._kept.keys():
-            self._close(directory)  # a pod gone
-        return found
+            self.close(directory)  # a pod gone
+        return [memory for memory, *_ in self._kept.values()]
 
     def _probe(self, directory: str, version: int, above: dict) -> Optional[tuple]:
-        """The pod's usage and limit files as they read now, through descriptors kept open
-        (a pread at offset 0 of a cgroup file reads it afresh, at a seventh of the cost of
-        open, read, close), and the limits above it. None: unreadable."""
+        """The pod's usage and limit files, and the limits above it; None: unreadable. A pread
+        of a kept descriptor reads a cgroup file afresh at a seventh of open, read, close."""
         files = [os.path.join(directory, n) for n in (USAGE[version], LIMIT[version])]
         try:
             if directory not in self._fds and 2 * len(self._fds) < self._max_fds:
@@ -316,20 +279,17 @@ class CgroupCollector(BaseSource):
                 now = [read_text(path).encode() for path in files]
             return *now, *limits_above(directory, LIMIT[version], above)
         except (OSError, ValueError):  # the pod gone (ENODEV): read whole
-            self._close(directory)
+            self.close(directory)
             return None
 
-    def _close(self, directory: str) -> None:
-        for fd in self._fds.pop(directory, ()):
-            os.close(fd)
-
-    def close(self) -> None:
-        for directory in list(self._fds):
-            self._close(directory)
+    def close(self, *directories: str) -> None:
+        """The files kept open for these pods' directories, or for every pod."""
+        for directory in directories or list(self._fds):
+            for fd in self._fds.pop(directory, ()):
+                os.close(fd)
 
     def read(self, path, version, directory, pod_uid="", above=None, swap=True):
-        """`pod_uid`: node mode's, where --memory.limit-bytes (one workload's) does not apply.
-        The flag counts where it is tighter than the cgroup's limit (or the cgroup has none)."""
+        """--memory.limit-bytes binds where tighter (one workload's: never in node mode, `pod_uid`)."""
         fields = read_files(directory, version, above, swap)
         flag, limit = self.limit_override, fields["limit_bytes"]
         if flag is not None and not pod_uid and (limit is None or flag < limit):
@@ -340,9 +300,8 @@ class CgroupCollector(BaseSource):
 
     @staticmethod
     def binding(path: str, version: int, directory: str) -> Tuple[str, int, str]:
-        """A workload's cgroup, or its pod's when the container has no tighter limit of its
-        own and the pod's cgroup can be read: the pod's limit binds, and shm stays charged
-        to the pod after a container restarts."""
+        """The pod's cgroup, where readable and the container has no tighter limit of its own
+        (the pod's limit binds; shm stays charged to the pod when a container restarts)."""
         up, above = path.rstrip("/"), directory.rstrip("/")
         own = effective_limit(directory, version)[1] == "self"
         while not own and up.count("/") > 1:
@@ -354,11 +313,9 @@ class CgroupCollector(BaseSource):
         return path, version, directory
 
     def _child_oom_kills(self, path: str, directory: str) -> tuple:
-        """The OOM kill counts of a v1 pod cgroup's containers (one level down), as they are
-        now; listed again when the pod's links or a container gone say they changed."""
+        """A v1 pod's containers' OOM kill counts; listed again when links change or one went."""
         names = self._children.get(directory)
-        stale = names is None or _links(directory) != len(names) + 2
-        for listing in (stale, True):
+        for listing in (names is None or _links(directory) != len(names) + 2, True):
             try:
                 if listing:
                     entries = os.scandir(directory)
@@ -366,14 +323,13 @@ class CgroupCollector(BaseSource):
             except OSError:
                 return ()  # gone already: the pod's own count stands
             self._children[directory] = names
-            kills = {}
+            kills, up = {}, path.rstrip("/")
             for name in names:
-                child = os.path.join(directory, name)
                 with suppress(OSError, KeyError):  # being removed (ENODEV), or gone
-                    kills[name] = read_keyed(child, "memory.oom_control")["oom_kill"]
+                    text = read_text(f"{directory}/{name}/memory.oom_control")
+                    kills[f"{up}/{name}"] = parse_flat_keyed(text)["oom_kill"]
             if listing or len(kills) == len(names):
-                up = path.rstrip("/")
-                return tuple((f"{up}/{name}", kills[name]) for name in sorted(kills))
+                return tuple(sorted(kills.items()))
 
 
 register(

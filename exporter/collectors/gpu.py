@@ -1,13 +1,10 @@
-"""GPU memory through NVML (nvidia-ml-py, imported as pynvml).
-
-NVML is initialised once and kept; after a driver-level error it is shut down and
-initialised again on the next run. One GPU failing (lost, not supported) skips that GPU
-only. A hanging call is bounded by the scheduler (--collector.gpu.timeout).
-"""
+"""GPU memory through NVML (nvidia-ml-py, imported as pynvml), initialised once and kept;
+after a driver-level error shut down, and initialised again on the next run. One GPU failing
+(lost, not supported) skips that GPU only; --collector.gpu.timeout bounds a hanging call."""
 
 import time
 from contextlib import suppress
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from exporter.collectors.source import BaseSource, register
 from exporter.host.proctable import ProcessTable
@@ -28,12 +25,11 @@ class GpuCollector(BaseSource):
         self.table = table
         self.nvml = None  # pynvml, once nvmlInit succeeded
         self.driver_version = ""
-        self._missing: Optional[Tuple[float, str]] = None  # (when, why) no driver
+        self._missing: Optional[Tuple[float, str]] = None  # (retry at, why) no driver
 
     def _init(self) -> None:
-        missing = self._missing
-        if missing and time.monotonic() - missing[0] < MISSING_DRIVER_RETRY_SECONDS:
-            raise RuntimeError(missing[1])
+        if self._missing and time.monotonic() < self._missing[0]:
+            raise RuntimeError(self._missing[1])
         try:
             import pynvml as nvml  # nvidia-ml-py
 
@@ -51,7 +47,7 @@ class GpuCollector(BaseSource):
             self.nvml, self._missing = nvml, None
             self.driver_version = _text(nvml.nvmlSystemGetDriverVersion())
             return
-        self._missing = (time.monotonic(), why)
+        self._missing = (time.monotonic() + MISSING_DRIVER_RETRY_SECONDS, why)
         raise RuntimeError(why)
 
     def close(self) -> None:
@@ -67,7 +63,7 @@ class GpuCollector(BaseSource):
         try:
             count = nvml.nvmlDeviceGetCount()
         except nvml.NVMLError as err:
-            self.close()  # driver-level trouble: start afresh next time
+            self.close()  # driver-level trouble
             raise RuntimeError(f"nvmlDeviceGetCount failed: {err}") from None
         devices, errors = [], []
         for index in range(count):
@@ -99,8 +95,7 @@ class GpuCollector(BaseSource):
 
     def _measure(self, handle, gpu: str, name: str) -> GpuDevice:
         nvml = self.nvml
-        # "Used" is everything not free, the driver's reserve included: v1's used; v2 splits
-        # the reserve out, so it is added back (v1 cannot tell it apart).
+        # "Used" is all but free, the driver's reserve included: v1's used, v2's used + reserved.
         try:
             memory = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
             reserved = int(memory.reserved)
@@ -110,18 +105,15 @@ class GpuCollector(BaseSource):
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             used, reserved = int(memory.used), None
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-        by_pid: Dict[int, int] = {}
-        for getter in (
-            nvml.nvmlDeviceGetComputeRunningProcesses,
-            nvml.nvmlDeviceGetGraphicsRunningProcesses,
-        ):
-            try:
-                infos = getter(handle)
-            except nvml.NVMLError:
-                continue  # NotSupported for graphics on many data-centre GPUs
-            for info in infos:
-                if info.usedGpuMemory is None:
-                    continue  # not available (WDDM, or no permission)
+        # Graphics is NotSupported on many data-centre GPUs; a process's usedGpuMemory is None
+        # where not available (WDDM, or no permission).
+        infos, by_pid = [], {}
+        compute = nvml.nvmlDeviceGetComputeRunningProcesses
+        for getter in (compute, nvml.nvmlDeviceGetGraphicsRunningProcesses):
+            with suppress(nvml.NVMLError):
+                infos += getter(handle)
+        for info in infos:
+            if info.usedGpuMemory is not None:
                 pid = int(info.pid)
                 by_pid[pid] = max(by_pid.get(pid, 0), int(info.usedGpuMemory))
         # NVML reports host PIDs; from another PID namespace they do not resolve here.

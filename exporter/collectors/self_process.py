@@ -1,7 +1,4 @@
-"""The exporter's own process_* metrics (prometheus_client's), read once per --poll-interval
-rather than on every scrape."""
-
-from typing import List, Tuple
+"""The exporter's own process_* metrics (prometheus_client's), read per poll, not per scrape."""
 
 from prometheus_client import ProcessCollector
 
@@ -14,10 +11,9 @@ class SelfProcessCollector(BaseSource):
     def __init__(self) -> None:
         self._inner = ProcessCollector(registry=None)
 
-    def collect(self) -> List[Tuple[str, float]]:
+    def collect(self) -> list:
         """-> [(sample name, value)], e.g. ("process_resident_memory_bytes", 3.1e7)."""
         return [(s.name, s.value) for f in self._inner.collect() for s in f.samples]
 
 
-# Always on (no flag): the exporter's own process_* series.
 register("process", lambda c: SelfProcessCollector(), flag=False)

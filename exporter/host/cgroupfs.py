@@ -2,7 +2,6 @@
 limit that binds it."""
 
 import os
-import posixpath
 from contextlib import suppress
 from typing import Dict, Iterable, List, Optional
 
@@ -13,13 +12,10 @@ from exporter.host.paths import read_text
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 bytes
 # with 4 KiB pages); anything this large is not a real limit.
 V1_UNLIMITED = 1 << 62
-# Each version's usage and limit files.
 USAGE = {1: "memory.usage_in_bytes", 2: "memory.current"}
 LIMIT = {1: "memory.limit_in_bytes", 2: "memory.max"}
-# Where the memory controller's files are below /sys/fs/cgroup: (directory, cgroup version).
-# v1 (or hybrid) first; a memory cgroup is told by its usage file (USAGE).
+# (directory below /sys/fs/cgroup, version) of the memory controller, v1 (hybrid) first.
 HIERARCHIES = (("memory", 1), ("", 2), ("unified", 2))
-
 # What read_files takes from memory.stat (v1's and v2's): the rest is not parsed.
 STAT_KEYS = frozenset(
     "inactive_file shmem swap hierarchical_memory_limit total_inactive_file "
@@ -28,8 +24,7 @@ STAT_KEYS = frozenset(
 
 
 def parse_flat_keyed(text: str, keys=None) -> Dict[str, int]:
-    """'anon 123\\nfile 456' (memory.stat, memory.events, oom_control) -> dict, of `keys`
-    only when given; bad lines skipped."""
+    """'anon 123\\nfile 456' (memory.stat, .events, oom_control) -> dict, of `keys` if given."""
     values: Dict[str, int] = {}
     for line in text.splitlines():
         parts = line.split()
@@ -44,19 +39,11 @@ def parse_limit(text: str) -> Optional[int]:
     return None if number >= V1_UNLIMITED else number
 
 
-def read_keyed(directory: str, name: str) -> Dict[str, int]:
-    """{} when the cgroup has no such file (a root, an older kernel)."""
+def read_value(directory: str, name: str, parse=parse_limit, missing=None):
+    """`missing` when the cgroup has no such file (a root, an older kernel, no swap accounting)."""
     with suppress(FileNotFoundError):
-        return parse_flat_keyed(read_text(os.path.join(directory, name)))
-    return {}
-
-
-def read_limit(directory: str, name: str) -> Optional[int]:
-    """A one-number file; None: "max", or no such file (v2's root has no memory.max, no
-    swap accounting)."""
-    with suppress(FileNotFoundError):
-        return parse_limit(read_text(os.path.join(directory, name)))
-    return None
+        return parse(read_text(os.path.join(directory, name)))
+    return missing
 
 
 def limits_above(level: str, name: str, above: Dict[str, list]) -> list:
@@ -65,20 +52,20 @@ def limits_above(level: str, name: str, above: Dict[str, list]) -> list:
     parent = os.path.dirname(os.path.normpath(level))  # a ns root: ".../cgroup/"
     if parent not in above:
         top = parent == level or not os.path.exists(os.path.join(parent, name))
-        above[parent] = [] if top else [(parent, read_limit(parent, name))]
+        above[parent] = [] if top else [(parent, read_value(parent, name))]
         above[parent] += [] if top else limits_above(parent, name, above)
     return above[parent]
 
 
 def effective_limit(directory: str, version: int, above=None) -> tuple:
-    """-> (limit, where). The smallest limit from the cgroup up, as the kernel enforces it (v2 has no
-    hierarchical_memory_limit; a pod-level limit, KEP-2837, is on the pod's cgroup alone),
-    and where it binds: "pod" (a pod's cgroup), "self", "ancestor", or "none" (of equal
-    limits, the outermost: a container as tight as its pod is read as the pod)."""
+    """-> (limit, where): the smallest limit from the cgroup up, as the kernel enforces it (v2
+    has no hierarchical_memory_limit; a pod-level limit, KEP-2837, is on the pod's cgroup
+    alone), and where it binds: "pod", "self", "ancestor" or "none"; of equal limits the
+    outermost (a container as tight as its pod is read as the pod)."""
     name = LIMIT[version]
     best, where = None, "none"
     chain = limits_above(directory, name, {} if above is None else above)
-    for level, limit in [(directory, read_limit(directory, name)), *chain]:
+    for level, limit in [(directory, read_value(directory, name)), *chain]:
         if limit is not None and (best is None or limit <= best):
             best, where = limit, "ancestor"
             if POD_CGROUP_DIR.search(os.path.basename(level)):
@@ -89,8 +76,7 @@ def effective_limit(directory: str, version: int, above=None) -> tuple:
 
 
 def read_files(directory: str, version: int, above=None, with_swap=True) -> dict:
-    """A cgroup's usage, effective limit and where it binds, working set, shmem, OOM kills,
-    memory.high, memory events and swap: CgroupMemory's fields by name."""
+    """A cgroup's files as CgroupMemory's fields by name (all but path, version and pod)."""
     stat = parse_flat_keyed(read_text(f"{directory}/memory.stat"), STAT_KEYS)
     # v1's total_* fields include descendants (use_hierarchy, always on since 5.x).
     stat.update({k[6:]: v for k, v in list(stat.items()) if k.startswith("total_")})
@@ -98,20 +84,20 @@ def read_files(directory: str, version: int, above=None, with_swap=True) -> dict
     usage = int(read_text(os.path.join(directory, USAGE[version])))
     high, swap, swap_limit = None, stat.get("swap"), None
     if version == 2:
-        events = read_keyed(directory, "memory.events")
-        high = read_limit(directory, "memory.high")
+        events = read_value(directory, "memory.events", parse_flat_keyed, {})
+        high = read_value(directory, "memory.high")
         swap = None  # a node without swap: not read, not exported
         if with_swap:
-            swap = read_limit(directory, "memory.swap.current")
-            swap_limit = read_limit(directory, "memory.swap.max")
+            swap = read_value(directory, "memory.swap.current")
+            swap_limit = read_value(directory, "memory.swap.max")
     else:
         # Above what this namespace mounts, memory.stat still knows the tightest limit.
         hierarchical = stat.get("hierarchical_memory_limit", V1_UNLIMITED)
         if hierarchical < V1_UNLIMITED and (limit is None or hierarchical < limit):
             limit, where = hierarchical, "ancestor"
-        oom = read_keyed(directory, "memory.oom_control").get("oom_kill")
-        failcnt = read_limit(directory, "memory.failcnt")  # hits of the limit: v2's max
-        events = {"oom_kill": oom, "max": failcnt}
+        control = read_value(directory, "memory.oom_control", parse_flat_keyed, {})
+        failcnt = read_value(directory, "memory.failcnt")  # hits of the limit: v2's max
+        events = {"oom_kill": control.get("oom_kill"), "max": failcnt}
         events = {k: v for k, v in events.items() if v is not None}
     return dict(
         usage_bytes=usage,
@@ -130,10 +116,9 @@ def read_files(directory: str, version: int, above=None, with_swap=True) -> dict
 def below(path: str, root: str) -> Optional[List[str]]:
     """`path`'s components below `root`, both relative to one cgroup namespace root (either may
     climb out of it with leading '..'); None when `path` is not at or below `root`."""
-    # 64 stand-ins for the directories above the namespace root, which a leading '..' climbs.
-    p, r = (
-        posixpath.normpath("/\0" * 64 + "/" + t).split("/")[1:] for t in (path, root)
-    )
+    # Stand-ins for the directories above the namespace root, which a leading '..' climbs.
+    above = "/\0" * 64 + "/"
+    p, r = (os.path.normpath(above + t).split("/")[1:] for t in (path, root))
     if p[: len(r)] != r or any(part.startswith("\0") for part in p[len(r) :]):
         # Not below the mount, or below it through directories whose names this namespace
         # cannot tell (a v2 path /../<id> under a mount rooted at /../..): not guessed.
@@ -141,9 +126,7 @@ def below(path: str, root: str) -> Optional[List[str]]:
     return p[len(r) :]
 
 
-def cgroup_directories(
-    entries: Iterable[MountEntry], path: str, version: int
-) -> List[str]:
+def cgroup_directories(entries: Iterable[MountEntry], path: str, version: int) -> list:
     """Every directory a mounted cgroupfs shows `path` at (v1: a memory hierarchy; v2: cgroup2):
     /proc/<pid>/cgroup is relative to the cgroup namespace's root, a mount shows the subtree
     below its mountinfo root (e.g. the host's cgroupfs given read-only to a sidecar)."""

@@ -11,13 +11,10 @@ _UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12
 POD_UID_IN_CGROUP = re.compile(r"pod(" + _UID + r")")
 # A directory that is a pod's cgroup: its name ends with the pod UID (systemd adds .slice).
 POD_CGROUP_DIR = re.compile(r"pod(" + _UID + r")(\.slice)?$")
-
 # Where the kubelet puts pods' cgroups: cgroupfs driver, systemd driver.
 POD_CGROUP_ROOTS: Tuple[str, ...] = ("kubepods", "kubepods.slice")
-
 # The labels node mode adds to a mount's series.
 NODE_LABELS: Tuple[str, ...] = ("pod_uid", "volume", "container_id")
-
 # Runtime -> the regex searched in its shm mount points. Searched, not anchored, so a test may
 # mount the same layout under a temporary directory.
 MOUNT_LAYOUTS = {
