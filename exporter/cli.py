@@ -1,11 +1,7 @@
-"""`shmwatch` (serve /metrics) and `shmwatch check` (one-shot diagnosis), and the process
-they run in.
-
-Log lines as the Prometheus ecosystem writes them (`--log.format`): logfmt as go-kit/log and
-Go's slog write it (`ts=2026-12-02T14:20:25.612Z level=info logger=shmwatch msg="mount
-/dev/shm: inotify on"`), quoted and escaped so every line parses; json: one object a line,
-same keys. Uncaught exceptions (threads too) as well.
-"""
+"""`shmwatch` (serve /metrics) and `shmwatch check`, and the process they run in. Log lines
+as the Prometheus ecosystem writes them (`--log.format`), uncaught exceptions too: logfmt as
+go-kit/log and Go's slog write it (`ts=2026-12-02T14:20:25.612Z level=info logger=shmwatch
+msg="mount /dev/shm: inotify on"`), quoted and escaped so every line parses; or json."""
 
 import gc
 import json
@@ -24,10 +20,9 @@ from exporter import __version__
 from exporter.config import build_parser, parse_args
 
 log = logging.getLogger("shmwatch")
-# The cyclic garbage collector's youngest generation threshold in serve (not 700): a node's
-# owner scan makes tens of thousands of objects for a moment, all freed by reference counting,
-# and the default runs the collector many times a second finding nothing
-# (tests/test_gc_tuning.py checks that serving makes no cycles).
+# gc's youngest generation threshold in serve (not 700): a node's owner scan makes tens of
+# thousands of objects for a moment, all freed by reference counting, and the default runs
+# the collector many times a second finding nothing (test_gc_tuning.py: serving makes no cycles).
 GC_GEN0_THRESHOLD = 50_000
 _LEVELS = {"WARNING": "warn", "CRITICAL": "error"}
 _ESCAPES = {chr(c): f"\\u{c:04x}" for c in [*range(0x20), 0x7F]}
@@ -44,9 +39,7 @@ def logfmt_value(value: object) -> str:
 
 
 class LineFormatter(logging.Formatter):
-    """A record on one line: logfmt, or one JSON object with the same keys."""
-
-    json_lines = False
+    json_lines = False  # else logfmt
 
     def format(self, record: logging.LogRecord) -> str:
         ms = int(record.created % 1 * 1000)
@@ -69,9 +62,7 @@ def setup_logging(level: str = "info", fmt: str = "logfmt", stream=None) -> None
     handler.setFormatter(LineFormatter())
     handler.formatter.json_lines = fmt == "json"
     root = logging.getLogger()
-    for old in root.handlers[:]:  # removed, not closed (as basicConfig's force would)
-        root.removeHandler(old)
-    root.addHandler(handler)
+    root.handlers[:] = [handler]  # the old removed, not closed (as basicConfig's force)
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
     logging.captureWarnings(True)  # warnings.warn() as log lines too
 
@@ -85,8 +76,7 @@ def setup_logging(level: str = "info", fmt: str = "logfmt", stream=None) -> None
     sys.excepthook = lambda *exc: log.error("uncaught exception", exc_info=exc)
 
 
-def fail(flag: str, message: str) -> NoReturn:
-    """End start-up as a bad flag value does (for errors found after parsing)."""
+def fail(flag: str, message: str) -> NoReturn:  # as a bad flag value, after parsing
     build_parser().error(f"argument {flag}: {message}")
 
 
@@ -132,8 +122,7 @@ def _web_config(cfg):
     return source
 
 
-def tune_process() -> None:
-    """For the exporter's own process (serve), not a library user's."""
+def tune_process() -> None:  # serve's own process, not a library user's
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
     # The soft limit on open files up to the hard one, as a Go program (node_exporter)
     # starts: on a large node the kept cgroup files and the connections outgrow 1,024.
@@ -194,8 +183,7 @@ def serve(argv: List[str]) -> int:
 
 def collect_once(cfg, timeout: float):
     """`shmwatch check`'s model: one run of every source (each on its own thread, so a hung
-    GPU is bounded by its timeout), the kernel log from its start (recent kills). No
-    inotify: nothing here waits for events."""
+    GPU is bounded by its timeout), the kernel log from its start (recent kills), no inotify."""
     from exporter.app import App
 
     app = App(cfg, kmsg_from_start=True)

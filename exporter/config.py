@@ -14,8 +14,7 @@ from typing import Callable, Dict, NoReturn, Optional, Sequence
 from exporter import __version__
 from exporter.collectors import REGISTRY
 
-# The collectors with a --[no-]collector.<name> flag, as registered (collectors/__init__.py);
-# those whose default depends on --mode: on in node mode, off in a sidecar.
+# The collectors with a --[no-]collector.<name> flag; those on in node mode only.
 COLLECTORS = tuple(r.name for r in REGISTRY.values() if r.flag)
 NODE_DEFAULT_COLLECTORS = tuple(
     r.name for r in REGISTRY.values() if r.flag and "sidecar" not in r.modes
@@ -27,8 +26,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtpe]i?)?b?\s*$", re.IGNORECASE)
 
 
 def parse_duration(text: str, zero: bool = False) -> float:
-    """'500ms', '15s', '1m', '2h' or a bare number of seconds -> seconds (float > 0); with
-    `zero` also 0 (or 0s): "never wait", e.g. a full scan on every run."""
+    """'500ms', '15s', '1m', '2h' or bare seconds -> seconds > 0; `zero`: 0 too ("never wait")."""
     match = _DURATION.match(str(text))
     if not match:
         raise ValueError(f"invalid duration {text!r} (use e.g. 500ms, 15s, 1m)")
@@ -79,8 +77,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def typed(kind, flag: str):
-    """`kind` (text -> value, ValueError on bad text) as an argparse type for `flag`."""
+def typed(kind):
+    """`kind` (text -> value, ValueError on bad text) as an argparse type."""
 
     def convert(text: str):
         try:
@@ -88,12 +86,10 @@ def typed(kind, flag: str):
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
 
-    convert.__name__ = flag  # argparse names the converter in "invalid <name> value"
     return convert
 
 
 def env_name(flag: str) -> str:
-    """The environment variable a flag is also read from: SHMWATCH_<FLAG>."""
     return "SHMWATCH_" + re.sub(r"[.\-]", "_", flag.lstrip("-")).upper()
 
 
@@ -106,8 +102,6 @@ def _regex(text: str) -> str:
 
 
 def _checked(test: Callable[[str], bool], message: str, value=str) -> Callable:
-    """A kind: value(text) when test(text), else ValueError(message)."""
-
     def convert(text: str):
         if not test(text):
             raise ValueError(message.format(text))
@@ -209,7 +203,6 @@ FLAGS = tuple(
 
 
 def _switch(env: str, default: Optional[bool]) -> Optional[bool]:
-    """A switch's default: from SHMWATCH_<FLAG> when set ("0", "false", "no", "off": off)."""
     text = os.environ.get(env)
     off = text is not None and text.strip().lower() in ("0", "false", "no", "off")
     return default if text is None else not off
@@ -227,7 +220,7 @@ def build_parser(prog: str = "shmwatch") -> argparse.ArgumentParser:
         parser.add_argument(  # not given: parse_args reads its env and default
             flag,
             dest=dest,
-            type=typed(kind, flag),
+            type=typed(kind),
             action="append" if repeatable else "store",
             help=f"{text} [env {env_name(flag)}]",
         )

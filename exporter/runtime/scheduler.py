@@ -1,10 +1,9 @@
-"""The scheduler: each source on its own thread, each run's Observation to the subscribers.
-
-A thread per source, so a hung one (a GPU off the bus, a stuck mount) delays no other; the
-watchdog publishes a run over its timeout as failed. An event-driven source also runs
-`collect_quick()` once a burst of events settles, and a full run follows, whose slow middle
-(`begin_full`) may run on a thread of its own meanwhile. A heavy source (`stretches`) doubles
-its interval while its result stays the same, up to STRETCH_MAX times, as cAdvisor's does.
+"""The scheduler: a thread per source, so a hung one (a GPU off the bus, a stuck mount) delays
+no other; each run's Observation goes to the subscribers, and a watchdog publishes a run over
+its timeout as failed. An event-driven source runs `collect_quick()` once a burst of events
+settles, then a full run follows, whose slow middle (`begin_full`) may run on a thread of its
+own meanwhile. A heavy source (`stretches`) doubles its interval while its result stays the
+same, up to STRETCH_MAX times, as cAdvisor's housekeeping does.
 """
 
 import logging
@@ -14,20 +13,19 @@ from concurrent.futures import Future
 from typing import Callable, Dict, List, Optional, Sequence
 
 from exporter.collectors.source import STRETCH_MAX, Source
+from exporter.host.said import SaidOnce
 from exporter.model.types import Observation
 
 log = logging.getLogger(__name__)
 
 # An event-driven run starts once a burst of events has been quiet this long, or this long
-# after its first event, whichever comes first.
+# after its first event; the burst's full run (owners from /proc) follows its first this soon.
+# Event-driven runs start QUICK_GAP apart at least (a writer that never stops).
 DEBOUNCE_SECONDS = 0.02
 DEBOUNCE_MAX_SECONDS = 0.1
-# After a burst's first event-driven run, a full run (owners from /proc) follows this soon.
 FOLLOW_UP_SECONDS = 1.0
-# Event-driven runs start this far apart at least (a writer that never stops).
 QUICK_GAP_SECONDS = 0.25
-# How often the watchdog looks for runs over their timeout (timeouts are seconds long).
-WATCHDOG_SECONDS = 0.5
+WATCHDOG_SECONDS = 0.5  # timeouts are seconds long
 INF = float("inf")
 
 
@@ -36,22 +34,18 @@ class _Runner(threading.Thread):
         self, sampler: "Sampler", source: Source, interval: float, timeout: float
     ):
         super().__init__(name=f"shmwatch-{source.name}", daemon=True)
-        self.sampler = sampler
-        self.source = source
+        self.sampler, self.source, self.timeout = sampler, source, timeout
         self.base = self.interval = interval
-        self.timeout = timeout
         self.wake = threading.Event()
         self.first_event: Optional[float] = None  # of a burst not run yet
-        self.last_event = 0.0
+        self.last_event = self.quick_not_before = 0.0
         self.follow_up_at = INF  # none pending
-        self.quick_not_before = 0.0
         self.full_now = False
         self.last_full = -INF  # when the last full run started
         self.last_result: object = None  # of the last full run, for stretching
         self.running_since: Optional[float] = None
         self.timed_out = False
-        self.runs = 0
-        self.fulls = 0  # full runs published whole
+        self.runs = self.fulls = 0  # fulls: full runs published whole
         self.middle: Optional[Future] = None  # a full run's middle, beside quick runs
 
     def request(self, full: bool) -> None:
@@ -80,12 +74,11 @@ class _Runner(threading.Thread):
                     continue
             elif self.full_now or now >= next_full:
                 # A full run does all a pending event-driven run would: it drains the same
-                # change log (a staged one leaves it to the quick runs beside it). Events
-                # from here on ask for a quick run again.
+                # change log (a staged one leaves it to the quick runs beside it).
                 events, self.first_event = self.first_event, None
                 self.full_now, self.follow_up_at, self.last_full = False, INF, now
                 self.run_once(full=True)
-                if self.middle:  # its first step left the change log to quick runs
+                if self.middle:
                     self.first_event = self.first_event or events
                 continue
             if self.first_event is not None:
@@ -137,7 +130,6 @@ class _Runner(threading.Thread):
         self.runs += 1  # after publishing: a waiter finds the result in the model
 
     def _middle(self, job: Callable, middle: Future) -> None:
-        """On a thread of its own (daemon, as ours), so that quick runs go on meanwhile."""
         try:
             middle.set_result(job())
         except Exception as err:
@@ -156,14 +148,15 @@ class Sampler:
     ):
         self.stopping = threading.Event()
         self._subscribers: List[Callable[[Observation], None]] = []
-        self._errors: Dict[str, Optional[str]] = {}  # each source's last
-        self._log_lock = threading.Lock()
+        self._said = SaidOnce(log, prefix="collector {} ")  # failing, or recovered
+        self._said_lock = threading.Lock()  # the watchdog publishes too
         self.runners: Dict[str, _Runner] = {}
-        for source in sources:
-            inventory = source.schedule == "inventory"
-            interval = inventory_interval if inventory else poll_interval
-            timeout = (timeouts or {}).get(source.name, default_timeout)
-            self.runners[source.name] = _Runner(self, source, interval, timeout)
+        for s in sources:
+            interval = (
+                inventory_interval if s.schedule == "inventory" else poll_interval
+            )
+            timeout = (timeouts or {}).get(s.name, default_timeout)
+            self.runners[s.name] = _Runner(self, s, interval, timeout)
         self._watchdog = threading.Thread(
             target=self._watch_timeouts, name="shmwatch-watchdog", daemon=True
         )
@@ -204,13 +197,9 @@ class Sampler:
                 runner.request(full)
 
     def publish(self, obs: Observation) -> None:
-        # Logged when a source starts failing or recovers, not on every run.
-        with self._log_lock:
-            previous, self._errors[obs.source] = self._errors.get(obs.source), obs.error
-        if obs.error and obs.error != previous:
-            log.error("collector %s failed: %s", obs.source, obs.error)
-        elif previous and not obs.error:
-            log.info("collector %s recovered", obs.source)
+        failed = f"failed: {obs.error}" if obs.error else None
+        with self._said_lock:
+            self._said.say(obs.source, failed, logging.ERROR, back="recovered")
         for subscriber in self._subscribers:
             try:
                 subscriber(obs)
@@ -224,7 +213,7 @@ class Sampler:
                 since = runner.running_since
                 if since is None or runner.timed_out or now - since <= runner.timeout:
                     continue
-                # Hung: this run has failed. Its thread is left to finish (or not), and never
+                # Hung: this run has failed; its thread is left to finish (or not), never
                 # started twice.
                 runner.timed_out = True
                 error = f"timed out after {runner.timeout:g}s"

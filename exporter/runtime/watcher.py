@@ -1,10 +1,8 @@
-"""React within a second: one inotify instance watches every monitored mount.
-
-Each create/grow/delete takes a statvfs at once (the peak window keeps a 2 s spike between
-scrapes) and wakes the inventory. watchdog's InotifyFD, not its Observer (a thread a watch).
-Where inotify cannot be had (no support, max_user_instances or max_user_watches exhausted)
-the mount is polled, said once in the log, and created/deleted come from inventory diffs.
-"""
+"""One inotify instance (watchdog's InotifyFD, not its Observer: a thread a watch) watches
+every monitored mount. Each create/grow/delete takes a statvfs at once (the peak window keeps
+a 2 s spike between scrapes) and wakes the inventory. Where inotify cannot be had (no support,
+max_user_instances or max_user_watches exhausted) the mount is polled, said once in the log,
+and created/deleted come from inventory diffs."""
 
 import contextlib
 import errno
@@ -31,13 +29,12 @@ log = logging.getLogger(__name__)
 IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM, IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
 IN_CREATE, IN_DELETE, IN_ISDIR = 0x100, 0x200, 0x40000000
 IN_ONLYDIR, IN_DONT_FOLLOW = 0x01000000, 0x02000000
-# A move in is a create, a move out a delete (within the mount, both).
 CREATED, DELETED = IN_CREATE | IN_MOVED_TO, IN_DELETE | IN_MOVED_FROM
 WATCH_MASK = CREATED | DELETED | IN_MODIFY | IN_ATTRIB | IN_ONLYDIR | IN_DONT_FOLLOW
 CALLBACK_ID = 0  # one callback per watch: ours
 
 
-def _inotify():  # watchdog's inotify instance and its reading thread (not started)
+def _inotify():  # its reading thread not started
     from watchdog.observers.inotify_c import InotifyFD  # ImportError off Linux
 
     reader = InotifyFD()
@@ -56,8 +53,8 @@ def _close(reader) -> None:
 
 
 class MountWatcher:
-    """Feeds the state store, the change log (names for the next quick inventory) and
-    `wake` (the scheduler's event-driven run; a full one after lost events)."""
+    """Feeds the state store, the change log and `wake` (the scheduler's event-driven run; a
+    full one after lost events)."""
 
     def __init__(
         self,
@@ -69,14 +66,11 @@ class MountWatcher:
         inotify_factory: Callable[[], object] = _inotify,
         changes: Optional[ChangeLog] = None,
     ):
-        self.state = state
-        self.wake = wake
-        self.paths = paths
-        self._mounts = live_mounts(mounts)  # discovery's current mounts
-        self.enabled = enabled
-        self.inotify_factory = inotify_factory
+        self.state, self.paths, self.wake = state, paths, wake
+        self._mounts = live_mounts(mounts)
+        self.enabled, self.inotify_factory = enabled, inotify_factory
         self.changes = changes or ChangeLog()  # names for the next quick inventory
-        self.inotify = None  # watchdog's InotifyFD, once started
+        self.inotify = None  # once started
         self._stopped = False  # for good: a refresh after stop() must not start inotify
         self.watches: Dict[str, Tuple[int, int]] = {}  # mount -> (wd, st_dev watched)
         # Watch descriptor -> its mounts, for the reader thread: two paths to one directory (a
@@ -84,8 +78,7 @@ class MountWatcher:
         self._mounts_on: Dict[int, Tuple[str, ...]] = {}
         self._said = SaidOnce(log)
         self._lock = threading.Lock()
-        # Each mount's last inventory: one handed back again is not counted again.
-        self._previous: Dict[str, object] = {}
+        self._previous: Dict[str, object] = {}  # each mount's last inventory
         self._settled: Optional[MountSet] = None  # the last set left wholly watched
 
     def start(self) -> None:
@@ -133,11 +126,10 @@ class MountWatcher:
         for mount in self.watches.keys() - current:
             self._unwatch(mount)
         with self._lock:
-            self._said.keep(current)  # pods come and go: so does this
+            self._said.keep(current)
             self._previous = {m: i for m, i in self._previous.items() if m in current}
         reader = self.inotify
         if reader is not None and not reader.is_alive():
-            # Its thread ended (reading failed): polled until a new instance watches, below.
             log.warning("the inotify reader stopped: watching every mount anew")
             with self._lock:
                 self.inotify = None
@@ -186,9 +178,7 @@ class MountWatcher:
             with contextlib.suppress(Exception):  # gone with its mount, perhaps
                 self.inotify.remove_callbacks([(wd, CALLBACK_ID)])
 
-    # The inotify thread's (watchdog's WatchCallback):
-    def on_event(self, event) -> None:
-        """One raw inotify event on a watched mount's top directory."""
+    def on_event(self, event) -> None:  # on the inotify thread, as the three below
         if not event.name:
             return  # the directory itself (its attributes, unmounted)
         name, mask = os.fsdecode(event.name), event.mask
@@ -212,7 +202,7 @@ class MountWatcher:
 
     def on_watch_deleted(self, wd: int) -> None:
         """The kernel dropped a watch (its mount unmounted, its directory deleted): polled until
-        the next refresh watches it again (books and flags change together, under the lock)."""
+        the next refresh watches it again."""
         with self._lock:
             mounts = self._mounts_on.pop(wd, ())
             for mount in mounts:
@@ -236,12 +226,12 @@ class MountWatcher:
         )
         self.wake(full=True)
 
-    def on_events_lost(self) -> None:  # watchdog >= 7.1: after on_queue_overflow, done
+    def on_events_lost(self) -> None:  # watchdog >= 7.1: after on_queue_overflow
         pass
 
     def on_mounts(self, mount_set: MountSet) -> None:
-        """Discovery subscriber, once started (every poll): a refresh stats every mount, so
-        only for a new set (the table changed), or while a mount or the reader is not watching."""
+        """Every discovery poll; a refresh stats every mount, so only for a new set (the table
+        changed), or while a mount or the reader is not watching."""
         reader = self.inotify
         if mount_set is self._settled and (reader is None or reader.is_alive()):
             return
@@ -252,8 +242,8 @@ class MountWatcher:
             self._settled = mount_set if watched or not self.enabled else None
 
     def on_observation(self, obs: Observation) -> None:
-        """Scheduler subscriber: on polled mounts, created/deleted come from the inventory's
-        listings (a quick run hands back an untouched mount's inventory: counted once)."""
+        """On polled mounts created/deleted come from the inventory's listings (a quick run
+        hands an untouched mount's inventory back: counted once)."""
         if obs.source != "segments" or not obs.success:
             return
         with self._lock:  # refresh() forgets gone mounts from the discovery thread
