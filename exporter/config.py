@@ -67,8 +67,7 @@ def parse_listen_address(text: str) -> "tuple[str, int]":
     return host[1:-1] if bracketed else host, int(port)
 
 
-class Config(SimpleNamespace):
-    """One attribute per FLAGS dest (listen: listen_host, listen_port), collectors, inotify."""
+Config = SimpleNamespace  # FLAGS' dests (listen: listen_host, listen_port), collectors, inotify
 
 
 class _Parser(argparse.ArgumentParser):

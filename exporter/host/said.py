@@ -1,13 +1,11 @@
-"""A lasting condition (a mount not measured, over the segment cap) logged when it begins or
-changes, not on every run."""
+"""A lasting condition about a key (a mount not measured, over the segment cap) logged when
+it begins or changes, not on every run."""
 
 import logging
 from typing import Dict, Iterable
 
 
 class SaidOnce:
-    """The last message logged about each key (a mount)."""
-
     def __init__(self, log: logging.Logger, prefix: str = "mount {}: ") -> None:
         self.log, self.prefix = log, prefix
         self._said: Dict[object, object] = {}

@@ -1,16 +1,12 @@
-"""The scheduler: a thread per source, so a hung one (a GPU off the bus, a stuck mount) delays
-no other; each run's Observation goes to the subscribers, and a watchdog publishes a run over
-its timeout as failed. An event-driven source runs `collect_quick()` once a burst of events
-settles, then a full run follows, whose slow middle (`begin_full`) may run on a thread of its
-own meanwhile. A heavy source (`stretches`) doubles its interval while its result stays the
-same, up to STRETCH_MAX times, as cAdvisor's housekeeping does.
-"""
+"""The scheduler (docs/architecture.md): a thread per source, so a hung one (a GPU off the bus,
+a stuck mount) delays no other; a watchdog publishes a run over its timeout as failed. Quick
+runs, full runs, their middles and stretched intervals as the Source protocol declares them."""
 
 import logging
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Set
 
 from exporter.collectors.source import STRETCH_MAX, Source
 from exporter.host.said import SaidOnce
@@ -40,11 +36,10 @@ class _Runner(threading.Thread):
         self.first_event: Optional[float] = None  # of a burst not run yet
         self.last_event = self.quick_not_before = 0.0
         self.follow_up_at = INF  # none pending
-        self.full_now = False
         self.last_full = -INF  # when the last full run started
         self.last_result: object = None  # of the last full run, for stretching
         self.running_since: Optional[float] = None
-        self.timed_out = False
+        self.full_now = self.timed_out = False
         self.runs = self.fulls = 0  # fulls: full runs published whole
         self.middle: Optional[Future] = None  # a full run's middle, beside quick runs
 
@@ -169,7 +164,8 @@ class Sampler:
             runner.start()
         self._watchdog.start()
 
-    def stop(self, wait: float = 1.0) -> None:
+    def stop(self, wait: float = 1.0) -> Set[str]:
+        """-> the sources with a run still in progress (over its timeout or not yet)."""
         self.stopping.set()
         for runner in self.runners.values():
             runner.wake.set()
@@ -177,6 +173,7 @@ class Sampler:
         for runner in self.runners.values():
             if runner.is_alive():
                 runner.join(max(0.0, deadline - time.monotonic()))
+        return {name for name, r in self.runners.items() if r.running_since is not None}
 
     def wait_for_first_run(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -185,10 +182,6 @@ class Sampler:
                 return True
             time.sleep(0.01)
         return False
-
-    def busy(self) -> List[str]:
-        """Sources with a run in progress (over its timeout or not yet)."""
-        return [name for name, r in self.runners.items() if r.running_since is not None]
 
     def request(self, full: bool = False) -> None:
         """A watched mount changed (`full`: events were lost): event-driven sources run."""
@@ -213,8 +206,7 @@ class Sampler:
                 since = runner.running_since
                 if since is None or runner.timed_out or now - since <= runner.timeout:
                     continue
-                # Hung: this run has failed; its thread is left to finish (or not), never
-                # started twice.
+                # Hung: failed. Its thread is left to finish (or not), never started twice.
                 runner.timed_out = True
                 error = f"timed out after {runner.timeout:g}s"
                 self.publish(Observation(runner.source.name, None, error, now - since))

@@ -73,8 +73,7 @@ class MountWatcher:
         self.inotify = None  # once started
         self._stopped = False  # for good: a refresh after stop() must not start inotify
         self.watches: Dict[str, Tuple[int, int]] = {}  # mount -> (wd, st_dev watched)
-        # Watch descriptor -> its mounts, for the reader thread: two paths to one directory (a
-        # bind mount) are one watch, as inotify makes them.
+        # wd -> its mounts: two paths to one directory (a bind mount) are one inotify watch.
         self._mounts_on: Dict[int, Tuple[str, ...]] = {}
         self._said = SaidOnce(log)
         self._lock = threading.Lock()
@@ -117,8 +116,7 @@ class MountWatcher:
         self._said.say(mount, "inotify on", logging.INFO)
 
     def refresh(self) -> None:
-        """Watch a mount that was missing, re-watch one unmounted and mounted again (another
-        device), forget gone ones."""
+        """Watch missing mounts, re-watch one mounted again (another device), forget gone ones."""
         if self._stopped:
             return
         current = set(self._mounts())
@@ -131,12 +129,9 @@ class MountWatcher:
         reader = self.inotify
         if reader is not None and not reader.is_alive():
             log.warning("the inotify reader stopped: watching every mount anew")
-            with self._lock:
-                self.inotify = None
-                for mount in self.watches:
-                    self.state.set_inotify(mount, False)
-                self.watches.clear()
-                self._mounts_on.clear()
+            for wd in list(self._mounts_on):  # as if the kernel had dropped every watch
+                self.on_watch_deleted(wd)
+            self.inotify = None
             _close(reader)
         if self.inotify is None and self.enabled:
             try:
@@ -201,8 +196,7 @@ class MountWatcher:
                 log.exception("mount %s: handling an inotify event failed", mount)
 
     def on_watch_deleted(self, wd: int) -> None:
-        """The kernel dropped a watch (its mount unmounted, its directory deleted): polled until
-        the next refresh watches it again."""
+        """The kernel dropped a watch (unmounted, directory deleted): polled until a refresh."""
         with self._lock:
             mounts = self._mounts_on.pop(wd, ())
             for mount in mounts:
