@@ -14,21 +14,16 @@ from exporter.model.types import Observation
 
 log = logging.getLogger(__name__)
 
-# An event-driven run starts once a burst of events has been quiet this long, or this long
-# after its first event; the burst's full run (owners from /proc) follows its first this soon.
-# Event-driven runs start QUICK_GAP apart at least (a writer that never stops).
-DEBOUNCE_SECONDS = 0.02
-DEBOUNCE_MAX_SECONDS = 0.1
-FOLLOW_UP_SECONDS = 1.0
-QUICK_GAP_SECONDS = 0.25
+DEBOUNCE_SECONDS = 0.02  # a quick run starts once a burst of events is quiet this long,
+DEBOUNCE_MAX_SECONDS = 0.1  # or this long after its first event
+FOLLOW_UP_SECONDS = 1.0  # then a full run (owners from /proc) this soon after the first
+QUICK_GAP_SECONDS = 0.25  # quick runs this far apart at least (a writer never stops)
 WATCHDOG_SECONDS = 0.5  # timeouts are seconds long
 INF = float("inf")
 
 
 class _Runner(threading.Thread):
-    def __init__(
-        self, sampler: "Sampler", source: Source, interval: float, timeout: float
-    ):
+    def __init__(self, sampler, source: Source, interval: float, timeout: float):
         super().__init__(name=f"shmwatch-{source.name}", daemon=True)
         self.sampler, self.source, self.timeout = sampler, source, timeout
         self.base = self.interval = interval
@@ -42,15 +37,6 @@ class _Runner(threading.Thread):
         self.full_now = self.timed_out = False
         self.runs = self.fulls = 0  # fulls: full runs published whole
         self.middle: Optional[Future] = None  # a full run's middle, beside quick runs
-
-    def request(self, full: bool) -> None:
-        if full:
-            self.full_now = True
-        else:
-            self.last_event = time.monotonic()
-            self.first_event = self.first_event or self.last_event
-        self.interval = self.base
-        self.wake.set()
 
     def run(self) -> None:
         while not self.sampler.stopping.is_set():
@@ -185,9 +171,15 @@ class Sampler:
 
     def request(self, full: bool = False) -> None:
         """A watched mount changed (`full`: events were lost): event-driven sources run."""
-        for runner in self.runners.values():
-            if runner.source.event_driven:
-                runner.request(full)
+        now = time.monotonic()
+        for runner in (r for r in self.runners.values() if r.source.event_driven):
+            if full:
+                runner.full_now = True
+            else:
+                runner.last_event = now
+                runner.first_event = runner.first_event or now
+            runner.interval = runner.base
+            runner.wake.set()
 
     def publish(self, obs: Observation) -> None:
         failed = f"failed: {obs.error}" if obs.error else None

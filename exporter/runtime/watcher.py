@@ -1,8 +1,7 @@
-"""One inotify instance (watchdog's InotifyFD, not its Observer: a thread a watch) watches
-every monitored mount. Each create/grow/delete takes a statvfs at once (the peak window keeps
-a 2 s spike between scrapes) and wakes the inventory. Where inotify cannot be had (no support,
-max_user_instances or max_user_watches exhausted) the mount is polled, said once in the log,
-and created/deleted come from inventory diffs."""
+"""The inotify watcher (docs/architecture.md): watchdog's InotifyFD, not its Observer (a thread
+a watch). An event takes a statvfs at once, so the peak window keeps a 2 s spike between
+scrapes; where inotify cannot be had (no support, max_user_instances or max_user_watches
+exhausted) the mount is polled, said once in the log."""
 
 import contextlib
 import errno
@@ -53,9 +52,6 @@ def _close(reader) -> None:
 
 
 class MountWatcher:
-    """Feeds the state store, the change log and `wake` (the scheduler's event-driven run; a
-    full one after lost events)."""
-
     def __init__(
         self,
         state: StateStore,
@@ -133,14 +129,13 @@ class MountWatcher:
                 self.on_watch_deleted(wd)
             self.inotify = None
             _close(reader)
+        said = None if self.enabled else "inotify disabled (--no-inotify): polling"
         if self.inotify is None and self.enabled:
             try:
                 reader = self.inotify_factory()
                 reader.start()
             except Exception as err:  # ImportError off Linux, EMFILE (instances)
                 said = f"inotify unavailable ({err}): polling every inventory interval"
-                for mount in current:
-                    self._said.say(mount, said)
             else:
                 with self._lock:  # a stop() landing meanwhile closes it, or none starts
                     if not self._stopped:
@@ -151,8 +146,8 @@ class MountWatcher:
             # Polling; inotify is tried again on the next refresh (limits can be raised live).
             for mount in current:
                 self.state.set_inotify(mount, False)
-                if not self.enabled:
-                    self._said.say(mount, "inotify disabled (--no-inotify): polling")
+                if said:
+                    self._said.say(mount, said)
             return
         for mount in sorted(current):
             watched = self.watches.get(mount)
