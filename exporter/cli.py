@@ -131,7 +131,25 @@ def tune_process() -> None:  # serve's own process, not a library user's
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def serve(argv: List[str]) -> int:
+def collect_once(cfg, timeout: float):
+    """`shmwatch check`'s model: one run of every source (each on its own thread, so a hung
+    GPU is bounded by its timeout), the kernel log from its start (recent kills), no inotify."""
+    from exporter.app import App
+
+    app = App(cfg, kmsg_from_start=True)
+    app.start(watch=False)
+    app.sampler.wait_for_first_run(timeout)
+    model = app.step.current()
+    app.stop(wait=0)  # a source still running at check's deadline is left to it
+    return model
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "check":
+        from exporter.check.report import main as check_main
+
+        return check_main(argv[1:], collect_once)
     cfg = parse_args(argv)
     setup_logging(cfg.log_level, cfg.log_format)
     from exporter.app import App
@@ -179,25 +197,3 @@ def serve(argv: List[str]) -> int:
     httpd.shutdown()
     app.stop()
     return 0
-
-
-def collect_once(cfg, timeout: float):
-    """`shmwatch check`'s model: one run of every source (each on its own thread, so a hung
-    GPU is bounded by its timeout), the kernel log from its start (recent kills), no inotify."""
-    from exporter.app import App
-
-    app = App(cfg, kmsg_from_start=True)
-    app.start(watch=False)
-    app.sampler.wait_for_first_run(timeout)
-    model = app.step.current()
-    app.stop(wait=0)  # a source still running at check's deadline is left to it
-    return model
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "check":
-        from exporter.check.report import main as check_main
-
-        return check_main(argv[1:], collect_once)
-    return serve(argv)

@@ -11,11 +11,10 @@ from typing import Optional
 # and a node joins 200 IPC namespaces every inventory run.
 try:
     _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    _TRIM, _STATX = getattr(_LIBC, "malloc_trim", None), getattr(_LIBC, "statx", None)
+    _SETNS = getattr(_LIBC, "setns", None)
 except OSError:
-    _LIBC = None
-_TRIM, _STATX, _SETNS = (
-    getattr(_LIBC, f, None) for f in ("malloc_trim", "statx", "setns")
-)
+    _TRIM = _STATX = _SETNS = None
 _BUFFER = ctypes.c_char * 256  # struct statx
 STATX_MNT_ID_UNIQUE = 0x4000  # Linux 6.8
 AT_FDCWD, AT_NOFOLLOW, AT_DONT_SYNC = -100, 0x100, 0x4000

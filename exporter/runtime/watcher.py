@@ -193,12 +193,10 @@ class MountWatcher:
     def on_watch_deleted(self, wd: int) -> None:
         """The kernel dropped a watch (unmounted, directory deleted): polled until a refresh."""
         with self._lock:
-            mounts = self._mounts_on.pop(wd, ())
-            for mount in mounts:
-                self.watches.pop(mount, None)
             self._settled = None
-            if self.inotify is not None:  # not stopping
-                for mount in mounts:
+            for mount in self._mounts_on.pop(wd, ()):
+                self.watches.pop(mount, None)
+                if self.inotify is not None:  # not stopping
                     self.state.set_inotify(mount, False)
 
     def on_queue_overflow(self) -> None:
