@@ -1,7 +1,6 @@
 """`shmwatch` (serve /metrics) and `shmwatch check`, and the process they run in. Log lines
-as the Prometheus ecosystem writes them (`--log.format`), uncaught exceptions too: logfmt as
-go-kit/log and Go's slog write it (`ts=2026-12-02T14:20:25.612Z level=info logger=shmwatch
-msg="mount /dev/shm: inotify on"`), quoted and escaped so every line parses; or json."""
+(uncaught exceptions too) as the Prometheus ecosystem writes them: json, or logfmt as go-kit
+and slog (`ts=… level=info logger=shmwatch msg="…"`), quoted and escaped so every line parses."""
 
 import gc
 import json

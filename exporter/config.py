@@ -76,8 +76,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def typed(kind):
-    """`kind` (text -> value, ValueError on bad text) as an argparse type."""
+def typed(kind):  # text -> value, ValueError on bad text: as an argparse type
 
     def convert(text: str):
         try:

@@ -1,7 +1,6 @@
 """The inotify watcher (docs/architecture.md): watchdog's InotifyFD, not its Observer (a thread
 a watch). An event takes a statvfs at once, so the peak window keeps a 2 s spike between
-scrapes; where inotify cannot be had (no support, max_user_instances or max_user_watches
-exhausted) the mount is polled, said once in the log."""
+scrapes; a mount inotify cannot watch is polled, said once in the log."""
 
 import contextlib
 import errno
@@ -234,11 +233,8 @@ class MountWatcher:
         if obs.source != "segments" or not obs.success:
             return
         with self._lock:  # refresh() forgets gone mounts from the discovery thread
-            previous, new = self._previous, []
-            for m in obs.result.mounts:
-                if previous.get(m.mount) is not m:
-                    previous[m.mount] = m
-                    new.append(m)
+            new = [m for m in obs.result.mounts if self._previous.get(m.mount) is not m]
+            self._previous.update((m.mount, m) for m in new)
         for m in new:
             if not m.error and not self.state.inotify_active(m.mount):
                 for (cls, event), n in m.events.items():
