@@ -131,8 +131,7 @@ def tune_process() -> None:  # serve's own process, not a library user's
 
 
 def collect_once(cfg, timeout: float):
-    """`shmwatch check`'s model: one run of every source (each on its own thread, so a hung
-    GPU is bounded by its timeout), the kernel log from its start (recent kills), no inotify."""
+    """`shmwatch check`'s model: one run of every source, the kernel log from its start."""
     from exporter.app import App
 
     app = App(cfg, kmsg_from_start=True)

@@ -260,10 +260,8 @@ def parse_args(argv: Optional[Sequence[str]] = None, parser=None):
         setattr(cfg, dest, value)
     cfg.listen_host, cfg.listen_port = vars(cfg).pop("listen")
     cfg.shm_mounts = list(dict.fromkeys(m.rstrip("/") or "/" for m in cfg.shm_mounts))
-    cfg.collectors = {name: getattr(ns, f"collector_{name}") for name in COLLECTORS}
-    for name in NODE_DEFAULT_COLLECTORS:
-        if cfg.collectors[name] is None:
-            cfg.collectors[name] = cfg.mode == "node"
+    on = {name: getattr(ns, f"collector_{name}") for name in COLLECTORS}
+    cfg.collectors = {n: cfg.mode == "node" if v is None else v for n, v in on.items()}
     cfg.inotify = ns.inotify
     if cfg.cgroup_path and cfg.cgroup_target_process:
         parser.error(

@@ -48,11 +48,6 @@ class _Runner(threading.Thread):
                     self.run_once(full=True)  # its last step
                     continue
                 next_full = now + self.interval  # the middle wakes us when it ends
-                if self.timed_out or not self.fulls:
-                    # Hung, as a hung collect() would be: the watchdog's failure stands.
-                    # Before the first full run, no quick run: it would have no owners.
-                    self.wake.wait(self.interval)
-                    continue
             elif self.full_now or now >= next_full:
                 # A full run does all a pending event-driven run would: it drains the same
                 # change log (a staged one leaves it to the quick runs beside it).
@@ -62,7 +57,10 @@ class _Runner(threading.Thread):
                 if self.middle:
                     self.first_event = self.first_event or events
                 continue
-            if self.first_event is not None:
+            # No quick run beside a hung middle (as a hung collect(): the watchdog's failure
+            # stands) nor before the first full run (it would have no owners).
+            held = self.middle is not None and (self.timed_out or not self.fulls)
+            if self.first_event is not None and not held:
                 quiet = self.last_event + DEBOUNCE_SECONDS
                 at_most = self.first_event + DEBOUNCE_MAX_SECONDS
                 due = max(min(quiet, at_most), self.quick_not_before)

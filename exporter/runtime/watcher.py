@@ -41,6 +41,8 @@ def _inotify():  # its reading thread not started
 
 
 def _close(reader) -> None:
+    if reader is None:
+        return
     with contextlib.suppress(Exception):
         reader.stop()
         reader.join(1.0)
@@ -82,8 +84,7 @@ class MountWatcher:
         with self._lock:
             self._stopped = True
             reader, self.inotify = self.inotify, None
-        if reader is not None:
-            _close(reader)
+        _close(reader)
 
     def _watch(self, mount: str) -> None:
         path = os.fsencode(self.paths.host(mount))
@@ -139,8 +140,7 @@ class MountWatcher:
                 with self._lock:  # a stop() landing meanwhile closes it, or none starts
                     if not self._stopped:
                         self.inotify, reader = reader, None
-                if reader is not None:
-                    _close(reader)
+                _close(reader)
         if self.inotify is None:
             # Polling; inotify is tried again on the next refresh (limits can be raised live).
             for mount in current:
