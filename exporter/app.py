@@ -2,11 +2,10 @@
 draws them; the watcher (inotify) feeds the state store (peaks, counters, inotify flags)."""
 
 from contextlib import suppress
-from typing import List
 
 from prometheus_client.registry import CollectorRegistry
 
-from exporter.collectors import REGISTRY, Context, Source
+from exporter.collectors import REGISTRY, Context
 from exporter.collectors.host_memory import usable_limit_flag
 from exporter.collectors.discovery import MountDiscovery
 from exporter.config import Config
@@ -41,7 +40,7 @@ class App:
         )
         # Discovery first: the others read its mounts. A collector without a flag is always on.
         on = [r for r in REGISTRY.values() if cfg.collectors.get(r.name, True)]
-        self.sources: List[Source] = [self.discovery] + [r.factory(context) for r in on]
+        self.sources = [self.discovery] + [r.factory(context) for r in on]
         self.sampler = Sampler(
             self.sources,
             cfg.poll_interval,

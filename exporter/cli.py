@@ -19,9 +19,8 @@ from exporter import __version__
 from exporter.config import build_parser, parse_args
 
 log = logging.getLogger("shmwatch")
-# gc's youngest generation threshold in serve (not 700): a node's owner scan makes tens of
-# thousands of objects for a moment, all freed by reference counting, and the default runs
-# the collector many times a second finding nothing (test_gc_tuning.py: serving makes no cycles).
+# gc's gen-0 threshold in serve (not 700): an owner scan makes tens of thousands of objects at
+# once, all freed by reference counting: 700 collects many times a second for nothing.
 GC_GEN0_THRESHOLD = 50_000
 _LEVELS = {"WARNING": "warn", "CRITICAL": "error"}
 _ESCAPES = {chr(c): f"\\u{c:04x}" for c in [*range(0x20), 0x7F]}

@@ -1,6 +1,5 @@
-"""Command-line flags, node_exporter style, each also read from SHMWATCH_<FLAG> (upper-cased,
-'.' and '-' as '_'; a given flag wins; repeatable flags take a comma-separated list). Bad
-values end in one line on stderr that names the flag, and exit code 2."""
+"""Command-line flags, node_exporter style, each also read from SHMWATCH_<FLAG> (a given flag
+wins; a repeatable one's is a comma list); a bad value: one line naming it, exit code 2."""
 
 import argparse
 import math

@@ -136,9 +136,6 @@ class Sampler:
             )
             timeout = (timeouts or {}).get(s.name, default_timeout)
             self.runners[s.name] = _Runner(self, s, interval, timeout)
-        self._watchdog = threading.Thread(
-            target=self._watch_timeouts, name="shmwatch-watchdog", daemon=True
-        )
 
     def subscribe(self, subscriber: Callable[[Observation], None]) -> None:
         self._subscribers.append(subscriber)
@@ -146,10 +143,11 @@ class Sampler:
     def start(self) -> None:
         for runner in self.runners.values():
             runner.start()
-        self._watchdog.start()
+        threading.Thread(
+            target=self._watch_timeouts, name="shmwatch-watchdog", daemon=True
+        ).start()
 
-    def stop(self, wait: float = 1.0) -> Set[str]:
-        """-> the sources with a run still in progress (over its timeout or not yet)."""
+    def stop(self, wait: float = 1.0) -> Set[str]:  # -> the sources still running
         self.stopping.set()
         for runner in self.runners.values():
             runner.wake.set()
@@ -167,8 +165,7 @@ class Sampler:
             time.sleep(0.01)
         return False
 
-    def request(self, full: bool = False) -> None:
-        """A watched mount changed (`full`: events were lost): event-driven sources run."""
+    def request(self, full: bool = False) -> None:  # a mount changed; full: events lost
         now = time.monotonic()
         for runner in (r for r in self.runners.values() if r.source.event_driven):
             if full:

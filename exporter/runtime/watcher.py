@@ -20,10 +20,9 @@ from exporter.model.types import MountSet, Observation
 
 log = logging.getLogger(__name__)
 
-# Only what changes a mount's contents (IN_CREATE, IN_DELETE, IN_MOVED_*, IN_MODIFY,
-# IN_ATTRIB): no IN_OPEN/IN_CLOSE, which our own directory listings cause (reacting to them
-# would loop). A create-and-close is then one queued event, not three, so a storm of 10,000
-# creates fits the default 16,384-event queue. The mount's top directory only.
+# No IN_OPEN/IN_CLOSE: our own directory listings cause them (reacting would loop), and a
+# create-and-close is then one queued event, not three, so a storm of 10,000 creates fits the
+# default 16,384-event queue. The mount's top directory only.
 IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM, IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
 IN_CREATE, IN_DELETE, IN_ISDIR = 0x100, 0x200, 0x40000000
 IN_ONLYDIR, IN_DONT_FOLLOW = 0x01000000, 0x02000000
@@ -76,9 +75,6 @@ class MountWatcher:
         self._lock = threading.Lock()
         self._previous: Dict[str, object] = {}  # each mount's last inventory
         self._settled: Optional[MountSet] = None  # the last set left wholly watched
-
-    def start(self) -> None:
-        self.refresh()
 
     def stop(self) -> None:  # for good: discovery, stopped after us, may still publish
         with self._lock:
@@ -157,6 +153,8 @@ class MountWatcher:
                 self._unwatch(mount)  # unmounted, or mounted again
             self._watch(mount)
 
+    start = refresh  # the first refresh starts inotify
+
     def _unwatch(self, mount: str) -> None:
         with self._lock:
             wd, _ = self.watches.pop(mount, (None, None))
@@ -199,8 +197,7 @@ class MountWatcher:
                     self.state.set_inotify(mount, False)
 
     def on_queue_overflow(self) -> None:
-        """The kernel dropped events: count it on every watched mount (one queue serves them
-        all), and re-list every mount at once instead of patching what the events said."""
+        """Lost events (one queue serves every mount): counted on each, each re-listed at once."""
         with self._lock:
             watched = list(self.watches)
         for mount in watched:
