@@ -16,7 +16,10 @@ from contextlib import suppress
 from typing import List, NoReturn, Optional
 
 from exporter import __version__
+from exporter.app import App
 from exporter.config import build_parser, parse_args
+from exporter.exposition import http
+from exporter.exposition import webconfig as wc
 
 log = logging.getLogger("shmwatch")
 # gc's gen-0 threshold in serve (not 700): an owner scan makes tens of thousands of objects at
@@ -80,8 +83,6 @@ def fail(flag: str, message: str) -> NoReturn:  # as a bad flag value, after par
 
 def _web_config(cfg):
     """-> WebConfigSource or None; a bad config ends start-up with one line naming the flag."""
-    from exporter.exposition import webconfig as wc
-
     cert, key, ca = cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file
     if cfg.web_config_file and (cert or key or ca):
         fail(
@@ -131,8 +132,6 @@ def tune_process() -> None:  # serve's own process, not a library user's
 
 def collect_once(cfg, timeout: float):
     """`shmwatch check`'s model: one run of every source, the kernel log from its start."""
-    from exporter.app import App
-
     app = App(cfg, kmsg_from_start=True)
     app.start(watch=False)
     app.sampler.wait_for_first_run(timeout)
@@ -149,9 +148,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         return check_main(argv[1:], collect_once)
     cfg = parse_args(argv)
     setup_logging(cfg.log_level, cfg.log_format)
-    from exporter.app import App
-    from exporter.exposition import http
-
     tune_process()
     web = _web_config(cfg)
     app = App(cfg, web=web)

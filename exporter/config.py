@@ -76,7 +76,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def typed(kind):  # text -> value, ValueError on bad text: as an argparse type
-
     def convert(text: str):
         try:
             return kind(text)
