@@ -161,18 +161,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     done = threading.Event()
 
     def on_signal(signum, _frame) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        done.set()
+        if signum == signal.SIGHUP:  # as Prometheus: re-read the web config
+            what = "re-reading the web config" if web else "no web config to re-read"
+            log.info("received SIGHUP, %s", what)
+            if web:
+                web.reload()
+        else:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            done.set()
 
-    def on_hangup(_signum, _frame) -> None:  # as Prometheus: re-read the web config
-        what = "re-reading the web config" if web else "no web config to re-read"
-        log.info("received SIGHUP, %s", what)
-        if web:
-            web.reload()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGHUP, on_hangup)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
     app.start()
     httpd.start()
     scheme = "https" if web and web.tls else "http"
