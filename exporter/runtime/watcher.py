@@ -84,8 +84,7 @@ class MountWatcher:
 
     def _watch(self, mount: str) -> None:
         path = os.fsencode(self.paths.host(mount))
-        reader = self.inotify  # once: stop() may clear it meanwhile
-        if reader is None:
+        if (reader := self.inotify) is None:  # read once: stop() may clear it meanwhile
             return
         try:
             dev = os.stat(self.paths.host(mount)).st_dev  # str: errors name the path
@@ -118,8 +117,7 @@ class MountWatcher:
         with self._lock:
             self._said.keep(current)
             self._previous = {m: i for m, i in self._previous.items() if m in current}
-        reader = self.inotify
-        if reader is not None and not reader.is_alive():
+        if (reader := self.inotify) is not None and not reader.is_alive():
             log.warning("the inotify reader stopped: watching every mount anew")
             for wd in list(self._mounts_on):  # as if the kernel had dropped every watch
                 self.on_watch_deleted(wd)
