@@ -54,7 +54,7 @@ class _Runner(threading.Thread):
                 events, self.first_event = self.first_event, None
                 self.full_now, self.follow_up_at, self.last_full = False, INF, now
                 self.run_once(full=True)
-                if self.middle:
+                if self.middle:  # its first step left the change log to quick runs
                     self.first_event = self.first_event or events
                 continue
             # No quick run beside a hung middle (as a hung collect(): the watchdog's failure
@@ -108,7 +108,7 @@ class _Runner(threading.Thread):
         self.fulls += full and error is None
         self.runs += 1  # after publishing: a waiter finds the result in the model
 
-    def _middle(self, job: Callable, middle: Future) -> None:
+    def _middle(self, job: Callable, middle: Future) -> None:  # daemon, as its runner
         try:
             middle.set_result(job())
         except Exception as err:
@@ -131,9 +131,8 @@ class Sampler:
         self._said_lock = threading.Lock()  # the watchdog publishes too
         self.runners: Dict[str, _Runner] = {}
         for s in sources:
-            interval = (
-                inventory_interval if s.schedule == "inventory" else poll_interval
-            )
+            inventory = s.schedule == "inventory"
+            interval = inventory_interval if inventory else poll_interval
             timeout = (timeouts or {}).get(s.name, default_timeout)
             self.runners[s.name] = _Runner(self, s, interval, timeout)
 

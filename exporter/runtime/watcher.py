@@ -63,10 +63,10 @@ class MountWatcher:
         changes: Optional[ChangeLog] = None,
     ):
         self.state, self.paths, self.wake = state, paths, wake
-        self._mounts = live_mounts(mounts)
+        self._mounts = live_mounts(mounts)  # discovery's current mounts
         self.enabled, self.inotify_factory = enabled, inotify_factory
         self.changes = changes or ChangeLog()  # names for the next quick inventory
-        self.inotify = None  # once started
+        self.inotify = None  # watchdog's InotifyFD, once started
         self._stopped = False  # for good: a refresh after stop() must not start inotify
         self.watches: Dict[str, Tuple[int, int]] = {}  # mount -> (wd, st_dev watched)
         # wd -> its mounts: two paths to one directory (a bind mount) are one inotify watch.
