@@ -70,8 +70,7 @@ Config = SimpleNamespace  # FLAGS' dests (listen: listen_host, listen_port), col
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line, no usage dump: the message already names the flag.
+    def error(self, message: str) -> NoReturn:  # one line, no usage: it names the flag
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
