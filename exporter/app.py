@@ -1,20 +1,11 @@
-"""Wires configuration to sources, scheduler, model step, watcher and registry.
-
-    discovery ─┐
-    sources ───┴─▶ scheduler ─▶ observations ─▶ model step ─▶ /metrics, shmwatch check
-                                                    ▲
-    watcher (inotify) ─▶ state store (peaks, counters, inotify flags)
-
-serve and check build the same; check waits for each source's first run. /metrics renders
-when a scrape finds the model's version moved.
-"""
+"""Wires configuration to sources, scheduler, model step and registry as docs/architecture.md
+draws them; the watcher (inotify) feeds the state store (peaks, counters, inotify flags)."""
 
 from contextlib import suppress
-from typing import List
 
 from prometheus_client.registry import CollectorRegistry
 
-from exporter.collectors import REGISTRY, Context, Source
+from exporter.collectors import REGISTRY, Context
 from exporter.collectors.host_memory import usable_limit_flag
 from exporter.collectors.discovery import MountDiscovery
 from exporter.config import Config
@@ -47,10 +38,9 @@ class App:
             kmsg_from_start,
             lambda: self.step.kill_log_complete(),  # the step is made below
         )
-        # Discovery first (the others read its mounts), then the collectors that are on
-        # (cfg.collectors names those with a flag: one without is always on).
+        # Discovery first: the others read its mounts. A collector without a flag is always on.
         on = [r for r in REGISTRY.values() if cfg.collectors.get(r.name, True)]
-        self.sources: List[Source] = [self.discovery] + [r.factory(context) for r in on]
+        self.sources = [self.discovery] + [r.factory(context) for r in on]
         self.sampler = Sampler(
             self.sources,
             cfg.poll_interval,
@@ -94,10 +84,9 @@ class App:
 
     def stop(self, wait: float = 1.0) -> None:
         self.watcher.stop()
-        self.sampler.stop(wait)
         # A source still running is left to it: closing it under a run races it, and closing
         # a hung one (nvmlShutdown while a GPU off the bus holds the driver) could block.
-        busy = set(self.sampler.busy())
+        busy = self.sampler.stop(wait)
         for source in self.sources:
             if source.name not in busy:
                 source.close()

@@ -1,11 +1,6 @@
-"""`shmwatch` (serve /metrics) and `shmwatch check` (one-shot diagnosis), and the process
-they run in.
-
-Log lines as the Prometheus ecosystem writes them (`--log.format`): logfmt as go-kit/log and
-Go's slog write it (`ts=2026-12-02T14:20:25.612Z level=info logger=shmwatch msg="mount
-/dev/shm: inotify on"`), quoted and escaped so every line parses; json: one object a line,
-same keys. Uncaught exceptions (threads too) as well.
-"""
+"""`shmwatch` (serve /metrics) and `shmwatch check`, and the process they run in. Log lines
+(uncaught exceptions too) as the Prometheus ecosystem writes them: json, or logfmt as go-kit
+and slog (`ts=… level=info logger=shmwatch msg="…"`), quoted and escaped so every line parses."""
 
 import gc
 import json
@@ -21,13 +16,14 @@ from contextlib import suppress
 from typing import List, NoReturn, Optional
 
 from exporter import __version__
+from exporter.app import App
 from exporter.config import build_parser, parse_args
+from exporter.exposition import http
+from exporter.exposition import webconfig as wc
 
 log = logging.getLogger("shmwatch")
-# The cyclic garbage collector's youngest generation threshold in serve (not 700): a node's
-# owner scan makes tens of thousands of objects for a moment, all freed by reference counting,
-# and the default runs the collector many times a second finding nothing
-# (tests/test_gc_tuning.py checks that serving makes no cycles).
+# gc's gen-0 threshold in serve (not 700): an owner scan makes tens of thousands of objects at
+# once, all freed by reference counting: 700 collects many times a second for nothing.
 GC_GEN0_THRESHOLD = 50_000
 _LEVELS = {"WARNING": "warn", "CRITICAL": "error"}
 _ESCAPES = {chr(c): f"\\u{c:04x}" for c in [*range(0x20), 0x7F]}
@@ -44,9 +40,7 @@ def logfmt_value(value: object) -> str:
 
 
 class LineFormatter(logging.Formatter):
-    """A record on one line: logfmt, or one JSON object with the same keys."""
-
-    json_lines = False
+    json_lines = False  # else logfmt
 
     def format(self, record: logging.LogRecord) -> str:
         ms = int(record.created % 1 * 1000)
@@ -69,9 +63,7 @@ def setup_logging(level: str = "info", fmt: str = "logfmt", stream=None) -> None
     handler.setFormatter(LineFormatter())
     handler.formatter.json_lines = fmt == "json"
     root = logging.getLogger()
-    for old in root.handlers[:]:  # removed, not closed (as basicConfig's force would)
-        root.removeHandler(old)
-    root.addHandler(handler)
+    root.handlers[:] = [handler]  # the old removed, not closed (as basicConfig's force)
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
     logging.captureWarnings(True)  # warnings.warn() as log lines too
 
@@ -85,15 +77,12 @@ def setup_logging(level: str = "info", fmt: str = "logfmt", stream=None) -> None
     sys.excepthook = lambda *exc: log.error("uncaught exception", exc_info=exc)
 
 
-def fail(flag: str, message: str) -> NoReturn:
-    """End start-up as a bad flag value does (for errors found after parsing)."""
+def fail(flag: str, message: str) -> NoReturn:  # as a bad flag value, after parsing
     build_parser().error(f"argument {flag}: {message}")
 
 
 def _web_config(cfg):
     """-> WebConfigSource or None; a bad config ends start-up with one line naming the flag."""
-    from exporter.exposition import webconfig as wc
-
     cert, key, ca = cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file
     if cfg.web_config_file and (cert or key or ca):
         fail(
@@ -132,8 +121,7 @@ def _web_config(cfg):
     return source
 
 
-def tune_process() -> None:
-    """For the exporter's own process (serve), not a library user's."""
+def tune_process() -> None:  # serve's own process, not a library user's
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
     # The soft limit on open files up to the hard one, as a Go program (node_exporter)
     # starts: on a large node the kept cgroup files and the connections outgrow 1,024.
@@ -142,12 +130,24 @@ def tune_process() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def serve(argv: List[str]) -> int:
+def collect_once(cfg, timeout: float):
+    """`shmwatch check`'s model: one run of every source, the kernel log from its start."""
+    app = App(cfg, kmsg_from_start=True)
+    app.start(watch=False)
+    app.sampler.wait_for_first_run(timeout)
+    model = app.step.current()
+    app.stop(wait=0)  # a source still running at check's deadline is left to it
+    return model
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "check":
+        from exporter.check.report import main as check_main
+
+        return check_main(argv[1:], collect_once)
     cfg = parse_args(argv)
     setup_logging(cfg.log_level, cfg.log_format)
-    from exporter.app import App
-    from exporter.exposition import http
-
     tune_process()
     web = _web_config(cfg)
     app = App(cfg, web=web)
@@ -161,18 +161,17 @@ def serve(argv: List[str]) -> int:
     done = threading.Event()
 
     def on_signal(signum, _frame) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        done.set()
+        if signum == signal.SIGHUP:  # as Prometheus: re-read the web config
+            what = "re-reading the web config" if web else "no web config to re-read"
+            log.info("received SIGHUP, %s", what)
+            if web:
+                web.reload()
+        else:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            done.set()
 
-    def on_hangup(_signum, _frame) -> None:  # as Prometheus: re-read the web config
-        what = "re-reading the web config" if web else "no web config to re-read"
-        log.info("received SIGHUP, %s", what)
-        if web:
-            web.reload()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGHUP, on_hangup)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
     app.start()
     httpd.start()
     scheme = "https" if web and web.tls else "http"
@@ -190,26 +189,3 @@ def serve(argv: List[str]) -> int:
     httpd.shutdown()
     app.stop()
     return 0
-
-
-def collect_once(cfg, timeout: float):
-    """`shmwatch check`'s model: one run of every source (each on its own thread, so a hung
-    GPU is bounded by its timeout), the kernel log from its start (recent kills). No
-    inotify: nothing here waits for events."""
-    from exporter.app import App
-
-    app = App(cfg, kmsg_from_start=True)
-    app.start(watch=False)
-    app.sampler.wait_for_first_run(timeout)
-    model = app.step.current()
-    app.stop(wait=0)  # a source still running at check's deadline is left to it
-    return model
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "check":
-        from exporter.check.report import main as check_main
-
-        return check_main(argv[1:], collect_once)
-    return serve(argv)

@@ -1,6 +1,5 @@
-"""Command-line flags, node_exporter style, each also read from SHMWATCH_<FLAG> (upper-cased,
-'.' and '-' as '_'; a given flag wins; repeatable flags take a comma-separated list). Bad
-values end in one line on stderr that names the flag, and exit code 2."""
+"""Command-line flags, node_exporter style, each also read from SHMWATCH_<FLAG> (a given flag
+wins; a repeatable one's is a comma list); a bad value: one line naming it, exit code 2."""
 
 import argparse
 import math
@@ -14,8 +13,7 @@ from typing import Callable, Dict, NoReturn, Optional, Sequence
 from exporter import __version__
 from exporter.collectors import REGISTRY
 
-# The collectors with a --[no-]collector.<name> flag, as registered (collectors/__init__.py);
-# those whose default depends on --mode: on in node mode, off in a sidecar.
+# The collectors with a --[no-]collector.<name> flag; those on in node mode only.
 COLLECTORS = tuple(r.name for r in REGISTRY.values() if r.flag)
 NODE_DEFAULT_COLLECTORS = tuple(
     r.name for r in REGISTRY.values() if r.flag and "sidecar" not in r.modes
@@ -27,8 +25,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtpe]i?)?b?\s*$", re.IGNORECASE)
 
 
 def parse_duration(text: str, zero: bool = False) -> float:
-    """'500ms', '15s', '1m', '2h' or a bare number of seconds -> seconds (float > 0); with
-    `zero` also 0 (or 0s): "never wait", e.g. a full scan on every run."""
+    """'500ms', '15s', '1m', '2h' or bare seconds -> seconds > 0; `zero`: 0 too ("never wait")."""
     match = _DURATION.match(str(text))
     if not match:
         raise ValueError(f"invalid duration {text!r} (use e.g. 500ms, 15s, 1m)")
@@ -69,31 +66,25 @@ def parse_listen_address(text: str) -> "tuple[str, int]":
     return host[1:-1] if bracketed else host, int(port)
 
 
-class Config(SimpleNamespace):
-    """One attribute per FLAGS dest (listen: listen_host, listen_port), collectors, inotify."""
+Config = SimpleNamespace  # FLAGS' dests (listen: listen_host, listen_port), collectors, inotify
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line, no usage dump: the message already names the flag.
+    def error(self, message: str) -> NoReturn:  # one line, no usage: it names the flag
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def typed(kind, flag: str):
-    """`kind` (text -> value, ValueError on bad text) as an argparse type for `flag`."""
-
+def typed(kind):  # text -> value, ValueError on bad text: as an argparse type
     def convert(text: str):
         try:
             return kind(text)
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
 
-    convert.__name__ = flag  # argparse names the converter in "invalid <name> value"
     return convert
 
 
 def env_name(flag: str) -> str:
-    """The environment variable a flag is also read from: SHMWATCH_<FLAG>."""
     return "SHMWATCH_" + re.sub(r"[.\-]", "_", flag.lstrip("-")).upper()
 
 
@@ -106,8 +97,6 @@ def _regex(text: str) -> str:
 
 
 def _checked(test: Callable[[str], bool], message: str, value=str) -> Callable:
-    """A kind: value(text) when test(text), else ValueError(message)."""
-
     def convert(text: str):
         if not test(text):
             raise ValueError(message.format(text))
@@ -209,7 +198,6 @@ FLAGS = tuple(
 
 
 def _switch(env: str, default: Optional[bool]) -> Optional[bool]:
-    """A switch's default: from SHMWATCH_<FLAG> when set ("0", "false", "no", "off": off)."""
     text = os.environ.get(env)
     off = text is not None and text.strip().lower() in ("0", "false", "no", "off")
     return default if text is None else not off
@@ -227,7 +215,7 @@ def build_parser(prog: str = "shmwatch") -> argparse.ArgumentParser:
         parser.add_argument(  # not given: parse_args reads its env and default
             flag,
             dest=dest,
-            type=typed(kind, flag),
+            type=typed(kind),
             action="append" if repeatable else "store",
             help=f"{text} [env {env_name(flag)}]",
         )
@@ -269,10 +257,8 @@ def parse_args(argv: Optional[Sequence[str]] = None, parser=None):
         setattr(cfg, dest, value)
     cfg.listen_host, cfg.listen_port = vars(cfg).pop("listen")
     cfg.shm_mounts = list(dict.fromkeys(m.rstrip("/") or "/" for m in cfg.shm_mounts))
-    cfg.collectors = {name: getattr(ns, f"collector_{name}") for name in COLLECTORS}
-    for name in NODE_DEFAULT_COLLECTORS:
-        if cfg.collectors[name] is None:
-            cfg.collectors[name] = cfg.mode == "node"
+    on = {name: getattr(ns, f"collector_{name}") for name in COLLECTORS}
+    cfg.collectors = {n: cfg.mode == "node" if v is None else v for n, v in on.items()}
     cfg.inotify = ns.inotify
     if cfg.cgroup_path and cfg.cgroup_target_process:
         parser.error(

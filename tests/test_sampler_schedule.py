@@ -293,3 +293,24 @@ def test_a_staged_scan_whose_thread_cannot_start_fails_once_and_the_next_runs(mo
         assert "can't start new thread" in seen[0].error
     finally:
         sampler.stop()
+
+
+def test_a_failing_source_is_logged_when_it_starts_failing_changes_and_recovers(caplog):
+    """Not on every run: a collector failing every poll for an hour is one line, not 3,600."""
+    errors = [ValueError("mount gone"), ValueError("mount gone"), OSError("EIO"), None, None]
+
+    def result():
+        error = errors.pop(0)
+        if error:
+            raise error
+        return []
+
+    runner = Sampler([Counting("shm_mount", result=result)]).runners["shm_mount"]
+    with caplog.at_level("INFO", logger=scheduler_mod.log.name):
+        for _ in range(5):
+            runner.run_once(full=True)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("ERROR", "collector shm_mount failed: ValueError: mount gone"),
+        ("ERROR", "collector shm_mount failed: OSError: EIO"),
+        ("INFO", "collector shm_mount recovered"),
+    ]

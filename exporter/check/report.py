@@ -249,7 +249,7 @@ def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
         for flag, options in FLAGS.items():
             dest = flag[2:].replace(".", "_").replace("-", "_")
             if "type" in options:
-                options = dict(options, type=typed(options["type"], flag))
+                options = dict(options, type=typed(options["type"]))
             parser.add_argument(flag, dest=dest, help=HELP.get(flag), **options)
         try:
             cfg, extra = parse_args(list(argv), parser=parser)

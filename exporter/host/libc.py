@@ -21,8 +21,7 @@ AT_FDCWD, AT_NOFOLLOW, AT_DONT_SYNC = -100, 0x100, 0x4000
 
 
 def release_memory() -> None:
-    """glibc keeps freed heap pages until asked: malloc_trim(0) returns them (once a leak
-    storm's inventory is gone). A no-op without glibc."""
+    """Returns freed heap pages glibc keeps until asked (a leak storm's inventory gone)."""
     if _TRIM is not None:
         _TRIM(0)
 
@@ -35,9 +34,8 @@ def setns(fd: int, nstype: int) -> None:
 
 
 def unique_mount_id(path: str) -> Optional[int]:
-    """The ID of the mount at `path` that no later mount reuses until reboot: mountinfo's
-    IDs and a tmpfs's device number are handed to the next mount at once. None before
-    Linux 6.8 or without statx."""
+    """The ID of the mount at `path` no later mount reuses until reboot (mountinfo's IDs and a
+    tmpfs's device number go to the next mount at once); None before Linux 6.8."""
     if _STATX is None:
         return None
     buf, flags = _BUFFER(), AT_NOFOLLOW | AT_DONT_SYNC

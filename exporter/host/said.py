@@ -1,25 +1,16 @@
-"""A lasting condition (a mount not measured, over the segment cap) logged when it begins or
-changes, not on every run."""
+"""A lasting condition about a key (a mount not measured, over the segment cap) logged when
+it begins or changes, not on every run."""
 
 import logging
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable
 
 
 class SaidOnce:
-    """The last message logged about each key (a mount), prefixed "mount <key>: "."""
-
     def __init__(self, log: logging.Logger, prefix: str = "mount {}: ") -> None:
         self.log, self.prefix = log, prefix
         self._said: Dict[object, object] = {}
 
-    def say(
-        self,
-        key: object,
-        message: Optional[str],
-        level: int = logging.WARNING,
-        back: str = "",
-        same: object = None,
-    ) -> None:
+    def say(self, key, message, level=logging.WARNING, back="", same=None) -> None:
         """Log `message` unless it (or `same`, compared instead) was the last said about `key`.
         None: the condition ended, and `back` is logged (INFO) if something had been said."""
         if message is None:
@@ -31,7 +22,6 @@ class SaidOnce:
             self._said[key] = seen
             self.log.log(level, self.prefix.format(key) + message)
 
-    def keep(self, keys: Iterable[object]) -> None:
-        """Forget the keys not in `keys` (pods come and go)."""
+    def keep(self, keys: Iterable[object]) -> None:  # pods come and go
         for gone in self._said.keys() - set(keys):
             del self._said[gone]

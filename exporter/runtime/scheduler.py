@@ -1,67 +1,42 @@
-"""The scheduler: each source on its own thread, each run's Observation to the subscribers.
-
-A thread per source, so a hung one (a GPU off the bus, a stuck mount) delays no other; the
-watchdog publishes a run over its timeout as failed. An event-driven source also runs
-`collect_quick()` once a burst of events settles, and a full run follows, whose slow middle
-(`begin_full`) may run on a thread of its own meanwhile. A heavy source (`stretches`) doubles
-its interval while its result stays the same, up to STRETCH_MAX times, as cAdvisor's does.
-"""
+"""The scheduler (docs/architecture.md): a thread per source, so a hung one (a GPU off the bus,
+a stuck mount) delays no other; a watchdog publishes a run over its timeout as failed. Quick
+runs, full runs, their middles and stretched intervals as the Source protocol declares them."""
 
 import logging
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Set
 
 from exporter.collectors.source import STRETCH_MAX, Source
+from exporter.host.said import SaidOnce
 from exporter.model.types import Observation
 
 log = logging.getLogger(__name__)
 
-# An event-driven run starts once a burst of events has been quiet this long, or this long
-# after its first event, whichever comes first.
-DEBOUNCE_SECONDS = 0.02
-DEBOUNCE_MAX_SECONDS = 0.1
-# After a burst's first event-driven run, a full run (owners from /proc) follows this soon.
-FOLLOW_UP_SECONDS = 1.0
-# Event-driven runs start this far apart at least (a writer that never stops).
-QUICK_GAP_SECONDS = 0.25
-# How often the watchdog looks for runs over their timeout (timeouts are seconds long).
-WATCHDOG_SECONDS = 0.5
+DEBOUNCE_SECONDS = 0.02  # a quick run starts once a burst of events is quiet this long,
+DEBOUNCE_MAX_SECONDS = 0.1  # or this long after its first event
+FOLLOW_UP_SECONDS = 1.0  # then a full run (owners from /proc) this soon after the first
+QUICK_GAP_SECONDS = 0.25  # quick runs this far apart at least (a writer never stops)
+WATCHDOG_SECONDS = 0.5  # timeouts are seconds long
 INF = float("inf")
 
 
 class _Runner(threading.Thread):
-    def __init__(
-        self, sampler: "Sampler", source: Source, interval: float, timeout: float
-    ):
+    def __init__(self, sampler, source: Source, interval: float, timeout: float):
         super().__init__(name=f"shmwatch-{source.name}", daemon=True)
-        self.sampler = sampler
-        self.source = source
+        self.sampler, self.source, self.timeout = sampler, source, timeout
         self.base = self.interval = interval
-        self.timeout = timeout
         self.wake = threading.Event()
         self.first_event: Optional[float] = None  # of a burst not run yet
-        self.last_event = 0.0
+        self.last_event = self.quick_not_before = 0.0
         self.follow_up_at = INF  # none pending
-        self.quick_not_before = 0.0
-        self.full_now = False
         self.last_full = -INF  # when the last full run started
         self.last_result: object = None  # of the last full run, for stretching
         self.running_since: Optional[float] = None
-        self.timed_out = False
-        self.runs = 0
-        self.fulls = 0  # full runs published whole
+        self.full_now = self.timed_out = False
+        self.runs = self.fulls = 0  # fulls: full runs published whole
         self.middle: Optional[Future] = None  # a full run's middle, beside quick runs
-
-    def request(self, full: bool) -> None:
-        if full:
-            self.full_now = True
-        else:
-            self.last_event = time.monotonic()
-            self.first_event = self.first_event or self.last_event
-        self.interval = self.base
-        self.wake.set()
 
     def run(self) -> None:
         while not self.sampler.stopping.is_set():
@@ -73,22 +48,19 @@ class _Runner(threading.Thread):
                     self.run_once(full=True)  # its last step
                     continue
                 next_full = now + self.interval  # the middle wakes us when it ends
-                if self.timed_out or not self.fulls:
-                    # Hung, as a hung collect() would be: the watchdog's failure stands.
-                    # Before the first full run, no quick run: it would have no owners.
-                    self.wake.wait(self.interval)
-                    continue
             elif self.full_now or now >= next_full:
                 # A full run does all a pending event-driven run would: it drains the same
-                # change log (a staged one leaves it to the quick runs beside it). Events
-                # from here on ask for a quick run again.
+                # change log (a staged one leaves it to the quick runs beside it).
                 events, self.first_event = self.first_event, None
                 self.full_now, self.follow_up_at, self.last_full = False, INF, now
                 self.run_once(full=True)
                 if self.middle:  # its first step left the change log to quick runs
                     self.first_event = self.first_event or events
                 continue
-            if self.first_event is not None:
+            # No quick run beside a hung middle (as a hung collect(): the watchdog's failure
+            # stands) nor before the first full run (it would have no owners).
+            held = self.middle is not None and (self.timed_out or not self.fulls)
+            if self.first_event is not None and not held:
                 quiet = self.last_event + DEBOUNCE_SECONDS
                 at_most = self.first_event + DEBOUNCE_MAX_SECONDS
                 due = max(min(quiet, at_most), self.quick_not_before)
@@ -136,8 +108,7 @@ class _Runner(threading.Thread):
         self.fulls += full and error is None
         self.runs += 1  # after publishing: a waiter finds the result in the model
 
-    def _middle(self, job: Callable, middle: Future) -> None:
-        """On a thread of its own (daemon, as ours), so that quick runs go on meanwhile."""
+    def _middle(self, job: Callable, middle: Future) -> None:  # daemon, as its runner
         try:
             middle.set_result(job())
         except Exception as err:
@@ -156,17 +127,14 @@ class Sampler:
     ):
         self.stopping = threading.Event()
         self._subscribers: List[Callable[[Observation], None]] = []
-        self._errors: Dict[str, Optional[str]] = {}  # each source's last
-        self._log_lock = threading.Lock()
+        self._said = SaidOnce(log, prefix="collector {} ")  # failing, or recovered
+        self._said_lock = threading.Lock()  # the watchdog publishes too
         self.runners: Dict[str, _Runner] = {}
-        for source in sources:
-            inventory = source.schedule == "inventory"
+        for s in sources:
+            inventory = s.schedule == "inventory"
             interval = inventory_interval if inventory else poll_interval
-            timeout = (timeouts or {}).get(source.name, default_timeout)
-            self.runners[source.name] = _Runner(self, source, interval, timeout)
-        self._watchdog = threading.Thread(
-            target=self._watch_timeouts, name="shmwatch-watchdog", daemon=True
-        )
+            timeout = (timeouts or {}).get(s.name, default_timeout)
+            self.runners[s.name] = _Runner(self, s, interval, timeout)
 
     def subscribe(self, subscriber: Callable[[Observation], None]) -> None:
         self._subscribers.append(subscriber)
@@ -174,9 +142,11 @@ class Sampler:
     def start(self) -> None:
         for runner in self.runners.values():
             runner.start()
-        self._watchdog.start()
+        threading.Thread(
+            target=self._watch_timeouts, name="shmwatch-watchdog", daemon=True
+        ).start()
 
-    def stop(self, wait: float = 1.0) -> None:
+    def stop(self, wait: float = 1.0) -> Set[str]:  # -> the sources still running
         self.stopping.set()
         for runner in self.runners.values():
             runner.wake.set()
@@ -184,6 +154,7 @@ class Sampler:
         for runner in self.runners.values():
             if runner.is_alive():
                 runner.join(max(0.0, deadline - time.monotonic()))
+        return {name for name, r in self.runners.items() if r.running_since is not None}
 
     def wait_for_first_run(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -193,24 +164,21 @@ class Sampler:
             time.sleep(0.01)
         return False
 
-    def busy(self) -> List[str]:
-        """Sources with a run in progress (over its timeout or not yet)."""
-        return [name for name, r in self.runners.items() if r.running_since is not None]
-
-    def request(self, full: bool = False) -> None:
-        """A watched mount changed (`full`: events were lost): event-driven sources run."""
-        for runner in self.runners.values():
-            if runner.source.event_driven:
-                runner.request(full)
+    def request(self, full: bool = False) -> None:  # a mount changed; full: events lost
+        now = time.monotonic()
+        for runner in (r for r in self.runners.values() if r.source.event_driven):
+            if full:
+                runner.full_now = True
+            else:
+                runner.last_event = now
+                runner.first_event = runner.first_event or now
+            runner.interval = runner.base
+            runner.wake.set()
 
     def publish(self, obs: Observation) -> None:
-        # Logged when a source starts failing or recovers, not on every run.
-        with self._log_lock:
-            previous, self._errors[obs.source] = self._errors.get(obs.source), obs.error
-        if obs.error and obs.error != previous:
-            log.error("collector %s failed: %s", obs.source, obs.error)
-        elif previous and not obs.error:
-            log.info("collector %s recovered", obs.source)
+        failed = f"failed: {obs.error}" if obs.error else None
+        with self._said_lock:
+            self._said.say(obs.source, failed, logging.ERROR, back="recovered")
         for subscriber in self._subscribers:
             try:
                 subscriber(obs)
@@ -224,8 +192,7 @@ class Sampler:
                 since = runner.running_since
                 if since is None or runner.timed_out or now - since <= runner.timeout:
                     continue
-                # Hung: this run has failed. Its thread is left to finish (or not), and never
-                # started twice.
+                # Hung: failed. Its thread is left to finish (or not), never started twice.
                 runner.timed_out = True
                 error = f"timed out after {runner.timeout:g}s"
                 self.publish(Observation(runner.source.name, None, error, now - since))

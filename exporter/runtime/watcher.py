@@ -1,10 +1,6 @@
-"""React within a second: one inotify instance watches every monitored mount.
-
-Each create/grow/delete takes a statvfs at once (the peak window keeps a 2 s spike between
-scrapes) and wakes the inventory. watchdog's InotifyFD, not its Observer (a thread a watch).
-Where inotify cannot be had (no support, max_user_instances or max_user_watches exhausted)
-the mount is polled, said once in the log, and created/deleted come from inventory diffs.
-"""
+"""The inotify watcher (docs/architecture.md): watchdog's InotifyFD, not its Observer (a thread
+a watch). An event takes a statvfs at once, so the peak window keeps a 2 s spike between
+scrapes; a mount inotify cannot watch is polled, said once in the log."""
 
 import contextlib
 import errno
@@ -24,20 +20,18 @@ from exporter.model.types import MountSet, Observation
 
 log = logging.getLogger(__name__)
 
-# Only what changes a mount's contents (IN_CREATE, IN_DELETE, IN_MOVED_*, IN_MODIFY,
-# IN_ATTRIB): no IN_OPEN/IN_CLOSE, which our own directory listings cause (reacting to them
-# would loop). A create-and-close is then one queued event, not three, so a storm of 10,000
-# creates fits the default 16,384-event queue. The mount's top directory only.
+# No IN_OPEN/IN_CLOSE: our own directory listings cause them (reacting would loop), and a
+# create-and-close is then one queued event, not three, so a storm of 10,000 creates fits the
+# default 16,384-event queue. The mount's top directory only.
 IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM, IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
 IN_CREATE, IN_DELETE, IN_ISDIR = 0x100, 0x200, 0x40000000
 IN_ONLYDIR, IN_DONT_FOLLOW = 0x01000000, 0x02000000
-# A move in is a create, a move out a delete (within the mount, both).
 CREATED, DELETED = IN_CREATE | IN_MOVED_TO, IN_DELETE | IN_MOVED_FROM
 WATCH_MASK = CREATED | DELETED | IN_MODIFY | IN_ATTRIB | IN_ONLYDIR | IN_DONT_FOLLOW
 CALLBACK_ID = 0  # one callback per watch: ours
 
 
-def _inotify():  # watchdog's inotify instance and its reading thread (not started)
+def _inotify():  # its reading thread not started
     from watchdog.observers.inotify_c import InotifyFD  # ImportError off Linux
 
     reader = InotifyFD()
@@ -46,6 +40,8 @@ def _inotify():  # watchdog's inotify instance and its reading thread (not start
 
 
 def _close(reader) -> None:
+    if reader is None:
+        return
     with contextlib.suppress(Exception):
         reader.stop()
         reader.join(1.0)
@@ -56,9 +52,6 @@ def _close(reader) -> None:
 
 
 class MountWatcher:
-    """Feeds the state store, the change log (names for the next quick inventory) and
-    `wake` (the scheduler's event-driven run; a full one after lost events)."""
-
     def __init__(
         self,
         state: StateStore,
@@ -69,39 +62,29 @@ class MountWatcher:
         inotify_factory: Callable[[], object] = _inotify,
         changes: Optional[ChangeLog] = None,
     ):
-        self.state = state
-        self.wake = wake
-        self.paths = paths
+        self.state, self.paths, self.wake = state, paths, wake
         self._mounts = live_mounts(mounts)  # discovery's current mounts
-        self.enabled = enabled
-        self.inotify_factory = inotify_factory
+        self.enabled, self.inotify_factory = enabled, inotify_factory
         self.changes = changes or ChangeLog()  # names for the next quick inventory
         self.inotify = None  # watchdog's InotifyFD, once started
         self._stopped = False  # for good: a refresh after stop() must not start inotify
         self.watches: Dict[str, Tuple[int, int]] = {}  # mount -> (wd, st_dev watched)
-        # Watch descriptor -> its mounts, for the reader thread: two paths to one directory (a
-        # bind mount) are one watch, as inotify makes them.
+        # wd -> its mounts: two paths to one directory (a bind mount) are one inotify watch.
         self._mounts_on: Dict[int, Tuple[str, ...]] = {}
         self._said = SaidOnce(log)
         self._lock = threading.Lock()
-        # Each mount's last inventory: one handed back again is not counted again.
-        self._previous: Dict[str, object] = {}
+        self._previous: Dict[str, object] = {}  # each mount's last inventory
         self._settled: Optional[MountSet] = None  # the last set left wholly watched
-
-    def start(self) -> None:
-        self.refresh()
 
     def stop(self) -> None:  # for good: discovery, stopped after us, may still publish
         with self._lock:
             self._stopped = True
             reader, self.inotify = self.inotify, None
-        if reader is not None:
-            _close(reader)
+        _close(reader)
 
     def _watch(self, mount: str) -> None:
         path = os.fsencode(self.paths.host(mount))
-        reader = self.inotify  # once: stop() may clear it meanwhile
-        if reader is None:
+        if (reader := self.inotify) is None:  # read once: stop() may clear it meanwhile
             return
         try:
             dev = os.stat(self.paths.host(mount)).st_dev  # str: errors name the path
@@ -124,8 +107,7 @@ class MountWatcher:
         self._said.say(mount, "inotify on", logging.INFO)
 
     def refresh(self) -> None:
-        """Watch a mount that was missing, re-watch one unmounted and mounted again (another
-        device), forget gone ones."""
+        """Watch missing mounts, re-watch one mounted again (another device), forget gone ones."""
         if self._stopped:
             return
         current = set(self._mounts())
@@ -133,39 +115,32 @@ class MountWatcher:
         for mount in self.watches.keys() - current:
             self._unwatch(mount)
         with self._lock:
-            self._said.keep(current)  # pods come and go: so does this
+            self._said.keep(current)
             self._previous = {m: i for m, i in self._previous.items() if m in current}
-        reader = self.inotify
-        if reader is not None and not reader.is_alive():
-            # Its thread ended (reading failed): polled until a new instance watches, below.
+        if (reader := self.inotify) is not None and not reader.is_alive():
             log.warning("the inotify reader stopped: watching every mount anew")
-            with self._lock:
-                self.inotify = None
-                for mount in self.watches:
-                    self.state.set_inotify(mount, False)
-                self.watches.clear()
-                self._mounts_on.clear()
+            for wd in list(self._mounts_on):  # as if the kernel had dropped every watch
+                self.on_watch_deleted(wd)
+            self.inotify = None
             _close(reader)
+        said = None if self.enabled else "inotify disabled (--no-inotify): polling"
         if self.inotify is None and self.enabled:
             try:
                 reader = self.inotify_factory()
                 reader.start()
             except Exception as err:  # ImportError off Linux, EMFILE (instances)
                 said = f"inotify unavailable ({err}): polling every inventory interval"
-                for mount in current:
-                    self._said.say(mount, said)
             else:
                 with self._lock:  # a stop() landing meanwhile closes it, or none starts
                     if not self._stopped:
                         self.inotify, reader = reader, None
-                if reader is not None:
-                    _close(reader)
+                _close(reader)
         if self.inotify is None:
             # Polling; inotify is tried again on the next refresh (limits can be raised live).
             for mount in current:
                 self.state.set_inotify(mount, False)
-                if not self.enabled:
-                    self._said.say(mount, "inotify disabled (--no-inotify): polling")
+                if said:
+                    self._said.say(mount, said)
             return
         for mount in sorted(current):
             watched = self.watches.get(mount)
@@ -175,6 +150,8 @@ class MountWatcher:
                         continue
                 self._unwatch(mount)  # unmounted, or mounted again
             self._watch(mount)
+
+    start = refresh  # the first refresh starts inotify
 
     def _unwatch(self, mount: str) -> None:
         with self._lock:
@@ -186,9 +163,7 @@ class MountWatcher:
             with contextlib.suppress(Exception):  # gone with its mount, perhaps
                 self.inotify.remove_callbacks([(wd, CALLBACK_ID)])
 
-    # The inotify thread's (watchdog's WatchCallback):
-    def on_event(self, event) -> None:
-        """One raw inotify event on a watched mount's top directory."""
+    def on_event(self, event) -> None:  # on the inotify thread, as the three below
         if not event.name:
             return  # the directory itself (its attributes, unmounted)
         name, mask = os.fsdecode(event.name), event.mask
@@ -211,20 +186,16 @@ class MountWatcher:
                 log.exception("mount %s: handling an inotify event failed", mount)
 
     def on_watch_deleted(self, wd: int) -> None:
-        """The kernel dropped a watch (its mount unmounted, its directory deleted): polled until
-        the next refresh watches it again (books and flags change together, under the lock)."""
+        """The kernel dropped a watch (unmounted, directory deleted): polled until a refresh."""
         with self._lock:
-            mounts = self._mounts_on.pop(wd, ())
-            for mount in mounts:
-                self.watches.pop(mount, None)
             self._settled = None
-            if self.inotify is not None:  # not stopping
-                for mount in mounts:
+            for mount in self._mounts_on.pop(wd, ()):
+                self.watches.pop(mount, None)
+                if self.inotify is not None:  # not stopping
                     self.state.set_inotify(mount, False)
 
     def on_queue_overflow(self) -> None:
-        """The kernel dropped events: count it on every watched mount (one queue serves them
-        all), and re-list every mount at once instead of patching what the events said."""
+        """Lost events (one queue serves every mount): counted on each, each re-listed at once."""
         with self._lock:
             watched = list(self.watches)
         for mount in watched:
@@ -236,12 +207,12 @@ class MountWatcher:
         )
         self.wake(full=True)
 
-    def on_events_lost(self) -> None:  # watchdog >= 7.1: after on_queue_overflow, done
+    def on_events_lost(self) -> None:  # watchdog >= 7.1: after on_queue_overflow
         pass
 
     def on_mounts(self, mount_set: MountSet) -> None:
-        """Discovery subscriber, once started (every poll): a refresh stats every mount, so
-        only for a new set (the table changed), or while a mount or the reader is not watching."""
+        """Every discovery poll; a refresh stats every mount, so only for a new set (the table
+        changed), or while a mount or the reader is not watching."""
         reader = self.inotify
         if mount_set is self._settled and (reader is None or reader.is_alive()):
             return
@@ -252,16 +223,13 @@ class MountWatcher:
             self._settled = mount_set if watched or not self.enabled else None
 
     def on_observation(self, obs: Observation) -> None:
-        """Scheduler subscriber: on polled mounts, created/deleted come from the inventory's
-        listings (a quick run hands back an untouched mount's inventory: counted once)."""
+        """On polled mounts created/deleted come from the inventory's listings (a quick run
+        hands an untouched mount's inventory back: counted once)."""
         if obs.source != "segments" or not obs.success:
             return
         with self._lock:  # refresh() forgets gone mounts from the discovery thread
-            previous, new = self._previous, []
-            for m in obs.result.mounts:
-                if previous.get(m.mount) is not m:
-                    previous[m.mount] = m
-                    new.append(m)
+            new = [m for m in obs.result.mounts if self._previous.get(m.mount) is not m]
+            self._previous.update((m.mount, m) for m in new)
         for m in new:
             if not m.error and not self.state.inotify_active(m.mount):
                 for (cls, event), n in m.events.items():
