@@ -1,19 +1,16 @@
 """What `shmwatch check` found, worst first, as text or as the documented JSON document.
 
-Exit codes: 0 all good, 1 warnings, 2 a requirement failed (--require-shm, --backend),
-64 a usage error (EX_USAGE: kept apart from 2 on purpose, so an initContainer can tell
-"this pod's shm is too small" from "the command line is wrong"), 70 an internal error
-(EX_SOFTWARE: a bug in check, never a verdict on the machine).
+Exit codes: 0 all good, 1 warnings, 2 a requirement failed (--require-shm, --backend), 64 a
+usage error (EX_USAGE, apart from 2 so that an initContainer can tell "this pod's shm is too
+small" from "the command line is wrong"), 70 a bug in check (EX_SOFTWARE, never a verdict).
 
-Every read that can block (a log on a hung filesystem, a server that trickles a byte at a
-time, a name that does not resolve) runs on a daemon thread (`Bounded`) whose answer is awaited
-only until the --timeout deadline; a read still blocked then is left behind and ends with the
-process.
+A read that can block (a log on a hung filesystem, a server trickling a byte at a time, a name
+that does not resolve) runs on a daemon thread (`Bounded`), awaited only until the --timeout
+deadline; one still blocked then is left behind and ends with the process.
 
 Every size `check` prints or advises is formatted here. A reading (`human`) rounds to the
-nearest tenth of its unit. Advice rounds up, always: a setting made from it (--shm-size,
-shm_size, sizeLimit, a memory limit) holds at least the bytes it answers, whether those were
-asked for in decimal (16G) or binary (16Gi) units.
+nearest tenth of its unit. Advice rounds up: a setting made from it (--shm-size, shm_size,
+sizeLimit, a memory limit) holds at least the bytes it answers, asked in 16G or 16Gi alike.
 """
 
 import json
@@ -67,14 +64,13 @@ class Report:
 
 
 def left(deadline: float) -> float:
-    """Seconds until `deadline` (a time.monotonic() value), never below 0; no deadline
-    (math.inf) is the longest wait a socket or a lock takes (an infinite one overflows)."""
+    """Seconds until `deadline` (time.monotonic()), at least 0; no deadline (math.inf) is the
+    longest wait a socket or a lock takes (an infinite one overflows)."""
     return min(threading.TIMEOUT_MAX, max(0.0, deadline - time.monotonic()))
 
 
 class Bounded:
-    """fn() started on a daemon thread; `result(deadline)` is its answer, its exception, or
-    TimeoutError when it has none by then."""
+    """fn() on a daemon thread; `result(deadline)`: its answer, its exception, or TimeoutError."""
 
     def __init__(self, fn: Callable) -> None:
         self._answer: List[tuple] = []
@@ -99,7 +95,7 @@ class Bounded:
 
 
 def quoted(text: object, limit: int = 200) -> str:
-    """What another program said (a log line, a server's answer) as a finding may quote it: at
+    """Another program's words (a log line, a server's answer) as a finding quotes them: at
     most `limit` characters, control characters (a terminal's escapes) as '?'."""
     text = str(text)
     text = text if len(text) <= limit else text[:limit] + "..."
@@ -109,11 +105,8 @@ def quoted(text: object, limit: int = 200) -> str:
 def render_text(report: Report) -> str:
     findings = report.sorted()
     problems = sum(f.severity in ("fail", "warn") for f in findings)
-    lines = [
-        f"shmwatch check {__version__}: {problems} problem(s), worst first",
-        "",
-        f"{'STATUS':<7}{'AREA':<8}{'SUBJECT':<28}WHAT",
-    ]
+    lines = [f"shmwatch check {__version__}: {problems} problem(s), worst first", ""]
+    lines.append(f"{'STATUS':<7}{'AREA':<8}{'SUBJECT':<28}WHAT")
     for f in findings:
         row = f"{f.severity.upper():<7}{f.area:<8}{f.subject[:27]:<28}"
         lines.append(row + f.message)
@@ -128,9 +121,8 @@ def render_json(report: Report) -> str:
         "version": 1,
         "shmwatch_version": __version__,
         "status": ("ok", "warn", "fail")[code],
-        "exit_code": code,
-        "findings": [asdict(f) for f in report.sorted()],
     }
+    doc.update(exit_code=code, findings=[asdict(f) for f in report.sorted()])
     for name in FACTS:
         doc[name] = report.facts.get(name, None if name in OBJECTS else [])
     return json.dumps(doc, indent=2, default=str) + "\n"

@@ -1,6 +1,6 @@
 """`shmwatch check`'s findings beyond the mounts: recent OOM kills (the kernel's log), SysV shm
-per IPC namespace, host and cgroup memory, and shared memory no watched mount shows (memfd, unexplained shmem, NCCL's
-SHM transport in cuMem host memory, NCCL >= 2.26.3, which leaves no nccl-* file)."""
+per IPC namespace, host and cgroup memory, and shared memory no watched mount shows (memfd,
+unexplained shmem, NCCL >= 2.26.3's SHM transport in cuMem host memory: no nccl-* file)."""
 
 import time
 from dataclasses import asdict
@@ -30,17 +30,14 @@ def memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
         report.facts["pod_cgroups"] = [asdict(c) for c in pods]
         risky = [c for c in pods if (c.oom_risk_ratio or 0) > T.OOM_RISK_RATIO]
         for c in pods:
+            pod = f"pod {c.pod_uid}"
             if c in risky:
                 remedy = "raise the pod's memory limit or free its shm"
-                report.add(
-                    "warn", "memory", f"pod {c.pod_uid}", _working_set(c), remedy
-                )
-            _kills(report, f"pod {c.pod_uid}", kills.get(c.cgroup))
+                report.add("warn", "memory", pod, _working_set(c), remedy)
+            _kills(report, pod, kills.get(c.cgroup))
         if not risky:
-            none_above = f"none above {T.OOM_RISK_RATIO:.0%} of its limit"
-            report.add(
-                "ok", "memory", "pods", f"{len(pods)} pod cgroup(s), {none_above}"
-            )
+            text = f"{len(pods)} pod cgroup(s), none above {T.OOM_RISK_RATIO:.0%} of its limit"
+            report.add("ok", "memory", "pods", text)
     host = model.host_memory
     if host is not None:
         ratio = host.available_bytes / host.total_bytes if host.total_bytes else 1

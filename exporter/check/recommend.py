@@ -12,13 +12,13 @@ import math
 import re
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.check.findings import MiB, Bounded, at_least, docker, human, k8s, left
-from exporter.check.findings import plausible, quoted, round_up
+from exporter.check.findings import MiB, Bounded, Report, at_least, docker, human, k8s
+from exporter.check.findings import left, plausible, quoted, round_up
 
 DEFAULT_WINDOW, DEFAULT_HEADROOM = "7d", 1.25
 Peaks = Dict[str, Tuple[float, int]]  # mount -> (peak, how many series matched)
@@ -31,6 +31,12 @@ WHERE = {
     "exporter": "a running shmwatch's high-water mark",
     "current": "current use: no history",
 }
+# The most of an answer read: a query's vector for a few mounts is a few KiB, a node's /metrics
+# a few MiB. Parsing more (a JSON array of 16M numbers) would cost hundreds of MiB.
+MAX_ANSWER = {"prometheus": 1 << 20, "exporter": 16 << 20}
+# A running shmwatch's high-water mark, and the lines of its /metrics that carry it.
+MAX_USED = "shmwatch_mount_max_used_bytes"
+MAX_USED_LINE = re.compile(rb"^" + MAX_USED.encode() + rb"[{ ].*$", re.M)
 
 
 def recommended_size(peak: float, headroom: float = DEFAULT_HEADROOM) -> int:
@@ -47,18 +53,9 @@ class SourceError(Exception):
     pass
 
 
-# The most of an answer read: a query's vector for a few mounts is a few KiB, a node's /metrics
-# a few MiB. Parsing more (a JSON array of 16M numbers) would cost hundreds of MiB.
-MAX_ANSWER = {"prometheus": 1 << 20, "exporter": 16 << 20}
-# A running shmwatch's high-water mark, and the lines of its /metrics that carry it.
-MAX_USED = "shmwatch_mount_max_used_bytes"
-MAX_USED_LINE = re.compile(rb"^" + MAX_USED.encode() + rb"[{ ].*$", re.M)
-
-
 def _get(url: str, parse, deadline: float, limit: int):
-    """parse(the body at url, at most `limit` bytes); whatever else the server answers (an
-    error, no answer by `deadline`, too much, not what parse expects, JSON nested a million
-    deep) is a SourceError."""
+    """parse(the body at url, at most `limit` bytes); anything else the server answers (an error,
+    no answer by `deadline`, too much, JSON nested a million deep) is a SourceError."""
     try:
         with urllib.request.urlopen(url, timeout=max(0.1, left(deadline))) as response:
             body = response.read(limit + 1)
@@ -79,19 +76,20 @@ def _vector(body: bytes) -> List[int]:
             raise LookupError("resultType")
         return [plausible(r["value"][1]) for r in answer["data"]["result"]]
     except (LookupError, TypeError, AttributeError) as err:
-        what = f"not an instant vector ({type(err).__name__}: {err})"
-        raise ValueError(what) from None
+        raise ValueError(
+            f"not an instant vector ({type(err).__name__}: {err})"
+        ) from None
 
 
 def peaks_from_prometheus(url, mounts, window, selector, deadline=math.inf) -> Peaks:
-    """mount -> (highest peak over the window, how many series matched), via /api/v1/query."""
     out: Peaks = {}
     for mount in mounts:
         escaped = mount.replace("\\", "\\\\").replace('"', '\\"')
         labels = ", ".join(filter(None, [f'mount="{escaped}"', selector.strip("{} ")]))
         expr = f"max_over_time(shmwatch_mount_peak_used_bytes{{{labels}}}[{window}])"
-        query = urllib.parse.urlencode({"query": expr})
-        where = f"{url.rstrip('/')}/api/v1/query?{query}"
+        where = (
+            f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+        )
         values = _get(where, _vector, deadline, MAX_ANSWER["prometheus"])
         if values:
             out[mount] = (max(values), len(values))
@@ -108,7 +106,6 @@ def _high_water_marks(body: bytes) -> Dict[str, int]:
 
 
 def peaks_from_exporter(url: str, deadline: float = math.inf) -> Peaks:
-    """mount -> (a running exporter's high-water mark, 1), from its /metrics."""
     marks = _get(url, _high_water_marks, deadline, MAX_ANSWER["exporter"])
     if not marks:
         raise SourceError(f"{url}: no {MAX_USED} (an older shmwatch?)")
@@ -116,11 +113,22 @@ def peaks_from_exporter(url: str, deadline: float = math.inf) -> Peaks:
 
 
 def parse_url(text: str) -> str:
-    """--prometheus.url, --exporter.url: http:// or https:// and a host."""
     parts = urllib.parse.urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"not an http:// or https:// URL: {text!r}")
     return text
+
+
+def parse_window(text: str) -> str:
+    if not re.fullmatch(r"([0-9]+(ms|s|m|h|d|w|y))+", text):
+        raise ValueError(f"not a Prometheus duration: {text!r} (e.g. 7d, 36h)")
+    return text
+
+
+def parse_headroom(text: str) -> float:
+    if not 1.0 <= float(text) <= 10.0:
+        raise ValueError("must be between 1 and 10")
+    return float(text)
 
 
 @dataclass
@@ -144,8 +152,11 @@ class Recommendation:
 
 def settings_for(size: int, volume: str, memory_limit: Optional[int]) -> Dict[str, str]:
     empty_dir = {"medium": "Memory", "sizeLimit": k8s(size)}
-    volumes = [{"name": volume, "emptyDir": empty_dir}]
-    spec = {"spec": {"template": {"spec": {"volumes": volumes}}}}
+    spec = {
+        "spec": {
+            "template": {"spec": {"volumes": [{"name": volume, "emptyDir": empty_dir}]}}
+        }
+    }
     patch = json.dumps(spec, separators=(",", ":"))
     out = {
         "docker_run": f"docker run --shm-size={docker(size)}",
@@ -164,8 +175,8 @@ def settings_for(size: int, volume: str, memory_limit: Optional[int]) -> Dict[st
 
 
 def recommend(view, observed, source, window, headroom, note="", required=None):
-    """One mount's recommendation (`view`: a model MountView with usage), never below
-    `required` (--require-shm's bytes)."""
+    """One mount's recommendation (`view`: a MountView with usage), never below `required`
+    (--require-shm's bytes)."""
     usage, cgroup, observed = view.usage, view.cgroup, max(int(observed), 0)
     size = recommended_size(observed, headroom)
     r = Recommendation(usage.mount, observed, size, window, source, usage.size_bytes)
@@ -184,27 +195,15 @@ def recommend(view, observed, source, window, headroom, note="", required=None):
     return r
 
 
-def parse_window(text: str) -> str:
-    if not re.fullmatch(r"([0-9]+(ms|s|m|h|d|w|y))+", text):
-        raise ValueError(f"not a Prometheus duration: {text!r} (e.g. 7d, 36h)")
-    return text
-
-
-def parse_headroom(text: str) -> float:
-    if not 1.0 <= float(text) <= 10.0:
-        raise ValueError("must be between 1 and 10")
-    return float(text)
-
-
 def recommendations(model, extra, deadline=math.inf):
     """Per measured mount, from the best source that answered by `deadline` (both are asked
     at once); notes say what fell through."""
     views = [v for v in model.mounts if v.usage is not None and not v.usage.error]
-    notes: List[str] = []
+    mounts = [v.mount for v in views]
     selector, span = extra.prometheus_selector, extra.recommend_window
-    asked = []
+    asked, answers, notes = [], [], []
     if extra.prometheus_url:
-        mounts, url = [v.mount for v in views], extra.prometheus_url
+        url = extra.prometheus_url
         task = Bounded(
             lambda: peaks_from_prometheus(url, mounts, span, selector, deadline)
         )
@@ -212,7 +211,6 @@ def recommendations(model, extra, deadline=math.inf):
     if extra.exporter_url:
         task = Bounded(lambda: peaks_from_exporter(extra.exporter_url, deadline))
         asked.append(("exporter", None, "exporter", extra.exporter_url, task))
-    answers: List[Tuple[str, Optional[str], Peaks]] = []
     for name, window, label, where, task in asked:
         try:
             answers.append((name, window, task.result(deadline)))
@@ -249,23 +247,34 @@ def recommendations(model, extra, deadline=math.inf):
     return out, notes
 
 
-def render_text(recs: List[Recommendation], notes: List[str], headroom: float) -> str:
-    head = f"highest observed peak x {headroom:g}, rounded up to a whole GiB, MiB below 1 GiB"
+def advise(report: Report, model, extra, deadline: float) -> str:
+    """The recommendations into `report` (a warning where the memory limit cannot hold one),
+    and as text."""
+    recs, notes = recommendations(model, extra, deadline)
+    report.facts["recommendations"] = [asdict(r) for r in recs]
+    report.facts["recommendation_notes"] = notes
+    head = f"highest observed peak x {extra.recommend_headroom:g}, rounded up to a whole GiB, MiB below 1 GiB"
     lines = [f"\nRECOMMENDATIONS ({head})"]
     for r in recs:
+        size, limit = human(r.recommended_size_bytes), human(r.memory_limit_bytes or 0)
+        needed = at_least(r.memory_limit_bytes_needed or 0)
         where = WHERE[r.source].format(r.window)
         lines.append(
             f"{r.mount}: observed peak {human(r.observed_peak_bytes)} ({where}) -> recommended "
             f"{at_least(r.recommended_size_bytes)} (now {human(r.current_size_bytes)})"
         )
-        limit = human(r.memory_limit_bytes or 0)
-        needed = at_least(r.memory_limit_bytes_needed or 0)
-        memory = {
-            False: f"the limit of {limit} cannot hold it: raise the limit to {needed}, not only the shm size",
-            True: f"the limit of {limit} holds it (needs {needed})",
-            None: "no memory limit known (pass --memory.limit-bytes or read the cgroup)",
-        }
-        lines.append(f"  memory: {memory[r.memory_limit_fits]}")
+        if r.memory_limit_fits is None:
+            memory = (
+                "no memory limit known (pass --memory.limit-bytes or read the cgroup)"
+            )
+        elif r.memory_limit_fits:
+            memory = f"the limit of {limit} holds it (needs {needed})"
+        else:
+            memory = f"the limit of {limit} cannot hold it: raise the limit to {needed}, not only the shm size"
+            text = f"the recommended {size} of shm does not fit in what the {limit} memory limit leaves"
+            remedy = f"raise the memory limit to {needed}, then the shm size"
+            report.add("warn", "memory", r.mount, text, remedy)
+        lines.append(f"  memory: {memory}")
         lines.extend(f"  {key + ':':<25}{value}" for key, value in r.settings.items())
         lines.extend(f"  note: {n}" for n in r.notes)
     lines.extend(f"note: {n}" for n in notes)

@@ -285,20 +285,7 @@ def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
             text = f"{human(flag)} is at or above the host's memory: taken as no limit given"
             remedy = "a container without a memory limit gets the node's memory from the Downward API"
             report.add("warn", "memory", "--memory.limit-bytes", text, remedy)
-        advice = ""
-        if extra.recommend:
-            recs, notes = R.recommendations(model, extra, deadline)
-            for r in [r for r in recs if r.memory_limit_fits is False]:
-                size, limit = (
-                    human(r.recommended_size_bytes),
-                    human(r.memory_limit_bytes),
-                )
-                text = f"the recommended {size} of shm does not fit in what the {limit} memory limit leaves"
-                remedy = f"raise the memory limit to {at_least(r.memory_limit_bytes_needed)}, then the shm size"
-                report.add("warn", "memory", r.mount, text, remedy)
-            report.facts["recommendations"] = [asdict(r) for r in recs]
-            report.facts["recommendation_notes"] = notes
-            advice = R.render_text(recs, notes, extra.recommend_headroom)
+        advice = R.advise(report, model, extra, deadline) if extra.recommend else ""
         json = extra.output == "json"
         sys.stdout.write(render_json(report) if json else render_text(report) + advice)
         return report.exit_code
