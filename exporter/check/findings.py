@@ -10,8 +10,7 @@ deadline; one still blocked then is left behind and ends with the process.
 
 Every size `check` prints or advises is formatted here. A reading (`human`) rounds to the
 nearest tenth of its unit. Advice rounds up: a setting made from it (--shm-size, shm_size,
-sizeLimit, a memory limit) holds at least the bytes it answers, asked in 16G or 16Gi alike.
-"""
+sizeLimit, a memory limit) holds at least the bytes it answers, asked in 16G or 16Gi alike."""
 
 import json
 import math

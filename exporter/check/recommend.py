@@ -4,8 +4,7 @@ recommended = observed peak x headroom, rounded up to a whole GiB (a whole MiB b
 least 1 MiB; the memory limit that holds it = the cgroup's use besides this mount's shm + the
 recommendation, rounded up to a MiB (as deploy/prometheus/shmwatch-recommend-rules.yml records
 them). The observed peak, best first: Prometheus's max_over_time(shmwatch_mount_peak_used_bytes),
-a running exporter's shmwatch_mount_max_used_bytes, or this run's reading (said to be weakest).
-"""
+a running exporter's shmwatch_mount_max_used_bytes, or this run's reading (said to be weakest)."""
 
 import json
 import math
@@ -44,7 +43,6 @@ def recommended_size(peak: float, headroom: float = DEFAULT_HEADROOM) -> int:
 
 
 def memory_limit_needed(recommended: int, working_set: int, shm_used: int) -> int:
-    """The memory limit that holds everything else the cgroup uses plus a full recommended mount."""
     non_shm = max(0, working_set - shm_used)
     return -(-(non_shm + recommended) // MiB) * MiB
 
@@ -152,11 +150,8 @@ class Recommendation:
 
 def settings_for(size: int, volume: str, memory_limit: Optional[int]) -> Dict[str, str]:
     empty_dir = {"medium": "Memory", "sizeLimit": k8s(size)}
-    spec = {
-        "spec": {
-            "template": {"spec": {"volumes": [{"name": volume, "emptyDir": empty_dir}]}}
-        }
-    }
+    volumes = [{"name": volume, "emptyDir": empty_dir}]
+    spec = {"spec": {"template": {"spec": {"volumes": volumes}}}}
     patch = json.dumps(spec, separators=(",", ":"))
     out = {
         "docker_run": f"docker run --shm-size={docker(size)}",
@@ -248,8 +243,7 @@ def recommendations(model, extra, deadline=math.inf):
 
 
 def advise(report: Report, model, extra, deadline: float) -> str:
-    """The recommendations into `report` (a warning where the memory limit cannot hold one),
-    and as text."""
+    """The recommendations into `report` (a warning where the limit cannot hold one), as text."""
     recs, notes = recommendations(model, extra, deadline)
     report.facts["recommendations"] = [asdict(r) for r in recs]
     report.facts["recommendation_notes"] = notes

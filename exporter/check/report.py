@@ -62,8 +62,7 @@ def _seconds(text: str) -> float:
     return seconds
 
 
-# `shmwatch check`'s own flags (the exporter's are in exporter/config.py); dest: the flag's name
-# with _ for . and -, as in --prometheus.url -> prometheus_url; a type's ValueError names the flag.
+# check's own flags (the exporter's: config.py); a type's ValueError names the flag
 FLAGS = {
     "--require-shm": dict(type=lambda text: plausible(parse_size(text))),
     "--backend": dict(choices=sorted(BACKEND_SHM)),
@@ -200,7 +199,22 @@ def diagnose(model: Model, required=None, backend=None) -> Report:
     `required`: --require-shm's bytes."""
     report, failed = Report(), [s for s in model.statuses if not s.success]
     errors = {s.name: s.error or "no answer within --timeout" for s in failed}
-    _gpu(report, model.gpu, errors.get("gpu"))
+    gpus = model.gpu
+    if gpus is None and "gpu" in errors:
+        report.add("info", "gpu", "NVML", f"GPU memory not checked: {errors['gpu']}")
+    report.facts["gpus"] = [asdict(d) for d in gpus.devices] if gpus else []
+    for d in gpus.devices if gpus else ():
+        ratio = d.used_bytes / d.total_bytes if d.total_bytes else 0
+        text = f"{human(d.used_bytes)} of {human(d.total_bytes)} used ({ratio:.0%})"
+        subject = f"GPU {d.gpu} {d.name}"
+        if ratio > T.GPU_MEMORY_FULL_RATIO:
+            remedy = "lower --gpu-memory-utilization or stop the other GPU processes"
+            report.add("warn", "gpu", subject, text + ": less than 2 % free", remedy)
+        else:
+            report.add("ok", "gpu", subject, text)
+    for skipped in gpus.errors if gpus else ():
+        text, remedy = f"GPU skipped: {skipped}", "nvidia-smi; dmesg | grep -i xid"
+        report.add("warn", "gpu", "NVML", text, remedy)
     for view in model.mounts:
         if view.usage is not None:
             shm(report, view, model, required)
@@ -218,26 +232,6 @@ def diagnose(model: Model, required=None, backend=None) -> Report:
             text = f"can hold {human(effective)}, under the {human(need)} recommended for {backend}"
             report.add("warn", "shm", facts["mount"], text, shm_remedy(need))
     return report
-
-
-def _gpu(report: Report, gpus, error: Optional[str]) -> None:
-    if gpus is None:
-        if error:
-            report.add("info", "gpu", "NVML", f"GPU memory not checked: {error}")
-        return
-    report.facts["gpus"] = [asdict(d) for d in gpus.devices]
-    for d in gpus.devices:
-        ratio = d.used_bytes / d.total_bytes if d.total_bytes else 0
-        text = f"{human(d.used_bytes)} of {human(d.total_bytes)} used ({ratio:.0%})"
-        subject = f"GPU {d.gpu} {d.name}"
-        if ratio > T.GPU_MEMORY_FULL_RATIO:
-            remedy = "lower --gpu-memory-utilization or stop the other GPU processes"
-            report.add("warn", "gpu", subject, text + ": less than 2 % free", remedy)
-        else:
-            report.add("ok", "gpu", subject, text)
-    for skipped in gpus.errors:
-        text, remedy = f"GPU skipped: {skipped}", "nvidia-smi; dmesg | grep -i xid"
-        report.add("warn", "gpu", "NVML", text, remedy)
 
 
 def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
