@@ -4,10 +4,6 @@ Exit codes: 0 all good, 1 warnings, 2 a requirement failed (--require-shm, --bac
 usage error (EX_USAGE, apart from 2 so that an initContainer can tell "this pod's shm is too
 small" from "the command line is wrong"), 70 a bug in check (EX_SOFTWARE, never a verdict).
 
-A read that can block (a log on a hung filesystem, a server trickling a byte at a time, a name
-that does not resolve) runs on a daemon thread (`Bounded`), awaited only until the --timeout
-deadline; one still blocked then is left behind and ends with the process.
-
 Every size `check` prints or advises is formatted here. A reading (`human`) rounds to the
 nearest tenth of its unit. Advice rounds up: a setting made from it (--shm-size, shm_size,
 sizeLimit, a memory limit) holds at least the bytes it answers, asked in 16G or 16Gi alike."""
@@ -69,7 +65,9 @@ def left(deadline: float) -> float:
 
 
 class Bounded:
-    """fn() on a daemon thread; `result(deadline)`: its answer, its exception, or TimeoutError."""
+    """fn() on a daemon thread; `result(deadline)`: its answer, its exception, or TimeoutError.
+    For a read that can block (a log on a hung filesystem, a server trickling a byte at a time, a
+    name that does not resolve): one still blocked at the deadline is left, to end with check."""
 
     def __init__(self, fn: Callable) -> None:
         self._answer: List[tuple] = []
@@ -120,8 +118,9 @@ def render_json(report: Report) -> str:
         "version": 1,
         "shmwatch_version": __version__,
         "status": ("ok", "warn", "fail")[code],
+        "exit_code": code,
+        "findings": [asdict(f) for f in report.sorted()],
     }
-    doc.update(exit_code=code, findings=[asdict(f) for f in report.sorted()])
     for name in FACTS:
         doc[name] = report.facts.get(name, None if name in OBJECTS else [])
     return json.dumps(doc, indent=2, default=str) + "\n"

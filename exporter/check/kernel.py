@@ -43,10 +43,8 @@ def memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
         ratio = host.available_bytes / host.total_bytes if host.total_bytes else 1
         report.facts["host_memory"] = asdict(host)
         low = ratio < T.HOST_MEMORY_AVAILABLE_LOW_RATIO
-        text = (
-            f"{human(host.available_bytes)} of {human(host.total_bytes)} available "
-            f"({ratio:.0%}), shmem {human(host.shmem_bytes)}"
-        )
+        text = f"{human(host.available_bytes)} of {human(host.total_bytes)} available"
+        text += f" ({ratio:.0%}), shmem {human(host.shmem_bytes)}"
         remedy = "free leaked shm, move workloads" if low else ""
         report.add("warn" if low else "ok", "memory", "host", text, remedy)
     cgroup = None if model.node_mode or not pods else pods[0]
@@ -106,10 +104,8 @@ def oom_kills(report: Report, model: Model, error: Optional[str]) -> None:
         age = max(0, int((now_usec - kill.boot_usec) / 1e6))
         facts = {name: getattr(kill, name) for name in OOM_FACTS}
         listed.append(dict(facts, age_seconds=age, pod_shm_used_bytes=shm_used))
-        anon, rss = (
-            "unknown" if n is None else human(n)
-            for n in (kill.anon_rss_bytes, kill.shmem_rss_bytes)
-        )
+        sizes = (kill.anon_rss_bytes, kill.shmem_rss_bytes)
+        anon, rss = ("unknown" if n is None else human(n) for n in sizes)
         shm = "" if shm_used is None else f"; its pod's shm holds {human(shm_used)} now"
         text = (
             f"{kill.comm} in {kill.task_memcg or '?'} killed {age} s ago (limit of "
@@ -167,17 +163,13 @@ def outside(report: Report, model: Model, paths: Paths, deadline: float) -> None
         holders = ", ".join(
             f"{inv.comms.get(pid, 'unknown')}[{pid}] {human(size)}" for pid, size in top
         )
-        text = (
-            f"{count} memfd region(s), {human(total)}: shmem charged to the "
-            f"writer's cgroup that no mount shows; held by {holders}"
-        )
+        text = f"{count} memfd region(s), {human(total)}: shmem charged to the writer's"
+        text += f" cgroup that no mount shows; held by {holders}"
         report.add("info", "memory", "memfd", text)
     for cgroup, unexplained in sorted(model.shmem_unexplained.items()):
         if unexplained >= 64 << 20:
-            text = (
-                f"about {human(unexplained)} of shmem that no watched mount, SysV segment or "
-                "memfd region explains (an estimate)"
-            )
+            text = f"about {human(unexplained)} of shmem that no watched mount, SysV"
+            text += " segment or memfd region explains (an estimate)"
             remedy = "look for other tmpfs mounts (findmnt -t tmpfs) and memfds of exited processes"
             report.add("info", "memory", cgroup, text, remedy)
     segments = (s for v in model.mounts if v.inventory for s in v.inventory.rows())
@@ -190,11 +182,10 @@ def outside(report: Report, model: Model, paths: Paths, deadline: float) -> None
             report.add("info", "shm", "nccl", text)
             return
         if users:
-            text = (
-                f"NCCL is loaded ({', '.join(users)}) and no nccl-* segment exists: NCCL "
-                ">= 2.26.3 puts its SHM transport in cuMem host memory when the cuMem probe "
-                "succeeds (NCCL_CUMEM_HOST_ENABLE), which no mount shows: absent files prove nothing"
-            )
+            text = f"NCCL is loaded ({', '.join(users)}) and no nccl-* segment exists:"
+            text += " NCCL >= 2.26.3 puts its SHM transport in cuMem host memory when"
+            text += " the cuMem probe succeeds (NCCL_CUMEM_HOST_ENABLE), which no mount"
+            text += " shows: absent files prove nothing"
             remedy = "NCCL_CUMEM_HOST_ENABLE=0 on every rank puts the buffers back in /dev/shm"
             report.add("info", "shm", "nccl", text, remedy)
 

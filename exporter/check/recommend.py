@@ -74,20 +74,19 @@ def _vector(body: bytes) -> List[int]:
             raise LookupError("resultType")
         return [plausible(r["value"][1]) for r in answer["data"]["result"]]
     except (LookupError, TypeError, AttributeError) as err:
-        raise ValueError(
-            f"not an instant vector ({type(err).__name__}: {err})"
-        ) from None
+        what = f"not an instant vector ({type(err).__name__}: {err})"
+        raise ValueError(what) from None
 
 
-def peaks_from_prometheus(url, mounts, window, selector, deadline=math.inf) -> Peaks:
+def peaks_from_prometheus(extra, mounts, deadline=math.inf) -> Peaks:
     out: Peaks = {}
+    url, window = extra.prometheus_url.rstrip("/"), extra.recommend_window
     for mount in mounts:
         escaped = mount.replace("\\", "\\\\").replace('"', '\\"')
-        labels = ", ".join(filter(None, [f'mount="{escaped}"', selector.strip("{} ")]))
+        selector = [f'mount="{escaped}"', extra.prometheus_selector.strip("{} ")]
+        labels = ", ".join(filter(None, selector))
         expr = f"max_over_time(shmwatch_mount_peak_used_bytes{{{labels}}}[{window}])"
-        where = (
-            f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
-        )
+        where = f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
         values = _get(where, _vector, deadline, MAX_ANSWER["prometheus"])
         if values:
             out[mount] = (max(values), len(values))
@@ -97,10 +96,8 @@ def peaks_from_prometheus(url, mounts, window, selector, deadline=math.inf) -> P
 def _high_water_marks(body: bytes) -> Dict[str, int]:
     """mount -> its plausible MAX_USED, parsing only those lines of /metrics."""
     lines = b"\n".join(MAX_USED_LINE.findall(body)).decode() + "\n"
-    samples = [s for f in text_string_to_metric_families(lines) for s in f.samples]
-    return {
-        s.labels["mount"]: plausible(s.value) for s in samples if "mount" in s.labels
-    }
+    found = [s for f in text_string_to_metric_families(lines) for s in f.samples]
+    return {s.labels["mount"]: plausible(s.value) for s in found if "mount" in s.labels}
 
 
 def peaks_from_exporter(url: str, deadline: float = math.inf) -> Peaks:
@@ -195,13 +192,10 @@ def recommendations(model, extra, deadline=math.inf):
     at once); notes say what fell through."""
     views = [v for v in model.mounts if v.usage is not None and not v.usage.error]
     mounts = [v.mount for v in views]
-    selector, span = extra.prometheus_selector, extra.recommend_window
+    url, span = extra.prometheus_url, extra.recommend_window
     asked, answers, notes = [], [], []
-    if extra.prometheus_url:
-        url = extra.prometheus_url
-        task = Bounded(
-            lambda: peaks_from_prometheus(url, mounts, span, selector, deadline)
-        )
+    if url:
+        task = Bounded(lambda: peaks_from_prometheus(extra, mounts, deadline))
         asked.append(("prometheus", span, "Prometheus", url, task))
     if extra.exporter_url:
         task = Bounded(lambda: peaks_from_exporter(extra.exporter_url, deadline))
@@ -223,11 +217,9 @@ def recommendations(model, extra, deadline=math.inf):
             found, series = peaks.get(view.mount, (None, 0))
             if found is None:
                 continue
-            if name == "prometheus" and series > 1 and not selector:
-                notes.append(
-                    f"Prometheus not used for {view.mount}: {series} series match; "
-                    "name this workload's with --prometheus.selector"
-                )
+            if name == "prometheus" and series > 1 and not extra.prometheus_selector:
+                text = f"Prometheus not used for {view.mount}: {series} series match; "
+                notes.append(text + "name this workload's with --prometheus.selector")
                 continue
             note = SERIES.format(series) if series > 1 else ""
             peak, source, window = found, name, recorded_over
@@ -257,13 +249,10 @@ def advise(report: Report, model, extra, deadline: float) -> str:
             f"{r.mount}: observed peak {human(r.observed_peak_bytes)} ({where}) -> recommended "
             f"{at_least(r.recommended_size_bytes)} (now {human(r.current_size_bytes)})"
         )
-        if r.memory_limit_fits is None:
-            memory = (
-                "no memory limit known (pass --memory.limit-bytes or read the cgroup)"
-            )
-        elif r.memory_limit_fits:
+        memory = "no memory limit known (pass --memory.limit-bytes or read the cgroup)"
+        if r.memory_limit_fits:
             memory = f"the limit of {limit} holds it (needs {needed})"
-        else:
+        elif r.memory_limit_fits is False:
             memory = f"the limit of {limit} cannot hold it: raise the limit to {needed}, not only the shm size"
             text = f"the recommended {size} of shm does not fit in what the {limit} memory limit leaves"
             remedy = f"raise the memory limit to {needed}, then the shm size"

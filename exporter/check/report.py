@@ -1,7 +1,5 @@
 """`shmwatch check`: runs every collector once and prints what is wrong, worst first, each
-problem with its remedy (GPU, shm mounts, memory, SysV, server logs); exit codes: findings.py.
-A shm mount's findings: its size against what is required, its use, its classes, and the
-segments nobody holds (leaked, of no known owner, or unverified)."""
+problem with its remedy (GPU, shm mounts, memory, SysV, server logs); exit codes: findings.py."""
 
 import logging
 import math
@@ -158,9 +156,8 @@ def shm(report: Report, view: MountView, model: Model, required: Optional[int]) 
         by_class = sorted(summary.bytes_by_class.items(), key=lambda kv: -kv[1])
         classes = ", ".join(f"{c} {human(b)}" for c, b in by_class if b)
         add("ok", usage + (f"; by class: {classes}" if classes else ""))
-    # Segments held by no process, counted by the summary's totals and named by its largest
-    # few. `rm` is advised only where nothing can still attach: an orphan (every process
-    # inspected) of a class whose segments belong to one process.
+    # Segments held by no process. `rm` is advised only where nothing can still attach: an
+    # orphan (every process inspected) of a class whose segments belong to one process.
     unreadable = _unreadable(model.inventory.proc_unreadable, model.inventory.unproven)
     totals = summary.totals.items()
     leaks = {c for c, _ in summary.totals} - NOT_LEAKS
