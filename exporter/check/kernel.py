@@ -36,8 +36,8 @@ def memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
                 report.add("warn", "memory", pod, _working_set(c), remedy)
             _kills(report, pod, kills.get(c.cgroup))
         if not risky:
-            text = f"{len(pods)} pod cgroup(s), none above {T.OOM_RISK_RATIO:.0%} of its limit"
-            report.add("ok", "memory", "pods", text)
+            none = f"none above {T.OOM_RISK_RATIO:.0%} of its limit"
+            report.add("ok", "memory", "pods", f"{len(pods)} pod cgroup(s), {none}")
     host = model.host_memory
     if host is not None:
         ratio = host.available_bytes / host.total_bytes if host.total_bytes else 1

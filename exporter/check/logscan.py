@@ -151,11 +151,9 @@ def log_findings(report: Report, scans, deadline: float) -> None:
         name = os.path.basename(path)
         try:
             scan = task.result(deadline)
-        except TimeoutError:
-            report.add("warn", "log", name, "not read within --timeout")
-            continue
-        except (OSError, ValueError) as err:
-            report.add("warn", "log", name, f"not read: {err}")
+        except (OSError, ValueError) as err:  # TimeoutError among them
+            why = " within --timeout" if isinstance(err, TimeoutError) else f": {err}"
+            report.add("warn", "log", name, f"not read{why}")
             continue
         for signature, hit in scan.hits.items():
             hits.setdefault(signature, hit)
