@@ -20,6 +20,7 @@ from exporter import __version__
 
 EXIT_OK, EXIT_WARN, EXIT_FAIL, EXIT_USAGE, EXIT_SOFTWARE = 0, 1, 2, 64, 70
 SEVERITIES = ("fail", "warn", "info", "ok")  # worst first
+MAX_NAMED = 5  # segments, processes or holders named in a finding
 # The JSON document's facts, in its order: when nothing reported one, an object is null and
 # a list is empty (recommendations: --recommend).
 FACTS = ("shm", "gpus", "host_memory", "cgroup", "pod_cgroups", "sysv")
@@ -71,15 +72,14 @@ class Bounded:
 
     def __init__(self, fn: Callable) -> None:
         self._answer: List[tuple] = []
-
-        def run() -> None:
-            try:
-                self._answer.append((fn(), None))
-            except BaseException as err:  # raised to whoever waits for the answer
-                self._answer.append((None, err))
-
-        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
         self._thread.start()
+
+    def _run(self, fn: Callable) -> None:
+        try:
+            self._answer.append((fn(), None))
+        except BaseException as err:  # raised to whoever waits for the answer
+            self._answer.append((None, err))
 
     def result(self, deadline: float):
         self._thread.join(left(deadline))

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from typing import List, Optional
 
 from exporter.check import thresholds as T
-from exporter.check.findings import Bounded, Report, at_most, human
+from exporter.check.findings import MAX_NAMED, Bounded, Report, at_most, human
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import ProcessTable
 from exporter.model.step import Model
@@ -18,7 +18,6 @@ OOM_FACTS += ("shmem_rss_bytes", "file_rss_bytes")
 SYSV_FACTS = ("pod_uid", "container_id", "readable")
 SYSV_LIMITS = ("shmmax_bytes", "shmall_bytes", "shmmni")
 PRIVILEGED = "deploy/kubernetes/daemonset-privileged, or run on the host as root"
-MAX_NAMED = 5  # holders and NCCL users named in a finding
 OOM_REMEDY = "count /dev/shm in the memory budget (shmem-rss and shm use are charged to the limit)"
 
 

@@ -34,8 +34,7 @@ WINDOW = 1 << 10
 @dataclass
 class LogHit:
     file: str
-    # None when the log was read from its tail, not its start: then `offset` says where
-    line: Optional[int]
+    line: Optional[int]  # None when read from its tail, not its start: see `offset`
     offset: int  # of the line's first byte
     text: str  # the line, and how many lines matched when more than one
     fields: Dict[str, str] = field(default_factory=dict)  # the first hit's named groups
@@ -93,8 +92,7 @@ def scan_log(path: str, deadline: float = math.inf) -> LogScan:
 
 
 def _matches(texts: List[str]) -> Iterator[Tuple[str, str, Dict[str, str]]]:
-    """(signature, the text quoted from near where it matched, its named groups) for each
-    signature one of a line's `texts` matches."""
+    """(signature, the text near its match, quoted, its named groups) per signature `texts` match."""
     for name, pattern in PATTERNS:
         match = next(filter(None, map(pattern.search, texts)), None)
         if match:

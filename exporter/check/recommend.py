@@ -210,9 +210,8 @@ def recommendations(model, extra, deadline=math.inf):
     out = []
     for view in views:
         peak, source, window, note = view.usage.used_bytes, "current", None, NO_PEAK
-        # Preferred order; a mount a source has no series for falls through to the next, and so
-        # does Prometheus when several series match without --prometheus.selector: /dev/shm
-        # exists in every pod, and another workload's peak is not this one's.
+        # A mount a source has no series for falls to the next, and so does Prometheus when
+        # several match without --prometheus.selector: another pod's /dev/shm peak is not ours.
         for name, recorded_over, peaks in answers:
             found, series = peaks.get(view.mount, (None, 0))
             if found is None:

@@ -12,9 +12,9 @@ from typing import Callable, List, Optional, Sequence
 
 from exporter.check import recommend as R
 from exporter.check import thresholds as T
-from exporter.check.findings import EXIT_SOFTWARE, EXIT_USAGE, Bounded, Report, at_least
-from exporter.check.findings import at_most, docker, human, k8s, left, plausible
-from exporter.check.findings import render_json, render_text, round_up
+from exporter.check.findings import EXIT_SOFTWARE, EXIT_USAGE, MAX_NAMED, Bounded
+from exporter.check.findings import Report, at_least, at_most, docker, human, k8s, left
+from exporter.check.findings import plausible, render_json, render_text, round_up
 from exporter.check.kernel import memory, oom_kills, outside, sysv
 from exporter.check.logscan import log_findings, refusal, scan_log
 from exporter.host.paths import Paths
@@ -33,7 +33,6 @@ READS_SECONDS = 10.0
 # "process" is shmwatch's own process metrics, nothing `check` reports on.
 FAILURE_AREAS = {"sysv": "sysv", "host_memory": "memory"}
 QUIET_FAILURES = ("gpu", "cgroup", "process", "oom")
-MAX_NAMED = 5  # segments, and processes, named in a finding
 MOUNT_FACTS = ("mount", "fstype", "size_bytes", "used_bytes", "available_bytes")
 REMOUNT = "mount the workload's shm volume at this path"
 CLEAN_UP = "remove leaked segments"
