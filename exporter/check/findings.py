@@ -2,11 +2,7 @@
 
 Exit codes: 0 all good, 1 warnings, 2 a requirement failed (--require-shm, --backend), 64 a
 usage error (EX_USAGE, apart from 2 so that an initContainer can tell "this pod's shm is too
-small" from "the command line is wrong"), 70 a bug in check (EX_SOFTWARE, never a verdict).
-
-Every size `check` prints or advises is formatted here. A reading (`human`) rounds to the
-nearest tenth of its unit. Advice rounds up: a setting made from it (--shm-size, shm_size,
-sizeLimit, a memory limit) holds at least the bytes it answers, asked in 16G or 16Gi alike."""
+small" from "the command line is wrong"), 70 a bug in check (EX_SOFTWARE, never a verdict)."""
 
 import json
 import math
@@ -126,6 +122,9 @@ def render_json(report: Report) -> str:
     return json.dumps(doc, indent=2, default=str) + "\n"
 
 
+# Every size `check` prints or advises is formatted below. A reading (`human`) rounds to the
+# nearest tenth of its unit. Advice rounds up: a setting made from it (--shm-size, shm_size,
+# sizeLimit, a memory limit) holds at least the bytes it answers, asked in 16G or 16Gi alike.
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 UNITS = (("GiB", GiB), ("MiB", MiB), ("KiB", KiB))
 # The largest size `check` reads or advises (1 PiB): above any shm mount or memory limit. A

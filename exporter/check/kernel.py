@@ -93,8 +93,7 @@ def oom_kills(report: Report, model: Model, error: Optional[str]) -> None:
     """The kernel log's recent OOM kills: victim, cgroups, its shmem RSS, the pod's shm use."""
     if error:
         report.add("info", "memory", "OOM kills", f"kernel log not read: {error}")
-        return
-    if not model.result_ok("oom"):
+    if error or not model.result_ok("oom"):
         return
     # kmsg stamps are the kernel's clock since boot
     now_usec = time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6

@@ -132,7 +132,7 @@ def _candidates(piece: bytes, lines: int) -> Iterator[Tuple[int, int, List[str]]
 
 
 def refusal(path: str) -> str:
-    """Why --log's `path` is not read: only a readable regular file is."""
+    """Why --log's `path` is not read: only a readable regular file is, as in scan_log."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return "not a regular file"

@@ -52,8 +52,8 @@ class SourceError(Exception):
 
 
 def _get(url: str, parse, deadline: float, limit: int):
-    """parse(the body at url, at most `limit` bytes); anything else the server answers (an error,
-    no answer by `deadline`, too much, JSON nested a million deep) is a SourceError."""
+    """parse(the body at url, at most `limit` bytes); any other answer (an error, none by
+    `deadline`, too much, not what parse expects, JSON nested a million deep) is a SourceError."""
     try:
         with urllib.request.urlopen(url, timeout=max(0.1, left(deadline))) as response:
             body = response.read(limit + 1)

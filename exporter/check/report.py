@@ -21,6 +21,7 @@ from exporter.host.paths import Paths
 from exporter.config import Config, build_parser, parse_args, parse_size, typed
 from exporter.model.classes import NOT_LEAKS, REMOVABLE
 from exporter.model.step import Model, MountView
+from exporter.model.types import GpuSnapshot
 
 # Recommended shm per backend. vLLM's and SGLang's docs name no number: 16Gi holds NCCL's
 # segments, the engines' shm queues and multimodal caches in tensor-parallel serving;
@@ -195,11 +196,11 @@ def diagnose(model: Model, required=None, backend=None) -> Report:
     `required`: --require-shm's bytes."""
     report, failed = Report(), [s for s in model.statuses if not s.success]
     errors = {s.name: s.error or "no answer within --timeout" for s in failed}
-    gpus = model.gpu
-    if gpus is None and "gpu" in errors:
+    gpus = model.gpu or GpuSnapshot("", [])
+    if model.gpu is None and "gpu" in errors:
         report.add("info", "gpu", "NVML", f"GPU memory not checked: {errors['gpu']}")
-    report.facts["gpus"] = [asdict(d) for d in gpus.devices] if gpus else []
-    for d in gpus.devices if gpus else ():
+    report.facts["gpus"] = [asdict(d) for d in gpus.devices]
+    for d in gpus.devices:
         ratio = d.used_bytes / d.total_bytes if d.total_bytes else 0
         text = f"{human(d.used_bytes)} of {human(d.total_bytes)} used ({ratio:.0%})"
         subject = f"GPU {d.gpu} {d.name}"
@@ -208,7 +209,7 @@ def diagnose(model: Model, required=None, backend=None) -> Report:
             report.add("warn", "gpu", subject, text + ": less than 2 % free", remedy)
         else:
             report.add("ok", "gpu", subject, text)
-    for skipped in gpus.errors if gpus else ():
+    for skipped in gpus.errors:
         text, remedy = f"GPU skipped: {skipped}", "nvidia-smi; dmesg | grep -i xid"
         report.add("warn", "gpu", "NVML", text, remedy)
     for view in model.mounts:
