@@ -347,8 +347,8 @@ def test_hits_far_apart_on_a_long_line_and_on_the_next_are_found(tmp_path):
     log.write_text("\n".join(lines) + "\n")
     hits = scan_log(str(log)).hits
     assert set(hits) == {"cuda_oom", "bus_error", "emptydir_evicted", "ray_object_store"}
-    assert hits["emptydir_evicted"][0].fields == {"volume": "dshm", "limit": "1Gi"}
-    assert hits["bus_error"][0].text.endswith("[2 matching line(s)]"), hits["bus_error"]
+    assert hits["emptydir_evicted"].fields == {"volume": "dshm", "limit": "1Gi"}
+    assert hits["bus_error"].text.endswith("[2 matching line(s)]"), hits["bus_error"]
 
 
 def test_log_signatures(tmp_path):
@@ -359,7 +359,7 @@ def test_log_signatures(tmp_path):
     log.write_text("INFO starting\n" + "\n".join(SAMPLES.values()) + "\nINFO fine\n")
     hits = scan_log(str(log)).hits
     assert set(hits) == set(SAMPLES)
-    assert hits["ucx_shmget"][0].line == 4
+    assert hits["ucx_shmget"].line == 4
     result = check("--shm.mount=/dev/shm", f"--log={log}", "--output", "json")
     logs = [f for f in json.loads(result.stdout)["findings"] if f["area"] == "log"]
     assert len(logs) == len(SAMPLES) and all(f["remedy"] for f in logs)

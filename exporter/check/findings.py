@@ -1,20 +1,8 @@
 """What `shmwatch check` found, worst first, as text or as the documented JSON document.
 
-Exit codes: 0 all good, 1 warnings, 2 a requirement failed (--require-shm, --backend),
-64 a usage error (EX_USAGE: kept apart from 2 on purpose, so an initContainer can tell
-"this pod's shm is too small" from "the command line is wrong"), 70 an internal error
-(EX_SOFTWARE: a bug in check, never a verdict on the machine).
-
-Every read that can block (a log on a hung filesystem, a server that trickles a byte at a
-time, a name that does not resolve) runs on a daemon thread (`Bounded`) whose answer is awaited
-only until the --timeout deadline; a read still blocked then is left behind and ends with the
-process.
-
-Every size `check` prints or advises is formatted here. A reading (`human`) rounds to the
-nearest tenth of its unit. Advice rounds up, always: a setting made from it (--shm-size,
-shm_size, sizeLimit, a memory limit) holds at least the bytes it answers, whether those were
-asked for in decimal (16G) or binary (16Gi) units.
-"""
+Exit codes: 0 all good, 1 warnings, 2 a requirement failed (--require-shm, --backend), 64 a
+usage error (EX_USAGE, apart from 2 so that an initContainer can tell "this pod's shm is too
+small" from "the command line is wrong"), 70 a bug in check (EX_SOFTWARE, never a verdict)."""
 
 import json
 import math
@@ -28,6 +16,7 @@ from exporter import __version__
 
 EXIT_OK, EXIT_WARN, EXIT_FAIL, EXIT_USAGE, EXIT_SOFTWARE = 0, 1, 2, 64, 70
 SEVERITIES = ("fail", "warn", "info", "ok")  # worst first
+MAX_NAMED = 5  # segments, processes or holders named in a finding
 # The JSON document's facts, in its order: when nothing reported one, an object is null and
 # a list is empty (recommendations: --recommend).
 FACTS = ("shm", "gpus", "host_memory", "cgroup", "pod_cgroups", "sysv")
@@ -67,26 +56,26 @@ class Report:
 
 
 def left(deadline: float) -> float:
-    """Seconds until `deadline` (a time.monotonic() value), never below 0; no deadline
-    (math.inf) is the longest wait a socket or a lock takes (an infinite one overflows)."""
+    """Seconds until `deadline` (time.monotonic()), at least 0; no deadline (math.inf) is the
+    longest wait a socket or a lock takes (an infinite one overflows)."""
     return min(threading.TIMEOUT_MAX, max(0.0, deadline - time.monotonic()))
 
 
 class Bounded:
-    """fn() started on a daemon thread; `result(deadline)` is its answer, its exception, or
-    TimeoutError when it has none by then."""
+    """fn() on a daemon thread; `result(deadline)`: its answer, its exception, or TimeoutError.
+    For a read that can block (a log on a hung filesystem, a server trickling a byte at a time, a
+    name that does not resolve): one still blocked at the deadline is left, to end with check."""
 
     def __init__(self, fn: Callable) -> None:
         self._answer: List[tuple] = []
-
-        def run() -> None:
-            try:
-                self._answer.append((fn(), None))
-            except BaseException as err:  # raised to whoever waits for the answer
-                self._answer.append((None, err))
-
-        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
         self._thread.start()
+
+    def _run(self, fn: Callable) -> None:
+        try:
+            self._answer.append((fn(), None))
+        except BaseException as err:  # raised to whoever waits for the answer
+            self._answer.append((None, err))
 
     def result(self, deadline: float):
         self._thread.join(left(deadline))
@@ -99,7 +88,7 @@ class Bounded:
 
 
 def quoted(text: object, limit: int = 200) -> str:
-    """What another program said (a log line, a server's answer) as a finding may quote it: at
+    """Another program's words (a log line, a server's answer) as a finding quotes them: at
     most `limit` characters, control characters (a terminal's escapes) as '?'."""
     text = str(text)
     text = text if len(text) <= limit else text[:limit] + "..."
@@ -109,11 +98,8 @@ def quoted(text: object, limit: int = 200) -> str:
 def render_text(report: Report) -> str:
     findings = report.sorted()
     problems = sum(f.severity in ("fail", "warn") for f in findings)
-    lines = [
-        f"shmwatch check {__version__}: {problems} problem(s), worst first",
-        "",
-        f"{'STATUS':<7}{'AREA':<8}{'SUBJECT':<28}WHAT",
-    ]
+    lines = [f"shmwatch check {__version__}: {problems} problem(s), worst first", ""]
+    lines.append(f"{'STATUS':<7}{'AREA':<8}{'SUBJECT':<28}WHAT")
     for f in findings:
         row = f"{f.severity.upper():<7}{f.area:<8}{f.subject[:27]:<28}"
         lines.append(row + f.message)
@@ -136,6 +122,9 @@ def render_json(report: Report) -> str:
     return json.dumps(doc, indent=2, default=str) + "\n"
 
 
+# Every size `check` prints or advises is formatted below. A reading (`human`) rounds to the
+# nearest tenth of its unit. Advice rounds up: a setting made from it (--shm-size, shm_size,
+# sizeLimit, a memory limit) holds at least the bytes it answers, asked in 16G or 16Gi alike.
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 UNITS = (("GiB", GiB), ("MiB", MiB), ("KiB", KiB))
 # The largest size `check` reads or advises (1 PiB): above any shm mount or memory limit. A

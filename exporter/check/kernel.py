@@ -1,13 +1,13 @@
 """`shmwatch check`'s findings beyond the mounts: recent OOM kills (the kernel's log), SysV shm
-per IPC namespace, host and cgroup memory, and shared memory no watched mount shows (memfd, unexplained shmem, NCCL's
-SHM transport in cuMem host memory, NCCL >= 2.26.3, which leaves no nccl-* file)."""
+per IPC namespace, host and cgroup memory, and shared memory no watched mount shows (memfd,
+unexplained shmem, NCCL >= 2.26.3's SHM transport in cuMem host memory: no nccl-* file)."""
 
 import time
 from dataclasses import asdict
 from typing import List, Optional
 
 from exporter.check import thresholds as T
-from exporter.check.findings import Bounded, Report, at_most, human
+from exporter.check.findings import MAX_NAMED, Bounded, Report, at_most, human
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import ProcessTable
 from exporter.model.step import Model
@@ -18,7 +18,6 @@ OOM_FACTS += ("shmem_rss_bytes", "file_rss_bytes")
 SYSV_FACTS = ("pod_uid", "container_id", "readable")
 SYSV_LIMITS = ("shmmax_bytes", "shmall_bytes", "shmmni")
 PRIVILEGED = "deploy/kubernetes/daemonset-privileged, or run on the host as root"
-MAX_NAMED = 5  # holders and NCCL users named in a finding
 OOM_REMEDY = "count /dev/shm in the memory budget (shmem-rss and shm use are charged to the limit)"
 
 
@@ -30,26 +29,21 @@ def memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
         report.facts["pod_cgroups"] = [asdict(c) for c in pods]
         risky = [c for c in pods if (c.oom_risk_ratio or 0) > T.OOM_RISK_RATIO]
         for c in pods:
+            pod = f"pod {c.pod_uid}"
             if c in risky:
                 remedy = "raise the pod's memory limit or free its shm"
-                report.add(
-                    "warn", "memory", f"pod {c.pod_uid}", _working_set(c), remedy
-                )
-            _kills(report, f"pod {c.pod_uid}", kills.get(c.cgroup))
+                report.add("warn", "memory", pod, _working_set(c), remedy)
+            _kills(report, pod, kills.get(c.cgroup))
         if not risky:
-            none_above = f"none above {T.OOM_RISK_RATIO:.0%} of its limit"
-            report.add(
-                "ok", "memory", "pods", f"{len(pods)} pod cgroup(s), {none_above}"
-            )
+            none = f"none above {T.OOM_RISK_RATIO:.0%} of its limit"
+            report.add("ok", "memory", "pods", f"{len(pods)} pod cgroup(s), {none}")
     host = model.host_memory
     if host is not None:
         ratio = host.available_bytes / host.total_bytes if host.total_bytes else 1
         report.facts["host_memory"] = asdict(host)
         low = ratio < T.HOST_MEMORY_AVAILABLE_LOW_RATIO
-        text = (
-            f"{human(host.available_bytes)} of {human(host.total_bytes)} available "
-            f"({ratio:.0%}), shmem {human(host.shmem_bytes)}"
-        )
+        text = f"{human(host.available_bytes)} of {human(host.total_bytes)} available"
+        text += f" ({ratio:.0%}), shmem {human(host.shmem_bytes)}"
         remedy = "free leaked shm, move workloads" if low else ""
         report.add("warn" if low else "ok", "memory", "host", text, remedy)
     cgroup = None if model.node_mode or not pods else pods[0]
@@ -99,8 +93,7 @@ def oom_kills(report: Report, model: Model, error: Optional[str]) -> None:
     """The kernel log's recent OOM kills: victim, cgroups, its shmem RSS, the pod's shm use."""
     if error:
         report.add("info", "memory", "OOM kills", f"kernel log not read: {error}")
-        return
-    if not model.result_ok("oom"):
+    if error or not model.result_ok("oom"):
         return
     # kmsg stamps are the kernel's clock since boot
     now_usec = time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6
@@ -109,10 +102,8 @@ def oom_kills(report: Report, model: Model, error: Optional[str]) -> None:
         age = max(0, int((now_usec - kill.boot_usec) / 1e6))
         facts = {name: getattr(kill, name) for name in OOM_FACTS}
         listed.append(dict(facts, age_seconds=age, pod_shm_used_bytes=shm_used))
-        anon, rss = (
-            "unknown" if n is None else human(n)
-            for n in (kill.anon_rss_bytes, kill.shmem_rss_bytes)
-        )
+        sizes = (kill.anon_rss_bytes, kill.shmem_rss_bytes)
+        anon, rss = ("unknown" if n is None else human(n) for n in sizes)
         shm = "" if shm_used is None else f"; its pod's shm holds {human(shm_used)} now"
         text = (
             f"{kill.comm} in {kill.task_memcg or '?'} killed {age} s ago (limit of "
@@ -170,17 +161,13 @@ def outside(report: Report, model: Model, paths: Paths, deadline: float) -> None
         holders = ", ".join(
             f"{inv.comms.get(pid, 'unknown')}[{pid}] {human(size)}" for pid, size in top
         )
-        text = (
-            f"{count} memfd region(s), {human(total)}: shmem charged to the "
-            f"writer's cgroup that no mount shows; held by {holders}"
-        )
+        text = f"{count} memfd region(s), {human(total)}: shmem charged to the writer's"
+        text += f" cgroup that no mount shows; held by {holders}"
         report.add("info", "memory", "memfd", text)
     for cgroup, unexplained in sorted(model.shmem_unexplained.items()):
         if unexplained >= 64 << 20:
-            text = (
-                f"about {human(unexplained)} of shmem that no watched mount, SysV segment or "
-                "memfd region explains (an estimate)"
-            )
+            text = f"about {human(unexplained)} of shmem that no watched mount, SysV"
+            text += " segment or memfd region explains (an estimate)"
             remedy = "look for other tmpfs mounts (findmnt -t tmpfs) and memfds of exited processes"
             report.add("info", "memory", cgroup, text, remedy)
     segments = (s for v in model.mounts if v.inventory for s in v.inventory.rows())
@@ -193,11 +180,10 @@ def outside(report: Report, model: Model, paths: Paths, deadline: float) -> None
             report.add("info", "shm", "nccl", text)
             return
         if users:
-            text = (
-                f"NCCL is loaded ({', '.join(users)}) and no nccl-* segment exists: NCCL "
-                ">= 2.26.3 puts its SHM transport in cuMem host memory when the cuMem probe "
-                "succeeds (NCCL_CUMEM_HOST_ENABLE), which no mount shows: absent files prove nothing"
-            )
+            text = f"NCCL is loaded ({', '.join(users)}) and no nccl-* segment exists:"
+            text += " NCCL >= 2.26.3 puts its SHM transport in cuMem host memory when"
+            text += " the cuMem probe succeeds (NCCL_CUMEM_HOST_ENABLE), which no mount"
+            text += " shows: absent files prove nothing"
             remedy = "NCCL_CUMEM_HOST_ENABLE=0 on every rank puts the buffers back in /dev/shm"
             report.add("info", "shm", "nccl", text, remedy)
 

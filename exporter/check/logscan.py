@@ -7,6 +7,7 @@ import os
 import re
 import stat
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -33,8 +34,7 @@ WINDOW = 1 << 10
 @dataclass
 class LogHit:
     file: str
-    # None when the log was read from its tail, not its start: then `offset` says where
-    line: Optional[int]
+    line: Optional[int]  # None when read from its tail, not its start: see `offset`
     offset: int  # of the line's first byte
     text: str  # the line, and how many lines matched when more than one
     fields: Dict[str, str] = field(default_factory=dict)  # the first hit's named groups
@@ -42,27 +42,26 @@ class LogHit:
 
 @dataclass
 class LogScan:
-    """What was read of one log: bytes [start, end) of the `size` it had when opened."""
+    """Bytes [start, end) read of the `size` the log had when opened; signature -> first hit."""
 
-    hits: Dict[str, List[LogHit]]
+    hits: Dict[str, LogHit]
     size: int
     start: int
     end: int
 
 
 def scan_log(path: str, deadline: float = math.inf) -> LogScan:
-    """signature name -> [its first hit], from the log's last MAX_LOG_BYTES, read CHUNK at a
-    time until its size when opened or `deadline` (time.monotonic()). Only a regular file is
-    read (ValueError otherwise): a FIFO with no writer would block, a device never ends."""
+    """The log's last MAX_LOG_BYTES, read CHUNK at a time until its size when opened or
+    `deadline` (time.monotonic()). Only a regular file is read (ValueError otherwise): a FIFO
+    with no writer would block, a device never ends."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     with open(fd, "rb", buffering=0) as handle:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise ValueError("not a regular file")
         start = max(0, info.st_size - MAX_LOG_BYTES)
-        scan = LogScan({}, info.st_size, start, start)
+        scan, counts = LogScan({}, info.st_size, start, start), Counter()
         handle.seek(start)
-        counts: Dict[str, int] = {}
         carry, lines, read = b"", 0, start
         while scan.end < scan.size and time.monotonic() < deadline:
             block = handle.read(min(CHUNK, scan.size - read))
@@ -79,33 +78,29 @@ def scan_log(path: str, deadline: float = math.inf) -> LogScan:
                     scan.end = base + offset
                     break
                 number = None if start else line
-                _match(scan, counts, texts, LogHit(path, number, base + offset, ""))
+                for name, text, fields in _matches(texts):
+                    counts[name] += 1
+                    hit = LogHit(path, number, base + offset, text, fields)
+                    scan.hits.setdefault(name, hit)
             else:
                 scan.end, lines = base + len(piece), lines + piece.count(b"\n")
             if not block:
                 break  # truncated while read
     for name, n in counts.items():
-        scan.hits[name][0].text += f"  [{n} matching line(s)]" if n > 1 else ""
+        scan.hits[name].text += f"  [{n} matching line(s)]" if n > 1 else ""
     return scan
 
 
-def _match(
-    scan: LogScan, counts: Dict[str, int], texts: List[str], where: LogHit
-) -> None:
-    """Each signature one of a line's `texts` matches counts once; its first hit is kept
-    (`where`, with the text quoted around where it matched)."""
+def _matches(texts: List[str]) -> Iterator[Tuple[str, str, Dict[str, str]]]:
+    """(signature, the text near its match, quoted, its named groups) per signature `texts` match."""
     for name, pattern in PATTERNS:
         match = next(filter(None, map(pattern.search, texts)), None)
         if match:
-            counts[name] = counts.get(name, 0) + 1
-            at = max(0, match.start() - 100)  # a long line: where it matched
             fields = {  # quoted in the explanation: a size in MiB as a reading
                 k: (human(float(v) * MiB) if k.endswith("_mib") else v)[:100]
                 for k, v in match.groupdict().items()
             }
-            text_at = quoted(match.string[at:], 300)
-            hit = LogHit(where.file, where.line, where.offset, text_at, fields)
-            scan.hits.setdefault(name, [hit])
+            yield name, quoted(match.string[max(0, match.start() - 100) :], 300), fields
 
 
 def _candidates(piece: bytes, lines: int) -> Iterator[Tuple[int, int, List[str]]]:
@@ -137,8 +132,7 @@ def _candidates(piece: bytes, lines: int) -> Iterator[Tuple[int, int, List[str]]
 
 
 def refusal(path: str) -> str:
-    """Why --log's `path` is not read: only a readable regular file is (a FIFO with no writer
-    blocks, a device such as /dev/zero never ends)."""
+    """Why --log's `path` is not read: only a readable regular file is, as in scan_log."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return "not a regular file"
@@ -155,14 +149,12 @@ def log_findings(report: Report, scans, deadline: float) -> None:
         name = os.path.basename(path)
         try:
             scan = task.result(deadline)
-        except TimeoutError:
-            report.add("warn", "log", name, "not read within --timeout")
+        except (OSError, ValueError) as err:  # TimeoutError among them
+            why = " within --timeout" if isinstance(err, TimeoutError) else f": {err}"
+            report.add("warn", "log", name, f"not read{why}")
             continue
-        except (OSError, ValueError) as err:
-            report.add("warn", "log", name, f"not read: {err}")
-            continue
-        for signature, found in scan.hits.items():
-            hits.setdefault(signature, found[0])
+        for signature, hit in scan.hits.items():
+            hits.setdefault(signature, hit)
         tail, size = scan.size - scan.start, scan.size
         if scan.start:
             text = f"only its last {human(tail)} of {human(size)} read"

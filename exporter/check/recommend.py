@@ -4,21 +4,20 @@ recommended = observed peak x headroom, rounded up to a whole GiB (a whole MiB b
 least 1 MiB; the memory limit that holds it = the cgroup's use besides this mount's shm + the
 recommendation, rounded up to a MiB (as deploy/prometheus/shmwatch-recommend-rules.yml records
 them). The observed peak, best first: Prometheus's max_over_time(shmwatch_mount_peak_used_bytes),
-a running exporter's shmwatch_mount_max_used_bytes, or this run's reading (said to be weakest).
-"""
+a running exporter's shmwatch_mount_max_used_bytes, or this run's reading (said to be weakest)."""
 
 import json
 import math
 import re
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.check.findings import MiB, Bounded, at_least, docker, human, k8s, left
-from exporter.check.findings import plausible, quoted, round_up
+from exporter.check.findings import MiB, Bounded, Report, at_least, docker, human, k8s
+from exporter.check.findings import left, plausible, quoted, round_up
 
 DEFAULT_WINDOW, DEFAULT_HEADROOM = "7d", 1.25
 Peaks = Dict[str, Tuple[float, int]]  # mount -> (peak, how many series matched)
@@ -31,22 +30,6 @@ WHERE = {
     "exporter": "a running shmwatch's high-water mark",
     "current": "current use: no history",
 }
-
-
-def recommended_size(peak: float, headroom: float = DEFAULT_HEADROOM) -> int:
-    return round_up(peak * headroom)
-
-
-def memory_limit_needed(recommended: int, working_set: int, shm_used: int) -> int:
-    """The memory limit that holds everything else the cgroup uses plus a full recommended mount."""
-    non_shm = max(0, working_set - shm_used)
-    return -(-(non_shm + recommended) // MiB) * MiB
-
-
-class SourceError(Exception):
-    pass
-
-
 # The most of an answer read: a query's vector for a few mounts is a few KiB, a node's /metrics
 # a few MiB. Parsing more (a JSON array of 16M numbers) would cost hundreds of MiB.
 MAX_ANSWER = {"prometheus": 1 << 20, "exporter": 16 << 20}
@@ -55,10 +38,22 @@ MAX_USED = "shmwatch_mount_max_used_bytes"
 MAX_USED_LINE = re.compile(rb"^" + MAX_USED.encode() + rb"[{ ].*$", re.M)
 
 
+def recommended_size(peak: float, headroom: float = DEFAULT_HEADROOM) -> int:
+    return round_up(peak * headroom)
+
+
+def memory_limit_needed(recommended: int, working_set: int, shm_used: int) -> int:
+    non_shm = max(0, working_set - shm_used)
+    return -(-(non_shm + recommended) // MiB) * MiB
+
+
+class SourceError(Exception):
+    pass
+
+
 def _get(url: str, parse, deadline: float, limit: int):
-    """parse(the body at url, at most `limit` bytes); whatever else the server answers (an
-    error, no answer by `deadline`, too much, not what parse expects, JSON nested a million
-    deep) is a SourceError."""
+    """parse(the body at url, at most `limit` bytes); any other answer (an error, none by
+    `deadline`, too much, not what parse expects, JSON nested a million deep) is a SourceError."""
     try:
         with urllib.request.urlopen(url, timeout=max(0.1, left(deadline))) as response:
             body = response.read(limit + 1)
@@ -83,15 +78,15 @@ def _vector(body: bytes) -> List[int]:
         raise ValueError(what) from None
 
 
-def peaks_from_prometheus(url, mounts, window, selector, deadline=math.inf) -> Peaks:
-    """mount -> (highest peak over the window, how many series matched), via /api/v1/query."""
+def peaks_from_prometheus(extra, mounts, deadline=math.inf) -> Peaks:
     out: Peaks = {}
+    url, window = extra.prometheus_url.rstrip("/"), extra.recommend_window
     for mount in mounts:
         escaped = mount.replace("\\", "\\\\").replace('"', '\\"')
-        labels = ", ".join(filter(None, [f'mount="{escaped}"', selector.strip("{} ")]))
+        selector = [f'mount="{escaped}"', extra.prometheus_selector.strip("{} ")]
+        labels = ", ".join(filter(None, selector))
         expr = f"max_over_time(shmwatch_mount_peak_used_bytes{{{labels}}}[{window}])"
-        query = urllib.parse.urlencode({"query": expr})
-        where = f"{url.rstrip('/')}/api/v1/query?{query}"
+        where = f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
         values = _get(where, _vector, deadline, MAX_ANSWER["prometheus"])
         if values:
             out[mount] = (max(values), len(values))
@@ -101,14 +96,11 @@ def peaks_from_prometheus(url, mounts, window, selector, deadline=math.inf) -> P
 def _high_water_marks(body: bytes) -> Dict[str, int]:
     """mount -> its plausible MAX_USED, parsing only those lines of /metrics."""
     lines = b"\n".join(MAX_USED_LINE.findall(body)).decode() + "\n"
-    samples = [s for f in text_string_to_metric_families(lines) for s in f.samples]
-    return {
-        s.labels["mount"]: plausible(s.value) for s in samples if "mount" in s.labels
-    }
+    found = [s for f in text_string_to_metric_families(lines) for s in f.samples]
+    return {s.labels["mount"]: plausible(s.value) for s in found if "mount" in s.labels}
 
 
 def peaks_from_exporter(url: str, deadline: float = math.inf) -> Peaks:
-    """mount -> (a running exporter's high-water mark, 1), from its /metrics."""
     marks = _get(url, _high_water_marks, deadline, MAX_ANSWER["exporter"])
     if not marks:
         raise SourceError(f"{url}: no {MAX_USED} (an older shmwatch?)")
@@ -116,11 +108,22 @@ def peaks_from_exporter(url: str, deadline: float = math.inf) -> Peaks:
 
 
 def parse_url(text: str) -> str:
-    """--prometheus.url, --exporter.url: http:// or https:// and a host."""
     parts = urllib.parse.urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"not an http:// or https:// URL: {text!r}")
     return text
+
+
+def parse_window(text: str) -> str:
+    if not re.fullmatch(r"([0-9]+(ms|s|m|h|d|w|y))+", text):
+        raise ValueError(f"not a Prometheus duration: {text!r} (e.g. 7d, 36h)")
+    return text
+
+
+def parse_headroom(text: str) -> float:
+    if not 1.0 <= float(text) <= 10.0:
+        raise ValueError("must be between 1 and 10")
+    return float(text)
 
 
 @dataclass
@@ -164,8 +167,8 @@ def settings_for(size: int, volume: str, memory_limit: Optional[int]) -> Dict[st
 
 
 def recommend(view, observed, source, window, headroom, note="", required=None):
-    """One mount's recommendation (`view`: a model MountView with usage), never below
-    `required` (--require-shm's bytes)."""
+    """One mount's recommendation (`view`: a MountView with usage), never below `required`
+    (--require-shm's bytes)."""
     usage, cgroup, observed = view.usage, view.cgroup, max(int(observed), 0)
     size = recommended_size(observed, headroom)
     r = Recommendation(usage.mount, observed, size, window, source, usage.size_bytes)
@@ -184,35 +187,19 @@ def recommend(view, observed, source, window, headroom, note="", required=None):
     return r
 
 
-def parse_window(text: str) -> str:
-    if not re.fullmatch(r"([0-9]+(ms|s|m|h|d|w|y))+", text):
-        raise ValueError(f"not a Prometheus duration: {text!r} (e.g. 7d, 36h)")
-    return text
-
-
-def parse_headroom(text: str) -> float:
-    if not 1.0 <= float(text) <= 10.0:
-        raise ValueError("must be between 1 and 10")
-    return float(text)
-
-
 def recommendations(model, extra, deadline=math.inf):
     """Per measured mount, from the best source that answered by `deadline` (both are asked
     at once); notes say what fell through."""
     views = [v for v in model.mounts if v.usage is not None and not v.usage.error]
-    notes: List[str] = []
-    selector, span = extra.prometheus_selector, extra.recommend_window
-    asked = []
-    if extra.prometheus_url:
-        mounts, url = [v.mount for v in views], extra.prometheus_url
-        task = Bounded(
-            lambda: peaks_from_prometheus(url, mounts, span, selector, deadline)
-        )
+    mounts = [v.mount for v in views]
+    url, span = extra.prometheus_url, extra.recommend_window
+    asked, answers, notes = [], [], []
+    if url:
+        task = Bounded(lambda: peaks_from_prometheus(extra, mounts, deadline))
         asked.append(("prometheus", span, "Prometheus", url, task))
     if extra.exporter_url:
         task = Bounded(lambda: peaks_from_exporter(extra.exporter_url, deadline))
         asked.append(("exporter", None, "exporter", extra.exporter_url, task))
-    answers: List[Tuple[str, Optional[str], Peaks]] = []
     for name, window, label, where, task in asked:
         try:
             answers.append((name, window, task.result(deadline)))
@@ -223,18 +210,15 @@ def recommendations(model, extra, deadline=math.inf):
     out = []
     for view in views:
         peak, source, window, note = view.usage.used_bytes, "current", None, NO_PEAK
-        # Preferred order; a mount a source has no series for falls through to the next, and so
-        # does Prometheus when several series match without --prometheus.selector: /dev/shm
-        # exists in every pod, and another workload's peak is not this one's.
+        # A mount a source has no series for falls to the next, and so does Prometheus when
+        # several match without --prometheus.selector: another pod's /dev/shm peak is not ours.
         for name, recorded_over, peaks in answers:
             found, series = peaks.get(view.mount, (None, 0))
             if found is None:
                 continue
-            if name == "prometheus" and series > 1 and not selector:
-                notes.append(
-                    f"Prometheus not used for {view.mount}: {series} series match; "
-                    "name this workload's with --prometheus.selector"
-                )
+            if name == "prometheus" and series > 1 and not extra.prometheus_selector:
+                text = f"Prometheus not used for {view.mount}: {series} series match; "
+                notes.append(text + "name this workload's with --prometheus.selector")
                 continue
             note = SERIES.format(series) if series > 1 else ""
             peak, source, window = found, name, recorded_over
@@ -249,23 +233,30 @@ def recommendations(model, extra, deadline=math.inf):
     return out, notes
 
 
-def render_text(recs: List[Recommendation], notes: List[str], headroom: float) -> str:
-    head = f"highest observed peak x {headroom:g}, rounded up to a whole GiB, MiB below 1 GiB"
+def advise(report: Report, model, extra, deadline: float) -> str:
+    """The recommendations into `report` (a warning where the limit cannot hold one), as text."""
+    recs, notes = recommendations(model, extra, deadline)
+    report.facts["recommendations"] = [asdict(r) for r in recs]
+    report.facts["recommendation_notes"] = notes
+    head = f"highest observed peak x {extra.recommend_headroom:g}, rounded up to a whole GiB, MiB below 1 GiB"
     lines = [f"\nRECOMMENDATIONS ({head})"]
     for r in recs:
+        size, limit = human(r.recommended_size_bytes), human(r.memory_limit_bytes or 0)
+        needed = at_least(r.memory_limit_bytes_needed or 0)
         where = WHERE[r.source].format(r.window)
         lines.append(
             f"{r.mount}: observed peak {human(r.observed_peak_bytes)} ({where}) -> recommended "
             f"{at_least(r.recommended_size_bytes)} (now {human(r.current_size_bytes)})"
         )
-        limit = human(r.memory_limit_bytes or 0)
-        needed = at_least(r.memory_limit_bytes_needed or 0)
-        memory = {
-            False: f"the limit of {limit} cannot hold it: raise the limit to {needed}, not only the shm size",
-            True: f"the limit of {limit} holds it (needs {needed})",
-            None: "no memory limit known (pass --memory.limit-bytes or read the cgroup)",
-        }
-        lines.append(f"  memory: {memory[r.memory_limit_fits]}")
+        memory = "no memory limit known (pass --memory.limit-bytes or read the cgroup)"
+        if r.memory_limit_fits:
+            memory = f"the limit of {limit} holds it (needs {needed})"
+        elif r.memory_limit_fits is False:
+            memory = f"the limit of {limit} cannot hold it: raise the limit to {needed}, not only the shm size"
+            text = f"the recommended {size} of shm does not fit in what the {limit} memory limit leaves"
+            remedy = f"raise the memory limit to {needed}, then the shm size"
+            report.add("warn", "memory", r.mount, text, remedy)
+        lines.append(f"  memory: {memory}")
         lines.extend(f"  {key + ':':<25}{value}" for key, value in r.settings.items())
         lines.extend(f"  note: {n}" for n in r.notes)
     lines.extend(f"note: {n}" for n in notes)

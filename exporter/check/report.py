@@ -1,7 +1,5 @@
 """`shmwatch check`: runs every collector once and prints what is wrong, worst first, each
-problem with its remedy (GPU, shm mounts, memory, SysV, server logs); exit codes: findings.py.
-A shm mount's findings: its size against what is required, its use, its classes, and the
-segments nobody holds (leaked, of no known owner, or unverified)."""
+problem with its remedy (GPU, shm mounts, memory, SysV, server logs); exit codes: findings.py."""
 
 import logging
 import math
@@ -14,15 +12,16 @@ from typing import Callable, List, Optional, Sequence
 
 from exporter.check import recommend as R
 from exporter.check import thresholds as T
-from exporter.check.findings import EXIT_SOFTWARE, EXIT_USAGE, Bounded, Report, at_least
-from exporter.check.findings import at_most, docker, human, k8s, left, plausible
-from exporter.check.findings import render_json, render_text, round_up
+from exporter.check.findings import EXIT_SOFTWARE, EXIT_USAGE, MAX_NAMED, Bounded
+from exporter.check.findings import Report, at_least, at_most, docker, human, k8s, left
+from exporter.check.findings import plausible, render_json, render_text, round_up
 from exporter.check.kernel import memory, oom_kills, outside, sysv
 from exporter.check.logscan import log_findings, refusal, scan_log
 from exporter.host.paths import Paths
 from exporter.config import Config, build_parser, parse_args, parse_size, typed
 from exporter.model.classes import NOT_LEAKS, REMOVABLE
 from exporter.model.step import Model, MountView
+from exporter.model.types import GpuSnapshot
 
 # Recommended shm per backend. vLLM's and SGLang's docs name no number: 16Gi holds NCCL's
 # segments, the engines' shm queues and multimodal caches in tensor-parallel serving;
@@ -35,7 +34,6 @@ READS_SECONDS = 10.0
 # "process" is shmwatch's own process metrics, nothing `check` reports on.
 FAILURE_AREAS = {"sysv": "sysv", "host_memory": "memory"}
 QUIET_FAILURES = ("gpu", "cgroup", "process", "oom")
-MAX_NAMED = 5  # segments, and processes, named in a finding
 MOUNT_FACTS = ("mount", "fstype", "size_bytes", "used_bytes", "available_bytes")
 REMOUNT = "mount the workload's shm volume at this path"
 CLEAN_UP = "remove leaked segments"
@@ -62,8 +60,7 @@ def _seconds(text: str) -> float:
     return seconds
 
 
-# `shmwatch check`'s own flags (the exporter's are in exporter/config.py); dest: the flag's name
-# with _ for . and -, as in --prometheus.url -> prometheus_url; a type's ValueError names the flag.
+# check's own flags (the exporter's: config.py); a type's ValueError names the flag
 FLAGS = {
     "--require-shm": dict(type=lambda text: plausible(parse_size(text))),
     "--backend": dict(choices=sorted(BACKEND_SHM)),
@@ -159,9 +156,8 @@ def shm(report: Report, view: MountView, model: Model, required: Optional[int]) 
         by_class = sorted(summary.bytes_by_class.items(), key=lambda kv: -kv[1])
         classes = ", ".join(f"{c} {human(b)}" for c, b in by_class if b)
         add("ok", usage + (f"; by class: {classes}" if classes else ""))
-    # Segments held by no process, counted by the summary's totals and named by its largest
-    # few. `rm` is advised only where nothing can still attach: an orphan (every process
-    # inspected) of a class whose segments belong to one process.
+    # Segments held by no process. `rm` is advised only where nothing can still attach: an
+    # orphan (every process inspected) of a class whose segments belong to one process.
     unreadable = _unreadable(model.inventory.proc_unreadable, model.inventory.unproven)
     totals = summary.totals.items()
     leaks = {c for c, _ in summary.totals} - NOT_LEAKS
@@ -200,7 +196,22 @@ def diagnose(model: Model, required=None, backend=None) -> Report:
     `required`: --require-shm's bytes."""
     report, failed = Report(), [s for s in model.statuses if not s.success]
     errors = {s.name: s.error or "no answer within --timeout" for s in failed}
-    _gpu(report, model.gpu, errors.get("gpu"))
+    gpus = model.gpu or GpuSnapshot("", [])
+    if model.gpu is None and "gpu" in errors:
+        report.add("info", "gpu", "NVML", f"GPU memory not checked: {errors['gpu']}")
+    report.facts["gpus"] = [asdict(d) for d in gpus.devices]
+    for d in gpus.devices:
+        ratio = d.used_bytes / d.total_bytes if d.total_bytes else 0
+        text = f"{human(d.used_bytes)} of {human(d.total_bytes)} used ({ratio:.0%})"
+        subject = f"GPU {d.gpu} {d.name}"
+        if ratio > T.GPU_MEMORY_FULL_RATIO:
+            remedy = "lower --gpu-memory-utilization or stop the other GPU processes"
+            report.add("warn", "gpu", subject, text + ": less than 2 % free", remedy)
+        else:
+            report.add("ok", "gpu", subject, text)
+    for skipped in gpus.errors:
+        text, remedy = f"GPU skipped: {skipped}", "nvidia-smi; dmesg | grep -i xid"
+        report.add("warn", "gpu", "NVML", text, remedy)
     for view in model.mounts:
         if view.usage is not None:
             shm(report, view, model, required)
@@ -218,26 +229,6 @@ def diagnose(model: Model, required=None, backend=None) -> Report:
             text = f"can hold {human(effective)}, under the {human(need)} recommended for {backend}"
             report.add("warn", "shm", facts["mount"], text, shm_remedy(need))
     return report
-
-
-def _gpu(report: Report, gpus, error: Optional[str]) -> None:
-    if gpus is None:
-        if error:
-            report.add("info", "gpu", "NVML", f"GPU memory not checked: {error}")
-        return
-    report.facts["gpus"] = [asdict(d) for d in gpus.devices]
-    for d in gpus.devices:
-        ratio = d.used_bytes / d.total_bytes if d.total_bytes else 0
-        text = f"{human(d.used_bytes)} of {human(d.total_bytes)} used ({ratio:.0%})"
-        subject = f"GPU {d.gpu} {d.name}"
-        if ratio > T.GPU_MEMORY_FULL_RATIO:
-            remedy = "lower --gpu-memory-utilization or stop the other GPU processes"
-            report.add("warn", "gpu", subject, text + ": less than 2 % free", remedy)
-        else:
-            report.add("ok", "gpu", subject, text)
-    for skipped in gpus.errors:
-        text, remedy = f"GPU skipped: {skipped}", "nvidia-smi; dmesg | grep -i xid"
-        report.add("warn", "gpu", "NVML", text, remedy)
 
 
 def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
@@ -285,20 +276,7 @@ def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
             text = f"{human(flag)} is at or above the host's memory: taken as no limit given"
             remedy = "a container without a memory limit gets the node's memory from the Downward API"
             report.add("warn", "memory", "--memory.limit-bytes", text, remedy)
-        advice = ""
-        if extra.recommend:
-            recs, notes = R.recommendations(model, extra, deadline)
-            for r in [r for r in recs if r.memory_limit_fits is False]:
-                size, limit = (
-                    human(r.recommended_size_bytes),
-                    human(r.memory_limit_bytes),
-                )
-                text = f"the recommended {size} of shm does not fit in what the {limit} memory limit leaves"
-                remedy = f"raise the memory limit to {at_least(r.memory_limit_bytes_needed)}, then the shm size"
-                report.add("warn", "memory", r.mount, text, remedy)
-            report.facts["recommendations"] = [asdict(r) for r in recs]
-            report.facts["recommendation_notes"] = notes
-            advice = R.render_text(recs, notes, extra.recommend_headroom)
+        advice = R.advise(report, model, extra, deadline) if extra.recommend else ""
         json = extra.output == "json"
         sys.stdout.write(render_json(report) if json else render_text(report) + advice)
         return report.exit_code
