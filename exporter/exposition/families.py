@@ -1,8 +1,6 @@
 """Metric families from the catalogue as the sample lines prometheus_client's text format
-writes (the same lines serve OpenMetrics 1.0.0: legacy names, no timestamps): a body is the
-lines joined (render.py). Most of a node's mounts and cgroups are as they were in the last
-render: `Families.parts_of` adds again what each added while its inputs are equal.
-"""
+writes (the same lines serve OpenMetrics 1.0.0: legacy names, no timestamps). Most of a node's
+mounts and cgroups are as they were in the last render: `Families.parts_of` reuses them."""
 
 import functools
 import itertools
@@ -18,9 +16,8 @@ Parts = Dict[str, List[str]]  # family name -> its samples' lines, joined in run
 
 
 class Shape:
-    """What every sample of one family needs: its kind, help and label names (those node
-    mode adds last), and the template of its lines, which takes label values in that order
-    and writes them sorted by name, as generate_latest does."""
+    """One family's kind, help, label names (node mode's last) and line template, which takes
+    label values in that order and writes them sorted by name, as generate_latest does."""
 
     def __init__(self, sample_name, names, kind="gauge", doc="", added=()):
         self.sample_name, self.labelnames, self.type = sample_name, tuple(names), kind
@@ -42,15 +39,14 @@ def escape(value: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def shape(name: str, node_mode: bool) -> Shape:
-    """The catalogue's family `name`, with the labels node mode adds when in node mode."""
     entry = lookup(name)  # a counter's samples are named as its entry is: *_total
     added = node_labels(entry) if node_mode else ()
     return Shape(name, entry.labels + added, entry.type, entry.help, added)
 
 
 class Family(Shape):
-    """A Shape with one render's lines; its samples (for prometheus_client's registry and its
-    other encoders) are read back from those lines, as a scraper reads them."""
+    """A Shape with one render's lines; its samples (for prometheus_client's other encoders)
+    are read back from those lines, as a scraper reads them."""
 
     def __init__(self, form: Shape, lines: List[str]):
         vars(self).update(vars(form), lines=lines)
@@ -62,10 +58,9 @@ class Family(Shape):
 
 
 class Families:
-    """Lines by family name, in the order they were first added. The labels node mode adds
-    (catalogue.node_labels) come from `labels`, which every sample added here carries where
-    its family has them, and from a sample's own `extra`. `last` is the last render's parts
-    by key, `made` this render's (`parts_of`), shared with the Families made for it."""
+    """Lines by family name, in the order first added. Node mode's labels come from `labels`
+    (every sample here carries them where its family has them) and a sample's `extra`.
+    `last` and `made` are the last and this render's parts by key (`parts_of`)."""
 
     def __init__(self, node_mode=False, last=None, labels=None, made=None):
         self.node_mode, self.last, self.labels = node_mode, last or {}, labels or {}
@@ -81,11 +76,9 @@ class Families:
 
     def parts_of(self, make: Callable, rows: Iterable[tuple], same: tuple = ()) -> None:
         """For each row (key, labels, *inputs), what `make(child, *inputs)` adds to a child
-        carrying `labels`, or what it added for `key` in the last render when `labels` and
-        `inputs` are as they were (`make` makes its series from them alone). A part is its
-        family names and each one's lines joined, added a run of equal names at a time.
-        The whole call's lines are the last render's when every row is as it was; the rows
-        are not even made when made from `same` alone, each the very object it was."""
+        carrying `labels`, or what it added for `key` last render when `labels` and `inputs`
+        are as they were (`make` reads nothing else). The rows are not even made when made
+        from `same` alone, each the very object it was."""
         ids = tuple(map(id, same))  # `same` is kept with them: the ids stay theirs
         # (rows, {name: lines}, {key: (inputs, part)}, same, ids)
         site = self.last.get(make)
@@ -112,6 +105,8 @@ class Families:
                 known = (inputs, (tuple(staged.parts), texts))
             now[row[0]] = (inputs, known[1])
             made.append(known[1])
+        # A part: its family names and each one's lines joined; added a run of equal names
+        # at a time.
         for names, run in itertools.groupby(made, key=operator.itemgetter(0)):
             for name, texts in zip(names, zip(*(texts for _, texts in run))):
                 lines.setdefault(name, []).extend(texts)

@@ -1,8 +1,7 @@
-"""/metrics, rendered when a scrape finds the model's version moved since the last render;
-each body (format and encoding negotiated as prometheus_client does) is kept until the next.
-Text 0.0.4 and OpenMetrics 1.0.0 are the families' sample lines (families.py) joined, byte
-for byte what prometheus_client's encoders write; any other format is left to the encoder.
-"""
+"""/metrics, rendered when a scrape finds the model's version moved; each body (format and
+encoding negotiated as prometheus_client does) is kept until the next. Text 0.0.4 and
+OpenMetrics 1.0.0 are the families' lines joined, byte for byte what prometheus_client's
+encoders write; any other format is left to the encoder."""
 
 import gzip
 import threading
@@ -48,20 +47,16 @@ def encode(metrics: List[Family], encoder: Callable) -> bytes:
 
 
 class Exposition:
-    """Serves `registry` via `wsgi_app`, rendered again when `version()` has moved."""
-
     def __init__(self, registry: CollectorRegistry, version: Callable[[], Hashable]):
-        self.registry = registry
-        self.version = version
-        self.renders = 0
+        self.registry, self.version, self.renders = registry, version, 0
         self._lock = threading.Lock()
         self._rendered = object()  # the version _metrics are of: none yet
         self._metrics: List[Family] = []
         self._bodies: Dict[Tuple[str, bool], bytes] = {}
 
     def wsgi_app(self, environ, start_response):
-        """GET (the HTTP front answers other methods): the body in the format and encoding
-        negotiated, of the whole model or of the families `name[]` names."""
+        """GET: the body in the format and encoding negotiated, of the whole model or of the
+        families `name[]` names."""
         try:
             encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT"))
         except Exception:  # e.g. "version=1.x": a header that says nothing, not a 500
@@ -82,8 +77,6 @@ class Exposition:
                 body = gzip.compress(body, GZIP_LEVEL, mtime=0) if gzipped else body
                 if not names and len(self._bodies) < MAX_BODIES:
                     self._bodies[key] = body
-        headers = [("Content-Type", content_type)]
-        if gzipped:
-            headers.append(("Content-Encoding", "gzip"))
-        start_response("200 OK", headers)
+        encoding = [("Content-Encoding", "gzip")] if gzipped else []
+        start_response("200 OK", [("Content-Type", content_type), *encoding])
         return [body]

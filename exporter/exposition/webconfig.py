@@ -14,7 +14,7 @@ import re
 import ssl
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, Optional, Tuple
 
 import yaml
 
@@ -83,11 +83,8 @@ class TlsSettings:
 
 
 TLS_KEYS = tuple(TlsSettings.__dataclass_fields__)
-TLS_CHOICES = {
-    "client_auth_type": CLIENT_AUTH,
-    "min_version": TLS_VERSIONS,
-    "max_version": TLS_VERSIONS,
-}
+TLS_CHOICES = dict(client_auth_type=CLIENT_AUTH, min_version=TLS_VERSIONS)
+TLS_CHOICES["max_version"] = TLS_VERSIONS
 
 
 @dataclass(frozen=True)
@@ -165,9 +162,8 @@ def parse(text: str, base: str = ".") -> WebConfig:
     headers = []
     for name, value in _section(http, "headers").items():
         if name not in HEADERS:
-            raise WebConfigError(
-                f"{HEADERS_KEY}: {name} is not one of {', '.join(HEADERS)}"
-            )
+            names = ", ".join(HEADERS)
+            raise WebConfigError(f"{HEADERS_KEY}: {name} is not one of {names}")
         allowed, value = HEADERS[name], "" if value is None else str(value)
         if allowed and value and value.lower() not in allowed:
             names = ", ".join(allowed)
@@ -272,13 +268,10 @@ class WebConfigSource:
     def _warm(self, config: WebConfig) -> None:
         """Make the dummy hashes checks are padded with before the first check needs them."""
         costs = [cost(h) for h in config.users.values()]
-        if costs:
-            for level in range(min(costs), max(costs) + 1):
-                self._pool.submit(dummy_hash, level)
+        for level in range(min(costs, default=0), max(costs, default=-1) + 1):
+            self._pool.submit(dummy_hash, level)
 
-    def authorize(
-        self, config: WebConfig, header: Optional[str], peer: str = ""
-    ) -> Union[None, bool, concurrent.futures.Future]:
+    def authorize(self, config: WebConfig, header: Optional[str], peer: str = ""):
         """True, False, a Future of either while bcrypt runs, or None when bcrypt is busy
         (not a wrong password). Successes are remembered by a digest (a scrape pays bcrypt
         once), failures are not (a guessing client cannot evict them)."""
