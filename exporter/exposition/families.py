@@ -20,7 +20,7 @@ class Shape:
     label values in that order and writes them sorted by name, as generate_latest does."""
 
     def __init__(self, sample_name, names, kind="gauge", doc="", added=()):
-        self.sample_name, self.labelnames, self.type = sample_name, tuple(names), kind
+        self.sample_name, self.type = sample_name, kind
         # prometheus_client names a counter's family without the _total of its samples
         self.name = sample_name[: -len("_total")] if kind == "counter" else sample_name
         self.documentation, self.added, self.unit = doc, tuple(added), ""

@@ -176,8 +176,7 @@ def loop_error(loop, context) -> None:
 
 
 class Front(threading.Thread):
-    """The listening socket, the thread of its connections' loop (start() it) and the
-    threads that make answers."""
+    """The listening socket, its connections' loop (run() by start()) and answer threads."""
 
     def __init__(self, sock, app, web: Optional[WebConfigSource], max_requests: int):
         super().__init__(name="shmwatch-http", daemon=True)
