@@ -105,8 +105,7 @@ class Families:
                 known = (inputs, (tuple(staged.parts), texts))
             now[row[0]] = (inputs, known[1])
             made.append(known[1])
-        # A part: its family names and each one's lines joined; added a run of equal names
-        # at a time.
+        # part: (names, their lines joined); runs of parts with equal names go in at once
         for names, run in itertools.groupby(made, key=operator.itemgetter(0)):
             for name, texts in zip(names, zip(*(texts for _, texts in run))):
                 lines.setdefault(name, []).extend(texts)

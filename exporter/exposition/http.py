@@ -1,10 +1,9 @@
 """The HTTP(S) front: /metrics (render.py's), a landing page, /-/healthy. One asyncio loop
-reads every connection (a slow or idle client costs a socket, never a thread); a few worker
-threads make the answers. Bounds as Go's net/http and node_exporter have them: a head within
-HEADER_TIMEOUT_SECONDS (heads.py's size bounds), at most --web.max-requests answers in flight
-(503 beyond; an answer not read within twice the head's deadline is dropped), GET and HEAD
-only (405). Keep-alive and pipelining; TLS with the SSLContext current when the connection
-was accepted (rotated certificates)."""
+reads every connection (a slow or idle client costs a socket, never a thread); worker threads
+make the answers. Bounds as Go's net/http has them: a head within HEADER_TIMEOUT_SECONDS
+(heads.py bounds its size), --web.max-requests answers in flight (503 beyond; one not read
+within twice the head's deadline is dropped), GET and HEAD only (405). Keep-alive, pipelining,
+TLS with the SSLContext current when the connection was accepted (rotated certificates)."""
 
 import asyncio
 import concurrent.futures

@@ -109,8 +109,7 @@ class ModelCollector(Collector):
             row = ("state", v.mount), v.labels, v.mount, age, degraded, verified
             return row + (v.inventory.unattributed_bytes, others)
 
-        # Rows made again only from another inventory or summary (most renders have
-        # neither: other sources moved the version).
+        # Rows made again only for another inventory or summary (most renders have none).
         same = (inv, *[x for v in listed for x in (v.labels, v.summary, v.inventory)])
         out.parts_of(self._one_mount_segments, map(segments, listed), same)
         out.parts_of(self._one_mount_state, map(state, listed), same)

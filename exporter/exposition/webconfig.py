@@ -83,8 +83,8 @@ class TlsSettings:
 
 
 TLS_KEYS = tuple(TlsSettings.__dataclass_fields__)
-TLS_CHOICES = dict(client_auth_type=CLIENT_AUTH, min_version=TLS_VERSIONS)
-TLS_CHOICES["max_version"] = TLS_VERSIONS
+TLS_CHOICES = dict(client_auth_type=CLIENT_AUTH)
+TLS_CHOICES.update(min_version=TLS_VERSIONS, max_version=TLS_VERSIONS)
 
 
 @dataclass(frozen=True)
