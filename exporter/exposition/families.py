@@ -45,8 +45,7 @@ def shape(name: str, node_mode: bool) -> Shape:
 
 
 class Family(Shape):
-    """A Shape with one render's lines; its samples (for prometheus_client's other encoders)
-    are read back from those lines, as a scraper reads them."""
+    """A Shape with one render's lines; `samples` (for other encoders) parses them back."""
 
     def __init__(self, form: Shape, lines: List[str]):
         vars(self).update(vars(form), lines=lines)

@@ -16,7 +16,7 @@ from typing import Dict, Optional
 
 from exporter import __version__
 from exporter.exposition.heads import Answer, Head, Refused, message, plain
-from exporter.exposition.webconfig import CHALLENGE, OPEN_PATHS, WebConfigSource
+from exporter.exposition.webconfig import WebConfigSource
 
 LOG = logging.getLogger("shmwatch.web")
 
@@ -26,6 +26,9 @@ WORKERS = 4  # threads making answers; rendering holds the GIL, more would only 
 HEADER_TIMEOUT_SECONDS = 5.0
 IDLE_TIMEOUT_SECONDS = 120.0
 NOT_FOUND = ("404 Not Found", "text/plain", b"Not Found\n")
+# Paths that answer without credentials: a readiness probe has none, and "OK" tells nothing.
+OPEN_PATHS = ("/-/healthy",)
+CHALLENGE = [("WWW-Authenticate", 'Basic realm="shmwatch"')]
 
 
 class Connection(asyncio.BufferedProtocol):

@@ -55,8 +55,7 @@ class Exposition:
         self._bodies: Dict[Tuple[str, bool], bytes] = {}
 
     def wsgi_app(self, environ, start_response):
-        """GET: the body in the format and encoding negotiated, of the whole model or of the
-        families `name[]` names."""
+        """The negotiated body of every family, or of the families `name[]` names."""
         try:
             encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT"))
         except Exception:  # e.g. "version=1.x": a header that says nothing, not a 500

@@ -327,8 +327,3 @@ def dummy_hash(level: int) -> bytes:
     import bcrypt
 
     return bcrypt.hashpw(b"no such user", bcrypt.gensalt(level))
-
-
-# Paths that answer without credentials: a readiness probe has none, and "OK" tells nothing.
-OPEN_PATHS = ("/-/healthy",)
-CHALLENGE = [("WWW-Authenticate", 'Basic realm="shmwatch"')]
