@@ -10,7 +10,7 @@ from typing import Iterable, List
 from prometheus_client.registry import Collector
 
 from exporter import __version__
-from exporter.exposition.families import Families, Family
+from exporter.exposition.render import Families, Family
 from exporter.exposition.labels import clean as clean_label
 from exporter.model.step import Model, ModelStep
 from exporter.model.summary import memfd_summary, owner_label

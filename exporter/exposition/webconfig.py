@@ -18,7 +18,7 @@ from typing import Dict, Optional, Tuple
 
 import yaml
 
-from exporter.exposition.families import Families
+from exporter.exposition.render import Families
 
 LOG = logging.getLogger("shmwatch.web")
 
