@@ -29,10 +29,8 @@ CLIENT_AUTH = {
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
 UNVERIFIED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
-_V = ssl.TLSVersion
-TLS_VERSIONS = dict(
-    TLS10=_V.TLSv1, TLS11=_V.TLSv1_1, TLS12=_V.TLSv1_2, TLS13=_V.TLSv1_3
-)
+TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1}
+TLS_VERSIONS.update(TLS12=ssl.TLSVersion.TLSv1_2, TLS13=ssl.TLSVersion.TLSv1_3)
 # exporter-toolkit accepts exactly these response headers, some with fixed values.
 HEADERS = {
     "Content-Security-Policy": None,
