@@ -77,7 +77,8 @@ class ModelCollector(Collector):
         )
         out.parts_of(self._one_mount_usage, rows)
 
-    def _one_mount_usage(self, out: Families, m, *figures) -> None:
+    @staticmethod
+    def _one_mount_usage(out: Families, m, *figures) -> None:
         noswap = "true" if m.noswap else "false"
         out.add("shmwatch_mount_info", [m.mount, m.fstype, clean(m.source), noswap], 1)
         out.add("shmwatch_mount_error", [m.mount], 1 if m.error else 0)
@@ -122,7 +123,8 @@ class ModelCollector(Collector):
             pod = {"process_pod_uid": inv.pods.get(pid, "")}
             out.add("shmwatch_process_memfd_bytes", labels, size, pod)
 
-    def _one_mount_segments(self, out: Families, mount, summary, comms, pods) -> None:
+    @staticmethod
+    def _one_mount_segments(out: Families, mount, summary, comms, pods) -> None:
         for (cls, state), figures in sorted(summary.totals.items()):
             for kind, value in zip(SEGMENT_SERIES, figures):
                 out.add(f"shmwatch_{kind}", [mount, cls, state], value)
@@ -140,7 +142,8 @@ class ModelCollector(Collector):
             pod = {"process_pod_uid": pods[pid]}
             out.add("shmwatch_process_shm_bytes", labels, size, pod)
 
-    def _one_mount_state(self, out: Families, mount, age, degraded, *figures) -> None:
+    @staticmethod
+    def _one_mount_state(out: Families, mount, age, degraded, *figures) -> None:
         verified, unattributed, others = figures
         if not degraded:  # past --inventory.max-segments no orphan's age is known
             out.add("shmwatch_orphan_oldest_age_seconds", [mount], age)
@@ -188,7 +191,8 @@ class ModelCollector(Collector):
         )
         out.parts_of(self._one_cgroup, rows)
 
-    def _one_cgroup(self, out: Families, cg, unexplained) -> None:
+    @staticmethod
+    def _one_cgroup(out: Families, cg, unexplained) -> None:
         label = [clean(cg.cgroup, 256)]
         for name, value in (
             ("cgroup_memory_usage_bytes", cg.usage_bytes),
@@ -237,7 +241,8 @@ class ModelCollector(Collector):
         )
         out.parts_of(self._one_derived, rows)
 
-    def _one_derived(self, out: Families, mount, budget, complete, cgroup) -> None:
+    @staticmethod
+    def _one_derived(out: Families, mount, budget, complete, cgroup) -> None:
         if budget.projection is not None:
             labels = [mount, clean(cgroup, 256)]
             out.add("shmwatch_shm_oom_projection_ratio", labels, budget.projection)
@@ -266,7 +271,8 @@ class ModelCollector(Collector):
         )
         out.parts_of(self._mount_events, rows)
 
-    def _mount_events(self, out: Families, mount, counts, active, overflows) -> None:
+    @staticmethod
+    def _mount_events(out: Families, mount, counts, active, overflows) -> None:
         for cls, event, count in counts:
             out.add("shmwatch_segment_events_total", [mount, cls, event], count)
         if active is not None:
