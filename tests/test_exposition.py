@@ -18,7 +18,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.collectors.host_memory import HostMemoryCollector
-from exporter.exposition.families import Family, Shape
+from exporter.exposition.render import Family, Shape
 from exporter.exposition.render import MAX_BODIES, Exposition, encode
 from exporter.host.paths import Paths
 from tests.conftest import FIXTURES, Exporter
@@ -179,7 +179,7 @@ numbers = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-2**63, 2
 
 
 def with_lines(family, names):
-    """`family` as families.Families makes them: each sample's line from the family's Shape."""
+    """`family` as render.Families makes them: each sample's line from the family's Shape."""
     shape = Shape(family.samples[0].name, names)
     family.lines = [shape.line([s.labels[n] for n in names], s.value) for s in family.samples]
     return family
@@ -191,7 +191,7 @@ def with_lines(family, names):
                                    max_size=4)), max_size=4),
        st.text(max_size=20) | st.sampled_from(['say "hi"', "a\\b\nc", ""]))
 def test_both_formats_are_prometheus_clients_byte_for_byte(families, doc):
-    """Lines from a template in any label order (families.Families writes them in the
+    """Lines from a template in any label order (render.Families writes them in the
     catalogue's order, node labels last), joined, are what the encoders write."""
     metrics = []
     for i, (counter, order, nlabels, samples) in enumerate(families):

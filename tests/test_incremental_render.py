@@ -1,5 +1,5 @@
 """A render adds each mount's and cgroup's series as the last render made them while the
-inputs they are made from are equal (families.Families.parts_of). What it serves must be, byte
+inputs they are made from are equal (render.Families.parts_of). What it serves must be, byte
 for byte, what a render from nothing makes of the same model: through new, held, leaked and
 removed segments, an orphan ageing, a mount that stays as it was, and a cgroup whose limit
 moved."""
@@ -202,7 +202,7 @@ def test_parts_reused_make_what_a_render_from_nothing_makes():
     """Rows of parts (Families.parts_of), reusing the rows that are as they were; through a
     changed row, one that adds a family the others lack, and a mount gone from the front.
     Only what the current render used is kept for the next."""
-    from exporter.exposition.families import Families
+    from exporter.exposition.render import Families
 
     def one(out, mount, value):
         out.add("shmwatch_mount_used_bytes", [mount], value)
@@ -246,7 +246,7 @@ def test_parts_reused_make_what_a_render_from_nothing_makes():
 def test_a_part_carries_its_rows_node_labels_and_a_moved_value_is_written_again():
     """Families.parts_of: each part's samples carry the node labels of its row, escaped as
     prometheus_client escapes them; a part whose value moved is made again, the others kept."""
-    from exporter.exposition.families import Families
+    from exporter.exposition.render import Families
 
     def render(values, last):
         out = Families(node_mode=True, last=last)
@@ -268,7 +268,7 @@ def test_rows_made_from_the_same_objects_are_not_made_again():
     """Families.parts_of with `same`: while each object the rows are made from is the very
     object it was, the rows are not even iterated; another object, even an equal one, makes
     them again (and equal rows still reuse their parts)."""
-    from exporter.exposition.families import Families
+    from exporter.exposition.render import Families
 
     iterated = []
 

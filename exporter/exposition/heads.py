@@ -24,8 +24,7 @@ class Refused(Exception):
 
 
 class Head:
-    """One request head as it arrives (the request line and the headers in KEPT), then the
-    request it makes (finish())."""
+    """One request head as it arrives: the request line and the headers in KEPT."""
 
     def __init__(self) -> None:
         self.size = self.lines = self.kept_size = 0
@@ -85,8 +84,7 @@ class Head:
                 self.headers[key] = value if known is None else f"{known}, {value}"
         return None
 
-    @staticmethod
-    def kept(line: bytearray) -> Optional[bool]:
+    def kept(self, line: bytearray) -> Optional[bool]:
         """Whether a header line is kept; None while its name and colon have not come."""
         colon = line.find(b":")
         if colon < 0:

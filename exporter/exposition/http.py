@@ -1,11 +1,9 @@
-"""The HTTP(S) front: /metrics (render.py's), a landing page, /-/healthy.
-
-One asyncio loop reads every connection, so a slow or idle client costs a socket and a few
-hundred bytes, never a thread; a few worker threads make the answers. Bounds as Go's net/http
-and node_exporter have them: a head within HEADER_TIMEOUT_SECONDS (heads.py's size bounds),
-at most --web.max-requests answers in flight (503 beyond; an answer not read within twice
-the head's deadline is dropped), GET and HEAD only (405). Keep-alive and pipelining; TLS
-with the SSLContext current when the connection was accepted (rotated certificates)."""
+"""The HTTP(S) front: /metrics (render.py's), a landing page, /-/healthy. One asyncio loop
+reads every connection (a slow or idle client costs a socket, never a thread); worker threads
+make the answers. Bounds as Go's net/http has them: a head within HEADER_TIMEOUT_SECONDS
+(heads.py bounds its size), --web.max-requests answers in flight (503 beyond; one not read
+within twice the head's deadline is dropped), GET and HEAD only (405). Keep-alive, pipelining,
+TLS with the SSLContext current when the connection was accepted (rotated certificates)."""
 
 import asyncio
 import concurrent.futures
@@ -18,7 +16,7 @@ from typing import Dict, Optional
 
 from exporter import __version__
 from exporter.exposition.heads import Answer, Head, Refused, message, plain
-from exporter.exposition.webconfig import CHALLENGE, OPEN_PATHS, WebConfigSource
+from exporter.exposition.webconfig import WebConfigSource
 
 LOG = logging.getLogger("shmwatch.web")
 
@@ -28,6 +26,9 @@ WORKERS = 4  # threads making answers; rendering holds the GIL, more would only 
 HEADER_TIMEOUT_SECONDS = 5.0
 IDLE_TIMEOUT_SECONDS = 120.0
 NOT_FOUND = ("404 Not Found", "text/plain", b"Not Found\n")
+# Paths that answer without credentials: a readiness probe has none, and "OK" tells nothing.
+OPEN_PATHS = ("/-/healthy",)
+CHALLENGE = [("WWW-Authenticate", 'Basic realm="shmwatch"')]
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -95,9 +96,8 @@ class Connection(asyncio.BufferedProtocol):
                 answer = plain(503)
             elif answer is None:
                 front.in_flight, counted = front.in_flight + 1, True
-                answer = await front.loop.run_in_executor(
-                    front.workers, front.call, request
-                )
+                made = front.loop.run_in_executor(front.workers, front.call, request)
+                answer = await made
             if self.gone or self.transport.is_closing():
                 return
             answer[1].extend(config.headers if config else ())
@@ -178,8 +178,7 @@ def loop_error(loop, context) -> None:
 
 
 class Front(threading.Thread):
-    """The listening socket, the thread of its connections' loop (start() it) and the
-    threads that make answers."""
+    """The listening socket, its connections' loop (run() by start()) and answer threads."""
 
     def __init__(self, sock, app, web: Optional[WebConfigSource], max_requests: int):
         super().__init__(name="shmwatch-http", daemon=True)
@@ -266,11 +265,7 @@ class Front(threading.Thread):
     def call(self, request: Head) -> Answer:
         """The app's answer, in a worker thread (as GET: HEAD drops the body). The environ
         holds what make_app's and render.py's apps read, not all of WSGI's."""
-        environ = {
-            "REQUEST_METHOD": "GET",
-            "PATH_INFO": request.path,
-            "QUERY_STRING": request.query,
-        }
+        environ = {"PATH_INFO": request.path, "QUERY_STRING": request.query}
         for name, value in request.headers.items():
             environ["HTTP_" + name.upper().replace("-", "_")] = value
         started: list = []

@@ -1,8 +1,7 @@
 """Label values from file and process names, which can be any bytes of any length (what a
 process passed to shm_open()): not UTF-8 becomes U+FFFD, control characters \\xNN (a raw
 carriage return or escape sequence breaks dashboards and terminals), and the length is
-capped so one hostile name cannot bloat every scrape.
-"""
+capped so one hostile name cannot bloat every scrape."""
 
 import re
 

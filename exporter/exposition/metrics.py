@@ -1,8 +1,6 @@
-"""The model as metric families from the catalogue, made on every collect(). A mount's usage
-and segments and a cgroup's series are parts reused while their inputs are equal
-(families.Families.parts_of). A bug in one source's renderer drops that source's series and
-marks it failed, not the scrape.
-"""
+"""The model as the catalogue's metric families. A mount's or a cgroup's series are reused
+while their inputs are equal (Families.parts_of). A bug in one source's renderer drops that
+source's series and marks it failed, not the scrape."""
 
 import functools
 import logging
@@ -12,13 +10,13 @@ from typing import Iterable, List
 from prometheus_client.registry import Collector
 
 from exporter import __version__
-from exporter.exposition.families import Families, Family
+from exporter.exposition.render import Families, Family
 from exporter.exposition.labels import clean as clean_label
 from exporter.model.step import Model, ModelStep
 from exporter.model.summary import memfd_summary, owner_label
 
 log = logging.getLogger(__name__)
-# Every render asks again for the same names' label values.
+# Every render cleans the same names again.
 clean = functools.lru_cache(maxsize=1 << 14)(clean_label)
 # The sources ModelCollector renders, each by its method _<name>.
 RENDERED = ("shm_mount", "segments", "sysv", "host_memory", "cgroup", "gpu", "process")
@@ -38,8 +36,8 @@ class ModelCollector(Collector):
         self.parts: dict = {}  # the last render's, by key (Families.parts_of)
         self._lock = threading.Lock()  # one render at a time: they share parts
 
-    def describe(self) -> List[Family]:
-        return []  # no auto-describe: registering must not trigger a collect
+    def describe(self) -> List[Family]:  # registering must not trigger a collect
+        return []
 
     def collect(self) -> Iterable[Family]:
         with self._lock:
@@ -58,8 +56,7 @@ class ModelCollector(Collector):
             self.parts = out.made
             return list(out)
 
-    @staticmethod
-    def _guarded(what: str, render, model: Model, out: Families) -> bool:
+    def _guarded(self, what: str, render, model: Model, out: Families) -> bool:
         """`render`'s series, or none of them (logged) when it fails."""
         staged = Families(out.node_mode, out.last, made=out.made)
         try:
@@ -71,7 +68,6 @@ class ModelCollector(Collector):
             out.parts.setdefault(name, []).extend(lines)
         return True
 
-    # --- one renderer per source ---------------------------------------------------------
     def _shm_mount(self, model: Model, out: Families) -> None:
         rows = (
             (("shm_mount", v.mount), v.labels, v.usage, v.peak_bytes)
@@ -114,8 +110,7 @@ class ModelCollector(Collector):
             row = ("state", v.mount), v.labels, v.mount, age, degraded, verified
             return row + (v.inventory.unattributed_bytes, others)
 
-        # Made again only from another inventory or summary (most renders have neither:
-        # other sources moved the version); then compared by value.
+        # Rows made again only for another inventory or summary (most renders have none).
         same = (inv, *[x for v in listed for x in (v.labels, v.summary, v.inventory)])
         out.parts_of(self._one_mount_segments, map(segments, listed), same)
         out.parts_of(self._one_mount_state, map(state, listed), same)
@@ -144,12 +139,8 @@ class ModelCollector(Collector):
             out.add("shmwatch_top_segment_bytes", labels, seg.allocated_bytes)
         for pid, size in summary.top_processes:
             labels = [mount, str(pid), clean(comms[pid])]
-            out.add(
-                "shmwatch_process_shm_bytes",
-                labels,
-                size,
-                {"process_pod_uid": pods[pid]},
-            )
+            pod = {"process_pod_uid": pods[pid]}
+            out.add("shmwatch_process_shm_bytes", labels, size, pod)
 
     @staticmethod
     def _one_mount_state(out: Families, mount, age, degraded, *figures) -> None:
@@ -221,19 +212,15 @@ class ModelCollector(Collector):
         for event, count in cg.events:
             out.add("shmwatch_cgroup_memory_events_total", [*label, event], count)
         if unexplained is not None:
-            out.add(
-                "shmwatch_cgroup_memory_shmem_unexplained_bytes", label, unexplained
-            )
+            name = "shmwatch_cgroup_memory_shmem_unexplained_bytes"
+            out.add(name, label, unexplained)
 
     def _gpu(self, model: Model, out: Families) -> None:
         gpus = model.gpu
         for d in gpus.devices:
             ids = [d.gpu, clean(d.uuid)]
-            out.add(
-                "shmwatch_gpu_info",
-                ids + [clean(d.name), clean(gpus.driver_version)],
-                1,
-            )
+            info = [*ids, clean(d.name), clean(gpus.driver_version)]
+            out.add("shmwatch_gpu_info", info, 1)
             for field in ("total", "used", "free", "reserved"):
                 value = getattr(d, f"{field}_bytes")
                 if value is not None:  # reserved: not every driver tells it
@@ -242,7 +229,6 @@ class ModelCollector(Collector):
                 labels = ids + [str(p.pid), clean(p.comm)]
                 out.add("shmwatch_gpu_process_memory_bytes", labels, p.used_bytes)
 
-    # --- across sources --------------------------------------------------------------------
     def _derived(self, model: Model, out: Families) -> None:
         """Effective shm size and the OOM projection: shm usage joined with the cgroup."""
         if not model.result_ok("shm_mount"):
@@ -261,9 +247,8 @@ class ModelCollector(Collector):
             labels = [mount, clean(cgroup, 256)]
             out.add("shmwatch_shm_oom_projection_ratio", labels, budget.projection)
         if complete:
-            out.add(
-                "shmwatch_mount_effective_size_bytes", [mount], budget.effective_bytes
-            )
+            size = budget.effective_bytes
+            out.add("shmwatch_mount_effective_size_bytes", [mount], size)
 
     def _oom_kills(self, model: Model, out: Families) -> None:
         """From the model's counts, not the cgroup renderer: a pod's kills outlive its cgroup."""

@@ -1,20 +1,26 @@
-"""/metrics, rendered when a scrape finds the model's version moved since the last render;
-each body (format and encoding negotiated as prometheus_client does) is kept until the next.
-Text 0.0.4 and OpenMetrics 1.0.0 are the families' sample lines (families.py) joined, byte
-for byte what prometheus_client's encoders write; any other format is left to the encoder.
-"""
+"""/metrics. The catalogue's families are the sample lines prometheus_client's text format
+writes (the same lines serve OpenMetrics 1.0.0: legacy names, no timestamps); most of a node's
+mounts and cgroups are as they were in the last render: `Families.parts_of` reuses them. A
+scrape renders when the model's version moved; each body (format and encoding negotiated as
+prometheus_client does) is kept until the next. Text 0.0.4 and OpenMetrics 1.0.0 are the lines
+joined, byte for byte what prometheus_client's encoders write; other formats are the encoder's."""
 
+import functools
 import gzip
+import itertools
+import operator
 import threading
 from types import SimpleNamespace
-from typing import Callable, Dict, Hashable, List, Tuple
+from typing import Callable, Dict, Hashable, Iterable, List, Sequence, Tuple
 from urllib.parse import parse_qs
 
 from prometheus_client.exposition import choose_encoder, generate_latest, gzip_accepted
 from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
+from prometheus_client.utils import floatToGoString
 
-from exporter.exposition.families import Family
+from exporter.model.catalogue import lookup, node_labels
 
 # Level 1 compresses a node's exposition 9x (level 6: 11x) in half level 6's time: a
 # DaemonSet's CPU is worth more than a fifth more bytes per scrape.
@@ -22,6 +28,107 @@ GZIP_LEVEL = 1
 # Bodies kept per render: an Accept header can name endless versions, each its own type.
 MAX_BODIES = 8
 JOINED_FORMATS = {generate_latest: "text", openmetrics.generate_latest: "openmetrics"}
+Parts = Dict[str, List[str]]  # family name -> its samples' lines, joined in runs
+
+
+class Shape:
+    """One family's kind, help, label names (node mode's last) and line template, which takes
+    label values in that order and writes them sorted by name, as generate_latest does."""
+
+    def __init__(self, sample_name, names, kind="gauge", doc="", added=()):
+        self.sample_name, self.type = sample_name, kind
+        # prometheus_client names a counter's family without the _total of its samples
+        self.name = sample_name[: -len("_total")] if kind == "counter" else sample_name
+        self.documentation, self.added, self.unit = doc, tuple(added), ""
+        self.order = sorted(range(len(names)), key=names.__getitem__)
+        pairs = ",".join(f'{names[i]}="%s"' for i in self.order)
+        self.template = sample_name + ("{" + pairs + "}" if names else "") + " %s\n"
+
+    def line(self, values: Sequence[str], value: float) -> str:
+        ordered = [escape(values[i]) for i in self.order]
+        return self.template % (*ordered, floatToGoString(value))
+
+
+def escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+@functools.lru_cache(maxsize=None)
+def shape(name: str, node_mode: bool) -> Shape:
+    entry = lookup(name)  # a counter's samples are named as its entry is: *_total
+    added = node_labels(entry) if node_mode else ()
+    return Shape(name, entry.labels + added, entry.type, entry.help, added)
+
+
+class Family(Shape):
+    """A Shape with one render's lines; `samples` (for other encoders) parses them back."""
+
+    def __init__(self, form: Shape, lines: List[str]):
+        vars(self).update(vars(form), lines=lines)
+
+    @property
+    def samples(self):
+        text = "".join(self.lines)
+        return [s for f in text_string_to_metric_families(text) for s in f.samples]
+
+
+class Families:
+    """Lines by family name, in the order first added. Node mode's labels come from `labels`
+    (every sample here carries them where its family has them) and a sample's `extra`.
+    `last` and `made` are the last and this render's parts by key (`parts_of`)."""
+
+    def __init__(self, node_mode=False, last=None, labels=None, made=None):
+        self.node_mode, self.last, self.labels = node_mode, last or {}, labels or {}
+        self.made: Dict[tuple, tuple] = {} if made is None else made
+        self.parts: Parts = {}
+
+    def add(self, name: str, labels: Sequence[str], value: float, extra=None) -> None:
+        form = shape(name, self.node_mode)
+        if form.added:
+            given = {**self.labels, **extra} if extra else self.labels
+            labels = (*labels, *[given.get(k, "") for k in form.added])
+        self.parts.setdefault(name, []).append(form.line(labels, value))
+
+    def parts_of(self, make: Callable, rows: Iterable[tuple], same: tuple = ()) -> None:
+        """For each row (key, labels, *inputs), what `make(child, *inputs)` adds to a child
+        carrying `labels`, or what it added for `key` last render when `labels` and `inputs`
+        are as they were (`make` reads nothing else). The rows are not even made when made
+        from `same` alone, each the very object it was."""
+        ids = tuple(map(id, same))  # `same` is kept with them: the ids stay theirs
+        # (rows, {name: lines}, {key: (inputs, part)}, same, ids)
+        site = self.last.get(make)
+        if not same or site is None or site[4] != ids:
+            rows = list(rows)
+            if site is None or site[0] != rows:
+                site = (rows, *self._made(make, rows, self.last))
+            # These rows are kept, not equal older ones: the next render's are often these.
+            site = (rows, site[1], site[2], same, ids)
+        self.made[make] = site
+        self.made.update(site[2])
+        for name, lines in site[1].items():
+            self.parts.setdefault(name, []).extend(lines)
+
+    def _made(self, make: Callable, rows: List[tuple], last: dict) -> tuple:
+        made, now, lines = [], {}, {}
+        for row in rows:
+            inputs = row[1:]
+            known = last.get(row[0])
+            if known is None or known[0] != inputs:
+                staged = Families(self.node_mode, labels=row[1])
+                make(staged, *row[2:])
+                texts = tuple(map("".join, staged.parts.values()))
+                known = (inputs, (tuple(staged.parts), texts))
+            now[row[0]] = (inputs, known[1])
+            made.append(known[1])
+        # part: (names, their lines joined); runs of parts with equal names go in at once
+        for names, run in itertools.groupby(made, key=operator.itemgetter(0)):
+            for name, texts in zip(names, zip(*(texts for _, texts in run))):
+                lines.setdefault(name, []).extend(texts)
+        return lines, now
+
+    def __iter__(self) -> Iterable[Family]:
+        for name, lines in self.parts.items():
+            yield Family(shape(name, self.node_mode), lines)
 
 
 def encode(metrics: List[Family], encoder: Callable) -> bytes:
@@ -48,20 +155,15 @@ def encode(metrics: List[Family], encoder: Callable) -> bytes:
 
 
 class Exposition:
-    """Serves `registry` via `wsgi_app`, rendered again when `version()` has moved."""
-
     def __init__(self, registry: CollectorRegistry, version: Callable[[], Hashable]):
-        self.registry = registry
-        self.version = version
-        self.renders = 0
+        self.registry, self.version, self.renders = registry, version, 0
         self._lock = threading.Lock()
         self._rendered = object()  # the version _metrics are of: none yet
         self._metrics: List[Family] = []
         self._bodies: Dict[Tuple[str, bool], bytes] = {}
 
     def wsgi_app(self, environ, start_response):
-        """GET (the HTTP front answers other methods): the body in the format and encoding
-        negotiated, of the whole model or of the families `name[]` names."""
+        """The negotiated body of every family, or of the families `name[]` names."""
         try:
             encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT"))
         except Exception:  # e.g. "version=1.x": a header that says nothing, not a 500
@@ -82,8 +184,6 @@ class Exposition:
                 body = gzip.compress(body, GZIP_LEVEL, mtime=0) if gzipped else body
                 if not names and len(self._bodies) < MAX_BODIES:
                     self._bodies[key] = body
-        headers = [("Content-Type", content_type)]
-        if gzipped:
-            headers.append(("Content-Encoding", "gzip"))
-        start_response("200 OK", headers)
+        encoding = [("Content-Encoding", "gzip")] if gzipped else []
+        start_response("200 OK", [("Content-Type", content_type), *encoding])
         return [body]

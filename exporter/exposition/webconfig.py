@@ -14,11 +14,11 @@ import re
 import ssl
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, Optional, Tuple
 
 import yaml
 
-from exporter.exposition.families import Families
+from exporter.exposition.render import Families
 
 LOG = logging.getLogger("shmwatch.web")
 
@@ -29,10 +29,8 @@ CLIENT_AUTH = {
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
 UNVERIFIED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
-_V = ssl.TLSVersion
-TLS_VERSIONS = dict(
-    TLS10=_V.TLSv1, TLS11=_V.TLSv1_1, TLS12=_V.TLSv1_2, TLS13=_V.TLSv1_3
-)
+TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1}
+TLS_VERSIONS.update(TLS12=ssl.TLSVersion.TLSv1_2, TLS13=ssl.TLSVersion.TLSv1_3)
 # exporter-toolkit accepts exactly these response headers, some with fixed values.
 HEADERS = {
     "Content-Security-Policy": None,
@@ -83,11 +81,8 @@ class TlsSettings:
 
 
 TLS_KEYS = tuple(TlsSettings.__dataclass_fields__)
-TLS_CHOICES = {
-    "client_auth_type": CLIENT_AUTH,
-    "min_version": TLS_VERSIONS,
-    "max_version": TLS_VERSIONS,
-}
+TLS_CHOICES = dict(client_auth_type=CLIENT_AUTH)
+TLS_CHOICES.update(min_version=TLS_VERSIONS, max_version=TLS_VERSIONS)
 
 
 @dataclass(frozen=True)
@@ -165,9 +160,8 @@ def parse(text: str, base: str = ".") -> WebConfig:
     headers = []
     for name, value in _section(http, "headers").items():
         if name not in HEADERS:
-            raise WebConfigError(
-                f"{HEADERS_KEY}: {name} is not one of {', '.join(HEADERS)}"
-            )
+            names = ", ".join(HEADERS)
+            raise WebConfigError(f"{HEADERS_KEY}: {name} is not one of {names}")
         allowed, value = HEADERS[name], "" if value is None else str(value)
         if allowed and value and value.lower() not in allowed:
             names = ", ".join(allowed)
@@ -272,13 +266,10 @@ class WebConfigSource:
     def _warm(self, config: WebConfig) -> None:
         """Make the dummy hashes checks are padded with before the first check needs them."""
         costs = [cost(h) for h in config.users.values()]
-        if costs:
-            for level in range(min(costs), max(costs) + 1):
-                self._pool.submit(dummy_hash, level)
+        for level in range(min(costs, default=0), max(costs, default=-1) + 1):
+            self._pool.submit(dummy_hash, level)
 
-    def authorize(
-        self, config: WebConfig, header: Optional[str], peer: str = ""
-    ) -> Union[None, bool, concurrent.futures.Future]:
+    def authorize(self, config: WebConfig, header: Optional[str], peer: str = ""):
         """True, False, a Future of either while bcrypt runs, or None when bcrypt is busy
         (not a wrong password). Successes are remembered by a digest (a scrape pays bcrypt
         once), failures are not (a guessing client cannot evict them)."""
@@ -334,8 +325,3 @@ def dummy_hash(level: int) -> bytes:
     import bcrypt
 
     return bcrypt.hashpw(b"no such user", bcrypt.gensalt(level))
-
-
-# Paths that answer without credentials: a readiness probe has none, and "OK" tells nothing.
-OPEN_PATHS = ("/-/healthy",)
-CHALLENGE = [("WWW-Authenticate", 'Basic realm="shmwatch"')]
