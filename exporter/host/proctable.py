@@ -18,6 +18,13 @@ log = logging.getLogger(__name__)
 
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: kernel threads map no files
 RESERVED_PIDS = 300  # kernel/pid.c: after a wrap, pids start again above these
+# The kernel's fixed inode for the initial PID namespace (include/linux/proc_ns.h).
+INITIAL_PID_NAMESPACE = f"pid:[{0xEFFFFFFC}]"
+# Probing costs one pidfd_open per pid: fine in a pod's PID namespace, not a host's.
+MAX_PROBE_PIDS = 1 << 16
+# Kernels before 5.8 print hidepid=0/1/2(/4); later ones the names (fs/proc/root.c).
+HIDEPID_NAMES = {"0": "off", "1": "noaccess", "2": "invisible", "4": "ptraceable"}
+PidCounts = Optional[Tuple[int, int, int]]  # ns_last_pid, forks since boot, pid_max
 
 
 def parse_stat(text: str) -> Tuple[str, int, int]:
@@ -37,8 +44,7 @@ def parse_proc_cgroup(text: str) -> Dict[str, str]:
 
 
 def parse_meminfo(text: str) -> Dict[str, int]:
-    """'MemTotal:  24683568 kB' lines (meminfo, smaps_rollup) -> {'MemTotal': bytes}.
-    Malformed lines (smaps_rollup's first, of the mapping) are skipped."""
+    """'MemTotal:  24683568 kB' lines (meminfo, smaps_rollup) -> {'MemTotal': bytes}."""
     values: Dict[str, int] = {}
     for line in text.splitlines():
         key, _, rest = line.partition(":")
@@ -62,22 +68,11 @@ class Process:
 @dataclass(frozen=True)
 class ProcessWalk:
     processes: List[Process]
-    # Listed, but /proc/<pid>/stat could not be read (permission, hidepid=1).
-    unreadable: int
-    # Processes that exist but /proc does not list (hidepid); None: too many pids to probe.
-    invisible: Optional[int] = 0
+    unreadable: int  # listed, but stat could not be read (permission, hidepid=1)
+    invisible: Optional[int] = 0  # exist but not listed (hidepid); None: uncounted
     # False when /proc shows only shmwatch and its parents outside the initial PID
     # namespace (a sidecar without shareProcessNamespace): "no holder found" proves nothing.
     workload_visible: bool = True
-
-
-# The kernel's fixed inode for the initial PID namespace (PROC_PID_INIT_INO in
-# include/linux/proc_ns.h); a namespace made later gets another.
-INITIAL_PID_NAMESPACE = f"pid:[{0xEFFFFFFC}]"
-# Probing costs one pidfd_open per pid: fine in a pod's PID namespace, not a host's.
-MAX_PROBE_PIDS = 1 << 16
-# Kernels before 5.8 print hidepid=0/1/2(/4); later ones the names (fs/proc/root.c).
-HIDEPID_NAMES = {"0": "off", "1": "noaccess", "2": "invisible", "4": "ptraceable"}
 
 
 def parse_hidepid(options: str) -> str:
@@ -103,14 +98,13 @@ class ProcessTable:
         return last, int(read_text(self.paths.proc(*kernel, "pid_max")))
 
     def pids(self) -> List[int]:
-        """The pids /proc lists. Raises OSError when it cannot be listed at all."""
         return list(map(int, filter(str.isdigit, os.listdir(self.paths.procfs))))
 
     def identify_all(
         self, pids: Iterable[int], kernel_threads: Set[int]
     ) -> Tuple[List[Process], int]:
-        """(the user processes among `pids` still there, how many could not be read). Kernel
-        threads are added to `kernel_threads`, and those in it are not asked again."""
+        """(the user processes among `pids` still there, how many could not be read); kernel
+        threads join `kernel_threads`, which are not read again."""
         found, unreadable = [], 0
         for pid in sorted(set(pids) - kernel_threads):
             try:
@@ -146,15 +140,17 @@ class ProcessTable:
 
     def _workload_visible(self, found: List[Process]) -> bool:
         """Whether /proc is the initial PID namespace's (it lists every process there is), or
-        shows a process besides shmwatch and the processes that started it."""
-        own_ns = self.paths.proc("self", "ns", "pid")
-        # OSError: a fixture tree, or a procfs of a namespace we are not in.
+        shows a process besides shmwatch and the processes that started it. OSError: a
+        fixture tree, or the procfs of a namespace we are not in."""
         with suppress(OSError):
-            if os.readlink(own_ns) == INITIAL_PID_NAMESPACE:
+            if (
+                os.readlink(self.paths.proc("self", "ns", "pid"))
+                == INITIAL_PID_NAMESPACE
+            ):
                 return True
         try:
             own = int(os.readlink(self.paths.proc("self")))
-        except (OSError, ValueError):  # a fixture tree, or another namespace's procfs
+        except (OSError, ValueError):
             return bool(found)
         parents = {p.pid: p.ppid for p in found}
         ours, pid = set(), own
@@ -244,16 +240,14 @@ class ProcessTable:
         self.identify_all([2], kernel)
         return 2 in kernel
 
-    def smaps_rollup(self, pid: int) -> Dict[str, int]:
-        """Resident memory by kind (Pss_Anon, Pss_Shmem...); needs the access maps needs."""
-        return parse_meminfo(read_text(self.paths.proc(pid, "smaps_rollup")))
-
     def resident(self, processes: Sequence[Process]) -> int:
         """Proportional anonymous + file-backed resident bytes of `processes` (shm left out)."""
         total, unreadable = 0, []
         for proc in processes:
             try:
-                rollup = self.smaps_rollup(proc.pid)
+                rollup = parse_meminfo(
+                    read_text(self.paths.proc(proc.pid, "smaps_rollup"))
+                )
             except FileNotFoundError:
                 continue  # exited: it holds nothing now
             except OSError:
@@ -275,8 +269,7 @@ class ProcessTable:
     def maps(self, pid: int) -> str:
         return read_text(self.paths.proc(pid, "maps"))
 
-    def pid_counts(self) -> Optional[Tuple[int, int, int]]:
-        """(ns_last_pid, forks since boot, pid_max), for `pids_wrapped`; None when unread."""
+    def pid_counts(self) -> PidCounts:
         try:
             last_pid, pid_max = self.last_pid_and_max()
             stat = read_text(self.paths.proc("stat"))
@@ -290,9 +283,6 @@ class ProcessTable:
                     "at each inventory run (a pid it knows may be another process)"
                 )
             return None
-
-
-PidCounts = Optional[Tuple[int, int, int]]
 
 
 def pids_wrapped(last: PidCounts, now: PidCounts) -> bool:

@@ -47,11 +47,10 @@ class Holding:
     path: str
     deleted: bool
     extent: int = 0  # bytes the mapping reaches into the file
+    map_range: str = ""  # one mapping's "start-end", to stat it through map_files
     allocated: Optional[int] = None  # from fstat of the fd / map_files, when we could
     apparent: Optional[int] = None
     mtime: float = 0.0
-    # One mapping's "start-end", to stat it through /proc/<pid>/map_files.
-    map_range: str = ""
 
 
 @dataclass
@@ -66,8 +65,7 @@ class Owners:
     # Why 'held by nobody' is not proven, for the log: "process_api (pid 1, uid 0)", ...
     unproven: List[str] = field(default_factory=list)
     scanned: int = 0
-    # Every process walked (scoped scans).
-    processes: Dict[int, Process] = field(default_factory=dict)
+    processes: Dict[int, Process] = field(default_factory=dict)  # every one walked
     # pid -> the keys it holds (each once): a scoped scan replaces a pod's holdings by them.
     keys_of: Dict[int, List[Key]] = field(default_factory=dict)
     # pid -> pod UID of `processes` (once known) and holders.
@@ -83,8 +81,7 @@ class Owners:
             self.unproven.append(why)
 
     @property
-    def complete(self) -> bool:
-        """Every process that could hold a segment was inspected: 'held by nobody' is proven."""
+    def complete(self) -> bool:  # every process that could hold a segment was read
         return self.unverifiable == 0
 
 
@@ -112,13 +109,13 @@ def unheld_state(
     return "unverified" if at_full and not settled else unheld
 
 
-def add_names(book: Changes, mount: str, names: Optional[Set[str]]) -> None:
-    book[mount] = joined(book.get(mount, set()), names)
-
-
 def joined(a: Optional[Set[str]], b: Optional[Set[str]]) -> Optional[Set[str]]:
     """Two sets of names, where None is any name."""
     return None if a is None or b is None else a | b
+
+
+def add_names(book: Changes, mount: str, names: Optional[Set[str]]) -> None:
+    book[mount] = joined(book.get(mount, set()), names)
 
 
 def orphan_bytes(rows: Dict[str, int], names) -> Dict[str, Optional[int]]:
@@ -159,8 +156,7 @@ class ScanPace:
         self.cap, self.monotonic = cap, monotonic
         self.scanned_at = float("-inf")
         self._quiet = False  # nothing changed since the last scan
-        # What the last full scan found, to tell a change from: (each mount's device and
-        # statvfs figures, the holders, the (device, inode) keys held).
+        # The last full scan's (mounts' devices and statvfs figures, holders, keys held).
         self._seen: Optional[tuple] = None
 
     def due(self) -> bool:

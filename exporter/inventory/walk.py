@@ -8,6 +8,7 @@ MAX_ENTRIES entries it stops (`Listing.truncated`), and keeps the rows it did no
 
 import os
 import stat as stat_mod
+from collections import Counter
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
@@ -20,7 +21,7 @@ MAX_ENTRIES = 250_000  # a bound on one walk, so a hostile mount cannot stall us
 
 Key = Tuple[int, int]  # (st_dev, st_ino)
 Rows = Dict[str, int]  # path below the mount -> packed row (model.types.pack)
-Events = Dict[Tuple[str, str], int]  # (class, "created" | "deleted") -> count
+Events = Counter  # (class, "created" | "deleted") -> count
 
 _KINDS = {
     stat_mod.S_IFDIR: "directory",
@@ -52,26 +53,22 @@ def _update(listing: Listing, path: str, st: os.stat_result, events: Events) -> 
         cls, known = old & 31, old & KNOWN
     else:
         cls, known = CLASS_INDEX[classify(os.path.basename(path))], 0
-    flags = known | listing.parity
-    row = pack(cls, flags, st.st_ino, st.st_mtime, st.st_blocks, st.st_size)
+    row = pack(
+        cls, known | listing.parity, st.st_ino, st.st_mtime, st.st_blocks, st.st_size
+    )
     if row != old:
         listing.rows[path] = row
     if not same:
         if old is not None:
-            _count(events, old, "deleted")
-        _count(events, row, "created")
-
-
-def _count(events: Events, row: int, event: str) -> None:
-    key = (CLASS_NAMES[row & 31], event)
-    events[key] = events.get(key, 0) + 1
+            events[CLASS_NAMES[old & 31], "deleted"] += 1
+        events[CLASS_NAMES[row & 31], "created"] += 1
 
 
 def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
     """Brings the listing up to date: regular files by path (a hard-linked inode once),
     other entries by type; entries on another device or gone mid-walk are skipped.
     -> the files created and deleted since the last walk (a name on another inode: both)."""
-    events: Events = {}
+    events: Events = Counter()
     listing.parity ^= SEEN
     listing.others, listing.truncated, listing.degraded = {}, False, None
     rows, others = listing.rows, listing.others
@@ -127,7 +124,7 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
         if listing.degraded is None and len(rows) > cap:
             listing.degraded = _degrade(listing)
     for path in gone:
-        _count(events, rows.pop(path), "deleted")
+        events[CLASS_NAMES[rows.pop(path) & 31], "deleted"] += 1
     if len(gone) > len(rows):  # a dict keeps its size when emptied: a storm's, for good
         listing.rows = dict(rows)
     return events
@@ -173,7 +170,7 @@ def patch_listing(
 ) -> Events:
     """Brings the listing up to date for the top-level names that changed (inotify watches
     the top directory only; a change below it re-lists). -> created and deleted."""
-    events: Events = {}
+    events: Events = Counter()
     rows = listing.rows
     inodes: Optional[Dict[int, str]] = None  # made once, when a hard link asks
     for name in names:
@@ -183,7 +180,7 @@ def patch_listing(
             st = None  # deleted (or renamed away)
         if st is None or not stat_mod.S_ISREG(st.st_mode) or st.st_dev != dev:
             if name in rows:
-                _count(events, rows.pop(name), "deleted")
+                events[CLASS_NAMES[rows.pop(name) & 31], "deleted"] += 1
             continue
         if st.st_nlink > 1:  # a hard link to a listed inode counts once
             if inodes is None:
