@@ -48,9 +48,8 @@ class Holding:
     deleted: bool
     extent: int = 0  # bytes the mapping reaches into the file
     map_range: str = ""  # one mapping's "start-end", to stat it through map_files
-    allocated: Optional[int] = None  # from fstat of the fd / map_files, when we could
-    apparent: Optional[int] = None
-    mtime: float = 0.0
+    # (allocated, apparent, mtime) from fstat of the fd / map_files, when we could
+    sizes: Optional[Tuple[int, int, float]] = None
 
 
 @dataclass
@@ -88,8 +87,8 @@ class Owners:
 def unlinked_size(hs: List[Holding]) -> Tuple[int, int, float]:
     """(allocated, apparent, mtime) of an unlinked inode: from a stat where one was possible,
     else the furthest a mapping reaches."""
-    if best := next((h for h in hs if h.allocated is not None), None):
-        return best.allocated, best.apparent, best.mtime
+    if sizes := next((h.sizes for h in hs if h.sizes), None):
+        return sizes
     extent = max(h.extent for h in hs)
     return extent, extent, 0.0
 
@@ -124,16 +123,12 @@ def orphan_bytes(rows: Dict[str, int], names) -> Dict[str, Optional[int]]:
 
 
 def mounts_to_reread(
-    devs: Dict[str, int],
-    listings: Dict[str, tuple],
-    orphans: Dict[str, Set[str]],
-    doubted: Changes,
-    read_as: Dict[str, Dict[str, Optional[int]]],
+    devs: Dict[str, int], listings, orphans, doubted: Changes, read_as
 ) -> Optional[Dict[str, Set[str]]]:
-    """The mounts whose pods a refresh reads again, each with its files called leaked whose
-    pages were written since its pod was read (`read_as`; through a mapping: no event, but
-    they allocate), or with nothing when only an event named one (`doubted`). None: one in no
-    pod's mount, where only a full scan reads whoever may hold it."""
+    """The mounts whose pods a refresh reads again, each with its files called leaked (`orphans`)
+    whose pages were written since its pod was read (`read_as`: orphan_bytes then; through a
+    mapping: no event, but they allocate), or with nothing when only an event named one
+    (`doubted`). None: one in no pod's mount, where only a full scan reads whoever may hold it."""
     moved = {}
     for m in devs:
         was = read_as.get(m, {})

@@ -114,9 +114,7 @@ class WatchedMountIds:
         self.mounted_ids: Set[int] = set()
         self.mounted_devs: Set[str] = set()
 
-    def learn(
-        self, processes: Iterable[Process], devs: Set[int], again: bool = True
-    ) -> None:
+    def learn(self, processes: Iterable[Process], devs: Set[int], again=True) -> None:
         """Every namespace's watched mount IDs. An fd passed from another namespace is on a
         mount its holder's mountinfo does not list; IDs are unique across namespaces, so
         their union still tells. `again=False`: add `processes` to what was learnt."""

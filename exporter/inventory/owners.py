@@ -1,13 +1,12 @@
 """Who maps or holds open which inode of the watched mounts, and which memfd: one pass over /proc.
-
-Joined with the listing by (device, inode), never by path text. What is held but unlinked
-is a hidden segment, which `df` counts and `ls` does not (NCCL >= 2.19, UCX, torch). A memfd
-region is shmem charged like tmpfs that no mount shows; each holder's memory cgroup is read
-so the model can subtract them from the cgroup's shmem."""
+Joined with the listing by (device, inode), never by path text. What is held but unlinked is a
+hidden segment, which `df` counts and `ls` does not (NCCL >= 2.19, UCX, torch). A memfd region
+is shmem charged like tmpfs that no mount shows; each holder's memory cgroup is read so the
+model can subtract them from the cgroup's shmem."""
 
 import os
-import stat as stat_mod
 from contextlib import suppress
+from stat import S_ISREG
 from typing import Dict, Iterable, List, Optional, Pattern, Sequence, Set, Tuple
 
 from exporter.host.proctable import PidCounts, Process, ProcessTable, pids_wrapped
@@ -19,23 +18,18 @@ from exporter.inventory.walk import Key
 from exporter.model.classes import classify
 from exporter.model.types import Segment
 
-# memfd regions kept one by one per process (the largest); the rest by class: a tenant may
-# open thousands.
-MAX_MEMFDS = 64
+MAX_MEMFDS = 64  # memfds kept one by one per process; the rest by class (maybe 1000s)
+# A holder may fork and exit mid-scan: processes new since a pass are read in another, up to
+# this many; still new ones after that leave the scan unproven.
+MAX_PASSES = 4
 
 
 class OwnerScan:
     """Reads the maps and fds of the processes the table lists."""
 
-    # A holder may fork and exit mid-scan: processes new since a pass are read in another, up
-    # to this many; still new ones after that leave the scan unproven.
-    MAX_PASSES = 4
-
-    def __init__(
-        self, table: ProcessTable, ignore_unreadable: Optional[Pattern[str]] = None
-    ):
+    def __init__(self, table: ProcessTable, ignore_unreadable=None):
         self.table = table
-        self.ignore_unreadable = ignore_unreadable
+        self.ignore_unreadable: Optional[Pattern[str]] = ignore_unreadable
         self._mount_ids = WatchedMountIds(table.paths)
         self._kernel_threads: Set[int] = set()  # a refresh need not identify them again
         self._proc_root = table.paths.procfs.rstrip("/")
@@ -65,7 +59,7 @@ class OwnerScan:
         processes = walked.processes
         out.processes = {p.pid: p for p in processes}
         self._mount_ids.learn(processes, devs)
-        for _ in range(self.MAX_PASSES):
+        for _ in range(MAX_PASSES):
             self._scan(processes, devs, out)
             new = set()
             with suppress(OSError):
@@ -76,9 +70,7 @@ class OwnerScan:
             out.processes.update({p.pid: p for p in processes})
         else:
             out.unverifiable = None  # processes kept appearing: some were never read
-            out.unproven_because(
-                f"processes kept starting over {self.MAX_PASSES} passes"
-            )
+            out.unproven_because(f"processes kept starting over {MAX_PASSES} passes")
         out.folded = set()
         # Node mode: holders' pods, for the inventory and for refresh() once they exit.
         if pods:
@@ -130,15 +122,14 @@ class OwnerScan:
             self._mount_ids.learn(new, devs, again=False)
         else:  # a watched mount came or went
             self._mount_ids.learn(processes.values(), devs)
-        fresh = Owners()
+        fresh = Owners(unverifiable=unidentified)
         self._scan(scope, devs, fresh)
-        replaced = {pid for pid, pod in previous.pod_of.items() if pod in pods}
-        replaced |= {p.pid for p in scope}
-        unproven = previous.unproven + fresh.unproven
         if unidentified:
-            unproven.append(
+            fresh.unproven_because(
                 f"{unidentified} new process(es) whose stat could not be read"
             )
+        replaced = {pid for pid, pod in previous.pod_of.items() if pod in pods}
+        replaced |= {p.pid for p in scope}
         # The lists are shared with `previous`: those touched are made anew, never edited.
         holdings = dict(previous.holdings)
         for key in {key for pid in replaced for key in previous.keys_of.get(pid, ())}:
@@ -148,21 +139,20 @@ class OwnerScan:
                 del holdings[key]
         for key, hs in fresh.holdings.items():
             holdings[key] = holdings.get(key, []) + hs
-        by_pid = ("keys_of", "comms", "holders", "memfd_rest")
+        unproven = dict.fromkeys(
+            previous.unproven + fresh.unproven
+        )  # chained: no growth
         return Owners(
             holdings,
             unreadable=None if fresh.unreadable else previous.unreadable,
-            unverifiable=None
-            if fresh.unverifiable or unidentified
-            else previous.unverifiable,
-            # Scoped scans chain: no growth.
-            unproven=list(dict.fromkeys(unproven))[:MAX_UNPROVEN],
+            unverifiable=None if fresh.unverifiable else previous.unverifiable,
+            unproven=list(unproven)[:MAX_UNPROVEN],
             scanned=previous.scanned,
             processes=processes,
             pod_of=pod_of,
             **{
                 n: _replaced(getattr(previous, n), replaced, getattr(fresh, n))
-                for n in by_pid
+                for n in ("keys_of", "comms", "holders", "memfd_rest")
             },
         )
 
@@ -172,9 +162,7 @@ class OwnerScan:
             self._scan_one(proc, devs, tokens, out)
         self._fill_mapping_sizes(out.holdings)
 
-    def _scan_one(
-        self, proc: Process, devs: Set[int], tokens: DeviceTokens, out: Owners
-    ) -> None:
+    def _scan_one(self, proc: Process, devs: Set[int], tokens, out: Owners) -> None:
         """One process's maps and fds into `out`; counted unreadable when any was denied."""
         pid, mounted = proc.pid, self._mount_ids
         # Its namespace now, not as learn() found it: it may have entered another since.
@@ -218,10 +206,8 @@ class OwnerScan:
                 st = os.stat(link)
             except OSError:
                 continue
-            if (memfd or st.st_dev in devs) and stat_mod.S_ISREG(st.st_mode):
-                held = Holding(
-                    pid, target, target.endswith(DELETED), 0, "", *_sizes(st)
-                )
+            if (memfd or st.st_dev in devs) and S_ISREG(st.st_mode):
+                held = Holding(pid, target, target.endswith(DELETED), 0, "", _sizes(st))
                 _add(memfds if memfd else out, (st.st_dev, st.st_ino), held)
         held_here = pid in out.keys_of or memfds.holdings
         # The MAX_MEMFDS largest memfd regions join `out` one by one, the rest as counts and
@@ -261,14 +247,13 @@ class OwnerScan:
         """Deleted inodes held only by a mapping: stat through map_files (CAP_SYS_ADMIN);
         without it the mapping's extent stands in for the size."""
         for key, hs in holdings.items():
-            sized = any(h.allocated is not None for h in hs)
-            if sized or not any(h.deleted for h in hs):
+            if any(h.sizes for h in hs) or not any(h.deleted for h in hs):
                 continue
             for h in filter(lambda h: h.map_range, hs):
                 with suppress(OSError):
                     st = os.stat(self.table.paths.proc(h.pid, "map_files", h.map_range))
                     if (st.st_dev, st.st_ino) == key:
-                        h.allocated, h.apparent, h.mtime = _sizes(st)
+                        h.sizes = _sizes(st)
                         break
 
 
@@ -279,10 +264,7 @@ def _add(out: Owners, key: Key, new: Holding) -> None:
             h.extent = max(h.extent, new.extent)
             h.deleted |= new.deleted
             h.map_range = h.map_range or new.map_range
-            if new.allocated is not None:
-                h.allocated = new.allocated
-                h.apparent = new.apparent
-                h.mtime = new.mtime
+            h.sizes = new.sizes or h.sizes
             return
     out.holdings[key].append(new)
     out.keys_of.setdefault(new.pid, []).append(key)

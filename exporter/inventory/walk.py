@@ -7,10 +7,10 @@ Past `cap` files a walk keeps only counts and bytes by class (`Listing.degraded`
 MAX_ENTRIES entries it stops (`Listing.truncated`), and keeps the rows it did not reach."""
 
 import os
-import stat as stat_mod
 from collections import Counter
 from contextlib import suppress
 from dataclasses import dataclass, field
+from stat import S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFSOCK, S_ISDIR, S_ISREG
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from exporter.model.classes import CLASS_NAMES, classify
@@ -23,12 +23,7 @@ Key = Tuple[int, int]  # (st_dev, st_ino)
 Rows = Dict[str, int]  # path below the mount -> packed row (model.types.pack)
 Events = Counter  # (class, "created" | "deleted") -> count
 
-_KINDS = {
-    stat_mod.S_IFDIR: "directory",
-    stat_mod.S_IFLNK: "symlink",
-    stat_mod.S_IFIFO: "fifo",
-    stat_mod.S_IFSOCK: "socket",
-}
+_KINDS = {S_IFDIR: "directory", S_IFLNK: "symlink", S_IFIFO: "fifo", S_IFSOCK: "socket"}
 CLASS_INDEX = {name: i for i, name in enumerate(CLASS_NAMES)}
 
 
@@ -98,7 +93,7 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
                     continue  # deleted between readdir and lstat
                 if st.st_dev != dev:
                     continue  # something mounted inside: not this mount's
-                if stat_mod.S_ISREG(st.st_mode):
+                if S_ISREG(st.st_mode):
                     if st.st_nlink > 1:
                         if st.st_ino in linked:
                             continue
@@ -112,9 +107,9 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
                     else:
                         _update(listing, prefix + entry.name, st, events)
                     continue
-                kind = _KINDS.get(stat_mod.S_IFMT(st.st_mode), "device")
+                kind = _KINDS.get(S_IFMT(st.st_mode), "device")
                 others[kind] = others.get(kind, 0) + 1
-                if stat_mod.S_ISDIR(st.st_mode) and len(names) < MAX_DEPTH:
+                if S_ISDIR(st.st_mode) and len(names) < MAX_DEPTH:
                     stack.append(names + (entry.name,))
         os.close(fd)
     gone = [p for p, row in rows.items() if row & SEEN != listing.parity]
@@ -165,9 +160,7 @@ def _open_below(root: str, names: Tuple[str, ...], dev: int) -> Optional[int]:
     return None
 
 
-def patch_listing(
-    root: str, dev: int, listing: Listing, names: Iterable[str]
-) -> Events:
+def patch_listing(root: str, dev: int, listing: Listing, names: Iterable) -> Events:
     """Brings the listing up to date for the top-level names that changed (inotify watches
     the top directory only; a change below it re-lists). -> created and deleted."""
     events: Events = Counter()
@@ -178,7 +171,7 @@ def patch_listing(
             st = os.lstat(os.path.join(root, name))
         except OSError:
             st = None  # deleted (or renamed away)
-        if st is None or not stat_mod.S_ISREG(st.st_mode) or st.st_dev != dev:
+        if st is None or not S_ISREG(st.st_mode) or st.st_dev != dev:
             if name in rows:
                 events[CLASS_NAMES[rows.pop(name) & 31], "deleted"] += 1
             continue
@@ -205,7 +198,7 @@ def directories(host, table, mounts) -> Tuple[Dict[str, int], Dict[str, str]]:
         except OSError as err:
             errors[mount] = err.strerror or str(err)
             continue
-        if stat_mod.S_ISDIR(st.st_mode):
+        if S_ISDIR(st.st_mode):
             devs[mount] = st.st_dev
         else:
             errors[mount] = "not a directory"
