@@ -207,7 +207,6 @@ class ProcessTable:
             return handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
 
     def find(self, pattern: Pattern[str], exclude: int = -1) -> Optional[int]:
-        """The lowest pid whose comm or command line matches `pattern`."""
         with suppress(OSError):
             for pid in sorted(set(self.pids()) - {exclude}):
                 with suppress(OSError):
@@ -245,14 +244,13 @@ class ProcessTable:
         total, unreadable = 0, []
         for proc in processes:
             try:
-                rollup = parse_meminfo(
-                    read_text(self.paths.proc(proc.pid, "smaps_rollup"))
-                )
+                text = read_text(self.paths.proc(proc.pid, "smaps_rollup"))
             except FileNotFoundError:
                 continue  # exited: it holds nothing now
             except OSError:
                 unreadable.append(f"{proc.comm}[{proc.pid}]")
                 continue
+            rollup = parse_meminfo(text)
             if "Pss_Anon" in rollup:
                 total += rollup["Pss_Anon"] + rollup.get("Pss_File", 0)
             else:  # before Linux 5.? smaps_rollup has no Pss_Anon: Pss less what is shm

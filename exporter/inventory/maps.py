@@ -105,23 +105,19 @@ class WatchedMountIds:
 
     def __init__(self, paths: Paths):
         self.paths = paths
-        self._ns_mounts: Dict[str, Namespace] = {}
-        self._ns_of: Dict[int, str] = {}
-        self.union: Set[int] = set()  # every namespace's IDs (learn)
-        self.learned_devs: Set[int] = set()  # the watched devices they were learnt for
-        # Every mount ID and device of the namespaces read: a memfd's (the kernel's internal
-        # shm mount) is none of them; a tenant's file at /memfd:x is on one.
-        self.mounted_ids: Set[int] = set()
-        self.mounted_devs: Set[str] = set()
+        self.learn((), set())
 
     def learn(self, processes: Iterable[Process], devs: Set[int], again=True) -> None:
-        """Every namespace's watched mount IDs. An fd passed from another namespace is on a
-        mount its holder's mountinfo does not list; IDs are unique across namespaces, so
-        their union still tells. `again=False`: add `processes` to what was learnt."""
+        """Every namespace's watched mount IDs (`union`). An fd passed from another namespace
+        is on a mount its holder's mountinfo does not list; IDs are unique across namespaces,
+        so their union still tells. `again=False`: add `processes` to what was learnt."""
         if again:
-            self._ns_mounts, self._ns_of = {}, {}
+            self._ns_mounts: Dict[str, Namespace] = {}
+            self._ns_of: Dict[int, str] = {}  # pid -> its mount namespace
+            self.learned_devs = set(devs)  # the watched devices the IDs were learnt for
+            # And every mount ID and device of the namespaces read: a memfd's (the kernel's
+            # internal shm mount) is none of them; a tenant's file at /memfd:x is on one.
             self.union, self.mounted_ids, self.mounted_devs = set(), set(), set()
-            self.learned_devs = set(devs)
         for proc in processes:
             self.union |= self.of(proc.pid, devs) or set()
 

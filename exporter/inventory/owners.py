@@ -139,9 +139,8 @@ class OwnerScan:
                 del holdings[key]
         for key, hs in fresh.holdings.items():
             holdings[key] = holdings.get(key, []) + hs
-        unproven = dict.fromkeys(
-            previous.unproven + fresh.unproven
-        )  # chained: no growth
+        # Refreshes chain: the reasons are deduplicated and bounded.
+        unproven = dict.fromkeys(previous.unproven + fresh.unproven)
         return Owners(
             holdings,
             unreadable=None if fresh.unreadable else previous.unreadable,

@@ -73,14 +73,10 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
     stack: List[Tuple[str, ...]] = [()]  # sub-directories, as names below the root
     while stack and not listing.truncated:
         names = stack.pop()
-        if (fd := _open_below(root, names, dev)) is None:
+        if (opened := _open_below(root, names, dev)) is None:
             continue
+        fd, entries = opened
         prefix = "".join(n + "/" for n in names)
-        try:
-            entries = os.scandir(fd)
-        except OSError:
-            os.close(fd)
-            continue
         with entries:
             for entry in entries:
                 seen += 1
@@ -144,9 +140,9 @@ def _degrade(listing: Listing) -> Dict[str, Tuple[int, int, int]]:
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
-def _open_below(root: str, names: Tuple[str, ...], dev: int) -> Optional[int]:
-    """A directory below the root opened one name at a time, never through a symlink (one
-    swapped in since our lstat fails here); None when it cannot be opened."""
+def _open_below(root: str, names: Tuple[str, ...], dev: int) -> Optional[tuple]:
+    """(fd, scandir) of a directory below the root opened one name at a time, never through a
+    symlink (one swapped in since our lstat fails here); None when it cannot be opened."""
     fd = None
     with suppress(OSError):
         for name in (root, *names):
@@ -154,7 +150,7 @@ def _open_below(root: str, names: Tuple[str, ...], dev: int) -> Optional[int]:
             if parent is not None:
                 os.close(parent)
         if os.fstat(fd).st_dev == dev:  # else something mounted over it since we looked
-            return fd
+            return fd, os.scandir(fd)
     if fd is not None:
         os.close(fd)
     return None
