@@ -142,11 +142,9 @@ class ProcessTable:
         """Whether /proc is the initial PID namespace's (it lists every process there is), or
         shows a process besides shmwatch and the processes that started it. OSError: a
         fixture tree, or the procfs of a namespace we are not in."""
+        own_ns = self.paths.proc("self", "ns", "pid")
         with suppress(OSError):
-            if (
-                os.readlink(self.paths.proc("self", "ns", "pid"))
-                == INITIAL_PID_NAMESPACE
-            ):
+            if os.readlink(own_ns) == INITIAL_PID_NAMESPACE:
                 return True
         try:
             own = int(os.readlink(self.paths.proc("self")))

@@ -104,9 +104,8 @@ class OwnerScan:
             alive - previous.processes.keys(), self._kernel_threads
         )
         processes = _replaced(previous.processes, gone, {p.pid: p for p in new})
-        # Each process's pod, looked up once: every one's when pods are read again, else the
-        # new ones'. A holder that exited keeps its pod while its holdings carry over, so the
-        # next scan of its pod drops them. A pid handed on is new.
+        # A holder that exited keeps its pod while its holdings carry over, so the next scan
+        # of its pod drops them. A pid handed on is new.
         stale = previous.pod_of.keys() - processes.keys() - previous.holders.keys()
         pod_of = _replaced(previous.pod_of, stale | {p.pid for p in new})
         unknown = processes.keys() - pod_of.keys() if pods else [p.pid for p in new]

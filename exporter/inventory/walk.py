@@ -1,6 +1,5 @@
 """Listing a shm mount with lstat only, and patching a listing with the names that changed.
 Only directories are opened, never through a symlink; other entries are only counted.
-
 A listing keeps each regular file as one packed int under its path below the mount (a
 name alone collides across sub-directories): a leak storm of 100,000 files costs ~15 MB.
 Past `cap` files a walk keeps only counts and bytes by class (`Listing.degraded`); past
@@ -48,9 +47,8 @@ def _update(listing: Listing, path: str, st: os.stat_result, events: Events) -> 
         cls, known = old & 31, old & KNOWN
     else:
         cls, known = CLASS_INDEX[classify(os.path.basename(path))], 0
-    row = pack(
-        cls, known | listing.parity, st.st_ino, st.st_mtime, st.st_blocks, st.st_size
-    )
+    flags = known | listing.parity
+    row = pack(cls, flags, st.st_ino, st.st_mtime, st.st_blocks, st.st_size)
     if row != old:
         listing.rows[path] = row
     if not same:
@@ -65,7 +63,7 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
     -> the files created and deleted since the last walk (a name on another inode: both)."""
     events: Events = Counter()
     listing.parity ^= SEEN
-    listing.others, listing.truncated, listing.degraded = {}, False, None
+    listing.others, listing.truncated, listing.degraded = Counter(), False, None
     rows, others = listing.rows, listing.others
     linked: set = set()  # inodes with more than one name, seen
     # Entries, and regular files, met by this walk (not rows gone since).
@@ -103,8 +101,7 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
                     else:
                         _update(listing, prefix + entry.name, st, events)
                     continue
-                kind = _KINDS.get(S_IFMT(st.st_mode), "device")
-                others[kind] = others.get(kind, 0) + 1
+                others[_KINDS.get(S_IFMT(st.st_mode), "device")] += 1
                 if S_ISDIR(st.st_mode) and len(names) < MAX_DEPTH:
                     stack.append(names + (entry.name,))
         os.close(fd)
