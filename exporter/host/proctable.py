@@ -140,15 +140,14 @@ class ProcessTable:
 
     def _workload_visible(self, found: List[Process]) -> bool:
         """Whether /proc is the initial PID namespace's (it lists every process there is), or
-        shows a process besides shmwatch and the processes that started it. OSError: a
-        fixture tree, or the procfs of a namespace we are not in."""
+        shows a process besides shmwatch and the processes that started it."""
         own_ns = self.paths.proc("self", "ns", "pid")
         with suppress(OSError):
             if os.readlink(own_ns) == INITIAL_PID_NAMESPACE:
                 return True
         try:
             own = int(os.readlink(self.paths.proc("self")))
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # a fixture tree, or another namespace's procfs
             return bool(found)
         parents = {p.pid: p.ppid for p in found}
         ours, pid = set(), own

@@ -26,17 +26,14 @@ class UnprovenLog:
 
     def say(self, owners: "Owners") -> None:
         said = tuple(sorted({re.sub(r"\d+", "#", why) for why in owners.unproven}))
-        self._said.say(
-            "unproven",
-            "segments held by no readable process are 'unverified', not 'orphan': could not "
-            f"read {'; '.join(owners.unproven[:MAX_UNPROVEN])} (--segments.ignore-unreadable "
-            "excuses root's processes by name)"
-            if said
-            else None,
-            logging.INFO,
-            back="every process could be read: segments held by nobody are orphans again",
-            same=said,
+        reasons = "; ".join(owners.unproven[:MAX_UNPROVEN])
+        message = (
+            "segments held by no readable process are 'unverified', not 'orphan': could "
+            f"not read {reasons} (--segments.ignore-unreadable excuses root's processes "
+            "by name)"
         )
+        back = "every process could be read: segments held by nobody are orphans again"
+        self._said.say("unproven", message if said else None, logging.INFO, back, said)
 
 
 @dataclass(slots=True)
@@ -141,10 +138,9 @@ def mounts_to_reread(
 
 class ScanPace:
     """Node mode: when every process is read again (the full owner scan, which alone may call
-    a segment leaked). As cAdvisor's housekeeping does, its interval doubles after a scan that
-    found nothing changed since the one before (no segment created, deleted or written, no
-    mount come, gone or moved, the same holders, none called leaked), up to `cap` times the
-    base, and is back to the base on any change."""
+    a segment leaked). As cAdvisor's housekeeping, its interval doubles after a scan that found
+    nothing changed (no segment created, deleted or written, no mount come, gone or moved, the
+    same holders), up to `cap` times the base, and is back to the base on any change."""
 
     def __init__(self, base: float, cap: int, monotonic: Callable[[], float]):
         self.base = self.every = base

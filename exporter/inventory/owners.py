@@ -1,8 +1,7 @@
-"""Who maps or holds open which inode of the watched mounts, and which memfd: one pass over /proc.
-Joined with the listing by (device, inode), never by path text. What is held but unlinked is a
+"""Who maps or holds open which inode of the watched mounts, and which memfd: one pass over
+/proc, joined with the listing by (device, inode), never by path text. Held but unlinked is a
 hidden segment, which `df` counts and `ls` does not (NCCL >= 2.19, UCX, torch). A memfd region
-is shmem charged like tmpfs that no mount shows; each holder's memory cgroup is read so the
-model can subtract them from the cgroup's shmem."""
+is shmem no mount shows; its holders' memory cgroups are read to subtract it from their shmem."""
 
 import os
 from contextlib import suppress
@@ -19,9 +18,7 @@ from exporter.model.classes import classify
 from exporter.model.types import Segment
 
 MAX_MEMFDS = 64  # memfds kept one by one per process; the rest by class (maybe 1000s)
-# A holder may fork and exit mid-scan: processes new since a pass are read in another, up to
-# this many; still new ones after that leave the scan unproven.
-MAX_PASSES = 4
+MAX_PASSES = 4  # passes over new processes: a holder may fork and exit mid-scan
 
 
 class OwnerScan:
@@ -34,6 +31,7 @@ class OwnerScan:
         self._kernel_threads: Set[int] = set()  # a refresh need not identify them again
         self._proc_root = table.paths.procfs.rstrip("/")
         self._pid_counts: PidCounts = None  # at the last scan or refresh
+        self._cgroup_of: Dict[tuple, str] = {}  # (pid, start time) -> memory cgroup
 
     def scan(self, devs: Set[int], pods: bool = False) -> Owners:
         # A refresh trusts what it knows of a pid until pids wrap: from here on.
@@ -154,6 +152,31 @@ class OwnerScan:
             },
         )
 
+    def memfd_regions(self, owners: Owners) -> Tuple[List[Segment], Dict[int, str]]:
+        """(the regions held one by one, the memory cgroup of each holder of those and of
+        those counted by class: read once per pid and start time)."""
+        regions = []
+        for key, hs in owners.holdings.items():
+            if (name := memfd_name(hs[0].path)) is not None:
+                pids = tuple(sorted({h.pid for h in hs}))
+                size = unlinked_size(hs)
+                regions.append(
+                    Segment(name, classify(name), "hidden", *size, pids, key)
+                )
+        out, known = {}, {}
+        holders = {pid for region in regions for pid in region.holders}
+        for pid in holders | owners.memfd_rest.keys():
+            proc = owners.holders.get(pid)
+            ident = (pid, proc.start_time if proc else None)
+            if (path := self._cgroup_of.get(ident)) is None:
+                with suppress(OSError):
+                    cgroups = self.table.cgroups(pid)
+                    path = cgroups.get("memory", cgroups.get(""))
+            if path is not None:
+                out[pid] = known[ident] = path
+        self._cgroup_of = known
+        return regions, out
+
     def _scan(self, processes: Sequence[Process], devs: Set[int], out: Owners) -> None:
         tokens = DeviceTokens({dev_token(d): d for d in devs})
         for proc in processes:
@@ -208,8 +231,7 @@ class OwnerScan:
                 held = Holding(pid, target, target.endswith(DELETED), 0, "", _sizes(st))
                 _add(memfds if memfd else out, (st.st_dev, st.st_ino), held)
         held_here = pid in out.keys_of or memfds.holdings
-        # The MAX_MEMFDS largest memfd regions join `out` one by one, the rest as counts and
-        # bytes by class. A region counts once: in the totals of the first process read.
+        # A region folded counts once: in the totals of the first process that holds it.
         regions = memfds.holdings
         if len(regions) > MAX_MEMFDS:
             self._fill_mapping_sizes(regions)  # the bytes folded are final
@@ -281,34 +303,3 @@ def _replaced(old: dict, gone: Iterable, new: Optional[dict] = None) -> dict:
         out.pop(key, None)
     out.update(new or ())
     return out
-
-
-class MemfdRegions:
-    def __init__(self, table: ProcessTable):
-        self.table = table
-        self._cgroup_of: Dict[tuple, str] = {}  # (pid, start time) -> memory cgroup
-
-    def of(self, owners: Owners) -> Tuple[List[Segment], Dict[int, str]]:
-        """(the regions held one by one, the memory cgroup of each holder of those and of
-        those counted by class: read once per pid and start time)."""
-        regions = []
-        for key, hs in owners.holdings.items():
-            if (name := memfd_name(hs[0].path)) is not None:
-                pids = tuple(sorted({h.pid for h in hs}))
-                size = unlinked_size(hs)
-                regions.append(
-                    Segment(name, classify(name), "hidden", *size, pids, key)
-                )
-        out, known = {}, {}
-        holders = {pid for region in regions for pid in region.holders}
-        for pid in holders | owners.memfd_rest.keys():
-            proc = owners.holders.get(pid)
-            ident = (pid, proc.start_time if proc else None)
-            if (path := self._cgroup_of.get(ident)) is None:
-                with suppress(OSError):
-                    cgroups = self.table.cgroups(pid)
-                    path = cgroups.get("memory", cgroups.get(""))
-            if path is not None:
-                out[pid] = known[ident] = path
-        self._cgroup_of = known
-        return regions, out

@@ -183,15 +183,14 @@ def directories(host, table, mounts) -> Tuple[Dict[str, int], Dict[str, str]]:
     `table` (host.mountinfo.MountTable) tells which are still mount points."""
     devs, errors = {}, {}
     for mount in mounts:
-        if table.gone(mount):  # its directory on the disk beneath is not ours
-            errors[mount] = "not a mount point"
-            continue
         try:
-            st = os.stat(host(mount))
+            st = None if table.gone(mount) else os.stat(host(mount))
         except OSError as err:
             errors[mount] = err.strerror or str(err)
             continue
-        if S_ISDIR(st.st_mode):
+        if st is None:  # its directory on the disk beneath is not ours
+            errors[mount] = "not a mount point"
+        elif S_ISDIR(st.st_mode):
             devs[mount] = st.st_dev
         else:
             errors[mount] = "not a directory"
