@@ -10,9 +10,8 @@ from typing import Dict, Iterable, List, Optional, Pattern, Sequence, Set, Tuple
 
 from exporter.host.proctable import PidCounts, Process, ProcessTable, pids_wrapped
 from exporter.inventory.holdings import MAX_UNPROVEN, Holding, Owners, unlinked_size
-from exporter.inventory.maps import DELETED, DENIED, NO_MNT_ID, DeviceTokens
-from exporter.inventory.maps import WatchedMountIds, dev_token, memfd_name
-from exporter.inventory.maps import parse_maps, parse_memfd
+from exporter.inventory.maps import DELETED, DENIED, NO_MNT_ID, DeviceTokens, dev_token
+from exporter.inventory.maps import WatchedMountIds, memfd_name, parse_maps, parse_memfd
 from exporter.inventory.walk import Key
 from exporter.model.classes import classify
 from exporter.model.types import Segment
@@ -101,19 +100,15 @@ class OwnerScan:
         new, unidentified = self.table.identify_all(
             alive - previous.processes.keys(), self._kernel_threads
         )
-        processes = _replaced(previous.processes, gone, {p.pid: p for p in new})
+        born = {p.pid: p for p in new}
+        processes = _replaced(previous.processes, gone, born)
         # A holder that exited keeps its pod while its holdings carry over, so the next scan
         # of its pod drops them. A pid handed on is new.
         stale = previous.pod_of.keys() - processes.keys() - previous.holders.keys()
-        pod_of = _replaced(previous.pod_of, stale | {p.pid for p in new})
-        unknown = processes.keys() - pod_of.keys() if pods else [p.pid for p in new]
+        pod_of = _replaced(previous.pod_of, stale | born.keys())
+        unknown = processes.keys() - pod_of.keys() if pods else born
         pod_of.update({pid: self.table.pod_uid(processes[pid]) for pid in unknown})
-        scope = [
-            p
-            for pid, pod in pod_of.items()
-            if pod in pods and (p := processes.get(pid)) is not None
-        ]
-        scope += [p for p in new if pod_of.get(p.pid) not in pods]
+        scope = [p for i, p in processes.items() if i in born or pod_of.get(i) in pods]
         if devs == self._mount_ids.learned_devs:
             self._mount_ids.forget(gone)
             self._mount_ids.learn(new, devs, again=False)
