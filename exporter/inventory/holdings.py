@@ -64,12 +64,23 @@ class Owners:
     processes: Dict[int, Process] = field(default_factory=dict)  # every one walked
     # pid -> the keys it holds (each once): a scoped scan replaces a pod's holdings by them.
     keys_of: Dict[int, List[Key]] = field(default_factory=dict)
-    # pid -> pod UID of `processes` (once known) and holders.
-    pod_of: Dict[int, str] = field(default_factory=dict)
+    pod_of: Dict[int, str] = field(default_factory=dict)  # pid -> pod UID, once known
     # pid -> class -> (count, allocated) of its memfd regions past the largest MAX_MEMFDS
     # (owners.py), and while a scan runs the keys counted so.
     memfd_rest: Dict[int, Dict[str, Tuple[int, int]]] = field(default_factory=dict)
     folded: Set[Key] = field(default_factory=set)
+
+    def hold(self, key: Key, new: Holding) -> None:
+        """Record `new`, merged into the process's hold on `key` if it has one already."""
+        for h in self.holdings.setdefault(key, []):
+            if h.pid == new.pid:
+                h.extent = max(h.extent, new.extent)
+                h.deleted |= new.deleted
+                h.map_range = h.map_range or new.map_range
+                h.sizes = new.sizes or h.sizes
+                return
+        self.holdings[key].append(new)
+        self.keys_of.setdefault(new.pid, []).append(key)
 
     def unproven_because(self, why: str) -> None:
         # Bounded: thousands of processes are unreadable under hidepid=1.
@@ -148,7 +159,7 @@ class ScanPace:
         self.scanned_at = float("-inf")
         self._quiet = False  # nothing changed since the last scan
         # The last full scan's (mounts' devices and statvfs figures, holders, keys held).
-        self._seen: Optional[tuple] = None
+        self._seen: tuple = (None, None, None)
 
     def due(self) -> bool:
         return self.monotonic() - self.scanned_at >= self.every
@@ -157,13 +168,11 @@ class ScanPace:
         self._quiet, self.every = False, self.base
 
     def _same(self, owners: Owners) -> bool:
-        seen = self._seen
-        return seen is not None and seen[1:] == (owners.holders, owners.holdings.keys())
+        return self._seen[1:] == (owners.holders, owners.holdings.keys())
 
     def look(self, mounts: tuple, owners: Optional[Owners] = None) -> None:
         """A full run's mounts, and a refresh's owners: a change from the last scan's?"""
-        seen = self._seen
-        if not seen or seen[0] != mounts or owners and not self._same(owners):
+        if self._seen[0] != mounts or owners and not self._same(owners):
             self.changed()
 
     def scanned(

@@ -36,23 +36,22 @@ class OwnerScan:
         # A refresh trusts what it knows of a pid until pids wrap: from here on.
         self._pid_counts = self.table.pid_counts()
         walked = self.table.walk()
+        unread, hidden = walked.unreadable, walked.invisible
         # Whoever we could not even identify, or cannot see, could hold anything.
-        counted = walked.unreadable + (walked.invisible or 0)
+        counted = unread + (hidden or 0)
         out = Owners(unreadable=counted, unverifiable=counted)
-        if walked.unreadable:
-            out.unproven_because(
-                f"{walked.unreadable} process(es) whose stat could not be read"
-            )
-        if walked.invisible is None or not walked.workload_visible:
+        if unread:
+            out.unproven_because(f"{unread} process(es) whose stat could not be read")
+        if hidden is None or not walked.workload_visible:
             out.unreadable = out.unverifiable = None
             out.unproven_because(
                 "hidden processes (hidepid), uncounted"
-                if walked.invisible is None
+                if hidden is None
                 else "the workload's processes: only shmwatch and its parents are visible "
                 "(a PID namespace of its own)"
             )
-        elif walked.invisible:
-            out.unproven_because(f"{walked.invisible} process(es) hidden by hidepid")
+        elif hidden:
+            out.unproven_because(f"{hidden} process(es) hidden by hidepid")
         processes = walked.processes
         out.processes = {p.pid: p for p in processes}
         self._mount_ids.learn(processes, devs)
@@ -196,7 +195,7 @@ class OwnerScan:
         for into, lines in ((out, parse_maps(text, tokens)), (memfds, found)):
             for dev, inode, path, extent, span in lines:
                 held = Holding(pid, path, path.endswith(DELETED), extent, span)
-                _add(into, (dev, inode), held)
+                into.hold((dev, inode), held)
         fd_dir = f"{self._proc_root}/{pid}/fd"  # not Paths.proc: thousands per scan
         fds: List[str] = []
         # With its mountinfo read (an fd may come from another namespace's mount).
@@ -224,7 +223,7 @@ class OwnerScan:
                 continue
             if (memfd or st.st_dev in devs) and S_ISREG(st.st_mode):
                 held = Holding(pid, target, target.endswith(DELETED), 0, "", _sizes(st))
-                _add(memfds if memfd else out, (st.st_dev, st.st_ino), held)
+                (memfds if memfd else out).hold((st.st_dev, st.st_ino), held)
         held_here = pid in out.keys_of or memfds.holdings
         # A region folded counts once: in the totals of the first process that holds it.
         regions = memfds.holdings
@@ -242,7 +241,7 @@ class OwnerScan:
             out.memfd_rest[pid] = rest
         for key, (h,) in regions.items():
             if key not in out.folded:
-                _add(out, key, h)
+                out.hold(key, h)
         out.scanned += 1
         if denied and out.unreadable is not None:
             out.unreadable += 1
@@ -270,19 +269,6 @@ class OwnerScan:
                     if (st.st_dev, st.st_ino) == key:
                         h.sizes = _sizes(st)
                         break
-
-
-def _add(out: Owners, key: Key, new: Holding) -> None:
-    """Record `new`, merged into the process's hold on `key` if it has one already."""
-    for h in out.holdings.setdefault(key, []):
-        if h.pid == new.pid:
-            h.extent = max(h.extent, new.extent)
-            h.deleted |= new.deleted
-            h.map_range = h.map_range or new.map_range
-            h.sizes = new.sizes or h.sizes
-            return
-    out.holdings[key].append(new)
-    out.keys_of.setdefault(new.pid, []).append(key)
 
 
 def _sizes(st: os.stat_result) -> Tuple[int, int, float]:
