@@ -100,9 +100,7 @@ class ProcessTable:
     def pids(self) -> List[int]:
         return list(map(int, filter(str.isdigit, os.listdir(self.paths.procfs))))
 
-    def identify_all(
-        self, pids: Iterable[int], kernel_threads: Set[int]
-    ) -> Tuple[List[Process], int]:
+    def identify_all(self, pids: Iterable[int], kernel_threads: Set[int]) -> tuple:
         """(the user processes among `pids` still there, how many could not be read); kernel
         threads join `kernel_threads`, which are not read again."""
         found, unreadable = [], 0

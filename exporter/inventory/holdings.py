@@ -175,9 +175,7 @@ class ScanPace:
         if self._seen[0] != mounts or owners and not self._same(owners):
             self.changed()
 
-    def scanned(
-        self, mounts: tuple, owners: Owners, *, quiet: bool, stretch: bool
-    ) -> None:
+    def scanned(self, mounts: tuple, owners: Owners, *, quiet: bool, stretch: bool):
         """`quiet`: nothing changed while it read /proc; `stretch`: inotify watches every
         mount and nothing is called leaked (one a process attaches to without writing is
         seen by a full scan only)."""

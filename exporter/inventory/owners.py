@@ -93,12 +93,11 @@ class OwnerScan:
                 pods.add(pod)
             elif any(key[0] in devs for key in previous.keys_of.get(pid, ())):
                 return None  # (a memfd alone, as runc's, waits for the next full scan)
-        gone = previous.processes.keys() - alive
+        known = previous.processes.keys()
+        gone = known - alive
         self._kernel_threads &= alive
         # A new process we cannot read (unidentified) could hold anything.
-        new, unidentified = self.table.identify_all(
-            alive - previous.processes.keys(), self._kernel_threads
-        )
+        new, unidentified = self.table.identify_all(alive - known, self._kernel_threads)
         born = {p.pid: p for p in new}
         processes = _replaced(previous.processes, gone, born)
         # A holder that exited keeps its pod while its holdings carry over, so the next scan
