@@ -88,8 +88,7 @@ class ProcessTable:
     def __init__(self, paths: Paths):
         self.paths = paths
         self._lock = threading.Lock()
-        # (pid, start time) -> pod UID ('' when none); a process never changes pod.
-        self._pods: Dict[Tuple[int, int], str] = {}
+        self._pods: Dict[Tuple[int, int], str] = {}  # (pid, start time) -> pod UID
 
     def last_pid_and_max(self) -> Tuple[int, int]:
         # ns_last_pid needs CONFIG_CHECKPOINT_RESTORE
