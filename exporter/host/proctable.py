@@ -7,7 +7,6 @@ import os
 import threading
 from contextlib import suppress
 from dataclasses import dataclass
-from itertools import filterfalse
 from typing import Dict, Iterable, List, Optional, Pattern, Sequence, Set, Tuple
 
 from exporter.host.kube import pod_uid_in_cgroup
@@ -181,7 +180,7 @@ class ProcessTable:
         else:
             return None  # wrapped, or too many to probe: hidden processes may exist, uncounted
         hidden = 0
-        for pid in filterfalse(listed.__contains__, range(1, top + 1)):
+        for pid in (p for p in range(1, top + 1) if p not in listed):
             try:
                 os.close(probe(pid))
             except OSError as err:

@@ -109,11 +109,10 @@ def unheld_state(
     scan read /proc, on the device the mount had then) is taken as held by its creator after a
     quick run, unverified after a refresh. `settled`: a full scan this run, which alone may call
     leaked one held at the last (`held_at_full`) or changed since its pod was read (`doubted`)."""
-    unheld = "orphan" if complete else "unverified"
     if not (settled or full_dev == key[0] and row & KNOWN):
         return "linked" if quick else "unverified"  # `settled` makes every row known
     at_full = doubted is None or name in doubted or key in held_at_full
-    return "unverified" if at_full and not settled else unheld
+    return "orphan" if complete and (settled or not at_full) else "unverified"
 
 
 def joined(a: Optional[Set[str]], b: Optional[Set[str]]) -> Optional[Set[str]]:

@@ -6,8 +6,7 @@ NFS mount blocks for good)."""
 import errno
 import os
 import re
-from typing import Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Set
-from typing import Tuple
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from exporter.host.mountinfo import parse_mountinfo
 from exporter.host.paths import Paths, read_text
@@ -34,7 +33,7 @@ class DeviceTokens(Dict[str, int]):
         self.find = re.compile("|".join(map(re.escape, tokens)) or "(?!)").search
 
 
-def _fields(text: str, search: Callable) -> Iterator[Tuple[List[str], str]]:
+def _fields(text: str, search: Callable) -> Iterable[Tuple[List[str], str]]:
     """(fields, match) of each line where `search` matches. Not splitlines(): "\x1e" or
     "\x85" may be in a path."""
     hit = search(text)

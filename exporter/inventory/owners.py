@@ -21,8 +21,6 @@ MAX_PASSES = 4  # passes over new processes: a holder may fork and exit mid-scan
 
 
 class OwnerScan:
-    """Reads the maps and fds of the processes the table lists."""
-
     def __init__(self, table: ProcessTable, ignore_unreadable=None):
         self.table = table
         self.ignore_unreadable: Optional[Pattern[str]] = ignore_unreadable
