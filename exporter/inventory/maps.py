@@ -148,12 +148,9 @@ class WatchedMountIds:
         except OSError as err:  # gone (or a fixture without one): no fds
             return None if err.errno in DENIED else set()
         wanted = {f"{os.major(dev)}:{os.minor(dev)}" for dev in devs}
-        entries = parse_mountinfo(text)
-        ns = Namespace(
-            {e.mount_id for e in entries if e.device in wanted},
-            {e.mount_id for e in entries},
-            {e.device for e in entries},
-        )
+        devices = {e.mount_id: e.device for e in parse_mountinfo(text)}
+        watched = {i for i, device in devices.items() if device in wanted}
+        ns = Namespace(watched, set(devices), set(devices.values()))
         self._ns_mounts[namespace] = ns
         self.mounted_ids |= ns.ids
         self.mounted_devs |= ns.devs

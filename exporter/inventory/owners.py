@@ -149,11 +149,8 @@ class OwnerScan:
         regions = []
         for key, hs in owners.holdings.items():
             if (name := memfd_name(hs[0].path)) is not None:
-                pids = tuple(sorted({h.pid for h in hs}))
-                size = unlinked_size(hs)
-                regions.append(
-                    Segment(name, classify(name), "hidden", *size, pids, key)
-                )
+                held = (*unlinked_size(hs), tuple(sorted({h.pid for h in hs})))
+                regions.append(Segment(name, classify(name), "hidden", *held, key))
         out, known = {}, {}
         holders = {pid for region in regions for pid in region.holders}
         for pid in holders | owners.memfd_rest.keys():

@@ -58,9 +58,8 @@ def _update(listing: Listing, path: str, st: os.stat_result, events: Events) -> 
 
 
 def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
-    """Brings the listing up to date: regular files by path (a hard-linked inode once),
-    other entries by type; entries on another device or gone mid-walk are skipped.
-    -> the files created and deleted since the last walk (a name on another inode: both)."""
+    """Brings the listing up to date: regular files by path (a hard-linked inode once), other
+    entries by type. -> the files created and deleted since (a name on another inode: both)."""
     events: Events = Counter()
     listing.parity ^= SEEN
     listing.others, listing.truncated, listing.degraded = Counter(), False, None
