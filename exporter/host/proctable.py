@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: kernel threads map no files
 RESERVED_PIDS = 300  # kernel/pid.c: after a wrap, pids start again above these
-# The kernel's fixed inode for the initial PID namespace (include/linux/proc_ns.h).
+# PROC_PID_INIT_INO (include/linux/proc_ns.h): the initial PID namespace's fixed inode.
 INITIAL_PID_NAMESPACE = f"pid:[{0xEFFFFFFC}]"
 # Probing costs one pidfd_open per pid: fine in a pod's PID namespace, not a host's.
 MAX_PROBE_PIDS = 1 << 16
