@@ -4,6 +4,7 @@ fields at their widths with real mtimes, ties between equal cgroup limits, a pat
 longer a mount point, a mount polled gone or as another instance. Pure and fast: part of the
 mutation-testing selection (pyproject.toml [tool.mutmut])."""
 import os
+from collections import Counter
 
 import pytest
 
@@ -135,7 +136,7 @@ def test_a_real_files_row_keeps_its_whole_second_mtime(tmp_path, mtime_ns):
     os.utime(path, ns=(mtime_ns, mtime_ns))
     st = os.lstat(path)
     assert st.st_mtime_ns == mtime_ns, "the filesystem here does not keep this mtime"
-    listing, events = Listing(), {}
+    listing, events = Listing(), Counter()
     _update(listing, "torch_1", st, events)
     cls, ino, mtime, allocated, apparent = unpack(listing.rows["torch_1"])
     assert (CLASS_NAMES[cls], ino, allocated, apparent) == ("torch", st.st_ino, st.st_blocks * 512, 5000)
@@ -154,7 +155,7 @@ def test_a_row_keeps_its_class_and_known_flag_while_it_is_the_same_inode(tmp_pat
     listing.parity = SEEN
     old = pack(CLASS_NAMES.index("torch"), KNOWN, st.st_ino, 0, 0, 0)
     listing.rows["nccl-shm-1"] = old
-    events = {}
+    events = Counter()
     _update(listing, "nccl-shm-1", st, events)
     row = listing.rows["nccl-shm-1"]
     assert events == {}

@@ -64,7 +64,7 @@ def test_the_estimate_counts_file_pages_a_process_maps(tmp_path):
         assert proc.stdout.readline() == "ready\n"
         table = ProcessTable(Paths())
         [process], _ = table.identify_all([proc.pid], set())
-        rollup = table.smaps_rollup(proc.pid)
+        rollup = parse_smaps_rollup(open(f"/proc/{proc.pid}/smaps_rollup").read())
         estimate = table.resident([process])
     finally:
         proc.stdin.close()

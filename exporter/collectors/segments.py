@@ -25,7 +25,7 @@ from exporter.inventory.changes import ChangeLog
 from exporter.inventory.holdings import Owners, ScanPace, UnprovenLog
 from exporter.inventory.holdings import unlinked_size
 from exporter.inventory.maps import DELETED
-from exporter.inventory.owners import MemfdRegions, OwnerScan
+from exporter.inventory.owners import OwnerScan
 from exporter.inventory.walk import MAX_ENTRIES, Events, Key, Listing
 from exporter.inventory.walk import directories, patch_listing, walk
 from exporter.model.classes import classify
@@ -98,7 +98,6 @@ class SegmentsCollector(BaseSource):
         # The holders' pods and memfd regions, kept by quick runs (they reuse the owners).
         self._pod_of: Optional[Dict[int, str]] = None
         self._memfd: Tuple[List[Segment], Dict[int, str]] = ([], {})
-        self._memfd_regions = MemfdRegions(self.table)
 
     @property
     def stretches(self) -> bool:
@@ -265,7 +264,7 @@ class SegmentsCollector(BaseSource):
                 if self.pod_of_pid
                 and (pod := owners.pod_of.get(pid) or self.table.pod_uid(proc))
             }
-            self._memfd = self._memfd_regions.of(owners)
+            self._memfd = self.owner_scan.memfd_regions(owners)
         yield Inventory(
             mounts,
             owners.comms,

@@ -7,7 +7,6 @@ import os
 import threading
 from contextlib import suppress
 from dataclasses import dataclass
-from itertools import filterfalse
 from typing import Dict, Iterable, List, Optional, Pattern, Sequence, Set, Tuple
 
 from exporter.host.kube import pod_uid_in_cgroup
@@ -18,6 +17,13 @@ log = logging.getLogger(__name__)
 
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: kernel threads map no files
 RESERVED_PIDS = 300  # kernel/pid.c: after a wrap, pids start again above these
+# PROC_PID_INIT_INO (include/linux/proc_ns.h): the initial PID namespace's fixed inode.
+INITIAL_PID_NAMESPACE = f"pid:[{0xEFFFFFFC}]"
+# Probing costs one pidfd_open per pid: fine in a pod's PID namespace, not a host's.
+MAX_PROBE_PIDS = 1 << 16
+# Kernels before 5.8 print hidepid=0/1/2(/4); later ones the names (fs/proc/root.c).
+HIDEPID_NAMES = {"0": "off", "1": "noaccess", "2": "invisible", "4": "ptraceable"}
+PidCounts = Optional[Tuple[int, int, int]]  # ns_last_pid, forks since boot, pid_max
 
 
 def parse_stat(text: str) -> Tuple[str, int, int]:
@@ -37,8 +43,7 @@ def parse_proc_cgroup(text: str) -> Dict[str, str]:
 
 
 def parse_meminfo(text: str) -> Dict[str, int]:
-    """'MemTotal:  24683568 kB' lines (meminfo, smaps_rollup) -> {'MemTotal': bytes}.
-    Malformed lines (smaps_rollup's first, of the mapping) are skipped."""
+    """'MemTotal:  24683568 kB' lines (meminfo, smaps_rollup) -> {'MemTotal': bytes}."""
     values: Dict[str, int] = {}
     for line in text.splitlines():
         key, _, rest = line.partition(":")
@@ -62,22 +67,11 @@ class Process:
 @dataclass(frozen=True)
 class ProcessWalk:
     processes: List[Process]
-    # Listed, but /proc/<pid>/stat could not be read (permission, hidepid=1).
-    unreadable: int
-    # Processes that exist but /proc does not list (hidepid); None: too many pids to probe.
-    invisible: Optional[int] = 0
+    unreadable: int  # listed, but stat could not be read (permission, hidepid=1)
+    invisible: Optional[int] = 0  # exist but not listed (hidepid); None: uncounted
     # False when /proc shows only shmwatch and its parents outside the initial PID
     # namespace (a sidecar without shareProcessNamespace): "no holder found" proves nothing.
     workload_visible: bool = True
-
-
-# The kernel's fixed inode for the initial PID namespace (PROC_PID_INIT_INO in
-# include/linux/proc_ns.h); a namespace made later gets another.
-INITIAL_PID_NAMESPACE = f"pid:[{0xEFFFFFFC}]"
-# Probing costs one pidfd_open per pid: fine in a pod's PID namespace, not a host's.
-MAX_PROBE_PIDS = 1 << 16
-# Kernels before 5.8 print hidepid=0/1/2(/4); later ones the names (fs/proc/root.c).
-HIDEPID_NAMES = {"0": "off", "1": "noaccess", "2": "invisible", "4": "ptraceable"}
 
 
 def parse_hidepid(options: str) -> str:
@@ -93,8 +87,7 @@ class ProcessTable:
     def __init__(self, paths: Paths):
         self.paths = paths
         self._lock = threading.Lock()
-        # (pid, start time) -> pod UID ('' when none); a process never changes pod.
-        self._pods: Dict[Tuple[int, int], str] = {}
+        self._pods: Dict[Tuple[int, int], str] = {}  # (pid, start time) -> pod UID
 
     def last_pid_and_max(self) -> Tuple[int, int]:
         # ns_last_pid needs CONFIG_CHECKPOINT_RESTORE
@@ -103,14 +96,11 @@ class ProcessTable:
         return last, int(read_text(self.paths.proc(*kernel, "pid_max")))
 
     def pids(self) -> List[int]:
-        """The pids /proc lists. Raises OSError when it cannot be listed at all."""
         return list(map(int, filter(str.isdigit, os.listdir(self.paths.procfs))))
 
-    def identify_all(
-        self, pids: Iterable[int], kernel_threads: Set[int]
-    ) -> Tuple[List[Process], int]:
-        """(the user processes among `pids` still there, how many could not be read). Kernel
-        threads are added to `kernel_threads`, and those in it are not asked again."""
+    def identify_all(self, pids: Iterable[int], kernel_threads: Set[int]) -> tuple:
+        """(the user processes among `pids` still there, how many could not be read); kernel
+        threads join `kernel_threads`, which are not read again."""
         found, unreadable = [], 0
         for pid in sorted(set(pids) - kernel_threads):
             try:
@@ -148,7 +138,6 @@ class ProcessTable:
         """Whether /proc is the initial PID namespace's (it lists every process there is), or
         shows a process besides shmwatch and the processes that started it."""
         own_ns = self.paths.proc("self", "ns", "pid")
-        # OSError: a fixture tree, or a procfs of a namespace we are not in.
         with suppress(OSError):
             if os.readlink(own_ns) == INITIAL_PID_NAMESPACE:
                 return True
@@ -191,7 +180,7 @@ class ProcessTable:
         else:
             return None  # wrapped, or too many to probe: hidden processes may exist, uncounted
         hidden = 0
-        for pid in filterfalse(listed.__contains__, range(1, top + 1)):
+        for pid in (p for p in range(1, top + 1) if p not in listed):
             try:
                 os.close(probe(pid))
             except OSError as err:
@@ -211,7 +200,6 @@ class ProcessTable:
             return handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
 
     def find(self, pattern: Pattern[str], exclude: int = -1) -> Optional[int]:
-        """The lowest pid whose comm or command line matches `pattern`."""
         with suppress(OSError):
             for pid in sorted(set(self.pids()) - {exclude}):
                 with suppress(OSError):
@@ -244,21 +232,18 @@ class ProcessTable:
         self.identify_all([2], kernel)
         return 2 in kernel
 
-    def smaps_rollup(self, pid: int) -> Dict[str, int]:
-        """Resident memory by kind (Pss_Anon, Pss_Shmem...); needs the access maps needs."""
-        return parse_meminfo(read_text(self.paths.proc(pid, "smaps_rollup")))
-
     def resident(self, processes: Sequence[Process]) -> int:
         """Proportional anonymous + file-backed resident bytes of `processes` (shm left out)."""
         total, unreadable = 0, []
         for proc in processes:
             try:
-                rollup = self.smaps_rollup(proc.pid)
+                text = read_text(self.paths.proc(proc.pid, "smaps_rollup"))
             except FileNotFoundError:
                 continue  # exited: it holds nothing now
             except OSError:
                 unreadable.append(f"{proc.comm}[{proc.pid}]")
                 continue
+            rollup = parse_meminfo(text)
             if "Pss_Anon" in rollup:
                 total += rollup["Pss_Anon"] + rollup.get("Pss_File", 0)
             else:  # before Linux 5.? smaps_rollup has no Pss_Anon: Pss less what is shm
@@ -275,8 +260,7 @@ class ProcessTable:
     def maps(self, pid: int) -> str:
         return read_text(self.paths.proc(pid, "maps"))
 
-    def pid_counts(self) -> Optional[Tuple[int, int, int]]:
-        """(ns_last_pid, forks since boot, pid_max), for `pids_wrapped`; None when unread."""
+    def pid_counts(self) -> PidCounts:
         try:
             last_pid, pid_max = self.last_pid_and_max()
             stat = read_text(self.paths.proc("stat"))
@@ -290,9 +274,6 @@ class ProcessTable:
                     "at each inventory run (a pid it knows may be another process)"
                 )
             return None
-
-
-PidCounts = Optional[Tuple[int, int, int]]
 
 
 def pids_wrapped(last: PidCounts, now: PidCounts) -> bool:

@@ -1,4 +1,6 @@
-"""The names inotify saw change, per mount, for the next event-driven (quick) inventory."""
+"""Names inotify saw change, per mount: the quick inventory lstat()s only these and patches the
+last listing; a mount marked unknown (a change below the top directory, or too many names) is
+re-listed."""
 
 import threading
 
@@ -6,10 +8,6 @@ from exporter.inventory.holdings import Changes
 
 
 class ChangeLog:
-    """Names inotify saw change, per mount: the quick inventory lstat()s only these and
-    patches the last listing; a mount marked unknown (a change below the top directory, or
-    too many names) is re-listed."""
-
     MAX_NAMES = 5000  # past this, one re-list is cheaper than name-by-name lstat
 
     def __init__(self) -> None:
@@ -28,8 +26,7 @@ class ChangeLog:
         with self._lock:
             self._names[mount] = None
 
-    def peek(self) -> Changes:
-        """What drain() would return, left in place (for the quick runs)."""
+    def peek(self) -> Changes:  # what drain() would return, left in place
         with self._lock:
             return {m: None if n is None else set(n) for m, n in self._names.items()}
 

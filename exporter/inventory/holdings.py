@@ -26,17 +26,14 @@ class UnprovenLog:
 
     def say(self, owners: "Owners") -> None:
         said = tuple(sorted({re.sub(r"\d+", "#", why) for why in owners.unproven}))
-        self._said.say(
-            "unproven",
-            "segments held by no readable process are 'unverified', not 'orphan': could not "
-            f"read {'; '.join(owners.unproven[:MAX_UNPROVEN])} (--segments.ignore-unreadable "
-            "excuses root's processes by name)"
-            if said
-            else None,
-            logging.INFO,
-            back="every process could be read: segments held by nobody are orphans again",
-            same=said,
+        reasons = "; ".join(owners.unproven[:MAX_UNPROVEN])
+        message = (
+            "segments held by no readable process are 'unverified', not 'orphan': could "
+            f"not read {reasons} (--segments.ignore-unreadable excuses root's processes "
+            "by name)"
         )
+        back = "every process could be read: segments held by nobody are orphans again"
+        self._said.say("unproven", message if said else None, logging.INFO, back, said)
 
 
 @dataclass(slots=True)
@@ -47,11 +44,9 @@ class Holding:
     path: str
     deleted: bool
     extent: int = 0  # bytes the mapping reaches into the file
-    allocated: Optional[int] = None  # from fstat of the fd / map_files, when we could
-    apparent: Optional[int] = None
-    mtime: float = 0.0
-    # One mapping's "start-end", to stat it through /proc/<pid>/map_files.
-    map_range: str = ""
+    map_range: str = ""  # one mapping's "start-end", to stat it through map_files
+    # (allocated, apparent, mtime) from fstat of the fd / map_files, when we could
+    sizes: Optional[Tuple[int, int, float]] = None
 
 
 @dataclass
@@ -66,16 +61,26 @@ class Owners:
     # Why 'held by nobody' is not proven, for the log: "process_api (pid 1, uid 0)", ...
     unproven: List[str] = field(default_factory=list)
     scanned: int = 0
-    # Every process walked (scoped scans).
-    processes: Dict[int, Process] = field(default_factory=dict)
+    processes: Dict[int, Process] = field(default_factory=dict)  # every one walked
     # pid -> the keys it holds (each once): a scoped scan replaces a pod's holdings by them.
     keys_of: Dict[int, List[Key]] = field(default_factory=dict)
-    # pid -> pod UID of `processes` (once known) and holders.
-    pod_of: Dict[int, str] = field(default_factory=dict)
+    pod_of: Dict[int, str] = field(default_factory=dict)  # pid -> pod UID, once known
     # pid -> class -> (count, allocated) of its memfd regions past the largest MAX_MEMFDS
     # (owners.py), and while a scan runs the keys counted so.
     memfd_rest: Dict[int, Dict[str, Tuple[int, int]]] = field(default_factory=dict)
     folded: Set[Key] = field(default_factory=set)
+
+    def hold(self, key: Key, new: Holding) -> None:
+        """Record `new`, merged into the process's hold on `key` if it has one already."""
+        for h in self.holdings.setdefault(key, []):
+            if h.pid == new.pid:
+                h.extent = max(h.extent, new.extent)
+                h.deleted |= new.deleted
+                h.map_range = h.map_range or new.map_range
+                h.sizes = new.sizes or h.sizes
+                return
+        self.holdings[key].append(new)
+        self.keys_of.setdefault(new.pid, []).append(key)
 
     def unproven_because(self, why: str) -> None:
         # Bounded: thousands of processes are unreadable under hidepid=1.
@@ -83,16 +88,15 @@ class Owners:
             self.unproven.append(why)
 
     @property
-    def complete(self) -> bool:
-        """Every process that could hold a segment was inspected: 'held by nobody' is proven."""
+    def complete(self) -> bool:  # every process that could hold a segment was read
         return self.unverifiable == 0
 
 
 def unlinked_size(hs: List[Holding]) -> Tuple[int, int, float]:
     """(allocated, apparent, mtime) of an unlinked inode: from a stat where one was possible,
     else the furthest a mapping reaches."""
-    if best := next((h for h in hs if h.allocated is not None), None):
-        return best.allocated, best.apparent, best.mtime
+    if sizes := next((h.sizes for h in hs if h.sizes), None):
+        return sizes
     extent = max(h.extent for h in hs)
     return extent, extent, 0.0
 
@@ -105,20 +109,19 @@ def unheld_state(
     scan read /proc, on the device the mount had then) is taken as held by its creator after a
     quick run, unverified after a refresh. `settled`: a full scan this run, which alone may call
     leaked one held at the last (`held_at_full`) or changed since its pod was read (`doubted`)."""
-    unheld = "orphan" if complete else "unverified"
     if not (settled or full_dev == key[0] and row & KNOWN):
         return "linked" if quick else "unverified"  # `settled` makes every row known
     at_full = doubted is None or name in doubted or key in held_at_full
-    return "unverified" if at_full and not settled else unheld
-
-
-def add_names(book: Changes, mount: str, names: Optional[Set[str]]) -> None:
-    book[mount] = joined(book.get(mount, set()), names)
+    return "orphan" if complete and (settled or not at_full) else "unverified"
 
 
 def joined(a: Optional[Set[str]], b: Optional[Set[str]]) -> Optional[Set[str]]:
     """Two sets of names, where None is any name."""
     return None if a is None or b is None else a | b
+
+
+def add_names(book: Changes, mount: str, names: Optional[Set[str]]) -> None:
+    book[mount] = joined(book.get(mount, set()), names)
 
 
 def orphan_bytes(rows: Dict[str, int], names) -> Dict[str, Optional[int]]:
@@ -127,16 +130,12 @@ def orphan_bytes(rows: Dict[str, int], names) -> Dict[str, Optional[int]]:
 
 
 def mounts_to_reread(
-    devs: Dict[str, int],
-    listings: Dict[str, tuple],
-    orphans: Dict[str, Set[str]],
-    doubted: Changes,
-    read_as: Dict[str, Dict[str, Optional[int]]],
+    devs: Dict[str, int], listings, orphans, doubted: Changes, read_as
 ) -> Optional[Dict[str, Set[str]]]:
-    """The mounts whose pods a refresh reads again, each with its files called leaked whose
-    pages were written since its pod was read (`read_as`; through a mapping: no event, but
-    they allocate), or with nothing when only an event named one (`doubted`). None: one in no
-    pod's mount, where only a full scan reads whoever may hold it."""
+    """The mounts whose pods a refresh reads again, each with its files called leaked (`orphans`)
+    whose pages were written since its pod was read (`read_as`: orphan_bytes then; through a
+    mapping: no event, but they allocate), or with nothing when only an event named one
+    (`doubted`). None: one in no pod's mount, where only a full scan reads whoever may hold it."""
     moved = {}
     for m in devs:
         was = read_as.get(m, {})
@@ -149,19 +148,17 @@ def mounts_to_reread(
 
 class ScanPace:
     """Node mode: when every process is read again (the full owner scan, which alone may call
-    a segment leaked). As cAdvisor's housekeeping does, its interval doubles after a scan that
-    found nothing changed since the one before (no segment created, deleted or written, no
-    mount come, gone or moved, the same holders, none called leaked), up to `cap` times the
-    base, and is back to the base on any change."""
+    a segment leaked). As cAdvisor's housekeeping, its interval doubles after a scan that found
+    nothing changed (no segment created, deleted or written, no mount come, gone or moved, the
+    same holders), up to `cap` times the base, and is back to the base on any change."""
 
     def __init__(self, base: float, cap: int, monotonic: Callable[[], float]):
         self.base = self.every = base
         self.cap, self.monotonic = cap, monotonic
         self.scanned_at = float("-inf")
         self._quiet = False  # nothing changed since the last scan
-        # What the last full scan found, to tell a change from: (each mount's device and
-        # statvfs figures, the holders, the (device, inode) keys held).
-        self._seen: Optional[tuple] = None
+        # The last full scan's (mounts' devices and statvfs figures, holders, keys held).
+        self._seen: tuple = (None, None, None)
 
     def due(self) -> bool:
         return self.monotonic() - self.scanned_at >= self.every
@@ -170,18 +167,14 @@ class ScanPace:
         self._quiet, self.every = False, self.base
 
     def _same(self, owners: Owners) -> bool:
-        seen = self._seen
-        return seen is not None and seen[1:] == (owners.holders, owners.holdings.keys())
+        return self._seen[1:] == (owners.holders, owners.holdings.keys())
 
     def look(self, mounts: tuple, owners: Optional[Owners] = None) -> None:
         """A full run's mounts, and a refresh's owners: a change from the last scan's?"""
-        seen = self._seen
-        if not seen or seen[0] != mounts or owners and not self._same(owners):
+        if self._seen[0] != mounts or owners and not self._same(owners):
             self.changed()
 
-    def scanned(
-        self, mounts: tuple, owners: Owners, *, quiet: bool, stretch: bool
-    ) -> None:
+    def scanned(self, mounts: tuple, owners: Owners, *, quiet: bool, stretch: bool):
         """`quiet`: nothing changed while it read /proc; `stretch`: inotify watches every
         mount and nothing is called leaked (one a process attaches to without writing is
         seen by a full scan only)."""

@@ -6,8 +6,7 @@ NFS mount blocks for good)."""
 import errno
 import os
 import re
-from typing import Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Set
-from typing import Tuple
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from exporter.host.mountinfo import parse_mountinfo
 from exporter.host.paths import Paths, read_text
@@ -34,7 +33,7 @@ class DeviceTokens(Dict[str, int]):
         self.find = re.compile("|".join(map(re.escape, tokens)) or "(?!)").search
 
 
-def _fields(text: str, search: Callable) -> Iterator[Tuple[List[str], str]]:
+def _fields(text: str, search: Callable) -> Iterable[Tuple[List[str], str]]:
     """(fields, match) of each line where `search` matches. Not splitlines(): "\x1e" or
     "\x85" may be in a path."""
     hit = search(text)
@@ -105,25 +104,19 @@ class WatchedMountIds:
 
     def __init__(self, paths: Paths):
         self.paths = paths
-        self._ns_mounts: Dict[str, Namespace] = {}
-        self._ns_of: Dict[int, str] = {}
-        self.union: Set[int] = set()  # every namespace's IDs (learn)
-        self.learned_devs: Set[int] = set()  # the watched devices they were learnt for
-        # Every mount ID and device of the namespaces read: a memfd's (the kernel's internal
-        # shm mount) is none of them; a tenant's file at /memfd:x is on one.
-        self.mounted_ids: Set[int] = set()
-        self.mounted_devs: Set[str] = set()
+        self.learn((), set())
 
-    def learn(
-        self, processes: Iterable[Process], devs: Set[int], again: bool = True
-    ) -> None:
-        """Every namespace's watched mount IDs. An fd passed from another namespace is on a
-        mount its holder's mountinfo does not list; IDs are unique across namespaces, so
-        their union still tells. `again=False`: add `processes` to what was learnt."""
+    def learn(self, processes: Iterable[Process], devs: Set[int], again=True) -> None:
+        """Every namespace's watched mount IDs (`union`). An fd passed from another namespace
+        is on a mount its holder's mountinfo does not list; IDs are unique across namespaces,
+        so their union still tells. `again=False`: add `processes` to what was learnt."""
         if again:
-            self._ns_mounts, self._ns_of = {}, {}
+            self._ns_mounts: Dict[str, Namespace] = {}
+            self._ns_of: Dict[int, str] = {}  # pid -> its mount namespace
+            self.learned_devs = set(devs)  # the watched devices the IDs were learnt for
+            # And every mount ID and device of the namespaces read: a memfd's (the kernel's
+            # internal shm mount) is none of them; a tenant's file at /memfd:x is on one.
             self.union, self.mounted_ids, self.mounted_devs = set(), set(), set()
-            self.learned_devs = set(devs)
         for proc in processes:
             self.union |= self.of(proc.pid, devs) or set()
 
@@ -155,12 +148,9 @@ class WatchedMountIds:
         except OSError as err:  # gone (or a fixture without one): no fds
             return None if err.errno in DENIED else set()
         wanted = {f"{os.major(dev)}:{os.minor(dev)}" for dev in devs}
-        entries = parse_mountinfo(text)
-        ns = Namespace(
-            {e.mount_id for e in entries if e.device in wanted},
-            {e.mount_id for e in entries},
-            {e.device for e in entries},
-        )
+        devices = {e.mount_id: e.device for e in parse_mountinfo(text)}
+        watched = {i for i, device in devices.items() if device in wanted}
+        ns = Namespace(watched, set(devices), set(devices.values()))
         self._ns_mounts[namespace] = ns
         self.mounted_ids |= ns.ids
         self.mounted_devs |= ns.devs

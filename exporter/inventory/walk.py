@@ -1,15 +1,15 @@
 """Listing a shm mount with lstat only, and patching a listing with the names that changed.
 Only directories are opened, never through a symlink; other entries are only counted.
-
 A listing keeps each regular file as one packed int under its path below the mount (a
 name alone collides across sub-directories): a leak storm of 100,000 files costs ~15 MB.
 Past `cap` files a walk keeps only counts and bytes by class (`Listing.degraded`); past
 MAX_ENTRIES entries it stops (`Listing.truncated`), and keeps the rows it did not reach."""
 
 import os
-import stat as stat_mod
+from collections import Counter
 from contextlib import suppress
 from dataclasses import dataclass, field
+from stat import S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFSOCK, S_ISDIR, S_ISREG
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from exporter.model.classes import CLASS_NAMES, classify
@@ -20,14 +20,9 @@ MAX_ENTRIES = 250_000  # a bound on one walk, so a hostile mount cannot stall us
 
 Key = Tuple[int, int]  # (st_dev, st_ino)
 Rows = Dict[str, int]  # path below the mount -> packed row (model.types.pack)
-Events = Dict[Tuple[str, str], int]  # (class, "created" | "deleted") -> count
+Events = Counter  # (class, "created" | "deleted") -> count
 
-_KINDS = {
-    stat_mod.S_IFDIR: "directory",
-    stat_mod.S_IFLNK: "symlink",
-    stat_mod.S_IFIFO: "fifo",
-    stat_mod.S_IFSOCK: "socket",
-}
+_KINDS = {S_IFDIR: "directory", S_IFLNK: "symlink", S_IFIFO: "fifo", S_IFSOCK: "socket"}
 CLASS_INDEX = {name: i for i, name in enumerate(CLASS_NAMES)}
 
 
@@ -58,22 +53,16 @@ def _update(listing: Listing, path: str, st: os.stat_result, events: Events) -> 
         listing.rows[path] = row
     if not same:
         if old is not None:
-            _count(events, old, "deleted")
-        _count(events, row, "created")
-
-
-def _count(events: Events, row: int, event: str) -> None:
-    key = (CLASS_NAMES[row & 31], event)
-    events[key] = events.get(key, 0) + 1
+            events[CLASS_NAMES[old & 31], "deleted"] += 1
+        events[CLASS_NAMES[row & 31], "created"] += 1
 
 
 def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
-    """Brings the listing up to date: regular files by path (a hard-linked inode once),
-    other entries by type; entries on another device or gone mid-walk are skipped.
-    -> the files created and deleted since the last walk (a name on another inode: both)."""
-    events: Events = {}
+    """Brings the listing up to date: regular files by path (a hard-linked inode once), other
+    entries by type. -> the files created and deleted since (a name on another inode: both)."""
+    events: Events = Counter()
     listing.parity ^= SEEN
-    listing.others, listing.truncated, listing.degraded = {}, False, None
+    listing.others, listing.truncated, listing.degraded = Counter(), False, None
     rows, others = listing.rows, listing.others
     linked: set = set()  # inodes with more than one name, seen
     # Entries, and regular files, met by this walk (not rows gone since).
@@ -81,14 +70,10 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
     stack: List[Tuple[str, ...]] = [()]  # sub-directories, as names below the root
     while stack and not listing.truncated:
         names = stack.pop()
-        if (fd := _open_below(root, names, dev)) is None:
+        if (opened := _open_below(root, names, dev)) is None:
             continue
+        fd, entries = opened
         prefix = "".join(n + "/" for n in names)
-        try:
-            entries = os.scandir(fd)
-        except OSError:
-            os.close(fd)
-            continue
         with entries:
             for entry in entries:
                 seen += 1
@@ -101,7 +86,7 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
                     continue  # deleted between readdir and lstat
                 if st.st_dev != dev:
                     continue  # something mounted inside: not this mount's
-                if stat_mod.S_ISREG(st.st_mode):
+                if S_ISREG(st.st_mode):
                     if st.st_nlink > 1:
                         if st.st_ino in linked:
                             continue
@@ -115,9 +100,8 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
                     else:
                         _update(listing, prefix + entry.name, st, events)
                     continue
-                kind = _KINDS.get(stat_mod.S_IFMT(st.st_mode), "device")
-                others[kind] = others.get(kind, 0) + 1
-                if stat_mod.S_ISDIR(st.st_mode) and len(names) < MAX_DEPTH:
+                others[_KINDS.get(S_IFMT(st.st_mode), "device")] += 1
+                if S_ISDIR(st.st_mode) and len(names) < MAX_DEPTH:
                     stack.append(names + (entry.name,))
         os.close(fd)
     gone = [p for p, row in rows.items() if row & SEEN != listing.parity]
@@ -127,7 +111,7 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
         if listing.degraded is None and len(rows) > cap:
             listing.degraded = _degrade(listing)
     for path in gone:
-        _count(events, rows.pop(path), "deleted")
+        events[CLASS_NAMES[rows.pop(path) & 31], "deleted"] += 1
     if len(gone) > len(rows):  # a dict keeps its size when emptied: a storm's, for good
         listing.rows = dict(rows)
     return events
@@ -152,9 +136,9 @@ def _degrade(listing: Listing) -> Dict[str, Tuple[int, int, int]]:
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
-def _open_below(root: str, names: Tuple[str, ...], dev: int) -> Optional[int]:
-    """A directory below the root opened one name at a time, never through a symlink (one
-    swapped in since our lstat fails here); None when it cannot be opened."""
+def _open_below(root: str, names: Tuple[str, ...], dev: int) -> Optional[tuple]:
+    """(fd, scandir) of a directory below the root opened one name at a time, never through a
+    symlink (one swapped in since our lstat fails here); None when it cannot be opened."""
     fd = None
     with suppress(OSError):
         for name in (root, *names):
@@ -162,18 +146,16 @@ def _open_below(root: str, names: Tuple[str, ...], dev: int) -> Optional[int]:
             if parent is not None:
                 os.close(parent)
         if os.fstat(fd).st_dev == dev:  # else something mounted over it since we looked
-            return fd
+            return fd, os.scandir(fd)
     if fd is not None:
         os.close(fd)
     return None
 
 
-def patch_listing(
-    root: str, dev: int, listing: Listing, names: Iterable[str]
-) -> Events:
+def patch_listing(root: str, dev: int, listing: Listing, names: Iterable) -> Events:
     """Brings the listing up to date for the top-level names that changed (inotify watches
     the top directory only; a change below it re-lists). -> created and deleted."""
-    events: Events = {}
+    events: Events = Counter()
     rows = listing.rows
     inodes: Optional[Dict[int, str]] = None  # made once, when a hard link asks
     for name in names:
@@ -181,9 +163,9 @@ def patch_listing(
             st = os.lstat(os.path.join(root, name))
         except OSError:
             st = None  # deleted (or renamed away)
-        if st is None or not stat_mod.S_ISREG(st.st_mode) or st.st_dev != dev:
+        if st is None or not S_ISREG(st.st_mode) or st.st_dev != dev:
             if name in rows:
-                _count(events, rows.pop(name), "deleted")
+                events[CLASS_NAMES[rows.pop(name) & 31], "deleted"] += 1
             continue
         if st.st_nlink > 1:  # a hard link to a listed inode counts once
             if inodes is None:
@@ -200,15 +182,14 @@ def directories(host, table, mounts) -> Tuple[Dict[str, int], Dict[str, str]]:
     `table` (host.mountinfo.MountTable) tells which are still mount points."""
     devs, errors = {}, {}
     for mount in mounts:
-        if table.gone(mount):  # its directory on the disk beneath is not ours
-            errors[mount] = "not a mount point"
-            continue
         try:
-            st = os.stat(host(mount))
+            st = None if table.gone(mount) else os.stat(host(mount))
         except OSError as err:
             errors[mount] = err.strerror or str(err)
             continue
-        if stat_mod.S_ISDIR(st.st_mode):
+        if st is None:  # its directory on the disk beneath is not ours
+            errors[mount] = "not a mount point"
+        elif S_ISDIR(st.st_mode):
             devs[mount] = st.st_dev
         else:
             errors[mount] = "not a directory"
