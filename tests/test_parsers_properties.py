@@ -19,7 +19,7 @@ from exporter.collectors.host_memory import parse_meminfo
 from exporter.collectors.sysv import parse_sysvipc_shm
 from exporter.config import parse_duration, parse_size
 from exporter.inventory.maps import dev_token, parse_maps
-from exporter.exposition.labels import MAX_LABEL_CHARS, clean
+from exporter.exposition.metrics import MAX_LABEL_CHARS, clean_label as clean
 from exporter.host.mountinfo import MountEntry, parse_mountinfo
 from exporter.host.proctable import parse_proc_cgroup, parse_stat
 from exporter.model.classes import CLASS_NAMES, CLASSES, classify

@@ -69,7 +69,7 @@ def test_find_mount_longest_prefix_on_component_boundaries():
 
 
 def test_clean_exact_forms():
-    from exporter.exposition.labels import MAX_LABEL_CHARS, clean
+    from exporter.exposition.metrics import MAX_LABEL_CHARS, clean_label as clean
     assert clean("psm_\udcff\udcfe") == "psm_\ufffd\ufffd"  # undecodable bytes from os.scandir
     assert clean(b"psm_\xff") == "psm_\ufffd"
     assert clean("esc\x1b[31m\x7f\x9b") == "esc\\x1b[31m\\x7f\\x9b"  # lower-case hex, C0, DEL and C1

@@ -404,3 +404,31 @@ def test_the_reload_metric_is_1_again_when_the_good_file_is_back(tmp_path, users
     assert source.current()[0].users and source.reload_ok is True
     rewrite(path, "basic_auth_users: {}\n")  # the bad file again: refused again
     assert source.current()[0].users and source.reload_ok is False
+
+
+def test_a_certificate_rotated_while_start_up_loads_it_is_loaded_next(tmp_path, pki, monkeypatch):
+    """Start-up stamps the files before loading them, as a reload does: a rotation that lands
+    while the first pair loads is loaded for the next connection, not missed until the next."""
+    cert, key = str(tmp_path / "tls.crt"), str(tmp_path / "tls.key")
+
+    def install(pair):
+        for src, dst in zip(pair, (cert, key)):
+            with open(src, "rb") as f, open(dst + ".tmp", "wb") as g:
+                g.write(f.read())
+            os.replace(dst + ".tmp", dst)
+
+    install(pki["first"])
+    config = tmp_path / "web.yml"
+    config.write_text("tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n")
+    load, loaded = webconfig.TlsSettings.context, []
+
+    def load_then_rotate(settings):
+        context = load(settings)
+        if not loaded:
+            install(pki["second"])
+        loaded.append(context)
+        return context
+
+    monkeypatch.setattr(webconfig.TlsSettings, "context", load_then_rotate)
+    source = webconfig.WebConfigSource(str(config))
+    assert source.current()[1] is not loaded[0] and len(loaded) == 2 and source.reload_ok

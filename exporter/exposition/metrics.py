@@ -4,6 +4,7 @@ source's series and marks it failed, not the scrape."""
 
 import functools
 import logging
+import re
 import threading
 from typing import Iterable, List
 
@@ -11,11 +12,29 @@ from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.exposition.render import Families, Family
-from exporter.exposition.labels import clean as clean_label
 from exporter.model.step import Model, ModelStep
 from exporter.model.summary import memfd_summary, owner_label
 
 log = logging.getLogger(__name__)
+MAX_LABEL_CHARS = 128
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def clean_label(value: "str | bytes", limit: int = MAX_LABEL_CHARS) -> str:
+    """A label value from a file or process name, which can be any bytes of any length (what
+    a process passed to shm_open()): not UTF-8 becomes U+FFFD, control characters \\xNN (a
+    raw carriage return or escape sequence breaks dashboards and terminals), and the length
+    is capped so one hostile name cannot bloat every scrape."""
+    if isinstance(value, str):
+        # os.scandir() hands undecodable bytes back as lone surrogates.
+        value = value.encode("utf-8", "surrogateescape")
+    text = value.decode("utf-8", "replace")
+    text = _CONTROL.sub(lambda m: "\\x%02x" % ord(m.group()), text)
+    if len(text) > limit:
+        text = text[: limit - 1] + "\u2026"
+    return text
+
+
 # Every render cleans the same names again.
 clean = functools.lru_cache(maxsize=1 << 14)(clean_label)
 # The sources ModelCollector renders, each by its method _<name>.

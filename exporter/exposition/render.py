@@ -28,7 +28,6 @@ GZIP_LEVEL = 1
 # Bodies kept per render: an Accept header can name endless versions, each its own type.
 MAX_BODIES = 8
 JOINED_FORMATS = {generate_latest: "text", openmetrics.generate_latest: "openmetrics"}
-Parts = Dict[str, List[str]]  # family name -> its samples' lines, joined in runs
 
 
 class Shape:
@@ -45,12 +44,11 @@ class Shape:
         self.template = sample_name + ("{" + pairs + "}" if names else "") + " %s\n"
 
     def line(self, values: Sequence[str], value: float) -> str:
-        ordered = [escape(values[i]) for i in self.order]
+        ordered = [
+            values[i].replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+            for i in self.order
+        ]
         return self.template % (*ordered, floatToGoString(value))
-
-
-def escape(value: str) -> str:
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,7 +78,7 @@ class Families:
     def __init__(self, node_mode=False, last=None, labels=None, made=None):
         self.node_mode, self.last, self.labels = node_mode, last or {}, labels or {}
         self.made: Dict[tuple, tuple] = {} if made is None else made
-        self.parts: Parts = {}
+        self.parts: Dict[str, List[str]] = {}  # family name -> lines, joined in runs
 
     def add(self, name: str, labels: Sequence[str], value: float, extra=None) -> None:
         form = shape(name, self.node_mode)

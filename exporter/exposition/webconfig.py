@@ -178,18 +178,27 @@ class WebConfigSource:
     def __init__(self, path: Optional[str] = None, fixed: Optional[WebConfig] = None):
         self.path, self._fixed = path, fixed
         self._lock = threading.Lock()
-        self._good: Dict[bytes, None] = {}  # digests of credentials that passed
         self._checking: set = set()  # addresses with a bcrypt check queued or running
         self._pool = concurrent.futures.ThreadPoolExecutor(  # threads made on demand
             BCRYPT_WORKERS, thread_name_prefix="shmwatch-bcrypt"
         )
-        self._failed_stamp = None
-        self.config = self._read()
-        self.context = self.config.tls.context() if self.config.tls else None
-        self._stamp = self._current_stamp(self.config)
-        self.tls = self.config.tls is not None  # fixed for the life of the listener
-        self.reload_ok, self.generation = True, 0  # generation: moves on every reload
-        self._warm(self.config)
+        config = self._read()
+        self.tls = config.tls is not None  # fixed for the life of the listener
+        self.generation = 0  # moves on every reload
+        self._install(config)
+
+    def _install(self, config: WebConfig) -> None:
+        """Serves `config` from now on; raises, changing nothing, when its files do not load."""
+        # Stamped before loading: a file replaced meanwhile is loaded again next time.
+        stamp = self._current_stamp(config)
+        context = config.tls.context() if config.tls else None
+        self.config, self.context, self._stamp = config, context, stamp
+        self._failed_stamp, self.reload_ok = None, True
+        self._good: Dict[bytes, None] = {}  # digests of credentials that passed
+        # The dummy hashes checks are padded with, made before the first check needs them.
+        costs = [cost(h) for h in config.users.values()]
+        for level in range(min(costs, default=0), max(costs, default=-1) + 1):
+            self._pool.submit(dummy_hash, level)
 
     def _read(self) -> WebConfig:
         if not self.path:
@@ -244,30 +253,18 @@ class WebConfigSource:
                 dropped = "client certificate verification"
             if dropped:
                 raise WebConfigError(f"it would turn off {dropped} (restart to do so)")
-            # Stamped before loading: a file replaced meanwhile is loaded again next time.
-            new_stamp = self._current_stamp(config)
-            context = config.tls.context() if config.tls else None
+            self._install(config)
         except Exception as err:  # anything, not only WebConfigError: keep serving
             # A rotation in progress fails once; until the next change the last good serves.
             self._failed_stamp, self.reload_ok = stamp, False
             LOG.warning("web config not reloaded, keeping the previous one: %s", err)
             return
-        self.config, self.context = config, context
-        self._stamp, self._failed_stamp, self.reload_ok = new_stamp, None, True
-        self._good = {}
-        self._warm(config)
         LOG.info("web config reloaded")
 
     def collect(self):
         out = Families()
         out.add("shmwatch_web_config_last_reload_successful", [], int(self.reload_ok))
         return list(out)
-
-    def _warm(self, config: WebConfig) -> None:
-        """Make the dummy hashes checks are padded with before the first check needs them."""
-        costs = [cost(h) for h in config.users.values()]
-        for level in range(min(costs, default=0), max(costs, default=-1) + 1):
-            self._pool.submit(dummy_hash, level)
 
     def authorize(self, config: WebConfig, header: Optional[str], peer: str = ""):
         """True, False, a Future of either while bcrypt runs, or None when bcrypt is busy
