@@ -642,7 +642,7 @@ def test_mount_labels_of_each_runtime():
 
 # --- sizes: a reading rounds to the nearest tenth, advice rounds the safe way --------------------
 def test_sizes_exact():
-    from exporter.check.findings import at_least, at_most, docker, human, k8s, round_up
+    from exporter.check.findings import at_least, at_most, human, quantities, round_up
     assert [human(n) for n in (0, 12, 1023, KiB, 1536 * KiB, GiB - 1, 3 * GiB // 2, -2 * MiB)] == [
         "0 B", "12 B", "1023 B", "1.0 KiB", "1.5 MiB", "1024.0 MiB", "1.5 GiB", "-2.0 MiB"]
     assert at_least(GiB + 1) == "1.1 GiB" and at_most(GiB + 1) == "1.0 GiB"
@@ -651,9 +651,9 @@ def test_sizes_exact():
     assert at_least(16_000_000_000) == "15.0 GiB" and at_most(16_000_000_000) == "14.9 GiB"
     assert [round_up(n) for n in (0, 1, MiB, MiB + 1, GiB - 1, GiB, GiB + 1, 1.5)] == [
         MiB, MiB, MiB, 2 * MiB, GiB, GiB, 2 * GiB, MiB]
-    assert [docker(n) for n in (GiB, 3 * GiB, GiB + MiB, 75 * MiB, 75 * MiB + 1)] == [
-        "1g", "3g", "1025m", "75m", "76m"]
-    assert [k8s(n) for n in (2 * GiB, 512 * MiB, 512 * MiB - 1)] == ["2Gi", "512Mi", "512Mi"]
+    sizes = (GiB, 2 * GiB, 3 * GiB, GiB + MiB, 75 * MiB, 75 * MiB + 1, 512 * MiB, 512 * MiB - 1)
+    assert [quantities(n) for n in sizes] == [("1g", "1Gi"), ("2g", "2Gi"), ("3g", "3Gi"), ("1025m", "1025Mi"),
+                                              ("75m", "75Mi"), ("76m", "76Mi"), ("512m", "512Mi"), ("512m", "512Mi")]
 
 
 
