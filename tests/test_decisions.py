@@ -11,7 +11,7 @@ import pytest
 from exporter.check import thresholds as T
 from exporter.check.findings import Report
 from exporter.check.recommend import (memory_limit_needed, parse_headroom, peaks_from_exporter, parse_window, recommend,
-                                      recommendations, recommended_size, settings_for)
+                                      recommendations, settings_for)
 from exporter.check.report import diagnose
 from exporter.check.report import shm, shm_remedy
 from exporter.inventory.holdings import unheld_state
@@ -184,9 +184,12 @@ def test_the_memory_limit_needed_counts_what_is_not_shm():
 
 
 def test_recommended_size_and_settings():
-    assert recommended_size(60 * MiB) == 75 * MiB
-    assert recommended_size(60 * MiB, 2.0) == 120 * MiB
-    assert recommended_size(900 * MiB) == 2 * GiB  # 1125 MiB: whole GiB above 1 GiB
+    def size(peak, headroom=1.25):
+        return recommend(view(usage(256 * MiB, 0)), peak, "current", None, headroom).recommended_size_bytes
+
+    assert size(60 * MiB) == 75 * MiB
+    assert size(60 * MiB, 2.0) == 120 * MiB
+    assert size(900 * MiB) == 2 * GiB  # 1125 MiB: whole GiB above 1 GiB
     s = settings_for(75 * MiB, "dshm", None)
     assert s["docker_run"] == "docker run --shm-size=75m" and s["compose"] == "shm_size: 75m"
     assert '"sizeLimit":"75Mi"' in s["kubectl_patch"] and set(s) == {

@@ -38,10 +38,6 @@ MAX_USED = "shmwatch_mount_max_used_bytes"
 MAX_USED_LINE = re.compile(rb"^" + MAX_USED.encode() + rb"[{ ].*$", re.M)
 
 
-def recommended_size(peak: float, headroom: float = DEFAULT_HEADROOM) -> int:
-    return round_up(peak * headroom)
-
-
 def memory_limit_needed(recommended: int, working_set: int, shm_used: int) -> int:
     non_shm = max(0, working_set - shm_used)
     return -(-(non_shm + recommended) // MiB) * MiB
@@ -171,7 +167,7 @@ def recommend(view, observed, source, window, headroom, note="", required=None):
     """One mount's recommendation (`view`: a MountView with usage), never below `required`
     (--require-shm's bytes)."""
     usage, cgroup, observed = view.usage, view.cgroup, max(int(observed), 0)
-    size = recommended_size(observed, headroom)
+    size = round_up(observed * headroom)
     r = Recommendation(usage.mount, observed, size, window, source, usage.size_bytes)
     r.notes = [note] if note else []
     if required and size < required:
