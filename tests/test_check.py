@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from exporter.check.recommend import memory_limit_needed, settings_for
 from exporter.check.report import shm_remedy
-from exporter.check.findings import at_least, at_most, docker, k8s, round_up
+from exporter.check.findings import at_least, at_most, quantities, round_up
 from exporter.config import parse_size
 from tests.conftest import REPO, Peer, mounted_tmpfs, needs_root, prerequisite_missing
 
@@ -221,7 +221,7 @@ REQUIREMENTS = st.one_of(
 @example(16_000_000_000, 0)  # --require-shm 16G once advised 15258Mi: 15,999,172,608 bytes
 def test_advice_is_never_below_the_requirement(required, other_use):
     assert round_up(required) >= required
-    for text in (k8s(required), docker(required), at_least(required).replace(" ", "")):
+    for text in (*quantities(required), at_least(required).replace(" ", "")):
         assert parse_size(text) >= required, text
     assert parse_size(at_most(required).replace(" ", "")) <= required
     limit = memory_limit_needed(round_up(required), other_use + 5, 5)

@@ -11,7 +11,7 @@ import pytest
 from exporter.check import thresholds as T
 from exporter.check.findings import Report
 from exporter.check.recommend import (memory_limit_needed, parse_headroom, peaks_from_exporter, parse_window, recommend,
-                                      recommendations, recommended_size, settings_for)
+                                      recommendations, settings_for)
 from exporter.check.report import diagnose
 from exporter.check.report import shm, shm_remedy
 from exporter.inventory.holdings import unheld_state
@@ -184,9 +184,12 @@ def test_the_memory_limit_needed_counts_what_is_not_shm():
 
 
 def test_recommended_size_and_settings():
-    assert recommended_size(60 * MiB) == 75 * MiB
-    assert recommended_size(60 * MiB, 2.0) == 120 * MiB
-    assert recommended_size(900 * MiB) == 2 * GiB  # 1125 MiB: whole GiB above 1 GiB
+    def size(peak, headroom=1.25):
+        return recommend(view(usage(256 * MiB, 0)), peak, "current", None, headroom).recommended_size_bytes
+
+    assert size(60 * MiB) == 75 * MiB
+    assert size(60 * MiB, 2.0) == 120 * MiB
+    assert size(900 * MiB) == 2 * GiB  # 1125 MiB: whole GiB above 1 GiB
     s = settings_for(75 * MiB, "dshm", None)
     assert s["docker_run"] == "docker run --shm-size=75m" and s["compose"] == "shm_size: 75m"
     assert '"sizeLimit":"75Mi"' in s["kubectl_patch"] and set(s) == {
@@ -642,7 +645,7 @@ def test_mount_labels_of_each_runtime():
 
 # --- sizes: a reading rounds to the nearest tenth, advice rounds the safe way --------------------
 def test_sizes_exact():
-    from exporter.check.findings import at_least, at_most, docker, human, k8s, round_up
+    from exporter.check.findings import at_least, at_most, human, quantities, round_up
     assert [human(n) for n in (0, 12, 1023, KiB, 1536 * KiB, GiB - 1, 3 * GiB // 2, -2 * MiB)] == [
         "0 B", "12 B", "1023 B", "1.0 KiB", "1.5 MiB", "1024.0 MiB", "1.5 GiB", "-2.0 MiB"]
     assert at_least(GiB + 1) == "1.1 GiB" and at_most(GiB + 1) == "1.0 GiB"
@@ -651,9 +654,9 @@ def test_sizes_exact():
     assert at_least(16_000_000_000) == "15.0 GiB" and at_most(16_000_000_000) == "14.9 GiB"
     assert [round_up(n) for n in (0, 1, MiB, MiB + 1, GiB - 1, GiB, GiB + 1, 1.5)] == [
         MiB, MiB, MiB, 2 * MiB, GiB, GiB, 2 * GiB, MiB]
-    assert [docker(n) for n in (GiB, 3 * GiB, GiB + MiB, 75 * MiB, 75 * MiB + 1)] == [
-        "1g", "3g", "1025m", "75m", "76m"]
-    assert [k8s(n) for n in (2 * GiB, 512 * MiB, 512 * MiB - 1)] == ["2Gi", "512Mi", "512Mi"]
+    sizes = (GiB, 2 * GiB, 3 * GiB, GiB + MiB, 75 * MiB, 75 * MiB + 1, 512 * MiB, 512 * MiB - 1)
+    assert [quantities(n) for n in sizes] == [("1g", "1Gi"), ("2g", "2Gi"), ("3g", "3Gi"), ("1025m", "1025Mi"),
+                                              ("75m", "75Mi"), ("76m", "76Mi"), ("512m", "512Mi"), ("512m", "512Mi")]
 
 
 

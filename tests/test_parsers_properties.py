@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from exporter.check.findings import human, k8s
+from exporter.check.findings import human, quantities
 from exporter.host.cgroupfs import STAT_KEYS, V1_UNLIMITED, parse_flat_keyed, parse_limit
 from exporter.collectors.host_memory import parse_meminfo
 from exporter.collectors.sysv import parse_sysvipc_shm
@@ -290,8 +290,8 @@ def test_size_kubernetes_and_docker_forms(number, suffix, byte):
 
 @given(st.integers(1, 1 << 50))
 def test_size_round_trips_through_the_kubernetes_formatter(n):
-    text = k8s(n)
-    assert re.fullmatch(r"\d+(Gi|Mi)", text)
+    docker, text = quantities(n)
+    assert re.fullmatch(r"\d+(Gi|Mi)", text) and docker == text[:-1].lower()
     back = parse_size(text)
     assert back == (n if n % (1 << 30) == 0 else -(-n >> 20) << 20)  # advice rounds up
 

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from exporter.model.catalogue import BY_NAME
-from exporter.check.recommend import DEFAULT_HEADROOM, DEFAULT_WINDOW, memory_limit_needed, recommended_size
+from exporter.check.findings import round_up
+from exporter.check.recommend import DEFAULT_HEADROOM, DEFAULT_WINDOW, memory_limit_needed
 from exporter.model.state import StateStore
 from tests.conftest import REPO, Exporter, mounted_tmpfs, needs_root, value
 from tests.live import Prometheus, fast_rules
@@ -153,7 +154,7 @@ def test_rules_and_python_agree(tmp_path):
                    {"series": f"shmwatch_mount_used_bytes{{{labels}}}", "values": f"{used}x5"},
                    {"series": f'shmwatch_cgroup_memory_working_set_bytes{{instance="i{i}", job="shmwatch", '
                               f'cgroup="/"}}', "values": f"{working_set}x5"}]
-        size = recommended_size(peak)
+        size = round_up(peak * DEFAULT_HEADROOM)  # as check's recommend()
         expected_size.append({"labels": f"shmwatch:mount_recommended_size_bytes{{{labels}}}", "value": size})
         expected_limit.append({"labels": f"shmwatch:mount_recommended_memory_limit_bytes{{{labels}}}",
                                "value": memory_limit_needed(size, working_set, used)})
@@ -167,7 +168,7 @@ def test_rules_and_python_agree(tmp_path):
     result = subprocess.run([promtool(), "test", "rules", str(tmp_path / "t.yml")], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     # And the numbers are the documented ones.
-    assert [recommended_size(p) for p in (0, 40 * MiB, 819 * MiB, 820 * MiB, 10 * GiB)] == \
+    assert [round_up(p * DEFAULT_HEADROOM) for p in (0, 40 * MiB, 819 * MiB, 820 * MiB, 10 * GiB)] == \
         [MiB, 50 * MiB, 1024 * MiB, 2 * GiB, 13 * GiB]
 
 
@@ -200,7 +201,7 @@ def test_check_recommend_from_a_real_prometheus_and_its_fallbacks(tmp_path):
         os.unlink(path)
         recorded = prom.wait_query(f"shmwatch:mount_recommended_size_bytes >= {40 * MiB}", timeout=30)
         assert recorded, "the recording rule never saw the spike"
-        assert float(recorded[0]["value"][1]) == recommended_size(40 * MiB) == 50 * MiB
+        assert float(recorded[0]["value"][1]) == round_up(40 * MiB * DEFAULT_HEADROOM) == 50 * MiB
 
         doc = check(f"--shm.mount={shm}", f"--prometheus.url={prom.url}", '--prometheus.selector=job="shmwatch"')
         rec = doc["recommendations"][0]

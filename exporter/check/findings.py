@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 from exporter import __version__
 
@@ -178,11 +178,8 @@ def round_up(n: float) -> int:
     return max(MiB, -(-n // unit) * unit)
 
 
-def docker(n: int) -> str:
-    """docker --shm-size / --memory, compose shm_size / mem_limit: whole g, else m rounded up."""
-    return f"{n // GiB}g" if n % GiB == 0 else f"{-(-n // MiB)}m"
-
-
-def k8s(n: int) -> str:
-    """A Kubernetes quantity (sizeLimit, limits.memory): whole Gi, else Mi rounded up."""
-    return f"{n // GiB}Gi" if n % GiB == 0 else f"{-(-n // MiB)}Mi"
+def quantities(n: int) -> Tuple[str, str]:
+    """n bytes as docker --shm-size / --memory and compose shm_size / mem_limit take them, and
+    as a Kubernetes quantity (sizeLimit, limits.memory): whole GiB, else MiB rounded up."""
+    number, unit = (n // GiB, "G") if n % GiB == 0 else (-(-n // MiB), "M")
+    return f"{number}{unit.lower()}", f"{number}{unit}i"

@@ -16,8 +16,8 @@ from typing import Dict, List, Optional, Tuple
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.check.findings import MiB, Bounded, Report, at_least, docker, human, k8s
-from exporter.check.findings import left, plausible, quoted, round_up
+from exporter.check.findings import MiB, Bounded, Report, at_least, human, left
+from exporter.check.findings import plausible, quantities, quoted, round_up
 
 DEFAULT_WINDOW, DEFAULT_HEADROOM = "7d", 1.25
 Peaks = Dict[str, Tuple[float, int]]  # mount -> (peak, how many series matched)
@@ -36,10 +36,6 @@ MAX_ANSWER = {"prometheus": 1 << 20, "exporter": 16 << 20}
 # A running shmwatch's high-water mark, and the lines of its /metrics that carry it.
 MAX_USED = "shmwatch_mount_max_used_bytes"
 MAX_USED_LINE = re.compile(rb"^" + MAX_USED.encode() + rb"[{ ].*$", re.M)
-
-
-def recommended_size(peak: float, headroom: float = DEFAULT_HEADROOM) -> int:
-    return round_up(peak * headroom)
 
 
 def memory_limit_needed(recommended: int, working_set: int, shm_used: int) -> int:
@@ -146,22 +142,23 @@ class Recommendation:
 
 
 def settings_for(size: int, volume: str, memory_limit: Optional[int]) -> Dict[str, str]:
-    empty_dir = {"medium": "Memory", "sizeLimit": k8s(size)}
+    docker, k8s = quantities(size)
+    empty_dir = {"medium": "Memory", "sizeLimit": k8s}
     volumes = [{"name": volume, "emptyDir": empty_dir}]
     spec = {"spec": {"template": {"spec": {"volumes": volumes}}}}
     patch = json.dumps(spec, separators=(",", ":"))
     out = {
-        "docker_run": f"docker run --shm-size={docker(size)}",
-        "compose": f"shm_size: {docker(size)}",
-        "kubernetes_volume": f"volumes: [{{name: {volume}, emptyDir: {{medium: Memory, sizeLimit: {k8s(size)}}}}}]",
+        "docker_run": f"docker run --shm-size={docker}",
+        "compose": f"shm_size: {docker}",
+        "kubernetes_volume": f"volumes: [{{name: {volume}, emptyDir: {{medium: Memory, sizeLimit: {k8s}}}}}]",
         "kubectl_patch": f"kubectl patch deployment <name> --type=strategic -p '{patch}'",
     }
     if memory_limit is not None:
-        out["docker_run_memory"] = f"docker run --memory={docker(memory_limit)}"
-        out["compose_memory"] = f"mem_limit: {docker(memory_limit)}"
+        docker, k8s = quantities(memory_limit)
+        out["docker_run_memory"] = f"docker run --memory={docker}"
+        out["compose_memory"] = f"mem_limit: {docker}"
         out["kubernetes_memory_limit"] = (
-            "kubectl set resources deployment <name> -c <container> "
-            f"--limits=memory={k8s(memory_limit)}"
+            f"kubectl set resources deployment <name> -c <container> --limits=memory={k8s}"
         )
     return out
 
@@ -170,7 +167,7 @@ def recommend(view, observed, source, window, headroom, note="", required=None):
     """One mount's recommendation (`view`: a MountView with usage), never below `required`
     (--require-shm's bytes)."""
     usage, cgroup, observed = view.usage, view.cgroup, max(int(observed), 0)
-    size = recommended_size(observed, headroom)
+    size = round_up(observed * headroom)
     r = Recommendation(usage.mount, observed, size, window, source, usage.size_bytes)
     r.notes = [note] if note else []
     if required and size < required:

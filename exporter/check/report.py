@@ -13,8 +13,8 @@ from typing import Callable, List, Optional, Sequence
 from exporter.check import recommend as R
 from exporter.check import thresholds as T
 from exporter.check.findings import EXIT_SOFTWARE, EXIT_USAGE, MAX_NAMED, Bounded
-from exporter.check.findings import Report, at_least, at_most, docker, human, k8s, left
-from exporter.check.findings import plausible, render_json, render_text, round_up
+from exporter.check.findings import Report, at_least, at_most, human, left, plausible
+from exporter.check.findings import quantities, render_json, render_text, round_up
 from exporter.check.kernel import memory, oom_kills, outside, sysv
 from exporter.check.logscan import log_findings, refusal, scan_log
 from exporter.host.paths import Paths
@@ -90,10 +90,10 @@ HELP = {
 
 def shm_remedy(required: int) -> str:
     """How to get a mount that holds `required` bytes, in the size recommendations round to."""
-    size = round_up(required)
+    docker, k8s = quantities(round_up(required))
     return (
-        f"docker run --shm-size={docker(size)} (or --ipc=host); compose shm_size: {docker(size)}b; "
-        f"Kubernetes: an emptyDir {{medium: Memory, sizeLimit: {k8s(size)}}} mounted at /dev/shm"
+        f"docker run --shm-size={docker} (or --ipc=host); compose shm_size: {docker}b; "
+        f"Kubernetes: an emptyDir {{medium: Memory, sizeLimit: {k8s}}} mounted at /dev/shm"
     )
 
 
