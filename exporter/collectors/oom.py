@@ -10,7 +10,7 @@ import os
 import re
 from typing import Iterable, List, Optional, Tuple
 
-from exporter.collectors.source import BaseSource, register
+from exporter.collectors.source import Source, register
 from exporter.model.types import OomKill, OomReports
 
 # A /dev/kmsg record: 'prio,seq,usec,flags[,...];message', then ' KEY=value' lines.
@@ -64,7 +64,7 @@ def parse_oom_kills(records: Iterable[str], pending=None) -> List[OomKill]:
     return kills
 
 
-class OomCollector(BaseSource):
+class OomCollector(Source):
     """Drains /dev/kmsg on each poll; the model counts the kills."""
 
     name = "oom"

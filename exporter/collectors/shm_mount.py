@@ -9,7 +9,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
-from exporter.collectors.source import BaseSource, register
+from exporter.collectors.source import Source, register
 from exporter.host.libc import unique_mount_id
 from exporter.host.mountinfo import MountTable, live_mounts
 from exporter.host.paths import Paths
@@ -26,7 +26,7 @@ def _numbers(st: os.statvfs_result) -> dict:
     return dict(zip(NUMBERS, numbers))
 
 
-class ShmMountCollector(BaseSource):
+class ShmMountCollector(Source):
     name = "shm_mount"
     event_driven = True
 

@@ -1,4 +1,4 @@
-"""What every source is (`Source`, whole; `BaseSource` gives the defaults) and the one
+"""What every source is (`Source`, whole, with its defaults) and the one
 registration point: name, the modes it is on in by default, a factory."""
 
 from dataclasses import dataclass
@@ -14,7 +14,7 @@ STRETCH_MAX = 8
 
 
 class Source(Protocol):
-    """Subclassed explicitly (as BaseSource), a source takes these defaults."""
+    """Subclassed explicitly, a source takes these defaults."""
 
     name: str = ""
     schedule: str = "poll"  # or "inventory": every --poll- / --inventory-interval
@@ -35,9 +35,6 @@ class Source(Protocol):
 
     def close(self) -> None:
         pass
-
-
-BaseSource = Source
 
 
 @dataclass(frozen=True)
