@@ -62,7 +62,7 @@ class ShmMountCollector(Source):
         if not is_point and self._table.gone(mount):  # the disk beneath is not measured
             self._said.say(mount, "is not a mount point (unmounted?): not measured")
             return MountUsage(mount, "unknown", "", False, error="not a mount point")
-        entry = entry or self._table.index.find(mount)
+        entry = entry or self._table.find(mount)
         fstype, source = (entry.fstype, entry.source) if entry else ("unknown", "")
         # Which mount this is: a new one at the path starts its peaks afresh (model/state.py).
         unique = is_point and unique_mount_id(self.paths.host(mount))
