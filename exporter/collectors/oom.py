@@ -65,8 +65,6 @@ def parse_oom_kills(records: Iterable[str], pending=None) -> List[OomKill]:
 
 
 class OomCollector(Source):
-    """Drains /dev/kmsg on each poll; the model counts the kills."""
-
     name = "oom"
 
     def __init__(self, kmsg_path: str = "/dev/kmsg", from_start: bool = False):

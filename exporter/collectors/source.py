@@ -39,8 +39,6 @@ class Source(Protocol):
 
 @dataclass(frozen=True)
 class Context:
-    """What a factory builds its source from."""
-
     cfg: object  # exporter.config.Config
     paths: Paths
     mounts: Callable[[], List[str]]  # discovery's current mounts
