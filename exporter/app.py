@@ -23,8 +23,7 @@ from exporter.runtime.watcher import MountWatcher
 class App:
     def __init__(self, cfg: Config, kmsg_from_start: bool = False, web=None):
         self.paths = Paths(cfg.procfs, cfg.sysfs, cfg.rootfs)
-        node = cfg.mode == "node"
-        self.discovery = MountDiscovery(self.paths, cfg.shm_mounts, node_mode=node)
+        self.discovery = MountDiscovery(self.paths, cfg.shm_mounts, cfg.mode == "node")
         self.state = StateStore(cfg.peak_window)
         changes = ChangeLog()  # names the watcher saw change, for the quick inventory
         context = Context(

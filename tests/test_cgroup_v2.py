@@ -8,7 +8,7 @@ import pytest
 
 from exporter.collectors.cgroup import CgroupCollector
 from exporter.collectors.shm_mount import ShmMountCollector
-from exporter.collectors.source import BaseSource
+from exporter.collectors.source import Source
 from exporter.collectors.cgroup import ESTIMATE_CGROUP
 from exporter.model.types import CgroupMemory
 from exporter.host.paths import Paths
@@ -142,7 +142,7 @@ def test_node_mode_acceptance_shape(tmp_path):
             assert value(s, "shmwatch_mount_info", mount=dshm, noswap="true") == 1
 
 
-class Estimate(BaseSource):
+class Estimate(Source):
     """What a sidecar in a private cgroup namespace publishes (the estimate itself runs for real
     in the VM tier: tests/test_cgroup_v2_vm.py)."""
     name = "cgroup"

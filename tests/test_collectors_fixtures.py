@@ -78,9 +78,9 @@ def test_cgroup_v1_fixture_and_projection():
 
 
 def test_failing_collector_is_isolated():
-    from exporter.collectors.source import BaseSource
+    from exporter.collectors.source import Source
 
-    class Broken(BaseSource):
+    class Broken(Source):
         name = "sysv"
 
         def collect(self):

@@ -136,10 +136,10 @@ def test_check_judges_by_the_rules_thresholds():
 def test_a_failing_subscriber_does_not_stop_a_source():
     """An exception in one subscriber (a bug in the watcher, say) must not end the source's
     thread, nor keep the other subscribers from the observation."""
-    from exporter.collectors.source import BaseSource
+    from exporter.collectors.source import Source
     from exporter.runtime.scheduler import Sampler
 
-    class Counter(BaseSource):
+    class Counter(Source):
         name = "counter"
         runs = 0
 

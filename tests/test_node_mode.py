@@ -12,7 +12,7 @@ from exporter.model.catalogue import BY_NAME, node_labels
 from exporter.collectors.cgroup import CgroupCollector
 from exporter.collectors.shm_mount import ShmMountCollector
 from exporter.collectors.discovery import MountDiscovery, discover
-from exporter.host.mountinfo import MountIndex, parse_mountinfo, strip_rootfs
+from exporter.host.mountinfo import MountTable, parse_mountinfo, strip_rootfs
 from exporter.host.paths import Paths
 from tests.conftest import (FIXTURES, Exporter, Peer, fallocate, in_own_mount_namespace, mounted_tmpfs, needs_root,
                             prerequisite_missing, remove_cgroup, select, value)
@@ -179,7 +179,7 @@ def test_rootfs_prefix_is_stripped_from_our_own_mountinfo():
     assert [e.mount_point for e in stripped] == ["/", f"/var/lib/kubelet/pods/{POD1}/volumes/kubernetes.io~empty-dir/dshm"]
     host_view = parse_mountinfo("22 1 0:40 / /dev/shm rw - tmpfs tmpfs rw\n")  # pid 1's: as it is
     assert strip_rootfs(host_view, "/host") == host_view
-    index = MountIndex(stripped)
+    index = MountTable(Paths(), entries=stripped)
     assert index.find(f"/var/lib/kubelet/pods/{POD1}/volumes/kubernetes.io~empty-dir/dshm/x").device == "0:40"
     assert index.find("/etc/hostname").mount_point == "/"
 

@@ -11,7 +11,7 @@ import uuid
 
 
 from exporter.model.types import CgroupMemory, OomReports
-from exporter.collectors.source import BaseSource
+from exporter.collectors.source import Source
 from exporter.collectors.cgroup import CgroupCollector
 from exporter.collectors.oom import parse_kmsg_record, parse_oom_kills
 from exporter.host.paths import Paths
@@ -76,7 +76,7 @@ def test_kmsg_records_and_what_is_not_one():
     assert [(k.pid, k.task_memcg, k.shmem_rss_bytes) for k in lone] == [(5, "", 8192)]
 
 
-class Replay(BaseSource):
+class Replay(Source):
     """The kernel log's kills, replayed: the oom source with the log's text as its input."""
     name = "oom"
 

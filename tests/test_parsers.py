@@ -6,7 +6,8 @@ from exporter.host.proctable import parse_proc_cgroup
 from exporter.collectors.host_memory import parse_meminfo
 from exporter.inventory.maps import parse_maps, parse_memfd
 from exporter.host.proctable import parse_stat
-from exporter.host.mountinfo import MountIndex, parse_mountinfo
+from exporter.host.mountinfo import MountTable, parse_mountinfo
+from exporter.host.paths import Paths
 from exporter.collectors.sysv import parse_sysvipc_shm
 from tests.conftest import FIXTURES
 
@@ -31,7 +32,7 @@ def test_meminfo_corrupt():
 
 
 def find_mount(entries, path):
-    return MountIndex(entries).find(path)
+    return MountTable(Paths(), entries=entries).find(path)
 
 
 def test_mountinfo():

@@ -5,7 +5,8 @@ import pytest
 
 from exporter.model.types import MountUsage, SysvSegment, SysvShm
 from exporter.model.catalogue import BY_NAME, CATALOGUE, NODE_MOUNT_LABELS, lookup, node_labels
-from exporter.host.mountinfo import MountEntry, MountIndex
+from exporter.host.mountinfo import MountEntry, MountTable
+from exporter.host.paths import Paths
 
 
 def test_lookup_names_the_catalogue():
@@ -47,7 +48,7 @@ def test_sysv_totals():
 
 
 def find_mount(entries, path):
-    return MountIndex(entries).find(path)
+    return MountTable(Paths(), entries=entries).find(path)
 
 
 def test_find_mount_longest_prefix_on_component_boundaries():

@@ -4,12 +4,12 @@ its interval while its result does not change."""
 import threading
 import time
 
-from exporter.collectors.source import BaseSource
+from exporter.collectors.source import Source
 from exporter.runtime import scheduler as scheduler_mod
 from exporter.runtime.scheduler import Sampler
 
 
-class Counting(BaseSource):
+class Counting(Source):
     """A source that counts its runs (and quick runs)."""
 
     def __init__(self, name, schedule="poll", event_driven=False, stretches=False, result=None):
@@ -237,7 +237,7 @@ def test_node_cgroups_are_not_stretched_whole():
     assert not source.stretches
 
 
-class Staged(BaseSource):
+class Staged(Source):
     """A full run in stages (as segments in node mode): its middle waits for `release`."""
 
     name, schedule, event_driven = "segments", "inventory", True

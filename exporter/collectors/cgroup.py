@@ -22,7 +22,7 @@ from exporter.host.mountinfo import parse_mountinfo
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import Process, ProcessTable
 from exporter.collectors.host_memory import meminfo, usable_limit_flag
-from exporter.collectors.source import BaseSource, register
+from exporter.collectors.source import Source, register
 
 # Node mode walks again at most this often while a watched mount's pod is not listed.
 MISSING_REWALK_SECONDS = 2.0
@@ -89,7 +89,7 @@ def _links(directory: str) -> Optional[int]:
 
 
 @dataclass(eq=False)
-class CgroupCollector(BaseSource):
+class CgroupCollector(Source):
     paths: Paths
     cgroup_path: Optional[str] = None
     target_process: Optional[str] = None

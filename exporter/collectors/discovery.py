@@ -8,7 +8,7 @@ from pathlib import PurePosixPath
 from typing import Callable, Dict, List, Sequence, Tuple
 
 from exporter.model.types import MountSet, Target
-from exporter.collectors.source import BaseSource
+from exporter.collectors.source import Source
 from exporter.host.kube import NODE_LABELS, mount_labels
 from exporter.host.mountinfo import MountEntry, MountTable
 from exporter.host.paths import Paths
@@ -28,7 +28,7 @@ def discover(entries: Sequence[MountEntry]) -> List[Target]:
     return sorted(found.values(), key=lambda t: t.mount)
 
 
-class MountDiscovery(BaseSource):
+class MountDiscovery(Source):
     name = "discovery"
 
     def __init__(

@@ -6,7 +6,7 @@ import time
 from contextlib import suppress
 from typing import List, Optional, Tuple
 
-from exporter.collectors.source import BaseSource, register
+from exporter.collectors.source import Source, register
 from exporter.host.proctable import ProcessTable
 from exporter.model.types import GpuDevice, GpuProcess, GpuSnapshot
 
@@ -18,7 +18,7 @@ def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-class GpuCollector(BaseSource):
+class GpuCollector(Source):
     name = "gpu"
 
     def __init__(self, table: ProcessTable):

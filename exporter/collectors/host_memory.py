@@ -5,7 +5,7 @@ from contextlib import suppress
 from typing import Dict, Optional
 
 from exporter.model.types import HostMemory
-from exporter.collectors.source import BaseSource, register
+from exporter.collectors.source import Source, register
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import parse_meminfo
 
@@ -29,7 +29,7 @@ def usable_limit_flag(paths: Paths, flag: Optional[int]) -> Optional[int]:
     return flag
 
 
-class HostMemoryCollector(BaseSource):
+class HostMemoryCollector(Source):
     name = "host_memory"
 
     def __init__(self, paths: Paths):

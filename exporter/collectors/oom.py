@@ -10,7 +10,7 @@ import os
 import re
 from typing import Iterable, List, Optional, Tuple
 
-from exporter.collectors.source import BaseSource, register
+from exporter.collectors.source import Source, register
 from exporter.model.types import OomKill, OomReports
 
 # A /dev/kmsg record: 'prio,seq,usec,flags[,...];message', then ' KEY=value' lines.
@@ -64,9 +64,7 @@ def parse_oom_kills(records: Iterable[str], pending=None) -> List[OomKill]:
     return kills
 
 
-class OomCollector(BaseSource):
-    """Drains /dev/kmsg on each poll; the model counts the kills."""
-
+class OomCollector(Source):
     name = "oom"
 
     def __init__(self, kmsg_path: str = "/dev/kmsg", from_start: bool = False):

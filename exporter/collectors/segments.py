@@ -14,7 +14,7 @@ from contextlib import suppress
 from functools import partial
 from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
-from exporter.collectors.source import STRETCH_MAX, BaseSource, Context, register
+from exporter.collectors.source import STRETCH_MAX, Context, Source, register
 from exporter.host.kube import pod_uid_of_mount
 from exporter.host.mountinfo import MountTable, live_mounts
 from exporter.host.paths import Paths
@@ -40,7 +40,7 @@ DEGRADED = (
 )
 
 
-class SegmentsCollector(BaseSource):
+class SegmentsCollector(Source):
     name = "segments"
     schedule = "inventory"
     event_driven = True

@@ -2,10 +2,10 @@
 
 from prometheus_client import ProcessCollector
 
-from exporter.collectors.source import BaseSource, register
+from exporter.collectors.source import Source, register
 
 
-class SelfProcessCollector(BaseSource):
+class SelfProcessCollector(Source):
     name = "process"
 
     def __init__(self) -> None:

@@ -9,7 +9,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
-from exporter.collectors.source import BaseSource, register
+from exporter.collectors.source import Source, register
 from exporter.host.libc import unique_mount_id
 from exporter.host.mountinfo import MountTable, live_mounts
 from exporter.host.paths import Paths
@@ -26,7 +26,7 @@ def _numbers(st: os.statvfs_result) -> dict:
     return dict(zip(NUMBERS, numbers))
 
 
-class ShmMountCollector(BaseSource):
+class ShmMountCollector(Source):
     name = "shm_mount"
     event_driven = True
 
@@ -62,7 +62,7 @@ class ShmMountCollector(BaseSource):
         if not is_point and self._table.gone(mount):  # the disk beneath is not measured
             self._said.say(mount, "is not a mount point (unmounted?): not measured")
             return MountUsage(mount, "unknown", "", False, error="not a mount point")
-        entry = entry or self._table.index.find(mount)
+        entry = entry or self._table.find(mount)
         fstype, source = (entry.fstype, entry.source) if entry else ("unknown", "")
         # Which mount this is: a new one at the path starts its peaks afresh (model/state.py).
         unique = is_point and unique_mount_id(self.paths.host(mount))

@@ -1,4 +1,4 @@
-"""What every source is (`Source`, whole; `BaseSource` gives the defaults) and the one
+"""What every source is (`Source`, whole, with its defaults) and the one
 registration point: name, the modes it is on in by default, a factory."""
 
 from dataclasses import dataclass
@@ -14,7 +14,7 @@ STRETCH_MAX = 8
 
 
 class Source(Protocol):
-    """Subclassed explicitly (as BaseSource), a source takes these defaults."""
+    """Subclassed explicitly, a source takes these defaults."""
 
     name: str = ""
     schedule: str = "poll"  # or "inventory": every --poll- / --inventory-interval
@@ -37,13 +37,8 @@ class Source(Protocol):
         pass
 
 
-BaseSource = Source
-
-
 @dataclass(frozen=True)
 class Context:
-    """What a factory builds its source from."""
-
     cfg: object  # exporter.config.Config
     paths: Paths
     mounts: Callable[[], List[str]]  # discovery's current mounts

@@ -14,7 +14,7 @@ from functools import partial
 from typing import Callable, Dict, List, Optional, Tuple
 
 from exporter.model.types import SysvSegment, SysvShm
-from exporter.collectors.source import BaseSource, register
+from exporter.collectors.source import Source, register
 from exporter.host.libc import setns
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import Process, ProcessTable
@@ -82,7 +82,7 @@ def in_ipc_namespaces(
     return dict(results)
 
 
-class SysvCollector(BaseSource):
+class SysvCollector(Source):
     name = "sysv"
 
     def __init__(

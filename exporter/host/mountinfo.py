@@ -48,22 +48,6 @@ def parse_mountinfo(text: str) -> List[MountEntry]:
     return entries
 
 
-class MountIndex:
-    """Mount entries by mount point: the mount holding a path in O(path depth)."""
-
-    def __init__(self, entries: Sequence[MountEntry]):
-        # the last (topmost) entry on a mount point wins
-        self.by_point = {e.mount_point.rstrip("/") or "/": e for e in entries}
-
-    def find(self, path: str) -> Optional[MountEntry]:
-        point = path.rstrip("/") or "/"
-        while True:
-            entry = self.by_point.get(point)
-            if entry is not None or point == "/" or not point.startswith("/"):
-                return entry
-            point = posixpath.dirname(point)
-
-
 def strip_rootfs(entries: Sequence[MountEntry], rootfs: str) -> List[MountEntry]:
     """Mount points as the host names them: our own mountinfo (told by the mount of the
     rootfs itself) names them under --path.rootfs; its mounts outside it are not the host's."""
@@ -80,15 +64,20 @@ def strip_rootfs(entries: Sequence[MountEntry], rootfs: str) -> List[MountEntry]
 
 class MountTable:
     """The first readable of the candidate mountinfo files ('1': the host's, first under
-    --path.rootfs; 'self': ours), --path.rootfs stripped. Read again only when poll() on it
-    reports POLLPRI, as libmount's monitor does (2,000 mounts cost ~10 ms a read)."""
+    --path.rootfs; 'self': ours), --path.rootfs stripped; refreshed, the mount holding a path
+    in O(path depth). Read again only when poll() on it reports POLLPRI, as libmount's monitor
+    does (2,000 mounts cost ~10 ms a read)."""
 
-    def __init__(self, paths: Paths, order: Optional[Sequence[str]] = None):
+    def __init__(self, paths: Paths, order: Sequence[str] = (), entries=()):
         self.paths = paths
         host_first = paths.rootfs not in ("", "/")
         self.order = tuple(order or (("1", "self") if host_first else ("self", "1")))
         self._open = None  # (pid, file, poller) of the mountinfo the entries are from
-        self.index = MountIndex([])  # empty until read with entries: nothing is known
+        self._index(entries)  # none until read: nothing is known
+
+    def _index(self, entries: Sequence[MountEntry]) -> None:
+        # the last (topmost) entry on a mount point wins
+        self.by_point = {e.mount_point.rstrip("/") or "/": e for e in entries}
 
     def read(self) -> Optional[List[MountEntry]]:
         """The entries; None when unchanged. OSError naming each file when none can be read."""
@@ -139,17 +128,25 @@ class MountTable:
         except OSError:
             entries = []
         if entries is not None:
-            self.index = MountIndex(entries)
+            self._index(entries)
         return entries is not None
+
+    def find(self, path: str) -> Optional[MountEntry]:
+        point = path.rstrip("/") or "/"
+        while True:
+            entry = self.by_point.get(point)
+            if entry is not None or point == "/" or not point.startswith("/"):
+                return entry
+            point = posixpath.dirname(point)
 
     def mounted_at(self, path: str) -> Optional[MountEntry]:
         """The entry whose mount point `path` is; None when only a mount above holds it."""
-        return self.index.by_point.get(path.rstrip("/") or "/")
+        return self.by_point.get(path.rstrip("/") or "/")
 
     def gone(self, path: str) -> bool:
         """`path` is no mount point in a table we could read (an unreadable or empty one
         proves nothing): the root disk's directory beneath is neither measured nor walked."""
-        return bool(self.index.by_point) and self.mounted_at(path) is None
+        return bool(self.by_point) and self.mounted_at(path) is None
 
 
 def live_mounts(mounts) -> Callable[[], List[str]]:

@@ -41,7 +41,6 @@ _GROUP_CLASS = {f"r{i}": c for i, (c, _, _) in enumerate(CLASSES)}
 
 
 def _class_of(basename: str) -> str:
-    """Owner class of a segment basename; 'other' when no row matches."""
     match = _COMBINED.fullmatch(basename.removesuffix(" (deleted)"))
     return _GROUP_CLASS[match.lastgroup] if match else "other"
 

@@ -228,7 +228,6 @@ class MountInventory:
     degraded: Optional[Dict[str, Tuple[int, int, int]]] = None
 
     def rows(self) -> Iterator[Segment]:
-        """Every segment, made one at a time."""
         yield from self.hidden
         for (name, row), state in zip(self.listed.items(), self.states):
             cls, ino, mtime, allocated, apparent = unpack(row)
