@@ -36,6 +36,7 @@ class App:
             self.state.all_inotify,
             kmsg_from_start,
             lambda: self.step.kill_log_complete(),  # the step is made below
+            usable_limit_flag(self.paths, cfg.memory_limit_bytes),
         )
         # Discovery first: the others read its mounts. A collector without a flag is always on.
         on = [r for r in REGISTRY.values() if cfg.collectors.get(r.name, True)]
@@ -53,7 +54,7 @@ class App:
             self.state,
             cfg.top_k,
             cfg.shm_size_limit,
-            usable_limit_flag(self.paths, cfg.memory_limit_bytes),
+            context.memory_limit,
         )
         self.watcher = MountWatcher(
             self.state,

@@ -6,7 +6,10 @@ import shutil
 
 import pytest
 
+from exporter.app import App
+from exporter.config import parse_args
 from exporter.collectors.cgroup import CgroupCollector
+from exporter.collectors.host_memory import usable_limit_flag
 from exporter.collectors.shm_mount import ShmMountCollector
 from exporter.collectors.source import Source
 from exporter.collectors.cgroup import ESTIMATE_CGROUP
@@ -103,13 +106,23 @@ def test_limit_flag_at_or_above_memtotal_is_no_limit(tmp_path, caplog):
     not a limit. Below MemTotal the flag counts where it is tighter than the cgroup's."""
     paths = tree(tmp_path, mem_total=8 << 30)
     where = cgroup_dir(paths, SCOPE_A)
-    huge = CgroupCollector(paths, cgroup_path=where, limit_override=8 << 30).collect()[0]
+    assert usable_limit_flag(paths, 8 << 30) is None and ">= MemTotal" in caplog.text
+    huge = CgroupCollector(paths, cgroup_path=where, limit_override=None).collect()[0]
     assert (huge.limit_bytes, huge.limit_source) == (256 * MiB, "pod")
-    assert ">= MemTotal" in caplog.text
     tight = CgroupCollector(paths, cgroup_path=where, limit_override=200 * MiB).collect()[0]
     assert (tight.limit_bytes, tight.limit_source) == (200 * MiB, "flag")
     loose = CgroupCollector(paths, cgroup_path=where, limit_override=1 << 30).collect()[0]
     assert (loose.limit_bytes, loose.limit_source) == (256 * MiB, "pod")
+
+
+def test_limit_flag_at_or_above_memtotal_is_said_once(caplog):
+    """The exporter checks the flag once for the cgroup collector and the model: one warning."""
+    app = App(parse_args(["--memory.limit-bytes", str(1 << 60), "--no-collector.gpu"]))
+    try:
+        assert app.step.memory_limit is None
+        assert caplog.text.count(">= MemTotal") == 1, caplog.text
+    finally:
+        app.stop(wait=0)
 
 
 def test_node_mode_pods_on_the_systemd_layout(tmp_path):

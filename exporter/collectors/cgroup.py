@@ -21,7 +21,7 @@ from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_moun
 from exporter.host.mountinfo import parse_mountinfo
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import Process, ProcessTable
-from exporter.collectors.host_memory import meminfo, usable_limit_flag
+from exporter.collectors.host_memory import meminfo
 from exporter.collectors.source import Source, register
 
 # Node mode walks again at most this often while a watched mount's pod is not listed.
@@ -103,7 +103,6 @@ class CgroupCollector(Source):
     def __post_init__(self) -> None:
         self.table = self.table or ProcessTable(self.paths)
         self.target = re.compile(self.target_process) if self.target_process else None
-        self.limit_override = usable_limit_flag(self.paths, self.limit_override)
         # Node mode: the last walk (pod cgroups, when, links of the directories walked into,
         # v1 containers); by pod: last read, stretch, due poll, probe; its usage and limit fds.
         self._listed: Optional[List[Tuple[str, int, str, str]]] = None
@@ -338,7 +337,7 @@ register(
         c.paths,
         c.cfg.cgroup_path,
         c.cfg.cgroup_target_process,
-        c.cfg.memory_limit_bytes,
+        c.memory_limit,
         node_mode=c.node,
         table=c.table,
         kill_log_complete=c.kill_log_complete,

@@ -48,6 +48,9 @@ class Context:
     all_watched: Callable[[], bool] = lambda: False  # inotify watches every mount
     kmsg_from_start: bool = False  # check: the kernel log from its start
     kill_log_complete: Callable[[], bool] = lambda: False  # every OOM kill is logged
+    memory_limit: Optional[int] = (
+        None  # --memory.limit-bytes below MemTotal (usable_limit_flag)
+    )
 
     @property
     def node(self) -> bool:
