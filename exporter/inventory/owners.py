@@ -152,8 +152,7 @@ class OwnerScan:
                 held = (*unlinked_size(hs), tuple(sorted({h.pid for h in hs})))
                 regions.append(Segment(name, classify(name), "hidden", *held, key))
         out, known = {}, {}
-        holders = {pid for region in regions for pid in region.holders}
-        for pid in holders | owners.memfd_rest.keys():
+        for pid in {p for r in regions for p in r.holders} | owners.memfd_rest.keys():
             proc = owners.holders.get(pid)
             ident = (pid, proc.start_time if proc else None)
             if (path := self._cgroup_of.get(ident)) is None:
