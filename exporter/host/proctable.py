@@ -75,7 +75,6 @@ class ProcessWalk:
 
 
 def parse_hidepid(options: str) -> str:
-    """procfs mount options -> 'off', 'noaccess', 'invisible' or 'ptraceable'."""
     key = "hidepid="
     values = [o[len(key) :] for o in options.split(",") if o.startswith(key)]
     return HIDEPID_NAMES.get(values[0], values[0]) if values else "off"

@@ -171,7 +171,6 @@ class OwnerScan:
         self._fill_mapping_sizes(out.holdings)
 
     def _scan_one(self, proc: Process, devs: Set[int], tokens, out: Owners) -> None:
-        """One process's maps and fds into `out`; counted unreadable when any was denied."""
         pid, mounted = proc.pid, self._mount_ids
         # Its namespace now, not as learn() found it: it may have entered another since.
         mount_ids = mounted.of(pid, devs)

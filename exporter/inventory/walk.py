@@ -1,9 +1,8 @@
-"""Listing a shm mount with lstat only, and patching a listing with the names that changed.
-Only directories are opened, never through a symlink; other entries are only counted.
-A listing keeps each regular file as one packed int under its path below the mount (a
-name alone collides across sub-directories): a leak storm of 100,000 files costs ~15 MB.
-Past `cap` files a walk keeps only counts and bytes by class (`Listing.degraded`); past
-MAX_ENTRIES entries it stops (`Listing.truncated`), and keeps the rows it did not reach."""
+"""Listing a shm mount with lstat only (entries other than files are only counted), and
+patching a listing with the names that changed. A listing keeps each regular file as one
+packed int under its path below the mount (a name alone collides across sub-directories): a
+leak storm of 100,000 files costs ~15 MB. Past `cap` files a walk keeps only counts and bytes
+by class (`Listing.degraded`); past MAX_ENTRIES entries it stops (`Listing.truncated`)."""
 
 import os
 from collections import Counter
