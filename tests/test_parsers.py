@@ -63,8 +63,8 @@ def test_sysvipc():
 
 def test_proc_stat_with_hostile_comm():
     text = "1234 (we ird) (name) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 100"
-    comm, flags, start = parse_stat(text)
-    assert comm == "we ird) (name" and flags == 4194560 and start == 98765
+    comm, flags, start, ppid = parse_stat(text)
+    assert comm == "we ird) (name" and flags == 4194560 and start == 98765 and ppid == 1
 
 
 def test_maps_matches_device_and_inode_only():

@@ -136,7 +136,7 @@ comms = st.text(st.characters(blacklist_characters="\0\n", blacklist_categories=
 @given(st.integers(1, 1 << 22), comms, st.sampled_from("RSDZTtXI"), st.integers(0, 1 << 32), st.integers(0, 1 << 62))
 def test_stat_round_trip(pid, comm, state, flags, start):
     fields = ["1", "1", "1", "0", "-1", str(flags)] + ["0"] * 12 + [str(start)] + ["0"] * 30
-    assert parse_stat(f"{pid} ({comm}) {state} " + " ".join(fields) + "\n") == (comm, flags, start)
+    assert parse_stat(f"{pid} ({comm}) {state} " + " ".join(fields) + "\n") == (comm, flags, start, 1)
 
 
 @given(any_text)

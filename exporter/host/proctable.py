@@ -26,11 +26,11 @@ HIDEPID_NAMES = {"0": "off", "1": "noaccess", "2": "invisible", "4": "ptraceable
 PidCounts = Optional[Tuple[int, int, int]]  # ns_last_pid, forks since boot, pid_max
 
 
-def parse_stat(text: str) -> Tuple[str, int, int]:
-    """/proc/<pid>/stat -> (comm, flags, starttime). comm may hold spaces and ')'."""
+def parse_stat(text: str) -> Tuple[str, int, int, int]:
+    """/proc/<pid>/stat -> (comm, flags, starttime, ppid). comm may hold spaces and ')'."""
     close = text.rindex(")")
-    rest = text[close + 2 :].split()  # from field 3 (state): flags is 9, starttime 22
-    return text[text.index("(") + 1 : close], int(rest[6]), int(rest[19])
+    rest = text[close + 2 :].split()  # from field 3: ppid 4, flags 9, starttime 22
+    return text[text.index("(") + 1 : close], int(rest[6]), int(rest[19]), int(rest[1])
 
 
 def parse_proc_cgroup(text: str) -> Dict[str, str]:
@@ -75,7 +75,6 @@ class ProcessWalk:
 
 
 def parse_hidepid(options: str) -> str:
-    """procfs mount options -> 'off', 'noaccess', 'invisible' or 'ptraceable'."""
     key = "hidepid="
     values = [o[len(key) :] for o in options.split(",") if o.startswith(key)]
     return HIDEPID_NAMES.get(values[0], values[0]) if values else "off"
@@ -106,8 +105,7 @@ class ProcessTable:
             try:
                 raw = read_text(self.paths.proc(pid, "stat"))
                 uid = os.stat(self.paths.proc(pid)).st_uid
-                comm, flags, start = parse_stat(raw)
-                ppid = int(raw[raw.rindex(")") + 2 :].split()[1])
+                comm, flags, start, ppid = parse_stat(raw)
             except (FileNotFoundError, ProcessLookupError):
                 continue  # gone
             except (OSError, ValueError, IndexError):
@@ -214,9 +212,8 @@ class ProcessTable:
 
     def pod_uid(self, proc: Process) -> str:
         """The pod a process runs in ('' outside Kubernetes); a process never changes pod."""
-        key = (proc.pid, proc.start_time)
-        cached = self._pods.get(key)  # no lock: walk() replaces the dict whole
-        if cached is not None:
+        key = (proc.pid, proc.start_time)  # no lock: walk() replaces the dict whole
+        if (cached := self._pods.get(key)) is not None:
             return cached
         try:
             pod = pod_uid_in_cgroup(read_text(self.paths.proc(proc.pid, "cgroup")))

@@ -38,8 +38,6 @@ class UnprovenLog:
 
 @dataclass(slots=True)
 class Holding:
-    """One process's hold on one inode of a watched mount."""
-
     pid: int
     path: str
     deleted: bool
@@ -71,7 +69,6 @@ class Owners:
     folded: Set[Key] = field(default_factory=set)
 
     def hold(self, key: Key, new: Holding) -> None:
-        """Record `new`, merged into the process's hold on `key` if it has one already."""
         for h in self.holdings.setdefault(key, []):
             if h.pid == new.pid:
                 h.extent = max(h.extent, new.extent)

@@ -152,8 +152,7 @@ class OwnerScan:
                 held = (*unlinked_size(hs), tuple(sorted({h.pid for h in hs})))
                 regions.append(Segment(name, classify(name), "hidden", *held, key))
         out, known = {}, {}
-        holders = {pid for region in regions for pid in region.holders}
-        for pid in holders | owners.memfd_rest.keys():
+        for pid in {p for r in regions for p in r.holders} | owners.memfd_rest.keys():
             proc = owners.holders.get(pid)
             ident = (pid, proc.start_time if proc else None)
             if (path := self._cgroup_of.get(ident)) is None:
@@ -172,7 +171,6 @@ class OwnerScan:
         self._fill_mapping_sizes(out.holdings)
 
     def _scan_one(self, proc: Process, devs: Set[int], tokens, out: Owners) -> None:
-        """One process's maps and fds into `out`; counted unreadable when any was denied."""
         pid, mounted = proc.pid, self._mount_ids
         # Its namespace now, not as learn() found it: it may have entered another since.
         mount_ids = mounted.of(pid, devs)

@@ -1,9 +1,8 @@
-"""Listing a shm mount with lstat only, and patching a listing with the names that changed.
-Only directories are opened, never through a symlink; other entries are only counted.
-A listing keeps each regular file as one packed int under its path below the mount (a
-name alone collides across sub-directories): a leak storm of 100,000 files costs ~15 MB.
-Past `cap` files a walk keeps only counts and bytes by class (`Listing.degraded`); past
-MAX_ENTRIES entries it stops (`Listing.truncated`), and keeps the rows it did not reach."""
+"""Listing a shm mount with lstat only (entries other than files are only counted), and
+patching a listing with the names that changed. A listing keeps each regular file as one
+packed int under its path below the mount (a name alone collides across sub-directories): a
+leak storm of 100,000 files costs ~15 MB. Past `cap` files a walk keeps only counts and bytes
+by class (`Listing.degraded`); past MAX_ENTRIES entries it stops (`Listing.truncated`)."""
 
 import os
 from collections import Counter
@@ -40,7 +39,6 @@ class Listing:
 
 
 def _update(listing: Listing, path: str, st: os.stat_result, events: Events) -> None:
-    """A file's row; its class and known flag kept while it is the same inode."""
     old = listing.rows.get(path)
     same = old is not None and old >> INO_SHIFT & INO_MASK == st.st_ino
     if same:
@@ -187,10 +185,8 @@ def directories(host, table, mounts) -> Tuple[Dict[str, int], Dict[str, str]]:
         except OSError as err:
             errors[mount] = err.strerror or str(err)
             continue
-        if st is None:  # its directory on the disk beneath is not ours
-            errors[mount] = "not a mount point"
-        elif S_ISDIR(st.st_mode):
+        if st is not None and S_ISDIR(st.st_mode):
             devs[mount] = st.st_dev
-        else:
-            errors[mount] = "not a directory"
+        else:  # one gone from the mount table: its directory on the disk beneath is not ours
+            errors[mount] = "not a mount point" if st is None else "not a directory"
     return devs, errors
