@@ -58,25 +58,6 @@ class LineFormatter(logging.Formatter):
         return " ".join(f"{key}={logfmt_value(value)}" for key, value in fields.items())
 
 
-def setup_logging(level: str = "info", fmt: str = "logfmt", stream=None) -> None:
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(LineFormatter())
-    handler.formatter.json_lines = fmt == "json"
-    root = logging.getLogger()
-    root.handlers[:] = [handler]  # the old removed, not closed (as basicConfig's force)
-    root.setLevel(getattr(logging, level.upper(), logging.INFO))
-    logging.captureWarnings(True)  # warnings.warn() as log lines too
-
-    def thread_hook(args) -> None:
-        if args.exc_type is not SystemExit:
-            name = args.thread.name if args.thread else "?"
-            exc_info = (args.exc_type, args.exc_value, args.exc_traceback)
-            log.error("uncaught exception in thread %s", name, exc_info=exc_info)
-
-    threading.excepthook = thread_hook
-    sys.excepthook = lambda *exc: log.error("uncaught exception", exc_info=exc)
-
-
 def fail(flag: str, message: str) -> NoReturn:  # as a bad flag value, after parsing
     build_parser().error(f"argument {flag}: {message}")
 
@@ -147,7 +128,22 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         return check_main(argv[1:], collect_once)
     cfg = parse_args(argv)
-    setup_logging(cfg.log_level, cfg.log_format)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LineFormatter())
+    handler.formatter.json_lines = cfg.log_format == "json"
+    root = logging.getLogger()
+    root.handlers[:] = [handler]  # the old removed, not closed (as basicConfig's force)
+    root.setLevel(getattr(logging, cfg.log_level.upper(), logging.INFO))
+    logging.captureWarnings(True)  # warnings.warn() as log lines too
+
+    def thread_hook(args) -> None:
+        if args.exc_type is not SystemExit:
+            name = args.thread.name if args.thread else "?"
+            exc_info = (args.exc_type, args.exc_value, args.exc_traceback)
+            log.error("uncaught exception in thread %s", name, exc_info=exc_info)
+
+    threading.excepthook = thread_hook
+    sys.excepthook = lambda *exc: log.error("uncaught exception", exc_info=exc)
     tune_process()
     web = _web_config(cfg)
     app = App(cfg, web=web)
