@@ -43,10 +43,9 @@ class LineFormatter(logging.Formatter):
     json_lines = False  # else logfmt
 
     def format(self, record: logging.LogRecord) -> str:
-        ms = int(record.created % 1 * 1000)
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
         fields = {
-            "ts": f"{ts}.{ms:03d}Z",
+            "ts": f"{ts}.{int(record.created % 1 * 1000):03d}Z",
             "level": _LEVELS.get(record.levelname, record.levelname.lower()),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -148,12 +147,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     web = _web_config(cfg)
     app = App(cfg, web=web)
     wsgi = http.make_app(app.exposition.wsgi_app, cfg.telemetry_path)
-    host, port = cfg.listen_host, cfg.listen_port
     try:
-        httpd = http.bind(host, port, wsgi, web, cfg.max_requests)
+        httpd = http.bind(cfg.listen_host, cfg.listen_port, wsgi, web, cfg.max_requests)
     except OSError as err:
-        where = f"{http.url_host(host)}:{port}: {err.strerror or err}"
-        fail("--web.listen-address", f"cannot listen on {where}")
+        where = f"{http.url_host(cfg.listen_host)}:{cfg.listen_port}"
+        fail("--web.listen-address", f"cannot listen on {where}: {err.strerror or err}")
     done = threading.Event()
 
     def on_signal(signum, _frame) -> None:

@@ -79,10 +79,9 @@ def env_name(flag: str) -> str:
 
 def _regex(text: str) -> str:
     try:
-        re.compile(text)
+        return re.compile(text).pattern
     except re.error as err:
         raise ValueError(f"invalid regex: {err}") from None
-    return text
 
 
 def _checked(test: Callable[[str], bool], message: str, value=str) -> Callable:
