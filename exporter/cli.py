@@ -26,17 +26,16 @@ log = logging.getLogger("shmwatch")
 # once, all freed by reference counting: 700 collects many times a second for nothing.
 GC_GEN0_THRESHOLD = 50_000
 _LEVELS = {"WARNING": "warn", "CRITICAL": "error"}
-_ESCAPES = {chr(c): f"\\u{c:04x}" for c in [*range(0x20), 0x7F]}
-_ESCAPES.update({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"})
+_SHORT = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_ESCAPES = str.maketrans({chr(c): f"\\u{c:04x}" for c in [*range(32), 127]} | _SHORT)
 _QUOTED = re.compile(r'[ ="\\\x00-\x1f\x7f]')  # a value holding one of these is quoted
-_ESCAPED = re.compile(r'["\\\x00-\x1f\x7f]')
 
 
 def logfmt_value(value: object) -> str:
     text = str(value)
     if text and not _QUOTED.search(text):
         return text
-    return '"' + _ESCAPED.sub(lambda m: _ESCAPES[m[0]], text) + '"'
+    return '"' + text.translate(_ESCAPES) + '"'
 
 
 class LineFormatter(logging.Formatter):
