@@ -53,14 +53,13 @@ def parse_size(text: str) -> int:
 def parse_listen_address(text: str) -> "tuple[str, int]":
     """':9841', '[::]:9841', '127.0.0.1:0', '[::1]:9841' -> (host, port); '' is every address."""
     host, sep, port = str(text).rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"invalid address {text!r} (use host:port, e.g. :9841)")
-    bracketed = host.startswith("[")
-    if bracketed != host.endswith("]") or (":" in host and not bracketed):
-        raise ValueError(
-            f"invalid address {text!r} (an IPv6 host goes in brackets: [::1]:9841)"
-        )
-    return host[1:-1] if bracketed else host, int(port)
+    why = "use host:port, e.g. :9841"
+    if sep and port.isdigit() and int(port) <= 65535:
+        bracketed = host.startswith("[")
+        if bracketed == host.endswith("]") and (bracketed or ":" not in host):
+            return host[1:-1] if bracketed else host, int(port)
+        why = "an IPv6 host goes in brackets: [::1]:9841"
+    raise ValueError(f"invalid address {text!r} ({why})")
 
 
 def typed(kind):  # text -> value, ValueError on bad text: as an argparse type
