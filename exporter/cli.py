@@ -26,27 +26,25 @@ log = logging.getLogger("shmwatch")
 # once, all freed by reference counting: 700 collects many times a second for nothing.
 GC_GEN0_THRESHOLD = 50_000
 _LEVELS = {"WARNING": "warn", "CRITICAL": "error"}
-_ESCAPES = {chr(c): f"\\u{c:04x}" for c in [*range(0x20), 0x7F]}
-_ESCAPES.update({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"})
+_SHORT = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_ESCAPES = str.maketrans({chr(c): f"\\u{c:04x}" for c in [*range(32), 127]} | _SHORT)
 _QUOTED = re.compile(r'[ ="\\\x00-\x1f\x7f]')  # a value holding one of these is quoted
-_ESCAPED = re.compile(r'["\\\x00-\x1f\x7f]')
 
 
 def logfmt_value(value: object) -> str:
     text = str(value)
     if text and not _QUOTED.search(text):
         return text
-    return '"' + _ESCAPED.sub(lambda m: _ESCAPES[m[0]], text) + '"'
+    return '"' + text.translate(_ESCAPES) + '"'
 
 
 class LineFormatter(logging.Formatter):
     json_lines = False  # else logfmt
 
     def format(self, record: logging.LogRecord) -> str:
-        ms = int(record.created % 1 * 1000)
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
         fields = {
-            "ts": f"{ts}.{ms:03d}Z",
+            "ts": f"{ts}.{int(record.created % 1 * 1000):03d}Z",
             "level": _LEVELS.get(record.levelname, record.levelname.lower()),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -56,25 +54,6 @@ class LineFormatter(logging.Formatter):
         if self.json_lines:
             return json.dumps(fields)
         return " ".join(f"{key}={logfmt_value(value)}" for key, value in fields.items())
-
-
-def setup_logging(level: str = "info", fmt: str = "logfmt", stream=None) -> None:
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(LineFormatter())
-    handler.formatter.json_lines = fmt == "json"
-    root = logging.getLogger()
-    root.handlers[:] = [handler]  # the old removed, not closed (as basicConfig's force)
-    root.setLevel(getattr(logging, level.upper(), logging.INFO))
-    logging.captureWarnings(True)  # warnings.warn() as log lines too
-
-    def thread_hook(args) -> None:
-        if args.exc_type is not SystemExit:
-            name = args.thread.name if args.thread else "?"
-            exc_info = (args.exc_type, args.exc_value, args.exc_traceback)
-            log.error("uncaught exception in thread %s", name, exc_info=exc_info)
-
-    threading.excepthook = thread_hook
-    sys.excepthook = lambda *exc: log.error("uncaught exception", exc_info=exc)
 
 
 def fail(flag: str, message: str) -> NoReturn:  # as a bad flag value, after parsing
@@ -147,17 +126,31 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         return check_main(argv[1:], collect_once)
     cfg = parse_args(argv)
-    setup_logging(cfg.log_level, cfg.log_format)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LineFormatter())
+    handler.formatter.json_lines = cfg.log_format == "json"
+    root = logging.getLogger()
+    root.handlers[:] = [handler]  # the old removed, not closed (as basicConfig's force)
+    root.setLevel(getattr(logging, cfg.log_level.upper(), logging.INFO))
+    logging.captureWarnings(True)  # warnings.warn() as log lines too
+
+    def thread_hook(args) -> None:
+        if args.exc_type is not SystemExit:
+            name = args.thread.name if args.thread else "?"
+            exc_info = (args.exc_type, args.exc_value, args.exc_traceback)
+            log.error("uncaught exception in thread %s", name, exc_info=exc_info)
+
+    threading.excepthook = thread_hook
+    sys.excepthook = lambda *exc: log.error("uncaught exception", exc_info=exc)
     tune_process()
     web = _web_config(cfg)
     app = App(cfg, web=web)
     wsgi = http.make_app(app.exposition.wsgi_app, cfg.telemetry_path)
-    host, port = cfg.listen_host, cfg.listen_port
     try:
-        httpd = http.bind(host, port, wsgi, web, cfg.max_requests)
+        httpd = http.bind(cfg.listen_host, cfg.listen_port, wsgi, web, cfg.max_requests)
     except OSError as err:
-        where = f"{http.url_host(host)}:{port}: {err.strerror or err}"
-        fail("--web.listen-address", f"cannot listen on {where}")
+        where = f"{http.url_host(cfg.listen_host)}:{cfg.listen_port}"
+        fail("--web.listen-address", f"cannot listen on {where}: {err.strerror or err}")
     done = threading.Event()
 
     def on_signal(signum, _frame) -> None:

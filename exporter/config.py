@@ -8,7 +8,7 @@ import re
 from fractions import Fraction
 from functools import partial
 from types import SimpleNamespace
-from typing import Callable, Dict, NoReturn, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 from exporter import __version__
 from exporter.collectors import REGISTRY
@@ -37,9 +37,6 @@ def parse_duration(text: str, zero: bool = False) -> float:
     return seconds
 
 
-parse_duration_or_zero = partial(parse_duration, zero=True)
-
-
 def parse_size(text: str) -> int:
     """'64Mi', '16Gi', '2g', '512k', '1048576' -> bytes; Kubernetes' K, M, G are decimal,
     docker's lower-case k, m, g (`--shm-size 2g`) binary."""
@@ -56,22 +53,13 @@ def parse_size(text: str) -> int:
 def parse_listen_address(text: str) -> "tuple[str, int]":
     """':9841', '[::]:9841', '127.0.0.1:0', '[::1]:9841' -> (host, port); '' is every address."""
     host, sep, port = str(text).rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"invalid address {text!r} (use host:port, e.g. :9841)")
-    bracketed = host.startswith("[")
-    if bracketed != host.endswith("]") or (":" in host and not bracketed):
-        raise ValueError(
-            f"invalid address {text!r} (an IPv6 host goes in brackets: [::1]:9841)"
-        )
-    return host[1:-1] if bracketed else host, int(port)
-
-
-Config = SimpleNamespace  # FLAGS' dests (listen: listen_host, listen_port), collectors, inotify
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, no usage: it names the flag
-        self.exit(2, f"{self.prog}: error: {message}\n")
+    why = "use host:port, e.g. :9841"
+    if sep and port.isdigit() and int(port) <= 65535:
+        bracketed = host.startswith("[")
+        if bracketed == host.endswith("]") and (bracketed or ":" not in host):
+            return host[1:-1] if bracketed else host, int(port)
+        why = "an IPv6 host goes in brackets: [::1]:9841"
+    raise ValueError(f"invalid address {text!r} ({why})")
 
 
 def typed(kind):  # text -> value, ValueError on bad text: as an argparse type
@@ -90,10 +78,9 @@ def env_name(flag: str) -> str:
 
 def _regex(text: str) -> str:
     try:
-        re.compile(text)
+        return re.compile(text).pattern
     except re.error as err:
         raise ValueError(f"invalid regex: {err}") from None
-    return text
 
 
 def _checked(test: Callable[[str], bool], message: str, value=str) -> Callable:
@@ -109,6 +96,7 @@ def _one_of(*choices: str) -> Callable[[str], str]:
     return _checked(choices.__contains__, "{!r} is not one of " + ", ".join(choices))
 
 
+parse_duration_or_zero = partial(parse_duration, zero=True)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # A flag's kind: text -> value, a ValueError that names what is wrong.
 KINDS: Dict[str, Callable[[str], object]] = {
@@ -195,6 +183,7 @@ FLAGS = tuple(
     (flag, dest, KINDS[kind], default or None, " ".join(text.split()), bool(dots))
     for flag, dest, kind, dots, default, text in re.findall(_ENTRY, _TABLE, re.M)
 )
+Config = SimpleNamespace  # FLAGS' dests (listen: listen_host, listen_port), collectors, inotify
 
 
 def _switch(env: str, default: Optional[bool]) -> Optional[bool]:
@@ -204,11 +193,13 @@ def _switch(env: str, default: Optional[bool]) -> Optional[bool]:
 
 
 def build_parser(prog: str = "shmwatch") -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = argparse.ArgumentParser(
         prog=prog,
         description="Prometheus exporter for shared memory in LLM-serving pods.",
         allow_abbrev=False,
     )
+    # A bad flag: one line, no usage dump (the message names the flag).
+    parser.error = lambda message: parser.exit(2, f"{prog}: error: {message}\n")
     version = f"shmwatch {__version__}"
     parser.add_argument("--version", action="version", version=version)
     for flag, dest, kind, default, text, repeatable in FLAGS:

@@ -7,7 +7,6 @@ import re
 from typing import Dict, Optional, Tuple
 
 _UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
-# A pod's UID anywhere in a cgroup path (/proc/<pid>/cgroup, a cgroupfs directory).
 POD_UID_IN_CGROUP = re.compile(r"pod(" + _UID + r")")
 # A directory that is a pod's cgroup: its name ends with the pod UID (systemd adds .slice).
 POD_CGROUP_DIR = re.compile(r"pod(" + _UID + r")(\.slice)?$")
