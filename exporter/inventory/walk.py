@@ -63,8 +63,7 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
     listing.others, listing.truncated, listing.degraded = Counter(), False, None
     rows, others = listing.rows, listing.others
     linked: set = set()  # inodes with more than one name, seen
-    # Entries, and regular files, met by this walk (not rows gone since).
-    seen = files = 0
+    seen = files = 0  # entries, and regular files, this walk met (not rows gone since)
     stack: List[Tuple[str, ...]] = [()]  # sub-directories, as names below the root
     while stack and not listing.truncated:
         names = stack.pop()
