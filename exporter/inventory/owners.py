@@ -267,8 +267,7 @@ def _sizes(st: os.stat_result) -> Tuple[int, int, float]:
 
 
 def _replaced(old: dict, gone: Iterable, new: Optional[dict] = None) -> dict:
-    """`old` without `gone`, with `new`: copied in C, then edited, so a refresh does O(pod)
-    work in Python, not O(node)."""
+    """`old` - `gone` + `new`: copied in C, then edited, so a refresh is O(pod) in Python."""
     out = dict(old)
     for key in gone:
         out.pop(key, None)

@@ -1,8 +1,7 @@
-"""Listing a shm mount with lstat only (entries other than files are only counted), and
-patching a listing with the names that changed. A listing keeps each regular file as one
-packed int under its path below the mount (a name alone collides across sub-directories): a
-leak storm of 100,000 files costs ~15 MB. Past `cap` files a walk keeps only counts and bytes
-by class (`Listing.degraded`); past MAX_ENTRIES entries it stops (`Listing.truncated`)."""
+"""Listing a shm mount by lstat only, and patching a listing by the names that changed. Each
+regular file is one packed int under its path below the mount (a name alone collides across
+sub-directories): 100,000 leaked files take ~15 MB. Past `cap` files a walk keeps counts and
+bytes by class (`Listing.degraded`); past MAX_ENTRIES it stops (`Listing.truncated`)."""
 
 import os
 from collections import Counter
