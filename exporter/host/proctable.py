@@ -17,10 +17,8 @@ log = logging.getLogger(__name__)
 
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: kernel threads map no files
 RESERVED_PIDS = 300  # kernel/pid.c: after a wrap, pids start again above these
-# PROC_PID_INIT_INO (include/linux/proc_ns.h): the initial PID namespace's fixed inode.
-INITIAL_PID_NAMESPACE = f"pid:[{0xEFFFFFFC}]"
-# Probing costs one pidfd_open per pid: fine in a pod's PID namespace, not a host's.
-MAX_PROBE_PIDS = 1 << 16
+INITIAL_PID_NAMESPACE = f"pid:[{0xEFFFFFFC}]"  # PROC_PID_INIT_INO (linux/proc_ns.h)
+MAX_PROBE_PIDS = 1 << 16  # a pidfd_open each: ok in a pod's PID namespace, not a host's
 # Kernels before 5.8 print hidepid=0/1/2(/4); later ones the names (fs/proc/root.c).
 HIDEPID_NAMES = {"0": "off", "1": "noaccess", "2": "invisible", "4": "ptraceable"}
 PidCounts = Optional[Tuple[int, int, int]]  # ns_last_pid, forks since boot, pid_max
@@ -89,8 +87,7 @@ class ProcessTable:
         self._pods: Dict[Tuple[int, int], str] = {}  # (pid, start time) -> pod UID
 
     def last_pid_and_max(self) -> Tuple[int, int]:
-        # ns_last_pid needs CONFIG_CHECKPOINT_RESTORE
-        kernel = ("sys", "kernel")
+        kernel = ("sys", "kernel")  # ns_last_pid needs CONFIG_CHECKPOINT_RESTORE
         last = int(read_text(self.paths.proc(*kernel, "ns_last_pid")))
         return last, int(read_text(self.paths.proc(*kernel, "pid_max")))
 
@@ -163,9 +160,8 @@ class ProcessTable:
     def count_invisible(self, listed: Set[int]) -> Optional[int]:
         """Processes of our PID namespace that /proc does not list: pidfd_open() needs no
         permission and refuses threads (EINVAL)."""
-        # A Python built on headers older than Linux 5.3 lacks it.
         if (probe := getattr(os, "pidfd_open", None)) is None:
-            return None
+            return None  # a Python built on headers older than Linux 5.3
         try:
             last, pid_max = self.last_pid_and_max()
         except (OSError, ValueError):
@@ -274,9 +270,8 @@ class ProcessTable:
 
 
 def pids_wrapped(last: PidCounts, now: PidCounts) -> bool:
-    """Whether a pid known at `last` may be another process `now` (also when we cannot
-    tell): pids are handed out rising, so only when ns_last_pid went down or more forks
-    happened than there are pids."""
+    """Whether a pid known at `last` may be another process `now` (or we cannot tell): pids
+    rise, so only if ns_last_pid went down or more forks came than there are pids."""
     return now is None or (
         last is not None
         and (now[0] < last[0] or now[1] - last[1] >= now[2] - RESERVED_PIDS)

@@ -1,6 +1,5 @@
-"""Names inotify saw change, per mount: the quick inventory lstat()s only these and patches the
-last listing; a mount marked unknown (a change below the top directory, or too many names) is
-re-listed."""
+"""Names inotify saw change, per mount: the quick inventory lstat()s these to patch the last
+listing. One marked unknown (a change below the top directory, too many names): re-listed."""
 
 import threading
 

@@ -18,8 +18,7 @@ Changes = Dict[str, Optional[Set[str]]]  # mount -> names changed; None: re-list
 
 
 class UnprovenLog:
-    """Logs, when it changes, why segments held by nobody are 'unverified', not 'orphan'.
-    Numbers are left out of the comparison (pids and counts churn)."""
+    """Logs why unheld segments are 'unverified' when that changes, but for numbers (churn)."""
 
     def __init__(self, log: logging.Logger) -> None:
         self._said = SaidOnce(log, prefix="")
@@ -56,17 +55,15 @@ class Owners:
     unreadable: Optional[int] = 0
     # Of those, the ones that could hold a segment (not excused by --segments.ignore-unreadable).
     unverifiable: Optional[int] = 0
-    # Why 'held by nobody' is not proven, for the log: "process_api (pid 1, uid 0)", ...
-    unproven: List[str] = field(default_factory=list)
+    unproven: List[str] = field(default_factory=list)  # why unheld is not proven
     scanned: int = 0
     processes: Dict[int, Process] = field(default_factory=dict)  # every one walked
     # pid -> the keys it holds (each once): a scoped scan replaces a pod's holdings by them.
     keys_of: Dict[int, List[Key]] = field(default_factory=dict)
     pod_of: Dict[int, str] = field(default_factory=dict)  # pid -> pod UID, once known
-    # pid -> class -> (count, allocated) of its memfd regions past the largest MAX_MEMFDS
-    # (owners.py), and while a scan runs the keys counted so.
+    # pid -> class -> (count, allocated) of its memfds past its MAX_MEMFDS largest
     memfd_rest: Dict[int, Dict[str, Tuple[int, int]]] = field(default_factory=dict)
-    folded: Set[Key] = field(default_factory=set)
+    folded: Set[Key] = field(default_factory=set)  # keys counted so, while a scan runs
 
     def hold(self, key: Key, new: Holding) -> None:
         for h in self.holdings.setdefault(key, []):
@@ -90,8 +87,7 @@ class Owners:
 
 
 def unlinked_size(hs: List[Holding]) -> Tuple[int, int, float]:
-    """(allocated, apparent, mtime) of an unlinked inode: from a stat where one was possible,
-    else the furthest a mapping reaches."""
+    """Unlinked inode -> (allocated, apparent, mtime): a stat's, else its furthest mapping's."""
     if sizes := next((h.sizes for h in hs if h.sizes), None):
         return sizes
     extent = max(h.extent for h in hs)
@@ -172,9 +168,8 @@ class ScanPace:
             self.changed()
 
     def scanned(self, mounts: tuple, owners: Owners, *, quiet: bool, stretch: bool):
-        """`quiet`: nothing changed while it read /proc; `stretch`: inotify watches every
-        mount and nothing is called leaked (one a process attaches to without writing is
-        seen by a full scan only)."""
+        """`quiet`: no change while it read /proc; `stretch`: inotify watches every mount
+        and none is called leaked (an attach without a write only a full scan sees)."""
         calm = self._quiet and quiet and stretch and self._same(owners)
         self.every = min(self.every * 2, self.base * self.cap) if calm else self.base
         self._seen = (mounts, dict(owners.holders), frozenset(owners.holdings))

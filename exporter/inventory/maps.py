@@ -1,7 +1,6 @@
-"""What the owner scan reads of a process: the lines of /proc/<pid>/maps on the watched
-devices (only those are split), and which mount IDs are the watched mounts in its mount
-namespace (an fd is stat'ed only when fdinfo's mnt_id names one: a stat on a hung FUSE or
-NFS mount blocks for good)."""
+"""What the owner scan reads of a process: its /proc/<pid>/maps lines on the watched devices
+(only those are split), and the watched mounts' IDs in its mount namespace (an fd is stat'ed
+only if fdinfo's mnt_id names one: a stat on a hung FUSE or NFS mount blocks for good)."""
 
 import errno
 import os
@@ -34,8 +33,7 @@ class DeviceTokens(Dict[str, int]):
 
 
 def _fields(text: str, search: Callable) -> Iterable[Tuple[List[str], str]]:
-    """(fields, match) of each line where `search` matches. Not splitlines(): "\x1e" or
-    "\x85" may be in a path."""
+    """(fields, match) per `search` hit. Not splitlines(): "\x1e" or "\x85" may be in a path."""
     hit = search(text)
     while hit is not None:
         end = text.find("\n", hit.start())
@@ -57,9 +55,8 @@ def _entry(parts: List[str], dev: int) -> Optional[MapsLine]:
 
 
 def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
-    """Lines of maps on the watched devices -> [(dev, inode, path, extent, address range)].
-    The token must be the device field, not text in a path on another device ("/tmp/x
-    00:1a y (deleted)" would otherwise fake a hidden segment on 00:1a)."""
+    """Lines of maps on the watched devices. The token must be the device field, not path text
+    ("/tmp/x 00:1a y (deleted)" on another device would fake a hidden segment on 00:1a)."""
     tokens = tokens if isinstance(tokens, DeviceTokens) else DeviceTokens(tokens)
     found = []
     for parts, token in _fields(text, tokens.find):
@@ -114,8 +111,7 @@ class WatchedMountIds:
             self._ns_mounts: Dict[str, Namespace] = {}
             self._ns_of: Dict[int, str] = {}  # pid -> its mount namespace
             self.learned_devs = set(devs)  # the watched devices the IDs were learnt for
-            # And every mount ID and device of the namespaces read: a memfd's (the kernel's
-            # internal shm mount) is none of them; a tenant's file at /memfd:x is on one.
+            # And every mount ID and device of the namespaces read (a memfd is on none).
             self.union, self.mounted_ids, self.mounted_devs = set(), set(), set()
         for proc in processes:
             self.union |= self.of(proc.pid, devs) or set()
@@ -158,8 +154,7 @@ class WatchedMountIds:
 
     @staticmethod
     def fd_mount(fdinfo: str) -> Optional[int]:
-        """An fd's mount ID from fdinfo; NO_MNT_ID before Linux 3.15, None when it closed
-        since listdir."""
+        """fdinfo's mnt_id; NO_MNT_ID before Linux 3.15; None: fd closed since listdir."""
         try:
             fd = os.open(fdinfo, os.O_RDONLY | os.O_CLOEXEC)
             try:

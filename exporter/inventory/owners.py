@@ -94,7 +94,6 @@ class OwnerScan:
         known = previous.processes.keys()
         gone = known - alive
         self._kernel_threads &= alive
-        # A new process we cannot read (unidentified) could hold anything.
         new, unidentified = self.table.identify_all(alive - known, self._kernel_threads)
         born = {p.pid: p for p in new}
         processes = _replaced(previous.processes, gone, born)
@@ -110,7 +109,7 @@ class OwnerScan:
             self._mount_ids.learn(new, devs, again=False)
         else:  # a watched mount came or went
             self._mount_ids.learn(processes.values(), devs)
-        fresh = Owners(unverifiable=unidentified)
+        fresh = Owners(unverifiable=unidentified)  # one unread could hold anything
         self._scan(scope, devs, fresh)
         if unidentified:
             fresh.unproven_because(
@@ -174,8 +173,7 @@ class OwnerScan:
         pid, mounted = proc.pid, self._mount_ids
         # Its namespace now, not as learn() found it: it may have entered another since.
         mount_ids = mounted.of(pid, devs)
-        # Without its mountinfo we cannot tell which fds are safe to stat, nor a memfd from
-        # a file at /memfd:x.
+        # No mountinfo: no telling fds safe to stat, nor memfds from files at /memfd:x.
         denied = mount_ids is None
         memfds = Owners()  # this process's, bounded before they join `out`
         text = ""
@@ -269,8 +267,7 @@ def _sizes(st: os.stat_result) -> Tuple[int, int, float]:
 
 
 def _replaced(old: dict, gone: Iterable, new: Optional[dict] = None) -> dict:
-    """`old` without `gone`, with `new`: copied in C, then edited, so a refresh does O(pod)
-    work in Python, not O(node)."""
+    """`old` - `gone` + `new`: copied in C, then edited, so a refresh is O(pod) in Python."""
     out = dict(old)
     for key in gone:
         out.pop(key, None)

@@ -1,8 +1,7 @@
-"""Listing a shm mount with lstat only (entries other than files are only counted), and
-patching a listing with the names that changed. A listing keeps each regular file as one
-packed int under its path below the mount (a name alone collides across sub-directories): a
-leak storm of 100,000 files costs ~15 MB. Past `cap` files a walk keeps only counts and bytes
-by class (`Listing.degraded`); past MAX_ENTRIES entries it stops (`Listing.truncated`)."""
+"""Listing a shm mount by lstat only, and patching a listing by the names that changed. Each
+regular file is one packed int under its path below the mount (a name alone collides across
+sub-directories): 100,000 leaked files take ~15 MB. Past `cap` files a walk keeps counts and
+bytes by class (`Listing.degraded`); past MAX_ENTRIES it stops (`Listing.truncated`)."""
 
 import os
 from collections import Counter
@@ -63,8 +62,7 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
     listing.others, listing.truncated, listing.degraded = Counter(), False, None
     rows, others = listing.rows, listing.others
     linked: set = set()  # inodes with more than one name, seen
-    # Entries, and regular files, met by this walk (not rows gone since).
-    seen = files = 0
+    seen = files = 0  # entries, and regular files, this walk met (not rows gone since)
     stack: List[Tuple[str, ...]] = [()]  # sub-directories, as names below the root
     while stack and not listing.truncated:
         names = stack.pop()
