@@ -1,5 +1,4 @@
-"""Wires configuration to sources, scheduler, model step and registry as docs/architecture.md
-draws them; the watcher (inotify) feeds the state store (peaks, counters, inotify flags)."""
+"""Wires what docs/architecture.md draws: sources, scheduler, watcher, state, model."""
 
 from contextlib import suppress
 

@@ -89,8 +89,7 @@ class MountWatcher:
         try:
             dev = os.stat(self.paths.host(mount)).st_dev  # str: errors name the path
             with warnings.catch_warnings():
-                # A directory watched for another path (a bind mount): the same watch and
-                # callback, which watchdog warns it "overwrites".
+                # A bind mount re-adds one watch; watchdog warns it "overwrites"
                 warnings.simplefilter("ignore", RuntimeWarning)
                 wd = reader.add_callback(path, WATCH_MASK, self, CALLBACK_ID)
             if wd < 0:  # InotifyFD does not raise EACCES
@@ -135,8 +134,7 @@ class MountWatcher:
                     if not self._stopped:
                         self.inotify, reader = reader, None
                 _close(reader)
-        if self.inotify is None:
-            # Polling; inotify is tried again on the next refresh (limits can be raised live).
+        if self.inotify is None:  # polling; retried each refresh (limits can rise live)
             for mount in current:
                 self.state.set_inotify(mount, False)
                 if said:
