@@ -1,5 +1,4 @@
-"""Observations in, one joined Model out, for /metrics and `shmwatch check`. Segment
-summaries are made as inventories arrive; the join is rebuilt when the version moved."""
+"""Observations in, one Model out for /metrics and check; summaries per inventory."""
 
 import logging
 import threading

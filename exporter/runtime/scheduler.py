@@ -1,6 +1,5 @@
-"""The scheduler (docs/architecture.md): a thread per source, so a hung one (a GPU off the bus,
-a stuck mount) delays no other; a watchdog publishes a run over its timeout as failed. Quick
-runs, full runs, their middles and stretched intervals as the Source protocol declares them."""
+"""A thread per source: a hung one (a GPU off the bus, a stuck mount) delays no other; a
+watchdog fails a run past its timeout. Runs as Source declares; docs/architecture.md."""
 
 import logging
 import threading

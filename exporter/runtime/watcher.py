@@ -1,6 +1,5 @@
-"""The inotify watcher (docs/architecture.md): watchdog's InotifyFD, not its Observer (a thread
-a watch). An event takes a statvfs at once, so the peak window keeps a 2 s spike between
-scrapes; a mount inotify cannot watch is polled, said once in the log."""
+"""One watchdog InotifyFD, not its Observer (a thread a watch); an event takes a statvfs
+at once, so peaks keep a 2 s spike between scrapes. Unwatchable: polled, said once."""
 
 import contextlib
 import errno
@@ -20,9 +19,8 @@ from exporter.model.types import MountSet, Observation
 
 log = logging.getLogger(__name__)
 
-# No IN_OPEN/IN_CLOSE: our own directory listings cause them (reacting would loop), and a
-# create-and-close is then one queued event, not three, so a storm of 10,000 creates fits the
-# default 16,384-event queue. The mount's top directory only.
+# No IN_OPEN/IN_CLOSE: our listings cause them (a loop); a create-and-close is then one
+# event, not three: 10,000 creates fit the default 16,384-event queue. Not recursive.
 IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM, IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
 IN_CREATE, IN_DELETE, IN_ISDIR = 0x100, 0x200, 0x40000000
 IN_ONLYDIR, IN_DONT_FOLLOW = 0x01000000, 0x02000000
