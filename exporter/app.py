@@ -1,5 +1,4 @@
-"""Wires configuration to sources, scheduler, model step and registry as docs/architecture.md
-draws them; the watcher (inotify) feeds the state store (peaks, counters, inotify flags)."""
+"""Wires what docs/architecture.md draws: sources, scheduler, watcher, state, model."""
 
 from contextlib import suppress
 
@@ -84,8 +83,7 @@ class App:
 
     def stop(self, wait: float = 1.0) -> None:
         self.watcher.stop()
-        # A source still running is left to it: closing it under a run races it, and closing
-        # a hung one (nvmlShutdown while a GPU off the bus holds the driver) could block.
+        # Busy sources stay open: close() races a run; nvmlShutdown hangs on a lost GPU.
         busy = self.sampler.stop(wait)
         for source in self.sources:
             if source.name not in busy:

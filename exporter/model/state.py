@@ -33,10 +33,8 @@ class PeakWindow:
 @dataclass(frozen=True)
 class MountStates:  # a copy of the store, for one model step
     peaks: Dict[str, int]
-    # mount -> (highest used bytes since first seen, wall clock)
-    max_used: Dict[str, Tuple[int, float]]
-    # mount -> its ((class, event, count), ...) sorted, which a render's memo keys on
-    event_rows: Dict[str, Tuple[Tuple[str, str, int], ...]]
+    max_used: Dict[str, Tuple[int, float]]  # mount -> (highest used bytes, wall clock)
+    event_rows: Dict[str, Tuple[Tuple[str, str, int], ...]]  # sorted (a render's key)
     inotify: Dict[str, bool]
     overflows: Dict[str, int]  # mount -> inotify queue overflows while it was watched
 

@@ -1,5 +1,4 @@
-"""Observations in, one joined Model out, for /metrics and `shmwatch check`. Segment
-summaries are made as inventories arrive; the join is rebuilt when the version moved."""
+"""Observations in, one Model out for /metrics and check; summaries per inventory."""
 
 import logging
 import threading
@@ -43,8 +42,7 @@ class MountView:
     summary: Optional[SegmentSummary]
     cgroup: Optional[CgroupMemory]  # the memory cgroup its pages are charged to
     budget: Optional[ShmBudget]  # None without usage
-    # False: the memory limit is unknown (the cgroup collector failed, no --memory.limit-bytes)
-    # and the budget only the tmpfs side: /metrics leaves the effective size out.
+    # False: the memory limit is unknown, so is the effective size (/metrics omits it).
     budget_complete: bool = True
 
 
@@ -76,10 +74,9 @@ class Model:
 
     @cached_property
     def shmem_unexplained(self) -> Dict[str, int]:
-        """Per cgroup read: its shmem minus what the watched mounts charged to it, its IPC
-        namespace's resident SysV segments and the memfd regions held from it or below explain.
-        An estimate: a region held from two cgroups counts in both, and pages are charged to
-        whoever touched them first. {} without an inventory (memfds unknown)."""
+        """Per cgroup read: shmem less what its mounts, its IPC namespace's SysV RSS
+        and memfds held from it or below explain. An estimate: a page is charged to its
+        first toucher, a memfd held from two counts in both. {}: memfds unknown."""
         inventory, node_mode = self.inventory, self.node_mode
         if inventory is None:
             return {}
@@ -127,9 +124,8 @@ class ModelStep:
         # source -> its latest Observation or None, in render order (discovery: node mode)
         self._latest = dict.fromkeys(s.name for s in sources if s.reports_status)
         self._summaries: Dict[str, SegmentSummary] = {}  # the latest inventory's
-        # The OOM ledger outlives victims' cgroups and pods' mounts: per cgroup (a pod's in
-        # node mode, else the victim's) the kernel log's kills and its own counter's highest;
-        # the newest 50 kills with their pod's shm use; each series as last shown.
+        # OOM ledger, outliving victims' cgroups and pods' mounts: per cgroup the log's
+        # kills, its counter's highest; recent kills with pod shm use; series as shown.
         self._oom_logged: Dict[str, int] = Counter()
         self._oom_own: Dict[str, int] = {}
         self._recent_oom: deque = deque(maxlen=50)
@@ -172,9 +168,8 @@ class ModelStep:
                 for c in obs.result:
                     if c.oom_kills is not None:
                         own[c.cgroup] = max(c.oom_kills, own.get(c.cgroup, 0))
-                    # A container's 0 adds nothing; 10,000s of them cost every build.
                     for child, count in c.child_oom_kills:
-                        if count:
+                        if count:  # 0 adds nothing; 10,000s of them cost every build
                             own[child] = max(count, own.get(child, 0))
             if obs.source in self._latest:
                 self._latest[obs.source] = obs
@@ -211,9 +206,8 @@ class ModelStep:
 
     def current(self) -> Model:
         with self._lock:
-            version = self.version()
+            version = self.version()  # before building: a change meanwhile builds again
             if version != self._built_for:
-                # The version from before the build: a change during it builds again.
                 self._model, self._built_for = self._build(), version
             return self._model
 

@@ -1,6 +1,5 @@
-"""Per-mount summaries, made once per inventory (totals by class and state, top K segments
-and processes, the oldest orphan, leak candidates: renders walk no segments), and the shm
-budget: the one formula /metrics and `shmwatch check` both report."""
+"""Per-mount summaries made per inventory, so renders walk no segments; the shm budget:
+the one formula /metrics and `shmwatch check` both report."""
 
 import bisect
 import heapq
@@ -25,10 +24,8 @@ class SegmentSummary:
     top: List[Segment]
     top_processes: List[Tuple[int, int]]  # (pid, bytes)
     oldest_orphan_mtime: Optional[float]
-    # The largest LISTED orphans that count as leaks, of removable classes and of others;
-    # the largest LISTED unverified ones.
-    leaked: List[Segment]
-    unverified: List[Segment]
+    leaked: List[Segment]  # the LISTED largest leaks of removable classes and of others
+    unverified: List[Segment]  # the LISTED largest
     # The pids whose comm (and pod) the mount's series name: each top segment's first holder
     # (owner_label), each top process. The model makes the summary again when one changes.
     named_pids: FrozenSet[int] = frozenset()
@@ -115,8 +112,7 @@ def memfd_summary(inv: Inventory, top_k: int) -> tuple:
 class ShmBudget:
     fillable_bytes: int  # min(tmpfs size, --shm.size-limit)
     effective_bytes: int  # fillable, and no more than the memory limit leaves for shm
-    # (working set - shm used + fillable) / limit; None without a cgroup limit
-    projection: Optional[float]
+    projection: Optional[float]  # (working set - shm used + fillable) / cgroup limit
     room_bytes: Optional[int]  # what the memory limit leaves for shm; None: no limit
 
 

@@ -1,6 +1,5 @@
-"""The scheduler (docs/architecture.md): a thread per source, so a hung one (a GPU off the bus,
-a stuck mount) delays no other; a watchdog publishes a run over its timeout as failed. Quick
-runs, full runs, their middles and stretched intervals as the Source protocol declares them."""
+"""A thread per source: a hung one (a GPU off the bus, a stuck mount) delays no other; a
+watchdog fails a run past its timeout. Runs as Source declares; docs/architecture.md."""
 
 import logging
 import threading
@@ -98,7 +97,6 @@ class _Runner(threading.Thread):
         except Exception as err:  # one source failing must not stop the others
             result, error = None, f"{type(err).__name__}: {err}"
         self.running_since = self.middle.started if self.middle else None
-        # Back to the base when the result changes or the source stops stretching.
         if full:
             same = self.source.stretches and not error and result == self.last_result
             longer = min(self.interval * 2, self.base * STRETCH_MAX)
@@ -192,7 +190,6 @@ class Sampler:
                 since = runner.running_since
                 if since is None or runner.timed_out or now - since <= runner.timeout:
                     continue
-                # Hung: failed. Its thread is left to finish (or not), never started twice.
-                runner.timed_out = True
+                runner.timed_out = True  # left to finish (or not), never started twice
                 error = f"timed out after {runner.timeout:g}s"
                 self.publish(Observation(runner.source.name, None, error, now - since))

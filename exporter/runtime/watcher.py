@@ -1,6 +1,5 @@
-"""The inotify watcher (docs/architecture.md): watchdog's InotifyFD, not its Observer (a thread
-a watch). An event takes a statvfs at once, so the peak window keeps a 2 s spike between
-scrapes; a mount inotify cannot watch is polled, said once in the log."""
+"""One watchdog InotifyFD, not its Observer (a thread a watch); an event takes a statvfs
+at once, so peaks keep a 2 s spike between scrapes. Unwatchable: polled, said once."""
 
 import contextlib
 import errno
@@ -20,9 +19,8 @@ from exporter.model.types import MountSet, Observation
 
 log = logging.getLogger(__name__)
 
-# No IN_OPEN/IN_CLOSE: our own directory listings cause them (reacting would loop), and a
-# create-and-close is then one queued event, not three, so a storm of 10,000 creates fits the
-# default 16,384-event queue. The mount's top directory only.
+# No IN_OPEN/IN_CLOSE: our listings cause them (a loop); a create-and-close is then one
+# event, not three: 10,000 creates fit the default 16,384-event queue. Not recursive.
 IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM, IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
 IN_CREATE, IN_DELETE, IN_ISDIR = 0x100, 0x200, 0x40000000
 IN_ONLYDIR, IN_DONT_FOLLOW = 0x01000000, 0x02000000
@@ -89,8 +87,7 @@ class MountWatcher:
         try:
             dev = os.stat(self.paths.host(mount)).st_dev  # str: errors name the path
             with warnings.catch_warnings():
-                # A directory watched for another path (a bind mount): the same watch and
-                # callback, which watchdog warns it "overwrites".
+                # A bind mount re-adds one watch; watchdog warns it "overwrites"
                 warnings.simplefilter("ignore", RuntimeWarning)
                 wd = reader.add_callback(path, WATCH_MASK, self, CALLBACK_ID)
             if wd < 0:  # InotifyFD does not raise EACCES
@@ -135,8 +132,7 @@ class MountWatcher:
                     if not self._stopped:
                         self.inotify, reader = reader, None
                 _close(reader)
-        if self.inotify is None:
-            # Polling; inotify is tried again on the next refresh (limits can be raised live).
+        if self.inotify is None:  # polling; retried each refresh (limits can rise live)
             for mount in current:
                 self.state.set_inotify(mount, False)
                 if said:
