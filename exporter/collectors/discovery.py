@@ -41,9 +41,8 @@ class MountDiscovery(Source):
         self._current = MountSet(list(self._static))
         self._ids: List[Tuple[str, int]] = []  # (mount point, ID) at or above targets
         self._subscribers: List[Callable[[MountSet], None]] = []
-        # Node mode: the host's view is pid 1's (the DaemonSet runs with hostPID); under
-        # hidepid ours. Sidecar: ours, to publish the set anew when it changed (the watcher
-        # checks the mounts again).
+        # Node: pid 1's, the host's view (a hostPID DaemonSet); ours under hidepid.
+        # Sidecar: ours, published anew on change (the watcher checks the mounts again).
         self._mountinfo = MountTable(paths, ("1", "self") if node_mode else ("self",))
 
     def subscribe(self, subscriber: Callable[[MountSet], None]) -> None:

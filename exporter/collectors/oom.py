@@ -1,9 +1,8 @@
-"""OOM kills from the kernel's own reports (/dev/kmsg), as cAdvisor's utils/oomparser reads them.
-
-Not the cgroup counters alone: v1 counts a kill only in the victim's memcg, gone with its
-container; the kernel log names both cgroups of every kill (the one whose limit was hit, the
-victim's) and outlives them. Serving seeks to the end first (a restart must not count the
-ring's kills twice); check reads the ring from its start. Needs CAP_SYSLOG (dmesg_restrict)."""
+"""OOM kills from the kernel's reports (/dev/kmsg), as cAdvisor's utils/oomparser reads
+them. Not the cgroup counters alone: v1 counts a kill only in the victim's memcg, gone
+with its container; the kernel log names both cgroups of each kill (the one whose limit
+was hit, the victim's) and outlives them. Serving starts at the ring's end (a restart
+must not count its kills twice), check at its start."""
 
 import errno
 import os
@@ -21,8 +20,7 @@ _OOM_KILL = re.compile(
     r"oom-kill:constraint=(?P<constraint>[^,]*),.*?(?:oom_memcg=(?P<oom_memcg>.*)|global_oom),"
     r"task_memcg=(?P<task_memcg>.*),task=(?P<task>.*),pid=(?P<pid>\d+),uid=(?P<uid>\d+)"
 )
-# Before 4.19 (cAdvisor's legacyContainerRegexp).
-_LEGACY = re.compile(
+_LEGACY = re.compile(  # before 4.19 (cAdvisor's legacyContainerRegexp)
     r"Task in (?P<task_memcg>\S+) killed as a result of limit of (?P<oom_memcg>\S+)"
 )
 # cAdvisor's lastLineRegexp, and the victim's RSS by kind (mm/oom_kill.c). comm may hold

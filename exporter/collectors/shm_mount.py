@@ -40,8 +40,7 @@ class ShmMountCollector(Source):
         self.paths = paths
         self.mounts = live_mounts(mounts)  # discovery's current mounts
         self.statvfs = statvfs
-        # The mounts inotify saw change since the last call: a quick run measures those.
-        self.touched = touched or (lambda: None)
+        self.touched = touched or (lambda: None)  # a quick run measures only these
         self._said = SaidOnce(log)
         self._polled = False  # the table was read (quick runs reuse the last poll's)
         self._last: Dict[str, MountUsage] = {}  # for quick runs
