@@ -250,8 +250,7 @@ class CgroupCollector(Source):
             except (OSError, ValueError):
                 self.close(directory)
                 continue
-            # The same object when unchanged: render memos hold.
-            memory = last if memory == last else memory
+            memory = last if memory == last else memory  # the same object: memos hold
             usage, limit = memory.usage_bytes, memory.limit_bytes
             near = limit is not None and usage >= STRETCH_BELOW_RATIO * limit
             steady = stretch and memory is last and not near

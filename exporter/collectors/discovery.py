@@ -1,8 +1,7 @@
-"""Which mounts to watch: the configured ones, and in node mode the host's tmpfs mounts that
-are a pod's or container's shm (kube.MOUNT_LAYOUTS) and its /dev/shm, which node_exporter's
-defaults drop. Published to subscribers (the watcher); collectors read `mounts()` each run.
-When mountinfo cannot be read the last good set is kept (and the run fails): an unreadable
-file must not forget every pod and reset its counters."""
+"""Mounts to watch: the configured ones; in node mode also pod and container shm
+tmpfs mounts (kube.MOUNT_LAYOUTS) and the host's /dev/shm, dropped by node_exporter's
+defaults. Pushed to subscribers (the watcher); collectors read `mounts()` per run.
+Unreadable mountinfo fails the run but keeps the last set: pods and counters stay."""
 
 from pathlib import PurePosixPath
 from typing import Callable, Dict, List, Sequence, Tuple

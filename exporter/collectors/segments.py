@@ -70,8 +70,7 @@ class SegmentsCollector(Source):
         # Node mode: how often every process is read (refreshes between); stretched if calm.
         every = full_scan_interval if pod_of_pid else 0.0
         self.pace = ScanPace(every, STRETCH_MAX, monotonic)
-        # Each mount's last listing, and its name -> inode index, for quick runs to patch.
-        self._listings: Dict[str, Listing] = {}
+        self._listings: Dict[str, Listing] = {}  # each mount's, for quick runs to patch
         # Per mount; past it, counts by class (a walk stops at MAX_ENTRIES anyway).
         self.max_segments = min(max_segments, MAX_ENTRIES)
         self._truncated, self._degraded = SaidOnce(log), SaidOnce(log)

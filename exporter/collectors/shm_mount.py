@@ -1,6 +1,5 @@
-"""Usage of each monitored tmpfs mount: statvfs, plus its type from mountinfo. Not left to
-node_exporter: its default mount-points-exclude matches ^/(dev|...), so /dev/shm is never
-reported, and kube-prometheus drops the kubelet's emptyDir paths."""
+"""Watched tmpfs mounts' statvfs and type (mountinfo), not node_exporter's: its default
+mount-points-exclude ^/(dev|...) drops /dev/shm; kube-prometheus, emptyDir paths."""
 
 import logging
 import os

@@ -15,8 +15,7 @@ USAGE = {1: "memory.usage_in_bytes", 2: "memory.current"}
 LIMIT = {1: "memory.limit_in_bytes", 2: "memory.max"}
 # (directory below /sys/fs/cgroup, version) of the memory controller, v1 (hybrid) first.
 HIERARCHIES = (("memory", 1), ("", 2), ("unified", 2))
-# What read_files takes from memory.stat (v1's and v2's): the rest is not parsed.
-STAT_KEYS = frozenset(
+STAT_KEYS = frozenset(  # what read_files parses of memory.stat (v1's and v2's)
     "inactive_file shmem swap hierarchical_memory_limit total_inactive_file "
     "total_shmem total_swap".split()
 )
