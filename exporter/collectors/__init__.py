@@ -1,5 +1,4 @@
-"""Sources: one module each, returning one model type (model/types.py), never metric
-objects; each implements `source.Source` whole and registers once (`source.register`)."""
+"""Sources: one module each, returning a model type (model/types.py), never metrics."""
 
 from exporter.collectors.source import REGISTRY, Context, Source
 

@@ -1,10 +1,9 @@
 """The memory cgroup the shm is charged to: usage, limit, shmem, OOM kills (v1 and v2).
-
-A sidecar shares the server's PID namespace, not its cgroup (Docker on v1 mounts only the
-sidecar's own; v2 namespaces hide every other): the workload's cgroup is read where a cgroupfs
-mount shows it, else estimated (shmwatch_cgroup_memory_estimated 1): Pss_Anon + Pss_File plus
-the shm mounts' used bytes (not Pss_Shmem: shm counted once). Unseen: unmapped page cache,
-kernel memory; overcounted: others' file pages."""
+A sidecar shares the server's PID namespace, not its cgroup (Docker on v1 mounts only
+the sidecar's own; v2 namespaces hide every other): the workload's cgroup is read where
+a cgroupfs mount shows it, else estimated (shmwatch_cgroup_memory_estimated 1): Pss_Anon
++ Pss_File + the shm mounts' used bytes (not Pss_Shmem: shm counted once). Unseen:
+unmapped page cache, kernel memory; overcounted: others' file pages."""
 
 import os
 import re
@@ -192,8 +191,7 @@ class CgroupCollector(Source):
         except (LookupError, FileNotFoundError):
             if not processes:
                 raise
-        # The workload's resident memory, and what it wrote to the watched mounts, each
-        # filesystem once (by device: one tmpfs may be watched twice).
+        # Each filesystem once (by device: one tmpfs may be watched twice).
         used = {}
         for mount in self.mounts():
             where = self.paths.host(mount)
@@ -252,8 +250,7 @@ class CgroupCollector(Source):
             except (OSError, ValueError):
                 self.close(directory)
                 continue
-            # The same object when unchanged: render memos hold.
-            memory = last if memory == last else memory
+            memory = last if memory == last else memory  # the same object: memos hold
             usage, limit = memory.usage_bytes, memory.limit_bytes
             near = limit is not None and usage >= STRETCH_BELOW_RATIO * limit
             steady = stretch and memory is last and not near

@@ -1,8 +1,7 @@
-"""Which mounts to watch: the configured ones, and in node mode the host's tmpfs mounts that
-are a pod's or container's shm (kube.MOUNT_LAYOUTS) and its /dev/shm, which node_exporter's
-defaults drop. Published to subscribers (the watcher); collectors read `mounts()` each run.
-When mountinfo cannot be read the last good set is kept (and the run fails): an unreadable
-file must not forget every pod and reset its counters."""
+"""Mounts to watch: the configured ones; in node mode also pod and container shm
+tmpfs mounts (kube.MOUNT_LAYOUTS) and the host's /dev/shm, dropped by node_exporter's
+defaults. Pushed to subscribers (the watcher); collectors read `mounts()` per run.
+Unreadable mountinfo fails the run but keeps the last set: pods and counters stay."""
 
 from pathlib import PurePosixPath
 from typing import Callable, Dict, List, Sequence, Tuple
@@ -41,9 +40,8 @@ class MountDiscovery(Source):
         self._current = MountSet(list(self._static))
         self._ids: List[Tuple[str, int]] = []  # (mount point, ID) at or above targets
         self._subscribers: List[Callable[[MountSet], None]] = []
-        # Node mode: the host's view is pid 1's (the DaemonSet runs with hostPID); under
-        # hidepid ours. Sidecar: ours, to publish the set anew when it changed (the watcher
-        # checks the mounts again).
+        # Node: pid 1's, the host's view (a hostPID DaemonSet); ours under hidepid.
+        # Sidecar: ours, published anew on change (the watcher checks the mounts again).
         self._mountinfo = MountTable(paths, ("1", "self") if node_mode else ("self",))
 
     def subscribe(self, subscriber: Callable[[MountSet], None]) -> None:

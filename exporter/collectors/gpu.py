@@ -105,15 +105,14 @@ class GpuCollector(Source):
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             used, reserved = int(memory.used), None
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-        # Graphics is NotSupported on many data-centre GPUs; a process's usedGpuMemory is None
-        # where not available (WDDM, or no permission).
+        # Graphics is NotSupported on many data-centre GPUs.
         infos, by_pid = [], {}
         compute = nvml.nvmlDeviceGetComputeRunningProcesses
         for getter in (compute, nvml.nvmlDeviceGetGraphicsRunningProcesses):
             with suppress(nvml.NVMLError):
                 infos += getter(handle)
         for info in infos:
-            if info.usedGpuMemory is not None:
+            if info.usedGpuMemory is not None:  # None under WDDM or without permission
                 pid = int(info.pid)
                 by_pid[pid] = max(by_pid.get(pid, 0), int(info.usedGpuMemory))
         # NVML reports host PIDs; from another PID namespace they do not resolve here.

@@ -19,9 +19,8 @@ def meminfo(paths: Paths) -> Dict[str, int]:
 
 
 def usable_limit_flag(paths: Paths, flag: Optional[int]) -> Optional[int]:
-    """--memory.limit-bytes, or None when it is at or above the host's MemTotal: the Downward
-    API's limits.memory of a container without a limit is the node's allocatable memory,
-    which looks like a huge, safe limit and is none."""
+    """--memory.limit-bytes, None from MemTotal up: the Downward API's limits.memory of
+    an unlimited container is the node's allocatable: a huge, safe-looking non-limit."""
     total = meminfo(paths).get("MemTotal")
     if flag is not None and total is not None and flag >= total:
         log.warning("--memory.limit-bytes %d >= MemTotal %d: no limit", flag, total)

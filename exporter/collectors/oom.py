@@ -1,9 +1,8 @@
-"""OOM kills from the kernel's own reports (/dev/kmsg), as cAdvisor's utils/oomparser reads them.
-
-Not the cgroup counters alone: v1 counts a kill only in the victim's memcg, gone with its
-container; the kernel log names both cgroups of every kill (the one whose limit was hit, the
-victim's) and outlives them. Serving seeks to the end first (a restart must not count the
-ring's kills twice); check reads the ring from its start. Needs CAP_SYSLOG (dmesg_restrict)."""
+"""OOM kills from the kernel's reports (/dev/kmsg), as cAdvisor's utils/oomparser reads
+them. Not the cgroup counters alone: v1 counts a kill only in the victim's memcg, gone
+with its container; the kernel log names both cgroups of each kill (the one whose limit
+was hit, the victim's) and outlives them. Serving starts at the ring's end (a restart
+must not count its kills twice), check at its start."""
 
 import errno
 import os
@@ -15,20 +14,17 @@ from exporter.model.types import OomKill, OomReports
 
 # A /dev/kmsg record: 'prio,seq,usec,flags[,...];message', then ' KEY=value' lines.
 _RECORD = re.compile(r"[^,;]*,(\d+),(\d+)(?:,[^;]*)?;(.*)")
-# cAdvisor's containerRegexp, the cgroup fields taken from the end (cpuset and nodemask may
-# hold commas); a system-wide OOM says global_oom where a memcg OOM names its oom_memcg.
-_OOM_KILL = re.compile(
+# cAdvisor's containerRegexp; cpuset and nodemask may hold commas: cgroups from the end.
+_OOM_KILL = re.compile(  # global_oom: a system-wide OOM; a memcg OOM names oom_memcg
     r"oom-kill:constraint=(?P<constraint>[^,]*),.*?(?:oom_memcg=(?P<oom_memcg>.*)|global_oom),"
     r"task_memcg=(?P<task_memcg>.*),task=(?P<task>.*),pid=(?P<pid>\d+),uid=(?P<uid>\d+)"
 )
-# Before 4.19 (cAdvisor's legacyContainerRegexp).
-_LEGACY = re.compile(
+_LEGACY = re.compile(  # before 4.19 (cAdvisor's legacyContainerRegexp)
     r"Task in (?P<task_memcg>\S+) killed as a result of limit of (?P<oom_memcg>\S+)"
 )
-# cAdvisor's lastLineRegexp, and the victim's RSS by kind (mm/oom_kill.c). comm may hold
-# spaces and parentheses: it ends at the last ')'.
+# cAdvisor's lastLineRegexp; comm may hold spaces and '()': it ends at the last ')'.
 _KILLED = re.compile(r"Killed process (?P<pid>\d+) \((?P<comm>.*)\)(?P<rest>[^()]*)$")
-_RSS = re.compile(r"(anon|file|shmem)-rss:(\d+)kB")
+_RSS = re.compile(r"(anon|file|shmem)-rss:(\d+)kB")  # the victim's (mm/oom_kill.c)
 
 
 def parse_kmsg_record(record: str) -> Optional[Tuple[int, int, str]]:
@@ -88,8 +84,7 @@ class OomCollector(Source):
         records, lost = [], 0
         while True:
             try:
-                # One read, one record (the kernel's are about 1 KiB + dict).
-                raw = os.read(self._fd, 8192)
+                raw = os.read(self._fd, 8192)  # one read: one record (~1 KiB + dict)
             except BlockingIOError:
                 break  # EAGAIN: nothing more for now
             except OSError as err:

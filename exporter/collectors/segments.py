@@ -1,9 +1,8 @@
-"""Segment inventory: each shm mount's directory (lstat only) joined by (device, inode) to
-every process's maps and fds. A quick run patches the listings of the mounts inotify named
-and reuses the last owners: a new segment is its creator's until a full run reads who holds
-it. In node mode only a full scan (every --segments.full-scan-interval) calls a segment
-leaked; the refreshes between read new processes and the pods of exited holders and of
-doubted mounts."""
+"""Segment inventory: each shm mount's listing (lstat only) joined by (device, inode) to
+every process's maps and fds. A quick run patches the listings inotify named, reusing
+the last owners: a new segment is its creator's until a full run reads its holders. In
+node mode only a full scan (every --segments.full-scan-interval) calls a segment leaked;
+refreshes between read new processes and exited holders' and doubted mounts' pods."""
 
 import logging
 import os
@@ -71,8 +70,7 @@ class SegmentsCollector(Source):
         # Node mode: how often every process is read (refreshes between); stretched if calm.
         every = full_scan_interval if pod_of_pid else 0.0
         self.pace = ScanPace(every, STRETCH_MAX, monotonic)
-        # Each mount's last listing, and its name -> inode index, for quick runs to patch.
-        self._listings: Dict[str, Listing] = {}
+        self._listings: Dict[str, Listing] = {}  # each mount's, for quick runs to patch
         # Per mount; past it, counts by class (a walk stops at MAX_ENTRIES anyway).
         self.max_segments = min(max_segments, MAX_ENTRIES)
         self._truncated, self._degraded = SaidOnce(log), SaidOnce(log)
@@ -223,8 +221,7 @@ class SegmentsCollector(Source):
                         holdings.add_names(self._suspect, m, names)
             else:
                 self._unproven_log.say(self._owners)
-                # Only what was listed before /proc was read may be called leaked: this
-                # run's rows (marked known as they are assembled).
+                # Only rows listed before /proc was read may be called leaked.
                 self._full_devs = dict(devs)
                 self._held_at_full = set(self._owners.holdings)
                 self._doubted.clear()

@@ -1,6 +1,5 @@
-"""Usage of each monitored tmpfs mount: statvfs, plus its type from mountinfo. Not left to
-node_exporter: its default mount-points-exclude matches ^/(dev|...), so /dev/shm is never
-reported, and kube-prometheus drops the kubelet's emptyDir paths."""
+"""Watched tmpfs mounts' statvfs and type (mountinfo), not node_exporter's: its default
+mount-points-exclude ^/(dev|...) drops /dev/shm; kube-prometheus, emptyDir paths."""
 
 import logging
 import os
@@ -40,8 +39,7 @@ class ShmMountCollector(Source):
         self.paths = paths
         self.mounts = live_mounts(mounts)  # discovery's current mounts
         self.statvfs = statvfs
-        # The mounts inotify saw change since the last call: a quick run measures those.
-        self.touched = touched or (lambda: None)
+        self.touched = touched or (lambda: None)  # a quick run measures only these
         self._said = SaidOnce(log)
         self._polled = False  # the table was read (quick runs reuse the last poll's)
         self._last: Dict[str, MountUsage] = {}  # for quick runs

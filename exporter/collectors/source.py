@@ -1,5 +1,4 @@
-"""What every source is (`Source`, whole, with its defaults) and the one
-registration point: name, the modes it is on in by default, a factory."""
+"""What a source is (`Source`, whole, with defaults) and its one registration point."""
 
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Protocol, Set, Tuple
@@ -8,8 +7,7 @@ from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from exporter.inventory.changes import ChangeLog
 
-# A stretched interval grows to this many times its base at most: a heavy source's (the
-# scheduler's) and the full owner scan's (holdings.ScanPace).
+# A stretched interval's cap, times its base (heavy sources; holdings.ScanPace's).
 STRETCH_MAX = 8
 
 
@@ -48,9 +46,7 @@ class Context:
     all_watched: Callable[[], bool] = lambda: False  # inotify watches every mount
     kmsg_from_start: bool = False  # check: the kernel log from its start
     kill_log_complete: Callable[[], bool] = lambda: False  # every OOM kill is logged
-    memory_limit: Optional[int] = (
-        None  # --memory.limit-bytes below MemTotal (usable_limit_flag)
-    )
+    memory_limit: Optional[int] = None  # --memory.limit-bytes < MemTotal, else None
 
     @property
     def node(self) -> bool:

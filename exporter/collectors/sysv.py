@@ -1,9 +1,8 @@
-"""SysV shared memory: /proc/sysvipc/shm and the kernel.shm* limits, per IPC namespace.
-UCX's sysv transport and older MPI/NCCL builds use shmget(); those segments never appear in
-/dev/shm, and no common exporter reports them (node_exporter issue 754). Both files show the
-*reader's* IPC namespace, whatever procfs they are read through: a sidecar shares the
-server's; node mode joins each namespace from a short-lived thread (setns, CAP_SYS_ADMIN),
-and without the capability reports it unreadable (never an empty "all clear")."""
+"""SysV shared memory: /proc/sysvipc/shm and kernel.shm* limits, per IPC namespace.
+UCX's sysv transport and older MPI/NCCL builds use shmget(): never in /dev/shm, in no
+common exporter (node_exporter issue 754). Both files show the *reader's* IPC namespace,
+whatever procfs they are read through: a sidecar shares the server's; node mode joins
+each (setns, CAP_SYS_ADMIN), else reports it unreadable, never an empty "all clear"."""
 
 import os
 import re
@@ -53,7 +52,6 @@ def in_ipc_namespaces(
     def run() -> None:
         for namespace, paths in namespaces:
             try:
-                # None left (every process of it exited): so did the namespace
                 for path in paths:
                     try:
                         ns = open(path, "rb", buffering=0)
@@ -125,8 +123,7 @@ class SysvCollector(Source):
         groups: Dict[str, List[Process]] = {}
         # Read afresh each run: `unshare --ipc` moves a process after it started.
         for proc, link in links.items():
-            # a process gone, or not ours to inspect, is counted by the inventory
-            with suppress(OSError):
+            with suppress(OSError):  # gone or not ours: the inventory counts it
                 groups.setdefault(os.readlink(link), []).append(proc)
         # shmwatch's own private namespace holds nobody's segments
         if {p.pid for p in groups.get(own, ())} == {os.getpid()}:
@@ -159,10 +156,9 @@ class SysvCollector(Source):
         return None
 
     def _gone(self, pid: int, hidden: bool) -> bool:
-        """The process has exited. The kernel prints pids in our PID namespace (setns moves only
-        the IPC namespace), and 0 for one outside it: unknown, so not gone. Under hidepid a
-        live process may have no /proc entry: then only kill(pid, 0) answering ESRCH proves
-        it exited (EPERM: alive, someone else's)."""
+        """Exited? The kernel prints pids in our PID namespace (setns moves only the IPC
+        one), 0 for one outside: unknown, not gone. Under hidepid a live pid may lack a
+        /proc entry: only ESRCH from kill(pid, 0) proves it gone (EPERM: another's)."""
         if pid <= 0 or os.path.exists(self.paths.proc(pid)):
             return False
         try:

@@ -9,15 +9,13 @@ from exporter.host.kube import POD_CGROUP_DIR
 from exporter.host.mountinfo import MountEntry
 from exporter.host.paths import read_text
 
-# cgroup v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 bytes
-# with 4 KiB pages); anything this large is not a real limit.
+# Below v1's "no limit": PAGE_COUNTER_MAX pages (9223372036854771712 B at 4 KiB).
 V1_UNLIMITED = 1 << 62
 USAGE = {1: "memory.usage_in_bytes", 2: "memory.current"}
 LIMIT = {1: "memory.limit_in_bytes", 2: "memory.max"}
 # (directory below /sys/fs/cgroup, version) of the memory controller, v1 (hybrid) first.
 HIERARCHIES = (("memory", 1), ("", 2), ("unified", 2))
-# What read_files takes from memory.stat (v1's and v2's): the rest is not parsed.
-STAT_KEYS = frozenset(
+STAT_KEYS = frozenset(  # what read_files parses of memory.stat (v1's and v2's)
     "inactive_file shmem swap hierarchical_memory_limit total_inactive_file "
     "total_shmem total_swap".split()
 )
@@ -116,8 +114,7 @@ def read_files(directory: str, version: int, above=None, with_swap=True) -> dict
 def below(path: str, root: str) -> Optional[List[str]]:
     """`path`'s components below `root`, both relative to one cgroup namespace root (either may
     climb out of it with leading '..'); None when `path` is not at or below `root`."""
-    # Stand-ins for the directories above the namespace root, which a leading '..' climbs.
-    above = "/\0" * 64 + "/"
+    above = "/\0" * 64 + "/"  # stand-ins for directories above the namespace root
     p, r = (os.path.normpath(above + t).split("/")[1:] for t in (path, root))
     if p[: len(r)] != r or any(part.startswith("\0") for part in p[len(r) :]):
         # Not below the mount, or below it through directories whose names this namespace

@@ -17,8 +17,7 @@ class MountEntry:
     source: str
     options: str  # per-mount and superblock options, comma-separated
     device: str = ""  # major:minor
-    # The directory of the filesystem mounted here (a bind mount's or a cgroup namespace's root).
-    root: str = "/"
+    root: str = "/"  # in its filesystem (a bind mount's or a cgroup namespace's root)
     mount_id: int = field(default=0, compare=False)  # IDs are per boot, not the mount
 
 
@@ -33,8 +32,7 @@ def _unescape(field: str) -> str:
 def parse_mountinfo(text: str) -> List[MountEntry]:
     """/proc/<pid>/mountinfo -> entries in file order. Malformed lines are skipped."""
     entries = []
-    # "\n" only: the kernel escapes it in paths, but not "\r", "\x85" or "\u2028", which
-    # splitlines() would also break a line at.
+    # Not splitlines(): the kernel escapes "\n" in paths, not "\r", "\x85" or "\u2028".
     for line in text.split("\n"):
         fields = line.split(" ")
         with suppress(ValueError, IndexError):
@@ -63,10 +61,9 @@ def strip_rootfs(entries: Sequence[MountEntry], rootfs: str) -> List[MountEntry]
 
 
 class MountTable:
-    """The first readable of the candidate mountinfo files ('1': the host's, first under
-    --path.rootfs; 'self': ours), --path.rootfs stripped; refreshed, the mount holding a path
-    in O(path depth). Read again only when poll() on it reports POLLPRI, as libmount's monitor
-    does (2,000 mounts cost ~10 ms a read)."""
+    """The first readable mountinfo of `order` ('1': the host's, first under
+    --path.rootfs; 'self': ours), --path.rootfs stripped; a path's mount in O(depth).
+    Reread only on POLLPRI, as libmount's monitor does (2,000 mounts: ~10 ms a read)."""
 
     def __init__(self, paths: Paths, order: Sequence[str] = (), entries=()):
         self.paths = paths
