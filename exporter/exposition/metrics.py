@@ -21,10 +21,9 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def clean_label(value: "str | bytes", limit: int = MAX_LABEL_CHARS) -> str:
-    """A label value from a file or process name, which can be any bytes of any length (what
-    a process passed to shm_open()): not UTF-8 becomes U+FFFD, control characters \\xNN (a
-    raw carriage return or escape sequence breaks dashboards and terminals), and the length
-    is capped so one hostile name cannot bloat every scrape."""
+    """A label from a file or process name, any bytes of any length (shm_open()'s
+    argument): not UTF-8 as U+FFFD, control chars as \\xNN (a raw CR or escape breaks
+    dashboards and terminals), capped so one hostile name cannot bloat every scrape."""
     if isinstance(value, str):
         # os.scandir() hands undecodable bytes back as lone surrogates.
         value = value.encode("utf-8", "surrogateescape")
