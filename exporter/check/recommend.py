@@ -123,9 +123,8 @@ def parse_headroom(text: str) -> float:
 
 @dataclass
 class Recommendation:
-    """`window`: Prometheus' window, None for an exporter's or this run's reading. The memory
-    limit: the cgroup's now (None: unknown or unlimited), the one needed (None: the cgroup's
-    use is unknown), and whether the first holds the second (None: no limit to compare)."""
+    """`window`: Prometheus', else None. Memory limit: the cgroup's (None: unknown or
+    unlimited), needed (None: use unknown), whether it holds that (None: no limit)."""
 
     mount: str
     observed_peak_bytes: int

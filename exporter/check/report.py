@@ -27,8 +27,7 @@ from exporter.model.types import GpuSnapshot
 # segments, the engines' shm queues and multimodal caches in tensor-parallel serving;
 # TensorRT-LLM, with its own shm-based IPC, gets 80Gi (NVIDIA's large-model examples go higher).
 BACKEND_SHM = {"vllm": 16 << 30, "sglang": 16 << 30, "trtllm": 80 << 30}
-# Without --timeout: what the reads after the collectors (Prometheus, an exporter) may add.
-READS_SECONDS = 10.0
+READS_SECONDS = 10.0  # no --timeout: Prometheus and exporter reads after the collectors
 # A failed source warns in its area (else shm). gpu, cgroup, oom failures: info with own
 # findings (no driver or readable cgroup is normal); "process" (our own metrics): none.
 FAILURE_AREAS = {"sysv": "sysv", "host_memory": "memory"}

@@ -1,6 +1,6 @@
-"""The model as the catalogue's metric families. A mount's or a cgroup's series are reused
-while their inputs are equal (Families.parts_of). A bug in one source's renderer drops that
-source's series and marks it failed, not the scrape."""
+"""The model as the catalogue's families. A mount's or cgroup's series (most as in the
+last render) are reused while their inputs are equal (Families.parts_of). A bug in one
+source's renderer drops that source's series and marks it failed, not the scrape."""
 
 import functools
 import logging
@@ -34,8 +34,7 @@ def clean_label(value: "str | bytes", limit: int = MAX_LABEL_CHARS) -> str:
     return text
 
 
-# Every render cleans the same names again.
-clean = functools.lru_cache(maxsize=1 << 14)(clean_label)
+clean = functools.lru_cache(maxsize=1 << 14)(clean_label)  # names recur each render
 # The sources ModelCollector renders, each by its method _<name>.
 RENDERED = ("shm_mount", "segments", "sysv", "host_memory", "cgroup", "gpu", "process")
 SEGMENT_SERIES = ("segments", "segment_bytes", "segment_apparent_bytes")

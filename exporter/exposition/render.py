@@ -23,8 +23,7 @@ from exporter.model.catalogue import lookup, node_labels
 
 # Level 1: 9x smaller (level 6: 11x) in half the CPU; a DaemonSet's CPU outweighs bytes.
 GZIP_LEVEL = 1
-# Bodies kept per render: an Accept header can name endless versions, each its own type.
-MAX_BODIES = 8
+MAX_BODIES = 8  # per render: Accept can name endless versions, each its own type
 JOINED_FORMATS = {generate_latest: "text", openmetrics.generate_latest: "openmetrics"}
 
 
