@@ -120,7 +120,7 @@ def render_json(report: Report) -> str:
 
 
 # All of `check`'s sizes are formatted here. Advice rounds up: a setting made from it
-# (--shm-size, shm_size, sizeLimit, memory limit) holds the bytes asked, 16G or 16Gi.
+# (--shm-size, shm_size, sizeLimit, memory limit) holds the bytes asked, G or Gi alike.
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 UNITS = (("GiB", GiB), ("MiB", MiB), ("KiB", KiB))
 # The largest size `check` reads or advises (1 PiB): above any shm mount or memory limit. A

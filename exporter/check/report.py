@@ -260,7 +260,7 @@ def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
                 sys.stderr.write(error)
                 return EXIT_USAGE
         model = collect(cfg, min(collectors, left(deadline)))
-        # Logs after the collectors: matching holds the GIL, slowing them past timeouts
+        # Logs after collecting: matching holds the GIL; collectors would time out
         until = deadline - timeout / 10  # early enough to be reported
         scans = [(p, Bounded(lambda p=p: scan_log(p, until))) for p in extra.log]
         report = diagnose(model, extra.require_shm, extra.backend)
