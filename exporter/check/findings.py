@@ -1,8 +1,7 @@
-"""What `shmwatch check` found, worst first, as text or as the documented JSON document.
-
-Exit codes: 0 all good, 1 warnings, 2 a requirement failed (--require-shm, --backend), 64 a
-usage error (EX_USAGE, apart from 2 so that an initContainer can tell "this pod's shm is too
-small" from "the command line is wrong"), 70 a bug in check (EX_SOFTWARE, never a verdict)."""
+"""What `shmwatch check` found, worst first, as text or the documented JSON. Exit codes:
+0 all good, 1 warnings, 2 a requirement failed (--require-shm, --backend), 64 a usage
+error (EX_USAGE, not 2: an initContainer tells "this pod's shm is too small" from "the
+command line is wrong"), 70 a bug in check (EX_SOFTWARE, never a verdict)."""
 
 import json
 import math
@@ -17,8 +16,7 @@ from exporter import __version__
 EXIT_OK, EXIT_WARN, EXIT_FAIL, EXIT_USAGE, EXIT_SOFTWARE = 0, 1, 2, 64, 70
 SEVERITIES = ("fail", "warn", "info", "ok")  # worst first
 MAX_NAMED = 5  # segments, processes or holders named in a finding
-# The JSON document's facts, in its order: when nothing reported one, an object is null and
-# a list is empty (recommendations: --recommend).
+# JSON facts in order; unreported: OBJECTS null, lists [] (recommendations: --recommend)
 FACTS = ("shm", "gpus", "host_memory", "cgroup", "pod_cgroups", "sysv")
 FACTS += ("recommendations", "recommendation_notes", "oom_kills", "sysv_namespaces")
 OBJECTS = ("host_memory", "cgroup", "sysv")
@@ -88,8 +86,7 @@ class Bounded:
 
 
 def quoted(text: object, limit: int = 200) -> str:
-    """Another program's words (a log line, a server's answer) as a finding quotes them: at
-    most `limit` characters, control characters (a terminal's escapes) as '?'."""
+    """`limit` chars of another program's words, control chars (escapes) as '?'."""
     text = str(text)
     text = text if len(text) <= limit else text[:limit] + "..."
     return "".join(c if c.isprintable() else "?" for c in text)
@@ -122,9 +119,8 @@ def render_json(report: Report) -> str:
     return json.dumps(doc, indent=2, default=str) + "\n"
 
 
-# Every size `check` prints or advises is formatted below. A reading (`human`) rounds to the
-# nearest tenth of its unit. Advice rounds up: a setting made from it (--shm-size, shm_size,
-# sizeLimit, a memory limit) holds at least the bytes it answers, asked in 16G or 16Gi alike.
+# All of `check`'s sizes are formatted here. Advice rounds up: a setting made from it
+# (--shm-size, shm_size, sizeLimit, memory limit) holds the bytes asked, G or Gi alike.
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 UNITS = (("GiB", GiB), ("MiB", MiB), ("KiB", KiB))
 # The largest size `check` reads or advises (1 PiB): above any shm mount or memory limit. A
@@ -145,7 +141,7 @@ def plausible(value) -> int:
 
 
 def human(n: float) -> str:
-    """A reading: '1.5 GiB', '12 B'."""
+    """A reading, to the nearest tenth: '1.5 GiB', '12 B'."""
     for unit, size in UNITS:
         if abs(n) >= size:
             return f"{n / size:.1f} {unit}"

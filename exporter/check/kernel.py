@@ -95,8 +95,7 @@ def oom_kills(report: Report, model: Model, error: Optional[str]) -> None:
         report.add("info", "memory", "OOM kills", f"kernel log not read: {error}")
     if error or not model.result_ok("oom"):
         return
-    # kmsg stamps are the kernel's clock since boot
-    now_usec = time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6
+    now_usec = time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6  # kmsg stamps this clock
     listed = []
     for kill, shm_used in model.recent_oom_kills:
         age = max(0, int((now_usec - kill.boot_usec) / 1e6))

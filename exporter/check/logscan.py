@@ -1,6 +1,5 @@
-"""Reads a server log's tail for the known failure signatures of signatures.yml (shared
-memory, SysV, SIGBUS, CUDA OOM), in bounded memory and time (`shmwatch check --log FILE`),
-and says what it found and what it could not read."""
+"""`shmwatch check --log`: signatures.yml's failures (shm, SysV, SIGBUS, CUDA OOM) found
+in a server log's tail, in bounded memory and time, and what could not be read."""
 
 import math
 import os
@@ -20,11 +19,9 @@ SIGNATURES = resources.files(__package__).joinpath("signatures.yml")
 # name -> its needles, regex, explanation and remedy, each quoted from the library that prints it
 TABLE = yaml.safe_load(SIGNATURES.read_text("utf-8"))
 PATTERNS = [(name, re.compile(said["regex"])) for name, said in TABLE.items()]
-# Each chunk of a log is searched for these (bytes.find, a hundred times faster than the
-# regexes), and only the text near one is matched against PATTERNS.
+# Sought per chunk by bytes.find (100x faster than regexes); PATTERNS see text near one.
 NEEDLES = tuple(dict.fromkeys(n.encode() for v in TABLE.values() for n in v["needles"]))
-# At most the last MAX_LOG_BYTES of a log are read (a server's recent failures are the ones
-# that matter), CHUNK at a time; a line longer than CHUNK is matched in pieces of that size.
+# The tail: recent failures matter; a line over CHUNK is matched in CHUNK-sized pieces.
 MAX_LOG_BYTES, CHUNK = 64 << 20, 1 << 20
 # Bytes either side of a needle's hit that the regexes see: every signature's quantifiers are
 # bounded, so that a match, and its needle, fit in WINDOW // 2 (tests/test_check.py checks).
@@ -51,9 +48,8 @@ class LogScan:
 
 
 def scan_log(path: str, deadline: float = math.inf) -> LogScan:
-    """The log's last MAX_LOG_BYTES, read CHUNK at a time until its size when opened or
-    `deadline` (time.monotonic()). Only a regular file is read (ValueError otherwise): a FIFO
-    with no writer would block, a device never ends."""
+    """Last MAX_LOG_BYTES by CHUNK, to its size at open or `deadline` (monotonic).
+    ValueError unless a regular file: a writerless FIFO blocks, a device never ends."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     with open(fd, "rb", buffering=0) as handle:
         info = os.fstat(fd)
@@ -104,9 +100,8 @@ def _matches(texts: List[str]) -> Iterator[Tuple[str, str, Dict[str, str]]]:
 
 
 def _candidates(piece: bytes, lines: int) -> Iterator[Tuple[int, int, List[str]]]:
-    """(offset, line number, texts) of each line in `piece` holding one of NEEDLES; texts: its
-    stretches within WINDOW bytes of a needle, where every signature's match lies, so that no
-    regex runs over the rest of a long line. `lines`: how many lines came before `piece`."""
+    """(offset, line number, texts) per line of `piece` with a needle; texts: stretches
+    within WINDOW of one (no regex scans the rest); `lines`: lines before `piece`."""
     low, near = piece.lower(), {}
     for needle in NEEDLES:
         i, end = low.find(needle), -1
@@ -142,8 +137,7 @@ def refusal(path: str) -> str:
 
 
 def log_findings(report: Report, scans, deadline: float) -> None:
-    """The signatures the logs' scans found by `deadline` (each once, at its first hit), and
-    what was not read."""
+    """Signatures found by `deadline` (each once, first hit) and what was not read."""
     hits: Dict[str, LogHit] = {}
     for path, task in scans:
         name = os.path.basename(path)

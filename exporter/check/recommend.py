@@ -1,10 +1,9 @@
-"""Right-sizing the shm volume from what the workload really used (`shmwatch check --recommend`).
-
-recommended = observed peak x headroom, rounded up to a whole GiB (a whole MiB below 1 GiB), at
-least 1 MiB; the memory limit that holds it = the cgroup's use besides this mount's shm + the
-recommendation, rounded up to a MiB (as deploy/prometheus/shmwatch-recommend-rules.yml records
-them). The observed peak, best first: Prometheus's max_over_time(shmwatch_mount_peak_used_bytes),
-a running exporter's shmwatch_mount_max_used_bytes, or this run's reading (said to be weakest)."""
+"""`shmwatch check --recommend`: the shm volume's size from what the workload really
+used, observed peak x headroom (findings.round_up), and the memory limit that holds it:
+the cgroup's use besides this mount's shm + that size, rounded up to a MiB (as
+deploy/prometheus/shmwatch-recommend-rules.yml records them). The observed peak, best
+first: Prometheus's max_over_time(shmwatch_mount_peak_used_bytes), a running exporter's
+shmwatch_mount_max_used_bytes, or this run's reading (said to be weakest)."""
 
 import json
 import math
@@ -124,9 +123,8 @@ def parse_headroom(text: str) -> float:
 
 @dataclass
 class Recommendation:
-    """`window`: Prometheus' window, None for an exporter's or this run's reading. The memory
-    limit: the cgroup's now (None: unknown or unlimited), the one needed (None: the cgroup's
-    use is unknown), and whether the first holds the second (None: no limit to compare)."""
+    """`window`: Prometheus', else None. Memory limit: the cgroup's (None: unknown or
+    unlimited), needed (None: use unknown), whether it holds that (None: no limit)."""
 
     mount: str
     observed_peak_bytes: int
@@ -164,8 +162,7 @@ def settings_for(size: int, volume: str, memory_limit: Optional[int]) -> Dict[st
 
 
 def recommend(view, observed, source, window, headroom, note="", required=None):
-    """One mount's recommendation (`view`: a MountView with usage), never below `required`
-    (--require-shm's bytes)."""
+    """Never below --require-shm's `required` bytes; `view`: a MountView with usage."""
     usage, cgroup, observed = view.usage, view.cgroup, max(int(observed), 0)
     size = round_up(observed * headroom)
     r = Recommendation(usage.mount, observed, size, window, source, usage.size_bytes)
@@ -207,8 +204,7 @@ def recommendations(model, extra, deadline=math.inf):
     out = []
     for view in views:
         peak, source, window, note = view.usage.used_bytes, "current", None, NO_PEAK
-        # A mount a source has no series for falls to the next, and so does Prometheus when
-        # several match without --prometheus.selector: another pod's /dev/shm peak is not ours.
+        # Several series, no --prometheus.selector: another pod's shm peak is not ours
         for name, recorded_over, peaks in answers:
             found, series = peaks.get(view.mount, (None, 0))
             if found is None:

@@ -27,11 +27,9 @@ from exporter.model.types import GpuSnapshot
 # segments, the engines' shm queues and multimodal caches in tensor-parallel serving;
 # TensorRT-LLM, with its own shm-based IPC, gets 80Gi (NVIDIA's large-model examples go higher).
 BACKEND_SHM = {"vllm": 16 << 30, "sglang": 16 << 30, "trtllm": 80 << 30}
-# Without --timeout: what the reads after the collectors (Prometheus, an exporter) may add.
-READS_SECONDS = 10.0
-# A source that failed is a warning in its area (shm when not named). gpu, cgroup and oom
-# failures are info with their own findings (no driver, or no readable cgroup, is normal);
-# "process" is shmwatch's own process metrics, nothing `check` reports on.
+READS_SECONDS = 10.0  # no --timeout: Prometheus and exporter reads after the collectors
+# A failed source warns in its area (else shm). gpu, cgroup, oom failures: info with own
+# findings (no driver or readable cgroup is normal); "process" (our own metrics): none.
 FAILURE_AREAS = {"sysv": "sysv", "host_memory": "memory"}
 QUIET_FAILURES = ("gpu", "cgroup", "process", "oom")
 MOUNT_FACTS = ("mount", "fstype", "size_bytes", "used_bytes", "available_bytes")
@@ -232,8 +230,7 @@ def diagnose(model: Model, required=None, backend=None) -> Report:
 
 
 def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
-    """`collect(cfg, timeout)`: one run of every source, and the model made of it. A failure
-    of check itself (a bug) exits EXIT_SOFTWARE, apart from 1 (warnings) and 2 (failed)."""
+    """`collect(cfg, timeout)`: one run of every source, and the model made of it."""
     try:
         started = time.monotonic()
         parser = build_parser(prog="shmwatch check")
@@ -263,9 +260,8 @@ def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
                 sys.stderr.write(error)
                 return EXIT_USAGE
         model = collect(cfg, min(collectors, left(deadline)))
-        # Logs are read after the collectors (their matching holds the GIL, which would slow
-        # the collectors past their timeouts), until early enough to be reported.
-        until = deadline - timeout / 10
+        # Logs after collecting: matching holds the GIL; collectors would time out
+        until = deadline - timeout / 10  # early enough to be reported
         scans = [(p, Bounded(lambda p=p: scan_log(p, until))) for p in extra.log]
         report = diagnose(model, extra.require_shm, extra.backend)
         # before the logs: one on a hung filesystem is awaited until the deadline

@@ -8,6 +8,5 @@ SHM_OOM_PROJECTION_RATIO = 1.0  # ShmSizeExceedsMemoryLimit
 HOST_MEMORY_AVAILABLE_LOW_RATIO = 0.1  # HostMemoryLow
 SYSV_NEAR_LIMIT_RATIO = 0.9  # SysvSegmentsNearLimit, SysvBytesNearLimit
 GPU_MEMORY_FULL_RATIO = 0.98  # GpuMemoryNearlyFull
-# ShmDockerDefaultSize: Docker's and containerd's default
-DOCKER_DEFAULT_SHM_BYTES = 64 << 20
+DOCKER_DEFAULT_SHM_BYTES = 64 << 20  # ShmDockerDefaultSize: Docker's, containerd's
 OOM_KILL_RECENT_SECONDS = 600  # PodOomKilled: increase(...[10m]) > 0

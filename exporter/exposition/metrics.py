@@ -1,6 +1,6 @@
-"""The model as the catalogue's metric families. A mount's or a cgroup's series are reused
-while their inputs are equal (Families.parts_of). A bug in one source's renderer drops that
-source's series and marks it failed, not the scrape."""
+"""The model as the catalogue's families. A mount's or cgroup's series (most as in the
+last render) are reused while their inputs are equal (Families.parts_of). A bug in one
+source's renderer drops that source's series and marks it failed, not the scrape."""
 
 import functools
 import logging
@@ -21,10 +21,9 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def clean_label(value: "str | bytes", limit: int = MAX_LABEL_CHARS) -> str:
-    """A label value from a file or process name, which can be any bytes of any length (what
-    a process passed to shm_open()): not UTF-8 becomes U+FFFD, control characters \\xNN (a
-    raw carriage return or escape sequence breaks dashboards and terminals), and the length
-    is capped so one hostile name cannot bloat every scrape."""
+    """A label from a file or process name, any bytes of any length (shm_open()'s
+    argument): not UTF-8 as U+FFFD, control chars as \\xNN (a raw CR or escape breaks
+    dashboards and terminals), capped so one hostile name cannot bloat every scrape."""
     if isinstance(value, str):
         # os.scandir() hands undecodable bytes back as lone surrogates.
         value = value.encode("utf-8", "surrogateescape")
@@ -35,8 +34,7 @@ def clean_label(value: "str | bytes", limit: int = MAX_LABEL_CHARS) -> str:
     return text
 
 
-# Every render cleans the same names again.
-clean = functools.lru_cache(maxsize=1 << 14)(clean_label)
+clean = functools.lru_cache(maxsize=1 << 14)(clean_label)  # names recur each render
 # The sources ModelCollector renders, each by its method _<name>.
 RENDERED = ("shm_mount", "segments", "sysv", "host_memory", "cgroup", "gpu", "process")
 SEGMENT_SERIES = ("segments", "segment_bytes", "segment_apparent_bytes")

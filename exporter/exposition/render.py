@@ -1,9 +1,8 @@
-"""/metrics. The catalogue's families are the sample lines prometheus_client's text format
-writes (the same lines serve OpenMetrics 1.0.0: legacy names, no timestamps); most of a node's
-mounts and cgroups are as they were in the last render: `Families.parts_of` reuses them. A
-scrape renders when the model's version moved; each body (format and encoding negotiated as
-prometheus_client does) is kept until the next. Text 0.0.4 and OpenMetrics 1.0.0 are the lines
-joined, byte for byte what prometheus_client's encoders write; other formats are the encoder's."""
+"""/metrics: the catalogue's families as prometheus_client's text lines, rendered when a
+scrape finds the model's version moved; each body (format and encoding negotiated as
+prometheus_client does) kept until the next. Text 0.0.4 and OpenMetrics 1.0.0 (legacy
+names, no timestamps): those lines joined, byte for byte its encoders' output; other
+formats: the encoder's."""
 
 import functools
 import gzip
@@ -22,11 +21,9 @@ from prometheus_client.utils import floatToGoString
 
 from exporter.model.catalogue import lookup, node_labels
 
-# Level 1 compresses a node's exposition 9x (level 6: 11x) in half level 6's time: a
-# DaemonSet's CPU is worth more than a fifth more bytes per scrape.
+# Level 1: 9x smaller (level 6: 11x) in half the CPU; a DaemonSet's CPU outweighs bytes.
 GZIP_LEVEL = 1
-# Bodies kept per render: an Accept header can name endless versions, each its own type.
-MAX_BODIES = 8
+MAX_BODIES = 8  # per render: Accept can name endless versions, each its own type
 JOINED_FORMATS = {generate_latest: "text", openmetrics.generate_latest: "openmetrics"}
 
 
