@@ -6,11 +6,11 @@ within twice the head's deadline is dropped), GET and HEAD only (405). Keep-aliv
 TLS with the SSLContext current when the connection was accepted (rotated certificates)."""
 
 import asyncio
-import concurrent.futures
 import errno
 import logging
 import socket
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from typing import Dict, Optional
 
@@ -64,13 +64,12 @@ class Connection(asyncio.BufferedProtocol):
         return self.front.buffer  # shared: each read is parsed before the next
 
     def buffer_updated(self, nbytes: int) -> None:
-        data = bytes(self.front.buffer[:nbytes])
-        if self.busy:  # a read the pause did not stop
-            self.rest += data
-        else:
-            self.feed(data)
+        self.feed(bytes(self.front.buffer[:nbytes]))
 
     def feed(self, data: bytes) -> None:
+        if self.busy:  # a read the pause did not stop
+            self.rest += data
+            return
         if self.served and not self.head.size:  # the first byte after an idle wait
             self.deadline(HEADER_TIMEOUT_SECONDS)
             self.front.idle.pop(self, None)
@@ -188,9 +187,7 @@ class Front(threading.Thread):
         self.server_address = sock.getsockname()[:2]  # (host, port)
         self.loop = asyncio.new_event_loop()
         self.loop.set_exception_handler(loop_error)
-        self.workers = concurrent.futures.ThreadPoolExecutor(
-            min(WORKERS, max_requests), thread_name_prefix="shmwatch-http"
-        )
+        self.workers = ThreadPoolExecutor(min(WORKERS, max_requests), "shmwatch-http")
         self.buffer = memoryview(bytearray(READ_BYTES))
         self.fresh: Dict[Connection, None] = {}  # never answered, oldest first
         self.idle: Dict[Connection, None] = {}  # waiting again, longest first
@@ -254,7 +251,7 @@ class Front(threading.Thread):
         if config and config.users and request.path not in OPEN_PATHS:
             header = request.headers.get("authorization")
             verdict = self.web.authorize(config, header, peer)
-            if isinstance(verdict, concurrent.futures.Future):
+            if isinstance(verdict, Future):
                 verdict = await asyncio.wrap_future(verdict)
             if verdict is None:  # bcrypt busy: the password may well be right
                 return plain(503, [("Retry-After", "1")])
