@@ -1,9 +1,8 @@
 """The HTTP(S) front: /metrics (render.py's), a landing page, /-/healthy. One asyncio loop
 reads every connection (a slow or idle client costs a socket, never a thread); worker threads
 make the answers. Bounds as Go's net/http has them: a head within HEADER_TIMEOUT_SECONDS
-(heads.py bounds its size), --web.max-requests answers in flight (503 beyond; one not read
-within twice the head's deadline is dropped), GET and HEAD only (405). Keep-alive, pipelining,
-TLS with the SSLContext current when the connection was accepted (rotated certificates)."""
+(heads.py bounds its size), --web.max-requests answers in flight, GET and HEAD only.
+Keep-alive, pipelining; TLS with the SSLContext current at accept (rotated certificates)."""
 
 import asyncio
 import errno
@@ -28,7 +27,6 @@ IDLE_TIMEOUT_SECONDS = 120.0
 NOT_FOUND = ("404 Not Found", "text/plain", b"Not Found\n")
 # Paths that answer without credentials: a readiness probe has none, and "OK" tells nothing.
 OPEN_PATHS = ("/-/healthy",)
-CHALLENGE = [("WWW-Authenticate", 'Basic realm="shmwatch"')]
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -256,7 +254,7 @@ class Front(threading.Thread):
             if verdict is None:  # bcrypt busy: the password may well be right
                 return plain(503, [("Retry-After", "1")])
             if not verdict:
-                return plain(401, CHALLENGE)
+                return plain(401, [("WWW-Authenticate", 'Basic realm="shmwatch"')])
         return None
 
     def call(self, request: Head) -> Answer:

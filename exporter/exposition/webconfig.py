@@ -217,20 +217,19 @@ class WebConfigSource:
                 stamps.append((path, None))
         return tuple(stamps)
 
-    def current(self) -> Tuple[WebConfig, Optional[ssl.SSLContext]]:
-        """The config and context to use for a new connection (re-read when files changed)."""
+    def current(self, force=False) -> Tuple[WebConfig, Optional[ssl.SSLContext]]:
+        """The config and context for a new connection, re-read if files changed or `force`."""
         with self._lock:
             stamp = self._current_stamp(self.config)
-            if stamp == self._stamp and self._failed_stamp not in (None, stamp):
-                self._failed_stamp, self.reload_ok = None, True  # the good files back
-            elif stamp not in (self._stamp, self._failed_stamp):
+            if force or stamp not in (self._stamp, self._failed_stamp):
                 self._reload(stamp)
+            elif stamp == self._stamp and self._failed_stamp not in (None, stamp):
+                self._failed_stamp, self.reload_ok = None, True  # the good files back
             return self.config, self.context
 
     def reload(self) -> None:
         """Re-read the files whether they changed or not (SIGHUP)."""
-        with self._lock:
-            self._reload(self._current_stamp(self.config))
+        self.current(force=True)
 
     def _reload(self, stamp) -> None:
         self.generation += 1
