@@ -89,9 +89,7 @@ class Connection(asyncio.BufferedProtocol):
         try:
             config = front.web.current()[0] if front.web else None
             answer = await front.refusal(config, request, self.peer)
-            if answer is None and front.in_flight >= front.max_requests:
-                answer = plain(503)
-            elif answer is None:
+            if answer is None:
                 front.in_flight, counted = front.in_flight + 1, True
                 made = front.loop.run_in_executor(front.workers, front.call, request)
                 answer = await made
@@ -255,7 +253,7 @@ class Front(threading.Thread):
                 return plain(503, [("Retry-After", "1")])
             if not verdict:
                 return plain(401, [("WWW-Authenticate", 'Basic realm="shmwatch"')])
-        return None
+        return plain(503) if self.in_flight >= self.max_requests else None
 
     def call(self, request: Head) -> Answer:
         """The app's answer, in a worker thread (as GET: HEAD drops the body). The environ
