@@ -92,13 +92,16 @@ class Head:
         return bytes(line[:colon]).lower().decode() in KEPT
 
     def finish(self) -> "Head":
-        """Sets method, path, query, minor and close from the complete head."""
+        """Sets method, path, query, minor and close from the complete head; Refused."""
         method, target, _, minor = self.first.groups()
         self.method, self.minor = method.decode(), int(minor)
         target = target.decode("latin-1")
         headers = self.headers
         if target.startswith(("http://", "https://")):  # absolute-form, as proxies send
-            parts = urlsplit(target)
+            try:
+                parts = urlsplit(target)
+            except ValueError:  # "http://[::1": a bracket not closed
+                raise Refused(400) from None
             path, self.query = parts.path or "/", parts.query
         else:
             path, _, self.query = target.partition("?")
