@@ -223,6 +223,8 @@ def test_keep_alive_pipelining_methods_and_edges(tmpfs):
         assert answer.startswith(b"HTTP/1.1 400 ") and b"shmwatch_build_info" not in answer
         assert raw(exporter.port, b"GET /metrics HTTP/2.0\r\n\r\n")[0].startswith(b"HTTP/1.1 505 ")
         assert raw(exporter.port, HEAD + b"Bad Name : x\r\n\r\n")[0].startswith(b"HTTP/1.1 400 ")
+        # An absolute-form target urlsplit cannot take: a 400, not a reset and a traceback.
+        assert raw(exporter.port, b"GET http://[::1/metrics HTTP/1.1\r\n\r\n")[0].startswith(b"HTTP/1.1 400 ")
         # A malformed Accept is no preference: the text format, never a 500.
         for accept in ("application/openmetrics-text; version=1.x", "application/openmetrics-text; version=",
                        ";;;,,,", "application/openmetrics-text; escaping=nonsense"):

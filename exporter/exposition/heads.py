@@ -42,20 +42,20 @@ class Head:
             self.size += stop - pos
             if self.size > MAX_HEADER_BYTES:
                 raise Refused(431)
+            if self.first and newline >= 0:
+                self.lines += 1
+                if self.lines > MAX_HEADER_LINES:
+                    raise Refused(431)
             if not self.dropping:
                 self.line += data[pos:stop]
                 if self.kept_size + len(self.line) > MAX_KEPT_BYTES:
                     raise Refused(431)
-                if newline < 0 and self.first and self.kept(self.line) is False:
+                if self.first and self.kept(self.line) is False:
                     self.dropping = True
                     self.line.clear()
             pos = stop
             if newline < 0:
                 return None
-            if self.first:
-                self.lines += 1
-                if self.lines > MAX_HEADER_LINES:
-                    raise Refused(431)
             if self.dropping:
                 self.dropping = False
                 continue
@@ -72,16 +72,14 @@ class Head:
                 continue
             if not line:
                 return data[pos:]
-            kept = self.kept(line)
-            if kept is None:
+            if self.kept(line) is None:  # kept, else dropped above
                 raise Refused(400)  # no colon; also an obsolete folded line
-            if kept:
-                self.kept_size += len(line)
-                name, _, value = line.partition(b":")
-                key = name.lower().decode()
-                value = value.strip(b" \t").decode("latin-1")
-                known = self.headers.get(key)
-                self.headers[key] = value if known is None else f"{known}, {value}"
+            self.kept_size += len(line)
+            name, _, value = line.partition(b":")
+            key = name.lower().decode()
+            value = value.strip(b" \t").decode("latin-1")
+            known = self.headers.get(key)
+            self.headers[key] = value if known is None else f"{known}, {value}"
         return None
 
     def kept(self, line: bytearray) -> Optional[bool]:
@@ -94,13 +92,16 @@ class Head:
         return bytes(line[:colon]).lower().decode() in KEPT
 
     def finish(self) -> "Head":
-        """Sets method, path, query, minor and close from the complete head."""
+        """Sets method, path, query, minor and close from the complete head; Refused."""
         method, target, _, minor = self.first.groups()
         self.method, self.minor = method.decode(), int(minor)
         target = target.decode("latin-1")
         headers = self.headers
         if target.startswith(("http://", "https://")):  # absolute-form, as proxies send
-            parts = urlsplit(target)
+            try:
+                parts = urlsplit(target)
+            except ValueError:  # "http://[::1": a bracket not closed
+                raise Refused(400) from None
             path, self.query = parts.path or "/", parts.query
         else:
             path, _, self.query = target.partition("?")

@@ -1,16 +1,15 @@
 """The HTTP(S) front: /metrics (render.py's), a landing page, /-/healthy. One asyncio loop
 reads every connection (a slow or idle client costs a socket, never a thread); worker threads
 make the answers. Bounds as Go's net/http has them: a head within HEADER_TIMEOUT_SECONDS
-(heads.py bounds its size), --web.max-requests answers in flight (503 beyond; one not read
-within twice the head's deadline is dropped), GET and HEAD only (405). Keep-alive, pipelining,
-TLS with the SSLContext current when the connection was accepted (rotated certificates)."""
+(heads.py bounds its size), --web.max-requests answers in flight, GET and HEAD only.
+Keep-alive, pipelining; TLS with the SSLContext current at accept (rotated certificates)."""
 
 import asyncio
-import concurrent.futures
 import errno
 import logging
 import socket
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from typing import Dict, Optional
 
@@ -28,7 +27,6 @@ IDLE_TIMEOUT_SECONDS = 120.0
 NOT_FOUND = ("404 Not Found", "text/plain", b"Not Found\n")
 # Paths that answer without credentials: a readiness probe has none, and "OK" tells nothing.
 OPEN_PATHS = ("/-/healthy",)
-CHALLENGE = [("WWW-Authenticate", 'Basic realm="shmwatch"')]
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -64,13 +62,12 @@ class Connection(asyncio.BufferedProtocol):
         return self.front.buffer  # shared: each read is parsed before the next
 
     def buffer_updated(self, nbytes: int) -> None:
-        data = bytes(self.front.buffer[:nbytes])
-        if self.busy:  # a read the pause did not stop
-            self.rest += data
-        else:
-            self.feed(data)
+        self.feed(bytes(self.front.buffer[:nbytes]))
 
     def feed(self, data: bytes) -> None:
+        if self.busy:  # a read the pause did not stop
+            self.rest += data
+            return
         if self.served and not self.head.size:  # the first byte after an idle wait
             self.deadline(HEADER_TIMEOUT_SECONDS)
             self.front.idle.pop(self, None)
@@ -92,9 +89,7 @@ class Connection(asyncio.BufferedProtocol):
         try:
             config = front.web.current()[0] if front.web else None
             answer = await front.refusal(config, request, self.peer)
-            if answer is None and front.in_flight >= front.max_requests:
-                answer = plain(503)
-            elif answer is None:
+            if answer is None:
                 front.in_flight, counted = front.in_flight + 1, True
                 made = front.loop.run_in_executor(front.workers, front.call, request)
                 answer = await made
@@ -188,9 +183,7 @@ class Front(threading.Thread):
         self.server_address = sock.getsockname()[:2]  # (host, port)
         self.loop = asyncio.new_event_loop()
         self.loop.set_exception_handler(loop_error)
-        self.workers = concurrent.futures.ThreadPoolExecutor(
-            min(WORKERS, max_requests), thread_name_prefix="shmwatch-http"
-        )
+        self.workers = ThreadPoolExecutor(min(WORKERS, max_requests), "shmwatch-http")
         self.buffer = memoryview(bytearray(READ_BYTES))
         self.fresh: Dict[Connection, None] = {}  # never answered, oldest first
         self.idle: Dict[Connection, None] = {}  # waiting again, longest first
@@ -254,13 +247,13 @@ class Front(threading.Thread):
         if config and config.users and request.path not in OPEN_PATHS:
             header = request.headers.get("authorization")
             verdict = self.web.authorize(config, header, peer)
-            if isinstance(verdict, concurrent.futures.Future):
+            if isinstance(verdict, Future):
                 verdict = await asyncio.wrap_future(verdict)
             if verdict is None:  # bcrypt busy: the password may well be right
                 return plain(503, [("Retry-After", "1")])
             if not verdict:
-                return plain(401, CHALLENGE)
-        return None
+                return plain(401, [("WWW-Authenticate", 'Basic realm="shmwatch"')])
+        return plain(503) if self.in_flight >= self.max_requests else None
 
     def call(self, request: Head) -> Answer:
         """The app's answer, in a worker thread (as GET: HEAD drops the body). The environ

@@ -5,7 +5,6 @@ at start-up, not ignored. The files are stat'ed on each new connection: a rotate
 serves from the next one on; a change that does not load keeps the last good."""
 
 import base64
-import concurrent.futures
 import functools
 import hashlib
 import logging
@@ -13,9 +12,11 @@ import os
 import re
 import ssl
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
+import bcrypt
 import yaml
 
 from exporter.exposition.render import Families
@@ -32,23 +33,17 @@ UNVERIFIED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
 TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1}
 TLS_VERSIONS.update(TLS12=ssl.TLSVersion.TLSv1_2, TLS13=ssl.TLSVersion.TLSv1_3)
 # exporter-toolkit accepts exactly these response headers, some with fixed values.
-HEADERS = {
-    "Content-Security-Policy": None,
-    "X-Frame-Options": ("deny", "sameorigin"),
-    "X-Content-Type-Options": ("nosniff",),
-    "X-XSS-Protection": None,
-    "Strict-Transport-Security": None,
-}
+HEADERS = {"Content-Security-Policy": (), "X-Frame-Options": ("deny", "sameorigin")}
+HEADERS.update({"X-Content-Type-Options": ("nosniff",), "X-XSS-Protection": ()})
+HEADERS["Strict-Transport-Security"] = ()
 # A bcrypt hash: variant, cost 04-31, 22 characters of salt and 31 of hash.
 BCRYPT_HASH = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 BCRYPT_WORKERS = 2  # checks at once: a guessing client cannot take every core
 BCRYPT_QUEUE = 8  # checks running or waiting; beyond, or a second from one address: 503
 TLS, HEADERS_KEY = "tls_server_config", "http_server_config.headers"
 SECTIONS = (TLS, "http_server_config", "basic_auth_users", "rate_limit")
-TLS_UNSUPPORTED = set(
-    "cert key client_ca client_allowed_sans cipher_suites prefer_server_cipher_suites "
-    "curve_preferences".split()
-)
+TLS_UNSUPPORTED = {"cert", "key", "client_ca", "client_allowed_sans", "cipher_suites"}
+TLS_UNSUPPORTED |= {"prefer_server_cipher_suites", "curve_preferences"}
 
 
 class WebConfigError(ValueError):
@@ -179,9 +174,8 @@ class WebConfigSource:
         self.path, self._fixed = path, fixed
         self._lock = threading.Lock()
         self._checking: set = set()  # addresses with a bcrypt check queued or running
-        self._pool = concurrent.futures.ThreadPoolExecutor(  # threads made on demand
-            BCRYPT_WORKERS, thread_name_prefix="shmwatch-bcrypt"
-        )
+        # Threads made on demand: no bcrypt thread while no one authenticates.
+        self._pool = ThreadPoolExecutor(BCRYPT_WORKERS, "shmwatch-bcrypt")
         config = self._read()
         self.tls = config.tls is not None  # fixed for the life of the listener
         self.generation = 0  # moves on every reload
@@ -223,20 +217,19 @@ class WebConfigSource:
                 stamps.append((path, None))
         return tuple(stamps)
 
-    def current(self) -> Tuple[WebConfig, Optional[ssl.SSLContext]]:
-        """The config and context to use for a new connection (re-read when files changed)."""
+    def current(self, force=False) -> Tuple[WebConfig, Optional[ssl.SSLContext]]:
+        """The config and context for a new connection, re-read if files changed or `force`."""
         with self._lock:
             stamp = self._current_stamp(self.config)
-            if stamp == self._stamp and self._failed_stamp not in (None, stamp):
-                self._failed_stamp, self.reload_ok = None, True  # the good files back
-            elif stamp not in (self._stamp, self._failed_stamp):
+            if force or stamp not in (self._stamp, self._failed_stamp):
                 self._reload(stamp)
+            elif stamp == self._stamp and self._failed_stamp not in (None, stamp):
+                self._failed_stamp, self.reload_ok = None, True  # the good files back
             return self.config, self.context
 
     def reload(self) -> None:
         """Re-read the files whether they changed or not (SIGHUP)."""
-        with self._lock:
-            self._reload(self._current_stamp(self.config))
+        self.current(force=True)
 
     def _reload(self, stamp) -> None:
         self.generation += 1
@@ -276,10 +269,8 @@ class WebConfigSource:
             return False
         try:
             decoded = base64.b64decode(header[6:].strip(), validate=True).decode()
-        except ValueError:  # not base64, not UTF-8
-            return False
-        user, sep, password = decoded.partition(":")
-        if not sep:
+            user, password = decoded.split(":", 1)
+        except ValueError:  # not base64, not UTF-8, no colon
             return False
         hashed = config.users.get(user)
         # bcrypt reads 72 bytes of a password, as htpasswd and Go's bcrypt read it.
@@ -300,8 +291,6 @@ class WebConfigSource:
         """bcrypt at the file's highest cost for everyone (unknown users against a dummy
         hash; a cheaper hash padded, 2^c + 2^c + ... + 2^(top-1) = 2^top): timing tells
         neither which users exist nor whose hash is cheaper."""
-        import bcrypt
-
         top = max(cost(h) for h in config.users.values())
         ok = bcrypt.checkpw(secret, hashed or dummy_hash(top)) and hashed is not None
         for level in range(cost(hashed) if hashed else top, top):
@@ -319,6 +308,4 @@ def cost(hashed: bytes) -> int:
 
 @functools.lru_cache(maxsize=None)
 def dummy_hash(level: int) -> bytes:
-    import bcrypt
-
     return bcrypt.hashpw(b"no such user", bcrypt.gensalt(level))
