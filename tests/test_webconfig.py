@@ -400,8 +400,10 @@ def test_the_reload_metric_is_1_again_when_the_good_file_is_back(tmp_path, users
     os.rename(path, tmp_path / "good.yml")
     rewrite(path, "basic_auth_users: {}\n")  # would turn basic auth off: refused
     assert source.current()[0].users and source.reload_ok is False
+    failed = source.generation  # /metrics is rendered again when it moves
     os.rename(tmp_path / "good.yml", path)
     assert source.current()[0].users and source.reload_ok is True
+    assert source.generation != failed, "a cached /metrics would keep saying 0"
     rewrite(path, "basic_auth_users: {}\n")  # the bad file again: refused again
     assert source.current()[0].users and source.reload_ok is False
 

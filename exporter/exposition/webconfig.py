@@ -178,7 +178,7 @@ class WebConfigSource:
         self._pool = ThreadPoolExecutor(BCRYPT_WORKERS, "shmwatch-bcrypt")
         config = self._read()
         self.tls = config.tls is not None  # fixed for the life of the listener
-        self.generation = 0  # moves on every reload
+        self.generation = 0  # moves with every reload and recovery (render again)
         self._install(config)
 
     def _install(self, config: WebConfig) -> None:
@@ -225,6 +225,7 @@ class WebConfigSource:
                 self._reload(stamp)
             elif stamp == self._stamp and self._failed_stamp not in (None, stamp):
                 self._failed_stamp, self.reload_ok = None, True  # the good files back
+                self.generation += 1  # the reload metric moved: render again
             return self.config, self.context
 
     def reload(self) -> None:
