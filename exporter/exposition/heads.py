@@ -48,11 +48,13 @@ class Head:
                     raise Refused(431)
             if not self.dropping:
                 self.line += data[pos:stop]
-                if self.kept_size + len(self.line) > MAX_KEPT_BYTES:
-                    raise Refused(431)
+                # A header not kept is dropped once its name is in, whole or in pieces: only
+                # MAX_HEADER_BYTES bounds it, as the kept ones are by MAX_KEPT_BYTES too.
                 if self.first and self.kept(self.line) is False:
                     self.dropping = True
                     self.line.clear()
+                elif self.kept_size + len(self.line) > MAX_KEPT_BYTES:
+                    raise Refused(431)
             pos = stop
             if newline < 0:
                 return None
