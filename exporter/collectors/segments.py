@@ -116,8 +116,13 @@ class SegmentsCollector(Source):
         if not self.pod_of_pid:
             return None  # node mode only, where reading every process is slow
         steps = self._steps(True, staged=True)
-        next(steps)
-        return lambda: next(steps) or partial(next, steps)  # the scan yields None
+        next(steps)  # the listing
+
+        def scan():  # reads /proc beside quick runs; -> the step that makes the inventory
+            next(steps)
+            return partial(next, steps)
+
+        return scan
 
     def _list(
         self, mount: str, dev: int, full: bool, changes: holdings.Changes
