@@ -214,7 +214,7 @@ class OwnerScan:
             if (memfd or st.st_dev in devs) and S_ISREG(st.st_mode):
                 held = Holding(pid, target, target.endswith(DELETED), 0, "", _sizes(st))
                 (memfds if memfd else out).hold((st.st_dev, st.st_ino), held)
-        held_here = pid in out.keys_of or memfds.holdings
+        held_here = pid in out.keys_of or bool(memfds.holdings)
         # A region folded counts once: in the totals of the first process that holds it.
         regions = memfds.holdings
         if len(regions) > MAX_MEMFDS:
