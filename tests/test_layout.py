@@ -41,7 +41,7 @@ SHARED = {"exporter", "exporter.config"}  # every package may import these
 TOP_LEVEL = {"exporter", "exporter.__main__", "exporter.app", "exporter.cli", "exporter.config"}
 
 MAX_MODULE_LINES = 400
-MAX_TOTAL_LINES = 7486
+MAX_TOTAL_LINES = 7500
 MAX_TIMING_CONSTANTS = 12
 
 

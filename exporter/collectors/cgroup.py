@@ -1,9 +1,11 @@
 """The memory cgroup the shm is charged to: usage, limit, shmem, OOM kills (v1 and v2).
-A sidecar shares the server's PID namespace, not its cgroup (Docker on v1 mounts only
-the sidecar's own; v2 namespaces hide every other): the workload's cgroup is read where
-a cgroupfs mount shows it, else estimated (shmwatch_cgroup_memory_estimated 1): Pss_Anon
-+ Pss_File + the shm mounts' used bytes (not Pss_Shmem: shm counted once). Unseen:
-unmapped page cache, kernel memory; overcounted: others' file pages."""
+Which cgroup: --cgroup.path, else the first process matching --cgroup.target-process, else
+the workload's, else on a host our own; the pod's where its limit binds. A sidecar shares
+the server's PID namespace, not its cgroup (Docker on v1 mounts only the sidecar's own; v2
+namespaces hide every other): the workload's cgroup is read where a cgroupfs mount shows it,
+else estimated (shmwatch_cgroup_memory_estimated 1): Pss_Anon + Pss_File + the shm mounts'
+used bytes (not Pss_Shmem: shm counted once). Missed: unmapped page cache, kernel memory;
+counted: others' file pages."""
 
 import os
 import re
@@ -180,7 +182,7 @@ class CgroupCollector(Source):
             pid = processes[0].pid
         elif host:
             pid = "self"
-        else:
+        else:  # our cgroup is the exporter's: under OOM-risk names, the wrong pod's numbers
             raise LookupError(
                 "no workload shares this PID namespace (docker --pid=container:<server>, Kubernetes "
                 "shareProcessNamespace), and shmwatch's own cgroup is not the workload's: share it, "
@@ -230,9 +232,11 @@ class CgroupCollector(Source):
         return sorted(found)
 
     def read_pods(self, listed: List[Tuple[str, int, str, str]]) -> List[CgroupMemory]:
-        """Each listed pod's cgroup but those gone. As cAdvisor's housekeeping, one read unchanged
-        is read whole after twice as many polls (its usage and limit files every poll) while the
-        kernel log counts every kill (v1 counts one in the container's cgroup, which may go)."""
+        """Each listed pod's cgroup but those unreadable (gone: ENOENT, ENODEV; EACCES; a file
+        cut short). As cAdvisor's housekeeping, one read unchanged is read whole after twice
+        as many polls while the kernel log counts every kill (v1 counts one in the
+        container's cgroup, which may go). Its usage and limit files are read every poll: a
+        jump toward the limit, or a limit lowered, is read whole at the next poll."""
         above, swap = {}, None  # above: the QoS slices' limits, read once a pass
         stretch = self.kill_log_complete()
         kept, self._kept, self._polls = self._kept, {}, self._polls + 1

@@ -48,8 +48,7 @@ class Head:
                     raise Refused(431)
             if not self.dropping:
                 self.line += data[pos:stop]
-                # A header not kept is dropped once its name is in, whole or in pieces: only
-                # MAX_HEADER_BYTES bounds it, as the kept ones are by MAX_KEPT_BYTES too.
+                # Not kept: dropped once its name is in (whole or in pieces), not 431 here.
                 if self.first and self.kept(self.line) is False:
                     self.dropping = True
                     self.line.clear()

@@ -1,8 +1,9 @@
 """The HTTP(S) front: /metrics (render.py's), a landing page, /-/healthy. One asyncio loop
 reads every connection (a slow or idle client costs a socket, never a thread); worker threads
 make the answers. Bounds as Go's net/http has them: a head within HEADER_TIMEOUT_SECONDS
-(heads.py bounds its size), --web.max-requests answers in flight, GET and HEAD only.
-Keep-alive, pipelining; TLS with the SSLContext current at accept (rotated certificates)."""
+(heads.py bounds its size), --web.max-requests answers in flight (503 beyond; one not read
+within twice the head's deadline is dropped), GET and HEAD only (405). Keep-alive,
+pipelining; TLS with the SSLContext current at accept (rotated certificates)."""
 
 import asyncio
 import errno

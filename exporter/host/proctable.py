@@ -41,7 +41,8 @@ def parse_proc_cgroup(text: str) -> Dict[str, str]:
 
 
 def parse_meminfo(text: str) -> Dict[str, int]:
-    """'MemTotal:  24683568 kB' lines (meminfo, smaps_rollup) -> {'MemTotal': bytes}."""
+    """'MemTotal:  24683568 kB' lines (meminfo, smaps_rollup) -> {'MemTotal': bytes}.
+    Malformed lines (smaps_rollup's first, of the mapping) are skipped."""
     values: Dict[str, int] = {}
     for line in text.splitlines():
         key, _, rest = line.partition(":")
@@ -92,6 +93,7 @@ class ProcessTable:
         return last, int(read_text(self.paths.proc(*kernel, "pid_max")))
 
     def pids(self) -> List[int]:
+        """Raises OSError when /proc cannot be listed (a refresh then scans in full)."""
         return list(map(int, filter(str.isdigit, os.listdir(self.paths.procfs))))
 
     def identify_all(self, pids: Iterable[int], kernel_threads: Set[int]) -> tuple:
@@ -194,6 +196,7 @@ class ProcessTable:
             return handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
 
     def find(self, pattern: Pattern[str], exclude: int = -1) -> Optional[int]:
+        """The lowest pid whose comm or command line matches `pattern`."""
         with suppress(OSError):
             for pid in sorted(set(self.pids()) - {exclude}):
                 with suppress(OSError):

@@ -18,7 +18,7 @@ Changes = Dict[str, Optional[Set[str]]]  # mount -> names changed; None: re-list
 
 
 class UnprovenLog:
-    """Logs why unheld segments are 'unverified' when that changes, but for numbers (churn)."""
+    """Logs why unheld segments are 'unverified' when that changes (pids and counts aside)."""
 
     def __init__(self, log: logging.Logger) -> None:
         self._said = SaidOnce(log, prefix="")

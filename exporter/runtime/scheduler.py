@@ -15,9 +15,9 @@ log = logging.getLogger(__name__)
 
 DEBOUNCE_SECONDS = 0.02  # a quick run starts once a burst of events is quiet this long,
 DEBOUNCE_MAX_SECONDS = 0.1  # or this long after its first event
-FOLLOW_UP_SECONDS = 1.0  # then a full run (owners from /proc) this soon after the first
+FOLLOW_UP_SECONDS = 1.0  # a full run this soon after a burst's quick run (follows_up)
 QUICK_GAP_SECONDS = 0.25  # quick runs this far apart at least (a writer never stops)
-WATCHDOG_SECONDS = 0.5  # timeouts are seconds long
+WATCHDOG_SECONDS = 0.5  # how often runs are checked against timeouts (seconds long)
 INF = float("inf")
 
 
