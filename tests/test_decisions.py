@@ -19,7 +19,8 @@ from exporter.exposition.webconfig import WebConfig, WebConfigSource
 from exporter.model.summary import shm_budget
 from exporter.model.step import Model, MountView, SourceStatus
 from exporter.model.summary import owner_label, summarise
-from exporter.model.types import (KNOWN, CgroupMemory, GpuDevice, GpuSnapshot, HostMemory, Inventory, MountInventory, MountUsage, Segment,
+from exporter.model.types import (KNOWN, CgroupMemory, GpuDevice, GpuSnapshot, HostMemory, Inventory, MountInventory,
+                                  MountUsage, Segment,
                                   pack)
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
