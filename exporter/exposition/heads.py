@@ -48,12 +48,14 @@ class Head:
                     raise Refused(431)
             if not self.dropping:
                 self.line += data[pos:stop]
-                # Not kept: dropped once its name is in (whole or in pieces), not 431 here.
-                if self.first and self.kept(self.line) is False:
+                # Not kept: dropped once its name is in; only the name counts, however split.
+                kept = self.kept(self.line) if self.first else None
+                size = self.line.find(b":") if kept is False else len(self.line)
+                if self.kept_size + size > MAX_KEPT_BYTES:
+                    raise Refused(431)
+                if kept is False:
                     self.dropping = True
                     self.line.clear()
-                elif self.kept_size + len(self.line) > MAX_KEPT_BYTES:
-                    raise Refused(431)
             pos = stop
             if newline < 0:
                 return None
