@@ -336,22 +336,22 @@ def test_host_memory_and_pods():
     assert [(f.severity, f.area, f.subject) for f in failed.findings] == [("warn", "sysv", "collector sysv")]
 
 
-
 def test_gpu_findings():
     """A GPU with less than 2 % free warns (the boundary is ok), a GPU NVML skipped warns with
     its reason, and NVML failing whole is said (info), not taken as no GPU."""
-    full = int(80 * GiB * T.GPU_MEMORY_FULL_RATIO)
+    full = 49 * GiB  # 98 % of 50 GiB exactly: the boundary is ok
+    assert full / (50 * GiB) == T.GPU_MEMORY_FULL_RATIO
     gpus = GpuSnapshot("550.54", [
-        GpuDevice("0", "GPU-a", "H100", 80 * GiB, full + 1, 80 * GiB - full - 1, None),
-        GpuDevice("1", "GPU-b", "H100", 80 * GiB, full, 80 * GiB - full, 0),
+        GpuDevice("0", "GPU-a", "H100", 50 * GiB, full + 1, GiB - 1, None),
+        GpuDevice("1", "GPU-b", "H100", 50 * GiB, full, GiB, 0),
         GpuDevice("2", "GPU-c", "broken", 0, 0, 0, None)],
         errors=["GPU 3: Unknown Error"])
     model = Model(False, [], [], None, [], None, [], gpus, [], None)
     report = diagnose(model)
     assert [(f.severity, f.area, f.subject, f.message, f.remedy) for f in report.findings] == [
-        ("warn", "gpu", "GPU 0 H100", "78.4 GiB of 80.0 GiB used (98%): less than 2 % free",
+        ("warn", "gpu", "GPU 0 H100", "49.0 GiB of 50.0 GiB used (98%): less than 2 % free",
          "lower --gpu-memory-utilization or stop the other GPU processes"),
-        ("ok", "gpu", "GPU 1 H100", "78.4 GiB of 80.0 GiB used (98%)", ""),
+        ("ok", "gpu", "GPU 1 H100", "49.0 GiB of 50.0 GiB used (98%)", ""),
         ("ok", "gpu", "GPU 2 broken", "0 B of 0 B used (0%)", ""),
         ("warn", "gpu", "NVML", "GPU skipped: GPU 3: Unknown Error", "nvidia-smi; dmesg | grep -i xid")]
     assert [g["uuid"] for g in report.facts["gpus"]] == ["GPU-a", "GPU-b", "GPU-c"]
@@ -361,6 +361,7 @@ def test_gpu_findings():
     assert (f.severity, f.area, f.subject, f.message) == ("info", "gpu", "NVML",
                                                         "GPU memory not checked: NVML: driver not loaded")
     assert diagnose(Model(False, [], [], None, [], None, [], None, [], None)).findings == []
+
 
 # --- web-config authorisation -----------------------------------------------------------------
 def basic(user, password):

@@ -5,7 +5,7 @@ the server's PID namespace, not its cgroup (Docker on v1 mounts only the sidecar
 namespaces hide every other): the workload's cgroup is read where a cgroupfs mount shows it,
 else estimated (shmwatch_cgroup_memory_estimated 1): Pss_Anon + Pss_File + the shm mounts'
 used bytes (not Pss_Shmem: shm counted once). Missed: unmapped page cache, kernel memory;
-counted: others' file pages."""
+overcounted: others' file pages."""
 
 import os
 import re

@@ -9,7 +9,7 @@ from exporter.host.kube import POD_CGROUP_DIR
 from exporter.host.mountinfo import MountEntry
 from exporter.host.paths import read_text
 
-# At or above this a v1 limit is none: PAGE_COUNTER_MAX pages (9223372036854771712 B at 4 KiB).
+# A v1 limit at or above 2^62 is none (v1 writes PAGE_COUNTER_MAX pages: 9223372036854771712 B).
 V1_UNLIMITED = 1 << 62
 USAGE = {1: "memory.usage_in_bytes", 2: "memory.current"}
 LIMIT = {1: "memory.limit_in_bytes", 2: "memory.max"}

@@ -93,7 +93,6 @@ class ProcessTable:
         return last, int(read_text(self.paths.proc(*kernel, "pid_max")))
 
     def pids(self) -> List[int]:
-        """Raises OSError when /proc cannot be listed (a refresh then scans in full)."""
         return list(map(int, filter(str.isdigit, os.listdir(self.paths.procfs))))
 
     def identify_all(self, pids: Iterable[int], kernel_threads: Set[int]) -> tuple:
@@ -196,7 +195,6 @@ class ProcessTable:
             return handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
 
     def find(self, pattern: Pattern[str], exclude: int = -1) -> Optional[int]:
-        """The lowest pid whose comm or command line matches `pattern`."""
         with suppress(OSError):
             for pid in sorted(set(self.pids()) - {exclude}):
                 with suppress(OSError):
