@@ -5,9 +5,9 @@
   cli, config and __main__ may import anything. The README's "How it works" names the same
   packages in the same order.
 - No import cycles between modules; no private name (`_x`) of one module used in another.
-- Size: no module over 400 lines, exporter/ at most MAX_TOTAL_LINES in all, counted as committed
-  (tests/test_lint.py holds the code to `ruff format`, so these are formatted lines). The
-  budget follows the code down, never up: a feature pays for its lines.
+- Size: no module over 400 lines, counted as committed (tests/test_lint.py holds the code to
+  `ruff format`, so these are formatted lines). There is no total: issue 43 withdrew the
+  7,500-line budget (density is what it bought).
 - At most 12 named timing constants (see `timing_constants`).
 
 Imports are read from the source (ast), wherever they are: at the top, in a function, or
@@ -41,7 +41,6 @@ SHARED = {"exporter", "exporter.config"}  # every package may import these
 TOP_LEVEL = {"exporter", "exporter.__main__", "exporter.app", "exporter.cli", "exporter.config"}
 
 MAX_MODULE_LINES = 400
-MAX_TOTAL_LINES = 7500
 MAX_TIMING_CONSTANTS = 12
 
 
@@ -242,11 +241,6 @@ def _lines(path: str) -> int:
 def test_no_module_over_400_lines():
     long = {os.path.relpath(p, REPO): _lines(p) for p in MODULES.values() if _lines(p) > MAX_MODULE_LINES}
     assert not long, f"modules over {MAX_MODULE_LINES} formatted lines: {long}"
-
-
-def test_the_package_stays_within_its_line_budget():
-    total = sum(_lines(p) for p in MODULES.values())
-    assert total <= MAX_TOTAL_LINES, f"exporter/ is {total} formatted lines, the budget {MAX_TOTAL_LINES}"
 
 
 # A timing constant: a module- or class-level UPPER_CASE name bound to a number whose name
