@@ -8,6 +8,7 @@
 - Size: no module over 400 lines, counted as committed (tests/test_lint.py holds the code to
   `ruff format`, so these are formatted lines). There is no total: issue 43 withdrew the
   7,500-line budget (density is what it bought).
+- No private attribute of another package (`obj._x` of a library) in exporter/exposition.
 - At most 12 named timing constants (see `timing_constants`).
 
 Imports are read from the source (ast), wherever they are: at the top, in a function, or
@@ -231,6 +232,15 @@ def test_no_private_names_across_modules():
                 if target and (f"{target}.{rest}" if rest else target) in MODULES:
                     wrong.append(f"{_where(module)}:{node.lineno}: {base}.{node.attr}")
     assert not wrong, "private names used across modules:\n" + "\n".join(wrong)
+
+
+def test_exposition_uses_no_private_attribute_of_another_package():
+    # asyncio's _ssl_protocol, _transport and _read_ready_cb were; a new Python renames them.
+    from tests.helpers import private_attributes_of_other_packages
+
+    paths = [p for m, p in MODULES.items() if m.startswith("exporter.exposition")]
+    wrong = [hit for path in paths for hit in private_attributes_of_other_packages(path)]
+    assert not wrong, "private attributes of other packages:\n" + "\n".join(wrong)
 
 
 def _lines(path: str) -> int:
