@@ -94,6 +94,10 @@ class Head:
 
     def feed(self, data: bytes) -> Optional[Complete]:
         """The request and what came after its head, once the head is complete; Refused."""
+        if self.size == 0 and self.part is Part.REQUEST_LINE:
+            complete = self.whole(data)
+            if complete is not None:
+                return complete
         pos, end = 0, len(data)
         while pos < end:
             newline = data.find(b"\n", pos)
@@ -107,6 +111,24 @@ class Head:
             pos = stop
         self.next_event()  # h11's own bound on what it was given: 431 beyond it
         return None
+
+    def whole(self, data: bytes) -> Optional[Complete]:
+        """A scrape's head in one read, given to h11 whole: None unless it is complete,
+        within MAX_KEPT_BYTES and MAX_HEADER_LINES, with CRLF line ends and nothing the
+        line-by-line path would refuse or fold (which then judges it). Within the bounds,
+        what h11 is given need not be cut; tests hold both paths to one verdict."""
+        end = data.find(b"\r\n\r\n") + 4
+        head = data[:end]
+        if end < 4 or end > MAX_KEPT_BYTES or head.count(b"\n") > MAX_HEADER_LINES + 1:
+            return None
+        if head.startswith((b"\r", b"\n")) or b"\n " in head or b"\n\t" in head:
+            return None  # an empty line before the request, or a folded line
+        if head.count(b"\r") != head.count(b"\r\n") or 1 in head.translate(CONTROLS):
+            return None
+        self.judge_request_line(head[: head.find(b"\n")].removesuffix(b"\r"))
+        self.size = end
+        self.give(head)
+        return Complete(self.request(), data[end:])
 
     def take(self, segment: bytes) -> None:
         """Counts and checks the head's next bytes, up to a line's end."""
@@ -146,17 +168,18 @@ class Head:
             return
         line = bytes(self.held).removesuffix(b"\r")
         self.held.clear()
-        if (
-            not line
-        ):  # RFC 9112: a server SHOULD ignore an empty line before the request
-            return
+        if line:  # RFC 9112: a server SHOULD ignore an empty line before the request
+            self.judge_request_line(line)
+            self.give(line + b"\r\n")
+            self.part = Part.NAME
+
+    @staticmethod
+    def judge_request_line(line: bytes) -> None:
         first = REQUEST_LINE.fullmatch(line)
         if first is None:
             raise Refused(400, "not a request line")  # HTTP/0.9's "GET /" too
         if (first[1], first[2]) not in ((b"1", b"0"), (b"1", b"1")):
             raise Refused(505, "only HTTP/1.0 and HTTP/1.1 are served")
-        self.give(line + b"\r\n")
-        self.part = Part.NAME
 
     def name(self, piece: bytes, ended: bool) -> bool:
         """A header line's start: the end of the head, a name, or a name and some value."""
