@@ -162,9 +162,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     tune_process()
     web = _web_config(cfg)
     app = App(cfg, web=web)
-    wsgi = http.make_app(app.exposition.wsgi_app, cfg.telemetry_path)
+    exposition = app.exposition
+    site = http.make_app(exposition.wsgi_app, cfg.telemetry_path, exposition.ready)
     try:
-        httpd = http.bind(cfg.listen_host, cfg.listen_port, wsgi, web, cfg.max_requests)
+        host, port, most = cfg.listen_host, cfg.listen_port, cfg.max_requests
+        httpd = http.bind(host, port, site, web, most, ready=site.ready)
     except OSError as err:
         where = f"{http.url_host(cfg.listen_host)}:{cfg.listen_port}"
         fail("--web.listen-address", f"cannot listen on {where}: {err.strerror or err}")

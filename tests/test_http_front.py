@@ -471,3 +471,49 @@ def test_the_soft_open_files_limit_is_raised_to_the_hard_one():
         assert value(exporter.scrape(), "process_max_fds") == 4096
         with open(f"/proc/{exporter.proc.pid}/limits") as f:
             assert [line.split()[3:5] for line in f if line.startswith("Max open files")] == [["4096", "4096"]]
+
+
+def test_an_answer_ready_on_the_loop_passes_the_same_checks_and_takes_no_worker():
+    """A body already rendered is answered by the loop thread (no hop to a worker), after
+    the same method and credential checks; what is not ready goes to a worker."""
+    import base64
+
+    import bcrypt
+
+    from exporter.exposition import webconfig
+    from exporter.exposition.heads import Answer
+    from exporter.exposition.http import bind
+    made = []
+
+    def app(environ, start_response):
+        made.append(environ["PATH_INFO"])
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"made\n"]
+
+    def ready(environ):
+        if environ["PATH_INFO"] == "/metrics":
+            return Answer("200 OK", [("Content-Type", "text/plain")], b"ready\n")
+        return None
+
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(4))
+    source = webconfig.WebConfigSource(fixed=webconfig.WebConfig(users={"u": hashed}))
+    httpd = bind("127.0.0.1", 0, app, source, ready=ready)
+    httpd.start()
+    base = "http://127.0.0.1:%d" % httpd.server_address[1]
+    auth = {"Authorization": "Basic " + base64.b64encode(b"u:pw").decode()}
+
+    def get(path, headers=None, method="GET"):
+        request = urllib.request.Request(base + path, headers=headers or {}, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as err:
+            return err.code, b""
+    try:
+        assert get("/metrics")[0] == 401
+        assert get("/metrics", auth, method="POST")[0] == 405
+        assert get("/metrics", auth) == (200, b"ready\n")
+        assert get("/", auth) == (200, b"made\n")
+        assert made == ["/"]
+    finally:
+        httpd.shutdown()

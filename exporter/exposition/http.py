@@ -38,6 +38,8 @@ OPEN_PATHS = ("/-/healthy",)
 Environ = Dict[str, str]
 StartResponse = Callable[..., object]
 WsgiApp = Callable[[Environ, StartResponse], Iterable[bytes]]
+# An answer that needs no work (a page, a body already rendered), or None: on the loop.
+Ready = Callable[[Environ], Optional[Answer]]
 
 
 def loop_error(loop: asyncio.AbstractEventLoop, context: Dict[str, Any]) -> None:
@@ -60,9 +62,10 @@ class Front(threading.Thread):
         app: WsgiApp,
         web: Optional[WebConfigSource],
         max_requests: int,
+        ready: Optional[Ready] = None,
     ) -> None:
         super().__init__(name="shmwatch-http", daemon=True)
-        self.socket, self.app, self.web = sock, app, web
+        self.socket, self.app, self.web, self.ready = sock, app, web, ready
         self.tls = web is not None and web.tls
         self.max_requests, self.in_flight = max_requests, 0
         self.header_timeout, self.idle_timeout = (
@@ -234,6 +237,8 @@ class Front(threading.Thread):
     async def answer(self, request: Request, peer: str) -> Answer:
         config = self.web.current()[0] if self.web is not None else None
         answer = await self.refusal(config, request, peer)
+        if answer is None and self.ready is not None:
+            answer = self.ready(environ_of(request))  # no thread: nothing to make
         if answer is None:
             self.in_flight += 1  # until release(), once it is written
             try:
@@ -274,11 +279,9 @@ class Front(threading.Thread):
     def call(self, request: Request) -> Answer:
         """The app's answer, in a worker thread (as GET: HEAD drops the body). The environ
         holds what make_app's and render.py's apps read, not all of WSGI's."""
-        environ = {"PATH_INFO": request.path, "QUERY_STRING": request.query}
-        for name, value in request.headers.items():
-            environ["HTTP_" + name.upper().replace("-", "_")] = value
         started: List[Any] = []
         try:
+            environ = environ_of(request)
             body = b"".join(self.app(environ, lambda *args: started.extend(args)))
             return Answer(status=started[0], headers=list(started[1]), body=body)
         except Exception:
@@ -286,26 +289,61 @@ class Front(threading.Thread):
             return plain(500)
 
 
-def make_app(metrics_app: WsgiApp, telemetry_path: str = "/metrics") -> WsgiApp:
-    landing = (
-        f"<html><head><title>shmwatch</title></head><body><h1>shmwatch {__version__}</h1>"
-        f'<p><a href="{telemetry_path}">Metrics</a></p></body></html>'
-    ).encode()
-    pages = {  # path -> status, content type, body
-        "/": ("200 OK", "text/html; charset=utf-8", landing),
-        "/-/healthy": ("200 OK", "text/plain", b"OK\n"),
-    }
-    not_found = ("404 Not Found", "text/plain", b"Not Found\n")
+def environ_of(request: Request) -> Environ:
+    """What make_app's and render.py's apps read of WSGI's environ."""
+    environ = {"PATH_INFO": request.path, "QUERY_STRING": request.query}
+    for name, value in request.headers.items():
+        environ["HTTP_" + name.upper().replace("-", "_")] = value
+    return environ
 
-    def app(environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+
+class Site:
+    """The pages: /metrics (the exposition's), a landing page, /-/healthy. Called, a WSGI
+    app (in a worker); `ready`, what needs no work (on the loop thread)."""
+
+    def __init__(
+        self, metrics: WsgiApp, telemetry_path: str, metrics_ready: Optional[Ready]
+    ) -> None:
+        self.metrics, self.telemetry_path = metrics, telemetry_path
+        self.metrics_ready = metrics_ready
+        landing = (
+            f"<html><head><title>shmwatch</title></head><body><h1>shmwatch {__version__}"
+            f'</h1><p><a href="{telemetry_path}">Metrics</a></p></body></html>'
+        ).encode()
+        self.pages = {
+            "/": Answer(
+                "200 OK", [("Content-Type", "text/html; charset=utf-8")], landing
+            ),
+            "/-/healthy": Answer("200 OK", [("Content-Type", "text/plain")], b"OK\n"),
+        }
+        self.not_found = Answer(
+            "404 Not Found", [("Content-Type", "text/plain")], b"Not Found\n"
+        )
+
+    def __call__(
+        self, environ: Environ, start_response: StartResponse
+    ) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
-        if path == telemetry_path:
-            return metrics_app(environ, start_response)
-        status, kind, body = pages.get(path, not_found)
-        start_response(status, [("Content-Type", kind)])
-        return [body]
+        if path == self.telemetry_path:
+            return self.metrics(environ, start_response)
+        page = self.pages.get(path, self.not_found)
+        start_response(page.status, page.headers)
+        return [page.body]
 
-    return app
+    def ready(self, environ: Environ) -> Optional[Answer]:
+        path = environ.get("PATH_INFO", "/")
+        if path != self.telemetry_path:
+            page = self.pages.get(path, self.not_found)
+            return Answer(page.status, list(page.headers), page.body)
+        return self.metrics_ready(environ) if self.metrics_ready else None
+
+
+def make_app(
+    metrics_app: WsgiApp,
+    telemetry_path: str = "/metrics",
+    metrics_ready: Optional[Ready] = None,
+) -> Site:
+    return Site(metrics_app, telemetry_path, metrics_ready)
 
 
 def bind(
@@ -314,6 +352,7 @@ def bind(
     app: WsgiApp,
     web: Optional[WebConfigSource] = None,
     max_requests: int = 40,
+    ready: Optional[Ready] = None,
 ) -> Front:
     # As node_exporter listens: '' (':9841') and '::' take IPv6 and IPv4 both, '0.0.0.0'
     # IPv4 only, '::1' IPv6 only, a name its first address's family.
@@ -334,9 +373,9 @@ def bind(
         if not dual or err.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
             raise
         # No IPv6 (ipv6.disable=1, or a Python without it): ':port' is all of IPv4.
-        return bind("0.0.0.0", port, app, web, max_requests)
+        return bind("0.0.0.0", port, app, web, max_requests, ready)
     sock.setblocking(False)
-    return Front(sock, app, web, max_requests)
+    return Front(sock, app, web, max_requests, ready)
 
 
 def url_host(host: str) -> str:

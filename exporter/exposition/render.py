@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
+from exporter.exposition.heads import Answer
 from exporter.model.catalogue import lookup, node_labels
 
 # Level 1: 9x smaller (level 6: 11x) in half the CPU; a DaemonSet's CPU outweighs bytes.
@@ -178,13 +179,27 @@ class Exposition:
         self._metrics: List[Family] = []
         self._bodies: Dict[Tuple[str, bool], bytes] = {}
 
+    def ready(self, environ: Dict[str, str]) -> Optional[Answer]:
+        """wsgi_app's answer if a render already made it (this version, format and
+        encoding), at once: None when the version moved, a render holds the lock, or a
+        query may pick families. Never waits: for the HTTP front's loop thread."""
+        if environ.get("QUERY_STRING"):
+            return None
+        _, content_type, gzipped = negotiate(environ)
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            fresh = self.version() == self._rendered
+            body = self._bodies.get((content_type, gzipped)) if fresh else None
+        finally:
+            self._lock.release()
+        if body is None:
+            return None
+        return Answer("200 OK", answer_headers(content_type, gzipped), body)
+
     def wsgi_app(self, environ, start_response):
         """The negotiated body of every family, or of the families `name[]` names."""
-        try:
-            encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT"))
-        except Exception:  # e.g. "version=1.x": a header that says nothing, not a 500
-            encoder, content_type = choose_encoder(None)
-        gzipped = gzip_wanted(environ.get("HTTP_ACCEPT_ENCODING"))
+        encoder, content_type, gzipped = negotiate(environ)
         names = set(parse_qs(environ.get("QUERY_STRING", "")).get("name[]", ()))
         key = (content_type, gzipped)
         with self._lock:
@@ -200,6 +215,20 @@ class Exposition:
                 body = gzip.compress(body, GZIP_LEVEL, mtime=0) if gzipped else body
                 if not names and len(self._bodies) < MAX_BODIES:
                     self._bodies[key] = body
-        encoding = [("Content-Encoding", "gzip")] if gzipped else []
-        start_response("200 OK", [("Content-Type", content_type), *encoding])
+        start_response("200 OK", answer_headers(content_type, gzipped))
         return [body]
+
+
+def negotiate(environ: Dict[str, str]) -> Tuple[Callable[..., bytes], str, bool]:
+    """(encoder, content type, gzipped) for a request, as prometheus_client chooses the
+    format; gzip by Accept-Encoding's weights."""
+    try:
+        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
+    except Exception:  # e.g. "version=1.x": a header that says nothing, not a 500
+        encoder, content_type = choose_encoder("")
+    return encoder, content_type, gzip_wanted(environ.get("HTTP_ACCEPT_ENCODING"))
+
+
+def answer_headers(content_type: str, gzipped: bool) -> List[Tuple[str, str]]:
+    encoding = [("Content-Encoding", "gzip")] if gzipped else []
+    return [("Content-Type", content_type), *encoding]
