@@ -13,6 +13,7 @@ import errno
 import logging
 import socket
 import threading
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
@@ -68,10 +69,8 @@ class Front(threading.Thread):
         self.socket, self.app, self.web, self.ready = sock, app, web, ready
         self.tls = web is not None and web.tls
         self.max_requests, self.in_flight = max_requests, 0
-        self.header_timeout, self.idle_timeout = (
-            HEADER_TIMEOUT_SECONDS,
-            IDLE_TIMEOUT_SECONDS,
-        )
+        self.header_timeout = HEADER_TIMEOUT_SECONDS
+        self.idle_timeout = IDLE_TIMEOUT_SECONDS
         self.server_address: Tuple[str, int] = sock.getsockname()[:2]
         self.loop = asyncio.new_event_loop()
         self.loop.set_exception_handler(loop_error)
@@ -129,9 +128,8 @@ class Front(threading.Thread):
         for conn in list(self.live):
             conn.abort()
         await self.cancel_tasks()
-        await self.all_closed_within(
-            SHUTDOWN_GRACE_SECONDS
-        )  # the transports' last callbacks
+        # The transports' last callbacks (a TLS one takes a few loop turns).
+        await self.all_closed_within(SHUTDOWN_GRACE_SECONDS)
         LOG.debug("HTTP server stopped, %d connections left open", len(self.live))
 
     async def all_closed_within(self, seconds: float) -> None:
@@ -154,11 +152,8 @@ class Front(threading.Thread):
         finally:
             self.socket.close()
             self.workers.shutdown(wait=False, cancel_futures=True)
-            done = threading.Event()
-            for answer in list(self.answers):
-                answer.add_done_callback(lambda _: done.set())
-            if self.answers:
-                done.wait(SHUTDOWN_GRACE_SECONDS)
+            # A worker's result lands on the loop: let the ones under way finish first.
+            futures.wait(list(self.answers), SHUTDOWN_GRACE_SECONDS)
             self.loop.close()
 
     def start_accepting(self) -> None:
@@ -166,8 +161,9 @@ class Front(threading.Thread):
             self.loop.add_reader(self.socket.fileno(), self.accept)
 
     def accept(self) -> None:
-        """The connections waiting in the backlog (the socket is readable). Not a
-        cancellable sock_accept(): cancelled at shutdown as it accepted, one is lost."""
+        """The connections waiting in the backlog (the socket is readable). A reader, not
+        sock_accept(): that one, cancelled at shutdown just as it accepted, raised
+        InvalidStateError and lost the socket."""
         for _ in range(BACKLOG):
             try:
                 sock, address = self.socket.accept()
