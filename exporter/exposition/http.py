@@ -10,6 +10,7 @@ connection and the loop: nothing is left for the interpreter to complain about a
 
 import asyncio
 import errno
+import gc
 import logging
 import socket
 import threading
@@ -33,6 +34,11 @@ HEADER_TIMEOUT_SECONDS = 5.0
 IDLE_TIMEOUT_SECONDS = 120.0
 # At shutdown, for the answers in flight; then every socket closes.
 SHUTDOWN_GRACE_SECONDS = 0.5
+# asyncio's socket transport keeps a bound method of itself once closed (CPython 3.11): each
+# closed connection leaves ~1 KB in a reference cycle, for the cyclic collector that
+# cli.tune_process makes rare. The front collects the young generations itself once its
+# last connection is closed, or after this many closed.
+COLLECT_AFTER_CLOSED = 256
 # Paths that answer without credentials: a readiness probe has none, and "OK" tells nothing.
 OPEN_PATHS = ("/-/healthy",)
 
@@ -80,6 +86,7 @@ class Front(threading.Thread):
         self.fresh: Dict[Connection, None] = {}  # never answered, oldest first
         self.idle: Dict[Connection, None] = {}  # waiting again, longest first
         self.live: Set[Connection] = set()  # whose socket is not closed yet
+        self.closed_since_collected = 0  # connections closed since collect_young() ran
         self.answers: Set["Future[Answer]"] = set()  # being made by a worker
         self.stopping = False
         self.stop = asyncio.Event()  # bound to the loop when first awaited
@@ -229,6 +236,12 @@ class Front(threading.Thread):
         self.live.discard(conn)
         if self.stopping and not self.live:
             self.all_closed.set()
+        self.closed_since_collected += 1
+        if not self.live or self.closed_since_collected >= COLLECT_AFTER_CLOSED:
+            self.closed_since_collected = 0
+            self.loop.call_soon(
+                collect_young
+            )  # once the transport has let go of its socket
 
     async def answer(self, request: Request, peer: str) -> Answer:
         config = self.web.current()[0] if self.web is not None else None
@@ -283,6 +296,10 @@ class Front(threading.Thread):
         except Exception:
             LOG.exception("request for %s failed", request.path)
             return plain(500)
+
+
+def collect_young() -> None:
+    gc.collect(1)
 
 
 def environ_of(request: Request) -> Environ:
