@@ -82,7 +82,6 @@ class Served:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
-        self.connection.close()
         self.proc.terminate()
         self.proc.wait(10)
 
@@ -123,6 +122,8 @@ def main() -> None:
                 pair = (ours, theirs) if i % 2 else (theirs, ours)
                 for served in pair:
                     served.timed(how, getattr(served, how))
+            for served in (ours, theirs):  # each way alone: no connection kept beside
+                served.connection.close()
         seconds = time.monotonic() - started
         cpu = {s.name: s.cpu_seconds() - cpu[s.name] for s in (ours, theirs)}
         for served in (ours, theirs):

@@ -36,7 +36,7 @@ IDLE_TIMEOUT_SECONDS = 120.0
 SHUTDOWN_GRACE_SECONDS = 0.5
 # asyncio's socket transport keeps a bound method of itself once closed (CPython 3.11): each
 # closed connection leaves ~1 KB in a reference cycle, for the cyclic collector that
-# cli.tune_process makes rare. The front collects the young generations itself once its
+# cli.tune_process makes rare. The front collects the youngest generation itself once its
 # last connection is closed, or after this many closed.
 COLLECT_AFTER_CLOSED = 256
 # Paths that answer without credentials: a readiness probe has none, and "OK" tells nothing.
@@ -299,7 +299,10 @@ class Front(threading.Thread):
 
 
 def collect_young() -> None:
-    gc.collect(1)
+    """The youngest generation only: a closed transport not yet collected has been there
+    since it was made, unless it was alive through a collection (then the next of the
+    interpreter's own, which also collects the generation it moved to)."""
+    gc.collect(0)
 
 
 def environ_of(request: Request) -> Environ:
