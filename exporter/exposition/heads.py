@@ -12,6 +12,7 @@ arrive, and the answers' bytes. What h11 does not do is done here, as Go's net/h
 - the target is routed on its decoded path only where it is a path ("/...") or an
   absolute URL ("http://host/..."); anything else ("%2fmetrics", "*") is a 400."""
 
+import functools
 import re
 import time
 from dataclasses import dataclass, field
@@ -24,12 +25,10 @@ from urllib.parse import unquote, urlsplit
 import h11
 
 MAX_HEADER_BYTES = 1 << 20  # request line and headers: Go's http.DefaultMaxHeaderBytes
-MAX_HEADER_LINES = (
-    100  # after the request line, as Python's http.client: the work one head costs
-)
-MAX_KEPT_BYTES = (
-    32 << 10
-)  # of them, what h11 is given (the request line, KEPT, other names)
+# Lines after the request line, as Python's http.client: the work one head costs.
+MAX_HEADER_LINES = 100
+# Of the head, what h11 is given: the request line, the KEPT headers, the others' names.
+MAX_KEPT_BYTES = 32 << 10
 KEPT = frozenset({b"accept", b"accept-encoding", b"authorization", b"connection"})
 KEPT |= {b"content-length", b"transfer-encoding"}  # h11 judges a body's framing by them
 # The request line's shape, judged when it ends; h11 judges its parts at the end of the head.
@@ -55,9 +54,8 @@ class Request:
     method: str
     path: str  # decoded, for routing (PEP 3333: bytes as latin-1)
     query: str
-    headers: Mapping[
-        str, str
-    ]  # the KEPT ones by lower-case name, repeats joined by ", "
+    # The KEPT headers by lower-case name, a repeated one's values joined by ", ".
+    headers: Mapping[str, str]
     minor: int  # HTTP/1.minor
     close: bool  # hang up after the answer
 
@@ -113,10 +111,10 @@ class Head:
         return None
 
     def whole(self, data: bytes) -> Optional[Complete]:
-        """A scrape's head in one read, given to h11 whole: None unless it is complete,
-        within MAX_KEPT_BYTES and MAX_HEADER_LINES, with CRLF line ends and nothing the
-        line-by-line path would refuse or fold (which then judges it). Within the bounds,
-        what h11 is given need not be cut; tests hold both paths to one verdict."""
+        """A scrape's head in one read, given to h11 whole: None unless it is complete
+        (ends in CRLF CRLF), within MAX_KEPT_BYTES and MAX_HEADER_LINES, and holds nothing
+        the line-by-line path would refuse or fold (that path then judges it). Within the
+        bounds nothing need be cut; tests hold both paths to one verdict."""
         end = data.find(b"\r\n\r\n") + 4
         head = data[:end]
         if end < 4 or end > MAX_KEPT_BYTES or head.count(b"\n") > MAX_HEADER_LINES + 1:
@@ -185,7 +183,10 @@ class Head:
         """A header line's start: the end of the head, a name, or a name and some value."""
         if not self.held and piece.startswith(FOLDED):
             raise Refused(400, "a header line folded onto the one before")
-        if ended and bytes(self.held) + piece in (b"", b"\r"):  # a line without a colon
+        if ended and bytes(self.held) + piece in (
+            b"",
+            b"\r",
+        ):  # the blank line: the end
             self.next_event()  # h11's bound, checked on a head given whole as on one in pieces
             self.give(b"\r\n")
             return True
@@ -285,26 +286,15 @@ def plain(code: int, headers: Sequence[Tuple[str, str]] = ()) -> Answer:
     return Answer(f"{code} {phrase}", [kind, *headers], f"{phrase}\n".encode())
 
 
-@dataclass
-class DateHeader:
+@functools.lru_cache(maxsize=2)
+def http_date(second: int) -> str:
     """The Date header's value, made once a second."""
-
-    second: int = -1
-    value: str = ""
-
-    def now(self) -> str:
-        second = int(time.time())
-        if second != self.second:
-            self.second, self.value = second, formatdate(second, usegmt=True)
-        return self.value
-
-
-DATE = DateHeader()
+    return formatdate(second, usegmt=True)
 
 
 def message(answer: Answer, request: Optional[Request], close: bool) -> bytes:
     """The answer's bytes, for `request` (None: a refused head; then `close` is True)."""
-    lines = [f"HTTP/1.1 {answer.status}", f"Date: {DATE.now()}"]
+    lines = [f"HTTP/1.1 {answer.status}", f"Date: {http_date(int(time.time()))}"]
     lines += [f"{name}: {value}" for name, value in answer.headers]
     lines.append(f"Content-Length: {len(answer.body)}")
     if close:
