@@ -19,6 +19,8 @@ OOM_FACTS += ("shmem_rss_bytes", "file_rss_bytes")
 SYSV_FACTS = ("pod_uid", "container_id", "readable")
 SYSV_LIMITS = ("shmmax_bytes", "shmall_bytes", "shmmni")
 PRIVILEGED = "deploy/kubernetes/daemonset-privileged, or run on the host as root"
+# Prose, not a line to paste: the IDs are ipcs's, in the segments' IPC namespace.
+IPCRM = "remove orphans (list them with ipcs -m, remove each with ipcrm -m ID)"
 OOM_REMEDY = "count /dev/shm in the memory budget (shmem-rss and shm use are charged to the limit)"
 
 
@@ -134,17 +136,17 @@ def sysv(report: Report, namespaces, node_mode: bool) -> None:
         text = f"{whose + ': ' if node_mode else ''}{count} segment(s), {human(total)}"
         near = T.SYSV_NEAR_LIMIT_RATIO
         if ns.shmmni and count > near * ns.shmmni:
-            remedy = "ipcs -m; ipcrm -m <id> for orphans; sysctl -w kernel.shmmni=8192"
+            remedy = f"{IPCRM} or raise the limit: sysctl -w kernel.shmmni=8192"
             text += f": near the limit of {ns.shmmni}"
             report.add("warn", "sysv", "kernel.shmmni", text, remedy)
         elif ns.shmall_bytes and total > near * ns.shmall_bytes:
-            remedy = "ipcs -m; ipcrm -m <id>; sysctl kernel.shmall"
+            remedy = f"{IPCRM} or raise the limit: sysctl kernel.shmall"
             text += f": near the limit of {human(ns.shmall_bytes)}"
             report.add("warn", "sysv", "kernel.shmall", text, remedy)
         elif ns.segments or not node_mode:
             if ns.orphans:
                 text += f", {ns.orphans} with nothing attached and their creators gone"
-            remedy = "ipcs -m; ipcrm -m <id>" if ns.orphans else ""
+            remedy = IPCRM if ns.orphans else ""
             report.add("ok", "sysv", "SysV shm", text, remedy)
     if node_mode:
         report.facts["sysv_namespaces"] = listed
