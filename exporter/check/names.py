@@ -4,8 +4,8 @@ lines), the shell commands it advises, and every name of a leaked file with hard
 `shown` writes each character that is not printable (C0 and C1 controls, DEL, ESC, bidi
 overrides such as U+202E) as an escape, a byte that is not UTF-8 as `\\xff`, a backslash as
 two: a name can neither drive the terminal nor pass for another. `shell` writes one command,
-each argument quoted: `shlex.quote`, or bash's `$'...'` for one holding such characters (no
-control byte reaches the screen, the command stays on one line)."""
+each argument quoted: `shlex.quote`, or bash's `$'...'` for one holding any other character
+than printable ASCII (the command is one line of printable ASCII: exact in any terminal)."""
 
 import os
 import shlex
@@ -48,7 +48,11 @@ def _escape(char: str) -> str:
 
 def shell(*argv: str) -> str:
     """One command line to paste, each argument quoted (the module's docstring)."""
-    return " ".join(shlex.quote(a) if a.isprintable() else _ansi_c(a) for a in argv)
+    return " ".join(shlex.quote(a) if _plain(a) else _ansi_c(a) for a in argv)
+
+
+def _plain(arg: str) -> bool:
+    return arg.isascii() and arg.isprintable()
 
 
 def _ansi_c(arg: str) -> str:

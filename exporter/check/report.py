@@ -327,6 +327,8 @@ def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
             report.add("warn", "memory", "--memory.limit-bytes", text, remedy)
         advice = R.advise(report, model, extra, deadline) if extra.recommend else ""
         json = extra.output == "json"
+        if hasattr(sys.stdout, "reconfigure"):  # a character it cannot encode: \uXXXX
+            sys.stdout.reconfigure(errors="backslashreplace")
         sys.stdout.write(render_json(report) if json else render_text(report) + advice)
         return report.exit_code
     except Exception as err:

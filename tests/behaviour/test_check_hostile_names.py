@@ -269,3 +269,16 @@ def test_hostile_quoted_parts_of_a_log_are_shown_escaped(tmp_path):
     assert all(unescape(f["subject"]).startswith(b"server \x1b[2J.log") for f in doc["findings"]
                if f["area"] == "log")
     assert "server \\x1b[2J.log" in shown
+
+
+@needs_root
+def test_a_name_the_terminal_cannot_encode_is_escaped_not_a_crash():
+    """A latin-1 terminal and a leaked file named in CJK: check printed a traceback, exit 70."""
+    with tmpfs_mounts([b"cjk"]) as [mount]:
+        leave([os.path.join(mount, "nccl-中".encode())])
+        argv = [sys.executable, "-m", "exporter", "check", "--no-collector.gpu", *mount_flags([mount])]
+        done = subprocess.run(argv, cwd=REPO, capture_output=True, timeout=120,
+                              env=dict(os.environ, PYTHONIOENCODING="latin-1"))
+    assert done.returncode == 1 and not done.stderr, done.stderr.decode(errors="replace")[-2000:]
+    assert b"nccl-\\u4e2d" in done.stdout  # shown; the advice, ASCII, exact in any terminal:
+    assert b"rm -- $'" + mount + b"/nccl-\\xe4\\xb8\\xad'" in done.stdout, done.stdout.decode("latin-1")
