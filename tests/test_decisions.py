@@ -283,7 +283,7 @@ def test_leaks_are_advised_for_removal_only_when_removable():
     r = judge(usage(GiB, 4 * MiB), inventory=inv)
     by_severity = {(f.severity, f.message.split(":")[0]): f.remedy for f in r.findings}
     assert by_severity[("warn", "1 leaked segment(s) held by no process, 2.0 MiB")] == \
-        "once no server can attach to them: rm /dev/shm/nccl-a"
+        "once no server can attach to them: rm -- /dev/shm/nccl-a"
     assert ("info", "1 file(s) of no known owner class held by no process, 4.0 KiB") in by_severity
     unverified = next(f for f in r.findings if "could not read 0 process(es))" in f.message)
     assert unverified.severity == "info" and "never remove them" in unverified.remedy
@@ -600,12 +600,12 @@ def test_a_mount_report_word_for_word():
         seg("plasma0", "ray", "linked", 0, holders=(3,)),
         *(seg(f"psm_u{i}", "python_shm", "unverified", MiB) for i in range(6))], unattributed_bytes=MiB)
     r = judge(usage(GiB, 17 * MiB), inventory=inv)
-    rm = "/dev/shm/nccl-0 /dev/shm/nccl-1 /dev/shm/nccl-2 /dev/shm/nccl-3 /dev/shm/nccl-4 (+2 more)"
+    rm = "/dev/shm/nccl-0 /dev/shm/nccl-1 /dev/shm/nccl-2 /dev/shm/nccl-3 /dev/shm/nccl-4"
     assert findings(r) == [
         ("ok", "shm", "/dev/shm", "1.0 GiB, 17.0 MiB used (2%); by class: nccl 7.0 MiB, python_shm 6.0 MiB, "
                                   "torch 1.0 MiB, other 4.0 KiB", ""),
-        ("warn", "shm", "/dev/shm", f"7 leaked segment(s) held by no process, 7.0 MiB: {rm}",
-         f"once no server can attach to them: rm {rm}"),
+        ("warn", "shm", "/dev/shm", f"7 leaked segment(s) held by no process, 7.0 MiB: {rm} (+2 more)",
+         f"once no server can attach to them: rm -- {rm}"),  # a command to paste: the 5 named
         ("info", "shm", "/dev/shm", "1 file(s) of no known owner class held by no process, 4.0 KiB: /dev/shm/lock",
          "find which tool made them before removing anything (a container engine's lock file is one)"),
         ("info", "shm", "/dev/shm", "6 segment(s), 6.0 MiB, held by no process shmwatch could inspect (could not "

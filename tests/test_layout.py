@@ -41,7 +41,7 @@ SHARED = {"exporter", "exporter.config"}  # every package may import these
 TOP_LEVEL = {"exporter", "exporter.__main__", "exporter.app", "exporter.cli", "exporter.config"}
 
 MAX_MODULE_LINES = 400
-MAX_TOTAL_LINES = 7500
+MAX_TOTAL_LINES = 7713  # 7500 + issue 42's names in check (names.py 150, report.py 55, the rest 8)
 MAX_TIMING_CONSTANTS = 12
 
 
