@@ -5,7 +5,6 @@ and slog (`ts=… level=info logger=shmwatch msg="…"`), quoted and escaped so 
 import gc
 import json
 import logging
-import os
 import re
 import resource
 import signal
@@ -74,16 +73,11 @@ def _web_config(cfg):
         fail(f"--web.tls-{flag}", "needs --web.tls-cert-file too")
     if cert and not key:
         fail("--web.tls-cert-file", "needs --web.tls-key-file too")
-    paths = ("config.file", cfg.web_config_file), ("tls-cert-file", cert)
-    for flag, path in (*paths, ("tls-key-file", key), ("tls-client-ca-file", ca)):
-        if path and not os.access(path, os.R_OK):
-            reason = "is not readable" if os.path.exists(path) else "does not exist"
-            fail(f"--web.{flag}", f"{path} {reason}")
     if cfg.web_config_file:
         try:
             return wc.WebConfigSource(path=cfg.web_config_file)
-        except wc.WebConfigError as err:
-            fail("--web.config.file", f"{cfg.web_config_file}: {err}")
+        except wc.WebConfigError as err:  # its line starts with the file's name
+            fail("--web.config.file", str(err))
     if not cert:
         return None
     # The old flags are aliases of a web config with only tls_server_config (reloaded too).
@@ -92,7 +86,8 @@ def _web_config(cfg):
         tls = wc.TlsSettings(cert, key, ca, client_auth)
         source = wc.WebConfigSource(fixed=wc.WebConfig(tls=tls))
     except wc.WebConfigError as err:
-        flag = "client-ca-file" if "client_ca_file" in str(err) else "cert-file"
+        flags = {".key_file": "key-file", "client_ca_file": "client-ca-file"}
+        flag = next((f for field, f in flags.items() if field in str(err)), "cert-file")
         fail(f"--web.tls-{flag}", f"cannot load TLS certificate/key: {err}")
     log.warning(
         "--web.tls-* flags are deprecated: use --web.config.file (tls_server_config)"
