@@ -16,9 +16,10 @@ from typing import List, NoReturn, Optional
 
 from exporter import __version__
 from exporter.app import App
-from exporter.config import build_parser, parse_args
+from exporter.config import Config, build_parser, parse_args
 from exporter.exposition import http
 from exporter.exposition import webconfig as wc
+from exporter.exposition import webschema as ws
 
 log = logging.getLogger("shmwatch")
 # gc's gen-0 threshold in serve (not 700): an owner scan makes tens of thousands of objects at
@@ -59,7 +60,7 @@ def fail(flag: str, message: str) -> NoReturn:  # as a bad flag value, after par
     build_parser().error(f"argument {flag}: {message}")
 
 
-def _web_config(cfg):
+def _web_config(cfg: Config) -> Optional[wc.WebConfigSource]:
     """-> WebConfigSource or None; a bad config ends start-up with one line naming the flag."""
     cert, key, ca = cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file
     if cfg.web_config_file and (cert or key or ca):
@@ -76,16 +77,18 @@ def _web_config(cfg):
     if cfg.web_config_file:
         try:
             return wc.WebConfigSource(path=cfg.web_config_file)
-        except wc.WebConfigError as err:  # its line starts with the file's name
+        except ws.WebConfigError as err:  # its line starts with the file's name
             fail("--web.config.file", str(err))
-    if not cert:
-        return None
-    # The old flags are aliases of a web config with only tls_server_config (reloaded too).
+    return _deprecated_tls(cert, key, ca) if cert else None
+
+
+def _deprecated_tls(cert: str, key: str, ca: Optional[str]) -> wc.WebConfigSource:
+    """The old flags: aliases of a web config with only tls_server_config (reloaded too)."""
     client_auth = "RequireAndVerifyClientCert" if ca else "NoClientCert"
     try:
-        tls = wc.TlsSettings(cert, key, ca, client_auth)
-        source = wc.WebConfigSource(fixed=wc.WebConfig(tls=tls))
-    except wc.WebConfigError as err:
+        tls = ws.TlsSettings(cert, key, ca, client_auth)
+        source = wc.WebConfigSource(fixed=ws.WebConfig(tls=tls))
+    except ws.WebConfigError as err:
         flags = {".key_file": "key-file", "client_ca_file": "client-ca-file"}
         flag = next((f for field, f in flags.items() if field in str(err)), "cert-file")
         fail(f"--web.tls-{flag}", f"cannot load TLS certificate/key: {err}")
