@@ -129,8 +129,9 @@ class WebConfigSource:
         threading.Thread(target=self._watch, name=name, daemon=True).start()
 
     def stop(self) -> None:
+        """The watcher ends at its next look. No wake-up: the main thread must hold no
+        lock of _wake's that SIGHUP's handler (reload(), on that thread) could wait for."""
         self._stopping = True
-        self._wake.set()
 
     def reload(self) -> None:
         """Re-read the files whether they changed or not (SIGHUP), on the watcher's thread."""

@@ -159,6 +159,7 @@ def test_reload_reads_on_the_watchers_thread(tmp_path):
             time.sleep(0.01)
     finally:
         source.stop()
+        source.reload()  # wakes it to end now, not in an hour
     assert looked[0] == ("shmwatch-webconfig", True), looked
 
 
