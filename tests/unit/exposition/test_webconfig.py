@@ -86,6 +86,18 @@ def test_bcrypt_and_the_watcher_never_hold_up_exit(tmp_path, hashes):
     assert not watcher.is_alive(), "stop() did not end the watcher"
 
 
+def test_a_check_that_raises_fails_its_request_only(hashes):
+    """bcrypt raising (a hash it cannot read) is that request's error (500), not a verdict."""
+
+    def checkpw(password, hashed):
+        raise ValueError("Invalid salt")
+
+    source = WebConfigSource(fixed=WebConfig(users={"ten": hashes["ten"]}), checkpw=checkpw)
+    pending = source.authorize(source.current()[0], basic("ten", "ten"), "10.0.0.1")
+    with pytest.raises(ValueError, match="Invalid salt"):
+        pending.result(timeout=10)
+
+
 def replace(path, make):
     """`make(tmp)` builds the new file beside `path`; then it takes `path`'s place at once."""
     tmp = f"{path}.new"
