@@ -380,8 +380,8 @@ class Source(WebConfigSource):
 
 
 def test_an_unknown_user_is_refused_whatever_the_password():
-    """Unknown users are checked against a dummy hash (for even timing), whose password is
-    'no such user': a match there must still be a refusal."""
+    """Unknown users are checked against a dummy hash (cost 10, as exporter-toolkit's), whose
+    password is 'no such user': a match there must still be a refusal."""
     alice = bcrypt.hashpw(b"wonderland", bcrypt.gensalt(4))
     source = Source(fixed=WebConfig(users={"alice": alice}))
     config = source.config
@@ -778,12 +778,12 @@ def test_an_empty_inventory_is_a_plain_ok():
         ("ok", "shm", "/dev/shm", "1.0 GiB, 0 B used (0%)", "")]
 
 
-def test_bcrypt_checks_pad_cheaper_hashes_and_are_bounded():
+def test_bcrypt_checks_are_bounded_and_remembered():
     import time
     cheap, dear = bcrypt.hashpw(b"a", bcrypt.gensalt(4)), bcrypt.hashpw(b"b", bcrypt.gensalt(5))
     source = Source(fixed=WebConfig(users={"cheap": cheap, "dear": dear}))
     config = source.config
-    assert source.authorized(config, basic("cheap", "a"))  # padded with a cost-4 dummy up to 5
+    assert source.authorized(config, basic("cheap", "a"))  # its own hash only, not padded to 5
     assert source.authorized(config, basic("dear", "b"))
     deadline = time.monotonic() + 20
     while source._checking and time.monotonic() < deadline:  # each check leaves the queue when done
