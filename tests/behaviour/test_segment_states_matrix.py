@@ -167,9 +167,13 @@ CELLS["server-only-below/off/server-uid"] = Cell(
     "server-only-below/off", SERVER, SERVER_PROVEN, ignore=PAUSE_AND_SHIM
 )
 # shmwatch in a PID namespace of its own (a sidecar without shareProcessNamespace) sees
-# only itself: nothing proven, even as root.
+# only itself: nothing proven, even as root. Also when `shmwatch check` is run in such a
+# sidecar beside the shmwatch serving there (kubectl exec): that one is no workload either.
 CELLS["mixed/off/root-own-pid-namespace"] = Cell(
     "mixed/off", ROOT, NONE_READ, pidns=True
+)
+CELLS["mixed/off/root-exec-into-sidecar"] = Cell(
+    "mixed/off", ROOT, NONE_READ, sidecar=True
 )
 
 
