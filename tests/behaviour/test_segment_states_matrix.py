@@ -107,7 +107,9 @@ class Cell:
     expect: Expect
     ignore: str = PAUSE
     pidns: bool = False  # shmwatch in a PID namespace of its own
-    sidecar: bool = False  # check run beside a shmwatch serving in a PID namespace of its own
+    sidecar: bool = (
+        False  # check run beside a shmwatch serving in a PID namespace of its own
+    )
     serve: bool = False  # /metrics too
 
 
@@ -230,21 +232,21 @@ def test_a_segment_is_called_leaked_only_when_every_process_that_could_hold_it_w
     doc, want = run["check"], cell.expect
     assert isinstance(doc, dict), run["stderr"]
     facts = mount_facts(doc)
-    assert facts["segments"] == len(want.listed) + want.hidden_seen, facts
-    assert states_said(doc, want.listed) == want.states, facts
-    assert (facts["hidden_bytes"] == MiB) == want.hidden_seen, facts
+    said = (facts, doc["findings"], run["stderr"])  # what a failure shows
+    assert facts["segments"] == len(want.listed) + want.hidden_seen, said
+    assert states_said(doc, want.listed) == want.states, said
+    assert (facts["hidden_bytes"] == MiB) == want.hidden_seen, said
     assert removal_advised(doc) == {f"/dev/shm/{n}" for n in want.rm}, doc["findings"]
     assert run["rc"] == doc["exit_code"] == want.exit_code, doc["findings"]
     if ORPHAN not in want.states.values():
         # Unverified ones are said to be, with whom shmwatch could not read and how to fix it.
-        [said] = [
+        [unverified] = [
             f
             for f in doc["findings"]
             if "not called leaked, they may be live" in f["message"]
         ]
-        assert said["severity"] == "info" and "never remove them" in said["remedy"], (
-            said
-        )
+        assert unverified["severity"] == "info", unverified
+        assert "never remove them" in unverified["remedy"], unverified
     if cell.serve:
         # What Prometheus sees (ShmLeakedSegments reads state="orphan") agrees.
         counts = [
