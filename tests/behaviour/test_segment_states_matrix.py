@@ -122,9 +122,11 @@ def _worlds() -> Dict[str, Dict[str, Any]]:
         }
     )
     # Any process may name itself 'pause' (PR_SET_NAME): one of another UID holds a segment.
+    # Any process may also make itself not dumpable: its /proc files are then root's.
     named = holder("mapped", "psm_other01", OTHER, comm="pause")
+    hiding = holder("mapped", "psm_other02", OTHER, comm="pause", undumpable=True)
     worlds["server-only+other-named-pause/off"] = dict(
-        server_only(False, named), hidepid="0"
+        server_only(False, named, hiding), hidepid="0"
     )
     worlds["mixed-below/off"] = dict(mixed(pidns=True), hidepid="0")
     worlds["server-only-below/off"] = dict(server_only(pidns=True), hidepid="0")
@@ -161,7 +163,15 @@ CELLS["server-only/off/server-uid/nothing-excused"] = Cell(
 CELLS["server-only+other-named-pause/off/server-uid"] = Cell(
     "server-only+other-named-pause/off",
     SERVER,
-    Expect({"psm_server01": LINKED, "psm_other01": UNVERIFIED, LEAK: UNVERIFIED}, True),
+    Expect(
+        {
+            "psm_server01": LINKED,
+            "psm_other01": UNVERIFIED,
+            "psm_other02": UNVERIFIED,
+            LEAK: UNVERIFIED,
+        },
+        True,
+    ),
 )
 # Holders in a PID namespace below shmwatch's: read through their pids there.
 CELLS["mixed-below/off/root"] = Cell("mixed-below/off", ROOT, ALL_READ)

@@ -3,7 +3,8 @@
 Run it in a mount namespace where the test's tmpfs is bind-mounted at /dev/shm, so
 shm_open() and SharedMemory land there. It prints one line 'ready <info>' when the
 segment is in place, then holds it until stdin closes. SHM_PEER_COMM names the process
-(its comm), as any process may name itself (prctl PR_SET_NAME).
+(its comm), as any process may name itself (prctl PR_SET_NAME); SHM_PEER_UNDUMPABLE makes
+it not dumpable (PR_SET_DUMPABLE 0), as any process may: /proc/<pid> is then root's.
 
 modes:
   psm SIZE           multiprocessing.shared_memory.SharedMemory, held (vLLM MessageQueue)
@@ -59,6 +60,9 @@ def main(argv):
     if comm := os.environ.get("SHM_PEER_COMM"):
         with open("/proc/self/comm", "w") as f:
             f.write(comm)
+    if os.environ.get("SHM_PEER_UNDUMPABLE"):  # its /proc/<pid> then shows as root's
+        PR_SET_DUMPABLE = 4
+        LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     mode = argv[0]
     if mode in ("psm", "leak"):
         from multiprocessing import resource_tracker, shared_memory

@@ -10,8 +10,8 @@ process of the namespace, and the mounts and SysV segments go with their namespa
 
 Its one argument is the cell as JSON:
   hidepid   the procfs option: 0 (off), 1 (noaccess), 2 (invisible), 4 (ptraceable)
-  holders   [{mode, name, size, uid, comm?, pidns?}]: shm_peer.py holding a segment
-            until the end (pidns: in a PID namespace of its own, below this one)
+  holders   [{mode, name, size, uid, comm?, undumpable?, pidns?}]: shm_peer.py holding a
+            segment until the end (pidns: in a PID namespace of its own, below this one)
   left      [{name, size, uid, pidns?, age?}]: shm_peer.py `left`: a file whose creator
             exited (name: in /dev/shm, or an absolute path; age: its mtime that long ago)
   mounts    {path under /mnt: size}: more tmpfs mounts (shmwatch watches what `args` say)
@@ -95,7 +95,9 @@ def hold(holder: dict) -> subprocess.Popen:
         holder["name"],
         str(holder["size"]),
     ]
-    return start(argv, {"SHM_PEER_COMM": holder.get("comm", "")})[0]
+    env = {"SHM_PEER_COMM": holder.get("comm", "")}
+    env["SHM_PEER_UNDUMPABLE"] = "1" if holder.get("undumpable") else ""
+    return start(argv, env)[0]
 
 
 def leave(left: dict) -> None:
