@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional, Set, Tuple
 
 from watchdog.observers.inotify_c import InotifyFD
 
@@ -66,7 +66,9 @@ class LateReader(InotifyFD):
 
 
 @contextmanager
-def watched_inventory(mount: str, queue: Optional[int]) -> Iterator[tuple]:
+def watched_inventory(
+    mount: str, queue: Optional[int]
+) -> Iterator[Tuple[List[Observation], StateStore, threading.Event]]:
     """(the segments observations published, the state the watcher feeds, the gate of the
     reader) for `mount`, once the first full run is published. Runs come from events only:
     the inventory interval is 60 s."""
@@ -120,19 +122,23 @@ def wait_for(
     raise AssertionError(f"not within {timeout} s: {runs}")
 
 
-def states_of(obs: Observation, names: List[str]) -> set:
+def states_of(obs: Observation, names: List[str]) -> Set[Optional[str]]:
     inventory = obs.result
     assert isinstance(inventory, Inventory)
     rows = {s.name: s.state for s in inventory.mounts[0].rows()}
     return {rows.get(name) for name in names}
 
 
-def after(published: List[Observation], seen: int, names: List[str]) -> List[tuple]:
+def after(
+    published: List[Observation], seen: int, names: List[str]
+) -> List[Tuple[bool, Set[Optional[str]]]]:
     """(full run?, the states of `names`) of each observation published after the first `seen`."""
     return [(o.full, states_of(o, names)) for o in published[seen:] if o.success]
 
 
-def test_lost_events_bring_a_full_inventory_that_calls_the_storms_leaks_leaked(tmpfs):
+def test_lost_events_bring_a_full_inventory_that_calls_the_storms_leaks_leaked(
+    tmpfs: str,
+) -> None:
     with watched_inventory(tmpfs, queue=0) as (published, state, go):
         names, seen = storm(tmpfs), len(published)
         go.set()
@@ -142,7 +148,9 @@ def test_lost_events_bring_a_full_inventory_that_calls_the_storms_leaks_leaked(t
         assert after(published, seen, names)[0] == (True, {"orphan"})
 
 
-def test_events_that_arrive_are_answered_by_a_quick_run_then_a_full_one(tmpfs):
+def test_events_that_arrive_are_answered_by_a_quick_run_then_a_full_one(
+    tmpfs: str,
+) -> None:
     with watched_inventory(tmpfs, queue=None) as (published, state, go):
         names, seen = storm(tmpfs), len(published)
         go.set()

@@ -13,6 +13,7 @@ leak in each (above ShmLeakedSegments' 10 %, above Docker's 64 MiB default so si
 warning of its own), and a live server holding a segment in /dev/shm."""
 
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Dict
 
 import pytest
@@ -79,17 +80,17 @@ def every_class() -> Dict[str, Any]:
             exporters={"root": exporter},
         )
     )
-    run = report["runs"]["root"]
+    run: Dict[str, Any] = report["runs"]["root"]
     assert isinstance(run["check"], dict), run["stderr"]
     return run
 
 
-def test_every_class_has_its_example():
+def test_every_class_has_its_example() -> None:
     assert set(EXAMPLES) == set(CLASS_NAMES)
 
 
 @pytest.mark.parametrize("cls", sorted(EXAMPLES))
-def test_a_leak_is_removable_exactly_when_its_class_is(cls):
+def test_a_leak_is_removable_exactly_when_its_class_is(cls: str) -> None:
     run = every_class()
     removable, mount, path = cls in REMOVABLE_CLASSES, mount_of(cls), path_of(cls)
     # /metrics: an orphan, whatever its class: state says who holds it, not what to do.
@@ -112,6 +113,7 @@ def test_a_leak_is_removable_exactly_when_its_class_is(cls):
     )
     # ShmLeakedSegmentsOld's input: the age of the oldest removable one only.
     age = value(samples, "shmwatch_orphan_oldest_age_seconds", mount=mount)
+    assert age is not None
     assert (AGE <= age < AGE + 600) if removable else age == 0, age
     # check: `rm` advised (a warning: exit 1) for removable classes only; the others named
     # without it, except semaphores (meant to outlive their creators: not leaks).
@@ -141,7 +143,7 @@ def test_a_leak_is_removable_exactly_when_its_class_is(cls):
     )
 
 
-def test_check_exits_1_for_removable_leaks_and_0_without_them():
+def test_check_exits_1_for_removable_leaks_and_0_without_them() -> None:
     assert every_class()["rc"] == every_class()["check"]["exit_code"] == 1
     # The same world without a removable class: nothing to do, nothing failed.
     others = [c for c in EXAMPLES if c not in REMOVABLE_CLASSES]
@@ -164,8 +166,8 @@ def test_check_exits_1_for_removable_leaks_and_0_without_them():
 
 
 def test_the_shipped_leak_alert_fires_on_the_real_series_of_removable_classes_only(
-    tmp_path,
-):
+    tmp_path: Path,
+) -> None:
     """The shipped rule (deploy/prometheus/shmwatch-rules.yml), fed the series /metrics gave
     for the real leaks (a mount a class): it fires for each mount of a removable class only."""
     samples = parse_exposition(every_class()["metrics"])

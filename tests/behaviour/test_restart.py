@@ -41,8 +41,8 @@ def events(samples: Samples, mount: str) -> Dict[str, float]:
 
 @pytest.mark.parametrize("watch", ["inotify", "polling"])
 def test_a_restarted_exporter_calls_old_leaks_leaked_at_once_and_counts_nothing_twice(
-    tmpfs, watch
-):
+    tmpfs: str, watch: str
+) -> None:
     args = (*ARGS, f"--shm.mount={tmpfs}") + (
         ("--no-inotify",) if watch == "polling" else ()
     )
@@ -74,6 +74,7 @@ def test_a_restarted_exporter_calls_old_leaks_leaked_at_once_and_counts_nothing_
             }
             assert states(s, tmpfs) == want
             age = value(s, "shmwatch_orphan_oldest_age_seconds", mount=tmpfs)
+            assert age is not None
             assert HOUR <= age < HOUR + 300  # the file's, not the restart's
             assert events(s, tmpfs) == {}
             leave(tmpfs, "nccl-after001")

@@ -235,8 +235,8 @@ def states_scraped(text: str) -> Dict[str, float]:
 
 @pytest.mark.parametrize("name", sorted(CELLS))
 def test_a_segment_is_called_leaked_only_when_every_process_that_could_hold_it_was_read(
-    name, nonroot_venv
-):
+    name: str, nonroot_venv: str
+) -> None:
     cell = CELLS[name]
     run = _world_report(cell.world, nonroot_venv)["runs"][name]
     doc, want = run["check"], cell.expect

@@ -10,7 +10,7 @@ touches the host's SysV segments."""
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Tuple
 
 import pytest
 
@@ -41,7 +41,7 @@ class Cell:
     )
     ipcns: bool = False  # shmwatch in an IPC namespace of its own
     serve: bool = False
-    hidepid: tuple = tuple(
+    hidepid: Tuple[str, ...] = tuple(
         HIDEPID
     )  # the /proc options it runs under (its own /proc: off only)
 
@@ -83,18 +83,19 @@ def world(hidepid: str, python: str) -> Dict[str, Any]:
     return run_world(dict(hidepid=HIDEPID[hidepid], sysv=CREATORS, exporters=exporters))
 
 
-def sysv_finding(doc: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    found = [f for f in doc["findings"] if f["area"] == "sysv"]
-    assert len(found) <= 1, found
-    return found[0] if found else None
+def sysv_finding(doc: Dict[str, Any]) -> Dict[str, Any]:
+    """check's one SysV finding."""
+    [found] = [f for f in doc["findings"] if f["area"] == "sysv"]
+    assert isinstance(found, dict)
+    return found
 
 
 @pytest.mark.parametrize(
     "name, hidepid", [(n, h) for n, c in sorted(CELLS.items()) for h in c.hidepid]
 )
 def test_a_sysv_segment_is_an_orphan_only_when_its_creator_is_proven_gone(
-    name, hidepid, nonroot_venv
-):
+    name: str, hidepid: str, nonroot_venv: str
+) -> None:
     cell, report = CELLS[name], world(hidepid, nonroot_venv)
     run = report["runs"][name]
     doc = run["check"]
@@ -117,7 +118,7 @@ def test_a_sysv_segment_is_an_orphan_only_when_its_creator_is_proven_gone(
         assert value(samples, "shmwatch_sysv_orphan_segments") == cell.orphans
 
 
-def test_the_world_shows_what_the_cells_rest_on(nonroot_venv):
+def test_the_world_shows_what_the_cells_rest_on(nonroot_venv: str) -> None:
     """pid 1 of the world reads every creator's pid (none 0); the cells below read 0 for all."""
     report = world("off", nonroot_venv)
     assert len(report["shmids"]) == len(CREATORS)

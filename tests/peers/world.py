@@ -34,12 +34,14 @@ import subprocess
 import sys
 import time
 import urllib.request
+from typing import Any, Dict, List, Optional, Tuple
+
+Spec = Dict[str, Any]  # a part of the cell, as JSON gives it
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PEER = os.path.join(REPO, "tests", "peers", "shm_peer.py")
-PEER_PYTHON = (
-    "/usr/bin/python3"  # Debian's, readable by every UID (the test's may not be)
-)
+# Debian's, readable by every UID (the test's may not be)
+PEER_PYTHON = "/usr/bin/python3"
 SYSV_CREATOR = r"""
 import ctypes, sys
 libc = ctypes.CDLL(None, use_errno=True)
@@ -51,7 +53,7 @@ if sys.argv[1] == "alive":
 """
 
 
-def as_uid(uid: int) -> list:
+def as_uid(uid: int) -> List[str]:
     """A command prefix that runs as `uid` with no capabilities (as a container's user)."""
     if uid == 0:
         return []
@@ -65,11 +67,13 @@ def as_uid(uid: int) -> list:
     ]
 
 
-def in_pid_namespace(yes: bool) -> list:
+def in_pid_namespace(yes: bool) -> List[str]:
     return ["unshare", "--pid", "--fork", "--mount-proc"] if yes else []
 
 
-def start(argv: list, env: dict = None) -> tuple:
+def start(
+    argv: List[str], env: Optional[Dict[str, str]] = None
+) -> Tuple["subprocess.Popen[str]", str]:
     """(the process, the first line it printed: it is ready)."""
     proc = subprocess.Popen(
         argv,
@@ -79,13 +83,14 @@ def start(argv: list, env: dict = None) -> tuple:
         text=True,
         env={**os.environ, **(env or {})},
     )
+    assert proc.stdout is not None and proc.stderr is not None
     line = proc.stdout.readline()
     if not line:
         raise RuntimeError(f"{argv} failed: {proc.stderr.read()[-2000:]}")
     return proc, line.strip()
 
 
-def hold(holder: dict) -> subprocess.Popen:
+def hold(holder: Spec) -> "subprocess.Popen[str]":
     argv = [
         *in_pid_namespace(holder.get("pidns", False)),
         *as_uid(holder["uid"]),
@@ -100,7 +105,7 @@ def hold(holder: dict) -> subprocess.Popen:
     return start(argv, env)[0]
 
 
-def leave(left: dict) -> None:
+def leave(left: Spec) -> None:
     argv = [
         *in_pid_namespace(left.get("pidns", False)),
         *as_uid(left["uid"]),
@@ -117,7 +122,7 @@ def leave(left: dict) -> None:
         os.utime(path, (then, then))
 
 
-def make_sysv(creator: dict) -> tuple:
+def make_sysv(creator: Spec) -> Tuple["subprocess.Popen[str]", int]:
     """(the creator, which has exited unless `alive`; the segment's shmid)."""
     state = "alive" if creator["alive"] else "gone"
     prefix = in_pid_namespace(creator.get("pidns", False)) + as_uid(creator["uid"])
@@ -127,13 +132,13 @@ def make_sysv(creator: dict) -> tuple:
     return proc, int(shmid)
 
 
-def exporter_argv(exporter: dict, *args: str) -> list:
+def exporter_argv(exporter: Spec, *args: str) -> List[str]:
     prefix = ["unshare", "--ipc"] if exporter.get("ipcns") else []
     prefix += in_pid_namespace(exporter.get("pidns", False))
     if pid := exporter.get("enter"):  # as `kubectl exec` enters a running container
         prefix += ["nsenter", f"--target={pid}", "--pid", "--mount"]
     prefix += as_uid(exporter["uid"])
-    python = exporter["python"] if exporter["uid"] else sys.executable
+    python = str(exporter["python"]) if exporter["uid"] else sys.executable
     return [
         *prefix,
         python,
@@ -147,7 +152,7 @@ def exporter_argv(exporter: dict, *args: str) -> list:
     ]
 
 
-def exporter_env(exporter: dict) -> dict:
+def exporter_env(exporter: Spec) -> Dict[str, str]:
     return {
         **os.environ,
         "PYTHONPATH": REPO,
@@ -155,7 +160,7 @@ def exporter_env(exporter: dict) -> dict:
     }
 
 
-def check(exporter: dict, output: str = "json") -> subprocess.CompletedProcess:
+def check(exporter: Spec, output: str = "json") -> "subprocess.CompletedProcess[str]":
     return subprocess.run(
         exporter_argv(exporter, "check", f"--output={output}"),
         cwd=REPO,
@@ -169,7 +174,8 @@ def check(exporter: dict, output: str = "json") -> subprocess.CompletedProcess:
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def every_collector_ran(text: str) -> bool:
@@ -181,7 +187,7 @@ def every_collector_ran(text: str) -> bool:
     return bool(durations) and all(float(d) > 0 for d in durations)
 
 
-def scrape(exporter: dict) -> str:
+def scrape(exporter: Spec) -> str:
     port = free_port()
     server = serving(exporter, port)
     deadline = time.monotonic() + 30
@@ -191,7 +197,7 @@ def scrape(exporter: dict) -> str:
                 with urllib.request.urlopen(
                     f"http://127.0.0.1:{port}/metrics", timeout=5
                 ) as response:
-                    text = response.read().decode()
+                    text: str = response.read().decode()
                 if every_collector_ran(text):
                     return text
             except OSError:
@@ -205,7 +211,7 @@ def scrape(exporter: dict) -> str:
     )
 
 
-def shm_segments() -> dict:
+def shm_segments() -> Dict[int, int]:
     """shmid -> cpid, as this namespace's pid 1 reads /proc/sysvipc/shm."""
     with open("/proc/sysvipc/shm") as f:
         header, *rows = f.read().splitlines()
@@ -213,7 +219,7 @@ def shm_segments() -> dict:
     return {int(r.split()[col("shmid")]): int(r.split()[col("cpid")]) for r in rows}
 
 
-def serving(exporter: dict, port: int) -> subprocess.Popen:
+def serving(exporter: Spec, port: int) -> "subprocess.Popen[str]":
     """`shmwatch` serving, in a process group of its own: stopped with killpg, as `unshare
     --fork` does not pass SIGTERM on to a shmwatch below it."""
     argv = exporter_argv(exporter, f"--web.listen-address=127.0.0.1:{port}")
@@ -243,7 +249,7 @@ def pid_one_below(unshare: int) -> int:
     raise RuntimeError("unshare started no shmwatch")
 
 
-def run(exporter: dict) -> dict:
+def run(exporter: Spec) -> Spec:
     """check (and scrape) as `exporter` says. `sidecar`: shmwatch serves as pid 1 of a PID
     namespace of its own, and check runs in it (`kubectl exec` into a sidecar)."""
     if not exporter.get("sidecar"):
@@ -256,7 +262,7 @@ def run(exporter: dict) -> dict:
         sidecar.communicate(timeout=10)
 
 
-def run_once(exporter: dict) -> dict:
+def run_once(exporter: Spec) -> Spec:
     done = check(exporter)
     out = {"rc": done.returncode, "stderr": done.stderr[-3000:]}
     out["check"] = (
@@ -276,7 +282,7 @@ def mount_tmpfs(path: str, size: str) -> None:
     )
 
 
-def main(cell: dict) -> None:
+def main(cell: Spec) -> None:
     with open("/proc/self/comm", "w") as f:
         f.write("pause")
     mount_tmpfs("/dev/shm", "1g")
@@ -296,7 +302,7 @@ def main(cell: dict) -> None:
     for left in cell.get("left", []):
         leave(left)
     creators = [make_sysv(creator) for creator in cell.get("sysv", [])]
-    out = {
+    out: Spec = {
         "holders": [p.pid for p in holders],
         "shmids": [shmid for _, shmid in creators],
     }
@@ -305,8 +311,7 @@ def main(cell: dict) -> None:
     }
     out["sysv_cpid"] = shm_segments()
     for proc in holders + [p for p, _ in creators]:
-        proc.stdin.close()
-        proc.wait(10)
+        proc.communicate(timeout=10)  # stdin closed: each lets go and exits
     print(json.dumps(out))
 
 
