@@ -133,18 +133,17 @@ class ProcessTable:
     def _workload_visible(self, found: List[Process]) -> bool:
         """Whether /proc is the initial PID namespace's (it lists every process there is), or
         shows another container's process (another mount namespace than shmwatch's)."""
-        own_ns = self.paths.proc("self", "ns", "pid")
-        with suppress(OSError):
-            if os.readlink(own_ns) == INITIAL_PID_NAMESPACE:
-                return True
-        if not (mine := self._mount_ns("self")):
+        if self._ns("self", "pid") == INITIAL_PID_NAMESPACE:
+            return True
+        if not (mine := self._ns("self", "mnt")):
             return bool(found)  # a fixture tree, or another namespace's procfs
-        return any(self._mount_ns(p.pid) != mine for p in found)
+        return any(self._ns(p.pid, "mnt") not in (mine, "") for p in found)
 
-    def _mount_ns(self, pid: object) -> str:  # '': not ours to read, so maybe another's
-        with suppress(OSError):
-            return os.readlink(self.paths.proc(pid, "ns", "mnt"))
-        return ""
+    def _ns(self, pid: object, kind: str) -> str:  # '?': another UID's, maybe another's
+        try:
+            return os.readlink(self.paths.proc(pid, "ns", kind))
+        except OSError as err:  # '': gone, or a zombie (it holds nothing)
+            return "?" if err.errno == errno.EACCES else ""
 
     def hidepid(self) -> str:
         """How our procfs hides processes, from its mount options ('off' when unknown)."""

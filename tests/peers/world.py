@@ -252,12 +252,18 @@ def pid_one_below(unshare: int) -> int:
 
 def run(exporter: Spec) -> Spec:
     """check (and scrape) as `exporter` says. `sidecar`: shmwatch serves as pid 1 of a PID
-    namespace of its own, and check runs in it (`kubectl exec` into a sidecar)."""
+    namespace of its own, and check runs in it (`kubectl exec` into a sidecar), beside a
+    zombie an earlier exec left."""
     if not exporter.get("sidecar"):
         return run_once(exporter)
     sidecar = serving({**exporter, "pidns": True}, free_port())
     try:
-        return run_once({**exporter, "enter": pid_one_below(sidecar.pid)})
+        pid = pid_one_below(sidecar.pid)
+        # An earlier exec's child left there: a zombie of pid 1, which never reaps it.
+        enter = ["nsenter", f"--target={pid}", "--pid", "--mount"]
+        subprocess.run([*enter, "sh", "-c", "sleep 0.1 & exit 0"], check=True)
+        time.sleep(0.3)
+        return run_once({**exporter, "enter": pid})
     finally:
         os.killpg(sidecar.pid, signal.SIGTERM)
         sidecar.communicate(timeout=10)
