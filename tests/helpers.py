@@ -25,7 +25,7 @@ class Harness:
     step: ModelStep
 
 
-def run_every_source_once(sampler):
+def run_every_source_once(sampler: Sampler) -> None:
     """Each source's full run, in this thread, published as the scheduler would."""
     for runner in sampler.runners.values():
         runner.run_once(full=True)
