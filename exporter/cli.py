@@ -5,7 +5,6 @@ and slog (`ts=… level=info logger=shmwatch msg="…"`), quoted and escaped so 
 import gc
 import json
 import logging
-import os
 import re
 import resource
 import signal
@@ -20,6 +19,7 @@ from exporter.app import App
 from exporter.config import Config, build_parser, parse_args
 from exporter.exposition import http
 from exporter.exposition import webconfig as wc
+from exporter.exposition import webschema as ws
 
 log = logging.getLogger("shmwatch")
 # gc's gen-0 threshold in serve (not 700): an owner scan makes tens of thousands of objects at
@@ -60,7 +60,7 @@ def fail(flag: str, message: str) -> NoReturn:  # as a bad flag value, after par
     build_parser().error(f"argument {flag}: {message}")
 
 
-def _web_config(cfg):
+def _web_config(cfg: Config) -> Optional[wc.WebConfigSource]:
     """-> WebConfigSource or None; a bad config ends start-up with one line naming the flag."""
     cert, key, ca = cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file
     if cfg.web_config_file and (cert or key or ca):
@@ -74,25 +74,23 @@ def _web_config(cfg):
         fail(f"--web.tls-{flag}", "needs --web.tls-cert-file too")
     if cert and not key:
         fail("--web.tls-cert-file", "needs --web.tls-key-file too")
-    paths = ("config.file", cfg.web_config_file), ("tls-cert-file", cert)
-    for flag, path in (*paths, ("tls-key-file", key), ("tls-client-ca-file", ca)):
-        if path and not os.access(path, os.R_OK):
-            reason = "is not readable" if os.path.exists(path) else "does not exist"
-            fail(f"--web.{flag}", f"{path} {reason}")
     if cfg.web_config_file:
         try:
             return wc.WebConfigSource(path=cfg.web_config_file)
-        except wc.WebConfigError as err:
-            fail("--web.config.file", f"{cfg.web_config_file}: {err}")
-    if not cert:
-        return None
-    # The old flags are aliases of a web config with only tls_server_config (reloaded too).
+        except ws.WebConfigError as err:  # its line starts with the file's name
+            fail("--web.config.file", str(err))
+    return _deprecated_tls(cert, key, ca) if cert else None
+
+
+def _deprecated_tls(cert: str, key: str, ca: Optional[str]) -> wc.WebConfigSource:
+    """The old flags: aliases of a web config with only tls_server_config (reloaded too)."""
     client_auth = "RequireAndVerifyClientCert" if ca else "NoClientCert"
     try:
-        tls = wc.TlsSettings(cert, key, ca, client_auth)
-        source = wc.WebConfigSource(fixed=wc.WebConfig(tls=tls))
-    except wc.WebConfigError as err:
-        flag = "client-ca-file" if "client_ca_file" in str(err) else "cert-file"
+        tls = ws.TlsSettings(cert, key, ca, client_auth)
+        source = wc.WebConfigSource(fixed=ws.WebConfig(tls=tls))
+    except ws.WebConfigError as err:
+        flags = {".key_file": "key-file", "client_ca_file": "client-ca-file"}
+        flag = next((f for field, f in flags.items() if field in str(err)), "cert-file")
         fail(f"--web.tls-{flag}", f"cannot load TLS certificate/key: {err}")
     log.warning(
         "--web.tls-* flags are deprecated: use --web.config.file (tls_server_config)"

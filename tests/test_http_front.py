@@ -480,7 +480,7 @@ def test_an_answer_ready_on_the_loop_passes_the_same_checks_and_takes_no_worker(
 
     import bcrypt
 
-    from exporter.exposition import webconfig
+    from exporter.exposition import webconfig, webschema
     from exporter.exposition.heads import Answer
     from exporter.exposition.http import bind
     made = []
@@ -496,7 +496,7 @@ def test_an_answer_ready_on_the_loop_passes_the_same_checks_and_takes_no_worker(
         return None
 
     hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(4))
-    source = webconfig.WebConfigSource(fixed=webconfig.WebConfig(users={"u": hashed}))
+    source = webconfig.WebConfigSource(fixed=webschema.WebConfig(users={"u": hashed}))
     httpd = bind("127.0.0.1", 0, app, source, ready=ready)
     httpd.start()
     base = "http://127.0.0.1:%d" % httpd.server_address[1]

@@ -22,7 +22,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 from exporter import __version__
 from exporter.exposition.connection import Connection
 from exporter.exposition.heads import Answer, Request, plain
-from exporter.exposition.webconfig import WebConfig, WebConfigSource
+from exporter.exposition.webconfig import WebConfigSource
+from exporter.exposition.webschema import WebConfig
 
 LOG = logging.getLogger("shmwatch.web")
 
