@@ -252,7 +252,10 @@ class SegmentsCollector(Source):
                 mounts.append(self._last[mount])
         self._last = {m.mount: m for m in mounts}
         self._orphans = {m: o for m, o in self._orphans.items() if m in self._last}
-        for m in devs if settled else moved or ():  # their pods were read this run
+        # Their pods were read this run: what node mode's refreshes compare with (a sidecar's
+        # runs read every process; a storm's copy of every leaked file's size would be waste).
+        read = (devs if settled else moved or ()) if self.pod_of_pid else ()
+        for m in read:
             rows = self._listings[m].rows if m in self._listings else {}
             self._pod_read_as[m] = holdings.orphan_bytes(rows, self._orphans.get(m, ()))
         owners = self._owners
