@@ -32,20 +32,28 @@ class Clock:
 def give_back() -> Tuple[MemoryGiveBack, List[float], Clock]:
     released: List[float] = []
     clock = Clock()
-    return MemoryGiveBack(lambda: released.append(clock.now), clock=clock), released, clock
+    return (
+        MemoryGiveBack(lambda: released.append(clock.now), clock=clock),
+        released,
+        clock,
+    )
 
 
 def feeder(subscriber: MemoryGiveBack, released: List[float]) -> Callable[..., int]:
     """-> accept(result, error, full): the give-backs so far after publishing that run."""
 
-    def accept(result: Optional[Inventory], error: Optional[str] = None, full: bool = True) -> int:
+    def accept(
+        result: Optional[Inventory], error: Optional[str] = None, full: bool = True
+    ) -> int:
         subscriber.on_observation(Observation("segments", result, error, 0.0, full))
         return len(released)
 
     return accept
 
 
-def test_given_back_once_the_files_listed_fall_by_many_since_the_last_give_back() -> None:
+def test_given_back_once_the_files_listed_fall_by_many_since_the_last_give_back() -> (
+    None
+):
     """A storm deleted over many quick runs, each fewer than SHRUNK, is given back too; a
     failed run counts nothing; a mount gone counts as its files gone."""
     assert SHRUNK == 10_000
@@ -55,18 +63,24 @@ def test_given_back_once_the_files_listed_fall_by_many_since_the_last_give_back(
     assert accept(big) == 0
     assert accept(inventory(6_000, 100)) == 0  # 5,900 fewer
     assert accept(big) == 0
-    assert accept(inventory(1_000, 1_000), full=False) == 1  # 10,000 fewer than the most
+    assert (
+        accept(inventory(1_000, 1_000), full=False) == 1
+    )  # 10,000 fewer than the most
     assert accept(None, error="timed out") == 1
     assert accept(inventory(100, 100)) == 1  # 1,800 fewer than at the give-back
     assert accept(big) == 1
     for n in (4_000, 2_500, 1_001):  # gone by a few thousand at a time
         assert accept(inventory(n, n), full=False) == 1
-    assert accept(inventory(1_000, 1_000), full=False) == 2  # 10,000 fewer than the most
+    assert (
+        accept(inventory(1_000, 1_000), full=False) == 2
+    )  # 10,000 fewer than the most
     assert accept(inventory(1, 0), full=False) == 2
     gone = MountInventory("/y", error="gone")
     assert accept(Inventory([big.mounts[0], gone], {}, 0, 0)) == 2  # 6,000 more
     assert accept(big) == 2
-    assert accept(Inventory([gone], {}, 0, 0)) == 3  # one mount gone, the other not listed
+    assert (
+        accept(Inventory([gone], {}, 0, 0)) == 3
+    )  # one mount gone, the other not listed
 
 
 def test_files_counted_past_the_cap_count_as_listed() -> None:
@@ -114,7 +128,9 @@ def test_only_the_segments_source_counts() -> None:
     assert len(released) == 1
 
 
-def test_the_app_gives_back_after_the_model_dropped_the_inventory_before(tmp_path: str) -> None:
+def test_the_app_gives_back_after_the_model_dropped_the_inventory_before(
+    tmp_path: str,
+) -> None:
     """App subscribes the give-back after the model step: when memory is given back, the
     inventory before is freed already (nothing here holds it)."""
     app = App(parse_args([f"--shm.mount={tmp_path}", "--no-collector.gpu"]))
