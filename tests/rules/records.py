@@ -23,8 +23,8 @@ def gpu(index: int, values: str) -> Series:
     return {selector("shmwatch_gpu_info", labels): values}
 
 
-def collector(values: str) -> Series:
-    return {selector("shmwatch_collector_success", {**NODE, "collector": "gpu"}): values}
+def collector(values: str, name: str = "gpu") -> Series:
+    return {selector("shmwatch_collector_success", {**NODE, "collector": name}): values}
 
 
 def latch(at: str, value: float = 0) -> Equals:
@@ -53,7 +53,7 @@ def gpus_seen() -> Tuple[Scenario, ...]:
         # --no-collector.gpu after a restart: the success series goes, and the latch with it.
         Scenario(
             s + "the GPU collector switched off",
-            merge(gpu(0, "1x9 stale"), collector("1x9 stale")),
+            merge(gpu(0, "1x9 stale"), collector("1x9 stale"), collector(const(1), "segments")),
             (latch("20m"),),
             covers=(Side(LATCH, 1, "left"),),
         ),
@@ -112,6 +112,7 @@ def kube_world() -> Series:
         cadvisor("ml", "vllm-0", "shmwatch", "s", 20),
         cadvisor("ml", "vllm-0", "", "", 321),
         cadvisor("ml", "vllm-0", "POD", "", 1),
+        cadvisor("ml", "vllm-0", "", "registry.k8s.io/pause:3.9", 1),  # CRI-O's pause container
         cadvisor("ml", "vllm-0", "vllm", "v", 999, metrics_path="/metrics/resource"),
         cadvisor("ml", "vllm-0", "vllm", "v", 777, job="federate"),
         ksm("ml", "vllm-0", "vllm", memory_mib=512, cpu=2),
@@ -123,6 +124,7 @@ def kube_world() -> Series:
         cadvisor("ml", "open-0", "a", "a", 10),
         ksm("ml", "open-0", "a", memory_mib=64),
         ksm("ml", "open-0", "b", cpu=1),
+        ksm("ml", "open-0", "b", memory_mib=64, job="federate"),
         sidecar_mount("ml", "open-0", "/dev/shm", 1, 64),
         cadvisor("ml", "tiny-0", "t", "t", 10),
         ksm("ml", "tiny-0", "t", memory_mib=64),
@@ -329,18 +331,19 @@ def recommend() -> Tuple[Scenario, ...]:
                 {
                     selector("shmwatch_mount_used_bytes", SHM): const(GiB),
                     selector("shmwatch_mount_used_bytes", CACHE): const(4 * GiB),
-                    selector("shmwatch_cgroup_memory_working_set_bytes", CGROUP): const(3 * GiB),
+                    selector("shmwatch_cgroup_memory_working_set_bytes", CGROUP): const(3 * GiB + 1000),
                     selector("shmwatch_cgroup_memory_usage_bytes", CGROUP): const(5 * GiB),
                 },
                 node_recommendation(),
             ),
             (
-                # 10 GiB + (3 - 1) GiB; 2 GiB + nothing (4 GiB used is over the 3 GiB working set);
-                # node mode: 13 GiB + (5 - 1) GiB for u1, 2 GiB + (3 - 0) GiB for u2.
+                # 10 GiB + (3 GiB + 1000 - 1 GiB), up to a whole MiB; 2 GiB + nothing (4 GiB used
+                # is over the working set); node mode: 13 GiB + (5 - 1) GiB for u1, 2 GiB +
+                # (3 - 0) GiB for u2.
                 equals(
                     NEEDED,
                     "5m",
-                    (NEEDED, SHM, 12 * GiB),
+                    (NEEDED, SHM, 12 * GiB + MiB),
                     (NEEDED, CACHE, 2 * GiB),
                     (NEEDED, pod_series("u1"), 17 * GiB),
                     (NEEDED, pod_series("u2"), 5 * GiB),

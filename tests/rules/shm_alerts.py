@@ -153,9 +153,16 @@ def leaked() -> Tuple[Scenario, ...]:
         # 80 + 30 orphan bytes of removable classes on 1000: 11 %.
         case(
             a,
-            "removable orphans over 10 %",
-            merge(size(1000), segment_bytes(80, "python_shm", "orphan"), segment_bytes(30, "nccl", "orphan")),
+            "removable orphans over 10 %, beside a second mount",
+            merge(
+                size(1000),
+                segment_bytes(80, "python_shm", "orphan"),
+                segment_bytes(30, "nccl", "orphan"),
+                size(1000, CACHE),
+                segment_bytes(120, "torch", "orphan", CACHE),
+            ),
             (SHM, 110 / 1000),
+            (CACHE, 120 / 1000),
         ),
         case(a, "orphans at 10 %", merge(size(1000), segment_bytes(100, "torch", "orphan"))),
         case(a, "orphan semaphores", merge(size(1000), segment_bytes(900, "semaphore", "orphan"))),
@@ -186,7 +193,17 @@ def hidden_and_state() -> Tuple[Scenario, ...]:
     return (
         case(old, "six hours and a second", gauge(age, 21601), (SHM, 21601)),
         case(old, "six hours", gauge(age, 21600)),
-        case(hidden, "hidden over half", merge(size(1000), segment_bytes(501, "nccl", "hidden")), (SHM, 501 / 1000)),
+        case(
+            hidden,
+            "hidden over half, beside a second mount",
+            merge(
+                size(1000),
+                segment_bytes(501, "nccl", "hidden"),
+                size(100, CACHE),
+                segment_bytes(1, "nccl", "hidden", CACHE),
+            ),
+            (SHM, 501 / 1000),
+        ),
         case(hidden, "hidden at half", merge(size(1000), segment_bytes(500, "nccl", "hidden"))),
         case(hidden, "orphans, not hidden", merge(size(1000), segment_bytes(900, "nccl", "orphan"))),
         case("ShmMountMissing", "cannot be measured", gauge("shmwatch_mount_error", 1), (SHM, 1)),
