@@ -76,6 +76,7 @@ def filling_up() -> Tuple[Scenario, ...]:
     a, both = "ShmFillingUp", Side("ShmFillingUp", 0, "both")
     at = 20  # minutes: predicted below zero from minute 7 (4000 - 60 x 7 < 3600), firing from 17
     predicted = (4000 - 60 * at - 3600) * MiB
+    byte_a_second = merge({selector("shmwatch_mount_available_bytes", SHM): "4019-60x400"}, usage(0.99))
     return (
         # Both sides, different values: the alert's value is the prediction, not the ratio.
         case(
@@ -92,6 +93,10 @@ def filling_up() -> Tuple[Scenario, ...]:
         case(a, "falling, lasts the hour", merge(falling(8000, 60), usage(0.9)), at=f"{at}m"),
         # A full mount stays full (ShmUsageCritical's case): predicted exactly 0, not below.
         case(a, "full and flat: predicted 0", merge(gauge("shmwatch_mount_available_bytes", 0), usage(1.0))),
+        # A nearly full mount losing a byte a second: predicted 4019 - 60 t - 3600 bytes, -1 at
+        # minute 7, so pending from 7 and firing 10 minutes later, at 17, not before.
+        case(a, "a byte a second, at for: 10m", byte_a_second, (SHM, 4019 - 60 * 17 - 3600), at="17m"),
+        case(a, "a byte a second, a minute short of for: 10m", byte_a_second, at="16m"),
         # The window: a fall that stopped 26 minutes ago still shows over the last 30
         # minutes, not over the last 15 (values: a regression over a bent line is not exact).
         case(
