@@ -17,7 +17,8 @@ flipped; a number moved (x 0.9, x 1.1; 0 to 1 and -1); a range window halved and
 a label matcher dropped; a metric for a sibling from exporter/model/catalogue.py (same
 type and unit, same family after shmwatch_, any other ratio) or a recorded one; by for
 without (and back); on for ignoring; group_left/group_right dropped; an on/ignoring clause
-dropped. Mutants promtool does not accept (`promtool check rules`) are not counted; nor
+dropped; an aggregation for a sibling (sum, max, min, avg, count); a label dropped from a
+by/without list. Mutants promtool does not accept (`promtool check rules`) are not counted; nor
 those in EQUIVALENT, each with its reason. Prints a table per expression, the survivors,
 the runtime, and last `N/M rule mutants killed (P %)`.
 """
@@ -70,6 +71,8 @@ KINDS = (
     "matcher",
     "metric",
     "by-without",
+    "aggregation",
+    "grouping-label",
     "on-ignoring",
     "group-modifier",
     "on-clause",
@@ -80,6 +83,7 @@ FUNCTION_FAMILIES = (
     ("clamp_min", "clamp_max"),
     ("ceil", "floor", "round"),
 )
+AGGREGATIONS = ("sum", "max", "min", "avg", "count")
 FLIPS = {">": (">=", "<"), ">=": (">", "<="), "<": ("<=", ">"), "<=": ("<", ">="), "==": ("!=",), "!=": ("==",)}
 Path = Tuple[int, ...]
 
@@ -208,6 +212,21 @@ def function_mutations(node: Call) -> Iterator[Change]:
                 yield Change("function", f"{node.func} -> {other}", replace(node, func=other))
 
 
+def aggregate_mutations(node: Aggregate) -> Iterator[Change]:
+    for other in AGGREGATIONS if node.op in AGGREGATIONS else ():
+        if other != node.op:
+            yield Change("aggregation", f"{node.op} -> {other}", replace(node, op=other))
+    g = node.grouping
+    if g is None:
+        return
+    words = ("without", "by") if g.without else ("by", "without")
+    clause = f"{node.op} {words[0]} ({', '.join(g.labels)})"
+    yield Change("by-without", f"{clause} -> {words[1]}", replace(node, grouping=replace(g, without=not g.without)))
+    for label in g.labels:
+        kept = tuple(x for x in g.labels if x != label)
+        yield Change("grouping-label", f"{clause}: {label} dropped", replace(node, grouping=replace(g, labels=kept)))
+
+
 def local_mutations(node: Node, siblings: Dict[str, Tuple[str, ...]]) -> Iterator[Change]:
     if isinstance(node, Binary):
         yield from binary_mutations(node)
@@ -218,11 +237,8 @@ def local_mutations(node: Node, siblings: Dict[str, Tuple[str, ...]]) -> Iterato
             yield Change("number", f"{node.text} -> {text}", Number(text))
     elif isinstance(node, Call):
         yield from function_mutations(node)
-    elif isinstance(node, Aggregate) and node.grouping is not None:
-        g = node.grouping
-        words = ("without", "by") if g.without else ("by", "without")
-        detail = f"{node.op} {words[0]} ({', '.join(g.labels)}) -> {words[1]}"
-        yield Change("by-without", detail, replace(node, grouping=replace(g, without=not g.without)))
+    elif isinstance(node, Aggregate):
+        yield from aggregate_mutations(node)
 
 
 def mutants(target: Target, siblings: Dict[str, Tuple[str, ...]]) -> List[Mutant]:
@@ -384,6 +400,17 @@ class Equivalent:
     matches: Callable[[Mutant], bool]
 
 
+def aggregates_ones(m: Mutant) -> bool:
+    """count for sum (or max, min, avg for each other) over series that are all 1."""
+    if m.kind != "aggregation" or not isinstance(m.site, Aggregate) or not isinstance(m.change.node, Aggregate):
+        return False
+    names = metric_names(m.site.expr)
+    if not names or not all(n == "ALERTS" or n.endswith("_info") for n in names):
+        return False
+    pair = {m.site.op, m.change.node.op}
+    return pair <= {"count", "sum"} or pair <= {"max", "min", "avg"}
+
+
 EQUIVALENT = (
     Equivalent(
         'pod_uid!="" before a join with shmwatch:pod_info: the record has no empty pod_uid (its rule reads '
@@ -441,6 +468,28 @@ EQUIVALENT = (
                 m.change.dropped.label in ("namespace", "pod")
                 or (m.change.dropped.label == "pod_uid" and "events" in getattr(m.site, "name", ""))
             )
+        ),
+    ),
+    Equivalent(
+        "the aggregated series are all 1 (ALERTS, and *_info series: kube-state-metrics' and shmwatch's): count "
+        "and sum agree, and so do max, min and avg",
+        aggregates_ones,
+    ),
+    Equivalent(
+        "the firing alerts are counted by sum over ALERTS (always 1), times shmwatch:pod_info (always 1), or "
+        "filtered by `and` (which keeps ALERTS' 1): sum and count agree",
+        lambda m: m.target.name == "Firing alerts A" and m.detail == "sum -> count",
+    ),
+    Equivalent(
+        "segment counts are never negative and only compared with > 0 (the alert's value is the mount's size): "
+        "their sum, max and mean are above 0 together",
+        lambda m: m.target.name == "ShmDockerDefaultSize" and m.detail in ("sum -> max", "sum -> avg"),
+    ),
+    Equivalent(
+        "a cgroup's memory.high and limit are one series per (instance, job, cgroup) (its pod_uid and target "
+        "labels follow from them): the aggregation by those labels only drops labels, whichever it is",
+        lambda m: (
+            m.target.name == "PodThrottledAtMemoryHigh" and m.detail in ("max -> sum", "max -> min", "max -> avg")
         ),
     ),
     Equivalent(
@@ -540,8 +589,12 @@ class Bench:
     graph: Dict[str, Set[str]]
     workdir: str
 
+    def __post_init__(self) -> None:
+        self.reads = [scenario_reads(s, self.graph) for s in self.scenarios]
+
     def relevant(self, name: str) -> List[Scenario]:
-        return [s for s in self.scenarios if name in scenario_reads(s, self.graph)]
+        """The scenarios with a check that reads the rule, directly or through another."""
+        return [s for s, reads in zip(self.scenarios, self.reads) if name in reads]
 
     def files_for(self, index: int, target: Target, expr: str) -> List[str]:
         """Test files that run target's checks with expr in its place."""

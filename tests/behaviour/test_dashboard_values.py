@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import List, Set, Tuple
 
 import pytest
@@ -20,14 +21,14 @@ from tests.rules.promtool import failing_scenarios, run, write_tests
 from tests.rules.scenario import Equals, Scenario
 
 
-def test_every_query_has_its_expectation():
+def test_every_query_has_its_expectation() -> None:
     queries = {(t.panel, t.ref) for t in dashboard.targets()}
     assert len(queries) >= 50
     assert sorted(queries - set(EXPECT)) == [], "queries with no expectation in tests/rules/dashboard_expect.py"
     assert sorted(set(EXPECT) - queries) == [], "expectations of queries the dashboard does not have"
 
 
-def test_every_query_returns_its_values_for_every_selection(tmp_path):
+def test_every_query_returns_its_values_for_every_selection(tmp_path: Path) -> None:
     scenarios = [s for t in dashboard.targets() for s in dashboard.scenarios_for(t.panel, t.ref, t.expr)]
     files = write_tests(str(tmp_path), None, scenarios)
     outcome = run([f.path for f in files])
@@ -37,7 +38,7 @@ def test_every_query_returns_its_values_for_every_selection(tmp_path):
     pytest.fail("queries failing:\n  " + "\n  ".join(broken) + "\n" + outcome.output[-8000:])
 
 
-def test_every_selection_shows_something_on_most_panels():
+def test_every_selection_shows_something_on_most_panels() -> None:
     """A selection that matches nothing would pass every query vacuously."""
     for selection in dashboard.SELECTIONS:
         shown = [key for key, expect in EXPECT.items() if expect(selection)]
@@ -58,7 +59,7 @@ IMPOSSIBLE = {
 WATCHED = {"shmwatch_mount_info", "shmwatch_cgroup_memory_usage_bytes", "shmwatch_sysv_segments"}
 
 
-def operand_emptiness(tmp_path, texts: Set[str]) -> Set[str]:
+def operand_emptiness(tmp_path: Path, texts: Set[str]) -> Set[str]:
     """Which of the expressions return something: promtool is asked for nothing from each,
     and the ones it reports are not empty."""
     names = frozenset(n for text in texts for n in metric_names(parse(text)))
@@ -102,7 +103,7 @@ def sides_missing(operator: Operator, nonempty: Set[str]) -> List[str]:
     ]
 
 
-def test_every_side_of_every_set_operator_is_exercised(tmp_path):
+def test_every_side_of_every_set_operator_is_exercised(tmp_path: Path) -> None:
     """For each and/or/unless of each query: a selection where only its left operand has
     series, one where only its right has, one where both have."""
     operators = set_operators_of_queries()

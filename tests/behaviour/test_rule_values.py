@@ -10,6 +10,7 @@ bench/rule_mutation.py runs the same scenarios against mutated copies of the rul
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Dict, List, Set, Tuple
 
 import pytest
@@ -31,7 +32,7 @@ def scenarios() -> Tuple[Scenario, ...]:
     return shm_alerts.scenarios() + memory_alerts.scenarios() + records.scenarios()
 
 
-def test_every_scenario_gives_its_values(tmp_path):
+def test_every_scenario_gives_its_values(tmp_path: Path) -> None:
     groups = load_groups(rule_paths())
     all_scenarios = scenarios()
     files = write_tests(str(tmp_path), groups, all_scenarios)
@@ -42,7 +43,7 @@ def test_every_scenario_gives_its_values(tmp_path):
     pytest.fail("scenarios failing:\n  " + "\n  ".join(broken) + "\n" + outcome.output[-6000:])
 
 
-def test_every_alert_has_a_firing_and_a_quiet_scenario():
+def test_every_alert_has_a_firing_and_a_quiet_scenario() -> None:
     rules = rules_of(load_groups(rule_paths()))
     checks = [c for s in scenarios() for c in s.checks if isinstance(c, Fires)]
     alerts = sorted(name for name, rule in rules.items() if "alert" in rule)
@@ -52,7 +53,7 @@ def test_every_alert_has_a_firing_and_a_quiet_scenario():
     assert not {c.alert for c in checks} - set(alerts), "scenarios for alerts the rules do not have"
 
 
-def test_every_recording_rule_has_its_values_checked():
+def test_every_recording_rule_has_its_values_checked() -> None:
     rules = rules_of(load_groups(rule_paths()))
     checked: Set[str] = set()
     for scenario in scenarios():
@@ -63,7 +64,7 @@ def test_every_recording_rule_has_its_values_checked():
     assert not missing, f"recording rules with no value check: {missing}"
 
 
-def test_every_side_of_every_set_operator_is_covered():
+def test_every_side_of_every_set_operator_is_covered() -> None:
     rules = rules_of(load_groups(rule_paths()))
     covered = {side for s in scenarios() for side in s.covers}
     missing: List[str] = []

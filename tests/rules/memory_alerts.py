@@ -225,7 +225,59 @@ def recommend() -> Tuple[Scenario, ...]:
             recommendation(8 * GiB, 4 * GiB, 3 * GiB, 10 * GiB - MiB),
             (key, 10 * GiB),
         ),
+        # Node mode: pod u2 (4 GiB limit) needs 2 GiB of shm + 3 GiB besides; u1 fits.
+        case(
+            a,
+            "node mode, one pod of two short",
+            merge(
+                recommendation(GiB, 0, 3 * GiB, 4 * GiB, (pod_mount("u2"),), pod_cgroup("u2")),
+                recommendation(GiB, 0, 3 * GiB, 8 * GiB, (pod_mount("u1"),), pod_cgroup("u1")),
+            ),
+            (pod_mount("u2"), 5 * GiB),
+        ),
+        # The host's /dev/shm (node mode, no pod_uid) against the host's cgroups: the largest
+        # working set and the largest limit. 32 GiB peak -> 40 GiB + 0.5 GiB fits 64 GiB (not
+        # the smallest limit, 1 GiB, nor their mean); 4 GiB + 0.5 GiB does not fit 3.5 GiB
+        # (nor would their sum, 6.5 GiB, say so).
+        case(a, "the host's cgroups, the largest limit fits", host_recommendation(32 * GiB, 64 * GiB, GiB)),
+        case(
+            a,
+            "the host's cgroups, the largest limit is short",
+            host_recommendation(3 * GiB + 200 * MiB, 3 * GiB + 512 * MiB, 3 * GiB),
+            (HOST_SHM, 4 * GiB + 512 * MiB),
+        ),
     )
+
+
+HOST_SHM: Labels = {**NODE, "mount": "/dev/shm"}
+
+
+def pod_mount(uid: str) -> Labels:
+    return {
+        **NODE,
+        "mount": f"/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/dshm",
+        "pod_uid": uid,
+        "volume": "dshm",
+    }
+
+
+def pod_cgroup(uid: str) -> Labels:
+    return {**NODE, "cgroup": f"/kubepods/pod{uid}", "pod_uid": uid}
+
+
+def host_recommendation(peak: float, limit_a: float, limit_b: float) -> Series:
+    """The host's /dev/shm, nothing used now, and two host cgroups: working sets 0.5 and
+    0.25 GiB, limits limit_a and limit_b."""
+    series = recommendation(peak, 0, GiB // 2, limit_a, (HOST_SHM,), {**NODE, "cgroup": "/system.slice"})
+    series.update(
+        {
+            selector("shmwatch_cgroup_memory_working_set_bytes", {**NODE, "cgroup": "/user.slice"}): const(GiB // 4),
+            selector(
+                "shmwatch_cgroup_memory_limit_bytes", {**NODE, "cgroup": "/user.slice", "limit_from": "self"}
+            ): const(limit_b),
+        }
+    )
+    return series
 
 
 def scenarios() -> Tuple[Scenario, ...]:

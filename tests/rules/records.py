@@ -121,6 +121,10 @@ def kube_world() -> Series:
         sidecar_mount("ml", "vllm-0", "/dev/shm", 200, 1024),
         sidecar_mount("ml", "vllm-0", "/mnt/cache", 50, 100),
         sidecar_mount("ml", "vllm-0", "/dev/shm", 900, 2048, job="federate"),
+        # The same sidecar scraped twice (a PodMonitor and a ServiceMonitor): the two scrapes
+        # disagree (a second apart; a size read before a resize); the larger of each counts.
+        sidecar_mount("ml", "vllm-0", "/dev/shm", 210, 1000, job="ml/shmwatch-svc"),
+        sidecar_mount("ml", "vllm-0", "/mnt/cache", 40, 100, job="ml/shmwatch-svc"),
         cadvisor("ml", "open-0", "a", "a", 10),
         ksm("ml", "open-0", "a", memory_mib=64),
         ksm("ml", "open-0", "b", cpu=1),
@@ -147,7 +151,8 @@ def kube() -> Tuple[Scenario, ...]:
                 equals(
                     projection,
                     "5m",
-                    (projection, {**vllm, "mount": "/dev/shm"}, (320 - 200 + 1024) * MiB / (608 * MiB)),
+                    # The larger of the two scrapes' used bytes.
+                    (projection, {**vllm, "mount": "/dev/shm"}, (320 - 210 + 1024) * MiB / (608 * MiB)),
                     (projection, {**vllm, "mount": "/mnt/cache"}, (320 - 50 + 100) * MiB / (608 * MiB)),
                     # working set below the shm used: nothing but the mount's size counts.
                     (projection, {**tiny, "mount": "/dev/shm"}, (0 + 200 * MiB) / (64 * MiB)),
@@ -230,7 +235,23 @@ def node_inputs() -> Series:
         series[selector("shmwatch_shm_oom_projection_ratio", projection_labels)] = const(mount.projection_ratio)
     for uid, risk in OOM_RISK.items():
         series[selector("shmwatch_oom_risk_ratio", cgroup_of(uid))] = const(risk)
-    return merge(series, kube_pod_info())
+    return merge(series, canary_segments(), kube_pod_info())
+
+
+CANARY = {"instance": "10.0.1.9:9842", "job": "shmwatch-node-canary", "namespace": "shmwatch", "pod": "canary-a"}
+CANARY_DELTA = {("nccl", "orphan"): 50, ("torch", "orphan"): -50, ("nccl", "linked"): 0}
+
+
+def canary_segments() -> Series:
+    """A second DaemonSet (a canary) on the node reports pod u1's first mount too, a scan
+    apart: more of one kind, less of another, the same of the third."""
+    labels = {**MOUNTS["u1 dshm"].labels, **CANARY}
+    return {
+        selector("shmwatch_segment_bytes", {**labels, "class": cls, "state": state}): const(
+            value + CANARY_DELTA[(cls, state)]
+        )
+        for (cls, state), value in segment_kinds(MOUNTS["u1 dshm"].used_bytes).items()
+    }
 
 
 def node() -> Tuple[Scenario, ...]:
@@ -249,7 +270,9 @@ def node() -> Tuple[Scenario, ...]:
         kept = {k: v for k, v in mount.labels.items() if k in ("pod_uid", "mount", "volume")}
         for (cls, state), value in segment_kinds(mount.used_bytes).items():
             labels = named({**kept, "class": cls, "state": state}, uid(key))
-            segments.append(("shmwatch:pod_segment_bytes", labels, value))
+            # Two exporters' reports of the same segments: the larger, not their sum.
+            seen_twice = max(value, value + CANARY_DELTA[(cls, state)]) if key == "u1 dshm" else value
+            segments.append(("shmwatch:pod_segment_bytes", labels, seen_twice))
     risks = (("shmwatch:pod_oom_risk_ratio", named(cgroup_of(u), u), OOM_RISK[u]) for u in PODS)
     projections = (
         (projection, named({**m.labels, **cgroup_of(uid(k))}, uid(k)), m.projection_ratio)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Tuple
 
-from tests.rules.labels import CACHE, MiB, POD_SHM, SHM, Labels
+from tests.rules.labels import CACHE, POD_SHM, SHM, Labels, MiB
 from tests.rules.scenario import Scenario, Series, Side, const, fires, merge, only, selector
 
 AT = "45m"  # after every `for:` of these alerts
@@ -148,6 +148,9 @@ def docker_default() -> Tuple[Scenario, ...]:
         case(a, "a byte over 64 MiB", merge(size(small + 1), segments(3))),
         case(a, "64 MiB used by vLLM's offload only", merge(size(small), segments(3, "vllm_offload"))),
         case(a, "64 MiB, NCCL's segments gone", merge(size(small), segments(0))),
+        case(
+            a, "64 MiB, NCCL's gone, torch's there", merge(size(small), segments(0), segments(3, "torch")), (SHM, small)
+        ),
     )
 
 
@@ -210,6 +213,12 @@ def hidden_and_state() -> Tuple[Scenario, ...]:
             (SHM, 501 / 1000),
         ),
         case(hidden, "hidden at half", merge(size(1000), segment_bytes(500, "nccl", "hidden"))),
+        case(
+            hidden,
+            "hidden over half in two classes",
+            merge(size(1000), segment_bytes(300, "nccl", "hidden"), segment_bytes(250, "torch", "hidden")),
+            (SHM, (300 + 250) / 1000),
+        ),
         case(hidden, "orphans, not hidden", merge(size(1000), segment_bytes(900, "nccl", "orphan"))),
         case("ShmMountMissing", "cannot be measured", gauge("shmwatch_mount_error", 1), (SHM, 1)),
         case("ShmMountMissing", "measured", gauge("shmwatch_mount_error", 0)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import List
 
 import pytest
 
@@ -12,7 +13,7 @@ from tests.rules.promql import Binary, Paren, ParseError, Selector, parse, set_o
 from tests.rules.promtool import REPO, load_groups, rule_paths
 
 
-def shipped_expressions():
+def shipped_expressions() -> List[str]:
     exprs = [r["expr"] for g in load_groups(rule_paths()) for r in g["rules"]]
     with open(os.path.join(REPO, "grafana", "shmwatch.json")) as f:
         dashboard = json.load(f)
@@ -20,7 +21,7 @@ def shipped_expressions():
     return exprs
 
 
-def test_every_shipped_expression_prints_back_to_the_same_tree():
+def test_every_shipped_expression_prints_back_to_the_same_tree() -> None:
     exprs = shipped_expressions()
     assert len(exprs) > 80
     for expr in exprs:
@@ -28,7 +29,7 @@ def test_every_shipped_expression_prints_back_to_the_same_tree():
         assert parse(show(tree)) == tree, expr
 
 
-def test_precedence_survives_a_swap():
+def test_precedence_survives_a_swap() -> None:
     tree = parse("a - b - c")
     assert isinstance(tree, Binary)
     swapped = Binary(tree.op, tree.right, tree.left)
@@ -38,7 +39,7 @@ def test_precedence_survives_a_swap():
     assert show(parse("2 ^ 3 ^ 2")) == "2 ^ 3 ^ 2"
 
 
-def test_modifiers_and_lists_are_kept():
+def test_modifiers_and_lists_are_kept() -> None:
     text = 'x / on (a, b) group_left () (max by (a) (y{k=~"v.*", l!=""}) or z) > bool 0.5'
     tree = parse(text)
     assert parse(show(tree)) == tree
@@ -52,6 +53,6 @@ def test_modifiers_and_lists_are_kept():
 @pytest.mark.parametrize(
     "text", ["rate(x[5m:1m])", "(x)[5m:]", "x offset 5m", "x @ 100", "x and group_left y", "sum(", "x{a=1}"]
 )
-def test_what_it_does_not_read_is_refused(text):
+def test_what_it_does_not_read_is_refused(text: str) -> None:
     with pytest.raises(ParseError):
         parse(text)
