@@ -179,52 +179,70 @@ def window_moves(window: str) -> List[str]:
 
 def binary_mutations(node: Binary) -> Iterator[Change]:
     if node.op in SET_OPERATORS:
-        yield Change("swap-operands", f"`{node.op}` operands swapped", replace(node, left=node.right, right=node.left))
+        yield Change(
+            kind="swap-operands",
+            detail=f"`{node.op}` operands swapped",
+            node=replace(node, left=node.right, right=node.left),
+        )
     for flip in FLIPS.get(node.op, ()):
-        yield Change("comparison", f"`{node.op}` -> `{flip}`", replace(node, op=flip))
+        yield Change(kind="comparison", detail=f"`{node.op}` -> `{flip}`", node=replace(node, op=flip))
     m = node.matching
     if m is None:
         return
     clause = f"`{'ignoring' if m.ignoring else 'on'} ({', '.join(m.labels)})`"
-    yield Change("on-ignoring", f"{clause} flipped", replace(node, matching=replace(m, ignoring=not m.ignoring)))
+    yield Change(
+        kind="on-ignoring", detail=f"{clause} flipped", node=replace(node, matching=replace(m, ignoring=not m.ignoring))
+    )
     if m.group:
         yield Change(
-            "group-modifier", f"`{m.group}` dropped", replace(node, matching=replace(m, group=None, include=None))
+            kind="group-modifier",
+            detail=f"`{m.group}` dropped",
+            node=replace(node, matching=replace(m, group=None, include=None)),
         )
-    yield Change("on-clause", f"{clause} dropped", replace(node, matching=None))
+    yield Change(kind="on-clause", detail=f"{clause} dropped", node=replace(node, matching=None))
 
 
 def selector_mutations(node: Selector, siblings: Dict[str, Tuple[str, ...]]) -> Iterator[Change]:
     for i, matcher in enumerate(node.matchers):
         kept = node.matchers[:i] + node.matchers[i + 1 :]
         detail = f"{node.name}: `{matcher.label}{matcher.op}{matcher.value}` dropped"
-        yield Change("matcher", detail, replace(node, matchers=kept), matcher)
+        yield Change(kind="matcher", detail=detail, node=replace(node, matchers=kept), dropped=matcher)
     for other in siblings.get(node.name, ()):
-        yield Change("metric", f"{node.name} -> {other}", replace(node, name=other))
+        yield Change(kind="metric", detail=f"{node.name} -> {other}", node=replace(node, name=other))
     for window in window_moves(node.window or ""):
-        yield Change("window", f"{node.name}[{node.window}] -> [{window}]", replace(node, window=window))
+        yield Change(
+            kind="window", detail=f"{node.name}[{node.window}] -> [{window}]", node=replace(node, window=window)
+        )
 
 
 def function_mutations(node: Call) -> Iterator[Change]:
     for family in FUNCTION_FAMILIES:
         for other in family if node.func in family else ():
             if other != node.func:
-                yield Change("function", f"{node.func} -> {other}", replace(node, func=other))
+                yield Change(kind="function", detail=f"{node.func} -> {other}", node=replace(node, func=other))
 
 
 def aggregate_mutations(node: Aggregate) -> Iterator[Change]:
     for other in AGGREGATIONS if node.op in AGGREGATIONS else ():
         if other != node.op:
-            yield Change("aggregation", f"{node.op} -> {other}", replace(node, op=other))
+            yield Change(kind="aggregation", detail=f"{node.op} -> {other}", node=replace(node, op=other))
     g = node.grouping
     if g is None:
         return
     words = ("without", "by") if g.without else ("by", "without")
     clause = f"{node.op} {words[0]} ({', '.join(g.labels)})"
-    yield Change("by-without", f"{clause} -> {words[1]}", replace(node, grouping=replace(g, without=not g.without)))
+    yield Change(
+        kind="by-without",
+        detail=f"{clause} -> {words[1]}",
+        node=replace(node, grouping=replace(g, without=not g.without)),
+    )
     for label in g.labels:
         kept = tuple(x for x in g.labels if x != label)
-        yield Change("grouping-label", f"{clause}: {label} dropped", replace(node, grouping=replace(g, labels=kept)))
+        yield Change(
+            kind="grouping-label",
+            detail=f"{clause}: {label} dropped",
+            node=replace(node, grouping=replace(g, labels=kept)),
+        )
 
 
 def local_mutations(node: Node, siblings: Dict[str, Tuple[str, ...]]) -> Iterator[Change]:
@@ -234,7 +252,7 @@ def local_mutations(node: Node, siblings: Dict[str, Tuple[str, ...]]) -> Iterato
         yield from selector_mutations(node, siblings)
     elif isinstance(node, Number):
         for text in moved(node.text):
-            yield Change("number", f"{node.text} -> {text}", Number(text))
+            yield Change(kind="number", detail=f"{node.text} -> {text}", node=Number(text=text))
     elif isinstance(node, Call):
         yield from function_mutations(node)
     elif isinstance(node, Aggregate):
@@ -249,7 +267,9 @@ def mutants(target: Target, siblings: Dict[str, Tuple[str, ...]]) -> List[Mutant
         for change in local_mutations(node, siblings):
             text = show(replaced(tree, path, change.node))
             if text != original and text not in out:
-                out[text] = Mutant(target, change, text, ancestors_of(tree, path), node)
+                out[text] = Mutant(
+                    target=target, change=change, text=text, ancestors=ancestors_of(tree, path), site=node
+                )
     return list(out.values())
 
 
@@ -413,55 +433,57 @@ def aggregates_ones(m: Mutant) -> bool:
 
 EQUIVALENT = (
     Equivalent(
-        'pod_uid!="" before a join with shmwatch:pod_info: the record has no empty pod_uid (its rule reads '
+        reason='pod_uid!="" before a join with shmwatch:pod_info: the record has no empty pod_uid (its rule reads '
         'uid!="" through the regex (.+)), so a series without one joins nothing either way',
-        lambda m: (
+        matches=lambda m: (
             m.change.dropped is not None
             and f"{m.change.dropped.label}{m.change.dropped.op}" == "pod_uid!="
             and inside_pod_info_join(m)
         ),
     ),
     Equivalent(
-        "`or` under group by (...): group keeps which label sets exist, and `or`'s union of them does not depend "
+        reason="`or` under group by (...): group keeps which label sets exist, and `or`'s union of them does not depend "
         "on the order (the operands carry different metric names)",
-        lambda m: m.kind == "swap-operands" and isinstance(m.site, Binary) and m.site.op == "or" and under_group(m),
+        matches=lambda m: (
+            m.kind == "swap-operands" and isinstance(m.site, Binary) and m.site.op == "or" and under_group(m)
+        ),
     ),
     Equivalent(
-        "`or` of one metric's series in two shapes (pod_uid empty, or pods named by shmwatch:pod_info; a node's "
+        reason="`or` of one metric's series in two shapes (pod_uid empty, or pods named by shmwatch:pod_info; a node's "
         "series directly or through the pods it watches): the shapes share no label set, or where they meet "
         "they are the same series with the same value, so the union does not depend on the order",
-        one_metric_two_shapes,
+        matches=one_metric_two_shapes,
     ),
     Equivalent(
-        'pod_uid="" on a metric exporter/model/catalogue.py gives no pod_uid (node_labels): no series of it has one',
-        node_metric_pod_uid,
+        reason='pod_uid="" on a metric exporter/model/catalogue.py gives no pod_uid (node_labels): no series of it has one',
+        matches=node_metric_pod_uid,
     ),
     Equivalent(
-        'pod_uid="" on ALERTS of HostMemory*, Gpu*, Shmwatch*: those alerts are computed from series with no '
+        reason='pod_uid="" on ALERTS of HostMemory*, Gpu*, Shmwatch*: those alerts are computed from series with no '
         "pod_uid (host memory, GPUs, the exporter's own)",
-        node_alert_pod_uid,
+        matches=node_alert_pod_uid,
     ),
     Equivalent(
-        'alertname=~"Shm.*|Pod.*|..." beside alertname=~"HostMemory.*|Gpu.*|Shmwatch.*": every name the second '
+        reason='alertname=~"Shm.*|Pod.*|..." beside alertname=~"HostMemory.*|Gpu.*|Shmwatch.*": every name the second '
         "admits, the first does",
-        implied_alertname,
+        matches=implied_alertname,
     ),
     Equivalent(
-        "a matcher on a label the enclosing operator matches on (on (job, instance ...)), which every series of "
+        reason="a matcher on a label the enclosing operator matches on (on (job, instance ...)), which every series of "
         "the other operand carries too: a series it lets in has no partner there",
-        matched_on_and_kept_across,
+        matches=matched_on_and_kept_across,
     ),
     Equivalent(
-        "used / total matches one to one on every label, and total is the same selection of its metric: a series "
+        reason="used / total matches one to one on every label, and total is the same selection of its metric: a series "
         "a dropped matcher lets into one side has no partner on the other",
-        lambda m: m.target.name == "GPU memory used A" and m.kind == "matcher",
+        matches=lambda m: m.target.name == "GPU memory used A" and m.kind == "matcher",
     ),
     Equivalent(
-        "limit and on (job, instance, cgroup) throttled: both sides select the same workloads, and job, instance "
+        reason="limit and on (job, instance, cgroup) throttled: both sides select the same workloads, and job, instance "
         "and cgroup name one workload (a sidecar's namespace and pod are its target's, a pod's cgroup is its own), "
         "so a namespace or pod matcher dropped on one side, or pod_uid on the side that only pairs, lets in "
         "nothing that pairs differently",
-        lambda m: (
+        matches=lambda m: (
             m.target.name == "memory.high and the shm under it B"
             and m.change.dropped is not None
             and (
@@ -471,68 +493,68 @@ EQUIVALENT = (
         ),
     ),
     Equivalent(
-        "the aggregated series are all 1 (ALERTS, and *_info series: kube-state-metrics' and shmwatch's): count "
+        reason="the aggregated series are all 1 (ALERTS, and *_info series: kube-state-metrics' and shmwatch's): count "
         "and sum agree, and so do max, min and avg",
-        aggregates_ones,
+        matches=aggregates_ones,
     ),
     Equivalent(
-        "the firing alerts are counted by sum over ALERTS (always 1), times shmwatch:pod_info (always 1), or "
+        reason="the firing alerts are counted by sum over ALERTS (always 1), times shmwatch:pod_info (always 1), or "
         "filtered by `and` (which keeps ALERTS' 1): sum and count agree",
-        lambda m: m.target.name == "Firing alerts A" and m.detail == "sum -> count",
+        matches=lambda m: m.target.name == "Firing alerts A" and m.detail == "sum -> count",
     ),
     Equivalent(
-        "segment counts are never negative and only compared with > 0 (the alert's value is the mount's size): "
+        reason="segment counts are never negative and only compared with > 0 (the alert's value is the mount's size): "
         "their sum, max and mean are above 0 together",
-        lambda m: m.target.name == "ShmDockerDefaultSize" and m.detail in ("sum -> max", "sum -> avg"),
+        matches=lambda m: m.target.name == "ShmDockerDefaultSize" and m.detail in ("sum -> max", "sum -> avg"),
     ),
     Equivalent(
-        "a cgroup's memory.high and limit are one series per (instance, job, cgroup) (its pod_uid and target "
+        reason="a cgroup's memory.high and limit are one series per (instance, job, cgroup) (its pod_uid and target "
         "labels follow from them): the aggregation by those labels only drops labels, whichever it is",
-        lambda m: (
+        matches=lambda m: (
             m.target.name == "PodThrottledAtMemoryHigh" and m.detail in ("max -> sum", "max -> min", "max -> avg")
         ),
     ),
     Equivalent(
-        "rate for increase on the right of `and ... > 0`: rate is increase over the window, `> 0` holds for both "
+        reason="rate for increase on the right of `and ... > 0`: rate is increase over the window, `> 0` holds for both "
         "alike, and `and` keeps the left side's value",
-        lambda m: m.target.name == "PodThrottledAtMemoryHigh" and m.detail == "increase -> rate",
+        matches=lambda m: m.target.name == "PodThrottledAtMemoryHigh" and m.detail == "increase -> rate",
     ),
     Equivalent(
-        "at x * 1.25 = 1 GiB both roundings give 1 GiB, so >= and > agree on every peak",
-        lambda m: m.target.name == "shmwatch:mount_recommended_size_bytes" and m.detail == "`>=` -> `>`",
+        reason="at x * 1.25 = 1 GiB both roundings give 1 GiB, so >= and > agree on every peak",
+        matches=lambda m: m.target.name == "shmwatch:mount_recommended_size_bytes" and m.detail == "`>=` -> `>`",
     ),
     Equivalent(
-        "clamp_min(..., 0) to -1 before ceil to a whole MiB: the recommended size is a whole MiB, and one byte "
+        reason="clamp_min(..., 0) to -1 before ceil to a whole MiB: the recommended size is a whole MiB, and one byte "
         "less rounds up to it",
-        lambda m: m.target.name == "shmwatch:mount_recommended_memory_limit_bytes" and m.detail == "0 -> -1",
+        matches=lambda m: m.target.name == "shmwatch:mount_recommended_memory_limit_bytes" and m.detail == "0 -> -1",
     ),
     Equivalent(
-        "both operands are records labelled exactly (namespace, pod): matching on them is matching on all",
-        lambda m: (
+        reason="both operands are records labelled exactly (namespace, pod): matching on them is matching on all",
+        matches=lambda m: (
             m.target.name in (KUBE + "oom_risk_ratio", KUBE + "memory_limit_bytes")
             and m.detail == "`on (namespace, pod)` dropped"
         ),
     ),
     Equivalent(
-        "both operands carry exactly (namespace, pod, mount): matching on them is matching on all",
-        lambda m: (
+        reason="both operands carry exactly (namespace, pod, mount): matching on them is matching on all",
+        matches=lambda m: (
             m.target.name == KUBE + "shm_oom_projection_ratio" and m.detail == "`on (namespace, pod, mount)` dropped"
         ),
     ),
     Equivalent(
-        'namespace!="" / pod!="" in the kube projection: the result is divided on (namespace, pod) by the limit '
+        reason='namespace!="" / pod!="" in the kube projection: the result is divided on (namespace, pod) by the limit '
         "record, whose pods kube-state-metrics always names, so a series without them is dropped there anyway",
-        lambda m: (
+        matches=lambda m: (
             m.target.name == KUBE + "shm_oom_projection_ratio"
             and m.change.dropped is not None
             and f"{m.change.dropped.label}{m.change.dropped.op}{m.change.dropped.value}" in ('namespace!=""', 'pod!=""')
         ),
     ),
     Equivalent(
-        "shmwatch_segment_bytes summed without class and state has exactly the labels of shmwatch_mount_size_bytes "
+        reason="shmwatch_segment_bytes summed without class and state has exactly the labels of shmwatch_mount_size_bytes "
         "(the catalogue gives both the mount and node mode's labels): matching on all is matching on "
         "(instance, job, mount)",
-        lambda m: m.target.name in ("ShmLeakedSegments", "ShmHiddenSegmentsLarge") and m.kind == "on-clause",
+        matches=lambda m: m.target.name in ("ShmLeakedSegments", "ShmHiddenSegmentsLarge") and m.kind == "on-clause",
     ),
 )
 
@@ -640,8 +662,10 @@ def run_all(jobs: Dict[int, List[str]], workers: int) -> Dict[int, bool]:
 
 
 def targets() -> List[Target]:
-    out = [Target(name, rule["expr"], True) for name, rule in rules_of(load_groups(rule_paths())).items()]
-    out += [Target(f"{t.panel} {t.ref}", t.expr, False) for t in dashboard.targets()]
+    out = [
+        Target(name=name, expr=rule["expr"], rule=True) for name, rule in rules_of(load_groups(rule_paths())).items()
+    ]
+    out += [Target(name=f"{t.panel} {t.ref}", expr=t.expr, rule=False) for t in dashboard.targets()]
     return out
 
 
@@ -731,7 +755,7 @@ def evaluate(groups: List[Group], chosen: List[Target], found: List[Mutant], wor
         # Equivalent mutants are run too: one that a test kills is not equivalent, and its
         # exclusion is wrong (reported, and the run fails).
         jobs = {i: bench.files_for(i, m.target, m.text) for i, m in enumerate(found) if i not in invalid}
-        return Outcomes(found, run_all(jobs, workers), invalid, equivalent)
+        return Outcomes(found=found, killed=run_all(jobs, workers), invalid=invalid, equivalent=equivalent)
 
 
 def main() -> int:

@@ -63,8 +63,10 @@ def operand_emptiness(tmp_path: Path, texts: Set[str]) -> Set[str]:
     """Which of the expressions return something: promtool is asked for nothing from each,
     and the ones it reports are not empty."""
     names = frozenset(n for text in texts for n in metric_names(parse(text)))
-    checks = tuple(Equals(text, dashboard.AT, ()) for text in sorted(texts))
-    files = write_tests(str(tmp_path), None, [Scenario("operands", dashboard.series_for(names), checks)])
+    checks = tuple(Equals(expr=text, at=dashboard.AT, samples=()) for text in sorted(texts))
+    files = write_tests(
+        str(tmp_path), None, [Scenario(name="operands", series=dashboard.series_for(names), checks=checks)]
+    )
     outcome = run([f.path for f in files])
     found = {json.loads(q) for q in re.findall(r'expr: ("(?:[^"\\]|\\.)*"), time:', outcome.output)}
     assert found <= set(texts), f"promtool reported expressions the test did not ask: {sorted(found - set(texts))[:3]}"
@@ -89,7 +91,7 @@ def set_operators_of_queries() -> List[Operator]:
                 (dashboard.substitute(show(node.left), s), dashboard.substitute(show(node.right), s))
                 for s in dashboard.SELECTIONS
             )
-            out.append(Operator(f"{target.panel} {target.ref}", index, node.op, operands))
+            out.append(Operator(query=f"{target.panel} {target.ref}", index=index, op=node.op, operands=operands))
     return out
 
 

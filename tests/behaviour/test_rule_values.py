@@ -22,9 +22,15 @@ from tests.rules.scenario import Equals, Fires, Scenario, Side
 
 # Sides of a set operator no input can give alone, and why.
 IMPOSSIBLE: Dict[Side, str] = {
-    Side("shmwatch:kube_pod_memory_limit_bytes", 0, "right"): "a pod with memory limits to count has them to sum",
-    Side("shmwatch:mount_recommended_size_bytes", 0, "right"): "the GiB rounding exists wherever the peak does",
-    Side("shmwatch:mount_recommended_size_bytes", 1, "left"): "the MiB rounding exists wherever the peak does",
+    Side(
+        rule="shmwatch:kube_pod_memory_limit_bytes", index=0, side="right"
+    ): "a pod with memory limits to count has them to sum",
+    Side(
+        rule="shmwatch:mount_recommended_size_bytes", index=0, side="right"
+    ): "the GiB rounding exists wherever the peak does",
+    Side(
+        rule="shmwatch:mount_recommended_size_bytes", index=1, side="left"
+    ): "the MiB rounding exists wherever the peak does",
 }
 
 
@@ -71,7 +77,7 @@ def test_every_side_of_every_set_operator_is_covered() -> None:
     for name, rule in rules.items():
         for index, node in enumerate(set_operators(parse(rule["expr"]))):
             for side in ("left", "right", "both"):
-                wanted = Side(name, index, side)
+                wanted = Side(rule=name, index=index, side=side)
                 if wanted not in covered and wanted not in IMPOSSIBLE:
                     missing.append(f"{name}: {node.op} #{index}, {side}")
     assert not missing, "set operators whose sides no scenario exercises:\n  " + "\n  ".join(missing)

@@ -55,7 +55,7 @@ class Source:
 
 def sidecar(key: str, job: str, instance: str, namespace: str, pod: str, *mounts: str) -> Source:
     target = {"job": job, "instance": instance, "namespace": namespace, "pod": pod}
-    return Source(key, target, "sidecar", mounts=mounts or ("/dev/shm",))
+    return Source(key=key, target=target, kind="sidecar", mounts=mounts or ("/dev/shm",))
 
 
 def daemonset(job: str, instance: str, pod: str) -> Dict[str, str]:
@@ -86,9 +86,13 @@ PODS = {
 
 
 def node_sources(name: str, target: Dict[str, str], pods: Dict[str, Tuple[str, ...]]) -> List[Source]:
-    out = [Source(f"{name} node", target, "node"), Source(f"{name} host", target, "host", mounts=("/dev/shm",))]
+    out = [
+        Source(key=f"{name} node", target=target, kind="node"),
+        Source(key=f"{name} host", target=target, kind="host", mounts=("/dev/shm",)),
+    ]
     out += [
-        Source(f"{name} {uid}", target, "pod", uid, tuple(emptydir(uid, v) for v in vols)) for uid, vols in pods.items()
+        Source(key=f"{name} {uid}", target=target, kind="pod", uid=uid, mounts=tuple(emptydir(uid, v) for v in vols))
+        for uid, vols in pods.items()
     ]
     return out
 
@@ -96,8 +100,17 @@ def node_sources(name: str, target: Dict[str, str], pods: Dict[str, Tuple[str, .
 def probe_sources() -> List[Source]:
     out = []
     for name, (target, uid, metric) in PROBES.items():
-        out.append(Source(f"{name} node", target, "node"))
-        out.append(Source(f"{name} {uid}", target, "pod", uid, (emptydir(uid, "dshm"),), only=frozenset({metric})))
+        out.append(Source(key=f"{name} node", target=target, kind="node"))
+        out.append(
+            Source(
+                key=f"{name} {uid}",
+                target=target,
+                kind="pod",
+                uid=uid,
+                mounts=(emptydir(uid, "dshm"),),
+                only=frozenset({metric}),
+            )
+        )
     return out
 
 
@@ -113,7 +126,7 @@ SOURCES: Tuple[Source, ...] = tuple(
     + node_sources("canary", CANARY, {"u1": ("dshm",)})
     + probe_sources()
     # A pod kube-state-metrics does not name (yet): shown nowhere.
-    + [Source("A u9", NODE_A, "pod", "u9", (emptydir("u9", "dshm"),))]
+    + [Source(key="A u9", target=NODE_A, kind="pod", uid="u9", mounts=(emptydir("u9", "dshm"),))]
 )
 BY_KEY = {s.key: s for s in SOURCES}
 INDEX = {s.key: i for i, s in enumerate(SOURCES)}
@@ -170,7 +183,9 @@ EVENTS = {"shmwatch_segment_events_total": ("create", "delete"), "shmwatch_cgrou
 
 
 def _metrics() -> Tuple[Metric, ...]:
-    recorded = tuple(Metric(n, "gauge", "bytes", ("mount",), "") for n in RECORDED_MOUNT_SERIES)
+    recorded = tuple(
+        Metric(name=n, type="gauge", unit="bytes", labels=("mount",), help="") for n in RECORDED_MOUNT_SERIES
+    )
     return tuple(m for m in CATALOGUE if m.name.startswith("shmwatch_")) + recorded
 
 
@@ -297,7 +312,7 @@ def points_of(metric: Metric, source: Source) -> List[Point]:
         mount = source.mounts.index(labels["mount"]) if "mount" in labels else 0
         for i, variant in enumerate(variants(metric)):
             values = series_values(metric, source, mount, variant, i)
-            out.append(Point(metric.name, source.key, {**labels, **variant}, values))
+            out.append(Point(metric=metric.name, source=source.key, labels={**labels, **variant}, series=values))
     return out
 
 
@@ -310,7 +325,7 @@ def alert(source: str, name: str, severity: str, state: str = "firing", **labels
     s = BY_KEY[source]
     base = dict(s.target, **({"pod_uid": s.uid} if s.uid else {}))
     full = {**base, "alertname": name, "alertstate": state, "severity": severity, **labels}
-    return Point("ALERTS", source, full, (1.0,) * (SAMPLES + 1))
+    return Point(metric="ALERTS", source=source, labels=full, series=(1.0,) * (SAMPLES + 1))
 
 
 def alerts() -> List[Point]:
@@ -343,10 +358,10 @@ def alerts() -> List[Point]:
 def pod_info() -> List[Point]:
     return [
         Point(
-            "shmwatch:pod_info",
-            "kube-state-metrics",
-            {"pod_uid": uid, "namespace": ns, "pod": pod},
-            (1.0,) * (SAMPLES + 1),
+            metric="shmwatch:pod_info",
+            source="kube-state-metrics",
+            labels={"pod_uid": uid, "namespace": ns, "pod": pod},
+            series=(1.0,) * (SAMPLES + 1),
         )
         for uid, (ns, pod) in PODS.items()
     ]
@@ -385,9 +400,9 @@ class Selection:
 
 
 SELECTIONS: Tuple[Selection, ...] = (
-    Selection("a sidecar's pod", job=("shmwatch",), namespace=("llm",), pod=("vllm-0",), own=("vllm-0",)),
+    Selection(name="a sidecar's pod", job=("shmwatch",), namespace=("llm",), pod=("vllm-0",), own=("vllm-0",)),
     Selection(
-        "one sidecar by its instance, one mount",
+        name="one sidecar by its instance, one mount",
         job=("shmwatch",),
         instance=("10.0.0.5:9841",),
         mount=("/dev/shm",),
@@ -395,7 +410,7 @@ SELECTIONS: Tuple[Selection, ...] = (
         mounts=frozenset({"/dev/shm"}),
     ),
     Selection(
-        "a node-mode pod",
+        name="a node-mode pod",
         job=("shmwatch-node",),
         namespace=("llm",),
         pod=("sglang-1",),
@@ -403,7 +418,7 @@ SELECTIONS: Tuple[Selection, ...] = (
         nodes=("A node",),
     ),
     Selection(
-        "a node-mode pod, one mount",
+        name="a node-mode pod, one mount",
         job=("shmwatch-node",),
         namespace=("llm",),
         pod=("sglang-1",),
@@ -413,7 +428,7 @@ SELECTIONS: Tuple[Selection, ...] = (
         mounts=frozenset({emptydir("u1", "dshm")}),
     ),
     Selection(
-        "one node, every pod",
+        name="one node, every pod",
         job=("shmwatch-node",),
         instance=("10.0.1.9:9841",),
         own=("A node", "A host"),
@@ -421,7 +436,7 @@ SELECTIONS: Tuple[Selection, ...] = (
         nodes=("A node",),
     ),
     Selection(
-        "a pod of each shape, one mount each",
+        name="a pod of each shape, one mount each",
         namespace=("llm",),
         pod=("vllm-0", "sglang-1"),
         mount=("/dev/shm", emptydir("u1", "dshm")),
@@ -432,7 +447,7 @@ SELECTIONS: Tuple[Selection, ...] = (
     ),
     *(
         Selection(
-            f"a pod seen by its {way} only",
+            name=f"a pod seen by its {way} only",
             job=("shmwatch-node",),
             instance=(target["instance"],),
             namespace=("llm",),
@@ -443,7 +458,7 @@ SELECTIONS: Tuple[Selection, ...] = (
         for node, (target, uid, way) in PROBES.items()
     ),
     Selection(
-        "a pod of the canary DaemonSet",
+        name="a pod of the canary DaemonSet",
         job=("shmwatch-node-canary",),
         pod=("sglang-1",),
         named=("canary u1",),
@@ -492,7 +507,7 @@ def targets() -> List[Target]:
     with open(DASHBOARD) as f:
         dashboard = json.load(f)
     return [
-        Target(p["title"], t["refId"], t["expr"])
+        Target(panel=p["title"], ref=t["refId"], expr=t["expr"])
         for p in dashboard["panels"]
         if p["type"] != "row"
         for t in p.get("targets", [])
@@ -505,7 +520,7 @@ def scenarios_for(panel: str, ref: str, expr: str) -> List[Scenario]:
 
     checks = []
     for selection in SELECTIONS:
-        samples = tuple(Sample(s.name, s.labels, s.value) for s in expected(panel, ref, selection))
-        checks.append(Equals(substitute(expr, selection), AT, samples))
+        samples = tuple(Sample(name=s.name, labels=s.labels, value=s.value) for s in expected(panel, ref, selection))
+        checks.append(Equals(expr=substitute(expr, selection), at=AT, samples=samples))
     names = frozenset(metric_names(parse(substitute(expr, SELECTIONS[0]))))
-    return [Scenario(f"{panel} {ref}", series_for(names), tuple(checks))]
+    return [Scenario(name=f"{panel} {ref}", series=series_for(names), checks=tuple(checks))]

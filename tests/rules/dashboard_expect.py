@@ -47,11 +47,13 @@ def _of(metric: str, sources: Sequence[str], where: Dict[str, str], selection: S
 
 def _named(point: Point) -> Shown:
     namespace, pod = PODS[BY_KEY[point.source].uid]
-    return Shown("", {**point.labels, "namespace": namespace, "pod": pod}, point.at(AT_MINUTES), point)
+    return Shown(
+        name="", labels={**point.labels, "namespace": namespace, "pod": pod}, value=point.at(AT_MINUTES), point=point
+    )
 
 
 def _as_is(point: Point) -> Shown:
-    return Shown(point.metric, point.labels, point.at(AT_MINUTES), point)
+    return Shown(name=point.metric, labels=point.labels, value=point.at(AT_MINUTES), point=point)
 
 
 def _union(*parts: Rows) -> Rows:
@@ -85,7 +87,7 @@ def aggregate(op: Callable[[List[float]], float], by: Tuple[str, ...], inner: Ex
         for row in inner(s):
             key = tuple((k, row.labels[k]) for k in by if k in row.labels)
             groups.setdefault(key, []).append(row.value)
-        return [Shown("", dict(k), op(v)) for k, v in groups.items()]
+        return [Shown(name="", labels=dict(k), value=op(v)) for k, v in groups.items()]
 
     return rows
 
@@ -99,11 +101,11 @@ def _rise(row: Shown, minutes: int) -> float:
 
 def per_second(inner: Expect, minutes: int) -> Expect:
     """rate over a window of whole minutes: the counter's rise in it over its seconds."""
-    return lambda s: [Shown("", r.labels, _rise(r, minutes) / (minutes * 60)) for r in inner(s)]
+    return lambda s: [Shown(name="", labels=r.labels, value=_rise(r, minutes) / (minutes * 60)) for r in inner(s)]
 
 
 def increase(inner: Expect, minutes: int) -> Expect:
-    return lambda s: [Shown("", r.labels, _rise(r, minutes)) for r in inner(s)]
+    return lambda s: [Shown(name="", labels=r.labels, value=_rise(r, minutes)) for r in inner(s)]
 
 
 def ratio(numerator: Expect, denominator: Expect) -> Expect:
@@ -113,14 +115,14 @@ def ratio(numerator: Expect, denominator: Expect) -> Expect:
         for row in numerator(s):
             key = tuple(sorted(row.labels.items()))
             if key in below:
-                out.append(Shown("", row.labels, row.value / below[key]))
+                out.append(Shown(name="", labels=row.labels, value=row.value / below[key]))
         return out
 
     return rows
 
 
 def clamp_max(inner: Expect, most: float) -> Expect:
-    return lambda s: [Shown("", r.labels, min(r.value, most)) for r in inner(s)]
+    return lambda s: [Shown(name="", labels=r.labels, value=min(r.value, most)) for r in inner(s)]
 
 
 def zero_count_or_zero(inner: Expect) -> Expect:
@@ -128,7 +130,7 @@ def zero_count_or_zero(inner: Expect) -> Expect:
 
     def rows(s: Selection) -> Rows:
         zeros = [r for r in inner(s) if r.value == 0]
-        return [Shown("", {}, float(len(zeros)))]
+        return [Shown(name="", labels={}, value=float(len(zeros)))]
 
     return rows
 

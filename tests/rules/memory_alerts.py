@@ -41,7 +41,7 @@ def throttled() -> Tuple[Scenario, ...]:
             "memory.high and a limit: 300 of 400 (the limit would say 300 of 1000)",
             shmem_under_high(300, high=400, limit=1000),
             (CGROUP, 300 / 400),
-            covers=(Side(a, 0, "both"), Side(a, 1, "both")),
+            covers=(Side(rule=a, index=0, side="both"), Side(rule=a, index=1, side="both")),
         ),
         case(
             a,
@@ -53,7 +53,7 @@ def throttled() -> Tuple[Scenario, ...]:
             "memory.high only: 204 of 400",
             shmem_under_high(204, high=400),
             (CGROUP, 204 / 400),
-            covers=(Side(a, 0, "left"),),
+            covers=(Side(rule=a, index=0, side="left"),),
         ),
         # A pod's cgroup (node mode) has no memory.high of its own: its limit.
         case(
@@ -61,16 +61,18 @@ def throttled() -> Tuple[Scenario, ...]:
             "a pod's cgroup, limit only: 300 of 500",
             shmem_under_high(300, limit=500, labels=POD_CGROUP),
             (POD_CGROUP, 300 / 500),
-            covers=(Side(a, 0, "right"),),
+            covers=(Side(rule=a, index=0, side="right"),),
         ),
         case(a, "half of memory.high", shmem_under_high(200, high=400)),
         case(a, "not throttled: memory.events' high flat", shmem_under_high(300, high=400, events=quiet_a_while)),
-        case(a, "throttled, no shm series", shmem_under_high(0, high=400), covers=(Side(a, 1, "right"),)),
+        case(
+            a, "throttled, no shm series", shmem_under_high(0, high=400), covers=(Side(rule=a, index=1, side="right"),)
+        ),
         case(
             a,
             "shm over memory.high, no memory.events",
             shmem_under_high(300, high=400, events=""),
-            covers=(Side(a, 1, "left"),),
+            covers=(Side(rule=a, index=1, side="left"),),
         ),
         case(a, "at memory.max, not memory.high", shmem_under_high(300, high=400, event="max")),
         # One throttling at minute 14: in the last 10 minutes from 14 to 23, so pending from 14 and firing at 20.
@@ -161,19 +163,19 @@ def exporter() -> Tuple[Scenario, ...]:
             "GPUs seen, then NVML failing",
             merge(seen, {selector(success, gpu_collector): "1x10 0x400"}),
             (gpu_collector, 0),
-            covers=(Side(gpu, 0, "both"),),
+            covers=(Side(rule=gpu, index=0, side="both"),),
         ),
         case(
             gpu,
             "NVML failing on a node that never had a GPU",
             gauge(success, 0, gpu_collector),
-            covers=(Side(gpu, 0, "left"),),
+            covers=(Side(rule=gpu, index=0, side="left"),),
         ),
         case(
             gpu,
             "GPUs seen, NVML answering",
             merge(seen, {selector(success, gpu_collector): const(1)}),
-            covers=(Side(gpu, 0, "right"),),
+            covers=(Side(rule=gpu, index=0, side="right"),),
         ),
         case(
             gpu,

@@ -149,9 +149,9 @@ def tokenize(text: str) -> Tuple[Token, ...]:
                 raise ParseError(f"cannot read {text[pos : pos + 20]!r} at {pos}")
             break
         kind = match.lastgroup or ""
-        tokens.append(Token(kind, match.group(kind)))
+        tokens.append(Token(kind=kind, text=match.group(kind)))
         pos = match.end()
-    return tuple(tokens) + (Token("end", ""),)
+    return tuple(tokens) + (Token(kind="end", text=""),)
 
 
 class _Parser:
@@ -193,7 +193,7 @@ class _Parser:
             matching = self.matching()
             right_associative = op == "^"
             right = self.expression(_PRECEDENCE[op] + (0 if right_associative else 1))
-            left = Binary(op, left, right, bool_modifier, matching)
+            left = Binary(op=op, left=left, right=right, bool_modifier=bool_modifier, matching=matching)
 
     def label_list(self) -> Tuple[str, ...]:
         self.expect("(")
@@ -221,28 +221,28 @@ class _Parser:
             group = self.take().text
             if self.peek().text == "(":
                 include = self.label_list()
-        return Matching(ignoring, labels, group, include)
+        return Matching(ignoring=ignoring, labels=labels, group=group, include=include)
 
     def unary(self) -> Node:
         token = self.peek()
         if token.kind == "op" and token.text in ("-", "+"):
             self.take()
             # A sign binds tighter than every binary operator but ^.
-            return Unary(token.text, self.expression(_PRECEDENCE["^"]))
+            return Unary(op=token.text, expr=self.expression(_PRECEDENCE["^"]))
         return self.primary()
 
     def primary(self) -> Node:
         token = self.take()
         if token.kind == "number":
-            return Number(token.text)
+            return Number(text=token.text)
         if token.kind == "string":
-            return String(token.text)
+            return String(text=token.text)
         if token.text == "(":
             inner = self.expression()
             self.expect(")")
             if self.peek().kind == "window":
                 raise ParseError("subqueries are not read")
-            return Paren(inner)
+            return Paren(expr=inner)
         if token.kind == "ident":
             return self.named(token.text)
         raise ParseError(f"unexpected {token.text!r}")
@@ -252,7 +252,7 @@ class _Parser:
         if name in AGGREGATORS and after in ("(", "by", "without"):
             return self.aggregate(name)
         if after == "(":
-            return Call(name, self.arguments())
+            return Call(func=name, args=self.arguments())
         return self.selector(name)
 
     def arguments(self) -> Tuple[Node, ...]:
@@ -269,17 +269,17 @@ class _Parser:
         if self.peek().text not in ("by", "without"):
             return None
         without = self.take().text == "without"
-        return Grouping(without, self.label_list())
+        return Grouping(without=without, labels=self.label_list())
 
     def aggregate(self, op: str) -> Aggregate:
         grouping = self.grouping()
         args = self.arguments()
         grouping = grouping or self.grouping()
         if len(args) == 2:
-            return Aggregate(op, args[1], args[0], grouping)
+            return Aggregate(op=op, expr=args[1], param=args[0], grouping=grouping)
         if len(args) != 1:
             raise ParseError(f"{op} takes one or two arguments")
-        return Aggregate(op, args[0], None, grouping)
+        return Aggregate(op=op, expr=args[0], param=None, grouping=grouping)
 
     def selector(self, name: str) -> Selector:
         matchers = self.matchers() if self.peek().text == "{" else ()
@@ -288,7 +288,7 @@ class _Parser:
             raise ParseError("subqueries are not read")
         if self.peek().text in ("offset", "@"):
             raise ParseError("offset and @ modifiers are not read")
-        return Selector(name, matchers, window)
+        return Selector(name=name, matchers=matchers, window=window)
 
     def matchers(self) -> Tuple[Matcher, ...]:
         self.expect("{")
@@ -297,7 +297,7 @@ class _Parser:
             label, op, value = self.take(), self.take(), self.take()
             if label.kind != "ident" or op.text not in ("=", "!=", "=~", "!~") or value.kind != "string":
                 raise ParseError(f"bad matcher {label.text}{op.text}{value.text}")
-            found.append(Matcher(label.text, op.text, value.text))
+            found.append(Matcher(label=label.text, op=op.text, value=value.text))
             if self.peek().text == ",":
                 self.take()
         self.expect("}")

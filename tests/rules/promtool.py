@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import yaml
 
-from tests.rules.scenario import Check, Equals, Fires, Scenario, selector
+from tests.rules.scenario import Equals, Fires, Scenario, selector
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RULES_DIR = os.path.join(REPO, "deploy", "prometheus")
@@ -84,7 +84,7 @@ def _expr_test(check: Equals) -> Dict[str, Any]:
     }
 
 
-def test_group(scenario: Scenario, severities: Dict[str, str]) -> Dict[str, Any]:
+def as_test_group(scenario: Scenario, severities: Dict[str, str]) -> Dict[str, Any]:
     """One scenario as a promtool test group."""
     group: Dict[str, Any] = {
         "interval": scenario.interval,
@@ -111,7 +111,7 @@ def severities_of(groups: Sequence[Group]) -> Dict[str, str]:
 
 
 @dataclass(frozen=True)
-class TestFile:
+class WrittenTests:
     path: str
     scenarios: Tuple[Scenario, ...]
 
@@ -122,7 +122,7 @@ def write_tests(
     scenarios: Sequence[Scenario],
     stem: str = "t",
     rules_stem: str = "",
-) -> List[TestFile]:
+) -> List[WrittenTests]:
     """Test files for the scenarios (one per evaluation interval and value mode), with the
     rules they read written beside them (once per rules_stem); groups None: no rules
     (dashboard queries)."""
@@ -139,11 +139,11 @@ def write_tests(
                 with open(rules_path, "w") as f:
                     yaml.safe_dump({"groups": for_tests(groups, values)}, f)
             doc["rule_files"] = [rules_path]
-        doc["tests"] = [test_group(s, severities) for s in batch]
+        doc["tests"] = [as_test_group(s, severities) for s in batch]
         path = os.path.join(workdir, f"{stem}-{i}.yml")
         with open(path, "w") as f:
             yaml.safe_dump(doc, f, width=1 << 16)
-        files.append(TestFile(path, tuple(batch)))
+        files.append(WrittenTests(path=path, scenarios=tuple(batch)))
     return files
 
 
@@ -167,7 +167,7 @@ def run(paths: Sequence[str], timeout: float = 300) -> Outcome:
     for chunk in result.stdout.split("Unit Testing: ")[1:]:
         head, _, rest = chunk.partition("\n")
         passed[head.strip()] = rest.lstrip().startswith("SUCCESS")
-    return Outcome(passed, result.stdout + result.stderr)
+    return Outcome(passed=passed, output=result.stdout + result.stderr)
 
 
 def failing_scenarios(workdir: str, groups: Optional[Sequence[Group]], scenarios: Sequence[Scenario]) -> List[str]:
@@ -179,7 +179,3 @@ def failing_scenarios(workdir: str, groups: Optional[Sequence[Group]], scenarios
     ]
     outcome = run([f.path for _, f in files])
     return [name for name, f in files if not outcome.passed[f.path]]
-
-
-def checks_of(scenarios: Iterable[Scenario]) -> List[Check]:
-    return [c for s in scenarios for c in s.checks]

@@ -38,33 +38,51 @@ def gpus_seen() -> Tuple[Scenario, ...]:
         # Two GPUs, one from minute 10, none from 20 (NVML fails): the count now wins over the
         # latch while there is one, and the latch keeps the last count after.
         Scenario(
-            s + "2 GPUs, then 1, then NVML failing",
-            merge(gpu(0, "1x19 stale"), gpu(1, "1x9 stale"), nvml_fails_at_20),
-            (latch("5m", 2), latch("10m", 1), latch("30m", 1)),
-            covers=(Side(LATCH, 0, "both"), Side(LATCH, 0, "right"), Side(LATCH, 1, "both")),
+            name=s + "2 GPUs, then 1, then NVML failing",
+            series=merge(gpu(0, "1x19 stale"), gpu(1, "1x9 stale"), nvml_fails_at_20),
+            checks=(latch("5m", 2), latch("10m", 1), latch("30m", 1)),
+            covers=(
+                Side(rule=LATCH, index=0, side="both"),
+                Side(rule=LATCH, index=0, side="right"),
+                Side(rule=LATCH, index=1, side="both"),
+            ),
         ),
         Scenario(
-            s + "1 GPU, then 2, then NVML failing",
-            merge(gpu(0, "1x19 stale"), gpu(1, "_x10 1x9 stale"), nvml_fails_at_20),
-            (latch("15m", 2), latch("30m", 2)),
+            name=s + "1 GPU, then 2, then NVML failing",
+            series=merge(gpu(0, "1x19 stale"), gpu(1, "_x10 1x9 stale"), nvml_fails_at_20),
+            checks=(latch("15m", 2), latch("30m", 2)),
         ),
         # An exporter that reports GPUs but no success series (a version before it had one).
-        Scenario(s + "GPUs, no success series", gpu(0, const(1)), (latch("5m", 1),), covers=(Side(LATCH, 0, "left"),)),
+        Scenario(
+            name=s + "GPUs, no success series",
+            series=gpu(0, const(1)),
+            checks=(latch("5m", 1),),
+            covers=(Side(rule=LATCH, index=0, side="left"),),
+        ),
         # --no-collector.gpu after a restart: the success series goes, and the latch with it.
         Scenario(
-            s + "the GPU collector switched off",
-            merge(gpu(0, "1x9 stale"), collector("1x9 stale"), collector(const(1), "segments")),
-            (latch("20m"),),
-            covers=(Side(LATCH, 1, "left"),),
+            name=s + "the GPU collector switched off",
+            series=merge(gpu(0, "1x9 stale"), collector("1x9 stale"), collector(const(1), "segments")),
+            checks=(latch("20m"),),
+            covers=(Side(rule=LATCH, index=1, side="left"),),
         ),
-        Scenario(s + "a CPU node", collector(const(0)), (latch("20m"),), covers=(Side(LATCH, 1, "right"),)),
+        Scenario(
+            name=s + "a CPU node",
+            series=collector(const(0)),
+            checks=(latch("20m"),),
+            covers=(Side(rule=LATCH, index=1, side="right"),),
+        ),
         # The success series gone for 40 minutes (a Prometheus restart): the latch comes back;
         # gone for 90 minutes, it has lapsed.
         Scenario(
-            s + "a 40-minute gap", merge(gpu(0, "1x9 stale"), collector("1x9 stale _x40 0x400")), (latch("55m", 1),)
+            name=s + "a 40-minute gap",
+            series=merge(gpu(0, "1x9 stale"), collector("1x9 stale _x40 0x400")),
+            checks=(latch("55m", 1),),
         ),
         Scenario(
-            s + "a 90-minute gap", merge(gpu(0, "1x9 stale"), collector("1x9 stale _x90 0x400")), (latch("105m"),)
+            name=s + "a 90-minute gap",
+            series=merge(gpu(0, "1x9 stale"), collector("1x9 stale _x90 0x400")),
+            checks=(latch("105m"),),
         ),
     )
 
@@ -142,9 +160,9 @@ def kube() -> Tuple[Scenario, ...]:
     vllm, open0, tiny = ({"namespace": "ml", "pod": p} for p in ("vllm-0", "open-0", "tiny-0"))
     return (
         Scenario(
-            "kube-prometheus joins",
-            kube_world(),
-            (
+            name="kube-prometheus joins",
+            series=kube_world(),
+            checks=(
                 equals(ws, "5m", (ws, vllm, 320 * MiB), (ws, open0, 10 * MiB), (ws, tiny, 10 * MiB)),
                 equals(limit, "5m", (limit, vllm, 608 * MiB), (limit, tiny, 64 * MiB)),
                 equals(risk, "5m", (risk, vllm, 320 / 608), (risk, tiny, 10 / 64)),
@@ -158,7 +176,7 @@ def kube() -> Tuple[Scenario, ...]:
                     (projection, {**tiny, "mount": "/dev/shm"}, (0 + 200 * MiB) / (64 * MiB)),
                 ),
             ),
-            covers=(Side(limit, 0, "left"), Side(limit, 0, "both")),
+            covers=(Side(rule=limit, index=0, side="left"), Side(rule=limit, index=0, side="both")),
         ),
     )
 
@@ -280,9 +298,9 @@ def node() -> Tuple[Scenario, ...]:
     )
     return (
         Scenario(
-            "node mode: pods named by kube_pod_info",
-            node_inputs(),
-            (
+            name="node mode: pods named by kube_pod_info",
+            series=node_inputs(),
+            checks=(
                 equals(
                     info, "5m", *((info, {"pod_uid": u, "namespace": ns, "pod": p}, 1) for u, (ns, p) in PODS.items())
                 ),
@@ -329,9 +347,9 @@ def recommend() -> Tuple[Scenario, ...]:
     return (
         # A 10 GiB peak in the first hour, 2 GiB since: it counts for 7 days, not after.
         Scenario(
-            s + "a peak a week ago",
-            peak_series(f"{ten} {two}x200"),
-            (
+            name=s + "a peak a week ago",
+            series=peak_series(f"{ten} {two}x200"),
+            checks=(
                 equals(PEAK, "167h", (PEAK, SHM, ten)),
                 equals(PEAK, "169h", (PEAK, SHM, two)),
                 equals(SIZE, "167h", (SIZE, SHM, 13 * GiB)),
@@ -341,14 +359,19 @@ def recommend() -> Tuple[Scenario, ...]:
             evaluation="1h",
         ),
         Scenario(
-            s + "rounding",
-            sized,
-            (equals(SIZE, "5m", *((SIZE, only(SHM, mount=m), r.size) for m, r in peaks.items())),),
-            covers=(Side(SIZE, 0, "both"), Side(SIZE, 0, "left"), Side(SIZE, 1, "both"), Side(SIZE, 1, "right")),
+            name=s + "rounding",
+            series=sized,
+            checks=(equals(SIZE, "5m", *((SIZE, only(SHM, mount=m), r.size) for m, r in peaks.items())),),
+            covers=(
+                Side(rule=SIZE, index=0, side="both"),
+                Side(rule=SIZE, index=0, side="left"),
+                Side(rule=SIZE, index=1, side="both"),
+                Side(rule=SIZE, index=1, side="right"),
+            ),
         ),
         Scenario(
-            s + "the memory limit it needs",
-            merge(
+            name=s + "the memory limit it needs",
+            series=merge(
                 peak_series(const(8 * GiB)),
                 peak_series(const(GiB), CACHE),
                 {
@@ -359,7 +382,7 @@ def recommend() -> Tuple[Scenario, ...]:
                 },
                 node_recommendation(),
             ),
-            (
+            checks=(
                 # 10 GiB + (3 GiB + 1000 - 1 GiB), up to a whole MiB; 2 GiB + nothing (4 GiB used
                 # is over the working set); node mode: 13 GiB + (5 - 1) GiB for u1, 2 GiB +
                 # (3 - 0) GiB for u2.

@@ -12,8 +12,8 @@ compares floats as they are): a ratio is written as the division of the two inpu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Tuple, Union
+from dataclasses import dataclass
+from typing import Dict, Mapping, Tuple, Union
 
 Labels = Mapping[str, str]
 # A promtool series selector (name{labels}) -> its values in promtool's notation ("1x60").
@@ -30,18 +30,6 @@ def selector(name: str, labels: Labels) -> str:
 
 def const(value: float, count: int = SAMPLES) -> str:
     return f"{value!r}x{count}"
-
-
-def minutes(text: str) -> int:
-    """ "90m" or "3h" or "1h30m" -> 90."""
-    total, number = 0, ""
-    for char in text:
-        if char.isdigit():
-            number += char
-            continue
-        total += int(number) * {"s": 0, "m": 1, "h": 60, "d": 1440}[char]
-        number = ""
-    return total
 
 
 @dataclass(frozen=True)
@@ -98,16 +86,6 @@ class Scenario:
     values: bool = True
 
 
-@dataclass
-class Suite:
-    """Scenarios gathered by the modules that build them (one module per concern)."""
-
-    scenarios: List[Scenario] = field(default_factory=list)
-
-    def add(self, *scenarios: Scenario) -> None:
-        self.scenarios.extend(scenarios)
-
-
 def merge(*parts: Series) -> Series:
     out: Series = {}
     for part in parts:
@@ -126,12 +104,8 @@ def only(mapping: Labels, *drop: str, **extra: str) -> Dict[str, str]:
 
 
 def fires(alert: str, at: str, *alerts: Tuple[Labels, float]) -> Fires:
-    return Fires(alert, at, tuple(Alert(labels, value) for labels, value in alerts))
+    return Fires(alert=alert, at=at, alerts=tuple(Alert(labels=labels, value=value) for labels, value in alerts))
 
 
 def equals(expr: str, at: str, *samples: Tuple[str, Labels, float]) -> Equals:
-    return Equals(expr, at, tuple(Sample(name, labels, value) for name, labels, value in samples))
-
-
-def no_alert(alert: str, at: str) -> Fires:
-    return Fires(alert, at)
+    return Equals(expr=expr, at=at, samples=tuple(Sample(name=n, labels=labels, value=v) for n, labels, v in samples))

@@ -21,7 +21,9 @@ def case(
     covers: Tuple[Side, ...] = (),
     values: bool = True,
 ) -> Scenario:
-    return Scenario(f"{alert}: {name}", series, (fires(alert, at, *firing),), covers, values=values)
+    return Scenario(
+        name=f"{alert}: {name}", series=series, checks=(fires(alert, at, *firing),), covers=covers, values=values
+    )
 
 
 def usage(ratio: float, labels: Labels = SHM) -> Series:
@@ -73,7 +75,7 @@ def usage_alerts() -> Tuple[Scenario, ...]:
 # ShmFillingUp: predict_linear(available[30m], 3600) < 0 and usage > 0.5. A steady fall of
 # 60 MiB a minute is 1 MiB a second: the prediction an hour on is exact, available - 3600 MiB.
 def filling_up() -> Tuple[Scenario, ...]:
-    a, both = "ShmFillingUp", Side("ShmFillingUp", 0, "both")
+    a, both = "ShmFillingUp", Side(rule="ShmFillingUp", index=0, side="both")
     at = 20  # minutes: predicted below zero from minute 7 (4000 - 60 x 7 < 3600), firing from 17
     predicted = (4000 - 60 * at - 3600) * MiB
     byte_a_second = merge({selector("shmwatch_mount_available_bytes", SHM): "4019-60x400"}, usage(0.99))
@@ -87,8 +89,12 @@ def filling_up() -> Tuple[Scenario, ...]:
             at=f"{at}m",
             covers=(both,),
         ),
-        case(a, "falling, no usage ratio", falling(4000, 60), at=f"{at}m", covers=(Side(a, 0, "left"),)),
-        case(a, "usage ratio, no available bytes", usage(0.9), at=f"{at}m", covers=(Side(a, 0, "right"),)),
+        case(
+            a, "falling, no usage ratio", falling(4000, 60), at=f"{at}m", covers=(Side(rule=a, index=0, side="left"),)
+        ),
+        case(
+            a, "usage ratio, no available bytes", usage(0.9), at=f"{at}m", covers=(Side(rule=a, index=0, side="right"),)
+        ),
         case(a, "falling, at half full", merge(falling(4000, 60), usage(0.5)), at=f"{at}m"),
         case(a, "falling, lasts the hour", merge(falling(8000, 60), usage(0.9)), at=f"{at}m"),
         # A full mount stays full (ShmUsageCritical's case): predicted exactly 0, not below.
@@ -115,14 +121,20 @@ def filling_up() -> Tuple[Scenario, ...]:
 def peak_near_full() -> Tuple[Scenario, ...]:
     a = "ShmPeakNearFull"
     return (
-        case(a, "peaked at 97 %, half full now", peak(97, 100, 0.5), (SHM, 97 / 100), covers=(Side(a, 0, "both"),)),
+        case(
+            a,
+            "peaked at 97 %, half full now",
+            peak(97, 100, 0.5),
+            (SHM, 97 / 100),
+            covers=(Side(rule=a, index=0, side="both"),),
+        ),
         case(
             a,
             "peaked at 97 %, no usage ratio",
             {k: v for k, v in peak(97, 100, 0.5).items() if "ratio" not in k},
-            covers=(Side(a, 0, "left"),),
+            covers=(Side(rule=a, index=0, side="left"),),
         ),
-        case(a, "usage ratio only", usage(0.5), covers=(Side(a, 0, "right"),)),
+        case(a, "usage ratio only", usage(0.5), covers=(Side(rule=a, index=0, side="right"),)),
         case(a, "peaked at 95 %", peak(95, 100, 0.5)),
         case(a, "peaked at 97 %, at 95 % now", peak(97, 100, 0.95), (SHM, 97 / 100)),
         case(a, "peaked at 97 %, over 95 % now (ShmUsageCritical's)", peak(97, 100, 0.951)),
@@ -134,7 +146,11 @@ def docker_default() -> Tuple[Scenario, ...]:
     small = 64 * MiB
     return (
         case(
-            a, "64 MiB with NCCL segments", merge(size(small), segments(3)), (SHM, small), covers=(Side(a, 0, "both"),)
+            a,
+            "64 MiB with NCCL segments",
+            merge(size(small), segments(3)),
+            (SHM, small),
+            covers=(Side(rule=a, index=0, side="both"),),
         ),
         case(a, "64 MiB with one torch segment", merge(size(small), segments(1, "torch")), (SHM, small)),
         case(
@@ -143,8 +159,8 @@ def docker_default() -> Tuple[Scenario, ...]:
             merge(size(small, POD_SHM), segments(2, "mpi", "linked", POD_SHM)),
             (POD_SHM, small),
         ),
-        case(a, "64 MiB, no segments series", size(small), covers=(Side(a, 0, "left"),)),
-        case(a, "NCCL segments, no size", segments(3), covers=(Side(a, 0, "right"),)),
+        case(a, "64 MiB, no segments series", size(small), covers=(Side(rule=a, index=0, side="left"),)),
+        case(a, "NCCL segments, no size", segments(3), covers=(Side(rule=a, index=0, side="right"),)),
         case(a, "a byte over 64 MiB", merge(size(small + 1), segments(3))),
         case(a, "64 MiB used by vLLM's offload only", merge(size(small), segments(3, "vllm_offload"))),
         case(a, "64 MiB, NCCL's segments gone", merge(size(small), segments(0))),

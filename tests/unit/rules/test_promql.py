@@ -32,10 +32,10 @@ def test_every_shipped_expression_prints_back_to_the_same_tree() -> None:
 def test_precedence_survives_a_swap() -> None:
     tree = parse("a - b - c")
     assert isinstance(tree, Binary)
-    swapped = Binary(tree.op, tree.right, tree.left)
+    swapped = Binary(op=tree.op, left=tree.right, right=tree.left)
     assert show(swapped) == "c - (a - b)"
     assert show(parse("a or b and c")) == "a or b and c"
-    assert show(Binary("and", parse("a or b"), parse("c"))) == "(a or b) and c"
+    assert show(Binary(op="and", left=parse("a or b"), right=parse("c"))) == "(a or b) and c"
     assert show(parse("2 ^ 3 ^ 2")) == "2 ^ 3 ^ 2"
 
 
@@ -47,7 +47,7 @@ def test_modifiers_and_lists_are_kept() -> None:
     assert 'group_left () (max by (a) (y{k=~"v.*", l!=""}) or z)' in show(tree)
     rate = parse("rate(x[$__rate_interval])")
     assert show(rate) == "rate(x[$__rate_interval])"
-    assert parse("(x)") == Paren(Selector("x"))
+    assert parse("(x)") == Paren(expr=Selector(name="x"))
 
 
 @pytest.mark.parametrize(
