@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PromQL mutation testing of shmwatch's alerts, recording rules and dashboard queries.
 
-    python3 bench/rule_mutation.py [--jobs 2] [--only NAME] [--kinds metric,number] [--quiet]
+    python3 bench/rule_mutation.py [--jobs 2] [--only NAME] [--kinds metric,number]
 
 Reads every rule of deploy/prometheus/*.yml and every query of grafana/shmwatch.json (as
 rendered from deploy/mixin), changes one thing in one expression at a time, and runs the
@@ -20,7 +20,7 @@ without (and back); on for ignoring; group_left/group_right dropped; an on/ignor
 dropped; an aggregation for a sibling (sum, max, min, avg, count); a label dropped from a
 by/without list. Mutants promtool does not accept (`promtool check rules`) are not counted; nor
 those in EQUIVALENT, each with its reason. Prints a table per expression, the survivors,
-the runtime, and last `N/M rule mutants killed (P %)`.
+a table per kind, the runtime, and last `N/M rule mutants killed (P %)`.
 """
 
 from __future__ import annotations
@@ -713,11 +713,20 @@ def report(outcomes: Outcomes) -> Tally:
     for i, m in enumerate(outcomes.found):
         outcomes.count(i, per.setdefault(m.target.name, Tally()))
         outcomes.count(i, total)
-    width = max(len(n) for n in per)
-    print(f"{'expression':<{width}}  mutants  killed  survived  invalid  equivalent")
-    for name, t in per.items():
-        print(f"{name:<{width}}  {t.total:7d}  {t.killed:6d}  {t.survived:8d}  {t.invalid:7d}  {t.equivalent:10d}")
+    print_table("expression", per)
+    kinds: Dict[str, Tally] = {}
+    for i, m in enumerate(outcomes.found):
+        outcomes.count(i, kinds.setdefault(m.kind, Tally()))
+    print()
+    print_table("kind", kinds)
     return total
+
+
+def print_table(title: str, rows: Dict[str, Tally]) -> None:
+    width = max([len(n) for n in rows] + [len(title)])
+    print(f"{title:<{width}}  mutants  killed  survived  invalid  equivalent")
+    for name, t in rows.items():
+        print(f"{name:<{width}}  {t.total:7d}  {t.killed:6d}  {t.survived:8d}  {t.invalid:7d}  {t.equivalent:10d}")
 
 
 def print_survivors(outcomes: Outcomes) -> None:
