@@ -137,15 +137,20 @@ def parse_log_level(text: str) -> str:
     return text
 
 
-def one_of(*choices: str) -> Callable[[str], str]:
+@dataclass(frozen=True)
+class OneOf:
     """A parser that takes exactly one of `choices`."""
 
-    def parse_choice(text: str) -> str:
-        if text not in choices:
-            raise ValueError(f"{text!r} is not one of {', '.join(choices)}")
+    choices: Tuple[str, ...]
+
+    def __call__(self, text: str) -> str:
+        if text not in self.choices:
+            raise ValueError(f"{text!r} is not one of {', '.join(self.choices)}")
         return text
 
-    return parse_choice
+
+def one_of(*choices: str) -> OneOf:
+    return OneOf(choices=choices)
 
 
 def typed(parse: Callable[[str], T]) -> Callable[[str], T]:
