@@ -84,7 +84,8 @@ def parse_size(text: str) -> int:
 
 @dataclass(frozen=True)
 class ListenAddress:
-    host: str  # '' is every address, IPv6 and IPv4; an IPv6 address without brackets
+    # '' is every address, IPv6 and IPv4; an IPv6 address is without its brackets.
+    host: str
     port: int
 
 
@@ -179,7 +180,8 @@ class TableRow:
 
     flag: str
     env: str
-    default: str  # as shown: '`15s`', 'on', '—'
+    # As shown: '`15s`', 'on', '—'.
+    default: str
     what: str
 
 
@@ -188,23 +190,21 @@ class FlagError(ValueError):
 
 
 class Declaration(Protocol):
-    """How one field of Config is given: what it adds to the parser, how its value is read
-    back (from what was parsed and the environment), and its rows in the README."""
+    """How one field of Config is given: what it adds to the parser, its value (read back
+    from what was parsed and the environment; `earlier`: the values of the fields declared
+    above it), and its rows in the README."""
 
     def add_to(self, parser: argparse.ArgumentParser, dest: str) -> None: ...
 
     def value(
         self, parsed: argparse.Namespace, dest: str, earlier: Mapping[str, Any]
-    ) -> Any:
-        """The field's value; `earlier`: the values of the fields declared above it."""
-        ...
+    ) -> Any: ...
 
     def table_rows(self) -> Tuple[TableRow, ...]: ...
 
 
-DECLARATION = (
-    "shmwatch.flag"  # the key of a Config field's metadata that holds its Declaration
-)
+# The key of a Config field's metadata that holds its Declaration.
+DECLARATION = "shmwatch.flag"
 
 
 @dataclass(frozen=True)
@@ -214,12 +214,14 @@ class Flag(Generic[T]):
     name: str
     parse: Callable[[str], T]
     help: str
-    default: Optional[str] = None  # text; None: the field is None (or () if repeatable)
-    repeatable: bool = (
-        False  # given again, it adds a value; its variable is a comma list
-    )
-    metavar: str = ""  # in --help; '' for the field's name in capitals
-    not_with: str = ""  # a field declared above this one that may not be given with it
+    # Text, parsed as a given value is; None: the field is None (or () if repeatable).
+    default: Optional[str] = None
+    # Given again, it adds a value; its variable is a comma list.
+    repeatable: bool = False
+    # In --help; '' for the field's name in capitals.
+    metavar: str = ""
+    # A field declared above this one that may not be given with it.
+    not_with: str = ""
 
     def __post_init__(self) -> None:
         if self.not_with and self.default is not None:
@@ -407,8 +409,9 @@ class OffSwitch:
     name: str
     env: str
     help: str
-    readme: str  # the README's words for it
-    shown_default: str  # the README's default column
+    # The README's words for it, and its default column.
+    readme: str
+    shown_default: str
 
     def add_to(self, parser: argparse.ArgumentParser, dest: str) -> None:
         parser.add_argument(
@@ -694,13 +697,14 @@ def _conflict(values: Mapping[str, Any]) -> Optional[str]:
     """The first pair of fields given together that `not_with` forbids, as a message."""
     for dest, declared in declarations():
         if isinstance(declared, Flag) and declared.not_with:
-            other = _flag_of(declared.not_with)
             if values[dest] and values[declared.not_with]:
+                other = _flag_of(declared.not_with)
                 return f"arguments {other.name} and {declared.name}: give one, not both"
     return None
 
 
 def _flag_of(dest: str) -> "Flag[Any]":
+    """The flag that gives Config's field `dest`."""
     declared = dict(declarations())[dest]
     assert isinstance(declared, Flag), f"{dest} is not a flag"
     return declared
