@@ -67,6 +67,7 @@ class App:
         self.sampler.subscribe(self.step.accept)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ModelCollector(self.step))
+        self.web = web  # its files watched from start() to stop()
         if web is not None:  # its reload metric: rendered again when a reload moves it
             self.registry.register(web)
         self.exposition = Exposition(
@@ -80,9 +81,13 @@ class App:
             self.discovery.subscribe(self.watcher.on_mounts)
             self.watcher.start()
         self.sampler.start()
+        if self.web is not None:
+            self.web.start()
 
     def stop(self, wait: float = 1.0) -> None:
         self.watcher.stop()
+        if self.web is not None:
+            self.web.stop()
         # Busy sources stay open: close() races a run; nvmlShutdown hangs on a lost GPU.
         busy = self.sampler.stop(wait)
         for source in self.sources:

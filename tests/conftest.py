@@ -367,11 +367,10 @@ NOBODY = 65534
 
 
 @pytest.fixture(scope="session")
-def nonroot_python() -> List[str]:
-    """A command prefix that runs this checkout's exporter as UID/GID 65534 with no
-    capabilities, as the image's user runs it. The test interpreter lives under /root (0700
-    here), so a venv of Debian's python3 with the runtime dependencies is made outside the
-    checkout, once per machine."""
+def nonroot_venv() -> str:
+    """The python3 of a venv any UID may run, with the runtime dependencies. The test
+    interpreter lives under /root (0700 here), so a venv of Debian's python3 is made outside
+    the checkout, once per machine."""
     if not IS_ROOT:
         prerequisite_missing("needs root to switch to another UID")
     base = "/usr/bin/python3"
@@ -388,5 +387,13 @@ def nonroot_python() -> List[str]:
                        check=True)
         with open(stamp, "w") as f:
             f.write(wanted)
+    return python
+
+
+@pytest.fixture(scope="session")
+def nonroot_python(nonroot_venv: str) -> List[str]:
+    """A command prefix that runs this checkout's exporter as UID/GID 65534 with no
+    capabilities, as the image's user runs it."""
+    python = nonroot_venv
     return ["env", f"PYTHONPATH={REPO}", "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
             "--inh-caps=-all", "--bounding-set=-all", python]

@@ -1,5 +1,13 @@
-"""Run sources once against a tree and read the values back from a fresh registry."""
+"""Run sources once against a tree and read the values back from a fresh registry; run a
+world of real processes in namespaces of its own (tests/peers/world.py); find private
+attributes of other packages a module uses."""
+import ast
+import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from prometheus_client.registry import CollectorRegistry
 
@@ -9,6 +17,7 @@ from exporter.model.step import ModelStep
 from exporter.host.paths import Paths
 from exporter.runtime.scheduler import Sampler
 from exporter.model.state import StateStore
+from tests.conftest import REPO
 
 
 @dataclass
@@ -18,7 +27,7 @@ class Harness:
     step: ModelStep
 
 
-def run_every_source_once(sampler):
+def run_every_source_once(sampler: Sampler) -> None:
     """Each source's full run, in this thread, published as the scheduler would."""
     for runner in sampler.runners.values():
         runner.run_once(full=True)
@@ -38,3 +47,81 @@ def registry_for(*sources, shm_size_limit=None, memory_limit=None, mounts=None):
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ModelCollector(step))
     return registry, Harness(sampler, state, step)
+
+
+WORLD = os.path.join(REPO, "tests", "peers", "world.py")
+
+
+def run_world(cell: Dict[str, Any], timeout: float = 120) -> Dict[str, Any]:
+    """tests/peers/world.py for `cell`, as pid 1 of PID, mount and IPC namespaces of its own
+    (nothing it mounts or starts outlives it): its report."""
+    argv = ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--ipc"]
+    done = subprocess.run([*argv, sys.executable, WORLD, json.dumps(cell)], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+    assert done.returncode == 0 and done.stdout, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def mount_facts(doc: Dict[str, Any], mount: str = "/dev/shm") -> Dict[str, Any]:
+    """`shmwatch check --output=json`'s facts of one mount."""
+    [facts] = [m for m in doc["shm"] if m["mount"] == mount]
+    return facts
+
+
+def removal_advised(doc: Dict[str, Any]) -> Set[str]:
+    """The paths `shmwatch check` advises to `rm`."""
+    return {path for f in doc["findings"] if " rm " in f" {f['remedy']}"
+            for path in f["remedy"].split(" rm ", 1)[1].split() if path.startswith("/")}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _defined_privates(tree: ast.AST) -> Set[str]:
+    """Private names a module makes itself: functions, classes, names it assigns, and
+    attributes it assigns on its own objects (`self._x = ...`, `cls._x = ...`)."""
+    names: Set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+              and getattr(node.value, "id", None) in ("self", "cls")):
+            names.add(node.attr)
+    return {name for name in names if _private(name)}
+
+
+ATTRIBUTE_BUILTINS = ("getattr", "hasattr", "setattr", "delattr")
+
+
+def _private_uses(tree: ast.AST) -> Iterator[Tuple[int, Optional[str], str]]:
+    """(line, the private attribute or None for an import, what) for each private name a
+    module reaches: `x._y`, getattr(x, "_y") and its kin, imports of a private name or module."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            yield node.lineno, node.attr, f"{ast.unparse(node)}"
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ATTRIBUTE_BUILTINS:
+            named = node.args[1] if len(node.args) > 1 else None
+            if isinstance(named, ast.Constant) and isinstance(named.value, str) and _private(named.value):
+                yield node.lineno, named.value, ast.unparse(node)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if any(_private(part) for part in alias.name.split(".")):
+                    yield node.lineno, None, f"import {alias.name}"
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [alias.name for alias in node.names]
+            if any(_private(part) for part in (node.module or "").split(".") + names):
+                yield node.lineno, None, f"from {node.module} import {', '.join(names)}"
+
+
+def private_attributes_of_other_packages(path: str) -> List[str]:
+    """`path:line: code` for each private name (`_x`, not a dunder) the module at `path`
+    reaches but does not define itself: another package's internals (asyncio's
+    `_ssl_protocol`), by attribute, by getattr/hasattr/setattr/delattr with a constant, or
+    by import. The check is by name: a private the module defines passes wherever used."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    own = _defined_privates(tree)
+    return [f"{path}:{line}: {code}" for line, name, code in _private_uses(tree) if name is None or name not in own]

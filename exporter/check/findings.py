@@ -12,6 +12,7 @@ from fractions import Fraction
 from typing import Callable, Dict, List, Tuple
 
 from exporter import __version__
+from exporter.check.names import printable
 
 EXIT_OK, EXIT_WARN, EXIT_FAIL, EXIT_USAGE, EXIT_SOFTWARE = 0, 1, 2, 64, 70
 SEVERITIES = ("fail", "warn", "info", "ok")  # worst first
@@ -85,13 +86,6 @@ class Bounded:
         return value
 
 
-def quoted(text: object, limit: int = 200) -> str:
-    """`limit` chars of another program's words, control chars (escapes) as '?'."""
-    text = str(text)
-    text = text if len(text) <= limit else text[:limit] + "..."
-    return "".join(c if c.isprintable() else "?" for c in text)
-
-
 def render_text(report: Report) -> str:
     findings = report.sorted()
     problems = sum(f.severity in ("fail", "warn") for f in findings)
@@ -102,7 +96,8 @@ def render_text(report: Report) -> str:
         lines.append(row + f.message)
         if f.remedy:
             lines.append(f"{'':<43}-> {f.remedy}")
-    return "\n".join(lines) + "\n"
+    # names are shown already: a last guard
+    return "\n".join(map(printable, lines)) + "\n"
 
 
 def render_json(report: Report) -> str:

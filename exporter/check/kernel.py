@@ -8,6 +8,7 @@ from typing import List, Optional
 
 from exporter.check import thresholds as T
 from exporter.check.findings import MAX_NAMED, Bounded, Report, at_most, human
+from exporter.check.names import shown
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import ProcessTable
 from exporter.model.step import Model
@@ -18,6 +19,8 @@ OOM_FACTS += ("shmem_rss_bytes", "file_rss_bytes")
 SYSV_FACTS = ("pod_uid", "container_id", "readable")
 SYSV_LIMITS = ("shmmax_bytes", "shmall_bytes", "shmmni")
 PRIVILEGED = "deploy/kubernetes/daemonset-privileged, or run on the host as root"
+# Prose, not a line to paste: the IDs are ipcs's, in the segments' IPC namespace.
+IPCRM = "remove orphans (list them with ipcs -m, remove each with ipcrm -m ID)"
 OOM_REMEDY = "count /dev/shm in the memory budget (shmem-rss and shm use are charged to the limit)"
 
 
@@ -29,7 +32,7 @@ def memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
         report.facts["pod_cgroups"] = [asdict(c) for c in pods]
         risky = [c for c in pods if (c.oom_risk_ratio or 0) > T.OOM_RISK_RATIO]
         for c in pods:
-            pod = f"pod {c.pod_uid}"
+            pod = shown(f"pod {c.pod_uid}")
             if c in risky:
                 remedy = "raise the pod's memory limit or free its shm"
                 report.add("warn", "memory", pod, _working_set(c), remedy)
@@ -49,10 +52,10 @@ def memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
     cgroup = None if model.node_mode or not pods else pods[0]
     if cgroup is None:
         if cgroup_error and not model.node_mode:
-            report.add("info", "memory", "cgroup", f"not read: {cgroup_error}")
+            report.add("info", "memory", "cgroup", f"not read: {shown(cgroup_error)}")
         return
     report.facts["cgroup"] = asdict(cgroup)
-    name, risk, text = cgroup.cgroup, cgroup.oom_risk_ratio, _working_set(cgroup)
+    name, risk, text = shown(cgroup.cgroup), cgroup.oom_risk_ratio, _working_set(cgroup)
     if risk is None:
         text += ", no memory limit: OOM ratios not computed (pass --memory.limit-bytes)"
         report.add("info", "memory", name, text)
@@ -64,7 +67,7 @@ def memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
     high = risk > T.OOM_RISK_RATIO
     remedy = "raise the memory limit or free shm" if high else ""
     report.add("warn" if high else "ok", "memory", name, text, remedy)
-    _kills(report, name, kills.get(name, cgroup.oom_kills))
+    _kills(report, name, kills.get(cgroup.cgroup, cgroup.oom_kills))
     for view in (v for v in model.mounts if v.cgroup is cgroup and v.budget):
         budget = view.budget
         if (budget.projection or 0) > T.SHM_OOM_PROJECTION_RATIO:
@@ -73,7 +76,7 @@ def memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
                 "of the memory limit: the pod is OOM-killed before tmpfs says ENOSPC"
             )
             remedy = f"lower sizeLimit to at most {at_most(budget.room_bytes)} or raise the memory limit"
-            report.add("warn", "memory", view.mount, text, remedy)
+            report.add("warn", "memory", shown(view.mount), text, remedy)
 
 
 def _working_set(c) -> str:
@@ -92,6 +95,7 @@ def _kills(report: Report, subject: str, kills: Optional[int]) -> None:
 def oom_kills(report: Report, model: Model, error: Optional[str]) -> None:
     """The kernel log's recent OOM kills: victim, cgroups, its shmem RSS, the pod's shm use."""
     if error:
+        error = shown(error)
         report.add("info", "memory", "OOM kills", f"kernel log not read: {error}")
     if error or not model.result_ok("oom"):
         return
@@ -105,8 +109,8 @@ def oom_kills(report: Report, model: Model, error: Optional[str]) -> None:
         anon, rss = ("unknown" if n is None else human(n) for n in sizes)
         shm = "" if shm_used is None else f"; its pod's shm holds {human(shm_used)} now"
         text = (
-            f"{kill.comm} in {kill.task_memcg or '?'} killed {age} s ago (limit of "
-            f"{kill.oom_memcg or 'the host'}): anon-rss {anon}, shmem-rss {rss}{shm}"
+            f"{shown(kill.comm)} in {shown(kill.task_memcg or '?')} killed {age} s ago (limit of "
+            f"{shown(kill.oom_memcg or 'the host')}): anon-rss {anon}, shmem-rss {rss}{shm}"
         )
         severity = "warn" if age < T.OOM_KILL_RECENT_SECONDS else "info"
         report.add(severity, "memory", f"OOM kill pid {kill.pid}", text, OOM_REMEDY)
@@ -116,14 +120,14 @@ def oom_kills(report: Report, model: Model, error: Optional[str]) -> None:
 def sysv(report: Report, namespaces, node_mode: bool) -> None:
     listed = []
     for ns in namespaces:
-        whose = f"pod {ns.pod_uid}" if ns.pod_uid else ns.namespace
+        whose = shown(f"pod {ns.pod_uid}" if ns.pod_uid else ns.namespace)
         if ns.container_id and not ns.pod_uid:
-            whose = f"container {ns.container_id[:12]}"
+            whose = shown(f"container {ns.container_id[:12]}")
         facts = {"ipc_namespace": ns.namespace}
         facts.update({name: getattr(ns, name) for name in SYSV_FACTS})
         listed.append(facts)
         if not ns.readable:
-            text = f"SysV shm not visible ({ns.error}): entering an IPC namespace needs CAP_SYS_ADMIN"
+            text = f"SysV shm not visible ({shown(ns.error)}): entering an IPC namespace needs CAP_SYS_ADMIN"
             report.add("info", "sysv", whose, text, PRIVILEGED)
             continue
         count, total = len(ns.segments), ns.total_bytes
@@ -132,17 +136,17 @@ def sysv(report: Report, namespaces, node_mode: bool) -> None:
         text = f"{whose + ': ' if node_mode else ''}{count} segment(s), {human(total)}"
         near = T.SYSV_NEAR_LIMIT_RATIO
         if ns.shmmni and count > near * ns.shmmni:
-            remedy = "ipcs -m; ipcrm -m <id> for orphans; sysctl -w kernel.shmmni=8192"
+            remedy = f"{IPCRM} or raise the limit: sysctl -w kernel.shmmni=8192"
             text += f": near the limit of {ns.shmmni}"
             report.add("warn", "sysv", "kernel.shmmni", text, remedy)
         elif ns.shmall_bytes and total > near * ns.shmall_bytes:
-            remedy = "ipcs -m; ipcrm -m <id>; sysctl kernel.shmall"
+            remedy = f"{IPCRM} or raise the limit: sysctl kernel.shmall"
             text += f": near the limit of {human(ns.shmall_bytes)}"
             report.add("warn", "sysv", "kernel.shmall", text, remedy)
         elif ns.segments or not node_mode:
             if ns.orphans:
                 text += f", {ns.orphans} with nothing attached and their creators gone"
-            remedy = "ipcs -m; ipcrm -m <id>" if ns.orphans else ""
+            remedy = IPCRM if ns.orphans else ""
             report.add("ok", "sysv", "SysV shm", text, remedy)
     if node_mode:
         report.facts["sysv_namespaces"] = listed
@@ -158,7 +162,8 @@ def outside(report: Report, model: Model, paths: Paths, deadline: float) -> None
     if by_class:
         count, total = map(sum, zip(*by_class.values()))
         holders = ", ".join(
-            f"{inv.comms.get(pid, 'unknown')}[{pid}] {human(size)}" for pid, size in top
+            f"{shown(inv.comms.get(pid, 'unknown'))}[{pid}] {human(size)}"
+            for pid, size in top
         )
         text = f"{count} memfd region(s), {human(total)}: shmem charged to the writer's"
         text += f" cgroup that no mount shows; held by {holders}"
@@ -168,7 +173,7 @@ def outside(report: Report, model: Model, paths: Paths, deadline: float) -> None
             text = f"about {human(unexplained)} of shmem that no watched mount, SysV"
             text += " segment or memfd region explains (an estimate)"
             remedy = "look for other tmpfs mounts (findmnt -t tmpfs) and memfds of exited processes"
-            report.add("info", "memory", cgroup, text, remedy)
+            report.add("info", "memory", shown(cgroup), text, remedy)
     segments = (s for v in model.mounts if v.inventory for s in v.inventory.rows())
     if not any(s.cls == "nccl" for s in segments):
         # a D-state process's maps block on its mmap lock: left behind at the deadline
@@ -179,7 +184,7 @@ def outside(report: Report, model: Model, paths: Paths, deadline: float) -> None
             report.add("info", "shm", "nccl", text)
             return
         if users:
-            text = f"NCCL is loaded ({', '.join(users)}) and no nccl-* segment exists:"
+            text = f"NCCL is loaded ({', '.join(map(shown, users))}) and no nccl-* segment exists:"
             text += " NCCL >= 2.26.3 puts its SHM transport in cuMem host memory when"
             text += " the cuMem probe succeeds (NCCL_CUMEM_HOST_ENABLE), which no mount"
             text += " shows: absent files prove nothing"

@@ -13,7 +13,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import yaml
 
-from exporter.check.findings import MiB, Report, human, quoted
+from exporter.check.findings import MiB, Report, human
+from exporter.check.names import shown
 
 SIGNATURES = resources.files(__package__).joinpath("signatures.yml")
 # name -> its needles, regex, explanation and remedy, each quoted from the library that prints it
@@ -93,10 +94,10 @@ def _matches(texts: List[str]) -> Iterator[Tuple[str, str, Dict[str, str]]]:
         match = next(filter(None, map(pattern.search, texts)), None)
         if match:
             fields = {  # quoted in the explanation: a size in MiB as a reading
-                k: (human(float(v) * MiB) if k.endswith("_mib") else v)[:100]
+                k: human(float(v) * MiB) if k.endswith("_mib") else shown(v[:100])
                 for k, v in match.groupdict().items()
             }
-            yield name, quoted(match.string[max(0, match.start() - 100) :], 300), fields
+            yield name, shown(match.string[max(0, match.start() - 100) :], 300), fields
 
 
 def _candidates(piece: bytes, lines: int) -> Iterator[Tuple[int, int, List[str]]]:
@@ -122,7 +123,10 @@ def _candidates(piece: bytes, lines: int) -> Iterator[Tuple[int, int, List[str]]
                 merged[-1][1] = max(merged[-1][1], stop)
             else:
                 merged.append([start, stop])
-        texts = [piece[a:b].decode("utf-8", "replace").strip() for a, b in merged]
+        # a byte that is not UTF-8 stays itself, for `shown` to spell it (\xff)
+        texts = [
+            piece[a:b].decode("utf-8", "surrogateescape").strip() for a, b in merged
+        ]
         yield begin, number, texts
 
 
@@ -140,11 +144,12 @@ def log_findings(report: Report, scans, deadline: float) -> None:
     """Signatures found by `deadline` (each once, first hit) and what was not read."""
     hits: Dict[str, LogHit] = {}
     for path, task in scans:
-        name = os.path.basename(path)
+        name = shown(os.path.basename(path))
         try:
             scan = task.result(deadline)
         except (OSError, ValueError) as err:  # TimeoutError among them
-            why = " within --timeout" if isinstance(err, TimeoutError) else f": {err}"
+            late = isinstance(err, TimeoutError)
+            why = " within --timeout" if late else f": {shown(err)}"
             report.add("warn", "log", name, f"not read{why}")
             continue
         for signature, hit in scan.hits.items():
@@ -158,7 +163,7 @@ def log_findings(report: Report, scans, deadline: float) -> None:
             text = f"not read to its end within --timeout: {read}"
             report.add("warn", "log", name, text)
     for signature, hit in hits.items():
-        where = os.path.basename(hit.file)
+        where = shown(os.path.basename(hit.file))
         where += f":{hit.line}" if hit.line else f" at byte {hit.offset}"
         said, fields = TABLE[signature], hit.fields
         text = said["explanation"].format_map(fields) + f" Seen: {hit.text}"

@@ -16,7 +16,8 @@ from typing import Dict, List, Optional, Tuple
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.check.findings import MiB, Bounded, Report, at_least, human, left
-from exporter.check.findings import plausible, quantities, quoted, round_up
+from exporter.check.findings import plausible, quantities, round_up
+from exporter.check.names import printable, shell, shown
 
 DEFAULT_WINDOW, DEFAULT_HEADROOM = "7d", 1.25
 Peaks = Dict[str, Tuple[float, int]]  # mount -> (peak, how many series matched)
@@ -56,7 +57,8 @@ def _get(url: str, parse, deadline: float, limit: int):
             raise ValueError(f"an answer longer than {human(limit)}")
         return parse(body)
     except Exception as err:  # the answer is another program's: any failure is a note
-        raise SourceError(f"{url}: {quoted(str(err) or type(err).__name__)}") from None
+        said = shown(str(err) or type(err).__name__, 200)
+        raise SourceError(f"{shown(url)}: {said}") from None
 
 
 def _vector(body: bytes) -> List[int]:
@@ -64,7 +66,7 @@ def _vector(body: bytes) -> List[int]:
     answer = json.loads(body)
     try:
         if answer["status"] != "success":
-            raise ValueError(f"the query failed: {quoted(answer.get('error'))}")
+            raise ValueError(f"the query failed: {shown(answer.get('error'), 200)}")
         if answer["data"]["resultType"] != "vector":
             raise LookupError("resultType")
         return [plausible(r["value"][1]) for r in answer["data"]["result"]]
@@ -98,7 +100,7 @@ def _high_water_marks(body: bytes) -> Dict[str, int]:
 def peaks_from_exporter(url: str, deadline: float = math.inf) -> Peaks:
     marks = _get(url, _high_water_marks, deadline, MAX_ANSWER["exporter"])
     if not marks:
-        raise SourceError(f"{url}: no {MAX_USED} (an older shmwatch?)")
+        raise SourceError(f"{shown(url)}: no {MAX_USED} (an older shmwatch?)")
     return {mount: (value, 1) for mount, value in marks.items()}
 
 
@@ -144,12 +146,12 @@ def settings_for(size: int, volume: str, memory_limit: Optional[int]) -> Dict[st
     empty_dir = {"medium": "Memory", "sizeLimit": k8s}
     volumes = [{"name": volume, "emptyDir": empty_dir}]
     spec = {"spec": {"template": {"spec": {"volumes": volumes}}}}
-    patch = json.dumps(spec, separators=(",", ":"))
+    patch, volume = json.dumps(spec, separators=(",", ":")), shown(volume)
     out = {
         "docker_run": f"docker run --shm-size={docker}",
         "compose": f"shm_size: {docker}",
         "kubernetes_volume": f"volumes: [{{name: {volume}, emptyDir: {{medium: Memory, sizeLimit: {k8s}}}}}]",
-        "kubectl_patch": f"kubectl patch deployment <name> --type=strategic -p '{patch}'",
+        "kubectl_patch": f"kubectl patch deployment <name> --type=strategic -p {shell(patch)}",
     }
     if memory_limit is not None:
         docker, k8s = quantities(memory_limit)
@@ -200,7 +202,7 @@ def recommendations(model, extra, deadline=math.inf):
         except SourceError as err:
             notes.append(f"{label} not used: {err}")
         except TimeoutError as err:  # the URL's answer has not come to an end
-            notes.append(f"{label} not used: {where}: {err}")
+            notes.append(f"{label} not used: {shown(where)}: {err}")
     out = []
     for view in views:
         peak, source, window, note = view.usage.used_bytes, "current", None, NO_PEAK
@@ -210,7 +212,7 @@ def recommendations(model, extra, deadline=math.inf):
             if found is None:
                 continue
             if name == "prometheus" and series > 1 and not extra.prometheus_selector:
-                text = f"Prometheus not used for {view.mount}: {series} series match; "
+                text = f"Prometheus not used for {shown(view.mount)}: {series} series match; "
                 notes.append(text + "name this workload's with --prometheus.selector")
                 continue
             note = SERIES.format(series) if series > 1 else ""
@@ -232,13 +234,13 @@ def advise(report: Report, model, extra, deadline: float) -> str:
     report.facts["recommendations"] = [asdict(r) for r in recs]
     report.facts["recommendation_notes"] = notes
     head = f"highest observed peak x {extra.recommend_headroom:g}, rounded up to a whole GiB, MiB below 1 GiB"
-    lines = [f"\nRECOMMENDATIONS ({head})"]
+    lines = ["", f"RECOMMENDATIONS ({head})"]
     for r in recs:
         size, limit = human(r.recommended_size_bytes), human(r.memory_limit_bytes or 0)
         needed = at_least(r.memory_limit_bytes_needed or 0)
         where = WHERE[r.source].format(r.window)
         lines.append(
-            f"{r.mount}: observed peak {human(r.observed_peak_bytes)} ({where}) -> recommended "
+            f"{shown(r.mount)}: observed peak {human(r.observed_peak_bytes)} ({where}) -> recommended "
             f"{at_least(r.recommended_size_bytes)} (now {human(r.current_size_bytes)})"
         )
         memory = "no memory limit known (pass --memory.limit-bytes or read the cgroup)"
@@ -248,9 +250,10 @@ def advise(report: Report, model, extra, deadline: float) -> str:
             memory = f"the limit of {limit} cannot hold it: raise the limit to {needed}, not only the shm size"
             text = f"the recommended {size} of shm does not fit in what the {limit} memory limit leaves"
             remedy = f"raise the memory limit to {needed}, then the shm size"
-            report.add("warn", "memory", r.mount, text, remedy)
+            report.add("warn", "memory", shown(r.mount), text, remedy)
         lines.append(f"  memory: {memory}")
         lines.extend(f"  {key + ':':<25}{value}" for key, value in r.settings.items())
         lines.extend(f"  note: {n}" for n in r.notes)
     lines.extend(f"note: {n}" for n in notes)
-    return "\n".join(lines) + "\n"
+    # names are shown already: a last guard
+    return "\n".join(map(printable, lines)) + "\n"

@@ -17,11 +17,12 @@ from exporter.check.findings import Report, at_least, at_most, human, left, plau
 from exporter.check.findings import quantities, render_json, render_text, round_up
 from exporter.check.kernel import memory, oom_kills, outside, sysv
 from exporter.check.logscan import log_findings, refusal, scan_log
+from exporter.check.names import Links, Names, leaked_names, shell, shown
 from exporter.host.paths import Paths
 from exporter.config import Config, build_parser, parse_args, parse_size, typed
-from exporter.model.classes import NOT_LEAKS, REMOVABLE
+from exporter.model.classes import NOT_LEAKS, REMOVABLE, classify
 from exporter.model.step import Model, MountView
-from exporter.model.types import GpuSnapshot
+from exporter.model.types import GpuSnapshot, Segment
 
 # Recommended shm per backend. vLLM's and SGLang's docs name no number: 16Gi holds NCCL's
 # segments, the engines' shm queues and multimodal caches in tensor-parallel serving;
@@ -32,13 +33,14 @@ READS_SECONDS = 10.0  # no --timeout: Prometheus and exporter reads after the co
 # findings (no driver or readable cgroup is normal); "process" (our own metrics): none.
 FAILURE_AREAS = {"sysv": "sysv", "host_memory": "memory"}
 QUIET_FAILURES = ("gpu", "cgroup", "process", "oom")
+USAGE = "shmwatch check: error: argument --log: "
 MOUNT_FACTS = ("mount", "fstype", "size_bytes", "used_bytes", "available_bytes")
 REMOUNT = "mount the workload's shm volume at this path"
 CLEAN_UP = "remove leaked segments"
 TMPFS = "mount a tmpfs (or memory emptyDir) here"
 HIDDEN_BY = "NCCL >= 2.19, UCX proc link, torch file_descriptor"
 LEAKED = "{count} leaked segment(s) held by no process, {size}: {paths}"
-RM = "once no server can attach to them: rm {paths}"
+RM = "once no server can attach to them{notes}: {rm}"  # the command last: a line to paste
 FOREIGN = "{count} file(s) of no known owner class held by no process, {size}: {paths}"
 NO_RM = "find which tool made them before removing anything (a container engine's lock file is one)"
 UNVERIFIED = (
@@ -95,15 +97,22 @@ def shm_remedy(required: int) -> str:
     )
 
 
-def shm(report: Report, view: MountView, model: Model, required: Optional[int]) -> None:
+def shm(
+    report: Report,
+    view: MountView,
+    model: Model,
+    required: Optional[int],
+    links: Links = None,
+) -> None:
+    """`links`: names.leaked_names's (without: each leaked file by the name it was listed)."""
     m, mount = view.usage, view.usage.mount
 
     def add(severity: str, message: str, remedy: str = "") -> None:
-        report.add(severity, "shm", mount, message, remedy)
+        report.add(severity, "shm", shown(mount), message, remedy)
 
     must = "fail" if required else "warn"  # what a required mount's trouble is
     if m.error:
-        add(must, f"cannot be measured: {m.error}", REMOUNT)
+        add(must, f"cannot be measured: {shown(m.error)}", REMOUNT)
         return
     effective, default = view.budget.effective_bytes, T.DOCKER_DEFAULT_SHM_BYTES
     size = human(m.size_bytes)
@@ -126,9 +135,9 @@ def shm(report: Report, view: MountView, model: Model, required: Optional[int]) 
         above = f"above {T.SHM_USAGE_WARNING_RATIO * 100:g} %"
         add("warn", f"{usage}: {above}", f"{CLEAN_UP} or raise the size")
     if m.fstype != "tmpfs":
-        add("warn", f"is {m.fstype}, not tmpfs", TMPFS)
+        add("warn", f"is {shown(m.fstype)}, not tmpfs", TMPFS)
     problems = [f for f in report.findings if f.severity in ("fail", "warn")]
-    problem = any(f.subject == mount for f in problems)
+    problem = any(f.subject == shown(mount) for f in problems)
     inv, summary = view.inventory, view.summary
     if inv is None or inv.error or summary is None:
         if not problem:
@@ -168,20 +177,52 @@ def shm(report: Report, view: MountView, model: Model, required: Optional[int]) 
         count, total = sum(r[0] for r in rows), sum(r[1] for r in rows)
         if not count:
             continue
-        named = [s.name for s in segments if s.cls in classes][:MAX_NAMED]
-        paths = " ".join(os.path.join(mount, name) for name in named)
+        named = [s for s in segments if s.cls in classes][:MAX_NAMED]
+        paths = " ".join(shown(os.path.join(mount, s.name)) for s in named)
         if count > len(named):
             paths += f" (+{count - len(named)} more)"
         said = dict(count=count, size=human(total), paths=paths, unreadable=unreadable)
-        add(severity, text.format(**said), remedy.format(**said))
+        rm = _removal(mount, named, links) if remedy is RM else ""
+        add(severity, text.format(**said), rm or remedy.format(**said))
     if summary.hidden_count:
         hidden = f"{summary.hidden_count} unlinked-but-mapped segment(s), {human(summary.hidden_bytes)}"
         add("info", f"{hidden}: counted by df, invisible to ls ({HIDDEN_BY})")
 
 
+def _removal(mount: str, named: List[Segment], links: Links) -> str:
+    """RM for the named leaked files, each by every name it has (one of several frees
+    nothing), and notes on those left out (_kept)."""
+    args: List[str] = []
+    notes: List[str] = []
+    listed = links or {}  # not looked up: each file by the name it was listed
+    for seg in named:
+        names = listed.get(seg.key, Names((seg.name,), 1))
+        path, note = shown(os.path.join(mount, seg.name)), _kept(mount, names)
+        if not note:
+            args += [os.path.join(mount, n) for n in names.found]
+        if note or names.links > 1:
+            notes.append(f"{path} {note or f'has {names.links} names, all removed'}")
+    if not args:
+        return "; ".join(notes)
+    notes_said = f" ({'; '.join(notes)})" if notes else ""
+    return RM.format(notes=notes_said, rm=shell("rm", "--", *args))
+
+
+def _kept(mount: str, names: Names) -> str:
+    """Why a leaked file is not advised away, or '': gone or replaced since it was listed, a
+    name not found below the mount (removing the others frees nothing), or of another class."""
+    other = [n for n in names.found if classify(os.path.basename(n)) not in REMOVABLE]
+    if not names.links:
+        return "is gone or another file since listed"
+    if len(names.found) < names.links:
+        missing = f"{names.links - len(names.found)} not found below {shown(mount)}"
+        return f"has {names.links} names, {missing}: removing the others frees nothing"
+    return f"is also {shown(other[0])}, of no class shmwatch removes" if other else ""
+
+
 def _unreadable(count: Optional[int], unproven: List[str]) -> str:
     """'3 process(es): python3 (pid 7, uid 0); ...': how many, and the first few by name."""
-    named = "; ".join(unproven[:MAX_NAMED])
+    named = "; ".join(map(shown, unproven[:MAX_NAMED]))
     if count is None:
         # the reasons say what could not be counted (hidepid, a PID namespace of its own)
         return named or "processes hidden from shmwatch, uncounted"
@@ -189,11 +230,11 @@ def _unreadable(count: Optional[int], unproven: List[str]) -> str:
     return f"{count} process(es): {named}{more}" if named else f"{count} process(es)"
 
 
-def diagnose(model: Model, required=None, backend=None) -> Report:
+def diagnose(model: Model, required=None, backend=None, links: Links = None) -> Report:
     """The report, from the model alone: no totals, thresholds or class rules of its own.
-    `required`: --require-shm's bytes."""
+    `required`: --require-shm's bytes; `links`: names.leaked_names's."""
     report, failed = Report(), [s for s in model.statuses if not s.success]
-    errors = {s.name: s.error or "no answer within --timeout" for s in failed}
+    errors = {s.name: shown(s.error or "no answer within --timeout") for s in failed}
     gpus = model.gpu or GpuSnapshot("", [])
     if model.gpu is None and "gpu" in errors:
         report.add("info", "gpu", "NVML", f"GPU memory not checked: {errors['gpu']}")
@@ -201,18 +242,21 @@ def diagnose(model: Model, required=None, backend=None) -> Report:
     for d in gpus.devices:
         ratio = d.used_bytes / d.total_bytes if d.total_bytes else 0
         text = f"{human(d.used_bytes)} of {human(d.total_bytes)} used ({ratio:.0%})"
-        subject = f"GPU {d.gpu} {d.name}"
+        subject = shown(f"GPU {d.gpu} {d.name}")
         if ratio > T.GPU_MEMORY_FULL_RATIO:
             remedy = "lower --gpu-memory-utilization or stop the other GPU processes"
             report.add("warn", "gpu", subject, text + ": less than 2 % free", remedy)
         else:
             report.add("ok", "gpu", subject, text)
     for skipped in gpus.errors:
-        text, remedy = f"GPU skipped: {skipped}", "nvidia-smi; dmesg | grep -i xid"
+        text, remedy = (
+            f"GPU skipped: {shown(skipped)}",
+            "nvidia-smi; dmesg | grep -i xid",
+        )
         report.add("warn", "gpu", "NVML", text, remedy)
     for view in model.mounts:
         if view.usage is not None:
-            shm(report, view, model, required)
+            shm(report, view, model, required, links)
     memory(report, model, errors.get("cgroup"))
     oom_kills(report, model, errors.get("oom"))
     sysv(report, model.sysv, model.node_mode)
@@ -225,8 +269,16 @@ def diagnose(model: Model, required=None, backend=None) -> Report:
         effective = facts["effective_size_bytes"]
         if effective < need and not (required and required >= need):
             text = f"can hold {human(effective)}, under the {human(need)} recommended for {backend}"
-            report.add("warn", "shm", facts["mount"], text, shm_remedy(need))
+            report.add("warn", "shm", shown(facts["mount"]), text, shm_remedy(need))
     return report
+
+
+def names_by(model: Model, paths: Paths, deadline: float) -> Links:
+    """names.leaked_names by `deadline`; a mount that does not answer: files as listed."""
+    try:
+        return Bounded(lambda: leaked_names(model, paths, deadline)).result(deadline)
+    except (TimeoutError, OSError):
+        return None
 
 
 def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
@@ -256,16 +308,17 @@ def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
             except TimeoutError:
                 continue
             if problem:
-                error = f"shmwatch check: error: argument --log: {path}: {problem}\n"
-                sys.stderr.write(error)
+                sys.stderr.write(f"{USAGE}{shown(path)}: {problem}\n")
                 return EXIT_USAGE
         model = collect(cfg, min(collectors, left(deadline)))
         # Logs after collecting: matching holds the GIL; collectors would time out
         until = deadline - timeout / 10  # early enough to be reported
         scans = [(p, Bounded(lambda p=p: scan_log(p, until))) for p in extra.log]
-        report = diagnose(model, extra.require_shm, extra.backend)
+        paths = Paths(cfg.procfs, cfg.sysfs, cfg.rootfs)
+        links = names_by(model, paths, until)
+        report = diagnose(model, extra.require_shm, extra.backend, links)
         # before the logs: one on a hung filesystem is awaited until the deadline
-        outside(report, model, Paths(cfg.procfs, cfg.sysfs, cfg.rootfs), deadline)
+        outside(report, model, paths, deadline)
         log_findings(report, scans, deadline)
         host, flag = model.host_memory, cfg.memory_limit_bytes
         if host is not None and flag is not None and flag >= host.total_bytes:
@@ -274,6 +327,8 @@ def main(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> int:
             report.add("warn", "memory", "--memory.limit-bytes", text, remedy)
         advice = R.advise(report, model, extra, deadline) if extra.recommend else ""
         json = extra.output == "json"
+        if hasattr(sys.stdout, "reconfigure"):  # a character it cannot encode: \uXXXX
+            sys.stdout.reconfigure(errors="backslashreplace")
         sys.stdout.write(render_json(report) if json else render_text(report) + advice)
         return report.exit_code
     except Exception as err:

@@ -68,8 +68,8 @@ class ProcessWalk:
     processes: List[Process]
     unreadable: int  # listed, but stat could not be read (permission, hidepid=1)
     invisible: Optional[int] = 0  # exist but not listed (hidepid); None: uncounted
-    # False when /proc shows only shmwatch and its parents outside the initial PID
-    # namespace (a sidecar without shareProcessNamespace): "no holder found" proves nothing.
+    # False when /proc shows, outside the initial PID namespace, no process of another
+    # container (a sidecar without shareProcessNamespace): "no holder found" proves nothing.
     workload_visible: bool = True
 
 
@@ -132,21 +132,18 @@ class ProcessTable:
 
     def _workload_visible(self, found: List[Process]) -> bool:
         """Whether /proc is the initial PID namespace's (it lists every process there is), or
-        shows a process besides shmwatch and the processes that started it."""
-        own_ns = self.paths.proc("self", "ns", "pid")
-        with suppress(OSError):
-            if os.readlink(own_ns) == INITIAL_PID_NAMESPACE:
-                return True
+        shows another container's process (another mount namespace than shmwatch's)."""
+        if self._ns("self", "pid") == INITIAL_PID_NAMESPACE:
+            return True
+        if not (mine := self._ns("self", "mnt")):
+            return bool(found)  # a fixture tree, or another namespace's procfs
+        return any(self._ns(p.pid, "mnt") not in (mine, "") for p in found)
+
+    def _ns(self, pid: object, kind: str) -> str:  # '?': another UID's, maybe another's
         try:
-            own = int(os.readlink(self.paths.proc("self")))
-        except (OSError, ValueError):  # a fixture tree, or another namespace's procfs
-            return bool(found)
-        parents = {p.pid: p.ppid for p in found}
-        ours, pid = set(), own
-        while pid and pid not in ours:
-            ours.add(pid)
-            pid = parents.get(pid, 0)
-        return any(p.pid not in ours and p.ppid != own for p in found)
+            return os.readlink(self.paths.proc(pid, "ns", kind))
+        except OSError as err:  # '': gone, or a zombie (it holds nothing)
+            return "?" if err.errno == errno.EACCES else ""
 
     def hidepid(self) -> str:
         """How our procfs hides processes, from its mount options ('off' when unknown)."""

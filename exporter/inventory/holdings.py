@@ -85,6 +85,9 @@ class Owners:
     def complete(self) -> bool:  # every process that could hold a segment was read
         return self.unverifiable == 0
 
+    def hold_any(self, devs: Set[int]) -> bool:  # a segment of these devices is held
+        return any(dev in devs for dev, _ in self.holdings)
+
 
 def unlinked_size(hs: List[Holding]) -> Tuple[int, int, float]:
     """Unlinked inode -> (allocated, apparent, mtime): a stat's, else its furthest mapping's."""

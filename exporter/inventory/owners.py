@@ -18,6 +18,7 @@ from exporter.model.types import Segment
 
 MAX_MEMFDS = 64  # memfds kept one by one per process; the rest by class (maybe 1000s)
 MAX_PASSES = 4  # passes over new processes: a holder may fork and exit mid-scan
+NO_WORKLOAD = "the workload's processes: none visible (a PID namespace of its own)"
 
 
 class OwnerScan:
@@ -36,18 +37,12 @@ class OwnerScan:
         walked = self.table.walk()
         unread, hidden = walked.unreadable, walked.invisible
         # Whoever we could not even identify, or cannot see, could hold anything.
-        counted = unread + (hidden or 0)
+        counted = None if hidden is None else unread + hidden
         out = Owners(unreadable=counted, unverifiable=counted)
         if unread:
             out.unproven_because(f"{unread} process(es) whose stat could not be read")
-        if hidden is None or not walked.workload_visible:
-            out.unreadable = out.unverifiable = None
-            out.unproven_because(
-                "hidden processes (hidepid), uncounted"
-                if hidden is None
-                else "the workload's processes: only shmwatch and its parents are visible "
-                "(a PID namespace of its own)"
-            )
+        if hidden is None:
+            out.unproven_because("hidden processes (hidepid), uncounted")
         elif hidden:
             out.unproven_because(f"{hidden} process(es) hidden by hidepid")
         processes = walked.processes
@@ -66,6 +61,10 @@ class OwnerScan:
             out.unverifiable = None  # processes kept appearing: some were never read
             out.unproven_because(f"processes kept starting over {MAX_PASSES} passes")
         out.folded = set()
+        # A holder in shmwatch's own container is the workload too (check in the server's).
+        if not (hidden is None or walked.workload_visible or out.hold_any(devs)):
+            out.unreadable = out.unverifiable = None
+            out.unproven_because(NO_WORKLOAD)
         # Node mode: holders' pods, for the inventory and for refresh() once they exit.
         if pods:
             out.pod_of = {pid: self.table.pod_uid(p) for pid, p in out.holders.items()}

@@ -236,17 +236,17 @@ class ModelStep:
         charged_to = cgroups_by_pod(cgroups)
         for target in self.discovery.current().targets:
             mount, usage = target.mount, usages.get(target.mount)
-            # Outside node mode every mount is charged to the one watched cgroup, also one
-            # at a kubelet emptyDir path (a host-mode exporter watching a pod's volume).
-            cgroup = charged_to.get(pod_uid_of_mount(mount) if self.node_mode else "")
+            # Outside node mode the watched cgroup's: a pod's volume (host mode) too.
+            uid = pod_uid_of_mount(mount) if self.node_mode else ""
+            cgroup = charged_to.get(uid)
             budget = peak = max_used = max_used_at = None
             if usage is not None and not usage.error:
                 used = usage.used_bytes
                 budget = shm_budget(usage, cgroup, *limits)
                 peak = max(states.peaks.get(mount, used), used)
                 max_used, max_used_at = states.max_used.get(mount, (used, time.time()))
-            # An estimate without a limit knows none: not "unlimited".
-            unlimited = cgroup and cgroup.estimated and cgroup.limit_bytes is None
+            # Unknown, not none: an estimate's without a limit, a pod's cgroup unread.
+            unknown = cgroup.estimated and not cgroup.limit_bytes if cgroup else uid
             mounts.append(
                 MountView(
                     mount,
@@ -259,7 +259,7 @@ class ModelStep:
                     self._summaries.get(mount),
                     cgroup,
                     budget,
-                    not limit_unknown and not unlimited,
+                    not limit_unknown and not unknown,
                 )
             )
         return Model(
