@@ -81,7 +81,6 @@ MYPY_NOT_YET_CLEAN: Set[str] = {
     "exporter/host/libc.py",
     "exporter/host/mountinfo.py",
     "exporter/host/proctable.py",
-    "exporter/host/said.py",
     "exporter/inventory/holdings.py",
     "exporter/inventory/maps.py",
     "exporter/inventory/owners.py",
