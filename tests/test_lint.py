@@ -85,7 +85,6 @@ MYPY_NOT_YET_CLEAN: Set[str] = {
     "exporter/inventory/maps.py",
     "exporter/inventory/owners.py",
     "exporter/inventory/walk.py",
-    "exporter/model/classes.py",
     "exporter/model/state.py",
     "exporter/model/step.py",
     "exporter/model/summary.py",
