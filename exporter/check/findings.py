@@ -144,7 +144,19 @@ def render_json(report: Report) -> str:
 # All of `check`'s sizes are formatted here. Advice rounds up: a setting made from it
 # (--shm-size, shm_size, sizeLimit, memory limit) holds the bytes asked, G or Gi alike.
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
-UNITS = (("GiB", GiB), ("MiB", MiB), ("KiB", KiB))
+
+
+@dataclass(frozen=True)
+class Unit:
+    name: str
+    size: int  # bytes
+
+
+UNITS = (
+    Unit(name="GiB", size=GiB),
+    Unit(name="MiB", size=MiB),
+    Unit(name="KiB", size=KiB),
+)
 # The largest size `check` reads or advises (1 PiB): above any shm mount or memory limit. A
 # larger reading is a broken answer, not a size (1e308 would print a 300-digit --shm-size).
 MAX_BYTES = 1 << 50
@@ -173,9 +185,9 @@ def _number(value: object) -> float:
 
 def human(n: float) -> str:
     """A reading, to the nearest tenth: '1.5 GiB', '12 B'."""
-    for unit, size in UNITS:
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
+    for unit in UNITS:
+        if abs(n) >= unit.size:
+            return f"{n / unit.size:.1f} {unit.name}"
     return f"{int(n)} B"
 
 
@@ -191,10 +203,10 @@ def at_most(n: float) -> str:
 
 def _tenths(n: float, rounding: Callable[[Fraction], int]) -> str:
     exact = Fraction(n)
-    for unit, size in UNITS:
-        if exact >= size:
-            tenths = rounding(exact * 10 / size)
-            return f"{tenths // 10}.{tenths % 10} {unit}"
+    for unit in UNITS:
+        if exact >= unit.size:
+            tenths = rounding(exact * 10 / unit.size)
+            return f"{tenths // 10}.{tenths % 10} {unit.name}"
     return f"{rounding(exact)} B"
 
 

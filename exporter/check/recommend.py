@@ -22,7 +22,17 @@ from exporter.check.names import printable, shell, shown
 from exporter.model.step import Model, MountView
 
 DEFAULT_WINDOW, DEFAULT_HEADROOM = "7d", 1.25
-Peaks = Dict[str, Tuple[float, int]]  # mount -> (peak, how many series matched)
+
+
+@dataclass(frozen=True)
+class SourcePeak:
+    """A mount's peak as a source recorded it."""
+
+    peak_bytes: float
+    series: int  # how many series matched: the highest was taken
+
+
+Peaks = Dict[str, SourcePeak]  # mount -> its recorded peak
 SERIES = "{} series matched this mount; the highest was taken (narrow them with --prometheus.selector)"
 NO_PEAK = (
     "no recorded peak: this is the current use only, a spike that is over is not seen"
@@ -113,7 +123,7 @@ def peaks_from_prometheus(
         where = f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
         values = _get(where, _vector, deadline, MAX_ANSWER["prometheus"])
         if values:
-            out[mount] = (max(values), len(values))
+            out[mount] = SourcePeak(peak_bytes=max(values), series=len(values))
     return out
 
 
@@ -128,7 +138,7 @@ def peaks_from_exporter(url: str, deadline: float = math.inf) -> Peaks:
     marks = _get(url, _high_water_marks, deadline, MAX_ANSWER["exporter"])
     if not marks:
         raise SourceError(f"{shown(url)}: no {MAX_USED} (an older shmwatch?)")
-    return {mount: (value, 1) for mount, value in marks.items()}
+    return {m: SourcePeak(peak_bytes=value, series=1) for m, value in marks.items()}
 
 
 def parse_url(text: str) -> str:
@@ -326,9 +336,10 @@ def _recorded_peak(
     --prometheus.selector: another pod's shm peak is not ours."""
     assert view.usage is not None
     for answer in answers:
-        found, series = answer.peaks.get(view.mount, (None, 0))
-        if found is None:
+        recorded = answer.peaks.get(view.mount)
+        if recorded is None:
             continue
+        series = recorded.series
         if (
             answer.source == "prometheus"
             and series > 1
@@ -341,7 +352,10 @@ def _recorded_peak(
             continue
         note = SERIES.format(series) if series > 1 else ""
         return _Peak(
-            observed_bytes=found, source=answer.source, window=answer.window, note=note
+            observed_bytes=recorded.peak_bytes,
+            source=answer.source,
+            window=answer.window,
+            note=note,
         )
     current = view.usage.used_bytes
     return _Peak(observed_bytes=current, source="current", window=None, note=NO_PEAK)

@@ -324,10 +324,29 @@ def _segment_findings(
     unreadable = _unreadable(inventory.proc_unreadable, inventory.unproven)
     leaks = {c for c, _ in summary.totals} - NOT_LEAKS
     kinds = (
-        _Unheld("orphan", leaks & REMOVABLE, summary.leaked, "warn", LEAKED, RM),
-        _Unheld("orphan", leaks - REMOVABLE, summary.leaked, "info", FOREIGN, NO_RM),
         _Unheld(
-            "unverified", leaks, summary.unverified, "info", UNVERIFIED, MAY_BE_LIVE
+            state="orphan",
+            classes=leaks & REMOVABLE,
+            segments=summary.leaked,
+            severity="warn",
+            text=LEAKED,
+            remedy=RM,
+        ),
+        _Unheld(
+            state="orphan",
+            classes=leaks - REMOVABLE,
+            segments=summary.leaked,
+            severity="info",
+            text=FOREIGN,
+            remedy=NO_RM,
+        ),
+        _Unheld(
+            state="unverified",
+            classes=leaks,
+            segments=summary.unverified,
+            severity="info",
+            text=UNVERIFIED,
+            remedy=MAY_BE_LIVE,
         ),
     )
     for kind in kinds:

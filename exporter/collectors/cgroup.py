@@ -209,8 +209,8 @@ class CgroupCollector(Source):
         except OSError:
             return None
         entries = parse_mountinfo(mountinfo)
-        for controller, version in HIERARCHIES[:2]:
-            path = candidates.get(controller)
+        for hierarchy in HIERARCHIES[:2]:  # v1's, v2's ("unified" is v2's again)
+            path, version = candidates.get(hierarchy.controller), hierarchy.version
             shown = cgroup_directories(entries, path, version) if path else []
             for directory in shown:
                 if os.path.exists(os.path.join(directory, USAGE[version])):
@@ -331,10 +331,12 @@ class CgroupCollector(Source):
         root = self.paths.sys("fs", "cgroup")
         found: List[PodCgroup] = []
         self._walked_at, self._walked_links, self._children = time.monotonic(), {}, {}
-        for below_root, version in HIERARCHIES:
-            base = os.path.join(root, below_root)
+        for hierarchy in HIERARCHIES:
+            base = os.path.join(root, hierarchy.directory)
             for top in POD_CGROUP_ROOTS:
-                found += self._walk_pods(base, os.path.join(base, top), version)
+                found += self._walk_pods(
+                    base, os.path.join(base, top), hierarchy.version
+                )
             if found:
                 break  # one hierarchy holds the memory controller
         return sorted(found)
@@ -536,11 +538,12 @@ def _named_directory(root: str, directory: str) -> CgroupAt:
 def _under_root(root: str, candidates: Dict[str, str]) -> List[CgroupAt]:
     """Where each hierarchy (v1's memory, v2's) would show the cgroup under /sys/fs/cgroup."""
     out = []
-    for base, version in HIERARCHIES:
-        path = candidates.get("memory" if version == 1 else "")
+    for hierarchy in HIERARCHIES:
+        path = candidates.get(hierarchy.controller)
         if path is not None:
-            directory = os.path.join(root, base, path.lstrip("/"))
-            out.append(CgroupAt(path=path, version=version, directory=directory))
+            directory = os.path.join(root, hierarchy.directory, path.lstrip("/"))
+            at = CgroupAt(path=path, version=hierarchy.version, directory=directory)
+            out.append(at)
     return out
 
 

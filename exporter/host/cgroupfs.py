@@ -14,8 +14,27 @@ from exporter.host.paths import read_text
 V1_UNLIMITED = 1 << 62
 USAGE = {1: "memory.usage_in_bytes", 2: "memory.current"}
 LIMIT = {1: "memory.limit_in_bytes", 2: "memory.max"}
-# (directory below /sys/fs/cgroup, version) of the memory controller, v1 (hybrid) first.
-HIERARCHIES = (("memory", 1), ("", 2), ("unified", 2))
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """Where a cgroup hierarchy with the memory controller is mounted below /sys/fs/cgroup."""
+
+    directory: str
+    version: int
+
+    @property
+    def controller(self) -> str:
+        """Its name in /proc/<pid>/cgroup: v1's "memory", v2's "" ('0::/path')."""
+        return "memory" if self.version == 1 else ""
+
+
+# v1 (a hybrid host's first), v2, and v2 under a hybrid host's "unified".
+HIERARCHIES = (
+    Hierarchy(directory="memory", version=1),
+    Hierarchy(directory="", version=2),
+    Hierarchy(directory="unified", version=2),
+)
 STAT_KEYS = frozenset(  # what read_files parses of memory.stat (v1's and v2's)
     "inactive_file shmem swap hierarchical_memory_limit total_inactive_file "
     "total_shmem total_swap".split()
