@@ -21,7 +21,8 @@ pytestmark = needs_root
 
 ROOT, SERVER, OTHER = 0, 1000, 65534
 HIDEPID = {"off": "0", "noaccess": "1", "invisible": "2", "ptraceable": "4"}
-IPCRM = "ipcs -m; ipcrm -m <id>"
+# check's SysV advice (exporter/check/kernel.py's IPCRM): prose, not a line to paste
+IPCRM = "remove orphans (list them with ipcs -m, remove each with ipcrm -m ID)"
 # Three creators live on and three exited, one of each pair below shmwatch's PID namespace.
 CREATORS = [
     dict(uid=uid, alive=alive, pidns=below)
