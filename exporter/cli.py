@@ -98,6 +98,15 @@ def _deprecated_tls(cert: str, key: str, ca: Optional[str]) -> wc.WebConfigSourc
     return source
 
 
+def unraisable_hook(unraisable: "sys.UnraisableHookArgs") -> None:
+    """An exception Python cannot raise (in a __del__, a callback at exit) as a log line,
+    not the interpreter's "Exception ignored in" lines."""
+    exc = unraisable.exc_value
+    exc_info = (unraisable.exc_type, exc, unraisable.exc_traceback) if exc else None
+    where = unraisable.err_msg or "Exception ignored in"
+    log.error("%s: %r", where, unraisable.object, exc_info=exc_info)
+
+
 def tune_process() -> None:  # serve's own process, not a library user's
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
     # The soft limit on open files up to the hard one, as a Go program (node_exporter)
@@ -117,6 +126,29 @@ def collect_once(cfg, timeout: float):
     return model
 
 
+def log_to_stderr(log_format: str, log_level: str) -> None:
+    """Every line on stderr a log line: records, warnings, uncaught and unraisable exceptions."""
+    handler = logging.StreamHandler(sys.stderr)
+    formatter = LineFormatter()
+    formatter.json_lines = log_format == "json"
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]  # the old removed, not closed (as basicConfig's force)
+    root.setLevel(getattr(logging, log_level.upper(), logging.INFO))
+    logging.captureWarnings(True)  # warnings.warn() as log lines too
+
+    def thread_hook(args: "threading.ExceptHookArgs") -> None:
+        if args.exc_type is not SystemExit:
+            name = args.thread.name if args.thread else "?"
+            exc = args.exc_value
+            exc_info = (args.exc_type, exc, args.exc_traceback) if exc else None
+            log.error("uncaught exception in thread %s", name, exc_info=exc_info)
+
+    threading.excepthook = thread_hook
+    sys.excepthook = lambda *exc: log.error("uncaught exception", exc_info=exc)
+    sys.unraisablehook = unraisable_hook
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "check":
@@ -124,34 +156,28 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         return check_main(argv[1:], collect_once)
     cfg = parse_args(argv)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(LineFormatter())
-    handler.formatter.json_lines = cfg.log_format == "json"
-    root = logging.getLogger()
-    root.handlers[:] = [handler]  # the old removed, not closed (as basicConfig's force)
-    root.setLevel(getattr(logging, cfg.log_level.upper(), logging.INFO))
-    logging.captureWarnings(True)  # warnings.warn() as log lines too
-
-    def thread_hook(args) -> None:
-        if args.exc_type is not SystemExit:
-            name = args.thread.name if args.thread else "?"
-            exc_info = (args.exc_type, args.exc_value, args.exc_traceback)
-            log.error("uncaught exception in thread %s", name, exc_info=exc_info)
-
-    threading.excepthook = thread_hook
-    sys.excepthook = lambda *exc: log.error("uncaught exception", exc_info=exc)
+    log_to_stderr(cfg.log_format, cfg.log_level)
     tune_process()
     web = _web_config(cfg)
     app = App(cfg, web=web)
-    wsgi = http.make_app(app.exposition.wsgi_app, cfg.telemetry_path)
+    exposition = app.exposition
+    site = http.make_app(exposition.wsgi_app, cfg.telemetry_path, exposition.ready)
     try:
-        httpd = http.bind(cfg.listen_host, cfg.listen_port, wsgi, web, cfg.max_requests)
+        host, port, most = cfg.listen_host, cfg.listen_port, cfg.max_requests
+        httpd = http.bind(host, port, site, web, most, ready=site.ready)
     except OSError as err:
         where = f"{http.url_host(cfg.listen_host)}:{cfg.listen_port}"
         fail("--web.listen-address", f"cannot listen on {where}: {err.strerror or err}")
+    return serve(cfg, app, httpd, web)
+
+
+def serve(
+    cfg: Config, app: App, httpd: http.Front, web: Optional[wc.WebConfigSource]
+) -> int:
+    """Serves until SIGTERM or SIGINT (exit 0, within 2 s) or the HTTP server dies (1)."""
     done = threading.Event()
 
-    def on_signal(signum, _frame) -> None:
+    def on_signal(signum: int, _frame: object) -> None:
         if signum == signal.SIGHUP:  # as Prometheus: re-read the web config
             what = "re-reading the web config" if web else "no web config to re-read"
             log.info("received SIGHUP, %s", what)
@@ -177,6 +203,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             log.error("the HTTP server stopped unexpectedly; exiting")
             app.stop()
             return 1
-    httpd.shutdown()
+    # Connections close while the sources stop: SIGTERM ends the process within 2 s.
+    httpd.stop_serving()
     app.stop()
+    httpd.shutdown()
     return 0

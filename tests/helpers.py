@@ -1,11 +1,13 @@
 """Run sources once against a tree and read the values back from a fresh registry; run a
-world of real processes in namespaces of its own (tests/peers/world.py)."""
+world of real processes in namespaces of its own (tests/peers/world.py); find private
+attributes of other packages a module uses."""
+import ast
 import json
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, Set
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from prometheus_client.registry import CollectorRegistry
 
@@ -70,3 +72,56 @@ def removal_advised(doc: Dict[str, Any]) -> Set[str]:
     """The paths `shmwatch check` advises to `rm`."""
     return {path for f in doc["findings"] if " rm " in f" {f['remedy']}"
             for path in f["remedy"].split(" rm ", 1)[1].split() if path.startswith("/")}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _defined_privates(tree: ast.AST) -> Set[str]:
+    """Private names a module makes itself: functions, classes, names it assigns, and
+    attributes it assigns on its own objects (`self._x = ...`, `cls._x = ...`)."""
+    names: Set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+              and getattr(node.value, "id", None) in ("self", "cls")):
+            names.add(node.attr)
+    return {name for name in names if _private(name)}
+
+
+ATTRIBUTE_BUILTINS = ("getattr", "hasattr", "setattr", "delattr")
+
+
+def _private_uses(tree: ast.AST) -> Iterator[Tuple[int, Optional[str], str]]:
+    """(line, the private attribute or None for an import, what) for each private name a
+    module reaches: `x._y`, getattr(x, "_y") and its kin, imports of a private name or module."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            yield node.lineno, node.attr, f"{ast.unparse(node)}"
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ATTRIBUTE_BUILTINS:
+            named = node.args[1] if len(node.args) > 1 else None
+            if isinstance(named, ast.Constant) and isinstance(named.value, str) and _private(named.value):
+                yield node.lineno, named.value, ast.unparse(node)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if any(_private(part) for part in alias.name.split(".")):
+                    yield node.lineno, None, f"import {alias.name}"
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [alias.name for alias in node.names]
+            if any(_private(part) for part in (node.module or "").split(".") + names):
+                yield node.lineno, None, f"from {node.module} import {', '.join(names)}"
+
+
+def private_attributes_of_other_packages(path: str) -> List[str]:
+    """`path:line: code` for each private name (`_x`, not a dunder) the module at `path`
+    reaches but does not define itself: another package's internals (asyncio's
+    `_ssl_protocol`), by attribute, by getattr/hasattr/setattr/delattr with a constant, or
+    by import. The check is by name: a private the module defines passes wherever used."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    own = _defined_privates(tree)
+    return [f"{path}:{line}: {code}" for line, name, code in _private_uses(tree) if name is None or name not in own]

@@ -5,6 +5,7 @@
   cli, config and __main__ may import anything. The README's "How it works" names the same
   packages in the same order.
 - No import cycles between modules; no private name (`_x`) of one module used in another.
+- No private attribute of another package (`obj._x` of a library) in exporter/exposition.
 There is no line budget: clarity is held by types and complexity (tests/test_lint.py), not
 by a count of lines, which density can always meet.
 
@@ -227,6 +228,15 @@ def test_no_private_names_across_modules():
                 if target and (f"{target}.{rest}" if rest else target) in MODULES:
                     wrong.append(f"{_where(module)}:{node.lineno}: {base}.{node.attr}")
     assert not wrong, "private names used across modules:\n" + "\n".join(wrong)
+
+
+def test_exposition_uses_no_private_attribute_of_another_package():
+    # asyncio's _ssl_protocol, _transport and _read_ready_cb were; a new Python renames them.
+    from tests.helpers import private_attributes_of_other_packages
+
+    paths = [p for m, p in MODULES.items() if m.startswith("exporter.exposition")]
+    wrong = [hit for path in paths for hit in private_attributes_of_other_packages(path)]
+    assert not wrong, "private attributes of other packages:\n" + "\n".join(wrong)
 
 
 def _readme_section(title: str) -> str:
