@@ -14,7 +14,7 @@ from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import ProcessTable
 from exporter.model.step import Model
 from exporter.model.summary import memfd_summary
-from exporter.model.types import CgroupMemory, HostMemory, SysvShm
+from exporter.model.types import CgroupMemory, HostMemory, Inventory, OomKill, SysvShm
 
 OOM_FACTS: Tuple[str, ...] = ("pid", "comm", "task_memcg", "oom_memcg", "pod_uid")
 OOM_FACTS += ("anon_rss_bytes", "shmem_rss_bytes", "file_rss_bytes")
@@ -136,16 +136,21 @@ def oom_kills(report: Report, model: Model, error: Optional[str]) -> None:
         age = max(0, int((now_usec - kill.boot_usec) / 1e6))
         facts = {name: getattr(kill, name) for name in OOM_FACTS}
         listed.append(dict(facts, age_seconds=age, pod_shm_used_bytes=shm_used))
-        sizes = (kill.anon_rss_bytes, kill.shmem_rss_bytes)
-        anon, rss = ("unknown" if n is None else human(n) for n in sizes)
-        shm = "" if shm_used is None else f"; its pod's shm holds {human(shm_used)} now"
-        text = (
-            f"{shown(kill.comm)} in {shown(kill.task_memcg or '?')} killed {age} s ago (limit of "
-            f"{shown(kill.oom_memcg or 'the host')}): anon-rss {anon}, shmem-rss {rss}{shm}"
-        )
-        severity = "warn" if age < T.OOM_KILL_RECENT_SECONDS else "info"
-        report.add(severity, "memory", f"OOM kill pid {kill.pid}", text, OOM_REMEDY)
+        _oom_kill(report, kill, shm_used, age)
     report.facts["oom_kills"] = listed
+
+
+def _oom_kill(report: Report, kill: OomKill, shm_used: Optional[int], age: int) -> None:
+    """A kill: a warning while recent (PodOomKilled's window), then for information."""
+    sizes = (kill.anon_rss_bytes, kill.shmem_rss_bytes)
+    anon, rss = ("unknown" if n is None else human(n) for n in sizes)
+    shm = "" if shm_used is None else f"; its pod's shm holds {human(shm_used)} now"
+    text = (
+        f"{shown(kill.comm)} in {shown(kill.task_memcg or '?')} killed {age} s ago (limit of "
+        f"{shown(kill.oom_memcg or 'the host')}): anon-rss {anon}, shmem-rss {rss}{shm}"
+    )
+    severity = "warn" if age < T.OOM_KILL_RECENT_SECONDS else "info"
+    report.add(severity, "memory", f"OOM kill pid {kill.pid}", text, OOM_REMEDY)
 
 
 def sysv(report: Report, namespaces: Sequence[SysvShm], node_mode: bool) -> None:
@@ -196,9 +201,19 @@ def _sysv_use(report: Report, ns: SysvShm, whose: str, node_mode: bool) -> None:
 
 
 def outside(report: Report, model: Model, paths: Paths, deadline: float) -> None:
+    """Shared memory no watched mount shows: memfd regions, shmem their cgroups cannot
+    explain, NCCL's SHM transport in cuMem host memory."""
     inv = model.inventory
     if inv is None:
         return
+    _memfd(report, inv)
+    _unexplained_shmem(report, model)
+    segments = (s for v in model.mounts if v.inventory for s in v.inventory.rows())
+    if not any(s.cls == "nccl" for s in segments):
+        _nccl_in_cumem(report, paths, deadline)
+
+
+def _memfd(report: Report, inv: Inventory) -> None:
     by_class: Dict[str, Tuple[int, int]]
     top: List[Tuple[int, int]]
     by_class, top = memfd_summary(inv, MAX_NAMED)
@@ -211,28 +226,36 @@ def outside(report: Report, model: Model, paths: Paths, deadline: float) -> None
         text = f"{count} memfd region(s), {human(total)}: shmem charged to the writer's"
         text += f" cgroup that no mount shows; held by {holders}"
         report.add("info", "memory", "memfd", text)
+
+
+def _unexplained_shmem(report: Report, model: Model) -> None:
+    """A cgroup's shmem that no watched mount, SysV segment or memfd explains, from 64 MiB."""
     for cgroup, unexplained in sorted(model.shmem_unexplained.items()):
         if unexplained >= 64 << 20:
             text = f"about {human(unexplained)} of shmem that no watched mount, SysV"
             text += " segment or memfd region explains (an estimate)"
             remedy = "look for other tmpfs mounts (findmnt -t tmpfs) and memfds of exited processes"
             report.add("info", "memory", shown(cgroup), text, remedy)
-    segments = (s for v in model.mounts if v.inventory for s in v.inventory.rows())
-    if not any(s.cls == "nccl" for s in segments):
-        # a D-state process's maps block on its mmap lock: left behind at the deadline
-        try:
-            users = Bounded(partial(nccl_users, paths)).result(deadline)
-        except TimeoutError:
-            text = "processes' maps not read within --timeout: NCCL in cuMem host memory not checked"
-            report.add("info", "shm", "nccl", text)
-            return
-        if users:
-            text = f"NCCL is loaded ({', '.join(map(shown, users))}) and no nccl-* segment exists:"
-            text += " NCCL >= 2.26.3 puts its SHM transport in cuMem host memory when"
-            text += " the cuMem probe succeeds (NCCL_CUMEM_HOST_ENABLE), which no mount"
-            text += " shows: absent files prove nothing"
-            remedy = "NCCL_CUMEM_HOST_ENABLE=0 on every rank puts the buffers back in /dev/shm"
-            report.add("info", "shm", "nccl", text, remedy)
+
+
+def _nccl_in_cumem(report: Report, paths: Paths, deadline: float) -> None:
+    """No nccl-* segment: NCCL loaded may keep its SHM transport where no mount shows it."""
+    # a D-state process's maps block on its mmap lock: left behind at the deadline
+    try:
+        users = Bounded(partial(nccl_users, paths)).result(deadline)
+    except TimeoutError:
+        text = "processes' maps not read within --timeout: NCCL in cuMem host memory not checked"
+        report.add("info", "shm", "nccl", text)
+        return
+    if users:
+        text = f"NCCL is loaded ({', '.join(map(shown, users))}) and no nccl-* segment exists:"
+        text += " NCCL >= 2.26.3 puts its SHM transport in cuMem host memory when"
+        text += " the cuMem probe succeeds (NCCL_CUMEM_HOST_ENABLE), which no mount"
+        text += " shows: absent files prove nothing"
+        remedy = (
+            "NCCL_CUMEM_HOST_ENABLE=0 on every rank puts the buffers back in /dev/shm"
+        )
+        report.add("info", "shm", "nccl", text, remedy)
 
 
 def nccl_users(paths: Paths) -> List[str]:

@@ -226,6 +226,18 @@ def refusal(path: str) -> str:
     return "" if os.access(path, os.R_OK) else "cannot read it"
 
 
+def _unread(report: Report, name: str, scan: LogScan) -> None:
+    """What of a log was not read: before its tail, or past the deadline."""
+    tail, size = scan.size - scan.start, scan.size
+    if scan.start:
+        text = f"only its last {human(tail)} of {human(size)} read"
+        report.add("info", "log", name, text)
+    if scan.end < size:
+        read = f"{human(scan.end - scan.start)} of {human(tail)} read"
+        text = f"not read to its end within --timeout: {read}"
+        report.add("warn", "log", name, text)
+
+
 def log_findings(
     report: Report, scans: Sequence[Tuple[str, Bounded[LogScan]]], deadline: float
 ) -> None:
@@ -242,14 +254,7 @@ def log_findings(
             continue
         for signature, hit in scan.hits.items():
             hits.setdefault(signature, hit)
-        tail, size = scan.size - scan.start, scan.size
-        if scan.start:
-            text = f"only its last {human(tail)} of {human(size)} read"
-            report.add("info", "log", name, text)
-        if scan.end < size:
-            read = f"{human(scan.end - scan.start)} of {human(tail)} read"
-            text = f"not read to its end within --timeout: {read}"
-            report.add("warn", "log", name, text)
+        _unread(report, name, scan)
     for signature, hit in hits.items():
         where = shown(os.path.basename(hit.file))
         where += f":{hit.line}" if hit.line else f" at byte {hit.offset}"

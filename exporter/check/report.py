@@ -179,7 +179,7 @@ def shm_remedy(required: int) -> str:
 
 
 @dataclass(frozen=True)
-class _MountFindings:
+class MountFindings:
     """Findings about one mount: into the report, under the mount's name."""
 
     report: Report
@@ -218,7 +218,7 @@ def shm(
     names.leaked_names's (without: each leaked file by the name it was listed)."""
     m = view.usage
     assert m is not None  # diagnose passes the mounts measured
-    findings = _MountFindings(report=report, subject=shown(m.mount))
+    findings = MountFindings(report=report, subject=shown(m.mount))
     must = "fail" if required else "warn"  # what a required mount's trouble is
     if m.error:
         findings.add(must, f"cannot be measured: {shown(m.error)}", REMOUNT)
@@ -256,7 +256,7 @@ def _usage_line(m: MountUsage) -> str:
 
 
 def _size_findings(
-    findings: _MountFindings,
+    findings: MountFindings,
     m: MountUsage,
     usage: str,
     effective: int,
@@ -272,7 +272,7 @@ def _size_findings(
 
 
 def _fullness_findings(
-    findings: _MountFindings, m: MountUsage, usage: str, must: str
+    findings: MountFindings, m: MountUsage, usage: str, must: str
 ) -> None:
     if m.usage_ratio > T.SHM_USAGE_CRITICAL_RATIO:
         findings.add(
@@ -310,7 +310,7 @@ def _by_class(summary: SegmentSummary) -> str:
 
 
 def _segment_findings(
-    findings: _MountFindings,
+    findings: MountFindings,
     mount: str,
     summary: SegmentSummary,
     model: Model,
@@ -357,7 +357,7 @@ def _segment_findings(
 
 
 def _unheld_finding(
-    findings: _MountFindings,
+    findings: MountFindings,
     mount: str,
     summary: SegmentSummary,
     kind: _Unheld,

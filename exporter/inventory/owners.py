@@ -216,10 +216,13 @@ class OwnerScan:
         if denied:
             self._count_denied(proc, out)
         if held_here:
-            # comm read after the maps: a holder that exec'ed since is named anew.
-            comm = self.table.comm(pid)
-            out.comms[pid] = proc.comm if comm == "unknown" else comm
-            out.holders[pid] = proc
+            self._name_holder(proc, out)
+
+    def _name_holder(self, proc: Process, out: Owners) -> None:
+        """A holder by its comm read after its maps: one that exec'ed since is named anew."""
+        comm = self.table.comm(proc.pid)
+        out.comms[proc.pid] = proc.comm if comm == "unknown" else comm
+        out.holders[proc.pid] = proc
 
     def _maps(self, pid: int) -> Optional[str]:
         """Its maps; None: denied (another UID, hidepid); '' when gone."""
