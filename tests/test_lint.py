@@ -32,14 +32,14 @@ def _ruff() -> str:
     return shutil.which("ruff") or pytest.fail("ruff is not installed (pip install -e '.[test]')")
 
 
-def test_ruff_finds_nothing():
+def test_ruff_finds_nothing() -> None:
     result = subprocess.run([_ruff(), "check", "--select", "F,E9", "--line-length", "120", "--output-format", "concise",
                              "exporter", "tests", "bench", "grafana", "deploy", "docs"], cwd=REPO, capture_output=True,
                             text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_exporter_is_ruff_formatted():
+def test_exporter_is_ruff_formatted() -> None:
     # Default settings: run `ruff format exporter` to fix.
     result = subprocess.run([_ruff(), "format", "--check", "--isolated", "exporter"], cwd=REPO, capture_output=True,
                             text=True)
@@ -91,7 +91,7 @@ def mypy_errors() -> Dict[str, List[str]]:
     return errors
 
 
-def test_mypy_strict_holds_the_clean_modules():
+def test_mypy_strict_holds_the_clean_modules() -> None:
     errors = mypy_errors()
     new = {m: e for m, e in errors.items() if m not in MYPY_NOT_YET_CLEAN}
     assert not new, "mypy --strict errors in modules that were clean:\n" + "\n".join(
@@ -144,13 +144,13 @@ def complexities() -> Dict[str, int]:
     return found
 
 
-def test_the_complexity_lists_are_well_formed():
+def test_the_complexity_lists_are_well_formed() -> None:
     assert len(EXCEPTIONS) <= MAX_EXCEPTIONS, f"at most {MAX_EXCEPTIONS} named exceptions"
     assert all(why.strip() for why in EXCEPTIONS.values()), "each exception says why it cannot be split"
     assert not EXCEPTIONS.keys() & NOT_YET_SIMPLE.keys()
 
 
-def test_cognitive_complexity_holds_the_simple_functions():
+def test_cognitive_complexity_holds_the_simple_functions() -> None:
     found = complexities()
     over = {f"{name}: {n}" for name, n in found.items()
             if n > (EXCEPTION_MAX if name in EXCEPTIONS else NOT_YET_SIMPLE.get(name, MAX_COMPLEXITY))}
@@ -225,21 +225,22 @@ def library_internals(trees: Dict[str, ast.Module]) -> Iterator[Tuple[str, str, 
     ours = _defined_here(trees)
     for module, tree in trees.items():
         for node in ast.walk(tree):
+            line = getattr(node, "lineno", 0)
             attribute = ""
             if isinstance(node, ast.Attribute):
                 attribute = node.attr
             elif isinstance(node, ast.Call):
                 attribute = _string_attribute(node)
             if _private(attribute) and attribute not in ours:
-                yield module, attribute, node.lineno
+                yield module, attribute, line
             elif attribute in PARTIAL_FIELDS:
-                yield module, "functools.partial", node.lineno
+                yield module, "functools.partial", line
             if isinstance(node, ast.Name) and node.id == "SimpleNamespace" or \
                     isinstance(node, ast.alias) and node.name == "SimpleNamespace":
-                yield module, "SimpleNamespace", getattr(node, "lineno", 0)
+                yield module, "SimpleNamespace", line
 
 
-def test_no_library_internals():
+def test_no_library_internals() -> None:
     found: Dict[Tuple[str, str], List[int]] = {}
     for module, what, line in library_internals(_trees()):
         found.setdefault((module, what), []).append(line)
@@ -250,7 +251,7 @@ def test_no_library_internals():
     assert not gone, f"no longer used: strike them off INTERNALS_NOT_YET_GONE in tests/test_lint.py: {gone}"
 
 
-def test_the_internals_check_finds_what_it_should():
+def test_the_internals_check_finds_what_it_should() -> None:
     # A check that can fail: a library's private attribute, read directly and by getattr, a
     # SimpleNamespace and a partial taken apart; not our own private names nor _replace.
     code = ("from types import SimpleNamespace\nclass A:\n    def __init__(self):\n        self._ours = 1\n"

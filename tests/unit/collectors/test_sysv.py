@@ -44,7 +44,7 @@ def ipc_namespaces() -> Iterator[List[str]]:
 
 
 @needs_root
-def test_node_mode_reads_how_proc_hides_pids_once_a_run_not_once_per_namespace(ipc_namespaces):
+def test_node_mode_reads_how_proc_hides_pids_once_a_run_not_once_per_namespace(ipc_namespaces: List[str]) -> None:
     # The bug: read() asked the process table for hidepid, which parses all of mountinfo (a
     # node's runs to 2,000 lines), in every IPC namespace it joined: 200 pods, 200 parses.
     table = CountingTable(Paths())

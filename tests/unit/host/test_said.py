@@ -2,7 +2,7 @@
 follows the keys each run names, so a key gone (a deleted pod's mount) is forgotten."""
 
 import logging
-from typing import List
+from typing import List, Tuple
 
 from exporter.host.said import SaidOnce
 
@@ -16,7 +16,7 @@ class Lines(logging.Handler):
         self.lines.append(f"{record.levelname} {record.getMessage()}")
 
 
-def said() -> "tuple[SaidOnce[str], Lines]":
+def said() -> Tuple[SaidOnce[str], Lines]:
     log = logging.getLogger(f"test_said.{id(object())}")
     log.propagate, log.level = False, logging.DEBUG
     lines = Lines()
@@ -24,7 +24,7 @@ def said() -> "tuple[SaidOnce[str], Lines]":
     return SaidOnce(log), lines
 
 
-def test_a_condition_is_said_when_it_begins_changes_and_ends():
+def test_a_condition_is_said_when_it_begins_changes_and_ends() -> None:
     once, lines = said()
     for message in ("full", "full", "fuller", None, None, "full"):
         once.run(["/m"]).say("/m", message, back="fine again")
@@ -32,7 +32,7 @@ def test_a_condition_is_said_when_it_begins_changes_and_ends():
                            "WARNING mount /m: full"]
 
 
-def test_a_key_a_run_leaves_out_is_forgotten_and_told_about_afresh_when_it_comes_back():
+def test_a_key_a_run_leaves_out_is_forgotten_and_told_about_afresh_when_it_comes_back() -> None:
     # The bug: SaidOnce's callers had to call keep() themselves, and the segments collector
     # never did: a deleted pod's mount stayed said for good, and one back at the same path
     # was not warned about again.
@@ -43,7 +43,7 @@ def test_a_key_a_run_leaves_out_is_forgotten_and_told_about_afresh_when_it_comes
     assert lines.lines == ["WARNING mount /pod-a: over the cap"] * 2
 
 
-def test_a_key_a_run_does_not_mention_keeps_what_was_said():
+def test_a_key_a_run_does_not_mention_keeps_what_was_said() -> None:
     # A quick run measures a few mounts: the others' conditions stand.
     once, lines = said()
     once.run(["/a", "/b"]).say("/a", "not tmpfs")
@@ -52,7 +52,7 @@ def test_a_key_a_run_does_not_mention_keeps_what_was_said():
     assert lines.lines == ["WARNING mount /a: not tmpfs", "WARNING mount /b: not tmpfs"]
 
 
-def test_what_is_kept_is_bounded_by_the_live_keys():
+def test_what_is_kept_is_bounded_by_the_live_keys() -> None:
     # 10,000 short-lived pods, each warned about once: an ended run keeps none of them, so
     # every one that comes back is warned about again.
     once, lines = said()
