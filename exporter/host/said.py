@@ -8,19 +8,17 @@ about afresh. A run need not say something about every live key (a quick run mea
 mounts): a key it does not mention keeps what was said about it."""
 
 import logging
-from typing import Dict, Generic, Hashable, Iterable, Optional, TypeVar
-
-K = TypeVar("K", bound=Hashable)
+from typing import Dict, Hashable, Iterable, Optional
 
 
-class SaidOnce(Generic[K]):
+class SaidOnce:
     """What was last said about each key. Not thread-safe: a caller on several threads locks."""
 
     def __init__(self, log: logging.Logger, prefix: str = "mount {}: ") -> None:
         self.log, self.prefix = log, prefix
-        self._said: Dict[K, object] = {}
+        self._said: Dict[Hashable, object] = {}
 
-    def run(self, live: Iterable[K]) -> "SaidRun[K]":
+    def run(self, live: Iterable[Hashable]) -> "SaidRun":
         """A run over the keys that exist now; what was said about any other is forgotten."""
         keys = set(live)
         for gone in self._said.keys() - keys:
@@ -29,7 +27,7 @@ class SaidOnce(Generic[K]):
 
     def say(
         self,
-        key: K,
+        key: Hashable,
         message: Optional[str],
         level: int = logging.WARNING,
         back: str = "",
@@ -39,12 +37,12 @@ class SaidOnce(Generic[K]):
         shm_mount collectors), which must call `keep` themselves. To be removed with them."""
         self._say(key, message, level, back, same)
 
-    def keep(self, keys: Iterable[K]) -> None:
+    def keep(self, keys: Iterable[Hashable]) -> None:
         """Outside a run: forgets every key but `keys` (what `run` does). To be removed."""
         self.run(keys)
 
     def _say(
-        self, key: K, message: Optional[str], level: int, back: str, same: object
+        self, key: Hashable, message: Optional[str], level: int, back: str, same: object
     ) -> None:
         if message is None:
             if self._said.pop(key, None) is not None and back:
@@ -56,15 +54,15 @@ class SaidOnce(Generic[K]):
             self.log.log(level, self.prefix.format(key) + message)
 
 
-class SaidRun(Generic[K]):
+class SaidRun:
     """One run's voice: made by `SaidOnce.run`, which has forgotten the keys gone."""
 
-    def __init__(self, said: SaidOnce[K]) -> None:
+    def __init__(self, said: SaidOnce) -> None:
         self._said = said
 
     def say(
         self,
-        key: K,
+        key: Hashable,
         message: Optional[str],
         level: int = logging.WARNING,
         back: str = "",

@@ -16,7 +16,7 @@ class Lines(logging.Handler):
         self.lines.append(f"{record.levelname} {record.getMessage()}")
 
 
-def said() -> Tuple[SaidOnce[str], Lines]:
+def said() -> Tuple[SaidOnce, Lines]:
     log = logging.getLogger(f"test_said.{id(object())}")
     log.propagate, log.level = False, logging.DEBUG
     lines = Lines()
