@@ -55,11 +55,6 @@ MAY_BE_LIVE = (
     "(README: Deploy); never remove them on this report's word"
 )
 
-# config.py is not typed yet (its rewrite as a dataclass is under way): its two calls here,
-# with the types check relies on.
-_parse_args: Callable[..., Tuple[Config, argparse.Namespace]] = parse_args
-_typed: Callable[[Callable[[str], object]], Callable[[str], object]] = typed
-
 
 @dataclass(frozen=True)
 class CheckFlags:
@@ -96,7 +91,7 @@ def check_parser() -> argparse.ArgumentParser:
     add(
         "--require-shm",
         dest="require_shm",
-        type=_typed(_size),
+        type=typed(_size),
         help="Fail (exit 2) when the shm mount can hold less than this, e.g. 16Gi.",
     )
     add(
@@ -117,7 +112,7 @@ def check_parser() -> argparse.ArgumentParser:
     add(
         "--timeout",
         dest="timeout",
-        type=_typed(_seconds),
+        type=typed(_seconds),
         help="Seconds the whole check may take: collectors, logs, Prometheus and exporter reads.",
     )
     add(
@@ -136,7 +131,7 @@ def _add_recommend_flags(parser: argparse.ArgumentParser) -> None:
         "--prometheus.url",
         dest="prometheus_url",
         metavar="URL",
-        type=_typed(R.parse_url),
+        type=typed(R.parse_url),
         help="Prometheus to read the peak over --recommend.window from (HTTP API /api/v1/query).",
     )
     add(
@@ -150,21 +145,21 @@ def _add_recommend_flags(parser: argparse.ArgumentParser) -> None:
         "--exporter.url",
         dest="exporter_url",
         metavar="URL",
-        type=_typed(R.parse_url),
+        type=typed(R.parse_url),
         help="A running shmwatch's /metrics: its high-water mark, when Prometheus has none.",
     )
     add(
         "--recommend.window",
         dest="recommend_window",
         default=R.DEFAULT_WINDOW,
-        type=_typed(R.parse_window),
+        type=typed(R.parse_window),
         help="How far back to look in Prometheus.",
     )
     add(
         "--recommend.headroom",
         dest="recommend_headroom",
         default=R.DEFAULT_HEADROOM,
-        type=_typed(R.parse_headroom),
+        type=typed(R.parse_headroom),
         help="Factor on top of the peak.",
     )
 
@@ -534,7 +529,7 @@ def _check(argv: Sequence[str], collect: Callable[[Config, float], Model]) -> in
 def _parse(argv: Sequence[str]) -> Tuple[Config, CheckFlags]:
     """The exporter's configuration and check's flags; a usage error exits EXIT_USAGE."""
     try:
-        cfg, extra = _parse_args(list(argv), parser=check_parser())
+        cfg, extra = parse_args(list(argv), parser=check_parser())
     except SystemExit as err:
         # argparse and a bad flag value exit 2, which here means "a requirement failed"
         raise SystemExit(EXIT_USAGE if err.code == 2 else err.code) from None
