@@ -13,7 +13,7 @@ from exporter.check.names import shown
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import ProcessTable
 from exporter.model.step import Model
-from exporter.model.summary import memfd_summary
+from exporter.model.summary import ShmBudget, memfd_summary
 from exporter.model.types import CgroupMemory, HostMemory, Inventory, OomKill, SysvShm
 
 OOM_FACTS: Tuple[str, ...] = ("pid", "comm", "task_memcg", "oom_memcg", "pod_uid")
@@ -42,8 +42,8 @@ def memory(report: Report, model: Model, cgroup_error: Optional[str]) -> None:
         return
     cgroup = model.cgroups[0]
     report.facts["cgroup"] = asdict(cgroup)
-    if _workload(report, cgroup, kills):
-        _projections(report, model, cgroup)
+    _workload(report, cgroup, kills)
+    _projections(report, model, cgroup)  # a projection is made against a limit only
 
 
 def _pods(report: Report, pods: List[CgroupMemory], kills: Dict[str, int]) -> None:
@@ -71,14 +71,13 @@ def _host(report: Report, host: HostMemory) -> None:
     report.add("warn" if low else "ok", "memory", "host", text, remedy)
 
 
-def _workload(report: Report, cgroup: CgroupMemory, kills: Dict[str, int]) -> bool:
-    """The workload's cgroup: its working set against its limit, and its OOM kills. False
-    when it has no limit (no ratio to judge, no projection)."""
+def _workload(report: Report, cgroup: CgroupMemory, kills: Dict[str, int]) -> None:
+    """The workload's cgroup: its working set against its limit, and its OOM kills."""
     name, risk, text = shown(cgroup.cgroup), cgroup.oom_risk_ratio, _working_set(cgroup)
     if risk is None:
         text += ", no memory limit: OOM ratios not computed (pass --memory.limit-bytes)"
         report.add("info", "memory", name, text)
-        return False
+        return
     if cgroup.estimated:
         text += " (estimated: the workload's resident memory and shm; its cgroup is not readable here)"
     if cgroup.shmem_bytes is not None:
@@ -87,32 +86,31 @@ def _workload(report: Report, cgroup: CgroupMemory, kills: Dict[str, int]) -> bo
     remedy = "raise the memory limit or free shm" if high else ""
     report.add("warn" if high else "ok", "memory", name, text, remedy)
     _kills(report, name, kills.get(cgroup.cgroup, cgroup.oom_kills))
-    return True
 
 
 def _projections(report: Report, model: Model, cgroup: CgroupMemory) -> None:
     """Each mount charged to `cgroup` whose filling would OOM-kill the pod before ENOSPC."""
     for view in model.mounts:
-        budget = view.budget
-        if view.cgroup is not cgroup or budget is None:
-            continue
-        if (budget.projection or 0) > T.SHM_OOM_PROJECTION_RATIO:
-            text = (
-                f"filling it ({human(budget.fillable_bytes)}) would need {budget.projection:.0%} "
-                "of the memory limit: the pod is OOM-killed before tmpfs says ENOSPC"
-            )
-            room = (
-                budget.room_bytes or 0
-            )  # a projection is made against a limit: room known
-            remedy = (
-                f"lower sizeLimit to at most {at_most(room)} or raise the memory limit"
-            )
-            report.add("warn", "memory", shown(view.mount), text, remedy)
+        if view.cgroup is cgroup and view.budget is not None:
+            _projection(report, view.mount, view.budget)
+
+
+def _projection(report: Report, mount: str, budget: ShmBudget) -> None:
+    # A projection is made against the cgroup's limit, which leaves the room it names.
+    projection, room = budget.projection, budget.room_bytes
+    if projection is None or room is None or projection <= T.SHM_OOM_PROJECTION_RATIO:
+        return
+    text = (
+        f"filling it ({human(budget.fillable_bytes)}) would need {projection:.0%} "
+        "of the memory limit: the pod is OOM-killed before tmpfs says ENOSPC"
+    )
+    remedy = f"lower sizeLimit to at most {at_most(room)} or raise the memory limit"
+    report.add("warn", "memory", shown(mount), text, remedy)
 
 
 def _working_set(c: CgroupMemory) -> str:
     text = f"working set {human(c.working_set_bytes)}"
-    if c.oom_risk_ratio is not None and c.limit_bytes is not None:
+    if c.limit_bytes:  # then oom_risk_ratio is working set / limit
         text += f" of {human(c.limit_bytes)} limit ({c.oom_risk_ratio:.0%})"
     return text
 

@@ -25,7 +25,7 @@ from exporter.config import Config, build_parser, parse_args, parse_size, typed
 from exporter.model.classes import NOT_LEAKS, REMOVABLE, classify
 from exporter.model.step import Model, MountView
 from exporter.model.summary import SegmentSummary
-from exporter.model.types import GpuSnapshot, MountUsage, Segment
+from exporter.model.types import MountUsage, Segment
 
 # Recommended shm per backend. vLLM's and SGLang's docs name no number: 16Gi holds NCCL's
 # segments, the engines' shm queues and multimodal caches in tensor-parallel serving;
@@ -440,19 +440,17 @@ def diagnose(
         if name not in QUIET_FAILURES:
             area = FAILURE_AREAS.get(name, "shm")
             report.add("warn", area, f"collector {name}", f"could not be read: {error}")
-    need = BACKEND_SHM.get(backend) if backend else None
-    if backend and need:
-        _backend_findings(report, required, backend, need)
+    _backend_findings(report, required, backend)
     return report
 
 
 def _gpu_findings(report: Report, model: Model, error: Optional[str]) -> None:
     """Each GPU's memory, nearly full or not, and the GPUs NVML skipped."""
-    gpus = model.gpu or GpuSnapshot(driver_version="", devices=[])
+    devices = model.gpu.devices if model.gpu else []
     if model.gpu is None and error is not None:
         report.add("info", "gpu", "NVML", f"GPU memory not checked: {error}")
-    report.facts["gpus"] = [asdict(d) for d in gpus.devices]
-    for d in gpus.devices:
+    report.facts["gpus"] = [asdict(d) for d in devices]
+    for d in devices:
         ratio = d.used_bytes / d.total_bytes if d.total_bytes else 0
         text = f"{human(d.used_bytes)} of {human(d.total_bytes)} used ({ratio:.0%})"
         subject = shown(f"GPU {d.gpu} {d.name}")
@@ -461,16 +459,19 @@ def _gpu_findings(report: Report, model: Model, error: Optional[str]) -> None:
             report.add("warn", "gpu", subject, text + ": less than 2 % free", remedy)
         else:
             report.add("ok", "gpu", subject, text)
-    for skipped in gpus.errors:
+    for skipped in model.gpu.errors if model.gpu else []:
         text = f"GPU skipped: {shown(skipped)}"
         report.add("warn", "gpu", "NVML", text, "nvidia-smi; dmesg | grep -i xid")
 
 
 def _backend_findings(
-    report: Report, required: Optional[int], backend: str, need: int
+    report: Report, required: Optional[int], backend: Optional[str]
 ) -> None:
     """A mount that can hold less than this project recommends for `backend` (unless
     --require-shm asks as much or more, which judged it already)."""
+    if backend is None or backend not in BACKEND_SHM:
+        return
+    need = BACKEND_SHM[backend]
     for facts in report.facts.get("shm", []):
         effective = facts["effective_size_bytes"]
         if effective < need and not (required and required >= need):
