@@ -117,7 +117,7 @@ def test_an_ipc_namespace_that_cannot_be_read_makes_no_garbage_cycle():
     cannot read (setns refused, /proc/sysvipc unreadable) is handed back as its error. Kept
     with its traceback, that error held the thread's frame, and so the results holding it:
     a cycle per namespace and run."""
-    from exporter.collectors.sysv import in_ipc_namespaces
+    from exporter.collectors.sysv import IpcNamespace, in_ipc_namespaces
 
     def refused():
         raise PermissionError(13, "Permission denied")
@@ -127,7 +127,7 @@ def test_an_ipc_namespace_that_cannot_be_read_makes_no_garbage_cycle():
     gc.disable()
     try:
         gc.collect()
-        read = in_ipc_namespaces([(own, ["/proc/self/ns/ipc"])], refused)
+        read = in_ipc_namespaces([IpcNamespace(namespace=own, links=["/proc/self/ns/ipc"])], refused)
         assert isinstance(read[own], PermissionError)
         del read
         garbage = gc.collect()
