@@ -15,6 +15,7 @@ from exporter.host.proctable import ProcessTable
 from exporter.inventory.changes import ChangeLog
 from exporter.model.state import StateStore
 from exporter.model.step import ModelStep
+from exporter.runtime.memory import MemoryGiveBack
 from exporter.runtime.scheduler import Sampler
 from exporter.runtime.watcher import MountWatcher
 
@@ -65,6 +66,9 @@ class App:
         )
         self.sampler.subscribe(self.watcher.on_observation)
         self.sampler.subscribe(self.step.accept)
+        # After the step: the inventory it no longer holds is freed by then.
+        self.give_back = MemoryGiveBack()
+        self.sampler.subscribe(self.give_back.on_observation)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ModelCollector(self.step))
         self.web = web  # its files watched from start() to stop()
