@@ -9,6 +9,7 @@ import sys
 import tempfile
 
 from tests.conftest import REPO, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, select, value
+from tests.helpers import Runs
 
 MiB = 1 << 20
 
@@ -132,7 +133,7 @@ def test_a_procfs_that_cannot_be_listed_proves_nothing(tmp_path):
     shm = tmp_path / "shm"
     shm.mkdir()
     fallocate(str(shm / "psm_maybe"), 4096)
-    inv = SegmentsCollector(Paths(procfs=str(tmp_path / "no-proc")), [str(shm)]).collect()
+    inv = Runs(SegmentsCollector(Paths(procfs=str(tmp_path / "no-proc"))), [str(shm)]).full()
     assert [(s.name, s.state) for s in inv.mounts[0].rows()] == [("psm_maybe", "unverified")]
     assert inv.proc_unreadable is None and not inv.owners_complete
 

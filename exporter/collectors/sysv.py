@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional, Sequence, TypeVar, Union
 
 from exporter.model.types import SysvSegment, SysvShm
-from exporter.collectors.source import Source, register
+from exporter.collectors.source import RunInput, Schedule, Source, register
 from exporter.host.libc import setns
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import Process, ProcessTable
@@ -142,8 +142,10 @@ class SysvCollector(Source):
         self.table = table or ProcessTable(paths)
         # Node mode walks every process for its namespace and joins each: at the inventory's
         # pace, stretched while nothing changes (SysV segments are long-lived).
-        self.schedule = "inventory" if node_mode else "poll"
-        self.stretches = node_mode
+        self.schedule: Schedule = "inventory" if node_mode else "poll"
+
+    def stretches(self, run: RunInput) -> bool:
+        return self.node_mode
 
     def read(self, pids_hidden: bool) -> SysvShm:
         """The calling thread's IPC namespace. `pids_hidden`: /proc hides processes (hidepid),
@@ -168,7 +170,7 @@ class SysvCollector(Source):
             return False
         return segment.lpid == 0 or self._gone(segment.lpid, pids_hidden)
 
-    def collect(self) -> List[SysvShm]:
+    def collect(self, run: RunInput = RunInput()) -> List[SysvShm]:
         """One namespace per element: ours in a sidecar; every process's in node mode."""
         # Once a run, not per namespace: hidepid is our procfs's, parsed from all of mountinfo.
         pids_hidden = self.table.hidepid() != "off"

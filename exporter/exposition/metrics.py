@@ -131,18 +131,19 @@ class ModelCollector(Collector):
         same = (inv, *[x for v in listed for x in (v.labels, v.summary, v.inventory)])
         out.parts_of(self._one_mount_segments, map(segments, listed), same)
         out.parts_of(self._one_mount_state, map(state, listed), same)
-        by_class, top = memfd_summary(inv, self.step.top_k)
-        for cls, (count, allocated) in sorted(by_class.items()):
-            out.add("shmwatch_memfd_regions", [cls], count)
-            out.add("shmwatch_memfd_bytes", [cls], allocated)
-        for pid, size in top:
+        memfds = memfd_summary(inv, self.step.top_k)
+        for cls, totals in sorted(memfds.by_class.items()):
+            out.add("shmwatch_memfd_regions", [cls], totals.count)
+            out.add("shmwatch_memfd_bytes", [cls], totals.allocated_bytes)
+        for pid, size in memfds.top:
             labels = [str(pid), clean(inv.comms.get(pid, "unknown"))]
             pod = {"process_pod_uid": inv.pods.get(pid, "")}
             out.add("shmwatch_process_memfd_bytes", labels, size, pod)
 
     @staticmethod
     def _one_mount_segments(out: Families, mount, summary, comms, pods) -> None:
-        for (cls, state), figures in sorted(summary.totals.items()):
+        for (cls, state), t in sorted(summary.totals.items()):
+            figures = t.count, t.allocated_bytes, t.apparent_bytes
             for kind, value in zip(SEGMENT_SERIES, figures):
                 out.add(f"shmwatch_{kind}", [mount, cls, state], value)
         seen = set()
@@ -192,7 +193,7 @@ class ModelCollector(Collector):
                     out.add(f"shmwatch_sysv_{name}", [], value, ns)
 
     def _process(self, model: Model, out: Families) -> None:
-        for name, value in model.process_samples:
+        for name, value in ((s.name, s.value) for s in model.process_samples):
             out.add(name, [], value)
 
     def _host_memory(self, model: Model, out: Families) -> None:
