@@ -1,0 +1,120 @@
+"""runtime/scheduler.py: what the runners share with other threads. The watchdog's verdict
+on a run and the run's own result are published one at a time, in the order they were
+given: a healthy run is never left published as timed out (collector_success 0)."""
+
+import threading
+import time
+from typing import Callable, List
+
+from exporter.collectors.source import RunInput, Source
+from exporter.model.types import Observation
+from exporter.runtime.scheduler import Sampler
+
+
+class Clock:
+    """The scheduler's monotonic clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Blocking(Source):
+    """A full run that lasts until the test releases it."""
+
+    name, schedule = "segments", "inventory"
+
+    def __init__(self) -> None:
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def collect(self, run: RunInput) -> List[str]:
+        self.started.set()
+        self.release.wait(10)
+        return ["done"]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not condition():
+        time.sleep(0.01)
+    return condition()
+
+
+def test_a_run_that_ends_as_the_watchdog_looks_is_published_healthy_last() -> None:
+    """The watchdog finds the run past its timeout, and the run ends while the watchdog
+    publishes its verdict (the barrier below). The run's own result comes after the verdict,
+    so the model's last word is the healthy run's. (Published outside the runner's lock, the
+    verdict lands after the run's result: the healthy run reads as timed out until it runs
+    again, 15 s to 2 minutes later.)"""
+    clock, source, seen = Clock(), Blocking(), []
+    run_published = threading.Event()
+    sampler = Sampler([source], inventory_interval=3600.0, default_timeout=10.0, clock=clock)
+
+    def the_run_ends_meanwhile(obs: Observation) -> None:
+        if obs.error and obs.error.startswith("timed out"):
+            source.release.set()
+            run_published.wait(0.5)  # in vain: the run's end waits for this publication
+
+    def model(obs: Observation) -> None:
+        seen.append(obs)
+        if obs.error is None:
+            run_published.set()
+
+    sampler.subscribe(the_run_ends_meanwhile)
+    sampler.subscribe(model)
+    runner = sampler.runners["segments"]
+    runner.start()
+    try:
+        assert source.started.wait(10)
+        clock.now += 11  # past its timeout
+        sampler.check_timeouts()  # the watchdog looks (on this thread)
+        assert wait_until(lambda: len(seen) == 2), seen
+        assert [o.error for o in seen] == ["timed out after 10s", None]
+        assert seen[-1].result == ["done"]
+        sampler.check_timeouts()
+        assert len(seen) == 2  # the run ended: no verdict on it any more
+    finally:
+        source.release.set()
+        sampler.stop()
+
+
+def test_a_run_that_ended_before_the_watchdog_looks_is_not_failed() -> None:
+    clock, source, seen = Clock(), Blocking(), []
+    sampler = Sampler([source], inventory_interval=3600.0, default_timeout=10.0, clock=clock)
+    sampler.subscribe(seen.append)
+    runner = sampler.runners["segments"]
+    runner.start()
+    try:
+        assert source.started.wait(10)
+        clock.now += 11  # it took longer than its timeout ...
+        source.release.set()
+        assert wait_until(lambda: len(seen) == 1)
+        sampler.check_timeouts()  # ... but ended before the watchdog looked
+        assert [o.error for o in seen] == [None] and seen[0].duration == 11
+        assert sampler.wait_for_first_run(1) and runner.runs == 1
+    finally:
+        sampler.stop()
+
+
+def test_a_hung_run_is_failed_once_and_its_end_recovers_it() -> None:
+    clock, source, seen = Clock(), Blocking(), []
+    sampler = Sampler([source], inventory_interval=3600.0, default_timeout=10.0, clock=clock)
+    sampler.subscribe(seen.append)
+    sampler.runners["segments"].start()
+    try:
+        assert source.started.wait(10)
+        clock.now += 10
+        sampler.check_timeouts()
+        assert seen == []  # at its timeout, not past it
+        clock.now += 1
+        sampler.check_timeouts()
+        sampler.check_timeouts()
+        assert [o.error for o in seen] == ["timed out after 10s"]
+        assert sampler.wait_for_first_run(1)  # a failed run counts as run for `check`
+        source.release.set()
+        assert wait_until(lambda: len(seen) == 2) and seen[-1].error is None
+    finally:
+        source.release.set()
+        sampler.stop()
