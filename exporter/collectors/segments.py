@@ -183,8 +183,9 @@ class SegmentsCollector(Source):
         self._cgroup_of: Dict[int, str] = {}
 
     def stretches(self, run: RunInput) -> bool:
-        # Only while inotify watches every mount (a polled one changes unseen) and nothing is
-        # called leaked (a write through a mapping: refreshes see it).
+        """Asked on the source's thread after a full run. Node mode only, while inotify
+        watches every mount (a polled one changes unseen) and nothing is called leaked (a
+        write through a mapping: refreshes see it)."""
         return self.pod_of_pid and run.all_watched and not any(self._orphans.values())
 
     # --- the runs: on the source's thread ------------------------------------------------

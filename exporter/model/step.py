@@ -90,7 +90,8 @@ class Model:
     def shmem_unexplained(self) -> Dict[str, int]:
         """Per cgroup read: shmem less what its mounts, its IPC namespace's SysV RSS
         and memfds held from it or below explain. An estimate: a page is charged to its
-        first toucher, a memfd held from two counts in both. {}: memfds unknown."""
+        first toucher, a memfd held from two counts in both. {}: memfds unknown. Made on
+        the first reader's thread (a render's, `check`'s), once per Model."""
         if self.inventory is None:
             return {}
         by_view = self._mounts_charged()

@@ -77,17 +77,15 @@ class _Runner(threading.Thread):
         self.shared = _Shared(interval=interval)
         self.changes = ChangeLog()  # names inotify saw change, until a run takes them
         self.wake = threading.Event()
-        self.publishing = (
-            threading.Lock()
-        )  # a run's end, or the watchdog's verdict on it
+        # Held while a run's end, or the watchdog's verdict on it, is published.
+        self.publishing = threading.Lock()
         # The runner's thread alone reads and writes these.
         self.last_full = -INF  # when the last full run began
         self.follow_up_at = INF  # a full run due after a quick one (INF: none)
         self.quick_not_before = 0.0
         self.last_result: object = None  # the last full run's, for stretching
-        self.scanning: Optional[_Scan] = (
-            None  # a staged full run's scan, beside quick runs
-        )
+        # A staged full run's scan running beside quick runs (None: none).
+        self.scanning: Optional[_Scan] = None
 
     @property
     def interval(self) -> float:
@@ -135,9 +133,12 @@ class _Runner(threading.Thread):
         return max(0.0, min(next_full, INF if quick_at is None else quick_at) - now)
 
     def _next_full_at(self) -> float:
+        """When the next full run is due: an interval after the last, or a quick run's
+        follow-up."""
         return min(self.last_full + self.interval, self.follow_up_at)
 
     def _full_due(self, now: float) -> bool:
+        """Due by the clock, or asked for (events lost)."""
         with self.sampler.lock:
             full_now = self.shared.full_now
         return full_now or now >= self._next_full_at()
@@ -196,6 +197,8 @@ class _Runner(threading.Thread):
     def _start_scan(
         self, staged: StagedRun, started: float, burst: Optional[float]
     ) -> None:
+        """The staged run's scan on a thread of its own; the burst of events the full run
+        found pending is left to the quick runs beside it."""
         scan = _Scan(staged=staged, started=started)
         thread = threading.Thread(
             target=self._scan_thread,
@@ -233,6 +236,8 @@ class _Runner(threading.Thread):
         self._end(True, scan.started, result, None, run)
 
     def _quick_run(self) -> None:
+        """An event-driven run, handed the names changed; the next is QUICK_GAP_SECONDS
+        away at least, and a full run follows it (follows_up)."""
         with self.sampler.lock:
             self.shared.first_event = None
         started = self.sampler.clock()
@@ -325,6 +330,7 @@ class _Runner(threading.Thread):
 
 
 def _error(err: Exception) -> str:
+    """A failed run's error, as shmwatch_collector_success's log line says it."""
     return f"{type(err).__name__}: {err}"
 
 
@@ -357,6 +363,7 @@ class Sampler:
             self.runners[s.name] = _Runner(self, s, interval, timeout)
 
     def subscribe(self, subscriber: Subscriber) -> None:
+        """Before `start`: called with every observation, in the order subscribed."""
         self._subscribers.append(subscriber)
 
     def start(self, first: Sequence[str] = ()) -> None:
@@ -451,5 +458,6 @@ class Sampler:
             runner.fail_if_overdue(now)
 
     def _watch_timeouts(self) -> None:
+        """The watchdog's thread: every WATCHDOG_SECONDS until stopped."""
         while not self.stopping.wait(WATCHDOG_SECONDS):
             self.check_timeouts()
