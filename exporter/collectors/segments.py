@@ -76,13 +76,17 @@ class MountsSeen:
 
 @dataclass(frozen=True)
 class ListedMount:
+    """One mount as stage 1 left it (on the source's thread), for stage 3 to join."""
+
     listing: Listing  # the collector's, updated in place run after run
     events: Events  # created and deleted since the last listing
 
 
 @dataclass
 class SegmentRun:
-    """One run's state, from its listing to its assembly."""
+    """One run's state, from its listing to its assembly: made and read on the source's
+    thread; a staged run's scan (stage 2, its own thread in node mode) sets `owners`,
+    `moved` and `failed` before the source's thread reads them in stage 3."""
 
     full: bool
     mounts: Tuple[str, ...]  # to assemble, in order (a full run's: merged when it ends)
@@ -108,6 +112,7 @@ class FullRun:
     """A full run's stages after its listing (collectors/source.py's StagedRun)."""
 
     def __init__(self, collector: "SegmentsCollector", run: SegmentRun) -> None:
+        """Made on the source's thread once stage 1 (the listing) is done."""
         self.collector, self.run = collector, run
 
     def scan(self) -> None:
@@ -127,6 +132,11 @@ class FullRun:
 
 
 class SegmentsCollector(Source):
+    """The segments source. Its runs, and every stage that writes its fields, run on the
+    source's thread (the scheduler's `shmwatch-segments`); a staged full run's scan, on a
+    thread of its own in node mode, reads only `_owners` (replaced, never changed, by stage
+    3), the process table and `owner_scan`."""
+
     name = "segments"
     schedule = "inventory"
     event_driven = True
@@ -141,6 +151,7 @@ class SegmentsCollector(Source):
         monotonic: Callable[[], float] = time.monotonic,
         max_segments: int = 150_000,
     ) -> None:
+        """On the thread that builds the App (`_make`) or a test's."""
         self.paths = paths
         self.table = table or ProcessTable(paths)
         self.owner_scan = OwnerScan(self.table, ignore_unreadable)
@@ -191,27 +202,30 @@ class SegmentsCollector(Source):
     # --- the runs: on the source's thread ------------------------------------------------
 
     def collect(self, run: RunInput) -> Inventory:
-        """A full run, its stages one after the other on the calling thread."""
+        """A full run, its three stages one after the other on the calling thread (the
+        source's, or a test's)."""
         staged = FullRun(self, self._list(run, full=True, beside=False))
         staged.scan()
         return staged.finish(replace(run, changes={}))  # nothing else is pending
 
     def collect_quick(self, run: RunInput) -> Inventory:
-        """A quick run: the listings inotify named patched; the owners the last scan's."""
+        """A quick run, on the source's thread (beside a node-mode scan too): the listings
+        inotify named patched (stage 1), assembled with the last scan's owners (stage 3)."""
         return self._assemble(self._list(run, full=False, beside=False), run)
 
     def begin_full(self, run: RunInput) -> FullRun:
-        """A full run's first stage (the listing): the scheduler runs the rest (in node mode
-        `run.changes` are left to the quick runs beside the scan)."""
+        """A full run's first stage (the listing), on the source's thread: the scheduler
+        runs the rest (in node mode `run.changes` are left to the quick runs beside the
+        scan)."""
         state = self._list(run, full=True, beside=self.scans_beside_quick_runs)
         return FullRun(self, state)
 
     # --- stage 1: the listing, on the source's thread ------------------------------------
 
     def _list(self, run: RunInput, full: bool, beside: bool) -> SegmentRun:
-        """Each mount to list, listed; what changed noted. A quick run's cost follows the
-        change: only the mounts named (or not yet listed, or failed last time). `beside`: a
-        full run whose scan runs beside quick runs."""
+        """Stage 1, on the source's thread: each mount to list, listed; what changed noted.
+        A quick run's cost follows the change: only the mounts named (or not yet listed, or
+        failed last time). `beside`: a full run whose scan runs beside quick runs."""
         kept = {m for m, inv in self._last.items() if not (full or inv.error)}
         todo = [m for m in run.mounts if full or m in run.changes or m not in kept]
         self._table.refresh()
@@ -233,7 +247,8 @@ class SegmentsCollector(Source):
         return state
 
     def _mounts_seen(self, devs: Dict[str, int], full: bool) -> MountsSeen:
-        """Node mode's full runs: what moves with any change, for ScanPace."""
+        """Stage 1 (source's thread): node mode's full runs' statvfs of each mount, what
+        moves with any change, for ScanPace; empty otherwise."""
         figures = {}
         for mount, dev in devs.items() if self.pod_of_pid and full else ():
             with suppress(OSError):
@@ -250,8 +265,9 @@ class SegmentsCollector(Source):
     def _list_mount(
         self, mount: str, dev: int, full: bool, changes: NamesChanged
     ) -> ListedMount:
-        """The mount's listing, updated in place, and what was created and deleted since
-        (nothing said on its first listing, or across the cap)."""
+        """Stage 1 (source's thread): the mount's listing walked whole or patched by the
+        names changed, updated in place, and what was created and deleted since (nothing
+        said on its first listing, or across the cap)."""
         listing = self._listings.get(mount)
         first = listing is None
         if listing is None:
@@ -269,7 +285,8 @@ class SegmentsCollector(Source):
         return ListedMount(listing=listing, events=said)
 
     def _forget_mounts(self, current: AbstractSet[str], errors: Dict[str, str]) -> None:
-        """A mount gone, or not listable now: its listing and its doubts go with it."""
+        """Stage 1 (source's thread): a mount gone, or not listable now: its listing and its
+        doubts go with it."""
         for gone in [m for m in self._listings if m in errors or m not in current]:
             for book in (
                 self._listings,
@@ -280,9 +297,10 @@ class SegmentsCollector(Source):
                 book.pop(gone, None)
 
     def _note_changes(self, changes: NamesChanged, state: SegmentRun) -> None:
-        """A change (a write, an attach's first pages) to a segment called leaked: not called
-        leaked again before its pod is read. While a full run's scan reads /proc, what
-        changes is noted for it (a quick run beside it takes the names)."""
+        """Stage 1 (source's thread): a change (a write, an attach's first pages) to a
+        segment called leaked: not called leaked again before its pod is read. While a full
+        run's scan reads /proc, what changes is noted for it (a quick run beside it takes
+        the names)."""
         for mount, names in changes.items():
             orphans = self._orphans.get(mount, set()) if mount in self._last else set()
             if orphans and (names is None or names & orphans):
@@ -293,9 +311,10 @@ class SegmentsCollector(Source):
             self.pace.changed()  # (inotify missed what a listing found)
 
     def _plan_scan(self, pending: NamesChanged, state: SegmentRun) -> None:
-        """A full run: a full scan of every process, or (node mode, between full scans) a
-        refresh of the pods whose mounts moved. `pending`: names the quick runs beside the
-        scan will take, noted as changed during it."""
+        """Stage 1 of a full run (source's thread): plans stage 2, a full scan of every
+        process, or (node mode, between full scans) a refresh of the pods whose mounts
+        moved. `pending`: names the quick runs beside the scan will take, noted as changed
+        during it."""
         self._during = dict(pending)
         self.pace.look(state.seen)
         if self._owners.processes and not self.pace.due():
@@ -313,7 +332,9 @@ class SegmentsCollector(Source):
     # --- stage 2: the owner scan, on its own thread (node mode) ---------------------------
 
     def _scan_owners(self, state: SegmentRun) -> None:
-        """Reads /proc only (and the collector's last owners, which quick runs read too)."""
+        """Stage 2, the owner scan: on its own thread in node mode (beside quick runs), else
+        the source's. Reads /proc only (and the collector's last owners, which quick runs
+        read too); writes only `state`."""
         on = set(state.devs.values())
         if state.moved is not None:
             also = {pod_uid_of_mount(m) for m in state.moved} - {""}
@@ -325,8 +346,9 @@ class SegmentsCollector(Source):
     # --- stage 3: settling and assembly, on the source's thread ---------------------------
 
     def _settle(self, state: SegmentRun, run: RunInput) -> None:
-        """A full run ends: its owners are the collector's now, and a full scan's settle
-        what the last one left in doubt. `run`: the mounts now, the names still pending."""
+        """Stage 3 of a full run, on the source's thread: its owners are the collector's
+        now, and a full scan's settle what the last one left in doubt (raises the scan's
+        error). `run`: the mounts now, the names still pending."""
         if state.failed is not None or state.owners is None:
             self._during = None  # no scan reads /proc now
             # Their listings moved under the last inventories: a quick run must assemble
@@ -353,8 +375,8 @@ class SegmentsCollector(Source):
             self._held_on.setdefault(key[0], []).append(key)
 
     def _settle_refresh(self, state: SegmentRun, moved: Dict[str, Set[str]]) -> None:
-        """A refresh read some pods again: what was written there is suspect until a full
-        scan (the writer may be outside the pod)."""
+        """Stage 3 (source's thread), after a refresh read some pods again: what was written
+        there is suspect until a full scan (the writer may be outside the pod)."""
         self.pace.look(state.seen, self._owners)
         state.unread = set(state.devs) - set(moved)
         for mount, written in moved.items():
@@ -363,8 +385,8 @@ class SegmentsCollector(Source):
                 holdings.add_names(self._suspect, mount, names)
 
     def _settle_full_scan(self, state: SegmentRun) -> None:
-        """Every process was read: only rows listed before /proc was read may be called
-        leaked, and nothing is in doubt any more."""
+        """Stage 3 (source's thread), after a full scan read every process: only rows listed
+        before /proc was read may be called leaked, and nothing is in doubt any more."""
         self._unproven_log.say(self._owners)
         self._full_devs = dict(state.devs)
         self._held_at_full = set(self._owners.holdings)
@@ -373,8 +395,9 @@ class SegmentsCollector(Source):
         state.settled = True
 
     def _assemble(self, state: SegmentRun, run: RunInput) -> Inventory:
-        """The inventory: each mount listed this run joined with the owners, the others as
-        last assembled."""
+        """Stage 3 (source's thread), of every run: the inventory, each mount listed this
+        run joined with the owners, the others as last assembled; a mount cut short or past
+        the cap said so (once while it lasts)."""
         truncated = self._truncated.run(state.mounts)
         degraded = self._degraded.run(state.mounts)
         mounts = []
@@ -399,8 +422,9 @@ class SegmentsCollector(Source):
     def _mount_inventory(
         self, state: SegmentRun, mount: str, truncated: SaidRun, degraded: SaidRun
     ) -> Optional[MountInventory]:
-        """Listed this run: assembled; not listable and never listed: its error; else as
-        the last run left it (the same object: the model step reuses its summary)."""
+        """Stage 3 (source's thread), one mount: listed this run: assembled; not listable
+        and never listed: its error; else as the last run left it (the same object: the
+        model step reuses its summary)."""
         listed = state.listed.get(mount)
         if mount in state.errors and mount not in self._listings:  # or listed since
             return MountInventory(mount=mount, error=state.errors[mount])
@@ -413,14 +437,16 @@ class SegmentsCollector(Source):
         return self._last.get(mount)
 
     def _pods_read(self, state: SegmentRun) -> Iterable[str]:
-        """The mounts whose pods this run read: what node mode's refreshes compare with. None
-        in a sidecar: its runs read every process, and a storm's copy of every leaked file's
-        size would be waste."""
+        """Stage 3 (source's thread): the mounts whose pods this run read, what node mode's
+        refreshes compare with. None in a sidecar: its runs read every process, and a
+        storm's copy of every leaked file's size would be waste."""
         if not self.pod_of_pid:
             return ()
         return state.devs if state.settled else state.moved or ()
 
     def _holders_pods(self, owners: Owners) -> Dict[int, str]:
+        """Stage 3 of a full run (source's thread): each holder's pod UID (node mode);
+        {} in a sidecar."""
         if not self.pod_of_pid:
             return {}
         pods = {}
@@ -431,6 +457,8 @@ class SegmentsCollector(Source):
         return pods
 
     def _inventory(self, mounts: List[MountInventory]) -> Inventory:
+        """Stage 3 (source's thread): the Inventory published, the mounts assembled with
+        the owners' process facts (comms, pods, memfd regions, cgroups)."""
         owners = self._owners
         return Inventory(
             mounts=mounts,
@@ -450,8 +478,9 @@ class SegmentsCollector(Source):
     def _join(
         self, state: SegmentRun, mount: str, listed: ListedMount
     ) -> MountInventory:
-        """The mount's listing joined with the owners: linked, hidden, orphan, unverified.
-        `quick`: nobody was read for this mount's changes (the last scan's owners reused)."""
+        """Stage 3 (source's thread): the mount's listing joined with the owners: linked,
+        hidden, orphan, unverified. `quick`: nobody was read for this mount's changes (the
+        last scan's owners reused)."""
         quick = not state.full or mount in state.unread
         join = _Join(
             collector=self,
@@ -493,8 +522,9 @@ class _Join:
     packed: Tuple[PackedRow, ...] = ()
 
     def rows(self, listing: Listing) -> None:
-        """Each listed file's state. A settled run marks every row listed before /proc was
-        read `known`; a row taken after its taker was read, perhaps, is doubted."""
+        """Each listed file's state (source's thread). A settled run marks every row listed
+        before /proc was read `known`; a row taken after its taker was read, perhaps, is
+        doubted."""
         c = self.collector
         owned = c._owners.holdings
         orphans = c._orphans[self.mount] = set()
@@ -522,17 +552,23 @@ class _Join:
         self.names, self.packed = tuple(rows), tuple(rows.values())
 
     def _held(self, inode: int, allocated: int, pids: Set[int]) -> None:
-        """Linked (its state's index is 0): the bytes are its holders'."""
+        """A file some process holds: linked (its state's index is 0), its bytes counted to
+        each holder."""
         held = self.held[inode] = tuple(sorted(pids))
         for pid in held:
             self.process_bytes[pid] += allocated
 
     def _doubted(self) -> Optional[AbstractSet[str]]:
+        """The names not to call leaked on this mount now (None: any): doubted until its pod
+        is read again, suspect until a full scan."""
         c = self.collector
         suspect = c._suspect.get(self.mount, set())
         return holdings.joined(c._doubted.get(self.mount, set()), suspect)
 
     def _unheld_state(self, name: str, row: PackedRow, inode: int, new: bool) -> str:
+        """A file nobody holds: its state by holdings.unheld_state. `new`: it changed while
+        the scan read /proc, so it is judged as a quick run would (never called leaked);
+        one listed before and changed since is doubted."""
         c = self.collector
         if new and Row.known(row):  # taken after its taker was read, perhaps
             holdings.add_names(c._doubted, self.mount, {name})
@@ -550,7 +586,8 @@ class _Join:
         )
 
     def hidden_segments(self) -> None:
-        """Unlinked and still held on this mount's device: hidden (not one listed here)."""
+        """Each file unlinked and still held on this mount's device: hidden (not one listed
+        here), its bytes counted to its holders."""
         owned = self.collector._owners.holdings
         for key in self.collector._held_on.get(self.dev, ()):
             hs = owned[key]
@@ -575,7 +612,8 @@ class _Join:
             self.accounted += size.allocated_bytes
 
     def inventory(self, listed: ListedMount) -> MountInventory:
-        """What the mount's statvfs does not account for is unattributed."""
+        """The mount's MountInventory, frozen for publication: what its statvfs does not
+        account for is unattributed."""
         listing, error, used = listed.listing, None, 0
         try:
             st = os.statvfs(self.collector.paths.host(self.mount))
@@ -604,6 +642,7 @@ class _Join:
 
 
 def _make(c: Context) -> SegmentsCollector:
+    """The registry's factory, on the thread that builds the App."""
     ignore = c.cfg.ignore_unreadable
     return SegmentsCollector(
         c.paths,

@@ -32,6 +32,8 @@ RECENT_OOM_KILLS = 50
 
 @dataclass(frozen=True)
 class SourceStatus:
+    """A source's last run as its shmwatch_collector_* series show it."""
+
     name: str
     success: bool = False  # the defaults: a source that has not answered yet
     duration: float = 0.0
@@ -40,6 +42,8 @@ class SourceStatus:
 
 @dataclass(frozen=True)
 class MountView:
+    """One mount discovery published, joined with every source's facts about it."""
+
     mount: str
     labels: Dict[str, str]  # node mode: pod_uid, volume, container_id; else {}
     usage: Optional[MountUsage]  # None when shm_mount is off, failed, or has not run
@@ -56,6 +60,8 @@ class MountView:
 
 @dataclass(frozen=True)
 class OomCount:
+    """A cgroup's OOM kills as shown (the ledger's, never down)."""
+
     cgroup: str
     pod_uid: str
     kills: int  # max(kernel log's kills below the cgroup, its counters'); never down
@@ -63,12 +69,17 @@ class OomCount:
 
 @dataclass(frozen=True)
 class RecentOomKill:
+    """A kill the kernel log reported, with its pod's shm use when it was read."""
+
     kill: OomKill
     shm_used_bytes: Optional[int]  # its pod's shm use when it was seen (None: unknown)
 
 
 @dataclass(frozen=True)
 class Model:
+    """What /metrics and `check` read: built by `ModelStep.current` on the caller's thread,
+    frozen, read by any thread (its lazy `shmem_unexplained` on the first reader's)."""
+
     node_mode: bool
     statuses: List[SourceStatus]  # in source order
     mounts: List[MountView]
@@ -84,6 +95,7 @@ class Model:
     recent_oom_kills: List[RecentOomKill] = field(default_factory=list)
 
     def result_ok(self, source: str) -> bool:
+        """The source's last run succeeded (the reader's thread)."""
         return any(s.name == source and s.success for s in self.statuses)
 
     @cached_property
@@ -107,12 +119,13 @@ class Model:
         return out
 
     def _sysv_key(self, pod_uid: str) -> str:
-        """Whose SysV segments are charged to a cgroup: its pod's IPC namespace's (node
-        mode), the one namespace's in a sidecar."""
+        """(The reader's thread.) Whose SysV segments are charged to a cgroup: its pod's IPC
+        namespace's (node mode), the one namespace's in a sidecar."""
         return pod_uid if self.node_mode else ""
 
     def _mounts_charged(self) -> Dict[int, int]:
-        """id(cgroup) -> the used bytes of the mounts charged to it."""
+        """(The reader's thread.) id(cgroup) -> the used bytes of the mounts charged to
+        it."""
         charged: Dict[int, int] = Counter()
         for v in self.mounts:
             if v.cgroup is not None and v.usage is not None and not v.usage.error:
@@ -120,6 +133,8 @@ class Model:
         return charged
 
     def _sysv_resident(self) -> Dict[str, int]:
+        """(The reader's thread.) Whose SysV segments (`_sysv_key`) -> their resident bytes,
+        from the IPC namespaces that could be read."""
         resident: Dict[str, int] = Counter()
         for s in self.sysv:
             if s.readable:
@@ -128,8 +143,9 @@ class Model:
 
 
 def _memfd_below(inventory: Inventory) -> Dict[str, int]:
-    """cgroup path -> the bytes of the memfd regions held from it or below (a region once
-    per cgroup: held from two below it, it counts once there)."""
+    """(The Model's reader's thread.) cgroup path -> the bytes of the memfd regions held
+    from it or below (a region once per cgroup: held from two below it, it counts once
+    there)."""
     regions = [(seg.holders, seg.allocated_bytes) for seg in inventory.memfd]
     for pid, rest in inventory.memfd_rest.items():
         regions.append(((pid,), sum(t.allocated_bytes for t in rest.values())))
@@ -179,6 +195,12 @@ class _Results:
 
 
 class ModelStep:
+    """Observations in (`accept`, on each publishing thread), the Model out (`current`, on
+    the caller's thread). What both touch is under `_lock`. Outside it, `_summarise` and
+    `_record_polled` read their own source's last result (a reference, replaced whole by
+    that source's publications: its thread's, or the watchdog's failure); `_shm_used_by`
+    (the oom source's thread) reads shm_mount's last list the same way."""
+
     def __init__(
         self,
         statuses: Sequence[str],
@@ -188,7 +210,8 @@ class ModelStep:
         shm_size_limit: Optional[int] = None,
         memory_limit: Optional[int] = None,
     ) -> None:
-        """`statuses`: the sources with status series, in render order."""
+        """On the App's thread. `statuses`: the sources with status series, in render
+        order."""
         self.state, self.top_k = state, top_k
         self.node_mode, self.shm_size_limit = node_mode, shm_size_limit
         # --memory.limit-bytes is the one workload's limit: it means nothing per pod.
@@ -214,12 +237,16 @@ class ModelStep:
         self._accepted = 0  # observations accepted
 
     def version(self) -> Tuple[int, int]:
+        """Any thread: (observations accepted, the state store's version); the Model is
+        built again when it moved."""
         return self._accepted, self.state.version()
 
     # --- observations in: on the thread that published them -------------------------------
 
     def accept(self, obs: Observation) -> None:
-        """Scheduler subscriber: keep the observation, compute what depends on it alone."""
+        """Scheduler subscriber, on the thread that published `obs` (its source's, or the
+        watchdog's for a run past its timeout): keep the observation, compute what depends
+        on it alone (a segments run's summaries, a poll's peaks, the OOM ledger)."""
         result = obs.result if obs.success else None
         summaries = None
         if obs.source == "segments":
@@ -241,7 +268,8 @@ class ModelStep:
             self._model = None
 
     def _keep(self, source: str, result: object) -> None:
-        """The result, typed, as the latest (under the lock)."""
+        """The publishing thread, under the lock: the result, typed, as the latest (None
+        for a failed run)."""
         if source == "discovery":
             if isinstance(result, MountSet):  # a failed run: the last set stands
                 self._targets = result.targets
@@ -256,6 +284,8 @@ class ModelStep:
             self._keep_plain(source, result)
 
     def _keep_plain(self, source: str, result: object) -> None:
+        """The publishing thread, under the lock: `_keep` for the sources kept as they
+        are."""
         if source == "host_memory":
             self._results.host_memory = (
                 result if isinstance(result, HostMemory) else None
@@ -268,9 +298,10 @@ class ModelStep:
             self._results.process = result if isinstance(result, list) else None
 
     def _summarise(self, result: object) -> Dict[str, SegmentSummary]:
-        """Each mount's summary. A quick run hands back the same object for a mount it did
-        not touch: its summary is kept, as is one made equal to the last (a render compares
-        identity). {} when the run failed."""
+        """The segments source's thread (or the watchdog's, for its failure), outside the
+        lock: each mount's summary. A quick run hands back the same object for a mount it
+        did not touch: its summary is kept, as is one made equal to the last (a render
+        compares identity). {} when the run failed."""
         if not isinstance(result, Inventory):
             return {}
         before = self._results.inventory
@@ -287,13 +318,15 @@ class ModelStep:
         return summaries
 
     def _record_polled(self, usages: List[MountUsage], full: bool) -> None:
-        """Peaks and high-water marks; a quick run hands back unmeasured mounts' usages."""
+        """The shm_mount source's thread: peaks and high-water marks into the state store;
+        a quick run hands back unmeasured mounts' usages, not recorded again."""
         last = None if full else self._results.usages
         kept = {id(u) for u in last or ()}
         self.state.record_polled(u for u in usages if id(u) not in kept)
 
     def _count_cgroup_kills(self, cgroups: List[CgroupMemory]) -> None:
-        """Each counter kept as its highest: never down (under the lock)."""
+        """The cgroup source's thread, under the lock: each counter kept as its highest,
+        never down."""
         own = self._oom_own
         for c in cgroups:
             if c.oom_kills is not None:
@@ -303,8 +336,9 @@ class ModelStep:
                     own[child] = max(count, own.get(child, 0))
 
     def _count_kill(self, kill: OomKill) -> None:
-        """Count one kill under its pod's cgroup (node mode) or its own; log it with the pod's
-        shm use then: a large shmem-rss or a full shm beside it is shm filling the limit."""
+        """The oom source's thread: count one kill under its pod's cgroup (node mode) or its
+        own; log it with the pod's shm use then: a large shmem-rss or a full shm beside it
+        is shm filling the limit."""
         key = kill.pod_cgroup if self.node_mode and kill.pod_cgroup else kill.task_memcg
         shm_used = self._shm_used_by(kill)
         sizes = (kill.anon_rss_bytes, kill.shmem_rss_bytes, shm_used)
@@ -317,7 +351,8 @@ class ModelStep:
             self._recent_oom.append(RecentOomKill(kill=kill, shm_used_bytes=shm_used))
 
     def _shm_used_by(self, kill: OomKill) -> Optional[int]:
-        """The shm the victim's pod used (node mode), or the watched mounts' (a sidecar)."""
+        """The oom source's thread: the shm the victim's pod used (node mode), or the
+        watched mounts' (a sidecar), as the last poll measured it."""
         usages = [u for u in self._results.usages or [] if not u.error]
         if self.node_mode:
             uid = kill.pod_uid
@@ -327,6 +362,8 @@ class ModelStep:
     # --- the model out: on the caller's thread ---------------------------------------------
 
     def current(self) -> Model:
+        """The caller's thread (an HTTP worker's scrape, `check`): the Model, built again
+        under the lock when anything moved since the last one."""
         with self._lock:
             version = self.version()  # before building: a change meanwhile builds again
             if self._model is None or version != self._built_for:
@@ -334,7 +371,8 @@ class ModelStep:
             return self._model
 
     def _build(self) -> Model:
-        """Under the lock."""
+        """The caller's thread, under the lock: the Model from every source's latest result
+        and a snapshot of the state store."""
         statuses = [
             SourceStatus(n, o.success, o.duration, o.error) if o else SourceStatus(n)
             for n, o in self._latest.items()
@@ -364,6 +402,8 @@ class ModelStep:
         )
 
     def _mount_view(self, target: Target, joins: "_Joins") -> MountView:
+        """The caller's thread, under the lock: one mount joined with its usage, peaks,
+        inventory, summary, cgroup and shm budget."""
         mount = target.mount
         usage = joins.usages.get(mount)
         # Outside node mode the watched cgroup's: a pod's volume (host mode) too.
@@ -391,8 +431,8 @@ class ModelStep:
         )
 
     def _limit_unknown(self, cgroup: Optional[CgroupMemory], uid: str) -> bool:
-        """Unknown, not none: no cgroup read and no --memory.limit-bytes; an estimate's
-        without a limit; a pod's cgroup unread."""
+        """(The caller's thread.) The memory limit is unknown, not none: no cgroup read and
+        no --memory.limit-bytes; an estimate's without a limit; a pod's cgroup unread."""
         unread = "cgroup" in self._latest and self._results.cgroups is None
         if unread and self.memory_limit is None:
             return True
@@ -403,10 +443,12 @@ class ModelStep:
     def _oom_counts_for(
         self, cgroups: List[CgroupMemory], mounts: List[MountView]
     ) -> List[OomCount]:
-        """Per cgroup: the kernel log's kills in its subtree, or its counters' if higher (a kill
-        before we started, or unlogged). v1 counts a kill in the victim's memcg only: the pod's
-        counter plus each container's highest, kept after it is gone; v2's is hierarchical.
-        Node mode: also each pod with a kill whose cgroup is gone (or never seen)."""
+        """The caller's thread, under the lock; counted again only when its inputs moved.
+        Per cgroup: the kernel log's kills in its subtree, or its counters' if higher (a
+        kill before we started, or unlogged). v1 counts a kill in the victim's memcg only:
+        the pod's counter plus each container's highest, kept after it is gone; v2's is
+        hierarchical. Node mode: also each pod with a kill whose cgroup is gone (or never
+        seen)."""
         live = {c.pod_uid for c in cgroups}  # pods still there: by cgroup or by mount
         live |= {v.labels.get("pod_uid", "") for v in mounts}
         made_of = _OomInputs(
@@ -423,6 +465,9 @@ class ModelStep:
         return self._oom_counts
 
     def _counted(self, cgroups: List[CgroupMemory]) -> Dict[str, OomCount]:
+        """(The caller's thread, under the lock.) Each cgroup read: the larger of the log's
+        kills and its counters' in its subtree; node mode, also each pod's cgroup with a
+        logged kill that was not read (gone, or never seen)."""
         logged, own = self._oom_logged, self._oom_own
         logged_below, own_below = _subtree_totals(logged), _subtree_totals(own)
         counts: Dict[str, OomCount] = {}
@@ -442,8 +487,9 @@ class ModelStep:
     def _never_down(
         self, counts: Dict[str, OomCount], live: Set[str]
     ) -> Dict[str, OomCount]:
-        """A counter never goes down, nor disappears while its pod is there (its cgroup read
-        failed once; discovery still sees the pod's mounts): PodOomKilled would fire on it."""
+        """(The caller's thread, under the lock.) A counter never goes down, nor disappears
+        while its pod is there (its cgroup read failed once; discovery still sees the pod's
+        mounts): PodOomKilled would fire on it."""
         for cgroup, shown in self._oom_shown.items():
             if cgroup in counts and shown.kills > counts[cgroup].kills:
                 counts[cgroup] = shown
@@ -453,6 +499,7 @@ class ModelStep:
 
 
 def _lineage(cgroup: str) -> List[str]:
+    """The cgroup and each above it, up to "/" (any thread)."""
     path, lineage = cgroup.rstrip("/"), []
     while path:
         lineage.append(path)
@@ -461,7 +508,7 @@ def _lineage(cgroup: str) -> List[str]:
 
 
 def _subtree_totals(counts: Mapping[str, int]) -> Dict[str, int]:
-    """cgroup -> its count plus those below it."""
+    """cgroup -> its count plus those below it (any thread)."""
     totals: Dict[str, int] = Counter()
     for key, n in counts.items():
         for path in _lineage(key):

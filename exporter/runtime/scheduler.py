@@ -71,6 +71,8 @@ class _Runner(threading.Thread):
     def __init__(
         self, sampler: "Sampler", source: Source, interval: float, timeout: float
     ) -> None:
+        """Made by the Sampler on the thread that builds it; its thread starts at
+        `start`."""
         super().__init__(name=f"shmwatch-{source.name}", daemon=True)
         self.sampler, self.source, self.timeout = sampler, source, timeout
         self.base = interval
@@ -89,12 +91,13 @@ class _Runner(threading.Thread):
 
     @property
     def interval(self) -> float:
+        """Between full runs now (the base, or stretched); any thread, under the lock."""
         with self.sampler.lock:
             return self.shared.interval
 
     @property
     def runs(self) -> int:
-        """Runs published."""
+        """Runs published; any thread, under the lock."""
         with self.sampler.lock:
             return self.shared.runs
 
@@ -115,8 +118,8 @@ class _Runner(threading.Thread):
             self._quick_run()
 
     def _run_what_is_due(self, now: float) -> float:
-        """Runs one thing that is due (a staged run's finish, a full run, a quick run):
-        -> 0, or the seconds until the next is due."""
+        """The source's thread: runs one thing that is due (a staged run's finish, a full
+        run, a quick run): -> 0, or the seconds until the next is due."""
         scan = self.scanning
         if scan is not None and scan.done.is_set():
             self._finish_staged(scan)
@@ -133,20 +136,21 @@ class _Runner(threading.Thread):
         return max(0.0, min(next_full, INF if quick_at is None else quick_at) - now)
 
     def _next_full_at(self) -> float:
-        """When the next full run is due: an interval after the last, or a quick run's
-        follow-up."""
+        """The source's thread: when the next full run is due, an interval after the last,
+        or a quick run's follow-up."""
         return min(self.last_full + self.interval, self.follow_up_at)
 
     def _full_due(self, now: float) -> bool:
-        """Due by the clock, or asked for (events lost)."""
+        """The source's thread: a full run is due by the clock, or asked for (events
+        lost)."""
         with self.sampler.lock:
             full_now = self.shared.full_now
         return full_now or now >= self._next_full_at()
 
     def _quick_due_at(self) -> Optional[float]:
-        """When the pending burst's quick run is due. None: no burst; or none beside a hung
-        scan (the watchdog's failure stands) nor before the first full run (it would have
-        no owners)."""
+        """The source's thread: when the pending burst's quick run is due. None: no burst;
+        or none beside a hung scan (the watchdog's failure stands) nor before the first full
+        run (it would have no owners)."""
         with self.sampler.lock:
             first, last = self.shared.first_event, self.shared.last_event
             fails = self.shared.timed_out or not self.shared.fulls
@@ -156,20 +160,24 @@ class _Runner(threading.Thread):
         return max(settled, self.quick_not_before)
 
     def _input(self, take: bool) -> RunInput:
-        """This run's input; `take`: the names inotify saw change are this run's."""
+        """The source's thread: this run's input; `take`: the names inotify saw change are
+        this run's (drained), else only looked at."""
         changes = self.changes.drain() if take else self.changes.peek()
         return self.sampler.inputs.make(changes)
 
     def _begin(self, started: float) -> None:
-        """A run begins: the watchdog times it (or the scan still running)."""
+        """The source's thread: a run begins, and the watchdog times it from now (or from
+        the start of the scan still running)."""
         with self.sampler.lock:
             scan = self.scanning
             self.shared.timed_out = self.shared.timed_out and scan is not None
             self.shared.running_since = scan.started if scan else started
 
     def _full_run(self, now: float) -> None:
-        """A full run does all a pending quick run would: it takes the same change log,
-        unless its scan runs beside quick runs (they take the names then)."""
+        """The source's thread (or `Sampler.start`'s, for `first`): a full run, whole or
+        staged, published (a staged run with its scan beside quick runs is published by
+        `_finish_staged`). It does all a pending quick run would: it takes the same change
+        log, unless its scan runs beside quick runs (they take the names then)."""
         beside = self.source.scans_beside_quick_runs
         with self.sampler.lock:
             burst, self.shared.first_event = self.shared.first_event, None
@@ -197,8 +205,8 @@ class _Runner(threading.Thread):
     def _start_scan(
         self, staged: StagedRun, started: float, burst: Optional[float]
     ) -> None:
-        """The staged run's scan on a thread of its own; the burst of events the full run
-        found pending is left to the quick runs beside it."""
+        """The source's thread: starts the staged run's scan on a thread of its own; the
+        burst of events the full run found pending is left to the quick runs beside it."""
         scan = _Scan(staged=staged, started=started)
         thread = threading.Thread(
             target=self._scan_thread,
@@ -222,7 +230,8 @@ class _Runner(threading.Thread):
             self.wake.set()
 
     def _finish_staged(self, scan: _Scan) -> None:
-        """A staged full run's last stage, on the source's thread."""
+        """The source's thread, once the scan's thread is done: a staged full run's last
+        stage, and its publication."""
         self._begin(scan.started)
         self.scanning = None
         run = self._input(take=False)
@@ -236,8 +245,9 @@ class _Runner(threading.Thread):
         self._end(True, scan.started, result, None, run)
 
     def _quick_run(self) -> None:
-        """An event-driven run, handed the names changed; the next is QUICK_GAP_SECONDS
-        away at least, and a full run follows it (follows_up)."""
+        """The source's thread: an event-driven run, handed the names changed, published;
+        the next is QUICK_GAP_SECONDS away at least, and a full run follows it
+        (follows_up)."""
         with self.sampler.lock:
             self.shared.first_event = None
         started = self.sampler.clock()
@@ -255,7 +265,7 @@ class _Runner(threading.Thread):
             self.follow_up_at = ended + FOLLOW_UP_SECONDS
 
     def _stretched(self, result: object, error: Optional[str], run: RunInput) -> bool:
-        """After a full run: does a heavy source's interval double?"""
+        """The source's thread, after a full run: does a heavy source's interval double?"""
         if error is not None or not self.source.stretches(run):
             return False
         return result == self.last_result
@@ -268,8 +278,9 @@ class _Runner(threading.Thread):
         error: Optional[str],
         run: RunInput,
     ) -> None:
-        """A run ended: published, ordered with the watchdog's verdict on it (a verdict
-        given first is followed by the run's own result; none is given after it ended)."""
+        """The source's thread: a run ended, its interval set and its result published,
+        ordered with the watchdog's verdict on it (a verdict given first is followed by the
+        run's own result; none is given after it ended)."""
         if full:
             stretched = self._stretched(result, error, run)
             # Kept for the next full run's comparison only while it may stretch: a storm's
@@ -330,12 +341,14 @@ class _Runner(threading.Thread):
 
 
 def _error(err: Exception) -> str:
-    """A failed run's error, as shmwatch_collector_success's log line says it."""
+    """A failed run's error, as shmwatch_collector_success's log line says it (any
+    thread)."""
     return f"{type(err).__name__}: {err}"
 
 
 class Sampler:
-    """The sources' runners, the watchdog, and what the watcher asks of them."""
+    """The sources' runners, the watchdog, and what the watcher asks of them. Made, and its
+    subscribers added, on the thread that builds the App; each method says where it runs."""
 
     def __init__(
         self,
@@ -347,7 +360,8 @@ class Sampler:
         mounts: Sequence[str] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`mounts`: the runs' until discovery publishes a set; `clock`: monotonic seconds."""
+        """On the App's thread. `mounts`: the runs' until discovery publishes a set;
+        `clock`: monotonic seconds."""
         self.stopping = threading.Event()
         self.lock = threading.Lock()  # every runner's `shared`
         self.clock = clock
@@ -363,11 +377,13 @@ class Sampler:
             self.runners[s.name] = _Runner(self, s, interval, timeout)
 
     def subscribe(self, subscriber: Subscriber) -> None:
-        """Before `start`: called with every observation, in the order subscribed."""
+        """On the App's thread, before `start`: `subscriber` is called with every
+        observation, in the order subscribed, on the thread that publishes it."""
         self._subscribers.append(subscriber)
 
     def start(self, first: Sequence[str] = ()) -> None:
-        """`first`: sources run once on this thread before any thread starts (discovery:
+        """The caller's thread (the App's): starts a thread per source and the watchdog.
+        `first`: sources run once on this thread before any thread starts (discovery:
         every other source's first run is handed the mounts it found)."""
         for name in first:
             self.runners[name].run_once(full=True)
@@ -378,7 +394,9 @@ class Sampler:
         ).start()
 
     def stop(self, wait: float = 1.0) -> Set[str]:
-        """-> the sources whose run is still going (left to it)."""
+        """The caller's thread (the App's, at shutdown): every runner asked to stop and
+        waited for up to `wait` seconds in all -> the sources whose run is still going (left
+        to it)."""
         self.stopping.set()
         for runner in self.runners.values():
             runner.wake.set()
@@ -394,7 +412,8 @@ class Sampler:
             }
 
     def wait_for_first_run(self, timeout: float) -> bool:
-        """Every source's first run published (or failed by the watchdog)."""
+        """The caller's thread (`check`, tests): waits until every source's first run is
+        published (or failed by the watchdog); False after `timeout` seconds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self.lock:
@@ -407,7 +426,8 @@ class Sampler:
         return False
 
     def request(self, full: bool = False) -> None:
-        """A mount changed: event-driven sources run soon (`full`: events were lost, a full
+        """The watcher's inotify thread (through `changed` and `lost`): a mount changed:
+        event-driven sources run soon (`full`: events were lost, a full
         run at once); a stretched one is back at its interval."""
         now = self.clock()
         for runner in self.runners.values():
@@ -426,8 +446,8 @@ class Sampler:
         self.request()
 
     def lost(self, mounts: Sequence[str]) -> None:
-        """The watcher: events on `mounts` were lost (the queue overflowed): each is listed
-        again by a full run at once."""
+        """The watcher's inotify thread: events on `mounts` were lost (the queue
+        overflowed): each is listed again by a full run at once."""
         for runner in self.runners.values():
             if runner.source.event_driven:
                 for mount in mounts:
@@ -435,11 +455,14 @@ class Sampler:
         self.request(full=True)
 
     def watching(self, every_mount: bool) -> None:
-        """The watcher: whether inotify watches every mount (runs are handed it)."""
+        """The watcher's threads: whether inotify watches every mount (runs are handed
+        it)."""
         self.inputs.watching(every_mount)
 
     def publish(self, obs: Observation) -> None:
-        """To the run inputs, then each subscriber, on the calling thread."""
+        """The publishing thread (a source's, or the watchdog's for a run past its timeout):
+        the collector's failure or recovery logged, then the observation handed to the run
+        inputs and each subscriber in turn, on that thread."""
         failed = f"failed: {obs.error}" if obs.error else None
         with self._said_lock:
             said = self._said.run(self.runners)
