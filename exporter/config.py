@@ -127,7 +127,11 @@ def parse_regex(text: str) -> str:
 
 
 def parse_mount_point(text: str) -> str:
-    """A mount point as mountinfo names it: no trailing slash, but '/' itself."""
+    """A mount point as mountinfo names it: an absolute path, no trailing slash but '/'
+    itself. An empty text (`--shm.mount=`, an empty variable) is refused: read as '/', it
+    would walk the whole root filesystem as if it were a tmpfs."""
+    if not text.startswith("/"):
+        raise ValueError(f"must be an absolute path, e.g. /dev/shm, got {text!r}")
     return text.rstrip("/") or "/"
 
 

@@ -89,11 +89,16 @@ def test_the_documents_name_no_deleted_machinery():
 
 
 def test_performance_has_one_dated_table_per_release():
+    """The latest figures per version, not a diary: one section and one table a version."""
     with open(os.path.join(REPO, "docs", "performance.md")) as f:
         text = f.read()
     releases = re.split(r"^## ", text, flags=re.M)[1:]
     assert releases, "docs/performance.md: no release sections"
+    versions = [release.split(" — ")[0] for release in releases]
+    assert len(versions) == len(set(versions)), f"docs/performance.md: a version in more than one section: {versions}"
     for release in releases:
+        tables = [line for line in release.splitlines() if line.startswith("| figure")]
+        assert len(tables) == 1, f"{release.splitlines()[0]}: {len(tables)} tables, not one"
         heading = release.splitlines()[0]
         assert re.fullmatch(r"(\d+\.\d+\.\d+|Unreleased) — \d{4}-\d{2}-\d{2}", heading), \
             f"not '<version or Unreleased> — <date>': {heading}"

@@ -146,20 +146,21 @@ def test_no_count_is_invented_without_a_source(tmp_path):
 
 HOG = ("import os, sys\n"
        "open(sys.argv[1] + '/cgroup.procs', 'w').write(str(os.getpid()))\n"
+       "if len(sys.argv) > 2: open('/proc/self/comm', 'wb').write(os.fsencode(sys.argv[2]))\n"
        "print('in', flush=True); sys.stdin.readline()\n"
        "hog = []\n"
        "while True: hog.append(bytearray(1 << 20))\n")
 
 
 @contextlib.contextmanager
-def pod_with_a_container():
+def pod_with_a_container(container_suffix: str = ""):
     """A pod cgroup and a container cgroup below it with a 32 MiB limit, as the kubelet's
     cgroupfs driver lays them out -> (pod uid, pod dir, container dir, pod cgroup path)."""
     if not os.path.exists(os.path.join(V1_ROOT, "memory.usage_in_bytes")):
         prerequisite_missing("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
     uid = str(uuid.uuid4())
     pod_dir = os.path.join(V1_ROOT, "kubepods", "burstable", f"pod{uid}")
-    ctr_dir = os.path.join(pod_dir, "c0ffee" + uuid.uuid4().hex[:10])
+    ctr_dir = os.path.join(pod_dir, "c0ffee" + uuid.uuid4().hex[:10] + container_suffix)
     made = [d for d in (os.path.join(V1_ROOT, "kubepods"), os.path.join(V1_ROOT, "kubepods", "burstable"))
             if not os.path.isdir(d)]
     os.makedirs(ctr_dir)
@@ -174,9 +175,11 @@ def pod_with_a_container():
             remove_cgroup(directory)
 
 
-def kill_a_hog_in(ctr_dir: str) -> subprocess.Popen:
-    """A process that joins the container's cgroup and allocates until the kernel kills it."""
-    hog = subprocess.Popen([sys.executable, "-c", HOG, ctr_dir], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+def kill_a_hog_in(ctr_dir: str, comm: str = "") -> subprocess.Popen:
+    """A process that joins the container's cgroup (and names itself `comm`) and allocates
+    until the kernel kills it."""
+    argv = [sys.executable, "-c", HOG, ctr_dir] + ([comm] if comm else [])
+    hog = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert hog.stdout.readline() == b"in\n"
         hog.stdin.write(b"go\n")
@@ -218,6 +221,29 @@ def test_real_kill_counts_for_the_pod_after_the_container_cgroup_is_gone():
         kills = [k for k in json.loads(report.stdout)["oom_kills"] if k["pid"] == hog.pid]
         assert len(kills) == 1 and kills[0]["pod_uid"] == uid and kills[0]["task_memcg"].startswith(pod_cgroup)
         assert kills[0]["anon_rss_bytes"] > 16 * MiB and kills[0]["age_seconds"] < 60
+
+
+@needs_root
+def test_a_kill_names_its_process_and_cgroup_as_they_are_not_as_the_kernel_log_escapes_them():
+    """/dev/kmsg writes a backslash, control bytes and non-ASCII as \\xNN: a victim named
+    'hog\\é\\x01' in a container cgroup whose name ends in 'é' is reported under those names
+    (check's JSON), so its cgroup matches cgroupfs' and check shows each byte escaped once."""
+    comm = "hog\\é\x01"
+    with pod_with_a_container(container_suffix="é") as (uid, pod_dir, ctr_dir, pod_cgroup):
+        with Exporter("--mode=node", "--no-collector.gpu", "--no-collector.segments", "--poll-interval=200ms") as ex:
+            ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 0, timeout=10)
+            hog = kill_a_hog_in(ctr_dir, comm=comm)
+            ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 1, timeout=5)
+        report = subprocess.run([sys.executable, "-m", "exporter", "check", "--mode=node", "--no-collector.gpu",
+                                 "--no-collector.segments", "--output=json"], cwd=REPO, capture_output=True,
+                                text=True, timeout=60)
+        [kill] = [k for k in json.loads(report.stdout)["oom_kills"] if k["pid"] == hog.pid]
+        assert kill["comm"] == comm
+        assert kill["task_memcg"] == ctr_dir[len(V1_ROOT):]
+        text = subprocess.run([sys.executable, "-m", "exporter", "check", "--mode=node", "--no-collector.gpu",
+                               "--no-collector.segments"], cwd=REPO, capture_output=True, text=True, timeout=60)
+        [line] = [line for line in text.stdout.splitlines() if f"pid {hog.pid}" in line]
+        assert "hog" in line and "x5c" not in line and "xc3" not in line, line
 
 
 @needs_root

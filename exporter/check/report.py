@@ -41,6 +41,10 @@ MOUNT_FACTS = ("mount", "fstype", "size_bytes", "used_bytes", "available_bytes")
 REMOUNT = "mount the workload's shm volume at this path"
 CLEAN_UP = "remove leaked segments"
 TMPFS = "mount a tmpfs (or memory emptyDir) here"
+LIMIT_UNKNOWN = (
+    "let shmwatch read the workload's memory cgroup, or give it the limit: "
+    "--memory.limit-bytes from the Downward API's limits.memory"
+)
 HIDDEN_BY = "NCCL >= 2.19, UCX proc link, torch file_descriptor"
 LEAKED = "{count} leaked segment(s) held by no process, {size}: {paths}"
 RM = "once no server can attach to them{notes}: {rm}"  # the command last: a line to paste
@@ -219,12 +223,20 @@ def shm(
         findings.add(must, f"cannot be measured: {shown(m.error)}", REMOUNT)
         return
     assert view.budget is not None  # a mount measured has its budget
+    # Without the memory limit, what the mount can hold is at most its size: no more is
+    # known, so the JSON leaves the effective size out (as /metrics does) and a requirement
+    # the size alone meets is not called met.
     effective = view.budget.effective_bytes
     usage = _usage_line(m)
     facts: Dict[str, Any] = {name: getattr(m, name) for name in MOUNT_FACTS}
-    facts["effective_size_bytes"] = effective
+    facts["effective_size_bytes"] = effective if view.budget_complete else None
     report.facts.setdefault("shm", []).append(facts)
     _size_findings(findings, m, usage, effective, required)
+    if required and effective >= required and not view.budget_complete:
+        wanted = f"the {at_least(required)} required"
+        findings.add(
+            "warn", f"{usage}: {_limit_unknown(effective, wanted)}", LIMIT_UNKNOWN
+        )
     _fullness_findings(findings, m, usage, must)
     if m.fstype != "tmpfs":
         findings.add("warn", f"is {shown(m.fstype)}, not tmpfs", TMPFS)
@@ -239,6 +251,14 @@ def shm(
     if not problem:
         findings.add("ok", usage + _by_class(summary))
     _segment_findings(findings, m.mount, summary, model, links)
+
+
+def _limit_unknown(size: int, wanted: str) -> str:
+    """`wanted`: 'the 16.0 GiB required', 'the 16.0 GiB recommended for vllm'."""
+    return (
+        f"its size, {at_most(size)}, meets {wanted}, but the memory limit its pages "
+        "are charged to could not be read: it may hold less"
+    )
 
 
 def _usage_line(m: MountUsage) -> str:
@@ -474,10 +494,22 @@ def _backend_findings(
         return
     need = BACKEND_SHM[backend]
     for facts in report.facts.get("shm", []):
+        # Without the memory limit: judged by its size, what it can hold at most.
         effective = facts["effective_size_bytes"]
-        if effective < need and not (required and required >= need):
+        known = effective is not None
+        if not known:
+            effective = facts["size_bytes"]
+        if required and required >= need:
+            continue
+        mount = shown(facts["mount"])
+        if effective < need:
             text = f"can hold {human(effective)}, under the {human(need)} recommended for {backend}"
-            report.add("warn", "shm", shown(facts["mount"]), text, shm_remedy(need))
+            report.add("warn", "shm", mount, text, shm_remedy(need))
+        elif not known:
+            wanted = f"the {human(need)} recommended for {backend}"
+            report.add(
+                "warn", "shm", mount, _limit_unknown(effective, wanted), LIMIT_UNKNOWN
+            )
 
 
 def names_by(model: Model, paths: Paths, deadline: float) -> Links:

@@ -30,6 +30,9 @@ MAX_PENDING = (
     64  # reports begun and kept for their "Killed process" line (it may be lost)
 )
 READ_BYTES = 8192  # one read: one record (~1 KiB + dict)
+# /dev/kmsg writes a byte below ' ', above '~' and '\\' itself as \xNN (printk's devkmsg):
+# a comm or cgroup is read back as its bytes, so it matches cgroupfs and is shown once.
+_KMSG_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,21 @@ class PendingReport:
 NO_REPORT = PendingReport(task_memcg="", oom_memcg="", constraint="")
 # By the victim's pid; None: a pre-4.19 report, which names no pid.
 Pending = Dict[Optional[int], PendingReport]
+
+
+def unescape_kmsg(text: str) -> str:
+    """A field of a /dev/kmsg message as the kernel had it: its \\xNN escapes made bytes
+    again, decoded as the os module decodes names (undecodable bytes kept as surrogates)."""
+    if "\\x" not in text:
+        return text
+    parts = _KMSG_ESCAPE.split(text)  # text, hex, text, hex, ..., text
+    data = bytearray()
+    for index, part in enumerate(parts):
+        if index % 2:
+            data.append(int(part, 16))
+        else:
+            data += part.encode("utf-8", "surrogateescape")
+    return data.decode("utf-8", "surrogateescape")
 
 
 def parse_kmsg_record(record: str) -> Optional[KmsgRecord]:
@@ -83,15 +101,15 @@ def _begins_a_report(message: str, pending: Pending) -> bool:
         if len(pending) > MAX_PENDING:
             pending.clear()
         pending[int(match["pid"])] = PendingReport(
-            task_memcg=match["task_memcg"],
-            oom_memcg=match["oom_memcg"] or "",
+            task_memcg=unescape_kmsg(match["task_memcg"]),
+            oom_memcg=unescape_kmsg(match["oom_memcg"] or ""),
             constraint=match["constraint"],
         )
         return True
     if match := _LEGACY.search(message):
         pending[None] = PendingReport(
-            task_memcg=match["task_memcg"],
-            oom_memcg=match["oom_memcg"],
+            task_memcg=unescape_kmsg(match["task_memcg"]),
+            oom_memcg=unescape_kmsg(match["oom_memcg"]),
             constraint="",
         )
         return True
@@ -115,7 +133,7 @@ def _killed(record: KmsgRecord, pending: Pending) -> Optional[OomKill]:
         seq=record.seq,
         boot_usec=record.usec,
         pid=pid,
-        comm=match["comm"],
+        comm=unescape_kmsg(match["comm"]),
         task_memcg=report.task_memcg,
         oom_memcg=report.oom_memcg,
         constraint=constraint,

@@ -21,14 +21,16 @@ from tests.conftest import REPO, mounted_tmpfs, needs_root
 GiB = 1 << 30
 MOUNT = "/dev/shm"
 FAIL, BACKEND = "fail: --require-shm", "warn: below the backend's"
+UNKNOWN = "warn: met by its size, the memory limit unread"
 NO_STATES = MountStates(peaks={}, max_used={}, event_rows={}, inotify={}, overflows={})
 
 
-def model_with_mount(size: int, memory_limit: Optional[int] = None) -> Model:
-    """One empty tmpfs of `size`, no cgroup read; `memory_limit`: --memory.limit-bytes."""
+def model_with_mount(size: int, memory_limit: Optional[int] = None, limit_known: bool = True) -> Model:
+    """One empty tmpfs of `size`, no cgroup read; `memory_limit`: --memory.limit-bytes;
+    `limit_known`: False when the cgroup its pages are charged to could not be read."""
     usage = MountUsage(MOUNT, "tmpfs", "tmpfs", True, size_bytes=size, used_bytes=0, available_bytes=size)
     budget = shm_budget(usage, None, memory_limit=memory_limit)
-    view = MountView(MOUNT, {}, usage, None, None, None, None, None, None, budget)
+    view = MountView(MOUNT, {}, usage, None, None, None, None, None, None, budget, limit_known)
     return Model(False, [], [view], None, [], None, [], None, [], NO_STATES)
 
 
@@ -39,6 +41,8 @@ def verdict(model: Model, required: Optional[int], backend: Optional[str]) -> Tu
     for f in report.findings:
         if f.area == "shm" and f.severity == "fail" and "(--require-shm)" in f.message:
             said.append(FAIL)
+        elif f.area == "shm" and f.severity == "warn" and "could not be read: it may hold less" in f.message:
+            said.append(UNKNOWN)
         elif f.area == "shm" and f.severity == "warn" and f"recommended for {backend}" in f.message:
             said.append(BACKEND)
         else:
@@ -115,6 +119,34 @@ def test_both_are_judged_on_what_the_memory_limit_leaves(
     """The mount's size is not what it can hold: tmpfs pages are charged to the memory limit."""
     model = model_with_mount(20 * GiB, memory_limit=memory_limit)
     assert verdict(model, required, "vllm") == (code, problems)
+
+
+# The memory limit unread: the mount holds at most its size. What the size alone fails is
+# certain; what it meets is not called met.
+UNREAD = [
+    (20 * GiB, 8 * GiB, None, 1, [UNKNOWN]),
+    (4 * GiB, 8 * GiB, None, 2, [FAIL]),
+    (20 * GiB, None, "vllm", 1, [UNKNOWN]),
+    (4 * GiB, None, "vllm", 1, [BACKEND]),
+    (20 * GiB, 16 * GiB, "vllm", 1, [UNKNOWN]),
+    (20 * GiB, 1 * GiB, "vllm", 1, [UNKNOWN, UNKNOWN]),
+    (20 * GiB, None, None, 0, []),
+]
+
+
+@pytest.mark.parametrize("size, required, backend, code, problems", UNREAD, ids=map(cell_id, UNREAD))
+def test_with_the_memory_limit_unread_a_size_that_suffices_is_not_called_enough(
+    size: int, required: Optional[int], backend: Optional[str], code: int, problems: List[str]
+) -> None:
+    model = model_with_mount(size, limit_known=False)
+    assert verdict(model, required, backend) == (code, problems)
+    [facts] = diagnose(model, required, backend).facts["shm"]
+    assert facts["effective_size_bytes"] is None and facts["size_bytes"] == size
+
+
+def test_with_the_memory_limit_read_the_json_has_the_effective_size() -> None:
+    [facts] = diagnose(model_with_mount(20 * GiB, memory_limit=8 * GiB), None, None).facts["shm"]
+    assert facts["effective_size_bytes"] == 8 * GiB
 
 
 def check(mount: str, *args: str) -> subprocess.CompletedProcess[str]:

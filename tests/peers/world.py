@@ -15,7 +15,8 @@ Its one argument is the cell as JSON:
   left      [{name, size, uid, pidns?, age?}]: shm_peer.py `left`: a file whose creator
             exited (name: in /dev/shm, or an absolute path; age: its mtime that long ago)
   mounts    {path under /mnt: size}: more tmpfs mounts (shmwatch watches what `args` say)
-  sysv      [{uid, alive, pidns?}]: a SysV segment, never attached, whose creator lives or
+  sysv      [{uid, alive, pidns?, handed?}]: a SysV segment, never attached (handed: attached
+            and detached by a child of the creator that lives on), whose creator lives or
             exited (in this world's IPC namespace, which shmwatch shares unless `ipcns`)
   exporters {label: {uid, python, ignore, pidns?, ipcns?, sidecar?, args?, serve?, text?}}:
             each a way shmwatch runs in this world, one after the other (python: the
@@ -43,10 +44,21 @@ PEER = os.path.join(REPO, "tests", "peers", "shm_peer.py")
 # Debian's, readable by every UID (the test's may not be)
 PEER_PYTHON = "/usr/bin/python3"
 SYSV_CREATOR = r"""
-import ctypes, sys
+import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
-shmid = libc.shmget(0, 65536, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600; never attached
+libc.shmat.restype = ctypes.c_void_p
+shmid = libc.shmget(0, 65536, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
 assert shmid >= 0, ctypes.get_errno()
+if sys.argv[1] == "handed":  # a child attaches and detaches (the segment's lpid), lives on
+    ready, said = os.pipe()
+    if os.fork() == 0:
+        address = libc.shmat(shmid, None, 0)
+        assert address not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+        assert libc.shmdt(ctypes.c_void_p(address)) == 0, ctypes.get_errno()
+        os.write(said, b"x")
+        sys.stdin.read()
+        os._exit(0)
+    os.read(ready, 1)
 print(shmid, flush=True)
 if sys.argv[1] == "alive":
     sys.stdin.read()
@@ -123,8 +135,11 @@ def leave(left: Spec) -> None:
 
 
 def make_sysv(creator: Spec) -> Tuple["subprocess.Popen[str]", int]:
-    """(the creator, which has exited unless `alive`; the segment's shmid)."""
+    """(the creator, which has exited unless `alive`; the segment's shmid). `handed`: a
+    child of the creator attached and detached it and lives on (the segment's lpid)."""
     state = "alive" if creator["alive"] else "gone"
+    if creator.get("handed"):
+        state = "handed"
     prefix = in_pid_namespace(creator.get("pidns", False)) + as_uid(creator["uid"])
     proc, shmid = start([*prefix, PEER_PYTHON, "-c", SYSV_CREATOR, state])
     if not creator["alive"]:
@@ -212,12 +227,13 @@ def scrape(exporter: Spec) -> str:
     )
 
 
-def shm_segments() -> Dict[int, int]:
-    """shmid -> cpid, as this namespace's pid 1 reads /proc/sysvipc/shm."""
+def shm_segments(field: str = "cpid") -> Dict[int, int]:
+    """shmid -> `field` (cpid, lpid, nattch), as this namespace's pid 1 reads
+    /proc/sysvipc/shm."""
     with open("/proc/sysvipc/shm") as f:
         header, *rows = f.read().splitlines()
     col = header.split().index
-    return {int(r.split()[col("shmid")]): int(r.split()[col("cpid")]) for r in rows}
+    return {int(r.split()[col("shmid")]): int(r.split()[col(field)]) for r in rows}
 
 
 def serving(exporter: Spec, port: int) -> "subprocess.Popen[str]":
@@ -317,6 +333,7 @@ def main(cell: Spec) -> None:
         label: run(exporter) for label, exporter in cell["exporters"].items()
     }
     out["sysv_cpid"] = shm_segments()
+    out["sysv_lpid"] = shm_segments("lpid")
     for proc in holders + [p for p, _ in creators]:
         proc.communicate(timeout=10)  # stdin closed: each lets go and exits
     print(json.dumps(out))

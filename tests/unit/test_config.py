@@ -26,7 +26,7 @@ FLAGS: List[Tuple[str, "Flag[object]"]] = [(dest, d) for dest, d in declarations
 # parser needs a line here: the KeyError in sample() says which.
 SAMPLES: Dict[Callable[[str], object], Tuple[str, str, object]] = {
     config.parse_text: ("/a", "/b", None),
-    config.parse_mount_point: ("/a/", "/b", None),
+    config.parse_mount_point: ("/a/", "/b", ""),
     config.parse_url_path: ("/a", "/b", "a"),
     config.parse_listen_address: ("127.0.0.1:1", "[::1]:2", "nowhere"),
     config.parse_count: ("3", "4", "0"),
