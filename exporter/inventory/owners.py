@@ -109,7 +109,7 @@ class OwnerScan:
             self._mount_ids.learn(new, devs, again=False)
         else:  # a watched mount came or went
             self._mount_ids.learn(processes.values(), devs)
-        fresh = Owners(unverifiable=unidentified)  # one unread could hold anything
+        fresh = Owners(unreadable=unidentified, unverifiable=unidentified)
         self._scan(scope, devs, fresh)
         if unidentified:
             fresh.unproven_because(
