@@ -349,6 +349,12 @@ def test_every_fd_is_looked_at_whatever_comes_before_it(world: World) -> None:
         fds[10 + 3 * i] = str(world.shm / f"psm_{i}")
         fds[11 + 3 * i] = f"pipe:[{i}]"
         fds[12 + 3 * i] = str(world.shm / f"closed_{i}")  # no such file: its stat fails
+    (world.shm / "subdir").mkdir()
+    os.mkfifo(world.shm / "fifo")
+    fds[30], fds[31] = (
+        str(world.shm / "subdir"),
+        str(world.shm / "fifo"),
+    )  # not files: not segments
     world.add(100, fds=fds, mnt_ids={fd: MNT_ID for fd in fds})
     _, owners = world.scan()
     assert sorted(owners.holdings) == sorted(keys)
@@ -408,8 +414,10 @@ def test_stat_through_map_files_for_each_unlinked_mapping(world: World) -> None:
     world.add(100, maps=maps)
     world.proc.map_file(100, "3000-4000", str(world.shm / "backing-1"))
     world.proc.map_file(100, "5000-6000", str(world.shm / "backing-2"))
+    world.proc.map_file(100, "1000-2000", str(world.shm / "nccl-linked"))
     _, owners = world.scan()
-    assert owners.holdings[linked][0].sizes is None  # linked: the listing has its sizes
+    # linked: the listing has its sizes, no stat through map_files (thousands a scan)
+    assert owners.holdings[linked][0].sizes is None
     assert owners.holdings[first][0].sizes[:2] == (4096, 4096)
     assert owners.holdings[second][0].sizes[:2] == (12288, 12288)
 
@@ -433,3 +441,15 @@ def test_a_proc_that_cannot_be_listed_again_ends_the_scan_with_what_was_read(
     world.add(100, maps=maps_line(0x1000, 0x2000, world.dev, key[1], "/dev/shm/nccl-z"))
     owners = OwnerScan(Unlistable(world.proc.paths)).scan({world.dev})
     assert holders(owners, key) == [100] and owners.complete
+
+
+def test_a_process_holding_many_files_open_holds_each(world: World) -> None:
+    """Files are not memfds: however many, each is held one by one, none counted by class."""
+    keys = [world.segment(f"psm_{i}") for i in range(70)]
+    world.add(
+        100,
+        fds={10 + i: str(world.shm / f"psm_{i}") for i in range(70)},
+        mnt_ids={10 + i: MNT_ID for i in range(70)},
+    )
+    _, owners = world.scan()
+    assert sorted(owners.holdings) == sorted(keys) and owners.memfd_rest == {}

@@ -123,6 +123,34 @@ def test_memfds_are_not_told_from_files_where_the_mountinfo_is_unread(
     assert scan.memfd_regions(owners)[0] == [] and 100 not in owners.holders
 
 
+def own_fds(world: World, pid: int) -> None:
+    """The fixture process's fds and fdinfo are this test process's own."""
+    world.add(pid, mountinfo=mountinfo_line(MNT_ID, devno(world.dev), str(world.shm)))
+    for name in ("fd", "fdinfo"):
+        shutil.rmtree(world.proc.path(pid, name))
+        os.symlink(f"/proc/{os.getpid()}/{name}", world.proc.path(pid, name))
+
+
+def test_many_memfds_held_open_keep_the_most_allocated_one_by_one(world: World) -> None:
+    """Sparse regions: the allocated pages, not the size asked, decide which are kept and
+    what the rest count (the smallest allocation asked the most)."""
+    fds = []
+    try:
+        for i in range(MAX_MEMFDS + 2):
+            fds.append(fd := os.memfd_create(f"cuda.shm.{i}"))
+            os.ftruncate(fd, (100 - i) << 20)
+            os.pwrite(fd, b"x" * (4096 * (i + 1)), 0)
+        own_fds(world, 100)
+        scan, owners = world.scan()
+        regions, _ = scan.memfd_regions(owners)
+        assert len(regions) == MAX_MEMFDS
+        assert min(r.allocated_bytes for r in regions) == 3 * 4096
+        assert owners.memfd_rest == {100: {"cuda": (2, 4096 + 2 * 4096)}}
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def test_a_memfd_held_open_is_a_region_with_its_stat(world: World) -> None:
     """A real memfd of this process, seen through its own fd and fdinfo: the fd's stat, not a
     mapping's extent, says its size (the allocated pages of a sparse one)."""
