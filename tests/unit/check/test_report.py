@@ -1,0 +1,293 @@
+"""`shmwatch check` end to end through its main(): flags, the one collection it asks for and
+within what time, the findings and their exit code (the verdict an initContainer acts on),
+text or JSON, the logs, the memory-limit flag at the host's size, and a bug reported as one.
+The collection is a model built by hand; /proc a fixture tree. Part of the mutation selection."""
+
+import json
+import os
+from pathlib import Path
+from typing import List, Optional
+
+import pytest
+
+from exporter.check.report import main
+from exporter.model.step import Model, MountView, SourceStatus
+from exporter.model.summary import shm_budget
+from exporter.model.types import CgroupMemory, HostMemory, MountUsage
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+class Collect:
+    """check's one run of every source: the model it hands back, and what it was asked."""
+
+    def __init__(
+        self, model: Optional[Model] = None, error: Optional[Exception] = None
+    ) -> None:
+        self.model, self.error, self.timeouts, self.cfgs = model, error, [], []
+
+    def __call__(self, cfg, timeout: float) -> Model:
+        self.cfgs.append(cfg)
+        self.timeouts.append(timeout)
+        if self.error:
+            raise self.error
+        return self.model
+
+
+def shm_model(
+    size: int,
+    used: int = 0,
+    cgroup: Optional[CgroupMemory] = None,
+    host=None,
+    statuses=(),
+) -> Model:
+    usage = MountUsage(
+        "/dev/shm",
+        "tmpfs",
+        "shm",
+        True,
+        size_bytes=size,
+        used_bytes=used,
+        available_bytes=size - used,
+    )
+    view = MountView(
+        "/dev/shm",
+        {},
+        usage,
+        None,
+        None,
+        None,
+        None,
+        None,
+        cgroup,
+        shm_budget(usage, cgroup),
+    )
+    return Model(
+        False,
+        list(statuses),
+        [view],
+        None,
+        [cgroup] if cgroup else [],
+        host,
+        [],
+        None,
+        [],
+        None,
+    )
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> List[str]:
+    """Paths flags to an empty /proc (no NCCL user is looked for in the real one)."""
+    (tmp_path / "proc").mkdir()
+    return [f"--path.procfs={tmp_path / 'proc'}", f"--path.sysfs={tmp_path / 'sys'}"]
+
+
+def run(capsys, argv: List[str], collect: Collect) -> tuple:
+    code = main(argv, collect)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_backend_needs_more_than_the_requirement_asks(
+    capsys, proc: List[str]
+) -> None:
+    """--require-shm 1Gi --backend vllm on a 4 GiB mount: the requirement holds, vLLM's 16 GiB
+    does not: a warning, exit 1 (the issue's planted bug: skipped, exit 0)."""
+    code, out, _ = run(
+        capsys,
+        [*proc, "--require-shm", "1Gi", "--backend", "vllm", "--output", "json"],
+        Collect(shm_model(4 * GiB)),
+    )
+    doc = json.loads(out)
+    assert (code, doc["status"], doc["exit_code"]) == (1, "warn", 1)
+    [warn] = [f for f in doc["findings"] if f["severity"] == "warn"]
+    assert (
+        warn["message"] == "can hold 4.0 GiB, under the 16.0 GiB recommended for vllm"
+    )
+    code, out, _ = run(
+        capsys,
+        [*proc, "--require-shm", "16Gi", "--backend", "vllm"],
+        Collect(shm_model(4 * GiB)),
+    )
+    assert (
+        code == 2 and "recommended for vllm" not in out
+    )  # the requirement says it: once
+    assert (
+        run(capsys, [*proc, "--backend", "trtllm"], Collect(shm_model(80 * GiB)))[0]
+        == 0
+    )
+
+
+def test_text_output_worst_first(capsys, proc: List[str]) -> None:
+    code, out, err = run(
+        capsys,
+        [*proc, "--require-shm", "128Mi"],
+        Collect(shm_model(64 * MiB, 62 * MiB)),
+    )
+    assert code == 2 and err == ""
+    lines = out.splitlines()
+    assert lines[0].endswith(": 2 problem(s), worst first")
+    assert (
+        lines[3].startswith("FAIL   shm     /dev/shm")
+        and "below the 128.0 MiB required" in lines[3]
+    )
+    assert lines[4].lstrip().startswith("-> docker run --shm-size=128m")
+    assert lines[5].startswith("FAIL   shm     /dev/shm") and lines[5].endswith(
+        "(97%): about to be full"
+    )
+
+
+def test_the_collection_gets_the_time_left(capsys, proc: List[str]) -> None:
+    collect = Collect(shm_model(GiB))
+    run(capsys, proc, collect)
+    run(
+        capsys, [*proc, "--collector.timeout=2s", "--collector.gpu.timeout=3s"], collect
+    )
+    run(capsys, [*proc, "--timeout", "1.5"], collect)
+    (default, shorter, bounded) = collect.timeouts
+    assert 10.0 < default <= 11.0  # the slowest collector's timeout and a second
+    assert 3.0 < shorter <= 4.0
+    assert 1.0 < bounded <= 1.5  # --timeout bounds the whole check
+    assert collect.cfgs[0].procfs.endswith("/proc")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--require-shm", "banana"],
+        ["--backend", "tgi"],
+        ["--no-such-flag"],
+        ["--timeout", "0"],
+        ["--timeout", "inf"],
+        ["--output", "yaml"],
+        ["--require-shm", "2P"],
+    ],
+)
+def test_a_usage_error_is_64_not_a_verdict(
+    capsys, proc: List[str], argv: List[str]
+) -> None:
+    collect = Collect(shm_model(GiB))
+    with pytest.raises(SystemExit) as raised:
+        main([*proc, *argv], collect)
+    assert raised.value.code == 64 and collect.timeouts == []
+
+
+def test_help_is_no_error(capsys, proc: List[str]) -> None:
+    with pytest.raises(SystemExit) as raised:
+        main([*proc, "--help"], Collect(shm_model(GiB)))
+    assert raised.value.code == 0 and "--require-shm" in capsys.readouterr().out
+
+
+def test_a_log_that_cannot_be_read_is_a_usage_error(
+    capsys, proc: List[str], tmp_path: Path
+) -> None:
+    collect = Collect(shm_model(GiB))
+    code, out, err = run(capsys, [*proc, "--log", str(tmp_path / "none.log")], collect)
+    assert code == 64 and out == "" and collect.timeouts == []
+    assert (
+        err
+        == f"shmwatch check: error: argument --log: {tmp_path / 'none.log'}: cannot read it: No such file or directory\n"
+    )
+    code, _, err = run(capsys, [*proc, "--log", str(tmp_path)], collect)
+    assert code == 64 and err.endswith(f"{tmp_path}: not a regular file\n")
+
+
+def test_a_logs_failure_lines_are_findings(
+    capsys, proc: List[str], tmp_path: Path
+) -> None:
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "INFO start\nRuntimeError: Insufficient space in /dev/shm: 64 MiB required, 12 MiB free\n"
+    )
+    code, out, _ = run(
+        capsys, [*proc, "--log", str(log), "--output", "json"], Collect(shm_model(GiB))
+    )
+    doc = json.loads(out)
+    assert code == 1 and [
+        f["area"] for f in doc["findings"] if f["severity"] == "warn"
+    ] == ["log"]
+
+
+def test_a_memory_limit_flag_at_the_hosts_size_is_taken_as_none(
+    capsys, proc: List[str]
+) -> None:
+    host = HostMemory(64 * GiB, 32 * GiB, 0)
+    code, out, _ = run(
+        capsys,
+        [*proc, "--memory.limit-bytes=64Gi", "--output=json"],
+        Collect(shm_model(GiB, host=host)),
+    )
+    [warn] = [f for f in json.loads(out)["findings"] if f["severity"] == "warn"]
+    assert (code, warn["subject"], warn["message"]) == (
+        1,
+        "--memory.limit-bytes",
+        "64.0 GiB is at or above the host's memory: taken as no limit given",
+    )
+    assert (
+        warn["remedy"]
+        == "a container without a memory limit gets the node's memory from the Downward API"
+    )
+    below = run(
+        capsys, [*proc, "--memory.limit-bytes=63Gi"], Collect(shm_model(GiB, host=host))
+    )
+    assert below[0] == 0 and "--memory.limit-bytes" not in below[1]
+    assert (
+        run(capsys, [*proc, "--memory.limit-bytes=64Gi"], Collect(shm_model(GiB)))[0]
+        == 0
+    )  # host unread
+
+
+def test_recommend_appends_the_sizes_and_their_settings(
+    capsys, proc: List[str]
+) -> None:
+    cg = CgroupMemory("/c", 2, 400 * MiB, 400 * MiB, 390 * MiB, None, 0, "self")
+    code, out, _ = run(
+        capsys, [*proc, "--recommend"], Collect(shm_model(256 * MiB, 60 * MiB, cg))
+    )
+    assert (
+        "\nRECOMMENDATIONS (highest observed peak x 1.25, rounded up to a whole GiB, MiB below 1 GiB)\n"
+        in out
+    )
+    assert "/dev/shm: observed peak 60.0 MiB (" in out and "recommended 75.0 MiB" in out
+    assert code == 1  # the limit cannot hold it: a warning
+    code, out, _ = run(
+        capsys, [*proc, "--output=json"], Collect(shm_model(256 * MiB, 60 * MiB, cg))
+    )
+    assert "RECOMMENDATIONS" not in out and json.loads(out)["recommendations"] == []
+
+
+def test_a_bug_in_check_is_70_and_asks_for_a_report(capsys, proc: List[str]) -> None:
+    code, out, err = run(capsys, proc, Collect(error=RuntimeError("boom")))
+    assert (code, out) == (70, "")
+    assert (
+        err.endswith(
+            "shmwatch check: internal error (RuntimeError), please report it\n"
+        )
+        and "boom" in err
+    )
+
+
+def test_collectors_that_failed_are_named(capsys, proc: List[str]) -> None:
+    failed = [
+        SourceStatus("sysv", False, 0.0, "EPERM"),
+        SourceStatus("gpu", False, 0.0, "no driver"),
+    ]
+    code, out, _ = run(
+        capsys, [*proc, "--output=json"], Collect(shm_model(GiB, statuses=failed))
+    )
+    findings = {
+        (f["severity"], f["area"], f["subject"]) for f in json.loads(out)["findings"]
+    }
+    assert ("warn", "sysv", "collector sysv") in findings and (
+        "info",
+        "gpu",
+        "NVML",
+    ) in findings
+    assert code == 1
+
+
+def test_no_nccl_in_this_proc_no_nccl_finding(capsys, proc: List[str]) -> None:
+    code, out, _ = run(capsys, proc, Collect(shm_model(GiB)))
+    assert code == 0 and "nccl" not in out.lower()
+    assert os.listdir(proc[0].split("=", 1)[1]) == []

@@ -1,0 +1,181 @@
+"""Node mode's segment inventory: only a full scan of every process may call a segment leaked;
+between full scans a refresh reads new processes and the pods whose mounts moved, and a new,
+changed or written-to segment nobody is seen holding is not called leaked until the next full
+scan. Pods' mounts are real directories at the kubelet's paths, processes a /proc tree.
+Part of the mutation selection."""
+
+import os
+from pathlib import Path
+from typing import Tuple
+
+import pytest
+
+from tests.unit.collectors.test_segments import Host, mount_of, states
+
+POD_A, POD_B = (
+    "aaaaaaaa-1111-2222-3333-444444444444",
+    "bbbbbbbb-1111-2222-3333-444444444444",
+)
+
+
+def kubelet(uid: str) -> str:
+    return f"var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/dshm"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Node(Host):
+    def __init__(self, tmp_path: Path) -> None:
+        super().__init__(tmp_path, [kubelet(POD_A), kubelet(POD_B), "host-shm"])
+        self.a, self.b, self.plain = self.mounts
+        self.clock = Clock()
+        self.watched = True
+        self.file(0, "nccl-a")
+        self.file(1, "nccl-b")
+        self.holder(100, self.maps(0, "nccl-a"), cgroup=f"0::/kubepods/pod{POD_A}/c\n")
+        self.holder(200, self.maps(1, "nccl-b"), cgroup=f"0::/kubepods/pod{POD_B}/c\n")
+        self.collector = self.collector(
+            pod_of_pid=True,
+            full_scan_interval=120.0,
+            monotonic=self.clock,
+            all_watched=lambda: self.watched,
+        )
+        self.first = self.collector.collect()
+
+    def run(self, after: float = 15.0):
+        """A full run `after` seconds on: (whether it read every process, its inventory)."""
+        self.clock.now += after
+        before = self.collector.pace.scanned_at
+        inv = self.collector.collect()
+        return self.collector.pace.scanned_at != before, inv
+
+    def created(self, mount: int, name: str, size: int = 8192) -> None:
+        self.file(mount, name, size)
+        self.changes.add(self.mounts[mount], name)
+
+    def state(self, inv, mount: int, name: str) -> Tuple[str, Tuple[int, ...]]:
+        return states(inv, self.mounts[mount])[name][1:]
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path)
+
+
+def test_the_first_run_is_a_full_scan_that_knows_each_holders_pod(node: Node) -> None:
+    assert node.state(node.first, 0, "nccl-a") == ("linked", (100,))
+    assert node.first.pods == {100: POD_A, 200: POD_B}
+    assert (
+        node.collector.pace.scanned_at == 1000.0
+        and node.collector.begin_full is not None
+    )
+
+
+def test_a_new_segment_nobody_holds_is_leaked_only_on_the_full_scans_word(
+    node: Node,
+) -> None:
+    node.created(0, "psm_new")
+    assert node.state(node.collector.collect_quick(), 0, "psm_new") == ("linked", ())
+    scanned, inv = node.run(15)
+    assert not scanned and node.state(inv, 0, "psm_new") == ("linked", ())  # a refresh
+    scanned, inv = node.run(120)
+    assert scanned and node.state(inv, 0, "psm_new") == ("orphan", ())
+    assert node.collector.stretches is False  # one is called leaked
+
+
+def test_an_orphan_written_through_a_mapping_is_not_called_leaked_before_a_full_scan(
+    node: Node,
+) -> None:
+    node.file(0, "psm_orphan", 4096)
+    _, inv = node.run(120)
+    assert node.state(inv, 0, "psm_orphan") == ("orphan", ())
+    (Path(node.a) / "psm_orphan").write_bytes(b"y" * 16384)  # pages written: no event
+    scanned, inv = node.run(15)
+    # Its pod was read again and nobody there holds it: the writer is outside the pod.
+    assert not scanned and node.state(inv, 0, "psm_orphan") == ("unverified", ())
+    scanned, inv = node.run(15)
+    assert not scanned and node.state(inv, 0, "psm_orphan") == ("unverified", ())
+    scanned, inv = node.run(120)
+    assert scanned and node.state(inv, 0, "psm_orphan") == ("orphan", ())
+
+
+def test_an_orphan_an_event_names_is_not_called_leaked_before_its_pod_is_read(
+    node: Node,
+) -> None:
+    node.file(1, "psm_orphan", 4096)
+    _, inv = node.run(120)
+    node.changes.add(node.b, "psm_orphan")  # touched (attributes, an attach)
+    quick = node.collector.collect_quick()
+    assert node.state(quick, 1, "psm_orphan") == ("unverified", ())
+    node.holder(201, node.maps(1, "psm_orphan"), cgroup=f"0::/kubepods/pod{POD_B}/c\n")
+    scanned, inv = node.run(15)  # the refresh reads new processes: 201 holds it
+    assert not scanned and node.state(inv, 1, "psm_orphan") == ("linked", (201,))
+
+
+def test_a_holder_that_exits_leaves_its_segment_unverified_until_a_full_scan(
+    node: Node,
+) -> None:
+    os.rename(node.proc.path(100), node.proc.path("100-gone"))
+    scanned, inv = node.run(15)
+    assert not scanned and node.state(inv, 0, "nccl-a") == ("unverified", ())
+    scanned, inv = node.run(120)
+    assert scanned and node.state(inv, 0, "nccl-a") == ("orphan", ())
+
+
+def test_an_orphan_written_in_no_pods_mount_brings_the_full_scan_forward(
+    node: Node,
+) -> None:
+    node.file(2, "psm_host", 4096)
+    node.run(120)
+    (Path(node.plain) / "psm_host").write_bytes(b"y" * 16384)
+    scanned, inv = node.run(15)
+    assert scanned and node.state(inv, 2, "psm_host") == ("orphan", ())
+
+
+def test_with_a_mount_inotify_does_not_watch_the_scan_keeps_its_base(
+    node: Node,
+) -> None:
+    node.watched = False
+    assert node.collector.stretches is False
+    for _ in range(3):
+        assert node.run(120)[0]
+
+
+def test_a_staged_full_run_leaves_what_changed_meanwhile_unsettled(node: Node) -> None:
+    node.clock.now += 120
+    scan = node.collector.begin_full()
+    finish = scan()  # reads /proc (beside quick runs)
+    node.created(0, "psm_during")  # listed by a quick run while the scan read /proc
+    quick = node.collector.collect_quick()
+    assert node.state(quick, 0, "psm_during") == ("linked", ())
+    inv = finish()
+    assert node.state(inv, 0, "psm_during") == (
+        "linked",
+        (),
+    )  # the scan may have missed its taker
+    assert node.state(inv, 0, "nccl-a") == ("linked", (100,))
+    scanned, inv = node.run(120)
+    assert scanned and node.state(inv, 0, "psm_during") == ("orphan", ())
+
+
+def test_a_mount_gone_is_dropped_and_one_back_is_listed_anew(node: Node) -> None:
+    os.rename(node.b, node.b + ".away")
+    _, inv = node.run(120)
+    assert mount_of(inv, node.b).error == "No such file or directory"
+    os.rename(node.b + ".away", node.b)
+    _, inv = node.run(15)
+    assert node.state(inv, 1, "nccl-b") == ("linked", (200,))
+
+
+def test_holders_pods_are_known_between_full_scans(node: Node) -> None:
+    node.holder(300, node.maps(1, "nccl-b"), cgroup=f"0::/kubepods/pod{POD_B}/d\n")
+    scanned, inv = node.run(15)
+    assert not scanned and inv.pods == {100: POD_A, 200: POD_B, 300: POD_B}
+    quick = node.collector.collect_quick()
+    assert quick.pods == inv.pods
