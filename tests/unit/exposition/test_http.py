@@ -1,0 +1,340 @@
+"""The HTTP front's answers and deadlines as a client meets them, through real sockets on
+loopback with the deadlines shortened: a head must arrive within the header deadline (a
+trickling one gets 408, a silent one is closed), a keep-alive connection waits for the idle
+deadline and re-arms the header deadline at the next request's first byte, requests beyond
+--web.max-requests get 503, the oldest unanswered connection makes room at the cap.
+Behaviour only (no internals): the front's request parsing may change beneath it. Part of
+the mutation selection."""
+
+import base64
+import socket
+import threading
+import time
+from typing import Iterator, List, Optional
+
+import bcrypt
+import pytest
+
+from exporter.exposition import http
+from exporter.exposition.http import bind, make_app, url_host
+from exporter.exposition.webconfig import WebConfig, WebConfigSource
+
+HEADER, IDLE = 0.3, 1.2  # the deadlines, shortened
+
+
+def metrics(environ, start_response) -> List[bytes]:
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"shmwatch_up 1\n"]
+
+
+class Server:
+    def __init__(self, app=None, web=None, max_requests: int = 40) -> None:
+        self.front = bind("127.0.0.1", 0, app or make_app(metrics), web, max_requests)
+        self.front.start()
+        self.port = self.front.server_address[1]
+
+    def connect(self) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        return sock
+
+    def ask(self, data: bytes, sock: Optional[socket.socket] = None) -> bytes:
+        """Sends `data` on a new connection (or `sock`) and reads until the server closes."""
+        sock = sock or self.connect()
+        with sock:
+            sock.sendall(data)
+            return read_all(sock)
+
+
+def read_all(sock: socket.socket) -> bytes:
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    return out
+
+
+def read_answer(sock: socket.socket) -> bytes:
+    """One answer (head and Content-Length body) from a kept-alive connection."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(
+        next(
+            line.split(b":")[1]
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        )
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def status(answer: bytes) -> bytes:
+    return answer.split(b"\r\n", 1)[0]
+
+
+@pytest.fixture
+def short(monkeypatch) -> None:
+    monkeypatch.setattr(http, "HEADER_TIMEOUT_SECONDS", HEADER)
+    monkeypatch.setattr(http, "IDLE_TIMEOUT_SECONDS", IDLE)
+
+
+@pytest.fixture
+def server(short) -> Iterator[Server]:
+    s = Server()
+    yield s
+    s.front.shutdown()
+
+
+GET = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def test_the_pages_and_methods(server: Server) -> None:
+    close = b"Connection: close\r\n\r\n"
+    answer = server.ask(GET[:-2] + close)
+    assert status(answer) == b"HTTP/1.1 200 OK" and answer.endswith(
+        b"\r\n\r\nshmwatch_up 1\n"
+    )
+    assert b"Connection: close" in answer and b"Content-Length: 14" in answer
+    head = server.ask(b"HEAD /metrics HTTP/1.1\r\n" + close)
+    assert (
+        status(head) == b"HTTP/1.1 200 OK"
+        and head.endswith(b"\r\n\r\n")
+        and b"Content-Length: 14" in head
+    )
+    post = server.ask(b"POST /metrics HTTP/1.1\r\n" + close)
+    assert (
+        status(post) == b"HTTP/1.1 405 Method Not Allowed"
+        and b"Allow: GET, HEAD" in post
+    )
+    landing = server.ask(b"GET / HTTP/1.1\r\n" + close)
+    assert (
+        b'<a href="/metrics">Metrics</a>' in landing
+        and b"text/html; charset=utf-8" in landing
+    )
+    assert server.ask(b"GET /-/healthy HTTP/1.1\r\n" + close).endswith(b"\r\n\r\nOK\n")
+    assert (
+        status(server.ask(b"GET /nope HTTP/1.1\r\n" + close))
+        == b"HTTP/1.1 404 Not Found"
+    )
+    assert (
+        status(server.ask(b"GET / HTTP/2.0\r\n\r\n"))
+        == b"HTTP/1.1 505 HTTP Version Not Supported"
+    )
+
+
+def test_keep_alive_and_pipelining(server: Server) -> None:
+    with server.connect() as sock:
+        sock.sendall(GET + b"GET /-/healthy HTTP/1.1\r\n\r\n")
+        first, second = read_answer(sock), read_answer(sock)
+        assert first.endswith(b"shmwatch_up 1\n") and second.endswith(b"OK\n")
+        sock.sendall(GET)
+        assert read_answer(sock).endswith(b"shmwatch_up 1\n")
+
+
+def test_http_1_0_keeps_alive_only_when_asked(server: Server) -> None:
+    with server.connect() as sock:
+        sock.sendall(b"GET /-/healthy HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        answer = read_answer(sock)
+        assert b"Connection: keep-alive" in answer
+    assert b"Connection: close" in server.ask(b"GET /-/healthy HTTP/1.0\r\n\r\n")
+
+
+def test_a_silent_connection_is_closed_at_the_header_deadline(server: Server) -> None:
+    with server.connect() as sock:
+        started = time.monotonic()
+        assert read_all(sock) == b""
+        assert HEADER * 0.8 < time.monotonic() - started < IDLE
+
+
+def test_a_trickling_head_gets_408_at_the_header_deadline(server: Server) -> None:
+    with server.connect() as sock:
+        started = time.monotonic()
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+        answer = read_all(sock)
+        assert status(answer) == b"HTTP/1.1 408 Request Timeout"
+        assert HEADER * 0.8 < time.monotonic() - started < IDLE
+
+
+def test_a_kept_alive_connection_waits_for_the_idle_deadline(server: Server) -> None:
+    with server.connect() as sock:
+        sock.sendall(GET)
+        read_answer(sock)
+        time.sleep(HEADER * 2)  # past the header deadline: idle, not timed out
+        sock.sendall(GET)
+        assert read_answer(sock).endswith(b"shmwatch_up 1\n")
+        started = time.monotonic()
+        assert read_all(sock) == b""  # then closed at the idle deadline
+        assert IDLE * 0.8 < time.monotonic() - started < IDLE * 3
+
+
+def test_the_header_deadline_is_rearmed_at_the_next_requests_first_byte(
+    server: Server,
+) -> None:
+    """A second request trickling after a keep-alive wait is held to the header deadline from
+    its first byte, not to the idle one (the issue's planted bug: held up to 120 s)."""
+    with server.connect() as sock:
+        sock.sendall(GET)
+        read_answer(sock)
+        time.sleep(HEADER / 2)
+        started = time.monotonic()
+        sock.sendall(b"G")
+        answer = read_all(sock)
+        assert status(answer) == b"HTTP/1.1 408 Request Timeout"
+        assert time.monotonic() - started < IDLE * 0.8
+
+
+def test_requests_beyond_max_requests_get_503_at_once(short) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(environ, start_response) -> List[bytes]:
+        entered.set()
+        release.wait(5)
+        return metrics(environ, start_response)
+
+    s = Server(make_app(slow), max_requests=1)
+    try:
+        first = s.connect()
+        first.sendall(GET)
+        assert entered.wait(5)
+        started = time.monotonic()
+        busy = s.ask(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert (
+            status(busy) == b"HTTP/1.1 503 Service Unavailable"
+            and time.monotonic() - started < 1
+        )
+        release.set()
+        assert read_answer(first).endswith(b"shmwatch_up 1\n")
+        first.close()
+        ok = s.ask(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert status(ok) == b"HTTP/1.1 200 OK"  # its slot is free again
+    finally:
+        release.set()
+        s.front.shutdown()
+
+
+def test_an_app_that_fails_answers_500_and_the_connection_goes_on(
+    server: Server, short
+) -> None:
+    def broken(environ, start_response) -> List[bytes]:
+        raise RuntimeError("bug")
+
+    s = Server(make_app(broken))
+    try:
+        with s.connect() as sock:
+            sock.sendall(GET)
+            assert status(read_answer(sock)) == b"HTTP/1.1 500 Internal Server Error"
+            sock.sendall(b"GET /-/healthy HTTP/1.1\r\n\r\n")
+            assert read_answer(sock).endswith(b"OK\n")
+    finally:
+        s.front.shutdown()
+
+
+def test_the_app_sees_the_path_query_and_headers(short) -> None:
+    seen: List[dict] = []
+
+    def app(environ, start_response) -> List[bytes]:
+        seen.append(environ)
+        return metrics(environ, start_response)
+
+    s = Server(make_app(app, "/m"))
+    try:
+        s.ask(
+            b"GET /m?name[]=x HTTP/1.1\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n"
+        )
+    finally:
+        s.front.shutdown()
+    [environ] = seen
+    assert (
+        environ["PATH_INFO"],
+        environ["QUERY_STRING"],
+        environ["HTTP_ACCEPT_ENCODING"],
+    ) == ("/m", "name[]=x", "gzip")
+
+
+def test_a_half_closed_client_still_gets_its_answer(server: Server) -> None:
+    with server.connect() as sock:
+        sock.sendall(GET)
+        sock.shutdown(socket.SHUT_WR)
+        answer = read_all(sock)
+    assert answer.endswith(b"shmwatch_up 1\n")  # and then the connection closed
+
+
+def test_at_the_connection_cap_the_oldest_unanswered_connection_makes_room(
+    short, monkeypatch
+) -> None:
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 2)
+    s = Server()
+    try:
+        oldest, newer = s.connect(), s.connect()
+        time.sleep(0.05)
+        answer = s.ask(b"GET /-/healthy HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert answer.endswith(b"OK\n")
+        assert oldest.recv(10) == b""  # dropped to make room
+        newer.sendall(b"GET /-/healthy HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert read_all(newer).endswith(b"OK\n")
+        oldest.close()
+        newer.close()
+    finally:
+        s.front.shutdown()
+
+
+def basic(user: str, password: str) -> bytes:
+    return (
+        b"Authorization: Basic "
+        + base64.b64encode(f"{user}:{password}".encode())
+        + b"\r\n"
+    )
+
+
+def test_basic_auth_guards_every_page_but_health(short) -> None:
+    users = {"alice": bcrypt.hashpw(b"wonderland", bcrypt.gensalt(4))}
+    web = WebConfigSource(
+        fixed=WebConfig(users=users, headers=(("X-Frame-Options", "deny"),))
+    )
+    s = Server(web=web)
+    try:
+        refused = s.ask(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert (
+            status(refused) == b"HTTP/1.1 401 Unauthorized"
+            and b'WWW-Authenticate: Basic realm="shmwatch"' in refused
+        )
+        wrong = s.ask(
+            b"GET /metrics HTTP/1.1\r\n"
+            + basic("alice", "x")
+            + b"Connection: close\r\n\r\n"
+        )
+        assert status(wrong) == b"HTTP/1.1 401 Unauthorized"
+        right = s.ask(
+            b"GET /metrics HTTP/1.1\r\n"
+            + basic("alice", "wonderland")
+            + b"Connection: close\r\n\r\n"
+        )
+        assert status(right) == b"HTTP/1.1 200 OK" and b"X-Frame-Options: deny" in right
+        health = s.ask(b"GET /-/healthy HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert status(health) == b"HTTP/1.1 200 OK"
+    finally:
+        s.front.shutdown()
+
+
+def test_listening_addresses() -> None:
+    assert (url_host("::1"), url_host("127.0.0.1")) == ("[::1]", "127.0.0.1")
+    front = bind("", 0, make_app(metrics))
+    try:
+        assert front.socket.family == socket.AF_INET6
+        assert front.socket.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 0
+    finally:
+        front.shutdown()
+    front = bind("::1", 0, make_app(metrics))
+    try:
+        assert front.socket.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 1
+        assert front.server_address[0] == "::1"
+    finally:
+        front.shutdown()
+    taken = bind("127.0.0.1", 0, make_app(metrics))
+    try:
+        with pytest.raises(OSError):
+            bind("127.0.0.1", taken.server_address[1], make_app(metrics)).shutdown()
+    finally:
+        taken.shutdown()
