@@ -11,6 +11,7 @@ from typing import List, Optional
 from exporter.check import thresholds as T
 from exporter.check.findings import Report
 from exporter.check.kernel import nccl_users, oom_kills, outside, sysv
+from exporter.check.report import diagnose
 from exporter.model.step import Model, MountView, SourceStatus
 from exporter.model.types import (
     CgroupMemory,
@@ -242,8 +243,6 @@ def test_node_mode_names_each_namespace_and_skips_empty_ones() -> None:
     namespaces = [
         ns(segments(2, MiB, orphans=1), namespace="ipc:[1]", pod_uid=POD),
         ns([], namespace="ipc:[2]", pod_uid="u2"),  # nothing there: not said
-        ns(segments(1), namespace="ipc:[3]", container_id="ab" * 32),
-        ns(segments(1), namespace="ipc:[4]"),
         ns(
             [],
             None,
@@ -253,6 +252,8 @@ def test_node_mode_names_each_namespace_and_skips_empty_ones() -> None:
             readable=False,
             error="Operation not permitted",
         ),
+        ns(segments(1), namespace="ipc:[3]", container_id="ab" * 32),
+        ns(segments(1), namespace="ipc:[4]"),
     ]
     report = Report()
     sysv(report, namespaces, node_mode=True)
@@ -264,8 +265,6 @@ def test_node_mode_names_each_namespace_and_skips_empty_ones() -> None:
             f"pod {POD}: 2 segment(s), 2.0 MiB, 1 with nothing attached and their creators gone",
             "ipcs -m; ipcrm -m <id>",
         ),
-        ("ok", "sysv", "SysV shm", "container abababababab: 1 segment(s), 4.0 KiB", ""),
-        ("ok", "sysv", "SysV shm", "ipc:[4]: 1 segment(s), 4.0 KiB", ""),
         (
             "info",
             "sysv",
@@ -274,19 +273,27 @@ def test_node_mode_names_each_namespace_and_skips_empty_ones() -> None:
             "CAP_SYS_ADMIN",
             "deploy/kubernetes/daemonset-privileged, or run on the host as root",
         ),
+        ("ok", "sysv", "SysV shm", "container abababababab: 1 segment(s), 4.0 KiB", ""),
+        ("ok", "sysv", "SysV shm", "ipc:[4]: 1 segment(s), 4.0 KiB", ""),
     ]
     facts = report.facts["sysv_namespaces"]
     assert [f["ipc_namespace"] for f in facts] == [
         "ipc:[1]",
         "ipc:[2]",
+        "ipc:[5]",
         "ipc:[3]",
         "ipc:[4]",
-        "ipc:[5]",
     ]
-    assert facts[4] == dict(
+    assert facts[2] == dict(
         ipc_namespace="ipc:[5]", pod_uid="u5", container_id="", readable=False
     )
     assert "sysv" not in report.facts
+    through = diagnose(
+        model(node_mode=True, sysv=namespaces[:1])
+    )  # check's report passes the mode on
+    assert [f.message for f in through.findings if f.area == "sysv"][0].startswith(
+        f"pod {POD}: 2 segment(s)"
+    )
 
 
 def memfd(name: str, cls: str, size: int, holders) -> Segment:
@@ -298,7 +305,7 @@ def memfd(name: str, cls: str, size: int, holders) -> Segment:
 def test_memfd_holders_and_shmem_no_mount_explains(tmp_path: Path) -> None:
     inv = Inventory(
         [],
-        {7: "vllm", 9: "ray"},
+        {7: "vllm"},
         0,
         1,
         memfd=[
@@ -324,11 +331,15 @@ def test_memfd_holders_and_shmem_no_mount_explains(tmp_path: Path) -> None:
         None,
         None,
     )
+    proc = FakeProc(str(tmp_path))
+    nccl_process(
+        proc, 10, "vllm", ""
+    )  # NCCL loaded, and its segment is there: nothing to say
     report = Report()
     outside(
         report,
         model(inventory=inv, cgroups=cgroups, mounts=[nccl]),
-        FakeProc(str(tmp_path)).paths,
+        proc.paths,
         time.monotonic() + 5,
     )
     assert found(report) == [
@@ -337,7 +348,7 @@ def test_memfd_holders_and_shmem_no_mount_explains(tmp_path: Path) -> None:
             "memory",
             "memfd",
             "5 memfd region(s), 68.0 MiB: shmem charged to the writer's cgroup that no mount "
-            "shows; held by vllm[7] 67.0 MiB, ray[9] 65.0 MiB",
+            "shows; held by vllm[7] 67.0 MiB, unknown[9] 65.0 MiB",
             "",
         ),
         (

@@ -291,3 +291,80 @@ def test_no_nccl_in_this_proc_no_nccl_finding(capsys, proc: List[str]) -> None:
     code, out, _ = run(capsys, proc, Collect(shm_model(GiB)))
     assert code == 0 and "nccl" not in out.lower()
     assert os.listdir(proc[0].split("=", 1)[1]) == []
+
+
+def mount_with(segments: list) -> tuple:
+    """(usage, inventory, summary) of a 1 GiB mount listing `segments`:
+    (name, class, state, allocated, apparent)."""
+    from exporter.model.summary import summarise
+    from exporter.model.types import CLASS_NAMES, STATES, MountInventory, pack
+
+    inv = MountInventory("/dev/shm")
+    states = bytearray()
+    for ino, (name, cls, state, allocated, apparent) in enumerate(segments, 1):
+        inv.listed[name] = pack(
+            CLASS_NAMES.index(cls), 0, ino, 0, allocated // 512, apparent
+        )
+        states.append(STATES.index(state))
+    inv.states = bytes(states)
+    usage = MountUsage(
+        "/dev/shm",
+        "tmpfs",
+        "shm",
+        True,
+        size_bytes=GiB,
+        used_bytes=8 * MiB,
+        available_bytes=GiB - 8 * MiB,
+    )
+    return usage, inv, summarise(inv, 5)
+
+
+def report_of(segments: list) -> List[tuple]:
+    from exporter.check.findings import Report
+    from exporter.check.report import shm
+    from exporter.model.types import Inventory
+
+    usage, inv, summary = mount_with(segments)
+    view = MountView(
+        "/dev/shm",
+        {},
+        usage,
+        None,
+        None,
+        None,
+        inv,
+        summary,
+        None,
+        shm_budget(usage, None),
+    )
+    model = Model(
+        False,
+        [],
+        [view],
+        Inventory([inv], {}, 0, 1, wall_time=0.0),
+        [],
+        None,
+        [],
+        None,
+        [],
+        None,
+    )
+    report = Report()
+    shm(report, view, model, None)
+    return [(f.severity, f.message) for f in report.findings]
+
+
+def test_leaked_bytes_are_what_tmpfs_charges_not_the_size_asked() -> None:
+    found = report_of([("psm_sparse", "python_shm", "orphan", MiB, 64 * MiB)])
+    assert (
+        "warn",
+        "1 leaked segment(s) held by no process, 1.0 MiB: /dev/shm/psm_sparse",
+    ) in found
+
+
+def test_unverified_segments_are_said_when_nothing_is_leaked() -> None:
+    found = report_of([("psm_live", "python_shm", "unverified", MiB, MiB)])
+    assert [s for s, _ in found] == ["ok", "info"]
+    assert found[1][1].startswith(
+        "1 segment(s), 1.0 MiB, held by no process shmwatch could inspect"
+    )

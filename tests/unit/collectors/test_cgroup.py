@@ -220,12 +220,40 @@ def test_a_pod_cgroup_that_cannot_be_read_leaves_the_containers(host: Host) -> N
 
 
 def test_shmwatch_is_not_taken_for_the_workload_whatever_its_comm(host: Host) -> None:
+    """Below the server's pid and in another cgroup than ours, each of these would be taken."""
     sidecar(host)
-    host.process(
-        9, "python3", "0::/elsewhere\n", "/usr/local/bin/shmwatch --mode=sidecar"
-    )
+    host.cgroup("/elsewhere", GiB, GiB)
+    host.process(2, "python3", "0::/elsewhere\n", "python3 -m exporter --mode=sidecar")
+    host.process(3, "python3", "0::/elsewhere\n", "/usr/local/bin/shmwatch check")
     host.process(5, "python3", "0::/elsewhere\n", "python3 /usr/bin/shmwatch")
     assert host.collect()[0].cgroup == f"/kubepods/{POD}"
+    host.process(
+        4, "python3", "0::/elsewhere\n", "python3 -m exporterx"
+    )  # another module
+    assert host.collect()[0].cgroup == "/elsewhere"
+
+
+def test_a_workload_whose_cmdline_cannot_be_read_is_still_the_workload(
+    host: Host,
+) -> None:
+    sidecar(host)
+    os.unlink(host.proc.path(10, "cmdline"))
+    assert host.collect()[0].cgroup == f"/kubepods/{POD}"
+
+
+def test_the_target_process_is_never_shmwatch_itself(host: Host) -> None:
+    """--cgroup.target-process=engine: shmwatch's own command line names it too."""
+    sidecar(host)
+    me = os.getpid()
+    host.cgroup("/kubepods/other", GiB, 2 * GiB)
+    host.process(
+        me,
+        "python3",
+        f"0::/kubepods/{POD}/sidecar\n",
+        "python3 -m exporter --cgroup.target-process=engine",
+    )
+    host.process(me + 1, "python3", "0::/kubepods/other\n", "engine --serve")
+    assert host.collect(target_process="engine")[0].cgroup == "/kubepods/other"
 
 
 def test_the_target_process_names_the_cgroup(host: Host) -> None:
@@ -246,8 +274,13 @@ def test_alone_in_a_pid_namespace_our_cgroup_is_not_passed_off_as_the_workloads(
     host.ours("0::/docker/abc\n")
     host.cgroup("/docker/abc", MiB, GiB)
     host.process(7, "python3", "0::/docker/abc\n", "python3 -m exporter")
-    with pytest.raises(LookupError, match="^no workload shares this PID namespace"):
+    with pytest.raises(LookupError) as raised:
         host.collect()
+    assert str(raised.value) == (
+        "no workload shares this PID namespace (docker --pid=container:<server>, Kubernetes "
+        "shareProcessNamespace), and shmwatch's own cgroup is not the workload's: share it, "
+        "or name the cgroup with --cgroup.path"
+    )
 
 
 def test_without_its_cgroup_the_workloads_memory_is_estimated(host: Host) -> None:
@@ -304,8 +337,9 @@ def test_processes_we_cannot_read_may_be_the_workload(host: Host) -> None:
     os.mkdir(host.proc.path(12, "stat"))
     with pytest.raises(IncompleteView) as raised:
         host.collect()
-    assert str(raised.value).startswith(
-        "1 process(es) in this PID namespace could not be read: the workload's"
+    assert str(raised.value) == (
+        "1 process(es) in this PID namespace could not be read: the workload's memory cannot be "
+        "estimated (give shmwatch the server's UID or CAP_SYS_PTRACE, or the host's cgroupfs)"
     )
 
 
@@ -326,10 +360,12 @@ def test_a_workload_process_whose_cgroup_is_denied_stops_the_estimate(
 ) -> None:
     sidecar(host)
     host.proc.deny(10, "cgroup")
-    with pytest.raises(
-        IncompleteView, match="^the cgroup of process 10 could not be read"
-    ):
+    with pytest.raises(IncompleteView) as raised:
         host.collect()
+    assert str(raised.value) == (
+        "the cgroup of process 10 could not be read (Permission denied): the workload's memory "
+        "cannot be estimated"
+    )
 
 
 def test_a_workload_process_gone_meanwhile_is_skipped(host: Host) -> None:
@@ -343,3 +379,90 @@ def test_without_our_own_cgroup_no_process_is_the_workload(host: Host) -> None:
     host.process(10, "vllm", "0::/kubepods/x\n")
     with pytest.raises(LookupError, match="^no workload shares"):
         host.collect()
+
+
+def test_a_path_climbing_out_of_the_cgroupfs_is_never_read_through_it(
+    host: Host,
+) -> None:
+    escape = host.sys / "fs" / "escape"
+    escape.mkdir()
+    (escape / "memory.current").write_text("1\n")
+    (escape / "memory.stat").write_text("shmem 0\n")
+    host.cgroup("/memory", 1, version=1)
+    with pytest.raises(
+        LookupError, match="is outside this container's cgroup namespace"
+    ):
+        host.collect(cgroup_path="/../escape")
+
+
+def test_on_a_hybrid_host_v1_reads_the_memory_controllers_path(host: Host) -> None:
+    host.on_the_host()
+    host.ours("4:memory:/v1/ours\n0::/v2/ours\n")
+    host.cgroup("/memory/v1/ours", 100, 1000, version=1)
+    host.cgroup("/unified/v2/ours", 200, 2000)
+    assert (host.collect()[0].cgroup, host.collect()[0].version) == ("/v1/ours", 1)
+
+
+def test_a_hierarchy_without_the_memory_files_is_passed_over(host: Host) -> None:
+    (host.cgroupfs / "memory" / "a").mkdir(
+        parents=True
+    )  # v1 mounted, no memory controller there
+    host.cgroup("/a", 200, 2000)
+    assert (
+        host.collect(cgroup_path="/a")[0].version,
+        host.collect(cgroup_path="/a")[0].usage_bytes,
+    ) == (2, 200)
+
+
+def test_no_cgroup_named_at_all_says_nothing_was_tried(host: Host) -> None:
+    host.on_the_host()
+    host.ours("")
+    with pytest.raises(FileNotFoundError) as raised:
+        host.collect()
+    assert str(raised.value) == "no memory cgroup found (tried nothing)"
+
+
+def test_a_v2_cgroup_shown_by_a_mounted_cgroupfs(host: Host, tmp_path: Path) -> None:
+    for name, usage in (("first", None), ("second", 4096)):
+        shown = tmp_path / name / "server"
+        shown.mkdir(parents=True)
+        if usage:
+            (shown / "memory.current").write_text(f"{usage}\n")
+            (shown / "memory.stat").write_text("shmem 0\n")
+    host.on_the_host()
+    host.ours("0::/../server\n")
+    host.proc.self_mountinfo(
+        [
+            f"40 1 0:30 /.. {tmp_path}/first rw - cgroup2 cgroup2 rw\n",  # shows it, no memory files
+            f"41 1 0:31 /.. {tmp_path}/second rw - cgroup2 cgroup2 rw\n",
+        ]
+    )
+    [got] = host.collect()
+    assert (got.cgroup, got.version, got.usage_bytes) == ("/../server", 2, 4096)
+
+
+def test_a_v1_cgroup_shown_by_a_mounted_memory_hierarchy(
+    host: Host, tmp_path: Path
+) -> None:
+    shown = tmp_path / "v1" / "server"
+    shown.mkdir(parents=True)
+    (shown / "memory.usage_in_bytes").write_text("8192\n")
+    (shown / "memory.stat").write_text("total_shmem 0\n")
+    host.on_the_host()
+    host.ours("4:memory:/../server\n")
+    host.proc.self_mountinfo(
+        [f"40 1 0:30 /.. {tmp_path}/v1 rw - cgroup cgroup rw,memory\n"]
+    )
+    [got] = host.collect()
+    assert (got.cgroup, got.version, got.usage_bytes) == ("/../server", 1, 8192)
+
+
+def test_a_sidecars_v1_cgroup_counts_no_childrens_kills(host: Host) -> None:
+    host.cgroup(
+        "/memory/a", 100, 1000, version=1, files={"memory.oom_control": "oom_kill 1\n"}
+    )
+    host.cgroup(
+        "/memory/a/child", 50, version=1, files={"memory.oom_control": "oom_kill 3\n"}
+    )
+    [got] = host.collect(cgroup_path="/a")
+    assert (got.oom_kills, got.child_oom_kills) == (1, ())

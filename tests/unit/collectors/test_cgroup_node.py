@@ -3,6 +3,7 @@ and v1 cgroupfs layouts), listed again when a pod comes or goes; a v1 pod's cont
 kills; a steady pod read whole less often while the kernel log counts every kill, never one
 near its limit or whose usage or limit moved. Part of the mutation selection."""
 
+import os
 import shutil
 from pathlib import Path
 from typing import List
@@ -174,12 +175,14 @@ def write(host: Host, uid: str, name: str, text: str) -> None:
     (host.cgroupfs / systemd_pod(uid) / name).write_text(text)
 
 
-def shmem_seen(collector: CgroupCollector, host: Host, written: List[int]) -> List[int]:
+def shmem_seen(
+    collector: CgroupCollector, host: Host, written: List[int], uid: str = UIDS[0]
+) -> List[int]:
     """Each poll's shmem of the pod, its memory.stat written before each as `written` says."""
     seen = []
     for shmem in written:
-        write(host, UIDS[0], "memory.stat", f"shmem {shmem}\n")
-        [pod] = [m for m in collector.collect() if m.pod_uid == UIDS[0]]
+        write(host, uid, "memory.stat", f"shmem {shmem}\n")
+        [pod] = [m for m in collector.collect() if m.pod_uid == uid]
         seen.append(pod.shmem_bytes)
     return seen
 
@@ -218,15 +221,16 @@ def test_a_steady_pod_is_read_at_once_when_its_usage_or_limit_moves(host: Host) 
 
 
 def test_a_pod_near_its_limit_is_read_whole_every_poll(host: Host) -> None:
-    """At 80 % of its limit (the dashboard's line; PodOomRiskHigh fires at 90 %)."""
-    host.cgroup("/" + systemd_pod(UIDS[0]), 4 * GiB, 5 * GiB)
-    host.cgroup("/" + systemd_pod(UIDS[1]), 4 * GiB - 1, 5 * GiB)
-    collector = node(host, kill_log_complete=lambda: True)
-    assert shmem_seen(collector, host, [0, 0, 5, 5, 6]) == [0, 0, 5, 5, 6]
-    write(host, UIDS[1], "memory.stat", "shmem 1\n")
-    assert (
-        collector.collect()[1].shmem_bytes == (4 * GiB - 1) // 2
+    """At 80 % of its limit (the dashboard's line; PodOomRiskHigh fires at 90 %), whatever
+    pods are skipped before it."""
+    host.cgroup(
+        "/" + systemd_pod(UIDS[0]), 4 * GiB - 1, 5 * GiB
     )  # just below: stretched
+    host.cgroup("/" + systemd_pod(UIDS[1]), 4 * GiB, 5 * GiB)
+    collector = node(host, kill_log_complete=lambda: True)
+    assert shmem_seen(collector, host, [0, 0, 5, 5, 6], uid=UIDS[1]) == [0, 0, 5, 5, 6]
+    write(host, UIDS[0], "memory.stat", "shmem 1\n")
+    assert collector.collect()[0].shmem_bytes == (4 * GiB - 1) // 2
     collector.close()
 
 
@@ -265,4 +269,46 @@ def test_a_pod_gone_between_polls_is_dropped_and_its_files_closed(host: Host) ->
     collector.collect()
     shutil.rmtree(host.cgroupfs / systemd_pod(UIDS[0]))
     assert [m.pod_uid for m in collector.collect()] == [UIDS[1]]
+    collector.close()
+
+
+def test_a_v1_pods_new_container_is_counted(host: Host) -> None:
+    pod = v1_pod(host, UIDS[0], {"ctr-a": 2})
+    collector = node(host)
+    collector.collect()
+    host.cgroup(
+        f"{pod}/ctr-b", 1, version=1, files={"memory.oom_control": "oom_kill 4\n"}
+    )
+    path = pod[len("/memory") :]
+    assert collector.collect()[0].child_oom_kills == (
+        (f"{path}/ctr-a", 2),
+        (f"{path}/ctr-b", 4),
+    )
+
+
+def open_fds() -> int:
+    return len(os.listdir(f"/proc/{os.getpid()}/fd"))
+
+
+def test_the_files_kept_open_are_closed_with_their_pod(host: Host) -> None:
+    for uid in UIDS:
+        host.cgroup("/" + systemd_pod(uid), GiB, 4 * GiB)
+    before = open_fds()
+    collector = node(host, kill_log_complete=lambda: True)
+    collector.collect()
+    assert open_fds() == before + 4  # each pod's usage and limit
+    shutil.rmtree(host.cgroupfs / systemd_pod(UIDS[0]))
+    collector.collect()
+    assert open_fds() == before + 2
+    collector.close()
+    assert open_fds() == before
+
+
+def test_a_usage_that_moved_in_its_first_digit_is_read_at_once(host: Host) -> None:
+    host.cgroup("/" + systemd_pod(UIDS[0]), GiB, 4 * GiB)
+    collector = node(host, kill_log_complete=lambda: True)
+    assert shmem_seen(collector, host, [0, 0]) == [0, 0]
+    write(host, UIDS[0], "memory.current", f"{GiB + GiB}\n")  # 1073741824 -> 2147483648
+    write(host, UIDS[0], "memory.stat", "shmem 5\n")
+    assert [m.shmem_bytes for m in collector.collect()] == [5]
     collector.close()

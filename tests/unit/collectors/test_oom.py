@@ -200,3 +200,36 @@ def test_a_collector_closed_opens_the_log_again_at_its_end(tmp_path: Path) -> No
         collector.collect().new == ()
     )  # reopened at the end: that record was before it
     collector.close()
+
+
+def test_the_log_is_read_without_waiting_for_more(tmp_path: Path) -> None:
+    """/dev/kmsg blocks a read until a record comes: the collector never waits for one (a FIFO,
+    whose read blocks alike, holds a record at a time)."""
+    fifo = tmp_path / "kmsg"
+    os.mkfifo(fifo)
+    keep = os.open(
+        fifo, os.O_RDWR | os.O_NONBLOCK
+    )  # a writer, so an open for reading returns
+    try:
+        collector = OomCollector(str(fifo), from_start=True)
+        assert collector.collect().new == ()  # nothing yet: at once
+        os.write(keep, (oom_line(1, 5, "/a", "/a") + "\n").encode())
+        assert collector.collect().new == ()
+        os.write(keep, (killed_line(2, 5) + "\n").encode())
+        assert [k.pid for k in collector.collect().new] == [5]
+        collector.close()
+    finally:
+        os.close(keep)
+
+
+def test_a_record_that_is_not_utf8_is_read_with_replacements(tmp_path: Path) -> None:
+    kmsg = tmp_path / "kmsg"
+    with open(kmsg, "wb") as f:
+        for line in (
+            oom_line(1, 5, "/a", "/a", comm="x"),
+            killed_line(2, 5, comm="py\udcff"),
+        ):
+            data = line.encode("utf-8", "surrogateescape") + b"\n"
+            f.write(data + b" " * (RECORD - len(data)))
+    [kill] = OomCollector(str(kmsg), from_start=True).collect().new
+    assert kill.comm == "py\ufffd"
