@@ -267,6 +267,11 @@ def main() -> int:
         help="with --modules: only this one (repeatable), e.g. exporter/collectors/sysv.py",
     )
     parser.add_argument(
+        "--no-run",
+        action="store_true",
+        help="with --modules: score the last run's results, without running mutmut",
+    )
+    parser.add_argument(
         "--max-children", type=int, default=2, help="mutmut's parallel test runs"
     )
     parser.add_argument(
@@ -284,7 +289,11 @@ def main() -> int:
         unmutated = sorted(set(modules) - set(tool["mutmut"]["only_mutate"]))
         if unmutated:
             sys.exit(f"not in [tool.mutmut] only_mutate: {', '.join(unmutated)}")
-        seconds = run_mutmut([f"{dotted(m)}.*" for m in modules], args.max_children)
+        seconds = (
+            0.0
+            if args.no_run
+            else run_mutmut([f"{dotted(m)}.*" for m in modules], args.max_children)
+        )
         return score_modules(modules, results(), args, seconds)
     if args.run:
         run_mutmut([mutant_glob(f) for f in listed["pure"]], args.max_children)

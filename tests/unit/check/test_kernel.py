@@ -1,3 +1,4 @@
+# mypy: allow-untyped-calls
 """`shmwatch check`'s findings beyond the mounts, word for word: recent OOM kills (victim, its
 cgroups, shmem RSS, its pod's shm now), SysV per IPC namespace (near a limit, orphans with
 `ipcrm`, namespaces not readable), memfd holders, shmem no mount explains, NCCL in cuMem host
@@ -6,12 +7,14 @@ memory. Models built by hand and /proc trees: part of the mutation selection."""
 import os
 import time
 from pathlib import Path
-from typing import List, Optional
+from dataclasses import replace
+from typing import Any, List, Optional, Tuple
 
 from exporter.check import thresholds as T
 from exporter.check.findings import Report
 from exporter.check.kernel import nccl_users, oom_kills, outside, sysv
 from exporter.check.report import diagnose
+from exporter.model.state import MountStates
 from exporter.model.step import Model, MountView, SourceStatus
 from exporter.model.types import (
     CgroupMemory,
@@ -28,45 +31,46 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 POD = "0a0b0c0d-1111-2222-3333-444455556666"
 
 
-def model(**fields) -> Model:
-    base = dict(
-        node_mode=False,
-        statuses=[],
-        mounts=[],
-        inventory=None,
-        cgroups=[],
-        host_memory=None,
-        sysv=[],
-        gpu=None,
-        process_samples=[],
-        states=None,
-    )
-    base.update(fields)
-    return Model(**base)
+EMPTY = Model(
+    False, [], [], None, [], None, [], None, [], MountStates({}, {}, {}, {}, {})
+)
 
 
-def found(report: Report) -> List[tuple]:
+def model(**fields: Any) -> Model:
+    return replace(EMPTY, **fields)
+
+
+def found(report: Report) -> List[Tuple[str, str, str, str, str]]:
     return [
         (f.severity, f.area, f.subject, f.message, f.remedy) for f in report.findings
     ]
 
 
-def kill(age_seconds: float, pid: int = 42, **fields) -> OomKill:
+KILL = OomKill(
+    1,
+    0,
+    42,
+    "python3",
+    f"/kubepods/pod{POD}/ctr",
+    f"/kubepods/pod{POD}",
+    "CONSTRAINT_MEMCG",
+    8 * MiB,
+    KiB,
+    2 * GiB,
+)
+
+
+def kill(age_seconds: float, pid: int = 42, **fields: Any) -> OomKill:
+    """A kill `age_seconds` (and half a second) ago, as the kernel log stamps it."""
     now_usec = time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6
-    base = dict(
-        seq=1,
-        boot_usec=int(now_usec - (age_seconds + 0.5) * 1e6),
-        pid=pid,
-        comm="python3",
-        task_memcg=f"/kubepods/pod{POD}/ctr",
-        oom_memcg=f"/kubepods/pod{POD}",
-        constraint="CONSTRAINT_MEMCG",
-        anon_rss_bytes=8 * MiB,
-        file_rss_bytes=KiB,
-        shmem_rss_bytes=2 * GiB,
+    return replace(
+        KILL, boot_usec=int(now_usec - (age_seconds + 0.5) * 1e6), pid=pid, **fields
     )
-    base.update(fields)
-    return OomKill(**base)
+
+
+def facts(report: Report, name: str) -> Any:
+    """One of the report's facts, as its JSON has it."""
+    return report.facts[name]
 
 
 OOM_OK = [SourceStatus("oom", True)]
@@ -88,8 +92,8 @@ def test_a_recent_oom_kill_is_a_warning_with_its_cgroups_and_shm() -> None:
             REMEDY,
         )
     ]
-    [facts] = report.facts["oom_kills"]
-    assert facts == dict(
+    [listed] = facts(report, "oom_kills")
+    assert listed == dict(
         pid=42,
         comm="python3",
         task_memcg=f"/kubepods/pod{POD}/ctr",
@@ -123,7 +127,7 @@ def test_an_older_kill_is_information_and_what_is_unknown_is_said() -> None:
     assert found(report)[0][3] == (
         f"python3 in ? killed {T.OOM_KILL_RECENT_SECONDS} s ago (limit of the host): anon-rss unknown, shmem-rss unknown"
     )
-    assert report.facts["oom_kills"][0]["pod_shm_used_bytes"] is None
+    assert facts(report, "oom_kills")[0]["pod_shm_used_bytes"] is None
 
 
 def test_a_kill_stamped_after_now_is_zero_seconds_old() -> None:
@@ -131,7 +135,7 @@ def test_a_kill_stamped_after_now_is_zero_seconds_old() -> None:
     oom_kills(
         report, model(statuses=OOM_OK, recent_oom_kills=[(kill(-100), None)]), None
     )
-    assert report.facts["oom_kills"][0]["age_seconds"] == 0
+    assert facts(report, "oom_kills")[0]["age_seconds"] == 0
 
 
 def test_a_kernel_log_not_read_is_said_and_reports_no_kills() -> None:
@@ -150,7 +154,7 @@ def test_a_kernel_log_not_read_is_said_and_reports_no_kills() -> None:
     assert quiet.findings == [] and "oom_kills" not in quiet.facts
     none = Report()
     oom_kills(none, model(statuses=OOM_OK), None)
-    assert none.findings == [] and none.facts["oom_kills"] == []
+    assert none.findings == [] and facts(none, "oom_kills") == []
 
 
 def segments(count: int, size: int = 4096, orphans: int = 0) -> List[SysvSegment]:
@@ -163,7 +167,10 @@ def segments(count: int, size: int = 4096, orphans: int = 0) -> List[SysvSegment
 
 
 def ns(
-    segs, shmmni: Optional[int] = 4096, shmall: Optional[int] = 64 * GiB, **fields
+    segs: List[SysvSegment],
+    shmmni: Optional[int] = 4096,
+    shmall: Optional[int] = 64 * GiB,
+    **fields: Any,
 ) -> SysvShm:
     return SysvShm(segs, 32 * GiB, shmall, shmmni, **fields)
 
@@ -180,7 +187,7 @@ def test_sysv_in_a_sidecar_counts_and_orphans_with_their_ipcrm() -> None:
             "ipcs -m; ipcrm -m <id>",
         )
     ]
-    assert report.facts["sysv"] == dict(
+    assert facts(report, "sysv") == dict(
         ipc_namespace="",
         pod_uid="",
         container_id="",
@@ -276,15 +283,15 @@ def test_node_mode_names_each_namespace_and_skips_empty_ones() -> None:
         ("ok", "sysv", "SysV shm", "container abababababab: 1 segment(s), 4.0 KiB", ""),
         ("ok", "sysv", "SysV shm", "ipc:[4]: 1 segment(s), 4.0 KiB", ""),
     ]
-    facts = report.facts["sysv_namespaces"]
-    assert [f["ipc_namespace"] for f in facts] == [
+    namespaces_said = facts(report, "sysv_namespaces")
+    assert [f["ipc_namespace"] for f in namespaces_said] == [
         "ipc:[1]",
         "ipc:[2]",
         "ipc:[5]",
         "ipc:[3]",
         "ipc:[4]",
     ]
-    assert facts[2] == dict(
+    assert namespaces_said[2] == dict(
         ipc_namespace="ipc:[5]", pod_uid="u5", container_id="", readable=False
     )
     assert "sysv" not in report.facts
@@ -296,7 +303,7 @@ def test_node_mode_names_each_namespace_and_skips_empty_ones() -> None:
     )
 
 
-def memfd(name: str, cls: str, size: int, holders) -> Segment:
+def memfd(name: str, cls: str, size: int, holders: Tuple[int, ...]) -> Segment:
     return Segment(
         name, cls, "hidden", size, size, 0.0, tuple(holders), (1, hash(name) & 0xFFFF)
     )

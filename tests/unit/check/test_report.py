@@ -1,3 +1,4 @@
+# mypy: allow-untyped-calls
 """`shmwatch check` end to end through its main(): flags, the one collection it asks for and
 within what time, the findings and their exit code (the verdict an initContainer acts on),
 text or JSON, the logs, the memory-limit flag at the host's size, and a bug reported as one.
@@ -6,16 +7,23 @@ The collection is a model built by hand; /proc a fixture tree. Part of the mutat
 import json
 import os
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence, Tuple
 
 import pytest
 
 from exporter.check.report import main
+from exporter.model.state import MountStates
 from exporter.model.step import Model, MountView, SourceStatus
 from exporter.model.summary import shm_budget
-from exporter.model.types import CgroupMemory, HostMemory, MountUsage
+from exporter.config import Config
+from exporter.model.summary import SegmentSummary
+from exporter.model.types import CgroupMemory, HostMemory, MountInventory, MountUsage
 
 MiB, GiB = 1 << 20, 1 << 30
+Listed = Tuple[
+    str, str, str, int, int
+]  # a listed segment: name, class, state, allocated, apparent
+NO_STATES = MountStates({}, {}, {}, {}, {})
 
 
 class Collect:
@@ -24,13 +32,16 @@ class Collect:
     def __init__(
         self, model: Optional[Model] = None, error: Optional[Exception] = None
     ) -> None:
-        self.model, self.error, self.timeouts, self.cfgs = model, error, [], []
+        self.model, self.error = model, error
+        self.timeouts: List[float] = []
+        self.cfgs: List[Config] = []
 
-    def __call__(self, cfg, timeout: float) -> Model:
+    def __call__(self, cfg: Config, timeout: float) -> Model:
         self.cfgs.append(cfg)
         self.timeouts.append(timeout)
         if self.error:
             raise self.error
+        assert self.model is not None
         return self.model
 
 
@@ -38,8 +49,8 @@ def shm_model(
     size: int,
     used: int = 0,
     cgroup: Optional[CgroupMemory] = None,
-    host=None,
-    statuses=(),
+    host: Optional[HostMemory] = None,
+    statuses: Sequence[SourceStatus] = (),
 ) -> Model:
     usage = MountUsage(
         "/dev/shm",
@@ -72,7 +83,7 @@ def shm_model(
         [],
         None,
         [],
-        None,
+        NO_STATES,
     )
 
 
@@ -83,14 +94,16 @@ def proc(tmp_path: Path) -> List[str]:
     return [f"--path.procfs={tmp_path / 'proc'}", f"--path.sysfs={tmp_path / 'sys'}"]
 
 
-def run(capsys, argv: List[str], collect: Collect) -> tuple:
+def run(
+    capsys: pytest.CaptureFixture[str], argv: List[str], collect: Collect
+) -> Tuple[int, str, str]:
     code = main(argv, collect)
     out, err = capsys.readouterr()
     return code, out, err
 
 
 def test_a_backend_needs_more_than_the_requirement_asks(
-    capsys, proc: List[str]
+    capsys: pytest.CaptureFixture[str], proc: List[str]
 ) -> None:
     """--require-shm 1Gi --backend vllm on a 4 GiB mount: the requirement holds, vLLM's 16 GiB
     does not: a warning, exit 1 (the issue's planted bug: skipped, exit 0)."""
@@ -119,7 +132,9 @@ def test_a_backend_needs_more_than_the_requirement_asks(
     )
 
 
-def test_text_output_worst_first(capsys, proc: List[str]) -> None:
+def test_text_output_worst_first(
+    capsys: pytest.CaptureFixture[str], proc: List[str]
+) -> None:
     code, out, err = run(
         capsys,
         [*proc, "--require-shm", "128Mi"],
@@ -138,7 +153,9 @@ def test_text_output_worst_first(capsys, proc: List[str]) -> None:
     )
 
 
-def test_the_collection_gets_the_time_left(capsys, proc: List[str]) -> None:
+def test_the_collection_gets_the_time_left(
+    capsys: pytest.CaptureFixture[str], proc: List[str]
+) -> None:
     collect = Collect(shm_model(GiB))
     run(capsys, proc, collect)
     run(
@@ -165,7 +182,7 @@ def test_the_collection_gets_the_time_left(capsys, proc: List[str]) -> None:
     ],
 )
 def test_a_usage_error_is_64_not_a_verdict(
-    capsys, proc: List[str], argv: List[str]
+    capsys: pytest.CaptureFixture[str], proc: List[str], argv: List[str]
 ) -> None:
     collect = Collect(shm_model(GiB))
     with pytest.raises(SystemExit) as raised:
@@ -173,14 +190,14 @@ def test_a_usage_error_is_64_not_a_verdict(
     assert raised.value.code == 64 and collect.timeouts == []
 
 
-def test_help_is_no_error(capsys, proc: List[str]) -> None:
+def test_help_is_no_error(capsys: pytest.CaptureFixture[str], proc: List[str]) -> None:
     with pytest.raises(SystemExit) as raised:
         main([*proc, "--help"], Collect(shm_model(GiB)))
     assert raised.value.code == 0 and "--require-shm" in capsys.readouterr().out
 
 
 def test_a_log_that_cannot_be_read_is_a_usage_error(
-    capsys, proc: List[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], proc: List[str], tmp_path: Path
 ) -> None:
     collect = Collect(shm_model(GiB))
     code, out, err = run(capsys, [*proc, "--log", str(tmp_path / "none.log")], collect)
@@ -194,7 +211,7 @@ def test_a_log_that_cannot_be_read_is_a_usage_error(
 
 
 def test_a_logs_failure_lines_are_findings(
-    capsys, proc: List[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], proc: List[str], tmp_path: Path
 ) -> None:
     log = tmp_path / "vllm.log"
     log.write_text(
@@ -210,7 +227,7 @@ def test_a_logs_failure_lines_are_findings(
 
 
 def test_a_memory_limit_flag_at_the_hosts_size_is_taken_as_none(
-    capsys, proc: List[str]
+    capsys: pytest.CaptureFixture[str], proc: List[str]
 ) -> None:
     host = HostMemory(64 * GiB, 32 * GiB, 0)
     code, out, _ = run(
@@ -239,7 +256,7 @@ def test_a_memory_limit_flag_at_the_hosts_size_is_taken_as_none(
 
 
 def test_recommend_appends_the_sizes_and_their_settings(
-    capsys, proc: List[str]
+    capsys: pytest.CaptureFixture[str], proc: List[str]
 ) -> None:
     cg = CgroupMemory("/c", 2, 400 * MiB, 400 * MiB, 390 * MiB, None, 0, "self")
     code, out, _ = run(
@@ -257,7 +274,9 @@ def test_recommend_appends_the_sizes_and_their_settings(
     assert "RECOMMENDATIONS" not in out and json.loads(out)["recommendations"] == []
 
 
-def test_a_bug_in_check_is_70_and_asks_for_a_report(capsys, proc: List[str]) -> None:
+def test_a_bug_in_check_is_70_and_asks_for_a_report(
+    capsys: pytest.CaptureFixture[str], proc: List[str]
+) -> None:
     code, out, err = run(capsys, proc, Collect(error=RuntimeError("boom")))
     assert (code, out) == (70, "")
     assert (
@@ -268,7 +287,9 @@ def test_a_bug_in_check_is_70_and_asks_for_a_report(capsys, proc: List[str]) -> 
     )
 
 
-def test_collectors_that_failed_are_named(capsys, proc: List[str]) -> None:
+def test_collectors_that_failed_are_named(
+    capsys: pytest.CaptureFixture[str], proc: List[str]
+) -> None:
     failed = [
         SourceStatus("sysv", False, 0.0, "EPERM"),
         SourceStatus("gpu", False, 0.0, "no driver"),
@@ -287,17 +308,22 @@ def test_collectors_that_failed_are_named(capsys, proc: List[str]) -> None:
     assert code == 1
 
 
-def test_no_nccl_in_this_proc_no_nccl_finding(capsys, proc: List[str]) -> None:
+def test_no_nccl_in_this_proc_no_nccl_finding(
+    capsys: pytest.CaptureFixture[str], proc: List[str]
+) -> None:
     code, out, _ = run(capsys, proc, Collect(shm_model(GiB)))
     assert code == 0 and "nccl" not in out.lower()
     assert os.listdir(proc[0].split("=", 1)[1]) == []
 
 
-def mount_with(segments: list) -> tuple:
+def mount_with(
+    segments: List[Listed],
+) -> Tuple[MountUsage, MountInventory, SegmentSummary]:
     """(usage, inventory, summary) of a 1 GiB mount listing `segments`:
     (name, class, state, allocated, apparent)."""
+    from exporter.model.classes import CLASS_NAMES
     from exporter.model.summary import summarise
-    from exporter.model.types import CLASS_NAMES, STATES, MountInventory, pack
+    from exporter.model.types import STATES, pack
 
     inv = MountInventory("/dev/shm")
     states = bytearray()
@@ -319,7 +345,7 @@ def mount_with(segments: list) -> tuple:
     return usage, inv, summarise(inv, 5)
 
 
-def report_of(segments: list) -> List[tuple]:
+def report_of(segments: List[Listed]) -> List[Tuple[str, str]]:
     from exporter.check.findings import Report
     from exporter.check.report import shm
     from exporter.model.types import Inventory
@@ -347,7 +373,7 @@ def report_of(segments: list) -> List[tuple]:
         [],
         None,
         [],
-        None,
+        NO_STATES,
     )
     report = Report()
     shm(report, view, model, None)

@@ -1,3 +1,4 @@
+# mypy: allow-untyped-calls
 """Which memory cgroup a sidecar or host shmwatch reads, and the limit it reports: the
 --cgroup.path, the target process's, the workload's (its pod's where the pod's limit binds),
 our own on a host, or an estimate from the workload's processes when no cgroup can be read;
@@ -8,12 +9,13 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 
 from exporter.collectors.cgroup import ESTIMATE_CGROUP, CgroupCollector, IncompleteView
 from exporter.host.paths import Paths
+from exporter.model.types import CgroupMemory
 from exporter.host.proctable import PF_KTHREAD
 from tests.helpers import FakeProc
 
@@ -68,7 +70,7 @@ class Host:
         with open(self.proc.path(pid, "cmdline"), "wb") as f:
             f.write((cmdline or comm).replace(" ", "\0").encode() + b"\0")
 
-    def collect(self, **options):
+    def collect(self, **options: Any) -> List[CgroupMemory]:
         return CgroupCollector(self.paths, **options).collect()
 
 

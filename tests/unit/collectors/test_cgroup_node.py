@@ -1,3 +1,4 @@
+# mypy: allow-untyped-calls
 """Node mode's cgroup collector on a fixture cgroupfs: every pod's memory cgroup (v2 systemd
 and v1 cgroupfs layouts), listed again when a pod comes or goes; a v1 pod's containers' OOM
 kills; a steady pod read whole less often while the kernel log counts every kill, never one
@@ -6,11 +7,12 @@ near its limit or whose usage or limit moved. Part of the mutation selection."""
 import os
 import shutil
 from pathlib import Path
-from typing import List
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
 from exporter.collectors.cgroup import CgroupCollector
+from exporter.model.types import CgroupMemory
 from tests.unit.collectors.test_cgroup import GiB, Host
 
 UIDS = ["0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", "1a2b3c4d-5e6f-4a5b-9c8d-7e6f5a4b3c2d"]
@@ -28,11 +30,11 @@ def host(tmp_path: Path) -> Host:
     return made
 
 
-def node(host: Host, **options) -> CgroupCollector:
+def node(host: Host, **options: Any) -> CgroupCollector:
     return CgroupCollector(host.paths, node_mode=True, **options)
 
 
-def pods(found) -> List[tuple]:
+def pods(found: List[CgroupMemory]) -> List[Tuple[str, str, int]]:
     return [(m.cgroup, m.pod_uid, m.usage_bytes) for m in found]
 
 
@@ -78,7 +80,7 @@ def test_on_a_node_without_swap_the_pods_swap_is_not_read(host: Host) -> None:
     assert node(host).collect()[0].swap_bytes == 4096
 
 
-def v1_pod(host: Host, uid: str, kills: dict) -> str:
+def v1_pod(host: Host, uid: str, kills: Dict[str, int]) -> str:
     pod = f"/memory/kubepods/burstable/pod{uid}"
     host.cgroup(
         pod,
@@ -177,9 +179,9 @@ def write(host: Host, uid: str, name: str, text: str) -> None:
 
 def shmem_seen(
     collector: CgroupCollector, host: Host, written: List[int], uid: str = UIDS[0]
-) -> List[int]:
+) -> List[Optional[int]]:
     """Each poll's shmem of the pod, its memory.stat written before each as `written` says."""
-    seen = []
+    seen: List[Optional[int]] = []
     for shmem in written:
         write(host, uid, "memory.stat", f"shmem {shmem}\n")
         [pod] = [m for m in collector.collect() if m.pod_uid == uid]

@@ -1,3 +1,4 @@
+# mypy: allow-untyped-calls
 """The GPU collector against a fake NVML library (no GPU here): the `pynvml` module it
 imports is a stand-in at the library boundary, answering as the driver does. Used memory is
 all but free (the driver's reserve included); a GPU lost is skipped and named; every GPU
@@ -8,7 +9,7 @@ import sys
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 
@@ -18,6 +19,7 @@ from exporter.model.types import GpuDevice, GpuProcess
 from tests.helpers import FakeProc
 
 GiB, MiB = 1 << 30, 1 << 20
+Used = Tuple[int, Optional[int]]  # a process on a GPU: (pid, bytes, None when not told)
 NOT_SUPPORTED, GPU_IS_LOST, LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED, UNKNOWN = (
     3,
     15,
@@ -43,8 +45,8 @@ class Gpu:
     reserved: Optional[int] = (
         512 * MiB
     )  # None: a driver before R510, without memory info v2
-    compute: List[tuple] = field(default_factory=list)  # (pid, used bytes or None)
-    graphics: Optional[List[tuple]] = None  # None: not supported
+    compute: List[Used] = field(default_factory=list)
+    graphics: Optional[List[Used]] = None  # None: not supported
     migs: Optional[Dict[int, "Gpu"]] = None  # MIG on: slot -> instance
     mig_slots: int = 7
     lost: bool = False
@@ -97,7 +99,7 @@ class FakeNvml(types.ModuleType):
     def nvmlDeviceGetUUID(self, gpu: Gpu) -> object:
         return gpu.uuid
 
-    def nvmlDeviceGetMigMode(self, gpu: Gpu) -> tuple:
+    def nvmlDeviceGetMigMode(self, gpu: Gpu) -> Tuple[int, int]:
         if gpu.migs is None:
             raise NVMLError(NOT_SUPPORTED)
         return 1, 1
@@ -106,9 +108,10 @@ class FakeNvml(types.ModuleType):
         return gpu.mig_slots
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, gpu: Gpu, index: int) -> Gpu:
-        if index not in (gpu.migs or {}):
+        migs = gpu.migs or {}
+        if index not in migs:
             raise NVMLError(NOT_SUPPORTED)
-        return gpu.migs[index]
+        return migs[index]
 
     def nvmlDeviceGetMemoryInfo(
         self, gpu: Gpu, version: Optional[int] = None
@@ -123,10 +126,14 @@ class FakeNvml(types.ModuleType):
             total=gpu.total, used=gpu.used, free=gpu.free, reserved=gpu.reserved
         )
 
-    def nvmlDeviceGetComputeRunningProcesses(self, gpu: Gpu) -> list:
+    def nvmlDeviceGetComputeRunningProcesses(
+        self, gpu: Gpu
+    ) -> List[types.SimpleNamespace]:
         return [types.SimpleNamespace(pid=p, usedGpuMemory=b) for p, b in gpu.compute]
 
-    def nvmlDeviceGetGraphicsRunningProcesses(self, gpu: Gpu) -> list:
+    def nvmlDeviceGetGraphicsRunningProcesses(
+        self, gpu: Gpu
+    ) -> List[types.SimpleNamespace]:
         if gpu.graphics is None:
             raise NVMLError(NOT_SUPPORTED)
         return [types.SimpleNamespace(pid=p, usedGpuMemory=b) for p, b in gpu.graphics]
@@ -141,7 +148,7 @@ def table(tmp_path: Path) -> ProcessTable:
 
 
 def collector(
-    monkeypatch, table: ProcessTable, nvml: Optional[FakeNvml]
+    monkeypatch: pytest.MonkeyPatch, table: ProcessTable, nvml: Optional[FakeNvml]
 ) -> GpuCollector:
     monkeypatch.setitem(
         sys.modules, "pynvml", nvml
@@ -150,7 +157,7 @@ def collector(
 
 
 def test_each_gpus_memory_used_is_all_but_free_and_its_processes(
-    monkeypatch, table: ProcessTable
+    monkeypatch: pytest.MonkeyPatch, table: ProcessTable
 ) -> None:
     gpus = [
         Gpu(
@@ -187,7 +194,7 @@ def test_each_gpus_memory_used_is_all_but_free_and_its_processes(
 
 
 def test_mig_instances_are_reported_beside_their_gpu(
-    monkeypatch, table: ProcessTable
+    monkeypatch: pytest.MonkeyPatch, table: ProcessTable
 ) -> None:
     mig = Gpu(
         uuid="MIG-a",
@@ -222,7 +229,9 @@ def test_mig_instances_are_reported_beside_their_gpu(
     ]
 
 
-def test_a_lost_gpu_is_skipped_and_named(monkeypatch, table: ProcessTable) -> None:
+def test_a_lost_gpu_is_skipped_and_named(
+    monkeypatch: pytest.MonkeyPatch, table: ProcessTable
+) -> None:
     gpus = [Gpu(lost=True), Gpu(uuid="GPU-2"), Gpu(lost=True)]
     snapshot = collector(monkeypatch, table, FakeNvml(gpus)).collect()
     assert [d.uuid for d in snapshot.devices] == ["GPU-2"]
@@ -230,7 +239,7 @@ def test_a_lost_gpu_is_skipped_and_named(monkeypatch, table: ProcessTable) -> No
 
 
 def test_every_gpu_lost_fails_and_nvml_is_started_again(
-    monkeypatch, table: ProcessTable
+    monkeypatch: pytest.MonkeyPatch, table: ProcessTable
 ) -> None:
     nvml = FakeNvml([Gpu(lost=True), Gpu(lost=True)])
     gpu = collector(monkeypatch, table, nvml)
@@ -246,7 +255,7 @@ def test_every_gpu_lost_fails_and_nvml_is_started_again(
 
 
 def test_the_driver_failing_fails_the_collector_and_nvml_is_started_again(
-    monkeypatch, table: ProcessTable
+    monkeypatch: pytest.MonkeyPatch, table: ProcessTable
 ) -> None:
     nvml = FakeNvml([Gpu()])
     gpu = collector(monkeypatch, table, nvml)
@@ -261,7 +270,9 @@ def test_the_driver_failing_fails_the_collector_and_nvml_is_started_again(
     assert nvml.calls == ["init", "shutdown", "init"]
 
 
-def test_no_gpu_is_no_failure(monkeypatch, table: ProcessTable) -> None:
+def test_no_gpu_is_no_failure(
+    monkeypatch: pytest.MonkeyPatch, table: ProcessTable
+) -> None:
     snapshot = collector(monkeypatch, table, FakeNvml([], driver="535.1")).collect()
     assert (snapshot.driver_version, snapshot.devices, snapshot.errors) == (
         "535.1",
@@ -278,7 +289,7 @@ def test_no_gpu_is_no_failure(monkeypatch, table: ProcessTable) -> None:
     ],
 )
 def test_no_driver_is_said_and_not_tried_again_at_once(
-    monkeypatch, table: ProcessTable, code: int, why: str
+    monkeypatch: pytest.MonkeyPatch, table: ProcessTable, code: int, why: str
 ) -> None:
     nvml = FakeNvml([Gpu()])
     nvml.init_error = code
@@ -291,7 +302,7 @@ def test_no_driver_is_said_and_not_tried_again_at_once(
 
 
 def test_without_nvidia_ml_py_the_collector_says_so(
-    monkeypatch, table: ProcessTable
+    monkeypatch: pytest.MonkeyPatch, table: ProcessTable
 ) -> None:
     gpu = collector(monkeypatch, table, None)
     with pytest.raises(RuntimeError, match=r"^nvidia-ml-py is not installed \(.*\)$"):
@@ -302,7 +313,7 @@ def test_without_nvidia_ml_py_the_collector_says_so(
 
 
 def test_another_init_failure_is_tried_again_next_time(
-    monkeypatch, table: ProcessTable
+    monkeypatch: pytest.MonkeyPatch, table: ProcessTable
 ) -> None:
     nvml = FakeNvml([Gpu()])
     nvml.init_error = UNKNOWN
@@ -314,7 +325,9 @@ def test_another_init_failure_is_tried_again_next_time(
     assert nvml.calls == ["init", "init"]
 
 
-def test_close_shuts_nvml_down_once(monkeypatch, table: ProcessTable) -> None:
+def test_close_shuts_nvml_down_once(
+    monkeypatch: pytest.MonkeyPatch, table: ProcessTable
+) -> None:
     nvml = FakeNvml([Gpu()])
     gpu = collector(monkeypatch, table, nvml)
     gpu.close()

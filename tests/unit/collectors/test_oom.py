@@ -1,3 +1,4 @@
+# mypy: allow-untyped-calls
 """OOM kills from the kernel's log: each report's victim, its cgroups (the one whose limit was
 hit, the victim's), its RSS by kind, across report shapes and kernels; and the collector that
 reads the log from its end (a restart must not count old kills again) or, for check, its
@@ -6,7 +7,7 @@ selection."""
 
 import os
 from pathlib import Path
-from typing import List
+from typing import Dict, List, Tuple
 
 import pytest
 
@@ -91,7 +92,7 @@ def test_a_system_wide_oom_names_no_limit_and_a_legacy_one_its_constraint() -> N
 
 
 def test_a_report_may_end_in_the_next_read_and_a_reaped_line_is_no_kill() -> None:
-    pending: dict = {}
+    pending: Dict[object, Tuple[str, str, str]] = {}
     assert parse_oom_kills([oom_line(1, 5, "/a", "/a")], pending) == []
     reaped = "6,2,2000,-;oom_reaper: reaped process 5 (python3), now anon-rss:0kB, file-rss:0kB, shmem-rss:0kB"
     assert parse_oom_kills([reaped, "not a record", "6,x,1,-;no"], pending) == []
@@ -115,7 +116,7 @@ def test_a_report_may_end_in_the_next_read_and_a_reaped_line_is_no_kill() -> Non
 
 
 def test_reports_whose_killed_line_never_came_are_bounded() -> None:
-    pending: dict = {}
+    pending: Dict[object, Tuple[str, str, str]] = {}
     parse_oom_kills(
         [oom_line(i, 1000 + i, f"/pod/{i}", "/pod") for i in range(65)], pending
     )

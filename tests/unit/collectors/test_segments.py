@@ -1,3 +1,5 @@
+# mypy: allow-untyped-calls, disable-error-code="abstract"
+# (the modules are untyped; mypy reads Source.close()'s empty body as abstract)
 """The segment inventory: each mount's listing (a real directory, lstat only) joined with a
 /proc tree (tests/helpers.FakeProc) by (device, inode) into the states users act on:
 linked, hidden, orphan (leaked: `rm` advice) only when every process was read, unverified
@@ -9,7 +11,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -47,7 +49,9 @@ class Host:
         path.write_bytes(b"x" * size)
         return os.stat(path).st_ino
 
-    def holder(self, pid: int, maps: str = "", comm: str = "python3", **fields) -> None:
+    def holder(
+        self, pid: int, maps: str = "", comm: str = "python3", **fields: Any
+    ) -> None:
         lines = "".join(
             mountinfo_line(MNT_ID + i, devno(self.dev), m)
             for i, m in enumerate(self.mounts)
@@ -70,7 +74,7 @@ class Host:
             os.path.join(self.mounts[mount], name),
         )
 
-    def collector(self, **options) -> SegmentsCollector:
+    def collector(self, **options: Any) -> SegmentsCollector:
         return SegmentsCollector(
             self.proc.paths, self.mounts, changes=self.changes, **options
         )
@@ -132,7 +136,7 @@ def test_a_full_run_calls_unheld_files_orphans_when_every_process_was_read(
 
 
 def test_with_a_process_unread_unheld_files_are_unverified_and_why_is_said(
-    host: Host, caplog
+    host: Host, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="exporter.collectors.segments")
     host.file(0, "psm_b")
@@ -246,7 +250,9 @@ def test_a_mount_that_is_gone_or_no_mount_is_an_error_not_an_empty_listing(
     }
 
 
-def test_past_the_segment_cap_only_counts_by_class_are_kept(host: Host, caplog) -> None:
+def test_past_the_segment_cap_only_counts_by_class_are_kept(
+    host: Host, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="exporter.collectors.segments")
     for i in range(5):
         host.file(0, f"psm_{i}", 4096 * (i + 1))

@@ -1,3 +1,4 @@
+# mypy: allow-untyped-calls
 """Node mode's segment inventory: only a full scan of every process may call a segment leaked;
 between full scans a refresh reads new processes and the pods whose mounts moved, and a new,
 changed or written-to segment nobody is seen holding is not called leaked until the next full
@@ -10,6 +11,7 @@ from typing import Tuple
 
 import pytest
 
+from exporter.model.types import Inventory
 from tests.unit.collectors.test_segments import Host, mount_of, states
 
 POD_A, POD_B = (
@@ -40,26 +42,28 @@ class Node(Host):
         self.file(1, "nccl-b")
         self.holder(100, self.maps(0, "nccl-a"), cgroup=f"0::/kubepods/pod{POD_A}/c\n")
         self.holder(200, self.maps(1, "nccl-b"), cgroup=f"0::/kubepods/pod{POD_B}/c\n")
-        self.collector = self.collector(
+        self.segments = self.collector(
             pod_of_pid=True,
             full_scan_interval=120.0,
             monotonic=self.clock,
             all_watched=lambda: self.watched,
         )
-        self.first = self.collector.collect()
+        self.first = self.segments.collect()
 
-    def run(self, after: float = 15.0):
+    def run(self, after: float = 15.0) -> Tuple[bool, Inventory]:
         """A full run `after` seconds on: (whether it read every process, its inventory)."""
         self.clock.now += after
-        before = self.collector.pace.scanned_at
-        inv = self.collector.collect()
-        return self.collector.pace.scanned_at != before, inv
+        before = self.segments.pace.scanned_at
+        inv = self.segments.collect()
+        return self.segments.pace.scanned_at != before, inv
 
     def created(self, mount: int, name: str, size: int = 8192) -> None:
         self.file(mount, name, size)
         self.changes.add(self.mounts[mount], name)
 
-    def state(self, inv, mount: int, name: str) -> Tuple[str, Tuple[int, ...]]:
+    def state(
+        self, inv: Inventory, mount: int, name: str
+    ) -> Tuple[str, Tuple[int, ...]]:
         return states(inv, self.mounts[mount])[name][1:]
 
 
@@ -72,8 +76,7 @@ def test_the_first_run_is_a_full_scan_that_knows_each_holders_pod(node: Node) ->
     assert node.state(node.first, 0, "nccl-a") == ("linked", (100,))
     assert node.first.pods == {100: POD_A, 200: POD_B}
     assert (
-        node.collector.pace.scanned_at == 1000.0
-        and node.collector.begin_full is not None
+        node.segments.pace.scanned_at == 1000.0 and node.segments.begin_full is not None
     )
 
 
@@ -81,12 +84,12 @@ def test_a_new_segment_nobody_holds_is_leaked_only_on_the_full_scans_word(
     node: Node,
 ) -> None:
     node.created(0, "psm_new")
-    assert node.state(node.collector.collect_quick(), 0, "psm_new") == ("linked", ())
+    assert node.state(node.segments.collect_quick(), 0, "psm_new") == ("linked", ())
     scanned, inv = node.run(15)
     assert not scanned and node.state(inv, 0, "psm_new") == ("linked", ())  # a refresh
     scanned, inv = node.run(120)
     assert scanned and node.state(inv, 0, "psm_new") == ("orphan", ())
-    assert node.collector.stretches is False  # one is called leaked
+    assert node.segments.stretches is False  # one is called leaked
 
 
 def test_an_orphan_written_through_a_mapping_is_not_called_leaked_before_a_full_scan(
@@ -111,7 +114,7 @@ def test_an_orphan_an_event_names_is_not_called_leaked_before_its_pod_is_read(
     node.file(1, "psm_orphan", 4096)
     _, inv = node.run(120)
     node.changes.add(node.b, "psm_orphan")  # touched (attributes, an attach)
-    quick = node.collector.collect_quick()
+    quick = node.segments.collect_quick()
     assert node.state(quick, 1, "psm_orphan") == ("unverified", ())
     node.holder(201, node.maps(1, "psm_orphan"), cgroup=f"0::/kubepods/pod{POD_B}/c\n")
     scanned, inv = node.run(15)  # the refresh reads new processes: 201 holds it
@@ -142,17 +145,18 @@ def test_with_a_mount_inotify_does_not_watch_the_scan_keeps_its_base(
     node: Node,
 ) -> None:
     node.watched = False
-    assert node.collector.stretches is False
+    assert node.segments.stretches is False
     for _ in range(3):
         assert node.run(120)[0]
 
 
 def test_a_staged_full_run_leaves_what_changed_meanwhile_unsettled(node: Node) -> None:
     node.clock.now += 120
-    scan = node.collector.begin_full()
+    scan = node.segments.begin_full()
+    assert scan is not None  # node mode reads /proc on a thread of its own
     finish = scan()  # reads /proc (beside quick runs)
     node.created(0, "psm_during")  # listed by a quick run while the scan read /proc
-    quick = node.collector.collect_quick()
+    quick = node.segments.collect_quick()
     assert node.state(quick, 0, "psm_during") == ("linked", ())
     inv = finish()
     assert node.state(inv, 0, "psm_during") == (
@@ -177,5 +181,5 @@ def test_holders_pods_are_known_between_full_scans(node: Node) -> None:
     node.holder(300, node.maps(1, "nccl-b"), cgroup=f"0::/kubepods/pod{POD_B}/d\n")
     scanned, inv = node.run(15)
     assert not scanned and inv.pods == {100: POD_A, 200: POD_B, 300: POD_B}
-    quick = node.collector.collect_quick()
+    quick = node.segments.collect_quick()
     assert quick.pods == inv.pods

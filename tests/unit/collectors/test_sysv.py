@@ -1,3 +1,5 @@
+# mypy: allow-untyped-calls, disable-error-code="abstract"
+# (the modules are untyped; mypy reads Source.close()'s empty body as abstract)
 """SysV shared memory on a /proc tree: which segments are orphans (nothing attached, creator
 and last user gone: `ipcrm` advice follows), never one whose creator we cannot see (pid 0:
 another PID namespace) or that hidepid hides; the kernel's limits; node mode's namespaces,
@@ -9,6 +11,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import List, Tuple
 
 import pytest
 
@@ -43,7 +46,7 @@ def read(proc: FakeProc, *lines: str) -> SysvShm:
     return SysvCollector(proc.paths, page_size=4096).read()
 
 
-def orphans(shm: SysvShm) -> list:
+def orphans(shm: SysvShm) -> List[int]:
     return [s.shmid for s in shm.segments if s.orphan]
 
 
@@ -181,7 +184,7 @@ def test_in_ipc_namespaces_reads_in_each_and_skips_paths_gone() -> None:
     )
 
 
-def in_a_new_ipc_namespace():
+def in_a_new_ipc_namespace() -> Tuple[str, str, threading.Event]:
     """A thread of this process in an IPC namespace of its own (unshare moves only the calling
     thread): (its ns/ipc path, the namespace, the event that ends it)."""
     ready, done, where = threading.Event(), threading.Event(), []
@@ -264,7 +267,7 @@ class Node:
             os.makedirs(self.proc.path(pid, "ns"))
             os.symlink("ipc:[1]", self.proc.path(pid, "ns", "ipc"))
 
-    def collect(self) -> list:
+    def collect(self) -> List[SysvShm]:
         return SysvCollector(self.proc.paths, page_size=4096, node_mode=True).collect()
 
 
@@ -340,10 +343,12 @@ def test_node_mode_says_which_namespace_could_not_be_read(proc: FakeProc) -> Non
         [],
         None,
     )
-    assert "No such file or directory" in shm.error
+    assert "No such file or directory" in str(shm.error)
     proc.write("sysvipc/shm", "garbage header\n1 2 3\n")
     [shm] = node.collect()
-    assert not shm.readable and shm.error.startswith("sysvipc/shm: unexpected header")
+    assert not shm.readable and str(shm.error).startswith(
+        "sysvipc/shm: unexpected header"
+    )
 
 
 def test_node_mode_skips_a_namespace_whose_processes_all_exited(proc: FakeProc) -> None:

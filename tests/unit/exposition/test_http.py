@@ -1,3 +1,4 @@
+# mypy: allow-untyped-calls
 """The HTTP front's answers and deadlines as a client meets them, through real sockets on
 loopback with the deadlines shortened: a head must arrive within the header deadline (a
 trickling one gets 408, a silent one is closed), a keep-alive connection waits for the idle
@@ -10,7 +11,7 @@ import base64
 import socket
 import threading
 import time
-from typing import Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 import bcrypt
 import pytest
@@ -19,16 +20,24 @@ from exporter.exposition import http
 from exporter.exposition.http import bind, make_app, url_host
 from exporter.exposition.webconfig import WebConfig, WebConfigSource
 
+Environ = Dict[str, str]
+StartResponse = Callable[..., object]
+App = Callable[[Environ, StartResponse], List[bytes]]
 HEADER, IDLE = 0.3, 1.2  # the deadlines, shortened
 
 
-def metrics(environ, start_response) -> List[bytes]:
+def metrics(environ: Environ, start_response: StartResponse) -> List[bytes]:
     start_response("200 OK", [("Content-Type", "text/plain")])
     return [b"shmwatch_up 1\n"]
 
 
 class Server:
-    def __init__(self, app=None, web=None, max_requests: int = 40) -> None:
+    def __init__(
+        self,
+        app: Optional[App] = None,
+        web: Optional[WebConfigSource] = None,
+        max_requests: int = 40,
+    ) -> None:
         self.front = bind("127.0.0.1", 0, app or make_app(metrics), web, max_requests)
         self.front.start()
         self.port = self.front.server_address[1]
@@ -75,13 +84,13 @@ def status(answer: bytes) -> bytes:
 
 
 @pytest.fixture
-def short(monkeypatch) -> None:
+def short(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(http, "HEADER_TIMEOUT_SECONDS", HEADER)
     monkeypatch.setattr(http, "IDLE_TIMEOUT_SECONDS", IDLE)
 
 
 @pytest.fixture
-def server(short) -> Iterator[Server]:
+def server(short: None) -> Iterator[Server]:
     s = Server()
     yield s
     s.front.shutdown()
@@ -185,10 +194,10 @@ def test_the_header_deadline_is_rearmed_at_the_next_requests_first_byte(
         assert time.monotonic() - started < IDLE * 0.8
 
 
-def test_requests_beyond_max_requests_get_503_at_once(short) -> None:
+def test_requests_beyond_max_requests_get_503_at_once(short: None) -> None:
     entered, release = threading.Event(), threading.Event()
 
-    def slow(environ, start_response) -> List[bytes]:
+    def slow(environ: Environ, start_response: StartResponse) -> List[bytes]:
         entered.set()
         release.wait(5)
         return metrics(environ, start_response)
@@ -215,9 +224,9 @@ def test_requests_beyond_max_requests_get_503_at_once(short) -> None:
 
 
 def test_an_app_that_fails_answers_500_and_the_connection_goes_on(
-    server: Server, short
+    server: Server, short: None
 ) -> None:
-    def broken(environ, start_response) -> List[bytes]:
+    def broken(environ: Environ, start_response: StartResponse) -> List[bytes]:
         raise RuntimeError("bug")
 
     s = Server(make_app(broken))
@@ -231,10 +240,10 @@ def test_an_app_that_fails_answers_500_and_the_connection_goes_on(
         s.front.shutdown()
 
 
-def test_the_app_sees_the_path_query_and_headers(short) -> None:
-    seen: List[dict] = []
+def test_the_app_sees_the_path_query_and_headers(short: None) -> None:
+    seen: List[Environ] = []
 
-    def app(environ, start_response) -> List[bytes]:
+    def app(environ: Environ, start_response: StartResponse) -> List[bytes]:
         seen.append(environ)
         return metrics(environ, start_response)
 
@@ -262,7 +271,7 @@ def test_a_half_closed_client_still_gets_its_answer(server: Server) -> None:
 
 
 def test_at_the_connection_cap_the_oldest_unanswered_connection_makes_room(
-    short, monkeypatch
+    short: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(http, "MAX_CONNECTIONS", 2)
     s = Server()
@@ -288,7 +297,7 @@ def basic(user: str, password: str) -> bytes:
     )
 
 
-def test_basic_auth_guards_every_page_but_health(short) -> None:
+def test_basic_auth_guards_every_page_but_health(short: None) -> None:
     users = {"alice": bcrypt.hashpw(b"wonderland", bcrypt.gensalt(4))}
     web = WebConfigSource(
         fixed=WebConfig(users=users, headers=(("X-Frame-Options", "deny"),))

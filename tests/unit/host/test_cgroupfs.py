@@ -1,3 +1,4 @@
+# mypy: allow-untyped-calls
 """A memory cgroup's files as the collector reports them (v1 and v2): usage, the limit that
 binds and where, the working set the OOM killer weighs, shmem, OOM kills, memory.high and
 swap; and where a cgroupfs mount shows a cgroup. Fixture directories: part of the mutation

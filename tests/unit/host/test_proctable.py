@@ -1,3 +1,4 @@
+# mypy: allow-untyped-calls
 """The process table on a /proc tree (tests/helpers.FakeProc): which processes there are,
 which could not be read, which hidepid hides (counted by probing pids, never guessed), and
 whether the workload is in sight at all; what each process is (comm, cmdline, cgroup, pod,
@@ -9,6 +10,7 @@ import os
 import re
 import signal
 from pathlib import Path
+from typing import Set
 
 import pytest
 
@@ -72,7 +74,7 @@ def test_no_proc_to_list_proves_no_process_absent(tmp_path: Path) -> None:
 def test_known_kernel_threads_are_not_read_again(proc: FakeProc) -> None:
     proc.add(2, "kthreadd", flags=PF_KTHREAD)
     proc.add(3, "python3")
-    kernel = set()
+    kernel: Set[int] = set()
     found, unreadable = table(proc).identify_all([3, 2, 3], kernel)
     assert [p.pid for p in found] == [3] and kernel == {2} and unreadable == 0
     os.unlink(proc.path(2, "stat"))
@@ -370,7 +372,7 @@ def test_pid_counters_are_the_last_pid_the_fork_count_and_pid_max(
 
 
 def test_pid_counters_that_cannot_be_read_are_unknown_and_said_once(
-    proc: FakeProc, caplog
+    proc: FakeProc, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="exporter.host.proctable")
     ProcessTable.said_no_pid_counts = False

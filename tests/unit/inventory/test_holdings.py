@@ -1,13 +1,16 @@
+# mypy: allow-untyped-calls
 """What one owner scan found, as the inventory reads it: a holder's bytes and sizes, which
 segments may be called leaked, which pods a refresh reads again, and when the next full
 scan is (node mode). Fast and fixture-free: part of the mutation-testing selection."""
 
 import logging
+from typing import Dict, Optional, Tuple
 
 import pytest
 
 from exporter.inventory.holdings import (
     MAX_UNPROVEN,
+    Changes,
     Holding,
     Owners,
     ScanPace,
@@ -21,6 +24,9 @@ from exporter.inventory.holdings import (
 from exporter.inventory.walk import Listing
 from exporter.model.types import pack
 
+Listings = Dict[
+    str, Tuple[Listing, Dict[Tuple[str, str], int]]
+]  # (listing, its events)
 POD = "11111111-2222-3333-4444-555555555555"
 POD_MOUNT = f"/var/lib/kubelet/pods/{POD}/volumes/kubernetes.io~empty-dir/dshm"
 HOST_MOUNT = "/dev/shm"
@@ -78,7 +84,7 @@ def test_why_unheld_is_not_proven_is_kept_up_to_a_bound() -> None:
     "unverifiable, complete", [(0, True), (1, False), (None, False)]
 )
 def test_orphans_only_when_every_process_that_could_hold_one_was_read(
-    unverifiable, complete
+    unverifiable: Optional[int], complete: bool
 ) -> None:
     assert Owners(unverifiable=unverifiable).complete is complete
 
@@ -99,7 +105,7 @@ def test_an_unlinked_segments_size_is_a_stats_else_its_furthest_mapping() -> Non
 def test_names_changed_where_none_is_any_name() -> None:
     assert joined({"a"}, {"b"}) == {"a", "b"}
     assert joined(None, {"b"}) is None and joined({"a"}, None) is None
-    book = {}
+    book: Changes = {}
     add_names(book, "/m", {"a"})
     add_names(book, "/m", {"b"})
     assert book == {"/m": {"a", "b"}}
@@ -131,7 +137,9 @@ def test_an_orphans_bytes_are_its_allocated_ones_or_none_when_not_listed() -> No
 
 def test_a_refresh_reads_the_pod_of_an_orphan_written_through_a_mapping() -> None:
     devs = {POD_MOUNT: 40}
-    listings = {POD_MOUNT: (listing(psm_a=8192, psm_b=4096, psm_new=4096), {})}
+    listings: Listings = {
+        POD_MOUNT: (listing(psm_a=8192, psm_b=4096, psm_new=4096), {})
+    }
     orphans = {POD_MOUNT: {"psm_a", "psm_b", "psm_gone"}}
     read_as = {POD_MOUNT: {"psm_a": 4096, "psm_b": 4096}}
     # psm_a grew since its pod was read (pages written, no event); psm_b did not; psm_gone is gone.
@@ -158,7 +166,7 @@ def test_a_refresh_reads_the_pod_of_an_orphan_written_through_a_mapping() -> Non
 
 def test_an_orphan_written_in_no_pods_mount_asks_for_a_full_scan() -> None:
     devs = {POD_MOUNT: 40, HOST_MOUNT: 41}
-    listings = {
+    listings: Listings = {
         POD_MOUNT: (listing(psm_a=4096), {}),
         HOST_MOUNT: (listing(nccl_x=8192), {}),
     }
@@ -188,7 +196,7 @@ class Clock:
         return self.now
 
 
-def calm_scan(pace: ScanPace, mounts: tuple, owners: Owners) -> None:
+def calm_scan(pace: ScanPace, mounts: Tuple[str, ...], owners: Owners) -> None:
     pace.look(mounts)
     pace.scanned(mounts, owners, quiet=True, stretch=True)
 
@@ -229,7 +237,7 @@ def test_the_interval_doubles_while_nothing_changes_up_to_its_cap_and_is_back_on
 
 @pytest.mark.parametrize("quiet, stretch", [(False, True), (True, False)])
 def test_a_scan_that_saw_a_change_or_may_miss_one_keeps_the_base(
-    quiet, stretch
+    quiet: bool, stretch: bool
 ) -> None:
     pace = ScanPace(10.0, 8, Clock())
     owners = Owners()
@@ -263,7 +271,9 @@ def test_new_mounts_or_other_holders_bring_the_base_back() -> None:
     assert pace.every == 20.0
 
 
-def test_why_segments_are_unverified_is_logged_when_it_changes(caplog) -> None:
+def test_why_segments_are_unverified_is_logged_when_it_changes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     caplog.set_level(logging.INFO, logger="t41")
     said = UnprovenLog(logging.getLogger("t41"))
     unread = Owners(
@@ -298,15 +308,9 @@ def test_why_segments_are_unverified_is_logged_when_it_changes(caplog) -> None:
     assert caplog.records == []
 
 
-def test_only_the_first_reasons_are_logged() -> None:
-    records = []
-    log = logging.getLogger("t41.bounded")
-    log.addHandler(handler := logging.Handler())
-    handler.emit = records.append  # type: ignore[method-assign]
-    log.setLevel(logging.INFO)
-    UnprovenLog(log).say(
-        Owners(unproven=[f"p{i} (pid {i}, uid 1)" for i in range(MAX_UNPROVEN + 3)])
-    )
-    text = records[0].getMessage()
+def test_only_the_first_reasons_are_logged(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="t41.bounded")
+    unproven = [f"p{i} (pid {i}, uid 1)" for i in range(MAX_UNPROVEN + 3)]
+    UnprovenLog(logging.getLogger("t41.bounded")).say(Owners(unproven=unproven))
+    text = caplog.records[0].getMessage()
     assert f"p{MAX_UNPROVEN - 1} (pid" in text and f"p{MAX_UNPROVEN} (pid" not in text
-    log.removeHandler(handler)

@@ -1,3 +1,4 @@
+# mypy: allow-untyped-calls
 """Who holds which segment, from one pass over a /proc tree (tests/helpers.FakeProc) joined
 with real files by (device, inode): linked and hidden holders, their sizes, and whether a
 segment nobody holds may be called leaked (every process that could hold it was read).
@@ -8,11 +9,12 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import pytest
 
 from exporter.host.proctable import PF_KTHREAD, ProcessTable
+from exporter.inventory.holdings import Owners
 from exporter.inventory.owners import OwnerScan
 from tests.conftest import IS_ROOT, prerequisite_missing
 from tests.helpers import FakeProc, devno, maps_line, mountinfo_line
@@ -37,11 +39,13 @@ class World:
     def mountinfo(self) -> str:
         return mountinfo_line(MNT_ID, devno(self.dev), str(self.shm))
 
-    def add(self, pid: int, comm: str = "python3", **fields) -> None:
+    def add(self, pid: int, comm: str = "python3", **fields: Any) -> None:
         fields.setdefault("mountinfo", self.mountinfo())
         self.proc.add(pid, comm, **fields)
 
-    def scan(self, ignore: Optional[str] = None, pods: bool = False):
+    def scan(
+        self, ignore: Optional[str] = None, pods: bool = False
+    ) -> Tuple[OwnerScan, Owners]:
         table = ProcessTable(self.proc.paths)
         scan = OwnerScan(table, re.compile(ignore) if ignore else None)
         return scan, scan.scan({self.dev}, pods=pods)
@@ -68,7 +72,14 @@ def as_uid(uid: int) -> int:
     return uid
 
 
-def holders(owners, key) -> List[int]:
+def sizes(owners: Owners, key: Tuple[int, int]) -> Tuple[int, int, float]:
+    """(allocated, apparent, mtime) of its one holding, which has them."""
+    [held] = owners.holdings[key]
+    assert held.sizes is not None
+    return held.sizes
+
+
+def holders(owners: Owners, key: Tuple[int, int]) -> List[int]:
     return sorted(h.pid for h in owners.holdings.get(key, []))
 
 
@@ -418,8 +429,8 @@ def test_stat_through_map_files_for_each_unlinked_mapping(world: World) -> None:
     _, owners = world.scan()
     # linked: the listing has its sizes, no stat through map_files (thousands a scan)
     assert owners.holdings[linked][0].sizes is None
-    assert owners.holdings[first][0].sizes[:2] == (4096, 4096)
-    assert owners.holdings[second][0].sizes[:2] == (12288, 12288)
+    assert sizes(owners, first)[:2] == (4096, 4096)
+    assert sizes(owners, second)[:2] == (12288, 12288)
 
 
 class Unlistable(ProcessTable):

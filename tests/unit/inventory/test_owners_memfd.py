@@ -1,3 +1,4 @@
+# mypy: allow-untyped-calls
 """memfd regions: shmem no mount shows (CUDA host allocations, UCX, Mooncake), held by a
 mapping or an open fd, each counted once, and each holder's memory cgroup. A /proc tree
 (tests/helpers.FakeProc), and for open fds the test process's own real memfds."""

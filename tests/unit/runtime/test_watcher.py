@@ -1,3 +1,4 @@
+# mypy: allow-untyped-calls
 """The watcher's event handling with a fake inotify reader at the library boundary (watchdog's
 InotifyFD: add_callback, remove_callbacks, a reading thread): which mounts are watched and
 which polled (shmwatch_inotify_active), what each event counts and asks to be listed again,
@@ -9,7 +10,7 @@ import logging
 import os
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import pytest
 
@@ -40,14 +41,15 @@ from exporter.runtime.watcher import (
 class FakeInotify:
     """One inotify instance: a watch per inode (two paths to one directory: one watch)."""
 
-    def __init__(self, refuse: Dict[str, object] = {}) -> None:  # noqa: B006 -- read only
-        self.refuse = (
-            refuse  # path -> an exception to raise, or -1 (InotifyFD's EACCES)
-        )
+    def __init__(
+        self, refuse: Optional[Dict[str, Union[Exception, int]]] = None
+    ) -> None:
+        # path -> an exception to raise, or -1 (InotifyFD's EACCES)
+        self.refuse: Dict[str, Union[Exception, int]] = refuse or {}
         self.alive = self.stopped = False
         self.wds: Dict[int, int] = {}  # inode -> wd
-        self.added: List[tuple] = []
-        self.removed: List[tuple] = []
+        self.added: List[Tuple[str, int, int]] = []
+        self.removed: List[Tuple[int, int]] = []
 
     def start(self) -> None:
         self.alive = True
@@ -69,7 +71,7 @@ class FakeInotify:
         self.added.append((os.fsdecode(path), mask, callback_id))
         return wd
 
-    def remove_callbacks(self, pairs: list) -> None:
+    def remove_callbacks(self, pairs: List[Tuple[int, int]]) -> None:
         self.removed.extend(pairs)
 
     def stop(self) -> None:
@@ -79,7 +81,7 @@ class FakeInotify:
         pass
 
 
-class Wakes(list):
+class Wakes(List[bool]):
     def __call__(self, full: bool = False) -> None:
         self.append(full)
 
@@ -88,9 +90,9 @@ class Rig:
     def __init__(
         self,
         tmp_path: Path,
-        names=("a", "b"),
-        readers: Optional[list] = None,
-        **options,
+        names: Sequence[str] = ("a", "b"),
+        readers: Optional[List[Union[FakeInotify, Exception]]] = None,
+        **options: Any,
     ) -> None:
         self.mounts = []
         for name in names:
@@ -117,6 +119,11 @@ class Rig:
             raise reader
         return reader
 
+    def reader(self, index: int) -> FakeInotify:
+        made = self.readers[index]
+        assert isinstance(made, FakeInotify)
+        return made
+
     def inotify(self) -> Dict[str, bool]:
         return self.state.snapshot().inotify
 
@@ -127,7 +134,7 @@ class Rig:
 def test_every_mount_is_watched_with_one_reader(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
     rig.watcher.start()
-    reader = rig.readers[0]
+    reader = rig.reader(0)
     assert rig.inotify() == {rig.mounts[0]: True, rig.mounts[1]: True} and reader.alive
     assert reader.added == [(m, WATCH_MASK, CALLBACK_ID) for m in sorted(rig.mounts)]
     rig.watcher.refresh()  # nothing moved: no watch added again
@@ -135,7 +142,7 @@ def test_every_mount_is_watched_with_one_reader(tmp_path: Path) -> None:
 
 
 def test_without_inotify_every_mount_is_polled_and_it_is_said(
-    tmp_path: Path, caplog
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="exporter.runtime.watcher")
     rig = Rig(tmp_path, readers=[OSError(24, "Too many open files")])
@@ -151,7 +158,9 @@ def test_without_inotify_every_mount_is_polled_and_it_is_said(
     assert rig.inotify() == {m: True for m in rig.mounts}
 
 
-def test_no_inotify_asked_is_polled_and_said(tmp_path: Path, caplog) -> None:
+def test_no_inotify_asked_is_polled_and_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="exporter.runtime.watcher")
     rig = Rig(tmp_path, names=("a",), enabled=False)
     rig.watcher.start()
@@ -161,7 +170,9 @@ def test_no_inotify_asked_is_polled_and_said(tmp_path: Path, caplog) -> None:
     ]
 
 
-def test_a_mount_that_cannot_be_watched_is_polled_alone(tmp_path: Path, caplog) -> None:
+def test_a_mount_that_cannot_be_watched_is_polled_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.WARNING, logger="exporter.runtime.watcher")
     a, b, c = (str(tmp_path / n) for n in "abc")
     reader = FakeInotify({a: OSError(28, "No space left on device"), c: -1})
@@ -240,12 +251,12 @@ def test_one_directory_at_two_paths_is_one_watch_serving_both(tmp_path: Path) ->
     assert rig.wakes == [False, False]
     rig.listed = [str(tmp_path / "b")]  # one path gone: the watch stays the other's
     rig.watcher.refresh()
-    assert rig.readers[0].removed == []
+    assert rig.reader(0).removed == []
     rig.event(b"nccl-y", IN_CREATE)
     assert rig.changes.drain() == {str(tmp_path / "b"): {"nccl-y"}}
     rig.listed = []
     rig.watcher.refresh()
-    assert rig.readers[0].removed == [(1, CALLBACK_ID)]
+    assert rig.reader(0).removed == [(1, CALLBACK_ID)]
     assert rig.state.snapshot().inotify == {}  # forgotten with its mounts
 
 
@@ -257,7 +268,7 @@ class Failing(ChangeLog):
 
 
 def test_an_event_that_fails_for_one_mount_is_logged_and_the_others_served(
-    tmp_path: Path, caplog
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     (tmp_path / "a").mkdir()
     os.symlink(tmp_path / "a", tmp_path / "b")
@@ -273,10 +284,10 @@ def test_an_event_that_fails_for_one_mount_is_logged_and_the_others_served(
 
 
 def test_an_overflow_relists_every_watched_mount_in_a_full_run(
-    tmp_path: Path, caplog
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     rig = Rig(tmp_path, names=("a", "b", "c"))
-    rig.readers[0].refuse = {rig.mounts[2]: OSError(28, "No space left on device")}
+    rig.reader(0).refuse = {rig.mounts[2]: OSError(28, "No space left on device")}
     rig.watcher.start()
     rig.watcher.on_queue_overflow()
     rig.watcher.on_events_lost()
@@ -313,7 +324,7 @@ def test_a_mount_mounted_anew_is_watched_anew(tmp_path: Path) -> None:
     rig = Rig(tmp_path, names=())
     rig.listed = [str(tmp_path / "m")]
     rig.watcher.start()
-    reader = rig.readers[0]
+    reader = rig.reader(0)
     assert len(reader.added) == 1
     os.unlink(tmp_path / "m")
     os.symlink("/proc", tmp_path / "m")  # another device at the path
@@ -323,7 +334,7 @@ def test_a_mount_mounted_anew_is_watched_anew(tmp_path: Path) -> None:
 
 
 def test_a_dead_reader_is_replaced_and_every_mount_watched_anew(
-    tmp_path: Path, caplog
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     first, second = FakeInotify(), FakeInotify()
     rig = Rig(tmp_path, readers=[first, second])
@@ -338,7 +349,7 @@ def test_a_dead_reader_is_replaced_and_every_mount_watched_anew(
 def test_after_stop_nothing_starts_again(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
     rig.watcher.start()
-    reader = rig.readers[0]
+    reader = rig.reader(0)
     rig.watcher.stop()
     assert reader.stopped
     rig.watcher.on_watch_deleted(
@@ -357,7 +368,7 @@ def test_a_mount_set_is_refreshed_once_unless_a_mount_is_not_watched(
     rig = Rig(tmp_path, readers=[FakeInotify(), FakeInotify()])
     mounts = MountSet([Target(m) for m in rig.mounts])
     rig.watcher.on_mounts(mounts)
-    reader = rig.readers[0]
+    reader = rig.reader(0)
     assert len(reader.added) == 2
     os.rmdir(
         rig.mounts[0]
@@ -379,7 +390,7 @@ def test_a_mount_set_is_refreshed_once_unless_a_mount_is_not_watched(
     rig.watcher.on_mounts(settled)
     reader.alive = False
     rig.watcher.on_mounts(settled)  # a dead reader unsettles it
-    assert rig.made == 2 and len(rig.readers[1].added) == 2
+    assert rig.made == 2 and len(rig.reader(1).added) == 2
 
 
 def test_a_set_left_unwatched_is_refreshed_again(tmp_path: Path) -> None:
