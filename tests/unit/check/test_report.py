@@ -6,6 +6,7 @@ The collection is a model built by hand; /proc a fixture tree. Part of the mutat
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -17,7 +18,13 @@ from exporter.model.step import Model, MountView, SourceStatus
 from exporter.model.summary import shm_budget
 from exporter.config import Config
 from exporter.model.summary import SegmentSummary
-from exporter.model.types import CgroupMemory, HostMemory, MountInventory, MountUsage
+from exporter.model.types import (
+    CgroupMemory,
+    HostMemory,
+    Inventory,
+    MountInventory,
+    MountUsage,
+)
 
 MiB, GiB = 1 << 20, 1 << 30
 Listed = Tuple[
@@ -193,7 +200,58 @@ def test_a_usage_error_is_64_not_a_verdict(
 def test_help_is_no_error(capsys: pytest.CaptureFixture[str], proc: List[str]) -> None:
     with pytest.raises(SystemExit) as raised:
         main([*proc, "--help"], Collect(shm_model(GiB)))
-    assert raised.value.code == 0 and "--require-shm" in capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
+    assert raised.value.code == 0 and out.startswith("usage: shmwatch check ")
+    assert (
+        "--require-shm REQUIRE_SHM Fail (exit 2) when the shm mount can hold less than this, e.g. 16Gi."
+        in out
+    )
+
+
+def test_a_bad_value_is_named_with_its_flag(
+    capsys: pytest.CaptureFixture[str], proc: List[str]
+) -> None:
+    for argv, said in (
+        (
+            ["--timeout", "0"],
+            "argument --timeout: not a number of seconds above 0: '0'",
+        ),
+        (
+            ["--require-shm", "2P"],
+            "argument --require-shm: 2000000000000000 is not a plausible size (0 to 1 PiB)",
+        ),
+    ):
+        with pytest.raises(SystemExit):
+            main([*proc, *argv], Collect(shm_model(GiB)))
+        assert said in capsys.readouterr().err
+
+
+def test_a_short_timeout_is_a_timeout(
+    capsys: pytest.CaptureFixture[str], proc: List[str]
+) -> None:
+    collect = Collect(shm_model(GiB))
+    assert run(capsys, [*proc, "--timeout", "0.5"], collect)[0] == 0
+    assert 0 < collect.timeouts[0] <= 0.5
+
+
+def test_nccl_in_cumem_host_memory_is_looked_for_in_the_proc_given(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from tests.helpers import FakeProc, maps_line
+
+    fake = FakeProc(str(tmp_path / "proc"))
+    fake.add(
+        10, "vllm", maps=maps_line(0x1000, 0x2000, 0x801, 7, "/usr/lib/libnccl.so.2")
+    )
+    fake.write("10/environ", "PATH=/bin\0")
+    model = replace(shm_model(GiB), inventory=Inventory([], {}, 0, 1))
+    code, out, _ = run(
+        capsys, [f"--path.procfs={fake.root}", "--output=json"], Collect(model)
+    )
+    [nccl] = [f for f in json.loads(out)["findings"] if f["subject"] == "nccl"]
+    assert code == 0 and nccl["message"].startswith(
+        "NCCL is loaded (vllm[10]) and no nccl-* segment exists"
+    )
 
 
 def test_a_log_that_cannot_be_read_is_a_usage_error(
@@ -236,8 +294,9 @@ def test_a_memory_limit_flag_at_the_hosts_size_is_taken_as_none(
         Collect(shm_model(GiB, host=host)),
     )
     [warn] = [f for f in json.loads(out)["findings"] if f["severity"] == "warn"]
-    assert (code, warn["subject"], warn["message"]) == (
+    assert (code, warn["area"], warn["subject"], warn["message"]) == (
         1,
+        "memory",
         "--memory.limit-bytes",
         "64.0 GiB is at or above the host's memory: taken as no limit given",
     )
@@ -313,6 +372,7 @@ def test_no_nccl_in_this_proc_no_nccl_finding(
 ) -> None:
     code, out, _ = run(capsys, proc, Collect(shm_model(GiB)))
     assert code == 0 and "nccl" not in out.lower()
+    assert out.endswith("1.0 GiB, 0 B used (0%)\n")  # the table, and nothing after it
     assert os.listdir(proc[0].split("=", 1)[1]) == []
 
 

@@ -105,6 +105,8 @@ class FakeNvml(types.ModuleType):
         return 1, 1
 
     def nvmlDeviceGetMaxMigDeviceCount(self, gpu: Gpu) -> int:
+        if gpu.migs is None:
+            raise NVMLError(NOT_SUPPORTED)
         return gpu.mig_slots
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, gpu: Gpu, index: int) -> Gpu:
@@ -161,8 +163,8 @@ def test_each_gpus_memory_used_is_all_but_free_and_its_processes(
 ) -> None:
     gpus = [
         Gpu(
-            compute=[(100, 60 * GiB), (200, None)],
-            graphics=[(100, 61 * GiB), (300, GiB)],
+            compute=[(100, 61 * GiB), (200, None), (400, 0), (500, 2 * GiB)],
+            graphics=[(100, 60 * GiB), (300, GiB)],
         ),
         Gpu(
             name="NVIDIA L4",
@@ -185,7 +187,14 @@ def test_each_gpus_memory_used_is_all_but_free_and_its_processes(
             70 * GiB + 512 * MiB,
             10 * GiB - 512 * MiB,
             512 * MiB,
-            (GpuProcess(100, "vllm", 61 * GiB), GpuProcess(300, "unknown", GiB)),
+            (
+                GpuProcess(
+                    100, "vllm", 61 * GiB
+                ),  # the larger of its compute and graphics use
+                GpuProcess(300, "unknown", GiB),
+                GpuProcess(400, "unknown", 0),
+                GpuProcess(500, "unknown", 2 * GiB),
+            ),
         ),
         # memory info v2 not supported: the reserve is unknown (not 0), and in used
         GpuDevice("1", "GPU-2222", "NVIDIA L4", 24 * GiB, GiB, 22 * GiB, None, ()),
@@ -335,3 +344,26 @@ def test_close_shuts_nvml_down_once(
     gpu.close()
     gpu.close()
     assert nvml.calls == ["init", "shutdown"]
+
+
+def test_a_name_that_is_not_utf8_is_read_with_replacements(
+    monkeypatch: pytest.MonkeyPatch, table: ProcessTable
+) -> None:
+    snapshot = collector(
+        monkeypatch, table, FakeNvml([Gpu(name=b"H100 \xff", uuid=b"GPU-\xfe")])
+    ).collect()
+    assert (snapshot.devices[0].name, snapshot.devices[0].uuid) == (
+        "H100 \ufffd",
+        "GPU-\ufffd",
+    )
+
+
+def test_an_older_library_without_the_mig_constant_still_finds_mig_instances(
+    monkeypatch: pytest.MonkeyPatch, table: ProcessTable
+) -> None:
+    nvml = FakeNvml([Gpu(migs={1: Gpu(uuid="MIG-c", reserved=0)}, mig_slots=2)])
+    monkeypatch.delattr(FakeNvml, "NVML_DEVICE_MIG_ENABLE")
+    assert [d.gpu for d in collector(monkeypatch, table, nvml).collect().devices] == [
+        "0",
+        "0/1",
+    ]

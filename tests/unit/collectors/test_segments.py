@@ -11,7 +11,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -358,3 +358,171 @@ def test_segments_named_any_bytes_are_listed(host: Host) -> None:
     (Path(host.mounts[0]) / name).write_bytes(b"x")
     assert list(states(host.collector().collect(), host.mounts[0])) == [name]
     assert re.escape(name)
+
+
+def test_a_quick_run_before_any_full_one_lists_the_mount(host: Host) -> None:
+    host.file(0, "psm_a")
+    host.holder(100, host.maps(0, "psm_a"))
+    host.changes.add(host.mounts[0], "psm_a")
+    inv = host.collector().collect_quick()  # an event came before the first full run
+    assert states(inv, host.mounts[0]) == {"psm_a": ("python_shm", "linked", ())}
+    assert (inv.pods, inv.memfd, inv.memfd_rest, inv.cgroup_of) == ({}, [], {}, {})
+
+
+def test_a_sidecar_decides_every_run_whatever_the_full_scan_interval(
+    host: Host,
+) -> None:
+    collector = host.collector(full_scan_interval=120.0, monotonic=lambda: 0.0)
+    collector.collect()
+    host.file(0, "psm_new")
+    assert states(collector.collect(), host.mounts[0]) == {
+        "psm_new": ("python_shm", "orphan", ())
+    }
+
+
+def test_an_excused_unreadable_process_leaves_orphans_provable(host: Host) -> None:
+    host.file(0, "psm_a")
+    host.holder(100, comm="process_api")
+    host.proc.deny(100, "maps")
+    strict = host.collector().collect()
+    excused = host.collector(ignore_unreadable=re.compile("process_api")).collect()
+    assert states(strict, host.mounts[0])["psm_a"][1] == "unverified"
+    assert states(excused, host.mounts[0])["psm_a"][1] == (
+        "orphan" if os.geteuid() == 0 else "unverified"
+    )
+
+
+def test_a_process_holding_several_segments_is_charged_for_each(
+    host: Host, tmp_path: Path
+) -> None:
+    host.file(0, "nccl-a", 8192)
+    host.file(0, "nccl-b", 4096)
+    elsewhere = tmp_path / "unlinked"
+    elsewhere.mkdir()
+    with open(
+        elsewhere / "torch_9 (deleted)", "wb"
+    ) as f:  # sparse: 1 MiB asked, 12 KiB written
+        f.truncate(1 << 20)
+        f.write(b"x" * 12288)
+    maps = host.maps(0, "nccl-a") + maps_line(
+        0x40000, 0x41000, host.dev, host_ino(host, "nccl-b"), "/x/nccl-b"
+    )
+    host.holder(
+        100, maps, fds={3: str(elsewhere / "torch_9 (deleted)")}, mnt_ids={3: MNT_ID}
+    )
+    m = mount_of(host.collector().collect(), host.mounts[0])
+    assert m.process_bytes == {100: 8192 + 4096 + 12288}
+    [hidden] = m.hidden
+    assert (hidden.allocated_bytes, hidden.apparent_bytes) == (12288, 1 << 20)
+
+
+def host_ino(host: Host, name: str) -> int:
+    return os.stat(Path(host.mounts[0]) / name).st_ino
+
+
+def test_a_mapping_of_a_file_not_yet_listed_is_not_hidden(host: Host) -> None:
+    """Created after the listing (not '(deleted)'): the next run lists it, linked."""
+    host.holder(
+        100,
+        maps_line(
+            0x1000, 0x2000, host.dev, 424242, os.path.join(host.mounts[0], "psm_later")
+        ),
+    )
+    m = mount_of(host.collector().collect(), host.mounts[0])
+    assert m.hidden == [] and m.process_bytes == {}
+
+
+def test_what_is_not_a_file_is_counted_by_kind(host: Host) -> None:
+    root = Path(host.mounts[0])
+    (root / "dir").mkdir()
+    os.mkfifo(root / "fifo")
+    os.symlink("/etc/shadow", root / "link")
+    m = mount_of(host.collector().collect(), host.mounts[0])
+    assert (
+        m.other_entries == {"directory": 1, "fifo": 1, "symlink": 1} and m.listed == {}
+    )
+
+
+def test_used_bytes_are_the_filesystems(tmp_path: Path) -> None:
+    """A mount whose use does not move while read (/dev's devtmpfs): statvfs's used blocks."""
+    proc = FakeProc(str(tmp_path / "proc"))
+    proc.self_mountinfo([mountinfo_line(30, devno(os.stat("/dev").st_dev), "/dev")])
+    inv = SegmentsCollector(proc.paths, ["/dev"]).collect()
+    st = os.statvfs("/dev")
+    [m] = inv.mounts
+    assert m.used_bytes == (st.f_blocks - st.f_bfree) * st.f_frsize
+    listed = sum(s.allocated_bytes for s in m.rows())
+    assert m.unattributed_bytes == max(0, m.used_bytes - listed)
+
+
+def test_a_degraded_mount_is_walked_whole_by_a_quick_run(
+    host: Host, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="exporter.collectors.segments")
+    for i in range(4):
+        host.file(0, f"psm_{i}", 4096)
+    collector = host.collector(max_segments=3)
+    collector.collect()
+    host.file(0, "psm_9", 4096)
+    host.changes.add(host.mounts[0], "psm_9")
+    m = mount_of(collector.collect_quick(), host.mounts[0])
+    assert m.degraded == {"python_shm": (5, 5 * 4096, 5 * 4096)} and m.listed == {}
+    assert [r.getMessage() for r in caplog.records] == [
+        f"mount {host.mounts[0]}: more than 3 files (--inventory.max-segments): only their counts and bytes by "
+        "class are kept, as 'unverified', until there are fewer"
+    ]
+    for i in range(3):
+        os.unlink(Path(host.mounts[0]) / f"psm_{i}")
+    collector.collect()
+    assert (
+        caplog.records[-1].getMessage()
+        == f"mount {host.mounts[0]}: back under --inventory.max-segments"
+    )
+
+
+def test_a_scan_that_fails_on_the_first_run_fails_it(host: Host) -> None:
+    table = Failing(host.proc.paths)
+    table.failing = True
+    with pytest.raises(OSError):
+        SegmentsCollector(host.proc.paths, host.mounts, table).collect()
+
+
+class Meanwhile(ProcessTable):
+    """/proc read while the mount changes: `during()` runs as the scan walks the processes."""
+
+    during: Optional[Callable[[], None]] = None
+
+    def walk(self) -> ProcessWalk:
+        if self.during is not None:
+            self.during()
+        return super().walk()
+
+
+def test_what_changes_while_the_scan_reads_proc_is_not_called_leaked_by_it(
+    host: Host,
+) -> None:
+    host.file(0, "psm_known", 4096)
+    table = Meanwhile(host.proc.paths)
+    collector = SegmentsCollector(
+        host.proc.paths, host.mounts, table, changes=host.changes
+    )
+    assert states(collector.collect(), host.mounts[0])["psm_known"][1] == "orphan"
+
+    def change() -> None:  # an attach writes to it, a new one is made: inotify says so
+        (Path(host.mounts[0]) / "psm_known").write_bytes(b"y" * 8192)
+        host.file(0, "psm_new")
+        host.changes.add(host.mounts[0], "psm_known")
+        host.changes.add(host.mounts[0], "psm_new")
+
+    table.during = change
+    inv = collector.collect()
+    table.during = None
+    assert (
+        states(inv, host.mounts[0])["psm_known"][1] == "unverified"
+    )  # its taker maybe read before
+    assert "psm_new" not in states(inv, host.mounts[0])  # listed before it was made
+    inv = collector.collect()
+    assert {n: s[1] for n, s in states(inv, host.mounts[0]).items()} == {
+        "psm_known": "orphan",
+        "psm_new": "orphan",
+    }

@@ -11,7 +11,13 @@ from typing import Tuple
 
 import pytest
 
+from exporter.collectors.segments import SegmentsCollector
+from exporter.collectors.source import REGISTRY, Context
+from exporter.config import parse_args
+from exporter.host.proctable import ProcessTable
+from exporter.inventory.changes import ChangeLog
 from exporter.model.types import Inventory
+from tests.helpers import FakeProc
 from tests.unit.collectors.test_segments import Host, mount_of, states
 
 POD_A, POD_B = (
@@ -183,3 +189,122 @@ def test_holders_pods_are_known_between_full_scans(node: Node) -> None:
     assert not scanned and inv.pods == {100: POD_A, 200: POD_B, 300: POD_B}
     quick = node.segments.collect_quick()
     assert quick.pods == inv.pods
+
+
+def test_only_the_orphan_written_to_is_doubted(node: Node) -> None:
+    node.file(0, "psm_x", 4096)
+    node.file(0, "psm_y", 4096)
+    node.run(120)
+    (Path(node.a) / "psm_x").write_bytes(b"y" * 16384)
+    _, inv = node.run(15)
+    assert (node.state(inv, 0, "psm_x"), node.state(inv, 0, "psm_y")) == (
+        ("unverified", ()),
+        ("orphan", ()),
+    )
+    scanned, inv = node.run(120)
+    assert scanned and node.state(inv, 0, "psm_x") == ("orphan", ())
+    scanned, inv = node.run(15)  # nothing written since the full scan read its pod
+    assert (
+        not scanned
+        and (node.state(inv, 0, "psm_x"), node.state(inv, 0, "psm_y"))
+        == (("orphan", ()),) * 2
+    )
+
+
+def test_a_running_process_that_attaches_to_an_orphan_is_seen_by_the_next_refresh(
+    node: Node,
+) -> None:
+    node.file(0, "psm_x", 4096)
+    node.holder(
+        101, cgroup=f"0::/kubepods/pod{POD_A}/c\n"
+    )  # in pod A since the full scan
+    node.run(120)
+    node.proc.write("101/maps", node.maps(0, "psm_x"))
+    (Path(node.a) / "psm_x").write_bytes(b"y" * 16384)  # and writes through the mapping
+    scanned, inv = node.run(15)
+    assert not scanned and node.state(inv, 0, "psm_x") == ("linked", (101,))
+
+
+def test_a_create_beside_an_orphan_does_not_doubt_the_orphan(node: Node) -> None:
+    node.file(0, "psm_x", 4096)
+    node.run(120)
+    node.created(0, "psm_new")
+    quick = node.segments.collect_quick()
+    assert (node.state(quick, 0, "psm_x"), node.state(quick, 0, "psm_new")) == (
+        ("orphan", ()),
+        ("linked", ()),
+    )
+    _, inv = node.run(15)
+    assert node.state(inv, 0, "psm_x") == ("orphan", ())
+
+
+def test_a_change_pending_when_a_staged_scan_begins_is_not_settled_by_it(
+    node: Node,
+) -> None:
+    node.created(0, "psm_pending")  # named by inotify, not yet listed by a quick run
+    node.clock.now += 120
+    scan = node.segments.begin_full()
+    assert scan is not None
+    inv = scan()()
+    assert node.state(inv, 0, "psm_pending") == ("linked", ())
+    scanned, inv = node.run(120)
+    assert scanned and node.state(inv, 0, "psm_pending") == ("orphan", ())
+
+
+def context(tmp_path: Path, *argv: str) -> Context:
+    cfg = parse_args([f"--path.procfs={tmp_path / 'proc'}", *argv])
+    proc = FakeProc(str(tmp_path / "proc"))
+    return Context(
+        cfg,
+        proc.paths,
+        lambda: [],
+        ProcessTable(proc.paths),
+        ChangeLog(),
+        all_watched=lambda: True,
+    )
+
+
+def test_the_registered_collector_takes_its_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(
+        "SHMWATCH_SEGMENTS_IGNORE_UNREADABLE", raising=False
+    )  # tests/conftest.py's
+    node_ctx = context(
+        tmp_path,
+        "--mode=node",
+        "--segments.full-scan-interval=3m",
+        "--inventory.max-segments=7",
+    )
+    made = REGISTRY["segments"].factory(node_ctx)
+    assert isinstance(made, SegmentsCollector)
+    assert (made.pod_of_pid, made.pace.every, made.max_segments, made.stretches) == (
+        True,
+        180.0,
+        7,
+        True,
+    )
+    assert (
+        made.changes is node_ctx.changes
+        and made.table is node_ctx.table
+        and made.begin_full() is not None
+    )
+    sidecar = REGISTRY["segments"].factory(
+        context(tmp_path / "s", "--segments.ignore-unreadable=^agent$")
+    )
+    assert isinstance(sidecar, SegmentsCollector)
+    assert (sidecar.pod_of_pid, sidecar.pace.every, sidecar.max_segments) == (
+        False,
+        0.0,
+        150_000,
+    )
+    scan = sidecar.owner_scan
+    assert (
+        scan.ignore_unreadable is not None
+        and scan.ignore_unreadable.pattern == "^agent$"
+    )
+    unset = REGISTRY["segments"].factory(context(tmp_path / "t"))
+    assert (
+        isinstance(unset, SegmentsCollector)
+        and unset.owner_scan.ignore_unreadable is None
+    )

@@ -8,6 +8,7 @@ Behaviour only (no internals): the front's request parsing may change beneath it
 the mutation selection."""
 
 import base64
+import logging
 import socket
 import threading
 import time
@@ -17,13 +18,13 @@ import bcrypt
 import pytest
 
 from exporter.exposition import http
-from exporter.exposition.http import bind, make_app, url_host
+from exporter.exposition.http import bind, loop_error, make_app, url_host
 from exporter.exposition.webconfig import WebConfig, WebConfigSource
 
 Environ = Dict[str, str]
 StartResponse = Callable[..., object]
 App = Callable[[Environ, StartResponse], List[bytes]]
-HEADER, IDLE = 0.3, 1.2  # the deadlines, shortened
+HEADER, IDLE = 0.2, 0.7  # the deadlines, shortened
 
 
 def metrics(environ: Environ, start_response: StartResponse) -> List[bytes]:
@@ -43,7 +44,7 @@ class Server:
         self.port = self.front.server_address[1]
 
     def connect(self) -> socket.socket:
-        sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=2)
         return sock
 
     def ask(self, data: bytes, sock: Optional[socket.socket] = None) -> bytes:
@@ -347,3 +348,134 @@ def test_listening_addresses() -> None:
             bind("127.0.0.1", taken.server_address[1], make_app(metrics)).shutdown()
     finally:
         taken.shutdown()
+
+
+def slow_server(
+    entered: threading.Event, release: threading.Event, max_requests: int = 40
+) -> Server:
+    def slow(environ: Environ, start_response: StartResponse) -> List[bytes]:
+        entered.set()
+        release.wait(2)
+        return metrics(environ, start_response)
+
+    return Server(make_app(slow), max_requests=max_requests)
+
+
+def test_what_arrives_while_a_request_is_answered_is_answered_next(short: None) -> None:
+    entered, release = threading.Event(), threading.Event()
+    s = slow_server(entered, release)
+    try:
+        with s.connect() as sock:
+            sock.sendall(GET)
+            assert entered.wait(2)
+            sock.sendall(
+                b"GET /-/hea"
+            )  # the next request, in pieces, while the first is answered
+            time.sleep(0.05)
+            sock.sendall(b"lthy HTTP/1.1\r\n\r\n")
+            release.set()
+            assert read_answer(sock).endswith(b"shmwatch_up 1\n")
+            assert read_answer(sock).endswith(b"OK\n")
+    finally:
+        release.set()
+        s.front.shutdown()
+
+
+def test_a_client_that_half_closes_while_answered_gets_its_answer(short: None) -> None:
+    entered, release = threading.Event(), threading.Event()
+    s = slow_server(entered, release)
+    try:
+        with s.connect() as sock:
+            sock.sendall(GET)
+            assert entered.wait(2)
+            sock.shutdown(socket.SHUT_WR)
+            time.sleep(0.05)
+            release.set()
+            answer = read_all(sock)
+        assert answer.endswith(b"shmwatch_up 1\n")  # and the connection closed after it
+    finally:
+        release.set()
+        s.front.shutdown()
+
+
+def test_a_client_that_does_not_read_its_answer_frees_its_slot(short: None) -> None:
+    big = b"x" * (16 << 20)
+
+    def large(environ: Environ, start_response: StartResponse) -> List[bytes]:
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [big]
+
+    s = Server(make_app(large), max_requests=1)
+    try:
+        stuck = s.connect()
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stuck.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")  # and never reads
+        time.sleep(2 * HEADER + 0.3)
+        ok = s.ask(b"GET /-/healthy HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert status(ok) == b"HTTP/1.1 200 OK"
+        stuck.close()
+    finally:
+        s.front.shutdown()
+
+
+def test_at_the_cap_an_idle_connection_makes_room_when_none_is_unanswered(
+    short: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 2)
+    s = Server()
+    try:
+        idle = s.connect()
+        idle.sendall(GET)
+        read_answer(idle)  # answered: idle since
+        fresh = s.connect()
+        time.sleep(0.05)
+        third = s.connect()  # the fresh one is dropped, not the idle one
+        time.sleep(0.05)
+        assert fresh.recv(10) == b""
+        idle.sendall(GET)
+        assert read_answer(idle).endswith(b"shmwatch_up 1\n")
+        fourth = s.ask(
+            b"GET /-/healthy HTTP/1.1\r\nConnection: close\r\n\r\n"
+        )  # only idle and third
+        assert status(fourth) == b"HTTP/1.1 200 OK"
+        for sock in (idle, fresh, third):
+            sock.close()
+    finally:
+        s.front.shutdown()
+
+
+def test_the_front_runs_on_a_daemon_thread_named_for_stack_dumps(
+    server: Server,
+) -> None:
+    [thread] = [t for t in threading.enumerate() if t is server.front]
+    assert (thread.name, thread.daemon) == ("shmwatch-http", True)
+
+
+def test_loop_errors_from_clients_are_debug_and_bugs_errors(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="shmwatch.web")
+    loop_error(
+        None,
+        {
+            "message": "handshake failed",
+            "exception": ConnectionResetError(104, "reset"),
+        },
+    )
+    loop_error(None, {"message": "eof", "exception": EOFError("x")})
+    loop_error(None, {"message": "bug", "exception": KeyError("k")})
+    loop_error(None, {"message": "no exception"})
+    said = [
+        (
+            r.levelname,
+            r.getMessage(),
+            r.exc_info is not None and r.exc_info[0] is not None,
+        )
+        for r in caplog.records
+    ]
+    assert said == [
+        ("DEBUG", "handshake failed: [Errno 104] reset", False),
+        ("DEBUG", "eof: x", False),
+        ("ERROR", "bug", True),
+        ("ERROR", "no exception", False),
+    ]

@@ -8,6 +8,7 @@ directories; part of the mutation selection."""
 
 import logging
 import os
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -131,7 +132,10 @@ class Rig:
         self.watcher.on_event(SimpleNamespace(name=name, mask=mask, wd=wd))
 
 
-def test_every_mount_is_watched_with_one_reader(tmp_path: Path) -> None:
+def test_every_mount_is_watched_with_one_reader(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="exporter.runtime.watcher")
     rig = Rig(tmp_path)
     rig.watcher.start()
     reader = rig.reader(0)
@@ -139,6 +143,9 @@ def test_every_mount_is_watched_with_one_reader(tmp_path: Path) -> None:
     assert reader.added == [(m, WATCH_MASK, CALLBACK_ID) for m in sorted(rig.mounts)]
     rig.watcher.refresh()  # nothing moved: no watch added again
     assert len(reader.added) == 2 and rig.made == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        f"mount {m}: inotify on" for m in sorted(rig.mounts)
+    ]
 
 
 def test_without_inotify_every_mount_is_polled_and_it_is_said(
@@ -308,13 +315,13 @@ def test_a_watch_the_kernel_dropped_is_polled_then_watched_again(
 ) -> None:
     rig = Rig(tmp_path)
     rig.watcher.start()
-    a, b = rig.mounts
-    wd_a = rig.watcher.watches[a][0]
-    rig.watcher.on_watch_deleted(wd_a)
-    assert rig.inotify() == {a: False, b: True}
-    rig.event(b"x", IN_CREATE, wd=wd_a)
+    a, b = sorted(rig.mounts)
+    wd_b = rig.watcher.watches[b][0]
+    rig.watcher.on_watch_deleted(wd_b)
+    assert rig.inotify() == {a: True, b: False}
+    rig.event(b"x", IN_CREATE, wd=wd_b)
     assert rig.changes.drain() == {}
-    rig.watcher.refresh()
+    rig.watcher.refresh()  # a is still watched; b, after it, is watched again
     assert rig.inotify() == {a: True, b: True}
 
 
@@ -459,3 +466,92 @@ def test_an_event_in_a_mount_that_cannot_be_measured_still_counts(
     rig.event(b"psm_1", mask)
     assert rig.state.snapshot().event_rows[rig.mounts[0]][0][0] == "python_shm"
     assert rig.wakes == [False] and rig.mounts[0] not in rig.state.snapshot().peaks
+
+
+class Unremovable(FakeInotify):
+    def remove_callbacks(self, pairs: List[Tuple[int, int]]) -> None:
+        raise OSError(22, "Invalid argument")  # the watch went with its mount
+
+
+def test_a_watch_that_cannot_be_removed_is_forgotten_all_the_same(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path, readers=[Unremovable()])
+    rig.watcher.start()
+    rig.listed = [rig.mounts[0]]
+    rig.watcher.refresh()
+    assert rig.inotify() == {rig.mounts[0]: True} and list(rig.watcher.watches) == [
+        rig.mounts[0]
+    ]
+
+
+def test_a_refresh_keeps_the_last_inventory_of_the_mounts_still_there(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path, enabled=False)
+    rig.watcher.start()
+    a, b = rig.mounts
+    kept = MountInventory(a, events={("nccl", "created"): 1})
+    rig.watcher.on_observation(
+        inventory(kept, MountInventory(b, events={("psm", "created"): 1}))
+    )
+    rig.listed = [a]
+    rig.watcher.refresh()
+    rig.watcher.on_observation(inventory(kept))  # handed back unchanged by a quick run
+    assert rig.state.snapshot().event_rows == {a: (("nccl", "created", 1),)}
+
+
+def test_a_mount_refused_once_is_watched_when_the_same_set_comes_again(
+    tmp_path: Path,
+) -> None:
+    reader = FakeInotify()
+    rig = Rig(tmp_path, readers=[reader])
+    a, b = sorted(rig.mounts)
+    reader.refuse = {b: OSError(28, "No space left on device")}
+    mounts = MountSet([Target(m) for m in rig.mounts])
+    rig.watcher.on_mounts(mounts)
+    assert rig.inotify() == {a: True, b: False}
+    reader.refuse = {}  # max_user_watches raised
+    rig.watcher.on_mounts(mounts)
+    assert rig.inotify() == {a: True, b: True}
+
+
+def test_an_event_measures_the_mount_at_once(tmp_path: Path) -> None:
+    """/dev's use does not move while read: the peak is statvfs's used blocks."""
+    rig = Rig(tmp_path, names=())
+    rig.listed = ["/dev"]
+    rig.watcher.start()
+    rig.event(b"psm_1", IN_CREATE)
+    st = os.statvfs("/dev")
+    assert rig.state.snapshot().peaks == {
+        "/dev": (st.f_blocks - st.f_bfree) * st.f_frsize
+    }
+
+
+def test_the_default_reader_is_a_real_inotify_that_leaves_nothing_open(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "shm").mkdir()
+    fds = len(os.listdir(f"/proc/{os.getpid()}/fd"))
+    woken = threading.Event()
+    state, changes = StateStore(), ChangeLog()
+    watcher = MountWatcher(
+        state,
+        Paths(),
+        [str(tmp_path / "shm")],
+        lambda full=False: woken.set(),
+        changes=changes,
+    )
+    watcher.start()
+    assert [t.name for t in threading.enumerate() if t.name == "shmwatch-inotify"] == [
+        "shmwatch-inotify"
+    ]
+    (tmp_path / "shm" / "nccl-1").write_bytes(b"x")
+    assert woken.wait(5)
+    assert changes.drain() == {str(tmp_path / "shm"): {"nccl-1"}}
+    assert state.snapshot().event_rows == {
+        str(tmp_path / "shm"): (("nccl", "created", 1),)
+    }
+    watcher.stop()
+    assert len(os.listdir(f"/proc/{os.getpid()}/fd")) == fds
+    assert not [t for t in threading.enumerate() if t.name == "shmwatch-inotify"]
