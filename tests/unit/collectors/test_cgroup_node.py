@@ -252,17 +252,6 @@ def test_a_pod_limited_only_above_it_is_read_at_once_when_that_limit_moves(
     collector.close()
 
 
-def test_without_files_to_keep_open_a_steady_pod_is_probed_by_reading(
-    host: Host,
-) -> None:
-    host.cgroup("/" + systemd_pod(UIDS[0]), GiB, 4 * GiB)
-    collector = node(host, kill_log_complete=lambda: True)
-    collector._max_fds = 0  # noqa: SLF001 -- as under a soft RLIMIT_NOFILE below 4
-    assert shmem_seen(collector, host, [0, 0, 5, 5]) == [0, 0, 0, 5]
-    write(host, UIDS[0], "memory.current", "4096\n")
-    assert shmem_seen(collector, host, [6]) == [6]
-
-
 def test_a_pod_gone_between_polls_is_dropped_and_its_files_closed(host: Host) -> None:
     host.cgroup("/" + systemd_pod(UIDS[0]), GiB, 4 * GiB)
     host.cgroup("/" + systemd_pod(UIDS[1]), GiB, 4 * GiB)

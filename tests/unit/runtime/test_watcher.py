@@ -93,13 +93,18 @@ class Rig:
         tmp_path: Path,
         names: Sequence[str] = ("a", "b"),
         readers: Optional[List[Union[FakeInotify, Exception]]] = None,
+        changes: Optional[ChangeLog] = None,
         **options: Any,
     ) -> None:
         self.mounts = []
         for name in names:
             (tmp_path / name).mkdir(exist_ok=True)
             self.mounts.append(str(tmp_path / name))
-        self.state, self.changes, self.wakes = StateStore(), ChangeLog(), Wakes()
+        self.state, self.changes, self.wakes = (
+            StateStore(),
+            changes or ChangeLog(),
+            Wakes(),
+        )
         self.readers = readers if readers is not None else [FakeInotify()]
         self.made = 0
         self.listed = list(self.mounts)
@@ -279,8 +284,7 @@ def test_an_event_that_fails_for_one_mount_is_logged_and_the_others_served(
 ) -> None:
     (tmp_path / "a").mkdir()
     os.symlink(tmp_path / "a", tmp_path / "b")
-    rig = Rig(tmp_path, names=("a",))
-    rig.watcher.changes = rig.changes = Failing()
+    rig = Rig(tmp_path, names=("a",), changes=Failing())
     rig.listed = [str(tmp_path / "a"), str(tmp_path / "b")]
     rig.watcher.start()
     rig.event(b"nccl-x", IN_CREATE)
