@@ -10,6 +10,7 @@ mutation selection."""
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -412,6 +413,9 @@ def test_a_process_holding_several_segments_is_charged_for_each(
     )
     m = mount_of(host.collector().collect(), host.mounts[0])
     assert m.process_bytes == {100: 8192 + 4096 + 12288}
+    assert m.unattributed_bytes == max(
+        0, m.used_bytes - (8192 + 4096 + 12288)
+    )  # allocated, not asked
     [hidden] = m.hidden
     assert (hidden.allocated_bytes, hidden.apparent_bytes) == (12288, 1 << 20)
 
@@ -526,3 +530,19 @@ def test_what_changes_while_the_scan_reads_proc_is_not_called_leaked_by_it(
         "psm_known": "orphan",
         "psm_new": "orphan",
     }
+
+
+def test_used_bytes_are_the_filesystems_used_blocks(host: Host) -> None:
+    """On the shared disk beneath the test, to within what others write meanwhile."""
+    m = mount_of(host.collector().collect(), host.mounts[0])
+    st = os.statvfs(host.mounts[0])
+    assert abs(m.used_bytes - (st.f_blocks - st.f_bfree) * st.f_frsize) < 64 << 20
+
+
+def test_a_mount_removed_while_proc_is_read_is_an_error(host: Host) -> None:
+    host.file(0, "psm_a")
+    table = Meanwhile(host.proc.paths)
+    collector = SegmentsCollector(host.proc.paths, host.mounts, table)
+    table.during = lambda: shutil.rmtree(host.mounts[0])  # a pod deleted meanwhile
+    [m] = collector.collect().mounts
+    assert m.error == "No such file or directory"

@@ -17,7 +17,7 @@ from exporter.config import parse_args
 from exporter.host.proctable import ProcessTable
 from exporter.inventory.changes import ChangeLog
 from exporter.model.types import Inventory
-from tests.helpers import FakeProc
+from tests.helpers import FakeProc, devno, maps_line, mountinfo_line
 from tests.unit.collectors.test_segments import Host, mount_of, states
 
 POD_A, POD_B = (
@@ -157,6 +157,8 @@ def test_with_a_mount_inotify_does_not_watch_the_scan_keeps_its_base(
 
 
 def test_a_staged_full_run_leaves_what_changed_meanwhile_unsettled(node: Node) -> None:
+    node.file(0, "psm_old", 4096)
+    node.run(120)
     node.clock.now += 120
     scan = node.segments.begin_full()
     assert scan is not None  # node mode reads /proc on a thread of its own
@@ -170,6 +172,10 @@ def test_a_staged_full_run_leaves_what_changed_meanwhile_unsettled(node: Node) -
         (),
     )  # the scan may have missed its taker
     assert node.state(inv, 0, "nccl-a") == ("linked", (100,))
+    assert node.state(inv, 0, "psm_old") == (
+        "orphan",
+        (),
+    )  # unchanged meanwhile: settled
     scanned, inv = node.run(120)
     assert scanned and node.state(inv, 0, "psm_during") == ("orphan", ())
 
@@ -308,3 +314,63 @@ def test_the_registered_collector_takes_its_flags(
         isinstance(unset, SegmentsCollector)
         and unset.owner_scan.ignore_unreadable is None
     )
+
+
+def test_an_event_naming_one_orphan_doubts_that_one_only(node: Node) -> None:
+    node.file(0, "psm_x", 4096)
+    node.file(0, "psm_y", 4096)
+    node.run(120)
+    node.created(0, "psm_new")
+    node.changes.add(
+        node.a, "psm_x"
+    )  # its attributes changed: someone may have attached
+    quick = node.segments.collect_quick()
+    states_now = {n: node.state(quick, 0, n)[0] for n in ("psm_x", "psm_y", "psm_new")}
+    assert states_now == {"psm_x": "unverified", "psm_y": "orphan", "psm_new": "linked"}
+
+
+def test_a_change_below_a_pods_mount_doubts_every_orphan_there(node: Node) -> None:
+    node.file(0, "psm_x", 4096)
+    node.run(120)
+    node.changes.unknown(node.a)  # a sub-directory changed: any name may have
+    assert node.state(node.segments.collect_quick(), 0, "psm_x") == ("unverified", ())
+
+
+def test_the_full_scan_stretches_while_nothing_changes_and_is_back_to_its_base_on_a_change(
+    tmp_path: Path,
+) -> None:
+    """On a mount whose figures hold still (/dev), holders alike: 120 s, 240, 480, then 960
+    (8 x 120) at most; a new holder brings the base back."""
+    proc = FakeProc(str(tmp_path / "proc"))
+    proc.self_links(pid_ns=f"pid:[{0xEFFFFFFC}]")
+    dev = os.stat("/dev").st_dev
+    proc.self_mountinfo([mountinfo_line(30, devno(dev), "/dev")])
+    proc.add(50, mountinfo=mountinfo_line(30, devno(dev), "/dev"))  # a process, holding nothing
+    clock = Clock()
+    segments = SegmentsCollector(
+        proc.paths,
+        ["/dev"],
+        pod_of_pid=True,
+        full_scan_interval=120.0,
+        monotonic=clock,
+        all_watched=lambda: True,
+    )
+
+    def full_run(after: float) -> bool:
+        clock.now += after
+        before = segments.pace.scanned_at
+        segments.collect()
+        return segments.pace.scanned_at != before
+
+    assert full_run(0) and full_run(120)  # nothing to compare the first with
+    for gap in (240, 480, 960, 960):
+        assert not full_run(gap - 1)
+        assert full_run(1)
+    null = os.stat("/dev/null")
+    proc.add(
+        100,
+        maps=maps_line(0x1000, 0x2000, dev, null.st_ino, "/dev/null"),
+        mountinfo=mountinfo_line(30, devno(dev), "/dev"),
+    )
+    assert not full_run(119)  # a refresh reads the new process: a change
+    assert full_run(1)
