@@ -308,6 +308,24 @@ def test_without_its_cgroup_the_workloads_memory_is_estimated(host: Host) -> Non
     assert (got.limit_bytes, got.limit_source) == (GiB, "flag")
 
 
+def test_the_estimate_counts_each_shm_filesystem_once(
+    host: Host, tmp_path: Path
+) -> None:
+    """Two watched paths on one filesystem (one tmpfs watched twice): its used bytes once; on
+    the shared disk beneath the test, to within what others write meanwhile."""
+    host.ours("0::/../sidecar\n")
+    host.process(10, "python3", "0::/../server\n", "python3 -m vllm")
+    host.proc.write("10/smaps_rollup", "Pss_Anon: 1024 kB\n")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    [got] = host.collect(mounts=lambda: [str(tmp_path / "a"), str(tmp_path / "b")])
+    st = os.statvfs(tmp_path)
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    shm = got.shmem_bytes
+    assert shm is not None and abs(shm - used) < 64 << 20
+    assert got.working_set_bytes == got.usage_bytes == 1024 * 1024 + shm
+
+
 def test_a_cgroup_in_another_cgroup_namespace_is_refused_without_the_hosts_cgroupfs(
     host: Host,
 ) -> None:

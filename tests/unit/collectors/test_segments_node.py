@@ -346,7 +346,9 @@ def test_the_full_scan_stretches_while_nothing_changes_and_is_back_to_its_base_o
     proc.self_links(pid_ns=f"pid:[{0xEFFFFFFC}]")
     dev = os.stat("/dev").st_dev
     proc.self_mountinfo([mountinfo_line(30, devno(dev), "/dev")])
-    proc.add(50, mountinfo=mountinfo_line(30, devno(dev), "/dev"))  # a process, holding nothing
+    proc.add(
+        50, mountinfo=mountinfo_line(30, devno(dev), "/dev")
+    )  # a process, holding nothing
     clock = Clock()
     segments = SegmentsCollector(
         proc.paths,

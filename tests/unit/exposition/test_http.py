@@ -63,21 +63,26 @@ def read_all(sock: socket.socket) -> bytes:
 
 
 def read_answer(sock: socket.socket) -> bytes:
-    """One answer (head and Content-Length body) from a kept-alive connection."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = int(
-        next(
-            line.split(b":")[1]
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length")
-        )
-    )
+    """One answer (head and Content-Length body) from a kept-alive connection, and not a byte
+    of the next one; EOFError when the server hangs up first."""
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        byte = sock.recv(1)
+        if not byte:
+            raise EOFError(f"closed after {head!r}")
+        head += byte
+    lengths = [
+        line.split(b":")[1]
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length")
+    ]
+    body, length = b"", int(lengths[0])
     while len(body) < length:
-        body += sock.recv(65536)
-    return head + b"\r\n\r\n" + body
+        chunk = sock.recv(length - len(body))
+        if not chunk:
+            raise EOFError(f"closed after {head + body!r}")
+        body += chunk
+    return head + body
 
 
 def status(answer: bytes) -> bytes:
@@ -376,6 +381,8 @@ def test_what_arrives_while_a_request_is_answered_is_answered_next(short: None) 
             release.set()
             assert read_answer(sock).endswith(b"shmwatch_up 1\n")
             assert read_answer(sock).endswith(b"OK\n")
+            sock.sendall(GET)  # and the one after
+            assert read_answer(sock).endswith(b"shmwatch_up 1\n")
     finally:
         release.set()
         s.front.shutdown()
@@ -391,8 +398,13 @@ def test_a_client_that_half_closes_while_answered_gets_its_answer(short: None) -
             sock.shutdown(socket.SHUT_WR)
             time.sleep(0.05)
             release.set()
-            answer = read_all(sock)
-        assert answer.endswith(b"shmwatch_up 1\n")  # and the connection closed after it
+            answer = read_answer(sock)
+            answered = time.monotonic()
+            assert (
+                read_all(sock) == b""
+            )  # closed after it, not left to the idle deadline
+            assert time.monotonic() - answered < IDLE / 2
+        assert answer.endswith(b"shmwatch_up 1\n")
     finally:
         release.set()
         s.front.shutdown()
@@ -479,3 +491,101 @@ def test_loop_errors_from_clients_are_debug_and_bugs_errors(
         ("ERROR", "bug", True),
         ("ERROR", "no exception", False),
     ]
+
+
+def test_every_page_says_its_status_and_type(server: Server) -> None:
+    for path, kind in (
+        (b"/", b"text/html; charset=utf-8"),
+        (b"/-/healthy", b"text/plain"),
+        (b"/nope", b"text/plain"),
+    ):
+        answer = server.ask(b"GET " + path + b" HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert b"\r\nContent-Type: " + kind + b"\r\n" in answer
+    assert (
+        status(server.ask(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n"))
+        == b"HTTP/1.1 200 OK"
+    )
+
+
+def test_connections_closed_free_their_place_at_the_cap(
+    short: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 2)
+    s = Server()
+    try:
+        for _ in range(3):  # each pair closed before the next: none ever dropped
+            pair = [s.connect(), s.connect()]
+            for sock in pair:
+                sock.sendall(b"GET /-/healthy HTTP/1.1\r\nConnection: close\r\n\r\n")
+                assert read_all(sock).endswith(b"OK\n")
+                sock.close()
+            time.sleep(0.05)
+    finally:
+        s.front.shutdown()
+
+
+def test_at_the_cap_an_active_connection_is_never_dropped(
+    short: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The oldest idle one makes room; one answering its second request is not idle."""
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 2)
+    entered, release = threading.Event(), threading.Event()
+
+    def app(environ: Environ, start_response: StartResponse) -> List[bytes]:
+        if environ["PATH_INFO"] == "/metrics":
+            entered.set()
+            release.wait(2)
+        return metrics(environ, start_response)
+
+    s = Server(make_app(app))
+    try:
+        active, idle = s.connect(), s.connect()
+        for sock in (active, idle):
+            sock.sendall(b"GET /-/healthy HTTP/1.1\r\n\r\n")
+            read_answer(sock)
+        active.sendall(GET)  # idle a moment, now answering again
+        assert entered.wait(2)
+        third = s.connect()
+        time.sleep(0.05)
+        release.set()
+        assert read_answer(active).endswith(b"shmwatch_up 1\n")
+        assert idle.recv(10) == b""  # the idle one made room
+        for sock in (active, idle, third):
+            sock.close()
+    finally:
+        release.set()
+        s.front.shutdown()
+
+
+def test_at_the_cap_with_none_to_drop_a_new_connection_waits_its_turn(
+    short: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 1)
+    entered, release = threading.Event(), threading.Event()
+    s = slow_server(entered, release)
+    try:
+        busy = s.connect()
+        busy.sendall(GET)
+        assert entered.wait(2)
+        refused = s.connect()  # nothing idle or unanswered to drop: closed
+        assert refused.recv(10) == b""
+        release.set()
+        assert read_answer(busy).endswith(b"shmwatch_up 1\n")
+        busy.close()
+        time.sleep(0.05)
+        later = s.ask(
+            b"GET /-/healthy HTTP/1.1\r\nConnection: close\r\n\r\n"
+        )  # accepting still
+        assert status(later) == b"HTTP/1.1 200 OK"
+        refused.close()
+    finally:
+        release.set()
+        s.front.shutdown()
+
+
+def test_shutdown_stops_the_front(short: None) -> None:
+    s = Server()
+    s.front.shutdown()
+    assert not s.front.is_alive()
+    with pytest.raises(OSError):
+        s.connect()
