@@ -1,5 +1,5 @@
-"""The README's flags, metrics and segment class tables, generated from config.FLAGS, the
-catalogue and exporter/model/classes.py.
+"""The README's flags, metrics and segment class tables, generated from the flags' declarations
+(exporter/config.py's Config), the catalogue and exporter/model/classes.py.
 
     python3 docs/generate.py README.md     # rewrite the tables in place
 
@@ -16,29 +16,15 @@ import sys
 # Run as a script from anywhere: the checkout's package, not an installed one.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from exporter.config import COLLECTORS, FLAGS, NODE_DEFAULT_COLLECTORS, env_name  # noqa: E402
+from exporter.config import table_rows  # noqa: E402
 from exporter.model.catalogue import CATALOGUE  # noqa: E402
 from exporter.model.classes import CLASSES, NOT_LEAKS, REMOVABLE  # noqa: E402
 
 
 def flags_table() -> str:
     rows = ["| flag | env | default | what |", "|---|---|---|---|"]
-    for flag, _dest, _kind, default, text, repeatable in FLAGS:
-        shown = default if default is not None else ""
-        rows.append(
-            f"| `{flag}`{' (repeatable)' if repeatable else ''} | `{env_name(flag)}` | "
-            f"{f'`{shown}`' if shown else '—'} | {text} |"
-        )
-    for name in COLLECTORS:
-        flag = f"--collector.{name}"
-        default = "on in node mode" if name in NODE_DEFAULT_COLLECTORS else "on"
-        rows.append(
-            f"| `{flag}` / `--no-collector.{name}` | `{env_name(flag)}` | {default} | "
-            f"Enable or disable the {name} collector. |"
-        )
-    rows.append(
-        "| `--no-inotify` | `SHMWATCH_INOTIFY=false` | inotify on | Poll mounts instead of watching them. |"
-    )
+    for row in table_rows():
+        rows.append(f"| {row.flag} | {row.env} | {row.default} | {row.what} |")
     return "\n".join(rows)
 
 
@@ -56,16 +42,16 @@ def classes_table() -> str:
         "| class | basename | where the name comes from | orphan |",
         "|---|---|---|---|",
     ]
-    for cls, pattern, source in CLASSES:
+    for rule in CLASSES:
         orphan = (
             "`rm` advised"
-            if cls in REMOVABLE
+            if rule.cls in REMOVABLE
             else "not a leak"
-            if cls in NOT_LEAKS
+            if rule.cls in NOT_LEAKS
             else "reported, no advice"
         )
-        shown = pattern.replace("\\.", ".").replace(".*", "*").replace("|", "\\|")
-        rows.append(f"| {cls} | `{shown}` | {source.replace('<', '&lt;')} | {orphan} |")
+        shown = rule.pattern.replace("\\.", ".").replace(".*", "*").replace("|", "\\|")
+        rows.append(f"| {rule.cls} | `{shown}` | {rule.source.replace('<', '&lt;')} | {orphan} |")
     rows.append("| other | anything else | | reported, no advice |")
     return "\n".join(rows)
 

@@ -15,6 +15,7 @@ from exporter.host.proctable import ProcessTable
 from exporter.inventory.changes import ChangeLog
 from exporter.model.state import StateStore
 from exporter.model.step import ModelStep
+from exporter.runtime.memory import MemoryGiveBack
 from exporter.runtime.scheduler import Sampler
 from exporter.runtime.watcher import MountWatcher
 
@@ -65,8 +66,12 @@ class App:
         )
         self.sampler.subscribe(self.watcher.on_observation)
         self.sampler.subscribe(self.step.accept)
+        # After the step: the inventory it no longer holds is freed by then.
+        self.give_back = MemoryGiveBack()
+        self.sampler.subscribe(self.give_back.on_observation)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ModelCollector(self.step))
+        self.web = web  # its files watched from start() to stop()
         if web is not None:  # its reload metric: rendered again when a reload moves it
             self.registry.register(web)
         self.exposition = Exposition(
@@ -80,9 +85,13 @@ class App:
             self.discovery.subscribe(self.watcher.on_mounts)
             self.watcher.start()
         self.sampler.start()
+        if self.web is not None:
+            self.web.start()
 
     def stop(self, wait: float = 1.0) -> None:
         self.watcher.stop()
+        if self.web is not None:
+            self.web.stop()
         # Busy sources stay open: close() races a run; nvmlShutdown hangs on a lost GPU.
         busy = self.sampler.stop(wait)
         for source in self.sources:

@@ -1,27 +1,54 @@
 """Command-line flags, node_exporter style, each also read from SHMWATCH_<FLAG> (a given flag
-wins; a repeatable one's is a comma list); a bad value: one line naming it, exit code 2."""
+wins; a repeatable one's variable is a comma list); a bad value: one line naming it, exit 2.
+
+Every flag is one field of `Config`, declared by one `flag(...)` call in the field's place:
+its name, the function that parses its text, its default (text, parsed as a given value
+is), its help. --help, the SHMWATCH_ variable, the README's table (docs/generate.py) and the
+value in Config all come from that call. Adding a flag is adding a field:
+
+    top_k: int = flag("--segments.top-k", parse_count, default="10", help="How many ...")
+
+A field with no default is Optional (None when the flag is not given), a repeatable flag's
+is a tuple (`repeatable_flag`), and `not_with` names a field this one may not be given with.
+The --[no-]collector.<name> switches come from the collectors' registry (each collector
+registers itself in its module), and --no-inotify is a switch of its own.
+"""
 
 import argparse
 import math
 import os
 import re
+from dataclasses import dataclass, field, fields
 from fractions import Fraction
-from functools import partial
-from types import SimpleNamespace
-from typing import Callable, Dict, Optional, Sequence
+from types import MappingProxyType
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Generic,
+    Mapping,
+    NoReturn,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    TypeVar,
+    cast,
+    overload,
+)
 
-from exporter import __version__
 from exporter.collectors import REGISTRY
 
-# The collectors with a --[no-]collector.<name> flag; those on in node mode only.
-COLLECTORS = tuple(r.name for r in REGISTRY.values() if r.flag)
-NODE_DEFAULT_COLLECTORS = tuple(
-    r.name for r in REGISTRY.values() if r.flag and "sidecar" not in r.modes
-)
+PROG = "shmwatch"
+DESCRIPTION = "Prometheus exporter for shared memory in LLM-serving pods."
+T = TypeVar("T")
+
+# --- what a flag's text may be: text -> value, or a ValueError that says what is wrong --------
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtpe]i?)?b?\s*$", re.IGNORECASE)
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def parse_duration(text: str, zero: bool = False) -> float:
@@ -37,6 +64,11 @@ def parse_duration(text: str, zero: bool = False) -> float:
     return seconds
 
 
+def parse_duration_or_zero(text: str) -> float:
+    """As parse_duration, and 0 ("0", "0s", "0.0") for "no wait"."""
+    return parse_duration(text, zero=True)
+
+
 def parse_size(text: str) -> int:
     """'64Mi', '16Gi', '2g', '512k', '1048576' -> bytes; Kubernetes' K, M, G are decimal,
     docker's lower-case k, m, g (`--shm-size 2g`) binary."""
@@ -50,22 +82,84 @@ def parse_size(text: str) -> int:
     return int(number * (1024 if binary else 1000) ** power)
 
 
-def parse_listen_address(text: str) -> "tuple[str, int]":
-    """':9841', '[::]:9841', '127.0.0.1:0', '[::1]:9841' -> (host, port); '' is every address."""
+@dataclass(frozen=True)
+class ListenAddress:
+    # '' is every address, IPv6 and IPv4; an IPv6 address is without its brackets.
+    host: str
+    port: int
+
+
+def parse_listen_address(text: str) -> ListenAddress:
+    """':9841', '[::]:9841', '127.0.0.1:0', '[::1]:9841' -> host and port."""
     host, sep, port = str(text).rpartition(":")
     why = "use host:port, e.g. :9841"
     if sep and port.isdigit() and int(port) <= 65535:
         bracketed = host.startswith("[")
         if bracketed == host.endswith("]") and (bracketed or ":" not in host):
-            return host[1:-1] if bracketed else host, int(port)
+            return ListenAddress(host=host[1:-1] if bracketed else host, port=int(port))
         why = "an IPv6 host goes in brackets: [::1]:9841"
     raise ValueError(f"invalid address {text!r} ({why})")
 
 
-def typed(kind):  # text -> value, ValueError on bad text: as an argparse type
-    def convert(text: str):
+def parse_text(text: str) -> str:
+    return text
+
+
+def parse_url_path(text: str) -> str:
+    if not text.startswith("/"):
+        raise ValueError(f"must start with '/', got {text!r}")
+    return text
+
+
+def parse_count(text: str) -> int:
+    """A whole number above 0."""
+    if not (text.isdigit() and int(text) > 0):
+        raise ValueError(f"invalid count {text!r}: a whole number above 0")
+    return int(text)
+
+
+def parse_regex(text: str) -> str:
+    """A regular expression that compiles; kept as text."""
+    try:
+        return re.compile(text).pattern
+    except re.error as err:
+        raise ValueError(f"invalid regex: {err}") from None
+
+
+def parse_mount_point(text: str) -> str:
+    """A mount point as mountinfo names it: no trailing slash, but '/' itself."""
+    return text.rstrip("/") or "/"
+
+
+def parse_log_level(text: str) -> str:
+    """One of LOG_LEVELS in any case, kept as given."""
+    if text.lower() not in LOG_LEVELS:
+        raise ValueError(f"unknown level {text!r}")
+    return text
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """A parser that takes exactly one of `choices`."""
+
+    choices: Tuple[str, ...]
+
+    def __call__(self, text: str) -> str:
+        if text not in self.choices:
+            raise ValueError(f"{text!r} is not one of {', '.join(self.choices)}")
+        return text
+
+
+def one_of(*choices: str) -> OneOf:
+    return OneOf(choices=choices)
+
+
+def typed(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """`parse` as an argparse type: its ValueError's text becomes argparse's message."""
+
+    def convert(text: str) -> T:
         try:
-            return kind(text)
+            return parse(text)
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
 
@@ -73,186 +167,583 @@ def typed(kind):  # text -> value, ValueError on bad text: as an argparse type
 
 
 def env_name(flag: str) -> str:
+    """'--web.listen-address' -> 'SHMWATCH_WEB_LISTEN_ADDRESS'."""
     return "SHMWATCH_" + re.sub(r"[.\-]", "_", flag.lstrip("-")).upper()
 
 
-def _regex(text: str) -> str:
-    try:
-        return re.compile(text).pattern
-    except re.error as err:
-        raise ValueError(f"invalid regex: {err}") from None
+# --- how a field of Config is given ----------------------------------------------------------
 
 
-def _checked(test: Callable[[str], bool], message: str, value=str) -> Callable:
-    def convert(text: str):
-        if not test(text):
-            raise ValueError(message.format(text))
-        return value(text)
+@dataclass(frozen=True)
+class TableRow:
+    """One row of the README's flags table."""
 
-    return convert
-
-
-def _one_of(*choices: str) -> Callable[[str], str]:
-    return _checked(choices.__contains__, "{!r} is not one of " + ", ".join(choices))
+    flag: str
+    env: str
+    # As shown: '`15s`', 'on', '—'.
+    default: str
+    what: str
 
 
-parse_duration_or_zero = partial(parse_duration, zero=True)
-LOG_LEVELS = ("debug", "info", "warning", "error")
-# A flag's kind: text -> value, a ValueError that names what is wrong.
-KINDS: Dict[str, Callable[[str], object]] = {
-    "text": str,
-    "address": parse_listen_address,
-    "url-path": _checked(lambda t: t.startswith("/"), "must start with '/', got {!r}"),
-    "size": parse_size,
-    "duration": parse_duration,
-    "duration-or-0": parse_duration_or_zero,
-    "count": _checked(
-        lambda t: t.isdigit() and int(t) > 0,
-        "invalid count {!r}: a whole number above 0",
-        int,
-    ),
-    "regex": _regex,
-    "mode": _one_of("sidecar", "node"),
-    "log-level": _checked(lambda t: t.lower() in LOG_LEVELS, "unknown level {!r}"),
-    "log-format": _one_of("logfmt", "json"),
-}
-
-# Every flag once: name, Config field (but "listen": listen_host and listen_port), kind
-# (KINDS; "..." repeatable), default if any (as text, converted like a given value), then
-# after two spaces its help text, continued on indented lines.
-_ENTRY = r"^(--\S+) (\w+) ([\w-]+)(\.\.\.)?(?: (\S+))?  (.*(?:\n .*)*)"
-_TABLE = """
---web.listen-address listen address :9841  Address to serve /metrics on; ':9841' and
-    '[::]:9841' are every address, IPv6 and IPv4.
---web.telemetry-path telemetry_path url-path /metrics  Path of the metrics page.
---web.config.file web_config_file text  exporter-toolkit web config (YAML): TLS, client
-    certificates, basic auth, headers; re-read on change.
---web.tls-cert-file tls_cert_file text  Deprecated alias of tls_server_config.cert_file
-    in --web.config.file: enables HTTPS.
---web.tls-key-file tls_key_file text  Deprecated alias of tls_server_config.key_file in
-    --web.config.file.
---web.tls-client-ca-file tls_client_ca_file text  Deprecated alias of client_ca_file
-    with client_auth_type RequireAndVerifyClientCert: mTLS.
---web.max-requests max_requests count 40  Requests answered at once (as
-    node_exporter's); beyond them 503 at once.
---mode mode mode sidecar  sidecar: watch --shm.mount; node: also discover every pod's
-    and container's shm from the host's mountinfo.
---path.procfs procfs text /proc  procfs mount point.
---path.sysfs sysfs text /sys  sysfs mount point.
---path.rootfs rootfs text /  Root of the filesystem the shm mounts are found under.
---path.kmsg kmsg text /dev/kmsg  The kernel log device the oom collector reads OOM kill
-    reports from (not under --path.rootfs: in a container it is a device given to it,
-    e.g. docker --device /dev/kmsg).
---shm.mount shm_mounts text... /dev/shm  tmpfs mount to watch (repeatable; default
-    /dev/shm).
---shm.size-limit shm_size_limit size  Configured size limit of the shm volume (emptyDir
-    sizeLimit), e.g. 16Gi.
---poll-interval poll_interval duration 1s  How often cheap sources are polled.
---inventory-interval inventory_interval duration 15s  How often the full segment
-    inventory runs (also on inotify events).
---peak-window peak_window duration 60s  Window of shmwatch_mount_peak_used_bytes.
---segments.top-k top_k count 10  How many segments and processes get their own series.
---segments.ignore-unreadable ignore_unreadable regex  Regex on comm: root-owned
-    processes whose /proc entries cannot be read but that hold no shm (a VM agent as pid
-    1 that even root cannot inspect) do not make held-by-nobody segments unverified.
---segments.full-scan-interval full_scan_interval duration-or-0 2m  Node mode: how often
-    every process on the node is read for the segments it holds, doubled (up to 8 times)
-    while nothing changes and none is 'orphan'. In between, the inventory reads new
-    processes, the pods of holders that exited and of mounts that moved while a segment
-    there is 'orphan'; a new segment is its creator's ('linked'), one its pod's read
-    finds unheld since the last full scan 'unverified', until a full scan may call it
-    'orphan'. 0: every inventory run reads every process.
---inventory.max-segments max_segments count 150000  Per mount: past this many files the
-    inventory keeps only their counts and bytes by class (state 'unverified', no names,
-    no owners) and says so in shmwatch_inventory_degraded. Below it a file costs ~200
-    bytes: the default fits the sidecar manifest's 96 MiB limit.
---collector.timeout collector_timeout duration 10s  A collector run longer than this is
-    marked failed.
---collector.gpu.timeout gpu_timeout duration 5s  Bound on one NVML sweep.
---cgroup.path cgroup_path text  Memory cgroup to watch, as in /proc/<pid>/cgroup (e.g.
-    /kubepods/pod1) or a directory under sysfs.
---cgroup.target-process cgroup_target_process regex  Watch the cgroup of the first
-    process whose comm or cmdline matches this regex.
---memory.limit-bytes memory_limit_bytes size  Memory limit of the workload (Downward API
-    limits.memory); used where tighter than the cgroup's, ignored at or above the host's
-    MemTotal.
---log.level log_level log-level info  debug, info, warning or error.
---log.format log_format log-format logfmt  logfmt or json (one JSON object a line).
-"""
-FLAGS = tuple(
-    (flag, dest, KINDS[kind], default or None, " ".join(text.split()), bool(dots))
-    for flag, dest, kind, dots, default, text in re.findall(_ENTRY, _TABLE, re.M)
-)
-Config = SimpleNamespace  # FLAGS' dests (listen: listen_host, listen_port), collectors, inotify
+class FlagError(ValueError):
+    """A flag's value, or two flags together, that cannot be: the message names the flag."""
 
 
-def _switch(env: str, default: Optional[bool]) -> Optional[bool]:
-    text = os.environ.get(env)
-    off = text is not None and text.strip().lower() in ("0", "false", "no", "off")
-    return default if text is None else not off
+class Declaration(Protocol):
+    """How one field of Config is given: what it adds to the parser, its value (read back
+    from what was parsed and the environment; `earlier`: the values of the fields declared
+    above it), and its rows in the README."""
+
+    def add_to(self, parser: argparse.ArgumentParser, dest: str) -> None: ...
+
+    def value(
+        self, parsed: argparse.Namespace, dest: str, earlier: Mapping[str, Any]
+    ) -> Any: ...
+
+    def table_rows(self) -> Tuple[TableRow, ...]: ...
 
 
-def build_parser(prog: str = "shmwatch") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description="Prometheus exporter for shared memory in LLM-serving pods.",
-        allow_abbrev=False,
-    )
-    # A bad flag: one line, no usage dump (the message names the flag).
-    parser.error = lambda message: parser.exit(2, f"{prog}: error: {message}\n")
-    version = f"shmwatch {__version__}"
-    parser.add_argument("--version", action="version", version=version)
-    for flag, dest, kind, default, text, repeatable in FLAGS:
-        parser.add_argument(  # not given: parse_args reads its env and default
-            flag,
+# The key of a Config field's metadata that holds its Declaration.
+DECLARATION = "shmwatch.flag"
+
+
+@dataclass(frozen=True)
+class Flag(Generic[T]):
+    """`--name VALUE`, or SHMWATCH_NAME, or its default; each text parsed by `parse`."""
+
+    name: str
+    parse: Callable[[str], T]
+    help: str
+    # Text, parsed as a given value is; None: the field is None (or () if repeatable).
+    default: Optional[str] = None
+    # Given again, it adds a value; its variable is a comma list.
+    repeatable: bool = False
+    # In --help; '' for the field's name in capitals.
+    metavar: str = ""
+    # A field declared above this one that may not be given with it.
+    not_with: str = ""
+
+    def __post_init__(self) -> None:
+        if self.not_with and self.default is not None:
+            raise ValueError(f"{self.name}: a flag with a default is always given")
+
+    @property
+    def env(self) -> str:
+        return env_name(self.name)
+
+    def add_to(self, parser: argparse.ArgumentParser, dest: str) -> None:
+        parser.add_argument(  # not given: None, and value() reads its variable or default
+            self.name,
             dest=dest,
-            type=typed(kind),
-            action="append" if repeatable else "store",
-            help=f"{text} [env {env_name(flag)}]",
+            type=typed(self.parse),
+            action="append" if self.repeatable else "store",
+            metavar=self.metavar or dest.upper(),
+            help=f"{self.help} [env {self.env}]",
         )
-    for name in COLLECTORS:
-        flag = f"--collector.{name}"
-        on_by_default = None if name in NODE_DEFAULT_COLLECTORS else True
-        parser.add_argument(  # and --no-collector.<name>
-            flag,
-            dest=f"collector_{name}",
-            action=argparse.BooleanOptionalAction,
-            default=_switch(env_name(flag), on_by_default),
-            help=f"Enable or disable the {name} collector (default "
-            f"{'on' if on_by_default else 'on in node mode'}) [env {env_name(flag)}].",
+
+    def value(
+        self, parsed: argparse.Namespace, dest: str, earlier: Mapping[str, Any]
+    ) -> Any:
+        given = getattr(parsed, dest)
+        if given is None:
+            given = self._from_text(os.environ.get(self.env, self.default))
+        if self.repeatable:
+            return tuple(dict.fromkeys(given or ()))  # in order, each once
+        return given
+
+    def _from_text(self, text: Optional[str]) -> Any:
+        """The variable's text (or the default's) parsed; a repeatable flag's is a comma list."""
+        if text is None:
+            return None
+        try:
+            if self.repeatable:
+                return [self.parse(item) for item in text.split(",")]
+            return self.parse(text)
+        except ValueError as err:
+            raise FlagError(f"argument {self.name} (from {self.env}): {err}") from None
+
+    def table_rows(self) -> Tuple[TableRow, ...]:
+        repeatable = " (repeatable)" if self.repeatable else ""
+        return (
+            TableRow(
+                flag=f"`{self.name}`{repeatable}",
+                env=f"`{self.env}`",
+                default=f"`{self.default}`" if self.default else "—",
+                what=self.help,
+            ),
         )
-    parser.add_argument(
-        "--no-inotify",
-        dest="inotify",
-        action="store_false",
-        default=_switch("SHMWATCH_INOTIFY", True),
-        help="Poll instead of watching mounts with inotify [env SHMWATCH_INOTIFY=false].",
+
+
+def _field(declared: Declaration) -> Any:
+    """A field of Config, with no default (parse_args gives every one), that holds how it is
+    given in its metadata."""
+    return field(metadata={DECLARATION: declared})
+
+
+@overload
+def flag(
+    name: str,
+    parse: Callable[[str], T],
+    *,
+    help: str,
+    default: str,
+    metavar: str = "",
+) -> T: ...
+
+
+@overload
+def flag(
+    name: str,
+    parse: Callable[[str], T],
+    *,
+    help: str,
+    default: None = None,
+    metavar: str = "",
+    not_with: str = "",
+) -> Optional[T]: ...
+
+
+def flag(
+    name: str,
+    parse: Callable[[str], T],
+    *,
+    help: str,
+    default: Optional[str] = None,
+    metavar: str = "",
+    not_with: str = "",
+) -> Any:
+    """A field of Config given by `name VALUE`: its value is `parse`'s, or None (no default
+    and not given)."""
+    return _field(
+        Flag(
+            name=name,
+            parse=parse,
+            help=help,
+            default=default,
+            metavar=metavar,
+            not_with=not_with,
+        )
     )
+
+
+def repeatable_flag(
+    name: str,
+    parse: Callable[[str], T],
+    *,
+    help: str,
+    default: Optional[str] = None,
+    metavar: str = "",
+    not_with: str = "",
+) -> Tuple[T, ...]:
+    """A field of Config given by `name VALUE` as often as wanted: a tuple of `parse`'s
+    values, each once, in order (the default, a comma list, when none is given)."""
+    declared = Flag(
+        name=name,
+        parse=parse,
+        help=help,
+        default=default,
+        repeatable=True,
+        metavar=metavar,
+        not_with=not_with,
+    )
+    return cast(Tuple[T, ...], _field(declared))
+
+
+def _switch_from_env(env: str, default: Optional[bool]) -> Optional[bool]:
+    """A switch's variable: 0, false, no or off (any case) is off, anything else on."""
+    text = os.environ.get(env)
+    if text is None:
+        return default
+    return text.strip().lower() not in ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class CollectorSwitches:
+    """--[no-]collector.<name> for each registered collector that has a switch; one that
+    registered for node mode only is on by default in node mode (the `mode` field above)."""
+
+    def names(self) -> Tuple[str, ...]:
+        return tuple(r.name for r in REGISTRY.values() if r.flag)
+
+    def node_only(self, name: str) -> bool:
+        return "sidecar" not in REGISTRY[name].modes
+
+    def add_to(self, parser: argparse.ArgumentParser, dest: str) -> None:
+        for name in self.names():
+            flag = f"--collector.{name}"
+            default = "on in node mode" if self.node_only(name) else "on"
+            parser.add_argument(  # and --no-collector.<name>
+                flag,
+                dest=f"{dest}_{name}",
+                action=argparse.BooleanOptionalAction,
+                default=_switch_from_env(
+                    env_name(flag), None if self.node_only(name) else True
+                ),
+                help=f"Enable or disable the {name} collector (default {default}) "
+                f"[env {env_name(flag)}].",
+            )
+
+    def value(
+        self, parsed: argparse.Namespace, dest: str, earlier: Mapping[str, Any]
+    ) -> Any:
+        node = earlier["mode"] == "node"
+        on = {name: getattr(parsed, f"{dest}_{name}") for name in self.names()}
+        return MappingProxyType({n: node if v is None else v for n, v in on.items()})
+
+    def table_rows(self) -> Tuple[TableRow, ...]:
+        return tuple(
+            TableRow(
+                flag=f"`--collector.{name}` / `--no-collector.{name}`",
+                env=f"`{env_name('--collector.' + name)}`",
+                default="on in node mode" if self.node_only(name) else "on",
+                what=f"Enable or disable the {name} collector.",
+            )
+            for name in self.names()
+        )
+
+
+@dataclass(frozen=True)
+class OffSwitch:
+    """`name` (a --no-<what> flag) turns off what is on; so does its variable set to false."""
+
+    name: str
+    env: str
+    help: str
+    # The README's words for it, and its default column.
+    readme: str
+    shown_default: str
+
+    def add_to(self, parser: argparse.ArgumentParser, dest: str) -> None:
+        parser.add_argument(
+            self.name,
+            dest=dest,
+            action="store_false",
+            default=_switch_from_env(self.env, True),
+            help=f"{self.help} [env {self.env}=false].",
+        )
+
+    def value(
+        self, parsed: argparse.Namespace, dest: str, earlier: Mapping[str, Any]
+    ) -> Any:
+        return getattr(parsed, dest)
+
+    def table_rows(self) -> Tuple[TableRow, ...]:
+        row = TableRow(
+            flag=f"`{self.name}`",
+            env=f"`{self.env}=false`",
+            default=self.shown_default,
+            what=self.readme,
+        )
+        return (row,)
+
+
+def collector_switches() -> Mapping[str, bool]:
+    """The field of every collector's on/off switch: collector name -> on."""
+    return cast(Mapping[str, bool], _field(CollectorSwitches()))
+
+
+def off_switch(
+    name: str, *, env: str, help: str, readme: str, shown_default: str
+) -> bool:
+    """A field that is True unless `name` is given (or its variable is false)."""
+    declared = OffSwitch(
+        name=name, env=env, help=help, readme=readme, shown_default=shown_default
+    )
+    return cast(bool, _field(declared))
+
+
+# --- the configuration -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """Every flag's value, in --help's and the README's order; built by parse_args only."""
+
+    # Serving /metrics (exporter/exposition, wired in cli.py).
+    listen: ListenAddress = flag(
+        "--web.listen-address",
+        parse_listen_address,
+        default=":9841",
+        help="Address to serve /metrics on; ':9841' and '[::]:9841' are every address, "
+        "IPv6 and IPv4.",
+    )
+    telemetry_path: str = flag(
+        "--web.telemetry-path",
+        parse_url_path,
+        default="/metrics",
+        help="Path of the metrics page.",
+    )
+    web_config_file: Optional[str] = flag(
+        "--web.config.file",
+        parse_text,
+        help="exporter-toolkit web config (YAML): TLS, client certificates, basic auth, "
+        "headers; re-read on change.",
+    )
+    tls_cert_file: Optional[str] = flag(
+        "--web.tls-cert-file",
+        parse_text,
+        help="Deprecated alias of tls_server_config.cert_file in --web.config.file: "
+        "enables HTTPS.",
+    )
+    tls_key_file: Optional[str] = flag(
+        "--web.tls-key-file",
+        parse_text,
+        help="Deprecated alias of tls_server_config.key_file in --web.config.file.",
+    )
+    tls_client_ca_file: Optional[str] = flag(
+        "--web.tls-client-ca-file",
+        parse_text,
+        help="Deprecated alias of client_ca_file with client_auth_type "
+        "RequireAndVerifyClientCert: mTLS.",
+    )
+    max_requests: int = flag(
+        "--web.max-requests",
+        parse_count,
+        default="40",
+        help="Requests answered at once (as node_exporter's); beyond them 503 at once.",
+    )
+
+    # What is watched, and where the host's files are (exporter/host/paths.py).
+    mode: str = flag(
+        "--mode",
+        one_of("sidecar", "node"),
+        default="sidecar",
+        help="sidecar: watch --shm.mount; node: also discover every pod's and container's "
+        "shm from the host's mountinfo.",
+    )
+    procfs: str = flag(
+        "--path.procfs", parse_text, default="/proc", help="procfs mount point."
+    )
+    sysfs: str = flag(
+        "--path.sysfs", parse_text, default="/sys", help="sysfs mount point."
+    )
+    rootfs: str = flag(
+        "--path.rootfs",
+        parse_text,
+        default="/",
+        help="Root of the filesystem the shm mounts are found under.",
+    )
+    kmsg: str = flag(
+        "--path.kmsg",
+        parse_text,
+        default="/dev/kmsg",
+        help="The kernel log device the oom collector reads OOM kill reports from (not "
+        "under --path.rootfs: in a container it is a device given to it, e.g. docker "
+        "--device /dev/kmsg).",
+    )
+    shm_mounts: Tuple[str, ...] = repeatable_flag(
+        "--shm.mount",
+        parse_mount_point,
+        default="/dev/shm",
+        help="tmpfs mount to watch (repeatable; default /dev/shm).",
+    )
+    shm_size_limit: Optional[int] = flag(
+        "--shm.size-limit",
+        parse_size,
+        help="Configured size limit of the shm volume (emptyDir sizeLimit), e.g. 16Gi.",
+    )
+
+    # How often sources run (exporter/runtime), and the segment inventory.
+    poll_interval: float = flag(
+        "--poll-interval",
+        parse_duration,
+        default="1s",
+        help="How often cheap sources are polled.",
+    )
+    inventory_interval: float = flag(
+        "--inventory-interval",
+        parse_duration,
+        default="15s",
+        help="How often the full segment inventory runs (also on inotify events).",
+    )
+    peak_window: float = flag(
+        "--peak-window",
+        parse_duration,
+        default="60s",
+        help="Window of shmwatch_mount_peak_used_bytes.",
+    )
+    top_k: int = flag(
+        "--segments.top-k",
+        parse_count,
+        default="10",
+        help="How many segments and processes get their own series.",
+    )
+    ignore_unreadable: Optional[str] = flag(
+        "--segments.ignore-unreadable",
+        parse_regex,
+        help="Regex on comm: root-owned processes whose /proc entries cannot be read but "
+        "that hold no shm (a VM agent as pid 1 that even root cannot inspect) do not make "
+        "held-by-nobody segments unverified.",
+    )
+    full_scan_interval: float = flag(
+        "--segments.full-scan-interval",
+        parse_duration_or_zero,
+        default="2m",
+        help="Node mode: how often every process on the node is read for the segments it "
+        "holds, doubled (up to 8 times) while nothing changes and none is 'orphan'. In "
+        "between, the inventory reads new processes, the pods of holders that exited and "
+        "of mounts that moved while a segment there is 'orphan'; a new segment is its "
+        "creator's ('linked'), one its pod's read finds unheld since the last full scan "
+        "'unverified', until a full scan may call it 'orphan'. 0: every inventory run "
+        "reads every process.",
+    )
+    max_segments: int = flag(
+        "--inventory.max-segments",
+        parse_count,
+        default="150000",
+        help="Per mount: past this many files the inventory keeps only their counts and "
+        "bytes by class (state 'unverified', no names, no owners) and says so in "
+        "shmwatch_inventory_degraded. Below it a file costs ~200 bytes: the default fits "
+        "the sidecar manifest's 96 MiB limit.",
+    )
+    collector_timeout: float = flag(
+        "--collector.timeout",
+        parse_duration,
+        default="10s",
+        help="A collector run longer than this is marked failed.",
+    )
+    gpu_timeout: float = flag(
+        "--collector.gpu.timeout",
+        parse_duration,
+        default="5s",
+        help="Bound on one NVML sweep.",
+    )
+
+    # The workload's memory (exporter/collectors/cgroup.py, host_memory.py).
+    cgroup_path: Optional[str] = flag(
+        "--cgroup.path",
+        parse_text,
+        help="Memory cgroup to watch, as in /proc/<pid>/cgroup (e.g. /kubepods/pod1) or a "
+        "directory under sysfs.",
+    )
+    cgroup_target_process: Optional[str] = flag(
+        "--cgroup.target-process",
+        parse_regex,
+        not_with="cgroup_path",
+        help="Watch the cgroup of the first process whose comm or cmdline matches this "
+        "regex.",
+    )
+    memory_limit_bytes: Optional[int] = flag(
+        "--memory.limit-bytes",
+        parse_size,
+        help="Memory limit of the workload (Downward API limits.memory); used where tighter "
+        "than the cgroup's, ignored at or above the host's MemTotal.",
+    )
+
+    # Logging (cli.py).
+    log_level: str = flag(
+        "--log.level",
+        parse_log_level,
+        default="info",
+        help="debug, info, warning or error.",
+    )
+    log_format: str = flag(
+        "--log.format",
+        one_of("logfmt", "json"),
+        default="logfmt",
+        help="logfmt or json (one JSON object a line).",
+    )
+
+    # Switches.
+    collectors: Mapping[str, bool] = collector_switches()
+    inotify: bool = off_switch(
+        "--no-inotify",
+        env="SHMWATCH_INOTIFY",
+        help="Poll instead of watching mounts with inotify",
+        readme="Poll mounts instead of watching them.",
+        shown_default="inotify on",
+    )
+
+
+def declarations() -> Tuple[Tuple[str, Declaration], ...]:
+    """(Config field, how it is given), in Config's order."""
+    return tuple((f.name, f.metadata[DECLARATION]) for f in fields(Config))
+
+
+def table_rows() -> Tuple[TableRow, ...]:
+    """The README's flags table, a row per flag (docs/generate.py)."""
+    return tuple(row for _, declared in declarations() for row in declared.table_rows())
+
+
+# --- the command line -------------------------------------------------------------------------
+
+
+class FlagParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line naming it (no usage dump), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(prog: str = PROG) -> FlagParser:
+    """Every flag of Config, and --version; `shmwatch check` adds its own to it."""
+    from exporter import __version__
+
+    parser = FlagParser(prog=prog, description=DESCRIPTION, allow_abbrev=False)
+    parser.add_argument(
+        "--version", action="version", version=f"shmwatch {__version__}"
+    )
+    for dest, declared in declarations():
+        declared.add_to(parser, dest)
     return parser
 
 
-def parse_args(argv: Optional[Sequence[str]] = None, parser=None):
-    """-> Config; with a parser of the caller's (which may add arguments): (Config, namespace)."""
+def bad_flag(flag: str, message: str, prog: str = PROG) -> NoReturn:
+    """Ends the process as a bad flag value does: one line naming the flag, exit 2."""
+    FlagParser(prog=prog).error(f"argument {flag}: {message}")
+
+
+def _conflict(values: Mapping[str, Any]) -> Optional[str]:
+    """The first pair of fields given together that `not_with` forbids, as a message."""
+    for dest, declared in declarations():
+        if isinstance(declared, Flag) and declared.not_with:
+            if values[dest] and values[declared.not_with]:
+                other = _flag_of(declared.not_with)
+                return f"arguments {other.name} and {declared.name}: give one, not both"
+    return None
+
+
+def _flag_of(dest: str) -> "Flag[Any]":
+    """The flag that gives Config's field `dest`."""
+    declared = dict(declarations())[dest]
+    assert isinstance(declared, Flag), f"{dest} is not a flag"
+    return declared
+
+
+def config_from(parsed: argparse.Namespace) -> Config:
+    """The Config of what argparse parsed, the environment and the defaults; FlagError if a
+    variable's value is bad or two flags conflict."""
+    values: Dict[str, Any] = {}
+    for dest, declared in declarations():
+        values[dest] = declared.value(parsed, dest, values)
+    conflict = _conflict(values)
+    if conflict:
+        raise FlagError(conflict)
+    return Config(**values)
+
+
+@overload
+def parse_args(argv: Optional[Sequence[str]] = None) -> Config: ...
+
+
+@overload
+def parse_args(
+    argv: Optional[Sequence[str]], parser: argparse.ArgumentParser
+) -> Tuple[Config, argparse.Namespace]: ...
+
+
+def parse_args(
+    argv: Optional[Sequence[str]] = None,
+    parser: Optional[argparse.ArgumentParser] = None,
+) -> Any:
+    """-> Config; with a parser of the caller's (build_parser's, with arguments of its own
+    added): (Config, the namespace, where the caller's arguments are). A bad flag or
+    variable ends the process through the parser's error()."""
     own_parser = parser is None
     parser = parser or build_parser()
-    ns = parser.parse_args(argv)
-    cfg = Config()
-    for flag, dest, kind, default, _text, repeatable in FLAGS:
-        value, env = getattr(ns, dest), os.environ.get(env_name(flag))
-        text = default if env is None else env
-        if value is None and text is not None:  # a repeatable flag's: a comma list
-            try:
-                value = [kind(v) for v in text.split(",")] if repeatable else kind(text)
-            except ValueError as err:
-                parser.error(f"argument {flag} (from {env_name(flag)}): {err}")
-        setattr(cfg, dest, value)
-    cfg.listen_host, cfg.listen_port = vars(cfg).pop("listen")
-    cfg.shm_mounts = list(dict.fromkeys(m.rstrip("/") or "/" for m in cfg.shm_mounts))
-    on = {name: getattr(ns, f"collector_{name}") for name in COLLECTORS}
-    cfg.collectors = {n: cfg.mode == "node" if v is None else v for n, v in on.items()}
-    cfg.inotify = ns.inotify
-    if cfg.cgroup_path and cfg.cgroup_target_process:
-        parser.error(
-            "arguments --cgroup.path and --cgroup.target-process: give one, not both"
-        )
-    return cfg if own_parser else (cfg, ns)
+    parsed = parser.parse_args(argv)
+    try:
+        cfg = config_from(parsed)
+    except FlagError as err:
+        parser.error(str(err))
+    return cfg if own_parser else (cfg, parsed)

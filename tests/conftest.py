@@ -179,8 +179,9 @@ class Exporter:
 
     def __init__(self, *args: str, env: Optional[Dict[str, str]] = None, scheme: str = "http", context=None,
                  headers: Optional[Dict[str, str]] = None, listen: str = "127.0.0.1",
-                 run_as: Optional[List[str]] = None):
-        """`run_as`: the command prefix that starts Python, e.g. nonroot_python's (another UID)."""
+                 run_as: Optional[List[str]] = None, tree: str = REPO):
+        """`run_as`: the command prefix that starts Python, e.g. nonroot_python's (another UID).
+        `tree`: the checkout whose `exporter` runs (a benchmark's older code beside this one)."""
         self.port = free_port()
         # listen: the host part of --web.listen-address ("" for ":PORT", "[::1]", ...).
         host = "127.0.0.1" if listen in ("", "[::]", "0.0.0.0") else listen
@@ -192,10 +193,11 @@ class Exporter:
         self.proc: Optional[subprocess.Popen] = None
         self.context = context  # an SSLContext for https
         self.stderr_path = tempfile.mktemp(prefix="shmwatch-stderr-")
+        self.tree = tree
 
     def __enter__(self) -> "Exporter":
         self.stderr = open(self.stderr_path, "wb")
-        self.proc = subprocess.Popen(self.args, cwd=REPO, env=self.env, stdout=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(self.args, cwd=self.tree, env=self.env, stdout=subprocess.DEVNULL,
                                      stderr=self.stderr)
         self.wait_ready()
         return self
@@ -367,11 +369,10 @@ NOBODY = 65534
 
 
 @pytest.fixture(scope="session")
-def nonroot_python() -> List[str]:
-    """A command prefix that runs this checkout's exporter as UID/GID 65534 with no
-    capabilities, as the image's user runs it. The test interpreter lives under /root (0700
-    here), so a venv of Debian's python3 with the runtime dependencies is made outside the
-    checkout, once per machine."""
+def nonroot_venv() -> str:
+    """The python3 of a venv any UID may run, with the runtime dependencies. The test
+    interpreter lives under /root (0700 here), so a venv of Debian's python3 is made outside
+    the checkout, once per machine."""
     if not IS_ROOT:
         prerequisite_missing("needs root to switch to another UID")
     base = "/usr/bin/python3"
@@ -388,5 +389,13 @@ def nonroot_python() -> List[str]:
                        check=True)
         with open(stamp, "w") as f:
             f.write(wanted)
+    return python
+
+
+@pytest.fixture(scope="session")
+def nonroot_python(nonroot_venv: str) -> List[str]:
+    """A command prefix that runs this checkout's exporter as UID/GID 65534 with no
+    capabilities, as the image's user runs it."""
+    python = nonroot_venv
     return ["env", f"PYTHONPATH={REPO}", "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
             "--inh-caps=-all", "--bounding-set=-all", python]

@@ -191,10 +191,20 @@ def test_real_fill_and_oom_kill(v1_cgroup):
 def test_target_process_in_another_cgroup(v1_cgroup):
     cgroup, directory = v1_cgroup
     marker = f"vllm-serve-{uuid.uuid4().hex[:6]}"
-    child = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(60)", marker])
+    # cgroup v1 leaves a moved process's pages charged where they were first touched: the
+    # child allocates only once it is in the test's cgroup, so that cgroup's usage is its own.
+    allocate_after_move = (
+        "import sys, time; sys.stdin.readline(); held = bytearray(8 << 20); "
+        "print('allocated', flush=True); time.sleep(60)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", allocate_after_move, marker],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         with open(os.path.join(directory, "cgroup.procs"), "w") as f:
             f.write(str(child.pid))
+        child.stdin.write("moved\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "allocated\n"
         with mounted_tmpfs("16m") as shm, Exporter(f"--shm.mount={shm}", f"--cgroup.target-process={marker}",
                                                    "--no-collector.gpu") as exporter:
             s = exporter.scrape()
@@ -231,8 +241,8 @@ def test_a_pod_removed_mid_walk_leaves_the_others(tmp_path):
         for d in dirs:
             os.makedirs(d)
         collector = CgroupCollector(Paths(), node_mode=True)
-        listed = [p for p in collector.pod_cgroups() if p[3] in uids]
-        assert [p[3] for p in listed] == sorted(uids)
+        listed = [p for p in collector.pod_cgroups() if p.pod_uid in uids]
+        assert [p.pod_uid for p in listed] == sorted(uids)
         remove_cgroup(dirs[1])
         assert [c.pod_uid for c in collector.read_pods(listed)] == [u for u in sorted(uids) if u != uids[1]]
 
@@ -387,7 +397,7 @@ def test_node_mode_reads_a_steady_pod_less_often_and_a_changed_or_near_limit_one
             usage = int(open(os.path.join(pods[near], "memory.usage_in_bytes")).read())
             with open(os.path.join(pods[near], "memory.limit_in_bytes"), "w") as f:
                 f.write(str(int(usage / 0.9)))  # near its limit, not at it
-            listed = [p for p in collector.pod_cgroups() if p[3] in pods]
+            listed = [p for p in collector.pod_cgroups() if p.pod_uid in pods]
             seen, found = polls(70)
             assert [i + 1 for i, s in enumerate(seen) if steady in s] == [1, 2, 4, 8, 16, 32, 64]
             assert cgroup_mod.POD_STRETCH_MAX == 32

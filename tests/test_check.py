@@ -143,7 +143,7 @@ def test_leaked_segments_are_named_with_their_removal():
         doc = json.loads(check(f"--shm.mount={shm}", "--output", "json").stdout)
     leaked = next(f for f in doc["findings"] if "leaked segment" in f["message"])
     path = os.path.join(shm, leak.info)
-    assert path in leaked["message"] and leaked["remedy"].endswith(f"rm {path}")
+    assert path in leaked["message"] and leaked["remedy"].endswith(f"rm -- {path}")
     assert doc["shm"][0]["orphans"][0]["name"] == leak.info and doc["shm"][0]["orphans"][0]["bytes"] == 4 << 20
 
 

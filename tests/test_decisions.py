@@ -10,7 +10,7 @@ import pytest
 
 from exporter.check import thresholds as T
 from exporter.check.findings import Report
-from exporter.check.recommend import (memory_limit_needed, parse_headroom, peaks_from_exporter, parse_window, recommend,
+from exporter.check.recommend import (SourcePeak, memory_limit_needed, parse_headroom, peaks_from_exporter, parse_window, recommend,
                                       recommendations, settings_for)
 from exporter.check.report import diagnose
 from exporter.check.report import shm, shm_remedy
@@ -283,7 +283,7 @@ def test_leaks_are_advised_for_removal_only_when_removable():
     r = judge(usage(GiB, 4 * MiB), inventory=inv)
     by_severity = {(f.severity, f.message.split(":")[0]): f.remedy for f in r.findings}
     assert by_severity[("warn", "1 leaked segment(s) held by no process, 2.0 MiB")] == \
-        "once no server can attach to them: rm /dev/shm/nccl-a"
+        "once no server can attach to them: rm -- /dev/shm/nccl-a"
     assert ("info", "1 file(s) of no known owner class held by no process, 4.0 KiB") in by_severity
     unverified = next(f for f in r.findings if "could not read 0 process(es))" in f.message)
     assert unverified.severity == "info" and "never remove them" in unverified.remedy
@@ -380,8 +380,8 @@ class Source(WebConfigSource):
 
 
 def test_an_unknown_user_is_refused_whatever_the_password():
-    """Unknown users are checked against a dummy hash (for even timing), whose password is
-    'no such user': a match there must still be a refusal."""
+    """Unknown users are checked against a dummy hash (cost 10, as exporter-toolkit's), whose
+    password is 'no such user': a match there must still be a refusal."""
     alice = bcrypt.hashpw(b"wonderland", bcrypt.gensalt(4))
     source = Source(fixed=WebConfig(users={"alice": alice}))
     config = source.config
@@ -519,7 +519,7 @@ def test_without_a_deadline_the_sources_are_asked_and_awaited():
         recs, notes = recommendations(SimpleNamespace(mounts=views), extra(prom.url, prom.url + "/metrics"))
         assert [(r.source, r.observed_peak_bytes) for r in recs] == [("prometheus", 100 * MiB)], notes
         assert notes == []
-        assert peaks_from_exporter(prom.url + "/metrics") == {"/a": (40 * MiB, 1)}
+        assert peaks_from_exporter(prom.url + "/metrics") == {"/a": SourcePeak(peak_bytes=40 * MiB, series=1)}
     finally:
         prom.close()
 
@@ -600,12 +600,12 @@ def test_a_mount_report_word_for_word():
         seg("plasma0", "ray", "linked", 0, holders=(3,)),
         *(seg(f"psm_u{i}", "python_shm", "unverified", MiB) for i in range(6))], unattributed_bytes=MiB)
     r = judge(usage(GiB, 17 * MiB), inventory=inv)
-    rm = "/dev/shm/nccl-0 /dev/shm/nccl-1 /dev/shm/nccl-2 /dev/shm/nccl-3 /dev/shm/nccl-4 (+2 more)"
+    rm = "/dev/shm/nccl-0 /dev/shm/nccl-1 /dev/shm/nccl-2 /dev/shm/nccl-3 /dev/shm/nccl-4"
     assert findings(r) == [
         ("ok", "shm", "/dev/shm", "1.0 GiB, 17.0 MiB used (2%); by class: nccl 7.0 MiB, python_shm 6.0 MiB, "
                                   "torch 1.0 MiB, other 4.0 KiB", ""),
-        ("warn", "shm", "/dev/shm", f"7 leaked segment(s) held by no process, 7.0 MiB: {rm}",
-         f"once no server can attach to them: rm {rm}"),
+        ("warn", "shm", "/dev/shm", f"7 leaked segment(s) held by no process, 7.0 MiB: {rm} (+2 more)",
+         f"once no server can attach to them: rm -- {rm}"),  # a command to paste: the 5 named
         ("info", "shm", "/dev/shm", "1 file(s) of no known owner class held by no process, 4.0 KiB: /dev/shm/lock",
          "find which tool made them before removing anything (a container engine's lock file is one)"),
         ("info", "shm", "/dev/shm", "6 segment(s), 6.0 MiB, held by no process shmwatch could inspect (could not "
@@ -778,12 +778,12 @@ def test_an_empty_inventory_is_a_plain_ok():
         ("ok", "shm", "/dev/shm", "1.0 GiB, 0 B used (0%)", "")]
 
 
-def test_bcrypt_checks_pad_cheaper_hashes_and_are_bounded():
+def test_bcrypt_checks_are_bounded_and_remembered():
     import time
     cheap, dear = bcrypt.hashpw(b"a", bcrypt.gensalt(4)), bcrypt.hashpw(b"b", bcrypt.gensalt(5))
     source = Source(fixed=WebConfig(users={"cheap": cheap, "dear": dear}))
     config = source.config
-    assert source.authorized(config, basic("cheap", "a"))  # padded with a cost-4 dummy up to 5
+    assert source.authorized(config, basic("cheap", "a"))  # its own hash only, not padded to 5
     assert source.authorized(config, basic("dear", "b"))
     deadline = time.monotonic() + 20
     while source._checking and time.monotonic() < deadline:  # each check leaves the queue when done

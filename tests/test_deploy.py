@@ -5,6 +5,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import tomllib
 import urllib.request
 
 import jsonschema
@@ -247,6 +248,12 @@ def test_dockerfile_steps_build_a_working_exporter():
     shmwatch = str(venv / "bin" / "shmwatch")
     port = free_port()
     env = {"PATH": os.environ["PATH"], "PYTHONDONTWRITEBYTECODE": "1"}
+    # The checkout is gone (rm -rf /src): the version is the one pip wrote into the metadata.
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        version = tomllib.load(f)["project"]["version"]
+    printed = subprocess.run([shmwatch, "--version"], env=env, cwd="/", user=uid, group=gid, capture_output=True,
+                             text=True, timeout=30)
+    assert printed.stdout == f"shmwatch {version}\n", printed.stdout + printed.stderr
     with mounted_tmpfs("16m") as shm:
         proc = subprocess.Popen([shmwatch, f"--web.listen-address=127.0.0.1:{port}", f"--shm.mount={shm}",
                                  "--no-collector.gpu"], env=env, cwd="/", user=uid, group=gid,
@@ -265,6 +272,7 @@ def test_dockerfile_steps_build_a_working_exporter():
                 time.sleep(0.1)
             assert re.search(rf'shmwatch_mount_size_bytes{{mount="{shm}"}} 1\.6777216e\+07', text), \
                 text[-1000:] + proc.stderr.read1().decode() if proc.poll() is not None else text[-2000:]
+            assert f'shmwatch_build_info{{version="{version}"}} 1.0' in text, text[:1000]
         finally:
             proc.terminate()
             proc.wait(10)

@@ -2,6 +2,7 @@
 import importlib.util
 import os
 import re
+import tomllib
 
 from tests.conftest import REPO
 
@@ -94,7 +95,29 @@ def test_performance_has_one_dated_table_per_release():
     assert releases, "docs/performance.md: no release sections"
     for release in releases:
         heading = release.splitlines()[0]
-        assert re.fullmatch(r"\d+\.\d+\.\d+ — \d{4}-\d{2}-\d{2}", heading), f"not '<version> — <date>': {heading}"
+        assert re.fullmatch(r"(\d+\.\d+\.\d+|Unreleased) — \d{4}-\d{2}-\d{2}", heading), \
+            f"not '<version or Unreleased> — <date>': {heading}"
         header = next(line for line in release.splitlines() if line.startswith("| figure"))
         for column in ("command", "machine", "peer"):
             assert f"| {column} |" in header + " |", f"{heading}: no {column} column"
+
+
+def test_one_version_everywhere():
+    """pyproject.toml holds the version (exporter/__init__.py reads it); the newest release in
+    CHANGELOG.md is it, the work since is "Unreleased" there and in docs/performance.md, and
+    what names a version for users (check's JSON example, the image tag to build) names it."""
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        version = tomllib.load(f)["project"]["version"]
+
+    def text(path):
+        with open(os.path.join(REPO, path)) as f:
+            return f.read()
+
+    releases = re.findall(r"^## (\S+) — \d{4}-\d{2}-\d{2}$", text("CHANGELOG.md"), re.M)
+    assert releases and releases[0] == version, f"CHANGELOG.md's newest release {releases[:1]}, pyproject {version}"
+    measured = set(re.findall(r"^## (\S+) — ", text("docs/performance.md"), re.M))
+    assert measured <= {"Unreleased", *releases}, f"docs/performance.md names versions never released: {measured}"
+    assert re.findall(r'"shmwatch_version": "([^"]+)"', text("docs/check.md")) == [version]
+    for shape in ("sidecar", "daemonset"):
+        tags = re.findall(r"newTag: (\S+)", text(f"deploy/kubernetes/{shape}/kustomization.yaml"))
+        assert tags == [version], f"deploy/kubernetes/{shape}/kustomization.yaml builds shmwatch:{tags}, not {version}"

@@ -55,7 +55,7 @@ def test_a_leaked_sglang_segment_is_an_orphan_to_remove_and_a_live_one_linked(tm
         assert (seg.cls, seg.state, seg.holders) == ("sglang", "linked", (live.pid,))
         findings = check_json(tmpfs)
         remedies = " ".join(f["remedy"] for f in findings)
-        assert f"rm {os.path.join(tmpfs, leaked)}" in remedies, findings
+        assert f"rm -- {os.path.join(tmpfs, leaked)}" in remedies, findings
         assert live.info not in remedies
 
 

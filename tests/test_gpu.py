@@ -8,6 +8,8 @@ import os
 import shutil
 import subprocess
 import time
+from pathlib import Path
+from typing import Dict
 
 import pytest
 
@@ -26,7 +28,7 @@ def stub_dir(tmp_path_factory):
     return str(out)
 
 
-def config(tmp_path, text):
+def config(tmp_path: Path, text: str) -> str:
     """Write the stub's configuration atomically: the stub re-reads it on every NVML call, and
     a half-written file (a GPU count of 0) would be a fake driver state, not the one tested."""
     path = tmp_path / "nvml.conf"
@@ -36,7 +38,7 @@ def config(tmp_path, text):
     return str(path)
 
 
-def gpu_env(stub_dir, conf):
+def gpu_env(stub_dir: str, conf: str) -> Dict[str, str]:
     return {"LD_LIBRARY_PATH": stub_dir, "FAKE_NVML_CONFIG": conf}
 
 

@@ -462,51 +462,6 @@ def test_clients_that_do_not_read_their_answer_free_their_slot(monkeypatch):
         httpd.shutdown()
 
 
-def test_the_asyncio_private_attributes_the_front_uses_are_there(tmp_path):
-    """http.py reaches into asyncio for the socket's transport under TLS (`_ssl_protocol`,
-    `_transport`) and clears its `_read_ready_cb` (a cycle the rare collections would keep).
-    A rename in a new Python fails here, not silently. All three are present on CPython
-    3.10.13, 3.11.7, 3.12.1 and 3.13.0 (checked with each)."""
-    import http.client
-    import ssl
-    from exporter.exposition import http as front, webconfig
-    from tests.test_security import make_cert, write_pem
-    cert, key = write_pem(str(tmp_path), "server", *make_cert("127.0.0.1", san_ip="127.0.0.1"))
-    tls = webconfig.WebConfig(tls=webconfig.TlsSettings(cert, key))
-
-    def app(environ, start_response):
-        start_response("200 OK", [("Content-Type", "text/plain")])
-        return [b"ok\n"]
-
-    for web in (None, webconfig.WebConfigSource(fixed=tls)):
-        httpd = front.bind("127.0.0.1", 0, app, web)
-        httpd.start()
-        port = httpd.server_address[1]
-        if web:
-            client = http.client.HTTPSConnection("127.0.0.1", port, timeout=10,
-                                                 context=ssl.create_default_context(cafile=cert))
-        else:
-            client = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        try:
-            client.request("GET", "/")
-            assert client.getresponse().read() == b"ok\n"
-            until(lambda: httpd.idle, lambda: "no kept-alive connection")
-            conn = next(iter(httpd.idle))
-            raw = conn.transport
-            if web:
-                assert hasattr(raw, "_ssl_protocol"), f"{type(raw)}: no _ssl_protocol"
-                assert hasattr(raw._ssl_protocol, "_transport"), "SSLProtocol: no _transport"
-                raw = raw._ssl_protocol._transport
-                assert conn.raw is raw is not conn.transport
-            assert conn.raw is raw and callable(getattr(raw, "_read_ready_cb", None)), \
-                f"{type(raw)}: no _read_ready_cb"
-            client.close()
-            until(lambda: raw._read_ready_cb is None, lambda: "_read_ready_cb kept")
-        finally:
-            client.close()
-            httpd.shutdown()
-
-
 def test_the_soft_open_files_limit_is_raised_to_the_hard_one():
     """As a Go exporter starts: a container's soft 1,024 would cap the connections and the
     cgroup files a node keeps open."""
@@ -516,3 +471,49 @@ def test_the_soft_open_files_limit_is_raised_to_the_hard_one():
         assert value(exporter.scrape(), "process_max_fds") == 4096
         with open(f"/proc/{exporter.proc.pid}/limits") as f:
             assert [line.split()[3:5] for line in f if line.startswith("Max open files")] == [["4096", "4096"]]
+
+
+def test_an_answer_ready_on_the_loop_passes_the_same_checks_and_takes_no_worker():
+    """A body already rendered is answered by the loop thread (no hop to a worker), after
+    the same method and credential checks; what is not ready goes to a worker."""
+    import base64
+
+    import bcrypt
+
+    from exporter.exposition import webconfig, webschema
+    from exporter.exposition.heads import Answer
+    from exporter.exposition.http import bind
+    made = []
+
+    def app(environ, start_response):
+        made.append(environ["PATH_INFO"])
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"made\n"]
+
+    def ready(environ):
+        if environ["PATH_INFO"] == "/metrics":
+            return Answer("200 OK", [("Content-Type", "text/plain")], b"ready\n")
+        return None
+
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(4))
+    source = webconfig.WebConfigSource(fixed=webschema.WebConfig(users={"u": hashed}))
+    httpd = bind("127.0.0.1", 0, app, source, ready=ready)
+    httpd.start()
+    base = "http://127.0.0.1:%d" % httpd.server_address[1]
+    auth = {"Authorization": "Basic " + base64.b64encode(b"u:pw").decode()}
+
+    def get(path, headers=None, method="GET"):
+        request = urllib.request.Request(base + path, headers=headers or {}, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as err:
+            return err.code, b""
+    try:
+        assert get("/metrics")[0] == 401
+        assert get("/metrics", auth, method="POST")[0] == 405
+        assert get("/metrics", auth) == (200, b"ready\n")
+        assert get("/", auth) == (200, b"made\n")
+        assert made == ["/"]
+    finally:
+        httpd.shutdown()

@@ -72,6 +72,11 @@ def test_logfmt_values_round_trip(text):
     assert parse_logfmt(f"msg={logfmt_value(text)}") == {"msg": text}
 
 
+def scrape(port, context):
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=context, timeout=5) as r:
+        return r.read()
+
+
 def run(tmp_path, fmt):
     """A short real run over TLS that logs warnings, errors, debug lines, refused handshakes
     (plain HTTP and garbage to the TLS port), a web config reload that fails, and shutdown;
@@ -102,9 +107,10 @@ def run(tmp_path, fmt):
         with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=insecure, timeout=5) as r:
             assert b"shmwatch_build_info" in r.read()
         web.write_text("tls_server_config: [\n")  # a broken edit: kept the old, logged
-        with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=insecure, timeout=5) as r:
-            assert r.status == 200
-        time.sleep(0.5)
+        deadline = time.monotonic() + 10  # the watcher's next look, within a second
+        while b"shmwatch_web_config_last_reload_successful 0" not in scrape(port, insecure):
+            assert time.monotonic() < deadline, "the broken edit was not seen"
+            time.sleep(0.1)
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=15)

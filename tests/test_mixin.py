@@ -3,6 +3,7 @@ its rendering, its _config drives the thresholds, promtool accepts what it rende
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -120,10 +121,25 @@ def test_mixin_is_jsonnetfmt_clean():
     assert not unformatted, f"run: jsonnetfmt -i deploy/mixin/{{{','.join(unformatted)}}}"
 
 
+def leak_alert_classes(expr):
+    """The classes ShmLeakedSegments' expression selects: its one class=~"a|b" matcher."""
+    [alternatives] = re.findall(r'class=~"([^"]*)"', expr)
+    return set(alternatives.split("|"))
+
+
+def shipped_alert_rules(path):
+    """{alert: rule} of a shipped rules file or PrometheusRule."""
+    with open(os.path.join(REPO, path)) as f:
+        doc = yaml.safe_load(f)
+    groups = doc["spec"]["groups"] if doc.get("kind") == "PrometheusRule" else doc["groups"]
+    return {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}
+
+
 def test_leak_alert_classes_are_the_removable_ones():
-    """ShmLeakedSegments fires for what `shmwatch check` would advise removing, nothing else."""
+    """ShmLeakedSegments fires for what `shmwatch check` would advise removing, nothing else:
+    in the mixin's rendering and in every file shipped with it."""
     from exporter.model.classes import REMOVABLE
     rendered = evaluate(SNIPPET % "{}")
-    assert set(rendered["prometheusAlerts"]["groups"] and
-               all_rules(rendered)["ShmLeakedSegments"]["expr"].split('class=~"')[1].split('"')[0].split("|")) \
-        == set(REMOVABLE)
+    assert leak_alert_classes(all_rules(rendered)["ShmLeakedSegments"]["expr"]) == set(REMOVABLE)
+    for path in ("deploy/prometheus/shmwatch-rules.yml", "deploy/kubernetes/rules/prometheusrule.yaml"):
+        assert leak_alert_classes(shipped_alert_rules(path)["ShmLeakedSegments"]["expr"]) == set(REMOVABLE), path

@@ -8,15 +8,20 @@ import subprocess
 import sys
 import time
 import uuid
+from typing import TYPE_CHECKING, List, Tuple
 
 
-from exporter.model.types import CgroupMemory, OomReports
+from exporter.model.types import CgroupMemory, OomKill, OomReports
 from exporter.collectors.source import Source
 from exporter.collectors.cgroup import CgroupCollector
-from exporter.collectors.oom import parse_kmsg_record, parse_oom_kills
+from exporter.collectors.oom import KmsgRecord, parse_kmsg_record, parse_oom_kills
 from exporter.host.paths import Paths
 from tests.conftest import REPO, Exporter, needs_root, prerequisite_missing, remove_cgroup, select, value
 from tests.helpers import registry_for, run_every_source_once
+
+if TYPE_CHECKING:
+    from exporter.model.step import ModelStep
+    from exporter.model.types import Target
 
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "kmsg", "oom.txt")
 POD = "3c1f5a2e-8b7d-4e6f-9a01-23456789abcd"
@@ -25,7 +30,7 @@ V1_ROOT = "/sys/fs/cgroup/memory"
 
 
 
-def kmsg_records(text):
+def kmsg_records(text: str) -> List[str]:
     """Text as `cat /dev/kmsg` prints it -> records (a line starting with a space continues one)."""
     records = []
     for line in text.splitlines():
@@ -36,7 +41,7 @@ def kmsg_records(text):
     return records
 
 
-def fixture_kills():
+def fixture_kills() -> List[OomKill]:
     with open(FIXTURE) as f:
         return parse_oom_kills(kmsg_records(f.read()))
 
@@ -65,8 +70,8 @@ def test_parses_every_report_shape():
 
 
 def test_kmsg_records_and_what_is_not_one():
-    assert parse_kmsg_record("6,12,345,-;hello\n SUBSYSTEM=net") == (12, 345, "hello")
-    assert parse_kmsg_record("6,12,345,c,more;x") == (12, 345, "x")
+    assert parse_kmsg_record("6,12,345,-;hello\n SUBSYSTEM=net") == KmsgRecord(seq=12, usec=345, message="hello")
+    assert parse_kmsg_record("6,12,345,c,more;x") == KmsgRecord(seq=12, usec=345, message="x")
     assert parse_kmsg_record("no record") is None and parse_kmsg_record("a,b,c;x") is None
     # The oom_reaper's line names a process too: it is not a second kill.
     assert len(parse_oom_kills(["6,1,1,-;oom_reaper: reaped process 5 (x), now anon-rss:0kB"])) == 0
@@ -231,7 +236,7 @@ def test_without_the_kernel_log_container_counts_are_kept_for_the_pod():
             assert value(ex.scrape(), "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 1
 
 
-def step_with_pod_mount(uid):
+def step_with_pod_mount(uid: str) -> "Tuple[ModelStep, List[Target]]":
     """A node-mode ModelStep fed by hand: the cgroup and oom sources, and one mount of pod
     `uid` that discovery sees while `targets` holds it."""
     from types import SimpleNamespace

@@ -167,18 +167,20 @@ def test_a_pid_namespace_of_its_own_proves_nothing(tmpfs):
     assert facts["orphans"] == [] and [u["name"] for u in facts["unverified"]] == ["nccl-elsewhere"], facts
     assert not [f for f in doc["findings"] if "rm " in f["remedy"]], doc["findings"]
     [why] = [f["message"] for f in doc["findings"] if "held by no process shmwatch could inspect" in f["message"]]
-    assert "only shmwatch and its parents are visible (a PID namespace of its own)" in why, why
+    assert "the workload's processes: none visible (a PID namespace of its own)" in why, why
 
 
 def _procfs_of_parents_only(root, pid_namespace: str) -> str:
     """A /proc that lists only init and shmwatch (its child): what a CI machine shows a
-    test run whose output goes to a file. Its ns/pid link names the PID namespace."""
+    test run whose output goes to a file. Its ns/pid link names the PID namespace; both are
+    in one mount namespace (one container)."""
     procfs = os.path.join(root, "proc")
     for pid, comm, ppid in ((1, "init", 0), (300, "shmwatch", 1)):
         os.makedirs(os.path.join(procfs, str(pid), "ns"))
         with open(os.path.join(procfs, str(pid), "stat"), "w") as f:
             f.write(f"{pid} ({comm}) S {ppid} {pid} {pid} 0 -1 4194304" + " 0" * 13 + " 100 0\n")
         os.symlink(pid_namespace, os.path.join(procfs, str(pid), "ns", "pid"))
+        os.symlink("mnt:[4026532201]", os.path.join(procfs, str(pid), "ns", "mnt"))
     os.symlink("300", os.path.join(procfs, "self"))
     return procfs
 

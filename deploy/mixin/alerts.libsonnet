@@ -1,6 +1,7 @@
 // Alert rules for shmwatch. Every metric used here is in exporter/model/catalogue.py
-// (tests/test_rules.py checks it); each alert has a firing and a not-firing case in
-// tests/test_rules.py (promtool test rules) and a section in deploy/prometheus/runbook.md.
+// (tests/test_rules.py checks it); each alert has firing and quiet scenarios with exact
+// values in tests/rules/ (promtool test rules; every side of every and/or/unless) and a
+// section in deploy/prometheus/runbook.md.
 local lib = import 'lib.libsonnet';
 local num = lib.num;
 local oneLine = lib.oneLine;
@@ -9,8 +10,12 @@ local oneLine = lib.oneLine;
   prometheusAlerts+:: {
     local c = $._config,
     local runbook(alert) = c.runbookUrlPrefix + std.asciiLower(alert),
-    // Mount-level series carry these (pod_uid, volume, container_id in node mode).
-    local mountLabels = 'instance, job, mount, pod_uid, volume, container_id',
+    // A mount's segments summed over class and state, divided by the mount's size: group_left
+    // keeps the segments' labels (target labels such as namespace and pod, and node mode's
+    // pod_uid, volume and container_id), which a one-to-one `on` would drop for its own list.
+    local shareOfMount(selector) =
+      'sum without (class, state) (shmwatch_segment_bytes{%s}) / on (instance, job, mount) group_left %s'
+      % [selector, 'shmwatch_mount_size_bytes'],
     groups+: [
       {
         name: 'shmwatch-shm',
@@ -110,11 +115,10 @@ local oneLine = lib.oneLine;
           },
           {
             alert: 'ShmLeakedSegments',
-            expr: std.format(
-              'sum by (%s) (shmwatch_segment_bytes{state="orphan", class=~"%s"}) '
-              + '/ on (instance, job, mount) shmwatch_mount_size_bytes > %s',
-              [mountLabels, c.removableClasses, num(c.shmLeakedRatio)]
-            ),
+            expr: '%s > %s' % [
+              shareOfMount('state="orphan", class=~"%s"' % c.removableClasses),
+              num(c.shmLeakedRatio),
+            ],
             'for': c.alertFor.ShmLeakedSegments,
             labels: { severity: 'warning' },
             annotations: {
@@ -146,11 +150,7 @@ local oneLine = lib.oneLine;
           },
           {
             alert: 'ShmHiddenSegmentsLarge',
-            expr: std.format(
-              'sum by (%s) (shmwatch_segment_bytes{state="hidden"}) '
-              + '/ on (instance, job, mount) shmwatch_mount_size_bytes > %s',
-              [mountLabels, num(c.shmHiddenRatio)]
-            ),
+            expr: '%s > %s' % [shareOfMount('state="hidden"'), num(c.shmHiddenRatio)],
             'for': c.alertFor.ShmHiddenSegmentsLarge,
             labels: { severity: 'warning' },
             annotations: {
@@ -251,8 +251,9 @@ local oneLine = lib.oneLine;
           {
             alert: 'PodThrottledAtMemoryHigh',
             // A pod's cgroup has no memory.high of its own (MemoryQoS sets its containers'), but
-            // its memory.events counts theirs: there, shm against the pod's limit.
-            expr: ('shmwatch_cgroup_memory_shmem_bytes / on (instance, job, cgroup) (max by (instance, job, cgroup) '
+            // its memory.events counts theirs: there, shm against the pod's limit. group_left
+            // keeps the shmem series' labels (pod_uid, the target's namespace and pod).
+            expr: ('shmwatch_cgroup_memory_shmem_bytes / on (instance, job, cgroup) group_left () (max by (instance, job, cgroup) '
                    + '(shmwatch_cgroup_memory_high_bytes) or max by (instance, job, cgroup) (shmwatch_cgroup_memory_limit_bytes)) '
                    + '> %s and on (instance, job, cgroup) increase(shmwatch_cgroup_memory_events_total{event="high"}[%s]) > 0')
                   % [num(c.memoryHighShmRatio), c.memoryHighWindow],

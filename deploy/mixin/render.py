@@ -27,8 +27,8 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 HEADER = ("# Generated from deploy/mixin/ by deploy/mixin/render.py: edit the mixin, not this file.\n"
-          "# Each alert has a firing and a quiet case in tests/test_rules.py and a section in\n"
-          "# deploy/prometheus/runbook.md.\n")
+          "# Each alert and record has scenarios with exact values in tests/rules/ (mutation-tested by\n"
+          "# bench/rule_mutation.py), and each alert a section in deploy/prometheus/runbook.md.\n")
 # (plain rules file, PrometheusRule manifest, its metadata.name)
 OPERATOR = (("deploy/prometheus/shmwatch-rules.yml", "deploy/kubernetes/rules/prometheusrule.yaml", "shmwatch"),
             ("deploy/prometheus/shmwatch-node-rules.yml", "deploy/kubernetes/daemonset/node-recording-rules.yaml",

@@ -8,23 +8,26 @@ import functools
 import gzip
 import itertools
 import operator
+import re
 import threading
 from types import SimpleNamespace
-from typing import Callable, Dict, Hashable, Iterable, List, Sequence, Tuple
+from typing import Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 from urllib.parse import parse_qs
 
-from prometheus_client.exposition import choose_encoder, generate_latest, gzip_accepted
+from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
+from exporter.exposition.heads import Answer
 from exporter.model.catalogue import lookup, node_labels
 
 # Level 1: 9x smaller (level 6: 11x) in half the CPU; a DaemonSet's CPU outweighs bytes.
 GZIP_LEVEL = 1
 MAX_BODIES = 8  # per render: Accept can name endless versions, each its own type
 JOINED_FORMATS = {generate_latest: "text", openmetrics.generate_latest: "openmetrics"}
+QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")  # RFC 9110's weight
 
 
 class Shape:
@@ -126,6 +129,25 @@ class Families:
             yield Family(shape(name, self.node_mode), lines)
 
 
+def gzip_wanted(accept_encoding: Optional[str]) -> bool:
+    """Whether Accept-Encoding asks for gzip, by its weights (RFC 9110 12.5.3): gzip's, or
+    else `*`'s, above 0 and not below an identity listed higher. An element whose weight
+    does not parse is ignored. (prometheus_client's gzip_accepted reads no weight.)"""
+    weights: Dict[str, float] = {}
+    for element in (accept_encoding or "").split(","):
+        coding, *parameters = element.split(";")
+        weight = 1.0
+        for parameter in parameters:
+            name, _, value = parameter.partition("=")
+            if name.strip().lower() == "q":
+                valid = QVALUE.fullmatch(value.strip())
+                weight = float(valid[0]) if valid else -1.0
+        coding = coding.strip().lower()
+        weights[coding] = max(weight, weights.get(coding, -1.0))
+    gzip_weight = weights.get("gzip", weights.get("*", 0.0))
+    return gzip_weight > 0 and gzip_weight >= weights.get("identity", 0.0)
+
+
 def encode(metrics: List[Family], encoder: Callable) -> bytes:
     # prometheus-client >= 0.22 hands a partial with the version and the escaping; joined
     # lines serve the escapings that leave legacy names as they are.
@@ -157,13 +179,27 @@ class Exposition:
         self._metrics: List[Family] = []
         self._bodies: Dict[Tuple[str, bool], bytes] = {}
 
+    def ready(self, environ: Dict[str, str]) -> Optional[Answer]:
+        """wsgi_app's answer if a render already made it (this version, format and
+        encoding), at once: None when the version moved, a render holds the lock, or a
+        query may pick families. Never waits: for the HTTP front's loop thread."""
+        if environ.get("QUERY_STRING"):
+            return None
+        _, content_type, gzipped = negotiate(environ)
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            fresh = self.version() == self._rendered
+            body = self._bodies.get((content_type, gzipped)) if fresh else None
+        finally:
+            self._lock.release()
+        if body is None:
+            return None
+        return Answer("200 OK", answer_headers(content_type, gzipped), body)
+
     def wsgi_app(self, environ, start_response):
         """The negotiated body of every family, or of the families `name[]` names."""
-        try:
-            encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT"))
-        except Exception:  # e.g. "version=1.x": a header that says nothing, not a 500
-            encoder, content_type = choose_encoder(None)
-        gzipped = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING"))
+        encoder, content_type, gzipped = negotiate(environ)
         names = set(parse_qs(environ.get("QUERY_STRING", "")).get("name[]", ()))
         key = (content_type, gzipped)
         with self._lock:
@@ -179,6 +215,20 @@ class Exposition:
                 body = gzip.compress(body, GZIP_LEVEL, mtime=0) if gzipped else body
                 if not names and len(self._bodies) < MAX_BODIES:
                     self._bodies[key] = body
-        encoding = [("Content-Encoding", "gzip")] if gzipped else []
-        start_response("200 OK", [("Content-Type", content_type), *encoding])
+        start_response("200 OK", answer_headers(content_type, gzipped))
         return [body]
+
+
+def negotiate(environ: Dict[str, str]) -> Tuple[Callable[..., bytes], str, bool]:
+    """(encoder, content type, gzipped) for a request, as prometheus_client chooses the
+    format; gzip by Accept-Encoding's weights."""
+    try:
+        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
+    except Exception:  # e.g. "version=1.x": a header that says nothing, not a 500
+        encoder, content_type = choose_encoder("")
+    return encoder, content_type, gzip_wanted(environ.get("HTTP_ACCEPT_ENCODING"))
+
+
+def answer_headers(content_type: str, gzipped: bool) -> List[Tuple[str, str]]:
+    encoding = [("Content-Encoding", "gzip")] if gzipped else []
+    return [("Content-Type", content_type), *encoding]

@@ -11,6 +11,7 @@
  *   count=2
  *   hang_file=/tmp/x             while this file exists, nvmlDeviceGetCount_v2 blocks
  *   hang_holds_shutdown=1        nvmlShutdown waits for every call in the hang (a driver lock)
+ *   count_delay_ms=1500          nvmlDeviceGetCount_v2 answers this late (a slow driver)
  *   count_error=15               nvmlDeviceGetCount_v2 returns this (15: GPU is lost)
  *   stats_file=/tmp/stats        "<calls in the hang now> <most at once> <inits> <shutdowns>"
  *   gpu0.name=NVIDIA H100 80GB HBM3
@@ -135,6 +136,7 @@ int nvmlDeviceGetCount_v2(unsigned int *count) {
         write_stats();
         pthread_mutex_unlock(&lock);
     }
+    usleep(1000 * (useconds_t)atoi(get("count_delay_ms", "0")));
     int err = atoi(get("count_error", "0"));
     if (err) return err;
     *count = (unsigned)atoi(get("count", "0"));

@@ -2,7 +2,9 @@
 
 Run it in a mount namespace where the test's tmpfs is bind-mounted at /dev/shm, so
 shm_open() and SharedMemory land there. It prints one line 'ready <info>' when the
-segment is in place, then holds it until stdin closes.
+segment is in place, then holds it until stdin closes. SHM_PEER_COMM names the process
+(its comm), as any process may name itself (prctl PR_SET_NAME); SHM_PEER_UNDUMPABLE makes
+it not dumpable (PR_SET_DUMPABLE 0), as any process may: /proc/<pid> is then root's.
 
 modes:
   psm SIZE           multiprocessing.shared_memory.SharedMemory, held (vLLM MessageQueue)
@@ -10,6 +12,8 @@ modes:
   hidden NAME SIZE   as mapped, then unlinked: still mapped (NCCL >= 2.19 after attach)
   fdonly NAME SIZE   created, written, unlinked, fd kept open, not mapped (torch file_descriptor)
   leak SIZE          SharedMemory created, untracked, process exits: an orphan
+  left NAME SIZE     fallocate'd /dev/shm/NAME, written, closed, process exits: an orphan
+                     of any class (what a crashed NCCL/UCX/MPI rank leaves)
   sparse NAME SIZE   ftruncate'd only (apparent SIZE, nothing allocated), mapped
   partial NAME SIZE ALLOC MAP
                      ftruncate'd to SIZE, ALLOC bytes at its start allocated, its first MAP
@@ -53,6 +57,12 @@ def make(name, size, allocate=True):
 
 
 def main(argv):
+    if comm := os.environ.get("SHM_PEER_COMM"):
+        with open("/proc/self/comm", "w") as f:
+            f.write(comm)
+    if os.environ.get("SHM_PEER_UNDUMPABLE"):  # its /proc/<pid> then shows as root's
+        PR_SET_DUMPABLE = 4
+        LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     mode = argv[0]
     if mode in ("psm", "leak"):
         from multiprocessing import resource_tracker, shared_memory
@@ -83,6 +93,11 @@ def main(argv):
         LIBC.munmap(address, map_len)
         return
     path, fd = make(name, size, allocate=(mode != "sparse"))
+    if mode == "left":
+        os.pwrite(fd, b"\1", 0)
+        os.close(fd)
+        print("ready", name, flush=True)
+        return
     if mode == "fdonly":
         os.unlink(path)
         print("ready", name, flush=True)

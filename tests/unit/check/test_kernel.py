@@ -29,6 +29,8 @@ from tests.helpers import FakeProc, maps_line
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 POD = "0a0b0c0d-1111-2222-3333-444455556666"
+# check's SysV advice: prose, not a line to paste (the IDs are ipcs's, in the namespace's view)
+IPCRM = "remove orphans (list them with ipcs -m, remove each with ipcrm -m ID)"
 
 
 EMPTY = Model(
@@ -184,7 +186,7 @@ def test_sysv_in_a_sidecar_counts_and_orphans_with_their_ipcrm() -> None:
             "sysv",
             "SysV shm",
             "3 segment(s), 24.0 MiB, 2 with nothing attached and their creators gone",
-            "ipcs -m; ipcrm -m <id>",
+            IPCRM,
         )
     ]
     assert facts(report, "sysv") == dict(
@@ -216,7 +218,7 @@ def test_sysv_near_its_segment_limit() -> None:
             "sysv",
             "kernel.shmmni",
             "91 segment(s), 364.0 KiB: near the limit of 100",
-            "ipcs -m; ipcrm -m <id> for orphans; sysctl -w kernel.shmmni=8192",
+            f"{IPCRM} or raise the limit: sysctl -w kernel.shmmni=8192",
         )
     ]
     at = Report()
@@ -233,7 +235,7 @@ def test_sysv_near_its_byte_limit() -> None:
             "sysv",
             "kernel.shmall",
             "1 segment(s), 91.0 MiB: near the limit of 100.0 MiB",
-            "ipcs -m; ipcrm -m <id>; sysctl kernel.shmall",
+            f"{IPCRM} or raise the limit: sysctl kernel.shmall",
         )
     ]
     at = Report()
@@ -270,7 +272,7 @@ def test_node_mode_names_each_namespace_and_skips_empty_ones() -> None:
             "sysv",
             "SysV shm",
             f"pod {POD}: 2 segment(s), 2.0 MiB, 1 with nothing attached and their creators gone",
-            "ipcs -m; ipcrm -m <id>",
+            IPCRM,
         ),
         (
             "info",
@@ -489,3 +491,23 @@ def test_maps_not_read_in_time_are_said(tmp_path: Path) -> None:
             "",
         )
     ]
+
+
+ORPHAN = SysvSegment(key=0, shmid=7, size_bytes=4096, nattch=0, cpid=1, rss_bytes=0, orphan=True)
+
+
+def remedies(namespace: SysvShm) -> List[str]:
+    """check's advice for one namespace, in a sidecar."""
+    report = Report()
+    sysv(report, [namespace], False)
+    return [f.remedy for f in report.findings]
+
+
+def test_sysv_advice_is_prose_without_shell_metacharacters() -> None:
+    # `ipcrm -m <id>` pasted into a shell read a file `id` and wrote one named `for`.
+    ok = remedies(SysvShm([ORPHAN], 1 << 40, 1 << 40, 4096))
+    near = remedies(SysvShm([ORPHAN] * 4, 1 << 40, 1 << 40, 4))
+    assert ok == ["remove orphans (list them with ipcs -m, remove each with ipcrm -m ID)"]
+    assert near == ["remove orphans (list them with ipcs -m, remove each with ipcrm -m ID) or raise the limit: "
+                    "sysctl -w kernel.shmmni=8192"]
+    assert not any(c in r for r in ok + near for c in "<>;|&$`")

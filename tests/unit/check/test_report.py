@@ -2,22 +2,28 @@
 """`shmwatch check` end to end through its main(): flags, the one collection it asks for and
 within what time, the findings and their exit code (the verdict an initContainer acts on),
 text or JSON, the logs, the memory-limit flag at the host's size, and a bug reported as one.
-The collection is a model built by hand; /proc a fixture tree. Part of the mutation selection."""
+The collection is a model built by hand; /proc a fixture tree. Part of the mutation selection.
+Then a mount's segment findings: leaked bytes as tmpfs charges them, unverified segments, and
+the `rm` advice for leaked files with hard links, word for word (report.shm with the names
+names.leaked_names found): every name of a file in one `rm --`, or none and why."""
 
 import json
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from types import SimpleNamespace
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
-from exporter.check.report import main
+from exporter.check.findings import Report
+from exporter.check.names import Names
+from exporter.check.report import diagnose, main, shm
 from exporter.model.state import MountStates
 from exporter.model.step import Model, MountView, SourceStatus
 from exporter.model.summary import shm_budget
 from exporter.config import Config
-from exporter.model.summary import SegmentSummary
+from exporter.model.summary import SegmentSummary, summarise
 from exporter.model.types import (
     CgroupMemory,
     HostMemory,
@@ -25,6 +31,7 @@ from exporter.model.types import (
     MountInventory,
     MountUsage,
 )
+from tests.test_decisions import inventory, seg, usage, view
 
 MiB, GiB = 1 << 20, 1 << 30
 Listed = Tuple[
@@ -406,10 +413,6 @@ def mount_with(
 
 
 def report_of(segments: List[Listed]) -> List[Tuple[str, str]]:
-    from exporter.check.findings import Report
-    from exporter.check.report import shm
-    from exporter.model.types import Inventory
-
     usage, inv, summary = mount_with(segments)
     view = MountView(
         "/dev/shm",
@@ -454,3 +457,56 @@ def test_unverified_segments_are_said_when_nothing_is_leaked() -> None:
     assert found[1][1].startswith(
         "1 segment(s), 1.0 MiB, held by no process shmwatch could inspect"
     )
+
+
+CALM = "once no server can attach to them"
+
+
+def remedy(names: List[str], links: Dict[int, Names]) -> str:
+    """The remedy of the leaked-files finding of /m holding nccl-* orphans `names` (inodes 1, 2,
+    ...) given `links`: inode -> Names."""
+    inv = inventory("/m", [seg(n, "nccl", "orphan", MiB) for n in names])
+    u = usage(GiB, 0, "/m")
+    v = MountView("/m", {}, u, None, None, None, inv, summarise(inv, 5), None, view(u).budget)
+    report = Report()
+    shm(report, v, SimpleNamespace(  # type: ignore[arg-type]
+        inventory=Inventory([], {}, 0, 1)), None, {(0, i): n for i, n in links.items()})
+    [leaked] = [f for f in report.findings if "leaked" in f.message]
+    return leaked.remedy
+
+
+def test_a_file_with_several_names_is_removed_by_all_of_them() -> None:
+    links = {1: Names(("nccl-a", "sub/nccl-b", "nccl-c d"), 3), 2: Names(("nccl-z",), 1)}
+    assert remedy(["nccl-a", "nccl-z"], links) == (
+        f"{CALM} (/m/nccl-a has 3 names, all removed): rm -- /m/nccl-a /m/sub/nccl-b '/m/nccl-c d' /m/nccl-z")
+
+
+def test_a_file_with_a_name_not_found_or_gone_is_left_out_and_said() -> None:
+    links = {1: Names(("nccl-a",), 2), 2: Names(("nccl-z",), 1), 3: Names((), 0)}
+    assert remedy(["nccl-a", "nccl-z", "nccl-y"], links) == (
+        f"{CALM} (/m/nccl-a has 2 names, 1 not found below /m: removing the others frees nothing; "
+        "/m/nccl-y is gone or another file since listed): rm -- /m/nccl-z")
+    assert remedy(["nccl-a"], {1: Names(("nccl-a", "x/nccl-b"), 3)}) == (
+        "/m/nccl-a has 3 names, 1 not found below /m: removing the others frees nothing")  # no rm at all
+
+
+def test_a_file_also_named_as_another_class_is_not_advised_away() -> None:
+    assert remedy(["nccl-a", "nccl-\x1b"], {1: Names(("lock", "nccl-a"), 2), 2: Names(("nccl-\x1b",), 1)}) == (
+        f"{CALM} (/m/nccl-a is also lock, of no class shmwatch removes): rm -- $'/m/nccl-\\x1b'")
+
+
+def test_without_the_names_looked_up_each_is_removed_by_its_listed_name() -> None:
+    assert remedy(["nccl-a", "nccl-$(id)"], {}) == f"{CALM}: rm -- '/m/nccl-$(id)' /m/nccl-a"
+
+
+def test_diagnose_hands_the_names_looked_up_to_each_mounts_advice() -> None:
+    # check's main looks the leaked files' names up once (names.leaked_names) and diagnose
+    # passes them down to the rm advice of the mount that lists them.
+    inv = inventory("/m", [seg("nccl-a", "nccl", "orphan", MiB)])
+    u = usage(GiB, 0, "/m")
+    v = MountView("/m", {}, u, None, None, None, inv, summarise(inv, 5), None, view(u).budget)
+    model = Model(node_mode=False, statuses=[], mounts=[v], inventory=Inventory([], {}, 0, 1), cgroups=[],
+                  host_memory=None, sysv=[], gpu=None, process_samples=[], states=None)
+    report = diagnose(model, links={(0, 1): Names(found=("nccl-a", "sub/nccl-b"), links=2)})
+    [leaked] = [f for f in report.findings if "leaked" in f.message]
+    assert leaked.remedy == f"{CALM} (/m/nccl-a has 2 names, all removed): rm -- /m/nccl-a /m/sub/nccl-b"

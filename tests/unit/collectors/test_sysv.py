@@ -3,21 +3,25 @@
 """SysV shared memory on a /proc tree: which segments are orphans (nothing attached, creator
 and last user gone: `ipcrm` advice follows), never one whose creator we cannot see (pid 0:
 another PID namespace) or that hidepid hides; the kernel's limits; node mode's namespaces,
-whose they are, and the ones that cannot be read. Fast: part of the mutation selection."""
+whose they are, and the ones that cannot be read; how /proc hides pids read once a run, not
+once per namespace (real IPC namespaces, as root). Fast: part of the mutation selection."""
 
 import ctypes
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import List, Tuple
+from typing import Iterator, List, Tuple
 
 import pytest
 
 from exporter.collectors.sysv import SysvCollector, in_ipc_namespaces
+from exporter.host.paths import Paths
+from exporter.host.proctable import ProcessTable
 from exporter.model.types import SysvSegment, SysvShm
-from tests.conftest import IS_ROOT, prerequisite_missing
+from tests.conftest import IS_ROOT, needs_root, prerequisite_missing
 from tests.helpers import FakeProc
 
 HEADER = "       key      shmid perms       size  cpid  lpid nattch   uid   gid  cuid  cgid      atime      dtime      ctime        rss       swap\n"
@@ -361,3 +365,45 @@ def test_node_mode_skips_a_namespace_whose_processes_all_exited(proc: FakeProc) 
     )  # nowhere to join it from (and read first)
     proc.add(201)  # no ns link: gone, or not ours
     assert [shm.namespace for shm in node.collect()] == ["ipc:[1]"]
+
+
+class CountingTable(ProcessTable):
+    """The process table, counting how often it parses mountinfo for hidepid."""
+
+    hidepid_reads = 0
+
+    def hidepid(self) -> str:
+        self.hidepid_reads += 1
+        return super().hidepid()
+
+
+@pytest.fixture
+def ipc_namespaces() -> Iterator[List[str]]:
+    """Three processes, each in an IPC namespace of its own: their namespaces."""
+    sleepers = [subprocess.Popen(["unshare", "--ipc", "sleep", "60"]) for _ in range(3)]
+    try:
+        ours = os.readlink("/proc/self/ns/ipc")
+        namespaces = []
+        for sleeper in sleepers:
+            deadline = time.monotonic() + 10
+            while os.readlink(f"/proc/{sleeper.pid}/ns/ipc") == ours and time.monotonic() < deadline:
+                time.sleep(0.01)  # unshare has not moved yet
+            namespaces.append(os.readlink(f"/proc/{sleeper.pid}/ns/ipc"))
+        assert ours not in namespaces
+        yield namespaces
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
+
+
+@needs_root
+def test_node_mode_reads_how_proc_hides_pids_once_a_run_not_once_per_namespace(ipc_namespaces: List[str]) -> None:
+    # The bug: read() asked the process table for hidepid, which parses all of mountinfo (a
+    # node's runs to 2,000 lines), in every IPC namespace it joined: 200 pods, 200 parses.
+    table = CountingTable(Paths())
+    found = SysvCollector(Paths(), node_mode=True, table=table).collect()
+    read = {shm.namespace for shm in found if shm.readable}
+    assert set(ipc_namespaces) <= read
+    # One for the process walk (ProcessTable.walk), one for the SysV run.
+    assert table.hidepid_reads == 2, table.hidepid_reads

@@ -1,0 +1,69 @@
+"""render.py: gzip by Accept-Encoding's weights; the answers ready without a render."""
+
+import threading
+import time
+
+import pytest
+from prometheus_client.registry import CollectorRegistry
+
+from exporter.exposition.render import Exposition, Families, gzip_wanted
+from tests.test_exposition import get
+
+
+@pytest.mark.parametrize("header,wanted", [
+    ("gzip", True), ("gzip, deflate, br", True), ("GZIP", True), ("gzip;q=0.5", True), ("gzip;q=1.000", True),
+    ("*", True), ("gzip, identity", True), ("gzip;q=0, gzip", True),
+    (None, False), ("", False), ("deflate", False), ("x-gzip", False),
+    ("gzip;q=0", False), ("gzip; q=0.000", False), ("gzip;Q=0", False), ("*;q=0", False),
+    ("identity, gzip;q=0", False), ("gzip;q=0, *", False),  # gzip named at 0: the * does not count
+    ("gzip;q=0.5, identity", False),  # identity preferred
+    ("gzip;q=abc", False), ("gzip;q=1.1", False), ("gzip;q=0.0001", False),  # weights that do not parse
+])
+def test_gzip_is_served_by_accept_encodings_weights(header, wanted):
+    assert gzip_wanted(header) is wanted
+
+
+class Gate:
+    """A collector whose collect() waits for `open`: a render in progress, held."""
+
+    def __init__(self):
+        self.open, self.waiting = threading.Event(), threading.Event()
+
+    def collect(self):
+        self.waiting.set()
+        self.open.wait(10)
+        families = Families()
+        families.add("shmwatch_web_config_last_reload_successful", [], 1)
+        return list(families)
+
+
+def test_ready_gives_only_a_body_a_render_made_and_never_waits():
+    """The front's loop answers from ready(): the very body wsgi_app made for this version,
+    format and encoding, or None at once (nothing made yet, the version moved, another
+    format, a query, a render holding the lock)."""
+    registry, version, gate = CollectorRegistry(auto_describe=False), [0], Gate()
+    registry.register(gate)
+    exposition = Exposition(registry, version=lambda: version[0])
+    plain = {"PATH_INFO": "/metrics", "HTTP_ACCEPT_ENCODING": "gzip"}
+    assert exposition.ready(plain) is None  # nothing rendered
+    gate.open.set()
+    status, headers, body = get(exposition.wsgi_app, encoding="gzip")
+    answer = exposition.ready(plain)
+    assert answer is not None and answer.body is body and dict(answer.headers) == headers
+    assert answer.status == status == "200 OK"
+    assert exposition.ready({**plain, "HTTP_ACCEPT": "application/openmetrics-text;version=1.0.0"}) is None
+    assert exposition.ready({**plain, "QUERY_STRING": "name[]=shmwatch_build_info"}) is None
+    version[0] += 1
+    assert exposition.ready(plain) is None  # the model moved: a render is due
+    gate.open.clear()
+    rendering = threading.Thread(target=get, args=(exposition.wsgi_app,), kwargs={"encoding": "gzip"})
+    rendering.start()
+    try:
+        assert gate.waiting.wait(10)
+        started = time.monotonic()
+        assert exposition.ready(plain) is None
+        assert time.monotonic() - started < 0.1, "ready() waited for a render"
+    finally:
+        gate.open.set()
+        rendering.join(10)
+    assert exposition.ready(plain) is not None

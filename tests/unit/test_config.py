@@ -1,0 +1,179 @@
+"""exporter/config.py: each field of Config is one declaration, and every flag gets from it
+its --help line, its SHMWATCH_ variable, its README row and its value; a bad one is one line
+naming it, exit 2. The tests run over every declared flag, so a flag added later is held to
+the same (tests/test_config.py and the README test hold the flags by name)."""
+
+import argparse
+import dataclasses
+import re
+from typing import Callable, Dict, List, Tuple
+
+import pytest
+
+from exporter import config
+from exporter.config import (
+    CollectorSwitches,
+    Config,
+    Flag,
+    OffSwitch,
+    build_parser,
+    declarations,
+    parse_args,
+)
+
+FLAGS: List[Tuple[str, "Flag[object]"]] = [(dest, d) for dest, d in declarations() if isinstance(d, Flag)]
+# Two good texts and a bad one (None: every text is good) for each parser a flag uses. A new
+# parser needs a line here: the KeyError in sample() says which.
+SAMPLES: Dict[Callable[[str], object], Tuple[str, str, object]] = {
+    config.parse_text: ("/a", "/b", None),
+    config.parse_mount_point: ("/a/", "/b", None),
+    config.parse_url_path: ("/a", "/b", "a"),
+    config.parse_listen_address: ("127.0.0.1:1", "[::1]:2", "nowhere"),
+    config.parse_count: ("3", "4", "0"),
+    config.parse_size: ("1Gi", "2g", "lots"),
+    config.parse_duration: ("2s", "1m", "0s"),
+    config.parse_duration_or_zero: ("0", "1m", "-1s"),
+    config.parse_regex: ("vllm", "sglang|trt", "("),
+    config.parse_log_level: ("DEBUG", "error", "loud"),
+}
+
+
+def sample(flag: "Flag[object]") -> Tuple[str, str, object]:
+    if isinstance(flag.parse, config.OneOf):
+        return flag.parse.choices[-1], flag.parse.choices[0], "nonesuch"
+    return SAMPLES[flag.parse]
+
+
+def parsed_as(flag: "Flag[object]", text: str) -> object:
+    if flag.repeatable:
+        return tuple(dict.fromkeys(flag.parse(t) for t in text.split(",")))
+    return flag.parse(text)
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """No SHMWATCH_ variable of the machine's leaks into a test."""
+    for dest, declared in declarations():
+        for row in declared.table_rows():
+            monkeypatch.delenv(row.env.strip("`").split("=")[0], raising=False)
+    return monkeypatch
+
+
+def test_every_field_of_config_is_declared_once():
+    names = [f.name for f in dataclasses.fields(Config)]
+    assert [dest for dest, _ in declarations()] == names
+    options = [o for a in build_parser()._actions for o in a.option_strings]
+    assert len(options) == len(set(options)), "a flag declared twice"
+    envs = [row.env for _, d in declarations() for row in d.table_rows()]
+    assert len(envs) == len(set(envs)), "two flags read one variable"
+    assert all(re.fullmatch(r"`SHMWATCH_[A-Z0-9_]+(=false)?`", env) for env in envs), envs
+
+
+@pytest.mark.parametrize("dest,flag", FLAGS, ids=[f.name for _, f in FLAGS])
+def test_a_default_is_a_value_the_flag_takes(dest, flag):
+    if flag.default is not None:
+        assert getattr(parse_args([]), dest) == parsed_as(flag, flag.default)
+
+
+@pytest.mark.parametrize("dest,flag", FLAGS, ids=[f.name for _, f in FLAGS])
+def test_every_flag_is_read_from_its_variable_and_the_command_line_wins(clean_env, dest, flag):
+    from_env, given, _ = sample(flag)
+    clean_env.setenv(flag.env, from_env if not flag.repeatable else f"{from_env},{given}")
+    expected = parsed_as(flag, from_env if not flag.repeatable else f"{from_env},{given}")
+    assert getattr(parse_args([]), dest) == expected
+    assert getattr(parse_args([f"{flag.name}={given}"]), dest) == parsed_as(flag, given)
+
+
+REFUSING = [(dest, flag) for dest, flag in FLAGS if sample(flag)[2] is not None]  # not every text is a path
+
+
+@pytest.mark.parametrize("dest,flag", REFUSING, ids=[f.name for _, f in REFUSING])
+def test_a_bad_value_is_one_line_naming_the_flag_and_exit_2(clean_env, capsys, dest, flag):
+    bad = sample(flag)[2]
+    with pytest.raises(SystemExit) as given:
+        parse_args([f"{flag.name}={bad}"])
+    err = capsys.readouterr().err
+    assert given.value.code == 2 and err.startswith(f"shmwatch: error: argument {flag.name}: ")
+    assert err.count("\n") == 1, err
+    clean_env.setenv(flag.env, str(bad))
+    with pytest.raises(SystemExit) as from_env:
+        parse_args([])
+    err = capsys.readouterr().err
+    assert from_env.value.code == 2, err
+    assert err.startswith(f"shmwatch: error: argument {flag.name} (from {flag.env}): ") and err.count("\n") == 1
+
+
+def test_every_flag_is_in_help_with_its_variable():
+    text = build_parser().format_help()
+    for dest, declared in declarations():
+        for row in declared.table_rows():
+            for option in re.findall(r"`(--[^`]+)`", row.flag):
+                assert option in text, option
+            assert f"[env {row.env.strip('`')}]" in " ".join(text.split()), row.env
+
+
+def test_a_repeatable_flag_keeps_each_value_once_in_order(clean_env):
+    cfg = parse_args(["--shm.mount=/a", "--shm.mount=/b/", "--shm.mount=/a/"])
+    assert cfg.shm_mounts == ("/a", "/b")
+    clean_env.setenv("SHMWATCH_SHM_MOUNT", "/b,/a,/b/")
+    assert parse_args([]).shm_mounts == ("/b", "/a")
+
+
+def test_the_collector_switches_and_no_inotify(clean_env):
+    switches = dict(declarations())["collectors"]
+    assert isinstance(switches, CollectorSwitches) and isinstance(dict(declarations())["inotify"], OffSwitch)
+    names = switches.names()
+    assert {"shm_mount", "segments", "gpu", "oom"} <= set(names) and "process" not in names  # no switch
+    assert parse_args([]).inotify is True and parse_args(["--no-inotify"]).inotify is False
+    for off in ("false", "0", "OFF", " no "):
+        clean_env.setenv("SHMWATCH_INOTIFY", off)
+        assert parse_args([]).inotify is False, off
+    for on in ("true", "1", "banana", ""):  # only a word for off turns it off
+        clean_env.setenv("SHMWATCH_INOTIFY", on)
+        assert parse_args([]).inotify is True, on
+    assert parse_args(["--no-inotify"]).inotify is False  # the flag wins
+    clean_env.setenv("SHMWATCH_COLLECTOR_OOM", "true")
+    assert parse_args([]).collectors["oom"] is True  # on in a sidecar too
+    clean_env.setenv("SHMWATCH_COLLECTOR_OOM", "false")
+    clean_env.setenv("SHMWATCH_MODE", "node")
+    assert parse_args([]).collectors["oom"] is False
+    assert parse_args(["--collector.oom"]).collectors["oom"] is True  # the flag wins
+
+
+def test_config_is_frozen_through_and_through():
+    cfg = parse_args([])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.poll_interval = 2.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        cfg.collectors["gpu"] = False  # type: ignore[index]
+    assert isinstance(cfg.shm_mounts, tuple)
+    with pytest.raises(TypeError):
+        Config(mode="node")  # type: ignore[call-arg]  # built whole, by parse_args
+
+
+def test_two_flags_that_exclude_each_other(clean_env, capsys):
+    with pytest.raises(SystemExit) as both:
+        parse_args(["--cgroup.target-process=vllm"] + ["--cgroup.path=/a"])
+    assert both.value.code == 2
+    assert capsys.readouterr().err == (
+        "shmwatch: error: arguments --cgroup.path and --cgroup.target-process: give one, not both\n")
+    # not_with is for flags without a default: one with a default is always given.
+    with pytest.raises(ValueError, match="always given"):
+        Flag(name="--x", parse=config.parse_text, help="x", default="a", not_with="cgroup_path")
+
+
+def test_a_caller_adds_its_own_flags_and_gets_them_back(clean_env):
+    # shmwatch check: build_parser(prog), its flags added, then (Config, namespace).
+    parser = build_parser(prog="shmwatch check")
+    parser.add_argument("--extra", default="e")
+    cfg, namespace = parse_args(["--mode=node", "--extra=f"], parser=parser)
+    assert cfg.mode == "node" and namespace.extra == "f"
+    assert isinstance(namespace, argparse.Namespace)
+
+
+def test_a_bad_flag_after_parsing_is_the_same_one_line(capsys):
+    with pytest.raises(SystemExit) as ended:
+        config.bad_flag("--web.listen-address", "cannot listen on :1: Permission denied")
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == (
+        "shmwatch: error: argument --web.listen-address: cannot listen on :1: Permission denied\n")
