@@ -506,7 +506,7 @@ def test_diagnose_hands_the_names_looked_up_to_each_mounts_advice() -> None:
     u = usage(GiB, 0, "/m")
     v = MountView("/m", {}, u, None, None, None, inv, summarise(inv, 5), None, view(u).budget)
     model = Model(node_mode=False, statuses=[], mounts=[v], inventory=Inventory([], {}, 0, 1), cgroups=[],
-                  host_memory=None, sysv=[], gpu=None, process_samples=[], states=None)
+                  host_memory=None, sysv=[], gpu=None, process_samples=[], states=NO_STATES)
     report = diagnose(model, links={(0, 1): Names(found=("nccl-a", "sub/nccl-b"), links=2)})
     [leaked] = [f for f in report.findings if "leaked" in f.message]
     assert leaked.remedy == f"{CALM} (/m/nccl-a has 2 names, all removed): rm -- /m/nccl-a /m/sub/nccl-b"

@@ -7,11 +7,17 @@ selection."""
 
 import os
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional
 
 import pytest
 
-from exporter.collectors.oom import OomCollector, parse_kmsg_record, parse_oom_kills
+from exporter.collectors.oom import (
+    KmsgRecord,
+    OomCollector,
+    PendingReport,
+    parse_kmsg_record,
+    parse_oom_kills,
+)
 from exporter.model.types import OomKill
 from tests.helpers import DENIED_FILE
 
@@ -92,7 +98,7 @@ def test_a_system_wide_oom_names_no_limit_and_a_legacy_one_its_constraint() -> N
 
 
 def test_a_report_may_end_in_the_next_read_and_a_reaped_line_is_no_kill() -> None:
-    pending: Dict[object, Tuple[str, str, str]] = {}
+    pending: Dict[Optional[int], PendingReport] = {}
     assert parse_oom_kills([oom_line(1, 5, "/a", "/a")], pending) == []
     reaped = "6,2,2000,-;oom_reaper: reaped process 5 (python3), now anon-rss:0kB, file-rss:0kB, shmem-rss:0kB"
     assert parse_oom_kills([reaped, "not a record", "6,x,1,-;no"], pending) == []
@@ -116,7 +122,7 @@ def test_a_report_may_end_in_the_next_read_and_a_reaped_line_is_no_kill() -> Non
 
 
 def test_reports_whose_killed_line_never_came_are_bounded() -> None:
-    pending: Dict[object, Tuple[str, str, str]] = {}
+    pending: Dict[Optional[int], PendingReport] = {}
     parse_oom_kills(
         [oom_line(i, 1000 + i, f"/pod/{i}", "/pod") for i in range(65)], pending
     )
@@ -131,8 +137,10 @@ def test_reports_whose_killed_line_never_came_are_bounded() -> None:
 
 
 def test_what_is_a_kmsg_record() -> None:
-    assert parse_kmsg_record("6,12,345,-;hello\n SUBSYSTEM=net") == (12, 345, "hello")
-    assert parse_kmsg_record("6,12,345;x") == (12, 345, "x")
+    assert parse_kmsg_record("6,12,345,-;hello\n SUBSYSTEM=net") == KmsgRecord(
+        seq=12, usec=345, message="hello"
+    )
+    assert parse_kmsg_record("6,12,345;x") == KmsgRecord(seq=12, usec=345, message="x")
     assert parse_kmsg_record("no record") is None
 
 

@@ -17,7 +17,7 @@ from typing import Iterator, List, Tuple
 
 import pytest
 
-from exporter.collectors.sysv import SysvCollector, in_ipc_namespaces
+from exporter.collectors.sysv import IpcNamespace, SysvCollector, in_ipc_namespaces
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from exporter.model.types import SysvSegment, SysvShm
@@ -47,7 +47,8 @@ def proc(tmp_path: Path) -> FakeProc:
 
 def read(proc: FakeProc, *lines: str) -> SysvShm:
     proc.write("sysvipc/shm", HEADER + "".join(lines))
-    return SysvCollector(proc.paths, page_size=4096).read()
+    [shm] = SysvCollector(proc.paths, page_size=4096).collect()  # a sidecar: its own namespace
+    return shm
 
 
 def orphans(shm: SysvShm) -> List[int]:
@@ -176,13 +177,13 @@ def test_in_ipc_namespaces_reads_in_each_and_skips_paths_gone() -> None:
     needs_setns()
     mine = own_namespace()
     got = in_ipc_namespaces(
-        [(mine, ["/nonexistent/ns/ipc", f"/proc/{os.getpid()}/ns/ipc"])], lambda: "read"
+        [IpcNamespace(namespace=mine, links=["/nonexistent/ns/ipc", f"/proc/{os.getpid()}/ns/ipc"])], lambda: "read"
     )
     assert got == {mine: "read"}
     # a path whose namespace is not the one asked for is not joined
     assert (
         in_ipc_namespaces(
-            [("ipc:[1]", [f"/proc/{os.getpid()}/ns/ipc"])], lambda: "read"
+            [IpcNamespace(namespace="ipc:[1]", links=[f"/proc/{os.getpid()}/ns/ipc"])], lambda: "read"
         )
         == {}
     )
@@ -216,7 +217,7 @@ def test_in_ipc_namespaces_reads_each_namespace_from_within_it() -> None:
             f"/proc/{os.getpid()}/task/{threading.get_native_id()}/ns/ipc"
         )  # noqa: E731
         got = in_ipc_namespaces(
-            [(mine, [f"/proc/{os.getpid()}/ns/ipc"]), (other, [path])], where
+            [IpcNamespace(namespace=mine, links=[f"/proc/{os.getpid()}/ns/ipc"]), IpcNamespace(namespace=other, links=[path])], where
         )
     finally:
         done.set()
@@ -231,7 +232,7 @@ def test_in_ipc_namespaces_hands_back_errors_and_bounds_the_time() -> None:
         raise ValueError("sysvipc/shm: unexpected header")
 
     [(namespace, error)] = in_ipc_namespaces(
-        [(mine, [f"/proc/{os.getpid()}/ns/ipc"])], fails
+        [IpcNamespace(namespace=mine, links=[f"/proc/{os.getpid()}/ns/ipc"])], fails
     ).items()
     assert (
         namespace == mine
@@ -240,7 +241,7 @@ def test_in_ipc_namespaces_hands_back_errors_and_bounds_the_time() -> None:
     )
     started = time.monotonic()
     late = in_ipc_namespaces(
-        [(mine, [f"/proc/{os.getpid()}/ns/ipc"])], lambda: time.sleep(1), timeout=0.05
+        [IpcNamespace(namespace=mine, links=[f"/proc/{os.getpid()}/ns/ipc"])], lambda: time.sleep(1), timeout=0.05
     )
     assert time.monotonic() - started < 0.5
     assert isinstance(late[mine], TimeoutError)

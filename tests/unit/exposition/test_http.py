@@ -7,6 +7,7 @@ deadline and re-arms the header deadline at the next request's first byte, reque
 Behaviour only (no internals): the front's request parsing may change beneath it. Part of
 the mutation selection."""
 
+import asyncio
 import base64
 import logging
 import socket
@@ -18,12 +19,12 @@ import bcrypt
 import pytest
 
 from exporter.exposition import http
-from exporter.exposition.http import bind, loop_error, make_app, url_host
-from exporter.exposition.webconfig import WebConfig, WebConfigSource
+from exporter.exposition.http import Site, bind, loop_error, make_app, url_host
+from exporter.exposition.webconfig import WebConfigSource
+from exporter.exposition.webschema import WebConfig
 
 Environ = Dict[str, str]
 StartResponse = Callable[..., object]
-App = Callable[[Environ, StartResponse], List[bytes]]
 HEADER, IDLE = 0.2, 0.7  # the deadlines, shortened
 
 
@@ -35,7 +36,7 @@ def metrics(environ: Environ, start_response: StartResponse) -> List[bytes]:
 class Server:
     def __init__(
         self,
-        app: Optional[App] = None,
+        app: Optional[Site] = None,
         web: Optional[WebConfigSource] = None,
         max_requests: int = 40,
     ) -> None:
@@ -102,6 +103,7 @@ def server(short: None) -> Iterator[Server]:
     s.front.shutdown()
 
 
+# Every HTTP/1.1 request names its Host: the front (h11) answers 400 to one without.
 GET = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
@@ -112,25 +114,25 @@ def test_the_pages_and_methods(server: Server) -> None:
         b"\r\n\r\nshmwatch_up 1\n"
     )
     assert b"Connection: close" in answer and b"Content-Length: 14" in answer
-    head = server.ask(b"HEAD /metrics HTTP/1.1\r\n" + close)
+    head = server.ask(b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n" + close)
     assert (
         status(head) == b"HTTP/1.1 200 OK"
         and head.endswith(b"\r\n\r\n")
         and b"Content-Length: 14" in head
     )
-    post = server.ask(b"POST /metrics HTTP/1.1\r\n" + close)
+    post = server.ask(b"POST /metrics HTTP/1.1\r\nHost: x\r\n" + close)
     assert (
         status(post) == b"HTTP/1.1 405 Method Not Allowed"
         and b"Allow: GET, HEAD" in post
     )
-    landing = server.ask(b"GET / HTTP/1.1\r\n" + close)
+    landing = server.ask(b"GET / HTTP/1.1\r\nHost: x\r\n" + close)
     assert (
         b'<a href="/metrics">Metrics</a>' in landing
         and b"text/html; charset=utf-8" in landing
     )
-    assert server.ask(b"GET /-/healthy HTTP/1.1\r\n" + close).endswith(b"\r\n\r\nOK\n")
+    assert server.ask(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n" + close).endswith(b"\r\n\r\nOK\n")
     assert (
-        status(server.ask(b"GET /nope HTTP/1.1\r\n" + close))
+        status(server.ask(b"GET /nope HTTP/1.1\r\nHost: x\r\n" + close))
         == b"HTTP/1.1 404 Not Found"
     )
     assert (
@@ -141,7 +143,7 @@ def test_the_pages_and_methods(server: Server) -> None:
 
 def test_keep_alive_and_pipelining(server: Server) -> None:
     with server.connect() as sock:
-        sock.sendall(GET + b"GET /-/healthy HTTP/1.1\r\n\r\n")
+        sock.sendall(GET + b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
         first, second = read_answer(sock), read_answer(sock)
         assert first.endswith(b"shmwatch_up 1\n") and second.endswith(b"OK\n")
         sock.sendall(GET)
@@ -166,7 +168,7 @@ def test_a_silent_connection_is_closed_at_the_header_deadline(server: Server) ->
 def test_a_trickling_head_gets_408_at_the_header_deadline(server: Server) -> None:
     with server.connect() as sock:
         started = time.monotonic()
-        sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
         answer = read_all(sock)
         assert status(answer) == b"HTTP/1.1 408 Request Timeout"
         assert HEADER * 0.8 < time.monotonic() - started < IDLE
@@ -214,7 +216,7 @@ def test_requests_beyond_max_requests_get_503_at_once(short: None) -> None:
         first.sendall(GET)
         assert entered.wait(5)
         started = time.monotonic()
-        busy = s.ask(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
+        busy = s.ask(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert (
             status(busy) == b"HTTP/1.1 503 Service Unavailable"
             and time.monotonic() - started < 1
@@ -222,7 +224,7 @@ def test_requests_beyond_max_requests_get_503_at_once(short: None) -> None:
         release.set()
         assert read_answer(first).endswith(b"shmwatch_up 1\n")
         first.close()
-        ok = s.ask(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
+        ok = s.ask(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert status(ok) == b"HTTP/1.1 200 OK"  # its slot is free again
     finally:
         release.set()
@@ -240,7 +242,7 @@ def test_an_app_that_fails_answers_500_and_the_connection_goes_on(
         with s.connect() as sock:
             sock.sendall(GET)
             assert status(read_answer(sock)) == b"HTTP/1.1 500 Internal Server Error"
-            sock.sendall(b"GET /-/healthy HTTP/1.1\r\n\r\n")
+            sock.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
             assert read_answer(sock).endswith(b"OK\n")
     finally:
         s.front.shutdown()
@@ -256,7 +258,7 @@ def test_the_app_sees_the_path_query_and_headers(short: None) -> None:
     s = Server(make_app(app, "/m"))
     try:
         s.ask(
-            b"GET /m?name[]=x HTTP/1.1\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n"
+            b"GET /m?name[]=x HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n"
         )
     finally:
         s.front.shutdown()
@@ -284,10 +286,10 @@ def test_at_the_connection_cap_the_oldest_unanswered_connection_makes_room(
     try:
         oldest, newer = s.connect(), s.connect()
         time.sleep(0.05)
-        answer = s.ask(b"GET /-/healthy HTTP/1.1\r\nConnection: close\r\n\r\n")
+        answer = s.ask(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert answer.endswith(b"OK\n")
         assert oldest.recv(10) == b""  # dropped to make room
-        newer.sendall(b"GET /-/healthy HTTP/1.1\r\nConnection: close\r\n\r\n")
+        newer.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert read_all(newer).endswith(b"OK\n")
         oldest.close()
         newer.close()
@@ -310,24 +312,24 @@ def test_basic_auth_guards_every_page_but_health(short: None) -> None:
     )
     s = Server(web=web)
     try:
-        refused = s.ask(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
+        refused = s.ask(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert (
             status(refused) == b"HTTP/1.1 401 Unauthorized"
             and b'WWW-Authenticate: Basic realm="shmwatch"' in refused
         )
         wrong = s.ask(
-            b"GET /metrics HTTP/1.1\r\n"
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
             + basic("alice", "x")
             + b"Connection: close\r\n\r\n"
         )
         assert status(wrong) == b"HTTP/1.1 401 Unauthorized"
         right = s.ask(
-            b"GET /metrics HTTP/1.1\r\n"
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
             + basic("alice", "wonderland")
             + b"Connection: close\r\n\r\n"
         )
         assert status(right) == b"HTTP/1.1 200 OK" and b"X-Frame-Options: deny" in right
-        health = s.ask(b"GET /-/healthy HTTP/1.1\r\nConnection: close\r\n\r\n")
+        health = s.ask(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert status(health) == b"HTTP/1.1 200 OK"
     finally:
         s.front.shutdown()
@@ -377,7 +379,7 @@ def test_what_arrives_while_a_request_is_answered_is_answered_next(short: None) 
                 b"GET /-/hea"
             )  # the next request, in pieces, while the first is answered
             time.sleep(0.05)
-            sock.sendall(b"lthy HTTP/1.1\r\n\r\n")
+            sock.sendall(b"lthy HTTP/1.1\r\nHost: x\r\n\r\n")
             release.set()
             assert read_answer(sock).endswith(b"shmwatch_up 1\n")
             assert read_answer(sock).endswith(b"OK\n")
@@ -421,9 +423,9 @@ def test_a_client_that_does_not_read_its_answer_frees_its_slot(short: None) -> N
     try:
         stuck = s.connect()
         stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        stuck.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")  # and never reads
+        stuck.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")  # and never reads
         time.sleep(2 * HEADER + 0.3)
-        ok = s.ask(b"GET /-/healthy HTTP/1.1\r\nConnection: close\r\n\r\n")
+        ok = s.ask(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert status(ok) == b"HTTP/1.1 200 OK"
         stuck.close()
     finally:
@@ -447,7 +449,7 @@ def test_at_the_cap_an_idle_connection_makes_room_when_none_is_unanswered(
         idle.sendall(GET)
         assert read_answer(idle).endswith(b"shmwatch_up 1\n")
         fourth = s.ask(
-            b"GET /-/healthy HTTP/1.1\r\nConnection: close\r\n\r\n"
+            b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
         )  # only idle and third
         assert status(fourth) == b"HTTP/1.1 200 OK"
         for sock in (idle, fresh, third):
@@ -467,16 +469,20 @@ def test_loop_errors_from_clients_are_debug_and_bugs_errors(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="shmwatch.web")
-    loop_error(
-        None,
-        {
-            "message": "handshake failed",
-            "exception": ConnectionResetError(104, "reset"),
-        },
-    )
-    loop_error(None, {"message": "eof", "exception": EOFError("x")})
-    loop_error(None, {"message": "bug", "exception": KeyError("k")})
-    loop_error(None, {"message": "no exception"})
+    loop = asyncio.new_event_loop()  # what the front hands its handler; not run
+    try:
+        loop_error(
+            loop,
+            {
+                "message": "handshake failed",
+                "exception": ConnectionResetError(104, "reset"),
+            },
+        )
+        loop_error(loop, {"message": "eof", "exception": EOFError("x")})
+        loop_error(loop, {"message": "bug", "exception": KeyError("k")})
+        loop_error(loop, {"message": "no exception"})
+    finally:
+        loop.close()
     said = [
         (
             r.levelname,
@@ -499,10 +505,10 @@ def test_every_page_says_its_status_and_type(server: Server) -> None:
         (b"/-/healthy", b"text/plain"),
         (b"/nope", b"text/plain"),
     ):
-        answer = server.ask(b"GET " + path + b" HTTP/1.1\r\nConnection: close\r\n\r\n")
+        answer = server.ask(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert b"\r\nContent-Type: " + kind + b"\r\n" in answer
     assert (
-        status(server.ask(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n"))
+        status(server.ask(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
         == b"HTTP/1.1 200 OK"
     )
 
@@ -516,7 +522,7 @@ def test_connections_closed_free_their_place_at_the_cap(
         for _ in range(3):  # each pair closed before the next: none ever dropped
             pair = [s.connect(), s.connect()]
             for sock in pair:
-                sock.sendall(b"GET /-/healthy HTTP/1.1\r\nConnection: close\r\n\r\n")
+                sock.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
                 assert read_all(sock).endswith(b"OK\n")
                 sock.close()
             time.sleep(0.05)
@@ -541,7 +547,7 @@ def test_at_the_cap_an_active_connection_is_never_dropped(
     try:
         active, idle = s.connect(), s.connect()
         for sock in (active, idle):
-            sock.sendall(b"GET /-/healthy HTTP/1.1\r\n\r\n")
+            sock.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
             read_answer(sock)
         active.sendall(GET)  # idle a moment, now answering again
         assert entered.wait(2)
@@ -574,7 +580,7 @@ def test_at_the_cap_with_none_to_drop_a_new_connection_waits_its_turn(
         busy.close()
         time.sleep(0.05)
         later = s.ask(
-            b"GET /-/healthy HTTP/1.1\r\nConnection: close\r\n\r\n"
+            b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
         )  # accepting still
         assert status(later) == b"HTTP/1.1 200 OK"
         refused.close()

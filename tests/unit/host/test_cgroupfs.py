@@ -4,8 +4,9 @@ binds and where, the working set the OOM killer weighs, shmem, OOM kills, memory
 swap; and where a cgroupfs mount shows a cgroup. Fixture directories: part of the mutation
 selection."""
 
+import dataclasses
 from pathlib import Path
-from typing import Dict
+from typing import Any, Dict
 
 import pytest
 
@@ -13,7 +14,8 @@ from exporter.host.cgroupfs import (
     V1_UNLIMITED,
     cgroup_directories,
     read_files,
-    read_value,
+    read_flat_keyed,
+    read_limit,
 )
 from exporter.host.mountinfo import MountEntry
 
@@ -27,6 +29,13 @@ def cgroup(root: Path, relative: str, files: Dict[str, str]) -> str:
     for name, text in files.items():
         (directory / name).write_text(text)
     return str(directory)
+
+
+def read(directory: str, version: int, with_swap: bool = True) -> Dict[str, Any]:
+    """read_files' record as one flat dict: the binding limit's bytes and source beside the rest."""
+    got = dataclasses.asdict(read_files(directory, version, with_swap=with_swap))
+    limit = got.pop("limit")
+    return {**got, **limit}
 
 
 V2_STAT = "anon 2147483648\nfile 1073741824\nshmem 805306368\ninactive_file 268435456\nfile_mapped 5\n"
@@ -47,7 +56,7 @@ def test_a_v2_cgroup_read_whole(tmp_path: Path) -> None:
             "memory.swap.max": "max\n",
         },
     )
-    assert read_files(d, 2) == dict(
+    assert read(d, 2) == dict(
         usage_bytes=3 * GiB,
         limit_bytes=8 * GiB,
         limit_source="self",
@@ -65,7 +74,7 @@ def test_a_v2_cgroup_without_optional_files(tmp_path: Path) -> None:
     d = cgroup(
         tmp_path, "a", {"memory.current": "1000\n", "memory.stat": "anon 1000\n"}
     )
-    got = read_files(d, 2)
+    got = read(d, 2)
     assert (
         got["limit_bytes"],
         got["limit_source"],
@@ -92,11 +101,11 @@ def test_on_a_node_without_swap_v2_swap_is_not_read(tmp_path: Path) -> None:
             "memory.swap.max": "1048576\n",
         },
     )
-    assert (read_files(d, 2)["swap_bytes"], read_files(d, 2)["swap_limit_bytes"]) == (
+    assert (read(d, 2)["swap_bytes"], read(d, 2)["swap_limit_bytes"]) == (
         4096,
         1048576,
     )
-    without = read_files(d, 2, with_swap=False)
+    without = read(d, 2, with_swap=False)
     assert (without["swap_bytes"], without["swap_limit_bytes"]) == (None, None)
 
 
@@ -106,7 +115,7 @@ def test_the_working_set_never_goes_below_zero(tmp_path: Path) -> None:
         "a",
         {"memory.current": "1000\n", "memory.stat": "inactive_file 5000\n"},
     )
-    assert read_files(d, 2)["working_set_bytes"] == 0
+    assert read(d, 2)["working_set_bytes"] == 0
 
 
 def test_a_v1_cgroup_counts_its_descendants_and_sees_limits_above_its_namespace(
@@ -127,7 +136,7 @@ def test_a_v1_cgroup_counts_its_descendants_and_sees_limits_above_its_namespace(
             "memory.failcnt": "17\n",
         },
     )
-    got = read_files(d, 1)
+    got = read(d, 1)
     assert (got["limit_bytes"], got["limit_source"]) == (2 * GiB, "ancestor")
     assert (got["usage_bytes"], got["working_set_bytes"]) == (GiB, GiB - 128 * MiB)
     assert (got["shmem_bytes"], got["oom_kills"], got["swap_bytes"]) == (
@@ -146,7 +155,7 @@ def test_v1_hierarchical_limit_counts_only_when_tighter(tmp_path: Path) -> None:
         "memory.stat": "hierarchical_memory_limit 2147483648\n",
     }
     d = cgroup(tmp_path, "memory/a", files)
-    assert (read_files(d, 1)["limit_bytes"], read_files(d, 1)["limit_source"]) == (
+    assert (read(d, 1)["limit_bytes"], read(d, 1)["limit_source"]) == (
         GiB,
         "self",
     )
@@ -154,17 +163,17 @@ def test_v1_hierarchical_limit_counts_only_when_tighter(tmp_path: Path) -> None:
         "hierarchical_memory_limit 1073741824\n"  # equal: the cgroup's own
     )
     d = cgroup(tmp_path, "memory/b", files)
-    assert read_files(d, 1)["limit_source"] == "self"
+    assert read(d, 1)["limit_source"] == "self"
     files["memory.stat"] = f"hierarchical_memory_limit {V1_UNLIMITED}\n"
     files["memory.limit_in_bytes"] = f"{V1_UNLIMITED}\n"
     d = cgroup(tmp_path, "memory/c", files)
-    assert (read_files(d, 1)["limit_bytes"], read_files(d, 1)["limit_source"]) == (
+    assert (read(d, 1)["limit_bytes"], read(d, 1)["limit_source"]) == (
         None,
         "none",
     )
     files["memory.stat"] = f"hierarchical_memory_limit {V1_UNLIMITED - 4096}\n"
     d = cgroup(tmp_path, "memory/d", files)
-    assert (read_files(d, 1)["limit_bytes"], read_files(d, 1)["limit_source"]) == (
+    assert (read(d, 1)["limit_bytes"], read(d, 1)["limit_source"]) == (
         V1_UNLIMITED - 4096,
         "ancestor",
     )
@@ -176,7 +185,7 @@ def test_a_v1_cgroup_without_its_oom_counters(tmp_path: Path) -> None:
         "memory/a",
         {"memory.usage_in_bytes": "100\n", "memory.stat": "total_shmem 0\n"},
     )
-    got = read_files(d, 1)
+    got = read(d, 1)
     assert (got["events"], got["oom_kills"], got["shmem_bytes"]) == ((), None, 0)
 
 
@@ -191,11 +200,14 @@ def test_a_cgroup_without_usage_is_an_error(tmp_path: Path) -> None:
 def test_a_missing_file_reads_as_missing_any_other_error_is_raised(
     tmp_path: Path,
 ) -> None:
-    assert read_value(str(tmp_path), "memory.high") is None
-    assert read_value(str(tmp_path), "memory.events", missing={}) == {}
+    assert read_limit(str(tmp_path), "memory.high") is None
+    assert read_flat_keyed(str(tmp_path), "memory.events") == {}
     (tmp_path / "memory.high").mkdir()
     with pytest.raises(IsADirectoryError):
-        read_value(str(tmp_path), "memory.high")
+        read_limit(str(tmp_path), "memory.high")
+    (tmp_path / "memory.events").mkdir()
+    with pytest.raises(IsADirectoryError):
+        read_flat_keyed(str(tmp_path), "memory.events")
 
 
 def mount(point: str, fstype: str, root: str, options: str = "rw") -> MountEntry:

@@ -14,7 +14,13 @@ from typing import Set
 
 import pytest
 
-from exporter.host.proctable import PF_KTHREAD, Process, ProcessTable, parse_meminfo
+from exporter.host.proctable import (
+    PF_KTHREAD,
+    PidCounts,
+    Process,
+    ProcessTable,
+    parse_meminfo,
+)
 from tests.conftest import IS_ROOT, prerequisite_missing
 from tests.helpers import INITIAL_PID_NS, FakeProc
 
@@ -75,11 +81,11 @@ def test_known_kernel_threads_are_not_read_again(proc: FakeProc) -> None:
     proc.add(2, "kthreadd", flags=PF_KTHREAD)
     proc.add(3, "python3")
     kernel: Set[int] = set()
-    found, unreadable = table(proc).identify_all([3, 2, 3], kernel)
-    assert [p.pid for p in found] == [3] and kernel == {2} and unreadable == 0
+    got = table(proc).identify_all([3, 2, 3], kernel)
+    assert [p.pid for p in got.processes] == [3] and kernel == {2} and got.unreadable == 0
     os.unlink(proc.path(2, "stat"))
     os.mkdir(proc.path(2, "stat"))  # not read again: not counted unreadable
-    assert table(proc).identify_all([2, 3], kernel)[1] == 0
+    assert table(proc).identify_all([2, 3], kernel).unreadable == 0
 
 
 @pytest.mark.parametrize(
@@ -181,12 +187,13 @@ def test_without_hidepid_nothing_is_probed(proc: FakeProc) -> None:
     assert table(proc).walk().invisible == 0
 
 
-def test_the_server_as_pid_1_is_the_workload_when_our_parent_is_not_listed(
+def test_the_server_as_pid_1_is_the_workload_in_a_mount_namespace_of_its_own(
     proc: FakeProc,
 ) -> None:
-    """docker run --pid=container:server: the server is pid 1, shmwatch's parent is not listed."""
-    proc.add(1, "vllm", ppid=0)
-    proc.add(7, "shmwatch", ppid=99)
+    """docker run --pid=container:server: the server is pid 1, in its container's mount
+    namespace; shmwatch in its own."""
+    proc.add(1, "vllm", ppid=0, mnt_ns="mnt:[2]")
+    proc.add(7, "shmwatch", ppid=0, mnt_ns="mnt:[1]")
     proc.self_links(pid=7)
     assert table(proc).walk().workload_visible is True
 
@@ -194,13 +201,22 @@ def test_the_server_as_pid_1_is_the_workload_when_our_parent_is_not_listed(
 def test_alone_with_its_parents_in_a_pid_namespace_the_workload_is_not_in_sight(
     proc: FakeProc,
 ) -> None:
-    proc.add(1, "tini", ppid=0)
-    proc.add(6, "sh", ppid=1)
-    proc.add(7, "shmwatch", ppid=6)
-    proc.add(8, "python3", ppid=7)  # shmwatch's own child
+    """Every process listed shares shmwatch's mount namespace (its container's init, shell
+    and children): nothing shows another container, so no unheld segment is proven."""
+    proc.add(1, "tini", ppid=0, mnt_ns="mnt:[1]")
+    proc.add(6, "sh", ppid=1, mnt_ns="mnt:[1]")
+    proc.add(7, "shmwatch", ppid=6, mnt_ns="mnt:[1]")
+    proc.add(8, "python3", ppid=7, mnt_ns="mnt:[1]")  # shmwatch's own child
+    proc.add(9, "zombie", ppid=1)  # no ns links: gone, or a zombie holding nothing
     proc.self_links(pid=7)
     assert table(proc).walk().workload_visible is False
-    proc.add(9, "vllm", ppid=1)
+    proc.add(10, "vllm", ppid=1, mnt_ns="mnt:[2]")
+    assert table(proc).walk().workload_visible is True
+
+
+def test_the_initial_pid_namespace_lists_every_process(proc: FakeProc) -> None:
+    proc.add(7, "shmwatch", ppid=1, mnt_ns="mnt:[1]")
+    proc.self_links(pid=7, pid_ns=INITIAL_PID_NS)
     assert table(proc).walk().workload_visible is True
 
 
@@ -219,13 +235,6 @@ def test_unreadable_or_hidden_processes_may_be_the_workload(proc: FakeProc) -> N
     os.unlink(proc.path(8, "stat"))
     os.mkdir(proc.path(8, "stat"))
     assert table(proc).walk().workload_visible is True
-
-
-def test_a_parent_loop_ends(proc: FakeProc) -> None:
-    proc.add(7, "shmwatch", ppid=8)
-    proc.add(8, "sh", ppid=7)
-    proc.self_links(pid=7)
-    assert table(proc).walk().workload_visible is False
 
 
 def test_what_a_process_is_called(proc: FakeProc) -> None:
@@ -367,8 +376,8 @@ def test_pid_counters_are_the_last_pid_the_fork_count_and_pid_max(
 ) -> None:
     proc.counters(last_pid=4242, pid_max=32768, forks=123456)
     t = table(proc)
-    assert t.pid_counts() == (4242, 123456, 32768)
-    assert t.last_pid_and_max() == (4242, 32768)
+    assert t.pid_counts() == PidCounts(last_pid=4242, forks=123456, pid_max=32768)
+    assert (t.last_pid(), t.pid_max()) == (4242, 32768)
 
 
 def test_pid_counters_that_cannot_be_read_are_unknown_and_said_once(

@@ -14,6 +14,7 @@ from exporter.inventory.holdings import (
     Holding,
     Owners,
     ScanPace,
+    Sizes,
     UnprovenLog,
     add_names,
     joined,
@@ -48,7 +49,7 @@ def test_one_process_holding_a_segment_twice_is_one_holder_with_the_most_it_reac
             True,
             8192,
             "3000-5000",
-            (16384, 8192, 5.0),
+            Sizes(allocated_bytes=16384, apparent_bytes=8192, mtime=5.0),
         ),
     )
     owners.hold(key, Holding(10, "/dev/shm/torch_1", False, 1024, "", None))
@@ -90,7 +91,7 @@ def test_orphans_only_when_every_process_that_could_hold_one_was_read(
 
 
 def test_an_unlinked_segments_size_is_a_stats_else_its_furthest_mapping() -> None:
-    stat = (8192, 4096, 7.5)
+    stat = Sizes(allocated_bytes=8192, apparent_bytes=4096, mtime=7.5)
     hs = [
         Holding(1, "/a", True, 100),
         Holding(2, "/a", True, 300, sizes=stat),

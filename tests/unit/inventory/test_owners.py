@@ -300,14 +300,14 @@ def test_hidden_processes_that_cannot_be_counted_are_not_taken_as_none(
 
 
 def test_alone_in_a_pid_namespace_nothing_unheld_is_proven(tmp_path: Path) -> None:
-    """A sidecar without shareProcessNamespace sees only itself and its parents: a segment
-    nobody is seen holding is the server's, perhaps."""
+    """A sidecar without shareProcessNamespace sees only its own container's processes (its
+    mount namespace): a segment nobody is seen holding is the server's, perhaps."""
     shm = tmp_path / "shm"
     shm.mkdir()
     proc = FakeProc(str(tmp_path / "proc"))
-    proc.add(1, "sh", ppid=0)
-    proc.add(7, "shmwatch", ppid=1)
-    proc.add(9, "shmwatch", ppid=7)  # its own child (a collector's helper)
+    proc.add(1, "sh", ppid=0, mnt_ns="mnt:[1]")
+    proc.add(7, "shmwatch", ppid=1, mnt_ns="mnt:[1]")
+    proc.add(9, "shmwatch", ppid=7, mnt_ns="mnt:[1]")  # its own child (a collector's helper)
     proc.self_links(pid=7)
     world = World(shm, proc, os.stat(shm).st_dev)
     _, owners = world.scan()
@@ -317,9 +317,9 @@ def test_alone_in_a_pid_namespace_nothing_unheld_is_proven(tmp_path: Path) -> No
         False,
     )
     assert owners.unproven == [
-        "the workload's processes: only shmwatch and its parents are visible (a PID namespace of its own)"
+        "the workload's processes: none visible (a PID namespace of its own)"
     ]
-    proc.add(12, "vllm", ppid=1)  # the server shares it
+    proc.add(12, "vllm", ppid=1, mnt_ns="mnt:[2]")  # the server shares it, from its container
     _, owners = world.scan()
     assert (owners.unreadable, owners.unverifiable, owners.complete) == (0, 0, True)
 
