@@ -424,17 +424,19 @@ def test_nccl_in_cumem_host_memory_is_named_when_no_nccl_segment_exists(
         proc.paths,
         time.monotonic() + 5,
     )
-    assert found(report) == [
-        (
-            "info",
-            "shm",
-            "nccl",
-            "NCCL is loaded (vllm[10], ray[12]) and no nccl-* segment exists: NCCL >= 2.26.3 puts its SHM transport in "
-            "cuMem host memory when the cuMem probe succeeds (NCCL_CUMEM_HOST_ENABLE), which no mount shows: absent files "
-            "prove nothing",
-            "NCCL_CUMEM_HOST_ENABLE=0 on every rank puts the buffers back in /dev/shm",
-        )
-    ]
+    [(severity, area, subject, text, remedy)] = found(report)
+    assert (severity, area, subject) == ("info", "shm", "nccl")
+    # Named in /proc's listing order: a real /proc's is the pids', a fixture directory's the
+    # filesystem's (a tmpfs lists the newest first).
+    named, _, rest = text.removeprefix("NCCL is loaded (").partition(") and no nccl-* ")
+    assert sorted(named.split(", ")) == ["ray[12]", "vllm[10]"]
+    assert rest == (
+        "segment exists: NCCL >= 2.26.3 puts its SHM transport in cuMem host memory when the "
+        "cuMem probe succeeds (NCCL_CUMEM_HOST_ENABLE), which no mount shows: absent files "
+        "prove nothing"
+    )
+    assert text.startswith("NCCL is loaded (")
+    assert remedy == "NCCL_CUMEM_HOST_ENABLE=0 on every rank puts the buffers back in /dev/shm"
 
 
 def test_nccl_users_are_named_up_to_five(tmp_path: Path) -> None:
