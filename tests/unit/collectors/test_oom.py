@@ -17,6 +17,7 @@ from exporter.collectors.oom import (
     PendingReport,
     parse_kmsg_record,
     parse_oom_kills,
+    unescape_kmsg,
 )
 from exporter.model.types import OomKill
 from tests.helpers import DENIED_FILE
@@ -242,3 +243,47 @@ def test_a_record_that_is_not_utf8_is_read_with_replacements(tmp_path: Path) -> 
             f.write(data + b" " * (RECORD - len(data)))
     [kill] = OomCollector(str(kmsg), from_start=True).collect().new
     assert kill.comm == "py\ufffd"
+
+
+@pytest.mark.parametrize(
+    "logged, meant",
+    [
+        ("plain", "plain"),
+        (r"a\x5cb", "a\\b"),  # a backslash is escaped too
+        (r"caf\xc3\xa9", "café"),  # UTF-8, byte by byte
+        (r"\xC3\xA9", "é"),  # upper-case hex
+        (r"tab\x09nl\x0a", "tab\tnl\n"),
+        (r"bad\xff", "bad\udcff"),  # not UTF-8: kept as the os module keeps it
+        (r"\x41\x42", "AB"),  # escapes side by side
+        (r"x\x4", r"x\x4"),  # not an escape: two hex digits or none
+        (r"x\xzz", r"x\xzz"),
+        ("x\\y", "x\\y"),  # a lone backslash (the kernel never writes one) stays
+    ],
+)
+def test_the_kernel_logs_escapes_are_made_bytes_again(logged: str, meant: str) -> None:
+    assert unescape_kmsg(logged) == meant
+
+
+def test_a_kill_names_its_process_and_cgroups_unescaped() -> None:
+    ctr = f"/kubepods/pod{POD}/caf\\xc3\\xa9"
+    [kill] = parse_oom_kills(
+        [
+            oom_line(1, 42, ctr, f"/kubepods/pod{POD}\\x5c", comm=r"a\x01b"),
+            killed_line(2, 42, comm=r"a\x01b"),
+        ]
+    )
+    assert (kill.comm, kill.task_memcg, kill.oom_memcg) == (
+        "a\x01b",
+        f"/kubepods/pod{POD}/café",
+        f"/kubepods/pod{POD}\\",
+    )
+
+
+def test_a_legacy_reports_cgroups_are_unescaped() -> None:
+    [kill] = parse_oom_kills(
+        [
+            r"6,1,1000,-;Task in /a\xc3\xa9 killed as a result of limit of /b\x5c",
+            killed_line(2, 7),
+        ]
+    )
+    assert (kill.task_memcg, kill.oom_memcg) == ("/aé", "/b\\")
