@@ -60,6 +60,8 @@ class Hostile:
 
     def __init__(self, port, count=200, pad=BIG_HEADERS, trickle=5.0, host="127.0.0.1"):
         self.port, self.count, self.pad, self.trickle, self.host = port, count, pad, trickle, host
+        # One copy of what every connection sends; each keeps a view of what it has left.
+        self.payload = memoryview(HEAD + pad)
         self.stop, self.opened, self.closed_by_server = threading.Event(), 0, 0
         self.thread = threading.Thread(target=self.run, daemon=True)
 
@@ -76,7 +78,7 @@ class Hostile:
         sock.setblocking(False)
         sock.connect_ex((self.host, self.port))
         self.opened += 1
-        sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, [HEAD + self.pad, 0.0])
+        sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, [self.payload, 0.0])
 
     def run(self):
         sel = selectors.DefaultSelector()

@@ -114,7 +114,8 @@ class OwnerScan:
         pod_of = self._pods_of(previous, processes, born, bool(pods))
         scope = [p for i, p in processes.items() if i in born or pod_of.get(i) in pods]
         self._learn_mount_ids(devs, gone, new.processes, processes)
-        fresh = Owners(unverifiable=new.unreadable)  # one unread could hold anything
+        # one unread could hold anything: the count is absent until a full scan, as when denied
+        fresh = Owners(unreadable=new.unreadable, unverifiable=new.unreadable)
         self._scan(scope, devs, fresh)
         if new.unreadable:
             fresh.unproven_because(
