@@ -9,15 +9,17 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.collectors.discovery import MountDiscovery
+from exporter.collectors.segments import FullRun, SegmentsCollector
 from exporter.collectors.source import RunInput
 from exporter.inventory.changes import ChangeLog
 from exporter.exposition.metrics import ModelCollector
 from exporter.model.step import ModelStep
+from exporter.model.types import Inventory
 from exporter.host.paths import Paths
 from exporter.runtime.scheduler import Sampler
 from exporter.model.state import StateStore
@@ -74,6 +76,56 @@ class Runs:
         staged = self.begin()
         staged.scan()
         return self.finish(staged)
+
+
+class SegmentRuns:
+    """The segments collector's runs as the scheduler makes them (tests/unit/collectors):
+    each handed `mounts()`, the names `changes` holds (a full or quick run takes them, a
+    staged run's stages only look) and whether inotify watches every mount. Any other
+    attribute is the collector's."""
+
+    def __init__(
+        self,
+        source: SegmentsCollector,
+        mounts: Callable[[], Sequence[str]],
+        changes: ChangeLog,
+        all_watched: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.source, self.mounts = source, mounts
+        self.changes, self.all_watched = changes, all_watched
+
+    def input(self, take: bool = True) -> RunInput:
+        changes = self.changes.drain() if take else self.changes.peek()
+        return RunInput(mounts=tuple(self.mounts()), changes=changes, all_watched=self.all_watched())
+
+    def collect(self) -> Inventory:
+        """A full run. Node mode: its stages on one thread, the names changed taken as it
+        begins. A sidecar's as the scheduler runs it (runtime/scheduler.py's `_full_run`):
+        the names taken as it begins, and those named while the scan read /proc handed to
+        its last stage."""
+        if self.source.scans_beside_quick_runs:
+            return self.source.collect(self.input())
+        staged = self.source.begin_full(self.input())
+        staged.scan()
+        return staged.finish(self.input(take=False))
+
+    def collect_quick(self) -> Inventory:
+        return self.source.collect_quick(self.input())
+
+    def begin_full(self) -> FullRun:
+        """A staged full run's first stage (the listing); then `.scan()` and `finish`."""
+        return self.source.begin_full(self.input(take=False))
+
+    def finish(self, staged: FullRun) -> Inventory:
+        return staged.finish(self.input(take=False))
+
+    @property
+    def stretches(self) -> bool:
+        """Asked after a full run, as the scheduler does."""
+        return self.source.stretches(self.input(take=False))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.source, name)
 
 
 def run_every_source_once(sampler: Sampler) -> None:
