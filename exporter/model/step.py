@@ -178,6 +178,8 @@ class _Joins:
     usages: Dict[str, MountUsage]
     inventories: Dict[str, MountInventory]
     charged_to: Dict[str, CgroupMemory]  # by pod UID (cgroups_by_pod)
+    # The cgroups were not read and no --memory.limit-bytes: every mount's limit unknown.
+    limit_unknown: bool
 
 
 @dataclass
@@ -384,6 +386,7 @@ class ModelStep:
             usages={u.mount: u for u in self._results.usages or []},
             inventories={m.mount: m for m in inventory.mounts} if inventory else {},
             charged_to=cgroups_by_pod(cgroups),
+            limit_unknown=self._limits_unread(),
         )
         mounts = [self._mount_view(t, joins) for t in self._targets]
         return Model(
@@ -414,8 +417,10 @@ class ModelStep:
             used = usage.used_bytes
             budget = shm_budget(usage, cgroup, self.shm_size_limit, self.memory_limit)
             peak = max(joins.states.peaks.get(mount, used), used)
-            now = HighWaterMark(used_bytes=used, at=time.time())
-            high = joins.states.max_used.get(mount, now)
+            # None: no poll of it recorded yet; its use now is the highest (made only then:
+            # a build makes a view per mount, 2,000 on a node).
+            high = joins.states.max_used.get(mount)
+            high = high or HighWaterMark(used_bytes=used, at=time.time())
         return MountView(
             mount=mount,
             labels=target.labels,
@@ -427,18 +432,14 @@ class ModelStep:
             summary=self._summaries.get(mount),
             cgroup=cgroup,
             budget=budget,
-            budget_complete=not self._limit_unknown(cgroup, uid),
+            budget_complete=not (joins.limit_unknown or _limit_unknown(cgroup, uid)),
         )
 
-    def _limit_unknown(self, cgroup: Optional[CgroupMemory], uid: str) -> bool:
-        """(The caller's thread.) The memory limit is unknown, not none: no cgroup read and
-        no --memory.limit-bytes; an estimate's without a limit; a pod's cgroup unread."""
+    def _limits_unread(self) -> bool:
+        """(The caller's thread.) The memory limit is unknown, not none, for every mount:
+        the cgroups were not read and no --memory.limit-bytes was given."""
         unread = "cgroup" in self._latest and self._results.cgroups is None
-        if unread and self.memory_limit is None:
-            return True
-        if cgroup is not None:
-            return cgroup.estimated and not cgroup.limit_bytes
-        return bool(uid)
+        return unread and self.memory_limit is None
 
     def _oom_counts_for(
         self, cgroups: List[CgroupMemory], mounts: List[MountView]
@@ -496,6 +497,14 @@ class ModelStep:
             elif cgroup not in counts and (shown.pod_uid in live or not self.node_mode):
                 counts[cgroup] = shown
         return counts
+
+
+def _limit_unknown(cgroup: Optional[CgroupMemory], uid: str) -> bool:
+    """(The caller's thread.) A mount's memory limit is unknown, not none: its cgroup an
+    estimate without a limit; a pod's cgroup unread (`uid`: the mount's pod)."""
+    if cgroup is not None:
+        return cgroup.estimated and not cgroup.limit_bytes
+    return bool(uid)
 
 
 def _lineage(cgroup: str) -> List[str]:
