@@ -42,16 +42,16 @@ def classes_table() -> str:
         "| class | basename | where the name comes from | orphan |",
         "|---|---|---|---|",
     ]
-    for cls, pattern, source in CLASSES:
+    for row in CLASSES:
         orphan = (
             "`rm` advised"
-            if cls in REMOVABLE
+            if row.name in REMOVABLE
             else "not a leak"
-            if cls in NOT_LEAKS
+            if row.name in NOT_LEAKS
             else "reported, no advice"
         )
-        shown = pattern.replace("\\.", ".").replace(".*", "*").replace("|", "\\|")
-        rows.append(f"| {cls} | `{shown}` | {source.replace('<', '&lt;')} | {orphan} |")
+        shown = row.pattern.replace("\\.", ".").replace(".*", "*").replace("|", "\\|")
+        rows.append(f"| {row.name} | `{shown}` | {row.source.replace('<', '&lt;')} | {orphan} |")
     rows.append("| other | anything else | | reported, no advice |")
     return "\n".join(rows)
 

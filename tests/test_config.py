@@ -126,13 +126,18 @@ def test_unreadable_certificate_exits_2(tmp_path):
     assert result.returncode == 2 and "--web.tls-cert-file" in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_every_line_of_the_metric_and_class_tables_is_read():
-    """The tables are read by a regex that skips a line it does not match: a typo there
-    would drop a metric or a segment class silently, so count the entries. (The flags are
-    code: exporter/config.py's Config, tests/unit/test_config.py.)"""
+def test_the_metric_and_class_tables_are_rows_of_code():
+    """The catalogue and the segment class table are tuples of frozen rows built by keyword
+    (no text read by a regex, which would skip a line it does not match). (The flags are
+    code too: exporter/config.py's Config, tests/unit/test_config.py.)"""
+    import dataclasses
+    import re
+
     from exporter.model import catalogue, classes
 
-    names = [line.split()[0].split("{")[0] for line in catalogue._TABLE.splitlines() if line[:1].strip() not in ("", "#")]
-    assert [m.name for m in catalogue.CATALOGUE] == names
-    rows = [line for line in classes._TABLE.splitlines() if line[:1].strip() not in ("", "#")]
-    assert list(classes.CLASSES) == [tuple(line.split("  ")) for line in rows]
+    for rows, kind in ((catalogue.CATALOGUE, catalogue.Metric), (classes.CLASSES, classes.SegmentClass)):
+        assert rows and all(type(row) is kind for row in rows)
+        assert kind.__dataclass_params__.frozen and dataclasses.fields(kind)
+    for row in classes.CLASSES:
+        re.compile(row.pattern)
+        assert re.fullmatch(r"\w+", row.name) and row.source, row

@@ -3,46 +3,138 @@ PSM's psm_shm.* and PSM2's psm2_shm.* are MPI transports: before python_shm's ps
 
 import functools
 import re
+from dataclasses import dataclass
 from typing import Pattern, Tuple
 
-# class, regex on the basename, where the name comes from: two spaces apart; '#': a comment.
-_TABLE = r"""
-mpi  vader_segment\..*  Open MPI vader/sm BTL: vader_segment.<host>.<...>
-mpi  sm_segment\..*  Open MPI 5 sm BTL (vader renamed)
-mpi  mpich_shar_tmp.*  MPICH shared-memory temp files
-mpi  shm-col-space.*  Intel MPI / MPICH collectives
-mpi  psm_shm\..*  Intel PSM (InfiniPath) shared memory
-mpi  psm2_shm\..*  Intel PSM2 (Omni-Path) shared memory
-nccl  nccl-.*  NCCL: nccl-XXXXXX (<= 2.11: nccl-shm-recv-*, -send-*)
-ucx  ucx_shm_posix_.*  UCX posix transport (uct/sm/mm/posix)
-torch  torch_.*  PyTorch file_system sharing: torch_<pid>_<rand>[_<n>]
-python_shm  psm_.*  multiprocessing.shared_memory (vLLM/SGLang queues)
-sglang  sgl_shm_.*  SGLang: sgl_shm_<kind>_<pid>_<rand> (multimodal sgl_shm_mm_*)
-sglang  sglang_loads_.*  SGLang: sglang_loads_* (expert load statistics)
-semaphore  sem\.loky-.*  joblib/loky semaphores: sem.loky-<pid>-<rand>
-semaphore  sem\..*  glibc sem_open(): /dev/shm/sem.<name>
-# Unlinked once every worker mapped it (vLLM PR 52596): then a hidden segment.
-vllm_offload  vllm_offload_.*  vLLM CPU KV offload: vllm_offload_<uuid>.mmap
-ray  plasma.*  Ray plasma object store
-nixl  nixl_.*  NVIDIA NIXL (disaggregated KV transfer)
-dali  nvidia_dali_.*  NVIDIA DALI shared memory
-triton  triton_python_backend_shm_region_.*  Triton python backend
-cuda  cuda\.shm\..*  CUDA IPC / MPS: cuda.shm.<pid>.<n>
-"""
-CLASSES = tuple(re.findall(r"^(\w+)  (\S+)  (.+)", _TABLE, re.M))
 
-CLASS_NAMES: Tuple[str, ...] = (*dict.fromkeys(c for c, _, _ in CLASSES), "other")
+@dataclass(frozen=True)
+class SegmentClass:
+    """One row of the table: segments whose basename matches `pattern` (whole) are `name`'s."""
+
+    name: str
+    pattern: str
+    # Where names of this form come from.
+    source: str
+
+
+CLASSES: Tuple[SegmentClass, ...] = (
+    SegmentClass(
+        name="mpi",
+        pattern=r"vader_segment\..*",
+        source="Open MPI vader/sm BTL: vader_segment.<host>.<...>",
+    ),
+    SegmentClass(
+        name="mpi",
+        pattern=r"sm_segment\..*",
+        source="Open MPI 5 sm BTL (vader renamed)",
+    ),
+    SegmentClass(
+        name="mpi",
+        pattern=r"mpich_shar_tmp.*",
+        source="MPICH shared-memory temp files",
+    ),
+    SegmentClass(
+        name="mpi",
+        pattern=r"shm-col-space.*",
+        source="Intel MPI / MPICH collectives",
+    ),
+    SegmentClass(
+        name="mpi",
+        pattern=r"psm_shm\..*",
+        source="Intel PSM (InfiniPath) shared memory",
+    ),
+    SegmentClass(
+        name="mpi",
+        pattern=r"psm2_shm\..*",
+        source="Intel PSM2 (Omni-Path) shared memory",
+    ),
+    SegmentClass(
+        name="nccl",
+        pattern=r"nccl-.*",
+        source="NCCL: nccl-XXXXXX (<= 2.11: nccl-shm-recv-*, -send-*)",
+    ),
+    SegmentClass(
+        name="ucx",
+        pattern=r"ucx_shm_posix_.*",
+        source="UCX posix transport (uct/sm/mm/posix)",
+    ),
+    SegmentClass(
+        name="torch",
+        pattern=r"torch_.*",
+        source="PyTorch file_system sharing: torch_<pid>_<rand>[_<n>]",
+    ),
+    SegmentClass(
+        name="python_shm",
+        pattern=r"psm_.*",
+        source="multiprocessing.shared_memory (vLLM/SGLang queues)",
+    ),
+    SegmentClass(
+        name="sglang",
+        pattern=r"sgl_shm_.*",
+        source="SGLang: sgl_shm_<kind>_<pid>_<rand> (multimodal sgl_shm_mm_*)",
+    ),
+    SegmentClass(
+        name="sglang",
+        pattern=r"sglang_loads_.*",
+        source="SGLang: sglang_loads_* (expert load statistics)",
+    ),
+    SegmentClass(
+        name="semaphore",
+        pattern=r"sem\.loky-.*",
+        source="joblib/loky semaphores: sem.loky-<pid>-<rand>",
+    ),
+    SegmentClass(
+        name="semaphore",
+        pattern=r"sem\..*",
+        source="glibc sem_open(): /dev/shm/sem.<name>",
+    ),
+    # Unlinked once every worker mapped it (vLLM PR 52596): then a hidden segment.
+    SegmentClass(
+        name="vllm_offload",
+        pattern=r"vllm_offload_.*",
+        source="vLLM CPU KV offload: vllm_offload_<uuid>.mmap",
+    ),
+    SegmentClass(
+        name="ray",
+        pattern=r"plasma.*",
+        source="Ray plasma object store",
+    ),
+    SegmentClass(
+        name="nixl",
+        pattern=r"nixl_.*",
+        source="NVIDIA NIXL (disaggregated KV transfer)",
+    ),
+    SegmentClass(
+        name="dali",
+        pattern=r"nvidia_dali_.*",
+        source="NVIDIA DALI shared memory",
+    ),
+    SegmentClass(
+        name="triton",
+        pattern=r"triton_python_backend_shm_region_.*",
+        source="Triton python backend",
+    ),
+    SegmentClass(
+        name="cuda",
+        pattern=r"cuda\.shm\..*",
+        source="CUDA IPC / MPS: cuda.shm.<pid>.<n>",
+    ),
+)
+
+CLASS_NAMES: Tuple[str, ...] = (*dict.fromkeys(row.name for row in CLASSES), "other")
 
 # One alternation, one fullmatch per name: the first row that matches names its group.
 _COMBINED: Pattern[str] = re.compile(
-    "|".join(f"(?P<r{i}>{p})" for i, (_, p, _) in enumerate(CLASSES)), re.S
+    "|".join(f"(?P<r{i}>{row.pattern})" for i, row in enumerate(CLASSES)), re.S
 )
-_GROUP_CLASS = {f"r{i}": c for i, (c, _, _) in enumerate(CLASSES)}
+_GROUP_CLASS = {f"r{i}": row.name for i, row in enumerate(CLASSES)}
 
 
 def _class_of(basename: str) -> str:
     match = _COMBINED.fullmatch(basename.removesuffix(" (deleted)"))
-    return _GROUP_CLASS[match.lastgroup] if match else "other"
+    if match is None or match.lastgroup is None:
+        return "other"
+    return _GROUP_CLASS[match.lastgroup]
 
 
 # Bounded: names repeat between inventories, but churn (every NCCL init makes new random
