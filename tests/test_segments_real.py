@@ -5,7 +5,7 @@ import time
 
 
 from exporter.collectors.segments import SegmentsCollector
-from exporter.model.summary import owner_label
+from exporter.model.summary import owner_comm
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from exporter.inventory.changes import ChangeLog
@@ -35,7 +35,7 @@ def test_python_shared_memory_is_linked_and_owned(tmpfs):
         assert (seg.cls, seg.state) == ("python_shm", "linked")
         assert seg.allocated_bytes == seg.apparent_bytes == 2 * MiB
         assert seg.holders == (peer.pid,)
-        assert owner_label(seg.holders, inv.comms) == f"{peer.comm}[{peer.pid}]"
+        assert owner_comm(seg.holders, inv.comms) == peer.comm
         assert m.process_bytes[peer.pid] == 2 * MiB
 
 

@@ -13,7 +13,7 @@ from prometheus_client.registry import Collector
 from exporter import __version__
 from exporter.exposition.render import Families, Family
 from exporter.model.step import Model, ModelStep
-from exporter.model.summary import memfd_summary, owner_label
+from exporter.model.summary import memfd_summary, owner_comm
 
 log = logging.getLogger(__name__)
 MAX_LABEL_CHARS = 128
@@ -151,7 +151,7 @@ class ModelCollector(Collector):
             if (name, seg.state) in seen:  # two names that clean to the same text
                 name = f"{name} (inode {seg.key[1]})"
             seen.add((name, seg.state))
-            owner = clean(owner_label(seg.holders, comms))
+            owner = clean(owner_comm(seg.holders, comms))
             labels = [mount, name, seg.cls, seg.state, owner]
             out.add("shmwatch_top_segment_bytes", labels, seg.allocated_bytes)
         for pid, size in summary.top_processes:
