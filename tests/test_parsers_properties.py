@@ -357,14 +357,14 @@ def test_classify_is_total_and_ignores_deleted(name):
 
 
 # One example name per row; a longer prefix of an earlier row may win (psm_shm. -> mpi).
-ROW_PREFIX = [(cls, re.sub(r"(\\\.)?\.\*$", "", pattern).replace("\\.", "."), pattern) for cls, pattern, _ in CLASSES]
+ROW_PREFIX = [(row.name, re.sub(r"(\\\.)?\.\*$", "", row.pattern).replace("\\.", "."), row.pattern) for row in CLASSES]
 
 
 @pytest.mark.parametrize("cls,prefix,pattern", ROW_PREFIX, ids=[p for _, p, _ in ROW_PREFIX])
 @given(suffix=st.text(max_size=20))
 def test_every_row_classifies_its_names(cls, prefix, pattern, suffix):
     name = prefix + ("." if pattern.endswith("\\..*") else "") + suffix
-    first = next(c for c, p, _ in CLASSES if re.fullmatch(p, name, re.S))
+    first = next(row.name for row in CLASSES if re.fullmatch(row.pattern, name, re.S))
     assert classify(name) == first
     assert first == cls or cls == "python_shm"  # only psm_* has more specific rows before it
 
