@@ -1,19 +1,27 @@
-"""The model as the catalogue's families. A mount's or cgroup's series (most as in the
-last render) are reused while their inputs are equal (Families.parts_of). A bug in one
-source's renderer drops that source's series and marks it failed, not the scrape."""
+"""The model as the catalogue's families, those exposed (--metric-allowlist, --metric-denylist).
+A mount's or cgroup's series (most as in the last render) are reused while their inputs are
+equal (Families.parts_of). A bug in one source's renderer drops that source's series and
+marks it failed, not the scrape.
+
+Labels say what a series is about once: in node mode a pod's mount by its pod and volume
+(or a runtime's by its container), not also by its path; a pod's cgroup by its pod; a
+process by its name (comm), summed or its largest, never by its pid."""
 
 import functools
 import logging
 import re
 import threading
-from typing import Iterable, List
+from collections import Counter
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.exposition.render import Families, Family
-from exporter.model.step import Model, ModelStep
-from exporter.model.summary import memfd_summary, owner_comm
+from exporter.model.step import Model, ModelStep, MountView
+from exporter.model.summary import memfd_summary, named_on_exporter, owner_comm
+from exporter.model.types import Segment
 
 log = logging.getLogger(__name__)
 MAX_LABEL_CHARS = 128
@@ -45,11 +53,59 @@ MOUNT_SERIES = (
 ).split()
 
 
-class ModelCollector(Collector):
-    """Renders the model step's current Model; reads nothing else."""
+def mount_label(view: MountView) -> str:
+    """A mount's `mount` label: its path, or '' (left out) where node mode names it by its
+    pod and volume or its container."""
+    return "" if any(view.labels.values()) else view.mount
 
-    def __init__(self, step: ModelStep):
-        self.step = step
+
+def cgroup_label(
+    cgroup: str, pod_uid: str, node_mode: bool, ambiguous: FrozenSet[str] = frozenset()
+) -> str:
+    """A cgroup's `cgroup` label: its path, or '' (left out) for a pod's in node mode, whose
+    pod_uid says which it is; unless the pod is `ambiguous` (two cgroups of it in one family:
+    an OOM count kept under the path the kernel named, beside the pod's live cgroup), where
+    the path tells the two series apart."""
+    if node_mode and pod_uid and pod_uid not in ambiguous:
+        return ""
+    return clean(cgroup, 256)
+
+
+def pods_twice(pod_uids: Iterable[str]) -> FrozenSet[str]:
+    """The pods named more than once: their series keep the cgroup's path."""
+    counted = Counter(uid for uid in pod_uids if uid)
+    return frozenset(uid for uid, n in counted.items() if n > 1)
+
+
+def largest_by_name(
+    held: Iterable[Tuple[int, int]], comms: Dict[int, str], pods: Dict[int, str]
+) -> Dict[Tuple[str, str], int]:
+    """(pid, bytes) -> (comm, pod UID) -> the most any one of those processes holds."""
+    out: Dict[Tuple[str, str], int] = {}
+    for pid, size in held:
+        key = clean(comms.get(pid, "unknown")), pods.get(pid, "")
+        out[key] = max(size, out.get(key, 0))
+    return out
+
+
+@dataclass(frozen=True)
+class NamedSegment:
+    """A segment the exporter names, with what its series says of it besides."""
+
+    # Its mount's `mount` label (mount_label) and node mode's labels.
+    mount: str
+    labels: Dict[str, str]
+    segment: Segment
+    # The process name (comm) of its first holder.
+    owner: str
+
+
+class ModelCollector(Collector):
+    """Renders the model step's current Model; reads nothing else. `exposed`: the families
+    to render (None: every one)."""
+
+    def __init__(self, step: ModelStep, exposed: Optional[FrozenSet[str]] = None):
+        self.step, self.exposed = step, exposed
         self.parts: dict = {}  # the last render's, by key (Families.parts_of)
         self._lock = threading.Lock()  # one render at a time: they share parts
 
@@ -59,7 +115,7 @@ class ModelCollector(Collector):
     def collect(self) -> Iterable[Family]:
         with self._lock:
             model = self.step.current()
-            out = Families(model.node_mode, self.parts)
+            out = Families(model.node_mode, self.parts, exposed=self.exposed)
             out.add("shmwatch_build_info", [__version__], 1)
             for status in model.statuses:
                 name, ok = status.name, status.success
@@ -75,7 +131,7 @@ class ModelCollector(Collector):
 
     def _guarded(self, what: str, render, model: Model, out: Families) -> bool:
         """`render`'s series, or none of them (logged) when it fails."""
-        staged = Families(out.node_mode, out.last, made=out.made)
+        staged = Families(out.node_mode, out.last, made=out.made, exposed=out.exposed)
         try:
             render(model, staged)
         except Exception:
@@ -87,7 +143,7 @@ class ModelCollector(Collector):
 
     def _shm_mount(self, model: Model, out: Families) -> None:
         rows = (
-            (("shm_mount", v.mount), v.labels, v.usage, v.peak_bytes)
+            (("shm_mount", v.mount), v.labels, mount_label(v), v.usage, v.peak_bytes)
             + (v.max_used_bytes, v.max_used_at)
             for v in model.mounts
             if v.usage is not None
@@ -95,15 +151,17 @@ class ModelCollector(Collector):
         out.parts_of(self._one_mount_usage, rows)
 
     @staticmethod
-    def _one_mount_usage(out: Families, m, *figures) -> None:
+    def _one_mount_usage(out: Families, mount, m, *figures) -> None:
+        """A mount that cannot be measured says so (mount_error 1); one that can, its figures
+        (where an error 0 would only repeat that they are there)."""
         noswap = "true" if m.noswap else "false"
-        out.add("shmwatch_mount_info", [m.mount, m.fstype, clean(m.source), noswap], 1)
-        out.add("shmwatch_mount_error", [m.mount], 1 if m.error else 0)
+        out.add("shmwatch_mount_info", [mount, m.fstype, clean(m.source), noswap], 1)
         if m.error:
+            out.add("shmwatch_mount_error", [mount], 1)
             return
         own = (m.size_bytes, m.used_bytes, m.available_bytes, m.usage_ratio, m.inodes)
         for field, value in zip(MOUNT_SERIES, (*own, m.inodes_free, *figures)):
-            out.add(f"shmwatch_mount_{field}", [m.mount], value)
+            out.add(f"shmwatch_mount_{field}", [mount], value)
 
     def _segments(self, model: Model, out: Families) -> None:
         inv = model.inventory
@@ -116,7 +174,14 @@ class ModelCollector(Collector):
             pids = v.summary.named_pids
             comms = {pid: inv.comms.get(pid, "unknown") for pid in pids}
             pods = {pid: inv.pods.get(pid, "") for pid in pids}
-            return ("segments", v.mount), v.labels, v.mount, v.summary, comms, pods
+            return (
+                ("segments", v.mount),
+                v.labels,
+                mount_label(v),
+                v.summary,
+                comms,
+                pods,
+            )
 
         def state(v):
             # An orphan's age moves on with every inventory (whole seconds: leaks are hours old).
@@ -124,40 +189,68 @@ class ModelCollector(Collector):
             age = 0.0 if oldest is None else float(max(0, int(inv.wall_time - oldest)))
             verified = int(inv.owners_complete and not degraded)
             others = sorted(v.inventory.other_entries.items())
-            row = ("state", v.mount), v.labels, v.mount, age, degraded, verified
+            row = ("state", v.mount), v.labels, mount_label(v), age, degraded, verified
             return row + (v.inventory.unattributed_bytes, others)
 
         # Rows made again only for another inventory or summary (most renders have none).
         same = (inv, *[x for v in listed for x in (v.labels, v.summary, v.inventory)])
         out.parts_of(self._one_mount_segments, map(segments, listed), same)
+        if out.wants("shmwatch_top_segment_bytes"):
+            named = (
+                self._named_row(listed, inv.comms) for _ in range(1)
+            )  # made if needed
+            out.parts_of(self._named_segments, named, same)
         out.parts_of(self._one_mount_state, map(state, listed), same)
         by_class, top = memfd_summary(inv, self.step.top_k)
         for cls, (count, allocated) in sorted(by_class.items()):
             out.add("shmwatch_memfd_regions", [cls], count)
             out.add("shmwatch_memfd_bytes", [cls], allocated)
-        for pid, size in top:
-            labels = [str(pid), clean(inv.comms.get(pid, "unknown"))]
-            pod = {"process_pod_uid": inv.pods.get(pid, "")}
-            out.add("shmwatch_process_memfd_bytes", labels, size, pod)
+        for (comm, pod), size in largest_by_name(top, inv.comms, inv.pods).items():
+            pods = {"process_pod_uid": pod}
+            out.add("shmwatch_process_memfd_bytes", [comm], size, pods)
+
+    def _named_row(
+        self, listed: List[MountView], comms: Dict[int, str]
+    ) -> Tuple[Tuple[str], Dict[str, str], List[NamedSegment]]:
+        """The one row of the exporter's named segments: --segments.top-k of every mount's."""
+        summaries = [(v, v.summary) for v in listed if v.summary is not None]
+        named = [
+            NamedSegment(
+                mount=mount_label(v),
+                labels=v.labels,
+                segment=seg,
+                owner=owner_comm(seg.holders, comms),
+            )
+            for v, seg in named_on_exporter(summaries, self.step.top_k)
+        ]
+        return ("named segments",), {}, named
+
+    @staticmethod
+    def _named_segments(out: Families, named: List[NamedSegment]) -> None:
+        # Two names that clean to the same text are told apart by their inode.
+        seen: Set[Tuple[Tuple[str, ...], str, str]] = set()
+        for n in named:
+            seg, name = n.segment, clean(n.segment.name)
+            where = (n.mount, *n.labels.values())
+            if (where, name, seg.state) in seen:
+                name = f"{name} (inode {seg.key[1]})"
+            seen.add((where, name, seg.state))
+            values = [n.mount, name, seg.cls, seg.state, clean(n.owner)]
+            out.add("shmwatch_top_segment_bytes", values, seg.allocated_bytes, n.labels)
 
     @staticmethod
     def _one_mount_segments(out: Families, mount, summary, comms, pods) -> None:
         for (cls, state), figures in sorted(summary.totals.items()):
             for kind, value in zip(SEGMENT_SERIES, figures):
                 out.add(f"shmwatch_{kind}", [mount, cls, state], value)
-        seen = set()
-        for seg in summary.top:
-            name = clean(seg.name)
-            if (name, seg.state) in seen:  # two names that clean to the same text
-                name = f"{name} (inode {seg.key[1]})"
-            seen.add((name, seg.state))
-            owner = clean(owner_comm(seg.holders, comms))
-            labels = [mount, name, seg.cls, seg.state, owner]
-            out.add("shmwatch_top_segment_bytes", labels, seg.allocated_bytes)
-        for pid, size in summary.top_processes:
-            labels = [mount, str(pid), clean(comms[pid])]
-            pod = {"process_pod_uid": pods[pid]}
-            out.add("shmwatch_process_shm_bytes", labels, size, pod)
+        by_name = largest_by_name(summary.top_processes, comms, pods)
+        for (comm, pod), size in by_name.items():
+            out.add(
+                "shmwatch_process_shm_bytes",
+                [mount, comm],
+                size,
+                {"process_pod_uid": pod},
+            )
 
     @staticmethod
     def _one_mount_state(out: Families, mount, age, degraded, *figures) -> None:
@@ -202,15 +295,18 @@ class ModelCollector(Collector):
 
     def _cgroup(self, model: Model, out: Families) -> None:
         unexplained = model.shmem_unexplained.get
+        twice = pods_twice(c.pod_uid for c in model.cgroups)
         rows = (
-            (("cgroup", c.cgroup), {"pod_uid": c.pod_uid}, c, unexplained(c.cgroup))
+            (("cgroup", c.cgroup), {"pod_uid": c.pod_uid})
+            + (cgroup_label(c.cgroup, c.pod_uid, model.node_mode, twice),)
+            + (c, unexplained(c.cgroup))
             for c in model.cgroups
         )
         out.parts_of(self._one_cgroup, rows)
 
     @staticmethod
-    def _one_cgroup(out: Families, cg, unexplained) -> None:
-        label = [clean(cg.cgroup, 256)]
+    def _one_cgroup(out: Families, shown, cg, unexplained) -> None:
+        label = [shown]
         for name, value in (
             ("cgroup_memory_usage_bytes", cg.usage_bytes),
             ("cgroup_memory_working_set_bytes", cg.working_set_bytes),
@@ -234,6 +330,7 @@ class ModelCollector(Collector):
 
     def _gpu(self, model: Model, out: Families) -> None:
         gpus = model.gpu
+        pods = model.inventory.pods if model.inventory else {}
         for d in gpus.devices:
             ids = [d.gpu, clean(d.uuid)]
             info = [*ids, clean(d.name), clean(gpus.driver_version)]
@@ -242,17 +339,31 @@ class ModelCollector(Collector):
                 value = getattr(d, f"{field}_bytes")
                 if value is not None:  # reserved: not every driver tells it
                     out.add(f"shmwatch_gpu_memory_{field}_bytes", ids, value)
+            # GPU memory is no two processes': a name's is their sum.
+            used: Dict[Tuple[str, str], int] = {}
             for p in d.processes:
-                labels = ids + [str(p.pid), clean(p.comm)]
-                out.add("shmwatch_gpu_process_memory_bytes", labels, p.used_bytes)
+                key = clean(p.comm), pods.get(p.pid, "")
+                used[key] = used.get(key, 0) + p.used_bytes
+            for (comm, pod), size in used.items():
+                labels, extra = ids + [comm], {"process_pod_uid": pod}
+                out.add("shmwatch_gpu_process_memory_bytes", labels, size, extra)
 
     def _derived(self, model: Model, out: Families) -> None:
         """Effective shm size and the OOM projection: shm usage joined with the cgroup."""
         if not model.result_ok("shm_mount"):
             return
         rows = (
-            (("derived", v.mount), v.labels, v.mount, v.budget, v.budget_complete)
-            + (v.cgroup and v.cgroup.cgroup,)
+            (
+                ("derived", v.mount),
+                v.labels,
+                mount_label(v),
+                v.budget,
+                v.budget_complete,
+            )
+            + (
+                v.cgroup
+                and cgroup_label(v.cgroup.cgroup, v.cgroup.pod_uid, model.node_mode),
+            )
             for v in model.mounts
             if v.budget is not None
         )
@@ -261,7 +372,7 @@ class ModelCollector(Collector):
     @staticmethod
     def _one_derived(out: Families, mount, budget, complete, cgroup) -> None:
         if budget.projection is not None:
-            labels = [mount, clean(cgroup, 256)]
+            labels = [mount, cgroup or ""]
             out.add("shmwatch_shm_oom_projection_ratio", labels, budget.projection)
         if complete:
             size = budget.effective_bytes
@@ -269,19 +380,21 @@ class ModelCollector(Collector):
 
     def _oom_kills(self, model: Model, out: Families) -> None:
         """From the model's counts, not the cgroup renderer: a pod's kills outlive its cgroup."""
-        name = "shmwatch_cgroup_oom_kills_total"
+        name, node_mode = "shmwatch_cgroup_oom_kills_total", model.node_mode
+        twice = pods_twice(c.pod_uid for c in model.oom_kills)
         rows = (
-            (("oom", c.cgroup), {"pod_uid": c.pod_uid}, name, [clean(c.cgroup, 256)])
-            + (c.kills,)
+            (("oom", c.cgroup), {"pod_uid": c.pod_uid}, name)
+            + ([cgroup_label(c.cgroup, c.pod_uid, node_mode, twice)], c.kills)
             for c in model.oom_kills
         )
         out.parts_of(Families.add, rows, (model.oom_kills,))  # kept while unchanged
 
     def _events(self, model: Model, out: Families) -> None:
         states = model.states
-        labels = {v.mount: v.labels for v in model.mounts}
+        views = {v.mount: v for v in model.mounts}
         rows = (
-            (("events", mount), labels.get(mount), mount)
+            (("events", mount), views[mount].labels if mount in views else None)
+            + (mount_label(views[mount]) if mount in views else mount,)
             + (states.event_rows.get(mount, ()), states.inotify.get(mount))
             + (states.overflows.get(mount, 0),)
             for mount in sorted({*states.event_rows, *states.inotify})

@@ -11,7 +11,17 @@ import operator
 import re
 import threading
 from types import SimpleNamespace
-from typing import Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
+from typing import (
+    Callable,
+    Dict,
+    FrozenSet,
+    Hashable,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+)
 from urllib.parse import parse_qs
 
 from prometheus_client.exposition import choose_encoder, generate_latest
@@ -32,7 +42,9 @@ QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")  # RFC 9110's weight
 
 class Shape:
     """One family's kind, help, label names (node mode's last) and line template, which takes
-    label values in that order and writes them sorted by name, as generate_latest does."""
+    label values in that order and writes them sorted by name, as generate_latest does. A
+    label whose value is empty is left out of its line (Prometheus stores none): node mode's
+    labels a series has no value for, a mount named by its pod and volume."""
 
     def __init__(self, sample_name, names, kind="gauge", doc="", added=()):
         self.sample_name, self.type = sample_name, kind
@@ -40,15 +52,28 @@ class Shape:
         self.name = sample_name[: -len("_total")] if kind == "counter" else sample_name
         self.documentation, self.added, self.unit = doc, tuple(added), ""
         self.order = sorted(range(len(names)), key=names.__getitem__)
-        pairs = ",".join(f'{names[i]}="%s"' for i in self.order)
-        self.template = sample_name + ("{" + pairs + "}" if names else "") + " %s\n"
+        self.sorted_names = tuple(names[i] for i in self.order)
+        self.template = self._template((True,) * len(names))
+        # Which labels a line has (a flag each, in sorted order) -> its template.
+        self.templates: Dict[Tuple[bool, ...], str] = {}
+
+    def _template(self, present: Tuple[bool, ...]) -> str:
+        kept = [n for n, keep in zip(self.sorted_names, present) if keep]
+        pairs = ",".join(f'{n}="%s"' for n in kept)
+        return self.sample_name + ("{" + pairs + "}" if kept else "") + " %s\n"
 
     def line(self, values: Sequence[str], value: float) -> str:
         ordered = [
             values[i].replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
             for i in self.order
         ]
-        return self.template % (*ordered, floatToGoString(value))
+        if all(ordered):
+            return self.template % (*ordered, floatToGoString(value))
+        present = tuple(map(bool, ordered))
+        template = self.templates.get(present)
+        if template is None:
+            template = self.templates.setdefault(present, self._template(present))
+        return template % (*filter(None, ordered), floatToGoString(value))
 
 
 @functools.lru_cache(maxsize=None)
@@ -73,14 +98,24 @@ class Family(Shape):
 class Families:
     """Lines by family name, in the order first added. Node mode's labels come from `labels`
     (every sample here carries them where its family has them) and a sample's `extra`.
-    `last` and `made` are the last and this render's parts by key (`parts_of`)."""
+    `last` and `made` are the last and this render's parts by key (`parts_of`). Only the
+    families in `exposed` are kept (None: every one)."""
 
-    def __init__(self, node_mode=False, last=None, labels=None, made=None):
+    def __init__(
+        self, node_mode=False, last=None, labels=None, made=None, exposed=None
+    ):
         self.node_mode, self.last, self.labels = node_mode, last or {}, labels or {}
         self.made: Dict[tuple, tuple] = {} if made is None else made
         self.parts: Dict[str, List[str]] = {}  # family name -> lines, joined in runs
+        self.exposed: Optional[FrozenSet[str]] = exposed
+
+    def wants(self, name: str) -> bool:
+        """Whether the family is exposed: a renderer may skip the work of one that is not."""
+        return self.exposed is None or name in self.exposed
 
     def add(self, name: str, labels: Sequence[str], value: float, extra=None) -> None:
+        if self.exposed is not None and name not in self.exposed:
+            return
         form = shape(name, self.node_mode)
         if form.added:
             given = {**self.labels, **extra} if extra else self.labels
@@ -112,7 +147,7 @@ class Families:
             inputs = row[1:]
             known = last.get(row[0])
             if known is None or known[0] != inputs:
-                staged = Families(self.node_mode, labels=row[1])
+                staged = Families(self.node_mode, labels=row[1], exposed=self.exposed)
                 make(staged, *row[2:])
                 texts = tuple(map("".join, staged.parts.values()))
                 known = (inputs, (tuple(staged.parts), texts))
@@ -172,8 +207,16 @@ def encode(metrics: List[Family], encoder: Callable) -> bytes:
 
 
 class Exposition:
-    def __init__(self, registry: CollectorRegistry, version: Callable[[], Hashable]):
+    """/metrics of the registry's families, those in `exposed` (None: every one)."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        version: Callable[[], Hashable],
+        exposed: Optional[FrozenSet[str]] = None,
+    ):
         self.registry, self.version, self.renders = registry, version, 0
+        self.exposed = exposed
         self._lock = threading.Lock()
         self._rendered = object()  # the version _metrics are of: none yet
         self._metrics: List[Family] = []
@@ -205,7 +248,7 @@ class Exposition:
         with self._lock:
             version = self.version()
             if version != self._rendered:
-                self._metrics, self._bodies = list(self.registry.collect()), {}
+                self._metrics, self._bodies = self._collected(), {}
                 self._rendered, self.renders = version, self.renders + 1
             body = None if names else self._bodies.get(key)
             if body is None:
@@ -217,6 +260,10 @@ class Exposition:
                     self._bodies[key] = body
         start_response("200 OK", answer_headers(content_type, gzipped))
         return [body]
+
+    def _collected(self) -> List[Family]:
+        exposed, families = self.exposed, self.registry.collect()
+        return [f for f in families if exposed is None or f.sample_name in exposed]
 
 
 def negotiate(environ: Dict[str, str]) -> Tuple[Callable[..., bytes], str, bool]:

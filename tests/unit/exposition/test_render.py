@@ -67,3 +67,36 @@ def test_ready_gives_only_a_body_a_render_made_and_never_waits():
         gate.open.set()
         rendering.join(10)
     assert exposition.ready(plain) is not None
+
+
+def test_a_label_with_no_value_is_left_out_of_its_line():
+    """Prometheus stores no empty label: writing one is bytes for nothing on every scrape."""
+    from exporter.exposition.render import Shape
+
+    shape = Shape("shmwatch_mount_used_bytes", ["mount", "pod_uid", "volume", "container_id"])
+    assert shape.line(["/dev/shm", "", "", ""], 1) == 'shmwatch_mount_used_bytes{mount="/dev/shm"} 1.0\n'
+    assert shape.line(["", "u1", "dshm", ""], 2) == 'shmwatch_mount_used_bytes{pod_uid="u1",volume="dshm"} 2.0\n'
+    assert shape.line(["", "", "", ""], 3) == "shmwatch_mount_used_bytes 3.0\n"
+    assert shape.line(["/a", "u", "v", "c"], 4) == \
+        'shmwatch_mount_used_bytes{container_id="c",mount="/a",pod_uid="u",volume="v"} 4.0\n'
+    assert shape.line(['"', "", "", "\n"], 5) == 'shmwatch_mount_used_bytes{container_id="\\n",mount="\\""} 5.0\n'
+
+
+def test_families_keep_only_the_exposed_ones():
+    families = Families(exposed=frozenset({"shmwatch_build_info"}))
+    families.add("shmwatch_build_info", ["1"], 1)
+    families.add("shmwatch_mount_used_bytes", ["/dev/shm"], 2)
+    assert [f.name for f in families] == ["shmwatch_build_info"]
+    assert families.wants("shmwatch_build_info") and not families.wants("shmwatch_mount_used_bytes")
+    assert Families().wants("shmwatch_mount_used_bytes")  # None: every family
+
+
+def test_the_exposition_shows_only_the_exposed_families_of_every_collector():
+    """Families of a collector other than the model's (the web config's reload) too."""
+    registry, gate = CollectorRegistry(auto_describe=False), Gate()
+    gate.open.set()
+    registry.register(gate)
+    for exposed, shown in ((None, True), (frozenset({"shmwatch_build_info"}), False)):
+        exposition = Exposition(registry, version=lambda: 0, exposed=exposed)
+        _, _, body = get(exposition.wsgi_app)
+        assert (b"shmwatch_web_config_last_reload_successful 1.0" in body) is shown, body
