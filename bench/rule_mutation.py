@@ -550,12 +550,6 @@ EQUIVALENT = (
             and f"{m.change.dropped.label}{m.change.dropped.op}{m.change.dropped.value}" in ('namespace!=""', 'pod!=""')
         ),
     ),
-    Equivalent(
-        reason="shmwatch_segment_bytes summed without class and state has exactly the labels of shmwatch_mount_size_bytes "
-        "(the catalogue gives both the mount and node mode's labels): matching on all is matching on "
-        "(instance, job, mount)",
-        matches=lambda m: m.target.name in ("ShmLeakedSegments", "ShmHiddenSegmentsLarge") and m.kind == "on-clause",
-    ),
 )
 
 

@@ -84,16 +84,50 @@ def throttled() -> Tuple[Scenario, ...]:
             at="20m",
         ),
         case(a, "throttled once, 15 minutes ago", shmem_under_high(300, high=400, events="0x4 1x400"), at="20m"),
+        # Node mode: two pods on one node, each its own (pod u2, shm over half of its limit but
+        # never throttled, is not pod u1, throttled; nor is u2's larger limit u1's).
+        case(
+            a,
+            "node mode, two pods, one throttled",
+            merge(
+                shmem_under_high(300, limit=500, labels=POD_CGROUP),
+                shmem_under_high(1200, limit=2000, events=quiet_a_while, labels=only(POD_CGROUP, pod_uid="u2")),
+            ),
+            (POD_CGROUP, 300 / 500),
+        ),
     )
+
+
+def working_set(used: float, limit: float = 0, labels: Labels = CGROUP, limit_from: str = "self") -> Series:
+    """A cgroup's working set and its limit (0: none)."""
+    series = {selector("shmwatch_cgroup_memory_working_set_bytes", labels): const(used)}
+    if limit:
+        series[selector("shmwatch_cgroup_memory_limit_bytes", {**labels, "limit_from": limit_from})] = const(limit)
+    return series
 
 
 def oom() -> Tuple[Scenario, ...]:
     kills = "shmwatch_cgroup_oom_kills_total"
     risk, projection = "PodOomRiskHigh", "ShmSizeExceedsMemoryLimit"
     one_kill_at_21 = {selector(kills, CGROUP): "2x20 3x400"}
+    pod_u2 = only(POD_CGROUP, pod_uid="u2")
     return (
-        case(risk, "over 90 %", gauge("shmwatch_oom_risk_ratio", 0.91, CGROUP), (CGROUP, 0.91)),
-        case(risk, "at 90 %", gauge("shmwatch_oom_risk_ratio", 0.9, CGROUP)),
+        case(risk, "over 90 %", working_set(91, 100), (CGROUP, 91 / 100)),
+        case(risk, "at 90 %", working_set(90, 100)),
+        case(risk, "no limit", working_set(91)),
+        case(
+            risk,
+            "an estimate, against --memory.limit-bytes",
+            working_set(95, 100, {**SIDECAR, "cgroup": "estimate:workload"}, limit_from="flag"),
+            ({**SIDECAR, "cgroup": "estimate:workload"}, 95 / 100),
+        ),
+        # Node mode: two pods on one node, each against its own limit.
+        case(
+            risk,
+            "node mode, two pods, one near its limit",
+            merge(working_set(91, 100, POD_CGROUP), working_set(91, 1000, pod_u2, limit_from="pod")),
+            (POD_CGROUP, 91 / 100),
+        ),
         case(
             projection,
             "over the limit",
@@ -255,16 +289,11 @@ HOST_SHM: Labels = {**NODE, "mount": "/dev/shm"}
 
 
 def pod_mount(uid: str) -> Labels:
-    return {
-        **NODE,
-        "mount": f"/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/dshm",
-        "pod_uid": uid,
-        "volume": "dshm",
-    }
+    return {**NODE, "pod_uid": uid, "volume": "dshm"}
 
 
 def pod_cgroup(uid: str) -> Labels:
-    return {**NODE, "cgroup": f"/kubepods/pod{uid}", "pod_uid": uid}
+    return {**NODE, "pod_uid": uid}
 
 
 def host_recommendation(peak: float, limit_a: float, limit_b: float) -> Series:
