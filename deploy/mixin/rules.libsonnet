@@ -102,10 +102,10 @@
             expr: 'shmwatch_mount_used_bytes{pod_uid!=""} * on (pod_uid) group_left (namespace, pod) shmwatch:pod_info',
           },
           {
-            // One series per pod, mount, class and state: two exporters that report the same
+            // One series per pod, volume, class and state: two exporters that report the same
             // pod (a second DaemonSet, a canary) report the same segments, not more of them.
             record: 'shmwatch:pod_segment_bytes',
-            expr: 'max by (pod_uid, mount, volume, class, state) (shmwatch_segment_bytes{pod_uid!=""})'
+            expr: 'max by (pod_uid, volume, class, state) (shmwatch_segment_bytes{pod_uid!=""})'
                   + ' * on (pod_uid) group_left (namespace, pod) shmwatch:pod_info',
           },
           {

@@ -296,7 +296,7 @@ def node() -> Tuple[Scenario, ...]:
 
     segments = []
     for key, mount in named_mounts.items():
-        kept = {k: v for k, v in mount.labels.items() if k in ("pod_uid", "mount", "volume")}
+        kept = {k: v for k, v in mount.labels.items() if k in ("pod_uid", "volume")}
         for (cls, state), value in segment_kinds(mount.used_bytes).items():
             labels = named({**kept, "class": cls, "state": state}, uid(key))
             # Two exporters' reports of the same segments: the larger, not their sum.
