@@ -44,16 +44,16 @@ def classes_table() -> str:
         "| class | basename | where the name comes from | orphan |",
         "|---|---|---|---|",
     ]
-    for row in CLASSES:
+    for rule in CLASSES:
         orphan = (
             "`rm` advised"
-            if row.name in REMOVABLE
+            if rule.cls in REMOVABLE
             else "not a leak"
-            if row.name in NOT_LEAKS
+            if rule.cls in NOT_LEAKS
             else "reported, no advice"
         )
-        shown = row.pattern.replace("\\.", ".").replace(".*", "*").replace("|", "\\|")
-        rows.append(f"| {row.name} | `{shown}` | {row.source.replace('<', '&lt;')} | {orphan} |")
+        shown = rule.pattern.replace("\\.", ".").replace(".*", "*").replace("|", "\\|")
+        rows.append(f"| {rule.cls} | `{shown}` | {rule.source.replace('<', '&lt;')} | {orphan} |")
     rows.append("| other | anything else | | reported, no advice |")
     return "\n".join(rows)
 

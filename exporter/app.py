@@ -17,6 +17,7 @@ from exporter.inventory.changes import ChangeLog
 from exporter.model.catalogue import exposed_families, unmatched
 from exporter.model.state import StateStore
 from exporter.model.step import ModelStep
+from exporter.runtime.memory import MemoryGiveBack
 from exporter.runtime.scheduler import Sampler
 from exporter.runtime.watcher import MountWatcher
 
@@ -69,6 +70,9 @@ class App:
         )
         self.sampler.subscribe(self.watcher.on_observation)
         self.sampler.subscribe(self.step.accept)
+        # After the step: the inventory it no longer holds is freed by then.
+        self.give_back = MemoryGiveBack()
+        self.sampler.subscribe(self.give_back.on_observation)
         self.registry = CollectorRegistry(auto_describe=False)
         exposed = exposed_families(cfg.metric_allowlist, cfg.metric_denylist)
         for flag, patterns in (

@@ -183,8 +183,9 @@ class Exporter:
 
     def __init__(self, *args: str, env: Optional[Dict[str, str]] = None, scheme: str = "http", context=None,
                  headers: Optional[Dict[str, str]] = None, listen: str = "127.0.0.1",
-                 run_as: Optional[List[str]] = None):
-        """`run_as`: the command prefix that starts Python, e.g. nonroot_python's (another UID)."""
+                 run_as: Optional[List[str]] = None, tree: str = REPO):
+        """`run_as`: the command prefix that starts Python, e.g. nonroot_python's (another UID).
+        `tree`: the checkout whose `exporter` runs (a benchmark's older code beside this one)."""
         self.port = free_port()
         # listen: the host part of --web.listen-address ("" for ":PORT", "[::1]", ...).
         host = "127.0.0.1" if listen in ("", "[::]", "0.0.0.0") else listen
@@ -196,10 +197,11 @@ class Exporter:
         self.proc: Optional[subprocess.Popen] = None
         self.context = context  # an SSLContext for https
         self.stderr_path = tempfile.mktemp(prefix="shmwatch-stderr-")
+        self.tree = tree
 
     def __enter__(self) -> "Exporter":
         self.stderr = open(self.stderr_path, "wb")
-        self.proc = subprocess.Popen(self.args, cwd=REPO, env=self.env, stdout=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(self.args, cwd=self.tree, env=self.env, stdout=subprocess.DEVNULL,
                                      stderr=self.stderr)
         self.wait_ready()
         return self

@@ -1,13 +1,15 @@
 """Run sources once against a tree and read the values back from a fresh registry; run a
 world of real processes in namespaces of its own (tests/peers/world.py); find private
-attributes of other packages a module uses."""
+attributes of other packages a module uses; drive a real shmwatch process through a leak
+storm and read its memory."""
 import ast
 import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from prometheus_client.registry import CollectorRegistry
 
@@ -17,7 +19,8 @@ from exporter.model.step import ModelStep
 from exporter.host.paths import Paths
 from exporter.runtime.scheduler import Sampler
 from exporter.model.state import StateStore
-from tests.conftest import REPO
+from exporter.inventory.walk import MAX_ENTRIES
+from tests.conftest import REPO, Exporter, Samples, select
 
 
 @dataclass
@@ -125,3 +128,63 @@ def private_attributes_of_other_packages(path: str) -> List[str]:
         tree = ast.parse(f.read(), path)
     own = _defined_privates(tree)
     return [f"{path}:{line}: {code}" for line, name, code in _private_uses(tree) if name is None or name not in own]
+
+
+@dataclass(frozen=True)
+class StormRss:
+    """A shmwatch process's resident memory (MiB) through a leak storm in one mount."""
+
+    files: int
+    before: float  # before the files were made
+    full: float  # once the exporter counted them (or as many as one walk reaches)
+    peak: float  # the highest since the process started (VmHWM)
+    after: float  # `settle` seconds after the exporter saw the last one gone
+    # (seconds after the exporter saw them gone, RSS) each second of the settle
+    trace: Tuple[Tuple[float, float], ...] = ()
+
+
+def status_mib(pid: int, key: str) -> float:
+    """A process's VmRSS or VmHWM, in MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        line = next(line for line in f if line.startswith(key + ":"))
+    return int(line.split()[1]) / 1024
+
+
+def segments_counted(samples: Samples, mount: str) -> float:
+    return sum(v for _, v in select(samples, "shmwatch_segments", mount=mount))
+
+
+def make_files(shm: str, names: Sequence[str]) -> None:
+    for name in names:
+        os.close(os.open(os.path.join(shm, name), os.O_CREAT | os.O_WRONLY, 0o600))
+
+
+def leak_storm(exporter: Exporter, shm: str, files: int, settle: float = 60.0,
+               back: Optional[float] = None) -> StormRss:
+    """`files` empty files made in `shm` (scraped every 10,000, as Prometheus would scrape
+    meanwhile), counted, deleted; then `settle` seconds of scrapes once every second, or
+    fewer once RSS is `back` MiB or less above where it was before."""
+    pid, names = exporter.proc.pid, [f"psm_{i:08x}" for i in range(files)]
+    reached = min(files, MAX_ENTRIES)  # a walk stops there: counted as far as it reached
+    for _ in range(3):  # the renders' caches as a steady exporter's
+        exporter.scrape()
+        time.sleep(0.3)
+    before = status_mib(pid, "VmRSS")
+    for start in range(0, files, 10_000):
+        make_files(shm, names[start : start + 10_000])
+        exporter.scrape()
+    exporter.wait_for(lambda s: segments_counted(s, shm) >= reached, timeout=240, interval=0.5)
+    full = status_mib(pid, "VmRSS")
+    for name in names:
+        os.unlink(os.path.join(shm, name))
+    exporter.wait_for(lambda s: segments_counted(s, shm) == 0, timeout=240, interval=0.5)
+    gone, trace = time.monotonic(), []
+    while (since := time.monotonic() - gone) < settle:
+        exporter.scrape()
+        trace.append((round(since, 1), status_mib(pid, "VmRSS")))
+        if back is not None and trace[-1][1] - before <= back:
+            break
+        time.sleep(min(1.0, max(0.0, settle - since)))
+    after = status_mib(pid, "VmRSS")
+    peak = status_mib(pid, "VmHWM")
+    return StormRss(files, before, full, peak, after, tuple(trace))

@@ -231,8 +231,8 @@ def test_a_pod_removed_mid_walk_leaves_the_others(tmp_path):
         for d in dirs:
             os.makedirs(d)
         collector = CgroupCollector(Paths(), node_mode=True)
-        listed = [p for p in collector.pod_cgroups() if p[3] in uids]
-        assert [p[3] for p in listed] == sorted(uids)
+        listed = [p for p in collector.pod_cgroups() if p.pod_uid in uids]
+        assert [p.pod_uid for p in listed] == sorted(uids)
         remove_cgroup(dirs[1])
         assert [c.pod_uid for c in collector.read_pods(listed)] == [u for u in sorted(uids) if u != uids[1]]
 
@@ -387,7 +387,7 @@ def test_node_mode_reads_a_steady_pod_less_often_and_a_changed_or_near_limit_one
             usage = int(open(os.path.join(pods[near], "memory.usage_in_bytes")).read())
             with open(os.path.join(pods[near], "memory.limit_in_bytes"), "w") as f:
                 f.write(str(int(usage / 0.9)))  # near its limit, not at it
-            listed = [p for p in collector.pod_cgroups() if p[3] in pods]
+            listed = [p for p in collector.pod_cgroups() if p.pod_uid in pods]
             seen, found = polls(70)
             assert [i + 1 for i, s in enumerate(seen) if steady in s] == [1, 2, 4, 8, 16, 32, 64]
             assert cgroup_mod.POD_STRETCH_MAX == 32

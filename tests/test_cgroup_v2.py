@@ -128,7 +128,7 @@ def test_limit_flag_at_or_above_memtotal_is_said_once(caplog):
 def test_node_mode_pods_on_the_systemd_layout(tmp_path):
     paths = tree(tmp_path)
     listed = CgroupCollector(paths, node_mode=True).pod_cgroups()
-    assert [(path, uid) for path, _, _, uid in listed] == sorted(
+    assert [(pod.path, pod.pod_uid) for pod in listed] == sorted(
         [(POD_A, UID_A), (POD_B, UID_B), (POD_G, UID_G)])
     by_uid = {c.pod_uid: c for c in CgroupCollector(paths, node_mode=True).collect()}
     assert (by_uid[UID_A].limit_bytes, by_uid[UID_A].limit_source) == (256 * MiB, "pod")

@@ -135,9 +135,9 @@ def test_the_metric_and_class_tables_are_rows_of_code():
 
     from exporter.model import catalogue, classes
 
-    for rows, kind in ((catalogue.CATALOGUE, catalogue.Metric), (classes.CLASSES, classes.SegmentClass)):
+    for rows, kind in ((catalogue.CATALOGUE, catalogue.Metric), (classes.CLASSES, classes.ClassRule)):
         assert rows and all(type(row) is kind for row in rows)
         assert kind.__dataclass_params__.frozen and dataclasses.fields(kind)
     for row in classes.CLASSES:
         re.compile(row.pattern)
-        assert re.fullmatch(r"\w+", row.name) and row.source, row
+        assert re.fullmatch(r"\w+", row.cls) and row.source, row

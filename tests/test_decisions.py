@@ -10,7 +10,7 @@ import pytest
 
 from exporter.check import thresholds as T
 from exporter.check.findings import Report
-from exporter.check.recommend import (memory_limit_needed, parse_headroom, peaks_from_exporter, parse_window, recommend,
+from exporter.check.recommend import (SourcePeak, memory_limit_needed, parse_headroom, peaks_from_exporter, parse_window, recommend,
                                       recommendations, settings_for)
 from exporter.check.report import diagnose
 from exporter.check.report import shm, shm_remedy
@@ -519,7 +519,7 @@ def test_without_a_deadline_the_sources_are_asked_and_awaited():
         recs, notes = recommendations(SimpleNamespace(mounts=views), extra(prom.url, prom.url + "/metrics"))
         assert [(r.source, r.observed_peak_bytes) for r in recs] == [("prometheus", 100 * MiB)], notes
         assert notes == []
-        assert peaks_from_exporter(prom.url + "/metrics") == {"/a": (40 * MiB, 1)}
+        assert peaks_from_exporter(prom.url + "/metrics") == {"/a": SourcePeak(peak_bytes=40 * MiB, series=1)}
     finally:
         prom.close()
 

@@ -6,7 +6,6 @@ import shutil
 import subprocess
 import sys
 import uuid
-import weakref
 
 from exporter.collectors.discovery import MountDiscovery
 from exporter.host.paths import Paths
@@ -242,48 +241,3 @@ def test_peaks_are_reset_only_for_a_proven_new_mount():
     assert poll(100, first) == 900
     assert poll(100, ("0:42", 7, 2)) == 100  # another instance at the path
     assert poll(error="not a mount point") is None  # gone
-
-
-def test_memory_is_given_back_once_the_segments_listed_fall_by_many(monkeypatch):
-    """release_memory() once a segments inventory lists SHRUNK fewer rows than the most
-    listed since the last release (a storm deleted over many quick runs, each fewer than
-    SHRUNK, too; a failed run lists nothing and counts not), not otherwise."""
-    from exporter.collectors.segments import SegmentsCollector
-    from exporter.model import step as step_module
-    from exporter.model.state import StateStore
-    from exporter.model.types import Inventory, MountInventory, Observation
-
-    released, previous = [], [lambda: None]  # a weak reference to the inventory before
-    # When memory is given back the inventory before is freed already: nothing holds it.
-    monkeypatch.setattr(step_module, "release_memory", lambda: released.append(previous[0]() is None))
-    source = SegmentsCollector(Paths(), ["/x", "/y"])
-    step = step_module.ModelStep([source], MountDiscovery(Paths(), ["/x", "/y"]), StateStore())
-
-    def inventory(*counts):
-        mounts = [MountInventory(m, listed={f"f{i}": 0 for i in range(n)}, states=bytes(n))
-                  for m, n in zip(("/x", "/y"), counts)]
-        return Inventory(mounts, {}, 0, 0)
-
-    def accept(result, error=None, full=True):
-        step.accept(Observation("segments", result, error, 0.0, full))
-        return len(released)
-
-    big = inventory(6_000, 6_000)
-    assert accept(big) == 0
-    assert accept(inventory(6_000, 100)) == 0  # 5,900 fewer
-    assert accept(big) == 0
-    assert accept(inventory(1_000, 1_000), full=False) == 1  # 10,000 fewer than the last
-    assert accept(None, error="timed out") == 1
-    assert accept(inventory(100, 100)) == 1  # 1,800 fewer than at the release
-    assert accept(big) == 1
-    for n in (4_000, 2_500, 1_001):  # gone by a few thousand at a time
-        assert accept(last := inventory(n, n), full=False) == 1
-    previous[0] = weakref.ref(last)
-    del last
-    assert accept(inventory(1_000, 1_000), full=False) == 2  # 10,000 fewer than the most
-    assert all(released), released
-    assert accept(inventory(1, 0), full=False) == 2
-    gone = MountInventory("/y", error="gone")
-    assert accept(Inventory([big.mounts[0], gone], {}, 0, 0)) == 2  # 6,000 more
-    assert accept(big) == 2
-    assert accept(Inventory([gone], {}, 0, 0)) == 3  # one mount gone, the other not listed

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, List, Tuple
 from exporter.model.types import CgroupMemory, OomKill, OomReports
 from exporter.collectors.source import Source
 from exporter.collectors.cgroup import CgroupCollector
-from exporter.collectors.oom import parse_kmsg_record, parse_oom_kills
+from exporter.collectors.oom import KmsgRecord, parse_kmsg_record, parse_oom_kills
 from exporter.host.paths import Paths
 from tests.conftest import REPO, Exporter, needs_root, prerequisite_missing, remove_cgroup, select, value
 from tests.helpers import registry_for, run_every_source_once
@@ -70,8 +70,8 @@ def test_parses_every_report_shape():
 
 
 def test_kmsg_records_and_what_is_not_one():
-    assert parse_kmsg_record("6,12,345,-;hello\n SUBSYSTEM=net") == (12, 345, "hello")
-    assert parse_kmsg_record("6,12,345,c,more;x") == (12, 345, "x")
+    assert parse_kmsg_record("6,12,345,-;hello\n SUBSYSTEM=net") == KmsgRecord(seq=12, usec=345, message="hello")
+    assert parse_kmsg_record("6,12,345,c,more;x") == KmsgRecord(seq=12, usec=345, message="x")
     assert parse_kmsg_record("no record") is None and parse_kmsg_record("a,b,c;x") is None
     # The oom_reaper's line names a process too: it is not a second kill.
     assert len(parse_oom_kills(["6,1,1,-;oom_reaper: reaped process 5 (x), now anon-rss:0kB"])) == 0

@@ -1,5 +1,6 @@
 """Pure parsers over text, on fixtures and on corrupt input."""
 import os
+from dataclasses import astuple
 
 from exporter.host.cgroupfs import parse_flat_keyed, parse_limit
 from exporter.host.proctable import parse_proc_cgroup
@@ -63,8 +64,8 @@ def test_sysvipc():
 
 def test_proc_stat_with_hostile_comm():
     text = "1234 (we ird) (name) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 100"
-    comm, flags, start, ppid = parse_stat(text)
-    assert comm == "we ird) (name" and flags == 4194560 and start == 98765 and ppid == 1
+    stat = parse_stat(text)
+    assert stat.comm == "we ird) (name" and stat.flags == 4194560 and stat.start_time == 98765 and stat.ppid == 1
 
 
 def test_maps_matches_device_and_inode_only():
@@ -73,7 +74,7 @@ def test_maps_matches_device_and_inode_only():
             "7f0000400000-7f0000600000 rw-s 00200000 00:1a 1235 /nccl-xyz (deleted)\n"
             "7f0000600000-7f0000700000 r--p 00000000 fd:01 1234 /usr/lib/libc.so\n"
             "garbage 00:1a line\n")
-    found = parse_maps(text, tokens)
+    found = [astuple(line) for line in parse_maps(text, tokens)]
     assert found == [(26, 1234, "/dev/shm/nccl-AbCdEf", 4 << 20, "7f0000000000-7f0000400000"),
                      (26, 1235, "/nccl-xyz (deleted)", 4 << 20, "7f0000400000-7f0000600000")]
 
@@ -130,7 +131,7 @@ def test_memfd_mappings_on_any_device_no_mount_has():
         "7f0008000000-7f0008200000 rw-s 00000000 00:2a 9 /memfd:x/on-fuse (deleted)\n"
         "7f0009000000-7f0009200000 rw-s 00000000 00:0f 10 /memfd:x/linked"
     )
-    assert parse_memfd(text, {"0:42", "8:1"}) == [
+    assert [astuple(line) for line in parse_memfd(text, {"0:42", "8:1"})] == [
         (os.makedev(0, 1), 12345, "/memfd:mooncake (deleted)", 32 << 20, "7f0000000000-7f0002000000"),
         (os.makedev(0, 15), 777, "/memfd:runc_cloned:/proc/self/exe (deleted)", 4 << 20, "7f0005000000-7f0005400000"),
         (os.makedev(0x103, 2), 8, "/memfd:hugetlb-on-103 (deleted)", 2 << 20, "7f0007000000-7f0007200000"),

@@ -8,6 +8,7 @@ import math
 import os
 import re
 import string
+from dataclasses import astuple
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -114,13 +115,13 @@ def test_maps_finds_exactly_the_watched_lines(lines, watched, final_newline):
     text = "\n".join(maps_line(*line) for line in lines) + ("\n" if final_newline else "")
     want = [((d[0] << 8) | d[1], inode, path, offset + length, f"{start:x}-{start + length:x}")
             for start, length, _, offset, d, inode, path in lines if d in watched]
-    assert sorted(parse_maps(text, tokens)) == sorted(want)
+    assert sorted(astuple(line) for line in parse_maps(text, tokens)) == sorted(want)
 
 
 @given(any_text, st.sets(devs, max_size=3))
 def test_maps_any_text(text, watched):
-    for dev, inode, path, extent, map_range in parse_maps(text, {" %02x:%02x " % d: d[1] for d in watched}):
-        assert extent >= 0 and "-" in map_range
+    for line in parse_maps(text, {" %02x:%02x " % d: d[1] for d in watched}):
+        assert line.extent >= 0 and "-" in line.map_range
 
 
 def test_dev_token_matches_maps():
@@ -136,7 +137,8 @@ comms = st.text(st.characters(blacklist_characters="\0\n", blacklist_categories=
 @given(st.integers(1, 1 << 22), comms, st.sampled_from("RSDZTtXI"), st.integers(0, 1 << 32), st.integers(0, 1 << 62))
 def test_stat_round_trip(pid, comm, state, flags, start):
     fields = ["1", "1", "1", "0", "-1", str(flags)] + ["0"] * 12 + [str(start)] + ["0"] * 30
-    assert parse_stat(f"{pid} ({comm}) {state} " + " ".join(fields) + "\n") == (comm, flags, start, 1)
+    stat = parse_stat(f"{pid} ({comm}) {state} " + " ".join(fields) + "\n")
+    assert (stat.comm, stat.flags, stat.start_time, stat.ppid) == (comm, flags, start, 1)
 
 
 @given(any_text)
@@ -357,14 +359,14 @@ def test_classify_is_total_and_ignores_deleted(name):
 
 
 # One example name per row; a longer prefix of an earlier row may win (psm_shm. -> mpi).
-ROW_PREFIX = [(row.name, re.sub(r"(\\\.)?\.\*$", "", row.pattern).replace("\\.", "."), row.pattern) for row in CLASSES]
+ROW_PREFIX = [(r.cls, re.sub(r"(\\\.)?\.\*$", "", r.pattern).replace("\\.", "."), r.pattern) for r in CLASSES]
 
 
 @pytest.mark.parametrize("cls,prefix,pattern", ROW_PREFIX, ids=[p for _, p, _ in ROW_PREFIX])
 @given(suffix=st.text(max_size=20))
 def test_every_row_classifies_its_names(cls, prefix, pattern, suffix):
     name = prefix + ("." if pattern.endswith("\\..*") else "") + suffix
-    first = next(row.name for row in CLASSES if re.fullmatch(row.pattern, name, re.S))
+    first = next(r.cls for r in CLASSES if re.fullmatch(r.pattern, name, re.S))
     assert classify(name) == first
     assert first == cls or cls == "python_shm"  # only psm_* has more specific rows before it
 

@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from exporter.collectors.cgroup import CgroupCollector
-from exporter.host.cgroupfs import effective_limit
+from exporter.collectors.cgroup import CgroupAt, CgroupCollector
+from exporter.host.cgroupfs import BindingLimit, effective_limit
 from exporter.inventory.holdings import unheld_state
 from exporter.host.mountinfo import MountTable
 from exporter.host.paths import Paths
@@ -208,7 +208,8 @@ def test_of_equal_limits_the_outermost_binds(tmp_path, version):
         (None, None, None, GiB): (GiB, "self"),
         (None, None, None, None): (None, "none"),
     }
-    for i, (limits, want) in enumerate(cases.items()):
+    for i, (limits, (limit, where)) in enumerate(cases.items()):
+        want = BindingLimit(limit_bytes=limit, limit_source=where)
         ctr = cgroup_tree(str(tmp_path / str(i)), limits, version)
         assert effective_limit(ctr, version) == want, limits
         above = {}
@@ -227,34 +228,41 @@ def test_limits_are_read_up_to_the_top_of_the_hierarchy_and_once_a_pass(tmp_path
     os.mkdir(tmp_path / "root")  # no limit file: the top
     ctr = cgroup_tree(str(tmp_path / "root"), (None, None, GiB, 2 * GiB))
     above = {}
-    assert effective_limit(ctr, 1, above) == (GiB, "pod")
+    assert effective_limit(ctr, 1, above) == BindingLimit(limit_bytes=GiB, limit_source="pod")
     with open(os.path.join(os.path.dirname(ctr), "memory.limit_in_bytes"), "w") as f:
         f.write(f"{GiB // 2}\n")
-    assert effective_limit(ctr, 1, above) == (GiB, "pod")  # this pass's reading
-    assert effective_limit(ctr, 1) == (GiB // 2, "pod")  # the next pass's
+    assert effective_limit(ctr, 1, above) == BindingLimit(limit_bytes=GiB, limit_source="pod")  # this pass's
+    assert effective_limit(ctr, 1) == BindingLimit(limit_bytes=GiB // 2, limit_source="pod")  # the next pass's
 
 
 def test_a_container_as_tight_as_its_pod_is_charged_to_the_pod(tmp_path):
     """binding: the container's own cgroup only when its own limit is the tightest; else its
     pod's, when the pod's memory.stat can be read."""
+
+    def at(path: str, version: int, directory: str) -> CgroupAt:
+        return CgroupAt(path=path, version=version, directory=directory)
+
+    def binding(path: str, version: int, directory: str) -> CgroupAt:
+        return CgroupCollector.binding(at(path, version, directory))
+
     cgroup = f"/kubepods/burstable/pod{UID}/ctr"
     pod = f"/kubepods/burstable/pod{UID}"
     own = cgroup_tree(str(tmp_path / "own"), (None, None, 2 * GiB, GiB))
-    assert CgroupCollector.binding(cgroup, 1, own) == (cgroup, 1, own)
+    assert binding(cgroup, 1, own) == at(cgroup, 1, own)
     own2 = cgroup_tree(str(tmp_path / "own2"), (None, None, 2 * GiB, GiB), version=2)
-    assert CgroupCollector.binding(cgroup, 2, own2) == (cgroup, 2, own2)
-    assert CgroupCollector.binding(cgroup + "/", 1, own + "/") == (cgroup + "/", 1, own + "/")
+    assert binding(cgroup, 2, own2) == at(cgroup, 2, own2)
+    assert binding(cgroup + "/", 1, own + "/") == at(cgroup + "/", 1, own + "/")
     tie = cgroup_tree(str(tmp_path / "tie"), (None, None, GiB, GiB))
-    assert CgroupCollector.binding(cgroup, 1, tie + "/") == (pod, 1, os.path.dirname(tie))
+    assert binding(cgroup, 1, tie + "/") == at(pod, 1, os.path.dirname(tie))
     none = cgroup_tree(str(tmp_path / "none"), (None, None, None, None))
-    assert CgroupCollector.binding(cgroup, 1, none) == (pod, 1, os.path.dirname(none))
-    assert CgroupCollector.binding(cgroup + "/", 1, none) == (pod, 1, os.path.dirname(none))
+    assert binding(cgroup, 1, none) == at(pod, 1, os.path.dirname(none))
+    assert binding(cgroup + "/", 1, none) == at(pod, 1, os.path.dirname(none))
     # A cgroup namespace rooted at the QoS level: the pod is one level below its root.
-    assert CgroupCollector.binding(f"/pod{UID}/ctr", 1, none) == (f"/pod{UID}", 1, os.path.dirname(none))
+    assert binding(f"/pod{UID}/ctr", 1, none) == at(f"/pod{UID}", 1, os.path.dirname(none))
     os.remove(os.path.join(os.path.dirname(tie), "memory.stat"))
-    assert CgroupCollector.binding(cgroup, 1, tie) == (cgroup, 1, tie)  # the pod's unreadable
+    assert binding(cgroup, 1, tie) == at(cgroup, 1, tie)  # the pod's unreadable
     outside = cgroup_tree(str(tmp_path / "outside"), (None, None, None, None))
-    assert CgroupCollector.binding("/system.slice/x", 1, outside) == ("/system.slice/x", 1, outside)
+    assert binding("/system.slice/x", 1, outside) == at("/system.slice/x", 1, outside)
 
 
 # --- a path that is no mount point any more ---------------------------------------------------

@@ -136,13 +136,16 @@ def test_a_cgroup_path_may_hold_colons():
 
 
 def test_pids_wrapped_only_when_a_known_pid_may_be_another_process():
-    from exporter.host.proctable import pids_wrapped
+    from exporter.host.proctable import PidCounts, pids_wrapped
+
+    def counts(last_pid: int, forks: int, pid_max: int) -> PidCounts:
+        return PidCounts(last_pid=last_pid, forks=forks, pid_max=pid_max)
 
     pid_max = 32768
-    assert pids_wrapped((500, 9000, pid_max), None)  # cannot tell: assume they did
-    assert not pids_wrapped(None, (500, 9000, pid_max))  # the first reading
-    assert not pids_wrapped((500, 9000, pid_max), (900, 9400, pid_max))
-    assert pids_wrapped((500, 9000, pid_max), (400, 9100, pid_max))  # ns_last_pid went down
+    assert pids_wrapped(counts(500, 9000, pid_max), None)  # cannot tell: assume they did
+    assert not pids_wrapped(None, counts(500, 9000, pid_max))  # the first reading
+    assert not pids_wrapped(counts(500, 9000, pid_max), counts(900, 9400, pid_max))
+    assert pids_wrapped(counts(500, 9000, pid_max), counts(400, 9100, pid_max))  # ns_last_pid went down
     # As many forks as there are pids above the reserved ones: every pid may be new.
-    assert pids_wrapped((500, 9000, pid_max), (600, 9000 + pid_max - 300, pid_max))
-    assert not pids_wrapped((500, 9000, pid_max), (600, 9000 + pid_max - 301, pid_max))
+    assert pids_wrapped(counts(500, 9000, pid_max), counts(600, 9000 + pid_max - 300, pid_max))
+    assert not pids_wrapped(counts(500, 9000, pid_max), counts(600, 9000 + pid_max - 301, pid_max))

@@ -63,7 +63,7 @@ def test_the_estimate_counts_file_pages_a_process_maps(tmp_path):
     try:
         assert proc.stdout.readline() == "ready\n"
         table = ProcessTable(Paths())
-        [process], _ = table.identify_all([proc.pid], set())
+        [process] = table.identify_all([proc.pid], set()).processes
         rollup = parse_smaps_rollup(open(f"/proc/{proc.pid}/smaps_rollup").read())
         estimate = table.resident([process])
     finally:

@@ -9,7 +9,17 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from typing import Callable, Dict, List, Tuple
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Generic,
+    List,
+    SupportsFloat,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
 from exporter import __version__
 from exporter.check.names import printable
@@ -18,9 +28,10 @@ EXIT_OK, EXIT_WARN, EXIT_FAIL, EXIT_USAGE, EXIT_SOFTWARE = 0, 1, 2, 64, 70
 SEVERITIES = ("fail", "warn", "info", "ok")  # worst first
 MAX_NAMED = 5  # segments, processes or holders named in a finding
 # JSON facts in order; unreported: OBJECTS null, lists [] (recommendations: --recommend)
-FACTS = ("shm", "gpus", "host_memory", "cgroup", "pod_cgroups", "sysv")
+FACTS: Tuple[str, ...] = ("shm", "gpus", "host_memory", "cgroup", "pod_cgroups", "sysv")
 FACTS += ("recommendations", "recommendation_notes", "oom_kills", "sysv_namespaces")
 OBJECTS = ("host_memory", "cgroup", "sysv")
+T = TypeVar("T")
 
 
 @dataclass
@@ -35,10 +46,20 @@ class Finding:
 @dataclass
 class Report:
     findings: List[Finding] = field(default_factory=list)
-    facts: Dict[str, object] = field(default_factory=dict)
+    # The JSON document's facts by name (FACTS; docs/check.md): what was read, as JSON values.
+    facts: Dict[str, Any] = field(default_factory=dict)
 
-    def add(self, *args, **kwargs) -> None:
-        self.findings.append(Finding(*args, **kwargs))
+    def add(
+        self, severity: str, area: str, subject: str, message: str, remedy: str = ""
+    ) -> None:
+        finding = Finding(
+            severity=severity,
+            area=area,
+            subject=subject,
+            message=message,
+            remedy=remedy,
+        )
+        self.findings.append(finding)
 
     @property
     def exit_code(self) -> int:
@@ -60,30 +81,36 @@ def left(deadline: float) -> float:
     return min(threading.TIMEOUT_MAX, max(0.0, deadline - time.monotonic()))
 
 
-class Bounded:
+@dataclass(frozen=True)
+class _Returned(Generic[T]):
+    value: T
+
+
+class Bounded(Generic[T]):
     """fn() on a daemon thread; `result(deadline)`: its answer, its exception, or TimeoutError.
     For a read that can block (a log on a hung filesystem, a server trickling a byte at a time, a
     name that does not resolve): one still blocked at the deadline is left, to end with check."""
 
-    def __init__(self, fn: Callable) -> None:
-        self._answer: List[tuple] = []
+    def __init__(self, fn: Callable[[], T]) -> None:
+        # fn's answer or what it raised, once it has returned
+        self._answer: List[Union[_Returned[T], BaseException]] = []
         self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
         self._thread.start()
 
-    def _run(self, fn: Callable) -> None:
+    def _run(self, fn: Callable[[], T]) -> None:
         try:
-            self._answer.append((fn(), None))
+            self._answer.append(_Returned(fn()))
         except BaseException as err:  # raised to whoever waits for the answer
-            self._answer.append((None, err))
+            self._answer.append(err)
 
-    def result(self, deadline: float):
+    def result(self, deadline: float) -> T:
         self._thread.join(left(deadline))
         if not self._answer:
             raise TimeoutError("no complete answer within --timeout")
-        value, error = self._answer[0]
-        if error is not None:
-            raise error
-        return value
+        answer = self._answer[0]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer.value
 
 
 def render_text(report: Report) -> str:
@@ -102,7 +129,7 @@ def render_text(report: Report) -> str:
 
 def render_json(report: Report) -> str:
     code = report.exit_code
-    doc = {
+    doc: Dict[str, Any] = {
         "version": 1,
         "shmwatch_version": __version__,
         "status": ("ok", "warn", "fail")[code],
@@ -117,29 +144,50 @@ def render_json(report: Report) -> str:
 # All of `check`'s sizes are formatted here. Advice rounds up: a setting made from it
 # (--shm-size, shm_size, sizeLimit, memory limit) holds the bytes asked, G or Gi alike.
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
-UNITS = (("GiB", GiB), ("MiB", MiB), ("KiB", KiB))
+
+
+@dataclass(frozen=True)
+class Unit:
+    name: str
+    size: int  # bytes
+
+
+UNITS = (
+    Unit(name="GiB", size=GiB),
+    Unit(name="MiB", size=MiB),
+    Unit(name="KiB", size=KiB),
+)
 # The largest size `check` reads or advises (1 PiB): above any shm mount or memory limit. A
 # larger reading is a broken answer, not a size (1e308 would print a 300-digit --shm-size).
 MAX_BYTES = 1 << 50
 
 
-def plausible(value) -> int:
+def plausible(value: object) -> int:
     """A size from a flag or another program as whole bytes; ValueError unless it is a number
     from 0 to MAX_BYTES (NaN, +Inf, 1e308, -1, "abc" and None are not)."""
-    try:
-        number = value if isinstance(value, int) else float(value)
-    except (TypeError, ValueError):
-        number = math.nan
+    number = _number(value)
     if not 0 <= number <= MAX_BYTES:
         raise ValueError(f"{repr(value)[:24]} is not a plausible size (0 to 1 PiB)")
     return int(number)
 
 
+def _number(value: object) -> float:
+    """`value` as float() reads it (an int as it is); NaN when it is no number."""
+    if isinstance(value, int):
+        return value
+    if not isinstance(value, (str, bytes, SupportsFloat)):
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def human(n: float) -> str:
     """A reading, to the nearest tenth: '1.5 GiB', '12 B'."""
-    for unit, size in UNITS:
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
+    for unit in UNITS:
+        if abs(n) >= unit.size:
+            return f"{n / unit.size:.1f} {unit.name}"
     return f"{int(n)} B"
 
 
@@ -153,20 +201,20 @@ def at_most(n: float) -> str:
     return _tenths(n, math.floor)
 
 
-def _tenths(n: float, rounding) -> str:
-    n = Fraction(n)
-    for unit, size in UNITS:
-        if n >= size:
-            tenths = rounding(n * 10 / size)
-            return f"{tenths // 10}.{tenths % 10} {unit}"
-    return f"{rounding(n)} B"
+def _tenths(n: float, rounding: Callable[[Fraction], int]) -> str:
+    exact = Fraction(n)
+    for unit in UNITS:
+        if exact >= unit.size:
+            tenths = rounding(exact * 10 / unit.size)
+            return f"{tenths // 10}.{tenths % 10} {unit.name}"
+    return f"{rounding(exact)} B"
 
 
 def round_up(n: float) -> int:
     """The size to advise for n bytes: whole GiB from 1 GiB up, whole MiB below, at least 1 MiB."""
-    n = math.ceil(n)
-    unit = GiB if n >= GiB else MiB
-    return max(MiB, -(-n // unit) * unit)
+    whole = math.ceil(n)
+    unit = GiB if whole >= GiB else MiB
+    return max(MiB, -(-whole // unit) * unit)
 
 
 def quantities(n: int) -> Tuple[str, str]:

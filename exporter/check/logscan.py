@@ -9,16 +9,16 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import yaml
 
-from exporter.check.findings import MiB, Report, human
+from exporter.check.findings import MiB, Bounded, Report, human
 from exporter.check.names import shown
 
 SIGNATURES = resources.files(__package__).joinpath("signatures.yml")
 # name -> its needles, regex, explanation and remedy, each quoted from the library that prints it
-TABLE = yaml.safe_load(SIGNATURES.read_text("utf-8"))
+TABLE: Dict[str, Dict[str, Any]] = yaml.safe_load(SIGNATURES.read_text("utf-8"))
 PATTERNS = [(name, re.compile(said["regex"])) for name, said in TABLE.items()]
 # Sought per chunk by bytes.find (100x faster than regexes); PATTERNS see text near one.
 NEEDLES = tuple(dict.fromkeys(n.encode() for v in TABLE.values() for n in v["needles"]))
@@ -57,39 +57,101 @@ def scan_log(path: str, deadline: float = math.inf) -> LogScan:
         if not stat.S_ISREG(info.st_mode):
             raise ValueError("not a regular file")
         start = max(0, info.st_size - MAX_LOG_BYTES)
-        scan, counts = LogScan({}, info.st_size, start, start), Counter()
+        scan = LogScan(hits={}, size=info.st_size, start=start, end=start)
         handle.seek(start)
-        carry, lines, read = b"", 0, start
-        while scan.end < scan.size and time.monotonic() < deadline:
-            block = handle.read(min(CHUNK, scan.size - read))
-            read += len(block)
-            data, base = carry + block, scan.end
-            # whole lines, a piece of a line longer than CHUNK, or what is left at the end
-            cut = data.rfind(b"\n") + 1 if block and read < scan.size else len(data)
-            piece, carry = data[: cut or len(data)], data[cut or len(data) :]
-            if base == start and start:  # the line the tail begins in the middle of
-                skip = piece.find(b"\n") + 1 or len(piece)
-                piece, base = piece[skip:], base + skip
-            for offset, line, texts in _candidates(piece, lines):
-                if time.monotonic() >= deadline:
-                    scan.end = base + offset
-                    break
-                number = None if start else line
-                for name, text, fields in _matches(texts):
-                    counts[name] += 1
-                    hit = LogHit(path, number, base + offset, text, fields)
-                    scan.hits.setdefault(name, hit)
-            else:
-                scan.end, lines = base + len(piece), lines + piece.count(b"\n")
-            if not block:
-                break  # truncated while read
+        counts = _scan_tail(path, handle, scan, deadline)
     for name, n in counts.items():
         scan.hits[name].text += f"  [{n} matching line(s)]" if n > 1 else ""
     return scan
 
 
-def _matches(texts: List[str]) -> Iterator[Tuple[str, str, Dict[str, str]]]:
-    """(signature, the text near its match, quoted, its named groups) per signature `texts` match."""
+@dataclass(frozen=True)
+class _Piece:
+    """Whole lines of the log (or a piece of a line longer than CHUNK, or what is left at
+    its end), and the offset of its first byte."""
+
+    data: bytes
+    base: int
+
+
+@dataclass
+class _Tail:
+    """Where reading a log's tail is: bytes read, a line begun and not ended, lines before."""
+
+    read: int  # the offset read up to
+    carry: bytes = b""  # the last line of what was read, not ended yet
+    lines: int = 0  # lines before the next piece (counted from the log's start)
+
+    def take(self, block: bytes, scan: LogScan) -> _Piece:
+        """The next piece to match, with `block` just read; the line the tail begins in the
+        middle of is left out."""
+        self.read += len(block)
+        data, base = self.carry + block, scan.end
+        cut = data.rfind(b"\n") + 1 if block and self.read < scan.size else len(data)
+        cut = cut or len(data)
+        piece, self.carry = data[:cut], data[cut:]
+        if base == scan.start and scan.start:
+            skip = piece.find(b"\n") + 1 or len(piece)
+            piece, base = piece[skip:], base + skip
+        return _Piece(data=piece, base=base)
+
+
+def _scan_tail(
+    path: str, handle: BinaryIO, scan: LogScan, deadline: float
+) -> "Counter[str]":
+    """Reads `scan`'s bytes by CHUNK, matching each piece; -> lines matched by signature."""
+    counts: Counter[str] = Counter()
+    tail = _Tail(read=scan.start)
+    while scan.end < scan.size and time.monotonic() < deadline:
+        block = handle.read(min(CHUNK, scan.size - tail.read))
+        piece = tail.take(block, scan)
+        stopped_at = _match(path, piece, tail.lines, scan, counts, deadline)
+        if stopped_at is not None:
+            scan.end = stopped_at
+        else:
+            scan.end = piece.base + len(piece.data)
+            tail.lines += piece.data.count(b"\n")
+        if not block:
+            break  # truncated while read
+    return counts
+
+
+def _match(
+    path: str,
+    piece: _Piece,
+    lines: int,
+    scan: LogScan,
+    counts: "Counter[str]",
+    deadline: float,
+) -> Optional[int]:
+    """Each signature's first hit in `piece` into `scan`; -> the offset the deadline stopped
+    it at, or None when the piece was matched whole."""
+    for candidate in _candidates(piece.data, lines):
+        if time.monotonic() >= deadline:
+            return piece.base + candidate.offset
+        number = None if scan.start else candidate.line
+        for found in _matches(candidate.texts):
+            counts[found.signature] += 1
+            hit = LogHit(
+                file=path,
+                line=number,
+                offset=piece.base + candidate.offset,
+                text=found.text,
+                fields=found.fields,
+            )
+            scan.hits.setdefault(found.signature, hit)
+    return None
+
+
+@dataclass(frozen=True)
+class _Found:
+    signature: str
+    text: str  # the text near its match, quoted
+    fields: Dict[str, str]  # its named groups, quoted
+
+
+def _matches(texts: List[str]) -> Iterator[_Found]:
+    """Each signature `texts` match, with its first match."""
     for name, pattern in PATTERNS:
         match = next(filter(None, map(pattern.search, texts)), None)
         if match:
@@ -97,15 +159,41 @@ def _matches(texts: List[str]) -> Iterator[Tuple[str, str, Dict[str, str]]]:
                 k: human(float(v) * MiB) if k.endswith("_mib") else shown(v[:100])
                 for k, v in match.groupdict().items()
             }
-            yield name, shown(match.string[max(0, match.start() - 100) :], 300), fields
+            text = shown(match.string[max(0, match.start() - 100) :], 300)
+            yield _Found(signature=name, text=text, fields=fields)
 
 
-def _candidates(piece: bytes, lines: int) -> Iterator[Tuple[int, int, List[str]]]:
-    """(offset, line number, texts) per line of `piece` with a needle; texts: stretches
-    within WINDOW of one (no regex scans the rest); `lines`: lines before `piece`."""
-    low, near = piece.lower(), {}
+@dataclass(frozen=True)
+class _Candidate:
+    offset: int  # of the line in its piece
+    line: int  # its number in the log
+    texts: List[str]  # the stretches within WINDOW of a needle in it
+
+
+Span = Tuple[int, int]  # [start, stop) in a piece
+
+
+def _candidates(piece: bytes, lines: int) -> Iterator[_Candidate]:
+    """Each line of `piece` with a needle, and the stretches within WINDOW of one (no regex
+    scans the rest); `lines`: lines before `piece`."""
+    near = _near_needles(piece.lower())
+    at, number = 0, lines + 1
+    for begin, end in sorted(near):
+        number, at = number + piece.count(b"\n", at, begin), begin
+        # a byte that is not UTF-8 stays itself, for `shown` to spell it (\xff)
+        texts = [
+            piece[a:b].decode("utf-8", "surrogateescape").strip()
+            for a, b in _merged(near[begin, end])
+        ]
+        yield _Candidate(offset=begin, line=number, texts=texts)
+
+
+def _near_needles(low: bytes) -> Dict[Span, List[Span]]:
+    """The line (begin, end) of each needle's hit in `low` -> the stretches around its hits."""
+    near: Dict[Span, List[Span]] = {}
     for needle in NEEDLES:
         i, end = low.find(needle), -1
+        spans: List[Span] = []
         while i != -1:
             if i >= end:  # a line not seen yet
                 begin, end = low.rfind(b"\n", 0, i) + 1, low.find(b"\n", i)
@@ -114,20 +202,18 @@ def _candidates(piece: bytes, lines: int) -> Iterator[Tuple[int, int, List[str]]
             spans.append((max(begin, i - WINDOW), min(end, i + WINDOW)))
             # a hit closer than WINDOW // 2 has its match within this hit's stretch
             i = low.find(needle, min(i + WINDOW // 2, end))
-    at, number = 0, lines + 1
-    for begin, end in sorted(near):
-        number, at = number + piece.count(b"\n", at, begin), begin
-        merged: List[List[int]] = []
-        for start, stop in sorted(near[begin, end]):
-            if merged and start <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], stop)
-            else:
-                merged.append([start, stop])
-        # a byte that is not UTF-8 stays itself, for `shown` to spell it (\xff)
-        texts = [
-            piece[a:b].decode("utf-8", "surrogateescape").strip() for a, b in merged
-        ]
-        yield begin, number, texts
+    return near
+
+
+def _merged(spans: List[Span]) -> List[Span]:
+    """Overlapping stretches as one."""
+    merged: List[Span] = []
+    for start, stop in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], stop))
+        else:
+            merged.append((start, stop))
+    return merged
 
 
 def refusal(path: str) -> str:
@@ -140,7 +226,21 @@ def refusal(path: str) -> str:
     return "" if os.access(path, os.R_OK) else "cannot read it"
 
 
-def log_findings(report: Report, scans, deadline: float) -> None:
+def _unread(report: Report, name: str, scan: LogScan) -> None:
+    """What of a log was not read: before its tail, or past the deadline."""
+    tail, size = scan.size - scan.start, scan.size
+    if scan.start:
+        text = f"only its last {human(tail)} of {human(size)} read"
+        report.add("info", "log", name, text)
+    if scan.end < size:
+        read = f"{human(scan.end - scan.start)} of {human(tail)} read"
+        text = f"not read to its end within --timeout: {read}"
+        report.add("warn", "log", name, text)
+
+
+def log_findings(
+    report: Report, scans: Sequence[Tuple[str, Bounded[LogScan]]], deadline: float
+) -> None:
     """Signatures found by `deadline` (each once, first hit) and what was not read."""
     hits: Dict[str, LogHit] = {}
     for path, task in scans:
@@ -154,14 +254,7 @@ def log_findings(report: Report, scans, deadline: float) -> None:
             continue
         for signature, hit in scan.hits.items():
             hits.setdefault(signature, hit)
-        tail, size = scan.size - scan.start, scan.size
-        if scan.start:
-            text = f"only its last {human(tail)} of {human(size)} read"
-            report.add("info", "log", name, text)
-        if scan.end < size:
-            read = f"{human(scan.end - scan.start)} of {human(tail)} read"
-            text = f"not read to its end within --timeout: {read}"
-            report.add("warn", "log", name, text)
+        _unread(report, name, scan)
     for signature, hit in hits.items():
         where = shown(os.path.basename(hit.file))
         where += f":{hit.line}" if hit.line else f" at byte {hit.offset}"

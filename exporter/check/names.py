@@ -74,6 +74,9 @@ class Names:
     links: int
 
 
+GONE = Names(found=(), links=0)
+
+
 @dataclass
 class _Walk:
     found: Dict[Key, List[str]]
@@ -101,11 +104,12 @@ def _names(root: str, leaked: List[Segment], deadline: float) -> Dict[Key, Names
         if links > 1:
             several[seg.key] = links
         else:
-            out[seg.key] = Names((seg.name,), 1) if links else Names((), 0)
-    walk = _Walk({key: [] for key in several}, deadline)
+            out[seg.key] = Names(found=(seg.name,), links=1) if links else GONE
+    walk = _Walk(found={key: [] for key in several}, deadline=deadline)
     if several:
         _read(root, "", 0, walk)
-    out.update((k, Names(tuple(sorted(walk.found[k])), n)) for k, n in several.items())
+    for key, links in several.items():
+        out[key] = Names(found=tuple(sorted(walk.found[key])), links=links)
     return out
 
 

@@ -11,16 +11,28 @@ import re
 import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Tuple
+from functools import partial
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.check.findings import MiB, Bounded, Report, at_least, human, left
 from exporter.check.findings import plausible, quantities, round_up
 from exporter.check.names import printable, shell, shown
+from exporter.model.step import Model, MountView
 
 DEFAULT_WINDOW, DEFAULT_HEADROOM = "7d", 1.25
-Peaks = Dict[str, Tuple[float, int]]  # mount -> (peak, how many series matched)
+
+
+@dataclass(frozen=True)
+class SourcePeak:
+    """A mount's peak as a source recorded it."""
+
+    peak_bytes: float
+    series: int  # how many series matched: the highest was taken
+
+
+Peaks = Dict[str, SourcePeak]  # mount -> its recorded peak
 SERIES = "{} series matched this mount; the highest was taken (narrow them with --prometheus.selector)"
 NO_PEAK = (
     "no recorded peak: this is the current use only, a spike that is over is not seen"
@@ -36,6 +48,29 @@ MAX_ANSWER = {"prometheus": 1 << 20, "exporter": 16 << 20}
 # A running shmwatch's high-water mark, and the lines of its /metrics that carry it.
 MAX_USED = "shmwatch_mount_max_used_bytes"
 MAX_USED_LINE = re.compile(rb"^" + MAX_USED.encode() + rb"[{ ].*$", re.M)
+T = TypeVar("T")
+
+
+class RecommendFlags(Protocol):
+    """check's flags a recommendation reads (report.CheckFlags)."""
+
+    @property
+    def prometheus_url(self) -> Optional[str]: ...
+
+    @property
+    def prometheus_selector(self) -> str: ...
+
+    @property
+    def exporter_url(self) -> Optional[str]: ...
+
+    @property
+    def recommend_window(self) -> str: ...
+
+    @property
+    def recommend_headroom(self) -> float: ...
+
+    @property
+    def require_shm(self) -> Optional[int]: ...
 
 
 def memory_limit_needed(recommended: int, working_set: int, shm_used: int) -> int:
@@ -47,7 +82,7 @@ class SourceError(Exception):
     pass
 
 
-def _get(url: str, parse, deadline: float, limit: int):
+def _get(url: str, parse: Callable[[bytes], T], deadline: float, limit: int) -> T:
     """parse(the body at url, at most `limit` bytes); any other answer (an error, none by
     `deadline`, too much, not what parse expects, JSON nested a million deep) is a SourceError."""
     try:
@@ -75,9 +110,11 @@ def _vector(body: bytes) -> List[int]:
         raise ValueError(what) from None
 
 
-def peaks_from_prometheus(extra, mounts, deadline=math.inf) -> Peaks:
+def peaks_from_prometheus(
+    extra: RecommendFlags, mounts: Sequence[str], deadline: float = math.inf
+) -> Peaks:
     out: Peaks = {}
-    url, window = extra.prometheus_url.rstrip("/"), extra.recommend_window
+    url, window = (extra.prometheus_url or "").rstrip("/"), extra.recommend_window
     for mount in mounts:
         escaped = mount.replace("\\", "\\\\").replace('"', '\\"')
         selector = [f'mount="{escaped}"', extra.prometheus_selector.strip("{} ")]
@@ -86,7 +123,7 @@ def peaks_from_prometheus(extra, mounts, deadline=math.inf) -> Peaks:
         where = f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
         values = _get(where, _vector, deadline, MAX_ANSWER["prometheus"])
         if values:
-            out[mount] = (max(values), len(values))
+            out[mount] = SourcePeak(peak_bytes=max(values), series=len(values))
     return out
 
 
@@ -101,7 +138,7 @@ def peaks_from_exporter(url: str, deadline: float = math.inf) -> Peaks:
     marks = _get(url, _high_water_marks, deadline, MAX_ANSWER["exporter"])
     if not marks:
         raise SourceError(f"{shown(url)}: no {MAX_USED} (an older shmwatch?)")
-    return {mount: (value, 1) for mount, value in marks.items()}
+    return {m: SourcePeak(peak_bytes=value, series=1) for m, value in marks.items()}
 
 
 def parse_url(text: str) -> str:
@@ -163,72 +200,179 @@ def settings_for(size: int, volume: str, memory_limit: Optional[int]) -> Dict[st
     return out
 
 
-def recommend(view, observed, source, window, headroom, note="", required=None):
+def recommend(
+    view: MountView,
+    observed: float,
+    source: str,
+    window: Optional[str],
+    headroom: float,
+    note: str = "",
+    required: Optional[int] = None,
+) -> Recommendation:
     """Never below --require-shm's `required` bytes; `view`: a MountView with usage."""
-    usage, cgroup, observed = view.usage, view.cgroup, max(int(observed), 0)
-    size = round_up(observed * headroom)
-    r = Recommendation(usage.mount, observed, size, window, source, usage.size_bytes)
-    r.notes = [note] if note else []
+    usage, cgroup, peak = view.usage, view.cgroup, max(int(observed), 0)
+    assert usage is not None  # only mounts measured are recommended for
+    size = round_up(peak * headroom)
+    notes = [note] if note else []
     if required and size < required:
-        r.recommended_size_bytes = size = round_up(required)
-        raised = f"raised to what --require-shm asks: at least {at_least(required)}"
-        r.notes.append(raised)
+        size = round_up(required)
+        notes.append(
+            f"raised to what --require-shm asks: at least {at_least(required)}"
+        )
+    limit = needed = fits = None
     if cgroup is not None:
         needed = memory_limit_needed(size, cgroup.working_set_bytes, usage.used_bytes)
-        limit = r.memory_limit_bytes = cgroup.limit_bytes
-        r.memory_limit_bytes_needed = needed
-        r.memory_limit_fits = needed <= limit if limit else None
-    memory = r.memory_limit_bytes_needed if r.memory_limit_fits is False else None
-    r.settings = settings_for(size, view.labels.get("volume") or "dshm", memory)
-    return r
+        limit = cgroup.limit_bytes
+        fits = needed <= limit if limit else None
+    memory = needed if fits is False else None
+    return Recommendation(
+        mount=usage.mount,
+        observed_peak_bytes=peak,
+        recommended_size_bytes=size,
+        window=window,
+        source=source,
+        current_size_bytes=usage.size_bytes,
+        memory_limit_bytes=limit,
+        memory_limit_bytes_needed=needed,
+        memory_limit_fits=fits,
+        settings=settings_for(size, view.labels.get("volume") or "dshm", memory),
+        notes=notes,
+    )
 
 
-def recommendations(model, extra, deadline=math.inf):
+@dataclass(frozen=True)
+class _Asked:
+    """A source of peaks asked for every mount at once, on a thread of its own."""
+
+    source: str  # prometheus | exporter
+    window: Optional[str]  # Prometheus' --recommend.window; None: an exporter's mark
+    label: str  # as notes name it
+    url: str
+    answer: Bounded[Peaks]
+
+
+@dataclass(frozen=True)
+class _Answer:
+    source: str
+    window: Optional[str]
+    peaks: Peaks
+
+
+@dataclass(frozen=True)
+class _Peak:
+    """The peak a recommendation is made from, where it was read, and a note on it."""
+
+    observed_bytes: float
+    source: str  # prometheus | exporter | current
+    window: Optional[str]
+    note: str
+
+
+def recommendations(
+    model: Model, extra: RecommendFlags, deadline: float = math.inf
+) -> Tuple[List[Recommendation], List[str]]:
     """Per measured mount, from the best source that answered by `deadline` (both are asked
     at once); notes say what fell through."""
     views = [v for v in model.mounts if v.usage is not None and not v.usage.error]
-    mounts = [v.mount for v in views]
-    url, span = extra.prometheus_url, extra.recommend_window
-    asked, answers, notes = [], [], []
-    if url:
-        task = Bounded(lambda: peaks_from_prometheus(extra, mounts, deadline))
-        asked.append(("prometheus", span, "Prometheus", url, task))
-    if extra.exporter_url:
-        task = Bounded(lambda: peaks_from_exporter(extra.exporter_url, deadline))
-        asked.append(("exporter", None, "exporter", extra.exporter_url, task))
-    for name, window, label, where, task in asked:
-        try:
-            answers.append((name, window, task.result(deadline)))
-        except SourceError as err:
-            notes.append(f"{label} not used: {err}")
-        except TimeoutError as err:  # the URL's answer has not come to an end
-            notes.append(f"{label} not used: {shown(where)}: {err}")
+    notes: List[str] = []
+    answers = _answers(_ask(extra, [v.mount for v in views], deadline), deadline, notes)
     out = []
     for view in views:
-        peak, source, window, note = view.usage.used_bytes, "current", None, NO_PEAK
-        # Several series, no --prometheus.selector: another pod's shm peak is not ours
-        for name, recorded_over, peaks in answers:
-            found, series = peaks.get(view.mount, (None, 0))
-            if found is None:
-                continue
-            if name == "prometheus" and series > 1 and not extra.prometheus_selector:
-                text = f"Prometheus not used for {shown(view.mount)}: {series} series match; "
-                notes.append(text + "name this workload's with --prometheus.selector")
-                continue
-            note = SERIES.format(series) if series > 1 else ""
-            peak, source, window = found, name, recorded_over
-            break
-        high = view.max_used_bytes
-        current = view.usage.used_bytes if high is None else high
-        if source != "current" and current > peak:
-            note = f"the current use is above what {source} recorded: it is the peak"
-            peak, source, window = current, "current", None
-        args = (peak, source, window, extra.recommend_headroom, note, extra.require_shm)
-        out.append(recommend(view, *args))
+        peak = _highest(view, _recorded_peak(view, answers, extra, notes))
+        recommendation = recommend(
+            view,
+            observed=peak.observed_bytes,
+            source=peak.source,
+            window=peak.window,
+            headroom=extra.recommend_headroom,
+            note=peak.note,
+            required=extra.require_shm,
+        )
+        out.append(recommendation)
     return out, notes
 
 
-def advise(report: Report, model, extra, deadline: float) -> str:
+def _ask(extra: RecommendFlags, mounts: List[str], deadline: float) -> List[_Asked]:
+    """Prometheus and a running exporter, each asked for every mount's peak, at once."""
+    asked = []
+    if extra.prometheus_url:
+        task = Bounded(partial(peaks_from_prometheus, extra, mounts, deadline))
+        span, url = extra.recommend_window, extra.prometheus_url
+        prometheus = _Asked(
+            source="prometheus", window=span, label="Prometheus", url=url, answer=task
+        )
+        asked.append(prometheus)
+    if extra.exporter_url:
+        task = Bounded(partial(peaks_from_exporter, extra.exporter_url, deadline))
+        exporter = _Asked(
+            source="exporter",
+            window=None,
+            label="exporter",
+            url=extra.exporter_url,
+            answer=task,
+        )
+        asked.append(exporter)
+    return asked
+
+
+def _answers(asked: List[_Asked], deadline: float, notes: List[str]) -> List[_Answer]:
+    """The answers that came by `deadline`; a note for each source that did not answer."""
+    answers = []
+    for a in asked:
+        try:
+            peaks = a.answer.result(deadline)
+            answers.append(_Answer(source=a.source, window=a.window, peaks=peaks))
+        except SourceError as err:
+            notes.append(f"{a.label} not used: {err}")
+        except TimeoutError as err:  # the URL's answer has not come to an end
+            notes.append(f"{a.label} not used: {shown(a.url)}: {err}")
+    return answers
+
+
+def _recorded_peak(
+    view: MountView, answers: List[_Answer], extra: RecommendFlags, notes: List[str]
+) -> _Peak:
+    """The first answer's peak for this mount, else its current use. Several series and no
+    --prometheus.selector: another pod's shm peak is not ours."""
+    assert view.usage is not None
+    for answer in answers:
+        recorded = answer.peaks.get(view.mount)
+        if recorded is None:
+            continue
+        series = recorded.series
+        if (
+            answer.source == "prometheus"
+            and series > 1
+            and not extra.prometheus_selector
+        ):
+            text = (
+                f"Prometheus not used for {shown(view.mount)}: {series} series match; "
+            )
+            notes.append(text + "name this workload's with --prometheus.selector")
+            continue
+        note = SERIES.format(series) if series > 1 else ""
+        return _Peak(
+            observed_bytes=recorded.peak_bytes,
+            source=answer.source,
+            window=answer.window,
+            note=note,
+        )
+    current = view.usage.used_bytes
+    return _Peak(observed_bytes=current, source="current", window=None, note=NO_PEAK)
+
+
+def _highest(view: MountView, peak: _Peak) -> _Peak:
+    """A recorded peak below the mount's high-water mark (or its current use) is not the peak."""
+    assert view.usage is not None
+    high = view.max_used_bytes
+    current = view.usage.used_bytes if high is None else high
+    if peak.source != "current" and current > peak.observed_bytes:
+        note = f"the current use is above what {peak.source} recorded: it is the peak"
+        return _Peak(observed_bytes=current, source="current", window=None, note=note)
+    return peak
+
+
+def advise(report: Report, model: Model, extra: RecommendFlags, deadline: float) -> str:
     """The recommendations into `report` (a warning where the limit cannot hold one), as text."""
     recs, notes = recommendations(model, extra, deadline)
     report.facts["recommendations"] = [asdict(r) for r in recs]

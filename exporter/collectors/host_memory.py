@@ -40,7 +40,14 @@ class HostMemoryCollector(Source):
             raise ValueError(f"{self.paths.proc('meminfo')}: no MemTotal line")
         # MemAvailable exists since Linux 3.14; before that MemFree is the closest thing.
         available = info.get("MemAvailable", info.get("MemFree", 0))
-        return HostMemory(info["MemTotal"], available, info.get("Shmem", 0))
+        return HostMemory(
+            total_bytes=info["MemTotal"],
+            available_bytes=available,
+            shmem_bytes=info.get("Shmem", 0),
+        )
+
+    def close(self) -> None:
+        """Nothing is kept open between runs."""
 
 
 register("host_memory", lambda c: HostMemoryCollector(c.paths))

@@ -7,9 +7,10 @@ must not count its kills twice), check at its start."""
 import errno
 import os
 import re
-from typing import Iterable, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Protocol, cast
 
-from exporter.collectors.source import Source, register
+from exporter.collectors.source import Context, Source, register
 from exporter.model.types import OomKill, OomReports
 
 # A /dev/kmsg record: 'prio,seq,usec,flags[,...];message', then ' KEY=value' lines.
@@ -25,39 +26,103 @@ _LEGACY = re.compile(  # before 4.19 (cAdvisor's legacyContainerRegexp)
 # cAdvisor's lastLineRegexp; comm may hold spaces and '()': it ends at the last ')'.
 _KILLED = re.compile(r"Killed process (?P<pid>\d+) \((?P<comm>.*)\)(?P<rest>[^()]*)$")
 _RSS = re.compile(r"(anon|file|shmem)-rss:(\d+)kB")  # the victim's (mm/oom_kill.c)
+MAX_PENDING = (
+    64  # reports begun and kept for their "Killed process" line (it may be lost)
+)
+READ_BYTES = 8192  # one read: one record (~1 KiB + dict)
 
 
-def parse_kmsg_record(record: str) -> Optional[Tuple[int, int, str]]:
-    """-> (seq, usec, message's first line); None: not a record."""
+@dataclass(frozen=True)
+class KmsgRecord:
+    seq: int  # the kernel log's sequence number
+    usec: int  # microseconds after boot (CLOCK_MONOTONIC)
+    message: str  # its first line
+
+
+@dataclass(frozen=True)
+class PendingReport:
+    """An OOM report's cgroups, kept until its "Killed process" line."""
+
+    task_memcg: str  # the victim's cgroup
+    oom_memcg: str  # the cgroup whose limit was hit ('' for a system-wide OOM)
+    constraint: str  # CONSTRAINT_MEMCG, CONSTRAINT_NONE (system), ...
+
+
+NO_REPORT = PendingReport(task_memcg="", oom_memcg="", constraint="")
+# By the victim's pid; None: a pre-4.19 report, which names no pid.
+Pending = Dict[Optional[int], PendingReport]
+
+
+def parse_kmsg_record(record: str) -> Optional[KmsgRecord]:
+    """A record's sequence number, time and message's first line; None: not a record."""
     match = _RECORD.match(record)
-    return (int(match[1]), int(match[2]), match[3]) if match else None
+    if match is None:
+        return None
+    return KmsgRecord(seq=int(match[1]), usec=int(match[2]), message=match[3])
 
 
-def parse_oom_kills(records: Iterable[str], pending=None) -> List[OomKill]:
-    """Every OOM report these /dev/kmsg records complete. `pending` (kept across calls): by pid,
-    a report's (task_memcg, oom_memcg, constraint) until its "Killed process" line, bounded (that
-    line may be lost to an overrun)."""
+def parse_oom_kills(
+    records: Iterable[str], pending: Optional[Pending] = None
+) -> List[OomKill]:
+    """Every OOM report these /dev/kmsg records complete. `pending` (kept across calls): the
+    reports begun, until their "Killed process" line, bounded (that line may be lost to an
+    overrun)."""
     pending = {} if pending is None else pending
     kills = []
-    for seq, usec, message in filter(None, map(parse_kmsg_record, records)):
-        if match := _OOM_KILL.search(message):
-            if len(pending) > 64:
-                pending.clear()
-            cgroups = match["task_memcg"], match["oom_memcg"] or "", match["constraint"]
-            pending[int(match["pid"])] = cgroups
-        elif match := _LEGACY.search(message):
-            pending[None] = (match["task_memcg"], match["oom_memcg"], "")
-        elif (match := _KILLED.search(message)) and "reaped process" not in message:
-            pid = int(match["pid"])
-            legacy = pending.pop(None, ("", "", ""))  # a pre-4.19 report has no pid
-            task_memcg, oom_memcg, constraint = pending.pop(pid, None) or legacy
-            if not constraint and message.startswith("Memory cgroup"):
-                constraint = "CONSTRAINT_MEMCG"
-            rss = {kind: int(kb) * 1024 for kind, kb in _RSS.findall(match["rest"])}
-            rss_bytes = map(rss.get, ("anon", "file", "shmem"))
-            cgroups = (task_memcg, oom_memcg, constraint)
-            kills.append(OomKill(seq, usec, pid, match["comm"], *cgroups, *rss_bytes))
+    for record in filter(None, map(parse_kmsg_record, records)):
+        if not _begins_a_report(record.message, pending):
+            kill = _killed(record, pending)
+            if kill is not None:
+                kills.append(kill)
     return kills
+
+
+def _begins_a_report(message: str, pending: Pending) -> bool:
+    """An oom-kill line (or a pre-4.19 "Task in ..."): its cgroups kept in `pending`."""
+    if match := _OOM_KILL.search(message):
+        if len(pending) > MAX_PENDING:
+            pending.clear()
+        pending[int(match["pid"])] = PendingReport(
+            task_memcg=match["task_memcg"],
+            oom_memcg=match["oom_memcg"] or "",
+            constraint=match["constraint"],
+        )
+        return True
+    if match := _LEGACY.search(message):
+        pending[None] = PendingReport(
+            task_memcg=match["task_memcg"],
+            oom_memcg=match["oom_memcg"],
+            constraint="",
+        )
+        return True
+    return False
+
+
+def _killed(record: KmsgRecord, pending: Pending) -> Optional[OomKill]:
+    """The kill a "Killed process" line completes (the oom_reaper's line is not one)."""
+    message = record.message
+    match = _KILLED.search(message)
+    if match is None or "reaped process" in message:
+        return None
+    pid = int(match["pid"])
+    legacy = pending.pop(None, NO_REPORT)  # a pre-4.19 report has no pid
+    report = pending.pop(pid, None) or legacy
+    constraint = report.constraint
+    if not constraint and message.startswith("Memory cgroup"):
+        constraint = "CONSTRAINT_MEMCG"
+    rss = {kind: int(kb) * 1024 for kind, kb in _RSS.findall(match["rest"])}
+    return OomKill(
+        seq=record.seq,
+        boot_usec=record.usec,
+        pid=pid,
+        comm=match["comm"],
+        task_memcg=report.task_memcg,
+        oom_memcg=report.oom_memcg,
+        constraint=constraint,
+        anon_rss_bytes=rss.get("anon"),
+        file_rss_bytes=rss.get("file"),
+        shmem_rss_bytes=rss.get("shmem"),
+    )
 
 
 class OomCollector(Source):
@@ -67,24 +132,14 @@ class OomCollector(Source):
         self.kmsg_path = kmsg_path
         self.from_start = from_start
         self._fd: Optional[int] = None
-        self._pending: dict = {}  # reports begun, not yet complete
+        self._pending: Pending = {}  # reports begun, not yet complete
 
     def collect(self) -> OomReports:
-        if self._fd is None:
-            try:
-                flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
-                self._fd = os.open(self.kmsg_path, flags)
-            except PermissionError as err:
-                raise PermissionError(
-                    f"{self.kmsg_path}: {err.strerror} (needs CAP_SYSLOG when "
-                    f"kernel.dmesg_restrict=1, and the device in a container)"
-                ) from None
-            if not self.from_start:  # the next record written from now on
-                os.lseek(self._fd, 0, os.SEEK_END)
+        fd = self._open() if self._fd is None else self._fd
         records, lost = [], 0
         while True:
             try:
-                raw = os.read(self._fd, 8192)  # one read: one record (~1 KiB + dict)
+                raw = os.read(fd, READ_BYTES)
             except BlockingIOError:
                 break  # EAGAIN: nothing more for now
             except OSError as err:
@@ -97,7 +152,23 @@ class OomCollector(Source):
             if not raw:
                 break
             records.append(raw.decode("utf-8", "replace"))
-        return OomReports(tuple(parse_oom_kills(records, self._pending)), lost)
+        kills = tuple(parse_oom_kills(records, self._pending))
+        return OomReports(new=kills, lost=lost)
+
+    def _open(self) -> int:
+        """The kernel log, at its end (serving: a restart must not count its kills twice)
+        or its start (check)."""
+        try:
+            flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+            self._fd = os.open(self.kmsg_path, flags)
+        except PermissionError as err:
+            raise PermissionError(
+                f"{self.kmsg_path}: {err.strerror} (needs CAP_SYSLOG when "
+                f"kernel.dmesg_restrict=1, and the device in a container)"
+            ) from None
+        if not self.from_start:  # the next record written from now on
+            os.lseek(self._fd, 0, os.SEEK_END)
+        return self._fd
 
     def close(self) -> None:
         if self._fd is not None:
@@ -105,5 +176,17 @@ class OomCollector(Source):
             self._fd = None
 
 
+class OomFlags(Protocol):
+    """What this collector reads of the configuration (exporter.config's flags)."""
+
+    @property
+    def kmsg(self) -> str: ...
+
+
+def _oom_collector(c: Context) -> OomCollector:
+    cfg = cast(OomFlags, c.cfg)  # Context.cfg is typed `object`
+    return OomCollector(cfg.kmsg, c.kmsg_from_start)
+
+
 # Off by default in a sidecar: /dev/kmsg is not in a container unless given, and needs CAP_SYSLOG.
-register("oom", lambda c: OomCollector(c.cfg.kmsg, c.kmsg_from_start), modes=("node",))
+register("oom", _oom_collector, modes=("node",))

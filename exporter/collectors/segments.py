@@ -11,7 +11,8 @@ import time
 from collections.abc import Iterator
 from contextlib import suppress
 from functools import partial
-from typing import Callable, Dict, List, Optional, Pattern, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Pattern, Sequence
+from typing import Set, Tuple
 
 from exporter.collectors.source import STRETCH_MAX, Context, Source, register
 from exporter.host.kube import pod_uid_of_mount
@@ -252,7 +253,7 @@ class SegmentsCollector(Source):
                 mounts.append(self._last[mount])
         self._last = {m.mount: m for m in mounts}
         self._orphans = {m: o for m, o in self._orphans.items() if m in self._last}
-        for m in devs if settled else moved or ():  # their pods were read this run
+        for m in self._pods_read(devs, moved, settled):
             rows = self._listings[m].rows if m in self._listings else {}
             self._pod_read_as[m] = holdings.orphan_bytes(rows, self._orphans.get(m, ()))
         owners = self._owners
@@ -279,6 +280,16 @@ class SegmentsCollector(Source):
             memfd_rest=owners.memfd_rest,
             cgroup_of=self._memfd[1],
         )
+
+    def _pods_read(
+        self, devs: Dict[str, int], moved: Optional[Dict[str, Set[str]]], settled: bool
+    ) -> Iterable[str]:
+        """The mounts whose pods this run read: what node mode's refreshes compare with. None
+        in a sidecar: its runs read every process, and a storm's copy of every leaked file's
+        size would be waste."""
+        if not self.pod_of_pid:
+            return ()
+        return devs if settled else moved or ()
 
     def _assemble(self, mount, dev, listing, events, quick, settled, fresh=()):
         """`quick`: nobody was read for this mount's changes (the last scan's owners reused).

@@ -8,9 +8,8 @@ import os
 import re
 import threading
 from contextlib import suppress
-from dataclasses import replace
-from functools import partial
-from typing import Callable, Dict, List, Optional, Tuple
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, List, Optional, Sequence, TypeVar, Union
 
 from exporter.model.types import SysvSegment, SysvShm
 from exporter.collectors.source import Source, register
@@ -21,6 +20,10 @@ from exporter.host.proctable import Process, ProcessTable
 CLONE_NEWIPC = 0x08000000
 # A container's ID in its cgroup path (Docker, containerd, CRI-O: 64 hex digits).
 _CONTAINER_ID = re.compile(r"([0-9a-f]{64})")
+# Read failures that make a namespace's SysV "not readable"; any other error is a bug.
+UNREADABLE = (OSError, ValueError, RuntimeError)
+NAMESPACE_SECONDS = 5.0  # every IPC namespace read within this, on one thread
+T = TypeVar("T")
 
 
 def parse_sysvipc_shm(text: str) -> List[SysvSegment]:
@@ -31,53 +34,96 @@ def parse_sysvipc_shm(text: str) -> List[SysvSegment]:
         raise ValueError(
             "sysvipc/shm: unexpected header " + " ".join(header.split()[:8])
         )
-    # SysvSegment's fields in order; a kernel without cpid, rss or lpid reads 0.
-    names = ("key", "shmid", "size", "nattch", "cpid", "rss", "lpid")
     segments = []
     for fields in map(str.split, lines):
         with suppress(ValueError, IndexError):  # a truncated line
-            row = [int(fields[col[n]]) if n in col else 0 for n in names]
-            segments.append(SysvSegment(*row))
+            segments.append(_segment(fields, col))
     return segments
 
 
+def _segment(fields: List[str], col: Dict[str, int]) -> SysvSegment:
+    """A line's fields; a kernel without cpid, rss or lpid reads 0."""
+
+    def number(name: str) -> int:
+        return int(fields[col[name]]) if name in col else 0
+
+    return SysvSegment(
+        key=number("key"),
+        shmid=number("shmid"),
+        size_bytes=number("size"),
+        nattch=number("nattch"),
+        cpid=number("cpid"),
+        rss_bytes=number("rss"),
+        lpid=number("lpid"),
+    )
+
+
+@dataclass(frozen=True)
+class IpcNamespace:
+    """An IPC namespace ("ipc:[4026531839]"), and the /proc/<pid>/ns/ipc links that may
+    join it (of its processes: one that exited or moved gives way to the next)."""
+
+    namespace: str
+    links: List[str]
+
+
 def in_ipc_namespaces(
-    namespaces: List[Tuple[str, List[str]]], read: Callable[[], object], timeout=5.0
-) -> Dict[str, object]:
-    """`read()` in each IPC namespace [(namespace, [paths that may join it])] -> namespace ->
-    its result or the error that kept it unread, from one short-lived thread (setns moves only
-    the calling thread). A path whose pid exited or is now elsewhere gives way to the next."""
-    results: Dict[str, object] = {}
-
-    def run() -> None:
-        for namespace, paths in namespaces:
-            try:
-                for path in paths:
-                    try:
-                        ns = open(path, "rb", buffering=0)
-                    except (FileNotFoundError, ProcessLookupError):
-                        continue
-                    with ns:
-                        if f"ipc:[{os.fstat(ns.fileno()).st_ino}]" == namespace:
-                            setns(ns.fileno(), CLONE_NEWIPC)
-                            results[namespace] = read()
-                            break
-            except BaseException as err:  # handed to the caller's thread, without its
-                # traceback: that holds this frame, so `results` (a cycle per namespace and
-                # run, left to the cyclic collector: cli.tune_process)
-                results[namespace] = err.with_traceback(None)
-
-    thread = threading.Thread(target=run, name="shmwatch-sysv-ns", daemon=True)
+    namespaces: Sequence[IpcNamespace],
+    read: Callable[[], T],
+    timeout: float = NAMESPACE_SECONDS,
+) -> Dict[str, Union[T, BaseException]]:
+    """`read()` in each IPC namespace -> namespace -> its result or the error that kept it
+    unread, from one short-lived thread (setns moves only the calling thread)."""
+    results: Dict[str, Union[T, BaseException]] = {}
+    thread = threading.Thread(
+        target=_read_each,
+        args=(namespaces, read, results),
+        name="shmwatch-sysv-ns",
+        daemon=True,
+    )
     try:
         thread.start()
     except RuntimeError as err:  # no thread to be had (pids.max)
-        return {namespace: err for namespace, _ in namespaces}
+        return {ns.namespace: err for ns in namespaces}
     thread.join(timeout)
     if thread.is_alive():
-        for namespace, _ in namespaces:
-            late = f"reading IPC namespace {namespace} took over {timeout:g}s"
-            results.setdefault(namespace, TimeoutError(late))
+        for ns in namespaces:
+            late = f"reading IPC namespace {ns.namespace} took over {timeout:g}s"
+            results.setdefault(ns.namespace, TimeoutError(late))
     return dict(results)
+
+
+def _read_each(
+    namespaces: Sequence[IpcNamespace],
+    read: Callable[[], T],
+    results: Dict[str, Union[T, BaseException]],
+) -> None:
+    """On the namespaces' own thread: each namespace joined in turn, and read."""
+    for ns in namespaces:
+        try:
+            _read_in(ns, read, results)
+        except BaseException as err:  # handed to the caller's thread, without its
+            # traceback: that holds this frame, so `results` (a cycle per namespace and
+            # run, left to the cyclic collector: cli.tune_process)
+            results[ns.namespace] = err.with_traceback(None)
+
+
+def _read_in(
+    ns: IpcNamespace,
+    read: Callable[[], T],
+    results: Dict[str, Union[T, BaseException]],
+) -> None:
+    """Joins `ns` through the first of its links still in it, and reads; nothing when none is."""
+    for link in ns.links:
+        try:
+            handle = open(link, "rb", buffering=0)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        with handle:
+            if f"ipc:[{os.fstat(handle.fileno()).st_ino}]" == ns.namespace:
+                setns(handle.fileno(), CLONE_NEWIPC)
+                results[ns.namespace] = read()
+                return
 
 
 class SysvCollector(Source):
@@ -99,56 +145,98 @@ class SysvCollector(Source):
         self.schedule = "inventory" if node_mode else "poll"
         self.stretches = node_mode
 
-    def read(self) -> SysvShm:
-        """The calling thread's IPC namespace."""
-        gone = partial(self._gone, hidden=self.table.hidepid() != "off")
+    def read(self, pids_hidden: bool) -> SysvShm:
+        """The calling thread's IPC namespace. `pids_hidden`: /proc hides processes (hidepid),
+        so only kill(pid, 0) proves a creator gone."""
         # Attached by nobody; its creator and last user (0: never attached) exited.
         segments = [
-            replace(s, orphan=True)
-            if not s.nattch and gone(s.cpid) and (s.lpid == 0 or gone(s.lpid))
-            else s
+            replace(s, orphan=True) if self._orphan(s, pids_hidden) else s
             for s in parse_sysvipc_shm(read_text(self.paths.proc("sysvipc", "shm")))
         ]
         shmmax, shmall, shmmni = map(self._kernel, ("shmmax", "shmall", "shmmni"))
-        shmall = None if shmall is None else shmall * self.page_size  # in pages
-        return SysvShm(segments, shmmax, shmall, shmmni)
+        return SysvShm(
+            segments=segments,
+            shmmax_bytes=shmmax,
+            shmall_bytes=None
+            if shmall is None
+            else shmall * self.page_size,  # in pages
+            shmmni=shmmni,
+        )
+
+    def _orphan(self, segment: SysvSegment, pids_hidden: bool) -> bool:
+        if segment.nattch or not self._gone(segment.cpid, pids_hidden):
+            return False
+        return segment.lpid == 0 or self._gone(segment.lpid, pids_hidden)
 
     def collect(self) -> List[SysvShm]:
         """One namespace per element: ours in a sidecar; every process's in node mode."""
+        # Once a run, not per namespace: hidepid is our procfs's, parsed from all of mountinfo.
+        pids_hidden = self.table.hidepid() != "off"
         if not self.node_mode:
-            return [self.read()]
+            return [self.read(pids_hidden)]
         own = os.readlink(self.paths.proc("self", "ns", "ipc"))
-        processes = self.table.walk().processes
-        links = {p: self.paths.proc(p.pid, "ns", "ipc") for p in processes}
-        groups: Dict[str, List[Process]] = {}
-        # Read afresh each run: `unshare --ipc` moves a process after it started.
-        for proc, link in links.items():
-            with suppress(OSError):  # gone or not ours: the inventory counts it
-                groups.setdefault(os.readlink(link), []).append(proc)
-        # shmwatch's own private namespace holds nobody's segments
-        if {p.pid for p in groups.get(own, ())} == {os.getpid()}:
-            del groups[own]
-        shown = sorted(groups.items())
-        joined = [(n, [links[p] for p in procs]) for n, procs in shown if n != own]
-        read = in_ipc_namespaces(joined, self.read)
+        groups = self._processes_by_namespace(own)
+        joined = [
+            IpcNamespace(namespace=n, links=[self._link(p) for p in procs])
+            for n, procs in groups.items()
+            if n != own
+        ]
+        read = in_ipc_namespaces(joined, lambda: self.read(pids_hidden))
         out = []
-        for namespace, procs in shown:
-            try:
-                shm = self.read() if namespace == own else read.get(namespace)
-            except (OSError, ValueError) as err:
-                shm = err
+        for namespace, procs in groups.items():
+            shm = self._own(pids_hidden) if namespace == own else read.get(namespace)
             if shm is None:
                 continue  # every process of the namespace exited: so did the namespace
-            # not read (OSError: a timeout too); any other error is a bug, raised here
-            if isinstance(shm, (OSError, ValueError, RuntimeError)):
-                shm = SysvShm([], None, None, None, readable=False, error=str(shm))
-            elif isinstance(shm, BaseException):
-                raise shm
-            pods = {self.table.pod_uid(p) for p in procs}
-            pod = pods.pop() if len(pods) == 1 else ""
-            cid = "" if pod else self._container(procs)
-            out.append(replace(shm, namespace=namespace, pod_uid=pod, container_id=cid))
+            out.append(self._whose(self._readable(shm), namespace, procs))
         return out
+
+    def _processes_by_namespace(self, own: str) -> Dict[str, List[Process]]:
+        """Every process's IPC namespace (read afresh each run: `unshare --ipc` moves a
+        process after it started), in order; shmwatch's own namespace left out when it is
+        private (it holds nobody's segments)."""
+        groups: Dict[str, List[Process]] = {}
+        for proc in self.table.walk().processes:
+            with suppress(OSError):  # gone or not ours: the inventory counts it
+                groups.setdefault(os.readlink(self._link(proc)), []).append(proc)
+        if {p.pid for p in groups.get(own, ())} == {os.getpid()}:
+            del groups[own]
+        return dict(sorted(groups.items()))
+
+    def _link(self, proc: Process) -> str:
+        return self.paths.proc(proc.pid, "ns", "ipc")
+
+    def _own(self, pids_hidden: bool) -> Union[SysvShm, BaseException]:
+        try:
+            return self.read(pids_hidden)
+        except (OSError, ValueError) as err:
+            return err
+
+    @staticmethod
+    def _readable(shm: Union[SysvShm, BaseException]) -> SysvShm:
+        """A namespace not read (OSError: a timeout too) as unreadable; any other error is a
+        bug, raised here."""
+        if isinstance(shm, UNREADABLE):
+            return SysvShm(
+                segments=[],
+                shmmax_bytes=None,
+                shmall_bytes=None,
+                shmmni=None,
+                readable=False,
+                error=str(shm),
+            )
+        if isinstance(shm, BaseException):
+            raise shm
+        return shm
+
+    def _whose(self, shm: SysvShm, namespace: str, procs: List[Process]) -> SysvShm:
+        """The namespace's pod (when its processes are of one), else its container."""
+        pods = {self.table.pod_uid(p) for p in procs}
+        pod = pods.pop() if len(pods) == 1 else ""
+        cid = "" if pod else self._container(procs)
+        return replace(shm, namespace=namespace, pod_uid=pod, container_id=cid)
+
+    def close(self) -> None:
+        """Nothing is kept open between runs."""
 
     def _kernel(self, name: str) -> Optional[int]:
         with suppress(OSError, ValueError, IndexError):

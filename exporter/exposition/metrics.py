@@ -21,7 +21,7 @@ from exporter import __version__
 from exporter.exposition.render import Families, Family
 from exporter.model.step import Model, ModelStep, MountView
 from exporter.model.summary import memfd_summary, named_on_exporter, owner_comm
-from exporter.model.types import Segment
+from exporter.model.types import CgroupMemory, MountUsage, Segment
 
 log = logging.getLogger(__name__)
 MAX_LABEL_CHARS = 128
@@ -151,7 +151,9 @@ class ModelCollector(Collector):
         out.parts_of(self._one_mount_usage, rows)
 
     @staticmethod
-    def _one_mount_usage(out: Families, mount, m, *figures) -> None:
+    def _one_mount_usage(
+        out: Families, mount: str, m: MountUsage, *figures: Optional[float]
+    ) -> None:
         """A mount that cannot be measured says so (mount_error 1); one that can, its figures
         (where an error 0 would only repeat that they are there)."""
         noswap = "true" if m.noswap else "false"
@@ -196,9 +198,8 @@ class ModelCollector(Collector):
         same = (inv, *[x for v in listed for x in (v.labels, v.summary, v.inventory)])
         out.parts_of(self._one_mount_segments, map(segments, listed), same)
         if out.wants("shmwatch_top_segment_bytes"):
-            named = (
-                self._named_row(listed, inv.comms) for _ in range(1)
-            )  # made if needed
+            # One row, made only when parts_of finds `same` moved.
+            named = (self._named_row(listed, inv.comms) for _ in range(1))
             out.parts_of(self._named_segments, named, same)
         out.parts_of(self._one_mount_state, map(state, listed), same)
         by_class, top = memfd_summary(inv, self.step.top_k)
@@ -305,7 +306,9 @@ class ModelCollector(Collector):
         out.parts_of(self._one_cgroup, rows)
 
     @staticmethod
-    def _one_cgroup(out: Families, shown, cg, unexplained) -> None:
+    def _one_cgroup(
+        out: Families, shown: str, cg: CgroupMemory, unexplained: Optional[int]
+    ) -> None:
         label = [shown]
         for name, value in (
             ("cgroup_memory_usage_bytes", cg.usage_bytes),

@@ -12,6 +12,7 @@ import re
 import threading
 from types import SimpleNamespace
 from typing import (
+    Any,
     Callable,
     Dict,
     FrozenSet,
@@ -21,6 +22,7 @@ from typing import (
     Optional,
     Sequence,
     Tuple,
+    cast,
 )
 from urllib.parse import parse_qs
 
@@ -46,7 +48,14 @@ class Shape:
     label whose value is empty is left out of its line (Prometheus stores none): node mode's
     labels a series has no value for, a mount named by its pod and volume."""
 
-    def __init__(self, sample_name, names, kind="gauge", doc="", added=()):
+    def __init__(
+        self,
+        sample_name: str,
+        names: Sequence[str],
+        kind: str = "gauge",
+        doc: str = "",
+        added: Iterable[str] = (),
+    ) -> None:
         self.sample_name, self.type = sample_name, kind
         # prometheus_client names a counter's family without the _total of its samples
         self.name = sample_name[: -len("_total")] if kind == "counter" else sample_name
@@ -102,8 +111,13 @@ class Families:
     families in `exposed` are kept (None: every one)."""
 
     def __init__(
-        self, node_mode=False, last=None, labels=None, made=None, exposed=None
-    ):
+        self,
+        node_mode: bool = False,
+        last: Optional[Dict[Any, Tuple[Any, ...]]] = None,
+        labels: Optional[Dict[str, str]] = None,
+        made: Optional[Dict[Any, Tuple[Any, ...]]] = None,
+        exposed: Optional[FrozenSet[str]] = None,
+    ) -> None:
         self.node_mode, self.last, self.labels = node_mode, last or {}, labels or {}
         self.made: Dict[tuple, tuple] = {} if made is None else made
         self.parts: Dict[str, List[str]] = {}  # family name -> lines, joined in runs
@@ -262,8 +276,11 @@ class Exposition:
         return [body]
 
     def _collected(self) -> List[Family]:
-        exposed, families = self.exposed, self.registry.collect()
-        return [f for f in families if exposed is None or f.sample_name in exposed]
+        # The registry holds ModelCollector alone (encode reads each family's lines).
+        families = cast(Iterable[Family], self.registry.collect())
+        return [
+            f for f in families if self.exposed is None or f.sample_name in self.exposed
+        ]
 
 
 def negotiate(environ: Dict[str, str]) -> Tuple[Callable[..., bytes], str, bool]:

@@ -42,4 +42,5 @@ def unique_mount_id(path: str) -> Optional[int]:
     failed = _STATX(AT_FDCWD, os.fsencode(path), flags, STATX_MNT_ID_UNIQUE, buf)
     if failed or not struct.unpack_from("<I", buf, 0)[0] & STATX_MNT_ID_UNIQUE:
         return None
-    return struct.unpack_from("<Q", buf, 144)[0]  # stx_mnt_id
+    mount_id: int = struct.unpack_from("<Q", buf, 144)[0]  # stx_mnt_id
+    return mount_id

@@ -5,7 +5,7 @@ import re
 import select
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Iterable, List, Optional, Sequence, TextIO, Union
 
 from exporter.host.paths import Paths
 
@@ -40,9 +40,16 @@ def parse_mountinfo(text: str) -> List[MountEntry]:
             mount_id, _, device, root, point, options = fields[:6]
             fstype, source, *super_options = fields[sep + 1 :]
             options += "," + (super_options[0] if super_options else "")
-            point, root, source = map(_unescape, (point, root, source))
-            entry = (point, fstype, source, options, device, root, int(mount_id))
-            entries.append(MountEntry(*entry))
+            entry = MountEntry(
+                mount_point=_unescape(point),
+                fstype=fstype,
+                source=_unescape(source),
+                options=options,
+                device=device,
+                root=_unescape(root),
+                mount_id=int(mount_id),
+            )
+            entries.append(entry)
     return entries
 
 
@@ -60,16 +67,30 @@ def strip_rootfs(entries: Sequence[MountEntry], rootfs: str) -> List[MountEntry]
     ]
 
 
+@dataclass(frozen=True)
+class _OpenMountinfo:
+    """A mountinfo kept open, to be polled for POLLPRI (the kernel's "the table changed")."""
+
+    pid: str
+    handle: TextIO
+    poller: "select.poll"
+
+
 class MountTable:
     """The first readable mountinfo of `order` ('1': the host's, first under
     --path.rootfs; 'self': ours), --path.rootfs stripped; a path's mount in O(depth).
     Reread only on POLLPRI, as libmount's monitor does (2,000 mounts: ~10 ms a read)."""
 
-    def __init__(self, paths: Paths, order: Sequence[str] = (), entries=()):
+    def __init__(
+        self,
+        paths: Paths,
+        order: Sequence[str] = (),
+        entries: Sequence[MountEntry] = (),
+    ) -> None:
         self.paths = paths
         host_first = paths.rootfs not in ("", "/")
         self.order = tuple(order or (("1", "self") if host_first else ("self", "1")))
-        self._open = None  # (pid, file, poller) of the mountinfo the entries are from
+        self._open: Optional[_OpenMountinfo] = None  # what the entries are from
         self._index(entries)  # none until read: nothing is known
 
     def _index(self, entries: Sequence[MountEntry]) -> None:
@@ -94,14 +115,14 @@ class MountTable:
 
     def _text(self, pid: str, path: str) -> Optional[str]:
         """pid's mountinfo; None when the entries are from it and it has not changed since."""
-        if self._open and self._open[0] == pid:
-            _, handle, poller = self._open
-            events = poller.poll(0)
+        kept = self._open
+        if kept is not None and kept.pid == pid:
+            events = kept.poller.poll(0)
             if not events:
                 return None
             if not events[0][1] & select.POLLNVAL:  # else the fd went bad: open afresh
-                handle.seek(0)
-                return handle.read()
+                kept.handle.seek(0)
+                return kept.handle.read()
         handle = open(path, "r", encoding="utf-8", errors="surrogateescape", newline="")
         self.close()
         poller = select.poll()
@@ -110,12 +131,12 @@ class MountTable:
         if any(mask & select.POLLOUT for _, mask in poller.poll(0)):
             with handle:  # a regular file: nothing to wait for, read it every time
                 return handle.read()
-        self._open = (pid, handle, poller)
+        self._open = _OpenMountinfo(pid=pid, handle=handle, poller=poller)
         return handle.read()
 
     def close(self) -> None:
-        if self._open:
-            self._open[1].close()
+        if self._open is not None:
+            self._open.handle.close()
         self._open = None
 
     def refresh(self) -> bool:
@@ -146,7 +167,11 @@ class MountTable:
         return bool(self.by_point) and self.mounted_at(path) is None
 
 
-def live_mounts(mounts) -> Callable[[], List[str]]:
+def live_mounts(
+    mounts: Union[Callable[[], List[str]], Iterable[str]],
+) -> Callable[[], List[str]]:
     """What collectors take: discovery's `mounts` callable, or (tests, benchmarks) a fixed list."""
-    fixed = None if callable(mounts) else list(mounts)
-    return mounts if fixed is None else lambda: fixed
+    if callable(mounts):
+        return mounts
+    fixed = list(mounts)
+    return lambda: fixed

@@ -21,14 +21,37 @@ INITIAL_PID_NAMESPACE = f"pid:[{0xEFFFFFFC}]"  # PROC_PID_INIT_INO (linux/proc_n
 MAX_PROBE_PIDS = 1 << 16  # a pidfd_open each: ok in a pod's PID namespace, not a host's
 # Kernels before 5.8 print hidepid=0/1/2(/4); later ones the names (fs/proc/root.c).
 HIDEPID_NAMES = {"0": "off", "1": "noaccess", "2": "invisible", "4": "ptraceable"}
-PidCounts = Optional[Tuple[int, int, int]]  # ns_last_pid, forks since boot, pid_max
 
 
-def parse_stat(text: str) -> Tuple[str, int, int, int]:
-    """/proc/<pid>/stat -> (comm, flags, starttime, ppid). comm may hold spaces and ')'."""
+@dataclass(frozen=True)
+class PidCounts:
+    """How far pids have gone: whether a pid known earlier may be another process now."""
+
+    last_pid: int  # ns_last_pid: the last pid handed out
+    forks: int  # processes created since boot (/proc/stat's "processes")
+    pid_max: int
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of /proc/<pid>/stat the process table reads."""
+
+    comm: str
+    flags: int  # PF_* (PF_KTHREAD: a kernel thread)
+    start_time: int  # clock ticks after boot
+    ppid: int
+
+
+def parse_stat(text: str) -> ProcStat:
+    """/proc/<pid>/stat -> its comm, flags, start time and ppid. comm may hold spaces and ')'."""
     close = text.rindex(")")
     rest = text[close + 2 :].split()  # from field 3: ppid 4, flags 9, starttime 22
-    return text[text.index("(") + 1 : close], int(rest[6]), int(rest[19]), int(rest[1])
+    return ProcStat(
+        comm=text[text.index("(") + 1 : close],
+        flags=int(rest[6]),
+        start_time=int(rest[19]),
+        ppid=int(rest[1]),
+    )
 
 
 def parse_proc_cgroup(text: str) -> Dict[str, str]:
@@ -73,6 +96,14 @@ class ProcessWalk:
     workload_visible: bool = True
 
 
+@dataclass(frozen=True)
+class Identified:
+    """The user processes among pids asked about, and how many could not be read."""
+
+    processes: List[Process]
+    unreadable: int
+
+
 def parse_hidepid(options: str) -> str:
     key = "hidepid="
     values = [o[len(key) :] for o in options.split(",") if o.startswith(key)]
@@ -87,48 +118,63 @@ class ProcessTable:
         self._lock = threading.Lock()
         self._pods: Dict[Tuple[int, int], str] = {}  # (pid, start time) -> pod UID
 
-    def last_pid_and_max(self) -> Tuple[int, int]:
-        kernel = ("sys", "kernel")  # ns_last_pid needs CONFIG_CHECKPOINT_RESTORE
-        last = int(read_text(self.paths.proc(*kernel, "ns_last_pid")))
-        return last, int(read_text(self.paths.proc(*kernel, "pid_max")))
+    def last_pid(self) -> int:
+        """The last pid handed out in our PID namespace (needs CONFIG_CHECKPOINT_RESTORE)."""
+        return int(read_text(self.paths.proc("sys", "kernel", "ns_last_pid")))
+
+    def pid_max(self) -> int:
+        return int(read_text(self.paths.proc("sys", "kernel", "pid_max")))
 
     def pids(self) -> List[int]:
         return list(map(int, filter(str.isdigit, os.listdir(self.paths.procfs))))
 
-    def identify_all(self, pids: Iterable[int], kernel_threads: Set[int]) -> tuple:
-        """(the user processes among `pids` still there, how many could not be read); kernel
-        threads join `kernel_threads`, which are not read again."""
+    def identify_all(self, pids: Iterable[int], kernel_threads: Set[int]) -> Identified:
+        """The user processes among `pids` still there, and how many could not be read;
+        kernel threads join `kernel_threads`, which are not read again."""
         found, unreadable = [], 0
         for pid in sorted(set(pids) - kernel_threads):
             try:
                 raw = read_text(self.paths.proc(pid, "stat"))
                 uid = os.stat(self.paths.proc(pid)).st_uid
-                comm, flags, start, ppid = parse_stat(raw)
+                stat = parse_stat(raw)
             except (FileNotFoundError, ProcessLookupError):
                 continue  # gone
             except (OSError, ValueError, IndexError):
                 unreadable += 1
                 continue
-            if flags & PF_KTHREAD:
+            if stat.flags & PF_KTHREAD:
                 kernel_threads.add(pid)
             else:
-                found.append(Process(pid, comm, start, uid, ppid))
-        return found, unreadable
+                process = Process(
+                    pid=pid,
+                    comm=stat.comm,
+                    start_time=stat.start_time,
+                    uid=uid,
+                    ppid=stat.ppid,
+                )
+                found.append(process)
+        return Identified(processes=found, unreadable=unreadable)
 
     def walk(self) -> ProcessWalk:
         """Every user process; those we may not read, or /proc hides (hidepid), are counted."""
         try:
             listed = self.pids()
         except OSError:  # no process could be seen: none is proven absent
-            return ProcessWalk([], 0, None)
-        found, unreadable = self.identify_all(listed, set())
+            return ProcessWalk(processes=[], unreadable=0, invisible=None)
+        identified = self.identify_all(listed, set())
+        found, unreadable = identified.processes, identified.unreadable
         alive = {(p.pid, p.start_time) for p in found}
         with self._lock:
             self._pods = {k: pod for k, pod in self._pods.items() if k in alive}
         hiding = self.hidepid() in ("invisible", "ptraceable")
         invisible = self.count_invisible(set(listed)) if hiding else 0
         visible = bool(unreadable or invisible) or self._workload_visible(found)
-        return ProcessWalk(found, unreadable, invisible, visible)
+        return ProcessWalk(
+            processes=found,
+            unreadable=unreadable,
+            invisible=invisible,
+            workload_visible=visible,
+        )
 
     def _workload_visible(self, found: List[Process]) -> bool:
         """Whether /proc is the initial PID namespace's (it lists every process there is), or
@@ -161,7 +207,7 @@ class ProcessTable:
         if (probe := getattr(os, "pidfd_open", None)) is None:
             return None  # a Python built on headers older than Linux 5.3
         try:
-            last, pid_max = self.last_pid_and_max()
+            last, pid_max = self.last_pid(), self.pid_max()
         except (OSError, ValueError):
             return None
         if pid_max <= MAX_PROBE_PIDS:
@@ -251,12 +297,13 @@ class ProcessTable:
     def maps(self, pid: int) -> str:
         return read_text(self.paths.proc(pid, "maps"))
 
-    def pid_counts(self) -> PidCounts:
+    def pid_counts(self) -> Optional[PidCounts]:
         try:
-            last_pid, pid_max = self.last_pid_and_max()
+            last_pid, pid_max = self.last_pid(), self.pid_max()
             stat = read_text(self.paths.proc("stat"))
             at = stat.index("\nprocesses ") + len("\nprocesses ")
-            return last_pid, int(stat[at : stat.index("\n", at)]), pid_max
+            forks = int(stat[at : stat.index("\n", at)])
+            return PidCounts(last_pid=last_pid, forks=forks, pid_max=pid_max)
         except (OSError, ValueError):
             if not ProcessTable.said_no_pid_counts:
                 ProcessTable.said_no_pid_counts = True  # once per process
@@ -267,10 +314,12 @@ class ProcessTable:
             return None
 
 
-def pids_wrapped(last: PidCounts, now: PidCounts) -> bool:
+def pids_wrapped(last: Optional[PidCounts], now: Optional[PidCounts]) -> bool:
     """Whether a pid known at `last` may be another process `now` (or we cannot tell): pids
     rise, so only if ns_last_pid went down or more forks came than there are pids."""
-    return now is None or (
-        last is not None
-        and (now[0] < last[0] or now[1] - last[1] >= now[2] - RESERVED_PIDS)
-    )
+    if now is None:
+        return True
+    if last is None:
+        return False  # the first reading
+    went_down = now.last_pid < last.last_pid
+    return went_down or now.forks - last.forks >= now.pid_max - RESERVED_PIDS

@@ -5,12 +5,12 @@ When the next full scan is (`ScanPace`)."""
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import AbstractSet, Callable, Collection, Dict, List, Mapping
+from typing import NamedTuple, Optional, Set, Tuple
 
 from exporter.host.kube import pod_uid_of_mount
 from exporter.host.proctable import Process
-from exporter.host.said import SaidOnce
-from exporter.inventory.walk import Key
+from exporter.inventory.walk import Key, Listing
 from exporter.model.types import KNOWN, unpack
 
 MAX_UNPROVEN = 20  # reasons kept for the log
@@ -18,32 +18,50 @@ Changes = Dict[str, Optional[Set[str]]]  # mount -> names changed; None: re-list
 
 
 class UnprovenLog:
-    """Logs why unheld segments are 'unverified' when that changes (pids and counts aside)."""
+    """Logs why unheld segments are 'unverified' when that changes (pids and counts aside),
+    and when every process can be read again."""
 
     def __init__(self, log: logging.Logger) -> None:
-        self._said = SaidOnce(log, prefix="")
+        self.log = log
+        self._said: Tuple[str, ...] = ()  # the reasons last logged, numbers left out
 
     def say(self, owners: "Owners") -> None:
         said = tuple(sorted({re.sub(r"\d+", "#", why) for why in owners.unproven}))
-        reasons = "; ".join(owners.unproven[:MAX_UNPROVEN])
-        message = (
-            "segments held by no readable process are 'unverified', not 'orphan': could "
-            f"not read {reasons} (--segments.ignore-unreadable excuses root's processes "
-            "by name)"
-        )
-        back = "every process could be read: segments held by nobody are orphans again"
-        self._said.say("unproven", message if said else None, logging.INFO, back, said)
+        if said == self._said:
+            return
+        if said:
+            reasons = "; ".join(owners.unproven[:MAX_UNPROVEN])
+            self.log.info(
+                "segments held by no readable process are 'unverified', not 'orphan': could "
+                f"not read {reasons} (--segments.ignore-unreadable excuses root's processes "
+                "by name)"
+            )
+        else:
+            self.log.info(
+                "every process could be read: segments held by nobody are orphans again"
+            )
+        self._said = said
+
+
+class Sizes(NamedTuple):
+    """An inode's sizes from a stat (or a mapping's extent for both). A NamedTuple while
+    collectors/segments.py still takes it apart by position; a frozen dataclass after."""
+
+    allocated_bytes: int  # st_blocks x 512: what tmpfs charges
+    apparent_bytes: int  # st_size
+    mtime: float
 
 
 @dataclass(slots=True)
 class Holding:
+    """One process's hold on an inode: by a mapping, an open fd, or both (merged)."""
+
     pid: int
     path: str
     deleted: bool
     extent: int = 0  # bytes the mapping reaches into the file
     map_range: str = ""  # one mapping's "start-end", to stat it through map_files
-    # (allocated, apparent, mtime) from fstat of the fd / map_files, when we could
-    sizes: Optional[Tuple[int, int, float]] = None
+    sizes: Optional[Sizes] = None  # from fstat of the fd / map_files, when we could
 
 
 @dataclass
@@ -89,16 +107,24 @@ class Owners:
         return any(dev in devs for dev, _ in self.holdings)
 
 
-def unlinked_size(hs: List[Holding]) -> Tuple[int, int, float]:
-    """Unlinked inode -> (allocated, apparent, mtime): a stat's, else its furthest mapping's."""
+def unlinked_size(hs: List[Holding]) -> Sizes:
+    """An unlinked inode's sizes: a stat's, else its furthest mapping's."""
     if sizes := next((h.sizes for h in hs if h.sizes), None):
         return sizes
     extent = max(h.extent for h in hs)
-    return extent, extent, 0.0
+    return Sizes(allocated_bytes=extent, apparent_bytes=extent, mtime=0.0)
 
 
 def unheld_state(
-    name, row, key, full_dev, doubted, held_at_full, complete, quick, settled
+    name: str,
+    row: int,
+    key: Key,
+    full_dev: Optional[int],
+    doubted: Optional[Collection[str]],
+    held_at_full: AbstractSet[Key],
+    complete: bool,
+    quick: bool,
+    settled: bool,
 ) -> str:
     """A listed file nobody we could inspect holds: an orphan only when we inspected everybody
     who could hold it (`complete`), else unverified. One not known (listed before the last full
@@ -120,19 +146,25 @@ def add_names(book: Changes, mount: str, names: Optional[Set[str]]) -> None:
     book[mount] = joined(book.get(mount, set()), names)
 
 
-def orphan_bytes(rows: Dict[str, int], names) -> Dict[str, Optional[int]]:
+def orphan_bytes(
+    rows: Mapping[str, int], names: Collection[str]
+) -> Dict[str, Optional[int]]:
     """Each of `names`' allocated bytes in `rows` (None: not listed)."""
     return {n: unpack(rows[n])[3] if n in rows else None for n in names}
 
 
 def mounts_to_reread(
-    devs: Dict[str, int], listings, orphans, doubted: Changes, read_as
+    devs: Dict[str, int],
+    listings: Mapping[str, Tuple[Listing, object]],
+    orphans: Mapping[str, Collection[str]],
+    doubted: Changes,
+    read_as: Mapping[str, Mapping[str, Optional[int]]],
 ) -> Optional[Dict[str, Set[str]]]:
     """The mounts whose pods a refresh reads again, each with its files called leaked (`orphans`)
     whose pages were written since its pod was read (`read_as`: orphan_bytes then; through a
     mapping: no event, but they allocate), or with nothing when only an event named one
     (`doubted`). None: one in no pod's mount, where only a full scan reads whoever may hold it."""
-    moved = {}
+    moved: Dict[str, Set[str]] = {}
     for m in devs:
         was = read_as.get(m, {})
         now = orphan_bytes(listings[m][0].rows, orphans.get(m, ()))
@@ -140,6 +172,17 @@ def mounts_to_reread(
         if written or m in doubted:
             moved[m] = written
     return None if any(not pod_uid_of_mount(m) for m in moved) else moved
+
+
+@dataclass(frozen=True)
+class _FullScan:
+    """What a full scan saw that a later one compares with."""
+
+    mounts: (
+        object  # the mounts' devices and statvfs figures, as the collector gives them
+    )
+    holders: Dict[int, Process]
+    keys: AbstractSet[Key]  # every key held
 
 
 class ScanPace:
@@ -153,8 +196,7 @@ class ScanPace:
         self.cap, self.monotonic = cap, monotonic
         self.scanned_at = float("-inf")
         self._quiet = False  # nothing changed since the last scan
-        # The last full scan's (mounts' devices and statvfs figures, holders, keys held).
-        self._seen: tuple = (None, None, None)
+        self._seen: Optional[_FullScan] = None  # the last full scan's
 
     def due(self) -> bool:
         return self.monotonic() - self.scanned_at >= self.every
@@ -163,17 +205,28 @@ class ScanPace:
         self._quiet, self.every = False, self.base
 
     def _same(self, owners: Owners) -> bool:
-        return self._seen[1:] == (owners.holders, owners.holdings.keys())
+        seen = self._seen
+        return seen is not None and (seen.holders, seen.keys) == (
+            owners.holders,
+            owners.holdings.keys(),
+        )
 
-    def look(self, mounts: tuple, owners: Optional[Owners] = None) -> None:
+    def look(self, mounts: object, owners: Optional[Owners] = None) -> None:
         """A full run's mounts, and a refresh's owners: a change from the last scan's?"""
-        if self._seen[0] != mounts or owners and not self._same(owners):
+        seen_mounts = None if self._seen is None else self._seen.mounts
+        if seen_mounts != mounts or owners and not self._same(owners):
             self.changed()
 
-    def scanned(self, mounts: tuple, owners: Owners, *, quiet: bool, stretch: bool):
+    def scanned(
+        self, mounts: object, owners: Owners, *, quiet: bool, stretch: bool
+    ) -> None:
         """`quiet`: no change while it read /proc; `stretch`: inotify watches every mount
         and none is called leaked (an attach without a write only a full scan sees)."""
         calm = self._quiet and quiet and stretch and self._same(owners)
         self.every = min(self.every * 2, self.base * self.cap) if calm else self.base
-        self._seen = (mounts, dict(owners.holders), frozenset(owners.holdings))
+        self._seen = _FullScan(
+            mounts=mounts,
+            holders=dict(owners.holders),
+            keys=frozenset(owners.holdings),
+        )
         self._quiet, self.scanned_at = quiet, self.monotonic()

@@ -5,13 +5,30 @@ only if fdinfo's mnt_id names one: a stat on a hung FUSE or NFS mount blocks for
 import errno
 import os
 import re
-from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from exporter.host.mountinfo import parse_mountinfo
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import Process
 
-MapsLine = Tuple[int, int, str, int, str]  # dev, inode, path, extent, address range
+
+@dataclass(frozen=True, slots=True)
+class MapsLine:
+    """A line of /proc/<pid>/maps that maps a file of interest."""
+
+    dev: int
+    inode: int
+    path: str  # as maps prints it: "... (deleted)" when unlinked
+    extent: int  # bytes the mapping reaches into the file (offset + length)
+    map_range: str  # "start-end" as map_files/ names the mapping
+
+    @property
+    def key(self) -> Tuple[int, int]:
+        return self.dev, self.inode
+
+
+Search = Callable[..., Optional["re.Match[str]"]]  # a compiled pattern's search
 MEMFD, DELETED = "/memfd:", " (deleted)"
 NO_MNT_ID = -1  # fdinfo without mnt_id: any fd could be on a watched mount
 DENIED = (errno.EACCES, errno.EPERM)
@@ -32,7 +49,7 @@ class DeviceTokens(Dict[str, int]):
         self.find = re.compile("|".join(map(re.escape, tokens)) or "(?!)").search
 
 
-def _fields(text: str, search: Callable) -> Iterable[Tuple[List[str], str]]:
+def _fields(text: str, search: Search) -> Iterator[Tuple[List[str], str]]:
     """(fields, match) per `search` hit. Not splitlines(): "\x1e" or "\x85" may be in a path."""
     hit = search(text)
     while hit is not None:
@@ -51,7 +68,13 @@ def _entry(parts: List[str], dev: int) -> Optional[MapsLine]:
     except ValueError:
         return None
     # map_files/ names a mapping "%lx-%lx", without the zero padding maps uses.
-    return dev, inode, parts[5], offset + end - start, f"{start:x}-{end:x}"
+    return MapsLine(
+        dev=dev,
+        inode=inode,
+        path=parts[5],
+        extent=offset + end - start,
+        map_range=f"{start:x}-{end:x}",
+    )
 
 
 def parse_maps(text: str, tokens: Dict[str, int]) -> List[MapsLine]:
@@ -89,7 +112,10 @@ def parse_memfd(text: str, mounted: Set[str]) -> List[MapsLine]:
     return found
 
 
-class Namespace(NamedTuple):
+@dataclass(frozen=True)
+class Namespace:
+    """What the owner scan knows of one mount namespace."""
+
     watched: Set[int]  # mount IDs of the watched devices
     ids: Set[int]  # every mount ID in it
     devs: Set[str]  # every mount's device, "major:minor"
@@ -99,19 +125,27 @@ class WatchedMountIds:
     """Mount namespace -> mount IDs of watched devices in it, and each process's namespace,
     so that a namespace's IDs leave with its last process."""
 
-    def __init__(self, paths: Paths):
+    def __init__(self, paths: Paths) -> None:
         self.paths = paths
-        self.learn((), set())
+        self._ns_mounts: Dict[str, Namespace] = {}
+        self._ns_of: Dict[int, str] = {}  # pid -> its mount namespace
+        self.learned_devs: Set[int] = (
+            set()
+        )  # the watched devices the IDs were learnt for
+        self.union: Set[int] = set()  # every namespace's watched mount IDs
+        # And every mount ID and device of the namespaces read (a memfd is on none).
+        self.mounted_ids: Set[int] = set()
+        self.mounted_devs: Set[str] = set()
 
-    def learn(self, processes: Iterable[Process], devs: Set[int], again=True) -> None:
+    def learn(
+        self, processes: Iterable[Process], devs: Set[int], again: bool = True
+    ) -> None:
         """Every namespace's watched mount IDs (`union`). An fd passed from another namespace
         is on a mount its holder's mountinfo does not list; IDs are unique across namespaces,
         so their union still tells. `again=False`: add `processes` to what was learnt."""
         if again:
-            self._ns_mounts: Dict[str, Namespace] = {}
-            self._ns_of: Dict[int, str] = {}  # pid -> its mount namespace
-            self.learned_devs = set(devs)  # the watched devices the IDs were learnt for
-            # And every mount ID and device of the namespaces read (a memfd is on none).
+            self._ns_mounts, self._ns_of = {}, {}
+            self.learned_devs = set(devs)
             self.union, self.mounted_ids, self.mounted_devs = set(), set(), set()
         for proc in processes:
             self.union |= self.of(proc.pid, devs) or set()
@@ -146,7 +180,7 @@ class WatchedMountIds:
         wanted = {f"{os.major(dev)}:{os.minor(dev)}" for dev in devs}
         devices = {e.mount_id: e.device for e in parse_mountinfo(text)}
         watched = {i for i, device in devices.items() if device in wanted}
-        ns = Namespace(watched, set(devices), set(devices.values()))
+        ns = Namespace(watched=watched, ids=set(devices), devs=set(devices.values()))
         self._ns_mounts[namespace] = ns
         self.mounted_ids |= ns.ids
         self.mounted_devs |= ns.devs

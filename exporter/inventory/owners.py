@@ -6,12 +6,15 @@ is shmem no mount shows; its holders' memory cgroups are read to subtract it fro
 import os
 from contextlib import suppress
 from stat import S_ISREG
-from typing import Dict, Iterable, List, Optional, Pattern, Sequence, Set, Tuple
+from typing import AbstractSet, Dict, Iterable, List, Mapping, Optional, Pattern
+from typing import Sequence, Set, Tuple, TypeVar
 
 from exporter.host.proctable import PidCounts, Process, ProcessTable, pids_wrapped
-from exporter.inventory.holdings import MAX_UNPROVEN, Holding, Owners, unlinked_size
-from exporter.inventory.maps import DELETED, DENIED, NO_MNT_ID, DeviceTokens, dev_token
-from exporter.inventory.maps import WatchedMountIds, memfd_name, parse_maps, parse_memfd
+from exporter.inventory.holdings import MAX_UNPROVEN, Holding, Owners, Sizes
+from exporter.inventory.holdings import unlinked_size
+from exporter.inventory.maps import DELETED, DENIED, NO_MNT_ID, DeviceTokens, MapsLine
+from exporter.inventory.maps import WatchedMountIds, dev_token, memfd_name, parse_maps
+from exporter.inventory.maps import parse_memfd
 from exporter.inventory.walk import Key
 from exporter.model.classes import classify
 from exporter.model.types import Segment
@@ -22,14 +25,23 @@ NO_WORKLOAD = "the workload's processes: none visible (a PID namespace of its ow
 
 
 class OwnerScan:
-    def __init__(self, table: ProcessTable, ignore_unreadable=None):
+    """One pass over /proc: every process's maps and fds joined with the watched devices
+    (`scan`), or node mode's refresh of new processes and some pods' (`refresh`)."""
+
+    def __init__(
+        self, table: ProcessTable, ignore_unreadable: Optional[Pattern[str]] = None
+    ) -> None:
         self.table = table
-        self.ignore_unreadable: Optional[Pattern[str]] = ignore_unreadable
+        self.ignore_unreadable = ignore_unreadable
         self._mount_ids = WatchedMountIds(table.paths)
         self._kernel_threads: Set[int] = set()  # a refresh need not identify them again
         self._proc_root = table.paths.procfs.rstrip("/")
-        self._pid_counts: PidCounts = None  # at the last scan or refresh
-        self._cgroup_of: Dict[tuple, str] = {}  # (pid, start time) -> memory cgroup
+        self._pid_counts: Optional[PidCounts] = None  # at the last scan or refresh
+        self._cgroup_of: Dict[
+            Tuple[int, Optional[int]], str
+        ] = {}  # (pid, start) -> cgroup
+
+    # --- a full scan --------------------------------------------------------------------
 
     def scan(self, devs: Set[int], pods: bool = False) -> Owners:
         # A refresh trusts what it knows of a pid until pids wrap: from here on.
@@ -45,21 +57,9 @@ class OwnerScan:
             out.unproven_because("hidden processes (hidepid), uncounted")
         elif hidden:
             out.unproven_because(f"{hidden} process(es) hidden by hidepid")
-        processes = walked.processes
-        out.processes = {p.pid: p for p in processes}
-        self._mount_ids.learn(processes, devs)
-        for _ in range(MAX_PASSES):
-            self._scan(processes, devs, out)
-            new = set()
-            with suppress(OSError):
-                new = set(self.table.pids()) - out.processes.keys()
-            processes = self.table.identify_all(new, self._kernel_threads)[0]
-            if not processes:
-                break
-            out.processes.update({p.pid: p for p in processes})
-        else:
-            out.unverifiable = None  # processes kept appearing: some were never read
-            out.unproven_because(f"processes kept starting over {MAX_PASSES} passes")
+        out.processes = {p.pid: p for p in walked.processes}
+        self._mount_ids.learn(walked.processes, devs)
+        self._scan_until_no_new_process(walked.processes, devs, out)
         out.folded = set()
         # A holder in shmwatch's own container is the workload too (check in the server's).
         if not (hidden is None or walked.workload_visible or out.hold_any(devs)):
@@ -70,8 +70,26 @@ class OwnerScan:
             out.pod_of = {pid: self.table.pod_uid(p) for pid, p in out.holders.items()}
         return out
 
+    def _scan_until_no_new_process(
+        self, processes: List[Process], devs: Set[int], out: Owners
+    ) -> None:
+        """Reads `processes`, then those started meanwhile, for at most MAX_PASSES passes."""
+        for _ in range(MAX_PASSES):
+            self._scan(processes, devs, out)
+            new: Set[int] = set()
+            with suppress(OSError):
+                new = set(self.table.pids()) - out.processes.keys()
+            processes = self.table.identify_all(new, self._kernel_threads).processes
+            if not processes:
+                return
+            out.processes.update({p.pid: p for p in processes})
+        out.unverifiable = None  # processes kept appearing: some were never read
+        out.unproven_because(f"processes kept starting over {MAX_PASSES} passes")
+
+    # --- node mode's refresh ------------------------------------------------------------
+
     def refresh(
-        self, devs: Set[int], previous: Owners, also: Set[str] = frozenset()
+        self, devs: Set[int], previous: Owners, also: AbstractSet[str] = frozenset()
     ) -> Optional[Owners]:
         """Node mode between full scans: read new processes, and the pods of holders that
         exited and of `also`; the others' holdings carry over (never orphan unread; gone
@@ -84,62 +102,58 @@ class OwnerScan:
             alive = set(self.table.pids())
         except OSError:
             return None
-        pods = set(also)
-        for pid in previous.holders.keys() - alive:
-            if pod := previous.pod_of.get(pid):
-                pods.add(pod)
-            elif any(key[0] in devs for key in previous.keys_of.get(pid, ())):
-                return None  # (a memfd alone, as runc's, waits for the next full scan)
+        pods = _pods_to_read(devs, previous, alive, also)
+        if pods is None:
+            return None
         known = previous.processes.keys()
         gone = known - alive
         self._kernel_threads &= alive
-        new, unidentified = self.table.identify_all(alive - known, self._kernel_threads)
-        born = {p.pid: p for p in new}
+        new = self.table.identify_all(alive - known, self._kernel_threads)
+        born = {p.pid: p for p in new.processes}
         processes = _replaced(previous.processes, gone, born)
-        # A holder that exited keeps its pod while its holdings carry over, so the next scan
-        # of its pod drops them. A pid handed on is new.
-        stale = previous.pod_of.keys() - processes.keys() - previous.holders.keys()
-        pod_of = _replaced(previous.pod_of, stale | born.keys())
-        unknown = processes.keys() - pod_of.keys() if pods else born
-        pod_of.update({pid: self.table.pod_uid(processes[pid]) for pid in unknown})
+        pod_of = self._pods_of(previous, processes, born, bool(pods))
         scope = [p for i, p in processes.items() if i in born or pod_of.get(i) in pods]
-        if devs == self._mount_ids.learned_devs:
-            self._mount_ids.forget(gone)
-            self._mount_ids.learn(new, devs, again=False)
-        else:  # a watched mount came or went
-            self._mount_ids.learn(processes.values(), devs)
-        fresh = Owners(unverifiable=unidentified)  # one unread could hold anything
+        self._learn_mount_ids(devs, gone, new.processes, processes)
+        fresh = Owners(unverifiable=new.unreadable)  # one unread could hold anything
         self._scan(scope, devs, fresh)
-        if unidentified:
+        if new.unreadable:
             fresh.unproven_because(
-                f"{unidentified} new process(es) whose stat could not be read"
+                f"{new.unreadable} new process(es) whose stat could not be read"
             )
         replaced = {pid for pid, pod in previous.pod_of.items() if pod in pods}
         replaced |= {p.pid for p in scope}
-        # The lists are shared with `previous`: those touched are made anew, never edited.
-        holdings = dict(previous.holdings)
-        for key in {key for pid in replaced for key in previous.keys_of.get(pid, ())}:
-            if kept := [h for h in holdings[key] if h.pid not in replaced]:
-                holdings[key] = kept
-            else:
-                del holdings[key]
-        for key, hs in fresh.holdings.items():
-            holdings[key] = holdings.get(key, []) + hs
-        # Refreshes chain: the reasons are deduplicated and bounded.
-        unproven = dict.fromkeys(previous.unproven + fresh.unproven)
-        return Owners(
-            holdings,
-            unreadable=None if fresh.unreadable else previous.unreadable,
-            unverifiable=None if fresh.unverifiable else previous.unverifiable,
-            unproven=list(unproven)[:MAX_UNPROVEN],
-            scanned=previous.scanned,
-            processes=processes,
-            pod_of=pod_of,
-            **{
-                n: _replaced(getattr(previous, n), replaced, getattr(fresh, n))
-                for n in ("keys_of", "comms", "holders", "memfd_rest")
-            },
-        )
+        return _carried_over(previous, fresh, replaced, processes, pod_of)
+
+    def _pods_of(
+        self,
+        previous: Owners,
+        processes: Dict[int, Process],
+        born: Dict[int, Process],
+        reading_pods: bool,
+    ) -> Dict[int, str]:
+        """pid -> pod UID of the processes a refresh knows. A holder that exited keeps its
+        pod while its holdings carry over, so the next scan of its pod drops them. A pid
+        handed on is new."""
+        stale = previous.pod_of.keys() - processes.keys() - previous.holders.keys()
+        pod_of = _replaced(previous.pod_of, stale | born.keys())
+        unknown = processes.keys() - pod_of.keys() if reading_pods else born.keys()
+        pod_of.update({pid: self.table.pod_uid(processes[pid]) for pid in unknown})
+        return pod_of
+
+    def _learn_mount_ids(
+        self,
+        devs: Set[int],
+        gone: AbstractSet[int],
+        new: List[Process],
+        processes: Dict[int, Process],
+    ) -> None:
+        if devs == self._mount_ids.learned_devs:
+            self._mount_ids.forget(set(gone))
+            self._mount_ids.learn(new, devs, again=False)
+        else:  # a watched mount came or went
+            self._mount_ids.learn(processes.values(), devs)
+
+    # --- memfd regions ------------------------------------------------------------------
 
     def memfd_regions(self, owners: Owners) -> Tuple[List[Segment], Dict[int, str]]:
         """(the regions held one by one, the memory cgroup of each holder of those and of
@@ -147,20 +161,28 @@ class OwnerScan:
         regions = []
         for key, hs in owners.holdings.items():
             if (name := memfd_name(hs[0].path)) is not None:
-                held = (*unlinked_size(hs), tuple(sorted({h.pid for h in hs})))
-                regions.append(Segment(name, classify(name), "hidden", *held, key))
-        out, known = {}, {}
+                regions.append(_memfd_region(name, key, hs))
+        out: Dict[int, str] = {}
+        known: Dict[Tuple[int, Optional[int]], str] = {}
         for pid in {p for r in regions for p in r.holders} | owners.memfd_rest.keys():
             proc = owners.holders.get(pid)
             ident = (pid, proc.start_time if proc else None)
-            if (path := self._cgroup_of.get(ident)) is None:
-                with suppress(OSError):
-                    cgroups = self.table.cgroups(pid)
-                    path = cgroups.get("memory", cgroups.get(""))
+            path = self._cgroup_of.get(ident)
+            if path is None:
+                path = self._memory_cgroup(pid)
             if path is not None:
                 out[pid] = known[ident] = path
         self._cgroup_of = known
         return regions, out
+
+    def _memory_cgroup(self, pid: int) -> Optional[str]:
+        try:
+            cgroups = self.table.cgroups(pid)
+        except OSError:
+            return None
+        return cgroups.get("memory", cgroups.get(""))
+
+    # --- one process --------------------------------------------------------------------
 
     def _scan(self, processes: Sequence[Process], devs: Set[int], out: Owners) -> None:
         tokens = DeviceTokens({dev_token(d): d for d in devs})
@@ -168,83 +190,128 @@ class OwnerScan:
             self._scan_one(proc, devs, tokens, out)
         self._fill_mapping_sizes(out.holdings)
 
-    def _scan_one(self, proc: Process, devs: Set[int], tokens, out: Owners) -> None:
+    def _scan_one(
+        self, proc: Process, devs: Set[int], tokens: DeviceTokens, out: Owners
+    ) -> None:
+        """What one process maps and holds open on the watched devices, and its memfds."""
         pid, mounted = proc.pid, self._mount_ids
         # Its namespace now, not as learn() found it: it may have entered another since.
         mount_ids = mounted.of(pid, devs)
-        # No mountinfo: no telling fds safe to stat, nor memfds from files at /memfd:x.
-        denied = mount_ids is None
         memfds = Owners()  # this process's, bounded before they join `out`
-        text = ""
+        maps = self._maps(pid)
+        # No mountinfo: no telling fds safe to stat, nor memfds from files at /memfd:x.
+        denied = mount_ids is None or maps is None
+        for line in parse_maps(maps or "", tokens):
+            out.hold(line.key, _mapped(pid, line))
+        for line in [] if denied else parse_memfd(maps or "", mounted.mounted_devs):
+            memfds.hold(line.key, _mapped(pid, line))
+        if mount_ids is not None:
+            fds = self._fds(pid, mount_ids)
+            denied |= fds is None
+            self._hold_fds(pid, fds or [], devs, mount_ids, out, memfds)
+        held_here = pid in out.keys_of or bool(memfds.holdings)
+        self._fold_memfds(pid, memfds.holdings, out)
+        out.scanned += 1
+        if denied:
+            self._count_denied(proc, out)
+        if held_here:
+            self._name_holder(proc, out)
+
+    def _name_holder(self, proc: Process, out: Owners) -> None:
+        """A holder by its comm read after its maps: one that exec'ed since is named anew."""
+        comm = self.table.comm(proc.pid)
+        out.comms[proc.pid] = proc.comm if comm == "unknown" else comm
+        out.holders[proc.pid] = proc
+
+    def _maps(self, pid: int) -> Optional[str]:
+        """Its maps; None: denied (another UID, hidepid); '' when gone."""
         try:
-            text = self.table.maps(pid)
+            return self.table.maps(pid)
         except OSError as err:
-            denied |= err.errno in DENIED
-        found = [] if denied else parse_memfd(text, mounted.mounted_devs)
-        for into, lines in ((out, parse_maps(text, tokens)), (memfds, found)):
-            for dev, inode, path, extent, span in lines:
-                held = Holding(pid, path, path.endswith(DELETED), extent, span)
-                into.hold((dev, inode), held)
-        fd_dir = f"{self._proc_root}/{pid}/fd"  # not Paths.proc: thousands per scan
-        fds: List[str] = []
-        # With its mountinfo read (an fd may come from another namespace's mount).
-        if mount_ids is not None and (mount_ids or mounted.union):
-            try:
-                fds = os.listdir(fd_dir)
-            except OSError as err:
-                denied |= err.errno in DENIED
+            return None if err.errno in DENIED else ""
+
+    def _fds(self, pid: int, mount_ids: Set[int]) -> Optional[List[str]]:
+        """Its fd numbers, with its mountinfo read (an fd may come from another namespace's
+        mount); [] when none can be on a watched mount or it is gone; None: denied."""
+        if not (mount_ids or self._mount_ids.union):
+            return []
+        try:
+            # not Paths.proc: thousands a scan
+            return os.listdir(f"{self._proc_root}/{pid}/fd")
+        except OSError as err:
+            return None if err.errno in DENIED else []
+
+    def _hold_fds(
+        self,
+        pid: int,
+        fds: List[str],
+        devs: Set[int],
+        mount_ids: Set[int],
+        out: Owners,
+        memfds: Owners,
+    ) -> None:
+        """The open files themselves, each known to be on a watched tmpfs or a memfd before
+        it is stat'ed: an fd on any other mount (a hung FUSE or NFS) never is. One loop,
+        names bound once: a node's scan reads 100,000 fds."""
+        mounted, proc_dir = self._mount_ids, f"{self._proc_root}/{pid}"
         for fd in fds:
-            link = f"{fd_dir}/{fd}"
+            link = f"{proc_dir}/fd/{fd}"
             try:
                 target = os.readlink(link)
                 if not target.startswith("/"):
                     continue  # socket:[…], pipe:[…], anon_inode:…
-                mnt = mounted.fd_mount(f"{self._proc_root}/{pid}/fdinfo/{fd}")
+                mnt = mounted.fd_mount(f"{proc_dir}/fdinfo/{fd}")
                 # A memfd is on the kernel's internal shm mount, in no mountinfo.
                 memfd = mnt not in mounted.mounted_ids and mnt not in (None, NO_MNT_ID)
                 memfd = memfd and memfd_name(target) is not None
                 ours = mnt in mounted.union or mnt in mount_ids
                 if not (memfd or ours or mnt == NO_MNT_ID):
                     continue
-                # The open file itself, known to be on a watched tmpfs or a memfd.
                 st = os.stat(link)
             except OSError:
                 continue
             if (memfd or st.st_dev in devs) and S_ISREG(st.st_mode):
-                held = Holding(pid, target, target.endswith(DELETED), 0, "", _sizes(st))
+                deleted = target.endswith(DELETED)
+                held = Holding(pid=pid, path=target, deleted=deleted, sizes=_sizes(st))
                 (memfds if memfd else out).hold((st.st_dev, st.st_ino), held)
-        held_here = pid in out.keys_of or bool(memfds.holdings)
-        # A region folded counts once: in the totals of the first process that holds it.
-        regions = memfds.holdings
+
+    def _fold_memfds(
+        self, pid: int, regions: Dict[Key, List[Holding]], out: Owners
+    ) -> None:
+        """A process's memfd regions into `out`: its MAX_MEMFDS largest one by one, the rest
+        as counts and bytes by class. A region folded counts once: in the totals of the first
+        process that holds it."""
         if len(regions) > MAX_MEMFDS:
             self._fill_mapping_sizes(regions)  # the bytes folded are final
-            order = sorted(regions, key=lambda k: (-unlinked_size(regions[k])[0], k))
+            order = sorted(
+                regions, key=lambda k: (-unlinked_size(regions[k]).allocated_bytes, k)
+            )
             rest: Dict[str, Tuple[int, int]] = {}
             for key in order[MAX_MEMFDS:]:
                 hs = regions.pop(key)
                 if key in out.holdings or key in out.folded:
                     continue
                 out.folded.add(key)
-                count, size = rest.get(cls := classify(memfd_name(hs[0].path)), (0, 0))
-                rest[cls] = count + 1, size + unlinked_size(hs)[0]
+                cls = classify(memfd_name(hs[0].path) or "")
+                count, size = rest.get(cls, (0, 0))
+                rest[cls] = count + 1, size + unlinked_size(hs).allocated_bytes
             out.memfd_rest[pid] = rest
         for key, (h,) in regions.items():
             if key not in out.folded:
                 out.hold(key, h)
-        out.scanned += 1
-        if denied and out.unreadable is not None:
+
+    def _count_denied(self, proc: Process, out: Owners) -> None:
+        """A process whose maps or fds we may not read could hold anything; excused only
+        when root's and named by --segments.ignore-unreadable (any process can name itself
+        anything: PR_SET_NAME)."""
+        if out.unreadable is not None:
             out.unreadable += 1
-        # Excused only when root's: any process can name itself anything (PR_SET_NAME).
-        excused = self.ignore_unreadable and proc.uid == 0
-        if denied and not (excused and self.ignore_unreadable.search(proc.comm)):
-            if out.unverifiable is not None:
-                out.unverifiable += 1
-            out.unproven_because(f"{proc.comm} (pid {proc.pid}, uid {proc.uid})")
-        if held_here:
-            # comm read after the maps: a holder that exec'ed since is named anew.
-            comm = self.table.comm(pid)
-            out.comms[pid] = proc.comm if comm == "unknown" else comm
-            out.holders[pid] = proc
+        excuse = self.ignore_unreadable
+        if proc.uid == 0 and excuse is not None and excuse.search(proc.comm):
+            return
+        if out.unverifiable is not None:
+            out.unverifiable += 1
+        out.unproven_because(f"{proc.comm} (pid {proc.pid}, uid {proc.uid})")
 
     def _fill_mapping_sizes(self, holdings: Dict[Key, List[Holding]]) -> None:
         """Deleted inodes held only by a mapping: stat through map_files (CAP_SYS_ADMIN);
@@ -260,15 +327,97 @@ class OwnerScan:
                         break
 
 
-def _sizes(st: os.stat_result) -> Tuple[int, int, float]:
-    """(allocated, apparent, mtime): st_blocks x 512 is what tmpfs charges."""
-    return st.st_blocks * 512, st.st_size, st.st_mtime
+def _pods_to_read(
+    devs: Set[int], previous: Owners, alive: AbstractSet[int], also: AbstractSet[str]
+) -> Optional[Set[str]]:
+    """The pods a refresh reads again: `also`, and those of holders that exited; None when a
+    holder outside any pod exited (a memfd alone, as runc's, waits for the next full scan)."""
+    pods = set(also)
+    for pid in previous.holders.keys() - alive:
+        if pod := previous.pod_of.get(pid):
+            pods.add(pod)
+        elif any(key[0] in devs for key in previous.keys_of.get(pid, ())):
+            return None
+    return pods
 
 
-def _replaced(old: dict, gone: Iterable, new: Optional[dict] = None) -> dict:
+def _carried_over(
+    previous: Owners,
+    fresh: Owners,
+    replaced: Set[int],
+    processes: Dict[int, Process],
+    pod_of: Dict[int, str],
+) -> Owners:
+    """`previous` with the holdings of the `replaced` pids replaced by `fresh`'s."""
+    # The lists are shared with `previous`: those touched are made anew, never edited.
+    holdings = dict(previous.holdings)
+    for key in {key for pid in replaced for key in previous.keys_of.get(pid, ())}:
+        if kept := [h for h in holdings[key] if h.pid not in replaced]:
+            holdings[key] = kept
+        else:
+            del holdings[key]
+    for key, hs in fresh.holdings.items():
+        holdings[key] = holdings.get(key, []) + hs
+    # Refreshes chain: the reasons are deduplicated and bounded.
+    unproven = dict.fromkeys(previous.unproven + fresh.unproven)
+    return Owners(
+        holdings=holdings,
+        comms=_replaced(previous.comms, replaced, fresh.comms),
+        holders=_replaced(previous.holders, replaced, fresh.holders),
+        unreadable=None if fresh.unreadable else previous.unreadable,
+        unverifiable=None if fresh.unverifiable else previous.unverifiable,
+        unproven=list(unproven)[:MAX_UNPROVEN],
+        scanned=previous.scanned,
+        processes=processes,
+        keys_of=_replaced(previous.keys_of, replaced, fresh.keys_of),
+        pod_of=pod_of,
+        memfd_rest=_replaced(previous.memfd_rest, replaced, fresh.memfd_rest),
+    )
+
+
+def _mapped(pid: int, line: MapsLine) -> Holding:
+    return Holding(
+        pid=pid,
+        path=line.path,
+        deleted=line.path.endswith(DELETED),
+        extent=line.extent,
+        map_range=line.map_range,
+    )
+
+
+def _memfd_region(name: str, key: Key, hs: List[Holding]) -> Segment:
+    size = unlinked_size(hs)
+    return Segment(
+        name=name,
+        cls=classify(name),
+        state="hidden",
+        allocated_bytes=size.allocated_bytes,
+        apparent_bytes=size.apparent_bytes,
+        mtime=size.mtime,
+        holders=tuple(sorted({h.pid for h in hs})),
+        key=key,
+    )
+
+
+def _sizes(st: os.stat_result) -> Sizes:
+    """st_blocks x 512 is what tmpfs charges."""
+    return Sizes(
+        allocated_bytes=st.st_blocks * 512,
+        apparent_bytes=st.st_size,
+        mtime=st.st_mtime,
+    )
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _replaced(
+    old: Mapping[K, V], gone: Iterable[K], new: Optional[Mapping[K, V]] = None
+) -> Dict[K, V]:
     """`old` - `gone` + `new`: copied in C, then edited, so a refresh is O(pod) in Python."""
     out = dict(old)
     for key in gone:
         out.pop(key, None)
-    out.update(new or ())
+    out.update(new or {})
     return out

@@ -110,6 +110,7 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
         events[CLASS_NAMES[rows.pop(path) & 31], "deleted"] += 1
     if len(gone) > len(rows):  # a dict keeps its size when emptied: a storm's, for good
         listing.rows = dict(rows)
+        rows.clear()  # its table freed now, not when the last inventory sharing it goes
     return events
 
 

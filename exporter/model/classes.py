@@ -4,130 +4,129 @@ PSM's psm_shm.* and PSM2's psm2_shm.* are MPI transports: before python_shm's ps
 import functools
 import re
 from dataclasses import dataclass
-from typing import Pattern, Tuple
+from typing import Dict, Pattern, Tuple
 
 
 @dataclass(frozen=True)
-class SegmentClass:
-    """One row of the table: segments whose basename matches `pattern` (whole) are `name`'s."""
+class ClassRule:
+    """A row of the class table: a basename that `pattern` matches whole is of class `cls`."""
 
-    name: str
-    pattern: str
-    # Where names of this form come from.
-    source: str
+    cls: str
+    pattern: str  # a regular expression on the basename
+    source: str  # where such names come from (docs/check.md's table shows it)
 
 
-CLASSES: Tuple[SegmentClass, ...] = (
-    SegmentClass(
-        name="mpi",
+CLASSES: Tuple[ClassRule, ...] = (
+    ClassRule(
+        cls="mpi",
         pattern=r"vader_segment\..*",
         source="Open MPI vader/sm BTL: vader_segment.<host>.<...>",
     ),
-    SegmentClass(
-        name="mpi",
+    ClassRule(
+        cls="mpi",
         pattern=r"sm_segment\..*",
         source="Open MPI 5 sm BTL (vader renamed)",
     ),
-    SegmentClass(
-        name="mpi",
+    ClassRule(
+        cls="mpi",
         pattern=r"mpich_shar_tmp.*",
         source="MPICH shared-memory temp files",
     ),
-    SegmentClass(
-        name="mpi",
+    ClassRule(
+        cls="mpi",
         pattern=r"shm-col-space.*",
         source="Intel MPI / MPICH collectives",
     ),
-    SegmentClass(
-        name="mpi",
+    ClassRule(
+        cls="mpi",
         pattern=r"psm_shm\..*",
         source="Intel PSM (InfiniPath) shared memory",
     ),
-    SegmentClass(
-        name="mpi",
+    ClassRule(
+        cls="mpi",
         pattern=r"psm2_shm\..*",
         source="Intel PSM2 (Omni-Path) shared memory",
     ),
-    SegmentClass(
-        name="nccl",
+    ClassRule(
+        cls="nccl",
         pattern=r"nccl-.*",
         source="NCCL: nccl-XXXXXX (<= 2.11: nccl-shm-recv-*, -send-*)",
     ),
-    SegmentClass(
-        name="ucx",
+    ClassRule(
+        cls="ucx",
         pattern=r"ucx_shm_posix_.*",
         source="UCX posix transport (uct/sm/mm/posix)",
     ),
-    SegmentClass(
-        name="torch",
+    ClassRule(
+        cls="torch",
         pattern=r"torch_.*",
         source="PyTorch file_system sharing: torch_<pid>_<rand>[_<n>]",
     ),
-    SegmentClass(
-        name="python_shm",
+    ClassRule(
+        cls="python_shm",
         pattern=r"psm_.*",
         source="multiprocessing.shared_memory (vLLM/SGLang queues)",
     ),
-    SegmentClass(
-        name="sglang",
+    ClassRule(
+        cls="sglang",
         pattern=r"sgl_shm_.*",
         source="SGLang: sgl_shm_<kind>_<pid>_<rand> (multimodal sgl_shm_mm_*)",
     ),
-    SegmentClass(
-        name="sglang",
+    ClassRule(
+        cls="sglang",
         pattern=r"sglang_loads_.*",
         source="SGLang: sglang_loads_* (expert load statistics)",
     ),
-    SegmentClass(
-        name="semaphore",
+    ClassRule(
+        cls="semaphore",
         pattern=r"sem\.loky-.*",
         source="joblib/loky semaphores: sem.loky-<pid>-<rand>",
     ),
-    SegmentClass(
-        name="semaphore",
+    ClassRule(
+        cls="semaphore",
         pattern=r"sem\..*",
         source="glibc sem_open(): /dev/shm/sem.<name>",
     ),
     # Unlinked once every worker mapped it (vLLM PR 52596): then a hidden segment.
-    SegmentClass(
-        name="vllm_offload",
+    ClassRule(
+        cls="vllm_offload",
         pattern=r"vllm_offload_.*",
         source="vLLM CPU KV offload: vllm_offload_<uuid>.mmap",
     ),
-    SegmentClass(
-        name="ray",
+    ClassRule(
+        cls="ray",
         pattern=r"plasma.*",
         source="Ray plasma object store",
     ),
-    SegmentClass(
-        name="nixl",
+    ClassRule(
+        cls="nixl",
         pattern=r"nixl_.*",
         source="NVIDIA NIXL (disaggregated KV transfer)",
     ),
-    SegmentClass(
-        name="dali",
+    ClassRule(
+        cls="dali",
         pattern=r"nvidia_dali_.*",
         source="NVIDIA DALI shared memory",
     ),
-    SegmentClass(
-        name="triton",
+    ClassRule(
+        cls="triton",
         pattern=r"triton_python_backend_shm_region_.*",
         source="Triton python backend",
     ),
-    SegmentClass(
-        name="cuda",
+    ClassRule(
+        cls="cuda",
         pattern=r"cuda\.shm\..*",
         source="CUDA IPC / MPS: cuda.shm.<pid>.<n>",
     ),
 )
 
-CLASS_NAMES: Tuple[str, ...] = (*dict.fromkeys(row.name for row in CLASSES), "other")
+CLASS_NAMES: Tuple[str, ...] = (*dict.fromkeys(rule.cls for rule in CLASSES), "other")
 
 # One alternation, one fullmatch per name: the first row that matches names its group.
 _COMBINED: Pattern[str] = re.compile(
-    "|".join(f"(?P<r{i}>{row.pattern})" for i, row in enumerate(CLASSES)), re.S
+    "|".join(f"(?P<r{i}>{rule.pattern})" for i, rule in enumerate(CLASSES)), re.S
 )
-_GROUP_CLASS = {f"r{i}": row.name for i, row in enumerate(CLASSES)}
+_GROUP_CLASS: Dict[str, str] = {f"r{i}": rule.cls for i, rule in enumerate(CLASSES)}
 
 
 def _class_of(basename: str) -> str:

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from exporter.host.libc import release_memory
 from exporter.host.kube import pod_uid_in_cgroup, pod_uid_of_mount
 from exporter.model.state import MountStates, StateStore
 from exporter.model.summary import SegmentSummary, ShmBudget, summarise
@@ -18,7 +17,6 @@ from exporter.model.types import Inventory, MountInventory, MountUsage, Observat
 
 log = logging.getLogger(__name__)
 
-SHRUNK = 10_000  # segments fewer than the most listed since: worth giving memory back
 OOM_LOG = "OOM kill: pid %d (%s) in %s (limit of %s hit): anon-rss %s, shmem-rss %s; shm used %s%s"
 
 
@@ -133,21 +131,19 @@ class ModelStep:
         self._oom_memo: tuple = (None, [])  # (what made the last counts, the counts)
         self._model, self._built_for = None, None  # and the version() it was built for
         self._accepted = 0  # observations accepted
-        self._listed_most = 0  # most segments listed since memory was last given back
 
     def version(self) -> Tuple[int, int]:
         return self._accepted, self.state.version()
 
     def accept(self, obs: Observation) -> None:
         """Scheduler subscriber: keep the observation, compute what depends on it alone."""
-        ok, summaries, listed = obs.success, {}, 0
+        ok, summaries = obs.success, {}
         if ok and obs.source == "segments":
             # A quick run hands back the same object for a mount it did not touch: its
             # summary is kept, as is one made equal to the last (a render compares identity).
             before = self._result("segments")
             old = {m.mount: m for m in before.mounts} if before else {}
             for m in obs.result.mounts:
-                listed += len(m.states)
                 if m.error:
                     continue
                 kept = self._summaries.get(m.mount)
@@ -173,18 +169,9 @@ class ModelStep:
                             own[child] = max(count, own.get(child, 0))
             if obs.source in self._latest:
                 self._latest[obs.source] = obs
-            shrunk = False
             if obs.source == "segments":
                 self._summaries = summaries
-                # Against the most listed since the last give-back: a storm deleted over
-                # many quick runs, each fewer than SHRUNK, is given back too; a failed run not.
-                most = max(self._listed_most, listed)
-                shrunk = ok and most - listed >= SHRUNK
-                self._listed_most = listed if shrunk else most
             self._accepted += 1
-        if shrunk:
-            del before, old  # the last references here to the old inventory
-            release_memory()
 
     def _count_kill(self, kill: OomKill) -> None:
         """Count one kill under its pod's cgroup (node mode) or its own; log it with the pod's

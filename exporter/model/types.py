@@ -227,6 +227,12 @@ class MountInventory:
     # files, kept instead of `listed` (no names, no owner join: all 'unverified').
     degraded: Optional[Dict[str, Tuple[int, int, int]]] = None
 
+    @property
+    def files(self) -> int:
+        """Regular files listed: a row each, or counted by class past the cap."""
+        counted = sum(count for count, _, _ in (self.degraded or {}).values())
+        return len(self.states) + counted
+
     def rows(self) -> Iterator[Segment]:
         yield from self.hidden
         for (name, row), state in zip(self.listed.items(), self.states):

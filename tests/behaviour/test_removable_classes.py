@@ -129,14 +129,14 @@ def test_a_leak_is_removable_exactly_when_its_class_is(cls: str) -> None:
         assert said["severity"] == "warn" and said["message"].startswith(
             "1 leaked segment(s)"
         ), said
-        assert said["remedy"] == f"once no server can attach to them: rm {path}", said
-        assert f"rm {path}" in run["text"]
+        assert said["remedy"] == f"once no server can attach to them: rm -- {path}", said
+        assert f"rm -- {path}" in run["text"]
     elif cls != "semaphore":
         [said] = about
         assert said["severity"] == "info" and "rm" not in said["remedy"].split(), said
     else:
         assert about == []
-    assert f"rm {path}" not in run["text"] or removable
+    assert f"rm -- {path}" not in run["text"] or removable
     [facts] = [m for m in doc["shm"] if m["mount"] == mount]
     assert [o["name"] for o in facts["orphans"]] == (
         [] if cls == "semaphore" else [EXAMPLES[cls][0]]

@@ -17,14 +17,12 @@ import pytest
 from tests.conftest import needs_root, parse_exposition, value
 from tests.helpers import run_world
 
-# What check advises for SysV orphans: prose, not a command to paste (node mode's IDs belong to
-# the pod's IPC namespace).
-IPCRM = "remove orphans (list them with ipcs -m, remove each with ipcrm -m ID)"
-
 pytestmark = needs_root
 
 ROOT, SERVER, OTHER = 0, 1000, 65534
 HIDEPID = {"off": "0", "noaccess": "1", "invisible": "2", "ptraceable": "4"}
+# check's SysV advice (exporter/check/kernel.py's IPCRM): prose, not a line to paste
+IPCRM = "remove orphans (list them with ipcs -m, remove each with ipcrm -m ID)"
 # Three creators live on and three exited, one of each pair below shmwatch's PID namespace.
 CREATORS = [
     dict(uid=uid, alive=alive, pidns=below)

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 from exporter.check.findings import Report
 from exporter.check.names import Names
-from exporter.check.report import shm
-from exporter.model.step import MountView
+from exporter.check.report import diagnose, shm
+from exporter.model.step import Model, MountView
 from exporter.model.summary import summarise
 from exporter.model.types import Inventory
 from tests.test_decisions import GiB, MiB, inventory, seg, usage, view
@@ -47,3 +47,16 @@ def test_a_file_also_named_as_another_class_is_not_advised_away():
 
 def test_without_the_names_looked_up_each_is_removed_by_its_listed_name():
     assert remedy(["nccl-a", "nccl-$(id)"], {}) == f"{CALM}: rm -- '/m/nccl-$(id)' /m/nccl-a"
+
+
+def test_diagnose_hands_the_names_looked_up_to_each_mounts_advice():
+    # check's main looks the leaked files' names up once (names.leaked_names) and diagnose
+    # passes them down to the rm advice of the mount that lists them.
+    inv = inventory("/m", [seg("nccl-a", "nccl", "orphan", MiB)])
+    u = usage(GiB, 0, "/m")
+    v = MountView("/m", {}, u, None, None, None, inv, summarise(inv, 5), None, view(u).budget)
+    model = Model(node_mode=False, statuses=[], mounts=[v], inventory=Inventory([], {}, 0, 1), cgroups=[],
+                  host_memory=None, sysv=[], gpu=None, process_samples=[], states=None)
+    report = diagnose(model, links={(0, 1): Names(found=("nccl-a", "sub/nccl-b"), links=2)})
+    [leaked] = [f for f in report.findings if "leaked" in f.message]
+    assert leaked.remedy == f"{CALM} (/m/nccl-a has 2 names, all removed): rm -- /m/nccl-a /m/sub/nccl-b"
