@@ -191,10 +191,20 @@ def test_real_fill_and_oom_kill(v1_cgroup):
 def test_target_process_in_another_cgroup(v1_cgroup):
     cgroup, directory = v1_cgroup
     marker = f"vllm-serve-{uuid.uuid4().hex[:6]}"
-    child = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(60)", marker])
+    # cgroup v1 leaves a moved process's pages charged where they were first touched: the
+    # child allocates only once it is in the test's cgroup, so that cgroup's usage is its own.
+    allocate_after_move = (
+        "import sys, time; sys.stdin.readline(); held = bytearray(8 << 20); "
+        "print('allocated', flush=True); time.sleep(60)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", allocate_after_move, marker],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         with open(os.path.join(directory, "cgroup.procs"), "w") as f:
             f.write(str(child.pid))
+        child.stdin.write("moved\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "allocated\n"
         with mounted_tmpfs("16m") as shm, Exporter(f"--shm.mount={shm}", f"--cgroup.target-process={marker}",
                                                    "--no-collector.gpu", EVERY_FAMILY) as exporter:
             s = exporter.scrape()

@@ -22,6 +22,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import tomllib
 
 import pytest
 
@@ -44,14 +45,10 @@ SCOPE = POD + "/cri-containerd-" + "ab" * 32 + ".scope"
 UID2 = "6f2a1d3b-8c4e-4f9a-8b7c-2d3e4f5a6b7c"  # the docker step's pods
 UID3 = "7a3b2e4c-9d5f-4a0b-9c7d-3e4f5a6b7c8d"
 DSHM = f"/var/lib/kubelet/pods/{UID}/volumes/kubernetes.io~empty-dir/dshm"
-# What the VM's Python (bookworm: 3.11) needs beside shmwatch: pyproject's dependencies.
-DEPS = [
-    "prometheus-client>=0.17",
-    "nvidia-ml-py>=12.535.108",
-    "watchdog>=7,<8",
-    "PyYAML>=6.0",
-    "bcrypt>=4.0",
-]
+# What the VM's Python (bookworm: 3.11) needs beside shmwatch: pyproject's dependencies, read
+# from it (a copy here went stale when h11 was added, and the exporter in the VM failed to start).
+with open(os.path.join(REPO, "pyproject.toml"), "rb") as _pyproject:
+    DEPS = tomllib.load(_pyproject)["project"]["dependencies"]
 WHEEL_CACHE = "/var/tmp/shmwatch-vm-wheels"
 # The last run's results, scrapes and logs: outside pytest's temporary directories, which
 # another pytest run on the machine may rotate away during the minutes the VM takes.
