@@ -205,8 +205,8 @@ def test_both_formats_are_prometheus_clients_byte_for_byte(families, doc):
             family.add_metric(values[:nlabels], value)
         metrics.append(with_lines(family, names))
     for accept in (None, PROMETHEUS_ACCEPT):
-        encoder, _ = choose_encoder(accept)
-        assert encode(metrics, encoder) == encoder(Frozen(metrics)), accept
+        encoder, content_type = choose_encoder(accept)
+        assert encode(metrics, encoder, content_type) == encoder(Frozen(metrics)), accept
 
 
 ACCEPTS = [None, "", "*/*", PROMETHEUS_ACCEPT, "application/openmetrics-text", "application/openmetrics-text; version=1.0.0",

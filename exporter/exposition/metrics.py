@@ -13,15 +13,27 @@ import re
 import threading
 from collections import Counter
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
+from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 from prometheus_client.registry import Collector
 
 from exporter import __version__
-from exporter.exposition.render import Families, Family
+from exporter.exposition.render import Families, Family, Memo, Row
 from exporter.model.step import Model, ModelStep, MountView
-from exporter.model.summary import memfd_summary, named_on_exporter, owner_comm
-from exporter.model.types import CgroupMemory, MountUsage, Segment
+from exporter.model.summary import (
+    SegmentSummary,
+    ShmBudget,
+    memfd_summary,
+    named_on_exporter,
+    owner_comm,
+)
+from exporter.model.types import (
+    CgroupMemory,
+    Inventory,
+    MountInventory,
+    MountUsage,
+    Segment,
+)
 
 log = logging.getLogger(__name__)
 MAX_LABEL_CHARS = 128
@@ -89,6 +101,30 @@ def largest_by_name(
 
 
 @dataclass(frozen=True)
+class ListedMount:
+    """A mount whose inventory was read without an error: its segments' series."""
+
+    view: MountView
+    summary: SegmentSummary
+    inventory: MountInventory
+
+
+def listed_mounts(model: Model) -> List[ListedMount]:
+    return [
+        ListedMount(view=v, summary=v.summary, inventory=v.inventory)
+        for v in model.mounts
+        if v.summary is not None and v.inventory is not None
+    ]
+
+
+def required(inventory: Optional[Inventory]) -> Inventory:
+    """The inventory a successful segments run made (a render of none fails, logged)."""
+    if inventory is None:
+        raise ValueError("the segments source succeeded without an inventory")
+    return inventory
+
+
+@dataclass(frozen=True)
 class NamedSegment:
     """A segment the exporter names, with what its series says of it besides."""
 
@@ -106,7 +142,7 @@ class ModelCollector(Collector):
 
     def __init__(self, step: ModelStep, exposed: Optional[FrozenSet[str]] = None):
         self.step, self.exposed = step, exposed
-        self.parts: dict = {}  # the last render's, by key (Families.parts_of)
+        self.parts = Memo()  # the last render's (Families.parts_of)
         self._lock = threading.Lock()  # one render at a time: they share parts
 
     def describe(self) -> List[Family]:  # registering must not trigger a collect
@@ -129,7 +165,13 @@ class ModelCollector(Collector):
             self.parts = out.made
             return list(out)
 
-    def _guarded(self, what: str, render, model: Model, out: Families) -> bool:
+    def _guarded(
+        self,
+        what: str,
+        render: Callable[[Model, Families], None],
+        model: Model,
+        out: Families,
+    ) -> bool:
         """`render`'s series, or none of them (logged) when it fails."""
         staged = Families(out.node_mode, out.last, made=out.made, exposed=out.exposed)
         try:
@@ -163,45 +205,27 @@ class ModelCollector(Collector):
             return
         own = (m.size_bytes, m.used_bytes, m.available_bytes, m.usage_ratio, m.inodes)
         for field, value in zip(MOUNT_SERIES, (*own, m.inodes_free, *figures)):
-            out.add(f"shmwatch_mount_{field}", [mount], value)
+            if value is not None:  # a peak or high-water mark not known yet
+                out.add(f"shmwatch_mount_{field}", [mount], value)
 
     def _segments(self, model: Model, out: Families) -> None:
-        inv = model.inventory
+        inv = required(model.inventory)
         if inv.proc_unreadable is not None:  # None: hidden processes exist, uncounted
             out.add("shmwatch_proc_unreadable", [], inv.proc_unreadable)
-        # A mount has a summary when its inventory was read without an error.
-        listed = [v for v in model.mounts if v.summary is not None]
-
-        def segments(v):  # with the comm and the pod of each process its series name
-            pids = v.summary.named_pids
-            comms = {pid: inv.comms.get(pid, "unknown") for pid in pids}
-            pods = {pid: inv.pods.get(pid, "") for pid in pids}
-            return (
-                ("segments", v.mount),
-                v.labels,
-                mount_label(v),
-                v.summary,
-                comms,
-                pods,
-            )
-
-        def state(v):
-            # An orphan's age moves on with every inventory (whole seconds: leaks are hours old).
-            oldest, degraded = v.summary.oldest_orphan_mtime, int(v.summary.degraded)
-            age = 0.0 if oldest is None else float(max(0, int(inv.wall_time - oldest)))
-            verified = int(inv.owners_complete and not degraded)
-            others = sorted(v.inventory.other_entries.items())
-            row = ("state", v.mount), v.labels, mount_label(v), age, degraded, verified
-            return row + (v.inventory.unattributed_bytes, others)
-
+        listed = listed_mounts(model)
         # Rows made again only for another inventory or summary (most renders have none).
-        same = (inv, *[x for v in listed for x in (v.labels, v.summary, v.inventory)])
-        out.parts_of(self._one_mount_segments, map(segments, listed), same)
+        same = (
+            inv,
+            *[x for m in listed for x in (m.view.labels, m.summary, m.inventory)],
+        )
+        rows = (self._segments_row(m, inv) for m in listed)
+        out.parts_of(self._one_mount_segments, rows, same)
         if out.wants("shmwatch_top_segment_bytes"):
             # One row, made only when parts_of finds `same` moved.
             named = (self._named_row(listed, inv.comms) for _ in range(1))
             out.parts_of(self._named_segments, named, same)
-        out.parts_of(self._one_mount_state, map(state, listed), same)
+        states = (self._state_row(m, inv) for m in listed)
+        out.parts_of(self._one_mount_state, states, same)
         by_class, top = memfd_summary(inv, self.step.top_k)
         for cls, (count, allocated) in sorted(by_class.items()):
             out.add("shmwatch_memfd_regions", [cls], count)
@@ -210,11 +234,37 @@ class ModelCollector(Collector):
             pods = {"process_pod_uid": pod}
             out.add("shmwatch_process_memfd_bytes", [comm], size, pods)
 
-    def _named_row(
-        self, listed: List[MountView], comms: Dict[int, str]
-    ) -> Tuple[Tuple[str], Dict[str, str], List[NamedSegment]]:
+    @staticmethod
+    def _segments_row(m: ListedMount, inv: Inventory) -> Row:
+        """With the comm and the pod of each process its series name."""
+        pids = m.summary.named_pids
+        comms = {pid: inv.comms.get(pid, "unknown") for pid in pids}
+        pods = {pid: inv.pods.get(pid, "") for pid in pids}
+        key = ("segments", m.view.mount)
+        return key, m.view.labels, mount_label(m.view), m.summary, comms, pods
+
+    @staticmethod
+    def _state_row(m: ListedMount, inv: Inventory) -> Row:
+        # An orphan's age moves on with every inventory (whole seconds: leaks are hours old).
+        oldest, degraded = m.summary.oldest_orphan_mtime, int(m.summary.degraded)
+        age = 0.0 if oldest is None else float(max(0, int(inv.wall_time - oldest)))
+        verified = int(inv.owners_complete and not degraded)
+        others = sorted(m.inventory.other_entries.items())
+        key, unattributed = ("state", m.view.mount), m.inventory.unattributed_bytes
+        return (
+            key,
+            m.view.labels,
+            mount_label(m.view),
+            age,
+            degraded,
+            verified,
+            unattributed,
+            others,
+        )
+
+    def _named_row(self, listed: List[ListedMount], comms: Dict[int, str]) -> Row:
         """The one row of the exporter's named segments: --segments.top-k of every mount's."""
-        summaries = [(v, v.summary) for v in listed if v.summary is not None]
+        summaries = [(m.view, m.summary) for m in listed]
         named = [
             NamedSegment(
                 mount=mount_label(v),
@@ -240,7 +290,13 @@ class ModelCollector(Collector):
             out.add("shmwatch_top_segment_bytes", values, seg.allocated_bytes, n.labels)
 
     @staticmethod
-    def _one_mount_segments(out: Families, mount, summary, comms, pods) -> None:
+    def _one_mount_segments(
+        out: Families,
+        mount: str,
+        summary: SegmentSummary,
+        comms: Dict[int, str],
+        pods: Dict[int, str],
+    ) -> None:
         for (cls, state), figures in sorted(summary.totals.items()):
             for kind, value in zip(SEGMENT_SERIES, figures):
                 out.add(f"shmwatch_{kind}", [mount, cls, state], value)
@@ -254,8 +310,15 @@ class ModelCollector(Collector):
             )
 
     @staticmethod
-    def _one_mount_state(out: Families, mount, age, degraded, *figures) -> None:
-        verified, unattributed, others = figures
+    def _one_mount_state(
+        out: Families,
+        mount: str,
+        age: float,
+        degraded: int,
+        verified: int,
+        unattributed: int,
+        others: List[Tuple[str, int]],
+    ) -> None:
         if not degraded:  # past --inventory.max-segments no orphan's age is known
             out.add("shmwatch_orphan_oldest_age_seconds", [mount], age)
         out.add("shmwatch_mount_unattributed_bytes", [mount], unattributed)
@@ -333,6 +396,9 @@ class ModelCollector(Collector):
 
     def _gpu(self, model: Model, out: Families) -> None:
         gpus = model.gpu
+        # A successful run made a snapshot: a render of none fails, logged.
+        if gpus is None:
+            raise ValueError("the gpu source succeeded without a snapshot")
         pods = model.inventory.pods if model.inventory else {}
         for d in gpus.devices:
             ids = [d.gpu, clean(d.uuid)]
@@ -363,19 +429,25 @@ class ModelCollector(Collector):
                 v.budget,
                 v.budget_complete,
             )
-            + (
-                v.cgroup
-                and cgroup_label(v.cgroup.cgroup, v.cgroup.pod_uid, model.node_mode),
-            )
+            + (self._derived_cgroup(v.cgroup, model.node_mode),)
             for v in model.mounts
             if v.budget is not None
         )
         out.parts_of(self._one_derived, rows)
 
     @staticmethod
-    def _one_derived(out: Families, mount, budget, complete, cgroup) -> None:
+    def _derived_cgroup(cgroup: Optional[CgroupMemory], node_mode: bool) -> str:
+        """The `cgroup` label of a mount's projection: '' (left out) without one."""
+        if cgroup is None:
+            return ""
+        return cgroup_label(cgroup.cgroup, cgroup.pod_uid, node_mode)
+
+    @staticmethod
+    def _one_derived(
+        out: Families, mount: str, budget: ShmBudget, complete: bool, cgroup: str
+    ) -> None:
         if budget.projection is not None:
-            labels = [mount, cgroup or ""]
+            labels = [mount, cgroup]
             out.add("shmwatch_shm_oom_projection_ratio", labels, budget.projection)
         if complete:
             size = budget.effective_bytes
@@ -405,7 +477,13 @@ class ModelCollector(Collector):
         out.parts_of(self._mount_events, rows)
 
     @staticmethod
-    def _mount_events(out: Families, mount, counts, active, overflows) -> None:
+    def _mount_events(
+        out: Families,
+        mount: str,
+        counts: Tuple[Tuple[str, str, int], ...],
+        active: Optional[bool],
+        overflows: int,
+    ) -> None:
         for cls, event, count in counts:
             out.add("shmwatch_segment_events_total", [mount, cls, event], count)
         if active is not None:

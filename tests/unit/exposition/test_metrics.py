@@ -1,7 +1,21 @@
-"""exposition/metrics.py: labels that say what a series is about once, and processes by name."""
+"""exposition/metrics.py: labels that say what a series is about once, and processes by name;
+the mounts whose segments are rendered; a figure not known yet is absent."""
 
-from exporter.exposition.metrics import cgroup_label, largest_by_name, mount_label, pods_twice
-from exporter.model.step import MountView
+import pytest
+
+from exporter.exposition.metrics import (
+    ModelCollector,
+    cgroup_label,
+    largest_by_name,
+    listed_mounts,
+    mount_label,
+    pods_twice,
+    required,
+)
+from exporter.exposition.render import Families
+from exporter.model.state import MountStates
+from exporter.model.step import Model, MountView
+from exporter.model.types import CgroupMemory, MountInventory, MountUsage
 
 EMPTYDIR = "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~empty-dir/dshm"
 
@@ -37,3 +51,36 @@ def test_processes_by_name_and_pod_the_largest_of_each():
     assert largest_by_name(held, comms, pods) == {
         ("python3", "u1"): 30, ("vllm", "u1"): 20, ("python3", "u2"): 5, ("bad\\x1bname", ""): 7}
     assert largest_by_name([(9, 1)], {}, {}) == {("unknown", ""): 1}
+
+
+def model_of(mounts):
+    states = MountStates(peaks={}, max_used={}, event_rows={}, inotify={}, overflows={})
+    return Model(node_mode=False, statuses=[], mounts=mounts, inventory=None, cgroups=[], host_memory=None, sysv=[],
+                 gpu=None, process_samples=[], states=states)
+
+
+def test_segments_are_rendered_for_the_mounts_whose_inventory_was_read():
+    summary, inventory = object(), MountInventory("/a")
+    read = MountView("/a", {}, None, None, None, None, inventory, summary, None, None)
+    failed = view("/b", {})  # no inventory, no summary
+    listed = listed_mounts(model_of([read, failed]))
+    assert [(m.view, m.summary, m.inventory) for m in listed] == [(read, summary, inventory)]
+    with pytest.raises(ValueError):  # a segments run that succeeded made one: its render fails, logged
+        required(None)
+
+
+def test_a_peak_not_known_yet_is_absent_not_zero():
+    out = Families()
+    usage = MountUsage("/dev/shm", "tmpfs", "shm", True, size_bytes=100, used_bytes=40, available_bytes=60)
+    ModelCollector._one_mount_usage(out, "/dev/shm", usage, None, 40, None)
+    assert "shmwatch_mount_peak_used_bytes" not in out.parts
+    assert out.parts["shmwatch_mount_max_used_bytes"] == ['shmwatch_mount_max_used_bytes{mount="/dev/shm"} 40.0\n']
+    assert out.parts["shmwatch_mount_used_bytes"] == ['shmwatch_mount_used_bytes{mount="/dev/shm"} 40.0\n']
+
+
+def test_a_projection_without_a_cgroup_has_no_cgroup_label():
+    pod = CgroupMemory(cgroup="/kubepods/burstable/podu1", version=1, pod_uid="u1", usage_bytes=0, limit_bytes=None,
+                       working_set_bytes=0, shmem_bytes=None, oom_kills=0, limit_source="cgroup")
+    assert ModelCollector._derived_cgroup(None, node_mode=True) == ""
+    assert ModelCollector._derived_cgroup(pod, node_mode=True) == ""
+    assert ModelCollector._derived_cgroup(pod, node_mode=False) == "/kubepods/burstable/podu1"
