@@ -6,12 +6,13 @@ given with --code (e.g. a worktree of the code before a change, then this one), 
 - node mode, 200 pod emptyDirs at real kubelet paths, 5 segments of 64 KiB each, two holder
   processes a pod in its memory cgroup (bench/node_scale.py's Pods): series a pod (those
   that name the pod's UID), bytes a series (the text format's bytes over its series), MB a
-  scrape (text 0.0.4, uncompressed; gzip beside it)
+  scrape (text 0.0.4, uncompressed; gzip beside it); series of pods not the benchmark's (another
+  run on the machine) are left out of every figure but the render's time
 - new series under churn: 10 creates/s spread over the pods, each segment deleted 10 s
   later, scraped every 15 s as Prometheus does: series no earlier scrape had, a second, after
   the first minute (the series a class's counters add once), and the first minute's apart
-- a leaked segment by name: a file nobody holds, until the inventory calls it orphan, then
-  whether the same scrape names it (node mode with --segments.full-scan-interval=0, so each
+- a leaked segment by name: a file nobody holds (just written, and last written an hour ago),
+  until the inventory calls it orphan, then whether the same scrape names it (node mode with --segments.full-scan-interval=0, so each
   inventory run may call a segment orphan; the sidecar with its defaults)
 - a fresh render at 200 pods beside node_exporter (Debian's prometheus-node-exporter:
   filesystem and meminfo only, its mount-point exclude emptied so it reports the same tmpfs),
@@ -96,6 +97,17 @@ class Table:
             print(" | ".join(c.ljust(w) for c, w in zip(row, widths)))
 
 
+def ours(text: bytes, uids: Sequence[str]) -> bytes:
+    """The lines of `text` that name none of the pods but `uids` (node mode: another run's
+    pods on the machine, e.g. bench/node_scale.py's, are left out of every figure)."""
+    if not uids:
+        return text
+    mine = set(uids)
+    kept = [line for line in text.splitlines(keepends=True)
+            if set(UID.findall(line.decode(errors="replace"))) <= mine]
+    return b"".join(kept)
+
+
 def series_of(text: str) -> List[str]:
     """Each sample line's name and labels (the value cut off)."""
     return [line.rsplit(" ", 1)[0] for line in text.splitlines() if line and not line.startswith("#")]
@@ -133,7 +145,7 @@ def per_pod(series: List[str], uids: Sequence[str]) -> Tuple[float, int, int]:
 
 
 def scrape_costs(table: Table, code: str, exporter: Exporter, uids: Sequence[str], where: str) -> None:
-    text = scrape(exporter.url, TEXT)
+    text = ours(scrape(exporter.url, TEXT), uids)
     series = series_of(text.decode())
     packed = len(gzip.compress(text, 1))
     if uids:
@@ -152,10 +164,11 @@ def scrape_costs(table: Table, code: str, exporter: Exporter, uids: Sequence[str
 # ---- new series under churn ----------------------------------------------------------------
 
 
-def new_series_under_churn(exporter: Exporter, mounts: Sequence[str], seconds: float) -> Tuple[float, int]:
+def new_series_under_churn(exporter: Exporter, mounts: Sequence[str], seconds: float,
+                           uids: Sequence[str]) -> Tuple[float, int]:
     """(new series a second after the first minute, series new in the first minute) while
     segments are created at CREATES_A_SECOND over `mounts`, each deleted 10 s later."""
-    seen: Set[str] = set(series_of(scrape(exporter.url, TEXT).decode()))
+    seen: Set[str] = set(series_of(ours(scrape(exporter.url, TEXT), uids).decode()))
     stop = threading.Event()
     creator = threading.Thread(target=churn, args=(mounts, stop), daemon=True)
     started = time.monotonic()
@@ -164,7 +177,7 @@ def new_series_under_churn(exporter: Exporter, mounts: Sequence[str], seconds: f
     try:
         while time.monotonic() - started < seconds:
             time.sleep(SCRAPE_INTERVAL)
-            now = set(series_of(scrape(exporter.url, TEXT).decode()))
+            now = set(series_of(ours(scrape(exporter.url, TEXT), uids).decode()))
             new = len(now - seen)
             seen |= now
             if time.monotonic() - started <= WARM_UP + SCRAPE_INTERVAL / 2:
@@ -193,8 +206,8 @@ def churn(mounts: Sequence[str], stop: threading.Event) -> None:
 
 
 def churn_row(table: Table, code: str, exporter: Exporter, mounts: Sequence[str], where: str,
-              seconds: float) -> None:
-    rate, early = new_series_under_churn(exporter, mounts, seconds)
+              seconds: float, uids: Sequence[str] = ()) -> None:
+    rate, early = new_series_under_churn(exporter, mounts, seconds, uids)
     table.put(f"{where}: new series a second under churn (after the first minute)", "<= 0.1", code,
               f"{rate:.2f} ({rate * 3600:,.0f} an hour; {early:,} in the first minute)")
 
@@ -224,21 +237,29 @@ def settled_orphans(exporter: Exporter, labels: str, timeout: float = 60.0) -> f
     raise TimeoutError("the orphan count did not settle")
 
 
-def leak_named(exporter: Exporter, mount: str, labels: str, timeout: float = 120.0) -> str:
-    """A file nobody holds in `mount`: scrapes until the inventory counts it orphan, and says
-    whether that scrape names it (state orphan) or how many scrapes later it did."""
+def leak_named(exporter: Exporter, mount: str, labels: str, written_ago: float = 0.0,
+               timeout: float = 120.0) -> str:
+    """A file nobody holds in `mount`, last written `written_ago` seconds ago: scrapes until
+    the inventory counts it orphan, and says whether that scrape names it (state orphan) or
+    how many scrapes (and seconds) later one did."""
     before = settled_orphans(exporter, labels)
     name = f"psm_leak{time.monotonic_ns()}"
-    node_scale.segment_file(os.path.join(mount, name), 1 << 20)
-    deadline, counted_at, scrapes = time.monotonic() + timeout, None, 0
+    path = os.path.join(mount, name)
+    node_scale.segment_file(path, 1 << 20)
+    then = time.time() - written_ago
+    os.utime(path, (then, then))
+    deadline, counted_at, scrapes, counted_time = time.monotonic() + timeout, None, 0, 0.0
     try:
         while time.monotonic() < deadline:
             text = scrape(exporter.url, TEXT).decode()
             named = any(f'name="{name}"' in line and 'state="orphan"' in line for line in text.splitlines())
             if counted_at is None and orphans(text, labels) > before:
-                counted_at = scrapes
+                counted_at, counted_time = scrapes, time.monotonic()
             if named:
-                return "same scrape" if counted_at == scrapes else f"{scrapes - (counted_at or 0)} scrapes later"
+                if counted_at == scrapes:
+                    return "same scrape"
+                later = time.monotonic() - counted_time
+                return f"{scrapes - (counted_at or 0)} scrapes ({later:.1f} s) later"
             scrapes += counted_at is not None
             time.sleep(0.25)
         return "never counted orphan" if counted_at is None else "counted orphan, never named"
@@ -257,12 +278,13 @@ def node_rows(table: Table, codes: Sequence[Tuple[str, str]], churn_seconds: flo
             with CodeExporter(code, *args) as exporter:
                 time.sleep(70)  # past the first full scan, and the segments over a minute old
                 scrape_costs(table, name, exporter, pods.uids, "node mode, 200 pods")
-                churn_row(table, name, exporter, pods.mounts, "node mode, 200 pods", churn_seconds)
+                churn_row(table, name, exporter, pods.mounts, "node mode, 200 pods", churn_seconds, pods.uids)
             with CodeExporter(code, *args, "--segments.full-scan-interval=0", "--inventory-interval=2s") as exporter:
                 time.sleep(5)
                 uid = pods.uids[0]
-                table.put("node mode: a leaked segment named, by the scrape that counts it orphan", "same scrape",
-                          name, leak_named(exporter, pods.mounts[0], uid))
+                for ago, written in ((0.0, "just written"), (3600.0, "written an hour ago")):
+                    table.put(f"node mode: a leak {written} named, by the scrape that counts it orphan",
+                              "same scrape", name, leak_named(exporter, pods.mounts[0], uid, ago))
 
 
 def render_rows(table: Table, codes: Sequence[Tuple[str, str]]) -> None:
@@ -291,8 +313,9 @@ def sidecar_rows(table: Table, codes: Sequence[Tuple[str, str]], churn_seconds: 
                 where = "sidecar, 1,000 segments"
                 scrape_costs(table, name, exporter, (), where)
                 churn_row(table, name, exporter, [shm], where, churn_seconds)
-                table.put("sidecar: a leaked segment named, by the scrape that counts it orphan", "same scrape",
-                          name, leak_named(exporter, shm, f'mount="{shm}"'))
+                for ago, written in ((0.0, "just written"), (3600.0, "written an hour ago")):
+                    table.put(f"sidecar: a leak {written} named, by the scrape that counts it orphan",
+                              "same scrape", name, leak_named(exporter, shm, f'mount="{shm}"', ago))
 
 
 def main() -> None:
