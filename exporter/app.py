@@ -1,5 +1,6 @@
 """Wires what docs/architecture.md draws: sources, scheduler, watcher, state, model."""
 
+import logging
 from contextlib import suppress
 
 from prometheus_client.registry import CollectorRegistry
@@ -13,11 +14,14 @@ from exporter.exposition.render import Exposition
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from exporter.inventory.changes import ChangeLog
+from exporter.model.catalogue import exposed_families, unmatched
 from exporter.model.state import StateStore
 from exporter.model.step import ModelStep
 from exporter.runtime.memory import MemoryGiveBack
 from exporter.runtime.scheduler import Sampler
 from exporter.runtime.watcher import MountWatcher
+
+log = logging.getLogger(__name__)
 
 
 class App:
@@ -70,12 +74,21 @@ class App:
         self.give_back = MemoryGiveBack()
         self.sampler.subscribe(self.give_back.on_observation)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(ModelCollector(self.step))
+        exposed = exposed_families(cfg.metric_allowlist, cfg.metric_denylist)
+        for flag, patterns in (
+            ("--metric-allowlist", cfg.metric_allowlist),
+            ("--metric-denylist", cfg.metric_denylist),
+        ):
+            for pattern in unmatched(patterns):
+                log.warning("%s %r matches no metric family", flag, pattern)
+        self.registry.register(ModelCollector(self.step, exposed))
         self.web = web  # its files watched from start() to stop()
         if web is not None:  # its reload metric: rendered again when a reload moves it
             self.registry.register(web)
         self.exposition = Exposition(
-            self.registry, version=lambda: (self.step.version(), web and web.generation)
+            self.registry,
+            version=lambda: (self.step.version(), web and web.generation),
+            exposed=exposed,
         )
 
     def start(self, watch: bool = True) -> None:
