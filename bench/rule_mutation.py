@@ -59,7 +59,15 @@ from tests.rules.promql import (  # noqa: E402
     parse,
     show,
 )
-from tests.rules.promtool import Group, load_groups, promtool, rule_paths, rules_of, run, write_tests  # noqa: E402
+from tests.rules.promtool import (
+    Group,
+    load_groups,
+    promtool,
+    rule_paths,
+    rules_of,
+    run,
+    write_tests,
+)  # noqa: E402
 from tests.rules.scenario import Equals, Fires, Scenario  # noqa: E402
 
 KINDS = (
@@ -84,7 +92,14 @@ FUNCTION_FAMILIES = (
     ("ceil", "floor", "round"),
 )
 AGGREGATIONS = ("sum", "max", "min", "avg", "count")
-FLIPS = {">": (">=", "<"), ">=": (">", "<="), "<": ("<=", ">"), "<=": ("<", ">="), "==": ("!=",), "!=": ("==",)}
+FLIPS = {
+    ">": (">=", "<"),
+    ">=": (">", "<="),
+    "<": ("<=", ">"),
+    "<=": ("<", ">="),
+    "==": ("!=",),
+    "!=": ("==",),
+}
 Path = Tuple[int, ...]
 
 
@@ -131,7 +146,11 @@ def with_children(node: Node, kids: Sequence[Node]) -> Node:
     if isinstance(node, Binary):
         return replace(node, left=kids[0], right=kids[1])
     if isinstance(node, Aggregate):
-        return replace(node, param=kids[0], expr=kids[1]) if node.param is not None else replace(node, expr=kids[0])
+        return (
+            replace(node, param=kids[0], expr=kids[1])
+            if node.param is not None
+            else replace(node, expr=kids[0])
+        )
     if isinstance(node, Call):
         return replace(node, args=tuple(kids))
     if isinstance(node, (Paren, Unary)):
@@ -185,13 +204,19 @@ def binary_mutations(node: Binary) -> Iterator[Change]:
             node=replace(node, left=node.right, right=node.left),
         )
     for flip in FLIPS.get(node.op, ()):
-        yield Change(kind="comparison", detail=f"`{node.op}` -> `{flip}`", node=replace(node, op=flip))
+        yield Change(
+            kind="comparison",
+            detail=f"`{node.op}` -> `{flip}`",
+            node=replace(node, op=flip),
+        )
     m = node.matching
     if m is None:
         return
     clause = f"`{'ignoring' if m.ignoring else 'on'} ({', '.join(m.labels)})`"
     yield Change(
-        kind="on-ignoring", detail=f"{clause} flipped", node=replace(node, matching=replace(m, ignoring=not m.ignoring))
+        kind="on-ignoring",
+        detail=f"{clause} flipped",
+        node=replace(node, matching=replace(m, ignoring=not m.ignoring)),
     )
     if m.group:
         yield Change(
@@ -199,19 +224,34 @@ def binary_mutations(node: Binary) -> Iterator[Change]:
             detail=f"`{m.group}` dropped",
             node=replace(node, matching=replace(m, group=None, include=None)),
         )
-    yield Change(kind="on-clause", detail=f"{clause} dropped", node=replace(node, matching=None))
+    yield Change(
+        kind="on-clause", detail=f"{clause} dropped", node=replace(node, matching=None)
+    )
 
 
-def selector_mutations(node: Selector, siblings: Dict[str, Tuple[str, ...]]) -> Iterator[Change]:
+def selector_mutations(
+    node: Selector, siblings: Dict[str, Tuple[str, ...]]
+) -> Iterator[Change]:
     for i, matcher in enumerate(node.matchers):
         kept = node.matchers[:i] + node.matchers[i + 1 :]
         detail = f"{node.name}: `{matcher.label}{matcher.op}{matcher.value}` dropped"
-        yield Change(kind="matcher", detail=detail, node=replace(node, matchers=kept), dropped=matcher)
+        yield Change(
+            kind="matcher",
+            detail=detail,
+            node=replace(node, matchers=kept),
+            dropped=matcher,
+        )
     for other in siblings.get(node.name, ()):
-        yield Change(kind="metric", detail=f"{node.name} -> {other}", node=replace(node, name=other))
+        yield Change(
+            kind="metric",
+            detail=f"{node.name} -> {other}",
+            node=replace(node, name=other),
+        )
     for window in window_moves(node.window or ""):
         yield Change(
-            kind="window", detail=f"{node.name}[{node.window}] -> [{window}]", node=replace(node, window=window)
+            kind="window",
+            detail=f"{node.name}[{node.window}] -> [{window}]",
+            node=replace(node, window=window),
         )
 
 
@@ -219,13 +259,21 @@ def function_mutations(node: Call) -> Iterator[Change]:
     for family in FUNCTION_FAMILIES:
         for other in family if node.func in family else ():
             if other != node.func:
-                yield Change(kind="function", detail=f"{node.func} -> {other}", node=replace(node, func=other))
+                yield Change(
+                    kind="function",
+                    detail=f"{node.func} -> {other}",
+                    node=replace(node, func=other),
+                )
 
 
 def aggregate_mutations(node: Aggregate) -> Iterator[Change]:
     for other in AGGREGATIONS if node.op in AGGREGATIONS else ():
         if other != node.op:
-            yield Change(kind="aggregation", detail=f"{node.op} -> {other}", node=replace(node, op=other))
+            yield Change(
+                kind="aggregation",
+                detail=f"{node.op} -> {other}",
+                node=replace(node, op=other),
+            )
     g = node.grouping
     if g is None:
         return
@@ -245,14 +293,18 @@ def aggregate_mutations(node: Aggregate) -> Iterator[Change]:
         )
 
 
-def local_mutations(node: Node, siblings: Dict[str, Tuple[str, ...]]) -> Iterator[Change]:
+def local_mutations(
+    node: Node, siblings: Dict[str, Tuple[str, ...]]
+) -> Iterator[Change]:
     if isinstance(node, Binary):
         yield from binary_mutations(node)
     elif isinstance(node, Selector):
         yield from selector_mutations(node, siblings)
     elif isinstance(node, Number):
         for text in moved(node.text):
-            yield Change(kind="number", detail=f"{node.text} -> {text}", node=Number(text=text))
+            yield Change(
+                kind="number", detail=f"{node.text} -> {text}", node=Number(text=text)
+            )
     elif isinstance(node, Call):
         yield from function_mutations(node)
     elif isinstance(node, Aggregate):
@@ -268,7 +320,11 @@ def mutants(target: Target, siblings: Dict[str, Tuple[str, ...]]) -> List[Mutant
             text = show(replaced(tree, path, change.node))
             if text != original and text not in out:
                 out[text] = Mutant(
-                    target=target, change=change, text=text, ancestors=ancestors_of(tree, path), site=node
+                    target=target,
+                    change=change,
+                    text=text,
+                    ancestors=ancestors_of(tree, path),
+                    site=node,
                 )
     return list(out.values())
 
@@ -278,7 +334,9 @@ def mutants(target: Target, siblings: Dict[str, Tuple[str, ...]]) -> List[Mutant
 
 def unit_of(name: str) -> str:
     base = name.removesuffix("_total")
-    return next((u for u in ("bytes", "seconds", "ratio") if base.endswith("_" + u)), "")
+    return next(
+        (u for u in ("bytes", "seconds", "ratio") if base.endswith("_" + u)), ""
+    )
 
 
 def family_of(name: str) -> Tuple[str, ...]:
@@ -294,7 +352,9 @@ def family_of(name: str) -> Tuple[str, ...]:
 
 
 def sibling_table(recorded: Sequence[str]) -> Dict[str, Tuple[str, ...]]:
-    names = [m.name for m in CATALOGUE if m.name.startswith("shmwatch_")] + list(recorded)
+    names = [m.name for m in CATALOGUE if m.name.startswith("shmwatch_")] + list(
+        recorded
+    )
     by_family: Dict[Tuple[str, ...], List[str]] = {}
     for name in names:
         by_family.setdefault(family_of(name), []).append(name)
@@ -321,13 +381,21 @@ def _side_of(m: Mutant, index: int) -> Tuple[Node, Node]:
     parent = m.ancestors[index]
     below = m.ancestors[index + 1] if index + 1 < len(m.ancestors) else m.site
     assert isinstance(parent, Binary)
-    return (parent.left, parent.right) if below is parent.left else (parent.right, parent.left)
+    return (
+        (parent.left, parent.right)
+        if below is parent.left
+        else (parent.right, parent.left)
+    )
 
 
 def inside_pod_info_join(m: Mutant) -> bool:
     """The changed node is on the left of `... on (pod_uid) ... shmwatch:pod_info`."""
     for i, node in enumerate(m.ancestors):
-        if isinstance(node, Binary) and node.matching and node.matching.labels == ("pod_uid",):
+        if (
+            isinstance(node, Binary)
+            and node.matching
+            and node.matching.labels == ("pod_uid",)
+        ):
             mine, other = _side_of(m, i)
             if mine is node.left and "shmwatch:pod_info" in metric_names(other):
                 return True
@@ -339,7 +407,9 @@ def under_group(m: Mutant) -> bool:
     for node in reversed(m.ancestors):
         if isinstance(node, Aggregate):
             return node.op == "group"
-        if not (isinstance(node, Paren) or (isinstance(node, Binary) and node.op == "or")):
+        if not (
+            isinstance(node, Paren) or (isinstance(node, Binary) and node.op == "or")
+        ):
             return False
     return False
 
@@ -351,19 +421,34 @@ def _shape(node: Node) -> Optional[Selector]:
         return _shape(node.expr)
     if isinstance(node, Selector):
         return node
-    if isinstance(node, Call) and node.func in ("rate", "increase", "irate") and node.args:
+    if (
+        isinstance(node, Call)
+        and node.func in ("rate", "increase", "irate")
+        and node.args
+    ):
         return _shape(node.args[0])
     joins = (("pod_uid",), ("job", "instance"))
-    if isinstance(node, Binary) and node.op in ("*", "and") and node.matching and node.matching.labels in joins:
+    if (
+        isinstance(node, Binary)
+        and node.op in ("*", "and")
+        and node.matching
+        and node.matching.labels in joins
+    ):
         return _shape(node.left)
     if isinstance(node, Binary) and node.op == "or":
         left, right = _shape(node.left), _shape(node.right)
-        return left if left is not None and right is not None and left.name == right.name else None
+        return (
+            left
+            if left is not None and right is not None and left.name == right.name
+            else None
+        )
     return None
 
 
 def one_metric_two_shapes(m: Mutant) -> bool:
-    if m.kind != "swap-operands" or not (isinstance(m.site, Binary) and m.site.op == "or"):
+    if m.kind != "swap-operands" or not (
+        isinstance(m.site, Binary) and m.site.op == "or"
+    ):
         return False
     left, right = _shape(m.site.left), _shape(m.site.right)
     if left is None or right is None or left.name != right.name:
@@ -373,7 +458,10 @@ def one_metric_two_shapes(m: Mutant) -> bool:
 
 def node_metric_pod_uid(m: Mutant) -> bool:
     """`pod_uid=""` on a metric the catalogue gives no pod_uid."""
-    if m.change.dropped is None or (m.change.dropped.label, m.change.dropped.op) != ("pod_uid", "="):
+    if m.change.dropped is None or (m.change.dropped.label, m.change.dropped.op) != (
+        "pod_uid",
+        "=",
+    ):
         return False
     assert isinstance(m.site, Selector)
     metric = BY_NAME.get(m.site.name)
@@ -382,18 +470,31 @@ def node_metric_pod_uid(m: Mutant) -> bool:
 
 def node_alert_pod_uid(m: Mutant) -> bool:
     dropped = m.change.dropped
-    if dropped is None or (dropped.label, dropped.op) != ("pod_uid", "=") or not isinstance(m.site, Selector):
+    if (
+        dropped is None
+        or (dropped.label, dropped.op) != ("pod_uid", "=")
+        or not isinstance(m.site, Selector)
+    ):
         return False
-    return m.site.name == "ALERTS" and any(f"{x.label}{x.op}{x.value}" == NODE_ALERTS for x in m.site.matchers)
+    return m.site.name == "ALERTS" and any(
+        f"{x.label}{x.op}{x.value}" == NODE_ALERTS for x in m.site.matchers
+    )
 
 
 def implied_alertname(m: Mutant) -> bool:
     """The broad alertname matcher, beside the node alerts' narrower one."""
     dropped = m.change.dropped
-    if dropped is None or dropped.label != "alertname" or not isinstance(m.site, Selector):
+    if (
+        dropped is None
+        or dropped.label != "alertname"
+        or not isinstance(m.site, Selector)
+    ):
         return False
     others = [f"{x.label}{x.op}{x.value}" for x in m.site.matchers if x != dropped]
-    return NODE_ALERTS in others and f"{dropped.label}{dropped.op}{dropped.value}" != NODE_ALERTS
+    return (
+        NODE_ALERTS in others
+        and f"{dropped.label}{dropped.op}{dropped.value}" != NODE_ALERTS
+    )
 
 
 def matched_on_and_kept_across(m: Mutant) -> bool:
@@ -403,12 +504,18 @@ def matched_on_and_kept_across(m: Mutant) -> bool:
     if dropped is None:
         return False
     for i, node in enumerate(m.ancestors):
-        if not (isinstance(node, Binary) and node.matching and not node.matching.ignoring):
+        if not (
+            isinstance(node, Binary) and node.matching and not node.matching.ignoring
+        ):
             continue
         if dropped.label not in node.matching.labels:
             continue
         _, other = _side_of(m, i)
-        selectors = [x for x in _subtree(other) if isinstance(x, Selector) and x.name != "shmwatch:pod_info"]
+        selectors = [
+            x
+            for x in _subtree(other)
+            if isinstance(x, Selector) and x.name != "shmwatch:pod_info"
+        ]
         if selectors and all(dropped in x.matchers for x in selectors):
             return True
     return False
@@ -422,7 +529,11 @@ class Equivalent:
 
 def aggregates_ones(m: Mutant) -> bool:
     """count for sum (or max, min, avg for each other) over series that are all 1."""
-    if m.kind != "aggregation" or not isinstance(m.site, Aggregate) or not isinstance(m.change.node, Aggregate):
+    if (
+        m.kind != "aggregation"
+        or not isinstance(m.site, Aggregate)
+        or not isinstance(m.change.node, Aggregate)
+    ):
         return False
     names = metric_names(m.site.expr)
     if not names or not all(n == "ALERTS" or n.endswith("_info") for n in names):
@@ -445,7 +556,10 @@ EQUIVALENT = (
         reason="`or` under group by (...): group keeps which label sets exist, and `or`'s union of them does not depend "
         "on the order (the operands carry different metric names)",
         matches=lambda m: (
-            m.kind == "swap-operands" and isinstance(m.site, Binary) and m.site.op == "or" and under_group(m)
+            m.kind == "swap-operands"
+            and isinstance(m.site, Binary)
+            and m.site.op == "or"
+            and under_group(m)
         ),
     ),
     Equivalent(
@@ -488,7 +602,10 @@ EQUIVALENT = (
             and m.change.dropped is not None
             and (
                 m.change.dropped.label in ("namespace", "pod")
-                or (m.change.dropped.label == "pod_uid" and "events" in getattr(m.site, "name", ""))
+                or (
+                    m.change.dropped.label == "pod_uid"
+                    and "events" in getattr(m.site, "name", "")
+                )
             )
         ),
     ),
@@ -500,33 +617,49 @@ EQUIVALENT = (
     Equivalent(
         reason="the firing alerts are counted by sum over ALERTS (always 1), times shmwatch:pod_info (always 1), or "
         "filtered by `and` (which keeps ALERTS' 1): sum and count agree",
-        matches=lambda m: m.target.name == "Firing alerts A" and m.detail == "sum -> count",
+        matches=lambda m: (
+            m.target.name == "Firing alerts A" and m.detail == "sum -> count"
+        ),
     ),
     Equivalent(
         reason="segment counts are never negative and only compared with > 0 (the alert's value is the mount's size): "
         "their sum, max and mean are above 0 together",
-        matches=lambda m: m.target.name == "ShmDockerDefaultSize" and m.detail in ("sum -> max", "sum -> avg"),
+        matches=lambda m: (
+            m.target.name == "ShmDockerDefaultSize"
+            and m.detail in ("sum -> max", "sum -> avg")
+        ),
     ),
     Equivalent(
-        reason="a cgroup's memory.high and limit are one series per (instance, job, cgroup) (its pod_uid and target "
-        "labels follow from them): the aggregation by those labels only drops labels, whichever it is",
+        reason="a cgroup's memory.high and limit are one series per (instance, job, cgroup, pod_uid) (a pod's cgroup is "
+        "named by its pod_uid; its target labels follow from them): the aggregation by those labels only drops labels, "
+        "whichever it is",
         matches=lambda m: (
-            m.target.name == "PodThrottledAtMemoryHigh" and m.detail in ("max -> sum", "max -> min", "max -> avg")
+            m.target.name == "PodThrottledAtMemoryHigh"
+            and m.detail in ("max -> sum", "max -> min", "max -> avg")
         ),
     ),
     Equivalent(
         reason="rate for increase on the right of `and ... > 0`: rate is increase over the window, `> 0` holds for both "
         "alike, and `and` keeps the left side's value",
-        matches=lambda m: m.target.name == "PodThrottledAtMemoryHigh" and m.detail == "increase -> rate",
+        matches=lambda m: (
+            m.target.name == "PodThrottledAtMemoryHigh"
+            and m.detail == "increase -> rate"
+        ),
     ),
     Equivalent(
         reason="at x * 1.25 = 1 GiB both roundings give 1 GiB, so >= and > agree on every peak",
-        matches=lambda m: m.target.name == "shmwatch:mount_recommended_size_bytes" and m.detail == "`>=` -> `>`",
+        matches=lambda m: (
+            m.target.name == "shmwatch:mount_recommended_size_bytes"
+            and m.detail == "`>=` -> `>`"
+        ),
     ),
     Equivalent(
         reason="clamp_min(..., 0) to -1 before ceil to a whole MiB: the recommended size is a whole MiB, and one byte "
         "less rounds up to it",
-        matches=lambda m: m.target.name == "shmwatch:mount_recommended_memory_limit_bytes" and m.detail == "0 -> -1",
+        matches=lambda m: (
+            m.target.name == "shmwatch:mount_recommended_memory_limit_bytes"
+            and m.detail == "0 -> -1"
+        ),
     ),
     Equivalent(
         reason="both operands are records labelled exactly (namespace, pod): matching on them is matching on all",
@@ -538,7 +671,8 @@ EQUIVALENT = (
     Equivalent(
         reason="both operands carry exactly (namespace, pod, mount): matching on them is matching on all",
         matches=lambda m: (
-            m.target.name == KUBE + "shm_oom_projection_ratio" and m.detail == "`on (namespace, pod, mount)` dropped"
+            m.target.name == KUBE + "shm_oom_projection_ratio"
+            and m.detail == "`on (namespace, pod, mount)` dropped"
         ),
     ),
     Equivalent(
@@ -547,14 +681,9 @@ EQUIVALENT = (
         matches=lambda m: (
             m.target.name == KUBE + "shm_oom_projection_ratio"
             and m.change.dropped is not None
-            and f"{m.change.dropped.label}{m.change.dropped.op}{m.change.dropped.value}" in ('namespace!=""', 'pod!=""')
+            and f"{m.change.dropped.label}{m.change.dropped.op}{m.change.dropped.value}"
+            in ('namespace!=""', 'pod!=""')
         ),
-    ),
-    Equivalent(
-        reason="shmwatch_segment_bytes summed without class and state has exactly the labels of shmwatch_mount_size_bytes "
-        "(the catalogue gives both the mount and node mode's labels): matching on all is matching on "
-        "(instance, job, mount)",
-        matches=lambda m: m.target.name in ("ShmLeakedSegments", "ShmHiddenSegmentsLarge") and m.kind == "on-clause",
     ),
 )
 
@@ -572,7 +701,10 @@ def rule_scenarios() -> Tuple[Scenario, ...]:
 
 def reads(groups: Sequence[Group]) -> Dict[str, Set[str]]:
     rules = rules_of(groups)
-    return {name: set(metric_names(parse(r["expr"]))) & set(rules) for name, r in rules.items()}
+    return {
+        name: set(metric_names(parse(r["expr"]))) & set(rules)
+        for name, r in rules.items()
+    }
 
 
 def closure(names: Set[str], graph: Dict[str, Set[str]]) -> Set[str]:
@@ -599,7 +731,10 @@ def scenario_reads(scenario: Scenario, graph: Dict[str, Set[str]]) -> Set[str]:
 def mutated_groups(groups: Sequence[Group], name: str, expr: str) -> List[Group]:
     out = []
     for group in groups:
-        rules = [dict(r, expr=expr) if (r.get("alert") or r.get("record")) == name else r for r in group["rules"]]
+        rules = [
+            dict(r, expr=expr) if (r.get("alert") or r.get("record")) == name else r
+            for r in group["rules"]
+        ]
         out.append({**group, "rules": rules})
     return out
 
@@ -624,9 +759,17 @@ class Bench:
         os.makedirs(directory, exist_ok=True)
         if target.rule:
             groups = mutated_groups(self.groups, target.name, expr)
-            return [f.path for f in write_tests(directory, groups, self.relevant(target.name))]
+            return [
+                f.path
+                for f in write_tests(directory, groups, self.relevant(target.name))
+            ]
         panel, ref = target.name.rsplit(" ", 1)
-        return [f.path for f in write_tests(directory, None, dashboard.scenarios_for(panel, ref, expr))]
+        return [
+            f.path
+            for f in write_tests(
+                directory, None, dashboard.scenarios_for(panel, ref, expr)
+            )
+        ]
 
 
 # ---- running -------------------------------------------------------------------------
@@ -635,13 +778,19 @@ class Bench:
 def invalid_texts(texts: Sequence[str], workdir: str) -> Set[int]:
     """Indexes of the texts promtool does not accept as an expression."""
     rules = [
-        {"record": f"m:{i}", "expr": dashboard.substitute(t, dashboard.SELECTIONS[0])} for i, t in enumerate(texts)
+        {"record": f"m:{i}", "expr": dashboard.substitute(t, dashboard.SELECTIONS[0])}
+        for i, t in enumerate(texts)
     ]
     path = os.path.join(workdir, "check.yml")
     with open(path, "w") as f:
         yaml.safe_dump({"groups": [{"name": "m", "rules": rules}]}, f, width=1 << 16)
-    result = subprocess.run([promtool(), "check", "rules", path], capture_output=True, text=True)
-    return {int(n) - 1 for n in re.findall(r'rule (\d+), "m:', result.stdout + result.stderr)}
+    result = subprocess.run(
+        [promtool(), "check", "rules", path], capture_output=True, text=True
+    )
+    return {
+        int(n) - 1
+        for n in re.findall(r'rule (\d+), "m:', result.stdout + result.stderr)
+    }
 
 
 def run_all(jobs: Dict[int, List[str]], workers: int) -> Dict[int, bool]:
@@ -663,9 +812,13 @@ def run_all(jobs: Dict[int, List[str]], workers: int) -> Dict[int, bool]:
 
 def targets() -> List[Target]:
     out = [
-        Target(name=name, expr=rule["expr"], rule=True) for name, rule in rules_of(load_groups(rule_paths())).items()
+        Target(name=name, expr=rule["expr"], rule=True)
+        for name, rule in rules_of(load_groups(rule_paths())).items()
     ]
-    out += [Target(name=f"{t.panel} {t.ref}", expr=t.expr, rule=False) for t in dashboard.targets()]
+    out += [
+        Target(name=f"{t.panel} {t.ref}", expr=t.expr, rule=False)
+        for t in dashboard.targets()
+    ]
     return out
 
 
@@ -698,13 +851,21 @@ class Outcomes:
             tally.killed += int(self.killed.get(i, False))
 
     def survivors(self) -> List[Mutant]:
-        return [m for i, m in enumerate(self.found) if self.counts(i) and not self.killed.get(i)]
+        return [
+            m
+            for i, m in enumerate(self.found)
+            if self.counts(i) and not self.killed.get(i)
+        ]
 
     def counts(self, i: int) -> bool:
         return i not in self.invalid and i not in self.equivalent
 
     def wrongly_excluded(self) -> List[Mutant]:
-        return [m for i, m in enumerate(self.found) if i in self.equivalent and self.killed.get(i)]
+        return [
+            m
+            for i, m in enumerate(self.found)
+            if i in self.equivalent and self.killed.get(i)
+        ]
 
 
 def report(outcomes: Outcomes) -> Tally:
@@ -726,7 +887,9 @@ def print_table(title: str, rows: Dict[str, Tally]) -> None:
     width = max([len(n) for n in rows] + [len(title)])
     print(f"{title:<{width}}  mutants  killed  survived  invalid  equivalent")
     for name, t in rows.items():
-        print(f"{name:<{width}}  {t.total:7d}  {t.killed:6d}  {t.survived:8d}  {t.invalid:7d}  {t.equivalent:10d}")
+        print(
+            f"{name:<{width}}  {t.total:7d}  {t.killed:6d}  {t.survived:8d}  {t.invalid:7d}  {t.equivalent:10d}"
+        )
 
 
 def print_survivors(outcomes: Outcomes) -> None:
@@ -741,41 +904,76 @@ def print_survivors(outcomes: Outcomes) -> None:
     for reason, count in reasons.items():
         print(f"  {count:4d}  {reason}")
     for m in outcomes.wrongly_excluded():
-        print(f"EXCLUDED AS EQUIVALENT BUT KILLED: {m.target.name}: {m.kind}: {m.detail} ({equivalent_reason(m)})")
+        print(
+            f"EXCLUDED AS EQUIVALENT BUT KILLED: {m.target.name}: {m.kind}: {m.detail} ({equivalent_reason(m)})"
+        )
 
 
 def baseline_failures(bench: Bench, chosen: List[Target], workers: int) -> List[str]:
     """The targets whose tests fail with the expression as this script prints it, unchanged."""
-    jobs = {i: bench.files_for(-1 - i, t, show(parse(t.expr))) for i, t in enumerate(chosen)}
+    jobs = {
+        i: bench.files_for(-1 - i, t, show(parse(t.expr))) for i, t in enumerate(chosen)
+    }
     failed = run_all(jobs, workers)
     return [chosen[i].name for i, bad in failed.items() if bad]
 
 
-def evaluate(groups: List[Group], chosen: List[Target], found: List[Mutant], workers: int) -> Optional[Outcomes]:
+def evaluate(
+    groups: List[Group], chosen: List[Target], found: List[Mutant], workers: int
+) -> Optional[Outcomes]:
     """Every mutant run against its tests; None when the tests fail unmutated."""
     with tempfile.TemporaryDirectory(prefix="rule-mutation-") as workdir:
         bench = Bench(groups, rule_scenarios(), reads(groups), workdir)
         broken = baseline_failures(bench, chosen, workers)
         if broken:
-            print("the tests fail on the unmutated expressions (as printed here): " + ", ".join(broken))
+            print(
+                "the tests fail on the unmutated expressions (as printed here): "
+                + ", ".join(broken)
+            )
             return None
         invalid = invalid_texts([m.text for m in found], workdir)
-        equivalent = {i: r for i, m in enumerate(found) if i not in invalid for r in [equivalent_reason(m)] if r}
+        equivalent = {
+            i: r
+            for i, m in enumerate(found)
+            if i not in invalid
+            for r in [equivalent_reason(m)]
+            if r
+        }
         # Equivalent mutants are run too: one that a test kills is not equivalent, and its
         # exclusion is wrong (reported, and the run fails).
-        jobs = {i: bench.files_for(i, m.target, m.text) for i, m in enumerate(found) if i not in invalid}
-        return Outcomes(found=found, killed=run_all(jobs, workers), invalid=invalid, equivalent=equivalent)
+        jobs = {
+            i: bench.files_for(i, m.target, m.text)
+            for i, m in enumerate(found)
+            if i not in invalid
+        }
+        return Outcomes(
+            found=found,
+            killed=run_all(jobs, workers),
+            invalid=invalid,
+            equivalent=equivalent,
+        )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="promtool processes at once")
-    parser.add_argument("--only", default="", help="only expressions whose name contains this")
-    parser.add_argument("--kinds", default=",".join(KINDS), help="mutation kinds, comma-separated")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 2,
+        help="promtool processes at once",
+    )
+    parser.add_argument(
+        "--only", default="", help="only expressions whose name contains this"
+    )
+    parser.add_argument(
+        "--kinds", default=",".join(KINDS), help="mutation kinds, comma-separated"
+    )
     args = parser.parse_args()
     started = time.monotonic()
     groups = load_groups(rule_paths())
-    siblings = sibling_table([name for name, r in rules_of(groups).items() if "record" in r])
+    siblings = sibling_table(
+        [name for name, r in rules_of(groups).items() if "record" in r]
+    )
     chosen = [t for t in targets() if args.only in t.name]
     kinds = set(args.kinds.split(","))
     found = [m for t in chosen for m in mutants(t, siblings) if m.kind in kinds]

@@ -29,10 +29,12 @@ def flags_table() -> str:
 
 
 def metrics_table() -> str:
-    rows = ["| metric | type | labels | what |", "|---|---|---|---|"]
+    """A row per family; default: in the default set ("on"), or opt-in."""
+    rows = ["| metric | type | labels | default | what |", "|---|---|---|---|---|"]
     for m in CATALOGUE:
         labels = ", ".join(m.labels) if m.labels else "—"
-        rows.append(f"| `{m.name}` | {m.type} | {labels} | {m.help} |")
+        default = "on" if m.default else "opt-in"
+        rows.append(f"| `{m.name}` | {m.type} | {labels} | {default} | {m.help} |")
     return "\n".join(rows)
 
 

@@ -2,6 +2,7 @@
 observations -> the run inputs, the watcher, the model step and the memory give-back (its
 subscribers, in that order) -> exposition. The watcher asks the scheduler for runs."""
 
+import logging
 from contextlib import suppress
 from typing import List, Optional, cast
 
@@ -16,11 +17,14 @@ from exporter.exposition.render import Exposition
 from exporter.exposition.webconfig import WebConfigSource
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
+from exporter.model.catalogue import exposed_families, unmatched
 from exporter.model.state import StateStore
 from exporter.model.step import ModelStep
 from exporter.runtime.memory import MemoryGiveBack
 from exporter.runtime.scheduler import Sampler
 from exporter.runtime.watcher import MountWatcher
+
+log = logging.getLogger(__name__)
 
 
 class App:
@@ -70,13 +74,22 @@ class App:
         self.give_back = MemoryGiveBack()
         self.sampler.subscribe(self.give_back.on_observation)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(ModelCollector(self.step))
+        exposed = exposed_families(cfg.metric_allowlist, cfg.metric_denylist)
+        for flag, patterns in (
+            ("--metric-allowlist", cfg.metric_allowlist),
+            ("--metric-denylist", cfg.metric_denylist),
+        ):
+            for pattern in unmatched(patterns):
+                log.warning("%s %r matches no metric family", flag, pattern)
+        self.registry.register(ModelCollector(self.step, exposed))
         self.web = web  # its files watched from start() to stop()
         if web is not None:  # its reload metric: rendered again when a reload moves it
             # Its families are exposition's, made as client_python's Metric is read.
             self.registry.register(cast(Collector, web))
         self.exposition = Exposition(
-            self.registry, version=lambda: (self.step.version(), web and web.generation)
+            self.registry,
+            version=lambda: (self.step.version(), web and web.generation),
+            exposed=exposed,
         )
 
     def start(self, watch: bool = True) -> None:

@@ -506,6 +506,21 @@ class Config:
         default="40",
         help="Requests answered at once (as node_exporter's); beyond them 503 at once.",
     )
+    metric_allowlist: Tuple[str, ...] = repeatable_flag(
+        "--metric-allowlist",
+        parse_regex,
+        help="Metric families to expose, and only those, opt-in ones too: regexes, each "
+        "anchored and matched against a family's name (a counter's with or without "
+        "_total), as kube-state-metrics'. Repeatable; its variable is a comma list, so a "
+        "regex with a comma goes on the command line.",
+    )
+    metric_denylist: Tuple[str, ...] = repeatable_flag(
+        "--metric-denylist",
+        parse_regex,
+        not_with="metric_allowlist",
+        help="Metric families of the default set not to expose: regexes as "
+        "--metric-allowlist's.",
+    )
 
     # What is watched, and where the host's files are (exporter/host/paths.py).
     mode: str = flag(

@@ -22,7 +22,7 @@ from tests.test_dashboard import DASHBOARD, substitute  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "preview.png")
 PANELS = ["Used, size, effective size, peak", "Bytes by owner class", "Bytes by state",
-          "Container memory: usage vs limit, with the shm part", "Segments created / deleted", "Largest segments"]
+          "Container memory: working set vs limit, with the shm part", "Segments by class", "Largest segments"]
 MiB = 1 << 20
 
 

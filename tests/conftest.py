@@ -174,6 +174,10 @@ def select(samples: Samples, name: str, /, **labels: str) -> List[Tuple[Dict[str
     return [(dict(ls), v) for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls)]
 
 
+# Every family, the opt-in ones too: for a test of an opt-in family's values.
+EVERY_FAMILY = "--metric-allowlist=.*"
+
+
 class Exporter:
     """A real `shmwatch` process on a free loopback port."""
 

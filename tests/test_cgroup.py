@@ -9,7 +9,7 @@ import pytest
 
 from exporter.collectors.cgroup import CgroupCollector
 from exporter.host.paths import Paths
-from tests.conftest import Exporter, mounted_tmpfs, needs_root, prerequisite_missing, remove_cgroup, value
+from tests.conftest import EVERY_FAMILY, Exporter, mounted_tmpfs, needs_root, prerequisite_missing, remove_cgroup, value
 
 MiB = 1 << 20
 V1_ROOT = "/sys/fs/cgroup/memory"
@@ -140,7 +140,7 @@ def test_real_fill_and_oom_kill(v1_cgroup):
         try:
             assert filler.stdout.readline().startswith(b"ready")
             with Exporter(f"--shm.mount={shm}", f"--cgroup.path={cgroup}", "--no-collector.gpu",
-                          "--poll-interval=100ms") as exporter:
+                          "--poll-interval=100ms", EVERY_FAMILY) as exporter:
                 base = exporter.scrape()
                 shmem0 = ratio(base, "shmwatch_cgroup_memory_shmem_bytes", cgroup=cgroup)
                 kills0 = ratio(base, "shmwatch_cgroup_oom_kills_total", cgroup=cgroup)
@@ -206,7 +206,7 @@ def test_target_process_in_another_cgroup(v1_cgroup):
         child.stdin.flush()
         assert child.stdout.readline() == "allocated\n"
         with mounted_tmpfs("16m") as shm, Exporter(f"--shm.mount={shm}", f"--cgroup.target-process={marker}",
-                                                   "--no-collector.gpu") as exporter:
+                                                   "--no-collector.gpu", EVERY_FAMILY) as exporter:
             s = exporter.scrape()
         assert value(s, "shmwatch_cgroup_memory_limit_bytes", cgroup=cgroup) == 64 * MiB
         assert value(s, "shmwatch_cgroup_memory_usage_bytes", cgroup=cgroup) > 0

@@ -15,7 +15,7 @@ from exporter.collectors.source import Source
 from exporter.collectors.cgroup import ESTIMATE_CGROUP
 from exporter.model.types import CgroupMemory
 from exporter.host.paths import Paths
-from tests.conftest import Exporter, fallocate, mounted_tmpfs, needs_root, value
+from tests.conftest import EVERY_FAMILY, Exporter, fallocate, mounted_tmpfs, needs_root, value
 from tests.helpers import registry_for
 
 MiB = 1 << 20
@@ -145,14 +145,17 @@ def test_node_mode_acceptance_shape(tmp_path):
     with mounted_tmpfs("1g", path=dshm, options=",noswap"):
         fallocate(os.path.join(dshm, "psm_kv"), 150 * MiB)
         with Exporter("--mode=node", f"--path.sysfs={tmp_path}/sys", "--no-collector.gpu",
-                      "--poll-interval=200ms", "--inventory-interval=500ms") as exporter:
-            s = exporter.wait_for(lambda s: value(s, "shmwatch_mount_effective_size_bytes", mount=dshm) is not None)
-            assert value(s, "shmwatch_cgroup_memory_limit_bytes", cgroup=POD_A, pod_uid=UID_A,
-                         limit_from="pod") == 256 * MiB
-            assert value(s, "shmwatch_shm_oom_projection_ratio", mount=dshm, cgroup=POD_A) > 1
-            assert value(s, "shmwatch_mount_effective_size_bytes", mount=dshm) <= 256 * MiB
-            assert value(s, "shmwatch_cgroup_memory_events_total", cgroup=POD_A, event="oom_kill") == 1
-            assert value(s, "shmwatch_mount_info", mount=dshm, noswap="true") == 1
+                      "--poll-interval=200ms", "--inventory-interval=500ms", EVERY_FAMILY) as exporter:
+            # The pod's mount and cgroup by its pod_uid (and volume): not by their paths.
+            pod = {"pod_uid": UID_A}
+            s = exporter.wait_for(lambda s: value(s, "shmwatch_mount_effective_size_bytes", volume="dshm", **pod)
+                                  is not None)
+            assert value(s, "shmwatch_cgroup_memory_limit_bytes", limit_from="pod", **pod) == 256 * MiB
+            assert value(s, "shmwatch_shm_oom_projection_ratio", volume="dshm", **pod) > 1
+            assert value(s, "shmwatch_mount_effective_size_bytes", volume="dshm", **pod) <= 256 * MiB
+            assert value(s, "shmwatch_cgroup_memory_events_total", event="oom_kill", **pod) == 1
+            assert value(s, "shmwatch_mount_info", noswap="true", **pod) == 1
+            assert not [k for k in s if POD_A in str(k) or dshm in str(k)]
 
 
 class Estimate(Source):

@@ -351,20 +351,13 @@ def test_pod_level_limit_in_host_and_node_mode(vm_run):
     target = scrape(out, "acceptance-target")
     assert value(target, "shmwatch_cgroup_memory_limit_bytes", cgroup=POD, limit_from="pod") == 256 * MiB, log
     assert value(target, "shmwatch_shm_oom_projection_ratio", mount=DSHM, cgroup=POD) > 1
+    # Node mode names the pod's cgroup and emptyDir by its pod_uid (and volume), not their paths.
     node = scrape(out, "acceptance-node")
-    assert (
-        value(
-            node,
-            "shmwatch_cgroup_memory_limit_bytes",
-            cgroup=POD,
-            pod_uid=UID,
-            limit_from="pod",
-        )
-        == 256 * MiB
-    )
-    assert value(node, "shmwatch_shm_oom_projection_ratio", mount=DSHM, cgroup=POD) > 1
-    assert value(node, "shmwatch_mount_effective_size_bytes", mount=DSHM, pod_uid=UID) <= 256 * MiB
-    assert value(node, "shmwatch_mount_used_bytes", mount=DSHM, pod_uid=UID) == 150 * MiB
+    assert value(node, "shmwatch_cgroup_memory_limit_bytes", pod_uid=UID, limit_from="pod") == 256 * MiB
+    assert value(node, "shmwatch_shm_oom_projection_ratio", pod_uid=UID, volume="dshm") > 1
+    assert value(node, "shmwatch_mount_effective_size_bytes", pod_uid=UID, volume="dshm") <= 256 * MiB
+    assert value(node, "shmwatch_mount_used_bytes", pod_uid=UID, volume="dshm") == 150 * MiB
+    assert not [k for k in node if POD in str(k) or DSHM in str(k)]
 
 
 @needs_root
@@ -373,17 +366,8 @@ def test_a_writer_past_the_pod_limit_is_killed_and_counted_for_the_pod(vm_run):
     oom = steps(results)["oom"]
     assert oom["writer_rc"] == -9 and oom["holder_alive"], log  # SIGKILL, the workload spared
     node = scrape(out, "oom-node")
-    assert value(node, "shmwatch_cgroup_oom_kills_total", cgroup=POD, pod_uid=UID) >= 1, log
-    assert (
-        value(
-            node,
-            "shmwatch_cgroup_memory_events_total",
-            cgroup=POD,
-            pod_uid=UID,
-            event="oom_kill",
-        )
-        >= 1
-    )
+    assert value(node, "shmwatch_cgroup_oom_kills_total", pod_uid=UID) >= 1, log
+    assert value(node, "shmwatch_cgroup_memory_events_total", pod_uid=UID, event="oom_kill") >= 1
     sidecar = scrape(out, "oom-host")
     assert (
         value(
@@ -404,7 +388,8 @@ def test_memory_max_lowered_at_run_time_is_followed_within_a_poll(vm_run):
     lowered = steps(results)["lowered"]
     for name in ("host", "target", "node"):
         s = scrape(out, f"lowered-{name}")
-        assert value(s, "shmwatch_mount_effective_size_bytes", mount=DSHM) <= 200 * MiB, (name, log)
+        where = {"pod_uid": UID, "volume": "dshm"} if name == "node" else {"mount": DSHM}
+        assert value(s, "shmwatch_mount_effective_size_bytes", **where) <= 200 * MiB, (name, log)
     assert lowered["seconds"]["host"] <= 5, log
 
 
@@ -475,9 +460,10 @@ def test_a_container_oom_kill_is_counted_for_its_pod(vm_run):
     assert oom["oom_killed"] == "true" and not oom["container_cgroup_left"], log
     pod = POD.replace(UID.replace("-", "_"), UID3.replace("-", "_"))
     before, after = scrape(out, "before-node-oom"), scrape(out, "after-node-oom")
-    assert value(before, "shmwatch_cgroup_oom_kills_total", cgroup=pod, pod_uid=UID3) == 0
-    [(labels, kills)] = select(after, "shmwatch_cgroup_oom_kills_total", cgroup=pod)
-    assert kills == 1 and labels["pod_uid"] == UID3, log
+    assert pod.endswith(".slice")  # node mode names the pod's cgroup by its pod_uid alone
+    assert value(before, "shmwatch_cgroup_oom_kills_total", pod_uid=UID3) == 0
+    [(labels, kills)] = select(after, "shmwatch_cgroup_oom_kills_total", pod_uid=UID3)
+    assert kills == 1 and labels == {"pod_uid": UID3}, log
     pairs = ", ".join(f'{k}="{v}"' for k, v in sorted({**labels, "instance": "node:9841", "job": "shmwatch"}.items()))
     result = pod_oom_killed_test(f"shmwatch_cgroup_oom_kills_total{{{pairs}}}", "0x2 1x4")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
@@ -508,9 +494,10 @@ def test_memory_high_panel_shows_a_throttled_pod_in_node_mode(vm_run, tmp_path):
         ) as prom,
     ):
         exprs = {t["legendFormat"]: substitute(t["expr"], "vllm-0") for t in panel["targets"]}
-        prom.wait_query(exprs["shmem {{cgroup}}"], timeout=60)  # the rules' pod names joined
-        prom.wait_query(exprs["limit {{cgroup}} (throttled under it)"], timeout=30)
+        prom.wait_query(exprs["shmem {{pod}} {{cgroup}}"], timeout=60)  # the rules' pod names joined
+        prom.wait_query(exprs["limit {{pod}} {{cgroup}} (throttled under it)"], timeout=30)
         answers = {legend: prom.query(expr) for legend, expr in exprs.items()}
-    limit = [r for r in answers["limit {{cgroup}} (throttled under it)"] if r["metric"].get("cgroup") == POD]
+    # The pod's series, named by its pod_uid (node mode writes no cgroup path for a pod's).
+    limit = [r for r in answers["limit {{pod}} {{cgroup}} (throttled under it)"] if r["metric"].get("pod_uid") == UID]
     assert limit and float(limit[0]["value"][1]) == 256 * MiB, answers
-    assert answers["memory.high {{cgroup}}"] == [], answers  # the pod has none: the old panel's only line
+    assert answers["memory.high {{pod}} {{cgroup}}"] == [], answers  # the pod has none: the old panel's only line

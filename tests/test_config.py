@@ -126,11 +126,18 @@ def test_unreadable_certificate_exits_2(tmp_path):
     assert result.returncode == 2 and "--web.tls-cert-file" in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_every_line_of_the_metric_table_is_read():
-    """The table is read by a regex that skips a line it does not match: a typo there
-    would drop a metric silently, so count the entries. (The flags and the class table are
-    code: exporter/config.py's Config, exporter/model/classes.py's rows.)"""
-    from exporter.model import catalogue
+def test_the_metric_and_class_tables_are_rows_of_code():
+    """The catalogue and the segment class table are tuples of frozen rows built by keyword
+    (no text read by a regex, which would skip a line it does not match). (The flags are
+    code too: exporter/config.py's Config, tests/unit/test_config.py.)"""
+    import dataclasses
+    import re
 
-    names = [line.split()[0].split("{")[0] for line in catalogue._TABLE.splitlines() if line[:1].strip() not in ("", "#")]
-    assert [m.name for m in catalogue.CATALOGUE] == names
+    from exporter.model import catalogue, classes
+
+    for rows, kind in ((catalogue.CATALOGUE, catalogue.Metric), (classes.CLASSES, classes.ClassRule)):
+        assert rows and all(type(row) is kind for row in rows)
+        assert kind.__dataclass_params__.frozen and dataclasses.fields(kind)
+    for row in classes.CLASSES:
+        re.compile(row.pattern)
+        assert re.fullmatch(r"\w+", row.cls) and row.source, row

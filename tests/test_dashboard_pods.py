@@ -31,6 +31,7 @@ from tests.conftest import REPO
 from tests.live import Prometheus
 from tests.test_dashboard import load, panels
 
+RULES = os.path.join(REPO, "deploy", "prometheus", "shmwatch-rules.yml")
 NODE_RULES = os.path.join(REPO, "deploy", "prometheus", "shmwatch-node-rules.yml")
 RECOMMEND_RULES = os.path.join(REPO, "deploy", "prometheus", "shmwatch-recommend-rules.yml")
 
@@ -41,13 +42,9 @@ NODE_B = {"job": "shmwatch-node", "instance": "10.0.2.9:9090", "namespace": "shm
 PODS = [("llm", "vllm-0", "v0", "a"), ("llm", "sglang-1", "u1", "a"), ("batch", "trainer-0", "u2", "b"),
         ("shmwatch", "shmwatch-node-abc", "ds-a", "a"), ("shmwatch", "shmwatch-node-xyz", "ds-b", "b")]
 # A value for every catalogue label that says nothing about where a series comes from.
-FILL = {"class": "nccl", "event": "create", "gpu": "0", "uuid": "GPU-0", "pid": "42", "comm": "python3",
-        "name": "nccl-1", "owner": "python3[42]", "type": "dir", "collector": "shm", "version": "0.0.0",
+FILL = {"class": "nccl", "event": "create", "gpu": "0", "uuid": "GPU-0", "comm": "python3",
+        "name": "nccl-1", "owner": "python3", "type": "dir", "collector": "shm", "version": "0.0.0",
         "fstype": "tmpfs", "source": "tmpfs", "driver_version": "550"}
-
-
-def emptydir(uid):
-    return f"/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/dshm"
 
 
 def line(name, labels, value=1):
@@ -56,7 +53,8 @@ def line(name, labels, value=1):
 
 def exporter(target, kind, uid=""):
     """One exporter's series. kind: "sidecar" (every metric, no node labels); node mode's
-    "node" (metrics no pod_uid names), "pod" (a pod's, pod_uid=uid), "host" (pod_uid="")."""
+    "node" (metrics no pod_uid names), "pod" (a pod's, pod_uid=uid: its mount by its volume,
+    its cgroup by its pod_uid alone), "host" (pod_uid="")."""
     lines = []
     for metric in CATALOGUE:
         per_pod = "pod_uid" in node_labels(metric)
@@ -71,10 +69,10 @@ def exporter(target, kind, uid=""):
             labels.update({"volume": "dshm"} if "volume" in labels and uid else {})
             labels.update({"ipc_namespace": f"ipc-{uid or 'host'}"} if "ipc_namespace" in labels else {})
             labels.update({"process_pod_uid": uid} if "process_pod_uid" in labels else {})
-        if "mount" in metric.labels:
-            labels["mount"] = emptydir(uid) if kind == "pod" else "/dev/shm"
-        if "cgroup" in metric.labels:
-            labels["cgroup"] = {"sidecar": "/", "pod": f"/kubepods/pod{uid}", "host": "/system.slice"}[kind]
+        if "mount" in metric.labels and kind != "pod":
+            labels["mount"] = "/dev/shm"
+        if "cgroup" in metric.labels and kind != "pod":
+            labels["cgroup"] = {"sidecar": "/", "host": "/system.slice"}[kind]
         # The panel counts namespaces shmwatch could not read; the host's it always can.
         value = int(kind == "host") if metric.name == "shmwatch_sysv_namespace_readable" else 1
         for state in (("orphan", "hidden") if "state" in metric.labels else (None,)):
@@ -83,8 +81,7 @@ def exporter(target, kind, uid=""):
     if kind == "sidecar":
         lines.append(line("ALERTS", dict(target, alertname="ShmUsageHigh", mount="/dev/shm", **alert)))
     elif kind == "pod":
-        lines.append(line("ALERTS", dict(target, alertname="ShmUsageHigh", mount=emptydir(uid), pod_uid=uid,
-                                         volume="dshm", container_id="", **alert)))
+        lines.append(line("ALERTS", dict(target, alertname="ShmUsageHigh", pod_uid=uid, volume="dshm", **alert)))
     elif kind == "host":
         lines.append(line("ALERTS", dict(target, alertname="ShmUsageHigh", mount="/dev/shm", pod_uid="",
                                          volume="", container_id="", **alert)))
@@ -130,9 +127,9 @@ def serving(text):
 
 
 def rules_file(path):
-    """The node-mode joins and the recommendation records (evaluated every second here)."""
+    """The ratios, the node-mode joins and the recommendation records (evaluated every second here)."""
     groups = []
-    for source in (NODE_RULES, RECOMMEND_RULES):
+    for source in (RULES, NODE_RULES, RECOMMEND_RULES):
         with open(source) as f:
             groups += yaml.safe_load(f)["groups"]
     for group in groups:
@@ -208,7 +205,7 @@ def test_pod_filter_names_the_workload_in_sidecar_and_node_mode(tmp_path):
         assert not wrong, "\n".join(wrong)
         # And the old bug: the DaemonSet's pod, selected by hand, is not what a node-mode pod panel shows.
         ratio = next(e for t, e in targets if t == "/dev/shm usage")
-        assert answer(proms["full"], substitute(ratio, "sglang-1")) == [((("mount", emptydir("u1")),), "1")]
+        assert answer(proms["full"], substitute(ratio, "sglang-1")) == [((("volume", "dshm"),), "1")]
 
         variables = {v["name"]: v for v in dashboard["templating"]["list"]}
         full = proms["full"]

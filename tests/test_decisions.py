@@ -18,7 +18,7 @@ from exporter.inventory.holdings import unheld_state
 from exporter.exposition.webconfig import WebConfig, WebConfigSource
 from exporter.model.summary import shm_budget
 from exporter.model.step import Model, MountView, SourceStatus
-from exporter.model.summary import owner_label, summarise
+from exporter.model.summary import owner_comm, summarise
 from exporter.model.types import (CgroupMemory, ClassTotals, GpuDevice, GpuSnapshot, HostMemory, Inventory,
                                   MountInventory, MountUsage, Row, Segment)
 
@@ -108,21 +108,21 @@ def test_summary_totals_leaks_and_top():
     assert s.totals[("nccl", "orphan")] == ClassTotals(count=1, allocated_bytes=3 * MiB, apparent_bytes=3 * MiB + 1)
     assert s.bytes_by_class == {"nccl": 9 * MiB, "python_shm": 8 * MiB, "semaphore": 8192, "torch": 7 * MiB}
     assert (s.hidden_bytes, s.hidden_count) == (7 * MiB, 2)
-    assert [x.name for x in s.top] == ["torch_f", "psm_d"]
+    assert [x.name for x in s.top] == ["psm_d", "nccl-c"]  # leaks first (not the semaphore)
     assert s.top_processes == [(4, 7 * MiB), (3, 6 * MiB)]  # a tie goes to the lower pid
     assert [x.name for x in s.leaked] == ["psm_d", "nccl-c"]  # largest first, no semaphore
     assert [x.name for x in s.unverified] == ["psm_j", "psm_h"]  # largest first, no semaphore
     assert s.named_pids == {4, 3}
-    assert [x.name for x in summarise(inv, 3).top] == ["torch_f", "psm_d", "nccl-a"]
+    assert [x.name for x in summarise(inv, 3).top] == ["psm_d", "nccl-c", "torch_f"]
     tie = inventory("/m", [seg("b", "other", "linked"), seg("a", "other", "linked")])
     assert [x.name for x in summarise(tie, 1).top] == ["a"]
 
 
-def test_owner_label():
-    assert owner_label([], {}) == ""
-    assert owner_label([12], {12: "python"}) == "python[12]"
-    assert owner_label([12, 13], {}) == "unknown[12]+1"
-    assert owner_label([12, 13, 14, 15], {12: "vllm"}) == "vllm[12]+3"
+def test_owner_comm():
+    assert owner_comm([], {}) == ""
+    assert owner_comm([12], {12: "python"}) == "python"
+    assert owner_comm([12, 13], {}) == "unknown"
+    assert owner_comm([12, 13, 14, 15], {12: "vllm"}) == "vllm"
 
 
 # --- the budget behind the OOM projection ---------------------------------------------------

@@ -16,12 +16,13 @@ from exporter.host.paths import Paths
 from exporter.inventory.owners import MAX_MEMFDS
 from exporter.model.summary import memfd_summary
 from exporter.model.types import Inventory, MemfdTotals
-from tests.conftest import (ENGINES, HOST_EXCUSED_RE, REPO, Exporter, Peer, mounted_tmpfs, needs_root,
+from tests.conftest import (EVERY_FAMILY, ENGINES, HOST_EXCUSED_RE, REPO, Exporter, Peer, mounted_tmpfs, needs_root,
                             prerequisite_missing, remove_cgroup, select, value)
 from tests.helpers import Runs
 
 MiB = 1 << 20
 V1_ROOT = "/sys/fs/cgroup/memory"
+CHILD_COMM = "memfd-child"  # the name tests/peers/engines.py's memfd child gives itself
 
 pytestmark = needs_root
 
@@ -90,18 +91,18 @@ def test_a_memfd_region_shows_both_holders_and_explains_the_cgroup_shmem(below):
     try:
         # An empty tmpfs and no SysV: whatever shmem the cgroup has, only memfd can explain it.
         with mounted_tmpfs("16m") as shm, Exporter(f"--shm.mount={shm}", f"--cgroup.path={cgroup}",
-                                                   "--no-collector.gpu", "--no-collector.sysv") as exporter:
+                                                   "--no-collector.gpu", "--no-collector.sysv",
+                                                   EVERY_FAMILY) as exporter:
             name = "shmwatch_cgroup_memory_shmem_unexplained_bytes"
             before = exporter.wait_for(lambda s: value(s, name, cgroup=cgroup) is not None)
             shmem0 = value(before, "shmwatch_cgroup_memory_shmem_bytes", cgroup=cgroup)
             assert value(before, name, cgroup=cgroup) == shmem0  # nothing in the cgroup holds any
             holders_in = child_dir if below else directory
             with Peer(shm, "memfd", str(32 * MiB), holders_in, script=ENGINES) as parent:
-                child = int(parent.info)
-
+                # Each holder by its process name (the child named itself), never by its pid.
                 def seen(s):
-                    held = {int(labels["pid"]): v for labels, v in select(s, "shmwatch_process_memfd_bytes")}
-                    return held.get(parent.pid) == held.get(child) == 32 * MiB
+                    held = {labels["comm"]: v for labels, v in select(s, "shmwatch_process_memfd_bytes")}
+                    return held.get(parent.comm) == held.get(CHILD_COMM) == 32 * MiB
 
                 s = exporter.wait_for(seen, timeout=30)
                 by_class = {labels["class"]: v for labels, v in select(s, "shmwatch_memfd_bytes")}

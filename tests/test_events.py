@@ -11,7 +11,7 @@ from exporter.collectors.segments import SegmentsCollector
 from exporter.host.paths import Paths
 from exporter.runtime.scheduler import Sampler
 from exporter.model.state import PeakWindow, StateStore
-from tests.conftest import (HOST_EXCUSED_RE, Exporter, fallocate, in_own_mount_namespace, mounted_tmpfs, needs_root,
+from tests.conftest import (EVERY_FAMILY, HOST_EXCUSED_RE, Exporter, fallocate, in_own_mount_namespace, mounted_tmpfs, needs_root,
                             select, value)
 
 MiB = 1 << 20
@@ -44,7 +44,7 @@ def counters(samples, mount):
 
 @needs_root
 def test_created_and_deleted_counters(tmpfs):
-    with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu") as exporter:
+    with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", EVERY_FAMILY) as exporter:
         assert value(exporter.scrape(), "shmwatch_inotify_active", mount=tmpfs) == 1
         for name in ("nccl-aaaaaa", "nccl-bbbbbb", "nccl-cccccc", "psm_1", "psm_2", "sem.mp-x"):
             fallocate(os.path.join(tmpfs, name), 4096)
@@ -62,7 +62,7 @@ def test_created_and_deleted_counters(tmpfs):
 @needs_root
 def test_spike_between_polls_stays_in_the_peak(tmpfs):
     # Polls every 30 s: only the events can see a spike that lasts half a second.
-    with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", "--poll-interval=30s",
+    with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", EVERY_FAMILY, "--poll-interval=30s",
                   "--inventory-interval=30s") as exporter:
         path = os.path.join(tmpfs, "nccl-spike")
         with open(path, "wb") as f:
@@ -107,7 +107,7 @@ def test_inotify_instances_exhausted_falls_back_to_polling(tmpfs):
     try:
         with open(knob, "w") as f:
             f.write("0")
-        with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", "--inventory-interval=200ms") as exporter:
+        with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", EVERY_FAMILY, "--inventory-interval=200ms") as exporter:
             s = exporter.scrape()
             assert value(s, "shmwatch_inotify_active", mount=tmpfs) == 0
             fallocate(os.path.join(tmpfs, "nccl-polled"), MiB)
@@ -132,7 +132,7 @@ def cpu_seconds(pid):
 
 @needs_root
 def test_storm_of_creates_costs_bounded_cpu():
-    with mounted_tmpfs("64m") as shm, Exporter(f"--shm.mount={shm}", "--no-collector.gpu") as exporter:
+    with mounted_tmpfs("64m") as shm, Exporter(f"--shm.mount={shm}", "--no-collector.gpu", EVERY_FAMILY) as exporter:
         before, started = cpu_seconds(exporter.proc.pid), time.monotonic()
         for i in range(10000):
             os.close(os.open(os.path.join(shm, f"psm_storm_{i}"), os.O_CREAT | os.O_WRONLY, 0o600))
@@ -170,7 +170,7 @@ def test_queue_overflow_is_counted_and_the_inventory_catches_up(tmpfs):
     try:
         with open(knob, "w") as f:
             f.write("16")  # read at inotify_init: the exporter started below gets this queue
-        with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", "--inventory-interval=60s") as exporter:
+        with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", EVERY_FAMILY, "--inventory-interval=60s") as exporter:
             with open(knob, "w") as f:
                 f.write(saved)  # only the exporter's instance needs the small queue
             for i in range(2000):
@@ -195,7 +195,7 @@ def test_200_watched_mounts_use_one_inotify_instance():
     with contextlib.ExitStack() as stack:
         mounts = [stack.enter_context(mounted_tmpfs("1m")) for _ in range(200)]
         args = [f"--shm.mount={m}" for m in mounts]
-        with Exporter(*args, "--no-collector.gpu", "--no-collector.cgroup", "--no-collector.sysv") as exporter:
+        with Exporter(*args, "--no-collector.gpu", "--no-collector.cgroup", "--no-collector.sysv", EVERY_FAMILY) as exporter:
             s = exporter.wait_for(lambda s: len([v for _, v in select(s, "shmwatch_inotify_active") if v == 1]) == 200)
             fd_dir = f"/proc/{exporter.proc.pid}/fd"
             instances = [fd for fd in os.listdir(fd_dir) if _readlink(os.path.join(fd_dir, fd)) == "anon_inode:inotify"]

@@ -179,9 +179,12 @@ numbers = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-2**63, 2
 
 
 def with_lines(family, names):
-    """`family` as render.Families makes them: each sample's line from the family's Shape."""
+    """`family` as render.Families makes them: each sample's line from the family's Shape,
+    which leaves out a label whose value is empty (Prometheus stores none), as the samples
+    then handed to prometheus_client's encoders do."""
     shape = Shape(family.samples[0].name, names)
     family.lines = [shape.line([s.labels[n] for n in names], s.value) for s in family.samples]
+    family.samples = [s._replace(labels={k: v for k, v in s.labels.items() if v}) for s in family.samples]
     return family
 
 
@@ -202,8 +205,8 @@ def test_both_formats_are_prometheus_clients_byte_for_byte(families, doc):
             family.add_metric(values[:nlabels], value)
         metrics.append(with_lines(family, names))
     for accept in (None, PROMETHEUS_ACCEPT):
-        encoder, _ = choose_encoder(accept)
-        assert encode(metrics, encoder) == encoder(Frozen(metrics)), accept
+        encoder, content_type = choose_encoder(accept)
+        assert encode(metrics, encoder, content_type) == encoder(Frozen(metrics)), accept
 
 
 ACCEPTS = [None, "", "*/*", PROMETHEUS_ACCEPT, "application/openmetrics-text", "application/openmetrics-text; version=1.0.0",

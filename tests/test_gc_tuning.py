@@ -63,8 +63,8 @@ def test_serving_a_node_makes_no_garbage_cycles(tmp_path):
                 # what it served came from those paths: the pod's volume, its own namespace, full
                 # and quick runs
                 assert {True, False} <= runs, runs
-                assert (f'shmwatch_segments{{class="nccl",container_id="",mount="{path}",pod_uid="{uid}",'
-                        'state="linked"') in body
+                # The pod's mount by its pod_uid and volume (no path, no empty label).
+                assert f'shmwatch_segments{{class="nccl",pod_uid="{uid}",state="linked",volume="dshm"}}' in body
                 assert f'ipc_namespace="{namespace}",pod_uid="{uid}"' in body
             finally:
                 stop_process(sandbox)

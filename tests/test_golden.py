@@ -12,6 +12,7 @@ Rewrite the golden file after an intended change:
 import os
 import re
 import shutil
+import time
 
 from tests.conftest import FIXTURES, Exporter, fallocate, mounted_tmpfs, needs_root, promtool_check_metrics
 
@@ -41,6 +42,10 @@ def test_golden_exposition(tmp_path):
         fallocate(os.path.join(shm, "psm_0rphan"), MiB)
         fallocate(os.path.join(shm, "sem.mp-golden"), 4096)
         fallocate(os.path.join(shm, "nccl-h1dden"), MiB)
+        # Named (shmwatch_top_segment_bytes): last modified an hour ago. sem.mp-golden is not.
+        hour_ago = time.time() - 3600
+        for name in ("nccl-Gold3n", "psm_0rphan"):
+            os.utime(os.path.join(shm, name), (hour_ago, hour_ago))
         held = os.open(os.path.join(shm, "nccl-h1dden"), os.O_RDONLY)  # keeps the unlinked inode alive
         os.unlink(os.path.join(shm, "nccl-h1dden"))
         try:

@@ -50,7 +50,7 @@ gpu0.total={t}
 gpu0.used={u0}
 gpu0.free={f0}
 gpu0.reserved={r}
-gpu0.procs={pid}:{p0},999999:1048576
+gpu0.procs={pid}:{p0},999999:1048576,999998:2097152
 gpu1.name=NVIDIA H100 80GB HBM3
 gpu1.uuid=GPU-66666666-7777-8888-9999-000000000000
 gpu1.total={t}
@@ -91,9 +91,12 @@ def test_two_gpus_and_processes(stub_dir, tmp_path):
         assert total == used + free, gpu
         assert 0 < reserved <= used and free < total, gpu
     me = open(f"/proc/{os.getpid()}/comm").read().strip()
-    assert value(s, "shmwatch_gpu_process_memory_bytes", pid=str(os.getpid()), comm=me, **g0) == 70 * GiB
-    # A pid from another PID namespace does not resolve here.
-    assert value(s, "shmwatch_gpu_process_memory_bytes", pid="999999", comm="unknown", **g0) == 1 << 20
+    # Processes by name, never by pid (a series per restart): GPU memory is no two
+    # processes', so a name's is their sum.
+    assert value(s, "shmwatch_gpu_process_memory_bytes", comm=me, **g0) == 70 * GiB
+    # Two pids from another PID namespace resolve to no name here: "unknown", summed.
+    assert value(s, "shmwatch_gpu_process_memory_bytes", comm="unknown", **g0) == 3 << 20
+    assert not [labels for labels, _ in select(s, "shmwatch_gpu_process_memory_bytes") if "pid" in labels]
 
 
 @needs_root

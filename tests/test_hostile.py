@@ -14,7 +14,7 @@ import pytest
 
 from exporter.collectors.segments import SegmentsCollector
 from exporter.host.paths import Paths
-from tests.conftest import (HOST_EXCUSED_RE, Exporter, fallocate, mounted_tmpfs, needs_root, promtool_check_metrics,
+from tests.conftest import (EVERY_FAMILY, HOST_EXCUSED_RE, Exporter, fallocate, mounted_tmpfs, needs_root, promtool_check_metrics,
                             select, value)
 from tests.helpers import Runs
 
@@ -99,9 +99,16 @@ def test_hostile_corpus(tmpfs, outside):
     assert len([n for n in names if n.startswith("psm_linked_")]) == 1  # hard links count once
     assert len([n for n in names if n.startswith("psm_many_")]) == 20000
 
+    # Long-lived, all of them (last written an hour ago): old enough to be named.
+    hour_ago = time.time() - 3600
+    for directory, _, files in os.walk(os.fsencode(tmpfs)):
+        for name in files:
+            path = os.path.join(directory, name)
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                os.utime(path, (hour_ago, hour_ago), follow_symlinks=False)
     # Read-only from here: shmwatch needs no write access to the mount.
     subprocess.run(["mount", "-o", "remount,ro", tmpfs], check=True)
-    with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", "--segments.top-k=10") as exporter:
+    with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", "--segments.top-k=10", EVERY_FAMILY) as exporter:
         text = exporter.scrape_text()
         samples = exporter.scrape()
         assert exporter.proc.poll() is None

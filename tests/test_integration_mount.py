@@ -1,7 +1,7 @@
 """A real tmpfs, a real shmwatch process, a real scrape over HTTP, promtool on the text."""
 import os
 
-from tests.conftest import (Exporter, fallocate, in_own_mount_namespace, mounted_tmpfs, needs_root, promtool_check_metrics,
+from tests.conftest import (EVERY_FAMILY, Exporter, fallocate, in_own_mount_namespace, mounted_tmpfs, needs_root, promtool_check_metrics,
                             value)
 
 MiB = 1 << 20
@@ -14,7 +14,7 @@ def test_real_tmpfs_usage_matches_statvfs(tmpfs):
     fallocate(os.path.join(tmpfs, "psm_fill"), 12 << 20)
     st = os.statvfs(tmpfs)
     size, used = st.f_blocks * st.f_frsize, (st.f_blocks - st.f_bfree) * st.f_frsize
-    with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu") as exporter:
+    with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", EVERY_FAMILY) as exporter:
         text = exporter.scrape_text()
         samples = exporter.scrape()
     m = {"mount": tmpfs}

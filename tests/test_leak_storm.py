@@ -8,7 +8,7 @@ import time
 from exporter.collectors.segments import SegmentsCollector
 from exporter.host.paths import Paths
 from tests.helpers import Runs
-from tests.conftest import HOST_EXCUSED_RE, Exporter, fallocate, mounted_tmpfs, needs_root, select, value
+from tests.conftest import EVERY_FAMILY, HOST_EXCUSED_RE, Exporter, fallocate, mounted_tmpfs, needs_root, select, value
 
 MiB = 1 << 20
 
@@ -96,7 +96,7 @@ def test_a_walk_cut_short_keeps_the_files_it_did_not_reach_and_calls_none_leaked
 def test_past_the_cap_the_inventory_keeps_counts_by_class_and_says_so():
     with mounted_tmpfs("16m", options=",nr_inodes=10k") as shm, \
             Exporter(f"--shm.mount={shm}", "--no-collector.gpu", "--inventory.max-segments=1000",
-                     "--inventory-interval=1s") as exporter:
+                     "--inventory-interval=1s", EVERY_FAMILY) as exporter:
         _make(shm, [f"psm_{i:05d}" for i in range(1200)] + [f"nccl-{i:05d}" for i in range(300)])
         s = exporter.wait_for(lambda s: value(s, "shmwatch_inventory_degraded", mount=shm) == 1
                               and _total(s, shm) == 1500, timeout=30)

@@ -61,10 +61,11 @@ def test_config_overrides_reach_alerts_and_dashboard(tmp_path):
     tuned = evaluate(SNIPPET % "{ shmUsageWarningRatio: 0.7, shmUsageCriticalRatio: 0.9, "
                                "shmwatchSelector: 'job=\"my-shm\"', alertFor+: { ShmUsageHigh: '2m' } }")
     before, after = all_rules(default), all_rules(tuned)
-    assert before["ShmUsageHigh"]["expr"] == "shmwatch_mount_usage_ratio > 0.8"
-    assert after["ShmUsageHigh"]["expr"] == "shmwatch_mount_usage_ratio > 0.7"
-    assert after["ShmUsageCritical"]["expr"] == "shmwatch_mount_usage_ratio > 0.9"
-    assert "> 0.9 and shmwatch_mount_usage_ratio <= 0.9" in after["ShmPeakNearFull"]["expr"]
+    usage = "shmwatch_mount_used_bytes / shmwatch_mount_size_bytes"
+    assert before["ShmUsageHigh"]["expr"] == f"{usage} > 0.8"
+    assert after["ShmUsageHigh"]["expr"] == f"{usage} > 0.7"
+    assert after["ShmUsageCritical"]["expr"] == f"{usage} > 0.9"
+    assert f"> 0.9 and {usage} <= 0.9" in after["ShmPeakNearFull"]["expr"]
     assert after["ShmwatchDown"]["expr"] == 'up{job="my-shm"} == 0'
     assert after["ShmUsageHigh"]["for"] == "2m" and after["ShmUsageCritical"]["for"] == "1m"
     # Nothing else moved.

@@ -79,15 +79,15 @@ def test_node_mode_discovers_without_the_shm_mount_collector(tmp_path):
     # Every run a full scan (no refresh between): the leak is called within the test's 10 s.
     with Exporter("--mode=node", "--segments.full-scan-interval=0s", "--no-collector.gpu",
                   "--no-collector.shm_mount", "--no-collector.cgroup",
-                  "--poll-interval=200ms", "--inventory-interval=300ms") as exporter:
+                  "--poll-interval=200ms", "--inventory-interval=300ms", "--metric-allowlist=shmwatch_.*") as exporter:
         assert not select(exporter.scrape(), "shmwatch_segments", pod_uid=uid)
         with mounted_tmpfs("16m", path=path):
             fallocate(os.path.join(path, "psm_late01"), MiB)
-            s = exporter.wait_for(lambda s: value(s, "shmwatch_segment_bytes", mount=path, pod_uid=uid,
+            s = exporter.wait_for(lambda s: value(s, "shmwatch_segment_bytes", pod_uid=uid, volume="dshm",
                                                   state="orphan", **{"class": "python_shm"}) == MiB, timeout=10)
-            assert value(s, "shmwatch_inotify_active", mount=path) == 1
+            assert value(s, "shmwatch_inotify_active", pod_uid=uid) == 1
             assert value(s, "shmwatch_collector_success", collector="discovery") == 1
-        exporter.wait_for(lambda s: not [k for k in s if dict(k[1]).get("mount") == path], timeout=10)
+        exporter.wait_for(lambda s: not [k for k in s if dict(k[1]).get("pod_uid") == uid], timeout=10)
 
 
 def test_unreadable_mountinfo_keeps_the_last_mount_set(tmp_path):

@@ -87,14 +87,22 @@ def test_node_labels_in_the_catalogue():
 
 # --- real mounts, a real exporter -----------------------------------------------------------
 def check_node_exposition(text):
-    """Every family in the catalogue, with exactly its labels plus node mode's; promtool-clean."""
+    """Every family in the catalogue, with its labels plus node mode's, none of them empty and
+    none saying what another says: a mount named by its pod and volume (or its container) has
+    no `mount`, a pod's cgroup no `cgroup`; a segment nobody holds no owner. promtool-clean."""
     from prometheus_client.parser import text_string_to_metric_families
     from tests.conftest import promtool_check_metrics
     for family in text_string_to_metric_families(text):
         entry = BY_NAME.get(family.name) or BY_NAME.get(family.name + "_total")
         assert entry is not None, family.name
         for sample in family.samples:
-            assert set(sample.labels) == set(entry.labels + node_labels(entry)), (sample.name, sorted(sample.labels))
+            labels = sample.labels
+            said = (sample.name, sorted(labels.items()))
+            assert all(labels.values()) and set(labels) <= set(entry.labels + node_labels(entry)), said
+            named_by_pod = {"mount"} if {"volume", "container_id"} & set(labels) else set()
+            named_by_pod |= {"cgroup"} if "pod_uid" in labels else set()
+            assert set(entry.labels) - set(labels) <= named_by_pod | {"owner"}, said
+            assert not named_by_pod & set(labels), said
     result = promtool_check_metrics(text)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -131,29 +139,27 @@ def test_real_node_mode(tmp_path):
         fallocate(os.path.join(paths["pod1"], "psm_pod1"), 4 << 20)
         with Peer(paths["pod2"], "mapped", "nccl-pod2ab", str(2 << 20)) as peer, \
                 Exporter("--mode=node", "--no-collector.gpu", "--poll-interval=200ms",
-                         "--inventory-interval=500ms") as exporter:
+                         "--inventory-interval=500ms", "--metric-allowlist=shmwatch_.*") as exporter:
             text = exporter.scrape_text()
             s = exporter.scrape()
-            check_node_exposition(text)
-            assert value(s, "shmwatch_mount_size_bytes", mount=paths["pod1"], pod_uid=uid1, volume="dshm",
-                         container_id="") == 32 << 20
-            assert value(s, "shmwatch_mount_used_bytes", mount=paths["pod1"], pod_uid=uid1) == 4 << 20
-            assert value(s, "shmwatch_mount_size_bytes", mount=paths["containerd"], container_id=sandbox,
-                         pod_uid="") == 32 << 20
-            assert value(s, "shmwatch_mount_size_bytes", mount=paths["docker"], container_id=docker_id) == 32 << 20
-            assert value(s, "shmwatch_segment_bytes", mount=paths["pod2"], pod_uid=uid2, state="linked",
-                         **{"class": "nccl"}) == 2 << 20
-            assert value(s, "shmwatch_process_shm_bytes", mount=paths["pod2"], pid=str(peer.pid)) == 2 << 20
+            check_node_exposition(text)  # every family: the opt-in ones too
+            assert value(s, "shmwatch_mount_size_bytes", pod_uid=uid1, volume="dshm") == 32 << 20
+            assert value(s, "shmwatch_mount_used_bytes", pod_uid=uid1) == 4 << 20
+            assert value(s, "shmwatch_mount_size_bytes", container_id=sandbox) == 32 << 20
+            assert value(s, "shmwatch_mount_size_bytes", container_id=docker_id) == 32 << 20
+            assert not [k for k in s if paths["pod1"] in str(k)]  # a pod's path is not a label
+            assert value(s, "shmwatch_segment_bytes", pod_uid=uid2, state="linked", **{"class": "nccl"}) == 2 << 20
+            # A process by its name and pod, not its pid.
+            assert value(s, "shmwatch_process_shm_bytes", pod_uid=uid2, comm=peer.comm) == 2 << 20
             if cgroups:
-                cg = f"/kubepods/burstable/pod{uid1}"
-                assert value(s, "shmwatch_cgroup_memory_limit_bytes", cgroup=cg, pod_uid=uid1) == 256 << 20
+                assert value(s, "shmwatch_cgroup_memory_limit_bytes", pod_uid=uid1) == 256 << 20
                 # pod1's 32 MiB emptyDir against its 256 MiB limit: its own projection, joined by pod UID.
-                assert value(s, "shmwatch_shm_oom_projection_ratio", mount=paths["pod1"], cgroup=cg) is not None
-            # A pod goes away: its series go with it.
+                assert value(s, "shmwatch_shm_oom_projection_ratio", pod_uid=uid1, volume="dshm") is not None
+            # A pod's volume goes away: its mount's series go with it.
             mounts.pop("pod1").__exit__(None, None, None)
             s = exporter.wait_for(lambda s: not select(s, "shmwatch_mount_size_bytes", pod_uid=uid1), timeout=10)
-            assert not [k for k in s if dict(k[1]).get("mount") == paths["pod1"]]
-            assert value(s, "shmwatch_mount_size_bytes", mount=paths["pod2"], pod_uid=uid2) == 32 << 20
+            assert not [k for k in s if dict(k[1]).get("pod_uid") == uid1 and "volume" in dict(k[1])]
+            assert value(s, "shmwatch_mount_size_bytes", pod_uid=uid2, volume="shm") == 32 << 20
     finally:
         for cm in mounts.values():
             cm.__exit__(None, None, None)
@@ -294,16 +300,17 @@ def test_node_mode_watches_a_pod_volume_mounted_over_its_old_one(tmp_path):
     """The watcher skips its per-mount stat while the mount table is unchanged; a tmpfs
     mounted over a watched one changes the table, and the new one is watched at once."""
     path = f"{tmp_path}/var/lib/kubelet/pods/{uuid.uuid4()}/volumes/kubernetes.io~empty-dir/dshm"
+    uid = path.split("/pods/")[1].split("/")[0]
     with mounted_tmpfs("16m", path=path), \
             Exporter("--mode=node", "--no-collector.gpu", "--no-collector.cgroup", "--no-collector.sysv",
-                     "--poll-interval=200ms") as exporter:
-        exporter.wait_for(lambda s: value(s, "shmwatch_inotify_active", mount=path) == 1, timeout=5)
+                     "--poll-interval=200ms", "--metric-allowlist=shmwatch_.*") as exporter:
+        exporter.wait_for(lambda s: value(s, "shmwatch_inotify_active", pod_uid=uid) == 1, timeout=5)
         time.sleep(1)  # discovery publishes the unchanged set a few times
         with mounted_tmpfs("32m", path=path):  # stacked: same path, new device
-            exporter.wait_for(lambda s: value(s, "shmwatch_mount_size_bytes", mount=path) == 32 << 20, timeout=5)
+            exporter.wait_for(lambda s: value(s, "shmwatch_mount_size_bytes", pod_uid=uid) == 32 << 20, timeout=5)
             time.sleep(0.5)
             fallocate(os.path.join(path, "nccl-on-top"), 1 << 20)
-            exporter.wait_for(lambda s: (value(s, "shmwatch_segment_events_total", mount=path, event="created",
+            exporter.wait_for(lambda s: (value(s, "shmwatch_segment_events_total", pod_uid=uid, event="created",
                                                **{"class": "nccl"}) or 0) >= 1, timeout=5)
 
 

@@ -201,14 +201,15 @@ def test_real_kill_counts_for_the_pod_after_the_container_cgroup_is_gone():
     `shmwatch check` lists it."""
     with pod_with_a_container() as (uid, pod_dir, ctr_dir, pod_cgroup):
         with Exporter("--mode=node", "--no-collector.gpu", "--no-collector.segments", "--poll-interval=200ms") as ex:
-            ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 0, timeout=10)
+            ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", pod_uid=uid) == 0, timeout=10)
             hog = kill_a_hog_in(ctr_dir)
             remove_cgroup(ctr_dir)
             assert not os.path.exists(ctr_dir)
-            s = ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 1,
+            s = ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", pod_uid=uid) == 1,
                             timeout=5)
-            assert [labels["pod_uid"] for labels, _ in
-                    select(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup)] == [uid]
+            # The pod's series, named by its pod_uid alone (its cgroup's path would say it again).
+            assert [labels for labels, _ in select(s, "shmwatch_cgroup_oom_kills_total", pod_uid=uid)] == [
+                {"pod_uid": uid}]
             # The pod's own v1 counter never saw it: the kernel log did.
             with open(os.path.join(pod_dir, "memory.oom_control")) as f:
                 assert "oom_kill 0" in f.read()
@@ -250,17 +251,17 @@ def test_a_kill_names_its_process_and_cgroup_as_they_are_not_as_the_kernel_log_e
 def test_without_the_kernel_log_container_counts_are_kept_for_the_pod():
     """--no-collector.oom (the unprivileged DaemonSet): the container cgroup's own v1 counter,
     seen while it exists, is kept for the pod after the container's cgroup is removed."""
-    with pod_with_a_container() as (_, _, ctr_dir, pod_cgroup), \
+    with pod_with_a_container() as (uid, _, ctr_dir, _), \
             Exporter("--mode=node", "--no-collector.gpu", "--no-collector.segments", "--no-collector.oom",
                      "--poll-interval=200ms") as ex:
-        ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 0, timeout=10)
+        ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", pod_uid=uid) == 0, timeout=10)
         kill_a_hog_in(ctr_dir)
-        ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 1, timeout=20)
+        ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", pod_uid=uid) == 1, timeout=20)
         remove_cgroup(ctr_dir)
         assert not os.path.exists(ctr_dir)
         for _ in range(5):  # polls after the container's cgroup is gone
             time.sleep(0.25)
-            assert value(ex.scrape(), "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 1
+            assert value(ex.scrape(), "shmwatch_cgroup_oom_kills_total", pod_uid=uid) == 1
 
 
 class Discovered:

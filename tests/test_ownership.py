@@ -7,18 +7,24 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
-from tests.conftest import REPO, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, select, value
+from tests.conftest import EVERY_FAMILY, REPO, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, select, value
 from tests.helpers import Runs
 
 MiB = 1 << 20
 
 
 def leak_and_live(shm):
-    """A leak (nobody holds it) and live root-owned segments beside it."""
+    """A leak (nobody holds it) and live root-owned segments beside it, all long-lived: last
+    written an hour ago, as old enough to be named (shmwatch_top_segment_bytes)."""
     fallocate(os.path.join(shm, "psm_leaked02"), 2 * MiB)
     os.chmod(os.path.join(shm, "psm_leaked02"), 0o600)
-    return [Peer(shm, "mapped", "nccl-live0002", str(3 * MiB)), Peer(shm, "fdonly", "torch_1_live", str(MiB))]
+    peers = [Peer(shm, "mapped", "nccl-live0002", str(3 * MiB)), Peer(shm, "fdonly", "torch_1_live", str(MiB))]
+    hour_ago = time.time() - 3600
+    for name in ("psm_leaked02", "nccl-live0002"):
+        os.utime(os.path.join(shm, name), (hour_ago, hour_ago))
+    return peers
 
 
 def states(samples, mount):
@@ -34,7 +40,8 @@ def test_another_uid_without_ptrace_calls_nothing_leaked(nonroot_python):
         peers = leak_and_live(shm)
         try:
             with Exporter(f"--shm.mount={shm}", "--no-collector.gpu", "--no-collector.cgroup", "--no-inotify",
-                          run_as=nonroot_python, env={"SHMWATCH_SEGMENTS_IGNORE_UNREADABLE": ""}) as exporter:
+                          EVERY_FAMILY, run_as=nonroot_python,
+                          env={"SHMWATCH_SEGMENTS_IGNORE_UNREADABLE": ""}) as exporter:
                 s = exporter.scrape()
                 log = exporter.log()
             check = subprocess.run([*nonroot_python, "-m", "exporter", "check", f"--shm.mount={shm}", "--output=json",
@@ -74,7 +81,7 @@ def test_hidepid_hidden_processes_are_counted(nonroot_python):
         subprocess.run(["mount", "-t", "proc", "-o", "hidepid=2", "proc", proc], check=True)
         try:
             with Exporter(f"--shm.mount={shm}", f"--path.procfs={proc}", "--no-collector.gpu", "--no-collector.cgroup",
-                          "--no-inotify", run_as=nonroot_python,
+                          "--no-inotify", EVERY_FAMILY, run_as=nonroot_python,
                           env={"SHMWATCH_SEGMENTS_IGNORE_UNREADABLE": ""}) as exporter:
                 s = exporter.scrape()
         finally:
@@ -93,15 +100,17 @@ def test_root_sees_every_owner_and_the_real_leak(tmpfs):
     """The same state read by root: the live segments are attributed, the leak is an orphan."""
     peers = leak_and_live(tmpfs)
     try:
-        with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", "--no-collector.cgroup") as exporter:
+        with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", "--no-collector.cgroup",
+                      EVERY_FAMILY) as exporter:
             s = exporter.scrape()
+        comm = peers[0].comm
     finally:
         for peer in peers:
             peer.close()
     assert states(s, tmpfs) == {("nccl", "linked"): 1, ("python_shm", "orphan"): 1, ("torch", "hidden"): 1}
     assert value(s, "shmwatch_mount_owners_verified", mount=tmpfs) == 1
     [(labels, _)] = select(s, "shmwatch_top_segment_bytes", mount=tmpfs, state="linked")
-    assert labels["owner"].endswith(f"[{peers[0].pid}]")
+    assert labels["owner"] == comm  # its holder by name, not by pid
 
 
 @needs_root

@@ -16,7 +16,7 @@ from exporter.model.catalogue import BY_NAME
 from exporter.check.findings import round_up
 from exporter.check.recommend import DEFAULT_HEADROOM, DEFAULT_WINDOW, memory_limit_needed
 from exporter.model.state import HighWaterMark, StateStore
-from tests.conftest import REPO, Exporter, mounted_tmpfs, needs_root, value
+from tests.conftest import EVERY_FAMILY, REPO, Exporter, mounted_tmpfs, needs_root, value
 from tests.live import Prometheus, fast_rules
 
 RULES = os.path.join(REPO, "deploy", "prometheus", "shmwatch-recommend-rules.yml")
@@ -59,7 +59,7 @@ def test_state_store_keeps_the_high_water_mark_and_when_it_was_first_reached():
 def test_a_40mib_spike_freed_after_1_5s_leaves_the_high_water_mark():
     with mounted_tmpfs("64m") as shm, \
             Exporter(f"--shm.mount={shm}", "--no-collector.gpu", "--no-collector.segments",
-                     "--poll-interval=1s", "--peak-window=2s") as exporter:
+                     "--poll-interval=1s", "--peak-window=2s", EVERY_FAMILY) as exporter:
         before = time.time()
         path = os.path.join(shm, "psm_spike")
         with open(path, "wb") as f:
@@ -82,7 +82,7 @@ def test_inotify_events_feed_the_high_water_mark_between_polls():
     and the quick runs they wake), and it stays in the high-water mark after it is freed."""
     with mounted_tmpfs("64m") as shm, \
             Exporter(f"--shm.mount={shm}", "--no-collector.gpu", "--no-collector.segments",
-                     "--poll-interval=60s", "--inventory-interval=60s") as exporter:
+                     "--poll-interval=60s", "--inventory-interval=60s", EVERY_FAMILY) as exporter:
         exporter.wait_for(lambda s: value(s, "shmwatch_inotify_active", mount=shm) == 1)
         path = os.path.join(shm, "psm_spike")
         with open(path, "wb") as f:

@@ -62,25 +62,29 @@ def ratio(num_series, den_series, den=1000):
 
 
 EDGES: Dict[str, Edge] = {
-    "ShmUsageHigh": Edge(5, lambda v: {f"shmwatch_mount_usage_ratio{{{M}}}": const(v)}, 0.8, 0.81, LM),
-    "ShmUsageCritical": Edge(1, lambda v: {f"shmwatch_mount_usage_ratio{{{M}}}": const(v)}, 0.95, 0.96, LM),
-    # Falling 40 MiB a minute from 2000 MiB: predicted below zero within the hour from the
-    # second sample on; the usage ratio is the edge.
-    "ShmFillingUp": Edge(10, lambda v: {f"shmwatch_mount_available_bytes{{{M}}}": f"{2000 * MiB}-{40 * MiB}x40",
-                                        f"shmwatch_mount_usage_ratio{{{M}}}": const(v)}, 0.5, 0.51, LM, start=1,
-                         # Falling, but slowly enough to last the hour: quiet however full.
-                         also_quiet=[{f"shmwatch_mount_available_bytes{{{M}}}": f"{2000 * MiB}-{20 * MiB}x40",
-                                      f"shmwatch_mount_usage_ratio{{{M}}}": const(0.9)}]),
+    "ShmUsageHigh": Edge(5, ratio(f"shmwatch_mount_used_bytes{{{M}}}", f"shmwatch_mount_size_bytes{{{M}}}"),
+                         0.8, 0.81, LM),
+    "ShmUsageCritical": Edge(1, ratio(f"shmwatch_mount_used_bytes{{{M}}}", f"shmwatch_mount_size_bytes{{{M}}}"),
+                             0.95, 0.96, LM),
+    # A 2000 MiB mount filling 40 MiB a minute from v MiB used: predicted full within the
+    # hour from the second sample on; half full is the edge. From 360 MiB it reaches exactly
+    # half at the last minute evaluated (16); from 961 MiB it is just over half from minute 1.
+    "ShmFillingUp": Edge(10, lambda v: {f"shmwatch_mount_used_bytes{{{M}}}": f"{v * MiB}+{40 * MiB}x40",
+                                        f"shmwatch_mount_size_bytes{{{M}}}": const(2000 * MiB)}, 360, 961, LM,
+                         start=1,
+                         # Filling, but slowly enough to last the hour: quiet however full.
+                         also_quiet=[{f"shmwatch_mount_used_bytes{{{M}}}": f"{18000 * MiB}+{20 * MiB}x40",
+                                      f"shmwatch_mount_size_bytes{{{M}}}": const(20000 * MiB)}]),
     "ShmPeakNearFull": Edge(0, lambda v: {f"shmwatch_mount_peak_used_bytes{{{M}}}": const(v),
                                           f"shmwatch_mount_size_bytes{{{M}}}": const(100),
-                                          f"shmwatch_mount_usage_ratio{{{M}}}": const(0.5)}, 95, 96, LM,
+                                          f"shmwatch_mount_used_bytes{{{M}}}": const(50)}, 95, 96, LM,
                             # Usage itself at 0.95 still counts as "lower now"; above, ShmUsageCritical's turf.
                             also_fire=[({f"shmwatch_mount_peak_used_bytes{{{M}}}": const(97),
                                          f"shmwatch_mount_size_bytes{{{M}}}": const(100),
-                                         f"shmwatch_mount_usage_ratio{{{M}}}": const(0.95)}, 0)],
-                            also_quiet=[{f"shmwatch_mount_peak_used_bytes{{{M}}}": const(97),
-                                         f"shmwatch_mount_size_bytes{{{M}}}": const(100),
-                                         f"shmwatch_mount_usage_ratio{{{M}}}": const(0.951)}]),
+                                         f"shmwatch_mount_used_bytes{{{M}}}": const(95)}, 0)],
+                            also_quiet=[{f"shmwatch_mount_peak_used_bytes{{{M}}}": const(970),
+                                         f"shmwatch_mount_size_bytes{{{M}}}": const(1000),
+                                         f"shmwatch_mount_used_bytes{{{M}}}": const(951)}]),
     # Fires at <= 64 MiB: "quiet" is one byte more.
     "ShmDockerDefaultSize": Edge(5, lambda v: {f"shmwatch_mount_size_bytes{{{M}}}": const(v),
                                                f'shmwatch_segments{{{M}, class="nccl", state="linked"}}': const(1)},
@@ -106,7 +110,8 @@ EDGES: Dict[str, Edge] = {
                                              f"shmwatch_mount_size_bytes{{{M}}}"), 500, 501, LM),
     "ShmMountMissing": Edge(5, lambda v: {f"shmwatch_mount_error{{{M}}}": const(v)}, 0, 1, LM),
     "ShmInventoryDegraded": Edge(15, lambda v: {f"shmwatch_inventory_degraded{{{M}}}": const(v)}, 0, 1, LM),
-    "PodOomRiskHigh": Edge(5, lambda v: {f"shmwatch_oom_risk_ratio{{{CG}}}": const(v)}, 0.9, 0.91, LCG),
+    "PodOomRiskHigh": Edge(5, ratio(f"shmwatch_cgroup_memory_working_set_bytes{{{CG}}}",
+                                     f'shmwatch_cgroup_memory_limit_bytes{{{CG}, limit_from="pod"}}'), 0.9, 0.91, LCG),
     "ShmSizeExceedsMemoryLimit": Edge(15, lambda v: {f'shmwatch_shm_oom_projection_ratio{{{CG}, mount="/dev/shm"}}':
                                                      const(v)}, 1, 1.01, {**LCG, "mount": "/dev/shm"}),
     # A kill at minute 3 fires at once; a counter that never moved does not, and ten

@@ -27,18 +27,21 @@ MiB = 1 << 20
 
 # alert: (series for the firing case, series for the quiet case, eval time, labels of the firing alert)
 CASES = {
-    "ShmUsageHigh": ({f"shmwatch_mount_usage_ratio{{{M}}}": "0.85x10"},
-                     {f"shmwatch_mount_usage_ratio{{{M}}}": "0.75x10"}, "10m", LM),
-    "ShmUsageCritical": ({f"shmwatch_mount_usage_ratio{{{M}}}": "0.97x10"},
-                         {f"shmwatch_mount_usage_ratio{{{M}}}": "0.9x10"}, "10m", LM),
-    "ShmFillingUp": ({f"shmwatch_mount_available_bytes{{{M}}}": f"{1000 * MiB}-{20 * MiB}x45",
-                      f"shmwatch_mount_usage_ratio{{{M}}}": "0.6x45"},
-                     {f"shmwatch_mount_available_bytes{{{M}}}": f"{500 * MiB}+0x45",
-                      f"shmwatch_mount_usage_ratio{{{M}}}": "0.6x45"}, "45m", LM),
+    "ShmUsageHigh": ({f"shmwatch_mount_used_bytes{{{M}}}": "85x10", f"shmwatch_mount_size_bytes{{{M}}}": "100x10"},
+                     {f"shmwatch_mount_used_bytes{{{M}}}": "75x10", f"shmwatch_mount_size_bytes{{{M}}}": "100x10"},
+                     "10m", LM),
+    "ShmUsageCritical": ({f"shmwatch_mount_used_bytes{{{M}}}": "97x10", f"shmwatch_mount_size_bytes{{{M}}}": "100x10"},
+                         {f"shmwatch_mount_used_bytes{{{M}}}": "90x10", f"shmwatch_mount_size_bytes{{{M}}}": "100x10"},
+                         "10m", LM),
+    # 2500 MiB: 1000 free and 20 MiB a minute more used (60 % full and more), or 500 free, steady.
+    "ShmFillingUp": ({f"shmwatch_mount_used_bytes{{{M}}}": f"{1500 * MiB}+{20 * MiB}x45",
+                      f"shmwatch_mount_size_bytes{{{M}}}": f"{2500 * MiB}x45"},
+                     {f"shmwatch_mount_used_bytes{{{M}}}": f"{2000 * MiB}+0x45",
+                      f"shmwatch_mount_size_bytes{{{M}}}": f"{2500 * MiB}x45"}, "45m", LM),
     "ShmPeakNearFull": ({f"shmwatch_mount_peak_used_bytes{{{M}}}": "97x5", f"shmwatch_mount_size_bytes{{{M}}}": "100x5",
-                         f"shmwatch_mount_usage_ratio{{{M}}}": "0.5x5"},
+                         f"shmwatch_mount_used_bytes{{{M}}}": "50x5"},
                         {f"shmwatch_mount_peak_used_bytes{{{M}}}": "90x5", f"shmwatch_mount_size_bytes{{{M}}}": "100x5",
-                         f"shmwatch_mount_usage_ratio{{{M}}}": "0.5x5"}, "2m", LM),
+                         f"shmwatch_mount_used_bytes{{{M}}}": "50x5"}, "2m", LM),
     "ShmDockerDefaultSize": ({f"shmwatch_mount_size_bytes{{{M}}}": f"{64 * MiB}x10",
                               f'shmwatch_segments{{{M}, class="nccl", state="linked"}}': "3x10"},
                              {f"shmwatch_mount_size_bytes{{{M}}}": f"{16 << 30}x10",
@@ -57,8 +60,10 @@ CASES = {
                         LM),
     "ShmInventoryDegraded": ({f"shmwatch_inventory_degraded{{{M}}}": "1x20"},
                              {f"shmwatch_inventory_degraded{{{M}}}": "0x20"}, "20m", LM),
-    "PodOomRiskHigh": ({f"shmwatch_oom_risk_ratio{{{CG}}}": "0.95x10"}, {f"shmwatch_oom_risk_ratio{{{CG}}}": "0.5x10"},
-                       "10m", LCG),
+    "PodOomRiskHigh": ({f"shmwatch_cgroup_memory_working_set_bytes{{{CG}}}": "95x10",
+                        f'shmwatch_cgroup_memory_limit_bytes{{{CG}, limit_from="pod"}}': "100x10"},
+                       {f"shmwatch_cgroup_memory_working_set_bytes{{{CG}}}": "50x10",
+                        f'shmwatch_cgroup_memory_limit_bytes{{{CG}, limit_from="pod"}}': "100x10"}, "10m", LCG),
     "ShmSizeExceedsMemoryLimit": ({f'shmwatch_shm_oom_projection_ratio{{{CG}, mount="/dev/shm"}}': "1.3x20"},
                                   {f'shmwatch_shm_oom_projection_ratio{{{CG}, mount="/dev/shm"}}': "0.8x20"}, "20m",
                                   {**LCG, "mount": "/dev/shm"}),
@@ -154,7 +159,7 @@ def test_every_metric_in_the_rules_is_in_the_catalogue():
     rules = [r for g in load_rules()["groups"] for r in g["rules"]]
     for r in rules:
         used |= metric_names(r["expr"])
-    assert "shmwatch_mount_usage_ratio" in used and "shmwatch_cgroup_oom_kills_total" in used
+    assert "shmwatch_mount_used_bytes" in used and "shmwatch_cgroup_oom_kills_total" in used
     recorded = {r["record"] for r in rules if "record" in r}
     unknown = sorted(n for n in used - recorded if n != "up" and n not in BY_NAME)
     assert not unknown, f"rules use metrics that are not in exporter/model/catalogue.py: {unknown}"
@@ -238,22 +243,22 @@ NODE_OPERATOR_RULE = os.path.join(REPO, "deploy", "kubernetes", "daemonset", "no
 def test_node_recording_rules_join_pod_names(tmp_path):
     result = subprocess.run([promtool(), "check", "rules", NODE_RULES], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
-    mount = "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~empty-dir/dshm"
+    pod = 'instance="n1", job="shmwatch-node", pod_uid="u1", volume="dshm"'
+    host = 'instance="n1", job="shmwatch-node", mount="/dev/shm"'
     tests = {"rule_files": [NODE_RULES], "evaluation_interval": "1m", "tests": [{
         "interval": "1m",
         "input_series": [
-            {"series": f'shmwatch_mount_usage_ratio{{instance="n1", job="shmwatch-node", mount="{mount}", '
-                       f'pod_uid="u1", volume="dshm", container_id=""}}', "values": "0.5x5"},
-            {"series": 'shmwatch_mount_usage_ratio{instance="n1", job="shmwatch-node", mount="/dev/shm", '
-                       'pod_uid="", volume="", container_id=""}', "values": "0.1x5"},
+            {"series": f"shmwatch_mount_used_bytes{{{pod}}}", "values": "50x5"},
+            {"series": f"shmwatch_mount_size_bytes{{{pod}}}", "values": "100x5"},
+            {"series": f"shmwatch_mount_used_bytes{{{host}}}", "values": "10x5"},
+            {"series": f"shmwatch_mount_size_bytes{{{host}}}", "values": "100x5"},
             {"series": 'kube_pod_info{namespace="ml", pod="vllm-0", uid="u1", node="n1", job="ksm"}',
              "values": "1x5"},
         ],
         "promql_expr_test": [{
             "expr": "shmwatch:pod_mount_usage_ratio", "eval_time": "5m",
-            "exp_samples": [{"labels": f'shmwatch:pod_mount_usage_ratio{{instance="n1", job="shmwatch-node", '
-                                       f'mount="{mount}", pod_uid="u1", volume="dshm", container_id="", '
-                                       f'namespace="ml", pod="vllm-0"}}', "value": 0.5}],
+            "exp_samples": [{"labels": f'shmwatch:pod_mount_usage_ratio{{{pod}, namespace="ml", pod="vllm-0"}}',
+                             "value": 0.5}],
         }],
     }]}
     (tmp_path / "t.yml").write_text(yaml.safe_dump(tests))
@@ -345,3 +350,56 @@ def test_a_pod_throttled_at_its_containers_memory_high_fires_against_its_limit(t
         {"series": f'shmwatch_cgroup_memory_events_total{{{pod}, event="high"}}', "values": "0+5x20"},
     ], "alert_rule_test": [{"eval_time": "20m", "alertname": "PodThrottledAtMemoryHigh", "exp_alerts": firing}]}
     promtool_test(tmp_path, test)
+
+
+def test_every_rule_reads_only_what_shmwatch_exports_by_default():
+    """Every alert and recording rule of every shipped rule file fires and records from the
+    default set (exporter/model/catalogue.py): no rule waits on an opt-in family."""
+    from exporter.model.catalogue import DEFAULT_SET
+    from tests.rules.promql import metric_names as parsed_names, parse
+    from tests.rules.promtool import load_groups, rule_paths, rules_of
+
+    rules = rules_of(load_groups(rule_paths()))
+    read = {n for r in rules.values() for n in parsed_names(parse(r["expr"])) if n.startswith("shmwatch_")}
+    assert {"shmwatch_mount_used_bytes", "shmwatch_cgroup_memory_working_set_bytes"} <= read
+    assert sorted(read - DEFAULT_SET) == []
+
+
+def test_alert_texts_name_a_node_mode_mount_by_its_pod_and_volume(tmp_path):
+    """In node mode a pod's mount has no `mount` label (its pod_uid and volume say which it
+    is), a runtime's sandbox shm its container_id, a pod's cgroup its pod_uid: the texts say
+    those instead of an empty name. (Each alert's summary only, as Alertmanager shows it.)"""
+    rules = load_rules()
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if "annotations" in rule:
+                rule["annotations"] = {"summary": rule["annotations"]["summary"]}
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+    pod = 'instance="n", job="shmwatch-node", pod_uid="u1", volume="dshm"'
+    sandbox = 'instance="n", job="shmwatch-node", container_id="c0ffee"'
+    host = 'instance="n", job="shmwatch-node", mount="/dev/shm"'
+    series = [{"series": f"shmwatch_mount_{what}_bytes{{{labels}}}", "values": f"{value}x10"}
+              for labels in (pod, sandbox, host) for what, value in (("used", 86), ("size", 100))]
+    series.append({"series": 'shmwatch_cgroup_memory_working_set_bytes{instance="n", job="shmwatch-node", '
+                             'pod_uid="u1"}', "values": "95x10"})
+    series.append({"series": 'shmwatch_cgroup_memory_limit_bytes{instance="n", job="shmwatch-node", pod_uid="u1", '
+                             'limit_from="pod"}', "values": "100x10"})
+    node = {"instance": "n", "job": "shmwatch-node", "severity": "warning"}
+    usage = [
+        {"exp_labels": {**node, "pod_uid": "u1", "volume": "dshm"},
+         "exp_annotations": {"summary": "volume dshm of pod u1 is 86% full"}},
+        {"exp_labels": {**node, "container_id": "c0ffee"},
+         "exp_annotations": {"summary": "the shm of container c0ffee is 86% full"}},
+        {"exp_labels": {**node, "mount": "/dev/shm"}, "exp_annotations": {"summary": "/dev/shm is 86% full"}},
+    ]
+    risk = [{"exp_labels": {**node, "pod_uid": "u1"},
+             "exp_annotations": {"summary": "Working set is 95% of the memory limit"}}]
+    test = {"interval": "1m", "input_series": series, "alert_rule_test": [
+        {"eval_time": "10m", "alertname": "ShmUsageHigh", "exp_alerts": usage},
+        {"eval_time": "10m", "alertname": "PodOomRiskHigh", "exp_alerts": risk},
+    ]}
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(
+        {"rule_files": [str(tmp_path / "rules.yml")], "evaluation_interval": "1m", "tests": [test]}))
+    result = subprocess.run([promtool(), "test", "rules", str(tmp_path / "tests.yml")], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]

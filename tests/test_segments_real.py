@@ -5,11 +5,12 @@ import time
 
 
 from exporter.collectors.segments import SegmentsCollector
-from exporter.model.summary import owner_label
+from exporter.model.summary import owner_comm
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from tests.helpers import Runs
-from tests.conftest import HOST_EXCUSED_RE, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, value
+from tests.conftest import (EVERY_FAMILY, HOST_EXCUSED_RE, Exporter, Peer, fallocate, mounted_tmpfs, needs_root,
+                            select, value)
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MiB = 1 << 20
@@ -35,7 +36,7 @@ def test_python_shared_memory_is_linked_and_owned(tmpfs):
         assert (seg.cls, seg.state) == ("python_shm", "linked")
         assert seg.allocated_bytes == seg.apparent_bytes == 2 * MiB
         assert seg.holders == (peer.pid,)
-        assert owner_label(seg.holders, inv.comms) == f"{peer.comm}[{peer.pid}]"
+        assert owner_comm(seg.holders, inv.comms) == peer.comm
         assert m.process_bytes[peer.pid] == 2 * MiB
 
 
@@ -126,14 +127,16 @@ def test_accounting_adds_up(tmpfs):
 
 
 def test_scrape_shows_owner_and_top_segments(tmpfs):
-    with Peer(tmpfs, "mapped", "nccl-T0pSeg", str(4 * MiB)) as peer, \
-            Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu") as exporter:
-        samples = exporter.scrape()
-        owner = f"{peer.comm}[{peer.pid}]"
+    with Peer(tmpfs, "mapped", "nccl-T0pSeg", str(4 * MiB)) as peer:
+        hour_ago = time.time() - 3600  # long-lived: named
+        os.utime(os.path.join(tmpfs, "nccl-T0pSeg"), (hour_ago, hour_ago))
+        with Exporter(f"--shm.mount={tmpfs}", "--no-collector.gpu", EVERY_FAMILY) as exporter:
+            samples = exporter.scrape()
+        # The holder by its name (comm), never its pid: a series per restart.
         assert value(samples, "shmwatch_top_segment_bytes", mount=tmpfs, name="nccl-T0pSeg", state="linked",
-                     owner=owner, **{"class": "nccl"}) == 4 * MiB
-        assert value(samples, "shmwatch_process_shm_bytes", mount=tmpfs, pid=str(peer.pid),
-                     comm=peer.comm) == 4 * MiB
+                     owner=peer.comm, **{"class": "nccl"}) == 4 * MiB
+        assert value(samples, "shmwatch_process_shm_bytes", mount=tmpfs, comm=peer.comm) == 4 * MiB
+        assert not [labels for labels, _ in select(samples, "shmwatch_process_shm_bytes") if "pid" in labels]
         assert value(samples, "shmwatch_segment_bytes", mount=tmpfs, state="linked", **{"class": "nccl"}) == 4 * MiB
 
 

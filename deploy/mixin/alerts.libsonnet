@@ -5,27 +5,30 @@
 local lib = import 'lib.libsonnet';
 local num = lib.num;
 local oneLine = lib.oneLine;
+local named = lib.named;
 
 {
   prometheusAlerts+:: {
     local c = $._config,
     local runbook(alert) = c.runbookUrlPrefix + std.asciiLower(alert),
-    // A mount's segments summed over class and state, divided by the mount's size: group_left
-    // keeps the segments' labels (target labels such as namespace and pod, and node mode's
-    // pod_uid, volume and container_id), which a one-to-one `on` would drop for its own list.
+    // A mount's segments summed over class and state, divided by the mount's size. The sum
+    // has exactly the size's labels (the target's, and the mount's: its path, or in node mode
+    // its pod and volume or its container), so they match on all of them.
     local shareOfMount(selector) =
-      'sum without (class, state) (shmwatch_segment_bytes{%s}) / on (instance, job, mount) group_left %s'
-      % [selector, 'shmwatch_mount_size_bytes'],
+      'sum without (class, state) (shmwatch_segment_bytes{%s}) / shmwatch_mount_size_bytes' % selector,
+    local usage = 'shmwatch_mount_used_bytes / shmwatch_mount_size_bytes',
+    // A cgroup is named by its path, or in node mode a pod's by its pod_uid alone.
+    local cgroupKey = 'instance, job, cgroup, pod_uid',
     groups+: [
       {
         name: 'shmwatch-shm',
         rules: [
           {
             alert: 'ShmUsageHigh',
-            expr: 'shmwatch_mount_usage_ratio > %s' % num(c.shmUsageWarningRatio),
+            expr: '%s > %s' % [usage, num(c.shmUsageWarningRatio)],
             'for': c.alertFor.ShmUsageHigh,
             labels: { severity: 'warning' },
-            annotations: {
+            annotations: named({
               summary: '{{ $labels.mount }} is {{ $value | humanizePercentage }} full',
               description: oneLine(|||
                 {{ $labels.mount }} on {{ $labels.instance }} is {{ $value | humanizePercentage }} full. NCCL, UCX
@@ -35,14 +38,14 @@ local oneLine = lib.oneLine;
                 vLLM, 80Gi for TensorRT-LLM).
               |||),
               runbook_url: runbook('ShmUsageHigh'),
-            },
+            }),
           },
           {
             alert: 'ShmUsageCritical',
-            expr: 'shmwatch_mount_usage_ratio > %s' % num(c.shmUsageCriticalRatio),
+            expr: '%s > %s' % [usage, num(c.shmUsageCriticalRatio)],
             'for': c.alertFor.ShmUsageCritical,
             labels: { severity: 'critical' },
-            annotations: {
+            annotations: named({
               summary: '{{ $labels.mount }} is {{ $value | humanizePercentage }} full: shm allocations are about to fail',
               description: oneLine(|||
                 {{ $labels.mount }} on {{ $labels.instance }} is {{ $value | humanizePercentage }} full. The next
@@ -52,17 +55,19 @@ local oneLine = lib.oneLine;
                 NCCL_SHM_DISABLE=1 only as a last resort (it moves NCCL traffic off shared memory and is slower).
               |||),
               runbook_url: runbook('ShmUsageCritical'),
-            },
+            }),
           },
           {
             alert: 'ShmFillingUp',
+            // The bytes free within the horizon, at the window's rate: tmpfs has no reserved
+            // blocks, so what is free is the size less what is used.
             expr: std.format(
-              'predict_linear(shmwatch_mount_available_bytes[%s], %s) < 0 and shmwatch_mount_usage_ratio > %s',
-              [c.shmFillingUpWindow, num(c.shmFillingUpHorizonSeconds), num(c.shmFillingUpMinUsageRatio)]
+              'shmwatch_mount_size_bytes - predict_linear(shmwatch_mount_used_bytes[%s], %s) < 0 and %s > %s',
+              [c.shmFillingUpWindow, num(c.shmFillingUpHorizonSeconds), usage, num(c.shmFillingUpMinUsageRatio)]
             ),
             'for': c.alertFor.ShmFillingUp,
             labels: { severity: 'warning' },
-            annotations: {
+            annotations: named({
               summary: '{{ $labels.mount }} will be full within the hour at the current rate',
               description: oneLine(|||
                 At the rate of the last 30 minutes {{ $labels.mount }} on {{ $labels.instance }} runs out of space
@@ -72,17 +77,17 @@ local oneLine = lib.oneLine;
                 emptyDir sizeLimit).
               |||),
               runbook_url: runbook('ShmFillingUp'),
-            },
+            }),
           },
           {
             alert: 'ShmPeakNearFull',
             expr: std.format(
-              'shmwatch_mount_peak_used_bytes / shmwatch_mount_size_bytes > %s and shmwatch_mount_usage_ratio <= %s',
-              [num(c.shmUsageCriticalRatio), num(c.shmUsageCriticalRatio)]
+              'shmwatch_mount_peak_used_bytes / shmwatch_mount_size_bytes > %s and %s <= %s',
+              [num(c.shmUsageCriticalRatio), usage, num(c.shmUsageCriticalRatio)]
             ),
             'for': c.alertFor.ShmPeakNearFull,
             labels: { severity: 'warning' },
-            annotations: {
+            annotations: named({
               summary: '{{ $labels.mount }} peaked at {{ $value | humanizePercentage }} between scrapes',
               description: oneLine(|||
                 {{ $labels.mount }} on {{ $labels.instance }} reached {{ $value | humanizePercentage }} of its size
@@ -91,18 +96,17 @@ local oneLine = lib.oneLine;
                 (--shm-size, shm_size, emptyDir sizeLimit) before it does.
               |||),
               runbook_url: runbook('ShmPeakNearFull'),
-            },
+            }),
           },
           {
             alert: 'ShmDockerDefaultSize',
             expr: std.format(
-              'shmwatch_mount_size_bytes <= %s and on (instance, job, mount) sum by (instance, job, mount) '
-              + '(shmwatch_segments{class=~"%s"}) > 0',
+              'shmwatch_mount_size_bytes <= %s and sum without (class, state) (shmwatch_segments{class=~"%s"}) > 0',
               [num(c.shmDockerDefaultSizeBytes), c.shmDockerDefaultClasses]
             ),
             'for': c.alertFor.ShmDockerDefaultSize,
             labels: { severity: 'warning' },
-            annotations: {
+            annotations: named({
               summary: "{{ $labels.mount }} is Docker's 64 MiB default while NCCL/torch/MPI use it",
               description: oneLine(|||
                 {{ $labels.mount }} on {{ $labels.instance }} is only {{ $value | humanize1024 }}B: the
@@ -111,7 +115,7 @@ local oneLine = lib.oneLine;
                 medium: Memory and sizeLimit: 16Gi (vLLM) / 80Gi (TensorRT-LLM) at /dev/shm.
               |||),
               runbook_url: runbook('ShmDockerDefaultSize'),
-            },
+            }),
           },
           {
             alert: 'ShmLeakedSegments',
@@ -121,70 +125,71 @@ local oneLine = lib.oneLine;
             ],
             'for': c.alertFor.ShmLeakedSegments,
             labels: { severity: 'warning' },
-            annotations: {
+            annotations: named({
               summary: 'Leaked segments hold {{ $value | humanizePercentage }} of {{ $labels.mount }}',
               description: oneLine(|||
                 Segments in {{ $labels.mount }} on {{ $labels.instance }} that no process holds (state="orphan")
                 take {{ $value | humanizePercentage }} of it: left by a crashed engine (psm_*, nccl-*,
                 vllm_offload_*). A restart may fail with "Insufficient space in /dev/shm". Check
-                shmwatch_top_segment_bytes{state="orphan"} for names and remove them (rm /dev/shm/<name>) once no
-                server runs that could still attach to them.
+                shmwatch_top_segment_bytes{state="orphan"} (or shmwatch check, which names every one) for names and
+                remove them (rm -- /dev/shm/<name>) once no server runs that could still attach to them.
               |||),
               runbook_url: runbook('ShmLeakedSegments'),
-            },
+            }),
           },
           {
             alert: 'ShmLeakedSegmentsOld',
             expr: 'shmwatch_orphan_oldest_age_seconds > %s' % num(c.orphanMaxAgeSeconds),
             'for': c.alertFor.ShmLeakedSegmentsOld,
             labels: { severity: 'warning' },
-            annotations: {
+            annotations: named({
               summary: 'A leaked segment in {{ $labels.mount }} is {{ $value | humanizeDuration }} old',
               description: oneLine(|||
                 The oldest segment in {{ $labels.mount }} on {{ $labels.instance }} that no process holds was last
                 written {{ $value | humanizeDuration }} ago. Nothing will reclaim it: find it in
-                shmwatch_top_segment_bytes{state="orphan"} and remove it (rm /dev/shm/<name>).
+                shmwatch_top_segment_bytes{state="orphan"} (or shmwatch check) and remove it (rm -- /dev/shm/<name>).
               |||),
               runbook_url: runbook('ShmLeakedSegmentsOld'),
-            },
+            }),
           },
           {
             alert: 'ShmHiddenSegmentsLarge',
             expr: '%s > %s' % [shareOfMount('state="hidden"'), num(c.shmHiddenRatio)],
             'for': c.alertFor.ShmHiddenSegmentsLarge,
             labels: { severity: 'warning' },
-            annotations: {
+            annotations: named({
               summary: 'Unlinked but still mapped segments hold {{ $value | humanizePercentage }} of {{ $labels.mount }}',
               description: oneLine(|||
                 {{ $value | humanizePercentage }} of {{ $labels.mount }} on {{ $labels.instance }} is held by
                 segments that were unlinked but are still mapped or open (NCCL >= 2.19, UCX_POSIX_USE_PROC_LINK=y,
                 torch file_descriptor strategy, Ray): df counts them, ls does not show them.
-                shmwatch_process_shm_bytes names the processes; they free the space when they exit. If it keeps
-                growing, a process leaks mappings: restart it.
+                shmwatch_top_segment_bytes{state="hidden"} names the processes holding the older ones (owner), shmwatch
+                check every one with its pid; they free the space when they exit. If it keeps growing, a process leaks
+                mappings: restart it.
               |||),
               runbook_url: runbook('ShmHiddenSegmentsLarge'),
-            },
+            }),
           },
           {
             alert: 'ShmMountMissing',
             expr: 'shmwatch_mount_error == 1',
             'for': c.alertFor.ShmMountMissing,
             labels: { severity: 'warning' },
-            annotations: {
+            annotations: named({
               summary: 'shmwatch cannot measure {{ $labels.mount }}',
               description: oneLine(|||
                 {{ $labels.mount }} on {{ $labels.instance }} is missing or cannot be measured. In a sidecar, mount
                 the workload's shm volume (read-only) at the path given to --shm.mount.
               |||),
               runbook_url: runbook('ShmMountMissing'),
-            },
+            }),
           },
           {
             alert: 'ShmInventoryDegraded',
             expr: 'shmwatch_inventory_degraded == 1',
             'for': c.alertFor.ShmInventoryDegraded,
             labels: { severity: 'warning' },
-            annotations: {
+            annotations: named({
               summary: '{{ $labels.mount }} holds more files than shmwatch inventories one by one',
               description: oneLine(|||
                 {{ $labels.mount }} on {{ $labels.instance }} holds more files than --inventory.max-segments, or
@@ -193,7 +198,7 @@ local oneLine = lib.oneLine;
                 by class and remove what its owner left.
               |||),
               runbook_url: runbook('ShmInventoryDegraded'),
-            },
+            }),
           },
         ],
       },
@@ -202,10 +207,11 @@ local oneLine = lib.oneLine;
         rules: [
           {
             alert: 'PodOomRiskHigh',
-            expr: 'shmwatch_oom_risk_ratio > %s' % num(c.oomRiskRatio),
+            expr: 'shmwatch_cgroup_memory_working_set_bytes / ignoring (limit_from) shmwatch_cgroup_memory_limit_bytes > %s'
+                  % num(c.oomRiskRatio),
             'for': c.alertFor.PodOomRiskHigh,
             labels: { severity: 'warning' },
-            annotations: {
+            annotations: named({
               summary: 'Working set is {{ $value | humanizePercentage }} of the memory limit',
               description: oneLine(|||
                 The working set of cgroup {{ $labels.cgroup }} on {{ $labels.instance }} is {{ $value |
@@ -213,31 +219,30 @@ local oneLine = lib.oneLine;
                 %. Free leaked shm segments, lower the shm sizeLimit, or raise the container's memory limit.
               |||),
               runbook_url: runbook('PodOomRiskHigh'),
-            },
+            }),
           },
           {
             alert: 'ShmSizeExceedsMemoryLimit',
             expr: 'shmwatch_shm_oom_projection_ratio > %s' % num(c.shmOomProjectionRatio),
             'for': c.alertFor.ShmSizeExceedsMemoryLimit,
             labels: { severity: 'warning' },
-            annotations: {
+            annotations: named({
               summary: 'Filling {{ $labels.mount }} would OOM-kill the pod ({{ $value | humanizePercentage }} of the limit)',
               description: oneLine(|||
-                The memory-backed {{ $labels.mount }} on {{ $labels.instance }} is charged to cgroup {{
-                $labels.cgroup }}: with the current working set, a full mount would need {{ $value |
+                The memory-backed {{ $labels.mount }} on {{ $labels.instance }} is charged to cgroup {{ $labels.cgroup }}: with the current working set, a full mount would need {{ $value |
                 humanizePercentage }} of the memory limit, so the pod is OOMKilled before tmpfs ever says ENOSPC.
                 Lower the emptyDir sizeLimit to what the limit leaves (shmwatch_mount_effective_size_bytes) or raise
                 the memory limit by the difference.
               |||),
               runbook_url: runbook('ShmSizeExceedsMemoryLimit'),
-            },
+            }),
           },
           {
             alert: 'PodOomKilled',
             expr: 'increase(shmwatch_cgroup_oom_kills_total[%s]) > 0' % c.oomKillWindow,
             'for': c.alertFor.PodOomKilled,
             labels: { severity: 'critical' },
-            annotations: {
+            annotations: named({
               summary: 'The OOM killer killed {{ $value | humanize }} process(es) in {{ $labels.cgroup }}',
               description: oneLine(|||
                 cgroup {{ $labels.cgroup }} on {{ $labels.instance }} hit its memory limit and the kernel killed {{
@@ -246,20 +251,20 @@ local oneLine = lib.oneLine;
                 the shm sizeLimit, or raise the memory limit.
               |||),
               runbook_url: runbook('PodOomKilled'),
-            },
+            }),
           },
           {
             alert: 'PodThrottledAtMemoryHigh',
             // A pod's cgroup has no memory.high of its own (MemoryQoS sets its containers'), but
             // its memory.events counts theirs: there, shm against the pod's limit. group_left
             // keeps the shmem series' labels (pod_uid, the target's namespace and pod).
-            expr: ('shmwatch_cgroup_memory_shmem_bytes / on (instance, job, cgroup) group_left () (max by (instance, job, cgroup) '
-                   + '(shmwatch_cgroup_memory_high_bytes) or max by (instance, job, cgroup) (shmwatch_cgroup_memory_limit_bytes)) '
-                   + '> %s and on (instance, job, cgroup) increase(shmwatch_cgroup_memory_events_total{event="high"}[%s]) > 0')
-                  % [num(c.memoryHighShmRatio), c.memoryHighWindow],
+            expr: ('shmwatch_cgroup_memory_shmem_bytes / on (%(k)s) group_left () (max by (%(k)s) '
+                   + '(shmwatch_cgroup_memory_high_bytes) or max by (%(k)s) (shmwatch_cgroup_memory_limit_bytes)) '
+                   + '> %(ratio)s and on (%(k)s) increase(shmwatch_cgroup_memory_events_total{event="high"}[%(window)s]) > 0')
+                  % { k: cgroupKey, ratio: num(c.memoryHighShmRatio), window: c.memoryHighWindow },
             'for': c.alertFor.PodThrottledAtMemoryHigh,
             labels: { severity: 'warning' },
-            annotations: {
+            annotations: named({
               summary: '{{ $labels.cgroup }} is throttled at memory.high, shm {{ $value | humanizePercentage }} of it',
               description: oneLine(|||
                 cgroup {{ $labels.cgroup }} on {{ $labels.instance }} (or a container in it) keeps going over memory.high,
@@ -269,14 +274,14 @@ local oneLine = lib.oneLine;
                 segments, lower the shm sizeLimit, or raise the memory limit (memory.high follows it).
               |||),
               runbook_url: runbook('PodThrottledAtMemoryHigh'),
-            },
+            }),
           },
           {
             alert: 'HostMemoryLow',
             expr: 'shmwatch_host_memory_available_bytes / shmwatch_host_memory_total_bytes < %s' % num(c.hostMemoryAvailableRatio),
             'for': c.alertFor.HostMemoryLow,
             labels: { severity: 'warning' },
-            annotations: {
+            annotations: named({
               summary: '{{ $labels.instance }} has {{ $value | humanizePercentage }} of its memory available',
               description: oneLine(|||
                 Host memory available on {{ $labels.instance }} is below 10 % ({{ $value | humanizePercentage }});
@@ -284,7 +289,7 @@ local oneLine = lib.oneLine;
                 workloads.
               |||),
               runbook_url: runbook('HostMemoryLow'),
-            },
+            }),
           },
         ],
       },
@@ -296,7 +301,7 @@ local oneLine = lib.oneLine;
             expr: 'shmwatch_sysv_segments / shmwatch_sysv_limit_shmmni > %s' % num(c.sysvNearLimitRatio),
             'for': c.alertFor.SysvSegmentsNearLimit,
             labels: { severity: 'warning' },
-            annotations: {
+            annotations: named({
               summary: 'SysV shm segments at {{ $value | humanizePercentage }} of kernel.shmmni',
               description: oneLine(|||
                 {{ $labels.instance }} uses {{ $value | humanizePercentage }} of kernel.shmmni; the next shmget()
@@ -305,14 +310,14 @@ local oneLine = lib.oneLine;
                 sysctl -w kernel.shmmni=8192.
               |||),
               runbook_url: runbook('SysvSegmentsNearLimit'),
-            },
+            }),
           },
           {
             alert: 'SysvBytesNearLimit',
             expr: 'shmwatch_sysv_bytes / shmwatch_sysv_limit_shmall_bytes > %s' % num(c.sysvNearLimitRatio),
             'for': c.alertFor.SysvBytesNearLimit,
             labels: { severity: 'warning' },
-            annotations: {
+            annotations: named({
               summary: 'SysV shm at {{ $value | humanizePercentage }} of kernel.shmall',
               description: oneLine(|||
                 SysV segments on {{ $labels.instance }} total {{ $value | humanizePercentage }} of kernel.shmall;
@@ -320,7 +325,7 @@ local oneLine = lib.oneLine;
                 kernel.shmall (in pages) with sysctl.
               |||),
               runbook_url: runbook('SysvBytesNearLimit'),
-            },
+            }),
           },
         ],
       },
@@ -333,7 +338,7 @@ local oneLine = lib.oneLine;
             expr: 'shmwatch_gpu_memory_used_bytes / shmwatch_gpu_memory_total_bytes > %s' % num(c.gpuMemoryUsedRatio),
             'for': c.alertFor.GpuMemoryNearlyFull,
             labels: { severity: 'warning' },
-            annotations: {
+            annotations: named({
               summary: 'GPU {{ $labels.gpu }} memory is {{ $value | humanizePercentage }} used',
               description: oneLine(|||
                 GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }} is {{ $value |
@@ -343,7 +348,7 @@ local oneLine = lib.oneLine;
                 --gpu-memory-utilization or move the other process.
               |||),
               runbook_url: runbook('GpuMemoryNearlyFull'),
-            },
+            }),
           },
         ],
       },
@@ -355,21 +360,21 @@ local oneLine = lib.oneLine;
             expr: 'up{%s} == 0' % c.shmwatchSelector,
             'for': c.alertFor.ShmwatchDown,
             labels: { severity: 'warning' },
-            annotations: {
+            annotations: named({
               summary: 'shmwatch on {{ $labels.instance }} is not being scraped',
               description: oneLine(|||
                 Prometheus cannot scrape shmwatch at {{ $labels.instance }}: shm, cgroup and GPU memory of this pod
                 are unwatched. Check the sidecar's logs and that the metrics port is reachable.
               |||),
               runbook_url: runbook('ShmwatchDown'),
-            },
+            }),
           },
           {
             alert: 'ShmwatchCollectorFailing',
             expr: 'shmwatch_collector_success{collector!="gpu"} == 0',
             'for': c.alertFor.ShmwatchCollectorFailing,
             labels: { severity: 'warning' },
-            annotations: {
+            annotations: named({
               summary: 'shmwatch collector {{ $labels.collector }} is failing',
               description: oneLine(|||
                 The {{ $labels.collector }} collector of shmwatch on {{ $labels.instance }} has failed for 10
@@ -377,7 +382,7 @@ local oneLine = lib.oneLine;
                 not found).
               |||),
               runbook_url: runbook('ShmwatchCollectorFailing'),
-            },
+            }),
           },
           // Only where GPUs were seen (shmwatch:gpus_seen, a latch in rules.libsonnet): CPU-only
           // nodes have no driver and must not page, and a GPU that fell off the bus must keep
@@ -387,7 +392,7 @@ local oneLine = lib.oneLine;
             expr: 'shmwatch_collector_success{collector="gpu"} == 0 and on (instance, job) shmwatch:gpus_seen',
             'for': c.alertFor.ShmwatchGpuCollectorFailing,
             labels: { severity: 'warning' },
-            annotations: {
+            annotations: named({
               summary: 'shmwatch lost the GPUs on {{ $labels.instance }}',
               description: oneLine(|||
                 NVML calls from shmwatch on {{ $labels.instance }} fail or hang (--collector.gpu.timeout) where GPUs
@@ -396,7 +401,7 @@ local oneLine = lib.oneLine;
                 purpose, run shmwatch with --no-collector.gpu.
               |||),
               runbook_url: runbook('ShmwatchGpuCollectorFailing'),
-            },
+            }),
           },
         ],
       },

@@ -82,10 +82,10 @@ local layout(items) =
   std.foldl(step, items, { x: 0, y: 0, rowH: 0, id: 1, panels: [] }).panels;
 
 // Which pod a series is about depends on how shmwatch runs. Sidecar: the scrape's namespace
-// and pod target labels are the workload's, and no series has a pod_uid. Node mode (the
-// DaemonSet): the target labels are the DaemonSet's own pod; a pod's series carry pod_uid,
-// which shmwatch:pod_info (deploy/prometheus/shmwatch-node-rules.yml, from kube_pod_info)
-// names. One dashboard serves both: each query is an `or` of the two shapes. group_left
+// and pod target labels are the workload's, no series has a pod_uid, and a mount's is its
+// path (`mount`). Node mode (the DaemonSet): the target labels are the DaemonSet's own pod; a
+// pod's series carry pod_uid, which shmwatch:pod_info (deploy/prometheus/shmwatch-node-rules.yml,
+// from kube_pod_info) names, and a pod's mount is its `volume`. One dashboard serves both: each query is an `or` of the two shapes. group_left
 // (namespace, pod) overwrites the DaemonSet's labels with the workload's (Prometheus sets the
 // listed labels from the one side). "All" is ".*", which matches series without those labels.
 local T = 'job=~"$job", instance=~"$instance"';
@@ -99,7 +99,7 @@ local watched(sel) =
   'group by (job, instance, pod_uid) (%s)'
   % std.join(' or ', [
     '%s{%s, pod_uid!=""}' % [m, sel]
-    for m in ['shmwatch_mount_info', 'shmwatch_cgroup_memory_usage_bytes', 'shmwatch_sysv_segments']
+    for m in ['shmwatch_mount_size_bytes', 'shmwatch_cgroup_memory_working_set_bytes', 'shmwatch_sysv_segments']
   ]);
 local matchers(list) = std.join(', ', [m for m in list if m != '']);
 // A series, in the shapes it comes in: the sidecar's by its target labels; node mode's
@@ -107,15 +107,20 @@ local matchers(list) = std.join(', ', [m for m in list if m != '']);
 // the exporter's own, which no pod_uid names) from the exporter that watches the selected
 // pod, i.e. the node the pod runs on. `over` wraps each selector (rate, increase) before the
 // join: a range function needs the bare selector. `nodeOnly`: more matchers for node series.
+// `mount`: the $mount variable picks a mount by its path, or a pod's by its volume.
 local series(metric, mount=false, extra='', over='%s', pod=true, node=false, nodeOnly='') =
-  local m = matchers([if mount then 'mount=~"$mount"' else '', extra]);
-  local s(list) = over % ('%s{%s}' % [metric, matchers(list + [m])]);
-  '(%s)' % std.join(' or ', [s([T, WORKLOAD, 'pod_uid=""'])]
-                            + (if pod then [named(s([T, 'pod_uid!=""']))] else [])
+  local own = matchers([if mount then 'mount=~"$mount"' else '', extra]);
+  local pods = matchers([if mount then 'volume=~"$mount"' else '', extra]);
+  local s(list, m) = over % ('%s{%s}' % [metric, matchers(list + [m])]);
+  '(%s)' % std.join(' or ', [s([T, WORKLOAD, 'pod_uid=""'], own)]
+                            + (if pod then [named(s([T, 'pod_uid!=""'], pods))] else [])
                             + (if node then ['%s and on (job, instance) group by (job, instance) (%s)'
-                                             % [s([T, 'pod_uid=""', nodeOnly]), named(watched(T))]] else []));
+                                             % [s([T, 'pod_uid=""', nodeOnly], own), named(watched(T))]] else []));
 local P(metric, mount=false, extra='', over='%s') = series(metric, mount, extra, over);
 local N(metric) = series(metric, pod=false, node=true);
+// A mount in a legend: its path (a sidecar's), or a pod's volume; and the pod it is of.
+local MOUNT = '{{mount}}{{volume}}';
+local CGROUP = '{{pod}} {{cgroup}}';
 
 // Instant-query tables: hide the bookkeeping columns, call the value what it is.
 local BYTES_TABLE = [{ id: 'organize', options: {
@@ -135,7 +140,7 @@ local panels(c) = [
         'Used / size of each watched tmpfs. Red (95 %): the next NCCL/UCX/vLLM segment fails with ENOSPC or '
         + 'SIGBUS. Look at the Segments row for who holds it; clean leaked segments or raise --shm-size / '
         + 'shm_size / the emptyDir sizeLimit.',
-        [q('max by (mount) (%s)' % P('shmwatch_mount_usage_ratio', mount=true), '{{mount}}', instant=true)],
+        [q('max by (mount, volume) (%s)' % P('shmwatch:mount_usage_ratio', mount=true), MOUNT, instant=true)],
         w=6,
         unit='percentunit',
         thresholds=[[c.shmUsageWarningRatio, 'orange'], [c.shmUsageCriticalRatio, 'red']],
@@ -145,8 +150,10 @@ local panels(c) = [
         'Working set of the watched memory cgroup over its limit; tmpfs pages count in it. Red (90 %): the OOM '
         + 'killer is close. Empty when there is no limit.',
         [
-          q('max by (cgroup) (%s)' % P('shmwatch_oom_risk_ratio'), 'risk', instant=true),
-          q('max by (mount) (%s)' % P('shmwatch_shm_oom_projection_ratio', mount=true), 'if shm filled', instant=true),
+          q('max by (cgroup) (%s)' % P('shmwatch:oom_risk_ratio'), 'risk', instant=true),
+          q('max by (mount, volume) (%s)' % P('shmwatch_shm_oom_projection_ratio', mount=true),
+            'if shm filled',
+            instant=true),
         ],
         w=6,
         unit='percentunit',
@@ -165,7 +172,7 @@ local panels(c) = [
   panel('table',
         'Firing alerts',
         "shmwatch alerts firing now (from Prometheus' ALERTS series). Each alert's runbook_url explains the fix.",
-        [q('sum by (alertname, severity, mount) (%s)'
+        [q('sum by (alertname, severity, mount, volume) (%s)'
            % series('ALERTS',
                     extra='alertstate="firing", alertname=~"Shm.*|Pod.*|Sysv.*|Gpu.*|HostMemory.*|Shmwatch.*"',
                     // Of a node-mode exporter's other alerts, the node's own (not its
@@ -184,19 +191,12 @@ local panels(c) = [
         + 'scrapes shows here. Effective size: what can really be filled (tmpfs size, sizeLimit, what the memory '
         + 'limit leaves). Used reaching effective size is a crash.',
         [
-          q(P('shmwatch_mount_used_bytes', mount=true), 'used {{mount}}'),
-          q(P('shmwatch_mount_peak_used_bytes', mount=true), 'peak {{mount}}'),
-          q(P('shmwatch_mount_size_bytes', mount=true), 'size {{mount}}'),
-          q(P('shmwatch_mount_effective_size_bytes', mount=true), 'effective size {{mount}}'),
+          q(P('shmwatch_mount_used_bytes', mount=true), 'used {{pod}} ' + MOUNT),
+          q(P('shmwatch_mount_peak_used_bytes', mount=true), 'peak {{pod}} ' + MOUNT),
+          q(P('shmwatch_mount_size_bytes', mount=true), 'size {{pod}} ' + MOUNT),
+          q(P('shmwatch_mount_effective_size_bytes', mount=true), 'effective size {{pod}} ' + MOUNT),
         ],
-        w=16,
-        unit='bytes'),
-  panel('timeseries',
-        'Unattributed bytes',
-        'Used bytes no segment we could see accounts for: held by processes shmwatch may not read '
-        + "(see Exporter health: unreadable processes) or by the kernel. Run shmwatch as the workload's user.",
-        [q(P('shmwatch_mount_unattributed_bytes', mount=true), '{{mount}}')],
-        w=8,
+        w=24,
         unit='bytes'),
 
   row('Right-sizing: how big should shm be?'),
@@ -207,10 +207,10 @@ local panels(c) = [
         + 'that drove it, and the high-water mark since shmwatch first saw the mount. A peak that never happened '
         + 'while shmwatch watched is not in it. shmwatch check --recommend prints the settings to apply.',
         [
-          q(P('shmwatch:mount_recommended_size_bytes', mount=true), 'recommended {{mount}}'),
-          q(P('shmwatch_mount_size_bytes', mount=true), 'configured {{mount}}'),
-          q(P('shmwatch:mount_observed_peak_bytes', mount=true), 'peak over %s {{mount}}' % c.recommendationWindow),
-          q(P('shmwatch_mount_max_used_bytes', mount=true), 'high-water mark {{mount}}'),
+          q(P('shmwatch:mount_recommended_size_bytes', mount=true), 'recommended {{pod}} ' + MOUNT),
+          q(P('shmwatch_mount_size_bytes', mount=true), 'configured {{pod}} ' + MOUNT),
+          q(P('shmwatch:mount_observed_peak_bytes', mount=true), 'peak over %s {{pod}} %s' % [c.recommendationWindow, MOUNT]),
+          q(P('shmwatch_mount_max_used_bytes', mount=true), 'high-water mark {{pod}} ' + MOUNT),
         ],
         w=16,
         unit='bytes'),
@@ -220,8 +220,8 @@ local panels(c) = [
         + 'are charged to the pod), against the limit now. Above it, the limit must grow, not only the shm size '
         + '(ShmRecommendationExceedsMemoryLimit).',
         [
-          q(P('shmwatch:mount_recommended_memory_limit_bytes', mount=true), 'needed {{mount}}'),
-          q(P('shmwatch_cgroup_memory_limit_bytes'), 'limit {{cgroup}}'),
+          q(P('shmwatch:mount_recommended_memory_limit_bytes', mount=true), 'needed {{pod}} ' + MOUNT),
+          q(P('shmwatch_cgroup_memory_limit_bytes'), 'limit ' + CGROUP),
         ],
         w=8,
         unit='bytes'),
@@ -247,18 +247,13 @@ local panels(c) = [
         stack=true),
   panel('table',
         'Largest segments',
-        'The top segments by allocated bytes, with their owner (comm[pid], +N more holders). State orphan: safe to '
-        + 'remove once no server can attach (rm /dev/shm/<name>), unless its class is other. State unverified: '
-        + 'never remove: shmwatch could not inspect every process, so it may be live.',
+        'The segments each exporter names (--segments.top-k of them): orphans first, then the largest of those '
+        + 'last modified over a minute ago, with the process name (comm) of their first holder; a segment that '
+        + "lives seconds is never named (shmwatch check names every one, with its holders' pids). State orphan: "
+        + 'safe to remove once no server can attach (rm -- /dev/shm/<name>), unless its class is other. State '
+        + 'unverified: never remove: shmwatch could not inspect every process, so it may be live. State hidden: '
+        + 'restart the owner to free it.',
         [q('sort_desc(%s)' % P('shmwatch_top_segment_bytes', mount=true), instant=true, table=true)],
-        w=12,
-        h=10,
-        unit='bytes',
-        transformations=BYTES_TABLE),
-  panel('table',
-        'Processes holding shm',
-        'Processes by the shm they map or hold open: the ones to restart when hidden segments pile up.',
-        [q('sort_desc(%s)' % P('shmwatch_process_shm_bytes', mount=true), instant=true, table=true)],
         w=12,
         h=10,
         unit='bytes',
@@ -280,29 +275,24 @@ local panels(c) = [
           bytesOverride('oldest orphan', 's'),
         ]),
   panel('timeseries',
-        'Segments created / deleted',
-        'Seen by inotify within milliseconds (or by inventory diffs when polling). Creates with no deletes: a leak '
-        + 'in the making.',
-        [q('sum by (class, event) (%s)'
-           % P('shmwatch_segment_events_total', mount=true, over='rate(%s[$__rate_interval])'),
-           '{{class}} {{event}}')],
-        w=12,
-        unit='ops'),
+        'Segments by class',
+        'How many segments each class has, by state. A count that only grows (orphans above all): a leak in the '
+        + 'making. Creates and deletes as they happen: the opt-in shmwatch_segment_events_total.',
+        [q('sum by (class, state) (%s)' % P('shmwatch_segments', mount=true), '{{class}} {{state}}')],
+        w=24),
 
   row('Memory: will the pod be OOM-killed?'),
   panel('timeseries',
-        'Container memory: usage vs limit, with the shm part',
-        "The memory cgroup's usage, working set and limit, and the tmpfs (shmem) part of it: memory-backed /dev/shm "
+        'Container memory: working set vs limit, with the shm part',
+        "The memory cgroup's working set and limit, and the tmpfs (shmem) part of it: memory-backed /dev/shm "
         + "counts against the limit. A sidecar that cannot read the workload's cgroup estimates it from the "
-        + "workload's processes and the shm used: cgroup \"estimate:workload\" (shmwatch_cgroup_memory_estimated 1). "
-        + 'Unexplained shmem: what no watched mount, SysV segment or memfd region explains (an estimate: an '
-        + 'unwatched tmpfs, memfds of exited processes; shmwatch_memfd_bytes has the memfds seen).',
+        + "workload's processes and the shm used: cgroup \"estimate:workload\". Usage and the shmem no watched "
+        + 'mount, SysV segment or memfd region explains are opt-in (shmwatch_cgroup_memory_usage_bytes, '
+        + 'shmwatch_cgroup_memory_shmem_unexplained_bytes: --metric-allowlist).',
         [
-          q(P('shmwatch_cgroup_memory_usage_bytes'), 'usage {{cgroup}}'),
-          q(P('shmwatch_cgroup_memory_working_set_bytes'), 'working set {{cgroup}}'),
-          q(P('shmwatch_cgroup_memory_shmem_bytes'), 'shmem {{cgroup}}'),
-          q(P('shmwatch_cgroup_memory_shmem_unexplained_bytes'), 'shmem unexplained {{cgroup}}'),
-          q(P('shmwatch_cgroup_memory_limit_bytes'), 'limit {{cgroup}}'),
+          q(P('shmwatch_cgroup_memory_working_set_bytes'), 'working set ' + CGROUP),
+          q(P('shmwatch_cgroup_memory_shmem_bytes'), 'shmem ' + CGROUP),
+          q(P('shmwatch_cgroup_memory_limit_bytes'), 'limit ' + CGROUP),
         ],
         w=12,
         unit='bytes'),
@@ -313,7 +303,7 @@ local panels(c) = [
         + 'OOM-kills the pod before tmpfs says ENOSPC: lower sizeLimit or raise the memory limit.',
         [
           q(P('shmwatch_cgroup_oom_kills_total', over='increase(%s[1h])'), 'OOM kills (1h)'),
-          q(P('shmwatch_shm_oom_projection_ratio', mount=true), 'projection {{mount}}'),
+          q(P('shmwatch_shm_oom_projection_ratio', mount=true), 'projection {{pod}} ' + MOUNT),
         ],
         w=6,
         thresholds=[[c.shmOomProjectionRatio, 'red']]),
@@ -336,11 +326,11 @@ local panels(c) = [
         + "memory.high of its own (MemoryQoS sets its containers'): once its memory.events counts them "
         + 'throttled, its limit is drawn instead, as the alert takes it.',
         [
-          q(P('shmwatch_cgroup_memory_high_bytes'), 'memory.high {{cgroup}}'),
-          q('%s and on (job, instance, cgroup) %s > 0'
+          q(P('shmwatch_cgroup_memory_high_bytes'), 'memory.high ' + CGROUP),
+          q('%s and on (job, instance, cgroup, pod_uid) %s > 0'
             % [P('shmwatch_cgroup_memory_limit_bytes'), P('shmwatch_cgroup_memory_events_total', extra='event="high"')],
-            'limit {{cgroup}} (throttled under it)'),
-          q(P('shmwatch_cgroup_memory_shmem_bytes'), 'shmem {{cgroup}}'),
+            'limit %s (throttled under it)' % CGROUP),
+          q(P('shmwatch_cgroup_memory_shmem_bytes'), 'shmem ' + CGROUP),
         ],
         w=12,
         unit='bytes'),
@@ -348,7 +338,7 @@ local panels(c) = [
         'Memory events: throttling at memory.high',
         'How often each cgroup went over memory.high (high: throttled and reclaimed), hit memory.max (max), ran '
         + 'out of memory (oom) or had a process OOM-killed (oom_kill), per second (memory.events).',
-        [q(P('shmwatch_cgroup_memory_events_total', over='rate(%s[$__rate_interval])'), '{{event}} {{cgroup}}')],
+        [q(P('shmwatch_cgroup_memory_events_total', over='rate(%s[$__rate_interval])'), '{{event}} ' + CGROUP)],
         w=12,
         unit='ops'),
   row('SysV shared memory'),
@@ -371,7 +361,6 @@ local panels(c) = [
         'Total size of SysV segments; beyond kernel.shmall shmget() fails with ENOSPC.',
         [
           q(P('shmwatch_sysv_bytes'), 'bytes'),
-          q(P('shmwatch_sysv_resident_bytes'), 'resident'),
           q('clamp_max(%s, 1e15)' % P('shmwatch_sysv_limit_shmall_bytes'), 'shmall'),
         ],
         w=12,
@@ -390,7 +379,8 @@ local panels(c) = [
         unit='bytes'),
   panel('table',
         'GPU memory per process',
-        'Who uses each GPU: pid and comm (unknown for a pid in another PID namespace).',
+        'Who uses each GPU: by process name (comm; unknown for a process in another PID namespace), summed, '
+        + "and in node mode the processes' pod (process_pod_uid). shmwatch check names each pid.",
         [q('sort_desc(%s)' % N('shmwatch_gpu_process_memory_bytes'), instant=true, table=true)],
         w=12,
         unit='bytes',
@@ -413,22 +403,18 @@ local panels(c) = [
         w=6,
         unit='s'),
   panel('stat',
-        'inotify and /proc access',
-        'inotify 1: new segments seen within milliseconds; 0: polled. Unreadable processes: owners shmwatch '
-        + 'cannot see. Owners verified 0: segments held by nobody it could inspect are unverified, not orphan; '
-        + "run shmwatch as the server's UID or with CAP_SYS_PTRACE.",
-        [
-          q('min(%s)' % P('shmwatch_inotify_active', mount=true), 'inotify', instant=true),
-          q('max(%s)' % N('shmwatch_proc_unreadable'), 'unreadable processes', instant=true),
-          q('min(%s)' % P('shmwatch_mount_owners_verified', mount=true), 'owners verified', instant=true),
-        ],
+        '/proc access',
+        'Processes shmwatch could not inspect: the owners it cannot see. Above 0, segments held by nobody it could '
+        + "inspect are unverified, not orphan: run shmwatch as the server's UID or with CAP_SYS_PTRACE. (Per mount: "
+        + 'the opt-in shmwatch_mount_owners_verified; inotify or polling: shmwatch_inotify_active.)',
+        [q('max(%s)' % N('shmwatch_proc_unreadable'), 'unreadable processes', instant=true)],
         w=6),
   panel('stat',
         'Inventory degraded',
         '1: the mount holds more files than --inventory.max-segments (counted by class only), or more entries '
         + 'than a walk reads (the files not reached kept as last seen). Nothing in it is called leaked, so '
         + '"Leaked and hidden" cannot show a leak: a leak storm, most likely; Bytes by owner class says whose.',
-        [q('max by (mount) (%s)' % P('shmwatch_inventory_degraded', mount=true), '{{mount}}', instant=true)],
+        [q('max by (mount, volume) (%s)' % P('shmwatch_inventory_degraded', mount=true), MOUNT, instant=true)],
         w=6,
         thresholds=[[1, 'red']],
         options={ colorMode: 'background', graphMode: 'none' }),
@@ -500,10 +486,12 @@ local workloadVariable(name, label, sel) =
                  includeAll=true),
         workloadVariable('namespace', 'Namespace', ''),
         workloadVariable('pod', 'Pod', 'namespace=~"$namespace"'),
+        // A sidecar's mounts by their path, node mode's pods' by their volume.
         variable('mount',
                  'Mount',
-                 'label_values(shmwatch_mount_size_bytes{job=~"$job", instance=~"$instance"}, mount)',
-                 includeAll=true),
+                 'query_result(group by (mount, volume) (shmwatch_mount_size_bytes{job=~"$job", instance=~"$instance"}))',
+                 includeAll=true,
+                 regex='/(?:mount|volume)="([^"]+)"/'),
       ] },
       panels: layout(panels(c)),
     },

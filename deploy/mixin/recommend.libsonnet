@@ -5,6 +5,7 @@
 local lib = import 'lib.libsonnet';
 local num = lib.num;
 local oneLine = lib.oneLine;
+local named = lib.named;
 local GiB = 1073741824;
 local MiB = 1048576;
 {
@@ -45,7 +46,7 @@ local MiB = 1048576;
                   + 'max by (instance, job, pod_uid) (shmwatch_cgroup_memory_limit_bytes)',
             'for': c.alertFor.ShmRecommendationExceedsMemoryLimit,
             labels: { severity: 'warning' },
-            annotations: {
+            annotations: named({
               summary: 'The memory limit, not the shm size, must grow for {{ $labels.mount }}: to {{ $value | humanize1024 }}B',
               description: oneLine(|||
                 The recommended size of {{ $labels.mount }} on {{ $labels.instance }} (highest peak of the last %s
@@ -56,7 +57,7 @@ local MiB = 1048576;
                 the shm size.
               ||| % [c.recommendationWindow, num(c.recommendationHeadroom)]),
               runbook_url: c.runbookUrlPrefix + 'shmrecommendationexceedsmemorylimit',
-            },
+            }),
           },
         ],
       },

@@ -3,6 +3,22 @@
   prometheusRules+:: {
     local c = $._config,
     groups+: [
+      // Ratios shmwatch leaves to Prometheus (out of its default set: each is two series it
+      // exports already, divided), for dashboards and your own rules. The alerts divide for
+      // themselves, so they hold without these.
+      {
+        name: 'shmwatch-ratios',
+        rules: [
+          {
+            record: 'shmwatch:mount_usage_ratio',
+            expr: 'shmwatch_mount_used_bytes / shmwatch_mount_size_bytes',
+          },
+          {
+            record: 'shmwatch:oom_risk_ratio',
+            expr: 'shmwatch_cgroup_memory_working_set_bytes / ignoring (limit_from) shmwatch_cgroup_memory_limit_bytes',
+          },
+        ],
+      },
       {
         name: 'shmwatch-gpu-seen',
         rules: [
@@ -78,22 +94,24 @@
           },
           {
             record: 'shmwatch:pod_mount_usage_ratio',
-            expr: 'shmwatch_mount_usage_ratio{pod_uid!=""} * on (pod_uid) group_left (namespace, pod) shmwatch:pod_info',
+            expr: 'shmwatch_mount_used_bytes{pod_uid!=""} / shmwatch_mount_size_bytes'
+                  + ' * on (pod_uid) group_left (namespace, pod) shmwatch:pod_info',
           },
           {
             record: 'shmwatch:pod_mount_used_bytes',
             expr: 'shmwatch_mount_used_bytes{pod_uid!=""} * on (pod_uid) group_left (namespace, pod) shmwatch:pod_info',
           },
           {
-            // One series per pod, mount, class and state: two exporters that report the same
+            // One series per pod, volume, class and state: two exporters that report the same
             // pod (a second DaemonSet, a canary) report the same segments, not more of them.
             record: 'shmwatch:pod_segment_bytes',
-            expr: 'max by (pod_uid, mount, volume, class, state) (shmwatch_segment_bytes{pod_uid!=""})'
+            expr: 'max by (pod_uid, volume, class, state) (shmwatch_segment_bytes{pod_uid!=""})'
                   + ' * on (pod_uid) group_left (namespace, pod) shmwatch:pod_info',
           },
           {
             record: 'shmwatch:pod_oom_risk_ratio',
-            expr: 'shmwatch_oom_risk_ratio{pod_uid!=""} * on (pod_uid) group_left (namespace, pod) shmwatch:pod_info',
+            expr: 'shmwatch_cgroup_memory_working_set_bytes{pod_uid!=""} / ignoring (limit_from) shmwatch_cgroup_memory_limit_bytes'
+                  + ' * on (pod_uid) group_left (namespace, pod) shmwatch:pod_info',
           },
           {
             record: 'shmwatch:pod_shm_oom_projection_ratio',

@@ -1,19 +1,39 @@
-"""The model as the catalogue's families. A mount's or cgroup's series (most as in the
-last render) are reused while their inputs are equal (Families.parts_of). A bug in one
-source's renderer drops that source's series and marks it failed, not the scrape."""
+"""The model as the catalogue's families, those exposed (--metric-allowlist, --metric-denylist).
+A mount's or cgroup's series (most as in the last render) are reused while their inputs are
+equal (Families.parts_of). A bug in one source's renderer drops that source's series and
+marks it failed, not the scrape.
+
+Labels say what a series is about once: in node mode a pod's mount by its pod and volume
+(or a runtime's by its container), not also by its path; a pod's cgroup by its pod; a
+process by its name (comm), summed or its largest, never by its pid."""
 
 import functools
 import logging
 import re
 import threading
-from typing import Iterable, List
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 from prometheus_client.registry import Collector
 
 from exporter import __version__
-from exporter.exposition.render import Families, Family
-from exporter.model.step import Model, ModelStep
-from exporter.model.summary import memfd_summary, owner_label
+from exporter.exposition.render import Families, Family, Memo, Row
+from exporter.model.step import Model, ModelStep, MountView
+from exporter.model.summary import (
+    SegmentSummary,
+    ShmBudget,
+    memfd_summary,
+    named_on_exporter,
+    owner_comm,
+)
+from exporter.model.types import (
+    CgroupMemory,
+    Inventory,
+    MountInventory,
+    MountUsage,
+    Segment,
+)
 
 log = logging.getLogger(__name__)
 MAX_LABEL_CHARS = 128
@@ -45,12 +65,84 @@ MOUNT_SERIES = (
 ).split()
 
 
-class ModelCollector(Collector):
-    """Renders the model step's current Model; reads nothing else."""
+def mount_label(view: MountView) -> str:
+    """A mount's `mount` label: its path, or '' (left out) where node mode names it by its
+    pod and volume or its container."""
+    return "" if any(view.labels.values()) else view.mount
 
-    def __init__(self, step: ModelStep):
-        self.step = step
-        self.parts: dict = {}  # the last render's, by key (Families.parts_of)
+
+def cgroup_label(
+    cgroup: str, pod_uid: str, node_mode: bool, ambiguous: FrozenSet[str] = frozenset()
+) -> str:
+    """A cgroup's `cgroup` label: its path, or '' (left out) for a pod's in node mode, whose
+    pod_uid says which it is; unless the pod is `ambiguous` (two cgroups of it in one family:
+    an OOM count kept under the path the kernel named, beside the pod's live cgroup), where
+    the path tells the two series apart."""
+    if node_mode and pod_uid and pod_uid not in ambiguous:
+        return ""
+    return clean(cgroup, 256)
+
+
+def pods_twice(pod_uids: Iterable[str]) -> FrozenSet[str]:
+    """The pods named more than once: their series keep the cgroup's path."""
+    counted = Counter(uid for uid in pod_uids if uid)
+    return frozenset(uid for uid, n in counted.items() if n > 1)
+
+
+def largest_by_name(
+    held: Iterable[Tuple[int, int]], comms: Dict[int, str], pods: Dict[int, str]
+) -> Dict[Tuple[str, str], int]:
+    """(pid, bytes) -> (comm, pod UID) -> the most any one of those processes holds."""
+    out: Dict[Tuple[str, str], int] = {}
+    for pid, size in held:
+        key = clean(comms.get(pid, "unknown")), pods.get(pid, "")
+        out[key] = max(size, out.get(key, 0))
+    return out
+
+
+@dataclass(frozen=True)
+class ListedMount:
+    """A mount whose inventory was read without an error: its segments' series."""
+
+    view: MountView
+    summary: SegmentSummary
+    inventory: MountInventory
+
+
+def listed_mounts(model: Model) -> List[ListedMount]:
+    return [
+        ListedMount(view=v, summary=v.summary, inventory=v.inventory)
+        for v in model.mounts
+        if v.summary is not None and v.inventory is not None
+    ]
+
+
+def required(inventory: Optional[Inventory]) -> Inventory:
+    """The inventory a successful segments run made (a render of none fails, logged)."""
+    if inventory is None:
+        raise ValueError("the segments source succeeded without an inventory")
+    return inventory
+
+
+@dataclass(frozen=True)
+class NamedSegment:
+    """A segment the exporter names, with what its series says of it besides."""
+
+    # Its mount's `mount` label (mount_label) and node mode's labels.
+    mount: str
+    labels: Dict[str, str]
+    segment: Segment
+    # The process name (comm) of its first holder.
+    owner: str
+
+
+class ModelCollector(Collector):
+    """Renders the model step's current Model; reads nothing else. `exposed`: the families
+    to render (None: every one)."""
+
+    def __init__(self, step: ModelStep, exposed: Optional[FrozenSet[str]] = None):
+        self.step, self.exposed = step, exposed
+        self.parts = Memo()  # the last render's (Families.parts_of)
         self._lock = threading.Lock()  # one render at a time: they share parts
 
     def describe(self) -> List[Family]:  # registering must not trigger a collect
@@ -59,7 +151,7 @@ class ModelCollector(Collector):
     def collect(self) -> Iterable[Family]:
         with self._lock:
             model = self.step.current()
-            out = Families(model.node_mode, self.parts)
+            out = Families(model.node_mode, self.parts, exposed=self.exposed)
             out.add("shmwatch_build_info", [__version__], 1)
             for status in model.statuses:
                 name, ok = status.name, status.success
@@ -73,9 +165,15 @@ class ModelCollector(Collector):
             self.parts = out.made
             return list(out)
 
-    def _guarded(self, what: str, render, model: Model, out: Families) -> bool:
+    def _guarded(
+        self,
+        what: str,
+        render: Callable[[Model, Families], None],
+        model: Model,
+        out: Families,
+    ) -> bool:
         """`render`'s series, or none of them (logged) when it fails."""
-        staged = Families(out.node_mode, out.last, made=out.made)
+        staged = Families(out.node_mode, out.last, made=out.made, exposed=out.exposed)
         try:
             render(model, staged)
         except Exception:
@@ -87,7 +185,7 @@ class ModelCollector(Collector):
 
     def _shm_mount(self, model: Model, out: Families) -> None:
         rows = (
-            (("shm_mount", v.mount), v.labels, v.usage, v.peak_bytes)
+            (("shm_mount", v.mount), v.labels, mount_label(v), v.usage, v.peak_bytes)
             + (v.max_used_bytes, v.max_used_at)
             for v in model.mounts
             if v.usage is not None
@@ -95,74 +193,134 @@ class ModelCollector(Collector):
         out.parts_of(self._one_mount_usage, rows)
 
     @staticmethod
-    def _one_mount_usage(out: Families, m, *figures) -> None:
+    def _one_mount_usage(
+        out: Families, mount: str, m: MountUsage, *figures: Optional[float]
+    ) -> None:
+        """A mount that cannot be measured says so (mount_error 1); one that can, its figures
+        (where an error 0 would only repeat that they are there)."""
         noswap = "true" if m.noswap else "false"
-        out.add("shmwatch_mount_info", [m.mount, m.fstype, clean(m.source), noswap], 1)
-        out.add("shmwatch_mount_error", [m.mount], 1 if m.error else 0)
+        out.add("shmwatch_mount_info", [mount, m.fstype, clean(m.source), noswap], 1)
         if m.error:
+            out.add("shmwatch_mount_error", [mount], 1)
             return
         own = (m.size_bytes, m.used_bytes, m.available_bytes, m.usage_ratio, m.inodes)
         for field, value in zip(MOUNT_SERIES, (*own, m.inodes_free, *figures)):
-            out.add(f"shmwatch_mount_{field}", [m.mount], value)
+            if value is not None:  # a peak or high-water mark not known yet
+                out.add(f"shmwatch_mount_{field}", [mount], value)
 
     def _segments(self, model: Model, out: Families) -> None:
-        inv = model.inventory
+        inv = required(model.inventory)
         if inv.proc_unreadable is not None:  # None: hidden processes exist, uncounted
             out.add("shmwatch_proc_unreadable", [], inv.proc_unreadable)
-        # A mount has a summary when its inventory was read without an error.
-        listed = [v for v in model.mounts if v.summary is not None]
-
-        def segments(v):  # with the comm and the pod of each process its series name
-            pids = v.summary.named_pids
-            comms = {pid: inv.comms.get(pid, "unknown") for pid in pids}
-            pods = {pid: inv.pods.get(pid, "") for pid in pids}
-            return ("segments", v.mount), v.labels, v.mount, v.summary, comms, pods
-
-        def state(v):
-            # An orphan's age moves on with every inventory (whole seconds: leaks are hours old).
-            oldest, degraded = v.summary.oldest_orphan_mtime, int(v.summary.degraded)
-            age = 0.0 if oldest is None else float(max(0, int(inv.wall_time - oldest)))
-            verified = int(inv.owners_complete and not degraded)
-            others = sorted(v.inventory.other_entries.items())
-            row = ("state", v.mount), v.labels, v.mount, age, degraded, verified
-            return row + (v.inventory.unattributed_bytes, others)
-
+        listed = listed_mounts(model)
         # Rows made again only for another inventory or summary (most renders have none).
-        same = (inv, *[x for v in listed for x in (v.labels, v.summary, v.inventory)])
-        out.parts_of(self._one_mount_segments, map(segments, listed), same)
-        out.parts_of(self._one_mount_state, map(state, listed), same)
+        same = (
+            inv,
+            *[x for m in listed for x in (m.view.labels, m.summary, m.inventory)],
+        )
+        rows = (self._segments_row(m, inv) for m in listed)
+        out.parts_of(self._one_mount_segments, rows, same)
+        if out.wants("shmwatch_top_segment_bytes"):
+            # One row, made only when parts_of finds `same` moved.
+            named = (self._named_row(listed, inv.comms) for _ in range(1))
+            out.parts_of(self._named_segments, named, same)
+        states = (self._state_row(m, inv) for m in listed)
+        out.parts_of(self._one_mount_state, states, same)
         memfds = memfd_summary(inv, self.step.top_k)
         for cls, totals in sorted(memfds.by_class.items()):
             out.add("shmwatch_memfd_regions", [cls], totals.count)
             out.add("shmwatch_memfd_bytes", [cls], totals.allocated_bytes)
-        for pid, size in memfds.top:
-            labels = [str(pid), clean(inv.comms.get(pid, "unknown"))]
-            pod = {"process_pod_uid": inv.pods.get(pid, "")}
-            out.add("shmwatch_process_memfd_bytes", labels, size, pod)
+        by_name = largest_by_name(memfds.top, inv.comms, inv.pods)
+        for (comm, pod), size in by_name.items():
+            pods = {"process_pod_uid": pod}
+            out.add("shmwatch_process_memfd_bytes", [comm], size, pods)
 
     @staticmethod
-    def _one_mount_segments(out: Families, mount, summary, comms, pods) -> None:
+    def _segments_row(m: ListedMount, inv: Inventory) -> Row:
+        """With the comm and the pod of each process its series name."""
+        pids = m.summary.named_pids
+        comms = {pid: inv.comms.get(pid, "unknown") for pid in pids}
+        pods = {pid: inv.pods.get(pid, "") for pid in pids}
+        key = ("segments", m.view.mount)
+        return key, m.view.labels, mount_label(m.view), m.summary, comms, pods
+
+    @staticmethod
+    def _state_row(m: ListedMount, inv: Inventory) -> Row:
+        # An orphan's age moves on with every inventory (whole seconds: leaks are hours old).
+        oldest, degraded = m.summary.oldest_orphan_mtime, int(m.summary.degraded)
+        age = 0.0 if oldest is None else float(max(0, int(inv.wall_time - oldest)))
+        verified = int(inv.owners_complete and not degraded)
+        others = sorted(m.inventory.other_entries.items())
+        key, unattributed = ("state", m.view.mount), m.inventory.unattributed_bytes
+        return (
+            key,
+            m.view.labels,
+            mount_label(m.view),
+            age,
+            degraded,
+            verified,
+            unattributed,
+            others,
+        )
+
+    def _named_row(self, listed: List[ListedMount], comms: Dict[int, str]) -> Row:
+        """The one row of the exporter's named segments: --segments.top-k of every mount's."""
+        summaries = [(m.view, m.summary) for m in listed]
+        named = [
+            NamedSegment(
+                mount=mount_label(v),
+                labels=v.labels,
+                segment=seg,
+                owner=owner_comm(seg.holders, comms),
+            )
+            for v, seg in named_on_exporter(summaries, self.step.top_k)
+        ]
+        return ("named segments",), {}, named
+
+    @staticmethod
+    def _named_segments(out: Families, named: List[NamedSegment]) -> None:
+        # Two names that clean to the same text are told apart by their inode.
+        seen: Set[Tuple[Tuple[str, ...], str, str]] = set()
+        for n in named:
+            seg, name = n.segment, clean(n.segment.name)
+            where = (n.mount, *n.labels.values())
+            if (where, name, seg.state) in seen:
+                name = f"{name} (inode {seg.key[1]})"
+            seen.add((where, name, seg.state))
+            values = [n.mount, name, seg.cls, seg.state, clean(n.owner)]
+            out.add("shmwatch_top_segment_bytes", values, seg.allocated_bytes, n.labels)
+
+    @staticmethod
+    def _one_mount_segments(
+        out: Families,
+        mount: str,
+        summary: SegmentSummary,
+        comms: Dict[int, str],
+        pods: Dict[int, str],
+    ) -> None:
         for (cls, state), t in sorted(summary.totals.items()):
             figures = t.count, t.allocated_bytes, t.apparent_bytes
             for kind, value in zip(SEGMENT_SERIES, figures):
                 out.add(f"shmwatch_{kind}", [mount, cls, state], value)
-        seen = set()
-        for seg in summary.top:
-            name = clean(seg.name)
-            if (name, seg.state) in seen:  # two names that clean to the same text
-                name = f"{name} (inode {seg.key[1]})"
-            seen.add((name, seg.state))
-            owner = clean(owner_label(seg.holders, comms))
-            labels = [mount, name, seg.cls, seg.state, owner]
-            out.add("shmwatch_top_segment_bytes", labels, seg.allocated_bytes)
-        for pid, size in summary.top_processes:
-            labels = [mount, str(pid), clean(comms[pid])]
-            pod = {"process_pod_uid": pods[pid]}
-            out.add("shmwatch_process_shm_bytes", labels, size, pod)
+        by_name = largest_by_name(summary.top_processes, comms, pods)
+        for (comm, pod), size in by_name.items():
+            out.add(
+                "shmwatch_process_shm_bytes",
+                [mount, comm],
+                size,
+                {"process_pod_uid": pod},
+            )
 
     @staticmethod
-    def _one_mount_state(out: Families, mount, age, degraded, *figures) -> None:
-        verified, unattributed, others = figures
+    def _one_mount_state(
+        out: Families,
+        mount: str,
+        age: float,
+        degraded: int,
+        verified: int,
+        unattributed: int,
+        others: List[Tuple[str, int]],
+    ) -> None:
         if not degraded:  # past --inventory.max-segments no orphan's age is known
             out.add("shmwatch_orphan_oldest_age_seconds", [mount], age)
         out.add("shmwatch_mount_unattributed_bytes", [mount], unattributed)
@@ -203,15 +361,20 @@ class ModelCollector(Collector):
 
     def _cgroup(self, model: Model, out: Families) -> None:
         unexplained = model.shmem_unexplained.get
+        twice = pods_twice(c.pod_uid for c in model.cgroups)
         rows = (
-            (("cgroup", c.cgroup), {"pod_uid": c.pod_uid}, c, unexplained(c.cgroup))
+            (("cgroup", c.cgroup), {"pod_uid": c.pod_uid})
+            + (cgroup_label(c.cgroup, c.pod_uid, model.node_mode, twice),)
+            + (c, unexplained(c.cgroup))
             for c in model.cgroups
         )
         out.parts_of(self._one_cgroup, rows)
 
     @staticmethod
-    def _one_cgroup(out: Families, cg, unexplained) -> None:
-        label = [clean(cg.cgroup, 256)]
+    def _one_cgroup(
+        out: Families, shown: str, cg: CgroupMemory, unexplained: Optional[int]
+    ) -> None:
+        label = [shown]
         for name, value in (
             ("cgroup_memory_usage_bytes", cg.usage_bytes),
             ("cgroup_memory_working_set_bytes", cg.working_set_bytes),
@@ -235,6 +398,10 @@ class ModelCollector(Collector):
 
     def _gpu(self, model: Model, out: Families) -> None:
         gpus = model.gpu
+        # A successful run made a snapshot: a render of none fails, logged.
+        if gpus is None:
+            raise ValueError("the gpu source succeeded without a snapshot")
+        pods = model.inventory.pods if model.inventory else {}
         for d in gpus.devices:
             ids = [d.gpu, clean(d.uuid)]
             info = [*ids, clean(d.name), clean(gpus.driver_version)]
@@ -243,26 +410,46 @@ class ModelCollector(Collector):
                 value = getattr(d, f"{field}_bytes")
                 if value is not None:  # reserved: not every driver tells it
                     out.add(f"shmwatch_gpu_memory_{field}_bytes", ids, value)
+            # GPU memory is no two processes': a name's is their sum.
+            used: Dict[Tuple[str, str], int] = {}
             for p in d.processes:
-                labels = ids + [str(p.pid), clean(p.comm)]
-                out.add("shmwatch_gpu_process_memory_bytes", labels, p.used_bytes)
+                key = clean(p.comm), pods.get(p.pid, "")
+                used[key] = used.get(key, 0) + p.used_bytes
+            for (comm, pod), size in used.items():
+                labels, extra = ids + [comm], {"process_pod_uid": pod}
+                out.add("shmwatch_gpu_process_memory_bytes", labels, size, extra)
 
     def _derived(self, model: Model, out: Families) -> None:
         """Effective shm size and the OOM projection: shm usage joined with the cgroup."""
         if not model.result_ok("shm_mount"):
             return
         rows = (
-            (("derived", v.mount), v.labels, v.mount, v.budget, v.budget_complete)
-            + (v.cgroup and v.cgroup.cgroup,)
+            (
+                ("derived", v.mount),
+                v.labels,
+                mount_label(v),
+                v.budget,
+                v.budget_complete,
+            )
+            + (self._derived_cgroup(v.cgroup, model.node_mode),)
             for v in model.mounts
             if v.budget is not None
         )
         out.parts_of(self._one_derived, rows)
 
     @staticmethod
-    def _one_derived(out: Families, mount, budget, complete, cgroup) -> None:
+    def _derived_cgroup(cgroup: Optional[CgroupMemory], node_mode: bool) -> str:
+        """The `cgroup` label of a mount's projection: '' (left out) without one."""
+        if cgroup is None:
+            return ""
+        return cgroup_label(cgroup.cgroup, cgroup.pod_uid, node_mode)
+
+    @staticmethod
+    def _one_derived(
+        out: Families, mount: str, budget: ShmBudget, complete: bool, cgroup: str
+    ) -> None:
         if budget.projection is not None:
-            labels = [mount, clean(cgroup, 256)]
+            labels = [mount, cgroup]
             out.add("shmwatch_shm_oom_projection_ratio", labels, budget.projection)
         if complete:
             size = budget.effective_bytes
@@ -270,19 +457,21 @@ class ModelCollector(Collector):
 
     def _oom_kills(self, model: Model, out: Families) -> None:
         """From the model's counts, not the cgroup renderer: a pod's kills outlive its cgroup."""
-        name = "shmwatch_cgroup_oom_kills_total"
+        name, node_mode = "shmwatch_cgroup_oom_kills_total", model.node_mode
+        twice = pods_twice(c.pod_uid for c in model.oom_kills)
         rows = (
-            (("oom", c.cgroup), {"pod_uid": c.pod_uid}, name, [clean(c.cgroup, 256)])
-            + (c.kills,)
+            (("oom", c.cgroup), {"pod_uid": c.pod_uid}, name)
+            + ([cgroup_label(c.cgroup, c.pod_uid, node_mode, twice)], c.kills)
             for c in model.oom_kills
         )
         out.parts_of(Families.add, rows, (model.oom_kills,))  # kept while unchanged
 
     def _events(self, model: Model, out: Families) -> None:
         states = model.states
-        labels = {v.mount: v.labels for v in model.mounts}
+        views = {v.mount: v for v in model.mounts}
         rows = (
-            (("events", mount), labels.get(mount), mount)
+            (("events", mount), views[mount].labels if mount in views else None)
+            + (mount_label(views[mount]) if mount in views else mount,)
             + (states.event_rows.get(mount, ()), states.inotify.get(mount))
             + (states.overflows.get(mount, 0),)
             for mount in sorted({*states.event_rows, *states.inotify})
@@ -290,7 +479,13 @@ class ModelCollector(Collector):
         out.parts_of(self._mount_events, rows)
 
     @staticmethod
-    def _mount_events(out: Families, mount, counts, active, overflows) -> None:
+    def _mount_events(
+        out: Families,
+        mount: str,
+        counts: Tuple[Tuple[str, str, int], ...],
+        active: Optional[bool],
+        overflows: int,
+    ) -> None:
         for cls, event, count in counts:
             out.add("shmwatch_segment_events_total", [mount, cls, event], count)
         if active is not None:

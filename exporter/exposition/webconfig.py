@@ -173,7 +173,7 @@ class WebConfigSource:
         LOG.info("web config reloaded")
 
     def collect(self) -> Iterable[Family]:
-        out = Families()  # type: ignore[no-untyped-call]  # render.py's, not typed
+        out = Families()
         out.add("shmwatch_web_config_last_reload_successful", [], int(self.reload_ok))
         return out.__iter__()
 

@@ -1,198 +1,715 @@
-"""Every metric shmwatch exports: /metrics, README, rules and panels use no other."""
+"""Every metric shmwatch exports: /metrics, README, rules and panels use no other.
+
+The cardinality budget is part of the contract. By default shmwatch exports the families
+marked `default=True`: in node mode, the series that say of each pod how full its shm is,
+how big, what class of segments fill it, what is leaked and what memory budget it is
+charged to, and what the alerts and the dashboard read; at most SERIES_A_POD_BUDGET series
+a pod (a memory emptyDir and its memory cgroup) and BYTES_A_SERIES_BUDGET bytes a series of
+the text format at the kubelet's paths (bench/cardinality.py prints both). The rest are
+opt-in (--metric-allowlist), and any may be left out (--metric-denylist).
+
+Label values are bounded: a segment's name only for the segments --segments.top-k names on
+the exporter (leaks first: orphans last modified over 15 s ago, then any segment last
+modified over a minute ago: model/summary.py's named_now), a process by its name (comm),
+never its pid; `shmwatch check` names every segment and pid.
+"""
 
 import re
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, FrozenSet, Sequence, Tuple
 
 from exporter.host.kube import NODE_LABELS as NODE_MOUNT_LABELS
+
+SERIES_A_POD_BUDGET = 20
+BYTES_A_SERIES_BUDGET = 150
 
 
 @dataclass(frozen=True)
 class Metric:
     name: str
-    type: str  # "counter" when the name ends in _total, else "gauge"
-    unit: str  # "bytes", "seconds", "ratio", "" (a count or an info metric)
+    # "counter" when the name ends in _total, else "gauge".
+    type: str
+    # "bytes", "seconds", "ratio", or "" (a count or an info metric).
+    unit: str
     labels: Tuple[str, ...]
     help: str
+    # In the default set; False: opt-in (--metric-allowlist).
+    default: bool
 
 
-# name{labels}, two spaces, its help text (on indented lines as it goes on); '#': a comment.
-_ENTRY = re.compile(r"^(\w+)(?:{(.*)})?  (.*(?:\n    .*)*)", re.M)
-_TABLE = """
-# --- shm mounts (collector shm_mount) -------------------------------------------
-shmwatch_mount_info{mount,fstype,source,noswap}  Always 1; the filesystem type and
-    source of a monitored mount; noswap "true" when mounted with noswap (Linux 6.4+; the
-    kubelet's memory-backed emptyDirs), so its pages cannot go to swap.
-shmwatch_mount_error{mount}  1 when the mount could not be measured (missing, no longer
-    a mount point, not a directory, statvfs failed).
-shmwatch_mount_size_bytes{mount}  Size of the mount (statvfs).
-shmwatch_mount_used_bytes{mount}  Bytes used on the mount (statvfs).
-shmwatch_mount_available_bytes{mount}  Bytes available to unprivileged users on the
-    mount (statvfs).
-shmwatch_mount_usage_ratio{mount}  Used / size, 0 to 1.
-shmwatch_mount_peak_used_bytes{mount}  Highest used bytes seen by polls and inotify
-    events within the peak window.
-shmwatch_mount_max_used_bytes{mount}  High-water mark: highest used bytes seen by polls
-    and inotify events since the mount was first seen.
-shmwatch_mount_max_used_timestamp_seconds{mount}  When shmwatch_mount_max_used_bytes was
-    first reached (Unix time).
-shmwatch_mount_inodes{mount}  Inodes on the mount.
-shmwatch_mount_inodes_free{mount}  Free inodes on the mount.
-# --- segment inventory (collector segments) -----------------------------------
-shmwatch_segments{mount,class,state}  Segments by owner class and state: linked, hidden
-    (unlinked, still mapped or open), orphan (held by no process, and every process was
-    inspected), unverified (held by no process we could inspect).
-shmwatch_segment_bytes{mount,class,state}  Allocated bytes of segments (st_blocks x 512:
-    what tmpfs charges).
-shmwatch_segment_apparent_bytes{mount,class,state}  Apparent size of segments (st_size:
-    what was asked for; sparse files allocate less).
-shmwatch_top_segment_bytes{mount,name,class,state,owner}  Allocated bytes of the largest
-    segments (top K).
-shmwatch_process_shm_bytes{mount,pid,comm}  Allocated bytes of the segments a process
-    maps or holds open (top K processes).
-shmwatch_orphan_oldest_age_seconds{mount}  Age in whole seconds (since last
-    modification) of the oldest orphan segment of a class whose segments belong to one
-    process (nccl, torch, python_shm, vllm_offload, ucx, mpi, sglang): one to remove; 0
-    when there is none; absent while the mount is degraded
-    (shmwatch_inventory_degraded).
-shmwatch_mount_unattributed_bytes{mount}  Used bytes not accounted for by any segment we
-    could see (other users' or the kernel's).
-shmwatch_mount_other_entries{mount,type}  Entries that are not regular files (directory,
-    symlink, fifo, socket, device); never opened.
-shmwatch_proc_unreadable  Processes we could not inspect in the last inventory: /proc
-    stat, maps or fd denied, or hidden by hidepid; absent when hidden processes exist
-    but could not be counted.
-shmwatch_mount_owners_verified{mount}  1 when every process that could hold a segment of
-    the mount was inspected (segments held by nobody are orphan); 0 when some could not
-    be (they are unverified: grant the server's UID or CAP_SYS_PTRACE), or while the
-    mount is degraded.
-shmwatch_inventory_degraded{mount}  1 when the mount holds more files than
-    --inventory.max-segments: its segments are counted and sized by class only (state
-    unverified; no top segments, no owners); or more than 250,000 entries: the files a
-    walk does not reach are kept as last seen and none is called orphan.
-# --- memfd regions (collector segments): shmem outside every mount -----------------
-shmwatch_memfd_regions{class}  memfd regions ('/memfd:<name> (deleted)' in a process's
-    maps or fds) mapped or held open, by the owner class of their name: shmem charged
-    like tmpfs that no mount shows (Mooncake, UCX, CUDA host allocations).
-shmwatch_memfd_bytes{class}  Allocated bytes of memfd regions (st_blocks x 512 of the
-    fd, or of the mapping through map_files with CAP_SYS_ADMIN; else the mapping's
-    extent).
-shmwatch_process_memfd_bytes{pid,comm}  Allocated bytes of the memfd regions a process
-    maps or holds open (top K processes); past its 64 largest, a region another process
-    holds too counts in one of them only.
-shmwatch_cgroup_memory_shmem_unexplained_bytes{cgroup}  Estimate: the cgroup's shmem
-    minus what the watched mounts charged to it, its IPC namespace's SysV segments
-    (resident) and the memfd regions its processes hold explain, floored at 0: unwatched
-    tmpfs mounts, memfds of processes gone. A region held from two cgroups counts in
-    both.
-# --- events (sampler + watchdog) ------------------------------------------------
-shmwatch_segment_events_total{mount,class,event}  Segments created and deleted, seen by
-    inotify (or by inventory diffs when polling); may undercount when the inotify queue
-    overflows (shmwatch_inotify_overflows_total).
-shmwatch_inotify_overflows_total{mount}  Times the kernel's inotify queue overflowed
-    while the mount was watched: events were lost, and a full inventory ran at once.
-shmwatch_inotify_active{mount}  1 when the mount is watched by inotify, 0 when polled.
-# --- SysV shm (collector sysv) --------------------------------------------------
-shmwatch_sysv_segments  SysV shared memory segments (/proc/sysvipc/shm).
-shmwatch_sysv_bytes  Total size of SysV shared memory segments.
-shmwatch_sysv_resident_bytes  Resident bytes of SysV shared memory segments.
-shmwatch_sysv_orphan_segments  SysV segments with no process attached (nattch 0) whose
-    creator and last user have exited.
-shmwatch_sysv_limit_shmmax_bytes  kernel.shmmax: largest SysV segment.
-shmwatch_sysv_limit_shmall_bytes  kernel.shmall in bytes: SysV shm in total.
-shmwatch_sysv_limit_shmmni  kernel.shmmni: most SysV segments.
-shmwatch_sysv_namespace_readable  1 when the IPC namespace's SysV segments and limits
-    could be read; 0 (and no other SysV series for it) when not: node mode enters each
-    pod's IPC namespace with setns, which needs CAP_SYS_ADMIN.
-# --- host memory (collector host_memory) ---------------------------------------
-shmwatch_host_memory_total_bytes  MemTotal from meminfo.
-shmwatch_host_memory_available_bytes  MemAvailable from meminfo.
-shmwatch_host_memory_shmem_bytes  Shmem from meminfo (tmpfs, shm, SysV).
-# --- memory cgroup (collector cgroup) ----------------------------------------------
-shmwatch_cgroup_memory_usage_bytes{cgroup}  Memory charged to the cgroup.
-shmwatch_cgroup_memory_limit_bytes{cgroup,limit_from}  Effective memory limit: the
-    smallest memory.max from the cgroup up to the root (v1: hierarchical_memory_limit),
-    or --memory.limit-bytes where tighter; absent when unlimited. limit_from: pod (a
-    pod's cgroup, the cgroup or above it), self, ancestor or flag.
-shmwatch_cgroup_memory_high_bytes{cgroup}  memory.high (v2): above it the cgroup is
-    throttled and reclaimed, and tmpfs pages cannot be reclaimed without swap; absent
-    when "max".
-shmwatch_cgroup_memory_events_total{cgroup,event}  memory.events (v2: low, high, max,
-    oom, oom_kill, oom_group_kill); v1: oom_kill from memory.oom_control and max from
-    memory.failcnt.
-shmwatch_cgroup_memory_swap_bytes{cgroup}  Swap used by the cgroup (v2
-    memory.swap.current, v1 memory.stat swap).
-shmwatch_cgroup_memory_swap_limit_bytes{cgroup}  memory.swap.max (v2); absent when "max"
-    or unknown.
-shmwatch_cgroup_memory_working_set_bytes{cgroup}  Usage minus inactive file cache,
-    floored at 0 (what the OOM killer looks at).
-shmwatch_cgroup_memory_shmem_bytes{cgroup}  tmpfs and shm pages charged to the cgroup.
-shmwatch_cgroup_oom_kills_total{cgroup}  OOM kills in the cgroup and below it: the
-    kernel log's reports (collector oom) or the cgroup's own counter, whichever is
-    higher; never goes down, and in node mode a pod's stays after its cgroup is gone.
-shmwatch_cgroup_memory_estimated{cgroup}  1 when the cgroup's numbers are an estimate
-    (cgroup="estimate:workload"): a sidecar that cannot read the workload's cgroup sums
-    its processes' resident anon and file memory (smaps_rollup Pss) and the shm mounts'
-    used bytes; 0 when read from the cgroup.
-shmwatch_oom_risk_ratio{cgroup}  Working set / limit; absent when unlimited.
-shmwatch_shm_oom_projection_ratio{mount,cgroup}  (working set - shm used + shm size) /
-    limit: above 1, filling the mount OOM-kills the pod first.
-shmwatch_mount_effective_size_bytes{mount}  min(tmpfs size, --shm.size-limit, what the
-    memory limit leaves for shm); absent while the memory limit is unknown (cgroup
-    unreadable, no --memory.limit-bytes).
-# --- GPU (collector gpu) ---------------------------------------------------------
-shmwatch_gpu_info{gpu,uuid,name,driver_version}  Always 1; one per GPU.
-shmwatch_gpu_memory_total_bytes{gpu,uuid}  GPU memory in total (NVML).
-shmwatch_gpu_memory_used_bytes{gpu,uuid}  GPU memory not free (NVML), the driver's
-    reserve included: memory info v1's used, v2's used + reserved.
-shmwatch_gpu_memory_free_bytes{gpu,uuid}  GPU memory free (NVML).
-shmwatch_gpu_memory_reserved_bytes{gpu,uuid}  GPU memory reserved by the driver, part of
-    used (NVML memory info v2 only).
-shmwatch_gpu_process_memory_bytes{gpu,uuid,pid,comm}  GPU memory used by a process
-    (compute and graphics).
-# --- the exporter itself -----------------------------------------------------------
-shmwatch_collector_success{collector}  1 when the collector's last run succeeded.
-shmwatch_collector_duration_seconds{collector}  Duration of the collector's last run.
-shmwatch_build_info{version}  Always 1; the shmwatch version.
-shmwatch_web_config_last_reload_successful  1 when the last reload of the web config (on
-    a change of its files, or SIGHUP) was taken; 0 when it was refused (invalid, or it
-    would turn authentication off) and the previous one serves. Only with
-    --web.config.file or --web.tls-* flags.
-# prometheus_client's ProcessCollector (the exporter's own process)
-process_virtual_memory_bytes  Virtual memory size in bytes.
-process_resident_memory_bytes  Resident memory size in bytes.
-process_start_time_seconds  Start time of the process since unix epoch in seconds.
-process_cpu_seconds_total  Total user and system CPU time spent in seconds.
-process_open_fds  Number of open file descriptors.
-process_max_fds  Maximum number of open file descriptors.
-"""
-
-
-def _metric(name: str, labels: str, help_text: str) -> Metric:
-    """Type and unit follow from the name, as Prometheus' naming rules have them."""
-    base = name.removesuffix("_total")
-    unit = "".join(u for u in ("bytes", "seconds", "ratio") if base.endswith("_" + u))
-    kind = "gauge" if base == name else "counter"
-    labelled = tuple(labels.split(",")) if labels else ()
-    return Metric(name, kind, unit, labelled, " ".join(help_text.split()))
-
-
-CATALOGUE = tuple(_metric(*entry) for entry in _ENTRY.findall(_TABLE))
+CATALOGUE: Tuple[Metric, ...] = (
+    # --- shm mounts (collector shm_mount) ------------------------------------------------
+    Metric(
+        name="shmwatch_mount_info",
+        type="gauge",
+        unit="",
+        labels=("mount", "fstype", "source", "noswap"),
+        help="Always 1; the filesystem type and source of a monitored mount; noswap "
+        '"true" when mounted with noswap (Linux 6.4+; the kubelet\'s memory-backed '
+        "emptyDirs), so its pages cannot go to swap.",
+        default=False,
+    ),
+    Metric(
+        name="shmwatch_mount_error",
+        type="gauge",
+        unit="",
+        labels=("mount",),
+        help="1 while the mount cannot be measured (missing, no longer a mount point, not "
+        "a directory, statvfs failed); absent while it can (its size and used bytes are "
+        "there instead).",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_mount_size_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("mount",),
+        help="Size of the mount (statvfs).",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_mount_used_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("mount",),
+        help="Bytes used on the mount (statvfs).",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_mount_available_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("mount",),
+        help="Bytes available to unprivileged users on the mount (statvfs); on tmpfs size "
+        "minus used.",
+        default=False,
+    ),
+    Metric(
+        name="shmwatch_mount_usage_ratio",
+        type="gauge",
+        unit="ratio",
+        labels=("mount",),
+        help="Used / size, 0 to 1 (the recording rule shmwatch:mount_usage_ratio).",
+        default=False,
+    ),
+    Metric(
+        name="shmwatch_mount_peak_used_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("mount",),
+        help="Highest used bytes seen by polls and inotify events within the peak window.",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_mount_max_used_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("mount",),
+        help="High-water mark: highest used bytes seen by polls and inotify events since "
+        "the mount was first seen.",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_mount_max_used_timestamp_seconds",
+        type="gauge",
+        unit="seconds",
+        labels=("mount",),
+        help="When shmwatch_mount_max_used_bytes was first reached (Unix time).",
+        default=False,
+    ),
+    Metric(
+        name="shmwatch_mount_inodes",
+        type="gauge",
+        unit="",
+        labels=("mount",),
+        help="Inodes on the mount.",
+        default=False,
+    ),
+    Metric(
+        name="shmwatch_mount_inodes_free",
+        type="gauge",
+        unit="",
+        labels=("mount",),
+        help="Free inodes on the mount.",
+        default=False,
+    ),
+    # --- segment inventory (collector segments) ------------------------------------------
+    Metric(
+        name="shmwatch_segments",
+        type="gauge",
+        unit="",
+        labels=("mount", "class", "state"),
+        help="Segments by owner class and state: linked, hidden (unlinked, still mapped or "
+        "open), orphan (held by no process, and every process was inspected), unverified "
+        "(held by no process we could inspect).",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_segment_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("mount", "class", "state"),
+        help="Allocated bytes of segments (st_blocks x 512: what tmpfs charges).",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_segment_apparent_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("mount", "class", "state"),
+        help="Apparent size of segments (st_size: what was asked for; sparse files "
+        "allocate less).",
+        default=False,
+    ),
+    Metric(
+        name="shmwatch_top_segment_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("mount", "name", "class", "state", "owner"),
+        help="Allocated bytes of the segments to act on, by name: leaks first (orphans last "
+        "modified over 15 s ago), then segments last modified over a minute ago, largest "
+        "first; --segments.top-k of them on the exporter, not per mount. owner: the process "
+        "name (comm) of the first holder. A segment that lives seconds is never named: "
+        "shmwatch check names every segment and its holders' pids.",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_process_shm_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("mount", "comm"),
+        help="Allocated bytes of the mount's segments that a process maps or holds open, "
+        "the most of any process of that name (comm), for the names of the --segments.top-k "
+        "processes holding most; in node mode process_pod_uid is the processes' pod.",
+        default=False,
+    ),
+    Metric(
+        name="shmwatch_orphan_oldest_age_seconds",
+        type="gauge",
+        unit="seconds",
+        labels=("mount",),
+        help="Age in whole seconds (since last modification) of the oldest orphan segment "
+        "of a class whose segments belong to one process (nccl, torch, python_shm, "
+        "vllm_offload, ucx, mpi, sglang): one to remove; 0 when there is none; absent "
+        "while the mount is degraded (shmwatch_inventory_degraded).",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_mount_unattributed_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("mount",),
+        help="Used bytes not accounted for by any segment we could see (other users' or "
+        "the kernel's).",
+        default=False,
+    ),
+    Metric(
+        name="shmwatch_mount_other_entries",
+        type="gauge",
+        unit="",
+        labels=("mount", "type"),
+        help="Entries that are not regular files (directory, symlink, fifo, socket, "
+        "device); never opened.",
+        default=False,
+    ),
+    Metric(
+        name="shmwatch_proc_unreadable",
+        type="gauge",
+        unit="",
+        labels=(),
+        help="Processes we could not inspect in the last inventory: /proc stat, maps or fd "
+        "denied, or hidden by hidepid; absent when hidden processes exist but could not "
+        "be counted.",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_mount_owners_verified",
+        type="gauge",
+        unit="",
+        labels=("mount",),
+        help="1 when every process that could hold a segment of the mount was inspected "
+        "(segments held by nobody are orphan); 0 when some could not be (they are "
+        "unverified: grant the server's UID or CAP_SYS_PTRACE), or while the mount is "
+        "degraded.",
+        default=False,
+    ),
+    Metric(
+        name="shmwatch_inventory_degraded",
+        type="gauge",
+        unit="",
+        labels=("mount",),
+        help="1 when the mount holds more files than --inventory.max-segments: its segments "
+        "are counted and sized by class only (state unverified; no top segments, no "
+        "owners); or more than 250,000 entries: the files a walk does not reach are kept "
+        "as last seen and none is called orphan.",
+        default=True,
+    ),
+    # --- memfd regions (collector segments): shmem outside every mount -------------------
+    Metric(
+        name="shmwatch_memfd_regions",
+        type="gauge",
+        unit="",
+        labels=("class",),
+        help="memfd regions ('/memfd:<name> (deleted)' in a process's maps or fds) mapped "
+        "or held open, by the owner class of their name: shmem charged like tmpfs that no "
+        "mount shows (Mooncake, UCX, CUDA host allocations).",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_memfd_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("class",),
+        help="Allocated bytes of memfd regions (st_blocks x 512 of the fd, or of the "
+        "mapping through map_files with CAP_SYS_ADMIN; else the mapping's extent).",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_process_memfd_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("comm",),
+        help="Allocated bytes of the memfd regions a process maps or holds open, the most "
+        "of any process of that name (comm), for the names of the --segments.top-k "
+        "processes holding most; in node mode process_pod_uid is the processes' pod. Past "
+        "a process's 64 largest, a region another process holds too counts in one of them "
+        "only.",
+        default=False,
+    ),
+    Metric(
+        name="shmwatch_cgroup_memory_shmem_unexplained_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("cgroup",),
+        help="Estimate: the cgroup's shmem minus what the watched mounts charged to it, its "
+        "IPC namespace's SysV segments (resident) and the memfd regions its processes "
+        "hold explain, floored at 0: unwatched tmpfs mounts, memfds of processes gone. A "
+        "region held from two cgroups counts in both.",
+        default=False,
+    ),
+    # --- events (sampler + watchdog) -----------------------------------------------------
+    Metric(
+        name="shmwatch_segment_events_total",
+        type="counter",
+        unit="",
+        labels=("mount", "class", "event"),
+        help="Segments created and deleted, seen by inotify (or by inventory diffs when "
+        "polling); may undercount when the inotify queue overflows "
+        "(shmwatch_inotify_overflows_total).",
+        default=False,
+    ),
+    Metric(
+        name="shmwatch_inotify_overflows_total",
+        type="counter",
+        unit="",
+        labels=("mount",),
+        help="Times the kernel's inotify queue overflowed while the mount was watched: "
+        "events were lost, and a full inventory ran at once.",
+        default=False,
+    ),
+    Metric(
+        name="shmwatch_inotify_active",
+        type="gauge",
+        unit="",
+        labels=("mount",),
+        help="1 when the mount is watched by inotify, 0 when polled.",
+        default=False,
+    ),
+    # --- SysV shm (collector sysv) -------------------------------------------------------
+    Metric(
+        name="shmwatch_sysv_segments",
+        type="gauge",
+        unit="",
+        labels=(),
+        help="SysV shared memory segments (/proc/sysvipc/shm).",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_sysv_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=(),
+        help="Total size of SysV shared memory segments.",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_sysv_resident_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=(),
+        help="Resident bytes of SysV shared memory segments.",
+        default=False,
+    ),
+    Metric(
+        name="shmwatch_sysv_orphan_segments",
+        type="gauge",
+        unit="",
+        labels=(),
+        help="SysV segments with no process attached (nattch 0) whose creator and last "
+        "user have exited.",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_sysv_limit_shmmax_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=(),
+        help="kernel.shmmax: largest SysV segment.",
+        default=False,
+    ),
+    Metric(
+        name="shmwatch_sysv_limit_shmall_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=(),
+        help="kernel.shmall in bytes: SysV shm in total.",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_sysv_limit_shmmni",
+        type="gauge",
+        unit="",
+        labels=(),
+        help="kernel.shmmni: most SysV segments.",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_sysv_namespace_readable",
+        type="gauge",
+        unit="",
+        labels=(),
+        help="1 when the IPC namespace's SysV segments and limits could be read; 0 (and no "
+        "other SysV series for it) when not: node mode enters each pod's IPC namespace "
+        "with setns, which needs CAP_SYS_ADMIN.",
+        default=True,
+    ),
+    # --- host memory (collector host_memory) ---------------------------------------------
+    Metric(
+        name="shmwatch_host_memory_total_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=(),
+        help="MemTotal from meminfo.",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_host_memory_available_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=(),
+        help="MemAvailable from meminfo.",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_host_memory_shmem_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=(),
+        help="Shmem from meminfo (tmpfs, shm, SysV).",
+        default=True,
+    ),
+    # --- memory cgroup (collector cgroup) ------------------------------------------------
+    Metric(
+        name="shmwatch_cgroup_memory_usage_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("cgroup",),
+        help="Memory charged to the cgroup.",
+        default=False,
+    ),
+    Metric(
+        name="shmwatch_cgroup_memory_limit_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("cgroup", "limit_from"),
+        help="Effective memory limit: the smallest memory.max from the cgroup up to the "
+        "root (v1: hierarchical_memory_limit), or --memory.limit-bytes where tighter; "
+        "absent when unlimited. limit_from: pod (a pod's cgroup, the cgroup or above it), "
+        "self, ancestor or flag.",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_cgroup_memory_high_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("cgroup",),
+        help="memory.high (v2): above it the cgroup is throttled and reclaimed, and tmpfs "
+        'pages cannot be reclaimed without swap; absent when "max".',
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_cgroup_memory_events_total",
+        type="counter",
+        unit="",
+        labels=("cgroup", "event"),
+        help="memory.events (v2: low, high, max, oom, oom_kill, oom_group_kill); v1: "
+        "oom_kill from memory.oom_control and max from memory.failcnt.",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_cgroup_memory_swap_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("cgroup",),
+        help="Swap used by the cgroup (v2 memory.swap.current, v1 memory.stat swap).",
+        default=False,
+    ),
+    Metric(
+        name="shmwatch_cgroup_memory_swap_limit_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("cgroup",),
+        help='memory.swap.max (v2); absent when "max" or unknown.',
+        default=False,
+    ),
+    Metric(
+        name="shmwatch_cgroup_memory_working_set_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("cgroup",),
+        help="Usage minus inactive file cache, floored at 0 (what the OOM killer looks at).",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_cgroup_memory_shmem_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("cgroup",),
+        help="tmpfs and shm pages charged to the cgroup.",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_cgroup_oom_kills_total",
+        type="counter",
+        unit="",
+        labels=("cgroup",),
+        help="OOM kills in the cgroup and below it: the kernel log's reports (collector "
+        "oom) or the cgroup's own counter, whichever is higher; never goes down, and in "
+        "node mode a pod's stays after its cgroup is gone.",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_cgroup_memory_estimated",
+        type="gauge",
+        unit="",
+        labels=("cgroup",),
+        help='1 when the cgroup\'s numbers are an estimate (cgroup="estimate:workload"): a '
+        "sidecar that cannot read the workload's cgroup sums its processes' resident anon "
+        "and file memory (smaps_rollup Pss) and the shm mounts' used bytes; 0 when read "
+        "from the cgroup.",
+        default=False,
+    ),
+    Metric(
+        name="shmwatch_oom_risk_ratio",
+        type="gauge",
+        unit="ratio",
+        labels=("cgroup",),
+        help="Working set / limit (the recording rule shmwatch:oom_risk_ratio); absent "
+        "when unlimited.",
+        default=False,
+    ),
+    Metric(
+        name="shmwatch_shm_oom_projection_ratio",
+        type="gauge",
+        unit="ratio",
+        labels=("mount", "cgroup"),
+        help="(working set - shm used + shm size) / limit: above 1, filling the mount "
+        "OOM-kills the pod first.",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_mount_effective_size_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("mount",),
+        help="min(tmpfs size, --shm.size-limit, what the memory limit leaves for shm); "
+        "absent while the memory limit is unknown (cgroup unreadable, no "
+        "--memory.limit-bytes).",
+        default=True,
+    ),
+    # --- GPU (collector gpu) -------------------------------------------------------------
+    Metric(
+        name="shmwatch_gpu_info",
+        type="gauge",
+        unit="",
+        labels=("gpu", "uuid", "name", "driver_version"),
+        help="Always 1; one per GPU.",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_gpu_memory_total_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("gpu", "uuid"),
+        help="GPU memory in total (NVML).",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_gpu_memory_used_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("gpu", "uuid"),
+        help="GPU memory not free (NVML), the driver's reserve included: memory info v1's "
+        "used, v2's used + reserved.",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_gpu_memory_free_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("gpu", "uuid"),
+        help="GPU memory free (NVML).",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_gpu_memory_reserved_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("gpu", "uuid"),
+        help="GPU memory reserved by the driver, part of used (NVML memory info v2 only).",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_gpu_process_memory_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=("gpu", "uuid", "comm"),
+        help="GPU memory used (compute and graphics) by the processes of a name (comm) on "
+        "the GPU, summed; in node mode process_pod_uid is their pod. shmwatch check names "
+        "each pid.",
+        default=True,
+    ),
+    # --- the exporter itself -------------------------------------------------------------
+    Metric(
+        name="shmwatch_collector_success",
+        type="gauge",
+        unit="",
+        labels=("collector",),
+        help="1 when the collector's last run succeeded.",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_collector_duration_seconds",
+        type="gauge",
+        unit="seconds",
+        labels=("collector",),
+        help="Duration of the collector's last run.",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_build_info",
+        type="gauge",
+        unit="",
+        labels=("version",),
+        help="Always 1; the shmwatch version.",
+        default=True,
+    ),
+    Metric(
+        name="shmwatch_web_config_last_reload_successful",
+        type="gauge",
+        unit="",
+        labels=(),
+        help="1 when the last reload of the web config (on a change of its files, or "
+        "SIGHUP) was taken; 0 when it was refused (invalid, or it would turn "
+        "authentication off) and the previous one serves. Only with --web.config.file or "
+        "--web.tls-* flags.",
+        default=True,
+    ),
+    # --- prometheus_client's ProcessCollector (the exporter's own process) ---------------
+    Metric(
+        name="process_virtual_memory_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=(),
+        help="Virtual memory size in bytes.",
+        default=True,
+    ),
+    Metric(
+        name="process_resident_memory_bytes",
+        type="gauge",
+        unit="bytes",
+        labels=(),
+        help="Resident memory size in bytes.",
+        default=True,
+    ),
+    Metric(
+        name="process_start_time_seconds",
+        type="gauge",
+        unit="seconds",
+        labels=(),
+        help="Start time of the process since unix epoch in seconds.",
+        default=True,
+    ),
+    Metric(
+        name="process_cpu_seconds_total",
+        type="counter",
+        unit="seconds",
+        labels=(),
+        help="Total user and system CPU time spent in seconds.",
+        default=True,
+    ),
+    Metric(
+        name="process_open_fds",
+        type="gauge",
+        unit="",
+        labels=(),
+        help="Number of open file descriptors.",
+        default=True,
+    ),
+    Metric(
+        name="process_max_fds",
+        type="gauge",
+        unit="",
+        labels=(),
+        help="Maximum number of open file descriptors.",
+        default=True,
+    ),
+)
 BY_NAME: Dict[str, Metric] = {m.name: m for m in CATALOGUE}
+DEFAULT_SET: FrozenSet[str] = frozenset(m.name for m in CATALOGUE if m.default)
 
 
 def node_labels(metric: Metric) -> Tuple[str, ...]:
-    """Node mode's labels (values empty where unknown): a mount's pod or container, the pod
-    of a cgroup or of a process holding shm, the IPC namespace of SysV figures."""
+    """Node mode's labels (a series leaves out those it has no value for): a mount's pod and
+    volume, or its container (then no `mount`: the path would say it again), the pod of a
+    cgroup (then no `cgroup`) or of the processes of a name, the IPC namespace of SysV
+    figures."""
     if metric.name.startswith("shmwatch_sysv_"):
         return ("ipc_namespace", "pod_uid", "container_id")
     if metric.name == "shmwatch_process_shm_bytes":
         return NODE_MOUNT_LABELS + ("process_pod_uid",)
-    if metric.name == "shmwatch_process_memfd_bytes":
+    if metric.name in (
+        "shmwatch_process_memfd_bytes",
+        "shmwatch_gpu_process_memory_bytes",
+    ):
         return ("process_pod_uid",)
     if "mount" in metric.labels:
         return NODE_MOUNT_LABELS
     return ("pod_uid",) if "cgroup" in metric.labels else ()
+
+
+def _matches(patterns: Sequence[str], name: str) -> bool:
+    """Whether a regex matches the whole family name (a counter's with or without _total)."""
+    names = (name, name.removesuffix("_total"))
+    return any(re.fullmatch(p, n) for p in patterns for n in names)
+
+
+def exposed_families(
+    allowlist: Sequence[str], denylist: Sequence[str]
+) -> FrozenSet[str]:
+    """The families /metrics shows: the allowlist's, opt-in ones too, when there is one; else
+    the default set less the denylist's (kube-state-metrics' --metric-allowlist and
+    --metric-denylist; the two exclude each other)."""
+    if allowlist:
+        return frozenset(m.name for m in CATALOGUE if _matches(allowlist, m.name))
+    return frozenset(n for n in DEFAULT_SET if not _matches(denylist, n))
+
+
+def unmatched(patterns: Sequence[str]) -> Tuple[str, ...]:
+    """The patterns that match no family: a misspelt name, or a comma list given as one."""
+    return tuple(
+        p for p in patterns if not any(_matches((p,), m.name) for m in CATALOGUE)
+    )
 
 
 def lookup(name: str) -> Metric:

@@ -314,7 +314,7 @@ class ModelStep:
                 continue
             kept = self._summaries.get(m.mount)
             if old.get(m.mount) is not m or not kept:
-                made = summarise(m, self.top_k)
+                made = summarise(m, self.top_k, now=result.wall_time)
                 kept = kept if made == kept else made
             summaries[m.mount] = kept
         return summaries

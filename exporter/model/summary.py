@@ -5,7 +5,17 @@ import bisect
 import heapq
 from collections import Counter
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    FrozenSet,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+)
 
 from exporter.model.classes import NOT_LEAKS, REMOVABLE
 from exporter.model.types import CgroupMemory, ClassTotals, Inventory, MemfdTotals
@@ -13,6 +23,12 @@ from exporter.model.types import MountInventory, MountUsage, Segment
 
 LISTED = 50  # leaked and unverified segments named, largest first (counts: `totals`)
 NO_FILES = ClassTotals()
+# A series names a segment (shmwatch_top_segment_bytes) once its last modification is this
+# old, an orphan once it is ORPHAN_NAMED_AFTER_SECONDS old (the default --inventory-interval):
+# a segment that lives seconds never gets a series of its own.
+NAMED_AFTER_SECONDS = 60.0
+ORPHAN_NAMED_AFTER_SECONDS = 15.0
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -21,38 +37,38 @@ class SegmentSummary:
     bytes_by_class: Dict[str, int]
     hidden_bytes: int
     hidden_count: int
+    # The segments a series may name (named_now), --segments.top-k of them in named_first's
+    # order.
     top: List[Segment]
     top_processes: List[Tuple[int, int]]  # (pid, bytes)
     oldest_orphan_mtime: Optional[float]
     leaked: List[Segment]  # the LISTED largest leaks of removable classes and of others
     unverified: List[Segment]  # the LISTED largest
     # The pids whose comm (and pod) the mount's series name: each top segment's first holder
-    # (owner_label), each top process. The model makes the summary again when one changes.
+    # (owner_comm), each top process. The model makes the summary again when one changes.
     named_pids: FrozenSet[int] = frozenset()
     degraded: bool = False  # past --inventory.max-segments: totals by class only
 
 
-def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
-    """One pass over the segments, made one at a time; only the kept ones stay."""
+def summarise(
+    inv: MountInventory, top_k: int, now: Optional[float] = None
+) -> SegmentSummary:
+    """One pass over the segments, made one at a time; only the kept ones stay. The segments
+    a series may name (`top`) are those old enough at `now` (None: every one; named_now)."""
     totals = {(cls, "unverified"): t for cls, t in (inv.degraded or {}).items()}
     top: List[Segment] = []
     unverified: List[Segment] = []
     oldest: Optional[float] = None
-    # segments of removable classes, and the others
+    # Segments of removable classes, and the others.
     leaked: Dict[bool, List[Segment]] = {True: [], False: []}
     for seg in inv.rows():
         key = seg.cls, seg.state
         was = totals.get(key, NO_FILES)
         totals[key] = was.plus(1, seg.allocated_bytes, seg.apparent_bytes)
-        _keep(top, seg, top_k)
-        if seg.cls in NOT_LEAKS:
-            continue
-        if seg.state == "orphan":
-            _keep(leaked[seg.cls in REMOVABLE], seg, LISTED)
-            if seg.cls in REMOVABLE:  # the age alert says "remove it": only for those
-                oldest = seg.mtime if oldest is None else min(oldest, seg.mtime)
-        elif seg.state == "unverified":
-            _keep(unverified, seg, LISTED)
+        if now is None or named_now(seg, now):
+            _keep(top, seg, top_k, named_first)
+        if _keep_unheld(seg, leaked, unverified):
+            oldest = seg.mtime if oldest is None else min(oldest, seg.mtime)
     by_class: Dict[str, int] = {}
     for (cls, _), t in totals.items():
         by_class[cls] = by_class.get(cls, 0) + t.allocated_bytes
@@ -75,6 +91,22 @@ def summarise(inv: MountInventory, top_k: int) -> SegmentSummary:
     )
 
 
+def _keep_unheld(
+    seg: Segment, leaked: Dict[bool, List[Segment]], unverified: List[Segment]
+) -> bool:
+    """Keeps a leak (by whether its class is removable) or an unverified segment among the
+    LISTED largest, for `check` to name; True for an orphan of a removable class, the one
+    the age alert says to remove."""
+    if seg.cls in NOT_LEAKS:
+        return False
+    if seg.state == "orphan":
+        _keep(leaked[seg.cls in REMOVABLE], seg, LISTED)
+        return seg.cls in REMOVABLE
+    if seg.state == "unverified":
+        _keep(unverified, seg, LISTED)
+    return False
+
+
 def _most(pid_bytes: Tuple[int, int]) -> Tuple[int, int]:
     return -pid_bytes[1], pid_bytes[0]
 
@@ -83,19 +115,60 @@ def _largest(seg: Segment) -> Tuple[int, str]:
     return -seg.allocated_bytes, seg.name
 
 
-def _keep(kept: List[Segment], seg: Segment, k: int) -> None:
-    """Keeps the k largest, largest first; most segments of a storm cost one comparison."""
-    if len(kept) < k or kept and _largest(seg) < _largest(kept[-1]):
-        bisect.insort(kept, seg, key=_largest)
+def named_now(seg: Segment, now: float) -> bool:
+    """Whether a series may name the segment: an orphan last modified ORPHAN_NAMED_AFTER_SECONDS
+    ago (a crashed engine's leak is named by the inventory that calls it orphan, or within one
+    inventory interval of its making), any other segment NAMED_AFTER_SECONDS ago. A segment
+    that lives seconds never is, nor one whose time is not known (0: an unlinked segment only
+    mapped, without CAP_SYS_ADMIN to stat it)."""
+    wait = ORPHAN_NAMED_AFTER_SECONDS if seg.state == "orphan" else NAMED_AFTER_SECONDS
+    return 0 < seg.mtime <= now - wait
+
+
+def named_first(seg: Segment) -> Tuple[bool, int, str]:
+    """Which segments a series names first: leaks (orphans of a class that leaks: what to
+    remove), then the largest."""
+    leak = seg.state == "orphan" and seg.cls not in NOT_LEAKS
+    return not leak, -seg.allocated_bytes, seg.name
+
+
+def _keep(
+    kept: List[Segment],
+    seg: Segment,
+    k: int,
+    key: Callable[[Segment], Tuple[Any, ...]] = _largest,
+) -> None:
+    """Keeps the k first by `key`, in its order; most segments of a storm cost one comparison."""
+    if len(kept) < k or kept and key(seg) < key(kept[-1]):
+        bisect.insort(kept, seg, key=key)
         del kept[k:]
 
 
-def owner_label(holders: Sequence[int], comms: Dict[int, str]) -> str:
-    """'python[1234]', 'python[1234]+3' for four holders, '' for none."""
+def named_on_exporter(
+    summaries: Sequence[Tuple[T, SegmentSummary]], top_k: int
+) -> List[Tuple[T, Segment]]:
+    """The segments the exporter names (shmwatch_top_segment_bytes), each with its mount's
+    key: --segments.top-k of them across every mount (not per mount: a node's series stay
+    bounded however many pods it runs), orphans first."""
+    chosen: List[Tuple[T, Segment]] = []
+    for key, summary in summaries:
+        for seg in summary.top:
+            if (
+                len(chosen) < top_k
+                or chosen
+                and named_first(seg) < named_first(chosen[-1][1])
+            ):
+                bisect.insort(chosen, (key, seg), key=lambda pair: named_first(pair[1]))
+                del chosen[top_k:]
+    return chosen
+
+
+def owner_comm(holders: Sequence[int], comms: Dict[int, str]) -> str:
+    """The process name (comm) of a segment's first holder; 'unknown' when not read, '' for
+    none. Not its pid: a series per pid would be a series per restart."""
     if not holders:
         return ""
-    more = f"+{len(holders) - 1}" if len(holders) > 1 else ""
-    return f"{comms.get(holders[0], 'unknown')}[{holders[0]}]{more}"
+    return comms.get(holders[0], "unknown")
 
 
 @dataclass(frozen=True)

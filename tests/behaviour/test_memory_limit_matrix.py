@@ -152,6 +152,7 @@ def scrape_once(shm: str, procfs: str, sysfs: str, cgroup_dir: str, flag: Option
     """The exporter's wiring, every source run once: what its first scrape shows."""
     argv = [f"--path.procfs={procfs}", f"--path.sysfs={sysfs}", f"--cgroup.path={cgroup_dir}", f"--shm.mount={shm}"]
     argv += ["--no-collector.gpu", "--no-collector.segments", "--no-collector.sysv"]
+    argv += ["--metric-allowlist=.*"]  # the ratios the recording rules make from it too (opt-in)
     argv += [f"--memory.limit-bytes={flag}"] if flag is not None else []
     app = App(parse_args(argv))
     try:
@@ -281,15 +282,20 @@ def test_node_mode_takes_each_pods_own_limit_and_never_the_flag(flag: Optional[i
         finally:
             app.stop(wait=0)
     pod = layout.levels["pod"]
+    assert pod.endswith(".slice")
     limits = samples(registry, "shmwatch_cgroup_memory_limit_bytes")
-    assert limits == [({"cgroup": pod, "limit_from": "pod", "pod_uid": UID}, 256 * MiB)]
-    effective = {labels["mount"]: v for labels, v in samples(registry, "shmwatch_mount_effective_size_bytes")}
-    assert effective[read] == 256 * MiB - (USAGE - INACTIVE_FILE)  # what the limit leaves (the tmpfs is empty)
-    assert unread not in effective
-    host_shm = {labels["mount"]: v for labels, v in samples(registry, "shmwatch_mount_size_bytes")}["/dev/shm"]
+    assert limits == [({"limit_from": "pod", "pod_uid": UID}, 256 * MiB)]  # a pod's cgroup: by its pod
+
+    def by_mount(name: str) -> Dict[str, float]:
+        """A pod's mount by its pod_uid (its only label besides volume), another by its path."""
+        return {labels.get("pod_uid") or labels["mount"]: v for labels, v in samples(registry, name)}
+
+    effective = by_mount("shmwatch_mount_effective_size_bytes")
+    assert effective[UID] == 256 * MiB - (USAGE - INACTIVE_FILE)  # what the limit leaves (the tmpfs is empty)
+    assert OTHER_UID not in effective
+    host_shm = by_mount("shmwatch_mount_size_bytes")["/dev/shm"]
     assert effective["/dev/shm"] == host_shm  # the node's own /dev/shm: no pod's, not the flag's
-    projections = [labels["mount"] for labels, _ in samples(registry, "shmwatch_shm_oom_projection_ratio")]
-    assert projections == [read]
+    assert list(by_mount("shmwatch_shm_oom_projection_ratio")) == [UID]
 
 
 # --- real v1 memory cgroups -------------------------------------------------------------------

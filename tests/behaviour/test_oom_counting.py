@@ -141,13 +141,13 @@ def test_a_sidecar_counts_its_own_cgroups_kills_and_no_other_pods() -> None:
 NODE = ("--mode=node", "--no-collector.gpu", "--no-collector.segments", "--no-collector.sysv", "--poll-interval=200ms")
 
 
-def held(exporter: Exporter, cgroup: str, kills: int, polls: int = 5) -> None:
-    """The pod's series reaches `kills` and stays there for a few polls (a second source
-    seeing the same kill would move it on)."""
-    exporter.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=cgroup) == kills, timeout=20)
+def held(exporter: Exporter, uid: str, kills: int, polls: int = 5) -> None:
+    """The pod's series (by its pod_uid: node mode names a pod's cgroup so) reaches `kills`
+    and stays there for a few polls (a second source seeing the same kill would move it on)."""
+    exporter.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", pod_uid=uid) == kills, timeout=20)
     for _ in range(polls):
         time.sleep(0.2)
-        assert value(exporter.scrape(), "shmwatch_cgroup_oom_kills_total", cgroup=cgroup) == kills
+        assert value(exporter.scrape(), "shmwatch_cgroup_oom_kills_total", pod_uid=uid) == kills
 
 
 def announced(exporter: Exporter, pid: int) -> int:
@@ -161,21 +161,19 @@ def test_a_restart_counts_no_kill_twice_and_the_next_one_once() -> None:
     """Exporter A sees a kill in the container (the kernel log and the container's counter:
     1). B, started after it, reads the kernel log from its end: 1 from the counter, the kill
     not announced again; B sees a second kill: 2, not 3; the container's cgroup removed: 2."""
-    with pod_with_a_container() as (uid, _, ctr_dir, pod_cgroup):
+    with pod_with_a_container() as (uid, _, ctr_dir, _):
         with Exporter(*NODE) as first:
-            held(first, pod_cgroup, 0, polls=0)
+            held(first, uid, 0, polls=0)
             before = kill_a_hog_in(ctr_dir)
-            held(first, pod_cgroup, 1)
+            held(first, uid, 1)
             assert announced(first, before.pid) == 1
         with Exporter(*NODE) as second:
-            held(second, pod_cgroup, 1)
+            held(second, uid, 1)
             assert announced(second, before.pid) == 0
             after = kill_a_hog_in(ctr_dir)
-            held(second, pod_cgroup, 2)
+            held(second, uid, 2)
             assert announced(second, after.pid) == 1
             remove_cgroup(ctr_dir)
-            held(second, pod_cgroup, 2)
+            held(second, uid, 2)
             s = second.scrape()
-        assert [labels["pod_uid"] for labels, _ in select(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup)] == [
-            uid
-        ]
+        assert [labels for labels, _ in select(s, "shmwatch_cgroup_oom_kills_total", pod_uid=uid)] == [{"pod_uid": uid}]

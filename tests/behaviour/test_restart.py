@@ -12,23 +12,32 @@ from typing import Dict
 
 import pytest
 
-from tests.conftest import Exporter, Peer, Samples, needs_root, select, value
+from tests.conftest import EVERY_FAMILY, Exporter, Peer, Samples, needs_root, select, value
 
 pytestmark = needs_root
 
 MiB = 1 << 20
 HOUR = 3600
-ARGS = ("--no-collector.gpu", "--no-collector.cgroup", "--inventory-interval=300ms")
+# The events are an opt-in family.
+ARGS = ("--no-collector.gpu", "--no-collector.cgroup", "--inventory-interval=300ms", EVERY_FAMILY)
+
+
+def aged(mount: str, name: str, seconds: float = 60.0) -> None:
+    """Last written `seconds` ago: a segment that old is named (shmwatch_top_segment_bytes)."""
+    then = time.time() - seconds
+    os.utime(os.path.join(mount, name), (then, then))
 
 
 def leave(mount: str, name: str) -> None:
-    """A file left by a process that exited."""
+    """A file left by a process that exited, a minute after it was written."""
     with Peer(mount, "left", name, str(MiB)) as peer:
         peer.proc.wait(10)
+    aged(mount, name)
 
 
 def states(samples: Samples, mount: str) -> Dict[str, str]:
-    """name -> state of the top segments (every one here: fewer than --segments.top-k)."""
+    """name -> state of the named segments (every one here: older than a minute, fewer than
+    --segments.top-k)."""
     found = select(samples, "shmwatch_top_segment_bytes", mount=mount)
     return {labels["name"]: labels["state"] for labels, _ in found}
 
@@ -47,9 +56,9 @@ def test_a_restarted_exporter_calls_old_leaks_leaked_at_once_and_counts_nothing_
         ("--no-inotify",) if watch == "polling" else ()
     )
     leave(tmpfs, "nccl-before001")
-    hour_ago = time.time() - HOUR
-    os.utime(os.path.join(tmpfs, "nccl-before001"), (hour_ago, hour_ago))
+    aged(tmpfs, "nccl-before001", HOUR)
     with Peer(tmpfs, "mapped", "psm_live0001", str(MiB)):
+        aged(tmpfs, "psm_live0001")
         with Exporter(*args) as first:
             s = first.scrape()
             assert states(s, tmpfs) == {

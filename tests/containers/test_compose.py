@@ -54,22 +54,22 @@ def test_compose_v1_runs_workload_and_shmwatch(images):
         samples = {}
         while time.monotonic() < deadline:
             samples = samples_at(f"http://127.0.0.1:{env['SHMWATCH_PORT']}/metrics")
-            hidden = [labels for labels, _ in select(samples, "shmwatch_top_segment_bytes", state="hidden",
-                                                     **{"class": "nccl"}) if labels["owner"]]
+            hidden = value(samples, "shmwatch_segments", mount="/dev/shm", state="hidden", **{"class": "nccl"})
             if hidden:
                 break
             time.sleep(0.5)
         logs = compose("logs", "--no-color", "shmwatch", project=project, env=env).stdout[-2000:]
         # The workload's /dev/shm (shm_size: 256mb), seen through its IPC namespace.
         assert value(samples, "shmwatch_mount_size_bytes", mount="/dev/shm") == 256 * 2**20, logs
-        # Its unlinked-but-mapped NCCL-like segments (one at start, more now and then),
-        # attributed to the workload: pid 1 of its PID namespace, which shmwatch shares.
-        assert hidden and {labels["owner"] for labels in hidden} == {"python3[1]"}, logs
+        # Its unlinked-but-mapped NCCL-like segments (one at start, more now and then): hidden,
+        # so found in the workload's maps (pid 1 of its PID namespace, which shmwatch shares).
+        # Not named: only mapped, their time cannot be read without CAP_SYS_ADMIN (check names them).
+        assert hidden and hidden >= 1, logs
         assert value(samples, "shmwatch_proc_unreadable") == 0
         if eng.docker("info", "--format", "{{.CgroupVersion}}").stdout.decode().strip() == "1":
             # cgroup v1: the workload's memory cgroup, found through --cgroup.target-process.
             workload = compose("ps", "-q", "workload", project=project, env=env).stdout.strip()
-            usage = select(samples, "shmwatch_cgroup_memory_usage_bytes")
+            usage = select(samples, "shmwatch_cgroup_memory_working_set_bytes")
             assert [labels["cgroup"] for labels, _ in usage] == [f"/docker/{workload}"], logs
             assert usage[0][1] > 0
     finally:

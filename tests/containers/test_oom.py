@@ -49,7 +49,8 @@ def test_node_mode_counts_a_container_oom_kill_for_its_pod(images):
     try:
         with Exporter("--mode=node", "--no-collector.gpu", "--no-collector.segments",
                       "--poll-interval=250ms") as node:
-            before = node.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=parent) == 0,
+            # The pod's series by its pod_uid (node mode writes no cgroup path for a pod's).
+            before = node.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", pod_uid=uid) == 0,
                                    timeout=10)
             assert value(before, "shmwatch_collector_success", collector="oom") == 1
             with Container(SERVER_IMAGE, "-c", HOG, run=[f"--cgroup-parent={parent}", "--memory=64m",
@@ -64,22 +65,22 @@ def test_node_mode_counts_a_container_oom_kill_for_its_pod(images):
             # Removed with the container: the only cgroup that counted the kill.
             remove_cgroup(container_dir)
             assert not os.path.exists(container_dir)
-            after = node.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=parent) == 1,
+            after = node.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", pod_uid=uid) == 1,
                                   timeout=5)
             took = time.monotonic() - killed_at
             with open(pod_dir + "/memory.oom_control") as f:
                 pod_counter = dict(line.split() for line in f.read().splitlines())["oom_kill"]
             FIGURES["oom kill"] = (f"counted for pod {uid[:8]} {took:.1f} s after docker saw it OOMKilled; the pod "
                                    f"cgroup's own v1 counter says {pod_counter}")
-            (labels, _), = select(after, "shmwatch_cgroup_oom_kills_total", cgroup=parent)
-            assert labels["pod_uid"] == uid
+            (labels, _), = select(after, "shmwatch_cgroup_oom_kills_total", pod_uid=uid)
+            assert labels == {"pod_uid": uid}
             with open(node.stderr_path, errors="replace") as f:  # the whole log: node mode logs much
                 assert [line for line in f if "OOM kill" in line and f"pod {uid}" in line], node.log()
         pairs = ", ".join(f'{k}="{v}"' for k, v in sorted({**labels, "instance": "node:9841",
                                                             "job": "shmwatch"}.items()))
         # What Prometheus would have scraped: the value before the kill for three minutes, then after.
-        v0 = value(before, "shmwatch_cgroup_oom_kills_total", cgroup=parent)
-        v1 = value(after, "shmwatch_cgroup_oom_kills_total", cgroup=parent)
+        v0 = value(before, "shmwatch_cgroup_oom_kills_total", pod_uid=uid)
+        v1 = value(after, "shmwatch_cgroup_oom_kills_total", pod_uid=uid)
         result = pod_oom_killed_test(f"shmwatch_cgroup_oom_kills_total{{{pairs}}}", f"{v0:.0f}x2 {v1:.0f}x4")
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     finally:

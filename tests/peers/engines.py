@@ -14,9 +14,11 @@ modes:
                      joins CGROUP_DIR (a v1 memory cgroup) if given, memfd_create("mooncake_
                      transfer"), writes SIZE bytes (charged to the cgroup as shmem), maps it, and
                      passes the fd to a child over a Unix socket (SCM_RIGHTS); the child maps it
-                     and closes the fd: the parent holds fd and mapping, the child the mapping.
+                     and closes the fd: the parent holds fd and mapping, the child (named
+                     CHILD_COMM) the mapping.
                      info: the child's pid
 """
+import ctypes
 import mmap
 import os
 import secrets
@@ -28,6 +30,7 @@ import uuid
 from shm_peer import map_shared
 
 MEMFD_NAME = "mooncake_transfer"
+CHILD_COMM = "memfd-child"
 
 
 def wait_for_stdin_close():
@@ -66,6 +69,9 @@ def vllm_offload(size):
 
 
 def memfd_child(sock_fd):
+    # A name of its own (prctl PR_SET_NAME), as an engine's worker has: shmwatch's series
+    # name processes by their comm.
+    ctypes.CDLL(None).prctl(15, CHILD_COMM.encode(), 0, 0, 0)
     sock = socket.socket(fileno=sock_fd)
     _, fds, _, _ = socket.recv_fds(sock, 16, 1)
     size = os.fstat(fds[0]).st_size

@@ -1,10 +1,11 @@
 """The dashboard's queries on a synthetic world of exporters, with Grafana's variables set.
 
 The world: sidecars (a PodMonitor's target labels: the workload's namespace and pod) and
-node-mode exporters (the DaemonSet's target labels; a pod's series by pod_uid, named by
-shmwatch:pod_info, given here as a series; the host's with no pod_uid; node series such as
-host memory and GPUs), each exporting every metric of exporter/model/catalogue.py with the
-labels node_labels gives it, every series a different value. Beside the pods a selection
+node-mode exporters (the DaemonSet's target labels; a pod's series by pod_uid, its mounts by
+their volume and its cgroup by the pod_uid alone, named by shmwatch:pod_info, given here as a
+series; the host's with no pod_uid; node series such as host memory and GPUs), each
+exporting every metric of exporter/model/catalogue.py (the opt-in ones too) with the labels
+node_labels gives it, every series a different value. Beside the pods a selection
 shows stand the ones it must not: another job, another instance, the same pod name in
 another namespace, another pod, another mount, the DaemonSet's own labels.
 
@@ -22,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Tuple
 
 from exporter.model.catalogue import CATALOGUE, Metric, node_labels
-from tests.rules.labels import emptydir
 from tests.rules.promql import metric_names, parse
 from tests.rules.scenario import SAMPLES, Equals, Sample, Scenario, Series, selector
 
@@ -34,10 +34,12 @@ AT_MINUTES = 65
 # the data source's scrape interval set to the synthetic series' 1m.
 RATE_INTERVAL = "4m"
 RECORDED_MOUNT_SERIES = (
+    "shmwatch:mount_usage_ratio",
     "shmwatch:mount_recommended_size_bytes",
     "shmwatch:mount_observed_peak_bytes",
     "shmwatch:mount_recommended_memory_limit_bytes",
 )
+RECORDED_CGROUP_SERIES = ("shmwatch:oom_risk_ratio",)
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class Source:
     target: Dict[str, str]  # job, instance, namespace, pod as scraped
     kind: str  # sidecar, pod, host, node
     uid: str = ""
-    mounts: Tuple[str, ...] = ()
+    mounts: Tuple[str, ...] = ()  # paths; a pod's: its volumes
     only: Optional[FrozenSet[str]] = None  # a probe that exports just these metrics
 
 
@@ -68,8 +70,12 @@ CANARY = daemonset("shmwatch-node-canary", "10.0.1.9:9842", "shmwatch-canary-a")
 # Nodes each with one pod that shmwatch sees one way only: its emptyDir, its memory cgroup,
 # its IPC namespace (which tell the dashboard which node's series a pod's panels show).
 PROBES = {
-    "C": (daemonset("shmwatch-node", "10.0.3.9:9841", "shmwatch-node-c"), "u5", "shmwatch_mount_info"),
-    "D": (daemonset("shmwatch-node", "10.0.4.9:9841", "shmwatch-node-d"), "u6", "shmwatch_cgroup_memory_usage_bytes"),
+    "C": (daemonset("shmwatch-node", "10.0.3.9:9841", "shmwatch-node-c"), "u5", "shmwatch_mount_size_bytes"),
+    "D": (
+        daemonset("shmwatch-node", "10.0.4.9:9841", "shmwatch-node-d"),
+        "u6",
+        "shmwatch_cgroup_memory_working_set_bytes",
+    ),
     "E": (daemonset("shmwatch-node", "10.0.5.9:9841", "shmwatch-node-e"), "u7", "shmwatch_sysv_segments"),
 }
 # kube-state-metrics' names of the pods, as shmwatch:pod_info records them.
@@ -91,7 +97,7 @@ def node_sources(name: str, target: Dict[str, str], pods: Dict[str, Tuple[str, .
         Source(key=f"{name} host", target=target, kind="host", mounts=("/dev/shm",)),
     ]
     out += [
-        Source(key=f"{name} {uid}", target=target, kind="pod", uid=uid, mounts=tuple(emptydir(uid, v) for v in vols))
+        Source(key=f"{name} {uid}", target=target, kind="pod", uid=uid, mounts=vols)
         for uid, vols in pods.items()
     ]
     return out
@@ -107,7 +113,7 @@ def probe_sources() -> List[Source]:
                 target=target,
                 kind="pod",
                 uid=uid,
-                mounts=(emptydir(uid, "dshm"),),
+                mounts=("dshm",),
                 only=frozenset({metric}),
             )
         )
@@ -126,7 +132,7 @@ SOURCES: Tuple[Source, ...] = tuple(
     + node_sources("canary", CANARY, {"u1": ("dshm",)})
     + probe_sources()
     # A pod kube-state-metrics does not name (yet): shown nowhere.
-    + [Source(key="A u9", target=NODE_A, kind="pod", uid="u9", mounts=(emptydir("u9", "dshm"),))]
+    + [Source(key="A u9", target=NODE_A, kind="pod", uid="u9", mounts=("dshm",))]
 )
 BY_KEY = {s.key: s for s in SOURCES}
 INDEX = {s.key: i for i, s in enumerate(SOURCES)}
@@ -171,8 +177,7 @@ VARIANTS: Dict[str, Tuple[str, ...]] = {
     "source": ("tmpfs",),
     "noswap": ("true",),
     "name": ("nccl-1",),
-    "owner": ("python3[42]",),
-    "pid": ("42",),
+    "owner": ("python3",),
     "comm": ("python3",),
     "type": ("dir",),
     "version": ("0.1.0",),
@@ -184,7 +189,9 @@ EVENTS = {"shmwatch_segment_events_total": ("create", "delete"), "shmwatch_cgrou
 
 def _metrics() -> Tuple[Metric, ...]:
     recorded = tuple(
-        Metric(name=n, type="gauge", unit="bytes", labels=("mount",), help="") for n in RECORDED_MOUNT_SERIES
+        Metric(name=n, type="gauge", unit="", labels=("mount",), help="", default=True) for n in RECORDED_MOUNT_SERIES
+    ) + tuple(
+        Metric(name=n, type="gauge", unit="", labels=("cgroup",), help="", default=True) for n in RECORDED_CGROUP_SERIES
     )
     return tuple(m for m in CATALOGUE if m.name.startswith("shmwatch_")) + recorded
 
@@ -194,7 +201,7 @@ METRIC_INDEX = {m.name: i for i, m in enumerate(METRICS)}
 
 
 def per_pod(metric: Metric) -> bool:
-    return metric.name in RECORDED_MOUNT_SERIES or "pod_uid" in node_labels(metric)
+    return metric.name in RECORDED_MOUNT_SERIES + RECORDED_CGROUP_SERIES or "pod_uid" in node_labels(metric)
 
 
 def exports(source: Source, metric: Metric) -> bool:
@@ -223,25 +230,20 @@ def variants(metric: Metric) -> List[Dict[str, str]]:
 
 def placed(source: Source, metric: Metric) -> List[Dict[str, str]]:
     """The source's label sets for the metric: its target labels, its mounts or its cgroup,
-    node mode's labels; no empty label."""
+    node mode's labels; no empty label. A pod's mount is its volume, its cgroup its pod_uid."""
     base = dict(source.target)
     if source.kind in ("pod", "host") and source.uid:
         base["pod_uid"] = source.uid
-    if "cgroup" in metric.labels:
-        base["cgroup"] = {"sidecar": "/", "pod": f"/kubepods/pod{source.uid}", "host": "/system.slice"}[source.kind]
+    if "cgroup" in metric.labels and source.kind != "pod":
+        base["cgroup"] = {"sidecar": "/", "host": "/system.slice"}[source.kind]
     if source.kind in ("pod", "host") and metric.name.startswith("shmwatch_sysv_"):
         base["ipc_namespace"] = f"ipc-{source.uid or 'host'}"
     if metric.name == "shmwatch_process_shm_bytes" and source.uid:
         base["process_pod_uid"] = source.uid
     if "mount" not in metric.labels:
         return [base]
-    out = []
-    for mount in source.mounts:
-        labels = dict(base, mount=mount)
-        if source.kind == "pod":
-            labels["volume"] = mount.rsplit("/", 1)[1]
-        out.append(labels)
-    return out
+    label = "volume" if source.kind == "pod" else "mount"
+    return [dict(base, **{label: mount}) for mount in source.mounts]
 
 
 def offset_of(source: Source, mount: int, variant: int) -> int:
@@ -309,7 +311,8 @@ class Point:
 def points_of(metric: Metric, source: Source) -> List[Point]:
     out = []
     for labels in placed(source, metric):
-        mount = source.mounts.index(labels["mount"]) if "mount" in labels else 0
+        where = labels.get("mount", labels.get("volume"))
+        mount = source.mounts.index(where) if where in source.mounts else 0
         for i, variant in enumerate(variants(metric)):
             values = series_values(metric, source, mount, variant, i)
             out.append(Point(metric=metric.name, source=source.key, labels={**labels, **variant}, series=values))
@@ -337,18 +340,18 @@ def alerts() -> List[Point]:
         alert("vllm-1", "ShmUsageCritical", "critical", mount="/dev/shm"),
         alert("vllm-1", "HostMemoryLow", "warning"),
         alert("batch vllm-0", "ShmLeakedSegments", "warning", mount="/dev/shm"),
-        alert("A u1", "ShmLeakedSegments", "warning", mount=emptydir("u1", "dshm"), volume="dshm"),
-        alert("A u3", "ShmUsageHigh", "warning", mount=emptydir("u3", "dshm"), volume="dshm"),
+        alert("A u1", "ShmLeakedSegments", "warning", volume="dshm"),
+        alert("A u3", "ShmUsageHigh", "warning", volume="dshm"),
         alert("A host", "ShmUsageHigh", "warning", mount="/dev/shm"),
         alert("A node", "HostMemoryLow", "warning"),
         alert("A node", "GpuMemoryNearlyFull", "warning", "pending", gpu="0", uuid="GPU-0"),
         alert("B node", "ShmwatchCollectorFailing", "warning", collector="segments"),
-        alert("B u2", "PodOomRiskHigh", "warning", cgroup="/kubepods/podu2"),
-        alert("B u4", "ShmUsageCritical", "critical", mount=emptydir("u4", "dshm"), volume="dshm"),
+        alert("B u2", "PodOomRiskHigh", "warning"),
+        alert("B u4", "ShmUsageCritical", "critical", volume="dshm"),
         alert("canary vllm-0", "ShmUsageHigh", "warning", mount="/dev/shm"),
-        alert("canary u1", "ShmUsageHigh", "warning", mount=emptydir("u1", "dshm"), volume="dshm"),
-        alert("A u1", "PodThrottledAtMemoryHigh", "warning", "pending", cgroup="/kubepods/podu1"),
-        alert("A u1", "TeamShmBudget", "warning", mount=emptydir("u1", "dshm"), volume="dshm"),
+        alert("canary u1", "ShmUsageHigh", "warning", volume="dshm"),
+        alert("A u1", "PodThrottledAtMemoryHigh", "warning", "pending"),
+        alert("A u1", "TeamShmBudget", "warning", volume="dshm"),
         alert("C node", "HostMemoryLow", "warning"),
         alert("D node", "GpuMemoryNearlyFull", "warning", gpu="1", uuid="GPU-1"),
         alert("E node", "ShmwatchCollectorFailing", "warning", collector="sysv"),
@@ -422,10 +425,10 @@ SELECTIONS: Tuple[Selection, ...] = (
         job=("shmwatch-node",),
         namespace=("llm",),
         pod=("sglang-1",),
-        mount=(emptydir("u1", "dshm"),),
+        mount=("dshm",),
         named=("A u1",),
         nodes=("A node",),
-        mounts=frozenset({emptydir("u1", "dshm")}),
+        mounts=frozenset({"dshm"}),
     ),
     Selection(
         name="one node, every pod",
@@ -439,11 +442,11 @@ SELECTIONS: Tuple[Selection, ...] = (
         name="a pod of each shape, one mount each",
         namespace=("llm",),
         pod=("vllm-0", "sglang-1"),
-        mount=("/dev/shm", emptydir("u1", "dshm")),
+        mount=("/dev/shm", "dshm"),
         own=("vllm-0", "canary vllm-0"),
         named=("A u1", "canary u1"),
         nodes=("A node", "canary node"),
-        mounts=frozenset({"/dev/shm", emptydir("u1", "dshm")}),
+        mounts=frozenset({"/dev/shm", "dshm"}),
     ),
     *(
         Selection(

@@ -31,7 +31,9 @@ Expect = Callable[[Selection], Rows]
 
 
 def _mount_ok(point: Point, selection: Selection) -> bool:
-    return selection.mounts is None or "mount" not in point.labels or point.labels["mount"] in selection.mounts
+    """A mount is picked by its path, a node-mode pod's by its volume."""
+    where = point.labels.get("mount", point.labels.get("volume"))
+    return selection.mounts is None or where is None or where in selection.mounts
 
 
 def _of(metric: str, sources: Sequence[str], where: Dict[str, str], selection: Selection) -> List[Point]:
@@ -135,15 +137,17 @@ def zero_count_or_zero(inner: Expect) -> Expect:
     return rows
 
 
+def _cgroup_key(row: Shown) -> Tuple[str, ...]:
+    """A cgroup: its path, or a node-mode pod's by its pod_uid."""
+    return tuple(row.labels.get(k, "") for k in ("job", "instance", "cgroup", "pod_uid"))
+
+
 def throttled_limits(s: Selection) -> Rows:
     """The limits of the cgroups memory.events ever counted throttled at memory.high."""
     limits = pod_series("shmwatch_cgroup_memory_limit_bytes")(s)
-    throttled = {
-        (r.labels["job"], r.labels["instance"], r.labels["cgroup"])
-        for r in pod_series("shmwatch_cgroup_memory_events_total", event="high")(s)
-        if r.value > 0
-    }
-    return [r for r in limits if (r.labels["job"], r.labels["instance"], r.labels["cgroup"]) in throttled]
+    events = pod_series("shmwatch_cgroup_memory_events_total", event="high")(s)
+    throttled = {_cgroup_key(r) for r in events if r.value > 0}
+    return [r for r in limits if _cgroup_key(r) in throttled]
 
 
 def _shmwatch_alerts() -> frozenset[str]:
@@ -152,7 +156,7 @@ def _shmwatch_alerts() -> frozenset[str]:
 
 def firing_alerts(s: Selection) -> Rows:
     """shmwatch's firing alerts of the selection's sources and named pods, and of the nodes
-    its pods run on, counted by (alertname, severity, mount)."""
+    its pods run on, counted by (alertname, severity, mount, volume)."""
     ours = _shmwatch_alerts()
     shown = _union(
         [_as_is(p) for p in _of("ALERTS", s.own, {"alertstate": "firing"}, _every_mount(s))],
@@ -160,7 +164,7 @@ def firing_alerts(s: Selection) -> Rows:
         [_as_is(p) for p in _of("ALERTS", s.nodes, {"alertstate": "firing"}, _every_mount(s))],
     )
     mine = [r for r in shown if r.labels["alertname"] in ours]
-    return aggregate(sum, ("alertname", "severity", "mount"), lambda _: mine)(s)
+    return aggregate(sum, ("alertname", "severity", "mount", "volume"), lambda _: mine)(s)
 
 
 def _every_mount(s: Selection) -> Selection:
@@ -181,17 +185,17 @@ def N(metric: str) -> Expect:  # noqa: N802
 
 
 GPU_USED, GPU_TOTAL = "shmwatch_gpu_memory_used_bytes", "shmwatch_gpu_memory_total_bytes"
+MOUNT = ("mount", "volume")  # a mount: its path, or a node-mode pod's volume
 EXPECT: Dict[Tuple[str, str], Expect] = {
-    ("/dev/shm usage", "A"): aggregate(max, ("mount",), P("shmwatch_mount_usage_ratio")),
-    ("OOM risk (working set / limit)", "A"): aggregate(max, ("cgroup",), P("shmwatch_oom_risk_ratio")),
-    ("OOM risk (working set / limit)", "B"): aggregate(max, ("mount",), P("shmwatch_shm_oom_projection_ratio")),
+    ("/dev/shm usage", "A"): aggregate(max, MOUNT, P("shmwatch:mount_usage_ratio")),
+    ("OOM risk (working set / limit)", "A"): aggregate(max, ("cgroup",), P("shmwatch:oom_risk_ratio")),
+    ("OOM risk (working set / limit)", "B"): aggregate(max, MOUNT, P("shmwatch_shm_oom_projection_ratio")),
     ("GPU memory used", "A"): ratio(N(GPU_USED), N(GPU_TOTAL)),
     ("Firing alerts", "A"): firing_alerts,
     ("Used, size, effective size, peak", "A"): P("shmwatch_mount_used_bytes"),
     ("Used, size, effective size, peak", "B"): P("shmwatch_mount_peak_used_bytes"),
     ("Used, size, effective size, peak", "C"): P("shmwatch_mount_size_bytes"),
     ("Used, size, effective size, peak", "D"): P("shmwatch_mount_effective_size_bytes"),
-    ("Unattributed bytes", "A"): P("shmwatch_mount_unattributed_bytes"),
     ("Recommended vs configured size", "A"): P("shmwatch:mount_recommended_size_bytes"),
     ("Recommended vs configured size", "B"): P("shmwatch_mount_size_bytes"),
     ("Recommended vs configured size", "C"): P("shmwatch:mount_observed_peak_bytes"),
@@ -201,19 +205,14 @@ EXPECT: Dict[Tuple[str, str], Expect] = {
     ("Bytes by owner class", "A"): aggregate(sum, ("class",), P("shmwatch_segment_bytes")),
     ("Bytes by state", "A"): aggregate(sum, ("state",), P("shmwatch_segment_bytes")),
     ("Largest segments", "A"): P("shmwatch_top_segment_bytes"),
-    ("Processes holding shm", "A"): P("shmwatch_process_shm_bytes"),
     ("Leaked and hidden", "A"): total(P("shmwatch_segments", state="orphan")),
     ("Leaked and hidden", "B"): total(P("shmwatch_segment_bytes", state="orphan")),
     ("Leaked and hidden", "C"): aggregate(max, (), P("shmwatch_orphan_oldest_age_seconds")),
     ("Leaked and hidden", "D"): total(P("shmwatch_segment_bytes", state="hidden")),
-    ("Segments created / deleted", "A"): aggregate(
-        sum, ("class", "event"), per_second(P("shmwatch_segment_events_total"), 4)
-    ),
-    ("Container memory: usage vs limit, with the shm part", "A"): P("shmwatch_cgroup_memory_usage_bytes"),
-    ("Container memory: usage vs limit, with the shm part", "B"): P("shmwatch_cgroup_memory_working_set_bytes"),
-    ("Container memory: usage vs limit, with the shm part", "C"): P("shmwatch_cgroup_memory_shmem_bytes"),
-    ("Container memory: usage vs limit, with the shm part", "D"): P("shmwatch_cgroup_memory_shmem_unexplained_bytes"),
-    ("Container memory: usage vs limit, with the shm part", "E"): P("shmwatch_cgroup_memory_limit_bytes"),
+    ("Segments by class", "A"): aggregate(sum, ("class", "state"), P("shmwatch_segments")),
+    ("Container memory: working set vs limit, with the shm part", "A"): P("shmwatch_cgroup_memory_working_set_bytes"),
+    ("Container memory: working set vs limit, with the shm part", "B"): P("shmwatch_cgroup_memory_shmem_bytes"),
+    ("Container memory: working set vs limit, with the shm part", "C"): P("shmwatch_cgroup_memory_limit_bytes"),
     ("OOM kills and projection", "A"): increase(P("shmwatch_cgroup_oom_kills_total"), 60),
     ("OOM kills and projection", "B"): P("shmwatch_shm_oom_projection_ratio"),
     ("Host memory", "A"): N("shmwatch_host_memory_total_bytes"),
@@ -228,18 +227,15 @@ EXPECT: Dict[Tuple[str, str], Expect] = {
     ("SysV segments vs kernel.shmmni", "C"): aggregate(max, (), P("shmwatch_sysv_limit_shmmni")),
     ("SysV segments vs kernel.shmmni", "D"): zero_count_or_zero(P("shmwatch_sysv_namespace_readable")),
     ("SysV bytes vs kernel.shmall", "A"): P("shmwatch_sysv_bytes"),
-    ("SysV bytes vs kernel.shmall", "B"): P("shmwatch_sysv_resident_bytes"),
-    ("SysV bytes vs kernel.shmall", "C"): clamp_max(P("shmwatch_sysv_limit_shmall_bytes"), 1e15),
+    ("SysV bytes vs kernel.shmall", "B"): clamp_max(P("shmwatch_sysv_limit_shmall_bytes"), 1e15),
     ("GPU memory per GPU", "A"): N(GPU_USED),
     ("GPU memory per GPU", "B"): N("shmwatch_gpu_memory_reserved_bytes"),
     ("GPU memory per GPU", "C"): N(GPU_TOTAL),
     ("GPU memory per process", "A"): N("shmwatch_gpu_process_memory_bytes"),
     ("Collectors", "A"): aggregate(min, ("collector",), N("shmwatch_collector_success")),
     ("Collector duration", "A"): aggregate(max, ("collector",), N("shmwatch_collector_duration_seconds")),
-    ("inotify and /proc access", "A"): aggregate(min, (), P("shmwatch_inotify_active")),
-    ("inotify and /proc access", "B"): aggregate(max, (), N("shmwatch_proc_unreadable")),
-    ("inotify and /proc access", "C"): aggregate(min, (), P("shmwatch_mount_owners_verified")),
-    ("Inventory degraded", "A"): aggregate(max, ("mount",), P("shmwatch_inventory_degraded")),
+    ("/proc access", "A"): aggregate(max, (), N("shmwatch_proc_unreadable")),
+    ("Inventory degraded", "A"): aggregate(max, MOUNT, P("shmwatch_inventory_degraded")),
 }
 
 

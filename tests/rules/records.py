@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Dict, Tuple
 
-from tests.rules.labels import CACHE, CGROUP, GPU, NODE, SHM, GiB, Labels, MiB, emptydir
+from tests.rules.labels import CACHE, CGROUP, GPU, NODE, SHM, SIDECAR, GiB, Labels, MiB
 from tests.rules.scenario import Equals, Scenario, Series, Side, const, equals, merge, only, selector
 
 LATCH = "shmwatch:gpus_seen"
@@ -203,7 +203,7 @@ def kube_pod_info() -> Series:
 
 
 def pod_series(uid: str, volume: str = "dshm") -> Labels:
-    return {**NODE, "mount": emptydir(uid, volume), "pod_uid": uid, "volume": volume}
+    return {**NODE, "pod_uid": uid, "volume": volume}
 
 
 def named(labels: Labels, uid: str) -> Dict[str, str]:
@@ -215,9 +215,15 @@ def named(labels: Labels, uid: str) -> Dict[str, str]:
 @dataclass(frozen=True)
 class NodeMount:
     labels: Labels
-    usage_ratio: float
+    usage_ratio: float  # used / size: the size follows
     used_bytes: float
     projection_ratio: float
+
+    @property
+    def size_bytes(self) -> float:
+        size = self.used_bytes / self.usage_ratio
+        assert self.used_bytes / size == self.usage_ratio
+        return size
 
 
 # Node mode's mounts. Pod u3 is one kube-state-metrics does not name; the host's /dev/shm
@@ -227,13 +233,16 @@ MOUNTS = {
     "u1 cache": NodeMount(labels=pod_series("u1", "cache"), usage_ratio=0.5, used_bytes=2000, projection_ratio=2.5),
     "u2 dshm": NodeMount(labels=pod_series("u2"), usage_ratio=0.75, used_bytes=3000, projection_ratio=3.5),
     "u3 dshm": NodeMount(labels=pod_series("u3"), usage_ratio=0.125, used_bytes=4000, projection_ratio=4.5),
-    "host": NodeMount(labels={**NODE, "mount": "/dev/shm"}, usage_ratio=0.375, used_bytes=5000, projection_ratio=5.5),
+    "host": NodeMount(labels={**NODE, "mount": "/dev/shm"}, usage_ratio=0.3125, used_bytes=5000, projection_ratio=5.5),
 }
-OOM_RISK = {"u1": 0.625, "u2": 0.875, "u3": 0.0625, "": 0.375}  # by pod_uid ("": the host's cgroup)
+# By pod_uid ("": the host's cgroup): working set / limit, of a limit of LIMIT.
+OOM_RISK = {"u1": 0.625, "u2": 0.875, "u3": 0.0625, "": 0.375}
+LIMIT = 8000
 
 
 def cgroup_of(uid: str) -> Labels:
-    return {**NODE, "cgroup": f"/kubepods/pod{uid}", "pod_uid": uid} if uid else {**NODE, "cgroup": "/system.slice"}
+    """A pod's cgroup is named by its pod_uid; another cgroup by its path."""
+    return {**NODE, "pod_uid": uid} if uid else {**NODE, "cgroup": "/system.slice"}
 
 
 def segment_kinds(used: float) -> Dict[Tuple[str, str], float]:
@@ -245,14 +254,16 @@ def node_inputs() -> Series:
     series: Series = {}
     for mount in MOUNTS.values():
         labels = mount.labels
-        series[selector("shmwatch_mount_usage_ratio", labels)] = const(mount.usage_ratio)
+        series[selector("shmwatch_mount_size_bytes", labels)] = const(mount.size_bytes)
         series[selector("shmwatch_mount_used_bytes", labels)] = const(mount.used_bytes)
         for (cls, state), value in segment_kinds(mount.used_bytes).items():
             series[selector("shmwatch_segment_bytes", {**labels, "class": cls, "state": state})] = const(value)
         projection_labels = {**labels, **cgroup_of(labels.get("pod_uid", ""))}
         series[selector("shmwatch_shm_oom_projection_ratio", projection_labels)] = const(mount.projection_ratio)
     for uid, risk in OOM_RISK.items():
-        series[selector("shmwatch_oom_risk_ratio", cgroup_of(uid))] = const(risk)
+        limit = {**cgroup_of(uid), "limit_from": "pod" if uid else "self"}
+        series[selector("shmwatch_cgroup_memory_working_set_bytes", cgroup_of(uid))] = const(risk * LIMIT)
+        series[selector("shmwatch_cgroup_memory_limit_bytes", limit)] = const(LIMIT)
     return merge(series, canary_segments(), kube_pod_info())
 
 
@@ -285,7 +296,7 @@ def node() -> Tuple[Scenario, ...]:
 
     segments = []
     for key, mount in named_mounts.items():
-        kept = {k: v for k, v in mount.labels.items() if k in ("pod_uid", "mount", "volume")}
+        kept = {k: v for k, v in mount.labels.items() if k in ("pod_uid", "volume")}
         for (cls, state), value in segment_kinds(mount.used_bytes).items():
             labels = named({**kept, "class": cls, "state": state}, uid(key))
             # Two exporters' reports of the same segments: the larger, not their sum.
@@ -408,5 +419,44 @@ def node_recommendation() -> Series:
     return series
 
 
+def ratios() -> Tuple[Scenario, ...]:
+    """The ratios left to Prometheus: used / size per mount, working set / limit per cgroup,
+    for a sidecar's mounts and cgroup and for node mode's pods (each its own), none where a
+    cgroup has no limit."""
+    usage, risk = "shmwatch:mount_usage_ratio", "shmwatch:oom_risk_ratio"
+    estimate = {**SIDECAR, "cgroup": "estimate:workload"}
+    pods = {uid: MOUNTS[f"{uid} dshm"] for uid in ("u1", "u2")}
+    series = merge(
+        {
+            selector("shmwatch_mount_used_bytes", SHM): const(300),
+            selector("shmwatch_mount_size_bytes", SHM): const(1200),
+            selector("shmwatch_mount_used_bytes", CACHE): const(50),
+            selector("shmwatch_mount_size_bytes", CACHE): const(400),
+            selector("shmwatch_cgroup_memory_working_set_bytes", CGROUP): const(600),
+            selector("shmwatch_cgroup_memory_limit_bytes", {**CGROUP, "limit_from": "ancestor"}): const(800),
+            selector("shmwatch_cgroup_memory_working_set_bytes", estimate): const(100),
+        },
+        *(
+            {
+                selector("shmwatch_mount_used_bytes", m.labels): const(m.used_bytes),
+                selector("shmwatch_mount_size_bytes", m.labels): const(m.size_bytes),
+                selector("shmwatch_cgroup_memory_working_set_bytes", cgroup_of(uid)): const(OOM_RISK[uid] * LIMIT),
+                selector("shmwatch_cgroup_memory_limit_bytes", {**cgroup_of(uid), "limit_from": "pod"}): const(LIMIT),
+            }
+            for uid, m in pods.items()
+        ),
+    )
+    mounts = [(usage, SHM, 300 / 1200), (usage, CACHE, 50 / 400)]
+    mounts += [(usage, m.labels, m.usage_ratio) for m in pods.values()]
+    cgroups = [(risk, CGROUP, 600 / 800)] + [(risk, cgroup_of(uid), OOM_RISK[uid]) for uid in pods]
+    return (
+        Scenario(
+            name="ratios: usage per mount, OOM risk per cgroup",
+            series=series,
+            checks=(equals(usage, "5m", *mounts), equals(risk, "5m", *cgroups)),
+        ),
+    )
+
+
 def scenarios() -> Tuple[Scenario, ...]:
-    return gpus_seen() + kube() + node() + recommend()
+    return ratios() + gpus_seen() + kube() + node() + recommend()

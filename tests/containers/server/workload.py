@@ -44,6 +44,13 @@ def sysv_segment(size):
     return shmid
 
 
+def aged(path):
+    """Last written an hour ago, as the segments of a server that has run a while: shmwatch
+    names (shmwatch_top_segment_bytes) only segments a minute old, leaks 15 s old."""
+    hour_ago = time.time() - 3600
+    os.utime(path, (hour_ago, hour_ago))
+
+
 def leak_from_child(path, size):
     pid = os.fork()
     if pid == 0:  # the "worker": writes its segment and dies without cleaning up
@@ -60,13 +67,16 @@ def main():
     fd = fallocated(nccl, SIZES["nccl"])
     nccl_map = mmap.mmap(fd, SIZES["nccl"])
     os.close(fd)
+    aged(nccl)
 
     torch = f"/dev/shm/torch_{os.getpid()}_{tag}"
     torch_fd = fallocated(torch, SIZES["torch"])
+    aged(torch)  # its inode keeps the time once unlinked: read through the fd
     os.unlink(torch)
 
     psm = shared_memory.SharedMemory(create=True, size=SIZES["psm"])
     psm.buf[:] = b"\1" * SIZES["psm"]
+    aged("/dev/shm/" + psm.name.lstrip("/"))
     # The exit is a `docker rm -f`: the tracker must not unlink it under a sidecar's eyes.
     resource_tracker.unregister(psm._name, "shared_memory")
 
@@ -74,6 +84,7 @@ def main():
     leak = f"/dev/shm/nccl-leak{tag}"
     leak_from_child(leak, SIZES["leak"])
     os.close(fallocated("/dev/shm/libpod_lock", 64 << 10))
+    aged("/dev/shm/libpod_lock")
 
     print(json.dumps({"pid": os.getpid(), "uid": os.getuid(), "nccl": os.path.basename(nccl),
                       "torch": os.path.basename(torch), "psm": psm.name.lstrip("/"), "leak": os.path.basename(leak), "other": "libpod_lock",
