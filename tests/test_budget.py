@@ -135,8 +135,10 @@ def test_size_limit_flag_reaches_metrics_and_check():
         with Exporter(f"--shm.mount={shm}", "--no-collector.gpu", "--no-collector.cgroup",
                       "--shm.size-limit=24Mi") as exporter:
             s = exporter.scrape()
+        # The exporter's flags: without the cgroup collector no memory limit to wait for (a
+        # limit that could not be read leaves the effective size unknown: null).
         result = subprocess.run([sys.executable, "-m", "exporter", "check", "--no-collector.gpu",
-                                 f"--shm.mount={shm}", "--shm.size-limit=24Mi", "--output", "json"],
+                                 "--no-collector.cgroup", f"--shm.mount={shm}", "--shm.size-limit=24Mi", "--output", "json"],
                                 cwd=REPO, capture_output=True, text=True, timeout=60)
     assert value(s, "shmwatch_mount_size_bytes", mount=shm) == 64 * MiB
     assert value(s, "shmwatch_mount_effective_size_bytes", mount=shm) == 24 * MiB

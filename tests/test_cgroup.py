@@ -401,7 +401,20 @@ def test_node_mode_reads_a_steady_pod_less_often_and_a_changed_or_near_limit_one
             with open(os.path.join(pods[near], "memory.limit_in_bytes"), "w") as f:
                 f.write(str(int(usage / 0.9)))  # near its limit, not at it
             listed = [p for p in collector.pod_cgroups() if p.pod_uid in pods]
-            seen, found = polls(70)
+            steady_usage = os.path.join(pods[steady], "memory.usage_in_bytes")
+            for _attempt in range(3):
+                # v1's usage moves by itself: another cgroup charging on a CPU drains this one's
+                # per-CPU precharge (up to 64 pages). A changed usage is rightly read whole
+                # again, so the schedule is asserted over 70 polls the usage stayed put.
+                before = open(steady_usage).read()
+                seen, found = polls(70)
+                if open(steady_usage).read() == before:
+                    break
+                collector.close()
+                collector = CgroupCollector(Paths(), node_mode=True, kill_log_complete=lambda: complete["yes"])
+                read = collector.read
+                collector.read = lambda path, version, directory, *a: reads.append(directory) or read(
+                    path, version, directory, *a)
             assert [i + 1 for i, s in enumerate(seen) if steady in s] == [1, 2, 4, 8, 16, 32, 64]
             assert cgroup_mod.POD_STRETCH_MAX == 32
             assert all(near in s for s in seen)

@@ -243,6 +243,9 @@ def run_fast_tier(
     script = "\n".join(
         [
             "set -e",
+            # The root a mount of its own, as a container's is: a test that makes its own
+            # mount namespace private (unshare --propagation private) needs / to be a mount.
+            f"mount --bind {r} {r}",
             f"mount --bind {src} {r}/src",
             f"mount -o remount,bind,ro {r}/src",
             f"mount -t proc proc {r}/proc",
