@@ -194,16 +194,18 @@ class SegmentsCollector(Source):
         self._cgroup_of: Dict[int, str] = {}
 
     def stretches(self, run: RunInput) -> bool:
-        """Asked on the source's thread after a full run. Node mode only, while inotify
-        watches every mount (a polled one changes unseen) and nothing is called leaked (a
-        write through a mapping: refreshes see it)."""
+        """Whether the full-run interval may double while results stay the same. Asked on
+        the source's thread after a full run (by stage 3 and by the scheduler). Node mode
+        only, while inotify watches every mount (a polled one changes unseen) and nothing
+        is called leaked (a write through a mapping: refreshes see it)."""
         return self.pod_of_pid and run.all_watched and not any(self._orphans.values())
 
     # --- the runs: on the source's thread ------------------------------------------------
 
     def collect(self, run: RunInput) -> Inventory:
-        """A full run, its three stages one after the other on the calling thread (the
-        source's, or a test's)."""
+        """A full run, its three stages one after the other on the calling thread. The
+        scheduler does not call it (it calls `begin_full`, then the stages): a test's, or
+        any caller wanting one whole full run at once."""
         staged = FullRun(self, self._list(run, full=True, beside=False))
         staged.scan()
         return staged.finish(replace(run, changes={}))  # nothing else is pending
@@ -552,22 +554,22 @@ class _Join:
         self.names, self.packed = tuple(rows), tuple(rows.values())
 
     def _held(self, inode: int, allocated: int, pids: Set[int]) -> None:
-        """A file some process holds: linked (its state's index is 0), its bytes counted to
-        each holder."""
+        """Stage 3 (source's thread): a file some process holds: linked (its state's index
+        is 0), its bytes counted to each holder."""
         held = self.held[inode] = tuple(sorted(pids))
         for pid in held:
             self.process_bytes[pid] += allocated
 
     def _doubted(self) -> Optional[AbstractSet[str]]:
-        """The names not to call leaked on this mount now (None: any): doubted until its pod
-        is read again, suspect until a full scan."""
+        """Stage 3 (source's thread): the names not to call leaked on this mount now (None:
+        any): doubted until its pod is read again, suspect until a full scan."""
         c = self.collector
         suspect = c._suspect.get(self.mount, set())
         return holdings.joined(c._doubted.get(self.mount, set()), suspect)
 
     def _unheld_state(self, name: str, row: PackedRow, inode: int, new: bool) -> str:
-        """A file nobody holds: its state by holdings.unheld_state. `new`: it changed while
-        the scan read /proc, so it is judged as a quick run would (never called leaked);
+        """Stage 3 (source's thread): a file nobody holds: its state (orphan, unverified,
+        ...) by holdings.unheld_state. `new`: it changed while the scan read /proc, so it is judged as a quick run would (never called leaked);
         one listed before and changed since is doubted."""
         c = self.collector
         if new and Row.known(row):  # taken after its taker was read, perhaps
@@ -586,8 +588,8 @@ class _Join:
         )
 
     def hidden_segments(self) -> None:
-        """Each file unlinked and still held on this mount's device: hidden (not one listed
-        here), its bytes counted to its holders."""
+        """Stage 3 (source's thread): each file unlinked and still held on this mount's
+        device: hidden (not one listed here), its bytes counted to its holders."""
         owned = self.collector._owners.holdings
         for key in self.collector._held_on.get(self.dev, ()):
             hs = owned[key]
@@ -612,8 +614,9 @@ class _Join:
             self.accounted += size.allocated_bytes
 
     def inventory(self, listed: ListedMount) -> MountInventory:
-        """The mount's MountInventory, frozen for publication: what its statvfs does not
-        account for is unattributed."""
+        """Stage 3 (source's thread): the mount's MountInventory, frozen for publication
+        (its rows copied into tuples: later runs change the listing, not it); what its
+        statvfs does not account for is unattributed."""
         listing, error, used = listed.listing, None, 0
         try:
             st = os.statvfs(self.collector.paths.host(self.mount))

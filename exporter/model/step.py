@@ -200,8 +200,9 @@ class ModelStep:
     """Observations in (`accept`, on each publishing thread), the Model out (`current`, on
     the caller's thread). What both touch is under `_lock`. Outside it, `_summarise` and
     `_record_polled` read their own source's last result (a reference, replaced whole by
-    that source's publications: its thread's, or the watchdog's failure); `_shm_used_by`
-    (the oom source's thread) reads shm_mount's last list the same way."""
+    that source's publications: its thread's, or the watchdog's failure, which the
+    scheduler publishes one at a time); `_shm_used_by` (the oom source's thread) reads
+    shm_mount's last list the same way."""
 
     def __init__(
         self,

@@ -111,7 +111,8 @@ class _Runner(threading.Thread):
                 self.wake.wait(wait)
 
     def run_once(self, full: bool) -> None:
-        """One run now, on the calling thread (the source's; tests and `Sampler.start`)."""
+        """One run now, on the calling thread: `Sampler.start`'s (the App's, before any
+        source's thread starts) or a test's; never the source's own (`run` is)."""
         if full:
             self._full_run(self.sampler.clock())
         else:
@@ -148,9 +149,9 @@ class _Runner(threading.Thread):
         return full_now or now >= self._next_full_at()
 
     def _quick_due_at(self) -> Optional[float]:
-        """The source's thread: when the pending burst's quick run is due. None: no burst;
-        or none beside a hung scan (the watchdog's failure stands) nor before the first full
-        run (it would have no owners)."""
+        """The source's thread: when the pending burst's quick run is due. None: no burst,
+        or a staged full run's scan is running and either timed out (the watchdog's failure
+        stands) or is the first full run's (a quick run would have no owners to reuse)."""
         with self.sampler.lock:
             first, last = self.shared.first_event, self.shared.last_event
             fails = self.shared.timed_out or not self.shared.fulls
@@ -455,8 +456,9 @@ class Sampler:
         self.request(full=True)
 
     def watching(self, every_mount: bool) -> None:
-        """The watcher's threads: whether inotify watches every mount (runs are handed
-        it)."""
+        """The watcher's callers' threads: discovery's (the watcher refreshes its watches
+        on a published mount set), the App's at start, or the inotify thread (a watch
+        dropped): whether inotify watches every mount; later runs are handed it."""
         self.inputs.watching(every_mount)
 
     def publish(self, obs: Observation) -> None:
