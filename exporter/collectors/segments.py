@@ -531,25 +531,26 @@ class _Join:
         owned = c._owners.holdings
         orphans = c._orphans[self.mount] = set()
         rows = listing.rows
-        self.states = bytearray(len(rows))
+        # Read once, not per row: a storm's listing is 100,000s of rows.
+        states = self.states = bytearray(len(rows))
+        fresh, settled, dev = self.fresh, self.settled, self.dev
         self.doubted = self._doubted()
-        self.accounted = sum(
-            t.allocated_bytes for t in (listing.degraded or {}).values()
-        )
+        accounted = sum(t.allocated_bytes for t in (listing.degraded or {}).values())
         for i, (name, row) in enumerate(rows.items()):
             allocated, inode = Row.allocated_bytes(row), Row.inode(row)
-            self.accounted += allocated
-            new = self.fresh is None or name in self.fresh
-            if self.settled and not new and not Row.known(row):
+            accounted += allocated
+            new = fresh is None or name in fresh
+            if settled and not new and not Row.known(row):
                 rows[name] = Row.marked_known(row)  # listed before /proc was read
-            held = owned.get((self.dev, inode)) if owned else None
+            held = owned.get((dev, inode)) if owned else None
             if held:
                 self._held(inode, allocated, {h.pid for h in held})
                 continue
             state = self._unheld_state(name, row, inode, new)
-            self.states[i] = STATES.index(state)
+            states[i] = STATES.index(state)
             if state == ORPHAN:
                 orphans.add(name)
+        self.accounted = accounted
         # The published rows: the listing's as now (its next run changes the dict, not these).
         self.names, self.packed = tuple(rows), tuple(rows.values())
 

@@ -41,42 +41,34 @@ class Listing:
     degraded: Optional[Dict[str, ClassTotals]] = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _File:
-    """A regular file's stat, as a row keeps it."""
+    """A regular file met by a walk: its path below the mount and its lstat (one walk's, on
+    its thread: not frozen, which would cost each entry of a storm a setattr per field)."""
 
-    path: str  # below the mount
-    inode: int
-    mtime: float
-    blocks: int
-    size: int
+    path: str
+    stat: os.stat_result
 
     @staticmethod
     def of(path: str, st: os.stat_result) -> "_File":
-        return _File(
-            path=path,
-            inode=st.st_ino,
-            mtime=st.st_mtime,
-            blocks=st.st_blocks,
-            size=st.st_size,
-        )
+        return _File(path=path, stat=st)
 
 
 def _update(listing: Listing, file: _File, events: Events) -> bool:
     """The file's row made or brought up to date (the same path on another inode is another
     file: both events). -> whether its path was listed."""
-    old = listing.rows.get(file.path)
-    same = old is not None and Row.inode(old) == file.inode
+    old, st = listing.rows.get(file.path), file.stat
+    same = old is not None and Row.inode(old) == st.st_ino
     if old is not None and same:
         cls, known = Row.class_index(old), Row.known(old)
     else:
         cls, known = CLASS_INDEX[classify(os.path.basename(file.path))], False
     row = Row.pack(
         class_index=cls,
-        inode=file.inode,
-        mtime=file.mtime,
-        blocks=file.blocks,
-        apparent_bytes=file.size,
+        inode=st.st_ino,
+        mtime=st.st_mtime,
+        blocks=st.st_blocks,
+        apparent_bytes=st.st_size,
         known=known,
     )
     if row != old:
@@ -173,7 +165,7 @@ class _Pass:
         if st.st_dev != self.dev:
             return True  # something mounted inside: not this mount's
         if S_ISREG(st.st_mode):
-            return self._regular(_File.of(prefix + entry.name, st), st.st_nlink)
+            return self._regular(_File(path=prefix + entry.name, stat=st), st.st_nlink)
         self.listing.others[_KINDS.get(S_IFMT(st.st_mode), "device")] += 1
         if S_ISDIR(st.st_mode) and len(names) < MAX_DEPTH:
             stack.append(names + (entry.name,))
@@ -184,7 +176,7 @@ class _Pass:
         if links <= 1:
             self.files += 1
             return self._file(file, ())
-        names = self.linked.setdefault(file.inode, [])
+        names = self.linked.setdefault(file.stat.st_ino, [])
         if not names:
             self.files += 1
         names.append(file)
@@ -247,7 +239,7 @@ class _TallyPass(_Pass):
 
     def _file(self, file: _File, other_names: Sequence[str]) -> bool:
         tally = self.tallies.setdefault(classify(os.path.basename(file.path)), _Tally())
-        tally.add(file.blocks * 512, file.size)
+        tally.add(file.stat.st_blocks * 512, file.stat.st_size)
         return True
 
     def totals(self) -> Dict[str, ClassTotals]:
@@ -368,7 +360,7 @@ class _Patch:
                 self.listing, self._inodes, name, st.st_ino, self.events
             ):
                 return
-        _update(self.listing, _File.of(name, st), self.events)
+        _update(self.listing, _File(path=name, stat=st), self.events)
 
 
 def _inodes(rows: Rows) -> Dict[int, str]:
