@@ -37,6 +37,8 @@ REQUEST_LINE = re.compile(rb"\S+ \S+ HTTP/(\d)\.(\d)")
 # but HTAB, LF and CR; a CR only ends a line (RFC 9112's bare CR), judged apart.
 CONTROLS = bytes(int(b < 0x20 and b not in b"\t\n\r" or b == 0x7F) for b in range(256))
 FOLDED = (b" ", b"\t")
+# The blank line that ends a head, whichever line ends it has (RFC 9112 takes a bare LF).
+BLANK_LINE = re.compile(rb"\n\r?\n")
 
 Headers = List[Tuple[str, str]]
 
@@ -112,12 +114,17 @@ class Head:
 
     def whole(self, data: bytes) -> Optional[Complete]:
         """A scrape's head in one read, given to h11 whole: None unless it is complete
-        (ends in CRLF CRLF), within MAX_KEPT_BYTES and MAX_HEADER_LINES, and holds nothing
-        the line-by-line path would refuse or fold (that path then judges it). Within the
-        bounds nothing need be cut; tests hold both paths to one verdict."""
-        end = data.find(b"\r\n\r\n") + 4
+        (ends in a blank line), within MAX_KEPT_BYTES and MAX_HEADER_LINES, and holds nothing
+        the line-by-line path would refuse or fold (that path then judges it). The head is
+        cut at its first blank line, in whichever form (h11 is never given a pipelined head
+        after it). Within the bounds nothing need be cut; tests hold both paths to one
+        verdict and one rest."""
+        blank = BLANK_LINE.search(data)
+        if blank is None:
+            return None
+        end = blank.end()
         head = data[:end]
-        if end < 4 or end > MAX_KEPT_BYTES or head.count(b"\n") > MAX_HEADER_LINES + 1:
+        if end > MAX_KEPT_BYTES or head.count(b"\n") > MAX_HEADER_LINES + 1:
             return None
         if head.startswith((b"\r", b"\n")) or b"\n " in head or b"\n\t" in head:
             return None  # an empty line before the request, or a folded line

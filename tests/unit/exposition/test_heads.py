@@ -1,7 +1,7 @@
 """heads.py: request heads streamed into h11 and judged as Go's net/http judges them, the
 same whichever way TCP splits them; and the answers' bytes."""
 
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import pytest
 
@@ -12,24 +12,33 @@ HEAD = b"GET /metrics HTTP/1.1\r\nHost: shmwatch\r\n"
 Verdict = Union[int, Request, None]  # a status refused, a request, or more needed
 
 
-def verdict(data: bytes, piece: Optional[int] = None) -> Verdict:
-    """The head's verdict when it comes in pieces of `piece` bytes (whole by default)."""
+def outcome(data: bytes, piece: Optional[int] = None) -> Union[Verdict, Tuple[Request, bytes]]:
+    """What `data` comes to in pieces of `piece` bytes (whole by default): a status refused,
+    (the request, every byte after its head: the rest handed back and the pieces not fed),
+    or None (more needed)."""
     head, step = Head(), piece or len(data)
     try:
         for start in range(0, len(data), step):
             complete: Optional[Complete] = head.feed(data[start:start + step])
             if complete is not None:
-                return complete.request
+                return complete.request, complete.rest + data[start + step:]
         return None
     except Refused as refused:
         return refused.status
 
 
+def verdict(data: bytes, piece: Optional[int] = None) -> Verdict:
+    """The head's verdict when it comes in pieces of `piece` bytes (whole by default)."""
+    result = outcome(data, piece)
+    return result[0] if isinstance(result, tuple) else result
+
+
 def every_split(data: bytes) -> Verdict:
-    """The one verdict of `data` whole and in pieces of every size: a bound or a check that
-    depends on how TCP splits a head (a CR at the end of a read) fails here."""
-    verdicts = {str(verdict(data, piece)) for piece in range(1, len(data) + 1)}
-    assert len(verdicts) == 1, verdicts
+    """The one outcome of `data` whole and in pieces of every size, the bytes after the head
+    included: a bound or a check that depends on how TCP splits a head (a CR at the end of a
+    read), or a pipelined head lost, fails here."""
+    outcomes = {str(outcome(data, piece)) for piece in range(1, len(data) + 1)}
+    assert len(outcomes) == 1, outcomes
     return verdict(data)
 
 
@@ -122,6 +131,19 @@ def test_header_lines_and_bytes_are_bounded():
 def test_the_bytes_after_a_head_are_handed_back():
     complete = Head().feed(b"\r\n" + HEAD + b"\r\nGET /next")  # an empty line before: skipped
     assert complete is not None and complete.rest == b"GET /next"
+
+
+@pytest.mark.parametrize("first", [b"GET /a HTTP/1.1\nHost: x\n\n", b"GET /a HTTP/1.1\r\nHost: x\n\r\n",
+                                   b"GET /a HTTP/1.0\n\n", b"GET /a HTTP/1.1\nHost: x\r\n\r\n"])
+def test_a_head_ended_by_bare_lfs_hands_back_the_next_pipelined_head(first):
+    """Read whole, a head whose blank line is a bare LF was given to h11 with the pipelined
+    head after it, and h11 kept that one: rest was b"", the second request never answered."""
+    second = b"GET /b HTTP/1.1\r\nHost: y\r\n\r\n"
+    request = every_split(first + second)
+    assert isinstance(request, Request) and request.path == "/a"
+    complete = Head().feed(first + second)
+    assert complete is not None and complete.rest == second
+    assert Head().feed(complete.rest) is not None
 
 
 def test_keep_alive_as_go_keeps_it():
