@@ -5,6 +5,7 @@ from typing import Optional, Tuple, Union
 
 import pytest
 
+from exporter.exposition import heads
 from exporter.exposition.heads import MAX_HEADER_LINES, Complete, Head, Refused, Request, keep_alive
 from exporter.exposition.heads import message, plain, route
 
@@ -162,3 +163,24 @@ def test_answers_bytes():
     answer = message(plain(200), head, close=False)
     assert answer.endswith(b"Content-Length: 3\r\nConnection: keep-alive\r\n\r\n")  # HEAD: no body
     assert b"Connection: close\r\n" in message(plain(431), None, close=True)
+
+
+def test_a_header_that_cannot_be_written_is_dropped_and_logged_once(caplog, monkeypatch):
+    """A value with CR LF wrote a header of its own into the answer (response splitting), and
+    one beyond latin-1 raised UnicodeEncodeError: the answer was never written."""
+    monkeypatch.setattr(heads, "DROPPED", set())
+    request = verdict(HEAD + b"\r\n")
+    assert isinstance(request, Request)
+    bad = [("Content-Security-Policy", "a\r\nSet-Cookie: pwn=1"), ("X-A", "default-src \u2014 self"),
+           ("X-B", "a\nb"), ("X-C", "a\x00b"), ("X\r\nSet-Cookie", "pwn=1"), ("X D", "v")]
+    answer = plain(200, [*bad, ("X-Frame-Options", "deny"), ("X-E", "a\tb caf\xe9")])
+    for _ in range(2):
+        written = message(answer, request, close=False)
+        head, body = written.split(b"\r\n\r\n", 1)
+        assert body == b"OK\n"
+        lines = head.split(b"\r\n")
+        assert [line.split(b":")[0] for line in lines[2:]] == [b"Content-Type", b"X-Frame-Options", b"X-E",
+                                                               b"Content-Length"], lines
+        assert b"pwn" not in written and b"\r" not in head.replace(b"\r\n", b"")
+    dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(dropped) == len(bad), dropped  # once each, not once an answer
