@@ -355,7 +355,8 @@ class ModelCollector(Collector):
     def _host_memory(self, model: Model, out: Families) -> None:
         for field in ("total_bytes", "available_bytes", "shmem_bytes"):
             value = getattr(model.host_memory, field)
-            out.add(f"shmwatch_host_memory_{field}", [], value)
+            if value is not None:  # a meminfo line the kernel did not print
+                out.add(f"shmwatch_host_memory_{field}", [], value)
 
     def _cgroup(self, model: Model, out: Families) -> None:
         unexplained = model.shmem_unexplained.get

@@ -397,7 +397,7 @@ CATALOGUE: Tuple[Metric, ...] = (
         type="gauge",
         unit="bytes",
         labels=(),
-        help="MemAvailable from meminfo.",
+        help="MemAvailable from meminfo (MemFree before Linux 3.14); absent when it has neither.",
         default=True,
     ),
     Metric(
@@ -405,7 +405,7 @@ CATALOGUE: Tuple[Metric, ...] = (
         type="gauge",
         unit="bytes",
         labels=(),
-        help="Shmem from meminfo (tmpfs, shm, SysV).",
+        help="Shmem from meminfo (tmpfs, shm, SysV); absent when it has none.",
         default=True,
     ),
     # --- memory cgroup (collector cgroup) ------------------------------------------------
