@@ -119,7 +119,10 @@ def parse_count(text: str) -> int:
 
 
 def parse_regex(text: str) -> str:
-    """A regular expression that compiles; kept as text."""
+    """A regular expression that compiles; kept as text. An empty one is refused: it would
+    match every name (searched) or none (anchored), never what was meant."""
+    if not text:
+        raise ValueError("an empty regex: give one, or leave the flag out")
     try:
         return re.compile(text).pattern
     except re.error as err:
@@ -128,8 +131,8 @@ def parse_regex(text: str) -> str:
 
 def parse_mount_point(text: str) -> str:
     """A mount point as mountinfo names it: an absolute path, no trailing slash but '/'
-    itself. An empty text (`--shm.mount=`, an empty variable) is refused: read as '/', it
-    would walk the whole root filesystem as if it were a tmpfs."""
+    itself. An empty text (`--shm.mount=`) is refused: read as '/', it would walk the whole
+    root filesystem as if it were a tmpfs (an empty variable is a list of none: not given)."""
     if not text.startswith("/"):
         raise ValueError(f"must be an absolute path, e.g. /dev/shm, got {text!r}")
     return text.rstrip("/") or "/"
@@ -173,6 +176,11 @@ def typed(parse: Callable[[str], T]) -> Callable[[str], T]:
 def env_name(flag: str) -> str:
     """'--web.listen-address' -> 'SHMWATCH_WEB_LISTEN_ADDRESS'."""
     return "SHMWATCH_" + re.sub(r"[.\-]", "_", flag.lstrip("-")).upper()
+
+
+def comma_items(text: str) -> Tuple[str, ...]:
+    """'a, b,,' -> ('a', 'b'): a comma list's items, stripped, the empty ones dropped."""
+    return tuple(item for item in (part.strip() for part in text.split(",")) if item)
 
 
 # --- how a field of Config is given ----------------------------------------------------------
@@ -220,7 +228,8 @@ class Flag(Generic[T]):
     help: str
     # Text, parsed as a given value is; None: the field is None (or () if repeatable).
     default: Optional[str] = None
-    # Given again, it adds a value; its variable is a comma list.
+    # Given again, it adds a value; its variable is a comma list (items stripped, empty ones
+    # dropped: a variable with no item is one not given).
     repeatable: bool = False
     # In --help; '' for the field's name in capitals.
     metavar: str = ""
@@ -250,10 +259,19 @@ class Flag(Generic[T]):
     ) -> Any:
         given = getattr(parsed, dest)
         if given is None:
-            given = self._from_text(os.environ.get(self.env, self.default))
+            text = self._variable()
+            given = self._from_text(self.default if text is None else text)
         if self.repeatable:
             return tuple(dict.fromkeys(given or ()))  # in order, each once
         return given
+
+    def _variable(self) -> Optional[str]:
+        """The variable's text; None if it is not set, or if a repeatable flag's has no item
+        (`SHMWATCH_METRIC_DENYLIST=` gives no list, as an unset one)."""
+        text = os.environ.get(self.env)
+        if self.repeatable and text is not None and not comma_items(text):
+            return None
+        return text
 
     def _from_text(self, text: Optional[str]) -> Any:
         """The variable's text (or the default's) parsed; a repeatable flag's is a comma list."""
@@ -261,7 +279,7 @@ class Flag(Generic[T]):
             return None
         try:
             if self.repeatable:
-                return [self.parse(item) for item in text.split(",")]
+                return [self.parse(item) for item in comma_items(text)]
             return self.parse(text)
         except ValueError as err:
             raise FlagError(f"argument {self.name} (from {self.env}): {err}") from None

@@ -26,7 +26,7 @@ FLAGS: List[Tuple[str, "Flag[object]"]] = [(dest, d) for dest, d in declarations
 # parser needs a line here: the KeyError in sample() says which.
 SAMPLES: Dict[Callable[[str], object], Tuple[str, str, object]] = {
     config.parse_text: ("/a", "/b", None),
-    config.parse_mount_point: ("/a/", "/b", ""),
+    config.parse_mount_point: ("/a/", "/b", "dev/shm"),
     config.parse_url_path: ("/a", "/b", "a"),
     config.parse_listen_address: ("127.0.0.1:1", "[::1]:2", "nowhere"),
     config.parse_count: ("3", "4", "0"),
@@ -117,6 +117,31 @@ def test_a_repeatable_flag_keeps_each_value_once_in_order(clean_env):
     assert cfg.shm_mounts == ("/a", "/b")
     clean_env.setenv("SHMWATCH_SHM_MOUNT", "/b,/a,/b/")
     assert parse_args([]).shm_mounts == ("/b", "/a")
+
+
+def test_an_empty_regex_is_refused_one_line_exit_2(clean_env, capsys):
+    """`--metric-allowlist=` was a list of one empty regex: given, matching no family, so
+    /metrics showed nothing at all; an empty --segments.ignore-unreadable excused every
+    process."""
+    for flag in ("--metric-allowlist", "--metric-denylist", "--segments.ignore-unreadable",
+                 "--cgroup.target-process"):
+        with pytest.raises(SystemExit) as ended:
+            parse_args([f"{flag}="])
+        err = capsys.readouterr().err
+        assert ended.value.code == 2 and err.startswith(f"shmwatch: error: argument {flag}: "), err
+        assert "empty regex" in err and err.count("\n") == 1, err
+
+
+def test_a_comma_list_variable_is_stripped_and_one_with_no_item_is_not_given(clean_env):
+    clean_env.setenv("SHMWATCH_METRIC_ALLOWLIST", " shmwatch_build_info, shmwatch_mount_used_bytes,,")
+    assert parse_args([]).metric_allowlist == ("shmwatch_build_info", "shmwatch_mount_used_bytes")
+    for empty in ("", " ", ", ,"):
+        clean_env.setenv("SHMWATCH_METRIC_ALLOWLIST", empty)
+        assert parse_args([]).metric_allowlist == (), repr(empty)
+        clean_env.setenv("SHMWATCH_SHM_MOUNT", empty)
+        assert parse_args([]).shm_mounts == ("/dev/shm",), repr(empty)  # its default
+    clean_env.setenv("SHMWATCH_METRIC_DENYLIST", "")  # an empty variable does not conflict
+    assert parse_args(["--metric-allowlist=shmwatch_build_info"]).metric_denylist == ()
 
 
 def test_the_collector_switches_and_no_inotify(clean_env):
