@@ -38,6 +38,7 @@ from typing import (
 )
 
 from exporter.collectors import REGISTRY
+from exporter.model.catalogue import MetricSelection
 
 PROG = "shmwatch"
 DESCRIPTION = "Prometheus exporter for shared memory in LLM-serving pods."
@@ -524,20 +525,27 @@ class Config:
         default="40",
         help="Requests answered at once (as node_exporter's); beyond them 503 at once.",
     )
-    metric_allowlist: Tuple[str, ...] = repeatable_flag(
-        "--metric-allowlist",
+    metric_opt_in_list: Tuple[str, ...] = repeatable_flag(
+        "--metric-opt-in-list",
         parse_regex,
-        help="Metric families to expose, and only those, opt-in ones too: regexes, each "
+        help="Opt-in metric families to expose as well as the default set: regexes, each "
         "anchored and matched against a family's name (a counter's with or without "
         "_total), as kube-state-metrics'. Repeatable; its variable is a comma list, so a "
         "regex with a comma goes on the command line.",
+    )
+    metric_allowlist: Tuple[str, ...] = repeatable_flag(
+        "--metric-allowlist",
+        parse_regex,
+        help="Of the default set and the opted-in families, expose only these (every other "
+        "family goes, the alerts' too): regexes as --metric-opt-in-list's, as "
+        "kube-state-metrics'. An opt-in family needs --metric-opt-in-list as well.",
     )
     metric_denylist: Tuple[str, ...] = repeatable_flag(
         "--metric-denylist",
         parse_regex,
         not_with="metric_allowlist",
-        help="Metric families of the default set not to expose: regexes as "
-        "--metric-allowlist's.",
+        help="Of the default set and the opted-in families, expose all but these: regexes "
+        "as --metric-opt-in-list's.",
     )
 
     # What is watched, and where the host's files are (exporter/host/paths.py).
@@ -740,6 +748,20 @@ def _conflict(values: Mapping[str, Any]) -> Optional[str]:
     return None
 
 
+def _no_family_left(values: Mapping[str, Any]) -> Optional[str]:
+    """A message if the allow- or denylist leaves no metric family at all: an exporter that
+    serves an empty page is up to Prometheus while every alert is silently absent."""
+    selection = MetricSelection(
+        allowlist=values["metric_allowlist"],
+        denylist=values["metric_denylist"],
+        opt_in=values["metric_opt_in_list"],
+    )
+    if selection.exposed():
+        return None
+    dest = "metric_allowlist" if selection.allowlist else "metric_denylist"
+    return f"argument {_flag_of(dest).name}: leaves no metric family to expose"
+
+
 def _flag_of(dest: str) -> "Flag[Any]":
     """The flag that gives Config's field `dest`."""
     declared = dict(declarations())[dest]
@@ -749,11 +771,11 @@ def _flag_of(dest: str) -> "Flag[Any]":
 
 def config_from(parsed: argparse.Namespace) -> Config:
     """The Config of what argparse parsed, the environment and the defaults; FlagError if a
-    variable's value is bad or two flags conflict."""
+    variable's value is bad, two flags conflict, or the metric lists leave no family."""
     values: Dict[str, Any] = {}
     for dest, declared in declarations():
         values[dest] = declared.value(parsed, dest, values)
-    conflict = _conflict(values)
+    conflict = _conflict(values) or _no_family_left(values)
     if conflict:
         raise FlagError(conflict)
     return Config(**values)

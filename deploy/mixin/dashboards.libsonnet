@@ -288,7 +288,7 @@ local panels(c) = [
         + "counts against the limit. A sidecar that cannot read the workload's cgroup estimates it from the "
         + "workload's processes and the shm used: cgroup \"estimate:workload\". Usage and the shmem no watched "
         + 'mount, SysV segment or memfd region explains are opt-in (shmwatch_cgroup_memory_usage_bytes, '
-        + 'shmwatch_cgroup_memory_shmem_unexplained_bytes: --metric-allowlist).',
+        + 'shmwatch_cgroup_memory_shmem_unexplained_bytes: --metric-opt-in-list).',
         [
           q(P('shmwatch_cgroup_memory_working_set_bytes'), 'working set ' + CGROUP),
           q(P('shmwatch_cgroup_memory_shmem_bytes'), 'shmem ' + CGROUP),

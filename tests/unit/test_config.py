@@ -33,7 +33,7 @@ SAMPLES: Dict[Callable[[str], object], Tuple[str, str, object]] = {
     config.parse_size: ("1Gi", "2g", "lots"),
     config.parse_duration: ("2s", "1m", "0s"),
     config.parse_duration_or_zero: ("0", "1m", "-1s"),
-    config.parse_regex: ("vllm", "sglang|trt", "("),
+    config.parse_regex: ("shmwatch_build_info", "vllm|shmwatch_mount_.*", "("),  # comms; families too
     config.parse_log_level: ("DEBUG", "error", "loud"),
 }
 
@@ -142,6 +142,26 @@ def test_a_comma_list_variable_is_stripped_and_one_with_no_item_is_not_given(cle
         assert parse_args([]).shm_mounts == ("/dev/shm",), repr(empty)  # its default
     clean_env.setenv("SHMWATCH_METRIC_DENYLIST", "")  # an empty variable does not conflict
     assert parse_args(["--metric-allowlist=shmwatch_build_info"]).metric_denylist == ()
+
+
+def test_metric_lists_that_leave_no_family_are_one_line_exit_2(clean_env, capsys):
+    """An exporter that serves an empty page is `up` while every alert is absent."""
+    for argv, env, flag in ((["--metric-allowlist=nope"], None, "--metric-allowlist"),
+                            (["--metric-allowlist=shmwatch_mount_inodes"], None, "--metric-allowlist"),  # opt-in
+                            (["--metric-denylist=.*"], None, "--metric-denylist"),
+                            (["--metric-denylist=shmwatch_.*", "--metric-denylist=process_.*"], None, "--metric-denylist"),
+                            ([], ("SHMWATCH_METRIC_DENYLIST", "shmwatch_.*, process_.*"), "--metric-denylist")):
+        if env:
+            clean_env.setenv(*env)
+        with pytest.raises(SystemExit) as ended:
+            parse_args(argv)
+        err = capsys.readouterr().err
+        assert ended.value.code == 2, argv
+        assert err == f"shmwatch: error: argument {flag}: leaves no metric family to expose\n", err
+    clean_env.delenv("SHMWATCH_METRIC_DENYLIST")
+    cfg = parse_args(["--metric-allowlist=shmwatch_mount_inodes", "--metric-opt-in-list=shmwatch_mount_inodes"])
+    assert cfg.metric_allowlist == cfg.metric_opt_in_list == ("shmwatch_mount_inodes",)
+    assert parse_args(["--metric-denylist=shmwatch_.*"]).metric_denylist == ("shmwatch_.*",)  # process_ left
 
 
 def test_the_collector_switches_and_no_inotify(clean_env):
