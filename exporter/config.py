@@ -230,7 +230,7 @@ class Flag(Generic[T]):
     # Text, parsed as a given value is; None: the field is None (or () if repeatable).
     default: Optional[str] = None
     # Given again, it adds a value; its variable is a comma list (items stripped, empty ones
-    # dropped: a variable with no item is one not given).
+    # dropped: a variable with no item is one not given, as an empty one is for any flag).
     repeatable: bool = False
     # In --help; '' for the field's name in capitals.
     metavar: str = ""
@@ -267,10 +267,12 @@ class Flag(Generic[T]):
         return given
 
     def _variable(self) -> Optional[str]:
-        """The variable's text; None if it is not set, or if a repeatable flag's has no item
-        (`SHMWATCH_METRIC_DENYLIST=` gives no list, as an unset one)."""
+        """The variable's text; None if it is not set, empty, or a repeatable flag's with no
+        item: an empty variable is one not given, as in kingpin (Prometheus' exporters), so
+        `SHMWATCH_METRIC_DENYLIST=` is no list and `SHMWATCH_SEGMENTS_IGNORE_UNREADABLE=` no
+        regex, as if unset."""
         text = os.environ.get(self.env)
-        if self.repeatable and text is not None and not comma_items(text):
+        if text is None or not (comma_items(text) if self.repeatable else text):
             return None
         return text
 

@@ -142,6 +142,11 @@ def test_a_comma_list_variable_is_stripped_and_one_with_no_item_is_not_given(cle
         assert parse_args([]).shm_mounts == ("/dev/shm",), repr(empty)  # its default
     clean_env.setenv("SHMWATCH_METRIC_DENYLIST", "")  # an empty variable does not conflict
     assert parse_args(["--metric-allowlist=shmwatch_build_info"]).metric_denylist == ()
+    # Any flag's empty variable is one not given (kingpin's): the tests' strict owner view.
+    clean_env.setenv("SHMWATCH_SEGMENTS_IGNORE_UNREADABLE", "")
+    clean_env.setenv("SHMWATCH_WEB_LISTEN_ADDRESS", "")
+    cfg = parse_args([])
+    assert cfg.ignore_unreadable is None and cfg.listen == parse_args(["--web.listen-address=:9841"]).listen
 
 
 def test_metric_lists_that_leave_no_family_are_one_line_exit_2(clean_env, capsys):
