@@ -618,9 +618,9 @@ class Config:
     ignore_unreadable: Optional[str] = flag(
         "--segments.ignore-unreadable",
         parse_regex,
-        help="Regex on comm: root-owned processes whose /proc entries cannot be read but "
-        "that hold no shm (a VM agent as pid 1 that even root cannot inspect) do not make "
-        "held-by-nobody segments unverified.",
+        help="Regex on comm, anchored (it must match the whole name): root-owned processes "
+        "whose /proc entries cannot be read but that hold no shm (a VM agent as pid 1 that "
+        "even root cannot inspect) do not make held-by-nobody segments unverified.",
     )
     full_scan_interval: float = flag(
         "--segments.full-scan-interval",
