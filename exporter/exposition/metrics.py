@@ -1,4 +1,4 @@
-"""The model as the catalogue's families, those exposed (--metric-allowlist, --metric-denylist).
+"""The model as the catalogue's families, those exposed (catalogue.MetricSelection).
 A mount's or cgroup's series (most as in the last render) are reused while their inputs are
 equal (Families.parts_of). A bug in one source's renderer drops that source's series and
 marks it failed, not the scrape.
