@@ -17,7 +17,7 @@ from exporter.exposition.render import Exposition
 from exporter.exposition.webconfig import WebConfigSource
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
-from exporter.model.catalogue import exposed_families, unmatched
+from exporter.model.catalogue import MetricSelection
 from exporter.model.state import StateStore
 from exporter.model.step import ModelStep
 from exporter.runtime.memory import MemoryGiveBack
@@ -74,13 +74,14 @@ class App:
         self.give_back = MemoryGiveBack()
         self.sampler.subscribe(self.give_back.on_observation)
         self.registry = CollectorRegistry(auto_describe=False)
-        exposed = exposed_families(cfg.metric_allowlist, cfg.metric_denylist)
-        for flag, patterns in (
-            ("--metric-allowlist", cfg.metric_allowlist),
-            ("--metric-denylist", cfg.metric_denylist),
-        ):
-            for pattern in unmatched(patterns):
-                log.warning("%s %r matches no metric family", flag, pattern)
+        selection = MetricSelection(
+            allowlist=cfg.metric_allowlist,
+            denylist=cfg.metric_denylist,
+            opt_in=cfg.metric_opt_in_list,
+        )
+        exposed = selection.exposed()
+        for warning in selection.warnings():
+            log.warning("%s", warning)
         self.registry.register(ModelCollector(self.step, exposed))
         self.web = web  # its files watched from start() to stop()
         if web is not None:  # its reload metric: rendered again when a reload moves it

@@ -38,6 +38,7 @@ from typing import (
 )
 
 from exporter.collectors import REGISTRY
+from exporter.model.catalogue import MetricSelection
 
 PROG = "shmwatch"
 DESCRIPTION = "Prometheus exporter for shared memory in LLM-serving pods."
@@ -119,7 +120,10 @@ def parse_count(text: str) -> int:
 
 
 def parse_regex(text: str) -> str:
-    """A regular expression that compiles; kept as text."""
+    """A regular expression that compiles; kept as text. An empty one is refused: it would
+    match every name (searched) or none (anchored), never what was meant."""
+    if not text:
+        raise ValueError("an empty regex: give one, or leave the flag out")
     try:
         return re.compile(text).pattern
     except re.error as err:
@@ -128,8 +132,8 @@ def parse_regex(text: str) -> str:
 
 def parse_mount_point(text: str) -> str:
     """A mount point as mountinfo names it: an absolute path, no trailing slash but '/'
-    itself. An empty text (`--shm.mount=`, an empty variable) is refused: read as '/', it
-    would walk the whole root filesystem as if it were a tmpfs."""
+    itself. An empty text (`--shm.mount=`) is refused: read as '/', it would walk the whole
+    root filesystem as if it were a tmpfs (an empty variable is a list of none: not given)."""
     if not text.startswith("/"):
         raise ValueError(f"must be an absolute path, e.g. /dev/shm, got {text!r}")
     return text.rstrip("/") or "/"
@@ -173,6 +177,11 @@ def typed(parse: Callable[[str], T]) -> Callable[[str], T]:
 def env_name(flag: str) -> str:
     """'--web.listen-address' -> 'SHMWATCH_WEB_LISTEN_ADDRESS'."""
     return "SHMWATCH_" + re.sub(r"[.\-]", "_", flag.lstrip("-")).upper()
+
+
+def comma_items(text: str) -> Tuple[str, ...]:
+    """'a, b,,' -> ('a', 'b'): a comma list's items, stripped, the empty ones dropped."""
+    return tuple(item for item in (part.strip() for part in text.split(",")) if item)
 
 
 # --- how a field of Config is given ----------------------------------------------------------
@@ -220,7 +229,8 @@ class Flag(Generic[T]):
     help: str
     # Text, parsed as a given value is; None: the field is None (or () if repeatable).
     default: Optional[str] = None
-    # Given again, it adds a value; its variable is a comma list.
+    # Given again, it adds a value; its variable is a comma list (items stripped, empty ones
+    # dropped: a variable with no item is one not given, as an empty one is for any flag).
     repeatable: bool = False
     # In --help; '' for the field's name in capitals.
     metavar: str = ""
@@ -250,10 +260,21 @@ class Flag(Generic[T]):
     ) -> Any:
         given = getattr(parsed, dest)
         if given is None:
-            given = self._from_text(os.environ.get(self.env, self.default))
+            text = self._variable()
+            given = self._from_text(self.default if text is None else text)
         if self.repeatable:
             return tuple(dict.fromkeys(given or ()))  # in order, each once
         return given
+
+    def _variable(self) -> Optional[str]:
+        """The variable's text; None if it is not set, empty, or a repeatable flag's with no
+        item: an empty variable is one not given, as in kingpin (Prometheus' exporters), so
+        `SHMWATCH_METRIC_DENYLIST=` is no list and `SHMWATCH_SEGMENTS_IGNORE_UNREADABLE=` no
+        regex, as if unset."""
+        text = os.environ.get(self.env)
+        if text is None or not (comma_items(text) if self.repeatable else text):
+            return None
+        return text
 
     def _from_text(self, text: Optional[str]) -> Any:
         """The variable's text (or the default's) parsed; a repeatable flag's is a comma list."""
@@ -261,7 +282,7 @@ class Flag(Generic[T]):
             return None
         try:
             if self.repeatable:
-                return [self.parse(item) for item in text.split(",")]
+                return [self.parse(item) for item in comma_items(text)]
             return self.parse(text)
         except ValueError as err:
             raise FlagError(f"argument {self.name} (from {self.env}): {err}") from None
@@ -506,20 +527,27 @@ class Config:
         default="40",
         help="Requests answered at once (as node_exporter's); beyond them 503 at once.",
     )
-    metric_allowlist: Tuple[str, ...] = repeatable_flag(
-        "--metric-allowlist",
+    metric_opt_in_list: Tuple[str, ...] = repeatable_flag(
+        "--metric-opt-in-list",
         parse_regex,
-        help="Metric families to expose, and only those, opt-in ones too: regexes, each "
+        help="Opt-in metric families to expose as well as the default set: regexes, each "
         "anchored and matched against a family's name (a counter's with or without "
         "_total), as kube-state-metrics'. Repeatable; its variable is a comma list, so a "
         "regex with a comma goes on the command line.",
+    )
+    metric_allowlist: Tuple[str, ...] = repeatable_flag(
+        "--metric-allowlist",
+        parse_regex,
+        help="Of the default set and the opted-in families, expose only these (every other "
+        "family goes, the alerts' too): regexes as --metric-opt-in-list's, as "
+        "kube-state-metrics'. An opt-in family needs --metric-opt-in-list as well.",
     )
     metric_denylist: Tuple[str, ...] = repeatable_flag(
         "--metric-denylist",
         parse_regex,
         not_with="metric_allowlist",
-        help="Metric families of the default set not to expose: regexes as "
-        "--metric-allowlist's.",
+        help="Of the default set and the opted-in families, expose all but these: regexes "
+        "as --metric-opt-in-list's.",
     )
 
     # What is watched, and where the host's files are (exporter/host/paths.py).
@@ -590,9 +618,9 @@ class Config:
     ignore_unreadable: Optional[str] = flag(
         "--segments.ignore-unreadable",
         parse_regex,
-        help="Regex on comm: root-owned processes whose /proc entries cannot be read but "
-        "that hold no shm (a VM agent as pid 1 that even root cannot inspect) do not make "
-        "held-by-nobody segments unverified.",
+        help="Regex on comm, anchored (it must match the whole name): root-owned processes "
+        "whose /proc entries cannot be read but that hold no shm (a VM agent as pid 1 that "
+        "even root cannot inspect) do not make held-by-nobody segments unverified.",
     )
     full_scan_interval: float = flag(
         "--segments.full-scan-interval",
@@ -722,6 +750,20 @@ def _conflict(values: Mapping[str, Any]) -> Optional[str]:
     return None
 
 
+def _no_family_left(values: Mapping[str, Any]) -> Optional[str]:
+    """A message if the allow- or denylist leaves no metric family at all: an exporter that
+    serves an empty page is up to Prometheus while every alert is silently absent."""
+    selection = MetricSelection(
+        allowlist=values["metric_allowlist"],
+        denylist=values["metric_denylist"],
+        opt_in=values["metric_opt_in_list"],
+    )
+    if selection.exposed():
+        return None
+    dest = "metric_allowlist" if selection.allowlist else "metric_denylist"
+    return f"argument {_flag_of(dest).name}: leaves no metric family to expose"
+
+
 def _flag_of(dest: str) -> "Flag[Any]":
     """The flag that gives Config's field `dest`."""
     declared = dict(declarations())[dest]
@@ -731,11 +773,11 @@ def _flag_of(dest: str) -> "Flag[Any]":
 
 def config_from(parsed: argparse.Namespace) -> Config:
     """The Config of what argparse parsed, the environment and the defaults; FlagError if a
-    variable's value is bad or two flags conflict."""
+    variable's value is bad, two flags conflict, or the metric lists leave no family."""
     values: Dict[str, Any] = {}
     for dest, declared in declarations():
         values[dest] = declared.value(parsed, dest, values)
-    conflict = _conflict(values)
+    conflict = _conflict(values) or _no_family_left(values)
     if conflict:
         raise FlagError(conflict)
     return Config(**values)

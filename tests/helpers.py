@@ -5,6 +5,7 @@ storm and read its memory; a /proc tree in a directory for unit tests (FakeProc)
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -309,10 +310,15 @@ class FakeProc:
     process its stat, comm, maps, mountinfo, cgroup, fds and fdinfo; the kernel's pid counters.
     Directories are owned by the test's UID unless `uid` asks another (root only)."""
 
-    def __init__(self, root: str, last_pid: int = 300, pid_max: int = 4194304, forks: int = 1000):
+    def __init__(self, root: str, last_pid: int = 300, pid_max: int = 4194304, forks: int = 1000,
+                 hidepid: Optional[str] = "0"):
+        """`hidepid`: the mount option our mountinfo gives this procfs ("0": a procfs that hides
+        nothing, as most are); None: no mountinfo, so how it hides pids is unknown."""
         self.root = root
         os.makedirs(os.path.join(root, "sys", "kernel"), exist_ok=True)
         self.counters(last_pid, pid_max, forks)
+        if hidepid is not None:
+            self.self_mountinfo(hidepid=hidepid)
 
     @property
     def paths(self) -> Paths:
@@ -376,13 +382,31 @@ class FakeProc:
     def self_links(self, pid: Optional[int] = None, pid_ns: Optional[str] = None) -> None:
         """/proc/self -> `pid`; /proc/self/ns/pid -> `pid_ns` (INITIAL_PID_NS: the host's)."""
         if pid is not None:
+            # Our mountinfo goes with self (__init__ wrote it to a directory): `pid`'s now.
+            kept = self._unlink_self_directory()
             os.symlink(str(pid), self.path("self"))
+            if kept:
+                with open(self.path(pid, "mountinfo"), "a") as f:
+                    f.write(kept)
         if pid_ns is not None:
             os.makedirs(self.path("self", "ns"), exist_ok=True)
             os.symlink(pid_ns, self.path("self", "ns", "pid"))
 
-    def self_mountinfo(self, lines: Iterable[str] = (), hidepid: Optional[str] = None) -> None:
-        """Our own mountinfo: `lines`, and this procfs mounted with hidepid= when given."""
+    def _unlink_self_directory(self) -> str:
+        """Removes self when it is a directory (not a link to a pid): its mountinfo's text."""
+        where = self.path("self")
+        if os.path.islink(where) or not os.path.isdir(where):
+            return ""
+        kept = ""
+        if os.path.exists(os.path.join(where, "mountinfo")):
+            with open(os.path.join(where, "mountinfo")) as f:
+                kept = f.read()
+        shutil.rmtree(where)
+        return kept
+
+    def self_mountinfo(self, lines: Iterable[str] = (), hidepid: Optional[str] = "0") -> None:
+        """Our own mountinfo: `lines`, and this procfs mounted with `hidepid`= (None: this
+        procfs's mount not listed, so how it hides pids is unknown)."""
         text = "".join(lines)
         if hidepid is not None:
             proc = os.path.realpath(self.root)

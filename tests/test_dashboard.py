@@ -91,7 +91,7 @@ def test_every_metric_is_in_the_catalogue():
     assert "shmwatch_top_segment_bytes" in used
     # Every panel draws what shmwatch exports by default: none waits on an opt-in family.
     opt_in = sorted(n for n in used & set(BY_NAME) if not BY_NAME[n].default)
-    assert not opt_in, f"panels that need an opt-in family (--metric-allowlist): {opt_in}"
+    assert not opt_in, f"panels that need an opt-in family (--metric-opt-in-list): {opt_in}"
 
 
 def substitute(expr, mount):

@@ -126,3 +126,43 @@ def test_one_version_everywhere():
     for shape in ("sidecar", "daemonset"):
         tags = re.findall(r"newTag: (\S+)", text(f"deploy/kubernetes/{shape}/kustomization.yaml"))
         assert tags == [version], f"deploy/kubernetes/{shape}/kustomization.yaml builds shmwatch:{tags}, not {version}"
+
+
+# Where users read what a series means; each mention of an opt-in family must say it is one.
+SIGNAL_DOCS = ["README.md", "docs/architecture.md", "docs/check.md", "deploy/prometheus/runbook.md"]
+
+
+def _passages(path):
+    """A file's units a reader takes in at once: a table row, a prose paragraph, a comment block
+    of a manifest, a dashboard panel's description."""
+    with open(os.path.join(REPO, path)) as f:
+        text = f.read()
+    if path.endswith(".json"):
+        return re.findall(r'"description": "((?:[^"\\]|\\.)*)"', text)
+    if path.endswith((".yaml", ".yml")):
+        return re.findall(r"(?:^[ \t]*#.*\n)+", text, re.M)
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    prose = [p for p in re.split(r"\n\s*\n", text) if not p.lstrip().startswith("|")]
+    return rows + prose
+
+
+def _manifests():
+    found = []
+    for root, _, files in os.walk(os.path.join(REPO, "deploy")):
+        found += [os.path.relpath(os.path.join(root, f), REPO) for f in files if f.endswith((".yaml", ".yml"))]
+    return sorted(found)
+
+
+def test_every_mention_of_an_opt_in_family_says_it_is_opt_in():
+    """An opt-in family is absent by default: a doc that names one as a signal without saying
+    so sends the reader after a series that is not there (an absent swap limit read as 'may
+    swap', an absent owners_verified as 'not verified')."""
+    from exporter.model.catalogue import CATALOGUE
+    opt_in = [m.name for m in CATALOGUE if not m.default]
+    unsaid = []
+    for path in SIGNAL_DOCS + _manifests() + ["grafana/shmwatch.json"]:
+        for passage in _passages(path):
+            named = [n for n in opt_in if re.search(rf"\b{n}\b", passage)]
+            if named and "opt-in" not in passage:
+                unsaid.append(f"{path}: {named}: {passage.strip()[:100]}")
+    assert not unsaid, "\n".join(unsaid)

@@ -36,6 +36,8 @@ def normalise(text: str) -> str:
 def test_golden_exposition(tmp_path):
     proc = tmp_path / "proc"
     shutil.copytree(os.path.join(FIXTURES, "proc"), proc)
+    with open(proc / "self" / "mountinfo", "a") as f:  # the copy is a procfs that hides no pid
+        f.write(f"28 22 0:21 / {os.path.realpath(proc)} rw - proc proc rw\n")
     rootfs = tmp_path / "rootfs"
     with mounted_tmpfs("16m", path=str(rootfs / "dev" / "shm"), options=",nr_inodes=1000") as shm:
         fallocate(os.path.join(shm, "nccl-Gold3n"), 4 * MiB)

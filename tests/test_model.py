@@ -79,7 +79,7 @@ def test_node_mode_discovers_without_the_shm_mount_collector(tmp_path):
     # Every run a full scan (no refresh between): the leak is called within the test's 10 s.
     with Exporter("--mode=node", "--segments.full-scan-interval=0s", "--no-collector.gpu",
                   "--no-collector.shm_mount", "--no-collector.cgroup",
-                  "--poll-interval=200ms", "--inventory-interval=300ms", "--metric-allowlist=shmwatch_.*") as exporter:
+                  "--poll-interval=200ms", "--inventory-interval=300ms", "--metric-opt-in-list=shmwatch_.*") as exporter:
         assert not select(exporter.scrape(), "shmwatch_segments", pod_uid=uid)
         with mounted_tmpfs("16m", path=path):
             fallocate(os.path.join(path, "psm_late01"), MiB)

@@ -139,7 +139,7 @@ def test_real_node_mode(tmp_path):
         fallocate(os.path.join(paths["pod1"], "psm_pod1"), 4 << 20)
         with Peer(paths["pod2"], "mapped", "nccl-pod2ab", str(2 << 20)) as peer, \
                 Exporter("--mode=node", "--no-collector.gpu", "--poll-interval=200ms",
-                         "--inventory-interval=500ms", "--metric-allowlist=shmwatch_.*") as exporter:
+                         "--inventory-interval=500ms", "--metric-opt-in-list=shmwatch_.*") as exporter:
             text = exporter.scrape_text()
             s = exporter.scrape()
             check_node_exposition(text)  # every family: the opt-in ones too
@@ -303,7 +303,7 @@ def test_node_mode_watches_a_pod_volume_mounted_over_its_old_one(tmp_path):
     uid = path.split("/pods/")[1].split("/")[0]
     with mounted_tmpfs("16m", path=path), \
             Exporter("--mode=node", "--no-collector.gpu", "--no-collector.cgroup", "--no-collector.sysv",
-                     "--poll-interval=200ms", "--metric-allowlist=shmwatch_.*") as exporter:
+                     "--poll-interval=200ms", "--metric-opt-in-list=shmwatch_.*") as exporter:
         exporter.wait_for(lambda s: value(s, "shmwatch_inotify_active", pod_uid=uid) == 1, timeout=5)
         time.sleep(1)  # discovery publishes the unchanged set a few times
         with mounted_tmpfs("32m", path=path):  # stacked: same path, new device

@@ -365,6 +365,25 @@ def test_every_rule_reads_only_what_shmwatch_exports_by_default():
     assert sorted(read - DEFAULT_SET) == []
 
 
+def test_the_catalogue_lists_exactly_the_families_the_rules_and_dashboard_read():
+    """READ_BY_RULES_AND_DASHBOARD is what start-up warns of when an allow- or denylist
+    leaves one out: it must be what the shipped rules and dashboard read, no more, no less."""
+    from exporter.model.catalogue import BY_NAME, READ_BY_RULES_AND_DASHBOARD
+    from tests.rules.promql import metric_names as parsed_names, parse
+    from tests.rules.promtool import load_groups, rule_paths, rules_of
+    from tests.test_dashboard import exprs, load, metric_names
+
+    rules = rules_of(load_groups(rule_paths()))
+    read = {n for r in rules.values() for n in parsed_names(parse(r["expr"]))}
+    board = load()
+    for _, expr in exprs(board):
+        read |= metric_names(expr)
+    for v in board["templating"]["list"]:
+        if v["type"] == "query":
+            read |= metric_names(v["query"]["query"])
+    assert sorted(read & set(BY_NAME)) == sorted(READ_BY_RULES_AND_DASHBOARD)
+
+
 def test_alert_texts_name_a_node_mode_mount_by_its_pod_and_volume(tmp_path):
     """In node mode a pod's mount has no `mount` label (its pod_uid and volume say which it
     is), a runtime's sandbox shm its container_id, a pod's cgroup its pod_uid: the texts say

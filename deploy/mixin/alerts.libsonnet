@@ -163,9 +163,9 @@ local named = lib.named;
                 {{ $value | humanizePercentage }} of {{ $labels.mount }} on {{ $labels.instance }} is held by
                 segments that were unlinked but are still mapped or open (NCCL >= 2.19, UCX_POSIX_USE_PROC_LINK=y,
                 torch file_descriptor strategy, Ray): df counts them, ls does not show them.
-                shmwatch_top_segment_bytes{state="hidden"} names the processes holding the older ones (owner), shmwatch
-                check every one with its pid; they free the space when they exit. If it keeps growing, a process leaks
-                mappings: restart it.
+                shmwatch check names every one with its holders' pids (shmwatch_top_segment_bytes{state="hidden"}
+                names the older ones whose time shmwatch can read: one only mapped needs CAP_SYS_ADMIN to be stat'ed);
+                they free the space when they exit. If it keeps growing, a process leaks mappings: restart it.
               |||),
               runbook_url: runbook('ShmHiddenSegmentsLarge'),
             }),

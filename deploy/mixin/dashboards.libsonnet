@@ -277,7 +277,8 @@ local panels(c) = [
   panel('timeseries',
         'Segments by class',
         'How many segments each class has, by state. A count that only grows (orphans above all): a leak in the '
-        + 'making. Creates and deletes as they happen: the opt-in shmwatch_segment_events_total.',
+        + 'making. Creates and deletes as they happen: the opt-in shmwatch_segment_events_total '
+        + '(--metric-opt-in-list=shmwatch_segment_events).',
         [q('sum by (class, state) (%s)' % P('shmwatch_segments', mount=true), '{{class}} {{state}}')],
         w=24),
 
@@ -288,7 +289,7 @@ local panels(c) = [
         + "counts against the limit. A sidecar that cannot read the workload's cgroup estimates it from the "
         + "workload's processes and the shm used: cgroup \"estimate:workload\". Usage and the shmem no watched "
         + 'mount, SysV segment or memfd region explains are opt-in (shmwatch_cgroup_memory_usage_bytes, '
-        + 'shmwatch_cgroup_memory_shmem_unexplained_bytes: --metric-allowlist).',
+        + 'shmwatch_cgroup_memory_shmem_unexplained_bytes: --metric-opt-in-list).',
         [
           q(P('shmwatch_cgroup_memory_working_set_bytes'), 'working set ' + CGROUP),
           q(P('shmwatch_cgroup_memory_shmem_bytes'), 'shmem ' + CGROUP),
@@ -406,7 +407,8 @@ local panels(c) = [
         '/proc access',
         'Processes shmwatch could not inspect: the owners it cannot see. Above 0, segments held by nobody it could '
         + "inspect are unverified, not orphan: run shmwatch as the server's UID or with CAP_SYS_PTRACE. (Per mount: "
-        + 'the opt-in shmwatch_mount_owners_verified; inotify or polling: shmwatch_inotify_active.)',
+        + 'shmwatch_mount_owners_verified; inotify or polling: shmwatch_inotify_active; both opt-in: '
+        + '--metric-opt-in-list.)',
         [q('max(%s)' % N('shmwatch_proc_unreadable'), 'unreadable processes', instant=true)],
         w=6),
   panel('stat',

@@ -66,19 +66,22 @@
           },
           {
             // (working set - shm used + shm size) / limit, per mount, as shmwatch_shm_oom_projection_ratio.
+            // A sidecar's mounts only (no pod_uid, no container_id): a PodMonitor gives a
+            // DaemonSet's series its own pod's namespace and pod too, and its pods' mounts
+            // have no `mount` label, so they would all fold into one series of that pod.
             record: 'shmwatch:kube_pod_shm_oom_projection_ratio',
             expr: |||
               (
                 clamp_min(
                   shmwatch:kube_pod_memory_working_set_bytes
                   - on (namespace, pod) group_right
-                    max by (namespace, pod, mount) (shmwatch_mount_used_bytes{%(sel)s, namespace!="", pod!=""}),
+                    max by (namespace, pod, mount) (shmwatch_mount_used_bytes{%(sidecar)s}),
                   0)
                 + on (namespace, pod, mount)
-                  max by (namespace, pod, mount) (shmwatch_mount_size_bytes{%(sel)s, namespace!="", pod!=""})
+                  max by (namespace, pod, mount) (shmwatch_mount_size_bytes{%(sidecar)s})
               )
               / on (namespace, pod) group_left shmwatch:kube_pod_memory_limit_bytes
-            ||| % { sel: c.shmwatchSelector },
+            ||| % { sidecar: c.shmwatchSelector + ', namespace!="", pod!="", pod_uid="", container_id=""' },
           },
         ],
       },

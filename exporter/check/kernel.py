@@ -62,11 +62,17 @@ def _pods(report: Report, pods: List[CgroupMemory], kills: Dict[str, int]) -> No
 
 
 def _host(report: Report, host: HostMemory) -> None:
-    ratio = host.available_bytes / host.total_bytes if host.total_bytes else 1
     report.facts["host_memory"] = asdict(host)
+    shmem = "unknown" if host.shmem_bytes is None else human(host.shmem_bytes)
+    if host.available_bytes is None:  # no MemAvailable nor MemFree line: not judged
+        text = f"{human(host.total_bytes)} total, available unknown (meminfo has no "
+        text += f"MemAvailable or MemFree line), shmem {shmem}"
+        report.add("info", "memory", "host", text)
+        return
+    ratio = host.available_bytes / host.total_bytes if host.total_bytes else 1
     low = ratio < T.HOST_MEMORY_AVAILABLE_LOW_RATIO
     text = f"{human(host.available_bytes)} of {human(host.total_bytes)} available"
-    text += f" ({ratio:.0%}), shmem {human(host.shmem_bytes)}"
+    text += f" ({ratio:.0%}), shmem {shmem}"
     remedy = "free leaked shm, move workloads" if low else ""
     report.add("warn" if low else "ok", "memory", "host", text, remedy)
 

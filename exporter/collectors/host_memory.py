@@ -39,11 +39,13 @@ class HostMemoryCollector(Source):
         if "MemTotal" not in info:
             raise ValueError(f"{self.paths.proc('meminfo')}: no MemTotal line")
         # MemAvailable exists since Linux 3.14; before that MemFree is the closest thing.
-        available = info.get("MemAvailable", info.get("MemFree", 0))
+        # A line missing is unknown (None, no series), never 0: 0 available fires
+        # HostMemoryLow on a host with room.
+        available = info.get("MemAvailable", info.get("MemFree"))
         return HostMemory(
             total_bytes=info["MemTotal"],
             available_bytes=available,
-            shmem_bytes=info.get("Shmem", 0),
+            shmem_bytes=info.get("Shmem"),
         )
 
     def close(self) -> None:

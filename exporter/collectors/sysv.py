@@ -41,6 +41,31 @@ def parse_sysvipc_shm(text: str) -> List[SysvSegment]:
     return segments
 
 
+def _orphan(segment: SysvSegment) -> bool:
+    """Attached by nobody, and its creator and last user (0: never attached) proven gone."""
+    if segment.nattch or not pid_gone(segment.cpid):
+        return False
+    return segment.lpid == 0 or pid_gone(segment.lpid)
+
+
+def pid_gone(pid: int) -> bool:
+    """Whether a pid of /proc/sysvipc/shm has exited. The kernel prints them in the reader's
+    PID namespace whatever procfs the file is read through (setns moves only the IPC one),
+    0 for one outside it: unknown, not gone; kill(pid, 0) asks that same namespace. Only
+    ESRCH proves a pid gone: a /proc entry missing proves nothing (hidepid hides live
+    processes, and how our procfs hides them may be unknown; another PID namespace's procfs
+    lists other pids), EPERM is another UID's live process."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def _segment(fields: List[str], col: Dict[str, int]) -> SysvSegment:
     """A line's fields; a kernel without cpid, rss or lpid reads 0."""
 
@@ -147,12 +172,11 @@ class SysvCollector(Source):
     def stretches(self, run: RunInput) -> bool:
         return self.node_mode
 
-    def read(self, pids_hidden: bool) -> SysvShm:
-        """The calling thread's IPC namespace. `pids_hidden`: /proc hides processes (hidepid),
-        so only kill(pid, 0) proves a creator gone."""
+    def read(self) -> SysvShm:
+        """The calling thread's IPC namespace."""
         # Attached by nobody; its creator and last user (0: never attached) exited.
         segments = [
-            replace(s, orphan=True) if self._orphan(s, pids_hidden) else s
+            replace(s, orphan=True) if _orphan(s) else s
             for s in parse_sysvipc_shm(read_text(self.paths.proc("sysvipc", "shm")))
         ]
         shmmax, shmall, shmmni = map(self._kernel, ("shmmax", "shmall", "shmmni"))
@@ -165,17 +189,10 @@ class SysvCollector(Source):
             shmmni=shmmni,
         )
 
-    def _orphan(self, segment: SysvSegment, pids_hidden: bool) -> bool:
-        if segment.nattch or not self._gone(segment.cpid, pids_hidden):
-            return False
-        return segment.lpid == 0 or self._gone(segment.lpid, pids_hidden)
-
     def collect(self, run: RunInput = RunInput()) -> List[SysvShm]:
         """One namespace per element: ours in a sidecar; every process's in node mode."""
-        # Once a run, not per namespace: hidepid is our procfs's, parsed from all of mountinfo.
-        pids_hidden = self.table.hidepid() != "off"
         if not self.node_mode:
-            return [self.read(pids_hidden)]
+            return [self.read()]
         own = os.readlink(self.paths.proc("self", "ns", "ipc"))
         groups = self._processes_by_namespace(own)
         joined = [
@@ -183,10 +200,10 @@ class SysvCollector(Source):
             for n, procs in groups.items()
             if n != own
         ]
-        read = in_ipc_namespaces(joined, lambda: self.read(pids_hidden))
+        read = in_ipc_namespaces(joined, self.read)
         out = []
         for namespace, procs in groups.items():
-            shm = self._own(pids_hidden) if namespace == own else read.get(namespace)
+            shm = self._own() if namespace == own else read.get(namespace)
             if shm is None:
                 continue  # every process of the namespace exited: so did the namespace
             out.append(self._whose(self._readable(shm), namespace, procs))
@@ -207,9 +224,9 @@ class SysvCollector(Source):
     def _link(self, proc: Process) -> str:
         return self.paths.proc(proc.pid, "ns", "ipc")
 
-    def _own(self, pids_hidden: bool) -> Union[SysvShm, BaseException]:
+    def _own(self) -> Union[SysvShm, BaseException]:
         try:
-            return self.read(pids_hidden)
+            return self.read()
         except (OSError, ValueError) as err:
             return err
 
@@ -244,21 +261,6 @@ class SysvCollector(Source):
         with suppress(OSError, ValueError, IndexError):
             return int(read_text(self.paths.proc("sys", "kernel", name)).split()[0])
         return None
-
-    def _gone(self, pid: int, hidden: bool) -> bool:
-        """Exited? The kernel prints pids in our PID namespace (setns moves only the IPC
-        one), 0 for one outside: unknown, not gone. Under hidepid a live pid may lack a
-        /proc entry: only ESRCH from kill(pid, 0) proves it gone (EPERM: another's)."""
-        if pid <= 0 or os.path.exists(self.paths.proc(pid)):
-            return False
-        try:
-            if hidden:
-                os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except OSError:
-            return False
-        return not hidden
 
     def _container(self, procs: List[Process]) -> str:
         """The container ID of a namespace's first process, when its cgroup names one."""

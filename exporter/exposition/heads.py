@@ -13,16 +13,19 @@ arrive, and the answers' bytes. What h11 does not do is done here, as Go's net/h
   absolute URL ("http://host/..."); anything else ("%2fmetrics", "*") is a 400."""
 
 import functools
+import logging
 import re
 import time
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from enum import Enum
 from http import HTTPStatus
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 from urllib.parse import unquote, urlsplit
 
 import h11
+
+LOG = logging.getLogger("shmwatch.web")
 
 MAX_HEADER_BYTES = 1 << 20  # request line and headers: Go's http.DefaultMaxHeaderBytes
 # Lines after the request line, as Python's http.client: the work one head costs.
@@ -37,6 +40,16 @@ REQUEST_LINE = re.compile(rb"\S+ \S+ HTTP/(\d)\.(\d)")
 # but HTAB, LF and CR; a CR only ends a line (RFC 9112's bare CR), judged apart.
 CONTROLS = bytes(int(b < 0x20 and b not in b"\t\n\r" or b == 0x7F) for b in range(256))
 FOLDED = (b" ", b"\t")
+# The blank line that ends a head, whichever line ends it has (RFC 9112 takes a bare LF).
+BLANK_LINE = re.compile(rb"\n\r?\n")
+
+# What an answer's header may be, checked as it is written: a token for a name; no control
+# but HTAB in a value, and latin-1 (the web config's headers are checked at load, stricter).
+TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+WRITABLE_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+# Names of headers dropped and logged: each is logged once (a bound all the same).
+DROPPED: Set[str] = set()
+MAX_DROPPED_LOGGED = 64
 
 Headers = List[Tuple[str, str]]
 
@@ -112,12 +125,17 @@ class Head:
 
     def whole(self, data: bytes) -> Optional[Complete]:
         """A scrape's head in one read, given to h11 whole: None unless it is complete
-        (ends in CRLF CRLF), within MAX_KEPT_BYTES and MAX_HEADER_LINES, and holds nothing
-        the line-by-line path would refuse or fold (that path then judges it). Within the
-        bounds nothing need be cut; tests hold both paths to one verdict."""
-        end = data.find(b"\r\n\r\n") + 4
+        (ends in a blank line), within MAX_KEPT_BYTES and MAX_HEADER_LINES, and holds nothing
+        the line-by-line path would refuse or fold (that path then judges it). The head is
+        cut at its first blank line, in whichever form (h11 is never given a pipelined head
+        after it). Within the bounds nothing need be cut; tests hold both paths to one
+        verdict and one rest."""
+        blank = BLANK_LINE.search(data)
+        if blank is None:
+            return None
+        end = blank.end()
         head = data[:end]
-        if end < 4 or end > MAX_KEPT_BYTES or head.count(b"\n") > MAX_HEADER_LINES + 1:
+        if end > MAX_KEPT_BYTES or head.count(b"\n") > MAX_HEADER_LINES + 1:
             return None
         if head.startswith((b"\r", b"\n")) or b"\n " in head or b"\n\t" in head:
             return None  # an empty line before the request, or a folded line
@@ -295,7 +313,7 @@ def http_date(second: int) -> str:
 def message(answer: Answer, request: Optional[Request], close: bool) -> bytes:
     """The answer's bytes, for `request` (None: a refused head; then `close` is True)."""
     lines = [f"HTTP/1.1 {answer.status}", f"Date: {http_date(int(time.time()))}"]
-    lines += [f"{name}: {value}" for name, value in answer.headers]
+    lines += [f"{name}: {value}" for name, value in writable(answer.headers)]
     lines.append(f"Content-Length: {len(answer.body)}")
     if close:
         lines.append("Connection: close")
@@ -305,3 +323,17 @@ def message(answer: Answer, request: Optional[Request], close: bool) -> bytes:
     return (
         head if request is not None and request.method == "HEAD" else head + answer.body
     )
+
+
+def writable(headers: Sequence[Tuple[str, str]]) -> Headers:
+    """The headers that can be written as they are; one that cannot (a CR or LF would end
+    the head and start a header of its own, a character beyond latin-1 cannot be encoded)
+    is dropped, and logged once: the answer goes out without it."""
+    kept = []
+    for name, value in headers:
+        if TOKEN.fullmatch(name) and WRITABLE_VALUE.fullmatch(value):
+            kept.append((name, value))
+        elif name not in DROPPED and len(DROPPED) < MAX_DROPPED_LOGGED:
+            DROPPED.add(name)
+            LOG.error("answer header %s dropped: it cannot be written", ascii(name))
+    return kept

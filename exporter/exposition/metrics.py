@@ -1,4 +1,4 @@
-"""The model as the catalogue's families, those exposed (--metric-allowlist, --metric-denylist).
+"""The model as the catalogue's families, those exposed (catalogue.MetricSelection).
 A mount's or cgroup's series (most as in the last render) are reused while their inputs are
 equal (Families.parts_of). A bug in one source's renderer drops that source's series and
 marks it failed, not the scrape.
@@ -357,7 +357,8 @@ class ModelCollector(Collector):
     def _host_memory(self, model: Model, out: Families) -> None:
         for field in ("total_bytes", "available_bytes", "shmem_bytes"):
             value = getattr(model.host_memory, field)
-            out.add(f"shmwatch_host_memory_{field}", [], value)
+            if value is not None:  # a meminfo line the kernel did not print
+                out.add(f"shmwatch_host_memory_{field}", [], value)
 
     def _cgroup(self, model: Model, out: Families) -> None:
         unexplained = model.shmem_unexplained.get

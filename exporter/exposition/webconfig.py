@@ -207,7 +207,16 @@ class WebConfigSource:
         future.add_done_callback(lambda _: self._checking.discard(peer))
         check = (future, hashed, secret, key)
         name = "shmwatch-bcrypt"
-        threading.Thread(target=self._check, args=check, name=name, daemon=True).start()
+        thread = threading.Thread(
+            target=self._check, args=check, name=name, daemon=True
+        )
+        try:
+            thread.start()
+        except RuntimeError as err:  # no thread to be had: busy this once, not for good
+            LOG.warning("cannot start a bcrypt check: %s", err)
+            with self._lock:
+                self._checking.discard(peer)
+            return None
         return future
 
     def _check(

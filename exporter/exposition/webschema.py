@@ -33,6 +33,10 @@ TLS_VERSIONS.update(TLS12=ssl.TLSVersion.TLSv1_2, TLS13=ssl.TLSVersion.TLSv1_3)
 HEADERS: Dict[str, Tuple[str, ...]] = {"X-Frame-Options": ("deny", "sameorigin")}
 HEADERS.update({"X-Content-Type-Options": ("nosniff",), "X-XSS-Protection": ()})
 HEADERS.update({"Content-Security-Policy": (), "Strict-Transport-Security": ()})
+# A header value as RFC 9110's field-value (Go's httpguts.ValidHeaderFieldValue, less the
+# obs-text it keeps for old peers): visible ASCII, spaces and tabs only between. Anything
+# else breaks the answer (CR LF: a header of the file's choosing; U+2014: not latin-1).
+FIELD_VALUE = re.compile(r"[\x21-\x7e](?:[\x21-\x7e \t]*[\x21-\x7e])?")
 # A bcrypt hash: variant, cost 04-31, 22 characters of salt and 31 of hash.
 BCRYPT_HASH = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 TLS, USERS, HTTP = "tls_server_config", "basic_auth_users", "http_server_config"
@@ -310,5 +314,26 @@ def parse_headers(section: object) -> Tuple[Tuple[str, str], ...]:
             names = ", ".join(allowed)
             raise WebConfigError(f"{HEADERS_KEY}: {name} must be one of {names}")
         if value:
+            check_field_value(name, value)
             headers.append((name, value))
     return tuple(headers)
+
+
+def check_field_value(name: str, value: str) -> None:
+    """WebConfigError unless `value` can be written as header `name`'s value."""
+    if FIELD_VALUE.fullmatch(value):
+        return
+    at = first_refused(value)
+    raise WebConfigError(
+        f"{HEADERS_KEY}.{name}: {ascii(value[at])} at character {at + 1} is not allowed "
+        "in a header value (visible ASCII, with spaces or tabs only between words)"
+    )
+
+
+def first_refused(value: str) -> int:
+    """Where a value FIELD_VALUE refuses goes wrong: its first character that is neither
+    visible ASCII nor a space or tab, else the space or tab it starts or ends with."""
+    for at, character in enumerate(value):
+        if not ("\x21" <= character <= "\x7e" or character in " \t"):
+            return at
+    return 0 if value[0] in " \t" else len(value) - 1

@@ -21,6 +21,7 @@ INITIAL_PID_NAMESPACE = f"pid:[{0xEFFFFFFC}]"  # PROC_PID_INIT_INO (linux/proc_n
 MAX_PROBE_PIDS = 1 << 16  # a pidfd_open each: ok in a pod's PID namespace, not a host's
 # Kernels before 5.8 print hidepid=0/1/2(/4); later ones the names (fs/proc/root.c).
 HIDEPID_NAMES = {"0": "off", "1": "noaccess", "2": "invisible", "4": "ptraceable"}
+HIDEPID_UNKNOWN = "unknown"  # our procfs's mount not found, or mountinfo not readable
 
 
 @dataclass(frozen=True)
@@ -166,8 +167,7 @@ class ProcessTable:
         alive = {(p.pid, p.start_time) for p in found}
         with self._lock:
             self._pods = {k: pod for k, pod in self._pods.items() if k in alive}
-        hiding = self.hidepid() in ("invisible", "ptraceable")
-        invisible = self.count_invisible(set(listed)) if hiding else 0
+        invisible = self._invisible(set(listed))
         visible = bool(unreadable or invisible) or self._workload_visible(found)
         return ProcessWalk(
             processes=found,
@@ -191,15 +191,32 @@ class ProcessTable:
         except OSError as err:  # '': gone, or a zombie (it holds nothing)
             return "?" if err.errno == errno.EACCES else ""
 
+    def _invisible(self, listed: Set[int]) -> Optional[int]:
+        """How many processes exist that /proc does not list; None: uncounted."""
+        mode = self.hidepid()
+        if mode in ("off", "noaccess"):
+            return 0  # noaccess lists every pid, only their files are denied
+        if mode == HIDEPID_UNKNOWN and not self.pid_namespace_is_ours():
+            return None  # our probes would count another PID namespace's pids
+        return self.count_invisible(listed)
+
+    def pid_namespace_is_ours(self) -> bool:
+        """Whether our procfs shows our PID namespace: its self is our pid there (a fixture
+        tree has none; another namespace's procfs shows us by another pid, or not at all)."""
+        where = os.path.realpath(self.paths.proc("self"))
+        return os.path.basename(where) == str(os.getpid())
+
     def hidepid(self) -> str:
-        """How our procfs hides processes, from its mount options ('off' when unknown)."""
+        """How our procfs hides processes, from its mount options; HIDEPID_UNKNOWN when
+        mountinfo cannot be read or shows no procfs mounted at our path (never taken for
+        'off': a hidden live process would then look exited)."""
         where = os.path.realpath(self.paths.procfs)
         with suppress(OSError):
             entries = parse_mountinfo(read_text(self.paths.proc("self", "mountinfo")))
             for entry in reversed(entries):
                 if entry.fstype == "proc" and entry.mount_point == where:
                     return parse_hidepid(entry.options)
-        return "off"
+        return HIDEPID_UNKNOWN
 
     def count_invisible(self, listed: Set[int]) -> Optional[int]:
         """Processes of our PID namespace that /proc does not list: pidfd_open() needs no

@@ -307,12 +307,13 @@ class OwnerScan:
 
     def _count_denied(self, proc: Process, out: Owners) -> None:
         """A process whose maps or fds we may not read could hold anything; excused only
-        when root's and named by --segments.ignore-unreadable (any process can name itself
-        anything: PR_SET_NAME)."""
+        when root's and its whole name (comm) matches --segments.ignore-unreadable, anchored
+        as the metric lists are: a regex searched would excuse any root process whose name
+        merely contains it (any process can name itself anything: PR_SET_NAME)."""
         if out.unreadable is not None:
             out.unreadable += 1
         excuse = self.ignore_unreadable
-        if proc.uid == 0 and excuse is not None and excuse.search(proc.comm):
+        if proc.uid == 0 and excuse is not None and excuse.fullmatch(proc.comm):
             return
         if out.unverifiable is not None:
             out.unverifiable += 1

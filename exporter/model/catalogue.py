@@ -6,7 +6,8 @@ how big, what class of segments fill it, what is leaked and what memory budget i
 charged to, and what the alerts and the dashboard read; at most SERIES_A_POD_BUDGET series
 a pod (a memory emptyDir and its memory cgroup) and BYTES_A_SERIES_BUDGET bytes a series of
 the text format at the kubelet's paths (bench/cardinality.py prints both). The rest are
-opt-in (--metric-allowlist), and any may be left out (--metric-denylist).
+opt-in (--metric-opt-in-list adds them to the default set), and --metric-allowlist or
+--metric-denylist filter what that leaves (kube-state-metrics' three flags).
 
 Label values are bounded: a segment's name only for the segments --segments.top-k names on
 the exporter (leaks first: orphans last modified over 15 s ago, then any segment last
@@ -16,7 +17,7 @@ never its pid; `shmwatch check` names every segment and pid.
 
 import re
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Sequence, Tuple
+from typing import Dict, FrozenSet, Iterable, Sequence, Tuple
 
 from exporter.host.kube import NODE_LABELS as NODE_MOUNT_LABELS
 
@@ -33,7 +34,7 @@ class Metric:
     unit: str
     labels: Tuple[str, ...]
     help: str
-    # In the default set; False: opt-in (--metric-allowlist).
+    # In the default set; False: opt-in (--metric-opt-in-list).
     default: bool
 
 
@@ -397,7 +398,7 @@ CATALOGUE: Tuple[Metric, ...] = (
         type="gauge",
         unit="bytes",
         labels=(),
-        help="MemAvailable from meminfo.",
+        help="MemAvailable from meminfo (MemFree before Linux 3.14); absent when it has neither.",
         default=True,
     ),
     Metric(
@@ -405,7 +406,7 @@ CATALOGUE: Tuple[Metric, ...] = (
         type="gauge",
         unit="bytes",
         labels=(),
-        help="Shmem from meminfo (tmpfs, shm, SysV).",
+        help="Shmem from meminfo (tmpfs, shm, SysV); absent when it has none.",
         default=True,
     ),
     # --- memory cgroup (collector cgroup) ------------------------------------------------
@@ -688,28 +689,117 @@ def node_labels(metric: Metric) -> Tuple[str, ...]:
     return ("pod_uid",) if "cgroup" in metric.labels else ()
 
 
+# The families the shipped rules (deploy/prometheus/) and dashboard (grafana/) read, all in
+# the default set: an allow- or denylist that leaves one out is warned of at start-up
+# (tests/test_rules.py and tests/test_dashboard.py check this list against what they read).
+READ_BY_RULES_AND_DASHBOARD: FrozenSet[str] = frozenset(
+    {
+        "shmwatch_build_info",
+        "shmwatch_cgroup_memory_events_total",
+        "shmwatch_cgroup_memory_high_bytes",
+        "shmwatch_cgroup_memory_limit_bytes",
+        "shmwatch_cgroup_memory_shmem_bytes",
+        "shmwatch_cgroup_memory_working_set_bytes",
+        "shmwatch_cgroup_oom_kills_total",
+        "shmwatch_collector_duration_seconds",
+        "shmwatch_collector_success",
+        "shmwatch_gpu_info",
+        "shmwatch_gpu_memory_reserved_bytes",
+        "shmwatch_gpu_memory_total_bytes",
+        "shmwatch_gpu_memory_used_bytes",
+        "shmwatch_gpu_process_memory_bytes",
+        "shmwatch_host_memory_available_bytes",
+        "shmwatch_host_memory_shmem_bytes",
+        "shmwatch_host_memory_total_bytes",
+        "shmwatch_inventory_degraded",
+        "shmwatch_mount_effective_size_bytes",
+        "shmwatch_mount_error",
+        "shmwatch_mount_max_used_bytes",
+        "shmwatch_mount_peak_used_bytes",
+        "shmwatch_mount_size_bytes",
+        "shmwatch_mount_used_bytes",
+        "shmwatch_orphan_oldest_age_seconds",
+        "shmwatch_proc_unreadable",
+        "shmwatch_segment_bytes",
+        "shmwatch_segments",
+        "shmwatch_shm_oom_projection_ratio",
+        "shmwatch_sysv_bytes",
+        "shmwatch_sysv_limit_shmall_bytes",
+        "shmwatch_sysv_limit_shmmni",
+        "shmwatch_sysv_namespace_readable",
+        "shmwatch_sysv_orphan_segments",
+        "shmwatch_sysv_segments",
+        "shmwatch_top_segment_bytes",
+    }
+)
+
+
 def _matches(patterns: Sequence[str], name: str) -> bool:
     """Whether a regex matches the whole family name (a counter's with or without _total)."""
     names = (name, name.removesuffix("_total"))
     return any(re.fullmatch(p, n) for p in patterns for n in names)
 
 
-def exposed_families(
-    allowlist: Sequence[str], denylist: Sequence[str]
-) -> FrozenSet[str]:
-    """The families /metrics shows: the allowlist's, opt-in ones too, when there is one; else
-    the default set less the denylist's (kube-state-metrics' --metric-allowlist and
-    --metric-denylist; the two exclude each other)."""
-    if allowlist:
-        return frozenset(m.name for m in CATALOGUE if _matches(allowlist, m.name))
-    return frozenset(n for n in DEFAULT_SET if not _matches(denylist, n))
+def _matching(patterns: Sequence[str], names: Iterable[str]) -> FrozenSet[str]:
+    return frozenset(n for n in names if _matches(patterns, n))
 
 
-def unmatched(patterns: Sequence[str]) -> Tuple[str, ...]:
-    """The patterns that match no family: a misspelt name, or a comma list given as one."""
-    return tuple(
-        p for p in patterns if not any(_matches((p,), m.name) for m in CATALOGUE)
-    )
+@dataclass(frozen=True)
+class MetricSelection:
+    """Which families /metrics shows, as kube-state-metrics' flags choose them: the default
+    set and the opt-in families --metric-opt-in-list names; of those, only the ones
+    --metric-allowlist names, or all but the ones --metric-denylist names (the two exclude
+    each other). Each a tuple of regexes, anchored."""
+
+    allowlist: Tuple[str, ...] = ()
+    denylist: Tuple[str, ...] = ()
+    opt_in: Tuple[str, ...] = ()
+
+    def offered(self) -> FrozenSet[str]:
+        """The default set and the opt-in families asked for, before allow or deny."""
+        opt_in = (m.name for m in CATALOGUE if not m.default)
+        return DEFAULT_SET | _matching(self.opt_in, opt_in)
+
+    def exposed(self) -> FrozenSet[str]:
+        offered = self.offered()
+        if self.allowlist:
+            return _matching(self.allowlist, offered)
+        return offered - _matching(self.denylist, offered)
+
+    def warnings(self) -> Tuple[str, ...]:
+        """What start-up logs: each pattern that matches nothing it could (a misspelt name,
+        a comma list given as one regex, an opt-in family allowlisted but not opted in), and
+        the families the shipped rules and dashboard read that the lists took out."""
+        offered = self.offered()
+        said = [
+            f"--metric-opt-in-list {p!r} matches no opt-in metric family"
+            for p in self.opt_in
+            if not _matching((p,), BY_NAME.keys() - DEFAULT_SET)
+        ]
+        for flag, patterns in (
+            ("--metric-allowlist", self.allowlist),
+            ("--metric-denylist", self.denylist),
+        ):
+            said += [
+                _unmatched(flag, p) for p in patterns if not _matching((p,), offered)
+            ]
+        removed = sorted(READ_BY_RULES_AND_DASHBOARD - self.exposed())
+        if removed:
+            said.append(
+                "the shipped alerts, recording rules and dashboard read families the "
+                f"allow/deny lists leave out: {', '.join(removed)}"
+            )
+        return tuple(said)
+
+
+def _unmatched(flag: str, pattern: str) -> str:
+    """The warning of a pattern that matches no family offered."""
+    if _matching((pattern,), BY_NAME.keys()):
+        return (
+            f"{flag} {pattern!r} matches only opt-in metric families not asked for: "
+            "--metric-opt-in-list adds them"
+        )
+    return f"{flag} {pattern!r} matches no metric family"
 
 
 def lookup(name: str) -> Metric:

@@ -85,8 +85,8 @@ class CgroupMemory:
 @dataclass(frozen=True)
 class HostMemory:
     total_bytes: int
-    available_bytes: int
-    shmem_bytes: int
+    available_bytes: Optional[int]  # None: meminfo has neither MemAvailable nor MemFree
+    shmem_bytes: Optional[int]  # None: meminfo has no Shmem line
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from tests.test_webconfig import basic, served_serial, status
 RELOADED = "shmwatch_web_config_last_reload_successful"
 ALICE = bcrypt.hashpw(b"wonderland", bcrypt.gensalt(4)).decode()
 COST_31 = "$2b$31$" + ALICE[7:]  # well formed: bcrypt would take days on it
+HEADER = "http_server_config:\n  headers:\n    X-Frame-Options: deny\n    Content-Security-Policy: {}\n"
 
 
 def alias_bomb(depth):
@@ -130,6 +131,16 @@ START = {  # name -> (how the config or a file it names is made, what the line s
         "config",
         write(f"basic_auth_users:\n  alice: '{COST_31}'\n"),
         "has bcrypt cost 31, above 14",
+    ),
+    "a header value beyond latin-1": (
+        "config",
+        write(HEADER.format('"default-src \\u2014 self"')),
+        "Content-Security-Policy: '\\u2014' at character 13 is not allowed in a header value",
+    ),
+    "a header value with CR LF": (
+        "config",
+        write(HEADER.format('"a\\r\\nSet-Cookie: pwn=1"')),
+        "Content-Security-Policy: '\\r' at character 2 is not allowed in a header value",
     ),
 }
 
@@ -257,3 +268,32 @@ def test_hostile_files_swapped_in_while_serving(tmp_path, pair):
         assert exporter.proc.returncode == 0 and time.monotonic() - started < 2, (
             exporter.log()[-1500:]
         )
+
+
+def test_a_header_value_that_breaks_answers_is_refused_at_reload(tmp_path):
+    """Swapped in, a value beyond latin-1 was taken and every answer (/-/healthy too) raised
+    UnicodeEncodeError, the connection dropped, a liveness probe restarting the pod; CR LF
+    was taken and wrote a Set-Cookie of the file's choosing into every answer. Now each is
+    refused (metric 0) and answers keep the last good config's headers."""
+    config, good = tmp_path / "web.yml", HEADER.format("\"default-src 'self'\"")
+    config.write_text(good)
+    (tmp_path / "shm").mkdir()
+    healthy = "http://127.0.0.1:{}/-/healthy"
+
+    def reloaded(exporter, ok, what):
+        deadline = time.monotonic() + 10
+        while value(exporter.scrape(), RELOADED) != ok:
+            assert time.monotonic() < deadline, f"{what}: metric not {ok} in 10 s: {exporter.log()[-1500:]}"
+            time.sleep(0.05)
+
+    with Exporter(f"--shm.mount={tmp_path / 'shm'}", "--no-collector.gpu", f"--web.config.file={config}") as exporter:
+        for hostile in ('"default-src \\u2014 self"', '"a\\r\\nSet-Cookie: pwn=1"'):
+            replace(str(config), write(HEADER.format(hostile)))
+            reloaded(exporter, 0, hostile)
+            code, headers = status(healthy.format(exporter.port))
+            assert code == 200, hostile
+            assert headers.get("Content-Security-Policy") == "default-src 'self'", headers
+            assert "Set-Cookie" not in headers and "pwn" not in str(headers), headers
+            replace(str(config), write(good))
+            reloaded(exporter, 1, "the good file back")
+        assert "Traceback" not in exporter.log() and "is not allowed in a header value" in exporter.log()

@@ -123,3 +123,13 @@ def test_a_kept_alive_connection_has_the_head_deadline_again(monkeypatch):
         httpd.shutdown()
     assert answer.startswith(b"HTTP/1.1 408 "), answer
     assert 0.9 < held < 2.0, f"the second head was held {held:.1f}s"
+
+
+def test_pipelined_heads_ended_by_bare_lfs_are_each_answered(exporter):
+    """Two heads in one write, the first ended by bare LFs (RFC 9112 lets a server take
+    them), the second by CRLFs: read whole, both went to h11, which kept the second; one
+    answer came, and the second request was never answered."""
+    heads = b"GET /-/healthy HTTP/1.1\nHost: x\n\nGET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    answer, _ = raw(exporter.port, heads, timeout=5)
+    assert answer.count(b"HTTP/1.1 200 OK\r\n") == 2, answer[:300]
+    assert b"shmwatch_build_info" in answer

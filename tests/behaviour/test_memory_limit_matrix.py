@@ -152,7 +152,7 @@ def scrape_once(shm: str, procfs: str, sysfs: str, cgroup_dir: str, flag: Option
     """The exporter's wiring, every source run once: what its first scrape shows."""
     argv = [f"--path.procfs={procfs}", f"--path.sysfs={sysfs}", f"--cgroup.path={cgroup_dir}", f"--shm.mount={shm}"]
     argv += ["--no-collector.gpu", "--no-collector.segments", "--no-collector.sysv"]
-    argv += ["--metric-allowlist=.*"]  # the ratios the recording rules make from it too (opt-in)
+    argv += ["--metric-opt-in-list=.*"]  # the ratios the recording rules make from it too (opt-in)
     argv += [f"--memory.limit-bytes={flag}"] if flag is not None else []
     app = App(parse_args(argv))
     try:

@@ -222,7 +222,7 @@ def view(server: Server, key: str, run: List[str], hidepid: bool = False,
         return _views[(server.name, key)]
     base = [*server.sidecar_args(), "--read-only", *run]
     # Every family: the tests of each shape read the opt-in ones too (processes' shm, unattributed bytes).
-    args = [*(args or []), "--no-collector.gpu", "--metric-allowlist=.*"]
+    args = [*(args or []), "--no-collector.gpu", "--metric-opt-in-list=.*"]
     entry = HIDEPID_CMD + ["shmwatch"] if hidepid else []
     with Container(eng.PROJECT_IMAGE, *entry, *args, "--inventory-interval=1s", run=base,
                    prefix="sidecar") as sidecar:

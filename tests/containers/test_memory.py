@@ -42,7 +42,7 @@ while True:
 """
 SIDECAR_RUN = ["--user", "0:0", "--cap-drop", "ALL", "--cap-add", "SYS_PTRACE", "--read-only"]
 SIDECAR_ARGS = ["--memory.limit-bytes=512Mi", "--no-collector.gpu", "--no-collector.segments",
-                "--poll-interval=250ms", "--metric-allowlist=.*"]  # the estimate's flag and ratio: opt-in
+                "--poll-interval=250ms", "--metric-opt-in-list=.*"]  # the estimate's flag and ratio: opt-in
 
 
 def truth(server_id: str) -> Dict[str, float]:

@@ -23,7 +23,7 @@ NODE_RUN = ["--pid=host", "-v", "/:/host:ro", "--read-only", "--user", "0:0", "-
             "--device", "/dev/kmsg:/dev/kmsg:r", "--cap-add", "SYSLOG"]
 NODE_ARGS = ["--mode=node", "--path.procfs=/host/proc", "--path.sysfs=/host/sys", "--path.rootfs=/host",
              "--no-collector.gpu", "--inventory-interval=1s",
-             "--metric-allowlist=.*"]  # every family: the processes' shm (opt-in) is checked too
+             "--metric-opt-in-list=.*"]  # every family: the processes' shm (opt-in) is checked too
 
 
 def test_node_mode_finds_each_container_shm_and_its_owners(root_server, uid_server):

@@ -118,6 +118,22 @@ def sidecar_mount(
     }
 
 
+def daemonset_pod_series() -> Series:
+    """The node-mode DaemonSet (monitoring/shmwatch-node-x7k2p, 40 MiB of a 256 MiB limit),
+    scraped by a PodMonitor, which gives every series its own pod's namespace and pod: two
+    pods' emptyDirs (pod_uid and volume, no `mount`) and a runtime's sandbox shm
+    (container_id). None is the DaemonSet pod's own: no projection of it may come of them."""
+    labels = {"job": "monitoring/shmwatch-node", "instance": "10.0.3.1:9841", "namespace": "monitoring",
+              "pod": "shmwatch-node-x7k2p"}
+    mounts = ({"pod_uid": "u1", "volume": "dshm"}, {"pod_uid": "u2", "volume": "dshm"}, {"container_id": "c0ffee"})
+    series = merge(cadvisor("monitoring", "shmwatch-node-x7k2p", "shmwatch", "s", 40),
+                   ksm("monitoring", "shmwatch-node-x7k2p", "shmwatch", memory_mib=256))
+    for used, size, mount in zip((900, 10, 1), (2048, 64, 64), mounts):
+        series[selector("shmwatch_mount_used_bytes", {**labels, **mount})] = const(used * MiB)
+        series[selector("shmwatch_mount_size_bytes", {**labels, **mount})] = const(size * MiB)
+    return series
+
+
 def kube_world() -> Series:
     """vllm-0: vllm (300 MiB of 512) and the shmwatch sidecar (20 of 96), /dev/shm 200 of
     1024 MiB used and a cache tmpfs 50 of 100; the pod-level series (container="") and the
@@ -151,6 +167,7 @@ def kube_world() -> Series:
         cadvisor("ml", "tiny-0", "t", "t", 10),
         ksm("ml", "tiny-0", "t", memory_mib=64),
         sidecar_mount("ml", "tiny-0", "/dev/shm", 100, 200),
+        daemonset_pod_series(),
     )
 
 
@@ -158,14 +175,16 @@ def kube() -> Tuple[Scenario, ...]:
     ws, limit = "shmwatch:kube_pod_memory_working_set_bytes", "shmwatch:kube_pod_memory_limit_bytes"
     risk, projection = "shmwatch:kube_pod_oom_risk_ratio", "shmwatch:kube_pod_shm_oom_projection_ratio"
     vllm, open0, tiny = ({"namespace": "ml", "pod": p} for p in ("vllm-0", "open-0", "tiny-0"))
+    ds = {"namespace": "monitoring", "pod": "shmwatch-node-x7k2p"}
     return (
         Scenario(
             name="kube-prometheus joins",
             series=kube_world(),
             checks=(
-                equals(ws, "5m", (ws, vllm, 320 * MiB), (ws, open0, 10 * MiB), (ws, tiny, 10 * MiB)),
-                equals(limit, "5m", (limit, vllm, 608 * MiB), (limit, tiny, 64 * MiB)),
-                equals(risk, "5m", (risk, vllm, 320 / 608), (risk, tiny, 10 / 64)),
+                equals(ws, "5m", (ws, vllm, 320 * MiB), (ws, open0, 10 * MiB), (ws, tiny, 10 * MiB),
+                       (ws, ds, 40 * MiB)),
+                equals(limit, "5m", (limit, vllm, 608 * MiB), (limit, tiny, 64 * MiB), (limit, ds, 256 * MiB)),
+                equals(risk, "5m", (risk, vllm, 320 / 608), (risk, tiny, 10 / 64), (risk, ds, 40 / 256)),
                 equals(
                     projection,
                     "5m",
@@ -174,6 +193,7 @@ def kube() -> Tuple[Scenario, ...]:
                     (projection, {**vllm, "mount": "/mnt/cache"}, (320 - 50 + 100) * MiB / (608 * MiB)),
                     # working set below the shm used: nothing but the mount's size counts.
                     (projection, {**tiny, "mount": "/dev/shm"}, (0 + 200 * MiB) / (64 * MiB)),
+                    # None of the DaemonSet pod's (daemonset_pod_series: other pods' mounts).
                 ),
             ),
             covers=(Side(rule=limit, index=0, side="left"), Side(rule=limit, index=0, side="both")),

@@ -26,14 +26,14 @@ FLAGS: List[Tuple[str, "Flag[object]"]] = [(dest, d) for dest, d in declarations
 # parser needs a line here: the KeyError in sample() says which.
 SAMPLES: Dict[Callable[[str], object], Tuple[str, str, object]] = {
     config.parse_text: ("/a", "/b", None),
-    config.parse_mount_point: ("/a/", "/b", ""),
+    config.parse_mount_point: ("/a/", "/b", "dev/shm"),
     config.parse_url_path: ("/a", "/b", "a"),
     config.parse_listen_address: ("127.0.0.1:1", "[::1]:2", "nowhere"),
     config.parse_count: ("3", "4", "0"),
     config.parse_size: ("1Gi", "2g", "lots"),
     config.parse_duration: ("2s", "1m", "0s"),
     config.parse_duration_or_zero: ("0", "1m", "-1s"),
-    config.parse_regex: ("vllm", "sglang|trt", "("),
+    config.parse_regex: ("shmwatch_build_info", "vllm|shmwatch_mount_.*", "("),  # comms; families too
     config.parse_log_level: ("DEBUG", "error", "loud"),
 }
 
@@ -117,6 +117,56 @@ def test_a_repeatable_flag_keeps_each_value_once_in_order(clean_env):
     assert cfg.shm_mounts == ("/a", "/b")
     clean_env.setenv("SHMWATCH_SHM_MOUNT", "/b,/a,/b/")
     assert parse_args([]).shm_mounts == ("/b", "/a")
+
+
+def test_an_empty_regex_is_refused_one_line_exit_2(clean_env, capsys):
+    """`--metric-allowlist=` was a list of one empty regex: given, matching no family, so
+    /metrics showed nothing at all; an empty --segments.ignore-unreadable excused every
+    process."""
+    for flag in ("--metric-allowlist", "--metric-denylist", "--segments.ignore-unreadable",
+                 "--cgroup.target-process"):
+        with pytest.raises(SystemExit) as ended:
+            parse_args([f"{flag}="])
+        err = capsys.readouterr().err
+        assert ended.value.code == 2 and err.startswith(f"shmwatch: error: argument {flag}: "), err
+        assert "empty regex" in err and err.count("\n") == 1, err
+
+
+def test_a_comma_list_variable_is_stripped_and_one_with_no_item_is_not_given(clean_env):
+    clean_env.setenv("SHMWATCH_METRIC_ALLOWLIST", " shmwatch_build_info, shmwatch_mount_used_bytes,,")
+    assert parse_args([]).metric_allowlist == ("shmwatch_build_info", "shmwatch_mount_used_bytes")
+    for empty in ("", " ", ", ,"):
+        clean_env.setenv("SHMWATCH_METRIC_ALLOWLIST", empty)
+        assert parse_args([]).metric_allowlist == (), repr(empty)
+        clean_env.setenv("SHMWATCH_SHM_MOUNT", empty)
+        assert parse_args([]).shm_mounts == ("/dev/shm",), repr(empty)  # its default
+    clean_env.setenv("SHMWATCH_METRIC_DENYLIST", "")  # an empty variable does not conflict
+    assert parse_args(["--metric-allowlist=shmwatch_build_info"]).metric_denylist == ()
+    # Any flag's empty variable is one not given (kingpin's): the tests' strict owner view.
+    clean_env.setenv("SHMWATCH_SEGMENTS_IGNORE_UNREADABLE", "")
+    clean_env.setenv("SHMWATCH_WEB_LISTEN_ADDRESS", "")
+    cfg = parse_args([])
+    assert cfg.ignore_unreadable is None and cfg.listen == parse_args(["--web.listen-address=:9841"]).listen
+
+
+def test_metric_lists_that_leave_no_family_are_one_line_exit_2(clean_env, capsys):
+    """An exporter that serves an empty page is `up` while every alert is absent."""
+    for argv, env, flag in ((["--metric-allowlist=nope"], None, "--metric-allowlist"),
+                            (["--metric-allowlist=shmwatch_mount_inodes"], None, "--metric-allowlist"),  # opt-in
+                            (["--metric-denylist=.*"], None, "--metric-denylist"),
+                            (["--metric-denylist=shmwatch_.*", "--metric-denylist=process_.*"], None, "--metric-denylist"),
+                            ([], ("SHMWATCH_METRIC_DENYLIST", "shmwatch_.*, process_.*"), "--metric-denylist")):
+        if env:
+            clean_env.setenv(*env)
+        with pytest.raises(SystemExit) as ended:
+            parse_args(argv)
+        err = capsys.readouterr().err
+        assert ended.value.code == 2, argv
+        assert err == f"shmwatch: error: argument {flag}: leaves no metric family to expose\n", err
+    clean_env.delenv("SHMWATCH_METRIC_DENYLIST")
+    cfg = parse_args(["--metric-allowlist=shmwatch_mount_inodes", "--metric-opt-in-list=shmwatch_mount_inodes"])
+    assert cfg.metric_allowlist == cfg.metric_opt_in_list == ("shmwatch_mount_inodes",)
+    assert parse_args(["--metric-denylist=shmwatch_.*"]).metric_denylist == ("shmwatch_.*",)  # process_ left
 
 
 def test_the_collector_switches_and_no_inotify(clean_env):

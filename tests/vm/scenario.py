@@ -66,7 +66,7 @@ class Exporter:
             "--no-collector.gpu",
             "--poll-interval=1s",
             "--inventory-interval=5s",
-            "--metric-allowlist=.*",  # every family: the opt-in ones are checked too
+            "--metric-opt-in-list=.*",  # every family: the opt-in ones are checked too
             *args,
         ]
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
@@ -343,7 +343,7 @@ def docker_sidecar():
         "--inventory-interval=5s",
         "--shm.mount=/dev/shm",
         f"--memory.limit-bytes={256 * MiB}",
-        "--metric-allowlist=.*",  # the estimate's flag and ratio are opt-in families
+        "--metric-opt-in-list=.*",  # the estimate's flag and ratio are opt-in families
     ]
     sidecars = {
         "private": (free_port(), []),

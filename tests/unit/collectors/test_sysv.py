@@ -13,7 +13,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, List, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -48,7 +48,9 @@ def proc(tmp_path: Path) -> FakeProc:
 
 def read(proc: FakeProc, *lines: str) -> SysvShm:
     proc.write("sysvipc/shm", HEADER + "".join(lines))
-    [shm] = SysvCollector(proc.paths, page_size=4096).collect()  # a sidecar: its own namespace
+    [shm] = SysvCollector(
+        proc.paths, page_size=4096
+    ).collect()  # a sidecar: its own namespace
     return shm
 
 
@@ -59,19 +61,21 @@ def orphans(shm: SysvShm) -> List[int]:
 def test_an_orphan_has_nothing_attached_and_its_creator_and_last_user_gone(
     proc: FakeProc,
 ) -> None:
-    proc.add(700)  # alive
+    alive = os.getpid()
     shm = read(
         proc,
         shm_line(
-            1, 10, 8 << 20, cpid=500, lpid=0, nattch=0
+            1, 10, 8 << 20, cpid=NEVER, lpid=0, nattch=0
         ),  # never attached, creator gone
-        shm_line(2, 11, 4096, cpid=500, lpid=501, nattch=0),  # both gone
-        shm_line(3, 12, 4096, cpid=500, lpid=501, nattch=1),  # attached
-        shm_line(4, 13, 4096, cpid=700, lpid=0, nattch=0),  # creator alive
-        shm_line(5, 14, 4096, cpid=500, lpid=700, nattch=0),  # last user alive
+        shm_line(2, 11, 4096, cpid=NEVER, lpid=NEVER + 1, nattch=0),  # both gone
+        shm_line(3, 12, 4096, cpid=NEVER, lpid=NEVER + 1, nattch=1),  # attached
+        shm_line(4, 13, 4096, cpid=alive, lpid=0, nattch=0),  # creator alive
+        shm_line(5, 14, 4096, cpid=NEVER, lpid=alive, nattch=0),  # last user alive
     )
     assert orphans(shm) == [10, 11]
-    assert shm.segments[0] == SysvSegment(1, 10, 8 << 20, 0, 500, 4096, 0, orphan=True)
+    assert shm.segments[0] == SysvSegment(
+        1, 10, 8 << 20, 0, NEVER, 4096, 0, orphan=True
+    )
 
 
 def test_a_creator_in_another_pid_namespace_is_not_gone(proc: FakeProc) -> None:
@@ -80,10 +84,10 @@ def test_a_creator_in_another_pid_namespace_is_not_gone(proc: FakeProc) -> None:
     shm = read(
         proc,
         shm_line(1, 10, 4096, cpid=0, lpid=0, nattch=0),
-        shm_line(2, 11, 4096, cpid=500, lpid=0, nattch=0),
+        shm_line(2, 11, 4096, cpid=NEVER, lpid=0, nattch=0),
     )
     assert orphans(shm) == [11]
-    shm = read(proc, shm_line(1, 10, 4096, cpid=500, lpid=0, nattch=0))
+    shm = read(proc, shm_line(1, 10, 4096, cpid=NEVER, lpid=0, nattch=0))
     assert orphans(shm) == [10]
     shm = read(proc, shm_line(1, 10, 4096, cpid=-1, lpid=0, nattch=0))
     assert orphans(shm) == []
@@ -103,12 +107,24 @@ def test_under_hidepid_only_a_pid_that_does_not_exist_is_gone(proc: FakeProc) ->
     assert orphans(shm) == [11, 13]
 
 
-def test_without_hidepid_a_pid_missing_from_proc_is_gone(proc: FakeProc) -> None:
-    proc.self_mountinfo(hidepid="0")
-    assert orphans(
-        read(proc, shm_line(1, 10, 4096, cpid=os.getpid(), lpid=0, nattch=0))
-    ) == [10]
-    assert orphans(read(proc, shm_line(1, 10, 4096, cpid=1, lpid=0, nattch=0))) == [10]
+@pytest.mark.parametrize("hidepid", ["0", None])
+def test_a_live_pid_missing_from_proc_is_not_gone_whatever_the_mount_says(
+    tmp_path: Path, hidepid: Optional[str]
+) -> None:
+    """hidepid=0 in mountinfo, or no mountinfo at all (how /proc hides pids unknown): a pid
+    /proc does not list is not gone while kill(pid, 0) finds it. The bug: a missing /proc
+    entry was taken for an exit unless mountinfo said hidepid, and an unread mountinfo said
+    "off": a hidden live creator's segment was called an orphan, ipcrm advised."""
+    tree = FakeProc(str(tmp_path / "proc"), hidepid=hidepid)
+    tree.write("sys/kernel/shmmni", "4096\n")
+    for live in (os.getpid(), 1):
+        assert (
+            orphans(read(tree, shm_line(1, 10, 4096, cpid=live, lpid=0, nattch=0)))
+            == []
+        )
+    assert orphans(read(tree, shm_line(1, 10, 4096, cpid=NEVER, lpid=0, nattch=0))) == [
+        10
+    ]
 
 
 def test_telling_a_creator_alive_signals_nothing(proc: FakeProc) -> None:
@@ -150,7 +166,7 @@ def test_limits_that_cannot_be_read_are_unknown(proc: FakeProc) -> None:
 
 def test_a_sidecar_reads_its_own_namespace(proc: FakeProc) -> None:
     proc.write(
-        "sysvipc/shm", HEADER + shm_line(1, 10, 4096, cpid=500, lpid=0, nattch=0)
+        "sysvipc/shm", HEADER + shm_line(1, 10, 4096, cpid=NEVER, lpid=0, nattch=0)
     )
     collector = SysvCollector(proc.paths, page_size=4096)
     [shm] = collector.collect()
@@ -178,13 +194,20 @@ def test_in_ipc_namespaces_reads_in_each_and_skips_paths_gone() -> None:
     needs_setns()
     mine = own_namespace()
     got = in_ipc_namespaces(
-        [IpcNamespace(namespace=mine, links=["/nonexistent/ns/ipc", f"/proc/{os.getpid()}/ns/ipc"])], lambda: "read"
+        [
+            IpcNamespace(
+                namespace=mine,
+                links=["/nonexistent/ns/ipc", f"/proc/{os.getpid()}/ns/ipc"],
+            )
+        ],
+        lambda: "read",
     )
     assert got == {mine: "read"}
     # a path whose namespace is not the one asked for is not joined
     assert (
         in_ipc_namespaces(
-            [IpcNamespace(namespace="ipc:[1]", links=[f"/proc/{os.getpid()}/ns/ipc"])], lambda: "read"
+            [IpcNamespace(namespace="ipc:[1]", links=[f"/proc/{os.getpid()}/ns/ipc"])],
+            lambda: "read",
         )
         == {}
     )
@@ -218,7 +241,11 @@ def test_in_ipc_namespaces_reads_each_namespace_from_within_it() -> None:
             f"/proc/{os.getpid()}/task/{threading.get_native_id()}/ns/ipc"
         )  # noqa: E731
         got = in_ipc_namespaces(
-            [IpcNamespace(namespace=mine, links=[f"/proc/{os.getpid()}/ns/ipc"]), IpcNamespace(namespace=other, links=[path])], where
+            [
+                IpcNamespace(namespace=mine, links=[f"/proc/{os.getpid()}/ns/ipc"]),
+                IpcNamespace(namespace=other, links=[path]),
+            ],
+            where,
         )
     finally:
         done.set()
@@ -242,7 +269,9 @@ def test_in_ipc_namespaces_hands_back_errors_and_bounds_the_time() -> None:
     )
     started = time.monotonic()
     late = in_ipc_namespaces(
-        [IpcNamespace(namespace=mine, links=[f"/proc/{os.getpid()}/ns/ipc"])], lambda: time.sleep(1), timeout=0.05
+        [IpcNamespace(namespace=mine, links=[f"/proc/{os.getpid()}/ns/ipc"])],
+        lambda: time.sleep(1),
+        timeout=0.05,
     )
     assert time.monotonic() - started < 0.5
     assert isinstance(late[mine], TimeoutError)
@@ -259,7 +288,7 @@ class Node:
     def __init__(self, proc: FakeProc) -> None:
         self.proc = proc
         proc.write(
-            "sysvipc/shm", HEADER + shm_line(1, 10, 4096, cpid=500, lpid=0, nattch=0)
+            "sysvipc/shm", HEADER + shm_line(1, 10, 4096, cpid=NEVER, lpid=0, nattch=0)
         )
         os.makedirs(proc.path("self", "ns"))
         os.symlink("ipc:[1]", proc.path("self", "ns", "ipc"))
@@ -388,7 +417,10 @@ def ipc_namespaces() -> Iterator[List[str]]:
         namespaces = []
         for sleeper in sleepers:
             deadline = time.monotonic() + 10
-            while os.readlink(f"/proc/{sleeper.pid}/ns/ipc") == ours and time.monotonic() < deadline:
+            while (
+                os.readlink(f"/proc/{sleeper.pid}/ns/ipc") == ours
+                and time.monotonic() < deadline
+            ):
                 time.sleep(0.01)  # unshare has not moved yet
             namespaces.append(os.readlink(f"/proc/{sleeper.pid}/ns/ipc"))
         assert ours not in namespaces
@@ -400,12 +432,15 @@ def ipc_namespaces() -> Iterator[List[str]]:
 
 
 @needs_root
-def test_node_mode_reads_how_proc_hides_pids_once_a_run_not_once_per_namespace(ipc_namespaces: List[str]) -> None:
+def test_node_mode_reads_how_proc_hides_pids_once_a_run_not_once_per_namespace(
+    ipc_namespaces: List[str],
+) -> None:
     # The bug: read() asked the process table for hidepid, which parses all of mountinfo (a
     # node's runs to 2,000 lines), in every IPC namespace it joined: 200 pods, 200 parses.
     table = CountingTable(Paths())
     found = SysvCollector(Paths(), node_mode=True, table=table).collect()
     read = {shm.namespace for shm in found if shm.readable}
     assert set(ipc_namespaces) <= read
-    # One for the process walk (ProcessTable.walk), one for the SysV run.
-    assert table.hidepid_reads == 2, table.hidepid_reads
+    # One, for the process walk (ProcessTable.walk): SysV proves a pid gone by kill(pid, 0)
+    # alone, whatever /proc hides.
+    assert table.hidepid_reads == 1, table.hidepid_reads

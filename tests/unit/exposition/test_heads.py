@@ -1,10 +1,11 @@
 """heads.py: request heads streamed into h11 and judged as Go's net/http judges them, the
 same whichever way TCP splits them; and the answers' bytes."""
 
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import pytest
 
+from exporter.exposition import heads
 from exporter.exposition.heads import MAX_HEADER_LINES, Complete, Head, Refused, Request, keep_alive
 from exporter.exposition.heads import message, plain, route
 
@@ -12,24 +13,33 @@ HEAD = b"GET /metrics HTTP/1.1\r\nHost: shmwatch\r\n"
 Verdict = Union[int, Request, None]  # a status refused, a request, or more needed
 
 
-def verdict(data: bytes, piece: Optional[int] = None) -> Verdict:
-    """The head's verdict when it comes in pieces of `piece` bytes (whole by default)."""
+def outcome(data: bytes, piece: Optional[int] = None) -> Union[Verdict, Tuple[Request, bytes]]:
+    """What `data` comes to in pieces of `piece` bytes (whole by default): a status refused,
+    (the request, every byte after its head: the rest handed back and the pieces not fed),
+    or None (more needed)."""
     head, step = Head(), piece or len(data)
     try:
         for start in range(0, len(data), step):
             complete: Optional[Complete] = head.feed(data[start:start + step])
             if complete is not None:
-                return complete.request
+                return complete.request, complete.rest + data[start + step:]
         return None
     except Refused as refused:
         return refused.status
 
 
+def verdict(data: bytes, piece: Optional[int] = None) -> Verdict:
+    """The head's verdict when it comes in pieces of `piece` bytes (whole by default)."""
+    result = outcome(data, piece)
+    return result[0] if isinstance(result, tuple) else result
+
+
 def every_split(data: bytes) -> Verdict:
-    """The one verdict of `data` whole and in pieces of every size: a bound or a check that
-    depends on how TCP splits a head (a CR at the end of a read) fails here."""
-    verdicts = {str(verdict(data, piece)) for piece in range(1, len(data) + 1)}
-    assert len(verdicts) == 1, verdicts
+    """The one outcome of `data` whole and in pieces of every size, the bytes after the head
+    included: a bound or a check that depends on how TCP splits a head (a CR at the end of a
+    read), or a pipelined head lost, fails here."""
+    outcomes = {str(outcome(data, piece)) for piece in range(1, len(data) + 1)}
+    assert len(outcomes) == 1, outcomes
     return verdict(data)
 
 
@@ -124,6 +134,19 @@ def test_the_bytes_after_a_head_are_handed_back():
     assert complete is not None and complete.rest == b"GET /next"
 
 
+@pytest.mark.parametrize("first", [b"GET /a HTTP/1.1\nHost: x\n\n", b"GET /a HTTP/1.1\r\nHost: x\n\r\n",
+                                   b"GET /a HTTP/1.0\n\n", b"GET /a HTTP/1.1\nHost: x\r\n\r\n"])
+def test_a_head_ended_by_bare_lfs_hands_back_the_next_pipelined_head(first):
+    """Read whole, a head whose blank line is a bare LF was given to h11 with the pipelined
+    head after it, and h11 kept that one: rest was b"", the second request never answered."""
+    second = b"GET /b HTTP/1.1\r\nHost: y\r\n\r\n"
+    request = every_split(first + second)
+    assert isinstance(request, Request) and request.path == "/a"
+    complete = Head().feed(first + second)
+    assert complete is not None and complete.rest == second
+    assert Head().feed(complete.rest) is not None
+
+
 def test_keep_alive_as_go_keeps_it():
     assert keep_alive(1, "") and not keep_alive(1, "Close") and not keep_alive(1, "x, close")
     assert keep_alive(0, "Keep-Alive") and not keep_alive(0, "")  # h11 would close every 1.0
@@ -140,3 +163,24 @@ def test_answers_bytes():
     answer = message(plain(200), head, close=False)
     assert answer.endswith(b"Content-Length: 3\r\nConnection: keep-alive\r\n\r\n")  # HEAD: no body
     assert b"Connection: close\r\n" in message(plain(431), None, close=True)
+
+
+def test_a_header_that_cannot_be_written_is_dropped_and_logged_once(caplog, monkeypatch):
+    """A value with CR LF wrote a header of its own into the answer (response splitting), and
+    one beyond latin-1 raised UnicodeEncodeError: the answer was never written."""
+    monkeypatch.setattr(heads, "DROPPED", set())
+    request = verdict(HEAD + b"\r\n")
+    assert isinstance(request, Request)
+    bad = [("Content-Security-Policy", "a\r\nSet-Cookie: pwn=1"), ("X-A", "default-src \u2014 self"),
+           ("X-B", "a\nb"), ("X-C", "a\x00b"), ("X\r\nSet-Cookie", "pwn=1"), ("X D", "v")]
+    answer = plain(200, [*bad, ("X-Frame-Options", "deny"), ("X-E", "a\tb caf\xe9")])
+    for _ in range(2):
+        written = message(answer, request, close=False)
+        head, body = written.split(b"\r\n\r\n", 1)
+        assert body == b"OK\n"
+        lines = head.split(b"\r\n")
+        assert [line.split(b":")[0] for line in lines[2:]] == [b"Content-Type", b"X-Frame-Options", b"X-E",
+                                                               b"Content-Length"], lines
+        assert b"pwn" not in written and b"\r" not in head.replace(b"\r\n", b"")
+    dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(dropped) == len(bad), dropped  # once each, not once an answer

@@ -200,3 +200,46 @@ def test_the_watcher_keeps_a_stamp_per_file(tmp_path):
     stamp = webconfig.stamp_of(str(tmp_path / "a"), None, str(tmp_path / "gone"))
     st = os.stat(tmp_path / "a")
     assert stamp == ((str(tmp_path / "a"), st.st_mtime_ns, 1, st.st_ino), (str(tmp_path / "gone"), -1, -1, -1))
+
+
+def test_a_bcrypt_thread_that_cannot_start_is_busy_once_not_for_good(hashes, monkeypatch):
+    """Thread.start() raising (RuntimeError: can't start new thread, at a pids limit) left the
+    address in the set of those being checked, with no check to take it out: every later
+    login from it was "busy" (503) for good, and the first one raised out of authorize()."""
+    source = WebConfigSource(fixed=WebConfig(users={"ten": hashes["ten"]}))
+    start = threading.Thread.start
+
+    def no_bcrypt_thread(thread):
+        if thread.name == "shmwatch-bcrypt":
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", no_bcrypt_thread)
+    assert verdict(source, basic("ten", "ten")) is None  # busy: 503 and Retry-After
+    monkeypatch.setattr(threading.Thread, "start", start)
+    assert verdict(source, basic("ten", "ten")) is True  # the same address, checked
+
+
+def test_the_front_answers_503_once_when_no_bcrypt_thread_starts(hashes, monkeypatch):
+    """Through the front: the login whose check could not start gets 503 and Retry-After
+    (the old code raised out of authorize(), and the connection was dropped unanswered);
+    the next login from the same address is checked and served."""
+    from tests.unit.exposition.test_http import Server, basic as basic_line, status
+
+    source = WebConfigSource(fixed=WebConfig(users={"ten": hashes["ten"]}))
+    server, start = Server(web=source), threading.Thread.start
+    request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + basic_line("ten", "ten") + b"Connection: close\r\n\r\n"
+
+    def no_bcrypt_thread(thread):
+        if thread.name == "shmwatch-bcrypt":
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    try:
+        monkeypatch.setattr(threading.Thread, "start", no_bcrypt_thread)
+        busy = server.ask(request)
+        assert status(busy) == b"HTTP/1.1 503 Service Unavailable" and b"Retry-After: 1\r\n" in busy, busy
+        monkeypatch.setattr(threading.Thread, "start", start)
+        assert status(server.ask(request)) == b"HTTP/1.1 200 OK"
+    finally:
+        server.front.shutdown()

@@ -172,3 +172,32 @@ def test_a_header_given_as_a_number_is_its_text():
     """`X-XSS-Protection: 0` is a number to YAML and a string to Go's yaml.v2."""
     text = "http_server_config:\n  headers:\n    X-XSS-Protection: 0\n"
     assert parse(text).headers == (("X-XSS-Protection", "0"),)
+
+
+FIELD_VALUES = [  # the value as YAML writes it, what the line says
+    ('"default-src \\u2014 self"', "'\\u2014' at character 13"),  # not latin-1: every answer raised
+    ('"a\\r\\nSet-Cookie: pwn=1"', "'\\r' at character 2"),  # a header of the file's choosing
+    ('"a\\nb"', "'\\n' at character 2"),
+    ('"a\\x01b"', "'\\x01' at character 2"),
+    ('"a\\x7fb"', "'\\x7f' at character 2"),
+    ('"caf\\xe9"', "'\\xe9' at character 4"),  # obs-text: Go keeps it, nothing needs it
+    ('" self"', "' ' at character 1"),
+    ('"self\\t"', "'\\t' at character 5"),
+]
+
+
+@pytest.mark.parametrize("value,said", FIELD_VALUES, ids=[v for v, _ in FIELD_VALUES])
+def test_a_header_value_that_is_no_rfc_9110_field_value_is_refused(value, said):
+    """Values were written as given: U+2014 made every answer (/-/healthy too) raise
+    UnicodeEncodeError, and CR LF wrote a header of the file's choosing."""
+    text = f"http_server_config:\n  headers:\n    Content-Security-Policy: {value}\n"
+    message = refused(parse, text)
+    assert message.startswith(f"http_server_config.headers.Content-Security-Policy: {said} is not allowed"), message
+    assert message.isprintable(), message
+
+
+def test_header_values_of_visible_ascii_with_spaces_and_tabs_between_are_taken():
+    text = ("http_server_config:\n  headers:\n    Content-Security-Policy: \"default-src 'self';\\tframe-ancestors"
+            "  'none'\"\n    Strict-Transport-Security: max-age=31536000; includeSubDomains\n")
+    assert parse(text).headers == (("Content-Security-Policy", "default-src 'self';\tframe-ancestors  'none'"),
+                                   ("Strict-Transport-Security", "max-age=31536000; includeSubDomains"))

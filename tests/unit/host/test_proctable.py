@@ -113,20 +113,50 @@ def test_the_last_procfs_mounted_at_the_path_decides(proc: FakeProc) -> None:
             f"23 1 0:24 / {point} rw - proc proc rw\n",
             f"22 1 0:23 / {point} rw - tmpfs tmpfs rw,hidepid=4\n",  # on top, not a procfs
             "24 1 0:25 / /elsewhere rw - proc proc rw,hidepid=4\n",  # another procfs
-        ]
+        ],
+        hidepid=None,
     )
     assert table(proc).hidepid() == "off"
     proc.self_mountinfo(
         [
             f"23 1 0:24 / {point} rw - proc proc rw\n",
             f"20 1 0:21 / {point} rw - proc proc rw,hidepid=2\n",
-        ]
+        ],
+        hidepid=None,
     )
     assert table(proc).hidepid() == "invisible"
 
 
-def test_no_mountinfo_is_no_hidepid(proc: FakeProc) -> None:
-    assert table(proc).hidepid() == "off"
+def test_a_procfs_whose_mount_is_not_found_hides_pids_as_far_as_we_know(
+    tmp_path: Path,
+) -> None:
+    """No mountinfo to read, or none with a procfs at our path: "unknown", never "off" (a
+    live process hidden from /proc would then pass for one that exited)."""
+    proc = FakeProc(str(tmp_path / "proc"), hidepid=None)
+    assert table(proc).hidepid() == "unknown"
+    proc.self_mountinfo(["24 1 0:25 / /elsewhere rw - proc proc rw\n"], hidepid=None)
+    assert table(proc).hidepid() == "unknown"
+
+
+def test_hidepid_unknown_in_another_pid_namespace_leaves_hidden_processes_uncounted(
+    tmp_path: Path,
+) -> None:
+    """Our probes (pidfd_open) ask our PID namespace: of another's /proc they prove nothing."""
+    proc = FakeProc(str(tmp_path / "proc"), hidepid=None)
+    proc.add(5)
+    proc.self_links(pid=5)  # we are not 5 here: not our PID namespace
+    assert table(proc).walk().invisible is None
+
+
+def test_hidepid_unknown_in_our_pid_namespace_probes_for_hidden_processes(
+    tmp_path: Path,
+) -> None:
+    """pid 1 exists in every PID namespace; with pid_max 1 it is the only pid probed."""
+    proc = FakeProc(str(tmp_path / "proc"), hidepid=None)
+    proc.add(os.getpid(), "shmwatch")
+    proc.self_links(pid=os.getpid())
+    proc.counters(last_pid=1, pid_max=1, forks=10)
+    assert table(proc).walk().invisible == 1
 
 
 def hidden_by_hidepid(proc: FakeProc, mode: str = "2") -> None:

@@ -256,6 +256,20 @@ def test_ignore_unreadable_excuses_roots_processes_by_name_only(world: World) ->
     assert (strict.unreadable, strict.unverifiable) == (3, 3)
 
 
+def test_ignore_unreadable_matches_a_whole_name_not_a_part(world: World) -> None:
+    """Anchored as --metric-allowlist is: searched, `process_api` excused any root process
+    whose name merely contained it, and its live segments could be called orphan."""
+    world.add(100, "xprocess_apix", uid=as_uid(0))
+    world.add(101, "process_api", uid=as_uid(0))
+    for pid in (100, 101):
+        world.proc.deny(pid, "maps")
+    _, owners = world.scan(ignore="process_api")
+    assert (owners.unreadable, owners.unverifiable, owners.complete) == (2, 1, False)
+    assert owners.unproven == ["xprocess_apix (pid 100, uid 0)"]
+    _, prefixed = world.scan(ignore="process_.*")
+    assert (prefixed.unverifiable, prefixed.unproven) == (1, ["xprocess_apix (pid 100, uid 0)"])
+
+
 def test_only_the_excused_unreadable_leaves_orphans_provable(world: World) -> None:
     world.add(100, "process_api", uid=as_uid(0))
     world.proc.deny(100, "maps")
