@@ -169,15 +169,21 @@ class _Pass:
         try:
             st = entry.stat(follow_symlinks=False)
         except OSError:
-            return True  # deleted between readdir and lstat
+            self._not_listed(prefix + entry.name)  # deleted between readdir and lstat
+            return True
         if st.st_dev != self.dev:
-            return True  # something mounted inside: not this mount's
+            self._not_listed(prefix + entry.name)  # something mounted inside
+            return True
         if S_ISREG(st.st_mode):
             return self._regular(_File.of(prefix + entry.name, st), st.st_nlink)
         self.listing.others[_KINDS.get(S_IFMT(st.st_mode), "device")] += 1
         if S_ISDIR(st.st_mode) and len(names) < MAX_DEPTH:
             stack.append(names + (entry.name,))
         return True
+
+    def _not_listed(self, path: str) -> None:
+        """A name readdir gave whose file this pass does not list: gone before its lstat,
+        or another mount's."""
 
     def _regular(self, file: _File, links: int) -> bool:
         """A file of several names is counted once and handed over after the walk."""
@@ -210,6 +216,14 @@ class _RowPass(_Pass):
                 self.met += 1
                 self.events[Row.class_name(self.listing.rows.pop(name)), "deleted"] += 1
         return True
+
+    def _not_listed(self, path: str) -> None:
+        """Its row goes now, counted as met: `_drop_gone` reads the directory again, and
+        may find the name on another file made since (the row's inode is not its)."""
+        row = self.listing.rows.pop(path, None)
+        if row is not None:
+            self.met += 1
+            self.events[Row.class_name(row), "deleted"] += 1
 
     def finish(self) -> Events:
         """Rows not met again are gone; a walk cut short keeps them as last seen (within the
