@@ -308,8 +308,12 @@ class _Runner(threading.Thread):
 
     def fail_if_overdue(self, now: float) -> None:
         """The watchdog's thread: a run past its timeout is published as failed, once; it
-        is left to finish (or not), never started twice."""
-        with self.publishing:
+        is left to finish (or not), never started twice. Never waits for a publication: one
+        held up by a subscriber (the watcher's stat of a stuck mount) would stop the verdicts
+        on every other source."""
+        if not self.publishing.acquire(blocking=False):
+            return  # a run of this source is publishing its end: looked at next time
+        try:
             with self.sampler.lock:
                 since = self.shared.running_since
                 if (
@@ -328,6 +332,8 @@ class _Runner(threading.Thread):
                     duration=now - since,
                 )
             )
+        finally:
+            self.publishing.release()
 
     def request(self, full: bool, now: float) -> None:
         """The caller's thread (the watcher's): a quick run soon, or a full run at once."""

@@ -50,7 +50,9 @@ def test_a_run_that_ends_as_the_watchdog_looks_is_published_healthy_last() -> No
     again, 15 s to 2 minutes later.)"""
     clock, source, seen = Clock(), Blocking(), []
     run_published = threading.Event()
-    sampler = Sampler([source], inventory_interval=3600.0, default_timeout=10.0, clock=clock)
+    sampler = Sampler(
+        [source], inventory_interval=3600.0, default_timeout=10.0, clock=clock
+    )
 
     def the_run_ends_meanwhile(obs: Observation) -> None:
         if obs.error and obs.error.startswith("timed out"):
@@ -81,8 +83,11 @@ def test_a_run_that_ends_as_the_watchdog_looks_is_published_healthy_last() -> No
 
 
 def test_a_run_that_ended_before_the_watchdog_looks_is_not_failed() -> None:
-    clock, source, seen = Clock(), Blocking(), []
-    sampler = Sampler([source], inventory_interval=3600.0, default_timeout=10.0, clock=clock)
+    clock, source = Clock(), Blocking()
+    seen: List[Observation] = []
+    sampler = Sampler(
+        [source], inventory_interval=3600.0, default_timeout=10.0, clock=clock
+    )
     sampler.subscribe(seen.append)
     runner = sampler.runners["segments"]
     runner.start()
@@ -99,8 +104,11 @@ def test_a_run_that_ended_before_the_watchdog_looks_is_not_failed() -> None:
 
 
 def test_a_hung_run_is_failed_once_and_its_end_recovers_it() -> None:
-    clock, source, seen = Clock(), Blocking(), []
-    sampler = Sampler([source], inventory_interval=3600.0, default_timeout=10.0, clock=clock)
+    clock, source = Clock(), Blocking()
+    seen: List[Observation] = []
+    sampler = Sampler(
+        [source], inventory_interval=3600.0, default_timeout=10.0, clock=clock
+    )
     sampler.subscribe(seen.append)
     sampler.runners["segments"].start()
     try:
@@ -116,5 +124,54 @@ def test_a_hung_run_is_failed_once_and_its_end_recovers_it() -> None:
         source.release.set()
         assert wait_until(lambda: len(seen) == 2) and seen[-1].error is None
     finally:
+        source.release.set()
+        sampler.stop()
+
+
+class Discovery(Source):
+    """A source whose runs end at once."""
+
+    name, schedule = "discovery", "poll"
+
+    def collect(self, run: RunInput) -> List[str]:
+        return []
+
+
+def test_a_publication_held_up_by_a_subscriber_stops_no_other_sources_verdict() -> None:
+    """Discovery's publication is held up in a subscriber (the watcher refreshing its
+    watches stats a stuck mount) while the segments run hangs past its timeout: the watchdog
+    still publishes the segments run as failed. (Waiting for every runner's publication in
+    turn, it waited on discovery's for as long as it lasted: no source was failed.)"""
+    clock, discovery, source = Clock(), Discovery(), Blocking()
+    seen: List[Observation] = []
+    held, release = threading.Event(), threading.Event()
+    sampler = Sampler(
+        [discovery, source],
+        poll_interval=3600.0,
+        inventory_interval=3600.0,
+        default_timeout=10.0,
+        clock=clock,
+    )
+
+    def stuck_watcher(obs: Observation) -> None:
+        if obs.source == "discovery":
+            held.set()
+            release.wait(10)
+
+    sampler.subscribe(stuck_watcher)
+    sampler.subscribe(seen.append)
+    for runner in sampler.runners.values():
+        runner.start()
+    try:
+        assert held.wait(10) and source.started.wait(10)
+        clock.now += 11  # the segments run is past its timeout
+        watchdog = threading.Thread(target=sampler.check_timeouts, daemon=True)
+        watchdog.start()
+        assert wait_until(lambda: bool(seen), timeout=5), "no verdict published"
+        assert [(o.source, o.error) for o in seen] == [
+            ("segments", "timed out after 10s")
+        ]
+    finally:
+        release.set()
         source.release.set()
         sampler.stop()
