@@ -336,13 +336,13 @@ class _Runner(threading.Thread):
             self.publishing.release()
 
     def request(self, full: bool, now: float) -> None:
-        """The caller's thread (the watcher's): a quick run soon, or a full run at once."""
+        """The caller's thread (the watcher's): a quick run soon, or a full run at once and
+        a quick run: a full run whose scan runs beside quick runs leaves them the change
+        log (`lost`'s mounts marked unknown), which only they take."""
         with self.sampler.lock:
-            if full:
-                self.shared.full_now = True
-            else:
-                self.shared.last_event = now
-                self.shared.first_event = self.shared.first_event or now
+            self.shared.full_now = self.shared.full_now or full
+            self.shared.last_event = now
+            self.shared.first_event = self.shared.first_event or now
             self.shared.interval = self.base
         self.wake.set()
 

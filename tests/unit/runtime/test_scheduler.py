@@ -4,11 +4,14 @@ given: a healthy run is never left published as timed out (collector_success 0).
 
 import threading
 import time
+from pathlib import Path
 from typing import Callable, List
 
+from exporter.collectors.segments import SegmentsCollector
 from exporter.collectors.source import RunInput, Source
-from exporter.model.types import Observation
+from exporter.model.types import Inventory, Observation
 from exporter.runtime.scheduler import Sampler
+from tests.unit.collectors.test_segments import Host, states
 
 
 class Clock:
@@ -174,4 +177,34 @@ def test_a_publication_held_up_by_a_subscriber_stops_no_other_sources_verdict() 
     finally:
         release.set()
         source.release.set()
+        sampler.stop()
+
+
+def test_lost_events_on_a_quiet_node_leave_no_leak_unsettled(tmp_path: Path) -> None:
+    """Node mode, an inotify queue overflow (`lost`) and then no event: the mount marked
+    unknown is taken by a quick run, and the next full runs settle it: the leak is called
+    orphan again. (Asked for a full run only, the marks stayed in the change log, which a
+    node's full runs leave to quick runs: every full run judged the mount changed during
+    its scan, and the leak was never called leaked while the node stayed quiet.)"""
+    host = Host(tmp_path, ["shm"])
+    [shm] = host.mounts
+    host.file(0, "psm_leak")
+    host.holder(101, comm="bash")
+    source = SegmentsCollector(host.proc.paths, pod_of_pid=True)
+    sampler = Sampler([source], inventory_interval=0.2, mounts=host.mounts)
+    fulls: List[str] = []  # the leak's state in each full run published
+
+    def model(obs: Observation) -> None:
+        if obs.full and isinstance(obs.result, Inventory):
+            fulls.append(states(obs.result, shm)["psm_leak"][1])
+
+    sampler.subscribe(model)
+    sampler.start()
+    try:
+        assert wait_until(lambda: "orphan" in fulls), fulls
+        sampler.lost([shm])
+        before = len(fulls)
+        assert wait_until(lambda: len(fulls) >= before + 4), fulls
+        assert "orphan" in fulls[before : before + 4], fulls
+    finally:
         sampler.stop()
