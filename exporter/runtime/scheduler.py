@@ -282,6 +282,12 @@ class _Runner(threading.Thread):
         """The source's thread: a run ended, its interval set and its result published,
         ordered with the watchdog's verdict on it (a verdict given first is followed by the
         run's own result; none is given after it ended)."""
+        ended = self.sampler.clock()
+        # Ended: the watchdog times it no more, before the compare below (a large
+        # inventory's takes a while). A quick run beside a scan: the scan still runs.
+        with self.sampler.lock:
+            scan = self.scanning
+            self.shared.running_since = scan.started if scan else None
         if full:
             stretched = self._stretched(result, error, run)
             # Kept for the next full run's comparison only while it may stretch: a storm's
@@ -294,13 +300,10 @@ class _Runner(threading.Thread):
             source=self.source.name,
             result=result,
             error=error,
-            duration=self.sampler.clock() - started,
+            duration=ended - started,
             full=full,
         )
         with self.publishing:
-            with self.sampler.lock:
-                scan = self.scanning  # a quick run beside a scan: the scan still runs
-                self.shared.running_since = scan.started if scan else None
             self.sampler.publish(obs)
             with self.sampler.lock:  # after publishing: a waiter finds it in the model
                 self.shared.fulls += full and error is None

@@ -208,3 +208,56 @@ def test_lost_events_on_a_quiet_node_leave_no_leak_unsettled(tmp_path: Path) -> 
         assert "orphan" in fulls[before : before + 4], fulls
     finally:
         sampler.stop()
+
+
+class SlowToCompare:
+    """A full run's result whose comparison with the last (does the interval stretch?)
+    lasts until the test releases it, as a large inventory's takes a while."""
+
+    def __init__(self) -> None:
+        self.comparing, self.release = threading.Event(), threading.Event()
+
+    def __eq__(self, other: object) -> bool:
+        self.comparing.set()
+        self.release.wait(10)
+        return other is self
+
+    __hash__ = object.__hash__
+
+
+class Stretching(Source):
+    """A heavy source whose runs end at once, with a result slow to compare."""
+
+    name, schedule = "segments", "inventory"
+
+    def __init__(self) -> None:
+        self.result = SlowToCompare()
+
+    def stretches(self, run: RunInput) -> bool:
+        return True
+
+    def collect(self, run: RunInput) -> SlowToCompare:
+        return self.result
+
+
+def test_a_run_that_ended_in_time_is_not_failed_while_its_result_is_compared() -> None:
+    """The run returned inside its timeout; the watchdog looks while the scheduler compares
+    its result with the last one: no verdict. (Timed until it was published, the run was
+    published as timed out first.)"""
+    clock, source = Clock(), Stretching()
+    seen: List[Observation] = []
+    sampler = Sampler(
+        [source], inventory_interval=3600.0, default_timeout=10.0, clock=clock
+    )
+    sampler.subscribe(seen.append)
+    sampler.runners["segments"].start()
+    try:
+        assert source.result.comparing.wait(10)
+        clock.now += 11
+        sampler.check_timeouts()
+        source.result.release.set()
+        assert wait_until(lambda: bool(seen))
+        assert [o.error for o in seen] == [None] and seen[0].duration == 0
+    finally:
+        source.result.release.set()
+        sampler.stop()
