@@ -438,7 +438,7 @@ class Sampler:
     def request(self, full: bool = False) -> None:
         """The watcher's inotify thread (through `changed` and `lost`): a mount changed:
         event-driven sources run soon (`full`: events were lost, a full
-        run at once); a stretched one is back at its interval."""
+        run at once as well); a stretched one is back at its interval."""
         now = self.clock()
         for runner in self.runners.values():
             if runner.source.event_driven:
