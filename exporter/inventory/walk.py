@@ -110,7 +110,9 @@ class _Pass:
         self.root, self.dev, self.listing = root, dev, listing
         self.entries = 0  # entries met (a bound on the walk)
         self.files = 0  # regular files met, each inode once (the cap's count)
-        self.linked: Dict[int, List[_File]] = {}  # inode of several names -> them
+        # An inode of several names -> its smallest met yet (one _File each, however many
+        # names: a name that loses is done with at once).
+        self.linked: Dict[int, _File] = {}
         self.visited: List[Directory] = []  # directories read to their end
 
     def run(self) -> bool:
@@ -120,14 +122,13 @@ class _Pass:
         while stack and not self.listing.truncated:
             if not self._directory(stack.pop(), stack):
                 return False
-        for names in self.linked.values():
-            smallest = min(names, key=lambda f: f.path)
-            if not self._file(smallest, [f.path for f in names if f is not smallest]):
+        for smallest in self.linked.values():
+            if not self._file(smallest):
                 return False
         return True
 
-    def _file(self, file: _File, other_names: Sequence[str]) -> bool:
-        """-> False: stop the pass. `other_names`: the file's other names, not listed."""
+    def _file(self, file: _File) -> bool:
+        """-> False: stop the pass."""
         raise NotImplementedError
 
     def _directory(self, names: Directory, stack: List[Directory]) -> bool:
@@ -161,9 +162,11 @@ class _Pass:
         try:
             st = entry.stat(follow_symlinks=False)
         except OSError:
-            return True  # deleted between readdir and lstat
+            self._not_listed(prefix + entry.name)  # deleted between readdir and lstat
+            return True
         if st.st_dev != self.dev:
-            return True  # something mounted inside: not this mount's
+            self._not_listed(prefix + entry.name)  # something mounted inside
+            return True
         if S_ISREG(st.st_mode):
             return self._regular(_File(path=prefix + entry.name, stat=st), st.st_nlink)
         self.listing.others[_KINDS.get(S_IFMT(st.st_mode), "device")] += 1
@@ -171,15 +174,23 @@ class _Pass:
             stack.append(names + (entry.name,))
         return True
 
+    def _not_listed(self, path: str) -> None:
+        """A name readdir gave whose file this pass does not list under it: gone before its
+        lstat, another mount's, or another name of a file listed under a smaller one."""
+
     def _regular(self, file: _File, links: int) -> bool:
         """A file of several names is counted once and handed over after the walk."""
         if links <= 1:
             self.files += 1
-            return self._file(file, ())
-        names = self.linked.setdefault(file.stat.st_ino, [])
-        if not names:
+            return self._file(file)
+        kept = self.linked.setdefault(file.stat.st_ino, file)
+        if kept is file:
             self.files += 1
-        names.append(file)
+        elif file.path < kept.path:
+            self.linked[file.stat.st_ino] = file
+            self._not_listed(kept.path)
+        else:
+            self._not_listed(file.path)
         return True
 
 
@@ -193,15 +204,19 @@ class _RowPass(_Pass):
         self.listed_before = len(listing.rows)
         self.met = 0  # rows listed before met again by name
 
-    def _file(self, file: _File, other_names: Sequence[str]) -> bool:
+    def _file(self, file: _File) -> bool:
         if self.files > self.cap:
             return False
         self.met += _update(self.listing, file, self.events)
-        for name in other_names:  # another name of a listed file: its row goes
-            if name in self.listing.rows:
-                self.met += 1
-                self.events[Row.class_name(self.listing.rows.pop(name)), "deleted"] += 1
         return True
+
+    def _not_listed(self, path: str) -> None:
+        """Its row goes now, counted as met: `_drop_gone` reads the directory again, and
+        may find the name (on another file made since: the row's inode is not its)."""
+        row = self.listing.rows.pop(path, None)
+        if row is not None:
+            self.met += 1
+            self.events[Row.class_name(row), "deleted"] += 1
 
     def finish(self) -> Events:
         """Rows not met again are gone; a walk cut short keeps them as last seen (within the
@@ -237,7 +252,7 @@ class _TallyPass(_Pass):
         super().__init__(root, dev, listing)
         self.tallies: Dict[str, _Tally] = {}
 
-    def _file(self, file: _File, other_names: Sequence[str]) -> bool:
+    def _file(self, file: _File) -> bool:
         tally = self.tallies.setdefault(classify(os.path.basename(file.path)), _Tally())
         tally.add(file.stat.st_blocks * 512, file.stat.st_size)
         return True

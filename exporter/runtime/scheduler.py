@@ -282,6 +282,12 @@ class _Runner(threading.Thread):
         """The source's thread: a run ended, its interval set and its result published,
         ordered with the watchdog's verdict on it (a verdict given first is followed by the
         run's own result; none is given after it ended)."""
+        ended = self.sampler.clock()
+        # Ended: the watchdog times it no more, before the compare below (a large
+        # inventory's takes a while). A quick run beside a scan: the scan still runs.
+        with self.sampler.lock:
+            scan = self.scanning
+            self.shared.running_since = scan.started if scan else None
         if full:
             stretched = self._stretched(result, error, run)
             # Kept for the next full run's comparison only while it may stretch: a storm's
@@ -294,13 +300,10 @@ class _Runner(threading.Thread):
             source=self.source.name,
             result=result,
             error=error,
-            duration=self.sampler.clock() - started,
+            duration=ended - started,
             full=full,
         )
         with self.publishing:
-            with self.sampler.lock:
-                scan = self.scanning  # a quick run beside a scan: the scan still runs
-                self.shared.running_since = scan.started if scan else None
             self.sampler.publish(obs)
             with self.sampler.lock:  # after publishing: a waiter finds it in the model
                 self.shared.fulls += full and error is None
@@ -308,8 +311,12 @@ class _Runner(threading.Thread):
 
     def fail_if_overdue(self, now: float) -> None:
         """The watchdog's thread: a run past its timeout is published as failed, once; it
-        is left to finish (or not), never started twice."""
-        with self.publishing:
+        is left to finish (or not), never started twice. Never waits for a publication: one
+        held up by a subscriber (the watcher's stat of a stuck mount) would stop the verdicts
+        on every other source."""
+        if not self.publishing.acquire(blocking=False):
+            return  # a run of this source is publishing its end: looked at next time
+        try:
             with self.sampler.lock:
                 since = self.shared.running_since
                 if (
@@ -328,15 +335,17 @@ class _Runner(threading.Thread):
                     duration=now - since,
                 )
             )
+        finally:
+            self.publishing.release()
 
     def request(self, full: bool, now: float) -> None:
-        """The caller's thread (the watcher's): a quick run soon, or a full run at once."""
+        """The caller's thread (the watcher's): a quick run soon, or a full run at once and
+        a quick run: a full run whose scan runs beside quick runs leaves them the change
+        log (`lost`'s mounts marked unknown), which only they take."""
         with self.sampler.lock:
-            if full:
-                self.shared.full_now = True
-            else:
-                self.shared.last_event = now
-                self.shared.first_event = self.shared.first_event or now
+            self.shared.full_now = self.shared.full_now or full
+            self.shared.last_event = now
+            self.shared.first_event = self.shared.first_event or now
             self.shared.interval = self.base
         self.wake.set()
 
@@ -429,7 +438,7 @@ class Sampler:
     def request(self, full: bool = False) -> None:
         """The watcher's inotify thread (through `changed` and `lost`): a mount changed:
         event-driven sources run soon (`full`: events were lost, a full
-        run at once); a stretched one is back at its interval."""
+        run at once as well); a stretched one is back at its interval."""
         now = self.clock()
         for runner in self.runners.values():
             if runner.source.event_driven:

@@ -297,10 +297,13 @@ class MountWatcher:
                 self.inotify.remove_callbacks([(watch.wd, CALLBACK_ID)])
 
     def _tell_watching(self) -> None:
+        """Told under the lock, as a dropped watch is: the last word said is the watches'
+        now (told after the lock, a refresh's True could land after a drop's False)."""
         with self._lock:
             every = self.inotify is not None and bool(self._current)
             every = every and self._current <= self.watches.keys()
-        self.outlet.watching(every)
+            # The run inputs' lock, taken within ours: nothing is taken within it.
+            self.outlet.watching(every)
 
     def stop(self) -> None:
         """For good: discovery, stopped after us, may still publish a mount set."""
@@ -339,7 +342,7 @@ class MountWatcher:
                 self.watches.pop(mount, None)
                 if self.inotify is not None:  # not stopping
                     self.state.set_inotify(mount, False)
-        self.outlet.watching(False)
+            self.outlet.watching(False)
 
     def on_queue_overflow(self) -> None:
         """Lost events (one queue serves every mount): counted on each, each re-listed at once."""
