@@ -116,10 +116,11 @@ def sidecar_rows(args):
         holders = inventory.start_holders(shm, names, 300, 10, work)
         try:
             from exporter.collectors.segments import SegmentsCollector
+            from exporter.collectors.source import RunInput
             from exporter.host.paths import Paths
-            collector = SegmentsCollector(Paths(), [shm])
-            collector.collect()
-            full, _ = inventory.timed(collector.collect, 10)
+            collector, run = SegmentsCollector(Paths()), RunInput(mounts=(shm,))
+            collector.collect(run)
+            full, _ = inventory.timed(lambda: collector.collect(run), 10)
         finally:
             for proc in holders:
                 proc.stdin.close()

@@ -18,6 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from exporter.collectors.segments import SegmentsCollector  # noqa: E402
+from exporter.collectors.source import RunInput  # noqa: E402
 from exporter.host.paths import Paths  # noqa: E402
 from tests.conftest import mounted_tmpfs  # noqa: E402
 
@@ -69,18 +70,17 @@ def main():
         names = build(shm, args.segments)
         holders = start_holders(shm, names, args.processes, 10, work)
         try:
-            collector = SegmentsCollector(Paths(), [shm])
-            collector.collect()  # warm caches, as a running exporter's are
+            collector, run = SegmentsCollector(Paths()), RunInput(mounts=(shm,))
+            collector.collect(run)  # warm caches, as a running exporter's are
             cpu_started = time.process_time()
-            full, inv = timed(collector.collect, args.runs)
+            full, inv = timed(lambda: collector.collect(run), args.runs)
             cpu = (time.process_time() - cpu_started) / args.runs  # one run's, on average
             def one_event():
                 # What a quick run does after inotify reports one new segment.
                 name = f"nccl-bench{time.monotonic_ns()}"
                 fd = os.open(os.path.join(shm, name), os.O_CREAT | os.O_RDWR, 0o600)
                 os.close(fd)
-                collector.changes.add(shm, name)
-                return collector.collect_quick()
+                return collector.collect_quick(RunInput(mounts=(shm,), changes={shm: {name}}))
 
             quick, _ = timed(one_event, args.runs)
         finally:

@@ -21,6 +21,7 @@ from exporter.collectors.cgroup import CgroupCollector  # noqa: E402
 from exporter.collectors.segments import SegmentsCollector  # noqa: E402
 from exporter.collectors.shm_mount import ShmMountCollector  # noqa: E402
 from exporter.collectors.discovery import MountDiscovery  # noqa: E402
+from exporter.collectors.source import RunInput  # noqa: E402
 from exporter.host.paths import Paths  # noqa: E402
 from node_scale import Pods  # noqa: E402  (bench/ is this script's directory)
 
@@ -39,23 +40,27 @@ def main():
         pods.start_processes(args.processes)
         paths = Paths()
         discovery = MountDiscovery(paths, ["/dev/shm"], node_mode=True)
-        shm = ShmMountCollector(paths, discovery.mounts)
+        shm = ShmMountCollector(paths)
+
+        def run():  # what the scheduler hands a run: discovery's last set
+            return RunInput(mounts=tuple(discovery.current().mounts()))
 
         def discover_and_measure():
             discovery.collect()
-            return shm.collect()
-        segments = SegmentsCollector(paths, discovery.mounts, pod_of_pid=True)
+            return shm.collect(run())
+        segments = SegmentsCollector(paths, pod_of_pid=True)
         cgroup = CgroupCollector(paths, node_mode=True)
         times = {"discovery + statvfs": [], "segment inventory": [], "pod cgroups": []}
         for _ in range(args.runs + 1):
-            for name, collect in (("discovery + statvfs", discover_and_measure), ("segment inventory", segments.collect),
-                                  ("pod cgroups", cgroup.collect)):
+            for name, collect in (("discovery + statvfs", discover_and_measure),
+                                  ("segment inventory", lambda: segments.collect(run())),
+                                  ("pod cgroups", lambda: cgroup.collect(run()))):
                 started = time.perf_counter()
                 result = collect()
                 times[name].append(time.perf_counter() - started)
                 if name == "segment inventory":
                     inv = result
-        found = len([m for m in discovery.mounts() if "/kubelet/pods/" in m])
+        found = len([m for m in discovery.current().mounts() if "/kubelet/pods/" in m])
         held = sum(1 for m in inv.mounts for s in m.rows() if s.state == "linked")
         print(f"node mode: {found} pod mounts discovered, {inv.processes_scanned} processes scanned, "
               f"{held} held segments, {len(cgroup.pod_cgroups())} pod cgroups")

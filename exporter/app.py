@@ -1,19 +1,22 @@
-"""Wires what docs/architecture.md draws: sources, scheduler, watcher, state, model."""
+"""Wires what docs/architecture.md draws, one way through: sources -> scheduler ->
+observations -> the run inputs, the watcher, the model step and the memory give-back (its
+subscribers, in that order) -> exposition. The watcher asks the scheduler for runs."""
 
 import logging
 from contextlib import suppress
+from typing import List, Optional, cast
 
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client.registry import Collector, CollectorRegistry
 
-from exporter.collectors import REGISTRY, Context
-from exporter.collectors.host_memory import usable_limit_flag
+from exporter.collectors import REGISTRY, Context, Source
 from exporter.collectors.discovery import MountDiscovery
+from exporter.collectors.host_memory import usable_limit_flag
 from exporter.config import Config
 from exporter.exposition.metrics import ModelCollector
 from exporter.exposition.render import Exposition
+from exporter.exposition.webconfig import WebConfigSource
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
-from exporter.inventory.changes import ChangeLog
 from exporter.model.catalogue import MetricSelection
 from exporter.model.state import StateStore
 from exporter.model.step import ModelStep
@@ -25,52 +28,49 @@ log = logging.getLogger(__name__)
 
 
 class App:
-    def __init__(self, cfg: Config, kmsg_from_start: bool = False, web=None):
+    def __init__(
+        self,
+        cfg: Config,
+        kmsg_from_start: bool = False,
+        web: Optional[WebConfigSource] = None,
+    ) -> None:
         self.paths = Paths(cfg.procfs, cfg.sysfs, cfg.rootfs)
         self.discovery = MountDiscovery(self.paths, cfg.shm_mounts, cfg.mode == "node")
         self.state = StateStore(cfg.peak_window)
-        changes = ChangeLog()  # names the watcher saw change, for the quick inventory
         context = Context(
-            cfg,
-            self.paths,
-            self.discovery.mounts,
-            ProcessTable(self.paths),
-            changes,
-            self.state.drain_touched,
-            self.state.all_inotify,
-            kmsg_from_start,
-            lambda: self.step.kill_log_complete(),  # the step is made below
-            usable_limit_flag(self.paths, cfg.memory_limit_bytes),
+            cfg=cfg,
+            paths=self.paths,
+            table=ProcessTable(self.paths),
+            kmsg_from_start=kmsg_from_start,
+            memory_limit=usable_limit_flag(self.paths, cfg.memory_limit_bytes),
         )
-        # Discovery first: the others read its mounts. A collector without a flag is always on.
+        # Discovery first: every other source's runs are handed the mounts it found. A
+        # collector without a flag is always on.
         on = [r for r in REGISTRY.values() if cfg.collectors.get(r.name, True)]
-        self.sources = [self.discovery] + [r.factory(context) for r in on]
+        self.sources: List[Source] = [self.discovery] + [r.factory(context) for r in on]
         self.sampler = Sampler(
             self.sources,
             cfg.poll_interval,
             cfg.inventory_interval,
             timeouts={"gpu": cfg.gpu_timeout},
             default_timeout=cfg.collector_timeout,
+            mounts=cfg.shm_mounts,
         )
         self.step = ModelStep(
-            self.sources,
-            self.discovery,
+            [s.name for s in self.sources if s.reports_status],
             self.state,
-            cfg.top_k,
-            cfg.shm_size_limit,
-            context.memory_limit,
+            node_mode=context.node,
+            top_k=cfg.top_k,
+            shm_size_limit=cfg.shm_size_limit,
+            memory_limit=context.memory_limit,
         )
         self.watcher = MountWatcher(
-            self.state,
-            self.paths,
-            self.discovery.mounts,
-            wake=self.sampler.request,
-            enabled=cfg.inotify,
-            changes=changes,
+            self.state, self.paths, self.sampler, enabled=cfg.inotify
         )
+        # The watcher first: it drops the inventory before (polled mounts' events) before
+        # the step does, and the give-back, after the step, finds it freed.
         self.sampler.subscribe(self.watcher.on_observation)
         self.sampler.subscribe(self.step.accept)
-        # After the step: the inventory it no longer holds is freed by then.
         self.give_back = MemoryGiveBack()
         self.sampler.subscribe(self.give_back.on_observation)
         self.registry = CollectorRegistry(auto_describe=False)
@@ -85,7 +85,8 @@ class App:
         self.registry.register(ModelCollector(self.step, exposed))
         self.web = web  # its files watched from start() to stop()
         if web is not None:  # its reload metric: rendered again when a reload moves it
-            self.registry.register(web)
+            # Its families are exposition's, made as client_python's Metric is read.
+            self.registry.register(cast(Collector, web))
         self.exposition = Exposition(
             self.registry,
             version=lambda: (self.step.version(), web and web.generation),
@@ -93,12 +94,11 @@ class App:
         )
 
     def start(self, watch: bool = True) -> None:
-        with suppress(OSError, ValueError):  # reported when the scheduler runs it
-            self.discovery.collect()  # the first mount set, before anything is watched
-        if watch:  # the mount sets discovery publishes from here on
-            self.discovery.subscribe(self.watcher.on_mounts)
+        """`watch`: inotify watches the mounts (the watcher takes discovery's sets from its
+        first run on); `check` runs without."""
+        if watch:
             self.watcher.start()
-        self.sampler.start()
+        self.sampler.start(first=[self.discovery.name])
         if self.web is not None:
             self.web.start()
 
@@ -110,4 +110,5 @@ class App:
         busy = self.sampler.stop(wait)
         for source in self.sources:
             if source.name not in busy:
-                source.close()
+                with suppress(Exception):
+                    source.close()

@@ -10,13 +10,17 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.collectors.discovery import MountDiscovery
+from exporter.collectors.segments import FullRun, SegmentsCollector
+from exporter.collectors.source import RunInput
+from exporter.inventory.changes import ChangeLog
 from exporter.exposition.metrics import ModelCollector
 from exporter.model.step import ModelStep
+from exporter.model.types import Inventory
 from exporter.host.paths import Paths
 from exporter.runtime.scheduler import Sampler
 from exporter.model.state import StateStore
@@ -31,21 +35,114 @@ class Harness:
     step: ModelStep
 
 
+class Runs:
+    """A source's runs as the scheduler makes them, on the test's thread: each handed the
+    mounts (a list, or a callable read at each run) and the names inotify saw change
+    (`changed`, what the watcher tells the scheduler), which full and quick runs take and a
+    staged run's stages only look at (the quick runs beside its scan take them)."""
+
+    def __init__(self, source, mounts, all_watched=False, kill_log_complete=False):
+        self.source, self.mounts = source, mounts
+        self.all_watched, self.kill_log_complete = all_watched, kill_log_complete
+        self.log = ChangeLog()
+
+    def changed(self, mount: str, name: Optional[str] = None) -> None:
+        """`name` changed in `mount` (None: something below its top directory)."""
+        if name is None:
+            self.log.unknown(mount)
+        else:
+            self.log.add(mount, name)
+
+    def input(self, take: bool = True) -> RunInput:
+        mounts = self.mounts() if callable(self.mounts) else self.mounts
+        changes = self.log.drain() if take else self.log.peek()
+        return RunInput(mounts=tuple(mounts), changes=changes, all_watched=self.all_watched,
+                        kill_log_complete=self.kill_log_complete)
+
+    def full(self):
+        return self.source.collect(self.input())
+
+    def quick(self):
+        return self.source.collect_quick(self.input())
+
+    def begin(self):
+        """A staged full run's first stage (the listing); then `.scan()` and `finish`."""
+        return self.source.begin_full(self.input(take=False))
+
+    def finish(self, staged):
+        return staged.finish(self.input(take=False))
+
+    def staged(self):
+        """A staged full run's three stages, one after the other."""
+        staged = self.begin()
+        staged.scan()
+        return self.finish(staged)
+
+
+class SegmentRuns:
+    """The segments collector's runs as the scheduler makes them (tests/unit/collectors):
+    each handed `mounts()`, the names `changes` holds (a full or quick run takes them, a
+    staged run's stages only look) and whether inotify watches every mount. Any other
+    attribute is the collector's."""
+
+    def __init__(
+        self,
+        source: SegmentsCollector,
+        mounts: Callable[[], Sequence[str]],
+        changes: ChangeLog,
+        all_watched: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.source, self.mounts = source, mounts
+        self.changes, self.all_watched = changes, all_watched
+
+    def input(self, take: bool = True) -> RunInput:
+        changes = self.changes.drain() if take else self.changes.peek()
+        return RunInput(mounts=tuple(self.mounts()), changes=changes, all_watched=self.all_watched())
+
+    def collect(self) -> Inventory:
+        """A full run. Node mode: its stages on one thread, the names changed taken as it
+        begins. A sidecar's as the scheduler runs it (runtime/scheduler.py's `_full_run`):
+        the names taken as it begins, and those named while the scan read /proc handed to
+        its last stage."""
+        if self.source.scans_beside_quick_runs:
+            return self.source.collect(self.input())
+        staged = self.source.begin_full(self.input())
+        staged.scan()
+        return staged.finish(self.input(take=False))
+
+    def collect_quick(self) -> Inventory:
+        return self.source.collect_quick(self.input())
+
+    def begin_full(self) -> FullRun:
+        """A staged full run's first stage (the listing); then `.scan()` and `finish`."""
+        return self.source.begin_full(self.input(take=False))
+
+    def finish(self, staged: FullRun) -> Inventory:
+        return staged.finish(self.input(take=False))
+
+    @property
+    def stretches(self) -> bool:
+        """Asked after a full run, as the scheduler does."""
+        return self.source.stretches(self.input(take=False))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.source, name)
+
+
 def run_every_source_once(sampler: Sampler) -> None:
     """Each source's full run, in this thread, published as the scheduler would."""
     for runner in sampler.runners.values():
         runner.run_once(full=True)
 
 
-def registry_for(*sources, shm_size_limit=None, memory_limit=None, mounts=None):
-    """The serve path without threads: sampler -> model step -> ModelCollector. The mounts
-    are the first source's that has any (or `mounts`)."""
-    if mounts is None:
-        mounts = next((s.mounts() for s in sources if s.name in ("shm_mount", "segments")), [])
-    discovery = MountDiscovery(Paths(), mounts)
+def registry_for(*sources, shm_size_limit=None, memory_limit=None, mounts=()):
+    """The serve path without threads: discovery's `mounts` -> sampler -> model step ->
+    ModelCollector (each source's run is handed the mounts)."""
+    discovery = MountDiscovery(Paths(), list(mounts))
     state = StateStore()
-    sampler = Sampler(list(sources))
-    step = ModelStep(sources, discovery, state, shm_size_limit=shm_size_limit, memory_limit=memory_limit)
+    sampler = Sampler([discovery, *sources], mounts=mounts)
+    statuses = [s.name for s in sources if s.reports_status]
+    step = ModelStep(statuses, state, shm_size_limit=shm_size_limit, memory_limit=memory_limit)
     sampler.subscribe(step.accept)
     run_every_source_once(sampler)
     registry = CollectorRegistry(auto_describe=False)

@@ -288,11 +288,14 @@ def test_node_mode_walks_the_pod_cgroups_again_only_when_it_must(tmp_path, monke
     mounts = [f"/var/lib/kubelet/pods/{first}/volumes/kubernetes.io~empty-dir/dshm"]
     try:
         os.makedirs(os.path.join(base, f"pod{first}"))
-        collector = CgroupCollector(Paths(), node_mode=True, mounts=lambda: list(mounts))
+        from exporter.collectors.source import RunInput
+        collector = CgroupCollector(Paths(), node_mode=True)
         walks = []
         walk = collector.pod_cgroups
         monkeypatch.setattr(collector, "pod_cgroups", lambda: walks.append(1) or walk())
-        ours = lambda: sorted(c.pod_uid for c in collector.collect() if c.pod_uid in (first, later, quiet))  # noqa: E731
+        run = lambda: RunInput(mounts=tuple(mounts))  # noqa: E731  (the watched mounts, as handed to each run)
+        ours = lambda: sorted(c.pod_uid for c in collector.collect(run())  # noqa: E731
+                              if c.pod_uid in (first, later, quiet))
         assert ours() == [first] and len(walks) == 1
         assert ours() == [first] and len(walks) == 1, "walked again with nothing changed"
         os.makedirs(os.path.join(base, f"pod{quiet}"))  # no shm volume: found by burstable's links
@@ -374,7 +377,7 @@ def test_node_mode_reads_a_steady_pod_less_often_and_a_changed_or_near_limit_one
     steady, near = (str(uuid.uuid4()) for _ in range(2))
     pods = {uid: os.path.join(base, f"pod{uid}") for uid in (steady, near)}
     complete = {"yes": True}
-    collector = CgroupCollector(Paths(), node_mode=True, kill_log_complete=lambda: complete["yes"])
+    collector = CgroupCollector(Paths(), node_mode=True)
     read = collector.read
     reads = []
     collector.read = lambda path, version, directory, *a: reads.append(directory) or read(path, version, directory, *a)
@@ -384,7 +387,7 @@ def test_node_mode_reads_a_steady_pod_less_often_and_a_changed_or_near_limit_one
         seen = []
         for _ in range(n):
             reads.clear()
-            found = {c.pod_uid: c for c in collector.read_pods(listed)}
+            found = {c.pod_uid: c for c in collector.read_pods(listed, stretch=complete["yes"])}
             seen.append({uid for uid, d in pods.items() if d in reads})
         return seen, found
 

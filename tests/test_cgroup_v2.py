@@ -59,7 +59,7 @@ def test_pod_level_limit_binds_a_container_without_one(tmp_path):
     with mounted_tmpfs("1g", path=shm):
         fallocate(os.path.join(shm, "psm_kv"), 150 * MiB)
         cgroups = CgroupCollector(paths, cgroup_path=cgroup_dir(paths, SCOPE_A))
-        reg, _ = registry_for(ShmMountCollector(Paths(), [shm]), cgroups)
+        reg, _ = registry_for(ShmMountCollector(Paths()), cgroups, mounts=[shm])
         got = reg.get_sample_value
         cg = {"cgroup": SCOPE_A}
         assert got("shmwatch_cgroup_memory_limit_bytes", {**cg, "limit_from": "pod"}) == 256 * MiB
@@ -166,7 +166,7 @@ class Estimate(Source):
     def __init__(self, limit):
         self.limit = limit
 
-    def collect(self):
+    def collect(self, run):
         source = "flag" if self.limit else "none"
         return [CgroupMemory(ESTIMATE_CGROUP, 0, 160 * MiB, self.limit, 160 * MiB, 150 * MiB, None, source,
                              estimated=True)]
@@ -178,7 +178,7 @@ def test_an_estimate_without_a_limit_has_no_effective_size():
     whole tmpfs. With the Downward API's limit it has one."""
     with mounted_tmpfs("1g") as shm:
         for limit, expected in ((None, None), (256 * MiB, 96 * MiB)):
-            reg, _ = registry_for(ShmMountCollector(Paths(), [shm]), Estimate(limit))
+            reg, _ = registry_for(ShmMountCollector(Paths()), Estimate(limit), mounts=[shm])
             assert reg.get_sample_value("shmwatch_mount_effective_size_bytes", {"mount": shm}) == expected
 
 

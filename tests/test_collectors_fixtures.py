@@ -35,8 +35,8 @@ def test_host_memory():
 
 
 def test_shm_mount_and_a_missing_one():
-    collector = ShmMountCollector(PATHS, ["/dev/shm", "/no/such/mount"], statvfs=fake_statvfs)
-    reg, _ = registry_for(collector)
+    collector = ShmMountCollector(PATHS, statvfs=fake_statvfs)
+    reg, _ = registry_for(collector, mounts=["/dev/shm", "/no/such/mount"])
     m = {"mount": "/dev/shm"}
     assert reg.get_sample_value("shmwatch_mount_size_bytes", m) == 64 << 20
     assert reg.get_sample_value("shmwatch_mount_used_bytes", m) == 48 << 20
@@ -62,8 +62,8 @@ def test_sysv():
 
 
 def test_cgroup_v1_fixture_and_projection():
-    shm = ShmMountCollector(PATHS, ["/dev/shm"], statvfs=fake_statvfs)
-    reg, _ = registry_for(shm, CgroupCollector(PATHS))
+    shm = ShmMountCollector(PATHS, statvfs=fake_statvfs)
+    reg, _ = registry_for(shm, CgroupCollector(PATHS), mounts=["/dev/shm"])
     cg = {"cgroup": "/kubepods/burstable/pod0f1e/abc"}
     assert reg.get_sample_value("shmwatch_cgroup_memory_usage_bytes", cg) == 1 << 30
     assert reg.get_sample_value("shmwatch_cgroup_memory_limit_bytes", {**cg, "limit_from": "self"}) == 2 << 30
@@ -83,7 +83,7 @@ def test_failing_collector_is_isolated():
     class Broken(Source):
         name = "sysv"
 
-        def collect(self):
+        def collect(self, run):
             raise OSError(13, "Permission denied", "/proc/sysvipc/shm")
 
     reg, _ = registry_for(Broken(), HostMemoryCollector(PATHS))
@@ -93,8 +93,9 @@ def test_failing_collector_is_isolated():
 
 
 def test_every_emitted_metric_is_in_the_catalogue_with_its_type():
-    shm = ShmMountCollector(PATHS, ["/dev/shm", "/missing"], statvfs=fake_statvfs)
-    reg, sampler = registry_for(shm, HostMemoryCollector(PATHS), SysvCollector(PATHS), CgroupCollector(PATHS))
+    shm = ShmMountCollector(PATHS, statvfs=fake_statvfs)
+    reg, sampler = registry_for(shm, HostMemoryCollector(PATHS), SysvCollector(PATHS), CgroupCollector(PATHS),
+                                mounts=["/dev/shm", "/missing"])
     sampler.state.count_event("/dev/shm", "nccl", "created")
     sampler.state.set_inotify("/dev/shm", True)
     from prometheus_client import ProcessCollector

@@ -19,9 +19,8 @@ from exporter.exposition.webconfig import WebConfig, WebConfigSource
 from exporter.model.summary import shm_budget
 from exporter.model.step import Model, MountView, SourceStatus
 from exporter.model.summary import owner_comm, summarise
-from exporter.model.types import (KNOWN, CgroupMemory, GpuDevice, GpuSnapshot, HostMemory, Inventory, MountInventory,
-                                  MountUsage, Segment,
-                                  pack)
+from exporter.model.types import (CgroupMemory, ClassTotals, GpuDevice, GpuSnapshot, HostMemory, Inventory,
+                                  MountInventory, MountUsage, Row, Segment)
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -47,7 +46,7 @@ def test_segment_states():
         (False, True, True, False, False): "unverified",
     }
     for (known, at_full, complete, quick, settled), state in cases.items():
-        row = pack(0, KNOWN if known else 0, ino, 0, 8, 4096)
+        row = Row.pack(class_index=0, inode=ino, mtime=0, blocks=8, apparent_bytes=4096, known=known)
         held_at_full = {(dev, ino)} if at_full else set()
         got = unheld_state("a", row, (dev, ino), dev, (), held_at_full, complete, quick, settled)
         assert got == state, (known, at_full, complete, quick, settled)
@@ -60,19 +59,19 @@ def seg(name, cls, state, size=MiB, mtime=0.0, holders=()):
 
 def inventory(mount, segments, **fields):
     """A MountInventory holding `segments`, packed as the collector keeps them."""
-    from exporter.model.types import CLASS_NAMES, STATES, pack
-    inv = MountInventory(mount, **fields)
-    listed, states = {}, bytearray()
+    from exporter.model.types import CLASS_NAMES, STATES
+    listed, states, hidden, held = {}, bytearray(), [], {}
     for ino, s in enumerate(segments, 1):
         if s.state == "hidden":
-            inv.hidden.append(s)
+            hidden.append(s)
             continue
-        listed[s.name] = pack(CLASS_NAMES.index(s.cls), 0, ino, s.mtime, s.allocated_bytes // 512, s.apparent_bytes)
+        listed[s.name] = Row.pack(class_index=CLASS_NAMES.index(s.cls), inode=ino, mtime=s.mtime,
+                                  blocks=s.allocated_bytes // 512, apparent_bytes=s.apparent_bytes)
         states.append(STATES.index(s.state))
         if s.holders:
-            inv.held[ino] = s.holders
-    inv.listed, inv.states = listed, bytes(states)
-    return inv
+            held[ino] = s.holders
+    return MountInventory(mount, names=tuple(listed), packed=tuple(listed.values()), states=bytes(states),
+                          hidden=tuple(hidden), held=held, **fields)
 
 
 def test_the_oldest_orphan_is_the_oldest_removable_one():
@@ -105,8 +104,8 @@ def test_summary_totals_leaks_and_top():
         seg("psm_j", "python_shm", "unverified", 2 * MiB),
     ], process_bytes={9: 4 * MiB, 5: 6 * MiB, 4: 7 * MiB, 3: 6 * MiB})
     s = summarise(inv, 2)
-    assert s.totals[("nccl", "linked")] == (2, 6 * MiB, 6 * MiB + 2)
-    assert s.totals[("nccl", "orphan")] == (1, 3 * MiB, 3 * MiB + 1)
+    assert s.totals[("nccl", "linked")] == ClassTotals(count=2, allocated_bytes=6 * MiB, apparent_bytes=6 * MiB + 2)
+    assert s.totals[("nccl", "orphan")] == ClassTotals(count=1, allocated_bytes=3 * MiB, apparent_bytes=3 * MiB + 1)
     assert s.bytes_by_class == {"nccl": 9 * MiB, "python_shm": 8 * MiB, "semaphore": 8192, "torch": 7 * MiB}
     assert (s.hidden_bytes, s.hidden_count) == (7 * MiB, 2)
     assert [x.name for x in s.top] == ["psm_d", "nccl-c"]  # leaks first (not the semaphore)

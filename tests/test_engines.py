@@ -15,9 +15,10 @@ from exporter.collectors.segments import SegmentsCollector
 from exporter.host.paths import Paths
 from exporter.inventory.owners import MAX_MEMFDS
 from exporter.model.summary import memfd_summary
-from exporter.model.types import Inventory
+from exporter.model.types import Inventory, MemfdTotals
 from tests.conftest import (EVERY_FAMILY, ENGINES, HOST_EXCUSED_RE, REPO, Exporter, Peer, mounted_tmpfs, needs_root,
                             prerequisite_missing, remove_cgroup, select, value)
+from tests.helpers import Runs
 
 MiB = 1 << 20
 V1_ROOT = "/sys/fs/cgroup/memory"
@@ -27,7 +28,7 @@ pytestmark = needs_root
 
 
 def inventory(tmpfs):
-    return SegmentsCollector(Paths(), [tmpfs], ignore_unreadable=HOST_EXCUSED_RE).collect()
+    return Runs(SegmentsCollector(Paths(), ignore_unreadable=HOST_EXCUSED_RE), [tmpfs]).full()
 
 
 def segment(inv, name):
@@ -207,8 +208,8 @@ def test_thousands_of_memfds_are_kept_bounded_and_counted_exactly(tmpfs):
         assert len(ours) <= MAX_MEMFDS
         assert {s.name for s in ours} >= {f"big{i}" for i in range(8)}
         mine = Inventory([], {}, 0, 0, memfd=ours, memfd_rest={p: r for p, r in inv.memfd_rest.items() if p in pids})
-        by_class, top = memfd_summary(mine, 2)
-        assert by_class == {"other": (count + 8, count * 4096 + 8 * MiB)}
+        by_class = memfd_summary(mine, 2).by_class
+        assert by_class == {"other": MemfdTotals(count=count + 8, allocated_bytes=count * 4096 + 8 * MiB)}
         print(f"\n{count + 8} memfds held by two processes: {len(ours)} kept one by one, collect {took:.2f} s")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)

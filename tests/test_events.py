@@ -82,12 +82,12 @@ def test_polling_fallback_when_inotify_cannot_start(tmpfs):
     def broken_inotify():
         raise OSError(24, "inotify instance limit reached")
 
-    collector = SegmentsCollector(Paths(), [mount], ignore_unreadable=HOST_EXCUSED_RE)
-    sampler = Sampler([collector])
+    collector = SegmentsCollector(Paths(), ignore_unreadable=HOST_EXCUSED_RE)
+    sampler = Sampler([collector], mounts=[mount])
     state = StateStore()
-    watcher = MountWatcher(state, Paths(), [mount], inotify_factory=broken_inotify)
+    watcher = MountWatcher(state, Paths(), sampler, inotify_factory=broken_inotify)
     sampler.subscribe(watcher.on_observation)
-    watcher.start()
+    watcher.refresh([mount])
     assert state.snapshot().inotify == {mount: False}
     run_every_source_once(sampler)
     fallocate(os.path.join(mount, "nccl-polled"), 4096)
@@ -230,16 +230,14 @@ def test_one_directory_at_two_paths_is_one_watch_that_serves_both(tmpfs, tmp_pat
     os.makedirs(bound)
     subprocess.run(["mount", "--bind", tmpfs, bound], check=True)
     state = StateStore()
-    watcher = MountWatcher(state, Paths(), lambda: mounts)
-    mounts = [tmpfs, bound]
-    watcher.start()
+    watcher = MountWatcher(state, Paths(), Sampler([]))
+    watcher.refresh([tmpfs, bound])
     try:
-        assert watcher.watches[tmpfs][0] == watcher.watches[bound][0]
+        assert watcher.watches[tmpfs].wd == watcher.watches[bound].wd
         fallocate(os.path.join(tmpfs, "nccl-twice"), 4096)
         _wait(lambda: events(state).get((bound, "nccl", "created")) == 1)
         _wait(lambda: events(state).get((tmpfs, "nccl", "created")) == 1)
-        mounts = [bound]
-        watcher.refresh()
+        watcher.refresh([bound])
         fallocate(os.path.join(tmpfs, "nccl-once"), 4096)
         _wait(lambda: events(state).get((bound, "nccl", "created")) == 2)
         assert state.snapshot().inotify == {bound: True}
@@ -254,14 +252,14 @@ def test_an_unmounted_mount_is_polled_then_watched_again_when_it_is_back(tmp_pat
     0) until a refresh finds it mounted again and watches the new one."""
     path = str(tmp_path / "dshm")
     state = StateStore()
-    watcher = MountWatcher(state, Paths(), [path])
+    watcher = MountWatcher(state, Paths(), Sampler([]))
     with mounted_tmpfs("1m", path=path):
-        watcher.start()
+        watcher.refresh([path])
         assert state.snapshot().inotify == {path: True}
     try:
         _wait(lambda: state.snapshot().inotify == {path: False})
         with mounted_tmpfs("1m", path=path):
-            watcher.refresh()
+            watcher.refresh([path])
             assert state.snapshot().inotify == {path: True}
             fallocate(os.path.join(path, "psm_back"), 4096)
             _wait(lambda: events(state).get((path, "python_shm", "created")) == 1)
@@ -282,13 +280,13 @@ def test_a_mount_set_published_after_stop_starts_no_new_inotify(tmpfs):
     import threading
 
     state = StateStore()
-    watcher = MountWatcher(state, Paths(), [tmpfs])
+    watcher = MountWatcher(state, Paths(), Sampler([]))
     before = len(_inotify_fds())
-    watcher.start()
+    watcher.refresh([tmpfs])
     assert len(_inotify_fds()) == before + 1
     watcher.stop()
     _wait(lambda: len(_inotify_fds()) == before)
-    watcher.refresh()  # what on_mounts does when discovery publishes
+    watcher.refresh([tmpfs])  # what on_mounts does when discovery publishes
     assert watcher.inotify is None
     assert len(_inotify_fds()) == before
     assert not [t for t in threading.enumerate() if t.name == "shmwatch-inotify" and t.is_alive()]
@@ -314,16 +312,16 @@ def test_a_dropped_watch_never_marks_the_remounted_mount_polled(tmp_path):
     from inotify and from inventory diffs, and no refresh ever looking at it again)."""
     path = str(tmp_path / "dshm")
     state = _SlowToSayUnwatched()
-    watcher = MountWatcher(state, Paths(), [path])
+    watcher = MountWatcher(state, Paths(), Sampler([]))
     try:
         with mounted_tmpfs("1m", path=path):
-            watcher.start()
+            watcher.refresh([path])
             assert state.snapshot().inotify == {path: True}
         _wait(lambda: path not in watcher.watches)  # the thread has it off its books
         with mounted_tmpfs("1m", path=path):
-            watcher.refresh()
+            watcher.refresh([path])
             time.sleep(0.8)  # the slow thread has said what it had to
-            watcher.refresh()
+            watcher.refresh([path])
             assert path in watcher.watches
             assert state.snapshot().inotify == {path: True}
     finally:
@@ -348,8 +346,8 @@ def test_a_failing_event_or_a_dead_reader_never_leaves_the_mounts_unread(tmpfs):
     logged and the thread reads on; a thread that ended anyway (its instance closed under it)
     is replaced by a new instance at the next refresh, and every mount watched again."""
     state = _FailsOnce()
-    watcher = MountWatcher(state, Paths(), [tmpfs])
-    watcher.start()
+    watcher = MountWatcher(state, Paths(), Sampler([]))
+    watcher.refresh([tmpfs])
     try:
         fallocate(os.path.join(tmpfs, "nccl-first"), 4096)  # its count raises
         _wait(lambda: state.failed)
@@ -358,7 +356,7 @@ def test_a_failing_event_or_a_dead_reader_never_leaves_the_mounts_unread(tmpfs):
         dead = watcher.inotify
         dead.stop()
         dead.join(2)
-        watcher.refresh()
+        watcher.refresh([tmpfs])
         assert watcher.inotify is not dead and watcher.inotify.is_alive()
         assert state.snapshot().inotify == {tmpfs: True}
         fallocate(os.path.join(tmpfs, "nccl-third"), 4096)
@@ -385,12 +383,12 @@ def test_a_stop_during_a_refresh_leaves_no_new_inotify_behind(tmpfs):
     import threading
 
     state = _StopsDuringRefresh()
-    watcher = MountWatcher(state, Paths(), [tmpfs])
+    watcher = MountWatcher(state, Paths(), Sampler([]))
     before = len(_inotify_fds())
-    watcher.start()
+    watcher.refresh([tmpfs])
     assert len(_inotify_fds()) == before + 1
     state.watcher = watcher
-    watcher.refresh()
+    watcher.refresh([tmpfs])
     state.watcher = None
     assert watcher.inotify is None
     _wait(lambda: len(_inotify_fds()) == before)
@@ -420,30 +418,33 @@ import os, subprocess, sys, time
 from exporter.collectors.discovery import MountDiscovery
 from exporter.host.paths import Paths
 from exporter.model.state import StateStore
+from exporter.runtime.scheduler import Sampler
 from exporter.runtime.watcher import MountWatcher
 
 class Counted(MountWatcher):
     refreshes = 0
 
-    def refresh(self):
+    def refresh(self, mounts):
         self.refreshes += 1
-        super().refresh()
+        super().refresh(mounts)
 
 path = sys.argv[1]
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", path], check=True)
 discovery, state = MountDiscovery(Paths(), [path]), StateStore()
-watcher = Counted(state, Paths(), discovery.mounts)
-discovery.subscribe(watcher.on_mounts)
+sampler = Sampler([discovery])
+watcher = Counted(state, Paths(), sampler)
+sampler.subscribe(watcher.on_observation)  # discovery's sets, as the scheduler publishes them
 watcher.start()
-discovery.collect()
+discover = lambda: sampler.runners["discovery"].run_once(full=True)
+discover()
 before = watcher.refreshes
 for _ in range(5):
-    discovery.collect()
+    discover()
 assert watcher.refreshes == before, f"{watcher.refreshes - before} refreshes of an unchanged set"
-old = watcher.watches[path][1]
+old = watcher.watches[path].device
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", path], check=True)
-discovery.collect()
-assert watcher.watches[path][1] != old, "the mount on top is not watched"
+discover()
+assert watcher.watches[path].device != old, "the mount on top is not watched"
 os.close(os.open(os.path.join(path, "nccl-on-top"), os.O_CREAT | os.O_WRONLY, 0o600))
 deadline = time.monotonic() + 5
 while not state.snapshot().event_rows.get(path) and time.monotonic() < deadline:

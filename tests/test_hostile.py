@@ -16,6 +16,7 @@ from exporter.collectors.segments import SegmentsCollector
 from exporter.host.paths import Paths
 from tests.conftest import (EVERY_FAMILY, HOST_EXCUSED_RE, Exporter, fallocate, mounted_tmpfs, needs_root, promtool_check_metrics,
                             select, value)
+from tests.helpers import Runs
 
 pytestmark = needs_root
 
@@ -84,9 +85,9 @@ def test_hostile_corpus(tmpfs, outside):
     worker = threading.Thread(target=churn)
     worker.start()
     try:
-        collector = SegmentsCollector(Paths(), [tmpfs], ignore_unreadable=HOST_EXCUSED_RE)
+        runs = Runs(SegmentsCollector(Paths(), ignore_unreadable=HOST_EXCUSED_RE), [tmpfs])
         for _ in range(3):
-            inv = collector.collect().mounts[0]
+            inv = runs.full().mounts[0]
     finally:
         stop.set()
         worker.join()

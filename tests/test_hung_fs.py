@@ -16,6 +16,7 @@ import pytest
 from exporter.collectors.segments import SegmentsCollector
 from exporter.host.paths import Paths
 from tests.conftest import Peer, mounted_tmpfs, needs_root, prerequisite_missing
+from tests.helpers import Runs
 
 SERVER = r'''
 import errno, stat, sys, time
@@ -134,7 +135,7 @@ def test_an_fd_on_a_hung_fuse_mount_does_not_block_the_inventory(tmp_path, at_me
                 with mounted_tmpfs("16m") as shm, Peer(shm, "mapped", "nccl-beside", str(1 << 20)) as peer:
                     result = {}
                     inventory = threading.Thread(
-                        target=lambda: result.update(inv=SegmentsCollector(Paths(), [shm]).collect()), daemon=True)
+                        target=lambda: result.update(inv=Runs(SegmentsCollector(Paths()), [shm]).full()), daemon=True)
                     started = time.monotonic()
                     inventory.start()
                     inventory.join(10.0)

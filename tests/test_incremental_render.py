@@ -11,7 +11,6 @@ from exporter.collectors.shm_mount import ShmMountCollector
 from prometheus_client.exposition import generate_latest
 
 from exporter.exposition.render import encode
-from exporter.inventory.changes import ChangeLog
 from exporter.exposition.metrics import ModelCollector
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
@@ -28,10 +27,8 @@ def rendered(collector: ModelCollector) -> bytes:
 @needs_root
 def test_a_render_from_its_cache_is_a_render_from_nothing():
     with mounted_tmpfs("16m") as a, mounted_tmpfs("16m") as b:
-        changes = ChangeLog()
-        segments = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), changes=changes,
-                                     ignore_unreadable=HOST_EXCUSED_RE)
-        _, harness = registry_for(ShmMountCollector(Paths(), [a, b]), segments, mounts=[a, b])
+        segments = SegmentsCollector(Paths(), ProcessTable(Paths()), ignore_unreadable=HOST_EXCUSED_RE)
+        _, harness = registry_for(ShmMountCollector(Paths()), segments, mounts=[a, b])
         cached = ModelCollector(harness.step)
         runners = harness.sampler.runners
 
@@ -52,8 +49,8 @@ def test_a_render_from_its_cache_is_a_render_from_nothing():
             fallocate(os.path.join(a, "psm_leaked"), MiB)
             hour_ago = time.time() - 3600  # a leak old enough to be named
             os.utime(os.path.join(a, "psm_leaked"), (hour_ago, hour_ago))
-            changes.add(a, "nccl-held")
-            changes.add(a, "psm_leaked")
+            harness.sampler.changed(a, "nccl-held")
+            harness.sampler.changed(a, "psm_leaked")
             quick = same(quick=True)  # mount b not touched by the quick run
             assert quick != first and b'name="psm_leaked"' in quick
             assert cached.parts.rows[("segments", b)].part is untouched  # reused, not made again
@@ -74,14 +71,14 @@ def test_a_render_from_its_cache_is_a_render_from_nothing():
             assert same() != counted
             time.sleep(1.1)
             fallocate(os.path.join(b, "psm_b"), MiB)
-            changes.add(b, "psm_b")
+            harness.sampler.changed(b, "psm_b")
             # A quick run in mount b only: mount a's inventory is the same object, but its
             # orphan's age moved on, and its samples are rendered again.
             aged = same(quick=True)
             assert aged != full
         same()
         os.unlink(os.path.join(a, "psm_leaked"))
-        changes.add(a, "psm_leaked")
+        harness.sampler.changed(a, "psm_leaked")
         assert b"psm_leaked" not in same(quick=True)
 
 
@@ -91,10 +88,8 @@ def test_an_inventory_in_another_order_keeps_its_summary_and_its_samples():
     directory in the kernel's order. The inventories differ in order only: the summary is
     kept (an equal one made again is dropped), and the mount's samples are reused."""
     with mounted_tmpfs("16m") as a:
-        changes = ChangeLog()
-        segments = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), changes=changes,
-                                     ignore_unreadable=HOST_EXCUSED_RE)
-        _, harness = registry_for(ShmMountCollector(Paths(), [a]), segments, mounts=[a])
+        segments = SegmentsCollector(Paths(), ProcessTable(Paths()), ignore_unreadable=HOST_EXCUSED_RE)
+        _, harness = registry_for(ShmMountCollector(Paths()), segments, mounts=[a])
         cached = ModelCollector(harness.step)
         runners, step = harness.sampler.runners, harness.step
 
@@ -109,7 +104,7 @@ def test_an_inventory_in_another_order_keeps_its_summary_and_its_samples():
         held = [os.open(os.path.join(a, name), os.O_RDONLY) for name in ("psm_1", "psm_2", "psm_3")]
         try:
             walked = run(full=True)
-            changes.add(a, walked[0])  # reported (its attributes changed, say): patched to the end
+            harness.sampler.changed(a, walked[0])  # reported (its attributes changed, say): patched to the end
             patched = run(full=False)
             summary = step._summaries[a]
             lines = cached.parts.rows[("segments", a)].part
@@ -178,8 +173,8 @@ def test_a_holder_that_renames_itself_is_rendered_under_its_new_name():
     import subprocess
     import sys
     with mounted_tmpfs("16m") as a:
-        segments = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), ignore_unreadable=HOST_EXCUSED_RE)
-        _, harness = registry_for(ShmMountCollector(Paths(), [a]), segments, mounts=[a])
+        segments = SegmentsCollector(Paths(), ProcessTable(Paths()), ignore_unreadable=HOST_EXCUSED_RE)
+        _, harness = registry_for(ShmMountCollector(Paths()), segments, mounts=[a])
         cached = ModelCollector(harness.step)
         child = subprocess.Popen([sys.executable, "-c", RENAMES_ITSELF, os.path.join(a, "psm_named")],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -45,18 +45,17 @@ def test_a_quick_run_measures_only_the_mounts_inotify_saw_change():
     the next poll."""
     from exporter.collectors.shm_mount import ShmMountCollector
     from exporter.host.paths import Paths
-    from exporter.model.state import StateStore
-    state = StateStore()
+    from tests.helpers import Runs
     with mounted_tmpfs("8m") as a, mounted_tmpfs("8m") as b:
-        collector = ShmMountCollector(Paths(), [a, b], touched=state.drain_touched)
-        before = {u.mount: u.used_bytes for u in collector.collect()}
+        runs = Runs(ShmMountCollector(Paths()), [a, b])
+        before = {u.mount: u.used_bytes for u in runs.full()}
         fallocate(os.path.join(a, "nccl-a"), MiB)
         fallocate(os.path.join(b, "nccl-b"), MiB)
-        state.touch(a)
-        quick = {u.mount: u.used_bytes for u in collector.collect_quick()}
+        runs.changed(a, "nccl-a")  # what the watcher tells the scheduler
+        quick = {u.mount: u.used_bytes for u in runs.quick()}
         assert quick[a] == before[a] + MiB
         assert quick[b] == before[b], "an untouched mount was measured again"
-        polled = {u.mount: u.used_bytes for u in collector.collect()}
+        polled = {u.mount: u.used_bytes for u in runs.full()}
         assert polled[b] == before[b] + MiB
 
 
@@ -66,13 +65,14 @@ def test_a_poll_keeps_an_unchanged_mounts_usage_and_measures_a_changed_one_again
     mounts came or went; a write shows at the next poll."""
     from exporter.collectors.shm_mount import ShmMountCollector
     from exporter.host.paths import Paths
-    collector = ShmMountCollector(Paths(), [tmpfs])
-    [first] = collector.collect()
+    from tests.helpers import Runs
+    runs = Runs(ShmMountCollector(Paths()), [tmpfs])
+    [first] = runs.full()
     with mounted_tmpfs("1m"):  # the mount table changed (a pod came): this mount's entry did not
-        [again] = collector.collect()
+        [again] = runs.full()
     assert again == first
     fallocate(os.path.join(tmpfs, "psm_grow"), 4 << 20)
-    [grown] = collector.collect()
+    [grown] = runs.full()
     assert grown.used_bytes - first.used_bytes >= 4 << 20
     assert grown.inodes_free == first.inodes_free - 1
 
@@ -81,22 +81,23 @@ SAME_USAGE_SCENARIO = """
 import mmap, os, subprocess, sys
 from exporter.collectors.shm_mount import ShmMountCollector
 from exporter.host.paths import Paths
+from tests.helpers import Runs
 
 path = sys.argv[1]
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", path], check=True)
-collector = ShmMountCollector(Paths(), [path])
-[first] = collector.collect()
-[again] = collector.collect()
+collector = Runs(ShmMountCollector(Paths()), [path])
+[first] = collector.full()
+[again] = collector.full()
 assert again is first, "an unchanged mount made anew"
 fd = os.open(os.path.join(path, "psm_mapped"), os.O_CREAT | os.O_RDWR, 0o600)
 os.ftruncate(fd, 2 << 20)
 with mmap.mmap(fd, 2 << 20) as m:  # pages touched through a mapping: no inotify event
     m[:] = b"x" * (2 << 20)
-    [grown] = collector.collect()
+    [grown] = collector.full()
 assert grown.used_bytes - first.used_bytes == 2 << 20, (first, grown)
 assert (grown.instance, grown.fstype, grown.is_mount_point) == (first.instance, "tmpfs", True)
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", path], check=True)
-[top] = collector.collect()
+[top] = collector.full()
 assert top.size_bytes == 4 << 20 and top.instance != first.instance, (first, top)
 print("ok")
 """

@@ -7,7 +7,7 @@ import time
 
 from exporter.collectors.segments import SegmentsCollector
 from exporter.host.paths import Paths
-from exporter.inventory.changes import ChangeLog
+from tests.helpers import Runs
 from tests.conftest import EVERY_FAMILY, HOST_EXCUSED_RE, Exporter, fallocate, mounted_tmpfs, needs_root, select, value
 
 MiB = 1 << 20
@@ -35,24 +35,23 @@ def test_the_same_name_in_a_sub_directory_is_another_segment(tmpfs):
     os.mkdir(os.path.join(tmpfs, "a"))
     fallocate(os.path.join(tmpfs, "a", "psm_same"), MiB)
     fallocate(os.path.join(tmpfs, "psm_same"), 2 * MiB)
-    changes = ChangeLog()
-    collector = SegmentsCollector(Paths(), [tmpfs], changes=changes, ignore_unreadable=HOST_EXCUSED_RE)
-    [m] = collector.collect().mounts
+    runs = Runs(SegmentsCollector(Paths(), ignore_unreadable=HOST_EXCUSED_RE), [tmpfs])
+    [m] = runs.full().mounts
     assert sorted((s.name, s.allocated_bytes) for s in m.rows()) == [("a/psm_same", MiB), ("psm_same", 2 * MiB)]
     os.unlink(os.path.join(tmpfs, "psm_same"))
-    changes.add(tmpfs, "psm_same")  # what inotify reports: the top directory's name
-    [m] = collector.collect_quick().mounts
+    runs.changed(tmpfs, "psm_same")  # what inotify reports: the top directory's name
+    [m] = runs.quick().mounts
     assert [(s.name, s.allocated_bytes) for s in m.rows()] == [("a/psm_same", MiB)]
     assert m.events == {("python_shm", "deleted"): 1}
-    [m] = collector.collect().mounts
+    [m] = runs.full().mounts
     assert [(s.name, s.allocated_bytes) for s in m.rows()] == [("a/psm_same", MiB)]
 
 
-def _complete_run(collector):
+def _complete_run(runs):
     """A full run in which every process was read (one that exits mid-scan leaves it
     incomplete: nothing orphan), so that what is not orphan is not so for that reason."""
     deadline = time.monotonic() + 30
-    while not (inv := collector.collect()).owners_complete:
+    while not (inv := runs.full()).owners_complete:
         assert time.monotonic() < deadline, inv.unproven
     return inv
 
@@ -70,7 +69,7 @@ def test_a_walk_cut_short_keeps_the_files_it_did_not_reach_and_calls_none_leaked
     names = [f"psm_{i}" for i in range(5)] + [f"d/psm_{i}" for i in range(10)]
     for name in names:
         fallocate(os.path.join(tmpfs, name), 4096)
-    collector = SegmentsCollector(Paths(), [tmpfs], ignore_unreadable=HOST_EXCUSED_RE)
+    collector = Runs(SegmentsCollector(Paths(), ignore_unreadable=HOST_EXCUSED_RE), [tmpfs])
     [m] = _complete_run(collector).mounts
     assert sorted(s.name for s in m.rows()) == sorted(names) and m.degraded is None
     assert {s.state for s in m.rows()} == {"orphan"}  # nobody holds them: leaked

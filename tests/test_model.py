@@ -96,19 +96,20 @@ def test_unreadable_mountinfo_keeps_the_last_mount_set(tmp_path):
     uid = str(uuid.uuid4())
     point = pod_mount("", uid)
     (proc / "1" / "mountinfo").write_text(f"99 1 0:50 / {point} rw,nosuid - tmpfs tmpfs rw,size=16384k\n")
+    from exporter.runtime.scheduler import Sampler
+
     discovery = MountDiscovery(Paths(procfs=str(proc)), ["/dev/shm"], node_mode=True)
+    sampler = Sampler([discovery])
     published = []
-    discovery.subscribe(published.append)
-    assert point in discovery.collect().mounts()
+    sampler.subscribe(published.append)
+    sampler.runners["discovery"].run_once(full=True)
+    assert point in published[0].result.mounts()
     shutil.rmtree(proc / "1")
-    try:
-        discovery.collect()
-    except OSError as err:
-        assert "mountinfo" in str(err)
-    else:
-        raise AssertionError("an unreadable mountinfo must fail the discovery run")
-    assert point in discovery.mounts()  # the last good set stands
-    assert len(published) == 1  # and nothing new was published
+    sampler.runners["discovery"].run_once(full=True)
+    # An unreadable mountinfo fails the discovery run, and publishes no set.
+    assert published[-1].result is None and "mountinfo" in published[-1].error
+    assert point in discovery.current().mounts()  # the last good set stands
+    assert point in sampler.inputs.mounts  # and every run is handed it
 
 
 def test_check_judges_by_the_rules_thresholds():
@@ -142,7 +143,7 @@ def test_a_failing_subscriber_does_not_stop_a_source():
         name = "counter"
         runs = 0
 
-        def collect(self):
+        def collect(self, run):
             Counter.runs += 1
             return Counter.runs
 
@@ -174,11 +175,11 @@ def test_effective_size_is_absent_while_the_memory_limit_is_unknown(tmp_path):
 
     shm = "/dev/shm"  # a mount point (only read): a directory that is none is not measured
     broken = CgroupCollector(Paths(procfs=str(tmp_path / "proc"), sysfs=str(tmp_path / "sys")))
-    reg, _ = registry_for(ShmMountCollector(Paths(), [str(shm)]), broken)
+    reg, _ = registry_for(ShmMountCollector(Paths()), broken, mounts=[str(shm)])
     assert reg.get_sample_value("shmwatch_collector_success", {"collector": "cgroup"}) == 0
     assert reg.get_sample_value("shmwatch_mount_size_bytes", {"mount": str(shm)}) > 0
     assert reg.get_sample_value("shmwatch_mount_effective_size_bytes", {"mount": str(shm)}) is None
-    reg, _ = registry_for(ShmMountCollector(Paths(), [str(shm)]), broken, memory_limit=1 << 20)
+    reg, _ = registry_for(ShmMountCollector(Paths()), broken, memory_limit=1 << 20, mounts=[str(shm)])
     assert reg.get_sample_value("shmwatch_mount_effective_size_bytes", {"mount": str(shm)}) == 1 << 20
 
 
@@ -190,7 +191,7 @@ def test_the_model_is_rebuilt_only_when_its_version_moved(tmp_path):
 
     shm = tmp_path / "shm"
     shm.mkdir()
-    _, harness = registry_for(ShmMountCollector(Paths(), [str(shm)]))
+    _, harness = registry_for(ShmMountCollector(Paths()), mounts=[str(shm)])
     step = harness.step
     model, version = step.current(), step.version()
     assert step.current() is model and step.version() == version  # nothing happened
@@ -205,39 +206,40 @@ def test_the_model_is_rebuilt_only_when_its_version_moved(tmp_path):
 
 
 def test_the_kill_log_is_complete_only_when_read_and_nothing_was_lost():
+    """Runs are handed whether the kernel log counts every OOM kill (node mode's cgroups
+    stretch only then): from the oom source's last run."""
     from exporter.model.types import Observation, OomReports
+    from exporter.runtime.inputs import RunInputs
 
-    from exporter.collectors.oom import OomCollector
-    from tests.helpers import registry_for
-
-    _, harness = registry_for(OomCollector("/nonexistent/kmsg"))
-    step = harness.step
-    assert not step.kill_log_complete()  # never read
-    step.accept(Observation("oom", OomReports((), 0), None, 0.0))
-    assert step.kill_log_complete()
-    step.accept(Observation("oom", OomReports((), 3), None, 0.0))  # records overwritten
-    assert not step.kill_log_complete()
-    step.accept(Observation("oom", None, "PermissionError: /dev/kmsg", 0.0))
-    assert not step.kill_log_complete()
+    inputs = RunInputs()
+    assert not inputs.make({}).kill_log_complete  # never read
+    inputs.on_observation(Observation("oom", OomReports((), 0), None, 0.0))
+    assert inputs.make({}).kill_log_complete
+    inputs.on_observation(Observation("oom", OomReports((), 3), None, 0.0))  # records overwritten
+    assert not inputs.make({}).kill_log_complete
+    inputs.on_observation(Observation("oom", OomReports((), 0), None, 0.0))
+    inputs.on_observation(Observation("oom", None, "PermissionError: /dev/kmsg", 0.0))
+    assert not inputs.make({}).kill_log_complete
 
 
 def test_peaks_are_reset_only_for_a_proven_new_mount():
     """A passing statvfs error (the same mount), or a mount table that could not be read,
     keeps the peak and high-water mark; a mount gone, or another instance, starts them afresh."""
     from exporter.model.state import StateStore
-    from exporter.model.types import MountUsage
+    from exporter.model.types import MountInstance, MountUsage
 
     store = StateStore()
 
-    def poll(used=0, instance=(), error=None):
+    def poll(used=0, instance=None, error=None):
         store.record_polled([MountUsage("/m", "tmpfs", "shm", True, error=error, used_bytes=used,
                                         instance=instance)])
-        return store.snapshot().max_used.get("/m", (None,))[0]
+        high = store.snapshot().max_used.get("/m")
+        return high and high.used_bytes
 
-    first = ("0:42", 7, 1)
+    first = MountInstance(device="0:42", mount_id=7, unique_id=1)
     assert poll(900, first) == 900
     assert poll(error="Input/output error", instance=first) == 900  # still this mount
     assert poll(100) == 900  # which instance unknown: proves nothing
     assert poll(100, first) == 900
-    assert poll(100, ("0:42", 7, 2)) == 100  # another instance at the path
+    assert poll(100, MountInstance(device="0:42", mount_id=7, unique_id=2)) == 100  # another instance at the path
     assert poll(error="not a mount point") is None  # gone

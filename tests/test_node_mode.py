@@ -14,6 +14,7 @@ from exporter.collectors.shm_mount import ShmMountCollector
 from exporter.collectors.discovery import MountDiscovery, discover
 from exporter.host.mountinfo import MountTable, parse_mountinfo, strip_rootfs
 from exporter.host.paths import Paths
+from exporter.collectors.source import RunInput
 from tests.conftest import (FIXTURES, Exporter, Peer, fallocate, in_own_mount_namespace, mounted_tmpfs, needs_root,
                             prerequisite_missing, remove_cgroup, select, value)
 
@@ -209,7 +210,7 @@ def test_every_pod_mount_found_through_a_rootfs_prefixed_mountinfo(tmp_path):
         found = discovery.collect().mounts()
         assert sorted(m for m in found if "/kubelet/pods/" in m) == sorted(points)
         assert not [m for m in found if m.startswith(rootfs)]
-        usages = ShmMountCollector(paths, discovery.mounts).collect()
+        usages = ShmMountCollector(paths).collect(RunInput(mounts=tuple(found)))
         by_mount = {u.mount: u for u in usages}
         for point in points:
             usage = by_mount[point]

@@ -21,7 +21,6 @@ from tests.helpers import registry_for, run_every_source_once
 
 if TYPE_CHECKING:
     from exporter.model.step import ModelStep
-    from exporter.model.types import Target
 
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "kmsg", "oom.txt")
 POD = "3c1f5a2e-8b7d-4e6f-9a01-23456789abcd"
@@ -85,11 +84,11 @@ class Replay(Source):
     """The kernel log's kills, replayed: the oom source with the log's text as its input."""
     name = "oom"
 
-    def __init__(self):
-        self.batches = []
+    def __init__(self, lost=0):
+        self.batches, self.lost = [], lost
 
-    def collect(self):
-        return OomReports(tuple(self.batches.pop(0)) if self.batches else (), 0)
+    def collect(self, run):
+        return OomReports(tuple(self.batches.pop(0)) if self.batches else (), self.lost)
 
 
 def pod_tree(tmp_path, uid, kills):
@@ -107,7 +106,9 @@ def test_pod_count_is_the_kernel_log_or_its_own_counter_and_never_goes_down(tmp_
     file is gone with the pod: still 5, never less."""
     cg = pod_tree(tmp_path, POD, 0)
     paths = Paths(procfs=str(tmp_path / "proc"), sysfs=str(tmp_path / "sys"))
-    replay = Replay()
+    # A log that lost records: every pod's counter is read every poll (a complete log
+    # stretches a steady pod's reads: the kills it reports are the ones the counters add).
+    replay = Replay(lost=1)
     registry, h = registry_for(CgroupCollector(paths, node_mode=True), replay, mounts=[])
     h.step.node_mode = True  # what --mode=node sets through discovery
     replay.batches = [[k for k in fixture_kills() if k.pod_uid == POD]]
@@ -263,18 +264,30 @@ def test_without_the_kernel_log_container_counts_are_kept_for_the_pod():
             assert value(ex.scrape(), "shmwatch_cgroup_oom_kills_total", pod_uid=uid) == 1
 
 
-def step_with_pod_mount(uid: str) -> "Tuple[ModelStep, List[Target]]":
+class Discovered:
+    """The mount set discovery last published to a step: `clear()` publishes an empty one."""
+
+    def __init__(self, step, targets):
+        self.step = step
+        self.publish(targets)
+
+    def publish(self, targets):
+        from exporter.model.types import MountSet, Observation
+        self.step.accept(Observation("discovery", MountSet(list(targets)), None, 0.0))
+
+    def clear(self):
+        self.publish([])
+
+
+def step_with_pod_mount(uid: str) -> "Tuple[ModelStep, Discovered]":
     """A node-mode ModelStep fed by hand: the cgroup and oom sources, and one mount of pod
-    `uid` that discovery sees while `targets` holds it."""
-    from types import SimpleNamespace
+    `uid` that discovery sees until `.clear()`."""
     from exporter.model.state import StateStore
     from exporter.model.step import ModelStep
-    from exporter.model.types import MountSet, Target
+    from exporter.model.types import Target
 
-    targets = [Target(f"/var/lib/kubelet/pods/{uid}/volumes/dshm", {"pod_uid": uid})]
-    discovery = SimpleNamespace(node_mode=True, current=lambda: MountSet(list(targets)))
-    sources = [SimpleNamespace(name=n, reports_status=True) for n in ("cgroup", "oom")]
-    return ModelStep(sources, discovery, StateStore()), targets
+    step = ModelStep(["cgroup", "oom"], StateStore(), node_mode=True)
+    return step, Discovered(step, [Target(f"/var/lib/kubelet/pods/{uid}/volumes/dshm", {"pod_uid": uid})])
 
 
 def oom_series(step, *observations):

@@ -10,6 +10,7 @@ import tempfile
 import time
 
 from tests.conftest import EVERY_FAMILY, REPO, Exporter, Peer, fallocate, mounted_tmpfs, needs_root, select, value
+from tests.helpers import Runs
 
 MiB = 1 << 20
 
@@ -141,7 +142,7 @@ def test_a_procfs_that_cannot_be_listed_proves_nothing(tmp_path):
     shm = tmp_path / "shm"
     shm.mkdir()
     fallocate(str(shm / "psm_maybe"), 4096)
-    inv = SegmentsCollector(Paths(procfs=str(tmp_path / "no-proc")), [str(shm)]).collect()
+    inv = Runs(SegmentsCollector(Paths(procfs=str(tmp_path / "no-proc"))), [str(shm)]).full()
     assert [(s.name, s.state) for s in inv.mounts[0].rows()] == [("psm_maybe", "unverified")]
     assert inv.proc_unreadable is None and not inv.owners_complete
 

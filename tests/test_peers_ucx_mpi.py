@@ -14,6 +14,7 @@ from exporter.collectors.segments import SegmentsCollector
 from exporter.collectors.sysv import SysvCollector
 from exporter.host.paths import Paths
 from tests.conftest import HOST_EXCUSED_RE, REPO, free_port, in_shm_namespace, needs_root
+from tests.helpers import Runs
 
 pytestmark = needs_root
 
@@ -43,10 +44,10 @@ def wait_listening(port, timeout=15.0):
 
 
 def wait_inventory(tmpfs, predicate, timeout=20.0):
-    collector = SegmentsCollector(Paths(), [tmpfs], ignore_unreadable=HOST_EXCUSED_RE)
+    runs = Runs(SegmentsCollector(Paths(), ignore_unreadable=HOST_EXCUSED_RE), [tmpfs])
     deadline = time.monotonic() + timeout
     while True:
-        inv = collector.collect()
+        inv = runs.full()
         if predicate(inv.mounts[0]) or time.monotonic() > deadline:
             return inv, inv.mounts[0]
         time.sleep(0.2)

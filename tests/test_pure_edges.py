@@ -13,11 +13,29 @@ from exporter.host.cgroupfs import BindingLimit, effective_limit
 from exporter.inventory.holdings import unheld_state
 from exporter.host.mountinfo import MountTable
 from exporter.host.paths import Paths
-from exporter.inventory.walk import Listing, _update
+from exporter.inventory.walk import Listing, _File, _update
 from exporter.model.classes import CLASS_NAMES
 from exporter.model.state import StateStore
 from exporter.model.summary import summarise
-from exporter.model.types import KNOWN, SEEN, MountInventory, MountUsage, pack, unpack
+from exporter.model.types import ClassTotals, MountInstance, MountInventory, MountUsage, Row
+
+KNOWN = Row.KNOWN
+
+
+def pack(cls, flags, ino, mtime, blocks, size):
+    """A row of these fields (`flags`: KNOWN or 0), by Row.pack."""
+    return Row.pack(class_index=cls, inode=ino, mtime=mtime, blocks=blocks, apparent_bytes=size,
+                    known=bool(flags & KNOWN))
+
+
+def unpack(row):
+    """(class index, inode, mtime, allocated bytes, apparent bytes), by Row's accessors."""
+    return Row.class_index(row), Row.inode(row), Row.mtime(row), Row.allocated_bytes(row), Row.apparent_bytes(row)
+
+
+def totals(t):
+    return t.count, t.allocated_bytes, t.apparent_bytes
+
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -68,13 +86,15 @@ def test_a_doubted_or_once_held_file_is_leaked_only_on_a_full_scans_word():
 def test_a_degraded_mount_counts_its_classes_as_unverified():
     """Past --inventory.max-segments a mount keeps counts and bytes by class only: they are
     summarised as unverified, next to what is listed, and the summary says it is degraded."""
-    inv = MountInventory("/dev/shm", degraded={"torch": (3, 12 * MiB, 12 * MiB + 7), "nccl": (2, 4 * MiB, 5 * MiB)})
-    inv.listed = {"torch_x": pack(CLASS_NAMES.index("torch"), 0, 9, 0, MiB // 512, MiB + 1)}
-    inv.states = bytes([3])  # unverified
+    degraded = {"torch": ClassTotals(count=3, allocated_bytes=12 * MiB, apparent_bytes=12 * MiB + 7),
+                "nccl": ClassTotals(count=2, allocated_bytes=4 * MiB, apparent_bytes=5 * MiB)}
+    inv = MountInventory("/dev/shm", degraded=degraded, names=("torch_x",),
+                         packed=(pack(CLASS_NAMES.index("torch"), 0, 9, 0, MiB // 512, MiB + 1),),
+                         states=bytes([3]))  # unverified
     s = summarise(inv, 5)
     assert s.degraded is True
-    assert s.totals[("torch", "unverified")] == (4, 13 * MiB, 13 * MiB + 8)
-    assert s.totals[("nccl", "unverified")] == (2, 4 * MiB, 5 * MiB)
+    assert totals(s.totals[("torch", "unverified")]) == (4, 13 * MiB, 13 * MiB + 8)
+    assert totals(s.totals[("nccl", "unverified")]) == (2, 4 * MiB, 5 * MiB)
     assert s.totals.keys() == {("torch", "unverified"), ("nccl", "unverified")}
     assert s.bytes_by_class == {"torch": 13 * MiB, "nccl": 4 * MiB}
     assert [x.name for x in s.unverified] == ["torch_x"]  # no names kept for the rest
@@ -88,13 +108,12 @@ def test_past_the_listed_cap_the_largest_leaks_are_named_of_each_kind():
     comes in the listing."""
     from exporter.model.summary import LISTED
     from exporter.model.types import STATES
-    inv = MountInventory("/dev/shm")
     listed, states, n = {}, bytearray(), LISTED + 10
     for i in range(n):  # the smallest and the oldest first
         for cls, state, prefix in (("torch", "orphan", "t"), ("other", "orphan", "o"), ("nccl", "unverified", "u")):
             listed[f"{prefix}{i:03}"] = pack(CLASS_NAMES.index(cls), 0, len(listed) + 1, 1000 + i, i + 1, 512 * (i + 1))
             states.append(STATES.index(state))
-    inv.listed, inv.states = listed, bytes(states)
+    inv = MountInventory("/dev/shm", names=tuple(listed), packed=tuple(listed.values()), states=bytes(states))
     s = summarise(inv, 3)
     removable = [f"t{i:03}" for i in range(n - 1, n - 1 - LISTED, -1)]
     others = [f"o{i:03}" for i in range(n - 1, n - 1 - LISTED, -1)]
@@ -102,21 +121,21 @@ def test_past_the_listed_cap_the_largest_leaks_are_named_of_each_kind():
     assert [x.name for x in s.unverified] == [f"u{i:03}" for i in range(n - 1, n - 1 - LISTED, -1)]
     assert s.oldest_orphan_mtime == 1000
     orphans = (n, sum(512 * (i + 1) for i in range(n)))
-    assert s.totals["torch", "orphan"][:2] == s.totals["other", "orphan"][:2] == orphans
+    assert totals(s.totals["torch", "orphan"])[:2] == totals(s.totals["other", "orphan"])[:2] == orphans
 
 
 # --- the packed row ---------------------------------------------------------------------------
 def test_every_field_round_trips_at_its_width():
     """Each field at its widest, the others too, then alone: none spills into another."""
     ino, mtime, blocks, size = (1 << 64) - 1, (1 << 40) - 1, (1 << 48) - 1, (1 << 70) + 3
-    row = pack(31, KNOWN | SEEN, ino, mtime, blocks, size)
+    row = pack(31, KNOWN, ino, mtime, blocks, size)
     assert unpack(row) == (31, ino, mtime, blocks * 512, size)
-    assert row & KNOWN and row & SEEN
+    assert row & KNOWN
     assert unpack(pack(0, 0, ino, 0, 0, 0)) == (0, ino, 0, 0, 0)
     assert unpack(pack(0, 0, 0, mtime, 0, 0)) == (0, 0, mtime, 0, 0)
     assert unpack(pack(0, 0, 0, 0, blocks, 0)) == (0, 0, 0, blocks * 512, 0)
     assert unpack(pack(5, 0, 0, 0, 0, 0)) == (5, 0, 0, 0, 0)
-    assert pack(5, 0, 0, 0, 0, 0) & (KNOWN | SEEN) == 0
+    assert pack(5, 0, 0, 0, 0, 0) & KNOWN == 0
     # Clamped, not spilled: an mtime past 40 bits, before 1970, blocks past 48 bits.
     assert unpack(pack(1, 0, 2, 1 << 41, 2, 4)) == (1, 2, mtime, 2 * 512, 4)
     assert unpack(pack(1, 0, 2, -5.5, 3, 4)) == (1, 2, 0, 3 * 512, 4)
@@ -137,7 +156,7 @@ def test_a_real_files_row_keeps_its_whole_second_mtime(tmp_path, mtime_ns):
     st = os.lstat(path)
     assert st.st_mtime_ns == mtime_ns, "the filesystem here does not keep this mtime"
     listing, events = Listing(), Counter()
-    _update(listing, "torch_1", st, events)
+    _update(listing, _File.of("torch_1", st), events)
     cls, ino, mtime, allocated, apparent = unpack(listing.rows["torch_1"])
     assert (CLASS_NAMES[cls], ino, allocated, apparent) == ("torch", st.st_ino, st.st_blocks * 512, 5000)
     assert mtime == max(0, mtime_ns // 10**9)
@@ -145,32 +164,30 @@ def test_a_real_files_row_keeps_its_whole_second_mtime(tmp_path, mtime_ns):
 
 
 def test_a_row_keeps_its_class_and_known_flag_while_it_is_the_same_inode(tmp_path):
-    """The same inode again: its class (as first classified) and known flag kept, this walk's
-    parity bit set, no event. Another inode under the name: classified afresh, not known, and
-    counted deleted and created."""
+    """The same inode again: its class (as first classified) and known flag kept, no event.
+    Another inode under the name: classified afresh, not known, and counted deleted and
+    created."""
     path = tmp_path / "nccl-shm-1"
     path.write_bytes(b"y" * 100)
     st = os.lstat(path)
     listing = Listing()
-    listing.parity = SEEN
     old = pack(CLASS_NAMES.index("torch"), KNOWN, st.st_ino, 0, 0, 0)
     listing.rows["nccl-shm-1"] = old
     events = Counter()
-    _update(listing, "nccl-shm-1", st, events)
+    _update(listing, _File.of("nccl-shm-1", st), events)
     row = listing.rows["nccl-shm-1"]
     assert events == {}
-    assert row & KNOWN and row & SEEN and CLASS_NAMES[row & 31] == "torch"
+    assert row & KNOWN and CLASS_NAMES[row & 31] == "torch"
     assert unpack(row)[1:] == (st.st_ino, int(st.st_mtime), st.st_blocks * 512, 100)
     listing.rows["nccl-shm-1"] = pack(CLASS_NAMES.index("ucx"), 0, st.st_ino, 12345, 77, 999)
-    _update(listing, "nccl-shm-1", st, events)  # not known stays not known; fields from lstat
-    assert listing.rows["nccl-shm-1"] == pack(CLASS_NAMES.index("ucx"), SEEN, st.st_ino, st.st_mtime, st.st_blocks, 100)
-    listing.rows["nccl-shm-1"] = pack(CLASS_NAMES.index("torch"), KNOWN | SEEN, st.st_ino + 1, 0, 0, 0)
-    listing.parity = 0
-    _update(listing, "nccl-shm-1", st, events)
+    _update(listing, _File.of("nccl-shm-1", st), events)  # not known stays not known; fields from lstat
+    assert listing.rows["nccl-shm-1"] == pack(CLASS_NAMES.index("ucx"), 0, st.st_ino, st.st_mtime, st.st_blocks, 100)
+    listing.rows["nccl-shm-1"] = pack(CLASS_NAMES.index("torch"), KNOWN, st.st_ino + 1, 0, 0, 0)
+    _update(listing, _File.of("nccl-shm-1", st), events)
     row = listing.rows["nccl-shm-1"]
     assert events == {("torch", "deleted"): 1, ("nccl", "created"): 1}
-    assert not row & KNOWN and not row & SEEN and CLASS_NAMES[row & 31] == "nccl"
-    _update(listing, "vader_segment.host.0.1", st, events)  # mpi: class 0, no stray bit
+    assert not row & KNOWN and CLASS_NAMES[row & 31] == "nccl"
+    _update(listing, _File.of("vader_segment.host.0.1", st), events)  # mpi: class 0, no stray bit
     assert listing.rows["vader_segment.host.0.1"] == pack(CLASS_NAMES.index("mpi"), 0, st.st_ino, st.st_mtime, st.st_blocks, 100)
 
 
@@ -297,28 +314,29 @@ def test_a_mount_polled_gone_takes_no_samples_until_it_is_back():
     now = [100.0]
     store = StateStore(peak_window=60.0, clock=lambda: now[0], wall_clock=lambda: 5000.0)
 
-    def usage(used=0, instance=(), error=None):
+    def usage(used=0, instance=None, error=None):
         return MountUsage("/m", "tmpfs", "shm", True, error=error, used_bytes=used, instance=instance)
 
     def snap():
         s = store.snapshot()
-        return s.peaks.get("/m"), s.max_used.get("/m")
+        high = s.max_used.get("/m")
+        return s.peaks.get("/m"), high and (high.used_bytes, high.at)
 
-    first = ("0:42", 7)
+    first = MountInstance(device="0:42", mount_id=7)
     store.record_polled([usage(900, first), usage(50, first)])
     assert snap() == (900, (900, 5000.0))
     store.record_polled([usage(error="Input/output error", instance=first)])
-    store.record_used([("/m", 300)])
+    store.record_used("/m", 300)
     assert snap() == (900, (900, 5000.0))  # the same mount, still sampled
     store.record_polled([usage(error="not a mount point")])
     assert snap() == (None, None)
-    store.record_used([("/m", 700)])
+    store.record_used("/m", 700)
     assert snap() == (None, None)  # the disk beneath: not sampled
-    store.record_polled([usage(200, ("0:43", 8))])
+    store.record_polled([usage(200, MountInstance(device="0:43", mount_id=8))])
     assert snap() == (200, (200, 5000.0))  # back, another instance
-    store.record_used([("/m", 250)])
+    store.record_used("/m", 250)
     assert snap() == (250, (250, 5000.0))
     store.record_polled([usage(100)])  # the table could not say: proves nothing
     assert snap() == (250, (250, 5000.0))
-    store.record_polled([usage(100, ("0:43", 8))])
+    store.record_polled([usage(100, MountInstance(device="0:43", mount_id=8))])
     assert snap() == (250, (250, 5000.0))

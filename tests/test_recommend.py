@@ -15,7 +15,7 @@ import yaml
 from exporter.model.catalogue import BY_NAME
 from exporter.check.findings import round_up
 from exporter.check.recommend import DEFAULT_HEADROOM, DEFAULT_WINDOW, memory_limit_needed
-from exporter.model.state import StateStore
+from exporter.model.state import HighWaterMark, StateStore
 from tests.conftest import EVERY_FAMILY, REPO, Exporter, mounted_tmpfs, needs_root, value
 from tests.live import Prometheus, fast_rules
 
@@ -46,10 +46,10 @@ def test_state_store_keeps_the_high_water_mark_and_when_it_was_first_reached():
     store = StateStore(peak_window=10, clock=lambda: now[0], wall_clock=lambda: wall[0])
     for used, t in ((5, 0), (40, 1), (40, 2), (3, 3)):
         now[0], wall[0] = 100.0 + t, 1_000.0 + t
-        store.record_used([("/dev/shm", used)])
+        store.record_used("/dev/shm", used)
     now[0] += 60  # the peak window has moved on; the high-water mark has not
     snap = store.snapshot()
-    assert snap.max_used["/dev/shm"] == (40, 1_001.0)
+    assert snap.max_used["/dev/shm"] == HighWaterMark(used_bytes=40, at=1_001.0)
     assert snap.peaks["/dev/shm"] == 3
     store.forget_mounts_except([])
     assert store.snapshot().max_used == {}

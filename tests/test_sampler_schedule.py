@@ -4,7 +4,7 @@ its interval while its result does not change."""
 import threading
 import time
 
-from exporter.collectors.source import Source
+from exporter.collectors.source import RunInput, Source
 from exporter.runtime import scheduler as scheduler_mod
 from exporter.runtime.scheduler import Sampler
 
@@ -16,20 +16,23 @@ class Counting(Source):
         self.name = name
         self.schedule = schedule
         self.event_driven = event_driven
-        self.stretches = stretches
+        self.stretchy = stretches
         self.result = result if result is not None else (lambda: [])
         self.runs = []
         self.quick = []
         self.lock = threading.Lock()
         self.duration = 0.0
 
-    def collect(self):
+    def stretches(self, run):
+        return self.stretchy
+
+    def collect(self, run):
         with self.lock:
             self.runs.append(time.monotonic())
         time.sleep(self.duration)
         return self.result()
 
-    def collect_quick(self):
+    def collect_quick(self, run):
         with self.lock:
             self.quick.append(time.monotonic())
         return self.result()
@@ -167,12 +170,10 @@ def test_segments_stretch_only_in_node_mode_while_inotify_watches_every_mount():
     from exporter.collectors.segments import SegmentsCollector
     from exporter.host.paths import Paths
 
-    watched = {"all": False}
-    node = SegmentsCollector(Paths(), [], pod_of_pid=True, all_watched=lambda: watched["all"])
-    assert not node.stretches
-    watched["all"] = True
-    assert node.stretches
-    assert not SegmentsCollector(Paths(), [], all_watched=lambda: True).stretches
+    node = SegmentsCollector(Paths(), pod_of_pid=True)
+    assert not node.stretches(RunInput(all_watched=False))
+    assert node.stretches(RunInput(all_watched=True))
+    assert not SegmentsCollector(Paths()).stretches(RunInput(all_watched=True))
 
 
 def test_a_source_that_stops_stretching_is_back_at_its_interval():
@@ -183,7 +184,7 @@ def test_a_source_that_stops_stretching_is_back_at_its_interval():
     for _ in range(6):
         runner.run_once(full=True)
     assert runner.interval == 0.02 * scheduler_mod.STRETCH_MAX
-    steady.stretches = False
+    steady.stretchy = False
     runner.run_once(full=True)
     assert runner.interval == 0.02
 
@@ -233,26 +234,30 @@ def test_node_cgroups_are_not_stretched_whole():
     from exporter.collectors.cgroup import CgroupCollector
     from exporter.host.paths import Paths
 
-    source = CgroupCollector(Paths("/proc", "/nonexistent", "/"), node_mode=True, kill_log_complete=lambda: True)
-    assert not source.stretches
+    source = CgroupCollector(Paths("/proc", "/nonexistent", "/"), node_mode=True)
+    assert not source.stretches(RunInput(kill_log_complete=True))
 
 
 class Staged(Source):
-    """A full run in stages (as segments in node mode): its middle waits for `release`."""
+    """A full run in stages (as segments in node mode): its scan waits for `release`."""
 
     name, schedule, event_driven = "segments", "inventory", True
+    scans_beside_quick_runs = True
 
     def __init__(self):
         self.release = threading.Event()
 
-    def collect_quick(self):
+    def collect_quick(self, run):
         return "quick"
 
-    def begin_full(self):
-        def middle():
-            self.release.wait()
-            return lambda: "full"
-        return middle
+    def begin_full(self, run):
+        return self
+
+    def scan(self):
+        self.release.wait()
+
+    def finish(self, run):
+        return "full"
 
 
 def test_a_hung_staged_scan_stays_failed_and_no_quick_run_hides_it():

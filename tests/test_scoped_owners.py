@@ -12,11 +12,12 @@ from types import SimpleNamespace
 import pytest
 
 from exporter.collectors.segments import SegmentsCollector
-from exporter.inventory.changes import ChangeLog
+from exporter.collectors.source import RunInput
 from exporter.host.kube import pod_uid_of_mount
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from exporter.runtime.scheduler import Sampler
+from tests.helpers import Runs
 from tests.conftest import HOST_EXCUSED_RE, Peer, mounted_tmpfs, needs_root, prerequisite_missing, remove_cgroup
 
 V1_MEMORY = "/sys/fs/cgroup/memory"
@@ -49,25 +50,26 @@ def test_an_event_lists_the_segment_and_the_refresh_reads_only_the_pods_that_mov
                 Peer(a, "mapped", "nccl-a", str(MiB)) as pa, Peer(b, "mapped", "nccl-b", str(MiB)) as pb:
             into_pod(cgroups[uid_a], pa.pid)
             into_pod(cgroups[uid_b], pb.pid)
-            clock, changes = Clock(), ChangeLog()
-            collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+            clock = Clock()
+            collector = SegmentsCollector(Paths(), ProcessTable(Paths()), pod_of_pid=True,
                                           full_scan_interval=120.0, monotonic=clock,
                                           ignore_unreadable=HOST_EXCUSED_RE)
-            inv = collector.collect()
+            runs = Runs(collector, [a, b])
+            inv = runs.full()
             assert segment(inv, a, "nccl-a") == ("linked", (pa.pid,))
             assert segment(inv, b, "nccl-b") == ("linked", (pb.pid,))
             b_before = next(m for m in inv.mounts if m.mount == b)
             scanned_at = collector.pace.scanned_at
             with Peer(a, "mapped", "nccl-a2", str(MiB)) as pa2:
                 into_pod(cgroups[uid_a], pa2.pid)
-                changes.add(a, "nccl-a2")  # what the watcher records for a create in pod A's mount
-                inv = collector.collect_quick()
+                runs.changed(a, "nccl-a2")  # what the watcher records for a create in pod A's mount
+                inv = runs.quick()
                 # Listed at once, taken as its creator's: nobody was read for it.
                 assert segment(inv, a, "nccl-a2") == ("linked", ())
                 assert segment(inv, a, "nccl-a") == ("linked", (pa.pid,))
                 assert next(m for m in inv.mounts if m.mount == b) is b_before  # not assembled again
                 clock.now += 15
-                inv = collector.collect()  # the inventory run: a refresh, not a full scan
+                inv = runs.full()  # the inventory run: a refresh, not a full scan
                 assert collector.pace.scanned_at == scanned_at
                 assert segment(inv, a, "nccl-a2") == ("linked", (pa2.pid,))
                 assert segment(inv, a, "nccl-a") == ("linked", (pa.pid,))
@@ -88,13 +90,13 @@ def test_a_change_outside_any_pod_is_left_to_the_full_follow_up(tmp_path):
     """No pod to scope to: the quick run reads nobody, and takes the new segment as its
     creator's until the full run that follows it reads every process."""
     with mounted_tmpfs("16m") as shm:  # not a kubelet path
-        changes = ChangeLog()
-        collector = SegmentsCollector(Paths(), [shm], ProcessTable(Paths()), pod_of_pid=True, changes=changes)
-        collector.collect()
+        collector = SegmentsCollector(Paths(), ProcessTable(Paths()), pod_of_pid=True)
+        runs = Runs(collector, [shm])
+        runs.full()
         open(os.path.join(shm, "psm_x"), "wb").close()
-        changes.add(shm, "psm_x")
-        assert segment(collector.collect_quick(), shm, "psm_x") == ("linked", ())
-        assert segment(collector.collect(), shm, "psm_x")[0] in ("orphan", "unverified")
+        runs.changed(shm, "psm_x")
+        assert segment(runs.quick(), shm, "psm_x") == ("linked", ())
+        assert segment(runs.full(), shm, "psm_x")[0] in ("orphan", "unverified")
 
 
 class Clock:
@@ -140,18 +142,19 @@ def killed(peer):
 def test_between_full_scans_a_refresh_reads_new_processes_and_the_pods_of_exited_holders(two_pods):
     (a, b), (cg_a, cg_b) = two_pods
     clock = Clock()
-    collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), pod_of_pid=True,
+    collector = SegmentsCollector(Paths(), ProcessTable(Paths()), pod_of_pid=True,
                                   full_scan_interval=120.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
+    runs = Runs(collector, [a, b])
     with Peer(a, "mapped", "nccl-a", str(MiB)) as pa, Peer(b, "mapped", "nccl-b", str(MiB)) as pb:
         into_pod(cg_a, pa.pid)
         into_pod(cg_b, pb.pid)
-        inv = collector.collect()  # the full scan
+        inv = runs.full()  # the full scan
         assert segment(inv, a, "nccl-a") == ("linked", (pa.pid,))
         with Peer(b, "hidden", "nccl-b2", str(MiB)) as pb2:
             into_pod(cg_b, pb2.pid)
             killed(pa)
             clock.now += 60
-            inv = collector.collect()  # a refresh: no event told of either
+            inv = runs.full()  # a refresh: no event told of either
             # A process started since is read: the segment it hides is found.
             assert segment(inv, b, "nccl-b2") == ("hidden", (pb2.pid,))
             # The holder that died left its segment held by nobody in its pod, which was read
@@ -162,10 +165,10 @@ def test_between_full_scans_a_refresh_reads_new_processes_and_the_pods_of_exited
             # scan reads every process (a refresh reads no pod per create).
             with open(os.path.join(b, "psm_left"), "wb") as f:
                 f.write(b"x" * 4096)
-            inv = collector.collect()
+            inv = runs.full()
             assert segment(inv, b, "psm_left") == ("linked", ())
             clock.now += 61  # the full scan is due
-            inv = collector.collect()
+            inv = runs.full()
             assert segment(inv, a, "nccl-a") == ("orphan", ())
             assert segment(inv, b, "psm_left") == ("orphan", ())
             assert segment(inv, b, "nccl-b2") == ("hidden", (pb2.pid,))
@@ -177,13 +180,14 @@ def test_a_holder_outside_any_pod_that_exits_brings_the_full_scan_forward(two_po
     """Its segment may be held by anyone on the node: no pod to read again instead."""
     (a, _), _ = two_pods
     clock = Clock()
-    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True,
+    collector = SegmentsCollector(Paths(), ProcessTable(Paths()), pod_of_pid=True,
                                   full_scan_interval=120.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
+    runs = Runs(collector, [a])
     with Peer(a, "mapped", "nccl-host", str(MiB)) as host_process:  # left in the host's cgroups
-        assert segment(collector.collect(), a, "nccl-host") == ("linked", (host_process.pid,))
+        assert segment(runs.full(), a, "nccl-host") == ("linked", (host_process.pid,))
         killed(host_process)
         clock.now += 1
-        assert segment(collector.collect(), a, "nccl-host") == ("orphan", ())
+        assert segment(runs.full(), a, "nccl-host") == ("orphan", ())
 
 
 @needs_root
@@ -192,18 +196,19 @@ def test_a_refresh_forgets_the_mount_ids_of_a_namespace_whose_last_process_exite
     name a FUSE mount, whose files an fd check must never stat."""
     (a, _), (cg_a, _) = two_pods
     clock = Clock()
-    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True,
+    collector = SegmentsCollector(Paths(), ProcessTable(Paths()), pod_of_pid=True,
                                   full_scan_interval=120.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
+    runs = Runs(collector, [a])
     ids = collector.owner_scan._mount_ids
     with Peer(a, "fdonly", "torch_1", str(MiB)) as peer:  # a mount namespace of its own
         into_pod(cg_a, peer.pid)
-        collector.collect()
+        runs.full()
         namespace = os.readlink(f"/proc/{peer.pid}/ns/mnt")
         watched = ids._ns_mounts[namespace].watched
         assert watched and watched <= ids.union
         gone, gone_all = set(watched), set(ids._ns_mounts[namespace].ids)
     clock.now += 1
-    collector.collect()
+    runs.full()
     assert namespace not in ids._ns_mounts
     others = set().union(*(found.watched for found in ids._ns_mounts.values()))
     assert ids.union == others and gone and not gone & ids.union
@@ -219,13 +224,14 @@ def test_a_refresh_sees_what_changed_with_and_without_events(two_pods):
     import mmap
 
     (a, b), _ = two_pods
-    clock, changes = Clock(), ChangeLog()
-    collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+    clock = Clock()
+    collector = SegmentsCollector(Paths(), ProcessTable(Paths()), pod_of_pid=True,
                                   full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
+    runs = Runs(collector, [a, b])
 
     def names():
         clock.now += 15
-        inv = collector.collect()
+        inv = runs.full()
         return inv, {s.name for m in inv.mounts for s in m.rows()}
 
     with open(os.path.join(a, "psm_grows"), "wb+") as f, open(os.path.join(b, "psm_b"), "wb") as g:
@@ -239,8 +245,8 @@ def test_a_refresh_sees_what_changed_with_and_without_events(two_pods):
         [grown] = [s for m in inv.mounts for s in m.rows() if s.name == "psm_grows"]
         assert grown.allocated_bytes == 2 * MiB
         os.rename(os.path.join(b, "psm_b"), os.path.join(b, "nccl-b"))
-        changes.add(b, "psm_b")
-        changes.add(b, "nccl-b")  # what the watcher records for the rename
+        runs.changed(b, "psm_b")
+        runs.changed(b, "nccl-b")  # what the watcher records for the rename
         assert names()[1] == {"psm_grows", "nccl-b"}
         os.rename(os.path.join(b, "nccl-b"), os.path.join(b, "ucx_b"))  # its event still on its way
         assert names()[1] == {"psm_grows", "ucx_b"}
@@ -278,9 +284,10 @@ def orphan_attached_later(mount, script, allocated, cgroup=None):
     mode's first full scan, and a running process (in `cgroup`, when given) that runs `script`
     on it when told (`attach()`). `refresh()`: the state and holders the next run gives, 15 s
     on: a refresh, not a full scan."""
-    clock, changes = Clock(), ChangeLog()
-    collector = SegmentsCollector(Paths(), [mount], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+    clock = Clock()
+    collector = SegmentsCollector(Paths(), ProcessTable(Paths()), pod_of_pid=True,
                                   full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
+    runs = Runs(collector, [mount])
     path = os.path.join(mount, "psm_known")
     with open(path, "wb") as f:
         f.write(b"x" * (4 * MiB)) if allocated else f.truncate(4 * MiB)
@@ -289,7 +296,7 @@ def orphan_attached_later(mount, script, allocated, cgroup=None):
     try:
         if cgroup is not None:
             into_pod(cgroup, child.pid)
-        assert segment(collector.collect(), mount, "psm_known") == ("orphan", ())
+        assert segment(runs.full(), mount, "psm_known") == ("orphan", ())
 
         def attach():
             child.stdin.write("go\n")
@@ -298,9 +305,9 @@ def orphan_attached_later(mount, script, allocated, cgroup=None):
 
         def refresh():
             clock.now += 15
-            return segment(collector.collect(), mount, "psm_known")
+            return segment(runs.full(), mount, "psm_known")
 
-        yield SimpleNamespace(collector=collector, changes=changes, pid=child.pid, attach=attach, refresh=refresh)
+        yield SimpleNamespace(collector=collector, runs=runs, pid=child.pid, attach=attach, refresh=refresh)
     finally:
         child.kill()
         child.wait()
@@ -317,8 +324,8 @@ def test_a_running_process_that_attaches_to_an_orphan_and_writes_is_seen_by_the_
     with orphan_attached_later(a, ATTACH_LATER, allocated=False, cgroup=cg_a) as orphan:
         if quick_run_first:
             open(os.path.join(a, "psm_other"), "wb").close()
-            orphan.changes.add(a, "psm_other")
-            orphan.collector.collect_quick()  # a create in the pod: the listing patched
+            orphan.runs.changed(a, "psm_other")
+            orphan.runs.quick()  # a create in the pod: the listing patched
         orphan.attach()
         assert orphan.refresh() == ("linked", (orphan.pid,))
 
@@ -339,8 +346,8 @@ def test_a_create_beside_an_orphan_reads_no_pod_again_pages_written_to_the_orpha
         orphan.collector.owner_scan.refresh = refresh
         with open(os.path.join(a, "psm_other"), "wb") as f:
             f.write(b"x" * MiB)
-        orphan.changes.add(a, "psm_other")
-        orphan.collector.collect_quick()
+        orphan.runs.changed(a, "psm_other")
+        orphan.runs.quick()
         assert orphan.refresh() == ("orphan", ())
         assert asked == [set()]  # a refresh that read no pod again
         orphan.attach()
@@ -359,7 +366,7 @@ def test_pages_written_to_an_orphan_by_a_process_outside_its_pod_make_it_unverif
         assert orphan.refresh() == ("unverified", ())
         assert orphan.refresh() == ("unverified", ())  # the pod read again proves nothing
         orphan.collector.pace.monotonic.now += 600  # the full scan
-        assert segment(orphan.collector.collect(), a, "psm_known") == ("linked", (orphan.pid,))
+        assert segment(orphan.runs.full(), a, "psm_known") == ("linked", (orphan.pid,))
 
 
 WRITE_LATER = """
@@ -387,11 +394,11 @@ def test_an_orphan_written_by_a_process_outside_its_pod_stays_unverified_and_its
 
         orphan.collector.owner_scan.refresh = refresh
         orphan.attach()
-        orphan.changes.add(a, "psm_known")  # what the watcher records for the write
+        orphan.runs.changed(a, "psm_known")  # what the watcher records for the write
         assert [orphan.refresh() for _ in range(3)] == [("unverified", ())] * 3
         assert asked == [{pod_uid_of_mount(a)}, set(), set()]
         orphan.collector.pace.monotonic.now += 600  # the full scan
-        assert segment(orphan.collector.collect(), a, "psm_known") == ("linked", (orphan.pid,))
+        assert segment(orphan.runs.full(), a, "psm_known") == ("linked", (orphan.pid,))
 
 
 @needs_root
@@ -409,12 +416,12 @@ def test_the_segments_runner_does_not_stretch_while_a_segment_is_called_leaked(t
     """Refreshes alone see a write through a mapping to an orphan: their interval holds."""
     (a, _), _ = two_pods
     with orphan_attached_later(a, ATTACH_LATER, allocated=False) as orphan:
-        orphan.collector.all_watched = lambda: True
-        assert not orphan.collector.stretches
+        watched = RunInput(mounts=(a,), all_watched=True)
+        assert not orphan.collector.stretches(watched)
         orphan.attach()
         orphan.collector.pace.monotonic.now += 600  # a full scan: linked, nothing called leaked
-        assert segment(orphan.collector.collect(), a, "psm_known") == ("linked", (orphan.pid,))
-        assert orphan.collector.stretches
+        assert segment(orphan.runs.full(), a, "psm_known") == ("linked", (orphan.pid,))
+        assert orphan.collector.stretches(watched)
 
 
 HOLD_LATER = """
@@ -458,10 +465,11 @@ def test_a_deleted_pods_device_number_handed_to_a_new_pod_proves_nothing(tmp_pat
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             into_pod(cgroup, child.pid)  # read by the full scan, holding nothing yet
             clock = Clock()
-            collector = SegmentsCollector(Paths(), lambda: list(mounts), ProcessTable(Paths()), pod_of_pid=True,
+            collector = SegmentsCollector(Paths(), ProcessTable(Paths()), pod_of_pid=True,
                                           full_scan_interval=600.0, monotonic=clock,
                                           ignore_unreadable=HOST_EXCUSED_RE)
-            assert segment(collector.collect(), old, "psm_old") == ("orphan", ())
+            runs = Runs(collector, lambda: list(mounts))
+            assert segment(runs.full(), old, "psm_old") == ("orphan", ())
         with mounted_tmpfs("16m", path=new_pod) as new:
             mounts[:] = [new]
             child.stdin.write("go\n")
@@ -469,7 +477,7 @@ def test_a_deleted_pods_device_number_handed_to_a_new_pod_proves_nothing(tmp_pat
             dev, ino = map(int, child.stdout.readline().split()[1:])
             reused = (dev, ino) == (before.st_dev, before.st_ino)
             clock.now += 15
-            state, holders = segment(collector.collect(), new, "psm_new")  # a refresh: nothing read the child
+            state, holders = segment(runs.full(), new, "psm_new")  # a refresh: nothing read the child
             assert state == "linked" and holders == ()
             print(f"device number reused: {reused}")
     finally:
@@ -482,17 +490,18 @@ def test_a_deleted_pods_device_number_handed_to_a_new_pod_proves_nothing(tmp_pat
 @needs_root
 def test_a_new_segment_nobody_holds_is_its_creators_until_the_full_scan_calls_it_leaked(two_pods):
     (a, _), _ = two_pods
-    clock, changes = Clock(), ChangeLog()
-    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+    clock = Clock()
+    collector = SegmentsCollector(Paths(), ProcessTable(Paths()), pod_of_pid=True,
                                   full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
-    collector.collect()
+    runs = Runs(collector, [a])
+    runs.full()
     open(os.path.join(a, "psm_made_and_closed"), "wb").close()
-    changes.add(a, "psm_made_and_closed")
-    assert segment(collector.collect_quick(), a, "psm_made_and_closed") == ("linked", ())
+    runs.changed(a, "psm_made_and_closed")
+    assert segment(runs.quick(), a, "psm_made_and_closed") == ("linked", ())
     clock.now += 15
-    assert segment(collector.collect(), a, "psm_made_and_closed") == ("linked", ())  # a refresh
+    assert segment(runs.full(), a, "psm_made_and_closed") == ("linked", ())  # a refresh
     clock.now += 600
-    assert segment(collector.collect(), a, "psm_made_and_closed") == ("orphan", ())  # the full scan
+    assert segment(runs.full(), a, "psm_made_and_closed") == ("orphan", ())  # the full scan
 
 
 def keys_by_pid(owners):
@@ -511,13 +520,14 @@ def test_a_scoped_scan_leaves_the_last_owners_as_they_were_and_its_index_true(tw
     import copy
     (a, b), (cg_a, cg_b) = two_pods
     clock = Clock()
-    collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), pod_of_pid=True,
+    collector = SegmentsCollector(Paths(), ProcessTable(Paths()), pod_of_pid=True,
                                   full_scan_interval=120.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
+    runs = Runs(collector, [a, b])
     with Peer(a, "mapped", "nccl-a", str(MiB)) as pa, Peer(a, "mapped", "nccl-a1", str(MiB)) as pa1, \
             Peer(b, "mapped", "nccl-b", str(MiB)) as pb:
         for cg, peer in ((cg_a, pa), (cg_a, pa1), (cg_b, pb)):
             into_pod(cg, peer.pid)
-        collector.collect()
+        runs.full()
         full = collector._owners
         before = copy.deepcopy(full.holdings)
         assert {k: set(v) for k, v in full.keys_of.items()} == keys_by_pid(full)
@@ -525,7 +535,7 @@ def test_a_scoped_scan_leaves_the_last_owners_as_they_were_and_its_index_true(tw
             into_pod(cg_a, pa2.pid)
             killed(pa1)  # pod A's rescan drops its holding: the shared list must not lose it
             clock.now += 15
-            inv = collector.collect()  # a refresh: pod A read again (a holder exited)
+            inv = runs.full()  # a refresh: pod A read again (a holder exited)
             scoped = collector._owners
             assert scoped is not full and full.holdings == before  # the last scan's, untouched
             assert {k: set(v) for k, v in scoped.keys_of.items()} == keys_by_pid(scoped)
@@ -538,14 +548,14 @@ def test_a_quick_run_shows_a_segment_on_a_tmpfs_mounted_anew(two_pods):
     """A tmpfs mounted anew over a pod's volume since the last run: the quick run stats the
     mount again and lists the new instance, not the old one's listing patched."""
     (a, _), _ = two_pods
-    changes = ChangeLog()
-    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+    collector = SegmentsCollector(Paths(), ProcessTable(Paths()), pod_of_pid=True,
                                   ignore_unreadable=HOST_EXCUSED_RE)
-    collector.collect()
+    runs = Runs(collector, [a])
+    runs.full()
     with mounted_tmpfs("16m", path=a):
         open(os.path.join(a, "psm_anew"), "wb").close()
-        changes.add(a, "psm_anew")
-        assert segment(collector.collect_quick(), a, "psm_anew") is not None
+        runs.changed(a, "psm_anew")
+        assert segment(runs.quick(), a, "psm_anew") is not None
 
 
 @needs_root
@@ -556,17 +566,18 @@ def test_a_memfd_holder_outside_any_pod_that_exits_does_not_bring_a_full_scan_fo
 
     (a, _), _ = two_pods
     clock = Clock()
-    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=ChangeLog(),
+    collector = SegmentsCollector(Paths(), ProcessTable(Paths()), pod_of_pid=True,
                                   full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
+    runs = Runs(collector, [a])
     with Peer(a, "memfd", str(MiB), script=ENGINES) as holder:
-        inv = collector.collect()
+        inv = runs.full()
         assert {holder.pid, int(holder.info)} <= {pid for seg in inv.memfd for pid in seg.holders}
         scanned_at = collector.pace.scanned_at
     clock.now += 15
-    collector.collect()  # both holders gone, outside any pod: a refresh, not a full scan
+    runs.full()  # both holders gone, outside any pod: a refresh, not a full scan
     assert collector.pace.scanned_at == scanned_at
     clock.now += 600
-    inv = collector.collect()  # the next full scan drops them
+    inv = runs.full()  # the next full scan drops them
     assert collector.pace.scanned_at == clock.now
     assert holder.pid not in {pid for seg in inv.memfd for pid in seg.holders}
 
@@ -592,9 +603,9 @@ def test_a_write_in_place_to_an_orphan_is_never_called_leaked_again_before_its_p
     (a, _), (cg_a, _) = two_pods
     with orphan_attached_later(a, WRITE_IN_PLACE, allocated=True, cgroup=cg_a) as orphan:
         orphan.attach()
-        orphan.changes.add(a, "psm_known")  # what the watcher records for the IN_MODIFY
+        orphan.runs.changed(a, "psm_known")  # what the watcher records for the IN_MODIFY
         if quick_run_first:
-            assert segment(orphan.collector.collect_quick(), a, "psm_known") == ("unverified", ())
+            assert segment(orphan.runs.quick(), a, "psm_known") == ("unverified", ())
         assert orphan.refresh() == ("linked", (orphan.pid,))
 
 
@@ -605,8 +616,8 @@ def test_a_write_to_an_orphan_in_no_pods_mount_brings_the_full_scan_forward(tmp_
     shm = f"{tmp_path}/run/containerd/io.containerd.grpc.v1.cri/sandboxes/{'ab' * 32}/shm"
     with mounted_tmpfs("16m", path=shm) as m, orphan_attached_later(m, WRITE_IN_PLACE, allocated=True) as orphan:
         orphan.attach()
-        orphan.changes.add(m, "psm_known")
-        assert segment(orphan.collector.collect_quick(), m, "psm_known") == ("unverified", ())
+        orphan.runs.changed(m, "psm_known")
+        assert segment(orphan.runs.quick(), m, "psm_known") == ("unverified", ())
         assert orphan.refresh() == ("linked", (orphan.pid,))
 
 
@@ -619,13 +630,14 @@ def test_what_changes_while_the_full_scan_reads_proc_is_never_settled_by_that_sc
     (a, _), (cg_a, _) = two_pods
     with orphan_attached_later(a, WRITE_IN_PLACE, allocated=True, cgroup=cg_a) as orphan:
         orphan.collector.pace.monotonic.now += 600  # a full scan is due
-        finish = orphan.collector.begin_full()()  # listed, then every process read
+        staged = orphan.runs.begin()  # listed,
+        staged.scan()  # then every process read
         orphan.attach()  # after its process was read
         open(os.path.join(a, "psm_new"), "wb").close()
-        orphan.changes.add(a, "psm_known")  # what the watcher records for both
-        orphan.changes.add(a, "psm_new")
-        assert segment(orphan.collector.collect_quick(), a, "psm_new") == ("linked", ())
-        inv = finish()
+        orphan.runs.changed(a, "psm_known")  # what the watcher records for both
+        orphan.runs.changed(a, "psm_new")
+        assert segment(orphan.runs.quick(), a, "psm_new") == ("linked", ())
+        inv = orphan.runs.finish(staged)
         assert segment(inv, a, "psm_known") == ("unverified", ())
         assert segment(inv, a, "psm_new") == ("linked", ())
         assert orphan.refresh() == ("linked", (orphan.pid,))
@@ -636,8 +648,8 @@ def test_a_quick_run_shows_a_new_segment_while_a_full_scan_is_reading_proc(two_p
     """The scheduler runs the owner scan beside quick runs: a create is listed while the scan
     is held up (here on purpose; on a node, 2,000 processes take seconds)."""
     (a, _), _ = two_pods
-    changes, seen, cond = ChangeLog(), [], threading.Condition()
-    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
+    seen, cond = [], threading.Condition()
+    collector = SegmentsCollector(Paths(), ProcessTable(Paths()), pod_of_pid=True,
                                   ignore_unreadable=HOST_EXCUSED_RE)
     scanning, go, scan = threading.Event(), threading.Event(), collector.owner_scan.scan
     go.set()
@@ -653,7 +665,7 @@ def test_a_quick_run_shows_a_new_segment_while_a_full_scan_is_reading_proc(two_p
             cond.notify_all()
 
     collector.owner_scan.scan = held_up_scan
-    sampler = Sampler([collector], inventory_interval=3600.0)
+    sampler = Sampler([collector], inventory_interval=3600.0, mounts=[a])
     sampler.subscribe(names)
     sampler.start()
     try:
@@ -663,11 +675,10 @@ def test_a_quick_run_shows_a_new_segment_while_a_full_scan_is_reading_proc(two_p
         sampler.request(full=True)
         assert scanning.wait(30), "the full run did not start"
         open(os.path.join(a, "psm_during_scan"), "wb").close()
-        changes.add(a, "psm_during_scan")
-        sampler.request()
+        sampler.changed(a, "psm_during_scan")
         with cond:
             assert cond.wait_for(lambda: "psm_during_scan" in seen[-1], 30), "not listed before the scan ended"
-        assert not go.is_set() and not sampler.runners["segments"].middle.done()
+        assert not go.is_set() and not sampler.runners["segments"].scanning.done.is_set()
     finally:
         go.set()
         sampler.stop()
@@ -680,10 +691,11 @@ def test_a_change_still_pending_when_the_scan_ends_is_not_settled_by_it(two_pods
     (a, _), (cg_a, _) = two_pods
     with orphan_attached_later(a, WRITE_IN_PLACE, allocated=True, cgroup=cg_a) as orphan:
         orphan.collector.pace.monotonic.now += 600  # a full scan is due
-        finish = orphan.collector.begin_full()()
+        staged = orphan.runs.begin()
+        staged.scan()
         orphan.attach()
-        orphan.changes.add(a, "psm_known")  # its write, in the log, not yet drained
-        assert segment(finish(), a, "psm_known") == ("unverified", ())
+        orphan.runs.changed(a, "psm_known")  # its write, in the log, not yet drained
+        assert segment(orphan.runs.finish(staged), a, "psm_known") == ("unverified", ())
 
 
 @needs_root
@@ -692,9 +704,9 @@ def test_a_staged_refresh_reads_the_pod_of_an_orphan_written_before_it_began(two
     (a, _), (cg_a, _) = two_pods
     with orphan_attached_later(a, WRITE_IN_PLACE, allocated=True, cgroup=cg_a) as orphan:
         orphan.attach()
-        orphan.changes.add(a, "psm_known")  # the watcher's IN_MODIFY, not yet drained
+        orphan.runs.changed(a, "psm_known")  # the watcher's IN_MODIFY, not yet drained
         orphan.collector.pace.monotonic.now += 15  # a refresh is due, not a full scan
-        inv = orphan.collector.begin_full()()()
+        inv = orphan.runs.staged()
         assert segment(inv, a, "psm_known") == ("linked", (orphan.pid,))
 
 
@@ -702,13 +714,14 @@ def test_a_mount_gone_or_new_during_the_staged_scan_is_as_the_quick_runs_left_it
     with mounted_tmpfs() as a, mounted_tmpfs() as b, mounted_tmpfs() as c:
         open(os.path.join(b, "psm_b"), "wb").close()
         mounts = [a, b]
-        collector = SegmentsCollector(Paths(), lambda: list(mounts), ProcessTable(Paths()), pod_of_pid=True,
-                                      changes=ChangeLog(), ignore_unreadable=HOST_EXCUSED_RE)
-        collector.collect()
-        scan = collector.begin_full()
+        collector = SegmentsCollector(Paths(), ProcessTable(Paths()), pod_of_pid=True, ignore_unreadable=HOST_EXCUSED_RE)
+        runs = Runs(collector, lambda: list(mounts))
+        runs.full()
+        staged = runs.begin()
         mounts[:] = [a, c]  # b's pod deleted, c's created while /proc is read
-        assert [m.mount for m in collector.collect_quick().mounts] == [a, c]
-        assert [m.mount for m in scan()().mounts] == [a, c]  # b not back (its psm_b not settled)
+        assert [m.mount for m in runs.quick().mounts] == [a, c]
+        staged.scan()
+        assert [m.mount for m in runs.finish(staged).mounts] == [a, c]  # b not back (its psm_b not settled)
 
 
 def test_a_mount_listed_by_a_quick_run_during_the_scan_keeps_that_listing(tmp_path):
@@ -717,16 +730,17 @@ def test_a_mount_listed_by_a_quick_run_during_the_scan_keeps_that_listing(tmp_pa
     late = str(tmp_path / "late")
     os.mkdir(late)
     with mounted_tmpfs() as a:
-        changes = ChangeLog()
-        collector = SegmentsCollector(Paths(), lambda: [a, late], ProcessTable(Paths()), pod_of_pid=True,
-                                      changes=changes, ignore_unreadable=HOST_EXCUSED_RE)
-        collector.collect()
-        scan = collector.begin_full()  # `late` is no mount point yet
+        collector = SegmentsCollector(Paths(), ProcessTable(Paths()), pod_of_pid=True,
+                                      ignore_unreadable=HOST_EXCUSED_RE)
+        runs = Runs(collector, [a, late])
+        runs.full()
+        staged = runs.begin()  # `late` is no mount point yet
         with mounted_tmpfs(path=late):
             open(os.path.join(late, "psm_x"), "wb").close()
-            changes.add(late, "psm_x")
-            assert {m.mount: m.error for m in collector.collect_quick().mounts}[late] is None
-            assert {m.mount: m.error for m in scan()().mounts}[late] is None
+            runs.changed(late, "psm_x")
+            assert {m.mount: m.error for m in runs.quick().mounts}[late] is None
+            staged.scan()
+            assert {m.mount: m.error for m in runs.finish(staged).mounts}[late] is None
 
 
 def test_after_a_failed_scan_a_quick_run_does_not_hand_back_an_inventory_its_walk_moved():
@@ -741,16 +755,16 @@ def test_after_a_failed_scan_a_quick_run_does_not_hand_back_an_inventory_its_wal
                                   stdout=subprocess.PIPE)
         try:
             holder.stdout.readline()
-            collector = SegmentsCollector(Paths(), lambda: [a], ProcessTable(Paths()), pod_of_pid=True,
-                                          changes=ChangeLog(), ignore_unreadable=HOST_EXCUSED_RE)
-            collector.collect()
+            collector = SegmentsCollector(Paths(), ProcessTable(Paths()), pod_of_pid=True, ignore_unreadable=HOST_EXCUSED_RE)
+            runs = Runs(collector, lambda: [a])
+            runs.full()
             for name in ("psm_g1", "psm_g2", "psm_g3"):
                 os.unlink(os.path.join(a, name))  # unseen: no watcher
             collector.owner_scan.scan = lambda *args, **kwargs: (_ for _ in ()).throw(OSError("scan failed"))
             collector.owner_scan.refresh = lambda *args, **kwargs: None
             with pytest.raises(OSError):
-                collector.begin_full()()()
-            states = {s.name: s.state for s in collector.collect_quick().mounts[0].rows()}
+                runs.staged()
+            states = {s.name: s.state for s in runs.quick().mounts[0].rows()}
             assert states == {"psm_live": "linked"}, states
         finally:
             holder.kill()
@@ -762,10 +776,11 @@ def test_the_full_scan_stretches_while_nothing_changes_and_is_back_to_its_base_o
     """Idle, every process is read ever more seldom (up to 8x the base); a new segment, a segment
     called leaked, or a holder gone brings the scan back to its base at once."""
     (a, b), (cg_a, _) = two_pods
-    clock, changes = Clock(), ChangeLog()
-    collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), pod_of_pid=True, changes=changes,
-                                  full_scan_interval=120.0, monotonic=clock, all_watched=lambda: True,
+    clock = Clock()
+    collector = SegmentsCollector(Paths(), ProcessTable(Paths()), pod_of_pid=True,
+                                  full_scan_interval=120.0, monotonic=clock,
                                   ignore_unreadable=HOST_EXCUSED_RE)
+    runs = Runs(collector, [a, b], all_watched=True)
 
     scans, scan = [], collector.owner_scan.scan
     collector.owner_scan.scan = lambda *args, **kw: scans.append(clock.now) or scan(*args, **kw)
@@ -774,7 +789,7 @@ def test_the_full_scan_stretches_while_nothing_changes_and_is_back_to_its_base_o
         """A full run `after` seconds on: (whether it read every process, its inventory)."""
         clock.now += after
         before = len(scans)
-        inv = collector.collect()
+        inv = runs.full()
         return len(scans) > before, inv
 
     with Peer(a, "mapped", "nccl-a", str(MiB)) as pa:
@@ -788,8 +803,8 @@ def test_the_full_scan_stretches_while_nothing_changes_and_is_back_to_its_base_o
         # A new segment, which only a full scan may call leaked: the base again.
         with open(os.path.join(b, "psm_new"), "wb") as f:
             f.write(b"x" * 4096)
-        changes.add(b, "psm_new")
-        assert segment(collector.collect_quick(), b, "psm_new") == ("linked", ())
+        runs.changed(b, "psm_new")
+        assert segment(runs.quick(), b, "psm_new") == ("linked", ())
         assert not full_run(119)[0]
         scanned, inv = full_run(1)
         assert scanned and segment(inv, b, "psm_new") == ("orphan", ())
@@ -797,8 +812,8 @@ def test_the_full_scan_stretches_while_nothing_changes_and_is_back_to_its_base_o
         # attaching without writing is seen by a full scan only).
         assert full_run(120)[0]
         os.unlink(os.path.join(b, "psm_new"))
-        changes.add(b, "psm_new")
-        collector.collect_quick()
+        runs.changed(b, "psm_new")
+        runs.quick()
         assert full_run(120)[0]
         assert full_run(120)[0]  # (the deletion was since the scan before)
         assert not full_run(120)[0]  # stretched again: 240 s
@@ -816,17 +831,18 @@ def test_a_change_inotify_missed_that_the_full_runs_listing_finds_brings_the_sca
     """A rename moves no statvfs figure: the listing's events tell it."""
     (a, _), _ = two_pods
     clock = Clock()
-    collector = SegmentsCollector(Paths(), [a], ProcessTable(Paths()), pod_of_pid=True, full_scan_interval=120.0,
-                                  monotonic=clock, all_watched=lambda: True, ignore_unreadable=HOST_EXCUSED_RE)
+    collector = SegmentsCollector(Paths(), ProcessTable(Paths()), pod_of_pid=True, full_scan_interval=120.0,
+                                  monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
+    runs = Runs(collector, [a], all_watched=True)
     scans, scan = [], collector.owner_scan.scan
     collector.owner_scan.scan = lambda *args, **kw: scans.append(clock.now) or scan(*args, **kw)
     with Peer(a, "mapped", "nccl-a", str(MiB)):
-        collector.collect()
+        runs.full()
         clock.now += 120
-        collector.collect()  # nothing changed since the first: 240 s next
+        runs.full()  # nothing changed since the first: 240 s next
         os.rename(os.path.join(a, "nccl-a"), os.path.join(a, "nccl-b"))  # no event said
         clock.now += 60
-        collector.collect()  # a refresh, whose listing finds it
+        runs.full()  # a refresh, whose listing finds it
         clock.now += 60
-        collector.collect()
+        runs.full()
         assert scans == [1000.0, 1120.0, 1240.0]

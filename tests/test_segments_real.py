@@ -8,7 +8,7 @@ from exporter.collectors.segments import SegmentsCollector
 from exporter.model.summary import owner_comm
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
-from exporter.inventory.changes import ChangeLog
+from tests.helpers import Runs
 from tests.conftest import (EVERY_FAMILY, HOST_EXCUSED_RE, Exporter, Peer, fallocate, mounted_tmpfs, needs_root,
                             select, value)
 
@@ -19,7 +19,7 @@ pytestmark = needs_root
 
 
 def inventory(tmpfs):
-    inv = SegmentsCollector(Paths(), [tmpfs], ignore_unreadable=HOST_EXCUSED_RE).collect()
+    inv = Runs(SegmentsCollector(Paths(), ignore_unreadable=HOST_EXCUSED_RE), [tmpfs]).full()
     return inv, inv.mounts[0]
 
 
@@ -144,30 +144,31 @@ def test_a_segment_made_while_proc_is_read_is_never_called_leaked_before_it_is_w
     """A full run lists the directory, then reads /proc. A segment made in between is not in
     that run's listing; the quick run for its event takes it as its creator's (linked), and
     only the next full run, which walks it before reading /proc, may call it leaked."""
-    collector = SegmentsCollector(Paths(), [tmpfs], ignore_unreadable=HOST_EXCUSED_RE)
+    collector = SegmentsCollector(Paths(), ignore_unreadable=HOST_EXCUSED_RE)
+    runs = Runs(collector, [tmpfs])
     fallocate(os.path.join(tmpfs, "psm_before"), MiB)  # held by nobody: orphan, owners complete
-    collector.collect()
+    runs.full()
     scan = collector.owner_scan.scan
 
     def made_during_the_read(*args, **kwargs):
         fallocate(os.path.join(tmpfs, "psm_during"), MiB)  # made and closed: nobody holds it
-        collector.changes.add(tmpfs, "psm_during")  # what the watcher records
+        runs.changed(tmpfs, "psm_during")  # what the watcher tells the scheduler
         return scan(*args, **kwargs)
 
     collector.owner_scan.scan = made_during_the_read
-    full = collector.collect()
+    full = runs.full()
     collector.owner_scan.scan = scan
     assert find(full.mounts[0], "psm_before").state == "orphan"  # every process was read ...
     assert "psm_during" not in {s.name for s in full.mounts[0].rows()}  # ... but it was not listed
-    assert find(collector.collect_quick().mounts[0], "psm_during").state == "linked"
-    assert find(collector.collect().mounts[0], "psm_during").state == "orphan"  # walked, then /proc
+    assert find(runs.quick().mounts[0], "psm_during").state == "linked"
+    assert find(runs.full().mounts[0], "psm_during").state == "orphan"  # walked, then /proc
 
 
 def test_quick_inventory_patches_only_what_inotify_reported(tmpfs):
-    collector = SegmentsCollector(Paths(), [tmpfs], ignore_unreadable=HOST_EXCUSED_RE)
+    runs = Runs(SegmentsCollector(Paths(), ignore_unreadable=HOST_EXCUSED_RE), [tmpfs])
     for name in ("nccl-aaaaaa", "psm_keep", "psm_gone"):
         fallocate(os.path.join(tmpfs, name), MiB)
-    collector.collect()
+    runs.full()
     fallocate(os.path.join(tmpfs, "nccl-new000"), 2 * MiB)      # reported
     os.unlink(os.path.join(tmpfs, "psm_gone"))                    # reported
     os.rename(os.path.join(tmpfs, "nccl-aaaaaa"), os.path.join(tmpfs, "torch_1_2"))  # reported (both names)
@@ -175,14 +176,14 @@ def test_quick_inventory_patches_only_what_inotify_reported(tmpfs):
         f.write(b"\1" * MiB)
     fallocate(os.path.join(tmpfs, "psm_unreported"), MiB)        # not reported
     for name in ("nccl-new000", "psm_gone", "nccl-aaaaaa", "torch_1_2", "psm_keep"):
-        collector.changes.add(tmpfs, name)
-    quick = {s.name: s.allocated_bytes for s in collector.collect_quick().mounts[0].rows()}
+        runs.changed(tmpfs, name)
+    quick = {s.name: s.allocated_bytes for s in runs.quick().mounts[0].rows()}
     assert quick == {"nccl-new000": 2 * MiB, "torch_1_2": MiB, "psm_keep": 2 * MiB}  # no re-list: no psm_unreported
-    full = {s.name: s.allocated_bytes for s in collector.collect().mounts[0].rows()}
+    full = {s.name: s.allocated_bytes for s in runs.full().mounts[0].rows()}
     assert full == {**quick, "psm_unreported": MiB}
-    collector.changes.unknown(tmpfs)  # e.g. a directory appeared: the quick run re-lists
+    runs.changed(tmpfs)  # e.g. a directory appeared: the quick run re-lists
     fallocate(os.path.join(tmpfs, "psm_other"), MiB)
-    assert "psm_other" in {s.name for s in collector.collect_quick().mounts[0].rows()}
+    assert "psm_other" in {s.name for s in runs.quick().mounts[0].rows()}
 
 
 @needs_root
@@ -190,13 +191,12 @@ def test_a_quick_run_looks_only_at_the_mounts_inotify_named():
     """Its cost follows the change, not the node's 200 mounts: a mount nothing was said about
     is handed back as the last run left it (unmounted meanwhile, the next full run says so)."""
     with mounted_tmpfs() as a, mounted_tmpfs() as b:
-        changes = ChangeLog()
-        collector = SegmentsCollector(Paths(), [a, b], ProcessTable(Paths()), changes=changes)
-        before = {m.mount: m for m in collector.collect().mounts}
+        runs = Runs(SegmentsCollector(Paths(), ProcessTable(Paths())), [a, b])
+        before = {m.mount: m for m in runs.full().mounts}
         subprocess.run(["umount", "-l", b], check=True)
         open(os.path.join(a, "psm_new"), "wb").close()
-        changes.add(a, "psm_new")
-        quick = {m.mount: m for m in collector.collect_quick().mounts}
+        runs.changed(a, "psm_new")
+        quick = {m.mount: m for m in runs.quick().mounts}
         assert quick[b] is before[b]
         assert "psm_new" in {s.name for s in quick[a].rows()}
-        assert {m.mount: m.error for m in collector.collect().mounts}[b] == "not a mount point"
+        assert {m.mount: m.error for m in runs.full().mounts}[b] == "not a mount point"

@@ -8,6 +8,7 @@ import sys
 
 from tests.conftest import EVERY_FAMILY, REPO, Exporter, fallocate, needs_root, prerequisite_missing, select, value
 from exporter.host.paths import Paths
+from tests.helpers import Runs
 
 MiB = 1 << 20
 
@@ -92,13 +93,13 @@ def test_a_mounts_unique_id_is_asked_again_only_when_the_mount_table_changed(tmp
     os.makedirs(path)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", path], check=True)
     try:
-        collector = shm_mount.ShmMountCollector(Paths(), [path])
-        first = collector.collect()[0].instance
-        assert collector.collect()[0].instance == first and len(asked) == 1
+        collector = Runs(shm_mount.ShmMountCollector(Paths()), [path])
+        first = collector.full()[0].instance
+        assert collector.full()[0].instance == first and len(asked) == 1
         subprocess.run(f"umount {path} && mount -t tmpfs -o size=16m tmpfs {path}", shell=True, check=True)
-        usage = collector.collect()[0]
+        usage = collector.full()[0]
         assert len(asked) == 2 and usage.size_bytes == 16 * MiB
-        if first[2] is not None:  # Linux 6.8: the new mount is told apart by its unique ID
+        if first.unique_id is not None:  # Linux 6.8: the new mount is told apart by its unique ID
             assert usage.instance != first
     finally:
         subprocess.run(["umount", "-l", path], check=False)

@@ -136,7 +136,7 @@ def oom_kills(report: Report, model: Model, error: Optional[str]) -> None:
         return
     now_usec = time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6  # kmsg stamps this clock
     listed = []
-    for kill, shm_used in model.recent_oom_kills:
+    for kill, shm_used in ((r.kill, r.shm_used_bytes) for r in model.recent_oom_kills):
         age = max(0, int((now_usec - kill.boot_usec) / 1e6))
         facts = {name: getattr(kill, name) for name in OOM_FACTS}
         listed.append(dict(facts, age_seconds=age, pod_shm_used_bytes=shm_used))
@@ -218,11 +218,11 @@ def outside(report: Report, model: Model, paths: Paths, deadline: float) -> None
 
 
 def _memfd(report: Report, inv: Inventory) -> None:
-    by_class: Dict[str, Tuple[int, int]]
-    top: List[Tuple[int, int]]
-    by_class, top = memfd_summary(inv, MAX_NAMED)
+    memfds = memfd_summary(inv, MAX_NAMED)
+    by_class, top = memfds.by_class, memfds.top
     if by_class:
-        count, total = map(sum, zip(*by_class.values()))
+        count = sum(t.count for t in by_class.values())
+        total = sum(t.allocated_bytes for t in by_class.values())
         holders = ", ".join(
             f"{shown(inv.comms.get(pid, 'unknown'))}[{pid}] {human(size)}"
             for pid, size in top

@@ -313,7 +313,7 @@ def _segment_facts(summary: SegmentSummary, model: Model) -> Dict[str, Any]:
         ],
         unverified=[_listed(s) for s in summary.unverified],
         hidden_bytes=summary.hidden_bytes,
-        segments=sum(n for n, _, _ in summary.totals.values()),
+        segments=sum(t.count for t in summary.totals.values()),
     )
 
 
@@ -384,7 +384,8 @@ def _unheld_finding(
         for (c, s), v in summary.totals.items()
         if s == kind.state and c in kind.classes
     ]
-    count, total = sum(r[0] for r in rows), sum(r[1] for r in rows)
+    count = sum(r.count for r in rows)
+    total = sum(r.allocated_bytes for r in rows)
     if not count:
         return
     named = [s for s in kind.segments if s.cls in kind.classes][:MAX_NAMED]

@@ -14,16 +14,13 @@ import time
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import (
-    Callable,
     Dict,
     List,
     Optional,
     Pattern,
-    Protocol,
     Sequence,
     Tuple,
     Union,
-    cast,
 )
 
 from exporter.model.types import CgroupMemory
@@ -35,7 +32,7 @@ from exporter.host.mountinfo import parse_mountinfo
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import Process, ProcessTable
 from exporter.collectors.host_memory import meminfo
-from exporter.collectors.source import Context, Source, register
+from exporter.collectors.source import Context, RunInput, Source, register
 
 # Node mode walks again at most this often while a watched mount's pod is not listed.
 MISSING_REWALK_SECONDS = 2.0
@@ -148,8 +145,6 @@ class CgroupCollector(Source):
     limit_override: Optional[int] = None
     node_mode: bool = False  # every pod's cgroup on the host, not one
     table: Optional[ProcessTable] = None
-    mounts: Callable[[], Sequence[str]] = list  # the watched shm mounts
-    kill_log_complete: Callable[[], bool] = lambda: False
     name = "cgroup"
 
     def __post_init__(self) -> None:
@@ -235,32 +230,33 @@ class CgroupCollector(Source):
 
     # --- one run ------------------------------------------------------------------------
 
-    def collect(self) -> List[CgroupMemory]:
-        """Every pod's cgroup in node mode; the one watched cgroup otherwise."""
+    def collect(self, run: RunInput = RunInput()) -> List[CgroupMemory]:
+        """Every pod's cgroup in node mode; the one watched cgroup otherwise. `run.mounts`:
+        the watched shm mounts."""
         if self.node_mode:
-            return self._collect_pods()
+            return self._collect_pods(run)
         if self.cgroup_path:
             at = self.resolve()
             return [self.read(at.path, at.version, at.directory)]
-        return [self._collect_workload()]
+        return [self._collect_workload(run.mounts)]
 
-    def _collect_pods(self) -> List[CgroupMemory]:
+    def _collect_pods(self, run: RunInput) -> List[CgroupMemory]:
         """Listed again only when the listing changed (walking 200 pods' trees costs more
         than reading them)."""
         now = time.monotonic()
-        watched = {pod_uid_of_mount(m) for m in self.mounts()} - {""}
+        watched = {pod_uid_of_mount(m) for m in run.mounts} - {""}
         missing = not watched <= {pod.pod_uid for pod in self._listed or ()}
         missing = missing and now - self._walked_at > MISSING_REWALK_SECONDS
         # A directory walked into gained or lost a pod cgroup (its link count), or went.
         made = any(_links(d) != n for d, n in self._walked_links.items())
         if self._listed is None or missing or made:
             self._listed = self.pod_cgroups()
-        found = self.read_pods(self._listed)
+        found = self.read_pods(self._listed, stretch=run.kill_log_complete)
         if len(found) < len(self._listed):  # a pod went away (or cannot be read)
             self._listed = None  # list again next time
         return found
 
-    def _collect_workload(self) -> CgroupMemory:
+    def _collect_workload(self, mounts: Sequence[str]) -> CgroupMemory:
         """The workload's cgroup (the pod's where its limit binds), else its estimate."""
         # In the host's PID namespace the processes are nobody's workload.
         host = self.process_table.kernel_threads_visible()
@@ -272,7 +268,7 @@ class CgroupCollector(Source):
         except (LookupError, FileNotFoundError):
             if not processes:
                 raise
-        return self._estimate(processes)
+        return self._estimate(processes, mounts)
 
     def _workload_pid(self, processes: List[Process], host: bool) -> Union[int, str]:
         """--cgroup.target-process's, else the workload's first, else ours on a host."""
@@ -294,9 +290,11 @@ class CgroupCollector(Source):
             "or name the cgroup with --cgroup.path"
         )
 
-    def _estimate(self, processes: List[Process]) -> CgroupMemory:
+    def _estimate(
+        self, processes: List[Process], mounts: Sequence[str]
+    ) -> CgroupMemory:
         """The workload's resident memory and the watched mounts' used bytes, as a cgroup."""
-        shm = self._shm_used()
+        shm = self._shm_used(mounts)
         working_set, limit = (
             self.process_table.resident(processes) + shm,
             self.limit_override,
@@ -313,11 +311,11 @@ class CgroupCollector(Source):
             estimated=True,
         )
 
-    def _shm_used(self) -> int:
+    def _shm_used(self, mounts: Sequence[str]) -> int:
         """The watched mounts' used bytes, each filesystem once (by device: one tmpfs may be
         watched twice)."""
         used = {}
-        for mount in self.mounts():
+        for mount in mounts:
             where = self.paths.host(mount)
             with suppress(OSError):
                 st, device = os.statvfs(where), os.stat(where).st_dev
@@ -363,15 +361,16 @@ class CgroupCollector(Source):
                 self._walked_links[directory] = 2 + len(subdirs)
         return found
 
-    def read_pods(self, listed: List[PodCgroup]) -> List[CgroupMemory]:
+    def read_pods(
+        self, listed: List[PodCgroup], stretch: bool = False
+    ) -> List[CgroupMemory]:
         """Each listed pod's cgroup but those unreadable (gone: ENOENT, ENODEV; EACCES; a file
         cut short). As cAdvisor's housekeeping, one read unchanged is read whole after twice
         as many polls while the kernel log counts every kill (v1 counts one in the
-        container's cgroup, which may go). Its usage and limit files are read every poll: a
-        jump toward the limit, or a limit lowered, is read whole at the next poll."""
+        container's cgroup, which may go: `stretch`). Its usage and limit files are read every
+        poll: a jump toward the limit, or a limit lowered, is read whole at the next poll."""
         above: LimitsAbove = {}  # the QoS slices' limits, read once a pass
         swap: Optional[bool] = None
-        stretch = self.kill_log_complete()
         kept, self._kept, self._polls = self._kept, {}, self._polls + 1
         for pod in listed:
             last = kept.get(pod.directory)
@@ -547,27 +546,14 @@ def _under_root(root: str, candidates: Dict[str, str]) -> List[CgroupAt]:
     return out
 
 
-class CgroupFlags(Protocol):
-    """What this collector reads of the configuration (exporter.config's flags)."""
-
-    @property
-    def cgroup_path(self) -> Optional[str]: ...
-
-    @property
-    def cgroup_target_process(self) -> Optional[str]: ...
-
-
 def _cgroup_collector(c: Context) -> CgroupCollector:
-    cfg = cast(CgroupFlags, c.cfg)  # Context.cfg is typed `object`
     return CgroupCollector(
         c.paths,
-        cgroup_path=cfg.cgroup_path,
-        target_process=cfg.cgroup_target_process,
+        cgroup_path=c.cfg.cgroup_path,
+        target_process=c.cfg.cgroup_target_process,
         limit_override=c.memory_limit,
         node_mode=c.node,
         table=c.table,
-        kill_log_complete=c.kill_log_complete,
-        mounts=c.mounts,
     )
 
 

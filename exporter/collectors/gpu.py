@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Dict, List, NoReturn, Optional
 
-from exporter.collectors.source import Source, register
+from exporter.collectors.source import RunInput, Source, register
 from exporter.host.proctable import ProcessTable
 from exporter.model.types import GpuDevice, GpuProcess, GpuSnapshot
 
@@ -98,7 +98,7 @@ class GpuCollector(Source):
                 self.nvml.nvmlShutdown()
         self.nvml = None
 
-    def collect(self) -> GpuSnapshot:
+    def collect(self, run: RunInput = RunInput()) -> GpuSnapshot:
         nvml = self.nvml or self._init()
         try:
             count = nvml.nvmlDeviceGetCount()

@@ -5,7 +5,7 @@ from contextlib import suppress
 from typing import Dict, Optional
 
 from exporter.model.types import HostMemory
-from exporter.collectors.source import Source, register
+from exporter.collectors.source import RunInput, Source, register
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import parse_meminfo
 
@@ -34,7 +34,7 @@ class HostMemoryCollector(Source):
     def __init__(self, paths: Paths):
         self.paths = paths
 
-    def collect(self) -> HostMemory:
+    def collect(self, run: RunInput = RunInput()) -> HostMemory:
         info = parse_meminfo(read_text(self.paths.proc("meminfo")))
         if "MemTotal" not in info:
             raise ValueError(f"{self.paths.proc('meminfo')}: no MemTotal line")

@@ -8,9 +8,9 @@ import errno
 import os
 import re
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Protocol, cast
+from typing import Dict, Iterable, List, Optional
 
-from exporter.collectors.source import Context, Source, register
+from exporter.collectors.source import Context, RunInput, Source, register
 from exporter.model.types import OomKill, OomReports
 
 # A /dev/kmsg record: 'prio,seq,usec,flags[,...];message', then ' KEY=value' lines.
@@ -152,7 +152,7 @@ class OomCollector(Source):
         self._fd: Optional[int] = None
         self._pending: Pending = {}  # reports begun, not yet complete
 
-    def collect(self) -> OomReports:
+    def collect(self, run: RunInput = RunInput()) -> OomReports:
         fd = self._open() if self._fd is None else self._fd
         records, lost = [], 0
         while True:
@@ -194,16 +194,8 @@ class OomCollector(Source):
             self._fd = None
 
 
-class OomFlags(Protocol):
-    """What this collector reads of the configuration (exporter.config's flags)."""
-
-    @property
-    def kmsg(self) -> str: ...
-
-
 def _oom_collector(c: Context) -> OomCollector:
-    cfg = cast(OomFlags, c.cfg)  # Context.cfg is typed `object`
-    return OomCollector(cfg.kmsg, c.kmsg_from_start)
+    return OomCollector(c.cfg.kmsg, c.kmsg_from_start)
 
 
 # Off by default in a sidecar: /dev/kmsg is not in a container unless given, and needs CAP_SYSLOG.

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional, Sequence, TypeVar, Union
 
 from exporter.model.types import SysvSegment, SysvShm
-from exporter.collectors.source import Source, register
+from exporter.collectors.source import RunInput, Schedule, Source, register
 from exporter.host.libc import setns
 from exporter.host.paths import Paths, read_text
 from exporter.host.proctable import Process, ProcessTable
@@ -167,8 +167,10 @@ class SysvCollector(Source):
         self.table = table or ProcessTable(paths)
         # Node mode walks every process for its namespace and joins each: at the inventory's
         # pace, stretched while nothing changes (SysV segments are long-lived).
-        self.schedule = "inventory" if node_mode else "poll"
-        self.stretches = node_mode
+        self.schedule: Schedule = "inventory" if node_mode else "poll"
+
+    def stretches(self, run: RunInput) -> bool:
+        return self.node_mode
 
     def read(self) -> SysvShm:
         """The calling thread's IPC namespace."""
@@ -187,7 +189,7 @@ class SysvCollector(Source):
             shmmni=shmmni,
         )
 
-    def collect(self) -> List[SysvShm]:
+    def collect(self, run: RunInput = RunInput()) -> List[SysvShm]:
         """One namespace per element: ours in a sidecar; every process's in node mode."""
         if not self.node_mode:
             return [self.read()]

@@ -226,11 +226,12 @@ class ModelCollector(Collector):
             out.parts_of(self._named_segments, named, same)
         states = (self._state_row(m, inv) for m in listed)
         out.parts_of(self._one_mount_state, states, same)
-        by_class, top = memfd_summary(inv, self.step.top_k)
-        for cls, (count, allocated) in sorted(by_class.items()):
-            out.add("shmwatch_memfd_regions", [cls], count)
-            out.add("shmwatch_memfd_bytes", [cls], allocated)
-        for (comm, pod), size in largest_by_name(top, inv.comms, inv.pods).items():
+        memfds = memfd_summary(inv, self.step.top_k)
+        for cls, totals in sorted(memfds.by_class.items()):
+            out.add("shmwatch_memfd_regions", [cls], totals.count)
+            out.add("shmwatch_memfd_bytes", [cls], totals.allocated_bytes)
+        by_name = largest_by_name(memfds.top, inv.comms, inv.pods)
+        for (comm, pod), size in by_name.items():
             pods = {"process_pod_uid": pod}
             out.add("shmwatch_process_memfd_bytes", [comm], size, pods)
 
@@ -297,7 +298,8 @@ class ModelCollector(Collector):
         comms: Dict[int, str],
         pods: Dict[int, str],
     ) -> None:
-        for (cls, state), figures in sorted(summary.totals.items()):
+        for (cls, state), t in sorted(summary.totals.items()):
+            figures = t.count, t.allocated_bytes, t.apparent_bytes
             for kind, value in zip(SEGMENT_SERIES, figures):
                 out.add(f"shmwatch_{kind}", [mount, cls, state], value)
         by_name = largest_by_name(summary.top_processes, comms, pods)
@@ -349,7 +351,7 @@ class ModelCollector(Collector):
                     out.add(f"shmwatch_sysv_{name}", [], value, ns)
 
     def _process(self, model: Model, out: Families) -> None:
-        for name, value in model.process_samples:
+        for name, value in ((s.name, s.value) for s in model.process_samples):
             out.add(name, [], value)
 
     def _host_memory(self, model: Model, out: Families) -> None:

@@ -25,22 +25,6 @@ class SaidOnce:
             del self._said[gone]
         return SaidRun(self)
 
-    def say(
-        self,
-        key: Hashable,
-        message: Optional[str],
-        level: int = logging.WARNING,
-        back: str = "",
-        same: object = None,
-    ) -> None:
-        """Outside a run: for the callers not yet moved to `run` (runtime/, the segments and
-        shm_mount collectors), which must call `keep` themselves. To be removed with them."""
-        self._say(key, message, level, back, same)
-
-    def keep(self, keys: Iterable[Hashable]) -> None:
-        """Outside a run: forgets every key but `keys` (what `run` does). To be removed."""
-        self.run(keys)
-
     def _say(
         self, key: Hashable, message: Optional[str], level: int, back: str, same: object
     ) -> None:

@@ -1,9 +1,12 @@
-"""Names inotify saw change, per mount: the quick inventory lstat()s these to patch the last
-listing. One marked unknown (a change below the top directory, too many names): re-listed."""
+"""Names inotify saw change, per mount, until a run takes them: the scheduler keeps one for
+each event-driven source (written from the watcher's thread, taken on the source's). A quick
+inventory lstat()s these to patch the last listing; one marked unknown (a change below the
+top directory, too many names) is listed again."""
 
 import threading
+from typing import Dict, Mapping, Optional, Set
 
-from exporter.inventory.holdings import Changes
+from exporter.inventory.holdings import Names
 
 
 class ChangeLog:
@@ -11,7 +14,7 @@ class ChangeLog:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._names: Changes = {}
+        self._names: Dict[str, Optional[Set[str]]] = {}
 
     def add(self, mount: str, name: str) -> None:
         with self._lock:
@@ -25,11 +28,13 @@ class ChangeLog:
         with self._lock:
             self._names[mount] = None
 
-    def peek(self) -> Changes:  # what drain() would return, left in place
+    def peek(self) -> Mapping[str, Names]:
+        """What drain() would return, left in place (a copy: the log goes on changing)."""
         with self._lock:
             return {m: None if n is None else set(n) for m, n in self._names.items()}
 
-    def drain(self) -> Changes:
+    def drain(self) -> Mapping[str, Names]:
+        """The names, taken: the log starts empty again."""
         with self._lock:
             drained, self._names = self._names, {}
         return drained

@@ -6,15 +6,16 @@ import logging
 import re
 from dataclasses import dataclass, field
 from typing import AbstractSet, Callable, Collection, Dict, List, Mapping
-from typing import NamedTuple, Optional, Set, Tuple
+from typing import Optional, Set, Tuple
 
 from exporter.host.kube import pod_uid_of_mount
 from exporter.host.proctable import Process
 from exporter.inventory.walk import Key, Listing
-from exporter.model.types import KNOWN, unpack
+from exporter.model.types import MemfdTotals, PackedRow, Row
 
 MAX_UNPROVEN = 20  # reasons kept for the log
-Changes = Dict[str, Optional[Set[str]]]  # mount -> names changed; None: re-list it all
+Names = Optional[AbstractSet[str]]  # names of a mount's files; None: any
+Changes = Dict[str, Names]  # mount -> names changed; None: re-list it all
 
 
 class UnprovenLog:
@@ -43,9 +44,9 @@ class UnprovenLog:
         self._said = said
 
 
-class Sizes(NamedTuple):
-    """An inode's sizes from a stat (or a mapping's extent for both). A NamedTuple while
-    collectors/segments.py still takes it apart by position; a frozen dataclass after."""
+@dataclass(frozen=True)
+class Sizes:
+    """An inode's sizes from a stat (or a mapping's extent for both)."""
 
     allocated_bytes: int  # st_blocks x 512: what tmpfs charges
     apparent_bytes: int  # st_size
@@ -79,8 +80,8 @@ class Owners:
     # pid -> the keys it holds (each once): a scoped scan replaces a pod's holdings by them.
     keys_of: Dict[int, List[Key]] = field(default_factory=dict)
     pod_of: Dict[int, str] = field(default_factory=dict)  # pid -> pod UID, once known
-    # pid -> class -> (count, allocated) of its memfds past its MAX_MEMFDS largest
-    memfd_rest: Dict[int, Dict[str, Tuple[int, int]]] = field(default_factory=dict)
+    # pid -> class -> its memfds past its MAX_MEMFDS largest
+    memfd_rest: Dict[int, Dict[str, MemfdTotals]] = field(default_factory=dict)
     folded: Set[Key] = field(default_factory=set)  # keys counted so, while a scan runs
 
     def hold(self, key: Key, new: Holding) -> None:
@@ -117,7 +118,7 @@ def unlinked_size(hs: List[Holding]) -> Sizes:
 
 def unheld_state(
     name: str,
-    row: int,
+    row: PackedRow,
     key: Key,
     full_dev: Optional[int],
     doubted: Optional[Collection[str]],
@@ -131,31 +132,31 @@ def unheld_state(
     scan read /proc, on the device the mount had then) is taken as held by its creator after a
     quick run, unverified after a refresh. `settled`: a full scan this run, which alone may call
     leaked one held at the last (`held_at_full`) or changed since its pod was read (`doubted`)."""
-    if not (settled or full_dev == key[0] and row & KNOWN):
+    if not (settled or full_dev == key[0] and Row.known(row)):
         return "linked" if quick else "unverified"  # `settled` makes every row known
     at_full = doubted is None or name in doubted or key in held_at_full
     return "orphan" if complete and (settled or not at_full) else "unverified"
 
 
-def joined(a: Optional[Set[str]], b: Optional[Set[str]]) -> Optional[Set[str]]:
+def joined(a: Names, b: Names) -> Names:
     """Two sets of names, where None is any name."""
     return None if a is None or b is None else a | b
 
 
-def add_names(book: Changes, mount: str, names: Optional[Set[str]]) -> None:
+def add_names(book: Changes, mount: str, names: Names) -> None:
     book[mount] = joined(book.get(mount, set()), names)
 
 
 def orphan_bytes(
-    rows: Mapping[str, int], names: Collection[str]
+    rows: Mapping[str, PackedRow], names: Collection[str]
 ) -> Dict[str, Optional[int]]:
     """Each of `names`' allocated bytes in `rows` (None: not listed)."""
-    return {n: unpack(rows[n])[3] if n in rows else None for n in names}
+    return {n: Row.allocated_bytes(rows[n]) if n in rows else None for n in names}
 
 
 def mounts_to_reread(
     devs: Dict[str, int],
-    listings: Mapping[str, Tuple[Listing, object]],
+    listings: Mapping[str, Listing],
     orphans: Mapping[str, Collection[str]],
     doubted: Changes,
     read_as: Mapping[str, Mapping[str, Optional[int]]],
@@ -167,7 +168,7 @@ def mounts_to_reread(
     moved: Dict[str, Set[str]] = {}
     for m in devs:
         was = read_as.get(m, {})
-        now = orphan_bytes(listings[m][0].rows, orphans.get(m, ()))
+        now = orphan_bytes(listings[m].rows, orphans.get(m, ()))
         written = {n for n, a in now.items() if a is not None and a != was.get(n)}
         if written or m in doubted:
             moved[m] = written

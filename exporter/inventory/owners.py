@@ -17,7 +17,7 @@ from exporter.inventory.maps import WatchedMountIds, dev_token, memfd_name, pars
 from exporter.inventory.maps import parse_memfd
 from exporter.inventory.walk import Key
 from exporter.model.classes import classify
-from exporter.model.types import Segment
+from exporter.model.types import MemfdTotals, Segment
 
 MAX_MEMFDS = 64  # memfds kept one by one per process; the rest by class (maybe 1000s)
 MAX_PASSES = 4  # passes over new processes: a holder may fork and exit mid-scan
@@ -287,15 +287,19 @@ class OwnerScan:
             order = sorted(
                 regions, key=lambda k: (-unlinked_size(regions[k]).allocated_bytes, k)
             )
-            rest: Dict[str, Tuple[int, int]] = {}
+            rest: Dict[str, MemfdTotals] = {}
             for key in order[MAX_MEMFDS:]:
                 hs = regions.pop(key)
                 if key in out.holdings or key in out.folded:
                     continue
                 out.folded.add(key)
                 cls = classify(memfd_name(hs[0].path) or "")
-                count, size = rest.get(cls, (0, 0))
-                rest[cls] = count + 1, size + unlinked_size(hs).allocated_bytes
+                was = rest.get(cls, MemfdTotals(count=0, allocated_bytes=0))
+                rest[cls] = MemfdTotals(
+                    count=was.count + 1,
+                    allocated_bytes=was.allocated_bytes
+                    + unlinked_size(hs).allocated_bytes,
+                )
             out.memfd_rest[pid] = rest
         for key, (h,) in regions.items():
             if key not in out.folded:

@@ -1,24 +1,30 @@
 """Listing a shm mount by lstat only, and patching a listing by the names that changed. Each
-regular file is one packed int under its path below the mount (a name alone collides across
-sub-directories): 100,000 leaked files take ~15 MB. Past `cap` files a walk keeps counts and
-bytes by class (`Listing.degraded`); past MAX_ENTRIES it stops (`Listing.truncated`)."""
+regular file is one packed int (model.types.Row) under its path below the mount (a name
+alone collides across sub-directories): 100,000 leaked files take ~15 MB. Past `cap` files
+a walk keeps counts and bytes by class (`Listing.degraded`); past MAX_ENTRIES it stops
+(`Listing.truncated`). A file with several names (hard links) is listed once, under the
+smallest of its names: its class, and the advice given on it, do not depend on the order a
+directory is read in. A row is replaced only when its file changed: the inventories
+published share the others. Runs on the segments source's thread."""
 
 import os
 from collections import Counter
 from contextlib import suppress
 from dataclasses import dataclass, field
 from stat import S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFSOCK, S_ISDIR, S_ISREG
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from exporter.host.mountinfo import MountTable
 from exporter.model.classes import CLASS_NAMES, classify
-from exporter.model.types import INO_MASK, INO_SHIFT, KNOWN, SEEN, pack, unpack
+from exporter.model.types import ClassTotals, PackedRow, Row
 
 MAX_DEPTH = 8  # tools that make sub-directories in /dev/shm nest one or two levels
 MAX_ENTRIES = 250_000  # a bound on one walk, so a hostile mount cannot stall us
 
 Key = Tuple[int, int]  # (st_dev, st_ino)
-Rows = Dict[str, int]  # path below the mount -> packed row (model.types.pack)
-Events = Counter  # (class, "created" | "deleted") -> count
+Rows = Dict[str, PackedRow]  # path below the mount -> its row
+Events = Counter[Tuple[str, str]]  # (class, "created" | "deleted") -> count
+Directory = Tuple[str, ...]  # a directory below the root, as names
 
 _KINDS = {S_IFDIR: "directory", S_IFLNK: "symlink", S_IFIFO: "fifo", S_IFSOCK: "socket"}
 CLASS_INDEX = {name: i for i, name in enumerate(CLASS_NAMES)}
@@ -26,157 +32,375 @@ CLASS_INDEX = {name: i for i, name in enumerate(CLASS_NAMES)}
 
 @dataclass(eq=False, slots=True)
 class Listing:
-    """One mount's listing, kept and updated in place run after run: a walk marks the rows
-    it sees with this walk's parity and drops the others after."""
+    """One mount's listing, kept and brought up to date run after run."""
 
     rows: Rows = field(default_factory=dict)
-    others: Dict[str, int] = field(default_factory=dict)
+    others: Counter[str] = field(default_factory=Counter)  # kind -> entries not files
     truncated: bool = False
-    # class -> (count, allocated, apparent), once past the cap (rows then empty)
-    degraded: Optional[Dict[str, Tuple[int, int, int]]] = None
-    parity: int = 0  # SEEN or 0: the bit the last walk set
+    # class -> the totals of its files, once past the cap (rows then empty)
+    degraded: Optional[Dict[str, ClassTotals]] = None
 
 
-def _update(listing: Listing, path: str, st: os.stat_result, events: Events) -> None:
-    old = listing.rows.get(path)
-    same = old is not None and old >> INO_SHIFT & INO_MASK == st.st_ino
-    if same:
-        cls, known = old & 31, old & KNOWN
+@dataclass(slots=True)
+class _File:
+    """A regular file met by a walk: its path below the mount and its lstat (one walk's, on
+    its thread: not frozen, which would cost each entry of a storm a setattr per field)."""
+
+    path: str
+    stat: os.stat_result
+
+    @staticmethod
+    def of(path: str, st: os.stat_result) -> "_File":
+        return _File(path=path, stat=st)
+
+
+def _update(listing: Listing, file: _File, events: Events) -> bool:
+    """The file's row made or brought up to date (the same path on another inode is another
+    file: both events). -> whether its path was listed."""
+    old, st = listing.rows.get(file.path), file.stat
+    same = old is not None and Row.inode(old) == st.st_ino
+    if old is not None and same:
+        cls, known = Row.class_index(old), Row.known(old)
     else:
-        cls, known = CLASS_INDEX[classify(os.path.basename(path))], 0
-    flags = known | listing.parity
-    row = pack(cls, flags, st.st_ino, st.st_mtime, st.st_blocks, st.st_size)
+        cls, known = CLASS_INDEX[classify(os.path.basename(file.path))], False
+    row = Row.pack(
+        class_index=cls,
+        inode=st.st_ino,
+        mtime=st.st_mtime,
+        blocks=st.st_blocks,
+        apparent_bytes=st.st_size,
+        known=known,
+    )
     if row != old:
-        listing.rows[path] = row
+        listing.rows[file.path] = row
     if not same:
         if old is not None:
-            events[CLASS_NAMES[old & 31], "deleted"] += 1
-        events[CLASS_NAMES[row & 31], "created"] += 1
+            events[Row.class_name(old), "deleted"] += 1
+        events[Row.class_name(row), "created"] += 1
+    return old is not None
+
+
+@dataclass(slots=True)
+class _Tally:
+    """A class's files counted past the cap, while a walk runs."""
+
+    count: int = 0
+    allocated_bytes: int = 0
+    apparent_bytes: int = 0
+
+    def add(self, allocated_bytes: int, apparent_bytes: int) -> None:
+        self.count += 1
+        self.allocated_bytes += allocated_bytes
+        self.apparent_bytes += apparent_bytes
+
+    def totals(self) -> ClassTotals:
+        return ClassTotals(
+            count=self.count,
+            allocated_bytes=self.allocated_bytes,
+            apparent_bytes=self.apparent_bytes,
+        )
+
+
+class _Pass:
+    """One pass over a mount's directories: every entry lstat()ed (MAX_ENTRIES at most),
+    regular files handed to `_file` (a hard-linked inode once, by its smallest name, after
+    the others), other entries counted by kind."""
+
+    def __init__(self, root: str, dev: int, listing: Listing) -> None:
+        self.root, self.dev, self.listing = root, dev, listing
+        self.entries = 0  # entries met (a bound on the walk)
+        self.files = 0  # regular files met, each inode once (the cap's count)
+        # An inode of several names -> its smallest met yet (one _File each, however many
+        # names: a name that loses is done with at once).
+        self.linked: Dict[int, _File] = {}
+        self.visited: List[Directory] = []  # directories read to their end
+
+    def run(self) -> bool:
+        """-> False when the pass stopped early (`_file` said so)."""
+        self.listing.others, self.listing.truncated = Counter(), False
+        stack: List[Directory] = [()]
+        while stack and not self.listing.truncated:
+            if not self._directory(stack.pop(), stack):
+                return False
+        for smallest in self.linked.values():
+            if not self._file(smallest):
+                return False
+        return True
+
+    def _file(self, file: _File) -> bool:
+        """-> False: stop the pass."""
+        raise NotImplementedError
+
+    def _directory(self, names: Directory, stack: List[Directory]) -> bool:
+        opened = _open_below(self.root, names, self.dev)
+        if opened is None:
+            return True
+        fd, entries = opened
+        prefix = "".join(n + "/" for n in names)
+        try:
+            with entries:
+                for entry in entries:
+                    if not self._entry(prefix, entry, names, stack):
+                        return self.listing.truncated  # cut short, or stopped
+        finally:
+            os.close(fd)
+        self.visited.append(names)
+        return True
+
+    def _entry(
+        self,
+        prefix: str,
+        entry: "os.DirEntry[str]",
+        names: Directory,
+        stack: List[Directory],
+    ) -> bool:
+        """-> False: the pass stops (MAX_ENTRIES met, or `_file` said so)."""
+        self.entries += 1
+        if self.entries > MAX_ENTRIES:
+            self.listing.truncated = True
+            return False
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            self._not_listed(prefix + entry.name)  # deleted between readdir and lstat
+            return True
+        if st.st_dev != self.dev:
+            self._not_listed(prefix + entry.name)  # something mounted inside
+            return True
+        if S_ISREG(st.st_mode):
+            return self._regular(_File(path=prefix + entry.name, stat=st), st.st_nlink)
+        self.listing.others[_KINDS.get(S_IFMT(st.st_mode), "device")] += 1
+        if S_ISDIR(st.st_mode) and len(names) < MAX_DEPTH:
+            stack.append(names + (entry.name,))
+        return True
+
+    def _not_listed(self, path: str) -> None:
+        """A name readdir gave whose file this pass does not list under it: gone before its
+        lstat, another mount's, or another name of a file listed under a smaller one."""
+
+    def _regular(self, file: _File, links: int) -> bool:
+        """A file of several names is counted once and handed over after the walk."""
+        if links <= 1:
+            self.files += 1
+            return self._file(file)
+        kept = self.linked.setdefault(file.stat.st_ino, file)
+        if kept is file:
+            self.files += 1
+        elif file.path < kept.path:
+            self.linked[file.stat.st_ino] = file
+            self._not_listed(kept.path)
+        else:
+            self._not_listed(file.path)
+        return True
+
+
+class _RowPass(_Pass):
+    """A pass that lists each file by its row; it stops past the cap."""
+
+    def __init__(self, root: str, dev: int, listing: Listing, cap: int) -> None:
+        super().__init__(root, dev, listing)
+        self.cap = cap
+        self.events: Events = Counter()
+        self.listed_before = len(listing.rows)
+        self.met = 0  # rows listed before met again by name
+
+    def _file(self, file: _File) -> bool:
+        if self.files > self.cap:
+            return False
+        self.met += _update(self.listing, file, self.events)
+        return True
+
+    def _not_listed(self, path: str) -> None:
+        """Its row goes now, counted as met: `_drop_gone` reads the directory again, and
+        may find the name (on another file made since: the row's inode is not its)."""
+        row = self.listing.rows.pop(path, None)
+        if row is not None:
+            self.met += 1
+            self.events[Row.class_name(row), "deleted"] += 1
+
+    def finish(self) -> Events:
+        """Rows not met again are gone; a walk cut short keeps them as last seen (within the
+        cap)."""
+        listing = self.listing
+        if listing.truncated:
+            if len(listing.rows) > self.cap:
+                listing.degraded = _totals_of(listing.rows)
+                listing.rows = {}
+            return self.events
+        if self.met < self.listed_before:
+            self._drop_gone()
+        return self.events
+
+    def _drop_gone(self) -> None:
+        """The rows whose files the directories read no longer name."""
+        rows = self.listing.rows
+        present = _regular_files(self.root, self.dev, self.visited)
+        gone = [path for path in rows if path not in present]
+        for path in gone:
+            self.events[Row.class_name(rows.pop(path)), "deleted"] += 1
+        if len(gone) > len(
+            rows
+        ):  # a dict keeps its size when emptied: a storm's, for good
+            self.listing.rows = dict(rows)
+            rows.clear()  # its table freed now
+
+
+class _TallyPass(_Pass):
+    """A pass past the cap: each file counted by class, no rows."""
+
+    def __init__(self, root: str, dev: int, listing: Listing) -> None:
+        super().__init__(root, dev, listing)
+        self.tallies: Dict[str, _Tally] = {}
+
+    def _file(self, file: _File) -> bool:
+        tally = self.tallies.setdefault(classify(os.path.basename(file.path)), _Tally())
+        tally.add(file.stat.st_blocks * 512, file.stat.st_size)
+        return True
+
+    def totals(self) -> Dict[str, ClassTotals]:
+        return {cls: tally.totals() for cls, tally in self.tallies.items()}
 
 
 def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
     """Brings the listing up to date: regular files by path (a hard-linked inode once), other
-    entries by type. -> the files created and deleted since (a name on another inode: both)."""
-    events: Events = Counter()
-    listing.parity ^= SEEN
-    listing.others, listing.truncated, listing.degraded = Counter(), False, None
-    rows, others = listing.rows, listing.others
-    linked: set = set()  # inodes with more than one name, seen
-    seen = files = 0  # entries, and regular files, this walk met (not rows gone since)
-    stack: List[Tuple[str, ...]] = [()]  # sub-directories, as names below the root
-    while stack and not listing.truncated:
-        names = stack.pop()
-        if (opened := _open_below(root, names, dev)) is None:
-            continue
+    entries by type. -> the files created and deleted since (a name on another inode: both).
+    Past `cap` files only their totals by class are kept, until a walk finds `cap` or fewer
+    (its listing then said nothing, as a first one)."""
+    if listing.degraded is None:
+        rows = _RowPass(root, dev, listing, cap)
+        if rows.run():
+            return rows.finish()
+        listing.rows = {}  # past the cap: the rows go at once
+    tallies = _TallyPass(root, dev, listing)
+    tallies.run()
+    if tallies.files <= cap and not listing.truncated:  # back under it: listed again
+        listing.degraded = None
+        rows = _RowPass(root, dev, listing, cap)
+        if rows.run():
+            return rows.finish()
+        listing.rows = {}
+        tallies = _TallyPass(root, dev, listing)
+        tallies.run()
+    listing.degraded = tallies.totals()
+    return Counter()
+
+
+def _totals_of(rows: Rows) -> Dict[str, ClassTotals]:
+    tallies: Dict[str, _Tally] = {}
+    for row in rows.values():
+        tally = tallies.setdefault(Row.class_name(row), _Tally())
+        tally.add(Row.allocated_bytes(row), Row.apparent_bytes(row))
+    return {cls: tally.totals() for cls, tally in tallies.items()}
+
+
+def _regular_files(root: str, dev: int, directories: Sequence[Directory]) -> Set[str]:
+    """The paths of the regular files in these directories now (names and types only, as
+    readdir gives them: no lstat)."""
+    present: Set[str] = set()
+    for names in directories:
+        opened = _open_below(root, names, dev)
+        if opened is None:
+            continue  # gone since, with its files
         fd, entries = opened
         prefix = "".join(n + "/" for n in names)
-        with entries:
-            for entry in entries:
-                seen += 1
-                if seen > MAX_ENTRIES:
-                    listing.truncated = True
-                    break
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue  # deleted between readdir and lstat
-                if st.st_dev != dev:
-                    continue  # something mounted inside: not this mount's
-                if S_ISREG(st.st_mode):
-                    if st.st_nlink > 1:
-                        if st.st_ino in linked:
-                            continue
-                        linked.add(st.st_ino)
-                    files += 1
-                    if listing.degraded is None and files > cap:
-                        listing.degraded = _degrade(listing)
-                    if listing.degraded is not None:
-                        cls = classify(entry.name)
-                        _add(listing.degraded, cls, st.st_blocks * 512, st.st_size)
-                    else:
-                        _update(listing, prefix + entry.name, st, events)
-                    continue
-                others[_KINDS.get(S_IFMT(st.st_mode), "device")] += 1
-                if S_ISDIR(st.st_mode) and len(names) < MAX_DEPTH:
-                    stack.append(names + (entry.name,))
-        os.close(fd)
-    gone = [p for p, row in rows.items() if row & SEEN != listing.parity]
-    if listing.truncated:  # not reached is not gone: kept as last seen, within the cap
-        rows.update((p, rows[p] ^ SEEN) for p in gone)
-        gone = []
-        if listing.degraded is None and len(rows) > cap:
-            listing.degraded = _degrade(listing)
-    for path in gone:
-        events[CLASS_NAMES[rows.pop(path) & 31], "deleted"] += 1
-    if len(gone) > len(rows):  # a dict keeps its size when emptied: a storm's, for good
-        listing.rows = dict(rows)
-        rows.clear()  # its table freed now, not when the last inventory sharing it goes
-    return events
-
-
-def _add(totals, cls: str, allocated: int, apparent: int) -> None:
-    count, a, b = totals.get(cls, (0, 0, 0))
-    totals[cls] = (count + 1, a + allocated, b + apparent)
-
-
-def _degrade(listing: Listing) -> Dict[str, Tuple[int, int, int]]:
-    """This walk's rows so far as counts and bytes by class; every row is dropped."""
-    totals: Dict[str, Tuple[int, int, int]] = {}
-    for row in listing.rows.values():
-        if row & SEEN == listing.parity:
-            cls, _, _, allocated, apparent = unpack(row)
-            _add(totals, CLASS_NAMES[cls], allocated, apparent)
-    listing.rows.clear()
-    return totals
+        try:
+            with entries:
+                present.update(
+                    prefix + e.name for e in entries if e.is_file(follow_symlinks=False)
+                )
+        finally:
+            os.close(fd)
+    return present
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
-def _open_below(root: str, names: Tuple[str, ...], dev: int) -> Optional[tuple]:
+def _open_below(
+    root: str, names: Tuple[str, ...], dev: int
+) -> Optional[Tuple[int, "os._ScandirIterator[str]"]]:
     """(fd, scandir) of a directory below the root opened one name at a time, never through a
     symlink (one swapped in since our lstat fails here); None when it cannot be opened."""
-    fd = None
+    fd: Optional[int] = None
     with suppress(OSError):
         for name in (root, *names):
             parent, fd = fd, os.open(name, _DIR_FLAGS, dir_fd=fd)
             if parent is not None:
                 os.close(parent)
-        if os.fstat(fd).st_dev == dev:  # else something mounted over it since we looked
+        if fd is not None and os.fstat(fd).st_dev == dev:  # else mounted over since
             return fd, os.scandir(fd)
     if fd is not None:
         os.close(fd)
     return None
 
 
-def patch_listing(root: str, dev: int, listing: Listing, names: Iterable) -> Events:
+def patch_listing(
+    root: str, dev: int, listing: Listing, names: Iterable[str]
+) -> Events:
     """Brings the listing up to date for the top-level names that changed (inotify watches
     the top directory only; a change below it re-lists). -> created and deleted."""
-    events: Events = Counter()
-    rows = listing.rows
-    inodes: Optional[Dict[int, str]] = None  # made once, when a hard link asks
+    patch = _Patch(listing)
     for name in names:
         try:
-            st = os.lstat(os.path.join(root, name))
+            st: Optional[os.stat_result] = os.lstat(os.path.join(root, name))
         except OSError:
             st = None  # deleted (or renamed away)
         if st is None or not S_ISREG(st.st_mode) or st.st_dev != dev:
-            if name in rows:
-                events[CLASS_NAMES[rows.pop(name) & 31], "deleted"] += 1
-            continue
-        if st.st_nlink > 1:  # a hard link to a listed inode counts once
-            if inodes is None:
-                inodes = {r >> INO_SHIFT & INO_MASK: n for n, r in rows.items()}
-            if inodes.get(st.st_ino, name) != name:
-                continue
-            inodes[st.st_ino] = name
-        _update(listing, name, st, events)
-    return events
+            patch.gone(name)
+        else:
+            patch.regular(name, st)
+    return patch.events
 
 
-def directories(host, table, mounts) -> Tuple[Dict[str, int], Dict[str, str]]:
+class _Patch:
+    """One patch of a listing (`patch_listing`)."""
+
+    def __init__(self, listing: Listing) -> None:
+        self.listing = listing
+        self.events: Events = Counter()
+        self._inodes: Optional[Dict[int, str]] = (
+            None  # made once, when a hard link asks
+        )
+
+    def gone(self, name: str) -> None:
+        if name in self.listing.rows:
+            self.events[Row.class_name(self.listing.rows.pop(name)), "deleted"] += 1
+
+    def regular(self, name: str, st: os.stat_result) -> None:
+        """A hard link to a listed inode is listed under the smaller of the two names."""
+        if st.st_nlink > 1:
+            if self._inodes is None:
+                self._inodes = _inodes(self.listing.rows)
+            if not _takes_the_name(
+                self.listing, self._inodes, name, st.st_ino, self.events
+            ):
+                return
+        _update(self.listing, _File(path=name, stat=st), self.events)
+
+
+def _inodes(rows: Rows) -> Dict[int, str]:
+    return {Row.inode(row): path for path, row in rows.items()}
+
+
+def _takes_the_name(
+    listing: Listing, inodes: Dict[int, str], name: str, inode: int, events: Events
+) -> bool:
+    """Whether `name` lists its inode: it is listed under no other name, or a greater one
+    (whose row goes)."""
+    listed = inodes.get(inode, name)
+    if listed != name and listed < name:
+        return False
+    if listed != name and listed in listing.rows:
+        events[Row.class_name(listing.rows.pop(listed)), "deleted"] += 1
+    inodes[inode] = name
+    return True
+
+
+def directories(
+    host: Callable[[str], str], table: MountTable, mounts: Sequence[str]
+) -> Tuple[Dict[str, int], Dict[str, str]]:
     """Each mount's device, or why it is not listed. `host`: a mount's path as we see it;
-    `table` (host.mountinfo.MountTable) tells which are still mount points."""
+    `table` tells which are still mount points."""
     devs, errors = {}, {}
     for mount in mounts:
         try:

@@ -18,10 +18,11 @@ from typing import (
 )
 
 from exporter.model.classes import NOT_LEAKS, REMOVABLE
-from exporter.model.types import CgroupMemory, Inventory, MountInventory, MountUsage
-from exporter.model.types import Segment
+from exporter.model.types import CgroupMemory, ClassTotals, Inventory, MemfdTotals
+from exporter.model.types import MountInventory, MountUsage, Segment
 
 LISTED = 50  # leaked and unverified segments named, largest first (counts: `totals`)
+NO_FILES = ClassTotals()
 # A series names a segment (shmwatch_top_segment_bytes) once its last modification is this
 # old, an orphan once it is ORPHAN_NAMED_AFTER_SECONDS old (the default --inventory-interval):
 # a segment that lives seconds never gets a series of its own.
@@ -32,8 +33,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class SegmentSummary:
-    # (class, state) -> (count, allocated, apparent)
-    totals: Dict[Tuple[str, str], Tuple[int, int, int]]
+    totals: Dict[Tuple[str, str], ClassTotals]  # by (class, state)
     bytes_by_class: Dict[str, int]
     hidden_bytes: int
     hidden_count: int
@@ -55,7 +55,7 @@ def summarise(
 ) -> SegmentSummary:
     """One pass over the segments, made one at a time; only the kept ones stay. The segments
     a series may name (`top`) are those old enough at `now` (None: every one; named_now)."""
-    totals = {(cls, "unverified"): row for cls, row in (inv.degraded or {}).items()}
+    totals = {(cls, "unverified"): t for cls, t in (inv.degraded or {}).items()}
     top: List[Segment] = []
     unverified: List[Segment] = []
     oldest: Optional[float] = None
@@ -63,21 +63,23 @@ def summarise(
     leaked: Dict[bool, List[Segment]] = {True: [], False: []}
     for seg in inv.rows():
         key = seg.cls, seg.state
-        n, size, apparent = totals.get(key, (0, 0, 0))
-        totals[key] = (n + 1, size + seg.allocated_bytes, apparent + seg.apparent_bytes)
+        was = totals.get(key, NO_FILES)
+        totals[key] = was.plus(1, seg.allocated_bytes, seg.apparent_bytes)
         if now is None or named_now(seg, now):
             _keep(top, seg, top_k, named_first)
         if _keep_unheld(seg, leaked, unverified):
             oldest = seg.mtime if oldest is None else min(oldest, seg.mtime)
     by_class: Dict[str, int] = {}
-    for (cls, _), (_, allocated, _) in totals.items():
-        by_class[cls] = by_class.get(cls, 0) + allocated
+    for (cls, _), t in totals.items():
+        by_class[cls] = by_class.get(cls, 0) + t.allocated_bytes
     top_processes = heapq.nsmallest(top_k, inv.process_bytes.items(), key=_most)
     named = {seg.holders[0] for seg in top if seg.holders}
     return SegmentSummary(
         totals=totals,
         bytes_by_class=by_class,
-        hidden_bytes=sum(a for (_, s), (_, a, _) in totals.items() if s == "hidden"),
+        hidden_bytes=sum(
+            t.allocated_bytes for (_, s), t in totals.items() if s == "hidden"
+        ),
         hidden_count=len(inv.hidden),
         top=top,
         top_processes=top_processes,
@@ -169,21 +171,33 @@ def owner_comm(holders: Sequence[int], comms: Dict[int, str]) -> str:
     return comms.get(holders[0], "unknown")
 
 
-def memfd_summary(
-    inv: Inventory, top_k: int
-) -> Tuple[Dict[str, Tuple[int, int]], List[Tuple[int, int]]]:
-    """memfd regions -> ({class: (count, allocated)}, top K (pid, allocated it holds))."""
-    regions = [(seg.cls, 1, seg.allocated_bytes, seg.holders) for seg in inv.memfd]
-    for pid, rest in inv.memfd_rest.items():
-        regions += [(cls, n, size, (pid,)) for cls, (n, size) in rest.items()]
-    by_class: Dict[str, Tuple[int, int]] = {}
+@dataclass(frozen=True)
+class MemfdSummary:
+    by_class: Dict[str, MemfdTotals]
+    top: List[Tuple[int, int]]  # the top K (pid, bytes of the regions it holds)
+
+
+def memfd_summary(inv: Inventory, top_k: int) -> MemfdSummary:
+    """The memfd regions by class, and the processes holding the most."""
+    by_class: Dict[str, MemfdTotals] = {}
     by_pid: Dict[int, int] = Counter()
-    for cls, n, size, holders in regions:
-        count, allocated = by_class.get(cls, (0, 0))
-        by_class[cls] = (count + n, allocated + size)
+
+    def add(cls: str, count: int, size: int, holders: Sequence[int]) -> None:
+        was = by_class.get(cls, MemfdTotals(count=0, allocated_bytes=0))
+        total = MemfdTotals(
+            count=was.count + count, allocated_bytes=was.allocated_bytes + size
+        )
+        by_class[cls] = total
         for pid in holders:
             by_pid[pid] += size
-    return by_class, heapq.nsmallest(top_k, by_pid.items(), key=_most)
+
+    for seg in inv.memfd:
+        add(seg.cls, 1, seg.allocated_bytes, seg.holders)
+    for pid, rest in inv.memfd_rest.items():
+        for cls, t in rest.items():
+            add(cls, t.count, t.allocated_bytes, (pid,))
+    top = heapq.nsmallest(top_k, by_pid.items(), key=_most)
+    return MemfdSummary(by_class=by_class, top=top)
 
 
 @dataclass(frozen=True)

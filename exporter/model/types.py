@@ -3,7 +3,7 @@
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Mapping, NewType, Optional, Tuple
 
 from exporter.host.kube import POD_UID_IN_CGROUP, pod_uid_in_cgroup
 from exporter.model.classes import CLASS_NAMES
@@ -24,6 +24,17 @@ class MountSet:
 
 
 @dataclass(frozen=True)
+class MountInstance:
+    """Which mount is at a path: a tmpfs mounted again there is another (its peaks start
+    afresh). Device numbers and mountinfo IDs go to the next mount at once; the unique mount
+    ID (statx, Linux 6.8) never."""
+
+    device: str  # mountinfo's major:minor
+    mount_id: int  # mountinfo's
+    unique_id: Optional[int] = None  # None before Linux 6.8
+
+
+@dataclass(frozen=True)
 class MountUsage:
     mount: str  # as configured (the path the workload sees)
     fstype: str
@@ -35,7 +46,7 @@ class MountUsage:
     available_bytes: int = 0
     inodes: int = 0
     inodes_free: int = 0
-    instance: Tuple = ()  # which mount instance (device, mount ID...); () if not known
+    instance: Optional[MountInstance] = None  # None: not a mount point, or not known
     noswap: bool = False  # mounted with noswap: its pages cannot go to swap
 
     @property
@@ -175,73 +186,164 @@ class SysvShm:
         return sum(1 for s in self.segments if s.orphan)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Segment:
+    """One segment, as the summaries and `check` see it (MountInventory.rows makes them)."""
+
     name: str  # path below the mount as found (may hold any bytes, as surrogates)
     cls: str
     state: str  # linked | hidden | orphan | unverified (DESIGN.md, "Segment states")
     allocated_bytes: int
     apparent_bytes: int
     mtime: float = 0.0
-    holders: Tuple[int, ...] = ()
+    holders: Tuple[int, ...] = ()  # pids, sorted
     key: Tuple[int, int] = (0, 0)  # (st_dev, st_ino)
 
 
 STATES = ("linked", "hidden", "orphan", "unverified")
-# A listed file is one int (~40 bytes; a tuple of its fields ~200): class (index in
-# CLASS_NAMES), listed by the last full scan, which walk saw it last (a parity bit), inode,
-# mtime (s), blocks, apparent size; the sizes (may be 0) lie highest: an empty file's is short.
-KNOWN, SEEN, INO_SHIFT, INO_MASK = 1 << 5, 1 << 6, 7, (1 << 64) - 1
+
+# A listed file's row: one int (~40 bytes; a tuple of its fields ~200). Row reads and makes it.
+PackedRow = NewType("PackedRow", int)
 
 
-def pack(cls: int, flags: int, ino: int, mtime: float, blocks: int, size: int) -> int:
-    mtime = min(max(int(mtime), 0), (1 << 40) - 1)
-    row = cls | flags | ino << INO_SHIFT | mtime << 71
-    return row | min(blocks, (1 << 48) - 1) << 111 | size << 159
+class Row:
+    """The fields of a PackedRow, from its lowest bit: the class (5 bits: an index in
+    CLASS_NAMES), `known` (listed before a full scan read /proc), the inode (64 bits), mtime
+    in whole seconds (40), the blocks (48: allocated = blocks x 512) and the apparent size
+    (the rest). The sizes, which may be 0, lie highest: an empty file's int is short. A row
+    changes only when its file does: every inventory published since shares its int."""
+
+    _CLASS_MASK = (1 << 5) - 1
+    KNOWN = 1 << 5
+    _INODE_AT, _INODE_MASK = 6, (1 << 64) - 1
+    _MTIME_AT, _MTIME_MASK = 70, (1 << 40) - 1
+    _BLOCKS_AT, _BLOCKS_MASK = 110, (1 << 48) - 1
+    _SIZE_AT = 158
+
+    @staticmethod
+    def pack(
+        class_index: int,
+        inode: int,
+        mtime: float,
+        blocks: int,
+        apparent_bytes: int,
+        known: bool = False,
+    ) -> PackedRow:
+        """mtime and blocks are clamped to their bits."""
+        clamped_mtime = min(max(int(mtime), 0), Row._MTIME_MASK)
+        row = class_index | (Row.KNOWN if known else 0)
+        row |= inode << Row._INODE_AT | clamped_mtime << Row._MTIME_AT
+        row |= min(blocks, Row._BLOCKS_MASK) << Row._BLOCKS_AT
+        return PackedRow(row | apparent_bytes << Row._SIZE_AT)
+
+    @staticmethod
+    def class_index(row: PackedRow) -> int:
+        return row & Row._CLASS_MASK
+
+    @staticmethod
+    def class_name(row: PackedRow) -> str:
+        return CLASS_NAMES[row & Row._CLASS_MASK]
+
+    @staticmethod
+    def known(row: PackedRow) -> bool:
+        return bool(row & Row.KNOWN)
+
+    @staticmethod
+    def marked_known(row: PackedRow) -> PackedRow:
+        return PackedRow(row | Row.KNOWN)
+
+    @staticmethod
+    def inode(row: PackedRow) -> int:
+        return row >> Row._INODE_AT & Row._INODE_MASK
+
+    @staticmethod
+    def mtime(row: PackedRow) -> int:
+        return row >> Row._MTIME_AT & Row._MTIME_MASK
+
+    @staticmethod
+    def allocated_bytes(row: PackedRow) -> int:
+        return (row >> Row._BLOCKS_AT & Row._BLOCKS_MASK) * 512
+
+    @staticmethod
+    def apparent_bytes(row: PackedRow) -> int:
+        return row >> Row._SIZE_AT
 
 
-def unpack(row: int) -> Tuple[int, int, int, int, int]:
-    """-> (class index, inode, mtime, allocated bytes, apparent bytes)."""
-    ino, mtime = row >> INO_SHIFT & INO_MASK, row >> 71 & (1 << 40) - 1
-    return row & 31, ino, mtime, (row >> 111 & (1 << 48) - 1) * 512, row >> 159
+@dataclass(frozen=True)
+class ClassTotals:
+    """Files of one class (and state) counted together: past the cap, and in summaries."""
+
+    count: int = 0
+    allocated_bytes: int = 0
+    apparent_bytes: int = 0
+
+    def plus(
+        self, count: int, allocated_bytes: int, apparent_bytes: int
+    ) -> "ClassTotals":
+        return ClassTotals(
+            count=self.count + count,
+            allocated_bytes=self.allocated_bytes + allocated_bytes,
+            apparent_bytes=self.apparent_bytes + apparent_bytes,
+        )
 
 
-@dataclass
+@dataclass(frozen=True)
 class MountInventory:
+    """One mount's segments as one run found them. Published: nobody changes it after (its
+    rows are the listing's at the time, in tuples that share the listing's names and ints)."""
+
     mount: str
     error: Optional[str] = None
     dev: int = 0
-    # Path below the mount -> row (`pack`): the collector's listing, updated in place by its
-    # next run (one copy of 100,000 rows, not two): read it, with `states`, before then.
-    listed: Dict[str, int] = field(default_factory=dict)
-    states: bytes = b""  # each listed row's index in STATES, in `listed`'s order
-    held: Dict[int, Tuple[int, ...]] = field(default_factory=dict)  # inode -> pids
-    hidden: List[Segment] = field(default_factory=list)
-    other_entries: Dict[str, int] = field(default_factory=dict)
+    # Each listed file: its path below the mount, its row, its state (an index in STATES),
+    # in the same order.
+    names: Tuple[str, ...] = ()
+    packed: Tuple[PackedRow, ...] = ()
+    states: bytes = b""
+    held: Mapping[int, Tuple[int, ...]] = field(default_factory=dict)  # inode -> pids
+    hidden: Tuple[Segment, ...] = ()
+    other_entries: Mapping[str, int] = field(default_factory=dict)
     used_bytes: int = 0
     unattributed_bytes: int = 0
-    process_bytes: Dict[int, int] = field(default_factory=dict)
+    process_bytes: Mapping[int, int] = field(default_factory=dict)
     # Since the last run, from the listings: (class, "created" | "deleted") -> count.
-    events: Dict[Tuple[str, str], int] = field(default_factory=dict)
-    # Past --inventory.max-segments: class -> (count, allocated, apparent) of the listed
-    # files, kept instead of `listed` (no names, no owner join: all 'unverified').
-    degraded: Optional[Dict[str, Tuple[int, int, int]]] = None
+    events: Mapping[Tuple[str, str], int] = field(default_factory=dict)
+    # Past --inventory.max-segments: class -> the listed files' totals, kept instead of
+    # the rows (no names, no owner join: all 'unverified').
+    degraded: Optional[Mapping[str, ClassTotals]] = None
 
     @property
     def files(self) -> int:
         """Regular files listed: a row each, or counted by class past the cap."""
-        counted = sum(count for count, _, _ in (self.degraded or {}).values())
+        counted = sum(t.count for t in (self.degraded or {}).values())
         return len(self.states) + counted
 
     def rows(self) -> Iterator[Segment]:
+        """Every segment: the hidden ones, then each listed file."""
         yield from self.hidden
-        for (name, row), state in zip(self.listed.items(), self.states):
-            cls, ino, mtime, allocated, apparent = unpack(row)
-            seg = (name, CLASS_NAMES[cls], STATES[state], allocated, apparent, mtime)
-            yield Segment(*seg, self.held.get(ino, ()), (self.dev, ino))
+        for name, row, state in zip(self.names, self.packed, self.states):
+            inode = Row.inode(row)
+            yield Segment(
+                name=name,
+                cls=Row.class_name(row),
+                state=STATES[state],
+                allocated_bytes=Row.allocated_bytes(row),
+                apparent_bytes=Row.apparent_bytes(row),
+                mtime=Row.mtime(row),
+                holders=self.held.get(inode, ()),
+                key=(self.dev, inode),
+            )
 
 
-@dataclass
+@dataclass(frozen=True)
+class MemfdTotals:
+    """A process's memfd regions of one class past its largest few."""
+
+    count: int
+    allocated_bytes: int
+
+
+@dataclass(frozen=True)
 class Inventory:
     mounts: List[MountInventory]
     comms: Dict[int, str]
@@ -255,9 +357,17 @@ class Inventory:
     unproven: List[str] = field(default_factory=list)
     # memfd regions mapped or held (state "hidden"), and each holder's memory cgroup path.
     memfd: List[Segment] = field(default_factory=list)
-    # pid -> class -> (count, allocated) past its largest few regions (each in one holder's)
-    memfd_rest: Dict[int, Dict[str, Tuple[int, int]]] = field(default_factory=dict)
+    # pid -> class -> its regions past its largest few (each in one holder's only)
+    memfd_rest: Dict[int, Dict[str, MemfdTotals]] = field(default_factory=dict)
     cgroup_of: Dict[int, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """One of the exporter's own process_* samples (prometheus_client's ProcessCollector)."""
+
+    name: str  # e.g. process_resident_memory_bytes
+    value: float
 
 
 @dataclass(frozen=True)

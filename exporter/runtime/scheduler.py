@@ -1,15 +1,31 @@
-"""A thread per source: a hung one (a GPU off the bus, a stuck mount) delays no other; a
-watchdog fails a run past its timeout. Runs as Source declares; docs/architecture.md."""
+"""The scheduler: a thread per source, so that a hung one (a GPU off the bus, a stuck mount)
+delays no other, and a watchdog that publishes a run past its timeout as failed.
+
+Each source runs as it declares (collectors/source.py): a full run every interval (stretched
+while a heavy source's result stays the same), and for an event-driven source a quick run
+soon after inotify reports a change (debounced) with a full run after it. Each run is handed
+a RunInput and its result is published, as an Observation, to the subscribers (the run
+inputs first, then the watcher, the model step, the memory give-back) on the thread that ran
+it. docs/architecture.md.
+
+Threads: each source's own (`_Runner.run`: every run, its publication), a staged full
+run's scan (`_Runner._scan_thread`), the watchdog (`Sampler._watch_timeouts`), and the
+callers of Sampler's methods (the watcher's inotify thread asks for runs). What they share
+of a runner is in its `_Shared`, under the Sampler's lock; a run's publication and the
+watchdog's verdict on it are made one at a time (`_Runner.publishing`).
+"""
 
 import logging
 import threading
 import time
-from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
-from exporter.collectors.source import STRETCH_MAX, Source
+from exporter.collectors.source import STRETCH_MAX, RunInput, Source, StagedRun
 from exporter.host.said import SaidOnce
+from exporter.inventory.changes import ChangeLog
 from exporter.model.types import Observation
+from exporter.runtime.inputs import RunInputs
 
 log = logging.getLogger(__name__)
 
@@ -20,101 +36,330 @@ QUICK_GAP_SECONDS = 0.25  # quick runs this far apart at least (a writer never s
 WATCHDOG_SECONDS = 0.5  # how often runs are checked against timeouts (seconds long)
 INF = float("inf")
 
+Subscriber = Callable[[Observation], None]
+
+
+@dataclass
+class _Shared:
+    """What other threads read or write of one runner, under the Sampler's lock."""
+
+    interval: float  # between full runs now: the base, or stretched
+    first_event: Optional[float] = None  # of a burst of events not run yet
+    last_event: float = 0.0  # the burst's latest
+    full_now: bool = False  # events were lost: a full run at once
+    # When the oldest run not ended began (a staged full run's while its scan runs): the
+    # watchdog's to time. None: none is running.
+    running_since: Optional[float] = None
+    timed_out: bool = False  # the watchdog published that run as failed
+    runs: int = 0  # runs published
+    fulls: int = 0  # full runs published whole (not failed)
+
+
+@dataclass
+class _Scan:
+    """A staged full run's scan, running on a thread of its own."""
+
+    staged: StagedRun
+    started: float  # when its full run began
+    done: threading.Event = field(default_factory=threading.Event)
+    error: Optional[str] = None  # the scan raised (it should not)
+
 
 class _Runner(threading.Thread):
-    def __init__(self, sampler, source: Source, interval: float, timeout: float):
+    """One source's thread (`run`) and what it keeps between runs."""
+
+    def __init__(
+        self, sampler: "Sampler", source: Source, interval: float, timeout: float
+    ) -> None:
+        """Made by the Sampler on the thread that builds it; its thread starts at
+        `start`."""
         super().__init__(name=f"shmwatch-{source.name}", daemon=True)
         self.sampler, self.source, self.timeout = sampler, source, timeout
-        self.base = self.interval = interval
+        self.base = interval
+        self.shared = _Shared(interval=interval)
+        self.changes = ChangeLog()  # names inotify saw change, until a run takes them
         self.wake = threading.Event()
-        self.first_event: Optional[float] = None  # of a burst not run yet
-        self.last_event = self.quick_not_before = 0.0
-        self.follow_up_at = INF  # none pending
-        self.last_full = -INF  # when the last full run started
-        self.last_result: object = None  # of the last full run, for stretching
-        self.running_since: Optional[float] = None
-        self.full_now = self.timed_out = False
-        self.runs = self.fulls = 0  # fulls: full runs published whole
-        self.middle: Optional[Future] = None  # a full run's middle, beside quick runs
+        # Held while a run's end, or the watchdog's verdict on it, is published.
+        self.publishing = threading.Lock()
+        # The runner's thread alone reads and writes these.
+        self.last_full = -INF  # when the last full run began
+        self.follow_up_at = INF  # a full run due after a quick one (INF: none)
+        self.quick_not_before = 0.0
+        self.last_result: object = None  # the last full run's, for stretching
+        # A staged full run's scan running beside quick runs (None: none).
+        self.scanning: Optional[_Scan] = None
+
+    @property
+    def interval(self) -> float:
+        """Between full runs now (the base, or stretched); any thread, under the lock."""
+        with self.sampler.lock:
+            return self.shared.interval
+
+    @property
+    def runs(self) -> int:
+        """Runs published; any thread, under the lock."""
+        with self.sampler.lock:
+            return self.shared.runs
 
     def run(self) -> None:
+        """The source's thread: what is due, run; then asleep until the next is due or a
+        request (an event, the scan's end, a stop) wakes it."""
         while not self.sampler.stopping.is_set():
             self.wake.clear()  # before reading the state: a request after this wakes the wait
-            now = time.monotonic()
-            next_full = min(self.last_full + self.interval, self.follow_up_at)
-            if self.middle is not None:
-                if self.middle.done():
-                    self.run_once(full=True)  # its last step
-                    continue
-                next_full = now + self.interval  # the middle wakes us when it ends
-            elif self.full_now or now >= next_full:
-                # A full run does all a pending event-driven run would: it drains the same
-                # change log (a staged one leaves it to the quick runs beside it).
-                events, self.first_event = self.first_event, None
-                self.full_now, self.follow_up_at, self.last_full = False, INF, now
-                self.run_once(full=True)
-                if self.middle:  # its first step left the change log to quick runs
-                    self.first_event = self.first_event or events
-                continue
-            # No quick run beside a hung middle (as a hung collect(): the watchdog's failure
-            # stands) nor before the first full run (it would have no owners).
-            held = self.middle is not None and (self.timed_out or not self.fulls)
-            if self.first_event is not None and not held:
-                quiet = self.last_event + DEBOUNCE_SECONDS
-                at_most = self.first_event + DEBOUNCE_MAX_SECONDS
-                due = max(min(quiet, at_most), self.quick_not_before)
-                if now >= due:
-                    self.first_event = None
-                    self.run_once(full=False)
-                    ended = time.monotonic()
-                    self.quick_not_before = ended + QUICK_GAP_SECONDS
-                    if self.source.follows_up and self.follow_up_at == INF:
-                        self.follow_up_at = ended + FOLLOW_UP_SECONDS
-                    continue
-                next_full = due
-            self.wake.wait(max(0.0, next_full - now))
+            wait = self._run_what_is_due(self.sampler.clock())
+            if wait > 0:
+                self.wake.wait(wait)
 
     def run_once(self, full: bool) -> None:
-        started = time.monotonic()
-        # The watchdog times the oldest run not ended: a full run whose middle is running.
-        self.timed_out = self.timed_out and self.middle is not None
-        self.running_since = self.middle.started if self.middle else started
-        try:
-            if full and self.middle:
-                middle, self.middle, started = self.middle, None, self.middle.started
-                result = middle.result()()
-            elif full and (job := self.source.begin_full()) is not None:
-                middle, name = Future(), f"{self.name}-full"
-                middle.started = started
-                threading.Thread(
-                    target=self._middle, args=(job, middle), name=name
-                ).start()
-                self.middle = middle  # once started: a thread never started never ends
-                return
-            else:
-                result = self.source.collect() if full else self.source.collect_quick()
-            error = None
-        except Exception as err:  # one source failing must not stop the others
-            result, error = None, f"{type(err).__name__}: {err}"
-        self.running_since = self.middle.started if self.middle else None
+        """One run now, on the calling thread: `Sampler.start`'s (the App's, before any
+        source's thread starts) or a test's; never the source's own (`run` is)."""
         if full:
-            same = self.source.stretches and not error and result == self.last_result
-            longer = min(self.interval * 2, self.base * STRETCH_MAX)
-            self.interval, self.last_result = longer if same else self.base, result
-        took = time.monotonic() - started
-        self.sampler.publish(Observation(self.source.name, result, error, took, full))
-        self.fulls += full and error is None
-        self.runs += 1  # after publishing: a waiter finds the result in the model
+            self._full_run(self.sampler.clock())
+        else:
+            self._quick_run()
 
-    def _middle(self, job: Callable, middle: Future) -> None:  # daemon, as its runner
+    def _run_what_is_due(self, now: float) -> float:
+        """The source's thread: runs one thing that is due (a staged run's finish, a full
+        run, a quick run): -> 0, or the seconds until the next is due."""
+        scan = self.scanning
+        if scan is not None and scan.done.is_set():
+            self._finish_staged(scan)
+            return 0.0
+        if scan is None and self._full_due(now):
+            self._full_run(now)
+            return 0.0
+        quick_at = self._quick_due_at()
+        if quick_at is not None and now >= quick_at:
+            self._quick_run()
+            return 0.0
+        # While a scan runs its end wakes us; a full run waits for it.
+        next_full = now + self.interval if scan is not None else self._next_full_at()
+        return max(0.0, min(next_full, INF if quick_at is None else quick_at) - now)
+
+    def _next_full_at(self) -> float:
+        """The source's thread: when the next full run is due, an interval after the last,
+        or a quick run's follow-up."""
+        return min(self.last_full + self.interval, self.follow_up_at)
+
+    def _full_due(self, now: float) -> bool:
+        """The source's thread: a full run is due by the clock, or asked for (events
+        lost)."""
+        with self.sampler.lock:
+            full_now = self.shared.full_now
+        return full_now or now >= self._next_full_at()
+
+    def _quick_due_at(self) -> Optional[float]:
+        """The source's thread: when the pending burst's quick run is due. None: no burst,
+        or a staged full run's scan is running and either timed out (the watchdog's failure
+        stands) or is the first full run's (a quick run would have no owners to reuse)."""
+        with self.sampler.lock:
+            first, last = self.shared.first_event, self.shared.last_event
+            fails = self.shared.timed_out or not self.shared.fulls
+        if first is None or self.scanning is not None and fails:
+            return None
+        settled = min(last + DEBOUNCE_SECONDS, first + DEBOUNCE_MAX_SECONDS)
+        return max(settled, self.quick_not_before)
+
+    def _input(self, take: bool) -> RunInput:
+        """The source's thread: this run's input; `take`: the names inotify saw change are
+        this run's (drained), else only looked at."""
+        changes = self.changes.drain() if take else self.changes.peek()
+        return self.sampler.inputs.make(changes)
+
+    def _begin(self, started: float) -> None:
+        """The source's thread: a run begins, and the watchdog times it from now (or from
+        the start of the scan still running)."""
+        with self.sampler.lock:
+            scan = self.scanning
+            self.shared.timed_out = self.shared.timed_out and scan is not None
+            self.shared.running_since = scan.started if scan else started
+
+    def _full_run(self, now: float) -> None:
+        """The source's thread (or `Sampler.start`'s, for `first`): a full run, whole or
+        staged, published (a staged run with its scan beside quick runs is published by
+        `_finish_staged`). It does all a pending quick run would: it takes the same change
+        log, unless its scan runs beside quick runs (they take the names then)."""
+        beside = self.source.scans_beside_quick_runs
+        with self.sampler.lock:
+            burst, self.shared.first_event = self.shared.first_event, None
+            self.shared.full_now = False
+        self.follow_up_at, self.last_full = INF, now
+        started = self.sampler.clock()
+        self._begin(started)
+        run = self._input(take=not beside)
         try:
-            middle.set_result(job())
+            staged = self.source.begin_full(run)
+            if staged is None:
+                result = self.source.collect(run)
+            elif beside:
+                self._start_scan(staged, started, burst)
+                return  # published when it finishes
+            else:
+                staged.scan()
+                run = self._input(take=False)
+                result = staged.finish(run)
+        except Exception as err:  # one source failing must not stop the others
+            self._end(True, started, None, _error(err), run)
+            return
+        self._end(True, started, result, None, run)
+
+    def _start_scan(
+        self, staged: StagedRun, started: float, burst: Optional[float]
+    ) -> None:
+        """The source's thread: starts the staged run's scan on a thread of its own; the
+        burst of events the full run found pending is left to the quick runs beside it."""
+        scan = _Scan(staged=staged, started=started)
+        thread = threading.Thread(
+            target=self._scan_thread,
+            args=(scan,),
+            name=f"{self.name}-full",
+            daemon=True,
+        )
+        thread.start()  # raises when no thread can be had: the run fails
+        self.scanning = scan  # once started: a thread never started never ends
+        with self.sampler.lock:  # the burst is the quick runs' beside the scan
+            self.shared.first_event = self.shared.first_event or burst
+
+    def _scan_thread(self, scan: _Scan) -> None:
+        """The scan's own thread: then the source's thread finishes the run."""
+        try:
+            scan.staged.scan()
         except Exception as err:
-            middle.set_exception(err)
+            scan.error = _error(err)
+        finally:
+            scan.done.set()
+            self.wake.set()
+
+    def _finish_staged(self, scan: _Scan) -> None:
+        """The source's thread, once the scan's thread is done: a staged full run's last
+        stage, and its publication."""
+        self._begin(scan.started)
+        self.scanning = None
+        run = self._input(take=False)
+        try:
+            if scan.error is not None:
+                raise RuntimeError(scan.error)
+            result = scan.staged.finish(run)
+        except Exception as err:
+            self._end(True, scan.started, None, _error(err), run)
+            return
+        self._end(True, scan.started, result, None, run)
+
+    def _quick_run(self) -> None:
+        """The source's thread: an event-driven run, handed the names changed, published;
+        the next is QUICK_GAP_SECONDS away at least, and a full run follows it
+        (follows_up)."""
+        with self.sampler.lock:
+            self.shared.first_event = None
+        started = self.sampler.clock()
+        self._begin(started)
+        run = self._input(take=True)
+        try:
+            result = self.source.collect_quick(run)
+        except Exception as err:
+            self._end(False, started, None, _error(err), run)
+        else:
+            self._end(False, started, result, None, run)
+        ended = self.sampler.clock()
+        self.quick_not_before = ended + QUICK_GAP_SECONDS
+        if self.source.follows_up and self.follow_up_at == INF:
+            self.follow_up_at = ended + FOLLOW_UP_SECONDS
+
+    def _stretched(self, result: object, error: Optional[str], run: RunInput) -> bool:
+        """The source's thread, after a full run: does a heavy source's interval double?"""
+        if error is not None or not self.source.stretches(run):
+            return False
+        return result == self.last_result
+
+    def _end(
+        self,
+        full: bool,
+        started: float,
+        result: object,
+        error: Optional[str],
+        run: RunInput,
+    ) -> None:
+        """The source's thread: a run ended, its interval set and its result published,
+        ordered with the watchdog's verdict on it (a verdict given first is followed by the
+        run's own result; none is given after it ended)."""
+        ended = self.sampler.clock()
+        # Ended: the watchdog times it no more, before the compare below (a large
+        # inventory's takes a while). A quick run beside a scan: the scan still runs.
+        with self.sampler.lock:
+            scan = self.scanning
+            self.shared.running_since = scan.started if scan else None
+        if full:
+            stretched = self._stretched(result, error, run)
+            # Kept for the next full run's comparison only while it may stretch: a storm's
+            # inventory is not held past its publication.
+            self.last_result = result if self.source.stretches(run) else None
+            with self.sampler.lock:
+                longer = min(self.shared.interval * 2, self.base * STRETCH_MAX)
+                self.shared.interval = longer if stretched else self.base
+        obs = Observation(
+            source=self.source.name,
+            result=result,
+            error=error,
+            duration=ended - started,
+            full=full,
+        )
+        with self.publishing:
+            self.sampler.publish(obs)
+            with self.sampler.lock:  # after publishing: a waiter finds it in the model
+                self.shared.fulls += full and error is None
+                self.shared.runs += 1
+
+    def fail_if_overdue(self, now: float) -> None:
+        """The watchdog's thread: a run past its timeout is published as failed, once; it
+        is left to finish (or not), never started twice. Never waits for a publication: one
+        held up by a subscriber (the watcher's stat of a stuck mount) would stop the verdicts
+        on every other source."""
+        if not self.publishing.acquire(blocking=False):
+            return  # a run of this source is publishing its end: looked at next time
+        try:
+            with self.sampler.lock:
+                since = self.shared.running_since
+                if (
+                    since is None
+                    or self.shared.timed_out
+                    or now - since <= self.timeout
+                ):
+                    return
+                self.shared.timed_out = True
+            error = f"timed out after {self.timeout:g}s"
+            self.sampler.publish(
+                Observation(
+                    source=self.source.name,
+                    result=None,
+                    error=error,
+                    duration=now - since,
+                )
+            )
+        finally:
+            self.publishing.release()
+
+    def request(self, full: bool, now: float) -> None:
+        """The caller's thread (the watcher's): a quick run soon, or a full run at once and
+        a quick run: a full run whose scan runs beside quick runs leaves them the change
+        log (`lost`'s mounts marked unknown), which only they take."""
+        with self.sampler.lock:
+            self.shared.full_now = self.shared.full_now or full
+            self.shared.last_event = now
+            self.shared.first_event = self.shared.first_event or now
+            self.shared.interval = self.base
         self.wake.set()
 
 
+def _error(err: Exception) -> str:
+    """A failed run's error, as shmwatch_collector_success's log line says it (any
+    thread)."""
+    return f"{type(err).__name__}: {err}"
+
+
 class Sampler:
+    """The sources' runners, the watchdog, and what the watcher asks of them. Made, and its
+    subscribers added, on the thread that builds the App; each method says where it runs."""
+
     def __init__(
         self,
         sources: Sequence[Source],
@@ -122,11 +367,18 @@ class Sampler:
         inventory_interval: float = 15.0,
         timeouts: Optional[Dict[str, float]] = None,
         default_timeout: float = 10.0,
-    ):
+        mounts: Sequence[str] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """On the App's thread. `mounts`: the runs' until discovery publishes a set;
+        `clock`: monotonic seconds."""
         self.stopping = threading.Event()
-        self._subscribers: List[Callable[[Observation], None]] = []
+        self.lock = threading.Lock()  # every runner's `shared`
+        self.clock = clock
+        self.inputs = RunInputs(mounts)
+        self._subscribers: List[Subscriber] = []
         self._said = SaidOnce(log, prefix="collector {} ")  # failing, or recovered
-        self._said_lock = threading.Lock()  # the watchdog publishes too
+        self._said_lock = threading.Lock()  # runners and the watchdog publish
         self.runners: Dict[str, _Runner] = {}
         for s in sources:
             inventory = s.schedule == "inventory"
@@ -134,17 +386,27 @@ class Sampler:
             timeout = (timeouts or {}).get(s.name, default_timeout)
             self.runners[s.name] = _Runner(self, s, interval, timeout)
 
-    def subscribe(self, subscriber: Callable[[Observation], None]) -> None:
+    def subscribe(self, subscriber: Subscriber) -> None:
+        """On the App's thread, before `start`: `subscriber` is called with every
+        observation, in the order subscribed, on the thread that publishes it."""
         self._subscribers.append(subscriber)
 
-    def start(self) -> None:
+    def start(self, first: Sequence[str] = ()) -> None:
+        """The caller's thread (the App's): starts a thread per source and the watchdog.
+        `first`: sources run once on this thread before any thread starts (discovery:
+        every other source's first run is handed the mounts it found)."""
+        for name in first:
+            self.runners[name].run_once(full=True)
         for runner in self.runners.values():
             runner.start()
         threading.Thread(
             target=self._watch_timeouts, name="shmwatch-watchdog", daemon=True
         ).start()
 
-    def stop(self, wait: float = 1.0) -> Set[str]:  # -> the sources still running
+    def stop(self, wait: float = 1.0) -> Set[str]:
+        """The caller's thread (the App's, at shutdown): every runner asked to stop and
+        waited for up to `wait` seconds in all -> the sources whose run is still going (left
+        to it)."""
         self.stopping.set()
         for runner in self.runners.values():
             runner.wake.set()
@@ -152,44 +414,84 @@ class Sampler:
         for runner in self.runners.values():
             if runner.is_alive():
                 runner.join(max(0.0, deadline - time.monotonic()))
-        return {name for name, r in self.runners.items() if r.running_since is not None}
+        with self.lock:
+            return {
+                name
+                for name, r in self.runners.items()
+                if r.shared.running_since is not None
+            }
 
     def wait_for_first_run(self, timeout: float) -> bool:
+        """The caller's thread (`check`, tests): waits until every source's first run is
+        published (or failed by the watchdog); False after `timeout` seconds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if all(r.runs or r.timed_out for r in self.runners.values()):
+            with self.lock:
+                done = all(
+                    r.shared.runs or r.shared.timed_out for r in self.runners.values()
+                )
+            if done:
                 return True
             time.sleep(0.01)
         return False
 
-    def request(self, full: bool = False) -> None:  # a mount changed; full: events lost
-        now = time.monotonic()
-        for runner in (r for r in self.runners.values() if r.source.event_driven):
-            if full:
-                runner.full_now = True
-            else:
-                runner.last_event = now
-                runner.first_event = runner.first_event or now
-            runner.interval = runner.base
-            runner.wake.set()
+    def request(self, full: bool = False) -> None:
+        """The watcher's inotify thread (through `changed` and `lost`): a mount changed:
+        event-driven sources run soon (`full`: events were lost, a full
+        run at once as well); a stretched one is back at its interval."""
+        now = self.clock()
+        for runner in self.runners.values():
+            if runner.source.event_driven:
+                runner.request(full, now)
+
+    def changed(self, mount: str, name: Optional[str]) -> None:
+        """The watcher (inotify thread): `name` changed in `mount`'s top directory (None:
+        something below it): the event-driven sources' next runs are handed it."""
+        for runner in self.runners.values():
+            if runner.source.event_driven:
+                if name is None:
+                    runner.changes.unknown(mount)
+                else:
+                    runner.changes.add(mount, name)
+        self.request()
+
+    def lost(self, mounts: Sequence[str]) -> None:
+        """The watcher's inotify thread: events on `mounts` were lost (the queue
+        overflowed): each is listed again by a full run at once."""
+        for runner in self.runners.values():
+            if runner.source.event_driven:
+                for mount in mounts:
+                    runner.changes.unknown(mount)
+        self.request(full=True)
+
+    def watching(self, every_mount: bool) -> None:
+        """The watcher's callers' threads: discovery's (the watcher refreshes its watches
+        on a published mount set), the App's at start, or the inotify thread (a watch
+        dropped): whether inotify watches every mount; later runs are handed it."""
+        self.inputs.watching(every_mount)
 
     def publish(self, obs: Observation) -> None:
+        """The publishing thread (a source's, or the watchdog's for a run past its timeout):
+        the collector's failure or recovery logged, then the observation handed to the run
+        inputs and each subscriber in turn, on that thread."""
         failed = f"failed: {obs.error}" if obs.error else None
         with self._said_lock:
-            self._said.say(obs.source, failed, logging.ERROR, back="recovered")
+            said = self._said.run(self.runners)
+            said.say(obs.source, failed, logging.ERROR, back="recovered")
+        self.inputs.on_observation(obs)
         for subscriber in self._subscribers:
             try:
                 subscriber(obs)
             except Exception:  # a bug in one subscriber must not end a source's thread
                 log.exception("handling %s's observation failed", obs.source)
 
+    def check_timeouts(self) -> None:
+        """The watchdog's thread: every run past its timeout published as failed."""
+        now = self.clock()
+        for runner in self.runners.values():
+            runner.fail_if_overdue(now)
+
     def _watch_timeouts(self) -> None:
+        """The watchdog's thread: every WATCHDOG_SECONDS until stopped."""
         while not self.stopping.wait(WATCHDOG_SECONDS):
-            now = time.monotonic()
-            for runner in self.runners.values():
-                since = runner.running_since
-                if since is None or runner.timed_out or now - since <= runner.timeout:
-                    continue
-                runner.timed_out = True  # left to finish (or not), never started twice
-                error = f"timed out after {runner.timeout:g}s"
-                self.publish(Observation(runner.source.name, None, error, now - since))
+            self.check_timeouts()

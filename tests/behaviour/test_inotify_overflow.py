@@ -3,8 +3,8 @@ made while the events were lost are called leaked at once; events that arrive ar
 by a quick run, which reads no process and so never calls a new file leaked (its creator
 may not have mapped it yet), and a full run follows it.
 
-A sidecar's segments source, wired as app.py wires it (the watcher wakes the scheduler, both
-share the change log), on a real tmpfs; the storm is a real process that makes 200 files and
+A sidecar's segments source, wired as app.py wires it (the watcher tells the scheduler what
+changed, the scheduler hands it to the runs), on a real tmpfs; the storm is a real process that makes 200 files and
 exits. watchdog's reader starts only once the storm is over, as one that falls behind would:
 the kernel keeps what its queue holds (fs.inotify.max_queued_events) and drops the rest for
 one IN_Q_OVERFLOW. With a queue of 0 it keeps nothing but the overflow, so the run that
@@ -21,7 +21,6 @@ from watchdog.observers.inotify_c import InotifyFD
 
 from exporter.collectors.segments import SegmentsCollector
 from exporter.host.paths import Paths
-from exporter.inventory.changes import ChangeLog
 from exporter.model.state import StateStore
 from exporter.model.types import Inventory, Observation
 from exporter.runtime.scheduler import Sampler
@@ -72,27 +71,22 @@ def watched_inventory(
     """(the segments observations published, the state the watcher feeds, the gate of the
     reader) for `mount`, once the first full run is published. Runs come from events only:
     the inventory interval is 60 s."""
-    changes = ChangeLog()
-    source = SegmentsCollector(
-        Paths(), [mount], changes=changes, ignore_unreadable=HOST_EXCUSED_RE
-    )
-    sampler = Sampler([source], inventory_interval=60.0)
+    source = SegmentsCollector(Paths(), ignore_unreadable=HOST_EXCUSED_RE)
+    sampler = Sampler([source], inventory_interval=60.0, mounts=[mount])
     published: List[Observation] = []
     sampler.subscribe(published.append)
     state, go = StateStore(), threading.Event()
     watcher = MountWatcher(
         state,
         Paths(),
-        [mount],
-        wake=sampler.request,
+        sampler,
         inotify_factory=lambda: LateReader(go, queue),
-        changes=changes,
     )
     sampler.subscribe(watcher.on_observation)
     sampler.start()
     try:
         assert sampler.wait_for_first_run(20)
-        watcher.start()
+        watcher.refresh([mount])
         yield published, state, go
     finally:
         watcher.stop()

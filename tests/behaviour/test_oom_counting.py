@@ -9,7 +9,6 @@ processes in turn on a real v1 pod and container cgroup pair, real kills, the re
 
 import time
 from dataclasses import replace
-from types import SimpleNamespace
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import pytest
@@ -127,9 +126,8 @@ def test_a_pods_count_outlives_its_cgroup_and_its_mounts_in_node_mode() -> None:
 def test_a_sidecar_counts_its_own_cgroups_kills_and_no_other_pods() -> None:
     """Outside node mode the one watched cgroup counts the kills below it, and keeps its count
     when it can no longer be read; another pod's kill in the node's kernel log makes no series."""
-    discovery = SimpleNamespace(node_mode=False, current=lambda: MountSet([Target("/dev/shm", {})]))
-    sources = [SimpleNamespace(name=n, reports_status=True) for n in ("cgroup", "oom")]
-    step = ModelStep(sources, discovery, StateStore())  # type: ignore[no-untyped-call]
+    step = ModelStep(["cgroup", "oom"], StateStore())
+    step.accept(Observation("discovery", MountSet([Target("/dev/shm", {})]), None, 0.0))
     watched = CgroupMemory(POD_CGROUP, 2, 0, None, 0, None, 0, "none")
     step.accept(Observation("cgroup", [watched], None, 0.0))
     others = tuple(k for k in fixture_kills() if k.task_memcg != CONTAINER)  # the same pod's UID on systemd too

@@ -15,10 +15,11 @@ from exporter.check.findings import Report
 from exporter.check.kernel import nccl_users, oom_kills, outside, sysv
 from exporter.check.report import diagnose
 from exporter.model.state import MountStates
-from exporter.model.step import Model, MountView, SourceStatus
+from exporter.model.step import Model, MountView, RecentOomKill, SourceStatus
 from exporter.model.types import (
     CgroupMemory,
     Inventory,
+    MemfdTotals,
     MountInventory,
     OomKill,
     Segment,
@@ -82,7 +83,7 @@ REMEDY = "count /dev/shm in the memory budget (shmem-rss and shm use are charged
 def test_a_recent_oom_kill_is_a_warning_with_its_cgroups_and_shm() -> None:
     report = Report()
     oom_kills(
-        report, model(statuses=OOM_OK, recent_oom_kills=[(kill(10), 3 * GiB)]), None
+        report, model(statuses=OOM_OK, recent_oom_kills=[RecentOomKill(kill=kill(10), shm_used_bytes=3 * GiB)]), None
     )
     assert found(report) == [
         (
@@ -122,7 +123,7 @@ def test_an_older_kill_is_information_and_what_is_unknown_is_said() -> None:
     recent = kill(T.OOM_KILL_RECENT_SECONDS - 1, 8, comm="vllm")
     oom_kills(
         report,
-        model(statuses=OOM_OK, recent_oom_kills=[(old, None), (recent, None)]),
+        model(statuses=OOM_OK, recent_oom_kills=[RecentOomKill(kill=old, shm_used_bytes=None), RecentOomKill(kill=recent, shm_used_bytes=None)]),
         None,
     )
     assert [f[0] for f in found(report)] == ["info", "warn"]
@@ -135,7 +136,7 @@ def test_an_older_kill_is_information_and_what_is_unknown_is_said() -> None:
 def test_a_kill_stamped_after_now_is_zero_seconds_old() -> None:
     report = Report()
     oom_kills(
-        report, model(statuses=OOM_OK, recent_oom_kills=[(kill(-100), None)]), None
+        report, model(statuses=OOM_OK, recent_oom_kills=[RecentOomKill(kill=kill(-100), shm_used_bytes=None)]), None
     )
     assert facts(report, "oom_kills")[0]["age_seconds"] == 0
 
@@ -151,7 +152,7 @@ def test_a_kernel_log_not_read_is_said_and_reports_no_kills() -> None:
     assert "oom_kills" not in report.facts
     quiet = Report()
     oom_kills(
-        quiet, model(recent_oom_kills=[(kill(1), None)]), None
+        quiet, model(recent_oom_kills=[RecentOomKill(kill=kill(1), shm_used_bytes=None)]), None
     )  # the collector off
     assert quiet.findings == [] and "oom_kills" not in quiet.facts
     none = Report()
@@ -321,7 +322,7 @@ def test_memfd_holders_and_shmem_no_mount_explains(tmp_path: Path) -> None:
             memfd("cuda.shm.0", "cuda", 64 * MiB, (7, 9)),
             memfd("x", "other", MiB, (9,)),
         ],
-        memfd_rest={7: {"cuda": (3, 3 * MiB)}},
+        memfd_rest={7: {"cuda": MemfdTotals(count=3, allocated_bytes=3 * MiB)}},
         cgroup_of={7: "/pod/a", 9: "/pod/b"},
     )
     cgroups = [
@@ -372,9 +373,7 @@ def test_memfd_holders_and_shmem_no_mount_explains(tmp_path: Path) -> None:
 
 
 def _inventory_with(*segs: Segment) -> MountInventory:
-    inv = MountInventory("/dev/shm")
-    inv.hidden = list(segs)
-    return inv
+    return MountInventory("/dev/shm", hidden=tuple(segs))
 
 
 def test_shmem_unexplained_just_under_64_mib_is_not_said(tmp_path: Path) -> None:

@@ -390,16 +390,24 @@ def mount_with(
     (name, class, state, allocated, apparent)."""
     from exporter.model.classes import CLASS_NAMES
     from exporter.model.summary import summarise
-    from exporter.model.types import STATES, pack
+    from exporter.model.types import STATES, Row
 
-    inv = MountInventory("/dev/shm")
-    states = bytearray()
-    for ino, (name, cls, state, allocated, apparent) in enumerate(segments, 1):
-        inv.listed[name] = pack(
-            CLASS_NAMES.index(cls), 0, ino, 0, allocated // 512, apparent
+    rows = [
+        Row.pack(
+            CLASS_NAMES.index(cls),
+            inode=ino,
+            mtime=0,
+            blocks=allocated // 512,
+            apparent_bytes=apparent,
         )
-        states.append(STATES.index(state))
-    inv.states = bytes(states)
+        for ino, (_, cls, _, allocated, apparent) in enumerate(segments, 1)
+    ]
+    inv = MountInventory(
+        "/dev/shm",
+        names=tuple(name for name, *_ in segments),
+        packed=tuple(rows),
+        states=bytes(STATES.index(state) for _, _, state, _, _ in segments),
+    )
     usage = MountUsage(
         "/dev/shm",
         "tmpfs",

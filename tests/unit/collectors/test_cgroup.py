@@ -9,11 +9,12 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import pytest
 
 from exporter.collectors.cgroup import ESTIMATE_CGROUP, CgroupCollector, IncompleteView
+from exporter.collectors.source import RunInput
 from exporter.host.paths import Paths
 from exporter.model.types import CgroupMemory
 from exporter.host.proctable import PF_KTHREAD
@@ -70,8 +71,11 @@ class Host:
         with open(self.proc.path(pid, "cmdline"), "wb") as f:
             f.write((cmdline or comm).replace(" ", "\0").encode() + b"\0")
 
-    def collect(self, **options: Any) -> List[CgroupMemory]:
-        return CgroupCollector(self.paths, **options).collect()
+    def collect(self, mounts: Sequence[str] = (), **options: Any) -> List[CgroupMemory]:
+        """One run, handed the watched shm `mounts` as the scheduler would."""
+        return CgroupCollector(self.paths, **options).collect(
+            RunInput(mounts=tuple(mounts))
+        )
 
 
 @pytest.fixture
@@ -291,7 +295,7 @@ def test_without_its_cgroup_the_workloads_memory_is_estimated(host: Host) -> Non
     host.process(11, "python3", "0::/../server\n")
     host.proc.write("10/smaps_rollup", "Pss_Anon: 1024 kB\nPss_File: 512 kB\n")
     host.proc.write("11/smaps_rollup", "Pss_Anon: 2048 kB\n")
-    [got] = host.collect(mounts=lambda: ["/nonexistent/shm"])
+    [got] = host.collect(mounts=["/nonexistent/shm"])
     assert (got.cgroup, got.version, got.estimated, got.limit_source) == (
         ESTIMATE_CGROUP,
         0,
@@ -318,7 +322,7 @@ def test_the_estimate_counts_each_shm_filesystem_once(
     host.proc.write("10/smaps_rollup", "Pss_Anon: 1024 kB\n")
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    [got] = host.collect(mounts=lambda: [str(tmp_path / "a"), str(tmp_path / "b")])
+    [got] = host.collect(mounts=[str(tmp_path / "a"), str(tmp_path / "b")])
     st = os.statvfs(tmp_path)
     used = (st.f_blocks - st.f_bfree) * st.f_frsize
     shm = got.shmem_bytes

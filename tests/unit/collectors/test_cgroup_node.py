@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 
 from exporter.collectors.cgroup import CgroupCollector
+from exporter.collectors.source import RunInput
 from exporter.model.types import CgroupMemory
 from tests.unit.collectors.test_cgroup import GiB, Host
 
@@ -30,8 +31,22 @@ def host(tmp_path: Path) -> Host:
     return made
 
 
-def node(host: Host, **options: Any) -> CgroupCollector:
-    return CgroupCollector(host.paths, node_mode=True, **options)
+class NodeCollector(CgroupCollector):
+    """Node mode's collector, each run handed whether the kernel log counts every OOM kill,
+    as the scheduler hands it."""
+
+    def __init__(self, host: Host, kill_log_complete: bool, **options: Any) -> None:
+        super().__init__(host.paths, node_mode=True, **options)
+        self.run = RunInput(kill_log_complete=kill_log_complete)
+
+    def collect(self, run: Optional[RunInput] = None) -> List[CgroupMemory]:
+        return super().collect(self.run if run is None else run)
+
+
+def node(
+    host: Host, kill_log_complete: bool = False, **options: Any
+) -> CgroupCollector:
+    return NodeCollector(host, kill_log_complete, **options)
 
 
 def pods(found: List[CgroupMemory]) -> List[Tuple[str, str, int]]:
@@ -198,7 +213,7 @@ def test_a_steady_pod_is_read_whole_after_twice_as_many_polls_each_time(
     host: Host,
 ) -> None:
     host.cgroup("/" + systemd_pod(UIDS[0]), GiB, 4 * GiB)
-    collector = node(host, kill_log_complete=lambda: True)
+    collector = node(host, kill_log_complete=True)
     # Read at poll 1, at 2 (unchanged: steady), at 4 (unchanged), at 8; a change between is
     # seen there, and the pod is read every poll again until it is steady.
     written = [0, 0, 0, 0, 7, 7, 7, 7, 8, 8]
@@ -208,7 +223,7 @@ def test_a_steady_pod_is_read_whole_after_twice_as_many_polls_each_time(
 
 def test_a_steady_pod_is_read_at_once_when_its_usage_or_limit_moves(host: Host) -> None:
     host.cgroup("/" + systemd_pod(UIDS[0]), GiB, 4 * GiB)
-    collector = node(host, kill_log_complete=lambda: True)
+    collector = node(host, kill_log_complete=True)
     assert shmem_seen(collector, host, [0, 0]) == [0, 0]
     write(host, UIDS[0], "memory.current", f"{GiB + 4096}\n")
     write(host, UIDS[0], "memory.stat", "shmem 99\n")
@@ -229,7 +244,7 @@ def test_a_pod_near_its_limit_is_read_whole_every_poll(host: Host) -> None:
         "/" + systemd_pod(UIDS[0]), 4 * GiB - 1, 5 * GiB
     )  # just below: stretched
     host.cgroup("/" + systemd_pod(UIDS[1]), 4 * GiB, 5 * GiB)
-    collector = node(host, kill_log_complete=lambda: True)
+    collector = node(host, kill_log_complete=True)
     assert shmem_seen(collector, host, [0, 0, 5, 5, 6], uid=UIDS[1]) == [0, 0, 5, 5, 6]
     write(host, UIDS[0], "memory.stat", "shmem 1\n")
     assert collector.collect()[0].shmem_bytes == (4 * GiB - 1) // 2
@@ -242,7 +257,7 @@ def test_a_pod_limited_only_above_it_is_read_at_once_when_that_limit_moves(
     host.cgroup("/kubepods.slice", 50 * GiB, 60 * GiB)
     host.cgroup(f"/{SLICE}", 40 * GiB, None)
     host.cgroup("/" + systemd_pod(UIDS[0]), GiB, None)
-    collector = node(host, kill_log_complete=lambda: True)
+    collector = node(host, kill_log_complete=True)
     assert shmem_seen(collector, host, [0, 0, 5]) == [0, 0, 0]
     (host.cgroupfs / "kubepods.slice" / "memory.max").write_text(
         f"{GiB}\n"
@@ -255,7 +270,7 @@ def test_a_pod_limited_only_above_it_is_read_at_once_when_that_limit_moves(
 def test_a_pod_gone_between_polls_is_dropped_and_its_files_closed(host: Host) -> None:
     host.cgroup("/" + systemd_pod(UIDS[0]), GiB, 4 * GiB)
     host.cgroup("/" + systemd_pod(UIDS[1]), GiB, 4 * GiB)
-    collector = node(host, kill_log_complete=lambda: True)
+    collector = node(host, kill_log_complete=True)
     collector.collect()
     collector.collect()
     shutil.rmtree(host.cgroupfs / systemd_pod(UIDS[0]))
@@ -293,7 +308,7 @@ def open_under(directory: Path) -> int:
 def test_the_files_kept_open_are_closed_with_their_pod(host: Host) -> None:
     for uid in UIDS:
         host.cgroup("/" + systemd_pod(uid), GiB, 4 * GiB)
-    collector = node(host, kill_log_complete=lambda: True)
+    collector = node(host, kill_log_complete=True)
     collector.collect()
     assert open_under(host.cgroupfs) == 4  # each pod's usage and limit
     shutil.rmtree(host.cgroupfs / systemd_pod(UIDS[0]))
@@ -305,7 +320,7 @@ def test_the_files_kept_open_are_closed_with_their_pod(host: Host) -> None:
 
 def test_a_usage_that_moved_in_its_first_digit_is_read_at_once(host: Host) -> None:
     host.cgroup("/" + systemd_pod(UIDS[0]), GiB, 4 * GiB)
-    collector = node(host, kill_log_complete=lambda: True)
+    collector = node(host, kill_log_complete=True)
     assert shmem_seen(collector, host, [0, 0]) == [0, 0]
     write(host, UIDS[0], "memory.current", f"{GiB + GiB}\n")  # 1073741824 -> 2147483648
     write(host, UIDS[0], "memory.stat", "shmem 5\n")

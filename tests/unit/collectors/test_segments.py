@@ -17,10 +17,18 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import pytest
 
 from exporter.collectors.segments import SegmentsCollector
+from exporter.collectors.source import RunInput
 from exporter.inventory.changes import ChangeLog
 from exporter.host.proctable import ProcessTable, ProcessWalk
-from exporter.model.types import Inventory, MountInventory
-from tests.helpers import INITIAL_PID_NS, FakeProc, devno, maps_line, mountinfo_line
+from exporter.model.types import ClassTotals, Inventory, MountInventory
+from tests.helpers import (
+    INITIAL_PID_NS,
+    FakeProc,
+    SegmentRuns,
+    devno,
+    maps_line,
+    mountinfo_line,
+)
 
 MNT_ID = 987654
 
@@ -75,10 +83,17 @@ class Host:
             os.path.join(self.mounts[mount], name),
         )
 
-    def collector(self, **options: Any) -> SegmentsCollector:
-        return SegmentsCollector(
-            self.proc.paths, self.mounts, changes=self.changes, **options
-        )
+    def collector(
+        self,
+        table: Optional[ProcessTable] = None,
+        all_watched: Callable[[], bool] = lambda: False,
+        mounts: Optional[List[str]] = None,
+        **options: Any,
+    ) -> SegmentRuns:
+        """`mounts`: handed to each run; the host's by default."""
+        source = SegmentsCollector(self.proc.paths, table, **options)
+        handed = (lambda: self.mounts) if mounts is None else (lambda: mounts)
+        return SegmentRuns(source, handed, self.changes, all_watched)
 
 
 @pytest.fixture
@@ -230,8 +245,8 @@ def test_a_mount_that_is_gone_or_no_mount_is_an_error_not_an_empty_listing(
     host = Host(tmp_path, ["shm", "notmounted"])
     host.proc.self_mountinfo([mountinfo_line(30, devno(host.dev), host.mounts[0])])
     (tmp_path / "file").write_text("x")
-    collector = SegmentsCollector(
-        host.proc.paths, [*host.mounts, str(tmp_path / "gone"), str(tmp_path / "file")]
+    collector = host.collector(
+        mounts=[*host.mounts, str(tmp_path / "gone"), str(tmp_path / "file")]
     )
     host.proc.self_mountinfo(
         [
@@ -260,7 +275,15 @@ def test_past_the_segment_cap_only_counts_by_class_are_kept(
     collector = host.collector(max_segments=3)
     inv = collector.collect()
     m = mount_of(inv, host.mounts[0])
-    assert m.degraded == {"python_shm": (5, 4096 * 15, 4096 * 15)} and m.listed == {}
+    assert (
+        m.degraded
+        == {
+            "python_shm": ClassTotals(
+                count=5, allocated_bytes=4096 * 15, apparent_bytes=4096 * 15
+            )
+        }
+        and m.names == ()
+    )
     assert m.unattributed_bytes == max(0, m.used_bytes - 4096 * 15)
     assert "more than 3 files (--inventory.max-segments)" in caplog.text
     for i in range(3):
@@ -290,7 +313,8 @@ def test_a_holder_of_a_memfd_is_named_with_its_cgroup(host: Host) -> None:
 def test_a_sidecar_has_no_staged_full_run_and_never_stretches(host: Host) -> None:
     collector = host.collector(all_watched=lambda: True)
     assert (
-        collector.begin_full() is None
+        collector.scans_beside_quick_runs
+        is False  # its scan runs on the source's thread
         and collector.stretches is False
         and collector.follows_up
     )
@@ -335,9 +359,7 @@ def test_a_scan_that_fails_fails_the_run_and_the_next_quick_run_lists_again(
 ) -> None:
     host.file(0, "psm_a")
     table = Failing(host.proc.paths)
-    collector = SegmentsCollector(
-        host.proc.paths, host.mounts, table, changes=host.changes
-    )
+    collector = host.collector(table)
     first = collector.collect()
     table.failing = True
     host.file(0, "psm_b")
@@ -433,7 +455,7 @@ def test_a_mapping_of_a_file_not_yet_listed_is_not_hidden(host: Host) -> None:
         ),
     )
     m = mount_of(host.collector().collect(), host.mounts[0])
-    assert m.hidden == [] and m.process_bytes == {}
+    assert m.hidden == () and m.process_bytes == {}
 
 
 def test_what_is_not_a_file_is_counted_by_kind(host: Host) -> None:
@@ -443,7 +465,7 @@ def test_what_is_not_a_file_is_counted_by_kind(host: Host) -> None:
     os.symlink("/etc/shadow", root / "link")
     m = mount_of(host.collector().collect(), host.mounts[0])
     assert (
-        m.other_entries == {"directory": 1, "fifo": 1, "symlink": 1} and m.listed == {}
+        m.other_entries == {"directory": 1, "fifo": 1, "symlink": 1} and m.names == ()
     )
 
 
@@ -451,7 +473,7 @@ def test_used_bytes_are_the_filesystems(tmp_path: Path) -> None:
     """A mount whose use does not move while read (/dev's devtmpfs): statvfs's used blocks."""
     proc = FakeProc(str(tmp_path / "proc"))
     proc.self_mountinfo([mountinfo_line(30, devno(os.stat("/dev").st_dev), "/dev")])
-    inv = SegmentsCollector(proc.paths, ["/dev"]).collect()
+    inv = SegmentsCollector(proc.paths).collect(RunInput(mounts=("/dev",)))
     st = os.statvfs("/dev")
     [m] = inv.mounts
     assert m.used_bytes == (st.f_blocks - st.f_bfree) * st.f_frsize
@@ -470,7 +492,15 @@ def test_a_degraded_mount_is_walked_whole_by_a_quick_run(
     host.file(0, "psm_9", 4096)
     host.changes.add(host.mounts[0], "psm_9")
     m = mount_of(collector.collect_quick(), host.mounts[0])
-    assert m.degraded == {"python_shm": (5, 5 * 4096, 5 * 4096)} and m.listed == {}
+    assert (
+        m.degraded
+        == {
+            "python_shm": ClassTotals(
+                count=5, allocated_bytes=5 * 4096, apparent_bytes=5 * 4096
+            )
+        }
+        and m.names == ()
+    )
     assert [r.getMessage() for r in caplog.records] == [
         f"mount {host.mounts[0]}: more than 3 files (--inventory.max-segments): only their counts and bytes by "
         "class are kept, as 'unverified', until there are fewer"
@@ -488,7 +518,7 @@ def test_a_scan_that_fails_on_the_first_run_fails_it(host: Host) -> None:
     table = Failing(host.proc.paths)
     table.failing = True
     with pytest.raises(OSError):
-        SegmentsCollector(host.proc.paths, host.mounts, table).collect()
+        host.collector(table).collect()
 
 
 class Meanwhile(ProcessTable):
@@ -507,9 +537,7 @@ def test_what_changes_while_the_scan_reads_proc_is_not_called_leaked_by_it(
 ) -> None:
     host.file(0, "psm_known", 4096)
     table = Meanwhile(host.proc.paths)
-    collector = SegmentsCollector(
-        host.proc.paths, host.mounts, table, changes=host.changes
-    )
+    collector = host.collector(table)
     assert states(collector.collect(), host.mounts[0])["psm_known"][1] == "orphan"
 
     def change() -> None:  # an attach writes to it, a new one is made: inotify says so
@@ -542,7 +570,7 @@ def test_used_bytes_are_the_filesystems_used_blocks(host: Host) -> None:
 def test_a_mount_removed_while_proc_is_read_is_an_error(host: Host) -> None:
     host.file(0, "psm_a")
     table = Meanwhile(host.proc.paths)
-    collector = SegmentsCollector(host.proc.paths, host.mounts, table)
+    collector = host.collector(table)
     table.during = lambda: shutil.rmtree(host.mounts[0])  # a pod deleted meanwhile
     [m] = collector.collect().mounts
     assert m.error == "No such file or directory"

@@ -13,10 +13,9 @@ from typing import Tuple
 import pytest
 
 from exporter.collectors.segments import SegmentsCollector
-from exporter.collectors.source import REGISTRY, Context
+from exporter.collectors.source import REGISTRY, Context, RunInput
 from exporter.config import parse_args
 from exporter.host.proctable import ProcessTable
-from exporter.inventory.changes import ChangeLog
 from exporter.model.types import Inventory
 from tests.helpers import FakeProc, devno, maps_line, mountinfo_line
 from tests.unit.collectors.test_segments import Host, mount_of, states
@@ -83,7 +82,8 @@ def test_the_first_run_is_a_full_scan_that_knows_each_holders_pod(node: Node) ->
     assert node.state(node.first, 0, "nccl-a") == ("linked", (100,))
     assert node.first.pods == {100: POD_A, 200: POD_B}
     assert (
-        node.segments.pace.scanned_at == 1000.0 and node.segments.begin_full is not None
+        node.segments.pace.scanned_at == 1000.0
+        and node.segments.scans_beside_quick_runs  # its scan on a thread of its own
     )
 
 
@@ -161,13 +161,15 @@ def test_a_staged_full_run_leaves_what_changed_meanwhile_unsettled(node: Node) -
     node.file(0, "psm_old", 4096)
     node.run(120)
     node.clock.now += 120
-    scan = node.segments.begin_full()
-    assert scan is not None  # node mode reads /proc on a thread of its own
-    finish = scan()  # reads /proc (beside quick runs)
+    assert (
+        node.segments.scans_beside_quick_runs
+    )  # node mode reads /proc on a thread of its own
+    staged = node.segments.begin_full()
+    staged.scan()  # reads /proc (beside quick runs)
     node.created(0, "psm_during")  # listed by a quick run while the scan read /proc
     quick = node.segments.collect_quick()
     assert node.state(quick, 0, "psm_during") == ("linked", ())
-    inv = finish()
+    inv = node.segments.finish(staged)
     assert node.state(inv, 0, "psm_during") == (
         "linked",
         (),
@@ -250,9 +252,9 @@ def test_a_change_pending_when_a_staged_scan_begins_is_not_settled_by_it(
 ) -> None:
     node.created(0, "psm_pending")  # named by inotify, not yet listed by a quick run
     node.clock.now += 120
-    scan = node.segments.begin_full()
-    assert scan is not None
-    inv = scan()()
+    staged = node.segments.begin_full()
+    staged.scan()
+    inv = node.segments.finish(staged)
     assert node.state(inv, 0, "psm_pending") == ("linked", ())
     scanned, inv = node.run(120)
     assert scanned and node.state(inv, 0, "psm_pending") == ("orphan", ())
@@ -261,14 +263,7 @@ def test_a_change_pending_when_a_staged_scan_begins_is_not_settled_by_it(
 def context(tmp_path: Path, *argv: str) -> Context:
     cfg = parse_args([f"--path.procfs={tmp_path / 'proc'}", *argv])
     proc = FakeProc(str(tmp_path / "proc"))
-    return Context(
-        cfg,
-        proc.paths,
-        lambda: [],
-        ProcessTable(proc.paths),
-        ChangeLog(),
-        all_watched=lambda: True,
-    )
+    return Context(cfg=cfg, paths=proc.paths, table=ProcessTable(proc.paths))
 
 
 def test_the_registered_collector_takes_its_flags(
@@ -285,17 +280,14 @@ def test_the_registered_collector_takes_its_flags(
     )
     made = REGISTRY["segments"].factory(node_ctx)
     assert isinstance(made, SegmentsCollector)
-    assert (made.pod_of_pid, made.pace.every, made.max_segments, made.stretches) == (
+    stretches = made.stretches(RunInput(all_watched=True))
+    assert (made.pod_of_pid, made.pace.every, made.max_segments, stretches) == (
         True,
         180.0,
         7,
         True,
     )
-    assert (
-        made.changes is node_ctx.changes
-        and made.table is node_ctx.table
-        and made.begin_full() is not None
-    )
+    assert made.table is node_ctx.table and made.scans_beside_quick_runs
     sidecar = REGISTRY["segments"].factory(
         context(tmp_path / "s", "--segments.ignore-unreadable=^agent$")
     )
@@ -352,17 +344,15 @@ def test_the_full_scan_stretches_while_nothing_changes_and_is_back_to_its_base_o
     clock = Clock()
     segments = SegmentsCollector(
         proc.paths,
-        ["/dev"],
         pod_of_pid=True,
         full_scan_interval=120.0,
         monotonic=clock,
-        all_watched=lambda: True,
     )
 
     def full_run(after: float) -> bool:
         clock.now += after
         before = segments.pace.scanned_at
-        segments.collect()
+        segments.collect(RunInput(mounts=("/dev",), all_watched=True))
         return segments.pace.scanned_at != before
 
     assert full_run(0) and full_run(120)  # nothing to compare the first with

@@ -17,6 +17,7 @@ from typing import Iterator, List, Optional, Tuple
 
 import pytest
 
+from exporter.collectors.source import RunInput
 from exporter.collectors.sysv import IpcNamespace, SysvCollector, in_ipc_namespaces
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
@@ -170,9 +171,9 @@ def test_a_sidecar_reads_its_own_namespace(proc: FakeProc) -> None:
     collector = SysvCollector(proc.paths, page_size=4096)
     [shm] = collector.collect()
     assert (orphans(shm), shm.namespace, shm.readable) == ([10], "", True)
-    assert (collector.schedule, collector.stretches) == ("poll", False)
+    assert (collector.schedule, collector.stretches(RunInput())) == ("poll", False)
     node = SysvCollector(proc.paths, page_size=4096, node_mode=True)
-    assert (node.schedule, node.stretches) == ("inventory", True)
+    assert (node.schedule, node.stretches(RunInput())) == ("inventory", True)
 
 
 def test_a_missing_sysvipc_file_fails_the_sidecars_collector(proc: FakeProc) -> None:

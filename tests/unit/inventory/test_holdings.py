@@ -23,11 +23,9 @@ from exporter.inventory.holdings import (
     unlinked_size,
 )
 from exporter.inventory.walk import Listing
-from exporter.model.types import pack
+from exporter.model.types import PackedRow, Row
 
-Listings = Dict[
-    str, Tuple[Listing, Dict[Tuple[str, str], int]]
-]  # (listing, its events)
+Listings = Dict[str, Listing]  # each mount's listing
 POD = "11111111-2222-3333-4444-555555555555"
 POD_MOUNT = f"/var/lib/kubelet/pods/{POD}/volumes/kubernetes.io~empty-dir/dshm"
 HOST_MOUNT = "/dev/shm"
@@ -60,7 +58,7 @@ def test_one_process_holding_a_segment_twice_is_one_holder_with_the_most_it_reac
         8192,
         True,
         "1000-2000",
-        (16384, 8192, 5.0),
+        Sizes(allocated_bytes=16384, apparent_bytes=8192, mtime=5.0),
     )
     assert (second.pid, second.extent, second.deleted) == (11, 512, False)
     assert owners.keys_of == {10: [key], 11: [key]}
@@ -100,7 +98,7 @@ def test_an_unlinked_segments_size_is_a_stats_else_its_furthest_mapping() -> Non
     assert unlinked_size(hs) == stat
     assert unlinked_size(
         [Holding(1, "/a", True, 100), Holding(2, "/a", True, 300)]
-    ) == (300, 300, 0.0)
+    ) == Sizes(allocated_bytes=300, apparent_bytes=300, mtime=0.0)
 
 
 def test_names_changed_where_none_is_any_name() -> None:
@@ -117,9 +115,11 @@ def test_names_changed_where_none_is_any_name() -> None:
     assert book["/n"] == set()
 
 
-def row(allocated: int) -> int:
+def row(allocated: int) -> PackedRow:
     """A listed file with `allocated` bytes (its apparent size one page more: sparse)."""
-    return pack(0, 0, 7, 0, allocated // 512, allocated + 4096)
+    return Row.pack(
+        0, inode=7, mtime=0, blocks=allocated // 512, apparent_bytes=allocated + 4096
+    )
 
 
 def listing(**rows: int) -> Listing:
@@ -138,9 +138,7 @@ def test_an_orphans_bytes_are_its_allocated_ones_or_none_when_not_listed() -> No
 
 def test_a_refresh_reads_the_pod_of_an_orphan_written_through_a_mapping() -> None:
     devs = {POD_MOUNT: 40}
-    listings: Listings = {
-        POD_MOUNT: (listing(psm_a=8192, psm_b=4096, psm_new=4096), {})
-    }
+    listings: Listings = {POD_MOUNT: listing(psm_a=8192, psm_b=4096, psm_new=4096)}
     orphans = {POD_MOUNT: {"psm_a", "psm_b", "psm_gone"}}
     read_as = {POD_MOUNT: {"psm_a": 4096, "psm_b": 4096}}
     # psm_a grew since its pod was read (pages written, no event); psm_b did not; psm_gone is gone.
@@ -168,8 +166,8 @@ def test_a_refresh_reads_the_pod_of_an_orphan_written_through_a_mapping() -> Non
 def test_an_orphan_written_in_no_pods_mount_asks_for_a_full_scan() -> None:
     devs = {POD_MOUNT: 40, HOST_MOUNT: 41}
     listings: Listings = {
-        POD_MOUNT: (listing(psm_a=4096), {}),
-        HOST_MOUNT: (listing(nccl_x=8192), {}),
+        POD_MOUNT: listing(psm_a=4096),
+        HOST_MOUNT: listing(nccl_x=8192),
     }
     orphans = {HOST_MOUNT: {"nccl_x"}}
     assert (

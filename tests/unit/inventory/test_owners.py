@@ -14,7 +14,7 @@ from typing import Any, List, Optional, Tuple
 import pytest
 
 from exporter.host.proctable import PF_KTHREAD, ProcessTable
-from exporter.inventory.holdings import Owners
+from exporter.inventory.holdings import Owners, Sizes
 from exporter.inventory.owners import OwnerScan
 from tests.conftest import IS_ROOT, prerequisite_missing
 from tests.helpers import FakeProc, devno, maps_line, mountinfo_line
@@ -76,7 +76,7 @@ def sizes(owners: Owners, key: Tuple[int, int]) -> Tuple[int, int, float]:
     """(allocated, apparent, mtime) of its one holding, which has them."""
     [held] = owners.holdings[key]
     assert held.sizes is not None
-    return held.sizes
+    return (held.sizes.allocated_bytes, held.sizes.apparent_bytes, held.sizes.mtime)
 
 
 def holders(owners: Owners, key: Tuple[int, int]) -> List[int]:
@@ -118,7 +118,11 @@ def test_mapped_and_open_segments_are_held_by_their_processes(world: World) -> N
     [opened] = owners.holdings[torch]
     st = os.stat(world.shm / "torch_1")
     assert (
-        opened.sizes == (st.st_blocks * 512, 12288, st.st_mtime) and not opened.deleted
+        opened.sizes
+        == Sizes(
+            allocated_bytes=st.st_blocks * 512, apparent_bytes=12288, mtime=st.st_mtime
+        )
+        and not opened.deleted
     )
 
 
@@ -139,7 +143,9 @@ def test_an_unlinked_segment_still_mapped_is_held_hidden_with_its_size(
     _, owners = world.scan()
     [hidden] = owners.holdings[backing]
     st = os.stat(world.shm / "backing")
-    assert hidden.deleted and hidden.sizes == (st.st_blocks * 512, 16384, st.st_mtime)
+    assert hidden.deleted and hidden.sizes == Sizes(
+        allocated_bytes=st.st_blocks * 512, apparent_bytes=16384, mtime=st.st_mtime
+    )
     [no_stat] = owners.holdings[
         (world.dev, 555)
     ]  # no map_files to stat: its extent stands in
@@ -321,7 +327,9 @@ def test_alone_in_a_pid_namespace_nothing_unheld_is_proven(tmp_path: Path) -> No
     proc = FakeProc(str(tmp_path / "proc"))
     proc.add(1, "sh", ppid=0, mnt_ns="mnt:[1]")
     proc.add(7, "shmwatch", ppid=1, mnt_ns="mnt:[1]")
-    proc.add(9, "shmwatch", ppid=7, mnt_ns="mnt:[1]")  # its own child (a collector's helper)
+    proc.add(
+        9, "shmwatch", ppid=7, mnt_ns="mnt:[1]"
+    )  # its own child (a collector's helper)
     proc.self_links(pid=7)
     world = World(shm, proc, os.stat(shm).st_dev)
     _, owners = world.scan()
@@ -333,7 +341,9 @@ def test_alone_in_a_pid_namespace_nothing_unheld_is_proven(tmp_path: Path) -> No
     assert owners.unproven == [
         "the workload's processes: none visible (a PID namespace of its own)"
     ]
-    proc.add(12, "vllm", ppid=1, mnt_ns="mnt:[2]")  # the server shares it, from its container
+    proc.add(
+        12, "vllm", ppid=1, mnt_ns="mnt:[2]"
+    )  # the server shares it, from its container
     _, owners = world.scan()
     assert (owners.unreadable, owners.unverifiable, owners.complete) == (0, 0, True)
 

@@ -11,6 +11,7 @@ from typing import List, Tuple
 import pytest
 
 from exporter.inventory.owners import MAX_MEMFDS
+from exporter.model.types import MemfdTotals
 from tests.helpers import devno, maps_line, mountinfo_line
 from tests.unit.inventory.test_owners import MNT_ID, World, make_world
 
@@ -83,7 +84,9 @@ def test_a_process_with_many_memfds_keeps_the_largest_one_by_one_and_counts_the_
     regions, _ = scan.memfd_regions(owners)
     assert len(regions) == MAX_MEMFDS + 1  # 100's largest 64, and 101's own
     assert min(r.allocated_bytes for r in regions if r.holders == (100,)) == 0x3000
-    assert owners.memfd_rest == {100: {"cuda": (2, 0x1000 + 0x2000)}}
+    assert owners.memfd_rest == {
+        100: {"cuda": MemfdTotals(count=2, allocated_bytes=0x1000 + 0x2000)}
+    }
     assert [r.name for r in regions if 101 in r.holders] == ["psm_1"]
 
 
@@ -109,7 +112,9 @@ def test_a_region_kept_by_an_earlier_holder_is_not_counted_again_in_a_laters_res
     ]
     world.add(101, maps=memfd_maps(many))  # its three smallest folded, 10000 among them
     scan, owners = world.scan()
-    assert owners.memfd_rest == {101: {"cuda": (2, 0x2000 + 0x3000)}}
+    assert owners.memfd_rest == {
+        101: {"cuda": MemfdTotals(count=2, allocated_bytes=0x2000 + 0x3000)}
+    }
     regions, _ = scan.memfd_regions(owners)
     [shared] = [r for r in regions if r.key == (MEMFD_DEV, 10000)]
     assert shared.holders == (100,)
@@ -146,7 +151,9 @@ def test_many_memfds_held_open_keep_the_most_allocated_one_by_one(world: World) 
         regions, _ = scan.memfd_regions(owners)
         assert len(regions) == MAX_MEMFDS
         assert min(r.allocated_bytes for r in regions) == 3 * 4096
-        assert owners.memfd_rest == {100: {"cuda": (2, 4096 + 2 * 4096)}}
+        assert owners.memfd_rest == {
+            100: {"cuda": MemfdTotals(count=2, allocated_bytes=4096 + 2 * 4096)}
+        }
     finally:
         for fd in fds:
             os.close(fd)

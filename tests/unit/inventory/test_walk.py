@@ -1,10 +1,15 @@
 """inventory/walk.py: what a listing keeps once a walk finds most of its files gone."""
 
 import os
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, Tuple
+
+import pytest
 
 from exporter.inventory.walk import Listing, walk
+from tests.conftest import REPO, needs_root
 from tests.helpers import make_files
 
 
@@ -27,3 +32,164 @@ def test_a_walk_that_drops_most_rows_leaves_no_storm_table_to_the_inventories_be
     assert sorted(listing.rows) == names[:10]
     assert sys.getsizeof(listing.rows) * 100 < storm
     assert not shared and sys.getsizeof(shared) * 100 < storm
+
+
+@needs_root
+def test_a_file_of_two_names_is_listed_under_the_smaller_whatever_the_directory_order(
+    tmpfs: str,
+) -> None:
+    """A hard-linked file is listed once, under the smaller of its names: its class (and so
+    `check`'s rm advice) does not depend on the order the directory is read in. (It was the
+    first name the walk met: tmpfs lists the newest entry first, so the link made last.)"""
+    from exporter.model.types import Row
+
+    for order in (("psm_data", "zz_link"), ("zz_link", "psm_data")):
+        root = Path(tmpfs) / order[0]
+        root.mkdir()
+        first, second = (str(root / name) for name in order)
+        with open(first, "wb") as f:
+            f.write(b"x" * 4096)
+        os.link(first, second)
+        listing = Listing()
+        walk(str(root), os.stat(root).st_dev, listing, 100)
+        assert list(listing.rows) == ["psm_data"], order
+        assert Row.class_name(listing.rows["psm_data"]) == "python_shm"
+        assert Row.inode(listing.rows["psm_data"]) == os.stat(first).st_ino
+
+
+def test_a_patch_lists_a_file_of_two_names_under_the_smaller(tmp_path: Path) -> None:
+    """inotify names a link made to a listed file: the smaller name takes its row (a rename's
+    events), a greater one is not listed."""
+    from exporter.inventory.walk import patch_listing
+
+    root = str(tmp_path)
+    dev = os.stat(root).st_dev
+    with open(os.path.join(root, "zz_first"), "wb") as f:
+        f.write(b"x" * 4096)
+    listing = Listing()
+    walk(root, dev, listing, 100)
+    os.link(os.path.join(root, "zz_first"), os.path.join(root, "zz_later"))
+    assert patch_listing(root, dev, listing, ["zz_later"]) == {}
+    assert list(listing.rows) == ["zz_first"]
+    os.link(os.path.join(root, "zz_first"), os.path.join(root, "psm_named"))
+    events = patch_listing(root, dev, listing, ["psm_named"])
+    assert list(listing.rows) == ["psm_named"]
+    assert events == {("other", "deleted"): 1, ("python_shm", "created"): 1}
+    walk(root, dev, listing, 100)  # and a walk agrees
+    assert list(listing.rows) == ["psm_named"]
+
+
+class _GoneAtLstat:
+    """A directory entry whose file is deleted, and made again under its name, between
+    readdir and its lstat (`recreate`): the lstat fails, as on the old inode."""
+
+    def __init__(self, entry: "os.DirEntry[str]", recreate: Callable[[], None]) -> None:
+        self.entry, self.recreate, self.name = entry, recreate, entry.name
+
+    def stat(self, follow_symlinks: bool = True) -> os.stat_result:
+        self.recreate()
+        raise FileNotFoundError(2, "deleted between readdir and lstat")
+
+    def is_file(self, follow_symlinks: bool = True) -> bool:
+        return self.entry.is_file(follow_symlinks=follow_symlinks)
+
+
+class _Entries:
+    """A directory's scandir, the entries named in `hooks` (once each) as _GoneAtLstat."""
+
+    def __init__(self, entries: Any, hooks: Dict[str, Callable[[], None]]) -> None:
+        self.entries, self.hooks = entries, hooks
+
+    def __enter__(self) -> "_Entries":
+        self.entries.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.entries.__exit__(*exc)
+
+    def __iter__(self) -> Iterator[Any]:
+        for entry in self.entries:
+            hook = self.hooks.pop(entry.name, None)
+            yield entry if hook is None else _GoneAtLstat(entry, hook)
+
+
+def test_a_file_made_again_under_its_name_during_a_walk_keeps_no_row_of_the_old_inode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The walk skips a name whose lstat fails, then reads the directory again to drop the
+    rows it did not meet: the name is there again, on a new file. The old inode's row must
+    not stay: the new file's holders would be looked up under the old inode, and the next
+    settled full scan would call a live file orphan (rm advice)."""
+    from exporter.inventory import walk as walk_module
+    from exporter.model.types import Row
+
+    root = str(tmp_path)
+    path = os.path.join(root, "psm_x")
+    make_files(root, ["psm_x", "psm_y"])
+    dev, listing = os.stat(root).st_dev, Listing()
+    walk(root, dev, listing, 100)
+    old = os.open(path, os.O_RDONLY)  # kept open: tmpfs does not reuse its inode
+
+    def recreate() -> None:  # the writer: unlink, and create anew
+        os.unlink(path)
+        make_files(root, ["psm_x"])
+
+    hooks = {"psm_x": recreate}
+    real_open_below = walk_module._open_below
+
+    def open_below(root: str, names: Tuple[str, ...], dev: int) -> Any:
+        opened = real_open_below(root, names, dev)
+        return None if opened is None else (opened[0], _Entries(opened[1], hooks))
+
+    monkeypatch.setattr(walk_module, "_open_below", open_below)
+    try:
+        events = walk(root, dev, listing, 100)
+    finally:
+        os.close(old)
+    assert hooks == {}  # the lstat failed, after the file was made again
+    live = os.stat(path).st_ino
+    assert "psm_x" not in listing.rows or Row.inode(listing.rows["psm_x"]) == live
+    assert events[("python_shm", "deleted")] == 1
+    monkeypatch.undo()
+    walk(root, dev, listing, 100)  # and the next walk lists the new file
+    assert Row.inode(listing.rows["psm_x"]) == live
+
+
+def test_a_walk_keeps_one_name_of_a_hard_linked_file_not_every_name(
+    tmp_path: Path,
+) -> None:
+    """A file of 10,000 names: the walk keeps the smallest met yet, and is done with each
+    other name as it meets it (its row goes at once). (Every name kept until the walk
+    ended: ~200 bytes each, 50 MiB for a hostile mount's 250,000.) The peak is traced in a
+    Python of its own: this one's threads (conftest's /proc watch) allocate meanwhile."""
+    root, links = str(tmp_path), 10_000
+    first = os.path.join(root, "zz_first")
+    make_files(root, ["zz_first"])
+    dev, listing = os.stat(root).st_dev, Listing()
+    walk(root, dev, listing, 100)
+    for i in range(links):  # then linked (a polled mount: no patch)
+        os.link(first, os.path.join(root, f"psm_{i:05d}"))
+    events = walk(root, dev, listing, 100)
+    assert list(listing.rows) == ["psm_00000"]
+    assert events == {("other", "deleted"): 1, ("python_shm", "created"): 1}
+    traced = subprocess.run(
+        [sys.executable, "-c", WALK_PEAK, root],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    peak = int(traced.stdout)
+    assert peak < links * 8, f"{peak} bytes traced: a name kept past its entry"
+
+
+WALK_PEAK = """
+import os, sys, tracemalloc
+from exporter.inventory.walk import Listing, walk
+root = sys.argv[1]
+dev, listing = os.stat(root).st_dev, Listing()
+tracemalloc.start()
+walk(root, dev, listing, 100)
+print(tracemalloc.get_traced_memory()[1])
+"""

@@ -53,7 +53,7 @@ def test_the_summary_keeps_the_segments_to_name():
     s = summarise(inv, 2, now=NOW)
     assert [x.name for x in s.top] == ["psm_old_leak", "nccl-old"]
     assert [x.name for x in summarise(inv, 5, now=NOW).top] == ["psm_old_leak", "nccl-old", "torch_tiny"]
-    assert s.totals[("python_shm", "orphan")][0] == 2 and s.totals[("nccl", "linked")][0] == 2  # all counted
+    assert s.totals[("python_shm", "orphan")].count == 2 and s.totals[("nccl", "linked")].count == 2  # all counted
     assert [x.name for x in s.leaked] == ["psm_young_leak", "psm_old_leak"]  # check names every leak
     assert [x.name for x in summarise(inv, 2).top] == ["psm_young_leak", "psm_old_leak"]
 

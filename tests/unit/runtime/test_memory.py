@@ -6,18 +6,26 @@ from typing import Callable, List, Optional, Tuple
 
 from exporter.app import App
 from exporter.config import parse_args
-from exporter.model.types import Inventory, MountInventory, Observation
+from exporter.model.types import ClassTotals, Inventory, MountInventory, Observation
+from exporter.model.types import PackedRow
 from exporter.runtime.memory import AGAIN, SETTLE_SECONDS, SHRUNK, MemoryGiveBack
 
 
 def inventory(*counts: int, degraded: Optional[int] = None) -> Inventory:
     """Mounts /x, /y, ... listing `counts` rows; `degraded`: /x counted past the cap instead."""
     mounts = [
-        MountInventory(f"/{m}", listed={f"f{i}": 0 for i in range(n)}, states=bytes(n))
+        MountInventory(
+            f"/{m}",
+            names=tuple(f"f{i}" for i in range(n)),
+            packed=(PackedRow(0),) * n,
+            states=bytes(n),
+        )
         for m, n in zip("xyz", counts)
     ]
     if degraded is not None:
-        mounts[0] = MountInventory("/x", degraded={"python_shm": (degraded, 0, 0)})
+        mounts[0] = MountInventory(
+            "/x", degraded={"python_shm": ClassTotals(count=degraded)}
+        )
     return Inventory(mounts, {}, 0, 0)
 
 

@@ -11,7 +11,7 @@ import os
 import threading
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import pytest
 
@@ -78,13 +78,38 @@ class FakeInotify:
     def stop(self) -> None:
         self.alive, self.stopped = False, True
 
-    def join(self, timeout: float) -> None:
+    def join(self, timeout: Optional[float] = None) -> None:
         pass
 
 
 class Wakes(List[bool]):
     def __call__(self, full: bool = False) -> None:
         self.append(full)
+
+
+class Outlet:
+    """The scheduler as the watcher sees it (runtime/scheduler.py's Sampler): each name
+    changed goes to the event-driven sources' change log and wakes them; lost events mark
+    the mounts to list again and ask for a full run."""
+
+    def __init__(self, changes: ChangeLog, wake: Callable[[bool], None]) -> None:
+        self.changes, self.wake = changes, wake
+        self.every_mount_watched: List[bool] = []
+
+    def changed(self, mount: str, name: Optional[str]) -> None:
+        if name is None:
+            self.changes.unknown(mount)
+        else:
+            self.changes.add(mount, name)
+        self.wake(False)
+
+    def lost(self, mounts: Sequence[str]) -> None:
+        for mount in mounts:
+            self.changes.unknown(mount)
+        self.wake(True)
+
+    def watching(self, every_mount: bool) -> None:
+        self.every_mount_watched.append(every_mount)
 
 
 class Rig:
@@ -108,15 +133,19 @@ class Rig:
         self.readers = readers if readers is not None else [FakeInotify()]
         self.made = 0
         self.listed = list(self.mounts)
+        self.outlet = Outlet(self.changes, self.wakes)
         self.watcher = MountWatcher(
             self.state,
             Paths(),
-            lambda: list(self.listed),
-            self.wakes,
+            self.outlet,
             inotify_factory=self.factory,
-            changes=self.changes,
             **options,
         )
+
+    def start(self) -> None:
+        """As App starts it: watched from now on, then discovery's first set published."""
+        self.watcher.start()
+        self.watcher.on_mounts(MountSet([Target(m) for m in self.listed]))
 
     def factory(self) -> FakeInotify:
         reader = self.readers[min(self.made, len(self.readers) - 1)]
@@ -142,11 +171,11 @@ def test_every_mount_is_watched_with_one_reader(
 ) -> None:
     caplog.set_level(logging.INFO, logger="exporter.runtime.watcher")
     rig = Rig(tmp_path)
-    rig.watcher.start()
+    rig.start()
     reader = rig.reader(0)
     assert rig.inotify() == {rig.mounts[0]: True, rig.mounts[1]: True} and reader.alive
     assert reader.added == [(m, WATCH_MASK, CALLBACK_ID) for m in sorted(rig.mounts)]
-    rig.watcher.refresh()  # nothing moved: no watch added again
+    rig.watcher.refresh(rig.listed)  # nothing moved: no watch added again
     assert len(reader.added) == 2 and rig.made == 1
     assert [r.getMessage() for r in caplog.records] == [
         f"mount {m}: inotify on" for m in sorted(rig.mounts)
@@ -158,7 +187,7 @@ def test_without_inotify_every_mount_is_polled_and_it_is_said(
 ) -> None:
     caplog.set_level(logging.INFO, logger="exporter.runtime.watcher")
     rig = Rig(tmp_path, readers=[OSError(24, "Too many open files")])
-    rig.watcher.start()
+    rig.start()
     assert rig.inotify() == {m: False for m in rig.mounts}
     said = sorted(r.getMessage() for r in caplog.records)
     assert said == [
@@ -166,7 +195,9 @@ def test_without_inotify_every_mount_is_polled_and_it_is_said(
         for m in rig.mounts
     ]
     rig.readers.append(FakeInotify())
-    rig.watcher.refresh()  # tried again each refresh: a limit may have been raised
+    rig.watcher.refresh(
+        rig.listed
+    )  # tried again each refresh: a limit may have been raised
     assert rig.inotify() == {m: True for m in rig.mounts}
 
 
@@ -175,7 +206,7 @@ def test_no_inotify_asked_is_polled_and_said(
 ) -> None:
     caplog.set_level(logging.INFO, logger="exporter.runtime.watcher")
     rig = Rig(tmp_path, names=("a",), enabled=False)
-    rig.watcher.start()
+    rig.start()
     assert rig.inotify() == {rig.mounts[0]: False} and rig.made == 0
     assert [r.getMessage() for r in caplog.records] == [
         f"mount {rig.mounts[0]}: inotify disabled (--no-inotify): polling"
@@ -189,7 +220,7 @@ def test_a_mount_that_cannot_be_watched_is_polled_alone(
     a, b, c = (str(tmp_path / n) for n in "abc")
     reader = FakeInotify({a: OSError(28, "No space left on device"), c: -1})
     rig = Rig(tmp_path, names=("a", "b", "c"), readers=[reader])
-    rig.watcher.start()
+    rig.start()
     assert rig.inotify() == {a: False, b: True, c: False}
     assert reader.removed == [(-1, CALLBACK_ID)]
     assert [r.getMessage() for r in caplog.records] == [
@@ -202,7 +233,7 @@ def test_an_event_lists_the_name_counts_it_and_wakes_the_inventory(
     tmp_path: Path,
 ) -> None:
     rig = Rig(tmp_path, names=("a",))
-    rig.watcher.start()
+    rig.start()
     [mount] = rig.mounts
     rig.event(b"nccl-1", IN_CREATE)
     rig.event(b"psm_2", IN_MOVED_TO)
@@ -219,7 +250,7 @@ def test_an_event_lists_the_name_counts_it_and_wakes_the_inventory(
             ("torch", "deleted", 1),
         )
     }
-    assert rig.wakes == [False] * 6 and rig.state.drain_touched() == {mount}
+    assert rig.wakes == [False] * 6
     assert (
         mount in rig.state.snapshot().peaks
     )  # measured at once: a spike between polls stays
@@ -227,7 +258,7 @@ def test_an_event_lists_the_name_counts_it_and_wakes_the_inventory(
 
 def test_a_directory_event_lists_the_mount_again(tmp_path: Path) -> None:
     rig = Rig(tmp_path, names=("a",))
-    rig.watcher.start()
+    rig.start()
     rig.event(b"sub", IN_CREATE | IN_ISDIR)
     assert rig.changes.drain() == {rig.mounts[0]: None}
     assert rig.state.snapshot().event_rows == {} and rig.wakes == [False]
@@ -237,14 +268,10 @@ def test_an_event_on_the_directory_itself_or_an_unknown_watch_is_nothing(
     tmp_path: Path,
 ) -> None:
     rig = Rig(tmp_path, names=("a",))
-    rig.watcher.start()
+    rig.start()
     rig.event(b"", IN_ATTRIB)
     rig.event(b"x", IN_CREATE, wd=99)
-    assert (
-        rig.changes.drain() == {}
-        and rig.wakes == []
-        and rig.state.drain_touched() == set()
-    )
+    assert rig.changes.drain() == {} and rig.wakes == []
 
 
 def test_one_directory_at_two_paths_is_one_watch_serving_both(tmp_path: Path) -> None:
@@ -254,7 +281,7 @@ def test_one_directory_at_two_paths_is_one_watch_serving_both(tmp_path: Path) ->
     )  # a bind mount of it, as far as inotify knows
     rig = Rig(tmp_path, names=("a",))
     rig.listed = [str(tmp_path / "a"), str(tmp_path / "b")]
-    rig.watcher.start()
+    rig.start()
     rig.event(b"nccl-x", IN_CREATE)
     assert rig.changes.drain() == {
         str(tmp_path / "a"): {"nccl-x"},
@@ -262,12 +289,12 @@ def test_one_directory_at_two_paths_is_one_watch_serving_both(tmp_path: Path) ->
     }
     assert rig.wakes == [False, False]
     rig.listed = [str(tmp_path / "b")]  # one path gone: the watch stays the other's
-    rig.watcher.refresh()
+    rig.watcher.refresh(rig.listed)
     assert rig.reader(0).removed == []
     rig.event(b"nccl-y", IN_CREATE)
     assert rig.changes.drain() == {str(tmp_path / "b"): {"nccl-y"}}
     rig.listed = []
-    rig.watcher.refresh()
+    rig.watcher.refresh(rig.listed)
     assert rig.reader(0).removed == [(1, CALLBACK_ID)]
     assert rig.state.snapshot().inotify == {}  # forgotten with its mounts
 
@@ -286,7 +313,7 @@ def test_an_event_that_fails_for_one_mount_is_logged_and_the_others_served(
     os.symlink(tmp_path / "a", tmp_path / "b")
     rig = Rig(tmp_path, names=("a",), changes=Failing())
     rig.listed = [str(tmp_path / "a"), str(tmp_path / "b")]
-    rig.watcher.start()
+    rig.start()
     rig.event(b"nccl-x", IN_CREATE)
     assert rig.changes.drain() == {str(tmp_path / "b"): {"nccl-x"}}
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
@@ -299,7 +326,7 @@ def test_an_overflow_relists_every_watched_mount_in_a_full_run(
 ) -> None:
     rig = Rig(tmp_path, names=("a", "b", "c"))
     rig.reader(0).refuse = {rig.mounts[2]: OSError(28, "No space left on device")}
-    rig.watcher.start()
+    rig.start()
     rig.watcher.on_queue_overflow()
     rig.watcher.on_events_lost()
     a, b, _ = rig.mounts
@@ -318,14 +345,14 @@ def test_a_watch_the_kernel_dropped_is_polled_then_watched_again(
     tmp_path: Path,
 ) -> None:
     rig = Rig(tmp_path)
-    rig.watcher.start()
+    rig.start()
     a, b = sorted(rig.mounts)
-    wd_b = rig.watcher.watches[b][0]
+    wd_b = rig.watcher.watches[b].wd
     rig.watcher.on_watch_deleted(wd_b)
     assert rig.inotify() == {a: True, b: False}
     rig.event(b"x", IN_CREATE, wd=wd_b)
     assert rig.changes.drain() == {}
-    rig.watcher.refresh()  # a is still watched; b, after it, is watched again
+    rig.watcher.refresh(rig.listed)  # a is still watched; b, after it, is watched again
     assert rig.inotify() == {a: True, b: True}
 
 
@@ -334,12 +361,12 @@ def test_a_mount_mounted_anew_is_watched_anew(tmp_path: Path) -> None:
     os.symlink(tmp_path / "disk", tmp_path / "m")
     rig = Rig(tmp_path, names=())
     rig.listed = [str(tmp_path / "m")]
-    rig.watcher.start()
+    rig.start()
     reader = rig.reader(0)
     assert len(reader.added) == 1
     os.unlink(tmp_path / "m")
     os.symlink("/proc", tmp_path / "m")  # another device at the path
-    rig.watcher.refresh()
+    rig.watcher.refresh(rig.listed)
     assert reader.removed == [(1, CALLBACK_ID)] and len(reader.added) == 2
     assert rig.inotify() == {str(tmp_path / "m"): True}
 
@@ -349,9 +376,9 @@ def test_a_dead_reader_is_replaced_and_every_mount_watched_anew(
 ) -> None:
     first, second = FakeInotify(), FakeInotify()
     rig = Rig(tmp_path, readers=[first, second])
-    rig.watcher.start()
+    rig.start()
     first.alive = False  # its thread died
-    rig.watcher.refresh()
+    rig.watcher.refresh(rig.listed)
     assert first.stopped and second.alive and len(second.added) == 2
     assert rig.inotify() == {m: True for m in rig.mounts}
     assert "the inotify reader stopped: watching every mount anew" in caplog.text
@@ -359,7 +386,7 @@ def test_a_dead_reader_is_replaced_and_every_mount_watched_anew(
 
 def test_after_stop_nothing_starts_again(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
-    rig.watcher.start()
+    rig.start()
     reader = rig.reader(0)
     rig.watcher.stop()
     assert reader.stopped
@@ -368,7 +395,7 @@ def test_after_stop_nothing_starts_again(tmp_path: Path) -> None:
     )  # the reader closing drops its watches: not "polled"
     assert rig.inotify() == {m: True for m in rig.mounts}
     rig.readers.append(FakeInotify())
-    rig.watcher.refresh()
+    rig.watcher.refresh(rig.listed)
     rig.watcher.on_mounts(MountSet([Target(m) for m in rig.mounts]))
     assert rig.made == 1
 
@@ -378,6 +405,7 @@ def test_a_mount_set_is_refreshed_once_unless_a_mount_is_not_watched(
 ) -> None:
     rig = Rig(tmp_path, readers=[FakeInotify(), FakeInotify()])
     mounts = MountSet([Target(m) for m in rig.mounts])
+    rig.watcher.start()  # discovery's sets are watched from here on
     rig.watcher.on_mounts(mounts)
     reader = rig.reader(0)
     assert len(reader.added) == 2
@@ -407,10 +435,12 @@ def test_a_mount_set_is_refreshed_once_unless_a_mount_is_not_watched(
 def test_a_set_left_unwatched_is_refreshed_again(tmp_path: Path) -> None:
     rig = Rig(tmp_path, names=("a",), readers=[OSError(24, "EMFILE")])
     mounts = MountSet([Target(rig.mounts[0])])
+    rig.watcher.start()
     rig.watcher.on_mounts(mounts)
     rig.watcher.on_mounts(mounts)
     assert rig.made == 2
     off = Rig(tmp_path, names=("a",), enabled=False)
+    off.watcher.start()
     off.watcher.on_mounts(mounts)
     off.watcher.on_mounts(mounts)  # polling asked for: settled
     assert off.inotify() == {rig.mounts[0]: False}
@@ -422,7 +452,7 @@ def inventory(*mounts: MountInventory) -> Observation:
 
 def test_polled_mounts_count_the_inventorys_events_once(tmp_path: Path) -> None:
     rig = Rig(tmp_path, readers=[FakeInotify({str(tmp_path / "b"): -1})])
-    rig.watcher.start()
+    rig.start()
     a, b = rig.mounts
     watched = MountInventory(a, events={("nccl", "created"): 2})
     polled = MountInventory(b, events={("nccl", "created"): 3, ("torch", "deleted"): 1})
@@ -446,14 +476,14 @@ def test_a_mount_gone_is_forgotten_and_its_last_inventory_with_it(
     tmp_path: Path,
 ) -> None:
     rig = Rig(tmp_path, names=("a",), enabled=False)
-    rig.watcher.start()
+    rig.start()
     [a] = rig.mounts
     kept = MountInventory(a, events={("nccl", "created"): 1})
     rig.watcher.on_observation(inventory(kept))
     rig.listed = []
-    rig.watcher.refresh()
+    rig.watcher.refresh(rig.listed)
     rig.listed = [a]
-    rig.watcher.refresh()
+    rig.watcher.refresh(rig.listed)
     rig.watcher.on_observation(
         inventory(kept)
     )  # the same object, after the mount came back
@@ -465,7 +495,7 @@ def test_an_event_in_a_mount_that_cannot_be_measured_still_counts(
     tmp_path: Path, mask: int
 ) -> None:
     rig = Rig(tmp_path, names=("a",))
-    rig.watcher.start()
+    rig.start()
     os.rmdir(rig.mounts[0])  # statvfs fails: the poll reports the mount's error
     rig.event(b"psm_1", mask)
     assert rig.state.snapshot().event_rows[rig.mounts[0]][0][0] == "python_shm"
@@ -481,9 +511,9 @@ def test_a_watch_that_cannot_be_removed_is_forgotten_all_the_same(
     tmp_path: Path,
 ) -> None:
     rig = Rig(tmp_path, readers=[Unremovable()])
-    rig.watcher.start()
+    rig.start()
     rig.listed = [rig.mounts[0]]
-    rig.watcher.refresh()
+    rig.watcher.refresh(rig.listed)
     assert rig.inotify() == {rig.mounts[0]: True} and list(rig.watcher.watches) == [
         rig.mounts[0]
     ]
@@ -493,14 +523,14 @@ def test_a_refresh_keeps_the_last_inventory_of_the_mounts_still_there(
     tmp_path: Path,
 ) -> None:
     rig = Rig(tmp_path, enabled=False)
-    rig.watcher.start()
+    rig.start()
     a, b = rig.mounts
     kept = MountInventory(a, events={("nccl", "created"): 1})
     rig.watcher.on_observation(
         inventory(kept, MountInventory(b, events={("psm", "created"): 1}))
     )
     rig.listed = [a]
-    rig.watcher.refresh()
+    rig.watcher.refresh(rig.listed)
     rig.watcher.on_observation(inventory(kept))  # handed back unchanged by a quick run
     assert rig.state.snapshot().event_rows == {a: (("nccl", "created", 1),)}
 
@@ -513,6 +543,7 @@ def test_a_mount_refused_once_is_watched_when_the_same_set_comes_again(
     a, b = sorted(rig.mounts)
     reader.refuse = {b: OSError(28, "No space left on device")}
     mounts = MountSet([Target(m) for m in rig.mounts])
+    rig.watcher.start()
     rig.watcher.on_mounts(mounts)
     assert rig.inotify() == {a: True, b: False}
     reader.refuse = {}  # max_user_watches raised
@@ -524,7 +555,7 @@ def test_an_event_measures_the_mount_at_once(tmp_path: Path) -> None:
     """/dev's use does not move while read: the peak is statvfs's used blocks."""
     rig = Rig(tmp_path, names=())
     rig.listed = ["/dev"]
-    rig.watcher.start()
+    rig.start()
     rig.event(b"psm_1", IN_CREATE)
     st = os.statvfs("/dev")
     assert rig.state.snapshot().peaks == {
@@ -550,14 +581,9 @@ def test_the_default_reader_is_a_real_inotify_that_leaves_nothing_open(
     fds = inotify_instances()
     woken = threading.Event()
     state, changes = StateStore(), ChangeLog()
-    watcher = MountWatcher(
-        state,
-        Paths(),
-        [str(tmp_path / "shm")],
-        lambda full=False: woken.set(),
-        changes=changes,
-    )
+    watcher = MountWatcher(state, Paths(), Outlet(changes, lambda full: woken.set()))
     watcher.start()
+    watcher.on_mounts(MountSet([Target(str(tmp_path / "shm"))]))
     assert [t.name for t in threading.enumerate() if t.name == "shmwatch-inotify"] == [
         "shmwatch-inotify"
     ]
