@@ -1,6 +1,6 @@
 # shmwatch: a small image that needs no write access anywhere (runs with a read-only root
 # filesystem) and no root. The container tier (tests/containers/) builds it with `docker
-# build` and runs it in each deployment shape; tests/test_deploy.py also replays the COPY
+# build` and runs it in each deployment shape; tests/project/test_deploy.py also replays the COPY
 # and RUN steps in a fresh virtualenv. `FROM python:3.11-slim` is Docker Hub's image, or the
 # tests' local stand-in (Debian bookworm's python3, built with mmdebstrap): both work.
 FROM python:3.11-slim

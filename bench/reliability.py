@@ -11,7 +11,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tests.conftest import Exporter, fallocate, mounted_tmpfs  # noqa: E402
-from tests.test_reliability import load, rss_and_fds  # noqa: E402
+from tests.system.test_reliability import load, rss_and_fds  # noqa: E402
 
 MiB = 1 << 20
 

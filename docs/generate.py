@@ -3,7 +3,7 @@
 
     python3 docs/generate.py README.md     # rewrite the tables in place
 
-tests/test_docs.py fails when the README's tables differ from what this prints. It lives
+tests/project/test_docs.py fails when the README's tables differ from what this prints. It lives
 outside the package: the exporter never needs it.
 """
 

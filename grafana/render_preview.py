@@ -18,7 +18,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tests.conftest import Exporter, Peer, fallocate, mounted_tmpfs  # noqa: E402
 from tests.live import Prometheus, fast_rules  # noqa: E402
-from tests.test_dashboard import DASHBOARD, substitute  # noqa: E402
+from tests.system.test_dashboard import DASHBOARD, substitute  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "preview.png")
 PANELS = ["Used, size, effective size, peak", "Bytes by owner class", "Bytes by state",

@@ -14,6 +14,7 @@ import urllib.request
 from typing import Dict, Iterator, List, NoReturn, Optional, Set, Tuple
 
 import pytest
+from hypothesis import HealthCheck, settings
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -403,3 +404,12 @@ def nonroot_python(nonroot_venv: str) -> List[str]:
     python = nonroot_venv
     return ["env", f"PYTHONPATH={REPO}", "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
             "--inh-caps=-all", "--bounding-set=-all", python]
+
+
+# database=None: Hypothesis would otherwise keep its examples in .hypothesis/ in the
+# checkout. Under mutmut (MUTANT_UNDER_TEST set) each mutant reruns these: fewer examples.
+settings.register_profile("shmwatch", max_examples=150, deadline=None, database=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("mutmut", max_examples=30, deadline=None, database=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("mutmut" if os.environ.get("MUTANT_UNDER_TEST") else "shmwatch")

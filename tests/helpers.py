@@ -3,6 +3,7 @@ world of real processes in namespaces of its own (tests/peers/world.py); find pr
 attributes of other packages a module uses; drive a real shmwatch process through a leak
 storm and read its memory; a /proc tree in a directory for unit tests (FakeProc)."""
 import ast
+import contextlib
 import json
 import os
 import shutil
@@ -10,22 +11,26 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
+from hypothesis import strategies as st
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.collectors.discovery import MountDiscovery
 from exporter.collectors.segments import FullRun, SegmentsCollector
 from exporter.collectors.source import RunInput
-from exporter.inventory.changes import ChangeLog
 from exporter.exposition.metrics import ModelCollector
-from exporter.model.step import ModelStep
-from exporter.model.types import Inventory
 from exporter.host.paths import Paths
-from exporter.runtime.scheduler import Sampler
-from exporter.model.state import StateStore
+from exporter.host.proctable import ProcessTable
+from exporter.inventory.changes import ChangeLog
 from exporter.inventory.walk import MAX_ENTRIES
-from tests.conftest import REPO, Exporter, Samples, select
+from exporter.model.state import StateStore
+from exporter.model.step import ModelStep, MountView
+from exporter.model.summary import shm_budget
+from exporter.model.types import CgroupMemory, Inventory, MountInventory, MountUsage, Row, Segment
+from exporter.runtime.scheduler import Sampler
+from tests.conftest import FIXTURES, HOST_EXCUSED_RE, REPO, Exporter, Samples, select
 
 
 @dataclass
@@ -417,3 +422,175 @@ class FakeProc:
 def maps_line(start: int, end: int, dev: int, inode: int, path: str, offset: int = 0) -> str:
     """One /proc/<pid>/maps line mapping `path` (device `dev`, as st_dev) at [start, end)."""
     return f"{start:08x}-{end:08x} rw-s {offset:08x} {os.major(dev):02x}:{os.minor(dev):02x} {inode} {path}\n"
+
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+
+# --- the segment summary --------------------------------------------------------------------
+def seg(name, cls, state, size=MiB, mtime=0.0, holders=()):
+    return Segment(name, cls, state, size, size + 1, mtime, holders)
+
+
+def inventory(mount, segments, **fields):
+    """A MountInventory holding `segments`, packed as the collector keeps them."""
+    from exporter.model.types import CLASS_NAMES, STATES
+    listed, states, hidden, held = {}, bytearray(), [], {}
+    for ino, s in enumerate(segments, 1):
+        if s.state == "hidden":
+            hidden.append(s)
+            continue
+        listed[s.name] = Row.pack(class_index=CLASS_NAMES.index(s.cls), inode=ino, mtime=s.mtime,
+                                  blocks=s.allocated_bytes // 512, apparent_bytes=s.apparent_bytes)
+        states.append(STATES.index(s.state))
+        if s.holders:
+            held[ino] = s.holders
+    return MountInventory(mount, names=tuple(listed), packed=tuple(listed.values()), states=bytes(states),
+                          hidden=tuple(hidden), held=held, **fields)
+
+
+# --- the budget behind the OOM projection ---------------------------------------------------
+def usage(size, used, mount="/dev/shm"):
+    return MountUsage(mount, "tmpfs", "tmpfs", True, size_bytes=size, used_bytes=used,
+                      available_bytes=size - used)
+
+
+def cgroup(working_set, limit, pod_uid=""):
+    return CgroupMemory("/c", 1, working_set, limit, working_set, None, 0, "cgroup", pod_uid)
+
+
+# --- the recommendation -----------------------------------------------------------------------
+def view(u, cg=None, labels=None, max_used=None, budget_memory=None):
+    return MountView(u.mount, labels or {}, u, None, max_used, None, None, None, cg,
+                     shm_budget(u, cg, memory_limit=budget_memory))
+
+
+KNOWN = Row.KNOWN
+
+
+def pack(cls, flags, ino, mtime, blocks, size):
+    """A row of these fields (`flags`: KNOWN or 0), by Row.pack."""
+    return Row.pack(class_index=cls, inode=ino, mtime=mtime, blocks=blocks, apparent_bytes=size,
+                    known=bool(flags & KNOWN))
+
+
+def unpack(row):
+    """(class index, inode, mtime, allocated bytes, apparent bytes), by Row's accessors."""
+    return Row.class_index(row), Row.inode(row), Row.mtime(row), Row.allocated_bytes(row), Row.apparent_bytes(row)
+
+
+# --- a listed file nobody holds ------------------------------------------------------------
+DEV, INO = 41, 7
+KEY = (DEV, INO)
+KNOWN_ROW = pack(0, KNOWN, INO, 0, 8, 4096)  # listed before the last full scan read /proc
+
+
+# --- where a cgroup's limit binds -----------------------------------------------------------
+UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+
+
+def cgroup_tree(root, limits, version=1):
+    """kubepods/burstable/pod<UID>/ctr under `root`, each level's limit file written (None:
+    unlimited), with a memory.stat; -> the container's directory."""
+    name = "memory.max" if version == 2 else "memory.limit_in_bytes"
+    unlimited = "max" if version == 2 else str(9223372036854771712)
+    directory = root
+    for level, limit in zip(("kubepods", "burstable", f"pod{UID}", "ctr"), limits):
+        directory = os.path.join(directory, level)
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, name), "w") as f:
+            f.write(f"{unlimited if limit is None else limit}\n")
+        with open(os.path.join(directory, "memory.stat"), "w") as f:
+            f.write("cache 0\n")
+    return directory
+
+
+def fixture(*parts):
+    with open(os.path.join(FIXTURES, *parts)) as f:
+        return f.read()
+
+
+# Any text a hostile or broken /proc file could hand us (lone surrogates: what
+# surrogateescape makes of bytes that are not UTF-8).
+any_text = st.text(st.characters(codec=None, blacklist_categories=()), max_size=400)
+
+
+# Path characters: anything but NUL and '/', which names cannot hold; the kernel writes
+# space, tab, newline and backslash as \ooo octal and everything else raw.
+path_char = st.characters(blacklist_characters="\0/", blacklist_categories=("Cs",))
+path_component = st.text(path_char, min_size=1, max_size=12)
+paths = st.lists(path_component, min_size=0, max_size=4).map(lambda parts: "/" + "/".join(parts))
+
+
+def pod_mount(root: str, uid: str, volume: str = "dshm") -> str:
+    return f"{root}/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/{volume}"
+
+
+V1_MEMORY = "/sys/fs/cgroup/memory"
+
+
+def segment(inv, mount, name):
+    [m] = [m for m in inv.mounts if m.mount == mount]
+    found = [s for s in m.rows() if s.name == name]
+    return (found[0].state, found[0].holders) if found else None
+
+
+def into_pod(cgroup, pid):
+    with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+        f.write(str(pid))
+
+
+class Clock:
+    """The collector's monotonic clock, moved by the test: when the next full scan is due."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+@contextlib.contextmanager
+def orphan_attached_later(mount, script, allocated, cgroup=None):
+    """`psm_known` in `mount` (4 MiB, its pages `allocated` or sparse), called orphan by node
+    mode's first full scan, and a running process (in `cgroup`, when given) that runs `script`
+    on it when told (`attach()`). `refresh()`: the state and holders the next run gives, 15 s
+    on: a refresh, not a full scan."""
+    clock = Clock()
+    collector = SegmentsCollector(Paths(), ProcessTable(Paths()), pod_of_pid=True,
+                                  full_scan_interval=600.0, monotonic=clock, ignore_unreadable=HOST_EXCUSED_RE)
+    runs = Runs(collector, [mount])
+    path = os.path.join(mount, "psm_known")
+    with open(path, "wb") as f:
+        f.write(b"x" * (4 * MiB)) if allocated else f.truncate(4 * MiB)
+    child = subprocess.Popen([sys.executable, "-c", script, path], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        if cgroup is not None:
+            into_pod(cgroup, child.pid)
+        assert segment(runs.full(), mount, "psm_known") == ("orphan", ())
+
+        def attach():
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == "attached"
+
+        def refresh():
+            clock.now += 15
+            return segment(runs.full(), mount, "psm_known")
+
+        yield SimpleNamespace(collector=collector, runs=runs, pid=child.pid, attach=attach, refresh=refresh)
+    finally:
+        child.kill()
+        child.wait()
+
+
+WRITE_IN_PLACE = """
+import mmap, os, sys
+sys.stdin.readline()
+fd = os.open(sys.argv[1], os.O_RDWR)
+os.pwrite(fd, b"w" * 4096, 0)  # IN_MODIFY, and no page allocated: statvfs does not move
+view = mmap.mmap(fd, 4 << 20)
+print("attached", flush=True)
+sys.stdin.readline()
+"""

@@ -1,5 +1,5 @@
 // Alert rules for shmwatch. Every metric used here is in exporter/model/catalogue.py
-// (tests/test_rules.py checks it); each alert has firing and quiet scenarios with exact
+// (tests/system/test_rules.py checks it); each alert has firing and quiet scenarios with exact
 // values in tests/rules/ (promtool test rules; every side of every and/or/unless) and a
 // section in deploy/prometheus/runbook.md.
 local lib = import 'lib.libsonnet';

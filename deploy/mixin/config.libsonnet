@@ -22,7 +22,7 @@
     shmDockerDefaultSizeBytes: 64 * 1024 * 1024,
     shmDockerDefaultClasses: 'nccl|torch|python_shm|mpi',
     // Classes whose segments belong to one process: an orphan of one of them is a leak to
-    // remove (exporter/model/classes.py REMOVABLE; tests/test_mixin.py holds them equal).
+    // remove (exporter/model/classes.py REMOVABLE; tests/project/test_mixin.py holds them equal).
     // Not semaphores (meant to outlive their creator), not `other` (a container engine's
     // lock file is not ours to judge).
     removableClasses: 'nccl|torch|python_shm|vllm_offload|ucx|mpi|sglang',

@@ -1,6 +1,6 @@
 // Right-sizing the shm volume: the highest peak over a window times a headroom, rounded up
 // to a whole GiB (a whole MiB below 1 GiB), and the memory limit that holds it. The same
-// formula is exporter/check/recommend.py's (`shmwatch check --recommend`); tests/test_recommend.py
+// formula is exporter/check/recommend.py's (`shmwatch check --recommend`); tests/system/test_recommend.py
 // holds the rendered rules to it.
 local lib = import 'lib.libsonnet';
 local num = lib.num;

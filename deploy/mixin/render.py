@@ -13,7 +13,7 @@
     python3 deploy/mixin/render.py [OUTPUT_ROOT]        # default: the repository
 
 jsonnet evaluates (Debian's `jsonnet` CLI); Python only lays the result out as readable
-YAML (rule keys in the order people write them, long strings folded). tests/test_mixin.py
+YAML (rule keys in the order people write them, long strings folded). tests/project/test_mixin.py
 renders into a temporary directory and fails when the committed files differ.
 """
 import json

@@ -25,7 +25,7 @@ NEEDLES = tuple(dict.fromkeys(n.encode() for v in TABLE.values() for n in v["nee
 # The tail: recent failures matter; a line over CHUNK is matched in CHUNK-sized pieces.
 MAX_LOG_BYTES, CHUNK = 64 << 20, 1 << 20
 # Bytes either side of a needle's hit that the regexes see: every signature's quantifiers are
-# bounded, so that a match, and its needle, fit in WINDOW // 2 (tests/test_check.py checks).
+# bounded, so that a match, and its needle, fit in WINDOW // 2 (tests/system/test_check.py checks).
 WINDOW = 1 << 10
 
 

@@ -1,5 +1,5 @@
 """The thresholds `shmwatch check` judges by: the same numbers the alert rules carry
-(deploy/prometheus/shmwatch-rules.yml; tests/test_rules.py holds the two together)."""
+(deploy/prometheus/shmwatch-rules.yml; tests/system/test_rules.py holds the two together)."""
 
 SHM_USAGE_WARNING_RATIO = 0.8  # ShmUsageHigh
 SHM_USAGE_CRITICAL_RATIO = 0.95  # ShmUsageCritical

@@ -691,7 +691,7 @@ def node_labels(metric: Metric) -> Tuple[str, ...]:
 
 # The families the shipped rules (deploy/prometheus/) and dashboard (grafana/) read, all in
 # the default set: an allow- or denylist that leaves one out is warned of at start-up
-# (tests/test_rules.py and tests/test_dashboard.py check this list against what they read).
+# (tests/system/test_rules.py and tests/system/test_dashboard.py check this list against what they read).
 READ_BY_RULES_AND_DASHBOARD: FrozenSet[str] = frozenset(
     {
         "shmwatch_build_info",

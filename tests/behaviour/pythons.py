@@ -52,23 +52,17 @@ PACKAGES = ("python3", "python3-pip", "ca-certificates")
 # fixture trees. Not the tests of real processes in namespaces and cgroups, nor of tools.
 FAST_TIER = (
     "tests/unit",
-    "tests/test_parsers.py",
-    "tests/test_parsers_properties.py",
-    "tests/test_pure_units.py",
-    "tests/test_pure_edges.py",
-    "tests/test_decisions.py",
-    "tests/test_config.py",
-    "tests/test_sampler_schedule.py",
-    "tests/test_exposition.py",
-    "tests/test_logs.py",
-    "tests/test_budget.py",
-    "tests/test_docs.py",
-    "tests/test_layout.py",
+    "tests/system/test_config.py",
+    "tests/system/test_exposition.py",
+    "tests/system/test_logs.py",
+    "tests/system/test_budget.py",
+    "tests/project/test_docs.py",
+    "tests/project/test_layout.py",
 )
 # In those files, but needing what the root has not: run under the machine's Python only.
 NOT_IN_ROOT = (
-    "tests/test_exposition.py::test_real_prometheus_scrapes_openmetrics",  # Prometheus
-    "tests/test_budget.py::test_v1_limit_is_the_tightest_up_the_tree_on_a_real_kernel",  # cgroups
+    "tests/system/test_exposition.py::test_real_prometheus_scrapes_openmetrics",  # Prometheus
+    "tests/system/test_budget.py::test_v1_limit_is_the_tightest_up_the_tree_on_a_real_kernel",  # cgroups
 )
 # Test dependencies the fast tier imports, by name: their bounds come from pyproject.toml.
 TEST_DEPENDENCIES = (

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import pytest
 
 from tests.conftest import REPO, Exporter, needs_root, value
-from tests.test_gpu import TWO_GPUS, config, gpu_env, stub_dir  # noqa: F401 - stub_dir: a fixture
+from tests.system.test_gpu import TWO_GPUS, config, gpu_env, stub_dir  # noqa: F401 - stub_dir: a fixture
 
 GiB, MiB = 1 << 30, 1 << 20
 SLACK = 2.5  # the watchdog checks every 0.5 s; a loaded machine

@@ -18,9 +18,9 @@ import bcrypt
 import pytest
 
 from tests.conftest import REPO, Exporter, value
-from tests.test_check import MEASURE, peak_rss
-from tests.test_security import make_cert, write_pem
-from tests.test_webconfig import basic, served_serial, status
+from tests.system.test_check import MEASURE, peak_rss
+from tests.system.test_security import make_cert, write_pem
+from tests.system.test_webconfig import basic, served_serial, status
 
 RELOADED = "shmwatch_web_config_last_reload_successful"
 ALICE = bcrypt.hashpw(b"wonderland", bcrypt.gensalt(4)).decode()

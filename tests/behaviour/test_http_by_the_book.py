@@ -14,7 +14,7 @@ import pytest
 
 from exporter.exposition import http
 from tests.conftest import Exporter
-from tests.test_http_front import raw
+from tests.system.test_http_front import raw
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from exporter.model.state import StateStore
 from exporter.model.step import ModelStep
 from exporter.model.types import CgroupMemory, MountSet, Observation, OomKill, OomReports, Target
 from tests.conftest import Exporter, needs_root, remove_cgroup, select, value
-from tests.test_oom import POD, fixture_kills, kill_a_hog_in, pod_with_a_container, step_with_pod_mount
+from tests.system.test_oom import POD, fixture_kills, kill_a_hog_in, pod_with_a_container, step_with_pod_mount
 
 POD_CGROUP = f"/kubepods/burstable/pod{POD}"
 CONTAINER = f"{POD_CGROUP}/4f2a9c0e1b"  # the fixture kill's task_memcg

@@ -21,7 +21,7 @@ import pytest
 from exporter.model.classes import CLASS_NAMES
 from tests.conftest import needs_root, parse_exposition, select, value
 from tests.helpers import removal_advised, run_world
-from tests.test_rules import promtool_test
+from tests.system.test_rules import promtool_test
 
 pytestmark = needs_root
 

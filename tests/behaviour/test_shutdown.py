@@ -15,8 +15,8 @@ from typing import Callable, List, Optional, Tuple
 import pytest
 
 from tests.conftest import Exporter
-from tests.test_logs import parse_logfmt
-from tests.test_security import make_cert, write_pem
+from tests.system.test_logs import parse_logfmt
+from tests.system.test_security import make_cert, write_pem
 
 REQUEST = b"GET /metrics HTTP/1.1\r\nHost: shmwatch\r\n"
 PER_STATE = 25  # six states of held connections, and 50 scrapers: 200 connections

@@ -12,7 +12,7 @@ from typing import List
 import pytest
 
 from tests.conftest import REPO, needs_root
-from tests.test_collectors_fixtures import SHM_CREATOR
+from tests.system.test_collectors_fixtures import SHM_CREATOR
 
 pytestmark = needs_root
 # check's SysV advice (exporter/check/kernel.py's IPCRM): prose, not a line to paste

@@ -12,7 +12,7 @@ import pytest
 
 from tests.containers.conftest import FIGURES, Container
 from tests.containers import engine as eng
-from tests.test_http_front import BIG_HEADERS, Hostile
+from tests.system.test_http_front import BIG_HEADERS, Hostile
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -80,7 +80,7 @@ def test_sidecar_memory_estimate_and_exact_numbers(images):
     if not eng.docker("info", "--format", "{{.CgroupVersion}}").stdout.decode().strip() == "1":
         # CI's machine is cgroup v1: under CI=true this never skips there (and fails elsewhere).
         prerequisite_missing("written for cgroup v1 with Docker's cgroupfs driver (the server's cgroup read on the "
-                             "host); on cgroup v2 its checks run in the VM tier, tests/test_cgroup_v2_vm.py "
+                             "host); on cgroup v2 its checks run in the VM tier, tests/vm/test_cgroup_v2_vm.py "
                              "(test_sidecar_containers_in_a_private_cgroup_namespace)")
     run = ["--memory=512m", "--memory-swap=512m", "--shm-size=1g", "--ipc=shareable", "--entrypoint", "python3"]
     with Container(SERVER_IMAGE, "-c", FILLER, run=run, prefix="filler") as server:

@@ -50,7 +50,7 @@ def test_node_mode_counts_a_container_oom_kill_for_its_pod(images):
     if not os.path.exists(os.path.join(V1_MEMORY, "memory.usage_in_bytes")):
         # CI's machine is cgroup v1: under CI=true this never skips there (and fails elsewhere).
         prerequisite_missing("written for cgroup v1 (dockerd running cgroupfs on v1); on cgroup v2 its checks run in "
-                             "the VM tier, tests/test_cgroup_v2_vm.py (test_a_container_oom_kill_is_counted_for_its_pod)")
+                             "the VM tier, tests/vm/test_cgroup_v2_vm.py (test_a_container_oom_kill_is_counted_for_its_pod)")
     uid = str(uuid.uuid4())
     parent = f"/kubepods/burstable/pod{uid}"
     pod_dir = V1_MEMORY + parent

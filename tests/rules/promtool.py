@@ -5,7 +5,7 @@ writes there), so a new rule file or group is tested without a change here. In t
 each alert's annotations are replaced by one, `value`, that prints the alert's value with 17
 significant digits: promtool compares annotations, so a check states the alert's exact value
 (the side of an `and` it came from, the limit it was divided by). The real annotations are
-checked rendered elsewhere (tests/test_alerting_live.py, tests/rules/recommend_test.yml).
+checked rendered elsewhere (tests/system/test_alerting_live.py, tests/rules/recommend_test.yml).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from tests.conftest import REPO
-from tests.test_logs import parse_logfmt
+from tests.system.test_logs import parse_logfmt
 
 LEAKY = """
 from exporter.cli import log_to_stderr

@@ -1,25 +1,34 @@
 """exporter/config.py: each field of Config is one declaration, and every flag gets from it
 its --help line, its SHMWATCH_ variable, its README row and its value; a bad one is one line
 naming it, exit 2. The tests run over every declared flag, so a flag added later is held to
-the same (tests/test_config.py and the README test hold the flags by name)."""
+the same (the tests below and the README test hold the flags by name)."""
 
 import argparse
 import dataclasses
+import math
 import re
 from typing import Callable, Dict, List, Tuple
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from exporter import config
 from exporter.config import (
     CollectorSwitches,
     Config,
     Flag,
+    ListenAddress,
     OffSwitch,
     build_parser,
     declarations,
     parse_args,
+    parse_duration,
+    parse_duration_or_zero,
+    parse_listen_address,
+    parse_size,
 )
+from tests.helpers import any_text
 
 FLAGS: List[Tuple[str, "Flag[object]"]] = [(dest, d) for dest, d in declarations() if isinstance(d, Flag)]
 # Two good texts and a bad one (None: every text is good) for each parser a flag uses. A new
@@ -227,3 +236,124 @@ def test_a_bad_flag_after_parsing_is_the_same_one_line(capsys):
     assert ended.value.code == 2
     assert capsys.readouterr().err == (
         "shmwatch: error: argument --web.listen-address: cannot listen on :1: Permission denied\n")
+
+
+BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60}
+DECIMAL = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30,  # docker's --shm-size: lower case is binary
+           "K": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9, "T": 10 ** 12, "P": 10 ** 15, "E": 10 ** 18}
+
+
+@given(st.integers(0, 1 << 20), st.sampled_from(sorted({**BINARY, **DECIMAL, "": 1})), st.sampled_from(["", "B", "b"]))
+def test_size_kubernetes_and_docker_forms(number, suffix, byte):
+    factor = {**BINARY, **DECIMAL, "": 1}[suffix]
+    assert parse_size(f"{number}{suffix}{byte if suffix else ''}") == number * factor
+
+
+@given(any_text)
+@example("9" * 400)
+@example("9" * 400 + "Gi")
+def test_size_any_text_raises_only_value_error(text):
+    try:
+        result = parse_size(text)
+    except ValueError:
+        return
+    assert isinstance(result, int) and result >= 0
+
+
+GO_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+
+
+@given(st.integers(1, 10 ** 6), st.sampled_from(sorted(GO_UNITS) + [""]))
+def test_duration_single_unit_forms(number, unit):
+    assert parse_duration(f"{number}{unit}") == pytest.approx(number * GO_UNITS.get(unit, 1))
+
+
+@given(st.integers(0, 48), st.integers(0, 59), st.integers(0, 59))
+def test_duration_go_compound_forms_parse_or_are_refused(h, m, s):
+    # Go's time.ParseDuration (Prometheus' flags) also takes "1h30m"; shmwatch takes one
+    # unit per value. A compound form must not be misread: the right value or a ValueError.
+    text = f"{h}h{m}m{s}s"
+    try:
+        got = parse_duration(text)
+    except ValueError as err:
+        assert "invalid duration" in str(err)
+        return
+    assert got == h * 3600 + m * 60 + s
+
+
+@given(any_text)
+@example("9" * 400)
+@example("0")
+@example("0.0ms")
+def test_duration_any_text_raises_only_value_error(text):
+    try:
+        result = parse_duration(text)
+    except ValueError:
+        return
+    assert math.isfinite(result) and result > 0
+
+
+@pytest.mark.parametrize("text,seconds", [("500ms", 0.5), ("15s", 15), ("1m", 60), ("2h", 7200), ("3", 3)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["abc", "", "0s", "-1s", "5 parsecs"])
+def test_bad_durations(text):
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+def test_a_full_scan_interval_may_be_zero_and_nothing_below():
+    assert parse_duration_or_zero("0s") == parse_duration_or_zero("0") == 0
+    assert parse_duration_or_zero("2m") == 120
+    for bad in ("-1s", "abc", ""):
+        with pytest.raises(ValueError):
+            parse_duration_or_zero(bad)
+    assert parse_args(["--segments.full-scan-interval=0s"]).full_scan_interval == 0
+
+
+@pytest.mark.parametrize("text,size", [
+    ("64Mi", 64 << 20), ("16Gi", 16 << 30), ("2g", 2 << 30), ("512k", 512 << 10), ("1048576", 1048576),
+    ("1G", 10 ** 9), ("80Gi", 80 << 30), ("1.5Gi", 3 << 29),
+])
+def test_sizes(text, size):
+    assert parse_size(text) == size
+
+
+def test_listen_address():
+    assert parse_listen_address(":9841") == ListenAddress(host="", port=9841)  # every address, IPv6 and IPv4
+    assert parse_listen_address("[::]:9841") == ListenAddress(host="::", port=9841)
+    assert parse_listen_address("0.0.0.0:9841") == ListenAddress(host="0.0.0.0", port=9841)
+    assert parse_listen_address("127.0.0.1:0") == ListenAddress(host="127.0.0.1", port=0)
+    assert parse_listen_address("[::1]:9841") == ListenAddress(host="::1", port=9841)
+    for bad in ("9841x", "::1:9841", "[::1:9841", "localhost:99999"):
+        with pytest.raises(ValueError):
+            parse_listen_address(bad)
+
+
+def test_defaults():
+    cfg = parse_args([])
+    assert (cfg.listen, cfg.telemetry_path) == (ListenAddress(host="", port=9841), "/metrics")
+    assert cfg.shm_mounts == ("/dev/shm",)
+    assert (cfg.poll_interval, cfg.inventory_interval, cfg.peak_window) == (1.0, 15.0, 60.0)
+    # Every collector on, but the kernel log's: a sidecar has no /dev/kmsg. Node mode reads it.
+    assert {name for name, on in cfg.collectors.items() if not on} == {"oom"}
+    assert parse_args(["--mode=node"]).collectors["oom"] is True
+    assert parse_args(["--mode=node", "--no-collector.oom"]).collectors["oom"] is False
+    assert parse_args(["--collector.oom"]).collectors["oom"] is True
+
+
+def test_flags_and_env(monkeypatch):
+    monkeypatch.setenv("SHMWATCH_POLL_INTERVAL", "250ms")
+    monkeypatch.setenv("SHMWATCH_SHM_MOUNT", "/dev/shm,/mnt/dshm")
+    monkeypatch.setenv("SHMWATCH_MEMORY_LIMIT_BYTES", "32Gi")
+    monkeypatch.setenv("SHMWATCH_COLLECTOR_GPU", "false")
+    cfg = parse_args(["--inventory-interval=1m", "--no-collector.sysv", "--shm.size-limit=16Gi"])
+    assert cfg.poll_interval == 0.25 and cfg.inventory_interval == 60
+    assert cfg.shm_mounts == ("/dev/shm", "/mnt/dshm")
+    assert cfg.memory_limit_bytes == 32 << 30 and cfg.shm_size_limit == 16 << 30
+    assert cfg.collectors["gpu"] is False and cfg.collectors["sysv"] is False and cfg.collectors["segments"]
+    # The command line wins over the environment.
+    assert parse_args(["--poll-interval=2s", "--shm.mount=/x"]).poll_interval == 2.0
+    assert parse_args(["--shm.mount=/x"]).shm_mounts == ("/x",)

@@ -1,4 +1,4 @@
-"""Runs inside the cgroup v2 VM (tests/test_cgroup_v2_vm.py): real pod slices on the systemd
+"""Runs inside the cgroup v2 VM (tests/vm/test_cgroup_v2_vm.py): real pod slices on the systemd
 driver's layout, shmwatch in host and node mode against them. It only acts and records (scrapes,
 cgroup files, timings) into OUT; the assertions are made on the host side.
 

@@ -31,7 +31,7 @@ from exporter.model.types import (
     MountInventory,
     MountUsage,
 )
-from tests.test_decisions import inventory, seg, usage, view
+from tests.helpers import inventory, seg, usage, view
 
 MiB, GiB = 1 << 20, 1 << 30
 Listed = Tuple[

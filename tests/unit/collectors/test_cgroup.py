@@ -13,12 +13,13 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import pytest
 
-from exporter.collectors.cgroup import ESTIMATE_CGROUP, CgroupCollector, IncompleteView
+from exporter.collectors.cgroup import ESTIMATE_CGROUP, CgroupAt, CgroupCollector, IncompleteView
 from exporter.collectors.source import RunInput
+from exporter.host.cgroupfs import BindingLimit, effective_limit
 from exporter.host.paths import Paths
-from exporter.model.types import CgroupMemory
 from exporter.host.proctable import PF_KTHREAD
-from tests.helpers import FakeProc
+from exporter.model.types import CgroupMemory
+from tests.helpers import UID, FakeProc, cgroup_tree
 
 GiB, MiB = 1 << 30, 1 << 20
 POD = "pod0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
@@ -490,3 +491,73 @@ def test_a_sidecars_v1_cgroup_counts_no_childrens_kills(host: Host) -> None:
     )
     [got] = host.collect(cgroup_path="/a")
     assert (got.oom_kills, got.child_oom_kills) == (1, ())
+
+
+def test_limits_are_read_up_to_the_top_of_the_hierarchy_and_once_a_pass(tmp_path):
+    """A limit file above a directory without one (above the hierarchy's root: the host's,
+    a fixture's) is not a cgroup's. The ancestors' limits are read once per pass (node mode's
+    pods share their QoS slices): a memo passed again gives what it read."""
+    with open(tmp_path / "memory.limit_in_bytes", "w") as f:
+        f.write("4096\n")
+    os.mkdir(tmp_path / "root")  # no limit file: the top
+    ctr = cgroup_tree(str(tmp_path / "root"), (None, None, GiB, 2 * GiB))
+    above = {}
+    assert effective_limit(ctr, 1, above) == BindingLimit(limit_bytes=GiB, limit_source="pod")
+    with open(os.path.join(os.path.dirname(ctr), "memory.limit_in_bytes"), "w") as f:
+        f.write(f"{GiB // 2}\n")
+    assert effective_limit(ctr, 1, above) == BindingLimit(limit_bytes=GiB, limit_source="pod")  # this pass's
+    assert effective_limit(ctr, 1) == BindingLimit(limit_bytes=GiB // 2, limit_source="pod")  # the next pass's
+
+
+def test_a_container_as_tight_as_its_pod_is_charged_to_the_pod(tmp_path):
+    """binding: the container's own cgroup only when its own limit is the tightest; else its
+    pod's, when the pod's memory.stat can be read."""
+
+    def at(path: str, version: int, directory: str) -> CgroupAt:
+        return CgroupAt(path=path, version=version, directory=directory)
+
+    def binding(path: str, version: int, directory: str) -> CgroupAt:
+        return CgroupCollector.binding(at(path, version, directory))
+
+    cgroup = f"/kubepods/burstable/pod{UID}/ctr"
+    pod = f"/kubepods/burstable/pod{UID}"
+    own = cgroup_tree(str(tmp_path / "own"), (None, None, 2 * GiB, GiB))
+    assert binding(cgroup, 1, own) == at(cgroup, 1, own)
+    own2 = cgroup_tree(str(tmp_path / "own2"), (None, None, 2 * GiB, GiB), version=2)
+    assert binding(cgroup, 2, own2) == at(cgroup, 2, own2)
+    assert binding(cgroup + "/", 1, own + "/") == at(cgroup + "/", 1, own + "/")
+    tie = cgroup_tree(str(tmp_path / "tie"), (None, None, GiB, GiB))
+    assert binding(cgroup, 1, tie + "/") == at(pod, 1, os.path.dirname(tie))
+    none = cgroup_tree(str(tmp_path / "none"), (None, None, None, None))
+    assert binding(cgroup, 1, none) == at(pod, 1, os.path.dirname(none))
+    assert binding(cgroup + "/", 1, none) == at(pod, 1, os.path.dirname(none))
+    # A cgroup namespace rooted at the QoS level: the pod is one level below its root.
+    assert binding(f"/pod{UID}/ctr", 1, none) == at(f"/pod{UID}", 1, os.path.dirname(none))
+    os.remove(os.path.join(os.path.dirname(tie), "memory.stat"))
+    assert binding(cgroup, 1, tie) == at(cgroup, 1, tie)  # the pod's unreadable
+    outside = cgroup_tree(str(tmp_path / "outside"), (None, None, None, None))
+    assert binding("/system.slice/x", 1, outside) == at("/system.slice/x", 1, outside)
+
+
+def test_v1_parent_limit_binds(tmp_path):
+    """A v1 container with no limit of its own inside a pod with one: memory.stat's
+    hierarchical_memory_limit is the limit that OOM-kills it."""
+    leaf = tmp_path / "sys" / "fs" / "cgroup" / "memory" / "kubepods" / "pod1" / "c"
+    leaf.mkdir(parents=True)
+    (leaf / "memory.usage_in_bytes").write_text(f"{100 * MiB}\n")
+    (leaf / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # unlimited here
+    (leaf / "memory.stat").write_text(f"total_inactive_file {10 * MiB}\nhierarchical_memory_limit {512 * MiB}\n")
+    paths = Paths(procfs=str(tmp_path / "proc"), sysfs=str(tmp_path / "sys"))
+    [result] = CgroupCollector(paths, cgroup_path="/kubepods/pod1/c").collect()
+    assert (result.version, result.limit_bytes, result.limit_source) == (1, 512 * MiB, "ancestor")
+    assert result.working_set_bytes == 90 * MiB
+
+
+def test_node_cgroups_are_not_stretched_whole():
+    """Each pod's cgroup stretches on its own (cgroup.py): stretching the whole source as well
+    would compound the two delays, and one pod's change would end every pod's stretch."""
+    from exporter.collectors.cgroup import CgroupCollector
+    from exporter.host.paths import Paths
+
+    source = CgroupCollector(Paths("/proc", "/nonexistent", "/"), node_mode=True)
+    assert not source.stretches(RunInput(kill_log_complete=True))

@@ -4,6 +4,8 @@ target drops it; the set is the same object while the mounts at or above the tar
 the same (the watcher then looks at nothing again), another one when a mount lands on top;
 an empty table fails the run and the last set stands. A sidecar publishes its --shm.mount."""
 
+import shutil
+import uuid
 from pathlib import Path
 from typing import List, Tuple
 
@@ -13,6 +15,7 @@ from exporter.collectors.discovery import MountDiscovery, discover
 from exporter.host.mountinfo import parse_mountinfo
 from exporter.host.paths import Paths
 from exporter.model.types import MountSet
+from tests.helpers import pod_mount
 
 POD = "0a1b2c3d-1111-2222-3333-444455556666"
 EMPTYDIR = f"/var/lib/kubelet/pods/{POD}/volumes/kubernetes.io~empty-dir/dshm"
@@ -116,3 +119,25 @@ def test_discover_keeps_the_topmost_entry_of_a_mount_point() -> None:
     assert discover(entries) == []
     entries = parse_mountinfo(line(1, "/dev/shm", "ext4", "8:1") + line(2, "/dev/shm"))
     assert [t.mount for t in discover(entries)] == ["/dev/shm"]
+
+
+def test_unreadable_mountinfo_keeps_the_last_mount_set(tmp_path):
+    proc = tmp_path / "proc"
+    (proc / "1").mkdir(parents=True)
+    uid = str(uuid.uuid4())
+    point = pod_mount("", uid)
+    (proc / "1" / "mountinfo").write_text(f"99 1 0:50 / {point} rw,nosuid - tmpfs tmpfs rw,size=16384k\n")
+    from exporter.runtime.scheduler import Sampler
+
+    discovery = MountDiscovery(Paths(procfs=str(proc)), ["/dev/shm"], node_mode=True)
+    sampler = Sampler([discovery])
+    published = []
+    sampler.subscribe(published.append)
+    sampler.runners["discovery"].run_once(full=True)
+    assert point in published[0].result.mounts()
+    shutil.rmtree(proc / "1")
+    sampler.runners["discovery"].run_once(full=True)
+    # An unreadable mountinfo fails the discovery run, and publishes no set.
+    assert published[-1].result is None and "mountinfo" in published[-1].error
+    assert point in discovery.current().mounts()  # the last good set stands
+    assert point in sampler.inputs.mounts  # and every run is handed it

@@ -287,3 +287,20 @@ def test_a_legacy_reports_cgroups_are_unescaped() -> None:
         ]
     )
     assert (kill.task_memcg, kill.oom_memcg) == ("/aé", "/b\\")
+
+
+def test_the_kill_log_is_complete_only_when_read_and_nothing_was_lost():
+    """Runs are handed whether the kernel log counts every OOM kill (node mode's cgroups
+    stretch only then): from the oom source's last run."""
+    from exporter.model.types import Observation, OomReports
+    from exporter.runtime.inputs import RunInputs
+
+    inputs = RunInputs()
+    assert not inputs.make({}).kill_log_complete  # never read
+    inputs.on_observation(Observation("oom", OomReports((), 0), None, 0.0))
+    assert inputs.make({}).kill_log_complete
+    inputs.on_observation(Observation("oom", OomReports((), 3), None, 0.0))  # records overwritten
+    assert not inputs.make({}).kill_log_complete
+    inputs.on_observation(Observation("oom", OomReports((), 0), None, 0.0))
+    inputs.on_observation(Observation("oom", None, "PermissionError: /dev/kmsg", 0.0))
+    assert not inputs.make({}).kill_log_complete

@@ -162,3 +162,42 @@ def test_a_mount_no_longer_handed_is_forgotten_and_warned_afresh_when_back(
     collector.mounts = [str(tmp_path)]
     collector.full()
     assert warned(caplog, "is not a mount point (unmounted?)") == 2
+
+
+def test_effective_size_is_absent_while_the_memory_limit_is_unknown(tmp_path):
+    """The cgroup collector on but failing, and no --memory.limit-bytes: the tmpfs size alone
+    would overstate what can be filled, so no effective size is exported."""
+    from exporter.collectors.cgroup import CgroupCollector
+    from exporter.collectors.shm_mount import ShmMountCollector
+    from tests.helpers import registry_for
+
+    shm = "/dev/shm"  # a mount point (only read): a directory that is none is not measured
+    broken = CgroupCollector(Paths(procfs=str(tmp_path / "proc"), sysfs=str(tmp_path / "sys")))
+    reg, _ = registry_for(ShmMountCollector(Paths()), broken, mounts=[str(shm)])
+    assert reg.get_sample_value("shmwatch_collector_success", {"collector": "cgroup"}) == 0
+    assert reg.get_sample_value("shmwatch_mount_size_bytes", {"mount": str(shm)}) > 0
+    assert reg.get_sample_value("shmwatch_mount_effective_size_bytes", {"mount": str(shm)}) is None
+    reg, _ = registry_for(ShmMountCollector(Paths()), broken, memory_limit=1 << 20, mounts=[str(shm)])
+    assert reg.get_sample_value("shmwatch_mount_effective_size_bytes", {"mount": str(shm)}) == 1 << 20
+
+
+def test_the_model_is_rebuilt_only_when_its_version_moved(tmp_path):
+    """The version moves with every accepted observation and every change to the state store
+    (nobody is called back); current() builds the model again only then."""
+    from exporter.collectors.shm_mount import ShmMountCollector
+    from tests.helpers import registry_for
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    _, harness = registry_for(ShmMountCollector(Paths()), mounts=[str(shm)])
+    step = harness.step
+    model, version = step.current(), step.version()
+    assert step.current() is model and step.version() == version  # nothing happened
+    harness.sampler.runners["shm_mount"].run_once(full=False)
+    assert step.version() != version
+    rebuilt = step.current()
+    assert rebuilt is not model and step.current() is rebuilt
+    version = step.version()
+    harness.state.count_event(str(shm), "nccl", "created")  # the watcher, say
+    assert step.version() != version
+    assert step.current().states.event_rows == {str(shm): (("nccl", "created", 1),)}

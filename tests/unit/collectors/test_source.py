@@ -7,8 +7,7 @@ from typing import List
 
 import pytest
 
-from exporter.collectors.source import REGISTRY, Context, Registration, RunInput, Source
-from exporter.collectors.source import register
+from exporter.collectors.source import REGISTRY, Context, Registration, RunInput, Source, register
 from exporter.config import parse_args
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
@@ -71,3 +70,47 @@ def test_each_registered_factory_makes_the_source_of_its_name(mode: str) -> None
         assert source.name == name
     for source in made:
         source.close()
+
+
+def test_a_failing_subscriber_does_not_stop_a_source():
+    """An exception in one subscriber (a bug in the watcher, say) must not end the source's
+    thread, nor keep the other subscribers from the observation."""
+    from exporter.collectors.source import Source
+    from exporter.runtime.scheduler import Sampler
+
+    class Counter(Source):
+        name = "counter"
+        runs = 0
+
+        def collect(self, run):
+            Counter.runs += 1
+            return Counter.runs
+
+    seen = []
+    sampler = Sampler([Counter()], poll_interval=0.05)
+
+    def broken(obs):
+        raise RuntimeError("subscriber bug")
+
+    sampler.subscribe(broken)
+    sampler.subscribe(seen.append)
+    sampler.start()
+    try:
+        import time
+        deadline = time.monotonic() + 5
+        while len(seen) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        sampler.stop()
+    assert len(seen) >= 3 and all(o.success for o in seen)
+
+
+def test_segments_stretch_only_in_node_mode_while_inotify_watches_every_mount():
+    """A polled mount changes unseen: its full runs keep to the interval."""
+    from exporter.collectors.segments import SegmentsCollector
+    from exporter.host.paths import Paths
+
+    node = SegmentsCollector(Paths(), pod_of_pid=True)
+    assert not node.stretches(RunInput(all_watched=False))
+    assert node.stretches(RunInput(all_watched=True))
+    assert not SegmentsCollector(Paths()).stretches(RunInput(all_watched=True))

@@ -16,14 +16,16 @@ from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from exporter.collectors.source import RunInput
-from exporter.collectors.sysv import IpcNamespace, SysvCollector, in_ipc_namespaces
+from exporter.collectors.sysv import IpcNamespace, SysvCollector, in_ipc_namespaces, parse_sysvipc_shm
 from exporter.host.paths import Paths
 from exporter.host.proctable import ProcessTable
 from exporter.model.types import SysvSegment, SysvShm
 from tests.conftest import IS_ROOT, needs_root, prerequisite_missing
-from tests.helpers import FakeProc
+from tests.helpers import FakeProc, any_text, fixture
 
 HEADER = "       key      shmid perms       size  cpid  lpid nattch   uid   gid  cuid  cgid      atime      dtime      ctime        rss       swap\n"
 NEVER = 4194305  # above PID_MAX_LIMIT: no such process, ever
@@ -444,3 +446,34 @@ def test_node_mode_reads_how_proc_hides_pids_once_a_run_not_once_per_namespace(
     # One, for the process walk (ProcessTable.walk): SysV proves a pid gone by kill(pid, 0)
     # alone, whatever /proc hides.
     assert table.hidepid_reads == 1, table.hidepid_reads
+
+
+def test_sysvipc():
+    segments = parse_sysvipc_shm(fixture("proc", "sysvipc", "shm"))
+    assert [(s.shmid, s.size_bytes, s.nattch) for s in segments] == [(3, 8 << 20, 2), (4, 16 << 20, 0)]
+    assert segments[0].rss_bytes == 8 << 20
+    assert parse_sysvipc_shm("") == []
+
+
+SYSV_COLUMNS = ["key", "shmid", "perms", "size", "cpid", "lpid", "nattch", "uid", "gid", "cuid", "cgid", "atime",
+                "dtime", "ctime", "rss", "swap"]
+sysv_rows = st.lists(st.fixed_dictionaries({c: st.integers(0 if c != "key" else -(1 << 31), 1 << 40)
+                                            for c in SYSV_COLUMNS}), max_size=6)
+
+
+@given(st.permutations(SYSV_COLUMNS), sysv_rows, st.booleans())
+def test_sysvipc_round_trip_in_any_column_order(columns, rows, with_rss):
+    columns = [c for c in columns if with_rss or c not in ("rss", "cpid")]
+    text = " ".join(f"{c:>10}" for c in columns) + "\n" + "".join(
+        " ".join(f"{row[c]:>10}" for c in columns) + "\n" for row in rows)
+    got = [(s.key, s.shmid, s.size_bytes, s.nattch, s.cpid, s.lpid, s.rss_bytes) for s in parse_sysvipc_shm(text)]
+    assert got == [(r["key"], r["shmid"], r["size"], r["nattch"], r["cpid"] if with_rss else 0, r["lpid"],
+                    r["rss"] if with_rss else 0) for r in rows]
+
+
+@given(any_text)
+def test_sysvipc_any_text_raises_only_value_error(text):
+    try:
+        parse_sysvipc_shm(text)
+    except ValueError as err:
+        assert "unexpected header" in str(err)

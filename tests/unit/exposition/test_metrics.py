@@ -1,9 +1,14 @@
 """exposition/metrics.py: labels that say what a series is about once, and processes by name;
 the mounts whose segments are rendered; a figure not known yet is absent."""
 
+import re
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from exporter.exposition.metrics import (
+    MAX_LABEL_CHARS,
     ModelCollector,
     cgroup_label,
     largest_by_name,
@@ -12,6 +17,7 @@ from exporter.exposition.metrics import (
     pods_twice,
     required,
 )
+from exporter.exposition.metrics import clean_label as clean
 from exporter.exposition.render import Families
 from exporter.model.state import MountStates
 from exporter.model.step import Model, MountView
@@ -84,3 +90,36 @@ def test_a_projection_without_a_cgroup_has_no_cgroup_label():
     assert ModelCollector._derived_cgroup(None, node_mode=True) == ""
     assert ModelCollector._derived_cgroup(pod, node_mode=True) == ""
     assert ModelCollector._derived_cgroup(pod, node_mode=False) == "/kubepods/burstable/podu1"
+
+
+def test_clean_exact_forms():
+    from exporter.exposition.metrics import MAX_LABEL_CHARS
+    from exporter.exposition.metrics import clean_label as clean
+    assert clean("psm_\udcff\udcfe") == "psm_\ufffd\ufffd"  # undecodable bytes from os.scandir
+    assert clean(b"psm_\xff") == "psm_\ufffd"
+    assert clean("esc\x1b[31m\x7f\x9b") == "esc\\x1b[31m\\x7f\\x9b"  # lower-case hex, C0, DEL and C1
+    assert clean("a\nb") == "a\\x0ab"
+    assert clean("x" * MAX_LABEL_CHARS) == "x" * MAX_LABEL_CHARS  # at the limit: whole
+    assert clean("x" * (MAX_LABEL_CHARS + 1)) == "x" * (MAX_LABEL_CHARS - 1) + "\u2026"
+    assert clean("abcdef", 4) == "abc\u2026"
+
+
+# What clean() is given: names from os.scandir or /proc, str with undecodable bytes as
+# surrogateescape's lone surrogates (U+DC80..U+DCFF, never another lone surrogate), or bytes.
+names = st.one_of(st.text(st.characters(blacklist_categories=("Cs",)), max_size=300),
+                  st.binary(max_size=300).map(lambda b: b.decode("utf-8", "surrogateescape")))
+
+
+@given(st.one_of(names, st.binary(max_size=400)), st.integers(2, 300))
+def test_clean_labels(value, limit):
+    out = clean(value, limit)
+    assert len(out) <= limit
+    assert not re.search(r"[\x00-\x1f\x7f-\x9f]", out)
+    out.encode("utf-8")  # valid UTF-8: no lone surrogates left
+    assert clean(out, limit) == out
+    if isinstance(value, str) and value.isprintable() and len(value) <= limit and value == clean(value, limit):
+        assert out == value
+
+
+def test_clean_default_limit():
+    assert len(clean("x" * 1000)) == MAX_LABEL_CHARS

@@ -20,7 +20,7 @@ from exporter.exposition.render import (
     joined_runs,
     shape,
 )
-from tests.test_exposition import get
+from tests.system.test_exposition import get
 
 
 @pytest.mark.parametrize("header,wanted", [

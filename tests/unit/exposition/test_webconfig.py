@@ -117,7 +117,7 @@ def looks(source, seconds=2.0):
 def test_a_fifo_swapped_in_keeps_the_last_good(tmp_path, target):
     """The old code opened the FIFO on the next connection and blocked there for good, with
     the lock every connection takes: no request, not even /-/healthy, was answered again."""
-    from tests.test_security import make_cert, write_pem
+    from tests.system.test_security import make_cert, write_pem
     cert, key = write_pem(str(tmp_path), "tls", *make_cert("127.0.0.1", san_ip="127.0.0.1"))
     config = tmp_path / "web.yml"
     config.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Set
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from exporter.host.proctable import (
     PF_KTHREAD,
@@ -20,9 +22,12 @@ from exporter.host.proctable import (
     Process,
     ProcessTable,
     parse_meminfo,
+    parse_proc_cgroup,
+    parse_stat,
 )
+from exporter.host.proctable import parse_meminfo as parse_smaps_rollup
 from tests.conftest import IS_ROOT, prerequisite_missing
-from tests.helpers import INITIAL_PID_NS, FakeProc
+from tests.helpers import INITIAL_PID_NS, FakeProc, any_text
 
 POD = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 
@@ -477,3 +482,97 @@ def test_a_free_pid_between_processes_is_no_hidden_process(proc: FakeProc) -> No
         )
     proc.counters(last_pid=3, pid_max=4, forks=10)
     assert probe_in_a_pid_namespace(proc) == 2  # pids 1 and 3; 2 and 4 are free
+
+
+def test_parse_hidepid_old_and_new_spellings():
+    from exporter.host.proctable import parse_hidepid
+    assert parse_hidepid("rw,nosuid,nodev,noexec,relatime") == "off"
+    assert parse_hidepid("rw,hidepid=0") == "off"
+    assert parse_hidepid("rw,hidepid=1,gid=5") == "noaccess"
+    assert parse_hidepid("rw,nosuid,hidepid=2") == "invisible"
+    assert parse_hidepid("hidepid=4") == "ptraceable"
+    assert parse_hidepid("rw,hidepid=invisible") == "invisible"
+    assert parse_hidepid("rw,hidepid=noaccess") == "noaccess"
+    assert parse_hidepid("rw,hidepid=ptraceable,subset=pid") == "ptraceable"
+    assert parse_hidepid("rw,xhidepid=2") == "off"  # an option must start with the name
+    assert parse_hidepid("") == "off"
+
+
+def test_a_cgroup_path_may_hold_colons():
+    from exporter.host.proctable import parse_proc_cgroup
+    assert parse_proc_cgroup("0::/kubepods/a:b\n5:memory:/docker/x:y:z\n") == {"": "/kubepods/a:b",
+                                                                             "memory": "/docker/x:y:z"}
+
+
+def test_pids_wrapped_only_when_a_known_pid_may_be_another_process():
+    from exporter.host.proctable import PidCounts, pids_wrapped
+
+    def counts(last_pid: int, forks: int, pid_max: int) -> PidCounts:
+        return PidCounts(last_pid=last_pid, forks=forks, pid_max=pid_max)
+
+    pid_max = 32768
+    assert pids_wrapped(counts(500, 9000, pid_max), None)  # cannot tell: assume they did
+    assert not pids_wrapped(None, counts(500, 9000, pid_max))  # the first reading
+    assert not pids_wrapped(counts(500, 9000, pid_max), counts(900, 9400, pid_max))
+    assert pids_wrapped(counts(500, 9000, pid_max), counts(400, 9100, pid_max))  # ns_last_pid went down
+    # As many forks as there are pids above the reserved ones: every pid may be new.
+    assert pids_wrapped(counts(500, 9000, pid_max), counts(600, 9000 + pid_max - 300, pid_max))
+    assert not pids_wrapped(counts(500, 9000, pid_max), counts(600, 9000 + pid_max - 301, pid_max))
+
+
+def test_proc_stat_with_hostile_comm():
+    text = "1234 (we ird) (name) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 100"
+    stat = parse_stat(text)
+    assert stat.comm == "we ird) (name" and stat.flags == 4194560 and stat.start_time == 98765 and stat.ppid == 1
+
+
+comms = st.text(st.characters(blacklist_characters="\0\n", blacklist_categories=("Cs",)), max_size=15)
+
+
+@given(st.integers(1, 1 << 22), comms, st.sampled_from("RSDZTtXI"), st.integers(0, 1 << 32), st.integers(0, 1 << 62))
+def test_stat_round_trip(pid, comm, state, flags, start):
+    fields = ["1", "1", "1", "0", "-1", str(flags)] + ["0"] * 12 + [str(start)] + ["0"] * 30
+    stat = parse_stat(f"{pid} ({comm}) {state} " + " ".join(fields) + "\n")
+    assert (stat.comm, stat.flags, stat.start_time, stat.ppid) == (comm, flags, start, 1)
+
+
+@given(any_text)
+def test_stat_any_text_raises_only_value_or_index_error(text):
+    # ProcScanner.identity catches exactly these.
+    try:
+        parse_stat(text)
+    except (ValueError, IndexError):
+        pass
+
+
+# cgroup names can be anything but '/' and NUL; the line separators splitlines() knows
+# besides "\n" are left out here (no kubelet or systemd makes them; see the report).
+cgroup_path = st.lists(st.text(st.characters(blacklist_characters="\0/\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029",
+                                             blacklist_categories=("Cs",)), min_size=1, max_size=10),
+                       max_size=4).map(lambda p: "/" + "/".join(p))
+controllers = st.lists(st.sampled_from(["memory", "cpu", "cpuacct", "blkio", "pids", "name=systemd", "devices"]),
+                       min_size=1, max_size=3, unique=True)
+
+
+@given(st.lists(st.tuples(controllers, cgroup_path), max_size=5), st.one_of(st.none(), cgroup_path))
+def test_proc_cgroup_round_trip(v1, v2):
+    lines, want = [], {}
+    for i, (ctrls, path) in enumerate(v1, start=1):
+        lines.append(f"{i}:{','.join(ctrls)}:{path}")
+        want.update({c: path for c in ctrls})
+    if v2 is not None:
+        lines.append(f"0::{v2}")
+        want[""] = v2
+    assert parse_proc_cgroup("\n".join(lines) + "\n") == want
+
+
+@given(any_text)
+def test_proc_cgroup_any_text(text):
+    assert all(isinstance(v, str) for v in parse_proc_cgroup(text).values())
+
+
+def test_smaps_rollup():
+    text = ("55c4e09b0000-7fff6b3f9000 ---p 00000000 00:00 0   [rollup]\nRss:  1728 kB\nPss_Anon:   112 kB\n"
+            "Pss_File:  58 kB\nPss_Shmem:  0 kB\nbogus line\n")
+    assert parse_smaps_rollup(text) == {"Rss": 1728 << 10, "Pss_Anon": 112 << 10, "Pss_File": 58 << 10,
+                                        "Pss_Shmem": 0}

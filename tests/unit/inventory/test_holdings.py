@@ -20,10 +20,12 @@ from exporter.inventory.holdings import (
     joined,
     mounts_to_reread,
     orphan_bytes,
+    unheld_state,
     unlinked_size,
 )
 from exporter.inventory.walk import Listing
 from exporter.model.types import PackedRow, Row
+from tests.helpers import DEV, INO, KEY, KNOWN_ROW
 
 Listings = Dict[str, Listing]  # each mount's listing
 POD = "11111111-2222-3333-4444-555555555555"
@@ -313,3 +315,50 @@ def test_only_the_first_reasons_are_logged(caplog: pytest.LogCaptureFixture) -> 
     UnprovenLog(logging.getLogger("t41.bounded")).say(Owners(unproven=unproven))
     text = caplog.records[0].getMessage()
     assert f"p{MAX_UNPROVEN - 1} (pid" in text and f"p{MAX_UNPROVEN} (pid" not in text
+
+
+# --- segment states (DESIGN.md "Segment states") -----------------------------------------------
+def test_segment_states():
+    """(known at the last full scan, held at it, every process inspected, quick run, owners
+    from a full scan this run) -> the state of a listed file nobody holds (a held one is
+    linked without asking). Leaked only on a full scan's word."""
+    dev, ino = 40, 7
+    cases = {
+        (True, False, True, False, True): "orphan",  # known, unheld, a full scan saw it
+        (True, False, False, False, True): "unverified",  # somebody could not be inspected
+        (True, True, True, False, False): "unverified",  # held at the full scan: only it may say
+        (True, True, True, True, False): "unverified",
+        (True, False, True, True, False): "orphan",  # a quick run: the full scan's owners hold
+        (True, True, True, False, True): "orphan",  # the full scan itself found it unheld
+        (False, False, True, True, False): "linked",  # new since the full scan: its creator's
+        (False, False, False, True, False): "linked",
+        (False, False, True, False, True): "orphan",  # new, and the full scan found nobody
+        (False, False, False, False, True): "unverified",
+        (False, False, True, False, False): "unverified",  # a refresh found nobody: not leaked yet
+        (False, True, True, False, False): "unverified",
+    }
+    for (known, at_full, complete, quick, settled), state in cases.items():
+        row = Row.pack(class_index=0, inode=ino, mtime=0, blocks=8, apparent_bytes=4096, known=known)
+        held_at_full = {(dev, ino)} if at_full else set()
+        got = unheld_state("a", row, (dev, ino), dev, (), held_at_full, complete, quick, settled)
+        assert got == state, (known, at_full, complete, quick, settled)
+
+
+def test_a_doubted_or_once_held_file_is_leaked_only_on_a_full_scans_word():
+    """Changed since its pod was read (`doubted`: those names, or None for any), or held at
+    the last full scan: unverified until a full scan; otherwise a known unheld file is an
+    orphan. The held set is keyed by (device, inode): the same inode on another device is
+    another file."""
+    def state(name, doubted=(), held=frozenset(), settled=False, complete=True):
+        return unheld_state(name, KNOWN_ROW, KEY, DEV, doubted, held, complete, False, settled)
+
+    assert state("a") == "orphan"
+    assert state("a", doubted=None) == "unverified"
+    assert state("a", doubted={"a"}) == "unverified"
+    assert state("b", doubted={"a"}) == "orphan"
+    assert state("a", held={KEY}) == "unverified"
+    assert state("a", held={(DEV + 1, INO), (DEV, INO + 1)}) == "orphan"
+    for doubted, held in ((None, set()), ({"a"}, set()), ((), {KEY})):
+        assert state("a", doubted, held, settled=True) == "orphan"
+        assert state("a", doubted, held, settled=True, complete=False) == "unverified"
+    assert state("a", complete=False) == "unverified"

@@ -4,13 +4,17 @@ leave with the namespace's last process."""
 
 import mmap
 import os
+from dataclasses import astuple
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from exporter.host.mountinfo import parse_mountinfo
 from exporter.host.paths import Paths
 from exporter.host.proctable import Process
 from exporter.inventory.maps import NO_MNT_ID, WatchedMountIds, dev_token, memfd_name, parse_maps, parse_memfd
+from tests.helpers import any_text, paths
 
 PAGE = mmap.PAGESIZE
 
@@ -132,3 +136,74 @@ def test_a_process_gone_before_its_table_was_read_holds_nothing(tmp_path):
     assert ids.of(4242, {os.makedev(0, 26)}) == set()  # no ns link, no mountinfo: gone
     ids.forget({4242})
     assert ids.union == set()
+
+
+def test_maps_matches_device_and_inode_only():
+    tokens = {" 00:1a ": 26}
+    text = ("7f0000000000-7f0000400000 rw-s 00000000 00:1a 1234 /dev/shm/nccl-AbCdEf\n"
+            "7f0000400000-7f0000600000 rw-s 00200000 00:1a 1235 /nccl-xyz (deleted)\n"
+            "7f0000600000-7f0000700000 r--p 00000000 fd:01 1234 /usr/lib/libc.so\n"
+            "garbage 00:1a line\n")
+    found = [astuple(line) for line in parse_maps(text, tokens)]
+    assert found == [(26, 1234, "/dev/shm/nccl-AbCdEf", 4 << 20, "7f0000000000-7f0000400000"),
+                     (26, 1235, "/nccl-xyz (deleted)", 4 << 20, "7f0000400000-7f0000600000")]
+
+
+def test_memfd_mappings_on_any_device_no_mount_has():
+    text = (
+        "7f0000000000-7f0002000000 rw-s 00000000 00:01 12345                      /memfd:mooncake (deleted)\n"
+        # a file whose path holds '/memfd:' is not a memfd
+        "7f0003000000-7f0004000000 rw-s 00001000 00:05 99                         /tmp/x/memfd:zz (deleted)\n"
+        "7f0005000000-7f0005400000 r-xp 00000000 00:0f 777 /memfd:runc_cloned:/proc/self/exe (deleted)\n"
+        "7f0006000000-7f0006001000 rw-s 00000000 zz:01 5 /memfd:bad-device (deleted)\n"
+        "7f0007000000-7f0007200000 rw-s 00000000 103:02 8 /memfd:hugetlb-on-103 (deleted)\n"
+        # a tenant's files at /memfd:x: on a mount (FUSE, 0:2a = 0:42), or not deleted
+        "7f0008000000-7f0008200000 rw-s 00000000 00:2a 9 /memfd:x/on-fuse (deleted)\n"
+        "7f0009000000-7f0009200000 rw-s 00000000 00:0f 10 /memfd:x/linked"
+    )
+    assert [astuple(line) for line in parse_memfd(text, {"0:42", "8:1"})] == [
+        (os.makedev(0, 1), 12345, "/memfd:mooncake (deleted)", 32 << 20, "7f0000000000-7f0002000000"),
+        (os.makedev(0, 15), 777, "/memfd:runc_cloned:/proc/self/exe (deleted)", 4 << 20, "7f0005000000-7f0005400000"),
+        (os.makedev(0x103, 2), 8, "/memfd:hugetlb-on-103 (deleted)", 2 << 20, "7f0007000000-7f0007200000"),
+    ]
+    assert parse_memfd("no memfd here\n", set()) == []
+
+
+# maps escapes only "\n" in a path (seq_file_path(…, "\n")) as \012.
+map_paths = st.tuples(paths, st.booleans()).map(
+    lambda p: p[0].replace("\n", "\\012") + (" (deleted)" if p[1] else ""))
+# A small device space, so that watched and unwatched lines of major 0 (tmpfs) and of real
+# disks interleave: the scanner's skip-ahead over unwatched " 00:" tokens is exercised.
+devs = st.tuples(st.sampled_from([0, 0, 0x08, 0xfd, 0x103]), st.integers(0, 3))
+maps_lines = st.tuples(st.integers(0, 1 << 46), st.integers(1, 1 << 30), st.sampled_from(["rw-s", "r--s", "rw-p"]),
+                       st.integers(0, 1 << 40), devs, st.integers(1, 1 << 40), map_paths)
+
+
+def maps_line(start, length, perms, offset, dev, inode, path):
+    head = "%08x-%08x %s %08x %02x:%02x %d " % (start, start + length, perms, offset, dev[0], dev[1], inode)
+    return head + " " * max(0, 73 - len(head)) + path
+
+
+@given(st.lists(maps_lines, max_size=8), st.sets(devs, max_size=3), st.booleans())
+@example([(0x7f0000000000, 4096, "rw-s", 0, (0xfd, 1), 7, "/tmp/x 00:1a y (deleted)")], {(0, 0x1a)}, True)
+@example([(0x7f0000000000, 4096, "rw-s", 0, (0, 1), 7, "/tmp/x 00:1a y")], {(0, 0x1a)}, True)
+@example([(0x7f0000000000, 4096, "rw-s", 0, (0, 1), 7, "/a"), (0x7f0000001000, 4096, "rw-s", 0, (0, 2), 8, "/b"),
+          (0x7f0000002000, 4096, "rw-s", 0, (0, 1), 9, "/c"), (0x7f0000003000, 4096, "rw-s", 0, (0, 2), 10, "/d"),
+          (0x7f0000004000, 4096, "rw-s", 0, (0xfd, 2), 11, "/e")], {(0, 2), (0xfd, 2)}, False)
+def test_maps_finds_exactly_the_watched_lines(lines, watched, final_newline):
+    tokens = {" %02x:%02x " % d: (d[0] << 8) | d[1] for d in watched}
+    text = "\n".join(maps_line(*line) for line in lines) + ("\n" if final_newline else "")
+    want = [((d[0] << 8) | d[1], inode, path, offset + length, f"{start:x}-{start + length:x}")
+            for start, length, _, offset, d, inode, path in lines if d in watched]
+    assert sorted(astuple(line) for line in parse_maps(text, tokens)) == sorted(want)
+
+
+@given(any_text, st.sets(devs, max_size=3))
+def test_maps_any_text(text, watched):
+    for line in parse_maps(text, {" %02x:%02x " % d: d[1] for d in watched}):
+        assert line.extent >= 0 and "-" in line.map_range
+
+
+def test_dev_token_matches_maps():
+    assert dev_token(os.makedev(0, 0x1a)) == " 00:1a "
+    assert dev_token(os.makedev(0x103, 0x1ff)) == " 103:1ff "

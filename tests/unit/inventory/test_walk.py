@@ -3,14 +3,17 @@
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, Tuple
 
 import pytest
 
-from exporter.inventory.walk import Listing, walk
+from exporter.inventory.holdings import unheld_state
+from exporter.inventory.walk import Listing, _File, _update, walk
+from exporter.model.classes import CLASS_NAMES
 from tests.conftest import REPO, needs_root
-from tests.helpers import make_files
+from tests.helpers import DEV, INO, KEY, KNOWN, KNOWN_ROW, make_files, pack, unpack
 
 
 def test_a_walk_that_drops_most_rows_leaves_no_storm_table_to_the_inventories_before(
@@ -193,3 +196,47 @@ tracemalloc.start()
 walk(root, dev, listing, 100)
 print(tracemalloc.get_traced_memory()[1])
 """
+
+
+def test_a_known_flag_from_another_device_is_not_known():
+    """The mount's device changed since the last full scan (a pod deleted, its path mounted
+    again: tmpfs numbers inodes from 1, so the same inode is another file): the row's known
+    flag is not the full scan's word. A quick run takes the file as its creator's, a refresh
+    leaves it unverified; on the same device it is an orphan."""
+    for quick, other_device in ((True, "linked"), (False, "unverified")):
+        assert unheld_state("a", KNOWN_ROW, KEY, DEV, (), set(), True, quick, False) == "orphan"
+        assert unheld_state("a", KNOWN_ROW, KEY, DEV + 1, (), set(), True, quick, False) == other_device
+        assert unheld_state("a", KNOWN_ROW, KEY, None, (), set(), True, quick, False) == other_device
+    new_row = pack(0, 0, INO, 0, 8, 4096)
+    assert unheld_state("a", new_row, KEY, DEV, (), set(), True, True, False) == "linked"
+    # A full scan this run listed it before reading /proc: known whatever the flag says.
+    assert unheld_state("a", new_row, KEY, DEV + 1, (), set(), True, False, True) == "orphan"
+    assert unheld_state("a", new_row, KEY, DEV + 1, (), set(), False, False, True) == "unverified"
+
+
+def test_a_row_keeps_its_class_and_known_flag_while_it_is_the_same_inode(tmp_path):
+    """The same inode again: its class (as first classified) and known flag kept, no event.
+    Another inode under the name: classified afresh, not known, and counted deleted and
+    created."""
+    path = tmp_path / "nccl-shm-1"
+    path.write_bytes(b"y" * 100)
+    st = os.lstat(path)
+    listing = Listing()
+    old = pack(CLASS_NAMES.index("torch"), KNOWN, st.st_ino, 0, 0, 0)
+    listing.rows["nccl-shm-1"] = old
+    events = Counter()
+    _update(listing, _File.of("nccl-shm-1", st), events)
+    row = listing.rows["nccl-shm-1"]
+    assert events == {}
+    assert row & KNOWN and CLASS_NAMES[row & 31] == "torch"
+    assert unpack(row)[1:] == (st.st_ino, int(st.st_mtime), st.st_blocks * 512, 100)
+    listing.rows["nccl-shm-1"] = pack(CLASS_NAMES.index("ucx"), 0, st.st_ino, 12345, 77, 999)
+    _update(listing, _File.of("nccl-shm-1", st), events)  # not known stays not known; fields from lstat
+    assert listing.rows["nccl-shm-1"] == pack(CLASS_NAMES.index("ucx"), 0, st.st_ino, st.st_mtime, st.st_blocks, 100)
+    listing.rows["nccl-shm-1"] = pack(CLASS_NAMES.index("torch"), KNOWN, st.st_ino + 1, 0, 0, 0)
+    _update(listing, _File.of("nccl-shm-1", st), events)
+    row = listing.rows["nccl-shm-1"]
+    assert events == {("torch", "deleted"): 1, ("nccl", "created"): 1}
+    assert not row & KNOWN and CLASS_NAMES[row & 31] == "nccl"
+    _update(listing, _File.of("vader_segment.host.0.1", st), events)  # mpi: class 0, no stray bit
+    assert listing.rows["vader_segment.host.0.1"] == pack(CLASS_NAMES.index("mpi"), 0, st.st_ino, st.st_mtime, st.st_blocks, 100)

@@ -5,7 +5,16 @@ import re
 
 import pytest
 
-from exporter.model.catalogue import BY_NAME, CATALOGUE, DEFAULT_SET, READ_BY_RULES_AND_DASHBOARD, MetricSelection
+from exporter.model.catalogue import (
+    BY_NAME,
+    CATALOGUE,
+    DEFAULT_SET,
+    NODE_MOUNT_LABELS,
+    READ_BY_RULES_AND_DASHBOARD,
+    MetricSelection,
+    lookup,
+    node_labels,
+)
 
 INODES = {"shmwatch_mount_inodes", "shmwatch_mount_inodes_free"}  # opt-in
 
@@ -19,7 +28,7 @@ def test_rows_are_consistent():
         assert m.help and not m.help.endswith(" ") and "  " not in m.help, m.name
         assert isinstance(m.default, bool), m.name
     assert DEFAULT_SET == {m.name for m in CATALOGUE if m.default}
-    assert READ_BY_RULES_AND_DASHBOARD <= DEFAULT_SET  # (tests/test_rules.py: it is what they read)
+    assert READ_BY_RULES_AND_DASHBOARD <= DEFAULT_SET  # (tests/system/test_rules.py: it is what they read)
 
 
 def test_no_default_family_names_a_pid():
@@ -101,3 +110,29 @@ def test_the_families_the_rules_and_dashboard_read_that_the_lists_leave_out_are_
     assert said == ()  # every family they read is a shmwatch_ one
     said = MetricSelection(allowlist=("shmwatch_mount_.*",), opt_in=("shmwatch_mount_inodes",)).warnings()
     assert len(said) == 1 and "shmwatch_segment_bytes" in said[0] and "shmwatch_mount_used_bytes" not in said[0]
+
+
+def test_lookup_names_the_catalogue():
+    assert lookup("shmwatch_mount_usage_ratio").unit == "ratio"
+    with pytest.raises(KeyError, match="shmwatch_nope is not in exporter/model/catalogue.py"):
+        lookup("shmwatch_nope")
+
+
+def test_node_labels():
+    assert node_labels(lookup("shmwatch_mount_size_bytes")) == NODE_MOUNT_LABELS == ("pod_uid", "volume",
+                                                                                       "container_id")
+    assert node_labels(lookup("shmwatch_cgroup_memory_usage_bytes")) == ("pod_uid",)
+    assert node_labels(lookup("shmwatch_process_shm_bytes")) == NODE_MOUNT_LABELS + ("process_pod_uid",)
+    assert node_labels(lookup("shmwatch_build_info")) == ()
+    assert node_labels(lookup("shmwatch_sysv_segments")) == ("ipc_namespace", "pod_uid", "container_id")
+    assert node_labels(lookup("shmwatch_process_memfd_bytes")) == ("process_pod_uid",)
+    # A metric with both a mount and a cgroup label is labelled as a mount's.
+    oom = lookup("shmwatch_shm_oom_projection_ratio")
+    assert {"mount", "cgroup"} <= set(oom.labels) and node_labels(oom) == NODE_MOUNT_LABELS
+
+
+def test_catalogue_is_consistent():
+    assert len(BY_NAME) == len(CATALOGUE)
+    for m in CATALOGUE:
+        assert m.type in ("gauge", "counter") and (m.type == "counter") == m.name.endswith("_total"), m.name
+        assert m.help.strip(), m.name

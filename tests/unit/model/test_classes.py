@@ -4,6 +4,8 @@ first row that matches wins; the class sets the advice and the alerts rely on.""
 import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from exporter.model.classes import CLASS_NAMES, CLASSES, NOT_LEAKS, REMOVABLE, classify
 
@@ -89,3 +91,55 @@ def test_the_advice_sets_are_classes_and_never_other():
     assert not REMOVABLE & NOT_LEAKS  # a semaphore is neither leaked nor to be removed
     assert "other" not in REMOVABLE  # a name we do not know is never advised for rm
     assert "semaphore" in NOT_LEAKS and "nccl" in REMOVABLE
+
+
+def test_class_cache_remembers_and_is_bounded():
+    from exporter.model.classes import classify
+    classify.cache_clear()
+    assert classify("nccl-remember") == "nccl"
+    assert classify("nccl-remember") == "nccl"  # names repeat between inventories
+    assert classify.cache_info().hits == 1  # read from the cache, not re-matched
+    classify.cache_clear()
+    bound = classify.cache_info().maxsize
+    assert bound
+    for n in range(bound + 1):
+        classify(f"psm_{n:08x}")
+        assert classify.cache_info().currsize <= bound
+    classify.cache_clear()
+
+
+@given(st.text(max_size=40))
+def test_classify_is_total_and_ignores_deleted(name):
+    cls = classify(name)
+    assert cls in CLASS_NAMES
+    assert classify(name + " (deleted)") == cls
+
+
+# One example name per row; a longer prefix of an earlier row may win (psm_shm. -> mpi).
+ROW_PREFIX = [(r.cls, re.sub(r"(\\\.)?\.\*$", "", r.pattern).replace("\\.", "."), r.pattern) for r in CLASSES]
+
+
+@pytest.mark.parametrize("cls,prefix,pattern", ROW_PREFIX, ids=[p for _, p, _ in ROW_PREFIX])
+@given(suffix=st.text(max_size=20))
+def test_every_row_classifies_its_names(cls, prefix, pattern, suffix):
+    name = prefix + ("." if pattern.endswith("\\..*") else "") + suffix
+    first = next(r.cls for r in CLASSES if re.fullmatch(r.pattern, name, re.S))
+    assert classify(name) == first
+    assert first == cls or cls == "python_shm"  # only psm_* has more specific rows before it
+
+
+def test_the_metric_and_class_tables_are_rows_of_code():
+    """The catalogue and the segment class table are tuples of frozen rows built by keyword
+    (no text read by a regex, which would skip a line it does not match). (The flags are
+    code too: exporter/config.py's Config, tests/unit/test_config.py.)"""
+    import dataclasses
+    import re
+
+    from exporter.model import catalogue, classes
+
+    for rows, kind in ((catalogue.CATALOGUE, catalogue.Metric), (classes.CLASSES, classes.ClassRule)):
+        assert rows and all(type(row) is kind for row in rows)
+        assert kind.__dataclass_params__.frozen and dataclasses.fields(kind)
+    for row in classes.CLASSES:
+        re.compile(row.pattern)
+        assert re.fullmatch(r"\w+", row.cls) and row.source, row

@@ -131,3 +131,39 @@ def test_a_forgotten_mount_takes_its_peaks_counters_and_flags_with_it() -> None:
     states = store.snapshot()
     for per_mount in (states.peaks, states.max_used, states.event_rows, states.inotify, states.overflows):
         assert set(per_mount) == {"/pod-b"}
+
+
+# --- mounts polled gone, or as another instance ---------------------------------------------
+def test_a_mount_polled_gone_takes_no_samples_until_it_is_back():
+    """Gone: its peak and high-water mark start afresh, and the watcher's samples (the disk
+    beneath) are dropped until a poll finds it again; a passing error on the same instance
+    or an unknown instance keeps them."""
+    now = [100.0]
+    store = StateStore(peak_window=60.0, clock=lambda: now[0], wall_clock=lambda: 5000.0)
+
+    def usage(used=0, instance=None, error=None):
+        return MountUsage("/m", "tmpfs", "shm", True, error=error, used_bytes=used, instance=instance)
+
+    def snap():
+        s = store.snapshot()
+        high = s.max_used.get("/m")
+        return s.peaks.get("/m"), high and (high.used_bytes, high.at)
+
+    first = MountInstance(device="0:42", mount_id=7)
+    store.record_polled([usage(900, first), usage(50, first)])
+    assert snap() == (900, (900, 5000.0))
+    store.record_polled([usage(error="Input/output error", instance=first)])
+    store.record_used("/m", 300)
+    assert snap() == (900, (900, 5000.0))  # the same mount, still sampled
+    store.record_polled([usage(error="not a mount point")])
+    assert snap() == (None, None)
+    store.record_used("/m", 700)
+    assert snap() == (None, None)  # the disk beneath: not sampled
+    store.record_polled([usage(200, MountInstance(device="0:43", mount_id=8))])
+    assert snap() == (200, (200, 5000.0))  # back, another instance
+    store.record_used("/m", 250)
+    assert snap() == (250, (250, 5000.0))
+    store.record_polled([usage(100)])  # the table could not say: proves nothing
+    assert snap() == (250, (250, 5000.0))
+    store.record_polled([usage(100, MountInstance(device="0:43", mount_id=8))])
+    assert snap() == (250, (250, 5000.0))

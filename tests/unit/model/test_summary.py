@@ -5,10 +5,23 @@ of a class that leaks) last modified ORPHAN_NAMED_AFTER_SECONDS ago, any other s
 NAMED_AFTER_SECONDS ago, --segments.top-k of them on the exporter (not per mount), leaks first.
 """
 
-from exporter.model.summary import (NAMED_AFTER_SECONDS, ORPHAN_NAMED_AFTER_SECONDS, named_first, named_now,
-                                    named_on_exporter, owner_comm, summarise)
-from exporter.model.types import Segment
-from tests.test_decisions import inventory
+import pytest
+
+from exporter.host.kube import pod_uid_of_mount
+from exporter.model.classes import CLASS_NAMES
+from exporter.model.summary import (
+    NAMED_AFTER_SECONDS,
+    ORPHAN_NAMED_AFTER_SECONDS,
+    cgroups_by_pod,
+    named_first,
+    named_now,
+    named_on_exporter,
+    owner_comm,
+    shm_budget,
+    summarise,
+)
+from exporter.model.types import CgroupMemory, ClassTotals, MountInventory, MountUsage, Segment
+from tests.helpers import GiB, inventory, pack
 
 MiB = 1 << 20
 NOW = 1_000_000.0
@@ -76,3 +89,116 @@ def test_an_owner_is_a_process_name_not_a_pid():
     assert owner_comm((), {}) == ""
     assert owner_comm((7, 8), {7: "vllm", 8: "python3"}) == "vllm"
     assert owner_comm((9,), {}) == "unknown"
+
+
+def totals(t):
+    return t.count, t.allocated_bytes, t.apparent_bytes
+
+
+# --- a degraded mount's summary -------------------------------------------------------------
+def test_a_degraded_mount_counts_its_classes_as_unverified():
+    """Past --inventory.max-segments a mount keeps counts and bytes by class only: they are
+    summarised as unverified, next to what is listed, and the summary says it is degraded."""
+    degraded = {"torch": ClassTotals(count=3, allocated_bytes=12 * MiB, apparent_bytes=12 * MiB + 7),
+                "nccl": ClassTotals(count=2, allocated_bytes=4 * MiB, apparent_bytes=5 * MiB)}
+    inv = MountInventory("/dev/shm", degraded=degraded, names=("torch_x",),
+                         packed=(pack(CLASS_NAMES.index("torch"), 0, 9, 0, MiB // 512, MiB + 1),),
+                         states=bytes([3]))  # unverified
+    s = summarise(inv, 5)
+    assert s.degraded is True
+    assert totals(s.totals[("torch", "unverified")]) == (4, 13 * MiB, 13 * MiB + 8)
+    assert totals(s.totals[("nccl", "unverified")]) == (2, 4 * MiB, 5 * MiB)
+    assert s.totals.keys() == {("torch", "unverified"), ("nccl", "unverified")}
+    assert s.bytes_by_class == {"torch": 13 * MiB, "nccl": 4 * MiB}
+    assert [x.name for x in s.unverified] == ["torch_x"]  # no names kept for the rest
+    assert summarise(MountInventory("/dev/shm"), 5).degraded is False
+    assert summarise(MountInventory("/dev/shm", degraded={}), 5).degraded is True  # past the cap, all gone
+
+
+def test_past_the_listed_cap_the_largest_leaks_are_named_of_each_kind():
+    """Fifty (LISTED) named of the removable orphans, fifty of the others, fifty unverified:
+    the largest, largest first; the oldest orphan is the oldest removable one wherever it
+    comes in the listing."""
+    from exporter.model.summary import LISTED
+    from exporter.model.types import STATES
+    listed, states, n = {}, bytearray(), LISTED + 10
+    for i in range(n):  # the smallest and the oldest first
+        for cls, state, prefix in (("torch", "orphan", "t"), ("other", "orphan", "o"), ("nccl", "unverified", "u")):
+            listed[f"{prefix}{i:03}"] = pack(CLASS_NAMES.index(cls), 0, len(listed) + 1, 1000 + i, i + 1, 512 * (i + 1))
+            states.append(STATES.index(state))
+    inv = MountInventory("/dev/shm", names=tuple(listed), packed=tuple(listed.values()), states=bytes(states))
+    s = summarise(inv, 3)
+    removable = [f"t{i:03}" for i in range(n - 1, n - 1 - LISTED, -1)]
+    others = [f"o{i:03}" for i in range(n - 1, n - 1 - LISTED, -1)]
+    assert [x.name for x in s.leaked] == [name for pair in zip(others, removable) for name in pair]
+    assert [x.name for x in s.unverified] == [f"u{i:03}" for i in range(n - 1, n - 1 - LISTED, -1)]
+    assert s.oldest_orphan_mtime == 1000
+    orphans = (n, sum(512 * (i + 1) for i in range(n)))
+    assert totals(s.totals["torch", "orphan"])[:2] == totals(s.totals["other", "orphan"])[:2] == orphans
+
+
+def mount(size, used):
+    return MountUsage("/dev/shm", "tmpfs", "shm", True, size_bytes=size, used_bytes=used, available_bytes=size - used)
+
+
+def cgroup(limit, working_set, uid=""):
+    return CgroupMemory("/kubepods/pod", 2, working_set, limit, working_set, None, 0, "cgroup", uid)
+
+
+def test_room_counts_shm_once():
+    # 16 GiB tmpfs holding 1 GiB, in a pod at 3 GiB of an 8 GiB limit: the 1 GiB of shm is part
+    # of the 3 GiB, so the rest of the pod uses 2 GiB and leaves 6 GiB for shm, not 5.
+    b = shm_budget(mount(16 * GiB, GiB), cgroup(8 * GiB, 3 * GiB))
+    assert b.room_bytes == 6 * GiB
+    assert b.effective_bytes == 6 * GiB
+    assert b.fillable_bytes == 16 * GiB
+    assert b.projection == pytest.approx((2 + 16) / 8)
+
+
+def test_effective_is_bounded_by_the_tmpfs_when_the_limit_is_generous():
+    b = shm_budget(mount(4 * GiB, GiB), cgroup(64 * GiB, 3 * GiB))
+    assert (b.effective_bytes, b.room_bytes) == (4 * GiB, 62 * GiB)
+    assert b.projection == pytest.approx((2 + 4) / 64)
+
+
+def test_size_limit_below_the_tmpfs_binds():
+    # Older kubelets leave the tmpfs at half of node RAM and enforce sizeLimit by eviction.
+    b = shm_budget(mount(64 * GiB, 0), cgroup(128 * GiB, GiB), size_limit=16 * GiB)
+    assert (b.fillable_bytes, b.effective_bytes) == (16 * GiB, 16 * GiB)
+    assert b.projection == pytest.approx((1 + 16) / 128)
+    # A sizeLimit above the tmpfs does not enlarge it.
+    assert shm_budget(mount(4 * GiB, 0), None, size_limit=16 * GiB).effective_bytes == 4 * GiB
+
+
+def test_working_set_below_shm_used_clamps_at_zero():
+    # Pages can be charged elsewhere (another cgroup touched them first): never negative.
+    b = shm_budget(mount(8 * GiB, 4 * GiB), cgroup(2 * GiB, GiB))
+    assert b.room_bytes == 2 * GiB and b.effective_bytes == 2 * GiB
+    assert b.projection == pytest.approx(8 / 2)
+    full = shm_budget(mount(8 * GiB, 0), cgroup(GiB, 3 * GiB))
+    assert full.room_bytes == 0 and full.effective_bytes == 0
+
+
+def test_without_a_cgroup_the_flag_limit_alone_bounds_it():
+    b = shm_budget(mount(16 * GiB, GiB), None, memory_limit=4 * GiB)
+    assert (b.fillable_bytes, b.effective_bytes, b.room_bytes, b.projection) == (16 * GiB, 4 * GiB, 4 * GiB, None)
+    b = shm_budget(mount(2 * GiB, GiB), None, memory_limit=4 * GiB)
+    assert b.effective_bytes == 2 * GiB
+    # An unlimited cgroup: the tmpfs alone, no projection.
+    b = shm_budget(mount(2 * GiB, GiB), cgroup(None, GiB), memory_limit=GiB)
+    assert (b.fillable_bytes, b.effective_bytes, b.room_bytes, b.projection) == (2 * GiB, 2 * GiB, None, None)
+    assert shm_budget(mount(2 * GiB, 0), None).effective_bytes == 2 * GiB
+
+
+UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+
+
+def test_node_mode_charges_a_mount_to_its_pod():
+    mount_path = f"/var/lib/kubelet/pods/{UID}/volumes/kubernetes.io~empty-dir/dshm"
+    assert pod_uid_of_mount(mount_path) == UID
+    assert pod_uid_of_mount("/dev/shm") == ""
+    mine, other = cgroup(GiB, 0, UID), cgroup(2 * GiB, 0, "ffffffff-4b5a-6978-8796-a5b4c3d2e1f0")
+    assert cgroups_by_pod([other, mine]).get(pod_uid_of_mount(mount_path)) is mine
+    assert cgroups_by_pod([other, mine]).get(pod_uid_of_mount("/dev/shm")) is None
+    sidecar, second = cgroup(GiB, 0), cgroup(2 * GiB, 0)
+    assert cgroups_by_pod([sidecar, second]).get(pod_uid_of_mount("/dev/shm")) is sidecar  # the first watched cgroup

@@ -2,12 +2,32 @@
 every field comes back as packed, at its widths' edges, and an inventory's rows join the
 listing's names, rows, states and holders by position and inode."""
 
+import os
+from collections import Counter
 from typing import List
 
+import pytest
+
+from exporter.inventory.walk import Listing, _File, _update
 from exporter.model.classes import CLASS_NAMES
-from exporter.model.types import STATES, CgroupMemory, ClassTotals, Inventory, MountInventory
-from exporter.model.types import MountSet, MountUsage, Observation, OomKill, PackedRow, Row
-from exporter.model.types import Segment, SysvSegment, SysvShm, Target
+from exporter.model.types import (
+    STATES,
+    CgroupMemory,
+    ClassTotals,
+    Inventory,
+    MountInventory,
+    MountSet,
+    MountUsage,
+    Observation,
+    OomKill,
+    PackedRow,
+    Row,
+    Segment,
+    SysvSegment,
+    SysvShm,
+    Target,
+)
+from tests.helpers import KNOWN, pack, unpack
 
 POD = "0a1b2c3d-1111-2222-3333-444455556666"
 
@@ -145,3 +165,77 @@ def test_a_mount_set_lists_its_targets_mounts_in_order_and_an_observation_its_su
 
 def test_packed_row_is_an_int() -> None:
     assert isinstance(Row.pack(0, 1, 1, 1, 1), int) and PackedRow(5) == 5
+
+
+def test_usage_ratio():
+    assert MountUsage("/m", "tmpfs", "s", True, size_bytes=200, used_bytes=50).usage_ratio == 0.25
+    assert MountUsage("/m", "tmpfs", "s", True, size_bytes=0, used_bytes=50).usage_ratio == 0.0
+
+
+def test_sysv_totals():
+    shm = SysvShm([SysvSegment(1, 1, 100, 0, 9, 40, orphan=True), SysvSegment(2, 2, 300, 2, 9, 300),
+                   SysvSegment(3, 3, 5, 0, 9, 0)], None, None, None)
+    # Only what the collector found unattached with its creator and last user gone counts.
+    assert (shm.total_bytes, shm.resident_bytes, shm.orphans) == (405, 340, 1)
+
+
+# --- the packed row ---------------------------------------------------------------------------
+def test_every_field_round_trips_at_its_width():
+    """Each field at its widest, the others too, then alone: none spills into another."""
+    ino, mtime, blocks, size = (1 << 64) - 1, (1 << 40) - 1, (1 << 48) - 1, (1 << 70) + 3
+    row = pack(31, KNOWN, ino, mtime, blocks, size)
+    assert unpack(row) == (31, ino, mtime, blocks * 512, size)
+    assert row & KNOWN
+    assert unpack(pack(0, 0, ino, 0, 0, 0)) == (0, ino, 0, 0, 0)
+    assert unpack(pack(0, 0, 0, mtime, 0, 0)) == (0, 0, mtime, 0, 0)
+    assert unpack(pack(0, 0, 0, 0, blocks, 0)) == (0, 0, 0, blocks * 512, 0)
+    assert unpack(pack(5, 0, 0, 0, 0, 0)) == (5, 0, 0, 0, 0)
+    assert pack(5, 0, 0, 0, 0, 0) & KNOWN == 0
+    # Clamped, not spilled: an mtime past 40 bits, before 1970, blocks past 48 bits.
+    assert unpack(pack(1, 0, 2, 1 << 41, 2, 4)) == (1, 2, mtime, 2 * 512, 4)
+    assert unpack(pack(1, 0, 2, -5.5, 3, 4)) == (1, 2, 0, 3 * 512, 4)
+    assert unpack(pack(1, 0, 2, 6, 1 << 50, 4)) == (1, 2, 6, blocks * 512, 4)
+
+
+@pytest.mark.parametrize("mtime_ns", [
+    1_796_000_000_250_000_000,  # 2026, a quarter second past
+    (1 << 33) * 10**9 + 750_000_000,  # 2242: past 32 bits, three quarters past
+    -3 * 10**9 - 500_000_000,  # before 1970: clamped to 0
+])
+def test_a_real_files_row_keeps_its_whole_second_mtime(tmp_path, mtime_ns):
+    """A file's lstat, as the walk reads it: the row holds its mtime's whole seconds (the
+    orphan age's resolution), its inode, blocks and size exactly."""
+    path = tmp_path / "torch_1"
+    path.write_bytes(b"x" * 5000)
+    os.utime(path, ns=(mtime_ns, mtime_ns))
+    st = os.lstat(path)
+    assert st.st_mtime_ns == mtime_ns, "the filesystem here does not keep this mtime"
+    listing, events = Listing(), Counter()
+    _update(listing, _File.of("torch_1", st), events)
+    cls, ino, mtime, allocated, apparent = unpack(listing.rows["torch_1"])
+    assert (CLASS_NAMES[cls], ino, allocated, apparent) == ("torch", st.st_ino, st.st_blocks * 512, 5000)
+    assert mtime == max(0, mtime_ns // 10**9)
+    assert events == {("torch", "created"): 1}
+
+
+def test_peaks_are_reset_only_for_a_proven_new_mount():
+    """A passing statvfs error (the same mount), or a mount table that could not be read,
+    keeps the peak and high-water mark; a mount gone, or another instance, starts them afresh."""
+    from exporter.model.state import StateStore
+    from exporter.model.types import MountInstance, MountUsage
+
+    store = StateStore()
+
+    def poll(used=0, instance=None, error=None):
+        store.record_polled([MountUsage("/m", "tmpfs", "shm", True, error=error, used_bytes=used,
+                                        instance=instance)])
+        high = store.snapshot().max_used.get("/m")
+        return high and high.used_bytes
+
+    first = MountInstance(device="0:42", mount_id=7, unique_id=1)
+    assert poll(900, first) == 900
+    assert poll(error="Input/output error", instance=first) == 900  # still this mount
+    assert poll(100) == 900  # which instance unknown: proves nothing
+    assert poll(100, first) == 900
+    assert poll(100, MountInstance(device="0:42", mount_id=7, unique_id=2)) == 100  # another instance at the path
+    assert poll(error="not a mount point") is None  # gone

@@ -1,7 +1,7 @@
 """runtime/watcher.close_inotify: the one function that reads watchdog's internals, and the
 watchdog behaviour it relies on, pinned (watchdog 7.1). If a watchdog release closes the fd
 of a reader stopped before it first read, `test_watchdog_still_keeps_the_fd...` fails: drop
-the workaround (and its entries in tests/test_lint.py's PINNED_INTERNALS)."""
+the workaround (and its entries in tests/project/test_lint.py's PINNED_INTERNALS)."""
 
 import os
 import threading
