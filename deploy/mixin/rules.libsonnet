@@ -75,10 +75,14 @@
                 clamp_min(
                   shmwatch:kube_pod_memory_working_set_bytes
                   - on (namespace, pod) group_right
-                    max by (namespace, pod, mount) (shmwatch_mount_used_bytes{%(sidecar)s}),
+                    max by (namespace, pod, mount) (
+                      shmwatch_mount_used_bytes{%(sidecar)s}
+                    ),
                   0)
                 + on (namespace, pod, mount)
-                  max by (namespace, pod, mount) (shmwatch_mount_size_bytes{%(sidecar)s})
+                  max by (namespace, pod, mount) (
+                    shmwatch_mount_size_bytes{%(sidecar)s}
+                  )
               )
               / on (namespace, pod) group_left shmwatch:kube_pod_memory_limit_bytes
             ||| % { sidecar: c.shmwatchSelector + ', namespace!="", pod!="", pod_uid="", container_id=""' },
