@@ -26,7 +26,7 @@ from typing import (
 )
 from urllib.parse import parse_qs
 
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -36,6 +36,9 @@ from prometheus_client.utils import floatToGoString
 from exporter.exposition.heads import Answer
 from exporter.model.catalogue import lookup, node_labels
 
+# The text format 0.0.4's type, as prometheus_client 0.17 (the floor) names it CONTENT_TYPE_LATEST
+# and later versions CONTENT_TYPE_PLAIN_0_0_4.
+CONTENT_TYPE_PLAIN_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
 # Level 1: 9x smaller (level 6: 11x) in half the CPU; a DaemonSet's CPU outweighs bytes.
 GZIP_LEVEL = 1
 MAX_BODIES = 8  # per render: Accept can name endless versions, each its own type

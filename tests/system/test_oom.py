@@ -232,9 +232,9 @@ def test_a_kill_names_its_process_and_cgroup_as_they_are_not_as_the_kernel_log_e
     comm = "hog\\é\x01"
     with pod_with_a_container(container_suffix="é") as (uid, pod_dir, ctr_dir, pod_cgroup):
         with Exporter("--mode=node", "--no-collector.gpu", "--no-collector.segments", "--poll-interval=200ms") as ex:
-            ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 0, timeout=10)
+            ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", pod_uid=uid) == 0, timeout=10)  # the pod names its cgroup
             hog = kill_a_hog_in(ctr_dir, comm=comm)
-            ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", cgroup=pod_cgroup) == 1, timeout=5)
+            ex.wait_for(lambda s: value(s, "shmwatch_cgroup_oom_kills_total", pod_uid=uid) == 1, timeout=5)
         report = subprocess.run([sys.executable, "-m", "exporter", "check", "--mode=node", "--no-collector.gpu",
                                  "--no-collector.segments", "--output=json"], cwd=REPO, capture_output=True,
                                 text=True, timeout=60)
