@@ -22,6 +22,10 @@ def v2_tree(tmp_path, cgroup, files, proc_cgroup=None):
     proc = tmp_path / "proc" / "self"
     proc.mkdir(parents=True)
     (proc / "cgroup").write_text(proc_cgroup or f"0::{cgroup}\n")
+    # This procfs mounted without hidepid (tests.helpers.FakeProc's line): with no mountinfo
+    # how it hides pids is unknown, and a container's lone view is not "no workload" but doubt.
+    root = os.path.realpath(tmp_path / "proc")
+    (proc / "mountinfo").write_text(f"99 1 0:21 / {root} rw,nosuid - proc proc rw,hidepid=0\n")
     # kthreadd listed: the host's PID namespace, where "our own cgroup" is the default.
     (tmp_path / "proc" / "2").mkdir()
     (tmp_path / "proc" / "2" / "stat").write_text(KTHREADD_STAT)
