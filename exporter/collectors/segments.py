@@ -440,7 +440,7 @@ class SegmentsCollector(Source):
 
     def _pods_read(self, state: SegmentRun) -> Iterable[str]:
         """Stage 3 (source's thread): the mounts whose pods this run read, what node mode's
-        refreshes compare with. None in a sidecar: its runs read every process, and a
+        refreshes compare with. None (empty) in a sidecar: its runs read every process, and a
         storm's copy of every leaked file's size would be waste."""
         if not self.pod_of_pid:
             return ()
@@ -534,7 +534,7 @@ class _Join:
         # Read once, not per row: a storm's listing is 100,000s of rows.
         states = self.states = bytearray(len(rows))
         fresh, settled, dev = self.fresh, self.settled, self.dev
-        self.doubted = self._doubted()
+        self.doubted = self._names_in_doubt()
         accounted = sum(t.allocated_bytes for t in (listing.degraded or {}).values())
         for i, (name, row) in enumerate(rows.items()):
             allocated, inode = Row.allocated_bytes(row), Row.inode(row)
@@ -561,7 +561,7 @@ class _Join:
         for pid in held:
             self.process_bytes[pid] += allocated
 
-    def _doubted(self) -> Optional[AbstractSet[str]]:
+    def _names_in_doubt(self) -> Optional[AbstractSet[str]]:
         """Stage 3 (source's thread): the names not to call leaked on this mount now (None:
         any): doubted until its pod is read again, suspect until a full scan."""
         c = self.collector
@@ -575,7 +575,7 @@ class _Join:
         c = self.collector
         if new and Row.known(row):  # taken after its taker was read, perhaps
             holdings.add_names(c._doubted, self.mount, {name})
-            self.doubted = self._doubted()
+            self.doubted = self._names_in_doubt()
         return holdings.unheld_state(
             name=name,
             row=row,

@@ -1,7 +1,8 @@
 """Observations in, one Model out for /metrics and check: the model step.
 
 `ModelStep.accept` is a scheduler subscriber: it runs on the thread that published the
-observation (each source's own, or the watchdog's for a run past its timeout), keeps it, and
+observation (each source's own; the App's for a first run `Sampler.start` makes itself; the
+watchdog's for a run past its timeout), keeps it, and
 computes what depends on it alone (a mount's segment summary, the OOM ledger). `current`
 runs on the caller's thread (an HTTP worker's scrape, `check`) and builds the Model when
 anything moved since the last one. What both touch is under one lock. No I/O: what the
@@ -247,8 +248,8 @@ class ModelStep:
     # --- observations in: on the thread that published them -------------------------------
 
     def accept(self, obs: Observation) -> None:
-        """Scheduler subscriber, on the thread that published `obs` (its source's, or the
-        watchdog's for a run past its timeout): keep the observation, compute what depends
+        """Scheduler subscriber, on the thread that published `obs` (its source's; the App's
+        for a first run `Sampler.start` makes; the watchdog's for a run past its timeout): keep the observation, compute what depends
         on it alone (a segments run's summaries, a poll's peaks, the OOM ledger)."""
         result = obs.result if obs.success else None
         summaries = None
@@ -274,7 +275,8 @@ class ModelStep:
         """The publishing thread, under the lock: the result, typed, as the latest (None
         for a failed run)."""
         if source == "discovery":
-            if isinstance(result, MountSet):  # a failed run: the last set stands
+            # A failed run (result None) leaves the last set standing.
+            if isinstance(result, MountSet):
                 self._targets = result.targets
         elif source == "cgroup":
             self._results.cgroups = result if isinstance(result, list) else None
@@ -328,8 +330,8 @@ class ModelStep:
         self.state.record_polled(u for u in usages if id(u) not in kept)
 
     def _count_cgroup_kills(self, cgroups: List[CgroupMemory]) -> None:
-        """The cgroup source's thread, under the lock: each counter kept as its highest,
-        never down."""
+        """The publishing thread (the cgroup source's; the watchdog's, with nothing, for a run
+        past its timeout), under the lock: each counter kept as its highest, never down."""
         own = self._oom_own
         for c in cgroups:
             if c.oom_kills is not None:

@@ -168,7 +168,8 @@ class _Runner(threading.Thread):
 
     def _begin(self, started: float) -> None:
         """The source's thread: a run begins, and the watchdog times it from now (or from
-        the start of the scan still running)."""
+        the start of the scan still running, whose timeout stands: so `_finish_staged` calls
+        this before it clears `scanning`)."""
         with self.sampler.lock:
             scan = self.scanning
             self.shared.timed_out = self.shared.timed_out and scan is not None
@@ -339,9 +340,10 @@ class _Runner(threading.Thread):
             self.publishing.release()
 
     def request(self, full: bool, now: float) -> None:
-        """The caller's thread (the watcher's): a quick run soon, or a full run at once and
-        a quick run: a full run whose scan runs beside quick runs leaves them the change
-        log (`lost`'s mounts marked unknown), which only they take."""
+        """The caller's thread (the watcher's): flags only (the change log is `Sampler.changed`
+        and `lost`'s): a quick run soon, or a full run at once and a quick run: a full run
+        whose scan runs beside quick runs leaves them the change log (`lost`'s mounts marked
+        unknown), which only they take."""
         with self.sampler.lock:
             self.shared.full_now = self.shared.full_now or full
             self.shared.last_event = now
