@@ -192,7 +192,7 @@ class Segment:
 
     name: str  # path below the mount as found (may hold any bytes, as surrogates)
     cls: str
-    state: str  # linked | hidden | orphan | unverified (DESIGN.md, "Segment states")
+    state: str  # linked | hidden | orphan | unverified (docs/architecture.md, "Segments and owners")
     allocated_bytes: int
     apparent_bytes: int
     mtime: float = 0.0
