@@ -529,7 +529,10 @@ class _Join:
         doubted."""
         c = self.collector
         owned = c._owners.holdings
-        orphans = c._orphans[self.mount] = set()
+        # The last run's set brought up to date, not made anew: a storm's 100,000 names
+        # would make a table of 4 MiB every run, beside the one it replaces.
+        orphans = c._orphans.setdefault(self.mount, set())
+        found = 0  # orphans found this run
         rows = listing.rows
         # Read once, not per row: a storm's listing is 100,000s of rows.
         states = self.states = bytearray(len(rows))
@@ -545,11 +548,17 @@ class _Join:
             held = owned.get((dev, inode)) if owned else None
             if held:
                 self._held(inode, allocated, {h.pid for h in held})
+                orphans.discard(name)
                 continue
             state = self._unheld_state(name, row, inode, new)
             states[i] = STATES.index(state)
             if state == ORPHAN:
                 orphans.add(name)
+                found += 1
+            else:
+                orphans.discard(name)
+        if len(orphans) > found:  # names listed no more
+            orphans.intersection_update(rows)
         self.accounted = accounted
         # The published rows: the listing's as now (its next run changes the dict, not these).
         self.names, self.packed = tuple(rows), tuple(rows.values())

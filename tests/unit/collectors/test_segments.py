@@ -574,3 +574,26 @@ def test_a_mount_removed_while_proc_is_read_is_an_error(host: Host) -> None:
     table.during = lambda: shutil.rmtree(host.mounts[0])  # a pod deleted meanwhile
     [m] = collector.collect().mounts
     assert m.error == "No such file or directory"
+
+
+def test_the_names_called_leaked_are_kept_in_one_set_brought_up_to_date(host: Host) -> None:
+    """What the next runs compare changes with (a write to a leaked file doubts it): each run
+    updates the last run's set in place (a storm's 100,000 names made a new 4 MiB table per
+    run, beside the last): held since, deleted since or no longer leaked, a name leaves it."""
+    for name in ("psm_a", "psm_b", "psm_c"):
+        host.file(0, name, 4096)
+    runs = host.collector()
+    [shm] = host.mounts
+    runs.collect()
+    kept = runs.source._orphans[shm]
+    assert kept == {"psm_a", "psm_b", "psm_c"}
+    host.holder(100, host.maps(0, "psm_a"))  # held now
+    os.unlink(os.path.join(shm, "psm_b"))  # gone
+    host.file(0, "psm_d", 4096)
+    inv = runs.collect()
+    assert runs.source._orphans[shm] is kept and kept == {"psm_c", "psm_d"}
+    assert {n for n, (_, state, _) in states(inv, shm).items() if state == "orphan"} == kept
+    host.holder(101, comm="ghost")
+    host.proc.deny(101, "maps")  # nothing provable now
+    runs.collect()
+    assert runs.source._orphans[shm] is kept and kept == set()
