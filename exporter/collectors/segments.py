@@ -548,15 +548,11 @@ class _Join:
             held = owned.get((dev, inode)) if owned else None
             if held:
                 self._held(inode, allocated, {h.pid for h in held})
-                orphans.discard(name)
+                _keep_orphan(orphans, name, False)
                 continue
             state = self._unheld_state(name, row, inode, new)
             states[i] = STATES.index(state)
-            if state == ORPHAN:
-                orphans.add(name)
-                found += 1
-            else:
-                orphans.discard(name)
+            found += _keep_orphan(orphans, name, state == ORPHAN)
         if len(orphans) > found:  # names listed no more
             orphans.intersection_update(rows)
         self.accounted = accounted
@@ -652,6 +648,16 @@ class _Join:
             events=listed.events,
             degraded=degraded,
         )
+
+
+def _keep_orphan(orphans: Set[str], name: str, orphan: bool) -> int:
+    """One row's name in or out of the set of names called leaked (source's thread):
+    -> 1 when it is one."""
+    if orphan:
+        orphans.add(name)
+        return 1
+    orphans.discard(name)
+    return 0
 
 
 def _make(c: Context) -> SegmentsCollector:
