@@ -20,6 +20,10 @@ from exporter.model.types import ClassTotals, PackedRow, Row
 
 MAX_DEPTH = 8  # tools that make sub-directories in /dev/shm nest one or two levels
 MAX_ENTRIES = 250_000  # a bound on one walk, so a hostile mount cannot stall us
+# Past this many names in the directories a walk read, the rows it did not meet again are
+# looked up by name, one at a time: a set of every name present would be a storm's 100,000
+# new strings (~12 MiB) beside its rows. Below it (~0.5 MiB) the set is cheaper: one readdir.
+PRESENT_NAMES_MAX = 4096
 
 Key = Tuple[int, int]  # (st_dev, st_ino)
 Rows = Dict[str, PackedRow]  # path below the mount -> its row
@@ -232,10 +236,14 @@ class _RowPass(_Pass):
         return self.events
 
     def _drop_gone(self) -> None:
-        """The rows whose files the directories read no longer name."""
+        """The rows whose files the directories read no longer name: by the names present,
+        or past PRESENT_NAMES_MAX of them each row's name looked up."""
         rows = self.listing.rows
-        present = _regular_files(self.root, self.dev, self.visited)
-        gone = [path for path in rows if path not in present]
+        present = _regular_files(self.root, self.dev, self.visited, PRESENT_NAMES_MAX)
+        if present is None:
+            gone = _gone_by_lookup(self.root, self.dev, rows, set(self.visited))
+        else:
+            gone = [path for path in rows if path not in present]
         for path in gone:
             self.events[Row.class_name(rows.pop(path)), "deleted"] += 1
         if len(gone) > len(
@@ -293,9 +301,11 @@ def _totals_of(rows: Rows) -> Dict[str, ClassTotals]:
     return {cls: tally.totals() for cls, tally in tallies.items()}
 
 
-def _regular_files(root: str, dev: int, directories: Sequence[Directory]) -> Set[str]:
+def _regular_files(
+    root: str, dev: int, directories: Sequence[Directory], limit: int
+) -> Optional[Set[str]]:
     """The paths of the regular files in these directories now (names and types only, as
-    readdir gives them: no lstat)."""
+    readdir gives them: no lstat); None past `limit` of them."""
     present: Set[str] = set()
     for names in directories:
         opened = _open_below(root, names, dev)
@@ -305,12 +315,50 @@ def _regular_files(root: str, dev: int, directories: Sequence[Directory]) -> Set
         prefix = "".join(n + "/" for n in names)
         try:
             with entries:
-                present.update(
-                    prefix + e.name for e in entries if e.is_file(follow_symlinks=False)
-                )
+                for entry in entries:
+                    if entry.is_file(follow_symlinks=False):
+                        present.add(prefix + entry.name)
+                        if len(present) > limit:
+                            return None
         finally:
             os.close(fd)
     return present
+
+
+def _gone_by_lookup(
+    root: str, dev: int, rows: Rows, visited: Set[Directory]
+) -> List[str]:
+    """The paths of the rows whose files are gone: their directory was not read to its end,
+    or their name is no regular file of this mount in it now. Each name is looked up in its
+    directory, opened as a walk opens it (never through a symlink)."""
+    gone: List[str] = []
+    opened: Dict[Directory, Optional[int]] = {}  # each directory's fd, opened once
+    try:
+        for path in rows:
+            parent, _, name = path.rpartition("/")
+            directory = tuple(parent.split("/")) if parent else ()
+            if directory not in opened:
+                in_walk = directory in visited
+                opened[directory] = (
+                    _open_fd_below(root, directory, dev) if in_walk else None
+                )
+            fd = opened[directory]
+            if fd is None or not _regular_in(fd, name, dev):
+                gone.append(path)
+    finally:
+        for fd in opened.values():
+            if fd is not None:
+                os.close(fd)
+    return gone
+
+
+def _regular_in(fd: int, name: str, dev: int) -> bool:
+    """Whether `name` is a regular file of this mount in the directory `fd` (not followed)."""
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return S_ISREG(st.st_mode) and st.st_dev == dev
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -319,7 +367,20 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEX
 def _open_below(
     root: str, names: Tuple[str, ...], dev: int
 ) -> Optional[Tuple[int, "os._ScandirIterator[str]"]]:
-    """(fd, scandir) of a directory below the root opened one name at a time, never through a
+    """(fd, scandir) of a directory below the root (`_open_fd_below`); None when it cannot be
+    opened."""
+    fd = _open_fd_below(root, names, dev)
+    if fd is None:
+        return None
+    try:
+        return fd, os.scandir(fd)
+    except OSError:
+        os.close(fd)
+        return None
+
+
+def _open_fd_below(root: str, names: Tuple[str, ...], dev: int) -> Optional[int]:
+    """The fd of a directory below the root opened one name at a time, never through a
     symlink (one swapped in since our lstat fails here); None when it cannot be opened."""
     fd: Optional[int] = None
     with suppress(OSError):
@@ -328,7 +389,7 @@ def _open_below(
             if parent is not None:
                 os.close(parent)
         if fd is not None and os.fstat(fd).st_dev == dev:  # else mounted over since
-            return fd, os.scandir(fd)
+            return fd
     if fd is not None:
         os.close(fd)
     return None
