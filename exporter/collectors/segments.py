@@ -130,6 +130,10 @@ class FullRun:
         self.collector._settle(self.run, run)
         return self.collector._assemble(self.run, run)
 
+    def abandon(self) -> None:
+        """Instead of stages 2 and 3, on the source's thread: the scan never ran."""
+        self.collector._abandon(self.run)
+
 
 class SegmentsCollector(Source):
     """The segments source. Its runs, and every stage that writes its fields, run on the
@@ -352,11 +356,7 @@ class SegmentsCollector(Source):
         now, and a full scan's settle what the last one left in doubt (raises the scan's
         error). `run`: the mounts now, the names still pending."""
         if state.failed is not None or state.owners is None:
-            self._during = None  # no scan reads /proc now
-            # Their listings moved under the last inventories: a quick run must assemble
-            # them again, not hand the last ones back.
-            for mount in state.devs:
-                self._last.pop(mount, None)
+            self._abandon(state)
             raise state.failed or RuntimeError("the owner scan did not run")
         state.during, self._during, self._owners = (
             self._during or {},
@@ -375,6 +375,14 @@ class SegmentsCollector(Source):
         self._held_on = {}
         for key in self._owners.holdings:
             self._held_on.setdefault(key[0], []).append(key)
+
+    def _abandon(self, state: SegmentRun) -> None:
+        """A full run whose scan failed or never ran (source's thread): no scan reads /proc
+        now, and the mounts it listed are assembled again by the next quick run (their
+        listings moved under the last inventories: it must not hand those back)."""
+        self._during = None
+        for mount in state.devs:
+            self._last.pop(mount, None)
 
     def _settle_refresh(self, state: SegmentRun, moved: Dict[str, Set[str]]) -> None:
         """Stage 3 (source's thread), after a refresh read some pods again: what was written

@@ -59,6 +59,10 @@ class StagedRun(Protocol):
         """The last stage: the run's result. `run.changes`: names changed and not yet taken
         by a quick run (they may have changed while `scan` read /proc)."""
 
+    def abandon(self) -> None:
+        """Instead of `scan` and `finish`, on the source's thread: the scan could not start
+        (no thread to be had); what the first stage left for the others is undone."""
+
 
 class Source(Protocol):
     """One source of observations. Subclassed explicitly, a source takes these defaults."""

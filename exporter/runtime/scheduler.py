@@ -208,7 +208,8 @@ class _Runner(threading.Thread):
         self, staged: StagedRun, started: float, burst: Optional[float]
     ) -> None:
         """The source's thread: starts the staged run's scan on a thread of its own; the
-        burst of events the full run found pending is left to the quick runs beside it."""
+        burst of events the full run found pending is left to the quick runs beside it (or
+        after it, when no thread can be had: the run fails, its first stage undone)."""
         scan = _Scan(staged=staged, started=started)
         thread = threading.Thread(
             target=self._scan_thread,
@@ -216,10 +217,14 @@ class _Runner(threading.Thread):
             name=f"{self.name}-full",
             daemon=True,
         )
-        thread.start()  # raises when no thread can be had: the run fails
-        self.scanning = scan  # once started: a thread never started never ends
-        with self.sampler.lock:  # the burst is the quick runs' beside the scan
+        with self.sampler.lock:
             self.shared.first_event = self.shared.first_event or burst
+        try:
+            thread.start()
+        except Exception:
+            staged.abandon()
+            raise
+        self.scanning = scan  # once started: a thread never started never ends
 
     def _scan_thread(self, scan: _Scan) -> None:
         """The scan's own thread: then the source's thread finishes the run."""

@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import Callable, List
 
+import pytest
+
 from exporter.collectors.segments import SegmentsCollector
 from exporter.collectors.source import RunInput, Source
 from exporter.model.types import Inventory, Observation
@@ -206,6 +208,45 @@ def test_lost_events_on_a_quiet_node_leave_no_leak_unsettled(tmp_path: Path) -> 
         before = len(fulls)
         assert wait_until(lambda: len(fulls) >= before + 4), fulls
         assert "orphan" in fulls[before : before + 4], fulls
+    finally:
+        sampler.stop()
+
+
+def test_a_scan_thread_that_cannot_start_leaves_the_pending_names_to_a_quick_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node mode: a full run finds names pending, and its scan's thread cannot start (no
+    thread to be had). The run fails; the names are still the next quick run's, at once (the
+    burst was dropped: nothing listed them until the next event or full run), and no scan
+    is taken to be reading /proc."""
+    host = Host(tmp_path, ["shm"])
+    [shm] = host.mounts
+    source = SegmentsCollector(host.proc.paths, pod_of_pid=True)
+    sampler = Sampler([source], inventory_interval=60, mounts=host.mounts)
+    seen: List[Observation] = []
+    sampler.subscribe(seen.append)
+    sampler.start()
+    real, refused = threading.Thread.start, []
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name.endswith("-full") and not refused:
+            refused.append(thread.name)
+            raise RuntimeError("can't start new thread")
+        real(thread)
+
+    try:
+        assert wait_until(lambda: any(o.full and o.result for o in seen))
+        monkeypatch.setattr(threading.Thread, "start", start)
+        host.file(0, "psm_new")
+        sampler.changed(shm, "psm_new")
+        sampler.request(full=True)  # a full run first, the burst pending
+        listed = lambda: any(  # noqa: E731
+            isinstance(o.result, Inventory) and "psm_new" in states(o.result, shm)
+            for o in seen
+        )
+        assert wait_until(listed, timeout=5), [(o.full, o.error) for o in seen]
+        assert refused and any("can't start new thread" in (o.error or "") for o in seen)
+        assert source._during is None
     finally:
         sampler.stop()
 

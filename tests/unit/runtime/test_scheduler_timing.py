@@ -237,6 +237,9 @@ class Staged(Source):
     def finish(self, run):
         return "full"
 
+    def abandon(self):
+        self.abandoned = True
+
 
 def test_a_hung_staged_scan_stays_failed_and_no_quick_run_hides_it():
     source, seen = Staged(), []
@@ -274,6 +277,7 @@ def test_a_staged_scan_whose_thread_cannot_start_fails_once_and_the_next_runs(mo
     try:
         assert wait_until(lambda: sum(o.result == "full" for o in seen) >= 2)
         assert "can't start new thread" in seen[0].error
+        assert source.abandoned
     finally:
         sampler.stop()
 
