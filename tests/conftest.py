@@ -295,6 +295,20 @@ def remove_cgroup(path: str, tries: int = 50) -> None:
     raise AssertionError(f"cgroup {path} could not be removed after {tries} tries: {error}")
 
 
+def remove_pod_cgroups(paths: List[str]) -> None:
+    """Pod memory cgroups made under V1_MEMORY/kubepods/burstable removed, then those two
+    parents, unless another test's pod cgroups are still in them."""
+    from tests.helpers import V1_MEMORY
+
+    for path in paths:
+        remove_cgroup(path)
+    for parent in ("kubepods/burstable", "kubepods"):
+        try:
+            os.rmdir(os.path.join(V1_MEMORY, parent))
+        except OSError:
+            pass  # absent, or not empty
+
+
 def fallocate(path: str, size: int) -> None:
     """A file whose pages are all allocated, as NCCL's segments are after creation."""
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)

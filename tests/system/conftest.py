@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from tests.conftest import mounted_tmpfs, prerequisite_missing, remove_cgroup
+from tests.conftest import mounted_tmpfs, prerequisite_missing, remove_pod_cgroups
 from tests.helpers import V1_MEMORY
 
 
@@ -23,10 +23,4 @@ def two_pods(tmp_path):
         with mounted_tmpfs("16m", path=paths[0]) as a, mounted_tmpfs("16m", path=paths[1]) as b:
             yield [a, b], cgroups
     finally:
-        for path in cgroups:
-            remove_cgroup(path)
-        for parent in ("kubepods/burstable", "kubepods"):
-            try:
-                os.rmdir(os.path.join(V1_MEMORY, parent))
-            except OSError:
-                pass
+        remove_pod_cgroups(cgroups)

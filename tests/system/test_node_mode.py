@@ -16,7 +16,8 @@ from exporter.host.mountinfo import MountTable, parse_mountinfo, strip_rootfs
 from exporter.host.paths import Paths
 from exporter.collectors.source import RunInput
 from tests.conftest import (FIXTURES, Exporter, Peer, fallocate, in_own_mount_namespace, mounted_tmpfs, needs_root,
-                            prerequisite_missing, remove_cgroup, select, value)
+                            prerequisite_missing, remove_pod_cgroups, select, value)
+from tests.helpers import V1_MEMORY
 
 POD1, POD2 = "0f1e2d3c-aaaa-bbbb-cccc-000000000001", "0f1e2d3c-aaaa-bbbb-cccc-000000000002"
 
@@ -107,9 +108,6 @@ def check_node_exposition(text):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-V1_MEMORY = "/sys/fs/cgroup/memory"
-
-
 @needs_root
 def test_real_node_mode(tmp_path):
     root = str(tmp_path)
@@ -163,13 +161,7 @@ def test_real_node_mode(tmp_path):
     finally:
         for cm in mounts.values():
             cm.__exit__(None, None, None)
-        for path in cgroups:
-            remove_cgroup(path)
-        for parent in ("kubepods/burstable", "kubepods"):
-            try:
-                os.rmdir(os.path.join(V1_MEMORY, parent))
-            except OSError:
-                pass  # absent, or another test's pod cgroups are still in it
+        remove_pod_cgroups(cgroups)
     if not cgroups:
         prerequisite_missing(f"no cgroup v1 memory controller at {V1_MEMORY}: node mode's pod-cgroup join "
                              f"was not checked (the mount checks passed)")
