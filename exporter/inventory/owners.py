@@ -3,6 +3,7 @@
 hidden segment, which `df` counts and `ls` does not (NCCL >= 2.19, UCX, torch). A memfd region
 is shmem no mount shows; its holders' memory cgroups are read to subtract it from their shmem."""
 
+import errno
 import os
 from contextlib import suppress
 from stat import S_ISREG
@@ -225,22 +226,25 @@ class OwnerScan:
         out.holders[proc.pid] = proc
 
     def _maps(self, pid: int) -> Optional[str]:
-        """Its maps; None: denied (another UID, hidepid); '' when gone."""
+        """Its maps; None: denied (another UID, hidepid); '' when gone. Any other error
+        (out of fds or memory) fails the scan: taken for gone, it would call what the
+        process holds leaked."""
         try:
             return self.table.maps(pid)
         except OSError as err:
-            return None if err.errno in DENIED else ""
+            return _unread(err, gone="")
 
     def _fds(self, pid: int, mount_ids: Set[int]) -> Optional[List[str]]:
         """Its fd numbers, with its mountinfo read (an fd may come from another namespace's
-        mount); [] when none can be on a watched mount or it is gone; None: denied."""
+        mount); [] when none can be on a watched mount or it is gone; None: denied. Any
+        other error fails the scan, as `_maps` says."""
         if not (mount_ids or self._mount_ids.union):
             return []
         try:
             # not Paths.proc: thousands a scan
             return os.listdir(f"{self._proc_root}/{pid}/fd")
         except OSError as err:
-            return None if err.errno in DENIED else []
+            return _unread(err, gone=[])
 
     def _hold_fds(
         self,
@@ -331,6 +335,21 @@ class OwnerScan:
                     if (st.st_dev, st.st_ino) == key:
                         h.sizes = _sizes(st)
                         break
+
+
+# A process whose /proc entries answer these is gone (exited since it was listed).
+GONE = (errno.ENOENT, errno.ESRCH)
+R = TypeVar("R")
+
+
+def _unread(err: OSError, gone: R) -> Optional[R]:
+    """A /proc read that failed: `gone` when the process exited, None when denied; any other
+    error (EMFILE, ENOMEM) raised, failing the scan: it says nothing of the process."""
+    if err.errno in GONE:
+        return gone
+    if err.errno in DENIED:
+        return None
+    raise err
 
 
 def _pods_to_read(

@@ -7,6 +7,7 @@ otherwise; quick runs between full ones; sizes, events and what no segment accou
 Node mode's decisions (refresh vs full scan) are in test_segments_node. Part of the
 mutation selection."""
 
+import errno
 import logging
 import os
 import re
@@ -597,3 +598,37 @@ def test_the_names_called_leaked_are_kept_in_one_set_brought_up_to_date(host: Ho
     host.proc.deny(101, "maps")  # nothing provable now
     runs.collect()
     assert runs.source._orphans[shm] is kept and kept == set()
+
+
+@pytest.mark.parametrize("read", ["maps", "fds"])
+def test_a_proc_read_out_of_fds_fails_the_scan_and_calls_nothing_leaked(
+    host: Host, monkeypatch: pytest.MonkeyPatch, read: str
+) -> None:
+    """EMFILE (or ENOMEM) reading a holder's maps or fds says nothing of it: taken for gone,
+    as it was, the segment it holds was called leaked. The scan fails instead (the run's
+    error), as a scan that could not run."""
+    host.file(0, "psm_held")
+    host.holder(100, host.maps(0, "psm_held"))
+    table = ProcessTable(host.proc.paths)
+    out_of_fds = OSError(errno.EMFILE, "Too many open files")
+    if read == "maps":
+        real_maps = table.maps
+
+        def maps(pid: int) -> str:
+            if pid == 100:
+                raise out_of_fds
+            return real_maps(pid)
+
+        monkeypatch.setattr(table, "maps", maps)
+    else:
+        real_listdir = os.listdir
+
+        def listdir(path: Any = ".") -> List[str]:
+            if str(path).endswith("/100/fd"):
+                raise out_of_fds
+            return real_listdir(path)
+
+        monkeypatch.setattr(os, "listdir", listdir)
+    runs = host.collector(table)
+    with pytest.raises(OSError, match="Too many open files"):
+        runs.collect()
