@@ -7,9 +7,9 @@ smallest of its names: its class, and the advice given on it, do not depend on t
 directory is read in. A row is replaced only when its file changed: the inventories
 published share the others. Runs on the segments source's thread."""
 
+import errno
 import os
 from collections import Counter
-from contextlib import suppress
 from dataclasses import dataclass, field
 from stat import S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFSOCK, S_ISDIR, S_ISREG
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
@@ -241,7 +241,7 @@ class _RowPass(_Pass):
         rows = self.listing.rows
         present = _regular_files(self.root, self.dev, self.visited, PRESENT_NAMES_MAX)
         if present is None:
-            gone = _gone_by_lookup(self.root, self.dev, rows, set(self.visited))
+            gone = _gone_by_lookup(self.root, self.dev, rows)
         else:
             gone = [path for path in rows if path not in present]
         for path in gone:
@@ -305,59 +305,103 @@ def _regular_files(
     root: str, dev: int, directories: Sequence[Directory], limit: int
 ) -> Optional[Set[str]]:
     """The paths of the regular files in these directories now (names and types only, as
-    readdir gives them: no lstat); None past `limit` of them."""
+    readdir gives them: no lstat); None past `limit` of them, or when a directory could not
+    be read (out of fds or memory): the caller looks each row's name up instead."""
     present: Set[str] = set()
     for names in directories:
-        opened = _open_below(root, names, dev)
-        if opened is None:
-            continue  # gone since, with its files
-        fd, entries = opened
-        prefix = "".join(n + "/" for n in names)
+        looked = _look_into(root, names, dev)
         try:
-            with entries:
-                for entry in entries:
-                    if entry.is_file(follow_symlinks=False):
-                        present.add(prefix + entry.name)
-                        if len(present) > limit:
-                            return None
+            if looked.fd is None:
+                if looked.gone:
+                    continue  # gone since, with its files
+                return None
+            prefix = "".join(n + "/" for n in names)
+            if not _add_regular_files(present, looked.fd, prefix, limit):
+                return None
         finally:
-            os.close(fd)
+            looked.close()
     return present
 
 
-def _gone_by_lookup(
-    root: str, dev: int, rows: Rows, visited: Set[Directory]
-) -> List[str]:
-    """The paths of the rows whose files are gone: their directory was not read to its end,
-    or their name is no regular file of this mount in it now. Each name is looked up in its
-    directory, opened as a walk opens it (never through a symlink)."""
+def _add_regular_files(present: Set[str], fd: int, prefix: str, limit: int) -> bool:
+    """The regular files of the directory `fd` added to `present`, under `prefix`: False
+    past `limit` of them, or when it cannot be read."""
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if entry.is_file(follow_symlinks=False):
+                    present.add(prefix + entry.name)
+                    if len(present) > limit:
+                        return False
+    except OSError:
+        return False
+    return True
+
+
+def _gone_by_lookup(root: str, dev: int, rows: Rows) -> List[str]:
+    """The paths of the rows whose files are gone: their directory is gone (or is a symlink
+    now, or another mount), or their name is no regular file of this mount in it. Each name
+    is looked up in its directory, opened as a walk opens it (never through a symlink), one
+    directory open at a time (rows mostly come a directory after another). What cannot be
+    looked up (out of fds or memory) is kept as listed."""
     gone: List[str] = []
-    opened: Dict[Directory, Optional[int]] = {}  # each directory's fd, opened once
+    directory: Optional[Directory] = None
+    current = _LookedInto()
     try:
         for path in rows:
             parent, _, name = path.rpartition("/")
-            directory = tuple(parent.split("/")) if parent else ()
-            if directory not in opened:
-                in_walk = directory in visited
-                opened[directory] = (
-                    _open_fd_below(root, directory, dev) if in_walk else None
-                )
-            fd = opened[directory]
-            if fd is None or not _regular_in(fd, name, dev):
+            names = tuple(parent.split("/")) if parent else ()
+            if names != directory:
+                current.close()
+                directory, current = names, _look_into(root, names, dev)
+            if (
+                current.gone
+                or current.fd is not None
+                and not _present(current.fd, name, dev)
+            ):
                 gone.append(path)
     finally:
-        for fd in opened.values():
-            if fd is not None:
-                os.close(fd)
+        current.close()
     return gone
 
 
-def _regular_in(fd: int, name: str, dev: int) -> bool:
-    """Whether `name` is a regular file of this mount in the directory `fd` (not followed)."""
+# Looking up a name, these say it is not there (ELOOP: a symlink, which is not followed).
+_GONE_ERRNOS = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
+
+
+@dataclass
+class _LookedInto:
+    """A directory `_gone_by_lookup` looks names up in: its fd, or why there is none."""
+
+    fd: Optional[int] = None  # None: not opened
+    gone: bool = False  # not there, a symlink now, or another mount
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _look_into(root: str, names: Directory, dev: int) -> _LookedInto:
+    """The directory opened; gone when it is not there (or another mount now); neither when
+    it could not be opened for another reason (its rows kept)."""
+    try:
+        fd = _open_fd_or_raise(root, names)
+    except OSError as err:
+        return _LookedInto(gone=err.errno in _GONE_ERRNOS)
+    if os.fstat(fd).st_dev != dev:  # mounted over since
+        os.close(fd)
+        return _LookedInto(gone=True)
+    return _LookedInto(fd=fd)
+
+
+def _present(fd: int, name: str, dev: int) -> bool:
+    """Whether `name` is a regular file of this mount in the directory `fd` (not followed);
+    True when that cannot be told (kept as listed)."""
     try:
         st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-    except OSError:
-        return False
+    except OSError as err:
+        return err.errno not in _GONE_ERRNOS
     return S_ISREG(st.st_mode) and st.st_dev == dev
 
 
@@ -380,19 +424,33 @@ def _open_below(
 
 
 def _open_fd_below(root: str, names: Tuple[str, ...], dev: int) -> Optional[int]:
+    """The fd of a directory below the root (`_open_fd_or_raise`), on this mount; None when
+    it cannot be opened."""
+    try:
+        fd = _open_fd_or_raise(root, names)
+    except OSError:
+        return None
+    if os.fstat(fd).st_dev != dev:  # mounted over since
+        os.close(fd)
+        return None
+    return fd
+
+
+def _open_fd_or_raise(root: str, names: Tuple[str, ...]) -> int:
     """The fd of a directory below the root opened one name at a time, never through a
-    symlink (one swapped in since our lstat fails here); None when it cannot be opened."""
+    symlink (one swapped in since our lstat fails here: ELOOP)."""
     fd: Optional[int] = None
-    with suppress(OSError):
+    try:
         for name in (root, *names):
             parent, fd = fd, os.open(name, _DIR_FLAGS, dir_fd=fd)
             if parent is not None:
                 os.close(parent)
-        if fd is not None and os.fstat(fd).st_dev == dev:  # else mounted over since
-            return fd
-    if fd is not None:
-        os.close(fd)
-    return None
+    except OSError:
+        if fd is not None:
+            os.close(fd)
+        raise
+    assert fd is not None  # (root, *names) is never empty
+    return fd
 
 
 def patch_listing(

@@ -1,5 +1,6 @@
 """inventory/walk.py: what a listing keeps once a walk finds most of its files gone."""
 
+import errno
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 from exporter.inventory.holdings import unheld_state
 from exporter.inventory.walk import Listing, _File, _update, walk
 from exporter.model.classes import CLASS_NAMES
-from tests.conftest import REPO, needs_root
+from tests.conftest import REPO, mounted_tmpfs, needs_root
 from tests.helpers import DEV, INO, KEY, KNOWN, KNOWN_ROW, make_files, pack, unpack
 
 
@@ -254,6 +255,89 @@ tracemalloc.start()
 w.walk(root, dev, listing, 100_000)
 print(len(listing.rows), tracemalloc.get_traced_memory()[1])
 """
+
+
+def test_rows_looked_up_under_a_low_fd_limit_are_never_taken_for_gone(tmp_path: Path) -> None:
+    """300 directories of a file each, one file deleted, the lookup forced (PRESENT_NAMES_MAX
+    0) under RLIMIT_NOFILE 8 above the fds open: one directory open at a time. (An fd held
+    per directory ran out at the limit, and every row past it was counted deleted.) In a
+    Python of its own."""
+    root = str(tmp_path)
+    for i in range(300):
+        os.mkdir(os.path.join(root, f"d{i:03d}"))
+        make_files(os.path.join(root, f"d{i:03d}"), ["psm_x"])
+    traced = subprocess.run(
+        [sys.executable, "-c", FEW_FDS, root],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert traced.stdout.split() == ["299", "1"]
+
+
+FEW_FDS = """
+import os, resource, sys
+from exporter.inventory import walk as w
+root = sys.argv[1]
+w.PRESENT_NAMES_MAX = 0
+dev, listing = os.stat(root).st_dev, w.Listing()
+w.walk(root, dev, listing, 100_000)
+os.unlink(os.path.join(root, "d007", "psm_x"))
+highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 9, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+events = w.walk(root, dev, listing, 100_000)
+print(len(listing.rows), events.get(("python_shm", "deleted"), 0))
+"""
+
+
+def test_a_lookup_that_cannot_be_made_keeps_the_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory that cannot be opened for want of fds (EMFILE) or memory keeps its rows as
+    listed; one not there (ENOENT), not a directory, or a symlink now (ELOOP) is gone with
+    them."""
+    from exporter.inventory import walk as walk_module
+
+    root = str(tmp_path)
+    for directory in ("full", "gone"):
+        os.mkdir(os.path.join(root, directory))
+        make_files(os.path.join(root, directory), ["psm_x"])
+    dev, listing = os.stat(root).st_dev, Listing()
+    walk(root, dev, listing, 100)
+    real = walk_module._open_fd_or_raise
+
+    def opened(at: str, names: Tuple[str, ...]) -> int:
+        if names == ("full",):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(at, names)
+
+    monkeypatch.setattr(walk_module, "_open_fd_or_raise", opened)
+    os.rename(os.path.join(root, "gone"), os.path.join(root, "elsewhere"))
+    assert walk_module._gone_by_lookup(root, dev, listing.rows) == ["gone/psm_x"]
+    os.symlink("elsewhere", os.path.join(root, "gone"))
+    assert walk_module._gone_by_lookup(root, dev, listing.rows) == ["gone/psm_x"]
+
+
+@needs_root
+def test_a_row_whose_name_another_mount_covers_now_is_gone_by_lookup(tmp_path: Path) -> None:
+    """A file bind-mounted over a listed name is not this mount's file (the walk does not
+    list it either): the lookup calls its row gone. (The names present go by readdir's type,
+    the covered file's: a walk that met the name has dropped its row already.)"""
+    from exporter.inventory import walk as walk_module
+
+    with mounted_tmpfs("1m") as root:
+        make_files(root, ["psm_a", "psm_b"])
+        outside = tmp_path / "outside"
+        outside.write_bytes(b"x")
+        dev, listing = os.stat(root).st_dev, Listing()
+        walk(root, dev, listing, 100)
+        subprocess.run(["mount", "--bind", str(outside), os.path.join(root, "psm_b")], check=True)
+        try:
+            assert walk_module._gone_by_lookup(root, dev, listing.rows) == ["psm_b"]
+        finally:
+            subprocess.run(["umount", os.path.join(root, "psm_b")], check=True)
 
 
 WALK_PEAK = """
