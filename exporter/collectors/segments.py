@@ -540,7 +540,7 @@ class _Join:
         # The last run's set brought up to date, not made anew: a storm's 100,000 names
         # would make a table of 4 MiB every run, beside the one it replaces.
         orphans = c._orphans.setdefault(self.mount, set())
-        found = 0  # orphans found this run
+        found, before = 0, len(orphans)  # orphans found this run, and the last
         rows = listing.rows
         # Read once, not per row: a storm's listing is 100,000s of rows.
         states = self.states = bytearray(len(rows))
@@ -561,8 +561,8 @@ class _Join:
             state = self._unheld_state(name, row, inode, new)
             states[i] = STATES.index(state)
             found += _keep_orphan(orphans, name, state == ORPHAN)
-        if len(orphans) > found:  # names listed no more
-            orphans.intersection_update(rows)
+        if len(orphans) > found or found * 4 < before:
+            c._orphans[self.mount] = _pruned(orphans, rows, before)
         self.accounted = accounted
         # The published rows: the listing's as now (its next run changes the dict, not these).
         self.names, self.packed = tuple(rows), tuple(rows.values())
@@ -656,6 +656,15 @@ class _Join:
             events=listed.events,
             degraded=degraded,
         )
+
+
+def _pruned(orphans: Set[str], rows: Mapping[str, PackedRow], before: int) -> Set[str]:
+    """The names called leaked, those listed no more taken out (source's thread): the same
+    set, or a new one when far fewer than `before` are left (a set keeps its table when
+    emptied: a storm's 4 MiB for good)."""
+    for name in [name for name in orphans if name not in rows]:
+        orphans.discard(name)
+    return set(orphans) if len(orphans) * 4 < before else orphans
 
 
 def _keep_orphan(orphans: Set[str], name: str, orphan: bool) -> int:

@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -580,24 +581,31 @@ def test_a_mount_removed_while_proc_is_read_is_an_error(host: Host) -> None:
 def test_the_names_called_leaked_are_kept_in_one_set_brought_up_to_date(host: Host) -> None:
     """What the next runs compare changes with (a write to a leaked file doubts it): each run
     updates the last run's set in place (a storm's 100,000 names made a new 4 MiB table per
-    run, beside the last): held since, deleted since or no longer leaked, a name leaves it."""
-    for name in ("psm_a", "psm_b", "psm_c"):
-        host.file(0, name, 4096)
+    run, beside the last): held since, deleted since or no longer leaked, a name leaves it;
+    when far fewer are left, the set is made anew (a set keeps its table when emptied)."""
+    names = [f"psm_{i:04d}" for i in range(2000)]
+    for name in names:
+        host.file(0, name, 0)
     runs = host.collector()
     [shm] = host.mounts
     runs.collect()
     kept = runs.source._orphans[shm]
-    assert kept == {"psm_a", "psm_b", "psm_c"}
-    host.holder(100, host.maps(0, "psm_a"))  # held now
-    os.unlink(os.path.join(shm, "psm_b"))  # gone
-    host.file(0, "psm_d", 4096)
+    assert kept == set(names)
+    host.holder(100, host.maps(0, "psm_0000"))  # held now
+    os.unlink(os.path.join(shm, "psm_0001"))  # gone
+    host.file(0, "psm_new", 0)
     inv = runs.collect()
-    assert runs.source._orphans[shm] is kept and kept == {"psm_c", "psm_d"}
+    assert runs.source._orphans[shm] is kept and kept == set(names[2:]) | {"psm_new"}
     assert {n for n, (_, state, _) in states(inv, shm).items() if state == "orphan"} == kept
+    for name in names[2:1500]:
+        os.unlink(os.path.join(shm, name))
+    runs.collect()  # 501 of 1,999 left: kept, taken out of the same set
+    assert runs.source._orphans[shm] is kept and len(kept) == 501
     host.holder(101, comm="ghost")
-    host.proc.deny(101, "maps")  # nothing provable now
+    host.proc.deny(101, "maps")  # nothing provable now: none leaked
     runs.collect()
-    assert runs.source._orphans[shm] is kept and kept == set()
+    assert runs.source._orphans[shm] == set()
+    assert sys.getsizeof(runs.source._orphans[shm]) == sys.getsizeof(set())
 
 
 @pytest.mark.parametrize("read", ["maps", "fds"])
