@@ -7,12 +7,10 @@ otherwise; quick runs between full ones; sizes, events and what no segment accou
 Node mode's decisions (refresh vs full scan) are in test_segments_node. Part of the
 mutation selection."""
 
-import errno
 import logging
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -576,67 +574,3 @@ def test_a_mount_removed_while_proc_is_read_is_an_error(host: Host) -> None:
     table.during = lambda: shutil.rmtree(host.mounts[0])  # a pod deleted meanwhile
     [m] = collector.collect().mounts
     assert m.error == "No such file or directory"
-
-
-def test_the_names_called_leaked_are_kept_in_one_set_brought_up_to_date(host: Host) -> None:
-    """What the next runs compare changes with (a write to a leaked file doubts it): each run
-    updates the last run's set in place (a storm's 100,000 names made a new 4 MiB table per
-    run, beside the last): held since, deleted since or no longer leaked, a name leaves it;
-    when far fewer are left, the set is made anew (a set keeps its table when emptied)."""
-    names = [f"psm_{i:04d}" for i in range(2000)]
-    for name in names:
-        host.file(0, name, 0)
-    runs = host.collector()
-    [shm] = host.mounts
-    runs.collect()
-    kept = runs.source._orphans[shm]
-    assert kept == set(names)
-    host.holder(100, host.maps(0, "psm_0000"))  # held now
-    os.unlink(os.path.join(shm, "psm_0001"))  # gone
-    host.file(0, "psm_new", 0)
-    inv = runs.collect()
-    assert runs.source._orphans[shm] is kept and kept == set(names[2:]) | {"psm_new"}
-    assert {n for n, (_, state, _) in states(inv, shm).items() if state == "orphan"} == kept
-    for name in names[2:1500]:
-        os.unlink(os.path.join(shm, name))
-    runs.collect()  # 501 of 1,999 left: kept, taken out of the same set
-    assert runs.source._orphans[shm] is kept and len(kept) == 501
-    host.holder(101, comm="ghost")
-    host.proc.deny(101, "maps")  # nothing provable now: none leaked
-    runs.collect()
-    assert runs.source._orphans[shm] == set()
-    assert sys.getsizeof(runs.source._orphans[shm]) == sys.getsizeof(set())
-
-
-@pytest.mark.parametrize("read", ["maps", "fds"])
-def test_a_proc_read_out_of_fds_fails_the_scan_and_calls_nothing_leaked(
-    host: Host, monkeypatch: pytest.MonkeyPatch, read: str
-) -> None:
-    """EMFILE (or ENOMEM) reading a holder's maps or fds says nothing of it: taken for gone,
-    as it was, the segment it holds was called leaked. The scan fails instead (the run's
-    error), as a scan that could not run."""
-    host.file(0, "psm_held")
-    host.holder(100, host.maps(0, "psm_held"))
-    table = ProcessTable(host.proc.paths)
-    out_of_fds = OSError(errno.EMFILE, "Too many open files")
-    if read == "maps":
-        real_maps = table.maps
-
-        def maps(pid: int) -> str:
-            if pid == 100:
-                raise out_of_fds
-            return real_maps(pid)
-
-        monkeypatch.setattr(table, "maps", maps)
-    else:
-        real_listdir = os.listdir
-
-        def listdir(path: Any = ".") -> List[str]:
-            if str(path).endswith("/100/fd"):
-                raise out_of_fds
-            return real_listdir(path)
-
-        monkeypatch.setattr(os, "listdir", listdir)
-    runs = host.collector(table)
-    with pytest.raises(OSError, match="Too many open files"):
-        runs.collect()
