@@ -308,7 +308,9 @@ class SegmentsCollector(Source):
         run's scan reads /proc, what changes is noted for it (a quick run beside it takes
         the names)."""
         for mount, names in changes.items():
-            orphans = self._orphans.get(mount, set()) if mount in self._last else set()
+            # Also after a failed full run took the mount's last inventory away: its leaks
+            # were called leaked, and are doubted by a change as ever.
+            orphans = self._orphans.get(mount, set())
             if orphans and (names is None or names & orphans):
                 holdings.add_names(self._doubted, mount, names and names & orphans)
             if self._during is not None:

@@ -7,6 +7,7 @@ import os
 import re
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
+from typing import TypeVar
 
 from exporter.host.mountinfo import parse_mountinfo
 from exporter.host.paths import Paths, read_text
@@ -32,6 +33,22 @@ Search = Callable[..., Optional["re.Match[str]"]]  # a compiled pattern's search
 MEMFD, DELETED = "/memfd:", " (deleted)"
 NO_MNT_ID = -1  # fdinfo without mnt_id: any fd could be on a watched mount
 DENIED = (errno.EACCES, errno.EPERM)
+# A process's /proc entries answer these once it has exited (since it was listed).
+GONE = (errno.ENOENT, errno.ESRCH)
+R = TypeVar("R")
+
+
+def unread(err: OSError, gone: R) -> Optional[R]:
+    """A process's /proc read that failed: `gone` when it exited, None when denied. Any other
+    error (EMFILE, ENOMEM) is raised, failing the scan: it says nothing of the process, and
+    taken for gone, what the process holds would be called leaked."""
+    if err.errno in GONE:
+        return gone
+    if err.errno in DENIED:
+        return None
+    raise err
+
+
 _MNT_ID = re.compile(rb"mnt_id:[ \t]*(\d+)[ \t]*(?:\n|$)").search
 
 
@@ -176,7 +193,7 @@ class WatchedMountIds:
         try:
             text = read_text(self.paths.proc(pid, "mountinfo"))
         except OSError as err:  # gone (or a fixture without one): no fds
-            return None if err.errno in DENIED else set()
+            return unread(err, gone=set())
         wanted = {f"{os.major(dev)}:{os.minor(dev)}" for dev in devs}
         devices = {e.mount_id: e.device for e in parse_mountinfo(text)}
         watched = {i for i, device in devices.items() if device in wanted}
@@ -188,15 +205,18 @@ class WatchedMountIds:
 
     @staticmethod
     def fd_mount(fdinfo: str) -> Optional[int]:
-        """fdinfo's mnt_id; NO_MNT_ID before Linux 3.15; None: fd closed since listdir."""
+        """fdinfo's mnt_id; NO_MNT_ID before Linux 3.15; None: fd closed since listdir (or
+        denied); any other error raised, as `unread` says."""
         try:
             fd = os.open(fdinfo, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 info = os.read(fd, 4096)  # pos, flags, mnt_id and ino come first
             finally:
                 os.close(fd)
-        except OSError:
-            return None
+        except OSError as err:
+            if err.errno in GONE or err.errno in DENIED:
+                return None
+            raise  # out of fds or memory: it says nothing of the fd
         if b"mnt_id:" not in info:
             return NO_MNT_ID
         found = _MNT_ID(info)

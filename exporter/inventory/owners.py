@@ -3,7 +3,6 @@
 hidden segment, which `df` counts and `ls` does not (NCCL >= 2.19, UCX, torch). A memfd region
 is shmem no mount shows; its holders' memory cgroups are read to subtract it from their shmem."""
 
-import errno
 import os
 from contextlib import suppress
 from stat import S_ISREG
@@ -13,7 +12,8 @@ from typing import Sequence, Set, Tuple, TypeVar
 from exporter.host.proctable import PidCounts, Process, ProcessTable, pids_wrapped
 from exporter.inventory.holdings import MAX_UNPROVEN, Holding, Owners, Sizes
 from exporter.inventory.holdings import unlinked_size
-from exporter.inventory.maps import DELETED, DENIED, NO_MNT_ID, DeviceTokens, MapsLine
+from exporter.inventory.maps import DELETED, DENIED, GONE, NO_MNT_ID, DeviceTokens
+from exporter.inventory.maps import MapsLine, unread
 from exporter.inventory.maps import WatchedMountIds, dev_token, memfd_name, parse_maps
 from exporter.inventory.maps import parse_memfd
 from exporter.inventory.walk import Key
@@ -232,7 +232,7 @@ class OwnerScan:
         try:
             return self.table.maps(pid)
         except OSError as err:
-            return _unread(err, gone="")
+            return unread(err, gone="")
 
     def _fds(self, pid: int, mount_ids: Set[int]) -> Optional[List[str]]:
         """Its fd numbers, with its mountinfo read (an fd may come from another namespace's
@@ -244,7 +244,7 @@ class OwnerScan:
             # not Paths.proc: thousands a scan
             return os.listdir(f"{self._proc_root}/{pid}/fd")
         except OSError as err:
-            return _unread(err, gone=[])
+            return unread(err, gone=[])
 
     def _hold_fds(
         self,
@@ -273,7 +273,8 @@ class OwnerScan:
                 if not (memfd or ours or mnt == NO_MNT_ID):
                     continue
                 st = os.stat(link)
-            except OSError:
+            except OSError as err:
+                _closed_or_raise(err)
                 continue
             if (memfd or st.st_dev in devs) and S_ISREG(st.st_mode):
                 deleted = target.endswith(DELETED)
@@ -337,19 +338,12 @@ class OwnerScan:
                         break
 
 
-# A process whose /proc entries answer these is gone (exited since it was listed).
-GONE = (errno.ENOENT, errno.ESRCH)
-R = TypeVar("R")
-
-
-def _unread(err: OSError, gone: R) -> Optional[R]:
-    """A /proc read that failed: `gone` when the process exited, None when denied; any other
-    error (EMFILE, ENOMEM) raised, failing the scan: it says nothing of the process."""
-    if err.errno in GONE:
-        return gone
-    if err.errno in DENIED:
-        return None
-    raise err
+def _closed_or_raise(err: OSError) -> None:
+    """An fd's read that failed: returns when the fd was closed since (or is denied); any
+    other error (out of fds or memory) is raised, failing the scan: it says nothing of what
+    the fd holds."""
+    if err.errno not in GONE and err.errno not in DENIED:
+        raise err
 
 
 def _pods_to_read(

@@ -386,12 +386,9 @@ def _look_into(root: str, names: Directory, dev: int) -> _LookedInto:
     """The directory opened; gone when it is not there (or another mount now); neither when
     it could not be opened for another reason (its rows kept)."""
     try:
-        fd = _open_fd_or_raise(root, names)
+        fd = _open_fd_or_raise(root, names, dev)
     except OSError as err:
         return _LookedInto(gone=err.errno in _GONE_ERRNOS)
-    if os.fstat(fd).st_dev != dev:  # mounted over since
-        os.close(fd)
-        return _LookedInto(gone=True)
     return _LookedInto(fd=fd)
 
 
@@ -427,29 +424,28 @@ def _open_fd_below(root: str, names: Tuple[str, ...], dev: int) -> Optional[int]
     """The fd of a directory below the root (`_open_fd_or_raise`), on this mount; None when
     it cannot be opened."""
     try:
-        fd = _open_fd_or_raise(root, names)
+        return _open_fd_or_raise(root, names, dev)
     except OSError:
         return None
-    if os.fstat(fd).st_dev != dev:  # mounted over since
-        os.close(fd)
-        return None
-    return fd
 
 
-def _open_fd_or_raise(root: str, names: Tuple[str, ...]) -> int:
+def _open_fd_or_raise(root: str, names: Tuple[str, ...], dev: int) -> int:
     """The fd of a directory below the root opened one name at a time, never through a
-    symlink (one swapped in since our lstat fails here: ELOOP)."""
+    symlink (one swapped in since our lstat fails here: ELOOP), on this mount (mounted over
+    since: ENOENT, its files are not there)."""
     fd: Optional[int] = None
     try:
         for name in (root, *names):
             parent, fd = fd, os.open(name, _DIR_FLAGS, dir_fd=fd)
             if parent is not None:
                 os.close(parent)
+        assert fd is not None  # (root, *names) is never empty
+        if os.fstat(fd).st_dev != dev:
+            raise FileNotFoundError(errno.ENOENT, "another mount now", name)
     except OSError:
         if fd is not None:
             os.close(fd)
         raise
-    assert fd is not None  # (root, *names) is never empty
     return fd
 
 

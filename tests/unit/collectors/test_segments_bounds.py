@@ -11,7 +11,7 @@ from typing import Any, List
 import pytest
 
 from exporter.host.proctable import ProcessTable
-from tests.unit.collectors.test_segments import Host, states
+from tests.unit.collectors.test_segments import MNT_ID, Host, states
 
 
 @pytest.fixture
@@ -81,3 +81,46 @@ def test_a_proc_read_out_of_fds_fails_the_scan_and_calls_nothing_leaked(
     runs = host.collector(table)
     with pytest.raises(OSError, match="Too many open files"):
         runs.collect()
+
+
+@pytest.mark.parametrize("entry", ["mountinfo", "fdinfo"])
+def test_out_of_fds_reading_a_holders_mountinfo_or_fdinfo_fails_the_scan(
+    host: Host, monkeypatch: pytest.MonkeyPatch, entry: str
+) -> None:
+    """A segment held by an fd only: EMFILE on its holder's mountinfo or on the fd's fdinfo
+    was taken for gone (no fds to read, or the fd closed since), and the segment was called
+    leaked. The scan fails instead."""
+    host.file(0, "psm_fd")
+    host.holder(100, fds={5: os.path.join(host.mounts[0], "psm_fd")}, mnt_ids={5: MNT_ID})
+    assert states(host.collector().collect(), host.mounts[0])["psm_fd"][1] == "linked"
+    import exporter.inventory.maps as maps_module
+
+    real_open, real_read = os.open, maps_module.read_text
+
+    def open_(path: Any, *args: Any, **kwargs: Any) -> int:
+        if entry == "fdinfo" and "/100/fdinfo/" in str(path):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(path, *args, **kwargs)
+
+    def read_text(path: str) -> str:
+        if entry == "mountinfo" and path.endswith("/100/mountinfo"):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_read(path)
+
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(maps_module, "read_text", read_text)
+    with pytest.raises(OSError, match="Too many open files"):
+        host.collector().collect()
+
+
+def test_a_leak_written_after_a_failed_full_run_is_doubted_as_ever(host: Host) -> None:
+    """A full run whose scan never ran (no thread) takes the mount's last inventory away;
+    a write to a file called leaked was then not doubted, and the next quick run called it
+    leaked still. It is unverified until a full scan reads who wrote it."""
+    host.file(0, "psm_x")
+    runs = host.collector()
+    [shm] = host.mounts
+    assert states(runs.collect(), shm)["psm_x"][1] == "orphan"
+    runs.source.begin_full(runs.input(take=False)).abandon()
+    host.changes.add(shm, "psm_x")  # written, or mapped: someone holds it, perhaps
+    assert states(runs.collect_quick(), shm)["psm_x"][1] == "unverified"

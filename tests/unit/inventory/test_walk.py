@@ -308,16 +308,27 @@ def test_a_lookup_that_cannot_be_made_keeps_the_row(
     walk(root, dev, listing, 100)
     real = walk_module._open_fd_or_raise
 
-    def opened(at: str, names: Tuple[str, ...]) -> int:
+    def opened(at: str, names: Tuple[str, ...], on: int) -> int:
         if names == ("full",):
             raise OSError(errno.EMFILE, "Too many open files")
-        return real(at, names)
+        return real(at, names, on)
 
     monkeypatch.setattr(walk_module, "_open_fd_or_raise", opened)
     os.rename(os.path.join(root, "gone"), os.path.join(root, "elsewhere"))
     assert walk_module._gone_by_lookup(root, dev, listing.rows) == ["gone/psm_x"]
     os.symlink("elsewhere", os.path.join(root, "gone"))
     assert walk_module._gone_by_lookup(root, dev, listing.rows) == ["gone/psm_x"]
+    real_stat = os.stat
+
+    def stat(name: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        if name == "psm_x" and kwargs.get("dir_fd") is not None:
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+        return real_stat(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)  # a name that cannot be looked up: kept
+    os.unlink(os.path.join(root, "gone"))
+    os.rename(os.path.join(root, "elsewhere"), os.path.join(root, "gone"))
+    assert walk_module._gone_by_lookup(root, dev, listing.rows) == []
 
 
 @needs_root
