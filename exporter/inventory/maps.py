@@ -33,20 +33,21 @@ Search = Callable[..., Optional["re.Match[str]"]]  # a compiled pattern's search
 MEMFD, DELETED = "/memfd:", " (deleted)"
 NO_MNT_ID = -1  # fdinfo without mnt_id: any fd could be on a watched mount
 DENIED = (errno.EACCES, errno.EPERM)
-# A process's /proc entries answer these once it has exited (since it was listed).
-GONE = (errno.ENOENT, errno.ESRCH)
+# Reading a process's /proc entries failed for want of file descriptors or memory: that says
+# nothing of the process (any other error says it exited, as EINVAL for a zombie's mountinfo).
+OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 R = TypeVar("R")
 
 
 def unread(err: OSError, gone: R) -> Optional[R]:
-    """A process's /proc read that failed: `gone` when it exited, None when denied. Any other
-    error (EMFILE, ENOMEM) is raised, failing the scan: it says nothing of the process, and
-    taken for gone, what the process holds would be called leaked."""
-    if err.errno in GONE:
-        return gone
+    """A process's /proc read that failed: None when denied, raised when out of fds or
+    memory (failing the scan: taken for gone, what the process holds would be called
+    leaked), else `gone` (it exited since it was listed)."""
     if err.errno in DENIED:
         return None
-    raise err
+    if err.errno in OUT_OF_RESOURCES:
+        raise err
+    return gone
 
 
 _MNT_ID = re.compile(rb"mnt_id:[ \t]*(\d+)[ \t]*(?:\n|$)").search
@@ -206,7 +207,7 @@ class WatchedMountIds:
     @staticmethod
     def fd_mount(fdinfo: str) -> Optional[int]:
         """fdinfo's mnt_id; NO_MNT_ID before Linux 3.15; None: fd closed since listdir (or
-        denied); any other error raised, as `unread` says."""
+        denied); out of fds or memory raised, as `unread` says."""
         try:
             fd = os.open(fdinfo, os.O_RDONLY | os.O_CLOEXEC)
             try:
@@ -214,9 +215,9 @@ class WatchedMountIds:
             finally:
                 os.close(fd)
         except OSError as err:
-            if err.errno in GONE or err.errno in DENIED:
-                return None
-            raise  # out of fds or memory: it says nothing of the fd
+            if err.errno in OUT_OF_RESOURCES:
+                raise  # it says nothing of the fd
+            return None
         if b"mnt_id:" not in info:
             return NO_MNT_ID
         found = _MNT_ID(info)

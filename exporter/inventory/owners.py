@@ -12,7 +12,7 @@ from typing import Sequence, Set, Tuple, TypeVar
 from exporter.host.proctable import PidCounts, Process, ProcessTable, pids_wrapped
 from exporter.inventory.holdings import MAX_UNPROVEN, Holding, Owners, Sizes
 from exporter.inventory.holdings import unlinked_size
-from exporter.inventory.maps import DELETED, DENIED, GONE, NO_MNT_ID, DeviceTokens
+from exporter.inventory.maps import DELETED, NO_MNT_ID, OUT_OF_RESOURCES, DeviceTokens
 from exporter.inventory.maps import MapsLine, unread
 from exporter.inventory.maps import WatchedMountIds, dev_token, memfd_name, parse_maps
 from exporter.inventory.maps import parse_memfd
@@ -226,9 +226,9 @@ class OwnerScan:
         out.holders[proc.pid] = proc
 
     def _maps(self, pid: int) -> Optional[str]:
-        """Its maps; None: denied (another UID, hidepid); '' when gone. Any other error
-        (out of fds or memory) fails the scan: taken for gone, it would call what the
-        process holds leaked."""
+        """Its maps; None: denied (another UID, hidepid); '' when gone. Out of fds or
+        memory fails the scan: taken for gone, it would call what the process holds
+        leaked."""
         try:
             return self.table.maps(pid)
         except OSError as err:
@@ -236,8 +236,8 @@ class OwnerScan:
 
     def _fds(self, pid: int, mount_ids: Set[int]) -> Optional[List[str]]:
         """Its fd numbers, with its mountinfo read (an fd may come from another namespace's
-        mount); [] when none can be on a watched mount or it is gone; None: denied. Any
-        other error fails the scan, as `_maps` says."""
+        mount); [] when none can be on a watched mount or it is gone; None: denied. Out of
+        fds or memory fails the scan, as `_maps` says."""
         if not (mount_ids or self._mount_ids.union):
             return []
         try:
@@ -339,10 +339,9 @@ class OwnerScan:
 
 
 def _closed_or_raise(err: OSError) -> None:
-    """An fd's read that failed: returns when the fd was closed since (or is denied); any
-    other error (out of fds or memory) is raised, failing the scan: it says nothing of what
-    the fd holds."""
-    if err.errno not in GONE and err.errno not in DENIED:
+    """An fd's read that failed: raised when out of fds or memory, failing the scan (it says
+    nothing of what the fd holds); else it returns (the fd was closed since, or is denied)."""
+    if err.errno in OUT_OF_RESOURCES:
         raise err
 
 
