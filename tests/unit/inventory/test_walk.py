@@ -176,15 +176,8 @@ def test_a_walk_keeps_one_name_of_a_hard_linked_file_not_every_name(
     events = walk(root, dev, listing, 100)
     assert list(listing.rows) == ["psm_00000"]
     assert events == {("other", "deleted"): 1, ("python_shm", "created"): 1}
-    traced = subprocess.run(
-        [sys.executable, "-c", WALK_PEAK, root],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": REPO},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    peak = int(traced.stdout)
+    printed = in_own_python(WALK_PEAK, root)
+    peak = int(printed)
     assert peak < links * 8, f"{peak} bytes traced: a name kept past its entry"
 
 
@@ -224,15 +217,8 @@ def test_a_walk_that_finds_rows_gone_makes_no_string_per_file_present(tmp_path: 
     make_files(root, [f"psm_{i:05d}" for i in range(files)])
     os.mkdir(os.path.join(root, "d"))
     make_files(os.path.join(root, "d"), ["psm_below"])
-    traced = subprocess.run(
-        [sys.executable, "-c", GONE_PEAK, root],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": REPO},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    rows, peak = traced.stdout.split()
+    printed = in_own_python(GONE_PEAK, root)
+    rows, peak = printed.split()
     assert int(rows) == files - 1  # d/psm_below gone with d, and one file deleted
     # The set given up past PRESENT_NAMES_MAX names (~0.5 MiB); every name: ~3.8 MiB.
     assert int(peak) < 1 << 20, f"{peak} bytes traced: a string per name present"
@@ -266,15 +252,8 @@ def test_rows_looked_up_under_a_low_fd_limit_are_never_taken_for_gone(tmp_path: 
     for i in range(300):
         os.mkdir(os.path.join(root, f"d{i:03d}"))
         make_files(os.path.join(root, f"d{i:03d}"), ["psm_x"])
-    traced = subprocess.run(
-        [sys.executable, "-c", FEW_FDS, root],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": REPO},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert traced.stdout.split() == ["299", "1"]
+    printed = in_own_python(FEW_FDS, root)
+    assert printed.split() == ["299", "1"]
 
 
 FEW_FDS = """
@@ -349,6 +328,20 @@ def test_a_row_whose_name_another_mount_covers_now_is_gone_by_lookup(tmp_path: P
             assert walk_module._gone_by_lookup(root, dev, listing.rows) == ["psm_b"]
         finally:
             subprocess.run(["umount", os.path.join(root, "psm_b")], check=True)
+
+
+def in_own_python(script: str, *args: str) -> str:
+    """What `script` prints, run in a Python of its own with this checkout's `exporter`: a
+    traced peak or an fd limit there measures the walk alone (this one's threads, conftest's
+    /proc watch, allocate and hold fds meanwhile)."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
 
 WALK_PEAK = """
