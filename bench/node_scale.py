@@ -12,6 +12,10 @@
   that lives 10 s is never named)
 
     sudo python3 bench/node_scale.py [--seconds 30] [--idle-seconds 120]
+    sudo python3 bench/node_scale.py --only cpu --tree aad3219 --tree .   # the old core beside
+
+With --tree, the CPU rows run every tree's exporter at once on the same pods (the same load for
+each, in one run) and add CPU per thread (its name, from bench/thread_names/).
 """
 import argparse
 import gzip
@@ -26,9 +30,10 @@ import threading
 import time
 import urllib.request
 import uuid
+from contextlib import ExitStack
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.conftest import Exporter  # noqa: E402
+from tests.conftest import REPO, Exporter  # noqa: E402
 
 V1 = "/sys/fs/cgroup/memory"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -143,8 +148,8 @@ def node_exporter_cls():
     return compare.NodeExporter
 
 
-def ours():
-    return Exporter("--mode=node", "--no-collector.gpu", "--log.level=error")
+def ours(tree=REPO, env=None):
+    return Exporter("--mode=node", "--no-collector.gpu", "--log.level=error", tree=tree, env=env)
 
 
 def served_format(content_type):
@@ -213,17 +218,17 @@ def segments_by_pod(text):
     return counts
 
 
-def churn(pods, exporter, seconds, rate=10.0, watch=None):
+def churn(pods, seconds, rate=10.0, watch=None):
     """Creates `rate` segments/s round-robin over the pods, each deleted 10 s later (a pod's
-    before its next: 200 pods take 20 s a round). With `watch` (a list), also records each
-    create's latency to /metrics (a gzip scrape every 25 ms): until its pod's segments are
-    counted one more than its 5."""
+    before its next: 200 pods take 20 s a round). With `watch` (an exporter and a list), also
+    records each create's latency to the exporter's /metrics in the list (a gzip scrape every
+    25 ms): until its pod's segments are counted one more than its 5."""
     live, latencies, stop = [], [], threading.Event()
     pending = {}  # name -> (created at, pod UID)
     lock = threading.Lock()
 
     def scraper():
-        request = urllib.request.Request(exporter.url, headers=PROMETHEUS_HEADERS)
+        request = urllib.request.Request(watch[0].url, headers=PROMETHEUS_HEADERS)
         while not stop.is_set():
             with urllib.request.urlopen(request, timeout=10) as response:
                 counts = segments_by_pod(gzip.decompress(response.read()).decode())
@@ -253,8 +258,8 @@ def churn(pods, exporter, seconds, rate=10.0, watch=None):
     stop.set()
     if thread:
         thread.join()
-        watch.extend(latencies)
-        watch.append(float("inf")) if pending else None  # a create never seen counts as missed
+        watch[1].extend(latencies)
+        watch[1].append(float("inf")) if pending else None  # a create never seen counts as missed
     for _, path in live:
         os.unlink(path)
 
@@ -278,37 +283,88 @@ def prometheus_scraping(exporter, interval=15.0):
     return stop
 
 
-def cpu_rows(seconds, idle_seconds=120.0):
+def thread_cpu(pid):
+    """Thread name -> CPU seconds of its live threads (names written by thread_names/)."""
+    by_name = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # the thread ended since the listing
+            continue
+        by_name[name] = by_name.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return by_name
+
+
+class CpuWindow:
+    """One measurement window over every tree's exporter at once: the process's CPU, and
+    each thread's by name (what ended in the window is the remainder: the full runs' scan
+    threads, mostly)."""
+
+    def __init__(self, exporters):
+        self.exporters = exporters
+        self.began = time.monotonic()
+        self.total = {name: cpu_seconds(e.proc.pid) for name, e in exporters.items()}
+        self.threads = {name: thread_cpu(e.proc.pid) for name, e in exporters.items()}
+
+    def shares(self):
+        """tree -> (% of a core in all, [(thread, % of a core)] largest first)."""
+        took = time.monotonic() - self.began
+        result = {}
+        for name, e in self.exporters.items():
+            total = cpu_seconds(e.proc.pid) - self.total[name]
+            before, after = self.threads[name], thread_cpu(e.proc.pid)
+            per = {t: after[t] - before.get(t, 0.0) for t in after}
+            per["(ended)"] = total - sum(per.values())
+            ranked = sorted(((t, 100 * v / took) for t, v in per.items()), key=lambda tv: -tv[1])
+            result[name] = (100 * total / took, ranked)
+        return result
+
+
+def cpu_figure_rows(what, window, goal):
     rows = []
-    with Pods(200) as pods:
+    for tree, (share, threads) in window.shares().items():
+        rows.append((f"{what} [{tree}]", f"{share:.2f} % of a core", "-", "-", goal))
+        rows.append((f"  per thread [{tree}]", ", ".join(f"{t} {v:.2f}" for t, v in threads if v >= 0.01),
+                     "-", "-", "-"))
+    return rows
+
+
+def cpu_rows(seconds, idle_seconds=120.0, trees=(("", None),)):
+    """`trees`: (name, checkout) pairs; every tree's exporter runs at once on the same pods,
+    so each window's load is the same for all (the old code beside the new, in one run)."""
+    rows = []
+    env = {"PYTHONPATH": os.path.join(HERE, "thread_names")}
+    with Pods(200) as pods, ExitStack() as stack:
         pods.start_processes(2000)
-        with ours() as exporter:
-            time.sleep(35)  # past the first inventory intervals
-            # Nobody scraping: collection alone (renders happen only for scrapes).
-            c0, t0 = cpu_seconds(exporter.proc.pid), time.monotonic()
-            churn(pods, exporter, seconds)
-            alone = 100 * (cpu_seconds(exporter.proc.pid) - c0) / (time.monotonic() - t0)
-            rows.append(("node mode churn CPU, 10 creates/s over 200 pods, 2,000 processes, no scraper",
-                         f"{alone:.2f} % of a core", "-", "-", "<= 5 %"))
-            scraping = prometheus_scraping(exporter)
-            c0, t0 = cpu_seconds(exporter.proc.pid), time.monotonic()
-            # Whole full-scan intervals (--segments.full-scan-interval, 2m): each holds one
-            # read of every process, the refreshes between them far less.
-            time.sleep(idle_seconds)
-            idle = 100 * (cpu_seconds(exporter.proc.pid) - c0) / (time.monotonic() - t0)
-            rows.append((f"node mode idle CPU over {idle_seconds:.0f} s, 200 pods, 2,000 processes, scraped every "
-                         f"15 s", f"{idle:.2f} % of a core", "-", "-", "<= 1.5 %"))
-            c0, t0 = cpu_seconds(exporter.proc.pid), time.monotonic()
-            churn(pods, exporter, seconds)
-            busy = 100 * (cpu_seconds(exporter.proc.pid) - c0) / (time.monotonic() - t0)
-            scraping.set()
-            rows.append(("node mode churn CPU, 10 creates/s over 200 pods, 2,000 processes, scraped every 15 s",
-                         f"{busy:.2f} % of a core", "-", "-", "<= 5 %"))
+        exporters = {name: stack.enter_context(ours(tree=where, env=env)) for name, where in trees}
+        time.sleep(35)  # past the first inventory intervals
+        # Nobody scraping: collection alone (renders happen only for scrapes).
+        window = CpuWindow(exporters)
+        churn(pods, seconds)
+        rows += cpu_figure_rows("node mode churn CPU, 10 creates/s over 200 pods, 2,000 processes, no scraper",
+                                window, "<= 5 %")
+        scraping = [prometheus_scraping(e) for e in exporters.values()]
+        # Whole full-scan intervals (--segments.full-scan-interval, 2m): each holds one
+        # read of every process, the refreshes between them far less.
+        window = CpuWindow(exporters)
+        time.sleep(idle_seconds)
+        rows += cpu_figure_rows(f"node mode idle CPU over {idle_seconds:.0f} s, 200 pods, 2,000 processes, "
+                                "scraped every 15 s", window, "<= 1.5 %")
+        window = CpuWindow(exporters)
+        churn(pods, seconds)
+        rows += cpu_figure_rows("node mode churn CPU, 10 creates/s over 200 pods, 2,000 processes, "
+                                "scraped every 15 s", window, "<= 5 %")
+        for stop in scraping:
+            stop.set()
+        for name, exporter in exporters.items():
             lat = []
             # A new segment is counted from the first scrape after the debounced event-driven
             # run: the scraper here asks every 25 ms, so this is create -> observation.
-            churn(pods, exporter, seconds, watch=lat)
-            rows.append(("node mode churn detection, create -> counted in /metrics",
+            churn(pods, seconds, watch=(exporter, lat))
+            rows.append((f"node mode churn detection, create -> counted in /metrics [{name}]",
                          f"p50 {percentile(lat, 50) * 1000:.0f} ms, p99 {percentile(lat, 99) * 1000:.0f} ms "
                          f"({len(lat)} creates)", "-", "-", "p99 <= 1 s"))
     return rows
@@ -321,6 +377,8 @@ def main():
     parser.add_argument("--idle-seconds", type=float, default=120, help="idle measurement: whole full-scan intervals")
     parser.add_argument("--scrapes", type=int, default=300)
     parser.add_argument("--only", choices=("scrape", "cpu"))
+    parser.add_argument("--tree", action="append",
+                        help="CPU rows: directory or git revision; each tree's exporter beside the others")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the benchmark mounts tmpfs and creates cgroups")
@@ -328,7 +386,13 @@ def main():
     # `timeout` or a CI's cancel: unwind, so the pods' mounts and cgroups are removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = [] if args.only == "cpu" else scrape_rows(args.scrapes)
-    for row in rows + ([] if args.only == "scrape" else cpu_rows(args.seconds, args.idle_seconds)):
+    if args.only != "scrape":
+        from leak_storm_rss import checkout  # a git revision archived, as the storm bench does
+
+        with ExitStack() as stack:
+            trees = [(tree, checkout(tree, stack)) for tree in args.tree or ["."]]
+            rows += cpu_rows(args.seconds, args.idle_seconds, trees)
+    for row in rows:
         print(" | ".join(row))
 
 
