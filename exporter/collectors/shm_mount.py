@@ -19,23 +19,32 @@ log = logging.getLogger(__name__)
 
 
 def _with_figures(usage: MountUsage, st: os.statvfs_result) -> MountUsage:
-    """The usage with a statvfs's figures; itself when they are the same."""
+    """The usage with a statvfs's figures; itself when they are the same (most polls of
+    most mounts: compared before a new object is made)."""
     n, free, unit = st.f_blocks, st.f_bfree, st.f_frsize
-    figures = MountUsage(
+    size, used, available = n * unit, (n - free) * unit, st.f_bavail * unit
+    if (
+        usage.size_bytes == size
+        and usage.used_bytes == used
+        and usage.available_bytes == available
+        and usage.inodes == st.f_files
+        and usage.inodes_free == st.f_ffree
+    ):
+        return usage
+    return MountUsage(
         mount=usage.mount,
         fstype=usage.fstype,
         source=usage.source,
         is_mount_point=usage.is_mount_point,
         error=usage.error,
-        size_bytes=n * unit,
-        used_bytes=(n - free) * unit,
-        available_bytes=st.f_bavail * unit,
+        size_bytes=size,
+        used_bytes=used,
+        available_bytes=available,
         inodes=st.f_files,
         inodes_free=st.f_ffree,
         instance=usage.instance,
         noswap=usage.noswap,
     )
-    return usage if figures == usage else figures
 
 
 class ShmMountCollector(Source):
