@@ -410,13 +410,7 @@ class SegmentsCollector(Source):
         """Stage 3 (source's thread), of every run: the inventory, each mount listed this
         run joined with the owners, the others as last assembled; a mount cut short or past
         the cap said so (once while it lasts)."""
-        truncated = self._truncated.run(state.mounts)
-        degraded = self._degraded.run(state.mounts)
-        mounts = []
-        for mount in state.mounts:
-            inv = self._mount_inventory(state, mount, truncated, degraded)
-            if inv is not None:
-                mounts.append(inv)
+        mounts = self._mount_inventories(state)
         self._last = {m.mount: m for m in mounts}
         self._orphans = {m: o for m, o in self._orphans.items() if m in self._last}
         for mount in self._pods_read(state):
@@ -430,6 +424,21 @@ class SegmentsCollector(Source):
             self._pod_of = self._holders_pods(self._owners)
             self._memfd, self._cgroup_of = self.owner_scan.memfd_regions(self._owners)
         return self._inventory(mounts)
+
+    def _mount_inventories(self, state: SegmentRun) -> List[MountInventory]:
+        """Stage 3 (source's thread): each mount's inventory, in order; a mount neither
+        listed nor failed this run (most of a quick run's) as the last run left it."""
+        truncated = self._truncated.run(state.mounts)
+        degraded = self._degraded.run(state.mounts)
+        mounts = []
+        for mount in state.mounts:
+            if mount in state.listed or mount in state.errors:
+                inv = self._mount_inventory(state, mount, truncated, degraded)
+            else:
+                inv = self._last.get(mount)
+            if inv is not None:
+                mounts.append(inv)
+        return mounts
 
     def _mount_inventory(
         self, state: SegmentRun, mount: str, truncated: SaidRun, degraded: SaidRun

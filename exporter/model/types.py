@@ -287,6 +287,29 @@ class ClassTotals:
         )
 
 
+@dataclass(slots=True)
+class ClassTally:
+    """Files of one class (and state) counted while a pass runs (a walk past the cap, a
+    summary): one object added to per file, made a ClassTotals once at the end; not frozen,
+    which would cost each file of a storm a new object."""
+
+    count: int = 0
+    allocated_bytes: int = 0
+    apparent_bytes: int = 0
+
+    def add(self, allocated_bytes: int, apparent_bytes: int) -> None:
+        self.count += 1
+        self.allocated_bytes += allocated_bytes
+        self.apparent_bytes += apparent_bytes
+
+    def totals(self) -> ClassTotals:
+        return ClassTotals(
+            count=self.count,
+            allocated_bytes=self.allocated_bytes,
+            apparent_bytes=self.apparent_bytes,
+        )
+
+
 @dataclass(frozen=True)
 class MountInventory:
     """One mount's segments as one run found them. Published: nobody changes it after (its
@@ -314,9 +337,11 @@ class MountInventory:
 
     @property
     def files(self) -> int:
-        """Regular files listed: a row each, or counted by class past the cap."""
-        counted = sum(t.count for t in (self.degraded or {}).values())
-        return len(self.states) + counted
+        """Regular files listed: a row each, or counted by class past the cap. (Asked of
+        every mount at every publication: the common case costs no loop.)"""
+        if self.degraded is None:
+            return len(self.states)
+        return len(self.states) + sum(t.count for t in self.degraded.values())
 
     def rows(self) -> Iterator[Segment]:
         """Every segment: the hidden ones, then each listed file."""
