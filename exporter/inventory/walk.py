@@ -16,7 +16,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tupl
 
 from exporter.host.mountinfo import MountTable
 from exporter.model.classes import CLASS_NAMES, classify
-from exporter.model.types import ClassTotals, PackedRow, Row
+from exporter.model.types import ClassTally, ClassTotals, PackedRow, Row
 
 MAX_DEPTH = 8  # tools that make sub-directories in /dev/shm nest one or two levels
 MAX_ENTRIES = 250_000  # a bound on one walk, so a hostile mount cannot stall us
@@ -47,26 +47,22 @@ class Listing:
 
 @dataclass(slots=True)
 class _File:
-    """A regular file met by a walk: its path below the mount and its lstat (one walk's, on
-    its thread: not frozen, which would cost each entry of a storm a setattr per field)."""
+    """A file of several names met by a walk: the path below the mount its pass lists it
+    under so far, and its lstat (one walk's, on its thread: not frozen)."""
 
     path: str
     stat: os.stat_result
 
-    @staticmethod
-    def of(path: str, st: os.stat_result) -> "_File":
-        return _File(path=path, stat=st)
 
-
-def _update(listing: Listing, file: _File, events: Events) -> bool:
-    """The file's row made or brought up to date (the same path on another inode is another
-    file: both events). -> whether its path was listed."""
-    old, st = listing.rows.get(file.path), file.stat
+def _update(listing: Listing, path: str, st: os.stat_result, events: Events) -> bool:
+    """The row of the file at `path` (its lstat `st`) made or brought up to date (the same
+    path on another inode is another file: both events). -> whether its path was listed."""
+    old = listing.rows.get(path)
     same = old is not None and Row.inode(old) == st.st_ino
     if old is not None and same:
         cls, known = Row.class_index(old), Row.known(old)
     else:
-        cls, known = CLASS_INDEX[classify(os.path.basename(file.path))], False
+        cls, known = CLASS_INDEX[classify(os.path.basename(path))], False
     row = Row.pack(
         class_index=cls,
         inode=st.st_ino,
@@ -76,33 +72,12 @@ def _update(listing: Listing, file: _File, events: Events) -> bool:
         known=known,
     )
     if row != old:
-        listing.rows[file.path] = row
+        listing.rows[path] = row
     if not same:
         if old is not None:
             events[Row.class_name(old), "deleted"] += 1
         events[Row.class_name(row), "created"] += 1
     return old is not None
-
-
-@dataclass(slots=True)
-class _Tally:
-    """A class's files counted past the cap, while a walk runs."""
-
-    count: int = 0
-    allocated_bytes: int = 0
-    apparent_bytes: int = 0
-
-    def add(self, allocated_bytes: int, apparent_bytes: int) -> None:
-        self.count += 1
-        self.allocated_bytes += allocated_bytes
-        self.apparent_bytes += apparent_bytes
-
-    def totals(self) -> ClassTotals:
-        return ClassTotals(
-            count=self.count,
-            allocated_bytes=self.allocated_bytes,
-            apparent_bytes=self.apparent_bytes,
-        )
 
 
 class _Pass:
@@ -127,12 +102,12 @@ class _Pass:
             if not self._directory(stack.pop(), stack):
                 return False
         for smallest in self.linked.values():
-            if not self._file(smallest):
+            if not self._file(smallest.path, smallest.stat):
                 return False
         return True
 
-    def _file(self, file: _File) -> bool:
-        """-> False: stop the pass."""
+    def _file(self, path: str, st: os.stat_result) -> bool:
+        """A regular file's path below the mount and its lstat. -> False: stop the pass."""
         raise NotImplementedError
 
     def _directory(self, names: Directory, stack: List[Directory]) -> bool:
@@ -172,7 +147,7 @@ class _Pass:
             self._not_listed(prefix + entry.name)  # something mounted inside
             return True
         if S_ISREG(st.st_mode):
-            return self._regular(_File(path=prefix + entry.name, stat=st), st.st_nlink)
+            return self._regular(prefix + entry.name, st)
         self.listing.others[_KINDS.get(S_IFMT(st.st_mode), "device")] += 1
         if S_ISDIR(st.st_mode) and len(names) < MAX_DEPTH:
             stack.append(names + (entry.name,))
@@ -182,12 +157,13 @@ class _Pass:
         """A name readdir gave whose file this pass does not list under it: gone before its
         lstat, another mount's, or another name of a file listed under a smaller one."""
 
-    def _regular(self, file: _File, links: int) -> bool:
+    def _regular(self, path: str, st: os.stat_result) -> bool:
         """A file of several names is counted once and handed over after the walk."""
-        if links <= 1:
+        if st.st_nlink <= 1:
             self.files += 1
-            return self._file(file)
-        kept = self.linked.setdefault(file.stat.st_ino, file)
+            return self._file(path, st)
+        file = _File(path=path, stat=st)
+        kept = self.linked.setdefault(st.st_ino, file)
         if kept is file:
             self.files += 1
         elif file.path < kept.path:
@@ -208,10 +184,10 @@ class _RowPass(_Pass):
         self.listed_before = len(listing.rows)
         self.met = 0  # rows listed before met again by name
 
-    def _file(self, file: _File) -> bool:
+    def _file(self, path: str, st: os.stat_result) -> bool:
         if self.files > self.cap:
             return False
-        self.met += _update(self.listing, file, self.events)
+        self.met += _update(self.listing, path, st, self.events)
         return True
 
     def _not_listed(self, path: str) -> None:
@@ -258,11 +234,11 @@ class _TallyPass(_Pass):
 
     def __init__(self, root: str, dev: int, listing: Listing) -> None:
         super().__init__(root, dev, listing)
-        self.tallies: Dict[str, _Tally] = {}
+        self.tallies: Dict[str, ClassTally] = {}
 
-    def _file(self, file: _File) -> bool:
-        tally = self.tallies.setdefault(classify(os.path.basename(file.path)), _Tally())
-        tally.add(file.stat.st_blocks * 512, file.stat.st_size)
+    def _file(self, path: str, st: os.stat_result) -> bool:
+        tally = self.tallies.setdefault(classify(os.path.basename(path)), ClassTally())
+        tally.add(st.st_blocks * 512, st.st_size)
         return True
 
     def totals(self) -> Dict[str, ClassTotals]:
@@ -294,9 +270,9 @@ def walk(root: str, dev: int, listing: Listing, cap: int) -> Events:
 
 
 def _totals_of(rows: Rows) -> Dict[str, ClassTotals]:
-    tallies: Dict[str, _Tally] = {}
+    tallies: Dict[str, ClassTally] = {}
     for row in rows.values():
-        tally = tallies.setdefault(Row.class_name(row), _Tally())
+        tally = tallies.setdefault(Row.class_name(row), ClassTally())
         tally.add(Row.allocated_bytes(row), Row.apparent_bytes(row))
     return {cls: tally.totals() for cls, tally in tallies.items()}
 
@@ -490,7 +466,7 @@ class _Patch:
                 self.listing, self._inodes, name, st.st_ino, self.events
             ):
                 return
-        _update(self.listing, _File(path=name, stat=st), self.events)
+        _update(self.listing, name, st, self.events)
 
 
 def _inodes(rows: Rows) -> Dict[int, str]:

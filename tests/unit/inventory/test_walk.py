@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Iterator, Tuple
 import pytest
 
 from exporter.inventory.holdings import unheld_state
-from exporter.inventory.walk import Listing, _File, _update, walk
+from exporter.inventory.walk import Listing, _update, walk
 from exporter.model.classes import CLASS_NAMES
 from tests.conftest import REPO, mounted_tmpfs, needs_root
 from tests.helpers import DEV, INO, KEY, KNOWN, KNOWN_ROW, make_files, pack, unpack
@@ -231,11 +231,11 @@ root = sys.argv[1]
 dev, listing = os.stat(root).st_dev, w.Listing()
 w.walk(root, dev, listing, 100_000)
 met = w._RowPass._file
-def vanish(self, file):  # as the walk begins: d and one file deleted
+def vanish(self, path, st):  # as the walk begins: d and one file deleted
     if os.path.exists(os.path.join(root, "d")):
         shutil.rmtree(os.path.join(root, "d"))
         os.unlink(os.path.join(root, "psm_00007"))
-    return met(self, file)
+    return met(self, path, st)
 w._RowPass._file = vanish
 tracemalloc.start()
 w.walk(root, dev, listing, 100_000)
@@ -382,18 +382,18 @@ def test_a_row_keeps_its_class_and_known_flag_while_it_is_the_same_inode(tmp_pat
     old = pack(CLASS_NAMES.index("torch"), KNOWN, st.st_ino, 0, 0, 0)
     listing.rows["nccl-shm-1"] = old
     events = Counter()
-    _update(listing, _File.of("nccl-shm-1", st), events)
+    _update(listing, "nccl-shm-1", st, events)
     row = listing.rows["nccl-shm-1"]
     assert events == {}
     assert row & KNOWN and CLASS_NAMES[row & 31] == "torch"
     assert unpack(row)[1:] == (st.st_ino, int(st.st_mtime), st.st_blocks * 512, 100)
     listing.rows["nccl-shm-1"] = pack(CLASS_NAMES.index("ucx"), 0, st.st_ino, 12345, 77, 999)
-    _update(listing, _File.of("nccl-shm-1", st), events)  # not known stays not known; fields from lstat
+    _update(listing, "nccl-shm-1", st, events)  # not known stays not known; fields from lstat
     assert listing.rows["nccl-shm-1"] == pack(CLASS_NAMES.index("ucx"), 0, st.st_ino, st.st_mtime, st.st_blocks, 100)
     listing.rows["nccl-shm-1"] = pack(CLASS_NAMES.index("torch"), KNOWN, st.st_ino + 1, 0, 0, 0)
-    _update(listing, _File.of("nccl-shm-1", st), events)
+    _update(listing, "nccl-shm-1", st, events)
     row = listing.rows["nccl-shm-1"]
     assert events == {("torch", "deleted"): 1, ("nccl", "created"): 1}
     assert not row & KNOWN and CLASS_NAMES[row & 31] == "nccl"
-    _update(listing, _File.of("vader_segment.host.0.1", st), events)  # mpi: class 0, no stray bit
+    _update(listing, "vader_segment.host.0.1", st, events)  # mpi: class 0, no stray bit
     assert listing.rows["vader_segment.host.0.1"] == pack(CLASS_NAMES.index("mpi"), 0, st.st_ino, st.st_mtime, st.st_blocks, 100)

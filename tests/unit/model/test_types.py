@@ -8,7 +8,7 @@ from typing import List
 
 import pytest
 
-from exporter.inventory.walk import Listing, _File, _update
+from exporter.inventory.walk import Listing, _update
 from exporter.model.classes import CLASS_NAMES
 from exporter.model.types import (
     STATES,
@@ -211,7 +211,7 @@ def test_a_real_files_row_keeps_its_whole_second_mtime(tmp_path, mtime_ns):
     st = os.lstat(path)
     assert st.st_mtime_ns == mtime_ns, "the filesystem here does not keep this mtime"
     listing, events = Listing(), Counter()
-    _update(listing, _File.of("torch_1", st), events)
+    _update(listing, "torch_1", st, events)
     cls, ino, mtime, allocated, apparent = unpack(listing.rows["torch_1"])
     assert (CLASS_NAMES[cls], ino, allocated, apparent) == ("torch", st.st_ino, st.st_blocks * 512, 5000)
     assert mtime == max(0, mtime_ns // 10**9)
