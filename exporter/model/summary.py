@@ -18,11 +18,11 @@ from typing import (
 )
 
 from exporter.model.classes import NOT_LEAKS, REMOVABLE
-from exporter.model.types import CgroupMemory, ClassTotals, Inventory, MemfdTotals
+from exporter.model.types import CgroupMemory, ClassTally, ClassTotals, Inventory
+from exporter.model.types import MemfdTotals
 from exporter.model.types import MountInventory, MountUsage, Segment
 
 LISTED = 50  # leaked and unverified segments named, largest first (counts: `totals`)
-NO_FILES = ClassTotals()
 # A series names a segment (shmwatch_top_segment_bytes) once its last modification is this
 # old, an orphan once it is ORPHAN_NAMED_AFTER_SECONDS old (the default --inventory-interval):
 # a segment that lives seconds never gets a series of its own.
@@ -55,25 +55,28 @@ def summarise(
 ) -> SegmentSummary:
     """One pass over the segments, made one at a time; only the kept ones stay. The segments
     a series may name (`top`) are those old enough at `now` (None: every one; named_now)."""
-    totals = {(cls, "unverified"): t for cls, t in (inv.degraded or {}).items()}
-    top: List[Segment] = []
-    unverified: List[Segment] = []
+    tallies = _degraded_tallies(inv)
+    top = _First(top_k, named_first)
+    unverified = _First(LISTED)
     oldest: Optional[float] = None
     # Segments of removable classes, and the others.
-    leaked: Dict[bool, List[Segment]] = {True: [], False: []}
+    leaked = {True: _First(LISTED), False: _First(LISTED)}
     for seg in inv.rows():
-        key = seg.cls, seg.state
-        was = totals.get(key, NO_FILES)
-        totals[key] = was.plus(1, seg.allocated_bytes, seg.apparent_bytes)
+        tally = tallies.get((seg.cls, seg.state))
+        if tally is None:
+            tally = tallies[seg.cls, seg.state] = ClassTally()
+        tally.add(seg.allocated_bytes, seg.apparent_bytes)
         if now is None or named_now(seg, now):
-            _keep(top, seg, top_k, named_first)
+            top.add(seg)
         if _keep_unheld(seg, leaked, unverified):
             oldest = seg.mtime if oldest is None else min(oldest, seg.mtime)
+    totals = {key: tally.totals() for key, tally in tallies.items()}
     by_class: Dict[str, int] = {}
     for (cls, _), t in totals.items():
         by_class[cls] = by_class.get(cls, 0) + t.allocated_bytes
     top_processes = heapq.nsmallest(top_k, inv.process_bytes.items(), key=_most)
-    named = {seg.holders[0] for seg in top if seg.holders}
+    named_segments = top.first()
+    named = {seg.holders[0] for seg in named_segments if seg.holders}
     return SegmentSummary(
         totals=totals,
         bytes_by_class=by_class,
@@ -81,18 +84,31 @@ def summarise(
             t.allocated_bytes for (_, s), t in totals.items() if s == "hidden"
         ),
         hidden_count=len(inv.hidden),
-        top=top,
+        top=named_segments,
         top_processes=top_processes,
         oldest_orphan_mtime=oldest,
-        leaked=sorted(leaked[True] + leaked[False], key=_largest),
-        unverified=unverified,
+        leaked=sorted(leaked[True].first() + leaked[False].first(), key=_largest),
+        unverified=unverified.first(),
         named_pids=frozenset(named.union(pid for pid, _ in top_processes)),
         degraded=inv.degraded is not None,
     )
 
 
+def _degraded_tallies(inv: MountInventory) -> Dict[Tuple[str, str], ClassTally]:
+    """A mount past the cap: its files' totals by class, as 'unverified' tallies for the
+    summary's pass to go on from (its hidden segments)."""
+    return {
+        (cls, "unverified"): ClassTally(
+            count=t.count,
+            allocated_bytes=t.allocated_bytes,
+            apparent_bytes=t.apparent_bytes,
+        )
+        for cls, t in (inv.degraded or {}).items()
+    }
+
+
 def _keep_unheld(
-    seg: Segment, leaked: Dict[bool, List[Segment]], unverified: List[Segment]
+    seg: Segment, leaked: Dict[bool, "_First"], unverified: "_First"
 ) -> bool:
     """Keeps a leak (by whether its class is removable) or an unverified segment among the
     LISTED largest, for `check` to name; True for an orphan of a removable class, the one
@@ -100,10 +116,10 @@ def _keep_unheld(
     if seg.cls in NOT_LEAKS:
         return False
     if seg.state == "orphan":
-        _keep(leaked[seg.cls in REMOVABLE], seg, LISTED)
+        leaked[seg.cls in REMOVABLE].add(seg)
         return seg.cls in REMOVABLE
     if seg.state == "unverified":
-        _keep(unverified, seg, LISTED)
+        unverified.add(seg)
     return False
 
 
@@ -132,16 +148,30 @@ def named_first(seg: Segment) -> Tuple[bool, int, str]:
     return not leak, -seg.allocated_bytes, seg.name
 
 
-def _keep(
-    kept: List[Segment],
-    seg: Segment,
-    k: int,
-    key: Callable[[Segment], Tuple[Any, ...]] = _largest,
-) -> None:
-    """Keeps the k first by `key`, in its order; most segments of a storm cost one comparison."""
-    if len(kept) < k or kept and key(seg) < key(kept[-1]):
-        bisect.insort(kept, seg, key=key)
-        del kept[k:]
+class _First:
+    """The k first segments by `key` (ties in the order met), kept while a pass meets them
+    one at a time: each appended, and the list sorted and cut back to k whenever it holds
+    2k + 64 (at most that many held; a storm's segments cost a key each, not a bisection)."""
+
+    def __init__(
+        self, k: int, key: Callable[[Segment], Tuple[Any, ...]] = _largest
+    ) -> None:
+        self.k, self.key = k, key
+        self._held: List[Segment] = []
+
+    def add(self, seg: Segment) -> None:
+        self._held.append(seg)
+        if len(self._held) >= 2 * self.k + 64:
+            self._cut()
+
+    def first(self) -> List[Segment]:
+        """The k first, in order."""
+        self._cut()
+        return self._held
+
+    def _cut(self) -> None:
+        self._held.sort(key=self.key)
+        del self._held[self.k :]
 
 
 def named_on_exporter(

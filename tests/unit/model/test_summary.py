@@ -202,3 +202,21 @@ def test_node_mode_charges_a_mount_to_its_pod():
     assert cgroups_by_pod([other, mine]).get(pod_uid_of_mount("/dev/shm")) is None
     sidecar, second = cgroup(GiB, 0), cgroup(2 * GiB, 0)
     assert cgroups_by_pod([sidecar, second]).get(pod_uid_of_mount("/dev/shm")) is sidecar  # the first watched cgroup
+
+
+def test_the_k_first_are_those_of_a_stable_sort_however_many_are_met():
+    """A storm's segments are kept k at a time (cut back as they come): the k first are
+    always those a stable sort of every segment would give, ties in the order met."""
+    import random
+    from exporter.model.summary import _First, _largest
+    rng = random.Random(43)
+    met = [seg(f"s{rng.randrange(40):02}", size=rng.choice((1, 2, 3)) * MiB) for _ in range(1000)]
+    for k in (0, 1, 10, 50, 400):
+        first = _First(k, named_first)
+        for s in met:
+            first.add(s)
+        assert first.first() == sorted(met, key=named_first)[:k]
+        largest = _First(k)
+        for s in met:
+            largest.add(s)
+        assert [id(s) for s in largest.first()] == [id(s) for s in sorted(met, key=_largest)[:k]]
