@@ -284,8 +284,10 @@ def prometheus_scraping(exporter, interval=15.0):
 
 
 def thread_cpu(pid):
-    """Thread name -> CPU seconds of its live threads (names written by thread_names/)."""
-    by_name = {}
+    """(thread id, name) -> CPU seconds, of each live thread (names written by thread_names/).
+    By id: a thread that ended and another of its name started since (a full run's scan
+    thread) are two threads."""
+    threads = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
@@ -294,8 +296,8 @@ def thread_cpu(pid):
                 fields = f.read().rsplit(")", 1)[1].split()
         except FileNotFoundError:  # the thread ended since the listing
             continue
-        by_name[name] = by_name.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return by_name
+        threads[tid, name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return threads
 
 
 class CpuWindow:
@@ -316,7 +318,9 @@ class CpuWindow:
         for name, e in self.exporters.items():
             total = cpu_seconds(e.proc.pid) - self.total[name]
             before, after = self.threads[name], thread_cpu(e.proc.pid)
-            per = {t: after[t] - before.get(t, 0.0) for t in after}
+            per = {}
+            for (tid, thread), seconds in after.items():  # summed by name
+                per[thread] = per.get(thread, 0.0) + seconds - before.get((tid, thread), 0.0)
             per["(ended)"] = total - sum(per.values())
             ranked = sorted(((t, 100 * v / took) for t, v in per.items()), key=lambda tv: -tv[1])
             result[name] = (100 * total / took, ranked)
@@ -332,7 +336,7 @@ def cpu_figure_rows(what, window, goal):
     return rows
 
 
-def cpu_rows(seconds, idle_seconds=120.0, trees=(("", None),)):
+def cpu_rows(seconds, idle_seconds=120.0, trees=((".", REPO),)):
     """`trees`: (name, checkout) pairs; every tree's exporter runs at once on the same pods,
     so each window's load is the same for all (the old code beside the new, in one run)."""
     rows = []
@@ -390,7 +394,7 @@ def main():
         from leak_storm_rss import checkout  # a git revision archived, as the storm bench does
 
         with ExitStack() as stack:
-            trees = [(tree, checkout(tree, stack)) for tree in args.tree or ["."]]
+            trees = [(tree, checkout(tree, stack)) for tree in args.tree] if args.tree else [(".", REPO)]
             rows += cpu_rows(args.seconds, args.idle_seconds, trees)
     for row in rows:
         print(" | ".join(row))
