@@ -89,8 +89,8 @@ class _Pass:
         self.root, self.dev, self.listing = root, dev, listing
         self.entries = 0  # entries met (a bound on the walk)
         self.files = 0  # regular files met, each inode once (the cap's count)
-        # An inode of several names -> its smallest met yet (one _File each, however many
-        # names: a name that loses is done with at once).
+        # An inode of several names -> its smallest met yet (one _File kept per inode,
+        # however many names: a name that loses is done with at once).
         self.linked: Dict[int, _File] = {}
         self.visited: List[Directory] = []  # directories read to their end
 

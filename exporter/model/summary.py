@@ -55,17 +55,18 @@ def summarise(
 ) -> SegmentSummary:
     """One pass over the segments, made one at a time; only the kept ones stay. The segments
     a series may name (`top`) are those old enough at `now` (None: every one; named_now)."""
-    tallies = _degraded_tallies(inv)
+    # A degraded mount's files, counted by class past the cap, as 'unverified' (it has no
+    # rows; its hidden segments are tallied beside them).
+    tallies = {
+        (cls, "unverified"): ClassTally.of(t) for cls, t in (inv.degraded or {}).items()
+    }
     top = _First(top_k, named_first)
     unverified = _First(LISTED)
     oldest: Optional[float] = None
     # Segments of removable classes, and the others.
     leaked = {True: _First(LISTED), False: _First(LISTED)}
     for seg in inv.rows():
-        tally = tallies.get((seg.cls, seg.state))
-        if tally is None:
-            tally = tallies[seg.cls, seg.state] = ClassTally()
-        tally.add(seg.allocated_bytes, seg.apparent_bytes)
+        _tally_of(tallies, seg).add(seg.allocated_bytes, seg.apparent_bytes)
         if now is None or named_now(seg, now):
             top.add(seg)
         if _keep_unheld(seg, leaked, unverified):
@@ -94,17 +95,12 @@ def summarise(
     )
 
 
-def _degraded_tallies(inv: MountInventory) -> Dict[Tuple[str, str], ClassTally]:
-    """A mount past the cap: its files' totals by class, as 'unverified' tallies for the
-    summary's pass to go on from (its hidden segments)."""
-    return {
-        (cls, "unverified"): ClassTally(
-            count=t.count,
-            allocated_bytes=t.allocated_bytes,
-            apparent_bytes=t.apparent_bytes,
-        )
-        for cls, t in (inv.degraded or {}).items()
-    }
+def _tally_of(tallies: Dict[Tuple[str, str], ClassTally], seg: Segment) -> ClassTally:
+    """The tally of the segment's class and state, made when it is the first."""
+    tally = tallies.get((seg.cls, seg.state))
+    if tally is None:
+        tally = tallies[seg.cls, seg.state] = ClassTally()
+    return tally
 
 
 def _keep_unheld(
@@ -151,7 +147,8 @@ def named_first(seg: Segment) -> Tuple[bool, int, str]:
 class _First:
     """The k first segments by `key` (ties in the order met), kept while a pass meets them
     one at a time: each appended, and the list sorted and cut back to k whenever it holds
-    2k + 64 (at most that many held; a storm's segments cost a key each, not a bisection)."""
+    2k + 64 (at most that many held). A storm's segments cost a key each and the k kept one
+    more at each cut (not a bisection with its keys per segment)."""
 
     def __init__(
         self, k: int, key: Callable[[Segment], Tuple[Any, ...]] = _largest
@@ -165,9 +162,11 @@ class _First:
             self._cut()
 
     def first(self) -> List[Segment]:
-        """The k first, in order."""
+        """The k first, in order: the list itself, handed over (the summary's), so nothing
+        is added after."""
         self._cut()
-        return self._held
+        held, self._held = self._held, []
+        return held
 
     def _cut(self) -> None:
         self._held.sort(key=self.key)

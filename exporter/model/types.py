@@ -297,6 +297,15 @@ class ClassTally:
     allocated_bytes: int = 0
     apparent_bytes: int = 0
 
+    @staticmethod
+    def of(totals: ClassTotals) -> "ClassTally":
+        """A tally that goes on from these totals."""
+        return ClassTally(
+            count=totals.count,
+            allocated_bytes=totals.allocated_bytes,
+            apparent_bytes=totals.apparent_bytes,
+        )
+
     def add(self, allocated_bytes: int, apparent_bytes: int) -> None:
         self.count += 1
         self.allocated_bytes += allocated_bytes
