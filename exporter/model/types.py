@@ -277,15 +277,6 @@ class ClassTotals:
     allocated_bytes: int = 0
     apparent_bytes: int = 0
 
-    def plus(
-        self, count: int, allocated_bytes: int, apparent_bytes: int
-    ) -> "ClassTotals":
-        return ClassTotals(
-            count=self.count + count,
-            allocated_bytes=self.allocated_bytes + allocated_bytes,
-            apparent_bytes=self.apparent_bytes + apparent_bytes,
-        )
-
 
 @dataclass(slots=True)
 class ClassTally:

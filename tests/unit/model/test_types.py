@@ -13,6 +13,7 @@ from exporter.model.classes import CLASS_NAMES
 from exporter.model.types import (
     STATES,
     CgroupMemory,
+    ClassTally,
     ClassTotals,
     Inventory,
     MountInventory,
@@ -105,13 +106,16 @@ def test_rows_are_the_hidden_then_each_listed_file_joined_by_position_and_inode(
 
 def test_files_counts_the_rows_and_the_files_counted_by_class_past_the_cap() -> None:
     assert inventory().files == 2  # the hidden one is no listed file
-    degraded = {"nccl": ClassTotals().plus(3, 3 * 4096, 3 * 4000), "other": ClassTotals(count=2)}
+    degraded = {"nccl": ClassTotals(count=3, allocated_bytes=3 * 4096, apparent_bytes=3 * 4000),
+                "other": ClassTotals(count=2)}
     assert inventory(names=(), packed=(), states=b"", degraded=degraded).files == 5
 
 
 def test_class_totals_add_up() -> None:
-    totals = ClassTotals().plus(1, 4096, 10).plus(2, 8192, 20)
-    assert totals == ClassTotals(count=3, allocated_bytes=12288, apparent_bytes=30)
+    tally = ClassTally.of(ClassTotals(count=1, allocated_bytes=4096, apparent_bytes=10))
+    tally.add(4096, 10)
+    tally.add(4096, 10)
+    assert tally.totals() == ClassTotals(count=3, allocated_bytes=12288, apparent_bytes=30)
 
 
 def test_ratios_without_a_size_or_a_limit() -> None:
