@@ -381,10 +381,16 @@ def test_node_mode_reads_a_steady_pod_less_often_and_a_changed_or_near_limit_one
     steady, near = (str(uuid.uuid4()) for _ in range(2))
     pods = {uid: os.path.join(base, f"pod{uid}") for uid in (steady, near)}
     complete = {"yes": True}
-    collector = CgroupCollector(Paths(), node_mode=True)
-    read = collector.read
     reads = []
-    collector.read = lambda path, version, directory, *a: reads.append(directory) or read(path, version, directory, *a)
+
+    def counting_collector():
+        """A node-mode collector that notes each pod directory it reads into `reads`."""
+        fresh = CgroupCollector(Paths(), node_mode=True)
+        read = fresh.read
+        fresh.read = lambda path, version, directory, *a: reads.append(directory) or read(path, version, directory, *a)
+        return fresh
+
+    collector = counting_collector()
 
     def polls(n):
         """-> per poll, the pods read; and the last poll's results by pod."""
@@ -415,10 +421,7 @@ def test_node_mode_reads_a_steady_pod_less_often_and_a_changed_or_near_limit_one
                 if open(steady_usage).read() == before:
                     break
                 collector.close()
-                collector = CgroupCollector(Paths(), node_mode=True, kill_log_complete=lambda: complete["yes"])
-                read = collector.read
-                collector.read = lambda path, version, directory, *a: reads.append(directory) or read(
-                    path, version, directory, *a)
+                collector = counting_collector()
             assert [i + 1 for i, s in enumerate(seen) if steady in s] == [1, 2, 4, 8, 16, 32, 64]
             assert cgroup_mod.POD_STRETCH_MAX == 32
             assert all(near in s for s in seen)
