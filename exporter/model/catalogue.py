@@ -486,7 +486,7 @@ CATALOGUE: Tuple[Metric, ...] = (
         labels=("cgroup",),
         help="OOM kills in the cgroup and below it: the kernel log's reports (collector "
         "oom) or the cgroup's own counter, whichever is higher; never goes down, and in "
-        "node mode a pod's stays after its cgroup is gone.",
+        "node mode a pod's stays for an hour after the pod is gone.",
         default=True,
     ),
     Metric(

@@ -14,7 +14,17 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Deque, Dict, FrozenSet, List, Mapping, Optional, Sequence, Set
+from typing import (
+    Callable,
+    Deque,
+    Dict,
+    FrozenSet,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+)
 from typing import Tuple
 
 from exporter.host.kube import pod_uid_in_cgroup, pod_uid_of_mount
@@ -29,6 +39,12 @@ log = logging.getLogger(__name__)
 
 OOM_LOG = "OOM kill: pid %d (%s) in %s (limit of %s hit): anon-rss %s, shmem-rss %s; shm used %s%s"
 RECENT_OOM_KILLS = 50
+# Node mode: how long a deleted pod's OOM count is still shown. Long enough for
+# PodOomKilled's increase() over 10 minutes to see the kill, with room for a missed scrape
+# or a Prometheus restart; not for good (a series per pod ever killed grows without bound).
+OOM_GONE_RETENTION_SECONDS = 3600.0
+# How often the ledger is looked over for deleted pods (a gone pod's time is this coarse).
+OOM_GONE_CHECK_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -213,9 +229,10 @@ class ModelStep:
         top_k: int = 10,
         shm_size_limit: Optional[int] = None,
         memory_limit: Optional[int] = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         """On the App's thread. `statuses`: the sources with status series, in render
-        order."""
+        order. `monotonic`: the clock deleted pods leave the OOM ledger by."""
         self.state, self.top_k = state, top_k
         self.node_mode, self.shm_size_limit = node_mode, shm_size_limit
         # --memory.limit-bytes is the one workload's limit: it means nothing per pod.
@@ -234,6 +251,10 @@ class ModelStep:
         self._oom_shown: Dict[str, OomCount] = {}
         self._oom_made_of: Optional[_OomInputs] = None
         self._oom_counts: List[OomCount] = []
+        # Node mode: each pod in the ledger found deleted, and when; its next look.
+        self._monotonic = monotonic
+        self._pods_gone_since: Dict[str, float] = {}
+        self._next_gone_check = monotonic()
         self._model: Optional[Model] = None
         self._built_for: Optional[Tuple[int, int]] = (
             None  # the version() it was built for
@@ -455,6 +476,8 @@ class ModelStep:
         seen)."""
         live = {c.pod_uid for c in cgroups}  # pods still there: by cgroup or by mount
         live |= {v.labels.get("pod_uid", "") for v in mounts}
+        if self.node_mode and self._results.cgroups is not None:
+            self._forget_deleted_pods(live)
         made_of = _OomInputs(
             cgroups=tuple(cgroups),
             live_pods=frozenset(live),
@@ -467,6 +490,29 @@ class ModelStep:
             self._oom_made_of = made_of
             self._oom_counts = list(self._oom_shown.values())
         return self._oom_counts
+
+    def _forget_deleted_pods(self, live: Set[str]) -> None:
+        """(The caller's thread, under the lock; node mode, after a cgroup run that read the
+        pods.) A pod neither read nor mounted for OOM_GONE_RETENTION_SECONDS leaves the
+        ledger: its log's kills and its counters'. Looked over once a minute."""
+        now = self._monotonic()
+        if now < self._next_gone_check:
+            return
+        self._next_gone_check = now + OOM_GONE_CHECK_SECONDS
+        cgroups_of_gone: Dict[str, List[str]] = {}
+        for cgroup in [*self._oom_logged, *self._oom_own]:
+            uid = pod_uid_in_cgroup(cgroup)
+            if uid and uid not in live:
+                cgroups_of_gone.setdefault(uid, []).append(cgroup)
+        # Pods back (or forgotten) leave the book; those gone keep when they were first missed.
+        since = {uid: self._pods_gone_since.get(uid, now) for uid in cgroups_of_gone}
+        for uid, cgroups in cgroups_of_gone.items():
+            if now - since[uid] >= OOM_GONE_RETENTION_SECONDS:
+                del since[uid]
+                for cgroup in cgroups:
+                    self._oom_logged.pop(cgroup, None)
+                    self._oom_own.pop(cgroup, None)
+        self._pods_gone_since = since
 
     def _counted(self, cgroups: List[CgroupMemory]) -> Dict[str, OomCount]:
         """(The caller's thread, under the lock.) Each cgroup read: the larger of the log's

@@ -268,3 +268,47 @@ def test_the_recent_kills_are_the_newest_fifty_oldest_first() -> None:
     model_step.accept(ok("oom", OomReports(new=tuple(new), lost=0)))
     recent = model_step.current().recent_oom_kills
     assert [r.kill.pid for r in recent] == list(range(11, 61))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_deleted_pods_kill_is_shown_for_an_hour_then_leaves_the_ledger() -> None:
+    """PodOomKilled's increase() over 10 minutes must see the kill of a pod deleted at once;
+    a series per pod ever killed, for good, is not a bounded label. A pod seen again starts
+    its hour anew; while the cgroups cannot be read, nobody is taken for deleted."""
+    from exporter.model.step import OOM_GONE_CHECK_SECONDS, OOM_GONE_RETENTION_SECONDS
+
+    other, clock = POD.replace("0a1b", "9f8e"), Clock()
+    other_cgroup = f"/kubepods/burstable/pod{other}"
+    model_step = ModelStep(["cgroup", "oom"], StateStore(), node_mode=True, monotonic=clock)
+    model_step.accept(ok("cgroup", [cgroup(POD_CGROUP, 0, POD, children=[(f"{POD_CGROUP}/c1", 1)]),
+                                    cgroup(other_cgroup, 2, other)]))
+    model_step.accept(ok("oom", OomReports(new=(kill(f"{POD_CGROUP}/c1"),), lost=0)))
+    assert kills(model_step) == {POD_CGROUP: 1, other_cgroup: 2}
+    model_step.accept(ok("cgroup", []))  # both deleted
+    assert kills(model_step) == {POD_CGROUP: 1}  # never read again, but killed: still shown
+    clock.now += OOM_GONE_CHECK_SECONDS  # the next poll's look finds them gone
+    model_step.accept(ok("cgroup", []))
+    assert kills(model_step) == {POD_CGROUP: 1}
+    clock.now += OOM_GONE_RETENTION_SECONDS - 1
+    model_step.accept(ok("cgroup", [cgroup(other_cgroup, 2, other)]))  # seen again: anew
+    assert kills(model_step) == {POD_CGROUP: 1, other_cgroup: 2}
+    clock.now += OOM_GONE_CHECK_SECONDS
+    model_step.accept(ok("cgroup", []))
+    assert kills(model_step) == {}
+    assert not any(POD in c for c in [*model_step._oom_logged, *model_step._oom_own])  # the memory too
+    assert any(other in c for c in model_step._oom_own)  # gone a minute, not an hour
+    model_step.accept(failed("cgroup"))
+    clock.now += 2 * OOM_GONE_RETENTION_SECONDS
+    model_step.accept(failed("cgroup"))
+    kills(model_step)
+    assert any(other in c for c in model_step._oom_own)  # unread is not deleted
+    model_step.accept(ok("cgroup", []))  # read again, still gone: gone since before the failures
+    kills(model_step)
+    assert not model_step._oom_own and not model_step._oom_logged
