@@ -348,13 +348,22 @@ class _Runner(threading.Thread):
         """The caller's thread (the watcher's): flags only (the change log is `Sampler.changed`
         and `lost`'s): a quick run soon, or a full run at once and a quick run: a full run
         whose scan runs beside quick runs leaves them the change log (`lost`'s mounts marked
-        unknown), which only they take."""
+        unknown), which only they take. The runner is woken only when something is due
+        sooner than it last reckoned: a burst's first event, events lost, a stretched
+        interval back at its base (a burst's later events only put its quick run off)."""
         with self.sampler.lock:
-            self.shared.full_now = self.shared.full_now or full
-            self.shared.last_event = now
-            self.shared.first_event = self.shared.first_event or now
-            self.shared.interval = self.base
-        self.wake.set()
+            shared = self.shared
+            sooner = (
+                shared.first_event is None
+                or (full and not shared.full_now)
+                or shared.interval != self.base
+            )
+            shared.full_now = shared.full_now or full
+            shared.last_event = now
+            shared.first_event = shared.first_event or now
+            shared.interval = self.base
+        if sooner:
+            self.wake.set()
 
 
 def _error(err: Exception) -> str:

@@ -302,3 +302,33 @@ def test_a_run_that_ended_in_time_is_not_failed_while_its_result_is_compared() -
     finally:
         source.result.release.set()
         sampler.stop()
+
+
+def test_only_what_brings_a_run_sooner_wakes_its_runner() -> None:
+    """Every inotify event woke the event-driven runners, which reckoned again and slept
+    again: a burst's later events only put its quick run off. Its first event, lost events
+    and a stretched interval back at its base each bring a run sooner."""
+
+    class Watched(Blocking):
+        event_driven = True
+
+    clock = Clock()
+    sampler = Sampler([Watched()], inventory_interval=15.0, clock=clock)
+    runner = sampler.runners["segments"]  # not started: its wake is what the test reads
+
+    def woken_by(full: bool = False) -> bool:
+        runner.wake.clear()
+        sampler.request(full)
+        return runner.wake.is_set()
+
+    assert woken_by()  # a burst's first event
+    clock.now += 0.05
+    assert not woken_by() and not woken_by()  # its later events
+    assert woken_by(full=True) and not woken_by(full=True)  # events lost, once
+    with sampler.lock:
+        runner.shared.first_event, runner.shared.interval = None, 60.0  # a quick run took it; stretched
+    assert woken_by()
+    with sampler.lock:
+        runner.shared.interval = 60.0  # stretched again, mid-burst
+    assert woken_by()
+    assert runner.shared.interval == 15.0 and runner.shared.last_event == clock.now
