@@ -10,7 +10,7 @@ import time
 import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 import yaml
@@ -60,7 +60,7 @@ def fast_rules(path: str, for_duration: str = "1s", keep: tuple = ()) -> None:
 class _Service:
     """A server process with a log file, ready when `ready_url` answers; stopped on exit."""
     args: List[str]
-    log = None
+    log: Any = None  # the subclass's open log file
     ready_url = ""
 
     def __enter__(self):

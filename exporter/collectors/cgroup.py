@@ -29,7 +29,7 @@ from exporter.host.cgroupfs import LimitsAbove, cgroup_directories, effective_li
 from exporter.host.cgroupfs import limits_above, parse_flat_keyed, read_files
 from exporter.host.kube import POD_CGROUP_DIR, POD_CGROUP_ROOTS, pod_uid_of_mount
 from exporter.host.mountinfo import parse_mountinfo
-from exporter.host.paths import Paths, read_text
+from exporter.host.paths import OUT_OF_RESOURCES, Paths, read_text
 from exporter.host.proctable import Process, ProcessTable
 from exporter.collectors.host_memory import meminfo
 from exporter.collectors.source import Context, RunInput, Source, register
@@ -402,12 +402,18 @@ class CgroupCollector(Source):
         swap: bool,
         stretch: bool,
     ) -> Optional[PodReading]:
-        """A pod read whole, and when next; None: it could not be read."""
+        """A pod read whole, and when next; None: it could not be read. Out of fds or
+        memory (which says nothing of the pod) fails the run: the pod is not taken for gone."""
         try:
             memory = self.read(
                 pod.path, pod.version, pod.directory, pod.pod_uid, above, swap
             )
-        except (OSError, ValueError):
+        except OSError as err:
+            self.close(pod.directory)
+            if err.errno in OUT_OF_RESOURCES:
+                raise
+            return None
+        except ValueError:
             self.close(pod.directory)
             return None
         previous = last.memory if last else None

@@ -1,8 +1,13 @@
 """Every file the exporter reads is found through one Paths object (--path.*: a fixture
 tree in tests, /host/... in a DaemonSet)."""
 
+import errno
 import os
 from dataclasses import dataclass
+
+# A read that failed for want of file descriptors or memory: that says nothing of what was
+# read (any other error may say it is gone, as ENOENT for an exited process or pod).
+OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 
 
 @dataclass(frozen=True)

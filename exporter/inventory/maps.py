@@ -10,7 +10,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Set, Tupl
 from typing import TypeVar
 
 from exporter.host.mountinfo import parse_mountinfo
-from exporter.host.paths import Paths, read_text
+from exporter.host.paths import OUT_OF_RESOURCES, Paths, read_text
 from exporter.host.proctable import Process
 
 
@@ -33,9 +33,6 @@ Search = Callable[..., Optional["re.Match[str]"]]  # a compiled pattern's search
 MEMFD, DELETED = "/memfd:", " (deleted)"
 NO_MNT_ID = -1  # fdinfo without mnt_id: any fd could be on a watched mount
 DENIED = (errno.EACCES, errno.EPERM)
-# Reading a process's /proc entries failed for want of file descriptors or memory: that says
-# nothing of the process (any other error says it exited, as EINVAL for a zombie's mountinfo).
-OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 R = TypeVar("R")
 
 

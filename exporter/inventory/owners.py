@@ -12,7 +12,8 @@ from typing import Sequence, Set, Tuple, TypeVar
 from exporter.host.proctable import PidCounts, Process, ProcessTable, pids_wrapped
 from exporter.inventory.holdings import MAX_UNPROVEN, Holding, Owners, Sizes
 from exporter.inventory.holdings import unlinked_size
-from exporter.inventory.maps import DELETED, NO_MNT_ID, OUT_OF_RESOURCES, DeviceTokens
+from exporter.host.paths import OUT_OF_RESOURCES
+from exporter.inventory.maps import DELETED, NO_MNT_ID, DeviceTokens
 from exporter.inventory.maps import MapsLine, unread
 from exporter.inventory.maps import WatchedMountIds, dev_token, memfd_name, parse_maps
 from exporter.inventory.maps import parse_memfd

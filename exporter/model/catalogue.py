@@ -486,7 +486,8 @@ CATALOGUE: Tuple[Metric, ...] = (
         labels=("cgroup",),
         help="OOM kills in the cgroup and below it: the kernel log's reports (collector "
         "oom) or the cgroup's own counter, whichever is higher; never goes down, and in "
-        "node mode a pod's stays for an hour after the pod is gone.",
+        "node mode a deleted pod's logged kills stay for an hour (its counter's go with "
+        "its cgroup).",
         default=True,
     ),
     Metric(

@@ -14,18 +14,8 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import (
-    Callable,
-    Deque,
-    Dict,
-    FrozenSet,
-    List,
-    Mapping,
-    Optional,
-    Sequence,
-    Set,
-)
-from typing import Tuple
+from typing import Callable, Deque, Dict, FrozenSet, List, Mapping, Optional
+from typing import Sequence, Set, Tuple
 
 from exporter.host.kube import pod_uid_in_cgroup, pod_uid_of_mount
 from exporter.model.state import HighWaterMark, MountStates, StateStore
@@ -39,11 +29,12 @@ log = logging.getLogger(__name__)
 
 OOM_LOG = "OOM kill: pid %d (%s) in %s (limit of %s hit): anon-rss %s, shmem-rss %s; shm used %s%s"
 RECENT_OOM_KILLS = 50
-# Node mode: how long a deleted pod's OOM count is still shown. Long enough for
+# Node mode: how long a deleted pod's logged OOM kills are still shown. Long enough for
 # PodOomKilled's increase() over 10 minutes to see the kill, with room for a missed scrape
 # or a Prometheus restart; not for good (a series per pod ever killed grows without bound).
 OOM_GONE_RETENTION_SECONDS = 3600.0
-# How often the ledger is looked over for deleted pods (a gone pod's time is this coarse).
+# The ledger is looked over for deleted pods at a Model build at least this far apart (so a
+# pod's time gone is counted from a look up to this much after it went).
 OOM_GONE_CHECK_SECONDS = 60.0
 
 
@@ -179,7 +170,7 @@ def _memfd_below(inventory: Inventory) -> Dict[str, int]:
 @dataclass(frozen=True)
 class _OomInputs:
     """What made the last OOM counts: kills only ever add up, so the same cgroups, pods and
-    sums make the same counts."""
+    sums make the same counts (a deleted pod's leaving the ledger counts them again)."""
 
     cgroups: Tuple[CgroupMemory, ...]
     live_pods: FrozenSet[str]
@@ -365,7 +356,9 @@ class ModelStep:
         """The oom source's thread: count one kill under its pod's cgroup (node mode) or its
         own; log it with the pod's shm use then: a large shmem-rss or a full shm beside it
         is shm filling the limit."""
-        key = kill.pod_cgroup if self.node_mode and kill.pod_cgroup else kill.task_memcg
+        # Node mode counts pods' kills only: another cgroup's (a systemd scope) would never
+        # be shown, nor ever leave the ledger.
+        key = kill.pod_cgroup if self.node_mode else kill.task_memcg
         shm_used = self._shm_used_by(kill)
         sizes = (kill.anon_rss_bytes, kill.shmem_rss_bytes, shm_used)
         mib = ["unknown" if n is None else f"{n / 2**20:.1f}MiB" for n in sizes]
@@ -373,7 +366,8 @@ class ModelStep:
         pod = f" (pod {kill.pod_uid})" if kill.pod_uid else ""
         log.warning(OOM_LOG, kill.pid, kill.comm, *cgroups, *mib, pod)
         with self._lock:  # after the log line: a scrape that counts it finds it logged
-            self._oom_logged[key] += 1
+            if key:
+                self._oom_logged[key] += 1
             self._recent_oom.append(RecentOomKill(kill=kill, shm_used_bytes=shm_used))
 
     def _shm_used_by(self, kill: OomKill) -> Optional[int]:
@@ -476,7 +470,8 @@ class ModelStep:
         seen)."""
         live = {c.pod_uid for c in cgroups}  # pods still there: by cgroup or by mount
         live |= {v.labels.get("pod_uid", "") for v in mounts}
-        if self.node_mode and self._results.cgroups is not None:
+        # A cgroup run that failed, or found no pod at all, says nothing of who is gone.
+        if self.node_mode and self._results.cgroups:
             self._forget_deleted_pods(live)
         made_of = _OomInputs(
             cgroups=tuple(cgroups),
@@ -492,9 +487,10 @@ class ModelStep:
         return self._oom_counts
 
     def _forget_deleted_pods(self, live: Set[str]) -> None:
-        """(The caller's thread, under the lock; node mode, after a cgroup run that read the
+        """(The caller's thread, under the lock; node mode, after a cgroup run that read
         pods.) A pod neither read nor mounted for OOM_GONE_RETENTION_SECONDS leaves the
-        ledger: its log's kills and its counters'. Looked over once a minute."""
+        ledger: its log's kills and its counters'. (A pod the cgroup run listed but could
+        not read for want of fds or memory failed the run: it is not taken for gone.)"""
         now = self._monotonic()
         if now < self._next_gone_check:
             return
@@ -504,7 +500,7 @@ class ModelStep:
             uid = pod_uid_in_cgroup(cgroup)
             if uid and uid not in live:
                 cgroups_of_gone.setdefault(uid, []).append(cgroup)
-        # Pods back (or forgotten) leave the book; those gone keep when they were first missed.
+        # Only pods gone now keep their time gone (from the look that first missed them).
         since = {uid: self._pods_gone_since.get(uid, now) for uid in cgroups_of_gone}
         for uid, cgroups in cgroups_of_gone.items():
             if now - since[uid] >= OOM_GONE_RETENTION_SECONDS:
@@ -512,6 +508,7 @@ class ModelStep:
                 for cgroup in cgroups:
                     self._oom_logged.pop(cgroup, None)
                     self._oom_own.pop(cgroup, None)
+                self._oom_made_of = None  # the sums went down: counted again
         self._pods_gone_since = since
 
     def _counted(self, cgroups: List[CgroupMemory]) -> Dict[str, OomCount]:

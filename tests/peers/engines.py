@@ -45,7 +45,8 @@ def sglang(size, leak):
     shm = shared_memory.SharedMemory(name=name, create=True, size=size)
     shm.buf[:size] = b"\1" * size  # every page touched: allocated == size
     if leak:
-        resource_tracker.unregister(shm._name, "shared_memory")  # nobody will unlink it
+        # The tracker registered the POSIX name, with the slash `.name` leaves off.
+        resource_tracker.unregister("/" + shm.name, "shared_memory")  # nobody will unlink it
         shm.close()
         print("ready", name, flush=True)
         return

@@ -71,7 +71,8 @@ def main(argv):
         shm.buf[:size] = b"\1" * size  # touch every page: allocated == size
         if mode == "leak":
             # What a crashed engine leaves: nobody will unlink it.
-            resource_tracker.unregister(shm._name, "shared_memory")
+            # The tracker registered the POSIX name, with the slash `.name` leaves off.
+            resource_tracker.unregister("/" + shm.name, "shared_memory")
             shm.close()
             print("ready", shm.name, flush=True)
             return

@@ -78,7 +78,8 @@ def main():
     psm.buf[:] = b"\1" * SIZES["psm"]
     aged("/dev/shm/" + psm.name.lstrip("/"))
     # The exit is a `docker rm -f`: the tracker must not unlink it under a sidecar's eyes.
-    resource_tracker.unregister(psm._name, "shared_memory")
+    # The tracker registered the POSIX name, with the slash `.name` leaves off.
+    resource_tracker.unregister("/" + psm.name, "shared_memory")
 
     shmid = sysv_segment(SIZES["sysv"])
     leak = f"/dev/shm/nccl-leak{tag}"

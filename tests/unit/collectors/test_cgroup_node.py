@@ -326,3 +326,26 @@ def test_a_usage_that_moved_in_its_first_digit_is_read_at_once(host: Host) -> No
     write(host, UIDS[0], "memory.stat", "shmem 5\n")
     assert [m.shmem_bytes for m in collector.collect()] == [5]
     collector.close()
+
+
+def test_a_pod_unread_for_want_of_fds_fails_the_run_a_gone_one_is_left_out(host: Host) -> None:
+    """EMFILE says nothing of the pod: taken for gone, its OOM counts would leave the ledger
+    an hour later. A pod whose files are gone (deleted since it was listed) is left out."""
+    import errno
+    import resource
+
+    for uid in UIDS:
+        host.cgroup("/" + systemd_pod(uid), GiB, 2 * GiB)
+    collector = node(host)
+    gone, kept = collector.pod_cgroups()
+    os.unlink(os.path.join(gone.directory, "memory.stat"))
+    assert collector._read_pod(gone, None, None, {}, False, False) is None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (3, hard))  # every open now fails: EMFILE
+    try:
+        with pytest.raises(OSError) as raised:
+            collector._read_pod(kept, None, None, {}, False, False)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert raised.value.errno == errno.EMFILE
+    assert collector._read_pod(kept, None, None, {}, False, False) is not None

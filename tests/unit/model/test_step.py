@@ -10,7 +10,7 @@ from typing import List, Optional, Sequence
 import pytest
 
 from exporter.model.state import StateStore
-from exporter.model.step import ModelStep
+from exporter.model.step import OOM_GONE_CHECK_SECONDS, OOM_GONE_RETENTION_SECONDS, ModelStep
 from exporter.model.types import CgroupMemory, Inventory, MountInventory, MountSet, MountUsage
 from exporter.model.types import Observation, OomKill, OomReports, Target
 
@@ -270,7 +270,10 @@ def test_the_recent_kills_are_the_newest_fifty_oldest_first() -> None:
     assert [r.kill.pid for r in recent] == list(range(11, 61))
 
 
+
 class Clock:
+    """The model step's monotonic clock, moved by the test."""
+
     def __init__(self) -> None:
         self.now = 1000.0
 
@@ -278,37 +281,77 @@ class Clock:
         return self.now
 
 
+BYSTANDER = "5e6f7a8b-1111-2222-3333-444455556666"  # a pod that stays: its cgroup run read pods
+
+
+def pod_cgroups(*uids: str, kills: int = 0) -> Observation:
+    """A node-mode cgroup run that read these pods (and the bystander), systemd layout."""
+    found = [cgroup(f"/kubepods.slice/kubepods-pod{u.replace('-', '_')}.slice", kills, u) for u in uids]
+    return ok("cgroup", [*found, cgroup(f"/kubepods/pod{BYSTANDER}", 0, BYSTANDER)])
+
+
 def test_a_deleted_pods_kill_is_shown_for_an_hour_then_leaves_the_ledger() -> None:
     """PodOomKilled's increase() over 10 minutes must see the kill of a pod deleted at once;
     a series per pod ever killed, for good, is not a bounded label. A pod seen again starts
-    its hour anew; while the cgroups cannot be read, nobody is taken for deleted."""
-    from exporter.model.step import OOM_GONE_CHECK_SECONDS, OOM_GONE_RETENTION_SECONDS
-
+    its hour anew; a cgroup run that failed or read no pod takes nobody for deleted."""
     other, clock = POD.replace("0a1b", "9f8e"), Clock()
-    other_cgroup = f"/kubepods/burstable/pod{other}"
+    pod_cgroup = f"/kubepods.slice/kubepods-pod{POD.replace('-', '_')}.slice"
     model_step = ModelStep(["cgroup", "oom"], StateStore(), node_mode=True, monotonic=clock)
-    model_step.accept(ok("cgroup", [cgroup(POD_CGROUP, 0, POD, children=[(f"{POD_CGROUP}/c1", 1)]),
-                                    cgroup(other_cgroup, 2, other)]))
-    model_step.accept(ok("oom", OomReports(new=(kill(f"{POD_CGROUP}/c1"),), lost=0)))
-    assert kills(model_step) == {POD_CGROUP: 1, other_cgroup: 2}
-    model_step.accept(ok("cgroup", []))  # both deleted
-    assert kills(model_step) == {POD_CGROUP: 1}  # never read again, but killed: still shown
-    clock.now += OOM_GONE_CHECK_SECONDS  # the next poll's look finds them gone
-    model_step.accept(ok("cgroup", []))
-    assert kills(model_step) == {POD_CGROUP: 1}
+    model_step.accept(pod_cgroups(POD, other, kills=0))
+    model_step.accept(ok("oom", OomReports(new=(kill(f"{pod_cgroup}/cri-containerd-1.scope"),), lost=0)))
+    assert kills(model_step)[pod_cgroup] == 1
+    model_step.accept(pod_cgroups())  # both deleted
+    assert pod_cgroup in kills(model_step)  # never read again, but killed: still shown
+    clock.now += OOM_GONE_CHECK_SECONDS  # the next look (a scrape's build) finds them gone
+    model_step.accept(pod_cgroups())
+    assert pod_cgroup in kills(model_step)
     clock.now += OOM_GONE_RETENTION_SECONDS - 1
-    model_step.accept(ok("cgroup", [cgroup(other_cgroup, 2, other)]))  # seen again: anew
-    assert kills(model_step) == {POD_CGROUP: 1, other_cgroup: 2}
+    model_step.accept(pod_cgroups(other))  # seen again: its hour starts anew
+    assert pod_cgroup in kills(model_step)
+    for failed_or_empty in (failed("cgroup"), ok("cgroup", [])):
+        clock.now += OOM_GONE_CHECK_SECONDS
+        model_step.accept(failed_or_empty)
+        assert pod_cgroup in kills(model_step)  # says nothing of who is gone
     clock.now += OOM_GONE_CHECK_SECONDS
-    model_step.accept(ok("cgroup", []))
-    assert kills(model_step) == {}
+    model_step.accept(pod_cgroups())
+    assert set(kills(model_step)) == {f"/kubepods/pod{BYSTANDER}"}
     assert not any(POD in c for c in [*model_step._oom_logged, *model_step._oom_own])  # the memory too
-    assert any(other in c for c in model_step._oom_own)  # gone a minute, not an hour
-    model_step.accept(failed("cgroup"))
-    clock.now += 2 * OOM_GONE_RETENTION_SECONDS
-    model_step.accept(failed("cgroup"))
+    assert any(other.replace("-", "_") in c for c in model_step._oom_own)  # gone minutes, not an hour
+
+
+def test_a_pod_kept_by_its_mount_stays_and_a_kill_counted_as_another_leaves_is_shown() -> None:
+    """A pod discovery still sees by its mount is not deleted, though its cgroup was not
+    read. And a kill logged for a live pod in the build that forgets a deleted one's (the
+    sums as before) is counted, not hidden behind the last counts."""
+    other, clock = POD.replace("0a1b", "9f8e"), Clock()
+    model_step = ModelStep(["cgroup", "oom"], StateStore(), node_mode=True, monotonic=clock)
+    model_step.accept(targets(POD_MOUNT, labels={"pod_uid": POD}))
+    model_step.accept(ok("oom", OomReports(new=(kill(f"{POD_CGROUP}/c"),), lost=0)))  # not read yet
+    model_step.accept(ok("oom", OomReports(new=(kill(f"/kubepods/pod{other}/c"),), lost=0)))
+    model_step.accept(pod_cgroups())
     kills(model_step)
-    assert any(other in c for c in model_step._oom_own)  # unread is not deleted
-    model_step.accept(ok("cgroup", []))  # read again, still gone: gone since before the failures
-    kills(model_step)
-    assert not model_step._oom_own and not model_step._oom_logged
+    clock.now += OOM_GONE_CHECK_SECONDS
+    model_step.accept(pod_cgroups())
+    assert kills(model_step) == {POD_CGROUP: 1, f"/kubepods/pod{other}": 1, f"/kubepods/pod{BYSTANDER}": 0}
+    clock.now += OOM_GONE_RETENTION_SECONDS
+    model_step.accept(ok("oom", OomReports(new=(kill(f"/kubepods/pod{BYSTANDER}/c"),), lost=0)))
+    assert kills(model_step) == {POD_CGROUP: 1, f"/kubepods/pod{BYSTANDER}": 1}
+
+
+def test_a_sidecar_forgets_no_kill_and_node_mode_counts_pods_kills_only() -> None:
+    """A sidecar's cgroups are its own: nothing is deleted under it. Node mode shows pods
+    only: a systemd scope's kill would sit in the ledger for good, never shown."""
+    clock = Clock()
+    sidecar = ModelStep(["cgroup", "oom"], StateStore(), monotonic=clock)
+    sidecar.accept(ok("cgroup", [cgroup(POD_CGROUP, 0, POD)]))
+    sidecar.accept(ok("oom", OomReports(new=(kill(f"{POD_CGROUP}/c"),), lost=0)))
+    assert kills(sidecar) == {POD_CGROUP: 1}
+    for _ in range(2):  # its one cgroup read under another path (moved), for hours
+        clock.now += OOM_GONE_RETENTION_SECONDS
+        sidecar.accept(ok("cgroup", [cgroup("/moved", 0)]))
+        assert kills(sidecar) == {POD_CGROUP: 1, "/moved": 0} and f"{POD_CGROUP}/c" in sidecar._oom_logged
+    node = ModelStep(["cgroup", "oom"], StateStore(), node_mode=True, monotonic=clock)
+    node.accept(ok("oom", OomReports(new=(kill("/system.slice/run-r1.scope"),), lost=0)))
+    node.accept(pod_cgroups())
+    assert kills(node) == {f"/kubepods/pod{BYSTANDER}": 0} and not node._oom_logged
+    assert [r.kill.task_memcg for r in node.current().recent_oom_kills] == ["/system.slice/run-r1.scope"]
