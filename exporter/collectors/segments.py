@@ -52,7 +52,7 @@ DEGRADED = (
     "more than %d files (--inventory.max-segments): only their counts and bytes by class"
     " are kept, as 'unverified', until there are fewer"
 )
-LINKED, ORPHAN = STATES.index("linked"), "orphan"
+LINKED, ORPHAN = STATES.index("linked"), STATES.index("orphan")
 
 
 @dataclass(frozen=True)
@@ -180,10 +180,14 @@ class SegmentsCollector(Source):
         # the same mount and device (device numbers are reused; tmpfs numbers inodes from 1).
         self._full_devs: Dict[str, int] = {}
         self._held_at_full: Set[Key] = set()  # inodes held at the last full scan
-        self._last: Dict[str, MountInventory] = {}  # the last run's, by mount
-        # Node mode, per mount: the names its last run called leaked, and their bytes when
-        # its pod was last read (pages written through a mapping raise no event).
-        self._orphans: Dict[str, Set[str]] = {}
+        # The last run's, by mount: also what it called leaked (no set of names beside it:
+        # a storm's 100,000 would cost a 4 MiB table).
+        self._last: Dict[str, MountInventory] = {}
+        # The mounts a failed full run listed, as last assembled until they are again: what
+        # they called leaked is doubted by a change as ever.
+        self._abandoned: Dict[str, MountInventory] = {}
+        # Node mode, per mount: the bytes of the files called leaked when its pod was last
+        # read (pages written through a mapping raise no event).
         self._pod_read_as: Dict[str, Dict[str, Optional[int]]] = {}
         # Per mount, the names (None: any) not to call leaked before its pod is read again,
         # and (suspect) before a full scan: changed or written through a mapping though its
@@ -202,7 +206,15 @@ class SegmentsCollector(Source):
         the source's thread after a full run (by stage 3 and by the scheduler). Node mode
         only, while inotify watches every mount (a polled one changes unseen) and nothing
         is called leaked (a write through a mapping: refreshes see it)."""
-        return self.pod_of_pid and run.all_watched and not any(self._orphans.values())
+        if not (self.pod_of_pid and run.all_watched):
+            return False
+        last = [*self._last.values(), *self._abandoned.values()]
+        return not any(ORPHAN in inv.states for inv in last)
+
+    def _called_leaked(self, mount: str) -> List[str]:
+        """The names the mount's last inventory called leaked (source's thread)."""
+        inv = self._last.get(mount) or self._abandoned.get(mount)
+        return _names_in_state(inv, ORPHAN) if inv is not None else []
 
     # --- the runs: on the source's thread ------------------------------------------------
 
@@ -308,15 +320,24 @@ class SegmentsCollector(Source):
         run's scan reads /proc, what changes is noted for it (a quick run beside it takes
         the names)."""
         for mount, names in changes.items():
-            # Also after a failed full run took the mount's last inventory away: its leaks
-            # were called leaked, and are doubted by a change as ever.
-            orphans = self._orphans.get(mount, set())
-            if orphans and (names is None or names & orphans):
-                holdings.add_names(self._doubted, mount, names and names & orphans)
+            self._doubt_leaks_changed(mount, names)
             if self._during is not None:
                 holdings.add_names(self._during, mount, names)
         if changes or any(listed.events for listed in state.listed.values()):
             self.pace.changed()  # (inotify missed what a listing found)
+
+    def _doubt_leaks_changed(
+        self, mount: str, names: Optional[AbstractSet[str]]
+    ) -> None:
+        """Stage 1 (source's thread): the files called leaked among `names` (None: any)
+        doubted. Also after a failed full run took the mount's last inventory away
+        (`_abandoned`): its leaks were called leaked, and are doubted by a change as ever."""
+        if names is not None and not names:
+            return
+        leaked = self._called_leaked(mount)
+        changed = None if names is None else {n for n in leaked if n in names}
+        if leaked and (changed is None or changed):
+            holdings.add_names(self._doubted, mount, changed)
 
     def _plan_scan(self, pending: NamesChanged, state: SegmentRun) -> None:
         """Stage 1 of a full run (source's thread): plans stage 2, a full scan of every
@@ -329,7 +350,7 @@ class SegmentsCollector(Source):
             state.moved = holdings.mounts_to_reread(
                 state.devs,
                 {m: listed.listing for m, listed in state.listed.items()},
-                self._orphans,
+                {m: self._called_leaked(m) for m in state.devs},
                 self._doubted,
                 self._pod_read_as,
             )
@@ -384,7 +405,9 @@ class SegmentsCollector(Source):
         listings moved under the last inventories: it must not hand those back)."""
         self._during = None
         for mount in state.devs:
-            self._last.pop(mount, None)
+            inv = self._last.pop(mount, None)
+            if inv is not None:
+                self._abandoned[mount] = inv
 
     def _settle_refresh(self, state: SegmentRun, moved: Dict[str, Set[str]]) -> None:
         """Stage 3 (source's thread), after a refresh read some pods again: what was written
@@ -411,12 +434,11 @@ class SegmentsCollector(Source):
         run joined with the owners, the others as last assembled; a mount cut short or past
         the cap said so (once while it lasts)."""
         mounts = self._mount_inventories(state)
-        self._last = {m.mount: m for m in mounts}
-        self._orphans = {m: o for m, o in self._orphans.items() if m in self._last}
+        self._last, self._abandoned = {m.mount: m for m in mounts}, {}
         for mount in self._pods_read(state):
             rows = self._listings[mount].rows if mount in self._listings else {}
-            orphans = self._orphans.get(mount, set())
-            self._pod_read_as[mount] = holdings.orphan_bytes(rows, orphans)
+            leaked = self._called_leaked(mount)
+            self._pod_read_as[mount] = holdings.orphan_bytes(rows, leaked)
         if state.settled:
             quiet, stretch = not state.during, self.stretches(run)
             self.pace.scanned(state.seen, self._owners, quiet=quiet, stretch=stretch)
@@ -548,10 +570,6 @@ class _Join:
         doubted."""
         c = self.collector
         owned = c._owners.holdings
-        # The last run's set brought up to date, not made anew: a storm's 100,000 names
-        # would make a table of 4 MiB every run, beside the one it replaces.
-        orphans = c._orphans.setdefault(self.mount, set())
-        found, before = 0, len(orphans)  # orphans found this run, and the last
         rows = listing.rows
         # Read once, not per row: a storm's listing is 100,000s of rows.
         states = self.states = bytearray(len(rows))
@@ -567,13 +585,8 @@ class _Join:
             held = owned.get((dev, inode)) if owned else None
             if held:
                 self._held(inode, allocated, {h.pid for h in held})
-                _keep_orphan(orphans, name, False)
                 continue
-            state = self._unheld_state(name, row, inode, new)
-            states[i] = STATES.index(state)
-            found += _keep_orphan(orphans, name, state == ORPHAN)
-        if len(orphans) > found or found * 4 < before:
-            c._orphans[self.mount] = _pruned(orphans, rows, before)
+            states[i] = STATES.index(self._unheld_state(name, row, inode, new))
         self.accounted = accounted
         # The published rows: the listing's as now (its next run changes the dict, not these).
         self.names, self.packed = tuple(rows), tuple(rows.values())
@@ -669,23 +682,14 @@ class _Join:
         )
 
 
-def _pruned(orphans: Set[str], rows: Mapping[str, PackedRow], before: int) -> Set[str]:
-    """The names called leaked, those listed no more taken out (source's thread): the same
-    set, or a new one when far fewer than `before` are left (a set keeps its table when
-    emptied: a storm's 4 MiB for good)."""
-    for name in [name for name in orphans if name not in rows]:
-        orphans.discard(name)
-    return set(orphans) if len(orphans) * 4 < before else orphans
-
-
-def _keep_orphan(orphans: Set[str], name: str, orphan: bool) -> int:
-    """One row's name in or out of the set of names called leaked (source's thread):
-    -> 1 when it is one."""
-    if orphan:
-        orphans.add(name)
-        return 1
-    orphans.discard(name)
-    return 0
+def _names_in_state(inv: MountInventory, state: int) -> List[str]:
+    """The names of a mount inventory's rows in `state` (an index in STATES), found by
+    bytes.find: a storm's 100,000 rows are searched in C."""
+    found, at = [], inv.states.find(state)
+    while at >= 0:
+        found.append(inv.names[at])
+        at = inv.states.find(state, at + 1)
+    return found
 
 
 def _make(c: Context) -> SegmentsCollector:
