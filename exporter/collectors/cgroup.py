@@ -369,9 +369,26 @@ class CgroupCollector(Source):
         as many polls while the kernel log counts every kill (v1 counts one in the
         container's cgroup, which may go: `stretch`). Its usage and limit files are read every
         poll: a jump toward the limit, or a limit lowered, is read whole at the next poll."""
+        kept, self._kept, self._polls = self._kept, {}, self._polls + 1
+        try:
+            self._read_listed(listed, kept, stretch)
+        except BaseException:
+            # A pass cut short (out of fds or memory): the pods it did not get to are kept
+            # as they were, their files still open (closed when they are gone, as ever).
+            for directory, reading in kept.items():
+                self._kept.setdefault(directory, reading)
+            raise
+        for directory in kept.keys() - self._kept.keys():
+            self.close(directory)  # a pod gone
+        return [reading.memory for reading in self._kept.values()]
+
+    def _read_listed(
+        self, listed: List[PodCgroup], kept: Dict[str, PodReading], stretch: bool
+    ) -> None:
+        """`read_pods`' pass: each listed pod read (or its last reading kept) into
+        `_kept`; `kept`: the last pass's readings."""
         above: LimitsAbove = {}  # the QoS slices' limits, read once a pass
         swap: Optional[bool] = None
-        kept, self._kept, self._polls = self._kept, {}, self._polls + 1
         for pod in listed:
             last = kept.get(pod.directory)
             # Probed before the read: a change between the two is read again, never hidden.
@@ -389,9 +406,6 @@ class CgroupCollector(Source):
             reading = self._read_pod(pod, last, probe, above, swap, stretch)
             if reading is not None:
                 self._kept[pod.directory] = reading
-        for directory in kept.keys() - self._kept.keys():
-            self.close(directory)  # a pod gone
-        return [reading.memory for reading in self._kept.values()]
 
     def _read_pod(
         self,

@@ -212,8 +212,12 @@ class SegmentsCollector(Source):
         return not any(ORPHAN in inv.states for inv in last)
 
     def _called_leaked(self, mount: str) -> List[str]:
-        """The names the mount's last inventory called leaked (source's thread)."""
-        inv = self._last.get(mount) or self._abandoned.get(mount)
+        """The names the mount's last inventory called leaked (source's thread): the last
+        run's, or a failed full run's mount's as last assembled (a mount is in one of
+        `_last` and `_abandoned` at most). A mount that could not be listed: none."""
+        inv = self._last.get(mount)
+        if inv is None:
+            inv = self._abandoned.get(mount)
         return _names_in_state(inv, ORPHAN) if inv is not None else []
 
     # --- the runs: on the source's thread ------------------------------------------------

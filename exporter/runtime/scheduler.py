@@ -44,7 +44,10 @@ class _Shared:
     """What other threads read or write of one runner, under the Sampler's lock."""
 
     interval: float  # between full runs now: the base, or stretched
-    first_event: Optional[float] = None  # of a burst of events not run yet
+    # Of a burst of events not run yet. While it is set the runner's sleep ends by the
+    # burst's quick run (or the scan's end): a later event only puts that run off, and wakes
+    # no one. Only the runner's thread clears it, and reckons its sleep again after.
+    first_event: Optional[float] = None
     last_event: float = 0.0  # the burst's latest
     full_now: bool = False  # events were lost: a full run at once
     # When the oldest run not ended began (a staged full run's while its scan runs): the
@@ -218,7 +221,8 @@ class _Runner(threading.Thread):
             daemon=True,
         )
         with self.sampler.lock:
-            self.shared.first_event = self.shared.first_event or burst
+            if self.shared.first_event is None:
+                self.shared.first_event = burst
         try:
             thread.start()
         except Exception:
@@ -360,7 +364,8 @@ class _Runner(threading.Thread):
             )
             shared.full_now = shared.full_now or full
             shared.last_event = now
-            shared.first_event = shared.first_event or now
+            if shared.first_event is None:
+                shared.first_event = now
             shared.interval = self.base
         if sooner:
             self.wake.set()

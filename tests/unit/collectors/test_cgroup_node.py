@@ -349,3 +349,26 @@ def test_a_pod_unread_for_want_of_fds_fails_the_run_a_gone_one_is_left_out(host:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert raised.value.errno == errno.EMFILE
     assert collector._read_pod(kept, None, None, {}, False, False) is not None
+
+
+def test_a_pass_cut_short_keeps_the_pods_it_did_not_reach_and_closes_them_when_gone(host: Host) -> None:
+    """The pods after the one whose read ran out of fds keep their readings and their open
+    files; deleted later, their files are closed (they were forgotten, and held for good)."""
+    import resource
+
+    for uid in UIDS:
+        host.cgroup("/" + systemd_pod(uid), GiB, 2 * GiB)
+    collector = node(host)
+    first, second = listed = collector.pod_cgroups()
+    assert len(collector.read_pods(listed, stretch=True)) == 2 and second.directory in collector._fds
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (3, hard))  # every open now fails: EMFILE
+    try:
+        with pytest.raises(OSError):
+            collector.read_pods(listed, stretch=True)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert second.directory in collector._kept
+    shutil.rmtree(second.directory)
+    assert [m.pod_uid for m in collector.read_pods(collector.pod_cgroups(), stretch=True)] == [first.pod_uid]
+    assert second.directory not in collector._fds
